@@ -1,0 +1,31 @@
+"""dynasem: distributed semaphores for Django on Amazon DynamoDB."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+from .core import Held, Semaphore, semaphore  # noqa: E402
+from .exceptions import (  # noqa: E402
+    AlreadyDone,
+    LockLost,
+    SemaphoreBusy,
+    SemaphoreError,
+    SemaphoreUnavailable,
+    TableMissing,
+)
+from .run_once import Job, run_once  # noqa: E402
+
+__all__ = [
+    "AlreadyDone",
+    "Held",
+    "Job",
+    "LockLost",
+    "Semaphore",
+    "SemaphoreBusy",
+    "SemaphoreError",
+    "SemaphoreUnavailable",
+    "TableMissing",
+    "__version__",
+    "run_once",
+    "semaphore",
+]

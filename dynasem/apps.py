@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.apps import AppConfig
+
+
+class DynasemConfig(AppConfig):
+    name = "dynasem"
+    verbose_name = "Distributed locks"
+    default_auto_field = "django.db.models.AutoField"
+
+    def ready(self) -> None:
+        from django.core.signals import setting_changed
+
+        from . import checks  # noqa: F401  (registers the system checks)
+
+        setting_changed.connect(_drop_client, dispatch_uid="dynasem-drop-client")
+
+
+def _drop_client(setting: str, **kwargs: Any) -> None:
+    # The client is built from DYNASEM (endpoint, region): a new dict needs a new client.
+    if setting == "DYNASEM":
+        from .table import reset_client
+
+        reset_client()

@@ -1,0 +1,88 @@
+"""System checks for the DYNASEM settings. They make no network calls."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.checks import Error, Warning, register
+
+from . import core
+from .conf import DEFAULTS, settings
+
+HINT = "See the settings table in dynasem's README."
+
+
+@register()
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    from django.conf import settings as django_settings
+
+    problems: list[Any] = []
+    raw = getattr(django_settings, "DYNASEM", {})
+    if not isinstance(raw, dict):
+        return [Error("DYNASEM must be a dict.", hint=HINT, id="dynasem.E001")]
+    for key in settings.unknown_keys():
+        problems.append(
+            Error(
+                f"DYNASEM has an unknown key {key!r}.",
+                hint=f"Known keys: {', '.join(sorted(DEFAULTS))}.",
+                id="dynasem.E002",
+            )
+        )
+    table_name = settings.TABLE_NAME
+    if not isinstance(table_name, str) or not 3 <= len(table_name) <= 255:
+        problems.append(
+            Error(
+                f"DYNASEM['TABLE_NAME'] must be a str of 3 to 255 characters, not {table_name!r}.",
+                hint=HINT,
+                id="dynasem.E003",
+            )
+        )
+    endpoint = settings.ENDPOINT_URL
+    if endpoint is not None and (
+        not isinstance(endpoint, str) or not endpoint.startswith(("http://", "https://"))
+    ):
+        problems.append(
+            Error(
+                f"DYNASEM['ENDPOINT_URL'] must be None (AWS) or an http(s) URL, not {endpoint!r}.",
+                hint=HINT,
+                id="dynasem.E004",
+            )
+        )
+    region = settings.REGION_NAME
+    if region is not None and not isinstance(region, str):
+        problems.append(
+            Error(f"DYNASEM['REGION_NAME'] must be None or a str, not {region!r}.", id="dynasem.E005")
+        )
+    checks = (
+        ("LEASE", lambda v: core.check_lease(v, "DYNASEM['LEASE']"), "dynasem.E006"),
+        ("WAIT", lambda v: v is None or core.check_wait(v, "DYNASEM['WAIT']"), "dynasem.E007"),
+        ("CLOCK_SKEW", lambda v: core.check_skew(v, "DYNASEM['CLOCK_SKEW']"), "dynasem.E008"),
+    )
+    valid = True
+    for key, check, check_id in checks:
+        try:
+            check(raw.get(key, DEFAULTS[key]))
+        except (TypeError, ValueError) as exc:
+            valid = False
+            problems.append(Error(str(exc), hint=HINT, id=check_id))
+    if valid:
+        lease, skew = float(settings.LEASE), float(settings.CLOCK_SKEW)
+        if lease <= skew:
+            problems.append(
+                Error(
+                    f"DYNASEM['LEASE'] ({lease:g}) must be longer than DYNASEM['CLOCK_SKEW'] "
+                    f"({skew:g}).",
+                    hint="A holder trusts its lease only until lease - CLOCK_SKEW has passed.",
+                    id="dynasem.E009",
+                )
+            )
+        elif lease < 3 * skew:
+            problems.append(
+                Warning(
+                    f"DYNASEM['LEASE'] ({lease:g}) is less than 3 x CLOCK_SKEW ({skew:g}): "
+                    "holders will renew very often.",
+                    hint="Use a lease of at least a few times the clock skew.",
+                    id="dynasem.W001",
+                )
+            )
+    return problems

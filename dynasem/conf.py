@@ -1,0 +1,66 @@
+"""Typed, live access to the ``DYNASEM`` settings dict.
+
+Every property reads ``django.conf.settings`` on each access, so ``override_settings`` and
+``setting_changed`` just work; nothing is copied into a module global at import time.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from django.conf import settings as django_settings
+
+DEFAULTS: dict[str, Any] = {
+    "TABLE_NAME": "dynasem-locks",
+    "ENDPOINT_URL": None,
+    "REGION_NAME": None,
+    "LEASE": 60,
+    "WAIT": 0,
+    "CLOCK_SKEW": 5,
+}
+
+FALLBACK_REGION = "us-east-1"
+
+
+class Settings:
+    """The ``DYNASEM`` dict, key by key, with the documented defaults."""
+
+    @property
+    def raw(self) -> dict[str, Any]:
+        value = getattr(django_settings, "DYNASEM", None)
+        return value if isinstance(value, dict) else {}
+
+    def _get(self, key: str) -> Any:
+        return self.raw.get(key, DEFAULTS[key])
+
+    @property
+    def TABLE_NAME(self) -> str:  # noqa: N802 - mirrors the settings key
+        return self._get("TABLE_NAME")
+
+    @property
+    def ENDPOINT_URL(self) -> str | None:  # noqa: N802
+        return self._get("ENDPOINT_URL")
+
+    @property
+    def REGION_NAME(self) -> str | None:  # noqa: N802
+        return self._get("REGION_NAME")
+
+    @property
+    def LEASE(self) -> float:  # noqa: N802
+        return self._get("LEASE")
+
+    @property
+    def WAIT(self) -> float:  # noqa: N802
+        value = self._get("WAIT")
+        return math.inf if value is None else value
+
+    @property
+    def CLOCK_SKEW(self) -> float:  # noqa: N802
+        return self._get("CLOCK_SKEW")
+
+    def unknown_keys(self) -> list[str]:
+        return sorted(set(self.raw) - set(DEFAULTS))
+
+
+settings = Settings()

@@ -1,0 +1,780 @@
+"""The lock logic: take, renew and give back holds; fences; waiting.
+
+Speaks in lock terms only; every request is built and sent by :mod:`dynasem.table`.
+
+Safety rules kept here:
+
+* a holder trusts its lease until ``sent + lease - CLOCK_SKEW`` on its own monotonic clock
+  (``sent`` = when the write that set the lease left), others take it over only once the
+  stored end is ``CLOCK_SKEW`` in the past on theirs;
+* fences are microseconds of wall time plus ``CLOCK_SKEW``, written only if larger than the
+  stored fence (else the stored fence + 1): strictly increasing per resource, and still so
+  after the row was reaped, as long as clocks agree within ``CLOCK_SKEW``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable, Generator, Sequence
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from numbers import Real
+from typing import Any
+
+from . import table
+from .conf import settings
+from .exceptions import LockLost, SemaphoreBusy, SemaphoreUnavailable
+from .signals import lock_acquired, lock_busy, lock_lost, lock_released
+
+logger = logging.getLogger("dynasem")
+
+# The clocks, as module attributes so tests can shift one process's wall clock.
+wall_clock: Callable[[], float] = time.time
+monotonic: Callable[[], float] = time.monotonic
+
+MAX_RESOURCE_BYTES = 1024
+MAX_LEASE = 7 * 24 * 3600.0
+MODE_EXCLUSIVE, MODE_COUNTING, MODE_SHARED = "x", "n", "s"
+
+# Backoff of a waiting acquire: first sleep, cap (seconds); full jitter in between.
+BACKOFF_FIRST = 0.02
+BACKOFF_CAP = 1.0
+# Immediate re-tries when a refusal shows room we had not seen (not a busy wait).
+MAX_REPLANS = 25
+
+
+def now_ms() -> int:
+    return int(wall_clock() * 1000)
+
+
+def _new_fence(skew: float) -> int:
+    return int((wall_clock() + skew) * 1_000_000)
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checking: everything is refused before any request is sent
+# ---------------------------------------------------------------------------------------------
+
+
+def check_resource(resource: Any, name: str = "resource") -> str:
+    if not isinstance(resource, str):
+        raise TypeError(f"{name} must be a str, not {type(resource).__name__}: {resource!r}")
+    if not resource:
+        raise ValueError(f"{name} must be a non-empty str")
+    size = len(resource.encode("utf-8"))
+    if size > MAX_RESOURCE_BYTES:
+        raise ValueError(
+            f"{name} is {size} UTF-8 bytes; at most {MAX_RESOURCE_BYTES} are allowed: "
+            f"{resource[:40]!r}..."
+        )
+    return resource
+
+
+def check_resources(resource: Any) -> list[str]:
+    if isinstance(resource, list | tuple):
+        if not resource:
+            raise ValueError("resource must not be an empty list")
+        names = [check_resource(r, f"resource[{i}]") for i, r in enumerate(resource)]
+        if len(set(names)) != len(names):
+            raise ValueError(f"resource lists a resource twice: {names!r}")
+        if len(names) > table.MAX_TRANSACTION:
+            raise ValueError(
+                f"resource lists {len(names)} resources; at most {table.MAX_TRANSACTION} "
+                "can be taken atomically (one DynamoDB transaction)"
+            )
+        return names
+    return [check_resource(resource)]
+
+
+def _check_seconds(value: Any, name: str, *, allow_zero: bool, allow_inf: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}: {value!r}")
+    value = float(value)
+    if math.isnan(value):
+        raise ValueError(f"{name} must be a number of seconds, not NaN")
+    if math.isinf(value) and not allow_inf:
+        raise ValueError(f"{name} must be finite, not {value}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds, not {value}")
+    return value
+
+
+def check_lease(value: Any, name: str = "lease") -> float:
+    lease = _check_seconds(value, name, allow_zero=False, allow_inf=False)
+    if lease > MAX_LEASE:
+        raise ValueError(f"{name} must be at most {MAX_LEASE:g} seconds (7 days), not {lease:g}")
+    return lease
+
+
+def check_wait(value: Any, name: str = "wait") -> float:
+    return _check_seconds(value, name, allow_zero=True, allow_inf=True)
+
+
+def check_skew(value: Any, name: str = "CLOCK_SKEW") -> float:
+    return _check_seconds(value, name, allow_zero=True, allow_inf=False)
+
+
+def check_limit(limit: Any, shared: Any) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"limit must be an int >= 1, not {type(limit).__name__}: {limit!r}")
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, not {limit}")
+    if not isinstance(shared, bool):
+        raise TypeError(f"shared must be True or False, not {shared!r}")
+    if shared and limit > 1:
+        raise ValueError(f"shared=True cannot be combined with limit={limit}: use one or the other")
+    return limit
+
+
+def user_id_of(user: Any) -> str:
+    """What is recorded as the holder: a user's primary key, a given str, or this process."""
+    if user is None:
+        return table.process_identity()
+    if isinstance(user, str):
+        if not user:
+            raise ValueError("user must be a non-empty str, a Django user or None")
+        if len(user.encode()) > MAX_RESOURCE_BYTES:
+            raise ValueError(f"user is longer than {MAX_RESOURCE_BYTES} UTF-8 bytes")
+        return user
+    authenticated = getattr(user, "is_authenticated", None)
+    if authenticated is None:
+        raise TypeError(f"user must be a Django user, a str or None, not {type(user).__name__}")
+    if not authenticated or getattr(user, "pk", None) is None:
+        return table.process_identity()
+    return str(user.pk)
+
+
+def resolve_timing(lease: float | None, wait: float | None) -> tuple[float, float, float]:
+    """Lease, wait and skew in seconds: explicit arguments, else the live settings."""
+    skew = check_skew(settings.CLOCK_SKEW)
+    lease_s = check_lease(settings.LEASE, "DYNASEM['LEASE']") if lease is None else lease
+    wait_s = check_wait(settings.WAIT, "DYNASEM['WAIT']") if wait is None else wait
+    if lease_s <= skew:
+        raise ValueError(
+            f"lease ({lease_s:g}s) must be longer than DYNASEM['CLOCK_SKEW'] ({skew:g}s): a "
+            "holder trusts its lease only until lease - CLOCK_SKEW has passed"
+        )
+    return lease_s, wait_s, skew
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading the state a refused write returned
+# ---------------------------------------------------------------------------------------------
+
+
+def _live_holders(item: dict[str, Any] | None, stale_ms: int) -> dict[str, dict[str, Any]]:
+    holders = (item or {}).get("holders") or {}
+    return {t: h for t, h in holders.items() if int(h.get("e", 0)) >= stale_ms}
+
+
+class _Plan:
+    """What to send for one resource next, from what we last saw of it."""
+
+    def __init__(
+        self,
+        action: dict[str, Any] | None = None,
+        *,
+        busy: dict[str, dict[str, Any]] | None = None,
+        fence: int = 0,
+        expires_ms: int = 0,
+    ):
+        self.action = action  # None with busy None: the resource is ours already
+        self.busy = busy  # the live holders in our way, when we cannot take it now
+        self.fence = fence
+        self.expires_ms = expires_ms
+
+
+class Semaphore:
+    """A distributed semaphore on DynamoDB: a context manager, async context manager and view
+    decorator. Build it with :func:`semaphore`."""
+
+    def __init__(
+        self,
+        resource: Any,
+        *,
+        limit: int = 1,
+        shared: bool = False,
+        user: Any = None,
+        lease: float | None = None,
+        wait: float | None = None,
+        on_busy: Callable[..., Any] | None = None,
+    ):
+        self._template = resource if callable(resource) else None
+        self.resources: list[str] = [] if callable(resource) else check_resources(resource)
+        self.limit = check_limit(limit, shared)
+        self.shared = shared
+        self.user = user
+        if user is not None:
+            user_id_of(user)  # type check now, not at the first request
+        self.lease = None if lease is None else check_lease(lease)
+        self.wait = None if wait is None else check_wait(wait)
+        if on_busy is not None and not callable(on_busy):
+            raise TypeError(f"on_busy must be callable(request, exc), not {on_busy!r}")
+        self.on_busy = on_busy
+        self._raw_resource = resource
+
+    # -- derived -----------------------------------------------------------------------------
+
+    @property
+    def resource(self) -> str:
+        return self.resources[0]
+
+    @property
+    def mode(self) -> str:
+        if self.shared:
+            return MODE_SHARED
+        return MODE_EXCLUSIVE if self.limit == 1 else MODE_COUNTING
+
+    def _check_usable(self) -> None:
+        if self._template is not None:
+            raise TypeError(
+                "a callable resource only works when the semaphore decorates a view; "
+                "pass a str (or a list of str) to use it as a context manager"
+            )
+
+    def __repr__(self) -> str:
+        return f"<Semaphore {self._raw_resource!r} limit={self.limit} shared={self.shared}>"
+
+    # -- planning ----------------------------------------------------------------------------
+
+    def _plan(
+        self,
+        resource: str,
+        seen: dict[str, Any] | None,
+        token: str,
+        entry: dict[str, Any],
+        stale_ms: int,
+    ) -> _Plan:
+        mode, limit = self.mode, self.limit
+        holders = (seen or {}).get("holders") or {}
+        if token in holders:
+            # Ours already: a write of ours was applied but its response was lost.
+            return _Plan(fence=int(holders[token]["f"]), expires_ms=int(holders[token]["e"]))
+        stored_fence = int((seen or {}).get("fence") or 0)
+        if stored_fence >= entry["f"]:
+            entry = dict(entry, f=stored_fence + 1)  # our clock is behind: count on instead
+        done = _Plan(fence=entry["f"], expires_ms=entry["e"])
+        if not holders or int(seen.get("expMs") or 0) < stale_ms:  # type: ignore[union-attr]
+            done.action = table.take_free(
+                resource, token, entry, mode=mode, limit=limit, stale_ms=stale_ms
+            )
+            return done
+        live = _live_holders(seen, stale_ms)
+        if live:
+            seen_limit = int(seen.get("limit") or 1)  # type: ignore[union-attr]
+            if seen_limit != limit:
+                raise ValueError(
+                    f"{resource!r} is held with limit={seen_limit}; every holder of one "
+                    f"resource must use the same limit, not limit={limit}"
+                )
+            joinable = mode != MODE_EXCLUSIVE and seen.get("mode") == mode  # type: ignore[union-attr]
+            if not (joinable and (mode == MODE_SHARED or len(live) < limit)):
+                return _Plan(busy=live)
+        done.action = table.take_join(
+            resource,
+            token,
+            entry,
+            mode=mode,
+            limit=limit,
+            seen=seen,  # type: ignore[arg-type]
+            evict=[t for t in holders if t not in live],
+            replace=not live,
+        )
+        return done
+
+    # -- acquiring ---------------------------------------------------------------------------
+
+    def _acquire_steps(self) -> Generator[Any, Any, Held]:
+        """The acquire loop as a generator: it yields a callable to run (a request) or a float
+        to sleep, so one loop serves the sync and the async driver."""
+        self._check_usable()
+        lease, wait, skew = resolve_timing(self.lease, self.wait)
+        user_id = user_id_of(self.user)
+        token = uuid.uuid4().hex  # one token for every retry: it recognises our own writes
+        resources = self.resources
+        deadline = monotonic() + wait
+        seen: dict[str, dict[str, Any] | None] = {}
+        sleeps = replans = 0
+        while True:
+            sent_mono = monotonic()
+            now = now_ms()
+            stale = now - int(skew * 1000)
+            entry = table.holder_entry(
+                user_id, now + int(lease * 1000), _new_fence(skew), now, self.shared
+            )
+            plans = {r: self._plan(r, seen.get(r), token, entry, stale) for r in resources}
+            blocked = {r: p.busy for r, p in plans.items() if p.busy is not None}
+            if not blocked:
+                acting = [r for r in resources if plans[r].action is not None]
+                if not acting:
+                    return self._held(token, user_id, plans, lease, skew, None)
+                actions = [plans[r].action for r in acting]
+                try:
+                    if len(actions) == 1:
+                        yield lambda a=actions[0]: table.update(a)
+                    else:
+                        yield lambda a=actions: table.transact(a)  # all or none
+                except table.Refused as refused:
+                    seen[acting[0]] = refused.old or {}
+                except table.Cancelled as cancelled:
+                    conflict = True
+                    for r, (code, old) in zip(acting, cancelled.reasons, strict=False):
+                        if code == "ConditionalCheckFailed":
+                            seen[r] = old or {}
+                            conflict = False
+                    if conflict:
+                        # Another transaction was on these items: step aside briefly.
+                        yield random.uniform(0.002, 0.02)
+                except SemaphoreUnavailable as exc:
+                    if not getattr(exc, "transient", False) or monotonic() >= deadline:
+                        raise
+                    sleeps += 1
+                    yield min(_backoff(sleeps), max(0.0, deadline - monotonic()))
+                    continue
+                else:
+                    return self._held(token, user_id, plans, lease, skew, sent_mono)
+                replans += 1
+                if replans <= MAX_REPLANS:
+                    continue  # the refusal told us the state: plan again from it at once
+                blocked = {r: {} for r in resources}
+            # Busy: wait within the budget (never much past the first lease end), look again.
+            remaining = deadline - monotonic()
+            if remaining <= 0:
+                raise self._busy(blocked, skew, user_id, token)
+            sleeps += 1
+            until_free = _seconds_until_free(blocked, skew)
+            yield max(0.0, min(_backoff(sleeps), until_free + 0.005, remaining))
+            replans = 0
+            for r in blocked:
+                old = seen.get(r) or {}
+                if old.get("mode") in (MODE_COUNTING, MODE_SHARED) and len(
+                    _live_holders(old, now_ms() - int(skew * 1000))
+                ) > 1:
+                    # Some of several holders are surely still there: read which, cheaply.
+                    try:
+                        seen[r] = yield lambda r=r: table.get(r)
+                    except SemaphoreUnavailable:
+                        seen[r] = None
+                else:
+                    # Guess it free (one write tells us otherwise), keeping the fence we saw.
+                    seen[r] = {"fence": old["fence"]} if old.get("fence") else None
+
+    def _busy(
+        self, blocked: dict[str, dict[str, Any]], skew: float, user_id: str, token: str
+    ) -> SemaphoreBusy:
+        resource = next(iter(blocked))
+        holders = blocked[resource]
+        first = min(holders.values(), key=lambda h: int(h.get("e", 0)), default=None)
+        retry_after = math.ceil(_seconds_until_free(blocked, skew)) if holders else 1
+        exc = SemaphoreBusy(resource, retry_after, first.get("u") if first else None)
+        lock_busy.send(
+            sender=Semaphore,
+            resource=resource,
+            user_id=user_id,
+            token=token,
+            fence=None,
+            holder_user_id=exc.holder_user_id,
+            retry_after=exc.retry_after,
+        )
+        return exc
+
+    def _held(
+        self,
+        token: str,
+        user_id: str,
+        plans: dict[str, _Plan],
+        lease: float,
+        skew: float,
+        sent_mono: float | None,
+    ) -> Held:
+        expires_ms = min(p.expires_ms for p in plans.values())
+        if sent_mono is None:
+            # Recognised our own earlier write: trust it only until its stored lease end.
+            sent_mono = monotonic() + (expires_ms - now_ms()) / 1000 - lease
+        held = Held(
+            self,
+            token=token,
+            user_id=user_id,
+            fences={r: p.fence for r, p in plans.items()},
+            lease=lease,
+            skew=skew,
+            expires_ms=expires_ms,
+            sent_mono=sent_mono,
+        )
+        lock_acquired.send(
+            sender=Semaphore,
+            resource=held.resource,
+            user_id=user_id,
+            token=token,
+            fence=held.fence,
+            fences=held.fences,
+        )
+        held._start_heartbeat()
+        return held
+
+    def acquire(self) -> Held:
+        """Take the semaphore (waiting up to ``wait``) and return the :class:`Held` hold."""
+        return _run_sync(self._acquire_steps())
+
+    async def aacquire(self) -> Held:
+        """``acquire()`` for async code: requests run in a thread, waits are ``asyncio.sleep``."""
+        return await _run_async(self._acquire_steps())
+
+    # -- context managers --------------------------------------------------------------------
+
+    def __enter__(self) -> Held:
+        held = self.acquire()
+        _push(self, held)
+        return held
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        _exit(_pop(self), exc_type is not None)
+
+    async def __aenter__(self) -> Held:
+        held = await self.aacquire()
+        _push(self, held)
+        return held
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        held = _pop(self)
+        await asyncio.to_thread(_exit, held, exc_type is not None)
+
+    # -- decorator ---------------------------------------------------------------------------
+
+    def __call__(self, view: Callable[..., Any]) -> Callable[..., Any]:
+        from .decorators import lock_view
+
+        return lock_view(self, view)
+
+    def with_resource(self, resource: str, user: Any) -> Semaphore:
+        """A copy for one call of a decorated view: the formatted key and the request's user."""
+        return Semaphore(
+            resource,
+            limit=self.limit,
+            shared=self.shared,
+            user=user,
+            lease=self.lease,
+            wait=self.wait,
+            on_busy=self.on_busy,
+        )
+
+
+def _backoff(attempt: int) -> float:
+    cap = min(BACKOFF_CAP, BACKOFF_FIRST * (2 ** min(attempt - 1, 16)))
+    return random.uniform(cap / 2, cap)
+
+
+def _seconds_until_free(blocked: dict[str, dict[str, Any]], skew: float) -> float:
+    """Until the first holder in the way could be taken over (its lease end + skew)."""
+    ends = [int(h.get("e", 0)) for holders in blocked.values() for h in holders.values()]
+    if not ends:
+        return BACKOFF_CAP
+    return max(0.0, (min(ends) + skew * 1000 - now_ms()) / 1000)
+
+
+def _run_sync(steps: Generator[Any, Any, Any]) -> Any:
+    result: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = steps.throw(error) if error is not None else steps.send(result)
+        except StopIteration as stop:
+            return stop.value
+        result, error = None, None
+        if callable(step):
+            try:
+                result = step()
+            except Exception as exc:  # handed back to the loop, which decides
+                error = exc
+        elif step:
+            time.sleep(step)
+
+
+async def _run_async(steps: Generator[Any, Any, Any]) -> Any:
+    result: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = steps.throw(error) if error is not None else steps.send(result)
+        except StopIteration as stop:
+            return stop.value
+        result, error = None, None
+        if callable(step):
+            try:
+                result = await asyncio.to_thread(step)
+            except Exception as exc:
+                error = exc
+        elif step:
+            await asyncio.sleep(step)
+
+
+# The holds entered through ``with``/``async with``, per thread and per task.
+_entered: ContextVar[tuple[tuple[int, Held], ...]] = ContextVar("dynasem_entered", default=())
+
+
+def _push(sem: Semaphore, held: Held) -> None:
+    _entered.set(_entered.get() + ((id(sem), held),))
+
+
+def _pop(sem: Semaphore) -> Held:
+    stack = _entered.get()
+    for i in range(len(stack) - 1, -1, -1):
+        if stack[i][0] == id(sem):
+            _entered.set(stack[:i] + stack[i + 1 :])
+            return stack[i][1]
+    raise RuntimeError("semaphore exited without a matching enter")
+
+
+def _exit(held: Held, raised: bool) -> None:
+    try:
+        held.release()
+    except LockLost:
+        if not raised:
+            raise
+        # The block's own exception goes on; the loss is logged and was signalled.
+        logger.warning("dynasem: hold on %r was lost while its block raised", held.resource)
+
+
+class Held:
+    """One acquisition: what was recorded, its fence(s), and ways to renew or release it."""
+
+    def __init__(
+        self,
+        semaphore: Semaphore,
+        *,
+        token: str,
+        user_id: str,
+        fences: dict[str, int],
+        lease: float,
+        skew: float,
+        expires_ms: int,
+        sent_mono: float,
+    ):
+        self.semaphore = semaphore
+        self.resources = list(semaphore.resources)
+        self.token = token
+        self.user_id = user_id
+        self.fences = fences
+        self.lease = lease
+        self.skew = skew
+        self._expires_ms = expires_ms
+        self._deadline = sent_mono + lease - skew
+        self._lock = threading.RLock()
+        self._lost: str | None = None
+        self._released = False
+        self._heartbeat: Any = None
+
+    # -- what users read ---------------------------------------------------------------------
+
+    @property
+    def resource(self) -> str:
+        return self.resources[0]
+
+    @property
+    def fence(self) -> int:
+        return self.fences[self.resource]
+
+    @property
+    def expires(self) -> datetime:
+        return datetime.fromtimestamp(self._expires_ms / 1000, tz=UTC)
+
+    @property
+    def lost(self) -> bool:
+        """True once the hold is known not to be ours any more (or its lease ran out)."""
+        self._check_deadline()
+        return self._lost is not None
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def seconds_left(self) -> float:
+        """How long we may still trust the hold without renewing (our clock, skew allowed)."""
+        return max(0.0, self._deadline - monotonic())
+
+    def __repr__(self) -> str:
+        return f"<Held {self.resources!r} fence={self.fence} user={self.user_id!r}>"
+
+    # -- renewing ----------------------------------------------------------------------------
+
+    def _check_deadline(self) -> None:
+        if self._lost is None and not self._released and monotonic() >= self._deadline:
+            self._mark_lost("its lease ran out before it could be renewed")
+
+    def _mark_lost(self, reason: str) -> None:
+        with self._lock:
+            if self._lost is not None:
+                return
+            self._lost = reason
+        self._stop_heartbeat()
+        logger.warning("dynasem: lost the hold on %r: %s", self.resource, reason)
+        lock_lost.send(
+            sender=Semaphore,
+            resource=self.resource,
+            user_id=self.user_id,
+            token=self.token,
+            fence=self.fence,
+            reason=reason,
+        )
+
+    def _raise_lost(self) -> None:
+        raise LockLost(self.resource, self._lost or "unknown")
+
+    def renew(self) -> None:
+        """Extend the lease now (the heartbeat does this by itself while the hold lives)."""
+        with self._lock:
+            self._check_deadline()
+            if self._released:
+                raise LockLost(self.resource, "it was released")
+            if self._lost is not None:
+                self._raise_lost()
+            self._renew_once()
+
+    async def arenew(self) -> None:
+        await asyncio.to_thread(self.renew)
+
+    def _renew_once(self) -> None:
+        sent_mono = monotonic()
+        expires = now_ms() + int(self.lease * 1000)
+        raise_item = {r: True for r in self.resources}
+        for _ in range(4):
+            actions = [
+                table.renew_hold(r, self.token, expires, raise_item=raise_item[r])
+                for r in self.resources
+            ]
+            try:
+                if len(actions) == 1:
+                    table.update(actions[0])
+                else:
+                    table.transact(actions)
+            except table.Refused as refused:
+                if not self._still_ours(self.resources[0], refused.old, raise_item):
+                    break
+            except table.Cancelled as cancelled:
+                reasons = zip(self.resources, cancelled.reasons, strict=False)
+                if any(
+                    code == "ConditionalCheckFailed" and not self._still_ours(r, old, raise_item)
+                    for r, (code, old) in reasons
+                ):
+                    break
+            else:
+                self._expires_ms = expires
+                self._deadline = max(self._deadline, sent_mono + self.lease - self.skew)
+                return
+        else:
+            err = SemaphoreUnavailable(f"could not renew {self.resource!r}: conflicting writes")
+            err.transient = True  # type: ignore[attr-defined]
+            raise err
+        self._mark_lost("another holder took it over, or it was broken by an operator")
+        self._raise_lost()
+
+    def _still_ours(self, resource: str, old: dict[str, Any] | None, raise_item: dict) -> bool:
+        if self.token in ((old or {}).get("holders") or {}):
+            # Ours still; another holder's later lease end stands as the item's expiry.
+            raise_item[resource] = False
+            return True
+        return False
+
+    # -- releasing ---------------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Give back this acquisition's hold only. Raises :class:`LockLost` if it was not ours
+        any more (after cleaning up whatever is still ours)."""
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+            self._stop_heartbeat()
+            lost_before = self._lost is not None or monotonic() >= self._deadline
+            ok = self._give_back()
+            if not ok and self._lost is None:
+                self._mark_lost("another holder took it over, or it was broken by an operator")
+            if lost_before and self._lost is None:
+                self._mark_lost("its lease ran out before it could be renewed")
+            if self._lost is not None:
+                self._raise_lost()
+        lock_released.send(
+            sender=Semaphore,
+            resource=self.resource,
+            user_id=self.user_id,
+            token=self.token,
+            fence=self.fence,
+        )
+
+    async def arelease(self) -> None:
+        await asyncio.to_thread(self.release)
+
+    def _give_back(self) -> bool:
+        """Send the release; True if every resource was ours until now."""
+        sole = self.semaphore.mode == MODE_EXCLUSIVE
+        pending = list(self.resources)
+        ok = True
+        for _ in range(3):
+            now = now_ms()
+            actions = [table.give_back(r, self.token, now, sole=sole) for r in pending]
+            try:
+                if len(actions) == 1:
+                    table.update(actions[0])
+                else:
+                    table.transact(actions)
+                return ok
+            except table.Refused as refused:
+                return ok and _released_by(self.token, refused.old)
+            except table.Cancelled as cancelled:
+                # Nothing was applied: drop the ones not ours any more and send the rest again.
+                still = []
+                for r, (code, old) in zip(pending, cancelled.reasons, strict=False):
+                    if code != "ConditionalCheckFailed":
+                        still.append(r)
+                    elif not _released_by(self.token, old):
+                        ok = False
+                pending = still
+                if not pending:
+                    return ok
+            except SemaphoreUnavailable as exc:
+                # The work is done and the lease will lapse by itself: never fail the caller
+                # for a release DynamoDB could not take.
+                logger.warning("dynasem: could not release %r (%s); it expires", pending, exc)
+                return ok
+        return ok
+
+    # -- heartbeat ---------------------------------------------------------------------------
+
+    def _start_heartbeat(self) -> None:
+        from .heartbeat import Heartbeat
+
+        self._heartbeat = Heartbeat(self)
+        self._heartbeat.start()
+
+    def _stop_heartbeat(self) -> None:
+        hb, self._heartbeat = self._heartbeat, None
+        if hb is not None:
+            hb.stop()
+
+
+def _released_by(token: str, old: dict[str, Any] | None) -> bool:
+    """A refused release is fine if the row says we released it (a lost response)."""
+    return (old or {}).get("lastToken") == token and token not in ((old or {}).get("holders") or {})
+
+
+def semaphore(
+    resource: str | Sequence[str] | Callable[..., str],
+    *,
+    limit: int = 1,
+    shared: bool = False,
+    user: Any = None,
+    lease: float | None = None,
+    wait: float | None = None,
+    on_busy: Callable[..., Any] | None = None,
+) -> Semaphore:
+    """A distributed semaphore on ``resource``: ``with``, ``async with``, ``.acquire()``, or
+    ``@semaphore("key:{arg}")`` on a view. See API.md for every argument."""
+    return Semaphore(
+        resource, limit=limit, shared=shared, user=user, lease=lease, wait=wait, on_busy=on_busy
+    )

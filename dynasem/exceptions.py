@@ -1,0 +1,51 @@
+"""The exceptions users catch. All derive from :class:`SemaphoreError`."""
+
+from __future__ import annotations
+
+
+class SemaphoreError(Exception):
+    """Base of every dynasem error."""
+
+
+class SemaphoreBusy(SemaphoreError):
+    """The resource was held by someone else for the whole ``wait``.
+
+    ``retry_after`` is a whole number of seconds (>= 1) after which trying again has a chance;
+    ``holder_user_id`` is the holder's recorded user (with several holders, the one whose lease
+    ends first), or ``None`` when unknown.
+    """
+
+    def __init__(self, resource: str, retry_after: int, holder_user_id: str | None = None):
+        self.resource = resource
+        self.retry_after = max(1, int(retry_after))
+        self.holder_user_id = holder_user_id
+        super().__init__(
+            f"{resource!r} is busy (held by {holder_user_id or 'unknown'}); "
+            f"retry after {self.retry_after}s"
+        )
+
+
+class LockLost(SemaphoreError):
+    """The hold is no longer ours: its lease ran out or it was broken by an operator."""
+
+    def __init__(self, resource: str, reason: str):
+        self.resource = resource
+        self.reason = reason
+        super().__init__(f"lost the hold on {resource!r}: {reason}")
+
+
+class SemaphoreUnavailable(SemaphoreError):
+    """DynamoDB could not be reached or refused us (not merely busy)."""
+
+
+class TableMissing(SemaphoreUnavailable):
+    """The lock table does not exist: run ``manage.py dynasem_createtable``."""
+
+
+class AlreadyDone(SemaphoreError):
+    """``run_once``: the job's status is DONE; it is not run again."""
+
+    def __init__(self, key: str, finished: str | None = None):
+        self.key = key
+        self.finished = finished
+        super().__init__(f"job {key!r} is already DONE")

@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from dynasem import table
+from dynasem.exceptions import SemaphoreUnavailable
+
+
+class Command(BaseCommand):
+    help = (
+        "Create the DynamoDB lock table (on-demand billing, a GSI on userId, a sharded GSI on "
+        "expires) and turn on TTL on expires. Safe to run again."
+    )
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--wait", action="store_true", help="wait until the table is ACTIVE")
+        parser.add_argument(
+            "--dry-run", action="store_true", help="print the table definition, create nothing"
+        )
+
+    def handle(self, *args: Any, wait: bool, dry_run: bool, **options: Any) -> None:
+        definition = table.table_definition()
+        name = definition["TableName"]
+        if dry_run:
+            self.stdout.write(f"Would create table {name!r} at {table.endpoint_label()}:")
+            self.stdout.write(json.dumps(definition, indent=2))
+            self.stdout.write("and turn on TTL on 'expires'.")
+            return
+        try:
+            self.stdout.write(self.ensure_table(definition, wait=wait))
+        except SemaphoreUnavailable as exc:
+            raise CommandError(str(exc)) from exc
+
+    def ensure_table(self, definition: dict[str, Any], *, wait: bool) -> str:
+        name = definition["TableName"]
+        existing = table.describe_table()
+        if existing is not None:
+            have = {g["IndexName"] for g in existing.get("GlobalSecondaryIndexes", [])}
+            missing = {table.USER_INDEX, table.EXPIRES_INDEX} - have
+            if missing:
+                raise CommandError(
+                    f"table {name!r} exists but lacks the index(es) {', '.join(sorted(missing))}: "
+                    "it was not made by dynasem_createtable; delete it or set another TABLE_NAME"
+                )
+            message = f"Table {name!r} already exists ({existing.get('TableStatus')})."
+        else:
+            table.create_table(definition)
+            message = f"Created table {name!r} at {table.endpoint_label()}."
+        if wait:
+            table.wait_until_active(name)
+            message += " It is ACTIVE."
+        if table.ttl_status(name) not in ("ENABLED", "ENABLING"):
+            try:
+                table.enable_ttl(name)
+                message += " TTL is on for 'expires'."
+            except SemaphoreUnavailable as exc:
+                message += (
+                    f" TTL could not be turned on yet ({exc}); run this again once the table "
+                    "is ACTIVE (or use --wait)."
+                )
+        else:
+            message += " TTL is on for 'expires'."
+        return message

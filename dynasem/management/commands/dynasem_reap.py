@@ -1,0 +1,40 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from dynasem import operations
+from dynasem.exceptions import SemaphoreUnavailable
+
+
+class Command(BaseCommand):
+    help = (
+        "Delete lock rows whose lease ended more than CLOCK_SKEW ago (found through the expires "
+        "index). A row re-acquired meanwhile survives; run_once DONE/FAILED rows are never "
+        "touched."
+    )
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--dry-run", action="store_true", help="count, delete nothing")
+        parser.add_argument("--workers", type=int, default=16, help="parallel deletes (16)")
+
+    def handle(self, *args: Any, dry_run: bool, workers: int, **options: Any) -> None:
+        if workers < 1:
+            raise CommandError(f"--workers must be >= 1, not {workers}")
+        verbosity = options.get("verbosity", 1)
+
+        def progress(result: operations.ReapResult) -> None:
+            if verbosity >= 2:
+                self.stdout.write(f"  {result.deleted} deleted, {result.survived} survived...")
+
+        try:
+            result = operations.reap(dry_run=dry_run, workers=workers, progress=progress)
+        except SemaphoreUnavailable as exc:
+            raise CommandError(str(exc)) from exc
+        if dry_run:
+            self.stdout.write(f"Would delete {result.found} expired rows.")
+        else:
+            self.stdout.write(f"Deleted {result.deleted} expired rows.")
+            if result.survived and verbosity >= 1:
+                self.stdout.write(f"{result.survived} rows were re-acquired meanwhile and kept.")

