@@ -51,7 +51,9 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     region = settings.REGION_NAME
     if region is not None and not isinstance(region, str):
         problems.append(
-            Error(f"DYNASEM['REGION_NAME'] must be None or a str, not {region!r}.", id="dynasem.E005")
+            Error(
+                f"DYNASEM['REGION_NAME'] must be None or a str, not {region!r}.", id="dynasem.E005"
+            )
         )
     checks = (
         ("LEASE", lambda v: core.check_lease(v, "DYNASEM['LEASE']"), "dynasem.E006"),

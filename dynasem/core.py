@@ -94,7 +94,9 @@ def check_resources(resource: Any) -> list[str]:
 
 def _check_seconds(value: Any, name: str, *, allow_zero: bool, allow_inf: bool) -> float:
     if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}: {value!r}")
+        raise TypeError(
+            f"{name} must be a number of seconds, not {type(value).__name__}: {value!r}"
+        )
     value = float(value)
     if math.isnan(value):
         raise ValueError(f"{name} must be a number of seconds, not NaN")
@@ -353,9 +355,10 @@ class Semaphore:
             replans = 0
             for r in blocked:
                 old = seen.get(r) or {}
-                if old.get("mode") in (MODE_COUNTING, MODE_SHARED) and len(
-                    _live_holders(old, now_ms() - int(skew * 1000))
-                ) > 1:
+                if (
+                    old.get("mode") in (MODE_COUNTING, MODE_SHARED)
+                    and len(_live_holders(old, now_ms() - int(skew * 1000))) > 1
+                ):
                     # Some of several holders are surely still there: read which, cheaply.
                     try:
                         seen[r] = yield lambda r=r: table.get(r)

@@ -42,7 +42,11 @@ def check_template(template: str) -> None:
     except ValueError as exc:
         raise ValueError(f"resource template {template!r} is not a valid format string: {exc}")
     for literal, field, _spec, _conv in parts:
-        if previous_was_field and field is not None and all(c in _SAFE or c == "%" for c in literal):
+        if (
+            previous_was_field
+            and field is not None
+            and all(c in _SAFE or c == "%" for c in literal)
+        ):
             raise ValueError(
                 f"resource template {template!r} has fields separated only by {literal!r}: put a "
                 "separator such as ':' between fields so different arguments never share a key"

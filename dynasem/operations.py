@@ -148,7 +148,10 @@ class ReapResult:
 
 
 def reap(
-    *, dry_run: bool = False, workers: int = 16, progress: Callable[[ReapResult], None] | None = None
+    *,
+    dry_run: bool = False,
+    workers: int = 16,
+    progress: Callable[[ReapResult], None] | None = None,
 ) -> ReapResult:
     """Delete rows whose lease ended more than CLOCK_SKEW ago, found through the expires
     index (never a Scan) and deleted each on condition it is still expired, in parallel."""

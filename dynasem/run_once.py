@@ -22,8 +22,17 @@ from .heartbeat import Heartbeat
 class Job:
     """A claimed job: ``key``, ``status``, ``attempt`` (1 for the first run), ``fence``."""
 
-    def __init__(self, guard: RunOnce, token: str, user_id: str, attempt: int, fence: int,
-                 lease: float, skew: float, sent_mono: float):
+    def __init__(
+        self,
+        guard: RunOnce,
+        token: str,
+        user_id: str,
+        attempt: int,
+        fence: int,
+        lease: float,
+        skew: float,
+        sent_mono: float,
+    ):
         self.key = guard.key
         self.status = table.RUNNING
         self.attempt = attempt
@@ -121,10 +130,19 @@ class RunOnce:
             return self._job(token, user_id, new or {}, lease, skew, sent_mono)
         raise SemaphoreUnavailable(f"could not claim job {self.key!r}: the row kept changing")
 
-    def _job(self, token: str, user_id: str, row: dict, lease: float, skew: float,
-             sent_mono: float) -> Job:
-        job = Job(self, token, user_id, int(row.get("attempt", 1)), int(row.get("fence", 0)),
-                  lease, skew, sent_mono)
+    def _job(
+        self, token: str, user_id: str, row: dict, lease: float, skew: float, sent_mono: float
+    ) -> Job:
+        job = Job(
+            self,
+            token,
+            user_id,
+            int(row.get("attempt", 1)),
+            int(row.get("fence", 0)),
+            lease,
+            skew,
+            sent_mono,
+        )
         job._heartbeat = Heartbeat(job)  # type: ignore[arg-type]
         job._heartbeat.start()
         return job

@@ -193,9 +193,10 @@ def _unavailable(exc: Exception) -> SemaphoreUnavailable:
                 "run `manage.py dynasem_createtable` (or recreate the table)"
             )
         err = SemaphoreUnavailable(f"DynamoDB at {where} refused the request: {code}: {message}")
-        err.transient = code in TRANSIENT_CODES or exc.response.get("ResponseMetadata", {}).get(
-            "HTTPStatusCode", 0
-        ) >= 500
+        err.transient = (
+            code in TRANSIENT_CODES
+            or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) >= 500
+        )
         return err
     if isinstance(exc, NoCredentialsError):
         return SemaphoreUnavailable(
@@ -526,7 +527,11 @@ def get(pk: str, sk: str = LOCK_SK) -> dict[str, Any] | None:
 
 
 def query_expiring(
-    shard: int, *, before: int | None = None, since: int | None = None, limit: int | None = None,
+    shard: int,
+    *,
+    before: int | None = None,
+    since: int | None = None,
+    limit: int | None = None,
     start: dict[str, Any] | None = None,
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """One page of rows of one shard of the expires index, by ``expires`` (epoch seconds)."""

@@ -10,8 +10,12 @@ class Migration(migrations.Migration):
         migrations.CreateModel(
             name="Lock",
             fields=[
-                ("id", models.AutoField(auto_created=True, primary_key=True, serialize=False,
-                                        verbose_name="ID")),
+                (
+                    "id",
+                    models.AutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
             ],
             options={
                 "verbose_name": "lock",

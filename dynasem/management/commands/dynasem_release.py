@@ -26,11 +26,11 @@ class Command(BaseCommand):
         except (TypeError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
         try:
-            holds = [
-                h for h in operations.holds_on(resource) if token is None or h.token == token
-            ]
+            holds = [h for h in operations.holds_on(resource) if token is None or h.token == token]
             if not holds:
-                self.stdout.write(f"No hold on {resource!r}" + (f" with token {token}." if token else "."))
+                self.stdout.write(
+                    f"No hold on {resource!r}" + (f" with token {token}." if token else ".")
+                )
                 return
             for h in holds:
                 self.stdout.write(f"  {h.resource}  user={h.user_id}  fence={h.fence}  {h.kind}")
