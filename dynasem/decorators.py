@@ -40,7 +40,9 @@ def check_template(template: str) -> None:
     try:
         parts = list(_formatter.parse(template))
     except ValueError as exc:
-        raise ValueError(f"resource template {template!r} is not a valid format string: {exc}")
+        raise ValueError(
+            f"resource template {template!r} is not a valid format string: {exc}"
+        ) from None
     for literal, field, _spec, _conv in parts:
         if (
             previous_was_field
