@@ -44,9 +44,11 @@ MODE_EXCLUSIVE, MODE_COUNTING, MODE_SHARED = "x", "n", "s"
 
 # Backoff of a waiting acquire: first sleep, cap (seconds); full jitter in between.
 BACKOFF_FIRST = 0.02
-BACKOFF_CAP = 1.0
+BACKOFF_CAP = 0.5
 # Immediate re-tries when a refusal shows room we had not seen (not a busy wait).
 MAX_REPLANS = 25
+# Re-tries of a write that failed in transit, however short the wait.
+MIN_TRANSIENT_RETRIES = 2
 
 
 def now_ms() -> int:
@@ -302,7 +304,7 @@ class Semaphore:
         resources = self.resources
         deadline = monotonic() + wait
         seen: dict[str, dict[str, Any] | None] = {}
-        sleeps = replans = 0
+        sleeps = replans = failures = 0
         while True:
             sent_mono = monotonic()
             now = now_ms()
@@ -334,10 +336,15 @@ class Semaphore:
                         # Another transaction was on these items: step aside briefly.
                         yield random.uniform(0.002, 0.02)
                 except SemaphoreUnavailable as exc:
-                    if not getattr(exc, "transient", False) or monotonic() >= deadline:
+                    failures += 1
+                    # The write may have been applied with its response lost: the same write
+                    # again (same token) is refused by our own hold, which tells us so. Give
+                    # it a few tries even past the wait budget, then withdraw what may be ours.
+                    out_of_time = monotonic() >= deadline and failures > MIN_TRANSIENT_RETRIES
+                    if not getattr(exc, "transient", False) or out_of_time:
+                        yield lambda: self._withdraw(token, acting)
                         raise
-                    sleeps += 1
-                    yield min(_backoff(sleeps), max(0.0, deadline - monotonic()))
+                    yield min(_backoff(failures), max(0.05, deadline - monotonic()))
                     continue
                 else:
                     return self._held(token, user_id, plans, lease, skew, sent_mono)
@@ -367,6 +374,14 @@ class Semaphore:
                 else:
                     # Guess it free (one write tells us otherwise), keeping the fence we saw.
                     seen[r] = {"fence": old["fence"]} if old.get("fence") else None
+
+    def _withdraw(self, token: str, resources: list[str]) -> None:
+        """Best effort: release whatever an unanswered write of ours may have taken."""
+        for resource in resources:
+            try:
+                table.update(table.give_back(resource, token, now_ms(), sole=False))
+            except (table.Refused, SemaphoreUnavailable):
+                pass
 
     def _busy(
         self, blocked: dict[str, dict[str, Any]], skew: float, user_id: str, token: str

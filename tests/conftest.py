@@ -77,12 +77,23 @@ class RequestCounter:
 
 
 @pytest.fixture
-def requests_sent(lock_table: str) -> Iterator[RequestCounter]:
+def requests_sent(lock_table: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[RequestCounter]:
+    """Counts every request dynasem sends, also through clients rebuilt after a settings
+    change (``before-call`` fires once per operation; botocore's retries are not counted)."""
     from dynasem import table
 
     counter = RequestCounter()
-    client = table.get_client()
-    # before-send fires once per HTTP attempt, retries included.
-    client.meta.events.register("before-call.dynamodb", counter)
+    hooked: list[Any] = []
+    build = table.get_client
+
+    def get_client() -> Any:
+        client = build()
+        if not any(c is client for c in hooked):
+            client.meta.events.register("before-call.dynamodb", counter)
+            hooked.append(client)
+        return client
+
+    monkeypatch.setattr(table, "get_client", get_client)
     yield counter
-    client.meta.events.unregister("before-call.dynamodb", counter)
+    for client in hooked:
+        client.meta.events.unregister("before-call.dynamodb", counter)

@@ -1,0 +1,100 @@
+"""run_once, the status guard: NEW/FAILED -> RUNNING -> DONE/FAILED, by conditional writes."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from django.core.management import call_command
+from django.test import override_settings
+
+from dynasem import AlreadyDone, SemaphoreBusy, run_once, semaphore, table
+from dynasem.conf import settings
+
+
+def job_row(key: str) -> dict:
+    return table.get(key, table.JOB_SK)
+
+
+def test_new_job_runs_once_and_is_done(lock_table):
+    ran = []
+    with run_once("file:a.txt", user="alice") as job:
+        assert (job.key, job.status, job.attempt) == ("file:a.txt", "RUNNING", 1)
+        assert job_row("file:a.txt")["status"] == "RUNNING"
+        ran.append(1)
+    assert job.status == "DONE"
+    row = job_row("file:a.txt")
+    assert row["status"] == "DONE" and row["userId"] == "alice" and "error" not in row
+    assert row["finishedMs"] >= row["startedMs"]
+    with pytest.raises(AlreadyDone), run_once("file:a.txt"):
+        ran.append(2)
+    assert ran == [1]
+
+
+def test_exception_marks_failed_keeps_message_and_reraises(lock_table):
+    with pytest.raises(ValueError, match="bad header"), run_once("file:b.txt"):
+        raise ValueError("bad header")
+    row = job_row("file:b.txt")
+    assert row["status"] == "FAILED"
+    assert row["error"] == "ValueError: bad header"
+    with run_once("file:b.txt") as job:
+        assert job.attempt == 2
+    assert job_row("file:b.txt")["status"] == "DONE"
+    assert "error" not in job_row("file:b.txt")
+
+
+def test_live_running_job_is_busy(lock_table):
+    with run_once("file:c.txt", user="alice"):
+        with pytest.raises(SemaphoreBusy) as busy, run_once("file:c.txt"):
+            pytest.fail("must not run while another process runs it")
+        assert busy.value.holder_user_id == "alice"
+        assert busy.value.retry_after >= 1
+
+
+def test_running_job_whose_lease_expired_is_claimed_again(lock_table):
+    with override_settings(DYNASEM=dict(settings.raw, CLOCK_SKEW=0.2)):
+        dead = run_once("file:d.txt", lease=0.5).claim()
+        dead._heartbeat.stop()  # the worker died mid-run
+        time.sleep(0.8)
+        with run_once("file:d.txt") as job:
+            assert job.attempt == 2
+            assert job.fence > dead.fence
+        assert job_row("file:d.txt")["status"] == "DONE"
+
+
+def test_job_keys_do_not_collide_with_semaphores(lock_table):
+    with semaphore("same-name"), run_once("same-name") as job:
+        assert job.status == "RUNNING"
+    assert job_row("same-name")["status"] == "DONE"
+    assert table.get("same-name")["holders"] == {}
+
+
+def test_done_and_failed_rows_never_expire_and_are_never_reaped(lock_table):
+    with run_once("job:done"):
+        pass
+    with pytest.raises(RuntimeError), run_once("job:failed"):
+        raise RuntimeError("x")
+    for key in ("job:done", "job:failed"):
+        assert "expires" not in job_row(key)
+        assert "expMs" not in job_row(key)
+    call_command("dynasem_reap", verbosity=0)
+    assert job_row("job:done")["status"] == "DONE"
+    assert job_row("job:failed")["status"] == "FAILED"
+
+
+def test_async_with(lock_table):
+    async def main() -> int:
+        async with run_once("file:async.txt") as job:
+            await asyncio.sleep(0)
+            return job.attempt
+
+    assert asyncio.run(main()) == 1
+    assert job_row("file:async.txt")["status"] == "DONE"
+
+
+def test_bad_key_is_refused_before_any_request(requests_sent):
+    for bad in ("", None, 3, "x" * 1025):
+        with pytest.raises((TypeError, ValueError), match="key"):
+            run_once(bad)
+    assert requests_sent.total == 0

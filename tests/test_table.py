@@ -1,0 +1,113 @@
+"""What dynasem sends to DynamoDB: the request counts users pay for, counted by botocore's
+event hooks on the real engine."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from django.test import override_settings
+
+from dynasem import SemaphoreBusy, semaphore, table
+from dynasem.conf import settings
+
+
+def test_uncontended_cycle_is_one_write_to_acquire_and_one_to_release(requests_sent):
+    held = semaphore("tbl_issues:1").acquire()
+    assert dict(requests_sent.calls) == {"UpdateItem": 1}
+    held.release()
+    assert dict(requests_sent.calls) == {"UpdateItem": 2}
+
+
+def test_many_cycles_cost_two_requests_each(requests_sent):
+    for i in range(20):
+        with semaphore(f"r:{i % 3}"):
+            pass
+    assert dict(requests_sent.calls) == {"UpdateItem": 40}
+
+
+def test_refused_acquire_learns_the_holder_without_a_read(requests_sent):
+    holder = semaphore("tbl_issues:2", user="alice").acquire()
+    requests_sent.reset()
+    with pytest.raises(SemaphoreBusy) as busy:
+        semaphore("tbl_issues:2", wait=0).acquire()
+    assert dict(requests_sent.calls) == {"UpdateItem": 1}  # 0 GetItem, 0 Query
+    assert busy.value.holder_user_id == "alice"
+    lease_left = (holder.expires.timestamp() - time.time()) + settings.CLOCK_SKEW
+    assert abs(busy.value.retry_after - lease_left) <= 1.0
+    holder.release()
+
+
+def test_expired_hold_is_taken_over_in_one_write(requests_sent):
+    with override_settings(DYNASEM=dict(settings.raw, CLOCK_SKEW=0.2)):
+        old = semaphore("tbl_issues:3", lease=0.5).acquire()
+        old._stop_heartbeat()  # a holder that died
+        time.sleep(0.5 + 0.2 + 0.1)
+        requests_sent.reset()
+        new = semaphore("tbl_issues:3", lease=5).acquire()
+        assert dict(requests_sent.calls) == {"UpdateItem": 1}
+        assert new.fence > old.fence
+        new.release()
+
+
+def test_stored_row_carries_user_and_expires_for_the_indexes(lock_table):
+    held = semaphore("tbl_issues:4", user="bob", lease=30).acquire()
+    row = table.get("tbl_issues:4")
+    assert row["userId"] == "bob"
+    assert abs(row["expires"] - held.expires.timestamp()) <= 1
+    assert isinstance(row["expires"], int)
+    assert row["shard"] == table.shard_of("tbl_issues:4")
+    assert row["holders"][held.token]["f"] == held.fence
+    held.release()
+    row = table.get("tbl_issues:4")
+    assert row["holders"] == {}
+    assert "userId" not in row  # out of the user index once released
+    assert row["expires"] <= time.time() + 1  # idle: out of the active listing
+
+
+def _lose_responses(client, operation: str, count: int) -> dict[str, int]:
+    """Let DynamoDB apply the next ``count`` requests of ``operation`` but replace each response
+    by a 500 before botocore decides about retrying (as a dropped connection would)."""
+    state = {"lost": 0}
+
+    def lose(response, operation, **kwargs):
+        if operation.name == OP and state["lost"] < count and response is not None:
+            http_response, parsed = response
+            if http_response is not None and http_response.status_code == 200:
+                state["lost"] += 1
+                http_response.status_code = 500
+                parsed.clear()
+                parsed.update(
+                    {
+                        "Error": {"Code": "InternalServerError", "Message": "response lost"},
+                        "ResponseMetadata": {"HTTPStatusCode": 500},
+                    }
+                )
+
+    OP = operation
+    client.meta.events.register_first(f"needs-retry.dynamodb.{operation}", lose)
+    return state
+
+
+def test_lost_response_is_recognised_as_our_own_write(requests_sent):
+    """The acquire write is applied but its response is lost; the retry is refused by our own
+    hold, which the old item (ALL_OLD) shows: we hold it at once, no lease wait."""
+    state = _lose_responses(table.get_client(), "UpdateItem", 1)
+    start = time.monotonic()
+    held = semaphore("tbl_issues:5", user="carol", wait=0).acquire()
+    elapsed = time.monotonic() - start
+    assert state["lost"] == 1
+    assert elapsed < 2
+    row = table.get("tbl_issues:5")
+    assert row["holders"][held.token]["u"] == "carol"
+    assert row["holders"][held.token]["f"] == held.fence
+    held.release()
+    assert table.get("tbl_issues:5")["holders"] == {}
+
+
+def test_lost_release_response_is_no_error(requests_sent):
+    held = semaphore("tbl_issues:6").acquire()
+    state = _lose_responses(table.get_client(), "UpdateItem", 1)
+    held.release()  # the retry is refused, but lastToken says the release was ours
+    assert state["lost"] == 1
+    assert table.get("tbl_issues:6")["holders"] == {}
