@@ -342,7 +342,7 @@ class Semaphore:
                     # it a few tries even past the wait budget, then withdraw what may be ours.
                     out_of_time = monotonic() >= deadline and failures > MIN_TRANSIENT_RETRIES
                     if not getattr(exc, "transient", False) or out_of_time:
-                        yield lambda: self._withdraw(token, acting)
+                        yield lambda a=acting: self._withdraw(token, a)
                         raise
                     yield min(_backoff(failures), max(0.05, deadline - monotonic()))
                     continue
