@@ -103,10 +103,12 @@ class RunOnce:
         lease, _wait, skew = core.resolve_timing(self.lease, 0)
         user_id = core.user_id_of(self.user)
         token = uuid.uuid4().hex
+        stored_fence = 0
         for _ in range(core.MAX_REPLANS):
             sent_mono = core.monotonic()
             now = core.now_ms()
-            fence = core._new_fence(skew)
+            # A stored fence ahead of our clock: count on from it instead.
+            fence = max(core._new_fence(skew), stored_fence + 1)
             stale = now - int(skew * 1000)
             try:
                 new = table.update(
@@ -126,6 +128,7 @@ class RunOnce:
                     retry = math.ceil((int(old["expMs"]) - stale) / 1000)
                     raise SemaphoreBusy(self.key, retry, old.get("userId")) from None
                 # Claimable after all (our fence was behind the stored one): go again.
+                stored_fence = int(old.get("fence") or 0)
                 continue
             return self._job(token, user_id, new or {}, lease, skew, sent_mono)
         raise SemaphoreUnavailable(f"could not claim job {self.key!r}: the row kept changing")

@@ -352,10 +352,20 @@ def take_join(
         sets += ["#mode = :mode", "#lim = :lim"]
     else:
         conds += ["#mode = :mode", "#lim = :lim"]
-    if entry["e"] >= int(seen.get("expMs") or 0):
-        # Item-level expiry is the latest lease end of all holders: only ever pushed later.
+    seen_expires = int(seen.get("expMs") or 0)
+    if entry["e"] >= seen_expires:
+        # Item-level expiry is the latest lease end of all holders: only ever pushed later,
+        # so only over the very value we saw (a holder may have renewed since).
         sets += ["#uid = :uid", "#exp = :exp", "#expMs = :expMs"]
-        values.update({":uid": entry["u"], ":exp": epoch_seconds(entry["e"]), ":expMs": entry["e"]})
+        conds.append("#expMs = :seenExp")
+        values.update(
+            {
+                ":uid": entry["u"],
+                ":exp": epoch_seconds(entry["e"]),
+                ":expMs": entry["e"],
+                ":seenExp": seen_expires,
+            }
+        )
     removes = []
     for i, gone in enumerate(evict):
         names[f"#x{i}"] = gone
