@@ -3,13 +3,29 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
+from botocore.utils import is_valid_endpoint_url, is_valid_ipv6_endpoint_url
 from django.core.checks import Error, Warning, register
 
 from . import core
 from .conf import DEFAULTS, settings
 
 HINT = "See the settings table in dynasem's README."
+
+
+def _valid_endpoint(url: object) -> bool:
+    """What botocore would accept as an endpoint, checked without any network call."""
+    if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+        return False
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError:
+        return False
+    if not parts.hostname:
+        return False
+    return bool(is_valid_endpoint_url(url) or is_valid_ipv6_endpoint_url(url))
 
 
 @register()
@@ -38,9 +54,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             )
         )
     endpoint = settings.ENDPOINT_URL
-    if endpoint is not None and (
-        not isinstance(endpoint, str) or not endpoint.startswith(("http://", "https://"))
-    ):
+    if endpoint is not None and not _valid_endpoint(endpoint):
         problems.append(
             Error(
                 f"DYNASEM['ENDPOINT_URL'] must be None (AWS) or an http(s) URL, not {endpoint!r}.",

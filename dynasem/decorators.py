@@ -91,19 +91,22 @@ def lock_view(sem: Semaphore, view: Callable[..., Any]) -> Callable[..., Any]:
         check_template(template)
     on_busy = sem.on_busy or busy_response
 
-    def keyed(request: Any, args: tuple, kwargs: dict) -> Semaphore:
+    def keyed(request: Any, args: tuple, kwargs: dict, user: Any) -> Semaphore:
         if isinstance(template, list | tuple):
             key: Any = [format_key(t, request, args, kwargs) for t in template]
         else:
             key = format_key(template, request, args, kwargs)
         # The holder is the request's user, never anything the request data says.
-        return sem.with_resource(key, getattr(request, "user", None))
+        return sem.with_resource(key, user)
 
     if iscoroutinefunction(view):
 
         async def async_wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
             try:
-                async with keyed(request, args, kwargs):
+                # request.user is lazy and loads from the database: not inside the loop.
+                auser = getattr(request, "auser", None)
+                user = await auser() if auser is not None else getattr(request, "user", None)
+                async with keyed(request, args, kwargs, user):
                     return await view(request, *args, **kwargs)
             except SemaphoreBusy as exc:
                 return on_busy(request, exc)
@@ -113,7 +116,7 @@ def lock_view(sem: Semaphore, view: Callable[..., Any]) -> Callable[..., Any]:
 
         def wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
             try:
-                with keyed(request, args, kwargs):
+                with keyed(request, args, kwargs, getattr(request, "user", None)):
                     return view(request, *args, **kwargs)
             except SemaphoreBusy as exc:
                 return on_busy(request, exc)

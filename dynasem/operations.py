@@ -76,7 +76,16 @@ def holds_of(item: dict[str, Any], *, min_expires_ms: int | None) -> list[HoldIn
 
 def _rows(user_id: str | None, since_s: int) -> Iterator[dict[str, Any]]:
     if user_id is not None:
-        yield from table.query_user(user_id, since_s)
+        # The userId index names one holder per row: every exclusive holder, but only the
+        # latest of a counting or shared resource's holders, so those rows are read as well.
+        seen = set()
+        for item in table.query_user(user_id, since_s):
+            seen.add(item["pk"])
+            yield item
+        for shard in range(table.SHARDS):
+            for item in table.iter_expiring(shard, since=since_s, shared_only=True):
+                if item["pk"] not in seen:
+                    yield item
         return
     for shard in range(table.SHARDS):
         yield from table.iter_expiring(shard, since=since_s)
@@ -115,7 +124,7 @@ def break_hold(resource: str, token: str, *, sender: Any = None) -> bool:
     """Break one hold, only if that very token still holds (a hold taken meanwhile survives).
     Sends ``lock_released``; False if the token no longer held the resource."""
     try:
-        table.update(table.force_release(resource, token, core.now_ms()))
+        table.update(table.force_release(resource, token))
     except table.Refused:
         return False
     lock_released.send(

@@ -213,7 +213,13 @@ SemaphoreUnavailable.transient = False  # type: ignore[attr-defined]
 
 def _send(operation: str, **kwargs: Any) -> dict[str, Any]:
     try:
-        return getattr(get_client(), operation)(**kwargs)
+        client = get_client()
+    except ValueError as exc:  # botocore refuses the endpoint URL itself
+        raise SemaphoreUnavailable(
+            f"cannot build a DynamoDB client for {endpoint_label()!r}: {exc}"
+        ) from exc
+    try:
+        return getattr(client, operation)(**kwargs)
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
         if code == "ConditionalCheckFailedException":
@@ -228,6 +234,8 @@ def _send(operation: str, **kwargs: Any) -> dict[str, Any]:
         raise _unavailable(exc) from exc
     except (BotoCoreError, OSError) as exc:
         raise _unavailable(exc) from exc
+    except ValueError as exc:  # an endpoint URL botocore could not take apart
+        raise SemaphoreUnavailable(f"bad DynamoDB endpoint {endpoint_label()!r}: {exc}") from exc
 
 
 # ---------------------------------------------------------------------------------------------
@@ -410,9 +418,13 @@ def give_back(resource: str, token: str, now_ms: int, *, sole: bool) -> dict[str
     return _action(resource, LOCK_SK, update, "attribute_exists(#h.#t)", names, values)
 
 
-def force_release(resource: str, token: str, now_ms: int) -> dict[str, Any]:
-    """An operator breaks one hold (admin, CLI): conditional on that token still holding."""
-    return give_back(resource, token, now_ms, sole=False)
+def force_release(resource: str, token: str) -> dict[str, Any]:
+    """An operator breaks one hold (admin, CLI): conditional on that token still holding.
+
+    Unlike :func:`give_back` it leaves ``lastToken`` alone: the broken holder's own release
+    must not mistake the break for its release, it must learn it lost the hold."""
+    names = dict(_LOCK_NAMES, **{"#t": token})
+    return _action(resource, LOCK_SK, "REMOVE #h.#t", "attribute_exists(#h.#t)", names, {})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -543,6 +555,7 @@ def query_expiring(
     since: int | None = None,
     limit: int | None = None,
     start: dict[str, Any] | None = None,
+    shared_only: bool = False,
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """One page of rows of one shard of the expires index, by ``expires`` (epoch seconds)."""
     names = {"#shard": "shard", "#exp": "expires"}
@@ -561,6 +574,11 @@ def query_expiring(
         "ExpressionAttributeNames": names,
         "ExpressionAttributeValues": _encode(values),
     }
+    if shared_only:
+        # Counting and shared rows name only one of their holders in userId.
+        kwargs["FilterExpression"] = "#mode <> :x"
+        names["#mode"] = "mode"
+        kwargs["ExpressionAttributeValues"][":x"] = {"S": "x"}
     if limit:
         kwargs["Limit"] = limit
     if start:

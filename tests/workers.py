@@ -85,3 +85,37 @@ def hold_with_limit(
             time.sleep(hold)
             intervals.append((start, time.monotonic()))
     out.put((os.getpid(), intervals))
+
+
+def hold_until_killed(endpoint: str, table_name: str, resource: str, lease: float, out: Any):
+    """Take the lock, say so, then work 'forever' (the test SIGKILLs us)."""
+    setup_django(endpoint, table_name)
+    from dynasem import semaphore
+
+    held = semaphore(resource, lease=lease, user="doomed").acquire()
+    out.put(("held", held.fence))
+    time.sleep(600)
+
+
+def hold_then_pause(
+    endpoint: str, table_name: str, resource: str, lease: float, out: Any, go_on: Any
+):
+    """Take the lock, get paused (SIGSTOP) past the lease by the test, then try to write
+    fenced and to leave the block: both must tell us the hold is gone."""
+    setup_django(endpoint, table_name)
+    from dynasem import LockLost, semaphore
+    from tests.fencing import FencedWriteRefused, fenced_put
+
+    try:
+        with semaphore(resource, lease=lease, user="sleepy") as held:
+            out.put(("held", held.fence))
+            go_on.wait(60)  # we are stopped and resumed somewhere around here
+            try:
+                fenced_put("document", "stale body", held.fence)
+                out.put(("fenced-write", "accepted"))
+            except FencedWriteRefused:
+                out.put(("fenced-write", "refused"))
+    except LockLost as exc:
+        out.put(("exit", f"LockLost: {exc.reason}"))
+    else:
+        out.put(("exit", "no error"))

@@ -1,0 +1,180 @@
+"""A DynamoDB-compatible server that needs nothing but pip: moto's server, one request at a time.
+
+    python -m example_project.embedded_dynamodb --port 8001
+    # then DYNASEM_ENDPOINT_URL=http://127.0.0.1:8001
+
+Good enough for the demo and for trying dynasem out; use DynamoDB Local or AWS for anything
+else. Everything lives in memory and is gone when the process stops.
+
+Why not ``moto_server`` or ``moto.server.ThreadedMotoServer``? Both serve every request on its
+own thread, and moto's backend does not make a conditional write atomic: under contention two
+``attribute_not_exists`` puts on the same key were both seen to succeed. A lock is only as good
+as that condition, so this server handles requests strictly one after another, which makes
+every request atomic with respect to every other one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
+
+try:
+    # moto >= 5.1: keeps header spellings that werkzeug would drop; harmless for DynamoDB.
+    from moto.moto_server.werkzeug_app import MotoRequestHandler as _BaseHandler
+except ImportError:  # pragma: no cover - older moto 5.0.x
+    _BaseHandler = WSGIRequestHandler
+
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8001
+
+__all__ = ["EmbeddedDynamoDB", "main", "make_dynamodb_server", "start_in_background"]
+
+
+class _OneAtATimeHandler(_BaseHandler):
+    # HTTP/1.0 closes the connection after each response. With a single-threaded server that
+    # matters: botocore keeps connections alive, and one idle kept-alive client would otherwise
+    # hold the only worker and starve every other client. Setting it here (not inheriting) also
+    # stops werkzeug from switching a shared handler class to HTTP/1.1 for a threaded server.
+    protocol_version = "HTTP/1.0"
+
+
+class _QuietHandler(_OneAtATimeHandler):
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        # One line per DynamoDB request drowns the Django runserver log; errors still show.
+        pass
+
+
+def make_dynamodb_server(
+    host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, quiet: bool = False
+) -> BaseWSGIServer:
+    """Bind (``port=0`` picks a free port) and return an unstarted, single-threaded server.
+
+    Call ``serve_forever()`` on it; ``server.server_port`` is the bound port.
+    """
+    app = DomainDispatcherApplication(create_backend_app)
+    handler = _QuietHandler if quiet else _OneAtATimeHandler
+    # threaded=False, processes=1: werkzeug's BaseWSGIServer, requests served in turn.
+    return make_server(host, port, app, threaded=False, processes=1, request_handler=handler)
+
+
+class EmbeddedDynamoDB:
+    """The server on a daemon thread of this process; also a context manager.
+
+    ``with EmbeddedDynamoDB() as db: ... db.endpoint_url ...``
+    """
+
+    def __init__(self, host: str = DEFAULT_HOST, port: int = 0, *, quiet: bool = True):
+        self.host = host
+        self.port = port
+        self.quiet = quiet
+        self._server: BaseWSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        """``http://host:port`` — the value for ``DYNASEM["ENDPOINT_URL"]``."""
+        if self._server is None:
+            raise RuntimeError("EmbeddedDynamoDB is not started; call start() first")
+        return f"http://{self.host}:{self._server.server_port}"
+
+    def start(self) -> EmbeddedDynamoDB:
+        """Bind now (so the port is known and errors surface here), then serve on a thread."""
+        if self._server is not None:
+            return self
+        self._server = make_dynamodb_server(self.host, self.port, quiet=self.quiet)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="embedded-dynamodb", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and close the socket; the in-memory tables are dropped."""
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._server = None
+        self._thread = None
+
+    def __enter__(self) -> EmbeddedDynamoDB:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def start_in_background(
+    host: str = DEFAULT_HOST, port: int = 0, *, quiet: bool = True
+) -> EmbeddedDynamoDB:
+    """Start an embedded server on a daemon thread and return it (see ``endpoint_url``)."""
+    return EmbeddedDynamoDB(host, port, quiet=quiet).start()
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    # A watcher polling for the file must never read it half-written.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the server in the foreground until SIGINT/SIGTERM."""
+    parser = argparse.ArgumentParser(
+        prog="python -m example_project.embedded_dynamodb",
+        description="An in-memory DynamoDB-compatible server (moto) serving one request at a time.",
+    )
+    parser.add_argument("--host", default=DEFAULT_HOST, help="address to bind (%(default)s)")
+    parser.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help="port, 0 for a free one (%(default)s)"
+    )
+    parser.add_argument(
+        "--port-file",
+        type=Path,
+        help="once listening, write the bound port here (lets a script use --port 0 race-free)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="do not log every request")
+    args = parser.parse_args(argv)
+
+    server = make_dynamodb_server(args.host, args.port, quiet=args.quiet)
+
+    def _stop(signum: int, frame: Any) -> None:
+        # serve_forever() is interrupted by raising out of it; shutdown() would deadlock here
+        # because it waits for the very loop this handler runs on.
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _stop)
+
+    url = f"http://{args.host}:{server.server_port}"
+    if args.port_file is not None:
+        _write_atomically(args.port_file, f"{server.server_port}\n")
+    print(f"Embedded DynamoDB (moto, one request at a time) listening on {url}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,24 @@
+"""URLs of the demo app; the three rebuild URLs guard the same resource in three ways."""
+
+from __future__ import annotations
+
+from django.urls import path
+
+from . import views
+
+app_name = "projects"
+
+urlpatterns = [
+    path("", views.index, name="index"),
+    path("projects/<int:project_id>/rebuild/", views.purge_and_rebuild, name="rebuild"),
+    path(
+        "projects/<int:project_id>/rebuild-cbv/",
+        views.PurgeAndRebuildView.as_view(),
+        name="rebuild-cbv",
+    ),
+    path(
+        "projects/<int:project_id>/rebuild-with-fence/",
+        views.purge_and_rebuild_with_fence,
+        name="rebuild-with-fence",
+    ),
+]

@@ -1,0 +1,123 @@
+"""Settings for the dynasem example project, read from environment variables.
+
+An optional ``.env`` at the repository root is read first; variables already set in the
+environment win over it. ``.env.example`` documents every variable.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BASE_DIR.parent
+
+env = environ.Env()
+if (REPO_ROOT / ".env").is_file():
+    # read_env() also puts the file's AWS_* variables into os.environ, which is where boto3's
+    # default credential chain looks: dynasem never takes credentials from settings.
+    env.read_env(REPO_ROOT / ".env")
+
+# --- Django ------------------------------------------------------------------------------
+
+# The default key is for local demos only; set DJANGO_SECRET_KEY anywhere else.
+SECRET_KEY = env("DJANGO_SECRET_KEY", default="django-insecure-dynasem-example-only")
+# On by default so that `runserver` serves the admin's static files in the demo.
+DEBUG = env.bool("DJANGO_DEBUG", default=True)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "dynasem",
+    "example_project.projects",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "example_project.urls"
+WSGI_APPLICATION = "example_project.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# The lock table lives in DynamoDB; this database only holds users and sessions.
+DATABASES = {
+    "default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "projects:index"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+
+# --- dynasem -----------------------------------------------------------------------------
+
+DYNASEM = {
+    "TABLE_NAME": env("DYNASEM_TABLE_NAME", default="dynasem-locks"),
+    # Unset or empty means AWS itself (None); a URL such as http://127.0.0.1:8001 means a
+    # local engine (DynamoDB Local, or `python -m example_project.embedded_dynamodb`).
+    "ENDPOINT_URL": env("DYNASEM_ENDPOINT_URL", default="") or None,
+    # None lets boto3 find the region (AWS_REGION, AWS_DEFAULT_REGION, ~/.aws/config);
+    # dynasem falls back to us-east-1.
+    "REGION_NAME": env("DYNASEM_REGION_NAME", default="") or None,
+    "LEASE": env.float("DYNASEM_LEASE", default=60),
+    "WAIT": env.float("DYNASEM_WAIT", default=0),
+    "CLOCK_SKEW": env.float("DYNASEM_CLOCK_SKEW", default=5),
+}
+
+# --- the demo ----------------------------------------------------------------------------
+
+# How long "Purge and rebuild" pretends to work, so that a second click lands while the
+# first still holds the lock.
+DEMO_REBUILD_SECONDS = env.float("DEMO_REBUILD_SECONDS", default=5)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {
+        # Shows the lock signals the demo app logs (see projects/apps.py).
+        "example_project": {"handlers": ["console"], "level": "INFO"},
+        "dynasem": {"handlers": ["console"], "level": env("DYNASEM_LOG_LEVEL", default="INFO")},
+    },
+}

@@ -1,0 +1,582 @@
+"""The management commands, run with call_command against DynamoDB Local."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.test import override_settings
+
+from dynasem import LockLost, core, run_once, semaphore, table
+from dynasem.operations import holds_on
+from tests.conftest import dynasem_settings
+
+
+def run(name: str, *args: str, **options: Any) -> str:
+    out = io.StringIO()
+    call_command(name, *args, stdout=out, **options)
+    return out.getvalue()
+
+
+@pytest.fixture
+def later(monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``later(seconds)``: this process's wall clock runs ``seconds`` ahead from now on (the
+    module attribute core.wall_clock exists for that), as if the command ran that much later."""
+
+    def shift(seconds: float) -> None:
+        monkeypatch.setattr(core, "wall_clock", lambda: time.time() + seconds)
+
+    return shift
+
+
+@pytest.fixture
+def no_ttl(lock_table: str) -> str:
+    """Turn DynamoDB TTL off on the test table: DynamoDB Local really deletes expired rows
+    (a background Scan, at moments of its own), which would race the reaper under test."""
+    client = table.get_client()
+    client.update_time_to_live(
+        TableName=lock_table,
+        TimeToLiveSpecification={"Enabled": False, "AttributeName": "expires"},
+    )
+    status = client.describe_time_to_live(TableName=lock_table)["TimeToLiveDescription"]
+    assert status["TimeToLiveStatus"] in ("DISABLED", "DISABLING")
+    return lock_table
+
+
+@pytest.fixture
+def holds(lock_table: str) -> Iterator[list[Any]]:
+    """Holds taken by a test; whatever is still ours is released at the end."""
+    taken: list[Any] = []
+    yield taken
+    for held in taken:
+        held._stop_heartbeat()
+        try:
+            held.release()
+        except Exception:
+            pass
+
+
+def take(holds: list[Any], resource: str, **kwargs: Any) -> Any:
+    held = semaphore(resource, **kwargs).acquire()
+    holds.append(held)
+    return held
+
+
+# ---------------------------------------------------------------------------------------------
+# dynasem_createtable
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def new_table(dynamodb_local: str) -> Iterator[str]:
+    """A table name nobody created yet, set as TABLE_NAME; dropped afterwards."""
+    name = f"c-{uuid.uuid4().hex[:12]}"
+    with override_settings(DYNASEM=dynasem_settings(dynamodb_local, name)):
+        try:
+            yield name
+        finally:
+            try:
+                table.get_client().delete_table(TableName=name)
+            except Exception:
+                pass
+
+
+def table_names() -> list[str]:
+    names: list[str] = []
+    for page in table.get_client().get_paginator("list_tables").paginate():
+        names += page["TableNames"]
+    return names
+
+
+def test_createtable_creates_the_table_its_indexes_and_ttl(new_table):
+    out = run("dynasem_createtable", "--wait")
+    assert f"Created table {new_table!r}" in out
+    assert "ACTIVE" in out
+
+    client = table.get_client()
+    desc = client.describe_table(TableName=new_table)["Table"]
+    assert desc["TableStatus"] == "ACTIVE"
+    assert desc["KeySchema"] == [
+        {"AttributeName": "pk", "KeyType": "HASH"},
+        {"AttributeName": "sk", "KeyType": "RANGE"},
+    ]
+    assert desc["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
+    indexes = {g["IndexName"]: g for g in desc["GlobalSecondaryIndexes"]}
+    assert set(indexes) == {"userId-index", "expires-index"}
+    assert indexes["userId-index"]["KeySchema"][0] == {"AttributeName": "userId", "KeyType": "HASH"}
+    assert indexes["expires-index"]["KeySchema"] == [
+        {"AttributeName": "shard", "KeyType": "HASH"},
+        {"AttributeName": "expires", "KeyType": "RANGE"},
+    ]
+    types = {a["AttributeName"]: a["AttributeType"] for a in desc["AttributeDefinitions"]}
+    assert types["userId"] == "S"
+    assert types["expires"] == "N"
+
+    ttl = client.describe_time_to_live(TableName=new_table)["TimeToLiveDescription"]
+    assert ttl["TimeToLiveStatus"] in ("ENABLED", "ENABLING")
+    assert ttl["AttributeName"] == "expires"
+
+    # The table works for the semaphore right away.
+    with semaphore("made:1") as held:
+        assert [h.token for h in holds_on("made:1")] == [held.token]
+
+
+def test_createtable_again_succeeds_and_says_it_exists(new_table):
+    run("dynasem_createtable", "--wait")
+    created = table.get_client().describe_table(TableName=new_table)["Table"]
+    out = run("dynasem_createtable")
+    assert "already exists" in out
+    again = table.get_client().describe_table(TableName=new_table)["Table"]
+    assert again["CreationDateTime"] == created["CreationDateTime"]
+    assert again["TableArn"] == created["TableArn"]
+
+
+def test_createtable_dry_run_creates_nothing_and_prints_the_definition(requests_sent, new_table):
+    requests_sent.reset()
+    out = run("dynasem_createtable", "--dry-run")
+    assert requests_sent.total == 0
+    assert new_table not in table_names()
+    lines = out.splitlines()
+    assert new_table in lines[0]
+    definition = json.loads("\n".join(lines[1:-1]))
+    assert definition == table.table_definition(new_table)
+    assert {g["IndexName"] for g in definition["GlobalSecondaryIndexes"]} == {
+        "userId-index",
+        "expires-index",
+    }
+    assert "TTL" in lines[-1]
+
+
+def test_createtable_refuses_a_foreign_table_without_the_indexes(new_table):
+    client = table.get_client()
+    client.create_table(
+        TableName=new_table,
+        BillingMode="PAY_PER_REQUEST",
+        AttributeDefinitions=[
+            {"AttributeName": "pk", "AttributeType": "S"},
+            {"AttributeName": "sk", "AttributeType": "S"},
+        ],
+        KeySchema=[
+            {"AttributeName": "pk", "KeyType": "HASH"},
+            {"AttributeName": "sk", "KeyType": "RANGE"},
+        ],
+    )
+    with pytest.raises(CommandError) as raised:
+        run("dynasem_createtable")
+    assert "userId-index" in str(raised.value)
+    assert "expires-index" in str(raised.value)
+    desc = client.describe_table(TableName=new_table)["Table"]
+    assert "GlobalSecondaryIndexes" not in desc  # left as it was
+
+
+def test_createtable_unreachable_endpoint_is_a_command_error(dynamodb_local):
+    with override_settings(DYNASEM=dynasem_settings("http://127.0.0.1:1", "nowhere")):
+        with pytest.raises(CommandError, match="127.0.0.1:1"):
+            run("dynasem_createtable")
+
+
+# ---------------------------------------------------------------------------------------------
+# dynasem_reap
+# ---------------------------------------------------------------------------------------------
+
+
+def row(pk: str, sk: str = table.LOCK_SK) -> dict[str, Any] | None:
+    return table.get(pk, sk)
+
+
+def expired_hold(holds: list[Any], resource: str, **kwargs: Any) -> Any:
+    """A hold whose holder died: no heartbeat, a 1 s lease."""
+    held = semaphore(resource, lease=1, **kwargs).acquire()
+    held._stop_heartbeat()
+    return held
+
+
+def make_job_rows() -> None:
+    with run_once("job:done"):
+        pass
+    with pytest.raises(RuntimeError), run_once("job:failed"):
+        raise RuntimeError("broken")
+    # A job sharing its name with an expired lock: the lock row goes, the job row stays.
+    with run_once("dead:0"):
+        pass
+
+
+def test_reap_deletes_exactly_the_expired_and_idle_rows(no_ttl, holds, later, requests_sent):
+    for i in range(3):
+        expired_hold(holds, f"dead:{i}")
+    expired_hold(holds, "dead:counting", limit=3)
+    with semaphore("idle:1"):
+        pass
+    live = take(holds, "live:1", lease=300)
+    live_counting = take(holds, "live:counting", limit=2, lease=300)
+    # One holder of this one died, the other lives on: the row stays.
+    live_and_dead = take(holds, "mixed:1", limit=2, lease=300)
+    expired_hold(holds, "mixed:1", limit=2)
+    make_job_rows()
+
+    later(5)  # every 1 s lease ended more than CLOCK_SKEW (0.5 s) ago
+    requests_sent.reset()
+    out = run("dynasem_reap")
+
+    assert "Deleted 5 expired rows." in out
+    assert requests_sent.calls["Scan"] == 0
+    assert requests_sent.calls["Query"] >= table.SHARDS
+    for pk in ["dead:0", "dead:1", "dead:2", "dead:counting", "idle:1"]:
+        assert row(pk) is None, pk
+    assert [h.token for h in holds_on("live:1")] == [live.token]
+    assert [h.token for h in holds_on("live:counting")] == [live_counting.token]
+    assert live_and_dead.token in [h.token for h in holds_on("mixed:1")]
+    assert row("job:done", table.JOB_SK)["status"] == "DONE"
+    assert row("job:failed", table.JOB_SK)["status"] == "FAILED"
+    assert "broken" in row("job:failed", table.JOB_SK)["error"]
+    assert row("dead:0", table.JOB_SK)["status"] == "DONE"
+
+    # The live holds are still ours; a second reap finds nothing.
+    live.renew()
+    live_counting.renew()
+    live_and_dead.renew()
+    assert "Deleted 0 expired rows." in run("dynasem_reap")
+
+
+def test_reap_keeps_rows_whose_lease_ended_within_clock_skew(no_ttl, holds, later):
+    expired_hold(holds, "recent:1")
+    later(0)
+    # Just ended (or not even): within CLOCK_SKEW another host may still think it holds.
+    assert "Deleted 0 expired rows." in run("dynasem_reap")
+    assert row("recent:1") is not None
+
+
+def test_reap_in_real_time(no_ttl, dynamodb_local, requests_sent):
+    settings = dynasem_settings(dynamodb_local, no_ttl, CLOCK_SKEW=0.2)
+    with override_settings(DYNASEM=settings):
+        held = semaphore("real:dead", lease=0.5).acquire()
+        held._stop_heartbeat()
+        with semaphore("real:idle") as idle:
+            pass
+        live = semaphore("real:live", lease=60).acquire()
+        try:
+            # Wait until the stored lease end (whole seconds, as the index has it) is more
+            # than CLOCK_SKEW in the past.
+            ends = max(row(r)["expires"] for r in ["real:dead", "real:idle"])
+            while core.now_ms() - 200 < (ends + 1) * 1000:
+                time.sleep(0.05)
+            requests_sent.reset()
+            out = run("dynasem_reap")
+            assert "Deleted 2 expired rows." in out
+            assert requests_sent.calls["Scan"] == 0
+            assert row("real:dead") is None
+            assert row("real:idle") is None
+            assert [h.token for h in holds_on("real:live")] == [live.token]
+            # Fences keep increasing although the rows that stored them are gone.
+            with semaphore("real:dead") as again, semaphore("real:idle") as idle_again:
+                assert again.fence > held.fence
+                assert idle_again.fence > idle.fence
+        finally:
+            live.release()
+
+
+def test_reap_dry_run_deletes_nothing(no_ttl, holds, later):
+    expired_hold(holds, "dry:1")
+    expired_hold(holds, "dry:2")
+    with semaphore("dry:idle"):
+        pass
+    take(holds, "dry:live", lease=300)
+    make_job_rows()
+    later(5)
+    out = run("dynasem_reap", "--dry-run")
+    assert "Would delete 3 expired rows." in out
+    for pk in ["dry:1", "dry:2", "dry:idle", "dry:live"]:
+        assert row(pk) is not None, pk
+    for pk in ["job:done", "job:failed", "dead:0"]:
+        assert row(pk, table.JOB_SK) is not None, pk
+    assert "Deleted 3 expired rows." in run("dynasem_reap")
+
+
+def test_reap_verbosity_2_shows_progress(no_ttl, holds, later):
+    for i in range(3):
+        expired_hold(holds, f"progress:{i}")
+    later(5)
+    quiet = run("dynasem_reap", "--dry-run", verbosity=1)
+    assert "deleted," not in quiet
+    out = run("dynasem_reap", verbosity=2)
+    assert "3 deleted, 0 survived" in out
+    assert "Deleted 3 expired rows." in out
+
+
+def test_reap_spares_a_row_reacquired_between_read_and_delete(no_ttl, holds, later):
+    expired_hold(holds, "race:1")
+    expired_hold(holds, "race:2")
+    later(5)
+    retaken: list[Any] = []
+
+    def retake_first(params: dict[str, Any], **kwargs: Any) -> None:
+        # Runs after reap read its candidates, just before its first DeleteItem is sent.
+        if not retaken:
+            pk = params["Key"]["pk"]["S"]
+            retaken.append(take(holds, pk))
+
+    client = table.get_client()
+    client.meta.events.register("before-parameter-build.dynamodb.DeleteItem", retake_first)
+    try:
+        out = run("dynasem_reap", "--workers", "1")
+    finally:
+        client.meta.events.unregister("before-parameter-build.dynamodb.DeleteItem", retake_first)
+
+    (held,) = retaken
+    assert "Deleted 1 expired rows." in out
+    assert "1 rows were re-acquired meanwhile and kept." in out
+    assert [h.token for h in holds_on(held.resource)] == [held.token]
+    other = ({"race:1", "race:2"} - {held.resource}).pop()
+    assert row(other) is None
+    held.renew()  # still ours
+    held.release()
+    assert holds_on(held.resource) == []
+
+
+def test_delete_expired_spares_a_row_whose_lease_was_extended(lock_table, holds):
+    held = take(holds, "cond:1")
+    cutoff = core.now_ms()  # read "before" the holder's lease was taken/extended
+    assert table.delete_expired("cond:1", table.LOCK_SK, cutoff) is False
+    assert [h.token for h in holds_on("cond:1")] == [held.token]
+    ends = row("cond:1")["expMs"]
+    assert table.delete_expired("cond:1", table.LOCK_SK, ends + 1) is True
+    assert row("cond:1") is None
+
+
+def test_reap_workers_must_be_positive(lock_table):
+    with pytest.raises(CommandError, match="--workers"):
+        run("dynasem_reap", "--workers", "0")
+
+
+# ---------------------------------------------------------------------------------------------
+# dynasem_locks
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def listed(no_ttl: str, holds: list[Any]) -> dict[str, Any]:
+    taken = {
+        "alpha:1": take(holds, "alpha:1", user="alice", lease=60),
+        "alpha:2": take(holds, "alpha:2", user="bob", lease=60),
+        "beta:1": take(holds, "beta:1", user="alice", lease=60),
+    }
+    with semaphore("gone:1", user="alice"):
+        pass
+    expired_hold(holds, "alpha:dead", user="alice")
+    return taken
+
+
+def json_lines(out: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in out.splitlines() if line.strip()]
+
+
+def test_locks_lists_active_holds(listed, later):
+    later(3)  # the 1 s lease of alpha:dead has ended; the 60 s ones have not
+    out = run("dynasem_locks")
+    lines = out.splitlines()
+    assert "RESOURCE" in lines[0]
+    assert len(lines) == 1 + len(listed)
+    for resource, held in listed.items():
+        (line,) = [line for line in lines if line.startswith(resource + " ")]
+        user, fence = line.split()[1], line.split()[-1]
+        assert user == held.user_id
+        assert fence == str(held.fence)
+    assert "gone:1" not in out
+    assert "alpha:dead" not in out
+
+
+def test_locks_all_includes_expired_holds(listed, later):
+    later(3)
+    resources = {h["resource"] for h in json_lines(run("dynasem_locks", "--all", "--json"))}
+    assert resources == set(listed) | {"alpha:dead"}
+
+
+def test_locks_json_lines(listed, later):
+    later(3)
+    rows = json_lines(run("dynasem_locks", "--json"))
+    got = {(r["resource"], r["user_id"], r["fence"], r["token"]) for r in rows}
+    assert got == {(r, h.user_id, h.fence, h.token) for r, h in listed.items()}
+    for r in rows:
+        assert r["kind"] == "exclusive"
+        assert r["expires"].startswith(listed[r["resource"]].expires.isoformat()[:16])
+
+
+def test_locks_user_filter_queries_the_user_index(listed, requests_sent, later):
+    later(3)
+    requests_sent.reset()
+    rows = json_lines(run("dynasem_locks", "--user", "alice", "--json"))
+    assert {r["resource"] for r in rows} == {"alpha:1", "beta:1"}
+    assert {r["user_id"] for r in rows} == {"alice"}
+    # userId-index, plus the counting/shared rows of each expires-index shard (one holder
+    # per row is all the userId index knows); listing everyone takes one Query per shard.
+    assert dict(requests_sent.calls) == {"Query": 1 + table.SHARDS}
+    requests_sent.reset()
+    run("dynasem_locks", "--json")
+    assert requests_sent.calls["Query"] == table.SHARDS
+    assert requests_sent.calls["Scan"] == 0
+
+
+def test_locks_user_filter_with_no_holds(listed):
+    assert run("dynasem_locks", "--user", "nobody") == "No active holds.\n"
+
+
+def test_locks_user_filter_finds_every_holder_of_a_counting_resource(lock_table, holds):
+    alice = take(holds, "pool:1", limit=2, user="alice", lease=60)
+    bob = take(holds, "pool:1", limit=2, user="bob", lease=60)
+    readers = [take(holds, "doc:1", shared=True, user=u, lease=60) for u in ("carol", "dave")]
+    assert {h.user_id for h in holds_on("pool:1")} == {"alice", "bob"}
+    for held in [alice, bob, *readers]:
+        rows = json_lines(run("dynasem_locks", "--user", held.user_id, "--json"))
+        assert [r["token"] for r in rows] == [held.token], held.user_id
+
+
+def test_locks_resource_prefix(listed, later):
+    later(3)
+    rows = json_lines(run("dynasem_locks", "--resource-prefix", "alpha:", "--json"))
+    assert {r["resource"] for r in rows} == {"alpha:1", "alpha:2"}
+    assert run("dynasem_locks", "--resource-prefix", "zeta") == "No active holds.\n"
+
+
+def test_locks_shows_every_holder_of_counting_and_shared_resources(lock_table, holds):
+    a = take(holds, "slots:1", limit=2, user="u1")
+    b = take(holds, "slots:1", limit=2, user="u2")
+    c = take(holds, "read:1", shared=True, user="u3")
+    rows = json_lines(run("dynasem_locks", "--json"))
+    assert {(r["resource"], r["token"], r["kind"]) for r in rows} == {
+        ("slots:1", a.token, "slot of 2"),
+        ("slots:1", b.token, "slot of 2"),
+        ("read:1", c.token, "shared"),
+    }
+
+
+def test_locks_empty_table(lock_table):
+    assert run("dynasem_locks") == "No active holds.\n"
+    assert run("dynasem_locks", "--json") == ""
+
+
+# ---------------------------------------------------------------------------------------------
+# dynasem_release
+# ---------------------------------------------------------------------------------------------
+
+
+class Terminal(io.StringIO):
+    """A stdin that says it is a terminal, with the operator's answer typed in."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_release_yes_breaks_every_hold(lock_table, holds):
+    held = take(holds, "rel:1", user="alice")
+    out = run("dynasem_release", "rel:1", "--yes")
+    assert "Broke 1 hold(s)" in out
+    assert "alice" in out
+    assert holds_on("rel:1") == []
+    with pytest.raises(LockLost):
+        held.renew()
+    # Free again for anyone.
+    with semaphore("rel:1", wait=0):
+        pass
+
+
+def test_release_breaks_every_shared_holder(lock_table, holds):
+    readers = [take(holds, "rel:shared", shared=True, user=f"r{i}") for i in range(3)]
+    out = run("dynasem_release", "rel:shared", "--yes")
+    assert "Broke 3 hold(s)" in out
+    assert holds_on("rel:shared") == []
+    for held in readers:
+        with pytest.raises(LockLost):
+            held.renew()
+
+
+BROKEN_LOOKS_RELEASED = (
+    "force_release sets lastToken to the broken token, so the holder's own release takes the "
+    "break for its earlier release whose response was lost, and does not raise LockLost"
+)
+
+
+def test_release_makes_the_holders_release_raise_lock_lost(lock_table, holds):
+    held = take(holds, "rel:lost")
+    run("dynasem_release", "rel:lost", "--yes")
+    assert holds_on("rel:lost") == []
+    with pytest.raises(LockLost):
+        held.release()
+
+
+def test_release_makes_the_holders_block_raise_lock_lost(lock_table):
+    with pytest.raises(LockLost), semaphore("rel:block"):
+        run("dynasem_release", "rel:block", "--yes")
+
+
+def test_release_token_makes_that_holders_release_raise_lock_lost(lock_table, holds):
+    first = take(holds, "rel:pool", limit=2)
+    second = take(holds, "rel:pool", limit=2)
+    run("dynasem_release", "rel:pool", "--token", first.token, "--yes")
+    try:
+        with pytest.raises(LockLost):
+            first.release()
+    finally:
+        second.release()
+
+
+def test_release_without_yes_and_without_a_terminal_breaks_nothing(lock_table, holds, monkeypatch):
+    held = take(holds, "rel:ask")
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
+    with pytest.raises(CommandError, match="--yes"):
+        run("dynasem_release", "rel:ask")
+    assert [h.token for h in holds_on("rel:ask")] == [held.token]
+    held.renew()
+    held.release()
+
+
+@pytest.mark.parametrize(("answer", "broken"), [("y\n", True), ("n\n", False), ("\n", False)])
+def test_release_asks_on_a_terminal(lock_table, holds, monkeypatch, answer, broken):
+    held = take(holds, "rel:tty")
+    monkeypatch.setattr(sys, "stdin", Terminal(answer))
+    out = run("dynasem_release", "rel:tty")
+    if broken:
+        assert "Broke 1 hold(s)" in out
+        assert holds_on("rel:tty") == []
+    else:
+        assert "Nothing broken." in out
+        assert [h.token for h in holds_on("rel:tty")] == [held.token]
+        held.renew()
+
+
+def test_release_token_breaks_only_that_hold(lock_table, holds):
+    first = take(holds, "rel:pool", limit=2, user="u1")
+    second = take(holds, "rel:pool", limit=2, user="u2")
+    out = run("dynasem_release", "rel:pool", "--token", first.token, "--yes")
+    assert "Broke 1 hold(s)" in out
+    assert [h.token for h in holds_on("rel:pool")] == [second.token]
+    with pytest.raises(LockLost):
+        first.renew()
+    second.renew()
+    second.release()
+    assert holds_on("rel:pool") == []
+
+
+def test_release_unknown_token_breaks_nothing(lock_table, holds):
+    held = take(holds, "rel:tok")
+    out = run("dynasem_release", "rel:tok", "--token", "f" * 32, "--yes")
+    assert "No hold on 'rel:tok'" in out
+    assert [h.token for h in holds_on("rel:tok")] == [held.token]
+
+
+def test_release_with_no_holds(lock_table):
+    assert "No hold on 'nothing:1'." in run("dynasem_release", "nothing:1", "--yes")
+
+
+@pytest.mark.parametrize("resource", ["", "x" * 1025])
+def test_release_bad_resource_is_a_command_error(lock_table, requests_sent, resource):
+    requests_sent.reset()
+    with pytest.raises(CommandError, match="resource"):
+        run("dynasem_release", resource, "--yes")
+    assert requests_sent.total == 0

@@ -1,0 +1,514 @@
+"""The view decorator: function, async and class-based views against DynamoDB Local."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import os
+import socket
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import pytest
+from asgiref.sync import iscoroutinefunction
+from django.db import connections
+from django.http import HttpResponse
+from django.test import AsyncClient, Client, RequestFactory
+from django.utils.decorators import method_decorator
+from django.views import View
+
+from dynasem import SemaphoreBusy, semaphore
+from dynasem.decorators import busy_response, escape_value, format_key
+from dynasem.operations import HoldInfo, holds_on
+from tests import views
+
+try:
+    import hypothesis
+    from hypothesis import strategies as st
+except ImportError:  # not a dependency: the property test runs only where it is installed
+    hypothesis = None  # type: ignore[assignment]
+
+PROCESS_IDENTITY = f"{socket.gethostname()}:{os.getpid()}"
+
+
+@pytest.fixture
+def gate(lock_table: str) -> Iterator[Any]:
+    """Holds every gated view inside its lock until the test sets the gate; always opens it
+    again, so a failing test never leaves a request thread waiting."""
+    views.CALLS.clear()
+    views.GATE.clear()
+    try:
+        yield views.GATE
+    finally:
+        views.GATE.set()
+        views.CALLS.clear()
+
+
+@pytest.fixture
+def pool() -> Iterator[ThreadPoolExecutor]:
+    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="test-request") as executor:
+        yield executor
+
+
+def wait_for_holds(
+    resource: str, count: int = 1, *, request: Future[Any] | None = None, timeout: float = 10.0
+) -> list[HoldInfo]:
+    """Poll the table until ``resource`` has ``count`` holders (the request thread is inside).
+    Gives up at once if ``request`` finished meanwhile (it cannot be holding anything then)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        holds = holds_on(resource)
+        if len(holds) == count:
+            return holds
+        if request is not None and request.done():
+            outcome = request.exception() or request.result()
+            raise AssertionError(f"the request ended without holding {resource!r}: {outcome!r}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{resource!r} has holders {holds!r}, expected {count}")
+        time.sleep(0.02)
+
+
+def in_thread(pool: ThreadPoolExecutor, fn: Callable[[], Any]) -> Future[Any]:
+    def run() -> Any:
+        try:
+            return fn()
+        finally:
+            connections.close_all()  # this thread's own database connections
+
+    return pool.submit(run)
+
+
+def get(path: str, client: Client | None = None) -> Any:
+    return (client or Client()).get(path)
+
+
+def post(path: str, client: Client | None = None) -> Any:
+    return (client or Client()).post(path)
+
+
+def aget(path: str, client: AsyncClient | None = None) -> Any:
+    async def go() -> Any:
+        return await (client or AsyncClient()).get(path)
+
+    return asyncio.run(go())
+
+
+def assert_locked(response: Any) -> int:
+    assert response.status_code == 423
+    retry_after = response["Retry-After"]
+    assert retry_after.isdigit(), retry_after
+    assert int(retry_after) >= 1
+    return int(retry_after)
+
+
+# ---------------------------------------------------------------------------------------------
+# Busy, free and released, for each kind of view
+# ---------------------------------------------------------------------------------------------
+
+KINDS = {
+    # kind: (send one request, path prefix, what the view records in CALLS)
+    "function": (get, "/rebuild", "rebuild"),
+    "async": (aget, "/arebuild", "arebuild"),
+    "class": (post, "/cbv", "cbv"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_busy_view_gets_423_other_key_runs_and_lock_is_released(kind, gate, pool):
+    send, prefix, name = KINDS[kind]
+    first = in_thread(pool, lambda: send(f"{prefix}/1/"))
+    (hold,) = wait_for_holds("tbl_issues:1", request=first)
+    assert hold.user_id == PROCESS_IDENTITY  # anonymous request: this host and process
+
+    busy = send(f"{prefix}/1/")
+    assert_locked(busy)
+    assert views.CALLS == [f"{name}:1"]  # the busy request never entered the view
+
+    other = in_thread(pool, lambda: send(f"{prefix}/2/"))
+    # Project 2 is held at the same time as project 1.
+    wait_for_holds("tbl_issues:2", request=other)
+    assert not first.done()
+
+    gate.set()
+    assert first.result(timeout=10).status_code == 200
+    response = other.result(timeout=10)
+    assert response.status_code == 200
+    assert response.content.decode().endswith("rebuilt 2")
+    assert holds_on("tbl_issues:1") == []
+
+    again = send(f"{prefix}/1/")
+    assert again.status_code == 200
+    assert sorted(views.CALLS) == sorted([f"{name}:1", f"{name}:2", f"{name}:1"])
+    assert holds_on("tbl_issues:1") == []
+    assert holds_on("tbl_issues:2") == []
+
+
+def test_decorated_views_keep_their_kind_and_name():
+    assert iscoroutinefunction(views.arebuild)
+    assert not iscoroutinefunction(views.rebuild)
+    assert views.rebuild.__name__ == "rebuild"
+    assert views.arebuild.__name__ == "arebuild"
+    assert views.rebuild.__wrapped__.__name__ == "rebuild"
+
+
+def test_view_exception_propagates_and_releases(lock_table):
+    @semaphore("boom:{n}", wait=0)
+    def view(request, n):
+        assert [h.resource for h in holds_on("boom:1")] == ["boom:1"]
+        raise RuntimeError("view failed")
+
+    request = RequestFactory().get("/")
+    with pytest.raises(RuntimeError, match="view failed"):
+        view(request, n=1)
+    assert holds_on("boom:1") == []
+
+
+def test_view_exception_propagates_every_time(lock_table):
+    calls = []
+
+    @semaphore("boom:{n}", wait=0)
+    def view(request, n):
+        calls.append(n)
+        raise KeyError(n)
+
+    request = RequestFactory().get("/")
+    for _ in range(2):  # a lock left behind would turn the second call into a 423
+        with pytest.raises(KeyError):
+            view(request, n=1)
+    assert calls == [1, 1]
+    assert holds_on("boom:1") == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Who is recorded
+# ---------------------------------------------------------------------------------------------
+
+
+def test_logged_in_user_is_recorded(gate, pool, transactional_db, django_user_model):
+    user = django_user_model.objects.create_user("ada", password="pw")
+    client = Client()
+    client.force_login(user)
+    first = in_thread(pool, lambda: client.get("/rebuild/7/"))
+    (hold,) = wait_for_holds("tbl_issues:7", request=first)
+    assert hold.user_id == str(user.pk)
+    gate.set()
+    assert first.result(timeout=10).status_code == 200
+    assert holds_on("tbl_issues:7") == []
+
+
+def test_logged_in_user_is_recorded_by_class_based_view(
+    gate, pool, transactional_db, django_user_model
+):
+    user = django_user_model.objects.create_user("grace", password="pw")
+    client = Client()
+    client.force_login(user)
+    first = in_thread(pool, lambda: client.post("/cbv/8/"))
+    (hold,) = wait_for_holds("tbl_issues:8", request=first)
+    assert hold.user_id == str(user.pk)
+    gate.set()
+    assert first.result(timeout=10).status_code == 200
+
+
+def test_anonymous_user_is_recorded_as_this_process(gate, pool, db):
+    first = in_thread(pool, lambda: Client().get("/rebuild/9/"))
+    (hold,) = wait_for_holds("tbl_issues:9", request=first)
+    assert hold.user_id == PROCESS_IDENTITY
+    gate.set()
+    assert first.result(timeout=10).status_code == 200
+
+
+def test_logged_in_user_is_recorded_by_async_view(gate, pool, transactional_db, django_user_model):
+    user = django_user_model.objects.create_user("barbara", password="pw")
+    client = AsyncClient()
+    client.force_login(user)
+    first = in_thread(pool, lambda: aget("/arebuild/5/", client))
+    try:
+        (hold,) = wait_for_holds("tbl_issues:5", request=first)
+    finally:
+        gate.set()
+    assert hold.user_id == str(user.pk)
+    assert first.result(timeout=10).status_code == 200
+
+
+def test_holder_is_request_user_never_request_data(gate, pool, db):
+    # A "user" query parameter must not become the recorded holder.
+    first = in_thread(pool, lambda: Client().get("/rebuild/10/?user=42&user_id=42"))
+    (hold,) = wait_for_holds("tbl_issues:10", request=first)
+    assert hold.user_id == PROCESS_IDENTITY
+    gate.set()
+    first.result(timeout=10)
+
+
+# ---------------------------------------------------------------------------------------------
+# Async views hold their lock until the coroutine finishes
+# ---------------------------------------------------------------------------------------------
+
+
+def test_async_view_holds_lock_until_coroutine_finishes(gate):
+    request = RequestFactory().get("/arebuild/3/")
+
+    async def scenario() -> tuple[list[HoldInfo], list[HoldInfo], Any]:
+        coroutine = views.arebuild(request, project_id=3)
+        # Calling the view only creates the coroutine: nothing is taken yet.
+        before = await asyncio.to_thread(holds_on, "tbl_issues:3")
+        task = asyncio.ensure_future(coroutine)
+        during = await asyncio.to_thread(wait_for_holds, "tbl_issues:3")
+        await asyncio.sleep(0.3)  # the body is still awaiting the gate: still held
+        still = await asyncio.to_thread(holds_on, "tbl_issues:3")
+        assert not task.done()
+        assert [h.token for h in still] == [h.token for h in during]
+        gate.set()
+        response = await task
+        return before, during, response
+
+    before, during, response = asyncio.run(scenario())
+    assert before == []
+    assert len(during) == 1
+    assert response.status_code == 200
+    assert holds_on("tbl_issues:3") == []
+
+
+def test_async_view_busy_while_other_coroutine_awaits(gate):
+    factory = RequestFactory()
+
+    async def scenario() -> tuple[Any, Any]:
+        task = asyncio.ensure_future(views.arebuild(factory.get("/"), project_id=4))
+        await asyncio.to_thread(wait_for_holds, "tbl_issues:4")
+        busy = await views.arebuild(factory.get("/"), project_id=4)
+        gate.set()
+        return busy, await task
+
+    busy, done = asyncio.run(scenario())
+    assert_locked(busy)
+    assert done.status_code == 200
+    assert views.CALLS == ["arebuild:4"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The busy response
+# ---------------------------------------------------------------------------------------------
+
+
+def test_on_busy_replaces_the_423(gate, pool):
+    first = in_thread(pool, lambda: Client().get("/custom/report/"))
+    wait_for_holds("custom:report", request=first)
+    busy = Client().get("/custom/report/")
+    assert busy.status_code == 409
+    assert busy.json() == {"busy": "custom:report"}
+    assert "Retry-After" not in busy
+    assert views.CALLS == ["custom:report"]
+    gate.set()
+    assert first.result(timeout=10).status_code == 200
+    assert holds_on("custom:report") == []
+
+
+def test_on_busy_receives_request_and_busy_error(lock_table):
+    seen = []
+
+    def on_busy(request, exc):
+        seen.append((request, exc))
+        return HttpResponse("later", status=503)
+
+    @semaphore("report:{n}", wait=0, on_busy=on_busy)
+    def view(request, n):
+        return HttpResponse("ran")
+
+    with semaphore("report:1", user="someone-else"):
+        request = RequestFactory().get("/")
+        response = view(request, n=1)
+    assert response.status_code == 503
+    ((got_request, exc),) = seen
+    assert got_request is request
+    assert isinstance(exc, SemaphoreBusy)
+    assert exc.resource == "report:1"
+    assert exc.holder_user_id == "someone-else"
+    assert exc.retry_after >= 1
+
+
+def test_busy_response_reveals_no_token(gate, pool):
+    first = in_thread(pool, lambda: Client().get("/rebuild/11/"))
+    (hold,) = wait_for_holds("tbl_issues:11", request=first)
+    busy = Client().get("/rebuild/11/")
+    assert_locked(busy)
+    assert hold.token not in busy.content.decode()
+    for header, value in busy.items():
+        assert hold.token not in header
+        assert hold.token not in value
+    for cookie in busy.cookies.values():
+        assert hold.token not in cookie.OutputString()
+    gate.set()
+    first.result(timeout=10)
+
+
+def test_retry_after_follows_the_holders_lease(lock_table):
+    @semaphore("lease:{n}", wait=0)
+    def view(request, n):
+        return HttpResponse("ran")
+
+    with semaphore("lease:1", lease=100):
+        retry_after = assert_locked(view(RequestFactory().get("/"), n=1))
+    # The holder's lease has about 100 s left (plus CLOCK_SKEW): Retry-After says so.
+    assert 95 <= retry_after <= 102
+
+
+def test_busy_response_helper():
+    response = busy_response(None, SemaphoreBusy("r", 7, "u1"))
+    assert assert_locked(response) == 7
+    assert response["Content-Type"].startswith("text/plain")
+
+
+def test_waiting_view_gets_the_lock_once_free(lock_table, pool):
+    @semaphore("waits:{n}", wait=5)
+    def view(request, n):
+        return HttpResponse("ran")
+
+    held = semaphore("waits:1").acquire()
+    waiting = in_thread(pool, lambda: view(RequestFactory().get("/"), n=1))
+    time.sleep(0.3)
+    assert not waiting.done()
+    held.release()
+    assert waiting.result(timeout=10).status_code == 200
+
+
+# ---------------------------------------------------------------------------------------------
+# Keys
+# ---------------------------------------------------------------------------------------------
+
+
+def key(template: Any, *args: Any, **kwargs: Any) -> str:
+    return format_key(template, None, args, kwargs)
+
+
+def test_key_formats_view_arguments():
+    assert key("tbl_issues:{project_id}", project_id=42) == "tbl_issues:42"
+    assert key("t:{0}:{1}", "a", "b") == "t:a:b"
+    assert key(lambda request, x: f"k/{x}", x="a b") == "k/a b"  # callables are not escaped
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        ({"x": "1:2", "y": "3"}, {"x": "1", "y": "2:3"}),
+        ({"x": ":", "y": ""}, {"x": "", "y": ":"}),
+        ({"x": "%3A", "y": "1"}, {"x": ":", "y": "1"}),
+        ({"x": "%", "y": "1"}, {"x": "%25", "y": "1"}),
+        ({"x": "é", "y": "1"}, {"x": "%C3%A9", "y": "1"}),
+        ({"x": "a b", "y": "c"}, {"x": "a", "y": "b c"}),
+        ({"x": "a b", "y": "c"}, {"x": "a%20b", "y": "c"}),
+        ({"x": "日本", "y": "語"}, {"x": "日", "y": "本語"}),
+        ({"x": "{y}", "y": "1"}, {"x": "1", "y": "1"}),
+    ],
+)
+def test_different_arguments_never_share_a_key(one, other):
+    assert key("a:{x}:{y}", **one) != key("a:{x}:{y}", **other)
+
+
+def test_escaped_values_use_only_letters_digits_and_percent():
+    for value in ["1:2", "a b", "100%", "é", "日本", "a/b?c=d&e", "\x00\n", "{}", "-_.~"]:
+        escaped = escape_value(value)
+        assert escaped.replace("%", "").isascii()
+        assert all(c.isalnum() or c == "%" for c in escaped), escaped
+    assert escape_value("abcXYZ019") == "abcXYZ019"
+    assert escape_value(":") == "%3A"
+    assert escape_value("é") == "%C3%A9"
+
+
+def test_escaping_is_injective_over_tricky_values():
+    # Every pair of values up to two characters from an alphabet of the troublemakers.
+    alphabet = ["a", "3", "A", ":", "%", " ", "é", "{", "-"]
+    values = ["".join(p) for n in range(3) for p in itertools.product(alphabet, repeat=n)]
+    seen: dict[str, tuple[str, str]] = {}
+    for x, y in itertools.product(values, repeat=2):
+        k = key("a:{x}:{y}", x=x, y=y)
+        assert seen.setdefault(k, (x, y)) == (x, y), f"{(x, y)} and {seen[k]} share {k!r}"
+    assert len(seen) == len(values) ** 2
+
+
+@pytest.mark.parametrize("template", ["{a}{b}", "{a}x{b}", "k:{a}ab{b}", "{a}%{b}", "{0}{1}"])
+def test_ambiguous_template_is_refused_at_decoration_time(template):
+    with pytest.raises(ValueError, match="separat"):
+
+        @semaphore(template)
+        def view(request, a, b):  # pragma: no cover - never decorated
+            return HttpResponse()
+
+
+def test_ambiguous_template_in_a_list_is_refused():
+    with pytest.raises(ValueError):
+
+        @semaphore(["ok:{a}", "{a}{b}"])
+        def view(request, a, b):  # pragma: no cover
+            return HttpResponse()
+
+
+@pytest.mark.parametrize("template", ["{a}:{b}", "{a}-{b}", "{a}/x/{b}", "x{a}", "{a}x", "{a}"])
+def test_separated_template_is_accepted(template):
+    @semaphore(template)
+    def view(request, a, b=None):
+        return HttpResponse()
+
+    assert callable(view)
+
+
+def test_template_naming_a_missing_argument_raises_naming_it(lock_table, requests_sent):
+    @semaphore("tbl_issues:{project_id}")
+    def view(request, pk):  # pragma: no cover - never reached
+        return HttpResponse()
+
+    with pytest.raises(ValueError, match="project_id"):
+        view(RequestFactory().get("/"), pk=1)
+    assert requests_sent.total == 0
+
+
+def test_callable_key_must_return_str(lock_table, requests_sent):
+    @semaphore(lambda request, n: n)
+    def view(request, n):  # pragma: no cover - never reached
+        return HttpResponse()
+
+    for bad in [42, b"bytes", None]:
+        with pytest.raises(TypeError, match=type(bad).__name__):
+            view(RequestFactory().get("/"), n=bad)
+    assert requests_sent.total == 0
+
+
+def test_callable_key_gets_request_and_arguments(lock_table):
+    seen = []
+
+    def key_of(request, *args, **kwargs):
+        seen.append((request.path, args, kwargs))
+        return f"cb:{kwargs['n']}"
+
+    @semaphore(key_of)
+    def view(request, n):
+        return HttpResponse(str([h.resource for h in holds_on("cb:5")]))
+
+    response = view(RequestFactory().get("/p/"), n=5)
+    assert response.content == b"['cb:5']"
+    assert seen == [("/p/", (), {"n": 5})]
+
+
+def test_method_decorator_formats_view_kwargs(lock_table):
+    class V(View):
+        @method_decorator(semaphore("m:{slug}"))
+        def get(self, request, slug):
+            return HttpResponse(",".join(h.resource for h in holds_on(f"m:{escape_value(slug)}")))
+
+    response = V.as_view()(RequestFactory().get("/"), slug="a b")
+    assert response.content == b"m:a%20b"
+
+
+if hypothesis is not None:
+
+    @hypothesis.given(st.text(), st.text(), st.text(), st.text())
+    @hypothesis.settings(max_examples=300, deadline=None)
+    def test_keys_never_collide_property(x1, y1, x2, y2):
+        if (x1, y1) != (x2, y2):
+            assert key("a:{x}:{y}", x=x1, y=y1) != key("a:{x}:{y}", x=x2, y=y2)
+
+else:
+
+    @pytest.mark.skip(reason="hypothesis is not installed")
+    def test_keys_never_collide_property():  # pragma: no cover
+        pass
