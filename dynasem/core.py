@@ -337,12 +337,17 @@ class Semaphore:
                         yield random.uniform(0.002, 0.02)
                 except SemaphoreUnavailable as exc:
                     failures += 1
-                    # The write may have been applied with its response lost: the same write
-                    # again (same token) is refused by our own hold, which tells us so. Give
-                    # it a few tries even past the wait budget, then withdraw what may be ours.
-                    out_of_time = monotonic() >= deadline and failures > MIN_TRANSIENT_RETRIES
+                    # An ambiguous failure (5xx, timeout) may hide an applied write: the same
+                    # write again (same token) is refused by our own hold, which tells us so.
+                    # Give it a few tries even past the wait budget, then withdraw what may be
+                    # ours. A throttled or unconnected request was never applied.
+                    ambiguous = getattr(exc, "ambiguous", False)
+                    out_of_time = monotonic() >= deadline and (
+                        not ambiguous or failures > MIN_TRANSIENT_RETRIES
+                    )
                     if not getattr(exc, "transient", False) or out_of_time:
-                        yield lambda a=acting: self._withdraw(token, a)
+                        if ambiguous:
+                            yield lambda a=acting: self._withdraw(token, a)
                         raise
                     yield min(_backoff(failures), max(0.05, deadline - monotonic()))
                     continue

@@ -31,6 +31,8 @@ from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
     NoCredentialsError,
     ReadTimeoutError,
 )
@@ -94,7 +96,7 @@ def get_client() -> Any:
                 config=Config(
                     # Transport errors and throttling are botocore's to retry; dynasem's own
                     # loop only waits for a busy lock.
-                    retries={"mode": "standard", "max_attempts": 4},
+                    retries={"mode": "standard", "max_attempts": 3},
                     connect_timeout=3,
                     read_timeout=10,
                     max_pool_connections=32,
@@ -193,10 +195,10 @@ def _unavailable(exc: Exception) -> SemaphoreUnavailable:
                 "run `manage.py dynasem_createtable` (or recreate the table)"
             )
         err = SemaphoreUnavailable(f"DynamoDB at {where} refused the request: {code}: {message}")
-        err.transient = (
-            code in TRANSIENT_CODES
-            or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) >= 500
-        )
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        err.transient = code in TRANSIENT_CODES or status >= 500
+        # A 5xx may come after the write was applied; a throttled request never was.
+        err.ambiguous = status >= 500
         return err
     if isinstance(exc, NoCredentialsError):
         return SemaphoreUnavailable(
@@ -205,10 +207,15 @@ def _unavailable(exc: Exception) -> SemaphoreUnavailable:
         )
     err = SemaphoreUnavailable(f"cannot reach DynamoDB at {where}: {exc}")
     err.transient = isinstance(exc, BotoConnectionError | ReadTimeoutError)
+    # Never connected: never applied. A timeout or a dropped connection: perhaps applied.
+    err.ambiguous = err.transient and not isinstance(
+        exc, EndpointConnectionError | ConnectTimeoutError
+    )
     return err
 
 
 SemaphoreUnavailable.transient = False  # type: ignore[attr-defined]
+SemaphoreUnavailable.ambiguous = False  # type: ignore[attr-defined]
 
 
 def _send(operation: str, **kwargs: Any) -> dict[str, Any]:

@@ -5,6 +5,7 @@
 * ``throttle(op, n)``: answer n requests with ProvisionedThroughputExceededException (never sent);
 * ``server_error(op, n, status=500)``: answer n requests with a 500/503 (never sent);
 * ``connection_error(op, n)`` / ``read_timeout(op, n)``: raise the transport error (never sent);
+* ``refuse(op, n, code=...)``: a 400 such as UnrecognizedClientException (never sent);
 * ``lose_response(op, n)``: the ambiguous case — the request IS sent and applied by the engine,
   then its response is replaced by a 500, before botocore decides whether to retry.
 
@@ -98,6 +99,12 @@ class Faults:
     def read_timeout(self, operation: str, n: int = 1, *, after: int = 0) -> Rule:
         return self._add("timeout", operation, n, after=after)
 
+    def refuse(self, operation: str, n: int = 1, *, code: str = "UnrecognizedClientException"):
+        """A 400 the way AWS refuses bad credentials or permissions (never sent)."""
+        rule = self._add("refuse", operation, n, status=400)
+        rule.code = code  # type: ignore[attr-defined]
+        return rule
+
     def lose_response(self, operation: str, n: int = 1, *, after: int = 0) -> Rule:
         return self._add("lose", operation, n, after=after)
 
@@ -124,6 +131,8 @@ class Faults:
                 )
             if rule.kind == "server":
                 return _error_response(rule.status, "InternalServerError", "injected 5xx")
+            if rule.kind == "refuse":
+                return _error_response(400, rule.code, "injected refusal")  # type: ignore[attr-defined]
             if rule.kind == "connection":
                 raise EndpointConnectionError(endpoint_url=request.url)
             if rule.kind == "timeout":

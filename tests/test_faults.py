@@ -1,0 +1,183 @@
+"""dynasem under injected faults (tests/faults.py, botocore event hooks) on DynamoDB Local."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from django.test import override_settings
+
+import dynasem.core
+from dynasem import LockLost, SemaphoreBusy, SemaphoreUnavailable, TableMissing, semaphore, table
+from dynasem.conf import settings
+from dynasem.operations import active_holds, holds_on
+from dynasem.signals import lock_lost
+from tests.faults import Faults
+
+
+@pytest.fixture
+def faults(lock_table):
+    with Faults(table.get_client()) as f:
+        yield f
+
+
+def only_holder(resource: str) -> str:
+    holds = holds_on(resource)
+    assert len(holds) == 1, holds
+    return holds[0].token
+
+
+@pytest.mark.parametrize(
+    "inject",
+    [
+        lambda f: f.throttle("UpdateItem", 5),
+        lambda f: f.server_error("UpdateItem", 5, status=500),
+        lambda f: f.server_error("UpdateItem", 5, status=503),
+        lambda f: f.connection_error("UpdateItem", 5),
+        lambda f: f.read_timeout("UpdateItem", 5),
+    ],
+    ids=["throttle", "500", "503", "connection", "read-timeout"],
+)
+def test_transient_faults_are_retried_within_the_wait_budget(faults, inject):
+    rule = inject(faults)  # more failures than botocore's own 3 attempts
+    held = semaphore("job:1", wait=15).acquire()
+    assert rule.fired == 5
+    assert only_holder("job:1") == held.token  # reported acquired = really in the table
+    held.release()
+    assert holds_on("job:1") == []
+
+
+def test_transient_faults_past_the_budget_raise_unavailable_and_leave_nothing(faults):
+    faults.throttle("UpdateItem", 1000)
+    start = time.monotonic()
+    with pytest.raises(SemaphoreUnavailable) as err:
+        semaphore("job:2", wait=0.5).acquire()
+    assert not isinstance(err.value, SemaphoreBusy)
+    assert settings.ENDPOINT_URL in str(err.value)
+    assert time.monotonic() - start < 10
+    faults.rules.clear()
+    assert holds_on("job:2") == []
+
+
+def test_faults_never_make_two_holders(faults):
+    """Threads contend while a third of the writes lose their responses or are throttled."""
+    intervals: list[tuple[float, float]] = []
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        for _ in range(8):
+            try:
+                with semaphore("shared", wait=20):
+                    start = time.monotonic()
+                    time.sleep(0.005)
+                    intervals.append((start, time.monotonic()))
+            except LockLost as exc:  # allowed, never expected here
+                errors.append(exc)
+
+    faults.lose_response("UpdateItem", 12)
+    faults.throttle("UpdateItem", 12, after=5)
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+    assert len(intervals) == 32
+    ordered = sorted(intervals)
+    assert all(b[0] >= a[1] for a, b in zip(ordered, ordered[1:], strict=False))
+    assert faults.fired > 0
+    assert holds_on("shared") == []
+
+
+def test_non_transient_refusal_is_not_retried(faults):
+    rule = faults.refuse("UpdateItem", 100, code="UnrecognizedClientException")
+    with pytest.raises(SemaphoreUnavailable, match="UnrecognizedClientException") as err:
+        semaphore("job:3", wait=5).acquire()
+    assert settings.ENDPOINT_URL in str(err.value)
+    assert rule.fired == 1  # refused outright: never applied, so no retry and no withdrawal
+
+
+def test_heartbeat_survives_transient_failures(lock_table):
+    with override_settings(DYNASEM=dict(settings.raw, CLOCK_SKEW=0.2)):
+        with Faults(table.get_client()) as faults:
+            held = semaphore("hb:1", lease=1.2).acquire()
+            first_end = table.get("hb:1")["holders"][held.token]["e"]
+            faults.connection_error("UpdateItem", 5)  # a blip longer than botocore's retries
+            time.sleep(2.5)
+            assert not held.lost
+            assert table.get("hb:1")["holders"][held.token]["e"] > first_end + 1000
+            held.release()
+
+
+def test_heartbeat_declares_loss_only_at_the_deadline(lock_table):
+    lost_at: list[float] = []
+
+    def on_lost(**kwargs):
+        lost_at.append(time.monotonic())
+
+    lock_lost.connect(on_lost, weak=False)
+    try:
+        with override_settings(DYNASEM=dict(settings.raw, CLOCK_SKEW=0.2)):
+            with Faults(table.get_client()) as faults:
+                held = semaphore("hb:2", lease=1.2).acquire()
+                time.sleep(0.5)  # at least one renewal has succeeded
+                faults.connection_error("*", 10_000)
+                cut = time.monotonic()
+                deadline = held._deadline
+                time.sleep(2.0)
+                assert held.lost
+                assert len(lost_at) == 1
+                # Never before the lease could have run out; soon after it.
+                assert lost_at[0] >= deadline
+                assert lost_at[0] - cut <= 1.2 + 0.5
+                with pytest.raises(LockLost):
+                    held.renew()
+                with pytest.raises(LockLost):
+                    held.release()
+    finally:
+        lock_lost.disconnect(on_lost)
+
+
+@pytest.mark.parametrize("offset, double_holders", [(0.4, False), (3.0, True)])
+def test_clock_skew_within_tolerance_never_gives_two_holders(
+    lock_table, monkeypatch, offset, double_holders
+):
+    """A holder whose clock is behind stalls (no renewals); another whose clock is ahead by
+    ``offset`` waits to take over. Within CLOCK_SKEW the stalled holder has stopped trusting
+    its hold before the takeover; beyond it (3 s) it has not, which shows the test can fail."""
+    real = time.time
+    with override_settings(DYNASEM=dict(settings.raw, CLOCK_SKEW=0.5)):
+        monkeypatch.setattr(dynasem.core, "wall_clock", lambda: real() - offset / 2)
+        stalled = semaphore("skew", lease=2).acquire()
+        stalled._stop_heartbeat()
+        monkeypatch.setattr(dynasem.core, "wall_clock", lambda: real() + offset / 2)
+        taker = semaphore("skew", wait=10).acquire()
+        both = stalled.seconds_left() > 0
+        taker.release()
+    assert both is double_holders
+
+
+def test_missing_table_names_the_command(dynamodb_local):
+    with override_settings(
+        DYNASEM=dict(settings.raw, ENDPOINT_URL=dynamodb_local, TABLE_NAME="no-such-table")
+    ):
+        with pytest.raises(TableMissing, match="manage.py dynasem_createtable"):
+            semaphore("x").acquire()
+
+
+def test_table_missing_an_index_says_so(dynamodb_local, lock_table):
+    client = table.get_client()
+    name = "no-indexes"
+    definition = table.table_definition(name)
+    definition.pop("GlobalSecondaryIndexes")
+    definition["AttributeDefinitions"] = definition["AttributeDefinitions"][:2]  # pk, sk
+    client.create_table(**definition)
+    try:
+        with override_settings(
+            DYNASEM=dict(settings.raw, ENDPOINT_URL=dynamodb_local, TABLE_NAME=name)
+        ):
+            with pytest.raises(TableMissing, match="index"):
+                active_holds()
+    finally:
+        client.delete_table(TableName=name)
