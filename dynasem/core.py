@@ -748,14 +748,14 @@ class Held:
                     table.transact(actions)
                 return ok
             except table.Refused as refused:
-                return ok and _released_by(self.token, refused.old)
+                return ok and self._released_by(refused.old, refused.retried)
             except table.Cancelled as cancelled:
                 # Nothing was applied: drop the ones not ours any more and send the rest again.
                 still = []
                 for r, (code, old) in zip(pending, cancelled.reasons, strict=False):
                     if code != "ConditionalCheckFailed":
                         still.append(r)
-                    elif not _released_by(self.token, old):
+                    elif not self._released_by(old, cancelled.retried):
                         ok = False
                 pending = still
                 if not pending:
@@ -766,6 +766,18 @@ class Held:
                 logger.warning("dynasem: could not release %r (%s); it expires", pending, exc)
                 return ok
         return ok
+
+    def _released_by(self, old: dict[str, Any] | None, retried: bool) -> bool:
+        """Was a refused release ours after all (applied, its response lost)?"""
+        old = old or {}
+        if self.token in (old.get("holders") or {}):
+            return False
+        if old.get("lastToken") == self.token:
+            return True
+        # Someone may have taken and released it between botocore's attempts, overwriting
+        # lastToken. Without a retry nothing of ours was applied; with one, the token is gone
+        # by our own release unless an operator broke it or our lease can have run out.
+        return retried and old.get("brokenToken") != self.token and monotonic() < self._deadline
 
     # -- heartbeat ---------------------------------------------------------------------------
 
@@ -779,11 +791,6 @@ class Held:
         hb, self._heartbeat = self._heartbeat, None
         if hb is not None:
             hb.stop()
-
-
-def _released_by(token: str, old: dict[str, Any] | None) -> bool:
-    """A refused release is fine if the row says we released it (a lost response)."""
-    return (old or {}).get("lastToken") == token and token not in ((old or {}).get("holders") or {})
 
 
 def semaphore(

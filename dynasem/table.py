@@ -95,8 +95,10 @@ def get_client() -> Any:
                 region_name=region,
                 config=Config(
                     # Transport errors and throttling are botocore's to retry; dynasem's own
-                    # loop only waits for a busy lock.
-                    retries={"mode": "standard", "max_attempts": 3},
+                    # loop only waits for a busy lock. "legacy" mode uses DynamoDB's own
+                    # schedule (50 ms, 100 ms): a heartbeat gets its retries in well inside a
+                    # lease, where standard mode's random 1-2 s backoffs could outlast it.
+                    retries={"mode": "legacy", "max_attempts": 3},
                     connect_timeout=3,
                     read_timeout=10,
                     max_pool_connections=32,
@@ -165,17 +167,20 @@ def epoch_seconds(ms: int) -> int:
 class Refused(Exception):
     """The write's condition failed; ``old`` is the item as it was (``ALL_OLD``), or None."""
 
-    def __init__(self, old: dict[str, Any] | None):
+    def __init__(self, old: dict[str, Any] | None, retried: bool = False):
         super().__init__("condition failed")
         self.old = old
+        # botocore re-sent the request: an earlier attempt may have been applied.
+        self.retried = retried
 
 
 class Cancelled(Exception):
     """A transaction was cancelled; ``reasons[i]`` is ``(code, old item)`` for action i."""
 
-    def __init__(self, reasons: list[tuple[str, dict[str, Any] | None]]):
+    def __init__(self, reasons: list[tuple[str, dict[str, Any] | None]], retried: bool = False):
         super().__init__("transaction cancelled: " + ", ".join(c for c, _ in reasons))
         self.reasons = reasons
+        self.retried = retried
 
 
 def _unavailable(exc: Exception) -> SemaphoreUnavailable:
@@ -218,6 +223,10 @@ SemaphoreUnavailable.transient = False  # type: ignore[attr-defined]
 SemaphoreUnavailable.ambiguous = False  # type: ignore[attr-defined]
 
 
+def _retried(exc: ClientError) -> bool:
+    return exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) > 0
+
+
 def _send(operation: str, **kwargs: Any) -> dict[str, Any]:
     try:
         client = get_client()
@@ -230,14 +239,14 @@ def _send(operation: str, **kwargs: Any) -> dict[str, Any]:
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
         if code == "ConditionalCheckFailedException":
-            raise Refused(decode(exc.response.get("Item"))) from None
+            raise Refused(decode(exc.response.get("Item")), _retried(exc)) from None
         if code == "TransactionCanceledException":
             reasons = [
                 (r.get("Code", "None"), decode(r.get("Item")))
                 for r in exc.response.get("CancellationReasons", [])
             ]
             if any(c == "ConditionalCheckFailed" for c, _ in reasons):
-                raise Cancelled(reasons) from None
+                raise Cancelled(reasons, _retried(exc)) from None
         raise _unavailable(exc) from exc
     except (BotoCoreError, OSError) as exc:
         raise _unavailable(exc) from exc
@@ -428,10 +437,17 @@ def give_back(resource: str, token: str, now_ms: int, *, sole: bool) -> dict[str
 def force_release(resource: str, token: str) -> dict[str, Any]:
     """An operator breaks one hold (admin, CLI): conditional on that token still holding.
 
-    Unlike :func:`give_back` it leaves ``lastToken`` alone: the broken holder's own release
-    must not mistake the break for its release, it must learn it lost the hold."""
-    names = dict(_LOCK_NAMES, **{"#t": token})
-    return _action(resource, LOCK_SK, "REMOVE #h.#t", "attribute_exists(#h.#t)", names, {})
+    Unlike :func:`give_back` it leaves ``lastToken`` alone and records ``brokenToken``: the
+    broken holder's own release must not mistake the break for its release."""
+    names = dict(_LOCK_NAMES, **{"#t": token, "#broken": "brokenToken"})
+    return _action(
+        resource,
+        LOCK_SK,
+        "REMOVE #h.#t SET #broken = :tok",
+        "attribute_exists(#h.#t)",
+        names,
+        {":tok": token},
+    )
 
 
 # ---------------------------------------------------------------------------------------------
