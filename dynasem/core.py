@@ -321,9 +321,9 @@ class Semaphore:
                 actions = [plans[r].action for r in acting]
                 try:
                     if len(actions) == 1:
-                        yield lambda a=actions[0]: table.update(a)
-                    else:
-                        yield lambda a=actions: table.transact(a)  # all or none
+                        yield _Write(lambda a=actions[0]: table.update(a), self, token, acting)
+                    else:  # all or none
+                        yield _Write(lambda a=actions: table.transact(a), self, token, acting)
                 except table.Refused as refused:
                     seen[acting[0]] = refused.old or {}
                 except table.Cancelled as cancelled:
@@ -519,6 +519,16 @@ def _run_sync(steps: Generator[Any, Any, Any]) -> Any:
             time.sleep(step)
 
 
+class _Write:
+    """An acquire write, with what to withdraw if its caller is cancelled meanwhile."""
+
+    def __init__(self, send: Callable[[], Any], sem: Semaphore, token: str, resources: list):
+        self.send, self.sem, self.token, self.resources = send, sem, token, resources
+
+    def __call__(self) -> Any:
+        return self.send()
+
+
 async def _run_async(steps: Generator[Any, Any, Any]) -> Any:
     result: Any = None
     error: BaseException | None = None
@@ -529,8 +539,16 @@ async def _run_async(steps: Generator[Any, Any, Any]) -> Any:
             return stop.value
         result, error = None, None
         if callable(step):
+            request = asyncio.ensure_future(asyncio.to_thread(step))
             try:
-                result = await asyncio.to_thread(step)
+                result = await asyncio.shield(request)
+            except asyncio.CancelledError:
+                if isinstance(step, _Write):
+                    # The write goes on in its thread and may land: let it, then give back
+                    # whatever it took, or the hold would sit there for a whole lease.
+                    await asyncio.wait([request])
+                    await asyncio.to_thread(step.sem._withdraw, step.token, step.resources)
+                raise
             except Exception as exc:
                 error = exc
         elif step:
@@ -588,7 +606,8 @@ class Held:
         self.skew = skew
         self._expires_ms = expires_ms
         self._deadline = sent_mono + lease - skew
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # serialises renew/release requests
+        self._state_lock = threading.Lock()  # guards _lost only: never held across a request
         self._lost: str | None = None
         self._released = False
         self._heartbeat: Any = None
@@ -631,7 +650,7 @@ class Held:
             self._mark_lost("its lease ran out before it could be renewed")
 
     def _mark_lost(self, reason: str) -> None:
-        with self._lock:
+        with self._state_lock:
             if self._lost is not None:
                 return
             self._lost = reason
@@ -740,7 +759,13 @@ class Held:
         ok = True
         for _ in range(3):
             now = now_ms()
-            actions = [table.give_back(r, self.token, now, sole=sole) for r in pending]
+            # A released row may be reaped once its expMs is CLOCK_SKEW old: never before
+            # every in-tolerance clock reads past our fence's time, or a fresh fence made after
+            # the reap could be smaller than ours.
+            actions = [
+                table.give_back(r, self.token, max(now, self.fences[r] // 1000), sole=sole)
+                for r in pending
+            ]
             try:
                 if len(actions) == 1:
                     table.update(actions[0])

@@ -3,16 +3,17 @@
 It renews well before the lease could run out (every third of ``lease - CLOCK_SKEW``), retries
 transient failures quickly, and declares the hold lost only when it can really have run out:
 our own deadline (``sent + lease - CLOCK_SKEW``) passed without a successful renewal, or a
-renewal was refused because the hold is no longer ours.
+renewal was refused because the hold is no longer ours. Each renewal runs in a short-lived
+worker thread, so a request hanging on a dead endpoint cannot hold the loss back past the
+deadline.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from . import core
 from .exceptions import LockLost, SemaphoreUnavailable
 
 if TYPE_CHECKING:
@@ -34,29 +35,44 @@ class Heartbeat(threading.Thread):
     def stop(self) -> None:
         self._stopped.set()
 
+    def _renew(self) -> BaseException | None:
+        """One renewal, given at most until the deadline; its error, or None."""
+        outcome: dict[str, Any] = {}
+
+        def attempt() -> None:
+            try:
+                self.held.renew()
+                outcome["ok"] = True
+            except BaseException as exc:  # handed to the heartbeat thread
+                outcome["error"] = exc
+
+        worker = threading.Thread(target=attempt, name=f"{self.name}:renew", daemon=True)
+        worker.start()
+        worker.join(self.held.seconds_left() + 0.01)
+        if worker.is_alive():
+            return SemaphoreUnavailable("renewal still unanswered at the lease deadline")
+        return outcome.get("error")
+
     def run(self) -> None:
         held = self.held
         pause = self.interval
         while not self._stopped.wait(pause):
-            try:
-                held.renew()
-            except LockLost:
+            error = self._renew()
+            if self._stopped.is_set():
+                return
+            if isinstance(error, LockLost):
                 return  # renew() already marked it lost and sent lock_lost
-            except SemaphoreUnavailable as exc:
+            if isinstance(error, SemaphoreUnavailable):
                 left = held.seconds_left()
                 if left <= 0:
                     held._check_deadline()
                     return
                 # Retry soon, but often enough to get several tries in before the deadline.
                 pause = max(RETRY_MIN, min(self.interval / 3, left / 4))
-                logger.info("dynasem: renewing %r failed (%s); retrying", held.resource, exc)
+                logger.info("dynasem: renewing %r failed (%s); retrying", held.resource, error)
                 continue
-            except Exception:  # never let the thread die silently with a live hold
-                logger.exception("dynasem: unexpected error renewing %r", held.resource)
+            if error is not None:  # never let the thread die silently with a live hold
+                logger.error("dynasem: unexpected error renewing %r: %r", held.resource, error)
                 pause = RETRY_MIN
                 continue
             pause = self.interval
-        return
-
-
-__all__ = ["Heartbeat", "core"]

@@ -426,7 +426,8 @@ def give_back(resource: str, token: str, now_ms: int, *, sole: bool) -> dict[str
     sets = ["#last = :tok"]
     if sole:
         # The sole holder leaves: the item becomes idle now (out of the active listing, and
-        # reapable) instead of at its old lease end.
+        # reapable) instead of at its old lease end. (``now_ms`` may be a little ahead of the
+        # clock: see Held._give_back.)
         update += ", #uid"
         sets += ["#exp = :exp", "#expMs = :now"]
         values.update({":exp": epoch_seconds(now_ms), ":now": now_ms})
