@@ -181,3 +181,23 @@ def test_table_missing_an_index_says_so(dynamodb_local, lock_table):
                 active_holds()
     finally:
         client.delete_table(TableName=name)
+
+
+def test_logs_never_carry_tokens(lock_table, caplog):
+    """Warnings about lost holds and failed releases name the resource, never a token."""
+    import logging
+
+    from dynasem.operations import break_holds
+
+    caplog.set_level(logging.DEBUG, logger="dynasem")
+    held = semaphore("secret:1", user="alice").acquire()
+    other = semaphore("secret:2").acquire()
+    break_holds("secret:1")
+    with pytest.raises(LockLost):
+        held.release()
+    with Faults(table.get_client()) as faults:
+        faults.connection_error("*", 100)
+        other.release()  # cannot reach DynamoDB: logged, lease left to lapse
+    assert "secret:1" in caplog.text
+    for token in (held.token, other.token):
+        assert token not in caplog.text
