@@ -47,6 +47,15 @@ def lock_table(dynamodb_local: str) -> Iterator[str]:
     name = f"t-{uuid.uuid4().hex[:12]}"
     with override_settings(DYNASEM=dynasem_settings(dynamodb_local, name)):
         call_command("dynasem_createtable", "--wait", verbosity=0, stdout=open(os.devnull, "w"))
+        # DynamoDB Local really deletes expired rows by TTL, from a background sweep at moments
+        # of its own: tests that expire holds on purpose must not race it. (The createtable
+        # tests check TTL on tables of their own.)
+        from dynasem import table as dynasem_table
+
+        dynasem_table.get_client().update_time_to_live(
+            TableName=name,
+            TimeToLiveSpecification={"Enabled": False, "AttributeName": "expires"},
+        )
         os.environ["DYNASEM_TEST_TABLE"] = name
         try:
             yield name

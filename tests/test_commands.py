@@ -38,15 +38,10 @@ def later(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 @pytest.fixture
 def no_ttl(lock_table: str) -> str:
-    """Turn DynamoDB TTL off on the test table: DynamoDB Local really deletes expired rows
-    (a background Scan, at moments of its own), which would race the reaper under test."""
-    client = table.get_client()
-    client.update_time_to_live(
-        TableName=lock_table,
-        TimeToLiveSpecification={"Enabled": False, "AttributeName": "expires"},
-    )
-    status = client.describe_time_to_live(TableName=lock_table)["TimeToLiveDescription"]
-    assert status["TimeToLiveStatus"] in ("DISABLED", "DISABLING")
+    """The test table, whose TTL is off (see conftest.lock_table): DynamoDB Local's own TTL
+    sweep would race the reaper under test."""
+    status = table.get_client().describe_time_to_live(TableName=lock_table)
+    assert status["TimeToLiveDescription"]["TimeToLiveStatus"] in ("DISABLED", "DISABLING")
     return lock_table
 
 
