@@ -18,6 +18,7 @@ DEFAULTS: dict[str, Any] = {
     "LEASE": 60,
     "WAIT": 0,
     "CLOCK_SKEW": 5,
+    "FAIR": False,
 }
 
 FALLBACK_REGION = "us-east-1"
@@ -58,6 +59,10 @@ class Settings:
     @property
     def CLOCK_SKEW(self) -> float:  # noqa: N802
         return self._get("CLOCK_SKEW")
+
+    @property
+    def FAIR(self) -> bool:  # noqa: N802
+        return bool(self._get("FAIR"))
 
     def unknown_keys(self) -> list[str]:
         return sorted(set(self.raw) - set(DEFAULTS))

@@ -187,11 +187,13 @@ class _Plan:
         busy: dict[str, dict[str, Any]] | None = None,
         fence: int = 0,
         expires_ms: int = 0,
+        queued: bool = False,
     ):
         self.action = action  # None with busy None: the resource is ours already
         self.busy = busy  # the live holders in our way, when we cannot take it now
         self.fence = fence
         self.expires_ms = expires_ms
+        self.queued = queued  # we are in the resource's queue
 
 
 class Semaphore:
@@ -208,6 +210,7 @@ class Semaphore:
         lease: float | None = None,
         wait: float | None = None,
         on_busy: Callable[..., Any] | None = None,
+        fair: bool | None = None,
     ):
         self._template = resource if callable(resource) else None
         self.resources: list[str] = [] if callable(resource) else check_resources(resource)
@@ -222,6 +225,21 @@ class Semaphore:
             raise TypeError(f"on_busy must be callable(request, exc), not {on_busy!r}")
         self.on_busy = on_busy
         self._raw_resource = resource
+        if fair is not None and not isinstance(fair, bool):
+            raise TypeError(f"fair must be True, False or None (the setting), not {fair!r}")
+        if fair and isinstance(resource, list | tuple) and len(resource) > 1:
+            raise ValueError(
+                "fair=True takes one resource: waiting in several queues at once could deadlock"
+            )
+        self._fair = fair
+
+    @property
+    def fair(self) -> bool:
+        if self._fair is not None:
+            return self._fair
+        if len(self.resources) > 1:
+            return False
+        return bool(settings.FAIR)
 
     # -- derived -----------------------------------------------------------------------------
 
@@ -264,12 +282,31 @@ class Semaphore:
         if stored_fence >= entry["f"]:
             entry = dict(entry, f=stored_fence + 1)  # our clock is behind: count on instead
         done = _Plan(fence=entry["f"], expires_ms=entry["e"])
+        # Nobody cuts in line: a taker not in the queue needs it empty (dead waiters aside),
+        # a queued one needs every live waiter ahead of it gone.
+        queue = (seen or {}).get("queue") or {}
+        mine = queue.get(token)
+        waiting = {t: w for t, w in queue.items() if t != token}
+        dead = {t: int(w["e"]) for t, w in waiting.items() if int(w["e"]) < stale_ms}
+        ahead = {
+            t: w
+            for t, w in waiting.items()
+            if t not in dead and (mine is None or int(w["t"]) < int(mine["t"]))
+        }
+        live = _live_holders(seen, stale_ms)
+        if ahead:
+            return _Plan(busy=live or ahead, queued=mine is not None)
+        terms = table.QueueTerms(
+            queued=mine is not None,
+            evict=dead,
+            size=None if seen is None or "queue" not in seen or mine else len(queue),
+        )
+        done.queued = mine is not None
         if not holders or int(seen.get("expMs") or 0) < stale_ms:  # type: ignore[union-attr]
             done.action = table.take_free(
-                resource, token, entry, mode=mode, limit=limit, stale_ms=stale_ms
+                resource, token, entry, mode=mode, limit=limit, stale_ms=stale_ms, queue=terms
             )
             return done
-        live = _live_holders(seen, stale_ms)
         if live:
             seen_limit = int(seen.get("limit") or 1)  # type: ignore[union-attr]
             if seen_limit != limit:
@@ -279,7 +316,7 @@ class Semaphore:
                 )
             joinable = mode != MODE_EXCLUSIVE and seen.get("mode") == mode  # type: ignore[union-attr]
             if not (joinable and (mode == MODE_SHARED or len(live) < limit)):
-                return _Plan(busy=live)
+                return _Plan(busy=live, queued=mine is not None)
         done.action = table.take_join(
             resource,
             token,
@@ -289,6 +326,7 @@ class Semaphore:
             seen=seen,  # type: ignore[arg-type]
             evict=[t for t in holders if t not in live],
             replace=not live,
+            queue=terms,
         )
         return done
 
@@ -317,11 +355,16 @@ class Semaphore:
             if not blocked:
                 acting = [r for r in resources if plans[r].action is not None]
                 if not acting:
-                    return self._held(token, user_id, plans, lease, skew, None)
+                    return self._held(token, user_id, plans, lease, skew, None, seen)
                 actions = [plans[r].action for r in acting]
                 try:
                     if len(actions) == 1:
-                        yield _Write(lambda a=actions[0]: table.update(a), self, token, acting)
+                        after = yield _Write(
+                            lambda a=actions[0]: table.update(a, return_new=True),
+                            self,
+                            token,
+                            acting,
+                        )
                     else:  # all or none
                         yield _Write(lambda a=actions: table.transact(a), self, token, acting)
                 except table.Refused as refused:
@@ -352,15 +395,45 @@ class Semaphore:
                     yield min(_backoff(failures), max(0.05, deadline - monotonic()))
                     continue
                 else:
-                    return self._held(token, user_id, plans, lease, skew, sent_mono)
+                    if len(resources) == 1:
+                        seen[resources[0]] = after
+                    return self._held(token, user_id, plans, lease, skew, sent_mono, seen)
                 replans += 1
                 if replans <= MAX_REPLANS:
                     continue  # the refusal told us the state: plan again from it at once
                 blocked = {r: {} for r in resources}
             # Busy: wait within the budget (never much past the first lease end), look again.
             remaining = deadline - monotonic()
+            queued = (
+                len(resources) == 1
+                and plans.get(resources[0]) is not None
+                and any(p.queued for p in plans.values())
+            )
             if remaining <= 0:
+                if queued:
+                    # Leave the queue; a hand-over that reached us meanwhile is ours to keep.
+                    try:
+                        yield lambda: table.update(table.dequeue(resources[0], token))
+                    except table.Refused as refused:
+                        if token in ((refused.old or {}).get("holders") or {}):
+                            seen[resources[0]] = refused.old
+                            continue
+                    except SemaphoreUnavailable:
+                        pass  # our entry expires with its lease
                 raise self._busy(blocked, skew, user_id, token)
+            if len(resources) == 1 and (queued or self._should_queue(seen.get(resources[0]))):
+                seen[resources[0]] = yield from self._wait_in_queue(
+                    resources[0],
+                    seen.get(resources[0]),
+                    token,
+                    user_id,
+                    lease,
+                    skew,
+                    queued,
+                    remaining,
+                )
+                replans = 0
+                continue
             sleeps += 1
             until_free = _seconds_until_free(blocked, skew)
             yield max(0.0, min(_backoff(sleeps), until_free + 0.005, remaining))
@@ -379,6 +452,65 @@ class Semaphore:
                 else:
                     # Guess it free (one write tells us otherwise), keeping the fence we saw.
                     seen[r] = {"fence": old["fence"]} if old.get("fence") else None
+
+    def _should_queue(self, seen: dict[str, Any] | None) -> bool:
+        """Queue up (rather than poll with backoff) when fair, when others already do, or as
+        a writer behind readers: new readers then queue behind us, so writers never starve."""
+        seen = seen or {}
+        writer_behind_readers = self.mode == MODE_EXCLUSIVE and seen.get("mode") == MODE_SHARED
+        return self.fair or bool(seen.get("queue")) or writer_behind_readers
+
+    def _wait_in_queue(
+        self,
+        resource: str,
+        seen: dict[str, Any] | None,
+        token: str,
+        user_id: str,
+        lease: float,
+        skew: float,
+        queued: bool,
+        remaining: float,
+    ) -> Generator[Any, Any, dict[str, Any] | None]:
+        """Join the queue (once), then sleep toward our likely turn and look again: with a
+        cheap read, or by renewing our place when its lease is half gone. Returns the state."""
+        now = now_ms()
+        if not queued:
+            stored = int((seen or {}).get("ticket") or 0)
+            waiter = {
+                "t": max(_new_fence(0), stored + 1),
+                "e": now + int(lease * 1000),
+                "u": user_id,
+                "s": self.shared,
+                "l": int(lease * 1000),
+            }
+            fresh = seen is not None and "queue" not in seen
+            for _ in range(3):
+                try:
+                    return (
+                        yield lambda f=fresh: table.update(
+                            table.enqueue(resource, token, waiter, fresh=f), return_new=True
+                        )
+                    )
+                except table.Refused as refused:
+                    old = refused.old or {}
+                    if token in (old.get("queue") or {}):
+                        return old  # our own enqueue, its response lost
+                    fresh = "queue" not in old
+                    waiter["t"] = max(waiter["t"], int(old.get("ticket") or 0) + 1)
+            return seen
+        mine = ((seen or {}).get("queue") or {}).get(token) or {}
+        yield max(0.001, min(_turn_in(seen, token, skew), remaining))
+        if int(mine.get("e", 0)) - now_ms() < lease * 500:
+            try:
+                return (
+                    yield lambda: table.update(
+                        table.renew_waiter(resource, token, now_ms() + int(lease * 1000)),
+                        return_new=True,
+                    )
+                )
+            except table.Refused as refused:
+                return refused.old  # no longer queued: handed the lock, or evicted
+        return (yield lambda: table.get(resource))
 
     def _withdraw(self, token: str, resources: list[str]) -> None:
         """Best effort: release whatever an unanswered write of ours may have taken."""
@@ -415,6 +547,7 @@ class Semaphore:
         lease: float,
         skew: float,
         sent_mono: float | None,
+        seen: dict[str, dict[str, Any] | None] | None = None,
     ) -> Held:
         expires_ms = min(p.expires_ms for p in plans.values())
         if sent_mono is None:
@@ -430,6 +563,8 @@ class Semaphore:
             expires_ms=expires_ms,
             sent_mono=sent_mono,
         )
+        if len(self.resources) == 1 and seen:
+            held._observe(seen.get(self.resources[0]))
         lock_acquired.send(
             sender=Semaphore,
             resource=held.resource,
@@ -485,7 +620,32 @@ class Semaphore:
             lease=self.lease,
             wait=self.wait,
             on_busy=self.on_busy,
+            fair=self._fair,
         )
+
+
+def _turn_in(seen: dict[str, Any] | None, token: str, skew: float) -> float:
+    """Seconds until our turn probably comes: the waiters ahead of us times the recent hold
+    time, counted from when the current holders took the lock, never past their lease end."""
+    seen = seen or {}
+    now = now_ms()
+    queue = seen.get("queue") or {}
+    mine = queue.get(token)
+    stale = now - int(skew * 1000)
+    ahead = [
+        w
+        for t, w in queue.items()
+        if t != token and int(w["e"]) >= stale and (mine is None or w["t"] < mine["t"])
+    ]
+    hold = max(2, int(seen.get("holdMs") or 20))
+    live = _live_holders(seen, stale)
+    start = max((int(h.get("a", now)) for h in live.values()), default=now)
+    turn = (start + hold * (len(ahead) + 1) - now) / 1000
+    first_end = min((int(h["e"]) for h in live.values()), default=now)
+    turn = min(turn, (first_end + skew * 1000 - now) / 1000 + 0.001)
+    if turn <= 0:  # overdue: look again soon, not in a tight loop
+        return min(0.05, max(0.002, hold / 4000))
+    return min(turn, 1.0)
 
 
 def _backoff(attempt: int) -> float:
@@ -611,6 +771,30 @@ class Held:
         self._lost: str | None = None
         self._released = False
         self._heartbeat: Any = None
+        self._taken_mono = monotonic()
+        self._queue: dict[str, Any] = {}  # the waiters we last saw: the hand-over's heirs
+        self._hold_avg: int | None = None
+
+    def _observe(self, item: dict[str, Any] | None) -> None:
+        if item:
+            self._queue = dict(item.get("queue") or {})
+            if item.get("holdMs") is not None:
+                self._hold_avg = int(item["holdMs"])
+
+    def _hold_ms(self) -> int:
+        mine = int((monotonic() - self._taken_mono) * 1000)
+        return mine if self._hold_avg is None else (3 * self._hold_avg + mine) // 4
+
+    def _heir(self) -> tuple[str, dict[str, Any]] | None:
+        """The first live waiter we know of, if the hold is exclusive."""
+        if self.semaphore.mode != MODE_EXCLUSIVE or len(self.resources) != 1:
+            return None
+        now = now_ms()
+        live = [(int(w["t"]), t, w) for t, w in self._queue.items() if int(w.get("e", 0)) > now]
+        if not live:
+            return None
+        _, heir, waiter = min(live)
+        return heir, waiter
 
     # -- what users read ---------------------------------------------------------------------
 
@@ -692,7 +876,7 @@ class Held:
             ]
             try:
                 if len(actions) == 1:
-                    table.update(actions[0])
+                    self._observe(table.update(actions[0], return_new=True))
                 else:
                     table.transact(actions)
             except table.Refused as refused:
@@ -752,18 +936,60 @@ class Held:
     async def arelease(self) -> None:
         await asyncio.to_thread(self.release)
 
+    def _hand_over(self) -> bool | None:
+        """Release straight to the first waiter (one write). None: no heir, or it left."""
+        heir = self._heir()
+        if heir is None or self._lost is not None:
+            return None
+        token, waiter = heir
+        now = now_ms()
+        fence = max(_new_fence(self.skew), self.fence + 1)
+        entry = table.holder_entry(
+            str(waiter.get("u", "")),
+            now + int(waiter.get("l", self.lease * 1000)),
+            fence,
+            now,
+            bool(waiter.get("s", False)),
+        )
+        try:
+            table.update(
+                table.hand_over(
+                    self.resource,
+                    self.token,
+                    token,
+                    int(waiter["t"]),
+                    entry,
+                    hold_ms=self._hold_ms(),
+                )
+            )
+            return True
+        except table.Refused as refused:
+            old = refused.old or {}
+            if self.token in (old.get("holders") or {}):
+                self._observe(old)  # the heir left (or our fence was behind): plain release
+                return None
+            return self._released_by(old, refused.retried)
+        except SemaphoreUnavailable:
+            return None
+
     def _give_back(self) -> bool:
         """Send the release; True if every resource was ours until now."""
+        handed = self._hand_over()
+        if handed is not None:
+            return handed
         sole = self.semaphore.mode == MODE_EXCLUSIVE
         pending = list(self.resources)
         ok = True
+        hold_ms = self._hold_ms() if len(pending) == 1 else None
         for _ in range(3):
             now = now_ms()
             # A released row may be reaped once its expMs is CLOCK_SKEW old: never before
             # every in-tolerance clock reads past our fence's time, or a fresh fence made after
             # the reap could be smaller than ours.
             actions = [
-                table.give_back(r, self.token, max(now, self.fences[r] // 1000), sole=sole)
+                table.give_back(
+                    r, self.token, max(now, self.fences[r] // 1000), sole=sole, hold_ms=hold_ms
+                )
                 for r in pending
             ]
             try:
@@ -827,9 +1053,17 @@ def semaphore(
     lease: float | None = None,
     wait: float | None = None,
     on_busy: Callable[..., Any] | None = None,
+    fair: bool | None = None,
 ) -> Semaphore:
     """A distributed semaphore on ``resource``: ``with``, ``async with``, ``.acquire()``, or
     ``@semaphore("key:{arg}")`` on a view. See API.md for every argument."""
     return Semaphore(
-        resource, limit=limit, shared=shared, user=user, lease=lease, wait=wait, on_busy=on_busy
+        resource,
+        limit=limit,
+        shared=shared,
+        user=user,
+        lease=lease,
+        wait=wait,
+        on_busy=on_busy,
+        fair=fair,
     )

@@ -268,6 +268,9 @@ _LOCK_NAMES = {
     "#expMs": "expMs",
     "#shard": "shard",
     "#last": "lastToken",
+    "#q": "queue",
+    "#next": "ticket",
+    "#hold": "holdMs",
 }
 
 
@@ -306,6 +309,44 @@ def holder_entry(
     return {"u": user_id, "e": expires_ms, "f": fence, "a": now_ms, "s": shared}
 
 
+class QueueTerms:
+    """How a take treats the resource's waiting queue (see core: nobody cuts in line).
+
+    ``queued``: we are in the queue and leave it by this take. ``evict``: dead waiters (their
+    lease end as seen) removed by this take. ``size``: for a taker not in the queue, the queue
+    size it saw (a newcomer since then would be ahead of us); None when it saw no queue.
+    """
+
+    def __init__(
+        self, queued: bool = False, evict: dict[str, int] | None = None, size: int | None = None
+    ):
+        self.queued, self.evict, self.size = queued, evict or {}, size
+
+
+def _queue_clauses(
+    token: str, terms: QueueTerms | None, names: dict[str, str], values: dict[str, Any]
+) -> tuple[list[str], list[str]]:
+    """REMOVE paths and conditions for a take, per :class:`QueueTerms`."""
+    terms = terms or QueueTerms()
+    removes, conds = [], []
+    names["#me"] = token
+    if terms.queued:
+        removes.append("#q.#me")
+        conds.append("attribute_exists(#q.#me)")
+    elif terms.size is None:
+        conds.append("(attribute_not_exists(#q) OR size(#q) = :qsize)")
+        values[":qsize"] = 0
+    else:
+        conds.append("size(#q) = :qsize")
+        values[":qsize"] = terms.size
+    for i, (gone, ends) in enumerate(sorted(terms.evict.items())):
+        names[f"#w{i}"] = gone
+        removes.append(f"#q.#w{i}")
+        conds.append(f"#q.#w{i}.e = :we{i}")
+        values[f":we{i}"] = ends
+    return removes, conds
+
+
 def take_free(
     resource: str,
     token: str,
@@ -314,6 +355,7 @@ def take_free(
     mode: str,
     limit: int,
     stale_ms: int,
+    queue: QueueTerms | None = None,
 ) -> dict[str, Any]:
     """Take a resource nobody holds (no item, no holders, or every lease long over).
 
@@ -328,7 +370,16 @@ def take_free(
         "(attribute_not_exists(#h) OR size(#h) = :zero OR #expMs < :stale) "
         "AND (attribute_not_exists(#fence) OR #fence < :fence)"
     )
-    values = {
+    names = dict(_LOCK_NAMES)
+    values: dict[str, Any] = {}
+    removes, conds = _queue_clauses(token, queue, names, values)
+    if removes:
+        update += " REMOVE " + ", ".join(removes)
+    else:
+        update += ", #q = if_not_exists(#q, :emptyq)"  # later waiters join this map
+        values[":emptyq"] = {}
+    condition = " AND ".join([condition, *conds])
+    values |= {
         ":h": {token: entry},
         ":mode": mode,
         ":lim": limit,
@@ -340,7 +391,7 @@ def take_free(
         ":zero": 0,
         ":stale": stale_ms,
     }
-    return _action(resource, LOCK_SK, update, condition, _LOCK_NAMES, values)
+    return _action(resource, LOCK_SK, update, condition, names, values)
 
 
 def take_join(
@@ -353,6 +404,7 @@ def take_join(
     seen: dict[str, Any],
     evict: list[str],
     replace: bool = False,
+    queue: QueueTerms | None = None,
 ) -> dict[str, Any]:
     """Join the holders of a counting or shared resource, evicting expired holders.
 
@@ -396,6 +448,9 @@ def take_join(
         removes.append(f"#h.#x{i}")
         conds.append(f"#h.#x{i}.e = :xe{i}")
         values[f":xe{i}"] = seen["holders"][gone]["e"]
+    q_removes, q_conds = _queue_clauses(token, queue, names, values)
+    removes += q_removes
+    conds += q_conds
     update = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
     return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
 
@@ -417,7 +472,9 @@ def renew_hold(resource: str, token: str, expires_ms: int, *, raise_item: bool) 
     return _action(resource, LOCK_SK, update, condition, names, values)
 
 
-def give_back(resource: str, token: str, now_ms: int, *, sole: bool) -> dict[str, Any]:
+def give_back(
+    resource: str, token: str, now_ms: int, *, sole: bool, hold_ms: int | None = None
+) -> dict[str, Any]:
     """Release our hold only; conditional on our token. ``lastToken`` remembers who released,
     so a retried release whose first response was lost is recognised as done."""
     names = dict(_LOCK_NAMES, **{"#t": token})
@@ -431,8 +488,76 @@ def give_back(resource: str, token: str, now_ms: int, *, sole: bool) -> dict[str
         update += ", #uid"
         sets += ["#exp = :exp", "#expMs = :now"]
         values.update({":exp": epoch_seconds(now_ms), ":now": now_ms})
+    if hold_ms is not None:
+        sets.append("#hold = :hold")  # waiters estimate their turn from it
+        values[":hold"] = hold_ms
     update += " SET " + ", ".join(sets)
     return _action(resource, LOCK_SK, update, "attribute_exists(#h.#t)", names, values)
+
+
+def hand_over(
+    resource: str,
+    token: str,
+    heir: str,
+    ticket: int,
+    entry: dict[str, Any],
+    *,
+    hold_ms: int,
+) -> dict[str, Any]:
+    """Release our exclusive hold straight to the first waiter, in the same write: it holds
+    the lock from now, with ``entry`` (its user and lease, a fresh fence). Conditional on our
+    token and on the heir still waiting with the ticket we saw."""
+    names = dict(_LOCK_NAMES, **{"#t": token, "#n": heir})
+    values = {
+        ":entry": entry,
+        ":fence": entry["f"],
+        ":uid": entry["u"],
+        ":exp": epoch_seconds(entry["e"]),
+        ":expMs": entry["e"],
+        ":tok": token,
+        ":ticket": ticket,
+        ":hold": hold_ms,
+    }
+    update = (
+        "REMOVE #h.#t, #q.#n SET #h.#n = :entry, #fence = :fence, #uid = :uid, #exp = :exp, "
+        "#expMs = :expMs, #last = :tok, #hold = :hold"
+    )
+    condition = "attribute_exists(#h.#t) AND #q.#n.t = :ticket AND #fence < :fence"
+    return _action(resource, LOCK_SK, update, condition, names, values)
+
+
+def enqueue(resource: str, token: str, waiter: dict[str, Any], *, fresh: bool) -> dict[str, Any]:
+    """Join the resource's queue with a ticket (microseconds, only ever increasing).
+
+    ``fresh``: the item has no queue map yet (or no item at all): create it with us alone."""
+    names = dict(_LOCK_NAMES, **{"#me": token})
+    values: dict[str, Any] = {":ticket": waiter["t"]}
+    if fresh:
+        update = "SET #q = :q, #next = :ticket, #shard = :shard"
+        condition = "attribute_not_exists(#q)"
+        values.update({":q": {token: waiter}, ":shard": shard_of(resource)})
+    else:
+        update = "SET #q.#me = :w, #next = :ticket"
+        condition = "attribute_exists(#q) AND (attribute_not_exists(#next) OR #next < :ticket)"
+        values[":w"] = waiter
+    return _action(resource, LOCK_SK, update, condition, names, values)
+
+
+def dequeue(resource: str, token: str) -> dict[str, Any]:
+    names = dict(_LOCK_NAMES, **{"#me": token})
+    return _action(resource, LOCK_SK, "REMOVE #q.#me", "attribute_exists(#q.#me)", names, {})
+
+
+def renew_waiter(resource: str, token: str, expires_ms: int) -> dict[str, Any]:
+    names = dict(_LOCK_NAMES, **{"#me": token})
+    return _action(
+        resource,
+        LOCK_SK,
+        "SET #q.#me.e = :e",
+        "attribute_exists(#q.#me)",
+        names,
+        {":e": expires_ms},
+    )
 
 
 def force_release(resource: str, token: str) -> dict[str, Any]:

@@ -58,6 +58,7 @@ def test_defaults_for_missing_keys_match_the_contract():
         "LEASE": 60,
         "WAIT": 0,
         "CLOCK_SKEW": 5,
+        "FAIR": False,  # beyond API.md: fair (FIFO) waiting by default or not
     }
     with override_settings(DYNASEM={}):
         for key, value in DEFAULTS.items():

@@ -62,7 +62,8 @@ def test_stored_row_carries_user_and_expires_for_the_indexes(lock_table):
     row = table.get("tbl_issues:4")
     assert row["holders"] == {}
     assert "userId" not in row  # out of the user index once released
-    assert row["expires"] <= time.time() + 1  # idle: out of the active listing
+    # Idle: out of the active listing once its fence time (now + CLOCK_SKEW) has passed.
+    assert row["expires"] <= time.time() + settings.CLOCK_SKEW + 1
 
 
 def _lose_responses(client, operation: str, count: int) -> dict[str, int]:

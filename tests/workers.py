@@ -119,3 +119,41 @@ def hold_then_pause(
         out.put(("exit", f"LockLost: {exc.reason}"))
     else:
         out.put(("exit", "no error"))
+
+
+def wait_in_line(
+    endpoint: str, table_name: str, resource: str, name: str, lease: float, out: Any
+) -> None:
+    """Queue for the resource (fair) and report when served."""
+    setup_django(endpoint, table_name)
+    from dynasem import semaphore
+
+    with semaphore(resource, fair=True, wait=60, lease=lease, user=name):
+        out.put((name, time.monotonic()))
+        time.sleep(0.05)
+
+
+def reader_writer(
+    endpoint: str,
+    table_name: str,
+    resource: str,
+    role: str,
+    seconds: float,
+    barrier: Any,
+    out: Any,
+) -> None:
+    setup_django(endpoint, table_name)
+    from dynasem import semaphore
+
+    intervals = []
+    barrier.wait()
+    stop = time.monotonic() + seconds
+    while time.monotonic() < stop:
+        t0 = time.monotonic()
+        with semaphore(resource, shared=(role == "reader"), wait=60):
+            start = time.monotonic()
+            time.sleep(0.03 if role == "reader" else 0.02)
+            intervals.append((start, time.monotonic(), start - t0))
+        if role == "writer":
+            time.sleep(0.05)
+    out.put((role, os.getpid(), intervals))
