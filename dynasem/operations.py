@@ -25,6 +25,7 @@ class HoldInfo:
     limit: int
     acquired_ms: int
     expires_ms: int
+    queue_depth: int = 0
 
     @property
     def expires(self) -> datetime:
@@ -51,11 +52,14 @@ class HoldInfo:
             "token": self.token,
             "acquired": self.acquired.isoformat(),
             "expires": self.expires.isoformat(),
+            "queue_depth": self.queue_depth,
         }
 
 
 def holds_of(item: dict[str, Any], *, min_expires_ms: int | None) -> list[HoldInfo]:
     out = []
+    now = core.now_ms()
+    waiting = sum(1 for w in (item.get("queue") or {}).values() if int(w.get("e", 0)) >= now)
     for token, h in sorted((item.get("holders") or {}).items()):
         if min_expires_ms is not None and int(h.get("e", 0)) < min_expires_ms:
             continue
@@ -69,6 +73,7 @@ def holds_of(item: dict[str, Any], *, min_expires_ms: int | None) -> list[HoldIn
                 limit=int(item.get("limit", 1)),
                 acquired_ms=int(h.get("a", 0)),
                 expires_ms=int(h.get("e", 0)),
+                queue_depth=waiting,
             )
         )
     return out
@@ -118,6 +123,13 @@ def holds_on(resource: str) -> list[HoldInfo]:
     """Every holder of one resource, live or not (one consistent read)."""
     item = table.get(core.check_resource(resource))
     return holds_of(item, min_expires_ms=None) if item else []
+
+
+def queue_depth(resource: str) -> int:
+    """How many live waiters are queued for ``resource`` (one consistent read)."""
+    item = table.get(core.check_resource(resource)) or {}
+    now = core.now_ms()
+    return sum(1 for w in (item.get("queue") or {}).values() if int(w.get("e", 0)) >= now)
 
 
 def break_hold(resource: str, token: str, *, sender: Any = None) -> bool:

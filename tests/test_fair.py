@@ -129,3 +129,40 @@ def test_writers_do_not_starve_behind_readers(dynamodb_local, lock_table):
     assert any(b[0] < a[1] for a, b in zip(ordered, ordered[1:], strict=False))  # readers share
     # Every writer got in within a bound, although readers never stopped coming.
     assert max(w[2] for w in writers) < 5.0, max(w[2] for w in writers)
+
+
+def test_a_waiter_that_gives_up_leaves_the_queue(lock_table):
+    from dynasem import SemaphoreBusy
+
+    holder = semaphore("q:1").acquire()
+    try:
+        semaphore("q:1", fair=True, wait=0.5).acquire()
+    except SemaphoreBusy as busy:
+        assert busy.retry_after >= 1
+    else:
+        raise AssertionError("acquired a held lock")
+    assert queue_of("q:1") == {}
+    holder.release()
+    with semaphore("q:1", wait=0) as again:  # nobody is in line: no wait
+        assert again.fence > holder.fence
+
+
+def test_queue_depth_is_readable(lock_table):
+    import threading
+
+    from dynasem.operations import queue_depth
+
+    holder = semaphore("q:2").acquire()
+    assert queue_depth("q:2") == 0
+    threads = [
+        threading.Thread(target=lambda: semaphore("q:2", fair=True, wait=20).acquire().release())
+        for _ in range(3)
+    ]
+    for t in threads:
+        t.start()
+    wait_for_queue("q:2", 3)
+    assert queue_depth("q:2") == 3
+    holder.release()
+    for t in threads:
+        t.join(30)
+    assert queue_depth("q:2") == 0

@@ -97,3 +97,25 @@ def test_counting_semaphore_never_exceeds_its_limit(dynamodb_local: str, lock_ta
         level += delta
         peak = max(peak, level)
     assert peak == 3, peak
+
+
+def test_opposite_orders_of_two_resources_neither_deadlock_nor_overlap(
+    dynamodb_local: str, lock_table: str
+):
+    barrier = SPAWN.Barrier(2)
+    out = SPAWN.Queue()
+    procs = [
+        SPAWN.Process(
+            target=workers.take_pair,
+            args=(dynamodb_local, lock_table, pair, 30, barrier, out),
+        )
+        for pair in (["env:A", "env:B"], ["env:B", "env:A"])
+    ]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=120) for _ in procs]  # a deadlock would time out here
+    for p in procs:
+        p.join(30)
+    intervals = [iv for _, ivs in results for iv in ivs]
+    assert len(intervals) == 60
+    assert _overlaps(intervals) == []

@@ -157,3 +157,20 @@ def reader_writer(
         if role == "writer":
             time.sleep(0.05)
     out.put((role, os.getpid(), intervals))
+
+
+def take_pair(
+    endpoint: str, table_name: str, pair: list[str], rounds: int, barrier: Any, out: Any
+) -> None:
+    """Take both resources atomically, in the given order, again and again."""
+    setup_django(endpoint, table_name)
+    from dynasem import semaphore
+
+    intervals = []
+    barrier.wait()
+    for _ in range(rounds):
+        with semaphore(pair, wait=60):
+            start = time.monotonic()
+            time.sleep(0.005)
+            intervals.append((start, time.monotonic()))
+    out.put((pair, intervals))

@@ -34,9 +34,11 @@ class Command(BaseCommand):
         if not holds:
             self.stdout.write("No active holds.")
             return
-        self.stdout.write(f"{'RESOURCE':40} {'USER':24} {'KIND':12} {'EXPIRES (UTC)':20} FENCE")
+        self.stdout.write(
+            f"{'RESOURCE':40} {'USER':24} {'KIND':12} {'EXPIRES (UTC)':20} {'FENCE':>18} QUEUE"
+        )
         for h in holds:
             self.stdout.write(
                 f"{h.resource:40} {h.user_id:24} {h.kind:12} "
-                f"{h.expires.strftime('%Y-%m-%d %H:%M:%S'):20} {h.fence}"
+                f"{h.expires.strftime('%Y-%m-%d %H:%M:%S'):20} {h.queue_depth:>5} {h.fence}"
             )
