@@ -1,0 +1,954 @@
+"""Soak test: many OS processes fight over a few semaphores under injected faults, SIGKILLs and
+SIGSTOPs, and every hold is checked afterwards. Not part of the test suite.
+
+    .venv/bin/python benchmarks/soak.py [--processes 16] [--seconds 300] [--lease 2] [--seed N]
+
+It starts its own DynamoDB Local (``tests.dynamodb_local``), creates a table with
+``dynasem_createtable`` (settings: ``tests.settings``, so ``CLOCK_SKEW`` = 0.5 s), and keeps
+``--processes`` worker processes (multiprocessing *spawn*) running for ``--seconds``.
+
+Each worker loops: take one of ``--resources`` resources (one time in five two of them at
+once, which is a ``TransactWriteItems``) with ``semaphore(res, lease=LEASE, wait=...)``; while
+holding, sleep 0-50 ms (one hold in 200: 1.2-2.5 leases, kept alive by the heartbeat), then
+do a *fenced read-modify-write* on the resource's append-only file (``fence value``, value =
+last value + 1, flush + fsync); log its hold interval (``time.monotonic()``: one clock for all
+processes on Linux) to its own log, line by line. From time to time it adds a fault rule
+(``tests.faults.Faults`` on its dynasem client: throttle, 5xx, connection error, read timeout,
+lost response; on ``UpdateItem`` or ``TransactWriteItems``) and logs how often each fired.
+``SemaphoreBusy`` and ``SemaphoreUnavailable`` from the acquire just loop; ``LockLost`` at
+block exit is counted.
+
+The parent SIGKILLs a random worker every 2-5 s and, every 10-25 s, SIGSTOPs one (a worker
+that holds a lock at that moment, when there is one) for 1.25-2.25 leases + CLOCK_SKEW, then
+SIGCONTs it; killed workers are replaced at once. The table's TTL is on during the run
+(DynamoDB Local deletes expired rows by TTL at moments of its own, see tests/conftest.py:
+fences must stay increasing when a resource's row vanished between holds).
+At the end it stops the workers, turns TTL off (so the reaper is what is checked), waits
+``lease + CLOCK_SKEW`` (+ 2 s, because the ``expires`` attribute the reaper queries is whole
+epoch seconds rounded up and the cutoff whole seconds rounded down), runs ``dynasem_reap``,
+and counts the holds still stored (``operations.active_holds(include_expired=True)``).
+
+The fenced file write
+---------------------
+The README's pattern -- the store refuses a write whose fence is not larger than the last one
+it accepted -- is enough for a blind write. This is a read-modify-write, so the fence must
+guard the read too: under an ``flock`` the read records the fence in the resource's
+high-water file (``.hw``) and is refused if a larger fence was recorded or written; the
+append, a few ms later under the ``flock`` again, is refused if a larger fence was recorded
+meanwhile or the last line's fence is not smaller than ours. (With the write check alone, a
+holder paused between its read and its append that wakes up after its successor's read but
+before its successor's append lands ``v+1`` twice: a lost update that dynasem cannot prevent.)
+A refused read or append is counted as "fenced out".
+
+The overlap rule
+----------------
+Two holds of the same resource overlap when their *trusted windows* intersect. A hold's
+trusted window starts when ``acquire`` returned (``start``) and ends at the earliest of:
+
+* its logged end (the last moment inside the block, logged before the block exits);
+* ``start + min(L, lease) - CLOCK_SKEW``, where ``L`` = ``held.expires`` minus the wall clock at
+  ``start``: the lease left when the hold was handed over. This is the holder's own trust
+  deadline (``sent + lease - CLOCK_SKEW``), never later than ``start + lease - CLOCK_SKEW``;
+  it is earlier when the acquire was slow (botocore's own retries of a throttled write may
+  sleep seconds after the lease end was fixed);
+* the moment the parent SIGSTOPped or SIGKILLed the worker (a killed hold never logs its end).
+
+So a hold whose block ended within ``lease - CLOCK_SKEW`` and whose worker was not stopped is
+checked whole (the rule of the brief), and every other hold is checked over its first part,
+while no lease can have run out. Past that deadline a paused or slow holder and the next holder
+do run at once in wall time; that is legitimate (heartbeat renewals are not counted as
+extending the window) and is what fencing is for. A correct dynasem keeps two trusted windows
+at least ``2 * CLOCK_SKEW`` apart on one host: a takeover needs the stored lease end + skew.
+
+Checks (all must be 0; the script exits 1 otherwise):
+
+* overlaps: pairs of intersecting trusted windows on one resource;
+* lost updates: in each resource's file, values not exactly 1, 2, 3, ... (duplicates + gaps);
+* stuck locks after reap: holders still stored after the reap;
+* fence violations: a fence handed out twice on a resource, or not larger than the fence of a
+  hold that had started before this hold's lease was even written, or file fences not strictly
+  increasing;
+* fenced out while trusted: a file read/append refused while the hold was inside its trusted
+  window (a larger fence touched the file meanwhile: mutual exclusion or fence order failed);
+* unexpected errors: any other exception in a worker, or a worker dying by itself.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import contextlib
+import fcntl
+import hashlib
+import heapq
+import io
+import json
+import math
+import multiprocessing
+import os
+import random
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+FAULT_KINDS = {  # Rule.kind -> the name printed
+    "throttle": "throttle",
+    "server": "5xx",
+    "connection": "connection error",
+    "timeout": "read timeout",
+    "lose": "lost response",
+}
+WAITS = (0, 0.25, 1.0, 3.0)  # wait= of an acquire, picked at random
+FAULT_CHANCE = 0.06  # per loop iteration, a new fault rule
+MULTI_CHANCE = 0.2  # per hold, two resources at once (TransactWriteItems)
+LONG_CHANCE = 0.005  # per hold, a hold longer than the lease
+HW_WIDTH = 20  # digits of the high-water fence file
+
+
+# ---------------------------------------------------------------------------------------------
+# The fenced read-modify-write on a resource's append-only file
+# ---------------------------------------------------------------------------------------------
+
+
+def data_path(workdir: str, index: int) -> str:
+    return os.path.join(workdir, "data", f"resource-{index}.log")
+
+
+def _read_hw(hw_fd: int) -> int:
+    raw = os.pread(hw_fd, HW_WIDTH, 0)
+    return int(raw) if raw.strip() else 0
+
+
+def _last_line(fd: int) -> tuple[int, int]:
+    """(fence, value) of the last line, (0, 0) for an empty file."""
+    size = os.fstat(fd).st_size
+    if size == 0:
+        return 0, 0
+    n = min(size, 256)
+    tail = os.pread(fd, n, size - n).decode()
+    if not tail.endswith("\n"):
+        raise RuntimeError(f"torn last line in data file: {tail[-60:]!r}")
+    fence, value = tail.rstrip("\n").rsplit("\n", 1)[-1].split()
+    return int(fence), int(value)
+
+
+def fenced_increment(path: str, fence: int, pause: float) -> tuple[str, int]:
+    """Append ``fence value+1`` unless a larger fence touched the file; (result, value)."""
+    fd = os.open(path, os.O_RDWR | os.O_APPEND)
+    hw_fd = os.open(path + ".hw", os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            hw = _read_hw(hw_fd)
+            last_fence, value = _last_line(fd)
+            if fence < hw or fence <= last_fence:
+                return "fenced-read", value
+            if fence > hw:
+                os.pwrite(hw_fd, str(fence).rjust(HW_WIDTH).encode(), 0)  # one syscall
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        time.sleep(pause)  # the "work" between read and write: only dynasem excludes others
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            hw = _read_hw(hw_fd)
+            last_fence, _ = _last_line(fd)
+            if fence < hw or fence <= last_fence:
+                return "fenced-write", value + 1
+            os.write(fd, f"{fence} {value + 1}\n".encode())  # O_APPEND, one syscall
+            os.fsync(fd)
+            return "ok", value + 1
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(hw_fd)
+        os.close(fd)
+
+
+# ---------------------------------------------------------------------------------------------
+# The worker process
+# ---------------------------------------------------------------------------------------------
+
+
+def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any) -> None:
+    """One worker: loop over holds until the parent raises the stop flag (``flags[-1]``).
+    ``flags[slot]`` is 1 while this worker is inside a hold (the parent prefers to SIGSTOP
+    a holder)."""
+    rng = random.Random(seed)
+    base = os.path.join(cfg["workdir"], "logs", f"w{slot:02d}-{gen:03d}")
+    err = os.open(base + ".err", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(err, 2)  # warnings and tracebacks of this worker go to its own file
+    sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+    with contextlib.suppress(OSError):
+        os.nice(cfg["nice"])
+    import logging
+
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(created).6f %(threadName)s %(levelname)s %(name)s: %(message)s",
+    )
+    log = open(base + ".log", "a", buffering=1)  # noqa: SIM115 - line-buffered: a write per line
+    monotonic = time.monotonic
+
+    def emit(*parts: Any) -> None:
+        log.write(" ".join(str(p) for p in parts) + "\n")
+
+    emit("S", os.getpid(), slot, gen, seed, f"{monotonic():.6f}", f"{time.time():.6f}")
+
+    from tests.workers import setup_django
+
+    setup_django(cfg["endpoint"], cfg["table"])
+    import dynasem
+    from dynasem import LockLost, SemaphoreBusy, SemaphoreUnavailable, semaphore, table
+    from dynasem.signals import lock_lost
+    from tests.faults import Faults
+
+    emit("P", dynasem.__file__)
+
+    def on_lost(sender: Any, token: str, reason: str = "", **kwargs: Any) -> None:
+        thread = threading.current_thread().name
+        emit("L", token[:16], f"{monotonic():.6f}", thread, json.dumps(reason))
+
+    lock_lost.connect(on_lost, weak=False)
+    faults = Faults(table.get_client())
+    fired_retired: Counter[str] = Counter()  # rules used up and dropped from the list
+    counters: Counter[str] = Counter()
+    lease = cfg["lease"]
+    resources = cfg["resources"]
+    paths = {r: data_path(cfg["workdir"], i) for i, r in enumerate(resources)}
+
+    def add_fault() -> None:
+        kind = rng.choice(list(FAULT_KINDS))
+        op = "TransactWriteItems" if rng.random() < 0.25 else "UpdateItem"
+        # Throttling is retried by botocore with 1-4 s sleeps: keep those rules short.
+        n = rng.choice((1, 1, 2, 3)) if kind == "throttle" else rng.choice((1, 1, 2, 2, 3, 4, 6))
+        after = rng.randint(0, 4)
+        if kind == "throttle":
+            rule = faults.throttle(op, n, after=after)
+        elif kind == "server":
+            rule = faults.server_error(op, n, status=rng.choice((500, 503)), after=after)
+        elif kind == "connection":
+            rule = faults.connection_error(op, n, after=after)
+        elif kind == "timeout":
+            rule = faults.read_timeout(op, n, after=after)
+        else:
+            rule = faults.lose_response(op, n, after=after)
+        take = rule.take
+
+        def logged_take(operation: str) -> bool:  # a line per fault fired, for the evidence
+            hit = take(operation)
+            if hit:
+                thread = threading.current_thread().name
+                emit("F", kind, operation, f"{monotonic():.6f}", thread)
+            return hit
+
+        rule.take = logged_take  # type: ignore[method-assign]
+
+    def fired() -> dict[str, int]:
+        # Rules that can fire no more are dropped; a rule still live may be firing in the
+        # heartbeat thread right now, so it stays in the list.
+        live = []
+        for rule in list(faults.rules):
+            if rule.remaining == 0:
+                fired_retired[rule.kind] += rule.fired
+            else:
+                live.append(rule)
+        faults.rules = live
+        out = Counter(fired_retired)
+        for rule in live:
+            out[rule.kind] += rule.fired
+        return dict(out)
+
+    def snapshot() -> None:
+        emit("C", json.dumps({"counters": dict(counters), "faults": fired()}, sort_keys=True))
+
+    while not flags[len(flags) - 1]:
+        if rng.random() < FAULT_CHANCE:
+            add_fault()
+        names = rng.sample(resources, 2) if rng.random() < MULTI_CHANCE else [rng.choice(resources)]
+        if rng.random() < LONG_CHANCE:
+            hold = rng.uniform(1.2, 2.5) * lease
+        else:
+            hold = rng.uniform(0.0, 0.05)
+        token = None
+        try:
+            sem = semaphore(
+                names if len(names) > 1 else names[0],
+                lease=lease,
+                wait=rng.choice(WAITS),
+                user=f"soak-{slot}",
+            )
+            with sem as held:
+                start = monotonic()
+                left = held.expires.timestamp() - time.time()
+                flags[slot] = 1
+                token = held.token[:16]
+                try:
+                    for r in names:
+                        emit("B", token, r, held.fences[r], f"{start:.6f}", f"{left:.6f}")
+                    counters["holds"] += 1
+                    counters["multi"] += len(names) > 1
+                    counters["long"] += hold > lease
+                    time.sleep(hold)
+                    for r in names:
+                        result, value = fenced_increment(
+                            paths[r], held.fences[r], rng.uniform(0.001, 0.005)
+                        )
+                        emit("W", token, r, result, f"{monotonic():.6f}", value)
+                        counters[f"write-{result}"] += 1
+                finally:
+                    emit("E", token, f"{monotonic():.6f}")
+                    flags[slot] = 0
+            emit("X", token, "ok", f"{monotonic():.6f}")
+        except SemaphoreBusy:
+            counters["busy"] += 1
+        except LockLost as exc:
+            counters["lost"] += 1
+            emit("X", token, "lost", f"{monotonic():.6f}", json.dumps(exc.reason))
+        except SemaphoreUnavailable as exc:
+            counters["unavailable"] += 1
+            if counters["unavailable"] <= 20:
+                emit("U", f"{monotonic():.6f}", json.dumps(str(exc)))
+        except Exception as exc:
+            counters["unexpected"] += 1
+            emit(
+                "T",
+                token,
+                f"{monotonic():.6f}",
+                json.dumps(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"),
+            )
+        snapshot()
+        time.sleep(rng.uniform(0.0, cfg["think"]))
+    snapshot()
+    emit("Z", f"{monotonic():.6f}")
+    log.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# The parent: processes, kills, stops
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Proc:
+    slot: int
+    gen: int
+    process: Any
+    log: str
+
+    @property
+    def pid(self) -> int:
+        return int(self.process.pid)
+
+
+@dataclass
+class Events:
+    kills: dict[int, float] = field(default_factory=dict)  # pid -> monotonic time
+    end_kills: dict[int, float] = field(default_factory=dict)  # stragglers at the end
+    stops: dict[int, list[tuple[float, float]]] = field(default_factory=lambda: defaultdict(list))
+    died: list[tuple[int, int | None, str]] = field(default_factory=list)  # unexpected exits
+    logs: dict[int, str] = field(default_factory=dict)  # pid -> log path
+
+
+class Fleet:
+    def __init__(self, cfg: dict[str, Any], n: int, rng: random.Random, seed: int):
+        self.cfg = cfg
+        self.n = n
+        self.rng = rng
+        self.seed = seed
+        self.ctx = multiprocessing.get_context("spawn")
+        self.flags = self.ctx.RawArray("b", n + 1)  # no lock: a SIGKILL must never hold one
+        self.procs: dict[int, Proc] = {}
+        self.gens: Counter[int] = Counter()
+        self.spawned = 0
+        self.events = Events()
+        self.stopped: tuple[Proc, float, float] | None = None  # proc, since, resume at
+
+    def spawn(self, slot: int) -> None:
+        gen = self.gens[slot]
+        self.gens[slot] += 1
+        self.spawned += 1
+        self.flags[slot] = 0
+        seed = self.seed * 1_000_003 + self.spawned
+        log = os.path.join(self.cfg["workdir"], "logs", f"w{slot:02d}-{gen:03d}.log")
+        process = self.ctx.Process(
+            target=worker_main,
+            args=(self.cfg, slot, gen, seed, self.flags),
+            name=f"soak-{slot}-{gen}",
+            daemon=True,
+        )
+        process.start()
+        proc = Proc(slot, gen, process, log)
+        self.procs[slot] = proc
+        self.events.logs[proc.pid] = log
+
+    def reap_dead(self) -> None:
+        for slot, proc in list(self.procs.items()):
+            if not proc.process.is_alive():
+                proc.process.join()
+                self.events.died.append((proc.pid, proc.process.exitcode, proc.log))
+                self.spawn(slot)
+
+    def kill_one(self) -> None:
+        busy = self.stopped[0].slot if self.stopped else None
+        slots = [s for s in self.procs if s != busy]
+        if not slots:
+            return
+        proc = self.procs[self.rng.choice(slots)]
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+        self.events.kills[proc.pid] = time.monotonic()
+        proc.process.join()
+        self.spawn(proc.slot)
+
+    def stop_one(self, lease: float, skew: float, *, holder_only: bool) -> bool:
+        """SIGSTOP a worker (one inside a hold, unless ``holder_only`` is False) for longer
+        than the lease; False if there was none to pick."""
+        slots = [s for s in self.procs if self.flags[s]] or ([] if holder_only else [*self.procs])
+        if not slots:
+            return False
+        proc = self.procs[self.rng.choice(slots)]
+        os.kill(proc.pid, signal.SIGSTOP)
+        now = time.monotonic()
+        self.stopped = (proc, now, now + self.rng.uniform(1.25 * lease, 2.25 * lease) + skew)
+        return True
+
+    def cont(self) -> None:
+        if self.stopped is None:
+            return
+        proc, since, _ = self.stopped
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGCONT)
+        self.events.stops[proc.pid].append((since, time.monotonic()))
+        self.stopped = None
+
+    def run(self, seconds: float, lease: float, skew: float, progress: bool) -> None:
+        for slot in range(self.n):
+            self.spawn(slot)
+        started = time.monotonic()
+        deadline = started + seconds
+        next_kill = started + self.rng.uniform(2, 5)
+        next_stop = started + self.rng.uniform(5, 15)
+        stop_tries_until = None
+        next_report = started + 30
+        while True:
+            now = time.monotonic()
+            if now >= deadline:
+                break
+            self.reap_dead()
+            if self.stopped and now >= self.stopped[2]:
+                self.cont()
+            if now >= next_kill:
+                self.kill_one()
+                next_kill = time.monotonic() + self.rng.uniform(2, 5)
+            if self.stopped is None and now >= next_stop:
+                # Prefer a worker inside a hold; after 3 s without one, take any.
+                stop_tries_until = stop_tries_until or now + 3.0
+                if self.stop_one(lease, skew, holder_only=now < stop_tries_until):
+                    stop_tries_until = None
+                    next_stop = now + self.rng.uniform(10, 25)
+            if progress and now >= next_report:
+                print(
+                    f"soak: {now - started:5.0f} s  kills {len(self.events.kills)}  "
+                    f"stops {sum(map(len, self.events.stops.values())) + bool(self.stopped)}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                next_report += 30
+            time.sleep(0.02)
+
+    def shutdown(self, grace: float) -> None:
+        self.cont()
+        self.flags[self.n] = 1
+        until = time.monotonic() + grace
+        for proc in self.procs.values():
+            proc.process.join(max(0.0, until - time.monotonic()))
+        for proc in self.procs.values():
+            if proc.process.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
+                self.events.end_kills[proc.pid] = time.monotonic()
+                proc.process.join()
+            elif proc.process.exitcode != 0:
+                self.events.died.append((proc.pid, proc.process.exitcode, proc.log))
+
+    def kill_all(self) -> None:
+        self.cont()
+        for proc in self.procs.values():
+            if proc.process.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
+                proc.process.join()
+
+
+# ---------------------------------------------------------------------------------------------
+# Analysis of the logs and files
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Hold:
+    pid: int
+    token: str
+    resource: str
+    fence: int
+    start: float
+    left: float  # lease left at start (wall clock)
+    end: float | None = None
+    outcome: str | None = None  # ok / lost / None
+    exit_at: float | None = None  # when the block had exited (after the release)
+    reason: str | None = None
+    window_end: float = 0.0
+    cut_by: str = ""
+
+    plan: float = 0.0  # when the lease end was fixed (end - lease), on the monotonic clock
+
+
+@dataclass
+class Report:
+    holds: list[Hold] = field(default_factory=list)
+    writes: list[tuple[int, str, str, str, float, int]] = field(default_factory=list)
+    counters: Counter[str] = field(default_factory=Counter)
+    faults: Counter[str] = field(default_factory=Counter)
+    unexpected: list[str] = field(default_factory=list)
+    unavailable_samples: list[str] = field(default_factory=list)
+    lost_reasons: Counter[str] = field(default_factory=Counter)
+    losses: dict[str, tuple[float, str, str]] = field(default_factory=dict)  # token -> L line
+    imported: set[str] = field(default_factory=set)  # where workers found dynasem
+    fired: dict[int, list[tuple[float, str, str, str]]] = field(
+        default_factory=lambda: defaultdict(list)
+    )  # pid -> (at, kind, operation, thread) of every fault that fired
+
+
+def read_logs(events: Events, lease: float) -> Report:
+    rep = Report()
+    by_token: dict[str, list[Hold]] = {}
+    for pid, path in sorted(events.logs.items()):
+        last_c: dict[str, Any] | None = None
+        try:
+            lines = Path(path).read_text().splitlines()
+        except FileNotFoundError:
+            rep.unexpected.append(f"pid {pid}: no log file {path}")
+            continue
+        for line in lines:
+            kind, _, rest = line.partition(" ")
+            parts = rest.split(" ")
+            try:
+                if kind == "B":
+                    tok, res, fence, start, left = parts
+                    hold = Hold(pid, tok, res, int(fence), float(start), float(left))
+                    hold.plan = hold.start + hold.left - lease
+                    rep.holds.append(hold)
+                    by_token.setdefault(tok, []).append(hold)
+                elif kind == "E":
+                    for hold in by_token.get(parts[0], []):
+                        hold.end = float(parts[1])
+                elif kind == "X":
+                    for hold in by_token.get(parts[0], []):
+                        hold.outcome = parts[1]
+                        hold.exit_at = float(parts[2])
+                        if parts[1] == "lost":
+                            hold.reason = json.loads(" ".join(parts[3:]))
+                elif kind == "W":
+                    tok, res, result, at, value = parts
+                    rep.writes.append((pid, tok, res, result, float(at), int(value)))
+                elif kind == "P":
+                    rep.imported.add(rest)
+                elif kind == "L":
+                    rep.losses[parts[0]] = (
+                        float(parts[1]),
+                        parts[2],
+                        json.loads(" ".join(parts[3:])),
+                    )
+                elif kind == "F":
+                    rep.fired[pid].append((float(parts[2]), parts[0], parts[1], parts[3]))
+                elif kind == "C":
+                    last_c = json.loads(rest)
+                elif kind == "U":
+                    if len(rep.unavailable_samples) < 200:
+                        rep.unavailable_samples.append(json.loads(" ".join(parts[1:])))
+                elif kind == "T":
+                    rep.unexpected.append(
+                        f"pid {pid} token {parts[0]} at {parts[1]}: "
+                        + json.loads(" ".join(parts[2:]))
+                    )
+            except (ValueError, json.JSONDecodeError) as exc:
+                if pid in events.kills or pid in events.end_kills:
+                    continue  # a torn last line of a killed worker
+                rep.unexpected.append(f"pid {pid}: unreadable log line {line!r}: {exc}")
+        if last_c:
+            rep.counters.update(last_c["counters"])
+            rep.faults.update(last_c["faults"])
+    for hold in {h.token: h for h in rep.holds}.values():
+        if hold.outcome == "lost":
+            rep.lost_reasons[hold.reason or "?"] += 1
+    return rep
+
+
+def trusted_windows(rep: Report, events: Events, lease: float, skew: float) -> None:
+    for hold in rep.holds:
+        candidates = [(hold.start + min(hold.left, lease) - skew, "lease - skew")]
+        if hold.end is not None:
+            candidates.append((hold.end, "end"))
+        killed = events.kills.get(hold.pid) or events.end_kills.get(hold.pid)
+        if killed is not None and killed > hold.start:
+            candidates.append((killed, "SIGKILL"))
+        for since, _until in events.stops.get(hold.pid, []):
+            if since > hold.start:
+                candidates.append((since, "SIGSTOP"))
+        hold.window_end, hold.cut_by = min(candidates)
+
+
+def find_overlaps(rep: Report) -> tuple[int, list[tuple[Hold, Hold]]]:
+    count = 0
+    examples: list[tuple[Hold, Hold]] = []
+    per_resource: dict[str, list[Hold]] = defaultdict(list)
+    for hold in rep.holds:
+        if hold.window_end > hold.start:
+            per_resource[hold.resource].append(hold)
+    for holds in per_resource.values():
+        holds.sort(key=lambda h: h.start)
+        active: list[tuple[float, int, Hold]] = []
+        for i, hold in enumerate(holds):
+            while active and active[0][0] <= hold.start:
+                heapq.heappop(active)
+            for _, _, other in active:
+                if other.token != hold.token:
+                    count += 1
+                    if len(examples) < 10:
+                        examples.append((other, hold))
+            heapq.heappush(active, (hold.window_end, i, hold))
+    return count, examples
+
+
+def fence_checks(rep: Report) -> tuple[int, list[str]]:
+    """Fences handed out twice, or out of the order the leases were written in."""
+    problems: list[str] = []
+    count = 0
+    per_resource: dict[str, list[Hold]] = defaultdict(list)
+    for hold in rep.holds:
+        per_resource[hold.resource].append(hold)
+    for res, holds in sorted(per_resource.items()):
+        owners: dict[int, str] = {}
+        for hold in holds:
+            if owners.setdefault(hold.fence, hold.token) != hold.token:
+                count += 1
+                if len(problems) < 10:
+                    problems.append(f"{res}: fence {hold.fence} handed to two holds")
+        # H1 started (its write was applied) before H2's lease end was even computed, so H1's
+        # write came first and H1.fence < H2.fence must hold.
+        by_start = sorted(holds, key=lambda h: h.start)
+        starts = [h.start for h in by_start]
+        prefix_max: list[tuple[int, Hold]] = []
+        best: tuple[int, Hold] | None = None
+        for h in by_start:
+            if best is None or h.fence > best[0]:
+                best = (h.fence, h)
+            prefix_max.append(best)
+        for h2 in holds:
+            k = bisect.bisect_left(starts, h2.plan)
+            if k and prefix_max[k - 1][0] >= h2.fence:
+                h1 = prefix_max[k - 1][1]
+                if h1.token == h2.token:
+                    continue
+                count += 1
+                if len(problems) < 10:
+                    problems.append(
+                        f"{res}: pid {h2.pid} token {h2.token} got fence {h2.fence} at "
+                        f"{h2.start:.6f} (lease fixed at {h2.plan:.6f}), not larger than fence "
+                        f"{h1.fence} of pid {h1.pid} token {h1.token} that started at "
+                        f"{h1.start:.6f}"
+                    )
+    return count, problems
+
+
+def check_file(path: str) -> tuple[int, int, int, int]:
+    """(lines, duplicates, gaps, fence order errors) of one append-only file."""
+    lines = dups = gaps = order = 0
+    prev_value = prev_fence = 0
+    for line in Path(path).read_text().splitlines():
+        lines += 1
+        fence, value = (int(x) for x in line.split())
+        if value <= prev_value:
+            dups += 1
+        elif value > prev_value + 1:
+            gaps += value - prev_value - 1
+        if fence <= prev_fence:
+            order += 1
+        prev_value = max(prev_value, value)
+        prev_fence = max(prev_fence, fence)
+    return lines, dups, gaps, order
+
+
+SPURIOUS = "release refused within the lease"
+
+
+def classify_loss(hold: Hold, events: Events, rep: Report, lease: float, skew: float) -> str:
+    """Why a hold was lost: a SIGSTOP during it; its release, after the block, refused once the
+    lease could have run out (a slow release) or before (a spurious LockLost: the hold was ours
+    until we released it); a renewal that failed (in the heartbeat, during the block); other."""
+    until = hold.exit_at if hold.exit_at is not None else math.inf
+    if any(hold.start <= since <= until for since, _ in events.stops.get(hold.pid, [])):
+        return "SIGSTOP"
+    at, thread, _ = rep.losses.get(hold.token, (None, "", ""))
+    if at is not None and hold.end is not None and at >= hold.end:
+        if at < hold.start + min(hold.left, lease) - skew:
+            return SPURIOUS
+        return "release outlived the lease"
+    if thread.startswith("dynasem-heartbeat"):
+        return "renewal failed"
+    return "other"
+
+
+def describe(hold: Hold) -> str:
+    end = f"{hold.end:.6f}" if hold.end is not None else "never logged"
+    return (
+        f"pid {hold.pid} token {hold.token} fence {hold.fence} start {hold.start:.6f} "
+        f"end {end} lease-left-at-start {hold.left:.3f}s trusted until {hold.window_end:.6f} "
+        f"(cut by {hold.cut_by}) exit {hold.outcome or '-'}"
+        + (f" ({hold.reason})" if hold.reason else "")
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Main
+# ---------------------------------------------------------------------------------------------
+
+
+def source_digest() -> str:
+    """A digest of dynasem's source: respawned workers import it afresh, so an edit during the
+    run would mix two versions (reported)."""
+    digest = hashlib.sha256()
+    for path in sorted((REPO_ROOT / "dynasem").rglob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:12]
+
+
+def machine() -> str:
+    mem = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB RAM"
+    return f"{os.cpu_count()} CPUs, {mem}, Python {sys.version.split()[0]}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--processes", type=int, default=16)
+    parser.add_argument("--seconds", type=float, default=300)
+    parser.add_argument("--lease", type=float, default=2.0)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--resources", type=int, default=3)
+    parser.add_argument("--think", type=float, default=0.1, help="max pause between holds (s)")
+    parser.add_argument("--nice", type=int, default=5, help="niceness of the workers")
+    parser.add_argument("--workdir", default=None, help="keep logs and files here")
+    parser.add_argument("--keep", action="store_true", help="keep the workdir even on success")
+    args = parser.parse_args(argv)
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
+    rng = random.Random(seed)
+    workdir = args.workdir or tempfile.mkdtemp(prefix="dynasem-soak-")
+    for sub in ("logs", "data"):
+        os.makedirs(os.path.join(workdir, sub), exist_ok=True)
+    resources = [f"soak:{i}" for i in range(args.resources)]
+    for i in range(len(resources)):
+        Path(data_path(workdir, i)).write_text("")
+        Path(data_path(workdir, i) + ".hw").write_text("0".rjust(HW_WIDTH))
+
+    from tests.dynamodb_local import DynamoDBLocal
+    from tests.workers import setup_django
+
+    print(
+        f"soak: {args.processes} processes x {args.seconds:g} s, lease {args.lease:g} s, "
+        f"{len(resources)} resources, seed {seed}, workdir {workdir}",
+        flush=True,
+    )
+    print(f"soak: machine: {machine()}", flush=True)
+    digest = source_digest()
+    print(f"soak: dynasem source digest {digest}", flush=True)
+    with DynamoDBLocal() as ddb:
+        table_name = f"soak-{uuid.uuid4().hex[:8]}"
+        setup_django(ddb.endpoint_url, table_name)
+        from django.core.management import call_command
+
+        from dynasem import operations, table
+        from dynasem.conf import settings
+
+        skew = float(settings.CLOCK_SKEW)
+        call_command("dynasem_createtable", "--wait", stdout=io.StringIO())
+        cfg = {
+            "endpoint": ddb.endpoint_url,
+            "table": table_name,
+            "workdir": workdir,
+            "lease": args.lease,
+            "resources": resources,
+            "think": args.think,
+            "nice": args.nice,
+        }
+        fleet = Fleet(cfg, args.processes, rng, seed)
+        t0 = time.monotonic()
+        try:
+            fleet.run(args.seconds, args.lease, skew, progress=True)
+            fleet.shutdown(grace=max(WAITS) + 3 * args.lease + 20)
+        finally:
+            fleet.kill_all()
+        ran = time.monotonic() - t0
+        # DynamoDB Local's TTL sweep deletes expired rows (so during the run fences had to
+        # survive rows vanishing between holds); off now, so what is checked is the reaper.
+        table.get_client().update_time_to_live(
+            TableName=table_name,
+            TimeToLiveSpecification={"Enabled": False, "AttributeName": "expires"},
+        )
+        time.sleep(args.lease + skew + 2.0)
+        out = io.StringIO()
+        call_command("dynasem_reap", stdout=out)
+        reap_said = " ".join(out.getvalue().split())
+        stuck = operations.active_holds(include_expired=True)
+
+    # -- analysis ------------------------------------------------------------------------------
+    events = fleet.events
+    with open(os.path.join(workdir, "events.json"), "w") as f:
+        json.dump(
+            {
+                "kills": events.kills,
+                "end_kills": events.end_kills,
+                "stops": events.stops,
+                "died": events.died,
+                "logs": events.logs,
+            },
+            f,
+            indent=1,
+        )
+    rep = read_logs(events, args.lease)
+    trusted_windows(rep, events, args.lease, skew)
+    overlaps, overlap_examples = find_overlaps(rep)
+    fence_errors, fence_problems = fence_checks(rep)
+    windows = {(h.token, h.resource): h for h in rep.holds}
+    trusted_refusals = []
+    stale_accepted = 0
+    for _pid, tok, res, result, at, value in rep.writes:
+        hold = windows.get((tok, res))
+        if hold is None:
+            continue
+        if result != "ok" and at < hold.window_end:
+            trusted_refusals.append(f"{res}: {result} value {value} at {at:.6f}; {describe(hold)}")
+        if result == "ok" and at >= hold.window_end:
+            stale_accepted += 1
+    lost_updates = 0
+    file_lines = 0
+    file_problems = []
+    for i, res in enumerate(resources):
+        lines, dups, gaps, order = check_file(data_path(workdir, i))
+        file_lines += lines
+        lost_updates += dups + gaps
+        fence_errors += order
+        if dups or gaps or order:
+            file_problems.append(
+                f"{res}: {lines} lines, {dups} duplicates, {gaps} gaps, {order} fence order errors"
+            )
+    ok_writes = sum(1 for w in rep.writes if w[3] == "ok")
+    fenced_out = sum(1 for w in rep.writes if w[3] != "ok")
+    completed = len({h.token for h in rep.holds if h.end is not None})
+    started = len({h.token for h in rep.holds})
+    stops = sum(map(len, events.stops.values()))
+    lost_holds = list({h.token: h for h in rep.holds if h.outcome == "lost"}.values())
+    loss_kinds = Counter(classify_loss(h, events, rep, args.lease, skew) for h in lost_holds)
+    first = {h.token: h for h in rep.holds}.values()
+    slow_grants = sum(1 for h in first if h.left < args.lease - 0.5)
+    dead_grants = sum(1 for h in first if h.left <= skew)
+    died = [d for d in events.died if d[0] not in events.kills]
+    unexpected = len(rep.unexpected) + len(died)
+    c = rep.counters
+    fault_total = sum(rep.faults.values())
+    fault_detail = ", ".join(f"{FAULT_KINDS[k]} {rep.faults.get(k, 0)}" for k in FAULT_KINDS)
+
+    print(f"soak: ran {ran:.0f} s; {len(events.logs)} worker processes in all; table {table_name}")
+    if rep.imported - {str(REPO_ROOT / "dynasem" / "__init__.py")}:
+        print(f"soak: WARNING: workers imported dynasem from {sorted(rep.imported)}")
+    if source_digest() != digest:
+        print("soak: WARNING: dynasem's source changed during the run (respawned workers mixed)")
+    print(
+        f"holds: started {started}, completed {completed} (two resources {c['multi']}, "
+        f"longer than the lease {c['long']}), busy {c['busy']}, unavailable {c['unavailable']}"
+    )
+    print(
+        f"LockLost at block exit: {len(lost_holds)} ("
+        + ", ".join(f"{k} {v}" for k, v in sorted(loss_kinds.items()))
+        + f"); reasons: {dict(rep.lost_reasons)}"
+    )
+    print(
+        f"file writes: {ok_writes} accepted ({file_lines} lines in the files), {fenced_out} fenced "
+        f"out, {stale_accepted} accepted past the trusted window (nobody had touched the file)"
+    )
+    print(
+        f"holds handed over more than 0.5 s after their lease end was fixed: {slow_grants} "
+        f"({dead_grants} already past the holder's own trust deadline)"
+    )
+    print(f"reap (TTL sweep turned off when the workers stopped): {reap_said}")
+    print(f"fence violations: {fence_errors}")
+    print(f"fenced out while trusted: {len(trusted_refusals)}")
+    print(f"unexpected errors: {unexpected}")
+    for sample in sorted(set(rep.unavailable_samples))[:3]:
+        print(f"  sample SemaphoreUnavailable: {sample}")
+    evidence = []
+    for a, b in overlap_examples:
+        evidence.append(f"OVERLAP on {a.resource}:\n    {describe(a)}\n    {describe(b)}")
+    evidence += [f"FENCE: {p}" for p in fence_problems]
+    evidence += [f"FILE: {p}" for p in file_problems]
+    evidence += [f"FENCED OUT WHILE TRUSTED: {p}" for p in trusted_refusals[:10]]
+    evidence += [f"UNEXPECTED: {u}" for u in rep.unexpected[:10]]
+    evidence += [f"DIED: pid {pid} exit code {code}, log {log}" for pid, code, log in died]
+    evidence += [
+        f"STUCK: {h.resource} token {h.token} user {h.user_id} fence {h.fence} "
+        f"expires {h.expires.isoformat()}"
+        for h in stuck[:10]
+    ]
+    for line in evidence:
+        print(line)
+    unexplained = [
+        (h, kind)
+        for h in lost_holds
+        if (kind := classify_loss(h, events, rep, args.lease, skew)) != "SIGSTOP"
+    ]
+    for hold, kind in unexplained[:5]:
+        at, thread, reason = rep.losses.get(hold.token, (0.0, "?", "?"))
+        print(f"  LockLost ({kind}) on {hold.resource}: {describe(hold)}")
+        print(f"    declared lost at {at:.6f} in {thread}: {reason}")
+        for f_at, f_kind, op, f_thread in rep.fired.get(hold.pid, []):
+            if hold.start <= f_at <= (hold.exit_at or hold.start + 60):
+                print(f"    fault {FAULT_KINDS[f_kind]} on {op} at {f_at:.6f} in {f_thread}")
+        if kind == SPURIOUS:
+            for other in sorted(rep.holds, key=lambda h: h.start):
+                if other.resource == hold.resource and hold.start < other.start < at:
+                    print(f"    next holder: {describe(other)}")
+    print(
+        f"acquisitions: {completed}  faults injected: {fault_total} ({fault_detail})  "
+        f"kills: {len(events.kills)}  stops: {stops}"
+    )
+    print(f"overlaps: {overlaps}")
+    print(f"lost updates: {lost_updates}")
+    print(f"stuck locks after reap: {len(stuck)}")
+    failed = bool(
+        overlaps or lost_updates or stuck or fence_errors or trusted_refusals or unexpected
+    )
+    if failed or args.keep or args.workdir:
+        print(f"soak: logs and files kept in {workdir}", file=sys.stderr)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
