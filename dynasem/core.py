@@ -302,6 +302,10 @@ class Semaphore:
             size=None if seen is None or "queue" not in seen or mine else len(queue),
         )
         done.queued = mine is not None
+        if seen is None and mode != MODE_EXCLUSIVE:
+            # Counting and shared holds usually find others holding: try to join at once.
+            done.action = table.take_room(resource, token, entry, mode=mode, limit=limit)
+            return done
         if not holders or int(seen.get("expMs") or 0) < stale_ms:  # type: ignore[union-attr]
             done.action = table.take_free(
                 resource, token, entry, mode=mode, limit=limit, stale_ms=stale_ms, queue=terms

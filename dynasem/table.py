@@ -455,6 +455,37 @@ def take_join(
     return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
 
 
+def take_room(
+    resource: str, token: str, entry: dict[str, Any], *, mode: str, limit: int
+) -> dict[str, Any]:
+    """A counting or shared hold's first, blind try: join if there is room, same mode and
+    limit, nobody queued, and our lease ends last (so it becomes the item's expiry). Anything
+    else is refused and planned from the old item."""
+    names = dict(_LOCK_NAMES, **{"#t": token})
+    conds = [
+        "attribute_exists(#h)",
+        "#mode = :mode",
+        "#lim = :lim",
+        "#fence < :fence",
+        "#expMs <= :expMs",
+        "(attribute_not_exists(#q) OR size(#q) = :zero)",
+    ]
+    values: dict[str, Any] = {
+        ":entry": entry,
+        ":fence": entry["f"],
+        ":mode": mode,
+        ":lim": limit,
+        ":uid": entry["u"],
+        ":exp": epoch_seconds(entry["e"]),
+        ":expMs": entry["e"],
+        ":zero": 0,
+    }
+    if mode != "s":  # shared holds have no upper bound
+        conds.insert(1, "size(#h) < :lim")
+    update = "SET #h.#t = :entry, #fence = :fence, #uid = :uid, #exp = :exp, #expMs = :expMs"
+    return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
+
+
 def renew_hold(resource: str, token: str, expires_ms: int, *, raise_item: bool) -> dict[str, Any]:
     """Push our lease end; conditional on our token still being among the holders.
 

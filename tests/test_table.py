@@ -112,3 +112,17 @@ def test_lost_release_response_is_no_error(requests_sent):
     held.release()  # the retry is refused, but lastToken says the release was ours
     assert state["lost"] == 1
     assert table.get("tbl_issues:6")["holders"] == {}
+
+
+def test_counting_and_shared_holds_cost_one_write_each_way(requests_sent):
+    with semaphore("pool", limit=3):  # the item exists from now on, as rows stay until reaped
+        pass
+    with semaphore("docs", shared=True):
+        pass
+    requests_sent.reset()
+    pool = [semaphore("pool", limit=3).acquire() for _ in range(3)]
+    readers = [semaphore("docs", shared=True).acquire() for _ in range(4)]
+    assert dict(requests_sent.calls) == {"UpdateItem": 7}
+    for held in pool + readers:
+        held.release()
+    assert dict(requests_sent.calls) == {"UpdateItem": 14}
