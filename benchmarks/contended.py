@@ -1,0 +1,406 @@
+"""Contended: 8 OS processes take one resource 50 times each, holding it 10 ms.
+
+    .venv/bin/python benchmarks/contended.py [--processes 8] [--rounds 50] [--hold 0.01]
+
+One DynamoDB Local; ``--processes`` worker processes (multiprocessing *spawn*, each with its
+own boto3 client, as separate web workers would be) live through every run. A run: the workers
+meet at a barrier (after one unmeasured warm-up run of ``--warmup`` acquisitions per process
+for each library), then each takes the run's resource ``--rounds`` times, sleeping ``--hold``
+seconds while holding it, and logs per acquisition four ``time.monotonic()`` stamps (one clock
+for every process on a Linux host): acquire called, acquire returned, block end (release
+called), release returned.
+
+Runs: dynasem ``semaphore(resource, wait=60)``; dynasem ``semaphore(..., fair=True)`` too if
+that parameter exists; python-dynamodb-lock ``acquire_lock(resource, retry_period=P,
+retry_timeout=60 s)`` + ``release()`` for P = 10, 25, 50, 100 ms (its best run is the one
+compared).
+
+Reported per run:
+
+* acquisitions/s = processes x rounds / wall, wall = first acquire called .. last release
+  returned;
+* utilisation = sum of hold times (acquire returned .. block end) / wall;
+* requests/acquisition = every request of every process (botocore ``before-call`` hooks in each
+  worker), summed, / (processes x rounds); heartbeat-thread requests are included in the total
+  and also shown apart;
+* handoff p50/p99 = over consecutive holds (ordered by acquire return): next hold's acquire
+  returned - previous hold's block end (so it includes the release request);
+* same-process handoffs: share of handoffs where the next holder is the previous one (a
+  greedy lock keeps re-taking it), and the handoff p50 of those and of the others;
+* acquire wait p50/p99/max = acquire returned - acquire called;
+* overlaps: holds whose [acquire returned, block end] starts before an earlier hold's ended
+  (must be 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import queue
+import sys
+import time
+import traceback
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+PEER_RETRY_MS = (10, 25, 50, 100)
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker process
+# ---------------------------------------------------------------------------------------------
+
+
+def worker(cfg: dict[str, Any], idx: int, jobs: Any, barrier: Any, out: Any) -> None:
+    try:
+        common.setup_dynasem(cfg["endpoint"], cfg["dynasem_table"])
+        from dynasem import semaphore, table
+
+        dyn_counter = common.RequestCounter()
+        common.dynasem_client(dyn_counter)
+        peer_counter = common.RequestCounter()
+        resource = common.peer_resource(cfg["endpoint"], peer_counter)
+        peer = common.peer_client(resource, cfg["peer_table"])
+        # Open each client's connection before the clock runs.
+        table.get("warm-up")
+        resource.Table(cfg["peer_table"]).get_item(Key={"lock_key": "warm-up", "sort_key": "-"})
+        out.put(("ready", idx, None))
+    except BaseException:
+        out.put(("error", idx, traceback.format_exc()))
+        return
+
+    while True:
+        job = jobs.get()
+        if job is None:
+            break
+        try:
+            kind, res, rounds, hold = job["kind"], job["resource"], job["rounds"], job["hold"]
+            counter = peer_counter if kind == "peer" else dyn_counter
+            if kind == "peer":
+                retry = timedelta(milliseconds=job["retry_ms"])
+
+                def hold_once(
+                    retry: timedelta = retry, res: str = res, hold: float = hold
+                ) -> tuple[float, float, float]:
+                    lock = peer.acquire_lock(
+                        res, retry_period=retry, retry_timeout=timedelta(seconds=60)
+                    )
+                    t_acq = time.monotonic()
+                    time.sleep(hold)
+                    t_end = time.monotonic()
+                    lock.release(best_effort=False)
+                    return t_acq, t_end, time.monotonic()
+
+            else:
+                kwargs = {"wait": 60}
+                if kind == "dynasem-fair":
+                    kwargs["fair"] = True
+
+                def hold_once(
+                    kwargs: dict = kwargs, res: str = res, hold: float = hold
+                ) -> tuple[float, float, float]:
+                    with semaphore(res, **kwargs):
+                        t_acq = time.monotonic()
+                        time.sleep(hold)
+                        t_end = time.monotonic()
+                    return t_acq, t_end, time.monotonic()
+
+            records = []
+            counter.reset()
+            barrier.wait()
+            for _ in range(rounds):
+                t_req = time.monotonic()
+                t_acq, t_end, t_rel = hold_once()
+                records.append((t_req, t_acq, t_end, t_rel))
+            out.put(
+                (
+                    "done",
+                    idx,
+                    {"pid": os.getpid(), "records": records, "requests": counter.snapshot()},
+                )
+            )
+        except BaseException:
+            out.put(("error", idx, traceback.format_exc()))
+            with_barrier_broken(barrier)
+            return
+    peer.close()
+
+
+def with_barrier_broken(barrier: Any) -> None:
+    try:
+        barrier.abort()
+    except Exception:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# Parent
+# ---------------------------------------------------------------------------------------------
+
+
+def collect(out: Any, n: int, what: str, timeout: float) -> list[Any]:
+    results: list[Any] = [None] * n
+    deadline = time.monotonic() + timeout
+    got = 0
+    while got < n:
+        try:
+            status, idx, payload = out.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            raise RuntimeError(
+                f"{what}: {n - got} workers did not answer in {timeout:g} s"
+            ) from None
+        if status == "error":
+            raise RuntimeError(f"{what}: worker {idx} failed:\n{payload}")
+        results[idx] = payload
+        got += 1
+    return results
+
+
+def analyse(results: list[dict[str, Any]]) -> dict[str, Any]:
+    holds = []  # (t_acq, t_end, worker)
+    waits = []
+    for w, res in enumerate(results):
+        for t_req, t_acq, t_end, _t_rel in res["records"]:
+            holds.append((t_acq, t_end, w))
+            waits.append(t_acq - t_req)
+    holds.sort()
+    n = len(holds)
+    first = min(r["records"][0][0] for r in results)
+    last = max(r["records"][-1][3] for r in results)
+    wall = last - first
+    held = sum(e - a for a, e, _ in holds)
+    # Holds sorted by start: one overlaps if it starts before some earlier hold ended.
+    overlaps = 0
+    max_end = float("-inf")
+    for a, e, _ in holds:
+        if a < max_end:
+            overlaps += 1
+        max_end = max(max_end, e)
+    handoffs = [holds[i + 1][0] - holds[i][1] for i in range(n - 1)]
+    same_proc = [holds[i + 1][2] == holds[i][2] for i in range(n - 1)]
+    same = sum(same_proc)
+    h_same = [h for h, s in zip(handoffs, same_proc, strict=True) if s]
+    h_other = [h for h, s in zip(handoffs, same_proc, strict=True) if not s]
+    requests = common.merge(r["requests"] for r in results)
+    return {
+        "n": n,
+        "wall": wall,
+        "rate": n / wall,
+        "util": held / wall,
+        "overlaps": overlaps,
+        "handoff_p50": common.percentile(handoffs, 50),
+        "handoff_p99": common.percentile(handoffs, 99),
+        "same": same / max(1, n - 1),
+        "handoff_same_p50": common.percentile(h_same, 50),
+        "handoff_other_p50": common.percentile(h_other, 50),
+        "wait_p50": common.percentile(waits, 50),
+        "wait_p99": common.percentile(waits, 99),
+        "wait_max": max(waits) if waits else float("nan"),
+        "requests": requests,
+        "per_acq": common.all_calls(requests) / n,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--processes", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=50, help="acquisitions per process")
+    parser.add_argument("--hold", type=float, default=0.010, help="seconds held")
+    parser.add_argument(
+        "--warmup", type=int, default=5, help="acquisitions per process of the unmeasured runs"
+    )
+    parser.add_argument(
+        "--peer-retry-ms",
+        type=lambda s: tuple(int(x) for x in s.split(",")),
+        default=PEER_RETRY_MS,
+        help="python-dynamodb-lock retry periods to try, comma-separated (ms)",
+    )
+    parser.add_argument("--no-doc", action="store_true", help="do not update docs/BENCHMARKS.md")
+    args = parser.parse_args(argv)
+    started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    fair = common.has_fair()
+
+    with common.engine() as ddb:
+        endpoint = ddb.endpoint_url
+        cfg = {
+            "endpoint": endpoint,
+            "dynasem_table": common.new_name("bench-cont"),
+            "peer_table": common.new_name("bench-cont-peer"),
+        }
+        common.setup_dynasem(endpoint, cfg["dynasem_table"])
+        common.create_dynasem_table()
+        common.create_peer_table(endpoint, cfg["peer_table"])
+
+        runs: list[dict[str, Any]] = [{"kind": "dynasem", "label": "dynasem (wait=60)"}]
+        if fair:
+            runs.append({"kind": "dynasem-fair", "label": "dynasem (wait=60, fair=True)"})
+        for p in args.peer_retry_ms:
+            runs.append({"kind": "peer", "retry_ms": p, "label": f"{common.PEER} (retry {p} ms)"})
+
+        ctx = mp.get_context("spawn")
+        n = args.processes
+        barrier = ctx.Barrier(n)
+        out = ctx.Queue()
+        job_queues = [ctx.Queue() for _ in range(n)]
+        procs = [
+            ctx.Process(target=worker, args=(cfg, i, job_queues[i], barrier, out), daemon=True)
+            for i in range(n)
+        ]
+        for p in procs:
+            p.start()
+        try:
+            collect(out, n, "start-up", 180)
+            # Unmeasured warm-up runs, one per kind, so the engine's JIT is warm for all.
+            warm_ups = {r["kind"]: dict(r, retry_ms=r.get("retry_ms")) for r in runs}
+            for k, run in enumerate(warm_ups.values()):
+                for q in job_queues:
+                    q.put(
+                        {
+                            "kind": run["kind"],
+                            "retry_ms": run["retry_ms"],
+                            "resource": f"warm-up-{k}",
+                            "rounds": args.warmup,
+                            "hold": args.hold,
+                        }
+                    )
+                print(f"warming up {run['label']} ...", flush=True)
+                collect(out, n, "warm-up " + run["label"], 600)
+            for k, run in enumerate(runs):
+                job = {
+                    "kind": run["kind"],
+                    "retry_ms": run.get("retry_ms"),
+                    "resource": f"contended-{k}",
+                    "rounds": args.rounds,
+                    "hold": args.hold,
+                }
+                for q in job_queues:
+                    q.put(job)
+                print(f"running {run['label']} ...", flush=True)
+                run["stats"] = analyse(collect(out, n, run["label"], 600))
+                s = run["stats"]
+                print(
+                    f"  {s['rate']:.1f} acquisitions/s, utilisation {s['util']:.2f}, "
+                    f"{s['per_acq']:.2f} requests/acquisition, overlaps {s['overlaps']}",
+                    flush=True,
+                )
+        finally:
+            for q in job_queues:
+                q.put(None)
+            for p in procs:
+                p.join(30)
+                if p.is_alive():
+                    p.kill()
+
+    peers = [r for r in runs if r["kind"] == "peer"]
+    best = max(peers, key=lambda r: r["stats"]["rate"])
+    rows = []
+    for r in runs:
+        s, req = r["stats"], r["stats"]["requests"]
+        label = r["label"] + (" **best peer**" if r is best else "")
+        rows.append(
+            [
+                label,
+                common.fmt(s["rate"], 1),
+                common.fmt(s["util"]),
+                common.fmt(s["per_acq"]),
+                common.by_operation(req, s["n"]),
+                f"{common.heartbeat_calls(req)} / {common.retries(req)}",
+                f"{common.ms(s['handoff_p50'])} / {common.ms(s['handoff_p99'])}",
+                f"{s['same'] * 100:.0f}%",
+                f"{common.ms(s['handoff_same_p50'])} / {common.ms(s['handoff_other_p50'])}",
+                f"{common.ms(s['wait_p50'])} / {common.ms(s['wait_p99'])} / "
+                f"{common.ms(s['wait_max'])}",
+                s["overlaps"],
+            ]
+        )
+    headers = [
+        "system",
+        "acq/s",
+        "utilisation",
+        "requests/acq",
+        "by operation (per acq)",
+        "heartbeat reqs / retries",
+        "handoff p50 / p99",
+        "same-process handoffs",
+        "handoff p50 same / other process",
+        "acquire wait p50 / p99 / max",
+        "overlaps",
+    ]
+    results = common.table_md(headers, rows)
+    print(
+        f"\n{n} processes x {args.rounds} acquisitions of one resource, held "
+        f"{args.hold * 1000:g} ms\n"
+    )
+    print(results)
+    bs = best["stats"]
+    targets = common.Targets()
+    ratio_lines = []
+    for r in runs:
+        if r["kind"] == "peer":
+            continue
+        s = r["stats"]
+        ratio = s["rate"] / bs["rate"]
+        ratio_lines.append(
+            f"{r['label']} / {best['label']}: {ratio:.2f}x acquisitions/s, "
+            f"{s['per_acq'] / bs['per_acq']:.2f}x requests/acquisition"
+        )
+        name = r["label"]
+        targets.check(f"{name}: utilisation", s["util"] >= 0.70, common.fmt(s["util"]), ">= 0.70")
+        targets.check(
+            f"{name}: acquisitions/s vs best peer ({best['label']})",
+            ratio >= 2.0,
+            f"{ratio:.2f}x ({s['rate']:.1f} vs {bs['rate']:.1f})",
+            ">= 2x",
+        )
+        targets.check(
+            f"{name}: requests/acquisition", s["per_acq"] <= 3.0, common.fmt(s["per_acq"]), "<= 3"
+        )
+        targets.check(f"{name}: overlaps", s["overlaps"] == 0, str(s["overlaps"]), "0")
+    for r in peers:
+        if r["stats"]["overlaps"]:
+            targets.check(f"{r['label']}: overlaps", False, str(r["stats"]["overlaps"]), "0")
+    print("\nratios: " + "; ".join(ratio_lines) + "\n")
+    if not fair:
+        print("(dynasem.semaphore has no fair= parameter here: no fair=True row)")
+
+    if not args.no_doc:
+        fair_note = (
+            "`semaphore(..., fair=True)` exists, so it has a row of its own."
+            if fair
+            else "`dynasem.semaphore` had no `fair` parameter when this ran: no fair=True row."
+        )
+        intro = f"""
+{n} OS processes (multiprocessing spawn, one boto3 client each) x {args.rounds} acquisitions
+of one resource, each held {args.hold * 1000:g} ms, after one unmeasured warm-up run per
+library ({args.warmup} acquisitions per process). dynasem: `semaphore(res, wait=60)`
+({fair_note}) {common.PEER}: `acquire_lock(res, retry_period=P, retry_timeout=60 s)` +
+`release()` for P = {", ".join(str(p) for p in args.peer_retry_ms)} ms
+({common.peer_config_text()}); its best run by acquisitions/s is the one compared.
+*acq/s* = acquisitions / wall (first acquire called .. last release returned);
+*utilisation* = sum of hold times / wall; *requests/acq* = every request of every process
+(heartbeat threads included) / acquisitions; *handoff* = next hold's acquire returned -
+previous hold's block end (includes the release request); *same-process handoffs* = share of
+handoffs back to the process that just released, and the handoff p50 of those and of the
+handoffs to another process; *acquire wait* = acquire returned - acquire
+called; *overlaps* = holds whose [acquired, block end] began before an earlier hold's had ended.
+"""
+        common.write_section(
+            "contended",
+            common.section(
+                "Contended: one resource, 8 processes (`contended.py`)",
+                started,
+                intro,
+                [results, "Ratios: " + "; ".join(ratio_lines) + "."],
+                targets,
+            ),
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
