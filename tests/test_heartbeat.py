@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from dynasem import LockLost, SemaphoreBusy, operations, semaphore
+from dynasem import LockLost, SemaphoreBusy, heartbeat, operations, semaphore
 from dynasem.signals import lock_lost
 from tests.conftest import RequestCounter, dynasem_settings
 
@@ -69,8 +69,14 @@ def tokens_on(resource: str) -> set[str]:
 
 
 def heartbeat_threads(resource: str) -> list[threading.Thread]:
+    """The threads renewing holds on ``resource`` right now."""
     name = f"dynasem-heartbeat:{resource[:40]}"
     return [t for t in threading.enumerate() if t.name == name and t.is_alive()]
+
+
+def heartbeats_of(resource: str) -> list[heartbeat.Heartbeat]:
+    """The heartbeats of this process still scheduled (or renewing) for ``resource``."""
+    return [hb for hb in heartbeat.scheduled() if hb.held.resource == resource]
 
 
 def wait_for_renewal(held: Any, timeout: float = 2.0) -> float:
@@ -211,13 +217,13 @@ def test_heartbeat_stops_after_release(
 
     resource = unique("stop")
     renewed_while_held: list[int] = []
-    threads: list[threading.Thread] = []
+    beating: list[heartbeat.Heartbeat] = []
 
     def hold_for_a_while() -> None:
         requests_sent.reset()
         time.sleep(2 * INTERVAL + 0.15)
         renewed_while_held.append(requests_sent.calls["UpdateItem"])
-        threads.extend(heartbeat_threads(resource))
+        beating.extend(heartbeats_of(resource))
 
     if how == "release":
         held = semaphore(resource, lease=LEASE).acquire()
@@ -234,9 +240,9 @@ def test_heartbeat_stops_after_release(
 
         asyncio.run(main())
     assert renewed_while_held[0] >= 1  # the heartbeat was running
-    assert len(threads) == 1
-    threads[0].join(timeout=0.15)
-    assert not threads[0].is_alive()  # stopped at once, not at its next renewal
+    assert len(beating) == 1
+    assert beating[0].stopped  # stopped at once, not at its next renewal
+    assert heartbeats_of(resource) == []
     requests_sent.reset()
     time.sleep(2 * INTERVAL + 0.15)  # two renewals would have been due
     assert requests_sent.total == 0
@@ -290,7 +296,7 @@ def test_unreachable_endpoint_loses_hold_no_earlier_than_lease_minus_skew(
         with pytest.raises(LockLost):
             held.release()
         assert len(lost.at) == 1
-    assert heartbeat_threads(resource) == []
+    assert heartbeats_of(resource) == []
     # release still gave back what was ours: nobody had taken it over.
     assert operations.holds_on(resource) == []
 
@@ -346,3 +352,19 @@ def test_hung_endpoint_loss_declared_before_takeover_is_possible(lock_table: str
             held.release()
     assert signalled, "lock_lost was not sent before another holder could take over"
     assert read == [True], "held.lost did not answer promptly"
+
+
+def test_many_holds_share_one_scheduler_thread(lock_table: str) -> None:
+    resources = [unique(f"many-{i}") for i in range(12)]
+    holds = [semaphore(r, lease=LEASE).acquire() for r in resources]
+    try:
+        for held in holds:
+            wait_for_renewal(held)
+        schedulers = [t for t in threading.enumerate() if t.name == "dynasem-heartbeat"]
+        assert len(schedulers) == 1
+        assert {hb.held.resource for hb in heartbeat.scheduled()} >= set(resources)
+        assert not any(held.lost for held in holds)
+    finally:
+        for held in holds:
+            held.release()
+    assert not any(heartbeats_of(r) for r in resources)
