@@ -347,6 +347,7 @@ class Semaphore:
         deadline = monotonic() + wait
         seen: dict[str, dict[str, Any] | None] = {}
         sleeps = replans = failures = 0
+        pace = _Pace()  # a queued waiter's timing: request round trip, looks found too early
         while True:
             sent_mono = monotonic()
             now = now_ms()
@@ -435,6 +436,7 @@ class Semaphore:
                     skew,
                     queued,
                     remaining,
+                    pace,
                 )
                 replans = 0
                 continue
@@ -474,6 +476,7 @@ class Semaphore:
         skew: float,
         queued: bool,
         remaining: float,
+        pace: _Pace,
     ) -> Generator[Any, Any, dict[str, Any] | None]:
         """Join the queue (once), then sleep toward our likely turn and look again: with a
         cheap read, or by renewing our place when its lease is half gone. Returns the state."""
@@ -503,7 +506,8 @@ class Semaphore:
                     waiter["t"] = max(waiter["t"], int(old.get("ticket") or 0) + 1)
             return seen
         mine = ((seen or {}).get("queue") or {}).get(token) or {}
-        yield max(0.001, min(_turn_in(seen, token, skew), remaining))
+        yield max(0.001, min(pace.turn_in(seen, token, skew), remaining))
+        sent = monotonic()
         if int(mine.get("e", 0)) - now_ms() < lease * 500:
             try:
                 return (
@@ -514,7 +518,9 @@ class Semaphore:
                 )
             except table.Refused as refused:
                 return refused.old  # no longer queued: handed the lock, or evicted
-        return (yield lambda: table.get(resource))
+        item = yield lambda: table.get(resource)
+        pace.answered(monotonic() - sent)
+        return item
 
     def _withdraw(self, token: str, resources: list[str]) -> None:
         """Best effort: release whatever an unanswered write of ours may have taken."""
@@ -628,28 +634,48 @@ class Semaphore:
         )
 
 
-def _turn_in(seen: dict[str, Any] | None, token: str, skew: float) -> float:
-    """Seconds until our turn probably comes: the waiters ahead of us times the recent hold
-    time, counted from when the current holders took the lock, never past their lease end."""
-    seen = seen or {}
-    now = now_ms()
-    queue = seen.get("queue") or {}
-    mine = queue.get(token)
-    stale = now - int(skew * 1000)
-    ahead = [
-        w
-        for t, w in queue.items()
-        if t != token and int(w["e"]) >= stale and (mine is None or w["t"] < mine["t"])
-    ]
-    hold = max(2, int(seen.get("holdMs") or 20))
-    live = _live_holders(seen, stale)
-    start = max((int(h.get("a", now)) for h in live.values()), default=now)
-    turn = (start + hold * (len(ahead) + 1) - now) / 1000
-    first_end = min((int(h["e"]) for h in live.values()), default=now)
-    turn = min(turn, (first_end + skew * 1000 - now) / 1000 + 0.001)
-    if turn <= 0:  # overdue: look again soon, not in a tight loop
-        return min(0.05, max(0.002, hold / 4000))
-    return min(turn, 1.0)
+class _Pace:
+    """When a queued waiter looks again. A turn comes every hold time plus the hand-over's own
+    requests (the release write, then our read that sees it), so the waiter sleeps toward the
+    time the holder ahead should be done, and a look that came too early for the same holder
+    doubles the next pause: a late holder costs a few reads, not a read every millisecond."""
+
+    def __init__(self) -> None:
+        self.rtt = 0.005  # seconds; an average of our own reads' round trips
+        self.early = 0  # looks in a row that found the same holder still there
+        self.holder: Any = None
+
+    def answered(self, seconds: float) -> None:
+        self.rtt = (3 * self.rtt + min(seconds, 0.5)) / 4
+
+    def turn_in(self, seen: dict[str, Any] | None, token: str, skew: float) -> float:
+        seen = seen or {}
+        now = now_ms()
+        queue = seen.get("queue") or {}
+        mine = queue.get(token)
+        stale = now - int(skew * 1000)
+        ahead = [
+            w
+            for t, w in queue.items()
+            if t != token and int(w["e"]) >= stale and (mine is None or w["t"] < mine["t"])
+        ]
+        live = _live_holders(seen, stale)
+        holder = tuple(sorted(live))
+        if holder != self.holder:
+            self.holder, self.early = holder, 0
+        else:
+            self.early += 1
+        rtt_ms = self.rtt * 1000
+        hold = max(2.0, float(seen.get("holdMs") or 20))
+        start = max((int(h.get("a", now)) for h in live.values()), default=now)
+        # The holder's release lands about one round trip after its hold; every waiter ahead
+        # of us then takes a hold plus two round trips (that release, its own read).
+        turn = (start + hold + rtt_ms + (hold + 2 * rtt_ms) * len(ahead) - now) / 1000
+        first_end = min((int(h["e"]) for h in live.values()), default=now)
+        until_free = (first_end + skew * 1000 - now) / 1000 + 0.001
+        if turn <= 0:  # overdue: back off from a round trip, doubling while nothing moves
+            turn = max(0.002, self.rtt) * 2 ** min(self.early, 6)
+        return max(0.001, min(turn, until_free, 1.0))
 
 
 def _backoff(attempt: int) -> float:
