@@ -1,32 +1,57 @@
-"""Admin pages over the holds in DynamoDB: a list of the active holds and a guarded break.
+"""Admin pages over what dynasem keeps in DynamoDB: the holds (list, break one) and the
+run_once keys (list, reset one).
 
-``Lock`` has no database table: it only carries the permissions (``dynasem.view_lock``,
-``dynasem.release_lock``). Every view is wrapped by ``admin_site.admin_view`` and checks its
-own permission; breaking is a POST (CSRF-protected) after a confirmation page, conditional on
-the hold's token, logged as a ``LogEntry``.
+As django-rq does for its queues: ``Lock`` and ``Job`` have no database table and only carry
+the permissions (``dynasem.view_lock``, ``dynasem.release_lock``, ``dynasem.view_job``,
+``dynasem.reset_job``); every view is wrapped by ``admin_site.admin_view`` and checks its own
+permission; a destructive action is a POST (CSRF-protected) after a confirmation page, is
+conditional on what that page showed, and is logged as a ``LogEntry``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
+from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.utils import quote
+from django.contrib.auth import get_user_model
 from django.contrib.contenttypes.models import ContentType
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import models
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
-from django.utils import timezone
+from django.urls import NoReverseMatch, path, reverse
 from django.views.decorators.http import require_http_methods
 
-from . import operations
+from . import core, operations, table
 from .exceptions import SemaphoreUnavailable
-from .models import Lock
+from .models import Job, Lock
 
 
-@admin.register(Lock)
-class LockAdmin(admin.ModelAdmin):
+def human_span(seconds: int) -> str:
+    """``42 s``, ``3 min 05 s``, ``2 h 07 min``, ``3 d 4 h``: as the pages' script counts."""
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    if seconds < 86400:
+        return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+    return f"{seconds // 86400} d {seconds % 86400 // 3600} h"
+
+
+def expires_in(seconds: int) -> str:
+    return f"in {human_span(seconds)}" if seconds >= 0 else f"expired {human_span(-seconds)} ago"
+
+
+class DynamoDBAdmin(admin.ModelAdmin):
+    """What the admins of dynasem's table-less models share: no add/change/delete, pages of
+    DynamoDB rows, holders shown by username where they are Django users."""
+
+    list_per_page = 100
+
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
@@ -36,8 +61,95 @@ class LockAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
+    def _url(self, name: str) -> str:
+        return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_{name}")
+
+    def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
+        return {
+            **self.admin_site.each_context(request),
+            "opts": self.opts,
+            "app_label": self.opts.app_label,
+            "title": title,
+            "has_view_permission": True,
+            "changelist_url": self._url("changelist"),
+            "server_now_ms": core.now_ms(),
+            **extra,
+        }
+
+    def _users(self, request: HttpRequest, user_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """For each stored user id that is a Django user's primary key: its username and, if
+        this admin may show it, its change page. Ids that are not (a process's "host:pid", a
+        name passed as a str) are left out: the pages show them as they are."""
+        user_model = get_user_model()
+        pks = {}
+        for user_id in set(user_ids):
+            try:
+                pks[user_id] = user_model._meta.pk.to_python(user_id)
+            except (ValidationError, ValueError, TypeError):
+                continue
+        if not pks:
+            return {}
+        found = {str(u.pk): u for u in user_model._default_manager.filter(pk__in=pks.values())}
+        opts = user_model._meta
+        may_open = self.admin_site.is_registered(user_model) and (
+            request.user.has_perm(f"{opts.app_label}.view_{opts.model_name}")
+            or request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
+        )
+        shown: dict[str, dict[str, Any]] = {}
+        for user_id, user in found.items():
+            url = None
+            if may_open:
+                try:
+                    url = reverse(
+                        f"admin:{opts.app_label}_{opts.model_name}_change", args=[quote(user.pk)]
+                    )
+                except NoReverseMatch:
+                    pass
+            shown[user_id] = {"name": user.get_username(), "url": url}
+        return shown
+
+    @staticmethod
+    def _user_filter(value: str) -> str:
+        """The stored user id a "user" filter means: a Django user's primary key when a user
+        has that username, else the value itself (a pk, a process's host:pid, a name)."""
+        user_model = get_user_model()
+        pk = (
+            user_model._default_manager.filter(**{user_model.USERNAME_FIELD: value})
+            .values_list("pk", flat=True)
+            .first()
+        )
+        return value if pk is None else str(pk)
+
+    def _holder(self, user_id: str, users: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        user = users.get(user_id)
+        if user is None:
+            return {"name": user_id, "url": None, "django": False, "filter": user_id}
+        return {**user, "django": True, "filter": user["name"]}
+
+    def _log(self, request: HttpRequest, model: type[models.Model], key: str, text: str) -> None:
+        # create() rather than log_action(): one call for Django 4.2 to 5.x.
+        LogEntry.objects.create(
+            user_id=request.user.pk,
+            content_type_id=ContentType.objects.get_for_model(model).pk,
+            object_id=key,
+            object_repr=key[:200],
+            action_flag=CHANGE,
+            change_message=text,
+        )
+
+    def _bad_cursor(self, request: HttpRequest, exc: ValueError) -> HttpResponse:
+        messages.warning(request, f"{exc}; showing the first page.")
+        params = request.GET.copy()
+        params.pop("cursor", None)
+        return HttpResponseRedirect(self._url("changelist") + "?" + params.urlencode())
+
+
+@admin.register(Lock)
+class LockAdmin(DynamoDBAdmin):
+    """The holds in DynamoDB, a page at a time, soonest lease end first; break one."""
+
     def has_release_permission(self, request: HttpRequest) -> bool:
-        return request.user.has_perm("dynasem.release_lock")
+        return request.user.has_perm(f"{self.opts.app_label}.release_lock")
 
     def get_urls(self) -> list[Any]:
         info = self.opts.app_label, self.opts.model_name
@@ -47,52 +159,91 @@ class LockAdmin(admin.ModelAdmin):
             path("release/", wrap(self.release_view), name="{}_{}_release".format(*info)),
         ]
 
-    def _context(self, request: HttpRequest, title: str) -> dict[str, Any]:
-        return {
-            **self.admin_site.each_context(request),
-            "opts": self.opts,
-            "title": title,
-            "has_view_permission": True,
-            "can_release": self.has_release_permission(request),
-        }
-
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
-        user_id = request.GET.get("user") or None
-        prefix = request.GET.get("q") or None
+        user_filter = request.GET.get("user", "").strip()
+        prefix = request.GET.get("q", "")
         show_expired = request.GET.get("expired") == "1"
+        cursor = request.GET.get("cursor") or None
         error = None
-        holds: list[operations.HoldInfo] = []
+        page = operations.LockPage([], None)
         try:
-            holds = operations.active_holds(
-                user_id=user_id, prefix=prefix, include_expired=show_expired
+            page = operations.lock_page(
+                user_id=self._user_filter(user_filter) if user_filter else None,
+                prefix=prefix or None,
+                include_expired=show_expired,
+                cursor=cursor,
+                size=self.list_per_page,
             )
+        except ValueError as exc:
+            return self._bad_cursor(request, exc)
         except SemaphoreUnavailable as exc:
             error = str(exc)
-        now = timezone.now()
+        now = core.now_ms()
+        users = self._users(request, (h.user_id for h in page.holds))
+        can_release = self.has_release_permission(request)
+        lines = []
+        for row in page.rows:
+            for hold in row.holds or [None]:
+                expires_ms = row.expires_ms if hold is None else hold.expires_ms
+                left = (expires_ms - now) // 1000
+                lines.append(
+                    {
+                        "row": row,
+                        "hold": hold,
+                        "holder": None if hold is None else self._holder(hold.user_id, users),
+                        "expires_ms": expires_ms,
+                        "expires_in": expires_in(left),
+                        "expired": left < 0,
+                        "release_url": (
+                            self._url("release")
+                            + "?"
+                            + urlencode({"resource": row.resource, "fence": hold.fence})
+                            if hold is not None and can_release
+                            else None
+                        ),
+                    }
+                )
+        filters = {"q": prefix, "user": user_filter, "expired": "1" if show_expired else ""}
+
+        def link(**changes: str) -> str:
+            params = {k: v for k, v in {**filters, **changes}.items() if v}
+            return "?" + urlencode(params) if params else "?"
+
+        holders_here = {
+            line["holder"]["filter"]: line["holder"]["name"] for line in lines if line["holder"]
+        }
         context = {
-            **self._context(request, "Active locks"),
-            "holds": [
-                {
-                    "hold": h,
-                    "seconds_left": int((h.expires - now).total_seconds()),
-                    "release_url": reverse("admin:dynasem_lock_release")
-                    + "?"
-                    + _query(resource=h.resource, token=h.token),
-                }
-                for h in holds
-            ],
-            "user_filter": user_id or "",
-            "query": prefix or "",
+            **self._context(request, "Active locks" if not show_expired else "Lock rows"),
+            "lines": lines,
+            "page": page,
+            "hold_count": len(page.holds),
+            "can_release": can_release,
+            "query": prefix,
+            "user_filter": user_filter,
             "show_expired": show_expired,
+            "filters": {k: v for k, v in filters.items() if v and k != "q"},
+            "active_url": link(expired=""),
+            "expired_url": link(expired="1"),
+            "all_users_url": link(user=""),
+            "user_links": [
+                {"name": name, "url": link(user=key), "selected": key == user_filter}
+                for key, name in sorted(holders_here.items())[:20]
+            ],
+            "next_url": link(cursor=page.next_cursor) if page.next_cursor else None,
+            "first_url": link() if cursor else None,
             "error": error,
+            **(extra_context or {}),
         }
         return TemplateResponse(request, "admin/dynasem/lock/change_list.html", context)
 
     @staticmethod
-    def _find(resource: str, token: str) -> operations.HoldInfo | None:
-        return next((h for h in operations.holds_on(resource) if h.token == token), None)
+    def _find(resource: str, token: str = "", fence: str = "") -> operations.HoldInfo | None:
+        for hold in operations.holds_on(resource):
+            if (token and hold.token == token) or (fence and str(hold.fence) == fence):
+                return hold
+        return None
 
     def release_view(self, request: HttpRequest) -> HttpResponse:
         return require_http_methods(["GET", "POST"])(self._release)(request)
@@ -100,37 +251,166 @@ class LockAdmin(admin.ModelAdmin):
     def _release(self, request: HttpRequest) -> HttpResponse:
         if not self.has_release_permission(request):
             raise PermissionDenied
+        # The list links to the confirmation by fence, so a hold's token stays out of URLs
+        # (and access logs); the POST names the token, which is what the break is
+        # conditional on.
         source = request.POST if request.method == "POST" else request.GET
-        resource, token = source.get("resource", ""), source.get("token", "")
-        changelist = reverse("admin:dynasem_lock_changelist")
+        resource = source.get("resource", "")
+        token = source.get("token", "")
+        fence = "" if request.method == "POST" else source.get("fence", "")
+        changelist = self._url("changelist")
         try:
-            hold = self._find(resource, token) if resource and token else None
+            hold = self._find(resource, token, fence) if resource and (token or fence) else None
         except (SemaphoreUnavailable, TypeError, ValueError) as exc:
             messages.error(request, str(exc))
             return HttpResponseRedirect(changelist)
         if hold is None:
-            messages.warning(request, f"No hold with that token on {resource!r} any more.")
+            messages.warning(request, f"{resource!r} has no such hold any more: nothing broken.")
             return HttpResponseRedirect(changelist)
+        holder = self._holder(hold.user_id, self._users(request, [hold.user_id]))
         if request.method == "POST":
-            if operations.break_hold(resource, token, sender=LockAdmin):
-                # create() rather than log_action(): one call for Django 4.2 to 5.x.
-                LogEntry.objects.create(
-                    user_id=request.user.pk,
-                    content_type_id=ContentType.objects.get_for_model(Lock).pk,
-                    object_id=resource,
-                    object_repr=f"{resource} (fence {hold.fence})"[:200],
-                    action_flag=CHANGE,
-                    change_message=f"Broke the hold of {hold.user_id} on {resource}",
+            try:
+                broken = operations.break_hold(
+                    resource, hold.token, user_id=hold.user_id, fence=hold.fence
                 )
-                messages.success(request, f"Broke the hold of {hold.user_id} on {resource!r}.")
+            except SemaphoreUnavailable as exc:
+                messages.error(request, str(exc))
+                return HttpResponseRedirect(changelist)
+            if broken:
+                text = f"Broke the hold of {holder['name']} on {resource} (fence {hold.fence})."
+                self._log(request, Lock, resource, text)
+                messages.success(request, text)
             else:
                 messages.warning(request, f"The hold on {resource!r} had already gone.")
             return HttpResponseRedirect(changelist)
-        context = {**self._context(request, "Break this hold?"), "hold": hold}
+        now = core.now_ms()
+        context = self._context(
+            request,
+            "Break this hold?",
+            hold=hold,
+            holder=holder,
+            expires_in=expires_in((hold.expires_ms - now) // 1000),
+        )
         return TemplateResponse(request, "admin/dynasem/lock/release_confirm.html", context)
 
 
-def _query(**params: str) -> str:
-    from urllib.parse import urlencode
+@admin.register(Job)
+class JobAdmin(DynamoDBAdmin):
+    """The run_once keys and how their last run went; reset a DONE or FAILED one."""
 
-    return urlencode(params)
+    statuses = (table.RUNNING, table.FAILED, table.DONE, operations.NEW)
+
+    def has_reset_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(f"{self.opts.app_label}.reset_job")
+
+    def get_urls(self) -> list[Any]:
+        info = self.opts.app_label, self.opts.model_name
+        wrap = self.admin_site.admin_view
+        return [
+            path("", wrap(self.changelist_view), name="{}_{}_changelist".format(*info)),
+            path("reset/", wrap(self.reset_view), name="{}_{}_reset".format(*info)),
+        ]
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        prefix = request.GET.get("q", "")
+        status = request.GET.get("status", "")
+        if status not in self.statuses:
+            status = ""
+        cursor = request.GET.get("cursor") or None
+        error = None
+        page = operations.JobPage([], None)
+        try:
+            page = operations.job_page(
+                prefix=prefix or None,
+                status=status or None,
+                cursor=cursor,
+                size=self.list_per_page,
+            )
+        except ValueError as exc:
+            return self._bad_cursor(request, exc)
+        except SemaphoreUnavailable as exc:
+            error = str(exc)
+        users = self._users(request, (j.user_id for j in page.jobs if j.user_id))
+        can_reset = self.has_reset_permission(request)
+        filters = {"q": prefix, "status": status}
+
+        def link(**changes: str) -> str:
+            params = {k: v for k, v in {**filters, **changes}.items() if v}
+            return "?" + urlencode(params) if params else "?"
+
+        rows = [
+            {
+                "job": job,
+                "holder": self._holder(job.user_id, users) if job.user_id else None,
+                "reset_url": (
+                    self._url("reset") + "?" + urlencode({"key": job.key})
+                    if can_reset and job.resettable
+                    else None
+                ),
+            }
+            for job in page.jobs
+        ]
+        context = {
+            **self._context(request, "Run-once jobs"),
+            "rows": rows,
+            "page": page,
+            "query": prefix,
+            "status": status,
+            "can_reset": can_reset,
+            "filters": {k: v for k, v in filters.items() if v and k != "q"},
+            "status_links": [{"name": "All", "url": link(status=""), "selected": not status}]
+            + [{"name": s, "url": link(status=s), "selected": s == status} for s in self.statuses],
+            "next_url": link(cursor=page.next_cursor) if page.next_cursor else None,
+            "first_url": link() if cursor else None,
+            "error": error,
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/dynasem/job/change_list.html", context)
+
+    def reset_view(self, request: HttpRequest) -> HttpResponse:
+        return require_http_methods(["GET", "POST"])(self._reset)(request)
+
+    def _reset(self, request: HttpRequest) -> HttpResponse:
+        if not self.has_reset_permission(request):
+            raise PermissionDenied
+        source = request.POST if request.method == "POST" else request.GET
+        key = source.get("key", "")
+        changelist = self._url("changelist")
+        try:
+            job = operations.job_info(key)
+        except (SemaphoreUnavailable, TypeError, ValueError) as exc:
+            messages.error(request, str(exc))
+            return HttpResponseRedirect(changelist)
+        if job is None or not job.resettable:
+            state = "was never run" if job is None else f"is {job.status}"
+            messages.warning(request, f"{key!r} {state}: only a DONE or FAILED job is reset.")
+            return HttpResponseRedirect(changelist)
+        if request.method == "POST":
+            # Reset only the outcome the confirmation page showed: a run that ended since
+            # (another FAILED, or DONE) is not reset unseen.
+            seen_status = source.get("status", "")
+            seen_finished = source.get("finished", "")
+            if seen_status != job.status or seen_finished != str(job.finished_ms or ""):
+                messages.warning(request, f"{key!r} changed since the page was shown: not reset.")
+                return HttpResponseRedirect(changelist)
+            try:
+                done = operations.reset_job(key, job.status, job.finished_ms)
+            except SemaphoreUnavailable as exc:
+                messages.error(request, str(exc))
+                return HttpResponseRedirect(changelist)
+            if done:
+                text = f"Reset run-once job {key} (was {job.status}); it will run again."
+                if job.error:
+                    text = f"{text[:-1]}. Its last error: {job.error}"[:2000]
+                self._log(request, Job, key, text)
+                messages.success(request, f"Reset {key!r} (was {job.status}): it will run again.")
+            else:
+                messages.warning(request, f"{key!r} changed since the page was shown: not reset.")
+            return HttpResponseRedirect(changelist)
+        holder = None
+        if job.user_id:
+            holder = self._holder(job.user_id, self._users(request, [job.user_id]))
+        context = self._context(request, "Reset this job?", job=job, holder=holder)
+        return TemplateResponse(request, "admin/dynasem/job/reset_confirm.html", context)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import base64
+import json
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -79,42 +82,298 @@ def holds_of(item: dict[str, Any], *, min_expires_ms: int | None) -> list[HoldIn
     return out
 
 
-def _rows(user_id: str | None, since_s: int) -> Iterator[dict[str, Any]]:
+# ---------------------------------------------------------------------------------------------
+# Listing holds, a page at a time
+# ---------------------------------------------------------------------------------------------
+#
+# Holds are read through the indexes by lease end, so idle rows (released, or expired and not
+# yet reaped) cost nothing unless asked for. Each index range is a "stream" read in its own
+# order (``expires`` ascending); a page merges the streams by ``expires`` and remembers, per
+# stream, the last row it took. That row's key is the stream's ExclusiveStartKey on the next
+# page: DynamoDB's LastEvaluatedKey, cut where the page ended. Nothing is loaded in full.
+# Rows move in an index while one pages through it (a renewal pushes ``expires``): as in any
+# live listing, a hold renewed between two pages may show on both or on neither.
+
+# Rounds of requests one page may spend (one round = one request per stream). A filter that
+# matches little (a resource prefix among many expired rows) then returns a short page with a
+# link to the next one instead of reading on.
+PAGE_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class LockRow:
+    """One stored lock row as listed, with the holds shown (no holds: an idle row)."""
+
+    resource: str
+    fence: int
+    expires_ms: int
+    queue_depth: int
+    holds: tuple[HoldInfo, ...]
+
+    @property
+    def expires(self) -> datetime:
+        return datetime.fromtimestamp(self.expires_ms / 1000, tz=UTC)
+
+
+@dataclass(frozen=True)
+class LockPage:
+    """A page of :func:`lock_page`: its rows and the cursor of the next page (or None)."""
+
+    rows: list[LockRow]
+    next_cursor: str | None
+
+    @property
+    def holds(self) -> list[HoldInfo]:
+        return [hold for row in self.rows for hold in row.holds]
+
+
+Fetch = Callable[[dict[str, Any] | None, int | None], tuple[list[Any], dict[str, Any] | None]]
+
+
+class _Stream:
+    """One index range, fetched a page at a time in index order."""
+
+    def __init__(
+        self,
+        name: str,
+        fetch: Fetch,
+        start_key: Callable[[int, str], dict[str, Any]],
+        keep: Callable[[dict[str, Any]], bool],
+        position: Any,
+    ):
+        self.name, self.fetch, self.start_key, self.keep = name, fetch, start_key, keep
+        self.buffer: deque[dict[str, Any]] = deque()
+        # The cursor's state: None (from the start), "done", or [expires, pk] of the last row
+        # taken from this stream.
+        self.position = position
+        self.exhausted = position == "done"
+        self.next_start = start_key(*position) if isinstance(position, list) else None
+
+    def fetch_once(self, limit: int | None) -> None:
+        rows, last = self.fetch(self.next_start, limit)
+        self.buffer.extend(row for row in rows if self.keep(row))
+        self.next_start, self.exhausted = last, not last
+
+    def take(self) -> dict[str, Any]:
+        row = self.buffer.popleft()
+        self.position = [int(row["expires"]), row["pk"]]
+        return row
+
+    @property
+    def state(self) -> Any:
+        return "done" if self.exhausted and not self.buffer else self.position
+
+
+def _lock_key(pk: str, index_key: dict[str, Any]) -> dict[str, Any]:
+    return {"pk": {"S": pk}, "sk": {"S": table.LOCK_SK}, **index_key}
+
+
+def _query_user_page(
+    user_id: str, since: int, limit: int | None, start: dict[str, Any] | None
+) -> tuple[list[Any], dict[str, Any] | None]:
+    """One page of the userId index (``table.query_user`` reads every page in one go).
+
+    Belongs beside ``table.query_expiring``; it lives here only while table.py is reworked."""
+    kwargs: dict[str, Any] = {
+        "TableName": settings.TABLE_NAME,
+        "IndexName": table.USER_INDEX,
+        "KeyConditionExpression": "#uid = :u AND #exp >= :a",
+        "ExpressionAttributeNames": {"#uid": "userId", "#exp": "expires"},
+        "ExpressionAttributeValues": {":u": {"S": user_id}, ":a": {"N": str(since)}},
+    }
+    if limit:
+        kwargs["Limit"] = limit
+    if start:
+        kwargs["ExclusiveStartKey"] = start
+    response = table._send("query", **kwargs)
+    return [table.decode(i) for i in response.get("Items", [])], response.get("LastEvaluatedKey")
+
+
+def _streams(user_id: str | None, since: int, positions: dict[str, Any]) -> list[_Stream]:
+    streams = []
     if user_id is not None:
-        # The userId index names one holder per row: every exclusive holder, but only the
-        # latest of a counting or shared resource's holders, so those rows are read as well.
-        seen = set()
-        for item in table.query_user(user_id, since_s):
-            seen.add(item["pk"])
-            yield item
-        for shard in range(table.SHARDS):
-            for item in table.iter_expiring(shard, since=since_s, shared_only=True):
-                if item["pk"] not in seen:
-                    yield item
-        return
+
+        def exclusive(row: dict[str, Any]) -> bool:
+            # The userId index names one holder per row: all of an exclusive row, only the
+            # latest of a counting or shared one. Those rows come from the expires index
+            # instead, where all their holders are read, so none is listed twice.
+            return row.get("mode", core.MODE_EXCLUSIVE) == core.MODE_EXCLUSIVE
+
+        streams.append(
+            _Stream(
+                "u",
+                lambda start, limit: _query_user_page(user_id, since, limit, start),
+                lambda expires, pk: _lock_key(
+                    pk, {"userId": {"S": user_id}, "expires": {"N": str(expires)}}
+                ),
+                exclusive,
+                positions.get("u"),
+            )
+        )
     for shard in range(table.SHARDS):
-        yield from table.iter_expiring(shard, since=since_s)
+
+        def fetch(start: Any, limit: int | None, shard: int = shard) -> Any:
+            return table.query_expiring(
+                shard, since=since, limit=limit, start=start, shared_only=user_id is not None
+            )
+
+        def start_key(expires: int, pk: str, shard: int = shard) -> dict[str, Any]:
+            return _lock_key(pk, {"shard": {"N": str(shard)}, "expires": {"N": str(expires)}})
+
+        name = f"s{shard}"
+        streams.append(_Stream(name, fetch, start_key, lambda row: True, positions.get(name)))
+    return streams
+
+
+def _merged(
+    streams: list[_Stream], limit: int | None, budget: int | None
+) -> Iterator[dict[str, Any]]:
+    """The streams' rows by ``expires`` (ties in stream order). Stops early once ``budget``
+    requests are spent; each stream's ``state`` then says where to go on."""
+    spent = 0
+
+    def ready(stream: _Stream) -> bool:
+        nonlocal spent
+        while not stream.buffer and not stream.exhausted:
+            if budget is not None and spent >= budget:
+                return False
+            spent += 1
+            stream.fetch_once(limit)
+        return True
+
+    if not all(ready(s) for s in streams):
+        return
+    while True:
+        heads = [s for s in streams if s.buffer]
+        if not heads:
+            return
+        stream = min(heads, key=lambda s: int(s.buffer[0]["expires"]))
+        yield stream.take()
+        if not ready(stream):
+            return
+
+
+def _row(
+    item: dict[str, Any],
+    *,
+    user_id: str | None,
+    prefix: str | None,
+    floor_ms: int | None,
+    idle_too: bool,
+) -> LockRow | None:
+    """The row as listed, or None when it shows nothing under these filters."""
+    if prefix and not item["pk"].startswith(prefix):
+        return None
+    holds = [
+        hold
+        for hold in holds_of(item, min_expires_ms=floor_ms)
+        if user_id is None or hold.user_id == user_id
+    ]
+    if not holds and not (idle_too and user_id is None and not item.get("holders")):
+        return None
+    now = core.now_ms()
+    return LockRow(
+        resource=item["pk"],
+        fence=int(item.get("fence", 0)),
+        expires_ms=int(item.get("expMs", int(item.get("expires", 0)) * 1000)),
+        queue_depth=sum(1 for w in (item.get("queue") or {}).values() if int(w.get("e", 0)) >= now),
+        holds=tuple(holds),
+    )
+
+
+def _encode_cursor(state: dict[str, Any]) -> str:
+    raw = json.dumps(state, separators=(",", ":"), ensure_ascii=False).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str, names: set[str]) -> dict[str, Any]:
+    """The cursor's state; ValueError for anything :func:`lock_page` did not write."""
+    try:
+        state = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"not a page cursor: {cursor[:40]!r}") from exc
+    if not isinstance(state, dict) or not isinstance(state.get("t"), int):
+        raise ValueError(f"not a page cursor: {cursor[:40]!r}")
+    positions = state.get("p")
+    if not isinstance(positions, dict) or set(positions) != names:
+        raise ValueError("the page cursor belongs to another filter: start from the first page")
+    for value in positions.values():
+        ok = value in (None, "done") or (
+            isinstance(value, list)
+            and len(value) == 2
+            and isinstance(value[0], int)
+            and value[0] >= state["t"]
+            and isinstance(value[1], str)
+            and value[1]
+        )
+        if not ok:
+            raise ValueError(f"not a page cursor: {cursor[:40]!r}")
+    return state
+
+
+def lock_page(
+    *,
+    user_id: str | None = None,
+    prefix: str | None = None,
+    include_expired: bool = False,
+    cursor: str | None = None,
+    size: int = 100,
+) -> LockPage:
+    """One page of lock rows, soonest lease end first: the rows with live holds (with
+    ``include_expired``, also rows whose leases ran out and idle rows not yet reaped).
+
+    Reads one page of each ``expires`` index shard (and of the userId index for ``user_id``),
+    never the whole table; ``cursor`` is a previous page's ``next_cursor``. Raises ValueError
+    for a cursor it did not write."""
+    if size < 1:
+        raise ValueError(f"size must be at least 1, not {size!r}")
+    now = core.now_ms()
+    names = {f"s{i}" for i in range(table.SHARDS)} | ({"u"} if user_id is not None else set())
+    if cursor:
+        state = _decode_cursor(cursor, names)
+        # The lower bound of the first page, kept: a position below a later bound would be
+        # "outside the query's boundaries" to DynamoDB.
+        since, positions = state["t"], state["p"]
+    else:
+        since, positions = (0 if include_expired else now // 1000), {}
+    streams = _streams(user_id, since, positions)
+    rows: list[LockRow] = []
+    merged = _merged(streams, size, PAGE_ROUNDS * len(streams))
+    for item in merged:
+        row = _row(
+            item,
+            user_id=user_id,
+            prefix=prefix,
+            floor_ms=None if include_expired else now,
+            idle_too=include_expired,
+        )
+        if row is not None:
+            rows.append(row)
+            if len(rows) == size:
+                break
+    states = {s.name: s.state for s in streams}
+    done = all(v == "done" for v in states.values())
+    return LockPage(rows, None if done else _encode_cursor({"t": since, "p": states}))
 
 
 def active_holds(
     *, user_id: str | None = None, prefix: str | None = None, include_expired: bool = False
 ) -> list[HoldInfo]:
-    """The live holds (or, with ``include_expired``, also ones whose lease ran out but whose
-    rows are still there), read through the indexes: idle rows cost nothing."""
+    """Every live hold (or, with ``include_expired``, also those whose lease ran out but whose
+    rows are still there), by resource, read through the indexes: idle rows cost nothing."""
     now = core.now_ms()
-    if include_expired:
-        rows: Iterator[dict[str, Any]] = _rows(user_id, 0)
-        floor = None
-    else:
-        rows = _rows(user_id, now // 1000)
-        floor = now
+    since = 0 if include_expired else now // 1000
     holds = []
-    for item in rows:
-        if prefix and not item["pk"].startswith(prefix):
-            continue
-        for hold in holds_of(item, min_expires_ms=floor):
-            if user_id is None or hold.user_id == user_id:
-                holds.append(hold)
+    for item in _merged(_streams(user_id, since, {}), None, None):
+        row = _row(
+            item,
+            user_id=user_id,
+            prefix=prefix,
+            floor_ms=None if include_expired else now,
+            idle_too=False,
+        )
+        if row is not None:
+            holds.extend(row.holds)
     holds.sort(key=lambda h: (h.resource, h.acquired_ms))
     return holds
 
@@ -132,9 +391,17 @@ def queue_depth(resource: str) -> int:
     return sum(1 for w in (item.get("queue") or {}).values() if int(w.get("e", 0)) >= now)
 
 
-def break_hold(resource: str, token: str, *, sender: Any = None) -> bool:
+def break_hold(
+    resource: str,
+    token: str,
+    *,
+    sender: Any = None,
+    user_id: str | None = None,
+    fence: int | None = None,
+) -> bool:
     """Break one hold, only if that very token still holds (a hold taken meanwhile survives).
-    Sends ``lock_released``; False if the token no longer held the resource."""
+    Sends ``lock_released`` (with ``broken=True`` and the holder's ``user_id`` and ``fence``
+    where the caller knows them); False if the token no longer held the resource."""
     try:
         table.update(table.force_release(resource, token))
     except table.Refused:
@@ -142,9 +409,9 @@ def break_hold(resource: str, token: str, *, sender: Any = None) -> bool:
     lock_released.send(
         sender=sender or core.Semaphore,
         resource=resource,
-        user_id=None,
+        user_id=user_id,
         token=token,
-        fence=None,
+        fence=fence,
         broken=True,
     )
     return True
@@ -156,9 +423,201 @@ def break_holds(resource: str, token: str | None = None) -> list[HoldInfo]:
     for hold in holds_on(resource):
         if token is not None and hold.token != token:
             continue
-        if break_hold(resource, hold.token):
+        if break_hold(resource, hold.token, user_id=hold.user_id, fence=hold.fence):
             broken.append(hold)
     return broken
+
+
+# ---------------------------------------------------------------------------------------------
+# run_once jobs: list and reset
+# ---------------------------------------------------------------------------------------------
+
+NEW = "NEW"  # a key never run, or reset by an operator: run_once runs it
+RESETTABLE = frozenset({table.DONE, table.FAILED})
+
+
+def _ms_time(ms: int | None) -> datetime | None:
+    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One run_once key, as stored."""
+
+    key: str
+    status: str
+    user_id: str
+    attempt: int
+    error: str
+    started_ms: int | None
+    finished_ms: int | None
+    lease_ms: int | None
+    reset_ms: int | None
+
+    @classmethod
+    def of(cls, item: dict[str, Any]) -> JobInfo:
+        def ms(name: str) -> int | None:
+            return None if item.get(name) is None else int(item[name])
+
+        return cls(
+            key=item["pk"],
+            status=str(item.get("status") or NEW),
+            user_id=str(item.get("userId", "")),
+            attempt=int(item.get("attempt", 0)),
+            error=str(item.get("error", "")),
+            started_ms=ms("startedMs"),
+            finished_ms=ms("finishedMs"),
+            lease_ms=ms("expMs"),
+            reset_ms=ms("resetMs"),
+        )
+
+    @property
+    def started(self) -> datetime | None:
+        return _ms_time(self.started_ms)
+
+    @property
+    def finished(self) -> datetime | None:
+        return _ms_time(self.finished_ms)
+
+    @property
+    def lease_ends(self) -> datetime | None:
+        return _ms_time(self.lease_ms)
+
+    @property
+    def reset_at(self) -> datetime | None:
+        return _ms_time(self.reset_ms)
+
+    @property
+    def resettable(self) -> bool:
+        return self.status in RESETTABLE
+
+    @property
+    def stale(self) -> bool:
+        """RUNNING under a lease that ran out (its process died): run_once claims it again."""
+        return self.status == table.RUNNING and (self.lease_ms or 0) < core.now_ms()
+
+
+@dataclass(frozen=True)
+class JobPage:
+    jobs: list[JobInfo]
+    next_cursor: str | None
+
+
+def _scan_jobs(
+    prefix: str | None, status: str | None, start: dict[str, Any] | None
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """One Scan page of run_once rows.
+
+    A Scan, because job rows are in no index (they carry no ``expires``); it reads the lock
+    rows too, 1 MB a request, which is acceptable for an admin page read by hand. Belongs in
+    table.py; it lives here only while table.py is reworked."""
+    names = {"#sk": "sk"}
+    values: dict[str, Any] = {":job": {"S": table.JOB_SK}}
+    conditions = ["#sk = :job"]
+    if prefix:
+        names["#pk"] = "pk"
+        values[":p"] = {"S": prefix}
+        conditions.append("begins_with(#pk, :p)")
+    if status == NEW:
+        names["#st"] = "status"
+        conditions.append("attribute_not_exists(#st)")
+    elif status:
+        names["#st"] = "status"
+        values[":st"] = {"S": status}
+        conditions.append("#st = :st")
+    kwargs: dict[str, Any] = {
+        "TableName": settings.TABLE_NAME,
+        "FilterExpression": " AND ".join(conditions),
+        "ExpressionAttributeNames": names,
+        "ExpressionAttributeValues": values,
+    }
+    if start:
+        kwargs["ExclusiveStartKey"] = start
+    response = table._send("scan", **kwargs)
+    return [table.decode(i) for i in response.get("Items", [])], response.get("LastEvaluatedKey")
+
+
+def job_page(
+    *,
+    prefix: str | None = None,
+    status: str | None = None,
+    cursor: str | None = None,
+    size: int = 100,
+) -> JobPage:
+    """One page of run_once keys (by key within the page), Scan page by Scan page; ``cursor``
+    is a previous page's ``next_cursor``. At most :data:`PAGE_ROUNDS` Scan requests a page."""
+    start = None
+    if cursor:
+        try:
+            key = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"not a page cursor: {cursor[:40]!r}") from exc
+        if not (
+            isinstance(key, list) and len(key) == 2 and all(isinstance(k, str) and k for k in key)
+        ):
+            raise ValueError(f"not a page cursor: {cursor[:40]!r}")
+        start = {"pk": {"S": key[0]}, "sk": {"S": key[1]}}
+    jobs: list[JobInfo] = []
+    for _ in range(PAGE_ROUNDS):
+        items, last = _scan_jobs(prefix, status, start)
+        for item in items:
+            jobs.append(JobInfo.of(item))
+            if len(jobs) == size:
+                # Cut inside DynamoDB's page: go on after the last key shown (any item's key
+                # is a valid ExclusiveStartKey for a Scan).
+                last = {"pk": {"S": item["pk"]}, "sk": {"S": table.JOB_SK}}
+                break
+        start = last
+        if not start or len(jobs) == size:
+            break
+    jobs.sort(key=lambda j: j.key)
+    next_cursor = None
+    if start:
+        # The last key read, which may be a lock row's: a Scan goes on from any item's key.
+        key = [start["pk"]["S"], start["sk"]["S"]]
+        next_cursor = base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
+    return JobPage(jobs, next_cursor)
+
+
+def job_info(key: str) -> JobInfo | None:
+    """One run_once key as stored (one consistent read), or None if never run."""
+    item = table.get(core.check_resource(key, "key"), table.JOB_SK)
+    return JobInfo.of(item) if item else None
+
+
+def reset_job(key: str, status: str, finished_ms: int | None) -> bool:
+    """Make a FAILED or DONE key new again, so the next ``run_once(key)`` runs it; only if it
+    still ended as the operator saw (``status`` at ``finished_ms``): a run that ended since is
+    not reset unseen. Keeps the fence and the attempt count. False if the row had changed."""
+    if status not in RESETTABLE:
+        raise ValueError(f"only a DONE or FAILED job can be reset, not {status!r}")
+    names = {
+        "#st": "status",
+        "#err": "error",
+        "#end": "finishedMs",
+        "#tok": "token",
+        "#expMs": "expMs",
+        "#reset": "resetMs",
+    }
+    values: dict[str, Any] = {":seen": {"S": status}, ":now": {"N": str(core.now_ms())}}
+    if finished_ms is None:
+        condition = "#st = :seen AND attribute_not_exists(#end)"
+    else:
+        condition = "#st = :seen AND #end = :end"
+        values[":end"] = {"N": str(finished_ms)}
+    # Built here rather than in table.py only while table.py is reworked (see _scan_jobs).
+    action = {
+        "Key": {"pk": {"S": core.check_resource(key, "key")}, "sk": {"S": table.JOB_SK}},
+        "UpdateExpression": "REMOVE #st, #err, #end, #tok, #expMs SET #reset = :now",
+        "ConditionExpression": condition,
+        "ExpressionAttributeNames": names,
+        "ExpressionAttributeValues": values,
+    }
+    try:
+        table.update(action)
+    except table.Refused:
+        return False
+    return True
 
 
 @dataclass

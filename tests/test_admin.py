@@ -1,19 +1,36 @@
-"""The admin pages over DynamoDB holds: permissions, the GET-safe break, CSRF, LogEntry."""
+"""The admin pages over DynamoDB: the lock list (filters, pages, request counts), breaking a
+hold, the run_once statuses and their reset; permissions, GET-safety, CSRF, LogEntry."""
 
 from __future__ import annotations
 
+import re
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import urlencode
+
 import pytest
+from boto3.dynamodb.types import TypeSerializer
+from django.contrib import admin
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
 
-from dynasem import LockLost, semaphore
-from dynasem.operations import holds_on
+from dynasem import LockLost, core, run_once, semaphore, table
+from dynasem.models import Job, Lock
+from dynasem.operations import holds_on, queue_depth
+from dynasem.signals import lock_released
 
 pytestmark = pytest.mark.django_db
 
 LIST = "admin:dynasem_lock_changelist"
+RELEASE = "admin:dynasem_lock_release"
+JOBS = "admin:dynasem_job_changelist"
+RESET = "admin:dynasem_job_reset"
 
 
 def staff(django_user_model, name: str, *perms: str):
@@ -23,67 +40,375 @@ def staff(django_user_model, name: str, *perms: str):
     return user
 
 
+def listed(response) -> list[str]:
+    """The resources of the hold lines of a lock list page, in page order."""
+    body = response.content.decode()
+    return re.findall(r'<tr class="hold">\s*<th class="resource"><code>(.*?)</code>', body)
+
+
+def next_url(response) -> str | None:
+    match = re.search(r'<a href="([^"]*)" class="next-page">', response.content.decode())
+    return None if match is None else match.group(1).replace("&amp;", "&")
+
+
 @pytest.fixture
-def alice_holds(lock_table, django_user_model):
-    alice = django_user_model.objects.create_user("alice", password="pw")
-    held = semaphore("tbl_issues:7", user=alice).acquire()
-    yield held
-    try:
-        held.release()
-    except LockLost:
-        pass
+def alice(django_user_model):
+    return django_user_model.objects.create_user("alice", password="pw")
 
 
-def test_list_shows_the_hold(alice_holds, django_user_model, client):
+@pytest.fixture
+def holds(lock_table) -> Iterator[list[Any]]:
+    """Holds taken by a test; whatever is still ours is released at the end."""
+    taken: list[Any] = []
+    yield taken
+    for held in taken:
+        try:
+            held.release()
+        except LockLost:
+            pass
+
+
+def take(holds: list[Any], resource: str, **kwargs: Any) -> Any:
+    held = semaphore(resource, **kwargs).acquire()
+    holds.append(held)
+    return held
+
+
+@pytest.fixture
+def alice_holds(alice, holds):
+    return take(holds, "tbl_issues:7", user=alice)
+
+
+@pytest.fixture
+def index_queries(requests_sent) -> Iterator[list[str | None]]:
+    """The IndexName of every Query sent (None: on the table), seen through botocore's events."""
+    seen: list[str | None] = []
+
+    def record(params: dict[str, Any], **kwargs: Any) -> None:
+        seen.append(params.get("IndexName"))
+
+    client = table.get_client()  # the hooked one (see requests_sent)
+    client.meta.events.register("before-parameter-build.dynamodb.Query", record)
+    yield seen
+    client.meta.events.unregister("before-parameter-build.dynamodb.Query", record)
+
+
+def put_rows(items: list[dict[str, Any]]) -> None:
+    """Write lock rows in the stored format with BatchWriteItem, 25 at a time, in parallel."""
+    client = table.get_client()
+    serializer = TypeSerializer()
+
+    def write(batch: list[dict[str, Any]]) -> None:
+        requests = [
+            {"PutRequest": {"Item": {k: serializer.serialize(v) for k, v in item.items()}}}
+            for item in batch
+        ]
+        while requests:
+            response = client.batch_write_item(RequestItems={table_name(): requests})
+            requests = response.get("UnprocessedItems", {}).get(table_name(), [])
+
+    batches = [items[i : i + 25] for i in range(0, len(items), 25)]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        list(pool.map(write, batches))
+
+
+def table_name() -> str:
+    from dynasem.conf import settings
+
+    return settings.TABLE_NAME
+
+
+def idle_row(resource: str, ended_ms: int, *, holder: str | None = None) -> dict[str, Any]:
+    """A row nobody holds any more: released (no holders, kept for its fence), or, with
+    ``holder``, a hold whose lease ended at ``ended_ms`` and that nobody reaped yet."""
+    fence = ended_ms * 1000
+    row: dict[str, Any] = {
+        "pk": resource,
+        "sk": table.LOCK_SK,
+        "mode": core.MODE_EXCLUSIVE,
+        "limit": 1,
+        "fence": fence,
+        "expires": table.epoch_seconds(ended_ms),
+        "expMs": ended_ms,
+        "shard": table.shard_of(resource),
+        "queue": {},
+    }
+    if holder is None:
+        row.update(holders={}, lastToken=uuid.uuid4().hex)
+    else:
+        entry = table.holder_entry(holder, ended_ms, fence, ended_ms - 60_000, False)
+        row.update(holders={uuid.uuid4().hex: entry}, userId=holder)
+    return row
+
+
+# ---------------------------------------------------------------------------------------------
+# The lock list
+# ---------------------------------------------------------------------------------------------
+
+
+def test_list_shows_the_hold_with_the_holders_username(alice_holds, django_user_model, client):
     client.force_login(staff(django_user_model, "viewer", "view_lock"))
     response = client.get(reverse(LIST))
     assert response.status_code == 200
     body = response.content.decode()
-    assert "tbl_issues:7" in body
+    assert listed(response) == ["tbl_issues:7"]
+    assert ">alice<" in body  # her username, not her primary key
     assert str(alice_holds.fence) in body
+    assert "exclusive" in body
     assert "/release/" not in body  # no break link without release_lock
+    assert "/admin/auth/user/" not in body  # nor a link to a page this viewer may not open
+
+
+def test_list_links_django_users_and_shows_process_identities(
+    alice, holds, django_user_model, client
+):
+    take(holds, "tbl_issues:7", user=alice)
+    take(holds, "pool:1", limit=3, user="worker-7")
+    take(holds, "doc:1", shared=True)
+    client.force_login(staff(django_user_model, "viewer", "view_lock", "view_user"))
+    body = client.get(reverse(LIST)).content.decode()
+    change = reverse("admin:auth_user_change", args=[alice.pk])
+    assert f'<a href="{change}">alice</a>' in body
+    assert "<code>worker-7</code>" in body and "slot of 3" in body
+    assert f"<code>{table.process_identity()}</code>" in body and "shared" in body
+
+
+def test_list_shows_kind_acquired_expires_in_and_queue_depth(lock_table, holds, client, admin_user):
+    held = take(holds, "deploy:prod", user="ci", lease=300)
+    waiter = semaphore("deploy:prod", fair=True, wait=30, user="ci-2")
+    queued = threading.Thread(target=lambda: holds.append(waiter.acquire()), daemon=True)
+    queued.start()
+    deadline = time.monotonic() + 10
+    while queue_depth("deploy:prod") == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    client.force_login(admin_user)
+    body = client.get(reverse(LIST)).content.decode()
+    line = body[body.index("<code>deploy:prod</code>") :].split("</tr>")[0]
+    assert re.search(r">in 4 min 5\d s<", line), line
+    assert re.search(r'<td class="queue">1</td>', line), line
+    assert held.expires.isoformat()[:16] in line  # the machine-readable end, for the script
+    held.release()
+    queued.join(10)
 
 
 def test_staff_without_view_permission_gets_403(alice_holds, django_user_model, client):
     client.force_login(staff(django_user_model, "nobody"))
     assert client.get(reverse(LIST)).status_code == 403
-    url = reverse("admin:dynasem_lock_release")
+    url = reverse(RELEASE)
     params = {"resource": "tbl_issues:7", "token": alice_holds.token}
     assert client.get(url, params).status_code == 403
     assert client.post(url, params).status_code == 403
     assert [h.token for h in holds_on("tbl_issues:7")] == [alice_holds.token]
 
 
+def test_viewer_without_release_permission_gets_403_on_the_break_pages(
+    alice_holds, django_user_model, client
+):
+    client.force_login(staff(django_user_model, "viewer", "view_lock"))
+    url = reverse(RELEASE)
+    params = {"resource": "tbl_issues:7", "token": alice_holds.token}
+    assert client.get(url, params).status_code == 403
+    assert client.post(url, params).status_code == 403
+    assert [h.token for h in holds_on("tbl_issues:7")] == [alice_holds.token]
+
+
+def test_anonymous_is_sent_to_the_login_page(alice_holds, client):
+    response = client.get(reverse(LIST))
+    assert response.status_code == 302
+    assert reverse("admin:login") in response["Location"]
+
+
+def test_filter_by_user_queries_the_user_index(
+    alice, holds, django_user_model, client, index_queries
+):
+    take(holds, "tbl_issues:1", user=alice)
+    take(holds, "tbl_issues:2", user="bob")
+    take(holds, "pool:9", limit=2, user=alice)
+    take(holds, "pool:9", limit=2, user="bob")  # the row's userId now names bob
+    client.force_login(staff(django_user_model, "viewer", "view_lock"))
+    index_queries.clear()
+    response = client.get(reverse(LIST), {"user": "alice"})  # a username: her pk is stored
+    assert sorted(listed(response)) == ["pool:9", "tbl_issues:1"]
+    assert index_queries.count(table.USER_INDEX) == 1
+    # The counting/shared rows name one holder only: they are read from the expires index.
+    assert index_queries.count(table.EXPIRES_INDEX) == table.SHARDS
+    assert len(index_queries) == 1 + table.SHARDS  # a Query each, no Scan
+    assert sorted(listed(client.get(reverse(LIST), {"user": "bob"}))) == ["pool:9", "tbl_issues:2"]
+    assert listed(client.get(reverse(LIST), {"user": "nobody"})) == []
+
+
+def test_search_by_resource_prefix(lock_table, holds, admin_user, client):
+    for resource in ("alpha:1", "alpha:2", "beta:1"):
+        take(holds, resource)
+    client.force_login(admin_user)
+    assert sorted(listed(client.get(reverse(LIST), {"q": "alpha:"}))) == ["alpha:1", "alpha:2"]
+    assert listed(client.get(reverse(LIST), {"q": "gamma"})) == []
+
+
+def test_expired_holds_and_idle_rows_only_with_the_toggle(lock_table, holds, admin_user, client):
+    take(holds, "live:1")
+    with semaphore("released:1"):
+        pass
+    now = core.now_ms()
+    put_rows([idle_row("expired:1", now - 5000, holder="ghost")])
+    client.force_login(admin_user)
+    assert listed(client.get(reverse(LIST))) == ["live:1"]
+    response = client.get(reverse(LIST), {"expired": "1"})
+    body = response.content.decode()
+    assert listed(response) == ["expired:1", "live:1"]  # soonest lease end first
+    assert re.search(r'<tr class="idle">\s*<th class="resource"><code>released:1</code>', body)
+    assert re.search(r"expired [56] s ago", body)
+
+
+def test_pages_follow_dynamodb_keys_and_list_every_hold_once(
+    lock_table, holds, admin_user, client, monkeypatch
+):
+    resources = [f"page:{i}" for i in range(11)]
+    for resource in resources:
+        take(holds, resource, lease=60)  # many share one ``expires`` second: ties in the index
+    monkeypatch.setattr(admin.site._registry[Lock], "list_per_page", 3)
+    client.force_login(admin_user)
+    seen, url, pages = [], reverse(LIST), 0
+    while url:
+        response = client.get(url if url.startswith("/") else reverse(LIST) + url)
+        assert response.status_code == 200
+        seen += listed(response)
+        url, pages = next_url(response), pages + 1
+        assert pages < 10
+    assert sorted(seen) == sorted(resources)
+    assert pages >= 4
+
+
+def test_pages_of_expired_rows_list_every_row_once(lock_table, admin_user, client, monkeypatch):
+    ended = core.now_ms() - 120_000
+    rows = [idle_row(f"old:{i:02d}", ended, holder="ghost") for i in range(40)]  # all one second
+    put_rows(rows)
+    monkeypatch.setattr(admin.site._registry[Lock], "list_per_page", 7)
+    client.force_login(admin_user)
+    seen, url = [], reverse(LIST) + "?expired=1"
+    while url:
+        response = client.get(url if url.startswith("/") else reverse(LIST) + url)
+        seen += listed(response)
+        url = next_url(response)
+    assert sorted(seen) == sorted(r["pk"] for r in rows)
+
+
+def test_a_cursor_it_did_not_write_shows_the_first_page(alice_holds, admin_user, client):
+    client.force_login(admin_user)
+    response = client.get(reverse(LIST), {"cursor": "bm9uc2Vuc2U"})
+    assert response.status_code == 302
+    response = client.get(response["Location"])
+    assert listed(response) == ["tbl_issues:7"]
+    assert "first page" in response.content.decode()
+
+
+def test_first_page_among_5000_idle_rows_is_a_few_requests(
+    alice, holds, admin_user, client, requests_sent
+):
+    now = core.now_ms()
+    put_rows(
+        [
+            idle_row(f"idle:{i}", now - 1000 - i * 700, holder="ghost" if i % 2 else None)
+            for i in range(5000)
+        ]
+    )
+    active = {
+        f"active:{i}": take(holds, f"active:{i}", user=alice if i % 4 == 0 else f"w{i}", lease=60)
+        for i in range(20)
+    }
+    client.force_login(admin_user)
+    requests_sent.reset()
+    response = client.get(reverse(LIST))
+    assert sorted(listed(response)) == sorted(active)
+    assert next_url(response) is None
+    # One Query per shard of the expires index, each reading only live rows.
+    assert dict(requests_sent.calls) == {"Query": table.SHARDS}
+
+    requests_sent.reset()
+    assert sorted(listed(client.get(reverse(LIST), {"user": "alice"}))) == sorted(
+        r for i, r in enumerate(active) if i % 4 == 0
+    )
+    assert dict(requests_sent.calls) == {"Query": 1 + table.SHARDS}
+
+    requests_sent.reset()
+    response = client.get(reverse(LIST), {"expired": "1"})
+    assert len(re.findall(r'<tr class="(?:hold|idle)">', response.content.decode())) == 100
+    assert next_url(response) is not None
+    assert dict(requests_sent.calls) == {"Query": table.SHARDS}
+
+
+# ---------------------------------------------------------------------------------------------
+# Breaking a hold
+# ---------------------------------------------------------------------------------------------
+
+
 def test_get_on_the_break_url_changes_nothing(alice_holds, django_user_model, client):
     client.force_login(staff(django_user_model, "op", "view_lock", "release_lock"))
     listing = client.get(reverse(LIST)).content.decode()
-    assert "/release/?" in listing
-    url = reverse("admin:dynasem_lock_release")
-    response = client.get(url, {"resource": "tbl_issues:7", "token": alice_holds.token})
-    assert response.status_code == 200
-    assert "Yes, break this hold" in response.content.decode()
+    (link,) = re.findall(r'href="([^"]*/release/\?[^"]*)"', listing)
+    link = link.replace("&amp;", "&")
+    assert alice_holds.token not in link  # tokens stay out of URLs and access logs
+    by_token = (
+        reverse(RELEASE) + "?" + urlencode({"resource": "tbl_issues:7", "token": alice_holds.token})
+    )
+    for url in (link, by_token):
+        response = client.get(url)
+        assert response.status_code == 200
+        body = response.content.decode()
+        assert "Yes, break this hold" in body and ">alice<" in body
     assert [h.token for h in holds_on("tbl_issues:7")] == [alice_holds.token]
+    alice_holds.renew()
 
 
 def test_post_without_csrf_token_is_refused(alice_holds, django_user_model):
     client = Client(enforce_csrf_checks=True)
     client.force_login(staff(django_user_model, "op", "view_lock", "release_lock"))
-    url = reverse("admin:dynasem_lock_release")
+    url = reverse(RELEASE)
     response = client.post(url, {"resource": "tbl_issues:7", "token": alice_holds.token})
     assert response.status_code == 403
     assert [h.token for h in holds_on("tbl_issues:7")] == [alice_holds.token]
+
+
+def test_confirmation_form_posts_with_its_csrf_token(alice_holds, django_user_model):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(staff(django_user_model, "op", "view_lock", "release_lock"))
+    page = client.get(reverse(RELEASE), {"resource": "tbl_issues:7", "fence": alice_holds.fence})
+    form = dict(re.findall(r'name="(\w+)" value="([^"]*)"', page.content.decode()))
+    assert set(form) == {"csrfmiddlewaretoken", "resource", "token"}
+    assert client.post(reverse(RELEASE), form).status_code == 302
+    assert holds_on("tbl_issues:7") == []
 
 
 def test_post_breaks_exactly_that_hold(lock_table, django_user_model, client):
     pool = [semaphore("pool:1", limit=2, user=u).acquire() for u in ("a", "b")]
     operator = staff(django_user_model, "op", "view_lock", "release_lock")
     client.force_login(operator)
-    url = reverse("admin:dynasem_lock_release")
-    response = client.post(url, {"resource": "pool:1", "token": pool[0].token})
+    signals: list[dict[str, Any]] = []
+
+    def receive(sender: Any, **kwargs: Any) -> None:
+        signals.append(dict(kwargs, sender=sender))
+
+    lock_released.connect(receive)
+    try:
+        response = client.post(reverse(RELEASE), {"resource": "pool:1", "token": pool[0].token})
+    finally:
+        lock_released.disconnect(receive)
     assert response.status_code == 302
     assert [h.token for h in holds_on("pool:1")] == [pool[1].token]
     entry = LogEntry.objects.get()
     assert entry.user == operator and entry.object_id == "pool:1"
+    assert entry.content_type.model_class() is Lock
+    assert f"fence {pool[0].fence}" in entry.change_message
+    (signal,) = signals
+    assert signal["sender"] is core.Semaphore and signal["broken"] is True
+    assert (signal["resource"], signal["token"], signal["user_id"], signal["fence"]) == (
+        "pool:1",
+        pool[0].token,
+        "a",
+        pool[0].fence,
+    )
+    messages = [str(m) for m in client.get(response["Location"]).context["messages"]]
+    assert messages == [f"Broke the hold of a on pool:1 (fence {pool[0].fence})."]
     with pytest.raises(LockLost):
         pool[0].release()
     pool[1].release()
@@ -91,10 +416,159 @@ def test_post_breaks_exactly_that_hold(lock_table, django_user_model, client):
 
 def test_stale_confirmation_does_not_break_a_newer_hold(lock_table, django_user_model, client):
     first = semaphore("tbl_issues:8").acquire()
+    client.force_login(staff(django_user_model, "op", "view_lock", "release_lock"))
+    page = client.get(reverse(RELEASE), {"resource": "tbl_issues:8", "fence": first.fence})
+    assert first.token in page.content.decode()
     first.release()
     second = semaphore("tbl_issues:8").acquire()
-    client.force_login(staff(django_user_model, "op", "view_lock", "release_lock"))
-    url = reverse("admin:dynasem_lock_release")
-    client.post(url, {"resource": "tbl_issues:8", "token": first.token})
+    response = client.post(reverse(RELEASE), {"resource": "tbl_issues:8", "token": first.token})
+    assert response.status_code == 302
     assert [h.token for h in holds_on("tbl_issues:8")] == [second.token]
+    assert not LogEntry.objects.exists()
     second.release()
+
+
+# ---------------------------------------------------------------------------------------------
+# run_once statuses
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def jobs(lock_table, alice) -> dict[str, Any]:
+    """One job of each status: DONE, FAILED (twice), RUNNING, plus a lock of the same name."""
+    with run_once("file:done.csv", user=alice):
+        pass
+    for attempt in (1, 2):
+        with pytest.raises(ValueError), run_once("file:failed.csv", user="worker-3"):
+            raise ValueError(f"bad header in line {attempt}")
+    running = run_once("file:running.csv").claim()
+    held = semaphore("file:done.csv").acquire()  # same name, a semaphore: no collision
+    yield {"running": running, "held": held}
+    running._finish(None)
+    held.release()
+
+
+def job_rows(response) -> dict[str, str]:
+    """key -> the text of its row on the statuses page."""
+    body = response.content.decode()
+    rows = re.findall(r'<th class="key"><code>(.*?)</code></th>(.*?)</tr>', body, re.S)
+    return {key: re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", rest)).strip() for key, rest in rows}
+
+
+def test_statuses_page_lists_every_key(jobs, django_user_model, client):
+    client.force_login(staff(django_user_model, "viewer", "view_job"))
+    response = client.get(reverse(JOBS))
+    assert response.status_code == 200
+    rows = job_rows(response)
+    assert set(rows) == {"file:done.csv", "file:failed.csv", "file:running.csv"}
+    assert rows["file:done.csv"].startswith("DONE alice 1 ")
+    assert rows["file:failed.csv"].startswith("FAILED worker-3 2 ")
+    assert "ValueError: bad header in line 2" in rows["file:failed.csv"]
+    assert rows["file:running.csv"].startswith("RUNNING (lease")
+    assert "/reset/" not in response.content.decode()  # no reset link without reset_job
+    failed = job_rows(client.get(reverse(JOBS), {"status": "FAILED"}))
+    assert list(failed) == ["file:failed.csv"]
+    assert list(job_rows(client.get(reverse(JOBS), {"q": "file:d"}))) == ["file:done.csv"]
+
+
+def test_statuses_pages_scan_on_from_the_last_key(lock_table, admin_user, client, monkeypatch):
+    for i in range(7):
+        with run_once(f"job:{i}"):
+            pass
+    monkeypatch.setattr(admin.site._registry[Job], "list_per_page", 3)
+    client.force_login(admin_user)
+    seen, url = [], reverse(JOBS)
+    while url:
+        response = client.get(url if url.startswith("/") else reverse(JOBS) + url)
+        seen += list(job_rows(response))
+        url = next_url(response)
+    assert sorted(seen) == [f"job:{i}" for i in range(7)]
+
+
+def test_job_pages_need_their_own_permissions(jobs, django_user_model, client):
+    client.force_login(staff(django_user_model, "locks-only", "view_lock", "release_lock"))
+    assert client.get(reverse(JOBS)).status_code == 403
+    assert client.get(reverse(RESET), {"key": "file:failed.csv"}).status_code == 403
+    client.force_login(staff(django_user_model, "viewer", "view_job"))
+    assert client.get(reverse(RESET), {"key": "file:failed.csv"}).status_code == 403
+    response = client.post(
+        reverse(RESET), {"key": "file:failed.csv", "status": "FAILED", "finished": ""}
+    )
+    assert response.status_code == 403
+    assert table.get("file:failed.csv", table.JOB_SK)["status"] == "FAILED"
+
+
+def test_get_on_the_reset_url_changes_nothing(jobs, django_user_model, client):
+    client.force_login(staff(django_user_model, "op", "view_job", "reset_job"))
+    before = table.get("file:failed.csv", table.JOB_SK)
+    listing = client.get(reverse(JOBS)).content.decode()
+    assert listing.count("/reset/?") == 2  # the DONE and the FAILED key; not the running one
+    response = client.get(reverse(RESET), {"key": "file:failed.csv"})
+    assert response.status_code == 200
+    body = response.content.decode()
+    assert "Yes, reset this job" in body and "bad header in line 2" in body
+    assert table.get("file:failed.csv", table.JOB_SK) == before
+
+
+def test_reset_post_without_csrf_token_is_refused(jobs, django_user_model):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(staff(django_user_model, "op", "view_job", "reset_job"))
+    finished = table.get("file:failed.csv", table.JOB_SK)["finishedMs"]
+    params = {"key": "file:failed.csv", "status": "FAILED", "finished": finished}
+    assert client.post(reverse(RESET), params).status_code == 403
+    assert table.get("file:failed.csv", table.JOB_SK)["status"] == "FAILED"
+
+
+def test_reset_makes_a_failed_key_run_again(jobs, django_user_model):
+    client = Client(enforce_csrf_checks=True)
+    operator = staff(django_user_model, "op", "view_job", "reset_job")
+    client.force_login(operator)
+    page = client.get(reverse(RESET), {"key": "file:failed.csv"})
+    form = dict(re.findall(r'name="(\w+)" value="([^"]*)"', page.content.decode()))
+    response = client.post(reverse(RESET), form)
+    assert response.status_code == 302
+    row = table.get("file:failed.csv", table.JOB_SK)
+    assert "status" not in row and "error" not in row  # new again
+    entry = LogEntry.objects.get()
+    assert entry.user == operator and entry.object_id == "file:failed.csv"
+    assert entry.content_type.model_class() is Job
+    assert "bad header in line 2" in entry.change_message
+    messages = [str(m) for m in client.get(response["Location"]).context["messages"]]
+    assert messages == ["Reset 'file:failed.csv' (was FAILED): it will run again."]
+    assert job_rows(client.get(reverse(JOBS)))["file:failed.csv"].startswith("NEW (reset ")
+    with run_once("file:failed.csv") as job:
+        assert job.attempt == 3  # attempts keep counting
+    assert table.get("file:failed.csv", table.JOB_SK)["status"] == "DONE"
+
+
+def test_reset_lets_a_done_key_run_again(jobs, admin_user, client):
+    client.force_login(admin_user)
+    finished = table.get("file:done.csv", table.JOB_SK)["finishedMs"]
+    params = {"key": "file:done.csv", "status": "DONE", "finished": finished}
+    assert client.post(reverse(RESET), params).status_code == 302
+    with run_once("file:done.csv") as job:
+        assert job.attempt == 2
+
+
+def test_reset_refuses_a_key_that_ran_again_since_the_page(jobs, admin_user, client):
+    client.force_login(admin_user)
+    page = client.get(reverse(RESET), {"key": "file:failed.csv"})
+    form = dict(re.findall(r'name="(\w+)" value="([^"]*)"', page.content.decode()))
+    time.sleep(0.01)
+    with pytest.raises(ValueError), run_once("file:failed.csv"):
+        raise ValueError("third failure")
+    response = client.post(reverse(RESET), form)
+    assert response.status_code == 302
+    row = table.get("file:failed.csv", table.JOB_SK)
+    assert (row["status"], row["error"]) == ("FAILED", "ValueError: third failure")
+    assert not LogEntry.objects.exists()
+
+
+def test_a_running_key_cannot_be_reset(jobs, admin_user, client):
+    client.force_login(admin_user)
+    response = client.get(reverse(RESET), {"key": "file:running.csv"})
+    assert response.status_code == 302
+    params = {"key": "file:running.csv", "status": "RUNNING", "finished": ""}
+    assert client.post(reverse(RESET), params).status_code == 302
+    assert table.get("file:running.csv", table.JOB_SK)["status"] == "RUNNING"
+    assert not LogEntry.objects.exists()

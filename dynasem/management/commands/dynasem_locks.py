@@ -10,7 +10,7 @@ from dynasem.exceptions import SemaphoreUnavailable
 
 
 class Command(BaseCommand):
-    help = "List the active holds: resource, user, expires, fence."
+    help = "List the active holds: resource, user, kind, expires, queue depth, fence."
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--user", help="only holds of this user id (through the userId index)")
@@ -35,7 +35,7 @@ class Command(BaseCommand):
             self.stdout.write("No active holds.")
             return
         self.stdout.write(
-            f"{'RESOURCE':40} {'USER':24} {'KIND':12} {'EXPIRES (UTC)':20} {'FENCE':>18} QUEUE"
+            f"{'RESOURCE':40} {'USER':24} {'KIND':12} {'EXPIRES (UTC)':20} {'QUEUE':>5} FENCE"
         )
         for h in holds:
             self.stdout.write(

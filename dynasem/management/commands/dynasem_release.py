@@ -41,7 +41,10 @@ class Command(BaseCommand):
                 if answer.strip().lower() not in ("y", "yes"):
                     self.stdout.write("Nothing broken.")
                     return
-            broken = sum(operations.break_hold(resource, h.token) for h in holds)
+            broken = sum(
+                operations.break_hold(resource, h.token, user_id=h.user_id, fence=h.fence)
+                for h in holds
+            )
         except SemaphoreUnavailable as exc:
             raise CommandError(str(exc)) from exc
         self.stdout.write(f"Broke {broken} hold(s) on {resource!r}.")
