@@ -195,6 +195,11 @@ class LockAdmin(DynamoDBAdmin):
                         "holder": None if hold is None else self._holder(hold.user_id, users),
                         "expires_ms": expires_ms,
                         "expires_in": expires_in(left),
+                        "acquired_ago": (
+                            None
+                            if hold is None
+                            else human_span(max(0, (now - hold.acquired_ms) // 1000)) + " ago"
+                        ),
                         "expired": left < 0,
                         "release_url": (
                             self._url("release")

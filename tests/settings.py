@@ -15,6 +15,8 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.sessions",
     "django.contrib.messages",
+    # Serves the admin's CSS to the browser test's live server (test_browser.py).
+    "django.contrib.staticfiles",
     "dynasem",
 ]
 MIDDLEWARE = [
@@ -39,6 +41,7 @@ TEMPLATES = [
         },
     }
 ]
+STATIC_URL = "/static/"
 DEFAULT_AUTO_FIELD = "django.db.models.AutoField"
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
