@@ -84,9 +84,12 @@ class DynamoDBAdmin(admin.ModelAdmin):
         pks = {}
         for user_id in set(user_ids):
             try:
-                pks[user_id] = user_model._meta.pk.to_python(user_id)
+                pk = user_model._meta.pk.to_python(user_id)
             except (ValidationError, ValueError, TypeError):
                 continue
+            # A holder named by a long number is no user, and no database column holds it.
+            if not isinstance(pk, int) or -(2**63) <= pk < 2**63:
+                pks[user_id] = pk
         if not pks:
             return {}
         found = {str(u.pk): u for u in user_model._default_manager.filter(pk__in=pks.values())}

@@ -165,8 +165,10 @@ def test_list_links_django_users_and_shows_process_identities(
     take(holds, "tbl_issues:7", user=alice)
     take(holds, "pool:1", limit=3, user="worker-7")
     take(holds, "doc:1", shared=True)
+    take(holds, "big:1", user="9" * 30)  # a number, but too long to be anybody's pk
     client.force_login(staff(django_user_model, "viewer", "view_lock", "view_user"))
     body = client.get(reverse(LIST)).content.decode()
+    assert f"<code>{'9' * 30}</code>" in body
     change = reverse("admin:auth_user_change", args=[alice.pk])
     assert f'<a href="{change}">alice</a>' in body
     assert "<code>worker-7</code>" in body and "slot of 3" in body
