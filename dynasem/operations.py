@@ -168,27 +168,6 @@ def _lock_key(pk: str, index_key: dict[str, Any]) -> dict[str, Any]:
     return {"pk": {"S": pk}, "sk": {"S": table.LOCK_SK}, **index_key}
 
 
-def _query_user_page(
-    user_id: str, since: int, limit: int | None, start: dict[str, Any] | None
-) -> tuple[list[Any], dict[str, Any] | None]:
-    """One page of the userId index (``table.query_user`` reads every page in one go).
-
-    Belongs beside ``table.query_expiring``; it lives here only while table.py is reworked."""
-    kwargs: dict[str, Any] = {
-        "TableName": settings.TABLE_NAME,
-        "IndexName": table.USER_INDEX,
-        "KeyConditionExpression": "#uid = :u AND #exp >= :a",
-        "ExpressionAttributeNames": {"#uid": "userId", "#exp": "expires"},
-        "ExpressionAttributeValues": {":u": {"S": user_id}, ":a": {"N": str(since)}},
-    }
-    if limit:
-        kwargs["Limit"] = limit
-    if start:
-        kwargs["ExclusiveStartKey"] = start
-    response = table._send("query", **kwargs)
-    return [table.decode(i) for i in response.get("Items", [])], response.get("LastEvaluatedKey")
-
-
 def _streams(user_id: str | None, since: int, positions: dict[str, Any]) -> list[_Stream]:
     streams = []
     if user_id is not None:
@@ -202,7 +181,7 @@ def _streams(user_id: str | None, since: int, positions: dict[str, Any]) -> list
         streams.append(
             _Stream(
                 "u",
-                lambda start, limit: _query_user_page(user_id, since, limit, start),
+                lambda start, limit: table.query_user_page(user_id, since, limit, start),
                 lambda expires, pk: _lock_key(
                     pk, {"userId": {"S": user_id}, "expires": {"N": str(expires)}}
                 ),
@@ -503,40 +482,6 @@ class JobPage:
     next_cursor: str | None
 
 
-def _scan_jobs(
-    prefix: str | None, status: str | None, start: dict[str, Any] | None
-) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-    """One Scan page of run_once rows.
-
-    A Scan, because job rows are in no index (they carry no ``expires``); it reads the lock
-    rows too, 1 MB a request, which is acceptable for an admin page read by hand. Belongs in
-    table.py; it lives here only while table.py is reworked."""
-    names = {"#sk": "sk"}
-    values: dict[str, Any] = {":job": {"S": table.JOB_SK}}
-    conditions = ["#sk = :job"]
-    if prefix:
-        names["#pk"] = "pk"
-        values[":p"] = {"S": prefix}
-        conditions.append("begins_with(#pk, :p)")
-    if status == NEW:
-        names["#st"] = "status"
-        conditions.append("attribute_not_exists(#st)")
-    elif status:
-        names["#st"] = "status"
-        values[":st"] = {"S": status}
-        conditions.append("#st = :st")
-    kwargs: dict[str, Any] = {
-        "TableName": settings.TABLE_NAME,
-        "FilterExpression": " AND ".join(conditions),
-        "ExpressionAttributeNames": names,
-        "ExpressionAttributeValues": values,
-    }
-    if start:
-        kwargs["ExclusiveStartKey"] = start
-    response = table._send("scan", **kwargs)
-    return [table.decode(i) for i in response.get("Items", [])], response.get("LastEvaluatedKey")
-
-
 def job_page(
     *,
     prefix: str | None = None,
@@ -559,7 +504,7 @@ def job_page(
         start = {"pk": {"S": key[0]}, "sk": {"S": key[1]}}
     jobs: list[JobInfo] = []
     for _ in range(PAGE_ROUNDS):
-        items, last = _scan_jobs(prefix, status, start)
+        items, last = table.scan_jobs(prefix, status, start)
         for item in items:
             jobs.append(JobInfo.of(item))
             if len(jobs) == size:
@@ -591,28 +536,7 @@ def reset_job(key: str, status: str, finished_ms: int | None) -> bool:
     not reset unseen. Keeps the fence and the attempt count. False if the row had changed."""
     if status not in RESETTABLE:
         raise ValueError(f"only a DONE or FAILED job can be reset, not {status!r}")
-    names = {
-        "#st": "status",
-        "#err": "error",
-        "#end": "finishedMs",
-        "#tok": "token",
-        "#expMs": "expMs",
-        "#reset": "resetMs",
-    }
-    values: dict[str, Any] = {":seen": {"S": status}, ":now": {"N": str(core.now_ms())}}
-    if finished_ms is None:
-        condition = "#st = :seen AND attribute_not_exists(#end)"
-    else:
-        condition = "#st = :seen AND #end = :end"
-        values[":end"] = {"N": str(finished_ms)}
-    # Built here rather than in table.py only while table.py is reworked (see _scan_jobs).
-    action = {
-        "Key": {"pk": {"S": core.check_resource(key, "key")}, "sk": {"S": table.JOB_SK}},
-        "UpdateExpression": "REMOVE #st, #err, #end, #tok, #expMs SET #reset = :now",
-        "ConditionExpression": condition,
-        "ExpressionAttributeNames": names,
-        "ExpressionAttributeValues": values,
-    }
+    action = table.job_reset(core.check_resource(key, "key"), status, finished_ms, core.now_ms())
     try:
         table.update(action)
     except table.Refused:

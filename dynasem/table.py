@@ -680,16 +680,19 @@ def job_finish(key: str, token: str, status: str, error: str | None, now_ms: int
     return _action(key, JOB_SK, update, "#tok = :tok AND #st = :running", _JOB_NAMES, values)
 
 
-def job_reset(key: str, status_seen: str) -> dict[str, Any]:
-    """An operator resets a FAILED (or DONE) job so it may run again."""
-    return _action(
-        key,
-        JOB_SK,
-        "SET #st = :failed REMOVE #tok, #expMs",
-        "#st = :seen",
-        _JOB_NAMES,
-        {":failed": FAILED, ":seen": status_seen},
-    )
+def job_reset(key: str, status_seen: str, finished_ms: int | None, now_ms: int) -> dict[str, Any]:
+    """An operator makes a DONE or FAILED job new again (the next run_once runs it), only if it
+    still ended as the operator saw it (``status_seen`` at ``finished_ms``). Keeps the fence and
+    the attempt count; records when it was reset."""
+    names = {**_JOB_NAMES, "#end": "finishedMs", "#reset": "resetMs"}
+    values: dict[str, Any] = {":seen": status_seen, ":now": now_ms}
+    if finished_ms is None:
+        condition = "#st = :seen AND attribute_not_exists(#end)"
+    else:
+        condition = "#st = :seen AND #end = :end"
+        values[":end"] = finished_ms
+    update = "REMOVE #st, #err, #end, #tok, #expMs SET #reset = :now"
+    return _action(key, JOB_SK, update, condition, names, values)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -815,6 +818,59 @@ def delete_expired(pk: str, sk: str, cutoff_ms: int) -> bool:
     except Refused:
         return False
     return True
+
+
+def query_user_page(
+    user_id: str, since: int, limit: int | None, start: dict[str, Any] | None
+) -> tuple[list[Any], dict[str, Any] | None]:
+    """One page of the userId index (``query_user`` reads every page in one go)."""
+    kwargs: dict[str, Any] = {
+        "TableName": settings.TABLE_NAME,
+        "IndexName": USER_INDEX,
+        "KeyConditionExpression": "#uid = :u AND #exp >= :a",
+        "ExpressionAttributeNames": {"#uid": "userId", "#exp": "expires"},
+        "ExpressionAttributeValues": {":u": {"S": user_id}, ":a": {"N": str(since)}},
+    }
+    if limit:
+        kwargs["Limit"] = limit
+    if start:
+        kwargs["ExclusiveStartKey"] = start
+    response = _send("query", **kwargs)
+    return [decode(i) for i in response.get("Items", [])], response.get("LastEvaluatedKey")
+
+
+def scan_jobs(
+    prefix: str | None, status: str | None, start: dict[str, Any] | None
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """One Scan page of run_once rows.
+
+    A Scan, because job rows are in no index (they carry no ``expires``); it reads the lock
+    rows too, 1 MB a request, which is acceptable for an admin page read by hand. ``status``
+    "NEW" means never run or reset (no status stored)."""
+    names = {"#sk": "sk"}
+    values: dict[str, Any] = {":job": {"S": JOB_SK}}
+    conditions = ["#sk = :job"]
+    if prefix:
+        names["#pk"] = "pk"
+        values[":p"] = {"S": prefix}
+        conditions.append("begins_with(#pk, :p)")
+    if status == "NEW":
+        names["#st"] = "status"
+        conditions.append("attribute_not_exists(#st)")
+    elif status:
+        names["#st"] = "status"
+        values[":st"] = {"S": status}
+        conditions.append("#st = :st")
+    kwargs: dict[str, Any] = {
+        "TableName": settings.TABLE_NAME,
+        "FilterExpression": " AND ".join(conditions),
+        "ExpressionAttributeNames": names,
+        "ExpressionAttributeValues": values,
+    }
+    if start:
+        kwargs["ExclusiveStartKey"] = start
+    response = _send("scan", **kwargs)
+    return [decode(i) for i in response.get("Items", [])], response.get("LastEvaluatedKey")
 
 
 # ---------------------------------------------------------------------------------------------
