@@ -13,7 +13,7 @@ One process, one DynamoDB Local. Each system runs ``--cycles`` acquire + release
   the floor's two requests on dynasem's table with rows carrying ``userId``/``expires``/
   ``shard`` (so the engine maintains both GSIs); dynasem's own two ``UpdateItem`` requests
   (``table.take_free`` / ``table.give_back``) sent with raw boto3, on dynasem's table and on the
-  floor's plain table; dynasem with its per-hold heartbeat thread not started (monkeypatched).
+  floor's plain table; dynasem with its heartbeat not scheduled (monkeypatched).
 
 The systems take turns in blocks of ``--block`` cycles (after ``--warmup`` unmeasured cycles
 each), so JIT warm-up and drift of the engine hit all of them alike. A cycle's latency is from
@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             return cycle
 
         def dynasem_no_heartbeat_cycle(i: int) -> None:
-            # dynasem with its per-hold heartbeat thread not started (diagnostic only).
+            # dynasem with its heartbeat not scheduled (diagnostic only).
             from dynasem import core
 
             start = core.Held._start_heartbeat
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         "peer": f"{common.PEER}",
         "raw": "(diagnostic) dynasem's 2 UpdateItems via raw boto3",
         "rawplain": "(diagnostic) the same on the floor's plain table",
-        "nohb": "(diagnostic) dynasem, heartbeat thread not started",
+        "nohb": "(diagnostic) dynasem, heartbeat not scheduled",
     }
     floor_med = common.percentile(latencies["floor"], 50)
     floor_p99 = common.percentile(latencies["floor"], 99)
@@ -247,8 +247,8 @@ retry_period=10 ms)` + `release()` ({common.peer_config_text()}). The *(diagnost
 split dynasem's time over the floor: the floor's requests on dynasem's table with rows that
 enter both GSIs (index maintenance); dynasem's own two `UpdateItem`s (built by
 `dynasem.table.take_free`/`give_back`) sent with raw boto3, on dynasem's table and on the plain
-table (the engine's cost of dynasem's expressions); dynasem with its per-hold heartbeat thread
-not started (monkeypatched: the thread's cost).
+table (the engine's cost of dynasem's expressions); dynasem with its heartbeat not scheduled
+(monkeypatched: what scheduling the renewals costs).
 Requests per cycle count the calling thread's requests (`before-call` hooks); heartbeat
 requests and botocore retries are shown apart. Latency: acquire start to release end.
 """
