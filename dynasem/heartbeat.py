@@ -39,7 +39,9 @@ class Heartbeat:
         self._stopped = threading.Event()
 
     def start(self) -> None:
-        _scheduler().add(self, self.interval)
+        # A hold may start with less than a whole lease left (handed over, or recognised from
+        # an earlier write): the first renewal comes early enough for several tries.
+        _scheduler().add(self, min(self.interval, self.held.seconds_left() / 3))
 
     def stop(self) -> None:
         if not self._stopped.is_set():
@@ -114,6 +116,7 @@ class _Scheduler:
 
     def add(self, heartbeat: Heartbeat, pause: float) -> None:
         with self._cond:
+            self._beating.discard(heartbeat)
             heapq.heappush(self._heap, (time.monotonic() + pause, next(self._seq), heartbeat))
             if self._thread is None:
                 self._thread = threading.Thread(
@@ -144,18 +147,25 @@ class _Scheduler:
                     continue
                 _, _, heartbeat = heapq.heappop(self._heap)
                 self._beating.add(heartbeat)
-            threading.Thread(
-                target=self._beat, args=(heartbeat,), name=heartbeat.name, daemon=True
-            ).start()
+            try:
+                threading.Thread(
+                    target=self._beat, args=(heartbeat,), name=heartbeat.name, daemon=True
+                ).start()
+            except BaseException as exc:  # e.g. "can't start new thread": never end the loop
+                logger.error("dynasem: cannot start a renewal of %r: %r", heartbeat.held, exc)
+                self.add(heartbeat, RETRY_MIN)
 
     def _beat(self, heartbeat: Heartbeat) -> None:
+        pause: float | None = RETRY_MIN
         try:
             pause = heartbeat.beat()
-        finally:
+        except BaseException as exc:  # a schedule must not end silently with a live hold
+            logger.error("dynasem: renewing %r failed: %r", heartbeat.held, exc)
+        if pause is not None and not heartbeat.stopped:
+            self.add(heartbeat, pause)  # back in the heap before it leaves _beating
+        else:
             with self._cond:
                 self._beating.discard(heartbeat)
-        if pause is not None and not heartbeat.stopped:
-            self.add(heartbeat, pause)
 
 
 _lock = threading.Lock()

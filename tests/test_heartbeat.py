@@ -368,3 +368,66 @@ def test_many_holds_share_one_scheduler_thread(lock_table: str) -> None:
         for held in holds:
             held.release()
     assert not any(heartbeats_of(r) for r in resources)
+
+
+class ShortLeftHold:
+    """A hold with less time left than one renewal interval (handed over, or found late)."""
+
+    def __init__(self, lease: float, skew: float, left: float) -> None:
+        self.resource = unique("short-left")
+        self.lease, self.skew = lease, skew
+        self._deadline = time.monotonic() + left
+        self.renewed: list[float] = []
+        self.started = time.monotonic()
+
+    def seconds_left(self) -> float:
+        return max(0.0, self._deadline - time.monotonic())
+
+    def _check_deadline(self) -> None:
+        pass
+
+    def renew(self) -> None:
+        self.renewed.append(time.monotonic() - self.started)
+        self._deadline = time.monotonic() + self.lease - self.skew
+
+
+def test_first_renewal_comes_before_a_short_deadline() -> None:
+    held = ShortLeftHold(lease=3.0, skew=0.5, left=0.4)
+    beat = heartbeat.Heartbeat(held)
+    assert beat.interval > 0.4
+    beat.start()
+    try:
+        deadline = time.monotonic() + 2
+        while not held.renewed and time.monotonic() < deadline:
+            time.sleep(0.01)
+    finally:
+        beat.stop()
+    assert held.renewed and held.renewed[0] < 0.4
+
+
+def test_scheduler_survives_a_thread_that_cannot_start(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = semaphore(unique("first"), lease=LEASE).acquire()
+    start = threading.Thread.start
+    failed: list[str] = []
+
+    def start_failing_once(thread: threading.Thread) -> None:
+        if thread.name.startswith("dynasem-heartbeat:") and not failed:
+            failed.append(thread.name)
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start_failing_once)
+    try:
+        with watching_lost(first.token) as lost:
+            wait_for_renewal(first, timeout=3)  # the renewal after the failed start
+            second = semaphore(unique("second"), lease=LEASE).acquire()
+            wait_for_renewal(second, timeout=3)
+            assert lost.at == []
+    finally:
+        monkeypatch.setattr(threading.Thread, "start", start)
+    assert failed, "no renewal thread start failed: the test did not test anything"
+    assert [t for t in threading.enumerate() if t.name == "dynasem-heartbeat"]
+    first.release()
+    second.release()
