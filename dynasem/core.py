@@ -637,13 +637,16 @@ class Semaphore:
 class _Pace:
     """When a queued waiter looks again. A turn comes every hold time plus the hand-over's own
     requests (the release write, then our read that sees it), so the waiter sleeps toward the
-    time the holder ahead should be done, and a look that came too early for the same holder
-    doubles the next pause: a late holder costs a few reads, not a read every millisecond."""
+    time the holder ahead should be done. A look that finds nothing moved (same holders, same
+    waiters ahead) doubles the next pause: a late holder costs a few reads, not a read every
+    millisecond. The doubling stops at a few hold times while a holder lives (its release
+    must be seen soon), and goes on to a second when nobody holds and the first waiter ahead
+    has not taken its turn: it is most likely dead, and is evicted once its entry expires."""
 
     def __init__(self) -> None:
         self.rtt = 0.005  # seconds; an average of our own reads' round trips
-        self.early = 0  # looks in a row that found the same holder still there
-        self.holder: Any = None
+        self.early = 0  # looks in a row that found nothing moved
+        self.state: Any = None
 
     def answered(self, seconds: float) -> None:
         self.rtt = (3 * self.rtt + min(seconds, 0.5)) / 4
@@ -654,15 +657,15 @@ class _Pace:
         queue = seen.get("queue") or {}
         mine = queue.get(token)
         stale = now - int(skew * 1000)
-        ahead = [
-            w
+        ahead = {
+            t: w
             for t, w in queue.items()
             if t != token and int(w["e"]) >= stale and (mine is None or w["t"] < mine["t"])
-        ]
+        }
         live = _live_holders(seen, stale)
-        holder = tuple(sorted(live))
-        if holder != self.holder:
-            self.holder, self.early = holder, 0
+        state = (tuple(sorted(live)), tuple(sorted(ahead)))
+        if state != self.state:
+            self.state, self.early = state, 0
         else:
             self.early += 1
         rtt_ms = self.rtt * 1000
@@ -671,10 +674,18 @@ class _Pace:
         # The holder's release lands about one round trip after its hold; every waiter ahead
         # of us then takes a hold plus two round trips (that release, its own read).
         turn = (start + hold + rtt_ms + (hold + 2 * rtt_ms) * len(ahead) - now) / 1000
-        first_end = min((int(h["e"]) for h in live.values()), default=now)
+        if live:
+            # Until the first holder could be taken over (its lease end + skew).
+            first_end = min(int(h["e"]) for h in live.values())
+            cap = max(0.05, 4 * hold / 1000)
+        else:
+            # Nobody holds: until the first waiter ahead could be evicted.
+            first = min(ahead.values(), key=lambda w: int(w["t"]), default=None)
+            first_end = int(first["e"]) if first else now
+            cap = 1.0
         until_free = (first_end + skew * 1000 - now) / 1000 + 0.001
-        if turn <= 0:  # overdue: back off from a round trip, doubling while nothing moves
-            turn = max(0.002, self.rtt) * 2 ** min(self.early, 6)
+        if turn <= 0 or self.early:  # overdue, or nothing moved since the last look
+            turn = max(turn, min(max(0.002, self.rtt) * 2 ** min(self.early, 10), cap))
         return max(0.001, min(turn, until_free, 1.0))
 
 

@@ -7,7 +7,7 @@ import os
 import signal
 import time
 
-from dynasem import semaphore, table
+from dynasem import SemaphoreBusy, semaphore, table
 from tests import workers
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -166,3 +166,23 @@ def test_queue_depth_is_readable(lock_table):
     for t in threads:
         t.join(30)
     assert queue_depth("q:2") == 0
+
+
+def test_a_dead_waiter_ahead_costs_few_reads(lock_table, requests_sent):
+    # A waiter that crashed while queued blocks a free lock until its entry expires; the
+    # waiter behind it backs off instead of reading every hold time.
+    resource = "deploy:staging"
+    now = int(time.time() * 1000)
+    crashed = {"t": now * 1000, "e": now + 60_000, "u": "crashed", "s": False, "l": 60_000}
+    table.update(table.enqueue(resource, "crashed-waiter", crashed, fresh=True))
+    requests_sent.reset()
+    started = time.monotonic()
+    try:
+        semaphore(resource, wait=3, fair=True).acquire()
+    except SemaphoreBusy as busy:
+        assert busy.resource == resource
+    else:
+        raise AssertionError("took the lock past a live queue entry ahead of it")
+    assert time.monotonic() - started >= 2.9
+    # Reading every ~50 ms (the hold-time estimate) would be ~60 reads in 3 s.
+    assert requests_sent.calls["GetItem"] <= 20, requests_sent.calls
