@@ -98,6 +98,11 @@ def holds_of(item: dict[str, Any], *, min_expires_ms: int | None) -> list[HoldIn
 # matches little (a resource prefix among many expired rows) then returns a short page with a
 # link to the next one instead of reading on.
 PAGE_ROUNDS = 3
+# Longest page cursor accepted: a real one holds at most 9 positions of a <= 1 KB resource
+# each (under 13 KB in base64); anything longer is forged.
+MAX_CURSOR = 16_384
+# Items a filtered index read evaluates per request (see _filtered).
+FILTERED_READ = 1000
 
 
 @dataclass(frozen=True)
@@ -161,11 +166,26 @@ class _Stream:
 
     @property
     def state(self) -> Any:
-        return "done" if self.exhausted and not self.buffer else self.position
+        if self.buffer:
+            return self.position  # rows read but not shown yet: read them again from there
+        if self.exhausted:
+            return "done"
+        if self.next_start:
+            # Everything up to DynamoDB's LastEvaluatedKey was read and filtered out: go on
+            # from there, or a stretch of filtered rows longer than a page's budget would
+            # hand out the same cursor for ever.
+            return [int(self.next_start["expires"]["N"]), self.next_start["pk"]["S"]]
+        return self.position
 
 
 def _lock_key(pk: str, index_key: dict[str, Any]) -> dict[str, Any]:
     return {"pk": {"S": pk}, "sk": {"S": table.LOCK_SK}, **index_key}
+
+
+def _filtered(limit: int | None) -> int | None:
+    """The Limit of a read whose rows are mostly filtered out (DynamoDB applies Limit before
+    the filter): read on further per request, so a page finds its rows in a few requests."""
+    return None if limit is None else max(limit, FILTERED_READ)
 
 
 def _streams(user_id: str | None, since: int, positions: dict[str, Any]) -> list[_Stream]:
@@ -181,7 +201,7 @@ def _streams(user_id: str | None, since: int, positions: dict[str, Any]) -> list
         streams.append(
             _Stream(
                 "u",
-                lambda start, limit: table.query_user_page(user_id, since, limit, start),
+                lambda start, limit: table.query_user_page(user_id, since, _filtered(limit), start),
                 lambda expires, pk: _lock_key(
                     pk, {"userId": {"S": user_id}, "expires": {"N": str(expires)}}
                 ),
@@ -192,8 +212,13 @@ def _streams(user_id: str | None, since: int, positions: dict[str, Any]) -> list
     for shard in range(table.SHARDS):
 
         def fetch(start: Any, limit: int | None, shard: int = shard) -> Any:
+            filtered = user_id is not None
             return table.query_expiring(
-                shard, since=since, limit=limit, start=start, shared_only=user_id is not None
+                shard,
+                since=since,
+                limit=_filtered(limit) if filtered else limit,
+                start=start,
+                shared_only=filtered,
             )
 
         def start_key(expires: int, pk: str, shard: int = shard) -> dict[str, Any]:
@@ -267,9 +292,11 @@ def _encode_cursor(state: dict[str, Any]) -> str:
 
 def _decode_cursor(cursor: str, names: set[str]) -> dict[str, Any]:
     """The cursor's state; ValueError for anything :func:`lock_page` did not write."""
+    if len(cursor) > MAX_CURSOR:
+        raise ValueError(f"not a page cursor: {cursor[:40]!r}...")
     try:
         state = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except (ValueError, TypeError) as exc:
+    except (ValueError, TypeError, RecursionError) as exc:
         raise ValueError(f"not a page cursor: {cursor[:40]!r}") from exc
     if not isinstance(state, dict) or not isinstance(state.get("t"), int):
         raise ValueError(f"not a page cursor: {cursor[:40]!r}")
@@ -493,9 +520,11 @@ def job_page(
     is a previous page's ``next_cursor``. At most :data:`PAGE_ROUNDS` Scan requests a page."""
     start = None
     if cursor:
+        if len(cursor) > MAX_CURSOR:
+            raise ValueError(f"not a page cursor: {cursor[:40]!r}...")
         try:
             key = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, RecursionError) as exc:
             raise ValueError(f"not a page cursor: {cursor[:40]!r}") from exc
         if not (
             isinstance(key, list) and len(key) == 2 and all(isinstance(k, str) and k for k in key)

@@ -574,3 +574,38 @@ def test_a_running_key_cannot_be_reset(jobs, admin_user, client):
     assert client.post(reverse(RESET), params).status_code == 302
     assert table.get("file:running.csv", table.JOB_SK)["status"] == "RUNNING"
     assert not LogEntry.objects.exists()
+
+
+def test_user_filter_pages_move_on_past_many_rows_of_others(lock_table, holds, monkeypatch):
+    from dynasem import operations
+
+    # Small filtered reads, so that alice's rows take many requests to read past: the page
+    # budget runs out before bob's row is found, and the cursor must still move on.
+    monkeypatch.setattr(operations, "FILTERED_READ", 5)
+    until = core.now_ms() + 600_000
+    put_rows([idle_row(f"alice:{i:03d}", until, holder="alice-id") for i in range(480)])
+    take(holds, "bob:shared", user="bob-id", shared=True, lease=900)
+    cursor, found, cursors = None, [], []
+    for _ in range(12):
+        page = operations.lock_page(user_id="bob-id", cursor=cursor, size=2)
+        found += [hold.resource for hold in page.holds]
+        if not page.next_cursor:
+            break
+        assert page.next_cursor not in cursors, "the same page cursor came back"
+        cursors.append(page.next_cursor)
+        cursor = page.next_cursor
+    assert found == ["bob:shared"]
+
+
+@pytest.mark.parametrize("cursor", ["W" * 20_000, "WwWwWw" * 1000, "[" * 3000])
+def test_forged_cursors_are_value_errors(lock_table, cursor):
+    import base64
+
+    from dynasem import operations
+
+    if cursor.startswith("["):  # deeply nested JSON
+        cursor = base64.urlsafe_b64encode(cursor.encode()).decode()
+    with pytest.raises(ValueError):
+        operations.lock_page(cursor=cursor)
+    with pytest.raises(ValueError):
+        operations.job_page(cursor=cursor)
