@@ -638,10 +638,9 @@ class _Pace:
     """When a queued waiter looks again. A turn comes every hold time plus the hand-over's own
     requests (the release write, then our read that sees it), so the waiter sleeps toward the
     time the holder ahead should be done. A look that finds nothing moved (same holders, same
-    waiters ahead) doubles the next pause: a late holder costs a few reads, not a read every
-    millisecond. The doubling stops at a few hold times while a holder lives (its release
-    must be seen soon), and goes on to a second when nobody holds and the first waiter ahead
-    has not taken its turn: it is most likely dead, and is evicted once its entry expires."""
+    waiters ahead) doubles the next pause: a late holder, or a dead waiter ahead of us
+    blocking a free lock until its entry expires, costs a few reads, not a read every hold
+    time."""
 
     def __init__(self) -> None:
         self.rtt = 0.005  # seconds; an average of our own reads' round trips
@@ -674,18 +673,23 @@ class _Pace:
         # The holder's release lands about one round trip after its hold; every waiter ahead
         # of us then takes a hold plus two round trips (that release, its own read).
         turn = (start + hold + rtt_ms + (hold + 2 * rtt_ms) * len(ahead) - now) / 1000
+        step = max(0.002, self.rtt)
         if live:
-            # Until the first holder could be taken over (its lease end + skew).
+            # Until the first holder could be taken over (its lease end + skew). Overdue:
+            # back off from a round trip, doubling while nothing moves, at most 64 round
+            # trips (a hand-over after a long hold is still seen within a fraction of it).
             first_end = min(int(h["e"]) for h in live.values())
-            cap = max(0.05, 4 * hold / 1000)
+            if turn <= 0:
+                turn = step * 2 ** min(self.early, 6)
         else:
-            # Nobody holds: until the first waiter ahead could be evicted.
+            # Nobody holds, yet a waiter ahead has not taken its turn: if nothing moved since
+            # our last look it is most likely dead; look again ever later, up to a second,
+            # until its entry can be evicted.
             first = min(ahead.values(), key=lambda w: int(w["t"]), default=None)
             first_end = int(first["e"]) if first else now
-            cap = 1.0
+            if self.early:
+                turn = max(turn, step * 2 ** min(self.early, 10))
         until_free = (first_end + skew * 1000 - now) / 1000 + 0.001
-        if turn <= 0 or self.early:  # overdue, or nothing moved since the last look
-            turn = max(turn, min(max(0.002, self.rtt) * 2 ** min(self.early, 10), cap))
         return max(0.001, min(turn, until_free, 1.0))
 
 
