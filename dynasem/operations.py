@@ -285,19 +285,24 @@ def _row(
     )
 
 
-def _encode_cursor(state: dict[str, Any]) -> str:
+def _encode_cursor(state: Any) -> str:
     raw = json.dumps(state, separators=(",", ":"), ensure_ascii=False).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def _decode_cursor(cursor: str, names: set[str]) -> dict[str, Any]:
-    """The cursor's state; ValueError for anything :func:`lock_page` did not write."""
+def _load_cursor(cursor: str) -> Any:
+    """What :func:`_encode_cursor` wrote; ValueError for anything unreadable or too long."""
     if len(cursor) > MAX_CURSOR:
         raise ValueError(f"not a page cursor: {cursor[:40]!r}...")
     try:
-        state = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+        return json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
     except (ValueError, TypeError, RecursionError) as exc:
         raise ValueError(f"not a page cursor: {cursor[:40]!r}") from exc
+
+
+def _decode_cursor(cursor: str, names: set[str]) -> dict[str, Any]:
+    """The cursor's state; ValueError for anything :func:`lock_page` did not write."""
+    state = _load_cursor(cursor)
     if not isinstance(state, dict) or not isinstance(state.get("t"), int):
         raise ValueError(f"not a page cursor: {cursor[:40]!r}")
     positions = state.get("p")
@@ -520,12 +525,7 @@ def job_page(
     is a previous page's ``next_cursor``. At most :data:`PAGE_ROUNDS` Scan requests a page."""
     start = None
     if cursor:
-        if len(cursor) > MAX_CURSOR:
-            raise ValueError(f"not a page cursor: {cursor[:40]!r}...")
-        try:
-            key = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-        except (ValueError, TypeError, RecursionError) as exc:
-            raise ValueError(f"not a page cursor: {cursor[:40]!r}") from exc
+        key = _load_cursor(cursor)
         if not (
             isinstance(key, list) and len(key) == 2 and all(isinstance(k, str) and k for k in key)
         ):
@@ -548,8 +548,7 @@ def job_page(
     next_cursor = None
     if start:
         # The last key read, which may be a lock row's: a Scan goes on from any item's key.
-        key = [start["pk"]["S"], start["sk"]["S"]]
-        next_cursor = base64.urlsafe_b64encode(json.dumps(key).encode()).decode().rstrip("=")
+        next_cursor = _encode_cursor([start["pk"]["S"], start["sk"]["S"]])
     return JobPage(jobs, next_cursor)
 
 

@@ -783,27 +783,6 @@ def iter_expiring(shard: int, **kwargs: Any) -> Iterator[dict[str, Any]]:
             return
 
 
-def query_user(user_id: str, since: int) -> Iterator[dict[str, Any]]:
-    """Rows whose latest holder is ``user_id`` and whose lease ends at or after ``since``."""
-    start = None
-    while True:
-        kwargs: dict[str, Any] = {
-            "TableName": settings.TABLE_NAME,
-            "IndexName": USER_INDEX,
-            "KeyConditionExpression": "#uid = :u AND #exp >= :a",
-            "ExpressionAttributeNames": {"#uid": "userId", "#exp": "expires"},
-            "ExpressionAttributeValues": _encode({":u": user_id, ":a": since}),
-        }
-        if start:
-            kwargs["ExclusiveStartKey"] = start
-        response = _send("query", **kwargs)
-        for item in response.get("Items", []):
-            yield decode(item)  # type: ignore[misc]
-        start = response.get("LastEvaluatedKey")
-        if not start:
-            return
-
-
 def delete_expired(pk: str, sk: str, cutoff_ms: int) -> bool:
     """Delete a row only if its lease still ended before ``cutoff_ms``; False if it survived."""
     try:
@@ -823,7 +802,8 @@ def delete_expired(pk: str, sk: str, cutoff_ms: int) -> bool:
 def query_user_page(
     user_id: str, since: int, limit: int | None, start: dict[str, Any] | None
 ) -> tuple[list[Any], dict[str, Any] | None]:
-    """One page of the userId index (``query_user`` reads every page in one go)."""
+    """One page of the userId index: rows whose latest holder is ``user_id`` and whose lease
+    ends at or after ``since`` (epoch seconds)."""
     kwargs: dict[str, Any] = {
         "TableName": settings.TABLE_NAME,
         "IndexName": USER_INDEX,
