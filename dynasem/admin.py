@@ -51,6 +51,25 @@ class DynamoDBAdmin(admin.ModelAdmin):
     DynamoDB rows, holders shown by username where they are Django users."""
 
     list_per_page = 100
+    # The one action page: its URL (``<action>/``, named ``..._<action>``) serves
+    # ``action_view``, its confirmation on GET and the change itself on POST.
+    action = ""
+
+    def action_view(self, request: HttpRequest) -> HttpResponse:
+        raise NotImplementedError
+
+    def get_urls(self) -> list[Any]:
+        info = self.opts.app_label, self.opts.model_name
+        wrap = self.admin_site.admin_view
+        confirm_then_post = require_http_methods(["GET", "POST"])(self.action_view)
+        return [
+            path("", wrap(self.changelist_view), name="{}_{}_changelist".format(*info)),
+            path(
+                f"{self.action}/",
+                wrap(confirm_then_post),
+                name="{}_{}_{}".format(*info, self.action),
+            ),
+        ]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -151,16 +170,10 @@ class DynamoDBAdmin(admin.ModelAdmin):
 class LockAdmin(DynamoDBAdmin):
     """The holds in DynamoDB, a page at a time, soonest lease end first; break one."""
 
+    action = "release"
+
     def has_release_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(f"{self.opts.app_label}.release_lock")
-
-    def get_urls(self) -> list[Any]:
-        info = self.opts.app_label, self.opts.model_name
-        wrap = self.admin_site.admin_view
-        return [
-            path("", wrap(self.changelist_view), name="{}_{}_changelist".format(*info)),
-            path("release/", wrap(self.release_view), name="{}_{}_release".format(*info)),
-        ]
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         if not self.has_view_permission(request):
@@ -253,10 +266,8 @@ class LockAdmin(DynamoDBAdmin):
                 return hold
         return None
 
-    def release_view(self, request: HttpRequest) -> HttpResponse:
-        return require_http_methods(["GET", "POST"])(self._release)(request)
-
-    def _release(self, request: HttpRequest) -> HttpResponse:
+    def action_view(self, request: HttpRequest) -> HttpResponse:
+        """Break one hold: its confirmation page (GET), then the break (POST)."""
         if not self.has_release_permission(request):
             raise PermissionDenied
         # The list links to the confirmation by fence, so a hold's token stays out of URLs
@@ -306,18 +317,11 @@ class LockAdmin(DynamoDBAdmin):
 class JobAdmin(DynamoDBAdmin):
     """The run_once keys and how their last run went; reset a DONE or FAILED one."""
 
+    action = "reset"
     statuses = (table.RUNNING, table.FAILED, table.DONE, operations.NEW)
 
     def has_reset_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(f"{self.opts.app_label}.reset_job")
-
-    def get_urls(self) -> list[Any]:
-        info = self.opts.app_label, self.opts.model_name
-        wrap = self.admin_site.admin_view
-        return [
-            path("", wrap(self.changelist_view), name="{}_{}_changelist".format(*info)),
-            path("reset/", wrap(self.reset_view), name="{}_{}_reset".format(*info)),
-        ]
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         if not self.has_view_permission(request):
@@ -377,10 +381,8 @@ class JobAdmin(DynamoDBAdmin):
         }
         return TemplateResponse(request, "admin/dynasem/job/change_list.html", context)
 
-    def reset_view(self, request: HttpRequest) -> HttpResponse:
-        return require_http_methods(["GET", "POST"])(self._reset)(request)
-
-    def _reset(self, request: HttpRequest) -> HttpResponse:
+    def action_view(self, request: HttpRequest) -> HttpResponse:
+        """Reset one DONE or FAILED key: its confirmation page (GET), then the reset (POST)."""
         if not self.has_reset_permission(request):
             raise PermissionDenied
         source = request.POST if request.method == "POST" else request.GET
