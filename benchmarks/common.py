@@ -20,13 +20,16 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import math
+import multiprocessing as mp
 import os
 import platform
+import queue
 import re
 import shlex
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
@@ -248,6 +251,51 @@ def process_cpu(pid: int | None = None) -> float:
         return t.user + t.system
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def collect(out: Any, n: int, what: str, timeout: float) -> list[Any]:
+    """One answer from each of ``n`` workers, by worker index; a worker's error is raised."""
+    results: list[Any] = [None] * n
+    deadline = time.monotonic() + timeout
+    got = 0
+    while got < n:
+        try:
+            status, idx, payload = out.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            raise RuntimeError(
+                f"{what}: {n - got} workers did not answer in {timeout:g} s"
+            ) from None
+        if status == "error":
+            raise RuntimeError(f"{what}: worker {idx} failed:\n{payload}")
+        results[idx] = payload
+        got += 1
+    return results
+
+
+@contextlib.contextmanager
+def worker_pool(worker: Any, cfg: dict[str, Any], n: int) -> Iterator[tuple[list[Any], Any]]:
+    """``n`` spawned processes running ``worker(cfg, i, jobs, barrier, out)``; yields their job
+    queues and the answer queue once every one answered its start-up, and ends them after."""
+    ctx = mp.get_context("spawn")
+    barrier = ctx.Barrier(n)
+    out = ctx.Queue()
+    job_queues = [ctx.Queue() for _ in range(n)]
+    procs = [
+        ctx.Process(target=worker, args=(cfg, i, job_queues[i], barrier, out), daemon=True)
+        for i in range(n)
+    ]
+    for p in procs:
+        p.start()
+    try:
+        collect(out, n, "start-up", 180)
+        yield job_queues, out
+    finally:
+        for q in job_queues:
+            q.put(None)
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
 
 
 def dynasem_client(counter: RequestCounter | None = None) -> Any:

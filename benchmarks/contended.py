@@ -35,9 +35,7 @@ Reported per run:
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
-import queue
 import sys
 import time
 import traceback
@@ -143,24 +141,6 @@ def with_barrier_broken(barrier: Any) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def collect(out: Any, n: int, what: str, timeout: float) -> list[Any]:
-    results: list[Any] = [None] * n
-    deadline = time.monotonic() + timeout
-    got = 0
-    while got < n:
-        try:
-            status, idx, payload = out.get(timeout=max(0.1, deadline - time.monotonic()))
-        except queue.Empty:
-            raise RuntimeError(
-                f"{what}: {n - got} workers did not answer in {timeout:g} s"
-            ) from None
-        if status == "error":
-            raise RuntimeError(f"{what}: worker {idx} failed:\n{payload}")
-        results[idx] = payload
-        got += 1
-    return results
-
-
 def analyse(results: list[dict[str, Any]]) -> dict[str, Any]:
     holds = []  # (t_acq, t_end, worker)
     waits = []
@@ -242,19 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         for p in args.peer_retry_ms:
             runs.append({"kind": "peer", "retry_ms": p, "label": f"{common.PEER} (retry {p} ms)"})
 
-        ctx = mp.get_context("spawn")
         n = args.processes
-        barrier = ctx.Barrier(n)
-        out = ctx.Queue()
-        job_queues = [ctx.Queue() for _ in range(n)]
-        procs = [
-            ctx.Process(target=worker, args=(cfg, i, job_queues[i], barrier, out), daemon=True)
-            for i in range(n)
-        ]
-        for p in procs:
-            p.start()
-        try:
-            collect(out, n, "start-up", 180)
+        with common.worker_pool(worker, cfg, n) as (job_queues, out):
             # Unmeasured warm-up runs, one per kind, so the engine's JIT is warm for all.
             warm_ups = {r["kind"]: dict(r, retry_ms=r.get("retry_ms")) for r in runs}
             for k, run in enumerate(warm_ups.values()):
@@ -269,7 +238,7 @@ def main(argv: list[str] | None = None) -> int:
                         }
                     )
                 print(f"warming up {run['label']} ...", flush=True)
-                collect(out, n, "warm-up " + run["label"], 600)
+                common.collect(out, n, "warm-up " + run["label"], 600)
             for k, run in enumerate(runs):
                 job = {
                     "kind": run["kind"],
@@ -281,20 +250,13 @@ def main(argv: list[str] | None = None) -> int:
                 for q in job_queues:
                     q.put(job)
                 print(f"running {run['label']} ...", flush=True)
-                run["stats"] = analyse(collect(out, n, run["label"], 600))
+                run["stats"] = analyse(common.collect(out, n, run["label"], 600))
                 s = run["stats"]
                 print(
                     f"  {s['rate']:.1f} acquisitions/s, utilisation {s['util']:.2f}, "
                     f"{s['per_acq']:.2f} requests/acquisition, overlaps {s['overlaps']}",
                     flush=True,
                 )
-        finally:
-            for q in job_queues:
-                q.put(None)
-            for p in procs:
-                p.join(30)
-                if p.is_alive():
-                    p.kill()
 
     peers = [r for r in runs if r["kind"] == "peer"]
     best = max(peers, key=lambda r: r["stats"]["rate"])

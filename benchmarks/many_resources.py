@@ -22,8 +22,6 @@ throughput`` (the floor at the same concurrency) is shown beside it.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
-import queue
 import random
 import sys
 import time
@@ -125,20 +123,6 @@ def worker(cfg: dict[str, Any], idx: int, jobs: Any, barrier: Any, out: Any) -> 
     peer.close()
 
 
-def collect(out: Any, n: int, what: str, timeout: float) -> list[Any]:
-    results: list[Any] = [None] * n
-    deadline = time.monotonic() + timeout
-    for _ in range(n):
-        try:
-            status, idx, payload = out.get(timeout=max(0.1, deadline - time.monotonic()))
-        except queue.Empty:
-            raise RuntimeError(f"{what}: workers did not answer in {timeout:g} s") from None
-        if status == "error":
-            raise RuntimeError(f"{what}: worker {idx} failed:\n{payload}")
-        results[idx] = payload
-    return [r for r in results if r is not None]
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", type=int, default=8)
@@ -169,18 +153,7 @@ def main(argv: list[str] | None = None) -> int:
             {"key": "dynasem", "kind": "dynasem", "active": n, "label": f"dynasem x{n}"},
             {"key": "peer", "kind": "peer", "active": n, "label": f"{common.PEER} x{n}"},
         ]
-        ctx = mp.get_context("spawn")
-        barrier = ctx.Barrier(n)
-        out = ctx.Queue()
-        job_queues = [ctx.Queue() for _ in range(n)]
-        procs = [
-            ctx.Process(target=worker, args=(cfg, i, job_queues[i], barrier, out), daemon=True)
-            for i in range(n)
-        ]
-        for p in procs:
-            p.start()
-        try:
-            collect(out, n, "start-up", 180)
+        with common.worker_pool(worker, cfg, n) as (job_queues, out):
             plan = [("warm-up", r, args.warmup) for r in runs if r["active"] == n]
             plan += [("run", r, args.seconds) for r in runs]
             for k, (phase, run, seconds) in enumerate(plan):
@@ -194,7 +167,9 @@ def main(argv: list[str] | None = None) -> int:
                 for q in job_queues:
                     q.put(job)
                 print(f"{phase} {run['label']} ({seconds:g} s) ...", flush=True)
-                results = collect(out, n, run["label"], seconds + 300)
+                # Workers left out of a run (floor x1) answer None.
+                answers = common.collect(out, n, run["label"], seconds + 300)
+                results = [r for r in answers if r is not None]
                 if phase == "run":
                     wall = max(r["t_end"] for r in results) - min(r["t0"] for r in results)
                     total = sum(r["cycles"] for r in results)
@@ -204,13 +179,6 @@ def main(argv: list[str] | None = None) -> int:
                     run["rate"] = total / wall
                     run["requests"] = common.merge(r["requests"] for r in results)
                     print(f"  {run['rate']:.1f} cycles/s", flush=True)
-        finally:
-            for q in job_queues:
-                q.put(None)
-            for p in procs:
-                p.join(30)
-                if p.is_alive():
-                    p.kill()
 
     by = {r["key"]: r for r in runs}
     floor1, floor8 = by["floor1"]["rate"], by["floor8"]["rate"]
