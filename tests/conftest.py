@@ -106,3 +106,26 @@ def requests_sent(lock_table: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     yield counter
     for client in hooked:
         client.meta.events.unregister("before-call.dynamodb", counter)
+
+
+@pytest.fixture
+def holds(lock_table: str) -> Iterator[list[Any]]:
+    """Holds taken by a test (see :func:`take`); whatever is still ours is released at the end
+    (a hold the test broke or let expire is only cleaned up, whatever the outcome)."""
+    taken: list[Any] = []
+    yield taken
+    for held in taken:
+        held._stop_heartbeat()
+        try:
+            held.release()
+        except Exception:
+            pass
+
+
+def take(holds: list[Any], resource: str, **kwargs: Any) -> Any:
+    """``semaphore(resource, **kwargs).acquire()``, released by the ``holds`` fixture."""
+    from dynasem import semaphore
+
+    held = semaphore(resource, **kwargs).acquire()
+    holds.append(held)
+    return held

@@ -24,6 +24,7 @@ from dynasem import LockLost, core, run_once, semaphore, table
 from dynasem.models import Job, Lock
 from dynasem.operations import holds_on, queue_depth
 from dynasem.signals import lock_released
+from tests.conftest import take
 
 pytestmark = pytest.mark.django_db
 
@@ -54,24 +55,6 @@ def next_url(response) -> str | None:
 @pytest.fixture
 def alice(django_user_model):
     return django_user_model.objects.create_user("alice", password="pw")
-
-
-@pytest.fixture
-def holds(lock_table) -> Iterator[list[Any]]:
-    """Holds taken by a test; whatever is still ours is released at the end."""
-    taken: list[Any] = []
-    yield taken
-    for held in taken:
-        try:
-            held.release()
-        except LockLost:
-            pass
-
-
-def take(holds: list[Any], resource: str, **kwargs: Any) -> Any:
-    held = semaphore(resource, **kwargs).acquire()
-    holds.append(held)
-    return held
 
 
 @pytest.fixture

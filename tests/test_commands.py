@@ -16,7 +16,7 @@ from django.test import override_settings
 
 from dynasem import LockLost, core, run_once, semaphore, table
 from dynasem.operations import holds_on
-from tests.conftest import dynasem_settings
+from tests.conftest import dynasem_settings, take
 
 
 def run(name: str, *args: str, **options: Any) -> str:
@@ -43,25 +43,6 @@ def no_ttl(lock_table: str) -> str:
     status = table.get_client().describe_time_to_live(TableName=lock_table)
     assert status["TimeToLiveDescription"]["TimeToLiveStatus"] in ("DISABLED", "DISABLING")
     return lock_table
-
-
-@pytest.fixture
-def holds(lock_table: str) -> Iterator[list[Any]]:
-    """Holds taken by a test; whatever is still ours is released at the end."""
-    taken: list[Any] = []
-    yield taken
-    for held in taken:
-        held._stop_heartbeat()
-        try:
-            held.release()
-        except Exception:
-            pass
-
-
-def take(holds: list[Any], resource: str, **kwargs: Any) -> Any:
-    held = semaphore(resource, **kwargs).acquire()
-    holds.append(held)
-    return held
 
 
 # ---------------------------------------------------------------------------------------------
