@@ -174,6 +174,9 @@ _current: _Scheduler | None = None
 
 def _scheduler() -> _Scheduler:
     global _current
+    current = _current
+    if current is not None:  # every acquire comes here: no lock once it exists
+        return current
     with _lock:
         if _current is None:
             _current = _Scheduler()
