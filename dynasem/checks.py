@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -69,6 +70,16 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 f"DYNASEM['REGION_NAME'] must be None or a str, not {region!r}.", id="dynasem.E005"
             )
         )
+    push = raw.get("PUSH", DEFAULTS["PUSH"])
+    if push is not None and not _valid_push(push):
+        problems.append(
+            Error(
+                f"DYNASEM['PUSH'] must be None (no hand-over pushes) or an IPv4 address to "
+                f"listen on, such as '127.0.0.1', not {push!r}.",
+                hint=HINT,
+                id="dynasem.E010",
+            )
+        )
     checks = (
         ("LEASE", lambda v: core.check_lease(v, "DYNASEM['LEASE']"), "dynasem.E006"),
         ("WAIT", lambda v: v is None or core.check_wait(v, "DYNASEM['WAIT']"), "dynasem.E007"),
@@ -102,3 +113,13 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 )
             )
     return problems
+
+
+def _valid_push(value: object) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        socket.inet_aton(value)
+    except OSError:
+        return False
+    return value.count(".") == 3

@@ -19,6 +19,7 @@ DEFAULTS: dict[str, Any] = {
     "WAIT": 0,
     "CLOCK_SKEW": 5,
     "FAIR": False,
+    "PUSH": "127.0.0.1",
 }
 
 FALLBACK_REGION = "us-east-1"
@@ -63,6 +64,10 @@ class Settings:
     @property
     def FAIR(self) -> bool:  # noqa: N802
         return bool(self._get("FAIR"))
+
+    @property
+    def PUSH(self) -> str | None:  # noqa: N802
+        return self._get("PUSH") or None
 
     def unknown_keys(self) -> list[str]:
         return sorted(set(self.raw) - set(DEFAULTS))

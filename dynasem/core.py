@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from numbers import Real
 from typing import Any
 
-from . import table
+from . import table, wakeup
 from .conf import settings
 from .exceptions import LockLost, SemaphoreBusy, SemaphoreUnavailable
 from .signals import lock_acquired, lock_busy, lock_lost, lock_released
@@ -47,6 +47,15 @@ BACKOFF_FIRST = 0.02
 BACKOFF_CAP = 0.5
 # Immediate re-tries when a refusal shows room we had not seen (not a busy wait).
 MAX_REPLANS = 25
+# How long after joining a resource's queue our next acquire of it joins the queue first.
+GUESS_BUSY_FOR = 10.0
+# Resources this process recently queued for (monotonic time), for that guess.
+_queued_recently: dict[str, float] = {}
+# Resources whose hand-overs recently reached us by push (monotonic time): while they do, a
+# queued waiter reads only as a fallback, after PUSH_PATIENCE seconds without one.
+_pushed_recently: dict[str, float] = {}
+PUSH_PATIENCE = 0.5
+MAX_REMEMBERED = 4096
 # Re-tries of a write that failed in transit, however short the wait.
 MIN_TRANSIENT_RETRIES = 2
 
@@ -348,123 +357,157 @@ class Semaphore:
         seen: dict[str, dict[str, Any] | None] = {}
         sleeps = replans = failures = 0
         pace = _Pace()  # a queued waiter's timing: request round trip, looks found too early
-        while True:
-            sent_mono = monotonic()
-            now = now_ms()
-            stale = now - int(skew * 1000)
-            entry = table.holder_entry(
-                user_id, now + int(lease * 1000), _new_fence(skew), now, self.shared
-            )
-            plans = {r: self._plan(r, seen.get(r), token, entry, stale) for r in resources}
-            blocked = {r: p.busy for r, p in plans.items() if p.busy is not None}
-            if not blocked:
-                acting = [r for r in resources if plans[r].action is not None]
-                if not acting:
-                    return self._held(token, user_id, plans, lease, skew, None, seen)
-                actions = [plans[r].action for r in acting]
-                try:
-                    if len(actions) == 1:
-                        after = yield _Write(
-                            lambda a=actions[0]: table.update(a, return_new=True),
-                            self,
-                            token,
-                            acting,
-                        )
-                    else:  # all or none
-                        yield _Write(lambda a=actions: table.transact(a), self, token, acting)
-                except table.Refused as refused:
-                    seen[acting[0]] = refused.old or {}
-                except table.Cancelled as cancelled:
-                    conflict = True
-                    for r, (code, old) in zip(acting, cancelled.reasons, strict=False):
-                        if code == "ConditionalCheckFailed":
-                            seen[r] = old or {}
-                            conflict = False
-                    if conflict:
-                        # Another transaction was on these items: step aside briefly.
-                        yield random.uniform(0.002, 0.02)
-                except SemaphoreUnavailable as exc:
-                    failures += 1
-                    # An ambiguous failure (5xx, timeout) may hide an applied write: the same
-                    # write again (same token) is refused by our own hold, which tells us so.
-                    # Give it a few tries even past the wait budget, then withdraw what may be
-                    # ours. A throttled or unconnected request was never applied.
-                    ambiguous = getattr(exc, "ambiguous", False)
-                    out_of_time = monotonic() >= deadline and (
-                        not ambiguous or failures > MIN_TRANSIENT_RETRIES
+        # Busy last time we looked, a short while ago? Then most likely busy now: join the
+        # queue in our first write (it is refused if the lock is free, and we take it then).
+        guess_busy = (
+            len(resources) == 1
+            and self.mode == MODE_EXCLUSIVE
+            and wait > 0
+            and monotonic() - _queued_recently.get(resources[0], -math.inf) < GUESS_BUSY_FOR
+        )
+        try:
+            while True:
+                if guess_busy:
+                    guess_busy = False
+                    seen[resources[0]] = yield from self._wait_in_queue(
+                        resources[0],
+                        None,
+                        token,
+                        user_id,
+                        lease,
+                        skew,
+                        False,
+                        deadline - monotonic(),
+                        pace,
+                        if_busy_ms=now_ms() - int(skew * 1000),
                     )
-                    if not getattr(exc, "transient", False) or out_of_time:
-                        if ambiguous:
-                            yield lambda a=acting: self._withdraw(token, a)
-                        raise
-                    yield min(_backoff(failures), max(0.05, deadline - monotonic()))
                     continue
-                else:
-                    if len(resources) == 1:
-                        seen[resources[0]] = after
-                    return self._held(token, user_id, plans, lease, skew, sent_mono, seen)
-                replans += 1
-                if replans <= MAX_REPLANS:
-                    continue  # the refusal told us the state: plan again from it at once
-                blocked = {r: {} for r in resources}
-            # Busy: wait within the budget (never much past the first lease end), look again.
-            remaining = deadline - monotonic()
-            queued = (
-                len(resources) == 1
-                and plans.get(resources[0]) is not None
-                and any(p.queued for p in plans.values())
-            )
-            if remaining <= 0:
-                if queued:
-                    # Leave the queue; a hand-over that reached us meanwhile is ours to keep.
-                    try:
-                        yield lambda: table.update(table.dequeue(resources[0], token))
-                    except table.Refused as refused:
-                        if token in ((refused.old or {}).get("holders") or {}):
-                            seen[resources[0]] = refused.old
-                            continue
-                    except SemaphoreUnavailable:
-                        pass  # our entry expires with its lease
-                raise self._busy(blocked, skew, user_id, token)
-            if len(resources) == 1 and (queued or self._should_queue(seen.get(resources[0]))):
-                seen[resources[0]] = yield from self._wait_in_queue(
-                    resources[0],
-                    seen.get(resources[0]),
-                    token,
-                    user_id,
-                    lease,
-                    skew,
-                    queued,
-                    remaining,
-                    pace,
+                sent_mono = monotonic()
+                now = now_ms()
+                stale = now - int(skew * 1000)
+                entry = table.holder_entry(
+                    user_id, now + int(lease * 1000), _new_fence(skew), now, self.shared
                 )
-                replans = 0
-                continue
-            sleeps += 1
-            until_free = _seconds_until_free(blocked, skew)
-            yield max(0.0, min(_backoff(sleeps), until_free + 0.005, remaining))
-            replans = 0
-            for r in blocked:
-                old = seen.get(r) or {}
-                if (
-                    old.get("mode") in (MODE_COUNTING, MODE_SHARED)
-                    and len(_live_holders(old, now_ms() - int(skew * 1000))) > 1
-                ):
-                    # Some of several holders are surely still there: read which, cheaply.
+                plans = {r: self._plan(r, seen.get(r), token, entry, stale) for r in resources}
+                blocked = {r: p.busy for r, p in plans.items() if p.busy is not None}
+                if not blocked:
+                    acting = [r for r in resources if plans[r].action is not None]
+                    if not acting:
+                        return self._held(token, user_id, plans, lease, skew, None, seen)
+                    actions = [plans[r].action for r in acting]
                     try:
-                        seen[r] = yield lambda r=r: table.get(r)
-                    except SemaphoreUnavailable:
-                        seen[r] = None
-                else:
-                    # Guess it free (one write tells us otherwise), keeping the fence we saw.
-                    seen[r] = {"fence": old["fence"]} if old.get("fence") else None
+                        if len(actions) == 1:
+                            after = yield _Write(
+                                lambda a=actions[0]: table.update(a, return_new=True),
+                                self,
+                                token,
+                                acting,
+                            )
+                        else:  # all or none
+                            yield _Write(lambda a=actions: table.transact(a), self, token, acting)
+                    except table.Refused as refused:
+                        seen[acting[0]] = refused.old or {}
+                    except table.Cancelled as cancelled:
+                        conflict = True
+                        for r, (code, old) in zip(acting, cancelled.reasons, strict=False):
+                            if code == "ConditionalCheckFailed":
+                                seen[r] = old or {}
+                                conflict = False
+                        if conflict:
+                            # Another transaction was on these items: step aside briefly.
+                            yield random.uniform(0.002, 0.02)
+                    except SemaphoreUnavailable as exc:
+                        failures += 1
+                        # An ambiguous failure (5xx, timeout) may hide an applied write: the same
+                        # write again (same token) is refused by our own hold, which tells us so.
+                        # Give it a few tries even past the wait budget, then withdraw what may be
+                        # ours. A throttled or unconnected request was never applied.
+                        ambiguous = getattr(exc, "ambiguous", False)
+                        out_of_time = monotonic() >= deadline and (
+                            not ambiguous or failures > MIN_TRANSIENT_RETRIES
+                        )
+                        if not getattr(exc, "transient", False) or out_of_time:
+                            if ambiguous:
+                                yield lambda a=acting: self._withdraw(token, a)
+                            raise
+                        yield min(_backoff(failures), max(0.05, deadline - monotonic()))
+                        continue
+                    else:
+                        if len(resources) == 1:
+                            seen[resources[0]] = after
+                            if not (after or {}).get("queue"):
+                                _queued_recently.pop(resources[0], None)
+                        return self._held(token, user_id, plans, lease, skew, sent_mono, seen)
+                    replans += 1
+                    if replans <= MAX_REPLANS:
+                        continue  # the refusal told us the state: plan again from it at once
+                    blocked = {r: {} for r in resources}
+                # Busy: wait within the budget (never much past the first lease end), look again.
+                remaining = deadline - monotonic()
+                queued = (
+                    len(resources) == 1
+                    and plans.get(resources[0]) is not None
+                    and any(p.queued for p in plans.values())
+                )
+                if remaining <= 0:
+                    if queued or pace.enqueued:
+                        # Leave the queue; a hand-over that reached us meanwhile is ours to keep.
+                        try:
+                            yield lambda: table.update(table.dequeue(resources[0], token))
+                        except table.Refused as refused:
+                            if token in ((refused.old or {}).get("holders") or {}):
+                                seen[resources[0]] = refused.old
+                                continue
+                        except SemaphoreUnavailable:
+                            pass  # our entry expires with its lease
+                    raise self._busy(blocked, skew, user_id, token)
+                if len(resources) == 1 and (queued or self._should_queue(seen.get(resources[0]))):
+                    seen[resources[0]] = yield from self._wait_in_queue(
+                        resources[0],
+                        seen.get(resources[0]),
+                        token,
+                        user_id,
+                        lease,
+                        skew,
+                        queued,
+                        remaining,
+                        pace,
+                    )
+                    replans = 0
+                    continue
+                sleeps += 1
+                until_free = _seconds_until_free(blocked, skew)
+                yield max(0.0, min(_backoff(sleeps), until_free + 0.005, remaining))
+                replans = 0
+                for r in blocked:
+                    old = seen.get(r) or {}
+                    if (
+                        old.get("mode") in (MODE_COUNTING, MODE_SHARED)
+                        and len(_live_holders(old, now_ms() - int(skew * 1000))) > 1
+                    ):
+                        # Some of several holders are surely still there: read which, cheaply.
+                        try:
+                            seen[r] = yield lambda r=r: table.get(r)
+                        except SemaphoreUnavailable:
+                            seen[r] = None
+                    else:
+                        # Guess it free (one write tells us otherwise), keeping the fence we saw.
+                        seen[r] = {"fence": old["fence"]} if old.get("fence") else None
+        finally:
+            wakeup.forget(token)  # a push that comes now is for a wait that is over
 
     def _should_queue(self, seen: dict[str, Any] | None) -> bool:
         """Queue up (rather than poll with backoff) when fair, when others already do, or as
         a writer behind readers: new readers then queue behind us, so writers never starve."""
         seen = seen or {}
-        writer_behind_readers = self.mode == MODE_EXCLUSIVE and seen.get("mode") == MODE_SHARED
-        return self.fair or bool(seen.get("queue")) or writer_behind_readers
+        exclusive = self.mode == MODE_EXCLUSIVE
+        writer_behind_readers = exclusive and seen.get("mode") == MODE_SHARED
+        if self.fair or bool(seen.get("queue")) or writer_behind_readers:
+            return True
+        # A waiter that can be pushed the hand-over queues too: the releasing holder then
+        # hands it the lock in its release write and tells it at once, which beats polling
+        # on both requests and idle time.
+        return exclusive and seen.get("mode", MODE_EXCLUSIVE) == MODE_EXCLUSIVE and wakeup.available()
 
     def _wait_in_queue(
         self,
@@ -477,9 +520,13 @@ class Semaphore:
         queued: bool,
         remaining: float,
         pace: _Pace,
+        if_busy_ms: int | None = None,
     ) -> Generator[Any, Any, dict[str, Any] | None]:
         """Join the queue (once), then sleep toward our likely turn and look again: with a
-        cheap read, or by renewing our place when its lease is half gone. Returns the state."""
+        cheap read, or by renewing our place when its lease is half gone. Returns the state.
+
+        ``if_busy_ms``: join only if someone holds it (a lease ending at or after this) or
+        waits; otherwise the refusal's old item is returned, to take it from."""
         now = now_ms()
         if not queued:
             stored = int((seen or {}).get("ticket") or 0)
@@ -490,23 +537,50 @@ class Semaphore:
                 "s": self.shared,
                 "l": int(lease * 1000),
             }
+            address = wakeup.expect(resource, token)
+            if address is not None:
+                waiter["n"] = address  # where the holder that hands us the lock tells us
             fresh = seen is not None and "queue" not in seen
-            for _ in range(3):
+            pace.enqueued = True  # from now on, giving up means leaving the queue
+            for attempt in range(1, 4):
                 try:
-                    return (
-                        yield lambda f=fresh: table.update(
-                            table.enqueue(resource, token, waiter, fresh=f), return_new=True
-                        )
+                    after = yield lambda f=fresh: table.update(
+                        table.enqueue(resource, token, waiter, fresh=f, if_busy_ms=if_busy_ms),
+                        return_new=True,
                     )
+                    if len(_queued_recently) >= MAX_REMEMBERED:
+                        _queued_recently.clear()
+                        _pushed_recently.clear()
+                    _queued_recently[resource] = monotonic()
+                    return after
                 except table.Refused as refused:
                     old = refused.old or {}
                     if token in (old.get("queue") or {}):
                         return old  # our own enqueue, its response lost
+                    if if_busy_ms is not None:
+                        return old  # free, most likely: plan from what it is
                     fresh = "queue" not in old
                     waiter["t"] = max(waiter["t"], int(old.get("ticket") or 0) + 1)
+                except SemaphoreUnavailable as exc:
+                    # In transit: maybe applied (then the same write is refused by our own
+                    # entry, which tells us so), maybe not. The caller looks again.
+                    if not getattr(exc, "transient", False):
+                        raise
+                    yield min(_backoff(attempt), max(0.001, remaining))
             return seen
         mine = ((seen or {}).get("queue") or {}).get(token) or {}
-        yield max(0.001, min(pace.turn_in(seen, token, skew), remaining))
+        nap = max(0.001, min(pace.turn_in(seen, token, skew), remaining))
+        if mine.get("n"):
+            if monotonic() - _pushed_recently.get(resource, -math.inf) < GUESS_BUSY_FOR:
+                # Hand-overs of this resource reached us by push lately: a read before the
+                # next one would most likely find nothing new. Look only as a fallback.
+                nap = max(nap, min(PUSH_PATIENCE, pace.until_free, remaining))
+            pushed = yield lambda: wakeup.wait(token, nap)
+            if pushed is not None:
+                _pushed_recently[resource] = monotonic()
+                return pushed  # handed the lock (or told it is free): the item as written
+        else:
+            yield nap
         sent = monotonic()
         if int(mine.get("e", 0)) - now_ms() < lease * 500:
             try:
@@ -646,6 +720,8 @@ class _Pace:
         self.rtt = 0.005  # seconds; an average of our own reads' round trips
         self.early = 0  # looks in a row that found nothing moved
         self.state: Any = None
+        self.until_free = 1.0  # seconds until the first holder (or waiter) ahead lapses
+        self.enqueued = False  # an enqueue of ours was sent (it may have been applied)
 
     def answered(self, seconds: float) -> None:
         self.rtt = (3 * self.rtt + min(seconds, 0.5)) / 4
@@ -690,6 +766,7 @@ class _Pace:
             if self.early:
                 turn = max(turn, step * 2 ** min(self.early, 10))
         until_free = (first_end + skew * 1000 - now) / 1000 + 0.001
+        self.until_free = max(0.001, until_free)
         return max(0.001, min(turn, until_free, 1.0))
 
 
@@ -997,7 +1074,7 @@ class Held:
             bool(waiter.get("s", False)),
         )
         try:
-            table.update(
+            item = table.update(
                 table.hand_over(
                     self.resource,
                     self.token,
@@ -1005,9 +1082,9 @@ class Held:
                     int(waiter["t"]),
                     entry,
                     hold_ms=self._hold_ms(),
-                )
+                ),
+                return_new=True,
             )
-            return True
         except table.Refused as refused:
             old = refused.old or {}
             if self.token in (old.get("holders") or {}):
@@ -1016,6 +1093,9 @@ class Held:
             return self._released_by(old, refused.retried)
         except SemaphoreUnavailable:
             return None
+        if waiter.get("n") and item:
+            wakeup.push(waiter["n"], self.resource, token, item)
+        return True
 
     def _give_back(self) -> bool:
         """Send the release; True if every resource was ours until now."""
@@ -1039,7 +1119,8 @@ class Held:
             ]
             try:
                 if len(actions) == 1:
-                    table.update(actions[0])
+                    after = table.update(actions[0], return_new=True)
+                    self._wake_first(after)
                 else:
                     table.transact(actions)
                 return ok
@@ -1062,6 +1143,20 @@ class Held:
                 logger.warning("dynasem: could not release %r (%s); it expires", pending, exc)
                 return ok
         return ok
+
+    def _wake_first(self, item: dict[str, Any] | None) -> None:
+        """After a plain release: if waiters are queued (ones we did not know of when we
+        could have handed over), push the first one the item, so it takes the lock now
+        instead of at its next paced read."""
+        queue = (item or {}).get("queue") or {}
+        if not queue or (item or {}).get("holders"):
+            return
+        now = now_ms()
+        live = [(int(w["t"]), t, w) for t, w in queue.items() if int(w.get("e", 0)) > now]
+        if live:
+            _, first, waiter = min(live)
+            if waiter.get("n"):
+                wakeup.push(waiter["n"], self.resource, first, item)
 
     def _released_by(self, old: dict[str, Any] | None, retried: bool) -> bool:
         """Was a refused release ours after all (applied, its response lost)?"""

@@ -561,10 +561,18 @@ def hand_over(
     return _action(resource, LOCK_SK, update, condition, names, values)
 
 
-def enqueue(resource: str, token: str, waiter: dict[str, Any], *, fresh: bool) -> dict[str, Any]:
+def enqueue(
+    resource: str,
+    token: str,
+    waiter: dict[str, Any],
+    *,
+    fresh: bool,
+    if_busy_ms: int | None = None,
+) -> dict[str, Any]:
     """Join the resource's queue with a ticket (microseconds, only ever increasing).
 
-    ``fresh``: the item has no queue map yet (or no item at all): create it with us alone."""
+    ``fresh``: the item has no queue map yet (or no item at all): create it with us alone.
+    ``if_busy_ms``: only if it is held (item lease end at or after this) or others wait."""
     names = dict(_LOCK_NAMES, **{"#me": token})
     values: dict[str, Any] = {":ticket": waiter["t"]}
     if fresh:
@@ -575,6 +583,9 @@ def enqueue(resource: str, token: str, waiter: dict[str, Any], *, fresh: bool) -
         update = "SET #q.#me = :w, #next = :ticket"
         condition = "attribute_exists(#q) AND (attribute_not_exists(#next) OR #next < :ticket)"
         values[":w"] = waiter
+    if if_busy_ms is not None:
+        condition += " AND ((size(#h) > :zero AND #expMs >= :busy) OR size(#q) > :zero)"
+        values.update({":zero": 0, ":busy": if_busy_ms})
     return _action(resource, LOCK_SK, update, condition, names, values)
 
 

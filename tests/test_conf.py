@@ -59,6 +59,7 @@ def test_defaults_for_missing_keys_match_the_contract():
         "WAIT": 0,
         "CLOCK_SKEW": 5,
         "FAIR": False,  # beyond API.md: fair (FIFO) waiting by default or not
+        "PUSH": "127.0.0.1",  # beyond API.md: where queued waiters take hand-over pushes
     }
     with override_settings(DYNASEM={}):
         for key, value in DEFAULTS.items():

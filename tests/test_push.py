@@ -1,0 +1,149 @@
+"""Hand-over pushes: a releasing holder tells the waiter it handed the lock to, at once."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import socket
+import threading
+import time
+
+import pytest
+from django.core.checks import run_checks
+from django.test import override_settings
+
+from dynasem import semaphore, table, wakeup
+from tests.conftest import dynasem_settings
+
+
+def waiter_thread(resource: str, out: dict, **kwargs) -> threading.Thread:
+    def run() -> None:
+        try:
+            with semaphore(resource, **kwargs) as held:
+                out["acquired"] = time.monotonic()
+                out["fence"] = held.fence
+        except Exception as exc:  # reported to the test
+            out["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def wait_until_queued(resource: str, n: int = 1, timeout: float = 10) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        queue = (table.get(resource) or {}).get("queue") or {}
+        if len(queue) >= n:
+            return queue
+        assert time.monotonic() < deadline, "the waiter never queued"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("holder_knows", [True, False], ids=["hand-over", "plain-release"])
+def test_a_pushed_waiter_reads_nothing(lock_table, requests_sent, holder_knows):
+    holder = semaphore("deploy:prod").acquire()
+    out: dict = {}
+    thread = waiter_thread("deploy:prod", out, wait=30)  # default mode: it queues to be pushed
+    queue = wait_until_queued("deploy:prod")
+    (entry,) = queue.values()
+    assert entry["n"].startswith(wakeup.HOST_ID + "@127.0.0.1:")
+    if holder_knows:
+        holder.renew()  # its answer shows the holder the queue: it hands over on release
+    requests_sent.reset()
+    released = time.monotonic()
+    holder.release()
+    thread.join(10)
+    assert "error" not in out
+    # No read, and no paced look waited for (the first one is tens of ms away at the least):
+    # handed over, the waiter holds by the push alone (the hand-over, then its release); after
+    # a plain release, the push tells it the lock is free and it takes it in one write.
+    assert requests_sent.calls["GetItem"] == 0
+    assert requests_sent.calls["UpdateItem"] == (2 if holder_knows else 3)
+    assert out["acquired"] - released < 0.5
+    assert out["fence"] > holder.fence
+    assert (table.get("deploy:prod") or {}).get("holders") == {}
+
+
+def test_a_lost_push_costs_a_read_not_the_lock(lock_table, monkeypatch):
+    monkeypatch.setattr(wakeup, "push", lambda *a, **k: False)
+    holder = semaphore("deploy:stage").acquire()
+    out: dict = {}
+    thread = waiter_thread("deploy:stage", out, wait=30)
+    wait_until_queued("deploy:stage")
+    holder.release()
+    thread.join(15)
+    assert "error" not in out and "acquired" in out
+
+
+def test_a_forged_push_is_ignored(lock_table):
+    holder = semaphore("deploy:qa").acquire()
+    out: dict = {}
+    thread = waiter_thread("deploy:qa", out, wait=2)
+    queue = wait_until_queued("deploy:qa")
+    ((token, entry),) = queue.items()
+    host, port = wakeup.reachable(entry["n"])
+    # Everything a real push says, signed with another key: the waiter must not believe it.
+    item = table.get("deploy:qa")
+    item["holders"] = {token: {"u": "", "e": 2**42, "f": holder.fence + 1, "a": 0, "s": False}}
+    body = json.dumps({"r": "deploy:qa", "k": token, "i": item}).encode()
+    mac = hmac.new(b"not the project's key", body, hashlib.sha256).digest()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.sendto(mac + body, (host, port))
+        sock.sendto(b"garbage", (host, port))  # and the listener survives garbage
+    thread.join(10)
+    assert "acquired" not in out  # it gave up after its wait: the lock was never free
+    assert type(out["error"]).__name__ == "SemaphoreBusy"
+    assert wakeup._listener is not None and wakeup._listener.thread.is_alive()
+    holder.release()
+    assert not (table.get("deploy:qa") or {}).get("queue")  # it left the queue
+
+
+def test_pushes_off_means_polling_as_before(dynamodb_local, lock_table):
+    with override_settings(DYNASEM=dynasem_settings(dynamodb_local, lock_table, PUSH=None)):
+        assert wakeup.expect("x", "t") is None and not wakeup.available()
+        holder = semaphore("deploy:dev").acquire()
+        out: dict = {}
+        thread = waiter_thread("deploy:dev", out, wait=30)
+        time.sleep(0.3)
+        assert not (table.get("deploy:dev") or {}).get("queue")  # default mode polls
+        holder.release()
+        thread.join(15)
+        assert "error" not in out and "acquired" in out
+
+
+def test_only_the_same_host_is_pushed_to_on_loopback():
+    here = f"{wakeup.HOST_ID}@127.0.0.1:4000"
+    assert wakeup.reachable(here) == ("127.0.0.1", 4000)
+    assert wakeup.reachable("0123456789ab@127.0.0.1:4000") is None  # another host's loopback
+    assert wakeup.reachable("0123456789ab@10.1.2.3:4000") == ("10.1.2.3", 4000)
+    for bad in (None, 7, "", "no-at-sign", "h@10.1.2.3", "h@10.1.2.3:port"):
+        assert wakeup.reachable(bad) is None
+        assert wakeup.push(bad, "r", "t", {}) is False
+
+
+def test_a_push_that_would_not_fit_a_datagram_is_not_sent():
+    big = {"queue": {str(i): {"n": "x" * 100} for i in range(1000)}}
+    assert wakeup.push(f"{wakeup.HOST_ID}@127.0.0.1:9", "r", "t", big) is False
+
+
+def test_an_address_it_cannot_listen_on_is_a_warning_not_a_failure(
+    dynamodb_local, lock_table, caplog
+):
+    with override_settings(
+        DYNASEM=dynasem_settings(dynamodb_local, lock_table, PUSH="192.0.2.1")  # TEST-NET-1
+    ):
+        with caplog.at_level(logging.WARNING, logger="dynasem"):
+            assert wakeup.expect("x", "t") is None
+        assert "cannot listen for hand-over pushes on 192.0.2.1" in caplog.text
+        with semaphore("deploy:x", wait=1) as held:  # locking itself is unaffected
+            assert held.fence > 0
+
+
+@pytest.mark.parametrize("value", ["localhost", "::1", "300.1.1.1", 127, ["127.0.0.1"]])
+def test_a_bad_push_setting_is_a_check_error(dynamodb_local, lock_table, value):
+    with override_settings(DYNASEM=dynasem_settings(dynamodb_local, lock_table, PUSH=value)):
+        errors = [e for e in run_checks() if e.id == "dynasem.E010"]
+    assert errors and repr(value) in errors[0].msg
