@@ -507,7 +507,9 @@ class Semaphore:
         # A waiter that can be pushed the hand-over queues too: the releasing holder then
         # hands it the lock in its release write and tells it at once, which beats polling
         # on both requests and idle time.
-        return exclusive and seen.get("mode", MODE_EXCLUSIVE) == MODE_EXCLUSIVE and wakeup.available()
+        return (
+            exclusive and seen.get("mode", MODE_EXCLUSIVE) == MODE_EXCLUSIVE and wakeup.available()
+        )
 
     def _wait_in_queue(
         self,
