@@ -186,6 +186,32 @@ def analyse(results: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def idle_gap_latency(table_name: str, pause: float, n: int = 200) -> dict[str, float]:
+    """p50 of one small UpdateItem sent back-to-back, and sent after ``pause`` seconds idle."""
+    from dynasem import table
+
+    client = table.get_client()
+
+    def one(i: int) -> float:
+        start = time.perf_counter()
+        client.update_item(
+            TableName=table_name,
+            Key={"pk": {"S": "idle-gap"}, "sk": {"S": "probe"}},
+            UpdateExpression="SET #v = :v",
+            ExpressionAttributeNames={"#v": "v"},
+            ExpressionAttributeValues={":v": {"N": str(i)}},
+        )
+        return time.perf_counter() - start
+
+    busy, idle = [], []
+    for i in range(n):
+        busy.append(one(i))
+    for i in range(n):
+        time.sleep(pause)
+        idle.append(one(i))
+    return {"busy": common.percentile(busy, 50), "idle": common.percentile(idle, 50)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", type=int, default=8)
@@ -258,6 +284,8 @@ def main(argv: list[str] | None = None) -> int:
                     flush=True,
                 )
 
+            gap = idle_gap_latency(cfg["dynasem_table"], args.hold)
+
     peers = [r for r in runs if r["kind"] == "peer"]
     best = max(peers, key=lambda r: r["stats"]["rate"])
     rows = []
@@ -327,6 +355,13 @@ def main(argv: list[str] | None = None) -> int:
         if r["stats"]["overlaps"]:
             targets.check(f"{r['label']}: overlaps", False, str(r["stats"]["overlaps"]), "0")
     print("\nratios: " + "; ".join(ratio_lines) + "\n")
+    gap_line = (
+        f"Engine diagnostic (same run, one process, engine otherwise idle): a single-attribute "
+        f"`UpdateItem` takes {common.ms(gap['busy'])} (p50) sent back-to-back, and "
+        f"{common.ms(gap['idle'])} sent after a {args.hold * 1000:g} ms pause, as every "
+        f"release after a hold is: a hand-over can be no shorter than the latter here."
+    )
+    print(gap_line + "\n")
     if not fair:
         print("(dynasem.semaphore has no fair= parameter here: no fair=True row)")
 
@@ -357,7 +392,7 @@ called; *overlaps* = holds whose [acquired, block end] began before an earlier h
                 "Contended: one resource, 8 processes (`contended.py`)",
                 started,
                 intro,
-                [results, "Ratios: " + "; ".join(ratio_lines) + "."],
+                [results, "Ratios: " + "; ".join(ratio_lines) + ".", gap_line],
                 targets,
             ),
         )
