@@ -14,7 +14,7 @@ import pytest
 from django.core.checks import run_checks
 from django.test import override_settings
 
-from dynasem import semaphore, table, wakeup
+from dynasem import core, semaphore, table, wakeup
 from tests.conftest import dynasem_settings
 
 
@@ -43,7 +43,9 @@ def wait_until_queued(resource: str, n: int = 1, timeout: float = 10) -> dict:
 
 
 @pytest.mark.parametrize("holder_knows", [True, False], ids=["hand-over", "plain-release"])
-def test_a_pushed_waiter_reads_nothing(lock_table, requests_sent, holder_knows):
+def test_a_pushed_waiter_reads_nothing(lock_table, requests_sent, holder_knows, monkeypatch):
+    # Paced looks far away: whatever brings the waiter its hold now is the push.
+    monkeypatch.setattr(core._Pace, "turn_in", lambda *a, **k: 20.0)
     holder = semaphore("deploy:prod").acquire()
     out: dict = {}
     thread = waiter_thread("deploy:prod", out, wait=30)  # default mode: it queues to be pushed
@@ -52,14 +54,18 @@ def test_a_pushed_waiter_reads_nothing(lock_table, requests_sent, holder_knows):
     assert entry["n"].startswith(wakeup.HOST_ID + "@127.0.0.1:")
     if holder_knows:
         holder.renew()  # its answer shows the holder the queue: it hands over on release
+    else:
+        # A release looks for waiters it did not know of only after a hold this long (a
+        # shorter one spares the uncontended path the decoding of the item).
+        time.sleep(core.WAKE_AFTER)
     requests_sent.reset()
     released = time.monotonic()
     holder.release()
     thread.join(10)
     assert "error" not in out
-    # No read, and no paced look waited for (the first one is tens of ms away at the least):
-    # handed over, the waiter holds by the push alone (the hand-over, then its release); after
-    # a plain release, the push tells it the lock is free and it takes it in one write.
+    # No read, and no paced look waited for: handed over, the waiter holds by the push alone
+    # (the hand-over, then its release); after a plain release, the push tells it the lock
+    # is free and it takes it in one write.
     assert requests_sent.calls["GetItem"] == 0
     assert requests_sent.calls["UpdateItem"] == (2 if holder_knows else 3)
     assert out["acquired"] - released < 0.5
@@ -147,3 +153,34 @@ def test_a_bad_push_setting_is_a_check_error(dynamodb_local, lock_table, value):
     with override_settings(DYNASEM=dynasem_settings(dynamodb_local, lock_table, PUSH=value)):
         errors = [e for e in run_checks() if e.id == "dynasem.E010"]
     assert errors and repr(value) in errors[0].msg
+
+
+def test_a_resource_queued_for_lately_is_joined_in_the_first_write(lock_table, requests_sent):
+    first = semaphore("deploy:uat").acquire()
+    go = threading.Event()
+    out: dict = {}
+
+    def hold_until_told() -> None:
+        with semaphore("deploy:uat", wait=30):
+            out["second"] = True
+            go.wait(10)
+
+    thread = threading.Thread(target=hold_until_told)
+    thread.start()
+    wait_until_queued("deploy:uat")
+    first.release()
+    deadline = time.monotonic() + 10
+    while "second" not in out:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    # This process queued for the resource a moment ago: the next acquire's first write is
+    # the join (no refused take first), and it is handed the lock when the holder leaves.
+    requests_sent.reset()
+    third: dict = {}
+    waiter = waiter_thread("deploy:uat", third, wait=30)
+    wait_until_queued("deploy:uat")
+    assert requests_sent.calls["UpdateItem"] == 1  # (GetItems: the test's own looks)
+    go.set()
+    thread.join(10)
+    waiter.join(10)
+    assert "acquired" in third and "error" not in third
