@@ -549,9 +549,15 @@ class Semaphore:
             pace.enqueued = True  # from now on, giving up means leaving the queue
             for attempt in range(1, 4):
                 try:
-                    after = yield lambda f=fresh: table.update(
-                        table.enqueue(resource, token, waiter, fresh=f, if_busy_ms=if_busy_ms),
-                        return_new=True,
+                    after = yield _InQueue(
+                        lambda f=fresh: table.update(
+                            table.enqueue(resource, token, waiter, fresh=f, if_busy_ms=if_busy_ms),
+                            return_new=True,
+                        ),
+                        self,
+                        token,
+                        resource,
+                        write=True,
                     )
                     if len(_queued_recently) >= MAX_REMEMBERED:
                         _queued_recently.clear()
@@ -583,7 +589,7 @@ class Semaphore:
                 # Hand-overs of this resource reached us by push lately: a read before the
                 # next one would most likely find nothing new. Look only as a fallback.
                 nap = max(nap, min(PUSH_PATIENCE, pace.until_free, remaining))
-            pushed = yield lambda: wakeup.wait(token, nap)
+            pushed = yield _InQueue(lambda: wakeup.wait(token, nap), self, token, resource)
             if pushed is not None:
                 _pushed_recently[resource] = monotonic()
                 return pushed  # handed the lock (or told it is free): the item as written
@@ -811,6 +817,35 @@ def _run_sync(steps: Generator[Any, Any, Any]) -> Any:
             time.sleep(step)
 
 
+class _InQueue:
+    """A step of a queued wait: if its caller is cancelled, the queue entry must go (or a
+    releasing holder would hand the lock to a waiter nobody is left to use)."""
+
+    def __init__(
+        self,
+        fn: Callable[[], Any],
+        sem: Semaphore,
+        token: str,
+        resource: str,
+        *,
+        write: bool = False,
+    ):
+        self.fn, self.sem, self.token, self.resource = fn, sem, token, resource
+        self.write = write  # the enqueue itself (a wait for a push is not)
+
+    def __call__(self) -> Any:
+        return self.fn()
+
+    def abandon(self) -> None:
+        try:
+            table.update(table.dequeue(self.resource, self.token))
+        except table.Refused as refused:
+            if self.token in ((refused.old or {}).get("holders") or {}):
+                self.sem._withdraw(self.token, [self.resource])  # handed to us meanwhile
+        except SemaphoreUnavailable:
+            pass  # the entry expires with its lease
+
+
 class _Write:
     """An acquire write, with what to withdraw if its caller is cancelled meanwhile."""
 
@@ -824,27 +859,36 @@ class _Write:
 async def _run_async(steps: Generator[Any, Any, Any]) -> Any:
     result: Any = None
     error: BaseException | None = None
+    queued: _InQueue | None = None  # we may be in a resource's queue
     while True:
         try:
             step = steps.throw(error) if error is not None else steps.send(result)
         except StopIteration as stop:
             return stop.value
         result, error = None, None
-        if callable(step):
-            request = asyncio.ensure_future(asyncio.to_thread(step))
-            try:
-                result = await asyncio.shield(request)
-            except asyncio.CancelledError:
-                if isinstance(step, _Write):
-                    # The write goes on in its thread and may land: let it, then give back
-                    # whatever it took, or the hold would sit there for a whole lease.
-                    await asyncio.wait([request])
-                    await asyncio.to_thread(step.sem._withdraw, step.token, step.resources)
-                raise
-            except Exception as exc:
-                error = exc
-        elif step:
-            await asyncio.sleep(step)
+        if isinstance(step, _InQueue):
+            queued = step
+        try:
+            if callable(step):
+                request = asyncio.ensure_future(asyncio.to_thread(step))
+                try:
+                    result = await asyncio.shield(request)
+                except asyncio.CancelledError:
+                    if isinstance(step, _Write) or getattr(step, "write", False):
+                        await asyncio.wait([request])  # it goes on in its thread: let it end
+                    if isinstance(step, _Write):
+                        # The write may have landed: give back whatever it took, or the
+                        # hold would sit there for a whole lease.
+                        await asyncio.to_thread(step.sem._withdraw, step.token, step.resources)
+                    raise
+                except Exception as exc:
+                    error = exc
+            elif step:
+                await asyncio.sleep(step)
+        except asyncio.CancelledError:
+            if queued is not None:
+                await asyncio.to_thread(queued.abandon)
+            raise
 
 
 # The holds entered through ``with``/``async with``, per thread and per task.

@@ -918,3 +918,28 @@ def test_cancelled_async_acquire_leaves_no_hold(lock_table: str) -> None:
     finally:
         client.meta.events.unregister("before-send.dynamodb.UpdateItem", slow_network)
     assert holds("res") == []
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["default", "fair"])
+def test_cancelled_async_waiter_leaves_the_queue(lock_table: str, fair: bool) -> None:
+    holder = semaphore("res:q").acquire()
+    holder.renew()  # (nothing queued yet: it would hand over to whoever is queued at release)
+
+    async def main() -> None:
+        task = asyncio.create_task(semaphore("res:q", wait=30, fair=fair).aacquire())
+        deadline = time.monotonic() + 10
+        while not (table.get("res:q") or {}).get("queue"):
+            assert time.monotonic() < deadline, "the waiter never queued"
+            await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    # Nobody is left waiting: a release must not hand the lock to the cancelled waiter.
+    assert not (table.get("res:q") or {}).get("queue")
+    holder.renew()  # sees the (empty) queue
+    holder.release()
+    assert holds("res:q") == []
+    with semaphore("res:q", wait=0):
+        pass
