@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import socket
 from typing import Any
 from urllib.parse import urlsplit
 
 from botocore.utils import is_valid_endpoint_url, is_valid_ipv6_endpoint_url
 from django.core.checks import Error, Warning, register
 
-from . import core
+from . import core, wakeup
 from .conf import DEFAULTS, settings
 
 HINT = "See the settings table in dynasem's README."
@@ -71,11 +70,12 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             )
         )
     push = raw.get("PUSH", DEFAULTS["PUSH"])
-    if push is not None and not _valid_push(push):
+    push_problem = None if push is None else wakeup.push_address_problem(push)
+    if push_problem is not None:
         problems.append(
             Error(
-                f"DYNASEM['PUSH'] must be None (no hand-over pushes) or an IPv4 address to "
-                f"listen on, such as '127.0.0.1', not {push!r}.",
+                f"DYNASEM['PUSH'] must be None (no hand-over pushes) or this host's IPv4 address "
+                f"to listen on, such as '127.0.0.1', not {push!r}: {push_problem}.",
                 hint=HINT,
                 id="dynasem.E010",
             )
@@ -113,13 +113,3 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 )
             )
     return problems
-
-
-def _valid_push(value: object) -> bool:
-    if not isinstance(value, str):
-        return False
-    try:
-        socket.inet_aton(value)
-    except OSError:
-        return False
-    return value.count(".") == 3

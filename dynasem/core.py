@@ -7,6 +7,11 @@ Safety rules kept here:
 * a holder trusts its lease until ``sent + lease - CLOCK_SKEW`` on its own monotonic clock
   (``sent`` = when the write that set the lease left), others take it over only once the
   stored end is ``CLOCK_SKEW`` in the past on theirs;
+* a hold we only heard of (a read, a push, a refused write's old item showing our token) is
+  worth no more than its stored lease end minus ``CLOCK_SKEW`` (a push: nor more than its
+  arrival plus our lease): when that is near, we confirm it with a renewal of our own before
+  returning it, and no hold is returned whose deadline, read from the clock at the return,
+  has passed: the process may have been paused anywhere on the way;
 * fences are microseconds of wall time plus ``CLOCK_SKEW``, written only if larger than the
   stored fence (else the stored fence + 1): strictly increasing per resource, and still so
   after the row was reaped, as long as clocks agree within ``CLOCK_SKEW``.
@@ -61,6 +66,9 @@ WAKE_AFTER = 0.05
 MAX_REMEMBERED = 4096
 # Re-tries of a write that failed in transit, however short the wait.
 MIN_TRANSIENT_RETRIES = 2
+# A hold we only heard of is confirmed by a renewal of our own when less than this share of
+# its trusted window (lease - CLOCK_SKEW) is left: the heartbeat would renew that soon anyway.
+CONFIRM_SHARE = 1 / 3
 
 
 def now_ms() -> int:
@@ -284,12 +292,23 @@ class Semaphore:
         token: str,
         entry: dict[str, Any],
         stale_ms: int,
+        confirm_below_ms: int,
     ) -> _Plan:
         mode, limit = self.mode, self.limit
         holders = (seen or {}).get("holders") or {}
         if token in holders:
-            # Ours already: a write of ours was applied but its response was lost.
-            return _Plan(fence=int(holders[token]["f"]), expires_ms=int(holders[token]["e"]))
+            # Ours already: handed to us, or a write of ours was applied but its response was
+            # lost. Trusted only until its stored lease end (less the skew): when that is
+            # near, or the caller says so, confirm it with a renewal of our own first.
+            mine = holders[token]
+            ours = _Plan(fence=int(mine["f"]), expires_ms=int(mine["e"]))
+            if ours.expires_ms < confirm_below_ms:
+                item_ms = int((seen or {}).get("expMs") or 0)
+                ours.action = table.renew_hold(
+                    resource, token, entry["e"], raise_item=item_ms <= entry["e"]
+                )
+                ours.expires_ms = entry["e"]
+            return ours
         stored_fence = int((seen or {}).get("fence") or 0)
         if stored_fence >= entry["f"]:
             entry = dict(entry, f=stored_fence + 1)  # our clock is behind: count on instead
@@ -353,6 +372,7 @@ class Semaphore:
         to sleep, so one loop serves the sync and the async driver."""
         self._check_usable()
         lease, wait, skew = resolve_timing(self.lease, self.wait)
+        margin = (lease - skew) * CONFIRM_SHARE
         user_id = user_id_of(self.user)
         token = uuid.uuid4().hex  # one token for every retry: it recognises our own writes
         resources = self.resources
@@ -360,6 +380,7 @@ class Semaphore:
         seen: dict[str, dict[str, Any] | None] = {}
         sleeps = replans = failures = 0
         pace = _Pace()  # a queued waiter's timing: request round trip, looks found too early
+        confirm = False  # a hold of ours we saw must be renewed before it is returned
         # Busy last time we looked, a short while ago? Then most likely busy now: join the
         # queue in our first write (it is refused if the lock is free, and we take it then).
         guess_busy = (
@@ -385,18 +406,36 @@ class Semaphore:
                         if_busy_ms=now_ms() - int(skew * 1000),
                     )
                     continue
+                push_cap, pace.push_cap = pace.push_cap, None  # the state came by push
                 sent_mono = monotonic()
                 now = now_ms()
                 stale = now - int(skew * 1000)
                 entry = table.holder_entry(
                     user_id, now + int(lease * 1000), _new_fence(skew), now, self.shared
                 )
-                plans = {r: self._plan(r, seen.get(r), token, entry, stale) for r in resources}
+                if confirm or (push_cap is not None and push_cap - sent_mono < margin):
+                    confirm_below = 2**63
+                else:
+                    confirm_below = now + int((skew + margin) * 1000)
+                plans = {
+                    r: self._plan(r, seen.get(r), token, entry, stale, confirm_below)
+                    for r in resources
+                }
                 blocked = {r: p.busy for r, p in plans.items() if p.busy is not None}
                 if not blocked:
                     acting = [r for r in resources if plans[r].action is not None]
                     if not acting:
-                        return self._held(token, user_id, plans, lease, skew, None, seen)
+                        held = self._held_if_trusted(
+                            token, user_id, plans, lease, skew, None, seen, push_cap
+                        )
+                        if held is not None:
+                            return held
+                        confirm = True  # paused on the way: renew it before it is returned
+                        replans += 1
+                        if replans <= MAX_REPLANS:
+                            continue
+                        yield lambda: self._withdraw(token, resources)
+                        raise _too_slow(self.resource, lease, skew)
                     actions = [plans[r].action for r in acting]
                     try:
                         if len(actions) == 1:
@@ -440,7 +479,19 @@ class Semaphore:
                             seen[resources[0]] = after
                             if not pace.enqueued:  # taken at once: free, this time
                                 _queued_recently.pop(resources[0], None)
-                        return self._held(token, user_id, plans, lease, skew, sent_mono, seen)
+                        held = self._held_if_trusted(
+                            token, user_id, plans, lease, skew, sent_mono, seen, None
+                        )
+                        if held is not None:
+                            return held
+                        # Our write landed, but its lease can no longer be trusted (we were
+                        # paused, or it took that long): renew it before it is returned.
+                        confirm = True
+                        replans += 1
+                        if replans <= MAX_REPLANS:
+                            continue
+                        yield lambda a=acting: self._withdraw(token, a)
+                        raise _too_slow(self.resource, lease, skew)
                     replans += 1
                     if replans <= MAX_REPLANS:
                         continue  # the refusal told us the state: plan again from it at once
@@ -542,7 +593,7 @@ class Semaphore:
                 "s": self.shared,
                 "l": int(lease * 1000),
             }
-            address = wakeup.expect(resource, token)
+            address = wakeup.expect(resource, token, lease=lease, skew=skew, now_ms=now_ms)
             if address is not None:
                 waiter["n"] = address  # where the holder that hands us the lock tells us
             fresh = seen is not None and "queue" not in seen
@@ -589,10 +640,16 @@ class Semaphore:
                 # Hand-overs of this resource reached us by push lately: a read before the
                 # next one would most likely find nothing new. Look only as a fallback.
                 nap = max(nap, min(PUSH_PATIENCE, pace.until_free, remaining))
-            pushed = yield _InQueue(lambda: wakeup.wait(token, nap), self, token, resource)
+            last_fence = int((seen or {}).get("fence") or 0)
+            pushed = yield _InQueue(
+                lambda: wakeup.wait(token, nap, fence_above=last_fence), self, token, resource
+            )
             if pushed is not None:
                 _pushed_recently[resource] = monotonic()
-                return pushed  # handed the lock (or told it is free): the item as written
+                # Handed the lock (or told it is free): the item as written. A hand-over is
+                # worth no more than its arrival plus our own lease.
+                pace.push_cap = pushed.arrived + lease - skew
+                return pushed.item
         else:
             yield nap
         sent = monotonic()
@@ -637,7 +694,7 @@ class Semaphore:
         )
         return exc
 
-    def _held(
+    def _held_if_trusted(
         self,
         token: str,
         user_id: str,
@@ -645,12 +702,37 @@ class Semaphore:
         lease: float,
         skew: float,
         sent_mono: float | None,
-        seen: dict[str, dict[str, Any] | None] | None = None,
+        seen: dict[str, dict[str, Any] | None],
+        push_cap: float | None,
+    ) -> Held | None:
+        """The hold, if its trusted deadline (read now) is still ahead; else None.
+
+        ``sent_mono``: when the write that took (or renewed) the resources with an action
+        left; the others we only saw to be ours, and trust until their stored lease end less
+        the skew (a pushed one: nor past ``push_cap``)."""
+        mono, now = monotonic(), now_ms()
+        ends = [sent_mono + lease - skew] if sent_mono is not None else []
+        for plan in plans.values():
+            if sent_mono is None or plan.action is None:
+                ends.append(mono + (plan.expires_ms - now) / 1000 - skew)
+        if push_cap is not None:
+            ends.append(push_cap)
+        deadline = min(ends)
+        if deadline <= mono:
+            return None
+        return self._held(token, user_id, plans, lease, skew, deadline, seen)
+
+    def _held(
+        self,
+        token: str,
+        user_id: str,
+        plans: dict[str, _Plan],
+        lease: float,
+        skew: float,
+        deadline: float,
+        seen: dict[str, dict[str, Any] | None],
     ) -> Held:
         expires_ms = min(p.expires_ms for p in plans.values())
-        if sent_mono is None:
-            # Recognised our own earlier write: trust it only until its stored lease end.
-            sent_mono = monotonic() + (expires_ms - now_ms()) / 1000 - lease
         held = Held(
             self,
             token=token,
@@ -659,7 +741,7 @@ class Semaphore:
             lease=lease,
             skew=skew,
             expires_ms=expires_ms,
-            sent_mono=sent_mono,
+            sent_mono=deadline - lease + skew,
         )
         if len(self.resources) == 1 and seen:
             held._observe(seen.get(self.resources[0]))
@@ -738,6 +820,8 @@ class _Pace:
         self.state: Any = None
         self.until_free = 1.0  # seconds until the first holder (or waiter) ahead lapses
         self.enqueued = False  # an enqueue of ours was sent (it may have been applied)
+        # The last state came by push: a hold it hands us is trusted no later than this.
+        self.push_cap: float | None = None
 
     def answered(self, seconds: float) -> None:
         self.rtt = (3 * self.rtt + min(seconds, 0.5)) / 4
@@ -784,6 +868,16 @@ class _Pace:
         until_free = (first_end + skew * 1000 - now) / 1000 + 0.001
         self.until_free = max(0.001, until_free)
         return max(0.001, min(turn, until_free, 1.0))
+
+
+def _too_slow(resource: str, lease: float, skew: float) -> SemaphoreUnavailable:
+    err = SemaphoreUnavailable(
+        f"could not take {resource!r}: every hold we got had run out of its lease "
+        f"({lease:g}s, less CLOCK_SKEW {skew:g}s) by the time it could be returned; this "
+        "process is paused or starved for longer than the lease"
+    )
+    err.transient = True  # type: ignore[attr-defined]
+    return err
 
 
 def _backoff(attempt: int) -> float:
@@ -1148,7 +1242,7 @@ class Held:
         except SemaphoreUnavailable:
             return None
         if waiter.get("n") and item:
-            wakeup.push(waiter["n"], self.resource, token, item)
+            wakeup.push(waiter["n"], self.resource, token, item, sent_ms=now_ms())
         return True
 
     def _give_back(self) -> bool:
@@ -1212,7 +1306,7 @@ class Held:
         if live:
             _, first, waiter = min(live)
             if waiter.get("n"):
-                wakeup.push(waiter["n"], self.resource, first, item)
+                wakeup.push(waiter["n"], self.resource, first, item, sent_ms=now_ms())
 
     def _wake_next_reader(self, item: dict[str, Any] | None) -> None:
         """A shared hold just taken: if the first waiter in line is a reader too, it can join
@@ -1223,7 +1317,9 @@ class Held:
         if live:
             _, first, waiter = min(live)
             if waiter.get("s") and waiter.get("n"):
-                wakeup.push(waiter["n"], self.resource, first, item)  # type: ignore[arg-type]
+                wakeup.push(  # type: ignore[arg-type]
+                    waiter["n"], self.resource, first, item, sent_ms=now_ms()
+                )
 
     def _released_by(self, old: dict[str, Any] | None, retried: bool) -> bool:
         """Was a refused release ours after all (applied, its response lost)?"""

@@ -8,25 +8,37 @@ write produced, signed, to that address. The waiter then holds the lock as if it
 item itself: no request, no idle gap beyond the release write's round trip.
 
 A push is only ever a shortcut. It carries what DynamoDB answered to the hand-over write,
-signed with an HMAC of the project's ``SECRET_KEY`` (so a datagram from anything else is
-dropped), addressed to one waiter's token (so a replay is for a wait that is over). A lost
+the table's name and the send time, signed with an HMAC of the project's ``SECRET_KEY`` (any
+of ``SECRET_KEY_FALLBACKS`` is accepted too, so a key rotation does not silently turn pushes
+into reads), addressed to one waiter's token (so a replay is for a wait that is over). A lost
 or unsendable push costs the waiter one of its paced reads, nothing else.
 
-``DYNASEM["PUSH"]``: the address to listen on and advertise. The default, ``"127.0.0.1"``,
-reaches processes on the same host (a releaser elsewhere sees the loopback address and does
-not send); set the host's private address to push across hosts, or ``None`` for no pushes.
+A push is never trusted further than it can be: a hand-over it claims is worth at most the
+lease end in the item and the send time plus the waiter's own lease, its fence must be above
+the last one the waiter saw, and a push that can no longer grant anything (the waiter was
+paused past it) is dropped on arrival and again when the waiter takes it. The waiter's own
+lock logic then checks the deadline once more before a block runs (see ``core``).
+
+``DYNASEM["PUSH"]``: the IPv4 address to listen on and advertise. The default,
+``"127.0.0.1"``, reaches processes on the same host (a releaser elsewhere sees the loopback
+address and does not send); set the host's private address to push across hosts, or ``None``
+for no pushes. A releaser sends only to IPv4 literals that are neither unspecified nor
+broadcast/multicast, and never resolves a name.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import os
 import socket
 import threading
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 from django.conf import settings as django_settings
 
@@ -56,31 +68,109 @@ def _host_id() -> str:
 HOST_ID = _host_id()
 
 
-def _key() -> bytes | None:
-    secret = getattr(django_settings, "SECRET_KEY", "") or ""
-    if not secret:
-        return None
+def _derive(secret: Any) -> bytes:
     return hashlib.sha256(_SALT + str(secret).encode()).digest()
+
+
+def _key() -> bytes | None:
+    """The key pushes are signed with: from ``SECRET_KEY``."""
+    secret = getattr(django_settings, "SECRET_KEY", "") or ""
+    return _derive(secret) if secret else None
+
+
+def _keys() -> list[bytes]:
+    """The keys a push may be signed with: ``SECRET_KEY``, then ``SECRET_KEY_FALLBACKS`` (a
+    process that has not yet seen a rotation still signs with the old key)."""
+    secrets = [getattr(django_settings, "SECRET_KEY", "") or ""]
+    secrets += list(getattr(django_settings, "SECRET_KEY_FALLBACKS", None) or ())
+    return [_derive(s) for s in secrets if s]
 
 
 def _sign(key: bytes, body: bytes) -> bytes:
     return hmac.new(key, body, hashlib.sha256).digest()
 
 
-class _Slot:
-    __slots__ = ("event", "item", "resource")
+# MAC failures are logged at WARNING at most once per this many seconds (with a count).
+MAC_WARNING_EVERY = 60.0
+_mac_failures = 0
+_mac_warned_at = -float("inf")
 
-    def __init__(self, resource: str):
-        self.resource = resource
+
+def _bad_mac() -> None:
+    global _mac_failures, _mac_warned_at
+    _mac_failures += 1
+    now = time.monotonic()
+    if now - _mac_warned_at < MAC_WARNING_EVERY:
+        return
+    count, _mac_failures, _mac_warned_at = _mac_failures, 0, now
+    logger.warning(
+        "dynasem: dropped %d hand-over push(es) whose signature matches neither SECRET_KEY nor "
+        "SECRET_KEY_FALLBACKS. Most likely the processes sharing this table run with different "
+        "SECRET_KEY values (a rotation half rolled out: keep the old key in "
+        "SECRET_KEY_FALLBACKS), or something else sends datagrams to this port. Waiters fall "
+        "back to reading the lock, which costs requests and latency, not correctness.",
+        count,
+    )
+
+
+class Push(NamedTuple):
+    """A hand-over (or a "free now") that reached a waiter: the item as written, when it
+    arrived on our monotonic clock, and the sender's wall-clock send time (ms)."""
+
+    item: dict[str, Any]
+    arrived: float
+    sent_ms: int
+
+
+class _Slot:
+    """One waiter's mailbox: what it may be told, and what it was."""
+
+    __slots__ = ("event", "lease_ms", "now_ms", "push", "resource", "skew_ms", "table", "token")
+
+    def __init__(
+        self,
+        resource: str,
+        token: str,
+        *,
+        table: str,
+        lease_ms: int,
+        skew_ms: int,
+        now_ms: Callable[[], int],
+    ):
+        self.resource, self.token, self.table = resource, token, table
+        self.lease_ms, self.skew_ms, self.now_ms = lease_ms, skew_ms, now_ms
         self.event = threading.Event()
-        self.item: dict[str, Any] | None = None
+        self.push: Push | None = None
+
+    def refusal(self, message: dict[str, Any]) -> tuple[str, bool] | None:
+        """Why this waiter must not take ``message`` now (and whether that is worth a warning:
+        a wrong claim is; a push we were too slow for is not), or None."""
+        item, sent_ms, now = message["i"], message["ts"], self.now_ms()
+        if not isinstance(sent_ms, int) or sent_ms > now + self.skew_ms + 1000:
+            return f"its send time {sent_ms!r} is ahead of our clock by more than CLOCK_SKEW", True
+        holder = (item.get("holders") or {}).get(self.token)
+        if holder is None:
+            # Only news that the lock is free (or readers may join): taking it is a
+            # conditional write of our own. Old news is dropped, not trusted.
+            if now - sent_ms > self.lease_ms + self.skew_ms:
+                return "it is older than a lease", False
+            return None
+        expires_ms = int(holder["e"])
+        if expires_ms > sent_ms + self.lease_ms + self.skew_ms:
+            return (
+                f"it claims a lease to {expires_ms}, longer than our own lease from its send "
+                f"time {sent_ms}",
+                True,
+            )
+        if min(expires_ms, sent_ms + self.lease_ms) - self.skew_ms <= now:
+            return "the hold it hands us has run out (we were paused or slow)", False
+        return None
 
 
 class _Listener:
     """One UDP socket and one daemon thread per process; waiters register by token."""
 
-    def __init__(self, bind: str, key: bytes):
-        self.key = key
+    def __init__(self, bind: str):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self.sock.bind((bind, 0))
         host, port = self.sock.getsockname()
@@ -103,15 +193,38 @@ class _Listener:
                 logger.debug("dynasem: dropped an unreadable push", exc_info=True)
 
     def _deliver(self, data: bytes) -> None:
+        arrived = time.monotonic()
         mac, body = data[:32], data[32:]
-        if not hmac.compare_digest(mac, _sign(self.key, body)):
+        if not any(hmac.compare_digest(mac, _sign(key, body)) for key in _keys()):
+            _bad_mac()
             return
         message = json.loads(body)
         slot = self.slots.get(message["k"])
         if slot is None or slot.resource != message["r"] or not isinstance(message["i"], dict):
             return
-        slot.item = message["i"]
+        if message.get("tb") != slot.table:
+            logger.warning(
+                "dynasem: dropped a push for table %r on a wait on table %r (two projects "
+                "share a SECRET_KEY and push addresses?)",
+                message.get("tb"),
+                slot.table,
+            )
+            return
+        if _refused(slot, message, "on arrival"):
+            return
+        slot.push = Push(message["i"], arrived, message["ts"])
         slot.event.set()
+
+
+def _refused(slot: _Slot, message: dict[str, Any], when: str) -> bool:
+    refusal = slot.refusal(message)
+    if refusal is None:
+        return False
+    reason, loud = refusal
+    (logger.warning if loud else logger.info)(
+        "dynasem: dropped a push for %r %s: %s", slot.resource, when, reason
+    )
+    return True
 
 
 def _get_listener() -> _Listener | None:
@@ -123,16 +236,17 @@ def _get_listener() -> _Listener | None:
         return current
     if not bind:
         return None
-    key = _key()
-    if key is None:
-        return None
+    if push_address_problem(bind) is not None:
+        return None  # the system check dynasem.E010 says why
+    if _key() is None:
+        return None  # nothing to check signatures with
     with _lock:
         if _listener is not None and _listener.pid == os.getpid() and _listener.bind == bind:
             return _listener
         if _failed_bind == bind:
             return None
         try:
-            _listener = _Listener(bind, key)
+            _listener = _Listener(bind)
         except OSError as exc:
             _failed_bind = bind
             logger.warning("dynasem: cannot listen for hand-over pushes on %s: %s", bind, exc)
@@ -145,27 +259,61 @@ def available() -> bool:
     return _get_listener() is not None
 
 
-def expect(resource: str, token: str) -> str | None:
-    """Register a waiter; returns the address to record in its queue entry (or None)."""
+def expect(
+    resource: str,
+    token: str,
+    *,
+    lease: float,
+    skew: float,
+    now_ms: Callable[[], int],
+) -> str | None:
+    """Register a waiter; returns the address to record in its queue entry (or None).
+
+    ``lease``: the waiter's own lease (a hand-over grants it at most that); ``skew``: the
+    CLOCK_SKEW it allows for; ``now_ms``: its wall clock, in milliseconds."""
     listener = _get_listener()
     if listener is None:
         return None
-    listener.slots[token] = _Slot(resource)
+    listener.slots[token] = _Slot(
+        resource,
+        token,
+        table=settings.TABLE_NAME,
+        lease_ms=int(lease * 1000),
+        skew_ms=int(skew * 1000),
+        now_ms=now_ms,
+    )
     return listener.address
 
 
-def wait(token: str, seconds: float) -> dict[str, Any] | None:
-    """Sleep up to ``seconds`` or until a push for ``token`` arrives; the pushed item, or None."""
+def wait(token: str, seconds: float, *, fence_above: int = 0) -> Push | None:
+    """Sleep up to ``seconds`` or until a push for ``token`` arrives; the push, or None.
+
+    A hand-over is taken only if its fence is above ``fence_above`` (the last fence the waiter
+    saw) and it can still grant something now; anything else is dropped (and the waiter reads
+    instead)."""
     listener = _listener
     slot = listener.slots.get(token) if listener is not None else None
     if slot is None:
         threading.Event().wait(seconds)
         return None
-    if slot.event.wait(seconds):
-        slot.event.clear()
-        item, slot.item = slot.item, None
-        return item
-    return None
+    if not slot.event.wait(seconds):
+        return None
+    slot.event.clear()
+    pushed, slot.push = slot.push, None
+    if pushed is None:
+        return None
+    holder = (pushed.item.get("holders") or {}).get(token)
+    if holder is not None and int(holder["f"]) <= fence_above:
+        logger.warning(
+            "dynasem: dropped a push for %r: its fence %s is not above the last one we saw (%s)",
+            slot.resource,
+            holder["f"],
+            fence_above,
+        )
+        return None
+    if _refused(slot, {"i": pushed.item, "ts": pushed.sent_ms}, "when taken"):
+        return None
+    return pushed
 
 
 def forget(token: str) -> None:
@@ -174,26 +322,45 @@ def forget(token: str) -> None:
         listener.slots.pop(token, None)
 
 
+def push_address_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be a push address (listened on, recorded, sent to), or None."""
+    if not isinstance(value, str):
+        return f"it is a {type(value).__name__}, not a str"
+    try:
+        address = ipaddress.IPv4Address(value)
+    except ValueError:
+        return "it is not an IPv4 literal (names are never resolved)"
+    if address.is_unspecified:
+        return "0.0.0.0 is no address a releaser can send to"
+    if address.is_multicast or address == ipaddress.IPv4Address("255.255.255.255"):
+        return "it is a broadcast or multicast address"
+    return None
+
+
 def reachable(address: Any) -> tuple[str, int] | None:
-    """Where to send a push for a waiter that recorded ``address``; None if we cannot reach it."""
+    """Where to send a push for a waiter that recorded ``address``; None if we cannot reach it
+    (or will not: only IPv4 literals that are no broadcast, multicast or unspecified address;
+    names are never resolved)."""
     if not isinstance(address, str) or "@" not in address:
         return None
     host_id, _, hostport = address.partition("@")
     host, _, port = hostport.rpartition(":")
-    if not port.isdigit():
+    if not port.isdigit() or not 0 < int(port) < 65536 or push_address_problem(host):
         return None
     if host.startswith("127.") and host_id != HOST_ID:
         return None  # another machine's loopback
     return host, int(port)
 
 
-def push(address: Any, resource: str, token: str, item: dict[str, Any]) -> bool:
-    """Send ``item`` (what the hand-over write produced) to the waiter ``token``. Best effort."""
+def push(address: Any, resource: str, token: str, item: dict[str, Any], *, sent_ms: int) -> bool:
+    """Send ``item`` (what the hand-over write produced) to the waiter ``token``, with the
+    table's name and ``sent_ms`` (our wall clock) signed along. Best effort."""
     target = reachable(address)
     key = _key()
     if target is None or key is None:
         return False
-    body = json.dumps({"r": resource, "k": token, "i": item}, separators=(",", ":")).encode()
+    message = {"r": resource, "k": token, "i": item, "tb": settings.TABLE_NAME, "ts": sent_ms}
+    body = json.dumps(message, separators=(",", ":")).encode()
     if len(body) + 32 > MAX_DATAGRAM:
         return False
     try:

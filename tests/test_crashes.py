@@ -7,6 +7,7 @@ import os
 import signal
 import time
 
+import pytest
 from django.test import override_settings
 
 from dynasem import semaphore
@@ -75,3 +76,90 @@ def test_override_settings_reaches_worker_settings(lock_table):
     assert os.environ["DYNASEM_TEST_TABLE"] == lock_table
     with override_settings(DYNASEM=dict(settings.raw, TABLE_NAME=lock_table)):
         assert settings.TABLE_NAME == lock_table
+
+
+# How often each stalled-waiter scenario runs in one test (the acceptance asks for 20 runs in a
+# row: DYNASEM_STALL_RUNS=20 make test PYTEST_ARGS="-k stalled").
+STALL_RUNS = int(os.environ.get("DYNASEM_STALL_RUNS", "1"))
+
+
+def _stopped(pid: int, timeout: float = 10) -> None:
+    """Wait until the kernel shows the process stopped (SIGSTOP delivered)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rpartition(")")[2].split()[0] == "T":
+                return
+        assert time.monotonic() < deadline, "the process did not stop"
+        time.sleep(0.005)
+
+
+def _queued(resource: str, timeout: float = 60) -> None:
+    from dynasem import table
+
+    deadline = time.monotonic() + timeout
+    while not ((table.get(resource) or {}).get("queue")):
+        assert time.monotonic() < deadline, "the waiter never queued"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("push", ["127.0.0.1", None], ids=["push", "no-push"])
+@pytest.mark.parametrize("stall", ["through-hand-over", "after-own-read"])
+def test_a_waiter_stalled_through_its_hand_over_never_runs_inside_the_next_hold(
+    dynamodb_local, lock_table, push, stall
+):
+    """W queues; the holder, who has seen the queue, hands W the lock while W is paused (or W
+    pauses right after learning it holds, before returning); W's lease and the skew run out and
+    X takes the lock legitimately; W resumes while X holds. W must not enter its block before X
+    releases (whatever told it it held: a buffered push, a read, a refused write's old item),
+    and must get the lock afterwards."""
+    lease_w, skew = 1.5, settings.CLOCK_SKEW
+    for run in range(STALL_RUNS):
+        resource = f"rebuild:{stall}:{push}:{run}"
+        holder = semaphore(resource, user="H").acquire()
+        out, stopped = SPAWN.Queue(), SPAWN.Event()
+        proc = SPAWN.Process(
+            target=workers.stall_through_hand_over,
+            args=(
+                dynamodb_local,
+                lock_table,
+                resource,
+                lease_w,
+                push,
+                stall == "after-own-read",
+                stopped,
+                out,
+            ),
+        )
+        proc.start()
+        try:
+            _queued(resource)
+            holder.renew()  # its answer shows the holder the queue: release hands over to W
+            if stall == "through-hand-over":
+                os.kill(proc.pid, signal.SIGSTOP)
+                _stopped(proc.pid)
+                holder.release()  # to W, and (with pushes) the item goes to W's socket
+                handed = time.monotonic()
+            else:
+                holder.release()
+                handed = time.monotonic()
+                assert stopped.wait(30), "W never saw its own hold"
+                _stopped(proc.pid)
+            # W's handed-over lease and the skew run out: X takes the lock, legitimately.
+            time.sleep(max(0.0, handed + lease_w + skew + 0.3 - time.monotonic()))
+            x = semaphore(resource, user="X", wait=10).acquire()
+            os.kill(proc.pid, signal.SIGCONT)
+            time.sleep(2.5)  # X works; W runs again meanwhile
+            x_end = time.monotonic()
+            x.release()
+            kind, entered, _left, fence = out.get(timeout=60)
+            assert kind == "block"
+            assert entered > x_end, (
+                f"run {run}: W entered its block {x_end - entered:.2f}s before X released"
+            )
+            assert fence > x.fence
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()

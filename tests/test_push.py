@@ -109,7 +109,10 @@ def test_a_forged_push_is_ignored(lock_table):
 
 def test_pushes_off_means_polling_as_before(dynamodb_local, lock_table):
     with override_settings(DYNASEM=dynasem_settings(dynamodb_local, lock_table, PUSH=None)):
-        assert wakeup.expect("x", "t") is None and not wakeup.available()
+        assert (
+            wakeup.expect("x", "t", lease=10, skew=0.5, now_ms=core.now_ms) is None
+            and not wakeup.available()
+        )
         holder = semaphore("deploy:dev").acquire()
         out: dict = {}
         thread = waiter_thread("deploy:dev", out, wait=30)
@@ -127,12 +130,12 @@ def test_only_the_same_host_is_pushed_to_on_loopback():
     assert wakeup.reachable("0123456789ab@10.1.2.3:4000") == ("10.1.2.3", 4000)
     for bad in (None, 7, "", "no-at-sign", "h@10.1.2.3", "h@10.1.2.3:port"):
         assert wakeup.reachable(bad) is None
-        assert wakeup.push(bad, "r", "t", {}) is False
+        assert wakeup.push(bad, "r", "t", {}, sent_ms=0) is False
 
 
 def test_a_push_that_would_not_fit_a_datagram_is_not_sent():
     big = {"queue": {str(i): {"n": "x" * 100} for i in range(1000)}}
-    assert wakeup.push(f"{wakeup.HOST_ID}@127.0.0.1:9", "r", "t", big) is False
+    assert wakeup.push(f"{wakeup.HOST_ID}@127.0.0.1:9", "r", "t", big, sent_ms=0) is False
 
 
 def test_an_address_it_cannot_listen_on_is_a_warning_not_a_failure(
@@ -142,13 +145,25 @@ def test_an_address_it_cannot_listen_on_is_a_warning_not_a_failure(
         DYNASEM=dynasem_settings(dynamodb_local, lock_table, PUSH="192.0.2.1")  # TEST-NET-1
     ):
         with caplog.at_level(logging.WARNING, logger="dynasem"):
-            assert wakeup.expect("x", "t") is None
+            assert wakeup.expect("x", "t", lease=10, skew=0.5, now_ms=core.now_ms) is None
         assert "cannot listen for hand-over pushes on 192.0.2.1" in caplog.text
         with semaphore("deploy:x", wait=1) as held:  # locking itself is unaffected
             assert held.fence > 0
 
 
-@pytest.mark.parametrize("value", ["localhost", "::1", "300.1.1.1", 127, ["127.0.0.1"]])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "localhost",
+        "::1",
+        "300.1.1.1",
+        127,
+        ["127.0.0.1"],
+        "0.0.0.0",
+        "255.255.255.255",
+        "224.0.0.9",
+    ],
+)
 def test_a_bad_push_setting_is_a_check_error(dynamodb_local, lock_table, value):
     with override_settings(DYNASEM=dynasem_settings(dynamodb_local, lock_table, PUSH=value)):
         errors = [e for e in run_checks() if e.id == "dynasem.E010"]
@@ -184,3 +199,116 @@ def test_a_resource_queued_for_lately_is_joined_in_the_first_write(lock_table, r
     thread.join(10)
     waiter.join(10)
     assert "acquired" in third and "error" not in third
+
+
+# -- what a push may claim (issue: a waiter stalled through its hand-over) --------------------
+
+
+def _listening_slot(resource: str, token: str, lease: float = 10) -> tuple[str, int]:
+    address = wakeup.expect(resource, token, lease=lease, skew=0.5, now_ms=core.now_ms)
+    assert address is not None
+    target = wakeup.reachable(address)
+    assert target is not None
+    return target
+
+
+def _send(target: tuple[str, int], message: dict, secret: str | None = None) -> None:
+    body = json.dumps(message).encode()
+    key = wakeup._key() if secret is None else wakeup._derive(secret)
+    assert key is not None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.sendto(wakeup._sign(key, body) + body, target)
+
+
+def _hand_over(token: str, *, e_ms: int, fence: int, sent_ms: int, table_name: str) -> dict:
+    holder = {"u": "w", "e": e_ms, "f": fence, "a": sent_ms, "s": False}
+    item = {"holders": {token: holder}, "fence": fence, "expMs": e_ms}
+    return {"r": "deploy:push", "k": token, "i": item, "tb": table_name, "ts": sent_ms}
+
+
+def test_a_fresh_hand_over_push_is_taken_with_its_arrival(lock_table):
+    token = "t-fresh"
+    target = _listening_slot("deploy:push", token)
+    now = core.now_ms()
+    before = time.monotonic()
+    _send(target, _hand_over(token, e_ms=now + 10_000, fence=7, sent_ms=now, table_name=lock_table))
+    pushed = wakeup.wait(token, 5, fence_above=6)
+    wakeup.forget(token)
+    assert pushed is not None and pushed.item["holders"][token]["f"] == 7
+    assert before <= pushed.arrived <= time.monotonic() and pushed.sent_ms == now
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["run-out", "oversized", "fence-not-above", "other-table", "send-time-ahead"],
+)
+def test_a_push_that_claims_too_much_is_dropped_and_logged(lock_table, caplog, case):
+    token = f"t-{case}"
+    target = _listening_slot("deploy:push", token, lease=10)
+    now = core.now_ms()
+    e_ms, fence, sent, name = now + 9_000, 7, now, lock_table
+    if case == "run-out":
+        # Sent 12 s ago (its 10 s lease is over): we were paused past it.
+        e_ms, sent = now - 2_000, now - 12_000
+    elif case == "oversized":
+        e_ms = now + 60_000  # longer than our own 10 s lease from its send time
+    elif case == "fence-not-above":
+        fence = 5  # we saw fence 5 already
+    elif case == "other-table":
+        name = "another-project-locks"
+    else:
+        sent = now + 30_000
+    with caplog.at_level(logging.INFO, logger="dynasem"):
+        _send(target, _hand_over(token, e_ms=e_ms, fence=fence, sent_ms=sent, table_name=name))
+        assert wakeup.wait(token, 1, fence_above=5) is None
+    wakeup.forget(token)
+    assert "dropped a push" in caplog.text
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # A wrong claim is a warning; a push we were too slow for is only information.
+    assert bool(loud) == (case != "run-out")
+
+
+def test_a_push_that_ran_out_while_buffered_is_dropped_when_taken(lock_table, monkeypatch):
+    token = "t-buffered"
+    target = _listening_slot("deploy:push", token, lease=10)
+    now = core.now_ms()
+    _send(target, _hand_over(token, e_ms=now + 10_000, fence=7, sent_ms=now, table_name=lock_table))
+    deadline = time.monotonic() + 5
+    slot = wakeup._listener.slots[token]
+    while slot.push is None:  # arrived and accepted...
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    # ...then the waiter stalls past the hold it grants before it takes it.
+    monkeypatch.setattr(slot, "now_ms", lambda: now + 10_000)
+    assert wakeup.wait(token, 1, fence_above=0) is None
+    wakeup.forget(token)
+
+
+def test_pushes_signed_with_a_fallback_key_are_taken(lock_table, caplog):
+    token = "t-rotated"
+    target = _listening_slot("deploy:push", token)
+    now = core.now_ms()
+    message = _hand_over(token, e_ms=now + 9_000, fence=7, sent_ms=now, table_name=lock_table)
+    # This process already runs with the new key; the releaser still signs with the old one.
+    with override_settings(SECRET_KEY="the new key", SECRET_KEY_FALLBACKS=["dynasem-tests-only"]):
+        _send(target, message, secret="dynasem-tests-only")
+        assert wakeup.wait(token, 5) is not None
+    # Without the old key among the fallbacks the push is dropped, with a warning that names
+    # the likely cause, and only once a minute however many arrive.
+    with override_settings(SECRET_KEY="the new key"), caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            _send(target, message, secret="dynasem-tests-only")
+        assert wakeup.wait(token, 0.5) is None
+    wakeup.forget(token)
+    warnings = [r.getMessage() for r in caplog.records if "signature" in r.getMessage()]
+    assert len(warnings) <= 1
+    if warnings:  # (none when another test warned within the minute)
+        assert "SECRET_KEY_FALLBACKS" in warnings[0]
+
+
+def test_pushes_go_only_to_ipv4_literals_that_name_one_host():
+    for host in ("0.0.0.0", "255.255.255.255", "224.0.0.1", "239.1.2.3", "localhost", "::1"):
+        assert wakeup.reachable(f"{wakeup.HOST_ID}@{host}:4000") is None, host
+        assert wakeup.push_address_problem(host) is not None, host
+    assert wakeup.reachable(f"{wakeup.HOST_ID}@127.0.0.1:0") is None
+    assert wakeup.push_address_problem("10.0.0.7") is None

@@ -174,3 +174,47 @@ def take_pair(
             time.sleep(0.005)
             intervals.append((start, time.monotonic()))
     out.put((pair, intervals))
+
+
+def stall_through_hand_over(
+    endpoint: str,
+    table_name: str,
+    resource: str,
+    lease: float,
+    push: str | None,
+    stop_on_own_hold: bool,
+    stopped: Any,
+    out: Any,
+) -> None:
+    """Queue (fair) for the resource and report when our block starts and ends.
+
+    ``stop_on_own_hold``: SIGSTOP ourselves the first time the acquire loop is about to plan
+    from an item that shows us holding (whatever brought it: a read, a refused write, a push),
+    after setting ``stopped``; the test resumes us. Otherwise the test stops us from outside."""
+    import signal
+
+    setup_django(endpoint, table_name)
+    from django.test import override_settings
+
+    from dynasem import core, semaphore
+    from dynasem.conf import settings
+
+    if stop_on_own_hold:
+        plan = core.Semaphore._plan
+        done = []
+
+        def stalling_plan(self: Any, resource: str, seen: Any, *args: Any, **kwargs: Any) -> Any:
+            holders = (seen or {}).get("holders") or {}
+            if not done and any(h.get("u") == "W" for h in holders.values()):
+                done.append(True)
+                stopped.set()
+                os.kill(os.getpid(), signal.SIGSTOP)  # a GC pause, a stalled VM, swapping
+            return plan(self, resource, seen, *args, **kwargs)
+
+        core.Semaphore._plan = stalling_plan  # type: ignore[method-assign]
+
+    with override_settings(DYNASEM=dict(settings.raw, PUSH=push)):
+        with semaphore(resource, fair=True, wait=120, lease=lease, user="W") as held:
+            entered = time.monotonic()
+            time.sleep(0.05)
+            out.put(("block", entered, time.monotonic(), held.fence))
