@@ -135,11 +135,14 @@ class DynamoDBAdmin(admin.ModelAdmin):
         """The stored user id a "user" filter means: a Django user's primary key when a user
         has that username, else the value itself (a pk, a process's host:pid, a name)."""
         user_model = get_user_model()
-        pk = (
-            user_model._default_manager.filter(**{user_model.USERNAME_FIELD: value})
-            .values_list("pk", flat=True)
-            .first()
-        )
+        try:
+            pk = (
+                user_model._default_manager.filter(**{user_model.USERNAME_FIELD: value})
+                .values_list("pk", flat=True)
+                .first()
+            )
+        except (ValidationError, ValueError, TypeError):
+            return value  # no username looks like that (an integer USERNAME_FIELD, say)
         return value if pk is None else str(pk)
 
     def _holder(self, user_id: str, users: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -159,7 +162,7 @@ class DynamoDBAdmin(admin.ModelAdmin):
             change_message=text,
         )
 
-    def _bad_cursor(self, request: HttpRequest, exc: ValueError) -> HttpResponse:
+    def _bad_cursor(self, request: HttpRequest, exc: operations.BadCursor) -> HttpResponse:
         messages.warning(request, f"{exc}; showing the first page.")
         params = request.GET.copy()
         params.pop("cursor", None)
@@ -192,7 +195,7 @@ class LockAdmin(DynamoDBAdmin):
                 cursor=cursor,
                 size=self.list_per_page,
             )
-        except ValueError as exc:
+        except operations.BadCursor as exc:
             return self._bad_cursor(request, exc)
         except SemaphoreUnavailable as exc:
             error = str(exc)
@@ -340,7 +343,7 @@ class JobAdmin(DynamoDBAdmin):
                 cursor=cursor,
                 size=self.list_per_page,
             )
-        except ValueError as exc:
+        except operations.BadCursor as exc:
             return self._bad_cursor(request, exc)
         except SemaphoreUnavailable as exc:
             error = str(exc)

@@ -285,6 +285,10 @@ def _row(
     )
 
 
+class BadCursor(ValueError):
+    """A page cursor this module did not write (forged, garbled, or for another filter)."""
+
+
 def _encode_cursor(state: Any) -> str:
     raw = json.dumps(state, separators=(",", ":"), ensure_ascii=False).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
@@ -293,21 +297,21 @@ def _encode_cursor(state: Any) -> str:
 def _load_cursor(cursor: str) -> Any:
     """What :func:`_encode_cursor` wrote; ValueError for anything unreadable or too long."""
     if len(cursor) > MAX_CURSOR:
-        raise ValueError(f"not a page cursor: {cursor[:40]!r}...")
+        raise BadCursor(f"not a page cursor: {cursor[:40]!r}...")
     try:
         return json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
     except (ValueError, TypeError, RecursionError) as exc:
-        raise ValueError(f"not a page cursor: {cursor[:40]!r}") from exc
+        raise BadCursor(f"not a page cursor: {cursor[:40]!r}") from exc
 
 
 def _decode_cursor(cursor: str, names: set[str]) -> dict[str, Any]:
     """The cursor's state; ValueError for anything :func:`lock_page` did not write."""
     state = _load_cursor(cursor)
     if not isinstance(state, dict) or not isinstance(state.get("t"), int):
-        raise ValueError(f"not a page cursor: {cursor[:40]!r}")
+        raise BadCursor(f"not a page cursor: {cursor[:40]!r}")
     positions = state.get("p")
     if not isinstance(positions, dict) or set(positions) != names:
-        raise ValueError("the page cursor belongs to another filter: start from the first page")
+        raise BadCursor("the page cursor belongs to another filter: start from the first page")
     for value in positions.values():
         ok = value in (None, "done") or (
             isinstance(value, list)
@@ -318,7 +322,7 @@ def _decode_cursor(cursor: str, names: set[str]) -> dict[str, Any]:
             and value[1]
         )
         if not ok:
-            raise ValueError(f"not a page cursor: {cursor[:40]!r}")
+            raise BadCursor(f"not a page cursor: {cursor[:40]!r}")
     return state
 
 
@@ -529,7 +533,7 @@ def job_page(
         if not (
             isinstance(key, list) and len(key) == 2 and all(isinstance(k, str) and k for k in key)
         ):
-            raise ValueError(f"not a page cursor: {cursor[:40]!r}")
+            raise BadCursor(f"not a page cursor: {cursor[:40]!r}")
         start = {"pk": {"S": key[0]}, "sk": {"S": key[1]}}
     jobs: list[JobInfo] = []
     for _ in range(PAGE_ROUNDS):

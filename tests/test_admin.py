@@ -592,3 +592,18 @@ def test_forged_cursors_are_value_errors(lock_table, cursor):
         operations.lock_page(cursor=cursor)
     with pytest.raises(ValueError):
         operations.job_page(cursor=cursor)
+
+
+def test_a_user_filter_the_user_model_cannot_read_is_a_plain_filter(
+    holds, admin_user, client, django_user_model, monkeypatch
+):
+    # A user model whose USERNAME_FIELD is an integer: "?user=abc" makes the username query
+    # raise ValueError. That is no cursor error: the page shows (nothing held by "abc"),
+    # it does not redirect to itself for ever.
+    take(holds, "tbl_issues:3", user="abc")
+    take(holds, "tbl_issues:4", user="bob")
+    monkeypatch.setattr(django_user_model, "USERNAME_FIELD", "id")
+    client.force_login(admin_user)
+    response = client.get(reverse(LIST), {"user": "abc"})
+    assert response.status_code == 200
+    assert listed(response) == ["tbl_issues:3"]  # the value itself, as a stored holder id
