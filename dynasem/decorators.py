@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction
-from django.http import HttpResponse
+from django.http import HttpResponse, HttpResponseBadRequest
 
 from .exceptions import SemaphoreBusy
 
@@ -71,6 +71,33 @@ def format_key(template: Any, request: Any, args: tuple, kwargs: dict) -> str:
         ) from None
 
 
+class KeyTooLong(ValueError):
+    """The key a view's arguments make is longer than a resource may be: the request's fault
+    (a URL value of hundreds of escaped characters), answered 400, not 500."""
+
+    def __init__(self, key: str, limit: int):
+        self.size, self.limit = len(key.encode("utf-8")), limit
+        super().__init__(
+            f"the lock key made from this request's arguments is {self.size} UTF-8 bytes; at "
+            f"most {limit} are allowed"
+        )
+
+
+def _checked(key: str) -> str:
+    from .core import MAX_RESOURCE_BYTES  # (core imports this module)
+
+    if len(key.encode("utf-8")) > MAX_RESOURCE_BYTES:
+        raise KeyTooLong(key, MAX_RESOURCE_BYTES)
+    return key
+
+
+def bad_key_response(request: Any, exc: KeyTooLong) -> HttpResponse:
+    """HTTP 400: the URL's values make a lock key longer than DynamoDB's 1,024-byte limit."""
+    return HttpResponseBadRequest(
+        f"Bad Request: {exc}.\n", content_type="text/plain; charset=utf-8"
+    )
+
+
 def busy_response(request: Any, exc: SemaphoreBusy) -> HttpResponse:
     """HTTP 423 Locked with ``Retry-After``; says nothing about the holder's token."""
     response = HttpResponse(
@@ -93,9 +120,9 @@ def lock_view(sem: Semaphore, view: Callable[..., Any]) -> Callable[..., Any]:
 
     def keyed(request: Any, args: tuple, kwargs: dict, user: Any) -> Semaphore:
         if isinstance(template, list | tuple):
-            key: Any = [format_key(t, request, args, kwargs) for t in template]
+            key: Any = [_checked(format_key(t, request, args, kwargs)) for t in template]
         else:
-            key = format_key(template, request, args, kwargs)
+            key = _checked(format_key(template, request, args, kwargs))
         # The holder is the request's user, never anything the request data says.
         return sem.with_resource(key, user)
 
@@ -106,7 +133,11 @@ def lock_view(sem: Semaphore, view: Callable[..., Any]) -> Callable[..., Any]:
                 # request.user is lazy and loads from the database: not inside the loop.
                 auser = getattr(request, "auser", None)
                 user = await auser() if auser is not None else getattr(request, "user", None)
-                async with keyed(request, args, kwargs, user):
+                try:
+                    locked = keyed(request, args, kwargs, user)
+                except KeyTooLong as exc:
+                    return bad_key_response(request, exc)
+                async with locked:
                     return await view(request, *args, **kwargs)
             except SemaphoreBusy as exc:
                 return on_busy(request, exc)
@@ -116,7 +147,11 @@ def lock_view(sem: Semaphore, view: Callable[..., Any]) -> Callable[..., Any]:
 
         def wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
             try:
-                with keyed(request, args, kwargs, getattr(request, "user", None)):
+                locked = keyed(request, args, kwargs, getattr(request, "user", None))
+            except KeyTooLong as exc:
+                return bad_key_response(request, exc)
+            try:
+                with locked:
                     return view(request, *args, **kwargs)
             except SemaphoreBusy as exc:
                 return on_busy(request, exc)

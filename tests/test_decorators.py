@@ -512,3 +512,25 @@ else:
     @pytest.mark.skip(reason="hypothesis is not installed")
     def test_keys_never_collide_property():  # pragma: no cover
         pass
+
+
+def test_a_url_value_too_long_for_a_key_is_a_400_and_sends_nothing(lock_table, requests_sent):
+    @semaphore("deploy:{slug}", wait=0)
+    def deploy(request, slug):
+        raise AssertionError("must not run")
+
+    # 400 punctuation characters escape to 1,200 bytes: past the 1,024 a key may have.
+    response = deploy(RequestFactory().post("/"), slug="!" * 400)
+    assert response.status_code == 400
+    assert "1024" in response.content.decode()
+    assert requests_sent.total == 0
+
+
+def test_an_async_view_answers_400_for_a_key_too_long_too(lock_table, requests_sent):
+    @semaphore("deploy:{slug}", wait=0)
+    async def deploy(request, slug):
+        raise AssertionError("must not run")
+
+    response = asyncio.run(deploy(RequestFactory().post("/"), slug="/" * 400))
+    assert response.status_code == 400
+    assert requests_sent.total == 0
