@@ -111,26 +111,38 @@ class RunOnce:
             fence = max(core._new_fence(skew), stored_fence + 1)
             stale = now - int(skew * 1000)
             try:
-                new = table.update(
-                    table.job_claim(
-                        self.key, token, user_id, now + int(lease * 1000), fence, now, stale
-                    ),
-                    return_new=True,
+                row = (
+                    table.update(
+                        table.job_claim(
+                            self.key, token, user_id, now + int(lease * 1000), fence, now, stale
+                        ),
+                        return_new=True,
+                    )
+                    or {}
                 )
             except table.Refused as refused:
-                old = refused.old or {}
-                if old.get("token") == token:  # our own claim, its response lost
-                    return self._job(token, user_id, old, lease, skew, sent_mono)
-                status = old.get("status")
-                if status == table.DONE:
-                    raise AlreadyDone(self.key, old.get("finishedMs")) from None
-                if status == table.RUNNING and int(old.get("expMs", 0)) >= stale:
-                    retry = math.ceil((int(old["expMs"]) - stale) / 1000)
-                    raise SemaphoreBusy(self.key, retry, old.get("userId")) from None
-                # Claimable after all (our fence was behind the stored one): go again.
-                stored_fence = int(old.get("fence") or 0)
-                continue
-            return self._job(token, user_id, new or {}, lease, skew, sent_mono)
+                row = refused.old or {}
+                if row.get("token") != token:  # not our own claim, its response lost
+                    status = row.get("status")
+                    if status == table.DONE:
+                        raise AlreadyDone(self.key, row.get("finishedMs")) from None
+                    if status == table.RUNNING and int(row.get("expMs", 0)) >= stale:
+                        retry = math.ceil((int(row["expMs"]) - stale) / 1000)
+                        raise SemaphoreBusy(self.key, retry, row.get("userId")) from None
+                    # Claimable after all (our fence was behind the stored one): go again.
+                    stored_fence = int(row.get("fence") or 0)
+                    continue
+            if core.monotonic() >= sent_mono + lease - skew:
+                # Claimed, but paused (or slow) past the lease before the body could start:
+                # someone may have reclaimed it. Confirm with a renewal of our own first.
+                sent_mono = core.monotonic()
+                try:
+                    table.update(
+                        table.job_renew(self.key, token, core.now_ms() + int(lease * 1000))
+                    )
+                except table.Refused:
+                    continue  # reclaimed meanwhile: the next claim says by whom
+            return self._job(token, user_id, row, lease, skew, sent_mono)
         raise SemaphoreUnavailable(f"could not claim job {self.key!r}: the row kept changing")
 
     def _job(

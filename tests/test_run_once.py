@@ -111,3 +111,52 @@ def test_claim_counts_on_from_a_fence_ahead_of_our_clock(lock_table, monkeypatch
     with run_once("file:clock.txt") as job:
         assert job.fence == first_fence + 1
     assert job_row("file:clock.txt")["status"] == "DONE"
+
+
+@pytest.mark.parametrize("taken_over", [False, True], ids=["nobody-came", "reclaimed"])
+def test_a_claim_paused_past_its_lease_never_runs_beside_another(
+    lock_table, monkeypatch, taken_over
+):
+    """The claim lands, then its process stalls past the lease before the body starts: the
+    claim is confirmed by a renewal of its own, or (another process reclaimed the expired
+    job meanwhile) the body does not run."""
+    import threading
+
+    lease, skew = 1.0, settings.CLOCK_SKEW
+    real_update = table.update
+    stalled: list[float] = []
+
+    def stalling_update(action, **kwargs):
+        result = real_update(action, **kwargs)
+        if not stalled and "#att" in action.get("UpdateExpression", ""):  # our claim
+            stalled.append(time.monotonic())
+            time.sleep(lease + skew + 0.7)  # a GC pause, a stalled VM
+        return result
+
+    other: list[str] = []
+
+    def reclaim() -> None:
+        time.sleep(lease + skew + 0.2)  # our lease and the skew are over: legitimately
+        with run_once("file:stalled.txt", lease=10):
+            other.append("start")
+            time.sleep(1.5)
+            other.append("end")
+
+    thread = threading.Thread(target=reclaim) if taken_over else None
+    monkeypatch.setattr(table, "update", stalling_update)
+    if thread is not None:
+        thread.start()
+    ran = []
+    try:
+        with run_once("file:stalled.txt", lease=lease) as job:
+            ran.append(list(other))
+            assert job.seconds_left() > 0
+    except SemaphoreBusy:
+        ran.append("busy")
+    if thread is not None:
+        thread.join(10)
+        assert other == ["start", "end"]
+        assert ran == ["busy"]  # not run beside the reclaimer's body
+    else:
+        assert ran == [[]]  # confirmed by its own renewal, then run
+        assert job_row("file:stalled.txt")["status"] == "DONE"
