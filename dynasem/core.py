@@ -20,6 +20,7 @@ Safety rules kept here:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import random
@@ -30,7 +31,7 @@ from collections.abc import Callable, Generator, Sequence
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from numbers import Real
-from typing import Any
+from typing import Any, TypeVar
 
 from . import table, wakeup
 from .conf import settings
@@ -38,6 +39,7 @@ from .exceptions import LockLost, SemaphoreBusy, SemaphoreUnavailable
 from .signals import lock_acquired, lock_busy, lock_lost, lock_released
 
 logger = logging.getLogger("dynasem")
+_T = TypeVar("_T")
 
 # The clocks, as module attributes so tests can shift one process's wall clock.
 wall_clock: Callable[[], float] = time.time
@@ -119,14 +121,14 @@ def _check_seconds(value: Any, name: str, *, allow_zero: bool, allow_inf: bool) 
         raise TypeError(
             f"{name} must be a number of seconds, not {type(value).__name__}: {value!r}"
         )
-    value = float(value)
-    if math.isnan(value):
+    seconds = float(value)
+    if math.isnan(seconds):
         raise ValueError(f"{name} must be a number of seconds, not NaN")
-    if math.isinf(value) and not allow_inf:
-        raise ValueError(f"{name} must be finite, not {value}")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds, not {value}")
-    return value
+    if math.isinf(seconds) and not allow_inf:
+        raise ValueError(f"{name} must be finite, not {seconds}")
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds, not {seconds}")
+    return seconds
 
 
 def check_lease(value: Any, name: str = "lease") -> float:
@@ -436,17 +438,19 @@ class Semaphore:
                             continue
                         yield lambda: self._withdraw(token, resources)
                         raise _too_slow(self.resource, lease, skew)
-                    actions = [plans[r].action for r in acting]
+                    actions = [a for a in (plans[r].action for r in acting) if a is not None]
                     try:
                         if len(actions) == 1:
                             after = yield _Write(
-                                lambda a=actions[0]: table.update(a, return_new=True),
+                                functools.partial(table.update, actions[0], return_new=True),
                                 self,
                                 token,
                                 acting,
                             )
                         else:  # all or none
-                            yield _Write(lambda a=actions: table.transact(a), self, token, acting)
+                            yield _Write(
+                                functools.partial(table.transact, actions), self, token, acting
+                            )
                     except table.Refused as refused:
                         seen[acting[0]] = refused.old or {}
                     except table.Cancelled as cancelled:
@@ -586,7 +590,7 @@ class Semaphore:
         now = now_ms()
         if not queued:
             stored = int((seen or {}).get("ticket") or 0)
-            waiter = {
+            waiter: dict[str, Any] = {
                 "t": max(_new_fence(0), stored + 1),
                 "e": now + int(lease * 1000),
                 "u": user_id,
@@ -600,9 +604,12 @@ class Semaphore:
             pace.enqueued = True  # from now on, giving up means leaving the queue
             for attempt in range(1, 4):
                 try:
-                    after = yield _InQueue(
-                        lambda f=fresh: table.update(
-                            table.enqueue(resource, token, waiter, fresh=f, if_busy_ms=if_busy_ms),
+                    after: dict[str, Any] | None = yield _InQueue(
+                        functools.partial(
+                            table.update,
+                            table.enqueue(
+                                resource, token, waiter, fresh=fresh, if_busy_ms=if_busy_ms
+                            ),
                             return_new=True,
                         ),
                         self,
@@ -616,7 +623,7 @@ class Semaphore:
                     _queued_recently[resource] = monotonic()
                     return after
                 except table.Refused as refused:
-                    old = refused.old or {}
+                    old: dict[str, Any] = refused.old or {}
                     if token in (old.get("queue") or {}):
                         return old  # our own enqueue, its response lost
                     if if_busy_ms is not None:
@@ -641,7 +648,7 @@ class Semaphore:
                 # next one would most likely find nothing new. Look only as a fallback.
                 nap = max(nap, min(PUSH_PATIENCE, pace.until_free, remaining))
             last_fence = int((seen or {}).get("fence") or 0)
-            pushed = yield _InQueue(
+            pushed: wakeup.Push | None = yield _InQueue(
                 lambda: wakeup.wait(token, nap, fence_above=last_fence), self, token, resource
             )
             if pushed is not None:
@@ -655,15 +662,15 @@ class Semaphore:
         sent = monotonic()
         if int(mine.get("e", 0)) - now_ms() < lease * 500:
             try:
-                return (
-                    yield lambda: table.update(
-                        table.renew_waiter(resource, token, now_ms() + int(lease * 1000)),
-                        return_new=True,
-                    )
+                renewed: dict[str, Any] | None = yield lambda: table.update(
+                    table.renew_waiter(resource, token, now_ms() + int(lease * 1000)),
+                    return_new=True,
                 )
+                return renewed
             except table.Refused as refused:
-                return refused.old  # no longer queued: handed the lock, or evicted
-        item = yield lambda: table.get(resource)
+                gone: dict[str, Any] | None = refused.old
+                return gone  # no longer queued: handed the lock, or evicted
+        item: dict[str, Any] | None = yield lambda: table.get(resource)
         pace.answered(monotonic() - sent)
         return item
 
@@ -893,14 +900,15 @@ def _seconds_until_free(blocked: dict[str, dict[str, Any]], skew: float) -> floa
     return max(0.0, (min(ends) + skew * 1000 - now_ms()) / 1000)
 
 
-def _run_sync(steps: Generator[Any, Any, Any]) -> Any:
+def _run_sync(steps: Generator[Any, Any, _T]) -> _T:
     result: Any = None
     error: BaseException | None = None
     while True:
         try:
             step = steps.throw(error) if error is not None else steps.send(result)
         except StopIteration as stop:
-            return stop.value
+            value: _T = stop.value  # what the generator returned
+            return value
         result, error = None, None
         if callable(step):
             try:
@@ -943,14 +951,14 @@ class _InQueue:
 class _Write:
     """An acquire write, with what to withdraw if its caller is cancelled meanwhile."""
 
-    def __init__(self, send: Callable[[], Any], sem: Semaphore, token: str, resources: list):
+    def __init__(self, send: Callable[[], Any], sem: Semaphore, token: str, resources: list[str]):
         self.send, self.sem, self.token, self.resources = send, sem, token, resources
 
     def __call__(self) -> Any:
         return self.send()
 
 
-async def _run_async(steps: Generator[Any, Any, Any]) -> Any:
+async def _run_async(steps: Generator[Any, Any, _T]) -> _T:
     result: Any = None
     error: BaseException | None = None
     queued: _InQueue | None = None  # we may be in a resource's queue
@@ -958,7 +966,8 @@ async def _run_async(steps: Generator[Any, Any, Any]) -> Any:
         try:
             step = steps.throw(error) if error is not None else steps.send(result)
         except StopIteration as stop:
-            return stop.value
+            value: _T = stop.value  # what the generator returned
+            return value
         result, error = None, None
         if isinstance(step, _InQueue):
             queued = step
@@ -1170,7 +1179,9 @@ class Held:
         self._mark_lost("another holder took it over, or it was broken by an operator")
         self._raise_lost()
 
-    def _still_ours(self, resource: str, old: dict[str, Any] | None, raise_item: dict) -> bool:
+    def _still_ours(
+        self, resource: str, old: dict[str, Any] | None, raise_item: dict[str, bool]
+    ) -> bool:
         if self.token in ((old or {}).get("holders") or {}):
             # Ours still; another holder's later lease end stands as the item's expiry.
             raise_item[resource] = False
@@ -1241,7 +1252,7 @@ class Held:
             return self._released_by(old, refused.retried)
         except SemaphoreUnavailable:
             return None
-        if waiter.get("n") and item:
+        if waiter.get("n") and item is not None:
             wakeup.push(waiter["n"], self.resource, token, item, sent_ms=now_ms())
         return True
 
@@ -1305,7 +1316,7 @@ class Held:
         live = [(int(w["t"]), t, w) for t, w in queue.items() if int(w.get("e", 0)) > now]
         if live:
             _, first, waiter = min(live)
-            if waiter.get("n"):
+            if waiter.get("n") and item is not None:
                 wakeup.push(waiter["n"], self.resource, first, item, sent_ms=now_ms())
 
     def _wake_next_reader(self, item: dict[str, Any] | None) -> None:
@@ -1316,10 +1327,8 @@ class Held:
         live = [(int(w["t"]), t, w) for t, w in queue.items() if int(w.get("e", 0)) > now]
         if live:
             _, first, waiter = min(live)
-            if waiter.get("s") and waiter.get("n"):
-                wakeup.push(  # type: ignore[arg-type]
-                    waiter["n"], self.resource, first, item, sent_ms=now_ms()
-                )
+            if waiter.get("s") and waiter.get("n") and item is not None:
+                wakeup.push(waiter["n"], self.resource, first, item, sent_ms=now_ms())
 
     def _released_by(self, old: dict[str, Any] | None, retried: bool) -> bool:
         """Was a refused release ours after all (applied, its response lost)?"""
