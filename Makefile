@@ -1,13 +1,16 @@
 # Developer entry points. `make test` is also what CI runs (.ci/run).
 #   make test PYTEST_ARGS="-k fence -x"
-.PHONY: venv test demo lint clean distclean
+#   make matrix NOX_ARGS="-R"             # reuse the sessions' venvs
+.PHONY: venv test demo lint matrix clean distclean
 
 PYTHON_VENV := .venv/bin/python
 PYTEST_ARGS ?=
+NOX_ARGS ?=
 
 venv:
 	bash scripts/venv.sh
 
+# The full suite on the newest (Python, Django) pair, in .venv.
 test: venv
 	$(PYTHON_VENV) -m pytest $(PYTEST_ARGS)
 
@@ -17,12 +20,17 @@ demo: venv
 lint: venv
 	$(PYTHON_VENV) -m ruff check .
 
-# Build and test artefacts; keeps .venv and the DynamoDB Local download (see distclean).
+# Every other supported (Python, Django) pair, one nox session each (noxfile.py).
+matrix: venv
+	$(PYTHON_VENV) -m nox -t ci $(NOX_ARGS)
+
+# Build and test artefacts; keeps .venv, .nox and the DynamoDB Local download (see distclean).
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .coverage htmlcov
-	find . \( -path ./.venv -o -path ./.cache -o -path ./.git \) -prune -o \
+	find . \( -path ./.venv -o -path ./.cache -o -path ./.git -o -path ./.nox \) -prune -o \
 		-type d -name __pycache__ -exec rm -rf {} +
 
-# Everything clean removes, plus .venv and .cache (DynamoDB Local is reinstalled on next use).
+# Everything clean removes, plus .venv, .nox and .cache (DynamoDB Local is reinstalled on next
+# use).
 distclean: clean
-	rm -rf .venv .cache
+	rm -rf .venv .nox .cache
