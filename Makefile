@@ -19,6 +19,8 @@ demo: venv
 
 lint: venv
 	$(PYTHON_VENV) -m ruff check .
+	$(PYTHON_VENV) -m ruff format --check .
+	$(PYTHON_VENV) -m mypy --strict dynasem
 
 # Every other supported (Python, Django) pair, one nox session each (noxfile.py).
 matrix: venv

@@ -57,7 +57,7 @@ def check_template(template: str) -> None:
         previous_was_field = field is not None or (previous_was_field and not literal)
 
 
-def format_key(template: Any, request: Any, args: tuple, kwargs: dict) -> str:
+def format_key(template: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     if callable(template):
         key = template(request, *args, **kwargs)
         if not isinstance(key, str):
@@ -94,7 +94,7 @@ async def request_user(request: Any) -> Any:
     # isinstance() looks at the type only, so it does not load the object; reading any
     # attribute does, in sync_to_async's thread.
     if isinstance(user, LazyObject):
-        await sync_to_async(getattr)(user, "pk", None)
+        await sync_to_async(lambda: getattr(user, "pk", None))()
     return user
 
 
@@ -107,7 +107,7 @@ def lock_view(sem: Semaphore, view: Callable[..., Any]) -> Callable[..., Any]:
         check_template(template)
     on_busy = sem.on_busy or busy_response
 
-    def keyed(request: Any, args: tuple, kwargs: dict, user: Any) -> Semaphore:
+    def keyed(request: Any, args: tuple[Any, ...], kwargs: dict[str, Any], user: Any) -> Semaphore:
         if isinstance(template, list | tuple):
             key: Any = [format_key(t, request, args, kwargs) for t in template]
         else:
