@@ -13,7 +13,6 @@ multi-process races, pushes, faults and heartbeat timing stay in ``make test``).
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -52,31 +51,25 @@ DJANGO_FACING = [
 nox.options.error_on_missing_interpreters = True
 
 
-def _runs(python: str) -> bool:
-    try:
-        return subprocess.run([python, "-c", ""], capture_output=True).returncode == 0
-    except OSError:
-        return False
-
-
 def _find_pythons() -> None:
     """Make each ``pythonX.Y`` of the matrix findable on PATH. A pyenv shim for a version that
-    is not selected is on PATH but fails, so nox would pick it and break: link the
-    interpreters of pyenv's versions folder into .nox/pythons and put that first."""
+    is not selected is on PATH but fails, so nox would pick it and break: link what
+    scripts/find_python.sh finds (on PATH or in pyenv's versions folder) into .nox/pythons
+    and put that first. A version found nowhere fails its sessions (not skipped)."""
     links = ROOT / ".nox" / "pythons"
-    pyenv = Path(os.environ.get("PYENV_ROOT", Path.home() / ".pyenv")) / "versions"
     for version in sorted({python for python, _ in PAIRS}):
-        name = f"python{version}"
-        found = shutil.which(name)
-        if found and _runs(found):
+        found = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "find_python.sh"), version],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        if not found or found == f"python{version}":
             continue
-        candidates = sorted(pyenv.glob(f"{version}.*/bin/{name}"))
-        if candidates and _runs(str(candidates[-1])):
-            links.mkdir(parents=True, exist_ok=True)
-            link = links / name
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            link.symlink_to(candidates[-1])
+        links.mkdir(parents=True, exist_ok=True)
+        link = links / f"python{version}"
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(found)
     if links.is_dir():
         os.environ["PATH"] = f"{links}{os.pathsep}{os.environ.get('PATH', '')}"
 

@@ -21,25 +21,7 @@ SUPPORTED="3.13 3.12 3.11"
 
 runs() { "$1" -c "import sys; sys.exit(sys.version_info < (3, 11))" >/dev/null 2>&1; }
 
-choose_python() {
-    local v found
-    for v in $SUPPORTED; do
-        # A pyenv shim for a version that is not selected exists but fails: try it, not `-x`.
-        if command -v "python$v" >/dev/null 2>&1 && runs "python$v"; then
-            echo "python$v"
-            return
-        fi
-        for found in "${PYENV_ROOT:-$HOME/.pyenv}"/versions/"$v".*/bin/"python$v"; do
-            if [ -x "$found" ] && runs "$found"; then
-                echo "$found"
-                return
-            fi
-        done
-    done
-    echo python3
-}
-
-PYTHON="${PYTHON:-$(choose_python)}"
+PYTHON="${PYTHON:-$(bash scripts/find_python.sh $SUPPORTED 2>/dev/null || echo python3)}"
 if ! runs "$PYTHON"; then
     echo "venv.sh: $PYTHON is missing or older than 3.11 (dynasem needs Python >= 3.11)" >&2
     exit 1
