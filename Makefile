@@ -1,7 +1,7 @@
-# Developer entry points. `make test` is also what CI runs (.ci/run).
+# Developer entry points; CI (.ci/run) runs `make lint test dist wheel-check sdist-check matrix`.
 #   make test PYTEST_ARGS="-k fence -x"
 #   make matrix NOX_ARGS="-R"             # reuse the sessions' venvs
-.PHONY: venv test demo lint matrix clean distclean
+.PHONY: venv test demo lint matrix dist wheel-check sdist-check clean distclean
 
 PYTHON_VENV := .venv/bin/python
 PYTEST_ARGS ?=
@@ -25,6 +25,24 @@ lint: venv
 # Every other supported (Python, Django) pair, one nox session each (noxfile.py).
 matrix: venv
 	$(PYTHON_VENV) -m nox -t ci $(NOX_ARGS)
+
+# The sdist and the wheel, in dist/, checked by twine.
+dist: venv
+	rm -rf dist build
+	$(PYTHON_VENV) -m build
+	$(PYTHON_VENV) -m twine check --strict dist/*
+
+# After `make dist`: the wheel installed (not editable) in fresh venvs and used, on the newest
+# pair, Django 6.1 on Python 3.12, and the oldest pair.
+wheel-check: venv
+	bash scripts/wheel_check.sh $(PYTHON_VENV) "django"
+	bash scripts/wheel_check.sh 3.12 "django==6.1.*"
+	bash scripts/wheel_check.sh 3.11 "django==4.2.*"
+
+# After `make dist`: the sdist holds the package and the tests, and part of the suite runs
+# from it.
+sdist-check: venv
+	bash scripts/sdist_check.sh
 
 # Build and test artefacts; keeps .venv, .nox and the DynamoDB Local download (see distclean).
 clean:
