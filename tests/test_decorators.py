@@ -125,6 +125,11 @@ def test_busy_view_gets_423_other_key_runs_and_lock_is_released(kind, gate, pool
 
     busy = send(f"{prefix}/1/")
     assert_locked(busy)
+    # The hold is in the table a moment before the first request's view body runs: wait for
+    # that body, then the busy request (answered already) must not have entered the view.
+    deadline = time.monotonic() + 10
+    while not views.CALLS and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert views.CALLS == [f"{name}:1"]  # the busy request never entered the view
 
     other = in_thread(pool, lambda: send(f"{prefix}/2/"))
