@@ -1,13 +1,16 @@
-# Developer entry points. `make test` is also what CI runs (.ci/run).
+# Developer entry points; CI (.ci/run) runs `make lint test dist wheel-check sdist-check matrix`.
 #   make test PYTEST_ARGS="-k fence -x"
-.PHONY: venv test demo lint clean distclean
+#   make matrix NOX_ARGS="-R"             # reuse the sessions' venvs
+.PHONY: venv test demo lint matrix dist wheel-check sdist-check clean distclean
 
 PYTHON_VENV := .venv/bin/python
 PYTEST_ARGS ?=
+NOX_ARGS ?=
 
 venv:
 	bash scripts/venv.sh
 
+# The full suite on the newest (Python, Django) pair, in .venv.
 test: venv
 	$(PYTHON_VENV) -m pytest $(PYTEST_ARGS)
 
@@ -16,13 +19,38 @@ demo: venv
 
 lint: venv
 	$(PYTHON_VENV) -m ruff check .
+	$(PYTHON_VENV) -m ruff format --check .
+	$(PYTHON_VENV) -m mypy --strict dynasem
 
-# Build and test artefacts; keeps .venv and the DynamoDB Local download (see distclean).
+# Every other supported (Python, Django) pair, one nox session each (noxfile.py).
+matrix: venv
+	$(PYTHON_VENV) -m nox -t ci $(NOX_ARGS)
+
+# The sdist and the wheel, in dist/, checked by twine.
+dist: venv
+	rm -rf dist build
+	$(PYTHON_VENV) -m build
+	$(PYTHON_VENV) -m twine check --strict dist/*
+
+# After `make dist`: the wheel installed (not editable) in fresh venvs and used, on the newest
+# pair, Django 6.1 on Python 3.12, and the oldest pair.
+wheel-check: venv
+	bash scripts/wheel_check.sh $(PYTHON_VENV) "django"
+	bash scripts/wheel_check.sh 3.12 "django==6.1.*"
+	bash scripts/wheel_check.sh 3.11 "django==4.2.*"
+
+# After `make dist`: the sdist holds the package and the tests, and part of the suite runs
+# from it.
+sdist-check: venv
+	bash scripts/sdist_check.sh
+
+# Build and test artefacts; keeps .venv, .nox and the DynamoDB Local download (see distclean).
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .coverage htmlcov
-	find . \( -path ./.venv -o -path ./.cache -o -path ./.git \) -prune -o \
+	find . \( -path ./.venv -o -path ./.cache -o -path ./.git -o -path ./.nox \) -prune -o \
 		-type d -name __pycache__ -exec rm -rf {} +
 
-# Everything clean removes, plus .venv and .cache (DynamoDB Local is reinstalled on next use).
+# Everything clean removes, plus .venv, .nox and .cache (DynamoDB Local is reinstalled on next
+# use).
 distclean: clean
-	rm -rf .venv .cache
+	rm -rf .venv .nox .cache

@@ -11,7 +11,7 @@ conditional on what that page showed, and is logged as a ``LogEntry``.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from django.contrib import admin, messages
@@ -30,6 +30,11 @@ from . import core, operations, table
 from .exceptions import SemaphoreUnavailable
 from .models import Job, Lock
 
+if TYPE_CHECKING:  # django-stubs makes ModelAdmin generic; Django's own class is not subscriptable
+    ModelAdmin = admin.ModelAdmin[models.Model]
+else:
+    ModelAdmin = admin.ModelAdmin
+
 
 def human_span(seconds: int) -> str:
     """``42 s``, ``3 min 05 s``, ``2 h 07 min``, ``3 d 4 h``: as the pages' script counts."""
@@ -46,7 +51,7 @@ def expires_in(seconds: int) -> str:
     return f"in {human_span(seconds)}" if seconds >= 0 else f"expired {human_span(-seconds)} ago"
 
 
-class DynamoDBAdmin(admin.ModelAdmin):
+class DynamoDBAdmin(ModelAdmin):
     """What the admins of dynasem's table-less models share: no add/change/delete, pages of
     DynamoDB rows, holders shown by username where they are Django users."""
 
@@ -153,6 +158,7 @@ class DynamoDBAdmin(admin.ModelAdmin):
 
     def _log(self, request: HttpRequest, model: type[models.Model], key: str, text: str) -> None:
         # create() rather than log_action(): one call for Django 4.2 to 5.x.
+        assert request.user.pk is not None  # admin_view lets only a logged-in staff user in
         LogEntry.objects.create(
             user_id=request.user.pk,
             content_type_id=ContentType.objects.get_for_model(model).pk,
@@ -202,7 +208,7 @@ class LockAdmin(DynamoDBAdmin):
         now = core.now_ms()
         users = self._users(request, (h.user_id for h in page.holds))
         can_release = self.has_release_permission(request)
-        lines = []
+        lines: list[dict[str, Any]] = []
         for row in page.rows:
             for hold in row.holds or [None]:
                 expires_ms = row.expires_ms if hold is None else hold.expires_ms

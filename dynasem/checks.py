@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -80,7 +81,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 id="dynasem.E010",
             )
         )
-    checks = (
+    checks: tuple[tuple[str, Callable[[Any], object], str], ...] = (
         ("LEASE", lambda v: core.check_lease(v, "DYNASEM['LEASE']"), "dynasem.E006"),
         ("WAIT", lambda v: v is None or core.check_wait(v, "DYNASEM['WAIT']"), "dynasem.E007"),
         ("CLOCK_SKEW", lambda v: core.check_skew(v, "DYNASEM['CLOCK_SKEW']"), "dynasem.E008"),

@@ -7,7 +7,7 @@ Every property reads ``django.conf.settings`` on each access, so ``override_sett
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings as django_settings
 
@@ -36,30 +36,33 @@ class Settings:
     def _get(self, key: str) -> Any:
         return self.raw.get(key, DEFAULTS[key])
 
+    # The properties trust the types they declare: a value of another type is reported by the
+    # system checks (checks.py, dynasem.E001-E010), not refused here on every read.
+
     @property
     def TABLE_NAME(self) -> str:  # noqa: N802 - mirrors the settings key
-        return self._get("TABLE_NAME")
+        return cast(str, self._get("TABLE_NAME"))
 
     @property
     def ENDPOINT_URL(self) -> str | None:  # noqa: N802
-        return self._get("ENDPOINT_URL")
+        return cast("str | None", self._get("ENDPOINT_URL"))
 
     @property
     def REGION_NAME(self) -> str | None:  # noqa: N802
-        return self._get("REGION_NAME")
+        return cast("str | None", self._get("REGION_NAME"))
 
     @property
     def LEASE(self) -> float:  # noqa: N802
-        return self._get("LEASE")
+        return cast(float, self._get("LEASE"))
 
     @property
     def WAIT(self) -> float:  # noqa: N802
         value = self._get("WAIT")
-        return math.inf if value is None else value
+        return math.inf if value is None else cast(float, value)
 
     @property
     def CLOCK_SKEW(self) -> float:  # noqa: N802
-        return self._get("CLOCK_SKEW")
+        return cast(float, self._get("CLOCK_SKEW"))
 
     @property
     def FAIR(self) -> bool:  # noqa: N802

@@ -8,8 +8,9 @@ import string
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.http import HttpResponse, HttpResponseBadRequest
+from django.utils.functional import LazyObject
 
 from .exceptions import SemaphoreBusy
 
@@ -56,7 +57,7 @@ def check_template(template: str) -> None:
         previous_was_field = field is not None or (previous_was_field and not literal)
 
 
-def format_key(template: Any, request: Any, args: tuple, kwargs: dict) -> str:
+def format_key(template: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
     if callable(template):
         key = template(request, *args, **kwargs)
         if not isinstance(key, str):
@@ -109,6 +110,21 @@ def busy_response(request: Any, exc: SemaphoreBusy) -> HttpResponse:
     return response
 
 
+async def request_user(request: Any) -> Any:
+    """``request.user`` for an async view, loaded outside the event loop: it is lazy and reads
+    the session and the user from the database. Django >= 5.0 has ``request.auser()``; on 4.2
+    the lazy object is made to load in a thread, as ``auser()`` does."""
+    auser = getattr(request, "auser", None)
+    if auser is not None:
+        return await auser()
+    user = getattr(request, "user", None)
+    # isinstance() looks at the type only, so it does not load the object; reading any
+    # attribute does, in sync_to_async's thread.
+    if isinstance(user, LazyObject):
+        await sync_to_async(lambda: getattr(user, "pk", None))()
+    return user
+
+
 def lock_view(sem: Semaphore, view: Callable[..., Any]) -> Callable[..., Any]:
     template = sem._raw_resource
     if isinstance(template, list | tuple):
@@ -118,7 +134,7 @@ def lock_view(sem: Semaphore, view: Callable[..., Any]) -> Callable[..., Any]:
         check_template(template)
     on_busy = sem.on_busy or busy_response
 
-    def keyed(request: Any, args: tuple, kwargs: dict, user: Any) -> Semaphore:
+    def keyed(request: Any, args: tuple[Any, ...], kwargs: dict[str, Any], user: Any) -> Semaphore:
         if isinstance(template, list | tuple):
             key: Any = [_checked(format_key(t, request, args, kwargs)) for t in template]
         else:
@@ -130,9 +146,7 @@ def lock_view(sem: Semaphore, view: Callable[..., Any]) -> Callable[..., Any]:
 
         async def async_wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
             try:
-                # request.user is lazy and loads from the database: not inside the loop.
-                auser = getattr(request, "auser", None)
-                user = await auser() if auser is not None else getattr(request, "user", None)
+                user = await request_user(request)
                 try:
                     locked = keyed(request, args, kwargs, user)
                 except KeyTooLong as exc:

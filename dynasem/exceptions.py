@@ -37,6 +37,11 @@ class LockLost(SemaphoreError):
 class SemaphoreUnavailable(SemaphoreError):
     """DynamoDB could not be reached or refused us (not merely busy)."""
 
+    #: Worth retrying at once (throttling, a 5xx, a dropped connection).
+    transient: bool = False
+    #: The request may have been applied all the same (a 5xx, a timeout after sending).
+    ambiguous: bool = False
+
 
 class TableMissing(SemaphoreUnavailable):
     """The lock table does not exist: run ``manage.py dynasem_createtable``."""

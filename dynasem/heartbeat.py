@@ -35,7 +35,7 @@ class Heartbeat:
     def __init__(self, held: Any):
         self.held = held
         self.name = f"dynasem-heartbeat:{held.resource[:40]}"
-        self.interval = max(0.05, (held.lease - held.skew) / 3)
+        self.interval: float = max(0.05, (held.lease - held.skew) / 3)
         self._stopped = threading.Event()
 
     def start(self) -> None:
@@ -80,7 +80,7 @@ class Heartbeat:
         if isinstance(error, LockLost):
             return None  # renew() already marked it lost and sent lock_lost
         if isinstance(error, SemaphoreUnavailable):
-            left = held.seconds_left()
+            left: float = held.seconds_left()
             if left <= 0:
                 held._check_deadline()
                 return None

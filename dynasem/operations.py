@@ -196,7 +196,8 @@ def _streams(user_id: str | None, since: int, positions: dict[str, Any]) -> list
             # The userId index names one holder per row: all of an exclusive row, only the
             # latest of a counting or shared one. Those rows come from the expires index
             # instead, where all their holders are read, so none is listed twice.
-            return row.get("mode", core.MODE_EXCLUSIVE) == core.MODE_EXCLUSIVE
+            mode: str = row.get("mode", core.MODE_EXCLUSIVE)
+            return mode == core.MODE_EXCLUSIVE
 
         streams.append(
             _Stream(
@@ -378,7 +379,7 @@ def active_holds(
     rows are still there), by resource, read through the indexes: idle rows cost nothing."""
     now = core.now_ms()
     since = 0 if include_expired else now // 1000
-    holds = []
+    holds: list[HoldInfo] = []
     for item in _merged(_streams(user_id, since, {}), None, None):
         row = _row(
             item,

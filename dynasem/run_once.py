@@ -146,7 +146,13 @@ class RunOnce:
         raise SemaphoreUnavailable(f"could not claim job {self.key!r}: the row kept changing")
 
     def _job(
-        self, token: str, user_id: str, row: dict, lease: float, skew: float, sent_mono: float
+        self,
+        token: str,
+        user_id: str,
+        row: dict[str, Any],
+        lease: float,
+        skew: float,
+        sent_mono: float,
     ) -> Job:
         job = Job(
             self,
@@ -158,7 +164,7 @@ class RunOnce:
             skew,
             sent_mono,
         )
-        job._heartbeat = Heartbeat(job)  # type: ignore[arg-type]
+        job._heartbeat = Heartbeat(job)
         job._heartbeat.start()
         return job
 

@@ -21,9 +21,9 @@ import re
 import socket
 import threading
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast, overload
 
 import boto3
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
@@ -43,6 +43,9 @@ from botocore.exceptions import (
 from .conf import FALLBACK_REGION, settings
 from .exceptions import SemaphoreUnavailable, TableMissing
 
+if TYPE_CHECKING:  # boto3-stubs[dynamodb], a development dependency only
+    from mypy_boto3_dynamodb import DynamoDBClient
+
 LOCK_SK = "lock"
 JOB_SK = "job"
 USER_INDEX = "userId-index"
@@ -58,7 +61,7 @@ RUNNING, DONE, FAILED = "RUNNING", "DONE", "FAILED"
 _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
 
-_client: Any = None
+_client: DynamoDBClient | None = None
 _client_lock = threading.Lock()
 
 TRANSIENT_CODES = frozenset(
@@ -79,7 +82,7 @@ TRANSIENT_CODES = frozenset(
 # ---------------------------------------------------------------------------------------------
 
 
-def get_client() -> Any:
+def get_client() -> DynamoDBClient:
     """The process's one DynamoDB client, built on first use (clients are thread-safe)."""
     global _client
     client = _client
@@ -142,7 +145,15 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def decode(item: dict[str, Any] | None) -> dict[str, Any] | None:
+@overload
+def decode(item: None) -> None: ...
+@overload
+def decode(item: Mapping[str, Any]) -> dict[str, Any]: ...
+@overload
+def decode(item: Mapping[str, Any] | None) -> dict[str, Any] | None: ...
+
+
+def decode(item: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """A low-level item (``{"S": ...}``) as plain Python (ints, strs, dicts)."""
     if item is None:
         return None
@@ -223,10 +234,6 @@ def _unavailable(exc: Exception) -> SemaphoreUnavailable:
     return err
 
 
-SemaphoreUnavailable.transient = False  # type: ignore[attr-defined]
-SemaphoreUnavailable.ambiguous = False  # type: ignore[attr-defined]
-
-
 def _retried(exc: ClientError) -> bool:
     return exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) > 0
 
@@ -239,11 +246,16 @@ def _send(operation: str, **kwargs: Any) -> dict[str, Any]:
             f"cannot build a DynamoDB client for {endpoint_label()!r}: {exc}"
         ) from exc
     try:
-        return getattr(client, operation)(**kwargs)
+        # Every operation's response is a dict; which keys it has depends on the operation.
+        response: dict[str, Any] = getattr(client, operation)(**kwargs)
+        return response
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
         if code == "ConditionalCheckFailedException":
-            raise Refused(decode(exc.response.get("Item")), _retried(exc)) from None
+            # ReturnValuesOnConditionCheckFailure puts the item in the error response, a key
+            # botocore-stubs' ClientError response does not list.
+            item = cast("Mapping[str, Any] | None", exc.response.get("Item"))
+            raise Refused(decode(item), _retried(exc)) from None
         if code == "TransactionCanceledException":
             reasons = [
                 (r.get("Code", "None"), decode(r.get("Item")))
@@ -908,13 +920,17 @@ def table_definition(name: str | None = None) -> dict[str, Any]:
 
 def describe_table() -> dict[str, Any] | None:
     try:
-        return _send("describe_table", TableName=settings.TABLE_NAME)["Table"]
+        description: dict[str, Any] = _send("describe_table", TableName=settings.TABLE_NAME)[
+            "Table"
+        ]
+        return description
     except TableMissing:
         return None
 
 
 def create_table(definition: dict[str, Any]) -> dict[str, Any]:
-    return _send("create_table", **definition)["TableDescription"]
+    description: dict[str, Any] = _send("create_table", **definition)["TableDescription"]
+    return description
 
 
 def wait_until_active(name: str) -> None:
@@ -928,7 +944,8 @@ def ttl_status(name: str) -> str:
         desc = _send("describe_time_to_live", TableName=name)["TimeToLiveDescription"]
     except SemaphoreUnavailable:
         return "UNKNOWN"
-    return desc.get("TimeToLiveStatus", "DISABLED")
+    status: str = desc.get("TimeToLiveStatus", "DISABLED")
+    return status
 
 
 def enable_ttl(name: str) -> None:

@@ -1,19 +1,40 @@
 #!/usr/bin/env bash
 # Create or refresh the development virtualenv in .venv (idempotent).
 #
-#   bash scripts/venv.sh        # used by `make test`, `make demo`, `make lint`
+#   bash scripts/venv.sh        # used by `make test`, `make demo`, `make lint`, ...
 #
-# Creates .venv with `python3 -m venv` if it is missing, upgrades pip and installs the project
-# in editable mode with its `test` and `demo` extras. A stamp file records a successful install;
-# while it is newer than setup.cfg and pyproject.toml, re-runs skip pip entirely.
-# Set PYTHON to use another interpreter (default: python3).
+# `make test` is the quick full run on the newest supported pair, so .venv is built with the
+# newest supported Python found (3.13, then 3.12, then 3.11: on PATH, else under pyenv's
+# versions folder) and pip picks the newest Django for it. Set PYTHON to use another
+# interpreter. A .venv built with another Python X.Y than the one chosen is rebuilt.
+#
+# Installs the project in editable mode with its `demo` and `testing` extras and the `dev`
+# dependency group (pyproject.toml). A stamp file records a successful install; while it is
+# newer than pyproject.toml (and the venv's Python is the one chosen), re-runs skip pip.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-PYTHON="${PYTHON:-python3}"
 VENV=.venv
 STAMP="$VENV/.dynasem-installed"
+SUPPORTED="3.13 3.12 3.11"
+
+runs() { "$1" -c "import sys; sys.exit(sys.version_info < (3, 11))" >/dev/null 2>&1; }
+
+PYTHON="${PYTHON:-$(bash scripts/find_python.sh $SUPPORTED 2>/dev/null || echo python3)}"
+if ! runs "$PYTHON"; then
+    echo "venv.sh: $PYTHON is missing or older than 3.11 (dynasem needs Python >= 3.11)" >&2
+    exit 1
+fi
+want="$("$PYTHON" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+
+if [ -x "$VENV/bin/python" ]; then
+    have="$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])' || true)"
+    if [ "$have" != "$want" ]; then
+        echo "venv.sh: $VENV has Python ${have:-?}, rebuilding it with $PYTHON ($want)"
+        rm -rf "$VENV"
+    fi
+fi
 
 if [ ! -x "$VENV/bin/python" ]; then
     echo "venv.sh: creating $VENV with $PYTHON -m venv"
@@ -21,16 +42,18 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 
-if [ -f "$STAMP" ] && [ "$STAMP" -nt setup.cfg ] && [ "$STAMP" -nt pyproject.toml ]; then
-    echo "venv.sh: $VENV is up to date (stamp newer than setup.cfg); skipping pip install"
+if [ -f "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ]; then
+    echo "venv.sh: $VENV is up to date (stamp newer than pyproject.toml); skipping pip install"
     exit 0
 fi
 
+# pip >= 25.1 reads dependency groups (--group).
 echo "venv.sh: upgrading pip in $VENV"
-"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
+"$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "pip>=25.1"
 
-echo "venv.sh: pip install -e \".[test,demo]\""
-"$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off -e ".[test,demo]"
+echo "venv.sh: pip install -e \".[demo,testing]\" --group dev"
+"$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off \
+    -e ".[demo,testing]" --group dev
 
 touch "$STAMP"
-echo "venv.sh: done ($("$VENV/bin/python" --version))"
+echo "venv.sh: done ($("$VENV/bin/python" --version), Django $("$VENV/bin/python" -m django --version))"

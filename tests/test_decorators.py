@@ -17,6 +17,7 @@ from django.db import connections
 from django.http import HttpResponse
 from django.test import AsyncClient, Client, RequestFactory
 from django.utils.decorators import method_decorator
+from django.utils.functional import SimpleLazyObject
 from django.views import View
 
 from dynasem import SemaphoreBusy, semaphore
@@ -124,6 +125,11 @@ def test_busy_view_gets_423_other_key_runs_and_lock_is_released(kind, gate, pool
 
     busy = send(f"{prefix}/1/")
     assert_locked(busy)
+    # The hold is in the table a moment before the first request's view body runs: wait for
+    # that body, then the busy request (answered already) must not have entered the view.
+    deadline = time.monotonic() + 10
+    while not views.CALLS and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert views.CALLS == [f"{name}:1"]  # the busy request never entered the view
 
     other = in_thread(pool, lambda: send(f"{prefix}/2/"))
@@ -230,6 +236,27 @@ def test_logged_in_user_is_recorded_by_async_view(gate, pool, transactional_db, 
         gate.set()
     assert hold.user_id == str(user.pk)
     assert first.result(timeout=10).status_code == 200
+
+
+def test_async_view_loads_a_lazy_user_outside_the_event_loop(
+    lock_table, transactional_db, django_user_model
+):
+    # Django 4.2's requests have no auser(): the lazy request.user (a session and a user read
+    # from the database) must load in a thread, not in the loop (SynchronousOnlyOperation).
+    user = django_user_model.objects.create_user("ada-lovelace", password="pw")
+    seen: list[list[HoldInfo]] = []
+
+    @semaphore("lazy:{n}", wait=0)
+    async def view(request: Any, n: int) -> HttpResponse:
+        seen.append(await asyncio.to_thread(holds_on, f"lazy:{n}"))
+        return HttpResponse("ok")
+
+    request = RequestFactory().get("/")
+    request.user = SimpleLazyObject(lambda: django_user_model.objects.get(pk=user.pk))
+    assert not hasattr(request, "auser")
+    assert asyncio.run(view(request, n=1)).status_code == 200
+    assert [h.user_id for h in seen[0]] == [str(user.pk)]
+    assert holds_on("lazy:1") == []
 
 
 def test_holder_is_request_user_never_request_data(gate, pool, db):

@@ -20,7 +20,9 @@ class Command(BaseCommand):
         parser.add_argument("--token", help="break only the hold with this token")
         parser.add_argument("--yes", action="store_true", help="do not ask")
 
-    def handle(self, *args: Any, resource: str, token: str | None, yes: bool, **options: Any):
+    def handle(
+        self, *args: Any, resource: str, token: str | None, yes: bool, **options: Any
+    ) -> None:
         try:
             core.check_resource(resource)
         except (TypeError, ValueError) as exc:

@@ -1,0 +1,100 @@
+"""The (Python, Django) matrix: one session per supported pair.
+
+    .venv/bin/nox -l                                   # the sessions
+    .venv/bin/nox -s "tests(python='3.11', django='4.2')"
+    .venv/bin/nox -s "tests(python='3.11', django='4.2')" -- tests/test_decorators.py -x
+    make matrix                                        # every pair but the newest
+
+``make test`` is the full suite on the newest pair (.venv); CI (.ci/run) runs it and then the
+sessions tagged ``ci``: every other pair, on the Django-facing part of the suite (the
+multi-process races, pushes, faults and heartbeat timing stay in ``make test``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).resolve().parent
+PYPROJECT = nox.project.load_toml(ROOT / "pyproject.toml")
+
+# (Python, Django) pairs, oldest first. Django 4.2 runs on Python <= 3.12, Django 6.x needs
+# Python >= 3.12. Keep the README's "Supported versions" table and the classifiers in
+# pyproject.toml in step with this list.
+PAIRS = [
+    ("3.11", "4.2"),
+    ("3.11", "5.2"),
+    ("3.12", "4.2"),
+    ("3.12", "5.2"),
+    ("3.12", "6.0"),
+    ("3.12", "6.1"),
+    ("3.13", "5.2"),
+    ("3.13", "6.0"),
+    ("3.13", "6.1"),
+]
+NEWEST = PAIRS[-1]  # what `make test` runs, in .venv
+
+DJANGO_FACING = [
+    "tests/test_decorators.py",
+    "tests/test_admin.py",
+    "tests/test_commands.py",
+    "tests/test_checks.py",
+    "tests/test_run_once.py",
+    "tests/test_core.py",
+    "tests/test_conf.py",
+    "tests/test_table.py",
+]
+
+nox.options.error_on_missing_interpreters = True
+# uv makes a session's venv and installs in seconds where pip takes half a minute; pip still
+# serves where uv is missing. uv must use the interpreters found here, never download one.
+nox.options.default_venv_backend = "uv|virtualenv"
+os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
+
+
+def _find_pythons() -> None:
+    """Make each ``pythonX.Y`` of the matrix findable on PATH. A pyenv shim for a version that
+    is not selected is on PATH but fails, so nox would pick it and break: link what
+    scripts/find_python.sh finds (on PATH or in pyenv's versions folder) into .nox/pythons
+    and put that first. A version found nowhere fails its sessions (not skipped)."""
+    links = ROOT / ".nox" / "pythons"
+    for version in sorted({python for python, _ in PAIRS}):
+        found = subprocess.run(
+            ["bash", str(ROOT / "scripts" / "find_python.sh"), version],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        if not found or found == f"python{version}":
+            continue
+        links.mkdir(parents=True, exist_ok=True)
+        link = links / f"python{version}"
+        if link.is_symlink() or link.exists():
+            link.unlink()
+        link.symlink_to(found)
+    if links.is_dir():
+        os.environ["PATH"] = f"{links}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+_find_pythons()
+
+
+@nox.session
+@nox.parametrize(
+    ("python", "django"),
+    [
+        nox.param(python, django, tags=[] if (python, django) == NEWEST else ["ci"])
+        for python, django in PAIRS
+    ],
+)
+def tests(session: nox.Session, django: str) -> None:
+    """The Django-facing tests (or the tests named after ``--``) on one (Python, Django)."""
+    session.install(
+        "-e", ".", f"django=={django}.*", *nox.project.dependency_groups(PYPROJECT, "test")
+    )
+    session.run("python", "-m", "django", "--version")
+    session.run(
+        "python", "-m", "pytest", "-p", "no:cacheprovider", *(session.posargs or DJANGO_FACING)
+    )
