@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from numbers import Real
 from typing import Any
 
-from . import table, wakeup
+from . import table, transactions, wakeup
 from .conf import settings
 from .exceptions import LockLost, SemaphoreBusy, SemaphoreUnavailable
 from .signals import lock_acquired, lock_busy, lock_lost, lock_released
@@ -223,6 +223,8 @@ class Semaphore:
         wait: float | None = None,
         on_busy: Callable[..., Any] | None = None,
         fair: bool | None = None,
+        on_commit: bool = True,
+        using: str | None = None,
     ):
         self._template = resource if callable(resource) else None
         self.resources: list[str] = [] if callable(resource) else check_resources(resource)
@@ -244,6 +246,10 @@ class Semaphore:
                 "fair=True takes one resource: waiting in several queues at once could deadlock"
             )
         self._fair = fair
+        if not isinstance(on_commit, bool):
+            raise TypeError(f"on_commit must be True or False, not {on_commit!r}")
+        self.on_commit = on_commit  # give back after the transaction commits (transactions.py)
+        self.using = transactions.check_using(using)
 
     @property
     def fair(self) -> bool:
@@ -721,6 +727,8 @@ class Semaphore:
             wait=self.wait,
             on_busy=self.on_busy,
             fair=self._fair,
+            on_commit=self.on_commit,
+            using=self.using,
         )
 
 
@@ -946,6 +954,7 @@ class Held:
         self._state_lock = threading.Lock()  # guards _lost only: never held across a request
         self._lost: str | None = None
         self._released = False
+        self._pending_commit = False  # given back, waiting for the transaction to end
         self._heartbeat: Any = None
         self._taken_mono = monotonic()
         self._queue: dict[str, Any] = {}  # the waiters we last saw: the hand-over's heirs
@@ -1023,6 +1032,9 @@ class Held:
             token=self.token,
             fence=self.fence,
             reason=reason,
+            # Its block had ended, its transaction had not: the transaction's work may still
+            # commit after another holder took over.
+            pending_commit=self._pending_commit,
         )
 
     def _raise_lost(self) -> None:
@@ -1087,7 +1099,52 @@ class Held:
 
     def release(self) -> None:
         """Give back this acquisition's hold only. Raises :class:`LockLost` if it was not ours
-        any more (after cleaning up whatever is still ours)."""
+        any more (after cleaning up whatever is still ours).
+
+        Inside ``transaction.atomic`` (unless the semaphore has ``on_commit=False``) the hold
+        is given back after the outermost transaction of its database commits, or at once
+        when that rolls back; the lease is renewed until then. A hold already known lost
+        raises now, while the transaction can still roll back."""
+        if self._released or self._pending_commit:
+            return
+        sem = self.semaphore
+        if (
+            sem.on_commit
+            and not self.lost
+            and transactions.after_transaction(sem.using, self._after_transaction, self.resource)
+        ):
+            self._pending_commit = True
+            return
+        self._release_now()
+
+    @property
+    def pending_commit(self) -> bool:
+        """True while the hold waits for its transaction to end before it is given back."""
+        return self._pending_commit
+
+    def _after_transaction(self, committed: bool) -> None:
+        try:
+            self._release_now()
+        except LockLost as exc:
+            if committed:
+                # lock_lost was sent (with pending_commit=True) when the loss was found.
+                logger.error(
+                    "dynasem: the transaction that held %r committed after the hold was lost "
+                    "(%s): another holder may have worked on the same data before this "
+                    "commit; fence such writes with held.fence",
+                    self.resource,
+                    exc.reason,
+                )
+            else:
+                logger.warning(
+                    "dynasem: the hold on %r was lost (%s) before its transaction rolled back",
+                    self.resource,
+                    exc.reason,
+                )
+        finally:
+            self._pending_commit = False
+
+    def _release_now(self) -> None:
         with self._lock:
             if self._released:
                 return
@@ -1261,6 +1318,8 @@ def semaphore(
     wait: float | None = None,
     on_busy: Callable[..., Any] | None = None,
     fair: bool | None = None,
+    on_commit: bool = True,
+    using: str | None = None,
 ) -> Semaphore:
     """A distributed semaphore on ``resource``: ``with``, ``async with``, ``.acquire()``, or
     ``@semaphore("key:{arg}")`` on a view. See API.md for every argument."""
@@ -1273,4 +1332,6 @@ def semaphore(
         wait=wait,
         on_busy=on_busy,
         fair=fair,
+        on_commit=on_commit,
+        using=using,
     )
