@@ -16,44 +16,79 @@ from .exceptions import SemaphoreBusy
 if TYPE_CHECKING:
     from .core import Semaphore
 
-# Template values are escaped to letters, digits and %XX only, and two fields must be parted
-# by at least one other character: then every key parses back to one set of values.
-_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+# Characters a template value keeps as written in every template: for values made only of
+# these the decorator's key is the template formatted as written, the same string an f-string
+# of it gives, so `@semaphore("deploy:{slug}")` and `with semaphore(f"deploy:{slug}")` are one
+# lock.
+SAFE = frozenset(string.ascii_letters + string.digits + "-_.")
 
 
-def escape_value(value: str) -> str:
-    return "".join(c if c in _SAFE else "".join(f"%{b:02X}" for b in c.encode()) for c in value)
+@functools.lru_cache(maxsize=1024)
+def _escaped_chars(template: str) -> frozenset[str]:
+    """The characters values must escape (as ``%XX``) in ``template``, after checking it.
 
-
-class _EscapingFormatter(string.Formatter):
-    def format_field(self, value: Any, format_spec: str) -> str:
-        return escape_value(super().format_field(value, format_spec))
-
-
-_formatter = _EscapingFormatter()
-
-
-def check_template(template: str) -> None:
-    """Refuse templates whose keys could collide: two fields with nothing but letters, digits
-    or ``%`` between them (``"{a}{b}"``, ``"{a}x{b}"``)."""
-    previous_was_field = False
+    One field: nothing; the key ``prefix + value + suffix`` gives the value back. Several
+    fields: each pair must be parted by a literal holding a character outside ``SAFE`` and
+    ``%``; escaping those characters (and ``%``) in the values means the first of them after
+    a field always belongs to the literal that follows it, so every key parses back to one
+    set of values.
+    """
     try:
-        parts = list(_formatter.parse(template))
+        parts = list(string.Formatter().parse(template))
     except ValueError as exc:
         raise ValueError(
             f"resource template {template!r} is not a valid format string: {exc}"
         ) from None
+    separators: set[str] = set()
+    fields = 0
+    between = ""  # the literal text since the last field
     for literal, field, _spec, _conv in parts:
-        if (
-            previous_was_field
-            and field is not None
-            and all(c in _SAFE or c == "%" for c in literal)
-        ):
-            raise ValueError(
-                f"resource template {template!r} has fields separated only by {literal!r}: put a "
-                "separator such as ':' between fields so different arguments never share a key"
-            )
-        previous_was_field = field is not None or (previous_was_field and not literal)
+        between += literal
+        if field is None:
+            continue
+        if fields:
+            parting = {c for c in between if c not in SAFE and c != "%"}
+            if not parting:
+                raise ValueError(
+                    f"resource template {template!r} has fields separated only by "
+                    f"{between!r}: put a separator such as ':' or '/' between fields (letters, "
+                    "digits, '-', '_', '.' and '%' can be part of a value) so that different "
+                    "arguments never share a key"
+                )
+            separators |= parting
+        fields += 1
+        between = ""
+    return frozenset(separators | {"%"}) if fields > 1 else frozenset()
+
+
+def check_template(template: str) -> None:
+    """Refuse templates whose keys could collide: two fields with nothing but letters, digits,
+    ``-``, ``_``, ``.`` or ``%`` between them (``"{a}{b}"``, ``"{a}-{b}"``)."""
+    _escaped_chars(template)
+
+
+def _escape(value: str, chars: frozenset[str]) -> str:
+    if not chars or not any(c in chars for c in value):
+        return value
+    return "".join("".join(f"%{b:02X}" for b in c.encode()) if c in chars else c for c in value)
+
+
+class _EscapingFormatter(string.Formatter):
+    def __init__(self, chars: frozenset[str]) -> None:
+        self.chars = chars
+
+    def format_field(self, value: Any, format_spec: str) -> str:
+        return _escape(super().format_field(value, format_spec), self.chars)
+
+
+def resource_key(template: str, /, *args: Any, **kwargs: Any) -> str:
+    """The resource the decorator locks for these template values: ``template.format(*args,
+    **kwargs)`` where every value made only of letters, digits, ``-``, ``_`` and ``.`` is used
+    as written; other characters are escaped (``%XX``) where needed to keep two sets of values
+    apart (only in templates with several fields: ``%`` and the characters that part them)."""
+    if not isinstance(template, str):
+        raise TypeError(f"template must be a str, not {type(template).__name__}")
+    return _EscapingFormatter(_escaped_chars(template)).format(template, *args, **kwargs)
 
 
 def format_key(template: Any, request: Any, args: tuple, kwargs: dict) -> str:
@@ -63,7 +98,7 @@ def format_key(template: Any, request: Any, args: tuple, kwargs: dict) -> str:
             raise TypeError(f"the resource callable returned {type(key).__name__}, not a str")
         return key
     try:
-        return _formatter.format(template, *args, **kwargs)
+        return resource_key(template, *args, **kwargs)
     except (KeyError, IndexError) as exc:
         raise ValueError(
             f"resource template {template!r} names {exc} but the view got "

@@ -20,7 +20,7 @@ from django.utils.decorators import method_decorator
 from django.views import View
 
 from dynasem import SemaphoreBusy, semaphore
-from dynasem.decorators import busy_response, escape_value, format_key
+from dynasem.decorators import SAFE, busy_response, format_key, resource_key
 from dynasem.operations import HoldInfo, holds_on
 from tests import views
 
@@ -405,28 +405,56 @@ def test_different_arguments_never_share_a_key(one, other):
     assert key("a:{x}:{y}", **one) != key("a:{x}:{y}", **other)
 
 
-def test_escaped_values_use_only_letters_digits_and_percent():
-    for value in ["1:2", "a b", "100%", "é", "日本", "a/b?c=d&e", "\x00\n", "{}", "-_.~"]:
-        escaped = escape_value(value)
-        assert escaped.replace("%", "").isascii()
-        assert all(c.isalnum() or c == "%" for c in escaped), escaped
-    assert escape_value("abcXYZ019") == "abcXYZ019"
-    assert escape_value(":") == "%3A"
-    assert escape_value("é") == "%C3%A9"
+def test_values_of_letters_digits_dash_underscore_dot_are_used_as_written():
+    for template in ["deploy:{slug}", "a:{x}:{y}", "{x}/{y}", "t:{0}:{1}", "{x}: {y}!"]:
+        values = {"x": "my-app_v2.1", "y": "Z9", "slug": "my-app_v2.1"}
+        positional = ["my-app_v2.1", "Z9"]
+        assert resource_key(template, *positional, **values) == template.format(
+            *positional, **values
+        )
+    assert SAFE == set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+def test_one_field_is_never_escaped():
+    for value in ["1:2", "a b", "100%", "é", "日本", "a/b?c=d&e", "\x00\n", "{}", "%3A"]:
+        assert resource_key("file:{path}", path=value) == f"file:{value}"
+
+
+def test_several_fields_escape_percent_and_their_separators_only():
+    assert resource_key("a:{x}:{y}", x="1:2", y="3") == "a:1%3A2:3"
+    assert resource_key("a:{x}:{y}", x="100%", y="é/b c") == "a:100%25:é/b c"
+    assert resource_key("{x}/{y}", x="a/b", y="c:d") == "a%2Fb/c:d"
+    assert resource_key("{x}: {y}", x="a b", y="c:d") == "a%20b: c%3Ad"
+    assert resource_key("{x}:{y}", x="é:", y="") == "é%3A:"
 
 
 def test_escaping_is_injective_over_tricky_values():
     # Every pair of values up to two characters from an alphabet of the troublemakers.
-    alphabet = ["a", "3", "A", ":", "%", " ", "é", "{", "-"]
+    alphabet = ["a", "3", "A", ":", "%", " ", "é", "{", "-", ".", "/"]
     values = ["".join(p) for n in range(3) for p in itertools.product(alphabet, repeat=n)]
-    seen: dict[str, tuple[str, str]] = {}
-    for x, y in itertools.product(values, repeat=2):
-        k = key("a:{x}:{y}", x=x, y=y)
-        assert seen.setdefault(k, (x, y)) == (x, y), f"{(x, y)} and {seen[k]} share {k!r}"
-    assert len(seen) == len(values) ** 2
+    for template in ["a:{x}:{y}", "{x}/{y}", "{x}:-/{y}.", "{x} {y}"]:
+        seen: dict[str, tuple[str, str]] = {}
+        for x, y in itertools.product(values, repeat=2):
+            k = resource_key(template, x=x, y=y)
+            assert seen.setdefault(k, (x, y)) == (x, y), f"{(x, y)} and {seen[k]} share {k!r}"
+        assert len(seen) == len(values) ** 2
 
 
-@pytest.mark.parametrize("template", ["{a}{b}", "{a}x{b}", "k:{a}ab{b}", "{a}%{b}", "{0}{1}"])
+def test_decorator_and_with_block_lock_the_same_resource(lock_table):
+    @semaphore("deploy:{slug}", wait=0)
+    def deploy(request, slug):
+        return HttpResponse("deployed")
+
+    for slug in ["my-app_v2.1", "my app/v2:1 é"]:
+        with semaphore(f"deploy:{slug}"):
+            assert_locked(deploy(RequestFactory().post("/"), slug=slug))
+        assert deploy(RequestFactory().post("/"), slug=slug).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["{a}{b}", "{a}x{b}", "k:{a}ab{b}", "{a}%{b}", "{0}{1}", "{a}-{b}", "{a}.{b}", "{a}_{b}"],
+)
 def test_ambiguous_template_is_refused_at_decoration_time(template):
     with pytest.raises(ValueError, match="separat"):
 
@@ -443,13 +471,24 @@ def test_ambiguous_template_in_a_list_is_refused():
             return HttpResponse()
 
 
-@pytest.mark.parametrize("template", ["{a}:{b}", "{a}-{b}", "{a}/x/{b}", "x{a}", "{a}x", "{a}"])
+@pytest.mark.parametrize(
+    "template", ["{a}:{b}", "{a}-:{b}", "{a}/x/{b}", "x{a}", "{a}x", "{a}", "{a}-{{b}}"]
+)
 def test_separated_template_is_accepted(template):
     @semaphore(template)
     def view(request, a, b=None):
         return HttpResponse()
 
     assert callable(view)
+
+
+def test_resource_key_refuses_bad_templates():
+    with pytest.raises(ValueError, match="separat"):
+        resource_key("{a}-{b}", a="1", b="2")
+    with pytest.raises(ValueError, match="not a valid format string"):
+        resource_key("{a", a="1")
+    with pytest.raises(TypeError, match="template must be a str"):
+        resource_key(["x"])  # type: ignore[arg-type]
 
 
 def test_template_naming_a_missing_argument_raises_naming_it(lock_table, requests_sent):
@@ -491,21 +530,28 @@ def test_callable_key_gets_request_and_arguments(lock_table):
 
 def test_method_decorator_formats_view_kwargs(lock_table):
     class V(View):
-        @method_decorator(semaphore("m:{slug}"))
-        def get(self, request, slug):
-            return HttpResponse(",".join(h.resource for h in holds_on(f"m:{escape_value(slug)}")))
+        @method_decorator(semaphore("m:{slug}:{n}"))
+        def get(self, request, slug, n):
+            key = resource_key("m:{slug}:{n}", slug=slug, n=n)
+            return HttpResponse(",".join(h.resource for h in holds_on(key)))
 
-    response = V.as_view()(RequestFactory().get("/"), slug="a b")
-    assert response.content == b"m:a%20b"
+    response = V.as_view()(RequestFactory().get("/"), slug="a:b", n=1)
+    assert response.content == b"m:a%3Ab:1"
 
 
 if hypothesis is not None:
 
-    @hypothesis.given(st.text(), st.text(), st.text(), st.text())
+    @hypothesis.given(
+        st.sampled_from(["a:{x}:{y}", "{x}/{y}", "{x}: {y}", "{x}:{y}-"]),
+        st.text(),
+        st.text(),
+        st.text(),
+        st.text(),
+    )
     @hypothesis.settings(max_examples=300, deadline=None)
-    def test_keys_never_collide_property(x1, y1, x2, y2):
+    def test_keys_never_collide_property(template, x1, y1, x2, y2):
         if (x1, y1) != (x2, y2):
-            assert key("a:{x}:{y}", x=x1, y=y1) != key("a:{x}:{y}", x=x2, y=y2)
+            assert key(template, x=x1, y=y1) != key(template, x=x2, y=y2)
 
 else:
 

@@ -34,7 +34,7 @@ from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.http import require_POST
 
-from dynasem import SemaphoreBusy, semaphore
+from dynasem import SemaphoreBusy, resource_key, semaphore
 
 PROJECTS = range(1, 6)
 
@@ -81,9 +81,9 @@ class PurgeAndRebuildView(LoginRequiredMixin, View):
 @login_required
 def purge_and_rebuild_with_fence(request: HttpRequest, project_id: int) -> HttpResponse:
     """The same rebuild, holding the lock with ``with semaphore(...) as held``."""
-    # The same key the decorator builds for an int project_id (it escapes only characters
-    # outside [A-Za-z0-9]), so all three variants really contend for one lock.
-    resource = RESOURCE.format(project_id=project_id)
+    # The same key the decorator builds (resource_key formats values of letters, digits,
+    # "-", "_" and "." as written), so all three variants really contend for one lock.
+    resource = resource_key(RESOURCE, project_id=project_id)
     try:
         with semaphore(resource, user=request.user, wait=0) as held:
             # held.fence would go along with every write of the rebuild, and the storage
