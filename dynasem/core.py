@@ -274,7 +274,7 @@ class Semaphore:
     def _check_usable(self) -> None:
         if self._template is not None:
             raise TypeError(
-                "a callable resource only works when the semaphore decorates a view; "
+                "a callable resource only works when the semaphore decorates a callable; "
                 "pass a str (or a list of str) to use it as a context manager"
             )
 
@@ -711,13 +711,14 @@ class Semaphore:
 
     # -- decorator ---------------------------------------------------------------------------
 
-    def __call__(self, view: Callable[..., Any]) -> Callable[..., Any]:
-        from .decorators import lock_view
+    def __call__(self, func: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorate a view, a function, a method or a task (see :mod:`dynasem.decorators`)."""
+        from .decorators import lock_callable
 
-        return lock_view(self, view)
+        return lock_callable(self, func)
 
-    def with_resource(self, resource: str, user: Any) -> Semaphore:
-        """A copy for one call of a decorated view: the formatted key and the request's user."""
+    def with_resource(self, resource: Any, user: Any) -> Semaphore:
+        """A copy for one call of a decorated callable: its resource(s) and its holder."""
         return Semaphore(
             resource,
             limit=self.limit,
@@ -905,6 +906,19 @@ _entered: ContextVar[tuple[tuple[int, Held], ...]] = ContextVar("dynasem_entered
 
 def _push(sem: Semaphore, held: Held) -> None:
     _entered.set(_entered.get() + ((id(sem), held),))
+
+
+def current_hold(resource: str | None = None) -> Held:
+    """The innermost hold this thread or task entered (``with``/``async with``, or a decorated
+    call) and has not left; the innermost one on ``resource`` if given. A decorated view or
+    function reaches its own hold this way: ``current_hold().fence``.
+    Raises :class:`LookupError` when there is none."""
+    for _sem_id, held in reversed(_entered.get()):
+        if resource is None or resource in held.resources:
+            return held
+    raise LookupError(
+        "no dynasem hold is entered here" + (f" on {resource!r}" if resource is not None else "")
+    )
 
 
 def _pop(sem: Semaphore) -> Held:

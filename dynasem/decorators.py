@@ -1,15 +1,24 @@
-"""The view decorator: ``@semaphore("tbl_issues:{project_id}")`` on sync, async and
-class-based views (through ``method_decorator``)."""
+"""The decorator: ``@semaphore("job:{pk}")`` on any callable.
+
+Views (sync, async, class-based through ``method_decorator``) answer HTTP 423 when busy and
+record ``request.user``; anything else (plain and async functions, methods, Celery tasks,
+Django tasks) raises :class:`SemaphoreBusy`. A call is a view call when its first positional
+argument is a Django ``HttpRequest`` (or wraps one, as Django REST framework's ``Request``
+does). The template's fields are bound from the call's arguments through the callable's
+signature.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction
-from django.http import HttpResponse
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.http import HttpRequest, HttpResponse
 
 from .exceptions import SemaphoreBusy
 
@@ -91,21 +100,6 @@ def resource_key(template: str, /, *args: Any, **kwargs: Any) -> str:
     return _EscapingFormatter(_escaped_chars(template)).format(template, *args, **kwargs)
 
 
-def format_key(template: Any, request: Any, args: tuple, kwargs: dict) -> str:
-    if callable(template):
-        key = template(request, *args, **kwargs)
-        if not isinstance(key, str):
-            raise TypeError(f"the resource callable returned {type(key).__name__}, not a str")
-        return key
-    try:
-        return resource_key(template, *args, **kwargs)
-    except (KeyError, IndexError) as exc:
-        raise ValueError(
-            f"resource template {template!r} names {exc} but the view got "
-            f"args={args!r} kwargs={sorted(kwargs)!r}"
-        ) from None
-
-
 def busy_response(request: Any, exc: SemaphoreBusy) -> HttpResponse:
     """HTTP 423 Locked with ``Retry-After``; says nothing about the holder's token."""
     response = HttpResponse(
@@ -117,43 +111,171 @@ def busy_response(request: Any, exc: SemaphoreBusy) -> HttpResponse:
     return response
 
 
-def lock_view(sem: Semaphore, view: Callable[..., Any]) -> Callable[..., Any]:
-    template = sem._raw_resource
-    if isinstance(template, list | tuple):
-        for t in template:
-            check_template(t)
-    elif isinstance(template, str):
-        check_template(template)
-    on_busy = sem.on_busy or busy_response
+def request_of(args: tuple[Any, ...]) -> Any:
+    """The request when this is a view call: the first positional argument is an
+    ``HttpRequest``, or wraps one in ``_request`` (Django REST framework's ``Request``)."""
+    if args:
+        first = args[0]
+        if isinstance(first, HttpRequest) or isinstance(
+            getattr(first, "_request", None), HttpRequest
+        ):
+            return first
+    return None
 
-    def keyed(request: Any, args: tuple, kwargs: dict, user: Any) -> Semaphore:
+
+def _signatures(func: Callable[..., Any]) -> list[inspect.Signature]:
+    """The signatures to bind a call with, the likeliest first. ``method_decorator`` hands
+    us a ``partial`` of the bound method whose ``__wrapped__`` is the unbound one (with
+    ``self``): for it, the partial's own signature comes first."""
+    found: list[inspect.Signature] = []
+    order = (False, True) if isinstance(func, functools.partial) else (True, False)
+    for follow in order:
+        try:
+            sig = inspect.signature(func, follow_wrapped=follow)
+        except (TypeError, ValueError):  # no signature (some builtins): use the call as is
+            continue
+        if sig not in found:
+            found.append(sig)
+    return found
+
+
+class KeyMaker:
+    """Builds the resource(s) of one call from the decorator's template(s) or callable."""
+
+    def __init__(self, template: Any, func: Callable[..., Any]) -> None:
         if isinstance(template, list | tuple):
-            key: Any = [format_key(t, request, args, kwargs) for t in template]
-        else:
-            key = format_key(template, request, args, kwargs)
-        # The holder is the request's user, never anything the request data says.
-        return sem.with_resource(key, user)
+            for t in template:
+                check_template(t)
+        elif isinstance(template, str):
+            check_template(template)
+        self.template = template
+        self.name = getattr(func, "__qualname__", None) or repr(func)
+        self.signatures = _signatures(func)
 
-    if iscoroutinefunction(view):
-
-        async def async_wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
+    def named(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The call's arguments by name: bound through the signature, defaults applied."""
+        error: TypeError | None = None
+        for sig in self.signatures:
             try:
-                # request.user is lazy and loads from the database: not inside the loop.
-                auser = getattr(request, "auser", None)
-                user = await auser() if auser is not None else getattr(request, "user", None)
-                async with keyed(request, args, kwargs, user):
-                    return await view(request, *args, **kwargs)
-            except SemaphoreBusy as exc:
-                return on_busy(request, exc)
+                bound = sig.bind(*args, **kwargs)
+            except TypeError as exc:
+                error = error or exc
+                continue
+            bound.apply_defaults()
+            named = dict(bound.arguments)
+            for param in sig.parameters.values():
+                if param.kind is inspect.Parameter.VAR_KEYWORD:
+                    named.update(named.pop(param.name, {}))
+            return named
+        if error is not None:
+            # The call itself would fail the same way: say so before taking anything.
+            raise TypeError(f"{self.name}() {error}") from None
+        return dict(kwargs)
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any], view: bool) -> Any:
+        template = self.template
+        if callable(template):
+            key = template(*args, **kwargs)  # the same arguments as the decorated callable
+            if not isinstance(key, str | list | tuple):
+                raise TypeError(f"the resource callable returned {type(key).__name__}, not a str")
+            return key
+        # Positional fields ({0}) index the arguments after the request for a view, every
+        # positional argument otherwise; named fields come from the signature.
+        positional = args[1:] if view else args
+        named = self.named(args, kwargs)
+        templates = template if isinstance(template, list | tuple) else [template]
+        keys = [self._format(t, positional, named, view) for t in templates]
+        return keys if isinstance(template, list | tuple) else keys[0]
+
+    def _format(
+        self, template: str, positional: tuple[Any, ...], named: Mapping[str, Any], view: bool
+    ) -> str:
+        try:
+            return resource_key(template, *positional, **named)
+        except (KeyError, IndexError, AttributeError) as exc:
+            raise ValueError(
+                f"resource template {template!r} names {exc} but the "
+                f"{'view' if view else 'call'} {self.name}() got args={positional!r} "
+                f"and arguments {sorted(named)!r}"
+            ) from None
+
+
+async def _auser(request: Any) -> Any:
+    auser = getattr(request, "auser", None)
+    if auser is not None:
+        return await auser()
+    user = getattr(request, "user", None)
+    if user is not None:
+        # A lazy request.user loads from the database: evaluate it outside the event loop.
+        await sync_to_async(lambda: bool(user.is_authenticated))()
+    return user
+
+
+def _refuse(func: Any) -> None:
+    if (hasattr(func, "apply_async") and hasattr(func, "run")) or type(func).__module__.startswith(
+        "django.tasks"
+    ):
+        raise TypeError(
+            f"semaphore(...) goes below the task decorator, next to the function: "
+            f"@task / @semaphore(...) / def ..., not over the task {func!r}"
+        )
+    if not callable(func):
+        raise TypeError(f"semaphore(...) decorates a callable, not {func!r}")
+    if isinstance(func, type):
+        raise TypeError(
+            f"semaphore(...) cannot decorate the class {func.__qualname__}: decorate a method "
+            "(for a class-based view: @method_decorator(semaphore(...), name='post'))"
+        )
+    if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+        raise TypeError(
+            f"semaphore(...) cannot decorate the generator function {func.__qualname__}: the "
+            "lock would be given back at its first yield; use `with semaphore(...)` inside it"
+        )
+
+
+def lock_callable(sem: Semaphore, func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func`` taking ``sem`` (with the call's resource) around every call."""
+    _refuse(func)
+    keys = KeyMaker(sem._raw_resource, func)
+    on_busy = sem.on_busy
+
+    if iscoroutinefunction(func):
+
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            request = request_of(args)
+            resource = keys(args, kwargs, request is not None)
+            # The holder: the request's user (never anything from request data), or the
+            # decorator's own user= for anything that is not a view.
+            user = await _auser(request) if request is not None else sem.user
+            async with contextlib.AsyncExitStack() as stack:
+                try:
+                    await stack.enter_async_context(sem.with_resource(resource, user))
+                except SemaphoreBusy as exc:
+                    if request is not None:
+                        return (on_busy or busy_response)(request, exc)
+                    if on_busy is None:
+                        raise
+                    result = on_busy(exc, *args, **kwargs)
+                    return await result if inspect.isawaitable(result) else result
+                # Held until the coroutine finishes, not until it is created.
+                return await func(*args, **kwargs)
 
         wrapper: Callable[..., Any] = markcoroutinefunction(async_wrapper)
     else:
 
-        def wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
-            try:
-                with keyed(request, args, kwargs, getattr(request, "user", None)):
-                    return view(request, *args, **kwargs)
-            except SemaphoreBusy as exc:
-                return on_busy(request, exc)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            request = request_of(args)
+            resource = keys(args, kwargs, request is not None)
+            user = getattr(request, "user", None) if request is not None else sem.user
+            with contextlib.ExitStack() as stack:
+                try:
+                    stack.enter_context(sem.with_resource(resource, user))
+                except SemaphoreBusy as exc:
+                    if request is not None:
+                        return (on_busy or busy_response)(request, exc)
+                    if on_busy is None:
+                        raise
+                    return on_busy(exc, *args, **kwargs)
+                return func(*args, **kwargs)
 
-    return functools.wraps(view)(wrapper)
+    return functools.wraps(func)(wrapper)

@@ -19,8 +19,8 @@ from django.test import AsyncClient, Client, RequestFactory
 from django.utils.decorators import method_decorator
 from django.views import View
 
-from dynasem import SemaphoreBusy, semaphore
-from dynasem.decorators import SAFE, busy_response, format_key, resource_key
+from dynasem import SemaphoreBusy, current_hold, semaphore
+from dynasem.decorators import SAFE, busy_response, resource_key
 from dynasem.operations import HoldInfo, holds_on
 from tests import views
 
@@ -373,18 +373,245 @@ def test_waiting_view_gets_the_lock_once_free(lock_table, pool):
 
 
 # ---------------------------------------------------------------------------------------------
+# Any other callable: functions, async functions, methods
+# ---------------------------------------------------------------------------------------------
+
+
+def test_function_binds_fields_by_signature_positional_keyword_defaults(lock_table):
+    @semaphore("job:{pk}:{kind}")
+    def job(pk, kind="full"):
+        (hold,) = holds_on(current_hold().resource)
+        assert hold.token == current_hold().token  # really held while the body runs
+        return current_hold().resource
+
+    assert job(5) == "job:5:full"
+    assert job(pk=6, kind="quick") == "job:6:quick"
+    assert job(7, "quick") == "job:7:quick"
+    assert job(8, kind="my-app_v2.1") == "job:8:my-app_v2.1"
+    for resource in ["job:5:full", "job:6:quick", "job:7:quick", "job:8:my-app_v2.1"]:
+        assert holds_on(resource) == []
+
+
+def test_function_positional_fields_index_every_positional_argument(lock_table):
+    @semaphore("pos:{0}:{1}")
+    def job(a, b):
+        return current_hold().resource
+
+    assert job("x", "y") == "pos:x:y"
+
+
+def test_busy_function_raises_and_is_not_called(lock_table):
+    calls = []
+
+    @semaphore("job:{pk}", wait=0)
+    def job(pk):
+        calls.append(pk)
+
+    with semaphore("job:5", user="worker-2"):
+        with pytest.raises(SemaphoreBusy) as busy:
+            job(5)
+        job(6)  # another key: runs
+    assert busy.value.resource == "job:5"
+    assert busy.value.holder_user_id == "worker-2"
+    assert calls == [6]
+    job(5)
+    assert calls == [6, 5]
+
+
+def test_on_busy_decides_for_a_function(lock_table):
+    @semaphore("job:{pk}", on_busy=lambda exc, pk, **kw: ("later", pk, exc.resource))
+    def job(pk, note=""):
+        return "ran"
+
+    with semaphore("job:1"):
+        assert job(1, note="x") == ("later", 1, "job:1")
+    assert job(1) == "ran"
+
+
+def test_function_records_the_decorators_user(lock_table):
+    @semaphore("who:{n}", user="nightly-import")
+    def job(n):
+        return holds_on(f"who:{n}")[0].user_id
+
+    assert job(1) == "nightly-import"
+
+    @semaphore("who:{n}")
+    def anonymous(n):
+        return holds_on(f"who:{n}")[0].user_id
+
+    assert anonymous(2) == PROCESS_IDENTITY
+
+
+def test_method_binds_self(lock_table):
+    class Report:
+        def __init__(self, pk):
+            self.pk = pk
+
+        @semaphore("report:{self.pk}:{period}")
+        def build(self, period="2024"):
+            return current_hold().resource
+
+    assert Report(3).build() == "report:3:2024"
+    assert Report(4).build(period="q1") == "report:4:q1"
+
+
+def test_callable_key_gets_the_calls_arguments(lock_table):
+    seen = []
+
+    def key_of(*args, **kwargs):
+        seen.append((args, kwargs))
+        return f"cb:{args[0]}"
+
+    @semaphore(key_of)
+    def job(pk, kind="full"):
+        return current_hold().resource
+
+    assert job(9, kind="x") == "cb:9"
+    assert seen == [((9,), {"kind": "x"})]
+
+
+def test_async_function_binds_raises_and_holds_until_it_finishes(lock_table):
+    @semaphore("ajob:{pk}:{kind}", wait=0)
+    async def job(pk, kind="full"):
+        await asyncio.sleep(0.2)
+        return current_hold().fence
+
+    async def scenario() -> tuple[int, Any, list[HoldInfo]]:
+        task = asyncio.ensure_future(job(1))
+        during = await asyncio.to_thread(wait_for_holds, "ajob:1:full")
+        with pytest.raises(SemaphoreBusy):
+            await job(pk=1)
+        return await task, during, await asyncio.to_thread(holds_on, "ajob:1:full")
+
+    fence, during, after = asyncio.run(scenario())
+    assert iscoroutinefunction(job)
+    assert fence == during[0].fence
+    assert after == []
+
+
+def test_async_on_busy_may_be_a_coroutine(lock_table):
+    async def later(exc, pk):
+        return f"later {pk}"
+
+    @semaphore("ajob:{pk}", on_busy=later)
+    async def job(pk):
+        return "ran"
+
+    with semaphore("ajob:2"):
+        assert asyncio.run(job(2)) == "later 2"
+
+
+def test_busy_inside_the_body_is_not_the_decorators_busy(lock_table):
+    @semaphore("outer:{n}", on_busy=lambda exc, n: "on_busy")
+    def job(n):
+        with semaphore("inner", wait=0):
+            return "ran"
+
+    with semaphore("inner"):
+        with pytest.raises(SemaphoreBusy) as busy:
+            job(1)
+    assert busy.value.resource == "inner"
+    assert holds_on("outer:1") == []
+
+
+def test_wrong_call_raises_like_the_function_before_any_request(lock_table, requests_sent):
+    @semaphore("job:{pk}")
+    def job(pk):  # pragma: no cover - never reached
+        pass
+
+    with pytest.raises(TypeError, match=r"job\(\) missing a required argument: 'pk'"):
+        job()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nope'"):
+        job(1, nope=2)
+    assert requests_sent.total == 0
+
+
+def test_template_naming_no_argument_of_a_function_raises_naming_it(lock_table, requests_sent):
+    @semaphore("job:{project_id}")
+    def job(pk):  # pragma: no cover - never reached
+        pass
+
+    with pytest.raises(ValueError, match="'project_id'.*call .*job\\(\\)"):
+        job(1)
+    assert requests_sent.total == 0
+
+
+def test_what_cannot_be_decorated_is_refused_saying_why():
+    with pytest.raises(TypeError, match="decorates a callable"):
+        semaphore("x")(42)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="method_decorator"):
+
+        @semaphore("x")
+        class V(View):
+            pass
+
+    with pytest.raises(TypeError, match="generator"):
+
+        @semaphore("x")
+        def gen():  # pragma: no cover
+            yield 1
+
+    with pytest.raises(TypeError, match="generator"):
+
+        @semaphore("x")
+        async def agen():  # pragma: no cover
+            yield 1
+
+
+def test_a_request_first_makes_a_view_call(lock_table):
+    @semaphore("rule:{n}", wait=0)
+    def handle(first, n):
+        return HttpResponse("ran")
+
+    with semaphore("rule:1"):
+        # An HttpRequest first: a view call, busy is a 423 response.
+        assert_locked(handle(RequestFactory().get("/"), n=1))
+        # Anything else first: a function call, busy raises.
+        with pytest.raises(SemaphoreBusy):
+            handle("not a request", n=1)
+
+
+def test_decorated_view_reaches_its_hold(lock_table):
+    @semaphore("fenced:{n}")
+    def view(request, n):
+        held = current_hold()
+        assert current_hold("fenced:1") is held
+        return HttpResponse(f"{held.resource} {held.fence} {held.token}")
+
+    resource, fence, token = view(RequestFactory().get("/"), n=1).content.decode().split()
+    assert resource == "fenced:1" and int(fence) > 0 and len(token) == 32
+    with pytest.raises(LookupError, match="no dynasem hold"):
+        current_hold()
+
+
+def test_decorated_async_view_reaches_its_hold(lock_table):
+    @semaphore("afenced:{n}")
+    async def view(request, n):
+        return HttpResponse(str(current_hold().fence))
+
+    response = asyncio.run(view(RequestFactory().get("/"), n=1))
+    assert int(response.content) > 0
+
+
+# ---------------------------------------------------------------------------------------------
 # Keys
 # ---------------------------------------------------------------------------------------------
 
 
-def key(template: Any, *args: Any, **kwargs: Any) -> str:
-    return format_key(template, None, args, kwargs)
+def key(template: str, *args: Any, **kwargs: Any) -> str:
+    return resource_key(template, *args, **kwargs)
 
 
-def test_key_formats_view_arguments():
+def test_key_formats_view_arguments(lock_table):
     assert key("tbl_issues:{project_id}", project_id=42) == "tbl_issues:42"
     assert key("t:{0}:{1}", "a", "b") == "t:a:b"
-    assert key(lambda request, x: f"k/{x}", x="a b") == "k/a b"  # callables are not escaped
+
+    @semaphore(lambda request, x: f"k/{x}:{x}")
+    def view(request, x):
+        return HttpResponse(current_hold().resource)
+
+    # A callable's key is used as returned: nothing escaped.
+    assert view(RequestFactory().get("/"), x="a:b").content == b"k/a:b:a:b"
 
 
 @pytest.mark.parametrize(

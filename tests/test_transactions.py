@@ -288,6 +288,23 @@ def test_atomic_stacked_over_the_decorator(lock_table):
     assert holds_on("fn:4") == []
 
 
+@pytest.mark.django_db(transaction=True)
+def test_atomic_stacked_over_the_decorator_of_a_function(lock_table):
+    seen: list[int] = []
+
+    @transaction.atomic
+    @semaphore("job:{pk}")
+    def job(pk: int) -> None:
+        User.objects.create(username=f"job-{pk}")
+        transaction.on_commit(lambda: seen.append(len(holds_on(f"job:{pk}"))))
+
+    with releases() as released:
+        job(5)
+    assert seen == [1]
+    assert released == [{"resource": "job:5", "in_atomic_block": False}]
+    assert holds_on("job:5") == []
+
+
 # ---------------------------------------------------------------------------------------------
 # The lease lost before the commit
 # ---------------------------------------------------------------------------------------------
