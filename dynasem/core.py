@@ -225,6 +225,7 @@ class Semaphore:
         fair: bool | None = None,
         on_commit: bool = True,
         using: str | None = None,
+        max_hold: float | None = None,
     ):
         self._template = resource if callable(resource) else None
         self.resources: list[str] = [] if callable(resource) else check_resources(resource)
@@ -250,6 +251,12 @@ class Semaphore:
             raise TypeError(f"on_commit must be True or False, not {on_commit!r}")
         self.on_commit = on_commit  # give back after the transaction commits (transactions.py)
         self.using = transactions.check_using(using)
+        # Renewed for at most this long, then lost: a hung holder cannot keep it forever.
+        self.max_hold = (
+            None
+            if max_hold is None
+            else _check_seconds(max_hold, "max_hold", allow_zero=False, allow_inf=False)
+        )
 
     @property
     def fair(self) -> bool:
@@ -730,6 +737,7 @@ class Semaphore:
             fair=self._fair,
             on_commit=self.on_commit,
             using=self.using,
+            max_hold=self.max_hold,
         )
 
 
@@ -971,6 +979,10 @@ class Held:
         self._pending_commit = False  # given back, waiting for the transaction to end
         self._heartbeat: Any = None
         self._taken_mono = monotonic()
+        self._max_hold_end: float | None = None
+        if semaphore.max_hold is not None:
+            self._max_hold_end = self._taken_mono + semaphore.max_hold
+            self._deadline = min(self._deadline, self._max_hold_end)
         self._queue: dict[str, Any] = {}  # the waiters we last saw: the hand-over's heirs
         self._hold_avg: int | None = None
 
@@ -1030,7 +1042,12 @@ class Held:
 
     def _check_deadline(self) -> None:
         if self._lost is None and not self._released and monotonic() >= self._deadline:
-            self._mark_lost("its lease ran out before it could be renewed")
+            self._mark_lost(self._deadline_reason())
+
+    def _deadline_reason(self) -> str:
+        if self._max_hold_end is not None and monotonic() >= self._max_hold_end:
+            return f"it was held for max_hold={self.semaphore.max_hold:g}s"
+        return "its lease ran out before it could be renewed"
 
     def _mark_lost(self, reason: str) -> None:
         with self._state_lock:
@@ -1069,7 +1086,13 @@ class Held:
 
     def _renew_once(self) -> None:
         sent_mono = monotonic()
-        expires = now_ms() + int(self.lease * 1000)
+        lease = self.lease
+        if self._max_hold_end is not None:
+            # Never past max_hold: others may take over CLOCK_SKEW after it (their clocks).
+            lease = min(lease, self._max_hold_end - sent_mono + self.skew)
+        expires = now_ms() + int(lease * 1000)
+        if expires <= self._expires_ms:
+            return  # nothing left to extend
         raise_item = {r: True for r in self.resources}
         for _ in range(4):
             actions = [
@@ -1093,7 +1116,7 @@ class Held:
                     break
             else:
                 self._expires_ms = expires
-                self._deadline = max(self._deadline, sent_mono + self.lease - self.skew)
+                self._deadline = max(self._deadline, sent_mono + lease - self.skew)
                 return
         else:
             err = SemaphoreUnavailable(f"could not renew {self.resource!r}: conflicting writes")
@@ -1169,7 +1192,7 @@ class Held:
             if not ok and self._lost is None:
                 self._mark_lost("another holder took it over, or it was broken by an operator")
             if lost_before and self._lost is None:
-                self._mark_lost("its lease ran out before it could be renewed")
+                self._mark_lost(self._deadline_reason())
             if self._lost is not None:
                 self._raise_lost()
         lock_released.send(
@@ -1334,6 +1357,7 @@ def semaphore(
     fair: bool | None = None,
     on_commit: bool = True,
     using: str | None = None,
+    max_hold: float | None = None,
 ) -> Semaphore:
     """A distributed semaphore on ``resource``: ``with``, ``async with``, ``.acquire()``, or
     ``@semaphore("key:{arg}")`` on a view. See API.md for every argument."""
@@ -1348,4 +1372,5 @@ def semaphore(
         fair=fair,
         on_commit=on_commit,
         using=using,
+        max_hold=max_hold,
     )
