@@ -95,7 +95,7 @@ STATIC_URL = "static/"
 DYNASEM = {
     "TABLE_NAME": env("DYNASEM_TABLE_NAME", default="dynasem-locks"),
     # Unset or empty means AWS itself (None); a URL such as http://127.0.0.1:8001 means a
-    # local engine (DynamoDB Local, or `python -m example_project.embedded_dynamodb`).
+    # local engine (DynamoDB Local, or `python -m dynasem.testing`).
     "ENDPOINT_URL": env("DYNASEM_ENDPOINT_URL", default="") or None,
     # None lets boto3 find the region (AWS_REGION, AWS_DEFAULT_REGION, ~/.aws/config);
     # dynasem falls back to us-east-1.
