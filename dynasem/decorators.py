@@ -252,10 +252,11 @@ def lock_callable(sem: Semaphore, func: Callable[..., Any]) -> Callable[..., Any
                     await stack.enter_async_context(sem.with_resource(resource, user))
                 except SemaphoreBusy as exc:
                     if request is not None:
-                        return (on_busy or busy_response)(request, exc)
-                    if on_busy is None:
+                        result = (on_busy or busy_response)(request, exc)
+                    elif on_busy is None:
                         raise
-                    result = on_busy(exc, *args, **kwargs)
+                    else:
+                        result = on_busy(exc, *args, **kwargs)
                     return await result if inspect.isawaitable(result) else result
                 # Held until the coroutine finishes, not until it is created.
                 return await func(*args, **kwargs)

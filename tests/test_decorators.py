@@ -501,6 +501,19 @@ def test_async_on_busy_may_be_a_coroutine(lock_table):
         assert asyncio.run(job(2)) == "later 2"
 
 
+def test_async_views_on_busy_may_be_a_coroutine(lock_table):
+    async def busy_page(request, exc):
+        return HttpResponse("come back later", status=503)
+
+    @semaphore("aview:{n}", on_busy=busy_page)
+    async def view(request, n):  # pragma: no cover - busy
+        return HttpResponse("ran")
+
+    with semaphore("aview:1"):
+        response = asyncio.run(view(RequestFactory().get("/"), n=1))
+    assert response.status_code == 503
+
+
 def test_busy_inside_the_body_is_not_the_decorators_busy(lock_table):
     @semaphore("outer:{n}", on_busy=lambda exc, n: "on_busy")
     def job(n):

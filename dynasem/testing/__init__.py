@@ -174,9 +174,9 @@ class fresh_table:  # noqa: N801 - used like a function: with fresh_table(), @fr
                 )
             set_up = obj.setUp
 
-            def setUp(case: unittest.TestCase) -> None:  # noqa: N802 - unittest's name
-                case.enterContext(fresh_table(**settings))  # deleted after tearDown
-                set_up(case)
+            def setUp(self: unittest.TestCase) -> None:  # noqa: N802 - unittest's name
+                self.enterContext(fresh_table(**settings))  # deleted after tearDown
+                set_up(self)
 
             obj.setUp = setUp  # type: ignore[method-assign]
             return obj

@@ -31,7 +31,7 @@ try:
     # moto >= 5.1: keeps header spellings that werkzeug would drop; harmless for DynamoDB.
     from moto.moto_server.werkzeug_app import MotoRequestHandler as _BaseHandler
 except ImportError:  # pragma: no cover - older moto 5.0.x
-    _BaseHandler = WSGIRequestHandler
+    _BaseHandler = WSGIRequestHandler  # type: ignore[misc,assignment]  # same interface
 
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
