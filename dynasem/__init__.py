@@ -4,7 +4,8 @@ from __future__ import annotations
 
 __version__ = "0.2.0"
 
-from .core import Held, Semaphore, semaphore  # noqa: E402
+from .core import Held, Semaphore, current_hold, semaphore  # noqa: E402
+from .decorators import resource_key  # noqa: E402
 from .exceptions import (  # noqa: E402
     AlreadyDone,
     LockLost,
@@ -26,6 +27,8 @@ __all__ = [
     "SemaphoreUnavailable",
     "TableMissing",
     "__version__",
+    "current_hold",
+    "resource_key",
     "run_once",
     "semaphore",
 ]

@@ -33,7 +33,7 @@ from datetime import UTC, datetime
 from numbers import Real
 from typing import Any, TypeVar
 
-from . import table, wakeup
+from . import table, transactions, wakeup
 from .conf import settings
 from .exceptions import LockLost, SemaphoreBusy, SemaphoreUnavailable
 from .signals import lock_acquired, lock_busy, lock_lost, lock_released
@@ -233,6 +233,9 @@ class Semaphore:
         wait: float | None = None,
         on_busy: Callable[..., Any] | None = None,
         fair: bool | None = None,
+        on_commit: bool = True,
+        using: str | None = None,
+        max_hold: float | None = None,
     ):
         self._template = resource if callable(resource) else None
         self.resources: list[str] = [] if callable(resource) else check_resources(resource)
@@ -254,6 +257,16 @@ class Semaphore:
                 "fair=True takes one resource: waiting in several queues at once could deadlock"
             )
         self._fair = fair
+        if not isinstance(on_commit, bool):
+            raise TypeError(f"on_commit must be True or False, not {on_commit!r}")
+        self.on_commit = on_commit  # give back after the transaction commits (transactions.py)
+        self.using = transactions.check_using(using)
+        # Renewed for at most this long, then lost: a hung holder cannot keep it forever.
+        self.max_hold = (
+            None
+            if max_hold is None
+            else _check_seconds(max_hold, "max_hold", allow_zero=False, allow_inf=False)
+        )
 
     @property
     def fair(self) -> bool:
@@ -278,7 +291,7 @@ class Semaphore:
     def _check_usable(self) -> None:
         if self._template is not None:
             raise TypeError(
-                "a callable resource only works when the semaphore decorates a view; "
+                "a callable resource only works when the semaphore decorates a callable; "
                 "pass a str (or a list of str) to use it as a context manager"
             )
 
@@ -794,13 +807,14 @@ class Semaphore:
 
     # -- decorator ---------------------------------------------------------------------------
 
-    def __call__(self, view: Callable[..., Any]) -> Callable[..., Any]:
-        from .decorators import lock_view
+    def __call__(self, func: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorate a view, a function, a method or a task (see :mod:`dynasem.decorators`)."""
+        from .decorators import lock_callable
 
-        return lock_view(self, view)
+        return lock_callable(self, func)
 
-    def with_resource(self, resource: str, user: Any) -> Semaphore:
-        """A copy for one call of a decorated view: the formatted key and the request's user."""
+    def with_resource(self, resource: Any, user: Any) -> Semaphore:
+        """A copy for one call of a decorated callable: its resource(s) and its holder."""
         return Semaphore(
             resource,
             limit=self.limit,
@@ -810,6 +824,9 @@ class Semaphore:
             wait=self.wait,
             on_busy=self.on_busy,
             fair=self._fair,
+            on_commit=self.on_commit,
+            using=self.using,
+            max_hold=self.max_hold,
         )
 
 
@@ -1002,6 +1019,19 @@ def _push(sem: Semaphore, held: Held) -> None:
     _entered.set(_entered.get() + ((id(sem), held),))
 
 
+def current_hold(resource: str | None = None) -> Held:
+    """The innermost hold this thread or task entered (``with``/``async with``, or a decorated
+    call) and has not left; the innermost one on ``resource`` if given. A decorated view or
+    function reaches its own hold this way: ``current_hold().fence``.
+    Raises :class:`LookupError` when there is none."""
+    for _sem_id, held in reversed(_entered.get()):
+        if resource is None or resource in held.resources:
+            return held
+    raise LookupError(
+        "no dynasem hold is entered here" + (f" on {resource!r}" if resource is not None else "")
+    )
+
+
 def _pop(sem: Semaphore) -> Held:
     stack = _entered.get()
     for i in range(len(stack) - 1, -1, -1):
@@ -1049,8 +1079,13 @@ class Held:
         self._state_lock = threading.Lock()  # guards _lost only: never held across a request
         self._lost: str | None = None
         self._released = False
+        self._pending_commit = False  # given back, waiting for the transaction to end
         self._heartbeat: Any = None
         self._taken_mono = monotonic()
+        self._max_hold_end: float | None = None
+        if semaphore.max_hold is not None:
+            self._max_hold_end = self._taken_mono + semaphore.max_hold
+            self._deadline = min(self._deadline, self._max_hold_end)
         self._queue: dict[str, Any] = {}  # the waiters we last saw: the hand-over's heirs
         self._hold_avg: int | None = None
 
@@ -1110,7 +1145,12 @@ class Held:
 
     def _check_deadline(self) -> None:
         if self._lost is None and not self._released and monotonic() >= self._deadline:
-            self._mark_lost("its lease ran out before it could be renewed")
+            self._mark_lost(self._deadline_reason())
+
+    def _deadline_reason(self) -> str:
+        if self._max_hold_end is not None and monotonic() >= self._max_hold_end:
+            return f"it was held for max_hold={self.semaphore.max_hold:g}s"
+        return "its lease ran out before it could be renewed"
 
     def _mark_lost(self, reason: str) -> None:
         with self._state_lock:
@@ -1126,6 +1166,9 @@ class Held:
             token=self.token,
             fence=self.fence,
             reason=reason,
+            # Its block had ended, its transaction had not: the transaction's work may still
+            # commit after another holder took over.
+            pending_commit=self._pending_commit,
         )
 
     def _raise_lost(self) -> None:
@@ -1146,7 +1189,13 @@ class Held:
 
     def _renew_once(self) -> None:
         sent_mono = monotonic()
-        expires = now_ms() + int(self.lease * 1000)
+        lease = self.lease
+        if self._max_hold_end is not None:
+            # Never past max_hold: others may take over CLOCK_SKEW after it (their clocks).
+            lease = min(lease, self._max_hold_end - sent_mono + self.skew)
+        expires = now_ms() + int(lease * 1000)
+        if expires <= self._expires_ms:
+            return  # nothing left to extend
         raise_item = {r: True for r in self.resources}
         for _ in range(4):
             actions = [
@@ -1170,7 +1219,7 @@ class Held:
                     break
             else:
                 self._expires_ms = expires
-                self._deadline = max(self._deadline, sent_mono + self.lease - self.skew)
+                self._deadline = max(self._deadline, sent_mono + lease - self.skew)
                 return
         else:
             err = SemaphoreUnavailable(f"could not renew {self.resource!r}: conflicting writes")
@@ -1192,7 +1241,52 @@ class Held:
 
     def release(self) -> None:
         """Give back this acquisition's hold only. Raises :class:`LockLost` if it was not ours
-        any more (after cleaning up whatever is still ours)."""
+        any more (after cleaning up whatever is still ours).
+
+        Inside ``transaction.atomic`` (unless the semaphore has ``on_commit=False``) the hold
+        is given back after the outermost transaction of its database commits, or at once
+        when that rolls back; the lease is renewed until then. A hold already known lost
+        raises now, while the transaction can still roll back."""
+        if self._released or self._pending_commit:
+            return
+        sem = self.semaphore
+        if (
+            sem.on_commit
+            and not self.lost
+            and transactions.after_transaction(sem.using, self._after_transaction, self.resource)
+        ):
+            self._pending_commit = True
+            return
+        self._release_now()
+
+    @property
+    def pending_commit(self) -> bool:
+        """True while the hold waits for its transaction to end before it is given back."""
+        return self._pending_commit
+
+    def _after_transaction(self, committed: bool) -> None:
+        try:
+            self._release_now()
+        except LockLost as exc:
+            if committed:
+                # lock_lost was sent (with pending_commit=True) when the loss was found.
+                logger.error(
+                    "dynasem: the transaction that held %r committed after the hold was lost "
+                    "(%s): another holder may have worked on the same data before this "
+                    "commit; fence such writes with held.fence",
+                    self.resource,
+                    exc.reason,
+                )
+            else:
+                logger.warning(
+                    "dynasem: the hold on %r was lost (%s) before its transaction rolled back",
+                    self.resource,
+                    exc.reason,
+                )
+        finally:
+            self._pending_commit = False
+
+    def _release_now(self) -> None:
         with self._lock:
             if self._released:
                 return
@@ -1203,7 +1297,7 @@ class Held:
             if not ok and self._lost is None:
                 self._mark_lost("another holder took it over, or it was broken by an operator")
             if lost_before and self._lost is None:
-                self._mark_lost("its lease ran out before it could be renewed")
+                self._mark_lost(self._deadline_reason())
             if self._lost is not None:
                 self._raise_lost()
         lock_released.send(
@@ -1366,6 +1460,9 @@ def semaphore(
     wait: float | None = None,
     on_busy: Callable[..., Any] | None = None,
     fair: bool | None = None,
+    on_commit: bool = True,
+    using: str | None = None,
+    max_hold: float | None = None,
 ) -> Semaphore:
     """A distributed semaphore on ``resource``: ``with``, ``async with``, ``.acquire()``, or
     ``@semaphore("key:{arg}")`` on a view. See API.md for every argument."""
@@ -1378,4 +1475,7 @@ def semaphore(
         wait=wait,
         on_busy=on_busy,
         fair=fair,
+        on_commit=on_commit,
+        using=using,
+        max_hold=max_hold,
     )

@@ -1,15 +1,24 @@
-"""The view decorator: ``@semaphore("tbl_issues:{project_id}")`` on sync, async and
-class-based views (through ``method_decorator``)."""
+"""The decorator: ``@semaphore("job:{pk}")`` on any callable.
+
+Views (sync, async, class-based through ``method_decorator``) answer HTTP 423 when busy and
+record ``request.user``; anything else (plain and async functions, methods, Celery tasks,
+Django tasks) raises :class:`SemaphoreBusy`. A call is a view call when its first positional
+argument is a Django ``HttpRequest`` (or wraps one, as Django REST framework's ``Request``
+does). The template's fields are bound from the call's arguments through the callable's
+signature.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import inspect
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
-from django.http import HttpResponse, HttpResponseBadRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.utils.functional import LazyObject
 
 from .exceptions import SemaphoreBusy
@@ -17,59 +26,79 @@ from .exceptions import SemaphoreBusy
 if TYPE_CHECKING:
     from .core import Semaphore
 
-# Template values are escaped to letters, digits and %XX only, and two fields must be parted
-# by at least one other character: then every key parses back to one set of values.
-_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789")
+# Characters a template value keeps as written in every template: for values made only of
+# these the decorator's key is the template formatted as written, the same string an f-string
+# of it gives, so `@semaphore("deploy:{slug}")` and `with semaphore(f"deploy:{slug}")` are one
+# lock.
+SAFE = frozenset(string.ascii_letters + string.digits + "-_.")
 
 
-def escape_value(value: str) -> str:
-    return "".join(c if c in _SAFE else "".join(f"%{b:02X}" for b in c.encode()) for c in value)
+@functools.lru_cache(maxsize=1024)
+def _escaped_chars(template: str) -> frozenset[str]:
+    """The characters values must escape (as ``%XX``) in ``template``, after checking it.
 
-
-class _EscapingFormatter(string.Formatter):
-    def format_field(self, value: Any, format_spec: str) -> str:
-        return escape_value(super().format_field(value, format_spec))
-
-
-_formatter = _EscapingFormatter()
-
-
-def check_template(template: str) -> None:
-    """Refuse templates whose keys could collide: two fields with nothing but letters, digits
-    or ``%`` between them (``"{a}{b}"``, ``"{a}x{b}"``)."""
-    previous_was_field = False
+    One field: nothing; the key ``prefix + value + suffix`` gives the value back. Several
+    fields: each pair must be parted by a literal holding a character outside ``SAFE`` and
+    ``%``; escaping those characters (and ``%``) in the values means the first of them after
+    a field always belongs to the literal that follows it, so every key parses back to one
+    set of values.
+    """
     try:
-        parts = list(_formatter.parse(template))
+        parts = list(string.Formatter().parse(template))
     except ValueError as exc:
         raise ValueError(
             f"resource template {template!r} is not a valid format string: {exc}"
         ) from None
+    separators: set[str] = set()
+    fields = 0
+    between = ""  # the literal text since the last field
     for literal, field, _spec, _conv in parts:
-        if (
-            previous_was_field
-            and field is not None
-            and all(c in _SAFE or c == "%" for c in literal)
-        ):
-            raise ValueError(
-                f"resource template {template!r} has fields separated only by {literal!r}: put a "
-                "separator such as ':' between fields so different arguments never share a key"
-            )
-        previous_was_field = field is not None or (previous_was_field and not literal)
+        between += literal
+        if field is None:
+            continue
+        if fields:
+            parting = {c for c in between if c not in SAFE and c != "%"}
+            if not parting:
+                raise ValueError(
+                    f"resource template {template!r} has fields separated only by "
+                    f"{between!r}: put a separator such as ':' or '/' between fields (letters, "
+                    "digits, '-', '_', '.' and '%' can be part of a value) so that different "
+                    "arguments never share a key"
+                )
+            separators |= parting
+        fields += 1
+        between = ""
+    return frozenset(separators | {"%"}) if fields > 1 else frozenset()
 
 
-def format_key(template: Any, request: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
-    if callable(template):
-        key = template(request, *args, **kwargs)
-        if not isinstance(key, str):
-            raise TypeError(f"the resource callable returned {type(key).__name__}, not a str")
-        return key
-    try:
-        return _formatter.format(template, *args, **kwargs)
-    except (KeyError, IndexError) as exc:
-        raise ValueError(
-            f"resource template {template!r} names {exc} but the view got "
-            f"args={args!r} kwargs={sorted(kwargs)!r}"
-        ) from None
+def check_template(template: str) -> None:
+    """Refuse templates whose keys could collide: two fields with nothing but letters, digits,
+    ``-``, ``_``, ``.`` or ``%`` between them (``"{a}{b}"``, ``"{a}-{b}"``)."""
+    _escaped_chars(template)
+
+
+def _escape(value: str, chars: frozenset[str]) -> str:
+    if not chars or not any(c in chars for c in value):
+        return value
+    return "".join("".join(f"%{b:02X}" for b in c.encode()) if c in chars else c for c in value)
+
+
+class _EscapingFormatter(string.Formatter):
+    def __init__(self, chars: frozenset[str]) -> None:
+        self.chars = chars
+
+    def format_field(self, value: Any, format_spec: str) -> str:
+        return _escape(super().format_field(value, format_spec), self.chars)
+
+
+def resource_key(template: str, /, *args: Any, **kwargs: Any) -> str:
+    """The resource the decorator locks for these template values: ``template.format(*args,
+    **kwargs)`` where every value made only of letters, digits, ``-``, ``_`` and ``.`` is used
+    as written; other characters are escaped (``%XX``) where needed to keep two sets of values
+    apart (only in templates with several fields: ``%`` and the characters that part them)."""
+    if not isinstance(template, str):
+        raise TypeError(f"template must be a str, not {type(template).__name__}")
+    return _EscapingFormatter(_escaped_chars(template)).format(template, *args, **kwargs)
 
 
 class KeyTooLong(ValueError):
@@ -84,12 +113,14 @@ class KeyTooLong(ValueError):
         )
 
 
-def _checked(key: str) -> str:
+def _checked(resource: Any) -> Any:
+    """A view's resource(s), refused as :class:`KeyTooLong` past the size a key may have."""
     from .core import MAX_RESOURCE_BYTES  # (core imports this module)
 
-    if len(key.encode("utf-8")) > MAX_RESOURCE_BYTES:
-        raise KeyTooLong(key, MAX_RESOURCE_BYTES)
-    return key
+    for key in resource if isinstance(resource, list | tuple) else [resource]:
+        if isinstance(key, str) and len(key.encode("utf-8")) > MAX_RESOURCE_BYTES:
+            raise KeyTooLong(key, MAX_RESOURCE_BYTES)
+    return resource
 
 
 def bad_key_response(request: Any, exc: KeyTooLong) -> HttpResponse:
@@ -110,6 +141,95 @@ def busy_response(request: Any, exc: SemaphoreBusy) -> HttpResponse:
     return response
 
 
+def request_of(args: tuple[Any, ...]) -> Any:
+    """The request when this is a view call: the first positional argument is an
+    ``HttpRequest``, or wraps one in ``_request`` (Django REST framework's ``Request``)."""
+    if args:
+        first = args[0]
+        if isinstance(first, HttpRequest) or isinstance(
+            getattr(first, "_request", None), HttpRequest
+        ):
+            return first
+    return None
+
+
+def _signatures(func: Callable[..., Any]) -> list[inspect.Signature]:
+    """The signatures to bind a call with, the likeliest first. ``method_decorator`` hands
+    us a ``partial`` of the bound method whose ``__wrapped__`` is the unbound one (with
+    ``self``): for it, the partial's own signature comes first."""
+    found: list[inspect.Signature] = []
+    order = (False, True) if isinstance(func, functools.partial) else (True, False)
+    for follow in order:
+        try:
+            sig = inspect.signature(func, follow_wrapped=follow)
+        except (TypeError, ValueError):  # no signature (some builtins): use the call as is
+            continue
+        if sig not in found:
+            found.append(sig)
+    return found
+
+
+class KeyMaker:
+    """Builds the resource(s) of one call from the decorator's template(s) or callable."""
+
+    def __init__(self, template: Any, func: Callable[..., Any]) -> None:
+        if isinstance(template, list | tuple):
+            for t in template:
+                check_template(t)
+        elif isinstance(template, str):
+            check_template(template)
+        self.template = template
+        self.name = getattr(func, "__qualname__", None) or repr(func)
+        self.signatures = _signatures(func)
+
+    def named(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The call's arguments by name: bound through the signature, defaults applied."""
+        error: TypeError | None = None
+        for sig in self.signatures:
+            try:
+                bound = sig.bind(*args, **kwargs)
+            except TypeError as exc:
+                error = error or exc
+                continue
+            bound.apply_defaults()
+            named = dict(bound.arguments)
+            for param in sig.parameters.values():
+                if param.kind is inspect.Parameter.VAR_KEYWORD:
+                    named.update(named.pop(param.name, {}))
+            return named
+        if error is not None:
+            # The call itself would fail the same way: say so before taking anything.
+            raise TypeError(f"{self.name}() {error}") from None
+        return dict(kwargs)
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any], view: bool) -> Any:
+        template = self.template
+        if callable(template):
+            key = template(*args, **kwargs)  # the same arguments as the decorated callable
+            if not isinstance(key, str | list | tuple):
+                raise TypeError(f"the resource callable returned {type(key).__name__}, not a str")
+            return key
+        # Positional fields ({0}) index the arguments after the request for a view, every
+        # positional argument otherwise; named fields come from the signature.
+        positional = args[1:] if view else args
+        named = self.named(args, kwargs)
+        templates = template if isinstance(template, list | tuple) else [template]
+        keys = [self._format(t, positional, named, view) for t in templates]
+        return keys if isinstance(template, list | tuple) else keys[0]
+
+    def _format(
+        self, template: str, positional: tuple[Any, ...], named: Mapping[str, Any], view: bool
+    ) -> str:
+        try:
+            return resource_key(template, *positional, **named)
+        except (KeyError, IndexError, AttributeError) as exc:
+            raise ValueError(
+                f"resource template {template!r} names {exc} but the "
+                f"{'view' if view else 'call'} {self.name}() got args={positional!r} "
+                f"and arguments {sorted(named)!r}"
+            ) from None
+
+
 async def request_user(request: Any) -> Any:
     """``request.user`` for an async view, loaded outside the event loop: it is lazy and reads
     the session and the user from the database. Django >= 5.0 has ``request.auser()``; on 4.2
@@ -125,49 +245,82 @@ async def request_user(request: Any) -> Any:
     return user
 
 
-def lock_view(sem: Semaphore, view: Callable[..., Any]) -> Callable[..., Any]:
-    template = sem._raw_resource
-    if isinstance(template, list | tuple):
-        for t in template:
-            check_template(t)
-    elif isinstance(template, str):
-        check_template(template)
-    on_busy = sem.on_busy or busy_response
+def _refuse(func: Any) -> None:
+    if (hasattr(func, "apply_async") and hasattr(func, "run")) or type(func).__module__.startswith(
+        "django.tasks"
+    ):
+        raise TypeError(
+            f"semaphore(...) goes below the task decorator, next to the function: "
+            f"@task / @semaphore(...) / def ..., not over the task {func!r}"
+        )
+    if not callable(func):
+        raise TypeError(f"semaphore(...) decorates a callable, not {func!r}")
+    if isinstance(func, type):
+        raise TypeError(
+            f"semaphore(...) cannot decorate the class {func.__qualname__}: decorate a method "
+            "(for a class-based view: @method_decorator(semaphore(...), name='post'))"
+        )
+    if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+        raise TypeError(
+            f"semaphore(...) cannot decorate the generator function {func.__qualname__}: the "
+            "lock would be given back at its first yield; use `with semaphore(...)` inside it"
+        )
 
-    def keyed(request: Any, args: tuple[Any, ...], kwargs: dict[str, Any], user: Any) -> Semaphore:
-        if isinstance(template, list | tuple):
-            key: Any = [_checked(format_key(t, request, args, kwargs)) for t in template]
-        else:
-            key = _checked(format_key(template, request, args, kwargs))
-        # The holder is the request's user, never anything the request data says.
-        return sem.with_resource(key, user)
 
-    if iscoroutinefunction(view):
+def lock_callable(sem: Semaphore, func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func`` taking ``sem`` (with the call's resource) around every call."""
+    _refuse(func)
+    keys = KeyMaker(sem._raw_resource, func)
+    on_busy = sem.on_busy
 
-        async def async_wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
-            try:
-                user = await request_user(request)
+    if iscoroutinefunction(func):
+
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            request = request_of(args)
+            resource = keys(args, kwargs, request is not None)
+            if request is not None:
                 try:
-                    locked = keyed(request, args, kwargs, user)
+                    resource = _checked(resource)
                 except KeyTooLong as exc:
                     return bad_key_response(request, exc)
-                async with locked:
-                    return await view(request, *args, **kwargs)
-            except SemaphoreBusy as exc:
-                return on_busy(request, exc)
+            # The holder: the request's user (never anything from request data), or the
+            # decorator's own user= for anything that is not a view.
+            user = await request_user(request) if request is not None else sem.user
+            async with contextlib.AsyncExitStack() as stack:
+                try:
+                    await stack.enter_async_context(sem.with_resource(resource, user))
+                except SemaphoreBusy as exc:
+                    if request is not None:
+                        result = (on_busy or busy_response)(request, exc)
+                    elif on_busy is None:
+                        raise
+                    else:
+                        result = on_busy(exc, *args, **kwargs)
+                    return await result if inspect.isawaitable(result) else result
+                # Held until the coroutine finishes, not until it is created.
+                return await func(*args, **kwargs)
 
         wrapper: Callable[..., Any] = markcoroutinefunction(async_wrapper)
     else:
 
-        def wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
-            try:
-                locked = keyed(request, args, kwargs, getattr(request, "user", None))
-            except KeyTooLong as exc:
-                return bad_key_response(request, exc)
-            try:
-                with locked:
-                    return view(request, *args, **kwargs)
-            except SemaphoreBusy as exc:
-                return on_busy(request, exc)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            request = request_of(args)
+            resource = keys(args, kwargs, request is not None)
+            if request is not None:
+                try:
+                    resource = _checked(resource)
+                except KeyTooLong as exc:
+                    return bad_key_response(request, exc)
+            user = getattr(request, "user", None) if request is not None else sem.user
+            with contextlib.ExitStack() as stack:
+                try:
+                    stack.enter_context(sem.with_resource(resource, user))
+                except SemaphoreBusy as exc:
+                    if request is not None:
+                        return (on_busy or busy_response)(request, exc)
+                    if on_busy is None:
+                        raise
+                    return on_busy(exc, *args, **kwargs)
+                return func(*args, **kwargs)
 
-    return functools.wraps(view)(wrapper)
+    return functools.wraps(func)(wrapper)

@@ -90,7 +90,9 @@ class Heartbeat:
         if error is not None:  # never let the schedule end silently with a live hold
             logger.error("dynasem: unexpected error renewing %r: %r", held.resource, error)
             return RETRY_MIN
-        return self.interval
+        # A deadline that renewals cannot push (max_hold) is met on time, to declare the loss.
+        until_deadline: float = held.seconds_left() + 0.001
+        return min(self.interval, until_deadline)
 
 
 class _Scheduler:

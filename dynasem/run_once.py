@@ -10,13 +10,16 @@ the same name, and DONE/FAILED rows carry no ``expires``: no TTL, no reaping.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import uuid
 from typing import Any
 
-from . import core, table
+from . import core, table, transactions
 from .exceptions import AlreadyDone, LockLost, SemaphoreBusy, SemaphoreUnavailable
 from .heartbeat import Heartbeat
+
+logger = logging.getLogger("dynasem")
 
 
 class Job:
@@ -44,7 +47,13 @@ class Job:
         self._deadline = sent_mono + lease - skew
         self._lost: str | None = None
         self._released = False
+        self._pending_commit = False  # finished, waiting for the transaction to end
         self._heartbeat: Heartbeat | None = None
+
+    @property
+    def pending_commit(self) -> bool:
+        """True while DONE/FAILED waits for the transaction around the body to end."""
+        return self._pending_commit
 
     # The heartbeat speaks to any hold through these.
     @property
@@ -71,6 +80,22 @@ class Job:
             raise LockLost(self.key, self._lost) from None
         self._deadline = max(self._deadline, sent_mono + self.lease - self.skew)
 
+    def _after_transaction(self, error: BaseException | None, committed: bool) -> None:
+        """DONE only if the body returned and its transaction committed; FAILED otherwise."""
+        if not committed and error is None:
+            error = TransactionRolledBack("the transaction around the job rolled back")
+        try:
+            self._finish(error)
+        except LockLost as exc:
+            logger.error(
+                "dynasem: job %r was claimed or reset by someone else before its transaction "
+                "ended (%s); its status is theirs now",
+                self.key,
+                exc.reason,
+            )
+        finally:
+            self._pending_commit = False
+
     def _finish(self, error: BaseException | None) -> None:
         self._released = True
         if self._heartbeat is not None:
@@ -87,15 +112,31 @@ class Job:
         self.status = status
 
 
+class TransactionRolledBack(Exception):
+    """What a FAILED job records when its body returned but its transaction rolled back."""
+
+
 class RunOnce:
     """``run_once(key, user=None, lease=None)``; see the module docstring."""
 
-    def __init__(self, key: str, *, user: Any = None, lease: float | None = None):
+    def __init__(
+        self,
+        key: str,
+        *,
+        user: Any = None,
+        lease: float | None = None,
+        on_commit: bool = True,
+        using: str | None = None,
+    ):
         self.key = core.check_resource(key, "key")
         self.user = user
         if user is not None:
             core.user_id_of(user)
         self.lease = None if lease is None else core.check_lease(lease)
+        if not isinstance(on_commit, bool):
+            raise TypeError(f"on_commit must be True or False, not {on_commit!r}")
+        self.on_commit = on_commit
+        self.using = transactions.check_using(using)
         self._jobs: list[Job] = []
 
     def claim(self) -> Job:
@@ -175,6 +216,19 @@ class RunOnce:
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         job = self._jobs.pop()
+        # Inside transaction.atomic the body's work is not done until it commits: DONE (or
+        # FAILED) is written after that, and the lease renewed meanwhile, so nobody else
+        # claims the job while its work may still commit.
+        job._check_deadline()
+        if (
+            self.on_commit
+            and job._lost is None
+            and transactions.after_transaction(
+                self.using, lambda committed: job._after_transaction(exc, committed), job.key
+            )
+        ):
+            job._pending_commit = True
+            return
         try:
             job._finish(exc)
         except LockLost:
@@ -190,8 +244,16 @@ class RunOnce:
         await asyncio.to_thread(self.__exit__, exc_type, exc, tb)
 
 
-def run_once(key: str, *, user: Any = None, lease: float | None = None) -> RunOnce:
+def run_once(
+    key: str,
+    *,
+    user: Any = None,
+    lease: float | None = None,
+    on_commit: bool = True,
+    using: str | None = None,
+) -> RunOnce:
     """Run the ``with`` body for ``key`` in exactly one process: NEW/FAILED -> RUNNING -> DONE
     (or FAILED, exception re-raised). DONE raises :class:`AlreadyDone`; a live RUNNING raises
-    :class:`SemaphoreBusy`."""
-    return RunOnce(key, user=user, lease=lease)
+    :class:`SemaphoreBusy`. Inside ``transaction.atomic`` DONE is written after the commit and
+    FAILED on rollback (``on_commit=False``: at once); ``using`` names the database."""
+    return RunOnce(key, user=user, lease=lease, on_commit=on_commit, using=using)

@@ -66,10 +66,17 @@ TEMPLATES = [
     },
 ]
 
-# The lock table lives in DynamoDB; this database only holds users and sessions.
+# The lock table lives in DynamoDB; this database holds users, sessions and the projects'
+# issues that a rebuild purges and re-inserts. scripts/load_rebuild.py points it at PostgreSQL.
 DATABASES = {
     "default": env.db("DATABASE_URL", default=f"sqlite:///{BASE_DIR / 'db.sqlite3'}"),
 }
+# Every view in a transaction, as many Django projects run: dynasem gives a view's lock back
+# after that transaction commits, not when the view returns.
+DATABASES["default"]["ATOMIC_REQUESTS"] = env.bool("DJANGO_ATOMIC_REQUESTS", default=True)
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # Two projects rebuilt at once both write: wait for SQLite's one writer, not fail.
+    DATABASES["default"].setdefault("OPTIONS", {}).setdefault("timeout", 20)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -95,7 +102,7 @@ STATIC_URL = "static/"
 DYNASEM = {
     "TABLE_NAME": env("DYNASEM_TABLE_NAME", default="dynasem-locks"),
     # Unset or empty means AWS itself (None); a URL such as http://127.0.0.1:8001 means a
-    # local engine (DynamoDB Local, or `python -m example_project.embedded_dynamodb`).
+    # local engine (DynamoDB Local, or `python -m dynasem.testing`).
     "ENDPOINT_URL": env("DYNASEM_ENDPOINT_URL", default="") or None,
     # None lets boto3 find the region (AWS_REGION, AWS_DEFAULT_REGION, ~/.aws/config);
     # dynasem falls back to us-east-1.
@@ -107,9 +114,16 @@ DYNASEM = {
 
 # --- the demo ----------------------------------------------------------------------------
 
-# How long "Purge and rebuild" pretends to work, so that a second click lands while the
-# first still holds the lock.
+# How long "Purge and rebuild" takes to fetch a project's issues before it purges and
+# re-inserts them, so that a second click lands while the first still holds the lock.
 DEMO_REBUILD_SECONDS = env.float("DEMO_REBUILD_SECONDS", default=5)
+# How many issues a rebuild writes per project.
+DEMO_ISSUES_PER_PROJECT = env.int("DEMO_ISSUES_PER_PROJECT", default=50)
+# How long a rebuild waits for the project's lock (0: one attempt, then 423 Locked).
+DEMO_REBUILD_WAIT = env.float("DEMO_REBUILD_WAIT", default=0)
+# Also serve the two variants the load script compares against (scripts/load_rebuild.py):
+# a rebuild without any lock, and one whose lock is given back before its commit.
+DEMO_LOAD_VARIANTS = env.bool("DEMO_LOAD_VARIANTS", default=False)
 
 LOGGING = {
     "version": 1,
@@ -117,7 +131,10 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {
         # Shows the lock signals the demo app logs (see projects/apps.py).
-        "example_project": {"handlers": ["console"], "level": "INFO"},
+        "example_project": {
+            "handlers": ["console"],
+            "level": env("DEMO_LOG_LEVEL", default="INFO"),
+        },
         "dynasem": {"handlers": ["console"], "level": env("DYNASEM_LOG_LEVEL", default="INFO")},
     },
 }

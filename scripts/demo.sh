@@ -5,7 +5,7 @@
 #   DEMO_PORT=8080 make demo
 #
 # DynamoDB: the endpoint configured in the environment or .env (DYNASEM_ENDPOINT_URL) if any;
-# otherwise an embedded in-memory server (example_project/embedded_dynamodb.py) on a free
+# otherwise an embedded in-memory server (dynasem/testing/embedded.py) on a free
 # port, stopped when this script exits. DEMO_AWS=1 skips it and uses AWS itself with your
 # usual boto3 credentials. Safe to run again: every step is idempotent.
 set -euo pipefail
@@ -56,7 +56,7 @@ elif [ "${DEMO_AWS:-0}" = 1 ]; then
     echo "demo.sh: using AWS DynamoDB (DEMO_AWS=1) with boto3's usual credentials"
     local_engine=0
 else
-    "$PY" -m example_project.embedded_dynamodb --port 0 --port-file "$workdir/port" --quiet \
+    "$PY" -m dynasem.testing --port 0 --port-file "$workdir/port" --quiet \
         >"$workdir/dynamodb.log" 2>&1 &
     server_pid=$!
     # Bound to port 0 and told us the port: no window in which another program takes it.

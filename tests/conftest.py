@@ -14,6 +14,9 @@ from django.test import override_settings
 
 from tests.dynamodb_local import DynamoDBLocal
 
+# test_testing.py runs users' test suites in a subprocess through pytester.
+pytest_plugins = ["pytester"]
+
 # boto3's default chain reads these: dummy credentials for the local engine only. Tests never
 # reach AWS itself: every endpoint below is on 127.0.0.1.
 os.environ.setdefault("AWS_ACCESS_KEY_ID", "dummy")

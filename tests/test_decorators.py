@@ -20,8 +20,8 @@ from django.utils.decorators import method_decorator
 from django.utils.functional import SimpleLazyObject
 from django.views import View
 
-from dynasem import SemaphoreBusy, semaphore
-from dynasem.decorators import busy_response, escape_value, format_key
+from dynasem import SemaphoreBusy, current_hold, semaphore
+from dynasem.decorators import SAFE, busy_response, resource_key
 from dynasem.operations import HoldInfo, holds_on
 from tests import views
 
@@ -400,18 +400,258 @@ def test_waiting_view_gets_the_lock_once_free(lock_table, pool):
 
 
 # ---------------------------------------------------------------------------------------------
+# Any other callable: functions, async functions, methods
+# ---------------------------------------------------------------------------------------------
+
+
+def test_function_binds_fields_by_signature_positional_keyword_defaults(lock_table):
+    @semaphore("job:{pk}:{kind}")
+    def job(pk, kind="full"):
+        (hold,) = holds_on(current_hold().resource)
+        assert hold.token == current_hold().token  # really held while the body runs
+        return current_hold().resource
+
+    assert job(5) == "job:5:full"
+    assert job(pk=6, kind="quick") == "job:6:quick"
+    assert job(7, "quick") == "job:7:quick"
+    assert job(8, kind="my-app_v2.1") == "job:8:my-app_v2.1"
+    for resource in ["job:5:full", "job:6:quick", "job:7:quick", "job:8:my-app_v2.1"]:
+        assert holds_on(resource) == []
+
+
+def test_function_positional_fields_index_every_positional_argument(lock_table):
+    @semaphore("pos:{0}:{1}")
+    def job(a, b):
+        return current_hold().resource
+
+    assert job("x", "y") == "pos:x:y"
+
+
+def test_busy_function_raises_and_is_not_called(lock_table):
+    calls = []
+
+    @semaphore("job:{pk}", wait=0)
+    def job(pk):
+        calls.append(pk)
+
+    with semaphore("job:5", user="worker-2"):
+        with pytest.raises(SemaphoreBusy) as busy:
+            job(5)
+        job(6)  # another key: runs
+    assert busy.value.resource == "job:5"
+    assert busy.value.holder_user_id == "worker-2"
+    assert calls == [6]
+    job(5)
+    assert calls == [6, 5]
+
+
+def test_on_busy_decides_for_a_function(lock_table):
+    @semaphore("job:{pk}", on_busy=lambda exc, pk, **kw: ("later", pk, exc.resource))
+    def job(pk, note=""):
+        return "ran"
+
+    with semaphore("job:1"):
+        assert job(1, note="x") == ("later", 1, "job:1")
+    assert job(1) == "ran"
+
+
+def test_function_records_the_decorators_user(lock_table):
+    @semaphore("who:{n}", user="nightly-import")
+    def job(n):
+        return holds_on(f"who:{n}")[0].user_id
+
+    assert job(1) == "nightly-import"
+
+    @semaphore("who:{n}")
+    def anonymous(n):
+        return holds_on(f"who:{n}")[0].user_id
+
+    assert anonymous(2) == PROCESS_IDENTITY
+
+
+def test_method_binds_self(lock_table):
+    class Report:
+        def __init__(self, pk):
+            self.pk = pk
+
+        @semaphore("report:{self.pk}:{period}")
+        def build(self, period="2024"):
+            return current_hold().resource
+
+    assert Report(3).build() == "report:3:2024"
+    assert Report(4).build(period="q1") == "report:4:q1"
+
+
+def test_callable_key_gets_the_calls_arguments(lock_table):
+    seen = []
+
+    def key_of(*args, **kwargs):
+        seen.append((args, kwargs))
+        return f"cb:{args[0]}"
+
+    @semaphore(key_of)
+    def job(pk, kind="full"):
+        return current_hold().resource
+
+    assert job(9, kind="x") == "cb:9"
+    assert seen == [((9,), {"kind": "x"})]
+
+
+def test_async_function_binds_raises_and_holds_until_it_finishes(lock_table):
+    @semaphore("ajob:{pk}:{kind}", wait=0)
+    async def job(pk, kind="full"):
+        await asyncio.sleep(0.2)
+        return current_hold().fence
+
+    async def scenario() -> tuple[int, Any, list[HoldInfo]]:
+        task = asyncio.ensure_future(job(1))
+        during = await asyncio.to_thread(wait_for_holds, "ajob:1:full")
+        with pytest.raises(SemaphoreBusy):
+            await job(pk=1)
+        return await task, during, await asyncio.to_thread(holds_on, "ajob:1:full")
+
+    fence, during, after = asyncio.run(scenario())
+    assert iscoroutinefunction(job)
+    assert fence == during[0].fence
+    assert after == []
+
+
+def test_async_on_busy_may_be_a_coroutine(lock_table):
+    async def later(exc, pk):
+        return f"later {pk}"
+
+    @semaphore("ajob:{pk}", on_busy=later)
+    async def job(pk):
+        return "ran"
+
+    with semaphore("ajob:2"):
+        assert asyncio.run(job(2)) == "later 2"
+
+
+def test_async_views_on_busy_may_be_a_coroutine(lock_table):
+    async def busy_page(request, exc):
+        return HttpResponse("come back later", status=503)
+
+    @semaphore("aview:{n}", on_busy=busy_page)
+    async def view(request, n):  # pragma: no cover - busy
+        return HttpResponse("ran")
+
+    with semaphore("aview:1"):
+        response = asyncio.run(view(RequestFactory().get("/"), n=1))
+    assert response.status_code == 503
+
+
+def test_busy_inside_the_body_is_not_the_decorators_busy(lock_table):
+    @semaphore("outer:{n}", on_busy=lambda exc, n: "on_busy")
+    def job(n):
+        with semaphore("inner", wait=0):
+            return "ran"
+
+    with semaphore("inner"):
+        with pytest.raises(SemaphoreBusy) as busy:
+            job(1)
+    assert busy.value.resource == "inner"
+    assert holds_on("outer:1") == []
+
+
+def test_wrong_call_raises_like_the_function_before_any_request(lock_table, requests_sent):
+    @semaphore("job:{pk}")
+    def job(pk):  # pragma: no cover - never reached
+        pass
+
+    with pytest.raises(TypeError, match=r"job\(\) missing a required argument: 'pk'"):
+        job()
+    with pytest.raises(TypeError, match="unexpected keyword argument 'nope'"):
+        job(1, nope=2)
+    assert requests_sent.total == 0
+
+
+def test_template_naming_no_argument_of_a_function_raises_naming_it(lock_table, requests_sent):
+    @semaphore("job:{project_id}")
+    def job(pk):  # pragma: no cover - never reached
+        pass
+
+    with pytest.raises(ValueError, match="'project_id'.*call .*job\\(\\)"):
+        job(1)
+    assert requests_sent.total == 0
+
+
+def test_what_cannot_be_decorated_is_refused_saying_why():
+    with pytest.raises(TypeError, match="decorates a callable"):
+        semaphore("x")(42)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="method_decorator"):
+
+        @semaphore("x")
+        class V(View):
+            pass
+
+    with pytest.raises(TypeError, match="generator"):
+
+        @semaphore("x")
+        def gen():  # pragma: no cover
+            yield 1
+
+    with pytest.raises(TypeError, match="generator"):
+
+        @semaphore("x")
+        async def agen():  # pragma: no cover
+            yield 1
+
+
+def test_a_request_first_makes_a_view_call(lock_table):
+    @semaphore("rule:{n}", wait=0)
+    def handle(first, n):
+        return HttpResponse("ran")
+
+    with semaphore("rule:1"):
+        # An HttpRequest first: a view call, busy is a 423 response.
+        assert_locked(handle(RequestFactory().get("/"), n=1))
+        # Anything else first: a function call, busy raises.
+        with pytest.raises(SemaphoreBusy):
+            handle("not a request", n=1)
+
+
+def test_decorated_view_reaches_its_hold(lock_table):
+    @semaphore("fenced:{n}")
+    def view(request, n):
+        held = current_hold()
+        assert current_hold("fenced:1") is held
+        return HttpResponse(f"{held.resource} {held.fence} {held.token}")
+
+    resource, fence, token = view(RequestFactory().get("/"), n=1).content.decode().split()
+    assert resource == "fenced:1" and int(fence) > 0 and len(token) == 32
+    with pytest.raises(LookupError, match="no dynasem hold"):
+        current_hold()
+
+
+def test_decorated_async_view_reaches_its_hold(lock_table):
+    @semaphore("afenced:{n}")
+    async def view(request, n):
+        return HttpResponse(str(current_hold().fence))
+
+    response = asyncio.run(view(RequestFactory().get("/"), n=1))
+    assert int(response.content) > 0
+
+
+# ---------------------------------------------------------------------------------------------
 # Keys
 # ---------------------------------------------------------------------------------------------
 
 
-def key(template: Any, *args: Any, **kwargs: Any) -> str:
-    return format_key(template, None, args, kwargs)
+def key(template: str, *args: Any, **kwargs: Any) -> str:
+    return resource_key(template, *args, **kwargs)
 
 
-def test_key_formats_view_arguments():
+def test_key_formats_view_arguments(lock_table):
     assert key("tbl_issues:{project_id}", project_id=42) == "tbl_issues:42"
     assert key("t:{0}:{1}", "a", "b") == "t:a:b"
-    assert key(lambda request, x: f"k/{x}", x="a b") == "k/a b"  # callables are not escaped
+
+    @semaphore(lambda request, x: f"k/{x}:{x}")
+    def view(request, x):
+        return HttpResponse(current_hold().resource)
+
+    # A callable's key is used as returned: nothing escaped.
+    assert view(RequestFactory().get("/"), x="a:b").content == b"k/a:b:a:b"
 
 
 @pytest.mark.parametrize(
@@ -432,28 +672,56 @@ def test_different_arguments_never_share_a_key(one, other):
     assert key("a:{x}:{y}", **one) != key("a:{x}:{y}", **other)
 
 
-def test_escaped_values_use_only_letters_digits_and_percent():
-    for value in ["1:2", "a b", "100%", "é", "日本", "a/b?c=d&e", "\x00\n", "{}", "-_.~"]:
-        escaped = escape_value(value)
-        assert escaped.replace("%", "").isascii()
-        assert all(c.isalnum() or c == "%" for c in escaped), escaped
-    assert escape_value("abcXYZ019") == "abcXYZ019"
-    assert escape_value(":") == "%3A"
-    assert escape_value("é") == "%C3%A9"
+def test_values_of_letters_digits_dash_underscore_dot_are_used_as_written():
+    for template in ["deploy:{slug}", "a:{x}:{y}", "{x}/{y}", "t:{0}:{1}", "{x}: {y}!"]:
+        values = {"x": "my-app_v2.1", "y": "Z9", "slug": "my-app_v2.1"}
+        positional = ["my-app_v2.1", "Z9"]
+        assert resource_key(template, *positional, **values) == template.format(
+            *positional, **values
+        )
+    assert SAFE == set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+
+
+def test_one_field_is_never_escaped():
+    for value in ["1:2", "a b", "100%", "é", "日本", "a/b?c=d&e", "\x00\n", "{}", "%3A"]:
+        assert resource_key("file:{path}", path=value) == f"file:{value}"
+
+
+def test_several_fields_escape_percent_and_their_separators_only():
+    assert resource_key("a:{x}:{y}", x="1:2", y="3") == "a:1%3A2:3"
+    assert resource_key("a:{x}:{y}", x="100%", y="é/b c") == "a:100%25:é/b c"
+    assert resource_key("{x}/{y}", x="a/b", y="c:d") == "a%2Fb/c:d"
+    assert resource_key("{x}: {y}", x="a b", y="c:d") == "a%20b: c%3Ad"
+    assert resource_key("{x}:{y}", x="é:", y="") == "é%3A:"
 
 
 def test_escaping_is_injective_over_tricky_values():
     # Every pair of values up to two characters from an alphabet of the troublemakers.
-    alphabet = ["a", "3", "A", ":", "%", " ", "é", "{", "-"]
+    alphabet = ["a", "3", "A", ":", "%", " ", "é", "{", "-", ".", "/"]
     values = ["".join(p) for n in range(3) for p in itertools.product(alphabet, repeat=n)]
-    seen: dict[str, tuple[str, str]] = {}
-    for x, y in itertools.product(values, repeat=2):
-        k = key("a:{x}:{y}", x=x, y=y)
-        assert seen.setdefault(k, (x, y)) == (x, y), f"{(x, y)} and {seen[k]} share {k!r}"
-    assert len(seen) == len(values) ** 2
+    for template in ["a:{x}:{y}", "{x}/{y}", "{x}:-/{y}.", "{x} {y}"]:
+        seen: dict[str, tuple[str, str]] = {}
+        for x, y in itertools.product(values, repeat=2):
+            k = resource_key(template, x=x, y=y)
+            assert seen.setdefault(k, (x, y)) == (x, y), f"{(x, y)} and {seen[k]} share {k!r}"
+        assert len(seen) == len(values) ** 2
 
 
-@pytest.mark.parametrize("template", ["{a}{b}", "{a}x{b}", "k:{a}ab{b}", "{a}%{b}", "{0}{1}"])
+def test_decorator_and_with_block_lock_the_same_resource(lock_table):
+    @semaphore("deploy:{slug}", wait=0)
+    def deploy(request, slug):
+        return HttpResponse("deployed")
+
+    for slug in ["my-app_v2.1", "my app/v2:1 é"]:
+        with semaphore(f"deploy:{slug}"):
+            assert_locked(deploy(RequestFactory().post("/"), slug=slug))
+        assert deploy(RequestFactory().post("/"), slug=slug).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["{a}{b}", "{a}x{b}", "k:{a}ab{b}", "{a}%{b}", "{0}{1}", "{a}-{b}", "{a}.{b}", "{a}_{b}"],
+)
 def test_ambiguous_template_is_refused_at_decoration_time(template):
     with pytest.raises(ValueError, match="separat"):
 
@@ -470,13 +738,24 @@ def test_ambiguous_template_in_a_list_is_refused():
             return HttpResponse()
 
 
-@pytest.mark.parametrize("template", ["{a}:{b}", "{a}-{b}", "{a}/x/{b}", "x{a}", "{a}x", "{a}"])
+@pytest.mark.parametrize(
+    "template", ["{a}:{b}", "{a}-:{b}", "{a}/x/{b}", "x{a}", "{a}x", "{a}", "{a}-{{b}}"]
+)
 def test_separated_template_is_accepted(template):
     @semaphore(template)
     def view(request, a, b=None):
         return HttpResponse()
 
     assert callable(view)
+
+
+def test_resource_key_refuses_bad_templates():
+    with pytest.raises(ValueError, match="separat"):
+        resource_key("{a}-{b}", a="1", b="2")
+    with pytest.raises(ValueError, match="not a valid format string"):
+        resource_key("{a", a="1")
+    with pytest.raises(TypeError, match="template must be a str"):
+        resource_key(["x"])  # type: ignore[arg-type]
 
 
 def test_template_naming_a_missing_argument_raises_naming_it(lock_table, requests_sent):
@@ -518,21 +797,28 @@ def test_callable_key_gets_request_and_arguments(lock_table):
 
 def test_method_decorator_formats_view_kwargs(lock_table):
     class V(View):
-        @method_decorator(semaphore("m:{slug}"))
-        def get(self, request, slug):
-            return HttpResponse(",".join(h.resource for h in holds_on(f"m:{escape_value(slug)}")))
+        @method_decorator(semaphore("m:{slug}:{n}"))
+        def get(self, request, slug, n):
+            key = resource_key("m:{slug}:{n}", slug=slug, n=n)
+            return HttpResponse(",".join(h.resource for h in holds_on(key)))
 
-    response = V.as_view()(RequestFactory().get("/"), slug="a b")
-    assert response.content == b"m:a%20b"
+    response = V.as_view()(RequestFactory().get("/"), slug="a:b", n=1)
+    assert response.content == b"m:a%3Ab:1"
 
 
 if hypothesis is not None:
 
-    @hypothesis.given(st.text(), st.text(), st.text(), st.text())
+    @hypothesis.given(
+        st.sampled_from(["a:{x}:{y}", "{x}/{y}", "{x}: {y}", "{x}:{y}-"]),
+        st.text(),
+        st.text(),
+        st.text(),
+        st.text(),
+    )
     @hypothesis.settings(max_examples=300, deadline=None)
-    def test_keys_never_collide_property(x1, y1, x2, y2):
+    def test_keys_never_collide_property(template, x1, y1, x2, y2):
         if (x1, y1) != (x2, y2):
-            assert key("a:{x}:{y}", x=x1, y=y1) != key("a:{x}:{y}", x=x2, y=y2)
+            assert key(template, x=x1, y=y1) != key(template, x=x2, y=y2)
 
 else:
 
@@ -542,14 +828,16 @@ else:
 
 
 def test_a_url_value_too_long_for_a_key_is_a_400_and_sends_nothing(lock_table, requests_sent):
-    @semaphore("deploy:{slug}", wait=0)
-    def deploy(request, slug):
+    @semaphore("deploy:{env}:{slug}", wait=0)
+    def deploy(request, env, slug):
         raise AssertionError("must not run")
 
-    # 400 punctuation characters escape to 1,200 bytes: past the 1,024 a key may have.
-    response = deploy(RequestFactory().post("/"), slug="!" * 400)
+    # 400 separators escape to 1,200 bytes (%3A each): past the 1,024 a key may have.
+    response = deploy(RequestFactory().post("/"), env="prod", slug=":" * 400)
     assert response.status_code == 400
     assert "1024" in response.content.decode()
+    response = deploy(RequestFactory().post("/"), env="prod", slug="x" * 1100)
+    assert response.status_code == 400
     assert requests_sent.total == 0
 
 
@@ -558,6 +846,6 @@ def test_an_async_view_answers_400_for_a_key_too_long_too(lock_table, requests_s
     async def deploy(request, slug):
         raise AssertionError("must not run")
 
-    response = asyncio.run(deploy(RequestFactory().post("/"), slug="/" * 400))
+    response = asyncio.run(deploy(RequestFactory().post("/"), slug="x" * 1100))
     assert response.status_code == 400
     assert requests_sent.total == 0

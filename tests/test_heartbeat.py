@@ -431,3 +431,56 @@ def test_scheduler_survives_a_thread_that_cannot_start(
     assert [t for t in threading.enumerate() if t.name == "dynasem-heartbeat"]
     first.release()
     second.release()
+
+
+# ---------------------------------------------------------------------------------------------
+# max_hold: a hung holder cannot keep the lock forever
+# ---------------------------------------------------------------------------------------------
+
+MAX_HOLD = 2.0
+
+
+def test_max_hold_renews_until_then_and_declares_the_hold_lost(holds):
+    resource = unique("max-hold")
+    taken_wall = time.time()
+    held = semaphore(resource, lease=LEASE, max_hold=MAX_HOLD).acquire()
+    holds.append(held)
+    with watching_lost(held.token) as lost:
+        # Renewed past its first lease (which ends after 1.5 s): still ours.
+        time.sleep(LEASE - SKEW + 0.3)
+        assert not held.lost and tokens_on(resource) == {held.token}
+        assert lost.wait(timeout=MAX_HOLD + 3)
+    assert held.lost
+    # Never renewed to end later than max_hold after it was taken (allowing CLOCK_SKEW).
+    assert stored_end(resource, held.token) <= taken_wall + MAX_HOLD + SKEW + 0.2
+    # Nobody released it, yet another holder gets it once that lease end has passed.
+    other = semaphore(resource, wait=MAX_HOLD + 2 * SKEW + 1).acquire()
+    holds.append(other)
+    assert tokens_on(resource) == {other.token}
+    with pytest.raises(LockLost, match="max_hold=2s"):
+        held.release()
+    assert tokens_on(resource) == {other.token}  # its late release took nothing of theirs
+
+
+def test_max_hold_shorter_than_the_lease_sends_no_renewal(holds, requests_sent):
+    resource = unique("max-hold-short")
+    held = semaphore(resource, lease=5, max_hold=0.5).acquire()
+    holds.append(held)
+    requests_sent.reset()
+    time.sleep(1.0)
+    assert held.lost
+    assert requests_sent.total == 0  # the lease from the acquire already lasts past max_hold
+    # A block that outlives max_hold ends with LockLost, like one whose lease ran out.
+    with pytest.raises(LockLost, match="max_hold"):
+        with semaphore(unique("max-hold-block"), lease=5, max_hold=0.5) as again:
+            time.sleep(1.0)
+    assert again.lost
+
+
+@pytest.mark.parametrize(
+    ("bad", "error"),
+    [(0, ValueError), (-1, ValueError), (float("inf"), ValueError), ("10", TypeError)],
+)
+def test_bad_max_hold_is_refused_naming_it(bad, error):
+    with pytest.raises(error, match="max_hold"):
+        semaphore("x", max_hold=bad)

@@ -11,4 +11,5 @@ urlpatterns = [
     path("arebuild/<int:project_id>/", views.arebuild, name="arebuild"),
     path("cbv/<int:project_id>/", views.RebuildView.as_view(), name="cbv"),
     path("custom/<str:name>/", views.custom_busy, name="custom"),
+    path("tx/<str:name>/", views.write_in_transaction, name="tx"),
 ]

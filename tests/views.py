@@ -51,3 +51,31 @@ def custom_busy(request, name):
     CALLS.append(f"custom:{name}")
     GATE.wait(10)
     return HttpResponse("ok")
+
+
+# What a view under ATOMIC_REQUESTS saw after its transaction committed (test_transactions.py).
+AFTER_COMMIT: list[dict[str, object]] = []
+
+
+@semaphore("txview:{name}", wait=0)
+def write_in_transaction(request, name):
+    from django.contrib.auth.models import User
+    from django.db import connection, transaction
+
+    from dynasem.operations import holds_on
+
+    User.objects.create(username=f"txview-{name}")
+    in_transaction = connection.in_atomic_block
+
+    def after_commit() -> None:
+        # Registered before the decorator gives the lock back: runs first after the commit.
+        AFTER_COMMIT.append(
+            {
+                "holders": len(holds_on(f"txview:{name}")),
+                "in_atomic_block": connection.in_atomic_block,
+                "committed": User.objects.filter(username=f"txview-{name}").exists(),
+            }
+        )
+
+    transaction.on_commit(after_commit)
+    return HttpResponse(f"in transaction: {in_transaction}")

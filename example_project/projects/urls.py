@@ -1,4 +1,4 @@
-"""URLs of the demo app; the three rebuild URLs guard the same resource in three ways."""
+"""URLs of the demo app; the first three rebuild URLs guard the same resource in three ways."""
 
 from __future__ import annotations
 
@@ -20,5 +20,16 @@ urlpatterns = [
         "projects/<int:project_id>/rebuild-with-fence/",
         views.purge_and_rebuild_with_fence,
         name="rebuild-with-fence",
+    ),
+    # Served only with DEMO_LOAD_VARIANTS=true (scripts/load_rebuild.py).
+    path(
+        "projects/<int:project_id>/rebuild-unlocked/",
+        views.purge_and_rebuild_unlocked,
+        name="rebuild-unlocked",
+    ),
+    path(
+        "projects/<int:project_id>/rebuild-released-before-commit/",
+        views.purge_and_rebuild_released_before_commit,
+        name="rebuild-released-before-commit",
     ),
 ]

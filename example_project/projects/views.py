@@ -1,10 +1,12 @@
-"""The dynasem demo: "Purge and rebuild" a project's issue table, one rebuild at a time.
+"""The dynasem demo: "Purge and rebuild" a project's issues, one rebuild at a time.
 
-A rebuild drops and refills the (imaginary) table ``tbl_issues`` of one project. Two rebuilds
-of the same project at once would interleave their deletes and inserts, so every rebuild holds
-the distributed semaphore ``tbl_issues:<project_id>``, kept in DynamoDB: across threads,
-processes and hosts at most one rebuild of a project runs at a time, while rebuilds of
-different projects run side by side.
+A rebuild deletes every row of one project from the ``Issue`` table and inserts a fresh set,
+inside the request's transaction (``ATOMIC_REQUESTS = True``). Two rebuilds of the same
+project at once would interleave their deletes and inserts and leave two rebuilds' rows (or
+none), so every rebuild holds the distributed semaphore ``tbl_issues:<project_id>``, kept in
+DynamoDB: across threads, processes and hosts at most one rebuild of a project runs at a
+time, while rebuilds of different projects run side by side. The lock is given back after
+the transaction commits, so the next rebuild starts from committed rows.
 
 Three ways to take that lock; all name the same resource, so they also exclude each other:
 
@@ -12,16 +14,21 @@ Three ways to take that lock; all name the same resource, so they also exclude e
    and the client gets HTTP 423 Locked with a ``Retry-After`` header.
 2. ``PurgeAndRebuildView``: the same decorator on a class-based view, via ``method_decorator``.
 3. ``purge_and_rebuild_with_fence``: ``with semaphore(...) as held`` inside the view, for when
-   the view needs the hold itself. ``held.fence`` grows with every holder; hand it to the
-   storage you write to so that it can refuse a writer whose lease has already run out.
+   the view wants to answer "busy" itself.
+
+Every variant reaches its hold (``current_hold()``): ``held.fence`` grows with every holder;
+hand it to the storage you write to so that it can refuse a writer whose lease has run out.
 
 Run ``make demo``, log in as demo/demo and press "Rebuild twice at once": two POSTs hit the
 same project together, one answers 200 after the rebuild, the other 423 at once.
+``scripts/load_rebuild.py`` fires many at once through gunicorn on PostgreSQL and counts
+what every project ends with, against two variants served only for it (``DEMO_LOAD_VARIANTS``).
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 from django.conf import settings
@@ -34,7 +41,9 @@ from django.utils.decorators import method_decorator
 from django.views import View
 from django.views.decorators.http import require_POST
 
-from dynasem import SemaphoreBusy, semaphore
+from dynasem import Held, SemaphoreBusy, current_hold, resource_key, semaphore
+
+from .models import Issue
 
 PROJECTS = range(1, 6)
 
@@ -45,10 +54,19 @@ RESOURCE = "tbl_issues:{project_id}"
 @login_required
 def index(request: HttpRequest) -> HttpResponse:
     """The project list, with a form per project and the "Rebuild twice at once" button."""
+    rows = {p: Issue.objects.filter(project=p) for p in PROJECTS}
+    projects = [
+        {
+            "id": p,
+            "rows": rows[p].count(),
+            "rebuilds": sorted(set(rows[p].values_list("rebuild", flat=True))),
+        }
+        for p in PROJECTS
+    ]
     return render(
         request,
         "projects/index.html",
-        {"projects": PROJECTS, "rebuild_seconds": settings.DEMO_REBUILD_SECONDS},
+        {"projects": projects, "rebuild_seconds": settings.DEMO_REBUILD_SECONDS},
     )
 
 
@@ -57,7 +75,8 @@ def index(request: HttpRequest) -> HttpResponse:
 #    being taken. The semaphore wraps only the real work and records request.user as holder.
 @require_POST
 @login_required
-@semaphore(RESOURCE, wait=0)  # wait=0: one attempt; busy -> 423 + Retry-After at once
+# wait=0 by default: one attempt; busy -> 423 + Retry-After at once.
+@semaphore(RESOURCE, wait=settings.DEMO_REBUILD_WAIT)
 def purge_and_rebuild(request: HttpRequest, project_id: int) -> HttpResponse:
     """Rebuild one project's issues; the decorator lets one request per project in."""
     return _rebuild(request, project_id, variant="decorator")
@@ -65,7 +84,7 @@ def purge_and_rebuild(request: HttpRequest, project_id: int) -> HttpResponse:
 
 # 2. A class-based view: decorate the method that does the work. LoginRequiredMixin runs in
 #    dispatch(), before post(), so here too anonymous users are redirected, not locked.
-@method_decorator(semaphore(RESOURCE, wait=0), name="post")
+@method_decorator(semaphore(RESOURCE, wait=settings.DEMO_REBUILD_WAIT), name="post")
 class PurgeAndRebuildView(LoginRequiredMixin, View):
     """The same rebuild as a class-based view."""
 
@@ -75,20 +94,18 @@ class PurgeAndRebuildView(LoginRequiredMixin, View):
         return _rebuild(request, project_id, variant="class-based view")
 
 
-# 3. The context manager, when the view wants the hold itself (here: to show its fence).
-#    Busy is then ours to answer; we answer like the decorator does.
+# 3. The context manager, when the view wants to answer "busy" itself. Inside
+#    ATOMIC_REQUESTS' transaction, leaving the block gives the lock back after the commit too.
 @require_POST
 @login_required
 def purge_and_rebuild_with_fence(request: HttpRequest, project_id: int) -> HttpResponse:
     """The same rebuild, holding the lock with ``with semaphore(...) as held``."""
-    # The same key the decorator builds for an int project_id (it escapes only characters
-    # outside [A-Za-z0-9]), so all three variants really contend for one lock.
-    resource = RESOURCE.format(project_id=project_id)
+    # The same key the decorator builds (resource_key formats values of letters, digits,
+    # "-", "_" and "." as written), so all three variants really contend for one lock.
+    resource = resource_key(RESOURCE, project_id=project_id)
     try:
-        with semaphore(resource, user=request.user, wait=0) as held:
-            # held.fence would go along with every write of the rebuild, and the storage
-            # would refuse a write whose fence is smaller than one it has already seen.
-            return _rebuild(request, project_id, variant="with semaphore() as held", held=held)
+        with semaphore(resource, user=request.user, wait=settings.DEMO_REBUILD_WAIT):
+            return _rebuild(request, project_id, variant="with semaphore() as held")
     except SemaphoreBusy as busy:
         response = _respond(
             request,
@@ -105,16 +122,56 @@ def purge_and_rebuild_with_fence(request: HttpRequest, project_id: int) -> HttpR
         return response
 
 
-def _rebuild(
-    request: HttpRequest, project_id: int, *, variant: str, held: Any = None
-) -> HttpResponse:
-    """The pretend work: sleep DEMO_REBUILD_SECONDS, then report who rebuilt what, and when."""
+# What the load script compares against, served only with DEMO_LOAD_VARIANTS: the same
+# rebuild without any lock, and with a lock given back when the view returns, before
+# ATOMIC_REQUESTS commits (on_commit=False: what every lock did before dynasem followed the
+# transaction).
+@require_POST
+@login_required
+def purge_and_rebuild_unlocked(request: HttpRequest, project_id: int) -> HttpResponse:
+    """The rebuild with no lock at all."""
+    _load_variants_only()
+    return _rebuild(request, project_id, variant="no lock")
+
+
+@require_POST
+@login_required
+@semaphore(RESOURCE, wait=settings.DEMO_REBUILD_WAIT, on_commit=False)
+def purge_and_rebuild_released_before_commit(request: HttpRequest, project_id: int) -> HttpResponse:
+    """The rebuild whose lock goes back before its transaction commits."""
+    _load_variants_only()
+    return _rebuild(request, project_id, variant="lock given back before the commit")
+
+
+def _load_variants_only() -> None:
+    if not settings.DEMO_LOAD_VARIANTS:
+        raise Http404("Only served with DEMO_LOAD_VARIANTS=true")
+
+
+def _rebuild(request: HttpRequest, project_id: int, *, variant: str) -> HttpResponse:
+    """Purge the project's issues and insert a fresh set, all in the request's transaction."""
     if project_id not in PROJECTS:
         raise Http404(f"No project {project_id}")
     started = timezone.now()
-    # Stands in for "DELETE FROM tbl_issues WHERE project = %s" and the slow refill after it.
+    rebuild = uuid.uuid4().hex
+    # Fetching the project's issues from wherever they come from takes a while.
     time.sleep(settings.DEMO_REBUILD_SECONDS)
+    deleted, _ = Issue.objects.filter(project=project_id).delete()
+    Issue.objects.bulk_create(
+        Issue(
+            project=project_id,
+            number=n,
+            title=f"Issue {n} of project {project_id}",
+            rebuild=rebuild,
+        )
+        for n in range(1, settings.DEMO_ISSUES_PER_PROJECT + 1)
+    )
     finished = timezone.now()
+    held: Held | None
+    try:
+        held = current_hold()  # the decorator's or the with block's hold
+    except LookupError:
+        held = None  # the unlocked variant
     data: dict[str, Any] = {
         "project": project_id,
         "user": request.user.get_username(),
@@ -122,8 +179,12 @@ def _rebuild(
         "started": started.isoformat(),
         "finished": finished.isoformat(),
         "seconds": round((finished - started).total_seconds(), 2),
-        # The decorator does not hand its hold to the view, so only variant 3 knows these.
-        "resource": held.resource if held is not None else RESOURCE.format(project_id=project_id),
+        "deleted": deleted,
+        "inserted": settings.DEMO_ISSUES_PER_PROJECT,
+        "rebuild": rebuild,
+        "resource": held.resource if held is not None else None,
+        # held.fence would go along with every write of the rebuild, and the storage would
+        # refuse a write whose fence is smaller than one it has already seen.
         "fence": held.fence if held is not None else None,
         "token": held.token if held is not None else None,
     }

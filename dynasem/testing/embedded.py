@@ -1,6 +1,6 @@
 """A DynamoDB-compatible server that needs nothing but pip: moto's server, one request at a time.
 
-    python -m example_project.embedded_dynamodb --port 8001
+    python -m dynasem.testing --port 8001
     # then DYNASEM_ENDPOINT_URL=http://127.0.0.1:8001
 
 Good enough for the demo and for trying dynasem out; use DynamoDB Local or AWS for anything
@@ -31,7 +31,7 @@ try:
     # moto >= 5.1: keeps header spellings that werkzeug would drop; harmless for DynamoDB.
     from moto.moto_server.werkzeug_app import MotoRequestHandler as _BaseHandler
 except ImportError:  # pragma: no cover - older moto 5.0.x
-    _BaseHandler = WSGIRequestHandler
+    _BaseHandler = WSGIRequestHandler  # type: ignore[misc,assignment]  # same interface
 
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
@@ -139,7 +139,7 @@ def _write_atomically(path: Path, text: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the server in the foreground until SIGINT/SIGTERM."""
     parser = argparse.ArgumentParser(
-        prog="python -m example_project.embedded_dynamodb",
+        prog="python -m dynasem.testing",
         description="An in-memory DynamoDB-compatible server (moto) serving one request at a time.",
     )
     parser.add_argument("--host", default=DEFAULT_HOST, help="address to bind (%(default)s)")

@@ -1,0 +1,225 @@
+"""Testing code that uses dynasem, with nothing but pip (no Java, no AWS).
+
+An embedded DynamoDB-compatible engine (moto's backend behind a server that serves one
+request at a time, so every conditional write is atomic) is started once per process; each
+test gets a fresh lock table on it and ``settings.DYNASEM`` pointed at that table.
+
+pytest (with pytest-django)::
+
+    # conftest.py
+    pytest_plugins = ["dynasem.testing"]
+
+    def test_rebuild(dynasem_table, client): ...          # a fresh table per test
+
+    @pytest.mark.dynasem(LEASE=5)                           # DYNASEM keys for this test
+    def test_short_lease(dynasem_table): ...
+
+Django's test runner (``manage.py test``)::
+
+    from dynasem.testing import fresh_table
+
+    @fresh_table()                        # a fresh table for every test of the class
+    class RebuildTests(TestCase): ...
+
+    with fresh_table(LEASE=5) as table_name: ...            # or around any code
+
+``DYNASEM_TESTING_ENDPOINT_URL`` (say, DynamoDB Local's ``http://127.0.0.1:8000``) replaces
+the embedded engine. Importable without pytest; the engine needs the ``testing`` extra
+(``pip install dynasem[testing]``: moto's server).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import threading
+import unittest
+import uuid
+from collections.abc import Callable, Iterator
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from .embedded import EmbeddedDynamoDB
+
+__all__ = ["ENDPOINT_ENV", "EmbeddedDynamoDB", "engine_endpoint", "fresh_table"]
+
+ENDPOINT_ENV = "DYNASEM_TESTING_ENDPOINT_URL"
+REGION = "us-east-1"
+# A local engine accepts any credentials, but boto3 signs nothing without some: these are
+# set for a test only where the environment has none.
+_DUMMY_CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+
+_engine: EmbeddedDynamoDB | None = None
+_engine_lock = threading.Lock()
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def __getattr__(name: str) -> Any:
+    # moto is imported only when the engine is wanted.
+    if name == "EmbeddedDynamoDB":
+        from .embedded import EmbeddedDynamoDB
+
+        return EmbeddedDynamoDB
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def engine_endpoint() -> str:
+    """The endpoint tests use: ``$DYNASEM_TESTING_ENDPOINT_URL`` if set, otherwise an
+    embedded engine on a free port of 127.0.0.1, started on first use and kept for the
+    process (its tables live in memory)."""
+    configured = os.environ.get(ENDPOINT_ENV)
+    if configured:
+        return configured
+    global _engine
+    with _engine_lock:
+        if _engine is None:
+            try:
+                from .embedded import EmbeddedDynamoDB
+            except ImportError as exc:
+                raise ImportError(
+                    f"dynasem.testing's embedded engine needs moto's server ({exc}): "
+                    "pip install 'dynasem[testing]', or set "
+                    f"{ENDPOINT_ENV} to a DynamoDB Local endpoint"
+                ) from exc
+            _engine = EmbeddedDynamoDB().start()
+        return _engine.endpoint_url
+
+
+class fresh_table:  # noqa: N801 - used like a function: with fresh_table(), @fresh_table()
+    """A new, empty lock table on the test engine, with ``DYNASEM`` pointed at it (and
+    ``settings`` overriding any ``DYNASEM`` key, e.g. ``LEASE=5``); deleted afterwards.
+
+    A context manager (``as`` gives the table's name), and a decorator of test functions,
+    test methods and ``unittest``/Django ``TestCase`` classes (a fresh table per test)."""
+
+    def __init__(self, **settings: Any) -> None:
+        from ..conf import DEFAULTS
+
+        unknown = sorted(set(settings) - set(DEFAULTS))
+        if unknown:
+            raise ValueError(
+                f"fresh_table() got {', '.join(unknown)}, which are not DYNASEM keys "
+                f"(those are {', '.join(DEFAULTS)})"
+            )
+        self.settings = settings
+        self.name: str | None = None
+        self._override: Any = None
+        self._env_set: list[str] = []
+
+    def __enter__(self) -> str:
+        from django.test import override_settings
+
+        from .. import table
+        from ..conf import settings as dynasem_settings
+
+        if self._override is not None:
+            raise RuntimeError("a fresh_table() is entered once; make a new one for each use")
+        endpoint = engine_endpoint()
+        name = f"dynasem-test-{uuid.uuid4().hex[:12]}"
+        self._env_set = [k for k in _DUMMY_CREDENTIALS if not os.environ.get(k)]
+        if "AWS_PROFILE" in os.environ:
+            self._env_set = []  # the user chose credentials: leave them
+        for key in self._env_set:
+            os.environ[key] = _DUMMY_CREDENTIALS[key]
+        self._override = override_settings(
+            DYNASEM={
+                **dynasem_settings.raw,
+                "TABLE_NAME": name,
+                "ENDPOINT_URL": endpoint,
+                "REGION_NAME": REGION,
+                **self.settings,
+            }
+        )
+        self._override.enable()
+        try:
+            table.create_table(table.table_definition(name))
+            table.wait_until_active(name)
+        except BaseException:
+            self._restore()
+            raise
+        self.name = name
+        return name
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        from .. import table
+
+        try:
+            if self.name is not None:
+                table.delete_table(self.name)
+        finally:
+            self._restore()
+
+    def _restore(self) -> None:
+        if self._override is not None:
+            self._override.disable()
+        for key in self._env_set:
+            os.environ.pop(key, None)
+        self._env_set = []
+
+    def __call__(self, obj: F) -> F:
+        settings = self.settings
+        if isinstance(obj, type):
+            if not issubclass(obj, unittest.TestCase):
+                raise TypeError(
+                    f"@fresh_table() decorates test functions, methods and TestCase classes, "
+                    f"not the class {obj.__qualname__}"
+                )
+            set_up = obj.setUp
+
+            def setUp(self: unittest.TestCase) -> None:  # noqa: N802 - unittest's name
+                self.enterContext(fresh_table(**settings))  # deleted after tearDown
+                set_up(self)
+
+            obj.setUp = setUp  # type: ignore[method-assign]
+            return obj
+        if inspect.iscoroutinefunction(obj):
+
+            @functools.wraps(obj)
+            async def async_inner(*args: Any, **kwargs: Any) -> Any:
+                with fresh_table(**settings):
+                    return await obj(*args, **kwargs)
+
+            return async_inner  # type: ignore[return-value]
+
+        @functools.wraps(obj)
+        def inner(*args: Any, **kwargs: Any) -> Any:
+            with fresh_table(**settings):
+                return obj(*args, **kwargs)
+
+        return inner  # type: ignore[return-value]
+
+
+# -- pytest plugin: pytest_plugins = ["dynasem.testing"] ----------------------------------------
+
+try:
+    import pytest
+except ImportError:  # pytest is optional: the rest of this module works without it
+    pytest = None  # type: ignore[assignment]
+
+if pytest is not None:
+
+    def pytest_configure(config: Any) -> None:
+        config.addinivalue_line(
+            "markers", "dynasem(**settings): DYNASEM keys for the dynasem_table fixture"
+        )
+
+    @pytest.fixture(scope="session")
+    def dynasem_endpoint() -> str:
+        """The test engine's endpoint (embedded, or $DYNASEM_TESTING_ENDPOINT_URL)."""
+        return engine_endpoint()
+
+    @pytest.fixture
+    def dynasem_table(request: Any, dynasem_endpoint: str) -> Iterator[str]:
+        """A fresh lock table for this test, with ``settings.DYNASEM`` pointed at it (plus
+        the keys of a ``@pytest.mark.dynasem(...)`` marker); yields the table's name."""
+        marker = request.node.get_closest_marker("dynasem")
+        with fresh_table(**(marker.kwargs if marker else {})) as name:
+            yield name

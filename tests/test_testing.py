@@ -1,0 +1,326 @@
+"""dynasem.testing: what a user's own test suite needs to run code that takes dynasem locks.
+
+The user-suite tests write a small Django project into a temporary folder and run its tests
+in a subprocess, as a user would: with pytest (the plugin and its ``dynasem_table`` fixture)
+and with Django's own test runner (``@fresh_table()`` on a ``TestCase``). Both take locks on
+the embedded engine and check that two holders exclude each other.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings as django_settings
+
+from dynasem import SemaphoreBusy, semaphore, table
+from dynasem.conf import settings
+from dynasem.testing import ENDPOINT_ENV, engine_endpoint, fresh_table
+
+USER_SETTINGS = """
+SECRET_KEY = "user-project"
+USE_TZ = True
+INSTALLED_APPS = [
+    "django.contrib.contenttypes",
+    "django.contrib.auth",
+    "dynasem",
+]
+DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}}
+ROOT_URLCONF = "user_urls"
+DYNASEM = {"LEASE": 30, "CLOCK_SKEW": 1}
+"""
+
+USER_VIEWS = """
+from django.db import transaction
+from django.http import HttpResponse
+from django.urls import path
+
+from dynasem import current_hold, semaphore
+
+@semaphore("deploy:{slug}", wait=0)
+def deploy(request, slug):
+    return HttpResponse(str(current_hold().fence))
+
+urlpatterns = [path("deploy/<slug>/", deploy)]
+"""
+
+# Code under test in the user's project: a counter updated read-modify-write under a lock.
+USER_CODE = """
+import threading
+import time
+
+from dynasem import semaphore
+
+COUNTER = {"value": 0, "inside": 0, "most_inside": 0}
+_guard = threading.Lock()
+
+def increment(name="counter"):
+    with semaphore(name, wait=30):
+        with _guard:
+            COUNTER["inside"] += 1
+            COUNTER["most_inside"] = max(COUNTER["most_inside"], COUNTER["inside"])
+        value = COUNTER["value"]
+        time.sleep(0.005)
+        COUNTER["value"] = value + 1
+        with _guard:
+            COUNTER["inside"] -= 1
+
+def hammer(threads=4, each=5):
+    workers = [
+        threading.Thread(target=lambda: [increment() for _ in range(each)])
+        for _ in range(threads)
+    ]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return COUNTER
+"""
+
+
+def write_project(folder: Path, tests: str, test_module: str) -> None:
+    (folder / "user_settings.py").write_text(USER_SETTINGS)
+    (folder / "user_urls.py").write_text(USER_VIEWS)
+    (folder / "user_code.py").write_text(USER_CODE)
+    (folder / test_module).write_text(textwrap.dedent(tests))
+
+
+def user_env(folder: Path) -> dict[str, str]:
+    """The environment of a user's test run: none of this suite's own settings."""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DYNASEM_", "AWS_", "DJANGO_SETTINGS_MODULE"))
+    }
+    env["PYTHONPATH"] = str(folder)
+    env["DJANGO_SETTINGS_MODULE"] = "user_settings"
+    return env
+
+
+PYTEST_SUITE = """
+import pytest
+from django.conf import settings
+
+from dynasem import SemaphoreBusy, semaphore
+from dynasem.operations import holds_on
+import user_code
+
+pytest_plugins = ["dynasem.testing"]
+
+
+def test_takes_a_lock_and_two_holders_exclude_each_other(dynasem_table):
+    assert settings.DYNASEM["TABLE_NAME"] == dynasem_table
+    assert settings.DYNASEM["LEASE"] == 30  # the project's own keys stay
+    with semaphore("report:1") as held:
+        assert [h.token for h in holds_on("report:1")] == [held.token]
+        with pytest.raises(SemaphoreBusy):
+            semaphore("report:1", wait=0).acquire()
+    assert holds_on("report:1") == []
+
+
+def test_threads_never_overlap_and_lose_no_update(dynasem_table):
+    counter = user_code.hammer(threads=4, each=5)
+    assert counter["value"] == 20
+    assert counter["most_inside"] == 1
+
+
+def test_a_lock_left_behind_does_not_reach_the_next_test_part_1(dynasem_table):
+    semaphore("left-behind", lease=30).acquire()  # never released
+
+
+def test_a_lock_left_behind_does_not_reach_the_next_test_part_2(dynasem_table):
+    with semaphore("left-behind", wait=0):
+        pass
+
+
+@pytest.mark.dynasem(LEASE=7)
+def test_marker_overrides_settings(dynasem_table):
+    assert settings.DYNASEM["LEASE"] == 7
+    with semaphore("short") as held:
+        assert 5 < held.seconds_left() < 7
+
+
+@pytest.mark.django_db
+def test_a_decorated_view_answers_423_while_held(dynasem_table, client):
+    assert client.get("/deploy/my-app_v2.1/").status_code == 200
+    with semaphore("deploy:my-app_v2.1"):
+        response = client.get("/deploy/my-app_v2.1/")
+    assert response.status_code == 423
+"""
+
+
+def test_users_pytest_suite_runs_with_the_plugin(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+):
+    write_project(pytester.path, PYTEST_SUITE, "test_user_locks.py")
+    env = user_env(pytester.path)
+    for key in [k for k in os.environ if k not in env]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    result = pytester.runpytest_subprocess(
+        "--ds=user_settings", "-p", "no:cacheprovider", "-p", "pytest_django", timeout=180
+    )
+    result.assert_outcomes(passed=6)
+
+
+DJANGO_SUITE = """
+import threading
+
+from django.test import SimpleTestCase, TestCase
+from django.conf import settings
+
+from dynasem import SemaphoreBusy, semaphore
+from dynasem.operations import holds_on
+from dynasem.testing import fresh_table
+import user_code
+
+
+@fresh_table()
+class LockTests(TestCase):
+    def test_takes_a_lock_and_two_holders_exclude_each_other(self):
+        with semaphore("report:1") as held:
+            self.assertEqual([h.token for h in holds_on("report:1")], [held.token])
+            with self.assertRaises(SemaphoreBusy):
+                semaphore("report:1", wait=0).acquire()
+        # TestCase's own transaction does not hold the lock back.
+        self.assertEqual(holds_on("report:1"), [])
+
+    def test_threads_never_overlap_and_lose_no_update(self):
+        user_code.COUNTER.update(value=0, most_inside=0)
+        counter = user_code.hammer(threads=3, each=4)
+        self.assertEqual((counter["value"], counter["most_inside"]), (12, 1))
+
+    def test_a_fresh_table_each_test_1(self):
+        semaphore("left-behind").acquire()
+
+    def test_a_fresh_table_each_test_2(self):
+        with semaphore("left-behind", wait=0):
+            pass
+
+    def test_a_decorated_view_answers_423_while_held(self):
+        with semaphore("deploy:web"):
+            self.assertEqual(self.client.get("/deploy/web/").status_code, 423)
+        self.assertEqual(self.client.get("/deploy/web/").status_code, 200)
+
+
+class MethodTests(SimpleTestCase):
+    @fresh_table(LEASE=9)
+    def test_one_method(self):
+        self.assertEqual(settings.DYNASEM["LEASE"], 9)
+        with semaphore("m") as held:
+            self.assertTrue(7 < held.seconds_left() < 9)
+
+    def test_settings_are_back_outside(self):
+        self.assertEqual(settings.DYNASEM, {"LEASE": 30, "CLOCK_SKEW": 1})
+"""
+
+
+def test_users_django_test_runner_suite_runs_with_fresh_table(tmp_path: Path):
+    write_project(tmp_path, DJANGO_SUITE, "test_user_locks.py")
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "test", "-v", "2", "test_user_locks"],
+        cwd=tmp_path,
+        env=user_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "Ran 7 tests" in output, output
+    assert output.count(" ... ok") == 7, output
+
+
+# -- in this process --------------------------------------------------------------------------
+
+
+def test_fresh_table_points_dynasem_at_a_new_table_and_restores_settings():
+    before = dict(django_settings.DYNASEM)
+    with fresh_table(LEASE=5) as name:
+        assert settings.TABLE_NAME == name and settings.LEASE == 5
+        assert settings.ENDPOINT_URL == engine_endpoint()
+        assert settings.CLOCK_SKEW == before["CLOCK_SKEW"]  # the rest stays
+        with semaphore("x") as held:
+            assert held.lease == 5
+            with pytest.raises(SemaphoreBusy):
+                semaphore("x", wait=0).acquire()
+        assert table.describe_table() is not None
+    assert django_settings.DYNASEM == before
+    with fresh_table(), pytest.raises(Exception, match="(?i)not found|resource"):
+        table.get_client().describe_table(TableName=name)  # deleted
+
+
+def test_embedded_engine_serialises_contending_holders():
+    inside = []
+    overlaps = []
+    count = {"value": 0}
+
+    def work() -> None:
+        for _ in range(5):
+            with semaphore("contended", wait=30):
+                inside.append(1)
+                if len(inside) > 1:
+                    overlaps.append(1)
+                value = count["value"]
+                time.sleep(0.003)
+                count["value"] = value + 1
+                inside.pop()
+
+    with fresh_table():
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    assert count["value"] == 20 and overlaps == []
+
+
+def test_endpoint_from_the_environment_replaces_the_engine(dynamodb_local, monkeypatch):
+    monkeypatch.setenv(ENDPOINT_ENV, dynamodb_local)
+    with fresh_table() as name:
+        assert settings.ENDPOINT_URL == dynamodb_local
+        with semaphore("on-local") as held:
+            assert held.fence > 0
+        assert table.describe_table()["TableName"] == name
+
+
+def test_bad_settings_keys_are_refused_naming_them():
+    with pytest.raises(ValueError, match="LEASES"):
+        fresh_table(LEASES=5)
+    with pytest.raises(TypeError, match="TestCase"):
+
+        @fresh_table()
+        class NotATest:
+            pass
+
+
+def test_importable_without_pytest():
+    code = (
+        "import sys; sys.modules['pytest'] = None\n"
+        "import dynasem.testing as t\n"
+        "assert callable(t.fresh_table) and not hasattr(t, 'dynasem_table')\n"
+        "print('ok')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "ok", done.stderr
+
+
+def test_async_test_functions_get_a_table_too():
+    import asyncio
+
+    seen: list[Any] = []
+
+    @fresh_table(LEASE=6)
+    async def check() -> None:
+        seen.append(settings.LEASE)
+
+    asyncio.run(check())
+    assert seen == [6]
