@@ -2,18 +2,18 @@
 
     python scripts/wheel_check/check.py REPO
 
-REPO is the checkout: it provides the embedded DynamoDB engine
-(example_project/embedded_dynamodb.py, not part of the wheel yet) and the list of templates the
-source has. The project itself is wheel_settings.py and wheel_urls.py beside this file, outside
-the package. Steps: migrate, a superuser, the DynamoDB table; a live hold and a run_once job;
-every admin page through Django's test Client (lock list, break confirmation, jobs, reset
-confirmation); every template of the source loaded from the installed package, with what it
-extends and includes; a lock taken and released. Exits non-zero on the first failure.
+REPO is the checkout: it provides the list of templates the source has. The DynamoDB engine is
+the installed package's own embedded one (``dynasem.testing.embedded``, with the ``testing``
+extra), so the check also shows that ``dynasem.testing`` ships in the wheel. The project
+itself is wheel_settings.py and wheel_urls.py beside this file, outside the package. Steps:
+migrate, a superuser, the DynamoDB table; a live hold and a run_once job; every admin page
+through Django's test Client (lock list, break confirmation, jobs, reset confirmation); every
+template of the source loaded from the installed package, with what it extends and includes;
+a lock taken and released. Exits non-zero on the first failure.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import sys
@@ -32,12 +32,9 @@ def check(condition: object, what: str) -> None:
 
 
 def embedded_engine() -> Any:
-    path = REPO / "example_project" / "embedded_dynamodb.py"
-    spec = importlib.util.spec_from_file_location("embedded_dynamodb", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.EmbeddedDynamoDB().start()
+    from dynasem.testing.embedded import EmbeddedDynamoDB
+
+    return EmbeddedDynamoDB().start()
 
 
 def referenced_templates(template: Any) -> set[str]:
