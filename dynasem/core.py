@@ -900,7 +900,7 @@ def _too_slow(resource: str, lease: float, skew: float) -> SemaphoreUnavailable:
         f"({lease:g}s, less CLOCK_SKEW {skew:g}s) by the time it could be returned; this "
         "process is paused or starved for longer than the lease"
     )
-    err.transient = True  # type: ignore[attr-defined]
+    err.transient = True
     return err
 
 
@@ -1234,7 +1234,7 @@ class Held:
                 return
         else:
             err = SemaphoreUnavailable(f"could not renew {self.resource!r}: conflicting writes")
-            err.transient = True  # type: ignore[attr-defined]
+            err.transient = True
             raise err
         self._mark_lost("another holder took it over, or it was broken by an operator")
         self._raise_lost()
