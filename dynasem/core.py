@@ -1124,13 +1124,24 @@ class Held:
 
     def renew(self) -> None:
         """Extend the lease now (the heartbeat does this by itself while the hold lives)."""
-        with self._lock:
+        # A renewal of the heartbeat's may hang on an unreachable endpoint, holding the lock,
+        # for as long as botocore's timeouts allow: wait for it only while the hold can be
+        # trusted. Past the deadline the hold is lost, whatever that renewal answers later.
+        while not self._lock.acquire(timeout=self.seconds_left()):
+            self._check_deadline()
+            if self._released:
+                raise LockLost(self.resource, "it was released")
+            if self._lost is not None:
+                self._raise_lost()
+        try:
             self._check_deadline()
             if self._released:
                 raise LockLost(self.resource, "it was released")
             if self._lost is not None:
                 self._raise_lost()
             self._renew_once()
+        finally:
+            self._lock.release()
 
     async def arenew(self) -> None:
         await asyncio.to_thread(self.renew)

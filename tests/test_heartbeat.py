@@ -354,6 +354,51 @@ def test_hung_endpoint_loss_declared_before_takeover_is_possible(lock_table: str
     assert read == [True], "held.lost did not answer promptly"
 
 
+def test_renew_behind_a_hung_renewal_raises_lock_lost_by_the_deadline(lock_table: str) -> None:
+    """A holder cut off from DynamoDB (its packets silently dropped): the heartbeat's renewal
+    hangs, holding the hold's request lock, for as long as botocore's timeouts allow (tens of
+    seconds). The block's own ``renew()`` must not queue behind it past the deadline: it
+    raises LockLost by then, as the API promises. (Found by tests/test_hosts.py, where a
+    partitioned holder's ``renew()`` hung until the link healed.)"""
+    resource = unique("hung-renew")
+    held = semaphore(resource, lease=LEASE).acquire()
+    silent = SilentEndpoint()
+    outcome: list[tuple[str, float]] = []
+
+    def renew() -> None:
+        try:
+            held.renew()
+            outcome.append(("renewed", time.monotonic()))
+        except LockLost:
+            outcome.append(("LockLost", time.monotonic()))
+
+    try:
+        wait_for_renewal(held)
+        with override_settings(DYNASEM=dynasem_settings(silent.url, lock_table)):
+            # The next renewal of the heartbeat's hangs on the silent endpoint.
+            deadline = time.monotonic() + held.seconds_left()
+            renewing = f"dynasem-heartbeat:{resource[:40]}:renew"
+            while not any(t.name == renewing for t in threading.enumerate()):
+                assert time.monotonic() < deadline, "the heartbeat did not try to renew"
+                time.sleep(0.005)
+            time.sleep(0.05)  # it has taken the hold's request lock and sent its request
+            caller = threading.Thread(target=renew, daemon=True)
+            caller.start()
+            caller.join(held.seconds_left() + 0.5)
+            answered = list(outcome)
+            silent.close()  # let the hung requests fail, so the heartbeat ends
+            caller.join(5)
+            for t in heartbeat_threads(resource):
+                t.join(5)
+    finally:
+        silent.close()
+        with contextlib.suppress(LockLost):
+            held.release()
+    assert answered, "renew() was still waiting for the hung renewal after the deadline"
+    assert answered[0][0] == "LockLost"
+    assert answered[0][1] >= deadline - 0.01
+
+
 def test_many_holds_share_one_scheduler_thread(lock_table: str) -> None:
     resources = [unique(f"many-{i}") for i in range(12)]
     holds = [semaphore(r, lease=LEASE).acquire() for r in resources]
