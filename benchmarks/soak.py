@@ -283,7 +283,7 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
         if rng.random() < FAULT_CHANCE:
             add_fault()
         names = rng.sample(resources, 2) if rng.random() < MULTI_CHANCE else [rng.choice(resources)]
-        if rng.random() < LONG_CHANCE:
+        if rng.random() < cfg.get("long_chance", LONG_CHANCE):
             hold = rng.uniform(1.2, 2.5) * lease
         else:
             hold = rng.uniform(0.0, 0.05)

@@ -350,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
 
     netns.die_with_parent()
     netns.enter(args.netns, args.hostname)  # before any socket or thread (and HOST_ID)
+    netns.sleep_despite_faketime()
     if args.push:
         os.environ["DYNASEM_TEST_PUSH"] = args.push
     from tests.workers import setup_django

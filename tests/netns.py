@@ -188,6 +188,27 @@ def faketime_env(library: str, offset: float) -> dict[str, str]:
     }
 
 
+def sleep_despite_faketime() -> None:
+    """Under libfaketime 0.9.10 (Debian 12) with ``DONT_FAKE_MONOTONIC``, ``clock_nanosleep``
+    on an absolute CLOCK_MONOTONIC deadline fails with EINVAL, and that is how Python's
+    ``time.sleep`` sleeps: every call raises ``OSError``. In a process started with
+    libfaketime preloaded, replace it with ``select()`` on a relative timeout (until the
+    monotonic deadline), which libfaketime leaves alone. Threading waits are not affected."""
+    if "faketime" not in os.environ.get("LD_PRELOAD", ""):
+        return
+    import select
+    import time
+
+    def sleep(seconds: float) -> None:
+        if seconds < 0:
+            raise ValueError("sleep length must be non-negative")
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            select.select([], [], [], left)
+
+    time.sleep = sleep
+
+
 # ---------------------------------------------------------------------------------------------
 # Joining a host from inside a process
 # ---------------------------------------------------------------------------------------------
