@@ -54,8 +54,8 @@ trusted window starts when ``acquire`` returned (``start``) and ends at the earl
 * the moment the parent SIGSTOPped or SIGKILLed the worker (a killed hold never logs its end);
 
 unless the block itself saw ``held.lost`` False later than that (a ``V`` line, logged just
-before the file write: renewals kept the hold, also across a SIGSTOP shorter than the trust
-left): then the window runs until that moment, since the holder trusted its hold then.
+before the file write, and every 0.1 s of a hold longer than the lease: renewals kept the
+hold): then the window runs until that moment, since the holder trusted its hold then.
 
 So a hold whose block ended within ``lease - CLOCK_SKEW`` and whose worker was not stopped is
 checked whole (the rule of the brief), and every other hold is checked over its first part,
@@ -306,7 +306,17 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
                     counters["holds"] += 1
                     counters["multi"] += len(names) > 1
                     counters["long"] += hold > lease
-                    time.sleep(hold)
+                    if hold > lease:
+                        # A long hold watches its trust as it goes: every moment the block saw
+                        # it trusted counts in the overlap check (renewals, cut-offs).
+                        until = monotonic() + hold
+                        while (remaining := until - monotonic()) > 0:
+                            checked = monotonic()
+                            if not held.lost:
+                                emit("V", token, f"{checked:.6f}")
+                            time.sleep(min(0.1, remaining))
+                    else:
+                        time.sleep(hold)
                     checked = monotonic()
                     if not held.lost:  # the hold was still trusted at ``checked``
                         emit("V", token, f"{checked:.6f}")
