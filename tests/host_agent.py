@@ -298,7 +298,12 @@ class Server:
         return {"sent": True}
 
     def op_warnings(self) -> dict[str, Any]:
+        """The dynasem warnings logged since the last call; the next bad signature is logged
+        again at once (they are logged at most once a minute)."""
+        from dynasem import wakeup
+
         said, self.warnings = self.warnings, []
+        wakeup._mac_warned_at = -float("inf")
         return {"warnings": said}
 
     def op_loop(

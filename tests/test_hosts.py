@@ -249,8 +249,10 @@ def test_a_holder_cut_off_from_dynamodb_stops_trusting_before_another_host_takes
     # A learned it no later than its deadline (held.lost flips at it; polled every 5 ms),
     # and the lock_lost signal came before B held.
     assert lost["last_trusted"] < lost["deadline"] <= lost["first_lost"]
-    assert lost["first_lost"] - lost["deadline"] < 0.25, lost
-    assert lost["renew_raised"] == "LockLost" and lost["renew_answered"] < lost["deadline"] + 0.5
+    assert lost["first_lost"] - lost["deadline"] < 0.5, lost
+    # renew() says LockLost at once, not after the hung renewal's timeouts (tens of seconds).
+    assert lost["renew_raised"] == "LockLost", lost
+    assert lost["renew_answered"] - lost["first_lost"] < 0.5, lost
     assert lost["signalled"] is not None and lost["signalled"] < got["start"]
     # B only after the stored lease end + CLOCK_SKEW (its clock), with a larger fence.
     assert got["wall"] >= int(stored["e"]) / 1000 + skew()
