@@ -51,14 +51,19 @@ trusted window starts when ``acquire`` returned (``start``) and ends at the earl
   deadline (``sent + lease - CLOCK_SKEW``), never later than ``start + lease - CLOCK_SKEW``;
   it is earlier when the acquire was slow (botocore's own retries of a throttled write may
   sleep seconds after the lease end was fixed);
-* the moment the parent SIGSTOPped or SIGKILLed the worker (a killed hold never logs its end).
+* the moment the parent SIGSTOPped or SIGKILLed the worker (a killed hold never logs its end);
+
+unless the block itself saw ``held.lost`` False later than that (a ``V`` line, logged just
+before the file write, and every 0.1 s of a hold longer than the lease: renewals kept the
+hold): then the window runs until that moment, since the holder trusted its hold then.
 
 So a hold whose block ended within ``lease - CLOCK_SKEW`` and whose worker was not stopped is
 checked whole (the rule of the brief), and every other hold is checked over its first part,
-while no lease can have run out. Past that deadline a paused or slow holder and the next holder
-do run at once in wall time; that is legitimate (heartbeat renewals are not counted as
-extending the window) and is what fencing is for. A correct dynasem keeps two trusted windows
-at least ``2 * CLOCK_SKEW`` apart on one host: a takeover needs the stored lease end + skew.
+while no lease can have run out, and up to the last moment its block saw it trusted. Past
+that a paused or slow holder and the next holder do run at once in wall time; that is
+legitimate (renewals count only where the block saw them) and is what fencing is for. A
+correct dynasem keeps two trusted windows at least ``2 * CLOCK_SKEW`` apart on one host: a
+takeover needs the stored lease end + skew.
 
 Checks (all must be 0; the script exits 1 otherwise):
 
@@ -278,7 +283,7 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
         if rng.random() < FAULT_CHANCE:
             add_fault()
         names = rng.sample(resources, 2) if rng.random() < MULTI_CHANCE else [rng.choice(resources)]
-        if rng.random() < LONG_CHANCE:
+        if rng.random() < cfg.get("long_chance", LONG_CHANCE):
             hold = rng.uniform(1.2, 2.5) * lease
         else:
             hold = rng.uniform(0.0, 0.05)
@@ -301,7 +306,20 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
                     counters["holds"] += 1
                     counters["multi"] += len(names) > 1
                     counters["long"] += hold > lease
-                    time.sleep(hold)
+                    if hold > lease:
+                        # A long hold watches its trust as it goes: every moment the block saw
+                        # it trusted counts in the overlap check (renewals, cut-offs).
+                        until = monotonic() + hold
+                        while (remaining := until - monotonic()) > 0:
+                            checked = monotonic()
+                            if not held.lost:
+                                emit("V", token, f"{checked:.6f}")
+                            time.sleep(min(0.1, remaining))
+                    else:
+                        time.sleep(hold)
+                    checked = monotonic()
+                    if not held.lost:  # the hold was still trusted at ``checked``
+                        emit("V", token, f"{checked:.6f}")
                     for r in names:
                         result, value = fenced_increment(
                             paths[r], held.fences[r], rng.uniform(0.001, 0.005)
@@ -383,16 +401,29 @@ class Fleet:
         self.flags[slot] = 0
         seed = self.seed * 1_000_003 + self.spawned
         log = os.path.join(self.cfg["workdir"], "logs", f"w{slot:02d}-{gen:03d}.log")
-        process = self.ctx.Process(
-            target=worker_main,
-            args=(self.cfg, slot, gen, seed, self.flags),
-            name=f"soak-{slot}-{gen}",
-            daemon=True,
-        )
-        process.start()
+        target, args = self.process_target(slot, gen, seed)
+        process = self.ctx.Process(target=target, args=args, name=f"soak-{slot}-{gen}", daemon=True)
+        with self.spawn_environment(slot):
+            process.start()
         proc = Proc(slot, gen, process, log)
         self.procs[slot] = proc
         self.events.logs[proc.pid] = log
+
+    def process_target(self, slot: int, gen: int, seed: int) -> tuple[Any, tuple[Any, ...]]:
+        """What a worker process runs (a subclass may run it somewhere else first)."""
+        return worker_main, (self.cfg, slot, gen, seed, self.flags)
+
+    @contextlib.contextmanager
+    def spawn_environment(self, slot: int) -> Any:
+        """The environment a worker process starts with (spawned processes inherit
+        ``os.environ`` as it is at ``start()``)."""
+        yield
+
+    def tick(self, now: float) -> None:
+        """Called every 20 ms of the run: more faults, in a subclass."""
+
+    def progress(self) -> str:
+        return ""
 
     def reap_dead(self) -> None:
         for slot, proc in list(self.procs.items()):
@@ -459,10 +490,12 @@ class Fleet:
                 if self.stop_one(lease, skew, holder_only=now < stop_tries_until):
                     stop_tries_until = None
                     next_stop = now + self.rng.uniform(10, 25)
+            self.tick(now)
             if progress and now >= next_report:
                 print(
                     f"soak: {now - started:5.0f} s  kills {len(self.events.kills)}  "
-                    f"stops {sum(map(len, self.events.stops.values())) + bool(self.stopped)}",
+                    f"stops {sum(map(len, self.events.stops.values())) + bool(self.stopped)}"
+                    + self.progress(),
                     file=sys.stderr,
                     flush=True,
                 )
@@ -527,6 +560,7 @@ class Report:
     lost_reasons: Counter[str] = field(default_factory=Counter)
     losses: dict[str, tuple[float, str, str]] = field(default_factory=dict)  # token -> L line
     imported: set[str] = field(default_factory=set)  # where workers found dynasem
+    verified: dict[str, float] = field(default_factory=dict)  # token -> last V (trusted then)
     fired: dict[int, list[tuple[float, str, str, str]]] = field(
         default_factory=lambda: defaultdict(list)
     )  # pid -> (at, kind, operation, thread) of every fault that fired
@@ -564,6 +598,8 @@ def read_logs(events: Events, lease: float) -> Report:
                 elif kind == "W":
                     tok, res, result, at, value = parts
                     rep.writes.append((pid, tok, res, result, float(at), int(value)))
+                elif kind == "V":
+                    rep.verified[parts[0]] = max(float(parts[1]), rep.verified.get(parts[0], 0))
                 elif kind == "P":
                     rep.imported.add(rest)
                 elif kind == "L":
@@ -609,6 +645,11 @@ def trusted_windows(rep: Report, events: Events, lease: float, skew: float) -> N
             if since > hold.start:
                 candidates.append((since, "SIGSTOP"))
         hold.window_end, hold.cut_by = min(candidates)
+        # The block saw ``held.lost`` False at this moment: trusted until then at least
+        # (renewals kept it), whatever the lease and stops say.
+        verified = rep.verified.get(hold.token, 0.0)
+        if verified > hold.window_end:
+            hold.window_end, hold.cut_by = verified, "verified trust"
 
 
 def find_overlaps(rep: Report) -> tuple[int, list[tuple[Hold, Hold]]]:
@@ -633,8 +674,10 @@ def find_overlaps(rep: Report) -> tuple[int, list[tuple[Hold, Hold]]]:
     return count, examples
 
 
-def fence_checks(rep: Report) -> tuple[int, list[str]]:
-    """Fences handed out twice, or out of the order the leases were written in."""
+def fence_checks(rep: Report, slack: float = 0.0) -> tuple[int, list[str]]:
+    """Fences handed out twice, or out of the order the leases were written in. ``slack``:
+    how far the wall clocks of the hosts may be apart (a hold's lease end may have been
+    written by another host's clock, which moves its estimated ``plan`` by that much)."""
     problems: list[str] = []
     count = 0
     per_resource: dict[str, list[Hold]] = defaultdict(list)
@@ -658,7 +701,7 @@ def fence_checks(rep: Report) -> tuple[int, list[str]]:
                 best = (h.fence, h)
             prefix_max.append(best)
         for h2 in holds:
-            k = bisect.bisect_left(starts, h2.plan)
+            k = bisect.bisect_left(starts, h2.plan - slack)
             if k and prefix_max[k - 1][0] >= h2.fence:
                 h1 = prefix_max[k - 1][1]
                 if h1.token == h2.token:
@@ -745,6 +788,185 @@ def machine() -> str:
     return f"{os.cpu_count()} CPUs, {mem}, Python {sys.version.split()[0]}"
 
 
+def analyse(
+    fleet: Fleet,
+    workdir: str,
+    resources: list[str],
+    lease: float,
+    skew: float,
+    *,
+    ran: float,
+    table_name: str,
+    digest: str,
+    reap_said: str,
+    stuck: list[Any],
+    slack: float = 0.0,
+) -> dict[str, Any]:
+    """Check every hold in the logs and files; print the findings (all but the last lines,
+    which the caller prints from what this returns). ``slack``: how far the workers' wall
+    clocks may be apart (see :func:`fence_checks`)."""
+    events = fleet.events
+    with open(os.path.join(workdir, "events.json"), "w") as f:
+        json.dump(
+            {
+                "kills": events.kills,
+                "end_kills": events.end_kills,
+                "stops": events.stops,
+                "died": events.died,
+                "logs": events.logs,
+            },
+            f,
+            indent=1,
+        )
+    rep = read_logs(events, lease)
+    trusted_windows(rep, events, lease, skew)
+    overlaps, overlap_examples = find_overlaps(rep)
+    fence_errors, fence_problems = fence_checks(rep, slack)
+    windows = {(h.token, h.resource): h for h in rep.holds}
+    trusted_refusals = []
+    stale_accepted = 0
+    for _pid, tok, res, result, at, value in rep.writes:
+        hold = windows.get((tok, res))
+        if hold is None:
+            continue
+        if result != "ok" and at < hold.window_end:
+            trusted_refusals.append(f"{res}: {result} value {value} at {at:.6f}; {describe(hold)}")
+        if result == "ok" and at >= hold.window_end:
+            stale_accepted += 1
+    lost_updates = 0
+    file_lines = 0
+    file_problems = []
+    for i, res in enumerate(resources):
+        lines, dups, gaps, order = check_file(data_path(workdir, i))
+        file_lines += lines
+        lost_updates += dups + gaps
+        fence_errors += order
+        if dups or gaps or order:
+            file_problems.append(
+                f"{res}: {lines} lines, {dups} duplicates, {gaps} gaps, {order} fence order errors"
+            )
+    ok_writes = sum(1 for w in rep.writes if w[3] == "ok")
+    fenced_out = sum(1 for w in rep.writes if w[3] != "ok")
+    completed = len({h.token for h in rep.holds if h.end is not None})
+    started = len({h.token for h in rep.holds})
+    stops = sum(map(len, events.stops.values()))
+    lost_holds = list({h.token: h for h in rep.holds if h.outcome == "lost"}.values())
+    loss_kinds = Counter(classify_loss(h, events, rep, lease, skew) for h in lost_holds)
+    first = {h.token: h for h in rep.holds}.values()
+    slow_grants = sum(1 for h in first if h.left < lease - 0.5)
+    dead_grants = sum(1 for h in first if h.left <= skew)
+    died = [d for d in events.died if d[0] not in events.kills]
+    unexpected = len(rep.unexpected) + len(died)
+    c = rep.counters
+    fault_total = sum(rep.faults.values())
+    fault_detail = ", ".join(f"{FAULT_KINDS[k]} {rep.faults.get(k, 0)}" for k in FAULT_KINDS)
+
+    print(f"soak: ran {ran:.0f} s; {len(events.logs)} worker processes in all; table {table_name}")
+    if rep.imported - {str(REPO_ROOT / "dynasem" / "__init__.py")}:
+        print(f"soak: WARNING: workers imported dynasem from {sorted(rep.imported)}")
+    if source_digest() != digest:
+        print("soak: WARNING: dynasem's source changed during the run (respawned workers mixed)")
+    print(
+        f"holds: started {started}, completed {completed} (two resources {c['multi']}, "
+        f"longer than the lease {c['long']}), busy {c['busy']}, unavailable {c['unavailable']}"
+    )
+    print(
+        f"LockLost at block exit: {len(lost_holds)} ("
+        + ", ".join(f"{k} {v}" for k, v in sorted(loss_kinds.items()))
+        + f"); reasons: {dict(rep.lost_reasons)}"
+    )
+    print(
+        f"file writes: {ok_writes} accepted ({file_lines} lines in the files), {fenced_out} fenced "
+        f"out, {stale_accepted} accepted past the trusted window (nobody had touched the file)"
+    )
+    print(
+        f"holds handed over more than 0.5 s after their lease end was fixed: {slow_grants} "
+        f"({dead_grants} already past the holder's own trust deadline)"
+    )
+    extended = sum(1 for h in rep.holds if h.cut_by == "verified trust")
+    print(f"holds trusted past their first lease - CLOCK_SKEW (renewed, verified): {extended}")
+    print(f"reap (TTL sweep turned off when the workers stopped): {reap_said}")
+    print(f"fence violations: {fence_errors}")
+    print(f"fenced out while trusted: {len(trusted_refusals)}")
+    print(f"unexpected errors: {unexpected}")
+    for sample in sorted(set(rep.unavailable_samples))[:3]:
+        print(f"  sample SemaphoreUnavailable: {sample}")
+    evidence = []
+    for a, b in overlap_examples:
+        evidence.append(f"OVERLAP on {a.resource}:\n    {describe(a)}\n    {describe(b)}")
+    evidence += [f"FENCE: {p}" for p in fence_problems]
+    evidence += [f"FILE: {p}" for p in file_problems]
+    evidence += [f"FENCED OUT WHILE TRUSTED: {p}" for p in trusted_refusals[:10]]
+    evidence += [f"UNEXPECTED: {u}" for u in rep.unexpected[:10]]
+    evidence += [f"DIED: pid {pid} exit code {code}, log {log}" for pid, code, log in died]
+    evidence += [
+        f"STUCK: {h.resource} token {h.token} user {h.user_id} fence {h.fence} "
+        f"expires {h.expires.isoformat()}"
+        for h in stuck[:10]
+    ]
+    for line in evidence:
+        print(line)
+    unexplained = [
+        (h, kind)
+        for h in lost_holds
+        if (kind := classify_loss(h, events, rep, lease, skew)) != "SIGSTOP"
+    ]
+    for hold, kind in unexplained[:5]:
+        at, thread, reason = rep.losses.get(hold.token, (0.0, "?", "?"))
+        print(f"  LockLost ({kind}) on {hold.resource}: {describe(hold)}")
+        print(f"    declared lost at {at:.6f} in {thread}: {reason}")
+        for f_at, f_kind, op, f_thread in rep.fired.get(hold.pid, []):
+            if hold.start <= f_at <= (hold.exit_at or hold.start + 60):
+                print(f"    fault {FAULT_KINDS[f_kind]} on {op} at {f_at:.6f} in {f_thread}")
+        if kind == SPURIOUS:
+            for other in sorted(rep.holds, key=lambda h: h.start):
+                if other.resource == hold.resource and hold.start < other.start < at:
+                    print(f"    next holder: {describe(other)}")
+    return {
+        "completed": completed,
+        "faults": {FAULT_KINDS[k]: rep.faults.get(k, 0) for k in FAULT_KINDS},
+        "fault_total": fault_total,
+        "fault_detail": fault_detail,
+        "kills": len(events.kills),
+        "stops": stops,
+        "overlaps": overlaps,
+        "lost_updates": lost_updates,
+        "stuck": len(stuck),
+        "fence_violations": fence_errors,
+        "trusted_refusals": len(trusted_refusals),
+        "unexpected": unexpected,
+        "failed": bool(
+            overlaps or lost_updates or stuck or fence_errors or trusted_refusals or unexpected
+        ),
+    }
+
+
+def finish_table(table_name: str, lease: float, skew: float) -> tuple[str, list[Any]]:
+    """After the run: TTL off, leases waited out, ``dynasem_reap``; (what it said, the holds
+    still stored)."""
+    from django.core.management import call_command
+
+    from dynasem import operations, table
+
+    # DynamoDB Local's TTL sweep deletes expired rows (so during the run fences had to
+    # survive rows vanishing between holds); off now, so what is checked is the reaper.
+    table.get_client().update_time_to_live(
+        TableName=table_name,
+        TimeToLiveSpecification={"Enabled": False, "AttributeName": "expires"},
+    )
+    time.sleep(lease + skew + 2.0)
+    out = io.StringIO()
+    call_command("dynasem_reap", stdout=out)
+    return " ".join(out.getvalue().split()), operations.active_holds(include_expired=True)
+
+
+def keep_or_remove(workdir: str, failed: bool, keep: bool) -> None:
+    if failed or keep:
+        print(f"soak: logs and files kept in {workdir}", file=sys.stderr)
+    else:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--processes", type=int, default=16)
@@ -783,7 +1005,6 @@ def main(argv: list[str] | None = None) -> int:
         setup_django(ddb.endpoint_url, table_name)
         from django.core.management import call_command
 
-        from dynasem import operations, table
         from dynasem.conf import settings
 
         skew = float(settings.CLOCK_SKEW)
@@ -805,149 +1026,29 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             fleet.kill_all()
         ran = time.monotonic() - t0
-        # DynamoDB Local's TTL sweep deletes expired rows (so during the run fences had to
-        # survive rows vanishing between holds); off now, so what is checked is the reaper.
-        table.get_client().update_time_to_live(
-            TableName=table_name,
-            TimeToLiveSpecification={"Enabled": False, "AttributeName": "expires"},
-        )
-        time.sleep(args.lease + skew + 2.0)
-        out = io.StringIO()
-        call_command("dynasem_reap", stdout=out)
-        reap_said = " ".join(out.getvalue().split())
-        stuck = operations.active_holds(include_expired=True)
+        reap_said, stuck = finish_table(table_name, args.lease, skew)
 
-    # -- analysis ------------------------------------------------------------------------------
-    events = fleet.events
-    with open(os.path.join(workdir, "events.json"), "w") as f:
-        json.dump(
-            {
-                "kills": events.kills,
-                "end_kills": events.end_kills,
-                "stops": events.stops,
-                "died": events.died,
-                "logs": events.logs,
-            },
-            f,
-            indent=1,
-        )
-    rep = read_logs(events, args.lease)
-    trusted_windows(rep, events, args.lease, skew)
-    overlaps, overlap_examples = find_overlaps(rep)
-    fence_errors, fence_problems = fence_checks(rep)
-    windows = {(h.token, h.resource): h for h in rep.holds}
-    trusted_refusals = []
-    stale_accepted = 0
-    for _pid, tok, res, result, at, value in rep.writes:
-        hold = windows.get((tok, res))
-        if hold is None:
-            continue
-        if result != "ok" and at < hold.window_end:
-            trusted_refusals.append(f"{res}: {result} value {value} at {at:.6f}; {describe(hold)}")
-        if result == "ok" and at >= hold.window_end:
-            stale_accepted += 1
-    lost_updates = 0
-    file_lines = 0
-    file_problems = []
-    for i, res in enumerate(resources):
-        lines, dups, gaps, order = check_file(data_path(workdir, i))
-        file_lines += lines
-        lost_updates += dups + gaps
-        fence_errors += order
-        if dups or gaps or order:
-            file_problems.append(
-                f"{res}: {lines} lines, {dups} duplicates, {gaps} gaps, {order} fence order errors"
-            )
-    ok_writes = sum(1 for w in rep.writes if w[3] == "ok")
-    fenced_out = sum(1 for w in rep.writes if w[3] != "ok")
-    completed = len({h.token for h in rep.holds if h.end is not None})
-    started = len({h.token for h in rep.holds})
-    stops = sum(map(len, events.stops.values()))
-    lost_holds = list({h.token: h for h in rep.holds if h.outcome == "lost"}.values())
-    loss_kinds = Counter(classify_loss(h, events, rep, args.lease, skew) for h in lost_holds)
-    first = {h.token: h for h in rep.holds}.values()
-    slow_grants = sum(1 for h in first if h.left < args.lease - 0.5)
-    dead_grants = sum(1 for h in first if h.left <= skew)
-    died = [d for d in events.died if d[0] not in events.kills]
-    unexpected = len(rep.unexpected) + len(died)
-    c = rep.counters
-    fault_total = sum(rep.faults.values())
-    fault_detail = ", ".join(f"{FAULT_KINDS[k]} {rep.faults.get(k, 0)}" for k in FAULT_KINDS)
-
-    print(f"soak: ran {ran:.0f} s; {len(events.logs)} worker processes in all; table {table_name}")
-    if rep.imported - {str(REPO_ROOT / "dynasem" / "__init__.py")}:
-        print(f"soak: WARNING: workers imported dynasem from {sorted(rep.imported)}")
-    if source_digest() != digest:
-        print("soak: WARNING: dynasem's source changed during the run (respawned workers mixed)")
-    print(
-        f"holds: started {started}, completed {completed} (two resources {c['multi']}, "
-        f"longer than the lease {c['long']}), busy {c['busy']}, unavailable {c['unavailable']}"
+    result = analyse(
+        fleet,
+        workdir,
+        resources,
+        args.lease,
+        skew,
+        ran=ran,
+        table_name=table_name,
+        digest=digest,
+        reap_said=reap_said,
+        stuck=stuck,
     )
     print(
-        f"LockLost at block exit: {len(lost_holds)} ("
-        + ", ".join(f"{k} {v}" for k, v in sorted(loss_kinds.items()))
-        + f"); reasons: {dict(rep.lost_reasons)}"
+        f"acquisitions: {result['completed']}  faults injected: {result['fault_total']} "
+        f"({result['fault_detail']})  kills: {result['kills']}  stops: {result['stops']}"
     )
-    print(
-        f"file writes: {ok_writes} accepted ({file_lines} lines in the files), {fenced_out} fenced "
-        f"out, {stale_accepted} accepted past the trusted window (nobody had touched the file)"
-    )
-    print(
-        f"holds handed over more than 0.5 s after their lease end was fixed: {slow_grants} "
-        f"({dead_grants} already past the holder's own trust deadline)"
-    )
-    print(f"reap (TTL sweep turned off when the workers stopped): {reap_said}")
-    print(f"fence violations: {fence_errors}")
-    print(f"fenced out while trusted: {len(trusted_refusals)}")
-    print(f"unexpected errors: {unexpected}")
-    for sample in sorted(set(rep.unavailable_samples))[:3]:
-        print(f"  sample SemaphoreUnavailable: {sample}")
-    evidence = []
-    for a, b in overlap_examples:
-        evidence.append(f"OVERLAP on {a.resource}:\n    {describe(a)}\n    {describe(b)}")
-    evidence += [f"FENCE: {p}" for p in fence_problems]
-    evidence += [f"FILE: {p}" for p in file_problems]
-    evidence += [f"FENCED OUT WHILE TRUSTED: {p}" for p in trusted_refusals[:10]]
-    evidence += [f"UNEXPECTED: {u}" for u in rep.unexpected[:10]]
-    evidence += [f"DIED: pid {pid} exit code {code}, log {log}" for pid, code, log in died]
-    evidence += [
-        f"STUCK: {h.resource} token {h.token} user {h.user_id} fence {h.fence} "
-        f"expires {h.expires.isoformat()}"
-        for h in stuck[:10]
-    ]
-    for line in evidence:
-        print(line)
-    unexplained = [
-        (h, kind)
-        for h in lost_holds
-        if (kind := classify_loss(h, events, rep, args.lease, skew)) != "SIGSTOP"
-    ]
-    for hold, kind in unexplained[:5]:
-        at, thread, reason = rep.losses.get(hold.token, (0.0, "?", "?"))
-        print(f"  LockLost ({kind}) on {hold.resource}: {describe(hold)}")
-        print(f"    declared lost at {at:.6f} in {thread}: {reason}")
-        for f_at, f_kind, op, f_thread in rep.fired.get(hold.pid, []):
-            if hold.start <= f_at <= (hold.exit_at or hold.start + 60):
-                print(f"    fault {FAULT_KINDS[f_kind]} on {op} at {f_at:.6f} in {f_thread}")
-        if kind == SPURIOUS:
-            for other in sorted(rep.holds, key=lambda h: h.start):
-                if other.resource == hold.resource and hold.start < other.start < at:
-                    print(f"    next holder: {describe(other)}")
-    print(
-        f"acquisitions: {completed}  faults injected: {fault_total} ({fault_detail})  "
-        f"kills: {len(events.kills)}  stops: {stops}"
-    )
-    print(f"overlaps: {overlaps}")
-    print(f"lost updates: {lost_updates}")
-    print(f"stuck locks after reap: {len(stuck)}")
-    failed = bool(
-        overlaps or lost_updates or stuck or fence_errors or trusted_refusals or unexpected
-    )
-    if failed or args.keep or args.workdir:
-        print(f"soak: logs and files kept in {workdir}", file=sys.stderr)
-    else:
-        shutil.rmtree(workdir, ignore_errors=True)
-    return 1 if failed else 0
+    print(f"overlaps: {result['overlaps']}")
+    print(f"lost updates: {result['lost_updates']}")
+    print(f"stuck locks after reap: {result['stuck']}")
+    keep_or_remove(workdir, result["failed"], args.keep or bool(args.workdir))
+    return 1 if result["failed"] else 0
 
 
 if __name__ == "__main__":

@@ -57,3 +57,8 @@ DYNASEM = {
     "WAIT": 0,
     "CLOCK_SKEW": 0.5,
 }
+
+# Processes on the multi-host tests' hosts (tests/test_hosts.py, benchmarks/soak_hosts.py)
+# listen for hand-over pushes on their own host's address.
+if os.environ.get("DYNASEM_TEST_PUSH"):
+    DYNASEM["PUSH"] = os.environ["DYNASEM_TEST_PUSH"]
