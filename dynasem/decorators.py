@@ -115,7 +115,7 @@ class KeyTooLong(ValueError):
 
 def _checked(resource: Any) -> Any:
     """A view's resource(s), refused as :class:`KeyTooLong` past the size a key may have."""
-    from .core import MAX_RESOURCE_BYTES  # (core imports this module)
+    from .validation import MAX_RESOURCE_BYTES
 
     for key in resource if isinstance(resource, list | tuple) else [resource]:
         if isinstance(key, str) and len(key.encode("utf-8")) > MAX_RESOURCE_BYTES:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from . import core, table
+from . import clock, core, table, validation
 from .conf import settings
 from .signals import lock_released
 
@@ -40,9 +40,9 @@ class HoldInfo:
 
     @property
     def kind(self) -> str:
-        if self.mode == core.MODE_SHARED:
+        if self.mode == validation.MODE_SHARED:
             return "shared"
-        if self.mode == core.MODE_COUNTING:
+        if self.mode == validation.MODE_COUNTING:
             return f"slot of {self.limit}"
         return "exclusive"
 
@@ -61,7 +61,7 @@ class HoldInfo:
 
 def holds_of(item: dict[str, Any], *, min_expires_ms: int | None) -> list[HoldInfo]:
     out = []
-    now = core.now_ms()
+    now = clock.now_ms()
     waiting = sum(1 for w in (item.get("queue") or {}).values() if int(w.get("e", 0)) >= now)
     for token, h in sorted((item.get("holders") or {}).items()):
         if min_expires_ms is not None and int(h.get("e", 0)) < min_expires_ms:
@@ -72,7 +72,7 @@ def holds_of(item: dict[str, Any], *, min_expires_ms: int | None) -> list[HoldIn
                 token=token,
                 user_id=str(h.get("u", "")),
                 fence=int(h.get("f", 0)),
-                mode=str(item.get("mode", core.MODE_EXCLUSIVE)),
+                mode=str(item.get("mode", validation.MODE_EXCLUSIVE)),
                 limit=int(item.get("limit", 1)),
                 acquired_ms=int(h.get("a", 0)),
                 expires_ms=int(h.get("e", 0)),
@@ -196,8 +196,8 @@ def _streams(user_id: str | None, since: int, positions: dict[str, Any]) -> list
             # The userId index names one holder per row: all of an exclusive row, only the
             # latest of a counting or shared one. Those rows come from the expires index
             # instead, where all their holders are read, so none is listed twice.
-            mode: str = row.get("mode", core.MODE_EXCLUSIVE)
-            return mode == core.MODE_EXCLUSIVE
+            mode: str = row.get("mode", validation.MODE_EXCLUSIVE)
+            return mode == validation.MODE_EXCLUSIVE
 
         streams.append(
             _Stream(
@@ -276,7 +276,7 @@ def _row(
     ]
     if not holds and not (idle_too and user_id is None and not item.get("holders")):
         return None
-    now = core.now_ms()
+    now = clock.now_ms()
     return LockRow(
         resource=item["pk"],
         fence=int(item.get("fence", 0)),
@@ -343,7 +343,7 @@ def lock_page(
     for a cursor it did not write."""
     if size < 1:
         raise ValueError(f"size must be at least 1, not {size!r}")
-    now = core.now_ms()
+    now = clock.now_ms()
     names = {f"s{i}" for i in range(table.SHARDS)} | ({"u"} if user_id is not None else set())
     if cursor:
         state = _decode_cursor(cursor, names)
@@ -377,7 +377,7 @@ def active_holds(
 ) -> list[HoldInfo]:
     """Every live hold (or, with ``include_expired``, also those whose lease ran out but whose
     rows are still there), by resource, read through the indexes: idle rows cost nothing."""
-    now = core.now_ms()
+    now = clock.now_ms()
     since = 0 if include_expired else now // 1000
     holds: list[HoldInfo] = []
     for item in _merged(_streams(user_id, since, {}), None, None):
@@ -396,14 +396,14 @@ def active_holds(
 
 def holds_on(resource: str) -> list[HoldInfo]:
     """Every holder of one resource, live or not (one consistent read)."""
-    item = table.get(core.check_resource(resource))
+    item = table.get(validation.check_resource(resource))
     return holds_of(item, min_expires_ms=None) if item else []
 
 
 def queue_depth(resource: str) -> int:
     """How many live waiters are queued for ``resource`` (one consistent read)."""
-    item = table.get(core.check_resource(resource)) or {}
-    now = core.now_ms()
+    item = table.get(validation.check_resource(resource)) or {}
+    now = clock.now_ms()
     return sum(1 for w in (item.get("queue") or {}).values() if int(w.get("e", 0)) >= now)
 
 
@@ -510,7 +510,7 @@ class JobInfo:
     @property
     def stale(self) -> bool:
         """RUNNING under a lease that ran out (its process died): run_once claims it again."""
-        return self.status == table.RUNNING and (self.lease_ms or 0) < core.now_ms()
+        return self.status == table.RUNNING and (self.lease_ms or 0) < clock.now_ms()
 
 
 @dataclass(frozen=True)
@@ -559,7 +559,7 @@ def job_page(
 
 def job_info(key: str) -> JobInfo | None:
     """One run_once key as stored (one consistent read), or None if never run."""
-    item = table.get(core.check_resource(key, "key"), table.JOB_SK)
+    item = table.get(validation.check_resource(key, "key"), table.JOB_SK)
     return JobInfo.of(item) if item else None
 
 
@@ -569,7 +569,9 @@ def reset_job(key: str, status: str, finished_ms: int | None) -> bool:
     not reset unseen. Keeps the fence and the attempt count. False if the row had changed."""
     if status not in RESETTABLE:
         raise ValueError(f"only a DONE or FAILED job can be reset, not {status!r}")
-    action = table.job_reset(core.check_resource(key, "key"), status, finished_ms, core.now_ms())
+    action = table.job_reset(
+        validation.check_resource(key, "key"), status, finished_ms, clock.now_ms()
+    )
     try:
         table.update(action)
     except table.Refused:
@@ -592,7 +594,7 @@ def reap(
 ) -> ReapResult:
     """Delete rows whose lease ended more than CLOCK_SKEW ago, found through the expires
     index (never a Scan) and deleted each on condition it is still expired, in parallel."""
-    cutoff_ms = core.now_ms() - int(core.check_skew(settings.CLOCK_SKEW) * 1000)
+    cutoff_ms = clock.now_ms() - int(validation.check_skew(settings.CLOCK_SKEW) * 1000)
     before_s = cutoff_ms // 1000
     result = ReapResult()
 
