@@ -28,39 +28,44 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Any, ClassVar
 
 from . import clock, table, transactions, wakeup
-from .clock import monotonic, now_ms, wall_clock  # noqa: F401  (read as core.* by tests)
-from .clock import new_fence as _new_fence  # noqa: F401  (read as core._new_fence)
 from .conf import settings
-from .drivers import _run_async, _run_sync, _withdraw, _Write
+from .decorators import Decoration, lock_callable
+from .drivers import Write, run_async, run_sync, withdraw
 from .exceptions import SemaphoreBusy, SemaphoreUnavailable
-from .held import WAKE_AFTER, Held, _exit, _pop, _push, current_hold  # noqa: F401
-from .queueing import (  # noqa: F401
+from .held import Held, acquired, current_hold, forget_entered, leave, remember_entered
+from .queueing import (
     GUESS_BUSY_FOR,
-    _backoff,
-    _live_holders,
-    _Pace,
-    _queued_recently,
-    _seconds_until_free,
-    _should_queue,
-    _wait_in_queue,
+    Pace,
+    backoff,
+    live_holders,
+    queued_recently,
+    seconds_until_free,
+    should_queue,
+    wait_in_queue,
 )
-from .signals import lock_acquired, lock_busy
-from .validation import (  # noqa: F401
-    MAX_LEASE,
-    MAX_RESOURCE_BYTES,
+from .signals import lock_busy
+from .validation import (
     MODE_COUNTING,
     MODE_EXCLUSIVE,
     MODE_SHARED,
-    _check_seconds,
     check_lease,
     check_limit,
-    check_resource,
     check_resources,
-    check_skew,
+    check_seconds,
     check_wait,
     resolve_timing,
     user_id_of,
 )
+
+# isort: off
+# Read (never patched: patch the owner) as core.* by tests and benchmarks.
+from .clock import monotonic, new_fence as _new_fence, now_ms, wall_clock  # noqa: F401
+from .held import WAKE_AFTER  # noqa: F401
+from .queueing import Pace as _Pace  # noqa: F401
+from .validation import MAX_LEASE, MAX_RESOURCE_BYTES, check_resource, check_skew  # noqa: F401
+# isort: on
+
+__all__ = ["Held", "Semaphore", "current_hold", "semaphore"]
 
 # Immediate re-tries when a refusal shows room we had not seen (not a busy wait).
 MAX_REPLANS = 25
@@ -112,7 +117,6 @@ class Semaphore:
         using: str | None = None,
         max_hold: float | None = None,
     ):
-        self._template = resource if callable(resource) else None
         self.resources: list[str] = [] if callable(resource) else check_resources(resource)
         self.limit = check_limit(limit, shared)
         self.shared = shared
@@ -121,10 +125,8 @@ class Semaphore:
             user_id_of(user)  # type check now, not at the first request
         self.lease = None if lease is None else check_lease(lease)
         self.wait = None if wait is None else check_wait(wait)
-        if on_busy is not None and not callable(on_busy):
-            raise TypeError(f"on_busy must be callable(request, exc), not {on_busy!r}")
-        self.on_busy = on_busy
-        self._raw_resource = resource
+        # What only the decorator uses: the key template (maybe a callable) and on_busy.
+        self.decoration = Decoration(resource, on_busy)
         if fair is not None and not isinstance(fair, bool):
             raise TypeError(f"fair must be True, False or None (the setting), not {fair!r}")
         if fair and isinstance(resource, list | tuple) and len(resource) > 1:
@@ -140,7 +142,7 @@ class Semaphore:
         self.max_hold = (
             None
             if max_hold is None
-            else _check_seconds(max_hold, "max_hold", allow_zero=False, allow_inf=False)
+            else check_seconds(max_hold, "max_hold", allow_zero=False, allow_inf=False)
         )
 
     @property
@@ -164,14 +166,14 @@ class Semaphore:
         return MODE_EXCLUSIVE if self.limit == 1 else MODE_COUNTING
 
     def _check_usable(self) -> None:
-        if self._template is not None:
+        if self.decoration.is_callable:
             raise TypeError(
                 "a callable resource only works when the semaphore decorates a callable; "
                 "pass a str (or a list of str) to use it as a context manager"
             )
 
     def __repr__(self) -> str:
-        return f"<Semaphore {self._raw_resource!r} limit={self.limit} shared={self.shared}>"
+        return f"<Semaphore {self.decoration.resource!r} limit={self.limit} shared={self.shared}>"
 
     # -- planning ----------------------------------------------------------------------------
 
@@ -214,7 +216,7 @@ class Semaphore:
             for t, w in waiting.items()
             if t not in dead and (mine is None or int(w["t"]) < int(mine["t"]))
         }
-        live = _live_holders(seen, stale_ms)
+        live = live_holders(seen, stale_ms)
         if ahead:
             return _Plan(busy=live or ahead, queued=mine is not None)
         terms = table.QueueTerms(
@@ -269,7 +271,7 @@ class Semaphore:
         deadline = clock.monotonic() + wait
         seen: dict[str, dict[str, Any] | None] = {}
         sleeps = replans = failures = 0
-        pace = _Pace()  # a queued waiter's timing: request round trip, looks found too early
+        pace = Pace()  # a queued waiter's timing: request round trip, looks found too early
         confirm = False  # a hold of ours we saw must be renewed before it is returned
         # Busy last time we looked, a short while ago? Then most likely busy now: join the
         # queue in our first write (it is refused if the lock is free, and we take it then).
@@ -277,13 +279,13 @@ class Semaphore:
             len(resources) == 1
             and self.mode == MODE_EXCLUSIVE
             and wait > 0
-            and clock.monotonic() - _queued_recently.get(resources[0], -math.inf) < GUESS_BUSY_FOR
+            and clock.monotonic() - queued_recently.get(resources[0], -math.inf) < GUESS_BUSY_FOR
         )
         try:
             while True:
                 if guess_busy:
                     guess_busy = False
-                    seen[resources[0]] = yield from _wait_in_queue(
+                    seen[resources[0]] = yield from wait_in_queue(
                         self,
                         resources[0],
                         None,
@@ -325,19 +327,19 @@ class Semaphore:
                         replans += 1
                         if replans <= MAX_REPLANS:
                             continue
-                        yield lambda: _withdraw(token, resources)
+                        yield lambda: withdraw(token, resources)
                         raise _too_slow(self.resource, lease, skew)
                     actions = [a for a in (plans[r].action for r in acting) if a is not None]
                     try:
                         if len(actions) == 1:
-                            after = yield _Write(
+                            after = yield Write(
                                 functools.partial(table.update, actions[0], return_new=True),
                                 self,
                                 token,
                                 acting,
                             )
                         else:  # all or none
-                            yield _Write(
+                            yield Write(
                                 functools.partial(table.transact, actions), self, token, acting
                             )
                     except table.Refused as refused:
@@ -363,15 +365,15 @@ class Semaphore:
                         )
                         if not getattr(exc, "transient", False) or out_of_time:
                             if ambiguous:
-                                yield lambda a=acting: _withdraw(token, a)
+                                yield lambda a=acting: withdraw(token, a)
                             raise
-                        yield min(_backoff(failures), max(0.05, deadline - clock.monotonic()))
+                        yield min(backoff(failures), max(0.05, deadline - clock.monotonic()))
                         continue
                     else:
                         if len(resources) == 1:
                             seen[resources[0]] = after
                             if not pace.enqueued:  # taken at once: free, this time
-                                _queued_recently.pop(resources[0], None)
+                                queued_recently.pop(resources[0], None)
                         held = self._held_if_trusted(
                             token, user_id, plans, lease, skew, sent_mono, seen, None
                         )
@@ -383,7 +385,7 @@ class Semaphore:
                         replans += 1
                         if replans <= MAX_REPLANS:
                             continue
-                        yield lambda a=acting: _withdraw(token, a)
+                        yield lambda a=acting: withdraw(token, a)
                         raise _too_slow(self.resource, lease, skew)
                     replans += 1
                     if replans <= MAX_REPLANS:
@@ -408,8 +410,8 @@ class Semaphore:
                         except SemaphoreUnavailable:
                             pass  # our entry expires with its lease
                     raise self._busy(blocked, skew, user_id, token)
-                if len(resources) == 1 and (queued or _should_queue(self, seen.get(resources[0]))):
-                    seen[resources[0]] = yield from _wait_in_queue(
+                if len(resources) == 1 and (queued or should_queue(self, seen.get(resources[0]))):
+                    seen[resources[0]] = yield from wait_in_queue(
                         self,
                         resources[0],
                         seen.get(resources[0]),
@@ -424,14 +426,14 @@ class Semaphore:
                     replans = 0
                     continue
                 sleeps += 1
-                until_free = _seconds_until_free(blocked, skew)
-                yield max(0.0, min(_backoff(sleeps), until_free + 0.005, remaining))
+                until_free = seconds_until_free(blocked, skew)
+                yield max(0.0, min(backoff(sleeps), until_free + 0.005, remaining))
                 replans = 0
                 for r in blocked:
                     old = seen.get(r) or {}
                     if (
                         old.get("mode") in (MODE_COUNTING, MODE_SHARED)
-                        and len(_live_holders(old, clock.now_ms() - int(skew * 1000))) > 1
+                        and len(live_holders(old, clock.now_ms() - int(skew * 1000))) > 1
                     ):
                         # Some of several holders are surely still there: read which, cheaply.
                         try:
@@ -450,7 +452,7 @@ class Semaphore:
         resource = next(iter(blocked))
         holders = blocked[resource]
         first = min(holders.values(), key=lambda h: int(h.get("e", 0)), default=None)
-        retry_after = math.ceil(_seconds_until_free(blocked, skew)) if holders else 1
+        retry_after = math.ceil(seconds_until_free(blocked, skew)) if holders else 1
         exc = SemaphoreBusy(resource, retry_after, first.get("u") if first else None)
         lock_busy.send(
             sender=Semaphore,
@@ -501,65 +503,49 @@ class Semaphore:
         deadline: float,
         seen: dict[str, dict[str, Any] | None],
     ) -> Held:
-        expires_ms = min(p.expires_ms for p in plans.values())
-        held = Held(
+        return acquired(
             self,
             token=token,
             user_id=user_id,
             fences={r: p.fence for r, p in plans.items()},
             lease=lease,
             skew=skew,
-            expires_ms=expires_ms,
+            expires_ms=min(p.expires_ms for p in plans.values()),
             sent_mono=deadline - lease + skew,
+            item=seen.get(self.resources[0]) if len(self.resources) == 1 and seen else None,
         )
-        if len(self.resources) == 1 and seen:
-            held._observe(seen.get(self.resources[0]))
-            if self.mode == MODE_SHARED:
-                held._wake_next_reader(seen.get(self.resources[0]))
-        lock_acquired.send(
-            sender=Semaphore,
-            resource=held.resource,
-            user_id=user_id,
-            token=token,
-            fence=held.fence,
-            fences=held.fences,
-        )
-        held._start_heartbeat()
-        return held
 
     def acquire(self) -> Held:
         """Take the semaphore (waiting up to ``wait``) and return the :class:`Held` hold."""
-        return _run_sync(self._acquire_steps())
+        return run_sync(self._acquire_steps())
 
     async def aacquire(self) -> Held:
         """``acquire()`` for async code: requests run in a thread, waits are ``asyncio.sleep``."""
-        return await _run_async(self._acquire_steps())
+        return await run_async(self._acquire_steps())
 
     # -- context managers --------------------------------------------------------------------
 
     def __enter__(self) -> Held:
         held = self.acquire()
-        _push(self, held)
+        remember_entered(self, held)
         return held
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        _exit(_pop(self), exc_type is not None)
+        leave(forget_entered(self), exc_type is not None)
 
     async def __aenter__(self) -> Held:
         held = await self.aacquire()
-        _push(self, held)
+        remember_entered(self, held)
         return held
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        held = _pop(self)
-        await asyncio.to_thread(_exit, held, exc_type is not None)
+        held = forget_entered(self)
+        await asyncio.to_thread(leave, held, exc_type is not None)
 
     # -- decorator ---------------------------------------------------------------------------
 
     def __call__(self, func: Callable[..., Any]) -> Callable[..., Any]:
         """Decorate a view, a function, a method or a task (see :mod:`dynasem.decorators`)."""
-        from .decorators import lock_callable
-
         return lock_callable(self, func)
 
     def with_resource(self, resource: Any, user: Any) -> Semaphore:
@@ -571,7 +557,7 @@ class Semaphore:
             user=user,
             lease=self.lease,
             wait=self.wait,
-            on_busy=self.on_busy,
+            on_busy=self.decoration.on_busy,
             fair=self._fair,
             on_commit=self.on_commit,
             using=self.using,

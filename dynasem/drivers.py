@@ -1,5 +1,5 @@
 """The drivers of the acquire loop: it is a generator of steps (a request to send, a pause to
-sleep), so one loop serves blocking code (:func:`_run_sync`) and asyncio (:func:`_run_async`,
+sleep), so one loop serves blocking code (:func:`run_sync`) and asyncio (:func:`run_async`,
 requests in a thread, pauses as ``asyncio.sleep``, cleanup when the caller is cancelled)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 _T = TypeVar("_T")
 
 
-def _withdraw(token: str, resources: list[str]) -> None:
+def withdraw(token: str, resources: list[str]) -> None:
     """Best effort: release whatever an unanswered write of ours may have taken."""
     for resource in resources:
         try:
@@ -27,7 +27,7 @@ def _withdraw(token: str, resources: list[str]) -> None:
             pass
 
 
-def _run_sync(steps: Generator[Any, Any, _T]) -> _T:
+def run_sync(steps: Generator[Any, Any, _T]) -> _T:
     result: Any = None
     error: BaseException | None = None
     while True:
@@ -46,7 +46,7 @@ def _run_sync(steps: Generator[Any, Any, _T]) -> _T:
             time.sleep(step)
 
 
-class _InQueue:
+class InQueue:
     """A step of a queued wait: if its caller is cancelled, the queue entry must go (or a
     releasing holder would hand the lock to a waiter nobody is left to use)."""
 
@@ -70,12 +70,12 @@ class _InQueue:
             table.update(table.dequeue(self.resource, self.token))
         except table.Refused as refused:
             if self.token in ((refused.old or {}).get("holders") or {}):
-                _withdraw(self.token, [self.resource])  # handed to us meanwhile
+                withdraw(self.token, [self.resource])  # handed to us meanwhile
         except SemaphoreUnavailable:
             pass  # the entry expires with its lease
 
 
-class _Write:
+class Write:
     """An acquire write, with what to withdraw if its caller is cancelled meanwhile."""
 
     def __init__(self, send: Callable[[], Any], sem: Semaphore, token: str, resources: list[str]):
@@ -85,10 +85,10 @@ class _Write:
         return self.send()
 
 
-async def _run_async(steps: Generator[Any, Any, _T]) -> _T:
+async def run_async(steps: Generator[Any, Any, _T]) -> _T:
     result: Any = None
     error: BaseException | None = None
-    queued: _InQueue | None = None  # we may be in a resource's queue
+    queued: InQueue | None = None  # we may be in a resource's queue
     while True:
         try:
             step = steps.throw(error) if error is not None else steps.send(result)
@@ -96,7 +96,7 @@ async def _run_async(steps: Generator[Any, Any, _T]) -> _T:
             value: _T = stop.value  # what the generator returned
             return value
         result, error = None, None
-        if isinstance(step, _InQueue):
+        if isinstance(step, InQueue):
             queued = step
         try:
             if callable(step):
@@ -104,12 +104,12 @@ async def _run_async(steps: Generator[Any, Any, _T]) -> _T:
                 try:
                     result = await asyncio.shield(request)
                 except asyncio.CancelledError:
-                    if isinstance(step, _Write) or getattr(step, "write", False):
+                    if isinstance(step, Write) or getattr(step, "write", False):
                         await asyncio.wait([request])  # it goes on in its thread: let it end
-                    if isinstance(step, _Write):
+                    if isinstance(step, Write):
                         # The write may have landed: give back whatever it took, or the
                         # hold would sit there for a whole lease.
-                        await asyncio.to_thread(_withdraw, step.token, step.resources)
+                        await asyncio.to_thread(withdraw, step.token, step.resources)
                     raise
                 except Exception as exc:
                     error = exc

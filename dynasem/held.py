@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 from . import clock, table, transactions, wakeup
 from .exceptions import LockLost, SemaphoreUnavailable
 from .heartbeat import Heartbeat
-from .signals import lock_lost, lock_released
-from .validation import MODE_EXCLUSIVE
+from .signals import lock_acquired, lock_lost, lock_released
+from .validation import MODE_EXCLUSIVE, MODE_SHARED
 
 if TYPE_CHECKING:
     from .core import Semaphore
@@ -102,7 +102,7 @@ class Held:
     @property
     def lost(self) -> bool:
         """True once the hold is known not to be ours any more (or its lease ran out)."""
-        self._check_deadline()
+        self.check_deadline()
         return self._lost is not None
 
     @property
@@ -118,7 +118,7 @@ class Held:
 
     # -- renewing ----------------------------------------------------------------------------
 
-    def _check_deadline(self) -> None:
+    def check_deadline(self) -> None:
         if self._lost is None and not self._released and clock.monotonic() >= self._deadline:
             self._mark_lost(self._deadline_reason())
 
@@ -155,13 +155,13 @@ class Held:
         # for as long as botocore's timeouts allow: wait for it only while the hold can be
         # trusted. Past the deadline the hold is lost, whatever that renewal answers later.
         while not self._lock.acquire(timeout=self.seconds_left()):
-            self._check_deadline()
+            self.check_deadline()
             if self._released:
                 raise LockLost(self.resource, "it was released")
             if self._lost is not None:
                 self._raise_lost()
         try:
-            self._check_deadline()
+            self.check_deadline()
             if self._released:
                 raise LockLost(self.resource, "it was released")
             if self._lost is not None:
@@ -436,11 +436,51 @@ class Held:
             hb.stop()
 
 
+def acquired(
+    semaphore: Semaphore,
+    *,
+    token: str,
+    user_id: str,
+    fences: dict[str, int],
+    lease: float,
+    skew: float,
+    expires_ms: int,
+    sent_mono: float,
+    item: dict[str, Any] | None,
+) -> Held:
+    """A hold just taken: learn the queue from ``item`` (the resource as last seen, one
+    resource only), let the next reader join a shared hold, announce it, start renewing it."""
+    held = Held(
+        semaphore,
+        token=token,
+        user_id=user_id,
+        fences=fences,
+        lease=lease,
+        skew=skew,
+        expires_ms=expires_ms,
+        sent_mono=sent_mono,
+    )
+    if item is not None:
+        held._observe(item)
+        if semaphore.mode == MODE_SHARED:
+            held._wake_next_reader(item)
+    lock_acquired.send(
+        sender=semaphore.signal_sender,
+        resource=held.resource,
+        user_id=user_id,
+        token=token,
+        fence=held.fence,
+        fences=held.fences,
+    )
+    held._start_heartbeat()
+    return held
+
+
 # The holds entered through ``with``/``async with``, per thread and per task.
 _entered: ContextVar[tuple[tuple[int, Held], ...]] = ContextVar("dynasem_entered", default=())
 
 
-def _push(sem: Semaphore, held: Held) -> None:
+def remember_entered(sem: Semaphore, held: Held) -> None:
     _entered.set(_entered.get() + ((id(sem), held),))
 
 
@@ -457,7 +497,7 @@ def current_hold(resource: str | None = None) -> Held:
     )
 
 
-def _pop(sem: Semaphore) -> Held:
+def forget_entered(sem: Semaphore) -> Held:
     stack = _entered.get()
     for i in range(len(stack) - 1, -1, -1):
         if stack[i][0] == id(sem):
@@ -466,7 +506,7 @@ def _pop(sem: Semaphore) -> Held:
     raise RuntimeError("semaphore exited without a matching enter")
 
 
-def _exit(held: Held, raised: bool) -> None:
+def leave(held: Held, raised: bool) -> None:
     try:
         held.release()
     except LockLost:

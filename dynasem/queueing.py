@@ -10,7 +10,7 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from . import clock, table, wakeup
-from .drivers import _InQueue
+from .drivers import InQueue
 from .exceptions import SemaphoreUnavailable
 from .validation import MODE_EXCLUSIVE, MODE_SHARED
 
@@ -23,25 +23,25 @@ BACKOFF_CAP = 0.5
 # How long after joining a resource's queue our next acquire of it joins the queue first.
 GUESS_BUSY_FOR = 10.0
 # Resources this process recently queued for (monotonic time), for that guess.
-_queued_recently: dict[str, float] = {}
+queued_recently: dict[str, float] = {}
 # Resources whose hand-overs recently reached us by push (monotonic time): while they do, a
 # queued waiter reads only as a fallback, after PUSH_PATIENCE seconds without one.
-_pushed_recently: dict[str, float] = {}
+pushed_recently: dict[str, float] = {}
 PUSH_PATIENCE = 0.5
 MAX_REMEMBERED = 4096
 
 
-def _live_holders(item: dict[str, Any] | None, stale_ms: int) -> dict[str, dict[str, Any]]:
+def live_holders(item: dict[str, Any] | None, stale_ms: int) -> dict[str, dict[str, Any]]:
     holders = (item or {}).get("holders") or {}
     return {t: h for t, h in holders.items() if int(h.get("e", 0)) >= stale_ms}
 
 
-def _backoff(attempt: int) -> float:
+def backoff(attempt: int) -> float:
     cap = min(BACKOFF_CAP, BACKOFF_FIRST * (2 ** min(attempt - 1, 16)))
     return random.uniform(cap / 2, cap)
 
 
-def _seconds_until_free(blocked: dict[str, dict[str, Any]], skew: float) -> float:
+def seconds_until_free(blocked: dict[str, dict[str, Any]], skew: float) -> float:
     """Until the first holder in the way could be taken over (its lease end + skew)."""
     ends = [int(h.get("e", 0)) for holders in blocked.values() for h in holders.values()]
     if not ends:
@@ -49,7 +49,7 @@ def _seconds_until_free(blocked: dict[str, dict[str, Any]], skew: float) -> floa
     return max(0.0, (min(ends) + skew * 1000 - clock.now_ms()) / 1000)
 
 
-class _Pace:
+class Pace:
     """When a queued waiter looks again. A turn comes every hold time plus the hand-over's own
     requests (the release write, then our read that sees it), so the waiter sleeps toward the
     time the holder ahead should be done. A look that finds nothing moved (same holders, same
@@ -80,7 +80,7 @@ class _Pace:
             for t, w in queue.items()
             if t != token and int(w["e"]) >= stale and (mine is None or w["t"] < mine["t"])
         }
-        live = _live_holders(seen, stale)
+        live = live_holders(seen, stale)
         state = (tuple(sorted(live)), tuple(sorted(ahead)))
         if state != self.state:
             self.state, self.early = state, 0
@@ -113,7 +113,7 @@ class _Pace:
         return max(0.001, min(turn, until_free, 1.0))
 
 
-def _should_queue(sem: Semaphore, seen: dict[str, Any] | None) -> bool:
+def should_queue(sem: Semaphore, seen: dict[str, Any] | None) -> bool:
     """Queue up (rather than poll with backoff) when fair, when others already do, or as
     a writer behind readers: new readers then queue behind us, so writers never starve."""
     seen = seen or {}
@@ -127,7 +127,7 @@ def _should_queue(sem: Semaphore, seen: dict[str, Any] | None) -> bool:
     return exclusive and seen.get("mode", MODE_EXCLUSIVE) == MODE_EXCLUSIVE and wakeup.available()
 
 
-def _wait_in_queue(
+def wait_in_queue(
     sem: Semaphore,
     resource: str,
     seen: dict[str, Any] | None,
@@ -137,7 +137,7 @@ def _wait_in_queue(
     skew: float,
     queued: bool,
     remaining: float,
-    pace: _Pace,
+    pace: Pace,
     if_busy_ms: int | None = None,
 ) -> Generator[Any, Any, dict[str, Any] | None]:
     """Join the queue (once), then sleep toward our likely turn and look again: with a
@@ -162,7 +162,7 @@ def _wait_in_queue(
         pace.enqueued = True  # from now on, giving up means leaving the queue
         for attempt in range(1, 4):
             try:
-                after: dict[str, Any] | None = yield _InQueue(
+                after: dict[str, Any] | None = yield InQueue(
                     functools.partial(
                         table.update,
                         table.enqueue(resource, token, waiter, fresh=fresh, if_busy_ms=if_busy_ms),
@@ -173,10 +173,10 @@ def _wait_in_queue(
                     resource,
                     write=True,
                 )
-                if len(_queued_recently) >= MAX_REMEMBERED:
-                    _queued_recently.clear()
-                    _pushed_recently.clear()
-                _queued_recently[resource] = clock.monotonic()
+                if len(queued_recently) >= MAX_REMEMBERED:
+                    queued_recently.clear()
+                    pushed_recently.clear()
+                queued_recently[resource] = clock.monotonic()
                 return after
             except table.Refused as refused:
                 old: dict[str, Any] = refused.old or {}
@@ -191,24 +191,24 @@ def _wait_in_queue(
                 # entry, which tells us so), maybe not. The caller looks again.
                 if not getattr(exc, "transient", False):
                     raise
-                yield min(_backoff(attempt), max(0.001, remaining))
+                yield min(backoff(attempt), max(0.001, remaining))
         return seen
     mine = ((seen or {}).get("queue") or {}).get(token) or {}
     nap = max(0.001, min(pace.turn_in(seen, token, skew), remaining))
     if mine.get("n"):
         if (
             not sem.shared
-            and clock.monotonic() - _pushed_recently.get(resource, -math.inf) < GUESS_BUSY_FOR
+            and clock.monotonic() - pushed_recently.get(resource, -math.inf) < GUESS_BUSY_FOR
         ):
             # Hand-overs of this resource reached us by push lately: a read before the
             # next one would most likely find nothing new. Look only as a fallback.
             nap = max(nap, min(PUSH_PATIENCE, pace.until_free, remaining))
         last_fence = int((seen or {}).get("fence") or 0)
-        pushed: wakeup.Push | None = yield _InQueue(
+        pushed: wakeup.Push | None = yield InQueue(
             lambda: wakeup.wait(token, nap, fence_above=last_fence), sem, token, resource
         )
         if pushed is not None:
-            _pushed_recently[resource] = clock.monotonic()
+            pushed_recently[resource] = clock.monotonic()
             # Handed the lock (or told it is free): the item as written. A hand-over is
             # worth no more than its arrival plus our own lease.
             pace.push_cap = pushed.arrived + lease - skew

@@ -15,11 +15,14 @@ import math
 import uuid
 from typing import Any
 
-from . import clock, core, table, transactions, validation
+from . import clock, table, transactions, validation
 from .exceptions import AlreadyDone, LockLost, SemaphoreBusy, SemaphoreUnavailable
 from .heartbeat import Heartbeat
 
 logger = logging.getLogger("dynasem")
+
+# Claims sent again at once when a refusal showed a state we had not seen (as core does).
+MAX_CLAIMS = 25
 
 
 class Job:
@@ -63,12 +66,12 @@ class Job:
     def seconds_left(self) -> float:
         return max(0.0, self._deadline - clock.monotonic())
 
-    def _check_deadline(self) -> None:
+    def check_deadline(self) -> None:
         if self._lost is None and clock.monotonic() >= self._deadline:
             self._lost = "its lease ran out before it could be renewed"
 
     def renew(self) -> None:
-        self._check_deadline()
+        self.check_deadline()
         if self._lost is not None or self._released:
             raise LockLost(self.key, self._lost or "it has finished")
         sent_mono = clock.monotonic()
@@ -145,7 +148,7 @@ class RunOnce:
         user_id = validation.user_id_of(self.user)
         token = uuid.uuid4().hex
         stored_fence = 0
-        for _ in range(core.MAX_REPLANS):
+        for _ in range(MAX_CLAIMS):
             sent_mono = clock.monotonic()
             now = clock.now_ms()
             # A stored fence ahead of our clock: count on from it instead.
@@ -219,7 +222,7 @@ class RunOnce:
         # Inside transaction.atomic the body's work is not done until it commits: DONE (or
         # FAILED) is written after that, and the lease renewed meanwhile, so nobody else
         # claims the job while its work may still commit.
-        job._check_deadline()
+        job.check_deadline()
         if (
             self.on_commit
             and job._lost is None

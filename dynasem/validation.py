@@ -45,7 +45,7 @@ def check_resources(resource: Any) -> list[str]:
     return [check_resource(resource)]
 
 
-def _check_seconds(value: Any, name: str, *, allow_zero: bool, allow_inf: bool) -> float:
+def check_seconds(value: Any, name: str, *, allow_zero: bool, allow_inf: bool) -> float:
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(
             f"{name} must be a number of seconds, not {type(value).__name__}: {value!r}"
@@ -61,18 +61,18 @@ def _check_seconds(value: Any, name: str, *, allow_zero: bool, allow_inf: bool) 
 
 
 def check_lease(value: Any, name: str = "lease") -> float:
-    lease = _check_seconds(value, name, allow_zero=False, allow_inf=False)
+    lease = check_seconds(value, name, allow_zero=False, allow_inf=False)
     if lease > MAX_LEASE:
         raise ValueError(f"{name} must be at most {MAX_LEASE:g} seconds (7 days), not {lease:g}")
     return lease
 
 
 def check_wait(value: Any, name: str = "wait") -> float:
-    return _check_seconds(value, name, allow_zero=True, allow_inf=True)
+    return check_seconds(value, name, allow_zero=True, allow_inf=True)
 
 
 def check_skew(value: Any, name: str = "CLOCK_SKEW") -> float:
-    return _check_seconds(value, name, allow_zero=True, allow_inf=False)
+    return check_seconds(value, name, allow_zero=True, allow_inf=False)
 
 
 def check_limit(limit: Any, shared: Any) -> int:
