@@ -24,13 +24,13 @@ import functools
 import math
 import random
 import uuid
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from . import clock, table, transactions, wakeup
 from .conf import settings
 from .decorators import Decoration, lock_callable
-from .drivers import Write, run_async, run_sync, withdraw
+from .drivers import Request, Sleep, Steps, Write, run_async, run_sync, withdraw
 from .exceptions import SemaphoreBusy, SemaphoreUnavailable
 from .held import Held, acquired, current_hold, forget_entered, leave, remember_entered
 from .queueing import (
@@ -259,9 +259,9 @@ class Semaphore:
 
     # -- acquiring ---------------------------------------------------------------------------
 
-    def _acquire_steps(self) -> Generator[Any, Any, Held]:
-        """The acquire loop as a generator: it yields a callable to run (a request) or a float
-        to sleep, so one loop serves the sync and the async driver."""
+    def _acquire_steps(self) -> Steps[Held]:
+        """The acquire loop as a generator of steps (a request to send, a pause: see
+        :mod:`dynasem.drivers`), so one loop serves the sync and the async driver."""
         self._check_usable()
         lease, wait, skew = resolve_timing(self.lease, self.wait)
         margin = (lease - skew) * CONFIRM_SHARE
@@ -289,13 +289,13 @@ class Semaphore:
                         self,
                         resources[0],
                         None,
-                        token,
-                        user_id,
-                        lease,
-                        skew,
-                        False,
-                        deadline - clock.monotonic(),
-                        pace,
+                        token=token,
+                        user_id=user_id,
+                        lease=lease,
+                        skew=skew,
+                        queued=False,
+                        remaining=deadline - clock.monotonic(),
+                        pace=pace,
                         if_busy_ms=clock.now_ms() - int(skew * 1000),
                     )
                     continue
@@ -319,7 +319,14 @@ class Semaphore:
                     acting = [r for r in resources if plans[r].action is not None]
                     if not acting:
                         held = self._held_if_trusted(
-                            token, user_id, plans, lease, skew, None, seen, push_cap
+                            plans,
+                            seen,
+                            token=token,
+                            user_id=user_id,
+                            lease=lease,
+                            skew=skew,
+                            sent_mono=None,
+                            push_cap=push_cap,
                         )
                         if held is not None:
                             return held
@@ -327,21 +334,18 @@ class Semaphore:
                         replans += 1
                         if replans <= MAX_REPLANS:
                             continue
-                        yield lambda: withdraw(token, resources)
+                        yield Request(lambda: withdraw(token, resources))
                         raise _too_slow(self.resource, lease, skew)
                     actions = [a for a in (plans[r].action for r in acting) if a is not None]
                     try:
                         if len(actions) == 1:
                             after = yield Write(
                                 functools.partial(table.update, actions[0], return_new=True),
-                                self,
                                 token,
                                 acting,
                             )
                         else:  # all or none
-                            yield Write(
-                                functools.partial(table.transact, actions), self, token, acting
-                            )
+                            yield Write(functools.partial(table.transact, actions), token, acting)
                     except table.Refused as refused:
                         seen[acting[0]] = refused.old or {}
                     except table.Cancelled as cancelled:
@@ -352,22 +356,22 @@ class Semaphore:
                                 conflict = False
                         if conflict:
                             # Another transaction was on these items: step aside briefly.
-                            yield random.uniform(0.002, 0.02)
+                            yield Sleep(random.uniform(0.002, 0.02))
                     except SemaphoreUnavailable as exc:
                         failures += 1
                         # An ambiguous failure (5xx, timeout) may hide an applied write: the same
                         # write again (same token) is refused by our own hold, which tells us so.
                         # Give it a few tries even past the wait budget, then withdraw what may be
                         # ours. A throttled or unconnected request was never applied.
-                        ambiguous = getattr(exc, "ambiguous", False)
+                        ambiguous = exc.ambiguous
                         out_of_time = clock.monotonic() >= deadline and (
                             not ambiguous or failures > MIN_TRANSIENT_RETRIES
                         )
-                        if not getattr(exc, "transient", False) or out_of_time:
+                        if not exc.transient or out_of_time:
                             if ambiguous:
-                                yield lambda a=acting: withdraw(token, a)
+                                yield Request(lambda a=acting: withdraw(token, a))
                             raise
-                        yield min(backoff(failures), max(0.05, deadline - clock.monotonic()))
+                        yield Sleep(min(backoff(failures), max(0.05, deadline - clock.monotonic())))
                         continue
                     else:
                         if len(resources) == 1:
@@ -375,7 +379,14 @@ class Semaphore:
                             if not pace.enqueued:  # taken at once: free, this time
                                 queued_recently.pop(resources[0], None)
                         held = self._held_if_trusted(
-                            token, user_id, plans, lease, skew, sent_mono, seen, None
+                            plans,
+                            seen,
+                            token=token,
+                            user_id=user_id,
+                            lease=lease,
+                            skew=skew,
+                            sent_mono=sent_mono,
+                            push_cap=None,
                         )
                         if held is not None:
                             return held
@@ -385,7 +396,7 @@ class Semaphore:
                         replans += 1
                         if replans <= MAX_REPLANS:
                             continue
-                        yield lambda a=acting: withdraw(token, a)
+                        yield Request(lambda a=acting: withdraw(token, a))
                         raise _too_slow(self.resource, lease, skew)
                     replans += 1
                     if replans <= MAX_REPLANS:
@@ -402,7 +413,7 @@ class Semaphore:
                     if queued or pace.enqueued:
                         # Leave the queue; a hand-over that reached us meanwhile is ours to keep.
                         try:
-                            yield lambda: table.update(table.dequeue(resources[0], token))
+                            yield Request(lambda: table.update(table.dequeue(resources[0], token)))
                         except table.Refused as refused:
                             if token in ((refused.old or {}).get("holders") or {}):
                                 seen[resources[0]] = refused.old
@@ -415,19 +426,19 @@ class Semaphore:
                         self,
                         resources[0],
                         seen.get(resources[0]),
-                        token,
-                        user_id,
-                        lease,
-                        skew,
-                        queued,
-                        remaining,
-                        pace,
+                        token=token,
+                        user_id=user_id,
+                        lease=lease,
+                        skew=skew,
+                        queued=queued,
+                        remaining=remaining,
+                        pace=pace,
                     )
                     replans = 0
                     continue
                 sleeps += 1
                 until_free = seconds_until_free(blocked, skew)
-                yield max(0.0, min(backoff(sleeps), until_free + 0.005, remaining))
+                yield Sleep(max(0.0, min(backoff(sleeps), until_free + 0.005, remaining)))
                 replans = 0
                 for r in blocked:
                     old = seen.get(r) or {}
@@ -437,7 +448,7 @@ class Semaphore:
                     ):
                         # Some of several holders are surely still there: read which, cheaply.
                         try:
-                            seen[r] = yield lambda r=r: table.get(r)
+                            seen[r] = yield Request(lambda r=r: table.get(r))
                         except SemaphoreUnavailable:
                             seen[r] = None
                     else:
@@ -467,13 +478,14 @@ class Semaphore:
 
     def _held_if_trusted(
         self,
+        plans: dict[str, _Plan],
+        seen: dict[str, dict[str, Any] | None],
+        *,
         token: str,
         user_id: str,
-        plans: dict[str, _Plan],
         lease: float,
         skew: float,
         sent_mono: float | None,
-        seen: dict[str, dict[str, Any] | None],
         push_cap: float | None,
     ) -> Held | None:
         """The hold, if its trusted deadline (read now) is still ahead; else None.
@@ -491,17 +503,20 @@ class Semaphore:
         deadline = min(ends)
         if deadline <= mono:
             return None
-        return self._held(token, user_id, plans, lease, skew, deadline, seen)
+        return self._held(
+            plans, seen, token=token, user_id=user_id, lease=lease, skew=skew, deadline=deadline
+        )
 
     def _held(
         self,
+        plans: dict[str, _Plan],
+        seen: dict[str, dict[str, Any] | None],
+        *,
         token: str,
         user_id: str,
-        plans: dict[str, _Plan],
         lease: float,
         skew: float,
         deadline: float,
-        seen: dict[str, dict[str, Any] | None],
     ) -> Held:
         return acquired(
             self,
@@ -569,13 +584,12 @@ Semaphore.signal_sender = Semaphore
 
 
 def _too_slow(resource: str, lease: float, skew: float) -> SemaphoreUnavailable:
-    err = SemaphoreUnavailable(
+    return SemaphoreUnavailable(
         f"could not take {resource!r}: every hold we got had run out of its lease "
         f"({lease:g}s, less CLOCK_SKEW {skew:g}s) by the time it could be returned; this "
-        "process is paused or starved for longer than the lease"
+        "process is paused or starved for longer than the lease",
+        transient=True,
     )
-    err.transient = True  # type: ignore[attr-defined]
-    return err
 
 
 def semaphore(

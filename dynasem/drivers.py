@@ -1,19 +1,18 @@
-"""The drivers of the acquire loop: it is a generator of steps (a request to send, a pause to
-sleep), so one loop serves blocking code (:func:`run_sync`) and asyncio (:func:`run_async`,
-requests in a thread, pauses as ``asyncio.sleep``, cleanup when the caller is cancelled)."""
+"""The drivers of the acquire loop. The loop is a generator of steps (:class:`Request`,
+:class:`Sleep`, :class:`Write`, :class:`InQueue`), so one loop serves blocking code
+(:func:`run_sync`) and asyncio (:func:`run_async`: requests in a thread, pauses as
+``asyncio.sleep``, cleanup when the caller is cancelled)."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from . import clock, table
 from .exceptions import SemaphoreUnavailable
-
-if TYPE_CHECKING:
-    from .core import Semaphore
 
 _T = TypeVar("_T")
 
@@ -27,43 +26,38 @@ def withdraw(token: str, resources: list[str]) -> None:
             pass
 
 
-def run_sync(steps: Generator[Any, Any, _T]) -> _T:
-    result: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            step = steps.throw(error) if error is not None else steps.send(result)
-        except StopIteration as stop:
-            value: _T = stop.value  # what the generator returned
-            return value
-        result, error = None, None
-        if callable(step):
-            try:
-                result = step()
-            except Exception as exc:  # handed back to the loop, which decides
-                error = exc
-        elif step:
-            time.sleep(step)
+@dataclass(frozen=True, slots=True)
+class Request:
+    """Send a request: the loop is sent back its result, or has its exception thrown in."""
+
+    send: Callable[[], Any]
 
 
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """Pause for ``seconds`` (nothing when 0)."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """An acquire write, with what to withdraw if its caller is cancelled meanwhile."""
+
+    send: Callable[[], Any]
+    token: str
+    resources: list[str]
+
+
+@dataclass(frozen=True, slots=True)
 class InQueue:
     """A step of a queued wait: if its caller is cancelled, the queue entry must go (or a
     releasing holder would hand the lock to a waiter nobody is left to use)."""
 
-    def __init__(
-        self,
-        fn: Callable[[], Any],
-        sem: Semaphore,
-        token: str,
-        resource: str,
-        *,
-        write: bool = False,
-    ):
-        self.fn, self.sem, self.token, self.resource = fn, sem, token, resource
-        self.write = write  # the enqueue itself (a wait for a push is not)
-
-    def __call__(self) -> Any:
-        return self.fn()
+    send: Callable[[], Any]
+    token: str
+    resource: str
+    write: bool = False  # the enqueue itself (a wait for a push is not)
 
     def abandon(self) -> None:
         try:
@@ -75,17 +69,32 @@ class InQueue:
             pass  # the entry expires with its lease
 
 
-class Write:
-    """An acquire write, with what to withdraw if its caller is cancelled meanwhile."""
-
-    def __init__(self, send: Callable[[], Any], sem: Semaphore, token: str, resources: list[str]):
-        self.send, self.sem, self.token, self.resources = send, sem, token, resources
-
-    def __call__(self) -> Any:
-        return self.send()
+# What the acquire loop yields; it is sent back a request's result (None after a pause).
+Step = Request | Sleep | Write | InQueue
+Steps = Generator[Step, Any, _T]
 
 
-async def run_async(steps: Generator[Any, Any, _T]) -> _T:
+def run_sync(steps: Steps[_T]) -> _T:
+    result: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = steps.throw(error) if error is not None else steps.send(result)
+        except StopIteration as stop:
+            value: _T = stop.value  # what the generator returned
+            return value
+        result, error = None, None
+        if isinstance(step, Sleep):
+            if step.seconds:
+                time.sleep(step.seconds)
+        else:
+            try:
+                result = step.send()
+            except Exception as exc:  # handed back to the loop, which decides
+                error = exc
+
+
+async def run_async(steps: Steps[_T]) -> _T:
     result: Any = None
     error: BaseException | None = None
     queued: InQueue | None = None  # we may be in a resource's queue
@@ -99,12 +108,15 @@ async def run_async(steps: Generator[Any, Any, _T]) -> _T:
         if isinstance(step, InQueue):
             queued = step
         try:
-            if callable(step):
-                request = asyncio.ensure_future(asyncio.to_thread(step))
+            if isinstance(step, Sleep):
+                if step.seconds:
+                    await asyncio.sleep(step.seconds)
+            else:
+                request = asyncio.ensure_future(asyncio.to_thread(step.send))
                 try:
                     result = await asyncio.shield(request)
                 except asyncio.CancelledError:
-                    if isinstance(step, Write) or getattr(step, "write", False):
+                    if isinstance(step, Write) or (isinstance(step, InQueue) and step.write):
                         await asyncio.wait([request])  # it goes on in its thread: let it end
                     if isinstance(step, Write):
                         # The write may have landed: give back whatever it took, or the
@@ -113,8 +125,6 @@ async def run_async(steps: Generator[Any, Any, _T]) -> _T:
                     raise
                 except Exception as exc:
                     error = exc
-            elif step:
-                await asyncio.sleep(step)
         except asyncio.CancelledError:
             if queued is not None:
                 await asyncio.to_thread(queued.abandon)

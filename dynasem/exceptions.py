@@ -35,12 +35,20 @@ class LockLost(SemaphoreError):
 
 
 class SemaphoreUnavailable(SemaphoreError):
-    """DynamoDB could not be reached or refused us (not merely busy)."""
+    """DynamoDB could not be reached or refused us (not merely busy).
 
-    #: Worth retrying at once (throttling, a 5xx, a dropped connection).
-    transient: bool = False
-    #: The request may have been applied all the same (a 5xx, a timeout after sending).
-    ambiguous: bool = False
+    ``transient``: worth retrying at once (throttling, a 5xx, a dropped connection).
+    ``ambiguous``: the request may have been applied all the same (a 5xx, a timeout after
+    sending).
+    """
+
+    transient: bool
+    ambiguous: bool
+
+    def __init__(self, *args: object, transient: bool = False, ambiguous: bool = False):
+        super().__init__(*args)
+        self.transient = transient
+        self.ambiguous = ambiguous
 
 
 class TableMissing(SemaphoreUnavailable):

@@ -208,9 +208,9 @@ class Held:
                 self._deadline = max(self._deadline, sent_mono + lease - self.skew)
                 return
         else:
-            err = SemaphoreUnavailable(f"could not renew {self.resource!r}: conflicting writes")
-            err.transient = True
-            raise err
+            raise SemaphoreUnavailable(
+                f"could not renew {self.resource!r}: conflicting writes", transient=True
+            )
         self._mark_lost("another holder took it over, or it was broken by an operator")
         self._raise_lost()
 

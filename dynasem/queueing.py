@@ -6,11 +6,10 @@ from __future__ import annotations
 import functools
 import math
 import random
-from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from . import clock, table, wakeup
-from .drivers import InQueue
+from .drivers import InQueue, Request, Sleep, Steps
 from .exceptions import SemaphoreUnavailable
 from .validation import MODE_EXCLUSIVE, MODE_SHARED
 
@@ -131,6 +130,7 @@ def wait_in_queue(
     sem: Semaphore,
     resource: str,
     seen: dict[str, Any] | None,
+    *,
     token: str,
     user_id: str,
     lease: float,
@@ -139,9 +139,12 @@ def wait_in_queue(
     remaining: float,
     pace: Pace,
     if_busy_ms: int | None = None,
-) -> Generator[Any, Any, dict[str, Any] | None]:
+) -> Steps[dict[str, Any] | None]:
     """Join the queue (once), then sleep toward our likely turn and look again: with a
     cheap read, or by renewing our place when its lease is half gone. Returns the state.
+
+    ``seen``: the resource as last seen (None: not seen); ``queued``: we are in its queue
+    already; ``remaining``: seconds left of the wait; ``pace``: this acquisition's timing.
 
     ``if_busy_ms``: join only if someone holds it (a lease ending at or after this) or
     waits; otherwise the refusal's old item is returned, to take it from."""
@@ -168,7 +171,6 @@ def wait_in_queue(
                         table.enqueue(resource, token, waiter, fresh=fresh, if_busy_ms=if_busy_ms),
                         return_new=True,
                     ),
-                    sem,
                     token,
                     resource,
                     write=True,
@@ -189,9 +191,9 @@ def wait_in_queue(
             except SemaphoreUnavailable as exc:
                 # In transit: maybe applied (then the same write is refused by our own
                 # entry, which tells us so), maybe not. The caller looks again.
-                if not getattr(exc, "transient", False):
+                if not exc.transient:
                     raise
-                yield min(backoff(attempt), max(0.001, remaining))
+                yield Sleep(min(backoff(attempt), max(0.001, remaining)))
         return seen
     mine = ((seen or {}).get("queue") or {}).get(token) or {}
     nap = max(0.001, min(pace.turn_in(seen, token, skew), remaining))
@@ -205,7 +207,7 @@ def wait_in_queue(
             nap = max(nap, min(PUSH_PATIENCE, pace.until_free, remaining))
         last_fence = int((seen or {}).get("fence") or 0)
         pushed: wakeup.Push | None = yield InQueue(
-            lambda: wakeup.wait(token, nap, fence_above=last_fence), sem, token, resource
+            lambda: wakeup.wait(token, nap, fence_above=last_fence), token, resource
         )
         if pushed is not None:
             pushed_recently[resource] = clock.monotonic()
@@ -214,18 +216,20 @@ def wait_in_queue(
             pace.push_cap = pushed.arrived + lease - skew
             return pushed.item
     else:
-        yield nap
+        yield Sleep(nap)
     sent = clock.monotonic()
     if int(mine.get("e", 0)) - clock.now_ms() < lease * 500:
         try:
-            renewed: dict[str, Any] | None = yield lambda: table.update(
-                table.renew_waiter(resource, token, clock.now_ms() + int(lease * 1000)),
-                return_new=True,
+            renewed: dict[str, Any] | None = yield Request(
+                lambda: table.update(
+                    table.renew_waiter(resource, token, clock.now_ms() + int(lease * 1000)),
+                    return_new=True,
+                )
             )
             return renewed
         except table.Refused as refused:
             gone: dict[str, Any] | None = refused.old
             return gone  # no longer queued: handed the lock, or evicted
-    item: dict[str, Any] | None = yield lambda: table.get(resource)
+    item: dict[str, Any] | None = yield Request(lambda: table.get(resource))
     pace.answered(clock.monotonic() - sent)
     return item

@@ -214,24 +214,25 @@ def _unavailable(exc: Exception) -> SemaphoreUnavailable:
                 f"DynamoDB table {table!r} at {where} lacks an index dynasem needs ({message}): "
                 "run `manage.py dynasem_createtable` (or recreate the table)"
             )
-        err = SemaphoreUnavailable(f"DynamoDB at {where} refused the request: {code}: {message}")
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
-        err.transient = code in TRANSIENT_CODES or status >= 500
-        # A 5xx may come after the write was applied; a throttled request never was.
-        err.ambiguous = status >= 500
-        return err
+        return SemaphoreUnavailable(
+            f"DynamoDB at {where} refused the request: {code}: {message}",
+            transient=code in TRANSIENT_CODES or status >= 500,
+            # A 5xx may come after the write was applied; a throttled request never was.
+            ambiguous=status >= 500,
+        )
     if isinstance(exc, NoCredentialsError):
         return SemaphoreUnavailable(
             f"no AWS credentials for DynamoDB at {where}: boto3's default chain found none "
             "(environment, shared config, instance role)"
         )
-    err = SemaphoreUnavailable(f"cannot reach DynamoDB at {where}: {exc}")
-    err.transient = isinstance(exc, BotoConnectionError | ReadTimeoutError)
-    # Never connected: never applied. A timeout or a dropped connection: perhaps applied.
-    err.ambiguous = err.transient and not isinstance(
-        exc, EndpointConnectionError | ConnectTimeoutError
+    transient = isinstance(exc, BotoConnectionError | ReadTimeoutError)
+    return SemaphoreUnavailable(
+        f"cannot reach DynamoDB at {where}: {exc}",
+        transient=transient,
+        # Never connected: never applied. A timeout or a dropped connection: perhaps applied.
+        ambiguous=transient and not isinstance(exc, EndpointConnectionError | ConnectTimeoutError),
     )
-    return err
 
 
 def _retried(exc: ClientError) -> bool:
