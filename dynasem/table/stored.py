@@ -1,0 +1,79 @@
+"""The stored format: keys, attribute values, and the constants of the table's layout.
+
+One item per resource (``pk`` = the resource, ``sk`` = ``"lock"``) holds a map ``holders`` of
+token -> ``{u: user id, e: lease end in ms, f: fence, a: acquired at ms, s: shared}``, so an
+exclusive, counting or shared hold is always one conditional write on one item. Item-level
+``userId``/``expires`` (epoch seconds, TTL and both GSIs) and ``expMs`` describe the holder
+whose lease ends last: TTL and the reaper may only ever remove an item nobody holds.
+
+run_once rows live beside them under ``sk`` = ``"job"`` and carry no ``expires``: TTL and the
+reaper never see them.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any, overload
+
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+
+LOCK_SK = "lock"
+JOB_SK = "job"
+USER_INDEX = "userId-index"
+EXPIRES_INDEX = "expires-index"
+# The expires index is partitioned by a shard number derived from the resource: one GSI
+# partition-key value for every row would cap the whole table at one partition's write rate.
+SHARDS = 8
+# DynamoDB's limit on the actions of one TransactWriteItems.
+MAX_TRANSACTION = 100
+
+RUNNING, DONE, FAILED = "RUNNING", "DONE", "FAILED"
+
+_serializer = TypeSerializer()
+_deserializer = TypeDeserializer()
+
+
+def key(pk: str, sk: str) -> dict[str, Any]:
+    return {"pk": {"S": pk}, "sk": {"S": sk}}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return int(value) if value == value.to_integral_value() else float(value)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list | set):
+        return [_plain(v) for v in value]
+    return value
+
+
+@overload
+def decode(item: None) -> None: ...
+@overload
+def decode(item: Mapping[str, Any]) -> dict[str, Any]: ...
+@overload
+def decode(item: Mapping[str, Any] | None) -> dict[str, Any] | None: ...
+
+
+def decode(item: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """A low-level item (``{"S": ...}``) as plain Python (ints, strs, dicts)."""
+    if item is None:
+        return None
+    return {k: _plain(_deserializer.deserialize(v)) for k, v in item.items()}
+
+
+def encode(values: dict[str, Any]) -> dict[str, Any]:
+    return {k: _serializer.serialize(v) for k, v in values.items()}
+
+
+def shard_of(pk: str) -> int:
+    return zlib.crc32(pk.encode()) % SHARDS
+
+
+def epoch_seconds(ms: int) -> int:
+    # expires is whole seconds for TTL and the indexes; round up so it never reads earlier
+    # than the lease really ends.
+    return math.ceil(ms / 1000)
