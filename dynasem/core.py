@@ -31,19 +31,19 @@ from . import clock, table, transactions, wakeup
 from .conf import settings
 from .decorators import Decoration, lock_callable
 from .drivers import Request, Sleep, Steps, Write, run_async, run_sync, withdraw
-from .exceptions import SemaphoreBusy, SemaphoreUnavailable
+from .exceptions import SemaphoreUnavailable
 from .held import Held, acquired, current_hold, forget_entered, leave, remember_entered
 from .queueing import (
     GUESS_BUSY_FOR,
     Pace,
     backoff,
+    busy,
     live_holders,
     queued_recently,
     seconds_until_free,
     should_queue,
     wait_in_queue,
 )
-from .signals import lock_busy
 from .validation import (
     MODE_COUNTING,
     MODE_EXCLUSIVE,
@@ -420,7 +420,7 @@ class Semaphore:
                                 continue
                         except SemaphoreUnavailable:
                             pass  # our entry expires with its lease
-                    raise self._busy(blocked, skew, user_id, token)
+                    raise busy(self, blocked, skew=skew, user_id=user_id, token=token)
                 if len(resources) == 1 and (queued or should_queue(self, seen.get(resources[0]))):
                     seen[resources[0]] = yield from wait_in_queue(
                         self,
@@ -457,25 +457,6 @@ class Semaphore:
         finally:
             wakeup.forget(token)  # a push that comes now is for a wait that is over
 
-    def _busy(
-        self, blocked: dict[str, dict[str, Any]], skew: float, user_id: str, token: str
-    ) -> SemaphoreBusy:
-        resource = next(iter(blocked))
-        holders = blocked[resource]
-        first = min(holders.values(), key=lambda h: int(h.get("e", 0)), default=None)
-        retry_after = math.ceil(seconds_until_free(blocked, skew)) if holders else 1
-        exc = SemaphoreBusy(resource, retry_after, first.get("u") if first else None)
-        lock_busy.send(
-            sender=Semaphore,
-            resource=resource,
-            user_id=user_id,
-            token=token,
-            fence=None,
-            holder_user_id=exc.holder_user_id,
-            retry_after=exc.retry_after,
-        )
-        return exc
-
     def _held_if_trusted(
         self,
         plans: dict[str, _Plan],
@@ -503,21 +484,6 @@ class Semaphore:
         deadline = min(ends)
         if deadline <= mono:
             return None
-        return self._held(
-            plans, seen, token=token, user_id=user_id, lease=lease, skew=skew, deadline=deadline
-        )
-
-    def _held(
-        self,
-        plans: dict[str, _Plan],
-        seen: dict[str, dict[str, Any] | None],
-        *,
-        token: str,
-        user_id: str,
-        lease: float,
-        skew: float,
-        deadline: float,
-    ) -> Held:
         return acquired(
             self,
             token=token,

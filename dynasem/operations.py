@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import json
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -13,6 +11,8 @@ from typing import Any
 
 from . import clock, core, table, validation
 from .conf import settings
+from .cursors import BadCursor as BadCursor  # re-exported: callers catch operations.BadCursor
+from .cursors import decode_cursor, encode_cursor, load_cursor
 from .signals import lock_released
 
 
@@ -98,9 +98,6 @@ def holds_of(item: dict[str, Any], *, min_expires_ms: int | None) -> list[HoldIn
 # matches little (a resource prefix among many expired rows) then returns a short page with a
 # link to the next one instead of reading on.
 PAGE_ROUNDS = 3
-# Longest page cursor accepted: a real one holds at most 9 positions of a <= 1 KB resource
-# each (under 13 KB in base64); anything longer is forged.
-MAX_CURSOR = 16_384
 # Items a filtered index read evaluates per request (see _filtered).
 FILTERED_READ = 1000
 
@@ -286,47 +283,6 @@ def _row(
     )
 
 
-class BadCursor(ValueError):
-    """A page cursor this module did not write (forged, garbled, or for another filter)."""
-
-
-def _encode_cursor(state: Any) -> str:
-    raw = json.dumps(state, separators=(",", ":"), ensure_ascii=False).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _load_cursor(cursor: str) -> Any:
-    """What :func:`_encode_cursor` wrote; ValueError for anything unreadable or too long."""
-    if len(cursor) > MAX_CURSOR:
-        raise BadCursor(f"not a page cursor: {cursor[:40]!r}...")
-    try:
-        return json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except (ValueError, TypeError, RecursionError) as exc:
-        raise BadCursor(f"not a page cursor: {cursor[:40]!r}") from exc
-
-
-def _decode_cursor(cursor: str, names: set[str]) -> dict[str, Any]:
-    """The cursor's state; ValueError for anything :func:`lock_page` did not write."""
-    state = _load_cursor(cursor)
-    if not isinstance(state, dict) or not isinstance(state.get("t"), int):
-        raise BadCursor(f"not a page cursor: {cursor[:40]!r}")
-    positions = state.get("p")
-    if not isinstance(positions, dict) or set(positions) != names:
-        raise BadCursor("the page cursor belongs to another filter: start from the first page")
-    for value in positions.values():
-        ok = value in (None, "done") or (
-            isinstance(value, list)
-            and len(value) == 2
-            and isinstance(value[0], int)
-            and value[0] >= state["t"]
-            and isinstance(value[1], str)
-            and value[1]
-        )
-        if not ok:
-            raise BadCursor(f"not a page cursor: {cursor[:40]!r}")
-    return state
-
-
 def lock_page(
     *,
     user_id: str | None = None,
@@ -346,7 +302,7 @@ def lock_page(
     now = clock.now_ms()
     names = {f"s{i}" for i in range(table.SHARDS)} | ({"u"} if user_id is not None else set())
     if cursor:
-        state = _decode_cursor(cursor, names)
+        state = decode_cursor(cursor, names)
         # The lower bound of the first page, kept: a position below a later bound would be
         # "outside the query's boundaries" to DynamoDB.
         since, positions = state["t"], state["p"]
@@ -369,7 +325,7 @@ def lock_page(
                 break
     states = {s.name: s.state for s in streams}
     done = all(v == "done" for v in states.values())
-    return LockPage(rows, None if done else _encode_cursor({"t": since, "p": states}))
+    return LockPage(rows, None if done else encode_cursor({"t": since, "p": states}))
 
 
 def active_holds(
@@ -530,7 +486,7 @@ def job_page(
     is a previous page's ``next_cursor``. At most :data:`PAGE_ROUNDS` Scan requests a page."""
     start = None
     if cursor:
-        key = _load_cursor(cursor)
+        key = load_cursor(cursor)
         if not (
             isinstance(key, list) and len(key) == 2 and all(isinstance(k, str) and k for k in key)
         ):
@@ -553,7 +509,7 @@ def job_page(
     next_cursor = None
     if start:
         # The last key read, which may be a lock row's: a Scan goes on from any item's key.
-        next_cursor = _encode_cursor([start["pk"]["S"], start["sk"]["S"]])
+        next_cursor = encode_cursor([start["pk"]["S"], start["sk"]["S"]])
     return JobPage(jobs, next_cursor)
 
 

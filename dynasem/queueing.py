@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from . import clock, table, wakeup
 from .drivers import InQueue, Request, Sleep, Steps
-from .exceptions import SemaphoreUnavailable
+from .exceptions import SemaphoreBusy, SemaphoreUnavailable
+from .signals import lock_busy
 from .validation import MODE_EXCLUSIVE, MODE_SHARED
 
 if TYPE_CHECKING:
@@ -124,6 +125,32 @@ def should_queue(sem: Semaphore, seen: dict[str, Any] | None) -> bool:
     # hands it the lock in its release write and tells it at once, which beats polling
     # on both requests and idle time.
     return exclusive and seen.get("mode", MODE_EXCLUSIVE) == MODE_EXCLUSIVE and wakeup.available()
+
+
+def busy(
+    sem: Semaphore,
+    blocked: dict[str, dict[str, Any]],
+    *,
+    skew: float,
+    user_id: str,
+    token: str,
+) -> SemaphoreBusy:
+    """The wait is over and the lock still busy: the error to raise, after ``lock_busy``."""
+    resource = next(iter(blocked))
+    holders = blocked[resource]
+    first = min(holders.values(), key=lambda h: int(h.get("e", 0)), default=None)
+    retry_after = math.ceil(seconds_until_free(blocked, skew)) if holders else 1
+    exc = SemaphoreBusy(resource, retry_after, first.get("u") if first else None)
+    lock_busy.send(
+        sender=sem.signal_sender,
+        resource=resource,
+        user_id=user_id,
+        token=token,
+        fence=None,
+        holder_user_id=exc.holder_user_id,
+        retry_after=exc.retry_after,
+    )
+    return exc
 
 
 def wait_in_queue(

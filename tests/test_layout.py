@@ -123,3 +123,11 @@ def test_the_lock_logic_never_imports_the_admin_or_commands() -> None:
 @pytest.mark.parametrize("name", sorted(n for n in MODULES if not n.endswith("__main__")))
 def test_every_module_imports(name: str) -> None:
     assert importlib.import_module(name).__name__ == name
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_module_is_over_600_lines(name: str) -> None:
+    """A module a newcomer can read in one sitting; past this, split it by what changes
+    together (docs/ARCHITECTURE.md)."""
+    lines = MODULES[name].read_text(encoding="utf-8").count("\n")
+    assert lines <= 600, f"{name} has {lines} lines"
