@@ -58,7 +58,7 @@ class TableMissing(SemaphoreUnavailable):
 class AlreadyDone(SemaphoreError):
     """``run_once``: the job's status is DONE; it is not run again."""
 
-    def __init__(self, key: str, finished: str | None = None):
+    def __init__(self, key: str, finished: int | str | None = None):
         self.key = key
         self.finished = finished
         super().__init__(f"job {key!r} is already DONE")

@@ -427,20 +427,17 @@ class JobInfo:
     reset_ms: int | None
 
     @classmethod
-    def of(cls, item: dict[str, Any]) -> JobInfo:
-        def ms(name: str) -> int | None:
-            return None if item.get(name) is None else int(item[name])
-
+    def of(cls, row: table.JobRow) -> JobInfo:
         return cls(
-            key=item["pk"],
-            status=str(item.get("status") or NEW),
-            user_id=str(item.get("userId", "")),
-            attempt=int(item.get("attempt", 0)),
-            error=str(item.get("error", "")),
-            started_ms=ms("startedMs"),
-            finished_ms=ms("finishedMs"),
-            lease_ms=ms("expMs"),
-            reset_ms=ms("resetMs"),
+            key=row.key or "",
+            status=row.status or NEW,
+            user_id=row.user_id or "",
+            attempt=row.attempt or 0,
+            error=row.error or "",
+            started_ms=row.started_ms,
+            finished_ms=row.finished_ms,
+            lease_ms=row.expires_ms,
+            reset_ms=row.reset_ms,
         )
 
     @property
@@ -495,12 +492,12 @@ def job_page(
     jobs: list[JobInfo] = []
     for _ in range(PAGE_ROUNDS):
         items, last = table.scan_jobs(prefix, status, start)
-        for item in items:
-            jobs.append(JobInfo.of(item))
+        for row in items:
+            jobs.append(JobInfo.of(row))
             if len(jobs) == size:
                 # Cut inside DynamoDB's page: go on after the last key shown (any item's key
                 # is a valid ExclusiveStartKey for a Scan).
-                last = {"pk": {"S": item["pk"]}, "sk": {"S": table.JOB_SK}}
+                last = table.job_start_key(row.key or "")
                 break
         start = last
         if not start or len(jobs) == size:
@@ -515,8 +512,8 @@ def job_page(
 
 def job_info(key: str) -> JobInfo | None:
     """One run_once key as stored (one consistent read), or None if never run."""
-    item = table.get(validation.check_resource(key, "key"), table.JOB_SK)
-    return JobInfo.of(item) if item else None
+    row = table.get_job(validation.check_resource(key, "key"))
+    return JobInfo.of(row) if row else None
 
 
 def reset_job(key: str, status: str, finished_ms: int | None) -> bool:

@@ -108,7 +108,7 @@ class Job:
         try:
             table.update(table.job_finish(self.key, self.token, status, message, clock.now_ms()))
         except table.Refused as refused:
-            if (refused.old or {}).get("lastToken") != self.token:
+            if table.job_row(refused.old).last_token != self.token:
                 raise LockLost(
                     self.key, "another process claimed it, or it was reset by an operator"
                 ) from None
@@ -155,26 +155,25 @@ class RunOnce:
             fence = max(clock.new_fence(skew), stored_fence + 1)
             stale = now - int(skew * 1000)
             try:
-                row = (
+                row = table.job_row(
                     table.update(
                         table.job_claim(
                             self.key, token, user_id, now + int(lease * 1000), fence, now, stale
                         ),
                         return_new=True,
                     )
-                    or {}
                 )
             except table.Refused as refused:
-                row = refused.old or {}
-                if row.get("token") != token:  # not our own claim, its response lost
-                    status = row.get("status")
-                    if status == table.DONE:
-                        raise AlreadyDone(self.key, row.get("finishedMs")) from None
-                    if status == table.RUNNING and int(row.get("expMs", 0)) >= stale:
-                        retry = math.ceil((int(row["expMs"]) - stale) / 1000)
-                        raise SemaphoreBusy(self.key, retry, row.get("userId")) from None
+                row = table.job_row(refused.old)
+                if row.token != token:  # not our own claim, its response lost
+                    if row.status == table.DONE:
+                        raise AlreadyDone(self.key, row.finished_ms) from None
+                    expires_ms = row.expires_ms or 0
+                    if row.status == table.RUNNING and expires_ms >= stale:
+                        retry = math.ceil((expires_ms - stale) / 1000)
+                        raise SemaphoreBusy(self.key, retry, row.user_id) from None
                     # Claimable after all (our fence was behind the stored one): go again.
-                    stored_fence = int(row.get("fence") or 0)
+                    stored_fence = row.fence or 0
                     continue
             if clock.monotonic() >= sent_mono + lease - skew:
                 # Claimed, but paused (or slow) past the lease before the body could start:
@@ -193,7 +192,7 @@ class RunOnce:
         self,
         token: str,
         user_id: str,
-        row: dict[str, Any],
+        row: table.JobRow,
         lease: float,
         skew: float,
         sent_mono: float,
@@ -202,8 +201,8 @@ class RunOnce:
             self,
             token,
             user_id,
-            int(row.get("attempt", 1)),
-            int(row.get("fence", 0)),
+            1 if row.attempt is None else row.attempt,
+            row.fence or 0,
             lease,
             skew,
             sent_mono,

@@ -38,9 +38,11 @@ from .stored import (
     RUNNING,
     SHARDS,
     USER_INDEX,
+    JobRow,
     decode,
     encode,
     epoch_seconds,
+    job_row,
     key,
     shard_of,
 )
@@ -64,6 +66,10 @@ from .writes import (
 )
 
 __all__ = [
+    "JobRow",
+    "job_row",
+    "get_job",
+    "job_start_key",
     "DONE",
     "EXPIRES_INDEX",
     "FAILED",
@@ -415,7 +421,7 @@ def query_user_page(
 
 def scan_jobs(
     prefix: str | None, status: str | None, start: dict[str, Any] | None
-) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+) -> tuple[list[JobRow], dict[str, Any] | None]:
     """One Scan page of run_once rows.
 
     A Scan, because job rows are in no index (they carry no ``expires``); it reads the lock
@@ -444,7 +450,18 @@ def scan_jobs(
     if start:
         kwargs["ExclusiveStartKey"] = start
     response = _send("scan", **kwargs)
-    return [decode(i) for i in response.get("Items", [])], response.get("LastEvaluatedKey")
+    return [job_row(decode(i)) for i in response.get("Items", [])], response.get("LastEvaluatedKey")
+
+
+def job_start_key(start_key: str) -> dict[str, Any]:
+    """The ExclusiveStartKey that goes on after the job row of ``start_key``."""
+    return key(start_key, JOB_SK)
+
+
+def get_job(pk: str) -> JobRow | None:
+    """The run_once row of ``pk`` (one consistent read), or None if never run."""
+    item = get(pk, JOB_SK)
+    return job_row(item) if item else None
 
 
 # ---------------------------------------------------------------------------------------------

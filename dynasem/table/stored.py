@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, overload
 
@@ -77,3 +78,49 @@ def epoch_seconds(ms: int) -> int:
     # expires is whole seconds for TTL and the indexes; round up so it never reads earlier
     # than the lease really ends.
     return math.ceil(ms / 1000)
+
+
+@dataclass(frozen=True, slots=True)
+class JobRow:
+    """A run_once row as stored; an attribute the row lacks is None."""
+
+    key: str | None
+    status: str | None  # None: never run, or reset by an operator
+    token: str | None  # the claim's
+    user_id: str | None
+    attempt: int | None
+    fence: int | None
+    expires_ms: int | None  # the claim's lease end, while RUNNING
+    started_ms: int | None
+    finished_ms: int | None
+    reset_ms: int | None
+    error: str | None
+    last_token: str | None  # the claim that finished it
+
+
+def job_row(item: Mapping[str, Any] | None) -> JobRow:
+    """A decoded run_once row (or the nothing a missing one is) as a :class:`JobRow`."""
+    item = item or {}
+
+    def number(name: str) -> int | None:
+        value = item.get(name)
+        return None if value is None else int(value)
+
+    def text(name: str) -> str | None:
+        value = item.get(name)
+        return None if value is None else str(value)
+
+    return JobRow(
+        key=text("pk"),
+        status=text("status"),
+        token=text("token"),
+        user_id=text("userId"),
+        attempt=number("attempt"),
+        fence=number("fence"),
+        expires_ms=number("expMs"),
+        started_ms=number("startedMs"),
+        finished_ms=number("finishedMs"),
+        reset_ms=number("resetMs"),
+        error=text("error"),
+        last_token=text("lastToken"),
+    )
