@@ -42,8 +42,9 @@ class SemaphoreUnavailable(SemaphoreError):
     sending).
     """
 
-    transient: bool
-    ambiguous: bool
+    # Declared here too, so a subclass that does not call this __init__ still has them.
+    transient: bool = False
+    ambiguous: bool = False
 
     def __init__(self, *args: object, transient: bool = False, ambiguous: bool = False):
         super().__init__(*args)
