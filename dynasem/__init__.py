@@ -4,7 +4,7 @@ from __future__ import annotations
 
 __version__ = "0.2.0"
 
-from .core import Held, Semaphore, current_hold, semaphore  # noqa: E402
+from .core import Semaphore, semaphore  # noqa: E402
 from .decorators import resource_key  # noqa: E402
 from .exceptions import (  # noqa: E402
     AlreadyDone,
@@ -14,6 +14,7 @@ from .exceptions import (  # noqa: E402
     SemaphoreUnavailable,
     TableMissing,
 )
+from .held import Held, current_hold  # noqa: E402
 from .run_once import Job, run_once  # noqa: E402
 
 __all__ = [

@@ -26,7 +26,7 @@ from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
 from django.views.decorators.http import require_http_methods
 
-from . import core, operations, table
+from . import clock, operations, table
 from .exceptions import SemaphoreUnavailable
 from .models import Job, Lock
 
@@ -96,7 +96,7 @@ class DynamoDBAdmin(ModelAdmin):
             "title": title,
             "has_view_permission": True,
             "changelist_url": self._url("changelist"),
-            "server_now_ms": core.now_ms(),
+            "server_now_ms": clock.now_ms(),
             **extra,
         }
 
@@ -205,7 +205,7 @@ class LockAdmin(DynamoDBAdmin):
             return self._bad_cursor(request, exc)
         except SemaphoreUnavailable as exc:
             error = str(exc)
-        now = core.now_ms()
+        now = clock.now_ms()
         users = self._users(request, (h.user_id for h in page.holds))
         can_release = self.has_release_permission(request)
         lines: list[dict[str, Any]] = []
@@ -311,7 +311,7 @@ class LockAdmin(DynamoDBAdmin):
             else:
                 messages.warning(request, f"The hold on {resource!r} had already gone.")
             return HttpResponseRedirect(changelist)
-        now = core.now_ms()
+        now = clock.now_ms()
         context = self._context(
             request,
             "Break this hold?",

@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 from botocore.utils import is_valid_endpoint_url, is_valid_ipv6_endpoint_url
 from django.core.checks import Error, Warning, register
 
-from . import core, wakeup
+from . import validation, wakeup
 from .conf import DEFAULTS, settings
 
 HINT = "See the settings table in dynasem's README."
@@ -82,9 +82,13 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
             )
         )
     checks: tuple[tuple[str, Callable[[Any], object], str], ...] = (
-        ("LEASE", lambda v: core.check_lease(v, "DYNASEM['LEASE']"), "dynasem.E006"),
-        ("WAIT", lambda v: v is None or core.check_wait(v, "DYNASEM['WAIT']"), "dynasem.E007"),
-        ("CLOCK_SKEW", lambda v: core.check_skew(v, "DYNASEM['CLOCK_SKEW']"), "dynasem.E008"),
+        ("LEASE", lambda v: validation.check_lease(v, "DYNASEM['LEASE']"), "dynasem.E006"),
+        (
+            "WAIT",
+            lambda v: v is None or validation.check_wait(v, "DYNASEM['WAIT']"),
+            "dynasem.E007",
+        ),
+        ("CLOCK_SKEW", lambda v: validation.check_skew(v, "DYNASEM['CLOCK_SKEW']"), "dynasem.E008"),
     )
     valid = True
     for key, check, check_id in checks:

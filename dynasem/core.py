@@ -21,182 +21,59 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import math
 import random
-import threading
-import time
 import uuid
-from collections.abc import Callable, Generator, Sequence
-from contextvars import ContextVar
-from datetime import UTC, datetime
-from numbers import Real
-from typing import Any, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
 
-from . import table, transactions, wakeup
+from . import clock, table, transactions, wakeup
 from .conf import settings
-from .exceptions import LockLost, SemaphoreBusy, SemaphoreUnavailable
-from .signals import lock_acquired, lock_busy, lock_lost, lock_released
+from .decorators import Decoration, lock_callable
+from .drivers import Request, Sleep, Steps, Write, run_async, run_sync, withdraw
+from .exceptions import SemaphoreUnavailable
+from .held import Held, acquired, current_hold, forget_entered, leave, remember_entered
+from .queueing import (
+    GUESS_BUSY_FOR,
+    Pace,
+    backoff,
+    busy,
+    live_holders,
+    queued_recently,
+    seconds_until_free,
+    should_queue,
+    wait_in_queue,
+)
+from .validation import (
+    MODE_COUNTING,
+    MODE_EXCLUSIVE,
+    MODE_SHARED,
+    check_lease,
+    check_limit,
+    check_resources,
+    check_seconds,
+    check_wait,
+    resolve_timing,
+    user_id_of,
+)
 
-logger = logging.getLogger("dynasem")
-_T = TypeVar("_T")
+# isort: off
+# Read (never patched: patch the owner) as core.* by tests and benchmarks.
+from .clock import monotonic, new_fence as _new_fence, now_ms, wall_clock  # noqa: F401
+from .held import WAKE_AFTER  # noqa: F401
+from .queueing import Pace as _Pace  # noqa: F401
+from .validation import MAX_LEASE, MAX_RESOURCE_BYTES, check_resource, check_skew  # noqa: F401
+# isort: on
 
-# The clocks, as module attributes so tests can shift one process's wall clock.
-wall_clock: Callable[[], float] = time.time
-monotonic: Callable[[], float] = time.monotonic
+__all__ = ["Held", "Semaphore", "current_hold", "semaphore"]
 
-MAX_RESOURCE_BYTES = 1024
-MAX_LEASE = 7 * 24 * 3600.0
-MODE_EXCLUSIVE, MODE_COUNTING, MODE_SHARED = "x", "n", "s"
-
-# Backoff of a waiting acquire: first sleep, cap (seconds); full jitter in between.
-BACKOFF_FIRST = 0.02
-BACKOFF_CAP = 0.5
 # Immediate re-tries when a refusal shows room we had not seen (not a busy wait).
 MAX_REPLANS = 25
-# How long after joining a resource's queue our next acquire of it joins the queue first.
-GUESS_BUSY_FOR = 10.0
-# Resources this process recently queued for (monotonic time), for that guess.
-_queued_recently: dict[str, float] = {}
-# Resources whose hand-overs recently reached us by push (monotonic time): while they do, a
-# queued waiter reads only as a fallback, after PUSH_PATIENCE seconds without one.
-_pushed_recently: dict[str, float] = {}
-PUSH_PATIENCE = 0.5
-# A plain release of a hold older than this (seconds) asks for the item back, to push the
-# first of any waiters that queued after we last saw the queue.
-WAKE_AFTER = 0.05
-MAX_REMEMBERED = 4096
 # Re-tries of a write that failed in transit, however short the wait.
 MIN_TRANSIENT_RETRIES = 2
 # A hold we only heard of is confirmed by a renewal of our own when less than this share of
 # its trusted window (lease - CLOCK_SKEW) is left: the heartbeat would renew that soon anyway.
 CONFIRM_SHARE = 1 / 3
-
-
-def now_ms() -> int:
-    return int(wall_clock() * 1000)
-
-
-def _new_fence(skew: float) -> int:
-    return int((wall_clock() + skew) * 1_000_000)
-
-
-# ---------------------------------------------------------------------------------------------
-# Argument checking: everything is refused before any request is sent
-# ---------------------------------------------------------------------------------------------
-
-
-def check_resource(resource: Any, name: str = "resource") -> str:
-    if not isinstance(resource, str):
-        raise TypeError(f"{name} must be a str, not {type(resource).__name__}: {resource!r}")
-    if not resource:
-        raise ValueError(f"{name} must be a non-empty str")
-    size = len(resource.encode("utf-8"))
-    if size > MAX_RESOURCE_BYTES:
-        raise ValueError(
-            f"{name} is {size} UTF-8 bytes; at most {MAX_RESOURCE_BYTES} are allowed: "
-            f"{resource[:40]!r}..."
-        )
-    return resource
-
-
-def check_resources(resource: Any) -> list[str]:
-    if isinstance(resource, list | tuple):
-        if not resource:
-            raise ValueError("resource must not be an empty list")
-        names = [check_resource(r, f"resource[{i}]") for i, r in enumerate(resource)]
-        if len(set(names)) != len(names):
-            raise ValueError(f"resource lists a resource twice: {names!r}")
-        if len(names) > table.MAX_TRANSACTION:
-            raise ValueError(
-                f"resource lists {len(names)} resources; at most {table.MAX_TRANSACTION} "
-                "can be taken atomically (one DynamoDB transaction)"
-            )
-        return names
-    return [check_resource(resource)]
-
-
-def _check_seconds(value: Any, name: str, *, allow_zero: bool, allow_inf: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise TypeError(
-            f"{name} must be a number of seconds, not {type(value).__name__}: {value!r}"
-        )
-    seconds = float(value)
-    if math.isnan(seconds):
-        raise ValueError(f"{name} must be a number of seconds, not NaN")
-    if math.isinf(seconds) and not allow_inf:
-        raise ValueError(f"{name} must be finite, not {seconds}")
-    if seconds < 0 or (seconds == 0 and not allow_zero):
-        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds, not {seconds}")
-    return seconds
-
-
-def check_lease(value: Any, name: str = "lease") -> float:
-    lease = _check_seconds(value, name, allow_zero=False, allow_inf=False)
-    if lease > MAX_LEASE:
-        raise ValueError(f"{name} must be at most {MAX_LEASE:g} seconds (7 days), not {lease:g}")
-    return lease
-
-
-def check_wait(value: Any, name: str = "wait") -> float:
-    return _check_seconds(value, name, allow_zero=True, allow_inf=True)
-
-
-def check_skew(value: Any, name: str = "CLOCK_SKEW") -> float:
-    return _check_seconds(value, name, allow_zero=True, allow_inf=False)
-
-
-def check_limit(limit: Any, shared: Any) -> int:
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        raise TypeError(f"limit must be an int >= 1, not {type(limit).__name__}: {limit!r}")
-    if limit < 1:
-        raise ValueError(f"limit must be >= 1, not {limit}")
-    if not isinstance(shared, bool):
-        raise TypeError(f"shared must be True or False, not {shared!r}")
-    if shared and limit > 1:
-        raise ValueError(f"shared=True cannot be combined with limit={limit}: use one or the other")
-    return limit
-
-
-def user_id_of(user: Any) -> str:
-    """What is recorded as the holder: a user's primary key, a given str, or this process."""
-    if user is None:
-        return table.process_identity()
-    if isinstance(user, str):
-        if not user:
-            raise ValueError("user must be a non-empty str, a Django user or None")
-        if len(user.encode()) > MAX_RESOURCE_BYTES:
-            raise ValueError(f"user is longer than {MAX_RESOURCE_BYTES} UTF-8 bytes")
-        return user
-    authenticated = getattr(user, "is_authenticated", None)
-    if authenticated is None:
-        raise TypeError(f"user must be a Django user, a str or None, not {type(user).__name__}")
-    if not authenticated or getattr(user, "pk", None) is None:
-        return table.process_identity()
-    return str(user.pk)
-
-
-def resolve_timing(lease: float | None, wait: float | None) -> tuple[float, float, float]:
-    """Lease, wait and skew in seconds: explicit arguments, else the live settings."""
-    skew = check_skew(settings.CLOCK_SKEW)
-    lease_s = check_lease(settings.LEASE, "DYNASEM['LEASE']") if lease is None else lease
-    wait_s = check_wait(settings.WAIT, "DYNASEM['WAIT']") if wait is None else wait
-    if lease_s <= skew:
-        raise ValueError(
-            f"lease ({lease_s:g}s) must be longer than DYNASEM['CLOCK_SKEW'] ({skew:g}s): a "
-            "holder trusts its lease only until lease - CLOCK_SKEW has passed"
-        )
-    return lease_s, wait_s, skew
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading the state a refused write returned
-# ---------------------------------------------------------------------------------------------
-
-
-def _live_holders(item: dict[str, Any] | None, stale_ms: int) -> dict[str, dict[str, Any]]:
-    holders = (item or {}).get("holders") or {}
-    return {t: h for t, h in holders.items() if int(h.get("e", 0)) >= stale_ms}
 
 
 class _Plan:
@@ -222,6 +99,9 @@ class Semaphore:
     """A distributed semaphore on DynamoDB: a context manager, async context manager and view
     decorator. Build it with :func:`semaphore`."""
 
+    # The sender of every signal about its holds (subclasses included), as before the split.
+    signal_sender: ClassVar[type[Semaphore]]
+
     def __init__(
         self,
         resource: Any,
@@ -237,7 +117,6 @@ class Semaphore:
         using: str | None = None,
         max_hold: float | None = None,
     ):
-        self._template = resource if callable(resource) else None
         self.resources: list[str] = [] if callable(resource) else check_resources(resource)
         self.limit = check_limit(limit, shared)
         self.shared = shared
@@ -246,10 +125,8 @@ class Semaphore:
             user_id_of(user)  # type check now, not at the first request
         self.lease = None if lease is None else check_lease(lease)
         self.wait = None if wait is None else check_wait(wait)
-        if on_busy is not None and not callable(on_busy):
-            raise TypeError(f"on_busy must be callable(request, exc), not {on_busy!r}")
-        self.on_busy = on_busy
-        self._raw_resource = resource
+        # What only the decorator uses: the key template (maybe a callable) and on_busy.
+        self.decoration = Decoration(resource, on_busy)
         if fair is not None and not isinstance(fair, bool):
             raise TypeError(f"fair must be True, False or None (the setting), not {fair!r}")
         if fair and isinstance(resource, list | tuple) and len(resource) > 1:
@@ -265,7 +142,7 @@ class Semaphore:
         self.max_hold = (
             None
             if max_hold is None
-            else _check_seconds(max_hold, "max_hold", allow_zero=False, allow_inf=False)
+            else check_seconds(max_hold, "max_hold", allow_zero=False, allow_inf=False)
         )
 
     @property
@@ -289,14 +166,14 @@ class Semaphore:
         return MODE_EXCLUSIVE if self.limit == 1 else MODE_COUNTING
 
     def _check_usable(self) -> None:
-        if self._template is not None:
+        if self.decoration.is_callable:
             raise TypeError(
                 "a callable resource only works when the semaphore decorates a callable; "
                 "pass a str (or a list of str) to use it as a context manager"
             )
 
     def __repr__(self) -> str:
-        return f"<Semaphore {self._raw_resource!r} limit={self.limit} shared={self.shared}>"
+        return f"<Semaphore {self.decoration.resource!r} limit={self.limit} shared={self.shared}>"
 
     # -- planning ----------------------------------------------------------------------------
 
@@ -339,7 +216,7 @@ class Semaphore:
             for t, w in waiting.items()
             if t not in dead and (mine is None or int(w["t"]) < int(mine["t"]))
         }
-        live = _live_holders(seen, stale_ms)
+        live = live_holders(seen, stale_ms)
         if ahead:
             return _Plan(busy=live or ahead, queued=mine is not None)
         terms = table.QueueTerms(
@@ -382,19 +259,19 @@ class Semaphore:
 
     # -- acquiring ---------------------------------------------------------------------------
 
-    def _acquire_steps(self) -> Generator[Any, Any, Held]:
-        """The acquire loop as a generator: it yields a callable to run (a request) or a float
-        to sleep, so one loop serves the sync and the async driver."""
+    def _acquire_steps(self) -> Steps[Held]:
+        """The acquire loop as a generator of steps (a request to send, a pause: see
+        :mod:`dynasem.drivers`), so one loop serves the sync and the async driver."""
         self._check_usable()
         lease, wait, skew = resolve_timing(self.lease, self.wait)
         margin = (lease - skew) * CONFIRM_SHARE
         user_id = user_id_of(self.user)
         token = uuid.uuid4().hex  # one token for every retry: it recognises our own writes
         resources = self.resources
-        deadline = monotonic() + wait
+        deadline = clock.monotonic() + wait
         seen: dict[str, dict[str, Any] | None] = {}
         sleeps = replans = failures = 0
-        pace = _Pace()  # a queued waiter's timing: request round trip, looks found too early
+        pace = Pace()  # a queued waiter's timing: request round trip, looks found too early
         confirm = False  # a hold of ours we saw must be renewed before it is returned
         # Busy last time we looked, a short while ago? Then most likely busy now: join the
         # queue in our first write (it is refused if the lock is free, and we take it then).
@@ -402,31 +279,32 @@ class Semaphore:
             len(resources) == 1
             and self.mode == MODE_EXCLUSIVE
             and wait > 0
-            and monotonic() - _queued_recently.get(resources[0], -math.inf) < GUESS_BUSY_FOR
+            and clock.monotonic() - queued_recently.get(resources[0], -math.inf) < GUESS_BUSY_FOR
         )
         try:
             while True:
                 if guess_busy:
                     guess_busy = False
-                    seen[resources[0]] = yield from self._wait_in_queue(
+                    seen[resources[0]] = yield from wait_in_queue(
+                        self,
                         resources[0],
                         None,
-                        token,
-                        user_id,
-                        lease,
-                        skew,
-                        False,
-                        deadline - monotonic(),
-                        pace,
-                        if_busy_ms=now_ms() - int(skew * 1000),
+                        token=token,
+                        user_id=user_id,
+                        lease=lease,
+                        skew=skew,
+                        queued=False,
+                        remaining=deadline - clock.monotonic(),
+                        pace=pace,
+                        if_busy_ms=clock.now_ms() - int(skew * 1000),
                     )
                     continue
                 push_cap, pace.push_cap = pace.push_cap, None  # the state came by push
-                sent_mono = monotonic()
-                now = now_ms()
+                sent_mono = clock.monotonic()
+                now = clock.now_ms()
                 stale = now - int(skew * 1000)
                 entry = table.holder_entry(
-                    user_id, now + int(lease * 1000), _new_fence(skew), now, self.shared
+                    user_id, now + int(lease * 1000), clock.new_fence(skew), now, self.shared
                 )
                 if confirm or (push_cap is not None and push_cap - sent_mono < margin):
                     confirm_below = 2**63
@@ -441,7 +319,14 @@ class Semaphore:
                     acting = [r for r in resources if plans[r].action is not None]
                     if not acting:
                         held = self._held_if_trusted(
-                            token, user_id, plans, lease, skew, None, seen, push_cap
+                            plans,
+                            seen,
+                            token=token,
+                            user_id=user_id,
+                            lease=lease,
+                            skew=skew,
+                            sent_mono=None,
+                            push_cap=push_cap,
                         )
                         if held is not None:
                             return held
@@ -449,21 +334,18 @@ class Semaphore:
                         replans += 1
                         if replans <= MAX_REPLANS:
                             continue
-                        yield lambda: self._withdraw(token, resources)
+                        yield Request(lambda: withdraw(token, resources))
                         raise _too_slow(self.resource, lease, skew)
                     actions = [a for a in (plans[r].action for r in acting) if a is not None]
                     try:
                         if len(actions) == 1:
-                            after = yield _Write(
+                            after = yield Write(
                                 functools.partial(table.update, actions[0], return_new=True),
-                                self,
                                 token,
                                 acting,
                             )
                         else:  # all or none
-                            yield _Write(
-                                functools.partial(table.transact, actions), self, token, acting
-                            )
+                            yield Write(functools.partial(table.transact, actions), token, acting)
                     except table.Refused as refused:
                         seen[acting[0]] = refused.old or {}
                     except table.Cancelled as cancelled:
@@ -474,30 +356,37 @@ class Semaphore:
                                 conflict = False
                         if conflict:
                             # Another transaction was on these items: step aside briefly.
-                            yield random.uniform(0.002, 0.02)
+                            yield Sleep(random.uniform(0.002, 0.02))
                     except SemaphoreUnavailable as exc:
                         failures += 1
                         # An ambiguous failure (5xx, timeout) may hide an applied write: the same
                         # write again (same token) is refused by our own hold, which tells us so.
                         # Give it a few tries even past the wait budget, then withdraw what may be
                         # ours. A throttled or unconnected request was never applied.
-                        ambiguous = getattr(exc, "ambiguous", False)
-                        out_of_time = monotonic() >= deadline and (
+                        ambiguous = exc.ambiguous
+                        out_of_time = clock.monotonic() >= deadline and (
                             not ambiguous or failures > MIN_TRANSIENT_RETRIES
                         )
-                        if not getattr(exc, "transient", False) or out_of_time:
+                        if not exc.transient or out_of_time:
                             if ambiguous:
-                                yield lambda a=acting: self._withdraw(token, a)
+                                yield Request(functools.partial(withdraw, token, acting))
                             raise
-                        yield min(_backoff(failures), max(0.05, deadline - monotonic()))
+                        yield Sleep(min(backoff(failures), max(0.05, deadline - clock.monotonic())))
                         continue
                     else:
                         if len(resources) == 1:
                             seen[resources[0]] = after
                             if not pace.enqueued:  # taken at once: free, this time
-                                _queued_recently.pop(resources[0], None)
+                                queued_recently.pop(resources[0], None)
                         held = self._held_if_trusted(
-                            token, user_id, plans, lease, skew, sent_mono, seen, None
+                            plans,
+                            seen,
+                            token=token,
+                            user_id=user_id,
+                            lease=lease,
+                            skew=skew,
+                            sent_mono=sent_mono,
+                            push_cap=None,
                         )
                         if held is not None:
                             return held
@@ -507,14 +396,14 @@ class Semaphore:
                         replans += 1
                         if replans <= MAX_REPLANS:
                             continue
-                        yield lambda a=acting: self._withdraw(token, a)
+                        yield Request(functools.partial(withdraw, token, acting))
                         raise _too_slow(self.resource, lease, skew)
                     replans += 1
                     if replans <= MAX_REPLANS:
                         continue  # the refusal told us the state: plan again from it at once
                     blocked = {r: {} for r in resources}
                 # Busy: wait within the budget (never much past the first lease end), look again.
-                remaining = deadline - monotonic()
+                remaining = deadline - clock.monotonic()
                 queued = (
                     len(resources) == 1
                     and plans.get(resources[0]) is not None
@@ -524,41 +413,42 @@ class Semaphore:
                     if queued or pace.enqueued:
                         # Leave the queue; a hand-over that reached us meanwhile is ours to keep.
                         try:
-                            yield lambda: table.update(table.dequeue(resources[0], token))
+                            yield Request(lambda: table.update(table.dequeue(resources[0], token)))
                         except table.Refused as refused:
                             if token in ((refused.old or {}).get("holders") or {}):
                                 seen[resources[0]] = refused.old
                                 continue
                         except SemaphoreUnavailable:
                             pass  # our entry expires with its lease
-                    raise self._busy(blocked, skew, user_id, token)
-                if len(resources) == 1 and (queued or self._should_queue(seen.get(resources[0]))):
-                    seen[resources[0]] = yield from self._wait_in_queue(
+                    raise busy(self, blocked, skew=skew, user_id=user_id, token=token)
+                if len(resources) == 1 and (queued or should_queue(self, seen.get(resources[0]))):
+                    seen[resources[0]] = yield from wait_in_queue(
+                        self,
                         resources[0],
                         seen.get(resources[0]),
-                        token,
-                        user_id,
-                        lease,
-                        skew,
-                        queued,
-                        remaining,
-                        pace,
+                        token=token,
+                        user_id=user_id,
+                        lease=lease,
+                        skew=skew,
+                        queued=queued,
+                        remaining=remaining,
+                        pace=pace,
                     )
                     replans = 0
                     continue
                 sleeps += 1
-                until_free = _seconds_until_free(blocked, skew)
-                yield max(0.0, min(_backoff(sleeps), until_free + 0.005, remaining))
+                until_free = seconds_until_free(blocked, skew)
+                yield Sleep(max(0.0, min(backoff(sleeps), until_free + 0.005, remaining)))
                 replans = 0
                 for r in blocked:
                     old = seen.get(r) or {}
                     if (
                         old.get("mode") in (MODE_COUNTING, MODE_SHARED)
-                        and len(_live_holders(old, now_ms() - int(skew * 1000))) > 1
+                        and len(live_holders(old, clock.now_ms() - int(skew * 1000))) > 1
                     ):
                         # Some of several holders are surely still there: read which, cheaply.
                         try:
-                            seen[r] = yield lambda r=r: table.get(r)
+                            seen[r] = yield Request(functools.partial(table.get, r))
                         except SemaphoreUnavailable:
                             seen[r] = None
                     else:
@@ -567,162 +457,16 @@ class Semaphore:
         finally:
             wakeup.forget(token)  # a push that comes now is for a wait that is over
 
-    def _should_queue(self, seen: dict[str, Any] | None) -> bool:
-        """Queue up (rather than poll with backoff) when fair, when others already do, or as
-        a writer behind readers: new readers then queue behind us, so writers never starve."""
-        seen = seen or {}
-        exclusive = self.mode == MODE_EXCLUSIVE
-        writer_behind_readers = exclusive and seen.get("mode") == MODE_SHARED
-        if self.fair or bool(seen.get("queue")) or writer_behind_readers:
-            return True
-        # A waiter that can be pushed the hand-over queues too: the releasing holder then
-        # hands it the lock in its release write and tells it at once, which beats polling
-        # on both requests and idle time.
-        return (
-            exclusive and seen.get("mode", MODE_EXCLUSIVE) == MODE_EXCLUSIVE and wakeup.available()
-        )
-
-    def _wait_in_queue(
-        self,
-        resource: str,
-        seen: dict[str, Any] | None,
-        token: str,
-        user_id: str,
-        lease: float,
-        skew: float,
-        queued: bool,
-        remaining: float,
-        pace: _Pace,
-        if_busy_ms: int | None = None,
-    ) -> Generator[Any, Any, dict[str, Any] | None]:
-        """Join the queue (once), then sleep toward our likely turn and look again: with a
-        cheap read, or by renewing our place when its lease is half gone. Returns the state.
-
-        ``if_busy_ms``: join only if someone holds it (a lease ending at or after this) or
-        waits; otherwise the refusal's old item is returned, to take it from."""
-        now = now_ms()
-        if not queued:
-            stored = int((seen or {}).get("ticket") or 0)
-            waiter: dict[str, Any] = {
-                "t": max(_new_fence(0), stored + 1),
-                "e": now + int(lease * 1000),
-                "u": user_id,
-                "s": self.shared,
-                "l": int(lease * 1000),
-            }
-            address = wakeup.expect(resource, token, lease=lease, skew=skew, now_ms=now_ms)
-            if address is not None:
-                waiter["n"] = address  # where the holder that hands us the lock tells us
-            fresh = seen is not None and "queue" not in seen
-            pace.enqueued = True  # from now on, giving up means leaving the queue
-            for attempt in range(1, 4):
-                try:
-                    after: dict[str, Any] | None = yield _InQueue(
-                        functools.partial(
-                            table.update,
-                            table.enqueue(
-                                resource, token, waiter, fresh=fresh, if_busy_ms=if_busy_ms
-                            ),
-                            return_new=True,
-                        ),
-                        self,
-                        token,
-                        resource,
-                        write=True,
-                    )
-                    if len(_queued_recently) >= MAX_REMEMBERED:
-                        _queued_recently.clear()
-                        _pushed_recently.clear()
-                    _queued_recently[resource] = monotonic()
-                    return after
-                except table.Refused as refused:
-                    old: dict[str, Any] = refused.old or {}
-                    if token in (old.get("queue") or {}):
-                        return old  # our own enqueue, its response lost
-                    if if_busy_ms is not None:
-                        return old  # free, most likely: plan from what it is
-                    fresh = "queue" not in old
-                    waiter["t"] = max(waiter["t"], int(old.get("ticket") or 0) + 1)
-                except SemaphoreUnavailable as exc:
-                    # In transit: maybe applied (then the same write is refused by our own
-                    # entry, which tells us so), maybe not. The caller looks again.
-                    if not getattr(exc, "transient", False):
-                        raise
-                    yield min(_backoff(attempt), max(0.001, remaining))
-            return seen
-        mine = ((seen or {}).get("queue") or {}).get(token) or {}
-        nap = max(0.001, min(pace.turn_in(seen, token, skew), remaining))
-        if mine.get("n"):
-            if (
-                not self.shared
-                and monotonic() - _pushed_recently.get(resource, -math.inf) < GUESS_BUSY_FOR
-            ):
-                # Hand-overs of this resource reached us by push lately: a read before the
-                # next one would most likely find nothing new. Look only as a fallback.
-                nap = max(nap, min(PUSH_PATIENCE, pace.until_free, remaining))
-            last_fence = int((seen or {}).get("fence") or 0)
-            pushed: wakeup.Push | None = yield _InQueue(
-                lambda: wakeup.wait(token, nap, fence_above=last_fence), self, token, resource
-            )
-            if pushed is not None:
-                _pushed_recently[resource] = monotonic()
-                # Handed the lock (or told it is free): the item as written. A hand-over is
-                # worth no more than its arrival plus our own lease.
-                pace.push_cap = pushed.arrived + lease - skew
-                return pushed.item
-        else:
-            yield nap
-        sent = monotonic()
-        if int(mine.get("e", 0)) - now_ms() < lease * 500:
-            try:
-                renewed: dict[str, Any] | None = yield lambda: table.update(
-                    table.renew_waiter(resource, token, now_ms() + int(lease * 1000)),
-                    return_new=True,
-                )
-                return renewed
-            except table.Refused as refused:
-                gone: dict[str, Any] | None = refused.old
-                return gone  # no longer queued: handed the lock, or evicted
-        item: dict[str, Any] | None = yield lambda: table.get(resource)
-        pace.answered(monotonic() - sent)
-        return item
-
-    def _withdraw(self, token: str, resources: list[str]) -> None:
-        """Best effort: release whatever an unanswered write of ours may have taken."""
-        for resource in resources:
-            try:
-                table.update(table.give_back(resource, token, now_ms(), sole=False))
-            except (table.Refused, SemaphoreUnavailable):
-                pass
-
-    def _busy(
-        self, blocked: dict[str, dict[str, Any]], skew: float, user_id: str, token: str
-    ) -> SemaphoreBusy:
-        resource = next(iter(blocked))
-        holders = blocked[resource]
-        first = min(holders.values(), key=lambda h: int(h.get("e", 0)), default=None)
-        retry_after = math.ceil(_seconds_until_free(blocked, skew)) if holders else 1
-        exc = SemaphoreBusy(resource, retry_after, first.get("u") if first else None)
-        lock_busy.send(
-            sender=Semaphore,
-            resource=resource,
-            user_id=user_id,
-            token=token,
-            fence=None,
-            holder_user_id=exc.holder_user_id,
-            retry_after=exc.retry_after,
-        )
-        return exc
-
     def _held_if_trusted(
         self,
+        plans: dict[str, _Plan],
+        seen: dict[str, dict[str, Any] | None],
+        *,
         token: str,
         user_id: str,
-        plans: dict[str, _Plan],
         lease: float,
         skew: float,
         sent_mono: float | None,
-        seen: dict[str, dict[str, Any] | None],
         push_cap: float | None,
     ) -> Held | None:
         """The hold, if its trusted deadline (read now) is still ahead; else None.
@@ -730,7 +474,7 @@ class Semaphore:
         ``sent_mono``: when the write that took (or renewed) the resources with an action
         left; the others we only saw to be ours, and trust until their stored lease end less
         the skew (a pushed one: nor past ``push_cap``)."""
-        mono, now = monotonic(), now_ms()
+        mono, now = clock.monotonic(), clock.now_ms()
         ends = [sent_mono + lease - skew] if sent_mono is not None else []
         for plan in plans.values():
             if sent_mono is None or plan.action is None:
@@ -740,77 +484,49 @@ class Semaphore:
         deadline = min(ends)
         if deadline <= mono:
             return None
-        return self._held(token, user_id, plans, lease, skew, deadline, seen)
-
-    def _held(
-        self,
-        token: str,
-        user_id: str,
-        plans: dict[str, _Plan],
-        lease: float,
-        skew: float,
-        deadline: float,
-        seen: dict[str, dict[str, Any] | None],
-    ) -> Held:
-        expires_ms = min(p.expires_ms for p in plans.values())
-        held = Held(
+        return acquired(
             self,
             token=token,
             user_id=user_id,
             fences={r: p.fence for r, p in plans.items()},
             lease=lease,
             skew=skew,
-            expires_ms=expires_ms,
+            expires_ms=min(p.expires_ms for p in plans.values()),
             sent_mono=deadline - lease + skew,
+            item=seen.get(self.resources[0]) if len(self.resources) == 1 and seen else None,
         )
-        if len(self.resources) == 1 and seen:
-            held._observe(seen.get(self.resources[0]))
-            if self.mode == MODE_SHARED:
-                held._wake_next_reader(seen.get(self.resources[0]))
-        lock_acquired.send(
-            sender=Semaphore,
-            resource=held.resource,
-            user_id=user_id,
-            token=token,
-            fence=held.fence,
-            fences=held.fences,
-        )
-        held._start_heartbeat()
-        return held
 
     def acquire(self) -> Held:
         """Take the semaphore (waiting up to ``wait``) and return the :class:`Held` hold."""
-        return _run_sync(self._acquire_steps())
+        return run_sync(self._acquire_steps())
 
     async def aacquire(self) -> Held:
         """``acquire()`` for async code: requests run in a thread, waits are ``asyncio.sleep``."""
-        return await _run_async(self._acquire_steps())
+        return await run_async(self._acquire_steps())
 
     # -- context managers --------------------------------------------------------------------
 
     def __enter__(self) -> Held:
         held = self.acquire()
-        _push(self, held)
+        remember_entered(self, held)
         return held
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        _exit(_pop(self), exc_type is not None)
+        leave(forget_entered(self), exc_type is not None)
 
     async def __aenter__(self) -> Held:
         held = await self.aacquire()
-        _push(self, held)
+        remember_entered(self, held)
         return held
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        held = _pop(self)
-        await asyncio.to_thread(_exit, held, exc_type is not None)
+        held = forget_entered(self)
+        await asyncio.to_thread(leave, held, exc_type is not None)
 
     # -- decorator ---------------------------------------------------------------------------
 
     def __call__(self, func: Callable[..., Any]) -> Callable[..., Any]:
         """Decorate a view, a function, a method or a task (see :mod:`dynasem.decorators`)."""
-        from .decorators import lock_callable
-
         return lock_callable(self, func)
 
     def with_resource(self, resource: Any, user: Any) -> Semaphore:
@@ -822,7 +538,7 @@ class Semaphore:
             user=user,
             lease=self.lease,
             wait=self.wait,
-            on_busy=self.on_busy,
+            on_busy=self.decoration.on_busy,
             fair=self._fair,
             on_commit=self.on_commit,
             using=self.using,
@@ -830,635 +546,16 @@ class Semaphore:
         )
 
 
-class _Pace:
-    """When a queued waiter looks again. A turn comes every hold time plus the hand-over's own
-    requests (the release write, then our read that sees it), so the waiter sleeps toward the
-    time the holder ahead should be done. A look that finds nothing moved (same holders, same
-    waiters ahead) doubles the next pause: a late holder, or a dead waiter ahead of us
-    blocking a free lock until its entry expires, costs a few reads, not a read every hold
-    time."""
-
-    def __init__(self) -> None:
-        self.rtt = 0.005  # seconds; an average of our own reads' round trips
-        self.early = 0  # looks in a row that found nothing moved
-        self.state: Any = None
-        self.until_free = 1.0  # seconds until the first holder (or waiter) ahead lapses
-        self.enqueued = False  # an enqueue of ours was sent (it may have been applied)
-        # The last state came by push: a hold it hands us is trusted no later than this.
-        self.push_cap: float | None = None
-
-    def answered(self, seconds: float) -> None:
-        self.rtt = (3 * self.rtt + min(seconds, 0.5)) / 4
-
-    def turn_in(self, seen: dict[str, Any] | None, token: str, skew: float) -> float:
-        seen = seen or {}
-        now = now_ms()
-        queue = seen.get("queue") or {}
-        mine = queue.get(token)
-        stale = now - int(skew * 1000)
-        ahead = {
-            t: w
-            for t, w in queue.items()
-            if t != token and int(w["e"]) >= stale and (mine is None or w["t"] < mine["t"])
-        }
-        live = _live_holders(seen, stale)
-        state = (tuple(sorted(live)), tuple(sorted(ahead)))
-        if state != self.state:
-            self.state, self.early = state, 0
-        else:
-            self.early += 1
-        rtt_ms = self.rtt * 1000
-        hold = max(2.0, float(seen.get("holdMs") or 20))
-        start = max((int(h.get("a", now)) for h in live.values()), default=now)
-        # The holder's release lands about one round trip after its hold; every waiter ahead
-        # of us then takes a hold plus two round trips (that release, its own read).
-        turn = (start + hold + rtt_ms + (hold + 2 * rtt_ms) * len(ahead) - now) / 1000
-        step = max(0.002, self.rtt)
-        if live:
-            # Until the first holder could be taken over (its lease end + skew). Overdue:
-            # back off from a round trip, doubling while nothing moves, at most 64 round
-            # trips (a hand-over after a long hold is still seen within a fraction of it).
-            first_end = min(int(h["e"]) for h in live.values())
-            if turn <= 0:
-                turn = step * 2 ** min(self.early, 6)
-        else:
-            # Nobody holds, yet a waiter ahead has not taken its turn: if nothing moved since
-            # our last look it is most likely dead; look again ever later, up to a second,
-            # until its entry can be evicted.
-            first = min(ahead.values(), key=lambda w: int(w["t"]), default=None)
-            first_end = int(first["e"]) if first else now
-            if self.early:
-                turn = max(turn, step * 2 ** min(self.early, 10))
-        until_free = (first_end + skew * 1000 - now) / 1000 + 0.001
-        self.until_free = max(0.001, until_free)
-        return max(0.001, min(turn, until_free, 1.0))
+Semaphore.signal_sender = Semaphore
 
 
 def _too_slow(resource: str, lease: float, skew: float) -> SemaphoreUnavailable:
-    err = SemaphoreUnavailable(
+    return SemaphoreUnavailable(
         f"could not take {resource!r}: every hold we got had run out of its lease "
         f"({lease:g}s, less CLOCK_SKEW {skew:g}s) by the time it could be returned; this "
-        "process is paused or starved for longer than the lease"
+        "process is paused or starved for longer than the lease",
+        transient=True,
     )
-    err.transient = True
-    return err
-
-
-def _backoff(attempt: int) -> float:
-    cap = min(BACKOFF_CAP, BACKOFF_FIRST * (2 ** min(attempt - 1, 16)))
-    return random.uniform(cap / 2, cap)
-
-
-def _seconds_until_free(blocked: dict[str, dict[str, Any]], skew: float) -> float:
-    """Until the first holder in the way could be taken over (its lease end + skew)."""
-    ends = [int(h.get("e", 0)) for holders in blocked.values() for h in holders.values()]
-    if not ends:
-        return BACKOFF_CAP
-    return max(0.0, (min(ends) + skew * 1000 - now_ms()) / 1000)
-
-
-def _run_sync(steps: Generator[Any, Any, _T]) -> _T:
-    result: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            step = steps.throw(error) if error is not None else steps.send(result)
-        except StopIteration as stop:
-            value: _T = stop.value  # what the generator returned
-            return value
-        result, error = None, None
-        if callable(step):
-            try:
-                result = step()
-            except Exception as exc:  # handed back to the loop, which decides
-                error = exc
-        elif step:
-            time.sleep(step)
-
-
-class _InQueue:
-    """A step of a queued wait: if its caller is cancelled, the queue entry must go (or a
-    releasing holder would hand the lock to a waiter nobody is left to use)."""
-
-    def __init__(
-        self,
-        fn: Callable[[], Any],
-        sem: Semaphore,
-        token: str,
-        resource: str,
-        *,
-        write: bool = False,
-    ):
-        self.fn, self.sem, self.token, self.resource = fn, sem, token, resource
-        self.write = write  # the enqueue itself (a wait for a push is not)
-
-    def __call__(self) -> Any:
-        return self.fn()
-
-    def abandon(self) -> None:
-        try:
-            table.update(table.dequeue(self.resource, self.token))
-        except table.Refused as refused:
-            if self.token in ((refused.old or {}).get("holders") or {}):
-                self.sem._withdraw(self.token, [self.resource])  # handed to us meanwhile
-        except SemaphoreUnavailable:
-            pass  # the entry expires with its lease
-
-
-class _Write:
-    """An acquire write, with what to withdraw if its caller is cancelled meanwhile."""
-
-    def __init__(self, send: Callable[[], Any], sem: Semaphore, token: str, resources: list[str]):
-        self.send, self.sem, self.token, self.resources = send, sem, token, resources
-
-    def __call__(self) -> Any:
-        return self.send()
-
-
-async def _run_async(steps: Generator[Any, Any, _T]) -> _T:
-    result: Any = None
-    error: BaseException | None = None
-    queued: _InQueue | None = None  # we may be in a resource's queue
-    while True:
-        try:
-            step = steps.throw(error) if error is not None else steps.send(result)
-        except StopIteration as stop:
-            value: _T = stop.value  # what the generator returned
-            return value
-        result, error = None, None
-        if isinstance(step, _InQueue):
-            queued = step
-        try:
-            if callable(step):
-                request = asyncio.ensure_future(asyncio.to_thread(step))
-                try:
-                    result = await asyncio.shield(request)
-                except asyncio.CancelledError:
-                    if isinstance(step, _Write) or getattr(step, "write", False):
-                        await asyncio.wait([request])  # it goes on in its thread: let it end
-                    if isinstance(step, _Write):
-                        # The write may have landed: give back whatever it took, or the
-                        # hold would sit there for a whole lease.
-                        await asyncio.to_thread(step.sem._withdraw, step.token, step.resources)
-                    raise
-                except Exception as exc:
-                    error = exc
-            elif step:
-                await asyncio.sleep(step)
-        except asyncio.CancelledError:
-            if queued is not None:
-                await asyncio.to_thread(queued.abandon)
-            raise
-
-
-# The holds entered through ``with``/``async with``, per thread and per task.
-_entered: ContextVar[tuple[tuple[int, Held], ...]] = ContextVar("dynasem_entered", default=())
-
-
-def _push(sem: Semaphore, held: Held) -> None:
-    _entered.set(_entered.get() + ((id(sem), held),))
-
-
-def current_hold(resource: str | None = None) -> Held:
-    """The innermost hold this thread or task entered (``with``/``async with``, or a decorated
-    call) and has not left; the innermost one on ``resource`` if given. A decorated view or
-    function reaches its own hold this way: ``current_hold().fence``.
-    Raises :class:`LookupError` when there is none."""
-    for _sem_id, held in reversed(_entered.get()):
-        if resource is None or resource in held.resources:
-            return held
-    raise LookupError(
-        "no dynasem hold is entered here" + (f" on {resource!r}" if resource is not None else "")
-    )
-
-
-def _pop(sem: Semaphore) -> Held:
-    stack = _entered.get()
-    for i in range(len(stack) - 1, -1, -1):
-        if stack[i][0] == id(sem):
-            _entered.set(stack[:i] + stack[i + 1 :])
-            return stack[i][1]
-    raise RuntimeError("semaphore exited without a matching enter")
-
-
-def _exit(held: Held, raised: bool) -> None:
-    try:
-        held.release()
-    except LockLost:
-        if not raised:
-            raise
-        # The block's own exception goes on; the loss is logged and was signalled.
-        logger.warning("dynasem: hold on %r was lost while its block raised", held.resource)
-
-
-class Held:
-    """One acquisition: what was recorded, its fence(s), and ways to renew or release it."""
-
-    def __init__(
-        self,
-        semaphore: Semaphore,
-        *,
-        token: str,
-        user_id: str,
-        fences: dict[str, int],
-        lease: float,
-        skew: float,
-        expires_ms: int,
-        sent_mono: float,
-    ):
-        self.semaphore = semaphore
-        self.resources = list(semaphore.resources)
-        self.token = token
-        self.user_id = user_id
-        self.fences = fences
-        self.lease = lease
-        self.skew = skew
-        self._expires_ms = expires_ms
-        self._deadline = sent_mono + lease - skew
-        self._lock = threading.RLock()  # serialises renew/release requests
-        self._state_lock = threading.Lock()  # guards _lost only: never held across a request
-        self._lost: str | None = None
-        self._released = False
-        self._pending_commit = False  # given back, waiting for the transaction to end
-        self._heartbeat: Any = None
-        self._taken_mono = monotonic()
-        self._max_hold_end: float | None = None
-        if semaphore.max_hold is not None:
-            self._max_hold_end = self._taken_mono + semaphore.max_hold
-            self._deadline = min(self._deadline, self._max_hold_end)
-        self._queue: dict[str, Any] = {}  # the waiters we last saw: the hand-over's heirs
-        self._hold_avg: int | None = None
-
-    def _observe(self, item: dict[str, Any] | None) -> None:
-        if item:
-            self._queue = dict(item.get("queue") or {})
-            if item.get("holdMs") is not None:
-                self._hold_avg = int(item["holdMs"])
-
-    def _hold_ms(self) -> int:
-        mine = int((monotonic() - self._taken_mono) * 1000)
-        return mine if self._hold_avg is None else (3 * self._hold_avg + mine) // 4
-
-    def _heir(self) -> tuple[str, dict[str, Any]] | None:
-        """The first live waiter we know of, if the hold is exclusive."""
-        if self.semaphore.mode != MODE_EXCLUSIVE or len(self.resources) != 1:
-            return None
-        now = now_ms()
-        live = [(int(w["t"]), t, w) for t, w in self._queue.items() if int(w.get("e", 0)) > now]
-        if not live:
-            return None
-        _, heir, waiter = min(live)
-        return heir, waiter
-
-    # -- what users read ---------------------------------------------------------------------
-
-    @property
-    def resource(self) -> str:
-        return self.resources[0]
-
-    @property
-    def fence(self) -> int:
-        return self.fences[self.resource]
-
-    @property
-    def expires(self) -> datetime:
-        return datetime.fromtimestamp(self._expires_ms / 1000, tz=UTC)
-
-    @property
-    def lost(self) -> bool:
-        """True once the hold is known not to be ours any more (or its lease ran out)."""
-        self._check_deadline()
-        return self._lost is not None
-
-    @property
-    def released(self) -> bool:
-        return self._released
-
-    def seconds_left(self) -> float:
-        """How long we may still trust the hold without renewing (our clock, skew allowed)."""
-        return max(0.0, self._deadline - monotonic())
-
-    def __repr__(self) -> str:
-        return f"<Held {self.resources!r} fence={self.fence} user={self.user_id!r}>"
-
-    # -- renewing ----------------------------------------------------------------------------
-
-    def _check_deadline(self) -> None:
-        if self._lost is None and not self._released and monotonic() >= self._deadline:
-            self._mark_lost(self._deadline_reason())
-
-    def _deadline_reason(self) -> str:
-        if self._max_hold_end is not None and monotonic() >= self._max_hold_end:
-            return f"it was held for max_hold={self.semaphore.max_hold:g}s"
-        return "its lease ran out before it could be renewed"
-
-    def _mark_lost(self, reason: str) -> None:
-        with self._state_lock:
-            if self._lost is not None:
-                return
-            self._lost = reason
-        self._stop_heartbeat()
-        logger.warning("dynasem: lost the hold on %r: %s", self.resource, reason)
-        lock_lost.send(
-            sender=Semaphore,
-            resource=self.resource,
-            user_id=self.user_id,
-            token=self.token,
-            fence=self.fence,
-            reason=reason,
-            # Its block had ended, its transaction had not: the transaction's work may still
-            # commit after another holder took over.
-            pending_commit=self._pending_commit,
-        )
-
-    def _raise_lost(self) -> None:
-        raise LockLost(self.resource, self._lost or "unknown")
-
-    def renew(self) -> None:
-        """Extend the lease now (the heartbeat does this by itself while the hold lives)."""
-        # A renewal of the heartbeat's may hang on an unreachable endpoint, holding the lock,
-        # for as long as botocore's timeouts allow: wait for it only while the hold can be
-        # trusted. Past the deadline the hold is lost, whatever that renewal answers later.
-        while not self._lock.acquire(timeout=self.seconds_left()):
-            self._check_deadline()
-            if self._released:
-                raise LockLost(self.resource, "it was released")
-            if self._lost is not None:
-                self._raise_lost()
-        try:
-            self._check_deadline()
-            if self._released:
-                raise LockLost(self.resource, "it was released")
-            if self._lost is not None:
-                self._raise_lost()
-            self._renew_once()
-        finally:
-            self._lock.release()
-
-    async def arenew(self) -> None:
-        await asyncio.to_thread(self.renew)
-
-    def _renew_once(self) -> None:
-        sent_mono = monotonic()
-        lease = self.lease
-        if self._max_hold_end is not None:
-            # Never past max_hold: others may take over CLOCK_SKEW after it (their clocks).
-            lease = min(lease, self._max_hold_end - sent_mono + self.skew)
-        expires = now_ms() + int(lease * 1000)
-        if expires <= self._expires_ms:
-            return  # nothing left to extend
-        raise_item = {r: True for r in self.resources}
-        for _ in range(4):
-            actions = [
-                table.renew_hold(r, self.token, expires, raise_item=raise_item[r])
-                for r in self.resources
-            ]
-            try:
-                if len(actions) == 1:
-                    self._observe(table.update(actions[0], return_new=True))
-                else:
-                    table.transact(actions)
-            except table.Refused as refused:
-                if not self._still_ours(self.resources[0], refused.old, raise_item):
-                    break
-            except table.Cancelled as cancelled:
-                reasons = zip(self.resources, cancelled.reasons, strict=False)
-                if any(
-                    code == "ConditionalCheckFailed" and not self._still_ours(r, old, raise_item)
-                    for r, (code, old) in reasons
-                ):
-                    break
-            else:
-                self._expires_ms = expires
-                self._deadline = max(self._deadline, sent_mono + lease - self.skew)
-                return
-        else:
-            err = SemaphoreUnavailable(f"could not renew {self.resource!r}: conflicting writes")
-            err.transient = True
-            raise err
-        self._mark_lost("another holder took it over, or it was broken by an operator")
-        self._raise_lost()
-
-    def _still_ours(
-        self, resource: str, old: dict[str, Any] | None, raise_item: dict[str, bool]
-    ) -> bool:
-        if self.token in ((old or {}).get("holders") or {}):
-            # Ours still; another holder's later lease end stands as the item's expiry.
-            raise_item[resource] = False
-            return True
-        return False
-
-    # -- releasing ---------------------------------------------------------------------------
-
-    def release(self) -> None:
-        """Give back this acquisition's hold only. Raises :class:`LockLost` if it was not ours
-        any more (after cleaning up whatever is still ours).
-
-        Inside ``transaction.atomic`` (unless the semaphore has ``on_commit=False``) the hold
-        is given back after the outermost transaction of its database commits, or at once
-        when that rolls back; the lease is renewed until then. A hold already known lost
-        raises now, while the transaction can still roll back."""
-        if self._released or self._pending_commit:
-            return
-        sem = self.semaphore
-        if (
-            sem.on_commit
-            and not self.lost
-            and transactions.after_transaction(sem.using, self._after_transaction, self.resource)
-        ):
-            self._pending_commit = True
-            return
-        self._release_now()
-
-    @property
-    def pending_commit(self) -> bool:
-        """True while the hold waits for its transaction to end before it is given back."""
-        return self._pending_commit
-
-    def _after_transaction(self, committed: bool) -> None:
-        try:
-            self._release_now()
-        except LockLost as exc:
-            if committed:
-                # lock_lost was sent (with pending_commit=True) when the loss was found.
-                logger.error(
-                    "dynasem: the transaction that held %r committed after the hold was lost "
-                    "(%s): another holder may have worked on the same data before this "
-                    "commit; fence such writes with held.fence",
-                    self.resource,
-                    exc.reason,
-                )
-            else:
-                logger.warning(
-                    "dynasem: the hold on %r was lost (%s) before its transaction rolled back",
-                    self.resource,
-                    exc.reason,
-                )
-        finally:
-            self._pending_commit = False
-
-    def _release_now(self) -> None:
-        with self._lock:
-            if self._released:
-                return
-            self._released = True
-            self._stop_heartbeat()
-            lost_before = self._lost is not None or monotonic() >= self._deadline
-            ok = self._give_back()
-            if not ok and self._lost is None:
-                self._mark_lost("another holder took it over, or it was broken by an operator")
-            if lost_before and self._lost is None:
-                self._mark_lost(self._deadline_reason())
-            if self._lost is not None:
-                self._raise_lost()
-        lock_released.send(
-            sender=Semaphore,
-            resource=self.resource,
-            user_id=self.user_id,
-            token=self.token,
-            fence=self.fence,
-        )
-
-    async def arelease(self) -> None:
-        await asyncio.to_thread(self.release)
-
-    def _hand_over(self) -> bool | None:
-        """Release straight to the first waiter (one write). None: no heir, or it left."""
-        heir = self._heir()
-        if heir is None or self._lost is not None:
-            return None
-        token, waiter = heir
-        now = now_ms()
-        fence = max(_new_fence(self.skew), self.fence + 1)
-        entry = table.holder_entry(
-            str(waiter.get("u", "")),
-            now + int(waiter.get("l", self.lease * 1000)),
-            fence,
-            now,
-            bool(waiter.get("s", False)),
-        )
-        try:
-            item = table.update(
-                table.hand_over(
-                    self.resource,
-                    self.token,
-                    token,
-                    int(waiter["t"]),
-                    entry,
-                    hold_ms=self._hold_ms(),
-                ),
-                return_new=True,
-            )
-        except table.Refused as refused:
-            old = refused.old or {}
-            if self.token in (old.get("holders") or {}):
-                self._observe(old)  # the heir left (or our fence was behind): plain release
-                return None
-            return self._released_by(old, refused.retried)
-        except SemaphoreUnavailable:
-            return None
-        if waiter.get("n") and item is not None:
-            wakeup.push(waiter["n"], self.resource, token, item, sent_ms=now_ms())
-        return True
-
-    def _give_back(self) -> bool:
-        """Send the release; True if every resource was ours until now."""
-        handed = self._hand_over()
-        if handed is not None:
-            return handed
-        sole = self.semaphore.mode == MODE_EXCLUSIVE
-        pending = list(self.resources)
-        ok = True
-        hold_ms = self._hold_ms() if len(pending) == 1 else None
-        for _ in range(3):
-            now = now_ms()
-            # A released row may be reaped once its expMs is CLOCK_SKEW old: never before
-            # every in-tolerance clock reads past our fence's time, or a fresh fence made after
-            # the reap could be smaller than ours.
-            actions = [
-                table.give_back(
-                    r, self.token, max(now, self.fences[r] // 1000), sole=sole, hold_ms=hold_ms
-                )
-                for r in pending
-            ]
-            try:
-                if len(actions) == 1:
-                    # Only a hold long enough for waiters to have come unseen asks for the
-                    # item back (its decoding costs the uncontended path ~10 % of its CPU).
-                    look = bool(self._queue) or monotonic() - self._taken_mono > WAKE_AFTER
-                    self._wake_first(table.update(actions[0], return_new=look))
-                else:
-                    table.transact(actions)
-                return ok
-            except table.Refused as refused:
-                return ok and self._released_by(refused.old, refused.retried)
-            except table.Cancelled as cancelled:
-                # Nothing was applied: drop the ones not ours any more and send the rest again.
-                still = []
-                for r, (code, old) in zip(pending, cancelled.reasons, strict=False):
-                    if code != "ConditionalCheckFailed":
-                        still.append(r)
-                    elif not self._released_by(old, cancelled.retried):
-                        ok = False
-                pending = still
-                if not pending:
-                    return ok
-            except SemaphoreUnavailable as exc:
-                # The work is done and the lease will lapse by itself: never fail the caller
-                # for a release DynamoDB could not take.
-                logger.warning("dynasem: could not release %r (%s); it expires", pending, exc)
-                return ok
-        return ok
-
-    def _wake_first(self, item: dict[str, Any] | None) -> None:
-        """After a plain release: if waiters are queued (ones we did not know of when we
-        could have handed over), push the first one the item, so it takes the lock now
-        instead of at its next paced read."""
-        queue = (item or {}).get("queue") or {}
-        if not queue or (item or {}).get("holders"):
-            return
-        now = now_ms()
-        live = [(int(w["t"]), t, w) for t, w in queue.items() if int(w.get("e", 0)) > now]
-        if live:
-            _, first, waiter = min(live)
-            if waiter.get("n") and item is not None:
-                wakeup.push(waiter["n"], self.resource, first, item, sent_ms=now_ms())
-
-    def _wake_next_reader(self, item: dict[str, Any] | None) -> None:
-        """A shared hold just taken: if the first waiter in line is a reader too, it can join
-        us now; push it the item (it then pushes the next one when it has joined)."""
-        queue = (item or {}).get("queue") or {}
-        now = now_ms()
-        live = [(int(w["t"]), t, w) for t, w in queue.items() if int(w.get("e", 0)) > now]
-        if live:
-            _, first, waiter = min(live)
-            if waiter.get("s") and waiter.get("n") and item is not None:
-                wakeup.push(waiter["n"], self.resource, first, item, sent_ms=now_ms())
-
-    def _released_by(self, old: dict[str, Any] | None, retried: bool) -> bool:
-        """Was a refused release ours after all (applied, its response lost)?"""
-        old = old or {}
-        if self.token in (old.get("holders") or {}):
-            return False
-        if old.get("lastToken") == self.token:
-            return True
-        # Someone may have taken and released it between botocore's attempts, overwriting
-        # lastToken. Without a retry nothing of ours was applied; with one, the token is gone
-        # by our own release unless an operator broke it or our lease can have run out.
-        return retried and old.get("brokenToken") != self.token and monotonic() < self._deadline
-
-    # -- heartbeat ---------------------------------------------------------------------------
-
-    def _start_heartbeat(self) -> None:
-        from .heartbeat import Heartbeat
-
-        self._heartbeat = Heartbeat(self)
-        self._heartbeat.start()
-
-    def _stop_heartbeat(self) -> None:
-        hb, self._heartbeat = self._heartbeat, None
-        if hb is not None:
-            hb.stop()
 
 
 def semaphore(

@@ -22,6 +22,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.utils.functional import LazyObject
 
 from .exceptions import SemaphoreBusy
+from .validation import MAX_RESOURCE_BYTES
 
 if TYPE_CHECKING:
     from .core import Semaphore
@@ -31,6 +32,24 @@ if TYPE_CHECKING:
 # of it gives, so `@semaphore("deploy:{slug}")` and `with semaphore(f"deploy:{slug}")` are one
 # lock.
 SAFE = frozenset(string.ascii_letters + string.digits + "-_.")
+
+
+class Decoration:
+    """What a semaphore keeps only for decorating: the resource as given (a key template, a
+    list of them, or a callable making the key) and ``on_busy``."""
+
+    __slots__ = ("on_busy", "resource")
+
+    def __init__(self, resource: Any, on_busy: Callable[..., Any] | None):
+        if on_busy is not None and not callable(on_busy):
+            raise TypeError(f"on_busy must be callable(request, exc), not {on_busy!r}")
+        self.resource = resource
+        self.on_busy = on_busy
+
+    @property
+    def is_callable(self) -> bool:
+        """The key is made by a callable: only a decorated call can make it."""
+        return callable(self.resource)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -115,8 +134,6 @@ class KeyTooLong(ValueError):
 
 def _checked(resource: Any) -> Any:
     """A view's resource(s), refused as :class:`KeyTooLong` past the size a key may have."""
-    from .core import MAX_RESOURCE_BYTES  # (core imports this module)
-
     for key in resource if isinstance(resource, list | tuple) else [resource]:
         if isinstance(key, str) and len(key.encode("utf-8")) > MAX_RESOURCE_BYTES:
             raise KeyTooLong(key, MAX_RESOURCE_BYTES)
@@ -270,8 +287,8 @@ def _refuse(func: Any) -> None:
 def lock_callable(sem: Semaphore, func: Callable[..., Any]) -> Callable[..., Any]:
     """``func`` taking ``sem`` (with the call's resource) around every call."""
     _refuse(func)
-    keys = KeyMaker(sem._raw_resource, func)
-    on_busy = sem.on_busy
+    keys = KeyMaker(sem.decoration.resource, func)
+    on_busy = sem.decoration.on_busy
 
     if iscoroutinefunction(func):
 

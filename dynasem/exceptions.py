@@ -35,12 +35,21 @@ class LockLost(SemaphoreError):
 
 
 class SemaphoreUnavailable(SemaphoreError):
-    """DynamoDB could not be reached or refused us (not merely busy)."""
+    """DynamoDB could not be reached or refused us (not merely busy).
 
-    #: Worth retrying at once (throttling, a 5xx, a dropped connection).
+    ``transient``: worth retrying at once (throttling, a 5xx, a dropped connection).
+    ``ambiguous``: the request may have been applied all the same (a 5xx, a timeout after
+    sending).
+    """
+
+    # Declared here too, so a subclass that does not call this __init__ still has them.
     transient: bool = False
-    #: The request may have been applied all the same (a 5xx, a timeout after sending).
     ambiguous: bool = False
+
+    def __init__(self, *args: object, transient: bool = False, ambiguous: bool = False):
+        super().__init__(*args)
+        self.transient = transient
+        self.ambiguous = ambiguous
 
 
 class TableMissing(SemaphoreUnavailable):
@@ -50,7 +59,7 @@ class TableMissing(SemaphoreUnavailable):
 class AlreadyDone(SemaphoreError):
     """``run_once``: the job's status is DONE; it is not run again."""
 
-    def __init__(self, key: str, finished: str | None = None):
+    def __init__(self, key: str, finished: int | str | None = None):
         self.key = key
         self.finished = finished
         super().__init__(f"job {key!r} is already DONE")

@@ -82,7 +82,7 @@ class Heartbeat:
         if isinstance(error, SemaphoreUnavailable):
             left: float = held.seconds_left()
             if left <= 0:
-                held._check_deadline()
+                held.check_deadline()
                 return None
             # Retry soon, but often enough to get several tries in before the deadline.
             logger.info("dynasem: renewing %r failed (%s); retrying", held.resource, error)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import base64
-import json
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -11,8 +9,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from . import core, table
+from . import clock, core, table, validation
 from .conf import settings
+from .cursors import BadCursor as BadCursor  # re-exported: callers catch operations.BadCursor
+from .cursors import decode_cursor, encode_cursor, load_cursor
 from .signals import lock_released
 
 
@@ -40,9 +40,9 @@ class HoldInfo:
 
     @property
     def kind(self) -> str:
-        if self.mode == core.MODE_SHARED:
+        if self.mode == validation.MODE_SHARED:
             return "shared"
-        if self.mode == core.MODE_COUNTING:
+        if self.mode == validation.MODE_COUNTING:
             return f"slot of {self.limit}"
         return "exclusive"
 
@@ -61,7 +61,7 @@ class HoldInfo:
 
 def holds_of(item: dict[str, Any], *, min_expires_ms: int | None) -> list[HoldInfo]:
     out = []
-    now = core.now_ms()
+    now = clock.now_ms()
     waiting = sum(1 for w in (item.get("queue") or {}).values() if int(w.get("e", 0)) >= now)
     for token, h in sorted((item.get("holders") or {}).items()):
         if min_expires_ms is not None and int(h.get("e", 0)) < min_expires_ms:
@@ -72,7 +72,7 @@ def holds_of(item: dict[str, Any], *, min_expires_ms: int | None) -> list[HoldIn
                 token=token,
                 user_id=str(h.get("u", "")),
                 fence=int(h.get("f", 0)),
-                mode=str(item.get("mode", core.MODE_EXCLUSIVE)),
+                mode=str(item.get("mode", validation.MODE_EXCLUSIVE)),
                 limit=int(item.get("limit", 1)),
                 acquired_ms=int(h.get("a", 0)),
                 expires_ms=int(h.get("e", 0)),
@@ -98,9 +98,6 @@ def holds_of(item: dict[str, Any], *, min_expires_ms: int | None) -> list[HoldIn
 # matches little (a resource prefix among many expired rows) then returns a short page with a
 # link to the next one instead of reading on.
 PAGE_ROUNDS = 3
-# Longest page cursor accepted: a real one holds at most 9 positions of a <= 1 KB resource
-# each (under 13 KB in base64); anything longer is forged.
-MAX_CURSOR = 16_384
 # Items a filtered index read evaluates per request (see _filtered).
 FILTERED_READ = 1000
 
@@ -196,8 +193,8 @@ def _streams(user_id: str | None, since: int, positions: dict[str, Any]) -> list
             # The userId index names one holder per row: all of an exclusive row, only the
             # latest of a counting or shared one. Those rows come from the expires index
             # instead, where all their holders are read, so none is listed twice.
-            mode: str = row.get("mode", core.MODE_EXCLUSIVE)
-            return mode == core.MODE_EXCLUSIVE
+            mode: str = row.get("mode", validation.MODE_EXCLUSIVE)
+            return mode == validation.MODE_EXCLUSIVE
 
         streams.append(
             _Stream(
@@ -276,7 +273,7 @@ def _row(
     ]
     if not holds and not (idle_too and user_id is None and not item.get("holders")):
         return None
-    now = core.now_ms()
+    now = clock.now_ms()
     return LockRow(
         resource=item["pk"],
         fence=int(item.get("fence", 0)),
@@ -284,47 +281,6 @@ def _row(
         queue_depth=sum(1 for w in (item.get("queue") or {}).values() if int(w.get("e", 0)) >= now),
         holds=tuple(holds),
     )
-
-
-class BadCursor(ValueError):
-    """A page cursor this module did not write (forged, garbled, or for another filter)."""
-
-
-def _encode_cursor(state: Any) -> str:
-    raw = json.dumps(state, separators=(",", ":"), ensure_ascii=False).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _load_cursor(cursor: str) -> Any:
-    """What :func:`_encode_cursor` wrote; ValueError for anything unreadable or too long."""
-    if len(cursor) > MAX_CURSOR:
-        raise BadCursor(f"not a page cursor: {cursor[:40]!r}...")
-    try:
-        return json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except (ValueError, TypeError, RecursionError) as exc:
-        raise BadCursor(f"not a page cursor: {cursor[:40]!r}") from exc
-
-
-def _decode_cursor(cursor: str, names: set[str]) -> dict[str, Any]:
-    """The cursor's state; ValueError for anything :func:`lock_page` did not write."""
-    state = _load_cursor(cursor)
-    if not isinstance(state, dict) or not isinstance(state.get("t"), int):
-        raise BadCursor(f"not a page cursor: {cursor[:40]!r}")
-    positions = state.get("p")
-    if not isinstance(positions, dict) or set(positions) != names:
-        raise BadCursor("the page cursor belongs to another filter: start from the first page")
-    for value in positions.values():
-        ok = value in (None, "done") or (
-            isinstance(value, list)
-            and len(value) == 2
-            and isinstance(value[0], int)
-            and value[0] >= state["t"]
-            and isinstance(value[1], str)
-            and value[1]
-        )
-        if not ok:
-            raise BadCursor(f"not a page cursor: {cursor[:40]!r}")
-    return state
 
 
 def lock_page(
@@ -343,10 +299,10 @@ def lock_page(
     for a cursor it did not write."""
     if size < 1:
         raise ValueError(f"size must be at least 1, not {size!r}")
-    now = core.now_ms()
+    now = clock.now_ms()
     names = {f"s{i}" for i in range(table.SHARDS)} | ({"u"} if user_id is not None else set())
     if cursor:
-        state = _decode_cursor(cursor, names)
+        state = decode_cursor(cursor, names)
         # The lower bound of the first page, kept: a position below a later bound would be
         # "outside the query's boundaries" to DynamoDB.
         since, positions = state["t"], state["p"]
@@ -369,7 +325,7 @@ def lock_page(
                 break
     states = {s.name: s.state for s in streams}
     done = all(v == "done" for v in states.values())
-    return LockPage(rows, None if done else _encode_cursor({"t": since, "p": states}))
+    return LockPage(rows, None if done else encode_cursor({"t": since, "p": states}))
 
 
 def active_holds(
@@ -377,7 +333,7 @@ def active_holds(
 ) -> list[HoldInfo]:
     """Every live hold (or, with ``include_expired``, also those whose lease ran out but whose
     rows are still there), by resource, read through the indexes: idle rows cost nothing."""
-    now = core.now_ms()
+    now = clock.now_ms()
     since = 0 if include_expired else now // 1000
     holds: list[HoldInfo] = []
     for item in _merged(_streams(user_id, since, {}), None, None):
@@ -396,14 +352,14 @@ def active_holds(
 
 def holds_on(resource: str) -> list[HoldInfo]:
     """Every holder of one resource, live or not (one consistent read)."""
-    item = table.get(core.check_resource(resource))
+    item = table.get(validation.check_resource(resource))
     return holds_of(item, min_expires_ms=None) if item else []
 
 
 def queue_depth(resource: str) -> int:
     """How many live waiters are queued for ``resource`` (one consistent read)."""
-    item = table.get(core.check_resource(resource)) or {}
-    now = core.now_ms()
+    item = table.get(validation.check_resource(resource)) or {}
+    now = clock.now_ms()
     return sum(1 for w in (item.get("queue") or {}).values() if int(w.get("e", 0)) >= now)
 
 
@@ -471,20 +427,17 @@ class JobInfo:
     reset_ms: int | None
 
     @classmethod
-    def of(cls, item: dict[str, Any]) -> JobInfo:
-        def ms(name: str) -> int | None:
-            return None if item.get(name) is None else int(item[name])
-
+    def of(cls, row: table.JobRow) -> JobInfo:
         return cls(
-            key=item["pk"],
-            status=str(item.get("status") or NEW),
-            user_id=str(item.get("userId", "")),
-            attempt=int(item.get("attempt", 0)),
-            error=str(item.get("error", "")),
-            started_ms=ms("startedMs"),
-            finished_ms=ms("finishedMs"),
-            lease_ms=ms("expMs"),
-            reset_ms=ms("resetMs"),
+            key=row.key or "",
+            status=row.status or NEW,
+            user_id=row.user_id or "",
+            attempt=row.attempt or 0,
+            error=row.error or "",
+            started_ms=row.started_ms,
+            finished_ms=row.finished_ms,
+            lease_ms=row.expires_ms,
+            reset_ms=row.reset_ms,
         )
 
     @property
@@ -510,7 +463,7 @@ class JobInfo:
     @property
     def stale(self) -> bool:
         """RUNNING under a lease that ran out (its process died): run_once claims it again."""
-        return self.status == table.RUNNING and (self.lease_ms or 0) < core.now_ms()
+        return self.status == table.RUNNING and (self.lease_ms or 0) < clock.now_ms()
 
 
 @dataclass(frozen=True)
@@ -530,7 +483,7 @@ def job_page(
     is a previous page's ``next_cursor``. At most :data:`PAGE_ROUNDS` Scan requests a page."""
     start = None
     if cursor:
-        key = _load_cursor(cursor)
+        key = load_cursor(cursor)
         if not (
             isinstance(key, list) and len(key) == 2 and all(isinstance(k, str) and k for k in key)
         ):
@@ -539,12 +492,12 @@ def job_page(
     jobs: list[JobInfo] = []
     for _ in range(PAGE_ROUNDS):
         items, last = table.scan_jobs(prefix, status, start)
-        for item in items:
-            jobs.append(JobInfo.of(item))
+        for row in items:
+            jobs.append(JobInfo.of(row))
             if len(jobs) == size:
                 # Cut inside DynamoDB's page: go on after the last key shown (any item's key
                 # is a valid ExclusiveStartKey for a Scan).
-                last = {"pk": {"S": item["pk"]}, "sk": {"S": table.JOB_SK}}
+                last = table.job_start_key(row.key or "")
                 break
         start = last
         if not start or len(jobs) == size:
@@ -553,14 +506,14 @@ def job_page(
     next_cursor = None
     if start:
         # The last key read, which may be a lock row's: a Scan goes on from any item's key.
-        next_cursor = _encode_cursor([start["pk"]["S"], start["sk"]["S"]])
+        next_cursor = encode_cursor([start["pk"]["S"], start["sk"]["S"]])
     return JobPage(jobs, next_cursor)
 
 
 def job_info(key: str) -> JobInfo | None:
     """One run_once key as stored (one consistent read), or None if never run."""
-    item = table.get(core.check_resource(key, "key"), table.JOB_SK)
-    return JobInfo.of(item) if item else None
+    row = table.get_job(validation.check_resource(key, "key"))
+    return JobInfo.of(row) if row else None
 
 
 def reset_job(key: str, status: str, finished_ms: int | None) -> bool:
@@ -569,7 +522,9 @@ def reset_job(key: str, status: str, finished_ms: int | None) -> bool:
     not reset unseen. Keeps the fence and the attempt count. False if the row had changed."""
     if status not in RESETTABLE:
         raise ValueError(f"only a DONE or FAILED job can be reset, not {status!r}")
-    action = table.job_reset(core.check_resource(key, "key"), status, finished_ms, core.now_ms())
+    action = table.job_reset(
+        validation.check_resource(key, "key"), status, finished_ms, clock.now_ms()
+    )
     try:
         table.update(action)
     except table.Refused:
@@ -592,7 +547,7 @@ def reap(
 ) -> ReapResult:
     """Delete rows whose lease ended more than CLOCK_SKEW ago, found through the expires
     index (never a Scan) and deleted each on condition it is still expired, in parallel."""
-    cutoff_ms = core.now_ms() - int(core.check_skew(settings.CLOCK_SKEW) * 1000)
+    cutoff_ms = clock.now_ms() - int(validation.check_skew(settings.CLOCK_SKEW) * 1000)
     before_s = cutoff_ms // 1000
     result = ReapResult()
 

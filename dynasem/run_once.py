@@ -15,11 +15,14 @@ import math
 import uuid
 from typing import Any
 
-from . import core, table, transactions
+from . import clock, table, transactions, validation
 from .exceptions import AlreadyDone, LockLost, SemaphoreBusy, SemaphoreUnavailable
 from .heartbeat import Heartbeat
 
 logger = logging.getLogger("dynasem")
+
+# Claims sent again at once when a refusal showed a state we had not seen (as core does).
+MAX_CLAIMS = 25
 
 
 class Job:
@@ -61,18 +64,18 @@ class Job:
         return self.key
 
     def seconds_left(self) -> float:
-        return max(0.0, self._deadline - core.monotonic())
+        return max(0.0, self._deadline - clock.monotonic())
 
-    def _check_deadline(self) -> None:
-        if self._lost is None and core.monotonic() >= self._deadline:
+    def check_deadline(self) -> None:
+        if self._lost is None and clock.monotonic() >= self._deadline:
             self._lost = "its lease ran out before it could be renewed"
 
     def renew(self) -> None:
-        self._check_deadline()
+        self.check_deadline()
         if self._lost is not None or self._released:
             raise LockLost(self.key, self._lost or "it has finished")
-        sent_mono = core.monotonic()
-        expires = core.now_ms() + int(self.lease * 1000)
+        sent_mono = clock.monotonic()
+        expires = clock.now_ms() + int(self.lease * 1000)
         try:
             table.update(table.job_renew(self.key, self.token, expires))
         except table.Refused:
@@ -103,9 +106,9 @@ class Job:
         status = table.FAILED if error is not None else table.DONE
         message = None if error is None else f"{type(error).__name__}: {error}"
         try:
-            table.update(table.job_finish(self.key, self.token, status, message, core.now_ms()))
+            table.update(table.job_finish(self.key, self.token, status, message, clock.now_ms()))
         except table.Refused as refused:
-            if (refused.old or {}).get("lastToken") != self.token:
+            if table.job_row(refused.old).last_token != self.token:
                 raise LockLost(
                     self.key, "another process claimed it, or it was reset by an operator"
                 ) from None
@@ -128,11 +131,11 @@ class RunOnce:
         on_commit: bool = True,
         using: str | None = None,
     ):
-        self.key = core.check_resource(key, "key")
+        self.key = validation.check_resource(key, "key")
         self.user = user
         if user is not None:
-            core.user_id_of(user)
-        self.lease = None if lease is None else core.check_lease(lease)
+            validation.user_id_of(user)
+        self.lease = None if lease is None else validation.check_lease(lease)
         if not isinstance(on_commit, bool):
             raise TypeError(f"on_commit must be True or False, not {on_commit!r}")
         self.on_commit = on_commit
@@ -141,45 +144,44 @@ class RunOnce:
 
     def claim(self) -> Job:
         """Claim the job or raise :class:`AlreadyDone` / :class:`SemaphoreBusy`."""
-        lease, _wait, skew = core.resolve_timing(self.lease, 0)
-        user_id = core.user_id_of(self.user)
+        lease, _wait, skew = validation.resolve_timing(self.lease, 0)
+        user_id = validation.user_id_of(self.user)
         token = uuid.uuid4().hex
         stored_fence = 0
-        for _ in range(core.MAX_REPLANS):
-            sent_mono = core.monotonic()
-            now = core.now_ms()
+        for _ in range(MAX_CLAIMS):
+            sent_mono = clock.monotonic()
+            now = clock.now_ms()
             # A stored fence ahead of our clock: count on from it instead.
-            fence = max(core._new_fence(skew), stored_fence + 1)
+            fence = max(clock.new_fence(skew), stored_fence + 1)
             stale = now - int(skew * 1000)
             try:
-                row = (
+                row = table.job_row(
                     table.update(
                         table.job_claim(
                             self.key, token, user_id, now + int(lease * 1000), fence, now, stale
                         ),
                         return_new=True,
                     )
-                    or {}
                 )
             except table.Refused as refused:
-                row = refused.old or {}
-                if row.get("token") != token:  # not our own claim, its response lost
-                    status = row.get("status")
-                    if status == table.DONE:
-                        raise AlreadyDone(self.key, row.get("finishedMs")) from None
-                    if status == table.RUNNING and int(row.get("expMs", 0)) >= stale:
-                        retry = math.ceil((int(row["expMs"]) - stale) / 1000)
-                        raise SemaphoreBusy(self.key, retry, row.get("userId")) from None
+                row = table.job_row(refused.old)
+                if row.token != token:  # not our own claim, its response lost
+                    if row.status == table.DONE:
+                        raise AlreadyDone(self.key, row.finished_ms) from None
+                    expires_ms = row.expires_ms or 0
+                    if row.status == table.RUNNING and expires_ms >= stale:
+                        retry = math.ceil((expires_ms - stale) / 1000)
+                        raise SemaphoreBusy(self.key, retry, row.user_id) from None
                     # Claimable after all (our fence was behind the stored one): go again.
-                    stored_fence = int(row.get("fence") or 0)
+                    stored_fence = row.fence or 0
                     continue
-            if core.monotonic() >= sent_mono + lease - skew:
+            if clock.monotonic() >= sent_mono + lease - skew:
                 # Claimed, but paused (or slow) past the lease before the body could start:
                 # someone may have reclaimed it. Confirm with a renewal of our own first.
-                sent_mono = core.monotonic()
+                sent_mono = clock.monotonic()
                 try:
                     table.update(
-                        table.job_renew(self.key, token, core.now_ms() + int(lease * 1000))
+                        table.job_renew(self.key, token, clock.now_ms() + int(lease * 1000))
                     )
                 except table.Refused:
                     continue  # reclaimed meanwhile: the next claim says by whom
@@ -190,7 +192,7 @@ class RunOnce:
         self,
         token: str,
         user_id: str,
-        row: dict[str, Any],
+        row: table.JobRow,
         lease: float,
         skew: float,
         sent_mono: float,
@@ -199,8 +201,8 @@ class RunOnce:
             self,
             token,
             user_id,
-            int(row.get("attempt", 1)),
-            int(row.get("fence", 0)),
+            1 if row.attempt is None else row.attempt,
+            row.fence or 0,
             lease,
             skew,
             sent_mono,
@@ -219,7 +221,7 @@ class RunOnce:
         # Inside transaction.atomic the body's work is not done until it commits: DONE (or
         # FAILED) is written after that, and the lease renewed meanwhile, so nobody else
         # claims the job while its work may still commit.
-        job._check_deadline()
+        job.check_deadline()
         if (
             self.on_commit
             and job._lost is None

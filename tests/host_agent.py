@@ -142,7 +142,7 @@ class Server:
         queued waiter's paced looks are 20 s away (only a push brings it a hand-over)."""
         from django.test import override_settings
 
-        from dynasem import core, wakeup
+        from dynasem import queueing, wakeup
         from dynasem.conf import settings
 
         raw = dict(settings.raw)
@@ -158,12 +158,12 @@ class Server:
         self.override.enable()
         if patient is not None:
             if self.patient_turn is None:
-                self.patient_turn = core._Pace.turn_in
-            core._Pace.turn_in = (  # type: ignore[method-assign]
+                self.patient_turn = queueing.Pace.turn_in
+            queueing.Pace.turn_in = (  # type: ignore[method-assign]
                 (lambda *a, **k: 20.0) if patient else self.patient_turn
             )
-        core._queued_recently.clear()
-        core._pushed_recently.clear()
+        queueing.queued_recently.clear()
+        queueing.pushed_recently.clear()
         listening = wakeup.available()
         address = wakeup._listener.address if listening and wakeup._listener else None
         return {"listening": listening, "address": address}
@@ -190,10 +190,10 @@ class Server:
         user: str | None = None,
         fair: bool | None = None,
     ) -> dict[str, Any]:
-        from dynasem import core, semaphore
+        from dynasem import queueing, semaphore
 
         before = Counter(self.calls)
-        pushed_before = core._pushed_recently.get(resource)
+        pushed_before = queueing.pushed_recently.get(resource)
         asked = time.monotonic()
         held = semaphore(resource, lease=lease, wait=wait, user=user or id, fair=fair).acquire()
         start, wall = time.monotonic(), time.time()
@@ -207,7 +207,7 @@ class Server:
             "deadline": held._deadline,
             "expires_ms": held._expires_ms,
             "calls": dict(Counter(self.calls) - before),
-            "pushed": core._pushed_recently.get(resource) != pushed_before,
+            "pushed": queueing.pushed_recently.get(resource) != pushed_before,
         }
 
     def op_watch(self, id: str, poll: float = 0.005) -> dict[str, Any]:
@@ -318,12 +318,12 @@ class Server:
     ) -> dict[str, Any]:
         """``rounds`` holds of ``resource`` one after the other; each hold's interval (from
         inside the block), fence, requests and whether a push brought it."""
-        from dynasem import core, semaphore
+        from dynasem import queueing, semaphore
 
         holds = []
         for _ in range(rounds):
             before = Counter(self.calls)
-            pushed_before = core._pushed_recently.get(resource)
+            pushed_before = queueing.pushed_recently.get(resource)
             with semaphore(resource, lease=lease, wait=wait, user=user) as held:
                 start = time.monotonic()
                 time.sleep(hold)
@@ -334,7 +334,7 @@ class Server:
                     "end": end,
                     "fence": held.fence,
                     "calls": dict(Counter(self.calls) - before),
-                    "pushed": core._pushed_recently.get(resource) != pushed_before,
+                    "pushed": queueing.pushed_recently.get(resource) != pushed_before,
                     "user": user,
                 }
             )

@@ -14,7 +14,7 @@ import pytest
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
-from dynasem import LockLost, core, run_once, semaphore, table
+from dynasem import LockLost, clock, core, run_once, semaphore, table
 from dynasem.operations import holds_on
 from tests.conftest import dynasem_settings, take
 
@@ -28,10 +28,10 @@ def run(name: str, *args: str, **options: Any) -> str:
 @pytest.fixture
 def later(monkeypatch: pytest.MonkeyPatch) -> Any:
     """``later(seconds)``: this process's wall clock runs ``seconds`` ahead from now on (the
-    module attribute core.wall_clock exists for that), as if the command ran that much later."""
+    module attribute clock.wall_clock exists for that), as if the command ran that much later."""
 
     def shift(seconds: float) -> None:
-        monkeypatch.setattr(core, "wall_clock", lambda: time.time() + seconds)
+        monkeypatch.setattr(clock, "wall_clock", lambda: time.time() + seconds)
 
     return shift
 

@@ -26,7 +26,7 @@ from dynasem import (
     SemaphoreError,
     SemaphoreUnavailable,
     TableMissing,
-    core,
+    clock,
     operations,
     semaphore,
     table,
@@ -534,7 +534,7 @@ def test_fences_increase_when_wall_clock_is_behind(
 ) -> None:
     with semaphore("res") as held:
         fences = [held.fence]
-    monkeypatch.setattr(core, "wall_clock", lambda: time.time() - 30)
+    monkeypatch.setattr(clock, "wall_clock", lambda: time.time() - 30)
     for _ in range(3):
         # lease=60: the stored expiry stays ahead of the engine's own (TTL) clock.
         with semaphore("res", lease=60) as held:
@@ -546,7 +546,7 @@ def test_fences_increase_when_joining_holder_clock_is_behind(
     lock_table: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     first = semaphore("pool", limit=2, lease=60).acquire()
-    monkeypatch.setattr(core, "wall_clock", lambda: time.time() - 30)
+    monkeypatch.setattr(clock, "wall_clock", lambda: time.time() - 30)
     second = semaphore("pool", limit=2, lease=60).acquire()
     assert second.fence > first.fence
     assert tokens_on("pool") == {first.token, second.token}
@@ -575,7 +575,7 @@ def test_fences_increase_across_reap(lock_table: str, monkeypatch: pytest.Monkey
     output = reap_until_gone("res")
     assert "Deleted 1 expired rows." in output
     # A host whose clock is behind, within CLOCK_SKEW.
-    monkeypatch.setattr(core, "wall_clock", lambda: time.time() - 0.45)
+    monkeypatch.setattr(clock, "wall_clock", lambda: time.time() - 0.45)
     with semaphore("res") as new:
         assert new.fence > old.fence
     monkeypatch.undo()
@@ -589,7 +589,7 @@ def test_fences_increase_across_reap_after_release_with_clocks_within_skew(
     # CLOCK_SKEW=2; hosts X and R run 1.9 s ahead of hosts A and B: every pair agrees within
     # CLOCK_SKEW, which is all the contract asks for.
     offset = [0.0]
-    monkeypatch.setattr(core, "wall_clock", lambda: time.time() + offset[0])
+    monkeypatch.setattr(clock, "wall_clock", lambda: time.time() + offset[0])
     with override_settings(DYNASEM=dynasem_settings(dynamodb_local, lock_table, CLOCK_SKEW=2)):
         offset[0] = 1.9
         with semaphore("res", lease=3) as x:  # host X

@@ -428,7 +428,7 @@ class ShortLeftHold:
     def seconds_left(self) -> float:
         return max(0.0, self._deadline - time.monotonic())
 
-    def _check_deadline(self) -> None:
+    def check_deadline(self) -> None:
         pass
 
     def renew(self) -> None:

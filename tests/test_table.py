@@ -126,3 +126,24 @@ def test_counting_and_shared_holds_cost_one_write_each_way(requests_sent):
     for held in pool + readers:
         held.release()
     assert dict(requests_sent.calls) == {"UpdateItem": 14}
+
+
+def test_job_row_decodes_a_stored_job_and_a_missing_one() -> None:
+    row = table.job_row(
+        {
+            "pk": "file:x",
+            "sk": table.JOB_SK,
+            "status": table.RUNNING,
+            "token": "t1",
+            "userId": "7",
+            "attempt": 2,
+            "fence": 123,
+            "expMs": 5_000,
+            "startedMs": 1_000,
+        }
+    )
+    assert (row.key, row.status, row.token, row.user_id) == ("file:x", "RUNNING", "t1", "7")
+    assert (row.attempt, row.fence, row.expires_ms, row.started_ms) == (2, 123, 5_000, 1_000)
+    assert row.finished_ms is None and row.error is None and row.last_token is None
+    empty = table.job_row(None)
+    assert empty.status is None and empty.attempt is None and empty.fence is None

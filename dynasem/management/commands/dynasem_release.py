@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from dynasem import core, operations
+from dynasem import operations, validation
 from dynasem.exceptions import SemaphoreUnavailable
 
 
@@ -24,7 +24,7 @@ class Command(BaseCommand):
         self, *args: Any, resource: str, token: str | None, yes: bool, **options: Any
     ) -> None:
         try:
-            core.check_resource(resource)
+            validation.check_resource(resource)
         except (TypeError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
         try:

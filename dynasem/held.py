@@ -1,0 +1,516 @@
+"""A hold: :class:`Held` renews it, gives it back (or hands it straight to the first waiter)
+and tells when it is lost; and the stack of holds entered with ``with``/``async with``."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from . import clock, table, transactions, wakeup
+from .exceptions import LockLost, SemaphoreUnavailable
+from .heartbeat import Heartbeat
+from .signals import lock_acquired, lock_lost, lock_released
+from .validation import MODE_EXCLUSIVE, MODE_SHARED
+
+if TYPE_CHECKING:
+    from .core import Semaphore
+
+logger = logging.getLogger("dynasem")
+
+# A plain release of a hold older than this (seconds) asks for the item back, to push the
+# first of any waiters that queued after we last saw the queue.
+WAKE_AFTER = 0.05
+
+
+class Held:
+    """One acquisition: what was recorded, its fence(s), and ways to renew or release it."""
+
+    def __init__(
+        self,
+        semaphore: Semaphore,
+        *,
+        token: str,
+        user_id: str,
+        fences: dict[str, int],
+        lease: float,
+        skew: float,
+        expires_ms: int,
+        sent_mono: float,
+    ):
+        self.semaphore = semaphore
+        self.resources = list(semaphore.resources)
+        self.token = token
+        self.user_id = user_id
+        self.fences = fences
+        self.lease = lease
+        self.skew = skew
+        self._expires_ms = expires_ms
+        self._deadline = sent_mono + lease - skew
+        self._lock = threading.RLock()  # serialises renew/release requests
+        self._state_lock = threading.Lock()  # guards _lost only: never held across a request
+        self._lost: str | None = None
+        self._released = False
+        self._pending_commit = False  # given back, waiting for the transaction to end
+        self._heartbeat: Any = None
+        self._taken_mono = clock.monotonic()
+        self._max_hold_end: float | None = None
+        if semaphore.max_hold is not None:
+            self._max_hold_end = self._taken_mono + semaphore.max_hold
+            self._deadline = min(self._deadline, self._max_hold_end)
+        self._queue: dict[str, Any] = {}  # the waiters we last saw: the hand-over's heirs
+        self._hold_avg: int | None = None
+
+    def _observe(self, item: dict[str, Any] | None) -> None:
+        if item:
+            self._queue = dict(item.get("queue") or {})
+            if item.get("holdMs") is not None:
+                self._hold_avg = int(item["holdMs"])
+
+    def _hold_ms(self) -> int:
+        mine = int((clock.monotonic() - self._taken_mono) * 1000)
+        return mine if self._hold_avg is None else (3 * self._hold_avg + mine) // 4
+
+    def _heir(self) -> tuple[str, dict[str, Any]] | None:
+        """The first live waiter we know of, if the hold is exclusive."""
+        if self.semaphore.mode != MODE_EXCLUSIVE or len(self.resources) != 1:
+            return None
+        now = clock.now_ms()
+        live = [(int(w["t"]), t, w) for t, w in self._queue.items() if int(w.get("e", 0)) > now]
+        if not live:
+            return None
+        _, heir, waiter = min(live)
+        return heir, waiter
+
+    # -- what users read ---------------------------------------------------------------------
+
+    @property
+    def resource(self) -> str:
+        return self.resources[0]
+
+    @property
+    def fence(self) -> int:
+        return self.fences[self.resource]
+
+    @property
+    def expires(self) -> datetime:
+        return datetime.fromtimestamp(self._expires_ms / 1000, tz=UTC)
+
+    @property
+    def lost(self) -> bool:
+        """True once the hold is known not to be ours any more (or its lease ran out)."""
+        self.check_deadline()
+        return self._lost is not None
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def seconds_left(self) -> float:
+        """How long we may still trust the hold without renewing (our clock, skew allowed)."""
+        return max(0.0, self._deadline - clock.monotonic())
+
+    def __repr__(self) -> str:
+        return f"<Held {self.resources!r} fence={self.fence} user={self.user_id!r}>"
+
+    # -- renewing ----------------------------------------------------------------------------
+
+    def check_deadline(self) -> None:
+        if self._lost is None and not self._released and clock.monotonic() >= self._deadline:
+            self._mark_lost(self._deadline_reason())
+
+    def _deadline_reason(self) -> str:
+        if self._max_hold_end is not None and clock.monotonic() >= self._max_hold_end:
+            return f"it was held for max_hold={self.semaphore.max_hold:g}s"
+        return "its lease ran out before it could be renewed"
+
+    def _mark_lost(self, reason: str) -> None:
+        with self._state_lock:
+            if self._lost is not None:
+                return
+            self._lost = reason
+        self._stop_heartbeat()
+        logger.warning("dynasem: lost the hold on %r: %s", self.resource, reason)
+        lock_lost.send(
+            sender=self.semaphore.signal_sender,
+            resource=self.resource,
+            user_id=self.user_id,
+            token=self.token,
+            fence=self.fence,
+            reason=reason,
+            # Its block had ended, its transaction had not: the transaction's work may still
+            # commit after another holder took over.
+            pending_commit=self._pending_commit,
+        )
+
+    def _raise_lost(self) -> None:
+        raise LockLost(self.resource, self._lost or "unknown")
+
+    def renew(self) -> None:
+        """Extend the lease now (the heartbeat does this by itself while the hold lives)."""
+        # A renewal of the heartbeat's may hang on an unreachable endpoint, holding the lock,
+        # for as long as botocore's timeouts allow: wait for it only while the hold can be
+        # trusted. Past the deadline the hold is lost, whatever that renewal answers later.
+        while not self._lock.acquire(timeout=self.seconds_left()):
+            self.check_deadline()
+            if self._released:
+                raise LockLost(self.resource, "it was released")
+            if self._lost is not None:
+                self._raise_lost()
+        try:
+            self.check_deadline()
+            if self._released:
+                raise LockLost(self.resource, "it was released")
+            if self._lost is not None:
+                self._raise_lost()
+            self._renew_once()
+        finally:
+            self._lock.release()
+
+    async def arenew(self) -> None:
+        await asyncio.to_thread(self.renew)
+
+    def _renew_once(self) -> None:
+        sent_mono = clock.monotonic()
+        lease = self.lease
+        if self._max_hold_end is not None:
+            # Never past max_hold: others may take over CLOCK_SKEW after it (their clocks).
+            lease = min(lease, self._max_hold_end - sent_mono + self.skew)
+        expires = clock.now_ms() + int(lease * 1000)
+        if expires <= self._expires_ms:
+            return  # nothing left to extend
+        raise_item = {r: True for r in self.resources}
+        for _ in range(4):
+            actions = [
+                table.renew_hold(r, self.token, expires, raise_item=raise_item[r])
+                for r in self.resources
+            ]
+            try:
+                if len(actions) == 1:
+                    self._observe(table.update(actions[0], return_new=True))
+                else:
+                    table.transact(actions)
+            except table.Refused as refused:
+                if not self._still_ours(self.resources[0], refused.old, raise_item):
+                    break
+            except table.Cancelled as cancelled:
+                reasons = zip(self.resources, cancelled.reasons, strict=False)
+                if any(
+                    code == "ConditionalCheckFailed" and not self._still_ours(r, old, raise_item)
+                    for r, (code, old) in reasons
+                ):
+                    break
+            else:
+                self._expires_ms = expires
+                self._deadline = max(self._deadline, sent_mono + lease - self.skew)
+                return
+        else:
+            raise SemaphoreUnavailable(
+                f"could not renew {self.resource!r}: conflicting writes", transient=True
+            )
+        self._mark_lost("another holder took it over, or it was broken by an operator")
+        self._raise_lost()
+
+    def _still_ours(
+        self, resource: str, old: dict[str, Any] | None, raise_item: dict[str, bool]
+    ) -> bool:
+        if self.token in ((old or {}).get("holders") or {}):
+            # Ours still; another holder's later lease end stands as the item's expiry.
+            raise_item[resource] = False
+            return True
+        return False
+
+    # -- releasing ---------------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Give back this acquisition's hold only. Raises :class:`LockLost` if it was not ours
+        any more (after cleaning up whatever is still ours).
+
+        Inside ``transaction.atomic`` (unless the semaphore has ``on_commit=False``) the hold
+        is given back after the outermost transaction of its database commits, or at once
+        when that rolls back; the lease is renewed until then. A hold already known lost
+        raises now, while the transaction can still roll back."""
+        if self._released or self._pending_commit:
+            return
+        sem = self.semaphore
+        if (
+            sem.on_commit
+            and not self.lost
+            and transactions.after_transaction(sem.using, self._after_transaction, self.resource)
+        ):
+            self._pending_commit = True
+            return
+        self._release_now()
+
+    @property
+    def pending_commit(self) -> bool:
+        """True while the hold waits for its transaction to end before it is given back."""
+        return self._pending_commit
+
+    def _after_transaction(self, committed: bool) -> None:
+        try:
+            self._release_now()
+        except LockLost as exc:
+            if committed:
+                # lock_lost was sent (with pending_commit=True) when the loss was found.
+                logger.error(
+                    "dynasem: the transaction that held %r committed after the hold was lost "
+                    "(%s): another holder may have worked on the same data before this "
+                    "commit; fence such writes with held.fence",
+                    self.resource,
+                    exc.reason,
+                )
+            else:
+                logger.warning(
+                    "dynasem: the hold on %r was lost (%s) before its transaction rolled back",
+                    self.resource,
+                    exc.reason,
+                )
+        finally:
+            self._pending_commit = False
+
+    def _release_now(self) -> None:
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+            self._stop_heartbeat()
+            lost_before = self._lost is not None or clock.monotonic() >= self._deadline
+            ok = self._give_back()
+            if not ok and self._lost is None:
+                self._mark_lost("another holder took it over, or it was broken by an operator")
+            if lost_before and self._lost is None:
+                self._mark_lost(self._deadline_reason())
+            if self._lost is not None:
+                self._raise_lost()
+        lock_released.send(
+            sender=self.semaphore.signal_sender,
+            resource=self.resource,
+            user_id=self.user_id,
+            token=self.token,
+            fence=self.fence,
+        )
+
+    async def arelease(self) -> None:
+        await asyncio.to_thread(self.release)
+
+    def _hand_over(self) -> bool | None:
+        """Release straight to the first waiter (one write). None: no heir, or it left."""
+        heir = self._heir()
+        if heir is None or self._lost is not None:
+            return None
+        token, waiter = heir
+        now = clock.now_ms()
+        fence = max(clock.new_fence(self.skew), self.fence + 1)
+        entry = table.holder_entry(
+            str(waiter.get("u", "")),
+            now + int(waiter.get("l", self.lease * 1000)),
+            fence,
+            now,
+            bool(waiter.get("s", False)),
+        )
+        try:
+            item = table.update(
+                table.hand_over(
+                    self.resource,
+                    self.token,
+                    token,
+                    int(waiter["t"]),
+                    entry,
+                    hold_ms=self._hold_ms(),
+                ),
+                return_new=True,
+            )
+        except table.Refused as refused:
+            old = refused.old or {}
+            if self.token in (old.get("holders") or {}):
+                self._observe(old)  # the heir left (or our fence was behind): plain release
+                return None
+            return self._released_by(old, refused.retried)
+        except SemaphoreUnavailable:
+            return None
+        if waiter.get("n") and item is not None:
+            wakeup.push(waiter["n"], self.resource, token, item, sent_ms=clock.now_ms())
+        return True
+
+    def _give_back(self) -> bool:
+        """Send the release; True if every resource was ours until now."""
+        handed = self._hand_over()
+        if handed is not None:
+            return handed
+        sole = self.semaphore.mode == MODE_EXCLUSIVE
+        pending = list(self.resources)
+        ok = True
+        hold_ms = self._hold_ms() if len(pending) == 1 else None
+        for _ in range(3):
+            now = clock.now_ms()
+            # A released row may be reaped once its expMs is CLOCK_SKEW old: never before
+            # every in-tolerance clock reads past our fence's time, or a fresh fence made after
+            # the reap could be smaller than ours.
+            actions = [
+                table.give_back(
+                    r, self.token, max(now, self.fences[r] // 1000), sole=sole, hold_ms=hold_ms
+                )
+                for r in pending
+            ]
+            try:
+                if len(actions) == 1:
+                    # Only a hold long enough for waiters to have come unseen asks for the
+                    # item back (its decoding costs the uncontended path ~10 % of its CPU).
+                    look = bool(self._queue) or clock.monotonic() - self._taken_mono > WAKE_AFTER
+                    self._wake_first(table.update(actions[0], return_new=look))
+                else:
+                    table.transact(actions)
+                return ok
+            except table.Refused as refused:
+                return ok and self._released_by(refused.old, refused.retried)
+            except table.Cancelled as cancelled:
+                # Nothing was applied: drop the ones not ours any more and send the rest again.
+                still = []
+                for r, (code, old) in zip(pending, cancelled.reasons, strict=False):
+                    if code != "ConditionalCheckFailed":
+                        still.append(r)
+                    elif not self._released_by(old, cancelled.retried):
+                        ok = False
+                pending = still
+                if not pending:
+                    return ok
+            except SemaphoreUnavailable as exc:
+                # The work is done and the lease will lapse by itself: never fail the caller
+                # for a release DynamoDB could not take.
+                logger.warning("dynasem: could not release %r (%s); it expires", pending, exc)
+                return ok
+        return ok
+
+    def _wake_first(self, item: dict[str, Any] | None) -> None:
+        """After a plain release: if waiters are queued (ones we did not know of when we
+        could have handed over), push the first one the item, so it takes the lock now
+        instead of at its next paced read."""
+        queue = (item or {}).get("queue") or {}
+        if not queue or (item or {}).get("holders"):
+            return
+        now = clock.now_ms()
+        live = [(int(w["t"]), t, w) for t, w in queue.items() if int(w.get("e", 0)) > now]
+        if live:
+            _, first, waiter = min(live)
+            if waiter.get("n") and item is not None:
+                wakeup.push(waiter["n"], self.resource, first, item, sent_ms=clock.now_ms())
+
+    def _wake_next_reader(self, item: dict[str, Any] | None) -> None:
+        """A shared hold just taken: if the first waiter in line is a reader too, it can join
+        us now; push it the item (it then pushes the next one when it has joined)."""
+        queue = (item or {}).get("queue") or {}
+        now = clock.now_ms()
+        live = [(int(w["t"]), t, w) for t, w in queue.items() if int(w.get("e", 0)) > now]
+        if live:
+            _, first, waiter = min(live)
+            if waiter.get("s") and waiter.get("n") and item is not None:
+                wakeup.push(waiter["n"], self.resource, first, item, sent_ms=clock.now_ms())
+
+    def _released_by(self, old: dict[str, Any] | None, retried: bool) -> bool:
+        """Was a refused release ours after all (applied, its response lost)?"""
+        old = old or {}
+        if self.token in (old.get("holders") or {}):
+            return False
+        if old.get("lastToken") == self.token:
+            return True
+        # Someone may have taken and released it between botocore's attempts, overwriting
+        # lastToken. Without a retry nothing of ours was applied; with one, the token is gone
+        # by our own release unless an operator broke it or our lease can have run out.
+        return (
+            retried and old.get("brokenToken") != self.token and clock.monotonic() < self._deadline
+        )
+
+    # -- heartbeat ---------------------------------------------------------------------------
+
+    def _start_heartbeat(self) -> None:
+        self._heartbeat = Heartbeat(self)
+        self._heartbeat.start()
+
+    def _stop_heartbeat(self) -> None:
+        hb, self._heartbeat = self._heartbeat, None
+        if hb is not None:
+            hb.stop()
+
+
+def acquired(
+    semaphore: Semaphore,
+    *,
+    token: str,
+    user_id: str,
+    fences: dict[str, int],
+    lease: float,
+    skew: float,
+    expires_ms: int,
+    sent_mono: float,
+    item: dict[str, Any] | None,
+) -> Held:
+    """A hold just taken: learn the queue from ``item`` (the resource as last seen, one
+    resource only), let the next reader join a shared hold, announce it, start renewing it."""
+    held = Held(
+        semaphore,
+        token=token,
+        user_id=user_id,
+        fences=fences,
+        lease=lease,
+        skew=skew,
+        expires_ms=expires_ms,
+        sent_mono=sent_mono,
+    )
+    if item is not None:
+        held._observe(item)
+        if semaphore.mode == MODE_SHARED:
+            held._wake_next_reader(item)
+    lock_acquired.send(
+        sender=semaphore.signal_sender,
+        resource=held.resource,
+        user_id=user_id,
+        token=token,
+        fence=held.fence,
+        fences=held.fences,
+    )
+    held._start_heartbeat()
+    return held
+
+
+# The holds entered through ``with``/``async with``, per thread and per task.
+_entered: ContextVar[tuple[tuple[int, Held], ...]] = ContextVar("dynasem_entered", default=())
+
+
+def remember_entered(sem: Semaphore, held: Held) -> None:
+    _entered.set(_entered.get() + ((id(sem), held),))
+
+
+def current_hold(resource: str | None = None) -> Held:
+    """The innermost hold this thread or task entered (``with``/``async with``, or a decorated
+    call) and has not left; the innermost one on ``resource`` if given. A decorated view or
+    function reaches its own hold this way: ``current_hold().fence``.
+    Raises :class:`LookupError` when there is none."""
+    for _sem_id, held in reversed(_entered.get()):
+        if resource is None or resource in held.resources:
+            return held
+    raise LookupError(
+        "no dynasem hold is entered here" + (f" on {resource!r}" if resource is not None else "")
+    )
+
+
+def forget_entered(sem: Semaphore) -> Held:
+    stack = _entered.get()
+    for i in range(len(stack) - 1, -1, -1):
+        if stack[i][0] == id(sem):
+            _entered.set(stack[:i] + stack[i + 1 :])
+            return stack[i][1]
+    raise RuntimeError("semaphore exited without a matching enter")
+
+
+def leave(held: Held, raised: bool) -> None:
+    try:
+        held.release()
+    except LockLost:
+        if not raised:
+            raise
+        # The block's own exception goes on; the loss is logged and was signalled.
+        logger.warning("dynasem: hold on %r was lost while its block raised", held.resource)

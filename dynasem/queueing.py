@@ -1,0 +1,262 @@
+"""Waiting in a resource's queue: joining it, pacing the looks toward our turn, waiting for a
+hand-over pushed to us, and the backoff of a waiter that polls instead."""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+from typing import TYPE_CHECKING, Any
+
+from . import clock, table, wakeup
+from .drivers import InQueue, Request, Sleep, Steps
+from .exceptions import SemaphoreBusy, SemaphoreUnavailable
+from .signals import lock_busy
+from .validation import MODE_EXCLUSIVE, MODE_SHARED
+
+if TYPE_CHECKING:
+    from .core import Semaphore
+
+# Backoff of a waiting acquire: first sleep, cap (seconds); full jitter in between.
+BACKOFF_FIRST = 0.02
+BACKOFF_CAP = 0.5
+# How long after joining a resource's queue our next acquire of it joins the queue first.
+GUESS_BUSY_FOR = 10.0
+# Resources this process recently queued for (monotonic time), for that guess.
+queued_recently: dict[str, float] = {}
+# Resources whose hand-overs recently reached us by push (monotonic time): while they do, a
+# queued waiter reads only as a fallback, after PUSH_PATIENCE seconds without one.
+pushed_recently: dict[str, float] = {}
+PUSH_PATIENCE = 0.5
+MAX_REMEMBERED = 4096
+
+
+def live_holders(item: dict[str, Any] | None, stale_ms: int) -> dict[str, dict[str, Any]]:
+    holders = (item or {}).get("holders") or {}
+    return {t: h for t, h in holders.items() if int(h.get("e", 0)) >= stale_ms}
+
+
+def backoff(attempt: int) -> float:
+    cap = min(BACKOFF_CAP, BACKOFF_FIRST * (2 ** min(attempt - 1, 16)))
+    return random.uniform(cap / 2, cap)
+
+
+def seconds_until_free(blocked: dict[str, dict[str, Any]], skew: float) -> float:
+    """Until the first holder in the way could be taken over (its lease end + skew)."""
+    ends = [int(h.get("e", 0)) for holders in blocked.values() for h in holders.values()]
+    if not ends:
+        return BACKOFF_CAP
+    return max(0.0, (min(ends) + skew * 1000 - clock.now_ms()) / 1000)
+
+
+class Pace:
+    """When a queued waiter looks again. A turn comes every hold time plus the hand-over's own
+    requests (the release write, then our read that sees it), so the waiter sleeps toward the
+    time the holder ahead should be done. A look that finds nothing moved (same holders, same
+    waiters ahead) doubles the next pause: a late holder, or a dead waiter ahead of us
+    blocking a free lock until its entry expires, costs a few reads, not a read every hold
+    time."""
+
+    def __init__(self) -> None:
+        self.rtt = 0.005  # seconds; an average of our own reads' round trips
+        self.early = 0  # looks in a row that found nothing moved
+        self.state: Any = None
+        self.until_free = 1.0  # seconds until the first holder (or waiter) ahead lapses
+        self.enqueued = False  # an enqueue of ours was sent (it may have been applied)
+        # The last state came by push: a hold it hands us is trusted no later than this.
+        self.push_cap: float | None = None
+
+    def answered(self, seconds: float) -> None:
+        self.rtt = (3 * self.rtt + min(seconds, 0.5)) / 4
+
+    def turn_in(self, seen: dict[str, Any] | None, token: str, skew: float) -> float:
+        seen = seen or {}
+        now = clock.now_ms()
+        queue = seen.get("queue") or {}
+        mine = queue.get(token)
+        stale = now - int(skew * 1000)
+        ahead = {
+            t: w
+            for t, w in queue.items()
+            if t != token and int(w["e"]) >= stale and (mine is None or w["t"] < mine["t"])
+        }
+        live = live_holders(seen, stale)
+        state = (tuple(sorted(live)), tuple(sorted(ahead)))
+        if state != self.state:
+            self.state, self.early = state, 0
+        else:
+            self.early += 1
+        rtt_ms = self.rtt * 1000
+        hold = max(2.0, float(seen.get("holdMs") or 20))
+        start = max((int(h.get("a", now)) for h in live.values()), default=now)
+        # The holder's release lands about one round trip after its hold; every waiter ahead
+        # of us then takes a hold plus two round trips (that release, its own read).
+        turn = (start + hold + rtt_ms + (hold + 2 * rtt_ms) * len(ahead) - now) / 1000
+        step = max(0.002, self.rtt)
+        if live:
+            # Until the first holder could be taken over (its lease end + skew). Overdue:
+            # back off from a round trip, doubling while nothing moves, at most 64 round
+            # trips (a hand-over after a long hold is still seen within a fraction of it).
+            first_end = min(int(h["e"]) for h in live.values())
+            if turn <= 0:
+                turn = step * 2 ** min(self.early, 6)
+        else:
+            # Nobody holds, yet a waiter ahead has not taken its turn: if nothing moved since
+            # our last look it is most likely dead; look again ever later, up to a second,
+            # until its entry can be evicted.
+            first = min(ahead.values(), key=lambda w: int(w["t"]), default=None)
+            first_end = int(first["e"]) if first else now
+            if self.early:
+                turn = max(turn, step * 2 ** min(self.early, 10))
+        until_free = (first_end + skew * 1000 - now) / 1000 + 0.001
+        self.until_free = max(0.001, until_free)
+        return max(0.001, min(turn, until_free, 1.0))
+
+
+def should_queue(sem: Semaphore, seen: dict[str, Any] | None) -> bool:
+    """Queue up (rather than poll with backoff) when fair, when others already do, or as
+    a writer behind readers: new readers then queue behind us, so writers never starve."""
+    seen = seen or {}
+    exclusive = sem.mode == MODE_EXCLUSIVE
+    writer_behind_readers = exclusive and seen.get("mode") == MODE_SHARED
+    if sem.fair or bool(seen.get("queue")) or writer_behind_readers:
+        return True
+    # A waiter that can be pushed the hand-over queues too: the releasing holder then
+    # hands it the lock in its release write and tells it at once, which beats polling
+    # on both requests and idle time.
+    return exclusive and seen.get("mode", MODE_EXCLUSIVE) == MODE_EXCLUSIVE and wakeup.available()
+
+
+def busy(
+    sem: Semaphore,
+    blocked: dict[str, dict[str, Any]],
+    *,
+    skew: float,
+    user_id: str,
+    token: str,
+) -> SemaphoreBusy:
+    """The wait is over and the lock still busy: the error to raise, after ``lock_busy``."""
+    resource = next(iter(blocked))
+    holders = blocked[resource]
+    first = min(holders.values(), key=lambda h: int(h.get("e", 0)), default=None)
+    retry_after = math.ceil(seconds_until_free(blocked, skew)) if holders else 1
+    exc = SemaphoreBusy(resource, retry_after, first.get("u") if first else None)
+    lock_busy.send(
+        sender=sem.signal_sender,
+        resource=resource,
+        user_id=user_id,
+        token=token,
+        fence=None,
+        holder_user_id=exc.holder_user_id,
+        retry_after=exc.retry_after,
+    )
+    return exc
+
+
+def wait_in_queue(
+    sem: Semaphore,
+    resource: str,
+    seen: dict[str, Any] | None,
+    *,
+    token: str,
+    user_id: str,
+    lease: float,
+    skew: float,
+    queued: bool,
+    remaining: float,
+    pace: Pace,
+    if_busy_ms: int | None = None,
+) -> Steps[dict[str, Any] | None]:
+    """Join the queue (once), then sleep toward our likely turn and look again: with a
+    cheap read, or by renewing our place when its lease is half gone. Returns the state.
+
+    ``seen``: the resource as last seen (None: not seen); ``queued``: we are in its queue
+    already; ``remaining``: seconds left of the wait; ``pace``: this acquisition's timing.
+
+    ``if_busy_ms``: join only if someone holds it (a lease ending at or after this) or
+    waits; otherwise the refusal's old item is returned, to take it from."""
+    now = clock.now_ms()
+    if not queued:
+        stored = int((seen or {}).get("ticket") or 0)
+        waiter: dict[str, Any] = {
+            "t": max(clock.new_fence(0), stored + 1),
+            "e": now + int(lease * 1000),
+            "u": user_id,
+            "s": sem.shared,
+            "l": int(lease * 1000),
+        }
+        address = wakeup.expect(resource, token, lease=lease, skew=skew, now_ms=clock.now_ms)
+        if address is not None:
+            waiter["n"] = address  # where the holder that hands us the lock tells us
+        fresh = seen is not None and "queue" not in seen
+        pace.enqueued = True  # from now on, giving up means leaving the queue
+        for attempt in range(1, 4):
+            try:
+                after: dict[str, Any] | None = yield InQueue(
+                    functools.partial(
+                        table.update,
+                        table.enqueue(resource, token, waiter, fresh=fresh, if_busy_ms=if_busy_ms),
+                        return_new=True,
+                    ),
+                    token,
+                    resource,
+                    write=True,
+                )
+                if len(queued_recently) >= MAX_REMEMBERED:
+                    queued_recently.clear()
+                    pushed_recently.clear()
+                queued_recently[resource] = clock.monotonic()
+                return after
+            except table.Refused as refused:
+                old: dict[str, Any] = refused.old or {}
+                if token in (old.get("queue") or {}):
+                    return old  # our own enqueue, its response lost
+                if if_busy_ms is not None:
+                    return old  # free, most likely: plan from what it is
+                fresh = "queue" not in old
+                waiter["t"] = max(waiter["t"], int(old.get("ticket") or 0) + 1)
+            except SemaphoreUnavailable as exc:
+                # In transit: maybe applied (then the same write is refused by our own
+                # entry, which tells us so), maybe not. The caller looks again.
+                if not exc.transient:
+                    raise
+                yield Sleep(min(backoff(attempt), max(0.001, remaining)))
+        return seen
+    mine = ((seen or {}).get("queue") or {}).get(token) or {}
+    nap = max(0.001, min(pace.turn_in(seen, token, skew), remaining))
+    if mine.get("n"):
+        if (
+            not sem.shared
+            and clock.monotonic() - pushed_recently.get(resource, -math.inf) < GUESS_BUSY_FOR
+        ):
+            # Hand-overs of this resource reached us by push lately: a read before the
+            # next one would most likely find nothing new. Look only as a fallback.
+            nap = max(nap, min(PUSH_PATIENCE, pace.until_free, remaining))
+        last_fence = int((seen or {}).get("fence") or 0)
+        pushed: wakeup.Push | None = yield InQueue(
+            lambda: wakeup.wait(token, nap, fence_above=last_fence), token, resource
+        )
+        if pushed is not None:
+            pushed_recently[resource] = clock.monotonic()
+            # Handed the lock (or told it is free): the item as written. A hand-over is
+            # worth no more than its arrival plus our own lease.
+            pace.push_cap = pushed.arrived + lease - skew
+            return pushed.item
+    else:
+        yield Sleep(nap)
+    sent = clock.monotonic()
+    if int(mine.get("e", 0)) - clock.now_ms() < lease * 500:
+        try:
+            renewed: dict[str, Any] | None = yield Request(
+                lambda: table.update(
+                    table.renew_waiter(resource, token, clock.now_ms() + int(lease * 1000)),
+                    return_new=True,
+                )
+            )
+            return renewed
+        except table.Refused as refused:
+            gone: dict[str, Any] | None = refused.old
+            return gone  # no longer queued: handed the lock, or evicted
+    item: dict[str, Any] | None = yield Request(lambda: table.get(resource))
+    pace.answered(clock.monotonic() - sent)
+    return item

@@ -1,0 +1,453 @@
+"""The writes: each builder returns the keyword arguments of one conditional ``UpdateItem``
+(without ``TableName``), usable alone or as one action of a transaction; :func:`update` and
+:func:`transact` in :mod:`dynasem.table` send them."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from .stored import FAILED, JOB_SK, LOCK_SK, RUNNING, encode, epoch_seconds, key, shard_of
+
+# ---------------------------------------------------------------------------------------------
+# Lock writes (builders return UpdateItem kwargs without TableName)
+# ---------------------------------------------------------------------------------------------
+
+_LOCK_NAMES = {
+    "#h": "holders",
+    "#mode": "mode",
+    "#lim": "limit",
+    "#fence": "fence",
+    "#uid": "userId",
+    "#exp": "expires",
+    "#expMs": "expMs",
+    "#shard": "shard",
+    "#last": "lastToken",
+    "#q": "queue",
+    "#next": "ticket",
+    "#hold": "holdMs",
+}
+
+
+_PLACEHOLDER = re.compile(r"#\w+")
+
+
+def _action(
+    pk: str,
+    sk: str,
+    update: str,
+    condition: str,
+    names: dict[str, str],
+    values: dict[str, Any],
+) -> dict[str, Any]:
+    # DynamoDB rejects names the expressions do not use: match whole placeholders only.
+    tokens = set(_PLACEHOLDER.findall(update + " " + condition))
+    used = {k: v for k, v in names.items() if k in tokens}
+    action: dict[str, Any] = {
+        "Key": key(pk, sk),
+        "UpdateExpression": update,
+        "ConditionExpression": condition,
+        "ExpressionAttributeNames": used,
+    }
+    if values:
+        action["ExpressionAttributeValues"] = encode(values)
+    return action
+
+
+def holder_entry(
+    user_id: str, expires_ms: int, fence: int, now_ms: int, shared: bool
+) -> dict[str, Any]:
+    return {"u": user_id, "e": expires_ms, "f": fence, "a": now_ms, "s": shared}
+
+
+class QueueTerms:
+    """How a take treats the resource's waiting queue (see core: nobody cuts in line).
+
+    ``queued``: we are in the queue and leave it by this take. ``evict``: dead waiters (their
+    lease end as seen) removed by this take. ``size``: for a taker not in the queue, the queue
+    size it saw (a newcomer since then would be ahead of us); None when it saw no queue.
+    """
+
+    def __init__(
+        self, queued: bool = False, evict: dict[str, int] | None = None, size: int | None = None
+    ):
+        self.queued, self.evict, self.size = queued, evict or {}, size
+
+
+def _queue_clauses(
+    token: str, terms: QueueTerms | None, names: dict[str, str], values: dict[str, Any]
+) -> tuple[list[str], list[str]]:
+    """REMOVE paths and conditions for a take, per :class:`QueueTerms`."""
+    terms = terms or QueueTerms()
+    removes, conds = [], []
+    names["#me"] = token
+    if terms.queued:
+        removes.append("#q.#me")
+        conds.append("attribute_exists(#q.#me)")
+    elif terms.size is None:
+        conds.append("(attribute_not_exists(#q) OR size(#q) = :qsize)")
+        values[":qsize"] = 0
+    else:
+        conds.append("size(#q) = :qsize")
+        values[":qsize"] = terms.size
+    for i, (gone, ends) in enumerate(sorted(terms.evict.items())):
+        names[f"#w{i}"] = gone
+        removes.append(f"#q.#w{i}")
+        conds.append(f"#q.#w{i}.e = :we{i}")
+        values[f":we{i}"] = ends
+    return removes, conds
+
+
+def take_free(
+    resource: str,
+    token: str,
+    entry: dict[str, Any],
+    *,
+    mode: str,
+    limit: int,
+    stale_ms: int,
+    queue: QueueTerms | None = None,
+) -> dict[str, Any]:
+    """Take a resource nobody holds (no item, no holders, or every lease long over).
+
+    Replaces the holders map with ours alone; the fence condition keeps fences strictly
+    increasing even when our clock is behind the previous holder's.
+    """
+    update = (
+        "SET #h = :h, #mode = :mode, #lim = :lim, #fence = :fence, #uid = :uid, "
+        "#exp = :exp, #expMs = :expMs, #shard = :shard"
+    )
+    condition = (
+        "(attribute_not_exists(#h) OR size(#h) = :zero OR #expMs < :stale) "
+        "AND (attribute_not_exists(#fence) OR #fence < :fence)"
+    )
+    names = dict(_LOCK_NAMES)
+    values: dict[str, Any] = {}
+    removes, conds = _queue_clauses(token, queue, names, values)
+    if removes:
+        update += " REMOVE " + ", ".join(removes)
+    else:
+        update += ", #q = if_not_exists(#q, :emptyq)"  # later waiters join this map
+        values[":emptyq"] = {}
+    condition = " AND ".join([condition, *conds])
+    values |= {
+        ":h": {token: entry},
+        ":mode": mode,
+        ":lim": limit,
+        ":fence": entry["f"],
+        ":uid": entry["u"],
+        ":exp": epoch_seconds(entry["e"]),
+        ":expMs": entry["e"],
+        ":shard": shard_of(resource),
+        ":zero": 0,
+        ":stale": stale_ms,
+    }
+    return _action(resource, LOCK_SK, update, condition, names, values)
+
+
+def take_join(
+    resource: str,
+    token: str,
+    entry: dict[str, Any],
+    *,
+    mode: str,
+    limit: int,
+    seen: dict[str, Any],
+    evict: list[str],
+    replace: bool = False,
+    queue: QueueTerms | None = None,
+) -> dict[str, Any]:
+    """Join the holders of a counting or shared resource, evicting expired holders.
+
+    Conditional on the item being exactly as ``seen`` (mode, limit, holder count, fence and
+    the evicted holders' lease ends), so a concurrent change makes us look again instead of
+    overfilling the semaphore. ``replace`` (every seen holder evicted) lets us set another
+    mode and limit, as nobody is left to disagree.
+    """
+    names = dict(_LOCK_NAMES, **{"#t": token})
+    values: dict[str, Any] = {
+        ":entry": entry,
+        ":fence": entry["f"],
+        ":mode": mode,
+        ":lim": limit,
+        ":size": len(seen.get("holders") or {}),
+        ":shard": shard_of(resource),
+    }
+    sets = ["#h.#t = :entry", "#fence = :fence", "#shard = :shard"]
+    conds = ["size(#h) = :size", "#fence < :fence"]
+    if replace:
+        sets += ["#mode = :mode", "#lim = :lim"]
+    else:
+        conds += ["#mode = :mode", "#lim = :lim"]
+    seen_expires = int(seen.get("expMs") or 0)
+    if entry["e"] >= seen_expires:
+        # Item-level expiry is the latest lease end of all holders: only ever pushed later,
+        # so only over the very value we saw (a holder may have renewed since).
+        sets += ["#uid = :uid", "#exp = :exp", "#expMs = :expMs"]
+        conds.append("#expMs = :seenExp")
+        values.update(
+            {
+                ":uid": entry["u"],
+                ":exp": epoch_seconds(entry["e"]),
+                ":expMs": entry["e"],
+                ":seenExp": seen_expires,
+            }
+        )
+    removes = []
+    for i, gone in enumerate(evict):
+        names[f"#x{i}"] = gone
+        removes.append(f"#h.#x{i}")
+        conds.append(f"#h.#x{i}.e = :xe{i}")
+        values[f":xe{i}"] = seen["holders"][gone]["e"]
+    q_removes, q_conds = _queue_clauses(token, queue, names, values)
+    removes += q_removes
+    conds += q_conds
+    update = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
+    return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
+
+
+def take_room(
+    resource: str, token: str, entry: dict[str, Any], *, mode: str, limit: int
+) -> dict[str, Any]:
+    """A counting or shared hold's first, blind try: join if there is room, same mode and
+    limit, nobody queued, and our lease ends last (so it becomes the item's expiry). Anything
+    else is refused and planned from the old item."""
+    names = dict(_LOCK_NAMES, **{"#t": token})
+    conds = [
+        "attribute_exists(#h)",
+        "#mode = :mode",
+        "#lim = :lim",
+        "#fence < :fence",
+        "#expMs <= :expMs",
+        "(attribute_not_exists(#q) OR size(#q) = :zero)",
+    ]
+    values: dict[str, Any] = {
+        ":entry": entry,
+        ":fence": entry["f"],
+        ":mode": mode,
+        ":lim": limit,
+        ":uid": entry["u"],
+        ":exp": epoch_seconds(entry["e"]),
+        ":expMs": entry["e"],
+        ":zero": 0,
+    }
+    if mode != "s":  # shared holds have no upper bound
+        conds.insert(1, "size(#h) < :lim")
+    update = "SET #h.#t = :entry, #fence = :fence, #uid = :uid, #exp = :exp, #expMs = :expMs"
+    return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
+
+
+def renew_hold(resource: str, token: str, expires_ms: int, *, raise_item: bool) -> dict[str, Any]:
+    """Push our lease end; conditional on our token still being among the holders.
+
+    ``raise_item`` also pushes the item-level expiry, only ever later (another holder of a
+    counting or shared resource may have a later one).
+    """
+    names = dict(_LOCK_NAMES, **{"#t": token})
+    values: dict[str, Any] = {":e": expires_ms}
+    update = "SET #h.#t.e = :e"
+    condition = "attribute_exists(#h.#t)"
+    if raise_item:
+        update += ", #exp = :exp, #expMs = :e"
+        condition += " AND #expMs <= :e"
+        values[":exp"] = epoch_seconds(expires_ms)
+    return _action(resource, LOCK_SK, update, condition, names, values)
+
+
+def give_back(
+    resource: str, token: str, now_ms: int, *, sole: bool, hold_ms: int | None = None
+) -> dict[str, Any]:
+    """Release our hold only; conditional on our token. ``lastToken`` remembers who released,
+    so a retried release whose first response was lost is recognised as done."""
+    names = dict(_LOCK_NAMES, **{"#t": token})
+    values: dict[str, Any] = {":tok": token}
+    update = "REMOVE #h.#t"
+    sets = ["#last = :tok"]
+    if sole:
+        # The sole holder leaves: the item becomes idle now (out of the active listing, and
+        # reapable) instead of at its old lease end. (``now_ms`` may be a little ahead of the
+        # clock: see Held._give_back.)
+        update += ", #uid"
+        sets += ["#exp = :exp", "#expMs = :now"]
+        values.update({":exp": epoch_seconds(now_ms), ":now": now_ms})
+    if hold_ms is not None:
+        sets.append("#hold = :hold")  # waiters estimate their turn from it
+        values[":hold"] = hold_ms
+    update += " SET " + ", ".join(sets)
+    return _action(resource, LOCK_SK, update, "attribute_exists(#h.#t)", names, values)
+
+
+def hand_over(
+    resource: str,
+    token: str,
+    heir: str,
+    ticket: int,
+    entry: dict[str, Any],
+    *,
+    hold_ms: int,
+) -> dict[str, Any]:
+    """Release our exclusive hold straight to the first waiter, in the same write: it holds
+    the lock from now, with ``entry`` (its user and lease, a fresh fence). Conditional on our
+    token and on the heir still waiting with the ticket we saw."""
+    names = dict(_LOCK_NAMES, **{"#t": token, "#n": heir})
+    values = {
+        ":entry": entry,
+        ":fence": entry["f"],
+        ":uid": entry["u"],
+        ":exp": epoch_seconds(entry["e"]),
+        ":expMs": entry["e"],
+        ":tok": token,
+        ":ticket": ticket,
+        ":hold": hold_ms,
+    }
+    update = (
+        "REMOVE #h.#t, #q.#n SET #h.#n = :entry, #fence = :fence, #uid = :uid, #exp = :exp, "
+        "#expMs = :expMs, #last = :tok, #hold = :hold"
+    )
+    condition = "attribute_exists(#h.#t) AND #q.#n.t = :ticket AND #fence < :fence"
+    return _action(resource, LOCK_SK, update, condition, names, values)
+
+
+def enqueue(
+    resource: str,
+    token: str,
+    waiter: dict[str, Any],
+    *,
+    fresh: bool,
+    if_busy_ms: int | None = None,
+) -> dict[str, Any]:
+    """Join the resource's queue with a ticket (microseconds, only ever increasing).
+
+    ``fresh``: the item has no queue map yet (or no item at all): create it with us alone.
+    ``if_busy_ms``: only if it is held (item lease end at or after this) or others wait."""
+    names = dict(_LOCK_NAMES, **{"#me": token})
+    values: dict[str, Any] = {":ticket": waiter["t"]}
+    if fresh:
+        update = "SET #q = :q, #next = :ticket, #shard = :shard"
+        condition = "attribute_not_exists(#q)"
+        values.update({":q": {token: waiter}, ":shard": shard_of(resource)})
+    else:
+        update = "SET #q.#me = :w, #next = :ticket"
+        condition = "attribute_exists(#q) AND (attribute_not_exists(#next) OR #next < :ticket)"
+        values[":w"] = waiter
+    if if_busy_ms is not None:
+        condition += " AND ((size(#h) > :zero AND #expMs >= :busy) OR size(#q) > :zero)"
+        values.update({":zero": 0, ":busy": if_busy_ms})
+    return _action(resource, LOCK_SK, update, condition, names, values)
+
+
+def dequeue(resource: str, token: str) -> dict[str, Any]:
+    names = dict(_LOCK_NAMES, **{"#me": token})
+    return _action(resource, LOCK_SK, "REMOVE #q.#me", "attribute_exists(#q.#me)", names, {})
+
+
+def renew_waiter(resource: str, token: str, expires_ms: int) -> dict[str, Any]:
+    names = dict(_LOCK_NAMES, **{"#me": token})
+    return _action(
+        resource,
+        LOCK_SK,
+        "SET #q.#me.e = :e",
+        "attribute_exists(#q.#me)",
+        names,
+        {":e": expires_ms},
+    )
+
+
+def force_release(resource: str, token: str) -> dict[str, Any]:
+    """An operator breaks one hold (admin, CLI): conditional on that token still holding.
+
+    Unlike :func:`give_back` it leaves ``lastToken`` alone and records ``brokenToken``: the
+    broken holder's own release must not mistake the break for its release."""
+    names = dict(_LOCK_NAMES, **{"#t": token, "#broken": "brokenToken"})
+    return _action(
+        resource,
+        LOCK_SK,
+        "REMOVE #h.#t SET #broken = :tok",
+        "attribute_exists(#h.#t)",
+        names,
+        {":tok": token},
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# run_once writes
+# ---------------------------------------------------------------------------------------------
+
+_JOB_NAMES = {
+    "#st": "status",
+    "#tok": "token",
+    "#uid": "userId",
+    "#expMs": "expMs",
+    "#fence": "fence",
+    "#att": "attempt",
+    "#err": "error",
+    "#start": "startedMs",
+    "#end": "finishedMs",
+    "#last": "lastToken",
+}
+
+
+def job_claim(
+    key: str, token: str, user_id: str, expires_ms: int, fence: int, now_ms: int, stale_ms: int
+) -> dict[str, Any]:
+    """NEW or FAILED (or RUNNING under a dead lease) -> RUNNING, in one conditional write."""
+    update = (
+        "SET #st = :running, #tok = :tok, #uid = :uid, #expMs = :expMs, #fence = :fence, "
+        "#start = :now, #att = if_not_exists(#att, :zero) + :one REMOVE #end"
+    )
+    condition = (
+        "(attribute_not_exists(#st) OR #st = :failed OR (#st = :running AND #expMs < :stale)) "
+        "AND (attribute_not_exists(#fence) OR #fence < :fence)"
+    )
+    values = {
+        ":running": RUNNING,
+        ":failed": FAILED,
+        ":tok": token,
+        ":uid": user_id,
+        ":expMs": expires_ms,
+        ":fence": fence,
+        ":now": now_ms,
+        ":zero": 0,
+        ":one": 1,
+        ":stale": stale_ms,
+    }
+    return _action(key, JOB_SK, update, condition, _JOB_NAMES, values)
+
+
+def job_renew(key: str, token: str, expires_ms: int) -> dict[str, Any]:
+    return _action(
+        key,
+        JOB_SK,
+        "SET #expMs = :e",
+        "#tok = :tok AND #st = :running",
+        _JOB_NAMES,
+        {":e": expires_ms, ":tok": token, ":running": RUNNING},
+    )
+
+
+def job_finish(key: str, token: str, status: str, error: str | None, now_ms: int) -> dict[str, Any]:
+    """RUNNING -> DONE/FAILED; the row loses its lease and never expires."""
+    values: dict[str, Any] = {":st": status, ":tok": token, ":now": now_ms, ":running": RUNNING}
+    update = "SET #st = :st, #end = :now, #last = :tok"
+    if error is not None:
+        update += ", #err = :err"
+        values[":err"] = error[:4000]
+        update += " REMOVE #tok, #expMs"
+    else:
+        update += " REMOVE #tok, #expMs, #err"
+    return _action(key, JOB_SK, update, "#tok = :tok AND #st = :running", _JOB_NAMES, values)
+
+
+def job_reset(key: str, status_seen: str, finished_ms: int | None, now_ms: int) -> dict[str, Any]:
+    """An operator makes a DONE or FAILED job new again (the next run_once runs it), only if it
+    still ended as the operator saw it (``status_seen`` at ``finished_ms``). Keeps the fence and
+    the attempt count; records when it was reset."""
+    names = {**_JOB_NAMES, "#end": "finishedMs", "#reset": "resetMs"}
+    values: dict[str, Any] = {":seen": status_seen, ":now": now_ms}
+    if finished_ms is None:
+        condition = "#st = :seen AND attribute_not_exists(#end)"
+    else:
+        condition = "#st = :seen AND #end = :end"
+        values[":end"] = finished_ms
+    update = "REMOVE #st, #err, #end, #tok, #expMs SET #reset = :now"
+    return _action(key, JOB_SK, update, condition, names, values)

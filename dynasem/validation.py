@@ -1,0 +1,118 @@
+"""Argument checks and holder identity: everything is refused before any request is sent."""
+
+from __future__ import annotations
+
+import math
+from numbers import Real
+from typing import Any
+
+from . import table
+from .conf import settings
+
+MAX_RESOURCE_BYTES = 1024
+MAX_LEASE = 7 * 24 * 3600.0
+# A hold's mode as stored: one holder, up to ``limit`` holders, any number of readers.
+MODE_EXCLUSIVE, MODE_COUNTING, MODE_SHARED = "x", "n", "s"
+
+
+def check_resource(resource: Any, name: str = "resource") -> str:
+    if not isinstance(resource, str):
+        raise TypeError(f"{name} must be a str, not {type(resource).__name__}: {resource!r}")
+    if not resource:
+        raise ValueError(f"{name} must be a non-empty str")
+    size = len(resource.encode("utf-8"))
+    if size > MAX_RESOURCE_BYTES:
+        raise ValueError(
+            f"{name} is {size} UTF-8 bytes; at most {MAX_RESOURCE_BYTES} are allowed: "
+            f"{resource[:40]!r}..."
+        )
+    return resource
+
+
+def check_resources(resource: Any) -> list[str]:
+    if isinstance(resource, list | tuple):
+        if not resource:
+            raise ValueError("resource must not be an empty list")
+        names = [check_resource(r, f"resource[{i}]") for i, r in enumerate(resource)]
+        if len(set(names)) != len(names):
+            raise ValueError(f"resource lists a resource twice: {names!r}")
+        if len(names) > table.MAX_TRANSACTION:
+            raise ValueError(
+                f"resource lists {len(names)} resources; at most {table.MAX_TRANSACTION} "
+                "can be taken atomically (one DynamoDB transaction)"
+            )
+        return names
+    return [check_resource(resource)]
+
+
+def check_seconds(value: Any, name: str, *, allow_zero: bool, allow_inf: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(
+            f"{name} must be a number of seconds, not {type(value).__name__}: {value!r}"
+        )
+    seconds = float(value)
+    if math.isnan(seconds):
+        raise ValueError(f"{name} must be a number of seconds, not NaN")
+    if math.isinf(seconds) and not allow_inf:
+        raise ValueError(f"{name} must be finite, not {seconds}")
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds, not {seconds}")
+    return seconds
+
+
+def check_lease(value: Any, name: str = "lease") -> float:
+    lease = check_seconds(value, name, allow_zero=False, allow_inf=False)
+    if lease > MAX_LEASE:
+        raise ValueError(f"{name} must be at most {MAX_LEASE:g} seconds (7 days), not {lease:g}")
+    return lease
+
+
+def check_wait(value: Any, name: str = "wait") -> float:
+    return check_seconds(value, name, allow_zero=True, allow_inf=True)
+
+
+def check_skew(value: Any, name: str = "CLOCK_SKEW") -> float:
+    return check_seconds(value, name, allow_zero=True, allow_inf=False)
+
+
+def check_limit(limit: Any, shared: Any) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"limit must be an int >= 1, not {type(limit).__name__}: {limit!r}")
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, not {limit}")
+    if not isinstance(shared, bool):
+        raise TypeError(f"shared must be True or False, not {shared!r}")
+    if shared and limit > 1:
+        raise ValueError(f"shared=True cannot be combined with limit={limit}: use one or the other")
+    return limit
+
+
+def user_id_of(user: Any) -> str:
+    """What is recorded as the holder: a user's primary key, a given str, or this process."""
+    if user is None:
+        return table.process_identity()
+    if isinstance(user, str):
+        if not user:
+            raise ValueError("user must be a non-empty str, a Django user or None")
+        if len(user.encode()) > MAX_RESOURCE_BYTES:
+            raise ValueError(f"user is longer than {MAX_RESOURCE_BYTES} UTF-8 bytes")
+        return user
+    authenticated = getattr(user, "is_authenticated", None)
+    if authenticated is None:
+        raise TypeError(f"user must be a Django user, a str or None, not {type(user).__name__}")
+    if not authenticated or getattr(user, "pk", None) is None:
+        return table.process_identity()
+    return str(user.pk)
+
+
+def resolve_timing(lease: float | None, wait: float | None) -> tuple[float, float, float]:
+    """Lease, wait and skew in seconds: explicit arguments, else the live settings."""
+    skew = check_skew(settings.CLOCK_SKEW)
+    lease_s = check_lease(settings.LEASE, "DYNASEM['LEASE']") if lease is None else lease
+    wait_s = check_wait(settings.WAIT, "DYNASEM['WAIT']") if wait is None else wait
+    if lease_s <= skew:
+        raise ValueError(
+            f"lease ({lease_s:g}s) must be longer than DYNASEM['CLOCK_SKEW'] ({skew:g}s): a "
+            "holder trusts its lease only until lease - CLOCK_SKEW has passed"
+        )
+    return lease_s, wait_s, skew

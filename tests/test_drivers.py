@@ -1,0 +1,91 @@
+"""dynasem.drivers: one step generator, run blocking or under asyncio (no DynamoDB needed)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from dynasem import drivers
+from dynasem.drivers import InQueue, Request, Sleep, Steps, Write, run_async, run_sync
+
+
+def steps_with_a_failure() -> Steps[list[Any]]:
+    """Sends two requests and a pause; the second request fails and the loop catches it."""
+    seen: list[Any] = [(yield Request(lambda: 41 + 1))]
+    try:
+        yield Request(lambda: 1 / 0)
+    except ZeroDivisionError as exc:
+        seen.append(type(exc).__name__)
+    seen.append((yield Sleep(0.01)))
+    seen.append((yield Sleep(0)))
+    return seen
+
+
+def test_run_sync_sends_results_throws_errors_and_sleeps() -> None:
+    started = time.monotonic()
+    assert run_sync(steps_with_a_failure()) == [42, "ZeroDivisionError", None, None]
+    assert time.monotonic() - started >= 0.01
+
+
+def test_run_async_does_the_same() -> None:
+    assert asyncio.run(run_async(steps_with_a_failure())) == [42, "ZeroDivisionError", None, None]
+
+
+def test_an_error_the_loop_does_not_catch_reaches_the_caller() -> None:
+    def steps() -> Steps[None]:
+        yield Request(lambda: {}["missing"])
+
+    with pytest.raises(KeyError):
+        run_sync(steps())
+    with pytest.raises(KeyError):
+        asyncio.run(run_async(steps()))
+
+
+def test_a_cancelled_write_is_waited_for_then_withdrawn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The write goes on in its thread; once it ended, what it may have taken is given back."""
+    withdrawn: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr(drivers, "withdraw", lambda token, rs: withdrawn.append((token, rs)))
+    release = threading.Event()
+    finished = threading.Event()
+
+    def slow_write() -> None:
+        release.wait(5)
+        finished.set()
+
+    def steps() -> Steps[None]:
+        yield Write(slow_write, "tok", ["a", "b"])
+
+    async def main() -> None:
+        task = asyncio.ensure_future(run_async(steps()))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        asyncio.get_running_loop().call_later(0.05, release.set)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert finished.is_set()  # waited for, not left running
+    assert withdrawn == [("tok", ["a", "b"])]
+
+
+def test_a_cancelled_queued_wait_abandons_its_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    abandoned: list[str] = []
+    monkeypatch.setattr(InQueue, "abandon", lambda self: abandoned.append(self.resource))
+
+    def steps() -> Steps[None]:
+        yield InQueue(lambda: None, "tok", "res", write=True)  # joined
+        yield Sleep(10)  # waiting for our turn
+
+    async def main() -> None:
+        task = asyncio.ensure_future(run_async(steps()))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert abandoned == ["res"]

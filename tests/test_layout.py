@@ -1,0 +1,133 @@
+"""The package's layout: no import cycle between its modules, each module importable alone."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parent.parent / "dynasem"
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in sorted(PACKAGE.rglob("*.py")) if "migrations" not in p.parts}
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def runtime_imports(name: str) -> set[str]:
+    """The package modules ``name`` imports when it runs (at import time or in a function
+    body), leaving out imports only made for type checking."""
+    path = MODULES[name]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def target(base: str, alias: str) -> str:
+        sub = f"{base}.{alias}"
+        return sub if sub in MODULES else base
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in MODULES:
+                    found.add(alias.name)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package
+                for _ in range(node.level - 1):
+                    base = base.rpartition(".")[0]
+                base = f"{base}.{node.module}" if node.module else base
+            else:
+                base = node.module or ""
+            if base in MODULES:
+                for alias in node.names:
+                    found.add(target(base, alias.name))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")))
+    found.discard(name)
+    return found
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of ``graph`` (as the list of modules on it), or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def walk(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt) :] + [nxt]
+            if nxt not in state and (cycle := walk(nxt)) is not None:
+                return cycle
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := walk(node)) is not None:
+            return cycle
+    return None
+
+
+def test_find_cycle_sees_a_cycle_and_its_absence() -> None:
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_runtime_imports_count_function_level_and_skip_type_checking() -> None:
+    # core imports the decorator at module level; decorators names core only for typing.
+    assert "dynasem.decorators" in runtime_imports("dynasem.core")
+    assert "dynasem.core" not in runtime_imports("dynasem.decorators")
+    # apps.ready() imports the checks inside a function: that counts.
+    assert "dynasem.checks" in runtime_imports("dynasem.apps")
+
+
+def test_the_package_has_no_import_cycle() -> None:
+    graph = {name: runtime_imports(name) for name in MODULES}
+    assert find_cycle(graph) is None, " -> ".join(find_cycle(graph) or [])
+
+
+def test_the_lock_logic_never_imports_the_admin_or_commands() -> None:
+    graph = {name: runtime_imports(name) for name in MODULES}
+    seen: set[str] = set()
+    todo = ["dynasem.core"]
+    while todo:
+        name = todo.pop()
+        if name not in seen:
+            seen.add(name)
+            todo.extend(graph[name])
+    assert not {n for n in seen if n.startswith(("dynasem.admin", "dynasem.management"))}
+
+
+@pytest.mark.parametrize("name", sorted(n for n in MODULES if not n.endswith("__main__")))
+def test_every_module_imports(name: str) -> None:
+    assert importlib.import_module(name).__name__ == name
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_no_module_is_over_600_lines(name: str) -> None:
+    """A module a newcomer can read in one sitting; past this, split it by what changes
+    together (docs/ARCHITECTURE.md)."""
+    lines = MODULES[name].read_text(encoding="utf-8").count("\n")
+    assert lines <= 600, f"{name} has {lines} lines"

@@ -1,0 +1,90 @@
+"""dynasem.validation: arguments refused with a message naming them, before any request."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+from dynasem import table, validation
+
+
+@pytest.mark.parametrize(
+    "value, error, words",
+    [
+        (42, TypeError, "resource must be a str, not int"),
+        ("", ValueError, "non-empty"),
+        ("é" * 513, ValueError, "1026 UTF-8 bytes; at most 1024"),
+    ],
+)
+def test_check_resource_names_the_problem(value: Any, error: type, words: str) -> None:
+    with pytest.raises(error, match=words):
+        validation.check_resource(value)
+    assert validation.check_resource("é" * 512) == "é" * 512  # 1,024 bytes: the limit
+
+
+def test_check_resources_takes_one_or_a_list() -> None:
+    assert validation.check_resources("a") == ["a"]
+    assert validation.check_resources(("a", "b")) == ["a", "b"]
+    with pytest.raises(ValueError, match="empty list"):
+        validation.check_resources([])
+    with pytest.raises(ValueError, match="twice"):
+        validation.check_resources(["a", "a"])
+    with pytest.raises(TypeError, match=r"resource\[1\]"):
+        validation.check_resources(["a", 2])
+    with pytest.raises(ValueError, match="atomically"):
+        validation.check_resources([f"r{i}" for i in range(table.MAX_TRANSACTION + 1)])
+
+
+@pytest.mark.parametrize("value", [True, "5", None, math.nan, math.inf, 0, -1, 8 * 24 * 3600])
+def test_check_lease_refuses(value: Any) -> None:
+    with pytest.raises((TypeError, ValueError), match="lease"):
+        validation.check_lease(value)
+
+
+def test_check_wait_allows_zero_and_forever_but_not_negative() -> None:
+    assert validation.check_wait(0) == 0.0
+    assert validation.check_wait(math.inf) == math.inf
+    with pytest.raises(ValueError, match="wait must be >= 0"):
+        validation.check_wait(-0.5)
+
+
+def test_check_limit_and_shared() -> None:
+    assert validation.check_limit(3, False) == 3
+    with pytest.raises(TypeError, match="limit"):
+        validation.check_limit(True, False)
+    with pytest.raises(ValueError, match="limit must be >= 1"):
+        validation.check_limit(0, False)
+    with pytest.raises(TypeError, match="shared"):
+        validation.check_limit(1, "yes")
+    with pytest.raises(ValueError, match="shared=True cannot be combined with limit=2"):
+        validation.check_limit(2, True)
+
+
+def test_user_id_of() -> None:
+    class User:
+        is_authenticated = True
+        pk = 7
+
+    class Anonymous:
+        is_authenticated = False
+        pk = None
+
+    assert validation.user_id_of(User()) == "7"
+    assert validation.user_id_of("alice") == "alice"
+    assert validation.user_id_of(None) == table.process_identity()
+    assert validation.user_id_of(Anonymous()) == table.process_identity()
+    with pytest.raises(ValueError, match="non-empty"):
+        validation.user_id_of("")
+    with pytest.raises(TypeError, match="Django user, a str or None"):
+        validation.user_id_of(42)
+
+
+def test_resolve_timing_reads_the_live_settings() -> None:
+    with override_settings(DYNASEM={"LEASE": 30, "WAIT": 2, "CLOCK_SKEW": 1}):
+        assert validation.resolve_timing(None, None) == (30.0, 2.0, 1.0)
+        assert validation.resolve_timing(10.0, 0.0) == (10.0, 0.0, 1.0)
+        with pytest.raises(ValueError, match="must be longer than DYNASEM\\['CLOCK_SKEW'\\]"):
+            validation.resolve_timing(1.0, None)
