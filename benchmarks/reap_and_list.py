@@ -73,7 +73,9 @@ def lock_rows(prefix: str, count: int, *, idle: bool) -> list[dict[str, Any]]:
                 "pk": pk,
                 "sk": table.LOCK_SK,
                 "holders": {
-                    token: table.holder_entry(f"host:{1000 + i}", ends, fence, ends - 60_000, False)
+                    token: table.holder_value(
+                        table.holder_entry(f"host:{1000 + i}", ends, fence, ends - 60_000, False)
+                    )
                 },
                 "mode": "x",
                 "limit": 1,

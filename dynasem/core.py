@@ -20,11 +20,12 @@ Safety rules kept here:
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import math
 import random
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from . import clock, table, transactions, wakeup
@@ -83,7 +84,7 @@ class _Plan:
         self,
         action: dict[str, Any] | None = None,
         *,
-        busy: dict[str, dict[str, Any]] | None = None,
+        busy: Mapping[str, table.Holder | table.Waiter] | None = None,
         fence: int = 0,
         expires_ms: int = 0,
         queued: bool = False,
@@ -180,77 +181,82 @@ class Semaphore:
     def _plan(
         self,
         resource: str,
-        seen: dict[str, Any] | None,
+        seen: table.LockItem | None,
         token: str,
-        entry: dict[str, Any],
+        entry: table.Holder,
         stale_ms: int,
         confirm_below_ms: int,
     ) -> _Plan:
         mode, limit = self.mode, self.limit
-        holders = (seen or {}).get("holders") or {}
+        holders = seen.holders if seen is not None else {}
         if token in holders:
             # Ours already: handed to us, or a write of ours was applied but its response was
             # lost. Trusted only until its stored lease end (less the skew): when that is
             # near, or the caller says so, confirm it with a renewal of our own first.
             mine = holders[token]
-            ours = _Plan(fence=int(mine["f"]), expires_ms=int(mine["e"]))
+            ours = _Plan(fence=mine.fence, expires_ms=mine.expires_ms)
             if ours.expires_ms < confirm_below_ms:
-                item_ms = int((seen or {}).get("expMs") or 0)
+                item_ms = seen.expires_ms if seen is not None else 0
                 ours.action = table.renew_hold(
-                    resource, token, entry["e"], raise_item=item_ms <= entry["e"]
+                    resource, token, entry.expires_ms, raise_item=item_ms <= entry.expires_ms
                 )
-                ours.expires_ms = entry["e"]
+                ours.expires_ms = entry.expires_ms
             return ours
-        stored_fence = int((seen or {}).get("fence") or 0)
-        if stored_fence >= entry["f"]:
-            entry = dict(entry, f=stored_fence + 1)  # our clock is behind: count on instead
-        done = _Plan(fence=entry["f"], expires_ms=entry["e"])
+        stored_fence = seen.fence if seen is not None else 0
+        if stored_fence >= entry.fence:
+            # Our clock is behind: count on instead.
+            entry = dataclasses.replace(entry, fence=stored_fence + 1)
+        done = _Plan(fence=entry.fence, expires_ms=entry.expires_ms)
         # Nobody cuts in line: a taker not in the queue needs it empty (dead waiters aside),
         # a queued one needs every live waiter ahead of it gone.
-        queue = (seen or {}).get("queue") or {}
-        mine = queue.get(token)
+        queue = seen.queue if seen is not None else {}
+        mine_w = queue.get(token)
         waiting = {t: w for t, w in queue.items() if t != token}
-        dead = {t: int(w["e"]) for t, w in waiting.items() if int(w["e"]) < stale_ms}
+        dead = {t: w.expires_ms for t, w in waiting.items() if w.expires_ms < stale_ms}
         ahead = {
             t: w
             for t, w in waiting.items()
-            if t not in dead and (mine is None or int(w["t"]) < int(mine["t"]))
+            if t not in dead and (mine_w is None or w.ticket < mine_w.ticket)
         }
         live = live_holders(seen, stale_ms)
         if ahead:
-            return _Plan(busy=live or ahead, queued=mine is not None)
+            return _Plan(busy=live or ahead, queued=mine_w is not None)
         terms = table.QueueTerms(
-            queued=mine is not None,
+            queued=mine_w is not None,
             evict=dead,
-            size=None if seen is None or "queue" not in seen or mine else len(queue),
+            size=None if seen is None or not seen.has_queue or mine_w else len(queue),
         )
-        done.queued = mine is not None
-        if seen is None and mode != MODE_EXCLUSIVE:
-            # Counting and shared holds usually find others holding: try to join at once.
-            done.action = table.take_room(resource, token, entry, mode=mode, limit=limit)
+        done.queued = mine_w is not None
+        if seen is None:
+            if mode != MODE_EXCLUSIVE:
+                # Counting and shared holds usually find others holding: try to join at once.
+                done.action = table.take_room(resource, token, entry, mode=mode, limit=limit)
+            else:
+                done.action = table.take_free(
+                    resource, token, entry, mode=mode, limit=limit, stale_ms=stale_ms, queue=terms
+                )
             return done
-        if not holders or int(seen.get("expMs") or 0) < stale_ms:  # type: ignore[union-attr]
+        if not holders or seen.expires_ms < stale_ms:
             done.action = table.take_free(
                 resource, token, entry, mode=mode, limit=limit, stale_ms=stale_ms, queue=terms
             )
             return done
         if live:
-            seen_limit = int(seen.get("limit") or 1)  # type: ignore[union-attr]
-            if seen_limit != limit:
+            if seen.limit != limit:
                 raise ValueError(
-                    f"{resource!r} is held with limit={seen_limit}; every holder of one "
+                    f"{resource!r} is held with limit={seen.limit}; every holder of one "
                     f"resource must use the same limit, not limit={limit}"
                 )
-            joinable = mode != MODE_EXCLUSIVE and seen.get("mode") == mode  # type: ignore[union-attr]
+            joinable = mode != MODE_EXCLUSIVE and seen.mode == mode
             if not (joinable and (mode == MODE_SHARED or len(live) < limit)):
-                return _Plan(busy=live, queued=mine is not None)
+                return _Plan(busy=live, queued=mine_w is not None)
         done.action = table.take_join(
             resource,
             token,
             entry,
             mode=mode,
             limit=limit,
-            seen=seen,  # type: ignore[arg-type]
+            seen=seen,
             evict=[t for t in holders if t not in live],
             replace=not live,
             queue=terms,
@@ -269,7 +275,7 @@ class Semaphore:
         token = uuid.uuid4().hex  # one token for every retry: it recognises our own writes
         resources = self.resources
         deadline = clock.monotonic() + wait
-        seen: dict[str, dict[str, Any] | None] = {}
+        seen: dict[str, table.LockItem | None] = {}
         sleeps = replans = failures = 0
         pace = Pace()  # a queued waiter's timing: request round trip, looks found too early
         confirm = False  # a hold of ours we saw must be renewed before it is returned
@@ -347,12 +353,12 @@ class Semaphore:
                         else:  # all or none
                             yield Write(functools.partial(table.transact, actions), token, acting)
                     except table.Refused as refused:
-                        seen[acting[0]] = refused.old or {}
+                        seen[acting[0]] = refused.lock or table.LockItem()
                     except table.Cancelled as cancelled:
                         conflict = True
                         for r, (code, old) in zip(acting, cancelled.reasons, strict=False):
                             if code == "ConditionalCheckFailed":
-                                seen[r] = old or {}
+                                seen[r] = old or table.LockItem()
                                 conflict = False
                         if conflict:
                             # Another transaction was on these items: step aside briefly.
@@ -415,8 +421,9 @@ class Semaphore:
                         try:
                             yield Request(lambda: table.update(table.dequeue(resources[0], token)))
                         except table.Refused as refused:
-                            if token in ((refused.old or {}).get("holders") or {}):
-                                seen[resources[0]] = refused.old
+                            gone = refused.lock
+                            if gone is not None and token in gone.holders:
+                                seen[resources[0]] = gone
                                 continue
                         except SemaphoreUnavailable:
                             pass  # our entry expires with its lease
@@ -441,9 +448,10 @@ class Semaphore:
                 yield Sleep(max(0.0, min(backoff(sleeps), until_free + 0.005, remaining)))
                 replans = 0
                 for r in blocked:
-                    old = seen.get(r) or {}
+                    old = seen.get(r)
                     if (
-                        old.get("mode") in (MODE_COUNTING, MODE_SHARED)
+                        old is not None
+                        and old.mode in (MODE_COUNTING, MODE_SHARED)
                         and len(live_holders(old, clock.now_ms() - int(skew * 1000))) > 1
                     ):
                         # Some of several holders are surely still there: read which, cheaply.
@@ -453,14 +461,14 @@ class Semaphore:
                             seen[r] = None
                     else:
                         # Guess it free (one write tells us otherwise), keeping the fence we saw.
-                        seen[r] = {"fence": old["fence"]} if old.get("fence") else None
+                        seen[r] = table.guessed_free(old.fence if old is not None else 0)
         finally:
             wakeup.forget(token)  # a push that comes now is for a wait that is over
 
     def _held_if_trusted(
         self,
         plans: dict[str, _Plan],
-        seen: dict[str, dict[str, Any] | None],
+        seen: dict[str, table.LockItem | None],
         *,
         token: str,
         user_id: str,

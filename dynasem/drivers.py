@@ -63,7 +63,8 @@ class InQueue:
         try:
             table.update(table.dequeue(self.resource, self.token))
         except table.Refused as refused:
-            if self.token in ((refused.old or {}).get("holders") or {}):
+            gone = refused.lock
+            if gone is not None and self.token in gone.holders:
                 withdraw(self.token, [self.resource])  # handed to us meanwhile
         except SemaphoreUnavailable:
             pass  # the entry expires with its lease

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Mapping
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -24,6 +25,15 @@ logger = logging.getLogger("dynasem")
 # A plain release of a hold older than this (seconds) asks for the item back, to push the
 # first of any waiters that queued after we last saw the queue.
 WAKE_AFTER = 0.05
+
+
+def _first_live(queue: Mapping[str, table.Waiter], now_ms: int) -> tuple[str, table.Waiter] | None:
+    """The first waiter in line whose entry is still alive: (its token, its entry)."""
+    live = [(w.ticket, t) for t, w in queue.items() if w.expires_ms > now_ms]
+    if not live:
+        return None
+    _, token = min(live)
+    return token, queue[token]
 
 
 class Held:
@@ -61,29 +71,25 @@ class Held:
         if semaphore.max_hold is not None:
             self._max_hold_end = self._taken_mono + semaphore.max_hold
             self._deadline = min(self._deadline, self._max_hold_end)
-        self._queue: dict[str, Any] = {}  # the waiters we last saw: the hand-over's heirs
+        self._queue: Mapping[str, table.Waiter] = {}  # the waiters we last saw: the heirs
         self._hold_avg: int | None = None
 
-    def _observe(self, item: dict[str, Any] | None) -> None:
-        if item:
-            self._queue = dict(item.get("queue") or {})
-            if item.get("holdMs") is not None:
-                self._hold_avg = int(item["holdMs"])
+    def _observe(self, item: table.LockItem | None) -> None:
+        if item is not None:
+            self._queue = item.queue
+            if item.hold_ms is not None:
+                self._hold_avg = item.hold_ms
 
     def _hold_ms(self) -> int:
         mine = int((clock.monotonic() - self._taken_mono) * 1000)
         return mine if self._hold_avg is None else (3 * self._hold_avg + mine) // 4
 
-    def _heir(self) -> tuple[str, dict[str, Any]] | None:
+    def _heir(self) -> tuple[str, table.Waiter] | None:
         """The first live waiter we know of, if the hold is exclusive."""
         if self.semaphore.mode != MODE_EXCLUSIVE or len(self.resources) != 1:
             return None
         now = clock.now_ms()
-        live = [(int(w["t"]), t, w) for t, w in self._queue.items() if int(w.get("e", 0)) > now]
-        if not live:
-            return None
-        _, heir, waiter = min(live)
-        return heir, waiter
+        return _first_live(self._queue, now)
 
     # -- what users read ---------------------------------------------------------------------
 
@@ -194,7 +200,7 @@ class Held:
                 else:
                     table.transact(actions)
             except table.Refused as refused:
-                if not self._still_ours(self.resources[0], refused.old, raise_item):
+                if not self._still_ours(self.resources[0], refused.lock, raise_item):
                     break
             except table.Cancelled as cancelled:
                 reasons = zip(self.resources, cancelled.reasons, strict=False)
@@ -215,9 +221,9 @@ class Held:
         self._raise_lost()
 
     def _still_ours(
-        self, resource: str, old: dict[str, Any] | None, raise_item: dict[str, bool]
+        self, resource: str, old: table.LockItem | None, raise_item: dict[str, bool]
     ) -> bool:
-        if self.token in ((old or {}).get("holders") or {}):
+        if old is not None and self.token in old.holders:
             # Ours still; another holder's later lease end stands as the item's expiry.
             raise_item[resource] = False
             return True
@@ -305,35 +311,30 @@ class Held:
         token, waiter = heir
         now = clock.now_ms()
         fence = max(clock.new_fence(self.skew), self.fence + 1)
-        entry = table.holder_entry(
-            str(waiter.get("u", "")),
-            now + int(waiter.get("l", self.lease * 1000)),
-            fence,
-            now,
-            bool(waiter.get("s", False)),
-        )
+        lease_ms = waiter.lease_ms if waiter.lease_ms is not None else int(self.lease * 1000)
+        entry = table.holder_entry(waiter.user_id, now + lease_ms, fence, now, waiter.shared)
         try:
             item = table.update(
                 table.hand_over(
                     self.resource,
                     self.token,
                     token,
-                    int(waiter["t"]),
+                    waiter.ticket,
                     entry,
                     hold_ms=self._hold_ms(),
                 ),
                 return_new=True,
             )
         except table.Refused as refused:
-            old = refused.old or {}
-            if self.token in (old.get("holders") or {}):
+            old = refused.lock
+            if old is not None and self.token in old.holders:
                 self._observe(old)  # the heir left (or our fence was behind): plain release
                 return None
             return self._released_by(old, refused.retried)
         except SemaphoreUnavailable:
             return None
-        if waiter.get("n") and item is not None:
-            wakeup.push(waiter["n"], self.resource, token, item, sent_ms=clock.now_ms())
+        if waiter.address and item is not None:
+            wakeup.push(waiter.address, self.resource, token, item, sent_ms=clock.now_ms())
         return True
 
     def _give_back(self) -> bool:
@@ -366,7 +367,7 @@ class Held:
                     table.transact(actions)
                 return ok
             except table.Refused as refused:
-                return ok and self._released_by(refused.old, refused.retried)
+                return ok and self._released_by(refused.lock, refused.retried)
             except table.Cancelled as cancelled:
                 # Nothing was applied: drop the ones not ours any more and send the rest again.
                 still = []
@@ -385,44 +386,36 @@ class Held:
                 return ok
         return ok
 
-    def _wake_first(self, item: dict[str, Any] | None) -> None:
+    def _wake_first(self, item: table.LockItem | None) -> None:
         """After a plain release: if waiters are queued (ones we did not know of when we
         could have handed over), push the first one the item, so it takes the lock now
         instead of at its next paced read."""
-        queue = (item or {}).get("queue") or {}
-        if not queue or (item or {}).get("holders"):
+        if item is None or not item.queue or item.holders:
             return
-        now = clock.now_ms()
-        live = [(int(w["t"]), t, w) for t, w in queue.items() if int(w.get("e", 0)) > now]
-        if live:
-            _, first, waiter = min(live)
-            if waiter.get("n") and item is not None:
-                wakeup.push(waiter["n"], self.resource, first, item, sent_ms=clock.now_ms())
+        first = _first_live(item.queue, clock.now_ms())
+        if first is not None and first[1].address:
+            wakeup.push(first[1].address, self.resource, first[0], item, sent_ms=clock.now_ms())
 
-    def _wake_next_reader(self, item: dict[str, Any] | None) -> None:
+    def _wake_next_reader(self, item: table.LockItem | None) -> None:
         """A shared hold just taken: if the first waiter in line is a reader too, it can join
         us now; push it the item (it then pushes the next one when it has joined)."""
-        queue = (item or {}).get("queue") or {}
-        now = clock.now_ms()
-        live = [(int(w["t"]), t, w) for t, w in queue.items() if int(w.get("e", 0)) > now]
-        if live:
-            _, first, waiter = min(live)
-            if waiter.get("s") and waiter.get("n") and item is not None:
-                wakeup.push(waiter["n"], self.resource, first, item, sent_ms=clock.now_ms())
+        if item is None:
+            return
+        first = _first_live(item.queue, clock.now_ms())
+        if first is not None and first[1].shared and first[1].address:
+            wakeup.push(first[1].address, self.resource, first[0], item, sent_ms=clock.now_ms())
 
-    def _released_by(self, old: dict[str, Any] | None, retried: bool) -> bool:
+    def _released_by(self, old: table.LockItem | None, retried: bool) -> bool:
         """Was a refused release ours after all (applied, its response lost)?"""
-        old = old or {}
-        if self.token in (old.get("holders") or {}):
+        old = old or table.LockItem()
+        if self.token in old.holders:
             return False
-        if old.get("lastToken") == self.token:
+        if old.last_token == self.token:
             return True
         # Someone may have taken and released it between botocore's attempts, overwriting
         # lastToken. Without a retry nothing of ours was applied; with one, the token is gone
         # by our own release unless an operator broke it or our lease can have run out.
-        return (
-            retried and old.get("brokenToken") != self.token and clock.monotonic() < self._deadline
-        )
+        return retried and old.broken_token != self.token and clock.monotonic() < self._deadline
 
     # -- heartbeat ---------------------------------------------------------------------------
 
@@ -446,7 +439,7 @@ def acquired(
     skew: float,
     expires_ms: int,
     sent_mono: float,
-    item: dict[str, Any] | None,
+    item: table.LockItem | None,
 ) -> Held:
     """A hold just taken: learn the queue from ``item`` (the resource as last seen, one
     resource only), let the next reader join a shared hold, announce it, start renewing it."""

@@ -59,23 +59,26 @@ class HoldInfo:
         }
 
 
-def holds_of(item: dict[str, Any], *, min_expires_ms: int | None) -> list[HoldInfo]:
+def _waiting(item: table.LockItem, now_ms: int) -> int:
+    return sum(1 for w in item.queue.values() if w.expires_ms >= now_ms)
+
+
+def holds_of(item: table.LockItem, *, min_expires_ms: int | None) -> list[HoldInfo]:
     out = []
-    now = clock.now_ms()
-    waiting = sum(1 for w in (item.get("queue") or {}).values() if int(w.get("e", 0)) >= now)
-    for token, h in sorted((item.get("holders") or {}).items()):
-        if min_expires_ms is not None and int(h.get("e", 0)) < min_expires_ms:
+    waiting = _waiting(item, clock.now_ms())
+    for token, h in sorted(item.holders.items()):
+        if min_expires_ms is not None and h.expires_ms < min_expires_ms:
             continue
         out.append(
             HoldInfo(
-                resource=item["pk"],
+                resource=item.resource,
                 token=token,
-                user_id=str(h.get("u", "")),
-                fence=int(h.get("f", 0)),
-                mode=str(item.get("mode", validation.MODE_EXCLUSIVE)),
-                limit=int(item.get("limit", 1)),
-                acquired_ms=int(h.get("a", 0)),
-                expires_ms=int(h.get("e", 0)),
+                user_id=h.user_id,
+                fence=h.fence,
+                mode=item.mode,
+                limit=item.limit,
+                acquired_ms=h.acquired_ms,
+                expires_ms=h.expires_ms,
                 queue_depth=waiting,
             )
         )
@@ -129,7 +132,9 @@ class LockPage:
         return [hold for row in self.rows for hold in row.holds]
 
 
-Fetch = Callable[[dict[str, Any] | None, int | None], tuple[list[Any], dict[str, Any] | None]]
+Fetch = Callable[
+    [dict[str, Any] | None, int | None], tuple[list[table.LockItem], dict[str, Any] | None]
+]
 
 
 class _Stream:
@@ -140,11 +145,11 @@ class _Stream:
         name: str,
         fetch: Fetch,
         start_key: Callable[[int, str], dict[str, Any]],
-        keep: Callable[[dict[str, Any]], bool],
+        keep: Callable[[table.LockItem], bool],
         position: Any,
     ):
         self.name, self.fetch, self.start_key, self.keep = name, fetch, start_key, keep
-        self.buffer: deque[dict[str, Any]] = deque()
+        self.buffer: deque[table.LockItem] = deque()
         # The cursor's state: None (from the start), "done", or [expires, pk] of the last row
         # taken from this stream.
         self.position = position
@@ -156,9 +161,9 @@ class _Stream:
         self.buffer.extend(row for row in rows if self.keep(row))
         self.next_start, self.exhausted = last, not last
 
-    def take(self) -> dict[str, Any]:
+    def take(self) -> table.LockItem:
         row = self.buffer.popleft()
-        self.position = [int(row["expires"]), row["pk"]]
+        self.position = [row.listed_s or 0, row.resource]
         return row
 
     @property
@@ -171,12 +176,8 @@ class _Stream:
             # Everything up to DynamoDB's LastEvaluatedKey was read and filtered out: go on
             # from there, or a stretch of filtered rows longer than a page's budget would
             # hand out the same cursor for ever.
-            return [int(self.next_start["expires"]["N"]), self.next_start["pk"]["S"]]
+            return table.index_position(self.next_start)
         return self.position
-
-
-def _lock_key(pk: str, index_key: dict[str, Any]) -> dict[str, Any]:
-    return {"pk": {"S": pk}, "sk": {"S": table.LOCK_SK}, **index_key}
 
 
 def _filtered(limit: int | None) -> int | None:
@@ -189,20 +190,17 @@ def _streams(user_id: str | None, since: int, positions: dict[str, Any]) -> list
     streams = []
     if user_id is not None:
 
-        def exclusive(row: dict[str, Any]) -> bool:
+        def exclusive(row: table.LockItem) -> bool:
             # The userId index names one holder per row: all of an exclusive row, only the
             # latest of a counting or shared one. Those rows come from the expires index
             # instead, where all their holders are read, so none is listed twice.
-            mode: str = row.get("mode", validation.MODE_EXCLUSIVE)
-            return mode == validation.MODE_EXCLUSIVE
+            return row.mode == validation.MODE_EXCLUSIVE
 
         streams.append(
             _Stream(
                 "u",
                 lambda start, limit: table.query_user_page(user_id, since, _filtered(limit), start),
-                lambda expires, pk: _lock_key(
-                    pk, {"userId": {"S": user_id}, "expires": {"N": str(expires)}}
-                ),
+                lambda listed_s, pk: table.user_index_start(pk, user_id, listed_s),
                 exclusive,
                 positions.get("u"),
             )
@@ -219,8 +217,8 @@ def _streams(user_id: str | None, since: int, positions: dict[str, Any]) -> list
                 shared_only=filtered,
             )
 
-        def start_key(expires: int, pk: str, shard: int = shard) -> dict[str, Any]:
-            return _lock_key(pk, {"shard": {"N": str(shard)}, "expires": {"N": str(expires)}})
+        def start_key(listed_s: int, pk: str, shard: int = shard) -> dict[str, Any]:
+            return table.expires_index_start(pk, shard, listed_s)
 
         name = f"s{shard}"
         streams.append(_Stream(name, fetch, start_key, lambda row: True, positions.get(name)))
@@ -229,7 +227,7 @@ def _streams(user_id: str | None, since: int, positions: dict[str, Any]) -> list
 
 def _merged(
     streams: list[_Stream], limit: int | None, budget: int | None
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[table.LockItem]:
     """The streams' rows by ``expires`` (ties in stream order). Stops early once ``budget``
     requests are spent; each stream's ``state`` then says where to go on."""
     spent = 0
@@ -249,14 +247,14 @@ def _merged(
         heads = [s for s in streams if s.buffer]
         if not heads:
             return
-        stream = min(heads, key=lambda s: int(s.buffer[0]["expires"]))
+        stream = min(heads, key=lambda s: s.buffer[0].listed_s or 0)
         yield stream.take()
         if not ready(stream):
             return
 
 
 def _row(
-    item: dict[str, Any],
+    item: table.LockItem,
     *,
     user_id: str | None,
     prefix: str | None,
@@ -264,21 +262,20 @@ def _row(
     idle_too: bool,
 ) -> LockRow | None:
     """The row as listed, or None when it shows nothing under these filters."""
-    if prefix and not item["pk"].startswith(prefix):
+    if prefix and not item.resource.startswith(prefix):
         return None
     holds = [
         hold
         for hold in holds_of(item, min_expires_ms=floor_ms)
         if user_id is None or hold.user_id == user_id
     ]
-    if not holds and not (idle_too and user_id is None and not item.get("holders")):
+    if not holds and not (idle_too and user_id is None and not item.holders):
         return None
-    now = clock.now_ms()
     return LockRow(
-        resource=item["pk"],
-        fence=int(item.get("fence", 0)),
-        expires_ms=int(item.get("expMs", int(item.get("expires", 0)) * 1000)),
-        queue_depth=sum(1 for w in (item.get("queue") or {}).values() if int(w.get("e", 0)) >= now),
+        resource=item.resource,
+        fence=item.fence,
+        expires_ms=item.expires_ms,
+        queue_depth=_waiting(item, clock.now_ms()),
         holds=tuple(holds),
     )
 
@@ -358,9 +355,8 @@ def holds_on(resource: str) -> list[HoldInfo]:
 
 def queue_depth(resource: str) -> int:
     """How many live waiters are queued for ``resource`` (one consistent read)."""
-    item = table.get(validation.check_resource(resource)) or {}
-    now = clock.now_ms()
-    return sum(1 for w in (item.get("queue") or {}).values() if int(w.get("e", 0)) >= now)
+    item = table.get(validation.check_resource(resource))
+    return _waiting(item, clock.now_ms()) if item is not None else 0
 
 
 def break_hold(
@@ -488,7 +484,7 @@ def job_page(
             isinstance(key, list) and len(key) == 2 and all(isinstance(k, str) and k for k in key)
         ):
             raise BadCursor(f"not a page cursor: {cursor[:40]!r}")
-        start = {"pk": {"S": key[0]}, "sk": {"S": key[1]}}
+        start = table.scan_start(key[0], key[1])
     jobs: list[JobInfo] = []
     for _ in range(PAGE_ROUNDS):
         items, last = table.scan_jobs(prefix, status, start)
@@ -506,7 +502,7 @@ def job_page(
     next_cursor = None
     if start:
         # The last key read, which may be a lock row's: a Scan goes on from any item's key.
-        next_cursor = encode_cursor([start["pk"]["S"], start["sk"]["S"]])
+        next_cursor = encode_cursor(table.scan_position(start))
     return JobPage(jobs, next_cursor)
 
 
@@ -526,7 +522,7 @@ def reset_job(key: str, status: str, finished_ms: int | None) -> bool:
         validation.check_resource(key, "key"), status, finished_ms, clock.now_ms()
     )
     try:
-        table.update(action)
+        table.update_job(action)
     except table.Refused:
         return False
     return True
@@ -551,7 +547,7 @@ def reap(
     before_s = cutoff_ms // 1000
     result = ReapResult()
 
-    def candidates() -> Iterator[dict[str, Any]]:
+    def candidates() -> Iterator[table.LockItem]:
         for shard in range(table.SHARDS):
             yield from table.iter_expiring(shard, before=before_s)
 
@@ -563,7 +559,7 @@ def reap(
         futures = []
         for row in candidates():
             result.found += 1
-            futures.append(pool.submit(table.delete_expired, row["pk"], row["sk"], cutoff_ms))
+            futures.append(pool.submit(table.delete_expired, row.resource, cutoff_ms))
         for i, future in enumerate(futures, 1):
             if future.result():
                 result.deleted += 1

@@ -3,9 +3,11 @@ hand-over pushed to us, and the backoff of a waiter that polls instead."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import random
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from . import clock, table, wakeup
@@ -31,9 +33,9 @@ PUSH_PATIENCE = 0.5
 MAX_REMEMBERED = 4096
 
 
-def live_holders(item: dict[str, Any] | None, stale_ms: int) -> dict[str, dict[str, Any]]:
-    holders = (item or {}).get("holders") or {}
-    return {t: h for t, h in holders.items() if int(h.get("e", 0)) >= stale_ms}
+def live_holders(item: table.LockItem | None, stale_ms: int) -> dict[str, table.Holder]:
+    holders = item.holders if item is not None else {}
+    return {t: h for t, h in holders.items() if h.expires_ms >= stale_ms}
 
 
 def backoff(attempt: int) -> float:
@@ -41,9 +43,13 @@ def backoff(attempt: int) -> float:
     return random.uniform(cap / 2, cap)
 
 
-def seconds_until_free(blocked: dict[str, dict[str, Any]], skew: float) -> float:
+# Who is in our way: live holders, or (nobody holding) live waiters ahead of us.
+Blocking = Mapping[str, table.Holder | table.Waiter]
+
+
+def seconds_until_free(blocked: Mapping[str, Blocking], skew: float) -> float:
     """Until the first holder in the way could be taken over (its lease end + skew)."""
-    ends = [int(h.get("e", 0)) for holders in blocked.values() for h in holders.values()]
+    ends = [h.expires_ms for holders in blocked.values() for h in holders.values()]
     if not ends:
         return BACKOFF_CAP
     return max(0.0, (min(ends) + skew * 1000 - clock.now_ms()) / 1000)
@@ -69,16 +75,16 @@ class Pace:
     def answered(self, seconds: float) -> None:
         self.rtt = (3 * self.rtt + min(seconds, 0.5)) / 4
 
-    def turn_in(self, seen: dict[str, Any] | None, token: str, skew: float) -> float:
-        seen = seen or {}
+    def turn_in(self, seen: table.LockItem | None, token: str, skew: float) -> float:
+        seen = seen or table.LockItem()
         now = clock.now_ms()
-        queue = seen.get("queue") or {}
+        queue = seen.queue
         mine = queue.get(token)
         stale = now - int(skew * 1000)
         ahead = {
             t: w
             for t, w in queue.items()
-            if t != token and int(w["e"]) >= stale and (mine is None or w["t"] < mine["t"])
+            if t != token and w.expires_ms >= stale and (mine is None or w.ticket < mine.ticket)
         }
         live = live_holders(seen, stale)
         state = (tuple(sorted(live)), tuple(sorted(ahead)))
@@ -87,8 +93,8 @@ class Pace:
         else:
             self.early += 1
         rtt_ms = self.rtt * 1000
-        hold = max(2.0, float(seen.get("holdMs") or 20))
-        start = max((int(h.get("a", now)) for h in live.values()), default=now)
+        hold = max(2.0, float(seen.hold_ms or 20))
+        start = max((h.acquired_ms or now for h in live.values()), default=now)
         # The holder's release lands about one round trip after its hold; every waiter ahead
         # of us then takes a hold plus two round trips (that release, its own read).
         turn = (start + hold + rtt_ms + (hold + 2 * rtt_ms) * len(ahead) - now) / 1000
@@ -97,15 +103,15 @@ class Pace:
             # Until the first holder could be taken over (its lease end + skew). Overdue:
             # back off from a round trip, doubling while nothing moves, at most 64 round
             # trips (a hand-over after a long hold is still seen within a fraction of it).
-            first_end = min(int(h["e"]) for h in live.values())
+            first_end = min(h.expires_ms for h in live.values())
             if turn <= 0:
                 turn = step * 2 ** min(self.early, 6)
         else:
             # Nobody holds, yet a waiter ahead has not taken its turn: if nothing moved since
             # our last look it is most likely dead; look again ever later, up to a second,
             # until its entry can be evicted.
-            first = min(ahead.values(), key=lambda w: int(w["t"]), default=None)
-            first_end = int(first["e"]) if first else now
+            first = min(ahead.values(), key=lambda w: w.ticket, default=None)
+            first_end = first.expires_ms if first else now
             if self.early:
                 turn = max(turn, step * 2 ** min(self.early, 10))
         until_free = (first_end + skew * 1000 - now) / 1000 + 0.001
@@ -113,23 +119,23 @@ class Pace:
         return max(0.001, min(turn, until_free, 1.0))
 
 
-def should_queue(sem: Semaphore, seen: dict[str, Any] | None) -> bool:
+def should_queue(sem: Semaphore, seen: table.LockItem | None) -> bool:
     """Queue up (rather than poll with backoff) when fair, when others already do, or as
     a writer behind readers: new readers then queue behind us, so writers never starve."""
-    seen = seen or {}
+    seen = seen or table.LockItem()
     exclusive = sem.mode == MODE_EXCLUSIVE
-    writer_behind_readers = exclusive and seen.get("mode") == MODE_SHARED
-    if sem.fair or bool(seen.get("queue")) or writer_behind_readers:
+    writer_behind_readers = exclusive and seen.mode == MODE_SHARED
+    if sem.fair or bool(seen.queue) or writer_behind_readers:
         return True
     # A waiter that can be pushed the hand-over queues too: the releasing holder then
     # hands it the lock in its release write and tells it at once, which beats polling
     # on both requests and idle time.
-    return exclusive and seen.get("mode", MODE_EXCLUSIVE) == MODE_EXCLUSIVE and wakeup.available()
+    return exclusive and seen.mode == MODE_EXCLUSIVE and wakeup.available()
 
 
 def busy(
     sem: Semaphore,
-    blocked: dict[str, dict[str, Any]],
+    blocked: Mapping[str, Blocking],
     *,
     skew: float,
     user_id: str,
@@ -138,9 +144,9 @@ def busy(
     """The wait is over and the lock still busy: the error to raise, after ``lock_busy``."""
     resource = next(iter(blocked))
     holders = blocked[resource]
-    first = min(holders.values(), key=lambda h: int(h.get("e", 0)), default=None)
+    first = min(holders.values(), key=lambda h: h.expires_ms, default=None)
     retry_after = math.ceil(seconds_until_free(blocked, skew)) if holders else 1
-    exc = SemaphoreBusy(resource, retry_after, first.get("u") if first else None)
+    exc = SemaphoreBusy(resource, retry_after, first.user_id if first else None)
     lock_busy.send(
         sender=sem.signal_sender,
         resource=resource,
@@ -156,7 +162,7 @@ def busy(
 def wait_in_queue(
     sem: Semaphore,
     resource: str,
-    seen: dict[str, Any] | None,
+    seen: table.LockItem | None,
     *,
     token: str,
     user_id: str,
@@ -166,7 +172,7 @@ def wait_in_queue(
     remaining: float,
     pace: Pace,
     if_busy_ms: int | None = None,
-) -> Steps[dict[str, Any] | None]:
+) -> Steps[table.LockItem | None]:
     """Join the queue (once), then sleep toward our likely turn and look again: with a
     cheap read, or by renewing our place when its lease is half gone. Returns the state.
 
@@ -177,22 +183,21 @@ def wait_in_queue(
     waits; otherwise the refusal's old item is returned, to take it from."""
     now = clock.now_ms()
     if not queued:
-        stored = int((seen or {}).get("ticket") or 0)
-        waiter: dict[str, Any] = {
-            "t": max(clock.new_fence(0), stored + 1),
-            "e": now + int(lease * 1000),
-            "u": user_id,
-            "s": sem.shared,
-            "l": int(lease * 1000),
-        }
-        address = wakeup.expect(resource, token, lease=lease, skew=skew, now_ms=clock.now_ms)
-        if address is not None:
-            waiter["n"] = address  # where the holder that hands us the lock tells us
-        fresh = seen is not None and "queue" not in seen
+        stored = seen.ticket if seen is not None else 0
+        waiter = table.Waiter(
+            ticket=max(clock.new_fence(0), stored + 1),
+            expires_ms=now + int(lease * 1000),
+            user_id=user_id,
+            shared=sem.shared,
+            lease_ms=int(lease * 1000),
+            # Where the holder that hands us the lock tells us (None: nowhere).
+            address=wakeup.expect(resource, token, lease=lease, skew=skew, now_ms=clock.now_ms),
+        )
+        fresh = seen is not None and not seen.has_queue
         pace.enqueued = True  # from now on, giving up means leaving the queue
         for attempt in range(1, 4):
             try:
-                after: dict[str, Any] | None = yield InQueue(
+                after: table.LockItem | None = yield InQueue(
                     functools.partial(
                         table.update,
                         table.enqueue(resource, token, waiter, fresh=fresh, if_busy_ms=if_busy_ms),
@@ -208,13 +213,13 @@ def wait_in_queue(
                 queued_recently[resource] = clock.monotonic()
                 return after
             except table.Refused as refused:
-                old: dict[str, Any] = refused.old or {}
-                if token in (old.get("queue") or {}):
+                old = refused.lock or table.LockItem()
+                if token in old.queue:
                     return old  # our own enqueue, its response lost
                 if if_busy_ms is not None:
                     return old  # free, most likely: plan from what it is
-                fresh = "queue" not in old
-                waiter["t"] = max(waiter["t"], int(old.get("ticket") or 0) + 1)
+                fresh = not old.has_queue
+                waiter = dataclasses.replace(waiter, ticket=max(waiter.ticket, old.ticket + 1))
             except SemaphoreUnavailable as exc:
                 # In transit: maybe applied (then the same write is refused by our own
                 # entry, which tells us so), maybe not. The caller looks again.
@@ -222,9 +227,9 @@ def wait_in_queue(
                     raise
                 yield Sleep(min(backoff(attempt), max(0.001, remaining)))
         return seen
-    mine = ((seen or {}).get("queue") or {}).get(token) or {}
+    mine = seen.queue.get(token) if seen is not None else None
     nap = max(0.001, min(pace.turn_in(seen, token, skew), remaining))
-    if mine.get("n"):
+    if mine is not None and mine.address:
         if (
             not sem.shared
             and clock.monotonic() - pushed_recently.get(resource, -math.inf) < GUESS_BUSY_FOR
@@ -232,7 +237,7 @@ def wait_in_queue(
             # Hand-overs of this resource reached us by push lately: a read before the
             # next one would most likely find nothing new. Look only as a fallback.
             nap = max(nap, min(PUSH_PATIENCE, pace.until_free, remaining))
-        last_fence = int((seen or {}).get("fence") or 0)
+        last_fence = seen.fence if seen is not None else 0
         pushed: wakeup.Push | None = yield InQueue(
             lambda: wakeup.wait(token, nap, fence_above=last_fence), token, resource
         )
@@ -245,9 +250,9 @@ def wait_in_queue(
     else:
         yield Sleep(nap)
     sent = clock.monotonic()
-    if int(mine.get("e", 0)) - clock.now_ms() < lease * 500:
+    if (mine.expires_ms if mine is not None else 0) - clock.now_ms() < lease * 500:
         try:
-            renewed: dict[str, Any] | None = yield Request(
+            renewed: table.LockItem | None = yield Request(
                 lambda: table.update(
                     table.renew_waiter(resource, token, clock.now_ms() + int(lease * 1000)),
                     return_new=True,
@@ -255,8 +260,8 @@ def wait_in_queue(
             )
             return renewed
         except table.Refused as refused:
-            gone: dict[str, Any] | None = refused.old
+            gone: table.LockItem | None = refused.lock
             return gone  # no longer queued: handed the lock, or evicted
-    item: dict[str, Any] | None = yield Request(lambda: table.get(resource))
+    item: table.LockItem | None = yield Request(lambda: table.get(resource))
     pace.answered(clock.monotonic() - sent)
     return item

@@ -77,7 +77,7 @@ class Job:
         sent_mono = clock.monotonic()
         expires = clock.now_ms() + int(self.lease * 1000)
         try:
-            table.update(table.job_renew(self.key, self.token, expires))
+            table.update_job(table.job_renew(self.key, self.token, expires))
         except table.Refused:
             self._lost = "another process claimed it, or it was reset by an operator"
             raise LockLost(self.key, self._lost) from None
@@ -106,9 +106,11 @@ class Job:
         status = table.FAILED if error is not None else table.DONE
         message = None if error is None else f"{type(error).__name__}: {error}"
         try:
-            table.update(table.job_finish(self.key, self.token, status, message, clock.now_ms()))
+            table.update_job(
+                table.job_finish(self.key, self.token, status, message, clock.now_ms())
+            )
         except table.Refused as refused:
-            if table.job_row(refused.old).last_token != self.token:
+            if refused.job.last_token != self.token:
                 raise LockLost(
                     self.key, "another process claimed it, or it was reset by an operator"
                 ) from None
@@ -155,16 +157,14 @@ class RunOnce:
             fence = max(clock.new_fence(skew), stored_fence + 1)
             stale = now - int(skew * 1000)
             try:
-                row = table.job_row(
-                    table.update(
-                        table.job_claim(
-                            self.key, token, user_id, now + int(lease * 1000), fence, now, stale
-                        ),
-                        return_new=True,
-                    )
-                )
+                row = table.update_job(
+                    table.job_claim(
+                        self.key, token, user_id, now + int(lease * 1000), fence, now, stale
+                    ),
+                    return_new=True,
+                ) or table.job_row(None)
             except table.Refused as refused:
-                row = table.job_row(refused.old)
+                row = refused.job
                 if row.token != token:  # not our own claim, its response lost
                     if row.status == table.DONE:
                         raise AlreadyDone(self.key, row.finished_ms) from None
@@ -180,7 +180,7 @@ class RunOnce:
                 # someone may have reclaimed it. Confirm with a renewal of our own first.
                 sent_mono = clock.monotonic()
                 try:
-                    table.update(
+                    table.update_job(
                         table.job_renew(self.key, token, clock.now_ms() + int(lease * 1000))
                     )
                 except table.Refused:

@@ -42,6 +42,7 @@ from typing import Any, NamedTuple
 
 from django.conf import settings as django_settings
 
+from . import table
 from .conf import settings
 
 logger = logging.getLogger("dynasem")
@@ -117,7 +118,7 @@ class Push(NamedTuple):
     """A hand-over (or a "free now") that reached a waiter: the item as written, when it
     arrived on our monotonic clock, and the sender's wall-clock send time (ms)."""
 
-    item: dict[str, Any]
+    item: table.LockItem
     arrived: float
     sent_ms: int
 
@@ -142,20 +143,20 @@ class _Slot:
         self.event = threading.Event()
         self.push: Push | None = None
 
-    def refusal(self, message: dict[str, Any]) -> tuple[str, bool] | None:
-        """Why this waiter must not take ``message`` now (and whether that is worth a warning:
-        a wrong claim is; a push we were too slow for is not), or None."""
-        item, sent_ms, now = message["i"], message["ts"], self.now_ms()
+    def refusal(self, item: table.LockItem, sent_ms: Any) -> tuple[str, bool] | None:
+        """Why this waiter must not take ``item``, sent at ``sent_ms``, now (and whether that
+        is worth a warning: a wrong claim is; a push we were too slow for is not), or None."""
+        now = self.now_ms()
         if not isinstance(sent_ms, int) or sent_ms > now + self.skew_ms + 1000:
             return f"its send time {sent_ms!r} is ahead of our clock by more than CLOCK_SKEW", True
-        holder = (item.get("holders") or {}).get(self.token)
+        holder = item.holders.get(self.token)
         if holder is None:
             # Only news that the lock is free (or readers may join): taking it is a
             # conditional write of our own. Old news is dropped, not trusted.
             if now - sent_ms > self.lease_ms + self.skew_ms:
                 return "it is older than a lease", False
             return None
-        expires_ms = int(holder["e"])
+        expires_ms = holder.expires_ms
         if expires_ms > sent_ms + self.lease_ms + self.skew_ms:
             return (
                 f"it claims a lease to {expires_ms}, longer than our own lease from its send "
@@ -210,14 +211,15 @@ class _Listener:
                 slot.table,
             )
             return
-        if _refused(slot, message, "on arrival"):
+        item = table.lock_item(message["i"])
+        if _refused(slot, item, message["ts"], "on arrival"):
             return
-        slot.push = Push(message["i"], arrived, message["ts"])
+        slot.push = Push(item, arrived, message["ts"])
         slot.event.set()
 
 
-def _refused(slot: _Slot, message: dict[str, Any], when: str) -> bool:
-    refusal = slot.refusal(message)
+def _refused(slot: _Slot, item: table.LockItem, sent_ms: Any, when: str) -> bool:
+    refusal = slot.refusal(item, sent_ms)
     if refusal is None:
         return False
     reason, loud = refusal
@@ -302,16 +304,16 @@ def wait(token: str, seconds: float, *, fence_above: int = 0) -> Push | None:
     pushed, slot.push = slot.push, None
     if pushed is None:
         return None
-    holder = (pushed.item.get("holders") or {}).get(token)
-    if holder is not None and int(holder["f"]) <= fence_above:
+    holder = pushed.item.holders.get(token)
+    if holder is not None and holder.fence <= fence_above:
         logger.warning(
             "dynasem: dropped a push for %r: its fence %s is not above the last one we saw (%s)",
             slot.resource,
-            holder["f"],
+            holder.fence,
             fence_above,
         )
         return None
-    if _refused(slot, {"i": pushed.item, "ts": pushed.sent_ms}, "when taken"):
+    if _refused(slot, pushed.item, pushed.sent_ms, "when taken"):
         return None
     return pushed
 
@@ -352,14 +354,20 @@ def reachable(address: Any) -> tuple[str, int] | None:
     return host, int(port)
 
 
-def push(address: Any, resource: str, token: str, item: dict[str, Any], *, sent_ms: int) -> bool:
+def push(address: Any, resource: str, token: str, item: table.LockItem, *, sent_ms: int) -> bool:
     """Send ``item`` (what the hand-over write produced) to the waiter ``token``, with the
     table's name and ``sent_ms`` (our wall clock) signed along. Best effort."""
     target = reachable(address)
     key = _key()
     if target is None or key is None:
         return False
-    message = {"r": resource, "k": token, "i": item, "tb": settings.TABLE_NAME, "ts": sent_ms}
+    message = {
+        "r": resource,
+        "k": token,
+        "i": table.wire(item),
+        "tb": settings.TABLE_NAME,
+        "ts": sent_ms,
+    }
     body = json.dumps(message, separators=(",", ":")).encode()
     if len(body) + 32 > MAX_DATAGRAM:
         return False

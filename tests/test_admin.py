@@ -119,7 +119,9 @@ def idle_row(resource: str, ended_ms: int, *, holder: str | None = None) -> dict
     if holder is None:
         row.update(holders={}, lastToken=uuid.uuid4().hex)
     else:
-        entry = table.holder_entry(holder, ended_ms, fence, ended_ms - 60_000, False)
+        entry = table.holder_value(
+            table.holder_entry(holder, ended_ms, fence, ended_ms - 60_000, False)
+        )
         row.update(holders={uuid.uuid4().hex: entry}, userId=holder)
     return row
 
@@ -480,28 +482,28 @@ def test_job_pages_need_their_own_permissions(jobs, django_user_model, client):
         reverse(RESET), {"key": "file:failed.csv", "status": "FAILED", "finished": ""}
     )
     assert response.status_code == 403
-    assert table.get("file:failed.csv", table.JOB_SK)["status"] == "FAILED"
+    assert table.stored_item("file:failed.csv", table.JOB_SK)["status"] == "FAILED"
 
 
 def test_get_on_the_reset_url_changes_nothing(jobs, django_user_model, client):
     client.force_login(staff(django_user_model, "op", "view_job", "reset_job"))
-    before = table.get("file:failed.csv", table.JOB_SK)
+    before = table.stored_item("file:failed.csv", table.JOB_SK)
     listing = client.get(reverse(JOBS)).content.decode()
     assert listing.count("/reset/?") == 2  # the DONE and the FAILED key; not the running one
     response = client.get(reverse(RESET), {"key": "file:failed.csv"})
     assert response.status_code == 200
     body = response.content.decode()
     assert "Yes, reset this job" in body and "bad header in line 2" in body
-    assert table.get("file:failed.csv", table.JOB_SK) == before
+    assert table.stored_item("file:failed.csv", table.JOB_SK) == before
 
 
 def test_reset_post_without_csrf_token_is_refused(jobs, django_user_model):
     client = Client(enforce_csrf_checks=True)
     client.force_login(staff(django_user_model, "op", "view_job", "reset_job"))
-    finished = table.get("file:failed.csv", table.JOB_SK)["finishedMs"]
+    finished = table.stored_item("file:failed.csv", table.JOB_SK)["finishedMs"]
     params = {"key": "file:failed.csv", "status": "FAILED", "finished": finished}
     assert client.post(reverse(RESET), params).status_code == 403
-    assert table.get("file:failed.csv", table.JOB_SK)["status"] == "FAILED"
+    assert table.stored_item("file:failed.csv", table.JOB_SK)["status"] == "FAILED"
 
 
 def test_reset_makes_a_failed_key_run_again(jobs, django_user_model):
@@ -512,7 +514,7 @@ def test_reset_makes_a_failed_key_run_again(jobs, django_user_model):
     form = dict(re.findall(r'name="(\w+)" value="([^"]*)"', page.content.decode()))
     response = client.post(reverse(RESET), form)
     assert response.status_code == 302
-    row = table.get("file:failed.csv", table.JOB_SK)
+    row = table.stored_item("file:failed.csv", table.JOB_SK)
     assert "status" not in row and "error" not in row  # new again
     entry = LogEntry.objects.get()
     assert entry.user == operator and entry.object_id == "file:failed.csv"
@@ -523,12 +525,12 @@ def test_reset_makes_a_failed_key_run_again(jobs, django_user_model):
     assert job_rows(client.get(reverse(JOBS)))["file:failed.csv"].startswith("NEW (reset ")
     with run_once("file:failed.csv") as job:
         assert job.attempt == 3  # attempts keep counting
-    assert table.get("file:failed.csv", table.JOB_SK)["status"] == "DONE"
+    assert table.stored_item("file:failed.csv", table.JOB_SK)["status"] == "DONE"
 
 
 def test_reset_lets_a_done_key_run_again(jobs, admin_user, client):
     client.force_login(admin_user)
-    finished = table.get("file:done.csv", table.JOB_SK)["finishedMs"]
+    finished = table.stored_item("file:done.csv", table.JOB_SK)["finishedMs"]
     params = {"key": "file:done.csv", "status": "DONE", "finished": finished}
     assert client.post(reverse(RESET), params).status_code == 302
     with run_once("file:done.csv") as job:
@@ -544,7 +546,7 @@ def test_reset_refuses_a_key_that_ran_again_since_the_page(jobs, admin_user, cli
         raise ValueError("third failure")
     response = client.post(reverse(RESET), form)
     assert response.status_code == 302
-    row = table.get("file:failed.csv", table.JOB_SK)
+    row = table.stored_item("file:failed.csv", table.JOB_SK)
     assert (row["status"], row["error"]) == ("FAILED", "ValueError: third failure")
     assert not LogEntry.objects.exists()
 
@@ -555,7 +557,7 @@ def test_a_running_key_cannot_be_reset(jobs, admin_user, client):
     assert response.status_code == 302
     params = {"key": "file:running.csv", "status": "RUNNING", "finished": ""}
     assert client.post(reverse(RESET), params).status_code == 302
-    assert table.get("file:running.csv", table.JOB_SK)["status"] == "RUNNING"
+    assert table.stored_item("file:running.csv", table.JOB_SK)["status"] == "RUNNING"
     assert not LogEntry.objects.exists()
 
 

@@ -164,7 +164,7 @@ def test_createtable_unreachable_endpoint_is_a_command_error(dynamodb_local):
 
 
 def row(pk: str, sk: str = table.LOCK_SK) -> dict[str, Any] | None:
-    return table.get(pk, sk)
+    return table.stored_item(pk, sk)
 
 
 def expired_hold(holds: list[Any], resource: str, **kwargs: Any) -> Any:
@@ -319,10 +319,10 @@ def test_reap_spares_a_row_reacquired_between_read_and_delete(no_ttl, holds, lat
 def test_delete_expired_spares_a_row_whose_lease_was_extended(lock_table, holds):
     held = take(holds, "cond:1")
     cutoff = core.now_ms()  # read "before" the holder's lease was taken/extended
-    assert table.delete_expired("cond:1", table.LOCK_SK, cutoff) is False
+    assert table.delete_expired("cond:1", cutoff) is False
     assert [h.token for h in holds_on("cond:1")] == [held.token]
     ends = row("cond:1")["expMs"]
-    assert table.delete_expired("cond:1", table.LOCK_SK, ends + 1) is True
+    assert table.delete_expired("cond:1", ends + 1) is True
     assert row("cond:1") is None
 
 

@@ -240,7 +240,7 @@ def test_user_id_recorded(lock_table: str, make_user: Callable[[], Any], expecte
         assert held.user_id == expected
         (hold,) = holds("res")
         assert hold.user_id == expected
-        assert table.get("res")["userId"] == expected  # type: ignore[index]
+        assert table.stored_item("res")["userId"] == expected  # type: ignore[index]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -526,7 +526,7 @@ def test_fences_strictly_increase_over_many_acquisitions(lock_table: str) -> Non
     with semaphore("res") as held:
         fences.append(held.fence)
     assert all(a < b for a, b in zip(fences, fences[1:], strict=False)), fences
-    assert table.get("res")["fence"] == fences[-1]  # type: ignore[index]
+    assert table.stored_item("res")["fence"] == fences[-1]  # type: ignore[index]
 
 
 def test_fences_increase_when_wall_clock_is_behind(
@@ -563,7 +563,7 @@ def reap_until_gone(resource: str, timeout: float = 6.0) -> str:
         out = io.StringIO()
         call_command("dynasem_reap", stdout=out)
         output += out.getvalue()
-        if table.get(resource) is None:
+        if table.stored_item(resource) is None:
             return output
         assert time.monotonic() < deadline, f"the row was never reaped: {output}"
         time.sleep(0.2)
@@ -928,7 +928,7 @@ def test_cancelled_async_waiter_leaves_the_queue(lock_table: str, fair: bool) ->
     async def main() -> None:
         task = asyncio.create_task(semaphore("res:q", wait=30, fair=fair).aacquire())
         deadline = time.monotonic() + 10
-        while not (table.get("res:q") or {}).get("queue"):
+        while not (table.stored_item("res:q") or {}).get("queue"):
             assert time.monotonic() < deadline, "the waiter never queued"
             await asyncio.sleep(0.02)
         task.cancel()
@@ -937,7 +937,7 @@ def test_cancelled_async_waiter_leaves_the_queue(lock_table: str, fair: bool) ->
 
     asyncio.run(main())
     # Nobody is left waiting: a release must not hand the lock to the cancelled waiter.
-    assert not (table.get("res:q") or {}).get("queue")
+    assert not (table.stored_item("res:q") or {}).get("queue")
     holder.renew()  # sees the (empty) queue
     holder.release()
     assert holds("res:q") == []

@@ -98,7 +98,7 @@ def _queued(resource: str, timeout: float = 60) -> None:
     from dynasem import table
 
     deadline = time.monotonic() + timeout
-    while not ((table.get(resource) or {}).get("queue")):
+    while not ((table.stored_item(resource) or {}).get("queue")):
         assert time.monotonic() < deadline, "the waiter never queued"
         time.sleep(0.02)
 

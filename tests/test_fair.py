@@ -14,7 +14,7 @@ SPAWN = multiprocessing.get_context("spawn")
 
 
 def queue_of(resource: str) -> dict:
-    return (table.get(resource) or {}).get("queue") or {}
+    return (table.stored_item(resource) or {}).get("queue") or {}
 
 
 def wait_for_queue(resource: str, size: int, timeout: float = 60) -> None:
@@ -63,7 +63,7 @@ def test_release_hands_the_lock_to_the_first_waiter(lock_table, requests_sent):
     requests_sent.reset()
     holder.release()
     writes = requests_sent.calls["UpdateItem"]
-    row = table.get("env:acceptance")
+    row = table.stored_item("env:acceptance")
     # The release write itself made the waiter the holder: no write of the waiter's needed.
     assert writes == 1
     assert [h["u"] for h in row["holders"].values()] == ["next"]
@@ -173,7 +173,7 @@ def test_a_dead_waiter_ahead_costs_few_reads(lock_table, requests_sent):
     # waiter behind it backs off instead of reading every hold time.
     resource = "deploy:staging"
     now = int(time.time() * 1000)
-    crashed = {"t": now * 1000, "e": now + 60_000, "u": "crashed", "s": False, "l": 60_000}
+    crashed = table.Waiter(now * 1000, now + 60_000, user_id="crashed", lease_ms=60_000)
     table.update(table.enqueue(resource, "crashed-waiter", crashed, fresh=True))
     requests_sent.reset()
     started = time.monotonic()

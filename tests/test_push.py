@@ -35,7 +35,7 @@ def waiter_thread(resource: str, out: dict, **kwargs) -> threading.Thread:
 def wait_until_queued(resource: str, n: int = 1, timeout: float = 10) -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        queue = (table.get(resource) or {}).get("queue") or {}
+        queue = (table.stored_item(resource) or {}).get("queue") or {}
         if len(queue) >= n:
             return queue
         assert time.monotonic() < deadline, "the waiter never queued"
@@ -70,7 +70,7 @@ def test_a_pushed_waiter_reads_nothing(lock_table, requests_sent, holder_knows, 
     assert requests_sent.calls["UpdateItem"] == (2 if holder_knows else 3)
     assert out["acquired"] - released < 0.5
     assert out["fence"] > holder.fence
-    assert (table.get("deploy:prod") or {}).get("holders") == {}
+    assert (table.stored_item("deploy:prod") or {}).get("holders") == {}
 
 
 def test_a_lost_push_costs_a_read_not_the_lock(lock_table, monkeypatch):
@@ -92,7 +92,7 @@ def test_a_forged_push_is_ignored(lock_table):
     ((token, entry),) = queue.items()
     host, port = wakeup.reachable(entry["n"])
     # Everything a real push says, signed with another key: the waiter must not believe it.
-    item = table.get("deploy:qa")
+    item = table.stored_item("deploy:qa")
     item["holders"] = {token: {"u": "", "e": 2**42, "f": holder.fence + 1, "a": 0, "s": False}}
     body = json.dumps({"r": "deploy:qa", "k": token, "i": item}).encode()
     mac = hmac.new(b"not the project's key", body, hashlib.sha256).digest()
@@ -104,7 +104,7 @@ def test_a_forged_push_is_ignored(lock_table):
     assert type(out["error"]).__name__ == "SemaphoreBusy"
     assert wakeup._listener is not None and wakeup._listener.thread.is_alive()
     holder.release()
-    assert not (table.get("deploy:qa") or {}).get("queue")  # it left the queue
+    assert not (table.stored_item("deploy:qa") or {}).get("queue")  # it left the queue
 
 
 def test_pushes_off_means_polling_as_before(dynamodb_local, lock_table):
@@ -117,7 +117,7 @@ def test_pushes_off_means_polling_as_before(dynamodb_local, lock_table):
         out: dict = {}
         thread = waiter_thread("deploy:dev", out, wait=30)
         time.sleep(0.3)
-        assert not (table.get("deploy:dev") or {}).get("queue")  # default mode polls
+        assert not (table.stored_item("deploy:dev") or {}).get("queue")  # default mode polls
         holder.release()
         thread.join(15)
         assert "error" not in out and "acquired" in out
@@ -130,11 +130,11 @@ def test_only_the_same_host_is_pushed_to_on_loopback():
     assert wakeup.reachable("0123456789ab@10.1.2.3:4000") == ("10.1.2.3", 4000)
     for bad in (None, 7, "", "no-at-sign", "h@10.1.2.3", "h@10.1.2.3:port"):
         assert wakeup.reachable(bad) is None
-        assert wakeup.push(bad, "r", "t", {}, sent_ms=0) is False
+        assert wakeup.push(bad, "r", "t", table.LockItem(), sent_ms=0) is False
 
 
 def test_a_push_that_would_not_fit_a_datagram_is_not_sent():
-    big = {"queue": {str(i): {"n": "x" * 100} for i in range(1000)}}
+    big = table.lock_item({"queue": {str(i): {"n": "x" * 100} for i in range(1000)}})
     assert wakeup.push(f"{wakeup.HOST_ID}@127.0.0.1:9", "r", "t", big, sent_ms=0) is False
 
 
@@ -234,7 +234,7 @@ def test_a_fresh_hand_over_push_is_taken_with_its_arrival(lock_table):
     _send(target, _hand_over(token, e_ms=now + 10_000, fence=7, sent_ms=now, table_name=lock_table))
     pushed = wakeup.wait(token, 5, fence_above=6)
     wakeup.forget(token)
-    assert pushed is not None and pushed.item["holders"][token]["f"] == 7
+    assert pushed is not None and pushed.item.holders[token].fence == 7
     assert before <= pushed.arrived <= time.monotonic() and pushed.sent_ms == now
 
 

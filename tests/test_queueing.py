@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
 import pytest
 
-from dynasem import clock, queueing
+from dynasem import clock, queueing, table
 from dynasem.queueing import Pace
 
 
@@ -17,12 +17,12 @@ def frozen(monkeypatch: pytest.MonkeyPatch) -> int:
     return 1_000_000
 
 
-def holder(ends_ms: int, taken_ms: int, user: str = "u") -> dict[str, Any]:
-    return {"u": user, "e": ends_ms, "f": 1, "a": taken_ms, "s": False}
+def holder(ends_ms: int, taken_ms: int, user: str = "u") -> table.Holder:
+    return table.Holder(user, ends_ms, 1, acquired_ms=taken_ms)
 
 
-def waiter(ticket: int, ends_ms: int) -> dict[str, Any]:
-    return {"t": ticket, "e": ends_ms, "u": "w", "s": False, "l": 10_000}
+def waiter(ticket: int, ends_ms: int) -> table.Waiter:
+    return table.Waiter(ticket, ends_ms, user_id="w", lease_ms=10_000)
 
 
 def test_backoff_doubles_from_the_first_pause_up_to_the_cap() -> None:
@@ -39,7 +39,7 @@ def test_seconds_until_free_is_the_first_lease_end_plus_skew(frozen: int) -> Non
 
 
 def test_live_holders_leave_out_the_stale(frozen: int) -> None:
-    item = {"holders": {"old": holder(frozen - 1, 0), "live": holder(frozen + 1, 0)}}
+    item = table.LockItem(holders={"old": holder(frozen - 1, 0), "live": holder(frozen + 1, 0)})
     assert list(queueing.live_holders(item, frozen)) == ["live"]
     assert queueing.live_holders(None, frozen) == {}
 
@@ -48,11 +48,12 @@ def test_turn_in_aims_at_the_end_of_the_hold_ahead(frozen: int) -> None:
     """A holder that took the lock 5 ms ago with holds of 20 ms: our turn is in about 15 ms
     plus a round trip, never later than the holder's lease end plus the skew."""
     pace = Pace()
-    seen = {
-        "holders": {"h": holder(frozen + 10_000, frozen - 5)},
-        "queue": {"me": waiter(1, frozen + 10_000)},
-        "holdMs": 20,
-    }
+    seen = table.LockItem(
+        holders={"h": holder(frozen + 10_000, frozen - 5)},
+        queue={"me": waiter(1, frozen + 10_000)},
+        has_queue=True,
+        hold_ms=20,
+    )
     turn = pace.turn_in(seen, "me", 0.5)
     assert turn == pytest.approx((20 - 5 + pace.rtt * 1000) / 1000)
     assert pace.until_free == pytest.approx(10.5 + 0.001)
@@ -61,7 +62,7 @@ def test_turn_in_aims_at_the_end_of_the_hold_ahead(frozen: int) -> None:
 def test_turn_in_backs_off_while_nothing_moves(frozen: int) -> None:
     """An overdue holder: each look that finds the same state doubles the pause."""
     pace = Pace()
-    seen = {"holders": {"h": holder(frozen + 10_000, frozen - 1_000)}, "holdMs": 20}
+    seen = table.LockItem(holders={"h": holder(frozen + 10_000, frozen - 1_000)}, hold_ms=20)
     pauses = [pace.turn_in(seen, "me", 0.5) for _ in range(4)]
     assert pauses[1] == pytest.approx(2 * pauses[0])
     assert pauses[3] == pytest.approx(8 * pauses[0])
@@ -69,10 +70,12 @@ def test_turn_in_backs_off_while_nothing_moves(frozen: int) -> None:
 
 def test_turn_in_waits_behind_the_waiters_ahead_only(frozen: int) -> None:
     pace = Pace()
-    base = {"holders": {"h": holder(frozen + 10_000, frozen)}, "holdMs": 20}
-    alone = pace.turn_in(dict(base, queue={"me": waiter(5, frozen + 9_000)}), "me", 0.5)
+    base = table.LockItem(holders={"h": holder(frozen + 10_000, frozen)}, hold_ms=20)
+    alone = pace.turn_in(
+        dataclasses.replace(base, queue={"me": waiter(5, frozen + 9_000)}), "me", 0.5
+    )
     behind = Pace().turn_in(
-        dict(
+        dataclasses.replace(
             base,
             queue={
                 "me": waiter(5, frozen + 9_000),

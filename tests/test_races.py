@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from dynasem import AlreadyDone, run_once
-from dynasem.table import get
+from dynasem.table import stored_item as get
 from tests import workers
 
 pytestmark = pytest.mark.race

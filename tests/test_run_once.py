@@ -14,7 +14,7 @@ from dynasem.conf import settings
 
 
 def job_row(key: str) -> dict:
-    return table.get(key, table.JOB_SK)
+    return table.stored_item(key, table.JOB_SK)
 
 
 def test_new_job_runs_once_and_is_done(lock_table):
@@ -67,7 +67,7 @@ def test_job_keys_do_not_collide_with_semaphores(lock_table):
     with semaphore("same-name"), run_once("same-name") as job:
         assert job.status == "RUNNING"
     assert job_row("same-name")["status"] == "DONE"
-    assert table.get("same-name")["holders"] == {}
+    assert table.stored_item("same-name")["holders"] == {}
 
 
 def test_done_and_failed_rows_never_expire_and_are_never_reaped(lock_table):
@@ -123,7 +123,7 @@ def test_a_claim_paused_past_its_lease_never_runs_beside_another(
     import threading
 
     lease, skew = 1.0, settings.CLOCK_SKEW
-    real_update = table.update
+    real_update = table.update_job
     stalled: list[float] = []
 
     def stalling_update(action, **kwargs):
@@ -143,7 +143,7 @@ def test_a_claim_paused_past_its_lease_never_runs_beside_another(
             other.append("end")
 
     thread = threading.Thread(target=reclaim) if taken_over else None
-    monkeypatch.setattr(table, "update", stalling_update)
+    monkeypatch.setattr(table, "update_job", stalling_update)
     if thread is not None:
         thread.start()
     ran = []

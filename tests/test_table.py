@@ -52,14 +52,14 @@ def test_expired_hold_is_taken_over_in_one_write(requests_sent):
 
 def test_stored_row_carries_user_and_expires_for_the_indexes(lock_table):
     held = semaphore("tbl_issues:4", user="bob", lease=30).acquire()
-    row = table.get("tbl_issues:4")
+    row = table.stored_item("tbl_issues:4")
     assert row["userId"] == "bob"
     assert abs(row["expires"] - held.expires.timestamp()) <= 1
     assert isinstance(row["expires"], int)
     assert row["shard"] == table.shard_of("tbl_issues:4")
     assert row["holders"][held.token]["f"] == held.fence
     held.release()
-    row = table.get("tbl_issues:4")
+    row = table.stored_item("tbl_issues:4")
     assert row["holders"] == {}
     assert "userId" not in row  # out of the user index once released
     # Idle: out of the active listing once its fence time (now + CLOCK_SKEW) has passed.
@@ -99,11 +99,11 @@ def test_lost_response_is_recognised_as_our_own_write(requests_sent):
     elapsed = time.monotonic() - start
     assert state["lost"] == 1
     assert elapsed < 2
-    row = table.get("tbl_issues:5")
+    row = table.stored_item("tbl_issues:5")
     assert row["holders"][held.token]["u"] == "carol"
     assert row["holders"][held.token]["f"] == held.fence
     held.release()
-    assert table.get("tbl_issues:5")["holders"] == {}
+    assert table.stored_item("tbl_issues:5")["holders"] == {}
 
 
 def test_lost_release_response_is_no_error(requests_sent):
@@ -111,7 +111,7 @@ def test_lost_release_response_is_no_error(requests_sent):
     state = _lose_responses(table.get_client(), "UpdateItem", 1)
     held.release()  # the retry is refused, but lastToken says the release was ours
     assert state["lost"] == 1
-    assert table.get("tbl_issues:6")["holders"] == {}
+    assert table.stored_item("tbl_issues:6")["holders"] == {}
 
 
 def test_counting_and_shared_holds_cost_one_write_each_way(requests_sent):

@@ -380,7 +380,7 @@ def test_inside_testcase_an_own_atomic_waits_like_on_commit(
 
 
 def job_status(key: str) -> str:
-    return table.get(key, table.JOB_SK)["status"]
+    return table.stored_item(key, table.JOB_SK)["status"]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -401,7 +401,7 @@ def test_run_once_writes_failed_on_rollback(lock_table):
             pass
         raise Boom
     assert job.status == "FAILED"
-    row = table.get("tx:job-rolled-back", table.JOB_SK)
+    row = table.stored_item("tx:job-rolled-back", table.JOB_SK)
     assert row["status"] == "FAILED" and "rolled back" in row["error"]
     with run_once("tx:job-rolled-back") as again:  # FAILED runs again
         assert again.attempt == 2
@@ -411,7 +411,7 @@ def test_run_once_writes_failed_on_rollback(lock_table):
 def test_run_once_body_error_inside_atomic_is_failed_with_its_message(lock_table):
     with pytest.raises(Boom), transaction.atomic(), run_once("tx:job-raises"):
         raise Boom("bad row")
-    row = table.get("tx:job-raises", table.JOB_SK)
+    row = table.stored_item("tx:job-raises", table.JOB_SK)
     assert row["status"] == "FAILED" and row["error"] == "Boom: bad row"
 
 

@@ -204,8 +204,8 @@ def stall_through_hand_over(
         done = []
 
         def stalling_plan(self: Any, resource: str, seen: Any, *args: Any, **kwargs: Any) -> Any:
-            holders = (seen or {}).get("holders") or {}
-            if not done and any(h.get("u") == "W" for h in holders.values()):
+            holders = seen.holders if seen is not None else {}
+            if not done and any(h.user_id == "W" for h in holders.values()):
                 done.append(True)
                 stopped.set()
                 os.kill(os.getpid(), signal.SIGSTOP)  # a GC pause, a stalled VM, swapping

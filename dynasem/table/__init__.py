@@ -38,13 +38,26 @@ from .stored import (
     RUNNING,
     SHARDS,
     USER_INDEX,
+    Holder,
     JobRow,
+    LockItem,
+    Waiter,
     decode,
     encode,
     epoch_seconds,
+    expires_index_start,
+    guessed_free,
+    holder_value,
+    index_position,
     job_row,
+    job_start_key,
     key,
+    lock_item,
+    scan_position,
+    scan_start,
     shard_of,
+    table_definition,
+    user_index_start,
 )
 from .writes import (
     QueueTerms,
@@ -66,6 +79,20 @@ from .writes import (
 )
 
 __all__ = [
+    "Holder",
+    "LockItem",
+    "Waiter",
+    "guessed_free",
+    "holder_value",
+    "lock_item",
+    "stored_item",
+    "wire",
+    "update_job",
+    "user_index_start",
+    "expires_index_start",
+    "index_position",
+    "scan_start",
+    "scan_position",
     "JobRow",
     "job_row",
     "get_job",
@@ -194,29 +221,34 @@ def endpoint_label() -> str:
 
 
 # ---------------------------------------------------------------------------------------------
-# Values
-# ---------------------------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------------------------
 # Errors
 # ---------------------------------------------------------------------------------------------
 
 
 class Refused(Exception):
-    """The write's condition failed; ``old`` is the item as it was (``ALL_OLD``), or None."""
+    """The write's condition failed; the row as it was (``ALL_OLD``) is ``lock`` (a lock
+    write's) or ``job`` (a run_once write's)."""
 
     def __init__(self, old: dict[str, Any] | None, retried: bool = False):
         super().__init__("condition failed")
-        self.old = old
+        self._old = old
         # botocore re-sent the request: an earlier attempt may have been applied.
         self.retried = retried
 
+    @property
+    def lock(self) -> LockItem | None:
+        return lock_item(self._old)
+
+    @property
+    def job(self) -> JobRow:
+        return job_row(self._old)
+
 
 class Cancelled(Exception):
-    """A transaction was cancelled; ``reasons[i]`` is ``(code, old item)`` for action i."""
+    """A transaction (of lock writes) was cancelled; ``reasons[i]`` is ``(code, old row)`` for
+    action i."""
 
-    def __init__(self, reasons: list[tuple[str, dict[str, Any] | None]], retried: bool = False):
+    def __init__(self, reasons: list[tuple[str, LockItem | None]], retried: bool = False):
         super().__init__("transaction cancelled: " + ", ".join(c for c, _ in reasons))
         self.reasons = reasons
         self.retried = retried
@@ -283,7 +315,7 @@ def _send(operation: str, **kwargs: Any) -> dict[str, Any]:
             raise Refused(decode(item), _retried(exc)) from None
         if code == "TransactionCanceledException":
             reasons = [
-                (r.get("Code", "None"), decode(r.get("Item")))
+                (r.get("Code", "None"), lock_item(decode(r.get("Item"))))
                 for r in exc.response.get("CancellationReasons", [])
             ]
             if any(c == "ConditionalCheckFailed" for c, _ in reasons):
@@ -300,8 +332,18 @@ def _send(operation: str, **kwargs: Any) -> dict[str, Any]:
 # ---------------------------------------------------------------------------------------------
 
 
-def update(action: dict[str, Any], *, return_new: bool = False) -> dict[str, Any] | None:
-    """Send one conditional UpdateItem. Raises :class:`Refused` with the old item."""
+def update(action: dict[str, Any], *, return_new: bool = False) -> LockItem | None:
+    """Send one conditional lock write. Raises :class:`Refused` with the old row."""
+    return lock_item(_update(action, return_new))
+
+
+def update_job(action: dict[str, Any], *, return_new: bool = False) -> JobRow | None:
+    """Send one conditional run_once write. Raises :class:`Refused` with the old row."""
+    row = _update(action, return_new)
+    return None if row is None else job_row(row)
+
+
+def _update(action: dict[str, Any], return_new: bool) -> dict[str, Any] | None:
     response = _send(
         "update_item",
         TableName=settings.TABLE_NAME,
@@ -322,12 +364,27 @@ def transact(actions: list[dict[str, Any]]) -> None:
     _send("transact_write_items", TransactItems=items)
 
 
-def get(pk: str, sk: str = LOCK_SK) -> dict[str, Any] | None:
-    """One strongly consistent read of a row (used only where no write can tell us)."""
+def get(resource: str) -> LockItem | None:
+    """One strongly consistent read of a lock row (used only where no write can tell us)."""
+    return lock_item(_get(resource, LOCK_SK))
+
+
+def stored_item(pk: str, sk: str = LOCK_SK) -> dict[str, Any] | None:
+    """A row exactly as stored, decoded to plain Python: for tests and diagnostics, which
+    check the stored format itself. The app reads :func:`get` and :func:`get_job`."""
+    return _get(pk, sk)
+
+
+def _get(pk: str, sk: str) -> dict[str, Any] | None:
     response = _send(
         "get_item", TableName=settings.TABLE_NAME, Key=key(pk, sk), ConsistentRead=True
     )
     return decode(response.get("Item"))
+
+
+def wire(item: LockItem) -> dict[str, Any]:
+    """The row as a push carries it (JSON-safe); :func:`lock_item` reads it back."""
+    return dict(item.stored)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -343,7 +400,7 @@ def query_expiring(
     limit: int | None = None,
     start: dict[str, Any] | None = None,
     shared_only: bool = False,
-) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+) -> tuple[list[LockItem], dict[str, Any] | None]:
     """One page of rows of one shard of the expires index, by ``expires`` (epoch seconds)."""
     names = {"#shard": "shard", "#exp": "expires"}
     values: dict[str, Any] = {":s": shard}
@@ -371,10 +428,12 @@ def query_expiring(
     if start:
         kwargs["ExclusiveStartKey"] = start
     response = _send("query", **kwargs)
-    return [decode(i) for i in response.get("Items", [])], response.get("LastEvaluatedKey")
+    return [lock_item(decode(i)) for i in response.get("Items", [])], response.get(
+        "LastEvaluatedKey"
+    )
 
 
-def iter_expiring(shard: int, **kwargs: Any) -> Iterator[dict[str, Any]]:
+def iter_expiring(shard: int, **kwargs: Any) -> Iterator[LockItem]:
     start = None
     while True:
         rows, start = query_expiring(shard, start=start, **kwargs)
@@ -383,13 +442,14 @@ def iter_expiring(shard: int, **kwargs: Any) -> Iterator[dict[str, Any]]:
             return
 
 
-def delete_expired(pk: str, sk: str, cutoff_ms: int) -> bool:
-    """Delete a row only if its lease still ended before ``cutoff_ms``; False if it survived."""
+def delete_expired(resource: str, cutoff_ms: int) -> bool:
+    """Delete a lock row only if its lease still ended before ``cutoff_ms``; False if it
+    survived."""
     try:
         _send(
             "delete_item",
             TableName=settings.TABLE_NAME,
-            Key=key(pk, sk),
+            Key=key(resource, LOCK_SK),
             ConditionExpression="#expMs < :cut",
             ExpressionAttributeNames={"#expMs": "expMs"},
             ExpressionAttributeValues=encode({":cut": cutoff_ms}),
@@ -401,7 +461,7 @@ def delete_expired(pk: str, sk: str, cutoff_ms: int) -> bool:
 
 def query_user_page(
     user_id: str, since: int, limit: int | None, start: dict[str, Any] | None
-) -> tuple[list[Any], dict[str, Any] | None]:
+) -> tuple[list[LockItem], dict[str, Any] | None]:
     """One page of the userId index: rows whose latest holder is ``user_id`` and whose lease
     ends at or after ``since`` (epoch seconds)."""
     kwargs: dict[str, Any] = {
@@ -416,7 +476,9 @@ def query_user_page(
     if start:
         kwargs["ExclusiveStartKey"] = start
     response = _send("query", **kwargs)
-    return [decode(i) for i in response.get("Items", [])], response.get("LastEvaluatedKey")
+    return [lock_item(decode(i)) for i in response.get("Items", [])], response.get(
+        "LastEvaluatedKey"
+    )
 
 
 def scan_jobs(
@@ -453,57 +515,15 @@ def scan_jobs(
     return [job_row(decode(i)) for i in response.get("Items", [])], response.get("LastEvaluatedKey")
 
 
-def job_start_key(start_key: str) -> dict[str, Any]:
-    """The ExclusiveStartKey that goes on after the job row of ``start_key``."""
-    return key(start_key, JOB_SK)
-
-
 def get_job(pk: str) -> JobRow | None:
     """The run_once row of ``pk`` (one consistent read), or None if never run."""
-    item = get(pk, JOB_SK)
+    item = _get(pk, JOB_SK)
     return job_row(item) if item else None
 
 
 # ---------------------------------------------------------------------------------------------
 # The table itself
 # ---------------------------------------------------------------------------------------------
-
-
-def table_definition(name: str | None = None) -> dict[str, Any]:
-    """CreateTable arguments: on-demand, a GSI on userId and a sharded GSI on expires."""
-    return {
-        "TableName": name or settings.TABLE_NAME,
-        "BillingMode": "PAY_PER_REQUEST",
-        "AttributeDefinitions": [
-            {"AttributeName": "pk", "AttributeType": "S"},
-            {"AttributeName": "sk", "AttributeType": "S"},
-            {"AttributeName": "userId", "AttributeType": "S"},
-            {"AttributeName": "expires", "AttributeType": "N"},
-            {"AttributeName": "shard", "AttributeType": "N"},
-        ],
-        "KeySchema": [
-            {"AttributeName": "pk", "KeyType": "HASH"},
-            {"AttributeName": "sk", "KeyType": "RANGE"},
-        ],
-        "GlobalSecondaryIndexes": [
-            {
-                "IndexName": USER_INDEX,
-                "KeySchema": [
-                    {"AttributeName": "userId", "KeyType": "HASH"},
-                    {"AttributeName": "expires", "KeyType": "RANGE"},
-                ],
-                "Projection": {"ProjectionType": "ALL"},
-            },
-            {
-                "IndexName": EXPIRES_INDEX,
-                "KeySchema": [
-                    {"AttributeName": "shard", "KeyType": "HASH"},
-                    {"AttributeName": "expires", "KeyType": "RANGE"},
-                ],
-                "Projection": {"ProjectionType": "ALL"},
-            },
-        ],
-    }
 
 
 def describe_table() -> dict[str, Any] | None:

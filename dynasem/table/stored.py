@@ -15,11 +15,13 @@ from __future__ import annotations
 import math
 import zlib
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, overload
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
+
+from ..conf import settings
 
 LOCK_SK = "lock"
 JOB_SK = "job"
@@ -81,6 +83,145 @@ def epoch_seconds(ms: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class Holder:
+    """One holder of a lock row: whose hold, until when, under which fence."""
+
+    user_id: str
+    expires_ms: int  # its lease end (wall clock, ms): what decides everything
+    fence: int
+    acquired_ms: int = 0
+    shared: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Waiter:
+    """One queue entry of a lock row."""
+
+    ticket: int  # first come, first served: the smallest live ticket is next
+    expires_ms: int  # the entry's own lease end; a dead waiter's entry may be evicted
+    user_id: str = ""
+    shared: bool = False
+    lease_ms: int | None = None  # the lease a hand-over grants it
+    address: str | None = None  # where a hand-over is pushed (wakeup's format), if anywhere
+
+
+@dataclass(frozen=True, slots=True)
+class LockItem:
+    """A lock row as stored, decoded once. A missing attribute reads as its default; the
+    acquire loop's guesses (\"free, with this fence\") are LockItems too."""
+
+    resource: str = ""
+    holders: Mapping[str, Holder] = field(default_factory=dict)
+    queue: Mapping[str, Waiter] = field(default_factory=dict)
+    # Whether the row has a queue map at all (even an empty one): a taker's and an
+    # enqueue's conditions differ on it.
+    has_queue: bool = False
+    fence: int = 0  # the last fence handed out for the resource
+    expires_ms: int = 0  # the latest lease end of its holders (the row's own expiry)
+    mode: str = "x"
+    limit: int = 1
+    ticket: int = 0  # the last queue ticket handed out
+    hold_ms: int | None = None  # the average hold, for a waiter's estimate of its turn
+    last_token: str | None = None  # who released last
+    broken_token: str | None = None  # whose hold an operator broke last
+    listed_s: int | None = None  # where the row sorts in the indexes (epoch seconds)
+    # The decoded item itself, for a push (wakeup sends it as written); read it nowhere else.
+    stored: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+def holder_of(value: Mapping[str, Any]) -> Holder:
+    return Holder(
+        user_id=str(value.get("u", "")),
+        expires_ms=int(value.get("e", 0)),
+        fence=int(value.get("f", 0)),
+        acquired_ms=int(value.get("a", 0)),
+        shared=bool(value.get("s", False)),
+    )
+
+
+def holder_value(holder: Holder) -> dict[str, Any]:
+    return {
+        "u": holder.user_id,
+        "e": holder.expires_ms,
+        "f": holder.fence,
+        "a": holder.acquired_ms,
+        "s": holder.shared,
+    }
+
+
+def waiter_of(value: Mapping[str, Any]) -> Waiter:
+    lease, address = value.get("l"), value.get("n")
+    return Waiter(
+        ticket=int(value.get("t", 0)),
+        expires_ms=int(value.get("e", 0)),
+        user_id=str(value.get("u", "")),
+        shared=bool(value.get("s", False)),
+        lease_ms=None if lease is None else int(lease),
+        address=None if not address else str(address),
+    )
+
+
+def waiter_value(waiter: Waiter) -> dict[str, Any]:
+    value: dict[str, Any] = {
+        "t": waiter.ticket,
+        "e": waiter.expires_ms,
+        "u": waiter.user_id,
+        "s": waiter.shared,
+    }
+    if waiter.lease_ms is not None:
+        value["l"] = waiter.lease_ms
+    if waiter.address is not None:
+        value["n"] = waiter.address
+    return value
+
+
+@overload
+def lock_item(item: None) -> None: ...
+@overload
+def lock_item(item: Mapping[str, Any]) -> LockItem: ...
+@overload
+def lock_item(item: Mapping[str, Any] | None) -> LockItem | None: ...
+
+
+def lock_item(item: Mapping[str, Any] | None) -> LockItem | None:
+    """A decoded lock row (or a pushed one) as a :class:`LockItem`; None stays None."""
+    if item is None:
+        return None
+
+    def number(name: str) -> int | None:
+        value = item.get(name)
+        return None if value is None else int(value)
+
+    def text(name: str) -> str | None:
+        value = item.get(name)
+        return None if value is None else str(value)
+
+    queue = item.get("queue")
+    return LockItem(
+        resource=str(item.get("pk", "")),
+        holders={t: holder_of(h) for t, h in (item.get("holders") or {}).items()},
+        queue={t: waiter_of(w) for t, w in (queue or {}).items()},
+        has_queue=queue is not None,
+        fence=number("fence") or 0,
+        expires_ms=number("expMs") or 0,
+        mode=text("mode") or "x",
+        limit=number("limit") or 1,
+        ticket=number("ticket") or 0,
+        hold_ms=number("holdMs"),
+        last_token=text("lastToken"),
+        broken_token=text("brokenToken"),
+        listed_s=number("expires"),
+        stored=item,
+    )
+
+
+def guessed_free(fence: int) -> LockItem | None:
+    """What a busy lock we did not read again is guessed to be: free, keeping the fence we
+    saw (one write tells us otherwise). None when we saw no fence: nothing known."""
+    return LockItem(fence=fence) if fence else None
+
+
+@dataclass(frozen=True, slots=True)
 class JobRow:
     """A run_once row as stored; an attribute the row lacks is None."""
 
@@ -124,3 +265,75 @@ def job_row(item: Mapping[str, Any] | None) -> JobRow:
         error=text("error"),
         last_token=text("lastToken"),
     )
+
+
+# The keys of pages: where a listing goes on.
+
+
+def user_index_start(resource: str, user_id: str, listed_s: int) -> dict[str, Any]:
+    """The ExclusiveStartKey that goes on after ``resource``'s row in the userId index."""
+    return {**key(resource, LOCK_SK), "userId": {"S": user_id}, "expires": {"N": str(listed_s)}}
+
+
+def expires_index_start(resource: str, shard: int, listed_s: int) -> dict[str, Any]:
+    """The ExclusiveStartKey that goes on after ``resource``'s row in one expires shard."""
+    return {**key(resource, LOCK_SK), "shard": {"N": str(shard)}, "expires": {"N": str(listed_s)}}
+
+
+def index_position(last_key: Mapping[str, Any]) -> list[Any]:
+    """An index query's LastEvaluatedKey as ``[listed_s, resource]`` (a cursor's form)."""
+    return [int(last_key["expires"]["N"]), str(last_key["pk"]["S"])]
+
+
+def scan_start(pk: str, sk: str) -> dict[str, Any]:
+    return key(pk, sk)
+
+
+def scan_position(last_key: Mapping[str, Any]) -> list[str]:
+    """A Scan's LastEvaluatedKey as ``[pk, sk]`` (a cursor's form)."""
+    return [str(last_key["pk"]["S"]), str(last_key["sk"]["S"])]
+
+
+def job_start_key(start_key: str) -> dict[str, Any]:
+    """The ExclusiveStartKey that goes on after the job row of ``start_key``."""
+    return key(start_key, JOB_SK)
+
+
+# The table itself.
+
+
+def table_definition(name: str | None = None) -> dict[str, Any]:
+    """CreateTable arguments: on-demand, a GSI on userId and a sharded GSI on expires."""
+    return {
+        "TableName": name or settings.TABLE_NAME,
+        "BillingMode": "PAY_PER_REQUEST",
+        "AttributeDefinitions": [
+            {"AttributeName": "pk", "AttributeType": "S"},
+            {"AttributeName": "sk", "AttributeType": "S"},
+            {"AttributeName": "userId", "AttributeType": "S"},
+            {"AttributeName": "expires", "AttributeType": "N"},
+            {"AttributeName": "shard", "AttributeType": "N"},
+        ],
+        "KeySchema": [
+            {"AttributeName": "pk", "KeyType": "HASH"},
+            {"AttributeName": "sk", "KeyType": "RANGE"},
+        ],
+        "GlobalSecondaryIndexes": [
+            {
+                "IndexName": USER_INDEX,
+                "KeySchema": [
+                    {"AttributeName": "userId", "KeyType": "HASH"},
+                    {"AttributeName": "expires", "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "ALL"},
+            },
+            {
+                "IndexName": EXPIRES_INDEX,
+                "KeySchema": [
+                    {"AttributeName": "shard", "KeyType": "HASH"},
+                    {"AttributeName": "expires", "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "ALL"},
+            },
+        ],
+    }

@@ -7,7 +7,21 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .stored import FAILED, JOB_SK, LOCK_SK, RUNNING, encode, epoch_seconds, key, shard_of
+from .stored import (
+    FAILED,
+    JOB_SK,
+    LOCK_SK,
+    RUNNING,
+    Holder,
+    LockItem,
+    Waiter,
+    encode,
+    epoch_seconds,
+    holder_value,
+    key,
+    shard_of,
+    waiter_value,
+)
 
 # ---------------------------------------------------------------------------------------------
 # Lock writes (builders return UpdateItem kwargs without TableName)
@@ -54,10 +68,8 @@ def _action(
     return action
 
 
-def holder_entry(
-    user_id: str, expires_ms: int, fence: int, now_ms: int, shared: bool
-) -> dict[str, Any]:
-    return {"u": user_id, "e": expires_ms, "f": fence, "a": now_ms, "s": shared}
+def holder_entry(user_id: str, expires_ms: int, fence: int, now_ms: int, shared: bool) -> Holder:
+    return Holder(user_id, expires_ms, fence, acquired_ms=now_ms, shared=shared)
 
 
 class QueueTerms:
@@ -101,7 +113,7 @@ def _queue_clauses(
 def take_free(
     resource: str,
     token: str,
-    entry: dict[str, Any],
+    entry: Holder,
     *,
     mode: str,
     limit: int,
@@ -131,13 +143,13 @@ def take_free(
         values[":emptyq"] = {}
     condition = " AND ".join([condition, *conds])
     values |= {
-        ":h": {token: entry},
+        ":h": {token: holder_value(entry)},
         ":mode": mode,
         ":lim": limit,
-        ":fence": entry["f"],
-        ":uid": entry["u"],
-        ":exp": epoch_seconds(entry["e"]),
-        ":expMs": entry["e"],
+        ":fence": entry.fence,
+        ":uid": entry.user_id,
+        ":exp": epoch_seconds(entry.expires_ms),
+        ":expMs": entry.expires_ms,
         ":shard": shard_of(resource),
         ":zero": 0,
         ":stale": stale_ms,
@@ -148,11 +160,11 @@ def take_free(
 def take_join(
     resource: str,
     token: str,
-    entry: dict[str, Any],
+    entry: Holder,
     *,
     mode: str,
     limit: int,
-    seen: dict[str, Any],
+    seen: LockItem,
     evict: list[str],
     replace: bool = False,
     queue: QueueTerms | None = None,
@@ -166,11 +178,11 @@ def take_join(
     """
     names = dict(_LOCK_NAMES, **{"#t": token})
     values: dict[str, Any] = {
-        ":entry": entry,
-        ":fence": entry["f"],
+        ":entry": holder_value(entry),
+        ":fence": entry.fence,
         ":mode": mode,
         ":lim": limit,
-        ":size": len(seen.get("holders") or {}),
+        ":size": len(seen.holders),
         ":shard": shard_of(resource),
     }
     sets = ["#h.#t = :entry", "#fence = :fence", "#shard = :shard"]
@@ -179,17 +191,17 @@ def take_join(
         sets += ["#mode = :mode", "#lim = :lim"]
     else:
         conds += ["#mode = :mode", "#lim = :lim"]
-    seen_expires = int(seen.get("expMs") or 0)
-    if entry["e"] >= seen_expires:
+    seen_expires = seen.expires_ms
+    if entry.expires_ms >= seen_expires:
         # Item-level expiry is the latest lease end of all holders: only ever pushed later,
         # so only over the very value we saw (a holder may have renewed since).
         sets += ["#uid = :uid", "#exp = :exp", "#expMs = :expMs"]
         conds.append("#expMs = :seenExp")
         values.update(
             {
-                ":uid": entry["u"],
-                ":exp": epoch_seconds(entry["e"]),
-                ":expMs": entry["e"],
+                ":uid": entry.user_id,
+                ":exp": epoch_seconds(entry.expires_ms),
+                ":expMs": entry.expires_ms,
                 ":seenExp": seen_expires,
             }
         )
@@ -198,7 +210,7 @@ def take_join(
         names[f"#x{i}"] = gone
         removes.append(f"#h.#x{i}")
         conds.append(f"#h.#x{i}.e = :xe{i}")
-        values[f":xe{i}"] = seen["holders"][gone]["e"]
+        values[f":xe{i}"] = seen.holders[gone].expires_ms
     q_removes, q_conds = _queue_clauses(token, queue, names, values)
     removes += q_removes
     conds += q_conds
@@ -206,9 +218,7 @@ def take_join(
     return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
 
 
-def take_room(
-    resource: str, token: str, entry: dict[str, Any], *, mode: str, limit: int
-) -> dict[str, Any]:
+def take_room(resource: str, token: str, entry: Holder, *, mode: str, limit: int) -> dict[str, Any]:
     """A counting or shared hold's first, blind try: join if there is room, same mode and
     limit, nobody queued, and our lease ends last (so it becomes the item's expiry). Anything
     else is refused and planned from the old item."""
@@ -222,13 +232,13 @@ def take_room(
         "(attribute_not_exists(#q) OR size(#q) = :zero)",
     ]
     values: dict[str, Any] = {
-        ":entry": entry,
-        ":fence": entry["f"],
+        ":entry": holder_value(entry),
+        ":fence": entry.fence,
         ":mode": mode,
         ":lim": limit,
-        ":uid": entry["u"],
-        ":exp": epoch_seconds(entry["e"]),
-        ":expMs": entry["e"],
+        ":uid": entry.user_id,
+        ":exp": epoch_seconds(entry.expires_ms),
+        ":expMs": entry.expires_ms,
         ":zero": 0,
     }
     if mode != "s":  # shared holds have no upper bound
@@ -282,7 +292,7 @@ def hand_over(
     token: str,
     heir: str,
     ticket: int,
-    entry: dict[str, Any],
+    entry: Holder,
     *,
     hold_ms: int,
 ) -> dict[str, Any]:
@@ -291,11 +301,11 @@ def hand_over(
     token and on the heir still waiting with the ticket we saw."""
     names = dict(_LOCK_NAMES, **{"#t": token, "#n": heir})
     values = {
-        ":entry": entry,
-        ":fence": entry["f"],
-        ":uid": entry["u"],
-        ":exp": epoch_seconds(entry["e"]),
-        ":expMs": entry["e"],
+        ":entry": holder_value(entry),
+        ":fence": entry.fence,
+        ":uid": entry.user_id,
+        ":exp": epoch_seconds(entry.expires_ms),
+        ":expMs": entry.expires_ms,
         ":tok": token,
         ":ticket": ticket,
         ":hold": hold_ms,
@@ -311,7 +321,7 @@ def hand_over(
 def enqueue(
     resource: str,
     token: str,
-    waiter: dict[str, Any],
+    waiter: Waiter,
     *,
     fresh: bool,
     if_busy_ms: int | None = None,
@@ -321,15 +331,15 @@ def enqueue(
     ``fresh``: the item has no queue map yet (or no item at all): create it with us alone.
     ``if_busy_ms``: only if it is held (item lease end at or after this) or others wait."""
     names = dict(_LOCK_NAMES, **{"#me": token})
-    values: dict[str, Any] = {":ticket": waiter["t"]}
+    values: dict[str, Any] = {":ticket": waiter.ticket}
     if fresh:
         update = "SET #q = :q, #next = :ticket, #shard = :shard"
         condition = "attribute_not_exists(#q)"
-        values.update({":q": {token: waiter}, ":shard": shard_of(resource)})
+        values.update({":q": {token: waiter_value(waiter)}, ":shard": shard_of(resource)})
     else:
         update = "SET #q.#me = :w, #next = :ticket"
         condition = "attribute_exists(#q) AND (attribute_not_exists(#next) OR #next < :ticket)"
-        values[":w"] = waiter
+        values[":w"] = waiter_value(waiter)
     if if_busy_ms is not None:
         condition += " AND ((size(#h) > :zero AND #expMs >= :busy) OR size(#q) > :zero)"
         values.update({":zero": 0, ":busy": if_busy_ms})
