@@ -105,6 +105,10 @@ def requests_sent(lock_table: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[
             hooked.append(client)
         return client
 
+    from dynasem.table import client as table_client
+
+    # Every request goes out through table.client's _send, which asks its own get_client.
+    monkeypatch.setattr(table_client, "get_client", get_client)
     monkeypatch.setattr(table, "get_client", get_client)
     yield counter
     for client in hooked:

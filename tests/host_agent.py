@@ -79,7 +79,10 @@ class Server:
                 hooked.append(client)
             return client
 
+        from dynasem.table import client as table_client
+
         table.get_client = get_client  # type: ignore[assignment]
+        table_client.get_client = get_client  # type: ignore[assignment]
 
         real_push = wakeup.push
 

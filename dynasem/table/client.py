@@ -1,0 +1,210 @@
+"""The DynamoDB client, sending a request, and what its errors mean to dynasem."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    ReadTimeoutError,
+)
+from botocore.exceptions import (
+    ConnectionError as BotoConnectionError,
+)
+
+from ..conf import FALLBACK_REGION, settings
+from ..exceptions import SemaphoreUnavailable, TableMissing
+from .stored import JobRow, LockItem, decode, job_row, lock_item
+
+if TYPE_CHECKING:  # boto3-stubs[dynamodb], a development dependency only
+    from mypy_boto3_dynamodb import DynamoDBClient
+
+_client: DynamoDBClient | None = None
+_client_lock = threading.Lock()
+
+TRANSIENT_CODES = frozenset(
+    {
+        "ProvisionedThroughputExceededException",
+        "ThrottlingException",
+        "RequestLimitExceeded",
+        "InternalServerError",
+        "ServiceUnavailable",
+        "LimitExceededException",
+        "TransactionInProgressException",
+    }
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# The client
+# ---------------------------------------------------------------------------------------------
+
+
+def get_client() -> DynamoDBClient:
+    """The process's one DynamoDB client, built on first use (clients are thread-safe)."""
+    global _client
+    client = _client
+    if client is not None:
+        return client
+    with _client_lock:
+        if _client is None:
+            session = boto3.session.Session()
+            region = settings.REGION_NAME or session.region_name or FALLBACK_REGION
+            _client = session.client(
+                "dynamodb",
+                endpoint_url=settings.ENDPOINT_URL,
+                region_name=region,
+                config=Config(
+                    # Transport errors and throttling are botocore's to retry; dynasem's own
+                    # loop only waits for a busy lock. "legacy" mode uses DynamoDB's own
+                    # schedule (50 ms, 100 ms): a heartbeat gets its retries in well inside a
+                    # lease, where standard mode's random 1-2 s backoffs could outlast it.
+                    retries={"mode": "legacy", "max_attempts": 3},
+                    connect_timeout=3,
+                    read_timeout=10,
+                    max_pool_connections=32,
+                    # Every request is built here from checked arguments; botocore's
+                    # client-side walk over each parameter cost ~0.4 ms per request, and a
+                    # malformed one is still refused by DynamoDB (ValidationException).
+                    parameter_validation=False,
+                ),
+            )
+        return _client
+
+
+def reset_client() -> None:
+    """Forget the cached client (settings changed, or we are a freshly forked child)."""
+    global _client
+    with _client_lock:
+        _client = None
+
+
+if hasattr(os, "register_at_fork"):
+    # A forked child must not share the parent's connection pool.
+    os.register_at_fork(after_in_child=lambda: globals().__setitem__("_client", None))
+
+
+def endpoint_label() -> str:
+    return settings.ENDPOINT_URL or f"AWS DynamoDB ({settings.REGION_NAME or 'default region'})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------
+
+
+class Refused(Exception):
+    """The write's condition failed; the row as it was (``ALL_OLD``) is ``lock`` (a lock
+    write's) or ``job`` (a run_once write's)."""
+
+    def __init__(self, old: dict[str, Any] | None, retried: bool = False):
+        super().__init__("condition failed")
+        self._old = old
+        # botocore re-sent the request: an earlier attempt may have been applied.
+        self.retried = retried
+
+    @property
+    def lock(self) -> LockItem | None:
+        return lock_item(self._old)
+
+    @property
+    def job(self) -> JobRow:
+        return job_row(self._old)
+
+
+class Cancelled(Exception):
+    """A transaction (of lock writes) was cancelled; ``reasons[i]`` is ``(code, old row)`` for
+    action i."""
+
+    def __init__(self, reasons: list[tuple[str, LockItem | None]], retried: bool = False):
+        super().__init__("transaction cancelled: " + ", ".join(c for c, _ in reasons))
+        self.reasons = reasons
+        self.retried = retried
+
+
+def _unavailable(exc: Exception) -> SemaphoreUnavailable:
+    where = endpoint_label()
+    table = settings.TABLE_NAME
+    if isinstance(exc, ClientError):
+        code = exc.response.get("Error", {}).get("Code", "")
+        message = exc.response.get("Error", {}).get("Message", "")
+        if code == "ResourceNotFoundException":
+            return TableMissing(
+                f"DynamoDB table {table!r} does not exist at {where} ({message}): "
+                "run `manage.py dynasem_createtable`"
+            )
+        if code == "ValidationException" and "index" in message.lower():
+            return TableMissing(
+                f"DynamoDB table {table!r} at {where} lacks an index dynasem needs ({message}): "
+                "run `manage.py dynasem_createtable` (or recreate the table)"
+            )
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        return SemaphoreUnavailable(
+            f"DynamoDB at {where} refused the request: {code}: {message}",
+            transient=code in TRANSIENT_CODES or status >= 500,
+            # A 5xx may come after the write was applied; a throttled request never was.
+            ambiguous=status >= 500,
+        )
+    if isinstance(exc, NoCredentialsError):
+        return SemaphoreUnavailable(
+            f"no AWS credentials for DynamoDB at {where}: boto3's default chain found none "
+            "(environment, shared config, instance role)"
+        )
+    transient = isinstance(exc, BotoConnectionError | ReadTimeoutError)
+    return SemaphoreUnavailable(
+        f"cannot reach DynamoDB at {where}: {exc}",
+        transient=transient,
+        # Never connected: never applied. A timeout or a dropped connection: perhaps applied.
+        ambiguous=transient and not isinstance(exc, EndpointConnectionError | ConnectTimeoutError),
+    )
+
+
+def _retried(exc: ClientError) -> bool:
+    return exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) > 0
+
+
+def _send(operation: str, **kwargs: Any) -> dict[str, Any]:
+    try:
+        client = get_client()
+    except ValueError as exc:  # botocore refuses the endpoint URL itself
+        raise SemaphoreUnavailable(
+            f"cannot build a DynamoDB client for {endpoint_label()!r}: {exc}"
+        ) from exc
+    try:
+        # Every operation's response is a dict; which keys it has depends on the operation.
+        response: dict[str, Any] = getattr(client, operation)(**kwargs)
+        return response
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if code == "ConditionalCheckFailedException":
+            # ReturnValuesOnConditionCheckFailure puts the item in the error response, a key
+            # botocore-stubs' ClientError response does not list.
+            item = cast("Mapping[str, Any] | None", exc.response.get("Item"))
+            raise Refused(decode(item), _retried(exc)) from None
+        if code == "TransactionCanceledException":
+            reasons = [
+                (r.get("Code", "None"), lock_item(decode(r.get("Item"))))
+                for r in exc.response.get("CancellationReasons", [])
+            ]
+            if any(c == "ConditionalCheckFailed" for c, _ in reasons):
+                raise Cancelled(reasons, _retried(exc)) from None
+        raise _unavailable(exc) from exc
+    except (BotoCoreError, OSError) as exc:
+        raise _unavailable(exc) from exc
+    except ValueError as exc:  # an endpoint URL botocore could not take apart
+        raise SemaphoreUnavailable(f"bad DynamoDB endpoint {endpoint_label()!r}: {exc}") from exc
+
+
+def process_identity() -> str:
+    """Who holds a lock when no Django user does: this host and process."""
+    return f"{socket.gethostname()}:{os.getpid()}"
