@@ -1,4 +1,5 @@
-"""System checks for the DYNASEM settings. They make no network calls."""
+"""System checks: the DYNASEM settings (no network calls), and the table's index layout (one
+quick DescribeTable when the checks run, never at import)."""
 
 from __future__ import annotations
 
@@ -118,3 +119,24 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 )
             )
     return problems
+
+
+@register()
+def check_table_layout(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """A table made by an older dynasem still works, at several times the index writes: say
+    so, with the command that upgrades it in place."""
+    from . import table
+
+    if any(isinstance(p, Error) for p in check_settings(app_configs)):
+        return []  # the settings' own errors first
+    problem = table.layout_warning()
+    if problem is None:
+        return []
+    return [
+        Warning(
+            f"dynasem's table {settings.TABLE_NAME!r}: {problem}.",
+            hint="Run `manage.py dynasem_createtable --upgrade` (locks keep working meanwhile; "
+            "the admin's lock list and dynasem_reap need the new indexes).",
+            id="dynasem.W002",
+        )
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -133,7 +134,7 @@ class LockPage:
 
 
 Fetch = Callable[
-    [dict[str, Any] | None, int | None], tuple[list[table.LockItem], dict[str, Any] | None]
+    [dict[str, Any] | None, int | None], tuple[list[table.IndexEntry], dict[str, Any] | None]
 ]
 
 
@@ -145,11 +146,11 @@ class _Stream:
         name: str,
         fetch: Fetch,
         start_key: Callable[[int, str], dict[str, Any]],
-        keep: Callable[[table.LockItem], bool],
+        keep: Callable[[table.IndexEntry], bool],
         position: Any,
     ):
         self.name, self.fetch, self.start_key, self.keep = name, fetch, start_key, keep
-        self.buffer: deque[table.LockItem] = deque()
+        self.buffer: deque[table.IndexEntry] = deque()
         # The cursor's state: None (from the start), "done", or [expires, pk] of the last row
         # taken from this stream.
         self.position = position
@@ -157,11 +158,11 @@ class _Stream:
         self.next_start = start_key(*position) if isinstance(position, list) else None
 
     def fetch_once(self, limit: int | None) -> None:
-        rows, last = self.fetch(self.next_start, limit)
-        self.buffer.extend(row for row in rows if self.keep(row))
+        entries, last = self.fetch(self.next_start, limit)
+        self.buffer.extend(entry for entry in entries if self.keep(entry))
         self.next_start, self.exhausted = last, not last
 
-    def take(self) -> table.LockItem:
+    def take(self) -> table.IndexEntry:
         row = self.buffer.popleft()
         self.position = [row.listed_s or 0, row.resource]
         return row
@@ -190,7 +191,7 @@ def _streams(user_id: str | None, since: int, positions: dict[str, Any]) -> list
     streams = []
     if user_id is not None:
 
-        def exclusive(row: table.LockItem) -> bool:
+        def exclusive(row: table.IndexEntry) -> bool:
             # The userId index names one holder per row: all of an exclusive row, only the
             # latest of a counting or shared one. Those rows come from the expires index
             # instead, where all their holders are read, so none is listed twice.
@@ -227,8 +228,8 @@ def _streams(user_id: str | None, since: int, positions: dict[str, Any]) -> list
 
 def _merged(
     streams: list[_Stream], limit: int | None, budget: int | None
-) -> Iterator[table.LockItem]:
-    """The streams' rows by ``expires`` (ties in stream order). Stops early once ``budget``
+) -> Iterator[table.IndexEntry]:
+    """The streams' entries by ``expires`` (ties in stream order). Stops early once ``budget``
     requests are spent; each stream's ``state`` then says where to go on."""
     spent = 0
 
@@ -251,6 +252,16 @@ def _merged(
         yield stream.take()
         if not ready(stream):
             return
+
+
+def _read(
+    merged: Iterator[table.IndexEntry], count: int, prefix: str | None
+) -> tuple[list[table.LockItem], bool]:
+    """The rows of the next ``count`` index entries (read from the base table, leaving out
+    those outside ``prefix`` unread), and whether the entries ran out."""
+    entries = list(itertools.islice(merged, count))
+    wanted = [e for e in entries if not prefix or e.resource.startswith(prefix)]
+    return table.get_many(wanted), len(entries) < count
 
 
 def _row(
@@ -308,18 +319,21 @@ def lock_page(
     streams = _streams(user_id, since, positions)
     rows: list[LockRow] = []
     merged = _merged(streams, size, PAGE_ROUNDS * len(streams))
-    for item in merged:
-        row = _row(
-            item,
-            user_id=user_id,
-            prefix=prefix,
-            floor_ms=None if include_expired else now,
-            idle_too=include_expired,
-        )
-        if row is not None:
-            rows.append(row)
-            if len(rows) == size:
-                break
+    # Take only as many index entries as the page has room for, then read those rows: every
+    # entry taken (a stream's cursor moves past it) is shown or left out, never skipped.
+    finished = False
+    while len(rows) < size and not finished:
+        items, finished = _read(merged, size - len(rows), prefix)
+        for item in items:
+            row = _row(
+                item,
+                user_id=user_id,
+                prefix=prefix,
+                floor_ms=None if include_expired else now,
+                idle_too=include_expired,
+            )
+            if row is not None:
+                rows.append(row)
     states = {s.name: s.state for s in streams}
     done = all(v == "done" for v in states.values())
     return LockPage(rows, None if done else encode_cursor({"t": since, "p": states}))
@@ -329,20 +343,24 @@ def active_holds(
     *, user_id: str | None = None, prefix: str | None = None, include_expired: bool = False
 ) -> list[HoldInfo]:
     """Every live hold (or, with ``include_expired``, also those whose lease ran out but whose
-    rows are still there), by resource, read through the indexes: idle rows cost nothing."""
+    rows are still there), by resource, read through the indexes."""
     now = clock.now_ms()
     since = 0 if include_expired else now // 1000
     holds: list[HoldInfo] = []
-    for item in _merged(_streams(user_id, since, {}), None, None):
-        row = _row(
-            item,
-            user_id=user_id,
-            prefix=prefix,
-            floor_ms=None if include_expired else now,
-            idle_too=False,
-        )
-        if row is not None:
-            holds.extend(row.holds)
+    merged = _merged(_streams(user_id, since, {}), None, None)
+    finished = False
+    while not finished:
+        items, finished = _read(merged, table.MAX_BATCH_GET, prefix)
+        for item in items:
+            row = _row(
+                item,
+                user_id=user_id,
+                prefix=prefix,
+                floor_ms=None if include_expired else now,
+                idle_too=False,
+            )
+            if row is not None:
+                holds.extend(row.holds)
     holds.sort(key=lambda h: (h.resource, h.acquired_ms))
     return holds
 
@@ -547,7 +565,7 @@ def reap(
     before_s = cutoff_ms // 1000
     result = ReapResult()
 
-    def candidates() -> Iterator[table.LockItem]:
+    def candidates() -> Iterator[table.IndexEntry]:
         for shard in range(table.SHARDS):
             yield from table.iter_expiring(shard, before=before_s)
 

@@ -136,3 +136,12 @@ def take(holds: list[Any], resource: str, **kwargs: Any) -> Any:
     held = semaphore(resource, **kwargs).acquire()
     holds.append(held)
     return held
+
+
+@pytest.fixture
+def one_second_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``expires`` buckets of 1 s instead of 15 minutes, so that a test can reap in real time
+    (a reap finds a row once its bucket has passed)."""
+    from dynasem.table import stored
+
+    monkeypatch.setattr(stored, "BUCKET_S", 1)

@@ -11,11 +11,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from django.core.checks import run_checks
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
-from dynasem import LockLost, clock, core, run_once, semaphore, table
+from dynasem import LockLost, clock, core, operations, run_once, semaphore, table
 from dynasem.operations import holds_on
+from dynasem.table import stored as table_stored
 from tests.conftest import dynasem_settings, take
 
 
@@ -85,9 +87,14 @@ def test_createtable_creates_the_table_its_indexes_and_ttl(new_table):
     ]
     assert desc["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
     indexes = {g["IndexName"]: g for g in desc["GlobalSecondaryIndexes"]}
-    assert set(indexes) == {"userId-index", "expires-index"}
-    assert indexes["userId-index"]["KeySchema"][0] == {"AttributeName": "userId", "KeyType": "HASH"}
-    assert indexes["expires-index"]["KeySchema"] == [
+    assert set(indexes) == {table.USER_INDEX, table.EXPIRES_INDEX}
+    user_index, expires_index = indexes[table.USER_INDEX], indexes[table.EXPIRES_INDEX]
+    assert user_index["KeySchema"][0] == {"AttributeName": "userId", "KeyType": "HASH"}
+    # Keys and the row's mode only: a write that moves no key and keeps the mode costs the
+    # indexes nothing.
+    for index in (user_index, expires_index):
+        assert index["Projection"] == {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["mode"]}
+    assert expires_index["KeySchema"] == [
         {"AttributeName": "shard", "KeyType": "HASH"},
         {"AttributeName": "expires", "KeyType": "RANGE"},
     ]
@@ -124,8 +131,8 @@ def test_createtable_dry_run_creates_nothing_and_prints_the_definition(requests_
     definition = json.loads("\n".join(lines[1:-1]))
     assert definition == table.table_definition(new_table)
     assert {g["IndexName"] for g in definition["GlobalSecondaryIndexes"]} == {
-        "userId-index",
-        "expires-index",
+        "userId-index-v2",
+        "expires-index-v2",
     }
     assert "TTL" in lines[-1]
 
@@ -146,8 +153,8 @@ def test_createtable_refuses_a_foreign_table_without_the_indexes(new_table):
     )
     with pytest.raises(CommandError) as raised:
         run("dynasem_createtable")
-    assert "userId-index" in str(raised.value)
-    assert "expires-index" in str(raised.value)
+    assert "userId-index-v2" in str(raised.value)
+    assert "expires-index-v2" in str(raised.value)
     desc = client.describe_table(TableName=new_table)["Table"]
     assert "GlobalSecondaryIndexes" not in desc  # left as it was
 
@@ -184,20 +191,26 @@ def make_job_rows() -> None:
         pass
 
 
+# A reap finds a row once its expires bucket has passed (and deletes it if its exact lease
+# end is more than CLOCK_SKEW ago); live holds here outlast that.
+REAP_LATER = table.BUCKET_S + 5
+LIVE_LEASE = 3 * table.BUCKET_S
+
+
 def test_reap_deletes_exactly_the_expired_and_idle_rows(no_ttl, holds, later, requests_sent):
     for i in range(3):
         expired_hold(holds, f"dead:{i}")
     expired_hold(holds, "dead:counting", limit=3)
     with semaphore("idle:1"):
         pass
-    live = take(holds, "live:1", lease=300)
-    live_counting = take(holds, "live:counting", limit=2, lease=300)
+    live = take(holds, "live:1", lease=LIVE_LEASE)
+    live_counting = take(holds, "live:counting", limit=2, lease=LIVE_LEASE)
     # One holder of this one died, the other lives on: the row stays.
-    live_and_dead = take(holds, "mixed:1", limit=2, lease=300)
+    live_and_dead = take(holds, "mixed:1", limit=2, lease=LIVE_LEASE)
     expired_hold(holds, "mixed:1", limit=2)
     make_job_rows()
 
-    later(5)  # every 1 s lease ended more than CLOCK_SKEW (0.5 s) ago
+    later(REAP_LATER)  # every 1 s lease ended, and its expires bucket passed
     requests_sent.reset()
     out = run("dynasem_reap")
 
@@ -229,7 +242,9 @@ def test_reap_keeps_rows_whose_lease_ended_within_clock_skew(no_ttl, holds, late
     assert row("recent:1") is not None
 
 
-def test_reap_in_real_time(no_ttl, dynamodb_local, requests_sent):
+def test_reap_in_real_time(no_ttl, dynamodb_local, requests_sent, monkeypatch):
+    # Buckets of 1 s, so that they pass in real time here.
+    monkeypatch.setattr(table_stored, "BUCKET_S", 1)
     settings = dynasem_settings(dynamodb_local, no_ttl, CLOCK_SKEW=0.2)
     with override_settings(DYNASEM=settings):
         held = semaphore("real:dead", lease=0.5).acquire()
@@ -238,8 +253,8 @@ def test_reap_in_real_time(no_ttl, dynamodb_local, requests_sent):
             pass
         live = semaphore("real:live", lease=60).acquire()
         try:
-            # Wait until the stored lease end (whole seconds, as the index has it) is more
-            # than CLOCK_SKEW in the past.
+            # Wait until the stored bucket (whole seconds, as the index has it) is more than
+            # CLOCK_SKEW in the past.
             ends = max(row(r)["expires"] for r in ["real:dead", "real:idle"])
             while core.now_ms() - 200 < (ends + 1) * 1000:
                 time.sleep(0.05)
@@ -263,9 +278,9 @@ def test_reap_dry_run_deletes_nothing(no_ttl, holds, later):
     expired_hold(holds, "dry:2")
     with semaphore("dry:idle"):
         pass
-    take(holds, "dry:live", lease=300)
+    take(holds, "dry:live", lease=LIVE_LEASE)
     make_job_rows()
-    later(5)
+    later(REAP_LATER)
     out = run("dynasem_reap", "--dry-run")
     assert "Would delete 3 expired rows." in out
     for pk in ["dry:1", "dry:2", "dry:idle", "dry:live"]:
@@ -278,7 +293,7 @@ def test_reap_dry_run_deletes_nothing(no_ttl, holds, later):
 def test_reap_verbosity_2_shows_progress(no_ttl, holds, later):
     for i in range(3):
         expired_hold(holds, f"progress:{i}")
-    later(5)
+    later(REAP_LATER)
     quiet = run("dynasem_reap", "--dry-run", verbosity=1)
     assert "deleted," not in quiet
     out = run("dynasem_reap", verbosity=2)
@@ -289,7 +304,7 @@ def test_reap_verbosity_2_shows_progress(no_ttl, holds, later):
 def test_reap_spares_a_row_reacquired_between_read_and_delete(no_ttl, holds, later):
     expired_hold(holds, "race:1")
     expired_hold(holds, "race:2")
-    later(5)
+    later(REAP_LATER)
     retaken: list[Any] = []
 
     def retake_first(params: dict[str, Any], **kwargs: Any) -> None:
@@ -392,7 +407,8 @@ def test_locks_user_filter_queries_the_user_index(listed, requests_sent, later):
     assert {r["user_id"] for r in rows} == {"alice"}
     # userId-index, plus the counting/shared rows of each expires-index shard (one holder
     # per row is all the userId index knows); listing everyone takes one Query per shard.
-    assert dict(requests_sent.calls) == {"Query": 1 + table.SHARDS}
+    # The indexes hold keys (and mode): the rows shown are read in one BatchGetItem.
+    assert dict(requests_sent.calls) == {"Query": 1 + table.SHARDS, "BatchGetItem": 1}
     requests_sent.reset()
     run("dynasem_locks", "--json")
     assert requests_sent.calls["Query"] == table.SHARDS
@@ -556,3 +572,84 @@ def test_release_bad_resource_is_a_command_error(lock_table, requests_sent, reso
     with pytest.raises(CommandError, match="resource"):
         run("dynasem_release", resource, "--yes")
     assert requests_sent.total == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# dynasem_createtable --upgrade: a table made by dynasem before the keys-only indexes
+# ---------------------------------------------------------------------------------------------
+
+
+def create_old_layout_table(name: str) -> None:
+    """The table as dynasem 0.2 made it: both GSIs projecting ALL, under their old names."""
+    definition = table.table_definition(name)
+    indexes = definition["GlobalSecondaryIndexes"]
+    for index, old_name in zip(indexes, table.OLD_INDEXES, strict=True):
+        index["IndexName"] = old_name
+        index["Projection"] = {"ProjectionType": "ALL"}
+    table.get_client().create_table(**definition)
+
+
+def index_projections(name: str) -> dict[str, str]:
+    desc = table.get_client().describe_table(TableName=name)["Table"]
+    return {
+        g["IndexName"]: g["Projection"]["ProjectionType"] for g in desc["GlobalSecondaryIndexes"]
+    }
+
+
+def test_upgrade_brings_an_old_layout_table_to_the_new_indexes_in_place(new_table):
+    create_old_layout_table(new_table)
+    alice = semaphore("up:1", user="alice", lease=60).acquire()
+    bob = semaphore("up:2", user="bob", lease=60, limit=2).acquire()
+    try:
+        # Before the upgrade: createtable refuses to call it done and names the command, the
+        # system check warns, and the listings still work (through the old indexes).
+        with pytest.raises(CommandError, match="--upgrade"):
+            run("dynasem_createtable")
+        warnings = [m for m in run_checks() if m.id == "dynasem.W002"]
+        assert len(warnings) == 1 and "--upgrade" in warnings[0].hint
+        assert {h.token for h in operations.active_holds()} == {alice.token, bob.token}
+
+        out = run("dynasem_createtable", "--upgrade")
+        assert f"Upgraded table {new_table!r}" in out
+        for index in (table.USER_INDEX, table.EXPIRES_INDEX, *table.OLD_INDEXES):
+            assert index in out
+        assert index_projections(new_table) == {
+            table.USER_INDEX: "INCLUDE",
+            table.EXPIRES_INDEX: "INCLUDE",
+        }
+        # The holds taken before it are still ours, listed through the new indexes (their
+        # rows' exact-second expires predate the buckets), and nothing is left to warn about.
+        alice.renew()
+        bob.renew()
+        assert {h.token for h in operations.active_holds()} == {alice.token, bob.token}
+        assert {h.token for h in operations.active_holds(user_id="alice")} == {alice.token}
+        assert [m for m in run_checks() if m.id == "dynasem.W002"] == []
+        assert "nothing to do" in run("dynasem_createtable", "--upgrade")
+        assert "already exists" in run("dynasem_createtable")
+    finally:
+        alice.release()
+        bob.release()
+
+
+def test_upgrade_of_a_missing_or_foreign_table_is_a_clear_error_and_changes_nothing(new_table):
+    with pytest.raises(CommandError, match="does not exist"):
+        run("dynasem_createtable", "--upgrade")
+    assert new_table not in table_names()
+    with pytest.raises(CommandError, match="do not go together"):
+        run("dynasem_createtable", "--upgrade", "--dry-run")
+    client = table.get_client()
+    client.create_table(
+        TableName=new_table,
+        BillingMode="PAY_PER_REQUEST",
+        AttributeDefinitions=[
+            {"AttributeName": "pk", "AttributeType": "S"},
+            {"AttributeName": "sk", "AttributeType": "S"},
+        ],
+        KeySchema=[
+            {"AttributeName": "pk", "KeyType": "HASH"},
+            {"AttributeName": "sk", "KeyType": "RANGE"},
+        ],
+    )
+    with pytest.raises(CommandError, match="not made by dynasem_createtable"):
+        run("dynasem_createtable", "--upgrade")
+    assert "GlobalSecondaryIndexes" not in client.describe_table(TableName=new_table)["Table"]

@@ -569,6 +569,7 @@ def reap_until_gone(resource: str, timeout: float = 6.0) -> str:
         time.sleep(0.2)
 
 
+@pytest.mark.usefixtures("one_second_buckets")
 def test_fences_increase_across_reap(lock_table: str, monkeypatch: pytest.MonkeyPatch) -> None:
     old, end = expired_hold("res")
     sleep_until(end + SKEW + 0.05)
@@ -583,6 +584,7 @@ def test_fences_increase_across_reap(lock_table: str, monkeypatch: pytest.Monkey
         old.release()
 
 
+@pytest.mark.usefixtures("one_second_buckets")
 def test_fences_increase_across_reap_after_release_with_clocks_within_skew(
     dynamodb_local: str, lock_table: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

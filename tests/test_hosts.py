@@ -521,7 +521,9 @@ def test_beyond_clock_skew_holds_overlap_and_fences_go_back(
     assert gap < 0, f"B took over {gap:.3f} s after A's trusted deadline: no overlap shown"
     assert fence_b > fence_a  # the row was there: fences count on from the stored one
 
-    before = b.call("acquire", id="R", resource="limit:reap", lease=LEASE)
+    # A short lease: a released row is found by the reaper once the expires bucket of its
+    # lease end has passed (1 s buckets on these hosts), so the lease decides when it can go.
+    before = b.call("acquire", id="R", resource="limit:reap", lease=1.0)
     b.call("release", id="R")
     reap_row(b, "limit:reap")
     after = c.call("acquire", id="R", resource="limit:reap", lease=LEASE)

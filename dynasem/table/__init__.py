@@ -7,10 +7,13 @@ rest of the app speaks to ``table`` only.
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from collections.abc import Iterator
 from typing import Any
 
 from ..conf import settings
+from ..exceptions import SemaphoreUnavailable, TableMissing
 from .client import (
     Cancelled,
     Refused,
@@ -25,33 +28,42 @@ from .schema import (
     delete_table,
     describe_table,
     enable_ttl,
+    layout_warning,
     ttl_status,
+    upgrade_indexes,
     wait_until_active,
 )
 from .stored import (
+    BUCKET_S,
     DONE,
     EXPIRES_INDEX,
     FAILED,
     JOB_SK,
     LOCK_SK,
     MAX_TRANSACTION,
+    OLD_INDEXES,
     RUNNING,
     SHARDS,
     USER_INDEX,
     Holder,
+    IndexEntry,
     JobRow,
     LockItem,
     Waiter,
+    bucket_of,
     decode,
     encode,
     epoch_seconds,
     expires_index_start,
     guessed_free,
     holder_value,
+    index_definitions,
+    index_entry,
     index_position,
     job_row,
     job_start_key,
     key,
+    layout_problem,
     lock_item,
     scan_position,
     scan_start,
@@ -80,7 +92,17 @@ from .writes import (
 
 __all__ = [
     "Holder",
+    "IndexEntry",
     "LockItem",
+    "layout_problem",
+    "layout_warning",
+    "index_definitions",
+    "OLD_INDEXES",
+    "BUCKET_S",
+    "bucket_of",
+    "get_many",
+    "MAX_BATCH_GET",
+    "upgrade_indexes",
     "Waiter",
     "guessed_free",
     "holder_value",
@@ -221,8 +243,8 @@ def query_expiring(
     limit: int | None = None,
     start: dict[str, Any] | None = None,
     shared_only: bool = False,
-) -> tuple[list[LockItem], dict[str, Any] | None]:
-    """One page of rows of one shard of the expires index, by ``expires`` (epoch seconds)."""
+) -> tuple[list[IndexEntry], dict[str, Any] | None]:
+    """One page of one shard of the expires index, by ``expires`` (epoch seconds)."""
     names = {"#shard": "shard", "#exp": "expires"}
     values: dict[str, Any] = {":s": shard}
     cond = "#shard = :s"
@@ -248,13 +270,13 @@ def query_expiring(
         kwargs["Limit"] = limit
     if start:
         kwargs["ExclusiveStartKey"] = start
-    response = _send("query", **kwargs)
-    return [lock_item(decode(i)) for i in response.get("Items", [])], response.get(
+    response = _query(kwargs)
+    return [index_entry(decode(i)) for i in response.get("Items", [])], response.get(
         "LastEvaluatedKey"
     )
 
 
-def iter_expiring(shard: int, **kwargs: Any) -> Iterator[LockItem]:
+def iter_expiring(shard: int, **kwargs: Any) -> Iterator[IndexEntry]:
     start = None
     while True:
         rows, start = query_expiring(shard, start=start, **kwargs)
@@ -282,7 +304,7 @@ def delete_expired(resource: str, cutoff_ms: int) -> bool:
 
 def query_user_page(
     user_id: str, since: int, limit: int | None, start: dict[str, Any] | None
-) -> tuple[list[LockItem], dict[str, Any] | None]:
+) -> tuple[list[IndexEntry], dict[str, Any] | None]:
     """One page of the userId index: rows whose latest holder is ``user_id`` and whose lease
     ends at or after ``since`` (epoch seconds)."""
     kwargs: dict[str, Any] = {
@@ -296,10 +318,58 @@ def query_user_page(
         kwargs["Limit"] = limit
     if start:
         kwargs["ExclusiveStartKey"] = start
-    response = _send("query", **kwargs)
-    return [lock_item(decode(i)) for i in response.get("Items", [])], response.get(
+    response = _query(kwargs)
+    return [index_entry(decode(i)) for i in response.get("Items", [])], response.get(
         "LastEvaluatedKey"
     )
+
+
+def _query(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """A Query of one of our indexes; on a table not upgraded yet (``dynasem_createtable
+    --upgrade``), of the old index of the same keys instead, so listings and reaping keep
+    working until it is."""
+    try:
+        return _send("query", **kwargs)
+    except TableMissing as exc:
+        old = dict(zip((USER_INDEX, EXPIRES_INDEX), OLD_INDEXES, strict=True))
+        if "lacks an index" not in str(exc) or kwargs["IndexName"] not in old:
+            raise
+        return _send("query", **dict(kwargs, IndexName=old[kwargs["IndexName"]]))
+
+
+# BatchGetItem's limit on the keys of one request.
+MAX_BATCH_GET = 100
+
+
+def get_many(entries: list[IndexEntry]) -> list[LockItem]:
+    """The lock rows of index entries, read from the base table (eventually consistent, as
+    the index itself is), in the entries' order; a row gone meanwhile is left out. Each row
+    sorts where its entry did (``listed_s``), which is where a page cursor goes on from."""
+    found: dict[str, dict[str, Any]] = {}
+    wanted = list(dict.fromkeys(e.resource for e in entries))
+    for i in range(0, len(wanted), MAX_BATCH_GET):
+        keys: list[dict[str, Any]] = [key(r, LOCK_SK) for r in wanted[i : i + MAX_BATCH_GET]]
+        for attempt in range(8):
+            if not keys:
+                break
+            if attempt:
+                time.sleep(min(0.05 * 2**attempt, 1.0))  # throttled: DynamoDB said try later
+            response = _send("batch_get_item", RequestItems={settings.TABLE_NAME: {"Keys": keys}})
+            for item in response.get("Responses", {}).get(settings.TABLE_NAME, []):
+                row = decode(item)
+                found[str(row["pk"])] = row
+            keys = response.get("UnprocessedKeys", {}).get(settings.TABLE_NAME, {}).get("Keys", [])
+        if keys:
+            raise SemaphoreUnavailable(
+                f"DynamoDB at {endpoint_label()} left {len(keys)} rows unread (throttled)",
+                transient=True,
+            )
+    rows = []
+    for entry in entries:
+        row = found.get(entry.resource)
+        if row is not None:
+            rows.append(dataclasses.replace(lock_item(row), listed_s=entry.listed_s))
+    return rows
 
 
 def scan_jobs(

@@ -1,12 +1,19 @@
-"""The table itself: creating it and its TTL."""
+"""The table itself: creating it, TTL, and bringing an older layout's indexes up to date."""
 
 from __future__ import annotations
 
+import functools
+import time
+from collections.abc import Callable
 from typing import Any
 
-from ..conf import settings
+import boto3
+from botocore.config import Config
+
+from ..conf import FALLBACK_REGION, settings
 from ..exceptions import SemaphoreUnavailable, TableMissing
 from .client import _send, get_client
+from .stored import OLD_INDEXES, index_definitions, layout_problem, table_definition
 
 # ---------------------------------------------------------------------------------------------
 # The table itself
@@ -51,5 +58,88 @@ def enable_ttl(name: str) -> None:
     )
 
 
+def upgrade_indexes(
+    name: str, *, say: Callable[[str], None], poll: float = 2.0, timeout: float = 3600.0
+) -> list[str]:
+    """Bring a table of an older layout to this version's indexes in place: add each index it
+    lacks and wait until DynamoDB has filled it (the old ones keep serving meanwhile), then
+    drop the old ones. One index per UpdateTable, as DynamoDB requires. Returns what it did.
+    Locks keep working throughout: only listings and reaping use the indexes."""
+    done: list[str] = []
+    for definition in index_definitions():
+        index = definition["IndexName"]
+        if index in _index_status(name):
+            continue
+        say(f"Adding index {index} (DynamoDB fills it from the table's rows)...")
+        _send(
+            "update_table",
+            TableName=name,
+            AttributeDefinitions=table_definition(name)["AttributeDefinitions"],
+            GlobalSecondaryIndexUpdates=[{"Create": definition}],
+        )
+        _wait_for(name, functools.partial(_is_active, index), poll, timeout, f"{index} ACTIVE")
+        done.append(f"added {index}")
+    for index in OLD_INDEXES:
+        if index not in _index_status(name):
+            continue
+        say(f"Dropping the old index {index}...")
+        _send(
+            "update_table",
+            TableName=name,
+            GlobalSecondaryIndexUpdates=[{"Delete": {"IndexName": index}}],
+        )
+        _wait_for(name, functools.partial(_is_gone, index), poll, timeout, f"{index} gone")
+        done.append(f"dropped {index}")
+    return done
+
+
+def _is_active(index: str, status: dict[str, str]) -> bool:
+    return status.get(index) == "ACTIVE"
+
+
+def _is_gone(index: str, status: dict[str, str]) -> bool:
+    return index not in status
+
+
+def _index_status(name: str) -> dict[str, str]:
+    description = _send("describe_table", TableName=name)["Table"]
+    return {
+        g["IndexName"]: str(g.get("IndexStatus", "ACTIVE"))
+        for g in description.get("GlobalSecondaryIndexes", [])
+    }
+
+
+def _wait_for(
+    name: str, ready: Callable[[dict[str, str]], bool], poll: float, timeout: float, what: str
+) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready(_index_status(name)):
+        if time.monotonic() > deadline:
+            raise SemaphoreUnavailable(f"table {name!r}: gave up waiting for {what}")
+        time.sleep(poll)
+
+
 def delete_table(name: str) -> None:
     _send("delete_table", TableName=name)
+
+
+def layout_warning() -> str | None:
+    """What is wrong with the table's index layout, asked with one quick DescribeTable (no
+    retries, short timeouts; DescribeTable costs no capacity), or None when it is right or
+    the table cannot be asked about (another check or the first request says why)."""
+    try:
+        client = boto3.session.Session().client(
+            "dynamodb",
+            endpoint_url=settings.ENDPOINT_URL,
+            region_name=settings.REGION_NAME
+            or boto3.session.Session().region_name
+            or FALLBACK_REGION,
+            config=Config(
+                connect_timeout=1, read_timeout=2, retries={"max_attempts": 1, "mode": "standard"}
+            ),
+        )
+        description = client.describe_table(TableName=settings.TABLE_NAME)["Table"]
+    except Exception:  # unreachable, no credentials, no table, a bad setting: not ours to say
+        return None
+    problem = layout_problem(description)
+    return problem if problem is not None and "old index layout" in problem else None

@@ -3,8 +3,16 @@
 One item per resource (``pk`` = the resource, ``sk`` = ``"lock"``) holds a map ``holders`` of
 token -> ``{u: user id, e: lease end in ms, f: fence, a: acquired at ms, s: shared}``, so an
 exclusive, counting or shared hold is always one conditional write on one item. Item-level
-``userId``/``expires`` (epoch seconds, TTL and both GSIs) and ``expMs`` describe the holder
-whose lease ends last: TTL and the reaper may only ever remove an item nobody holds.
+``expMs`` is the latest lease end of its holders (what the reaper's condition reads) and
+``userId`` the holder whose lease ends last (kept after its release: a re-take by the same
+holder then moves no index key).
+
+``expires`` (epoch seconds; TTL and both GSIs' sort key) is a coarse bucket: ``expMs``
+rounded *up* to :data:`BUCKET_S`, so it never reads earlier than a lease really ends, and a
+renewal, a release or a re-take within the bucket leaves every index key alone (AWS bills
+an index write only when the row enters, leaves or moves in it, or a projected attribute
+changes). The indexes project keys and ``mode`` only; listings read the rows they show from
+the base table and decide from the exact lease ends there.
 
 run_once rows live beside them under ``sk`` = ``"job"`` and carry no ``expires``: TTL and the
 reaper never see them.
@@ -25,8 +33,14 @@ from ..conf import settings
 
 LOCK_SK = "lock"
 JOB_SK = "job"
-USER_INDEX = "userId-index"
-EXPIRES_INDEX = "expires-index"
+# v2: keys-only projections over a bucketed ``expires`` (v1, projecting ALL over exact
+# seconds, is what `dynasem_createtable --upgrade` replaces).
+USER_INDEX = "userId-index-v2"
+EXPIRES_INDEX = "expires-index-v2"
+OLD_INDEXES = ("userId-index", "expires-index")
+# The width of an ``expires`` bucket (seconds). Wider: fewer index moves for long holds;
+# narrower: fewer idle rows (released this bucket) read and left out by a live listing.
+BUCKET_S = 900
 # The expires index is partitioned by a shard number derived from the resource: one GSI
 # partition-key value for every row would cap the whole table at one partition's write rate.
 SHARDS = 8
@@ -77,9 +91,13 @@ def shard_of(pk: str) -> int:
 
 
 def epoch_seconds(ms: int) -> int:
-    # expires is whole seconds for TTL and the indexes; round up so it never reads earlier
-    # than the lease really ends.
+    """Whole epoch seconds, rounded up (never earlier than ``ms``)."""
     return math.ceil(ms / 1000)
+
+
+def bucket_of(ms: int) -> int:
+    """The ``expires`` stored for a lease ending at ``ms``: rounded up to a bucket's end."""
+    return math.ceil(ms / 1000 / BUCKET_S) * BUCKET_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +145,21 @@ class LockItem:
     listed_s: int | None = None  # where the row sorts in the indexes (epoch seconds)
     # The decoded item itself, for a push (wakeup sends it as written); read it nowhere else.
     stored: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class IndexEntry:
+    """A row as an index lists it: its resource, its ``expires`` bucket (where it sorts) and
+    its mode. The row itself is read from the base table."""
+
+    resource: str
+    listed_s: int
+    mode: str | None = None
+
+
+def index_entry(item: Mapping[str, Any]) -> IndexEntry:
+    mode = item.get("mode")
+    return IndexEntry(str(item["pk"]), int(item["expires"]), None if mode is None else str(mode))
 
 
 def holder_of(value: Mapping[str, Any]) -> Holder:
@@ -304,6 +337,7 @@ def job_start_key(start_key: str) -> dict[str, Any]:
 
 def table_definition(name: str | None = None) -> dict[str, Any]:
     """CreateTable arguments: on-demand, a GSI on userId and a sharded GSI on expires."""
+    user_index, expires_index = index_definitions()
     return {
         "TableName": name or settings.TABLE_NAME,
         "BillingMode": "PAY_PER_REQUEST",
@@ -318,22 +352,48 @@ def table_definition(name: str | None = None) -> dict[str, Any]:
             {"AttributeName": "pk", "KeyType": "HASH"},
             {"AttributeName": "sk", "KeyType": "RANGE"},
         ],
-        "GlobalSecondaryIndexes": [
-            {
-                "IndexName": USER_INDEX,
-                "KeySchema": [
-                    {"AttributeName": "userId", "KeyType": "HASH"},
-                    {"AttributeName": "expires", "KeyType": "RANGE"},
-                ],
-                "Projection": {"ProjectionType": "ALL"},
-            },
-            {
-                "IndexName": EXPIRES_INDEX,
-                "KeySchema": [
-                    {"AttributeName": "shard", "KeyType": "HASH"},
-                    {"AttributeName": "expires", "KeyType": "RANGE"},
-                ],
-                "Projection": {"ProjectionType": "ALL"},
-            },
-        ],
+        "GlobalSecondaryIndexes": [user_index, expires_index],
     }
+
+
+def index_definitions() -> tuple[dict[str, Any], dict[str, Any]]:
+    """The two GSIs, on userId and (sharded) on expires, each projecting its keys and ``mode``
+    (which changes only when a row changes kind): a listing picks the rows it needs from the
+    index and reads only those from the base table."""
+    return (
+        {
+            "IndexName": USER_INDEX,
+            "KeySchema": [
+                {"AttributeName": "userId", "KeyType": "HASH"},
+                {"AttributeName": "expires", "KeyType": "RANGE"},
+            ],
+            "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["mode"]},
+        },
+        {
+            "IndexName": EXPIRES_INDEX,
+            "KeySchema": [
+                {"AttributeName": "shard", "KeyType": "HASH"},
+                {"AttributeName": "expires", "KeyType": "RANGE"},
+            ],
+            "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["mode"]},
+        },
+    )
+
+
+def layout_problem(description: Mapping[str, Any]) -> str | None:
+    """What is wrong with a described table's indexes for this version, or None."""
+    have = {g["IndexName"]: g for g in description.get("GlobalSecondaryIndexes", [])}
+    old = [name for name in OLD_INDEXES if name in have]
+    missing = [d["IndexName"] for d in index_definitions() if d["IndexName"] not in have]
+    if missing and old:
+        return (
+            f"it has the old index layout ({', '.join(old)}: ALL projections, moved by every "
+            "write): run `manage.py dynasem_createtable --upgrade`"
+        )
+    if missing:
+        return f"it lacks the index(es) {', '.join(missing)}"
+    ours = [d["IndexName"] for d in index_definitions()]
+    creating = [n for n in ours if have[n].get("IndexStatus") not in (None, "ACTIVE")]
+    if creating:
+        return f"its index(es) {', '.join(creating)} are not ACTIVE yet"
+    return None

@@ -15,8 +15,8 @@ from .stored import (
     Holder,
     LockItem,
     Waiter,
+    bucket_of,
     encode,
-    epoch_seconds,
     holder_value,
     key,
     shard_of,
@@ -148,7 +148,7 @@ def take_free(
         ":lim": limit,
         ":fence": entry.fence,
         ":uid": entry.user_id,
-        ":exp": epoch_seconds(entry.expires_ms),
+        ":exp": bucket_of(entry.expires_ms),
         ":expMs": entry.expires_ms,
         ":shard": shard_of(resource),
         ":zero": 0,
@@ -200,7 +200,7 @@ def take_join(
         values.update(
             {
                 ":uid": entry.user_id,
-                ":exp": epoch_seconds(entry.expires_ms),
+                ":exp": bucket_of(entry.expires_ms),
                 ":expMs": entry.expires_ms,
                 ":seenExp": seen_expires,
             }
@@ -237,7 +237,7 @@ def take_room(resource: str, token: str, entry: Holder, *, mode: str, limit: int
         ":mode": mode,
         ":lim": limit,
         ":uid": entry.user_id,
-        ":exp": epoch_seconds(entry.expires_ms),
+        ":exp": bucket_of(entry.expires_ms),
         ":expMs": entry.expires_ms,
         ":zero": 0,
     }
@@ -260,7 +260,7 @@ def renew_hold(resource: str, token: str, expires_ms: int, *, raise_item: bool) 
     if raise_item:
         update += ", #exp = :exp, #expMs = :e"
         condition += " AND #expMs <= :e"
-        values[":exp"] = epoch_seconds(expires_ms)
+        values[":exp"] = bucket_of(expires_ms)
     return _action(resource, LOCK_SK, update, condition, names, values)
 
 
@@ -274,12 +274,12 @@ def give_back(
     update = "REMOVE #h.#t"
     sets = ["#last = :tok"]
     if sole:
-        # The sole holder leaves: the item becomes idle now (out of the active listing, and
-        # reapable) instead of at its old lease end. (``now_ms`` may be a little ahead of the
-        # clock: see Held._give_back.)
-        update += ", #uid"
-        sets += ["#exp = :exp", "#expMs = :now"]
-        values.update({":exp": epoch_seconds(now_ms), ":now": now_ms})
+        # The sole holder leaves: the item is idle from now (reapable CLOCK_SKEW later)
+        # instead of at its old lease end. ``now_ms`` may be a little ahead of the clock: see
+        # Held._give_back. userId and the ``expires`` bucket stay: moving them would cost
+        # index writes, and the listings decide from the holders, not from the index.
+        sets.append("#expMs = :now")
+        values[":now"] = now_ms
     if hold_ms is not None:
         sets.append("#hold = :hold")  # waiters estimate their turn from it
         values[":hold"] = hold_ms
@@ -304,7 +304,7 @@ def hand_over(
         ":entry": holder_value(entry),
         ":fence": entry.fence,
         ":uid": entry.user_id,
-        ":exp": epoch_seconds(entry.expires_ms),
+        ":exp": bucket_of(entry.expires_ms),
         ":expMs": entry.expires_ms,
         ":tok": token,
         ":ticket": ticket,

@@ -12,7 +12,8 @@ from dynasem.exceptions import SemaphoreUnavailable
 class Command(BaseCommand):
     help = (
         "Create the DynamoDB lock table (on-demand billing, a GSI on userId, a sharded GSI on "
-        "expires) and turn on TTL on expires. Safe to run again."
+        "expires) and turn on TTL on expires. Safe to run again; --upgrade brings a table "
+        "made by an older dynasem to this version's indexes in place."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -20,10 +21,26 @@ class Command(BaseCommand):
         parser.add_argument(
             "--dry-run", action="store_true", help="print the table definition, create nothing"
         )
+        parser.add_argument(
+            "--upgrade",
+            action="store_true",
+            help="on an existing table of an older layout: add this version's indexes, wait "
+            "until DynamoDB has filled them, then drop the old ones (locks keep working)",
+        )
 
-    def handle(self, *args: Any, wait: bool, dry_run: bool, **options: Any) -> None:
+    def handle(
+        self, *args: Any, wait: bool, dry_run: bool, upgrade: bool = False, **options: Any
+    ) -> None:
         definition = table.table_definition()
         name = definition["TableName"]
+        if upgrade and dry_run:
+            raise CommandError("--upgrade and --dry-run do not go together")
+        if upgrade:
+            try:
+                self.stdout.write(self.upgrade(name))
+            except SemaphoreUnavailable as exc:
+                raise CommandError(str(exc)) from exc
+            return
         if dry_run:
             self.stdout.write(f"Would create table {name!r} at {table.endpoint_label()}:")
             self.stdout.write(json.dumps(definition, indent=2))
@@ -39,6 +56,10 @@ class Command(BaseCommand):
         existing = table.describe_table()
         if existing is not None:
             have = {g["IndexName"] for g in existing.get("GlobalSecondaryIndexes", [])}
+            if have & set(table.OLD_INDEXES):
+                problem = table.layout_problem(existing)
+                if problem is not None and "old index layout" in problem:
+                    raise CommandError(f"table {name!r} exists, but {problem}")
             missing = {table.USER_INDEX, table.EXPIRES_INDEX} - have
             if missing:
                 raise CommandError(
@@ -64,3 +85,21 @@ class Command(BaseCommand):
         else:
             message += " TTL is on for 'expires'."
         return message
+
+    def upgrade(self, name: str) -> str:
+        existing = table.describe_table()
+        if existing is None:
+            raise CommandError(
+                f"table {name!r} does not exist at {table.endpoint_label()}: run "
+                "`manage.py dynasem_createtable` (without --upgrade) to create it"
+            )
+        have = {g["IndexName"] for g in existing.get("GlobalSecondaryIndexes", [])}
+        if not have & set(table.OLD_INDEXES) and {table.USER_INDEX, table.EXPIRES_INDEX} - have:
+            raise CommandError(
+                f"table {name!r} has neither dynasem's old nor its new indexes: it was not "
+                "made by dynasem_createtable; delete it or set another TABLE_NAME"
+            )
+        done = table.upgrade_indexes(name, say=self.stdout.write)
+        if not done:
+            return f"Table {name!r} already has this version's indexes; nothing to do."
+        return f"Upgraded table {name!r}: {'; '.join(done)}."
