@@ -192,6 +192,19 @@ def dynasem_scenarios(meter: Meter, endpoint: str) -> tuple[list[dict[str, Any]]
     with meter.measure() as u:
         held.renew()
     record("renewal", u, key="renew")
+    # A renewal whose lease end passes into the next expires bucket moves both index keys:
+    # measured with 1 s buckets for a moment (BUCKET_S is read at each write).
+    from dynasem.table import stored
+
+    wide, stored.BUCKET_S = stored.BUCKET_S, 1
+    try:
+        time.sleep(1.1)
+        with meter.measure() as u:
+            held.renew()
+    finally:
+        stored.BUCKET_S = wide
+    record(f"renewal into the next expires bucket (once per {wide} s held)", u, key="renew_cross")
+    held.renew()  # back to a wide bucket (not measured)
     with meter.measure() as u:
         held.release()
     record("release", u, key="release")
@@ -269,10 +282,18 @@ def dynasem_scenarios(meter: Meter, endpoint: str) -> tuple[list[dict[str, Any]]
     n = 50
     for i in range(n):
         semaphore(f"c:reap:{i}", user="alice").acquire().release()
-    time.sleep(3.1)  # past CLOCK_SKEW and the whole second ``expires`` is rounded to
+    # A reap finds a row once its expires bucket (of the lease end it had) has passed: run it
+    # with this process's clock that much ahead (dynasem reads clock.wall_clock at call time).
+    from dynasem import clock
+
+    real_clock = clock.wall_clock
+    clock.wall_clock = lambda: real_clock() + stored.BUCKET_S + 65
     said = io.StringIO()
-    with meter.measure() as u:
-        call_command("dynasem_reap", stdout=said)
+    try:
+        with meter.measure() as u:
+            call_command("dynasem_reap", stdout=said)
+    finally:
+        clock.wall_clock = real_clock
     deleted = int(re.search(r"Deleted (\d+)", said.getvalue()).group(1))  # type: ignore[union-attr]
     record(f"reap, per row ({deleted} idle rows)", u, per=deleted)
 
@@ -330,12 +351,20 @@ def peer_scenarios(meter: Meter, endpoint: str) -> tuple[list[dict[str, Any]], d
     return rows, kept
 
 
-def dollars(units: dict[str, Units], hold: float, renew_every: float, acquire: str) -> float:
-    """$ per million holds of ``hold`` seconds: acquire + release + the renewals meanwhile."""
+def dollars(
+    units: dict[str, Units], hold: float, renew_every: float, acquire: str, bucket: float
+) -> float:
+    """$ per million holds of ``hold`` seconds: acquire + release + the renewals meanwhile,
+    of which ``hold / bucket`` on average (the lease end moves ``hold`` seconds) pass into the
+    next expires bucket (``bucket`` 0: no buckets)."""
     total = Units()
     total.add(units[acquire])
     total.add(units["release"])
-    total.add(units["renew"], math.floor(hold / renew_every))
+    renewals = math.floor(hold / renew_every)
+    crossings = min(renewals, hold / bucket) if bucket and "renew_cross" in units else 0.0
+    total.add(units["renew"], renewals - crossings)
+    if crossings:
+        total.add(units["renew_cross"], crossings)
     return total.dollars_per_million()
 
 
@@ -382,8 +411,8 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---|---|",
     ]
     for label, hold, d_acq, p_acq in summary:
-        dy = dollars(d, hold, DYNASEM_RENEW_EVERY, d_acq)
-        pe = dollars(p, hold, PEER_RENEW_EVERY, p_acq)
+        dy = dollars(d, hold, DYNASEM_RENEW_EVERY, d_acq, table.BUCKET_S)
+        pe = dollars(p, hold, PEER_RENEW_EVERY, p_acq, 0)
         lines.append(f"| {label} | ${dy:.2f} | ${pe:.2f} | {dy / pe:.2f}x |")
     text = "\n".join(
         [
@@ -399,8 +428,8 @@ def main(argv: list[str] | None = None) -> int:
             "",
             _table(p_rows, []),
             "",
-            f"Dollars per million holds (dynasem renews every {DYNASEM_RENEW_EVERY:.1f} s, the "
-            f"peer every {PEER_RENEW_EVERY:g} s):",
+            f"Dollars per million holds (dynasem renews every {DYNASEM_RENEW_EVERY:.1f} s, "
+            f"{table.BUCKET_S} s buckets; the peer every {PEER_RENEW_EVERY:g} s):",
             "",
             *lines,
         ]
