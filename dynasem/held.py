@@ -353,7 +353,12 @@ class Held:
             # the reap could be smaller than ours.
             actions = [
                 table.give_back(
-                    r, self.token, max(now, self.fences[r] // 1000), sole=sole, hold_ms=hold_ms
+                    r,
+                    self.token,
+                    max(now, self.fences[r] // 1000),
+                    sole=sole,
+                    hold_ms=hold_ms,
+                    lease_end_ms=self._expires_ms,
                 )
                 for r in pending
             ]

@@ -653,3 +653,47 @@ def test_upgrade_of_a_missing_or_foreign_table_is_a_clear_error_and_changes_noth
     with pytest.raises(CommandError, match="not made by dynasem_createtable"):
         run("dynasem_createtable", "--upgrade")
     assert "GlobalSecondaryIndexes" not in client.describe_table(TableName=new_table)["Table"]
+
+
+def test_upgrade_rerun_waits_for_an_index_still_filling_before_dropping_the_old_ones(
+    monkeypatch,
+):
+    """A first --upgrade stopped while DynamoDB was still filling a new index (a timeout, a
+    Ctrl-C): the rerun waits for it to serve before it drops an old one, or listings and
+    reaping would have neither index for a while."""
+    from dynasem.table import schema
+
+    waited = {"polls": 0}
+    sent: list[tuple[str, Any]] = []
+
+    def status(name: str) -> dict[str, str]:
+        # DynamoDB finishes filling the index only after the upgrade has waited a while.
+        filling = "CREATING" if waited["polls"] < 2 else "ACTIVE"
+        gone = {old for op, old in sent if op == "drop"}
+        return {
+            table.USER_INDEX: filling,
+            table.EXPIRES_INDEX: "ACTIVE",
+            **{old: "ACTIVE" for old in table.OLD_INDEXES if old not in gone},
+        }
+
+    def send(operation: str, **kwargs: Any) -> dict[str, Any]:
+        for update in kwargs.get("GlobalSecondaryIndexUpdates", []):
+            if "Delete" in update:
+                # Never before the new index serves.
+                assert status("t")[table.USER_INDEX] == "ACTIVE"
+                sent.append(("drop", update["Delete"]["IndexName"]))
+            else:
+                sent.append(("create", update))
+        return {}
+
+    def pause(seconds: float) -> None:
+        waited["polls"] += 1
+
+    monkeypatch.setattr(schema.time, "sleep", pause)
+    monkeypatch.setattr(schema, "_index_status", status)
+    monkeypatch.setattr(schema, "_send", send)
+    said: list[str] = []
+    done = schema.upgrade_indexes("t", say=said.append, poll=0)
+    assert [op for op, _ in sent] == ["drop", "drop"]  # nothing created again
+    assert done == [f"dropped {old}" for old in table.OLD_INDEXES]
+    assert any("Waiting for index" in line for line in said)

@@ -8,7 +8,7 @@ import time
 import pytest
 from django.test import override_settings
 
-from dynasem import SemaphoreBusy, semaphore, table
+from dynasem import SemaphoreBusy, clock, semaphore, table
 from dynasem.conf import settings
 
 
@@ -153,3 +153,52 @@ def test_job_row_decodes_a_stored_job_and_a_missing_one() -> None:
     assert row.finished_ms is None and row.error is None and row.last_token is None
     empty = table.job_row(None)
     assert empty.status is None and empty.attempt is None and empty.fence is None
+
+
+def test_a_late_release_never_leaves_expires_before_the_rows_lease_end(lock_table, monkeypatch):
+    """A holder that releases after the bucket its last write stored has ended (its clock ran
+    on, the process was paused): the release moves expires up to its own bucket, so TTL and
+    the reaper never read the row as idle before its stored lease end (expMs)."""
+    held = semaphore("tbl_issues:late", lease=30).acquire()
+    held._stop_heartbeat()
+    listed = table.stored_item("tbl_issues:late")["expires"]
+    real = clock.wall_clock
+    monkeypatch.setattr(clock, "wall_clock", lambda: real() + table.BUCKET_S + 60)
+    held.release()
+    row = table.stored_item("tbl_issues:late")
+    assert row["holders"] == {}
+    assert row["expires"] > listed
+    assert row["expires"] * 1000 >= row["expMs"]
+    # An on-time release moves nothing.
+    monkeypatch.setattr(clock, "wall_clock", real)
+    with semaphore("tbl_issues:on-time", lease=30):
+        listed = table.stored_item("tbl_issues:on-time")["expires"]
+    assert table.stored_item("tbl_issues:on-time")["expires"] == listed
+
+
+def test_a_release_whose_fence_runs_ahead_of_its_lease_keeps_expires_ahead_too(lock_table):
+    """Fences count on from the stored one when an earlier holder's clock was ahead: the
+    release then records its fence's time as the row's lease end (so no reap lets a smaller
+    fence be made), and expires must follow it into that time's bucket."""
+    ahead_ms = int(time.time() * 1000) + 2 * table.BUCKET_S * 1000
+    table.get_client().put_item(
+        TableName=lock_table,
+        Item=table.encode(
+            {
+                "pk": "tbl_issues:ahead",
+                "sk": table.LOCK_SK,
+                "holders": {},
+                "fence": ahead_ms * 1000,
+                "expMs": ahead_ms - 1,
+                "expires": table.bucket_of(ahead_ms - 1),
+                "shard": table.shard_of("tbl_issues:ahead"),
+            }
+        ),
+    )
+    with semaphore("tbl_issues:ahead", lease=30) as held:
+        assert held.fence > ahead_ms * 1000
+        listed = table.stored_item("tbl_issues:ahead")["expires"]
+        assert listed * 1000 < held.fence // 1000  # its own lease ends well before
+    row = table.stored_item("tbl_issues:ahead")
+    assert row["expMs"] >= held.fence // 1000
+    assert row["expires"] * 1000 >= row["expMs"]

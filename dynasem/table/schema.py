@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import boto3
+import botocore.session
 from botocore.config import Config
 
 from ..conf import FALLBACK_REGION, settings
@@ -68,7 +69,13 @@ def upgrade_indexes(
     done: list[str] = []
     for definition in index_definitions():
         index = definition["IndexName"]
-        if index in _index_status(name):
+        status = _index_status(name).get(index)
+        if status is not None:
+            if status != "ACTIVE":
+                # Added by an earlier run that stopped waiting: the old indexes stay until
+                # this one serves, or listings and reaping would have neither.
+                say(f"Waiting for index {index} ({status})...")
+                _wait_for(name, functools.partial(_is_active, index), poll, timeout, index)
             continue
         say(f"Adding index {index} (DynamoDB fills it from the table's rows)...")
         _send(
@@ -128,12 +135,16 @@ def layout_warning() -> str | None:
     retries, short timeouts; DescribeTable costs no capacity), or None when it is right or
     the table cannot be asked about (another check or the first request says why)."""
     try:
-        client = boto3.session.Session().client(
+        core = botocore.session.get_session()
+        # Where credentials come from an instance role, look for them briefly: checks run on
+        # every runserver, migrate and test, and must not wait on a metadata service.
+        core.set_config_variable("metadata_service_timeout", 0.3)
+        core.set_config_variable("metadata_service_num_attempts", 1)
+        session = boto3.session.Session(botocore_session=core)
+        client = session.client(
             "dynamodb",
             endpoint_url=settings.ENDPOINT_URL,
-            region_name=settings.REGION_NAME
-            or boto3.session.Session().region_name
-            or FALLBACK_REGION,
+            region_name=settings.REGION_NAME or session.region_name or FALLBACK_REGION,
             config=Config(
                 connect_timeout=1, read_timeout=2, retries={"max_attempts": 1, "mode": "standard"}
             ),

@@ -265,10 +265,21 @@ def renew_hold(resource: str, token: str, expires_ms: int, *, raise_item: bool) 
 
 
 def give_back(
-    resource: str, token: str, now_ms: int, *, sole: bool, hold_ms: int | None = None
+    resource: str,
+    token: str,
+    now_ms: int,
+    *,
+    sole: bool,
+    hold_ms: int | None = None,
+    lease_end_ms: int | None = None,
 ) -> dict[str, Any]:
     """Release our hold only; conditional on our token. ``lastToken`` remembers who released,
-    so a retried release whose first response was lost is recognised as done."""
+    so a retried release whose first response was lost is recognised as done.
+
+    ``lease_end_ms``: the lease end our last write stored (its bucket is the row's
+    ``expires``). A sole holder releasing after the bucket it stored has ended (a late
+    release) moves ``expires`` up to ``now_ms``'s bucket, which must never read earlier than
+    the row's ``expMs``."""
     names = dict(_LOCK_NAMES, **{"#t": token})
     values: dict[str, Any] = {":tok": token}
     update = "REMOVE #h.#t"
@@ -280,6 +291,9 @@ def give_back(
         # index writes, and the listings decide from the holders, not from the index.
         sets.append("#expMs = :now")
         values[":now"] = now_ms
+        if lease_end_ms is not None and bucket_of(now_ms) > bucket_of(lease_end_ms):
+            sets.append("#exp = :exp")
+            values[":exp"] = bucket_of(now_ms)
     if hold_ms is not None:
         sets.append("#hold = :hold")  # waiters estimate their turn from it
         values[":hold"] = hold_ms
