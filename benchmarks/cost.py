@@ -287,7 +287,7 @@ def dynasem_scenarios(meter: Meter, endpoint: str) -> tuple[list[dict[str, Any]]
     from dynasem import clock
 
     real_clock = clock.wall_clock
-    clock.wall_clock = lambda: real_clock() + stored.BUCKET_S + 65
+    clock.wall_clock = lambda: real_clock() + stored.BUCKET_S + 120
     said = io.StringIO()
     try:
         with meter.measure() as u:
