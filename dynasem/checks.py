@@ -135,8 +135,8 @@ def check_table_layout(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     return [
         Warning(
             f"dynasem's table {settings.TABLE_NAME!r}: {problem}.",
-            hint="Run `manage.py dynasem_createtable --upgrade` (locks keep working meanwhile; "
-            "the admin's lock list and dynasem_reap need the new indexes).",
+            hint="Run `manage.py dynasem_createtable --upgrade`: it upgrades in place, and "
+            "locks, listings and reaping keep working meanwhile (on the old indexes).",
             id="dynasem.W002",
         )
     ]
