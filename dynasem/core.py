@@ -276,6 +276,10 @@ class Semaphore:
         resources = self.resources
         deadline = clock.monotonic() + wait
         seen: dict[str, table.LockItem | None] = {}
+        # The hold from what was last planned and seen, if its deadline is still ahead.
+        trusted = functools.partial(
+            self._held_if_trusted, token=token, user_id=user_id, lease=lease, skew=skew
+        )
         sleeps = replans = failures = 0
         pace = Pace()  # a queued waiter's timing: request round trip, looks found too early
         confirm = False  # a hold of ours we saw must be renewed before it is returned
@@ -324,16 +328,7 @@ class Semaphore:
                 if not blocked:
                     acting = [r for r in resources if plans[r].action is not None]
                     if not acting:
-                        held = self._held_if_trusted(
-                            plans,
-                            seen,
-                            token=token,
-                            user_id=user_id,
-                            lease=lease,
-                            skew=skew,
-                            sent_mono=None,
-                            push_cap=push_cap,
-                        )
+                        held = trusted(plans, seen, sent_mono=None, push_cap=push_cap)
                         if held is not None:
                             return held
                         confirm = True  # paused on the way: renew it before it is returned
@@ -384,16 +379,7 @@ class Semaphore:
                             seen[resources[0]] = after
                             if not pace.enqueued:  # taken at once: free, this time
                                 queued_recently.pop(resources[0], None)
-                        held = self._held_if_trusted(
-                            plans,
-                            seen,
-                            token=token,
-                            user_id=user_id,
-                            lease=lease,
-                            skew=skew,
-                            sent_mono=sent_mono,
-                            push_cap=None,
-                        )
+                        held = trusted(plans, seen, sent_mono=sent_mono, push_cap=None)
                         if held is not None:
                             return held
                         # Our write landed, but its lease can no longer be trusted (we were

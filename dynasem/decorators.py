@@ -290,16 +290,24 @@ def lock_callable(sem: Semaphore, func: Callable[..., Any]) -> Callable[..., Any
     keys = KeyMaker(sem.decoration.resource, func)
     on_busy = sem.decoration.on_busy
 
+    def resolve(args: Any, kwargs: Any) -> tuple[Any, Any, HttpResponse | None]:
+        """The call's request (a view's), its resource, and the 400 to answer instead when
+        a view's key is too long."""
+        request = request_of(args)
+        resource = keys(args, kwargs, request is not None)
+        if request is not None:
+            try:
+                resource = _checked(resource)
+            except KeyTooLong as exc:
+                return request, resource, bad_key_response(request, exc)
+        return request, resource, None
+
     if iscoroutinefunction(func):
 
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            request = request_of(args)
-            resource = keys(args, kwargs, request is not None)
-            if request is not None:
-                try:
-                    resource = _checked(resource)
-                except KeyTooLong as exc:
-                    return bad_key_response(request, exc)
+            request, resource, bad = resolve(args, kwargs)
+            if bad is not None:
+                return bad
             # The holder: the request's user (never anything from request data), or the
             # decorator's own user= for anything that is not a view.
             user = await request_user(request) if request is not None else sem.user
@@ -321,13 +329,9 @@ def lock_callable(sem: Semaphore, func: Callable[..., Any]) -> Callable[..., Any
     else:
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            request = request_of(args)
-            resource = keys(args, kwargs, request is not None)
-            if request is not None:
-                try:
-                    resource = _checked(resource)
-                except KeyTooLong as exc:
-                    return bad_key_response(request, exc)
+            request, resource, bad = resolve(args, kwargs)
+            if bad is not None:
+                return bad
             user = getattr(request, "user", None) if request is not None else sem.user
             with contextlib.ExitStack() as stack:
                 try:

@@ -254,27 +254,35 @@ def _merged(
             return
 
 
-def _read(
-    merged: Iterator[table.IndexEntry], count: int, prefix: str | None
-) -> tuple[list[table.LockItem], bool]:
-    """The rows of the next ``count`` index entries (read from the base table, leaving out
-    those outside ``prefix`` unread), and whether the entries ran out."""
+def _rows(
+    merged: Iterator[table.IndexEntry],
+    count: int,
+    *,
+    user_id: str | None,
+    prefix: str | None,
+    floor_ms: int | None,
+    idle_too: bool,
+) -> tuple[list[LockRow], bool]:
+    """The listed rows of the next ``count`` index entries (read from the base table, leaving
+    out those outside ``prefix`` unread), and whether the entries ran out. Every entry taken
+    (a stream's cursor moves past it) is shown or left out here, never skipped."""
     entries = list(itertools.islice(merged, count))
     wanted = [e for e in entries if not prefix or e.resource.startswith(prefix)]
-    return table.get_many(wanted), len(entries) < count
+    rows = [
+        _row(item, user_id=user_id, floor_ms=floor_ms, idle_too=idle_too)
+        for item in table.get_many(wanted)
+    ]
+    return [row for row in rows if row is not None], len(entries) < count
 
 
 def _row(
     item: table.LockItem,
     *,
     user_id: str | None,
-    prefix: str | None,
     floor_ms: int | None,
     idle_too: bool,
 ) -> LockRow | None:
     """The row as listed, or None when it shows nothing under these filters."""
-    if prefix and not item.resource.startswith(prefix):
-        return None
     holds = [
         hold
         for hold in holds_of(item, min_expires_ms=floor_ms)
@@ -319,21 +327,18 @@ def lock_page(
     streams = _streams(user_id, since, positions)
     rows: list[LockRow] = []
     merged = _merged(streams, size, PAGE_ROUNDS * len(streams))
-    # Take only as many index entries as the page has room for, then read those rows: every
-    # entry taken (a stream's cursor moves past it) is shown or left out, never skipped.
+    # Only as many index entries as the page has room for at a time.
     finished = False
     while len(rows) < size and not finished:
-        items, finished = _read(merged, size - len(rows), prefix)
-        for item in items:
-            row = _row(
-                item,
-                user_id=user_id,
-                prefix=prefix,
-                floor_ms=None if include_expired else now,
-                idle_too=include_expired,
-            )
-            if row is not None:
-                rows.append(row)
+        more, finished = _rows(
+            merged,
+            size - len(rows),
+            user_id=user_id,
+            prefix=prefix,
+            floor_ms=None if include_expired else now,
+            idle_too=include_expired,
+        )
+        rows += more
     states = {s.name: s.state for s in streams}
     done = all(v == "done" for v in states.values())
     return LockPage(rows, None if done else encode_cursor({"t": since, "p": states}))
@@ -350,17 +355,15 @@ def active_holds(
     merged = _merged(_streams(user_id, since, {}), None, None)
     finished = False
     while not finished:
-        items, finished = _read(merged, table.MAX_BATCH_GET, prefix)
-        for item in items:
-            row = _row(
-                item,
-                user_id=user_id,
-                prefix=prefix,
-                floor_ms=None if include_expired else now,
-                idle_too=False,
-            )
-            if row is not None:
-                holds.extend(row.holds)
+        rows, finished = _rows(
+            merged,
+            table.MAX_BATCH_GET,
+            user_id=user_id,
+            prefix=prefix,
+            floor_ms=None if include_expired else now,
+            idle_too=False,
+        )
+        holds.extend(hold for row in rows for hold in row.holds)
     holds.sort(key=lambda h: (h.resource, h.acquired_ms))
     return holds
 

@@ -63,8 +63,8 @@ from .stored import (
     job_row,
     job_start_key,
     key,
-    layout_problem,
     lock_item,
+    old_layout,
     scan_position,
     scan_start,
     shard_of,
@@ -94,7 +94,7 @@ __all__ = [
     "Holder",
     "IndexEntry",
     "LockItem",
-    "layout_problem",
+    "old_layout",
     "layout_warning",
     "index_definitions",
     "OLD_INDEXES",
@@ -266,14 +266,7 @@ def query_expiring(
         kwargs["FilterExpression"] = "#mode <> :x"
         names["#mode"] = "mode"
         kwargs["ExpressionAttributeValues"][":x"] = {"S": "x"}
-    if limit:
-        kwargs["Limit"] = limit
-    if start:
-        kwargs["ExclusiveStartKey"] = start
-    response = _query(kwargs)
-    return [index_entry(decode(i)) for i in response.get("Items", [])], response.get(
-        "LastEvaluatedKey"
-    )
+    return _query(kwargs, limit, start)
 
 
 def iter_expiring(shard: int, **kwargs: Any) -> Iterator[IndexEntry]:
@@ -314,27 +307,28 @@ def query_user_page(
         "ExpressionAttributeNames": {"#uid": "userId", "#exp": "expires"},
         "ExpressionAttributeValues": {":u": {"S": user_id}, ":a": {"N": str(since)}},
     }
+    return _query(kwargs, limit, start)
+
+
+def _query(
+    kwargs: dict[str, Any], limit: int | None, start: dict[str, Any] | None
+) -> tuple[list[IndexEntry], dict[str, Any] | None]:
+    """One page of a Query of one of our indexes: its entries and LastEvaluatedKey. On a table
+    not upgraded yet (``dynasem_createtable --upgrade``), of the old index of the same keys
+    instead, so listings and reaping keep working until it is."""
     if limit:
         kwargs["Limit"] = limit
     if start:
         kwargs["ExclusiveStartKey"] = start
-    response = _query(kwargs)
-    return [index_entry(decode(i)) for i in response.get("Items", [])], response.get(
-        "LastEvaluatedKey"
-    )
-
-
-def _query(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """A Query of one of our indexes; on a table not upgraded yet (``dynasem_createtable
-    --upgrade``), of the old index of the same keys instead, so listings and reaping keep
-    working until it is."""
     try:
-        return _send("query", **kwargs)
+        response = _send("query", **kwargs)
     except TableMissing as exc:
         old = dict(zip((USER_INDEX, EXPIRES_INDEX), OLD_INDEXES, strict=True))
         if "lacks an index" not in str(exc) or kwargs["IndexName"] not in old:
             raise
-        return _send("query", **dict(kwargs, IndexName=old[kwargs["IndexName"]]))
+        response = _send("query", **dict(kwargs, IndexName=old[kwargs["IndexName"]]))
+    entries = [index_entry(decode(i)) for i in response.get("Items", [])]
+    return entries, response.get("LastEvaluatedKey")
 
 
 # BatchGetItem's limit on the keys of one request.

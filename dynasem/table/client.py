@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import threading
@@ -59,7 +60,7 @@ def get_client() -> DynamoDBClient:
     with _client_lock:
         if _client is None:
             session = boto3.session.Session()
-            region = settings.REGION_NAME or session.region_name or FALLBACK_REGION
+            region = region_of(session)
             _client = session.client(
                 "dynamodb",
                 endpoint_url=settings.ENDPOINT_URL,
@@ -80,6 +81,11 @@ def get_client() -> DynamoDBClient:
                 ),
             )
         return _client
+
+
+def region_of(session: boto3.session.Session) -> str:
+    """The region a client of ``session`` talks to: the setting, else boto3's own."""
+    return settings.REGION_NAME or session.region_name or FALLBACK_REGION
 
 
 def reset_client() -> None:
@@ -113,11 +119,11 @@ class Refused(Exception):
         # botocore re-sent the request: an earlier attempt may have been applied.
         self.retried = retried
 
-    @property
+    @functools.cached_property
     def lock(self) -> LockItem | None:
-        return lock_item(self._old)
+        return lock_item(self._old)  # decoded once, however often it is asked
 
-    @property
+    @functools.cached_property
     def job(self) -> JobRow:
         return job_row(self._old)
 

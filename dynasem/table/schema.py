@@ -11,10 +11,10 @@ import boto3
 import botocore.session
 from botocore.config import Config
 
-from ..conf import FALLBACK_REGION, settings
+from ..conf import settings
 from ..exceptions import SemaphoreUnavailable, TableMissing
-from .client import _send, get_client
-from .stored import OLD_INDEXES, index_definitions, layout_problem, table_definition
+from .client import _send, get_client, region_of
+from .stored import OLD_INDEXES, index_definitions, old_layout, table_definition
 
 # ---------------------------------------------------------------------------------------------
 # The table itself
@@ -144,7 +144,7 @@ def layout_warning() -> str | None:
         client = session.client(
             "dynamodb",
             endpoint_url=settings.ENDPOINT_URL,
-            region_name=settings.REGION_NAME or session.region_name or FALLBACK_REGION,
+            region_name=region_of(session),
             config=Config(
                 connect_timeout=1, read_timeout=2, retries={"max_attempts": 1, "mode": "standard"}
             ),
@@ -152,5 +152,4 @@ def layout_warning() -> str | None:
         description = client.describe_table(TableName=settings.TABLE_NAME)["Table"]
     except Exception:  # unreachable, no credentials, no table, a bad setting: not ours to say
         return None
-    problem = layout_problem(description)
-    return problem if problem is not None and "old index layout" in problem else None
+    return old_layout(description)

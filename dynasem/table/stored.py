@@ -20,6 +20,7 @@ reaper never see them.
 
 from __future__ import annotations
 
+import functools
 import math
 import zlib
 from collections.abc import Mapping
@@ -208,6 +209,16 @@ def waiter_value(waiter: Waiter) -> dict[str, Any]:
     return value
 
 
+def _number(item: Mapping[str, Any], name: str) -> int | None:
+    value = item.get(name)
+    return None if value is None else int(value)
+
+
+def _text(item: Mapping[str, Any], name: str) -> str | None:
+    value = item.get(name)
+    return None if value is None else str(value)
+
+
 @overload
 def lock_item(item: None) -> None: ...
 @overload
@@ -221,14 +232,7 @@ def lock_item(item: Mapping[str, Any] | None) -> LockItem | None:
     if item is None:
         return None
 
-    def number(name: str) -> int | None:
-        value = item.get(name)
-        return None if value is None else int(value)
-
-    def text(name: str) -> str | None:
-        value = item.get(name)
-        return None if value is None else str(value)
-
+    number, text = functools.partial(_number, item), functools.partial(_text, item)
     queue = item.get("queue")
     return LockItem(
         resource=str(item.get("pk", "")),
@@ -276,14 +280,7 @@ def job_row(item: Mapping[str, Any] | None) -> JobRow:
     """A decoded run_once row (or the nothing a missing one is) as a :class:`JobRow`."""
     item = item or {}
 
-    def number(name: str) -> int | None:
-        value = item.get(name)
-        return None if value is None else int(value)
-
-    def text(name: str) -> str | None:
-        value = item.get(name)
-        return None if value is None else str(value)
-
+    number, text = functools.partial(_number, item), functools.partial(_text, item)
     return JobRow(
         key=text("pk"),
         status=text("status"),
@@ -380,20 +377,15 @@ def index_definitions() -> tuple[dict[str, Any], dict[str, Any]]:
     )
 
 
-def layout_problem(description: Mapping[str, Any]) -> str | None:
-    """What is wrong with a described table's indexes for this version, or None."""
-    have = {g["IndexName"]: g for g in description.get("GlobalSecondaryIndexes", [])}
+def old_layout(description: Mapping[str, Any]) -> str | None:
+    """For a described table that still has an older version's indexes instead of this
+    one's: what it has and the command that upgrades it. None otherwise."""
+    have = {g["IndexName"] for g in description.get("GlobalSecondaryIndexes", [])}
     old = [name for name in OLD_INDEXES if name in have]
     missing = [d["IndexName"] for d in index_definitions() if d["IndexName"] not in have]
-    if missing and old:
-        return (
-            f"it has the old index layout ({', '.join(old)}: ALL projections, moved by every "
-            "write): run `manage.py dynasem_createtable --upgrade`"
-        )
-    if missing:
-        return f"it lacks the index(es) {', '.join(missing)}"
-    ours = [d["IndexName"] for d in index_definitions()]
-    creating = [n for n in ours if have[n].get("IndexStatus") not in (None, "ACTIVE")]
-    if creating:
-        return f"its index(es) {', '.join(creating)} are not ACTIVE yet"
-    return None
+    if not (old and missing):
+        return None
+    return (
+        f"it has the old index layout ({', '.join(old)}: ALL projections, moved by every "
+        "write): run `manage.py dynasem_createtable --upgrade`"
+    )

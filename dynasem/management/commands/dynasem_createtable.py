@@ -56,10 +56,9 @@ class Command(BaseCommand):
         existing = table.describe_table()
         if existing is not None:
             have = {g["IndexName"] for g in existing.get("GlobalSecondaryIndexes", [])}
-            if have & set(table.OLD_INDEXES):
-                problem = table.layout_problem(existing)
-                if problem is not None and "old index layout" in problem:
-                    raise CommandError(f"table {name!r} exists, but {problem}")
+            problem = table.old_layout(existing)
+            if problem is not None:
+                raise CommandError(f"table {name!r} exists, but {problem}")
             missing = {table.USER_INDEX, table.EXPIRES_INDEX} - have
             if missing:
                 raise CommandError(
