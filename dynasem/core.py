@@ -33,7 +33,16 @@ from .conf import settings
 from .decorators import Decoration, lock_callable
 from .drivers import Request, Sleep, Steps, Write, run_async, run_sync, withdraw
 from .exceptions import SemaphoreUnavailable
-from .held import Held, acquired, current_hold, forget_entered, leave, remember_entered
+from .held import (
+    Held,
+    acquired,
+    current_hold,
+    forget_entered,
+    give_back_unused,
+    leave,
+    pending_hold,
+    remember_entered,
+)
 from .queueing import (
     GUESS_BUSY_FOR,
     Pace,
@@ -269,6 +278,9 @@ class Semaphore:
         """The acquire loop as a generator of steps (a request to send, a pause: see
         :mod:`dynasem.drivers`), so one loop serves the sync and the async driver."""
         self._check_usable()
+        again = pending_hold(self)
+        if again is not None:
+            return again  # ours already, until this transaction ends
         lease, wait, skew = resolve_timing(self.lease, self.wait)
         margin = (lease - skew) * CONFIRM_SHARE
         user_id = user_id_of(self.user)
@@ -502,7 +514,11 @@ class Semaphore:
 
     def __enter__(self) -> Held:
         held = self.acquire()
-        remember_entered(self, held)
+        try:
+            remember_entered(self, held)
+        except BaseException:  # an interrupt before the block: nobody will use the hold
+            give_back_unused(held)
+            raise
         return held
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -510,7 +526,11 @@ class Semaphore:
 
     async def __aenter__(self) -> Held:
         held = await self.aacquire()
-        remember_entered(self, held)
+        try:
+            remember_entered(self, held)
+        except BaseException:
+            give_back_unused(held)
+            raise
         return held
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

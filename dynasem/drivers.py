@@ -75,36 +75,69 @@ Step = Request | Sleep | Write | InQueue
 Steps = Generator[Step, Any, _T]
 
 
+def _interrupted(step: Step, queued: InQueue | None) -> None:
+    """The caller is interrupted (Ctrl-C, a cancelled task) during ``step``: leave nothing
+    behind. A write may have landed: give back whatever it took, or the hold would sit there
+    for a whole lease; an entry in a queue must go, or a releasing holder would hand the lock
+    to a waiter nobody is left to use."""
+    if isinstance(step, Write):
+        withdraw(step.token, step.resources)
+    if queued is not None:
+        queued.abandon()
+
+
 def run_sync(steps: Steps[_T]) -> _T:
     result: Any = None
     error: BaseException | None = None
+    queued: InQueue | None = None  # we may be in a resource's queue
+    step: Step | None = None
     while True:
         try:
             step = steps.throw(error) if error is not None else steps.send(result)
         except StopIteration as stop:
             value: _T = stop.value  # what the generator returned
             return value
+        except Exception:
+            raise  # the loop's own answer (busy, unavailable): it cleaned up what it had
+        except BaseException:  # interrupted inside the loop, after the last step
+            if step is not None:
+                _interrupted(step, queued)
+            raise
         result, error = None, None
-        if isinstance(step, Sleep):
-            if step.seconds:
-                time.sleep(step.seconds)
-        else:
-            try:
-                result = step.send()
-            except Exception as exc:  # handed back to the loop, which decides
-                error = exc
+        if isinstance(step, InQueue):
+            queued = step
+        try:
+            if isinstance(step, Sleep):
+                if step.seconds:
+                    time.sleep(step.seconds)
+            else:
+                try:
+                    result = step.send()
+                except Exception as exc:  # handed back to the loop, which decides
+                    error = exc
+        except BaseException:  # KeyboardInterrupt, SystemExit: not for the loop to decide
+            steps.close()
+            _interrupted(step, queued)
+            raise
 
 
 async def run_async(steps: Steps[_T]) -> _T:
     result: Any = None
     error: BaseException | None = None
     queued: InQueue | None = None  # we may be in a resource's queue
+    step: Step | None = None
     while True:
         try:
             step = steps.throw(error) if error is not None else steps.send(result)
         except StopIteration as stop:
             value: _T = stop.value  # what the generator returned
             return value
+        except Exception:
+            raise
+        except BaseException:
+            if step is not None:
+                await asyncio.to_thread(_interrupted, step, queued)
+            raise
         result, error = None, None
         if isinstance(step, InQueue):
             queued = step
@@ -119,14 +152,10 @@ async def run_async(steps: Steps[_T]) -> _T:
                 except asyncio.CancelledError:
                     if isinstance(step, Write) or (isinstance(step, InQueue) and step.write):
                         await asyncio.wait([request])  # it goes on in its thread: let it end
-                    if isinstance(step, Write):
-                        # The write may have landed: give back whatever it took, or the
-                        # hold would sit there for a whole lease.
-                        await asyncio.to_thread(withdraw, step.token, step.resources)
                     raise
                 except Exception as exc:
                     error = exc
-        except asyncio.CancelledError:
-            if queued is not None:
-                await asyncio.to_thread(queued.abandon)
+        except BaseException:  # cancelled (or interrupted)
+            steps.close()
+            await asyncio.to_thread(_interrupted, step, queued)
             raise

@@ -245,7 +245,9 @@ class Held:
         if (
             sem.on_commit
             and not self.lost
-            and transactions.after_transaction(sem.using, self._after_transaction, self.resource)
+            and transactions.after_transaction(
+                sem.using, self._after_transaction, self.resource, owner=self
+            )
         ):
             self._pending_commit = True
             return
@@ -458,20 +460,51 @@ def acquired(
         expires_ms=expires_ms,
         sent_mono=sent_mono,
     )
-    if item is not None:
-        held._observe(item)
-        if semaphore.mode == MODE_SHARED:
-            held._wake_next_reader(item)
-    lock_acquired.send(
-        sender=semaphore.signal_sender,
-        resource=held.resource,
-        user_id=user_id,
-        token=token,
-        fence=held.fence,
-        fences=held.fences,
-    )
-    held._start_heartbeat()
+    try:
+        if item is not None:
+            held._observe(item)
+            if semaphore.mode == MODE_SHARED:
+                held._wake_next_reader(item)
+        lock_acquired.send(
+            sender=semaphore.signal_sender,
+            resource=held.resource,
+            user_id=user_id,
+            token=token,
+            fence=held.fence,
+            fences=held.fences,
+        )
+        held._start_heartbeat()
+    except BaseException:
+        # A receiver raised (or an interrupt came) before the caller got the hold: nobody
+        # will use it, so give it back now rather than leave it held for a whole lease.
+        give_back_unused(held)
+        raise
     return held
+
+
+def give_back_unused(held: Held) -> None:
+    """Best effort: release a hold its caller never got to use (no waiting for a commit)."""
+    held._stop_heartbeat()
+    try:
+        held._release_now()
+    except Exception as exc:
+        logger.warning("dynasem: could not give back unused hold on %r: %s", held.resource, exc)
+
+
+def pending_hold(semaphore: Semaphore) -> Held | None:
+    """A hold this thread gave back inside a transaction that has not ended yet, covering what
+    ``semaphore`` asks for: it belongs to this transaction, so taking it again must not wait
+    on it. The same :class:`Held` is returned; its give-back stays tied to the commit."""
+    for owner in reversed(transactions.pending_owners()):
+        if not isinstance(owner, Held) or owner.lost or owner.released:
+            continue
+        had = owner.semaphore
+        covers = had.mode == MODE_EXCLUSIVE or (
+            had.mode == semaphore.mode and had.limit == semaphore.limit
+        )
+        if covers and set(semaphore.resources) <= set(owner.resources):
+            return owner
+    return None
 
 
 # The holds entered through ``with``/``async with``, per thread and per task.

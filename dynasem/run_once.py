@@ -83,10 +83,41 @@ class Job:
             raise LockLost(self.key, self._lost) from None
         self._deadline = max(self._deadline, sent_mono + self.lease - self.skew)
 
-    def _after_transaction(self, error: BaseException | None, committed: bool) -> None:
+    def confirm(self) -> None:
+        """Renew with a write of our own even past our deadline (a stall in the body): if the
+        claim is still ours (nobody claimed or reset the job since), the lease is ours again;
+        else :class:`LockLost`."""
+        sent_mono = clock.monotonic()
+        try:
+            table.update_job(
+                table.job_renew(self.key, self.token, clock.now_ms() + int(self.lease * 1000))
+            )
+        except table.Refused:
+            self._lost = "another process claimed it, or it was reset by an operator"
+            self._stop_heartbeat()
+            raise LockLost(self.key, self._lost) from None
+        self._lost = None
+        self._deadline = sent_mono + self.lease - self.skew
+        if self._heartbeat is None or self._heartbeat.stopped:
+            self._heartbeat = Heartbeat(self)
+            self._heartbeat.start()
+
+    def _stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+
+    def _after_transaction(
+        self, error: BaseException | None, committed: bool, using: str | None
+    ) -> None:
         """DONE only if the body returned and its transaction committed; FAILED otherwise."""
         if not committed and error is None:
-            error = TransactionRolledBack("the transaction around the job rolled back")
+            if transactions.open_transaction(using) is not None:
+                error = TransactionRolledBack(
+                    "a savepoint around the job rolled back (or its database connection was "
+                    "closed inside the transaction): its work was not committed"
+                )
+            else:
+                error = TransactionRolledBack("the transaction around the job rolled back")
         try:
             self._finish(error)
         except LockLost as exc:
@@ -101,8 +132,7 @@ class Job:
 
     def _finish(self, error: BaseException | None) -> None:
         self._released = True
-        if self._heartbeat is not None:
-            self._heartbeat.stop()
+        self._stop_heartbeat()
         status = table.FAILED if error is not None else table.DONE
         message = None if error is None else f"{type(error).__name__}: {error}"
         try:
@@ -220,17 +250,29 @@ class RunOnce:
         job = self._jobs.pop()
         # Inside transaction.atomic the body's work is not done until it commits: DONE (or
         # FAILED) is written after that, and the lease renewed meanwhile, so nobody else
-        # claims the job while its work may still commit.
+        # claims the job while its work may still commit. See the README for the rule.
         job.check_deadline()
-        if (
-            self.on_commit
-            and job._lost is None
-            and transactions.after_transaction(
-                self.using, lambda committed: job._after_transaction(exc, committed), job.key
-            )
-        ):
-            job._pending_commit = True
-            return
+        if self.on_commit and transactions.open_transaction(self.using) is not None:
+            if job._lost is not None:
+                # Stalled past the lease in the body. Still the claimant? Our own write says;
+                # if not, raise here, so the transaction rolls the stale run's work back.
+                try:
+                    job.confirm()
+                except LockLost:
+                    if exc is None:
+                        raise
+                    logger.warning("dynasem: job %r was lost while its body raised", job.key)
+                    return
+            using = self.using
+            if transactions.after_transaction(
+                using,
+                lambda committed: job._after_transaction(exc, committed, using),
+                job.key,
+                owner=job,
+                savepoint_ends_it=True,  # the whole body was inside that savepoint
+            ):
+                job._pending_commit = True
+                return
         try:
             job._finish(exc)
         except LockLost:

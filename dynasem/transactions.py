@@ -9,11 +9,20 @@ of that database: after its commit (``on_commit``), or at once when it rolls bac
 
 Django has commit hooks but no rollback hook. A rollback drops the transaction's
 ``on_commit`` callbacks (``connection.rollback()`` empties the list, a savepoint rollback
-filters it); a finalizer on our callback notices the drop (CPython frees it at once), and:
+filters it, ``connection.close()`` inside ``atomic`` empties it too); a finalizer on our
+callback notices the drop (CPython frees it at once), and:
 
 * no transaction left: the work was rolled back, give back now;
 * a savepoint rolled back inside a transaction that goes on: the work done under the lock
-  before the savepoint may still commit, so the give-back waits for that transaction instead.
+  before the savepoint may still commit, so a hold waits for that transaction instead (a
+  run_once job's whole body was inside that savepoint: its work is gone, it is FAILED now);
+* dropped while every savepoint it was registered under is still open: the connection was
+  closed inside the transaction, which can never commit now: give back now.
+
+Our callback runs first among the transaction's commit hooks (it is moved to the front of
+Django's list): a hook of another app that raises after the commit makes Django skip the
+hooks after it, and that must neither keep a hold (while the caller handles that exception)
+nor leave a committed run_once job un-DONE.
 
 Django's ``TestCase`` (and pytest-django's ``db``) wraps each test in atomic blocks that never
 commit; those do not count as a transaction here, so a test sees what production does.
@@ -27,13 +36,12 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-import django
 from django.conf import settings as django_settings
 from django.db import DEFAULT_DB_ALIAS, connections
 
 logger = logging.getLogger("dynasem")
 
-__all__ = ["after_transaction", "check_using", "open_transaction"]
+__all__ = ["after_transaction", "check_using", "open_transaction", "pending_owners"]
 
 
 def check_using(using: Any) -> str | None:
@@ -72,12 +80,27 @@ def open_transaction(using: str | None) -> Any:
 class _Pending:
     """One give-back waiting for a transaction's end."""
 
-    def __init__(self, connection: Any, finish: Callable[[bool], None], name: str) -> None:
+    def __init__(
+        self,
+        connection: Any,
+        finish: Callable[[bool], None],
+        name: str,
+        *,
+        owner: Any,
+        savepoint_ends_it: bool,
+    ) -> None:
         self.connection = connection
         self.finish = finish  # finish(committed)
         self.name = name
+        self.owner = owner  # what gives back (a Held, a Job): found again by pending_owners()
+        self.savepoint_ends_it = savepoint_ends_it
+        self._sids: set[Any] = set()
         self._done = False
         self._lock = threading.Lock()
+
+    @property
+    def done(self) -> bool:
+        return self._done
 
     def register(self) -> None:
         def callback() -> None:
@@ -89,39 +112,82 @@ class _Pending:
         # (rollback), it is freed and the finalizer tells us. atexit=False: a process that
         # exits with an open transaction lets the lease lapse, no requests at shutdown.
         weakref.finalize(callback, self._dropped).atexit = False
-        if django.VERSION >= (5, 0):
-            self.connection.on_commit(callback, robust=True)
-        else:  # Django 4.2 has no robust callbacks; ours never raises anyway (see _end)
-            self.connection.on_commit(callback)
+        self._sids = set(self.connection.savepoint_ids)
+        self.connection.on_commit(callback, robust=True)
+        _run_first(self.connection, callback)
+        waiting = _pending.setdefault(self.connection, [])
+        if self not in waiting:  # registered again after a savepoint rollback
+            waiting.append(self)
 
     def _dropped(self) -> None:
         with self._lock:
             if self._done:
                 return  # ran on commit, then freed
-        if _in_transaction(self.connection):
+        if not _in_transaction(self.connection):
+            self._end(False)
+        elif self._sids <= set(self.connection.savepoint_ids):
+            # None of the savepoints we were registered under ended, yet we were dropped:
+            # the connection was closed inside the transaction, which can never commit.
+            self._end(False)
+        elif self.savepoint_ends_it:
+            self._end(False)
+        else:
             # A savepoint around the release rolled back, the transaction goes on: what was
             # done under the lock before it may still commit. Wait for the transaction.
             self.register()
-        else:
-            self._end(False)
 
     def _end(self, committed: bool) -> None:
         with self._lock:
             if self._done:
                 return
             self._done = True
+        waiting = _pending.get(self.connection)
+        if waiting is not None and self in waiting:
+            waiting.remove(self)
         try:
             self.finish(committed)
         except Exception:  # never break the caller's commit or rollback
             logger.exception("dynasem: giving back %r after the transaction failed", self.name)
 
 
-def after_transaction(using: str | None, finish: Callable[[bool], None], name: str) -> bool:
+# The give-backs waiting on each connection (a connection belongs to one thread or task).
+_pending: weakref.WeakKeyDictionary[Any, list[_Pending]] = weakref.WeakKeyDictionary()
+
+
+def _run_first(connection: Any, callback: Callable[[], None]) -> None:
+    """Move ``callback``, just appended by ``on_commit``, to the front of the commit hooks."""
+    hooks = getattr(connection, "run_on_commit", None)
+    if isinstance(hooks, list) and hooks:
+        last = hooks[-1]
+        if isinstance(last, tuple) and len(last) >= 2 and last[1] is callback:
+            hooks.insert(0, hooks.pop())
+
+
+def after_transaction(
+    using: str | None,
+    finish: Callable[[bool], None],
+    name: str,
+    *,
+    owner: Any = None,
+    savepoint_ends_it: bool = False,
+) -> bool:
     """Call ``finish(True)`` after the outermost transaction of ``using`` commits, or
-    ``finish(False)`` as soon as it rolls back. False, and nothing registered, when this
-    thread is not inside such a transaction: the caller then gives back at once."""
+    ``finish(False)`` as soon as it rolls back (or can no longer commit). False, and nothing
+    registered, when this thread is not inside such a transaction: the caller then gives back
+    at once. ``savepoint_ends_it``: a rolled-back savepoint around the call ends it too
+    (``finish(False)`` at once) instead of waiting for the transaction."""
     connection = open_transaction(using)
     if connection is None:
         return False
-    _Pending(connection, finish, name).register()
+    _Pending(connection, finish, name, owner=owner, savepoint_ends_it=savepoint_ends_it).register()
     return True
+
+
+def pending_owners() -> list[Any]:
+    """The owners of the give-backs waiting on this thread's open transactions, of every
+    database (newest last); empty outside a transaction. Never connects."""
+    owners: list[Any] = []
+    for connection in connections.all(initialized_only=True):
+        if connection in _pending and _in_transaction(connection):
+            owners += [p.owner for p in _pending[connection] if not p.done and p.owner is not None]
+    return owners

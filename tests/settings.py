@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 SECRET_KEY = "dynasem-tests-only"
 DEBUG = False
@@ -31,6 +32,15 @@ DATABASES = {
     "default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
     # A second database, for holds that follow another database's transaction (using=).
     "other": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"},
+    # A database in a file: Django ignores close() on an in-memory SQLite database, so what a
+    # closed connection does to a transaction is tested here (test_transactions.py).
+    "file": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.path.join(tempfile.gettempdir(), f"dynasem-tests-{os.getpid()}.sqlite3"),
+        "TEST": {
+            "NAME": os.path.join(tempfile.gettempdir(), f"dynasem-tests-{os.getpid()}.sqlite3")
+        },
+    },
 }
 TEMPLATES = [
     {

@@ -945,3 +945,74 @@ def test_cancelled_async_waiter_leaves_the_queue(lock_table: str, fair: bool) ->
     assert holds("res:q") == []
     with semaphore("res:q", wait=0):
         pass
+
+
+# ---------------------------------------------------------------------------------------------
+# What a failed acquire leaves (issue 20)
+# ---------------------------------------------------------------------------------------------
+
+
+class ReceiverFailed(Exception):
+    pass
+
+
+@pytest.fixture
+def raising_acquired_receiver() -> Iterator[None]:
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        raise ReceiverFailed("another app's lock_acquired receiver")
+
+    lock_acquired.connect(receiver, weak=False)
+    yield
+    lock_acquired.disconnect(receiver)
+
+
+def test_a_raising_acquired_receiver_gives_the_hold_back(
+    lock_table: str, raising_acquired_receiver: None
+) -> None:
+    with pytest.raises(ReceiverFailed), semaphore("res:receiver", lease=30):
+        pytest.fail("the block must not run")
+    assert holds("res:receiver") == []
+
+    async def main() -> None:
+        async with semaphore("res:receiver-async", lease=30):
+            pytest.fail("the block must not run")
+
+    with pytest.raises(ReceiverFailed):
+        asyncio.run(main())
+    assert holds("res:receiver-async") == []
+
+
+def test_an_interrupt_after_the_taking_write_gives_the_hold_back(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    update = table.update
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        update(*args, **kwargs)  # the write lands...
+        raise KeyboardInterrupt  # ...and Ctrl-C comes before its answer is used
+
+    monkeypatch.setattr(table, "update", interrupted)
+    with pytest.raises(KeyboardInterrupt), semaphore("res:interrupt", lease=30):
+        pytest.fail("the block must not run")
+    monkeypatch.setattr(table, "update", update)
+    assert holds("res:interrupt") == []
+
+
+def test_an_interrupt_while_queued_leaves_the_queue(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dynasem import wakeup
+
+    holder = semaphore("res:interrupt-q").acquire()
+
+    def wait_interrupted(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt  # Ctrl-C while it waits for its turn
+
+    monkeypatch.setattr(wakeup, "wait", wait_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        semaphore("res:interrupt-q", wait=30, fair=True).acquire()
+    monkeypatch.undo()
+    # Nobody is left waiting: the release must not hand the lock to the interrupted waiter.
+    assert not (table.stored_item("res:interrupt-q") or {}).get("queue")
+    holder.release()
+    assert holds("res:interrupt-q") == []

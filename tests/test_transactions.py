@@ -9,17 +9,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import connections, transaction
+from django.db import DatabaseError, connections, transaction
 from django.http import HttpResponse
 from django.test import Client, RequestFactory
 
-from dynasem import LockLost, SemaphoreBusy, operations, run_once, semaphore, table
+from dynasem import AlreadyDone, LockLost, SemaphoreBusy, operations, run_once, semaphore, table
 from dynasem.operations import holds_on
 from dynasem.signals import lock_lost, lock_released
 from tests import views
@@ -32,22 +33,40 @@ class Boom(Exception):
 
 
 def is_busy(resource: str) -> bool:
-    """Can another acquisition take ``resource`` right now? (It gives it back at once.)"""
-    try:
-        semaphore(resource, wait=0, on_commit=False).acquire().release()
-    except SemaphoreBusy:
-        return True
-    return False
+    """Can another acquisition take ``resource`` right now? (It gives it back at once.) Asked
+    from another thread: this one's transaction may own a hold waiting for its commit, which
+    this thread would take again at once."""
+    import threading
+
+    answer: list[bool] = []
+
+    def attempt() -> None:
+        try:
+            semaphore(resource, wait=0, on_commit=False).acquire().release()
+        except SemaphoreBusy:
+            answer.append(True)
+        else:
+            answer.append(False)
+
+    other = threading.Thread(target=attempt)
+    other.start()
+    other.join()
+    return answer[0]
 
 
 @contextlib.contextmanager
-def releases(using: str = "default") -> Iterator[list[dict[str, Any]]]:
-    """Records, for every lock_released, the state of ``using``'s transaction at that moment."""
+def releases(
+    using: str = "default", committed: str | None = None
+) -> Iterator[list[dict[str, Any]]]:
+    """Records, for every lock_released, the state of ``using``'s transaction at that moment
+    (and, given a username, whether that user's row was committed by then)."""
     seen: list[dict[str, Any]] = []
 
     def receiver(sender: Any, resource: str, **kwargs: Any) -> None:
         connection = connections[using]
         seen.append({"resource": resource, "in_atomic_block": connection.in_atomic_block})
+        if committed is not None:
+            seen[-1]["committed"] = User.objects.filter(username=committed).exists()
 
     lock_released.connect(receiver, weak=False)
     try:
@@ -251,12 +270,13 @@ def test_bad_using_and_on_commit_are_refused_naming_them():
 def test_view_under_atomic_requests_gives_back_after_the_commit(lock_table, monkeypatch):
     monkeypatch.setitem(connections.settings["default"], "ATOMIC_REQUESTS", True)
     views.AFTER_COMMIT.clear()
-    with releases() as released:
+    with releases(committed="txview-a") as released:
         response = Client().get("/tx/a/")
     assert response.content == b"in transaction: True"  # Django wrapped the view in atomic
-    # Right after the commit the lock was still held; given back only after that.
-    assert views.AFTER_COMMIT == [{"holders": 1, "in_atomic_block": False, "committed": True}]
-    assert released == [{"resource": "txview:a", "in_atomic_block": False}]
+    # Given back once the view's row was committed, before the other commit hooks ran (so
+    # that one of them raising cannot keep the lock).
+    assert released == [{"resource": "txview:a", "in_atomic_block": False, "committed": True}]
+    assert views.AFTER_COMMIT == [{"holders": 0, "in_atomic_block": False, "committed": True}]
     assert holds_on("txview:a") == []
 
 
@@ -281,10 +301,11 @@ def test_atomic_stacked_over_the_decorator(lock_table):
         transaction.on_commit(lambda: seen.append(len(holds_on(f"fn:{n}"))))
         return HttpResponse()
 
-    with releases() as released:
+    with releases(committed="fn-4") as released:
         work(RequestFactory().get("/"), n=4)
-    assert seen == [1]  # held when the transaction committed
-    assert released == [{"resource": "fn:4", "in_atomic_block": False}]
+    # Given back after the commit, before the app's own commit hook ran.
+    assert released == [{"resource": "fn:4", "in_atomic_block": False, "committed": True}]
+    assert seen == [0]
     assert holds_on("fn:4") == []
 
 
@@ -298,10 +319,10 @@ def test_atomic_stacked_over_the_decorator_of_a_function(lock_table):
         User.objects.create(username=f"job-{pk}")
         transaction.on_commit(lambda: seen.append(len(holds_on(f"job:{pk}"))))
 
-    with releases() as released:
+    with releases(committed="job-5") as released:
         job(5)
-    assert seen == [1]
-    assert released == [{"resource": "job:5", "in_atomic_block": False}]
+    assert released == [{"resource": "job:5", "in_atomic_block": False, "committed": True}]
+    assert seen == [0]
     assert holds_on("job:5") == []
 
 
@@ -324,7 +345,16 @@ def test_hold_lost_before_the_commit_is_signalled_and_logged(lock_table, caplog)
                 pass
             # An operator breaks the hold and someone else takes the lock.
             assert operations.break_hold("tx:lost", held.token)
-            other = semaphore("tx:lost", user="other", on_commit=False).acquire()
+            taken: list[Any] = []
+            # Someone else: another thread (this one's transaction would take its own again).
+            thread = threading.Thread(
+                target=lambda: taken.append(
+                    semaphore("tx:lost", user="other", on_commit=False).acquire()
+                )
+            )
+            thread.start()
+            thread.join()
+            (other,) = taken
             deadline = time.monotonic() + 5
             while not held.lost and time.monotonic() < deadline:
                 time.sleep(0.02)  # the heartbeat finds out at its next renewal
@@ -421,3 +451,148 @@ def test_run_once_on_commit_false_writes_done_at_once(lock_table):
         with run_once("tx:job-now", on_commit=False):
             pass
         assert job_status("tx:job-now") == "DONE"
+
+
+# ---------------------------------------------------------------------------------------------
+# Review findings (issue 20): hooks that raise, savepoints, stalls, a closed connection
+# ---------------------------------------------------------------------------------------------
+
+
+class BrokerDown(Exception):
+    """What another app's on_commit hook raises after the commit (say, task.delay())."""
+
+
+def broker_down() -> None:
+    raise BrokerDown("the broker is down")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_once_is_done_when_a_later_commit_hook_raises(lock_table):
+    with pytest.raises(BrokerDown) as raised:
+        with transaction.atomic():
+            with run_once("tx:job-hook-raises") as job:
+                User.objects.create(username="job-hook-work")
+                transaction.on_commit(broker_down)  # registered before run_once's own
+    # Committed: the job is DONE, whatever another app's hook did after the commit, even
+    # while the caller still has that hook's exception in hand.
+    assert User.objects.filter(username="job-hook-work").exists()
+    assert job_status("tx:job-hook-raises") == "DONE" and job.status == "DONE"
+    del raised
+    with pytest.raises(AlreadyDone), run_once("tx:job-hook-raises"):
+        pytest.fail("a committed job ran a second time")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_once_rolled_back_with_its_savepoint_runs_again(lock_table):
+    with transaction.atomic():
+        with contextlib.suppress(Boom), transaction.atomic():
+            with run_once("tx:job-savepoint"):
+                User.objects.create(username="job-savepoint-work")
+            raise Boom  # a later check in the inner block: its savepoint rolls back
+        User.objects.create(username="outer-work")
+    assert User.objects.filter(username="outer-work").exists()
+    assert not User.objects.filter(username="job-savepoint-work").exists()
+    row = table.stored_item("tx:job-savepoint", table.JOB_SK)
+    assert row["status"] == "FAILED" and "savepoint" in row["error"]
+    with run_once("tx:job-savepoint") as again:  # its work is gone: it runs again
+        assert again.attempt == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_once_stalled_past_its_lease_then_rolled_back_is_not_done(lock_table):
+    with pytest.raises(Boom), transaction.atomic():
+        with run_once("tx:job-stalled", lease=1) as job:
+            job._heartbeat.stop()  # the whole process stalls: no renewal either
+            User.objects.create(username="job-stalled-work")
+            time.sleep(0.8)  # past the trusted lease (1 s less CLOCK_SKEW 0.5 s)
+        raise Boom  # the transaction rolls back after the block
+    assert not User.objects.filter(username="job-stalled-work").exists()
+    assert job_status("tx:job-stalled") == "FAILED"
+    with run_once("tx:job-stalled") as again:
+        assert again.attempt == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_run_once_stalled_and_claimed_by_another_raises_inside_the_transaction(lock_table):
+    claimed: list[int] = []
+
+    def other_worker() -> None:
+        with run_once("tx:job-taken") as other:
+            claimed.append(other.attempt)
+
+    with pytest.raises(LockLost), transaction.atomic():
+        with run_once("tx:job-taken", lease=1) as job:
+            job._heartbeat.stop()
+            User.objects.create(username="job-taken-work")
+            time.sleep(1.7)  # past the lease and CLOCK_SKEW: another worker claims it
+            worker = threading.Thread(target=other_worker)
+            worker.start()
+            worker.join()
+    # The stale run's work rolled back with its transaction; the other run's DONE stands.
+    assert claimed == [2]
+    assert not User.objects.filter(username="job-taken-work").exists()
+    assert job_status("tx:job-taken") == "DONE"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_hold_is_given_back_when_a_later_commit_hook_raises(lock_table):
+    with pytest.raises(BrokerDown) as raised:
+        with transaction.atomic():
+            with semaphore("tx:hook-raises") as held:
+                transaction.on_commit(broker_down)
+    # The caller still has the hook's exception in hand: the hold is given back all the same.
+    assert raised.value is not None
+    assert held.released and not held.pending_commit
+    assert holds_on("tx:hook-raises") == [] and not is_busy("tx:hook-raises")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_transaction_does_not_wait_on_its_own_pending_release(lock_table):
+    with transaction.atomic():
+        with semaphore("tx:twice", wait=0) as first:
+            pass
+        assert first.pending_commit
+        # The same resource again in the same transaction: ours already, no wait.
+        with semaphore("tx:twice", wait=0) as second:
+            assert second.fence == first.fence and second.token == first.token
+        with semaphore(["tx:twice"], wait=0, shared=True):
+            pass  # an exclusive hold covers a shared request too
+        assert is_busy("tx:twice")
+    assert first.released and holds_on("tx:twice") == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_view_calling_a_locked_helper_twice_under_atomic_requests(lock_table, monkeypatch):
+    monkeypatch.setitem(connections.settings["default"], "ATOMIC_REQUESTS", True)
+
+    @semaphore("helper:{n}", wait=0)
+    def rebuild(n: int) -> int:
+        User.objects.create(username=f"rebuilt-{n}-{User.objects.count()}")
+        return current_fence(f"helper:{n}")
+
+    def view(request: Any) -> HttpResponse:
+        return HttpResponse(f"{rebuild(7)} {rebuild(7)}")
+
+    response = transaction.atomic(view)(RequestFactory().get("/"))
+    first, second = response.content.split()
+    assert first == second  # one hold, kept until the commit
+    assert User.objects.count() == 2 and holds_on("helper:7") == []
+
+
+def current_fence(resource: str) -> bytes:
+    from dynasem import current_hold
+
+    return str(current_hold(resource).fence).encode()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "file"])
+def test_closed_connection_inside_atomic_gives_back_when_the_block_ends(lock_table):
+    connection = connections["file"]
+    with pytest.raises(DatabaseError), transaction.atomic(using="file"):
+        with semaphore("tx:closed", using="file") as held:
+            User.objects.using("file").create(username="closed-work")
+        connection.close()  # close_old_connections() in a long task, say
+        assert held.released  # the transaction can never commit now
+        User.objects.using("file").count()  # a closed connection: this raises
+    assert held.released and holds_on("tx:closed") == []
+    assert not User.objects.using("file").filter(username="closed-work").exists()

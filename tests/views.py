@@ -68,7 +68,8 @@ def write_in_transaction(request, name):
     in_transaction = connection.in_atomic_block
 
     def after_commit() -> None:
-        # Registered before the decorator gives the lock back: runs first after the commit.
+        # Registered before the decorator gives the lock back, but dynasem's give-back runs
+        # first after the commit (a hook that raises must not keep the lock).
         AFTER_COMMIT.append(
             {
                 "holders": len(holds_on(f"txview:{name}")),
