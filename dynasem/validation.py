@@ -15,12 +15,28 @@ MAX_LEASE = 7 * 24 * 3600.0
 MODE_EXCLUSIVE, MODE_COUNTING, MODE_SHARED = "x", "n", "s"
 
 
+def utf8_size(value: str, name: str) -> int:
+    """``value``'s length in UTF-8 bytes; a ValueError naming ``name`` if it has none.
+
+    A lone surrogate (what a non-UTF-8 byte in ``sys.argv`` or the environment decodes to)
+    has no UTF-8 form: no request could carry it, so it is refused here, by name, rather than
+    as the codec's own error (or a request's)."""
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        # Shown escaped (repr): the message must itself be printable and loggable.
+        raise ValueError(
+            f"{name} is not valid UTF-8: it contains a lone surrogate "
+            f"{value[exc.start]!r} at index {exc.start}: {value[:40]!r}"
+        ) from None
+
+
 def check_resource(resource: Any, name: str = "resource") -> str:
     if not isinstance(resource, str):
         raise TypeError(f"{name} must be a str, not {type(resource).__name__}: {resource!r}")
     if not resource:
         raise ValueError(f"{name} must be a non-empty str")
-    size = len(resource.encode("utf-8"))
+    size = utf8_size(resource, name)
     if size > MAX_RESOURCE_BYTES:
         raise ValueError(
             f"{name} is {size} UTF-8 bytes; at most {MAX_RESOURCE_BYTES} are allowed: "
@@ -94,7 +110,7 @@ def user_id_of(user: Any) -> str:
     if isinstance(user, str):
         if not user:
             raise ValueError("user must be a non-empty str, a Django user or None")
-        if len(user.encode()) > MAX_RESOURCE_BYTES:
+        if utf8_size(user, "user") > MAX_RESOURCE_BYTES:
             raise ValueError(f"user is longer than {MAX_RESOURCE_BYTES} UTF-8 bytes")
         return user
     authenticated = getattr(user, "is_authenticated", None)
@@ -102,7 +118,10 @@ def user_id_of(user: Any) -> str:
         raise TypeError(f"user must be a Django user, a str or None, not {type(user).__name__}")
     if not authenticated or getattr(user, "pk", None) is None:
         return table.process_identity()
-    return str(user.pk)
+    user_id = str(user.pk)
+    # The pk's text is written (and indexed) as userId: it must have a UTF-8 form too.
+    utf8_size(user_id, "user (its primary key)")
+    return user_id
 
 
 def resolve_timing(lease: float | None, wait: float | None) -> tuple[float, float, float]:

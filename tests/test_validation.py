@@ -88,3 +88,55 @@ def test_resolve_timing_reads_the_live_settings() -> None:
         assert validation.resolve_timing(10.0, 0.0) == (10.0, 0.0, 1.0)
         with pytest.raises(ValueError, match="must be longer than DYNASEM\\['CLOCK_SKEW'\\]"):
             validation.resolve_timing(1.0, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input from outside: lone surrogates
+# ---------------------------------------------------------------------------------------------
+
+LONE = "acc-\ud800-x"  # what a non-UTF-8 byte in argv or an environment variable decodes to
+
+
+class _User:
+    is_authenticated = True
+
+    def __init__(self, pk: Any) -> None:
+        self.pk = pk
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: validation.check_resource(LONE), "resource"),
+        (lambda: validation.check_resource(LONE * 300), "resource"),  # also past 1024 bytes
+        (lambda: validation.check_resources(["ok", LONE]), r"resource\[1\]"),
+        (lambda: validation.check_resource(LONE, "key"), "key"),
+        (lambda: validation.user_id_of(LONE), "user"),
+        (lambda: validation.user_id_of(LONE * 300), "user"),
+        (lambda: validation.user_id_of(_User(LONE)), "user"),
+    ],
+    ids=["resource", "long-resource", "resource-list", "key", "user", "long-user", "user-pk"],
+)
+def test_a_lone_surrogate_is_refused_naming_the_argument(call: Any, name: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{name} .*lone surrogate") as raised:
+        call()
+    assert not isinstance(raised.value, UnicodeError)  # not the codec's own error
+    assert "\\ud800" in str(raised.value)  # shown escaped: the message itself prints
+
+
+def test_a_lone_surrogate_is_refused_before_any_request(requests_sent: Any) -> None:
+    from dynasem import run_once, semaphore
+
+    requests_sent.reset()
+    for make, name in [
+        (lambda: semaphore(LONE), "resource"),
+        (lambda: semaphore(["ok", LONE]), r"resource\[1\]"),
+        (lambda: semaphore("ok", user=LONE), "user"),
+        (lambda: semaphore("ok", user=_User(LONE)), "user"),
+        (lambda: run_once(LONE), "key"),
+        (lambda: run_once("ok", user=LONE), "user"),
+    ]:
+        with pytest.raises(ValueError, match=rf"^{name} .*lone surrogate"):
+            with make():
+                pass  # pragma: no cover - never entered
+    assert requests_sent.total == 0
