@@ -11,8 +11,24 @@ from .conf import settings
 
 MAX_RESOURCE_BYTES = 1024
 MAX_LEASE = 7 * 24 * 3600.0
+# The largest ``limit``. Every holder of a resource is listed in the resource's one DynamoDB
+# item (at most 400 KB: a few thousand holder entries), so no limit past that can ever fill
+# up; 10**9 keeps every limit that can be reached, and refuses by name, before any request,
+# what DynamoDB cannot store (numbers of at most 38 significant digits: limit=10**40 failed
+# in boto3's serializer, decimal.Rounded). It also fits a signed 32-bit integer, for other
+# readers of the table.
+MAX_LIMIT = 10**9
 # A hold's mode as stored: one holder, up to ``limit`` holders, any number of readers.
 MODE_EXCLUSIVE, MODE_COUNTING, MODE_SHARED = "x", "n", "s"
+
+
+def _shown(number: Any) -> str:
+    """``number`` for a message: past 64 bits an int is described, not printed (it may have
+    more digits than ``str()`` converts, and no float holds it)."""
+    if isinstance(number, int) and number.bit_length() > 64:
+        digits = int(number.bit_length() * math.log10(2)) + 1
+        return f"a {'negative ' if number < 0 else ''}number of about {digits} digits"
+    return repr(number)
 
 
 def utf8_size(value: str, name: str) -> int:
@@ -66,7 +82,13 @@ def check_seconds(value: Any, name: str, *, allow_zero: bool, allow_inf: bool) -
         raise TypeError(
             f"{name} must be a number of seconds, not {type(value).__name__}: {value!r}"
         )
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int (or Fraction) past any float: 10**400
+        shown = _shown(math.trunc(value))
+        raise ValueError(
+            f"{name} must be a number of seconds a float can hold, not {shown}"
+        ) from None
     if math.isnan(seconds):
         raise ValueError(f"{name} must be a number of seconds, not NaN")
     if math.isinf(seconds) and not allow_inf:
@@ -87,15 +109,25 @@ def check_wait(value: Any, name: str = "wait") -> float:
     return check_seconds(value, name, allow_zero=True, allow_inf=True)
 
 
-def check_skew(value: Any, name: str = "CLOCK_SKEW") -> float:
-    return check_seconds(value, name, allow_zero=True, allow_inf=False)
+def check_skew(value: Any, name: str = "DYNASEM['CLOCK_SKEW']") -> float:
+    skew = check_seconds(value, name, allow_zero=True, allow_inf=False)
+    # Leases must be longer than the skew and are at most MAX_LEASE: a larger skew can never
+    # work, and would push fences and reap cut-offs past what DynamoDB stores.
+    if skew > MAX_LEASE:
+        raise ValueError(f"{name} must be at most {MAX_LEASE:g} seconds (7 days), not {skew:g}")
+    return skew
 
 
 def check_limit(limit: Any, shared: Any) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int):
         raise TypeError(f"limit must be an int >= 1, not {type(limit).__name__}: {limit!r}")
     if limit < 1:
-        raise ValueError(f"limit must be >= 1, not {limit}")
+        raise ValueError(f"limit must be >= 1, not {_shown(limit)}")
+    if limit > MAX_LIMIT:
+        raise ValueError(
+            f"limit must be at most {MAX_LIMIT} (far more holders than one DynamoDB item can "
+            f"list), not {_shown(limit)}"
+        )
     if not isinstance(shared, bool):
         raise TypeError(f"shared must be True or False, not {shared!r}")
     if shared and limit > 1:

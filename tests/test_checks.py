@@ -185,3 +185,19 @@ def test_checks_do_not_wait_for_an_unreachable_endpoint():
         started = time.monotonic()
         assert check(ENDPOINT_URL=endpoint) == []
         assert time.monotonic() - started < 0.5
+
+
+@pytest.mark.parametrize(
+    ("key", "bad", "check_id"),
+    [
+        ("LEASE", 10**400, "dynasem.E006"),
+        ("WAIT", 10**400, "dynasem.E007"),
+        ("CLOCK_SKEW", 10**400, "dynasem.E008"),
+        ("CLOCK_SKEW", 1e300, "dynasem.E008"),
+    ],
+    ids=["LEASE-10**400", "WAIT-10**400", "CLOCK_SKEW-10**400", "CLOCK_SKEW-1e300"],
+)
+def test_numbers_too_large(key, bad, check_id):
+    messages = check(**{key: bad})
+    assert ids(messages) == [check_id]
+    assert key in messages[0].msg

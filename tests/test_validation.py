@@ -91,7 +91,7 @@ def test_resolve_timing_reads_the_live_settings() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Bad input from outside: lone surrogates
+# Bad input from outside: lone surrogates, numbers too large
 # ---------------------------------------------------------------------------------------------
 
 LONE = "acc-\ud800-x"  # what a non-UTF-8 byte in argv or an environment variable decodes to
@@ -140,3 +140,53 @@ def test_a_lone_surrogate_is_refused_before_any_request(requests_sent: Any) -> N
             with make():
                 pass  # pragma: no cover - never entered
     assert requests_sent.total == 0
+
+
+def test_limit_has_an_upper_bound() -> None:
+    assert validation.check_limit(validation.MAX_LIMIT, False) == validation.MAX_LIMIT
+    for limit in [validation.MAX_LIMIT + 1, 10**40, 10**400]:
+        with pytest.raises(ValueError, match=r"^limit must be at most 1000000000"):
+            validation.check_limit(limit, False)
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: validation.check_lease(10**400), "lease"),
+        (lambda: validation.check_wait(10**400), "wait"),
+        (lambda: validation.check_skew(10**400), r"DYNASEM\['CLOCK_SKEW'\]"),
+        (lambda: validation.check_skew(1e300), r"DYNASEM\['CLOCK_SKEW'\]"),
+        (lambda: validation.check_lease(1e300), "lease"),
+    ],
+    ids=["lease-int", "wait-int", "skew-int", "skew-float", "lease-float"],
+)
+def test_seconds_too_large_are_refused_naming_the_argument(call: Any, name: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{name} must be"):
+        call()
+
+
+def test_huge_numbers_are_refused_before_any_request(requests_sent: Any) -> None:
+    from dynasem import run_once, semaphore
+
+    requests_sent.reset()
+    for make, name in [
+        (lambda: semaphore("ok", limit=10**40), "limit"),
+        (lambda: semaphore("ok", lease=1e300), "lease"),
+        (lambda: semaphore("ok", lease=10**400), "lease"),
+        (lambda: semaphore("ok", wait=10**400), "wait"),
+        (lambda: semaphore("ok", max_hold=10**400), "max_hold"),
+        (lambda: semaphore("ok", max_hold=math.inf), "max_hold"),
+        (lambda: run_once("ok", lease=10**400), "lease"),
+    ]:
+        with pytest.raises(ValueError, match=rf"^{name} must be"):
+            with make():
+                pass  # pragma: no cover - never entered
+    assert requests_sent.total == 0
+
+
+def test_huge_but_allowed_numbers_work(lock_table: str) -> None:
+    from dynasem import semaphore
+
+    # A wait of 1e300 s is as good as forever; max_hold of 1e300 s as good as none.
+    with semaphore("big", limit=validation.MAX_LIMIT, wait=1e300, max_hold=1e300) as held:
+        assert held.fence > 0
