@@ -157,7 +157,11 @@ def user_id_of(user: Any) -> str:
 
 
 def resolve_timing(lease: float | None, wait: float | None) -> tuple[float, float, float]:
-    """Lease, wait and skew in seconds: explicit arguments, else the live settings."""
+    """Lease, wait and skew in seconds: explicit arguments, else the live settings.
+
+    Called before an acquisition's first request: it also refuses a setting of a wrong type
+    under any key (a TypeError naming it), used by this acquisition or not."""
+    settings.check_types()
     skew = check_skew(settings.CLOCK_SKEW)
     lease_s = check_lease(settings.LEASE, "DYNASEM['LEASE']") if lease is None else lease
     wait_s = check_wait(settings.WAIT, "DYNASEM['WAIT']") if wait is None else wait
