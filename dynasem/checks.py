@@ -46,7 +46,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 id="dynasem.E002",
             )
         )
-    table_name = settings.TABLE_NAME
+    # The raw values: the settings' properties refuse a wrong type, which is what is reported.
+    table_name = raw.get("TABLE_NAME", DEFAULTS["TABLE_NAME"])
     if not isinstance(table_name, str) or not 3 <= len(table_name) <= 255:
         problems.append(
             Error(
@@ -55,7 +56,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 id="dynasem.E003",
             )
         )
-    endpoint = settings.ENDPOINT_URL
+    endpoint = raw.get("ENDPOINT_URL", DEFAULTS["ENDPOINT_URL"])
     if endpoint is not None and not _valid_endpoint(endpoint):
         problems.append(
             Error(
@@ -64,7 +65,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 id="dynasem.E004",
             )
         )
-    region = settings.REGION_NAME
+    region = raw.get("REGION_NAME", DEFAULTS["REGION_NAME"])
     if region is not None and not isinstance(region, str):
         problems.append(
             Error(
@@ -80,6 +81,16 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 f"to listen on, such as '127.0.0.1', not {push!r}: {push_problem}.",
                 hint=HINT,
                 id="dynasem.E010",
+            )
+        )
+    fair = raw.get("FAIR", DEFAULTS["FAIR"])
+    if not isinstance(fair, bool):
+        problems.append(
+            Error(
+                f"DYNASEM['FAIR'] must be True or False, not {type(fair).__name__}: {fair!r}.",
+                hint="A str such as 'false' (from an environment variable) would read as true: "
+                "convert it, e.g. os.environ.get('DYNASEM_FAIR') == 'true'.",
+                id="dynasem.E011",
             )
         )
     checks: tuple[tuple[str, Callable[[Any], object], str], ...] = (

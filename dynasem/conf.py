@@ -7,7 +7,8 @@ Every property reads ``django.conf.settings`` on each access, so ``override_sett
 from __future__ import annotations
 
 import math
-from typing import Any, cast
+from numbers import Real
+from typing import Any
 
 from django.conf import settings as django_settings
 
@@ -36,41 +37,65 @@ class Settings:
     def _get(self, key: str) -> Any:
         return self.raw.get(key, DEFAULTS[key])
 
-    # The properties trust the types they declare: a value of another type is reported by the
-    # system checks (checks.py, dynasem.E001-E010), not refused here on every read.
+    # Each property refuses a value of another type (a TypeError naming the key and the value,
+    # as the timing checks in validation.py name a bad LEASE): ``"false"`` from an environment
+    # variable must never read as a true FAIR. The system checks (checks.py, dynasem.E001-E011)
+    # report the same before the first request does.
+
+    def _typed(self, key: str, kinds: tuple[type, ...], expected: str) -> Any:
+        value = self._get(key)
+        # bool is an int (a Real): True is no number of seconds, and 1 is no bool.
+        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+            raise TypeError(
+                f"DYNASEM[{key!r}] must be {expected}, not {type(value).__name__}: {value!r}"
+            )
+        return value
 
     @property
     def TABLE_NAME(self) -> str:  # noqa: N802 - mirrors the settings key
-        return cast(str, self._get("TABLE_NAME"))
+        value: str = self._typed("TABLE_NAME", (str,), "a str")
+        return value
 
     @property
     def ENDPOINT_URL(self) -> str | None:  # noqa: N802
-        return cast("str | None", self._get("ENDPOINT_URL"))
+        value: str | None = self._typed("ENDPOINT_URL", (str, type(None)), "None or a URL str")
+        return value
 
     @property
     def REGION_NAME(self) -> str | None:  # noqa: N802
-        return cast("str | None", self._get("REGION_NAME"))
+        value: str | None = self._typed("REGION_NAME", (str, type(None)), "None or a str")
+        return value
 
     @property
     def LEASE(self) -> float:  # noqa: N802
-        return cast(float, self._get("LEASE"))
+        value: float = self._typed("LEASE", (Real,), "a number of seconds")
+        return value
 
     @property
     def WAIT(self) -> float:  # noqa: N802
-        value = self._get("WAIT")
-        return math.inf if value is None else cast(float, value)
+        value: float | None = self._typed("WAIT", (Real, type(None)), "a number of seconds or None")
+        return math.inf if value is None else value
 
     @property
     def CLOCK_SKEW(self) -> float:  # noqa: N802
-        return cast(float, self._get("CLOCK_SKEW"))
+        value: float = self._typed("CLOCK_SKEW", (Real,), "a number of seconds")
+        return value
 
     @property
     def FAIR(self) -> bool:  # noqa: N802
-        return bool(self._get("FAIR"))
+        value: bool = self._typed("FAIR", (bool,), "True or False")
+        return value
 
     @property
     def PUSH(self) -> str | None:  # noqa: N802
-        return self._get("PUSH") or None
+        value = self._typed("PUSH", (str, type(None)), "None or an IPv4 address str")
+        return value or None
+
+    def check_types(self) -> None:
+        """Raise the TypeError of the first key of a wrong type: called before a first
+        request, so that no request goes out under a broken configuration."""
+        for key in DEFAULTS:
+            getattr(self, key)
 
     def unknown_keys(self) -> list[str]:
         return sorted(set(self.raw) - set(DEFAULTS))

@@ -161,7 +161,7 @@ class Semaphore:
             return self._fair
         if len(self.resources) > 1:
             return False
-        return bool(settings.FAIR)
+        return settings.FAIR  # a TypeError unless a bool: "false" is no True
 
     # -- derived -----------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.utils.functional import LazyObject
 
 from .exceptions import SemaphoreBusy
-from .validation import MAX_RESOURCE_BYTES
+from .validation import MAX_RESOURCE_BYTES, utf8_size
 
 if TYPE_CHECKING:
     from .core import Semaphore
@@ -135,7 +135,8 @@ class KeyTooLong(ValueError):
 def _checked(resource: Any) -> Any:
     """A view's resource(s), refused as :class:`KeyTooLong` past the size a key may have."""
     for key in resource if isinstance(resource, list | tuple) else [resource]:
-        if isinstance(key, str) and len(key.encode("utf-8")) > MAX_RESOURCE_BYTES:
+        # utf8_size: a lone surrogate is a ValueError naming the resource, not a codec error.
+        if isinstance(key, str) and utf8_size(key, "resource") > MAX_RESOURCE_BYTES:
             raise KeyTooLong(key, MAX_RESOURCE_BYTES)
     return resource
 

@@ -11,8 +11,40 @@ from .conf import settings
 
 MAX_RESOURCE_BYTES = 1024
 MAX_LEASE = 7 * 24 * 3600.0
+# The largest ``limit``. Every holder of a resource is listed in the resource's one DynamoDB
+# item (at most 400 KB: a few thousand holder entries), so no limit past that can ever fill
+# up; 10**9 keeps every limit that can be reached, and refuses by name, before any request,
+# what DynamoDB cannot store (numbers of at most 38 significant digits: limit=10**40 failed
+# in boto3's serializer, decimal.Rounded). It also fits a signed 32-bit integer, for other
+# readers of the table.
+MAX_LIMIT = 10**9
 # A hold's mode as stored: one holder, up to ``limit`` holders, any number of readers.
 MODE_EXCLUSIVE, MODE_COUNTING, MODE_SHARED = "x", "n", "s"
+
+
+def _shown(number: Any) -> str:
+    """``number`` for a message: past 64 bits an int is described, not printed (it may have
+    more digits than ``str()`` converts, and no float holds it)."""
+    if isinstance(number, int) and number.bit_length() > 64:
+        digits = int(number.bit_length() * math.log10(2)) + 1
+        return f"a {'negative ' if number < 0 else ''}number of about {digits} digits"
+    return repr(number)
+
+
+def utf8_size(value: str, name: str) -> int:
+    """``value``'s length in UTF-8 bytes; a ValueError naming ``name`` if it has none.
+
+    A lone surrogate (what a non-UTF-8 byte in ``sys.argv`` or the environment decodes to)
+    has no UTF-8 form: no request could carry it, so it is refused here, by name, rather than
+    as the codec's own error (or a request's)."""
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        # Shown escaped (repr): the message must itself be printable and loggable.
+        raise ValueError(
+            f"{name} is not valid UTF-8: it contains a lone surrogate "
+            f"{value[exc.start]!r} at index {exc.start}: {value[:40]!r}"
+        ) from None
 
 
 def check_resource(resource: Any, name: str = "resource") -> str:
@@ -20,7 +52,7 @@ def check_resource(resource: Any, name: str = "resource") -> str:
         raise TypeError(f"{name} must be a str, not {type(resource).__name__}: {resource!r}")
     if not resource:
         raise ValueError(f"{name} must be a non-empty str")
-    size = len(resource.encode("utf-8"))
+    size = utf8_size(resource, name)
     if size > MAX_RESOURCE_BYTES:
         raise ValueError(
             f"{name} is {size} UTF-8 bytes; at most {MAX_RESOURCE_BYTES} are allowed: "
@@ -50,7 +82,13 @@ def check_seconds(value: Any, name: str, *, allow_zero: bool, allow_inf: bool) -
         raise TypeError(
             f"{name} must be a number of seconds, not {type(value).__name__}: {value!r}"
         )
-    seconds = float(value)
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int (or Fraction) past any float: 10**400
+        shown = _shown(math.trunc(value))
+        raise ValueError(
+            f"{name} must be a number of seconds a float can hold, not {shown}"
+        ) from None
     if math.isnan(seconds):
         raise ValueError(f"{name} must be a number of seconds, not NaN")
     if math.isinf(seconds) and not allow_inf:
@@ -71,15 +109,25 @@ def check_wait(value: Any, name: str = "wait") -> float:
     return check_seconds(value, name, allow_zero=True, allow_inf=True)
 
 
-def check_skew(value: Any, name: str = "CLOCK_SKEW") -> float:
-    return check_seconds(value, name, allow_zero=True, allow_inf=False)
+def check_skew(value: Any, name: str = "DYNASEM['CLOCK_SKEW']") -> float:
+    skew = check_seconds(value, name, allow_zero=True, allow_inf=False)
+    # Leases must be longer than the skew and are at most MAX_LEASE: a larger skew can never
+    # work, and would push fences and reap cut-offs past what DynamoDB stores.
+    if skew > MAX_LEASE:
+        raise ValueError(f"{name} must be at most {MAX_LEASE:g} seconds (7 days), not {skew:g}")
+    return skew
 
 
 def check_limit(limit: Any, shared: Any) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int):
         raise TypeError(f"limit must be an int >= 1, not {type(limit).__name__}: {limit!r}")
     if limit < 1:
-        raise ValueError(f"limit must be >= 1, not {limit}")
+        raise ValueError(f"limit must be >= 1, not {_shown(limit)}")
+    if limit > MAX_LIMIT:
+        raise ValueError(
+            f"limit must be at most {MAX_LIMIT} (far more holders than one DynamoDB item can "
+            f"list), not {_shown(limit)}"
+        )
     if not isinstance(shared, bool):
         raise TypeError(f"shared must be True or False, not {shared!r}")
     if shared and limit > 1:
@@ -94,7 +142,7 @@ def user_id_of(user: Any) -> str:
     if isinstance(user, str):
         if not user:
             raise ValueError("user must be a non-empty str, a Django user or None")
-        if len(user.encode()) > MAX_RESOURCE_BYTES:
+        if utf8_size(user, "user") > MAX_RESOURCE_BYTES:
             raise ValueError(f"user is longer than {MAX_RESOURCE_BYTES} UTF-8 bytes")
         return user
     authenticated = getattr(user, "is_authenticated", None)
@@ -102,11 +150,18 @@ def user_id_of(user: Any) -> str:
         raise TypeError(f"user must be a Django user, a str or None, not {type(user).__name__}")
     if not authenticated or getattr(user, "pk", None) is None:
         return table.process_identity()
-    return str(user.pk)
+    user_id = str(user.pk)
+    # The pk's text is written (and indexed) as userId: it must have a UTF-8 form too.
+    utf8_size(user_id, "user (its primary key)")
+    return user_id
 
 
 def resolve_timing(lease: float | None, wait: float | None) -> tuple[float, float, float]:
-    """Lease, wait and skew in seconds: explicit arguments, else the live settings."""
+    """Lease, wait and skew in seconds: explicit arguments, else the live settings.
+
+    Called before an acquisition's first request: it also refuses a setting of a wrong type
+    under any key (a TypeError naming it), used by this acquisition or not."""
+    settings.check_types()
     skew = check_skew(settings.CLOCK_SKEW)
     lease_s = check_lease(settings.LEASE, "DYNASEM['LEASE']") if lease is None else lease
     wait_s = check_wait(settings.WAIT, "DYNASEM['WAIT']") if wait is None else wait

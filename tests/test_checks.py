@@ -14,6 +14,7 @@ from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
 from dynasem.checks import check_settings
+from dynasem.conf import DEFAULTS
 
 VALID = {
     "TABLE_NAME": "locks",
@@ -185,3 +186,60 @@ def test_checks_do_not_wait_for_an_unreachable_endpoint():
         started = time.monotonic()
         assert check(ENDPOINT_URL=endpoint) == []
         assert time.monotonic() - started < 0.5
+
+
+@pytest.mark.parametrize("bad", ["false", "False", "true", "0", 0, 1, None, [True]])
+def test_bad_fair(bad):
+    # "false" from an environment variable would otherwise mean True.
+    messages = check(FAIR=bad)
+    assert ids(messages) == ["dynasem.E011"]
+    assert messages[0].level == ERROR
+    assert "FAIR" in messages[0].msg
+    assert repr(bad) in messages[0].msg
+
+
+@pytest.mark.parametrize("good", [True, False])
+def test_good_fair(good):
+    assert check(FAIR=good) == []
+
+
+# One value of a wrong type per key, as a setting read from the environment would give it.
+WRONG_TYPES = {
+    "TABLE_NAME": 12345,
+    "ENDPOINT_URL": 8000,
+    "REGION_NAME": ["eu-west-1"],
+    "LEASE": "60",
+    "WAIT": "0",
+    "CLOCK_SKEW": "5",
+    "FAIR": "false",
+    "PUSH": 127,
+}
+
+
+def test_every_key_has_a_wrong_type_case():
+    assert set(WRONG_TYPES) == set(DEFAULTS)
+
+
+@pytest.mark.parametrize("key", sorted(WRONG_TYPES))
+def test_every_setting_of_the_wrong_type_is_an_error(key):
+    messages = check(**{key: WRONG_TYPES[key]})
+    assert [m.level for m in messages] == [ERROR], messages
+    assert messages[0].id.startswith("dynasem.E")
+    assert f"DYNASEM['{key}']" in messages[0].msg
+    assert repr(WRONG_TYPES[key]) in messages[0].msg
+
+
+@pytest.mark.parametrize(
+    ("key", "bad", "check_id"),
+    [
+        ("LEASE", 10**400, "dynasem.E006"),
+        ("WAIT", 10**400, "dynasem.E007"),
+        ("CLOCK_SKEW", 10**400, "dynasem.E008"),
+        ("CLOCK_SKEW", 1e300, "dynasem.E008"),
+    ],
+    ids=["LEASE-10**400", "WAIT-10**400", "CLOCK_SKEW-10**400", "CLOCK_SKEW-1e300"],
+)
+def test_numbers_too_large(key, bad, check_id):
+    messages = check(**{key: bad})
+    assert ids(messages) == [check_id]
+    assert key in messages[0].msg

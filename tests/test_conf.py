@@ -9,7 +9,7 @@ import pytest
 from django.conf import settings as django_settings
 from django.test import override_settings
 
-from dynasem import SemaphoreUnavailable, TableMissing, conf, semaphore, table
+from dynasem import SemaphoreUnavailable, TableMissing, conf, run_once, semaphore, table
 from dynasem.conf import DEFAULTS
 from tests.conftest import dynasem_settings
 
@@ -225,3 +225,69 @@ def test_requests_are_signed_with_the_default_chains_credentials(
     for header in signed:
         assert "Credential=fromenvironment/" in header
         assert "from-settings" not in header
+
+
+# ---------------------------------------------------------------------------------------------
+# A setting of the wrong type, read at runtime: refused naming the key, never taken as truthy
+# ---------------------------------------------------------------------------------------------
+
+WRONG_TYPES = {
+    "TABLE_NAME": 12345,
+    "ENDPOINT_URL": 8000,
+    "REGION_NAME": ["eu-west-1"],
+    "LEASE": "60",
+    "WAIT": "0",
+    "CLOCK_SKEW": "5",
+    "FAIR": "false",
+    "PUSH": 127,
+}
+
+
+def test_every_key_has_a_wrong_type_case():
+    assert set(WRONG_TYPES) == set(DEFAULTS)
+
+
+@pytest.mark.parametrize("key", sorted(WRONG_TYPES))
+def test_a_setting_of_the_wrong_type_is_refused_when_read(key):
+    bad = WRONG_TYPES[key]
+    with override_settings(DYNASEM={key: bad}):
+        with pytest.raises(TypeError) as raised:
+            getattr(conf.settings, key)
+    assert f"DYNASEM['{key}']" in str(raised.value)
+    assert repr(bad) in str(raised.value)
+
+
+@pytest.mark.parametrize("bad", ["false", "False", "0", 0, 1, None])
+def test_fair_from_an_environment_string_is_refused_before_any_request(
+    lock_table, dynamodb_local, requests_sent, bad
+):
+    requests_sent.reset()
+    with override_settings(DYNASEM=dynasem_settings(dynamodb_local, lock_table, FAIR=bad)):
+        sem = semaphore("fair:1")
+        with pytest.raises(TypeError, match=r"DYNASEM\['FAIR'\] must be True or False"):
+            sem.fair  # noqa: B018 - the property raises
+        with pytest.raises(TypeError, match=r"DYNASEM\['FAIR'\]"), sem:
+            pass  # pragma: no cover - never entered
+    assert requests_sent.total == 0
+
+
+@pytest.mark.parametrize("key", sorted(WRONG_TYPES))
+def test_no_request_goes_out_under_a_setting_of_the_wrong_type(
+    lock_table, dynamodb_local, requests_sent, key
+):
+    requests_sent.reset()
+    with override_settings(
+        DYNASEM=dynasem_settings(dynamodb_local, lock_table, **{key: WRONG_TYPES[key]})
+    ):
+        with pytest.raises(TypeError, match=rf"DYNASEM\['{key}'\]"), semaphore("typed:1"):
+            pass  # pragma: no cover - never entered
+        with pytest.raises(TypeError, match=rf"DYNASEM\['{key}'\]"), run_once("typed:1"):
+            pass  # pragma: no cover - never entered
+    assert requests_sent.total == 0
+
+
+def test_fair_given_as_a_bool_is_read_as_given():
+    for value in [True, False]:
+        with override_settings(DYNASEM={"FAIR": value}):
+            assert conf.settings.FAIR is value
+            assert semaphore("fair:2").fair is value

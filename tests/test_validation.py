@@ -88,3 +88,105 @@ def test_resolve_timing_reads_the_live_settings() -> None:
         assert validation.resolve_timing(10.0, 0.0) == (10.0, 0.0, 1.0)
         with pytest.raises(ValueError, match="must be longer than DYNASEM\\['CLOCK_SKEW'\\]"):
             validation.resolve_timing(1.0, None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input from outside: lone surrogates, numbers too large
+# ---------------------------------------------------------------------------------------------
+
+LONE = "acc-\ud800-x"  # what a non-UTF-8 byte in argv or an environment variable decodes to
+
+
+class _User:
+    is_authenticated = True
+
+    def __init__(self, pk: Any) -> None:
+        self.pk = pk
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: validation.check_resource(LONE), "resource"),
+        (lambda: validation.check_resource(LONE * 300), "resource"),  # also past 1024 bytes
+        (lambda: validation.check_resources(["ok", LONE]), r"resource\[1\]"),
+        (lambda: validation.check_resource(LONE, "key"), "key"),
+        (lambda: validation.user_id_of(LONE), "user"),
+        (lambda: validation.user_id_of(LONE * 300), "user"),
+        (lambda: validation.user_id_of(_User(LONE)), "user"),
+    ],
+    ids=["resource", "long-resource", "resource-list", "key", "user", "long-user", "user-pk"],
+)
+def test_a_lone_surrogate_is_refused_naming_the_argument(call: Any, name: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{name} .*lone surrogate") as raised:
+        call()
+    assert not isinstance(raised.value, UnicodeError)  # not the codec's own error
+    assert "\\ud800" in str(raised.value)  # shown escaped: the message itself prints
+
+
+def test_a_lone_surrogate_is_refused_before_any_request(requests_sent: Any) -> None:
+    from dynasem import run_once, semaphore
+
+    requests_sent.reset()
+    for make, name in [
+        (lambda: semaphore(LONE), "resource"),
+        (lambda: semaphore(["ok", LONE]), r"resource\[1\]"),
+        (lambda: semaphore("ok", user=LONE), "user"),
+        (lambda: semaphore("ok", user=_User(LONE)), "user"),
+        (lambda: run_once(LONE), "key"),
+        (lambda: run_once("ok", user=LONE), "user"),
+    ]:
+        with pytest.raises(ValueError, match=rf"^{name} .*lone surrogate"):
+            with make():
+                pass  # pragma: no cover - never entered
+    assert requests_sent.total == 0
+
+
+def test_limit_has_an_upper_bound() -> None:
+    assert validation.check_limit(validation.MAX_LIMIT, False) == validation.MAX_LIMIT
+    for limit in [validation.MAX_LIMIT + 1, 10**40, 10**400]:
+        with pytest.raises(ValueError, match=r"^limit must be at most 1000000000"):
+            validation.check_limit(limit, False)
+
+
+@pytest.mark.parametrize(
+    "call, name",
+    [
+        (lambda: validation.check_lease(10**400), "lease"),
+        (lambda: validation.check_wait(10**400), "wait"),
+        (lambda: validation.check_skew(10**400), r"DYNASEM\['CLOCK_SKEW'\]"),
+        (lambda: validation.check_skew(1e300), r"DYNASEM\['CLOCK_SKEW'\]"),
+        (lambda: validation.check_lease(1e300), "lease"),
+    ],
+    ids=["lease-int", "wait-int", "skew-int", "skew-float", "lease-float"],
+)
+def test_seconds_too_large_are_refused_naming_the_argument(call: Any, name: str) -> None:
+    with pytest.raises(ValueError, match=rf"^{name} must be"):
+        call()
+
+
+def test_huge_numbers_are_refused_before_any_request(requests_sent: Any) -> None:
+    from dynasem import run_once, semaphore
+
+    requests_sent.reset()
+    for make, name in [
+        (lambda: semaphore("ok", limit=10**40), "limit"),
+        (lambda: semaphore("ok", lease=1e300), "lease"),
+        (lambda: semaphore("ok", lease=10**400), "lease"),
+        (lambda: semaphore("ok", wait=10**400), "wait"),
+        (lambda: semaphore("ok", max_hold=10**400), "max_hold"),
+        (lambda: semaphore("ok", max_hold=math.inf), "max_hold"),
+        (lambda: run_once("ok", lease=10**400), "lease"),
+    ]:
+        with pytest.raises(ValueError, match=rf"^{name} must be"):
+            with make():
+                pass  # pragma: no cover - never entered
+    assert requests_sent.total == 0
+
+
+def test_huge_but_allowed_numbers_work(lock_table: str) -> None:
+    from dynasem import semaphore
+
+    # A wait of 1e300 s is as good as forever; max_hold of 1e300 s as good as none.
+    with semaphore("big", limit=validation.MAX_LIMIT, wait=1e300, max_hold=1e300) as held:
+        assert held.fence > 0
