@@ -33,16 +33,7 @@ from .conf import settings
 from .decorators import Decoration, lock_callable
 from .drivers import Request, Sleep, Steps, Write, run_async, run_sync, withdraw
 from .exceptions import SemaphoreUnavailable
-from .held import (
-    Held,
-    acquired,
-    current_hold,
-    forget_entered,
-    give_back_unused,
-    leave,
-    pending_hold,
-    remember_entered,
-)
+from .held import Held, acquired, current_hold, enter, forget_entered, leave, pending_hold
 from .queueing import (
     GUESS_BUSY_FOR,
     Pace,
@@ -513,25 +504,13 @@ class Semaphore:
     # -- context managers --------------------------------------------------------------------
 
     def __enter__(self) -> Held:
-        held = self.acquire()
-        try:
-            remember_entered(self, held)
-        except BaseException:  # an interrupt before the block: nobody will use the hold
-            give_back_unused(held)
-            raise
-        return held
+        return enter(self, self.acquire())
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         leave(forget_entered(self), exc_type is not None)
 
     async def __aenter__(self) -> Held:
-        held = await self.aacquire()
-        try:
-            remember_entered(self, held)
-        except BaseException:
-            give_back_unused(held)
-            raise
-        return held
+        return enter(self, await self.aacquire())
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         held = forget_entered(self)

@@ -515,6 +515,16 @@ def remember_entered(sem: Semaphore, held: Held) -> None:
     _entered.set(_entered.get() + ((id(sem), held),))
 
 
+def enter(sem: Semaphore, held: Held) -> Held:
+    """``held`` entered as ``sem``'s block (``with``/``async with``)."""
+    try:
+        remember_entered(sem, held)
+    except BaseException:  # an interrupt before the block: nobody will use the hold
+        give_back_unused(held)
+        raise
+    return held
+
+
 def current_hold(resource: str | None = None) -> Held:
     """The innermost hold this thread or task entered (``with``/``async with``, or a decorated
     call) and has not left; the innermost one on ``resource`` if given. A decorated view or

@@ -299,8 +299,10 @@ def test_wait_ends_as_soon_as_holder_releases(lock_table: str) -> None:
 
     def release_later() -> None:
         time.sleep(0.3)
-        first.release()
+        # When the release starts: its write hands the lock over, so the waiter may hold it
+        # (and return) before release() has returned here.
         released_at.append(time.monotonic())
+        first.release()
 
     releaser = threading.Thread(target=release_later)
     started = time.monotonic()
