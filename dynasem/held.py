@@ -323,46 +323,53 @@ class Held:
 
     def _hand_over(self) -> bool | None:
         """Release straight to the first waiter (or the readers at the head of the line), in
-        one write. None: no heir, or one left (then a plain release follows)."""
-        heirs = self._heirs()
-        if not heirs or self._lost is not None:
-            return None
-        now = clock.now_ms()
-        # Every heir a fence of its own, above every earlier one.
-        fence = max(clock.new_fence(self.skew), self.fence + 1)
-        entries = []
-        for i, (token, waiter) in enumerate(heirs):
-            lease_ms = waiter.lease_ms if waiter.lease_ms is not None else int(self.lease * 1000)
-            entry = table.holder_entry(
-                waiter.user_id, now + lease_ms, fence + i, now, waiter.shared
-            )
-            entries.append((token, waiter.ticket, entry))
-        shared = heirs[0][1].shared
-        try:
-            item = table.update(
-                table.hand_over(
-                    self.resource,
-                    self.token,
-                    entries,
-                    hold_ms=self._hold_ms(),
-                    mode=MODE_SHARED if shared else None,
-                ),
-                return_new=True,
-            )
-        except table.Refused as refused:
-            old = refused.lock
-            if old is not None and self.token in old.holders:
-                self._observe(old)  # an heir left (or our fence was behind): plain release
+        one write. None: no heir, or they left (then a plain release follows)."""
+        fence = self.fence
+        for _ in range(3):
+            heirs = self._heirs()
+            if not heirs or self._lost is not None:
                 return None
-            return self._released_by(old, refused.retried)
-        except SemaphoreUnavailable:
-            return None
-        if item is not None:
-            sent_ms = clock.now_ms()
-            for token, waiter in heirs:
-                if waiter.address:
-                    wakeup.push(waiter.address, self.resource, token, item, sent_ms=sent_ms)
-        return True
+            now = clock.now_ms()
+            # Every heir a fence of its own, above every earlier one (ours, the stored one).
+            fence = max(clock.new_fence(self.skew), fence + 1)
+            entries = []
+            for i, (token, waiter) in enumerate(heirs):
+                lease_ms = (
+                    waiter.lease_ms if waiter.lease_ms is not None else int(self.lease * 1000)
+                )
+                entry = table.holder_entry(
+                    waiter.user_id, now + lease_ms, fence + i, now, waiter.shared
+                )
+                entries.append((token, waiter.ticket, entry))
+            shared = heirs[0][1].shared
+            try:
+                item = table.update(
+                    table.hand_over(
+                        self.resource,
+                        self.token,
+                        entries,
+                        hold_ms=self._hold_ms(),
+                        mode=MODE_SHARED if shared else None,
+                    ),
+                    return_new=True,
+                )
+            except table.Refused as refused:
+                old = refused.lock
+                if old is None or self.token not in old.holders:
+                    return self._released_by(old, refused.retried)
+                # An heir left (or the stored fence was ahead): again with the line as it is.
+                self._observe(old)
+                fence = max(fence, old.fence)
+                continue
+            except SemaphoreUnavailable:
+                return None
+            if item is not None:
+                sent_ms = clock.now_ms()
+                for token, waiter in heirs:
+                    if waiter.address:
+                        wakeup.push(waiter.address, self.resource, token, item, sent_ms=sent_ms)
+            return True
+        return None
 
     def _give_back(self) -> bool:
         """Send the release; True if every resource was ours until now."""

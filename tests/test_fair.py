@@ -271,3 +271,37 @@ def test_readers_beyond_one_hand_over_join_those_it_admitted(lock_table, monkeyp
     assert all(isinstance(r, tuple) for r in readers), readers
     assert max(r[0] for r in readers) < min(r[1] for r in readers), readers
     assert len({r[2] for r in readers}) == 3 and min(r[2] for r in readers) > writer.fence
+
+
+def test_a_reader_that_left_the_line_costs_the_hand_over_one_more_write(lock_table, requests_sent):
+    resource = "report:weekly"
+    writer = semaphore(resource).acquire()
+    out: dict = {}
+    threads: dict = {}
+    _hold_in_turn(resource, "R1", True, 1.0, out, threads)
+    wait_for_queue(resource, 1)
+    quitter = threading.Thread(
+        target=lambda: out.setdefault("quit", _busy(resource, shared=True, fair=True, wait=2))
+    )
+    quitter.start()
+    wait_for_queue(resource, 2)
+    writer.renew()  # the writer sees both readers in line...
+    assert len(writer._queue) == 2
+    quitter.join(10)  # ...then the second gives up and leaves it
+    assert isinstance(out["quit"], SemaphoreBusy) and len(queue_of(resource)) == 1
+    requests_sent.reset()
+    writer.release()
+    # Refused (an heir left), then again with the line as it is: R1 holds from that write.
+    assert requests_sent.calls["UpdateItem"] == 2
+    row = table.stored_item(resource) or {}
+    assert [h["u"] for h in row["holders"].values()] == ["R1"]
+    threads["R1"].join(30)
+    assert isinstance(out["R1"], tuple) and out["R1"][2] > writer.fence
+
+
+def _busy(resource: str, **kwargs) -> Exception | None:
+    try:
+        semaphore(resource, **kwargs).acquire().release()
+    except SemaphoreBusy as exc:
+        return exc
+    return None
