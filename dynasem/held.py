@@ -25,6 +25,9 @@ logger = logging.getLogger("dynasem")
 # A plain release of a hold older than this (seconds) asks for the item back, to push the
 # first of any waiters that queued after we last saw the queue.
 WAKE_AFTER = 0.05
+# The most readers one hand-over admits together: each adds an entry to the row (and to the
+# push that carries it). Readers beyond are let in by those admitted (``_wake_next_reader``).
+MAX_ADMIT = 16
 
 
 def _first_live(queue: Mapping[str, table.Waiter], now_ms: int) -> tuple[str, table.Waiter] | None:
@@ -34,6 +37,22 @@ def _first_live(queue: Mapping[str, table.Waiter], now_ms: int) -> tuple[str, ta
         return None
     _, token = min(live)
     return token, queue[token]
+
+
+def _next_in_line(queue: Mapping[str, table.Waiter], now_ms: int) -> list[tuple[str, table.Waiter]]:
+    """Who takes the lock next, first come first served among live waiters: the first one if
+    it is exclusive; else every reader at the head of the line, up to the first exclusive
+    waiter (and at most MAX_ADMIT): shared holders hold together."""
+    live = sorted((w.ticket, t) for t, w in queue.items() if w.expires_ms > now_ms)
+    heirs: list[tuple[str, table.Waiter]] = []
+    for _, token in live:
+        waiter = queue[token]
+        if heirs and not waiter.shared:
+            break
+        heirs.append((token, waiter))
+        if not waiter.shared or len(heirs) >= MAX_ADMIT:
+            break
+    return heirs
 
 
 class Held:
@@ -84,12 +103,11 @@ class Held:
         mine = int((clock.monotonic() - self._taken_mono) * 1000)
         return mine if self._hold_avg is None else (3 * self._hold_avg + mine) // 4
 
-    def _heir(self) -> tuple[str, table.Waiter] | None:
-        """The first live waiter we know of, if the hold is exclusive."""
+    def _heirs(self) -> list[tuple[str, table.Waiter]]:
+        """The live waiters we know of that take over from us, if the hold is exclusive."""
         if self.semaphore.mode != MODE_EXCLUSIVE or len(self.resources) != 1:
-            return None
-        now = clock.now_ms()
-        return _first_live(self._queue, now)
+            return []
+        return _next_in_line(self._queue, clock.now_ms())
 
     # -- what users read ---------------------------------------------------------------------
 
@@ -306,38 +324,54 @@ class Held:
         await asyncio.to_thread(self.release)
 
     def _hand_over(self) -> bool | None:
-        """Release straight to the first waiter (one write). None: no heir, or it left."""
-        heir = self._heir()
-        if heir is None or self._lost is not None:
-            return None
-        token, waiter = heir
-        now = clock.now_ms()
-        fence = max(clock.new_fence(self.skew), self.fence + 1)
-        lease_ms = waiter.lease_ms if waiter.lease_ms is not None else int(self.lease * 1000)
-        entry = table.holder_entry(waiter.user_id, now + lease_ms, fence, now, waiter.shared)
-        try:
-            item = table.update(
-                table.hand_over(
-                    self.resource,
-                    self.token,
-                    token,
-                    waiter.ticket,
-                    entry,
-                    hold_ms=self._hold_ms(),
-                ),
-                return_new=True,
-            )
-        except table.Refused as refused:
-            old = refused.lock
-            if old is not None and self.token in old.holders:
-                self._observe(old)  # the heir left (or our fence was behind): plain release
+        """Release straight to the first waiter (or the readers at the head of the line), in
+        one write. None: no heir, or they left (then a plain release follows)."""
+        fence = self.fence
+        for _ in range(3):
+            heirs = self._heirs()
+            if not heirs or self._lost is not None:
                 return None
-            return self._released_by(old, refused.retried)
-        except SemaphoreUnavailable:
-            return None
-        if waiter.address and item is not None:
-            wakeup.push(waiter.address, self.resource, token, item, sent_ms=clock.now_ms())
-        return True
+            now = clock.now_ms()
+            # Every heir a fence of its own, above every earlier one (ours, the stored one).
+            fence = max(clock.new_fence(self.skew), fence + 1)
+            entries = []
+            for i, (token, waiter) in enumerate(heirs):
+                lease_ms = (
+                    waiter.lease_ms if waiter.lease_ms is not None else int(self.lease * 1000)
+                )
+                entry = table.holder_entry(
+                    waiter.user_id, now + lease_ms, fence + i, now, waiter.shared
+                )
+                entries.append((token, waiter.ticket, entry))
+            shared = heirs[0][1].shared
+            try:
+                item = table.update(
+                    table.hand_over(
+                        self.resource,
+                        self.token,
+                        entries,
+                        hold_ms=self._hold_ms(),
+                        mode=MODE_SHARED if shared else None,
+                    ),
+                    return_new=True,
+                )
+            except table.Refused as refused:
+                old = refused.lock
+                if old is None or self.token not in old.holders:
+                    return self._released_by(old, refused.retried)
+                # An heir left (or the stored fence was ahead): again with the line as it is.
+                self._observe(old)
+                fence = max(fence, old.fence)
+                continue
+            except SemaphoreUnavailable:
+                return None
+            if item is not None:
+                sent_ms = clock.now_ms()
+                for token, waiter in heirs:
+                    if waiter.address:
+                        wakeup.push(waiter.address, self.resource, token, item, sent_ms=sent_ms)
+            return True
+        return None
 
     def _give_back(self) -> bool:
         """Send the release; True if every resource was ours until now."""

@@ -5,10 +5,16 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 import time
 
+import pytest
+from django.test import override_settings
+
 from dynasem import SemaphoreBusy, semaphore, table
+from dynasem import held as held_module
 from tests import workers
+from tests.conftest import dynasem_settings
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -46,8 +52,6 @@ def test_waiters_are_served_in_the_order_they_queued(dynamodb_local, lock_table)
 
 
 def test_release_hands_the_lock_to_the_first_waiter(lock_table, requests_sent):
-    import threading
-
     holder = semaphore("env:acceptance").acquire()
     got = []
 
@@ -148,8 +152,6 @@ def test_a_waiter_that_gives_up_leaves_the_queue(lock_table):
 
 
 def test_queue_depth_is_readable(lock_table):
-    import threading
-
     from dynasem.operations import queue_depth
 
     holder = semaphore("q:2").acquire()
@@ -186,3 +188,120 @@ def test_a_dead_waiter_ahead_costs_few_reads(lock_table, requests_sent):
     assert time.monotonic() - started >= 2.9
     # Reading every ~50 ms (the hold-time estimate) would be ~60 reads in 3 s.
     assert requests_sent.calls["GetItem"] <= 20, requests_sent.calls
+
+
+def _hold_in_turn(
+    resource: str, name: str, shared: bool, seconds: float, out: dict, ready: dict
+) -> threading.Thread:
+    """A fair waiter that, once it holds, records (start, end, fence) under ``name``."""
+
+    def run() -> None:
+        try:
+            with semaphore(resource, shared=shared, fair=True, wait=30, user=name) as held:
+                start = time.monotonic()
+                time.sleep(seconds)
+                out[name] = (start, time.monotonic(), held.fence)
+        except Exception as exc:  # reported to the test
+            out[name] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    ready[name] = thread
+    return thread
+
+
+@pytest.mark.parametrize("push", ["push", "read"])
+def test_readers_handed_the_lock_by_a_writer_hold_it_together(dynamodb_local, lock_table, push):
+    # Readers R1..R3 queue behind the writer W0, then the writer W1, then the reader R4.
+    # W0's release admits R1..R3 at once (shared: any number of them), W1 next, R4 after it:
+    # nobody cuts in line, and no reader behind W1 joins the readers ahead of it.
+    extra = {} if push == "push" else {"PUSH": None}
+    resource = "report:annual"
+    with override_settings(DYNASEM=dynasem_settings(dynamodb_local, lock_table, **extra)):
+        writer = semaphore(resource).acquire()
+        out: dict = {}
+        threads: dict = {}
+        line = [("R1", True, 1.5), ("R2", True, 1.5), ("R3", True, 1.5)]
+        line += [("W1", False, 0.3), ("R4", True, 0.3)]
+        for i, (name, shared, seconds) in enumerate(line):
+            _hold_in_turn(resource, name, shared, seconds, out, threads)
+            wait_for_queue(resource, i + 1)  # in line before the next one starts
+        writer.renew()  # the writer learns its queue (any write returns it)
+        writer.release()
+        row = table.stored_item(resource) or {}
+        # The release write itself made every reader at the head of the line a holder.
+        assert sorted(h["u"] for h in row["holders"].values()) == ["R1", "R2", "R3"]
+        assert row["mode"] == "s"
+        assert sorted(w["u"] for w in row["queue"].values()) == ["R4", "W1"]
+        for thread in threads.values():
+            thread.join(60)
+    errors = {n: v for n, v in out.items() if isinstance(v, Exception)}
+    assert not errors, errors
+    r1, r2, r3, w1, r4 = (out[n] for n in ("R1", "R2", "R3", "W1", "R4"))
+    readers = [r1, r2, r3]
+    # The three readers held at the same time...
+    assert max(r[0] for r in readers) < min(r[1] for r in readers), readers
+    # ...the writer behind them only after all of them, the reader behind it only after it.
+    assert w1[0] >= max(r[1] for r in readers), (w1, readers)
+    assert r4[0] >= w1[1], (r4, w1)
+    # Every holder's fence is larger than every earlier holder's.
+    fences = [r[2] for r in readers]
+    assert len(set(fences)) == 3 and min(fences) > writer.fence
+    assert w1[2] > max(fences) and r4[2] > w1[2]
+
+
+def test_readers_beyond_one_hand_over_join_those_it_admitted(lock_table, monkeypatch):
+    # One hand-over admits at most MAX_ADMIT readers (the row, and the push carrying it, stay
+    # small); the first reader left in line is pushed by those admitted and joins them.
+    monkeypatch.setattr(held_module, "MAX_ADMIT", 2)
+    resource = "report:monthly"
+    writer = semaphore(resource).acquire()
+    out: dict = {}
+    threads: dict = {}
+    for i, name in enumerate(("R1", "R2", "R3")):
+        _hold_in_turn(resource, name, True, 1.5, out, threads)
+        wait_for_queue(resource, i + 1)
+    writer.renew()
+    writer.release()
+    row = table.stored_item(resource) or {}
+    assert sorted(h["u"] for h in row["holders"].values()) == ["R1", "R2"]
+    for thread in threads.values():
+        thread.join(60)
+    readers = [out[n] for n in ("R1", "R2", "R3")]
+    assert all(isinstance(r, tuple) for r in readers), readers
+    assert max(r[0] for r in readers) < min(r[1] for r in readers), readers
+    assert len({r[2] for r in readers}) == 3 and min(r[2] for r in readers) > writer.fence
+
+
+def test_a_reader_that_left_the_line_costs_the_hand_over_one_more_write(lock_table, requests_sent):
+    resource = "report:weekly"
+    writer = semaphore(resource).acquire()
+    out: dict = {}
+    threads: dict = {}
+    _hold_in_turn(resource, "R1", True, 1.0, out, threads)
+    wait_for_queue(resource, 1)
+    quitter = threading.Thread(
+        target=lambda: out.setdefault("quit", _busy(resource, shared=True, fair=True, wait=2))
+    )
+    quitter.start()
+    wait_for_queue(resource, 2)
+    writer.renew()  # the writer sees both readers in line...
+    assert len(writer._queue) == 2
+    quitter.join(10)  # ...then the second gives up and leaves it
+    assert isinstance(out["quit"], SemaphoreBusy) and len(queue_of(resource)) == 1
+    requests_sent.reset()
+    writer.release()
+    # Refused (an heir left), then again with the line as it is: R1 holds from that write.
+    assert requests_sent.calls["UpdateItem"] == 2
+    row = table.stored_item(resource) or {}
+    assert [h["u"] for h in row["holders"].values()] == ["R1"]
+    threads["R1"].join(30)
+    assert isinstance(out["R1"], tuple) and out["R1"][2] > writer.fence
+
+
+def _busy(resource: str, **kwargs) -> Exception | None:
+    try:
+        semaphore(resource, **kwargs).acquire().release()
+    except SemaphoreBusy as exc:
+        return exc
+    return None

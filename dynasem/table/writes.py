@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from .stored import (
@@ -304,32 +305,49 @@ def give_back(
 def hand_over(
     resource: str,
     token: str,
-    heir: str,
-    ticket: int,
-    entry: Holder,
+    heirs: Sequence[tuple[str, int, Holder]],
     *,
     hold_ms: int,
+    mode: str | None = None,
 ) -> dict[str, Any]:
-    """Release our exclusive hold straight to the first waiter, in the same write: it holds
-    the lock from now, with ``entry`` (its user and lease, a fresh fence). Conditional on our
-    token and on the heir still waiting with the ticket we saw."""
-    names = dict(_LOCK_NAMES, **{"#t": token, "#n": heir})
-    values = {
-        ":entry": holder_value(entry),
-        ":fence": entry.fence,
-        ":uid": entry.user_id,
-        ":exp": bucket_of(entry.expires_ms),
-        ":expMs": entry.expires_ms,
+    """Release our exclusive hold straight to the first waiters, in the same write: each heir
+    (its token, the ticket we saw, its entry: user, lease, a fresh fence) holds the lock from
+    now and leaves the queue. One exclusive heir, or the readers at the head of the queue
+    together; ``mode``: the row's mode from now (None: left as it is, exclusive).
+
+    Conditional on our token, on every heir still waiting with the ticket we saw, and on the
+    stored fence being below every heir's (the heirs' fences differ: the row keeps the
+    largest). The row's lease end and ``userId`` are the heir's whose lease ends last."""
+    if not heirs:
+        raise ValueError("a hand-over needs an heir")
+    names = dict(_LOCK_NAMES, **{"#t": token})
+    last = max((entry for _, _, entry in heirs), key=lambda entry: entry.expires_ms)
+    values: dict[str, Any] = {
+        ":fence": max(entry.fence for _, _, entry in heirs),
+        ":low": min(entry.fence for _, _, entry in heirs),
+        ":uid": last.user_id,
+        ":exp": bucket_of(last.expires_ms),
+        ":expMs": last.expires_ms,
         ":tok": token,
-        ":ticket": ticket,
         ":hold": hold_ms,
     }
-    update = (
-        "REMOVE #h.#t, #q.#n SET #h.#n = :entry, #fence = :fence, #uid = :uid, #exp = :exp, "
-        "#expMs = :expMs, #last = :tok, #hold = :hold"
-    )
-    condition = "attribute_exists(#h.#t) AND #q.#n.t = :ticket AND #fence < :fence"
-    return _action(resource, LOCK_SK, update, condition, names, values)
+    removes, sets, conds = ["#h.#t"], [], ["attribute_exists(#h.#t)"]
+    for i, (heir, ticket, entry) in enumerate(heirs):
+        names[f"#n{i}"] = heir
+        values[f":entry{i}"] = holder_value(entry)
+        values[f":ticket{i}"] = ticket
+        removes.append(f"#q.#n{i}")
+        sets.append(f"#h.#n{i} = :entry{i}")
+        conds.append(f"#q.#n{i}.t = :ticket{i}")
+    sets += ["#fence = :fence", "#uid = :uid", "#exp = :exp", "#expMs = :expMs"]
+    sets += ["#last = :tok", "#hold = :hold"]
+    if mode is not None:
+        # Both indexes project the mode: a change costs a write in each, so only when it changes.
+        sets.append("#mode = :mode")
+        values[":mode"] = mode
+    conds.append("#fence < :low")
+    update = "REMOVE " + ", ".join(removes) + " SET " + ", ".join(sets)
+    return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
 
 
 def enqueue(
