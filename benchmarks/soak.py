@@ -649,6 +649,7 @@ class Report:
     lost_reasons: Counter[str] = field(default_factory=Counter)
     losses: dict[str, tuple[float, str, str]] = field(default_factory=dict)  # token -> L line
     imported: set[str] = field(default_factory=set)  # where workers found dynasem
+    killed_unstarted: int = 0  # workers SIGKILLed before they opened their log
     verified: dict[str, float] = field(default_factory=dict)  # token -> last V (trusted then)
     fired: dict[int, list[tuple[float, str, str, str]]] = field(
         default_factory=lambda: defaultdict(list)
@@ -663,7 +664,12 @@ def read_logs(events: Events, lease: float) -> Report:
         try:
             lines = Path(path).read_text().splitlines()
         except FileNotFoundError:
-            rep.unexpected.append(f"pid {pid}: no log file {path}")
+            if pid in events.kills or pid in events.end_kills:
+                # SIGKILLed while still starting (a spawned interpreter on a loaded machine
+                # takes seconds before it opens its log): it never held anything.
+                rep.killed_unstarted += 1
+            else:
+                rep.unexpected.append(f"pid {pid}: no log file {path}")
             continue
         for line in lines:
             kind, _, rest = line.partition(" ")
@@ -1061,7 +1067,10 @@ def analyse(
     fault_total = sum(rep.faults.values())
     fault_detail = ", ".join(f"{FAULT_KINDS[k]} {rep.faults.get(k, 0)}" for k in FAULT_KINDS)
 
-    print(f"soak: ran {ran:.0f} s; {len(events.logs)} worker processes in all; table {table_name}")
+    print(
+        f"soak: ran {ran:.0f} s; {len(events.logs)} worker processes in all "
+        f"({rep.killed_unstarted} SIGKILLed before they had opened their log); table {table_name}"
+    )
     if rep.imported - {str(REPO_ROOT / "dynasem" / "__init__.py")}:
         print(f"soak: WARNING: workers imported dynasem from {sorted(rep.imported)}")
     if source_digest() != digest:
