@@ -2,6 +2,7 @@
 SIGSTOPs, and every hold is checked afterwards. Not part of the test suite.
 
     .venv/bin/python benchmarks/soak.py [--processes 16] [--seconds 300] [--lease 2] [--seed N]
+        [--shared-share 0.3]
 
 It starts its own DynamoDB Local (``tests.dynamodb_local``), creates a table with
 ``dynasem_createtable`` (settings: ``tests.settings``, so ``CLOCK_SKEW`` = 0.5 s), and keeps
@@ -12,7 +13,13 @@ once, which is a ``TransactWriteItems``) with ``semaphore(res, lease=LEASE, wait
 holding, sleep 0-50 ms (one hold in 200: 1.2-2.5 leases, kept alive by the heartbeat), then
 do a *fenced read-modify-write* on the resource's append-only file (``fence value``, value =
 last value + 1, flush + fsync); log its hold interval (``time.monotonic()``: one clock for all
-processes on Linux) to its own log, line by line. From time to time it adds a fault rule
+processes on Linux) to its own log, line by line. A share of the holds (``--shared-share``,
+default 0.3; 0: writers only) are readers instead: ``semaphore(res, shared=True, fair=True,
+...)`` on one resource (``fair=True`` takes one), which only *read* the file -- a fenced read,
+twice, 1-5 ms apart -- and log their windows the same way. Readers queue behind waiting
+writers, so a writer's release hands the lock to the readers at the head of the line at once
+(``MAX_ADMIT`` of them in one write, each with a fence of its own); the readers beyond join by
+their own writes. From time to time it adds a fault rule
 (``tests.faults.Faults`` on its dynasem client: throttle, 5xx, connection error, read timeout,
 lost response; on ``UpdateItem`` or ``TransactWriteItems``) and logs how often each fired.
 ``SemaphoreBusy`` and ``SemaphoreUnavailable`` from the acquire just loop; ``LockLost`` at
@@ -40,9 +47,18 @@ holder paused between its read and its append that wakes up after its successor'
 before its successor's append lands ``v+1`` twice: a lost update that dynasem cannot prevent.)
 A refused read or append is counted as "fenced out".
 
+A reader's read, under the ``flock``, is refused if a writer with a larger fence read the file
+(that writer's hold came after ours) or the last line's fence is not smaller than ours (a later
+writer wrote); its second read, if that happened in between. It records its fence as the
+readers' high-water mark (second field of ``.hw``), and a writer's read or append is refused
+if a reader with a larger fence read the file: that reader's hold came after the writer's.
+Readers never refuse each other (those holding together read in any order).
+
 The overlap rule
 ----------------
-Two holds of the same resource overlap when their *trusted windows* intersect. A hold's
+Two holds of the same resource overlap when their *trusted windows* intersect; an exclusive
+hold must overlap no other hold, exclusive or shared, while two shared holds may (those
+overlaps are counted apart: the evidence that readers held together). A hold's
 trusted window starts when ``acquire`` returned (``start``) and ends at the earliest of:
 
 * its logged end (the last moment inside the block, logged before the block exits);
@@ -67,14 +83,19 @@ takeover needs the stored lease end + skew.
 
 Checks (all must be 0; the script exits 1 otherwise):
 
-* overlaps: pairs of intersecting trusted windows on one resource;
+* overlaps: pairs of intersecting trusted windows on one resource, one of them exclusive
+  (exclusive-exclusive + exclusive-shared);
 * lost updates: in each resource's file, values not exactly 1, 2, 3, ... (duplicates + gaps);
 * stuck locks after reap: holders still stored after the reap;
 * fence violations: a fence handed out twice on a resource, or not larger than the fence of a
-  hold that had started before this hold's lease was even written, or file fences not strictly
-  increasing;
-* fenced out while trusted: a file read/append refused while the hold was inside its trusted
-  window (a larger fence touched the file meanwhile: mutual exclusion or fence order failed);
+  hold that had started before this hold's lease was even written (readers included: every
+  take and every heir of a hand-over gets a fence of its own), or not larger than the fence of
+  a hold whose trusted window had ended before this hold started, when one of the two is
+  exclusive (readers holding together get distinct fences in any order), or file fences not
+  strictly increasing;
+* fenced out while trusted: a file read/append (a reader's read) refused while the hold was
+  inside its trusted window (a larger fence touched the file meanwhile: mutual exclusion or
+  fence order failed);
 * unexpected errors: any other exception in a worker, or a worker dying by itself.
 """
 
@@ -119,6 +140,7 @@ FAULT_KINDS = {  # Rule.kind -> the name printed
 WAITS = (0, 0.25, 1.0, 3.0)  # wait= of an acquire, picked at random
 FAULT_CHANCE = 0.06  # per loop iteration, a new fault rule
 MULTI_CHANCE = 0.2  # per hold, two resources at once (TransactWriteItems)
+SHARED_SHARE = 0.3  # per hold, a reader (--shared-share); two resources: MULTI_CHANCE at most
 LONG_CHANCE = 0.005  # per hold, a hold longer than the lease
 HW_WIDTH = 20  # digits of the high-water fence file
 
@@ -132,9 +154,18 @@ def data_path(workdir: str, index: int) -> str:
     return os.path.join(workdir, "data", f"resource-{index}.log")
 
 
-def _read_hw(hw_fd: int) -> int:
-    raw = os.pread(hw_fd, HW_WIDTH, 0)
+# The high-water file holds two marks: the largest fence a writer read the file with (offset
+# 0), and the largest a reader read it with (offset HW_WIDTH; absent until a reader came).
+WRITER_HW, READER_HW = 0, HW_WIDTH
+
+
+def _read_hw(hw_fd: int, offset: int = WRITER_HW) -> int:
+    raw = os.pread(hw_fd, HW_WIDTH, offset)
     return int(raw) if raw.strip() else 0
+
+
+def _write_hw(hw_fd: int, fence: int, offset: int = WRITER_HW) -> None:
+    os.pwrite(hw_fd, str(fence).rjust(HW_WIDTH).encode(), offset)  # one syscall
 
 
 def _last_line(fd: int) -> tuple[int, int]:
@@ -151,7 +182,8 @@ def _last_line(fd: int) -> tuple[int, int]:
 
 
 def fenced_increment(path: str, fence: int, pause: float) -> tuple[str, int]:
-    """Append ``fence value+1`` unless a larger fence touched the file; (result, value)."""
+    """Append ``fence value+1`` unless a larger fence touched the file; (result, value). A
+    reader's read with a larger fence counts too: that reader's hold came after ours."""
     fd = os.open(path, os.O_RDWR | os.O_APPEND)
     hw_fd = os.open(path + ".hw", os.O_RDWR)
     try:
@@ -159,10 +191,10 @@ def fenced_increment(path: str, fence: int, pause: float) -> tuple[str, int]:
         try:
             hw = _read_hw(hw_fd)
             last_fence, value = _last_line(fd)
-            if fence < hw or fence <= last_fence:
+            if fence < hw or fence < _read_hw(hw_fd, READER_HW) or fence <= last_fence:
                 return "fenced-read", value
             if fence > hw:
-                os.pwrite(hw_fd, str(fence).rjust(HW_WIDTH).encode(), 0)  # one syscall
+                _write_hw(hw_fd, fence)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
         time.sleep(pause)  # the "work" between read and write: only dynasem excludes others
@@ -170,13 +202,47 @@ def fenced_increment(path: str, fence: int, pause: float) -> tuple[str, int]:
         try:
             hw = _read_hw(hw_fd)
             last_fence, _ = _last_line(fd)
-            if fence < hw or fence <= last_fence:
+            if fence < hw or fence < _read_hw(hw_fd, READER_HW) or fence <= last_fence:
                 return "fenced-write", value + 1
             os.write(fd, f"{fence} {value + 1}\n".encode())  # O_APPEND, one syscall
             os.fsync(fd)
             return "ok", value + 1
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(hw_fd)
+        os.close(fd)
+
+
+def fenced_read(path: str, fence: int, pause: float) -> tuple[str, int]:
+    """A reader's read: the last value, twice, ``pause`` apart (the reader's "work" in
+    between); (result, value). Each read, under the ``flock``, is refused if a writer with a
+    larger fence read the file (that writer's hold came after ours) or the last line's fence is
+    not smaller than ours (a later writer wrote); "fenced-reread" when that happened during the
+    pause. A read records our fence as the readers' high-water mark, so a writer with a
+    smaller fence (its hold came before ours) can no longer append. Readers do not refuse each
+    other: those holding together read in any order."""
+    fd = os.open(path, os.O_RDONLY)
+    hw_fd = os.open(path + ".hw", os.O_RDWR)
+    first = None
+    value = 0
+    try:
+        for result in ("fenced-read", "fenced-reread"):
+            if first is not None:
+                time.sleep(pause)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                last_fence, value = _last_line(fd)
+                if fence < _read_hw(hw_fd) or fence <= last_fence:
+                    return result, value
+                if first is not None and value != first:
+                    return "changed", value  # a write with a smaller fence got in: store bug
+                first = value
+                if fence > _read_hw(hw_fd, READER_HW):
+                    _write_hw(hw_fd, fence, READER_HW)
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        return "ok", value
     finally:
         os.close(hw_fd)
         os.close(fd)
@@ -233,6 +299,8 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
     lease = cfg["lease"]
     resources = cfg["resources"]
     paths = {r: data_path(cfg["workdir"], i) for i, r in enumerate(resources)}
+    share = cfg.get("shared_share", 0.0)
+    multi_chance = min(MULTI_CHANCE, 1.0 - share)
 
     def add_fault() -> None:
         kind = rng.choice(list(FAULT_KINDS))
@@ -282,7 +350,12 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
     while not flags[len(flags) - 1]:
         if rng.random() < FAULT_CHANCE:
             add_fault()
-        names = rng.sample(resources, 2) if rng.random() < MULTI_CHANCE else [rng.choice(resources)]
+        # One draw: a reader (one resource: fair=True takes one), two resources (exclusive),
+        # or one resource exclusive.
+        draw = rng.random()
+        shared = draw < share
+        multi = not shared and draw < share + multi_chance
+        names = rng.sample(resources, 2) if multi else [rng.choice(resources)]
         if rng.random() < cfg.get("long_chance", LONG_CHANCE):
             hold = rng.uniform(1.2, 2.5) * lease
         else:
@@ -294,17 +367,25 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
                 lease=lease,
                 wait=rng.choice(WAITS),
                 user=f"soak-{slot}",
+                **({"shared": True, "fair": True} if shared else {}),
             )
             with sem as held:
                 start = monotonic()
-                left = held.expires.timestamp() - time.time()
+                expires = held.expires.timestamp()
+                left = expires - time.time()
                 flags[slot] = 1
                 token = held.token[:16]
                 try:
+                    mode = "s" if shared else "x"
                     for r in names:
-                        emit("B", token, r, held.fences[r], f"{start:.6f}", f"{left:.6f}")
+                        emit(
+                            "B",
+                            *(token, r, held.fences[r], f"{start:.6f}", f"{left:.6f}"),
+                            *(mode, f"{expires:.3f}"),
+                        )
                     counters["holds"] += 1
                     counters["multi"] += len(names) > 1
+                    counters["shared"] += shared
                     counters["long"] += hold > lease
                     if hold > lease:
                         # A long hold watches its trust as it goes: every moment the block saw
@@ -321,9 +402,13 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
                     if not held.lost:  # the hold was still trusted at ``checked``
                         emit("V", token, f"{checked:.6f}")
                     for r in names:
-                        result, value = fenced_increment(
-                            paths[r], held.fences[r], rng.uniform(0.001, 0.005)
-                        )
+                        pause = rng.uniform(0.001, 0.005)
+                        if shared:
+                            result, value = fenced_read(paths[r], held.fences[r], pause)
+                            emit("R", token, r, result, f"{monotonic():.6f}", value)
+                            counters[f"read-{result}"] += 1
+                            continue
+                        result, value = fenced_increment(paths[r], held.fences[r], pause)
                         emit("W", token, r, result, f"{monotonic():.6f}", value)
                         counters[f"write-{result}"] += 1
                 finally:
@@ -547,12 +632,16 @@ class Hold:
     cut_by: str = ""
 
     plan: float = 0.0  # when the lease end was fixed (end - lease), on the monotonic clock
+    shared: bool = False  # a reader (shared=True, fair=True)
+    expires: float = 0.0  # held.expires at start (wall clock, ms): equal for readers let in
+    # by one hand-over
 
 
 @dataclass
 class Report:
     holds: list[Hold] = field(default_factory=list)
     writes: list[tuple[int, str, str, str, float, int]] = field(default_factory=list)
+    reads: list[tuple[int, str, str, str, float, int]] = field(default_factory=list)  # readers'
     counters: Counter[str] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
     unexpected: list[str] = field(default_factory=list)
@@ -560,6 +649,7 @@ class Report:
     lost_reasons: Counter[str] = field(default_factory=Counter)
     losses: dict[str, tuple[float, str, str]] = field(default_factory=dict)  # token -> L line
     imported: set[str] = field(default_factory=set)  # where workers found dynasem
+    killed_unstarted: int = 0  # workers SIGKILLed before they opened their log
     verified: dict[str, float] = field(default_factory=dict)  # token -> last V (trusted then)
     fired: dict[int, list[tuple[float, str, str, str]]] = field(
         default_factory=lambda: defaultdict(list)
@@ -574,16 +664,23 @@ def read_logs(events: Events, lease: float) -> Report:
         try:
             lines = Path(path).read_text().splitlines()
         except FileNotFoundError:
-            rep.unexpected.append(f"pid {pid}: no log file {path}")
+            if pid in events.kills or pid in events.end_kills:
+                # SIGKILLed while still starting (a spawned interpreter on a loaded machine
+                # takes seconds before it opens its log): it never held anything.
+                rep.killed_unstarted += 1
+            else:
+                rep.unexpected.append(f"pid {pid}: no log file {path}")
             continue
         for line in lines:
             kind, _, rest = line.partition(" ")
             parts = rest.split(" ")
             try:
                 if kind == "B":
-                    tok, res, fence, start, left = parts
+                    tok, res, fence, start, left, mode, expires = parts
                     hold = Hold(pid, tok, res, int(fence), float(start), float(left))
                     hold.plan = hold.start + hold.left - lease
+                    hold.shared = mode == "s"
+                    hold.expires = float(expires)
                     rep.holds.append(hold)
                     by_token.setdefault(tok, []).append(hold)
                 elif kind == "E":
@@ -595,9 +692,10 @@ def read_logs(events: Events, lease: float) -> Report:
                         hold.exit_at = float(parts[2])
                         if parts[1] == "lost":
                             hold.reason = json.loads(" ".join(parts[3:]))
-                elif kind == "W":
+                elif kind in "WR":
                     tok, res, result, at, value = parts
-                    rep.writes.append((pid, tok, res, result, float(at), int(value)))
+                    done = rep.writes if kind == "W" else rep.reads
+                    done.append((pid, tok, res, result, float(at), int(value)))
                 elif kind == "V":
                     rep.verified[parts[0]] = max(float(parts[1]), rep.verified.get(parts[0], 0))
                 elif kind == "P":
@@ -652,9 +750,24 @@ def trusted_windows(rep: Report, events: Events, lease: float, skew: float) -> N
             hold.window_end, hold.cut_by = verified, "verified trust"
 
 
-def find_overlaps(rep: Report) -> tuple[int, list[tuple[Hold, Hold]]]:
-    count = 0
-    examples: list[tuple[Hold, Hold]] = []
+@dataclass
+class Overlaps:
+    exclusive: int = 0  # two exclusive holds: a violation
+    mixed: int = 0  # an exclusive hold and a shared one: a violation
+    readers: int = 0  # two shared holds: allowed, the evidence that readers held together
+    readers_held: int = 0  # shared holds that overlapped at least one other shared hold
+    examples: list[tuple[Hold, Hold]] = field(default_factory=list)  # of the violations
+
+    @property
+    def violations(self) -> int:
+        return self.exclusive + self.mixed
+
+
+def find_overlaps(rep: Report) -> Overlaps:
+    """Pairs of holds of one resource whose trusted windows intersect: an exclusive hold must
+    overlap no other hold; shared holds may overlap each other (counted apart)."""
+    found = Overlaps()
+    together: set[tuple[str, str]] = set()  # (token, resource) of readers that held together
     per_resource: dict[str, list[Hold]] = defaultdict(list)
     for hold in rep.holds:
         if hold.window_end > hold.start:
@@ -666,16 +779,50 @@ def find_overlaps(rep: Report) -> tuple[int, list[tuple[Hold, Hold]]]:
             while active and active[0][0] <= hold.start:
                 heapq.heappop(active)
             for _, _, other in active:
-                if other.token != hold.token:
-                    count += 1
-                    if len(examples) < 10:
-                        examples.append((other, hold))
+                if other.token == hold.token:
+                    continue
+                if other.shared and hold.shared:
+                    found.readers += 1
+                    together.update({(other.token, other.resource), (hold.token, hold.resource)})
+                    continue
+                if other.shared or hold.shared:
+                    found.mixed += 1
+                else:
+                    found.exclusive += 1
+                if len(found.examples) < 10:
+                    found.examples.append((other, hold))
             heapq.heappush(active, (hold.window_end, i, hold))
-    return count, examples
+    found.readers_held = len(together)
+    return found
+
+
+def admitted_together(rep: Report) -> Counter[int]:
+    """Hand-overs that let several readers in at once, by how many: shared holds of one
+    resource with the same lease end (the releaser's clock + lease, to the ms) and consecutive
+    fences (fence, fence + 1, ...: one write's). Readers that joined by their own write each
+    fix their own lease end and fence."""
+    groups: dict[tuple[str, float], list[int]] = defaultdict(list)
+    for hold in rep.holds:
+        if hold.shared:
+            groups[(hold.resource, hold.expires)].append(hold.fence)
+    sizes: Counter[int] = Counter()
+    for fences in groups.values():
+        fences.sort()
+        run = 1
+        for a, b in zip(fences, fences[1:] + [None], strict=True):
+            if b is not None and b == a + 1:
+                run += 1
+                continue
+            if run > 1:
+                sizes[run] += 1
+            run = 1
+    return sizes
 
 
 def fence_checks(rep: Report, slack: float = 0.0) -> tuple[int, list[str]]:
-    """Fences handed out twice, or out of the order the leases were written in. ``slack``:
+    """Fences handed out twice, or out of the order the leases were written in (every take,
+    exclusive or shared, and every heir of a hand-over gets a fence of its own, larger than the
+    stored one), or out of the order exclusion puts the holds in. ``slack``:
     how far the wall clocks of the hosts may be apart (a hold's lease end may have been
     written by another host's clock, which moves its estimated ``plan`` by that much)."""
     problems: list[str] = []
@@ -684,6 +831,7 @@ def fence_checks(rep: Report, slack: float = 0.0) -> tuple[int, list[str]]:
     for hold in rep.holds:
         per_resource[hold.resource].append(hold)
     for res, holds in sorted(per_resource.items()):
+        count += _window_order(res, holds, slack, problems)
         owners: dict[int, str] = {}
         for hold in holds:
             if owners.setdefault(hold.fence, hold.token) != hold.token:
@@ -691,30 +839,77 @@ def fence_checks(rep: Report, slack: float = 0.0) -> tuple[int, list[str]]:
                 if len(problems) < 10:
                     problems.append(f"{res}: fence {hold.fence} handed to two holds")
         # H1 started (its write was applied) before H2's lease end was even computed, so H1's
-        # write came first and H1.fence < H2.fence must hold.
+        # write came first and H1.fence < H2.fence must hold. Not between two readers: a
+        # reader handed its hold with little lease left confirms it by a renewal first, which
+        # fixes a new lease end (``plan``) after the fence, while other readers may start.
         by_start = sorted(holds, key=lambda h: h.start)
         starts = [h.start for h in by_start]
-        prefix_max: list[tuple[int, Hold]] = []
-        best: tuple[int, Hold] | None = None
+        top_any: list[Hold] = []  # the largest fence among by_start[:k + 1]
+        top_exclusive: list[Hold | None] = []  # the same among the exclusive ones
+        best_any: Hold | None = None
+        best_x: Hold | None = None
         for h in by_start:
-            if best is None or h.fence > best[0]:
-                best = (h.fence, h)
-            prefix_max.append(best)
+            if best_any is None or h.fence > best_any.fence:
+                best_any = h
+            if not h.shared and (best_x is None or h.fence > best_x.fence):
+                best_x = h
+            top_any.append(best_any)
+            top_exclusive.append(best_x)
         for h2 in holds:
             k = bisect.bisect_left(starts, h2.plan - slack)
-            if k and prefix_max[k - 1][0] >= h2.fence:
-                h1 = prefix_max[k - 1][1]
-                if h1.token == h2.token:
-                    continue
-                count += 1
-                if len(problems) < 10:
-                    problems.append(
-                        f"{res}: pid {h2.pid} token {h2.token} got fence {h2.fence} at "
-                        f"{h2.start:.6f} (lease fixed at {h2.plan:.6f}), not larger than fence "
-                        f"{h1.fence} of pid {h1.pid} token {h1.token} that started at "
-                        f"{h1.start:.6f}"
-                    )
+            if not k:
+                continue
+            h1 = top_exclusive[k - 1] if h2.shared else top_any[k - 1]
+            if h1 is None or h1.fence < h2.fence or h1.token == h2.token:
+                continue
+            count += 1
+            if len(problems) < 10:
+                problems.append(
+                    f"{res}: pid {h2.pid} token {h2.token} got fence {h2.fence} at "
+                    f"{h2.start:.6f} (lease fixed at {h2.plan:.6f}), not larger than fence "
+                    f"{h1.fence} of pid {h1.pid} token {h1.token} that started at "
+                    f"{h1.start:.6f}"
+                )
     return count, problems
+
+
+def _window_order(res: str, holds: list[Hold], slack: float, problems: list[str]) -> int:
+    """Exclusion orders fences: of two holds of one resource that are not both shared, one
+    whose trusted window ended before the other's began must have the smaller fence (a reader's
+    fence is larger than every earlier writer's; a writer's than every earlier reader's).
+    Readers that hold together take distinct fences in any order: two shared holds are not
+    compared. Holds with an empty window (handed over already past their deadline) are left
+    out: their start says nothing about when their lease was written."""
+    count = 0
+    live = sorted((h for h in holds if h.window_end > h.start), key=lambda h: h.window_end)
+    ends = [h.window_end for h in live]
+    top_any: list[Hold] = []  # the largest fence among live[:k + 1]
+    top_exclusive: list[Hold | None] = []  # the same among the exclusive ones
+    best_any: Hold | None = None
+    best_x: Hold | None = None
+    for h in live:
+        if best_any is None or h.fence > best_any.fence:
+            best_any = h
+        if not h.shared and (best_x is None or h.fence > best_x.fence):
+            best_x = h
+        top_any.append(best_any)
+        top_exclusive.append(best_x)
+    for h2 in live:
+        k = bisect.bisect_right(ends, h2.start - slack)  # windows ended before h2 started
+        if not k:
+            continue
+        h1 = top_exclusive[k - 1] if h2.shared else top_any[k - 1]
+        if h1 is None or h1.fence < h2.fence or h1.token == h2.token:
+            continue
+        count += 1
+        if len(problems) < 10:
+            problems.append(
+                f"{res}: {'shared' if h2.shared else 'exclusive'} hold pid {h2.pid} token "
+                f"{h2.token} started at {h2.start:.6f} with fence {h2.fence}, after the trusted "
+                f"window of {'shared' if h1.shared else 'exclusive'} hold pid {h1.pid} token "
+                f"{h1.token} (fence {h1.fence}) ended at {h1.window_end:.6f}"
+            )
+    return count
 
 
 def check_file(path: str) -> tuple[int, int, int, int]:
@@ -758,6 +953,7 @@ def classify_loss(hold: Hold, events: Events, rep: Report, lease: float, skew: f
 def describe(hold: Hold) -> str:
     end = f"{hold.end:.6f}" if hold.end is not None else "never logged"
     return (
+        f"{'shared' if hold.shared else 'exclusive'} "
         f"pid {hold.pid} token {hold.token} fence {hold.fence} start {hold.start:.6f} "
         f"end {end} lease-left-at-start {hold.left:.3f}s trusted until {hold.window_end:.6f} "
         f"(cut by {hold.cut_by}) exit {hold.outcome or '-'}"
@@ -820,19 +1016,25 @@ def analyse(
         )
     rep = read_logs(events, lease)
     trusted_windows(rep, events, lease, skew)
-    overlaps, overlap_examples = find_overlaps(rep)
+    found = find_overlaps(rep)
+    overlaps = found.violations
+    together = admitted_together(rep)
     fence_errors, fence_problems = fence_checks(rep, slack)
     windows = {(h.token, h.resource): h for h in rep.holds}
     trusted_refusals = []
     stale_accepted = 0
-    for _pid, tok, res, result, at, value in rep.writes:
+    stale_reads = 0
+    for _pid, tok, res, result, at, value in rep.writes + rep.reads:
         hold = windows.get((tok, res))
         if hold is None:
             continue
         if result != "ok" and at < hold.window_end:
             trusted_refusals.append(f"{res}: {result} value {value} at {at:.6f}; {describe(hold)}")
         if result == "ok" and at >= hold.window_end:
-            stale_accepted += 1
+            if hold.shared:
+                stale_reads += 1
+            else:
+                stale_accepted += 1
     lost_updates = 0
     file_lines = 0
     file_problems = []
@@ -847,6 +1049,10 @@ def analyse(
             )
     ok_writes = sum(1 for w in rep.writes if w[3] == "ok")
     fenced_out = sum(1 for w in rep.writes if w[3] != "ok")
+    ok_reads = sum(1 for r in rep.reads if r[3] == "ok")
+    read_refusals = Counter(r[3] for r in rep.reads if r[3] != "ok")
+    shared_started = len({h.token for h in rep.holds if h.shared})
+    shared_completed = len({h.token for h in rep.holds if h.shared and h.end is not None})
     completed = len({h.token for h in rep.holds if h.end is not None})
     started = len({h.token for h in rep.holds})
     stops = sum(map(len, events.stops.values()))
@@ -861,7 +1067,10 @@ def analyse(
     fault_total = sum(rep.faults.values())
     fault_detail = ", ".join(f"{FAULT_KINDS[k]} {rep.faults.get(k, 0)}" for k in FAULT_KINDS)
 
-    print(f"soak: ran {ran:.0f} s; {len(events.logs)} worker processes in all; table {table_name}")
+    print(
+        f"soak: ran {ran:.0f} s; {len(events.logs)} worker processes in all "
+        f"({rep.killed_unstarted} SIGKILLed before they had opened their log); table {table_name}"
+    )
     if rep.imported - {str(REPO_ROOT / "dynasem" / "__init__.py")}:
         print(f"soak: WARNING: workers imported dynasem from {sorted(rep.imported)}")
     if source_digest() != digest:
@@ -880,6 +1089,20 @@ def analyse(
         f"out, {stale_accepted} accepted past the trusted window (nobody had touched the file)"
     )
     print(
+        f"shared holds (readers): started {shared_started}, completed {shared_completed}; "
+        f"file reads {ok_reads} accepted, {sum(read_refusals.values())} fenced out "
+        f"{dict(read_refusals)}, {stale_reads} accepted past the trusted window"
+    )
+    print(
+        f"readers holding together: {found.readers} reader-reader overlaps of trusted windows "
+        f"({found.readers_held} shared holds overlapped another); hand-overs that let several "
+        f"readers in at once: {sum(together.values())} "
+        f"(by readers let in: {dict(sorted(together.items()))})"
+    )
+    print(
+        f"overlaps by kind: exclusive-exclusive {found.exclusive}, exclusive-shared {found.mixed}"
+    )
+    print(
         f"holds handed over more than 0.5 s after their lease end was fixed: {slow_grants} "
         f"({dead_grants} already past the holder's own trust deadline)"
     )
@@ -892,7 +1115,7 @@ def analyse(
     for sample in sorted(set(rep.unavailable_samples))[:3]:
         print(f"  sample SemaphoreUnavailable: {sample}")
     evidence = []
-    for a, b in overlap_examples:
+    for a, b in found.examples:
         evidence.append(f"OVERLAP on {a.resource}:\n    {describe(a)}\n    {describe(b)}")
     evidence += [f"FENCE: {p}" for p in fence_problems]
     evidence += [f"FILE: {p}" for p in file_problems]
@@ -930,6 +1153,11 @@ def analyse(
         "kills": len(events.kills),
         "stops": stops,
         "overlaps": overlaps,
+        "overlaps_mixed": found.mixed,
+        "shared": shared_completed,
+        "reader_overlaps": found.readers,
+        "readers_held": found.readers_held,
+        "admitted_together": sum(together.values()),
         "lost_updates": lost_updates,
         "stuck": len(stuck),
         "fence_violations": fence_errors,
@@ -960,6 +1188,31 @@ def finish_table(table_name: str, lease: float, skew: float) -> tuple[str, list[
     return " ".join(out.getvalue().split()), operations.active_holds(include_expired=True)
 
 
+def shared_share(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"a share between 0 and 1, not {text}")
+    return value
+
+
+def add_shared_share(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--shared-share",
+        type=shared_share,
+        default=SHARED_SHARE,
+        help="share of holds that are readers: semaphore(res, shared=True, fair=True), one "
+        f"resource each; 0 for writers only (default {SHARED_SHARE})",
+    )
+
+
+def shared_line(result: dict[str, Any]) -> str:
+    return (
+        f"shared holds: {result['shared']}  reader-reader overlaps: {result['reader_overlaps']} "
+        f"({result['readers_held']} readers held alongside another)  hand-overs to several "
+        f"readers: {result['admitted_together']}"
+    )
+
+
 def keep_or_remove(workdir: str, failed: bool, keep: bool) -> None:
     if failed or keep:
         print(f"soak: logs and files kept in {workdir}", file=sys.stderr)
@@ -974,6 +1227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lease", type=float, default=2.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--resources", type=int, default=3)
+    add_shared_share(parser)
     parser.add_argument("--think", type=float, default=0.1, help="max pause between holds (s)")
     parser.add_argument("--nice", type=int, default=5, help="niceness of the workers")
     parser.add_argument("--workdir", default=None, help="keep logs and files here")
@@ -1017,6 +1271,7 @@ def main(argv: list[str] | None = None) -> int:
             "resources": resources,
             "think": args.think,
             "nice": args.nice,
+            "shared_share": args.shared_share,
         }
         fleet = Fleet(cfg, args.processes, rng, seed)
         t0 = time.monotonic()
@@ -1044,7 +1299,8 @@ def main(argv: list[str] | None = None) -> int:
         f"acquisitions: {result['completed']}  faults injected: {result['fault_total']} "
         f"({result['fault_detail']})  kills: {result['kills']}  stops: {result['stops']}"
     )
-    print(f"overlaps: {result['overlaps']}")
+    print(shared_line(result))
+    print(f"overlaps: {result['overlaps']} (exclusive-vs-shared {result['overlaps_mixed']})")
     print(f"lost updates: {result['lost_updates']}")
     print(f"stuck locks after reap: {result['stuck']}")
     keep_or_remove(workdir, result["failed"], args.keep or bool(args.workdir))

@@ -36,8 +36,8 @@ DynamoDB is not: the asymmetric partition a fence exists for), stuck locks after
 fence order -- with the hosts' clock spread as slack where a lease end written by one host's
 clock is read with another's. A partition does not cut a hold's trusted window: a holder
 cut off goes on trusting its hold until its deadline, which is exactly what is checked. The
-last lines sum up: holds, faults by kind, partitions, overlaps, lost updates, stuck locks,
-fence violations. Exit 1 if any check is not 0.
+last lines sum up: holds, faults by kind, partitions, shared holds and reader-reader overlaps,
+overlaps, lost updates, stuck locks, fence violations. Exit 1 if any check is not 0.
 """
 
 from __future__ import annotations
@@ -193,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lease", type=float, default=2.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--resources", type=int, default=3)
+    soak.add_shared_share(parser)
     parser.add_argument("--think", type=float, default=0.1, help="max pause between holds (s)")
     parser.add_argument("--nice", type=int, default=5, help="niceness of the workers")
     parser.add_argument(
@@ -267,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
             "think": args.think,
             "nice": args.nice,
             "long_chance": LONG_CHANCE,
+            "shared_share": args.shared_share,
         }
         fleet = HostFleet(cfg, processes, rng, seed, network, offsets, library)
         t0 = time.monotonic()
@@ -306,7 +308,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{min(lasted, default=0):.1f}-{max(lasted, default=0):.1f} s, all healed)  "
         f"UDP blocks: {len(fleet.udp_blocks)}"
     )
-    print(f"overlaps: {result['overlaps']}")
+    print(soak.shared_line(result))
+    print(f"overlaps: {result['overlaps']} (exclusive-vs-shared {result['overlaps_mixed']})")
     print(f"lost updates: {result['lost_updates']}")
     print(f"stuck locks after reap: {result['stuck']}")
     print(f"fence violations: {result['fence_violations']}")
