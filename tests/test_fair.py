@@ -14,7 +14,7 @@ from django.test import override_settings
 from dynasem import SemaphoreBusy, semaphore, table
 from dynasem import held as held_module
 from tests import workers
-from tests.conftest import dynasem_settings
+from tests.conftest import dynasem_settings, engine_name
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -130,7 +130,10 @@ def test_writers_do_not_starve_behind_readers(dynamodb_local, lock_table):
         for other in readers + [x for x in writers if x is not w]:
             assert other[1] <= w[0] or other[0] >= w[1], (w, other)
     ordered = sorted(readers)
-    assert any(b[0] < a[1] for a, b in zip(ordered, ordered[1:], strict=False))  # readers share
+    if engine_name() != "embedded":
+        # Readers share. Not on the embedded engine: it serves the ten processes' requests one
+        # at a time, and two 30 ms reader holds seldom meet there.
+        assert any(b[0] < a[1] for a, b in zip(ordered, ordered[1:], strict=False))
     # Every writer got in within a bound, although readers never stopped coming.
     assert max(w[2] for w in writers) < 5.0, max(w[2] for w in writers)
 

@@ -1,4 +1,4 @@
-"""Races between OS processes on DynamoDB Local: mutual exclusion under real contention."""
+"""Races between OS processes on the test engine: mutual exclusion under real contention."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import pytest
 from dynasem import AlreadyDone, run_once
 from dynasem.table import stored_item as get
 from tests import workers
+from tests.conftest import engine_name
 
 pytestmark = pytest.mark.race
 
@@ -96,7 +97,11 @@ def test_counting_semaphore_never_exceeds_its_limit(dynamodb_local: str, lock_ta
     for _, delta in events:
         level += delta
         peak = max(peak, level)
-    assert peak == 3, peak
+    assert peak <= 3, peak
+    if engine_name() != "embedded":
+        # The limit is used, not only kept. Not on the embedded engine: it serves the twelve
+        # processes' requests one at a time, and three 20 ms holds seldom meet there.
+        assert peak == 3, peak
 
 
 def test_opposite_orders_of_two_resources_neither_deadlock_nor_overlap(

@@ -22,6 +22,8 @@ from django.conf import settings as django_settings
 
 from dynasem import SemaphoreBusy, semaphore, table
 from dynasem.conf import settings
+from dynasem.operations import holds_on
+from dynasem.table import QueueTerms, Refused, Waiter, enqueue, take_free, take_join
 from dynasem.testing import ENDPOINT_ENV, engine_endpoint, fresh_table
 
 USER_SETTINGS = """
@@ -324,3 +326,141 @@ def test_async_test_functions_get_a_table_too():
 
     asyncio.run(check())
     assert seen == [6]
+
+
+# -- the embedded engine answers conditions as DynamoDB does ----------------------------------
+
+# size() of a missing item or attribute, or of an attribute without a size (a number), is no
+# value in DynamoDB: a comparison with it is false (``<>``: true), never an error. The same
+# cases on DynamoDB Local and on the embedded engine: "applied", or "refused" with the old
+# item when there is one (ReturnValuesOnConditionCheckFailure=ALL_OLD).
+SIZE_CASES = [
+    # (row before the write, condition, outcome)
+    (None, "size(#x) = :zero", "refused"),
+    (None, "size(#x) <> :zero", "applied"),
+    (None, "NOT (size(#x) > :zero)", "applied"),
+    (None, "size(#x) BETWEEN :zero AND :one", "refused"),
+    (None, "size(#x) IN (:zero, :one)", "refused"),
+    (None, "attribute_not_exists(#x) OR size(#x) = :one", "applied"),
+    ({"other": {"S": "a"}}, "size(#x) <= :zero", "refused"),
+    ({"other": {"S": "a"}}, "size(#x) = size(#y)", "refused"),
+    ({"x": {"M": {}}}, "size(#x.#y) = :zero", "refused"),
+    ({"x": {"N": "5"}}, "size(#x) = :one", "refused"),
+    ({"x": {"N": "5"}}, "NOT (size(#x) = :one)", "applied"),
+    ({"x": {"M": {"k": {"S": "v"}}}}, "size(#x) = :one", "applied"),
+]
+
+
+@pytest.fixture(params=["embedded", "dynamodb-local"])
+def either_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh table on the embedded engine, or on DynamoDB Local (the reference)."""
+    if request.param == "dynamodb-local":
+        monkeypatch.setenv(ENDPOINT_ENV, request.getfixturevalue("dynamodb_local"))
+    else:
+        monkeypatch.delenv(ENDPOINT_ENV, raising=False)
+    with fresh_table() as name:
+        yield name
+
+
+@pytest.mark.parametrize("row, condition, outcome", SIZE_CASES)
+def test_size_of_nothing_makes_a_condition_false_not_an_error(
+    either_engine: str, row: dict[str, Any] | None, condition: str, outcome: str
+):
+    client = table.get_client()
+    key = table.key("size-case", table.LOCK_SK)
+    if row is not None:
+        client.put_item(TableName=either_engine, Item={**key, **row})
+    names = {k: v for k, v in {"#x": "x", "#y": "y", "#w": "w"}.items() if k in condition + "#w"}
+    values = {k: v for k, v in {":zero": {"N": "0"}, ":one": {"N": "1"}}.items() if k in condition}
+    write = {
+        "TableName": either_engine,
+        "Key": key,
+        "UpdateExpression": "SET #w = :w",
+        "ConditionExpression": condition,
+        "ExpressionAttributeNames": names,
+        "ExpressionAttributeValues": {**values, ":w": {"S": "written"}},
+        "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+    }
+    try:
+        client.update_item(**write)
+        got, old = "applied", None
+    except client.exceptions.ConditionalCheckFailedException as exc:
+        got, old = "refused", exc.response.get("Item")
+    assert got == outcome
+    if got == "refused":
+        assert old == (None if row is None else {**key, **row})
+        # In a transaction: cancelled for a failed condition, with the old item too.
+        with pytest.raises(client.exceptions.TransactionCanceledException) as err:
+            client.transact_write_items(TransactItems=[{"Update": write}])
+        [reason] = err.value.response["CancellationReasons"]
+        assert reason["Code"] == "ConditionalCheckFailed"
+        assert reason.get("Item") == (None if row is None else {**key, **row})
+
+
+def test_dynasems_size_conditions_on_a_reaped_row_are_refused_not_unavailable(either_engine):
+    """The writes whose conditions use size(), sent when the row they were planned from has
+    gone (reaped): refused with no old row, which the acquire loop plans from (free)."""
+    now = int(time.time() * 1000)
+    entry = table.holder_entry("u", now + 10_000, now * 1000, now, shared=False)
+    seen = table.LockItem(
+        holders={"a": table.Holder("u", now + 30_000, 1)}, has_queue=True, fence=1,
+        expires_ms=now + 30_000, mode="c", limit=2,
+    )  # fmt: skip
+    writes = {
+        "take_join": take_join("gone", "b", entry, mode="c", limit=2, seen=seen, evict=[]),
+        "queue size": take_free(
+            "gone", "b", entry, mode="x", limit=1, stale_ms=now, queue=QueueTerms(size=0)
+        ),
+        "enqueue": enqueue("gone", "b", Waiter(now * 1000, now + 10_000), fresh=False,
+                           if_busy_ms=now),
+    }  # fmt: skip
+    for name, write in writes.items():
+        with pytest.raises(Refused) as refused:
+            table.update(write)
+        assert refused.value.lock is None, name
+    # A queue row with nobody holding (waiters queued, then the holders' row reaped and the
+    # queue made anew): a newcomer joins behind the waiters.
+    table.update(enqueue("queued", "w1", Waiter(now * 1000, now + 10_000), fresh=True))
+    table.update(
+        enqueue("queued", "w2", Waiter(now * 1000 + 1, now + 10_000), fresh=False, if_busy_ms=now)
+    )
+    assert set(table.get("queued").queue) == {"w1", "w2"}
+
+
+def test_a_counting_lock_reaped_between_the_read_and_the_join_is_taken(either_engine):
+    """B plans to join A's counting hold; before B's write, A releases and the reaper deletes
+    the row. DynamoDB refuses B's join (its size() condition is false), and B takes it."""
+    first = semaphore("pool", limit=2, lease=30).acquire()
+    client = table.get_client()
+    reaped = []
+
+    def reap_before_the_join(params: dict[str, Any], **kwargs: Any) -> None:
+        if "size(#h) = :size" in params.get("ConditionExpression", "") and not reaped:
+            reaped.append(True)
+            first.release()
+            client.delete_item(TableName=settings.TABLE_NAME, Key=table.key("pool", table.LOCK_SK))
+
+    client.meta.events.register("before-parameter-build.dynamodb.UpdateItem", reap_before_the_join)
+    try:
+        # B's lease ends before A's: its blind first try is refused, and it plans a join.
+        with semaphore("pool", limit=2, lease=10, wait=0) as second:
+            assert reaped
+            assert second.fence > first.fence
+            assert [h.token for h in holds_on("pool")] == [second.token]
+    finally:
+        client.meta.events.unregister(
+            "before-parameter-build.dynamodb.UpdateItem", reap_before_the_join
+        )
+
+
+def test_moto_outside_the_embedded_server_is_left_as_it_was():
+    """The engine's size() answers hold inside its own server only: a suite's own mock_aws
+    in this process keeps moto's behaviour."""
+    from moto.dynamodb.comparisons import FUNC_CLASS, AttributePath, FuncSize
+
+    from dynasem.testing.embedded import _answer_size_as_dynamodb
+
+    _answer_size_as_dynamodb()  # as every embedded engine does when it starts
+    assert FUNC_CLASS["size"] is not FuncSize
+    with pytest.raises(ValueError):
+        FUNC_CLASS["size"](AttributePath(["missing"])).expr(None)

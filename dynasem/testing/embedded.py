@@ -11,6 +11,9 @@ own thread, and moto's backend does not make a conditional write atomic: under c
 ``attribute_not_exists`` puts on the same key were both seen to succeed. A lock is only as good
 as that condition, so this server handles requests strictly one after another, which makes
 every request atomic with respect to every other one.
+
+It also answers ``size()`` as DynamoDB does, where moto does not (see
+:func:`_answer_size_as_dynamodb`).
 """
 
 from __future__ import annotations
@@ -33,12 +36,82 @@ try:
 except ImportError:  # pragma: no cover - older moto 5.0.x
     _BaseHandler = WSGIRequestHandler  # type: ignore[misc,assignment]  # same interface
 
+from moto.dynamodb import comparisons
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8001
 
 __all__ = ["EmbeddedDynamoDB", "main", "make_dynamodb_server", "start_in_background"]
+
+
+# Set on the thread that serves a request of ours, for as long as moto handles it.
+_serving = threading.local()
+
+
+class _NoSize:
+    """What DynamoDB's ``size()`` is of a missing item or attribute, or of one with no size
+    (a number, a boolean, null): no value. Every comparison with it is false but ``<>``, which
+    is true; ``NOT`` turns those over (as DynamoDB Local answers)."""
+
+    __hash__ = object.__hash__
+
+    def __eq__(self, other: object) -> bool:
+        return False
+
+    def __ne__(self, other: object) -> bool:
+        return True
+
+    def __lt__(self, other: object) -> bool:
+        return False
+
+    __le__ = __gt__ = __ge__ = __lt__
+
+    def __repr__(self) -> str:
+        return "<no size>"
+
+
+_NO_SIZE = _NoSize()
+# The types DynamoDB's size() measures: strings, binaries, sets, lists and maps.
+_SIZED = frozenset({"S", "B", "SS", "NS", "BS", "L", "M"})
+
+
+class _SizeAsDynamoDB(comparisons.FuncSize):
+    def expr(self, item: Any) -> Any:
+        if getattr(_serving, "active", False) and self.attr.get_type(item) not in _SIZED:
+            return _NO_SIZE
+        return super().expr(item)
+
+
+def _answer_size_as_dynamodb() -> None:
+    """Make ``size()`` of nothing a false comparison, not an error, in our server.
+
+    moto raises ``ValueError`` for ``size(#h)`` when the item or the attribute is missing (or
+    is a number): a 500 for an UpdateItem, which botocore retries and dynasem then reports as
+    DynamoDB being unavailable, and a cancellation reason ``ValueError`` in a transaction.
+    DynamoDB refuses the write instead (ConditionalCheckFailed, with the old item when asked),
+    and dynasem's conditions count on that: ``size(#h) = :size`` on a row reaped since it was
+    read must be refused so that the lock is taken as free. moto's parser builds functions
+    from ``FUNC_CLASS`` as it parses each request, so a subclass put there answers for every
+    condition and filter; it keeps moto's own answer outside this server's thread (a test
+    suite's ``mock_aws`` is left as it was). Idempotent."""
+    func_class = getattr(comparisons, "FUNC_CLASS", None)
+    if isinstance(func_class, dict) and func_class.get("size") is comparisons.FuncSize:
+        func_class["size"] = _SizeAsDynamoDB
+
+
+def _as_dynamodb(app: Any) -> Any:
+    """The WSGI app, with :func:`_answer_size_as_dynamodb`'s answers while it handles a
+    request (moto builds the whole response inside the call)."""
+
+    def serve(environ: dict[str, Any], start_response: Any) -> Any:
+        _serving.active = True
+        try:
+            return app(environ, start_response)
+        finally:
+            _serving.active = False
+
+    return serve
 
 
 class _OneAtATimeHandler(_BaseHandler):
@@ -62,7 +135,8 @@ def make_dynamodb_server(
 
     Call ``serve_forever()`` on it; ``server.server_port`` is the bound port.
     """
-    app = DomainDispatcherApplication(create_backend_app)
+    _answer_size_as_dynamodb()
+    app = _as_dynamodb(DomainDispatcherApplication(create_backend_app))
     handler = _QuietHandler if quiet else _OneAtATimeHandler
     # threaded=False, processes=1: werkzeug's BaseWSGIServer, requests served in turn.
     return make_server(host, port, app, threaded=False, processes=1, request_handler=handler)
