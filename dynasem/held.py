@@ -92,6 +92,8 @@ class Held:
             self._deadline = min(self._deadline, self._max_hold_end)
         self._queue: Mapping[str, table.Waiter] = {}  # the waiters we last saw: the heirs
         self._hold_avg: int | None = None
+        # A hand-over sent that got no answer: it may have been applied (see _give_back).
+        self._handed_unanswered = False
 
     def _observe(self, item: table.LockItem | None) -> None:
         if item is not None:
@@ -364,6 +366,9 @@ class Held:
                 fence = max(fence, old.fence)
                 continue
             except SemaphoreUnavailable:
+                # Maybe applied, its answer lost: the heir may even have held and given back
+                # since, so a refusal of the plain release that follows is no proof of a loss.
+                self._handed_unanswered = True
                 return None
             if item is not None:
                 sent_ms = clock.now_ms()
@@ -408,7 +413,8 @@ class Held:
                     table.transact(actions)
                 return ok
             except table.Refused as refused:
-                return ok and self._released_by(refused.lock, refused.retried)
+                retried = refused.retried or self._handed_unanswered
+                return ok and self._released_by(refused.lock, retried)
             except table.Cancelled as cancelled:
                 # Nothing was applied: drop the ones not ours any more and send the rest again.
                 still = []

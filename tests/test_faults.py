@@ -202,3 +202,46 @@ def test_logs_never_carry_tokens(lock_table, caplog):
     assert "secret:1" in caplog.text
     for token in (held.token, other.token):
         assert token not in caplog.text
+
+
+def test_a_hand_over_whose_answer_was_lost_is_no_lost_hold(faults):
+    """The release's hand-over write is applied but its answer is lost (and botocore's own
+    retries are throttled): the plain release that follows is refused because the heir has
+    held and given back meanwhile. That refusal is our own hand-over, not a loss."""
+    held = semaphore("handed", lease=30).acquire()
+    now = dynasem.clock.now_ms()
+    heir = table.Waiter(now * 1000 + 10**9, now + 30_000, "heir")
+    table.update(table.enqueue("handed", "heir-token", heir, fresh=False))
+    held.renew()  # the holder learns of its heir
+    lose = faults.lose_response("UpdateItem", 1)
+    faults.throttle("UpdateItem", 3, after=1)
+    lost: list[str] = []
+    lock_lost.connect(lambda sender, **kw: lost.append(kw["reason"]), weak=False)
+
+    def heir_takes_and_releases(**kwargs):
+        # The heir, told nothing, finds the lock handed to it, works and gives it back.
+        if lose.fired == 1 and not heir_takes_and_releases.done:
+            heir_takes_and_releases.done = True
+            client = faults_free_client()
+            client.update_item(
+                TableName=settings.TABLE_NAME,
+                **table.give_back("handed", "heir-token", dynasem.clock.now_ms(), sole=True),
+            )
+
+    heir_takes_and_releases.done = False
+    table.get_client().meta.events.register("needs-retry.dynamodb", heir_takes_and_releases)
+    try:
+        held.release()  # no LockLost: the hold was ours until we handed it over
+    finally:
+        table.get_client().meta.events.unregister("needs-retry.dynamodb", heir_takes_and_releases)
+    assert heir_takes_and_releases.done and lose.fired == 1
+    assert held.released and not held.lost and lost == []
+    assert holds_on("handed") == []
+
+
+def faults_free_client():
+    import boto3
+
+    return boto3.client(
+        "dynamodb", endpoint_url=settings.ENDPOINT_URL, region_name=settings.REGION_NAME
+    )
