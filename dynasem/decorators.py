@@ -21,7 +21,7 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_asy
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.utils.functional import LazyObject
 
-from .exceptions import SemaphoreBusy
+from .exceptions import Picklable, SemaphoreBusy
 from .validation import MAX_RESOURCE_BYTES, utf8_size
 
 if TYPE_CHECKING:
@@ -120,7 +120,7 @@ def resource_key(template: str, /, *args: Any, **kwargs: Any) -> str:
     return _EscapingFormatter(_escaped_chars(template)).format(template, *args, **kwargs)
 
 
-class KeyTooLong(ValueError):
+class KeyTooLong(Picklable, ValueError):
     """The key a view's arguments make is longer than a resource may be: the request's fault
     (a URL value of hundreds of escaped characters), answered 400, not 500."""
 

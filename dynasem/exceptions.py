@@ -1,9 +1,33 @@
-"""The exceptions users catch. All derive from :class:`SemaphoreError`."""
+"""The exceptions users catch. All derive from :class:`SemaphoreError`.
+
+Every one survives a task queue: it pickles (and copies) with its class, its attributes and
+its message, and its ``args`` are its constructor's arguments, so a result backend that
+stores only the class and ``args`` (Celery's JSON serializer) rebuilds it as ``cls(*args)``.
+"""
 
 from __future__ import annotations
 
+import copyreg
+from typing import Any
 
-class SemaphoreError(Exception):
+
+class Picklable:
+    """Pickles and copies an exception by its ``args`` and attributes, without calling
+    ``__init__`` again: a subclass whose ``__init__`` takes other arguments than its ``args``
+    (a user's, or one that builds its message) comes back whole, where Python's default
+    (``cls(*args)``) raises ``TypeError`` or mixes the message up with an argument."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        args: tuple[Any, ...] = getattr(self, "args", ())
+        # copyreg.__newobj__(cls, *args) is cls.__new__(cls, *args): pickle's own NEWOBJ
+        # (typeshed does not list it).
+        newobj = copyreg.__newobj__  # type: ignore[attr-defined]
+        return (newobj, (type(self), *args), getattr(self, "__dict__", None))
+
+
+class SemaphoreError(Picklable, Exception):
     """Base of every dynasem error."""
 
 
@@ -19,8 +43,11 @@ class SemaphoreBusy(SemaphoreError):
         self.resource = resource
         self.retry_after = max(1, int(retry_after))
         self.holder_user_id = holder_user_id
-        super().__init__(
-            f"{resource!r} is busy (held by {holder_user_id or 'unknown'}); "
+        super().__init__(resource, self.retry_after, holder_user_id)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.resource!r} is busy (held by {self.holder_user_id or 'unknown'}); "
             f"retry after {self.retry_after}s"
         )
 
@@ -31,7 +58,10 @@ class LockLost(SemaphoreError):
     def __init__(self, resource: str, reason: str):
         self.resource = resource
         self.reason = reason
-        super().__init__(f"lost the hold on {resource!r}: {reason}")
+        super().__init__(resource, reason)
+
+    def __str__(self) -> str:
+        return f"lost the hold on {self.resource!r}: {self.reason}"
 
 
 class SemaphoreUnavailable(SemaphoreError):
@@ -62,4 +92,7 @@ class AlreadyDone(SemaphoreError):
     def __init__(self, key: str, finished: int | str | None = None):
         self.key = key
         self.finished = finished
-        super().__init__(f"job {key!r} is already DONE")
+        super().__init__(key, finished)
+
+    def __str__(self) -> str:
+        return f"job {self.key!r} is already DONE"
