@@ -34,16 +34,30 @@ class SemaphoreError(Picklable, Exception):
 class SemaphoreBusy(SemaphoreError):
     """The resource was held by someone else for the whole ``wait``.
 
-    ``retry_after`` is a whole number of seconds (>= 1) after which trying again has a chance;
+    ``retry_after`` is a whole number of seconds (>= 1) after which trying again has a chance:
+    the estimated wait, but never later than a dead holder could be taken over;
     ``holder_user_id`` is the holder's recorded user (with several holders, the one whose lease
-    ends first), or ``None`` when unknown.
+    ends first), or ``None`` when unknown; ``queue_position`` the caller's place in the
+    resource's queue (1 = next: nobody waiting ahead of it; ``None`` when unknown);
+    ``estimated_wait`` the seconds (a float) until its turn would likely have come.
     """
 
-    def __init__(self, resource: str, retry_after: int, holder_user_id: str | None = None):
+    def __init__(
+        self,
+        resource: str,
+        retry_after: int,
+        holder_user_id: str | None = None,
+        queue_position: int | None = None,
+        estimated_wait: float | None = None,
+    ):
         self.resource = resource
         self.retry_after = max(1, int(retry_after))
         self.holder_user_id = holder_user_id
-        super().__init__(resource, self.retry_after, holder_user_id)
+        self.queue_position = queue_position
+        self.estimated_wait = float(self.retry_after if estimated_wait is None else estimated_wait)
+        super().__init__(
+            resource, self.retry_after, holder_user_id, queue_position, self.estimated_wait
+        )
 
     def __str__(self) -> str:
         return (

@@ -63,6 +63,7 @@ EXAMPLES: list[BaseException] = [
     SemaphoreError("something went wrong"),
     SemaphoreBusy("tbl_issues:42", 3),
     SemaphoreBusy("tbl_issues:42", 3, "alice"),
+    SemaphoreBusy("tbl_issues:42", 2, "alice", queue_position=4, estimated_wait=1.25),
     LockLost("tbl_issues:42", "its lease ran out"),
     SemaphoreUnavailable("DynamoDB timed out", transient=True, ambiguous=True),
     TableMissing("no table: run `manage.py dynasem_createtable`"),
@@ -136,7 +137,7 @@ def test_every_exception_class_of_dynasem_is_tried() -> None:
 # the class's module and name, and ``args``; it rebuilds the error as ``cls(*args)``.
 USER_FACING = [
     SemaphoreError("something went wrong"),
-    SemaphoreBusy("tbl_issues:42", 3, "alice"),
+    SemaphoreBusy("tbl_issues:42", 2, "alice", queue_position=4, estimated_wait=1.25),
     LockLost("tbl_issues:42", "its lease ran out"),
     SemaphoreUnavailable("DynamoDB refused the request"),
     TableMissing("no table"),
