@@ -416,7 +416,7 @@ class Semaphore:
                                 continue
                         except SemaphoreUnavailable:
                             pass  # our entry expires with its lease
-                    raise busy(self, blocked, skew=skew, user_id=user_id, token=token)
+                    raise busy(self, blocked, seen, skew=skew, user_id=user_id, token=token)
                 if len(resources) == 1 and (queued or should_queue(self, seen.get(resources[0]))):
                     seen[resources[0]] = yield from wait_in_queue(
                         self,

@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import logging
 import string
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -21,11 +22,13 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_asy
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.utils.functional import LazyObject
 
-from .exceptions import SemaphoreBusy
+from .exceptions import Picklable, SemaphoreBusy
 from .validation import MAX_RESOURCE_BYTES, utf8_size
 
 if TYPE_CHECKING:
     from .core import Semaphore
+
+logger = logging.getLogger("dynasem")
 
 # Characters a template value keeps as written in every template: for values made only of
 # these the decorator's key is the template formatted as written, the same string an f-string
@@ -120,7 +123,7 @@ def resource_key(template: str, /, *args: Any, **kwargs: Any) -> str:
     return _EscapingFormatter(_escaped_chars(template)).format(template, *args, **kwargs)
 
 
-class KeyTooLong(ValueError):
+class KeyTooLong(Picklable, ValueError):
     """The key a view's arguments make is longer than a resource may be: the request's fault
     (a URL value of hundreds of escaped characters), answered 400, not 500."""
 
@@ -149,13 +152,41 @@ def bad_key_response(request: Any, exc: KeyTooLong) -> HttpResponse:
 
 
 def busy_response(request: Any, exc: SemaphoreBusy) -> HttpResponse:
-    """HTTP 423 Locked with ``Retry-After``; says nothing about the holder's token."""
+    """HTTP 423 Locked with ``Retry-After``; says nothing about the holder's token.
+
+    Logged here, once, at INFO on the ``dynasem`` logger with its facts as ``extra``
+    (``resource``, ``holder_user_id``, ``retry_after``, ``queue_position``,
+    ``estimated_wait``, and ``status_code`` and ``request`` as Django's own request log
+    has them), and marked as logged, so that Django's ``django.request`` does not log
+    this expected answer of a busy lock again as a WARNING per request."""
     response = HttpResponse(
         f"Locked: this resource is busy. Retry after {exc.retry_after} seconds.\n",
         status=423,
         content_type="text/plain; charset=utf-8",
     )
     response["Retry-After"] = str(exc.retry_after)
+    path = str(getattr(request, "path", "-"))
+    logger.info(
+        "Locked: %s: %r is busy (held by %r, queue position %s); Retry-After: %d",
+        # Escaped as Django escapes the paths it logs: a request's path is the client's.
+        path.encode("unicode_escape").decode("ascii"),
+        exc.resource,
+        exc.holder_user_id,
+        exc.queue_position,
+        exc.retry_after,
+        extra={
+            "status_code": response.status_code,
+            "request": request,
+            "resource": exc.resource,
+            "holder_user_id": exc.holder_user_id,
+            "retry_after": exc.retry_after,
+            "queue_position": exc.queue_position,
+            "estimated_wait": exc.estimated_wait,
+        },
+    )
+    # django.utils.log.log_response skips a response carrying this mark (Django 4.2 to 6.1
+    # alike); it is the mark Django sets itself once it has logged a response.
+    response._has_been_logged = True  # type: ignore[attr-defined]
     return response
 
 

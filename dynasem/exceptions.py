@@ -1,26 +1,67 @@
-"""The exceptions users catch. All derive from :class:`SemaphoreError`."""
+"""The exceptions users catch. All derive from :class:`SemaphoreError`.
+
+Every one survives a task queue: it pickles (and copies) with its class, its attributes and
+its message, and its ``args`` are its constructor's arguments, so a result backend that
+stores only the class and ``args`` (Celery's JSON serializer) rebuilds it as ``cls(*args)``.
+"""
 
 from __future__ import annotations
 
+import copyreg
+from typing import Any
 
-class SemaphoreError(Exception):
+
+class Picklable:
+    """Pickles and copies an exception by its ``args`` and attributes, without calling
+    ``__init__`` again: a subclass whose ``__init__`` takes other arguments than its ``args``
+    (a user's, or one that builds its message) comes back whole, where Python's default
+    (``cls(*args)``) raises ``TypeError`` or mixes the message up with an argument."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        args: tuple[Any, ...] = getattr(self, "args", ())
+        # copyreg.__newobj__(cls, *args) is cls.__new__(cls, *args): pickle's own NEWOBJ
+        # (typeshed does not list it).
+        newobj = copyreg.__newobj__  # type: ignore[attr-defined]
+        return (newobj, (type(self), *args), getattr(self, "__dict__", None))
+
+
+class SemaphoreError(Picklable, Exception):
     """Base of every dynasem error."""
 
 
 class SemaphoreBusy(SemaphoreError):
     """The resource was held by someone else for the whole ``wait``.
 
-    ``retry_after`` is a whole number of seconds (>= 1) after which trying again has a chance;
+    ``retry_after`` is a whole number of seconds (>= 1) after which trying again has a chance:
+    the estimated wait, but never later than a dead holder could be taken over;
     ``holder_user_id`` is the holder's recorded user (with several holders, the one whose lease
-    ends first), or ``None`` when unknown.
+    ends first), or ``None`` when unknown; ``queue_position`` the caller's place in the
+    resource's queue (1 = next: nobody waiting ahead of it; ``None`` when unknown);
+    ``estimated_wait`` the seconds (a float) until its turn would likely have come.
     """
 
-    def __init__(self, resource: str, retry_after: int, holder_user_id: str | None = None):
+    def __init__(
+        self,
+        resource: str,
+        retry_after: int,
+        holder_user_id: str | None = None,
+        queue_position: int | None = None,
+        estimated_wait: float | None = None,
+    ):
         self.resource = resource
         self.retry_after = max(1, int(retry_after))
         self.holder_user_id = holder_user_id
+        self.queue_position = queue_position
+        self.estimated_wait = float(self.retry_after if estimated_wait is None else estimated_wait)
         super().__init__(
-            f"{resource!r} is busy (held by {holder_user_id or 'unknown'}); "
+            resource, self.retry_after, holder_user_id, queue_position, self.estimated_wait
+        )
+
+    def __str__(self) -> str:
+        return (
+            f"{self.resource!r} is busy (held by {self.holder_user_id or 'unknown'}); "
             f"retry after {self.retry_after}s"
         )
 
@@ -31,7 +72,10 @@ class LockLost(SemaphoreError):
     def __init__(self, resource: str, reason: str):
         self.resource = resource
         self.reason = reason
-        super().__init__(f"lost the hold on {resource!r}: {reason}")
+        super().__init__(resource, reason)
+
+    def __str__(self) -> str:
+        return f"lost the hold on {self.resource!r}: {self.reason}"
 
 
 class SemaphoreUnavailable(SemaphoreError):
@@ -62,4 +106,7 @@ class AlreadyDone(SemaphoreError):
     def __init__(self, key: str, finished: int | str | None = None):
         self.key = key
         self.finished = finished
-        super().__init__(f"job {key!r} is already DONE")
+        super().__init__(key, finished)
+
+    def __str__(self) -> str:
+        return f"job {self.key!r} is already DONE"

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import heapq
 import math
 import random
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from . import clock, table, wakeup
 from .drivers import InQueue, Request, Sleep, Steps
@@ -133,20 +134,126 @@ def should_queue(sem: Semaphore, seen: table.LockItem | None) -> bool:
     return exclusive and seen.mode == MODE_EXCLUSIVE and wakeup.available()
 
 
+class WaitEstimate(NamedTuple):
+    """When a caller's turn is likely to come, from a resource's item as last seen."""
+
+    seconds: float  # from now until the caller could take it
+    position: int  # its place in the resource's queue: 1 = next, nobody waiting ahead
+
+
+def _expected_end(holder: table.Holder, hold_ms: int | None, now: int, skew_ms: int) -> int:
+    """When a holder is likely done (wall clock, ms)."""
+    if holder.expires_ms < now:
+        # Its lease ran out unrenewed: dead or paused. Free once it can be taken over.
+        return holder.expires_ms + skew_ms
+    if not holder.acquired_ms:
+        return now + (hold_ms or 0)  # a row from before holders recorded it
+    held = max(0, now - holder.acquired_ms)
+    if hold_ms is not None and held < hold_ms:
+        return holder.acquired_ms + hold_ms
+    # Past the average (or none recorded yet): nothing says when it ends; a hold that has
+    # lasted this long is as likely as not to last as long again. A caller told so comes back
+    # ever later while the hold goes on, like a backoff, instead of every average hold.
+    return now + held
+
+
+def estimate_wait(
+    item: table.LockItem | None,
+    token: str,
+    *,
+    shared: bool,
+    skew: float,
+    now_ms: int | None = None,
+) -> WaitEstimate:
+    """How long until the caller (``token``, shared or not) could take the resource, from the
+    item alone: each live holder is done at its acquired time + the recorded average hold
+    (``holdMs``), or, past that, after as long again as it has held; one whose lease ran out
+    unrenewed at its lease end + CLOCK_SKEW. Then every live waiter ahead of the caller (all
+    of them, for a caller not in the queue) holds for the average hold in turn — with a
+    ``limit``, in whichever slot frees first; readers in a row as one turn, which a reader
+    caller joins. Round trips are left out: milliseconds, against whole seconds told."""
+    item = item or table.LockItem()
+    now = clock.now_ms() if now_ms is None else now_ms
+    skew_ms = int(skew * 1000)
+    stale = now - skew_ms
+    live = live_holders(item, stale)
+    mine = item.queue.get(token)
+    ahead = sorted(
+        (
+            w
+            for t, w in item.queue.items()
+            if t != token and w.expires_ms >= stale and (mine is None or w.ticket < mine.ticket)
+        ),
+        key=lambda w: w.ticket,
+    )
+    ends = [_expected_end(h, item.hold_ms, now, skew_ms) for h in live.values()]
+    # What a waiter ahead will hold: the average, else what the holders have held so far.
+    typical = item.hold_ms
+    if typical is None:
+        typical = max((now - h.acquired_ms for h in live.values() if h.acquired_ms), default=0)
+    typical = max(0, typical)
+    if item.limit > 1:
+        # Counting: each waiter ahead takes the first slot to free and holds it a turn; ours
+        # is the first to free after them. Free slots now count as freeing now (only as many
+        # as the waiters ahead can use: the limit may be 10**9).
+        free = max(0, item.limit - len(ends))
+        slots = ends + [now] * min(free, len(ahead) + 1)
+        heapq.heapify(slots)
+        for _ in ahead:
+            heapq.heappush(slots, heapq.heappop(slots) + typical)
+        start = slots[0] if slots else now
+    else:
+        # Exclusive or shared: after every holder; then a turn per writer ahead, one per run
+        # of readers; a reader caller goes in with the readers queued last ahead of it.
+        start = max(ends, default=now)
+        turns, last_shared = 0, False
+        for w in ahead:
+            if not (w.shared and last_shared):
+                turns += 1
+            last_shared = w.shared
+        if shared and last_shared:
+            turns -= 1
+        start += turns * typical
+    return WaitEstimate(max(0.0, (start - now) / 1000), len(ahead) + 1)
+
+
+def retry_after(estimate: float, until_free: float) -> int:
+    """``SemaphoreBusy.retry_after``: the estimate, but never later than the first holder in
+    the way could be taken over if it died (``until_free``), in whole seconds (HTTP's
+    ``Retry-After`` has no others), rounded up, at least 1."""
+    # Rounded to the millisecond first: 1.0000001 s of float arithmetic is 1 s, not 2.
+    return max(1, math.ceil(round(min(estimate, until_free), 3)))
+
+
 def busy(
     sem: Semaphore,
     blocked: Mapping[str, Blocking],
+    seen: Mapping[str, table.LockItem | None],
     *,
     skew: float,
     user_id: str,
     token: str,
 ) -> SemaphoreBusy:
-    """The wait is over and the lock still busy: the error to raise, after ``lock_busy``."""
+    """The wait is over and the lock still busy: the error to raise, after ``lock_busy``.
+
+    ``blocked``: who was in our way, by resource; ``seen``: the items last seen (a refused
+    write's old item, a read, a push), which the estimate is made from: never a request more."""
     resource = next(iter(blocked))
     holders = blocked[resource]
     first = min(holders.values(), key=lambda h: h.expires_ms, default=None)
-    retry_after = math.ceil(seconds_until_free(blocked, skew)) if holders else 1
-    exc = SemaphoreBusy(resource, retry_after, first.user_id if first else None)
+    now = clock.now_ms()
+    estimates = [
+        estimate_wait(seen.get(r), token, shared=sem.shared, skew=skew, now_ms=now) for r in blocked
+    ]
+    # All of them are needed: the wait is the longest; the place is in the named one's queue.
+    wait = max(e.seconds for e in estimates)
+    exc = SemaphoreBusy(
+        resource,
+        retry_after(wait, seconds_until_free(blocked, skew)),
+        first.user_id if first else None,
+        queue_position=estimates[0].position,
+        estimated_wait=wait,
+    )
     lock_busy.send(
         sender=sem.signal_sender,
         resource=resource,
@@ -155,6 +262,8 @@ def busy(
         fence=None,
         holder_user_id=exc.holder_user_id,
         retry_after=exc.retry_after,
+        queue_position=exc.queue_position,
+        estimated_wait=exc.estimated_wait,
     )
     return exc
 

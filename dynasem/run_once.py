@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import uuid
 from typing import Any
 
 from . import clock, table, transactions, validation
 from .exceptions import AlreadyDone, LockLost, SemaphoreBusy, SemaphoreUnavailable
 from .heartbeat import Heartbeat
+from .queueing import retry_after
 
 logger = logging.getLogger("dynasem")
 
@@ -200,8 +200,16 @@ class RunOnce:
                         raise AlreadyDone(self.key, row.finished_ms) from None
                     expires_ms = row.expires_ms or 0
                     if row.status == table.RUNNING and expires_ms >= stale:
-                        retry = math.ceil((expires_ms - stale) / 1000)
-                        raise SemaphoreBusy(self.key, retry, row.user_id) from None
+                        # No average is stored for jobs: one that has run this long is
+                        # expected to run as long again (a semaphore's rule past its
+                        # average), told never later than a dead claim could be taken over.
+                        ran = max(0, clock.now_ms() - (row.started_ms or now)) / 1000
+                        raise SemaphoreBusy(
+                            self.key,
+                            retry_after(ran, (expires_ms - stale) / 1000),
+                            row.user_id,
+                            estimated_wait=ran,
+                        ) from None
                     # Claimable after all (our fence was behind the stored one): go again.
                     stored_fence = row.fence or 0
                     continue

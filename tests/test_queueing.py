@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -97,3 +98,180 @@ def test_answered_averages_round_trips_and_ignores_outliers() -> None:
     assert pace.rtt == pytest.approx((3 * 0.005 + 0.009) / 4)
     pace.answered(30.0)  # a stalled read counts as half a second at most
     assert pace.rtt < 0.135
+
+
+# ---------------------------------------------------------------------------------------------
+# What a caller that gives up is told: estimate_wait, retry_after, busy
+# ---------------------------------------------------------------------------------------------
+
+
+def shared_holder(ends_ms: int, taken_ms: int) -> table.Holder:
+    return table.Holder("reader", ends_ms, 1, acquired_ms=taken_ms, shared=True)
+
+
+def queued(ticket: int, ends_ms: int, *, shared: bool = False) -> table.Waiter:
+    return table.Waiter(ticket, ends_ms, user_id="w", shared=shared, lease_ms=10_000)
+
+
+def estimate(item: table.LockItem, *, shared: bool = False, token: str = "me") -> Any:
+    return queueing.estimate_wait(item, token, shared=shared, skew=0.5)
+
+
+def test_a_holder_is_expected_to_hold_for_the_average_hold(frozen: int) -> None:
+    """Taken 100 ms ago, holds average 300 ms: done in about 200 ms. Its lease end (60 s
+    away, renewed while it lives) says nothing about when it will be done."""
+    item = table.LockItem(holders={"h": holder(frozen + 60_000, frozen - 100)}, hold_ms=300)
+    assert estimate(item) == (pytest.approx(0.2), 1)
+
+
+def test_a_holder_past_the_average_is_expected_to_hold_as_long_again(frozen: int) -> None:
+    """Held 2 s where holds average 0.3 s: nothing says when it ends; as long again as it has
+    held so far (so callers of an ever longer hold are told to come back ever later)."""
+    late = table.LockItem(holders={"h": holder(frozen + 60_000, frozen - 2_000)}, hold_ms=300)
+    assert estimate(late).seconds == pytest.approx(2.0)
+    unknown = table.LockItem(holders={"h": holder(frozen + 60_000, frozen - 1_500)})
+    assert estimate(unknown).seconds == pytest.approx(1.5)  # no average stored yet: the same
+    fresh = table.LockItem(holders={"h": holder(frozen + 60_000, frozen)})
+    assert estimate(fresh).seconds == 0.0
+
+
+def test_a_holder_that_stopped_renewing_is_free_at_its_takeover(frozen: int) -> None:
+    """Its lease ended 100 ms ago unrenewed: dead (or paused); free once it can be taken
+    over, at its lease end + CLOCK_SKEW, whatever the average says."""
+    item = table.LockItem(holders={"h": holder(frozen - 100, frozen - 5_000)}, hold_ms=300)
+    assert estimate(item).seconds == pytest.approx(0.4)
+
+
+def test_every_live_waiter_ahead_takes_an_average_hold(frozen: int) -> None:
+    item = table.LockItem(
+        holders={"h": holder(frozen + 60_000, frozen - 100)},
+        queue={
+            "first": queued(1, frozen + 9_000),
+            "second": queued(2, frozen + 9_000),
+            "dead": queued(3, frozen - 9_000),  # its entry expired: skipped
+            "me": queued(4, frozen + 9_000),
+            "later": queued(9, frozen + 9_000),  # behind us
+        },
+        has_queue=True,
+        hold_ms=300,
+    )
+    assert estimate(item) == (pytest.approx(0.2 + 2 * 0.3), 3)
+    # Not queued (a wait=0 caller): every live waiter is ahead of it.
+    assert estimate(item, token="outsider") == (pytest.approx(0.2 + 4 * 0.3), 5)
+
+
+def test_waiters_ahead_with_no_average_take_what_the_holder_has_held(frozen: int) -> None:
+    item = table.LockItem(
+        holders={"h": holder(frozen + 60_000, frozen - 400)},
+        queue={"first": queued(1, frozen + 9_000)},
+        has_queue=True,
+    )
+    assert estimate(item) == (pytest.approx(0.4 + 0.4), 2)
+
+
+def test_counting_waits_for_the_first_slot_the_waiters_ahead_leave(frozen: int) -> None:
+    """limit=2, slots free at +0.1 s and +0.4 s, two waiters ahead holding 0.3 s each: the
+    first takes the slot at +0.1 (until +0.4), the second one at +0.4; ours frees at +0.4."""
+    item = table.LockItem(
+        holders={
+            "a": holder(frozen + 60_000, frozen - 200),
+            "b": holder(frozen + 60_000, frozen + 100),
+        },
+        queue={"w1": queued(1, frozen + 9_000), "w2": queued(2, frozen + 9_000)},
+        has_queue=True,
+        mode="n",
+        limit=2,
+        hold_ms=300,
+    )
+    assert estimate(item) == (pytest.approx(0.4), 3)
+
+
+def test_counting_with_free_slots_and_a_huge_limit_is_quick(frozen: int) -> None:
+    item = table.LockItem(
+        holders={"a": holder(frozen + 60_000, frozen)},
+        queue={"w1": queued(1, frozen + 9_000)},
+        has_queue=True,
+        mode="n",
+        limit=10**9,
+        hold_ms=300,
+    )
+    assert estimate(item) == (0.0, 2)
+
+
+def test_a_writer_waits_for_every_reader(frozen: int) -> None:
+    readers = {
+        "r1": shared_holder(frozen + 60_000, frozen - 100),
+        "r2": shared_holder(frozen + 60_000, frozen - 250),
+    }
+    item = table.LockItem(holders=readers, mode="s", hold_ms=300)
+    assert estimate(item).seconds == pytest.approx(0.2)  # the later of 0.2 and 0.05
+
+
+def test_a_reader_behind_a_queued_writer_waits_for_the_writer(frozen: int) -> None:
+    item = table.LockItem(
+        holders={"r1": shared_holder(frozen + 60_000, frozen - 100)},
+        queue={"writer": queued(1, frozen + 9_000)},
+        has_queue=True,
+        mode="s",
+        hold_ms=300,
+    )
+    assert estimate(item, shared=True) == (pytest.approx(0.2 + 0.3), 2)
+
+
+def test_a_reader_behind_queued_readers_goes_in_with_them(frozen: int) -> None:
+    """A writer holds; readers queued behind it all go in when it leaves, us with them."""
+    item = table.LockItem(
+        holders={"w": holder(frozen + 60_000, frozen - 100)},
+        queue={
+            "r1": queued(1, frozen + 9_000, shared=True),
+            "r2": queued(2, frozen + 9_000, shared=True),
+        },
+        has_queue=True,
+        hold_ms=300,
+    )
+    assert estimate(item, shared=True) == (pytest.approx(0.2), 3)
+    assert estimate(item, shared=False) == (pytest.approx(0.2 + 0.3), 3)  # a writer: after them
+
+
+def test_retry_after_is_whole_seconds_at_least_one_never_past_the_takeover() -> None:
+    assert queueing.retry_after(0.0, 65.0) == 1
+    assert queueing.retry_after(0.2, 65.0) == 1
+    assert queueing.retry_after(1.0, 65.0) == 1
+    assert queueing.retry_after(1.2, 65.0) == 2
+    assert queueing.retry_after(600.0, 64.2) == 65  # a dead holder is taken over by then
+    assert queueing.retry_after(3.0, 0.0) == 1
+
+
+def test_busy_tells_the_estimate_and_the_queue_position(frozen: int) -> None:
+    from dynasem import semaphore
+    from dynasem.signals import lock_busy
+
+    item = table.LockItem(
+        resource="r",
+        holders={"h": holder(frozen + 60_000, frozen - 100, user="alice")},
+        queue={"first": queued(1, frozen + 9_000)},
+        has_queue=True,
+        hold_ms=300,
+    )
+    sent: list[dict[str, Any]] = []
+
+    def receiver(**kwargs: Any) -> None:
+        sent.append(kwargs)
+
+    lock_busy.connect(receiver)
+    try:
+        exc = queueing.busy(
+            semaphore("r"),
+            {"r": queueing.live_holders(item, frozen)},
+            {"r": item},
+            skew=0.5,
+            user_id="bob",
+            token="me",
+        )
+    finally:
+        lock_busy.disconnect(receiver)
+    assert (exc.resource, exc.holder_user_id, exc.retry_after) == ("r", "alice", 1)
+    assert (exc.queue_position, exc.estimated_wait) == (2, pytest.approx(0.5))
+    assert sent[0]["queue_position"] == 2
+    assert sent[0]["estimated_wait"] == pytest.approx(0.5)
+    assert sent[0]["retry_after"] == 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 
 import pytest
@@ -50,6 +51,19 @@ def test_live_running_job_is_busy(lock_table):
             pytest.fail("must not run while another process runs it")
         assert busy.value.holder_user_id == "alice"
         assert busy.value.retry_after >= 1
+
+
+def test_a_busy_job_is_estimated_to_run_as_long_again_as_it_has(lock_table):
+    """No average is stored for jobs: one that has run 1.2 s is expected to take as long
+    again (it said its lease end + CLOCK_SKEW: about 10 s)."""
+    with run_once("file:e.txt", user="alice"):
+        time.sleep(1.2)
+        with pytest.raises(SemaphoreBusy) as busy, run_once("file:e.txt"):
+            pytest.fail("must not run while another process runs it")
+    assert 1.2 <= busy.value.estimated_wait < 5
+    assert busy.value.retry_after == math.ceil(busy.value.estimated_wait)
+    assert busy.value.queue_position is None
+    assert busy.value.holder_user_id == "alice"
 
 
 def test_running_job_whose_lease_expired_is_claimed_again(lock_table):

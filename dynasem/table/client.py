@@ -24,7 +24,7 @@ from botocore.exceptions import (
 )
 
 from ..conf import FALLBACK_REGION, settings
-from ..exceptions import SemaphoreUnavailable, TableMissing
+from ..exceptions import Picklable, SemaphoreUnavailable, TableMissing
 from .stored import JobRow, LockItem, decode, job_row, lock_item
 
 if TYPE_CHECKING:  # boto3-stubs[dynamodb], a development dependency only
@@ -109,7 +109,7 @@ def endpoint_label() -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-class Refused(Exception):
+class Refused(Picklable, Exception):
     """The write's condition failed; the row as it was (``ALL_OLD``) is ``lock`` (a lock
     write's) or ``job`` (a run_once write's)."""
 
@@ -128,7 +128,7 @@ class Refused(Exception):
         return job_row(self._old)
 
 
-class Cancelled(Exception):
+class Cancelled(Picklable, Exception):
     """A transaction (of lock writes) was cancelled; ``reasons[i]`` is ``(code, old row)`` for
     action i."""
 
