@@ -1,0 +1,72 @@
+"""The Celery app that test_celery_broker.py's worker processes run (``celery -A
+tests.celery_app worker``): the README's recipe as written, and what the test reads back.
+
+Each run of the task appends a line to the file named by ``DYNASEM_TEST_CELERY_LOG``: a run
+(key, when it held the lock, its fence, the retries before it), a refusal (``lock_busy``) or
+a task's failure. The broker is ``DYNASEM_TEST_BROKER``; the lock table, as for every test
+process, ``DYNASEM_TEST_ENDPOINT`` and ``DYNASEM_TEST_TABLE`` (tests/settings.py).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any
+
+import django
+
+os.environ["DJANGO_SETTINGS_MODULE"] = "tests.celery_settings"
+django.setup()
+
+from celery import Celery, current_task, shared_task  # noqa: E402
+from celery.signals import task_failure  # noqa: E402
+from django.dispatch import receiver  # noqa: E402
+
+from dynasem import current_hold, semaphore  # noqa: E402
+from dynasem.celery import retry_later  # noqa: E402
+from dynasem.signals import lock_busy  # noqa: E402
+
+app = Celery("dynasem-broker-test", broker=os.environ["DYNASEM_TEST_BROKER"])
+app.conf.update(task_ignore_result=True, broker_connection_retry_on_startup=True)
+
+
+def record(**event: Any) -> None:
+    """One JSON line, appended with one write (O_APPEND: lines of several processes never
+    interleave)."""
+    line = json.dumps({"pid": os.getpid(), "t": time.time(), **event}) + "\n"
+    fd = os.open(os.environ["DYNASEM_TEST_CELERY_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+# The README's recipe: the task decorator on top, the semaphore next to the function, busy
+# tasks retried later; every setting at its default but the test's short lease.
+@shared_task(bind=True)
+@semaphore("broker:{key}", on_busy=retry_later)
+def hold(self: Any, key: str, n: int, seconds: float) -> int:
+    start = time.time()
+    time.sleep(seconds)  # the work, under the lock
+    record(
+        event="run",
+        key=key,
+        n=n,
+        start=start,
+        end=time.time(),
+        fence=current_hold().fence,
+        retries=self.request.retries,
+    )
+    return n
+
+
+@receiver(lock_busy)
+def refused(sender: Any, resource: str, retry_after: int, **kwargs: Any) -> None:
+    request = current_task.request if current_task else None
+    record(event="busy", resource=resource, retry_after=retry_after, n=request and request.args[1])
+
+
+@task_failure.connect
+def failed(sender: Any, task_id: str, exception: BaseException, args: Any, **kwargs: Any) -> None:
+    record(event="failed", n=args[1] if args else None, error=repr(exception))
