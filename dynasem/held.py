@@ -314,7 +314,9 @@ class Held:
         now = clock.now_ms()
         fence = max(clock.new_fence(self.skew), self.fence + 1)
         lease_ms = waiter.lease_ms if waiter.lease_ms is not None else int(self.lease * 1000)
-        entry = table.holder_entry(waiter.user_id, now + lease_ms, fence, now, waiter.shared)
+        entry = table.holder_entry(
+            waiter.user_id, now + lease_ms, fence, now, waiter.shared, waiter.proc
+        )
         try:
             item = table.update(
                 table.hand_over(

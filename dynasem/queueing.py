@@ -10,7 +10,7 @@ import random
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from . import clock, table, wakeup
+from . import clock, processes, table, wakeup
 from .drivers import InQueue, Request, Sleep, Steps
 from .exceptions import SemaphoreBusy, SemaphoreUnavailable
 from .signals import lock_busy
@@ -34,8 +34,29 @@ MAX_REMEMBERED = 4096
 
 
 def live_holders(item: table.LockItem | None, stale_ms: int) -> dict[str, table.Holder]:
+    """The holders whose lease has not run out (lease end + CLOCK_SKEW, by ``stale_ms``)."""
     holders = item.holders if item is not None else {}
     return {t: h for t, h in holders.items() if h.expires_ms >= stale_ms}
+
+
+def not_proven_dead(holders: Mapping[str, table.Holder]) -> dict[str, table.Holder]:
+    """``holders`` less those whose process this host can prove has ended: they are taken
+    over like expired ones (evicted in the taker's own write, conditional on their entry
+    being unchanged). A look in /proc per holder of this host; asked only of holders that
+    are in our way."""
+    return {t: h for t, h in holders.items() if not processes.gone(h.proc)}
+
+
+def waiters_ahead(
+    queue: Mapping[str, table.Waiter], token: str, stale_ms: int
+) -> dict[str, table.Waiter]:
+    """The live waiters ahead of ``token`` in ``queue`` (every live one if it is not in it)."""
+    mine = queue.get(token)
+    return {
+        t: w
+        for t, w in queue.items()
+        if t != token and w.expires_ms >= stale_ms and (mine is None or w.ticket < mine.ticket)
+    }
 
 
 def backoff(attempt: int) -> float:
@@ -78,14 +99,8 @@ class Pace:
     def turn_in(self, seen: table.LockItem | None, token: str, skew: float) -> float:
         seen = seen or table.LockItem()
         now = clock.now_ms()
-        queue = seen.queue
-        mine = queue.get(token)
         stale = now - int(skew * 1000)
-        ahead = {
-            t: w
-            for t, w in queue.items()
-            if t != token and w.expires_ms >= stale and (mine is None or w.ticket < mine.ticket)
-        }
+        ahead = waiters_ahead(seen.queue, token, stale)
         live = live_holders(seen, stale)
         state = (tuple(sorted(live)), tuple(sorted(ahead)))
         if state != self.state:
@@ -192,6 +207,7 @@ def wait_in_queue(
             lease_ms=int(lease * 1000),
             # Where the holder that hands us the lock tells us (None: nowhere).
             address=wakeup.expect(resource, token, lease=lease, skew=skew, now_ms=clock.now_ms),
+            proc=processes.identity(),
         )
         fresh = seen is not None and not seen.has_queue
         pace.enqueued = True  # from now on, giving up means leaving the queue
