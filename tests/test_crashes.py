@@ -220,6 +220,40 @@ def test_a_holder_killed_mid_hold_is_taken_over_at_once_on_its_host(
 
 
 @needs_proc
+@pytest.mark.parametrize("push", ["127.0.0.1", None], ids=["push", "no-push"])
+def test_a_queued_waiter_takes_over_from_a_holder_that_dies(dynamodb_local, lock_table, push):
+    """A waiter queued behind a holder (lease 60 s) that is then SIGKILLed notices it between
+    its paced reads and holds the resource well within its wait of 8 s."""
+    out, waiter_out = SPAWN.Queue(), SPAWN.Queue()
+    holder = SPAWN.Process(
+        target=workers.hold_until_killed, args=(dynamodb_local, lock_table, "job:3", 60.0, out)
+    )
+    holder.start()
+    waiter = None
+    try:
+        kind, dead_fence = out.get(timeout=60)
+        assert kind == "held"
+        waiter = SPAWN.Process(
+            target=workers.take_and_report,
+            args=(dynamodb_local, lock_table, "job:3", 8.0, push, waiter_out),
+        )
+        waiter.start()
+        _queued("job:3")
+        time.sleep(0.3)  # the waiter sleeps toward its turn
+        os.kill(holder.pid, signal.SIGKILL)  # not reaped: a zombie to every other process
+        kind, _when, fence, _token = waiter_out.get(timeout=30)
+        assert kind == "held", "the waiter gave up: the dead holder was not taken over"
+        assert fence > dead_fence
+    finally:
+        holder.kill()
+        holder.join(10)
+        if waiter is not None:
+            waiter.join(30)
+            if waiter.is_alive():
+                waiter.kill()
+
+
+@needs_proc
 @pytest.mark.parametrize("paused", [False, True], ids=["running", "stopped"])
 def test_a_live_holder_on_this_host_is_never_taken_over(dynamodb_local, lock_table, paused):
     """Its process is there with the start time it recorded, running or SIGSTOPped (a stopped

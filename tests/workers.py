@@ -218,3 +218,27 @@ def stall_through_hand_over(
             entered = time.monotonic()
             time.sleep(0.05)
             out.put(("block", entered, time.monotonic(), held.fence))
+
+
+def take_and_report(
+    endpoint: str,
+    table_name: str,
+    resource: str,
+    wait: float,
+    push: str | None,
+    out: Any,
+) -> None:
+    """Queue for the resource (fair, so that we wait in its queue) for up to ``wait`` seconds
+    and report when we held it, with what fence, or that we gave up."""
+    setup_django(endpoint, table_name)
+    from django.test import override_settings
+
+    from dynasem import SemaphoreBusy, semaphore
+    from dynasem.conf import settings
+
+    with override_settings(DYNASEM=dict(settings.raw, PUSH=push)):
+        try:
+            with semaphore(resource, fair=True, wait=wait, user="heir") as held:
+                out.put(("held", time.monotonic(), held.fence, held.token))
+        except SemaphoreBusy:
+            out.put(("busy", time.monotonic(), None, None))
