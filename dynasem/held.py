@@ -73,6 +73,8 @@ class Held:
             self._deadline = min(self._deadline, self._max_hold_end)
         self._queue: Mapping[str, table.Waiter] = {}  # the waiters we last saw: the heirs
         self._hold_avg: int | None = None
+        # Who took it: at exit, only holds of threads that ended are given back (shutdown.py).
+        self.thread = threading.current_thread()
 
     def _observe(self, item: table.LockItem | None) -> None:
         if item is not None:

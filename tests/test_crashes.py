@@ -278,3 +278,39 @@ def test_a_live_holder_on_this_host_is_never_taken_over(dynamodb_local, lock_tab
         os.kill(proc.pid, signal.SIGCONT)
         proc.kill()
         proc.join(10)
+
+
+@needs_proc
+@pytest.mark.parametrize(
+    "how", ["exit", "sigterm-handler", "daemon-thread", "forked-child"], ids=str
+)
+def test_a_process_that_exits_normally_gives_back_what_it_holds(dynamodb_local, lock_table, how):
+    """atexit gives back the holds of a process that ends normally (sys.exit, or its own SIGTERM
+    handler that exits, as gunicorn's do); a hold a daemon thread is still inside is left (the
+    process is gone a moment later: taken over at once on this host); a forked child's exit
+    never gives back its parent's hold."""
+    resource = f"exit:{how}"
+    out = SPAWN.Queue()
+    proc = SPAWN.Process(
+        target=workers.hold_and_exit, args=(dynamodb_local, lock_table, resource, how, out)
+    )
+    proc.start()
+    try:
+        kind, _fence = out.get(timeout=60)
+        assert kind == "held"
+        if how == "forked-child":
+            assert out.get(timeout=60) == ("after-child", True)
+        if how == "sigterm-handler":
+            os.kill(proc.pid, signal.SIGTERM)
+        proc.join(30)
+        assert proc.exitcode == 0
+        if how == "daemon-thread":
+            assert len(_stored_holders(resource)) == 1  # left: its block may have been running
+            with semaphore(resource, wait=3, user="next"):  # but the process is gone
+                pass
+        else:
+            assert _stored_holders(resource) == []
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10)
