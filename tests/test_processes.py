@@ -350,3 +350,21 @@ def test_a_renewal_or_release_racing_with_the_takeover_wins(
     )
     with pytest.raises(table.Refused):
         table.update(takeover)
+
+
+def test_a_hold_handed_to_a_waiter_that_died_is_taken_over(lock_table: str, dead: str) -> None:
+    """A hand-over records the heir's process from its queue entry: an heir that died while
+    waiting holds the lock after the hand-over, and is taken over like any dead holder."""
+    holder = semaphore("heir:1").acquire()
+    now = clock.now_ms()
+    heir = table.Waiter(
+        clock.new_fence(0), now + 60_000, user_id="heir", lease_ms=60_000, proc=dead
+    )
+    table.update(table.enqueue("heir:1", "dead-heir", heir, fresh=False))
+    holder.renew()  # its answer shows the holder the queue
+    holder.release()  # to the dead heir, in the release write
+    handed = table.get("heir:1")
+    assert handed is not None and list(handed.holders) == ["dead-heir"]
+    assert handed.holders["dead-heir"].proc == dead
+    with semaphore("heir:1", wait=0) as held:
+        assert holders("heir:1") == {held.token}
