@@ -16,6 +16,7 @@ from .exceptions import (  # noqa: E402
 )
 from .held import Held, current_hold  # noqa: E402
 from .run_once import Job, run_once  # noqa: E402
+from .shutdown import release_all  # noqa: E402
 
 __all__ = [
     "AlreadyDone",
@@ -29,6 +30,7 @@ __all__ = [
     "TableMissing",
     "__version__",
     "current_hold",
+    "release_all",
     "resource_key",
     "run_once",
     "semaphore",

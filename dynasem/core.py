@@ -5,8 +5,8 @@ Speaks in lock terms only; every request is built and sent by :mod:`dynasem.tabl
 Safety rules kept here:
 
 * a holder trusts its lease until ``sent + lease - CLOCK_SKEW`` on its own monotonic clock
-  (``sent`` = when the write that set the lease left), others take it over only once the
-  stored end is ``CLOCK_SKEW`` in the past on theirs;
+  (``sent``: when the write that set the lease left); others take it over once the stored end
+  is ``CLOCK_SKEW`` past on theirs, or once its process is proven dead (``processes``);
 * a hold we only heard of (a read, a push, a refused write's old item showing our token) is
   worth no more than its stored lease end minus ``CLOCK_SKEW`` (a push: nor more than its
   arrival plus our lease): when that is near, we confirm it with a renewal of our own before
@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
 
-from . import clock, table, transactions, wakeup
+from . import clock, processes, queueing, table, transactions, wakeup
 from .conf import settings
 from .decorators import Decoration, lock_callable
 from .drivers import Request, Sleep, Steps, Write, run_async, run_sync, withdraw
@@ -211,13 +211,8 @@ class Semaphore:
         # a queued one needs every live waiter ahead of it gone.
         queue = seen.queue if seen is not None else {}
         mine_w = queue.get(token)
-        waiting = {t: w for t, w in queue.items() if t != token}
-        dead = {t: w.expires_ms for t, w in waiting.items() if w.expires_ms < stale_ms}
-        ahead = {
-            t: w
-            for t, w in waiting.items()
-            if t not in dead and (mine_w is None or w.ticket < mine_w.ticket)
-        }
+        dead = {t: w.expires_ms for t, w in queue.items() if t != token and w.expires_ms < stale_ms}
+        ahead = queueing.waiters_ahead(queue, token, stale_ms)
         live = live_holders(seen, stale_ms)
         if ahead:
             return _Plan(busy=live or ahead, queued=mine_w is not None)
@@ -241,13 +236,15 @@ class Semaphore:
                 resource, token, entry, mode=mode, limit=limit, stale_ms=stale_ms, queue=terms
             )
             return done
+        joinable = mode != MODE_EXCLUSIVE and seen.mode == mode and seen.limit == limit
+        if live and not (joinable and (mode == MODE_SHARED or len(live) < limit)):
+            live = queueing.not_proven_dead(live)  # in our way: a look in /proc (same host)
         if live:
             if seen.limit != limit:
                 raise ValueError(
                     f"{resource!r} is held with limit={seen.limit}; every holder of one "
                     f"resource must use the same limit, not limit={limit}"
                 )
-            joinable = mode != MODE_EXCLUSIVE and seen.mode == mode
             if not (joinable and (mode == MODE_SHARED or len(live) < limit)):
                 return _Plan(busy=live, queued=mine_w is not None)
         done.action = table.take_join(
@@ -274,7 +271,7 @@ class Semaphore:
             return again  # ours already, until this transaction ends
         lease, wait, skew = resolve_timing(self.lease, self.wait)
         margin = (lease - skew) * CONFIRM_SHARE
-        user_id = user_id_of(self.user)
+        user_id, proc = user_id_of(self.user), processes.identity()
         token = uuid.uuid4().hex  # one token for every retry: it recognises our own writes
         resources = self.resources
         deadline = clock.monotonic() + wait
@@ -317,7 +314,7 @@ class Semaphore:
                 now = clock.now_ms()
                 stale = now - int(skew * 1000)
                 entry = table.holder_entry(
-                    user_id, now + int(lease * 1000), clock.new_fence(skew), now, self.shared
+                    user_id, now + int(lease * 1000), clock.new_fence(skew), now, self.shared, proc
                 )
                 if confirm or (push_cap is not None and push_cap - sent_mono < margin):
                     confirm_below = 2**63

@@ -94,6 +94,8 @@ class Held:
         self._hold_avg: int | None = None
         # A hand-over sent that got no answer: it may have been applied (see _give_back).
         self._handed_unanswered = False
+        # Who took it: at exit, only holds of threads that ended are given back (shutdown.py).
+        self.thread = threading.current_thread()
 
     def _observe(self, item: table.LockItem | None) -> None:
         if item is not None:
@@ -342,7 +344,7 @@ class Held:
                     waiter.lease_ms if waiter.lease_ms is not None else int(self.lease * 1000)
                 )
                 entry = table.holder_entry(
-                    waiter.user_id, now + lease_ms, fence + i, now, waiter.shared
+                    waiter.user_id, now + lease_ms, fence + i, now, waiter.shared, waiter.proc
                 )
                 entries.append((token, waiter.ticket, entry))
             shared = heirs[0][1].shared

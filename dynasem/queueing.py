@@ -11,7 +11,7 @@ import random
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from . import clock, table, wakeup
+from . import clock, processes, table, wakeup
 from .drivers import InQueue, Request, Sleep, Steps
 from .exceptions import SemaphoreBusy, SemaphoreUnavailable
 from .signals import lock_busy
@@ -32,11 +32,44 @@ queued_recently: dict[str, float] = {}
 pushed_recently: dict[str, float] = {}
 PUSH_PATIENCE = 0.5
 MAX_REMEMBERED = 4096
+# While a holder whose process runs on this host is in a queued waiter's way, the waiter looks
+# in /proc this often (seconds) whether that process ended, between its paced reads.
+WATCH_EVERY = 0.1
 
 
 def live_holders(item: table.LockItem | None, stale_ms: int) -> dict[str, table.Holder]:
+    """The holders whose lease has not run out (lease end + CLOCK_SKEW, by ``stale_ms``)."""
     holders = item.holders if item is not None else {}
     return {t: h for t, h in holders.items() if h.expires_ms >= stale_ms}
+
+
+def not_proven_dead(holders: Mapping[str, table.Holder]) -> dict[str, table.Holder]:
+    """``holders`` less those whose process this host can prove has ended: they are taken
+    over like expired ones (evicted in the taker's own write, conditional on their entry
+    being unchanged). A look in /proc per holder of this host; asked only of holders that
+    are in our way."""
+    return {t: h for t, h in holders.items() if not processes.gone(h.proc)}
+
+
+def waiters_ahead(
+    queue: Mapping[str, table.Waiter], token: str, stale_ms: int
+) -> dict[str, table.Waiter]:
+    """The live waiters ahead of ``token`` in ``queue`` (every live one if it is not in it)."""
+    mine = queue.get(token)
+    return {
+        t: w
+        for t, w in queue.items()
+        if t != token and w.expires_ms >= stale_ms and (mine is None or w.ticket < mine.ticket)
+    }
+
+
+def _watched(seen: table.LockItem | None, token: str, stale_ms: int) -> list[str]:
+    """The processes, on this host, of the holders in a queued waiter's way: when one ends,
+    the waiter takes over at once. None while a live waiter is ahead of us (its turn first)."""
+    if seen is None or token not in seen.queue or waiters_ahead(seen.queue, token, stale_ms):
+        return []
+    live = live_holders(seen, stale_ms).values()
+    return [h.proc for h in live if h.proc is not None and processes.local(h.proc)]
 
 
 def backoff(attempt: int) -> float:
@@ -79,14 +112,8 @@ class Pace:
     def turn_in(self, seen: table.LockItem | None, token: str, skew: float) -> float:
         seen = seen or table.LockItem()
         now = clock.now_ms()
-        queue = seen.queue
-        mine = queue.get(token)
         stale = now - int(skew * 1000)
-        ahead = {
-            t: w
-            for t, w in queue.items()
-            if t != token and w.expires_ms >= stale and (mine is None or w.ticket < mine.ticket)
-        }
+        ahead = waiters_ahead(seen.queue, token, stale)
         live = live_holders(seen, stale)
         state = (tuple(sorted(live)), tuple(sorted(ahead)))
         if state != self.state:
@@ -301,6 +328,7 @@ def wait_in_queue(
             lease_ms=int(lease * 1000),
             # Where the holder that hands us the lock tells us (None: nowhere).
             address=wakeup.expect(resource, token, lease=lease, skew=skew, now_ms=clock.now_ms),
+            proc=processes.identity(),
         )
         fresh = seen is not None and not seen.has_queue
         pace.enqueued = True  # from now on, giving up means leaving the queue
@@ -338,26 +366,43 @@ def wait_in_queue(
         return seen
     mine = seen.queue.get(token) if seen is not None else None
     nap = max(0.001, min(pace.turn_in(seen, token, skew), remaining))
-    if mine is not None and mine.address:
-        if (
-            not sem.shared
-            and clock.monotonic() - pushed_recently.get(resource, -math.inf) < GUESS_BUSY_FOR
-        ):
-            # Hand-overs of this resource reached us by push lately: a read before the
-            # next one would most likely find nothing new. Look only as a fallback.
-            nap = max(nap, min(PUSH_PATIENCE, pace.until_free, remaining))
-        last_fence = seen.fence if seen is not None else 0
-        pushed: wakeup.Push | None = yield InQueue(
-            lambda: wakeup.wait(token, nap, fence_above=last_fence), token, resource
-        )
-        if pushed is not None:
-            pushed_recently[resource] = clock.monotonic()
-            # Handed the lock (or told it is free): the item as written. A hand-over is
-            # worth no more than its arrival plus our own lease.
-            pace.push_cap = pushed.arrived + lease - skew
-            return pushed.item
-    else:
-        yield Sleep(nap)
+    push = mine is not None and mine.address
+    if (
+        push
+        and not sem.shared
+        and clock.monotonic() - pushed_recently.get(resource, -math.inf) < GUESS_BUSY_FOR
+    ):
+        # Hand-overs of this resource reached us by push lately: a read before the
+        # next one would most likely find nothing new. Look only as a fallback.
+        nap = max(nap, min(PUSH_PATIENCE, pace.until_free, remaining))
+    last_fence = seen.fence if seen is not None else 0
+    # A holder in our way runs on this host: look in /proc whether it ended every
+    # WATCH_EVERY, not only at our next read (a dead holder's lease may have a minute left).
+    watched = _watched(seen, token, now - int(skew * 1000))
+    until = clock.monotonic() + nap
+    while True:
+        left = until - clock.monotonic()
+        part = max(0.001, min(left, WATCH_EVERY) if watched else left)
+        if push:
+            pushed: wakeup.Push | None = yield InQueue(
+                functools.partial(wakeup.wait, token, part, fence_above=last_fence),
+                token,
+                resource,
+            )
+            if pushed is not None:
+                pushed_recently[resource] = clock.monotonic()
+                # Handed the lock (or told it is free): the item as written. A hand-over is
+                # worth no more than its arrival plus our own lease.
+                pace.push_cap = pushed.arrived + lease - skew
+                return pushed.item
+        else:
+            yield Sleep(part)
+        if any(processes.gone(p) for p in watched):
+            # Its holder is dead: take it over from what we saw (the write's condition is
+            # that the dead holder's entry is unchanged; a refusal shows what changed).
+            return seen
+        if not watched or left <= WATCH_EVERY:
+            break
     sent = clock.monotonic()
     if (mine.expires_ms if mine is not None else 0) - clock.now_ms() < lease * 500:
         try:

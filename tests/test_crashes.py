@@ -163,3 +163,154 @@ def test_a_waiter_stalled_through_its_hand_over_never_runs_inside_the_next_hold(
             proc.join(30)
             if proc.is_alive():
                 proc.kill()
+
+
+# -- dead holders on this host: taken over at once ----------------------------------------------
+
+
+def _proc_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rpartition(")")[2].split()[0]
+
+
+def _stored_holders(resource: str) -> list[str]:
+    from dynasem import table
+
+    return list((table.get(resource) or table.LockItem()).holders)
+
+
+needs_proc = pytest.mark.skipif(
+    not os.path.isdir(f"/proc/{os.getpid()}"), reason="the takeover of dead holders needs Linux"
+)
+
+
+@needs_proc
+@pytest.mark.parametrize("reaped", [False, True], ids=["zombie", "reaped"])
+def test_a_holder_killed_mid_hold_is_taken_over_at_once_on_its_host(
+    dynamodb_local, lock_table, reaped
+):
+    """A holder with a 60 s lease is SIGKILLed: a waiter on its host takes the resource over at
+    once (wait=3 can only succeed by a takeover), whether the dead process is still a zombie
+    (its parent, this test, has not reaped it) or gone from /proc."""
+    out = SPAWN.Queue()
+    proc = SPAWN.Process(
+        target=workers.hold_until_killed, args=(dynamodb_local, lock_table, "job:2", 60.0, out)
+    )
+    proc.start()
+    try:
+        kind, dead_fence = out.get(timeout=60)
+        assert kind == "held"
+        [dead_token] = _stored_holders("job:2")
+        os.kill(proc.pid, signal.SIGKILL)
+        if reaped:
+            proc.join(10)
+            assert not os.path.exists(f"/proc/{proc.pid}")
+        else:
+            deadline = time.monotonic() + 10
+            while _proc_state(proc.pid) != "Z":
+                assert time.monotonic() < deadline, "the killed holder never became a zombie"
+                time.sleep(0.005)
+        with semaphore("job:2", wait=3, user="next") as held:
+            assert held.fence > dead_fence
+            # The dead holder's entry went in the same write: we alone hold it.
+            assert _stored_holders("job:2") == [held.token] != [dead_token]
+    finally:
+        proc.kill()
+        proc.join(10)
+
+
+@needs_proc
+@pytest.mark.parametrize("push", ["127.0.0.1", None], ids=["push", "no-push"])
+def test_a_queued_waiter_takes_over_from_a_holder_that_dies(dynamodb_local, lock_table, push):
+    """A waiter queued behind a holder (lease 60 s) that is then SIGKILLed notices it between
+    its paced reads and holds the resource well within its wait of 8 s."""
+    out, waiter_out = SPAWN.Queue(), SPAWN.Queue()
+    holder = SPAWN.Process(
+        target=workers.hold_until_killed, args=(dynamodb_local, lock_table, "job:3", 60.0, out)
+    )
+    holder.start()
+    waiter = None
+    try:
+        kind, dead_fence = out.get(timeout=60)
+        assert kind == "held"
+        waiter = SPAWN.Process(
+            target=workers.take_and_report,
+            args=(dynamodb_local, lock_table, "job:3", 8.0, push, waiter_out),
+        )
+        waiter.start()
+        _queued("job:3")
+        time.sleep(0.3)  # the waiter sleeps toward its turn
+        os.kill(holder.pid, signal.SIGKILL)  # not reaped: a zombie to every other process
+        kind, _when, fence, _token = waiter_out.get(timeout=30)
+        assert kind == "held", "the waiter gave up: the dead holder was not taken over"
+        assert fence > dead_fence
+    finally:
+        holder.kill()
+        holder.join(10)
+        if waiter is not None:
+            waiter.join(30)
+            if waiter.is_alive():
+                waiter.kill()
+
+
+@needs_proc
+@pytest.mark.parametrize("paused", [False, True], ids=["running", "stopped"])
+def test_a_live_holder_on_this_host_is_never_taken_over(dynamodb_local, lock_table, paused):
+    """Its process is there with the start time it recorded, running or SIGSTOPped (a stopped
+    process wakes up believing it holds): the waiter waits out its wait and is refused."""
+    from dynasem import SemaphoreBusy
+
+    out = SPAWN.Queue()
+    proc = SPAWN.Process(
+        target=workers.hold_until_killed, args=(dynamodb_local, lock_table, "job:4", 60.0, out)
+    )
+    proc.start()
+    try:
+        kind, _fence = out.get(timeout=60)
+        assert kind == "held"
+        if paused:
+            os.kill(proc.pid, signal.SIGSTOP)
+            _stopped(proc.pid)
+        with pytest.raises(SemaphoreBusy):
+            semaphore("job:4", wait=1.5, user="next").acquire()
+        assert len(_stored_holders("job:4")) == 1
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        proc.join(10)
+
+
+@needs_proc
+@pytest.mark.parametrize(
+    "how", ["exit", "sigterm-handler", "daemon-thread", "forked-child"], ids=str
+)
+def test_a_process_that_exits_normally_gives_back_what_it_holds(dynamodb_local, lock_table, how):
+    """atexit gives back the holds of a process that ends normally (sys.exit, or its own SIGTERM
+    handler that exits, as gunicorn's do); a hold a daemon thread is still inside is left (the
+    process is gone a moment later: taken over at once on this host); a forked child's exit
+    never gives back its parent's hold."""
+    resource = f"exit:{how}"
+    out = SPAWN.Queue()
+    proc = SPAWN.Process(
+        target=workers.hold_and_exit, args=(dynamodb_local, lock_table, resource, how, out)
+    )
+    proc.start()
+    try:
+        kind, _fence = out.get(timeout=60)
+        assert kind == "held"
+        if how == "forked-child":
+            assert out.get(timeout=60) == ("after-child", True)
+        if how == "sigterm-handler":
+            os.kill(proc.pid, signal.SIGTERM)
+        proc.join(30)
+        assert proc.exitcode == 0
+        if how == "daemon-thread":
+            assert len(_stored_holders(resource)) == 1  # left: its block may have been running
+            with semaphore(resource, wait=3, user="next"):  # but the process is gone
+                pass
+        else:
+            assert _stored_holders(resource) == []
+    finally:
+        if proc.is_alive():
+            proc.kill()
+            proc.join(10)

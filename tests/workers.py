@@ -218,3 +218,77 @@ def stall_through_hand_over(
             entered = time.monotonic()
             time.sleep(0.05)
             out.put(("block", entered, time.monotonic(), held.fence))
+
+
+def take_and_report(
+    endpoint: str,
+    table_name: str,
+    resource: str,
+    wait: float,
+    push: str | None,
+    out: Any,
+) -> None:
+    """Queue for the resource (fair, so that we wait in its queue) for up to ``wait`` seconds
+    and report when we held it, with what fence, or that we gave up."""
+    setup_django(endpoint, table_name)
+    from django.test import override_settings
+
+    from dynasem import SemaphoreBusy, semaphore
+    from dynasem.conf import settings
+
+    with override_settings(DYNASEM=dict(settings.raw, PUSH=push)):
+        try:
+            with semaphore(resource, fair=True, wait=wait, user="heir") as held:
+                out.put(("held", time.monotonic(), held.fence, held.token))
+        except SemaphoreBusy:
+            out.put(("busy", time.monotonic(), None, None))
+
+
+def hold_and_exit(endpoint: str, table_name: str, resource: str, how: str, out: Any) -> None:
+    """Take the lock with a long lease and never release it; then end this process ``how``:
+
+    ``exit``: ``sys.exit(0)``, a normal exit (atexit runs); ``sigterm-handler``: SIGTERM caught
+    by a handler of the application's, after which its loop ends with ``sys.exit`` (what a
+    gunicorn worker does); ``daemon-thread``: the hold was taken by a daemon thread still inside its
+    block at exit; ``forked-child``: a child forked while we hold exits normally (it must not
+    give back our hold), then we report and release it ourselves."""
+    import signal
+    import sys
+    import threading
+
+    setup_django(endpoint, table_name)
+    from dynasem import semaphore, table
+
+    stop: list[int] = []
+    if how == "sigterm-handler":
+        signal.signal(signal.SIGTERM, lambda signum, frame: stop.append(signum))
+    if how == "daemon-thread":
+        taken = threading.Event()
+
+        def work() -> None:
+            with semaphore(resource, lease=60, user="leaver") as held:
+                out.put(("held", held.fence))
+                taken.set()
+                time.sleep(600)  # still inside the block when the process exits
+
+        threading.Thread(target=work, daemon=True).start()
+        taken.wait(60)
+        sys.exit(0)
+    held = semaphore(resource, lease=60, user="leaver").acquire()
+    out.put(("held", held.fence))
+    if how == "forked-child":
+        import atexit
+
+        child = os.fork()
+        if child == 0:
+            atexit._run_exitfuncs()  # what a normal exit runs, then nothing else of the parent's
+            os._exit(0)
+        os.waitpid(child, 0)
+        holders = list((table.get(resource) or table.LockItem()).holders)
+        out.put(("after-child", holders == [held.token]))
+        held.release()
+        return
+    if how == "sigterm-handler":
+        while not stop:  # serving, until SIGTERM tells the loop to end
+            time.sleep(0.02)
+    sys.exit(0)

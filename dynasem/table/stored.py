@@ -1,8 +1,11 @@
 """The stored format: keys, attribute values, and the constants of the table's layout.
 
 One item per resource (``pk`` = the resource, ``sk`` = ``"lock"``) holds a map ``holders`` of
-token -> ``{u: user id, e: lease end in ms, f: fence, a: acquired at ms, s: shared}``, so an
-exclusive, counting or shared hold is always one conditional write on one item. Item-level
+token -> ``{u: user id, e: lease end in ms, f: fence, a: acquired at ms, s: shared, p: process}``,
+so an exclusive, counting or shared hold is always one conditional write on one item. ``p``
+(a queue entry has it too, for the hold a hand-over gives it) names the holding process on its
+host (:mod:`dynasem.processes`), so that a waiter on that host can prove it dead; it is absent
+where the holder could not be sure of its own view of ``/proc``. Item-level
 ``expMs`` is the latest lease end of its holders (what the reaper's condition reads) and
 ``userId`` the holder whose lease ends last (kept after its release: a re-take by the same
 holder then moves no index key).
@@ -110,6 +113,8 @@ class Holder:
     fence: int
     acquired_ms: int = 0
     shared: bool = False
+    # The holding process, as dynasem.processes records it (None: not recorded).
+    proc: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +127,7 @@ class Waiter:
     shared: bool = False
     lease_ms: int | None = None  # the lease a hand-over grants it
     address: str | None = None  # where a hand-over is pushed (wakeup's format), if anywhere
+    proc: str | None = None  # the waiting process: a hand-over records it in the holder entry
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +169,11 @@ def index_entry(item: Mapping[str, Any]) -> IndexEntry:
     return IndexEntry(str(item["pk"]), int(item["expires"]), None if mode is None else str(mode))
 
 
+def _proc(value: Mapping[str, Any]) -> str | None:
+    proc = value.get("p")
+    return str(proc) if proc else None
+
+
 def holder_of(value: Mapping[str, Any]) -> Holder:
     return Holder(
         user_id=str(value.get("u", "")),
@@ -170,17 +181,21 @@ def holder_of(value: Mapping[str, Any]) -> Holder:
         fence=int(value.get("f", 0)),
         acquired_ms=int(value.get("a", 0)),
         shared=bool(value.get("s", False)),
+        proc=_proc(value),
     )
 
 
 def holder_value(holder: Holder) -> dict[str, Any]:
-    return {
+    value: dict[str, Any] = {
         "u": holder.user_id,
         "e": holder.expires_ms,
         "f": holder.fence,
         "a": holder.acquired_ms,
         "s": holder.shared,
     }
+    if holder.proc is not None:
+        value["p"] = holder.proc
+    return value
 
 
 def waiter_of(value: Mapping[str, Any]) -> Waiter:
@@ -192,6 +207,7 @@ def waiter_of(value: Mapping[str, Any]) -> Waiter:
         shared=bool(value.get("s", False)),
         lease_ms=None if lease is None else int(lease),
         address=None if not address else str(address),
+        proc=_proc(value),
     )
 
 
@@ -206,6 +222,8 @@ def waiter_value(waiter: Waiter) -> dict[str, Any]:
         value["l"] = waiter.lease_ms
     if waiter.address is not None:
         value["n"] = waiter.address
+    if waiter.proc is not None:
+        value["p"] = waiter.proc
     return value
 
 

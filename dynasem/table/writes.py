@@ -69,8 +69,10 @@ def _action(
     return action
 
 
-def holder_entry(user_id: str, expires_ms: int, fence: int, now_ms: int, shared: bool) -> Holder:
-    return Holder(user_id, expires_ms, fence, acquired_ms=now_ms, shared=shared)
+def holder_entry(
+    user_id: str, expires_ms: int, fence: int, now_ms: int, shared: bool, proc: str | None = None
+) -> Holder:
+    return Holder(user_id, expires_ms, fence, acquired_ms=now_ms, shared=shared, proc=proc)
 
 
 class QueueTerms:
@@ -170,12 +172,15 @@ def take_join(
     replace: bool = False,
     queue: QueueTerms | None = None,
 ) -> dict[str, Any]:
-    """Join the holders of a counting or shared resource, evicting expired holders.
+    """Join the holders of a counting or shared resource, evicting expired holders (and
+    holders whose process was proven dead: see :mod:`dynasem.processes`).
 
     Conditional on the item being exactly as ``seen`` (mode, limit, holder count, fence and
     the evicted holders' lease ends), so a concurrent change makes us look again instead of
-    overfilling the semaphore. ``replace`` (every seen holder evicted) lets us set another
-    mode and limit, as nobody is left to disagree.
+    overfilling the semaphore; an evicted holder that renewed or left meanwhile refuses it.
+    ``replace`` (every seen holder evicted) lets us set another mode and limit, as nobody is
+    left to disagree, and makes our lease end the item's own (an evicted dead holder's may
+    have been later).
     """
     names = dict(_LOCK_NAMES, **{"#t": token})
     values: dict[str, Any] = {
@@ -193,9 +198,10 @@ def take_join(
     else:
         conds += ["#mode = :mode", "#lim = :lim"]
     seen_expires = seen.expires_ms
-    if entry.expires_ms >= seen_expires:
-        # Item-level expiry is the latest lease end of all holders: only ever pushed later,
-        # so only over the very value we saw (a holder may have renewed since).
+    if replace or entry.expires_ms >= seen_expires:
+        # Item-level expiry is the latest lease end of all holders: pushed later (or, when
+        # we replace every holder, set to ours) only over the very value we saw (a holder
+        # may have renewed since).
         sets += ["#uid = :uid", "#exp = :exp", "#expMs = :expMs"]
         conds.append("#expMs = :seenExp")
         values.update(
