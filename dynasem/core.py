@@ -19,7 +19,6 @@ Safety rules kept here:
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 import math
@@ -31,7 +30,7 @@ from typing import Any, ClassVar
 from . import clock, processes, queueing, table, transactions, wakeup
 from .conf import settings
 from .decorators import Decoration, lock_callable
-from .drivers import Request, Sleep, Steps, Write, run_async, run_sync, withdraw
+from .drivers import Request, Sleep, Steps, Write, run_async, run_io, run_sync, withdraw
 from .exceptions import SemaphoreUnavailable
 from .held import Held, acquired, current_hold, enter, forget_entered, leave, pending_hold
 from .queueing import (
@@ -495,7 +494,9 @@ class Semaphore:
         return run_sync(self._acquire_steps())
 
     async def aacquire(self) -> Held:
-        """``acquire()`` for async code: requests run in a thread, waits are ``asyncio.sleep``."""
+        """``acquire()`` for async code: requests run in a thread of dynasem's own executor
+        (never the event loop's default one); waits, pushed hand-overs included, are awaited
+        on the loop and hold no thread."""
         return await run_async(self._acquire_steps())
 
     # -- context managers --------------------------------------------------------------------
@@ -511,7 +512,7 @@ class Semaphore:
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         held = forget_entered(self)
-        await asyncio.to_thread(leave, held, exc_type is not None)
+        await run_io(leave, held, exc_type is not None)
 
     # -- decorator ---------------------------------------------------------------------------
 

@@ -1,13 +1,25 @@
 """The drivers of the acquire loop. The loop is a generator of steps (:class:`Request`,
 :class:`Sleep`, :class:`Write`, :class:`InQueue`), so one loop serves blocking code
-(:func:`run_sync`) and asyncio (:func:`run_async`: requests in a thread, pauses as
-``asyncio.sleep``, cleanup when the caller is cancelled)."""
+(:func:`run_sync`) and asyncio (:func:`run_async`: requests in a thread of dynasem's own
+executor, pauses as ``asyncio.sleep``, a wait for a pushed hand-over awaited on the event
+loop, cleanup when the caller is cancelled).
+
+A waiting coroutine holds no thread: only a request in flight does, and in
+:func:`io_executor`, never in the loop's default executor. That one is the application's
+(``asyncio.to_thread``, ``sync_to_async`` with ``thread_sensitive=False``), ``min(32, cpus +
+4)`` threads: 6 on a 2-core host. Waits that blocked its threads once left the lock idle for
+seconds between holders while the application's own calls queued behind them."""
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
+import os
+import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Awaitable, Callable, Generator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -15,6 +27,44 @@ from . import clock, table
 from .exceptions import SemaphoreUnavailable
 
 _T = TypeVar("_T")
+
+# The threads of io_executor(): as many as the DynamoDB client's connection pool
+# (``max_pool_connections`` in table/client.py), so a request never waits there for a
+# connection. A thread is started only when no idle one is free, and only requests run in
+# them: waits are asyncio's.
+IO_THREADS = 32
+
+_io: ThreadPoolExecutor | None = None
+_io_lock = threading.Lock()
+
+
+def io_executor() -> ThreadPoolExecutor:
+    """The executor dynasem's blocking requests run in for async callers (``dynasem-io``
+    threads), made on first use; a forked child makes its own."""
+    global _io
+    executor = _io
+    if executor is None:
+        with _io_lock:
+            if _io is None:
+                _io = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="dynasem-io")
+            executor = _io
+    return executor
+
+
+async def run_io(func: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
+    """``asyncio.to_thread`` on :func:`io_executor`: ``func`` runs in one of its threads with
+    the caller's context (contextvars: Django's connections, the entered holds)."""
+    loop = asyncio.get_running_loop()
+    call = functools.partial(contextvars.copy_context().run, func, *args, **kwargs)
+    return await loop.run_in_executor(io_executor(), call)
+
+
+def _after_fork() -> None:
+    global _io
+    _io = None  # the parent's threads did not come along
+
+
+os.register_at_fork(after_in_child=_after_fork)
 
 
 def withdraw(token: str, resources: list[str]) -> None:
@@ -58,6 +108,9 @@ class InQueue:
     token: str
     resource: str
     write: bool = False  # the enqueue itself (a wait for a push is not)
+    # The same step for async callers, awaited on the event loop instead of sent in a thread
+    # (a wait for a push: a coroutine waits with no thread).
+    asend: Callable[[], Awaitable[Any]] | None = None
 
     def abandon(self) -> None:
         try:
@@ -136,7 +189,7 @@ async def run_async(steps: Steps[_T]) -> _T:
             raise
         except BaseException:
             if step is not None:
-                await asyncio.to_thread(_interrupted, step, queued)
+                await run_io(_interrupted, step, queued)
             raise
         result, error = None, None
         if isinstance(step, InQueue):
@@ -145,8 +198,13 @@ async def run_async(steps: Steps[_T]) -> _T:
             if isinstance(step, Sleep):
                 if step.seconds:
                     await asyncio.sleep(step.seconds)
+            elif isinstance(step, InQueue) and step.asend is not None:
+                try:
+                    result = await step.asend()
+                except Exception as exc:
+                    error = exc
             else:
-                request = asyncio.ensure_future(asyncio.to_thread(step.send))
+                request = asyncio.ensure_future(run_io(step.send))
                 try:
                     result = await asyncio.shield(request)
                 except asyncio.CancelledError:
@@ -157,5 +215,5 @@ async def run_async(steps: Steps[_T]) -> _T:
                     error = exc
         except BaseException:  # cancelled (or interrupted)
             steps.close()
-            await asyncio.to_thread(_interrupted, step, queued)
+            await run_io(_interrupted, step, queued)
             raise

@@ -3,7 +3,6 @@ and tells when it is lost; and the stack of holds entered with ``with``/``async 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import threading
 from collections.abc import Mapping
@@ -12,6 +11,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from . import clock, table, transactions, wakeup
+from .drivers import run_io
 from .exceptions import LockLost, SemaphoreUnavailable
 from .heartbeat import Heartbeat
 from .signals import lock_acquired, lock_lost, lock_released
@@ -199,7 +199,7 @@ class Held:
             self._lock.release()
 
     async def arenew(self) -> None:
-        await asyncio.to_thread(self.renew)
+        await run_io(self.renew)
 
     def _renew_once(self) -> None:
         sent_mono = clock.monotonic()
@@ -325,7 +325,7 @@ class Held:
         )
 
     async def arelease(self) -> None:
-        await asyncio.to_thread(self.release)
+        await run_io(self.release)
 
     def _hand_over(self) -> bool | None:
         """Release straight to the first waiter (or the readers at the head of the line), in

@@ -388,6 +388,7 @@ def wait_in_queue(
                 functools.partial(wakeup.wait, token, part, fence_above=last_fence),
                 token,
                 resource,
+                asend=functools.partial(wakeup.await_push, token, part, fence_above=last_fence),
             )
             if pushed is not None:
                 pushed_recently[resource] = clock.monotonic()

@@ -9,12 +9,12 @@ the same name, and DONE/FAILED rows carry no ``expires``: no TTL, no reaping.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from typing import Any
 
 from . import clock, table, transactions, validation
+from .drivers import run_io
 from .exceptions import AlreadyDone, LockLost, SemaphoreBusy, SemaphoreUnavailable
 from .heartbeat import Heartbeat
 from .queueing import retry_after
@@ -288,12 +288,12 @@ class RunOnce:
                 raise
 
     async def __aenter__(self) -> Job:
-        job = await asyncio.to_thread(self.claim)
+        job = await run_io(self.claim)
         self._jobs.append(job)
         return job
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        await asyncio.to_thread(self.__exit__, exc_type, exc, tb)
+        await run_io(self.__exit__, exc_type, exc, tb)
 
 
 def run_once(

@@ -28,6 +28,7 @@ broadcast/multicast, and never resolves a name.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import ipaddress
@@ -126,7 +127,18 @@ class Push(NamedTuple):
 class _Slot:
     """One waiter's mailbox: what it may be told, and what it was."""
 
-    __slots__ = ("event", "lease_ms", "now_ms", "push", "resource", "skew_ms", "table", "token")
+    __slots__ = (
+        "event",
+        "guard",
+        "lease_ms",
+        "now_ms",
+        "push",
+        "resource",
+        "skew_ms",
+        "table",
+        "token",
+        "waker",
+    )
 
     def __init__(
         self,
@@ -142,6 +154,27 @@ class _Slot:
         self.lease_ms, self.skew_ms, self.now_ms = lease_ms, skew_ms, now_ms
         self.event = threading.Event()
         self.push: Push | None = None
+        # A coroutine awaiting the push: its loop and the future the listener resolves.
+        self.waker: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
+        self.guard = threading.Lock()  # push, event and waker change together
+
+    def deliver(self, push: Push) -> None:
+        with self.guard:
+            self.push = push
+            self.event.set()
+            waker, self.waker = self.waker, None
+        if waker is not None:
+            loop, future = waker
+            try:
+                loop.call_soon_threadsafe(_resolve, future)
+            except RuntimeError:
+                pass  # its loop is closed: nobody is waiting any more
+
+    def take(self) -> Push | None:
+        with self.guard:
+            self.event.clear()
+            pushed, self.push = self.push, None
+        return pushed
 
     def refusal(self, item: table.LockItem, sent_ms: Any) -> tuple[str, bool] | None:
         """Why this waiter must not take ``item``, sent at ``sent_ms``, now (and whether that
@@ -214,8 +247,12 @@ class _Listener:
         item = table.lock_item(message["i"])
         if _refused(slot, item, message["ts"], "on arrival"):
             return
-        slot.push = Push(item, arrived, message["ts"])
-        slot.event.set()
+        slot.deliver(Push(item, arrived, message["ts"]))
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def _refused(slot: _Slot, item: table.LockItem, sent_ms: Any, when: str) -> bool:
@@ -287,21 +324,54 @@ def expect(
     return listener.address
 
 
+def _slot(token: str) -> _Slot | None:
+    listener = _listener
+    return listener.slots.get(token) if listener is not None else None
+
+
 def wait(token: str, seconds: float, *, fence_above: int = 0) -> Push | None:
     """Sleep up to ``seconds`` or until a push for ``token`` arrives; the push, or None.
 
     A hand-over is taken only if its fence is above ``fence_above`` (the last fence the waiter
     saw) and it can still grant something now; anything else is dropped (and the waiter reads
     instead)."""
-    listener = _listener
-    slot = listener.slots.get(token) if listener is not None else None
+    slot = _slot(token)
     if slot is None:
         threading.Event().wait(seconds)
         return None
     if not slot.event.wait(seconds):
         return None
-    slot.event.clear()
-    pushed, slot.push = slot.push, None
+    return _taken(slot, token, fence_above)
+
+
+async def await_push(token: str, seconds: float, *, fence_above: int = 0) -> Push | None:
+    """:func:`wait` for a coroutine: it waits on its event loop, holding no thread (the
+    listener thread resolves a future of that loop when the push comes)."""
+    slot = _slot(token)
+    if slot is None:
+        await asyncio.sleep(seconds)
+        return None
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[None] = loop.create_future()
+    with slot.guard:
+        arrived = slot.event.is_set()
+        if not arrived:
+            slot.waker = (loop, future)
+    if not arrived:
+        try:
+            await asyncio.wait_for(future, seconds)
+        except TimeoutError:
+            return None
+        finally:
+            with slot.guard:
+                if slot.waker is not None and slot.waker[1] is future:
+                    slot.waker = None
+    return _taken(slot, token, fence_above)
+
+
+def _taken(slot: _Slot, token: str, fence_above: int) -> Push | None:
+    """The push that woke a waiter, if it may still be taken."""
+    pushed = slot.take()
     if pushed is None:
         return None
     holder = pushed.item.holders.get(token)

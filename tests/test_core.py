@@ -189,6 +189,67 @@ def test_async_waiter_lets_the_event_loop_run(lock_table: str) -> None:
     assert holds("shared-loop") == []
 
 
+def test_async_waiters_need_no_thread_of_the_loops_default_executor(lock_table: str) -> None:
+    """The application's default executor (``asyncio.to_thread``) is fully taken for the
+    whole test: async waiters are served all the same, as dynasem's requests run in an
+    executor of its own and its waits are asyncio waits."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    held: list[str] = []
+    unblock = threading.Event()
+
+    async def one(resource: str) -> None:
+        async with semaphore(resource, wait=10, lease=10):
+            await asyncio.sleep(0.05)
+            held.append(resource)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(1))
+        blocked = loop.run_in_executor(None, unblock.wait, 30)
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*(one(f"busy-app:{i % 2}") for i in range(10))), 20
+            )
+        finally:
+            unblock.set()
+            await blocked
+
+    asyncio.run(main())
+    assert sorted(held) == ["busy-app:0"] * 5 + ["busy-app:1"] * 5
+    assert holds("busy-app:0") == [] and holds("busy-app:1") == []
+
+
+def test_waiting_coroutines_hold_no_io_thread(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """20 coroutines queue for one resource on an executor of only 2 threads: a waiter that
+    kept a thread while it waited (for its turn, or for a pushed hand-over) would leave none
+    for the holder's release, and the line would stall until the waits gave up."""
+    from dynasem import drivers
+
+    monkeypatch.setattr(drivers, "IO_THREADS", 2)
+    monkeypatch.setattr(drivers, "_io", None)
+    order: list[int] = []
+
+    async def one(i: int) -> None:
+        async with semaphore("two-threads", wait=8, lease=10):
+            order.append(i)
+            await asyncio.sleep(0.02)
+
+    async def main() -> None:
+        await asyncio.gather(*(one(i) for i in range(20)))
+
+    try:
+        asyncio.run(main())
+    finally:
+        executor = drivers._io
+        if executor is not None:
+            executor.shutdown(wait=True)
+    assert sorted(order) == list(range(20))
+    assert holds("two-threads") == []
+
+
 def test_block_exception_propagates_and_releases(lock_table: str) -> None:
     error = KeyError("boom")
     with pytest.raises(KeyError) as raised:

@@ -89,3 +89,63 @@ def test_a_cancelled_queued_wait_abandons_its_place(monkeypatch: pytest.MonkeyPa
 
     asyncio.run(main())
     assert abandoned == ["res"]
+
+
+def test_an_awaitable_queued_step_is_awaited_on_the_loop_not_sent_in_a_thread() -> None:
+    """A wait for a pushed hand-over: blocking code sends it (an Event wait in its thread),
+    async code awaits it on the event loop, holding no thread."""
+    threads: list[str] = []
+
+    def blocking() -> str:
+        threads.append(threading.current_thread().name)
+        return "sent"
+
+    async def awaited() -> str:
+        threads.append(threading.current_thread().name)
+        return "awaited"
+
+    def steps() -> Steps[Any]:
+        return (yield InQueue(blocking, "tok", "res", asend=awaited))
+
+    assert run_sync(steps()) == "sent"
+    assert asyncio.run(run_async(steps())) == "awaited"
+    assert threads == [threading.current_thread().name] * 2
+
+
+def test_a_cancelled_awaited_wait_abandons_its_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    abandoned: list[str] = []
+    monkeypatch.setattr(InQueue, "abandon", lambda self: abandoned.append(self.resource))
+
+    def steps() -> Steps[None]:
+        yield InQueue(lambda: None, "tok", "res", write=True)  # joined
+        yield InQueue(lambda: None, "tok", "res", asend=lambda: asyncio.sleep(10))
+
+    async def main() -> None:
+        task = asyncio.ensure_future(run_async(steps()))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert abandoned == ["res"]
+
+
+def test_async_requests_run_in_dynasems_own_threads_with_the_callers_context() -> None:
+    import contextvars
+
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("var", default="unset")
+
+    def request() -> tuple[str, str]:
+        return threading.current_thread().name, var.get()
+
+    def steps() -> Steps[Any]:
+        return (yield Request(request))
+
+    async def main() -> tuple[str, str]:
+        var.set("the caller's")
+        return await run_async(steps())
+
+    name, value = asyncio.run(main())
+    assert name.startswith("dynasem-io")
+    assert value == "the caller's"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -236,6 +237,68 @@ def test_a_fresh_hand_over_push_is_taken_with_its_arrival(lock_table):
     wakeup.forget(token)
     assert pushed is not None and pushed.item.holders[token].fence == 7
     assert before <= pushed.arrived <= time.monotonic() and pushed.sent_ms == now
+
+
+def test_a_coroutine_awaiting_a_push_is_woken_through_its_event_loop(lock_table):
+    """The push arrives while the coroutine awaits it (the listener thread resolves a future
+    of its loop), or before it starts to (taken at once); with none it times out."""
+    token = "t-async"
+    target = _listening_slot("deploy:push", token)
+    now = core.now_ms()
+
+    async def main() -> tuple[object, float, object, object]:
+        loop = asyncio.get_running_loop()
+        loop.call_later(
+            0.2,
+            _send,
+            target,
+            _hand_over(token, e_ms=now + 10_000, fence=7, sent_ms=now, table_name=lock_table),
+        )
+        started = time.monotonic()
+        woken = await wakeup.await_push(token, 5, fence_above=6)
+        after = time.monotonic() - started
+        nothing = await wakeup.await_push(token, 0.1, fence_above=6)
+        _send(
+            target,
+            _hand_over(token, e_ms=now + 10_000, fence=8, sent_ms=now, table_name=lock_table),
+        )
+        slot = wakeup._listener.slots[token]
+        while not slot.event.is_set():
+            await asyncio.sleep(0.01)
+        early = await wakeup.await_push(token, 0, fence_above=7)
+        return woken, after, nothing, early
+
+    woken, after, nothing, early = asyncio.run(main())
+    wakeup.forget(token)
+    assert woken is not None and woken.item.holders[token].fence == 7
+    assert 0.15 < after < 2
+    assert nothing is None
+    assert early is not None and early.item.holders[token].fence == 8
+
+
+def test_a_pushed_coroutine_reads_nothing(lock_table, requests_sent, monkeypatch):
+    """test_a_pushed_waiter_reads_nothing, for ``async with``: handed over by push, at once."""
+    monkeypatch.setattr(core._Pace, "turn_in", lambda *a, **k: 20.0)
+    holder = semaphore("deploy:async").acquire()
+    out: dict = {}
+
+    async def wait() -> None:
+        async with semaphore("deploy:async", wait=30) as held:
+            out["acquired"] = time.monotonic()
+            out["fence"] = held.fence
+
+    thread = threading.Thread(target=asyncio.run, args=(wait(),))
+    thread.start()
+    wait_until_queued("deploy:async")
+    holder.renew()  # its answer shows the holder the queue: it hands over on release
+    requests_sent.reset()
+    released = time.monotonic()
+    holder.release()
+    thread.join(10)
+    assert requests_sent.calls["GetItem"] == 0
+    assert requests_sent.calls["UpdateItem"] == 2  # the hand-over, then the waiter's release
+    assert out["acquired"] - released < 0.5
+    assert out["fence"] > holder.fence
 
 
 @pytest.mark.parametrize(
