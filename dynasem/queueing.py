@@ -31,6 +31,10 @@ queued_recently: dict[str, float] = {}
 # queued waiter reads only as a fallback, after PUSH_PATIENCE seconds without one.
 pushed_recently: dict[str, float] = {}
 PUSH_PATIENCE = 0.5
+# Tries to join a queue whose ticket keeps being taken by others; the pause before a third or
+# later try is random, up to ENQUEUE_SPREAD * 2**try seconds.
+ENQUEUE_TRIES = 8
+ENQUEUE_SPREAD = 0.002
 MAX_REMEMBERED = 4096
 # While a holder whose process runs on this host is in a queued waiter's way, the waiter looks
 # in /proc this often (seconds) whether that process ended, between its paced reads.
@@ -109,7 +113,9 @@ class Pace:
     def answered(self, seconds: float) -> None:
         self.rtt = (3 * self.rtt + min(seconds, 0.5)) / 4
 
-    def turn_in(self, seen: table.LockItem | None, token: str, skew: float) -> float:
+    def turn_in(
+        self, seen: table.LockItem | None, token: str, skew: float, *, pushed: bool = False
+    ) -> float:
         seen = seen or table.LockItem()
         now = clock.now_ms()
         stale = now - int(skew * 1000)
@@ -144,7 +150,12 @@ class Pace:
                 turn = max(turn, step * 2 ** min(self.early, 10))
         until_free = (first_end + skew * 1000 - now) / 1000 + 0.001
         self.until_free = max(0.001, until_free)
-        return max(0.001, min(turn, until_free, 1.0))
+        # A look at least every second, so that a hand-over after a long hold is seen soon.
+        # Not for a waiter with others ahead that is pushed its hand-over: its look is only
+        # the fallback for a lost push, due when its turn should come (500 waiters reading
+        # a long queue every second are a thousand reads of it per second for nothing).
+        cap = max(1.0, turn) if pushed and ahead else 1.0
+        return max(0.001, min(turn, until_free, cap))
 
 
 def should_queue(sem: Semaphore, seen: table.LockItem | None) -> bool:
@@ -332,7 +343,7 @@ def wait_in_queue(
         )
         fresh = seen is not None and not seen.has_queue
         pace.enqueued = True  # from now on, giving up means leaving the queue
-        for attempt in range(1, 4):
+        for attempt in range(1, ENQUEUE_TRIES + 1):
             try:
                 after: table.LockItem | None = yield InQueue(
                     functools.partial(
@@ -356,7 +367,15 @@ def wait_in_queue(
                 if if_busy_ms is not None:
                     return old  # free, most likely: plan from what it is
                 fresh = not old.has_queue
-                waiter = dataclasses.replace(waiter, ticket=max(waiter.ticket, old.ticket + 1))
+                # Another enqueue landed first with a later ticket (sent after ours, or from a
+                # clock ahead): a fresh one, above the stored one. In a crowd arriving at
+                # once, a random pause first spreads the next tries out, or they would
+                # collide again (each refusal a write, and a read of the whole row).
+                waiter = dataclasses.replace(
+                    waiter, ticket=max(clock.new_fence(0), waiter.ticket, old.ticket + 1)
+                )
+                if attempt > 1:
+                    yield Sleep(min(random.uniform(0, ENQUEUE_SPREAD * 2**attempt), remaining))
             except SemaphoreUnavailable as exc:
                 # In transit: maybe applied (then the same write is refused by our own
                 # entry, which tells us so), maybe not. The caller looks again.
@@ -365,8 +384,11 @@ def wait_in_queue(
                 yield Sleep(min(backoff(attempt), max(0.001, remaining)))
         return seen
     mine = seen.queue.get(token) if seen is not None else None
-    nap = max(0.001, min(pace.turn_in(seen, token, skew), remaining))
     push = mine is not None and mine.address
+    nap = max(0.001, min(pace.turn_in(seen, token, skew, pushed=bool(push)), remaining))
+    if mine is not None:
+        # Look (and renew our entry, below) while a quarter of its lease is left at least.
+        nap = min(nap, max(0.001, (mine.expires_ms - now) / 1000 - lease / 4))
     if (
         push
         and not sem.shared

@@ -92,6 +92,22 @@ def test_turn_in_waits_behind_the_waiters_ahead_only(frozen: int) -> None:
     assert behind - alone == pytest.approx((20 + 2 * rtt * 1000) / 1000)
 
 
+def test_a_pushed_waiter_far_back_looks_when_its_turn_should_come(frozen: int) -> None:
+    """100 waiters ahead with 20 ms holds: a waiter that is pushed its hand-over looks only
+    when its turn should come (its look is the fallback for a lost push), not every second
+    as one that must find out by reading; one with nobody ahead looks as often as ever."""
+    queue = {f"w{i}": waiter(i, frozen + 50_000) for i in range(100)}
+    queue["me"] = waiter(1_000, frozen + 50_000)
+    seen = table.LockItem(
+        holders={"h": holder(frozen + 50_000, frozen)}, queue=queue, has_queue=True, hold_ms=20
+    )
+    pushed = Pace().turn_in(seen, "me", 0.5, pushed=True)
+    assert pushed == pytest.approx((20 + Pace().rtt * 1000 + 100 * (20 + 2 * 5)) / 1000)
+    assert Pace().turn_in(seen, "me", 0.5, pushed=False) == 1.0
+    head = dataclasses.replace(seen, queue={"me": queue["me"]}, hold_ms=5_000)
+    assert Pace().turn_in(head, "me", 0.5, pushed=True) == 1.0
+
+
 def test_answered_averages_round_trips_and_ignores_outliers() -> None:
     pace = Pace()
     pace.answered(0.009)
