@@ -434,7 +434,7 @@ def push(address: Any, resource: str, token: str, item: table.LockItem, *, sent_
     message = {
         "r": resource,
         "k": token,
-        "i": table.wire(item),
+        "i": table.wire(item, token),
         "tb": settings.TABLE_NAME,
         "ts": sent_ms,
     }

@@ -203,3 +203,21 @@ def test_a_release_whose_fence_runs_ahead_of_its_lease_keeps_expires_ahead_too(l
     row = table.stored_item("tbl_issues:ahead")
     assert row["expMs"] >= held.fence // 1000
     assert row["expires"] * 1000 >= row["expMs"]
+
+
+def test_a_push_carries_the_queue_up_to_its_recipient_and_a_few_behind() -> None:
+    """A push to the head of a line of 300 fits a datagram: it carries who is ahead of the
+    recipient (everyone, so it never thinks itself first when it is not) and its next heirs."""
+    queue = {
+        f"w{i:03}": {"t": 1_000 + i, "e": 2**42, "u": "x" * 40, "s": False} for i in range(300)
+    }
+    stored = {"pk": "r", "holders": {}, "queue": queue, "ticket": 1_299}
+    item = table.lock_item(stored)
+    mid = table.wire(item, "w100")
+    assert sorted(mid["queue"]) == [f"w{i:03}" for i in range(100 + 1 + table.PUSHED_BEHIND)]
+    heir = table.wire(item, "handed-over")  # no longer queued: its own heirs only
+    assert sorted(heir["queue"]) == [f"w{i:03}" for i in range(table.PUSHED_BEHIND)]
+    assert table.lock_item(heir).has_queue and table.lock_item(heir).ticket == 1_299
+    assert table.wire(item) == stored  # not for a recipient: as written
+    short = table.lock_item(dict(stored, queue=dict(list(queue.items())[:5])))
+    assert table.wire(short, "w001") == short.stored
