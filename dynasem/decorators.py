@@ -16,7 +16,7 @@ import inspect
 import logging
 import string
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
@@ -24,9 +24,6 @@ from django.utils.functional import LazyObject
 
 from .exceptions import Picklable, SemaphoreBusy
 from .validation import MAX_RESOURCE_BYTES, utf8_size
-
-if TYPE_CHECKING:
-    from .core import Semaphore
 
 logger = logging.getLogger("dynasem")
 
@@ -53,6 +50,34 @@ class Decoration:
     def is_callable(self) -> bool:
         """The key is made by a callable: only a decorated call can make it."""
         return callable(self.resource)
+
+
+class CallLock(Protocol):
+    """The lock around one decorated call: entered with ``with`` or ``async with``."""
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None: ...
+
+    async def __aenter__(self) -> object: ...
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None: ...
+
+
+class Decoratable(Protocol):
+    """What the decorator needs of a semaphore (``core.Semaphore`` is one by its shape; this
+    module never imports ``core``, which imports it)."""
+
+    @property
+    def decoration(self) -> Decoration:
+        """The key template (or callable) and ``on_busy``."""
+
+    @property
+    def user(self) -> Any:
+        """The holder recorded for a call that is not a view's."""
+
+    def with_resource(self, resource: Any, user: Any) -> CallLock:
+        """The lock for one call: the same semaphore on ``resource``, held by ``user``."""
 
 
 @functools.lru_cache(maxsize=1024)
@@ -316,7 +341,7 @@ def _refuse(func: Any) -> None:
         )
 
 
-def lock_callable(sem: Semaphore, func: Callable[..., Any]) -> Callable[..., Any]:
+def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., Any]:
     """``func`` taking ``sem`` (with the call's resource) around every call."""
     _refuse(func)
     keys = KeyMaker(sem.decoration.resource, func)

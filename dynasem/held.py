@@ -8,17 +8,15 @@ import threading
 from collections.abc import Mapping
 from contextvars import ContextVar
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import clock, table, transactions, wakeup
 from .drivers import run_io
 from .exceptions import LockLost, SemaphoreUnavailable
 from .heartbeat import Heartbeat
 from .signals import lock_acquired, lock_lost, lock_released
+from .spec import LockSpec
 from .validation import MODE_EXCLUSIVE, MODE_SHARED
-
-if TYPE_CHECKING:
-    from .core import Semaphore
 
 logger = logging.getLogger("dynasem")
 
@@ -60,7 +58,7 @@ class Held:
 
     def __init__(
         self,
-        semaphore: Semaphore,
+        semaphore: LockSpec,
         *,
         token: str,
         user_id: str,
@@ -479,7 +477,7 @@ class Held:
 
 
 def acquired(
-    semaphore: Semaphore,
+    semaphore: LockSpec,
     *,
     token: str,
     user_id: str,
@@ -533,7 +531,7 @@ def give_back_unused(held: Held) -> None:
         logger.warning("dynasem: could not give back unused hold on %r: %s", held.resource, exc)
 
 
-def pending_hold(semaphore: Semaphore) -> Held | None:
+def pending_hold(semaphore: LockSpec) -> Held | None:
     """A hold this thread gave back inside a transaction that has not ended yet, covering what
     ``semaphore`` asks for: it belongs to this transaction, so taking it again must not wait
     on it. The same :class:`Held` is returned; its give-back stays tied to the commit."""
@@ -553,12 +551,13 @@ def pending_hold(semaphore: Semaphore) -> Held | None:
 _entered: ContextVar[tuple[tuple[int, Held], ...]] = ContextVar("dynasem_entered", default=())
 
 
-def remember_entered(sem: Semaphore, held: Held) -> None:
+def remember_entered(sem: object, held: Held) -> None:
     _entered.set(_entered.get() + ((id(sem), held),))
 
 
-def enter(sem: Semaphore, held: Held) -> Held:
-    """``held`` entered as ``sem``'s block (``with``/``async with``)."""
+def enter(sem: object, held: Held) -> Held:
+    """``held`` entered as ``sem``'s block (``with``/``async with``); ``sem`` is kept by
+    its identity only."""
     try:
         remember_entered(sem, held)
     except BaseException:  # an interrupt before the block: nobody will use the hold
@@ -580,7 +579,7 @@ def current_hold(resource: str | None = None) -> Held:
     )
 
 
-def forget_entered(sem: Semaphore) -> Held:
+def forget_entered(sem: object) -> Held:
     stack = _entered.get()
     for i in range(len(stack) - 1, -1, -1):
         if stack[i][0] == id(sem):

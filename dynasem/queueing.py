@@ -9,16 +9,14 @@ import heapq
 import math
 import random
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 from . import clock, processes, table, wakeup
 from .drivers import InQueue, Request, Sleep, Steps
 from .exceptions import SemaphoreBusy, SemaphoreUnavailable
 from .signals import lock_busy
+from .spec import LockSpec
 from .validation import MODE_EXCLUSIVE, MODE_SHARED
-
-if TYPE_CHECKING:
-    from .core import Semaphore
 
 # Backoff of a waiting acquire: first sleep, cap (seconds); full jitter in between.
 BACKOFF_FIRST = 0.02
@@ -158,7 +156,7 @@ class Pace:
         return max(0.001, min(turn, until_free, cap))
 
 
-def should_queue(sem: Semaphore, seen: table.LockItem | None) -> bool:
+def should_queue(sem: LockSpec, seen: table.LockItem | None) -> bool:
     """Queue up (rather than poll with backoff) when fair, when others already do, or as
     a writer behind readers: new readers then queue behind us, so writers never starve."""
     seen = seen or table.LockItem()
@@ -264,7 +262,7 @@ def retry_after(estimate: float, until_free: float) -> int:
 
 
 def busy(
-    sem: Semaphore,
+    sem: LockSpec,
     blocked: Mapping[str, Blocking],
     seen: Mapping[str, table.LockItem | None],
     *,
@@ -307,7 +305,7 @@ def busy(
 
 
 def wait_in_queue(
-    sem: Semaphore,
+    sem: LockSpec,
     resource: str,
     seen: table.LockItem | None,
     *,
