@@ -221,3 +221,107 @@ def test_a_push_carries_the_queue_up_to_its_recipient_and_a_few_behind() -> None
     assert table.wire(item) == stored  # not for a recipient: as written
     short = table.lock_item(dict(stored, queue=dict(list(queue.items())[:5])))
     assert table.wire(short, "w001") == short.stored
+
+
+def test_a_row_past_dynamodbs_item_size_is_named_and_nothing_is_written(lock_table):
+    """Holders whose user ids are 1 KB each fill one resource's item toward DynamoDB's 400 KB:
+    the acquire that would pass it fails with LimitExceeded("item size"), not SemaphoreBusy,
+    and the row is as it was."""
+    from dynasem import LimitExceeded
+
+    held = []
+    try:
+        with pytest.raises(LimitExceeded) as raised:
+            for i in range(1_000):
+                user = f"{i:04}" + "u" * 1_016
+                held.append(semaphore("crowd", limit=5_000, lease=600, user=user).acquire())
+        before = len(table.stored_item("crowd")["holders"])
+        assert raised.value.limit == "item size" and not raised.value.transient
+        assert "400 KB" in str(raised.value) and "Nothing was written" in str(raised.value)
+        assert 300 < len(held) == before < 400
+        with pytest.raises(LimitExceeded):
+            semaphore("crowd", limit=5_000, lease=600, user="x" * 1_020).acquire()
+        assert len(table.stored_item("crowd")["holders"]) == before
+    finally:
+        for h in held:
+            h.release()
+
+
+@pytest.mark.parametrize(
+    ("code", "message", "reasons", "limit", "transient"),
+    [
+        (
+            "ValidationException",
+            "Item size has exceeded the maximum allowed size",
+            None,
+            "item size",
+            False,
+        ),
+        (
+            "TransactionCanceledException",
+            "Transaction cancelled, please refer cancellation reasons for specific reasons",
+            [
+                {"Code": "None"},
+                {
+                    "Code": "ValidationError",
+                    "Message": "Item size to update has exceeded the maximum allowed size",
+                },
+            ],
+            "item size",
+            False,
+        ),
+        (
+            "ProvisionedThroughputExceededException",
+            "The level of configured provisioned throughput for the table was exceeded",
+            None,
+            "throughput",
+            True,
+        ),
+        (
+            "ThrottlingException",
+            "Throughput exceeds the current capacity for one or more global secondary indexes",
+            None,
+            "throughput",
+            True,
+        ),
+        (
+            "ValidationException",
+            "Transaction request cannot exceed the maximum allowed size of 4 MB",
+            None,
+            "transaction",
+            False,
+        ),
+    ],
+)
+def test_a_refusal_for_a_dynamodb_limit_names_the_limit(code, message, reasons, limit, transient):
+    from botocore.exceptions import ClientError
+
+    from dynasem import LimitExceeded
+    from dynasem.table import client
+
+    response = {
+        "Error": {"Code": code, "Message": message},
+        "ResponseMetadata": {"HTTPStatusCode": 400},
+    }
+    if reasons is not None:
+        response["CancellationReasons"] = reasons
+    error = client._unavailable(ClientError(response, "UpdateItem"))
+    assert isinstance(error, LimitExceeded)
+    assert (error.limit, error.transient, error.ambiguous) == (limit, transient, False)
+    assert code in str(error)
+
+
+def test_a_refusal_for_no_limit_stays_a_plain_unavailable():
+    from botocore.exceptions import ClientError
+
+    from dynasem import LimitExceeded
+    from dynasem.table import client
+
+    response = {
+        "Error": {
+            "Code": "ValidationException",
+            "Message": "One or more parameter values were invalid",
+        }
+    }
+    error = client._unavailable(ClientError(response, "UpdateItem"))
+    assert not isinstance(error, LimitExceeded) and "ValidationException" in str(error)
