@@ -3,6 +3,7 @@ event hooks on the real engine."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -325,3 +326,35 @@ def test_a_refusal_for_no_limit_stays_a_plain_unavailable():
     }
     error = client._unavailable(ClientError(response, "UpdateItem"))
     assert not isinstance(error, LimitExceeded) and "ValidationException" in str(error)
+
+
+def test_a_join_is_not_refused_by_a_renewal_that_ends_before_it(lock_table):
+    """A join of a counting semaphore planned from the row as seen, then another holder
+    renews (the row's lease end moves, still before ours): the join goes through. Its
+    condition once wanted the row's lease end to be the very value seen, which every renewal
+    moves: with a hundred holders renewing one row, a wait=0 acquire of one of its free
+    permits answered "busy, held by unknown" (measured: the 175th holder of limit=6000)."""
+    other = semaphore("renewed", limit=10, lease=5).acquire()
+    try:
+        seen = table.get("renewed")
+        now = clock.now_ms()
+        entry = table.holder_entry("joiner", now + 60_000, clock.new_fence(0.5), now, False)
+        join = table.take_join("renewed", "joiner", entry, mode="n", limit=10, seen=seen, evict=[])
+        other.renew()  # the row's lease end moves: later than seen, earlier than ours
+        assert table.get("renewed").expires_ms > seen.expires_ms
+        table.update(join)
+        stored = table.get("renewed")
+        assert set(stored.holders) == {other.token, "joiner"}
+        assert stored.expires_ms == entry.expires_ms  # ours, the latest, is the row's
+        # A join that would end before the row's lease end may not set it lower: refused.
+        late = table.holder_entry("late", now + 1_000, clock.new_fence(0.5), now, False)
+        stale_view = dataclasses.replace(stored, expires_ms=0)
+        with pytest.raises(table.Refused):
+            table.update(
+                table.take_join(
+                    "renewed", "late", late, mode="n", limit=10, seen=stale_view, evict=[]
+                )
+            )
+        table.update(table.give_back("renewed", "joiner", clock.now_ms(), sole=False))
+    finally:
+        other.release()
