@@ -8,6 +8,7 @@ from .core import Semaphore, semaphore  # noqa: E402
 from .decorators import resource_key  # noqa: E402
 from .exceptions import (  # noqa: E402
     AlreadyDone,
+    LimitExceeded,
     LockLost,
     SemaphoreBusy,
     SemaphoreError,
@@ -22,6 +23,7 @@ __all__ = [
     "AlreadyDone",
     "Held",
     "Job",
+    "LimitExceeded",
     "LockLost",
     "Semaphore",
     "SemaphoreBusy",

@@ -96,6 +96,21 @@ class SemaphoreUnavailable(SemaphoreError):
         self.ambiguous = ambiguous
 
 
+class LimitExceeded(SemaphoreUnavailable):
+    """DynamoDB refused a request for a limit of its own, which ``limit`` names: ``"item
+    size"`` (400 KB an item: one resource's row holds its every holder and queued waiter),
+    ``"throughput"`` (throttled still after the retries: a table's or one partition key's
+    capacity) or ``"transaction"`` (a transaction's own limits). A refused request wrote
+    nothing. Only ``"throughput"`` is ``transient``."""
+
+    def __init__(self, message: str, limit: str, *, transient: bool = False):
+        super().__init__(message, limit, transient=transient)
+        self.limit = limit
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class TableMissing(SemaphoreUnavailable):
     """The lock table does not exist: run ``manage.py dynasem_createtable``."""
 

@@ -16,6 +16,7 @@ import pytest
 import dynasem
 from dynasem import (
     AlreadyDone,
+    LimitExceeded,
     LockLost,
     SemaphoreBusy,
     SemaphoreError,
@@ -67,6 +68,8 @@ EXAMPLES: list[BaseException] = [
     LockLost("tbl_issues:42", "its lease ran out"),
     SemaphoreUnavailable("DynamoDB timed out", transient=True, ambiguous=True),
     TableMissing("no table: run `manage.py dynasem_createtable`"),
+    LimitExceeded("the item would exceed 400 KB", "item size"),
+    LimitExceeded("throttled still after the retries", "throughput", transient=True),
     AlreadyDone("file:a.txt", 1_700_000_000_000),
     AlreadyDone("file:a.txt"),
     KeyTooLong("k" * 1100, 1024),
@@ -141,6 +144,7 @@ USER_FACING = [
     LockLost("tbl_issues:42", "its lease ran out"),
     SemaphoreUnavailable("DynamoDB refused the request"),
     TableMissing("no table"),
+    LimitExceeded("the item would exceed 400 KB", "item size"),
     AlreadyDone("file:a.txt", 1_700_000_000_000),
 ]
 

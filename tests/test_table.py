@@ -3,6 +3,7 @@ event hooks on the real engine."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -221,3 +222,139 @@ def test_a_push_carries_the_queue_up_to_its_recipient_and_a_few_behind() -> None
     assert table.wire(item) == stored  # not for a recipient: as written
     short = table.lock_item(dict(stored, queue=dict(list(queue.items())[:5])))
     assert table.wire(short, "w001") == short.stored
+
+
+def test_a_row_past_dynamodbs_item_size_is_named_and_nothing_is_written(lock_table):
+    """Holders whose user ids are 1 KB each fill one resource's item toward DynamoDB's 400 KB:
+    the acquire that would pass it fails with LimitExceeded("item size"), not SemaphoreBusy,
+    and the row is as it was."""
+    from dynasem import LimitExceeded
+
+    held = []
+    try:
+        with pytest.raises(LimitExceeded) as raised:
+            for i in range(1_000):
+                user = f"{i:04}" + "u" * 1_016
+                held.append(semaphore("crowd", limit=5_000, lease=600, user=user).acquire())
+        before = len(table.stored_item("crowd")["holders"])
+        assert raised.value.limit == "item size" and not raised.value.transient
+        assert "400 KB" in str(raised.value) and "Nothing was written" in str(raised.value)
+        assert 300 < len(held) == before < 400
+        with pytest.raises(LimitExceeded):
+            semaphore("crowd", limit=5_000, lease=600, user="x" * 1_020).acquire()
+        assert len(table.stored_item("crowd")["holders"]) == before
+    finally:
+        for h in held:
+            h.release()
+
+
+@pytest.mark.parametrize(
+    ("code", "message", "reasons", "limit", "transient"),
+    [
+        (
+            "ValidationException",
+            "Item size has exceeded the maximum allowed size",
+            None,
+            "item size",
+            False,
+        ),
+        (
+            "TransactionCanceledException",
+            "Transaction cancelled, please refer cancellation reasons for specific reasons",
+            [
+                {"Code": "None"},
+                {
+                    "Code": "ValidationError",
+                    "Message": "Item size to update has exceeded the maximum allowed size",
+                },
+            ],
+            "item size",
+            False,
+        ),
+        (
+            "ProvisionedThroughputExceededException",
+            "The level of configured provisioned throughput for the table was exceeded",
+            None,
+            "throughput",
+            True,
+        ),
+        (
+            "ThrottlingException",
+            "Throughput exceeds the current capacity for one or more global secondary indexes",
+            None,
+            "throughput",
+            True,
+        ),
+        (
+            "ValidationException",
+            "Transaction request cannot exceed the maximum allowed size of 4 MB",
+            None,
+            "transaction",
+            False,
+        ),
+    ],
+)
+def test_a_refusal_for_a_dynamodb_limit_names_the_limit(code, message, reasons, limit, transient):
+    from botocore.exceptions import ClientError
+
+    from dynasem import LimitExceeded
+    from dynasem.table import client
+
+    response = {
+        "Error": {"Code": code, "Message": message},
+        "ResponseMetadata": {"HTTPStatusCode": 400},
+    }
+    if reasons is not None:
+        response["CancellationReasons"] = reasons
+    error = client._unavailable(ClientError(response, "UpdateItem"))
+    assert isinstance(error, LimitExceeded)
+    assert (error.limit, error.transient, error.ambiguous) == (limit, transient, False)
+    assert code in str(error)
+
+
+def test_a_refusal_for_no_limit_stays_a_plain_unavailable():
+    from botocore.exceptions import ClientError
+
+    from dynasem import LimitExceeded
+    from dynasem.table import client
+
+    response = {
+        "Error": {
+            "Code": "ValidationException",
+            "Message": "One or more parameter values were invalid",
+        }
+    }
+    error = client._unavailable(ClientError(response, "UpdateItem"))
+    assert not isinstance(error, LimitExceeded) and "ValidationException" in str(error)
+
+
+def test_a_join_is_not_refused_by_a_renewal_that_ends_before_it(lock_table):
+    """A join of a counting semaphore planned from the row as seen, then another holder
+    renews (the row's lease end moves, still before ours): the join goes through. Its
+    condition once wanted the row's lease end to be the very value seen, which every renewal
+    moves: with a hundred holders renewing one row, a wait=0 acquire of one of its free
+    permits answered "busy, held by unknown" (measured: the 175th holder of limit=6000)."""
+    other = semaphore("renewed", limit=10, lease=5).acquire()
+    try:
+        seen = table.get("renewed")
+        now = clock.now_ms()
+        entry = table.holder_entry("joiner", now + 60_000, clock.new_fence(0.5), now, False)
+        join = table.take_join("renewed", "joiner", entry, mode="n", limit=10, seen=seen, evict=[])
+        other.renew()  # the row's lease end moves: later than seen, earlier than ours
+        assert table.get("renewed").expires_ms > seen.expires_ms
+        table.update(join)
+        stored = table.get("renewed")
+        assert set(stored.holders) == {other.token, "joiner"}
+        assert stored.expires_ms == entry.expires_ms  # ours, the latest, is the row's
+        # A join that would end before the row's lease end may not set it lower: refused.
+        late = table.holder_entry("late", now + 1_000, clock.new_fence(0.5), now, False)
+        stale_view = dataclasses.replace(stored, expires_ms=0)
+        with pytest.raises(table.Refused):
+            table.update(
+                table.take_join(
+                    "renewed", "late", late, mode="n", limit=10, seen=stale_view, evict=[]
+                )
+            )
+        table.update(table.give_back("renewed", "joiner", clock.now_ms(), sole=False))
+    finally:
+        other.release()

@@ -24,7 +24,7 @@ from botocore.exceptions import (
 )
 
 from ..conf import FALLBACK_REGION, settings
-from ..exceptions import Picklable, SemaphoreUnavailable, TableMissing
+from ..exceptions import LimitExceeded, Picklable, SemaphoreUnavailable, TableMissing
 from .stored import JobRow, LockItem, decode, job_row, lock_item
 
 if TYPE_CHECKING:  # boto3-stubs[dynamodb], a development dependency only
@@ -154,6 +154,9 @@ def _unavailable(exc: Exception) -> SemaphoreUnavailable:
                 f"DynamoDB table {table!r} at {where} lacks an index dynasem needs ({message}): "
                 "run `manage.py dynasem_createtable` (or recreate the table)"
             )
+        limit = _limit_of(code, message, exc.response)
+        if limit is not None:
+            return limit
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
         return SemaphoreUnavailable(
             f"DynamoDB at {where} refused the request: {code}: {message}",
@@ -173,6 +176,48 @@ def _unavailable(exc: Exception) -> SemaphoreUnavailable:
         # Never connected: never applied. A timeout or a dropped connection: perhaps applied.
         ambiguous=transient and not isinstance(exc, EndpointConnectionError | ConnectTimeoutError),
     )
+
+
+THROTTLED = frozenset(
+    {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}
+)
+
+
+def _limit_of(code: str, message: str, response: Mapping[str, Any]) -> LimitExceeded | None:
+    """The DynamoDB limit a refusal is about, as a :class:`LimitExceeded` that names it; None
+    when it is about no limit of DynamoDB's."""
+    where, table = endpoint_label(), settings.TABLE_NAME
+    texts = [message]
+    if code == "TransactionCanceledException":
+        texts += [str(r.get("Message", "")) for r in response.get("CancellationReasons", [])]
+    text = " ".join(texts).lower()
+    if "item size" in text and "exceed" in text:
+        return LimitExceeded(
+            f"DynamoDB at {where} refused a write to table {table!r}: the item would exceed "
+            f"DynamoDB's item size limit of 400 KB ({code}: {message}). One resource's item "
+            "holds its every holder and queued waiter, so a counting or shared semaphore with "
+            "thousands of holders, or thousands of waiters on one resource, reach it. Nothing "
+            "was written.",
+            "item size",
+        )
+    if code in THROTTLED:
+        return LimitExceeded(
+            f"DynamoDB at {where} throttled requests to table {table!r} still after the "
+            f"retries ({code}: {message}): the table's capacity, or one partition key's "
+            "(1,000 write units and 3,000 read units a second: one resource's item), is used "
+            "up. Nothing was written by the throttled request.",
+            "throughput",
+            transient=True,
+        )
+    if code in ("TransactionCanceledException", "ValidationException") and (
+        "transaction" in text and ("size" in text or "limit" in text)
+    ):
+        return LimitExceeded(
+            f"DynamoDB at {where} refused a transaction on table {table!r} for its limits "
+            f"({code}: {message}). Nothing was written.",
+            "transaction",
+        )
+    return None
 
 
 def _retried(exc: ClientError) -> bool:

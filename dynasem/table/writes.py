@@ -199,19 +199,25 @@ def take_join(
         conds += ["#mode = :mode", "#lim = :lim"]
     seen_expires = seen.expires_ms
     if replace or entry.expires_ms >= seen_expires:
-        # Item-level expiry is the latest lease end of all holders: pushed later (or, when
-        # we replace every holder, set to ours) only over the very value we saw (a holder
-        # may have renewed since).
+        # Item-level expiry is the latest lease end of all holders: when we replace every
+        # holder, set to ours over the very value we saw; else only ever pushed later, so
+        # ours must end at or after the stored one (a holder may have renewed since). Not
+        # "the value we saw": with hundreds of holders renewing the row, that condition
+        # failed a join again and again (a wait=0 acquire of a semaphore with free permits
+        # answered "busy, held by unknown").
         sets += ["#uid = :uid", "#exp = :exp", "#expMs = :expMs"]
-        conds.append("#expMs = :seenExp")
         values.update(
             {
                 ":uid": entry.user_id,
                 ":exp": bucket_of(entry.expires_ms),
                 ":expMs": entry.expires_ms,
-                ":seenExp": seen_expires,
             }
         )
+        if replace:
+            conds.append("#expMs = :seenExp")
+            values[":seenExp"] = seen_expires
+        else:
+            conds.append("#expMs <= :expMs")
     removes = []
     for i, gone in enumerate(evict):
         names[f"#x{i}"] = gone
