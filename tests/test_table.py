@@ -358,3 +358,50 @@ def test_a_join_is_not_refused_by_a_renewal_that_ends_before_it(lock_table):
         table.update(table.give_back("renewed", "joiner", clock.now_ms(), sole=False))
     finally:
         other.release()
+
+
+def test_a_take_evicts_at_most_max_evict_dead_waiters_and_still_takes(lock_table):
+    """150 dead entries in a resource's queue (their waiters were killed): each take evicts
+    the 64 oldest in its own write, whose expressions stay within DynamoDB's limits (all 150
+    in one write were refused: ValidationException), and takes the lock all the same."""
+    from dynasem.table import writes
+
+    now = clock.now_ms()
+    for i in range(150):
+        waiter = table.Waiter(ticket=1_000 + i, expires_ms=now - 60_000 + i, user_id="dead")
+        table.update(table.enqueue("haunted", f"dead{i:03}", waiter, fresh=i == 0))
+    assert len(table.stored_item("haunted")["queue"]) == 150
+    left = []
+    for _ in range(3):
+        with semaphore("haunted", wait=5):
+            left.append(len(table.stored_item("haunted")["queue"]))
+    assert left == [150 - writes.MAX_EVICT, 150 - 2 * writes.MAX_EVICT, 0]
+
+
+def test_a_join_evicts_at_most_max_evict_dead_holders_and_still_joins(lock_table):
+    """A counting semaphore with one live holder and 150 whose leases ran out (their
+    processes died): each join evicts the 64 oldest in its own write and joins."""
+    from dynasem.table import writes
+
+    now = clock.now_ms()
+    for i in range(150):
+        entry = table.holder_entry("dead", now - 60_000 + i, 1_000 + i, now - 70_000, False)
+        build = table.take_room if i else table.take_free
+        extra = {} if i else {"stale_ms": now}
+        table.update(build("graveyard", f"dead{i:03}", entry, mode="n", limit=1_000, **extra))
+    # A live holder whose lease ends after the joiners' own: their blind first write is
+    # refused, and they join from the row as it is, evicting the dead.
+    live = semaphore("graveyard", limit=1_000, lease=600).acquire()
+    joined, sizes = [], []
+    try:
+        for _ in range(3):
+            joined.append(semaphore("graveyard", limit=1_000, lease=30, wait=5).acquire())
+            sizes.append(len(table.stored_item("graveyard")["holders"]))
+        assert sizes == [
+            151 - writes.MAX_EVICT + 1,
+            151 - 2 * writes.MAX_EVICT + 2,
+            1 + 3,
+        ]
+    finally:
+        for held in [live, *joined]:
+            held.release()

@@ -75,6 +75,10 @@ def holder_entry(
     return Holder(user_id, expires_ms, fence, acquired_ms=now_ms, shared=shared, proc=proc)
 
 
+# The most dead queue entries one take removes.
+MAX_EVICT = 64
+
+
 class QueueTerms:
     """How a take treats the resource's waiting queue (see core: nobody cuts in line).
 
@@ -105,7 +109,11 @@ def _queue_clauses(
     else:
         conds.append("size(#q) = :qsize")
         values[":qsize"] = terms.size
-    for i, (gone, ends) in enumerate(sorted(terms.evict.items())):
+    # The oldest MAX_EVICT only: a write's expressions are bounded (4 KB each), and 150 dead
+    # entries would not fit one. The rest go with the next takes (dead, they are nobody's
+    # turn meanwhile).
+    oldest = sorted(terms.evict.items(), key=lambda entry: (entry[1], entry[0]))[:MAX_EVICT]
+    for i, (gone, ends) in enumerate(sorted(oldest)):
         names[f"#w{i}"] = gone
         removes.append(f"#q.#w{i}")
         conds.append(f"#q.#w{i}.e = :we{i}")
@@ -182,6 +190,11 @@ def take_join(
     left to disagree, and makes our lease end the item's own (an evicted dead holder's may
     have been later).
     """
+    if len(evict) > MAX_EVICT:
+        # The oldest only (see _queue_clauses); the rest stay, dead, for the next joins, so
+        # not every holder goes and the row keeps its mode and limit.
+        evict = sorted(evict, key=lambda t: (seen.holders[t].expires_ms, t))[:MAX_EVICT]
+        replace = False
     names = dict(_LOCK_NAMES, **{"#t": token})
     values: dict[str, Any] = {
         ":entry": holder_value(entry),
