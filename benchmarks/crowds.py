@@ -1,0 +1,193 @@
+"""Crowds: what one acquisition costs as the crowd on one resource grows.
+
+    .venv/bin/python benchmarks/crowds.py [--limits 2 64 512] [--waiters 4 32 128]
+        [--cycles 20] [--per-waiter 4] [--wall]
+
+One process, one DynamoDB Local (``tests.settings``: ``LEASE`` 10 s, ``CLOCK_SKEW`` 0.5 s),
+capacity units as AWS bills them (``cost.Meter``: ``ReturnConsumedCapacity="INDEXES"``, a
+refused write 1 WCU, a transaction twice its writes). Issue 22's table, on the layout of the
+tree it runs from:
+
+* ``limit=N, N-1 held``: a counting semaphore filled with N - 1 holders (``lease=600``, so
+  no renewal fires), then ``--cycles`` acquire + release of one more; per cycle.
+* ``W waiters``: W threads on one exclusive lock (``wait=60``), each taking it
+  ``--per-waiter`` times and holding it 5 ms; per acquisition (the requests of every thread:
+  a holder's release is its heir's hand-over).
+* ``--wall``: holders of ``limit=6000`` (``lease=900``, short user ids) added one by one
+  until an acquire fails: how many, the error, how long it took. Slow (minutes).
+
+Printed: one row per case (WCU, RCU, requests per acquisition, the largest stored row in
+bytes), and issue 22's targets beside them, as lines, never as an error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+import cost  # noqa: E402
+
+_PROBE: list[Any] = []  # a client of its own, not metered: the size probe costs nothing here
+
+
+def row_bytes(resource: str) -> int:
+    """The stored row's size, roughly as DynamoDB counts it (its wire form as JSON)."""
+    from dynasem.conf import settings
+
+    item = (
+        _PROBE[0]
+        .get_item(
+            TableName=settings.TABLE_NAME,
+            Key={"pk": {"S": resource}, "sk": {"S": "lock"}},
+            ConsistentRead=True,
+        )
+        .get("Item", {})
+    )
+    return len(json.dumps(item, separators=(",", ":")).encode())
+
+
+def counting(meter: cost.Meter, limit: int, cycles: int) -> dict[str, Any]:
+    from dynasem import semaphore
+
+    resource = common.new_name(f"limit-{limit}")
+    held = [semaphore(resource, limit=limit, lease=600).acquire() for _ in range(limit - 1)]
+    try:
+        size = row_bytes(resource)
+        with meter.measure() as units:
+            for _ in range(cycles):
+                semaphore(resource, limit=limit, lease=600).acquire().release()
+    finally:
+        for h in held:
+            h.release()
+    return {
+        "case": f"limit={limit}, {limit - 1} held",
+        "wcu": units.wcu / cycles,
+        "rcu": units.rcu / cycles,
+        "requests": sum(units.requests.values()) / cycles,
+        "row": size,
+    }
+
+
+def queued(meter: cost.Meter, waiters: int, per_waiter: int) -> dict[str, Any]:
+    from dynasem import semaphore
+
+    resource = common.new_name(f"queue-{waiters}")
+    biggest = [0]
+    taken = [0]
+    lock = threading.Lock()
+    start = threading.Barrier(waiters)
+
+    def worker() -> None:
+        start.wait()
+        for _ in range(per_waiter):
+            with semaphore(resource, wait=60):
+                with lock:
+                    taken[0] += 1
+                    if taken[0] % max(1, waiters // 4) == 0:
+                        biggest[0] = max(biggest[0], row_bytes(resource))
+                time.sleep(0.005)
+
+    threads = [threading.Thread(target=worker) for _ in range(waiters)]
+    with meter.measure() as units:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    n = max(1, taken[0])
+    return {
+        "case": f"{waiters} waiters, 5 ms holds",
+        "wcu": units.wcu / n,
+        "rcu": units.rcu / n,
+        "requests": sum(units.requests.values()) / n,
+        "row": biggest[0],
+    }
+
+
+def wall() -> str:
+    from dynasem import SemaphoreError, semaphore
+
+    resource = common.new_name("wall")
+    held = []
+    started = time.monotonic()
+    try:
+        for i in range(6000):
+            try:
+                held.append(semaphore(resource, limit=6000, lease=900, user=f"u{i}").acquire())
+            except SemaphoreError as exc:
+                return (
+                    f"limit=6000: acquire {i + 1} failed after {time.monotonic() - started:.0f} s"
+                    f" ({row_bytes(resource)} B stored): {type(exc).__name__}: {exc}"
+                )
+        return f"limit=6000: all 6000 held in {time.monotonic() - started:.0f} s"
+    finally:
+        for h in held:
+            h.release()
+
+
+TARGETS = [
+    "issue 22 targets: limit=512 with 511 held <= 4 WCU + 1 RCU per acquire + release, and at "
+    "most 1.5x limit=2;",
+    "128 waiters <= 5 WCU + 1 RCU and <= 6 requests per acquisition, at most 1.5x 4 waiters; "
+    "4 waiters no dearer than 3.75 WCU + 0.5 RCU; no stored item over 4 KB.",
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--limits", type=int, nargs="*", default=[2, 64, 512])
+    parser.add_argument("--waiters", type=int, nargs="*", default=[4, 32, 128])
+    parser.add_argument("--cycles", type=int, default=20)
+    parser.add_argument("--per-waiter", type=int, default=4)
+    parser.add_argument("--wall", action="store_true")
+    args = parser.parse_args(argv)
+
+    with common.engine() as ddb:
+        common.setup_dynasem(ddb.endpoint_url, common.new_name("bench-crowds"))
+        common.create_dynasem_table()
+        from dynasem import table
+
+        print(f"machine: {common.machine()}\n", flush=True)
+        _PROBE.append(common.raw_client(ddb.endpoint_url))
+        meter = cost.Meter()
+        meter.attach(table.get_client())
+        rows = []
+        for limit in args.limits:
+            rows.append(counting(meter, limit, args.cycles))
+            print(f"{rows[-1]['case']}: done", flush=True)
+        for waiters in args.waiters:
+            rows.append(queued(meter, waiters, args.per_waiter))
+            print(f"{rows[-1]['case']}: done", flush=True)
+        walled = wall() if args.wall else None
+    print()
+    print(
+        common.table_md(
+            ["case", "WCU", "RCU", "requests", "largest row (B)"],
+            [
+                [
+                    r["case"],
+                    common.fmt(r["wcu"]),
+                    common.fmt(r["rcu"]),
+                    common.fmt(r["requests"]),
+                    r["row"],
+                ]
+                for r in rows
+            ],
+        )
+    )
+    if walled:
+        print(f"\n{walled}")
+    print()
+    for line in TARGETS:
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
