@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from dynasem import drivers
-from dynasem.drivers import InQueue, Request, Sleep, Steps, Write, run_async, run_sync
+from dynasem.drivers import InQueue, Request, Sleep, Step, Steps, Write, run_async, run_sync
 
 
 def steps_with_a_failure() -> Steps[list[Any]]:
@@ -72,13 +73,24 @@ def test_a_cancelled_write_is_waited_for_then_withdrawn(monkeypatch: pytest.Monk
     assert withdrawn == [("tok", ["a", "b"])]
 
 
-def test_a_cancelled_queued_wait_abandons_its_place(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    "waiting",
+    [
+        lambda: Sleep(10),  # paced toward our turn
+        # awaiting a pushed hand-over on the loop
+        lambda: InQueue(lambda: None, "tok", "res", asend=lambda: asyncio.sleep(10)),
+    ],
+    ids=["sleep", "awaited-push"],
+)
+def test_a_cancelled_queued_wait_abandons_its_place(
+    monkeypatch: pytest.MonkeyPatch, waiting: Callable[[], Step]
+) -> None:
     abandoned: list[str] = []
     monkeypatch.setattr(InQueue, "abandon", lambda self: abandoned.append(self.resource))
 
     def steps() -> Steps[None]:
         yield InQueue(lambda: None, "tok", "res", write=True)  # joined
-        yield Sleep(10)  # waiting for our turn
+        yield waiting()  # waiting for our turn
 
     async def main() -> None:
         task = asyncio.ensure_future(run_async(steps()))
@@ -110,25 +122,6 @@ def test_an_awaitable_queued_step_is_awaited_on_the_loop_not_sent_in_a_thread() 
     assert run_sync(steps()) == "sent"
     assert asyncio.run(run_async(steps())) == "awaited"
     assert threads == [threading.current_thread().name] * 2
-
-
-def test_a_cancelled_awaited_wait_abandons_its_place(monkeypatch: pytest.MonkeyPatch) -> None:
-    abandoned: list[str] = []
-    monkeypatch.setattr(InQueue, "abandon", lambda self: abandoned.append(self.resource))
-
-    def steps() -> Steps[None]:
-        yield InQueue(lambda: None, "tok", "res", write=True)  # joined
-        yield InQueue(lambda: None, "tok", "res", asend=lambda: asyncio.sleep(10))
-
-    async def main() -> None:
-        task = asyncio.ensure_future(run_async(steps()))
-        await asyncio.sleep(0.05)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    asyncio.run(main())
-    assert abandoned == ["res"]
 
 
 def test_async_requests_run_in_dynasems_own_threads_with_the_callers_context() -> None:

@@ -33,11 +33,12 @@ if TYPE_CHECKING:  # boto3-stubs[dynamodb], a development dependency only
 _client: DynamoDBClient | None = None
 _client_lock = threading.Lock()
 
-TRANSIENT_CODES = frozenset(
+# DynamoDB's answers for a request over a throughput limit (LimitExceeded("throughput")).
+THROTTLED = frozenset(
+    {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}
+)
+TRANSIENT_CODES = THROTTLED | frozenset(
     {
-        "ProvisionedThroughputExceededException",
-        "ThrottlingException",
-        "RequestLimitExceeded",
         "InternalServerError",
         "ServiceUnavailable",
         "LimitExceededException",
@@ -176,11 +177,6 @@ def _unavailable(exc: Exception) -> SemaphoreUnavailable:
         # Never connected: never applied. A timeout or a dropped connection: perhaps applied.
         ambiguous=transient and not isinstance(exc, EndpointConnectionError | ConnectTimeoutError),
     )
-
-
-THROTTLED = frozenset(
-    {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}
-)
 
 
 def _limit_of(code: str, message: str, response: Mapping[str, Any]) -> LimitExceeded | None:

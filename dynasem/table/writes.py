@@ -113,7 +113,7 @@ def _queue_clauses(
     # entries would not fit one. The rest go with the next takes (dead, they are nobody's
     # turn meanwhile).
     oldest = sorted(terms.evict.items(), key=lambda entry: (entry[1], entry[0]))[:MAX_EVICT]
-    for i, (gone, ends) in enumerate(sorted(oldest)):
+    for i, (gone, ends) in enumerate(oldest):
         names[f"#w{i}"] = gone
         removes.append(f"#q.#w{i}")
         conds.append(f"#q.#w{i}.e = :we{i}")
