@@ -87,12 +87,15 @@ class _Plan:
         fence: int = 0,
         expires_ms: int = 0,
         queued: bool = False,
+        load: int | None = None,
     ):
         self.action = action  # None with busy None: the resource is ours already
         self.busy = busy  # the live holders in our way, when we cannot take it now
         self.fence = fence
         self.expires_ms = expires_ms
         self.queued = queued  # we are in the resource's queue
+        # The queue's entries up to this ticket must be read first: who is ahead of us?
+        self.load = load
 
 
 class Semaphore:
@@ -185,6 +188,7 @@ class Semaphore:
         entry: table.Holder,
         stale_ms: int,
         confirm_below_ms: int,
+        ticket: int | None = None,
     ) -> _Plan:
         mode, limit = self.mode, self.limit
         holders = seen.holders if seen is not None else {}
@@ -205,22 +209,40 @@ class Semaphore:
         if stored_fence >= entry.fence:
             # Our clock is behind: count on instead.
             entry = dataclasses.replace(entry, fence=stored_fence + 1)
-        done = _Plan(fence=entry.fence, expires_ms=entry.expires_ms)
-        # Nobody cuts in line: a taker not in the queue needs it empty (dead waiters aside),
-        # a queued one needs every live waiter ahead of it gone.
-        queue = seen.queue if seen is not None else {}
-        mine_w = queue.get(token)
-        dead = {t: w.expires_ms for t, w in queue.items() if t != token and w.expires_ms < stale_ms}
-        ahead = queueing.waiters_ahead(queue, token, stale_ms)
+        done = _Plan(fence=entry.fence, expires_ms=entry.expires_ms, queued=ticket is not None)
         live = live_holders(seen, stale_ms)
+        held_now = seen is not None and bool(holders) and seen.expires_ms >= stale_ms
+        if seen is not None and held_now:
+            joinable = mode != MODE_EXCLUSIVE and seen.mode == mode and seen.limit == limit
+            if live and not (joinable and (mode == MODE_SHARED or len(live) < limit)):
+                live = queueing.not_proven_dead(live)  # in our way: a look in /proc (same host)
+            if live:
+                if seen.limit != limit:
+                    raise ValueError(
+                        f"{resource!r} is held with limit={seen.limit}; every holder of one "
+                        f"resource must use the same limit, not limit={limit}"
+                    )
+                if not (joinable and (mode == MODE_SHARED or len(live) < limit)):
+                    return _Plan(busy=live, queued=ticket is not None)
+        # Its holders would let us in: nobody cuts in line. A taker not in the queue needs
+        # nobody live waiting; a queued one needs nobody live ahead of it. Entries of the old
+        # inline queue (dynasem before 0.9) came first; the dead among them go with our take.
+        inline = seen.queue if seen is not None else {}
+        ahead: Mapping[str, table.Holder | table.Waiter] = queueing.inline_ahead(seen, stale_ms)
+        if not ahead:
+            items = queueing.entries_ahead(seen, ticket, stale_ms)
+            if items is None and seen is not None:
+                return _Plan(load=queueing.upto_of(seen, ticket), queued=ticket is not None)
+            ahead = {w.token: w for w in items or ()}
         if ahead:
-            return _Plan(busy=live or ahead, queued=mine_w is not None)
+            return _Plan(busy=live or ahead, queued=ticket is not None)
         terms = table.QueueTerms(
-            queued=mine_w is not None,
-            evict=dead,
-            size=None if seen is None or not seen.has_queue or mine_w else len(queue),
+            evict={t: w.expires_ms for t, w in inline.items() if w.expires_ms < stale_ms},
+            size=len(inline) if seen is not None and seen.has_queue else None,
+            mine=ticket,
+            qin=seen.qin if seen is not None else 0,
+            qout=seen.qout if seen is not None else 0,
         )
-        done.queued = mine_w is not None
         if seen is None:
             if mode != MODE_EXCLUSIVE:
                 # Counting and shared holds usually find others holding: try to join at once.
@@ -230,22 +252,11 @@ class Semaphore:
                     resource, token, entry, mode=mode, limit=limit, stale_ms=stale_ms, queue=terms
                 )
             return done
-        if not holders or seen.expires_ms < stale_ms:
+        if not held_now:
             done.action = table.take_free(
                 resource, token, entry, mode=mode, limit=limit, stale_ms=stale_ms, queue=terms
             )
             return done
-        joinable = mode != MODE_EXCLUSIVE and seen.mode == mode and seen.limit == limit
-        if live and not (joinable and (mode == MODE_SHARED or len(live) < limit)):
-            live = queueing.not_proven_dead(live)  # in our way: a look in /proc (same host)
-        if live:
-            if seen.limit != limit:
-                raise ValueError(
-                    f"{resource!r} is held with limit={seen.limit}; every holder of one "
-                    f"resource must use the same limit, not limit={limit}"
-                )
-            if not (joinable and (mode == MODE_SHARED or len(live) < limit)):
-                return _Plan(busy=live, queued=mine_w is not None)
         done.action = table.take_join(
             resource,
             token,
@@ -319,10 +330,23 @@ class Semaphore:
                     confirm_below = 2**63
                 else:
                     confirm_below = now + int((skew + margin) * 1000)
+                if queueing.passed(seen.get(resources[0]), pace.qbase, pace.ticket):
+                    pace.ticket = None  # our turn went by (or the row is new): join again
                 plans = {
-                    r: self._plan(r, seen.get(r), token, entry, stale, confirm_below)
+                    r: self._plan(r, seen.get(r), token, entry, stale, confirm_below, pace.ticket)
                     for r in resources
                 }
+                loads = {r: p.load for r, p in plans.items() if p.load is not None}
+                if loads:
+                    # Who waits ahead of us? One read of the queue, then plan again.
+                    pace.push_cap = push_cap
+                    for r, upto in loads.items():
+                        old = seen[r]
+                        if old is not None:
+                            seen[r] = yield Request(
+                                functools.partial(table.load_entries, old, upto)
+                            )
+                    continue
                 blocked = {r: p.busy for r, p in plans.items() if p.busy is not None}
                 if not blocked:
                     acting = [r for r in resources if plans[r].action is not None]
@@ -395,24 +419,32 @@ class Semaphore:
                     blocked = {r: {} for r in resources}
                 # Busy: wait within the budget (never much past the first lease end), look again.
                 remaining = deadline - clock.monotonic()
-                queued = (
-                    len(resources) == 1
-                    and plans.get(resources[0]) is not None
-                    and any(p.queued for p in plans.values())
-                )
+                queued = len(resources) == 1 and pace.ticket is not None
                 if remaining <= 0:
-                    if queued or pace.enqueued:
+                    if pace.ticket is not None:
                         # Leave the queue; a hand-over that reached us meanwhile is ours to keep.
+                        ticket, pace.ticket = pace.ticket, None
                         try:
-                            yield Request(lambda: table.update(table.dequeue(resources[0], token)))
-                        except table.Refused as refused:
-                            gone = refused.lock
+                            gone = yield Request(
+                                functools.partial(
+                                    table.leave_queue, resources[0], pace.qbase, ticket, token=token
+                                )
+                            )
                             if gone is not None and token in gone.holders:
                                 seen[resources[0]] = gone
                                 continue
                         except SemaphoreUnavailable:
                             pass  # our entry expires with its lease
-                    raise busy(self, blocked, seen, skew=skew, user_id=user_id, token=token)
+                        pace.ticket = ticket  # for the estimate: our place when we left
+                    raise busy(
+                        self,
+                        blocked,
+                        seen,
+                        skew=skew,
+                        user_id=user_id,
+                        token=token,
+                        ticket=pace.ticket,
+                    )
                 if len(resources) == 1 and (queued or should_queue(self, seen.get(resources[0]))):
                     seen[resources[0]] = yield from wait_in_queue(
                         self,

@@ -88,7 +88,8 @@ class Held:
         if semaphore.max_hold is not None:
             self._max_hold_end = self._taken_mono + semaphore.max_hold
             self._deadline = min(self._deadline, self._max_hold_end)
-        self._queue: Mapping[str, table.Waiter] = {}  # the waiters we last saw: the heirs
+        self._queue: Mapping[str, table.Waiter] = {}  # the old inline queue's waiters we saw
+        self._row: table.LockItem | None = None  # the row as we last saw it: its queue
         self._hold_avg: int | None = None
         # A hand-over sent that got no answer: it may have been applied (see _give_back).
         self._handed_unanswered = False
@@ -98,6 +99,7 @@ class Held:
     def _observe(self, item: table.LockItem | None) -> None:
         if item is not None:
             self._queue = item.queue
+            self._row = item
             if item.hold_ms is not None:
                 self._hold_avg = item.hold_ms
 
@@ -105,11 +107,21 @@ class Held:
         mine = int((clock.monotonic() - self._taken_mono) * 1000)
         return mine if self._hold_avg is None else (3 * self._hold_avg + mine) // 4
 
-    def _heirs(self) -> list[tuple[str, table.Waiter]]:
-        """The live waiters we know of that take over from us, if the hold is exclusive."""
+    def _heirs(self) -> tuple[list[tuple[str, table.Waiter]], int | None]:
+        """The live waiters that take over from us, if the hold is exclusive, and where they
+        are: ``qout`` as seen, for entry items; None for the old inline queue (which came
+        first). Reads the queue's first entries if the row says waiters came."""
         if self.semaphore.mode != MODE_EXCLUSIVE or len(self.resources) != 1:
-            return []
-        return _next_in_line(self._queue, clock.now_ms())
+            return [], None
+        now = clock.now_ms()
+        inline = _next_in_line(self._queue, now)
+        row = self._row
+        if inline or row is None or not row.waiting:
+            return inline, None
+        if row.entries is None:
+            row = self._row = table.load_entries(row)
+        heirs = _next_in_line({w.token: w for w in row.entries or ()}, now)
+        return heirs, row.qout
 
     # -- what users read ---------------------------------------------------------------------
 
@@ -330,8 +342,10 @@ class Held:
         one write. None: no heir, or they left (then a plain release follows)."""
         fence = self.fence
         for _ in range(3):
-            heirs = self._heirs()
-            if not heirs or self._lost is not None:
+            if self._lost is not None:
+                return None
+            heirs, qout = self._heirs()
+            if not heirs:
                 return None
             now = clock.now_ms()
             # Every heir a fence of its own, above every earlier one (ours, the stored one).
@@ -354,6 +368,7 @@ class Held:
                         entries,
                         hold_ms=self._hold_ms(),
                         mode=MODE_SHARED if shared else None,
+                        qout=qout,
                     ),
                     return_new=True,
                 )
@@ -380,9 +395,36 @@ class Held:
 
     def _give_back(self) -> bool:
         """Send the release; True if every resource was ours until now."""
-        handed = self._hand_over()
-        if handed is not None:
-            return handed
+        for _ in range(3):
+            handed = self._hand_over()
+            if handed is not None:
+                return handed
+            released = self._plain_release(self._release_terms())
+            if released is not None:
+                return released
+            # Refused, still ours: waiters came since we last looked. Hand it to them.
+        released = self._plain_release({})
+        return bool(released)
+
+    def _release_terms(self) -> dict[str, Any]:
+        """The queue's part of an exclusive holder's plain release (no heir to hand it to):
+        nobody may be waiting (a refusal says who came); or every waiter seen is dead: pass
+        them. Waiters whose entries have only just run out are left to take it themselves."""
+        if self.semaphore.mode != MODE_EXCLUSIVE or len(self.resources) != 1:
+            return {}
+        row = self._row
+        if row is None or not row.waiting:
+            return {"queue_idle": True}
+        stale = clock.now_ms() - int(self.skew * 1000)
+        entries = row.entries
+        if entries is not None and row.entries_to >= row.qin:
+            if all(w.expires_ms < stale for w in entries):
+                return {"pass_to": row.qin}
+        return {}
+
+    def _plain_release(self, terms: dict[str, Any]) -> bool | None:
+        """A release to nobody in particular; True if every resource was ours until now.
+        None: refused by ``terms`` (waiters came), the hold still ours."""
         sole = self.semaphore.mode == MODE_EXCLUSIVE
         pending = list(self.resources)
         ok = True
@@ -400,6 +442,7 @@ class Held:
                     sole=sole,
                     hold_ms=hold_ms,
                     lease_end_ms=self._expires_ms,
+                    **terms,
                 )
                 for r in pending
             ]
@@ -407,14 +450,23 @@ class Held:
                 if len(actions) == 1:
                     # Only a hold long enough for waiters to have come unseen asks for the
                     # item back (its decoding costs the uncontended path ~10 % of its CPU).
-                    look = bool(self._queue) or clock.monotonic() - self._taken_mono > WAKE_AFTER
+                    row = self._row
+                    look = (
+                        bool(self._queue)
+                        or (row is not None and row.waiting)
+                        or clock.monotonic() - self._taken_mono > WAKE_AFTER
+                    )
                     self._wake_first(table.update(actions[0], return_new=look))
                 else:
                     table.transact(actions)
                 return ok
             except table.Refused as refused:
+                old = refused.lock
+                if terms and old is not None and self.token in old.holders:
+                    self._observe(old)
+                    return None
                 retried = refused.retried or self._handed_unanswered
-                return ok and self._released_by(refused.lock, retried)
+                return ok and self._released_by(old, retried)
             except table.Cancelled as cancelled:
                 # Nothing was applied: drop the ones not ours any more and send the rest again.
                 still = []
@@ -437,20 +489,31 @@ class Held:
         """After a plain release: if waiters are queued (ones we did not know of when we
         could have handed over), push the first one the item, so it takes the lock now
         instead of at its next paced read."""
-        if item is None or not item.queue or item.holders:
+        if item is None or item.holders:
             return
-        first = _first_live(item.queue, clock.now_ms())
-        if first is not None and first[1].address:
-            wakeup.push(first[1].address, self.resource, first[0], item, sent_ms=clock.now_ms())
+        self._push_first(item, readers_only=False)
 
     def _wake_next_reader(self, item: table.LockItem | None) -> None:
         """A shared hold just taken: if the first waiter in line is a reader too, it can join
         us now; push it the item (it then pushes the next one when it has joined)."""
-        if item is None:
+        if item is not None:
+            self._push_first(item, readers_only=True)
+
+    def _push_first(self, item: table.LockItem, *, readers_only: bool) -> None:
+        """Push ``item`` to the first live waiter in line (only if a reader: ``readers_only``),
+        reading the queue's first entries if the row says waiters came."""
+        now = clock.now_ms()
+        first = _first_live(item.queue, now)
+        if first is None and item.waiting:
+            if item.entries is None:
+                try:
+                    item = table.load_entries(item)
+                except SemaphoreUnavailable:
+                    return  # they read it themselves
+            first = _first_live({w.token: w for w in item.entries or ()}, now)
+        if first is None or not first[1].address or (readers_only and not first[1].shared):
             return
-        first = _first_live(item.queue, clock.now_ms())
-        if first is not None and first[1].shared and first[1].address:
-            wakeup.push(first[1].address, self.resource, first[0], item, sent_ms=clock.now_ms())
+        wakeup.push(first[1].address, self.resource, first[0], item, sent_ms=clock.now_ms())
 
     def _released_by(self, old: table.LockItem | None, retried: bool) -> bool:
         """Was a refused release ours after all (applied, its response lost)?"""

@@ -61,7 +61,11 @@ class HoldInfo:
 
 
 def _waiting(item: table.LockItem, now_ms: int) -> int:
-    return sum(1 for w in item.queue.values() if w.expires_ms >= now_ms)
+    """The waiters a listing shows for a row, from the row alone: the live entries of the old
+    inline queue, and the tickets out that have not had their turn (a waiter that left, or
+    died, counts until the next turn passes it: :func:`queue_depth` reads the entries)."""
+    inline = sum(1 for w in item.queue.values() if w.expires_ms >= now_ms)
+    return inline + max(0, item.qin - item.qout)
 
 
 def holds_of(item: table.LockItem, *, min_expires_ms: int | None) -> list[HoldInfo]:
@@ -374,10 +378,20 @@ def holds_on(resource: str) -> list[HoldInfo]:
     return holds_of(item, min_expires_ms=None) if item else []
 
 
-def queue_depth(resource: str) -> int:
-    """How many live waiters are queued for ``resource`` (one consistent read)."""
+def waiters_on(resource: str) -> list[table.Waiter]:
+    """Every live waiter queued for ``resource``, first in line first (consistent reads: the
+    row, then its queue's entries)."""
     item = table.get(validation.check_resource(resource))
-    return _waiting(item, clock.now_ms()) if item is not None else 0
+    if item is None:
+        return []
+    now = clock.now_ms()
+    inline = sorted((w for w in item.queue.values() if w.expires_ms >= now), key=lambda w: w.ticket)
+    return inline + [w for w in table.queue_entries(item) if w.expires_ms >= now]
+
+
+def queue_depth(resource: str) -> int:
+    """How many live waiters are queued for ``resource``."""
+    return len(waiters_on(resource))
 
 
 def break_hold(

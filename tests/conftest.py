@@ -190,3 +190,25 @@ def one_second_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
     from dynasem.table import stored
 
     monkeypatch.setattr(stored, "BUCKET_S", 1)
+
+
+def queue_of(resource: str) -> dict[str, Any]:
+    """The live waiters queued for ``resource`` (token -> Waiter), as stored: the old inline
+    queue's and the entry items'."""
+    from dynasem import operations
+
+    return {w.token: w for w in operations.waiters_on(resource)}
+
+
+def enqueue_entry(resource: str, token: str, waiter: Any) -> int:
+    """Queue ``waiter`` for ``resource`` as a waiter would (a ticket, then its entry item),
+    without anyone waiting behind it: a crashed waiter's entry, say. Returns its ticket."""
+    import dataclasses
+
+    from dynasem import clock, table
+
+    row = table.update(table.take_ticket(resource, clock.new_fence(0)), return_new=True)
+    assert row is not None
+    waiter = dataclasses.replace(waiter, ticket=row.qin, token=token)
+    table.put_entry(resource, row.qbase, waiter)
+    return row.qin

@@ -14,13 +14,9 @@ from django.test import override_settings
 from dynasem import SemaphoreBusy, semaphore, table
 from dynasem import held as held_module
 from tests import workers
-from tests.conftest import dynasem_settings, engine_name
+from tests.conftest import dynasem_settings, engine_name, enqueue_entry, queue_of
 
 SPAWN = multiprocessing.get_context("spawn")
-
-
-def queue_of(resource: str) -> dict:
-    return (table.stored_item(resource) or {}).get("queue") or {}
 
 
 def wait_for_queue(resource: str, size: int, timeout: float = 60) -> None:
@@ -71,7 +67,7 @@ def test_release_hands_the_lock_to_the_first_waiter(lock_table, requests_sent):
     # The release write itself made the waiter the holder: no write of the waiter's needed.
     assert writes == 1
     assert [h["u"] for h in row["holders"].values()] == ["next"]
-    assert row["queue"] == {}
+    assert queue_of("env:acceptance") == {}
     t.join(30)
     assert got and got[0].fence > holder.fence
     assert list(row["holders"]) == [got[0].token]
@@ -179,7 +175,7 @@ def test_a_dead_waiter_ahead_costs_few_reads(lock_table, requests_sent):
     resource = "deploy:staging"
     now = int(time.time() * 1000)
     crashed = table.Waiter(now * 1000, now + 60_000, user_id="crashed", lease_ms=60_000)
-    table.update(table.enqueue(resource, "crashed-waiter", crashed, fresh=True))
+    enqueue_entry(resource, "crashed-waiter", crashed)
     requests_sent.reset()
     started = time.monotonic()
     try:
@@ -235,7 +231,7 @@ def test_readers_handed_the_lock_by_a_writer_hold_it_together(dynamodb_local, lo
         # The release write itself made every reader at the head of the line a holder.
         assert sorted(h["u"] for h in row["holders"].values()) == ["R1", "R2", "R3"]
         assert row["mode"] == "s"
-        assert sorted(w["u"] for w in row["queue"].values()) == ["R4", "W1"]
+        assert sorted(w.user_id for w in queue_of(resource).values()) == ["R4", "W1"]
         for thread in threads.values():
             thread.join(60)
     errors = {n: v for n, v in out.items() if isinstance(v, Exception)}
@@ -265,9 +261,14 @@ def test_readers_beyond_one_hand_over_join_those_it_admitted(lock_table, monkeyp
         _hold_in_turn(resource, name, True, 1.5, out, threads)
         wait_for_queue(resource, i + 1)
     writer.renew()
+    handed: list = []
+    real_hand_over = table.hand_over
+    monkeypatch.setattr(
+        table, "hand_over", lambda *a, **kw: handed.append(a[2]) or real_hand_over(*a, **kw)
+    )
     writer.release()
-    row = table.stored_item(resource) or {}
-    assert sorted(h["u"] for h in row["holders"].values()) == ["R1", "R2"]
+    # (R3 may have joined by now: those admitted push it at once.)
+    assert [[e.user_id for _, _, e in heirs] for heirs in handed] == [["R1", "R2"]]
     for thread in threads.values():
         thread.join(60)
     readers = [out[n] for n in ("R1", "R2", "R3")]
@@ -276,7 +277,7 @@ def test_readers_beyond_one_hand_over_join_those_it_admitted(lock_table, monkeyp
     assert len({r[2] for r in readers}) == 3 and min(r[2] for r in readers) > writer.fence
 
 
-def test_a_reader_that_left_the_line_costs_the_hand_over_one_more_write(lock_table, requests_sent):
+def test_a_reader_that_left_the_line_costs_the_hand_over_nothing(lock_table, requests_sent):
     resource = "report:weekly"
     writer = semaphore(resource).acquire()
     out: dict = {}
@@ -288,14 +289,15 @@ def test_a_reader_that_left_the_line_costs_the_hand_over_one_more_write(lock_tab
     )
     quitter.start()
     wait_for_queue(resource, 2)
-    writer.renew()  # the writer sees both readers in line...
-    assert len(writer._queue) == 2
-    quitter.join(10)  # ...then the second gives up and leaves it
+    writer.renew()  # the writer sees two tickets out...
+    assert writer._row is not None and writer._row.qin - writer._row.qout == 2
+    quitter.join(10)  # ...then the second reader gives up and leaves the line
     assert isinstance(out["quit"], SemaphoreBusy) and len(queue_of(resource)) == 1
     requests_sent.reset()
     writer.release()
-    # Refused (an heir left), then again with the line as it is: R1 holds from that write.
-    assert requests_sent.calls["UpdateItem"] == 2
+    # The release reads the line as it is now (its first entries): R1 holds from one write.
+    assert requests_sent.calls["Query"] == 1
+    assert requests_sent.calls["UpdateItem"] == 1
     row = table.stored_item(resource) or {}
     assert [h["u"] for h in row["holders"].values()] == ["R1"]
     threads["R1"].join(30)

@@ -119,7 +119,9 @@ class Holder:
 
 @dataclass(frozen=True, slots=True)
 class Waiter:
-    """One queue entry of a lock row."""
+    """One queue entry: an item of its own under the resource's key (``sk`` =
+    :func:`entry_sk`), or, as written by dynasem before 0.9, an entry of the row's ``queue``
+    map (still honoured: see :mod:`dynasem.queueing`)."""
 
     ticket: int  # first come, first served: the smallest live ticket is next
     expires_ms: int  # the entry's own lease end; a dead waiter's entry may be evicted
@@ -128,6 +130,7 @@ class Waiter:
     lease_ms: int | None = None  # the lease a hand-over grants it
     address: str | None = None  # where a hand-over is pushed (wakeup's format), if anywhere
     proc: str | None = None  # the waiting process: a hand-over records it in the holder entry
+    token: str = ""  # whose entry (an entry item names it; a map entry is keyed by it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,13 +148,30 @@ class LockItem:
     expires_ms: int = 0  # the latest lease end of its holders (the row's own expiry)
     mode: str = "x"
     limit: int = 1
-    ticket: int = 0  # the last queue ticket handed out
+    ticket: int = 0  # the last ticket of the old, inline queue (read, never written)
+    # The queue of entry items: tickets 1, 2, ... handed out by ``ADD qin 1``; every ticket
+    # up to ``qout`` has had its turn (or was passed: left, dead, or skipped). Waiters wait
+    # while qin > qout. ``qbase`` names this row's queue (set with its first ticket), so
+    # that entries left from before a reap are never read as this row's.
+    qin: int = 0
+    qout: int = 0
+    qbase: int = 0
+    # Entry items read for this row (ticket order, from ``qout`` + 1 on), or None: not read.
+    # A read stops at the first live entry; ``entries_to`` is the last ticket it covered.
+    entries: tuple[Waiter, ...] | None = None
+    entries_to: int = 0
+    guessed: bool = False  # not read: a guess of the acquire loop (see guessed_free)
     hold_ms: int | None = None  # the average hold, for a waiter's estimate of its turn
     last_token: str | None = None  # who released last
     broken_token: str | None = None  # whose hold an operator broke last
     listed_s: int | None = None  # where the row sorts in the indexes (epoch seconds)
     # The decoded item itself, for a push (wakeup sends it as written); read it nowhere else.
     stored: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether tickets are out that have not had their turn (live waiters, maybe)."""
+        return self.qin > self.qout
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +218,7 @@ def holder_value(holder: Holder) -> dict[str, Any]:
     return value
 
 
-def waiter_of(value: Mapping[str, Any]) -> Waiter:
+def waiter_of(value: Mapping[str, Any], token: str = "") -> Waiter:
     lease, address = value.get("l"), value.get("n")
     return Waiter(
         ticket=int(value.get("t", 0)),
@@ -208,6 +228,7 @@ def waiter_of(value: Mapping[str, Any]) -> Waiter:
         lease_ms=None if lease is None else int(lease),
         address=None if not address else str(address),
         proc=_proc(value),
+        token=token,
     )
 
 
@@ -225,6 +246,33 @@ def waiter_value(waiter: Waiter) -> dict[str, Any]:
     if waiter.proc is not None:
         value["p"] = waiter.proc
     return value
+
+
+ENTRY_PREFIX = "q#"
+
+
+def entry_sk(qbase: int, ticket: int) -> str:
+    """The sort key of a queue entry item: the row's queue, then the ticket (zero-padded, so
+    the entries sort in ticket order under the resource's key, after ``job`` and ``lock``)."""
+    return f"{ENTRY_PREFIX}{qbase:020d}#{ticket:020d}"
+
+
+def entry_item(resource: str, qbase: int, waiter: Waiter) -> dict[str, Any]:
+    """A queue entry as its own item (PutItem's ``Item``). It carries no ``userId`` or
+    ``shard`` (so no index writes) and ``expires`` for TTL only: waiters that left or were
+    served leave their entries behind, below the row's ``qout``, where nobody reads them."""
+    value = waiter_value(waiter)
+    value["k"] = waiter.token
+    return {
+        **key(resource, entry_sk(qbase, waiter.ticket)),
+        **encode(value),
+        "expires": {"N": str(epoch_seconds(waiter.expires_ms) + BUCKET_S)},
+    }
+
+
+def entry_of(item: Mapping[str, Any]) -> Waiter:
+    """A decoded entry item as a :class:`Waiter`."""
+    return waiter_of(item, str(item.get("k", "")))
 
 
 def _number(item: Mapping[str, Any], name: str) -> int | None:
@@ -255,13 +303,16 @@ def lock_item(item: Mapping[str, Any] | None) -> LockItem | None:
     return LockItem(
         resource=str(item.get("pk", "")),
         holders={t: holder_of(h) for t, h in (item.get("holders") or {}).items()},
-        queue={t: waiter_of(w) for t, w in (queue or {}).items()},
+        queue={t: waiter_of(w, t) for t, w in (queue or {}).items()},
         has_queue=queue is not None,
         fence=number("fence") or 0,
         expires_ms=number("expMs") or 0,
         mode=text("mode") or "x",
         limit=number("limit") or 1,
         ticket=number("ticket") or 0,
+        qin=number("qin") or 0,
+        qout=number("qout") or 0,
+        qbase=number("qbase") or 0,
         hold_ms=number("holdMs"),
         last_token=text("lastToken"),
         broken_token=text("brokenToken"),
@@ -273,7 +324,7 @@ def lock_item(item: Mapping[str, Any] | None) -> LockItem | None:
 def guessed_free(fence: int) -> LockItem | None:
     """What a busy lock we did not read again is guessed to be: free, keeping the fence we
     saw (one write tells us otherwise). None when we saw no fence: nothing known."""
-    return LockItem(fence=fence) if fence else None
+    return LockItem(fence=fence, guessed=True) if fence else None
 
 
 @dataclass(frozen=True, slots=True)
