@@ -234,13 +234,13 @@ def dynasem_scenarios(meter: Meter, endpoint: str) -> tuple[list[dict[str, Any]]
         thread = threading.Thread(target=waiter)
         thread.start()
         deadline = time.monotonic() + 10
-        while "queue" not in looker.get_item(
+        while "qin" not in looker.get_item(
             TableName=settings.TABLE_NAME, Key={"pk": {"S": "c:queue"}, "sk": {"S": table.LOCK_SK}}
         ).get("Item", {}):
             if time.monotonic() > deadline:
                 raise RuntimeError("the waiter never queued")
             time.sleep(0.02)
-        time.sleep(0.3)  # its client has parsed the answer (the hook counts it then)
+        time.sleep(0.3)  # its entry is written, its client has parsed the answers
     record("a waiter: refused take, then joins the queue", u)
     holder.renew()  # the holder sees the queue
     with meter.measure() as u:

@@ -10,7 +10,7 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
-from . import clock, table, transactions, wakeup
+from . import clock, heirs, table, transactions, wakeup
 from .drivers import run_io
 from .exceptions import LockLost, SemaphoreUnavailable
 from .heartbeat import Heartbeat
@@ -23,34 +23,6 @@ logger = logging.getLogger("dynasem")
 # A plain release of a hold older than this (seconds) asks for the item back, to push the
 # first of any waiters that queued after we last saw the queue.
 WAKE_AFTER = 0.05
-# The most readers one hand-over admits together: each adds an entry to the row (and to the
-# push that carries it). Readers beyond are let in by those admitted (``_wake_next_reader``).
-MAX_ADMIT = 16
-
-
-def _first_live(queue: Mapping[str, table.Waiter], now_ms: int) -> tuple[str, table.Waiter] | None:
-    """The first waiter in line whose entry is still alive: (its token, its entry)."""
-    live = [(w.ticket, t) for t, w in queue.items() if w.expires_ms > now_ms]
-    if not live:
-        return None
-    _, token = min(live)
-    return token, queue[token]
-
-
-def _next_in_line(queue: Mapping[str, table.Waiter], now_ms: int) -> list[tuple[str, table.Waiter]]:
-    """Who takes the lock next, first come first served among live waiters: the first one if
-    it is exclusive; else every reader at the head of the line, up to the first exclusive
-    waiter (and at most MAX_ADMIT): shared holders hold together."""
-    live = sorted((w.ticket, t) for t, w in queue.items() if w.expires_ms > now_ms)
-    heirs: list[tuple[str, table.Waiter]] = []
-    for _, token in live:
-        waiter = queue[token]
-        if heirs and not waiter.shared:
-            break
-        heirs.append((token, waiter))
-        if not waiter.shared or len(heirs) >= MAX_ADMIT:
-            break
-    return heirs
 
 
 class Held:
@@ -107,21 +79,13 @@ class Held:
         mine = int((clock.monotonic() - self._taken_mono) * 1000)
         return mine if self._hold_avg is None else (3 * self._hold_avg + mine) // 4
 
-    def _heirs(self) -> tuple[list[tuple[str, table.Waiter]], int | None]:
-        """The live waiters that take over from us, if the hold is exclusive, and where they
-        are: ``qout`` as seen, for entry items; None for the old inline queue (which came
-        first). Reads the queue's first entries if the row says waiters came."""
+    def _heirs(self) -> tuple[heirs.Heirs, int | None]:
+        """The live waiters that take over from us, if the hold is exclusive, and the
+        ``qout`` a hand-over to them is conditional on (see :func:`heirs.heirs_of`)."""
         if self.semaphore.mode != MODE_EXCLUSIVE or len(self.resources) != 1:
             return [], None
-        now = clock.now_ms()
-        inline = _next_in_line(self._queue, now)
-        row = self._row
-        if inline or row is None or not row.waiting:
-            return inline, None
-        if row.entries is None:
-            row = self._row = table.load_entries(row)
-        heirs = _next_in_line({w.token: w for w in row.entries or ()}, now)
-        return heirs, row.qout
+        found, qout, self._row = heirs.heirs_of(self._queue, self._row)
+        return found, qout
 
     # -- what users read ---------------------------------------------------------------------
 
@@ -344,14 +308,14 @@ class Held:
         for _ in range(3):
             if self._lost is not None:
                 return None
-            heirs, qout = self._heirs()
-            if not heirs:
+            found, qout = self._heirs()
+            if not found:
                 return None
             now = clock.now_ms()
             # Every heir a fence of its own, above every earlier one (ours, the stored one).
             fence = max(clock.new_fence(self.skew), fence + 1)
             entries = []
-            for i, (token, waiter) in enumerate(heirs):
+            for i, (token, waiter) in enumerate(found):
                 lease_ms = (
                     waiter.lease_ms if waiter.lease_ms is not None else int(self.lease * 1000)
                 )
@@ -359,7 +323,7 @@ class Held:
                     waiter.user_id, now + lease_ms, fence + i, now, waiter.shared, waiter.proc
                 )
                 entries.append((token, waiter.ticket, entry))
-            shared = heirs[0][1].shared
+            shared = found[0][1].shared
             try:
                 item = table.update(
                     table.hand_over(
@@ -387,7 +351,7 @@ class Held:
                 return None
             if item is not None:
                 sent_ms = clock.now_ms()
-                for token, waiter in heirs:
+                for token, waiter in found:
                     if waiter.address:
                         wakeup.push(waiter.address, self.resource, token, item, sent_ms=sent_ms)
             return True
@@ -407,20 +371,9 @@ class Held:
         return bool(released)
 
     def _release_terms(self) -> dict[str, Any]:
-        """The queue's part of an exclusive holder's plain release (no heir to hand it to):
-        nobody may be waiting (a refusal says who came); or every waiter seen is dead: pass
-        them. Waiters whose entries have only just run out are left to take it themselves."""
         if self.semaphore.mode != MODE_EXCLUSIVE or len(self.resources) != 1:
             return {}
-        row = self._row
-        if row is None or not row.waiting:
-            return {"queue_idle": True}
-        stale = clock.now_ms() - int(self.skew * 1000)
-        entries = row.entries
-        if entries is not None and row.entries_to >= row.qin:
-            if all(w.expires_ms < stale for w in entries):
-                return {"pass_to": row.qin}
-        return {}
+        return heirs.release_terms(self._row, self.skew)
 
     def _plain_release(self, terms: dict[str, Any]) -> bool | None:
         """A release to nobody in particular; True if every resource was ours until now.
@@ -489,31 +442,14 @@ class Held:
         """After a plain release: if waiters are queued (ones we did not know of when we
         could have handed over), push the first one the item, so it takes the lock now
         instead of at its next paced read."""
-        if item is None or item.holders:
-            return
-        self._push_first(item, readers_only=False)
+        if item is not None and not item.holders:
+            heirs.push_first(self.resource, item, readers_only=False)
 
     def _wake_next_reader(self, item: table.LockItem | None) -> None:
         """A shared hold just taken: if the first waiter in line is a reader too, it can join
         us now; push it the item (it then pushes the next one when it has joined)."""
         if item is not None:
-            self._push_first(item, readers_only=True)
-
-    def _push_first(self, item: table.LockItem, *, readers_only: bool) -> None:
-        """Push ``item`` to the first live waiter in line (only if a reader: ``readers_only``),
-        reading the queue's first entries if the row says waiters came."""
-        now = clock.now_ms()
-        first = _first_live(item.queue, now)
-        if first is None and item.waiting:
-            if item.entries is None:
-                try:
-                    item = table.load_entries(item)
-                except SemaphoreUnavailable:
-                    return  # they read it themselves
-            first = _first_live({w.token: w for w in item.entries or ()}, now)
-        if first is None or not first[1].address or (readers_only and not first[1].shared):
-            return
-        wakeup.push(first[1].address, self.resource, first[0], item, sent_ms=clock.now_ms())
+            heirs.push_first(self.resource, item, readers_only=True)
 
     def _released_by(self, old: table.LockItem | None, retried: bool) -> bool:
         """Was a refused release ours after all (applied, its response lost)?"""

@@ -212,3 +212,32 @@ def enqueue_entry(resource: str, token: str, waiter: Any) -> int:
     waiter = dataclasses.replace(waiter, ticket=row.qin, token=token)
     table.put_entry(resource, row.qbase, waiter)
     return row.qin
+
+
+def enqueue_inline(resource: str, token: str, waiter: Any) -> None:
+    """Queue ``waiter`` as dynasem before 0.9 did: an entry of the row's ``queue`` map (the
+    layout a rolling upgrade still finds, and honours until it drains)."""
+    from dynasem import table
+    from dynasem.conf import settings
+
+    client = table.get_client()
+    value = table.encode(
+        {":w": table.waiter_value(waiter), ":q": {token: table.waiter_value(waiter)}}
+    )
+    try:
+        client.update_item(
+            TableName=settings.TABLE_NAME,
+            Key=table.key(resource, table.LOCK_SK),
+            UpdateExpression="SET #q.#me = :w",
+            ConditionExpression="attribute_exists(#q)",
+            ExpressionAttributeNames={"#q": "queue", "#me": token},
+            ExpressionAttributeValues={":w": value[":w"]},
+        )
+    except client.exceptions.ConditionalCheckFailedException:
+        client.update_item(
+            TableName=settings.TABLE_NAME,
+            Key=table.key(resource, table.LOCK_SK),
+            UpdateExpression="SET #q = :q",
+            ExpressionAttributeNames={"#q": "queue"},
+            ExpressionAttributeValues={":q": value[":q"]},
+        )

@@ -12,7 +12,7 @@ import pytest
 from django.test import override_settings
 
 from dynasem import SemaphoreBusy, semaphore, table
-from dynasem import held as held_module
+from dynasem import heirs as heirs_module
 from tests import workers
 from tests.conftest import dynasem_settings, engine_name, enqueue_entry, queue_of
 
@@ -252,7 +252,7 @@ def test_readers_handed_the_lock_by_a_writer_hold_it_together(dynamodb_local, lo
 def test_readers_beyond_one_hand_over_join_those_it_admitted(lock_table, monkeypatch):
     # One hand-over admits at most MAX_ADMIT readers (the row, and the push carrying it, stay
     # small); the first reader left in line is pushed by those admitted and joins them.
-    monkeypatch.setattr(held_module, "MAX_ADMIT", 2)
+    monkeypatch.setattr(heirs_module, "MAX_ADMIT", 2)
     resource = "report:monthly"
     writer = semaphore(resource).acquire()
     out: dict = {}

@@ -11,6 +11,7 @@ from django.test import override_settings
 
 from dynasem import SemaphoreBusy, clock, semaphore, table
 from dynasem.conf import settings
+from tests.conftest import enqueue_inline
 
 
 def test_uncontended_cycle_is_one_write_to_acquire_and_one_to_release(requests_sent):
@@ -361,7 +362,8 @@ def test_a_join_is_not_refused_by_a_renewal_that_ends_before_it(lock_table):
 
 
 def test_a_take_evicts_at_most_max_evict_dead_waiters_and_still_takes(lock_table):
-    """150 dead entries in a resource's queue (their waiters were killed): each take evicts
+    """150 dead entries in a resource's old inline queue (their waiters, of dynasem before
+    0.9, were killed): each take evicts
     the 64 oldest in its own write, whose expressions stay within DynamoDB's limits (all 150
     in one write were refused: ValidationException), and takes the lock all the same."""
     from dynasem.table import writes
@@ -369,7 +371,7 @@ def test_a_take_evicts_at_most_max_evict_dead_waiters_and_still_takes(lock_table
     now = clock.now_ms()
     for i in range(150):
         waiter = table.Waiter(ticket=1_000 + i, expires_ms=now - 60_000 + i, user_id="dead")
-        table.update(table.enqueue("haunted", f"dead{i:03}", waiter, fresh=i == 0))
+        enqueue_inline("haunted", f"dead{i:03}", waiter)
     assert len(table.stored_item("haunted")["queue"]) == 150
     left = []
     for _ in range(3):

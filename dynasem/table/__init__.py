@@ -73,6 +73,7 @@ from .stored import (
     shard_of,
     table_definition,
     user_index_start,
+    waiter_value,
 )
 from .writes import (
     QueueTerms,
@@ -111,6 +112,7 @@ __all__ = [
     "lock_item",
     "stored_item",
     "wire",
+    "waiter_value",
     "PUSHED_BEHIND",
     "update_job",
     "user_index_start",

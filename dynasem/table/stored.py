@@ -17,6 +17,23 @@ an index write only when the row enters, leaves or moves in it, or a projected a
 changes). The indexes project keys and ``mode`` only; listings read the rows they show from
 the base table and decide from the exact lease ends there.
 
+Waiters queue in items of their own, never in the row: a crowd of waiters never makes a write
+to the row dearer, nor the row larger. ``ADD qin 1`` on the row draws a waiter's ticket
+(1, 2, ...); its entry is an item under the resource's key, ``sk`` = ``q#<qbase>#<ticket>``
+(:func:`entry_sk`), with its lease end, user, push address and process: no ``userId`` and no
+``shard``, so it is in neither index; ``expires`` only for TTL. The row's ``qout`` says that
+every ticket up to it has had its turn: a hand-over moves it to its heir's ticket, a waiter
+that takes the lock by itself to its own, a take or release that saw every waiter between
+dead or gone moves it past them. Nobody waits while ``qin`` = ``qout``: the uncontended lock's
+writes read the two counters in their conditions and stay as cheap as ever. Entries are never
+deleted on the way (only a waiter that gives up deletes its own): those below ``qout`` are
+never read again, and TTL takes them. ``qbase`` (set with the first ticket) names the queue,
+so that entries left from before a reap of the row are never read as its new queue's.
+
+Rows written by dynasem before 0.9 may hold a ``queue`` map of waiters (token -> ``{t: ticket,
+e: entry lease end, ...}``): those waiters came first, are handed the lock first and leave
+the map when they take it; new waiters never join it, so it drains.
+
 run_once rows live beside them under ``sk`` = ``"job"`` and carry no ``expires``: TTL and the
 reaper never see them.
 """
