@@ -28,6 +28,10 @@ queued_recently: dict[str, float] = {}
 # queued waiter reads only as a fallback, after PUSH_PATIENCE seconds without one.
 pushed_recently: dict[str, float] = {}
 PUSH_PATIENCE = 0.5
+# The seconds one turn of a resource's queue took lately, as waiters of this process handed
+# the lock by push measured it (their wait over the turns ahead of them): a pushed waiter's
+# fallback look is due only when its turn is surely overdue by that measure.
+turn_seconds: dict[str, float] = {}
 # Tries to join a queue whose ticket keeps being taken by others; the pause before a third or
 # later try is random, up to ENQUEUE_SPREAD * 2**try seconds.
 ENQUEUE_TRIES = 8
@@ -60,8 +64,9 @@ def inline_ahead(seen: table.LockItem | None, stale_ms: int) -> dict[str, table.
 
 
 def upto_of(seen: table.LockItem, ticket: int | None) -> int:
-    """The last ticket ahead of us: ours less one if we are queued, else every ticket out."""
-    return seen.qin if ticket is None else min(seen.qin, ticket - 1)
+    """The last ticket ahead of us: ours less one if we are queued (even if ``seen`` is an
+    older row, from before our ticket was drawn), else every ticket out."""
+    return seen.qin if ticket is None else ticket - 1
 
 
 def entries_ahead(
@@ -155,6 +160,8 @@ class Pace:
         self.qbase = 0
         self.ticket: int | None = None
         self.entry_ms = 0
+        self.queued_mono = 0.0  # when we joined the queue
+        self.turns = 1  # the turns until ours when we joined (the waiters ahead, and ours)
         # The last state came by push: a hold it hands us is trusted no later than this.
         self.push_cap: float | None = None
 
@@ -204,7 +211,13 @@ class Pace:
         # Not for a waiter with others ahead that is pushed its hand-over: its look is only
         # the fallback for a lost push, due when its turn should come (500 waiters reading
         # a long queue every second are a thousand reads of it per second for nothing).
-        cap = max(1.0, turn) if pushed and ahead else 1.0
+        cap = 1.0
+        if pushed and ahead:
+            per_turn = turn_seconds.get(seen.resource)
+            if per_turn is not None:
+                # Past the turns ahead as this resource's queue lately moved, and half again.
+                turn = max(turn, 1.5 * per_turn * (ahead + 1))
+            cap = max(1.0, turn)
         return max(0.001, min(turn, until_free, cap))
 
 
@@ -410,6 +423,8 @@ def wait_in_queue(
         if after is None:
             return seen
         pace.qbase, pace.ticket = after.qbase, after.qin
+        pace.queued_mono = clock.monotonic()
+        pace.turns = max(1, after.qin - after.qout)
         pace.entry_ms = clock.now_ms() + int(lease * 1000)
         waiter = table.Waiter(
             ticket=after.qin,
@@ -439,6 +454,7 @@ def wait_in_queue(
         if len(queued_recently) >= MAX_REMEMBERED:
             queued_recently.clear()
             pushed_recently.clear()
+            turn_seconds.clear()
         queued_recently[resource] = clock.monotonic()
         return after
     ticket, entry = pace.ticket, (pace.qbase, pace.ticket or 0)
@@ -472,6 +488,10 @@ def wait_in_queue(
             )
             if pushed is not None:
                 pushed_recently[resource] = clock.monotonic()
+                if token in pushed.item.holders and pace.queued_mono:
+                    took = (pushed_recently[resource] - pace.queued_mono) / pace.turns
+                    before = turn_seconds.get(resource, took)
+                    turn_seconds[resource] = (before + took) / 2
                 # Handed the lock (or told it is free): the item as written. A hand-over is
                 # worth no more than its arrival plus our own lease.
                 pace.push_cap = pushed.arrived + lease - skew
@@ -494,6 +514,8 @@ def wait_in_queue(
         except table.Refused:
             pace.ticket = None  # our entry is gone (reaped by TTL after a long stall): join again
     sent = clock.monotonic()
-    item: table.LockItem | None = yield Request(lambda: table.get(resource))
+    # Eventually consistent (half the units): a look only tells when to write, and every
+    # write is conditional on the row as it is; an older row is read as such (upto_of).
+    item: table.LockItem | None = yield Request(lambda: table.get(resource, consistent=False))
     pace.answered(clock.monotonic() - sent)
     return item

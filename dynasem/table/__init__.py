@@ -217,9 +217,11 @@ def transact(actions: list[dict[str, Any]]) -> None:
     _send("transact_write_items", TransactItems=items)
 
 
-def get(resource: str) -> LockItem | None:
-    """One strongly consistent read of a lock row (used only where no write can tell us)."""
-    return lock_item(_get(resource, LOCK_SK))
+def get(resource: str, *, consistent: bool = True) -> LockItem | None:
+    """One read of a lock row (used only where no write can tell us): strongly consistent,
+    unless ``consistent`` is False (half the read units: for a queued waiter's look, which
+    only decides when to write, every write being conditional on the row as it is)."""
+    return lock_item(_get(resource, LOCK_SK, consistent=consistent))
 
 
 def stored_item(pk: str, sk: str = LOCK_SK) -> dict[str, Any] | None:
@@ -228,9 +230,9 @@ def stored_item(pk: str, sk: str = LOCK_SK) -> dict[str, Any] | None:
     return _get(pk, sk)
 
 
-def _get(pk: str, sk: str) -> dict[str, Any] | None:
+def _get(pk: str, sk: str, *, consistent: bool = True) -> dict[str, Any] | None:
     response = _send(
-        "get_item", TableName=settings.TABLE_NAME, Key=key(pk, sk), ConsistentRead=True
+        "get_item", TableName=settings.TABLE_NAME, Key=key(pk, sk), ConsistentRead=consistent
     )
     return decode(response.get("Item"))
 
@@ -315,7 +317,7 @@ def load_entries(item: LockItem, upto: int | None = None) -> LockItem:
     (default: ``qin``), page by page until the first live one (a lease end at or after now):
     the waiters before it are dead or gone, and whoever decides from it needs to know no
     more. An item with nobody waiting is returned as it is."""
-    upto = item.qin if upto is None else min(upto, item.qin)
+    upto = item.qin if upto is None else upto
     if upto <= item.qout:
         return dataclasses.replace(item, entries=(), entries_to=upto)
     now = time.time() * 1000
