@@ -187,7 +187,9 @@ class Held:
         raise_item = {r: True for r in self.resources}
         for _ in range(4):
             actions = [
-                table.renew_hold(r, self.token, expires, raise_item=raise_item[r])
+                table.renew_hold(
+                    r, self.token, expires, raise_item=raise_item[r], user_id=self.user_id
+                )
                 for r in self.resources
             ]
             try:

@@ -57,7 +57,11 @@ def plan(
         if ours.expires_ms < confirm_below_ms:
             item_ms = seen.expires_ms if seen is not None else 0
             ours.action = table.renew_hold(
-                resource, token, entry.expires_ms, raise_item=item_ms <= entry.expires_ms
+                resource,
+                token,
+                entry.expires_ms,
+                raise_item=item_ms <= entry.expires_ms,
+                user_id=entry.user_id,
             )
             ours.expires_ms = entry.expires_ms
         return ours

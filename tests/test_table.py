@@ -53,6 +53,24 @@ def test_expired_hold_is_taken_over_in_one_write(requests_sent):
         new.release()
 
 
+def test_a_take_by_another_user_moves_no_index_key_until_its_first_renewal(
+    lock_table, requests_sent
+):
+    """Holds taken in turn by two users (a view lock taken by whoever asks): the row keeps the
+    first user in ``userId`` (moving it costs a delete and a put in the userId index), until
+    a hold lasts long enough to be renewed: from then on it is listed under its own user."""
+    from dynasem import operations
+
+    semaphore("view:1", user="alice", lease=30).acquire().release()
+    held = semaphore("view:1", user="bob", lease=30).acquire()
+    assert table.stored_item("view:1")["userId"] == "alice"
+    assert [h.user_id for h in operations.holds_on("view:1")] == ["bob"]
+    held.renew()
+    assert table.stored_item("view:1")["userId"] == "bob"
+    assert [h.resource for h in operations.active_holds(user_id="bob")] == ["view:1"]
+    held.release()
+
+
 def test_stored_row_carries_user_and_expires_for_the_indexes(lock_table):
     held = semaphore("tbl_issues:4", user="bob", lease=30).acquire()
     row = table.stored_item("tbl_issues:4")

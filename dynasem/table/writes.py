@@ -161,8 +161,8 @@ def take_free(
     increasing even when our clock is behind the previous holder's.
     """
     update = (
-        "SET #h = :h, #mode = :mode, #lim = :lim, #fence = :fence, #uid = :uid, "
-        "#exp = :exp, #expMs = :expMs, #shard = :shard"
+        "SET #h = :h, #mode = :mode, #lim = :lim, #fence = :fence, "
+        "#uid = if_not_exists(#uid, :uid), #exp = :exp, #expMs = :expMs, #shard = :shard"
     )
     condition = (
         "(attribute_not_exists(#h) OR size(#h) = :zero OR #expMs < :stale) "
@@ -240,7 +240,7 @@ def take_join(
         # "the value we saw": with hundreds of holders renewing the row, that condition
         # failed a join again and again (a wait=0 acquire of a semaphore with free permits
         # answered "busy, held by unknown").
-        sets += ["#uid = :uid", "#exp = :exp", "#expMs = :expMs"]
+        sets += ["#uid = if_not_exists(#uid, :uid)", "#exp = :exp", "#expMs = :expMs"]
         values.update(
             {
                 ":uid": entry.user_id,
@@ -293,15 +293,28 @@ def take_room(resource: str, token: str, entry: Holder, *, mode: str, limit: int
     }
     if mode != "s":  # shared holds have no upper bound
         conds.insert(1, "size(#h) < :lim")
-    update = "SET #h.#t = :entry, #fence = :fence, #uid = :uid, #exp = :exp, #expMs = :expMs"
+    update = (
+        "SET #h.#t = :entry, #fence = :fence, #uid = if_not_exists(#uid, :uid), #exp = :exp, "
+        "#expMs = :expMs"
+    )
     return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
 
 
-def renew_hold(resource: str, token: str, expires_ms: int, *, raise_item: bool) -> dict[str, Any]:
+def renew_hold(
+    resource: str,
+    token: str,
+    expires_ms: int,
+    *,
+    raise_item: bool,
+    user_id: str | None = None,
+) -> dict[str, Any]:
     """Push our lease end; conditional on our token still being among the holders.
 
     ``raise_item`` also pushes the item-level expiry, only ever later (another holder of a
-    counting or shared resource may have a later one).
+    counting or shared resource may have a later one), and names ``user_id`` in ``userId``:
+    a take leaves the row's ``userId`` as it was (moving it costs two index writes, and most
+    holds end before their first renewal); a hold that lasts shows under its user from its
+    first renewal on.
     """
     names = dict(_LOCK_NAMES, **{"#t": token})
     values: dict[str, Any] = {":e": expires_ms}
@@ -311,6 +324,9 @@ def renew_hold(resource: str, token: str, expires_ms: int, *, raise_item: bool) 
         update += ", #exp = :exp, #expMs = :e"
         condition += " AND #expMs <= :e"
         values[":exp"] = bucket_of(expires_ms)
+        if user_id is not None:
+            update += ", #uid = :uid"
+            values[":uid"] = user_id
     return _action(resource, LOCK_SK, update, condition, names, values)
 
 
@@ -415,7 +431,8 @@ def hand_over(
         sets.append("#qout = :nqout")
         conds.append("#qout = :sqout")
         values.update({":nqout": max(ticket for _, ticket, _ in heirs), ":sqout": qout})
-    sets += ["#fence = :fence", "#uid = :uid", "#exp = :exp", "#expMs = :expMs"]
+    sets += ["#fence = :fence", "#uid = if_not_exists(#uid, :uid)", "#exp = :exp"]
+    sets.append("#expMs = :expMs")
     sets += ["#last = :tok", "#hold = :hold"]
     if mode is not None:
         # Both indexes project the mode: a change costs a write in each, so only when it changes.
