@@ -218,6 +218,14 @@ def dynasem_scenarios(meter: Meter, endpoint: str) -> tuple[list[dict[str, Any]]
     with meter.measure() as u, contextlib.suppress(SemaphoreBusy):
         semaphore("c:new", user="carol", wait=0).acquire()
     record("refused acquire (busy, wait=0)", u, key="refused")
+    time.sleep(1.1)  # a real renewal moves the lease end past a whole second
+    with meter.measure() as u:
+        held.renew()
+    record(
+        "first renewal of a hold by another holder (its user moves into the userId index)",
+        u,
+        key="renew_other",
+    )
     held.release()
 
     # A queued waiter handed the lock: join, the hand-over release, the heir's release.
@@ -361,6 +369,10 @@ def dollars(
     total.add(units[acquire])
     total.add(units["release"])
     renewals = math.floor(hold / renew_every)
+    if renewals and acquire == "acquire_other" and "renew_other" in units:
+        # A take leaves the row's userId as it was; the hold's first renewal moves it.
+        total.add(units["renew_other"])
+        renewals -= 1
     crossings = min(renewals, hold / bucket) if bucket and "renew_cross" in units else 0.0
     total.add(units["renew"], renewals - crossings)
     if crossings:

@@ -86,7 +86,7 @@ def plan(
                 return Plan(busy=live, queued=ticket is not None)
     # Its holders would let us in: nobody cuts in line. A taker not in the queue needs
     # nobody live waiting; a queued one needs nobody live ahead of it. Entries of the old
-    # inline queue (dynasem 0.1) came first; the dead among them go with our take.
+    # inline queue (an earlier dynasem) came first; the dead among them go with our take.
     inline = seen.queue if seen is not None else {}
     ahead: Mapping[str, table.Holder | table.Waiter] = queueing.inline_ahead(seen, stale_ms)
     if not ahead:

@@ -57,7 +57,7 @@ def not_proven_dead(holders: Mapping[str, table.Holder]) -> dict[str, table.Hold
 
 
 def inline_ahead(seen: table.LockItem | None, stale_ms: int) -> dict[str, table.Waiter]:
-    """The live entries of the old inline queue (written by dynasem 0.1): ahead of
+    """The live entries of the old inline queue (written by an earlier dynasem): ahead of
     every waiter in the queue of entry items, which came later."""
     queue = seen.queue if seen is not None else {}
     return {t: w for t, w in queue.items() if w.expires_ms >= stale_ms}

@@ -215,7 +215,7 @@ def enqueue_entry(resource: str, token: str, waiter: Any) -> int:
 
 
 def enqueue_inline(resource: str, token: str, waiter: Any) -> None:
-    """Queue ``waiter`` as dynasem 0.1 did: an entry of the row's ``queue`` map (the
+    """Queue ``waiter`` as an earlier dynasem did: an entry of the row's ``queue`` map (the
     layout a rolling upgrade still finds, and honours until it drains)."""
     from dynasem import table
     from dynasem.conf import settings

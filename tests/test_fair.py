@@ -320,7 +320,7 @@ def _busy(resource: str, **kwargs) -> Exception | None:
 
 
 def _old_row(resource: str, holder: str, now: int) -> None:
-    """A lock row exactly as dynasem 0.1 wrote it: one holder, an empty inline queue,
+    """A lock row exactly as an earlier dynasem wrote it: one holder, an empty inline queue,
     a µs ticket, no entry-item counters."""
     fence = now * 1000
     entry = {"u": "old", "e": now + 60_000, "f": fence, "a": now, "s": False}
@@ -352,7 +352,7 @@ def _waiting_thread(resource: str, got: list) -> threading.Thread:
 
 
 def test_an_old_rows_hold_and_inline_waiters_are_honoured_and_its_queue_drains(lock_table):
-    """After an upgrade, a row written by dynasem 0.1: its hold is honoured; a live
+    """After an upgrade, a row written by an earlier dynasem: its hold is honoured; a live
     waiter of its inline queue is served before a new waiter (an entry item), which never
     cuts ahead of it; a dead one is evicted by the new waiter's take, so the map drains."""
     resource = "deploy:upgraded"

@@ -380,7 +380,7 @@ def test_a_join_is_not_refused_by_a_renewal_that_ends_before_it(lock_table):
 
 
 def test_a_take_evicts_at_most_max_evict_dead_waiters_and_still_takes(lock_table):
-    """150 dead entries in a resource's old inline queue (their waiters, of dynasem 0.1, were
+    """150 dead entries in a resource's old inline queue (their waiters, of an earlier dynasem, were
     killed): each take evicts the 64 oldest in its own write, whose expressions stay within
     DynamoDB's limits (all 150 in one write were refused: ValidationException), and takes the
     lock all the same."""

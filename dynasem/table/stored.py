@@ -30,7 +30,7 @@ deleted on the way (only a waiter that gives up deletes its own): those below ``
 never read again, and TTL takes them. ``qbase`` (set with the first ticket) names the queue,
 so that entries left from before a reap of the row are never read as its new queue's.
 
-Rows written by dynasem 0.1 may hold a ``queue`` map of waiters (token -> ``{t: ticket,
+Rows written by an earlier dynasem may hold a ``queue`` map of waiters (token -> ``{t: ticket,
 e: entry lease end, ...}``): those waiters came first, are handed the lock first and leave
 the map when they take it; new waiters never join it, so it drains.
 
@@ -137,7 +137,7 @@ class Holder:
 @dataclass(frozen=True, slots=True)
 class Waiter:
     """One queue entry: an item of its own under the resource's key (``sk`` =
-    :func:`entry_sk`), or, as written by dynasem 0.1, an entry of the row's ``queue``
+    :func:`entry_sk`), or, as written by an earlier dynasem, an entry of the row's ``queue``
     map (still honoured: see :mod:`dynasem.queueing`)."""
 
     ticket: int  # first come, first served: the smallest live ticket is next

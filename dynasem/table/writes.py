@@ -91,7 +91,7 @@ class QueueTerms:
     or dead); else, with ``qin`` > ``qout`` seen (every waiter seen gone or dead), the take
     passes them all, conditional on ``qin`` and ``qout`` as seen; else nobody may be waiting.
 
-    The old inline queue (written by dynasem 0.1, honoured until it drains): ``evict``,
+    The old inline queue (written by an earlier dynasem, honoured until it drains): ``evict``,
     dead entries (their lease end as seen) removed by this take; ``size``, the map's size seen
     (a newcomer since then would be ahead of us), None when the row has no map.
     """
