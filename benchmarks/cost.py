@@ -218,6 +218,14 @@ def dynasem_scenarios(meter: Meter, endpoint: str) -> tuple[list[dict[str, Any]]
     with meter.measure() as u, contextlib.suppress(SemaphoreBusy):
         semaphore("c:new", user="carol", wait=0).acquire()
     record("refused acquire (busy, wait=0)", u, key="refused")
+    time.sleep(1.1)  # a real renewal moves the lease end past a whole second
+    with meter.measure() as u:
+        held.renew()
+    record(
+        "first renewal of a hold by another holder (its user moves into the userId index)",
+        u,
+        key="renew_other",
+    )
     held.release()
 
     # A queued waiter handed the lock: join, the hand-over release, the heir's release.
@@ -234,13 +242,13 @@ def dynasem_scenarios(meter: Meter, endpoint: str) -> tuple[list[dict[str, Any]]
         thread = threading.Thread(target=waiter)
         thread.start()
         deadline = time.monotonic() + 10
-        while "queue" not in looker.get_item(
+        while "qin" not in looker.get_item(
             TableName=settings.TABLE_NAME, Key={"pk": {"S": "c:queue"}, "sk": {"S": table.LOCK_SK}}
         ).get("Item", {}):
             if time.monotonic() > deadline:
                 raise RuntimeError("the waiter never queued")
             time.sleep(0.02)
-        time.sleep(0.3)  # its client has parsed the answer (the hook counts it then)
+        time.sleep(0.3)  # its entry is written, its client has parsed the answers
     record("a waiter: refused take, then joins the queue", u)
     holder.renew()  # the holder sees the queue
     with meter.measure() as u:
@@ -361,6 +369,10 @@ def dollars(
     total.add(units[acquire])
     total.add(units["release"])
     renewals = math.floor(hold / renew_every)
+    if renewals and acquire == "acquire_other" and "renew_other" in units:
+        # A take leaves the row's userId as it was; the hold's first renewal moves it.
+        total.add(units["renew_other"])
+        renewals -= 1
     crossings = min(renewals, hold / bucket) if bucket and "renew_cross" in units else 0.0
     total.add(units["renew"], renewals - crossings)
     if crossings:

@@ -80,10 +80,10 @@ def wait_for(
 
 
 def queued(resource: str, timeout: float = 60) -> None:
-    from dynasem import table
+    from dynasem import operations
 
     deadline = time.monotonic() + timeout
-    while not (table.get(resource) or table.LockItem()).queue:
+    while not operations.waiters_on(resource):
         if time.monotonic() > deadline:
             raise RuntimeError("the waiter never queued")
         time.sleep(0.02)

@@ -26,7 +26,7 @@ from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
 from django.views.decorators.http import require_http_methods
 
-from . import clock, operations, table
+from . import clock, job_operations, operations, table
 from .exceptions import SemaphoreUnavailable
 from .models import Job, Lock
 
@@ -327,7 +327,7 @@ class JobAdmin(DynamoDBAdmin):
     """The run_once keys and how their last run went; reset a DONE or FAILED one."""
 
     action = "reset"
-    statuses = (table.RUNNING, table.FAILED, table.DONE, operations.NEW)
+    statuses = (table.RUNNING, table.FAILED, table.DONE, job_operations.NEW)
 
     def has_reset_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(f"{self.opts.app_label}.reset_job")
@@ -341,9 +341,9 @@ class JobAdmin(DynamoDBAdmin):
             status = ""
         cursor = request.GET.get("cursor") or None
         error = None
-        page = operations.JobPage([], None)
+        page = job_operations.JobPage([], None)
         try:
-            page = operations.job_page(
+            page = job_operations.job_page(
                 prefix=prefix or None,
                 status=status or None,
                 cursor=cursor,
@@ -398,7 +398,7 @@ class JobAdmin(DynamoDBAdmin):
         key = source.get("key", "")
         changelist = self._url("changelist")
         try:
-            job = operations.job_info(key)
+            job = job_operations.job_info(key)
         except (SemaphoreUnavailable, TypeError, ValueError) as exc:
             messages.error(request, str(exc))
             return HttpResponseRedirect(changelist)
@@ -415,7 +415,7 @@ class JobAdmin(DynamoDBAdmin):
                 messages.warning(request, f"{key!r} changed since the page was shown: not reset.")
                 return HttpResponseRedirect(changelist)
             try:
-                done = operations.reset_job(key, job.status, job.finished_ms)
+                done = job_operations.reset_job(key, job.status, job.finished_ms)
             except SemaphoreUnavailable as exc:
                 messages.error(request, str(exc))
                 return HttpResponseRedirect(changelist)

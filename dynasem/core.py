@@ -19,20 +19,20 @@ Safety rules kept here:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 import random
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from . import clock, processes, queueing, table, transactions, wakeup
+from . import clock, planning, processes, queueing, table, transactions, wakeup
 from .conf import settings
 from .decorators import Decoration, lock_callable
 from .drivers import Request, Sleep, Steps, Write, run_async, run_io, run_sync, withdraw
 from .exceptions import SemaphoreUnavailable
 from .held import Held, acquired, current_hold, enter, forget_entered, leave, pending_hold
+from .planning import Plan
 from .queueing import (
     GUESS_BUSY_FOR,
     Pace,
@@ -74,25 +74,6 @@ MIN_TRANSIENT_RETRIES = 2
 # A hold we only heard of is confirmed by a renewal of our own when less than this share of
 # its trusted window (lease - CLOCK_SKEW) is left: the heartbeat would renew that soon anyway.
 CONFIRM_SHARE = 1 / 3
-
-
-class _Plan:
-    """What to send for one resource next, from what we last saw of it."""
-
-    def __init__(
-        self,
-        action: dict[str, Any] | None = None,
-        *,
-        busy: Mapping[str, table.Holder | table.Waiter] | None = None,
-        fence: int = 0,
-        expires_ms: int = 0,
-        queued: bool = False,
-    ):
-        self.action = action  # None with busy None: the resource is ours already
-        self.busy = busy  # the live holders in our way, when we cannot take it now
-        self.fence = fence
-        self.expires_ms = expires_ms
-        self.queued = queued  # we are in the resource's queue
 
 
 class Semaphore:
@@ -185,79 +166,9 @@ class Semaphore:
         entry: table.Holder,
         stale_ms: int,
         confirm_below_ms: int,
-    ) -> _Plan:
-        mode, limit = self.mode, self.limit
-        holders = seen.holders if seen is not None else {}
-        if token in holders:
-            # Ours already: handed to us, or a write of ours was applied but its response was
-            # lost. Trusted only until its stored lease end (less the skew): when that is
-            # near, or the caller says so, confirm it with a renewal of our own first.
-            mine = holders[token]
-            ours = _Plan(fence=mine.fence, expires_ms=mine.expires_ms)
-            if ours.expires_ms < confirm_below_ms:
-                item_ms = seen.expires_ms if seen is not None else 0
-                ours.action = table.renew_hold(
-                    resource, token, entry.expires_ms, raise_item=item_ms <= entry.expires_ms
-                )
-                ours.expires_ms = entry.expires_ms
-            return ours
-        stored_fence = seen.fence if seen is not None else 0
-        if stored_fence >= entry.fence:
-            # Our clock is behind: count on instead.
-            entry = dataclasses.replace(entry, fence=stored_fence + 1)
-        done = _Plan(fence=entry.fence, expires_ms=entry.expires_ms)
-        # Nobody cuts in line: a taker not in the queue needs it empty (dead waiters aside),
-        # a queued one needs every live waiter ahead of it gone.
-        queue = seen.queue if seen is not None else {}
-        mine_w = queue.get(token)
-        dead = {t: w.expires_ms for t, w in queue.items() if t != token and w.expires_ms < stale_ms}
-        ahead = queueing.waiters_ahead(queue, token, stale_ms)
-        live = live_holders(seen, stale_ms)
-        if ahead:
-            return _Plan(busy=live or ahead, queued=mine_w is not None)
-        terms = table.QueueTerms(
-            queued=mine_w is not None,
-            evict=dead,
-            size=None if seen is None or not seen.has_queue or mine_w else len(queue),
-        )
-        done.queued = mine_w is not None
-        if seen is None:
-            if mode != MODE_EXCLUSIVE:
-                # Counting and shared holds usually find others holding: try to join at once.
-                done.action = table.take_room(resource, token, entry, mode=mode, limit=limit)
-            else:
-                done.action = table.take_free(
-                    resource, token, entry, mode=mode, limit=limit, stale_ms=stale_ms, queue=terms
-                )
-            return done
-        if not holders or seen.expires_ms < stale_ms:
-            done.action = table.take_free(
-                resource, token, entry, mode=mode, limit=limit, stale_ms=stale_ms, queue=terms
-            )
-            return done
-        joinable = mode != MODE_EXCLUSIVE and seen.mode == mode and seen.limit == limit
-        if live and not (joinable and (mode == MODE_SHARED or len(live) < limit)):
-            live = queueing.not_proven_dead(live)  # in our way: a look in /proc (same host)
-        if live:
-            if seen.limit != limit:
-                raise ValueError(
-                    f"{resource!r} is held with limit={seen.limit}; every holder of one "
-                    f"resource must use the same limit, not limit={limit}"
-                )
-            if not (joinable and (mode == MODE_SHARED or len(live) < limit)):
-                return _Plan(busy=live, queued=mine_w is not None)
-        done.action = table.take_join(
-            resource,
-            token,
-            entry,
-            mode=mode,
-            limit=limit,
-            seen=seen,
-            evict=[t for t in holders if t not in live],
-            replace=not live,
-            queue=terms,
-        )
-        return done
+        ticket: int | None = None,
+    ) -> Plan:
+        return planning.plan(self, resource, seen, token, entry, stale_ms, confirm_below_ms, ticket)
 
     # -- acquiring ---------------------------------------------------------------------------
 
@@ -319,10 +230,23 @@ class Semaphore:
                     confirm_below = 2**63
                 else:
                     confirm_below = now + int((skew + margin) * 1000)
+                if queueing.passed(seen.get(resources[0]), pace.qbase, pace.ticket):
+                    pace.ticket = None  # our turn went by (or the row is new): join again
                 plans = {
-                    r: self._plan(r, seen.get(r), token, entry, stale, confirm_below)
+                    r: self._plan(r, seen.get(r), token, entry, stale, confirm_below, pace.ticket)
                     for r in resources
                 }
+                loads = {r: p.load for r, p in plans.items() if p.load is not None}
+                if loads:
+                    # Who waits ahead of us? One read of the queue, then plan again.
+                    pace.push_cap = push_cap
+                    for r, upto in loads.items():
+                        old = seen[r]
+                        if old is not None:
+                            seen[r] = yield Request(
+                                functools.partial(table.load_entries, old, upto)
+                            )
+                    continue
                 blocked = {r: p.busy for r, p in plans.items() if p.busy is not None}
                 if not blocked:
                     acting = [r for r in resources if plans[r].action is not None]
@@ -395,24 +319,32 @@ class Semaphore:
                     blocked = {r: {} for r in resources}
                 # Busy: wait within the budget (never much past the first lease end), look again.
                 remaining = deadline - clock.monotonic()
-                queued = (
-                    len(resources) == 1
-                    and plans.get(resources[0]) is not None
-                    and any(p.queued for p in plans.values())
-                )
+                queued = len(resources) == 1 and pace.ticket is not None
                 if remaining <= 0:
-                    if queued or pace.enqueued:
+                    if pace.ticket is not None:
                         # Leave the queue; a hand-over that reached us meanwhile is ours to keep.
+                        ticket, pace.ticket = pace.ticket, None
                         try:
-                            yield Request(lambda: table.update(table.dequeue(resources[0], token)))
-                        except table.Refused as refused:
-                            gone = refused.lock
+                            gone = yield Request(
+                                functools.partial(
+                                    table.leave_queue, resources[0], pace.qbase, ticket, token=token
+                                )
+                            )
                             if gone is not None and token in gone.holders:
                                 seen[resources[0]] = gone
                                 continue
                         except SemaphoreUnavailable:
                             pass  # our entry expires with its lease
-                    raise busy(self, blocked, seen, skew=skew, user_id=user_id, token=token)
+                        pace.ticket = ticket  # for the estimate: our place when we left
+                    raise busy(
+                        self,
+                        blocked,
+                        seen,
+                        skew=skew,
+                        user_id=user_id,
+                        token=token,
+                        ticket=pace.ticket,
+                    )
                 if len(resources) == 1 and (queued or should_queue(self, seen.get(resources[0]))):
                     seen[resources[0]] = yield from wait_in_queue(
                         self,
@@ -452,7 +384,7 @@ class Semaphore:
 
     def _held_if_trusted(
         self,
-        plans: dict[str, _Plan],
+        plans: dict[str, Plan],
         seen: dict[str, table.LockItem | None],
         *,
         token: str,

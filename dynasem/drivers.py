@@ -111,16 +111,18 @@ class InQueue:
     # The same step for async callers, awaited on the event loop instead of sent in a thread
     # (a wait for a push: a coroutine waits with no thread).
     asend: Callable[[], Awaitable[Any]] | None = None
+    # Our entry (the queue's qbase, our ticket), once its ticket is known.
+    entry: tuple[int, int] | None = None
 
     def abandon(self) -> None:
+        if self.entry is None or not self.entry[1]:
+            return  # no entry yet: a ticket drawn without one is passed by the next turn
         try:
-            table.update(table.dequeue(self.resource, self.token))
-        except table.Refused as refused:
-            gone = refused.lock
-            if gone is not None and self.token in gone.holders:
-                withdraw(self.token, [self.resource])  # handed to us meanwhile
+            row = table.leave_queue(self.resource, *self.entry, token=self.token)
         except SemaphoreUnavailable:
-            pass  # the entry expires with its lease
+            return  # the entry expires with its lease
+        if row is not None and self.token in row.holders:
+            withdraw(self.token, [self.resource])  # handed to us meanwhile
 
 
 # What the acquire loop yields; it is sent back a request's result (None after a pause).

@@ -10,7 +10,7 @@ from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any
 
-from . import clock, table, transactions, wakeup
+from . import clock, heirs, table, transactions, wakeup
 from .drivers import run_io
 from .exceptions import LockLost, SemaphoreUnavailable
 from .heartbeat import Heartbeat
@@ -23,34 +23,6 @@ logger = logging.getLogger("dynasem")
 # A plain release of a hold older than this (seconds) asks for the item back, to push the
 # first of any waiters that queued after we last saw the queue.
 WAKE_AFTER = 0.05
-# The most readers one hand-over admits together: each adds an entry to the row (and to the
-# push that carries it). Readers beyond are let in by those admitted (``_wake_next_reader``).
-MAX_ADMIT = 16
-
-
-def _first_live(queue: Mapping[str, table.Waiter], now_ms: int) -> tuple[str, table.Waiter] | None:
-    """The first waiter in line whose entry is still alive: (its token, its entry)."""
-    live = [(w.ticket, t) for t, w in queue.items() if w.expires_ms > now_ms]
-    if not live:
-        return None
-    _, token = min(live)
-    return token, queue[token]
-
-
-def _next_in_line(queue: Mapping[str, table.Waiter], now_ms: int) -> list[tuple[str, table.Waiter]]:
-    """Who takes the lock next, first come first served among live waiters: the first one if
-    it is exclusive; else every reader at the head of the line, up to the first exclusive
-    waiter (and at most MAX_ADMIT): shared holders hold together."""
-    live = sorted((w.ticket, t) for t, w in queue.items() if w.expires_ms > now_ms)
-    heirs: list[tuple[str, table.Waiter]] = []
-    for _, token in live:
-        waiter = queue[token]
-        if heirs and not waiter.shared:
-            break
-        heirs.append((token, waiter))
-        if not waiter.shared or len(heirs) >= MAX_ADMIT:
-            break
-    return heirs
 
 
 class Held:
@@ -88,7 +60,8 @@ class Held:
         if semaphore.max_hold is not None:
             self._max_hold_end = self._taken_mono + semaphore.max_hold
             self._deadline = min(self._deadline, self._max_hold_end)
-        self._queue: Mapping[str, table.Waiter] = {}  # the waiters we last saw: the heirs
+        self._queue: Mapping[str, table.Waiter] = {}  # the old inline queue's waiters we saw
+        self._row: table.LockItem | None = None  # the row as we last saw it: its queue
         self._hold_avg: int | None = None
         # A hand-over sent that got no answer: it may have been applied (see _give_back).
         self._handed_unanswered = False
@@ -98,6 +71,7 @@ class Held:
     def _observe(self, item: table.LockItem | None) -> None:
         if item is not None:
             self._queue = item.queue
+            self._row = item
             if item.hold_ms is not None:
                 self._hold_avg = item.hold_ms
 
@@ -105,11 +79,13 @@ class Held:
         mine = int((clock.monotonic() - self._taken_mono) * 1000)
         return mine if self._hold_avg is None else (3 * self._hold_avg + mine) // 4
 
-    def _heirs(self) -> list[tuple[str, table.Waiter]]:
-        """The live waiters we know of that take over from us, if the hold is exclusive."""
+    def _heirs(self) -> tuple[heirs.Heirs, int | None]:
+        """The live waiters that take over from us, if the hold is exclusive, and the
+        ``qout`` a hand-over to them is conditional on (see :func:`heirs.heirs_of`)."""
         if self.semaphore.mode != MODE_EXCLUSIVE or len(self.resources) != 1:
-            return []
-        return _next_in_line(self._queue, clock.now_ms())
+            return [], None
+        found, qout, self._row = heirs.heirs_of(self._queue, self._row)
+        return found, qout
 
     # -- what users read ---------------------------------------------------------------------
 
@@ -211,7 +187,9 @@ class Held:
         raise_item = {r: True for r in self.resources}
         for _ in range(4):
             actions = [
-                table.renew_hold(r, self.token, expires, raise_item=raise_item[r])
+                table.renew_hold(
+                    r, self.token, expires, raise_item=raise_item[r], user_id=self.user_id
+                )
                 for r in self.resources
             ]
             try:
@@ -330,14 +308,16 @@ class Held:
         one write. None: no heir, or they left (then a plain release follows)."""
         fence = self.fence
         for _ in range(3):
-            heirs = self._heirs()
-            if not heirs or self._lost is not None:
+            if self._lost is not None:
+                return None
+            found, qout = self._heirs()
+            if not found:
                 return None
             now = clock.now_ms()
             # Every heir a fence of its own, above every earlier one (ours, the stored one).
             fence = max(clock.new_fence(self.skew), fence + 1)
             entries = []
-            for i, (token, waiter) in enumerate(heirs):
+            for i, (token, waiter) in enumerate(found):
                 lease_ms = (
                     waiter.lease_ms if waiter.lease_ms is not None else int(self.lease * 1000)
                 )
@@ -345,7 +325,7 @@ class Held:
                     waiter.user_id, now + lease_ms, fence + i, now, waiter.shared, waiter.proc
                 )
                 entries.append((token, waiter.ticket, entry))
-            shared = heirs[0][1].shared
+            shared = found[0][1].shared
             try:
                 item = table.update(
                     table.hand_over(
@@ -354,6 +334,7 @@ class Held:
                         entries,
                         hold_ms=self._hold_ms(),
                         mode=MODE_SHARED if shared else None,
+                        qout=qout,
                     ),
                     return_new=True,
                 )
@@ -372,7 +353,7 @@ class Held:
                 return None
             if item is not None:
                 sent_ms = clock.now_ms()
-                for token, waiter in heirs:
+                for token, waiter in found:
                     if waiter.address:
                         wakeup.push(waiter.address, self.resource, token, item, sent_ms=sent_ms)
             return True
@@ -380,9 +361,25 @@ class Held:
 
     def _give_back(self) -> bool:
         """Send the release; True if every resource was ours until now."""
-        handed = self._hand_over()
-        if handed is not None:
-            return handed
+        for _ in range(3):
+            handed = self._hand_over()
+            if handed is not None:
+                return handed
+            released = self._plain_release(self._release_terms())
+            if released is not None:
+                return released
+            # Refused, still ours: waiters came since we last looked. Hand it to them.
+        released = self._plain_release({})
+        return bool(released)
+
+    def _release_terms(self) -> dict[str, Any]:
+        if self.semaphore.mode != MODE_EXCLUSIVE or len(self.resources) != 1:
+            return {}
+        return heirs.release_terms(self._row, self.skew)
+
+    def _plain_release(self, terms: dict[str, Any]) -> bool | None:
+        """A release to nobody in particular; True if every resource was ours until now.
+        None: refused by ``terms`` (waiters came), the hold still ours."""
         sole = self.semaphore.mode == MODE_EXCLUSIVE
         pending = list(self.resources)
         ok = True
@@ -400,6 +397,7 @@ class Held:
                     sole=sole,
                     hold_ms=hold_ms,
                     lease_end_ms=self._expires_ms,
+                    **terms,
                 )
                 for r in pending
             ]
@@ -407,14 +405,23 @@ class Held:
                 if len(actions) == 1:
                     # Only a hold long enough for waiters to have come unseen asks for the
                     # item back (its decoding costs the uncontended path ~10 % of its CPU).
-                    look = bool(self._queue) or clock.monotonic() - self._taken_mono > WAKE_AFTER
+                    row = self._row
+                    look = (
+                        bool(self._queue)
+                        or (row is not None and row.waiting)
+                        or clock.monotonic() - self._taken_mono > WAKE_AFTER
+                    )
                     self._wake_first(table.update(actions[0], return_new=look))
                 else:
                     table.transact(actions)
                 return ok
             except table.Refused as refused:
+                old = refused.lock
+                if terms and old is not None and self.token in old.holders:
+                    self._observe(old)
+                    return None
                 retried = refused.retried or self._handed_unanswered
-                return ok and self._released_by(refused.lock, retried)
+                return ok and self._released_by(old, retried)
             except table.Cancelled as cancelled:
                 # Nothing was applied: drop the ones not ours any more and send the rest again.
                 still = []
@@ -437,20 +444,14 @@ class Held:
         """After a plain release: if waiters are queued (ones we did not know of when we
         could have handed over), push the first one the item, so it takes the lock now
         instead of at its next paced read."""
-        if item is None or not item.queue or item.holders:
-            return
-        first = _first_live(item.queue, clock.now_ms())
-        if first is not None and first[1].address:
-            wakeup.push(first[1].address, self.resource, first[0], item, sent_ms=clock.now_ms())
+        if item is not None and not item.holders:
+            heirs.push_first(self.resource, item, readers_only=False)
 
     def _wake_next_reader(self, item: table.LockItem | None) -> None:
         """A shared hold just taken: if the first waiter in line is a reader too, it can join
         us now; push it the item (it then pushes the next one when it has joined)."""
-        if item is None:
-            return
-        first = _first_live(item.queue, clock.now_ms())
-        if first is not None and first[1].shared and first[1].address:
-            wakeup.push(first[1].address, self.resource, first[0], item, sent_ms=clock.now_ms())
+        if item is not None:
+            heirs.push_first(self.resource, item, readers_only=True)
 
     def _released_by(self, old: table.LockItem | None, retried: bool) -> bool:
         """Was a refused release ours after all (applied, its response lost)?"""

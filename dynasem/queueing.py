@@ -3,7 +3,6 @@ hand-over pushed to us, and the backoff of a waiter that polls instead."""
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import heapq
 import math
@@ -29,6 +28,10 @@ queued_recently: dict[str, float] = {}
 # queued waiter reads only as a fallback, after PUSH_PATIENCE seconds without one.
 pushed_recently: dict[str, float] = {}
 PUSH_PATIENCE = 0.5
+# The seconds one turn of a resource's queue took lately, as waiters of this process handed
+# the lock by push measured it (their wait over the turns ahead of them): a pushed waiter's
+# fallback look is due only when its turn is surely overdue by that measure.
+turn_seconds: dict[str, float] = {}
 # Tries to join a queue whose ticket keeps being taken by others; the pause before a third or
 # later try is random, up to ENQUEUE_SPREAD * 2**try seconds.
 ENQUEUE_TRIES = 8
@@ -53,22 +56,69 @@ def not_proven_dead(holders: Mapping[str, table.Holder]) -> dict[str, table.Hold
     return {t: h for t, h in holders.items() if not processes.gone(h.proc)}
 
 
-def waiters_ahead(
-    queue: Mapping[str, table.Waiter], token: str, stale_ms: int
-) -> dict[str, table.Waiter]:
-    """The live waiters ahead of ``token`` in ``queue`` (every live one if it is not in it)."""
-    mine = queue.get(token)
-    return {
-        t: w
-        for t, w in queue.items()
-        if t != token and w.expires_ms >= stale_ms and (mine is None or w.ticket < mine.ticket)
-    }
+def inline_ahead(seen: table.LockItem | None, stale_ms: int) -> dict[str, table.Waiter]:
+    """The live entries of the old inline queue (written by an earlier dynasem): ahead of
+    every waiter in the queue of entry items, which came later."""
+    queue = seen.queue if seen is not None else {}
+    return {t: w for t, w in queue.items() if w.expires_ms >= stale_ms}
 
 
-def _watched(seen: table.LockItem | None, token: str, stale_ms: int) -> list[str]:
+def upto_of(seen: table.LockItem, ticket: int | None) -> int:
+    """The last ticket ahead of us: ours less one if we are queued (even if ``seen`` is an
+    older row, from before our ticket was drawn), else every ticket out."""
+    return seen.qin if ticket is None else ticket - 1
+
+
+def entries_ahead(
+    seen: table.LockItem | None, ticket: int | None, stale_ms: int
+) -> list[table.Waiter] | None:
+    """The live entry items ahead of ``ticket`` (of every waiter, if None), as far as they
+    were read: the first live one ends a read. None when some may be ahead that were not
+    read (see :func:`dynasem.table.load_entries`)."""
+    if seen is None:
+        return []
+    upto = upto_of(seen, ticket)
+    if upto <= seen.qout:
+        return []
+    if seen.entries is None:
+        return None
+    live = [w for w in seen.entries if w.ticket <= upto and w.expires_ms >= stale_ms]
+    if not live and seen.entries_to < upto:
+        return None
+    return live
+
+
+def ahead_count(seen: table.LockItem | None, ticket: int | None, stale_ms: int) -> int:
+    """How many waiters are ahead of ``ticket`` (of everyone, if None): the live inline
+    entries, then the entry items' tickets between ``qout`` and ours (read ones less the dead:
+    a guess from the counters alone counts the dead and those who left)."""
+    if seen is None:
+        return 0
+    inline = len(inline_ahead(seen, stale_ms))
+    upto = upto_of(seen, ticket)
+    if upto <= seen.qout:
+        return inline
+    if seen.entries is not None:
+        read = [w for w in seen.entries if w.ticket <= upto]
+        dead = sum(1 for w in read if w.expires_ms < stale_ms)
+        missing = (min(upto, seen.entries_to) - seen.qout) - len(read)
+        return inline + max(0, upto - seen.qout - dead - missing)
+    return inline + (upto - seen.qout)
+
+
+def passed(seen: table.LockItem | None, qbase: int, ticket: int | None) -> bool:
+    """Our ticket has had its turn without us (we were seen gone or dead, or drew it just
+    after a release that passed every ticket out), or the row was reaped and is a new one:
+    we are queued no more, and join again if we still must wait."""
+    if ticket is None or seen is None or seen.guessed:
+        return False
+    return seen.qbase != qbase or seen.qout >= ticket
+
+
+def _watched(seen: table.LockItem | None, ticket: int | None, stale_ms: int) -> list[str]:
     """The processes, on this host, of the holders in a queued waiter's way: when one ends,
     the waiter takes over at once. None while a live waiter is ahead of us (its turn first)."""
-    if seen is None or token not in seen.queue or waiters_ahead(seen.queue, token, stale_ms):
+    if seen is None or ticket is None or ahead_count(seen, ticket, stale_ms):
         return []
     live = live_holders(seen, stale_ms).values()
     return [h.proc for h in live if h.proc is not None and processes.local(h.proc)]
@@ -105,6 +155,13 @@ class Pace:
         self.state: Any = None
         self.until_free = 1.0  # seconds until the first holder (or waiter) ahead lapses
         self.enqueued = False  # an enqueue of ours was sent (it may have been applied)
+        # Our place in the resource's queue: its name (the row's qbase), our ticket (None:
+        # not queued) and our entry's lease end.
+        self.qbase = 0
+        self.ticket: int | None = None
+        self.entry_ms = 0
+        self.queued_mono = 0.0  # when we joined the queue
+        self.turns = 1  # the turns until ours when we joined (the waiters ahead, and ours)
         # The last state came by push: a hold it hands us is trusted no later than this.
         self.push_cap: float | None = None
 
@@ -117,9 +174,10 @@ class Pace:
         seen = seen or table.LockItem()
         now = clock.now_ms()
         stale = now - int(skew * 1000)
-        ahead = waiters_ahead(seen.queue, token, stale)
+        inline = inline_ahead(seen, stale)
+        ahead = ahead_count(seen, self.ticket, stale)
         live = live_holders(seen, stale)
-        state = (tuple(sorted(live)), tuple(sorted(ahead)))
+        state = (tuple(sorted(live)), tuple(sorted(inline)), seen.qout, ahead)
         if state != self.state:
             self.state, self.early = state, 0
         else:
@@ -129,7 +187,7 @@ class Pace:
         start = max((h.acquired_ms or now for h in live.values()), default=now)
         # The holder's release lands about one round trip after its hold; every waiter ahead
         # of us then takes a hold plus two round trips (that release, its own read).
-        turn = (start + hold + rtt_ms + (hold + 2 * rtt_ms) * len(ahead) - now) / 1000
+        turn = (start + hold + rtt_ms + (hold + 2 * rtt_ms) * ahead - now) / 1000
         step = max(0.002, self.rtt)
         if live:
             # Until the first holder could be taken over (its lease end + skew). Overdue:
@@ -142,7 +200,8 @@ class Pace:
             # Nobody holds, yet a waiter ahead has not taken its turn: if nothing moved since
             # our last look it is most likely dead; look again ever later, up to a second,
             # until its entry can be evicted.
-            first = min(ahead.values(), key=lambda w: w.ticket, default=None)
+            read = entries_ahead(seen, self.ticket, stale) or []
+            first = min([*inline.values(), *read], key=lambda w: w.ticket, default=None)
             first_end = first.expires_ms if first else now
             if self.early:
                 turn = max(turn, step * 2 ** min(self.early, 10))
@@ -152,7 +211,13 @@ class Pace:
         # Not for a waiter with others ahead that is pushed its hand-over: its look is only
         # the fallback for a lost push, due when its turn should come (500 waiters reading
         # a long queue every second are a thousand reads of it per second for nothing).
-        cap = max(1.0, turn) if pushed and ahead else 1.0
+        cap = 1.0
+        if pushed and ahead:
+            per_turn = turn_seconds.get(seen.resource)
+            if per_turn is not None:
+                # Past the turns ahead as this resource's queue lately moved, and half again.
+                turn = max(turn, 1.5 * per_turn * (ahead + 1))
+            cap = max(1.0, turn)
         return max(0.001, min(turn, until_free, cap))
 
 
@@ -162,7 +227,7 @@ def should_queue(sem: LockSpec, seen: table.LockItem | None) -> bool:
     seen = seen or table.LockItem()
     exclusive = sem.mode == MODE_EXCLUSIVE
     writer_behind_readers = exclusive and seen.mode == MODE_SHARED
-    if sem.fair or bool(seen.queue) or writer_behind_readers:
+    if sem.fair or bool(seen.queue) or seen.waiting or writer_behind_readers:
         return True
     # A waiter that can be pushed the hand-over queues too: the releasing holder then
     # hands it the lock in its release write and tells it at once, which beats polling
@@ -200,28 +265,26 @@ def estimate_wait(
     shared: bool,
     skew: float,
     now_ms: int | None = None,
+    ticket: int | None = None,
 ) -> WaitEstimate:
-    """How long until the caller (``token``, shared or not) could take the resource, from the
-    item alone: each live holder is done at its acquired time + the recorded average hold
-    (``holdMs``), or, past that, after as long again as it has held; one whose lease ran out
-    unrenewed at its lease end + CLOCK_SKEW. Then every live waiter ahead of the caller (all
-    of them, for a caller not in the queue) holds for the average hold in turn — with a
-    ``limit``, in whichever slot frees first; readers in a row as one turn, which a reader
-    caller joins. Round trips are left out: milliseconds, against whole seconds told."""
+    """How long until the caller (``token``, shared or not; queued with ``ticket``, if
+    given) could take the resource, from the item alone: each live holder is done at its
+    acquired time + the recorded average hold (``holdMs``), or, past that, after as long
+    again as it has held; one whose lease ran out unrenewed at its lease end + CLOCK_SKEW.
+    Then every live waiter ahead of the caller (all of them, for a caller not in the queue)
+    holds for the average hold in turn — with a ``limit``, in whichever slot frees first;
+    readers in a row as one turn, which a reader caller joins. Waiters whose entries were not
+    read count as writers. Round trips are left out: milliseconds, against whole seconds
+    told."""
     item = item or table.LockItem()
     now = clock.now_ms() if now_ms is None else now_ms
     skew_ms = int(skew * 1000)
     stale = now - skew_ms
     live = live_holders(item, stale)
-    mine = item.queue.get(token)
-    ahead = sorted(
-        (
-            w
-            for t, w in item.queue.items()
-            if t != token and w.expires_ms >= stale and (mine is None or w.ticket < mine.ticket)
-        ),
-        key=lambda w: w.ticket,
-    )
+    ahead = sorted(inline_ahead(item, stale).values(), key=lambda w: w.ticket)
+    read = entries_ahead(item, ticket, stale) or []
+    unread = max(0, ahead_count(item, ticket, stale) - len(ahead) - len(read))
+    ahead += read + [table.Waiter(ticket=0, expires_ms=now)] * unread
     ends = [_expected_end(h, item.hold_ms, now, skew_ms) for h in live.values()]
     # What a waiter ahead will hold: the average, else what the holders have held so far.
     typical = item.hold_ms
@@ -269,6 +332,7 @@ def busy(
     skew: float,
     user_id: str,
     token: str,
+    ticket: int | None = None,
 ) -> SemaphoreBusy:
     """The wait is over and the lock still busy: the error to raise, after ``lock_busy``.
 
@@ -279,7 +343,8 @@ def busy(
     first = min(holders.values(), key=lambda h: h.expires_ms, default=None)
     now = clock.now_ms()
     estimates = [
-        estimate_wait(seen.get(r), token, shared=sem.shared, skew=skew, now_ms=now) for r in blocked
+        estimate_wait(seen.get(r), token, shared=sem.shared, skew=skew, now_ms=now, ticket=ticket)
+        for r in blocked
     ]
     # All of them are needed: the wait is the longest; the place is in the named one's queue.
     wait = max(e.seconds for e in estimates)
@@ -328,65 +393,75 @@ def wait_in_queue(
     waits; otherwise the refusal's old item is returned, to take it from."""
     now = clock.now_ms()
     if not queued:
-        stored = seen.ticket if seen is not None else 0
-        waiter = table.Waiter(
-            ticket=max(clock.new_fence(0), stored + 1),
-            expires_ms=now + int(lease * 1000),
-            user_id=user_id,
-            shared=sem.shared,
-            lease_ms=int(lease * 1000),
-            # Where the holder that hands us the lock tells us (None: nowhere).
-            address=wakeup.expect(resource, token, lease=lease, skew=skew, now_ms=clock.now_ms),
-            proc=processes.identity(),
-        )
-        fresh = seen is not None and not seen.has_queue
+        # Where the holder that hands us the lock tells us (None: nowhere): listening before
+        # our entry can be read.
+        address = wakeup.expect(resource, token, lease=lease, skew=skew, now_ms=clock.now_ms)
         pace.enqueued = True  # from now on, giving up means leaving the queue
+        qbase = seen.qbase if seen is not None and seen.qbase else clock.new_fence(0)
+        after: table.LockItem | None = None
         for attempt in range(1, ENQUEUE_TRIES + 1):
             try:
-                after: table.LockItem | None = yield InQueue(
+                # A lost answer leaves a ticket nobody uses: a gap, which the next hand-over
+                # passes. Never a refusal by another waiter: ADD commutes.
+                after = yield InQueue(
                     functools.partial(
                         table.update,
-                        table.enqueue(resource, token, waiter, fresh=fresh, if_busy_ms=if_busy_ms),
+                        table.take_ticket(resource, qbase, if_busy_ms=if_busy_ms),
                         return_new=True,
                     ),
                     token,
                     resource,
                     write=True,
                 )
-                if len(queued_recently) >= MAX_REMEMBERED:
-                    queued_recently.clear()
-                    pushed_recently.clear()
-                queued_recently[resource] = clock.monotonic()
-                return after
+                break
             except table.Refused as refused:
-                old = refused.lock or table.LockItem()
-                if token in old.queue:
-                    return old  # our own enqueue, its response lost
-                if if_busy_ms is not None:
-                    return old  # free, most likely: plan from what it is
-                fresh = not old.has_queue
-                # Another enqueue landed first with a later ticket (sent after ours, or from a
-                # clock ahead): a fresh one, above the stored one. In a crowd arriving at
-                # once, a random pause first spreads the next tries out, or they would
-                # collide again (each refusal a write, and a read of the whole row).
-                waiter = dataclasses.replace(
-                    waiter, ticket=max(clock.new_fence(0), waiter.ticket, old.ticket + 1)
-                )
-                if attempt > 1:
-                    yield Sleep(min(random.uniform(0, ENQUEUE_SPREAD * 2**attempt), remaining))
+                return refused.lock or table.LockItem()  # free, most likely: plan from it
             except SemaphoreUnavailable as exc:
-                # In transit: maybe applied (then the same write is refused by our own
-                # entry, which tells us so), maybe not. The caller looks again.
-                if not exc.transient:
+                if not exc.transient or attempt == ENQUEUE_TRIES:
                     raise
                 yield Sleep(min(backoff(attempt), max(0.001, remaining)))
-        return seen
-    mine = seen.queue.get(token) if seen is not None else None
-    push = mine is not None and mine.address
-    nap = max(0.001, min(pace.turn_in(seen, token, skew, pushed=bool(push)), remaining))
-    if mine is not None:
-        # Look (and renew our entry, below) while a quarter of its lease is left at least.
-        nap = min(nap, max(0.001, (mine.expires_ms - now) / 1000 - lease / 4))
+        if after is None:
+            return seen
+        pace.qbase, pace.ticket = after.qbase, after.qin
+        pace.queued_mono = clock.monotonic()
+        pace.turns = max(1, after.qin - after.qout)
+        pace.entry_ms = clock.now_ms() + int(lease * 1000)
+        waiter = table.Waiter(
+            ticket=after.qin,
+            expires_ms=pace.entry_ms,
+            user_id=user_id,
+            shared=sem.shared,
+            lease_ms=int(lease * 1000),
+            address=address,
+            proc=processes.identity(),
+            token=token,
+        )
+        for attempt in range(1, ENQUEUE_TRIES + 1):
+            try:
+                yield InQueue(
+                    functools.partial(table.put_entry, resource, pace.qbase, waiter),
+                    token,
+                    resource,
+                    write=True,
+                    entry=(pace.qbase, after.qin),
+                )
+                break
+            except SemaphoreUnavailable as exc:
+                # A put is idempotent: the same again.
+                if not exc.transient or attempt == ENQUEUE_TRIES:
+                    raise
+                yield Sleep(min(backoff(attempt), max(0.001, remaining)))
+        if len(queued_recently) >= MAX_REMEMBERED:
+            queued_recently.clear()
+            pushed_recently.clear()
+            turn_seconds.clear()
+        queued_recently[resource] = clock.monotonic()
+        return after
+    ticket, entry = pace.ticket, (pace.qbase, pace.ticket or 0)
+    push = wakeup.listening(token)
+    nap = max(0.001, min(pace.turn_in(seen, token, skew, pushed=push), remaining))
+    # Look (and renew our entry, below) while a quarter of its lease is left at least.
+    nap = min(nap, max(0.001, (pace.entry_ms - now) / 1000 - lease / 4))
     if (
         push
         and not sem.shared
@@ -398,7 +473,7 @@ def wait_in_queue(
     last_fence = seen.fence if seen is not None else 0
     # A holder in our way runs on this host: look in /proc whether it ended every
     # WATCH_EVERY, not only at our next read (a dead holder's lease may have a minute left).
-    watched = _watched(seen, token, now - int(skew * 1000))
+    watched = _watched(seen, ticket, now - int(skew * 1000))
     until = clock.monotonic() + nap
     while True:
         left = until - clock.monotonic()
@@ -409,9 +484,14 @@ def wait_in_queue(
                 token,
                 resource,
                 asend=functools.partial(wakeup.await_push, token, part, fence_above=last_fence),
+                entry=entry,
             )
             if pushed is not None:
                 pushed_recently[resource] = clock.monotonic()
+                if token in pushed.item.holders and pace.queued_mono:
+                    took = (pushed_recently[resource] - pace.queued_mono) / pace.turns
+                    before = turn_seconds.get(resource, took)
+                    turn_seconds[resource] = (before + took) / 2
                 # Handed the lock (or told it is free): the item as written. A hand-over is
                 # worth no more than its arrival plus our own lease.
                 pace.push_cap = pushed.arrived + lease - skew
@@ -424,19 +504,18 @@ def wait_in_queue(
             return seen
         if not watched or left <= WATCH_EVERY:
             break
-    sent = clock.monotonic()
-    if (mine.expires_ms if mine is not None else 0) - clock.now_ms() < lease * 500:
+    if ticket is not None and pace.entry_ms - clock.now_ms() < lease * 500:
+        renew_to = clock.now_ms() + int(lease * 1000)
         try:
-            renewed: table.LockItem | None = yield Request(
-                lambda: table.update(
-                    table.renew_waiter(resource, token, clock.now_ms() + int(lease * 1000)),
-                    return_new=True,
-                )
+            yield Request(
+                lambda: table.update(table.renew_waiter(resource, pace.qbase, ticket, renew_to))
             )
-            return renewed
-        except table.Refused as refused:
-            gone: table.LockItem | None = refused.lock
-            return gone  # no longer queued: handed the lock, or evicted
-    item: table.LockItem | None = yield Request(lambda: table.get(resource))
+            pace.entry_ms = renew_to
+        except table.Refused:
+            pace.ticket = None  # our entry is gone (reaped by TTL after a long stall): join again
+    sent = clock.monotonic()
+    # Eventually consistent (half the units): a look only tells when to write, and every
+    # write is conditional on the row as it is; an older row is read as such (upto_of).
+    item: table.LockItem | None = yield Request(lambda: table.get(resource, consistent=False))
     pace.answered(clock.monotonic() - sent)
     return item

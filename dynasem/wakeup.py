@@ -324,6 +324,11 @@ def expect(
     return listener.address
 
 
+def listening(token: str) -> bool:
+    """Whether a push for ``token`` would reach this process (see :func:`expect`)."""
+    return _slot(token) is not None
+
+
 def _slot(token: str) -> _Slot | None:
     listener = _listener
     return listener.slots.get(token) if listener is not None else None

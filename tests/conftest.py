@@ -190,3 +190,54 @@ def one_second_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
     from dynasem.table import stored
 
     monkeypatch.setattr(stored, "BUCKET_S", 1)
+
+
+def queue_of(resource: str) -> dict[str, Any]:
+    """The live waiters queued for ``resource`` (token -> Waiter), as stored: the old inline
+    queue's and the entry items'."""
+    from dynasem import operations
+
+    return {w.token: w for w in operations.waiters_on(resource)}
+
+
+def enqueue_entry(resource: str, token: str, waiter: Any) -> int:
+    """Queue ``waiter`` for ``resource`` as a waiter would (a ticket, then its entry item),
+    without anyone waiting behind it: a crashed waiter's entry, say. Returns its ticket."""
+    import dataclasses
+
+    from dynasem import clock, table
+
+    row = table.update(table.take_ticket(resource, clock.new_fence(0)), return_new=True)
+    assert row is not None
+    waiter = dataclasses.replace(waiter, ticket=row.qin, token=token)
+    table.put_entry(resource, row.qbase, waiter)
+    return row.qin
+
+
+def enqueue_inline(resource: str, token: str, waiter: Any) -> None:
+    """Queue ``waiter`` as an earlier dynasem did: an entry of the row's ``queue`` map (the
+    layout a rolling upgrade still finds, and honours until it drains)."""
+    from dynasem import table
+    from dynasem.conf import settings
+
+    client = table.get_client()
+    value = table.encode(
+        {":w": table.waiter_value(waiter), ":q": {token: table.waiter_value(waiter)}}
+    )
+    try:
+        client.update_item(
+            TableName=settings.TABLE_NAME,
+            Key=table.key(resource, table.LOCK_SK),
+            UpdateExpression="SET #q.#me = :w",
+            ConditionExpression="attribute_exists(#q)",
+            ExpressionAttributeNames={"#q": "queue", "#me": token},
+            ExpressionAttributeValues={":w": value[":w"]},
+        )
+    except client.exceptions.ConditionalCheckFailedException:
+        client.update_item(
+            TableName=settings.TABLE_NAME,
+            Key=table.key(resource, table.LOCK_SK),
+            UpdateExpression="SET #q = :q",
+            ExpressionAttributeNames={"#q": "queue"},
+            ExpressionAttributeValues={":q": value[":q"]},
+        )

@@ -20,7 +20,7 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
 
-from dynasem import LockLost, core, run_once, semaphore, table
+from dynasem import LockLost, core, job_operations, run_once, semaphore, table
 from dynasem.models import Job, Lock
 from dynasem.operations import holds_on, queue_depth
 from dynasem.signals import lock_released
@@ -593,7 +593,7 @@ def test_forged_cursors_are_value_errors(lock_table, cursor):
     with pytest.raises(ValueError):
         operations.lock_page(cursor=cursor)
     with pytest.raises(ValueError):
-        operations.job_page(cursor=cursor)
+        job_operations.job_page(cursor=cursor)
 
 
 def test_a_user_filter_the_user_model_cannot_read_is_a_plain_filter(

@@ -18,7 +18,7 @@ from django.test import override_settings
 from dynasem import LockLost, clock, core, operations, run_once, semaphore, table
 from dynasem.operations import holds_on
 from dynasem.table import stored as table_stored
-from tests.conftest import dynasem_settings, take
+from tests.conftest import dynasem_settings, enqueue_entry, take
 
 
 def run(name: str, *args: str, **options: Any) -> str:
@@ -452,6 +452,31 @@ def test_locks_shows_every_holder_of_counting_and_shared_resources(lock_table, h
 def test_locks_empty_table(lock_table):
     assert run("dynasem_locks") == "No active holds.\n"
     assert run("dynasem_locks", "--json") == ""
+
+
+def test_locks_waiters_lists_the_line_first_come_first(lock_table, holds):
+    take(holds, "line:1", user="alice")
+    now = clock.now_ms()
+    enqueue_entry("line:1", "tok-bob", table.Waiter(0, now + 30_000, user_id="bob"))
+    enqueue_entry("line:1", "tok-dead", table.Waiter(0, now - 60_000, user_id="dead"))
+    reader = table.Waiter(0, now + 30_000, user_id="carol", shared=True, address="h@10.0.0.2:9")
+    enqueue_entry("line:1", "tok-carol", reader)
+    out = run("dynasem_locks", "--waiters", "line:1").splitlines()
+    assert out[0].split() == ["#", "USER", "KIND", "ENTRY", "EXPIRES", "(UTC)", "PUSH", "TOKEN"]
+    assert [line.split()[:3] for line in out[1:]] == [
+        ["1", "bob", "exclusive"],
+        ["2", "carol", "shared"],
+    ]  # the dead entry is nobody's turn
+    lines = [
+        json.loads(x) for x in run("dynasem_locks", "--waiters", "line:1", "--json").splitlines()
+    ]
+    assert [(x["position"], x["user_id"], x["push"]) for x in lines] == [
+        (1, "bob", False),
+        (2, "carol", True),
+    ]
+    assert run("dynasem_locks", "--waiters", "line:none") == "Nobody is waiting for 'line:none'.\n"
+    with pytest.raises(CommandError, match="--waiters"):
+        run("dynasem_locks", "--waiters", "")
 
 
 # ---------------------------------------------------------------------------------------------

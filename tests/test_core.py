@@ -32,7 +32,7 @@ from dynasem import (
     table,
 )
 from dynasem.signals import lock_acquired, lock_busy, lock_lost, lock_released
-from tests.conftest import RequestCounter, dynasem_settings
+from tests.conftest import RequestCounter, dynasem_settings, queue_of
 
 SKEW = 0.5  # CLOCK_SKEW of the test settings
 SIGNALS = {
@@ -1029,7 +1029,7 @@ def test_cancelled_async_waiter_leaves_the_queue(lock_table: str, fair: bool) ->
     async def main() -> None:
         task = asyncio.create_task(semaphore("res:q", wait=30, fair=fair).aacquire())
         deadline = time.monotonic() + 10
-        while not (table.stored_item("res:q") or {}).get("queue"):
+        while not queue_of("res:q"):
             assert time.monotonic() < deadline, "the waiter never queued"
             await asyncio.sleep(0.02)
         task.cancel()
@@ -1038,7 +1038,7 @@ def test_cancelled_async_waiter_leaves_the_queue(lock_table: str, fair: bool) ->
 
     asyncio.run(main())
     # Nobody is left waiting: a release must not hand the lock to the cancelled waiter.
-    assert not (table.stored_item("res:q") or {}).get("queue")
+    assert not queue_of("res:q")
     holder.renew()  # sees the (empty) queue
     holder.release()
     assert holds("res:q") == []
@@ -1112,6 +1112,6 @@ def test_an_interrupt_while_queued_leaves_the_queue(
         semaphore("res:interrupt-q", wait=30, fair=True).acquire()
     monkeypatch.undo()
     # Nobody is left waiting: the release must not hand the lock to the interrupted waiter.
-    assert not (table.stored_item("res:interrupt-q") or {}).get("queue")
+    assert not queue_of("res:interrupt-q")
     holder.release()
     assert holds("res:interrupt-q") == []

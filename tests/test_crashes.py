@@ -95,10 +95,10 @@ def _stopped(pid: int, timeout: float = 10) -> None:
 
 
 def _queued(resource: str, timeout: float = 60) -> None:
-    from dynasem import table
+    from tests.conftest import queue_of
 
     deadline = time.monotonic() + timeout
-    while not ((table.stored_item(resource) or {}).get("queue")):
+    while not queue_of(resource):
         assert time.monotonic() < deadline, "the waiter never queued"
         time.sleep(0.02)
 

@@ -12,15 +12,18 @@ import pytest
 from django.test import override_settings
 
 from dynasem import SemaphoreBusy, semaphore, table
-from dynasem import held as held_module
+from dynasem import heirs as heirs_module
+from dynasem.conf import settings
 from tests import workers
-from tests.conftest import dynasem_settings, engine_name
+from tests.conftest import (
+    dynasem_settings,
+    engine_name,
+    enqueue_entry,
+    enqueue_inline,
+    queue_of,
+)
 
 SPAWN = multiprocessing.get_context("spawn")
-
-
-def queue_of(resource: str) -> dict:
-    return (table.stored_item(resource) or {}).get("queue") or {}
 
 
 def wait_for_queue(resource: str, size: int, timeout: float = 60) -> None:
@@ -71,7 +74,7 @@ def test_release_hands_the_lock_to_the_first_waiter(lock_table, requests_sent):
     # The release write itself made the waiter the holder: no write of the waiter's needed.
     assert writes == 1
     assert [h["u"] for h in row["holders"].values()] == ["next"]
-    assert row["queue"] == {}
+    assert queue_of("env:acceptance") == {}
     t.join(30)
     assert got and got[0].fence > holder.fence
     assert list(row["holders"]) == [got[0].token]
@@ -179,7 +182,7 @@ def test_a_dead_waiter_ahead_costs_few_reads(lock_table, requests_sent):
     resource = "deploy:staging"
     now = int(time.time() * 1000)
     crashed = table.Waiter(now * 1000, now + 60_000, user_id="crashed", lease_ms=60_000)
-    table.update(table.enqueue(resource, "crashed-waiter", crashed, fresh=True))
+    enqueue_entry(resource, "crashed-waiter", crashed)
     requests_sent.reset()
     started = time.monotonic()
     try:
@@ -235,7 +238,7 @@ def test_readers_handed_the_lock_by_a_writer_hold_it_together(dynamodb_local, lo
         # The release write itself made every reader at the head of the line a holder.
         assert sorted(h["u"] for h in row["holders"].values()) == ["R1", "R2", "R3"]
         assert row["mode"] == "s"
-        assert sorted(w["u"] for w in row["queue"].values()) == ["R4", "W1"]
+        assert sorted(w.user_id for w in queue_of(resource).values()) == ["R4", "W1"]
         for thread in threads.values():
             thread.join(60)
     errors = {n: v for n, v in out.items() if isinstance(v, Exception)}
@@ -256,7 +259,7 @@ def test_readers_handed_the_lock_by_a_writer_hold_it_together(dynamodb_local, lo
 def test_readers_beyond_one_hand_over_join_those_it_admitted(lock_table, monkeypatch):
     # One hand-over admits at most MAX_ADMIT readers (the row, and the push carrying it, stay
     # small); the first reader left in line is pushed by those admitted and joins them.
-    monkeypatch.setattr(held_module, "MAX_ADMIT", 2)
+    monkeypatch.setattr(heirs_module, "MAX_ADMIT", 2)
     resource = "report:monthly"
     writer = semaphore(resource).acquire()
     out: dict = {}
@@ -265,9 +268,14 @@ def test_readers_beyond_one_hand_over_join_those_it_admitted(lock_table, monkeyp
         _hold_in_turn(resource, name, True, 1.5, out, threads)
         wait_for_queue(resource, i + 1)
     writer.renew()
+    handed: list = []
+    real_hand_over = table.hand_over
+    monkeypatch.setattr(
+        table, "hand_over", lambda *a, **kw: handed.append(a[2]) or real_hand_over(*a, **kw)
+    )
     writer.release()
-    row = table.stored_item(resource) or {}
-    assert sorted(h["u"] for h in row["holders"].values()) == ["R1", "R2"]
+    # (R3 may have joined by now: those admitted push it at once.)
+    assert [[e.user_id for _, _, e in heirs] for heirs in handed] == [["R1", "R2"]]
     for thread in threads.values():
         thread.join(60)
     readers = [out[n] for n in ("R1", "R2", "R3")]
@@ -276,7 +284,7 @@ def test_readers_beyond_one_hand_over_join_those_it_admitted(lock_table, monkeyp
     assert len({r[2] for r in readers}) == 3 and min(r[2] for r in readers) > writer.fence
 
 
-def test_a_reader_that_left_the_line_costs_the_hand_over_one_more_write(lock_table, requests_sent):
+def test_a_reader_that_left_the_line_costs_the_hand_over_nothing(lock_table, requests_sent):
     resource = "report:weekly"
     writer = semaphore(resource).acquire()
     out: dict = {}
@@ -288,14 +296,15 @@ def test_a_reader_that_left_the_line_costs_the_hand_over_one_more_write(lock_tab
     )
     quitter.start()
     wait_for_queue(resource, 2)
-    writer.renew()  # the writer sees both readers in line...
-    assert len(writer._queue) == 2
-    quitter.join(10)  # ...then the second gives up and leaves it
+    writer.renew()  # the writer sees two tickets out...
+    assert writer._row is not None and writer._row.qin - writer._row.qout == 2
+    quitter.join(10)  # ...then the second reader gives up and leaves the line
     assert isinstance(out["quit"], SemaphoreBusy) and len(queue_of(resource)) == 1
     requests_sent.reset()
     writer.release()
-    # Refused (an heir left), then again with the line as it is: R1 holds from that write.
-    assert requests_sent.calls["UpdateItem"] == 2
+    # The release reads the line as it is now (its first entries): R1 holds from one write.
+    assert requests_sent.calls["Query"] == 1
+    assert requests_sent.calls["UpdateItem"] == 1
     row = table.stored_item(resource) or {}
     assert [h["u"] for h in row["holders"].values()] == ["R1"]
     threads["R1"].join(30)
@@ -308,3 +317,78 @@ def _busy(resource: str, **kwargs) -> Exception | None:
     except SemaphoreBusy as exc:
         return exc
     return None
+
+
+def _old_row(resource: str, holder: str, now: int) -> None:
+    """A lock row exactly as an earlier dynasem wrote it: one holder, an empty inline queue,
+    a µs ticket, no entry-item counters."""
+    fence = now * 1000
+    entry = {"u": "old", "e": now + 60_000, "f": fence, "a": now, "s": False}
+    row = {
+        "pk": resource,
+        "sk": table.LOCK_SK,
+        "holders": {holder: entry},
+        "queue": {},
+        "ticket": fence,
+        "fence": fence,
+        "expMs": now + 60_000,
+        "expires": table.bucket_of(now + 60_000),
+        "userId": "old",
+        "mode": "x",
+        "limit": 1,
+        "shard": table.shard_of(resource),
+    }
+    table.get_client().put_item(TableName=settings.TABLE_NAME, Item=table.encode(row))
+
+
+def _waiting_thread(resource: str, got: list) -> threading.Thread:
+    def run() -> None:
+        with semaphore(resource, fair=True, wait=30, user="new") as held:
+            got.append((time.monotonic(), held.fence))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def test_an_old_rows_hold_and_inline_waiters_are_honoured_and_its_queue_drains(lock_table):
+    """After an upgrade, a row written by an earlier dynasem: its hold is honoured; a live
+    waiter of its inline queue is served before a new waiter (an entry item), which never
+    cuts ahead of it; a dead one is evicted by the new waiter's take, so the map drains."""
+    resource = "deploy:upgraded"
+    now = int(time.time() * 1000)
+    _old_row(resource, "old-holder", now)
+    with pytest.raises(SemaphoreBusy):
+        semaphore(resource, wait=0).acquire()  # the old hold is honoured
+    # An old waiter whose process died: its entry runs out in 3 s.
+    enqueue_inline(resource, "old-waiter", table.Waiter(now * 1000 + 1, now + 3_000, "gone"))
+    got: list = []
+    thread = _waiting_thread(resource, got)
+    wait_for_queue(resource, 2)
+    # The old holder releases as an old process does: a plain release, no hand-over.
+    table.update(table.give_back(resource, "old-holder", int(time.time() * 1000), sole=True))
+    time.sleep(1.5)
+    assert not got  # free, but a live waiter of the old queue is first in line
+    thread.join(30)
+    # Taken once the old entry ran out (+ CLOCK_SKEW 0.5 s): evicted by the take itself.
+    assert got and time.time() * 1000 >= now + 3_000
+    assert table.get(resource).queue == {}
+
+
+def test_a_new_holder_hands_over_to_the_old_inline_queue_first(lock_table):
+    resource = "deploy:rolling"
+    holder = semaphore(resource).acquire()
+    now = int(time.time() * 1000)
+    enqueue_inline(resource, "old-waiter", table.Waiter(now * 1000, now + 60_000, "old"))
+    got: list = []
+    thread = _waiting_thread(resource, got)
+    wait_for_queue(resource, 2)
+    holder.renew()  # the holder sees both
+    holder.release()
+    row = table.get(resource)
+    assert row is not None and list(row.holders) == ["old-waiter"] and row.queue == {}
+    assert not got
+    # The old process releases with a plain release: the new waiter takes it by itself.
+    table.update(table.give_back(resource, "old-waiter", int(time.time() * 1000), sole=True))
+    thread.join(30)
+    assert got and got[0][1] > row.holders["old-waiter"].fence

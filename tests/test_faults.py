@@ -14,6 +14,7 @@ from dynasem import LockLost, SemaphoreBusy, SemaphoreUnavailable, TableMissing,
 from dynasem.conf import settings
 from dynasem.operations import active_holds, holds_on
 from dynasem.signals import lock_lost
+from tests.conftest import enqueue_entry
 from tests.faults import Faults
 
 
@@ -211,7 +212,7 @@ def test_a_hand_over_whose_answer_was_lost_is_no_lost_hold(faults):
     held = semaphore("handed", lease=30).acquire()
     now = dynasem.clock.now_ms()
     heir = table.Waiter(now * 1000 + 10**9, now + 30_000, "heir")
-    table.update(table.enqueue("handed", "heir-token", heir, fresh=False))
+    enqueue_entry("handed", "heir-token", heir)
     held.renew()  # the holder learns of its heir
     lose = faults.lose_response("UpdateItem", 1)
     faults.throttle("UpdateItem", 3, after=1)

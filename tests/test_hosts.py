@@ -33,6 +33,7 @@ from dynasem import table, wakeup
 from dynasem.conf import settings
 from dynasem.operations import holds_on
 from tests import netns
+from tests.conftest import queue_of
 from tests.host_agent import Agent
 
 LEASE = 2.0  # seconds: short leases keep the module fast; CLOCK_SKEW is the settings' 0.5 s
@@ -191,12 +192,13 @@ def skewed(
 
 
 def queued(resource: str, timeout: float = 20) -> tuple[str, dict[str, Any]]:
-    """The first waiter queued for ``resource``: (token, entry)."""
+    """The first waiter queued for ``resource``: (token, entry as stored)."""
     deadline = time.monotonic() + timeout
     while True:
-        queue = (table.stored_item(resource) or {}).get("queue") or {}
+        queue = queue_of(resource)
         if queue:
-            return min(queue.items(), key=lambda kv: int(kv[1]["t"]))
+            first = min(queue.values(), key=lambda w: w.ticket)
+            return first.token, table.waiter_value(first)
         assert time.monotonic() < deadline, f"nobody queued for {resource!r}"
         time.sleep(0.02)
 
@@ -357,7 +359,6 @@ def test_a_forged_push_from_a_third_host_is_ignored(
     now_ms = int(time.time() * 1000)
     forged_fence = held["fence"] + 10**9
     item["holders"] = {token: {"u": "W", "e": now_ms + 4000, "f": forged_fence, "a": now_ms}}
-    item["queue"] = {}
     message = {"r": "deploy:qa", "k": token, "i": item, "tb": lock_table, "ts": now_ms}
     body = json.dumps(message, separators=(",", ":")).encode()
     key = wakeup._derive("another project's SECRET_KEY")  # exactly as dynasem derives its key
@@ -368,7 +369,7 @@ def test_a_forged_push_from_a_third_host_is_ignored(
     warned = b.call("warnings")["warnings"]
     assert any("signature matches neither SECRET_KEY" in w for w in warned), warned
     stored = table.stored_item("deploy:qa") or {}
-    assert list(stored["holders"]) == [held["token"]] and token in stored["queue"]
+    assert list(stored["holders"]) == [held["token"]] and token in queue_of("deploy:qa")
     released = a.call("release", id="H")  # A had not renewed: a plain release wakes B
     got = b.reply(waiting, timeout=15)
     assert "error" not in got, got

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from dynasem import SemaphoreBusy, clock, processes, semaphore, table
+from tests.conftest import enqueue_entry
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux") or processes.identity() is None,
@@ -360,7 +361,7 @@ def test_a_hold_handed_to_a_waiter_that_died_is_taken_over(lock_table: str, dead
     heir = table.Waiter(
         clock.new_fence(0), now + 60_000, user_id="heir", lease_ms=60_000, proc=dead
     )
-    table.update(table.enqueue("heir:1", "dead-heir", heir, fresh=False))
+    enqueue_entry("heir:1", "dead-heir", heir)
     holder.renew()  # its answer shows the holder the queue
     holder.release()  # to the dead heir, in the release write
     handed = table.get("heir:1")

@@ -16,7 +16,7 @@ from django.core.checks import run_checks
 from django.test import override_settings
 
 from dynasem import core, semaphore, table, wakeup
-from tests.conftest import dynasem_settings
+from tests.conftest import dynasem_settings, queue_of
 
 
 def waiter_thread(resource: str, out: dict, **kwargs) -> threading.Thread:
@@ -36,7 +36,7 @@ def waiter_thread(resource: str, out: dict, **kwargs) -> threading.Thread:
 def wait_until_queued(resource: str, n: int = 1, timeout: float = 10) -> dict:
     deadline = time.monotonic() + timeout
     while True:
-        queue = (table.stored_item(resource) or {}).get("queue") or {}
+        queue = queue_of(resource)
         if len(queue) >= n:
             return queue
         assert time.monotonic() < deadline, "the waiter never queued"
@@ -52,7 +52,7 @@ def test_a_pushed_waiter_reads_nothing(lock_table, requests_sent, holder_knows, 
     thread = waiter_thread("deploy:prod", out, wait=30)  # default mode: it queues to be pushed
     queue = wait_until_queued("deploy:prod")
     (entry,) = queue.values()
-    assert entry["n"].startswith(wakeup.HOST_ID + "@127.0.0.1:")
+    assert entry.address.startswith(wakeup.HOST_ID + "@127.0.0.1:")
     if holder_knows:
         holder.renew()  # its answer shows the holder the queue: it hands over on release
     else:
@@ -91,7 +91,7 @@ def test_a_forged_push_is_ignored(lock_table):
     thread = waiter_thread("deploy:qa", out, wait=2)
     queue = wait_until_queued("deploy:qa")
     ((token, entry),) = queue.items()
-    host, port = wakeup.reachable(entry["n"])
+    host, port = wakeup.reachable(entry.address)
     # Everything a real push says, signed with another key: the waiter must not believe it.
     item = table.stored_item("deploy:qa")
     item["holders"] = {token: {"u": "", "e": 2**42, "f": holder.fence + 1, "a": 0, "s": False}}
@@ -105,7 +105,7 @@ def test_a_forged_push_is_ignored(lock_table):
     assert type(out["error"]).__name__ == "SemaphoreBusy"
     assert wakeup._listener is not None and wakeup._listener.thread.is_alive()
     holder.release()
-    assert not (table.stored_item("deploy:qa") or {}).get("queue")  # it left the queue
+    assert not queue_of("deploy:qa")  # it left the queue
 
 
 def test_pushes_off_means_polling_as_before(dynamodb_local, lock_table):
@@ -118,7 +118,7 @@ def test_pushes_off_means_polling_as_before(dynamodb_local, lock_table):
         out: dict = {}
         thread = waiter_thread("deploy:dev", out, wait=30)
         time.sleep(0.3)
-        assert not (table.stored_item("deploy:dev") or {}).get("queue")  # default mode polls
+        assert not queue_of("deploy:dev")  # default mode polls
         holder.release()
         thread.join(15)
         assert "error" not in out and "acquired" in out

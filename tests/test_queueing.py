@@ -26,6 +26,26 @@ def waiter(ticket: int, ends_ms: int) -> table.Waiter:
     return table.Waiter(ticket, ends_ms, user_id="w", lease_ms=10_000)
 
 
+def in_line(queue: dict[str, table.Waiter]) -> dict[str, Any]:
+    """LockItem fields for ``queue`` (token -> entry, tickets as given) as the entry items a
+    waiter read: every ticket up to the last one read (a ticket with no entry: one that left)."""
+    entries = sorted((dataclasses.replace(w, token=t) for t, w in queue.items()), key=ticket_of)
+    last = max((w.ticket for w in entries), default=0)
+    return {"qbase": 1, "qin": last, "qout": 0, "entries": tuple(entries), "entries_to": last}
+
+
+def ticket_of(w: table.Waiter) -> int:
+    return w.ticket
+
+
+def pace_of(item: table.LockItem, token: str = "me") -> Pace:
+    """A Pace for the waiter ``token`` of ``item``'s line (not queued if it is not in it)."""
+    pace = Pace()
+    mine = [w for w in item.entries or () if w.token == token]
+    pace.ticket = mine[0].ticket if mine else None
+    return pace
+
+
 def test_backoff_doubles_from_the_first_pause_up_to_the_cap() -> None:
     for attempt, cap in [(1, 0.02), (2, 0.04), (3, 0.08), (10, queueing.BACKOFF_CAP)]:
         pauses = [queueing.backoff(attempt) for _ in range(50)]
@@ -48,13 +68,12 @@ def test_live_holders_leave_out_the_stale(frozen: int) -> None:
 def test_turn_in_aims_at_the_end_of_the_hold_ahead(frozen: int) -> None:
     """A holder that took the lock 5 ms ago with holds of 20 ms: our turn is in about 15 ms
     plus a round trip, never later than the holder's lease end plus the skew."""
-    pace = Pace()
     seen = table.LockItem(
         holders={"h": holder(frozen + 10_000, frozen - 5)},
-        queue={"me": waiter(1, frozen + 10_000)},
-        has_queue=True,
+        **in_line({"me": waiter(1, frozen + 10_000)}),
         hold_ms=20,
     )
+    pace = pace_of(seen)
     turn = pace.turn_in(seen, "me", 0.5)
     assert turn == pytest.approx((20 - 5 + pace.rtt * 1000) / 1000)
     assert pace.until_free == pytest.approx(10.5 + 0.001)
@@ -70,24 +89,21 @@ def test_turn_in_backs_off_while_nothing_moves(frozen: int) -> None:
 
 
 def test_turn_in_waits_behind_the_waiters_ahead_only(frozen: int) -> None:
-    pace = Pace()
     base = table.LockItem(holders={"h": holder(frozen + 10_000, frozen)}, hold_ms=20)
-    alone = pace.turn_in(
-        dataclasses.replace(base, queue={"me": waiter(5, frozen + 9_000)}), "me", 0.5
-    )
-    behind = Pace().turn_in(
-        dataclasses.replace(
-            base,
-            queue={
+    first = dataclasses.replace(base, **in_line({"me": waiter(1, frozen + 9_000)}))
+    alone = pace_of(first).turn_in(first, "me", 0.5)
+    line = dataclasses.replace(
+        base,
+        **in_line(
+            {
                 "me": waiter(5, frozen + 9_000),
                 "first": waiter(1, frozen + 9_000),  # ahead of us
                 "dead": waiter(2, frozen - 9_000),  # ahead, but its entry expired
                 "later": waiter(9, frozen + 9_000),  # behind us
-            },
+            }
         ),
-        "me",
-        0.5,
     )
+    behind = pace_of(line).turn_in(line, "me", 0.5)
     rtt = Pace().rtt
     assert behind - alone == pytest.approx((20 + 2 * rtt * 1000) / 1000)
 
@@ -99,13 +115,13 @@ def test_a_pushed_waiter_far_back_looks_when_its_turn_should_come(frozen: int) -
     queue = {f"w{i}": waiter(i, frozen + 50_000) for i in range(100)}
     queue["me"] = waiter(1_000, frozen + 50_000)
     seen = table.LockItem(
-        holders={"h": holder(frozen + 50_000, frozen)}, queue=queue, has_queue=True, hold_ms=20
+        holders={"h": holder(frozen + 50_000, frozen)}, **in_line(queue), hold_ms=20
     )
-    pushed = Pace().turn_in(seen, "me", 0.5, pushed=True)
+    pushed = pace_of(seen).turn_in(seen, "me", 0.5, pushed=True)
     assert pushed == pytest.approx((20 + Pace().rtt * 1000 + 100 * (20 + 2 * 5)) / 1000)
-    assert Pace().turn_in(seen, "me", 0.5, pushed=False) == 1.0
-    head = dataclasses.replace(seen, queue={"me": queue["me"]}, hold_ms=5_000)
-    assert Pace().turn_in(head, "me", 0.5, pushed=True) == 1.0
+    assert pace_of(seen).turn_in(seen, "me", 0.5, pushed=False) == 1.0
+    head = dataclasses.replace(seen, **in_line({"me": waiter(1, frozen + 50_000)}), hold_ms=5_000)
+    assert pace_of(head).turn_in(head, "me", 0.5, pushed=True) == 1.0
 
 
 def test_answered_averages_round_trips_and_ignores_outliers() -> None:
@@ -130,7 +146,10 @@ def queued(ticket: int, ends_ms: int, *, shared: bool = False) -> table.Waiter:
 
 
 def estimate(item: table.LockItem, *, shared: bool = False, token: str = "me") -> Any:
-    return queueing.estimate_wait(item, token, shared=shared, skew=0.5)
+    mine = [w.ticket for w in item.entries or () if w.token == token]
+    return queueing.estimate_wait(
+        item, token, shared=shared, skew=0.5, ticket=mine[0] if mine else None
+    )
 
 
 def test_a_holder_is_expected_to_hold_for_the_average_hold(frozen: int) -> None:
@@ -161,14 +180,15 @@ def test_a_holder_that_stopped_renewing_is_free_at_its_takeover(frozen: int) -> 
 def test_every_live_waiter_ahead_takes_an_average_hold(frozen: int) -> None:
     item = table.LockItem(
         holders={"h": holder(frozen + 60_000, frozen - 100)},
-        queue={
-            "first": queued(1, frozen + 9_000),
-            "second": queued(2, frozen + 9_000),
-            "dead": queued(3, frozen - 9_000),  # its entry expired: skipped
-            "me": queued(4, frozen + 9_000),
-            "later": queued(9, frozen + 9_000),  # behind us
-        },
-        has_queue=True,
+        **in_line(
+            {
+                "first": queued(1, frozen + 9_000),
+                "second": queued(2, frozen + 9_000),
+                "dead": queued(3, frozen - 9_000),  # its entry expired: skipped
+                "me": queued(4, frozen + 9_000),
+                "later": queued(9, frozen + 9_000),  # behind us
+            }
+        ),
         hold_ms=300,
     )
     assert estimate(item) == (pytest.approx(0.2 + 2 * 0.3), 3)
@@ -179,8 +199,7 @@ def test_every_live_waiter_ahead_takes_an_average_hold(frozen: int) -> None:
 def test_waiters_ahead_with_no_average_take_what_the_holder_has_held(frozen: int) -> None:
     item = table.LockItem(
         holders={"h": holder(frozen + 60_000, frozen - 400)},
-        queue={"first": queued(1, frozen + 9_000)},
-        has_queue=True,
+        **in_line({"first": queued(1, frozen + 9_000)}),
     )
     assert estimate(item) == (pytest.approx(0.4 + 0.4), 2)
 
@@ -193,8 +212,7 @@ def test_counting_waits_for_the_first_slot_the_waiters_ahead_leave(frozen: int) 
             "a": holder(frozen + 60_000, frozen - 200),
             "b": holder(frozen + 60_000, frozen + 100),
         },
-        queue={"w1": queued(1, frozen + 9_000), "w2": queued(2, frozen + 9_000)},
-        has_queue=True,
+        **in_line({"w1": queued(1, frozen + 9_000), "w2": queued(2, frozen + 9_000)}),
         mode="n",
         limit=2,
         hold_ms=300,
@@ -205,8 +223,7 @@ def test_counting_waits_for_the_first_slot_the_waiters_ahead_leave(frozen: int) 
 def test_counting_with_free_slots_and_a_huge_limit_is_quick(frozen: int) -> None:
     item = table.LockItem(
         holders={"a": holder(frozen + 60_000, frozen)},
-        queue={"w1": queued(1, frozen + 9_000)},
-        has_queue=True,
+        **in_line({"w1": queued(1, frozen + 9_000)}),
         mode="n",
         limit=10**9,
         hold_ms=300,
@@ -226,8 +243,7 @@ def test_a_writer_waits_for_every_reader(frozen: int) -> None:
 def test_a_reader_behind_a_queued_writer_waits_for_the_writer(frozen: int) -> None:
     item = table.LockItem(
         holders={"r1": shared_holder(frozen + 60_000, frozen - 100)},
-        queue={"writer": queued(1, frozen + 9_000)},
-        has_queue=True,
+        **in_line({"writer": queued(1, frozen + 9_000)}),
         mode="s",
         hold_ms=300,
     )
@@ -238,11 +254,12 @@ def test_a_reader_behind_queued_readers_goes_in_with_them(frozen: int) -> None:
     """A writer holds; readers queued behind it all go in when it leaves, us with them."""
     item = table.LockItem(
         holders={"w": holder(frozen + 60_000, frozen - 100)},
-        queue={
-            "r1": queued(1, frozen + 9_000, shared=True),
-            "r2": queued(2, frozen + 9_000, shared=True),
-        },
-        has_queue=True,
+        **in_line(
+            {
+                "r1": queued(1, frozen + 9_000, shared=True),
+                "r2": queued(2, frozen + 9_000, shared=True),
+            }
+        ),
         hold_ms=300,
     )
     assert estimate(item, shared=True) == (pytest.approx(0.2), 3)
@@ -265,8 +282,7 @@ def test_busy_tells_the_estimate_and_the_queue_position(frozen: int) -> None:
     item = table.LockItem(
         resource="r",
         holders={"h": holder(frozen + 60_000, frozen - 100, user="alice")},
-        queue={"first": queued(1, frozen + 9_000)},
-        has_queue=True,
+        **in_line({"first": queued(1, frozen + 9_000)}),
         hold_ms=300,
     )
     sent: list[dict[str, Any]] = []

@@ -11,6 +11,7 @@ from django.test import override_settings
 
 from dynasem import SemaphoreBusy, clock, semaphore, table
 from dynasem.conf import settings
+from tests.conftest import enqueue_inline
 
 
 def test_uncontended_cycle_is_one_write_to_acquire_and_one_to_release(requests_sent):
@@ -50,6 +51,24 @@ def test_expired_hold_is_taken_over_in_one_write(requests_sent):
         assert dict(requests_sent.calls) == {"UpdateItem": 1}
         assert new.fence > old.fence
         new.release()
+
+
+def test_a_take_by_another_user_moves_no_index_key_until_its_first_renewal(
+    lock_table, requests_sent
+):
+    """Holds taken in turn by two users (a view lock taken by whoever asks): the row keeps the
+    first user in ``userId`` (moving it costs a delete and a put in the userId index), until
+    a hold lasts long enough to be renewed: from then on it is listed under its own user."""
+    from dynasem import operations
+
+    semaphore("view:1", user="alice", lease=30).acquire().release()
+    held = semaphore("view:1", user="bob", lease=30).acquire()
+    assert table.stored_item("view:1")["userId"] == "alice"
+    assert [h.user_id for h in operations.holds_on("view:1")] == ["bob"]
+    held.renew()
+    assert table.stored_item("view:1")["userId"] == "bob"
+    assert [h.resource for h in operations.active_holds(user_id="bob")] == ["view:1"]
+    held.release()
 
 
 def test_stored_row_carries_user_and_expires_for_the_indexes(lock_table):
@@ -361,15 +380,16 @@ def test_a_join_is_not_refused_by_a_renewal_that_ends_before_it(lock_table):
 
 
 def test_a_take_evicts_at_most_max_evict_dead_waiters_and_still_takes(lock_table):
-    """150 dead entries in a resource's queue (their waiters were killed): each take evicts
-    the 64 oldest in its own write, whose expressions stay within DynamoDB's limits (all 150
-    in one write were refused: ValidationException), and takes the lock all the same."""
+    """150 dead entries in a resource's old inline queue (their waiters, of an earlier dynasem, were
+    killed): each take evicts the 64 oldest in its own write, whose expressions stay within
+    DynamoDB's limits (all 150 in one write were refused: ValidationException), and takes the
+    lock all the same."""
     from dynasem.table import writes
 
     now = clock.now_ms()
     for i in range(150):
         waiter = table.Waiter(ticket=1_000 + i, expires_ms=now - 60_000 + i, user_id="dead")
-        table.update(table.enqueue("haunted", f"dead{i:03}", waiter, fresh=i == 0))
+        enqueue_inline("haunted", f"dead{i:03}", waiter)
     assert len(table.stored_item("haunted")["queue"]) == 150
     left = []
     for _ in range(3):

@@ -23,8 +23,9 @@ from django.conf import settings as django_settings
 from dynasem import SemaphoreBusy, semaphore, table
 from dynasem.conf import settings
 from dynasem.operations import holds_on
-from dynasem.table import QueueTerms, Refused, Waiter, enqueue, take_free, take_join
+from dynasem.table import QueueTerms, Refused, Waiter, take_free, take_join, take_ticket
 from dynasem.testing import ENDPOINT_ENV, engine_endpoint, fresh_table
+from tests.conftest import enqueue_entry, queue_of
 
 USER_SETTINGS = """
 SECRET_KEY = "user-project"
@@ -411,8 +412,7 @@ def test_dynasems_size_conditions_on_a_reaped_row_are_refused_not_unavailable(ei
         "queue size": take_free(
             "gone", "b", entry, mode="x", limit=1, stale_ms=now, queue=QueueTerms(size=0)
         ),
-        "enqueue": enqueue("gone", "b", Waiter(now * 1000, now + 10_000), fresh=False,
-                           if_busy_ms=now),
+        "take_ticket": take_ticket("gone", now * 1000, if_busy_ms=now),
     }  # fmt: skip
     for name, write in writes.items():
         with pytest.raises(Refused) as refused:
@@ -420,11 +420,9 @@ def test_dynasems_size_conditions_on_a_reaped_row_are_refused_not_unavailable(ei
         assert refused.value.lock is None, name
     # A queue row with nobody holding (waiters queued, then the holders' row reaped and the
     # queue made anew): a newcomer joins behind the waiters.
-    table.update(enqueue("queued", "w1", Waiter(now * 1000, now + 10_000), fresh=True))
-    table.update(
-        enqueue("queued", "w2", Waiter(now * 1000 + 1, now + 10_000), fresh=False, if_busy_ms=now)
-    )
-    assert set(table.get("queued").queue) == {"w1", "w2"}
+    enqueue_entry("queued", "w1", Waiter(0, now + 10_000))
+    table.update(take_ticket("queued", now * 1000, if_busy_ms=now))
+    assert set(queue_of("queued")) == {"w1"} and table.get("queued").qin == 2
 
 
 def test_a_counting_lock_reaped_between_the_read_and_the_join_is_taken(either_engine):

@@ -53,6 +53,9 @@ from .stored import (
     bucket_of,
     decode,
     encode,
+    entry_item,
+    entry_of,
+    entry_sk,
     epoch_seconds,
     expires_index_start,
     guessed_free,
@@ -70,11 +73,10 @@ from .stored import (
     shard_of,
     table_definition,
     user_index_start,
+    waiter_value,
 )
 from .writes import (
     QueueTerms,
-    dequeue,
-    enqueue,
     force_release,
     give_back,
     hand_over,
@@ -88,6 +90,7 @@ from .writes import (
     take_free,
     take_join,
     take_room,
+    take_ticket,
 )
 
 __all__ = [
@@ -109,6 +112,7 @@ __all__ = [
     "lock_item",
     "stored_item",
     "wire",
+    "waiter_value",
     "PUSHED_BEHIND",
     "update_job",
     "user_index_start",
@@ -136,11 +140,16 @@ __all__ = [
     "decode",
     "delete_expired",
     "delete_table",
-    "dequeue",
+    "drop_entry",
+    "entry_sk",
+    "load_entries",
+    "queue_entries",
+    "leave_queue",
+    "put_entry",
+    "take_ticket",
     "describe_table",
     "enable_ttl",
     "endpoint_label",
-    "enqueue",
     "epoch_seconds",
     "force_release",
     "get",
@@ -208,9 +217,11 @@ def transact(actions: list[dict[str, Any]]) -> None:
     _send("transact_write_items", TransactItems=items)
 
 
-def get(resource: str) -> LockItem | None:
-    """One strongly consistent read of a lock row (used only where no write can tell us)."""
-    return lock_item(_get(resource, LOCK_SK))
+def get(resource: str, *, consistent: bool = True) -> LockItem | None:
+    """One read of a lock row (used only where no write can tell us): strongly consistent,
+    unless ``consistent`` is False (half the read units: for a queued waiter's look, which
+    only decides when to write, every write being conditional on the row as it is)."""
+    return lock_item(_get(resource, LOCK_SK, consistent=consistent))
 
 
 def stored_item(pk: str, sk: str = LOCK_SK) -> dict[str, Any] | None:
@@ -219,11 +230,106 @@ def stored_item(pk: str, sk: str = LOCK_SK) -> dict[str, Any] | None:
     return _get(pk, sk)
 
 
-def _get(pk: str, sk: str) -> dict[str, Any] | None:
+def _get(pk: str, sk: str, *, consistent: bool = True) -> dict[str, Any] | None:
     response = _send(
-        "get_item", TableName=settings.TABLE_NAME, Key=key(pk, sk), ConsistentRead=True
+        "get_item", TableName=settings.TABLE_NAME, Key=key(pk, sk), ConsistentRead=consistent
     )
     return decode(response.get("Item"))
+
+
+# Entry items one query of the queue reads (a page): the first live one is usually the first.
+ENTRY_PAGE = 8
+
+
+def put_entry(resource: str, qbase: int, waiter: Waiter) -> None:
+    """Write our queue entry (its ticket drawn by :func:`take_ticket`): an item of its own,
+    so that a crowd of waiters never makes a write to the row dearer."""
+    _send("put_item", TableName=settings.TABLE_NAME, Item=entry_item(resource, qbase, waiter))
+
+
+def drop_entry(resource: str, qbase: int, ticket: int) -> None:
+    """Delete our queue entry (we leave the queue): a hand-over then no longer finds us."""
+    _send("delete_item", TableName=settings.TABLE_NAME, Key=key(resource, entry_sk(qbase, ticket)))
+
+
+# After leaving the queue while another holds, how long until we look again whether a
+# hand-over to us was on its way (seconds): a releaser reads the queue, then writes.
+LEAVE_RECHECK = 0.05
+
+
+def leave_queue(resource: str, qbase: int, ticket: int, *, token: str) -> LockItem | None:
+    """Leave the queue: delete our entry, then read the row (consistently): a hand-over that
+    found our entry before it went may have made us the holder; the caller keeps that hold or
+    gives it back. While another holds it, a hand-over may still be on its way (the releaser
+    read the queue before we left, and has not written yet): we look once more a little
+    later."""
+    drop_entry(resource, qbase, ticket)
+    row = get(resource)
+    if (
+        row is not None
+        and token not in row.holders
+        and row.holders
+        and row.qbase == qbase
+        and row.qout < ticket
+    ):
+        time.sleep(LEAVE_RECHECK)
+        row = get(resource)
+    return row
+
+
+def _entry_page(
+    item: LockItem, upto: int, limit: int | None, start: dict[str, Any] | None
+) -> tuple[list[Waiter], dict[str, Any] | None]:
+    """One page of the entry items of ``item``'s queue, tickets ``qout`` + 1 to ``upto``
+    (a consistent Query: the entries a waiter or a releaser decides from must be current)."""
+    lo, hi = entry_sk(item.qbase, item.qout + 1), entry_sk(item.qbase, upto)
+    kwargs: dict[str, Any] = {
+        "TableName": settings.TABLE_NAME,
+        "ConsistentRead": True,
+        "KeyConditionExpression": "#pk = :pk AND #sk BETWEEN :lo AND :hi",
+        "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk"},
+        "ExpressionAttributeValues": encode({":pk": item.resource, ":lo": lo, ":hi": hi}),
+    }
+    if limit:
+        kwargs["Limit"] = limit
+    if start:
+        kwargs["ExclusiveStartKey"] = start
+    response = _send("query", **kwargs)
+    page = [entry_of(decode(i)) for i in response.get("Items", [])]
+    return page, response.get("LastEvaluatedKey")
+
+
+def queue_entries(item: LockItem) -> list[Waiter]:
+    """Every entry item of ``item``'s queue that has not had its turn (``qout`` + 1 to
+    ``qin``), dead ones included, in ticket order: for listings, never for a decision."""
+    found: list[Waiter] = []
+    start = None
+    while item.qin > item.qout:
+        page, start = _entry_page(item, item.qin, None, start)
+        found += page
+        if not start:
+            break
+    return found
+
+
+def load_entries(item: LockItem, upto: int | None = None) -> LockItem:
+    """``item`` with the entry items of its queue read, from ``qout`` + 1 up to ``upto``
+    (default: ``qin``), page by page until the first live one (a lease end at or after now):
+    the waiters before it are dead or gone, and whoever decides from it needs to know no
+    more. An item with nobody waiting is returned as it is."""
+    upto = item.qin if upto is None else upto
+    if upto <= item.qout:
+        return dataclasses.replace(item, entries=(), entries_to=upto)
+    now = time.time() * 1000
+    found: list[Waiter] = []
+    start = None
+    while True:
+        page, start = _entry_page(item, upto, ENTRY_PAGE, start)
+        found += page
+        if not start or any(w.expires_ms >= now for w in page):
+            break
+    covered = found[-1].ticket if start else upto
+    return dataclasses.replace(item, entries=tuple(found), entries_to=covered)
 
 
 # A push carries the queue up to its recipient and this many entries behind it: what the

@@ -17,6 +17,23 @@ an index write only when the row enters, leaves or moves in it, or a projected a
 changes). The indexes project keys and ``mode`` only; listings read the rows they show from
 the base table and decide from the exact lease ends there.
 
+Waiters queue in items of their own, never in the row: a crowd of waiters never makes a write
+to the row dearer, nor the row larger. ``ADD qin 1`` on the row draws a waiter's ticket
+(1, 2, ...); its entry is an item under the resource's key, ``sk`` = ``q#<qbase>#<ticket>``
+(:func:`entry_sk`), with its lease end, user, push address and process: no ``userId`` and no
+``shard``, so it is in neither index; ``expires`` only for TTL. The row's ``qout`` says that
+every ticket up to it has had its turn: a hand-over moves it to its heir's ticket, a waiter
+that takes the lock by itself to its own, a take or release that saw every waiter between
+dead or gone moves it past them. Nobody waits while ``qin`` = ``qout``: the uncontended lock's
+writes read the two counters in their conditions and stay as cheap as ever. Entries are never
+deleted on the way (only a waiter that gives up deletes its own): those below ``qout`` are
+never read again, and TTL takes them. ``qbase`` (set with the first ticket) names the queue,
+so that entries left from before a reap of the row are never read as its new queue's.
+
+Rows written by an earlier dynasem may hold a ``queue`` map of waiters (token -> ``{t: ticket,
+e: entry lease end, ...}``): those waiters came first, are handed the lock first and leave
+the map when they take it; new waiters never join it, so it drains.
+
 run_once rows live beside them under ``sk`` = ``"job"`` and carry no ``expires``: TTL and the
 reaper never see them.
 """
@@ -119,7 +136,9 @@ class Holder:
 
 @dataclass(frozen=True, slots=True)
 class Waiter:
-    """One queue entry of a lock row."""
+    """One queue entry: an item of its own under the resource's key (``sk`` =
+    :func:`entry_sk`), or, as written by an earlier dynasem, an entry of the row's ``queue``
+    map (still honoured: see :mod:`dynasem.queueing`)."""
 
     ticket: int  # first come, first served: the smallest live ticket is next
     expires_ms: int  # the entry's own lease end; a dead waiter's entry may be evicted
@@ -128,6 +147,7 @@ class Waiter:
     lease_ms: int | None = None  # the lease a hand-over grants it
     address: str | None = None  # where a hand-over is pushed (wakeup's format), if anywhere
     proc: str | None = None  # the waiting process: a hand-over records it in the holder entry
+    token: str = ""  # whose entry (an entry item names it; a map entry is keyed by it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,13 +165,30 @@ class LockItem:
     expires_ms: int = 0  # the latest lease end of its holders (the row's own expiry)
     mode: str = "x"
     limit: int = 1
-    ticket: int = 0  # the last queue ticket handed out
+    ticket: int = 0  # the last ticket of the old, inline queue (read, never written)
+    # The queue of entry items: tickets 1, 2, ... handed out by ``ADD qin 1``; every ticket
+    # up to ``qout`` has had its turn (or was passed: left, dead, or skipped). Waiters wait
+    # while qin > qout. ``qbase`` names this row's queue (set with its first ticket), so
+    # that entries left from before a reap are never read as this row's.
+    qin: int = 0
+    qout: int = 0
+    qbase: int = 0
+    # Entry items read for this row (ticket order, from ``qout`` + 1 on), or None: not read.
+    # A read stops at the first live entry; ``entries_to`` is the last ticket it covered.
+    entries: tuple[Waiter, ...] | None = None
+    entries_to: int = 0
+    guessed: bool = False  # not read: a guess of the acquire loop (see guessed_free)
     hold_ms: int | None = None  # the average hold, for a waiter's estimate of its turn
     last_token: str | None = None  # who released last
     broken_token: str | None = None  # whose hold an operator broke last
     listed_s: int | None = None  # where the row sorts in the indexes (epoch seconds)
     # The decoded item itself, for a push (wakeup sends it as written); read it nowhere else.
     stored: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether tickets are out that have not had their turn (live waiters, maybe)."""
+        return self.qin > self.qout
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +235,7 @@ def holder_value(holder: Holder) -> dict[str, Any]:
     return value
 
 
-def waiter_of(value: Mapping[str, Any]) -> Waiter:
+def waiter_of(value: Mapping[str, Any], token: str = "") -> Waiter:
     lease, address = value.get("l"), value.get("n")
     return Waiter(
         ticket=int(value.get("t", 0)),
@@ -208,6 +245,7 @@ def waiter_of(value: Mapping[str, Any]) -> Waiter:
         lease_ms=None if lease is None else int(lease),
         address=None if not address else str(address),
         proc=_proc(value),
+        token=token,
     )
 
 
@@ -225,6 +263,33 @@ def waiter_value(waiter: Waiter) -> dict[str, Any]:
     if waiter.proc is not None:
         value["p"] = waiter.proc
     return value
+
+
+ENTRY_PREFIX = "q#"
+
+
+def entry_sk(qbase: int, ticket: int) -> str:
+    """The sort key of a queue entry item: the row's queue, then the ticket (zero-padded, so
+    the entries sort in ticket order under the resource's key, after ``job`` and ``lock``)."""
+    return f"{ENTRY_PREFIX}{qbase:020d}#{ticket:020d}"
+
+
+def entry_item(resource: str, qbase: int, waiter: Waiter) -> dict[str, Any]:
+    """A queue entry as its own item (PutItem's ``Item``). It carries no ``userId`` or
+    ``shard`` (so no index writes) and ``expires`` for TTL only: waiters that left or were
+    served leave their entries behind, below the row's ``qout``, where nobody reads them."""
+    value = waiter_value(waiter)
+    value["k"] = waiter.token
+    return {
+        **key(resource, entry_sk(qbase, waiter.ticket)),
+        **encode(value),
+        "expires": {"N": str(epoch_seconds(waiter.expires_ms) + BUCKET_S)},
+    }
+
+
+def entry_of(item: Mapping[str, Any]) -> Waiter:
+    """A decoded entry item as a :class:`Waiter`."""
+    return waiter_of(item, str(item.get("k", "")))
 
 
 def _number(item: Mapping[str, Any], name: str) -> int | None:
@@ -255,13 +320,16 @@ def lock_item(item: Mapping[str, Any] | None) -> LockItem | None:
     return LockItem(
         resource=str(item.get("pk", "")),
         holders={t: holder_of(h) for t, h in (item.get("holders") or {}).items()},
-        queue={t: waiter_of(w) for t, w in (queue or {}).items()},
+        queue={t: waiter_of(w, t) for t, w in (queue or {}).items()},
         has_queue=queue is not None,
         fence=number("fence") or 0,
         expires_ms=number("expMs") or 0,
         mode=text("mode") or "x",
         limit=number("limit") or 1,
         ticket=number("ticket") or 0,
+        qin=number("qin") or 0,
+        qout=number("qout") or 0,
+        qbase=number("qbase") or 0,
         hold_ms=number("holdMs"),
         last_token=text("lastToken"),
         broken_token=text("brokenToken"),
@@ -273,7 +341,7 @@ def lock_item(item: Mapping[str, Any] | None) -> LockItem | None:
 def guessed_free(fence: int) -> LockItem | None:
     """What a busy lock we did not read again is guessed to be: free, keeping the fence we
     saw (one write tells us otherwise). None when we saw no fence: nothing known."""
-    return LockItem(fence=fence) if fence else None
+    return LockItem(fence=fence, guessed=True) if fence else None
 
 
 @dataclass(frozen=True, slots=True)

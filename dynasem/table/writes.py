@@ -9,19 +9,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from .stored import (
+    BUCKET_S,
     FAILED,
     JOB_SK,
     LOCK_SK,
     RUNNING,
     Holder,
     LockItem,
-    Waiter,
     bucket_of,
     encode,
+    entry_sk,
+    epoch_seconds,
     holder_value,
     key,
     shard_of,
-    waiter_value,
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -39,8 +40,10 @@ _LOCK_NAMES = {
     "#shard": "shard",
     "#last": "lastToken",
     "#q": "queue",
-    "#next": "ticket",
     "#hold": "holdMs",
+    "#qin": "qin",
+    "#qout": "qout",
+    "#qbase": "qbase",
 }
 
 
@@ -61,9 +64,10 @@ def _action(
     action: dict[str, Any] = {
         "Key": key(pk, sk),
         "UpdateExpression": update,
-        "ConditionExpression": condition,
         "ExpressionAttributeNames": used,
     }
+    if condition:
+        action["ConditionExpression"] = condition
     if values:
         action["ExpressionAttributeValues"] = encode(values)
     return action
@@ -80,30 +84,50 @@ MAX_EVICT = 64
 
 
 class QueueTerms:
-    """How a take treats the resource's waiting queue (see core: nobody cuts in line).
+    """How a take treats the resource's waiters (see core: nobody cuts in line).
 
-    ``queued``: we are in the queue and leave it by this take. ``evict``: dead waiters (their
-    lease end as seen) removed by this take. ``size``: for a taker not in the queue, the queue
-    size it saw (a newcomer since then would be ahead of us); None when it saw no queue.
+    The queue of entry items: ``mine``, our ticket if we are queued (the take then moves
+    ``qout`` to it, conditional on ``qout`` being as seen: whoever was between was seen gone
+    or dead); else, with ``qin`` > ``qout`` seen (every waiter seen gone or dead), the take
+    passes them all, conditional on ``qin`` and ``qout`` as seen; else nobody may be waiting.
+
+    The old inline queue (written by an earlier dynasem, honoured until it drains): ``evict``,
+    dead entries (their lease end as seen) removed by this take; ``size``, the map's size seen
+    (a newcomer since then would be ahead of us), None when the row has no map.
     """
 
     def __init__(
-        self, queued: bool = False, evict: dict[str, int] | None = None, size: int | None = None
+        self,
+        evict: dict[str, int] | None = None,
+        size: int | None = None,
+        *,
+        mine: int | None = None,
+        qin: int = 0,
+        qout: int = 0,
     ):
-        self.queued, self.evict, self.size = queued, evict or {}, size
+        self.evict, self.size = evict or {}, size
+        self.mine, self.qin, self.qout = mine, qin, qout
 
 
 def _queue_clauses(
     token: str, terms: QueueTerms | None, names: dict[str, str], values: dict[str, Any]
-) -> tuple[list[str], list[str]]:
-    """REMOVE paths and conditions for a take, per :class:`QueueTerms`."""
+) -> tuple[list[str], list[str], list[str]]:
+    """SET clauses, REMOVE paths and conditions for a take, per :class:`QueueTerms`."""
     terms = terms or QueueTerms()
-    removes, conds = [], []
-    names["#me"] = token
-    if terms.queued:
-        removes.append("#q.#me")
-        conds.append("attribute_exists(#q.#me)")
-    elif terms.size is None:
+    sets: list[str] = []
+    removes: list[str] = []
+    conds: list[str] = []
+    if terms.mine is not None:
+        conds.append("#qout = :sqout")
+        sets.append("#qout = :mine")
+        values.update({":sqout": terms.qout, ":mine": terms.mine})
+    elif terms.qin > terms.qout:
+        conds.append("#qin = :sqin AND #qout = :sqout")
+        sets.append("#qout = :sqin")
+        values.update({":sqin": terms.qin, ":sqout": terms.qout})
+    else:
+        conds.append("(attribute_not_exists(#qin) OR #qin = #qout)")
+    if terms.size is None:
         conds.append("(attribute_not_exists(#q) OR size(#q) = :qsize)")
         values[":qsize"] = 0
     else:
@@ -118,7 +142,7 @@ def _queue_clauses(
         removes.append(f"#q.#w{i}")
         conds.append(f"#q.#w{i}.e = :we{i}")
         values[f":we{i}"] = ends
-    return removes, conds
+    return sets, removes, conds
 
 
 def take_free(
@@ -137,8 +161,8 @@ def take_free(
     increasing even when our clock is behind the previous holder's.
     """
     update = (
-        "SET #h = :h, #mode = :mode, #lim = :lim, #fence = :fence, #uid = :uid, "
-        "#exp = :exp, #expMs = :expMs, #shard = :shard"
+        "SET #h = :h, #mode = :mode, #lim = :lim, #fence = :fence, "
+        "#uid = if_not_exists(#uid, :uid), #exp = :exp, #expMs = :expMs, #shard = :shard"
     )
     condition = (
         "(attribute_not_exists(#h) OR size(#h) = :zero OR #expMs < :stale) "
@@ -146,12 +170,10 @@ def take_free(
     )
     names = dict(_LOCK_NAMES)
     values: dict[str, Any] = {}
-    removes, conds = _queue_clauses(token, queue, names, values)
+    q_sets, removes, conds = _queue_clauses(token, queue, names, values)
+    update = ", ".join([update, *q_sets])
     if removes:
         update += " REMOVE " + ", ".join(removes)
-    else:
-        update += ", #q = if_not_exists(#q, :emptyq)"  # later waiters join this map
-        values[":emptyq"] = {}
     condition = " AND ".join([condition, *conds])
     values |= {
         ":h": {token: holder_value(entry)},
@@ -218,7 +240,7 @@ def take_join(
         # "the value we saw": with hundreds of holders renewing the row, that condition
         # failed a join again and again (a wait=0 acquire of a semaphore with free permits
         # answered "busy, held by unknown").
-        sets += ["#uid = :uid", "#exp = :exp", "#expMs = :expMs"]
+        sets += ["#uid = if_not_exists(#uid, :uid)", "#exp = :exp", "#expMs = :expMs"]
         values.update(
             {
                 ":uid": entry.user_id,
@@ -237,7 +259,8 @@ def take_join(
         removes.append(f"#h.#x{i}")
         conds.append(f"#h.#x{i}.e = :xe{i}")
         values[f":xe{i}"] = seen.holders[gone].expires_ms
-    q_removes, q_conds = _queue_clauses(token, queue, names, values)
+    q_sets, q_removes, q_conds = _queue_clauses(token, queue, names, values)
+    sets += q_sets
     removes += q_removes
     conds += q_conds
     update = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
@@ -256,6 +279,7 @@ def take_room(resource: str, token: str, entry: Holder, *, mode: str, limit: int
         "#fence < :fence",
         "#expMs <= :expMs",
         "(attribute_not_exists(#q) OR size(#q) = :zero)",
+        "(attribute_not_exists(#qin) OR #qin = #qout)",
     ]
     values: dict[str, Any] = {
         ":entry": holder_value(entry),
@@ -269,15 +293,28 @@ def take_room(resource: str, token: str, entry: Holder, *, mode: str, limit: int
     }
     if mode != "s":  # shared holds have no upper bound
         conds.insert(1, "size(#h) < :lim")
-    update = "SET #h.#t = :entry, #fence = :fence, #uid = :uid, #exp = :exp, #expMs = :expMs"
+    update = (
+        "SET #h.#t = :entry, #fence = :fence, #uid = if_not_exists(#uid, :uid), #exp = :exp, "
+        "#expMs = :expMs"
+    )
     return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
 
 
-def renew_hold(resource: str, token: str, expires_ms: int, *, raise_item: bool) -> dict[str, Any]:
+def renew_hold(
+    resource: str,
+    token: str,
+    expires_ms: int,
+    *,
+    raise_item: bool,
+    user_id: str | None = None,
+) -> dict[str, Any]:
     """Push our lease end; conditional on our token still being among the holders.
 
     ``raise_item`` also pushes the item-level expiry, only ever later (another holder of a
-    counting or shared resource may have a later one).
+    counting or shared resource may have a later one), and names ``user_id`` in ``userId``:
+    a take leaves the row's ``userId`` as it was (moving it costs two index writes, and most
+    holds end before their first renewal); a hold that lasts shows under its user from its
+    first renewal on.
     """
     names = dict(_LOCK_NAMES, **{"#t": token})
     values: dict[str, Any] = {":e": expires_ms}
@@ -287,6 +324,9 @@ def renew_hold(resource: str, token: str, expires_ms: int, *, raise_item: bool) 
         update += ", #exp = :exp, #expMs = :e"
         condition += " AND #expMs <= :e"
         values[":exp"] = bucket_of(expires_ms)
+        if user_id is not None:
+            update += ", #uid = :uid"
+            values[":uid"] = user_id
     return _action(resource, LOCK_SK, update, condition, names, values)
 
 
@@ -298,9 +338,18 @@ def give_back(
     sole: bool,
     hold_ms: int | None = None,
     lease_end_ms: int | None = None,
+    queue_idle: bool = False,
+    pass_to: int | None = None,
 ) -> dict[str, Any]:
-    """Release our hold only; conditional on our token. ``lastToken`` remembers who released,
-    so a retried release whose first response was lost is recognised as done.
+    """Release our hold only; conditional on our token.
+
+    ``queue_idle``: only if nobody waits in the queue of entry items (an exclusive holder's
+    release: a refusal tells it that waiters came, and it hands the lock over instead).
+    ``pass_to``: every waiter up to this ticket was seen gone or dead: the release passes
+    them (``qout`` moves to it), only if no ticket was taken since (``qin`` is still it).
+
+    ``lastToken`` remembers who released, so a retried release whose first response was lost
+    is recognised as done.
 
     ``lease_end_ms``: the lease end our last write stored (its bucket is the row's
     ``expires``). A sole holder releasing after the bucket it stored has ended (a late
@@ -323,8 +372,15 @@ def give_back(
     if hold_ms is not None:
         sets.append("#hold = :hold")  # waiters estimate their turn from it
         values[":hold"] = hold_ms
+    condition = "attribute_exists(#h.#t)"
+    if pass_to is not None:
+        sets.append("#qout = :pass")
+        condition += " AND #qin = :pass"
+        values[":pass"] = pass_to
+    elif queue_idle:
+        condition += " AND (attribute_not_exists(#qin) OR #qin = #qout)"
     update += " SET " + ", ".join(sets)
-    return _action(resource, LOCK_SK, update, "attribute_exists(#h.#t)", names, values)
+    return _action(resource, LOCK_SK, update, condition, names, values)
 
 
 def hand_over(
@@ -334,15 +390,21 @@ def hand_over(
     *,
     hold_ms: int,
     mode: str | None = None,
+    qout: int | None = None,
 ) -> dict[str, Any]:
     """Release our exclusive hold straight to the first waiters, in the same write: each heir
-    (its token, the ticket we saw, its entry: user, lease, a fresh fence) holds the lock from
-    now and leaves the queue. One exclusive heir, or the readers at the head of the queue
+    (its token, its ticket, its entry: user, lease, a fresh fence) holds the lock from now
+    and leaves the queue. One exclusive heir, or the readers at the head of the queue
     together; ``mode``: the row's mode from now (None: left as it is, exclusive).
 
-    Conditional on our token, on every heir still waiting with the ticket we saw, and on the
-    stored fence being below every heir's (the heirs' fences differ: the row keeps the
-    largest). The row's lease end and ``userId`` are the heir's whose lease ends last."""
+    Heirs from entry items (``qout``: the row's ``qout`` we saw): ``qout`` moves to the last
+    heir's ticket, conditional on it being as we saw (nobody else took a turn meanwhile).
+    Heirs from the old inline queue (``qout`` None): each leaves the map, conditional on it
+    still waiting with the ticket we saw.
+
+    Conditional on our token and on the stored fence being below every heir's (the heirs'
+    fences differ: the row keeps the largest). The row's lease end and ``userId`` are the
+    heir's whose lease ends last."""
     if not heirs:
         raise ValueError("a hand-over needs an heir")
     names = dict(_LOCK_NAMES, **{"#t": token})
@@ -360,11 +422,17 @@ def hand_over(
     for i, (heir, ticket, entry) in enumerate(heirs):
         names[f"#n{i}"] = heir
         values[f":entry{i}"] = holder_value(entry)
-        values[f":ticket{i}"] = ticket
-        removes.append(f"#q.#n{i}")
         sets.append(f"#h.#n{i} = :entry{i}")
-        conds.append(f"#q.#n{i}.t = :ticket{i}")
-    sets += ["#fence = :fence", "#uid = :uid", "#exp = :exp", "#expMs = :expMs"]
+        if qout is None:
+            values[f":ticket{i}"] = ticket
+            removes.append(f"#q.#n{i}")
+            conds.append(f"#q.#n{i}.t = :ticket{i}")
+    if qout is not None:
+        sets.append("#qout = :nqout")
+        conds.append("#qout = :sqout")
+        values.update({":nqout": max(ticket for _, ticket, _ in heirs), ":sqout": qout})
+    sets += ["#fence = :fence", "#uid = if_not_exists(#uid, :uid)", "#exp = :exp"]
+    sets.append("#expMs = :expMs")
     sets += ["#last = :tok", "#hold = :hold"]
     if mode is not None:
         # Both indexes project the mode: a change costs a write in each, so only when it changes.
@@ -375,48 +443,35 @@ def hand_over(
     return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
 
 
-def enqueue(
-    resource: str,
-    token: str,
-    waiter: Waiter,
-    *,
-    fresh: bool,
-    if_busy_ms: int | None = None,
-) -> dict[str, Any]:
-    """Join the resource's queue with a ticket (microseconds, only ever increasing).
+def take_ticket(resource: str, qbase: int, *, if_busy_ms: int | None = None) -> dict[str, Any]:
+    """Draw the next ticket of the resource's queue (``ADD qin 1``: never refused by another
+    waiter's draw, unlike a ticket chosen by the waiter). ``qbase``: the queue's name if the
+    row has none yet. Its answer (the row, ALL_NEW) holds our ticket, ``qin``.
 
-    ``fresh``: the item has no queue map yet (or no item at all): create it with us alone.
-    ``if_busy_ms``: only if it is held (item lease end at or after this) or others wait."""
-    names = dict(_LOCK_NAMES, **{"#me": token})
-    values: dict[str, Any] = {":ticket": waiter.ticket}
-    if fresh:
-        update = "SET #q = :q, #next = :ticket, #shard = :shard"
-        condition = "attribute_not_exists(#q)"
-        values.update({":q": {token: waiter_value(waiter)}, ":shard": shard_of(resource)})
-    else:
-        update = "SET #q.#me = :w, #next = :ticket"
-        condition = "attribute_exists(#q) AND (attribute_not_exists(#next) OR #next < :ticket)"
-        values[":w"] = waiter_value(waiter)
+    ``if_busy_ms``: only if it is held (a lease ending at or after this) or others wait;
+    otherwise the refusal's old row is the state to take it from."""
+    names = dict(_LOCK_NAMES)
+    update = (
+        "ADD #qin :one "
+        "SET #qout = if_not_exists(#qout, :zero), #qbase = if_not_exists(#qbase, :base)"
+    )
+    values: dict[str, Any] = {":one": 1, ":zero": 0, ":base": qbase}
+    condition = ""
     if if_busy_ms is not None:
-        condition += " AND ((size(#h) > :zero AND #expMs >= :busy) OR size(#q) > :zero)"
-        values.update({":zero": 0, ":busy": if_busy_ms})
+        condition = "((size(#h) > :zero AND #expMs >= :busy) OR #qin > #qout OR size(#q) > :zero)"
+        values[":busy"] = if_busy_ms
     return _action(resource, LOCK_SK, update, condition, names, values)
 
 
-def dequeue(resource: str, token: str) -> dict[str, Any]:
-    names = dict(_LOCK_NAMES, **{"#me": token})
-    return _action(resource, LOCK_SK, "REMOVE #q.#me", "attribute_exists(#q.#me)", names, {})
-
-
-def renew_waiter(resource: str, token: str, expires_ms: int) -> dict[str, Any]:
-    names = dict(_LOCK_NAMES, **{"#me": token})
+def renew_waiter(resource: str, qbase: int, ticket: int, expires_ms: int) -> dict[str, Any]:
+    """Push a queue entry's lease end (and its TTL); conditional on the entry being there."""
     return _action(
         resource,
-        LOCK_SK,
-        "SET #q.#me.e = :e",
-        "attribute_exists(#q.#me)",
-        names,
-        {":e": expires_ms},
+        entry_sk(qbase, ticket),
+        "SET #e = :e, #exp = :exp",
+        "attribute_exists(#e)",
+        {"#e": "e", "#exp": "expires"},
+        {":e": expires_ms, ":exp": epoch_seconds(expires_ms) + BUCKET_S},
     )
 
 
