@@ -156,20 +156,6 @@ class Semaphore:
     def __repr__(self) -> str:
         return f"<Semaphore {self.decoration.resource!r} limit={self.limit} shared={self.shared}>"
 
-    # -- planning ----------------------------------------------------------------------------
-
-    def _plan(
-        self,
-        resource: str,
-        seen: table.LockItem | None,
-        token: str,
-        entry: table.Holder,
-        stale_ms: int,
-        confirm_below_ms: int,
-        ticket: int | None = None,
-    ) -> Plan:
-        return planning.plan(self, resource, seen, token, entry, stale_ms, confirm_below_ms, ticket)
-
     # -- acquiring ---------------------------------------------------------------------------
 
     def _acquire_steps(self) -> Steps[Held]:
@@ -233,7 +219,9 @@ class Semaphore:
                 if queueing.passed(seen.get(resources[0]), pace.qbase, pace.ticket):
                     pace.ticket = None  # our turn went by (or the row is new): join again
                 plans = {
-                    r: self._plan(r, seen.get(r), token, entry, stale, confirm_below, pace.ticket)
+                    r: planning.plan(
+                        self, r, seen.get(r), token, entry, stale, confirm_below, pace.ticket
+                    )
                     for r in resources
                 }
                 loads = {r: p.load for r, p in plans.items() if p.load is not None}

@@ -196,11 +196,11 @@ def stall_through_hand_over(
     setup_django(endpoint, table_name)
     from django.test import override_settings
 
-    from dynasem import core, semaphore
+    from dynasem import planning, semaphore
     from dynasem.conf import settings
 
     if stop_on_own_hold:
-        plan = core.Semaphore._plan
+        plan = planning.plan
         done = []
 
         def stalling_plan(self: Any, resource: str, seen: Any, *args: Any, **kwargs: Any) -> Any:
@@ -211,7 +211,7 @@ def stall_through_hand_over(
                 os.kill(os.getpid(), signal.SIGSTOP)  # a GC pause, a stalled VM, swapping
             return plan(self, resource, seen, *args, **kwargs)
 
-        core.Semaphore._plan = stalling_plan  # type: ignore[method-assign]
+        planning.plan = stalling_plan
 
     with override_settings(DYNASEM=dict(settings.raw, PUSH=push)):
         with semaphore(resource, fair=True, wait=120, lease=lease, user="W") as held:
