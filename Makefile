@@ -36,9 +36,10 @@ lint: venv
 	$(PYTHON_VENV) -m ruff format --check .
 	$(PYTHON_VENV) -m mypy --strict dynasem
 
-# Every other supported (Python, Django) pair, one nox session each (noxfile.py).
+# Every other supported (Python, Django) pair, one nox session each (noxfile.py), two at once
+# (scripts/matrix.sh; MATRIX_JOBS=1 for one after another).
 matrix: venv
-	$(PYTHON_VENV) -m nox -t ci $(NOX_ARGS)
+	bash scripts/matrix.sh $(PYTHON_VENV) $(NOX_ARGS)
 
 # The sdist and the wheel, in dist/, checked by twine.
 dist: venv

@@ -74,9 +74,12 @@ def _find_pythons() -> None:
             continue
         links.mkdir(parents=True, exist_ok=True)
         link = links / f"python{version}"
-        if link.is_symlink() or link.exists():
-            link.unlink()
-        link.symlink_to(found)
+        # Two nox processes (scripts/matrix.sh) import this at once: link under a name of
+        # this process's own, then rename over the old link (atomic), never unlink first.
+        fresh = links / f".python{version}.{os.getpid()}"
+        fresh.unlink(missing_ok=True)
+        fresh.symlink_to(found)
+        os.replace(fresh, link)
     if links.is_dir():
         os.environ["PATH"] = f"{links}{os.pathsep}{os.environ.get('PATH', '')}"
 
