@@ -31,7 +31,16 @@ from .conf import settings
 from .decorators import Decoration, lock_callable
 from .drivers import Request, Sleep, Steps, Write, run_async, run_io, run_sync, withdraw
 from .exceptions import SemaphoreUnavailable
-from .held import Held, acquired, current_hold, enter, forget_entered, leave, pending_hold
+from .held import (
+    Held,
+    acquired,
+    current_hold,
+    enter,
+    forget_entered,
+    give_back_stray,
+    leave,
+    pending_hold,
+)
 from .planning import Plan
 from .queueing import (
     GUESS_BUSY_FOR,
@@ -323,6 +332,11 @@ class Semaphore:
                                 continue
                         except SemaphoreUnavailable:
                             pass  # our entry expires with its lease
+                        wakeup.depart(
+                            token,
+                            functools.partial(give_back_stray, self, token, lease=lease, skew=skew),
+                            seconds=lease + skew,
+                        )
                         pace.ticket = ticket  # for the estimate: our place when we left
                     raise busy(
                         self,

@@ -23,7 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from . import clock, table
+from . import clock, table, wakeup
+from .conf import settings
 from .exceptions import SemaphoreUnavailable
 
 _T = TypeVar("_T")
@@ -123,6 +124,15 @@ class InQueue:
             return  # the entry expires with its lease
         if row is not None and self.token in row.holders:
             withdraw(self.token, [self.resource])  # handed to us meanwhile
+            return
+        # A hand-over on its way to us (its releaser read the queue before we left) is
+        # given back when it comes.
+        token, resource = self.token, self.resource
+        wakeup.depart(
+            token,
+            lambda item: withdraw(token, [resource]),
+            seconds=settings.LEASE + settings.CLOCK_SKEW,
+        )
 
 
 # What the acquire loop yields; it is sent back a request's result (None after a pause).

@@ -56,9 +56,27 @@ def heirs_of(
     heirs = next_in_line(inline, now)
     if heirs or row is None or not row.waiting:
         return heirs, None, row
-    if row.entries is None:
-        row = table.load_entries(row)
+    if row.entries is not None:
+        return next_in_line(_entries(row), now), row.qout, row
+    # An eventually consistent read first (half the units of a consistent one). It is taken
+    # only if the heirs it shows are the very next tickets after qout, every one there: a
+    # waiter that just queued can be missing from it, and skipping its ticket would serve a
+    # later one first. A waiter that left a moment ago can still show in it; a hand-over to
+    # it reaches its process, which gives the lock back (``give_back_stray``), as it does
+    # for a hand-over that was on its way when it left.
+    quick = table.load_entries(row, consistent=False)
+    heirs = next_in_line(_entries(quick), now)
+    if heirs and _contiguous(quick, heirs):
+        return heirs, quick.qout, quick
+    row = table.load_entries(row)
     return next_in_line(_entries(row), now), row.qout, row
+
+
+def _contiguous(row: table.LockItem, heirs: Heirs) -> bool:
+    """Are ``heirs`` tickets qout + 1, qout + 2, ...: nobody missing or passed over before or
+    among them? (An entry such a read shows dead may have been renewed since.)"""
+    tickets = [waiter.ticket for _, waiter in heirs]
+    return tickets == list(range(row.qout + 1, row.qout + 1 + len(tickets)))
 
 
 def release_terms(row: table.LockItem | None, skew: float) -> dict[str, Any]:

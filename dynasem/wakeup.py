@@ -138,6 +138,7 @@ class _Slot:
         "table",
         "token",
         "waker",
+        "left",
     )
 
     def __init__(
@@ -156,10 +157,14 @@ class _Slot:
         self.push: Push | None = None
         # A coroutine awaiting the push: its loop and the future the listener resolves.
         self.waker: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
-        self.guard = threading.Lock()  # push, event and waker change together
+        self.guard = threading.Lock()  # push, event, waker and left change together
+        self.left = False  # its waiter left the queue (see depart)
 
-    def deliver(self, push: Push) -> None:
+    def deliver(self, push: Push) -> bool:
+        """Hand ``push`` to the waiter; False if it has left (see :func:`depart`)."""
         with self.guard:
+            if self.left:
+                return False
             self.push = push
             self.event.set()
             waker, self.waker = self.waker, None
@@ -169,6 +174,7 @@ class _Slot:
                 loop.call_soon_threadsafe(_resolve, future)
             except RuntimeError:
                 pass  # its loop is closed: nobody is waiting any more
+        return True
 
     def take(self) -> Push | None:
         with self.guard:
@@ -211,6 +217,8 @@ class _Listener:
         self.address = f"{HOST_ID}@{host}:{port}"
         self.bind = bind
         self.slots: dict[str, _Slot] = {}
+        # Waiters that left their queue: a hand-over still on its way to them is given back.
+        self.departed: dict[str, _Departed] = {}
         self.pid = os.getpid()
         self.thread = threading.Thread(target=self._run, name="dynasem-push", daemon=True)
         self.thread.start()
@@ -234,6 +242,12 @@ class _Listener:
             return
         message = json.loads(body)
         slot = self.slots.get(message["k"])
+        if slot is None and isinstance(message["i"], dict):
+            gone = self.departed.get(message["k"])
+            whose = (message["r"], message.get("tb"))
+            if gone is not None and (gone.resource, gone.table) == whose:
+                self.stray(message["k"], table.lock_item(message["i"]))
+            return
         if slot is None or slot.resource != message["r"] or not isinstance(message["i"], dict):
             return
         if message.get("tb") != slot.table:
@@ -247,7 +261,53 @@ class _Listener:
         item = table.lock_item(message["i"])
         if _refused(slot, item, message["ts"], "on arrival"):
             return
-        slot.deliver(Push(item, arrived, message["ts"]))
+        if not slot.deliver(Push(item, arrived, message["ts"])):
+            self.stray(message["k"], item)
+
+    def stray(self, token: str, item: table.LockItem) -> None:
+        """A hand-over ``item`` for a waiter that left: if it made ``token`` a holder, give
+        it back (on a thread of its own: the listener never waits on a request)."""
+        with _lock:
+            gone = self.departed.pop(token, None)
+        if gone is None or time.monotonic() > gone.until or token not in item.holders:
+            return
+        threading.Thread(
+            target=gone.give_back, args=(item,), name="dynasem-stray", daemon=True
+        ).start()
+
+
+class _Departed(NamedTuple):
+    resource: str
+    table: str
+    give_back: Callable[[table.LockItem], None]
+    until: float  # monotonic: later, a hold handed to us has run out by itself
+
+
+def depart(token: str, give_back: Callable[[table.LockItem], None], *, seconds: float) -> None:
+    """The waiter ``token`` left its queue without the lock. A hand-over to it may still come
+    (its releaser read the queue before it left, or read it eventually consistently and
+    still saw its entry): for ``seconds`` (the lease such a hand-over grants), one that comes
+    is passed to ``give_back`` (with the item it carries) instead of making a hold that
+    nobody uses sit there until its lease runs out. A push that came just before is too."""
+    listener = _listener
+    if listener is None:
+        return
+    slot = listener.slots.get(token)
+    if slot is None:
+        return
+    now = time.monotonic()
+    # In this order, whatever the listener thread is doing: a push finds the slot (and is
+    # taken below) or finds it left, or finds no slot; in each case the record is there.
+    with _lock:
+        for old in [t for t, d in listener.departed.items() if d.until < now]:
+            del listener.departed[old]
+        listener.departed[token] = _Departed(slot.resource, slot.table, give_back, now + seconds)
+    with slot.guard:
+        slot.left = True
+        pushed, slot.push = slot.push, None
+    listener.slots.pop(token, None)
+    if pushed is not None:
+        listener.stray(token, pushed.item)
 
 
 def _resolve(future: asyncio.Future[None]) -> None:

@@ -278,14 +278,19 @@ def leave_queue(resource: str, qbase: int, ticket: int, *, token: str) -> LockIt
 
 
 def _entry_page(
-    item: LockItem, upto: int, limit: int | None, start: dict[str, Any] | None
+    item: LockItem,
+    upto: int,
+    limit: int | None,
+    start: dict[str, Any] | None,
+    consistent: bool = True,
 ) -> tuple[list[Waiter], dict[str, Any] | None]:
     """One page of the entry items of ``item``'s queue, tickets ``qout`` + 1 to ``upto``
-    (a consistent Query: the entries a waiter or a releaser decides from must be current)."""
+    (consistent unless told: the entries a waiter or a releaser decides from must be current;
+    see :func:`dynasem.heirs.heirs_of` for the one read that need not be)."""
     lo, hi = entry_sk(item.qbase, item.qout + 1), entry_sk(item.qbase, upto)
     kwargs: dict[str, Any] = {
         "TableName": settings.TABLE_NAME,
-        "ConsistentRead": True,
+        "ConsistentRead": consistent,
         "KeyConditionExpression": "#pk = :pk AND #sk BETWEEN :lo AND :hi",
         "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk"},
         "ExpressionAttributeValues": encode({":pk": item.resource, ":lo": lo, ":hi": hi}),
@@ -312,11 +317,13 @@ def queue_entries(item: LockItem) -> list[Waiter]:
     return found
 
 
-def load_entries(item: LockItem, upto: int | None = None) -> LockItem:
+def load_entries(item: LockItem, upto: int | None = None, *, consistent: bool = True) -> LockItem:
     """``item`` with the entry items of its queue read, from ``qout`` + 1 up to ``upto``
     (default: ``qin``), page by page until the first live one (a lease end at or after now):
     the waiters before it are dead or gone, and whoever decides from it needs to know no
-    more. An item with nobody waiting is returned as it is."""
+    more. An item with nobody waiting is returned as it is. ``consistent=False``: an
+    eventually consistent read (half the read units), which may miss an entry put or show
+    one deleted in the last moments."""
     upto = item.qin if upto is None else upto
     if upto <= item.qout:
         return dataclasses.replace(item, entries=(), entries_to=upto)
@@ -324,7 +331,7 @@ def load_entries(item: LockItem, upto: int | None = None) -> LockItem:
     found: list[Waiter] = []
     start = None
     while True:
-        page, start = _entry_page(item, upto, ENTRY_PAGE, start)
+        page, start = _entry_page(item, upto, ENTRY_PAGE, start, consistent)
         found += page
         if not start or any(w.expires_ms >= now for w in page):
             break
