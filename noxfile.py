@@ -49,6 +49,7 @@ DJANGO_FACING = [
     "tests/test_transactions.py",
     "tests/test_tasks.py",  # Django tasks: skipped below Django 6.0
     "tests/test_testing.py",
+    "tests/test_browser.py",  # the admin's layout on this Django, in Chromium
 ]
 
 nox.options.error_on_missing_interpreters = True
@@ -98,7 +99,11 @@ _find_pythons()
 def tests(session: nox.Session, django: str) -> None:
     """The Django-facing tests (or the tests named after ``--``) on one (Python, Django)."""
     session.install(
-        "-e", ".", f"django=={django}.*", *nox.project.dependency_groups(PYPROJECT, "test")
+        "-e",
+        ".",
+        f"django=={django}.*",
+        *nox.project.dependency_groups(PYPROJECT, "test"),
+        "playwright>=1.40",  # tests/test_browser.py drives Debian's Chromium
     )
     session.run("python", "-m", "django", "--version")
     session.run(

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
+import django
 from django.contrib import admin, messages
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.utils import quote
@@ -34,6 +35,20 @@ if TYPE_CHECKING:  # django-stubs makes ModelAdmin generic; Django's own class i
     ModelAdmin = admin.ModelAdmin[models.Model]
 else:
     ModelAdmin = admin.ModelAdmin
+
+
+class _ListPage:
+    """What Django's admin/change_list.html reads of a ChangeList outside the blocks
+    dynasem's templates fill (breadcrumbs, the filter panel's class, formset checks)."""
+
+    has_filters = True
+    has_active_filters = False
+    is_facets_optional = False
+    formset = None
+    date_hierarchy = None
+
+    def __init__(self, opts: Any):
+        self.opts = opts
 
 
 def human_span(seconds: int) -> str:
@@ -97,6 +112,11 @@ class DynamoDBAdmin(ModelAdmin):
             "has_view_permission": True,
             "changelist_url": self._url("changelist"),
             "server_now_ms": clock.now_ms(),
+            # Django's change_list.html reads these of its ChangeList outside the blocks the
+            # templates fill: the page's model, and that it has a filter panel.
+            "cl": _ListPage(self.opts),
+            # Django 6.1 styles ol.breadcrumbs (a list), earlier versions div.breadcrumbs.
+            "breadcrumbs_list": django.VERSION >= (6, 1),
             **extra,
         }
 
@@ -315,6 +335,7 @@ class LockAdmin(DynamoDBAdmin):
         context = self._context(
             request,
             "Break this hold?",
+            action_title="Break a hold",
             hold=hold,
             holder=holder,
             expires_in=expires_in((hold.expires_ms - now) // 1000),
@@ -431,5 +452,7 @@ class JobAdmin(DynamoDBAdmin):
         holder = None
         if job.user_id:
             holder = self._holder(job.user_id, self._users(request, [job.user_id]))
-        context = self._context(request, "Reset this job?", job=job, holder=holder)
+        context = self._context(
+            request, "Reset this job?", action_title="Reset a job", job=job, holder=holder
+        )
         return TemplateResponse(request, "admin/dynasem/job/reset_confirm.html", context)

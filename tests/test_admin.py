@@ -44,7 +44,7 @@ def staff(django_user_model, name: str, *perms: str):
 def listed(response) -> list[str]:
     """The resources of the hold lines of a lock list page, in page order."""
     body = response.content.decode()
-    return re.findall(r'<tr class="hold">\s*<th class="resource"><code>(.*?)</code>', body)
+    return re.findall(r'<tr class="hold">\s*<th class="resource"><code[^>]*>(.*?)</code>', body)
 
 
 def next_url(response) -> str | None:
@@ -170,9 +170,9 @@ def test_list_shows_kind_acquired_expires_in_and_queue_depth(lock_table, holds, 
         time.sleep(0.05)
     client.force_login(admin_user)
     body = client.get(reverse(LIST)).content.decode()
-    line = body[body.index("<code>deploy:prod</code>") :].split("</tr>")[0]
+    line = body[body.index('">deploy:prod</code>') :].split("</tr>")[0]
     assert re.search(r">in 4 min 5\d s<", line), line
-    assert re.search(r'<td class="queue">1</td>', line), line
+    assert re.search(r'<span class="dynasem-quiet queue">1 waiting</span>', line), line
     assert held.expires.isoformat()[:16] in line  # the machine-readable end, for the script
     held.release()
     queued.join(10)
@@ -243,7 +243,7 @@ def test_expired_holds_and_idle_rows_only_with_the_toggle(lock_table, holds, adm
     response = client.get(reverse(LIST), {"expired": "1"})
     body = response.content.decode()
     assert listed(response) == ["expired:1", "live:1"]  # soonest lease end first
-    assert re.search(r'<tr class="idle">\s*<th class="resource"><code>released:1</code>', body)
+    assert re.search(r'<tr class="idle">\s*<th class="resource"><code[^>]*>released:1</code>', body)
     assert re.search(r"expired [56] s ago", body)
 
 
@@ -438,7 +438,7 @@ def jobs(lock_table, alice) -> dict[str, Any]:
 def job_rows(response) -> dict[str, str]:
     """key -> the text of its row on the statuses page."""
     body = response.content.decode()
-    rows = re.findall(r'<th class="key"><code>(.*?)</code></th>(.*?)</tr>', body, re.S)
+    rows = re.findall(r'<th class="key"><code[^>]*>(.*?)</code></th>(.*?)</tr>', body, re.S)
     return {key: re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", rest)).strip() for key, rest in rows}
 
 
@@ -448,8 +448,8 @@ def test_statuses_page_lists_every_key(jobs, django_user_model, client):
     assert response.status_code == 200
     rows = job_rows(response)
     assert set(rows) == {"file:done.csv", "file:failed.csv", "file:running.csv"}
-    assert rows["file:done.csv"].startswith("DONE alice 1 ")
-    assert rows["file:failed.csv"].startswith("FAILED worker-3 2 ")
+    assert rows["file:done.csv"].startswith("DONE attempt 1 alice ")
+    assert rows["file:failed.csv"].startswith("FAILED attempt 2 worker-3 ")
     assert "ValueError: bad header in line 2" in rows["file:failed.csv"]
     assert rows["file:running.csv"].startswith("RUNNING (lease")
     assert "/reset/" not in response.content.decode()  # no reset link without reset_job

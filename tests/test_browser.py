@@ -5,14 +5,18 @@ confirmation page and sees it gone. Playwright's own browser download is not use
 launches /usr/bin/chromium, installing it with apt-get first when it is missing, and is
 skipped (saying why) only where that install fails.
 
-The screenshot of the lock list is saved in the test's tmp_path; with DYNASEM_SCREENSHOT_DIR
-set it is also written there (``DYNASEM_SCREENSHOT_DIR=docs make test PYTEST_ARGS=-kbrowser``
-refreshes docs/admin-locks.png).
+The layout test looks at where things are on screen at 1280x900 (the table's right edge in
+view, the filter panel beside it, the breadcrumbs styled), on the installed Django: the matrix
+runs it on every supported pair. Its screenshots are saved in the test's tmp_path; with
+DYNASEM_SCREENSHOT_DIR set they are also written there as ``admin-<page>-django-X.Y.png``
+(``DYNASEM_SCREENSHOT_DIR=docs/admin make test PYTEST_ARGS="-k laptop"`` refreshes the 6.1
+ones in docs/admin/; a nox session's ``-- tests/test_browser.py -k laptop`` the others).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import select
 import shutil
 import subprocess
@@ -204,7 +208,8 @@ def test_operator_breaks_another_processs_lock_in_a_browser(
 
     row = page.locator("#result_list tr.hold", has_text="tbl_issues:42")
     expect(row).to_have_count(1)
-    expect(row.locator("td.user")).to_have_text(holder)
+    expect(row.locator("td.user")).to_contain_text(holder)
+    expect(row.locator("td.user .kind")).to_have_text("exclusive")
     expect(row.locator("td.fence")).to_have_text(str(fence))
     expect(page.locator("#result_list tr.hold")).to_have_count(6)
     expect(page.locator("#result_list tr.hold", has_text="exports")).to_have_count(2)
@@ -217,12 +222,8 @@ def test_operator_breaks_another_processs_lock_in_a_browser(
     shot = tmp_path / "admin-locks.png"
     page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 10_000
-    if os.environ.get("DYNASEM_SCREENSHOT_DIR"):
-        target = Path(os.environ["DYNASEM_SCREENSHOT_DIR"])
-        target.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(shot, target / "admin-locks.png")
 
-    row.get_by_role("link", name="Break…").click()
+    row.get_by_role("link", name=f"Break the hold on tbl_issues:42 (fence {fence})").click()
     expect(page).to_have_title("Break this hold? | Django site admin")
     expect(page.locator("#content-main")).to_contain_text(f"Break the hold of {holder}")
     assert [h.user_id for h in holds_on("tbl_issues:42")] == [holder]  # the GET broke nothing
@@ -235,3 +236,134 @@ def test_operator_breaks_another_processs_lock_in_a_browser(
     expect(page.locator("#result_list tr.hold", has_text="tbl_issues:42")).to_have_count(0)
     expect(page.locator("#result_list tr.hold")).to_have_count(5)
     assert holds_on("tbl_issues:42") == []
+
+
+# Where things are on screen, not only what the page says: the layout of Django's own admin,
+# whatever its version, at a laptop's viewport.
+VIEWPORT = {"width": 1280, "height": 900}
+LONG_NAME = "tenant:acme-industries/projects/" + "quarterly-revenue-reconciliation-" * 8 + "42"
+
+
+def _box(page: Any, selector: str) -> dict[str, float]:
+    box = page.locator(selector).first.bounding_box()
+    assert box is not None, f"{selector} is not on screen"
+    return box
+
+
+def _check_layout(page: Any, *, with_list: bool) -> None:
+    width = page.evaluate("document.documentElement.clientWidth")
+    assert width == VIEWPORT["width"] or width >= VIEWPORT["width"] - 20  # less a scroll bar
+    # Breadcrumbs styled as the installed Django styles them (a bar with a background),
+    # whatever markup that version uses.
+    crumbs = page.locator(".breadcrumbs").first
+    background = crumbs.evaluate("el => getComputedStyle(el).backgroundColor")
+    assert background not in ("rgba(0, 0, 0, 0)", "transparent"), "breadcrumbs unstyled"
+    content = _box(page, "#content-main")
+    assert content["x"] + content["width"] <= width + 0.5, content
+    assert page.evaluate("document.documentElement.scrollWidth") <= width, "page scrolls sideways"
+    if not with_list:
+        return
+    results = _box(page, "#result_list")
+    assert results["x"] + results["width"] <= width + 0.5, (results, width)
+    container = _box(page, "#changelist .results")
+    assert container["width"] >= results["width"] - 0.5, "the table scrolls inside its box"
+    # The filter panel beside the table (to its right, at the same height), not below it;
+    # the table has the room between (not a column of it beside the search bar).
+    panel = _box(page, "#changelist-filter")
+    assert results["width"] >= panel["x"] - results["x"] - 60, (results, panel)
+    assert panel["x"] >= results["x"] + results["width"] - 0.5, (panel, results)
+    assert panel["y"] < results["y"] + results["height"], (panel, results)
+    assert panel["x"] + panel["width"] <= width + 0.5, panel
+    # The last column (the action) is in view.
+    last = _box(page, "#result_list thead th:last-child")
+    assert last["x"] + last["width"] <= width + 0.5, last
+
+
+def _shoot(page: Any, tmp_path: Path, name: str) -> None:
+    import django
+
+    shot = tmp_path / f"{name}.png"
+    page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+    if os.environ.get("DYNASEM_SCREENSHOT_DIR"):
+        target = Path(os.environ["DYNASEM_SCREENSHOT_DIR"])
+        target.mkdir(parents=True, exist_ok=True)
+        version = "{}.{}".format(*django.VERSION[:2])
+        shutil.copyfile(shot, target / f"{name}-django-{version}.png")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_admin_pages_fit_a_laptop_screen_on_this_django(
+    live_server: Any, browser_page: Any, lock_table: str, django_user_model: Any, tmp_path: Path
+) -> None:
+    from dynasem import run_once
+
+    django_user_model.objects.create_superuser("ops", "ops@example.com", "ops-password")
+    names = [LONG_NAME] + [
+        f"tbl_issues:{1000 + i}" if i % 3 else f"exports/customer-{i:04d}/invoices-2026-11.csv"
+        for i in range(19)
+    ]
+    taken = [
+        semaphore(name, user=f"worker-{i % 8}", lease=600).acquire() for i, name in enumerate(names)
+    ]
+    with run_once("reindex:catalog"):
+        pass
+    with pytest.raises(ValueError), run_once(LONG_NAME, user="worker-3"):
+        raise ValueError("bad header in line 2: " + "expected 'sku', found 'SKU '; " * 20)
+    page = browser_page
+    page.set_viewport_size(VIEWPORT)
+    try:
+        page.goto(f"{live_server.url}/admin/dynasem/lock/")
+        page.fill("#id_username", "ops")
+        page.fill("#id_password", "ops-password")
+        page.click("input[type=submit]")
+        expect(page.locator("#result_list tr.hold")).to_have_count(20)
+        _check_layout(page, with_list=True)
+        # The long name is cut, whole on hover.
+        cut = page.locator("#result_list code", has_text="quarterly").first
+        assert cut.get_attribute("title") == LONG_NAME
+        assert _box(page, "#result_list th.resource code")["width"] < 500
+        _shoot(page, tmp_path, "admin-locks")
+
+        page.get_by_role(
+            "link", name=f"Break the hold on {names[1]} (fence {taken[1].fence})"
+        ).click()
+        expect(page).to_have_title("Break this hold? | Django site admin")
+        _check_layout(page, with_list=False)
+        _shoot(page, tmp_path, "admin-break")
+
+        page.goto(f"{live_server.url}/admin/dynasem/job/")
+        expect(page.locator("#result_list tbody tr")).to_have_count(2)
+        _check_layout(page, with_list=True)
+        _shoot(page, tmp_path, "admin-jobs")
+
+        page.get_by_role("link", name="Reset the job reindex:catalog").click()
+        expect(page).to_have_title("Reset this job? | Django site admin")
+        _check_layout(page, with_list=False)
+        _shoot(page, tmp_path, "admin-reset")
+    finally:
+        for held in taken:
+            held.release()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_lease_end_the_page_reaches_is_never_shown_as_expired(
+    live_server: Any, browser_page: Any, lock_table: str, django_user_model: Any
+) -> None:
+    # The page shows the holds as they were when it was made; the heartbeat renews this one
+    # (lease 2 s) while the page stays open. Counting past the lease end it showed, the page
+    # cannot tell renewed from dead: it says so, never "expired".
+    django_user_model.objects.create_superuser("ops", "ops@example.com", "ops-password")
+    with semaphore("tbl_issues:renewed", user="worker-1", lease=2):
+        page = browser_page
+        page.goto(f"{live_server.url}/admin/dynasem/lock/")
+        page.fill("#id_username", "ops")
+        page.fill("#id_password", "ops-password")
+        page.click("input[type=submit]")
+        cell = page.locator("#result_list tr.hold", has_text="tbl_issues:renewed").locator(
+            "td.expires time.dynasem-in"
+        )
+        expect(cell).to_have_text(re.compile(r"^in \d s$"))
+        expect(cell).to_contain_text("renewed? reload", timeout=5_000)
+        assert "expired" not in cell.inner_text()
+        expect(page.locator(".dynasem-as-of")).to_contain_text("As of ")
