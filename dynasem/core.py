@@ -37,7 +37,6 @@ from .held import (
     current_hold,
     enter,
     forget_entered,
-    give_back_stray,
     leave,
     pending_hold,
 )
@@ -53,6 +52,7 @@ from .queueing import (
     should_queue,
     wait_in_queue,
 )
+from .strays import give_back_stray
 from .validation import (
     MODE_COUNTING,
     MODE_EXCLUSIVE,

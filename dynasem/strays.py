@@ -1,0 +1,44 @@
+"""A hand-over that reached a waiter after it had left the queue (see
+:func:`dynasem.wakeup.depart`): its process hands the lock on at once instead of leaving it
+held by nobody until its lease runs out."""
+
+from __future__ import annotations
+
+import logging
+
+from . import clock, table
+from .held import Held
+from .spec import LockSpec
+
+logger = logging.getLogger("dynasem")
+
+
+def give_back_stray(
+    semaphore: LockSpec, token: str, item: table.LockItem, *, lease: float, skew: float
+) -> None:
+    """A hand-over ``item`` made ``token`` a holder after its waiter had left the queue (see
+    :func:`dynasem.wakeup.depart`): nobody will use that hold, so hand it on to the next
+    waiter now (or release it) rather than leave the lock idle for a whole lease."""
+    resource = semaphore.resources[0]
+    holder = item.holders.get(token)
+    if holder is None:
+        return
+    held = Held(
+        semaphore,
+        token=token,
+        user_id=holder.user_id,
+        fences={resource: holder.fence},
+        lease=lease,
+        skew=skew,
+        expires_ms=holder.expires_ms,
+        sent_mono=clock.monotonic(),
+    )
+    held._observe(item)
+    # Held for no time of its own: leave the queue's average hold as it is.
+    held._taken_mono -= (item.hold_ms or 0) / 1000
+    held._released = True
+    logger.info("dynasem: giving back %r, handed to a waiter that had left", resource)
+    try:
+        held._give_back()
+    except Exception as exc:
+        logger.warning("dynasem: could not give back %r: %s; it expires", resource, exc)
