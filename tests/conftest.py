@@ -143,8 +143,8 @@ def requests_sent(lock_table: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     hooked: list[Any] = []
     build = table.get_client
 
-    def get_client() -> Any:
-        client = build()
+    def get_client(**kwargs: Any) -> Any:
+        client = build(**kwargs)
         if not any(c is client for c in hooked):
             client.meta.events.register("before-call.dynamodb", counter)
             hooked.append(client)

@@ -70,10 +70,14 @@ def index_queries(requests_sent) -> Iterator[list[str | None]]:
     def record(params: dict[str, Any], **kwargs: Any) -> None:
         seen.append(params.get("IndexName"))
 
-    client = table.get_client()  # the hooked one (see requests_sent)
-    client.meta.events.register("before-parameter-build.dynamodb.Query", record)
+    # The hooked clients (see requests_sent): the locks' own and the quick one the admin's
+    # pages use (table.quick).
+    clients = [table.get_client(), table.get_client(quick=True)]
+    for client in clients:
+        client.meta.events.register("before-parameter-build.dynamodb.Query", record)
     yield seen
-    client.meta.events.unregister("before-parameter-build.dynamodb.Query", record)
+    for client in clients:
+        client.meta.events.unregister("before-parameter-build.dynamodb.Query", record)
 
 
 def put_rows(items: list[dict[str, Any]]) -> None:
@@ -609,3 +613,97 @@ def test_a_user_filter_the_user_model_cannot_read_is_a_plain_filter(
     response = client.get(reverse(LIST), {"user": "abc"})
     assert response.status_code == 200
     assert listed(response) == ["tbl_issues:3"]  # the value itself, as a stored holder id
+
+
+# ---------------------------------------------------------------------------------------------
+# DynamoDB unavailable: said so, quickly, never shown as "nothing held"
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def silent_endpoint() -> Iterator[str]:
+    """An endpoint that accepts connections and never answers (a hung proxy, a stalled
+    DynamoDB Local), on a free loopback port."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                accepted.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}"
+    stop.set()
+    thread.join(5)
+    for conn in accepted:
+        conn.close()
+    server.close()
+
+
+def _closed_endpoint() -> str:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return f"http://127.0.0.1:{port}"  # nothing listens there now
+
+
+@pytest.mark.parametrize("endpoint", ["closed", "silent"])
+@pytest.mark.parametrize("page", [LIST, JOBS])
+def test_an_unavailable_dynamodb_is_said_within_seconds_never_shown_as_empty(
+    lock_table, admin_user, client, silent_endpoint, endpoint, page, settings
+):
+    from tests.conftest import dynasem_settings
+
+    url = silent_endpoint if endpoint == "silent" else _closed_endpoint()
+    settings.DYNASEM = dynasem_settings(url, lock_table)
+    client.force_login(admin_user)
+    started = time.monotonic()
+    response = client.get(reverse(page))
+    took = time.monotonic() - started
+    body = response.content.decode()
+    assert response.status_code == 200
+    assert took <= 3.0, f"the page took {took:.1f} s"
+    assert "Unavailable: nothing can be listed now" in body
+    assert url in body  # which endpoint
+    for empty in ("No active holds", "No run-once jobs", " on this page"):
+        assert empty not in body
+
+
+def test_dynasem_locks_on_a_silent_endpoint_fails_within_seconds(
+    lock_table, silent_endpoint, settings
+):
+    from django.core.management import CommandError, call_command
+
+    from tests.conftest import dynasem_settings
+
+    settings.DYNASEM = dynasem_settings(silent_endpoint, lock_table)
+    started = time.monotonic()
+    with pytest.raises(CommandError, match="127.0.0.1"):
+        call_command("dynasem_locks")
+    assert time.monotonic() - started <= 3.0
+
+
+def test_the_locks_own_client_keeps_its_patience(lock_table, silent_endpoint, settings):
+    # Renewals and takes wait as they did (10 s a read, 3 retries): only what an operator
+    # waits on is quick.
+    from dynasem.table import client as table_client
+    from tests.conftest import dynasem_settings
+
+    settings.DYNASEM = dynasem_settings(silent_endpoint, lock_table)
+    patient = table_client.get_client().meta.config
+    quick = table_client.get_client(quick=True).meta.config
+    assert (patient.read_timeout, patient.retries["total_max_attempts"]) == (10, 4)
+    assert (quick.read_timeout, quick.connect_timeout) == (2, 1)
+    assert quick.retries["total_max_attempts"] == 1

@@ -21,6 +21,7 @@ from .client import (
     endpoint_label,
     get_client,
     process_identity,
+    quick,
     reset_client,
 )
 from .schema import (
@@ -167,6 +168,7 @@ __all__ = [
     "query_user_page",
     "renew_hold",
     "renew_waiter",
+    "quick",
     "reset_client",
     "scan_jobs",
     "shard_of",

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import os
 import socket
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import boto3
@@ -31,7 +33,10 @@ if TYPE_CHECKING:  # boto3-stubs[dynamodb], a development dependency only
     from mypy_boto3_dynamodb import DynamoDBClient
 
 _client: DynamoDBClient | None = None
+_quick_client: DynamoDBClient | None = None
 _client_lock = threading.Lock()
+# Set while an operator waits on a page or a command (see quick()).
+_quick: contextvars.ContextVar[bool] = contextvars.ContextVar("dynasem_quick", default=False)
 
 # DynamoDB's answers for a request over a throughput limit (LimitExceeded("throughput")).
 THROTTLED = frozenset(
@@ -52,36 +57,65 @@ TRANSIENT_CODES = THROTTLED | frozenset(
 # ---------------------------------------------------------------------------------------------
 
 
-def get_client() -> DynamoDBClient:
-    """The process's one DynamoDB client, built on first use (clients are thread-safe)."""
-    global _client
-    client = _client
+def get_client(*, quick: bool = False) -> DynamoDBClient:
+    """The process's DynamoDB client, built on first use (clients are thread-safe).
+
+    ``quick``: the client of pages and commands an operator waits on (see :func:`quick`):
+    one attempt, 1 s to connect, 2 s to answer. The locks' own requests (renewals above all)
+    keep theirs: three attempts, 3 s and 10 s."""
+    global _client, _quick_client
+    client = _quick_client if quick else _client
     if client is not None:
         return client
     with _client_lock:
-        if _client is None:
-            session = boto3.session.Session()
-            region = region_of(session)
-            _client = session.client(
-                "dynamodb",
-                endpoint_url=settings.ENDPOINT_URL,
-                region_name=region,
-                config=Config(
-                    # Transport errors and throttling are botocore's to retry; dynasem's own
-                    # loop only waits for a busy lock. "legacy" mode uses DynamoDB's own
-                    # schedule (50 ms, 100 ms): a heartbeat gets its retries in well inside a
-                    # lease, where standard mode's random 1-2 s backoffs could outlast it.
-                    retries={"mode": "legacy", "max_attempts": 3},
-                    connect_timeout=3,
-                    read_timeout=10,
-                    max_pool_connections=32,
-                    # Every request is built here from checked arguments; botocore's
-                    # client-side walk over each parameter cost ~0.4 ms per request, and a
-                    # malformed one is still refused by DynamoDB (ValidationException).
-                    parameter_validation=False,
-                ),
+        if quick and _quick_client is None:
+            _quick_client = _build(
+                retries={"mode": "legacy", "total_max_attempts": 1},
+                connect_timeout=1,
+                read_timeout=2,
             )
-        return _client
+        if not quick and _client is None:
+            _client = _build(
+                # Transport errors and throttling are botocore's to retry; dynasem's own
+                # loop only waits for a busy lock. "legacy" mode uses DynamoDB's own
+                # schedule (50 ms, 100 ms): a heartbeat gets its retries in well inside a
+                # lease, where standard mode's random 1-2 s backoffs could outlast it.
+                retries={"mode": "legacy", "max_attempts": 3},
+                connect_timeout=3,
+                read_timeout=10,
+            )
+        built = _quick_client if quick else _client
+        assert built is not None
+        return built
+
+
+def _build(**config: Any) -> DynamoDBClient:
+    session = boto3.session.Session()
+    return session.client(
+        "dynamodb",
+        endpoint_url=settings.ENDPOINT_URL,
+        region_name=region_of(session),
+        config=Config(
+            max_pool_connections=32,
+            # Every request is built here from checked arguments; botocore's client-side
+            # walk over each parameter cost ~0.4 ms per request, and a malformed one is
+            # still refused by DynamoDB (ValidationException).
+            parameter_validation=False,
+            **config,
+        ),
+    )
+
+
+@contextlib.contextmanager
+def quick() -> Iterator[None]:
+    """Requests sent inside go through the quick client (:func:`get_client`): an admin page
+    or a command answers within ~2 s that DynamoDB is unavailable, where the locks' own
+    client would keep it waiting up to 40 s on an endpoint that accepts and never answers."""
+    token = _quick.set(True)
+    try:
+        yield
+    finally:
+        _quick.reset(token)
 
 
 def region_of(session: boto3.session.Session) -> str:
@@ -90,15 +124,20 @@ def region_of(session: boto3.session.Session) -> str:
 
 
 def reset_client() -> None:
-    """Forget the cached client (settings changed, or we are a freshly forked child)."""
-    global _client
+    """Forget the cached clients (settings changed, or we are a freshly forked child)."""
+    global _client, _quick_client
     with _client_lock:
-        _client = None
+        _client = _quick_client = None
+
+
+def _forget_in_child() -> None:
+    global _client, _quick_client
+    _client = _quick_client = None
 
 
 if hasattr(os, "register_at_fork"):
     # A forked child must not share the parent's connection pool.
-    os.register_at_fork(after_in_child=lambda: globals().__setitem__("_client", None))
+    os.register_at_fork(after_in_child=_forget_in_child)
 
 
 def endpoint_label() -> str:
@@ -222,7 +261,7 @@ def _retried(exc: ClientError) -> bool:
 
 def _send(operation: str, **kwargs: Any) -> dict[str, Any]:
     try:
-        client = get_client()
+        client = get_client(quick=True) if _quick.get() else get_client()
     except ValueError as exc:  # botocore refuses the endpoint URL itself
         raise SemaphoreUnavailable(
             f"cannot build a DynamoDB client for {endpoint_label()!r}: {exc}"

@@ -27,6 +27,11 @@ class Command(BaseCommand):
             help="list the live waiters queued for RESOURCE instead (its queue's entries)",
         )
 
+    def execute(self, *args: Any, **options: Any) -> str | None:
+        # An operator waits: one attempt, short timeouts (table.quick), not the locks' own.
+        with table.quick():
+            return super().execute(*args, **options)
+
     def handle(self, *args: Any, **options: Any) -> None:
         if options["waiters"] is not None:
             self._waiters(options["waiters"], as_json=options["json"])

@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from dynasem import operations, validation
+from dynasem import operations, table, validation
 from dynasem.exceptions import SemaphoreUnavailable
 
 
@@ -19,6 +19,11 @@ class Command(BaseCommand):
         parser.add_argument("resource")
         parser.add_argument("--token", help="break only the hold with this token")
         parser.add_argument("--yes", action="store_true", help="do not ask")
+
+    def execute(self, *args: Any, **options: Any) -> str | None:
+        # An operator waits: one attempt, short timeouts (table.quick), not the locks' own.
+        with table.quick():
+            return super().execute(*args, **options)
 
     def handle(
         self, *args: Any, resource: str, token: str | None, yes: bool, **options: Any
