@@ -21,14 +21,14 @@ from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 from django.contrib.contenttypes.models import ContentType
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.exceptions import PermissionDenied
 from django.db import models
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
 from django.views.decorators.http import require_http_methods
 
-from . import clock, job_operations, operations, table
+from . import clock, job_operations, operations, table, usernames
 from .exceptions import SemaphoreUnavailable
 from .models import Job, Lock
 
@@ -138,15 +138,7 @@ class DynamoDBAdmin(ModelAdmin):
         this admin may show it, its change page. Ids that are not (a process's "host:pid", a
         name passed as a str) are left out: the pages show them as they are."""
         user_model = get_user_model()
-        pks = {}
-        for user_id in set(user_ids):
-            try:
-                pk = user_model._meta.pk.to_python(user_id)
-            except (ValidationError, ValueError, TypeError):
-                continue
-            # A holder named by a long number is no user, and no database column holds it.
-            if not isinstance(pk, int) or -(2**63) <= pk < 2**63:
-                pks[user_id] = pk
+        pks = usernames.user_pks(user_ids)
         if not pks:
             return {}
         found = {str(u.pk): u for u in user_model._default_manager.filter(pk__in=pks.values())}
@@ -170,18 +162,8 @@ class DynamoDBAdmin(ModelAdmin):
 
     @staticmethod
     def _user_filter(value: str) -> str:
-        """The stored user id a "user" filter means: a Django user's primary key when a user
-        has that username, else the value itself (a pk, a process's host:pid, a name)."""
-        user_model = get_user_model()
-        try:
-            pk = (
-                user_model._default_manager.filter(**{user_model.USERNAME_FIELD: value})
-                .values_list("pk", flat=True)
-                .first()
-            )
-        except (ValidationError, ValueError, TypeError):
-            return value  # no username looks like that (an integer USERNAME_FIELD, say)
-        return value if pk is None else str(pk)
+        """The stored user id a "user" filter means (see :func:`usernames.user_id_for`)."""
+        return usernames.user_id_for(value)
 
     def _holder(self, user_id: str, users: dict[str, dict[str, Any]]) -> dict[str, Any]:
         user = users.get(user_id)

@@ -558,12 +558,14 @@ def test_release_without_yes_and_without_a_terminal_breaks_nothing(lock_table, h
 def test_release_asks_on_a_terminal(lock_table, holds, monkeypatch, answer, broken):
     held = take(holds, "rel:tty")
     monkeypatch.setattr(sys, "stdin", Terminal(answer))
-    out = run("dynasem_release", "rel:tty")
     if broken:
+        out = run("dynasem_release", "rel:tty")
         assert "Broke 1 hold(s)" in out
         assert holds_on("rel:tty") == []
     else:
-        assert "Nothing broken." in out
+        with pytest.raises(CommandError, match="Nothing broken.") as refused:
+            run("dynasem_release", "rel:tty")
+        assert refused.value.returncode == 3
         assert [h.token for h in holds_on("rel:tty")] == [held.token]
         held.renew()
 
@@ -583,13 +585,60 @@ def test_release_token_breaks_only_that_hold(lock_table, holds):
 
 def test_release_unknown_token_breaks_nothing(lock_table, holds):
     held = take(holds, "rel:tok")
-    out = run("dynasem_release", "rel:tok", "--token", "f" * 32, "--yes")
-    assert "No hold on 'rel:tok'" in out
+    with pytest.raises(CommandError, match="No hold on 'rel:tok' with token") as nothing:
+        run("dynasem_release", "rel:tok", "--token", "f" * 32, "--yes")
+    assert nothing.value.returncode == 3
     assert [h.token for h in holds_on("rel:tok")] == [held.token]
 
 
-def test_release_with_no_holds(lock_table):
-    assert "No hold on 'nothing:1'." in run("dynasem_release", "nothing:1", "--yes")
+def test_release_with_no_holds_exits_3(lock_table):
+    with pytest.raises(CommandError, match="No hold on 'nothing:1': nothing broken.") as nothing:
+        run("dynasem_release", "nothing:1", "--yes")
+    assert nothing.value.returncode == 3
+
+
+@pytest.mark.parametrize("flag", ["--noinput", "--no-input", "--yes"])
+def test_release_takes_djangos_noinput(lock_table, holds, flag):
+    take(holds, "rel:noinput")
+    assert "Broke 1 hold(s)" in run("dynasem_release", "rel:noinput", flag)
+    assert holds_on("rel:noinput") == []
+
+
+def test_release_fence_breaks_only_that_hold_and_json_says_what_was_broken(lock_table, holds):
+    first = take(holds, "rel:fence", limit=2, user="u1")
+    second = take(holds, "rel:fence", limit=2, user="u2")
+    out = run("dynasem_release", "rel:fence", "--fence", str(second.fence), "--yes", "--json")
+    (line,) = [json.loads(x) for x in out.splitlines()]
+    assert (line["fence"], line["user_id"], line["broken"]) == (second.fence, "u2", True)
+    assert [h.token for h in holds_on("rel:fence")] == [first.token]
+    first.release()
+
+
+def test_a_command_line_break_exits_0_and_a_shell_can_tell_3(lock_table, holds, tmp_path):
+    # As a shell sees it: the exit status, not the text.
+    import os
+    import subprocess
+
+    from django.conf import settings as django_settings
+
+    take(holds, "rel:shell")
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings")
+    script = (
+        "import sys, django; from django.conf import settings; "
+        "from tests.conftest import dynasem_settings; "
+        f"settings.DYNASEM = dynasem_settings({django_settings.DYNASEM['ENDPOINT_URL']!r}, "
+        f"{lock_table!r}); django.setup(); "
+        "from django.core.management import execute_from_command_line; "
+        "execute_from_command_line(['manage.py', 'dynasem_release', *sys.argv[1:], '--noinput'])"
+    )
+    done = [
+        subprocess.run(
+            [sys.executable, "-c", script, "rel:shell"], env=env, capture_output=True, text=True
+        )
+        for _ in range(2)
+    ]
+    assert [d.returncode for d in done] == [0, 3], [d.stderr for d in done]
+    assert "nothing broken" in done[1].stderr
 
 
 @pytest.mark.parametrize("resource", ["", "x" * 1025])
@@ -728,3 +777,50 @@ def test_upgrade_rerun_waits_for_an_index_still_filling_before_dropping_the_old_
     assert [op for op, _ in sent] == ["drop", "drop"]  # nothing created again
     assert done == [f"dropped {old}" for old in table.OLD_INDEXES]
     assert any("Waiting for index" in line for line in said)
+
+
+@pytest.mark.django_db
+def test_locks_shows_usernames_and_takes_one_for_user(lock_table, holds, django_user_model):
+    alice = django_user_model.objects.create_user("alice")
+    held = take(holds, "named:1", user=alice, lease=60)
+    assert held.user_id == str(alice.pk)
+    (line,) = run("dynasem_locks", "--user", "alice").splitlines()[1:]
+    assert line.split()[:2] == ["named:1", "alice"]
+    (row,) = json_lines(run("dynasem_locks", "--user", "alice", "--json"))
+    assert (row["user_id"], row["username"]) == (str(alice.pk), "alice")
+
+
+def test_locks_pads_by_display_width(lock_table, holds):
+    take(holds, "倉庫:在庫-1", user="担当者", lease=60)
+    take(holds, "ascii:1", user="bob", lease=60)
+    from dynasem.management.commands._output import width
+
+    lines = run("dynasem_locks").splitlines()
+    # Every column starts at the same display column on every line.
+    starts = [width(line[: line.index(" exclusive ")]) for line in lines[1:]]
+    assert len(set(starts)) == 1, lines
+    assert width("倉庫") == 4 and width("é") == 1 and width("e\u0301") == 1
+
+
+def test_locks_json_into_a_closed_pipe_ends_quietly(lock_table, holds, dynamodb_local):
+    import os
+    import subprocess
+
+    for i in range(50):
+        take(holds, f"pipe:{i}", lease=60)
+    script = (
+        "import sys, django; from django.conf import settings; "
+        "from tests.conftest import dynasem_settings; "
+        f"settings.DYNASEM = dynasem_settings({dynamodb_local!r}, {lock_table!r}); "
+        "django.setup(); from django.core.management import execute_from_command_line; "
+        "execute_from_command_line(['manage.py', 'dynasem_locks', '--json'])"
+    )
+    env = dict(os.environ, DJANGO_SETTINGS_MODULE="tests.settings")
+    # The reader has gone before the first line is written (``| head -c 0``; ``| head -1``
+    # does the same once its line is read, when the output outgrows the pipe's buffer).
+    shell = f"{sys.executable} -c {script!r} | head -c 0"
+    done = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", shell], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr

@@ -6,8 +6,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from dynasem import operations, table
+from dynasem import operations, table, usernames
 from dynasem.exceptions import SemaphoreUnavailable
+
+from ._output import pad, quiet_on_closed_pipe, width
 
 
 class Command(BaseCommand):
@@ -17,7 +19,10 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--user", help="only holds of this user id (through the userId index)")
+        parser.add_argument(
+            "--user",
+            help="only holds of this user: a username, or a stored user id (the userId index)",
+        )
         parser.add_argument("--resource-prefix", help="only resources starting with this")
         parser.add_argument("--all", action="store_true", help="include expired, unreaped holds")
         parser.add_argument("--json", action="store_true", help="print JSON lines")
@@ -30,7 +35,10 @@ class Command(BaseCommand):
     def execute(self, *args: Any, **options: Any) -> str | None:
         # An operator waits: one attempt, short timeouts (table.quick), not the locks' own.
         with table.quick():
-            return super().execute(*args, **options)
+            result: str | None = quiet_on_closed_pipe(
+                lambda: super(Command, self).execute(*args, **options)
+            )
+            return result
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["waiters"] is not None:
@@ -38,25 +46,32 @@ class Command(BaseCommand):
             return
         try:
             holds = operations.active_holds(
-                user_id=options["user"],
+                user_id=usernames.user_id_for(options["user"]) if options["user"] else None,
                 prefix=options["resource_prefix"],
                 include_expired=options["all"],
             )
         except SemaphoreUnavailable as exc:
             raise CommandError(str(exc)) from exc
+        names = usernames.usernames(h.user_id for h in holds)
         if options["json"]:
             for hold in holds:
-                self.stdout.write(json.dumps(hold.as_dict()))
+                row = hold.as_dict()
+                row["username"] = names.get(hold.user_id)
+                self.stdout.write(json.dumps(row))
             return
         if not holds:
             self.stdout.write("No active holds.")
             return
+        users = [names.get(h.user_id, h.user_id) for h in holds]
+        wide = max(40, *(width(h.resource) for h in holds))
+        who = max(24, *(width(u) for u in users))
         self.stdout.write(
-            f"{'RESOURCE':40} {'USER':24} {'KIND':12} {'EXPIRES (UTC)':20} {'QUEUE':>5} FENCE"
+            f"{pad('RESOURCE', wide)} {pad('USER', who)} {'KIND':12} {'EXPIRES (UTC)':20} "
+            f"{'QUEUE':>5} FENCE"
         )
-        for h in holds:
+        for h, user in zip(holds, users, strict=True):
             self.stdout.write(
-                f"{h.resource:40} {h.user_id:24} {h.kind:12} "
+                f"{pad(h.resource, wide)} {pad(user, who)} {h.kind:12} "
                 f"{h.expires.strftime('%Y-%m-%d %H:%M:%S'):20} {h.queue_depth:>5} {h.fence}"
             )
 

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import sys
+from json import dumps
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -8,17 +9,34 @@ from django.core.management.base import BaseCommand, CommandError
 from dynasem import operations, table, validation
 from dynasem.exceptions import SemaphoreUnavailable
 
+# The exit status when nothing (or not everything shown) was broken: the hold had gone, or
+# there was none, or the operator said no. 0: every hold shown was broken.
+NOTHING_BROKEN = 3
+
 
 class Command(BaseCommand):
     help = (
-        "Break every hold on RESOURCE (or only --token T). Each break is conditional on that "
-        "hold's token, so a hold taken meanwhile survives. Asks first unless --yes."
+        "Break every hold on RESOURCE (or only the one with --token T or --fence F). Each break "
+        "is conditional on that hold's token, so a hold taken meanwhile survives. Asks first "
+        "unless --yes (or --noinput). Exit status 0 when every hold shown was broken, 3 when "
+        "nothing (or not all of it) was."
     )
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("resource")
         parser.add_argument("--token", help="break only the hold with this token")
-        parser.add_argument("--yes", action="store_true", help="do not ask")
+        parser.add_argument("--fence", type=int, help="break only the hold with this fence")
+        parser.add_argument(
+            "--yes",
+            "--noinput",
+            "--no-input",
+            action="store_true",
+            dest="yes",
+            help="do not ask (Django's --noinput/--no-input too)",
+        )
+        parser.add_argument(
+            "--json", action="store_true", help="print a JSON line per hold, with broken"
+        )
 
     def execute(self, *args: Any, **options: Any) -> str | None:
         # An operator waits: one attempt, short timeouts (table.quick), not the locks' own.
@@ -26,32 +44,59 @@ class Command(BaseCommand):
             return super().execute(*args, **options)
 
     def handle(
-        self, *args: Any, resource: str, token: str | None, yes: bool, **options: Any
+        self,
+        *args: Any,
+        resource: str,
+        token: str | None,
+        fence: int | None,
+        yes: bool,
+        json: bool,
+        **options: Any,
     ) -> None:
         try:
             validation.check_resource(resource)
         except (TypeError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
+        which = (f" with token {token}" if token else "") + (
+            f" with fence {fence}" if fence is not None else ""
+        )
         try:
-            holds = [h for h in operations.holds_on(resource) if token is None or h.token == token]
+            holds = [
+                h
+                for h in operations.holds_on(resource)
+                if (token is None or h.token == token) and (fence is None or h.fence == fence)
+            ]
             if not holds:
-                self.stdout.write(
-                    f"No hold on {resource!r}" + (f" with token {token}." if token else ".")
+                raise CommandError(
+                    f"No hold on {resource!r}{which}: nothing broken.", returncode=NOTHING_BROKEN
                 )
-                return
-            for h in holds:
-                self.stdout.write(f"  {h.resource}  user={h.user_id}  fence={h.fence}  {h.kind}")
+            if not json:
+                for h in holds:
+                    self.stdout.write(
+                        f"  {h.resource}  user={h.user_id}  fence={h.fence}  {h.kind}"
+                    )
             if not yes:
                 if not sys.stdin or not sys.stdin.isatty():
-                    raise CommandError("not a terminal: pass --yes to break these holds")
+                    raise CommandError(
+                        "not a terminal: pass --yes (or --noinput) to break these holds"
+                    )
                 answer = input(f"Break {len(holds)} hold(s) on {resource!r}? [y/N] ")
                 if answer.strip().lower() not in ("y", "yes"):
-                    self.stdout.write("Nothing broken.")
-                    return
-            broken = sum(
+                    raise CommandError("Nothing broken.", returncode=NOTHING_BROKEN)
+            broken = [
                 operations.break_hold(resource, h.token, user_id=h.user_id, fence=h.fence)
                 for h in holds
-            )
+            ]
         except SemaphoreUnavailable as exc:
             raise CommandError(str(exc)) from exc
-        self.stdout.write(f"Broke {broken} hold(s) on {resource!r}.")
+        if json:
+            for h, done in zip(holds, broken, strict=True):
+                self.stdout.write(dumps({**h.as_dict(), "broken": bool(done)}))
+        count = sum(map(bool, broken))
+        if count < len(holds):
+            raise CommandError(
+                f"Broke {count} of {len(holds)} hold(s) on {resource!r}: the others had gone.",
+                returncode=NOTHING_BROKEN,
+            )
+        if not json:
+            self.stdout.write(f"Broke {count} hold(s) on {resource!r}.")

@@ -1,0 +1,38 @@
+"""What dynasem's commands share: columns padded by display width, a quiet end on a closed
+pipe (``dynasem_locks --json | head -1``)."""
+
+from __future__ import annotations
+
+import os
+import sys
+import unicodedata
+from collections.abc import Callable
+from typing import Any
+
+
+def width(text: str) -> int:
+    """Columns ``text`` takes in a terminal: wide (CJK) and full-width characters two,
+    combining marks and zero-width ones none."""
+    total = 0
+    for char in text:
+        if unicodedata.combining(char) or unicodedata.category(char) in ("Mn", "Me", "Cf"):
+            continue
+        total += 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+    return total
+
+
+def pad(text: str, columns: int) -> str:
+    """``text`` padded with spaces to ``columns`` display columns (never cut)."""
+    return text + " " * max(0, columns - width(text))
+
+
+def quiet_on_closed_pipe(run: Callable[[], Any]) -> Any:
+    """Run ``run``; a reader that went away (``| head``) ends it quietly, as a Unix tool does,
+    instead of a BrokenPipeError traceback."""
+    try:
+        return run()
+    except BrokenPipeError:
+        # Python flushes stdout once more at exit: point it at /dev/null first.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return None
