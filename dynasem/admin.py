@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterable
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
@@ -28,7 +29,7 @@ from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
 from django.views.decorators.http import require_http_methods
 
-from . import clock, job_operations, operations, table, usernames
+from . import clock, job_operations, operations, table, usernames, validation
 from .exceptions import SemaphoreUnavailable
 from .models import Job, Lock
 
@@ -48,6 +49,10 @@ def _quick(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
             return view(request, *args, **kwargs)
 
     return inner
+
+
+def _aware(ms: int) -> datetime:
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
 class _ListPage:
@@ -199,6 +204,96 @@ class LockAdmin(DynamoDBAdmin):
     def has_release_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(f"{self.opts.app_label}.release_lock")
 
+    def get_urls(self) -> list[Any]:
+        info = self.opts.app_label, self.opts.model_name
+        page = self.admin_site.admin_view(_quick(self.resource_view))
+        return [path("resource/", page, name="{}_{}_resource".format(*info)), *super().get_urls()]
+
+    def resource_url(self, resource: str) -> str:
+        return self._url("resource") + "?" + urlencode({"resource": resource})
+
+    # Holds of one resource whose other resources are looked up (each lookup reads the
+    # userId index: a counting semaphore's hundreds of holders are not).
+    WITH_LOOKUPS = 3
+
+    def resource_view(self, request: HttpRequest) -> HttpResponse:
+        """One resource: every holder, the queue in order, the run_once job of that key."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        resource = request.GET.get("resource", "")
+        try:
+            validation.check_resource(resource)
+        except (TypeError, ValueError) as exc:
+            messages.error(request, str(exc))
+            return HttpResponseRedirect(self._url("changelist"))
+        error = None
+        state = operations.ResourceState(resource, [], [])
+        job = None
+        try:
+            state = operations.resource_state(resource)
+            job = job_operations.job_info(resource)
+        except SemaphoreUnavailable as exc:
+            error = str(exc)
+        now = clock.now_ms()
+        users = self._users(
+            request, [h.user_id for h in state.holds] + [w.user_id for w in state.waiters]
+        )
+        can_release = self.has_release_permission(request)
+        holds = []
+        for hold in state.holds:
+            others: list[str] | None = None
+            if len(state.holds) <= self.WITH_LOOKUPS and hold.expires_ms >= now:
+                try:
+                    others = operations.held_with(hold)
+                except SemaphoreUnavailable:
+                    others = None
+            holds.append(
+                {
+                    "hold": hold,
+                    "holder": self._holder(hold.user_id, users),
+                    "expires_in": expires_in((hold.expires_ms - now) // 1000),
+                    "acquired_ago": human_span(max(0, (now - hold.acquired_ms) // 1000)) + " ago",
+                    "expired": hold.expires_ms < now,
+                    "with": [(r, self.resource_url(r)) for r in others or []],
+                    "looked_up": others is not None,
+                    "release_url": (
+                        self._url("release")
+                        + "?"
+                        + urlencode({"resource": resource, "fence": hold.fence})
+                        if can_release
+                        else None
+                    ),
+                }
+            )
+        waiters = [
+            {
+                "position": place,
+                "waiter": w,
+                "holder": self._holder(w.user_id, users),
+                "kind": "shared" if w.shared else "exclusive",
+                "since": None if w.since_ms is None else _aware(w.since_ms),
+                "since_ago": None
+                if w.since_ms is None
+                else human_span(max(0, (now - w.since_ms) // 1000)) + " ago",
+            }
+            for place, w in enumerate(state.waiters, 1)
+        ]
+        context = self._context(
+            request,
+            resource,
+            action_title=resource,
+            resource=resource,
+            holds=holds,
+            waiters=waiters,
+            job=job,
+            jobs_url=reverse(f"admin:{self.opts.app_label}_job_changelist")
+            + "?"
+            + urlencode({"q": resource}),
+            error=error,
+            fence=state.fence,
+        )
+        return TemplateResponse(request, "admin/dynasem/lock/resource.html", context)
+
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
@@ -248,6 +343,7 @@ class LockAdmin(DynamoDBAdmin):
                             if hold is not None and can_release
                             else None
                         ),
+                        "resource_url": self.resource_url(row.resource),
                     }
                 )
         filters = {"q": prefix, "user": user_filter, "expired": "1" if show_expired else ""}
@@ -284,11 +380,15 @@ class LockAdmin(DynamoDBAdmin):
         return TemplateResponse(request, "admin/dynasem/lock/change_list.html", context)
 
     @staticmethod
-    def _find(resource: str, token: str = "", fence: str = "") -> operations.HoldInfo | None:
-        for hold in operations.holds_on(resource):
+    def _find(
+        resource: str, token: str = "", fence: str = ""
+    ) -> tuple[operations.HoldInfo | None, list[table.Waiter]]:
+        """The hold named by ``token`` or ``fence``, and the resource's waiters."""
+        state = operations.resource_state(resource)
+        for hold in state.holds:
             if (token and hold.token == token) or (fence and str(hold.fence) == fence):
-                return hold
-        return None
+                return hold, state.waiters
+        return None, state.waiters
 
     def action_view(self, request: HttpRequest) -> HttpResponse:
         """Break one hold: its confirmation page (GET), then the break (POST)."""
@@ -302,15 +402,19 @@ class LockAdmin(DynamoDBAdmin):
         token = source.get("token", "")
         fence = "" if request.method == "POST" else source.get("fence", "")
         changelist = self._url("changelist")
+        waiting: list[table.Waiter] = []
         try:
-            hold = self._find(resource, token, fence) if resource and (token or fence) else None
+            hold, waiting = (
+                self._find(resource, token, fence) if resource and (token or fence) else (None, [])
+            )
         except (SemaphoreUnavailable, TypeError, ValueError) as exc:
             messages.error(request, str(exc))
             return HttpResponseRedirect(changelist)
         if hold is None:
             messages.warning(request, f"{resource!r} has no such hold any more: nothing broken.")
             return HttpResponseRedirect(changelist)
-        holder = self._holder(hold.user_id, self._users(request, [hold.user_id]))
+        users = self._users(request, [hold.user_id] + [w.user_id for w in waiting[:1]])
+        holder = self._holder(hold.user_id, users)
         if request.method == "POST":
             try:
                 broken = operations.break_hold(
@@ -334,6 +438,16 @@ class LockAdmin(DynamoDBAdmin):
             hold=hold,
             holder=holder,
             expires_in=expires_in((hold.expires_ms - now) // 1000),
+            next_waiter=(
+                {
+                    "holder": self._holder(waiting[0].user_id, users),
+                    "kind": "shared" if waiting[0].shared else "exclusive",
+                }
+                if waiting
+                else None
+            ),
+            waiting=len(waiting),
+            resource_url=self.resource_url(resource),
         )
         return TemplateResponse(request, "admin/dynasem/lock/release_confirm.html", context)
 

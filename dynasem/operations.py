@@ -378,15 +378,42 @@ def holds_on(resource: str) -> list[HoldInfo]:
     return holds_of(item, min_expires_ms=None) if item else []
 
 
-def waiters_on(resource: str) -> list[table.Waiter]:
-    """Every live waiter queued for ``resource``, first in line first (consistent reads: the
-    row, then its queue's entries)."""
+@dataclass(frozen=True)
+class ResourceState:
+    """One resource as an operator looks at it: its holders and its queue, from one read of
+    its row (and of its queue's entries)."""
+
+    resource: str
+    holds: list[HoldInfo]
+    waiters: list[table.Waiter]  # live ones, first in line first
+    fence: int = 0  # the last fence handed out
+
+
+def resource_state(resource: str) -> ResourceState:
+    """Every holder of ``resource`` (live or not) and every live waiter, first in line first
+    (consistent reads: the row, then its queue's entries)."""
     item = table.get(validation.check_resource(resource))
     if item is None:
-        return []
+        return ResourceState(resource, [], [])
     now = clock.now_ms()
     inline = sorted((w for w in item.queue.values() if w.expires_ms >= now), key=lambda w: w.ticket)
-    return inline + [w for w in table.queue_entries(item) if w.expires_ms >= now]
+    waiters = inline + [w for w in table.queue_entries(item) if w.expires_ms >= now]
+    return ResourceState(resource, holds_of(item, min_expires_ms=None), waiters, item.fence)
+
+
+def waiters_on(resource: str) -> list[table.Waiter]:
+    """Every live waiter queued for ``resource``, first in line first."""
+    return resource_state(resource).waiters
+
+
+def held_with(hold: HoldInfo) -> list[str]:
+    """The other resources taken in the same acquisition as ``hold`` (the same token), as the
+    userId index finds its user's rows; live holds only."""
+    return sorted(
+        h.resource
+        for h in active_holds(user_id=hold.user_id)
+        if h.token == hold.token and h.resource != hold.resource
+    )
 
 
 def queue_depth(resource: str) -> int:

@@ -435,6 +435,7 @@ def wait_in_queue(
             address=address,
             proc=processes.identity(),
             token=token,
+            since_ms=clock.now_ms(),
         )
         for attempt in range(1, ENQUEUE_TRIES + 1):
             try:

@@ -44,7 +44,9 @@ def staff(django_user_model, name: str, *perms: str):
 def listed(response) -> list[str]:
     """The resources of the hold lines of a lock list page, in page order."""
     body = response.content.decode()
-    return re.findall(r'<tr class="hold">\s*<th class="resource"><code[^>]*>(.*?)</code>', body)
+    return re.findall(
+        r'<tr class="hold">\s*<th class="resource">(?:<a [^>]*>)?<code[^>]*>(.*?)</code>', body
+    )
 
 
 def next_url(response) -> str | None:
@@ -247,7 +249,9 @@ def test_expired_holds_and_idle_rows_only_with_the_toggle(lock_table, holds, adm
     response = client.get(reverse(LIST), {"expired": "1"})
     body = response.content.decode()
     assert listed(response) == ["expired:1", "live:1"]  # soonest lease end first
-    assert re.search(r'<tr class="idle">\s*<th class="resource"><code[^>]*>released:1</code>', body)
+    assert re.search(
+        r'<tr class="idle">\s*<th class="resource">(?:<a [^>]*>)?<code[^>]*>released:1</code>', body
+    )
     assert re.search(r"expired [56] s ago", body)
 
 
@@ -707,3 +711,70 @@ def test_the_locks_own_client_keeps_its_patience(lock_table, silent_endpoint, se
     assert (patient.read_timeout, patient.retries["total_max_attempts"]) == (10, 4)
     assert (quick.read_timeout, quick.connect_timeout) == (2, 1)
     assert quick.retries["total_max_attempts"] == 1
+
+
+# ---------------------------------------------------------------------------------------------
+# The resource page: holders, the queue in order, the run_once job of that key
+# ---------------------------------------------------------------------------------------------
+
+RESOURCE = "admin:dynasem_lock_resource"
+
+
+def test_the_resource_page_shows_holders_and_the_queue_in_order(
+    lock_table, holds, alice, django_user_model, client
+):
+    from dynasem import clock
+    from tests.conftest import enqueue_entry
+
+    held = take(holds, "deploy:prod", user=alice, lease=60)
+    now = clock.now_ms()
+    enqueue_entry(
+        "deploy:prod",
+        "tok-bob",
+        table.Waiter(0, now + 60_000, user_id="bob", since_ms=now - 90_000),
+    )
+    enqueue_entry(
+        "deploy:prod", "tok-carol", table.Waiter(0, now + 60_000, user_id="carol", shared=True)
+    )
+    with pytest.raises(ValueError), run_once("deploy:prod"):
+        raise ValueError("boom")
+    client.force_login(staff(django_user_model, "viewer", "view_lock"))
+    listing = client.get(reverse(LIST)).content.decode()
+    url = reverse(RESOURCE) + "?" + urlencode({"resource": "deploy:prod"})
+    assert url.replace("&", "&amp;") in listing  # the list links each resource to its page
+    page = client.get(url)
+    assert page.status_code == 200
+    body = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page.content.decode()))
+    assert "alice" in body and str(held.fence) in body
+    queue = body[body.index("Queue (2 waiting)") :]
+    assert queue.index(" 1 bob exclusive 1 min 30 s ago") < queue.index(
+        " 2 carol shared not recorded"
+    )
+    assert "FAILED, attempt 1" in body
+    assert "/release/" not in page.content.decode()  # no break link without release_lock
+
+
+def test_the_resource_page_of_a_free_resource_and_a_bad_name(lock_table, admin_user, client):
+    client.force_login(admin_user)
+    body = client.get(reverse(RESOURCE), {"resource": "nothing:here"}).content.decode()
+    assert "Nobody holds it" in body and "Nobody is waiting." in body
+    assert "No run_once job has this key." in body
+    response = client.get(reverse(RESOURCE), {"resource": ""})
+    assert response.status_code == 302
+
+
+def test_the_break_page_says_who_gets_the_lock_next(lock_table, holds, admin_user, client):
+    from dynasem import clock
+    from tests.conftest import enqueue_entry
+
+    held = take(holds, "deploy:next", user="ci-812", lease=60)
+    now = clock.now_ms()
+    enqueue_entry("deploy:next", "tok-1", table.Waiter(0, now + 60_000, user_id="ci-813"))
+    enqueue_entry("deploy:next", "tok-2", table.Waiter(0, now + 60_000, user_id="ci-814"))
+    client.force_login(admin_user)
+    page = client.get(reverse(RELEASE), {"resource": "deploy:next", "fence": held.fence})
+    body = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page.content.decode()))
+    assert "Next in line: ci-813 (exclusive), then 1 more: it takes the lock" in body
+    free = take(holds, "deploy:alone", lease=60)
+    page = client.get(reverse(RELEASE), {"resource": "deploy:alone", "fence": free.fence})
+    assert "nobody is waiting: the lock becomes free" in page.content.decode()

@@ -325,6 +325,13 @@ def test_the_admin_pages_fit_a_laptop_screen_on_this_django(
         assert _box(page, "#result_list th.resource code")["width"] < 500
         _shoot(page, tmp_path, "admin-locks")
 
+        page.locator("#result_list a", has_text=names[1]).first.click()
+        expect(page.locator("#content h1")).to_contain_text(names[1])
+        expect(page.locator(".dynasem-resource tr.hold")).to_have_count(1)
+        _check_layout(page, with_list=False)
+        _shoot(page, tmp_path, "admin-resource")
+        page.go_back()
+
         page.get_by_role(
             "link", name=f"Break the hold on {names[1]} (fence {taken[1].fence})"
         ).click()

@@ -148,6 +148,7 @@ class Waiter:
     address: str | None = None  # where a hand-over is pushed (wakeup's format), if anywhere
     proc: str | None = None  # the waiting process: a hand-over records it in the holder entry
     token: str = ""  # whose entry (an entry item names it; a map entry is keyed by it)
+    since_ms: int | None = None  # when it queued (for listings; older entries have none)
 
 
 @dataclass(frozen=True, slots=True)
@@ -246,6 +247,7 @@ def waiter_of(value: Mapping[str, Any], token: str = "") -> Waiter:
         address=None if not address else str(address),
         proc=_proc(value),
         token=token,
+        since_ms=None if value.get("a") is None else int(value["a"]),
     )
 
 
@@ -262,6 +264,8 @@ def waiter_value(waiter: Waiter) -> dict[str, Any]:
         value["n"] = waiter.address
     if waiter.proc is not None:
         value["p"] = waiter.proc
+    if waiter.since_ms is not None:
+        value["a"] = waiter.since_ms
     return value
 
 
