@@ -11,6 +11,7 @@ conditional on what that page showed, and is logged as a ``LogEntry``.
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable, Iterable
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -18,10 +19,8 @@ from urllib.parse import urlencode
 
 import django
 from django.contrib import admin, messages
-from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
-from django.contrib.contenttypes.models import ContentType
 from django.core.exceptions import PermissionDenied
 from django.db import models
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -29,7 +28,7 @@ from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
 from django.views.decorators.http import require_http_methods
 
-from . import clock, job_operations, operations, table, usernames, validation
+from . import audit, clock, job_operations, operations, table, usernames, validation
 from .exceptions import SemaphoreUnavailable
 from .models import Job, Lock
 
@@ -49,6 +48,11 @@ def _quick(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
             return view(request, *args, **kwargs)
 
     return inner
+
+
+def _natural(key: str) -> list[tuple[int, int | str]]:
+    """A sort key that puts ``upload:2`` before ``upload:10`` (numbers by value)."""
+    return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", key)]
 
 
 def _aware(ms: int) -> datetime:
@@ -177,16 +181,8 @@ class DynamoDBAdmin(ModelAdmin):
         return {**user, "django": True, "filter": user["name"]}
 
     def _log(self, request: HttpRequest, model: type[models.Model], key: str, text: str) -> None:
-        # create() rather than log_action(): one call for Django 4.2 to 5.x.
         assert request.user.pk is not None  # admin_view lets only a logged-in staff user in
-        LogEntry.objects.create(
-            user_id=request.user.pk,
-            content_type_id=ContentType.objects.get_for_model(model).pk,
-            object_id=key,
-            object_repr=key[:200],
-            action_flag=CHANGE,
-            change_message=text,
-        )
+        audit.record(request.user.pk, model, key, text)
 
     def _bad_cursor(self, request: HttpRequest, exc: operations.BadCursor) -> HttpResponse:
         messages.warning(request, f"{exc}; showing the first page.")
@@ -360,6 +356,7 @@ class LockAdmin(DynamoDBAdmin):
             "lines": lines,
             "page": page,
             "hold_count": len(page.holds),
+            "row_count": len(page.rows),
             "can_release": can_release,
             "query": prefix,
             "user_filter": user_filter,
@@ -501,7 +498,7 @@ class JobAdmin(DynamoDBAdmin):
                     else None
                 ),
             }
-            for job in page.jobs
+            for job in sorted(page.jobs, key=lambda j: _natural(j.key))
         ]
         context = {
             **self._context(request, "Run-once jobs"),

@@ -475,9 +475,11 @@ def reap(
     dry_run: bool = False,
     workers: int = 16,
     progress: Callable[[ReapResult], None] | None = None,
+    found: Callable[[table.IndexEntry], None] | None = None,
 ) -> ReapResult:
     """Delete rows whose lease ended more than CLOCK_SKEW ago, found through the expires
-    index (never a Scan) and deleted each on condition it is still expired, in parallel."""
+    index (never a Scan) and deleted each on condition it is still expired, in parallel.
+    ``found`` is called with each row found (in a dry run: each row it would delete)."""
     cutoff_ms = clock.now_ms() - int(validation.check_skew(settings.CLOCK_SKEW) * 1000)
     before_s = cutoff_ms // 1000
     result = ReapResult()
@@ -487,13 +489,17 @@ def reap(
             yield from table.iter_expiring(shard, before=before_s)
 
     if dry_run:
-        for _ in candidates():
+        for row in candidates():
             result.found += 1
+            if found is not None:
+                found(row)
         return result
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dynasem-reap") as pool:
         futures = []
         for row in candidates():
             result.found += 1
+            if found is not None:
+                found(row)
             futures.append(pool.submit(table.delete_expired, row.resource, cutoff_ms))
         for i, future in enumerate(futures, 1):
             if future.result():

@@ -681,7 +681,7 @@ def test_an_unavailable_dynamodb_is_said_within_seconds_never_shown_as_empty(
     assert took <= 3.0, f"the page took {took:.1f} s"
     assert "Unavailable: nothing can be listed now" in body
     assert url in body  # which endpoint
-    for empty in ("No active holds", "No run-once jobs", " on this page"):
+    for empty in ("No active holds", "No run-once jobs", "holds on this page", "jobs on this"):
         assert empty not in body
 
 
@@ -778,3 +778,19 @@ def test_the_break_page_says_who_gets_the_lock_next(lock_table, holds, admin_use
     free = take(holds, "deploy:alone", lease=60)
     page = client.get(reverse(RELEASE), {"resource": "deploy:alone", "fence": free.fence})
     assert "nobody is waiting: the lock becomes free" in page.content.decode()
+
+
+def test_jobs_sort_numbers_by_value_and_the_lock_list_counts_holds_and_rows(
+    lock_table, holds, admin_user, client
+):
+    for n in (10, 2, 1):
+        with run_once(f"upload:{n}"):
+            pass
+    client.force_login(admin_user)
+    assert list(job_rows(client.get(reverse(JOBS)))) == ["upload:1", "upload:2", "upload:10"]
+    take(holds, "pool:a", limit=3, lease=60)
+    take(holds, "pool:a", limit=3, lease=60)
+    take(holds, "single:b", lease=60)
+    body = client.get(reverse(LIST)).content.decode()
+    assert "3 holds in 2 resources on this page" in body
+    assert '<input type="submit" value="Filter by user">' in body

@@ -284,6 +284,8 @@ def test_reap_dry_run_deletes_nothing(no_ttl, holds, later):
     later(REAP_LATER)
     out = run("dynasem_reap", "--dry-run")
     assert "Would delete 3 expired rows." in out
+    listed = sorted(line.split()[0] for line in out.splitlines() if "(lease ended by" in line)
+    assert listed == ["dry:1", "dry:2", "dry:idle"]  # what it would delete, by name
     for pk in ["dry:1", "dry:2", "dry:idle", "dry:live"]:
         assert row(pk) is not None, pk
     for pk in ["job:done", "job:failed", "dead:0"]:
@@ -824,3 +826,37 @@ def test_locks_json_into_a_closed_pipe_ends_quietly(lock_table, holds, dynamodb_
     )
     assert done.returncode == 0, done.stderr
     assert "Traceback" not in done.stderr and "BrokenPipe" not in done.stderr
+
+
+@pytest.mark.django_db
+def test_a_command_line_break_is_in_the_admins_history(lock_table, holds, django_user_model):
+    import getpass
+
+    from django.contrib.admin.models import LogEntry
+
+    django_user_model.objects.create_user("ops")
+    held = take(holds, "audit:1", user="worker-7", lease=60)
+    with pytest.raises(CommandError, match="no Django user named 'nobody'"):
+        run("dynasem_release", "audit:1", "--yes", "--log-as", "nobody")
+    assert [h.token for h in holds_on("audit:1")] == [held.token]  # nothing broken
+    run("dynasem_release", "audit:1", "--yes", "--log-as", "ops")
+    (entry,) = LogEntry.objects.all()
+    assert (entry.user.get_username(), entry.object_id) == ("ops", "audit:1")
+    assert entry.change_message == (
+        f"Broke the hold of worker-7 on audit:1 (fence {held.fence}) with manage.py "
+        "dynasem_release."
+    )
+    # Without --log-as: the Django user named as this OS login, if there is one.
+    django_user_model.objects.create_user(getpass.getuser())
+    take(holds, "audit:2", lease=60)
+    run("dynasem_release", "audit:2", "--yes")
+    assert LogEntry.objects.latest("pk").user.get_username() == getpass.getuser()
+
+
+@pytest.mark.django_db
+def test_a_break_nobody_can_be_recorded_for_says_so(lock_table, holds):
+    take(holds, "audit:3", lease=60)
+    err = io.StringIO()
+    call_command("dynasem_release", "audit:3", "--yes", stdout=io.StringIO(), stderr=err)
+    assert "Not recorded in the admin's history: no --log-as, and no Django user" in err.getvalue()
+    assert holds_on("audit:3") == []

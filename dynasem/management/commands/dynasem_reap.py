@@ -1,10 +1,11 @@
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from dynasem import operations
+from dynasem import operations, table
 from dynasem.exceptions import SemaphoreUnavailable
 
 
@@ -16,7 +17,11 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("--dry-run", action="store_true", help="count, delete nothing")
+        parser.add_argument(
+            "--dry-run",
+            action="store_true",
+            help="list the rows it would delete (resource, lease bucket end), delete nothing",
+        )
         parser.add_argument("--workers", type=int, default=16, help="parallel deletes (16)")
 
     def handle(self, *args: Any, dry_run: bool, workers: int, **options: Any) -> None:
@@ -28,8 +33,15 @@ class Command(BaseCommand):
             if verbosity >= 2:
                 self.stdout.write(f"  {result.deleted} deleted, {result.survived} survived...")
 
+        def found(row: table.IndexEntry) -> None:
+            if dry_run and verbosity >= 1:
+                ended = datetime.fromtimestamp(row.listed_s, tz=UTC).strftime("%Y-%m-%d %H:%M")
+                self.stdout.write(f"  {row.resource}  (lease ended by {ended} UTC)")
+
         try:
-            result = operations.reap(dry_run=dry_run, workers=workers, progress=progress)
+            result = operations.reap(
+                dry_run=dry_run, workers=workers, progress=progress, found=found
+            )
         except SemaphoreUnavailable as exc:
             raise CommandError(str(exc)) from exc
         if dry_run:

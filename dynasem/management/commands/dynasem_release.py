@@ -6,8 +6,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from dynasem import operations, table, validation
+from dynasem import audit, operations, table, validation
 from dynasem.exceptions import SemaphoreUnavailable
+from dynasem.models import Lock
 
 # The exit status when nothing (or not everything shown) was broken: the hold had gone, or
 # there was none, or the operator said no. 0: every hold shown was broken.
@@ -37,6 +38,12 @@ class Command(BaseCommand):
         parser.add_argument(
             "--json", action="store_true", help="print a JSON line per hold, with broken"
         )
+        parser.add_argument(
+            "--log-as",
+            metavar="USERNAME",
+            help="record each break in the admin's history as this Django user (default: the "
+            "user named as this OS login, if any)",
+        )
 
     def execute(self, *args: Any, **options: Any) -> str | None:
         # An operator waits: one attempt, short timeouts (table.quick), not the locks' own.
@@ -51,12 +58,21 @@ class Command(BaseCommand):
         fence: int | None,
         yes: bool,
         json: bool,
+        log_as: str | None,
         **options: Any,
     ) -> None:
         try:
             validation.check_resource(resource)
         except (TypeError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
+        try:
+            recorder, unrecorded = audit.operator(log_as)
+        except LookupError as exc:
+            raise CommandError(str(exc)) from exc
+        except Exception as exc:  # no admin or auth app, no database: the break still works
+            if log_as:
+                raise CommandError(f"--log-as: {exc}") from exc
+            recorder, unrecorded = None, f"the admin's history cannot be written ({exc})"
         which = (f" with token {token}" if token else "") + (
             f" with fence {fence}" if fence is not None else ""
         )
@@ -89,6 +105,17 @@ class Command(BaseCommand):
             ]
         except SemaphoreUnavailable as exc:
             raise CommandError(str(exc)) from exc
+        for h, done in zip(holds, broken, strict=True):
+            if done and recorder is not None:
+                audit.record(
+                    recorder,
+                    Lock,
+                    resource,
+                    f"Broke the hold of {h.user_id} on {resource} (fence {h.fence}) with "
+                    "manage.py dynasem_release.",
+                )
+        if recorder is None and any(broken):
+            self.stderr.write(f"Not recorded in the admin's history: {unrecorded}.")
         if json:
             for h, done in zip(holds, broken, strict=True):
                 self.stdout.write(dumps({**h.as_dict(), "broken": bool(done)}))
