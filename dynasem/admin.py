@@ -488,9 +488,16 @@ class JobAdmin(DynamoDBAdmin):
             params = {k: v for k, v in {**filters, **changes}.items() if v}
             return "?" + urlencode(params) if params else "?"
 
+        # The whole error (and the lock of the same name) is on the resource page, for whoever
+        # may see it.
+        lock_admin = self.admin_site._registry.get(Lock)
+        pages = lock_admin is not None and lock_admin.has_view_permission(request)
         rows = [
             {
                 "job": job,
+                "page_url": lock_admin.resource_url(job.key)
+                if pages and isinstance(lock_admin, LockAdmin)
+                else None,
                 "holder": self._holder(job.user_id, users) if job.user_id else None,
                 "reset_url": (
                     self._url("reset") + "?" + urlencode({"key": job.key})

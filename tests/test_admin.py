@@ -446,7 +446,9 @@ def jobs(lock_table, alice) -> dict[str, Any]:
 def job_rows(response) -> dict[str, str]:
     """key -> the text of its row on the statuses page."""
     body = response.content.decode()
-    rows = re.findall(r'<th class="key"><code[^>]*>(.*?)</code></th>(.*?)</tr>', body, re.S)
+    rows = re.findall(
+        r'<th class="key">(?:<a [^>]*>)?<code[^>]*>(.*?)</code>(?:</a>)?</th>(.*?)</tr>', body, re.S
+    )
     return {key: re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", rest)).strip() for key, rest in rows}
 
 
@@ -751,6 +753,7 @@ def test_the_resource_page_shows_holders_and_the_queue_in_order(
         " 2 carol shared not recorded"
     )
     assert "FAILED, attempt 1" in body
+    assert "ValueError: boom" in body  # the whole error
     assert "/release/" not in page.content.decode()  # no break link without release_lock
 
 

@@ -279,6 +279,12 @@ def _check_layout(page: Any, *, with_list: bool) -> None:
     assert last["x"] + last["width"] <= width + 0.5, last
 
 
+def _luminance(css: str) -> float:
+    """0 (black) to 1 (white), roughly, of a CSS rgb()/rgba() colour."""
+    r, g, b = (int(float(x)) for x in re.findall(r"[\d.]+", css)[:3])
+    return (0.2126 * r + 0.7152 * g + 0.0722 * b) / 255
+
+
 def _shoot(page: Any, tmp_path: Path, name: str) -> None:
     import django
 
@@ -324,6 +330,16 @@ def test_the_admin_pages_fit_a_laptop_screen_on_this_django(
         assert cut.get_attribute("title") == LONG_NAME
         assert _box(page, "#result_list th.resource code")["width"] < 500
         _shoot(page, tmp_path, "admin-locks")
+        # Dark: the same layout, and the rows in Django's dark colours (light text on a dark
+        # background), not ours.
+        page.emulate_media(color_scheme="dark")
+        _check_layout(page, with_list=True)
+        colours = page.locator("#result_list tbody td.expires").first.evaluate(
+            "el => [getComputedStyle(el).color, getComputedStyle(document.body).backgroundColor]"
+        )
+        text, background = (_luminance(c) for c in colours)
+        assert text > background + 0.4, colours
+        page.emulate_media(color_scheme="light")
 
         page.locator("#result_list a", has_text=names[1]).first.click()
         expect(page.locator("#content h1")).to_contain_text(names[1])

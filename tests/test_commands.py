@@ -286,6 +286,9 @@ def test_reap_dry_run_deletes_nothing(no_ttl, holds, later):
     assert "Would delete 3 expired rows." in out
     listed = sorted(line.split()[0] for line in out.splitlines() if "(lease ended by" in line)
     assert listed == ["dry:1", "dry:2", "dry:idle"]  # what it would delete, by name
+    *rows, totals = json_lines(run("dynasem_reap", "--dry-run", "--json"))
+    assert sorted(r["resource"] for r in rows) == listed
+    assert totals == {"dry_run": True, "found": 3, "deleted": 0, "kept": 0}
     for pk in ["dry:1", "dry:2", "dry:idle", "dry:live"]:
         assert row(pk) is not None, pk
     for pk in ["job:done", "job:failed", "dead:0"]:
@@ -860,3 +863,43 @@ def test_a_break_nobody_can_be_recorded_for_says_so(lock_table, holds):
     call_command("dynasem_release", "audit:3", "--yes", stdout=io.StringIO(), stderr=err)
     assert "Not recorded in the admin's history: no --log-as, and no Django user" in err.getvalue()
     assert holds_on("audit:3") == []
+
+
+# ---------------------------------------------------------------------------------------------
+# dynasem_jobs
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_jobs_lists_and_resets_a_failed_key(lock_table, django_user_model):
+    from django.contrib.admin.models import LogEntry
+
+    from dynasem import run_once
+
+    django_user_model.objects.create_user("ops")
+    with run_once("import:1"):
+        pass
+    with pytest.raises(ValueError), run_once("import:2"):
+        raise ValueError("bad header")
+    running = run_once("import:3").claim()
+    rows = {r["key"]: r for r in json_lines(run("dynasem_jobs", "--json"))}
+    assert {k: r["status"] for k, r in rows.items()} == {
+        "import:1": "DONE",
+        "import:2": "FAILED",
+        "import:3": "RUNNING",
+    }
+    assert "ValueError: bad header" in rows["import:2"]["error"]
+    table_out = run("dynasem_jobs", "--status", "FAILED")
+    assert "import:2" in table_out and "import:1" not in table_out
+    out = run("dynasem_jobs", "--reset", "import:2", "--noinput", "--log-as", "ops")
+    assert "Reset 'import:2' (was FAILED)" in out
+    assert (
+        json_lines(run("dynasem_jobs", "--key-prefix", "import:2", "--json"))[0]["status"] == "NEW"
+    )
+    (entry,) = LogEntry.objects.all()
+    assert (entry.object_id, entry.user.get_username()) == ("import:2", "ops")
+    for key, why in (("import:3", "is RUNNING"), ("import:9", "No run_once job")):
+        with pytest.raises(CommandError, match=why) as nothing:
+            run("dynasem_jobs", "--reset", key, "--yes")
+        assert nothing.value.returncode == 3
+    running._finish(None)

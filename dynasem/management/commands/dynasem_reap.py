@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 from typing import Any
 
@@ -23,18 +24,27 @@ class Command(BaseCommand):
             help="list the rows it would delete (resource, lease bucket end), delete nothing",
         )
         parser.add_argument("--workers", type=int, default=16, help="parallel deletes (16)")
+        parser.add_argument(
+            "--json",
+            action="store_true",
+            help="print a JSON line per row found (with --dry-run) and one with the totals",
+        )
 
     def handle(self, *args: Any, dry_run: bool, workers: int, **options: Any) -> None:
         if workers < 1:
             raise CommandError(f"--workers must be >= 1, not {workers}")
         verbosity = options.get("verbosity", 1)
+        as_json = options.get("json", False)
 
         def progress(result: operations.ReapResult) -> None:
-            if verbosity >= 2:
+            if verbosity >= 2 and not as_json:
                 self.stdout.write(f"  {result.deleted} deleted, {result.survived} survived...")
 
         def found(row: table.IndexEntry) -> None:
-            if dry_run and verbosity >= 1:
+            if dry_run and as_json:
+                ended = datetime.fromtimestamp(row.listed_s, tz=UTC).isoformat()
+                self.stdout.write(json.dumps({"resource": row.resource, "ended_by": ended}))
+            elif dry_run and verbosity >= 1:
                 ended = datetime.fromtimestamp(row.listed_s, tz=UTC).strftime("%Y-%m-%d %H:%M")
                 self.stdout.write(f"  {row.resource}  (lease ended by {ended} UTC)")
 
@@ -44,7 +54,10 @@ class Command(BaseCommand):
             )
         except SemaphoreUnavailable as exc:
             raise CommandError(str(exc)) from exc
-        if dry_run:
+        if as_json:
+            totals = {"dry_run": dry_run, "found": result.found, "deleted": result.deleted}
+            self.stdout.write(json.dumps({**totals, "kept": result.survived}))
+        elif dry_run:
             self.stdout.write(f"Would delete {result.found} expired rows.")
         else:
             self.stdout.write(f"Deleted {result.deleted} expired rows.")

@@ -1,0 +1,145 @@
+from __future__ import annotations
+
+import json as jsonlib
+import sys
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from dynasem import audit, job_operations, table, validation
+from dynasem.exceptions import SemaphoreUnavailable
+from dynasem.models import Job
+
+from ._output import pad, quiet_on_closed_pipe, width
+
+# The exit status when nothing was reset (no such key, not DONE/FAILED, ran again since it was
+# read, or the answer was no), as dynasem_release does when it broke nothing.
+NOTHING_RESET = 3
+
+
+class Command(BaseCommand):
+    help = (
+        "List the run_once jobs (key, status, user, attempt, started, finished, last error), or "
+        "with --reset KEY make a DONE or FAILED key run again (asks first unless --yes). "
+        "Exit status 3 when --reset reset nothing."
+    )
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--status", choices=job_operations_statuses(), help="only this status")
+        parser.add_argument("--key-prefix", help="only keys starting with this")
+        parser.add_argument("--json", action="store_true", help="print JSON lines")
+        parser.add_argument("--reset", metavar="KEY", help="reset this DONE or FAILED key")
+        parser.add_argument(
+            "--yes", "--noinput", "--no-input", action="store_true", dest="yes", help="do not ask"
+        )
+        parser.add_argument(
+            "--log-as",
+            metavar="USERNAME",
+            help="record the reset in the admin's history as this Django user (default: the "
+            "user named as this OS login, if any)",
+        )
+
+    def execute(self, *args: Any, **options: Any) -> str | None:
+        # An operator waits: one attempt, short timeouts (table.quick), not the locks' own.
+        with table.quick():
+            result: str | None = quiet_on_closed_pipe(
+                lambda: super(Command, self).execute(*args, **options)
+            )
+            return result
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            if options["reset"] is not None:
+                self._reset(options["reset"], options)
+            else:
+                self._list(options)
+        except SemaphoreUnavailable as exc:
+            raise CommandError(str(exc)) from exc
+
+    def _list(self, options: dict[str, Any]) -> None:
+        jobs: list[job_operations.JobInfo] = []
+        cursor = None
+        while True:
+            page = job_operations.job_page(
+                prefix=options["key_prefix"], status=options["status"], cursor=cursor, size=500
+            )
+            jobs += page.jobs
+            cursor = page.next_cursor
+            if not cursor:
+                break
+        if options["json"]:
+            for job in jobs:
+                self.stdout.write(jsonlib.dumps(_as_dict(job)))
+            return
+        if not jobs:
+            self.stdout.write("No run-once jobs.")
+            return
+        wide = max(30, *(width(j.key) for j in jobs))
+        self.stdout.write(
+            f"{pad('KEY', wide)} {'STATUS':8} {'ATTEMPT':>7} {'STARTED (UTC)':19}  LAST ERROR"
+        )
+        for job in jobs:
+            started = job.started.strftime("%Y-%m-%d %H:%M:%S") if job.started else "-"
+            error = job.error.splitlines()[0][:60] if job.error else ""
+            self.stdout.write(
+                f"{pad(job.key, wide)} {job.status:8} {job.attempt:>7} {started:19}  {error}"
+            )
+
+    def _reset(self, key: str, options: dict[str, Any]) -> None:
+        try:
+            validation.check_resource(key, "key")
+        except (TypeError, ValueError) as exc:
+            raise CommandError(str(exc)) from exc
+        try:
+            recorder, unrecorded = audit.operator(options["log_as"])
+        except LookupError as exc:
+            raise CommandError(str(exc)) from exc
+        except Exception as exc:  # no admin or auth app, no database: the reset still works
+            if options["log_as"]:
+                raise CommandError(f"--log-as: {exc}") from exc
+            recorder, unrecorded = None, f"the admin's history cannot be written ({exc})"
+        job = job_operations.job_info(key)
+        if job is None:
+            raise CommandError(f"No run_once job {key!r}: nothing reset.", returncode=NOTHING_RESET)
+        if not job.resettable:
+            raise CommandError(
+                f"{key!r} is {job.status}: only a DONE or FAILED job can be reset.",
+                returncode=NOTHING_RESET,
+            )
+        if not options["json"]:
+            self.stdout.write(f"  {key}  {job.status}  attempt {job.attempt}  {job.error[:80]}")
+        if not options["yes"]:
+            if not sys.stdin or not sys.stdin.isatty():
+                raise CommandError("not a terminal: pass --yes (or --noinput) to reset it")
+            if input(f"Reset {key!r}? [y/N] ").strip().lower() not in ("y", "yes"):
+                raise CommandError("Nothing reset.", returncode=NOTHING_RESET)
+        done = job_operations.reset_job(key, job.status, job.finished_ms)
+        if options["json"]:
+            self.stdout.write(jsonlib.dumps({**_as_dict(job), "reset": done}))
+        if not done:
+            raise CommandError(
+                f"{key!r} ran again since it was read: nothing reset.", returncode=NOTHING_RESET
+            )
+        text = f"Reset {key!r} (was {job.status}) with manage.py dynasem_jobs: it will run again."
+        if recorder is not None:
+            audit.record(recorder, Job, key, text)
+        else:
+            self.stderr.write(f"Not recorded in the admin's history: {unrecorded}.")
+        if not options["json"]:
+            self.stdout.write(text)
+
+
+def job_operations_statuses() -> list[str]:
+    return [table.RUNNING, table.FAILED, table.DONE, job_operations.NEW]
+
+
+def _as_dict(job: job_operations.JobInfo) -> dict[str, Any]:
+    return {
+        "key": job.key,
+        "status": job.status,
+        "user_id": job.user_id,
+        "attempt": job.attempt,
+        "started": job.started.isoformat() if job.started else None,
+        "finished": job.finished.isoformat() if job.finished else None,
+        "error": job.error,
+    }
