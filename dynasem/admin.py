@@ -404,7 +404,11 @@ class LockAdmin(DynamoDBAdmin):
             hold, waiting = (
                 self._find(resource, token, fence) if resource and (token or fence) else (None, [])
             )
-        except (SemaphoreUnavailable, TypeError, ValueError) as exc:
+        except SemaphoreUnavailable:
+            # The list says why (and where), once: here only what did not happen.
+            messages.error(request, "The hold could not be read: nothing was broken.")
+            return HttpResponseRedirect(changelist)
+        except (TypeError, ValueError) as exc:
             messages.error(request, str(exc))
             return HttpResponseRedirect(changelist)
         if hold is None:
@@ -417,8 +421,12 @@ class LockAdmin(DynamoDBAdmin):
                 broken = operations.break_hold(
                     resource, hold.token, user_id=hold.user_id, fence=hold.fence
                 )
-            except SemaphoreUnavailable as exc:
-                messages.error(request, str(exc))
+            except SemaphoreUnavailable:
+                # It may have been applied (no answer is not a no): the list tells, once read.
+                messages.error(
+                    request,
+                    "DynamoDB did not answer the break: see below whether the hold is gone.",
+                )
                 return HttpResponseRedirect(changelist)
             if broken:
                 text = f"Broke the hold of {holder['name']} on {resource} (fence {hold.fence})."
@@ -533,7 +541,10 @@ class JobAdmin(DynamoDBAdmin):
         changelist = self._url("changelist")
         try:
             job = job_operations.job_info(key)
-        except (SemaphoreUnavailable, TypeError, ValueError) as exc:
+        except SemaphoreUnavailable:
+            messages.error(request, "The job could not be read: nothing was reset.")
+            return HttpResponseRedirect(changelist)
+        except (TypeError, ValueError) as exc:
             messages.error(request, str(exc))
             return HttpResponseRedirect(changelist)
         if job is None or not job.resettable:
@@ -550,8 +561,10 @@ class JobAdmin(DynamoDBAdmin):
                 return HttpResponseRedirect(changelist)
             try:
                 done = job_operations.reset_job(key, job.status, job.finished_ms)
-            except SemaphoreUnavailable as exc:
-                messages.error(request, str(exc))
+            except SemaphoreUnavailable:
+                messages.error(
+                    request, "DynamoDB did not answer the reset: see below whether the job is new."
+                )
                 return HttpResponseRedirect(changelist)
             if done:
                 text = f"Reset run-once job {key} (was {job.status}); it will run again."

@@ -797,3 +797,16 @@ def test_jobs_sort_numbers_by_value_and_the_lock_list_counts_holds_and_rows(
     body = client.get(reverse(LIST)).content.decode()
     assert "3 holds in 2 resources on this page" in body
     assert '<input type="submit" value="Filter by user">' in body
+
+
+def test_a_break_page_dynamodb_cannot_read_says_so_once(lock_table, admin_user, client, settings):
+    from tests.conftest import dynasem_settings
+
+    url = _closed_endpoint()
+    settings.DYNASEM = dynasem_settings(url, lock_table)
+    client.force_login(admin_user)
+    response = client.get(reverse(RELEASE), {"resource": "r:1", "fence": "5"}, follow=True)
+    body = response.content.decode()
+    assert "The hold could not be read: nothing was broken." in body
+    # The list says where and why, once; the message only what did not happen.
+    assert body.count("cannot reach DynamoDB at") == 1 and url in body

@@ -903,3 +903,11 @@ def test_jobs_lists_and_resets_a_failed_key(lock_table, django_user_model):
             run("dynasem_jobs", "--reset", key, "--yes")
         assert nothing.value.returncode == 3
     running._finish(None)
+
+
+def test_createtable_json_says_what_it_did(lock_table):
+    (facts,) = json_lines(run("dynasem_createtable", "--json"))
+    assert (facts["table"], facts["created"], facts["ttl"]) == (lock_table, False, True)
+    assert facts["message"].startswith(f"Table {lock_table!r} already exists")
+    (plan,) = json_lines(run("dynasem_createtable", "--dry-run", "--json"))
+    assert plan["dry_run"] is True and plan["definition"]["TableName"] == lock_table

@@ -27,33 +27,46 @@ class Command(BaseCommand):
             help="on an existing table of an older layout: add this version's indexes, wait "
             "until DynamoDB has filled them, then drop the old ones (locks keep working)",
         )
+        parser.add_argument(
+            "--json", action="store_true", help="print one JSON object: what was done"
+        )
 
     def handle(
         self, *args: Any, wait: bool, dry_run: bool, upgrade: bool = False, **options: Any
     ) -> None:
         definition = table.table_definition()
         name = definition["TableName"]
+        as_json = options.get("json", False)
+        facts: dict[str, Any] = {"table": name, "endpoint": table.endpoint_label()}
         if upgrade and dry_run:
             raise CommandError("--upgrade and --dry-run do not go together")
         if upgrade:
             try:
-                self.stdout.write(self.upgrade(name))
+                message = self.upgrade(name, facts, quiet=as_json)
             except SemaphoreUnavailable as exc:
                 raise CommandError(str(exc)) from exc
-            return
-        if dry_run:
+        elif dry_run:
+            if as_json:
+                self.stdout.write(json.dumps({**facts, "dry_run": True, "definition": definition}))
+                return
             self.stdout.write(f"Would create table {name!r} at {table.endpoint_label()}:")
             self.stdout.write(json.dumps(definition, indent=2))
             self.stdout.write("and turn on TTL on 'expires'.")
             return
-        try:
-            self.stdout.write(self.ensure_table(definition, wait=wait))
-        except SemaphoreUnavailable as exc:
-            raise CommandError(str(exc)) from exc
+        else:
+            try:
+                message = self.ensure_table(definition, wait=wait, facts=facts)
+            except SemaphoreUnavailable as exc:
+                raise CommandError(str(exc)) from exc
+        self.stdout.write(json.dumps({**facts, "message": message}) if as_json else message)
 
-    def ensure_table(self, definition: dict[str, Any], *, wait: bool) -> str:
+    def ensure_table(
+        self, definition: dict[str, Any], *, wait: bool, facts: dict[str, Any] | None = None
+    ) -> str:
+        facts = {} if facts is None else facts
         name = definition["TableName"]
         existing = table.describe_table()
+        facts["created"] = existing is None
         if existing is not None:
             have = {g["IndexName"] for g in existing.get("GlobalSecondaryIndexes", [])}
             problem = table.old_layout(existing)
@@ -72,11 +85,14 @@ class Command(BaseCommand):
         if wait:
             table.wait_until_active(name)
             message += " It is ACTIVE."
+            facts["active"] = True
+        facts["ttl"] = True
         if table.ttl_status(name) not in ("ENABLED", "ENABLING"):
             try:
                 table.enable_ttl(name)
                 message += " TTL is on for 'expires'."
             except SemaphoreUnavailable as exc:
+                facts["ttl"] = False
                 message += (
                     f" TTL could not be turned on yet ({exc}); run this again once the table "
                     "is ACTIVE (or use --wait)."
@@ -85,7 +101,10 @@ class Command(BaseCommand):
             message += " TTL is on for 'expires'."
         return message
 
-    def upgrade(self, name: str) -> str:
+    def upgrade(
+        self, name: str, facts: dict[str, Any] | None = None, *, quiet: bool = False
+    ) -> str:
+        facts = {} if facts is None else facts
         existing = table.describe_table()
         if existing is None:
             raise CommandError(
@@ -98,7 +117,8 @@ class Command(BaseCommand):
                 f"table {name!r} has neither dynasem's old nor its new indexes: it was not "
                 "made by dynasem_createtable; delete it or set another TABLE_NAME"
             )
-        done = table.upgrade_indexes(name, say=self.stdout.write)
+        done = table.upgrade_indexes(name, say=(lambda _: None) if quiet else self.stdout.write)
+        facts["upgraded"] = done
         if not done:
             return f"Table {name!r} already has this version's indexes; nothing to do."
         return f"Upgraded table {name!r}: {'; '.join(done)}."
