@@ -9,6 +9,10 @@ import unicodedata
 from collections.abc import Callable
 from typing import Any
 
+from django.core.management.base import BaseCommand, CommandError
+
+from dynasem import audit, table
+
 
 def width(text: str) -> int:
     """Columns ``text`` takes in a terminal: wide (CJK) and full-width characters two,
@@ -36,3 +40,29 @@ def quiet_on_closed_pipe(run: Callable[[], Any]) -> Any:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return None
+
+
+class OperatorCommand(BaseCommand):
+    """A command an operator waits on: its requests go through the quick client (one attempt,
+    short timeouts: ``table.quick``), and a closed pipe ends it quietly."""
+
+    def execute(self, *args: Any, **options: Any) -> str | None:
+        with table.quick():
+            result: str | None = quiet_on_closed_pipe(
+                lambda: super(OperatorCommand, self).execute(*args, **options)
+            )
+            return result
+
+
+def recorder(log_as: str | None) -> tuple[Any, str]:
+    """Whom a command records its change as in the admin's history (see ``audit.operator``),
+    and why nobody when none: an unknown ``--log-as`` is a CommandError (before anything is
+    changed); no auth app or database only means the change goes unrecorded."""
+    try:
+        return audit.operator(log_as)
+    except LookupError as exc:
+        raise CommandError(str(exc)) from exc
+    except Exception as exc:  # no admin or auth app, no database: the change still works
+        if log_as:
+            raise CommandError(f"--log-as: {exc}") from exc
+        return None, f"the admin's history cannot be written ({exc})"

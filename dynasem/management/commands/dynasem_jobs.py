@@ -4,20 +4,20 @@ import json as jsonlib
 import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from dynasem import audit, job_operations, table, validation
 from dynasem.exceptions import SemaphoreUnavailable
 from dynasem.models import Job
 
-from ._output import pad, quiet_on_closed_pipe, width
+from ._output import OperatorCommand, pad, recorder, width
 
 # The exit status when nothing was reset (no such key, not DONE/FAILED, ran again since it was
 # read, or the answer was no), as dynasem_release does when it broke nothing.
 NOTHING_RESET = 3
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "List the run_once jobs (key, status, user, attempt, started, finished, last error), or "
         "with --reset KEY make a DONE or FAILED key run again (asks first unless --yes). "
@@ -38,14 +38,6 @@ class Command(BaseCommand):
             help="record the reset in the admin's history as this Django user (default: the "
             "user named as this OS login, if any)",
         )
-
-    def execute(self, *args: Any, **options: Any) -> str | None:
-        # An operator waits: one attempt, short timeouts (table.quick), not the locks' own.
-        with table.quick():
-            result: str | None = quiet_on_closed_pipe(
-                lambda: super(Command, self).execute(*args, **options)
-            )
-            return result
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
@@ -90,14 +82,7 @@ class Command(BaseCommand):
             validation.check_resource(key, "key")
         except (TypeError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
-        try:
-            recorder, unrecorded = audit.operator(options["log_as"])
-        except LookupError as exc:
-            raise CommandError(str(exc)) from exc
-        except Exception as exc:  # no admin or auth app, no database: the reset still works
-            if options["log_as"]:
-                raise CommandError(f"--log-as: {exc}") from exc
-            recorder, unrecorded = None, f"the admin's history cannot be written ({exc})"
+        who, unrecorded = recorder(options["log_as"])
         job = job_operations.job_info(key)
         if job is None:
             raise CommandError(f"No run_once job {key!r}: nothing reset.", returncode=NOTHING_RESET)
@@ -121,8 +106,8 @@ class Command(BaseCommand):
                 f"{key!r} ran again since it was read: nothing reset.", returncode=NOTHING_RESET
             )
         text = f"Reset {key!r} (was {job.status}) with manage.py dynasem_jobs: it will run again."
-        if recorder is not None:
-            audit.record(recorder, Job, key, text)
+        if who is not None:
+            audit.record(who, Job, key, text)
         else:
             self.stderr.write(f"Not recorded in the admin's history: {unrecorded}.")
         if not options["json"]:

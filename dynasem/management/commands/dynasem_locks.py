@@ -4,15 +4,15 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
 from dynasem import operations, table, usernames
 from dynasem.exceptions import SemaphoreUnavailable
 
-from ._output import pad, quiet_on_closed_pipe, width
+from ._output import OperatorCommand, pad, width
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "List the active holds: resource, user, kind, expires, queue depth, fence; or, with "
         "--waiters RESOURCE, the waiters queued for one resource, first in line first."
@@ -31,14 +31,6 @@ class Command(BaseCommand):
             metavar="RESOURCE",
             help="list the live waiters queued for RESOURCE instead (its queue's entries)",
         )
-
-    def execute(self, *args: Any, **options: Any) -> str | None:
-        # An operator waits: one attempt, short timeouts (table.quick), not the locks' own.
-        with table.quick():
-            result: str | None = quiet_on_closed_pipe(
-                lambda: super(Command, self).execute(*args, **options)
-            )
-            return result
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["waiters"] is not None:

@@ -4,18 +4,20 @@ import sys
 from json import dumps
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
-from dynasem import audit, operations, table, validation
+from dynasem import audit, operations, validation
 from dynasem.exceptions import SemaphoreUnavailable
 from dynasem.models import Lock
+
+from ._output import OperatorCommand, recorder
 
 # The exit status when nothing (or not everything shown) was broken: the hold had gone, or
 # there was none, or the operator said no. 0: every hold shown was broken.
 NOTHING_BROKEN = 3
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "Break every hold on RESOURCE (or only the one with --token T or --fence F). Each break "
         "is conditional on that hold's token, so a hold taken meanwhile survives. Asks first "
@@ -45,11 +47,6 @@ class Command(BaseCommand):
             "user named as this OS login, if any)",
         )
 
-    def execute(self, *args: Any, **options: Any) -> str | None:
-        # An operator waits: one attempt, short timeouts (table.quick), not the locks' own.
-        with table.quick():
-            return super().execute(*args, **options)
-
     def handle(
         self,
         *args: Any,
@@ -65,14 +62,7 @@ class Command(BaseCommand):
             validation.check_resource(resource)
         except (TypeError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
-        try:
-            recorder, unrecorded = audit.operator(log_as)
-        except LookupError as exc:
-            raise CommandError(str(exc)) from exc
-        except Exception as exc:  # no admin or auth app, no database: the break still works
-            if log_as:
-                raise CommandError(f"--log-as: {exc}") from exc
-            recorder, unrecorded = None, f"the admin's history cannot be written ({exc})"
+        who, unrecorded = recorder(log_as)
         which = (f" with token {token}" if token else "") + (
             f" with fence {fence}" if fence is not None else ""
         )
@@ -106,15 +96,15 @@ class Command(BaseCommand):
         except SemaphoreUnavailable as exc:
             raise CommandError(str(exc)) from exc
         for h, done in zip(holds, broken, strict=True):
-            if done and recorder is not None:
+            if done and who is not None:
                 audit.record(
-                    recorder,
+                    who,
                     Lock,
                     resource,
                     f"Broke the hold of {h.user_id} on {resource} (fence {h.fence}) with "
                     "manage.py dynasem_release.",
                 )
-        if recorder is None and any(broken):
+        if who is None and any(broken):
             self.stderr.write(f"Not recorded in the admin's history: {unrecorded}.")
         if json:
             for h, done in zip(holds, broken, strict=True):
