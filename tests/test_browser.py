@@ -32,6 +32,8 @@ from playwright.sync_api import expect, sync_playwright
 
 from dynasem import LockLost, semaphore
 from dynasem.operations import holds_on, queue_depth
+from dynasem.table import Waiter
+from tests.conftest import enqueue_entry
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -334,6 +336,7 @@ def test_the_admin_pages_fit_a_laptop_screen_on_this_django(
         # background), not ours.
         page.emulate_media(color_scheme="dark")
         _check_layout(page, with_list=True)
+        _shoot(page, tmp_path, "admin-locks-dark")
         colours = page.locator("#result_list tbody td.expires").first.evaluate(
             "el => [getComputedStyle(el).color, getComputedStyle(document.body).backgroundColor]"
         )
@@ -341,9 +344,16 @@ def test_the_admin_pages_fit_a_laptop_screen_on_this_django(
         assert text > background + 0.4, colours
         page.emulate_media(color_scheme="light")
 
+        # Two waiting in line for it, as the resource page shows them.
+        now = int(time.time() * 1000)
+        for i, user in enumerate(("ci-pipeline-813", "ci-pipeline-814")):
+            waiter = Waiter(0, now + 60_000, user_id=user, since_ms=now - 30_000 * (2 - i))
+            enqueue_entry(names[1], f"tok-{i}", waiter)
         page.locator("#result_list a", has_text=names[1]).first.click()
         expect(page.locator("#content h1")).to_contain_text(names[1])
         expect(page.locator(".dynasem-resource tr.hold")).to_have_count(1)
+        expect(page.locator(".dynasem-resource tr.waiter")).to_have_count(2)
+        expect(page.locator(".dynasem-resource tr.waiter").first).to_contain_text("ci-pipeline-813")
         _check_layout(page, with_list=False)
         _shoot(page, tmp_path, "admin-resource")
         page.go_back()
