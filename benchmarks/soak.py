@@ -298,9 +298,11 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
     counters: Counter[str] = Counter()
     lease = cfg["lease"]
     resources = cfg["resources"]
-    paths = {r: data_path(cfg["workdir"], i) for i, r in enumerate(resources)}
+    checked = resources + counting_resources(cfg.get("counting"))
+    paths = {r: data_path(cfg["workdir"], i) for i, r in enumerate(checked)}
     share = cfg.get("shared_share", 0.0)
     multi_chance = min(MULTI_CHANCE, 1.0 - share)
+    counting = cfg.get("counting") or {}
 
     def add_fault() -> None:
         kind = rng.choice(list(FAULT_KINDS))
@@ -356,6 +358,12 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
         shared = draw < share
         multi = not shared and draw < share + multi_chance
         names = rng.sample(resources, 2) if multi else [rng.choice(resources)]
+        # A counting hold instead (--counting): one permit of a semaphore of limit N, checked
+        # as an exclusive hold of its permit's slot ("count:0#s3": see counting_resources).
+        limit = 1
+        if counting and rng.random() < counting["share"]:
+            shared, multi, limit = False, False, counting["limit"]
+            names = [rng.choice(counting["resources"])]
         if rng.random() < cfg.get("long_chance", LONG_CHANCE):
             hold = rng.uniform(1.2, 2.5) * lease
         else:
@@ -367,6 +375,7 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
                 lease=lease,
                 wait=rng.choice(WAITS),
                 user=f"soak-{slot}",
+                limit=limit,
                 **({"shared": True, "fair": True} if shared else {}),
             )
             with sem as held:
@@ -377,6 +386,13 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
                 token = held.token[:16]
                 try:
                     mode = "s" if shared else "x"
+                    if limit > 1:
+                        # The permit's slot stands for the resource from here on.
+                        slot_no = held.slots[names[0]]  # type: ignore[attr-defined]
+                        fence = held.fences[names[0]]
+                        names = [f"{names[0]}#s{slot_no}"]
+                        held.fences[names[0]] = fence
+                        counters["counting"] += 1
                     for r in names:
                         emit(
                             "B",
@@ -997,6 +1013,7 @@ def analyse(
     reap_said: str,
     stuck: list[Any],
     slack: float = 0.0,
+    counting: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Check every hold in the logs and files; print the findings (all but the last lines,
     which the caller prints from what this returns). ``slack``: how far the workers' wall
@@ -1018,6 +1035,11 @@ def analyse(
     trusted_windows(rep, events, lease, skew)
     found = find_overlaps(rep)
     overlaps = found.violations
+    count_over, count_peak, count_problems = (
+        counting_checks(rep, counting["limit"], slack) if counting else (0, 0, [])
+    )
+    overlaps += count_over
+    resources = resources + counting_resources(counting)
     together = admitted_together(rep)
     fence_errors, fence_problems = fence_checks(rep, slack)
     windows = {(h.token, h.resource): h for h in rep.holds}
@@ -1067,6 +1089,14 @@ def analyse(
     fault_total = sum(rep.faults.values())
     fault_detail = ", ".join(f"{FAULT_KINDS[k]} {rep.faults.get(k, 0)}" for k in FAULT_KINDS)
 
+    if counting:
+        print(
+            f"counting holds (limit {counting['limit']}, permit items): "
+            f"{c.get('counting', 0)} taken; at most {count_peak} trusted windows at once on "
+            f"one resource; {count_over} over the limit or out of fence order"
+        )
+        for line in count_problems:
+            print(f"  {line}")
     print(
         f"soak: ran {ran:.0f} s; {len(events.logs)} worker processes in all "
         f"({rep.killed_unstarted} SIGKILLed before they had opened their log); table {table_name}"
@@ -1154,6 +1184,7 @@ def analyse(
         "stops": stops,
         "overlaps": overlaps,
         "overlaps_mixed": found.mixed,
+        "counting_peak": count_peak,
         "shared": shared_completed,
         "reader_overlaps": found.readers,
         "readers_held": found.readers_held,
@@ -1195,6 +1226,90 @@ def shared_share(text: str) -> float:
     return value
 
 
+def counting_resources(counting: dict[str, Any] | None) -> list[str]:
+    """The files a counting soak checks: one per permit slot of each counting resource (its
+    holds are exclusive holds of their slot: fenced increments, no overlap)."""
+    if not counting:
+        return []
+    return [f"{r}#s{slot}" for r in counting["resources"] for slot in range(counting["limit"])]
+
+
+def add_counting(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--counting",
+        type=int,
+        default=0,
+        help="also take counting semaphores of this limit (above 8: permit items), on "
+        "--counting-resources resources of their own, for --counting-share of the holds; "
+        "checked per permit slot, and at most LIMIT holds at once (default 0: none)",
+    )
+    parser.add_argument("--counting-share", type=shared_share, default=0.3)
+    parser.add_argument("--counting-resources", type=int, default=2)
+
+
+def counting_cfg(args: argparse.Namespace) -> dict[str, Any] | None:
+    if not args.counting:
+        return None
+    return {
+        "limit": args.counting,
+        "share": args.counting_share,
+        "resources": [f"count:{i}" for i in range(args.counting_resources)],
+    }
+
+
+def counting_checks(rep: Report, limit: int, slack: float) -> tuple[int, int, list[str]]:
+    """A counting resource's holds (its slots' together): more than ``limit`` trusted windows
+    at once (violations), the most at once, and its fences: each handed out once, and in the
+    order the takes were written."""
+    problems: list[str] = []
+    over = peak = 0
+    groups: dict[str, list[Hold]] = defaultdict(list)
+    for hold in rep.holds:
+        if "#s" in hold.resource:
+            groups[hold.resource.split("#s")[0]].append(hold)
+    for res, holds in sorted(groups.items()):
+        edges = sorted(
+            [(h.start, 1) for h in holds if h.window_end > h.start]
+            + [(h.window_end, -1) for h in holds if h.window_end > h.start]
+        )
+        now = 0
+        for _at, step in edges:
+            now += step
+            peak = max(peak, now)
+            if now > limit:
+                over += 1
+                if len(problems) < 10:
+                    problems.append(f"{res}: {now} holds at once, limit {limit}")
+        owners: dict[int, str] = {}
+        for hold in holds:
+            if owners.setdefault(hold.fence, hold.token) != hold.token:
+                over += 1
+                problems.append(f"{res}: fence {hold.fence} handed to two holds")
+        # Holders of different permits hold together, as readers do: a window that ended
+        # before another began says nothing of their takes' order (a take slowed between its
+        # row write, which draws the fence, and its permit write starts after holds that drew
+        # later). The order of the takes does: one that returned before another's lease end
+        # was even fixed drew the smaller fence. (Each permit's holds are checked as an
+        # exclusive resource's, windows included: see counting_resources.)
+        by_start = sorted(holds, key=lambda h: h.start)
+        starts = [h.start for h in by_start]
+        best: list[Hold] = []
+        for h in by_start:
+            best.append(h if not best or h.fence > best[-1].fence else best[-1])
+        for h2 in holds:
+            k = bisect.bisect_left(starts, h2.plan - slack)
+            if k and best[k - 1].fence >= h2.fence and best[k - 1].token != h2.token:
+                over += 1
+                if len(problems) < 10:
+                    h1 = best[k - 1]
+                    problems.append(
+                        f"{res}: token {h2.token} got fence {h2.fence} (lease fixed at "
+                        f"{h2.plan:.6f}), not larger than fence {h1.fence} of token "
+                        f"{h1.token}, which started at {h1.start:.6f}"
+                    )
+    return over, peak, problems
+
+
 def add_shared_share(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--shared-share",
@@ -1228,18 +1343,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--resources", type=int, default=3)
     add_shared_share(parser)
+    add_counting(parser)
     parser.add_argument("--think", type=float, default=0.1, help="max pause between holds (s)")
     parser.add_argument("--nice", type=int, default=5, help="niceness of the workers")
     parser.add_argument("--workdir", default=None, help="keep logs and files here")
     parser.add_argument("--keep", action="store_true", help="keep the workdir even on success")
     args = parser.parse_args(argv)
+    counting = counting_cfg(args)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
     rng = random.Random(seed)
     workdir = args.workdir or tempfile.mkdtemp(prefix="dynasem-soak-")
     for sub in ("logs", "data"):
         os.makedirs(os.path.join(workdir, sub), exist_ok=True)
     resources = [f"soak:{i}" for i in range(args.resources)]
-    for i in range(len(resources)):
+    for i in range(len(resources + counting_resources(counting))):
         Path(data_path(workdir, i)).write_text("")
         Path(data_path(workdir, i) + ".hw").write_text("0".rjust(HW_WIDTH))
 
@@ -1272,6 +1389,7 @@ def main(argv: list[str] | None = None) -> int:
             "think": args.think,
             "nice": args.nice,
             "shared_share": args.shared_share,
+            "counting": counting,
         }
         fleet = Fleet(cfg, args.processes, rng, seed)
         t0 = time.monotonic()
@@ -1294,6 +1412,7 @@ def main(argv: list[str] | None = None) -> int:
         digest=digest,
         reap_said=reap_said,
         stuck=stuck,
+        counting=counting,
     )
     print(
         f"acquisitions: {result['completed']}  faults injected: {result['fault_total']} "

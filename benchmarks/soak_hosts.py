@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--resources", type=int, default=3)
     soak.add_shared_share(parser)
+    soak.add_counting(parser)
     parser.add_argument("--think", type=float, default=0.1, help="max pause between holds (s)")
     parser.add_argument("--nice", type=int, default=5, help="niceness of the workers")
     parser.add_argument(
@@ -204,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workdir", default=None, help="keep logs and files here")
     parser.add_argument("--keep", action="store_true", help="keep the workdir even on success")
     args = parser.parse_args(argv)
+    counting = soak.counting_cfg(args)
 
     reason = netns.problem()
     if reason is not None:
@@ -224,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     for sub in ("logs", "data"):
         os.makedirs(os.path.join(workdir, sub), exist_ok=True)
     resources = [f"soak:{i}" for i in range(args.resources)]
-    for i in range(len(resources)):
+    for i in range(len(resources + soak.counting_resources(counting))):
         Path(soak.data_path(workdir, i)).write_text("")
         Path(soak.data_path(workdir, i) + ".hw").write_text("0".rjust(soak.HW_WIDTH))
     processes = 3 * args.per_host
@@ -269,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             "nice": args.nice,
             "long_chance": LONG_CHANCE,
             "shared_share": args.shared_share,
+            "counting": counting,
         }
         fleet = HostFleet(cfg, processes, rng, seed, network, offsets, library)
         t0 = time.monotonic()
@@ -294,6 +297,7 @@ def main(argv: list[str] | None = None) -> int:
         reap_said=reap_said,
         stuck=stuck,
         slack=spread,
+        counting=counting,
     )
     kinds = Counter(p["how"] for p in fleet.partitions)
     with_holder = sum(p["holder"] for p in fleet.partitions)

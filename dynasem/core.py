@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from . import clock, planning, processes, queueing, table, transactions, wakeup
+from . import clock, permits, planning, processes, queueing, table, transactions, wakeup
 from .conf import settings
 from .decorators import Decoration, lock_callable
 from .drivers import Request, Sleep, Steps, Write, run_async, run_io, run_sync, withdraw
@@ -178,6 +178,22 @@ class Semaphore:
         margin = (lease - skew) * CONFIRM_SHARE
         user_id, proc = user_id_of(self.user), processes.identity()
         token = uuid.uuid4().hex  # one token for every retry: it recognises our own writes
+        take_permits = functools.partial(
+            permits.acquire_steps,
+            self,
+            token=token,
+            user_id=user_id,
+            proc=proc,
+            lease=lease,
+            wait=wait,
+            skew=skew,
+        )
+        if permits.applies(self):
+            # A counting semaphore of many permits: its holders are in items of their own,
+            # unless its row still keeps holders inline (an earlier layout): joined there.
+            done = yield from take_permits()
+            if done is not None:
+                return done
         resources = self.resources
         deadline = clock.monotonic() + wait
         seen: dict[str, table.LockItem | None] = {}
@@ -227,6 +243,24 @@ class Semaphore:
                     confirm_below = now + int((skew + margin) * 1000)
                 if queueing.passed(seen.get(resources[0]), pace.qbase, pace.ticket):
                     pace.ticket = None  # our turn went by (or the row is new): join again
+                if permits.applies(self) and any(
+                    s is not None and s.hw is not None for s in seen.values()
+                ):
+                    # The row moved its holders to permit items meanwhile: take a permit.
+                    if pace.ticket is not None:
+                        ticket, pace.ticket = pace.ticket, None
+                        try:
+                            yield Request(
+                                functools.partial(
+                                    table.leave_queue, resources[0], pace.qbase, ticket, token=token
+                                )
+                            )
+                        except SemaphoreUnavailable:
+                            pass  # our entry expires with its lease
+                    done = yield from take_permits(wait=max(0.0, deadline - clock.monotonic()))
+                    if done is not None:
+                        return done
+                    seen.clear()
                 plans = {
                     r: planning.plan(
                         self, r, seen.get(r), token, entry, stale, confirm_below, pace.ticket
@@ -241,7 +275,9 @@ class Semaphore:
                         old = seen[r]
                         if old is not None:
                             seen[r] = yield Request(
-                                functools.partial(table.load_entries, old, upto)
+                                functools.partial(table.with_permits, old, consistent=True)
+                                if old.hw is not None and not old.permits_read
+                                else functools.partial(table.load_entries, old, upto)
                             )
                     continue
                 blocked = {r: p.busy for r, p in plans.items() if p.busy is not None}

@@ -98,6 +98,9 @@ class Write:
     send: Callable[[], Any]
     token: str
     resources: list[str]
+    # What gives back what this write may have taken, if not a release of ``resources``
+    # by ``token`` (a permit: see dynasem.permits).
+    undo: Callable[[], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +149,10 @@ def _interrupted(step: Step, queued: InQueue | None) -> None:
     for a whole lease; an entry in a queue must go, or a releasing holder would hand the lock
     to a waiter nobody is left to use."""
     if isinstance(step, Write):
-        withdraw(step.token, step.resources)
+        if step.undo is not None:
+            step.undo()
+        else:
+            withdraw(step.token, step.resources)
     if queued is not None:
         queued.abandon()
 

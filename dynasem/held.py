@@ -488,10 +488,11 @@ def acquired(
     expires_ms: int,
     sent_mono: float,
     item: table.LockItem | None,
+    cls: type[Held] = Held,
 ) -> Held:
     """A hold just taken: learn the queue from ``item`` (the resource as last seen, one
     resource only), let the next reader join a shared hold, announce it, start renewing it."""
-    held = Held(
+    held = cls(
         semaphore,
         token=token,
         user_id=user_id,

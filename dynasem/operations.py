@@ -10,11 +10,12 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from . import clock, core, table, validation
+from . import clock, core, permits, table, validation
 from .conf import settings
 from .cursors import BadCursor as BadCursor  # re-exported: callers catch operations.BadCursor
 from .cursors import decode_cursor, encode_cursor
 from .signals import lock_released
+from .table import permits as slots
 
 
 @dataclass(frozen=True)
@@ -274,7 +275,7 @@ def _rows(
     wanted = [e for e in entries if not prefix or e.resource.startswith(prefix)]
     rows = [
         _row(item, user_id=user_id, floor_ms=floor_ms, idle_too=idle_too)
-        for item in table.get_many(wanted)
+        for item in map(slots.with_permits, table.get_many(wanted))
     ]
     return [row for row in rows if row is not None], len(entries) < count
 
@@ -375,7 +376,7 @@ def active_holds(
 def holds_on(resource: str) -> list[HoldInfo]:
     """Every holder of one resource, live or not (one consistent read)."""
     item = table.get(validation.check_resource(resource))
-    return holds_of(item, min_expires_ms=None) if item else []
+    return holds_of(slots.with_permits(item, consistent=True), min_expires_ms=None) if item else []
 
 
 @dataclass(frozen=True)
@@ -395,6 +396,7 @@ def resource_state(resource: str) -> ResourceState:
     item = table.get(validation.check_resource(resource))
     if item is None:
         return ResourceState(resource, [], [])
+    item = slots.with_permits(item, consistent=True)
     now = clock.now_ms()
     inline = sorted((w for w in item.queue.values() if w.expires_ms >= now), key=lambda w: w.ticket)
     waiters = inline + [w for w in table.queue_entries(item) if w.expires_ms >= now]
@@ -434,8 +436,13 @@ def break_hold(
     where the caller knows them); False if the token no longer held the resource."""
     try:
         table.update(table.force_release(resource, token))
-    except table.Refused:
-        return False
+    except table.Refused as refused:
+        if (
+            refused.lock is None
+            or refused.lock.hw is None
+            or not permits.break_permit(resource, token)
+        ):
+            return False
     lock_released.send(
         sender=sender or core.Semaphore,
         resource=resource,
@@ -468,6 +475,7 @@ class ReapResult:
     found: int = 0
     deleted: int = 0
     survived: int = 0
+    permits: int = 0  # permits of dead holders freed (counting semaphores of many permits)
 
 
 def reap(
@@ -493,6 +501,7 @@ def reap(
             result.found += 1
             if found is not None:
                 found(row)
+        result.permits = _reap_permits(cutoff_ms, dry_run=True)
         return result
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dynasem-reap") as pool:
         futures = []
@@ -508,4 +517,26 @@ def reap(
                 result.survived += 1
             if progress is not None and (i % 500 == 0 or i == len(futures)):
                 progress(result)
+    result.permits = _reap_permits(cutoff_ms, dry_run=False)
     return result
+
+
+def _reap_permits(cutoff_ms: int, *, dry_run: bool) -> int:
+    """Free the permits whose holder's lease ended before ``cutoff_ms``, in the rows of
+    counting semaphores of many permits still listed (such a row stays listed while any of
+    its permits may be live, so the rows above are not reaped): each conditional on the
+    permit being as read, its slot hinted. How many (in a dry run: would be)."""
+    freed = 0
+    entries = [
+        entry
+        for shard in range(table.SHARDS)
+        for entry in table.iter_expiring(shard, since=cutoff_ms // 1000, shared_only=True)
+    ]
+    for row in table.get_many(entries):
+        if row.hw is None:
+            continue
+        for permit in slots.permits(row.resource):
+            if permit.token and permit.holder.expires_ms < cutoff_ms:
+                if dry_run or permits.break_permit(row.resource, permit.token, permit):
+                    freed += 1
+    return freed

@@ -47,6 +47,17 @@ def plan(
     ticket: int | None = None,
 ) -> Plan:
     mode, limit = sem.mode, sem.limit
+    if seen is not None and seen.hw is not None:
+        # Its holders are in permit items (a limit above table.permits.INLINE_MAX): read
+        # them; if none is live, the row is ours to take back to holders inline.
+        if not seen.permits_read:
+            return Plan(load=0, queued=ticket is not None)
+        if live_holders(seen, stale_ms):
+            raise ValueError(
+                f"{resource!r} is held with limit={seen.limit}; every holder of one resource "
+                f"must use the same limit, not limit={limit}"
+            )
+        seen = dataclasses.replace(seen, holders={})  # every permit free or dead
     holders = seen.holders if seen is not None else {}
     if token in holders:
         # Ours already: handed to us, or a write of ours was applied but its response was
@@ -114,7 +125,14 @@ def plan(
         return done
     if not held_now:
         done.action = table.take_free(
-            resource, token, entry, mode=mode, limit=limit, stale_ms=stale_ms, queue=terms
+            resource,
+            token,
+            entry,
+            mode=mode,
+            limit=limit,
+            stale_ms=stale_ms,
+            queue=terms,
+            permits_row=seen if seen.hw is not None else None,
         )
         return done
     done.action = table.take_join(

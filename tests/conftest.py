@@ -39,7 +39,17 @@ def engine_name() -> str:
     return os.environ.get(ENGINE_ENV) or ENGINES[0]
 
 
+# ``DYNASEM_TEST_PERMITS_FROM=N``: counting semaphores of more than N permits keep their
+# holders in permit items (normally above table.permits.INLINE_MAX = 8), so that the whole
+# suite's counting tests can run on that layout too (workers inherit it).
+PERMITS_ENV = "DYNASEM_TEST_PERMITS_FROM"
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    if os.environ.get(PERMITS_ENV):
+        from dynasem.table import permits
+
+        permits.INLINE_MAX = int(os.environ[PERMITS_ENV])
     if engine_name() not in ENGINES:
         raise pytest.UsageError(
             f"{ENGINE_ENV}={engine_name()!r}: the test engine is one of {', '.join(ENGINES)}"

@@ -225,7 +225,8 @@ def test_filter_by_user_queries_the_user_index(
     assert index_queries.count(table.USER_INDEX) == 1
     # The counting/shared rows name one holder only: they are read from the expires index.
     assert index_queries.count(table.EXPIRES_INDEX) == table.SHARDS
-    assert len(index_queries) == 1 + table.SHARDS  # a Query each, no Scan
+    # A Query of each index, no Scan (a row of permit items adds a Query of its permits).
+    assert len([q for q in index_queries if q is not None]) == 1 + table.SHARDS
     assert sorted(listed(client.get(reverse(LIST), {"user": "bob"}))) == ["pool:9", "tbl_issues:2"]
     assert listed(client.get(reverse(LIST), {"user": "nobody"})) == []
 

@@ -288,7 +288,7 @@ def test_reap_dry_run_deletes_nothing(no_ttl, holds, later):
     assert listed == ["dry:1", "dry:2", "dry:idle"]  # what it would delete, by name
     *rows, totals = json_lines(run("dynasem_reap", "--dry-run", "--json"))
     assert sorted(r["resource"] for r in rows) == listed
-    assert totals == {"dry_run": True, "found": 3, "deleted": 0, "kept": 0}
+    assert totals == {"dry_run": True, "found": 3, "deleted": 0, "kept": 0, "permits_freed": 0}
     for pk in ["dry:1", "dry:2", "dry:idle", "dry:live"]:
         assert row(pk) is not None, pk
     for pk in ["job:done", "job:failed", "dead:0"]:

@@ -17,6 +17,10 @@ def setup_django(endpoint: str, table_name: str) -> None:
     import django
 
     django.setup()
+    if os.environ.get("DYNASEM_TEST_PERMITS_FROM"):  # see conftest.PERMITS_ENV
+        from dynasem.table import permits
+
+        permits.INLINE_MAX = int(os.environ["DYNASEM_TEST_PERMITS_FROM"])
 
 
 def rerun_failed_job(endpoint: str, table_name: str, key: str, barrier: Any, out: Any) -> None:

@@ -24,6 +24,7 @@ from .client import (
     quick,
     reset_client,
 )
+from .permits import with_permits
 from .schema import (
     create_table,
     delete_table,
@@ -95,6 +96,7 @@ from .writes import (
 )
 
 __all__ = [
+    "with_permits",
     "Holder",
     "IndexEntry",
     "LockItem",

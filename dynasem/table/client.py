@@ -159,6 +159,11 @@ class Refused(Picklable, Exception):
         # botocore re-sent the request: an earlier attempt may have been applied.
         self.retried = retried
 
+    @property
+    def item(self) -> dict[str, Any] | None:
+        """The item as it was, decoded (a permit item's: see table/permits.py)."""
+        return self._old
+
     @functools.cached_property
     def lock(self) -> LockItem | None:
         return lock_item(self._old)  # decoded once, however often it is asked

@@ -183,6 +183,11 @@ class LockItem:
     last_token: str | None = None  # who released last
     broken_token: str | None = None  # whose hold an operator broke last
     listed_s: int | None = None  # where the row sorts in the indexes (epoch seconds)
+    # A counting semaphore's row whose holders are in permit items (table/permits.py): the
+    # slots ever used (None: holders in the row) and the slots given back lately.
+    hw: int | None = None
+    hints: tuple[int, ...] = ()
+    permits_read: bool = False  # ``holders`` were read from its permits (with_permits)
     # The decoded item itself, for a push (wakeup sends it as written); read it nowhere else.
     stored: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -338,6 +343,8 @@ def lock_item(item: Mapping[str, Any] | None) -> LockItem | None:
         last_token=text("lastToken"),
         broken_token=text("brokenToken"),
         listed_s=number("expires"),
+        hw=number("hw"),
+        hints=tuple(int(x) for x in item.get("hints") or ()),
         stored=item,
     )
 

@@ -44,6 +44,7 @@ _LOCK_NAMES = {
     "#qin": "qin",
     "#qout": "qout",
     "#qbase": "qbase",
+    "#hw": "hw",
 }
 
 
@@ -154,8 +155,13 @@ def take_free(
     limit: int,
     stale_ms: int,
     queue: QueueTerms | None = None,
+    permits_row: LockItem | None = None,
 ) -> dict[str, Any]:
     """Take a resource nobody holds (no item, no holders, or every lease long over).
+
+    ``permits_row``: the row kept its holders in permit items (table/permits.py) and none of
+    them was live when read: it becomes a row of holders inline again, conditional on no
+    take since (its fence and slots as seen).
 
     Replaces the holders map with ours alone; the fence condition keeps fences strictly
     increasing even when our clock is behind the previous holder's.
@@ -170,8 +176,16 @@ def take_free(
     )
     names = dict(_LOCK_NAMES)
     values: dict[str, Any] = {}
+    if permits_row is None:
+        condition += " AND attribute_not_exists(#hw)"
+    else:
+        condition += " AND #hw = :seenHw AND #fence = :seenFence"
+        values.update({":seenHw": permits_row.hw, ":seenFence": permits_row.fence})
     q_sets, removes, conds = _queue_clauses(token, queue, names, values)
     update = ", ".join([update, *q_sets])
+    if permits_row is not None:
+        removes += ["#hw", "#hints"]
+        names["#hints"] = "hints"
     if removes:
         update += " REMOVE " + ", ".join(removes)
     condition = " AND ".join([condition, *conds])
@@ -274,6 +288,7 @@ def take_room(resource: str, token: str, entry: Holder, *, mode: str, limit: int
     names = dict(_LOCK_NAMES, **{"#t": token})
     conds = [
         "attribute_exists(#h)",
+        "attribute_not_exists(#hw)",
         "#mode = :mode",
         "#lim = :lim",
         "#fence < :fence",

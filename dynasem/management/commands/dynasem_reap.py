@@ -56,10 +56,15 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from exc
         if as_json:
             totals = {"dry_run": dry_run, "found": result.found, "deleted": result.deleted}
+            totals["permits_freed"] = result.permits
             self.stdout.write(json.dumps({**totals, "kept": result.survived}))
         elif dry_run:
             self.stdout.write(f"Would delete {result.found} expired rows.")
+            if result.permits:
+                self.stdout.write(f"Would free {result.permits} permits of dead holders.")
         else:
             self.stdout.write(f"Deleted {result.deleted} expired rows.")
+            if result.permits:
+                self.stdout.write(f"Freed {result.permits} permits of dead holders.")
             if result.survived and verbosity >= 1:
                 self.stdout.write(f"{result.survived} rows were re-acquired meanwhile and kept.")

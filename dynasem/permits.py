@@ -1,0 +1,606 @@
+"""Counting semaphores of more than ``INLINE_MAX`` permits: holders in permit items of their
+own (:mod:`dynasem.table.permits`), so that a take, a renewal and a release each write one
+small item whatever the number of holders, and ``limit`` has no ceiling but the table's.
+
+A take writes the row (a fresh fence and a slot: a hint popped, or a slot never used yet;
+the queue's terms as for any take, so nobody cuts in line), then the slot's permit. A
+release frees the permit, then hints its slot in the row and, if waiters are queued, pushes
+the first one, which takes the slot itself (no hand-over of a permit: the waiter's own two
+writes). When no hint is left and every slot is in use, the permits are read, page by page,
+for one whose holder's lease is over (a dead holder's): only then, and only again once a
+holder read could have run out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+from typing import Any
+
+from . import clock, heirs, processes, queueing, table
+from .drivers import Request, Sleep, Steps, Write
+from .exceptions import SemaphoreUnavailable
+from .held import Held, acquired
+from .queueing import Pace, backoff, busy, seconds_until_free, wait_in_queue
+from .spec import LockSpec
+from .table import permits as slots
+
+logger = logging.getLogger("dynasem")
+
+# Ambiguous failures (maybe applied) retried with the same token before giving up.
+MIN_TRANSIENT_RETRIES = 3
+# Refusals in a row (others took the slot we aimed at) before a pause.
+MAX_REPLANS = 8
+# The rows of permit resources as this process last saw them (a first take plans from it
+# instead of reading): bounded.
+MAX_REMEMBERED = 1024
+_rows: dict[str, table.LockItem] = {}
+
+
+def applies(sem: LockSpec) -> bool:
+    return slots.uses_permits(sem.mode, sem.limit)
+
+
+def _remember(item: table.LockItem) -> None:
+    if len(_rows) >= MAX_REMEMBERED:
+        _rows.clear()
+    _rows[item.resource] = item
+
+
+class Inline(Exception):
+    """The row still keeps live holders inline (an earlier layout, or a limit that was
+    changed): the take joins them there (see core), until they are gone."""
+
+
+class _Plan:
+    """The take to send next, or who is in our way."""
+
+    def __init__(
+        self,
+        how: str = "",
+        slot: int | None = None,
+        in_way: Any = None,
+        dead: slots.Permit | None = None,
+    ):
+        self.how, self.slot, self.in_way = how, slot, in_way
+        self.dead = dead  # the permit of a holder proven dead, taken over as read
+
+
+class _Scan:
+    """The permits last read: who held them, and when one of them could run out."""
+
+    def __init__(self) -> None:
+        self.held: list[slots.Permit] = []
+        self.until_ms = 0  # no read before this (ms) can find more
+
+    def due(self, now_ms: int) -> bool:
+        return now_ms >= self.until_ms
+
+
+def acquire_steps(
+    sem: LockSpec,
+    *,
+    token: str,
+    user_id: str,
+    proc: str | None,
+    lease: float,
+    wait: float,
+    skew: float,
+) -> Steps[Held | None]:
+    """The acquire loop of a permit semaphore (see :meth:`dynasem.core.Semaphore._acquire_steps`
+    for the shape of steps). None: the row keeps its holders inline (an earlier layout), the
+    caller joins them there."""
+    if len(sem.resources) > 1:
+        return (yield from _acquire_many(sem, token, user_id, proc, lease, wait, skew))
+    resource = sem.resources[0]
+    lease_ms, skew_ms = int(lease * 1000), int(skew * 1000)
+    deadline = clock.monotonic() + wait
+    pace, scan = Pace(), _Scan()
+    seen = _rows.get(resource)
+    if seen is None:
+        seen = yield Request(functools.partial(table.get, resource, consistent=False))
+    seen = seen or table.LockItem(resource=resource)
+    failures = replans = 0
+    while True:
+        now = clock.now_ms()
+        stale = now - skew_ms
+        if queueing.passed(seen, pace.qbase, pace.ticket):
+            pace.ticket = None
+        ticket = pace.ticket
+        in_way: dict[str, Any] = dict(queueing.inline_ahead(seen, stale))
+        if not in_way:
+            ahead = queueing.entries_ahead(seen, ticket, stale)
+            if ahead is None:
+                upto = queueing.upto_of(seen, ticket)
+                seen = yield Request(functools.partial(table.load_entries, seen, upto))
+                continue
+            in_way = {w.token: w for w in ahead}
+        plan = _Plan(in_way=in_way)
+        if not in_way:
+            try:
+                plan = yield from _plan(sem, resource, seen, scan, stale)
+            except Inline:
+                if ticket is None:
+                    return None
+                plan = _Plan(in_way=queueing.live_holders(seen, stale))
+        if plan.how:
+            fence = max(clock.new_fence(skew), seen.fence + 1)
+            holder = table.holder_entry(user_id, now + lease_ms, fence, now, False, proc)
+            terms = table.QueueTerms(
+                {t: w.expires_ms for t, w in seen.queue.items() if w.expires_ms < stale},
+                len(seen.queue) if seen.has_queue else None,
+                mine=ticket,
+                qin=seen.qin,
+                qout=seen.qout,
+            )
+            sent_mono = clock.monotonic()
+            action = slots.take_slot(
+                resource,
+                how=plan.how,
+                fence=fence,
+                limit=sem.limit,
+                queue=terms,
+                slot=None,
+                seen_fence=seen.fence,
+                stale_ms=stale,
+                expires_ms=holder.expires_ms,
+                user_id=user_id,
+            )
+            try:
+                old = yield Write(functools.partial(slots.send, action, old=True), token, [])
+            except table.Refused as refused:
+                seen = refused.lock or table.LockItem(resource=resource)
+                replans += 1
+                if replans > MAX_REPLANS:
+                    replans = 0
+                    yield Sleep(backoff(2))
+                continue
+            except SemaphoreUnavailable as exc:
+                failures += 1
+                if not exc.transient or clock.monotonic() >= deadline:
+                    raise
+                yield Sleep(min(backoff(failures), max(0.05, deadline - clock.monotonic())))
+                continue
+            before: table.LockItem = table.lock_item(dict(old or {"pk": resource}))
+            slot = _slot_taken(plan, before)
+            seen = _after_take(before, resource, plan.how, fence, ticket, sem.limit)
+            _remember(seen)
+            taken = yield from _hold_permit(
+                resource, slot, token, holder, stale, deadline, plan.dead
+            )
+            if not taken:
+                continue  # another holds that slot (a hint gone stale): plan again
+            held = _held(
+                sem,
+                token,
+                user_id,
+                {resource: fence},
+                {resource: slot},
+                lease,
+                skew,
+                holder.expires_ms,
+                sent_mono,
+                seen.listed_s,
+            )
+            if (
+                ticket is not None
+                and seen.qin > ticket
+                and (seen.hints or (seen.hw or 0) < sem.limit)
+            ):
+                # Room for the next in line too: tell it now rather than at its next look.
+                heirs.push_first(
+                    resource, dataclasses.replace(seen, entries=None), readers_only=False
+                )
+            return held
+        # Busy: wait in the queue within the budget.
+        view = dataclasses.replace(seen, holders={p.token: p.holder for p in scan.held})
+        blocked = {resource: plan.in_way or view.holders}
+        remaining = deadline - clock.monotonic()
+        if remaining <= 0:
+            if pace.ticket is not None:
+                ticket, pace.ticket = pace.ticket, None
+                try:
+                    yield Request(
+                        functools.partial(
+                            table.leave_queue, resource, pace.qbase, ticket, token=token
+                        )
+                    )
+                except SemaphoreUnavailable:
+                    pass  # our entry expires with its lease
+                pace.ticket = ticket  # for the estimate: our place when we left
+            raise busy(
+                sem,
+                blocked,
+                {resource: view},
+                skew=skew,
+                user_id=user_id,
+                token=token,
+                ticket=pace.ticket,
+            )
+        seen = (
+            yield from wait_in_queue(
+                sem,
+                resource,
+                view,
+                token=token,
+                user_id=user_id,
+                lease=lease,
+                skew=skew,
+                queued=pace.ticket is not None,
+                remaining=remaining,
+                pace=pace,
+            )
+        ) or table.LockItem(resource=resource)
+        replans = 0
+
+
+def _plan(
+    sem: LockSpec, resource: str, seen: table.LockItem, scan: _Scan, stale: int
+) -> Steps[_Plan]:
+    """The take to send, from the row as seen (reading the permits when every slot is in use
+    and no hint is left), or who is in our way."""
+    limit = sem.limit
+    if seen.hw is None:
+        live = queueing.live_holders(seen, stale)
+        if live and seen.expires_ms >= stale:
+            if seen.limit != limit:
+                raise _other_limit(resource, seen.limit, limit)
+            raise Inline()
+        return _Plan("create", 0)
+    if seen.limit != limit:
+        held = yield Request(functools.partial(slots.permits, resource))
+        if any(not p.free_at(stale) for p in held):
+            raise _other_limit(resource, seen.limit, limit)
+        return _Plan("reset", 0)
+    if seen.hints:
+        return _Plan("pop")
+    if seen.hw < limit:
+        return _Plan("grow")
+    now = clock.now_ms()
+    if not scan.due(now):
+        return _Plan(in_way={p.token: p.holder for p in scan.held})
+    slot, dead, held = yield Request(
+        functools.partial(slots.find_free, resource, seen.hw, stale, _proven_dead)
+    )
+    scan.held = held
+    if slot is not None:
+        return _Plan("fence", slot, dead=dead)
+    skew_ms = now - stale
+    scan.until_ms = min((p.holder.expires_ms for p in held), default=now) + skew_ms + 1
+    return _Plan(in_way={p.token: p.holder for p in held})
+
+
+def _proven_dead(permit: slots.Permit) -> bool:
+    """Has the holder of ``permit`` ended, as this host can prove (same host only)?"""
+    return processes.gone(permit.holder.proc)
+
+
+def _other_limit(resource: str, stored: int, limit: int) -> ValueError:
+    return ValueError(
+        f"{resource!r} is held with limit={stored}; every holder of one resource must use "
+        f"the same limit, not limit={limit}"
+    )
+
+
+def _slot_taken(plan: _Plan, before: table.LockItem) -> int:
+    if plan.how == "pop":
+        return before.hints[0]
+    if plan.how == "grow":
+        return before.hw or 0
+    return plan.slot or 0
+
+
+def _after_take(
+    before: table.LockItem, resource: str, how: str, fence: int, ticket: int | None, limit: int
+) -> table.LockItem:
+    """The row as our take left it (from the row before it)."""
+    hints, hw = before.hints, before.hw or 0
+    if how == "pop":
+        hints = hints[1:]
+    elif how == "grow":
+        hw += 1
+    elif how in ("create", "reset"):
+        hints, hw = (), 1
+    qout = (
+        ticket if ticket is not None else (before.qin if before.qin > before.qout else before.qout)
+    )
+    return dataclasses.replace(
+        before,
+        resource=resource,
+        fence=fence,
+        hints=hints,
+        hw=hw,
+        qout=qout,
+        limit=limit,
+        mode="n",
+        holders={},
+        queue={},
+        has_queue=False,
+        entries=None,
+    )
+
+
+def _hold_permit(
+    resource: str,
+    slot: int,
+    token: str,
+    holder: table.Holder,
+    stale: int,
+    deadline: float,
+    dead: slots.Permit | None = None,
+) -> Steps[bool]:
+    """The permit's write: True once it is ours; False if another holds the slot."""
+    action = slots.take_permit(resource, slot, token, holder, stale_ms=stale, dead=dead)
+    undo = functools.partial(_undo, resource, slot, token)
+    failures = 0
+    while True:
+        try:
+            yield Write(functools.partial(slots.send, action), token, [], undo=undo)
+            return True
+        except table.Refused:
+            return False
+        except SemaphoreUnavailable as exc:
+            # Maybe applied: the same write again is accepted if it was (it names our token).
+            failures += 1
+            out_of_time = clock.monotonic() >= deadline and (
+                not exc.ambiguous or failures > MIN_TRANSIENT_RETRIES
+            )
+            if not exc.transient or out_of_time:
+                if exc.ambiguous:
+                    yield Request(undo)
+                raise
+            yield Sleep(backoff(failures))
+
+
+def _undo(resource: str, slot: int, token: str) -> None:
+    """Best effort: give back a permit an unanswered (or interrupted) write may have taken."""
+    try:
+        slots.send(slots.give_back_permit(resource, slot, token, clock.now_ms()))
+    except (table.Refused, SemaphoreUnavailable):
+        return
+    _hint(resource, slot, None)
+
+
+def break_permit(resource: str, token: str, permit: slots.Permit | None = None) -> bool:
+    """An operator breaks the permit ``token`` holds (if it still does); its slot is hinted
+    and the first waiter told, as for a release. False: ``token`` holds none. ``permit``: the
+    permit as read, freed only if its lease end is unchanged (the reaper's dead holders)."""
+    until = None if permit is None else permit.holder.expires_ms
+    permit = permit or slots.slot_of(resource, token)
+    if permit is None:
+        return False
+    try:
+        slots.send(slots.break_permit(resource, permit.slot, token, until))
+    except table.Refused:
+        return False
+    _hint(resource, permit.slot, None)
+    return True
+
+
+def _hint(resource: str, slot: int, hold_ms: int | None) -> None:
+    """A slot given back: hint it in the row, and push the first waiter if any wait."""
+    try:
+        row = table.update(slots.hint(resource, slot, hold_ms), return_new=True)
+    except table.Refused as refused:
+        row = refused.lock  # hints full (the slot is found by reading), or the row is gone
+    except SemaphoreUnavailable:
+        return  # the slot is found by reading the permits
+    if row is None:
+        return
+    _remember(row)
+    if row.waiting:
+        heirs.push_first(resource, row, readers_only=False)
+
+
+def _held(
+    sem: LockSpec,
+    token: str,
+    user_id: str,
+    fences: dict[str, int],
+    taken: dict[str, int],
+    lease: float,
+    skew: float,
+    expires_ms: int,
+    sent_mono: float,
+    listed_s: int | None,
+) -> Held:
+    held = acquired(
+        sem,
+        token=token,
+        user_id=user_id,
+        fences=fences,
+        lease=lease,
+        skew=skew,
+        expires_ms=expires_ms,
+        sent_mono=sent_mono,
+        item=None,
+        cls=PermitHeld,
+    )
+    assert isinstance(held, PermitHeld)
+    held.slots = taken
+    for resource in taken:
+        held.raise_row(resource, expires_ms, listed_s)
+    return held
+
+
+def _acquire_many(
+    sem: LockSpec,
+    token: str,
+    user_id: str,
+    proc: str | None,
+    lease: float,
+    wait: float,
+    skew: float,
+) -> Steps[Held | None]:
+    """Several permit resources, all or none: read their rows, then one transaction of a row
+    write and a permit write for each. No queue (as for any multi-resource take)."""
+    resources = sem.resources
+    if len(resources) * 2 > table.MAX_TRANSACTION:
+        raise ValueError(
+            f"at most {table.MAX_TRANSACTION // 2} resources of limit > {slots.INLINE_MAX} can "
+            f"be taken at once (DynamoDB's transaction limit of {table.MAX_TRANSACTION} "
+            f"actions: two each), not {len(resources)}"
+        )
+    lease_ms, skew_ms = int(lease * 1000), int(skew * 1000)
+    deadline = clock.monotonic() + wait
+    scans = {r: _Scan() for r in resources}
+    sleeps = failures = 0
+    while True:
+        seen: dict[str, table.LockItem | None] = {}
+        for r in resources:
+            seen[r] = (yield Request(functools.partial(table.get, r))) or table.LockItem(resource=r)
+        now = clock.now_ms()
+        stale = now - skew_ms
+        plans: dict[str, _Plan] = {}
+        blocked: dict[str, Any] = {}
+        for r in resources:
+            row = seen[r] or table.LockItem(resource=r)
+            in_way = dict(queueing.inline_ahead(row, stale))
+            if not in_way and row.waiting:
+                row = yield Request(functools.partial(table.load_entries, row))
+                seen[r] = row
+                in_way = {w.token: w for w in queueing.entries_ahead(row, None, stale) or ()}
+            try:
+                plan = _Plan(in_way=in_way)
+                if not in_way:
+                    plan = yield from _plan(sem, r, row, scans[r], stale)
+            except Inline:
+                return None
+            if plan.how == "pop":
+                plan.slot = row.hints[0]
+            elif plan.how == "grow":
+                plan.slot = row.hw
+            if plan.how:
+                plans[r] = plan
+            else:
+                blocked[r] = plan.in_way
+        if not blocked:
+            fences, actions, taken = {}, [], {}
+            expires_ms = now + lease_ms
+            for r in resources:
+                row, plan = seen[r] or table.LockItem(resource=r), plans[r]
+                fences[r] = max(clock.new_fence(skew), row.fence + 1)
+                holder = table.holder_entry(user_id, expires_ms, fences[r], now, False, proc)
+                terms = table.QueueTerms(
+                    qin=row.qin, qout=row.qout, size=len(row.queue) if row.has_queue else None
+                )
+                actions.append(
+                    slots.take_slot(
+                        r,
+                        how=plan.how,
+                        fence=fences[r],
+                        limit=sem.limit,
+                        queue=terms,
+                        slot=plan.slot,
+                        seen_hw=row.hw,
+                        seen_fence=row.fence,
+                        stale_ms=stale,
+                        expires_ms=expires_ms,
+                        user_id=user_id,
+                    )
+                )
+                taken[r] = plan.slot or 0
+                actions.append(
+                    slots.take_permit(r, taken[r], token, holder, stale_ms=stale, dead=plan.dead)
+                )
+            sent_mono = clock.monotonic()
+            undo = functools.partial(_undo_many, taken, token)
+            try:
+                yield Write(functools.partial(table.transact, actions), token, [], undo=undo)
+            except table.Cancelled:
+                yield Sleep(backoff(1))
+                continue
+            except SemaphoreUnavailable as exc:
+                failures += 1
+                if exc.ambiguous:
+                    yield Request(undo)
+                if not exc.transient or clock.monotonic() >= deadline:
+                    raise
+                yield Sleep(backoff(failures))
+                continue
+            return _held(
+                sem, token, user_id, fences, taken, lease, skew, expires_ms, sent_mono, None
+            )
+        remaining = deadline - clock.monotonic()
+        if remaining <= 0:
+            raise busy(sem, blocked, seen, skew=skew, user_id=user_id, token=token)
+        sleeps += 1
+        until_free = seconds_until_free(blocked, skew)
+        yield Sleep(max(0.0, min(backoff(sleeps), until_free + 0.005, remaining)))
+
+
+def _undo_many(taken: dict[str, int], token: str) -> None:
+    for resource, slot in taken.items():
+        _undo(resource, slot, token)
+
+
+class PermitHeld(Held):
+    """A hold of permits: renewing, releasing and losing them touch the permit items (and
+    the row only to hint a freed slot, or to keep it listed)."""
+
+    slots: dict[str, int]
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.slots = {}
+        self._listed: dict[str, int] = {}  # the row's ``expires`` as we last knew it
+
+    def raise_row(self, resource: str, expires_ms: int, listed_s: int | None) -> None:
+        """Keep the row listed (and unreaped) while our permit may be live."""
+        if listed_s is not None:
+            self._listed[resource] = max(self._listed.get(resource, 0), listed_s)
+        if table.bucket_of(expires_ms) <= self._listed.get(resource, 0):
+            return
+        try:
+            slots.send(slots.raise_row(resource, expires_ms))
+            self._listed[resource] = table.bucket_of(expires_ms)
+        except table.Refused as refused:
+            row = refused.lock
+            if row is not None and row.listed_s is not None:
+                self._listed[resource] = row.listed_s
+        except SemaphoreUnavailable:
+            pass  # again at the next renewal
+
+    def _renew_once(self) -> None:
+        sent_mono = clock.monotonic()
+        lease = self.lease
+        if self._max_hold_end is not None:
+            lease = min(lease, self._max_hold_end - sent_mono + self.skew)
+        expires = clock.now_ms() + int(lease * 1000)
+        if expires <= self._expires_ms:
+            return
+        for resource, slot in self.slots.items():
+            try:
+                slots.send(slots.renew_permit(resource, slot, self.token, expires))
+            except table.Refused:
+                self._mark_lost("another holder took it over, or it was broken by an operator")
+                self._raise_lost()
+        self._expires_ms = expires
+        self._deadline = max(self._deadline, sent_mono + lease - self.skew)
+        for resource in self.slots:
+            self.raise_row(resource, expires, None)
+
+    def _give_back(self) -> bool:
+        ok = True
+        hold_ms = self._hold_ms() if len(self.slots) == 1 else None
+        for resource, slot in self.slots.items():
+            try:
+                slots.send(slots.give_back_permit(resource, slot, self.token, clock.now_ms()))
+            except table.Refused as refused:
+                if not self._gave_back(refused):
+                    ok = False
+                    continue
+            except SemaphoreUnavailable as exc:
+                logger.warning("dynasem: could not release %r (%s); it expires", resource, exc)
+                continue
+            _hint(resource, slot, hold_ms)
+        return ok
+
+    def _gave_back(self, refused: table.Refused) -> bool:
+        """Was a refused release ours after all (applied, its answer lost)?"""
+        permit = slots.permit_of(refused.item) if refused.item else None
+        if permit is not None and permit.last_token == self.token:
+            return True
+        broken = permit is not None and permit.broken_token == self.token
+        return refused.retried and not broken and clock.monotonic() < self._deadline

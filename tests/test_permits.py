@@ -1,0 +1,231 @@
+"""Counting semaphores of many permits: holders in permit items (dynasem.permits)."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import threading
+import time
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from dynasem import LockLost, SemaphoreBusy, operations, semaphore, table
+from dynasem.conf import settings
+from dynasem.table import permits as slots
+from tests.conftest import take
+from tests.test_processes import identity_of
+
+pytestmark = pytest.mark.django_db(transaction=False)
+
+
+@pytest.fixture
+def gone() -> str:
+    """The identity of a process of this host that has ended and been reaped."""
+    proc = subprocess.Popen(["sleep", "60"])
+    recorded = identity_of(proc.pid)
+    proc.kill()
+    proc.wait()
+    return recorded
+
+
+def permit_items(resource: str) -> list[slots.Permit]:
+    return slots.permits(resource)
+
+
+def test_holders_live_in_permit_items(holds: list[Any]) -> None:
+    a = take(holds, "pool", limit=16, user="alice")
+    b = take(holds, "pool", limit=16, user="bob")
+    row = table.stored_item("pool")
+    assert row is not None
+    assert "holders" not in row and row["hw"] == 2 and row["limit"] == 16
+    held = {p.token: p for p in permit_items("pool") if p.token}
+    assert set(held) == {a.token, b.token}
+    assert held[a.token].holder.user_id == "alice"
+    assert b.fence > a.fence
+    a.release()
+    row = table.stored_item("pool")
+    assert row is not None and [int(x) for x in row["hints"]] == [held[a.token].slot]
+    c = take(holds, "pool", limit=16, user="carol")
+    assert c.fence > b.fence
+    again = {p.token: p.slot for p in permit_items("pool") if p.token}
+    assert again[c.token] == held[a.token].slot  # the hinted slot, not a new one
+    assert table.stored_item("pool")["hw"] == 2
+
+
+def test_limit_is_kept_and_busy_names_a_holder(holds: list[Any]) -> None:
+    for i in range(9):
+        take(holds, "pool", limit=9, user=f"u{i}", lease=30)
+    with pytest.raises(SemaphoreBusy) as caught:
+        semaphore("pool", limit=9, wait=0).acquire()
+    assert caught.value.holder_user_id in {f"u{i}" for i in range(9)}
+    holds[3].release()
+    tenth = take(holds, "pool", limit=9, wait=0)
+    assert tenth.fence > holds[8].fence
+
+
+def slot_of(token: str, resource: str = "pool") -> int | None:
+    return next((p.slot for p in permit_items(resource) if p.token == token), None)
+
+
+def test_an_expired_holders_permit_is_taken_over(holds: list[Any]) -> None:
+    live = [take(holds, "pool", limit=9, lease=30) for _ in range(8)]
+    expired = take(holds, "pool", limit=9, lease=1)
+    expired._stop_heartbeat()
+    with pytest.raises(SemaphoreBusy):
+        semaphore("pool", limit=9, wait=0).acquire()
+    time.sleep(1.6)  # its lease and CLOCK_SKEW (0.5 s) are over
+    newcomer = take(holds, "pool", limit=9, wait=0)
+    assert newcomer.fence > max(h.fence for h in live)
+    assert slot_of(newcomer.token) == expired.slots["pool"]
+
+
+def test_a_permit_of_a_process_proven_dead_is_taken_over_at_once(
+    holds: list[Any], gone: str
+) -> None:
+    for _ in range(9):
+        take(holds, "pool", limit=9, lease=60)
+    victim = holds[4]
+    victim._stop_heartbeat()
+    slot = victim.slots["pool"]
+    table.get_client().update_item(
+        TableName=settings.TABLE_NAME,
+        Key=table.key("pool", slots.permit_sk(slot)),
+        UpdateExpression="SET p = :p",
+        ExpressionAttributeValues={":p": {"S": gone}},
+    )
+    newcomer = take(holds, "pool", limit=9, wait=0)  # its lease has a minute left
+    assert slot_of(newcomer.token) == slot
+    assert slot_of(victim.token) is None
+
+
+def test_a_hold_taken_before_the_upgrade_is_honoured(holds: list[Any]) -> None:
+    """Rows of the inline layout (an earlier dynasem, limit > 8) keep working: new takers
+    join the holders there until none is left; then the row moves to permit items."""
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(slots, "INLINE_MAX", 100)  # as an earlier dynasem wrote it
+    old = [take(holds, "pool", limit=9, lease=30) for _ in range(8)]
+    monkey.undo()
+    assert table.stored_item("pool")["holders"]
+    ninth = take(holds, "pool", limit=9, wait=0)
+    with pytest.raises(SemaphoreBusy):
+        semaphore("pool", limit=9, wait=0).acquire()  # the inline holders count
+    assert "hw" not in table.stored_item("pool")
+    for held in [*old, ninth]:
+        held.release()
+    fresh = take(holds, "pool", limit=9, wait=0)
+    row = table.stored_item("pool")
+    assert row["hw"] == 1 and not row.get("holders")
+    assert fresh.fence > ninth.fence and slot_of(fresh.token) == 0
+
+
+def test_another_limit_once_every_permit_is_free(holds: list[Any]) -> None:
+    a = take(holds, "pool", limit=16)
+    with pytest.raises(ValueError, match="limit=16"):
+        semaphore("pool", limit=32, wait=0).acquire()
+    with pytest.raises(ValueError, match="limit=16"):
+        semaphore("pool", limit=2, wait=0).acquire()
+    with pytest.raises(ValueError, match="limit=16"):
+        semaphore("pool", wait=0).acquire()
+    a.release()
+    b = take(holds, "pool", limit=32, wait=0)
+    assert table.stored_item("pool")["limit"] == 32 and b.fence > a.fence
+    b.release()
+    c = take(holds, "pool", wait=0)  # exclusive: holders inline again
+    row = table.stored_item("pool")
+    assert "hw" not in row and set(row["holders"]) == {c.token} and c.fence > b.fence
+
+
+def test_several_permit_resources_at_once(holds: list[Any]) -> None:
+    for _ in range(9):
+        take(holds, "a", limit=9, lease=30)
+    both = take(holds, ["b", "c"], limit=9)
+    assert slot_of(both.token, "b") == 0 and slot_of(both.token, "c") == 0
+    with pytest.raises(SemaphoreBusy):
+        semaphore(["a", "b"], limit=9, wait=0).acquire()
+    assert (
+        slot_of(holds[0].token, "a") is not None
+        and len([p for p in permit_items("b") if p.token]) == 1
+    )  # all or none: nothing of b was taken
+    holds[0].release()
+    pair = take(holds, ["a", "b"], limit=9, wait=0)
+    assert pair.fences["a"] > holds[8].fence
+    both.release()
+    assert table.stored_item("b")["hints"] == [0]
+
+
+def test_no_size_wall_and_no_item_over_4_kb(holds: list[Any]) -> None:
+    many = [take(holds, "huge", limit=100_000, user=f"user-{i:04d}", lease=60) for i in range(300)]
+    assert len({h.slots["huge"] for h in many}) == 300
+    row = table.stored_item("huge")
+    assert row["hw"] == 300 and row["limit"] == 100_000
+    biggest = max(
+        len(json.dumps(item, default=str))
+        for item in [row, *(table.stored_item("huge", slots.permit_sk(s)) for s in (0, 299))]
+    )
+    assert biggest < 1024
+    for held in many[:40]:
+        held.release()
+    assert len(table.stored_item("huge")["hints"]) == slots.MAX_HINTS  # the rest: found by reading
+
+
+def test_renew_and_release_touch_only_the_permit(holds: list[Any]) -> None:
+    held = take(holds, "pool", limit=64, lease=30)
+    before = table.stored_item("pool")
+    held.renew()
+    assert table.stored_item("pool") == before
+    mine = [p for p in permit_items("pool") if p.token == held.token]
+    assert mine and mine[0].holder.expires_ms > before["expMs"] - 15 * 60 * 1000
+
+
+def test_waiters_are_served_in_turn(holds: list[Any]) -> None:
+    first = [take(holds, "pool", limit=9, lease=30) for _ in range(9)]
+    got: list[int] = []
+
+    def waiter(i: int) -> None:
+        with semaphore("pool", limit=9, wait=10, fair=True):
+            got.append(i)
+            time.sleep(0.05)
+
+    threads = [threading.Thread(target=waiter, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+        time.sleep(0.3)
+    for held in first[:3]:
+        held.release()
+    for t in threads:
+        t.join(15)
+    assert got == [0, 1, 2]
+
+
+def test_listings_show_permit_holders(holds: list[Any]) -> None:
+    a = take(holds, "pool", limit=10, user="alice")
+    take(holds, "pool", limit=10, user="bob")
+    shown = operations.holds_on("pool")
+    assert {h.user_id for h in shown} == {"alice", "bob"}
+    assert operations.break_hold("pool", a.token)
+    with pytest.raises(LockLost):
+        a.renew()
+
+
+def test_the_reaper_frees_dead_holders_permits_and_lists_no_live_one(holds: list[Any]) -> None:
+    live = take(holds, "pool", limit=9, lease=30, user="alive")
+    expired = [take(holds, "pool", limit=9, lease=1, user="dead") for _ in range(2)]
+    for held in expired:
+        held._stop_heartbeat()
+    time.sleep(1.6)  # their leases and CLOCK_SKEW (0.5 s) are over
+    out = io.StringIO()
+    call_command("dynasem_reap", "--dry-run", stdout=out)
+    assert "Would free 2 permits of dead holders." in out.getvalue()
+    assert len([p for p in permit_items("pool") if p.token]) == 3
+    call_command("dynasem_reap", stdout=out)
+    assert "Freed 2 permits of dead holders." in out.getvalue()
+    assert [p.token for p in permit_items("pool") if p.token] == [live.token]
+    assert sorted(int(s) for s in table.stored_item("pool")["hints"]) == sorted(
+        h.slots["pool"] for h in expired
+    )
+    assert [h.token for h in operations.active_holds(include_expired=True)] == [live.token]
+    with pytest.raises(LockLost):
+        expired[0].release()  # broken, not released by us: said so
