@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from . import clock, core, permits, table, validation
+from . import clock, core, permit_held, table, validation
 from .conf import settings
 from .cursors import BadCursor as BadCursor  # re-exported: callers catch operations.BadCursor
 from .cursors import decode_cursor, encode_cursor
@@ -440,7 +440,7 @@ def break_hold(
         if (
             refused.lock is None
             or refused.lock.hw is None
-            or not permits.break_permit(resource, token)
+            or not permit_held.break_permit(resource, token)
         ):
             return False
     lock_released.send(
@@ -537,6 +537,6 @@ def _reap_permits(cutoff_ms: int, *, dry_run: bool) -> int:
             continue
         for permit in slots.permits(row.resource):
             if permit.token and permit.holder.expires_ms < cutoff_ms:
-                if dry_run or permits.break_permit(row.resource, permit.token, permit):
+                if dry_run or permit_held.break_permit(row.resource, permit.token, permit):
                     freed += 1
     return freed

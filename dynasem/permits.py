@@ -18,7 +18,7 @@ import functools
 import logging
 from typing import Any
 
-from . import clock, heirs, processes, queueing, table
+from . import clock, heirs, permit_held, processes, queueing, table
 from .drivers import Request, Sleep, Steps, Write
 from .exceptions import SemaphoreUnavailable
 from .held import Held, acquired
@@ -32,25 +32,15 @@ logger = logging.getLogger("dynasem")
 MIN_TRANSIENT_RETRIES = 3
 # Refusals in a row (others took the slot we aimed at) before a pause.
 MAX_REPLANS = 8
-# The rows of permit resources as this process last saw them (a first take plans from it
-# instead of reading): bounded.
-MAX_REMEMBERED = 1024
-_rows: dict[str, table.LockItem] = {}
 
 
 def applies(sem: LockSpec) -> bool:
     return slots.uses_permits(sem.mode, sem.limit)
 
 
-def _remember(item: table.LockItem) -> None:
-    if len(_rows) >= MAX_REMEMBERED:
-        _rows.clear()
-    _rows[item.resource] = item
-
-
-class Inline(Exception):
-    """The row still keeps live holders inline (an earlier layout, or a limit that was
-    changed): the take joins them there (see core), until they are gone."""
+# A plan's ``how`` when the row still keeps live holders inline (an earlier layout, or a
+# limit that was changed): the take joins them there (see core), until they are gone.
+INLINE = "inline"
 
 
 class _Plan:
@@ -97,7 +87,7 @@ def acquire_steps(
     lease_ms, skew_ms = int(lease * 1000), int(skew * 1000)
     deadline = clock.monotonic() + wait
     pace, scan = Pace(), _Scan()
-    seen = _rows.get(resource)
+    seen = permit_held.rows.get(resource)
     if seen is None:
         seen = yield Request(functools.partial(table.get, resource, consistent=False))
     seen = seen or table.LockItem(resource=resource)
@@ -118,9 +108,8 @@ def acquire_steps(
             in_way = {w.token: w for w in ahead}
         plan = _Plan(in_way=in_way)
         if not in_way:
-            try:
-                plan = yield from _plan(sem, resource, seen, scan, stale)
-            except Inline:
+            plan = yield from _plan(sem, resource, seen, scan, stale)
+            if plan.how == INLINE:
                 if ticket is None:
                     return None
                 plan = _Plan(in_way=queueing.live_holders(seen, stale))
@@ -165,7 +154,7 @@ def acquire_steps(
             before: table.LockItem = table.lock_item(dict(old or {"pk": resource}))
             slot = _slot_taken(plan, before)
             seen = _after_take(before, resource, plan.how, fence, ticket, sem.limit)
-            _remember(seen)
+            permit_held.remember(seen)
             taken = yield from _hold_permit(
                 resource, slot, token, holder, stale, deadline, plan.dead
             )
@@ -246,7 +235,7 @@ def _plan(
         if live and seen.expires_ms >= stale:
             if seen.limit != limit:
                 raise _other_limit(resource, seen.limit, limit)
-            raise Inline()
+            return _Plan(INLINE)
         return _Plan("create", 0)
     if seen.limit != limit:
         held = yield Request(functools.partial(slots.permits, resource))
@@ -332,7 +321,7 @@ def _hold_permit(
 ) -> Steps[bool]:
     """The permit's write: True once it is ours; False if another holds the slot."""
     action = slots.take_permit(resource, slot, token, holder, stale_ms=stale, dead=dead)
-    undo = functools.partial(_undo, resource, slot, token)
+    undo = functools.partial(permit_held.undo, resource, slot, token)
     failures = 0
     while True:
         try:
@@ -351,46 +340,6 @@ def _hold_permit(
                     yield Request(undo)
                 raise
             yield Sleep(backoff(failures))
-
-
-def _undo(resource: str, slot: int, token: str) -> None:
-    """Best effort: give back a permit an unanswered (or interrupted) write may have taken."""
-    try:
-        slots.send(slots.give_back_permit(resource, slot, token, clock.now_ms()))
-    except (table.Refused, SemaphoreUnavailable):
-        return
-    _hint(resource, slot, None)
-
-
-def break_permit(resource: str, token: str, permit: slots.Permit | None = None) -> bool:
-    """An operator breaks the permit ``token`` holds (if it still does); its slot is hinted
-    and the first waiter told, as for a release. False: ``token`` holds none. ``permit``: the
-    permit as read, freed only if its lease end is unchanged (the reaper's dead holders)."""
-    until = None if permit is None else permit.holder.expires_ms
-    permit = permit or slots.slot_of(resource, token)
-    if permit is None:
-        return False
-    try:
-        slots.send(slots.break_permit(resource, permit.slot, token, until))
-    except table.Refused:
-        return False
-    _hint(resource, permit.slot, None)
-    return True
-
-
-def _hint(resource: str, slot: int, hold_ms: int | None) -> None:
-    """A slot given back: hint it in the row, and push the first waiter if any wait."""
-    try:
-        row = table.update(slots.hint(resource, slot, hold_ms), return_new=True)
-    except table.Refused as refused:
-        row = refused.lock  # hints full (the slot is found by reading), or the row is gone
-    except SemaphoreUnavailable:
-        return  # the slot is found by reading the permits
-    if row is None:
-        return
-    _remember(row)
-    if row.waiting:
-        heirs.push_first(resource, row, readers_only=False)
 
 
 def _held(
@@ -415,9 +364,9 @@ def _held(
         expires_ms=expires_ms,
         sent_mono=sent_mono,
         item=None,
-        cls=PermitHeld,
+        cls=permit_held.PermitHeld,
     )
-    assert isinstance(held, PermitHeld)
+    assert isinstance(held, permit_held.PermitHeld)
     held.slots = taken
     for resource in taken:
         held.raise_row(resource, expires_ms, listed_s)
@@ -461,11 +410,10 @@ def _acquire_many(
                 row = yield Request(functools.partial(table.load_entries, row))
                 seen[r] = row
                 in_way = {w.token: w for w in queueing.entries_ahead(row, None, stale) or ()}
-            try:
-                plan = _Plan(in_way=in_way)
-                if not in_way:
-                    plan = yield from _plan(sem, r, row, scans[r], stale)
-            except Inline:
+            plan = _Plan(in_way=in_way)
+            if not in_way:
+                plan = yield from _plan(sem, r, row, scans[r], stale)
+            if plan.how == INLINE:
                 return None
             if plan.how == "pop":
                 plan.slot = row.hints[0]
@@ -505,7 +453,7 @@ def _acquire_many(
                     slots.take_permit(r, taken[r], token, holder, stale_ms=stale, dead=plan.dead)
                 )
             sent_mono = clock.monotonic()
-            undo = functools.partial(_undo_many, taken, token)
+            undo = functools.partial(permit_held.undo_many, taken, token)
             try:
                 yield Write(functools.partial(table.transact, actions), token, [], undo=undo)
             except table.Cancelled:
@@ -528,79 +476,3 @@ def _acquire_many(
         sleeps += 1
         until_free = seconds_until_free(blocked, skew)
         yield Sleep(max(0.0, min(backoff(sleeps), until_free + 0.005, remaining)))
-
-
-def _undo_many(taken: dict[str, int], token: str) -> None:
-    for resource, slot in taken.items():
-        _undo(resource, slot, token)
-
-
-class PermitHeld(Held):
-    """A hold of permits: renewing, releasing and losing them touch the permit items (and
-    the row only to hint a freed slot, or to keep it listed)."""
-
-    slots: dict[str, int]
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        super().__init__(*args, **kwargs)
-        self.slots = {}
-        self._listed: dict[str, int] = {}  # the row's ``expires`` as we last knew it
-
-    def raise_row(self, resource: str, expires_ms: int, listed_s: int | None) -> None:
-        """Keep the row listed (and unreaped) while our permit may be live."""
-        if listed_s is not None:
-            self._listed[resource] = max(self._listed.get(resource, 0), listed_s)
-        if table.bucket_of(expires_ms) <= self._listed.get(resource, 0):
-            return
-        try:
-            slots.send(slots.raise_row(resource, expires_ms))
-            self._listed[resource] = table.bucket_of(expires_ms)
-        except table.Refused as refused:
-            row = refused.lock
-            if row is not None and row.listed_s is not None:
-                self._listed[resource] = row.listed_s
-        except SemaphoreUnavailable:
-            pass  # again at the next renewal
-
-    def _renew_once(self) -> None:
-        sent_mono = clock.monotonic()
-        lease = self.lease
-        if self._max_hold_end is not None:
-            lease = min(lease, self._max_hold_end - sent_mono + self.skew)
-        expires = clock.now_ms() + int(lease * 1000)
-        if expires <= self._expires_ms:
-            return
-        for resource, slot in self.slots.items():
-            try:
-                slots.send(slots.renew_permit(resource, slot, self.token, expires))
-            except table.Refused:
-                self._mark_lost("another holder took it over, or it was broken by an operator")
-                self._raise_lost()
-        self._expires_ms = expires
-        self._deadline = max(self._deadline, sent_mono + lease - self.skew)
-        for resource in self.slots:
-            self.raise_row(resource, expires, None)
-
-    def _give_back(self) -> bool:
-        ok = True
-        hold_ms = self._hold_ms() if len(self.slots) == 1 else None
-        for resource, slot in self.slots.items():
-            try:
-                slots.send(slots.give_back_permit(resource, slot, self.token, clock.now_ms()))
-            except table.Refused as refused:
-                if not self._gave_back(refused):
-                    ok = False
-                    continue
-            except SemaphoreUnavailable as exc:
-                logger.warning("dynasem: could not release %r (%s); it expires", resource, exc)
-                continue
-            _hint(resource, slot, hold_ms)
-        return ok
-
-    def _gave_back(self, refused: table.Refused) -> bool:
-        """Was a refused release ours after all (applied, its answer lost)?"""
-        permit = slots.permit_of(refused.item) if refused.item else None
-        if permit is not None and permit.last_token == self.token:
-            return True
-        broken = permit is not None and permit.broken_token == self.token
-        return refused.retried and not broken and clock.monotonic() < self._deadline

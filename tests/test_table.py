@@ -244,7 +244,8 @@ def test_a_push_carries_the_queue_up_to_its_recipient_and_a_few_behind() -> None
 
 
 def test_a_row_past_dynamodbs_item_size_is_named_and_nothing_is_written(lock_table):
-    """Holders whose user ids are 1 KB each fill one resource's item toward DynamoDB's 400 KB:
+    """Readers whose user ids are 1 KB each fill one resource's item toward DynamoDB's 400 KB
+    (readers are listed in the row; counting holders above 8 are in permit items, no wall):
     the acquire that would pass it fails with LimitExceeded("item size"), not SemaphoreBusy,
     and the row is as it was."""
     from dynasem import LimitExceeded
@@ -254,13 +255,13 @@ def test_a_row_past_dynamodbs_item_size_is_named_and_nothing_is_written(lock_tab
         with pytest.raises(LimitExceeded) as raised:
             for i in range(1_000):
                 user = f"{i:04}" + "u" * 1_016
-                held.append(semaphore("crowd", limit=5_000, lease=600, user=user).acquire())
+                held.append(semaphore("crowd", shared=True, lease=600, user=user).acquire())
         before = len(table.stored_item("crowd")["holders"])
         assert raised.value.limit == "item size" and not raised.value.transient
         assert "400 KB" in str(raised.value) and "Nothing was written" in str(raised.value)
         assert 300 < len(held) == before < 400
         with pytest.raises(LimitExceeded):
-            semaphore("crowd", limit=5_000, lease=600, user="x" * 1_020).acquire()
+            semaphore("crowd", shared=True, lease=600, user="x" * 1_020).acquire()
         assert len(table.stored_item("crowd")["holders"]) == before
     finally:
         for h in held:
@@ -353,12 +354,12 @@ def test_a_join_is_not_refused_by_a_renewal_that_ends_before_it(lock_table):
     condition once wanted the row's lease end to be the very value seen, which every renewal
     moves: with a hundred holders renewing one row, a wait=0 acquire of one of its free
     permits answered "busy, held by unknown" (measured: the 175th holder of limit=6000)."""
-    other = semaphore("renewed", limit=10, lease=5).acquire()
+    other = semaphore("renewed", limit=8, lease=5).acquire()  # holders in the row
     try:
         seen = table.get("renewed")
         now = clock.now_ms()
         entry = table.holder_entry("joiner", now + 60_000, clock.new_fence(0.5), now, False)
-        join = table.take_join("renewed", "joiner", entry, mode="n", limit=10, seen=seen, evict=[])
+        join = table.take_join("renewed", "joiner", entry, mode="n", limit=8, seen=seen, evict=[])
         other.renew()  # the row's lease end moves: later than seen, earlier than ours
         assert table.get("renewed").expires_ms > seen.expires_ms
         table.update(join)
@@ -398,10 +399,13 @@ def test_a_take_evicts_at_most_max_evict_dead_waiters_and_still_takes(lock_table
     assert left == [150 - writes.MAX_EVICT, 150 - 2 * writes.MAX_EVICT, 0]
 
 
-def test_a_join_evicts_at_most_max_evict_dead_holders_and_still_joins(lock_table):
+def test_a_join_evicts_at_most_max_evict_dead_holders_and_still_joins(lock_table, monkeypatch):
     """A counting semaphore with one live holder and 150 whose leases ran out (their
-    processes died): each join evicts the 64 oldest in its own write and joins."""
-    from dynasem.table import writes
+    processes died): each join evicts the 64 oldest in its own write and joins. (Holders in
+    the row, as for readers, or limit <= 8: not permit items.)"""
+    from dynasem.table import permits, writes
+
+    monkeypatch.setattr(permits, "INLINE_MAX", 10**9)
 
     now = clock.now_ms()
     for i in range(150):
