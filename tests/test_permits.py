@@ -229,3 +229,20 @@ def test_the_reaper_frees_dead_holders_permits_and_lists_no_live_one(holds: list
     assert [h.token for h in operations.active_holds(include_expired=True)] == [live.token]
     with pytest.raises(LockLost):
         expired[0].release()  # broken, not released by us: said so
+
+
+def test_a_permit_never_takes_a_fence_older_than_one_it_had(holds: list[Any]) -> None:
+    """A take slowed between its row write (its fence drawn) and its permit write must not hold
+    a permit that someone with a later fence held meanwhile (soak.py found one: the slot was
+    free to the other, by reading the permits)."""
+    first = take(holds, "pool", limit=9)
+    slot, fence = first.slots["pool"], first.fence
+    first.release()
+    now = int(time.time() * 1000)
+    late = table.holder_entry("late", now + 10_000, fence - 1, now, False)
+    with pytest.raises(table.Refused):
+        slots.send(slots.take_permit("pool", slot, "late-token", late, stale_ms=now - 500))
+    fresh = table.holder_entry("late", now + 10_000, fence + 1, now, False)
+    slots.send(slots.take_permit("pool", slot, "late-token", fresh, stale_ms=now - 500))
+    slots.send(slots.take_permit("pool", slot, "late-token", fresh, stale_ms=now - 500))  # a retry
+    assert slot_of("late-token") == slot

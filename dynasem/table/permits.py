@@ -250,8 +250,14 @@ def take_permit(
     stale_ms: int,
     dead: Permit | None = None,
 ) -> dict[str, Any]:
-    """Hold the permit: free, its holder's lease over by CLOCK_SKEW, or ours already (a retry
-    whose first answer was lost); or held by ``dead`` (a holder proven dead), as read."""
+    """Hold the permit: free, its holder's lease over by CLOCK_SKEW, or held by ``dead`` (a
+    holder proven dead) as read; and every fence it had below ours. Or ours already (a retry
+    whose first answer was lost).
+
+    The fence condition keeps each permit's fences increasing in the order its holds began: a
+    take slowed between its row write (which drew its fence) and this write must not hold the
+    permit after someone who drew a later fence held it meanwhile (the slot was free to that
+    one: found by reading the permits, or hinted twice). Refused, it draws a fresh fence."""
     values: dict[str, Any] = {
         ":tok": token,
         ":u": holder.user_id,
@@ -268,10 +274,11 @@ def take_permit(
         values[":p"] = holder.proc
     else:
         removes = " REMOVE #p"
-    condition = "attribute_not_exists(#k) OR #e < :stale OR #k = :tok"
+    free = "attribute_not_exists(#k) OR #e < :stale"
     if dead is not None:
-        condition += " OR (#k = :dead AND #e = :deadE)"
+        free += " OR (#k = :dead AND #e = :deadE)"
         values.update({":dead": dead.token, ":deadE": dead.holder.expires_ms})
+    condition = f"#k = :tok OR ((attribute_not_exists(#f) OR #f < :f) AND ({free}))"
     return _action(
         resource, permit_sk(slot), "SET " + sets + removes, condition, _PERMIT_NAMES, values
     )
