@@ -378,6 +378,7 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
                 limit=limit,
                 **({"shared": True, "fair": True} if shared else {}),
             )
+            began = monotonic()
             with sem as held:
                 start = monotonic()
                 expires = held.expires.timestamp()
@@ -387,6 +388,7 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
                 try:
                     mode = "s" if shared else "x"
                     if limit > 1:
+                        emit("A", token, f"{began:.6f}")
                         # The permit's slot stands for the resource from here on.
                         slot_no = held.slots[names[0]]  # type: ignore[attr-defined]
                         fence = held.fences[names[0]]
@@ -667,6 +669,7 @@ class Report:
     imported: set[str] = field(default_factory=set)  # where workers found dynasem
     killed_unstarted: int = 0  # workers SIGKILLed before they opened their log
     verified: dict[str, float] = field(default_factory=dict)  # token -> last V (trusted then)
+    began: dict[str, float] = field(default_factory=dict)  # token -> when its acquire began
     fired: dict[int, list[tuple[float, str, str, str]]] = field(
         default_factory=lambda: defaultdict(list)
     )  # pid -> (at, kind, operation, thread) of every fault that fired
@@ -712,6 +715,8 @@ def read_logs(events: Events, lease: float) -> Report:
                     tok, res, result, at, value = parts
                     done = rep.writes if kind == "W" else rep.reads
                     done.append((pid, tok, res, result, float(at), int(value)))
+                elif kind == "A":
+                    rep.began[parts[0]] = float(parts[1])
                 elif kind == "V":
                     rep.verified[parts[0]] = max(float(parts[1]), rep.verified.get(parts[0], 0))
                 elif kind == "P":
@@ -1288,23 +1293,27 @@ def counting_checks(rep: Report, limit: int, slack: float) -> tuple[int, int, li
         # Holders of different permits hold together, as readers do: a window that ended
         # before another began says nothing of their takes' order (a take slowed between its
         # row write, which draws the fence, and its permit write starts after holds that drew
-        # later). The order of the takes does: one that returned before another's lease end
-        # was even fixed drew the smaller fence. (Each permit's holds are checked as an
-        # exclusive resource's, windows included: see counting_resources.)
+        # later). The order of the takes does: one that returned before another's acquire
+        # even began drew the smaller fence. (Not the lease end it reports: a slow take's
+        # hold is renewed at once by its heartbeat, which fixes a later one. Each permit's
+        # holds are checked as an exclusive resource's, windows included: counting_resources.)
         by_start = sorted(holds, key=lambda h: h.start)
         starts = [h.start for h in by_start]
         best: list[Hold] = []
         for h in by_start:
             best.append(h if not best or h.fence > best[-1].fence else best[-1])
         for h2 in holds:
-            k = bisect.bisect_left(starts, h2.plan - slack)
+            began = rep.began.get(h2.token)
+            if began is None:
+                continue
+            k = bisect.bisect_left(starts, began - slack)
             if k and best[k - 1].fence >= h2.fence and best[k - 1].token != h2.token:
                 over += 1
                 if len(problems) < 10:
                     h1 = best[k - 1]
                     problems.append(
-                        f"{res}: token {h2.token} got fence {h2.fence} (lease fixed at "
-                        f"{h2.plan:.6f}), not larger than fence {h1.fence} of token "
+                        f"{res}: token {h2.token} got fence {h2.fence} (its acquire began at "
+                        f"{began:.6f}), not larger than fence {h1.fence} of token "
                         f"{h1.token}, which started at {h1.start:.6f}"
                     )
     return over, peak, problems
