@@ -6,6 +6,7 @@ __version__ = "0.2.0"
 
 from .core import Semaphore, semaphore  # noqa: E402
 from .decorators import resource_key  # noqa: E402
+from .entered import current_hold  # noqa: E402
 from .exceptions import (  # noqa: E402
     AlreadyDone,
     LimitExceeded,
@@ -15,7 +16,7 @@ from .exceptions import (  # noqa: E402
     SemaphoreUnavailable,
     TableMissing,
 )
-from .held import Held, current_hold  # noqa: E402
+from .held import Held  # noqa: E402
 from .run_once import Job, run_once  # noqa: E402
 from .shutdown import release_all  # noqa: E402
 

@@ -30,14 +30,11 @@ from . import clock, permits, planning, processes, queueing, table, transactions
 from .conf import settings
 from .decorators import Decoration, lock_callable
 from .drivers import Request, Sleep, Steps, Write, run_async, run_io, run_sync, withdraw
+from .entered import current_hold, enter, forget_entered, leave
 from .exceptions import SemaphoreUnavailable
 from .held import (
     Held,
     acquired,
-    current_hold,
-    enter,
-    forget_entered,
-    leave,
     pending_hold,
 )
 from .planning import Plan
