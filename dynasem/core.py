@@ -30,7 +30,7 @@ from . import clock, permits, planning, processes, queueing, table, transactions
 from .conf import settings
 from .decorators import Decoration, lock_callable
 from .drivers import Request, Sleep, Steps, Write, run_async, run_io, run_sync, withdraw
-from .entered import current_hold, enter, forget_entered, leave
+from .entered import current_hold, enter, forget_entered, leave, reentered, remember_acquired
 from .exceptions import SemaphoreUnavailable
 from .held import (
     Held,
@@ -171,6 +171,9 @@ class Semaphore:
         again = pending_hold(self)
         if again is not None:
             return again  # ours already, until this transaction ends
+        inner = reentered(self)
+        if inner is not None:
+            return inner  # this thread or task holds it already: a nested acquire
         lease, wait, skew = resolve_timing(self.lease, self.wait)
         margin = (lease - skew) * CONFIRM_SHARE
         user_id, proc = user_id_of(self.user), processes.identity()
@@ -458,13 +461,17 @@ class Semaphore:
 
     def acquire(self) -> Held:
         """Take the semaphore (waiting up to ``wait``) and return the :class:`Held` hold."""
-        return run_sync(self._acquire_steps())
+        held = run_sync(self._acquire_steps())
+        remember_acquired(held)
+        return held
 
     async def aacquire(self) -> Held:
         """``acquire()`` for async code: requests run in a thread of dynasem's own executor
         (never the event loop's default one); waits, pushed hand-overs included, are awaited
         on the loop and hold no thread."""
-        return await run_async(self._acquire_steps())
+        held = await run_async(self._acquire_steps())
+        remember_acquired(held)
+        return held
 
     # -- context managers --------------------------------------------------------------------
 

@@ -66,6 +66,9 @@ class Held:
         self._handed_unanswered = False
         # Who took it: at exit, only holds of threads that ended are given back (shutdown.py).
         self.thread = threading.current_thread()
+        # Acquisitions of it in all: nested acquires in the same thread or task re-enter it
+        # (entered.py); only the last release gives it back.
+        self.depth = 1
 
     def _observe(self, item: table.LockItem | None) -> None:
         if item is not None:
@@ -235,8 +238,16 @@ class Held:
         Inside ``transaction.atomic`` (unless the semaphore has ``on_commit=False``) the hold
         is given back after the outermost transaction of its database commits, or at once
         when that rolls back; the lease is renewed until then. A hold already known lost
-        raises now, while the transaction can still roll back."""
+        raises now, while the transaction can still roll back.
+
+        A nested acquire that re-entered this hold (see :mod:`dynasem.entered`) gives back
+        nothing: only the outermost release does (raising LockLost if it was lost)."""
         if self._released or self._pending_commit:
+            return
+        if self.depth > 1:
+            self.depth -= 1
+            if self.lost:
+                self._raise_lost()
             return
         sem = self.semaphore
         if (
@@ -525,6 +536,10 @@ def acquired(
 
 def give_back_unused(held: Held) -> None:
     """Best effort: release a hold its caller never got to use (no waiting for a commit)."""
+    held = getattr(held, "outer", held)  # a nested acquire's view: the hold itself
+    if held.depth > 1:
+        held.depth -= 1  # a nested acquire's: the outer one still uses it
+        return
     held._stop_heartbeat()
     try:
         held._release_now()

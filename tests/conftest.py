@@ -56,6 +56,11 @@ def pytest_configure(config: pytest.Config) -> None:
         )
     config.addinivalue_line(
         "markers",
+        "reentry: nested acquires re-enter holds (the other tests: every acquire is "
+        "another holder's, see the no_reentry fixture)",
+    )
+    config.addinivalue_line(
+        "markers",
         "dynamodb_local_only(reason): tests DynamoDB Local itself; skipped on the embedded engine",
     )
 
@@ -168,6 +173,19 @@ def requests_sent(lock_table: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     yield counter
     for client in hooked:
         client.meta.events.unregister("before-call.dynamodb", counter)
+
+
+@pytest.fixture(autouse=True)
+def no_reentry(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every acquire is another holder's, even in the same thread: most tests stand in for
+    several processes with one thread (hold it here, then find it busy here). Tests marked
+    ``reentry`` get dynasem's own rule: a nested acquire re-enters the hold
+    (tests/test_reentry.py; for users' own tests, dynasem.testing.held_elsewhere)."""
+    if request.node.get_closest_marker("reentry") is not None:
+        return
+    from dynasem import core
+
+    monkeypatch.setattr(core, "reentered", lambda sem: None)
 
 
 @pytest.fixture

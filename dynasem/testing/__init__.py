@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     from .embedded import EmbeddedDynamoDB
 
-__all__ = ["ENDPOINT_ENV", "EmbeddedDynamoDB", "engine_endpoint", "fresh_table"]
+__all__ = ["ENDPOINT_ENV", "EmbeddedDynamoDB", "engine_endpoint", "fresh_table", "held_elsewhere"]
 
 ENDPOINT_ENV = "DYNASEM_TESTING_ENDPOINT_URL"
 REGION = "us-east-1"
@@ -88,6 +88,33 @@ def engine_endpoint() -> str:
         return _engine.endpoint_url
 
 
+class held_elsewhere:  # noqa: N801 - used like a function: with held_elsewhere(...)
+    """Hold ``semaphore(*args, **kwargs)`` as another process would, for a test that checks
+    what a busy lock does (a view answering 423, a task refused)::
+
+        with held_elsewhere("tbl_issues:42", user="alice"):
+            assert client.post("/rebuild/42/").status_code == 423
+
+    Taken in a context of its own: a hold taken in the test's own thread would be re-entered
+    by the code under test (Django's test client runs the view in the test's thread), which
+    then runs as a nested acquire instead of finding the lock busy. ``as`` gives the Held."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args, self.kwargs = args, kwargs
+        self.held: Any = None
+
+    def __enter__(self) -> Any:
+        import contextvars
+
+        from .. import semaphore
+
+        self.held = contextvars.Context().run(semaphore(*self.args, **self.kwargs).acquire)
+        return self.held
+
+    def __exit__(self, *exc: object) -> None:
+        self.held.release()
+
+
 class fresh_table:  # noqa: N801 - used like a function: with fresh_table(), @fresh_table()
     """A new, empty lock table on the test engine, with ``DYNASEM`` pointed at it (and
     ``settings`` overriding any ``DYNASEM`` key, e.g. ``LEASE=5``); deleted afterwards.
@@ -117,6 +144,9 @@ class fresh_table:  # noqa: N801 - used like a function: with fresh_table(), @fr
 
         if self._override is not None:
             raise RuntimeError("a fresh_table() is entered once; make a new one for each use")
+        from ..entered import forget_acquired
+
+        forget_acquired()  # holds of earlier tests are on other tables: never re-entered
         endpoint = engine_endpoint()
         name = f"dynasem-test-{uuid.uuid4().hex[:12]}"
         self._env_set = [k for k in _DUMMY_CREDENTIALS if not os.environ.get(k)]

@@ -1,0 +1,174 @@
+"""Re-entry: a nested acquire, in the same thread or asyncio task, of what this thread or task
+already holds gets that hold again at once (dynasem.entered)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+from django.db import transaction
+
+from dynasem import LockLost, SemaphoreBusy, current_hold, semaphore
+from dynasem.operations import holds_on
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.reentry]
+
+
+def tokens(resource: str) -> set[str]:
+    return {h.token for h in holds_on(resource) if h.expires.timestamp() > time.time()}
+
+
+def test_a_nested_with_gets_the_same_hold_at_once(lock_table: str, requests_sent: Any) -> None:
+    with semaphore("k", wait=3) as outer:
+        requests_sent.reset()
+        started = time.monotonic()
+        with semaphore("k", wait=3) as inner:
+            assert time.monotonic() - started < 0.2
+            assert requests_sent.total == 0  # no request at all
+            assert inner is outer and inner.fence == outer.fence
+            with semaphore("k", wait=None) as deepest:  # would wait forever on itself
+                assert deepest is outer
+        assert tokens("k") == {outer.token}  # the inner exits gave nothing back
+        assert not outer.released
+    assert outer.released and tokens("k") == set()
+
+
+def test_decorated_functions_calling_each_other(lock_table: str) -> None:
+    calls: list[str] = []
+
+    @semaphore("tbl_issues:{project_id}", wait=3)
+    def purge(project_id: int) -> None:
+        calls.append(f"purge {current_hold().fence}")
+
+    @semaphore("tbl_issues:{project_id}", wait=3)
+    def rebuild(project_id: int) -> None:
+        purge(project_id)
+        calls.append(f"rebuild {current_hold().fence}")
+
+    started = time.monotonic()
+    rebuild(42)
+    assert time.monotonic() - started < 1.0
+    fences = {c.split()[1] for c in calls}
+    assert [c.split()[0] for c in calls] == ["purge", "rebuild"] and len(fences) == 1
+    assert tokens("tbl_issues:42") == set()
+
+
+def test_async_nesting_and_async_decorated_functions(lock_table: str) -> None:
+    @semaphore("job:{pk}", wait=3)
+    async def inner(pk: int) -> int:
+        return current_hold().fence
+
+    @semaphore("job:{pk}", wait=3)
+    async def outer(pk: int) -> tuple[int, int]:
+        return current_hold().fence, await inner(pk)
+
+    async def main() -> None:
+        async with semaphore("a", wait=3) as first:
+            async with semaphore("a", wait=3) as again:
+                assert again is first
+        assert first.released
+        started = time.monotonic()
+        mine, nested = await outer(7)
+        assert mine == nested and time.monotonic() - started < 1.0
+
+    asyncio.run(main())
+    assert tokens("job:7") == set()
+
+
+def test_another_thread_and_a_child_task_are_other_holders(lock_table: str) -> None:
+    with semaphore("k"):
+        busy: list[BaseException] = []
+
+        def other() -> None:
+            try:
+                semaphore("k", wait=0).acquire()
+            except SemaphoreBusy as exc:
+                busy.append(exc)
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+        assert len(busy) == 1
+
+    async def main() -> None:
+        async with semaphore("t"):
+
+            async def child() -> None:
+                async with semaphore("t", wait=0):
+                    pass
+
+            with pytest.raises(SemaphoreBusy):
+                await asyncio.create_task(child())
+
+    asyncio.run(main())
+
+
+def test_what_a_nested_acquire_may_ask(lock_table: str) -> None:
+    with semaphore("doc", shared=True):
+        with semaphore("doc", shared=True) as reader:
+            assert reader.semaphore.shared
+        with pytest.raises(ValueError, match="upgrade"):
+            semaphore("doc", wait=30).acquire()  # at once, not after 30 s
+    with semaphore("pool", limit=3) as slot:
+        assert semaphore("pool", limit=3).acquire() is slot
+        slot.release()  # the nested one's
+        with pytest.raises(ValueError, match="upgrade"):
+            semaphore("pool").acquire()
+        with pytest.raises(ValueError, match="limit=4"):
+            semaphore("pool", limit=4).acquire()
+    with semaphore("x") as exclusive:  # covers a shared or counting request of it
+        assert semaphore("x", shared=True).acquire() is exclusive
+        assert semaphore("x", limit=5).acquire() is exclusive
+        exclusive.release()
+        exclusive.release()
+    assert tokens("x") == set() and tokens("pool") == set() and tokens("doc") == set()
+
+
+def test_nested_in_several_resources(lock_table: str) -> None:
+    with semaphore(["a", "b"]) as both:
+        with semaphore("b") as b:
+            assert b.resource == "b" and b.fence == both.fences["b"]
+            assert b.token == both.token and b.fences == {"b": both.fences["b"]}
+        with pytest.raises(ValueError, match=r"\['a'\].*\['c'\]"):
+            semaphore(["a", "c"]).acquire()
+        assert tokens("a") == tokens("b") == {both.token}
+    assert tokens("a") == tokens("b") == set()
+
+
+def test_the_outermost_release_decides_with_the_transaction(lock_table: str) -> None:
+    with transaction.atomic():
+        with semaphore("tx") as outer:
+            with semaphore("tx"):
+                pass
+            assert not outer.pending_commit  # the inner exit registered nothing
+        assert outer.pending_commit and tokens("tx") == {outer.token}
+    assert outer.released and tokens("tx") == set()
+
+
+def test_a_lost_hold_says_so_at_the_inner_exit(lock_table: str) -> None:
+    from dynasem.operations import break_hold
+
+    with pytest.raises(LockLost):
+        with semaphore("k") as outer:
+            with pytest.raises(LockLost):
+                with semaphore("k"):
+                    break_hold("k", outer.token)
+                    outer.renew()
+
+
+def test_a_view_under_test_re_enters_the_tests_hold_but_not_one_held_elsewhere(
+    lock_table: str, client: Any
+) -> None:
+    """Django's test client runs the view in the test's thread: the view re-enters a hold the
+    test took itself. held_elsewhere() holds it as another process would: the view is busy."""
+    from dynasem.testing import held_elsewhere
+
+    with semaphore("tbl_issues:8"):
+        assert client.get("/rebuild/8/").status_code == 200
+    with held_elsewhere("tbl_issues:8", user="alice") as other:
+        response = client.get("/rebuild/8/")
+        assert response.status_code == 423 and tokens("tbl_issues:8") == {other.token}
+    assert tokens("tbl_issues:8") == set()
