@@ -645,3 +645,12 @@ def section(title: str, started: str, intro: str, parts: Sequence[str], targets:
             "Targets:\n\n" + targets.markdown(),
         ]
     )
+
+
+def apart(sem: Any) -> Any:
+    """``sem.acquire()`` as another holder would (a context of its own): a nested acquire in
+    one thread re-enters that thread's holds, and these benchmarks stand in for several
+    holders with one thread."""
+    import contextvars
+
+    return contextvars.Context().run(sem.acquire)

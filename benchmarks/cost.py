@@ -216,7 +216,7 @@ def dynasem_scenarios(meter: Meter, endpoint: str) -> tuple[list[dict[str, Any]]
         held = semaphore("c:new", user="bob").acquire()
     record("acquire, idle row, another holder", u, key="acquire_other")
     with meter.measure() as u, contextlib.suppress(SemaphoreBusy):
-        semaphore("c:new", user="carol", wait=0).acquire()
+        common.apart(semaphore("c:new", user="carol", wait=0))
     record("refused acquire (busy, wait=0)", u, key="refused")
     time.sleep(1.1)  # a real renewal moves the lease end past a whole second
     with meter.measure() as u:
@@ -265,7 +265,7 @@ def dynasem_scenarios(meter: Meter, endpoint: str) -> tuple[list[dict[str, Any]]
         a = semaphore("c:pool", limit=3, user="alice").acquire()
     record("counting (limit 3): first holder", u)
     with meter.measure() as u:
-        b = semaphore("c:pool", limit=3, user="bob").acquire()
+        b = common.apart(semaphore("c:pool", limit=3, user="bob"))
     record("counting (limit 3): second holder joins", u)
     with meter.measure() as u:
         b.release()
@@ -273,7 +273,7 @@ def dynasem_scenarios(meter: Meter, endpoint: str) -> tuple[list[dict[str, Any]]
     a.release()
     with meter.measure() as u:
         a = semaphore("c:doc", shared=True, user="alice").acquire()
-        b = semaphore("c:doc", shared=True, user="bob").acquire()
+        b = common.apart(semaphore("c:doc", shared=True, user="bob"))
         b.release()
         a.release()
     record("shared: two readers take and release (per reader)", u, per=2)

@@ -57,7 +57,7 @@ def counting(meter: cost.Meter, limit: int, cycles: int) -> dict[str, Any]:
     from dynasem import semaphore
 
     resource = common.new_name(f"limit-{limit}")
-    held = [semaphore(resource, limit=limit, lease=600).acquire() for _ in range(limit - 1)]
+    held = [common.apart(semaphore(resource, limit=limit, lease=600)) for _ in range(limit - 1)]
     try:
         size = row_bytes(resource)
         with meter.measure() as units:
@@ -119,7 +119,7 @@ def wall() -> str:
     try:
         for i in range(6000):
             try:
-                held.append(semaphore(resource, limit=6000, lease=900, user=f"u{i}").acquire())
+                held.append(common.apart(semaphore(resource, limit=6000, lease=900, user=f"u{i}")))
             except SemaphoreError as exc:
                 return (
                     f"limit=6000: acquire {i + 1} failed after {time.monotonic() - started:.0f} s"

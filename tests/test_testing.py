@@ -122,7 +122,7 @@ pytest_plugins = ["dynasem.testing"]
 def test_takes_a_lock_and_two_holders_exclude_each_other(dynasem_table):
     assert settings.DYNASEM["TABLE_NAME"] == dynasem_table
     assert settings.DYNASEM["LEASE"] == 30  # the project's own keys stay
-    with semaphore("report:1") as held:
+    with held_elsewhere("report:1") as held:  # another process's
         assert [h.token for h in holds_on("report:1")] == [held.token]
         with pytest.raises(SemaphoreBusy):
             semaphore("report:1", wait=0).acquire()
@@ -192,7 +192,7 @@ import user_code
 @fresh_table()
 class LockTests(TestCase):
     def test_takes_a_lock_and_two_holders_exclude_each_other(self):
-        with semaphore("report:1") as held:
+        with held_elsewhere("report:1") as held:  # another process's
             self.assertEqual([h.token for h in holds_on("report:1")], [held.token])
             with self.assertRaises(SemaphoreBusy):
                 semaphore("report:1", wait=0).acquire()
