@@ -3,7 +3,7 @@
 #   make test PYTEST_ARGS="-k fence -x"
 #   make test-embedded PYTEST_ARGS="-x"
 #   make matrix NOX_ARGS="-R"             # reuse the sessions' venvs
-.PHONY: venv test test-embedded demo lint matrix dist wheel-check sdist-check clean distclean
+.PHONY: venv test test-embedded test-permits demo lint matrix dist wheel-check sdist-check clean distclean
 
 PYTHON_VENV := .venv/bin/python
 PYTEST_ARGS ?=
@@ -27,6 +27,14 @@ EMBEDDED_TESTS := tests/test_core.py tests/test_run_once.py tests/test_decorator
 	--deselect tests/test_races.py::test_sixteen_processes_count_to_800_without_overlap
 test-embedded: venv
 	DYNASEM_TEST_ENGINE=embedded $(PYTHON_VENV) -m pytest $(EMBEDDED_TESTS) $(PYTEST_ARGS)
+
+# The race, crash, fault and /proc tests again with every counting semaphore of limit >= 2
+# in permit items (dynasem.permits; normally above 8 only), so that their races, crashes and
+# faults run on that layout too. About 2 minutes.
+PERMITS_TESTS := tests/test_races.py tests/test_crashes.py tests/test_faults.py \
+	tests/test_processes.py
+test-permits: venv
+	DYNASEM_TEST_PERMITS_FROM=1 $(PYTHON_VENV) -m pytest $(PERMITS_TESTS) $(PYTEST_ARGS)
 
 demo: venv
 	bash scripts/demo.sh
