@@ -1,7 +1,7 @@
 """Crowds: what one acquisition costs as the crowd on one resource grows.
 
     .venv/bin/python benchmarks/crowds.py [--limits 2 64 512] [--waiters 4 32 128]
-        [--cycles 20] [--per-waiter 4] [--wall]
+        [--cycles 20] [--per-waiter 4] [--async-crowd 10000] [--wall]
 
 One process, one DynamoDB Local (``tests.settings``: ``LEASE`` 10 s, ``CLOCK_SKEW`` 0.5 s),
 capacity units as AWS bills them (``cost.Meter``: ``ReturnConsumedCapacity="INDEXES"``, a
@@ -13,6 +13,8 @@ tree it runs from:
 * ``W waiters``: W threads on one exclusive lock (``wait=60``), each taking it
   ``--per-waiter`` times and holding it 5 ms; per acquisition (the requests of every thread:
   a holder's release is its heir's hand-over).
+* ``--async-crowd N``: N coroutines queue at once on one exclusive lock (``wait=3600``),
+  each holding it 1 ms; per acquisition, and how long the crowd took.
 * ``--wall``: holders of ``limit=6000`` (``lease=900``, short user ids) added one by one
   until an acquire fails: how many, the error, how long it took. Slow (minutes).
 
@@ -110,6 +112,41 @@ def queued(meter: cost.Meter, waiters: int, per_waiter: int) -> dict[str, Any]:
     }
 
 
+def async_crowd(meter: cost.Meter, waiters: int) -> dict[str, Any]:
+    """``waiters`` coroutines (one event loop, no thread each) queue at once on one exclusive
+    lock, wait as long as it takes, and hold it 1 ms each: per acquisition, and how long the
+    whole crowd took. Their requests run in dynasem's own executor (32 threads)."""
+    import asyncio
+
+    from dynasem import semaphore
+
+    resource = common.new_name(f"async-{waiters}")
+    biggest = [0]
+    taken = [0]
+
+    async def one(i: int) -> None:
+        async with semaphore(resource, user=f"c{i}", wait=3600, lease=600):
+            taken[0] += 1
+            if taken[0] % max(1, waiters // 8) == 0:
+                biggest[0] = max(biggest[0], row_bytes(resource))
+            await asyncio.sleep(0.001)
+
+    async def crowd() -> None:
+        await asyncio.gather(*(one(i) for i in range(waiters)))
+
+    started = time.monotonic()
+    with meter.measure() as units:
+        asyncio.run(crowd())
+    n = max(1, taken[0])
+    return {
+        "case": f"{waiters} async waiters, 1 ms holds ({time.monotonic() - started:.0f} s)",
+        "wcu": units.wcu / n,
+        "rcu": units.rcu / n,
+        "requests": sum(units.requests.values()) / n,
+        "row": biggest[0],
+    }
+
+
 def wall() -> str:
     from dynasem import SemaphoreError, semaphore
 
@@ -146,6 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cycles", type=int, default=20)
     parser.add_argument("--per-waiter", type=int, default=4)
     parser.add_argument("--wall", action="store_true")
+    parser.add_argument(
+        "--async-crowd", type=int, nargs="*", default=[], help="crowds of coroutine waiters"
+    )
     args = parser.parse_args(argv)
 
     with common.engine() as ddb:
@@ -163,6 +203,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{rows[-1]['case']}: done", flush=True)
         for waiters in args.waiters:
             rows.append(queued(meter, waiters, args.per_waiter))
+            print(f"{rows[-1]['case']}: done", flush=True)
+        for waiters in args.async_crowd:
+            rows.append(async_crowd(meter, waiters))
             print(f"{rows[-1]['case']}: done", flush=True)
         walled = wall() if args.wall else None
     print()
