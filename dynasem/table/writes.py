@@ -241,7 +241,9 @@ def take_join(
         ":shard": shard_of(resource),
     }
     sets = ["#h.#t = :entry", "#fence = :fence", "#shard = :shard"]
-    conds = ["size(#h) = :size", "#fence < :fence"]
+    # attribute_exists first: a row moved to permit items has no holders map (moto, unlike
+    # DynamoDB, fails on size() of a missing attribute instead of reading it false).
+    conds = ["attribute_exists(#h)", "size(#h) = :size", "#fence < :fence"]
     if replace:
         sets += ["#mode = :mode", "#lim = :lim"]
     else:
