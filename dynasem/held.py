@@ -177,13 +177,17 @@ class Held:
     async def arenew(self) -> None:
         await run_io(self.renew)
 
-    def _renew_once(self) -> None:
+    def _next_lease(self) -> tuple[float, float, int]:
+        """A renewal's send time (monotonic), lease (seconds) and lease end (wall ms)."""
         sent_mono = clock.monotonic()
         lease = self.lease
         if self._max_hold_end is not None:
             # Never past max_hold: others may take over CLOCK_SKEW after it (their clocks).
             lease = min(lease, self._max_hold_end - sent_mono + self.skew)
-        expires = clock.now_ms() + int(lease * 1000)
+        return sent_mono, lease, clock.now_ms() + int(lease * 1000)
+
+    def _renew_once(self) -> None:
+        sent_mono, lease, expires = self._next_lease()
         if expires <= self._expires_ms:
             return  # nothing left to extend
         raise_item = {r: True for r in self.resources}

@@ -99,11 +99,7 @@ class PermitHeld(Held):
             pass  # again at the next renewal
 
     def _renew_once(self) -> None:
-        sent_mono = clock.monotonic()
-        lease = self.lease
-        if self._max_hold_end is not None:
-            lease = min(lease, self._max_hold_end - sent_mono + self.skew)
-        expires = clock.now_ms() + int(lease * 1000)
+        sent_mono, lease, expires = self._next_lease()
         if expires <= self._expires_ms:
             return
         for resource, slot in self.slots.items():
