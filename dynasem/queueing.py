@@ -124,6 +124,18 @@ def _watched(seen: table.LockItem | None, ticket: int | None, stale_ms: int) -> 
     return [h.proc for h in live if h.proc is not None and processes.local(h.proc)]
 
 
+def free_room(sem: LockSpec, seen: table.LockItem | None, stale_ms: int) -> int:
+    """The permits of a counting semaphore that ``seen`` shows free (0 for a lock of one
+    holder, or for readers: their turns are handed over whole). A row of permit items
+    counts its hinted slots (a hint may be stale: a guess that errs toward looking soon)
+    and those never used."""
+    if sem.limit <= 1 or sem.shared or seen is None:
+        return 0
+    if seen.hw is not None:
+        return len(set(seen.hints)) + max(0, sem.limit - seen.hw)
+    return max(0, sem.limit - len(live_holders(seen, stale_ms)))
+
+
 def backoff(attempt: int) -> float:
     cap = min(BACKOFF_CAP, BACKOFF_FIRST * (2 ** min(attempt - 1, 16)))
     return random.uniform(cap / 2, cap)
@@ -169,8 +181,18 @@ class Pace:
         self.rtt = (3 * self.rtt + min(seconds, 0.5)) / 4
 
     def turn_in(
-        self, seen: table.LockItem | None, token: str, skew: float, *, pushed: bool = False
+        self,
+        seen: table.LockItem | None,
+        token: str,
+        skew: float,
+        *,
+        pushed: bool = False,
+        room: int = 0,
+        limit: int = 1,
     ) -> float:
+        """Seconds until our next look. ``room``: permits ``seen`` shows free, of ``limit``
+        (a counting semaphore serves ``limit`` waiters a turn, and the first ``room`` of
+        them need no release at all, only the takes of those ahead)."""
         seen = seen or table.LockItem()
         now = clock.now_ms()
         stale = now - int(skew * 1000)
@@ -184,11 +206,25 @@ class Pace:
             self.early += 1
         rtt_ms = self.rtt * 1000
         hold = max(2.0, float(seen.hold_ms or 20))
-        start = max((h.acquired_ms or now for h in live.values()), default=now)
-        # The holder's release lands about one round trip after its hold; every waiter ahead
-        # of us then takes a hold plus two round trips (that release, its own read).
-        turn = (start + hold + rtt_ms + (hold + 2 * rtt_ms) * ahead - now) / 1000
         step = max(0.002, self.rtt)
+        if room > ahead:
+            # Free permits for us and every waiter ahead: our turn comes as soon as those
+            # ahead took theirs (a write each). Look again within round trips, doubling
+            # while nothing moves (a waiter ahead that died holds us up until its entry
+            # expires, which the doubling makes a few reads).
+            self.until_free = step
+            return max(0.001, min(step * (ahead + 1) * 2.0 ** min(self.early, 8), 1.0))
+        if room or limit > 1:
+            # Holders end one by one: the first release comes after the earliest take, and
+            # the waiters ahead beyond the free permits are served ``limit`` a turn.
+            start = min((h.acquired_ms or now for h in live.values()), default=now)
+            ahead_turns = max(0, ahead - room) / max(1, limit)
+        else:
+            start = max((h.acquired_ms or now for h in live.values()), default=now)
+            ahead_turns = ahead
+        # The holder's release lands about one round trip after its hold; every turn ahead
+        # of us then takes a hold plus two round trips (that release, its own read).
+        turn = (start + hold + rtt_ms + (hold + 2 * rtt_ms) * ahead_turns - now) / 1000
         if live:
             # Until the first holder could be taken over (its lease end + skew). Overdue:
             # back off from a round trip, doubling while nothing moves, at most 64 round
@@ -460,11 +496,16 @@ def wait_in_queue(
         return after
     ticket, entry = pace.ticket, (pace.qbase, pace.ticket or 0)
     push = wakeup.listening(token)
-    nap = max(0.001, min(pace.turn_in(seen, token, skew, pushed=push), remaining))
+    stale = now - int(skew * 1000)
+    room = free_room(sem, seen, stale)
+    imminent = room > ahead_count(seen, ticket, stale)
+    nap = pace.turn_in(seen, token, skew, pushed=push, room=room, limit=sem.limit)
+    nap = max(0.001, min(nap, remaining))
     # Look (and renew our entry, below) while a quarter of its lease is left at least.
     nap = min(nap, max(0.001, (pace.entry_ms - now) / 1000 - lease / 4))
     if (
         push
+        and not imminent
         and not sem.shared
         and clock.monotonic() - pushed_recently.get(resource, -math.inf) < GUESS_BUSY_FOR
     ):

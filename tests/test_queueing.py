@@ -307,3 +307,61 @@ def test_busy_tells_the_estimate_and_the_queue_position(frozen: int) -> None:
     assert sent[0]["queue_position"] == 2
     assert sent[0]["estimated_wait"] == pytest.approx(0.5)
     assert sent[0]["retry_after"] == 1
+
+
+class Counting:
+    """What :func:`dynasem.queueing.free_room` asks of a semaphore."""
+
+    def __init__(self, limit: int, shared: bool = False):
+        self.limit, self.shared = limit, shared
+
+
+def test_free_room_counts_free_permits_inline_and_in_permit_items(frozen: int) -> None:
+    two_held = table.LockItem(
+        holders={"a": holder(frozen + 9_000, frozen), "b": holder(frozen + 9_000, frozen)},
+        mode="n",
+    )
+    expired = dataclasses.replace(
+        two_held, holders={**two_held.holders, "c": holder(frozen - 9_000, 0)}
+    )
+    assert queueing.free_room(Counting(3), two_held, frozen) == 1  # type: ignore[arg-type]
+    assert queueing.free_room(Counting(3), expired, frozen) == 1  # type: ignore[arg-type]
+    permit_row = table.LockItem(hw=10, hints=(3, 3, 7))  # a hint twice counts once
+    assert queueing.free_room(Counting(12), permit_row, frozen) == 4  # type: ignore[arg-type]
+    assert queueing.free_room(Counting(1), two_held, frozen) == 0  # type: ignore[arg-type]
+    assert queueing.free_room(Counting(3, shared=True), two_held, frozen) == 0  # type: ignore[arg-type]
+
+
+def test_turn_in_with_a_free_permit_for_us_looks_within_round_trips(frozen: int) -> None:
+    """Three permits, all held for a second yet: second in line waits about a hold. With two
+    permits free it only waits for the one ahead to take its own: a few round trips; and
+    doubling while nothing moves (a dead waiter ahead), at most a second."""
+    line = in_line({"first": waiter(1, frozen + 9_000), "me": waiter(2, frozen + 9_000)})
+    held = {f"h{i}": holder(frozen + 9_000, frozen) for i in range(3)}
+    seen = table.LockItem(holders=held, mode="n", hold_ms=1_000, **line)
+    full = pace_of(seen).turn_in(seen, "me", 0.5, room=0, limit=3)
+    assert full > 0.9
+    pace = pace_of(seen)
+    looks = [pace.turn_in(seen, "me", 0.5, room=2, limit=3) for _ in range(12)]
+    assert looks[0] == pytest.approx(2 * pace.rtt)
+    assert looks[1] == pytest.approx(2 * looks[0])
+    assert max(looks) == 1.0
+
+
+def test_turn_in_of_a_counting_semaphore_serves_limit_waiters_a_turn(frozen: int) -> None:
+    """Six waiters ahead, three permits all held: two turns of the holds ahead, not six."""
+    line = in_line({**{f"w{i}": waiter(i, frozen + 9_000) for i in range(1, 7)}})
+    line = in_line(
+        {
+            **{f"w{i}": waiter(i, frozen + 9_000) for i in range(1, 7)},
+            "me": waiter(7, frozen + 9_000),
+        }
+    )
+    held = {f"h{i}": holder(frozen + 9_000, frozen) for i in range(3)}
+    seen = table.LockItem(holders=held, mode="n", hold_ms=100, **line)
+    pace = pace_of(seen)
+    counting = pace.turn_in(seen, "me", 0.5, room=0, limit=3)
+    exclusive = pace_of(seen).turn_in(seen, "me", 0.5)
+    rtt_ms = pace.rtt * 1000
+    assert counting == pytest.approx((100 + rtt_ms + (100 + 2 * rtt_ms) * 2) / 1000)
+    assert exclusive == pytest.approx((100 + rtt_ms + (100 + 2 * rtt_ms) * 6) / 1000)
