@@ -92,14 +92,17 @@ def acquire_steps(
         seen = yield Request(functools.partial(table.get, resource, consistent=False))
     seen = seen or table.LockItem(resource=resource)
     failures = replans = 0
+    # Our turn was had: a row write of ours moved the queue past us, but the slot it named
+    # proved taken (a stale hint). The next take asks nothing of the queue: we keep our place.
+    served = False
     while True:
         now = clock.now_ms()
         stale = now - skew_ms
         if queueing.passed(seen, pace.qbase, pace.ticket):
             pace.ticket = None
         ticket = pace.ticket
-        in_way: dict[str, Any] = dict(queueing.inline_ahead(seen, stale))
-        if not in_way:
+        in_way: dict[str, Any] = {} if served else dict(queueing.inline_ahead(seen, stale))
+        if not in_way and not served:
             ahead = queueing.entries_ahead(seen, ticket, stale)
             if ahead is None:
                 upto = queueing.upto_of(seen, ticket)
@@ -114,6 +117,9 @@ def acquire_steps(
                     return None
                 plan = _Plan(in_way=queueing.live_holders(seen, stale))
         if plan.how:
+            # A take of a slot in a permit row counts the row's fence up (the stored one plus
+            # one, learnt from the old row); a take that makes the row names one from the clock.
+            counted = plan.how in ("pop", "grow", "fence")
             fence = max(clock.new_fence(skew), seen.fence + 1)
             holder = table.holder_entry(user_id, now + lease_ms, fence, now, False, proc)
             terms = table.QueueTerms(
@@ -122,15 +128,16 @@ def acquire_steps(
                 mine=ticket,
                 qin=seen.qin,
                 qout=seen.qout,
+                served=served,
             )
             sent_mono = clock.monotonic()
             action = slots.take_slot(
                 resource,
                 how=plan.how,
-                fence=fence,
+                fence=None if counted else fence,
                 limit=sem.limit,
                 queue=terms,
-                slot=None,
+                slot=plan.slot if plan.how == "fence" else None,
                 seen_fence=seen.fence,
                 stale_ms=stale,
                 expires_ms=holder.expires_ms,
@@ -152,14 +159,35 @@ def acquire_steps(
                 yield Sleep(min(backoff(failures), max(0.05, deadline - clock.monotonic())))
                 continue
             before: table.LockItem = table.lock_item(dict(old or {"pk": resource}))
+            if counted:
+                fence = before.fence + 1
+                holder = dataclasses.replace(holder, fence=fence)
             slot = _slot_taken(plan, before)
-            seen = _after_take(before, resource, plan.how, fence, ticket, sem.limit)
+            seen = _after_take(before, resource, plan.how, fence, ticket, sem.limit, served)
             permit_held.remember(seen)
+            if (
+                not served
+                and ticket is not None
+                and seen.qin > ticket
+                and (seen.hints or (seen.hw or 0) < sem.limit)
+            ):
+                # Room for the next in line too: tell it now (before our permit's write: its
+                # take is of another slot) rather than at its next look.
+                yield Request(
+                    functools.partial(
+                        heirs.push_first,
+                        resource,
+                        dataclasses.replace(seen, entries=None),
+                        readers_only=False,
+                    )
+                )
             taken = yield from _hold_permit(
                 resource, slot, token, holder, stale, deadline, plan.dead
             )
             if not taken:
-                continue  # another holds that slot (a hint gone stale): plan again
+                # Another holds that slot (a hint gone stale): plan again, keeping our turn.
+                served = True
+                continue
             held = _held(
                 sem,
                 token,
@@ -172,17 +200,10 @@ def acquire_steps(
                 sent_mono,
                 seen.listed_s,
             )
-            if (
-                ticket is not None
-                and seen.qin > ticket
-                and (seen.hints or (seen.hw or 0) < sem.limit)
-            ):
-                # Room for the next in line too: tell it now rather than at its next look.
-                heirs.push_first(
-                    resource, dataclasses.replace(seen, entries=None), readers_only=False
-                )
             return held
-        # Busy: wait in the queue within the budget.
+        # Busy: wait in the queue within the budget (joining it again if our turn was had:
+        # its next take asks the queue again).
+        served = False
         view = dataclasses.replace(seen, holders={p.token: p.holder for p in scan.held})
         blocked = {resource: plan.in_way or view.holders}
         remaining = deadline - clock.monotonic()
@@ -281,9 +302,16 @@ def _slot_taken(plan: _Plan, before: table.LockItem) -> int:
 
 
 def _after_take(
-    before: table.LockItem, resource: str, how: str, fence: int, ticket: int | None, limit: int
+    before: table.LockItem,
+    resource: str,
+    how: str,
+    fence: int,
+    ticket: int | None,
+    limit: int,
+    served: bool = False,
 ) -> table.LockItem:
-    """The row as our take left it (from the row before it)."""
+    """The row as our take left it (from the row before it; ``served``: a take that left the
+    queue as it was)."""
     hints, hw = before.hints, before.hw or 0
     if how == "pop":
         hints = hints[1:]
@@ -291,9 +319,12 @@ def _after_take(
         hw += 1
     elif how in ("create", "reset"):
         hints, hw = (), 1
-    qout = (
-        ticket if ticket is not None else (before.qin if before.qin > before.qout else before.qout)
-    )
+    if served:
+        qout = before.qout
+    elif ticket is not None:
+        qout = ticket
+    else:
+        qout = before.qin if before.qin > before.qout else before.qout
     return dataclasses.replace(
         before,
         resource=resource,

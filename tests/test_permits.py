@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from dynasem import LockLost, SemaphoreBusy, operations, semaphore, table
+from dynasem import LockLost, SemaphoreBusy, operations, queueing, semaphore, table
 from dynasem.conf import settings
 from dynasem.table import permits as slots
 from tests.conftest import take
@@ -246,3 +246,75 @@ def test_a_permit_never_takes_a_fence_older_than_one_it_had(holds: list[Any]) ->
     slots.send(slots.take_permit("pool", slot, "late-token", fresh, stale_ms=now - 500))
     slots.send(slots.take_permit("pool", slot, "late-token", fresh, stale_ms=now - 500))  # a retry
     assert slot_of("late-token") == slot
+
+
+def test_takes_at_once_count_the_fence_up_instead_of_refusing_each_other(
+    holds: list[Any],
+) -> None:
+    """Two takes of hinted slots sent from the same view of the row: each gets a slot and the
+    next fence, where fences named by the takers (above the one they saw) would refuse the
+    slower one, and every take in flight on a busy row."""
+    held = [take(holds, "pool", limit=9) for _ in range(3)]
+    held[0].release()
+    held[1].release()
+    before = table.stored_item("pool")
+    assert before is not None
+    terms = table.QueueTerms()
+    stale_name = slots.take_slot(
+        "pool", how="pop", fence=int(before["fence"]), limit=9, queue=terms
+    )
+    with pytest.raises(table.Refused):
+        slots.send(stale_name)  # a fence not above the stored one: refused
+    olds = [
+        slots.send(slots.take_slot("pool", how="pop", fence=None, limit=9, queue=terms), old=True)
+        for _ in range(2)
+    ]
+    assert [int(o["fence"]) for o in olds] == [int(before["fence"]), int(before["fence"]) + 1]
+    assert sorted(int(o["hints"][0]) for o in olds) == sorted(h.slots["pool"] for h in held[:2])
+    after = table.stored_item("pool")
+    assert int(after["fence"]) == int(before["fence"]) + 2 and not after["hints"]
+    with pytest.raises(ValueError, match="names its fence"):
+        slots.take_slot("pool", how="create", fence=None, limit=9, queue=terms)
+
+
+def test_a_slot_found_by_reading_is_not_taken_past_its_hint(holds: list[Any]) -> None:
+    held = [take(holds, "pool", limit=9) for _ in range(2)]
+    held[0].release()
+    hinted = held[0].slots["pool"]
+    terms = table.QueueTerms()
+    with pytest.raises(table.Refused):
+        slots.send(
+            slots.take_slot("pool", how="fence", fence=None, slot=hinted, limit=9, queue=terms)
+        )
+    other = slots.take_slot("pool", how="fence", fence=None, slot=5, limit=9, queue=terms)
+    assert slots.send(other, old=True) is not None
+
+
+def test_a_waiter_sent_to_a_stale_hint_keeps_its_turn(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first waiter, pushed a release, pops a hint whose slot is held (its permit write is
+    refused): it takes the next hinted slot still first in line, not behind the waiter that
+    came after it. (Waiters look only when pushed, here.)"""
+    monkeypatch.setattr(queueing.Pace, "turn_in", lambda *a, **k: 20.0)
+    full = [take(holds, "pool", limit=9, lease=30) for _ in range(9)]
+    got: list[str] = []
+
+    def waiter(name: str) -> None:
+        with semaphore("pool", limit=9, wait=10, fair=True):
+            got.append(name)
+            time.sleep(0.05)
+
+    first = threading.Thread(target=waiter, args=("first",))
+    first.start()
+    time.sleep(0.3)
+    second = threading.Thread(target=waiter, args=("second",))
+    second.start()
+    time.sleep(0.3)
+    slots.send(slots.hint("pool", full[0].slots["pool"]))  # stale: that slot is held
+    full[1].release()  # its slot is hinted behind the stale one, and the first waiter pushed
+    first.join(5)
+    assert got == ["first"]
+    full[2].release()
+    second.join(5)
+    assert got == ["first", "second"]

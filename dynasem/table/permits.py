@@ -105,7 +105,7 @@ def take_slot(
     resource: str,
     *,
     how: str,
-    fence: int,
+    fence: int | None,
     limit: int,
     queue: QueueTerms,
     slot: int | None = None,
@@ -124,12 +124,25 @@ def take_slot(
     a transaction); ``"fence"`` only the fence, for a free slot found by reading the permits;
     ``"reset"`` another limit, slot 0 ours, when no permit was live (the row's fence as
     ``seen_fence``: no take came between).
-    Every one names the limit, and the queue's terms are those of any take."""
+    Every one names the limit, and the queue's terms are those of any take.
+
+    ``fence``: ours, above the stored one (the write is refused otherwise); None (a pop,
+    grow or fence take whose old row is returned): the stored fence plus one, ours without
+    a condition, so that takers of other slots at once do not refuse each other's fences
+    (each fence of a busy row would otherwise refuse every take in flight)."""
     names = dict(_NAMES)
-    values: dict[str, Any] = {":fence": fence, ":lim": limit}
-    sets = ["#fence = :fence"]
+    values: dict[str, Any] = {":lim": limit}
     removes: list[str] = []
-    conds = ["(attribute_not_exists(#fence) OR #fence < :fence)"]
+    if fence is None:
+        if how not in ("pop", "grow", "fence"):
+            raise ValueError(f"a {how!r} take names its fence")
+        sets = ["#fence = #fence + :inc"]
+        conds = ["attribute_exists(#fence)"]
+        values[":inc"] = 1
+    else:
+        sets = ["#fence = :fence"]
+        conds = ["(attribute_not_exists(#fence) OR #fence < :fence)"]
+        values[":fence"] = fence
     if how == "create":
         sets += [
             "#hw = :one",
@@ -185,7 +198,14 @@ def take_slot(
             sets += ["#hw = :one", "#hints = :none", "#lim = :lim"]
             conds.append("#fence = :seenFence")
             values.update({":one": 1, ":none": [], ":seenFence": seen_fence})
-        elif how != "fence":
+        elif how == "fence":
+            if slot is not None:
+                # Only a slot the row does not hint: a slot given back is hinted, and taken
+                # past its hint, that hint would later send a take to a slot held (two writes
+                # for nothing). Refused, we pop the hint instead.
+                conds.append("NOT contains(#hints, :slot)")
+                values[":slot"] = slot
+        else:
             raise ValueError(f"unknown take {how!r}")
     q_sets, q_removes, q_conds = _queue_clauses("", queue, names, values)
     sets += q_sets

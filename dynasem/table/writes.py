@@ -91,6 +91,8 @@ class QueueTerms:
     ``qout`` to it, conditional on ``qout`` being as seen: whoever was between was seen gone
     or dead); else, with ``qin`` > ``qout`` seen (every waiter seen gone or dead), the take
     passes them all, conditional on ``qin`` and ``qout`` as seen; else nobody may be waiting.
+    ``served``: an earlier write of this take had its turn already (it moved ``qout``, and
+    the slot it named proved taken): no term of the queue.
 
     The old inline queue (written by an earlier dynasem, honoured until it drains): ``evict``,
     dead entries (their lease end as seen) removed by this take; ``size``, the map's size seen
@@ -105,9 +107,11 @@ class QueueTerms:
         mine: int | None = None,
         qin: int = 0,
         qout: int = 0,
+        served: bool = False,
     ):
         self.evict, self.size = evict or {}, size
         self.mine, self.qin, self.qout = mine, qin, qout
+        self.served = served
 
 
 def _queue_clauses(
@@ -118,6 +122,8 @@ def _queue_clauses(
     sets: list[str] = []
     removes: list[str] = []
     conds: list[str] = []
+    if terms.served:
+        return sets, removes, conds
     if terms.mine is not None:
         conds.append("#qout = :sqout")
         sets.append("#qout = :mine")
