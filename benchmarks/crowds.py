@@ -1,7 +1,8 @@
 """Crowds: what one acquisition costs as the crowd on one resource grows.
 
     .venv/bin/python benchmarks/crowds.py [--limits 2 64 512] [--waiters 4 32 128]
-        [--cycles 20] [--per-waiter 4] [--async-crowd 10000] [--wall]
+        [--cycles 20] [--per-waiter 4] [--async-crowd 10000] [--counting-crowd 3:12]
+        [--wall]
 
 One process, one DynamoDB Local (``tests.settings``: ``LEASE`` 10 s, ``CLOCK_SKEW`` 0.5 s),
 capacity units as AWS bills them (``cost.Meter``: ``ReturnConsumedCapacity="INDEXES"``, a
@@ -13,6 +14,9 @@ tree it runs from:
 * ``W waiters``: W threads on one exclusive lock (``wait=60``), each taking it
   ``--per-waiter`` times and holding it 5 ms; per acquisition (the requests of every thread:
   a holder's release is its heir's hand-over).
+* ``--counting-crowd L:W``: W threads on a counting semaphore of L permits (``wait=120``),
+  each taking one ``--per-waiter`` times and holding it 20 ms; per acquisition, and the
+  share of the permits in use over the crowd's span.
 * ``--async-crowd N``: N coroutines queue at once on one exclusive lock (``wait=3600``),
   each holding it 1 ms; per acquisition, and how long the crowd took.
 * ``--wall``: holders of ``limit=6000`` (``lease=900``, short user ids) added one by one
@@ -112,6 +116,46 @@ def queued(meter: cost.Meter, waiters: int, per_waiter: int) -> dict[str, Any]:
     }
 
 
+def counting_queued(meter: cost.Meter, limit: int, waiters: int, per_waiter: int) -> dict[str, Any]:
+    """``waiters`` threads on one counting semaphore of ``limit`` (``wait=120``), each taking a
+    permit ``per_waiter`` times and holding it 20 ms: per acquisition, and the share of the
+    permits in use over the crowd's span (the holds' total time over ``limit`` x the span:
+    a queue that lets one waiter in at a time, or leaves freed permits idle, shows low)."""
+    from dynasem import semaphore
+
+    resource = common.new_name(f"counting-{limit}-{waiters}")
+    holds: list[tuple[float, float]] = []
+    lock = threading.Lock()
+    start = threading.Barrier(waiters)
+
+    def worker() -> None:
+        start.wait()
+        for _ in range(per_waiter):
+            with semaphore(resource, limit=limit, wait=120):
+                began = time.monotonic()
+                time.sleep(0.02)
+                with lock:
+                    holds.append((began, time.monotonic()))
+
+    threads = [threading.Thread(target=worker) for _ in range(waiters)]
+    with meter.measure() as units:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    n = max(1, len(holds))
+    span = max(e for _, e in holds) - min(b for b, _ in holds)
+    used = sum(e - b for b, e in holds) / (limit * span)
+    return {
+        "case": f"limit={limit}, {waiters} waiters, 20 ms holds: {used:.0%} of permits in use"
+        f" ({span:.1f} s)",
+        "wcu": units.wcu / n,
+        "rcu": units.rcu / n,
+        "requests": sum(units.requests.values()) / n,
+        "row": row_bytes(resource),
+    }
+
+
 def async_crowd(meter: cost.Meter, waiters: int) -> dict[str, Any]:
     """``waiters`` coroutines (one event loop, no thread each) queue at once on one exclusive
     lock, wait as long as it takes, and hold it 1 ms each: per acquisition, and how long the
@@ -184,6 +228,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-waiter", type=int, default=4)
     parser.add_argument("--wall", action="store_true")
     parser.add_argument(
+        "--counting-crowd",
+        nargs="*",
+        default=[],
+        metavar="LIMIT:WAITERS",
+        help="crowds of thread waiters on a counting semaphore, e.g. 3:12 16:64",
+    )
+    parser.add_argument(
         "--async-crowd", type=int, nargs="*", default=[], help="crowds of coroutine waiters"
     )
     args = parser.parse_args(argv)
@@ -203,6 +254,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{rows[-1]['case']}: done", flush=True)
         for waiters in args.waiters:
             rows.append(queued(meter, waiters, args.per_waiter))
+            print(f"{rows[-1]['case']}: done", flush=True)
+        for pair in args.counting_crowd:
+            limit, waiters = (int(x) for x in pair.split(":"))
+            rows.append(counting_queued(meter, limit, waiters, args.per_waiter))
             print(f"{rows[-1]['case']}: done", flush=True)
         for waiters in args.async_crowd:
             rows.append(async_crowd(meter, waiters))
