@@ -124,6 +124,11 @@ class Push(NamedTuple):
     sent_ms: int
 
 
+def _state(item: table.LockItem) -> tuple[int, int]:
+    """How far on a row is: its fence (every take draws a larger one), then its queue."""
+    return item.fence, item.qout
+
+
 class _Slot:
     """One waiter's mailbox: what it may be told, and what it was."""
 
@@ -161,11 +166,15 @@ class _Slot:
         self.left = False  # its waiter left the queue (see depart)
 
     def deliver(self, push: Push) -> bool:
-        """Hand ``push`` to the waiter; False if it has left (see :func:`depart`)."""
+        """Hand ``push`` to the waiter; False if it has left (see :func:`depart`). Of two
+        pushes not yet taken, the waiter gets the later state of the row (a larger fence, or
+        the queue further on), whichever arrived last: two holders releasing at once push
+        the same waiter, and the older state, arriving second, must not hide the newer."""
         with self.guard:
             if self.left:
                 return False
-            self.push = push
+            if self.push is None or _state(push.item) >= _state(self.push.item):
+                self.push = push
             self.event.set()
             waker, self.waker = self.waker, None
         if waker is not None:

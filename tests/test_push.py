@@ -239,6 +239,28 @@ def test_a_fresh_hand_over_push_is_taken_with_its_arrival(lock_table):
     assert before <= pushed.arrived <= time.monotonic() and pushed.sent_ms == now
 
 
+def test_of_two_pushes_waiting_the_later_state_is_taken_whatever_came_last(lock_table):
+    """Two holders release at once and both push the first waiter; the push of the older
+    state arrives second. The waiter must see the newer state (fence 9), not the older."""
+    token = "t-two"
+    target = _listening_slot("deploy:push", token)
+    slot = wakeup._listener.slots[token]
+    now = core.now_ms()
+    for fence in (9, 8):
+        _send(
+            target,
+            _hand_over(token, e_ms=now + 10_000, fence=fence, sent_ms=now, table_name=lock_table),
+        )
+        deadline = time.monotonic() + 5
+        while slot.push is None or slot.push.item.fence != 9:  # the first: accepted
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    time.sleep(0.2)  # the second (fence 8) has arrived and been weighed by now
+    pushed = wakeup.wait(token, 5, fence_above=0)
+    wakeup.forget(token)
+    assert pushed is not None and pushed.item.fence == 9
+
+
 def test_a_coroutine_awaiting_a_push_is_woken_through_its_event_loop(lock_table):
     """The push arrives while the coroutine awaits it (the listener thread resolves a future
     of its loop), or before it starts to (taken at once); with none it times out."""
