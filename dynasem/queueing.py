@@ -211,9 +211,14 @@ class Pace:
             # Free permits for us and every waiter ahead: our turn comes as soon as those
             # ahead took theirs (a write each). Look again within round trips, doubling
             # while nothing moves (a waiter ahead that died holds us up until its entry
-            # expires, which the doubling makes a few reads).
+            # expires, which the doubling makes a few reads). Pushed, we are told by the
+            # take just ahead of us (it pushes the next in line while permits are left):
+            # the look is a fallback, later, or every waiter within the free permits would
+            # read at each take ahead of it (a crowd's reads growing with the square of
+            # the permits freed at once).
+            fallback = step * (ahead + 1) * (4 if pushed and ahead else 1)
             self.until_free = step
-            return max(0.001, min(step * (ahead + 1) * 2.0 ** min(self.early, 8), 1.0))
+            return max(0.001, min(fallback * 2.0 ** min(self.early, 8), 1.0))
         if room or limit > 1:
             # Holders end one by one: the first release comes after the earliest take, and
             # the waiters ahead beyond the free permits are served ``limit`` a turn.

@@ -346,6 +346,8 @@ def test_turn_in_with_a_free_permit_for_us_looks_within_round_trips(frozen: int)
     assert looks[0] == pytest.approx(2 * pace.rtt)
     assert looks[1] == pytest.approx(2 * looks[0])
     assert max(looks) == 1.0
+    told = pace_of(seen).turn_in(seen, "me", 0.5, pushed=True, room=2, limit=3)
+    assert told == pytest.approx(4 * looks[0])  # the take ahead pushes us: a later fallback
 
 
 def test_turn_in_of_a_counting_semaphore_serves_limit_waiters_a_turn(frozen: int) -> None:
