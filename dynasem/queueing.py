@@ -535,7 +535,14 @@ def wait_in_queue(
             )
             if pushed is not None:
                 pushed_recently[resource] = clock.monotonic()
-                if token in pushed.item.holders and pace.queued_mono:
+                # Our turn, by push: handed the lock, or (a counting semaphore's waiter takes
+                # a permit itself) pushed as the next in line. How long a turn took.
+                our_turn = token in pushed.item.holders or (
+                    sem.limit > 1
+                    and pace.ticket is not None
+                    and pushed.item.qout >= pace.ticket - 1
+                )
+                if our_turn and pace.queued_mono:
                     took = (pushed_recently[resource] - pace.queued_mono) / pace.turns
                     before = turn_seconds.get(resource, took)
                     turn_seconds[resource] = (before + took) / 2
