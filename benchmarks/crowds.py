@@ -14,7 +14,8 @@ tree it runs from:
 * ``W waiters``: W threads on one exclusive lock (``wait=60``), each taking it
   ``--per-waiter`` times and holding it 5 ms; per acquisition (the requests of every thread:
   a holder's release is its heir's hand-over).
-* ``--counting-crowd L:W``: W threads on a counting semaphore of L permits (``wait=120``),
+* ``--counting-crowd L:W[:fair]``: W threads on a counting semaphore of L permits
+  (``wait=120``; ``fair``: every waiter queues, as a crowd does once a queue has formed),
   each taking one ``--per-waiter`` times and holding it 20 ms; per acquisition, and the
   share of the permits in use over the crowd's span.
 * ``--async-crowd N``: N coroutines queue at once on one exclusive lock (``wait=3600``),
@@ -116,7 +117,9 @@ def queued(meter: cost.Meter, waiters: int, per_waiter: int) -> dict[str, Any]:
     }
 
 
-def counting_queued(meter: cost.Meter, limit: int, waiters: int, per_waiter: int) -> dict[str, Any]:
+def counting_queued(
+    meter: cost.Meter, limit: int, waiters: int, per_waiter: int, fair: bool = False
+) -> dict[str, Any]:
     """``waiters`` threads on one counting semaphore of ``limit`` (``wait=120``), each taking a
     permit ``per_waiter`` times and holding it 20 ms: per acquisition, and the share of the
     permits in use over the crowd's span (the holds' total time over ``limit`` x the span:
@@ -131,7 +134,7 @@ def counting_queued(meter: cost.Meter, limit: int, waiters: int, per_waiter: int
     def worker() -> None:
         start.wait()
         for _ in range(per_waiter):
-            with semaphore(resource, limit=limit, wait=120):
+            with semaphore(resource, limit=limit, wait=120, fair=fair):
                 began = time.monotonic()
                 time.sleep(0.02)
                 with lock:
@@ -147,7 +150,8 @@ def counting_queued(meter: cost.Meter, limit: int, waiters: int, per_waiter: int
     span = max(e for _, e in holds) - min(b for b, _ in holds)
     used = sum(e - b for b, e in holds) / (limit * span)
     return {
-        "case": f"limit={limit}, {waiters} waiters, 20 ms holds: {used:.0%} of permits in use"
+        "case": f"limit={limit}, {waiters}{' fair' if fair else ''} waiters, 20 ms holds: "
+        f"{used:.0%} of permits in use"
         f" ({span:.1f} s)",
         "wcu": units.wcu / n,
         "rcu": units.rcu / n,
@@ -231,8 +235,8 @@ def main(argv: list[str] | None = None) -> int:
         "--counting-crowd",
         nargs="*",
         default=[],
-        metavar="LIMIT:WAITERS",
-        help="crowds of thread waiters on a counting semaphore, e.g. 3:12 16:64",
+        metavar="LIMIT:WAITERS[:fair]",
+        help="crowds of thread waiters on a counting semaphore, e.g. 3:12 16:64 16:64:fair",
     )
     parser.add_argument(
         "--async-crowd", type=int, nargs="*", default=[], help="crowds of coroutine waiters"
@@ -255,9 +259,10 @@ def main(argv: list[str] | None = None) -> int:
         for waiters in args.waiters:
             rows.append(queued(meter, waiters, args.per_waiter))
             print(f"{rows[-1]['case']}: done", flush=True)
-        for pair in args.counting_crowd:
-            limit, waiters = (int(x) for x in pair.split(":"))
-            rows.append(counting_queued(meter, limit, waiters, args.per_waiter))
+        for crowd in args.counting_crowd:
+            limit, waiters, *how = crowd.split(":")
+            fair = how == ["fair"]
+            rows.append(counting_queued(meter, int(limit), int(waiters), args.per_waiter, fair))
             print(f"{rows[-1]['case']}: done", flush=True)
         for waiters in args.async_crowd:
             rows.append(async_crowd(meter, waiters))
