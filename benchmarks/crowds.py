@@ -60,6 +60,17 @@ def row_bytes(resource: str) -> int:
     return len(json.dumps(item, separators=(",", ":")).encode())
 
 
+def run_threads(meter: cost.Meter, worker: Any, n: int) -> Any:
+    """``n`` threads running ``worker``, metered from their start to the last one's end."""
+    threads = [threading.Thread(target=worker) for _ in range(n)]
+    with meter.measure() as units:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    return units
+
+
 def counting(meter: cost.Meter, limit: int, cycles: int) -> dict[str, Any]:
     from dynasem import semaphore
 
@@ -101,12 +112,7 @@ def queued(meter: cost.Meter, waiters: int, per_waiter: int) -> dict[str, Any]:
                         biggest[0] = max(biggest[0], row_bytes(resource))
                 time.sleep(0.005)
 
-    threads = [threading.Thread(target=worker) for _ in range(waiters)]
-    with meter.measure() as units:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    units = run_threads(meter, worker, waiters)
     n = max(1, taken[0])
     return {
         "case": f"{waiters} waiters, 5 ms holds",
@@ -140,12 +146,7 @@ def counting_queued(
                 with lock:
                     holds.append((began, time.monotonic()))
 
-    threads = [threading.Thread(target=worker) for _ in range(waiters)]
-    with meter.measure() as units:
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+    units = run_threads(meter, worker, waiters)
     n = max(1, len(holds))
     span = max(e for _, e in holds) - min(b for b, _ in holds)
     used = sum(e - b for b, e in holds) / (limit * span)
