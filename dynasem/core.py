@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from . import clock, permits, planning, processes, queueing, table, transactions, wakeup
+from . import clock, fenced, permits, planning, processes, queueing, table, transactions, wakeup
 from .conf import settings
 from .decorators import Decoration, lock_callable
 from .drivers import Request, Sleep, Steps, Write, run_async, run_io, run_sync, withdraw
@@ -103,6 +103,7 @@ class Semaphore:
         on_commit: bool = True,
         using: str | None = None,
         max_hold: float | None = None,
+        fence_db: bool = False,
     ):
         self.resources: list[str] = [] if callable(resource) else check_resources(resource)
         self.limit = check_limit(limit, shared)
@@ -131,6 +132,12 @@ class Semaphore:
             if max_hold is None
             else check_seconds(max_hold, "max_hold", allow_zero=False, allow_inf=False)
         )
+        if not isinstance(fence_db, bool):
+            raise TypeError(f"fence_db must be True or False, not {fence_db!r}")
+        if fence_db:
+            fenced.check_fenceable(self.mode, resource)
+        # Each block runs in a transaction of `using` whose first statement writes the fence.
+        self.fence_db = fence_db
 
     @property
     def fair(self) -> bool:
@@ -476,12 +483,28 @@ class Semaphore:
     # -- context managers --------------------------------------------------------------------
 
     def __enter__(self) -> Held:
-        return enter(self, self.acquire())
+        held = enter(self, self.acquire())
+        if self.fence_db:
+            try:
+                fenced.begin(self, held, self.using)
+            except BaseException:
+                leave(forget_entered(self), True)
+                raise
+        return held
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        leave(forget_entered(self), exc_type is not None)
+        held = forget_entered(self)
+        if self.fence_db:
+            try:
+                fenced.end(self, held, exc_type, exc, tb)
+            except BaseException:
+                leave(held, True)
+                raise
+        leave(held, exc_type is not None)
 
     async def __aenter__(self) -> Held:
+        if self.fence_db:
+            raise fenced.no_async()
         return enter(self, await self.aacquire())
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -508,6 +531,7 @@ class Semaphore:
             on_commit=self.on_commit,
             using=self.using,
             max_hold=self.max_hold,
+            fence_db=self.fence_db,
         )
 
 
@@ -536,6 +560,7 @@ def semaphore(
     on_commit: bool = True,
     using: str | None = None,
     max_hold: float | None = None,
+    fence_db: bool = False,
 ) -> Semaphore:
     """A distributed semaphore on ``resource``: ``with``, ``async with``, ``.acquire()``, or
     ``@semaphore("key:{arg}")`` on a view. See API.md for every argument."""
@@ -551,4 +576,5 @@ def semaphore(
         on_commit=on_commit,
         using=using,
         max_hold=max_hold,
+        fence_db=fence_db,
     )

@@ -22,6 +22,7 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_asy
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.utils.functional import LazyObject
 
+from . import fenced
 from .exceptions import Picklable, SemaphoreBusy
 from .validation import MAX_RESOURCE_BYTES, utf8_size
 
@@ -344,6 +345,8 @@ def _refuse(func: Any) -> None:
 def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., Any]:
     """``func`` taking ``sem`` (with the call's resource) around every call."""
     _refuse(func)
+    if iscoroutinefunction(func) and getattr(sem, "fence_db", False):
+        raise fenced.no_async()
     keys = KeyMaker(sem.decoration.resource, func)
     on_busy = sem.decoration.on_busy
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from . import clock, heirs, table, transactions, wakeup
+from . import clock, fenced, heirs, table, transactions, wakeup
 from .drivers import run_io
 from .exceptions import LockLost, SemaphoreUnavailable
 from .heartbeat import Heartbeat
@@ -232,6 +232,13 @@ class Held:
             raise_item[resource] = False
             return True
         return False
+
+    def fence_transaction(self, using: str | None = None) -> None:
+        """Make the open transaction of ``using`` (the semaphore's ``using`` if None) refuse
+        to land after a newer holder's: writes this hold's fence first in it, kept locked
+        until it ends; raises :class:`LockLost` if a newer holder's fence is there. See
+        :mod:`dynasem.fenced`."""
+        fenced.fence_transaction(self, using if using is not None else self.semaphore.using)
 
     # -- releasing ---------------------------------------------------------------------------
 

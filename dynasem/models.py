@@ -34,3 +34,25 @@ class Job(models.Model):
 
     def __str__(self) -> str:
         return "run-once job"
+
+
+class Fence(models.Model):
+    """The newest fence written for a resource by a fenced transaction (dynasem.fenced).
+
+    One row per resource, written first in each fenced transaction of a hold and kept locked
+    until it ends: the database refuses a holder whose fence is older than the stored one."""
+
+    # A digest of the resource (fenced.row_key): a resource of up to 1 KB does not fit every
+    # database's primary key index.
+    digest = models.CharField(max_length=64, primary_key=True)
+    resource = models.TextField()
+    fence = models.BigIntegerField()
+
+    class Meta:
+        db_table = "dynasem_fence"
+        default_permissions = ()
+        verbose_name = "fence"
+        verbose_name_plural = "fences"
+
+    def __str__(self) -> str:
+        return f"{self.resource} fence {self.fence}"

@@ -1,0 +1,138 @@
+"""Transactions fenced by the database (dynasem/fenced.py) on SQLite, in one process: the
+fence row written first, a newer holder's fence refusing an older hold's transaction, and the
+refusals of what cannot be fenced. tests/test_fenced_postgres.py stalls real processes on
+PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import connections, transaction
+from django.db.transaction import TransactionManagementError
+
+from dynasem import LockLost, clock, semaphore
+from dynasem.fenced import row_key
+from dynasem.models import Fence
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def stored(resource: str) -> int | None:
+    row = Fence.objects.filter(digest=row_key(resource)).first()
+    return None if row is None else row.fence
+
+
+def test_a_fenced_block_writes_its_fence_first_and_commits_its_work(lock_table: str) -> None:
+    with semaphore("tbl:1", fence_db=True) as held:
+        assert connections["default"].in_atomic_block
+        assert stored("tbl:1") == held.fence
+        User.objects.create(username="rebuilt")
+    assert User.objects.filter(username="rebuilt").exists()
+    assert held.released
+    row = Fence.objects.get(digest=row_key("tbl:1"))
+    assert row.resource == "tbl:1" and row.fence == held.fence
+    with semaphore("tbl:1", fence_db=True) as newer:
+        assert stored("tbl:1") == newer.fence > held.fence
+
+
+def test_an_older_hold_is_refused_and_its_work_rolled_back(lock_table: str) -> None:
+    """The hold's fence is older than the stored one (a newer holder wrote it while this one
+    stalled): LockLost at the first statement, nothing of the block lands, the hold is lost."""
+    held = semaphore("tbl:2").acquire()
+    try:
+        Fence.objects.create(digest=row_key("tbl:2"), resource="tbl:2", fence=held.fence + 1)
+        with pytest.raises(LockLost, match=r"holds fence \d+ for it, newer than this hold's"):
+            with transaction.atomic():
+                User.objects.create(username="stale")
+                held.fence_transaction()
+        assert not User.objects.filter(username="stale").exists()
+        assert held.lost
+        assert stored("tbl:2") == held.fence + 1
+    finally:
+        with pytest.raises(LockLost):
+            held.release()
+
+
+def test_a_fenced_decorated_view_under_atomic_requests(lock_table: str, settings: Any) -> None:
+    calls: list[int] = []
+
+    @semaphore("tbl:{n}", fence_db=True)
+    def rebuild(n: int) -> int:
+        calls.append(n)
+        assert stored(f"tbl:{n}") is not None
+        return n
+
+    with transaction.atomic():  # as ATOMIC_REQUESTS wraps a view
+        assert rebuild(3) == 3
+    assert calls == [3] and stored("tbl:3") is not None
+
+
+@pytest.mark.reentry
+def test_a_nested_fenced_block_of_the_same_hold_writes_its_own_fence_again(
+    lock_table: str,
+) -> None:
+    with semaphore("tbl:4", fence_db=True) as outer:
+        with semaphore("tbl:4", fence_db=True) as inner:
+            assert inner.fence == outer.fence == stored("tbl:4")
+    assert outer.released
+
+
+def test_a_hold_past_its_deadline_rolls_back_at_the_end_of_its_block(lock_table: str) -> None:
+    with pytest.raises(LockLost):
+        with semaphore("tbl:5", fence_db=True) as held:
+            User.objects.create(username="late")
+            held._deadline = clock.monotonic() - 1  # stalled past its trusted lease
+    assert not User.objects.filter(username="late").exists()
+
+
+def test_the_block_raising_rolls_back_and_gives_back(lock_table: str) -> None:
+    with pytest.raises(ZeroDivisionError):
+        with semaphore("tbl:6", fence_db=True) as held:
+            User.objects.create(username="half")
+            1 / 0  # noqa: B018
+    assert not User.objects.filter(username="half").exists()
+    assert held.released
+
+
+def test_several_resources_are_fenced_in_one_order(lock_table: str) -> None:
+    with semaphore(["b", "a"], fence_db=True) as held:
+        assert {r: stored(r) for r in ("a", "b")} == held.fences
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"limit": 2}, ValueError, "fence_db needs an exclusive semaphore"),
+        ({"shared": True}, ValueError, "fence_db needs an exclusive semaphore"),
+        ({"fence_db": 1}, TypeError, "fence_db must be True or False"),
+    ],
+)
+def test_what_cannot_be_fenced_is_refused_at_once(
+    kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        semaphore("x", **{"fence_db": True, **kwargs})
+
+
+def test_outside_a_transaction_fence_transaction_is_refused(lock_table: str) -> None:
+    with semaphore("tbl:7") as held:
+        with pytest.raises(TransactionManagementError, match=r"inside transaction\.atomic"):
+            held.fence_transaction()
+    assert stored("tbl:7") is None
+
+
+def test_async_code_is_told_how_to_fence() -> None:
+    async def enter() -> None:
+        async with semaphore("x", fence_db=True):
+            pass
+
+    with pytest.raises(TypeError, match="sync_to_async"):
+        asyncio.run(enter())
+    with pytest.raises(TypeError, match="sync_to_async"):
+
+        @semaphore("x", fence_db=True)
+        async def view() -> None:
+            pass
