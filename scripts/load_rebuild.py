@@ -34,8 +34,6 @@ import http.client
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,6 +47,15 @@ from typing import Any
 from urllib.parse import urlencode
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from tests.servers import (  # noqa: E402 - after the checkout is importable
+    ServerUnavailable,
+    free_port,
+    postgresql,
+    stop,
+    wait_for_port,
+)
+
 PROJECTS = range(1, 6)  # example_project.projects.views.PROJECTS
 USER, PASSWORD = "load", "load-password"
 VARIANTS = {
@@ -58,101 +65,12 @@ VARIANTS = {
 }
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for_port(port: int, proc: subprocess.Popen[Any], what: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"load_rebuild: {what} exited with status {proc.returncode}")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
-            return
-        time.sleep(0.1)
-    raise SystemExit(f"load_rebuild: {what} did not listen on port {port} within {timeout:g} s")
-
-
-def stop(proc: subprocess.Popen[Any] | None) -> None:
-    if proc is not None and proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-# -- PostgreSQL ----------------------------------------------------------------------------------
-
-
-def postgres_bin() -> Path:
-    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-    if not found and os.geteuid() == 0 and shutil.which("apt-get"):
-        print("load_rebuild: apt-get install -y postgresql", flush=True)
-        subprocess.run(["apt-get", "install", "-y", "-q", "postgresql"], check=True)
-        found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-    if not found:
-        raise SystemExit("load_rebuild: PostgreSQL's initdb not found; apt-get install postgresql")
-    return found[-1].parent
-
-
-@contextlib.contextmanager
-def postgresql(workdir: Path) -> Iterator[str]:
-    """A throwaway cluster on a free port of 127.0.0.1; yields its DATABASE_URL."""
-    bindir = postgres_bin()
-    data, sockets = workdir / "pgdata", workdir / "pgsock"
-    data.mkdir()
-    sockets.mkdir()
-    as_user: list[str] = []
-    if os.geteuid() == 0:  # initdb and postgres refuse to run as root
-        as_user = ["runuser", "-u", "postgres", "--"]
-        os.chmod(workdir, 0o755)
-        shutil.chown(data, "postgres")
-        shutil.chown(sockets, "postgres")
-    subprocess.run(
-        [*as_user, str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust"],
-        check=True,
-        stdout=subprocess.DEVNULL,
-    )
-    port = free_port()
-    # Durable commits as in production (fsync on): a commit takes its real time, which is
-    # the window a lock given back before the commit leaves open.
-    server = [*as_user, str(bindir / "postgres"), "-D", str(data), "-p", str(port)]
-    proc = subprocess.Popen(
-        [*server, "-k", str(sockets), "-c", "listen_addresses=127.0.0.1"],
-        stdout=subprocess.DEVNULL,
-        stderr=open(workdir / "postgres.log", "w"),  # noqa: SIM115 - closed with the process
-    )
-    try:
-        wait_for_port(port, proc, "postgres", 30)
-        for _ in range(50):
-            ready = subprocess.run(
-                [str(bindir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)],
-                capture_output=True,
-            )
-            if ready.returncode == 0:
-                break
-            time.sleep(0.1)
-        subprocess.run(
-            [str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres",
-             "dynasem_load"],
-            check=True,
-        )  # fmt: skip
-        yield f"postgres://postgres@127.0.0.1:{port}/dynasem_load"
-    finally:
-        stop(proc)
-
-
 # -- the lock store ------------------------------------------------------------------------------
 
 
 @contextlib.contextmanager
 def lock_store(engine: str, workdir: Path) -> Iterator[str]:
     if engine == "dynamodb-local":
-        sys.path.insert(0, str(REPO))
         from tests.dynamodb_local import DynamoDBLocal
 
         with DynamoDBLocal() as ddb:
@@ -403,7 +321,6 @@ def main(argv: list[str] | None = None) -> int:
 
             import django
 
-            sys.path.insert(0, str(REPO))
             django.setup()
             clients = [Client(port) for _ in range(args.concurrency * len(PROJECTS))]
             for client in clients:
@@ -416,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
             print(report(all_figures, args))
             locked = [f for f in all_figures if f.variant == "locked"]
             return 1 if any(f.whole != f.states for f in locked) else 0
+    except ServerUnavailable as exc:
+        raise SystemExit(f"load_rebuild: {exc}") from None
     finally:
         stop(gunicorn)
         shutil.rmtree(workdir, ignore_errors=True)

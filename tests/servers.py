@@ -1,0 +1,109 @@
+"""Servers that tests and scripts start for themselves on a free port of 127.0.0.1 and stop
+again: a throwaway PostgreSQL cluster of Debian's packages (``initdb`` into a temporary folder,
+run as the ``postgres`` user when started as root; ``apt-get install postgresql`` first when
+started as root without it), and the helpers to wait for and stop any server process."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+class ServerUnavailable(RuntimeError):
+    """A server could not be installed or started here."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for_port(port: int, proc: subprocess.Popen[Any], what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServerUnavailable(f"{what} exited with status {proc.returncode}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.5):
+            return
+        time.sleep(0.1)
+    raise ServerUnavailable(f"{what} did not listen on port {port} within {timeout:g} s")
+
+
+def stop(proc: subprocess.Popen[Any] | None) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+# -- PostgreSQL ----------------------------------------------------------------------------------
+
+
+def postgres_bin() -> Path:
+    found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    if not found and os.geteuid() == 0 and shutil.which("apt-get"):
+        print("apt-get install -y postgresql", flush=True)
+        subprocess.run(["apt-get", "install", "-y", "-q", "postgresql"], check=True)
+        found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
+    if not found:
+        raise ServerUnavailable("PostgreSQL's initdb not found: apt-get install postgresql")
+    return found[-1].parent
+
+
+@contextlib.contextmanager
+def postgresql(workdir: Path, database: str = "dynasem_load") -> Iterator[str]:
+    """A throwaway cluster on a free port of 127.0.0.1; yields its DATABASE_URL."""
+    bindir = postgres_bin()
+    data, sockets = workdir / "pgdata", workdir / "pgsock"
+    data.mkdir()
+    sockets.mkdir()
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # initdb and postgres refuse to run as root
+        as_user = ["runuser", "-u", "postgres", "--"]
+        os.chmod(workdir, 0o755)
+        shutil.chown(data, "postgres")
+        shutil.chown(sockets, "postgres")
+    subprocess.run(
+        [*as_user, str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "-A", "trust"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
+    port = free_port()
+    # Durable commits as in production (fsync on): a commit takes its real time, which is
+    # the window a lock given back before the commit leaves open.
+    server = [*as_user, str(bindir / "postgres"), "-D", str(data), "-p", str(port)]
+    proc = subprocess.Popen(
+        [*server, "-k", str(sockets), "-c", "listen_addresses=127.0.0.1"],
+        stdout=subprocess.DEVNULL,
+        stderr=open(workdir / "postgres.log", "w"),  # noqa: SIM115 - closed with the process
+    )
+    try:
+        wait_for_port(port, proc, "postgres", 30)
+        for _ in range(50):
+            ready = subprocess.run(
+                [str(bindir / "pg_isready"), "-h", "127.0.0.1", "-p", str(port)],
+                capture_output=True,
+            )
+            if ready.returncode == 0:
+                break
+            time.sleep(0.1)
+        subprocess.run(
+            [str(bindir / "createdb"), "-h", "127.0.0.1", "-p", str(port), "-U", "postgres",
+             database],
+            check=True,
+        )  # fmt: skip
+        yield f"postgres://postgres@127.0.0.1:{port}/{database}"
+    finally:
+        stop(proc)
