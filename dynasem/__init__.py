@@ -9,6 +9,7 @@ from .decorators import resource_key  # noqa: E402
 from .entered import current_hold  # noqa: E402
 from .exceptions import (  # noqa: E402
     AlreadyDone,
+    Coalesced,
     LimitExceeded,
     LockLost,
     SemaphoreBusy,
@@ -22,6 +23,7 @@ from .shutdown import release_all  # noqa: E402
 
 __all__ = [
     "AlreadyDone",
+    "Coalesced",
     "Held",
     "Job",
     "LimitExceeded",

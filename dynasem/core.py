@@ -26,7 +26,18 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
-from . import clock, fenced, permits, planning, processes, queueing, table, transactions, wakeup
+from . import (
+    clock,
+    coalescing,
+    fenced,
+    permits,
+    planning,
+    processes,
+    queueing,
+    table,
+    transactions,
+    wakeup,
+)
 from .conf import settings
 from .decorators import Decoration, lock_callable
 from .drivers import Request, Sleep, Steps, Write, run_async, run_io, run_sync, withdraw
@@ -54,6 +65,7 @@ from .validation import (
     MODE_COUNTING,
     MODE_EXCLUSIVE,
     MODE_SHARED,
+    check_flag,
     check_lease,
     check_limit,
     check_resources,
@@ -104,6 +116,7 @@ class Semaphore:
         using: str | None = None,
         max_hold: float | None = None,
         fence_db: bool = False,
+        coalesce: bool = False,
     ):
         self.resources: list[str] = [] if callable(resource) else check_resources(resource)
         self.limit = check_limit(limit, shared)
@@ -122,9 +135,8 @@ class Semaphore:
                 "fair=True takes one resource: waiting in several queues at once could deadlock"
             )
         self._fair = fair
-        if not isinstance(on_commit, bool):
-            raise TypeError(f"on_commit must be True or False, not {on_commit!r}")
-        self.on_commit = on_commit  # give back after the transaction commits (transactions.py)
+        # Give back after the transaction commits (transactions.py).
+        self.on_commit = check_flag(on_commit, "on_commit")
         self.using = transactions.check_using(using)
         # Renewed for at most this long, then lost: a hung holder cannot keep it forever.
         self.max_hold = (
@@ -132,12 +144,14 @@ class Semaphore:
             if max_hold is None
             else check_seconds(max_hold, "max_hold", allow_zero=False, allow_inf=False)
         )
-        if not isinstance(fence_db, bool):
-            raise TypeError(f"fence_db must be True or False, not {fence_db!r}")
-        if fence_db:
-            fenced.check_fenceable(self.mode, resource)
         # Each block runs in a transaction of `using` whose first statement writes the fence.
+        if check_flag(fence_db, "fence_db"):
+            fenced.check_fenceable(self.mode, resource)
         self.fence_db = fence_db
+        # Busy: register as the next run, or return at once if one is registered.
+        if check_flag(coalesce, "coalesce"):
+            coalescing.check_coalescing(self.mode, resource, self.wait)
+        self.coalesce = coalesce
 
     @property
     def fair(self) -> bool:
@@ -171,7 +185,7 @@ class Semaphore:
 
     # -- acquiring ---------------------------------------------------------------------------
 
-    def _acquire_steps(self) -> Steps[Held]:
+    def _acquire_steps(self, wait_s: float | None = None) -> Steps[Held]:
         """The acquire loop as a generator of steps (a request to send, a pause: see
         :mod:`dynasem.drivers`), so one loop serves the sync and the async driver."""
         self._check_usable()
@@ -181,7 +195,7 @@ class Semaphore:
         inner = reentered(self)
         if inner is not None:
             return inner  # this thread or task holds it already: a nested acquire
-        lease, wait, skew = resolve_timing(self.lease, self.wait)
+        lease, wait, skew = resolve_timing(self.lease, self.wait if wait_s is None else wait_s)
         margin = (lease - skew) * CONFIRM_SHARE
         user_id, proc = user_id_of(self.user), processes.identity()
         token = uuid.uuid4().hex  # one token for every retry: it recognises our own writes
@@ -468,7 +482,10 @@ class Semaphore:
 
     def acquire(self) -> Held:
         """Take the semaphore (waiting up to ``wait``) and return the :class:`Held` hold."""
-        held = run_sync(self._acquire_steps())
+        if self.coalesce:
+            held = coalescing.acquire(self, lambda wait: run_sync(self._acquire_steps(wait)))
+        else:
+            held = run_sync(self._acquire_steps())
         remember_acquired(held)
         return held
 
@@ -476,7 +493,10 @@ class Semaphore:
         """``acquire()`` for async code: requests run in a thread of dynasem's own executor
         (never the event loop's default one); waits, pushed hand-overs included, are awaited
         on the loop and hold no thread."""
-        held = await run_async(self._acquire_steps())
+        if self.coalesce:
+            held = await coalescing.aacquire(self, lambda w: run_async(self._acquire_steps(w)))
+        else:
+            held = await run_async(self._acquire_steps())
         remember_acquired(held)
         return held
 
@@ -485,21 +505,13 @@ class Semaphore:
     def __enter__(self) -> Held:
         held = enter(self, self.acquire())
         if self.fence_db:
-            try:
-                fenced.begin(self, held, self.using)
-            except BaseException:
-                leave(forget_entered(self), True)
-                raise
+            fenced.begin(self, held, self.using, undo=lambda: leave(forget_entered(self), True))
         return held
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         held = forget_entered(self)
         if self.fence_db:
-            try:
-                fenced.end(self, held, exc_type, exc, tb)
-            except BaseException:
-                leave(held, True)
-                raise
+            fenced.end(self, held, exc_type, exc, tb, undo=lambda: leave(held, True))
         leave(held, exc_type is not None)
 
     async def __aenter__(self) -> Held:
@@ -532,6 +544,7 @@ class Semaphore:
             using=self.using,
             max_hold=self.max_hold,
             fence_db=self.fence_db,
+            coalesce=self.coalesce,
         )
 
 
@@ -561,6 +574,7 @@ def semaphore(
     using: str | None = None,
     max_hold: float | None = None,
     fence_db: bool = False,
+    coalesce: bool = False,
 ) -> Semaphore:
     """A distributed semaphore on ``resource``: ``with``, ``async with``, ``.acquire()``, or
     ``@semaphore("key:{arg}")`` on a view. See API.md for every argument."""
@@ -577,4 +591,5 @@ def semaphore(
         using=using,
         max_hold=max_hold,
         fence_db=fence_db,
+        coalesce=coalesce,
     )

@@ -23,7 +23,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.utils.functional import LazyObject
 
 from . import fenced
-from .exceptions import Picklable, SemaphoreBusy
+from .exceptions import Coalesced, Picklable, SemaphoreBusy
 from .validation import MAX_RESOURCE_BYTES, utf8_size
 
 logger = logging.getLogger("dynasem")
@@ -177,6 +177,31 @@ def bad_key_response(request: Any, exc: KeyTooLong) -> HttpResponse:
     )
 
 
+def coalesced_response(request: Any, exc: Coalesced) -> HttpResponse:
+    """HTTP 202 Accepted: the resource is busy and a run that starts after this request is
+    queued (``coalesce=True``), so this request's changes will be part of it."""
+    response = HttpResponse(
+        "Accepted: a run that starts after this request is queued; it includes this "
+        "request's changes.\n",
+        status=202,
+        content_type="text/plain; charset=utf-8",
+    )
+    logger.info(
+        "Accepted: %s: %r is busy and its next run is queued (by %r)",
+        str(getattr(request, "path", "-")).encode("unicode_escape").decode("ascii"),
+        exc.resource,
+        exc.next_user_id,
+        extra={
+            "status_code": response.status_code,
+            "request": request,
+            "resource": exc.resource,
+            "holder_user_id": exc.holder_user_id,
+            "next_user_id": exc.next_user_id,
+        },
+    )
+    return response
+
+
 def busy_response(request: Any, exc: SemaphoreBusy) -> HttpResponse:
     """HTTP 423 Locked with ``Retry-After``; says nothing about the holder's token.
 
@@ -184,7 +209,11 @@ def busy_response(request: Any, exc: SemaphoreBusy) -> HttpResponse:
     (``resource``, ``holder_user_id``, ``retry_after``, ``queue_position``,
     ``estimated_wait``, and ``status_code`` and ``request`` as Django's own request log
     has them), and marked as logged, so that Django's ``django.request`` does not log
-    this expected answer of a busy lock again as a WARNING per request."""
+    this expected answer of a busy lock again as a WARNING per request.
+
+    A coalescing semaphore's :class:`Coalesced` gets :func:`coalesced_response` instead."""
+    if isinstance(exc, Coalesced):
+        return coalesced_response(request, exc)
     response = HttpResponse(
         f"Locked: this resource is busy. Retry after {exc.retry_after} seconds.\n",
         status=423,

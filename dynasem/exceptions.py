@@ -66,6 +66,32 @@ class SemaphoreBusy(SemaphoreError):
         )
 
 
+class Coalesced(SemaphoreBusy):
+    """A coalescing semaphore (``coalesce=True``) was busy, and a next run is registered that
+    has not started yet: it starts after this call arrived, so this call's work is covered
+    by it and the call returns at once (a view answers 202 Accepted).
+
+    ``next_user_id`` is the next run's recorded user; the rest as in :class:`SemaphoreBusy`.
+    """
+
+    def __init__(
+        self,
+        resource: str,
+        retry_after: int,
+        holder_user_id: str | None = None,
+        next_user_id: str | None = None,
+    ):
+        super().__init__(resource, retry_after, holder_user_id)
+        self.next_user_id = next_user_id
+        self.args = (resource, self.retry_after, holder_user_id, next_user_id)
+
+    def __str__(self) -> str:
+        return (
+            f"{self.resource!r} is busy (held by {self.holder_user_id or 'unknown'}) and a run "
+            f"that starts after this call is queued (by {self.next_user_id or 'unknown'})"
+        )
+
+
 class LockLost(SemaphoreError):
     """The hold is no longer ours: its lease ran out or it was broken by an operator."""
 

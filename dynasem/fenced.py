@@ -26,6 +26,7 @@ own fence, and must not refuse one another.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
@@ -89,23 +90,37 @@ def fence_transaction(held: Any, using: str | None = None) -> None:
             raise LockLost(resource, reason)
 
 
-def begin(sem: object, held: Any, using: str | None) -> None:
+def begin(sem: object, held: Any, using: str | None, undo: Callable[[], None]) -> None:
     """A ``fence_db`` block's start: open ``transaction.atomic(using)`` (a savepoint inside
-    an open transaction) and write the fence first in it."""
-    block = transaction.atomic(using=using)
-    block.__enter__()
+    an open transaction) and write the fence first in it. On failure, ``undo()`` (give the
+    hold back) and raise."""
     try:
-        fence_transaction(held, using)
-    except BaseException as exc:
-        block.__exit__(type(exc), exc, exc.__traceback__)
+        block = transaction.atomic(using=using)
+        block.__enter__()
+        try:
+            fence_transaction(held, using)
+        except BaseException as exc:
+            block.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+    except BaseException:
+        undo()
         raise
     _opened.set((*_opened.get(), (id(sem), block)))
 
 
-def end(sem: object, held: Any, exc_type: Any, exc: Any, tb: Any) -> None:
+def end(sem: object, held: Any, exc_type: Any, exc: Any, tb: Any, undo: Callable[[], None]) -> None:
     """A ``fence_db`` block's end: its transaction commits (a savepoint is released), unless
     the block raised or the hold can no longer be trusted (then it rolls back and LockLost
-    is raised). The hold is given back after this, once the outermost transaction ends."""
+    is raised). The hold is given back after this, once the outermost transaction ends. If
+    this raises, ``undo()`` (give the hold back, the block having failed) ran first."""
+    try:
+        _end(sem, held, exc_type, exc, tb)
+    except BaseException:
+        undo()
+        raise
+
+
+def _end(sem: object, held: Any, exc_type: Any, exc: Any, tb: Any) -> None:
     stack = _opened.get()
     for i in range(len(stack) - 1, -1, -1):
         if stack[i][0] == id(sem):

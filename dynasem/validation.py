@@ -77,6 +77,13 @@ def check_resources(resource: Any) -> list[str]:
     return [check_resource(resource)]
 
 
+def check_flag(value: Any, name: str) -> bool:
+    """``value`` if it is True or False; a TypeError naming ``name`` otherwise."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, not {value!r}")
+    return value
+
+
 def check_seconds(value: Any, name: str, *, allow_zero: bool, allow_inf: bool) -> float:
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(

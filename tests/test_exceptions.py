@@ -16,6 +16,7 @@ import pytest
 import dynasem
 from dynasem import (
     AlreadyDone,
+    Coalesced,
     LimitExceeded,
     LockLost,
     SemaphoreBusy,
@@ -66,6 +67,7 @@ EXAMPLES: list[BaseException] = [
     SemaphoreBusy("tbl_issues:42", 3, "alice"),
     SemaphoreBusy("tbl_issues:42", 2, "alice", queue_position=4, estimated_wait=1.25),
     LockLost("tbl_issues:42", "its lease ran out"),
+    Coalesced("tbl_issues:42", 3, "alice", "bob"),
     SemaphoreUnavailable("DynamoDB timed out", transient=True, ambiguous=True),
     TableMissing("no table: run `manage.py dynasem_createtable`"),
     LimitExceeded("the item would exceed 400 KB", "item size"),
@@ -141,6 +143,7 @@ def test_every_exception_class_of_dynasem_is_tried() -> None:
 USER_FACING = [
     SemaphoreError("something went wrong"),
     SemaphoreBusy("tbl_issues:42", 2, "alice", queue_position=4, estimated_wait=1.25),
+    Coalesced("tbl_issues:42", 2, "alice", "bob"),
     LockLost("tbl_issues:42", "its lease ran out"),
     SemaphoreUnavailable("DynamoDB refused the request"),
     TableMissing("no table"),

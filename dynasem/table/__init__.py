@@ -24,6 +24,7 @@ from .client import (
     quick,
     reset_client,
 )
+from .nexts import NEXT_SK, get_next, register_next, renew_next, withdraw_next
 from .permits import with_permits
 from .schema import (
     create_table,
@@ -132,6 +133,7 @@ __all__ = [
     "FAILED",
     "JOB_SK",
     "LOCK_SK",
+    "NEXT_SK",
     "MAX_TRANSACTION",
     "RUNNING",
     "SHARDS",
@@ -157,6 +159,7 @@ __all__ = [
     "force_release",
     "get",
     "get_client",
+    "get_next",
     "give_back",
     "hand_over",
     "holder_entry",
@@ -171,6 +174,8 @@ __all__ = [
     "renew_hold",
     "renew_waiter",
     "quick",
+    "register_next",
+    "renew_next",
     "reset_client",
     "scan_jobs",
     "shard_of",
@@ -182,6 +187,7 @@ __all__ = [
     "ttl_status",
     "update",
     "wait_until_active",
+    "withdraw_next",
 ]
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,158 @@
+"""Coalesced re-runs (``semaphore(..., coalesce=True)``): at most one run going and one next.
+
+A purge-and-rebuild asked for N times while one runs needs neither N runs in turn nor N-1
+refusals, but one more run that starts after the last request arrived. So a busy caller:
+
+* registers as *the next run* with one conditional write of the resource's ``next`` item
+  (:mod:`dynasem.table.nexts`), then waits for the hold (``wait``) and runs; or
+* finding a next run registered that has not started yet, returns at once with
+  :class:`~dynasem.exceptions.Coalesced` (a view answers 202 Accepted): that run starts after
+  this call arrived, so it covers this call's work.
+
+"Has not started" is read from fences, in the write's own condition: a registration records
+the resource's fence as read after its caller arrived (``af``); every hold taken later has a
+larger fence. A caller reads the fence afresh (one consistent read) and registers on the
+condition that no registration's lease is running with ``af`` at least that fence. If the
+registered run took the lock since (or anyone did), the fence read is larger and the caller
+replaces it as the next; if not, the registered run is still to start, after this caller's
+read. A stale read only errs towards one run more, never one less.
+
+The registration has a lease, renewed by the heartbeat while the next run waits: a next
+runner that dies is replaced by the first busy caller after its lease (less CLOCK_SKEW) has
+passed. One that gives up (its ``wait`` ran out) or fails withdraws it. Exclusive semaphores
+of one resource only: "running" must mean one run.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from . import clock, heartbeat, table
+from .drivers import run_io
+from .exceptions import Coalesced, LockLost, SemaphoreBusy
+from .validation import MODE_EXCLUSIVE, resolve_timing, user_id_of
+
+logger = logging.getLogger("dynasem")
+_T = TypeVar("_T")
+
+__all__ = ["acquire", "aacquire", "check_coalescing", "Registration"]
+
+
+def check_coalescing(mode: str, resources: Any, wait: float | None) -> None:
+    """A ValueError unless semaphores like this can coalesce (at construction and again at
+    acquire, when a callable resource's keys are known and the WAIT setting is read)."""
+    if mode != MODE_EXCLUSIVE:
+        raise ValueError(
+            f"coalesce=True needs an exclusive semaphore (limit=1, shared=False), not a {mode} "
+            "one: a next run comes after the one run going"
+        )
+    if isinstance(resources, list | tuple) and len(resources) > 1:
+        raise ValueError(
+            f"coalesce=True takes one resource, not {len(resources)}: a next run is registered "
+            "per resource"
+        )
+    if wait == 0:
+        raise ValueError(
+            "coalesce=True needs a wait above 0 (wait=0, or DYNASEM['WAIT'] = 0 with wait=None):"
+            " the next run waits for the one going; e.g. wait=math.inf"
+        )
+
+
+class Registration:
+    """Our registration as the next run, while we wait: its lease renewed by the heartbeat
+    (which reads ``resource``, ``lease``, ``skew``, ``seconds_left``, ``renew`` and
+    ``check_deadline``, as of a hold)."""
+
+    def __init__(self, resource: str, token: str, lease: float, skew: float, sent: float):
+        self.resource = resource
+        self.token = token
+        self.lease = lease
+        self.skew = skew
+        self._deadline = sent + lease - skew
+        self._heartbeat = heartbeat.Heartbeat(self)
+        self._heartbeat.start()
+
+    def seconds_left(self) -> float:
+        return max(0.0, self._deadline - clock.monotonic())
+
+    def check_deadline(self) -> None:
+        """Nothing to declare: a registration that ran out is replaced, and we run anyway."""
+
+    def renew(self) -> None:
+        sent = clock.monotonic()
+        if not table.renew_next(self.resource, self.token, clock.now_ms() + int(self.lease * 1000)):
+            # Replaced: the fence moved on (someone took the lock meanwhile) or our lease ran
+            # out. We still run when our turn comes; the heartbeat stops here.
+            raise LockLost(self.resource, "replaced as the next run")
+        self._deadline = sent + self.lease - self.skew
+
+    def stop(self) -> None:
+        self._heartbeat.stop()
+
+    def withdraw(self) -> None:
+        self.stop()
+        try:
+            table.withdraw_next(self.resource, self.token)
+        except Exception:  # its lease ends it anyway
+            logger.warning("dynasem: could not withdraw the next run of %r", self.resource)
+
+
+def register(sem: Any, busy: SemaphoreBusy) -> Registration:
+    """Register as ``sem``'s next run after ``busy``, or raise :class:`Coalesced`."""
+    lease, wait, skew = resolve_timing(sem.lease, sem.wait)
+    check_coalescing(sem.mode, sem.resources, wait)
+    resource = sem.resources[0]
+    row = table.get(resource)  # consistent: the fence as it is now that we have arrived
+    token = uuid.uuid4().hex
+    sent, now = clock.monotonic(), clock.now_ms()
+    other = table.register_next(
+        resource,
+        token=token,
+        user_id=user_id_of(sem.user),
+        after_fence=row.fence if row is not None else 0,
+        until_ms=now + int(lease * 1000),
+        stale_ms=now - int(skew * 1000),
+    )
+    if other is not None:
+        logger.info("dynasem: %r is busy and its next run is registered: coalesced", resource)
+        raise Coalesced(resource, busy.retry_after, busy.holder_user_id, other)
+    logger.info("dynasem: %r is busy: registered as its next run", resource)
+    return Registration(resource, token, lease, skew, sent)
+
+
+def acquire(sem: Any, attempt: Callable[[float | None], _T]) -> _T:
+    """``sem``'s hold: at once if free, else as the next run; :class:`Coalesced` if there is
+    one. ``attempt(wait)`` acquires (``None``: the semaphore's own wait)."""
+    try:
+        return attempt(0)
+    except Coalesced:
+        raise
+    except SemaphoreBusy as busy:
+        registration = register(sem, busy)
+    try:
+        held = attempt(None)
+    except BaseException:
+        registration.withdraw()
+        raise
+    registration.stop()  # taken: its fence marks it as started; nothing to delete
+    return held
+
+
+async def aacquire(sem: Any, attempt: Callable[[float | None], Awaitable[_T]]) -> _T:
+    """:func:`acquire` for async code: the registration's requests in dynasem's executor."""
+    try:
+        return await attempt(0)
+    except Coalesced:
+        raise
+    except SemaphoreBusy as busy:
+        registration = await run_io(register, sem, busy)
+    try:
+        held = await attempt(None)
+    except BaseException:
+        await run_io(registration.withdraw)
+        raise
+    registration.stop()
+    return held

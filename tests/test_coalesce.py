@@ -1,0 +1,273 @@
+"""Coalesced re-runs (dynasem/coalescing.py): one run going, one next; every further busy
+caller returns at once because the next run starts after it arrived."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import threading
+import time
+from typing import Any
+
+import pytest
+from django.test import RequestFactory, override_settings
+
+from dynasem import Coalesced, SemaphoreBusy, semaphore, table
+from dynasem.testing import held_elsewhere
+from tests.conftest import RequestCounter, dynasem_settings
+from tests.test_races import SPAWN
+
+
+def registered(resource: str) -> dict[str, Any] | None:
+    return table.get_next(resource)
+
+
+def wait_until(check: Any, timeout: float = 10) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.02)
+    raise AssertionError("never happened")
+
+
+class NextRun(threading.Thread):
+    """A busy caller in a thread of its own: it becomes the next run, waits and runs."""
+
+    def __init__(self, resource: str, **kwargs: Any) -> None:
+        super().__init__(daemon=True)
+        self.resource, self.kwargs = resource, kwargs
+        self.ran_at: float | None = None
+        self.fence: int | None = None
+        self.error: BaseException | None = None
+        self.go_on = threading.Event()
+
+    def run(self) -> None:
+        try:
+            with semaphore(self.resource, coalesce=True, **self.kwargs) as held:
+                self.ran_at, self.fence = time.monotonic(), held.fence
+                self.go_on.wait(10)
+        except BaseException as exc:  # noqa: BLE001 - looked at by the test
+            self.error = exc
+
+
+def test_a_free_lock_is_taken_at_once_and_nothing_is_registered(
+    lock_table: str, requests_sent: RequestCounter
+) -> None:
+    with semaphore("rebuild:1", coalesce=True, wait=5):
+        pass
+    assert requests_sent.total == 2 and registered("rebuild:1") is None
+
+
+def test_one_next_run_and_every_further_busy_caller_coalesced(lock_table: str) -> None:
+    with held_elsewhere("rebuild:2") as running:
+        nxt = NextRun("rebuild:2", wait=30, user="next")
+        nxt.start()
+        wait_until(lambda: registered("rebuild:2"))
+        for _ in range(3):
+            started = time.monotonic()
+            with pytest.raises(Coalesced) as caught:
+                with semaphore("rebuild:2", coalesce=True, wait=30):
+                    pytest.fail("a coalesced call must not run")
+            assert time.monotonic() - started < 1.0  # at once, not after a wait
+            assert caught.value.next_user_id == "next"
+            assert "a run that starts after this call is queued" in str(caught.value)
+        assert nxt.ran_at is None
+    # The running one gave back: the next run goes.
+    wait_until(lambda: nxt.ran_at)
+    assert nxt.fence is not None and nxt.fence > running.fence
+    # Now that it runs, a busy caller is not covered by it: it becomes the next run itself.
+    after = NextRun("rebuild:2", wait=30, user="after")
+    after.start()
+    wait_until(lambda: (registered("rebuild:2") or {}).get("u") == "after")
+    nxt.go_on.set()
+    nxt.join(10)
+    wait_until(lambda: after.ran_at)
+    after.go_on.set()
+    after.join(10)
+    assert nxt.error is None and after.error is None
+
+
+def test_a_next_run_whose_wait_runs_out_withdraws_and_raises_busy(lock_table: str) -> None:
+    with held_elsewhere("rebuild:3"):
+        with pytest.raises(SemaphoreBusy) as caught:
+            with semaphore("rebuild:3", coalesce=True, wait=0.5):
+                pass
+        assert not isinstance(caught.value, Coalesced)
+        assert registered("rebuild:3") is None
+        # So the next busy caller becomes the next run (here: gives up too).
+        with pytest.raises(SemaphoreBusy) as again:
+            with semaphore("rebuild:3", coalesce=True, wait=0.2):
+                pass
+        assert not isinstance(again.value, Coalesced)
+
+
+def test_a_dead_next_runs_registration_is_replaced_after_its_lease(lock_table: str) -> None:
+    """A registration nobody renews (its caller died) stops counting after its lease and
+    CLOCK_SKEW (0.5 s here): the first busy caller after that is the next run."""
+    with held_elsewhere("rebuild:4") as running:
+        now = int(time.time() * 1000)
+        assert (
+            table.register_next(
+                "rebuild:4",
+                token="dead",
+                user_id="dead",
+                after_fence=running.fence,
+                until_ms=now + 300,
+                stale_ms=now,
+            )
+            is None
+        )
+        with pytest.raises(Coalesced):
+            with semaphore("rebuild:4", coalesce=True, wait=30):
+                pass
+        time.sleep(0.9)  # 0.3 s lease + 0.5 s CLOCK_SKEW passed
+        nxt = NextRun("rebuild:4", wait=30, user="replacement")
+        nxt.start()
+        wait_until(lambda: (registered("rebuild:4") or {}).get("u") == "replacement")
+    wait_until(lambda: nxt.ran_at)
+    nxt.go_on.set()
+    nxt.join(10)
+
+
+def _be_the_next_run(endpoint: str, table_name: str, resource: str, out: Any) -> None:
+    from tests.workers import setup_django
+
+    setup_django(endpoint, table_name)
+    with semaphore(resource, coalesce=True, wait=60, lease=2, user="doomed"):
+        out.put("ran")
+
+
+def test_a_next_runner_killed_while_waiting_is_replaced(
+    lock_table: str, dynamodb_local: str
+) -> None:
+    """A real process registered as the next run is killed (SIGKILL, no goodbye): until its
+    lease (2 s) is over, busy callers are coalesced; then the first is the next run."""
+    out = SPAWN.Queue()
+    with held_elsewhere("rebuild:5"):
+        proc = SPAWN.Process(
+            target=_be_the_next_run, args=(dynamodb_local, lock_table, "rebuild:5", out)
+        )
+        proc.start()
+        try:
+            wait_until(lambda: (registered("rebuild:5") or {}).get("u") == "doomed", 30)
+            time.sleep(2.5)  # renewed meanwhile: still the next run
+            with pytest.raises(Coalesced):
+                with semaphore("rebuild:5", coalesce=True, wait=30):
+                    pass
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.join()
+        killed_at = time.monotonic()
+        nxt = NextRun("rebuild:5", wait=30, user="replacement")
+        while True:  # coalesced until the dead one's lease is over, then registered
+            try:
+                with semaphore("rebuild:5", coalesce=True, wait=0.01):
+                    pytest.fail("busy all along")
+            except Coalesced:
+                assert time.monotonic() - killed_at < 2 + 0.5 + 1.0
+                time.sleep(0.1)
+            except SemaphoreBusy:  # was the next run, gave up at once, withdrew
+                break
+        nxt.start()
+        wait_until(lambda: (registered("rebuild:5") or {}).get("u") == "replacement")
+    wait_until(lambda: nxt.ran_at)
+    nxt.go_on.set()
+    nxt.join(10)
+    assert out.empty()  # the killed one never ran
+
+
+def test_a_coalescing_view_answers_202_and_a_function_raises_coalesced(lock_table: str) -> None:
+    @semaphore("rebuild:{n}", coalesce=True, wait=30)
+    def view(request: Any, n: int) -> Any:
+        pytest.fail("must not run")
+
+    @semaphore("rebuild:{n}", coalesce=True, wait=30)
+    def task(n: int) -> None:
+        pytest.fail("must not run")
+
+    with held_elsewhere("rebuild:6"):
+        nxt = NextRun("rebuild:6", wait=30)
+        nxt.start()
+        wait_until(lambda: registered("rebuild:6"))
+        response = view(RequestFactory().post("/rebuild/6/"), n=6)
+        assert response.status_code == 202
+        assert b"a run that starts after this request is queued" in response.content
+        with pytest.raises(Coalesced):
+            task(6)
+    wait_until(lambda: nxt.ran_at)
+    nxt.go_on.set()
+    nxt.join(10)
+
+
+def test_async_callers_coalesce_too(lock_table: str) -> None:
+    async def main() -> tuple[str, float]:
+        running = semaphore("rebuild:7")
+        held = await running.aacquire()
+        try:
+            ran: list[float] = []
+
+            async def next_run() -> None:
+                async with semaphore("rebuild:7", coalesce=True, wait=30):
+                    ran.append(time.monotonic())
+
+            nxt = asyncio.create_task(next_run())
+            while registered("rebuild:7") is None:
+                await asyncio.sleep(0.02)
+            try:
+                async with semaphore("rebuild:7", coalesce=True, wait=30):
+                    pass
+            except Coalesced as exc:
+                outcome = type(exc).__name__
+        finally:
+            await held.arelease()
+        await nxt
+        return outcome, ran[0]
+
+    outcome, _ = asyncio.run(main())
+    assert outcome == "Coalesced"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"limit": 2}, ValueError, "coalesce=True needs an exclusive semaphore"),
+        ({"shared": True}, ValueError, "coalesce=True needs an exclusive semaphore"),
+        ({"wait": 0}, ValueError, "needs a wait above 0"),
+        ({"coalesce": "yes"}, TypeError, "coalesce must be True or False"),
+    ],
+)
+def test_what_cannot_coalesce_is_refused_at_once(
+    kwargs: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        semaphore("x", **{"coalesce": True, **kwargs})
+    with pytest.raises(ValueError, match="takes one resource"):
+        semaphore(["a", "b"], coalesce=True, wait=1)
+
+
+def test_a_wait_of_zero_from_the_setting_is_refused_when_busy(lock_table: str) -> None:
+    """wait=None reads DYNASEM['WAIT'] (0 in these tests) at acquire: a free lock is taken,
+    a busy one cannot wait as the next run and says so, registering nothing."""
+    with semaphore("rebuild:8", coalesce=True):
+        pass
+    with held_elsewhere("rebuild:8"):
+        with pytest.raises(ValueError, match="needs a wait above 0"):
+            with semaphore("rebuild:8", coalesce=True):
+                pass
+    assert registered("rebuild:8") is None
+
+
+def test_the_registration_is_a_small_item_in_no_index(lock_table: str, dynamodb_local: str) -> None:
+    with override_settings(DYNASEM=dynasem_settings(dynamodb_local, lock_table)):
+        with held_elsewhere("rebuild:9"):
+            nxt = NextRun("rebuild:9", wait=30)
+            nxt.start()
+            item = wait_until(lambda: registered("rebuild:9"))
+            assert "userId" not in item and "shard" not in item
+            assert set(item) == {"pk", "sk", "k", "u", "af", "un", "expires"}
+        wait_until(lambda: nxt.ran_at)
+        nxt.go_on.set()
+        nxt.join(10)
