@@ -30,9 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import http.client
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -43,21 +41,13 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-from urllib.parse import urlencode
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from tests.servers import (  # noqa: E402 - after the checkout is importable
-    ServerUnavailable,
-    free_port,
-    postgresql,
-    stop,
-    wait_for_port,
-)
+from tests.example_server import Client, example_env, example_project  # noqa: E402
+from tests.servers import ServerUnavailable, postgresql, stop  # noqa: E402
 
 PROJECTS = range(1, 6)  # example_project.projects.views.PROJECTS
-USER, PASSWORD = "load", "load-password"
 VARIANTS = {
     "locked": "rebuild",
     "released-before-commit": "rebuild-released-before-commit",
@@ -92,62 +82,6 @@ def lock_store(engine: str, workdir: Path) -> Iterator[str]:
 
 
 # -- HTTP ----------------------------------------------------------------------------------------
-
-
-class Client:
-    """A logged-in session of the example project (cookies and CSRF token by hand)."""
-
-    def __init__(self, port: int) -> None:
-        self.port = port
-        self.cookies: dict[str, str] = {}
-
-    def request(
-        self, method: str, path: str, body: str = "", headers: dict[str, str] | None = None
-    ) -> tuple[int, bytes]:
-        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=180)
-        try:
-            all_headers = {
-                "Cookie": "; ".join(f"{k}={v}" for k, v in self.cookies.items()),
-                **(headers or {}),
-            }
-            conn.request(method, path, body=body, headers=all_headers)
-            response = conn.getresponse()
-            for header, value in response.getheaders():
-                if header.lower() == "set-cookie":
-                    name, _, rest = value.partition("=")
-                    self.cookies[name.strip()] = rest.split(";", 1)[0]
-            return response.status, response.read()
-        finally:
-            conn.close()
-
-    def login(self) -> None:
-        status, page = self.request("GET", "/accounts/login/")
-        match = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', page)
-        if status != 200 or match is None:
-            raise SystemExit(f"load_rebuild: the login page answered {status}")
-        form = urlencode(
-            {"username": USER, "password": PASSWORD, "csrfmiddlewaretoken": match[1].decode()}
-        )
-        status, _ = self.request(
-            "POST",
-            "/accounts/login/",
-            form,
-            {"Content-Type": "application/x-www-form-urlencoded"},
-        )
-        if status != 302 or "sessionid" not in self.cookies:
-            raise SystemExit(f"load_rebuild: logging in answered {status}")
-
-    def rebuild(self, url_name: str, project: int) -> int:
-        status, _ = self.request(
-            "POST",
-            f"/projects/{project}/{url_name}/",
-            headers={
-                "X-CSRFToken": self.cookies["csrftoken"],
-                "Accept": "application/json",
-                "Content-Length": "0",
-            },
-        )
-        return status
 
 
 # -- the load ------------------------------------------------------------------------------------
@@ -278,46 +212,21 @@ def main(argv: list[str] | None = None) -> int:
             ) from None
 
     workdir = Path(tempfile.mkdtemp(prefix="dynasem-load-"))
-    gunicorn: subprocess.Popen[Any] | None = None
     try:
-        with postgresql(workdir) as database_url, lock_store(args.engine, workdir) as endpoint:
-            env = {
-                **os.environ,
-                "DJANGO_SETTINGS_MODULE": "example_project.settings",
-                "DATABASE_URL": database_url,
-                "DJANGO_ATOMIC_REQUESTS": "true",
-                "DJANGO_DEBUG": "false",
-                "DYNASEM_ENDPOINT_URL": endpoint,
-                "DYNASEM_TABLE_NAME": "dynasem-load",
-                "DYNASEM_LOG_LEVEL": "WARNING",
-                "DEMO_LOG_LEVEL": "WARNING",
-                "DEMO_REBUILD_SECONDS": str(args.fetch),
-                "DEMO_ISSUES_PER_PROJECT": str(args.rows),
-                "DEMO_REBUILD_WAIT": str(args.wait),
-                "DEMO_LOAD_VARIANTS": "true",
-                "AWS_ACCESS_KEY_ID": os.environ.get("AWS_ACCESS_KEY_ID", "load"),
-                "AWS_SECRET_ACCESS_KEY": os.environ.get("AWS_SECRET_ACCESS_KEY", "load"),
-                "AWS_DEFAULT_REGION": "us-east-1",
-            }
-            os.environ.update(env)  # this process reads the same database to check it
-            manage = [sys.executable, str(REPO / "manage.py")]
-            subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], env=env, check=True)
-            subprocess.run([*manage, "dynasem_createtable", "--wait"], env=env, check=True)
-            subprocess.run(
-                [*manage, "shell", "-v", "0", "-c",
-                 "from django.contrib.auth.models import User; "
-                 f"User.objects.create_user({USER!r}, password={PASSWORD!r})"],
-                env=env, check=True,
-            )  # fmt: skip
-            port = free_port()
-            server = [sys.executable, "-m", "gunicorn", "example_project.wsgi:application"]
-            gunicorn = subprocess.Popen(
-                [*server, "--workers", str(args.workers), "--bind", f"127.0.0.1:{port}"]
-                + ["--timeout", "300", "--log-level", "warning"],
-                cwd=REPO,
-                env=env,
+        with contextlib.ExitStack() as stack:
+            database_url = stack.enter_context(postgresql(workdir))
+            endpoint = stack.enter_context(lock_store(args.engine, workdir))
+            env = example_env(
+                database_url,
+                endpoint,
+                "dynasem-load",
+                DEMO_REBUILD_SECONDS=args.fetch,
+                DEMO_ISSUES_PER_PROJECT=args.rows,
+                DEMO_REBUILD_WAIT=args.wait,
+                DEMO_LOAD_VARIANTS="true",
             )
-            wait_for_port(port, gunicorn, "gunicorn", 60)
+            os.environ.update(env)  # this process reads the same database to check it
+            port = stack.enter_context(example_project(env, workers=args.workers))
 
             import django
 
@@ -336,7 +245,6 @@ def main(argv: list[str] | None = None) -> int:
     except ServerUnavailable as exc:
         raise SystemExit(f"load_rebuild: {exc}") from None
     finally:
-        stop(gunicorn)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
