@@ -124,6 +124,9 @@ DEMO_ISSUES_PER_PROJECT = env.int("DEMO_ISSUES_PER_PROJECT", default=50)
 DEMO_REBUILD_WAIT = env.float("DEMO_REBUILD_WAIT", default=0)
 # Also serve the two variants the load script compares against (scripts/load_rebuild.py):
 # a rebuild without any lock, and one whose lock is given back before its commit.
+# How long the coalesced rebuild's next run waits for the one going (it must wait: a request
+# answered 202 counts on it).
+DEMO_COALESCED_WAIT = env.float("DEMO_COALESCED_WAIT", default=300)
 DEMO_LOAD_VARIANTS = env.bool("DEMO_LOAD_VARIANTS", default=False)
 
 LOGGING = {

@@ -21,6 +21,11 @@ urlpatterns = [
         views.purge_and_rebuild_with_fence,
         name="rebuild-with-fence",
     ),
+    path(
+        "projects/<int:project_id>/rebuild-coalesced/",
+        views.purge_and_rebuild_coalesced,
+        name="rebuild-coalesced",
+    ),
     # Served only with DEMO_LOAD_VARIANTS=true (scripts/load_rebuild.py).
     path(
         "projects/<int:project_id>/rebuild-unlocked/",

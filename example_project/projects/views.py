@@ -15,6 +15,11 @@ Three ways to take that lock; all name the same resource, so they also exclude e
 2. ``PurgeAndRebuildView``: the same decorator on a class-based view, via ``method_decorator``.
 3. ``purge_and_rebuild_with_fence``: ``with semaphore(...) as held`` inside the view, for when
    the view wants to answer "busy" itself.
+4. ``purge_and_rebuild_coalesced``: a burst of requests gets one rebuild going and one after
+   it (``coalesce=True``): the request that finds the lock busy first waits and runs next;
+   every later one answers 202 Accepted at once, covered by that next rebuild, which starts
+   after it arrived. Its transaction is fenced by the database (``fence_db=True``): a rebuild
+   stalled past its lease cannot commit over the next one's.
 
 Every variant reaches its hold (``current_hold()``): ``held.fence`` grows with every holder;
 hand it to the storage you write to so that it can refuse a writer whose lease has run out.
@@ -120,6 +125,16 @@ def purge_and_rebuild_with_fence(request: HttpRequest, project_id: int) -> HttpR
         )
         response["Retry-After"] = str(busy.retry_after)
         return response
+
+
+# 4. Coalesced and fenced: at most one rebuild going and one next; the database refuses a stale
+#    holder's transaction (dynasem_fence, written first in the request's transaction).
+@require_POST
+@login_required
+@semaphore(RESOURCE, wait=settings.DEMO_COALESCED_WAIT, coalesce=True, fence_db=True)
+def purge_and_rebuild_coalesced(request: HttpRequest, project_id: int) -> HttpResponse:
+    """Rebuild one project's issues; a burst of requests gets at most two rebuilds."""
+    return _rebuild(request, project_id, variant="coalesced")
 
 
 # What the load script compares against, served only with DEMO_LOAD_VARIANTS: the same
