@@ -170,7 +170,7 @@ def _row(name: str, units: Units, per: float = 1.0) -> dict[str, Any]:
 def dynasem_scenarios(meter: Meter, endpoint: str) -> tuple[list[dict[str, Any]], dict[str, Units]]:
     from django.core.management import call_command
 
-    from dynasem import SemaphoreBusy, operations, run_once, semaphore, table
+    from dynasem import Coalesced, SemaphoreBusy, operations, run_once, semaphore, table
     from dynasem.conf import settings
 
     meter.attach(table.get_client())
@@ -285,6 +285,37 @@ def dynasem_scenarios(meter: Meter, endpoint: str) -> tuple[list[dict[str, Any]]
     with meter.measure() as u, run_once("c:job", user="alice"):
         pass
     record("run_once: claim + DONE", u)
+
+    # Coalescing (coalesce=True): a burst while one run goes.
+    running = semaphore("c:co", user="alice").acquire()
+    ran = threading.Event()
+
+    def next_run() -> None:
+        with semaphore("c:co", user="bob", wait=30, coalesce=True, fair=True):
+            ran.set()
+
+    with meter.measure() as u:
+        nxt = threading.Thread(target=next_run)
+        nxt.start()
+        deadline = time.monotonic() + 10
+        while "qin" not in looker.get_item(
+            TableName=settings.TABLE_NAME, Key={"pk": {"S": "c:co"}, "sk": {"S": table.LOCK_SK}}
+        ).get("Item", {}):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the next run never queued")
+            time.sleep(0.02)
+        time.sleep(0.3)
+    record("coalesce: the next run (refused take, fence read, registration, joins the queue)", u)
+    with meter.measure() as u, contextlib.suppress(Coalesced):
+        common.apart(semaphore("c:co", user="carol", wait=30, coalesce=True))
+    record(
+        "coalesce: a further busy caller, answered at once (Coalesced, 202; any paced look "
+        "of the waiting next run counted)",
+        u,
+    )
+    running.release()
+    ran.wait(10)
+    nxt.join(10)
 
     # Reaping: rows released long enough ago, one Query page per shard plus one write each.
     n = 50

@@ -179,6 +179,28 @@ def test_a_next_runner_killed_while_waiting_is_replaced(
     assert out.empty()  # the killed one never ran
 
 
+def test_a_coalesced_caller_costs_three_requests(
+    lock_table: str, requests_sent: RequestCounter
+) -> None:
+    """The refused take, the fence read, the refused registration: nothing else."""
+    with held_elsewhere("rebuild:10") as running:
+        now = int(time.time() * 1000)
+        # A next run registered (by hand: no waiting thread sending requests meanwhile).
+        table.register_next(
+            "rebuild:10",
+            token="t",
+            user_id="next",
+            after_fence=running.fence,
+            until_ms=now + 60_000,
+            stale_ms=now,
+        )
+        requests_sent.reset()
+        with pytest.raises(Coalesced):
+            with semaphore("rebuild:10", coalesce=True, wait=30):
+                pass
+        assert requests_sent.calls == {"UpdateItem": 1, "GetItem": 1, "PutItem": 1}
+
+
 def test_a_coalescing_view_answers_202_and_a_function_raises_coalesced(lock_table: str) -> None:
     @semaphore("rebuild:{n}", coalesce=True, wait=30)
     def view(request: Any, n: int) -> Any:

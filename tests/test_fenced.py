@@ -16,6 +16,7 @@ from django.db.transaction import TransactionManagementError
 from dynasem import LockLost, clock, semaphore
 from dynasem.fenced import row_key
 from dynasem.models import Fence
+from tests.conftest import RequestCounter
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -136,3 +137,13 @@ def test_async_code_is_told_how_to_fence() -> None:
         @semaphore("x", fence_db=True)
         async def view() -> None:
             pass
+
+
+def test_a_fenced_block_sends_no_extra_dynamodb_request(
+    lock_table: str, requests_sent: RequestCounter
+) -> None:
+    """The fence goes to the database only: an uncontended fenced hold is the plain
+    acquire + release."""
+    with semaphore("tbl:8", fence_db=True):
+        pass
+    assert requests_sent.total == 2
