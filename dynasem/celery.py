@@ -17,9 +17,9 @@ Celery is imported only when a task is refused, never by importing this module
 from __future__ import annotations
 
 import sys
-from typing import Any, NoReturn
+from typing import Any
 
-from .exceptions import SemaphoreBusy
+from .exceptions import Coalesced, SemaphoreBusy
 from .retrying import MAX_JITTER, retry_delay
 
 # Retries of one task before the busy error is its failure. Not Celery's max_retries (3 by
@@ -41,7 +41,9 @@ class RetryLater:
     ``@shared_task(max_retries=None)`` with ``RetryLater(max_retries=None)`` retries until
     the lock is free. Works for bound tasks (``bind=True``) and unbound ones; outside a
     running task (a task called as a function, a plain function) it raises the
-    ``SemaphoreBusy``, as if there were no ``on_busy``.
+    ``SemaphoreBusy``, as if there were no ``on_busy``. A ``Coalesced`` refusal
+    (``coalesce=True``) is not retried: the task returns None, its work covered by the next
+    run, which starts after it.
     """
 
     __slots__ = ("max_jitter", "max_retries")
@@ -54,7 +56,9 @@ class RetryLater:
         self.max_retries = max_retries
         self.max_jitter = float(max_jitter)
 
-    def __call__(self, exc: SemaphoreBusy, *args: Any, **kwargs: Any) -> NoReturn:
+    def __call__(self, exc: SemaphoreBusy, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(exc, Coalesced):
+            return None  # coalesce=True: the next run, queued after this task began, covers it
         task = running_task(args)
         if task is None:
             raise exc

@@ -23,7 +23,7 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction
 from django.utils import timezone
 
-from .exceptions import SemaphoreBusy
+from .exceptions import Coalesced, SemaphoreBusy
 from .retrying import retry_delay
 
 
@@ -39,8 +39,11 @@ def retry_later(exc: SemaphoreBusy, *args: Any, **kwargs: Any) -> Any:
     (``supports_defer`` false, such as ``ImmediateBackend``) enqueues nothing: the busy error
     is the task's failure, with a note saying why. django.tasks keeps no count across
     enqueues, so the task is enqueued again each time it is refused, until it gets the lock.
-    An async task enqueues with ``aenqueue``.
+    An async task enqueues with ``aenqueue``. A ``Coalesced`` refusal (``coalesce=True``)
+    is not enqueued again: the task returns None, its work covered by the next run.
     """
+    if isinstance(exc, Coalesced):
+        return None
     from django.tasks import TaskContext
 
     context = args[0] if args else None

@@ -293,3 +293,14 @@ def test_the_registration_is_a_small_item_in_no_index(lock_table: str, dynamodb_
         wait_until(lambda: nxt.ran_at)
         nxt.go_on.set()
         nxt.join(10)
+
+
+def test_a_coalesced_task_is_not_retried_it_is_covered() -> None:
+    """retry_later (Celery's and django.tasks') lets a coalesced task end (None): the next
+    run covers it; retrying would run it again for nothing."""
+    from dynasem.celery import retry_later as celery_retry_later
+    from dynasem.django_tasks import retry_later as tasks_retry_later
+
+    coalesced = Coalesced("rebuild:1", 2, "alice", "bob")
+    assert celery_retry_later(coalesced, None) is None
+    assert tasks_retry_later(coalesced) is None
