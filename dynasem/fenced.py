@@ -30,7 +30,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, IntegrityError, connections, transaction
 from django.db.transaction import TransactionManagementError
 
 from .exceptions import LockLost
@@ -151,6 +151,18 @@ def no_async() -> TypeError:
 def _write(connection: Any, alias: str, resource: str, fence: int) -> bool:
     """The conditional upsert: True if the row now holds ``fence`` (locked until our
     transaction ends), False if it holds a larger one."""
+    try:
+        return _upsert(connection, alias, resource, fence)
+    except DatabaseError as exc:
+        if TABLE in str(exc):  # "no such table", "relation ... does not exist"
+            exc.add_note(
+                f"dynasem: fenced transactions need the {TABLE} table of database {alias!r}: "
+                f"run `manage.py migrate dynasem --database {alias}`"
+            )
+        raise
+
+
+def _upsert(connection: Any, alias: str, resource: str, fence: int) -> bool:
     key = row_key(resource)
     table = connection.ops.quote_name(TABLE)
     with connection.cursor() as cursor:

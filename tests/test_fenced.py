@@ -147,3 +147,18 @@ def test_a_fenced_block_sends_no_extra_dynamodb_request(
     with semaphore("tbl:8", fence_db=True):
         pass
     assert requests_sent.total == 2
+
+
+def test_a_missing_fence_table_says_to_migrate(lock_table: str) -> None:
+    from django.db import DatabaseError, connection
+
+    with connection.schema_editor() as editor:
+        editor.delete_model(Fence)
+    try:
+        with pytest.raises(DatabaseError) as caught:
+            with semaphore("tbl:9", fence_db=True):
+                pass
+        assert "run `manage.py migrate dynasem --database default`" in caught.value.__notes__[0]
+    finally:
+        with connection.schema_editor() as editor:
+            editor.create_model(Fence)
