@@ -3,7 +3,7 @@
 #   make test PYTEST_ARGS="-k fence -x"
 #   make test-embedded PYTEST_ARGS="-x"
 #   make matrix NOX_ARGS="-R"             # reuse the sessions' venvs
-.PHONY: venv test test-embedded test-permits demo lint matrix dist wheel-check sdist-check clean distclean
+.PHONY: venv test test-embedded test-permits demo lead-demo lint matrix dist wheel-check sdist-check clean distclean
 
 PYTHON_VENV := .venv/bin/python
 PYTEST_ARGS ?=
@@ -14,7 +14,7 @@ venv:
 
 # The full suite on the newest (Python, Django) pair, in .venv.
 test: venv
-	$(PYTHON_VENV) -m pytest $(PYTEST_ARGS)
+	$(PYTHON_VENV) -m pytest --durations=25 $(PYTEST_ARGS)
 
 # The behaviour tests again, on dynasem.testing's embedded engine (moto, one request at a
 # time) instead of DynamoDB Local: the engine users' own test suites get must answer as
@@ -39,6 +39,10 @@ test-permits: venv
 
 demo: venv
 	bash scripts/demo.sh
+
+# Leader election watched: two dynasem_lead processes, one scheduler at a time, a failover.
+lead-demo: venv
+	$(PYTHON_VENV) scripts/lead_demo.py
 
 lint: venv
 	$(PYTHON_VENV) -m ruff check .

@@ -18,6 +18,7 @@ from .exceptions import (  # noqa: E402
     TableMissing,
 )
 from .held import Held  # noqa: E402
+from .leadership import Lead, leadership  # noqa: E402
 from .run_once import Job, run_once  # noqa: E402
 from .shutdown import release_all  # noqa: E402
 
@@ -26,6 +27,7 @@ __all__ = [
     "Coalesced",
     "Held",
     "Job",
+    "Lead",
     "LimitExceeded",
     "LockLost",
     "Semaphore",
@@ -35,6 +37,7 @@ __all__ = [
     "TableMissing",
     "__version__",
     "current_hold",
+    "leadership",
     "release_all",
     "resource_key",
     "run_once",

@@ -18,6 +18,7 @@ import pytest
 from django.core.management import call_command
 from django.test import override_settings
 
+from tests import netns
 from tests.dynamodb_local import DynamoDBLocal
 
 # test_testing.py runs users' test suites in a subprocess through pytester.
@@ -269,3 +270,31 @@ def enqueue_inline(resource: str, token: str, waiter: Any) -> None:
             ExpressionAttributeNames={"#q": "queue"},
             ExpressionAttributeValues={":q": value[":q"]},
         )
+
+
+# -- several hosts on one machine (tests/netns.py): test_hosts.py, test_lead_hosts.py ------------
+
+
+@pytest.fixture(scope="module")
+def network() -> Iterator[netns.Network]:
+    reason = netns.problem()
+    if reason is not None:
+        pytest.skip(f"cannot make hosts on this machine: {reason}")
+    net = netns.Network(("a", "b", "c"))
+    net.start()
+    try:
+        yield net
+    finally:
+        net.stop()
+
+
+@pytest.fixture(scope="module")
+def iptables(network: netns.Network) -> str:
+    try:
+        path = netns.ensure_tool("iptables", "iptables")
+    except LookupError as exc:
+        pytest.skip(str(exc))
+    done = network.exec("a", "iptables", "-w", "-S", check=False)
+    if done.returncode != 0:
+        pytest.skip(f"iptables does not work in a network namespace here: {done.stderr.strip()}")
+    return path

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -127,13 +128,34 @@ class Worker:
 
 
 @pytest.fixture
-def pair(lock_table: str, dynamodb_local: str, database_url: str) -> Iterator[list[Worker]]:
-    workers = [Worker(dynamodb_local, lock_table, database_url) for _ in range(2)]
+def pairs(lock_table: str, dynamodb_local: str, database_url: str) -> Iterator[list[list[Worker]]]:
+    """Two pairs (A, B) of workers: the two kinds of stall run side by side, on projects and
+    resources of their own."""
+    workers = [Worker(dynamodb_local, lock_table, database_url) for _ in range(4)]
     try:
-        yield workers
+        yield [workers[:2], workers[2:]]
     finally:
         for worker in workers:
             worker.close()
+
+
+def side_by_side(*calls: Any) -> None:
+    """Run each call in a thread of its own; raise the first failure."""
+    failures: list[BaseException] = []
+
+    def run(call: Any) -> None:
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001 - raised below
+            failures.append(exc)
+
+    threads = [threading.Thread(target=run, args=(call,)) for call in calls]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failures:
+        raise failures[0]
 
 
 def seed(url: str, project: int) -> None:
@@ -204,40 +226,50 @@ def stall_before_first_statement(
     return {"a": a.outcome(), "b": b.outcome(), "rows": rows_of(url, project)}
 
 
-@pytest.mark.parametrize("stall", [stall_in_commit, stall_before_first_statement])
 def test_without_a_fence_the_stale_rebuild_lands_beside_the_new_one(
-    pair: list[Worker], database_url: str, stall: Any
+    pairs: list[list[Worker]], database_url: str
 ) -> None:
     """What fence_db prevents: the lock alone cannot stop a stale holder's transaction."""
-    for project in (1, 2):
-        run = stall(pair, database_url, project, "none")
-        labels = {label for label, _ in run["rows"]}
-        assert labels == {"A", "B"} and len(run["rows"]) == 2 * fence_worker.ROWS, run
-        assert pair[0].said("committed"), "A's stale transaction committed"
+
+    def runs_of(stall: Any, pair: list[Worker], first_project: int) -> None:
+        for project in (first_project, first_project + 1):
+            run = stall(pair, database_url, project, "none")
+            labels = {label for label, _ in run["rows"]}
+            assert labels == {"A", "B"} and len(run["rows"]) == 2 * fence_worker.ROWS, run
+            assert pair[0].said("committed"), "A's stale transaction committed"
+
+    side_by_side(
+        lambda: runs_of(stall_in_commit, pairs[0], 1),
+        lambda: runs_of(stall_before_first_statement, pairs[1], 11),
+    )
 
 
-def test_a_stall_in_commit_with_a_fence_commits_before_the_new_holder_goes_on(
-    pair: list[Worker], database_url: str
-) -> None:
-    a, b = pair
-    for run_no in range(RUNS):
-        how = "fence_db" if run_no % 2 == 0 else "explicit"
-        run = stall_in_commit(pair, database_url, 100 + run_no, how)
-        assert whole(run["rows"]) and run["rows"][0][0] == "B", (how, run, a.steps, b.steps)
-        # A's transaction committed while B's first statement waited: B's purge found A's rows.
-        assert a.said("committed") and b.said("purged") == [fence_worker.ROWS], (a.steps, b.steps)
-        assert run["b"] == "done"
+def test_with_a_fence_every_stall_ends_whole(pairs: list[list[Worker]], database_url: str) -> None:
+    """RUNS of each kind of stall, side by side, alternating fence_db=True and
+    held.fence_transaction()."""
 
+    def in_commit(pair: list[Worker]) -> None:
+        a, b = pair
+        for run_no in range(RUNS):
+            how = "fence_db" if run_no % 2 == 0 else "explicit"
+            run = stall_in_commit(pair, database_url, 100 + run_no, how)
+            assert whole(run["rows"]) and run["rows"][0][0] == "B", (how, run, a.steps, b.steps)
+            # A committed while B's first statement waited: B's purge found A's rows.
+            assert a.said("committed") and b.said("purged") == [fence_worker.ROWS], (
+                a.steps,
+                b.steps,
+            )
+            assert run["b"] == "done"
 
-def test_a_stall_before_the_first_statement_with_a_fence_rolls_back_with_lock_lost(
-    pair: list[Worker], database_url: str
-) -> None:
-    a, b = pair
-    for run_no in range(RUNS):
-        how = "fence_db" if run_no % 2 == 0 else "explicit"
-        run = stall_before_first_statement(pair, database_url, 200 + run_no, how)
-        assert whole(run["rows"]) and run["rows"][0][0] == "B", (how, run, a.steps, b.steps)
-        # A's transaction wrote nothing and committed nothing: refused at its fence.
-        assert run["a"] == "lost" and not a.said("purged") and not a.said("committed"), a.steps
-        assert "newer than this hold's" in a.said("lost")[0], a.steps
-        assert run["b"] == "done"
+    def before_first_statement(pair: list[Worker]) -> None:
+        a, b = pair
+        for run_no in range(RUNS):
+            how = "fence_db" if run_no % 2 == 0 else "explicit"
+            run = stall_before_first_statement(pair, database_url, 200 + run_no, how)
+            assert whole(run["rows"]) and run["rows"][0][0] == "B", (how, run, a.steps, b.steps)
+            # A's transaction wrote nothing and committed nothing: refused at its fence.
+            assert run["a"] == "lost" and not a.said("purged") and not a.said("committed"), a.steps
+            assert "newer than this hold's" in a.said("lost")[0], a.steps
+            assert run["b"] == "done"
+
+    side_by_side(lambda: in_commit(pairs[0]), lambda: before_first_statement(pairs[1]))

@@ -49,31 +49,6 @@ def skew() -> float:
 
 
 @pytest.fixture(scope="module")
-def network() -> Iterator[netns.Network]:
-    reason = netns.problem()
-    if reason is not None:
-        pytest.skip(f"cannot make hosts on this machine: {reason}")
-    net = netns.Network(("a", "b", "c"))
-    net.start()
-    try:
-        yield net
-    finally:
-        net.stop()
-
-
-@pytest.fixture(scope="module")
-def iptables(network: netns.Network) -> str:
-    try:
-        path = netns.ensure_tool("iptables", "iptables")
-    except LookupError as exc:
-        pytest.skip(str(exc))
-    done = network.exec("a", "iptables", "-w", "-S", check=False)
-    if done.returncode != 0:
-        pytest.skip(f"iptables does not work in a network namespace here: {done.stderr.strip()}")
-    return path
-
-
-@pytest.fixture(scope="module")
 def libfaketime() -> str:
     try:
         return netns.ensure_libfaketime()

@@ -1,0 +1,246 @@
+"""Leader election: ``dynasem.leadership`` and ``manage.py dynasem_lead`` in real processes on
+one host (tests/test_lead_hosts.py does it across hosts, with partitions). Each command run
+is tests/lead_child.py, which logs its start, a line every 20 ms and its stop on SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dynasem import Lead, leadership, semaphore
+from dynasem.operations import break_hold, holds_on
+
+REPO = Path(__file__).resolve().parent.parent
+LEASE = 2.0  # CLOCK_SKEW is the test settings' 0.5 s
+GRACE = 0.3
+
+
+@dataclass
+class Run:
+    """One run of the command, from its log lines."""
+
+    host: str
+    pid: int
+    fence: int
+    start: float
+    last: float  # its stop line, else its last alive line
+    stopped: bool  # logged its stop (SIGTERM)
+
+
+def runs(log: Path) -> list[Run]:
+    found: dict[int, Run] = {}
+    if not log.exists():
+        return []
+    for line in log.read_text().splitlines():
+        parts = line.split()
+        if len(parts) != 5:
+            continue  # a line cut by a kill
+        kind, host, pid, at, fence = parts[0], parts[1], int(parts[2]), float(parts[3]), parts[4]
+        if kind == "start":
+            found[pid] = Run(host, pid, int(fence), at, at, False)
+        elif pid in found:
+            found[pid].last = max(found[pid].last, at)
+            found[pid].stopped |= kind == "stop"
+    return sorted(found.values(), key=lambda r: r.start)
+
+
+def assert_one_at_a_time(all_runs: list[Run], ends: dict[int, float] | None = None) -> None:
+    """Each run started after the one before had ended: its stop line, or the moment it was
+    known dead (``ends``), else its last line plus the 20 ms it may have lived after it."""
+    for before, after in zip(all_runs, all_runs[1:], strict=False):
+        end = before.last if before.stopped else (ends or {}).get(before.pid, before.last + 0.02)
+        assert after.start > end, f"{after} started before {before} ended ({end})"
+        assert after.fence > before.fence
+
+
+def live_holds(resource: str) -> list[Any]:
+    return [h for h in holds_on(resource) if h.expires_ms > time.time() * 1000]
+
+
+def dead(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state in ("Z", "X")
+
+
+def wait_for(check: Any, timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.01)
+    raise AssertionError(f"{what}: not within {timeout:g}s")
+
+
+class Leader:
+    """A ``dynasem_lead`` process competing for ``name``."""
+
+    def __init__(self, endpoint: str, table_name: str, log: Path, name: str = "beat", **env: str):
+        self.stderr_path = log.with_name(f"{log.stem}-{time.monotonic_ns()}.err")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "django", "dynasem_lead", name, "--lease", str(LEASE),
+             "--grace", str(GRACE), "--", sys.executable, "-m", "tests.lead_child", str(log)],
+            cwd=REPO,
+            env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings",
+                 "DYNASEM_TEST_ENDPOINT": endpoint, "DYNASEM_TEST_TABLE": table_name,
+                 "AWS_ACCESS_KEY_ID": "dummy", "AWS_SECRET_ACCESS_KEY": "dummy", **env},
+            stderr=open(self.stderr_path, "wb"),  # noqa: SIM115 - closed with the process
+        )  # fmt: skip
+
+    @property
+    def said(self) -> str:
+        return self.stderr_path.read_text()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def leaders(lock_table: str, dynamodb_local: str, tmp_path: Path) -> Any:
+    started: list[Leader] = []
+
+    def start(**env: str) -> Leader:
+        leader = Leader(dynamodb_local, lock_table, tmp_path / "runs.log", **env)
+        started.append(leader)
+        return leader
+
+    yield start
+    for leader in started:
+        leader.close()
+    for run in runs(tmp_path / "runs.log"):  # no command left behind
+        if not dead(run.pid):
+            os.kill(run.pid, signal.SIGKILL)
+
+
+def supervisor_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def test_one_command_at_a_time_and_a_killed_leader_is_replaced(
+    leaders: Any, tmp_path: Path
+) -> None:
+    log = tmp_path / "runs.log"
+    a, b = leaders(), leaders()
+    first = wait_for(lambda: runs(log), 30, "a command started")[0]
+    leading = a if supervisor_of(first.pid) == a.proc.pid else b
+    waiting = b if leading is a else a
+    time.sleep(1.5)  # both running: the waiting one must not start its command
+    assert len(runs(log)) == 1
+    leading.proc.kill()  # SIGKILL: no goodbye; its command dies with it (PDEATHSIG)
+    killed = time.monotonic()
+    wait_for(lambda: dead(first.pid), 2, "the killed leader's command died with it")
+    gone = time.monotonic()
+    second = wait_for(lambda: runs(log)[1:], LEASE + 0.5 + 3, "the other took over")[0]
+    assert supervisor_of(second.pid) == waiting.proc.pid
+    # Failover within lease + CLOCK_SKEW (+ a look and the command's start) of the kill.
+    assert second.start - killed < LEASE + 0.5 + 1.0
+    assert_one_at_a_time(runs(log), {first.pid: gone})
+
+
+def test_a_broken_lead_stops_the_command_and_competes_again(leaders: Any, tmp_path: Path) -> None:
+    log = tmp_path / "runs.log"
+    leader = leaders()
+    first = wait_for(lambda: runs(log), 30, "the command started")[0]
+    (hold,) = [h for h in holds_on("leader:beat") if h.fence == first.fence]
+    assert break_hold("leader:beat", hold.token)
+    second = wait_for(lambda: runs(log)[1:], 10, "it led again")[0]
+    assert_one_at_a_time(runs(log))
+    assert "the lead is ending or lost: SIGTERM" in leader.said
+    assert supervisor_of(second.pid) == leader.proc.pid
+
+
+def test_the_command_exiting_ends_the_lead_with_its_status(leaders: Any, tmp_path: Path) -> None:
+    leader = leaders(LEAD_CHILD_EXIT_AFTER="0.3")
+    assert leader.proc.wait(30) == 3
+    assert "the command exited (3)" in leader.said
+    assert live_holds("leader:beat") == []
+
+
+def test_sigterm_stops_the_command_and_gives_the_lead_back(leaders: Any, tmp_path: Path) -> None:
+    log = tmp_path / "runs.log"
+    leader = leaders()
+    wait_for(lambda: runs(log), 30, "the command started")
+    leader.proc.send_signal(signal.SIGTERM)
+    assert leader.proc.wait(10) == 0
+    (run,) = runs(log)
+    assert run.stopped
+    assert live_holds("leader:beat") == []
+
+
+def test_sigterm_while_waiting_for_the_lead_exits(leaders: Any, tmp_path: Path) -> None:
+    log = tmp_path / "runs.log"
+    leaders()
+    wait_for(lambda: runs(log), 30, "a command started")
+    waiting = leaders()
+    time.sleep(2)
+    waiting.proc.send_signal(signal.SIGTERM)
+    assert waiting.proc.wait(10) == 0
+    assert len(runs(log)) == 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["beat"], "give the command to run after --"),
+        (["beat", "true", "--lease", "2", "--grace", "1"], "--grace 1 s must be"),
+        (["", "true"], "a leadership's name must be a non-empty str"),
+    ],
+)
+def test_bad_arguments_are_refused(lock_table: str, argv: list[str], message: str) -> None:
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match=message):
+        call_command("dynasem_lead", *argv)
+
+
+def test_leadership_in_code(lock_table: str) -> None:
+    """One leads, the other waits; on_lost is called once; a lost lead is not active."""
+    lost: list[Lead] = []
+    order: list[str] = []
+    with leadership("jobs", lease=LEASE, on_lost=lost.append) as lead:
+        assert lead.active and lead.seconds_left() > 0
+
+        def other() -> None:
+            with leadership("jobs", lease=LEASE) as second:
+                order.append(f"second {second.fence}")
+
+        thread = threading.Thread(target=other)
+        thread.start()
+        time.sleep(0.5)
+        assert order == []  # still ours
+        (hold,) = [h for h in holds_on("leader:jobs") if h.fence == lead.fence]
+        break_hold("leader:jobs", hold.token)
+        assert lead.wait_lost(5)
+        assert not lead.active and lost == [lead]
+        thread.join(10)
+    assert order and int(order[0].split()[1]) > lead.fence
+    assert lost == [lead]  # once
+
+
+def test_leadership_async(lock_table: str) -> None:
+    import asyncio
+
+    async def main() -> int:
+        async with leadership("jobs", lease=LEASE) as lead:
+            assert lead.active
+            return lead.fence
+
+    assert asyncio.run(main()) > 0
+    assert live_holds("leader:jobs") == []
+    with semaphore("leader:jobs", wait=0):
+        pass  # free again

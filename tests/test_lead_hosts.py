@@ -1,0 +1,118 @@
+"""``manage.py dynasem_lead`` across two hosts (tests/netns.py): 10 rounds of killing the
+leader host (SIGKILL to its leader process and its command) or cutting it off from DynamoDB
+(iptables DROP). Never two commands at once (each logs its start, a line every 20 ms and its
+stop with CLOCK_MONOTONIC, one clock for every namespace), and the other host's command
+starts within lease + CLOCK_SKEW + 1 s (a look and the command's own start) every time."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import netns
+from tests.test_hosts import gateway_endpoint
+from tests.test_lead import GRACE, LEASE, assert_one_at_a_time, dead, runs, wait_for
+
+REPO = Path(__file__).resolve().parent.parent
+SKEW = 0.5  # the test settings' CLOCK_SKEW
+BOUND = LEASE + SKEW + 1.0
+ROUNDS = 10
+
+
+class HostLeader:
+    """``dynasem_lead beat`` on one host, restartable (a host that comes back)."""
+
+    def __init__(self, host: netns.Host, endpoint: str, table_name: str, log: Path) -> None:
+        self.host, self.endpoint, self.table_name, self.log = host, endpoint, table_name, log
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        err = open(self.log.with_name(f"{self.host.name}-{time.monotonic_ns()}.err"), "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.in_host", self.host.netns, self.host.hostname, "--",
+             sys.executable, "-m", "django", "dynasem_lead", "beat", "--lease", str(LEASE),
+             "--grace", str(GRACE), "--", sys.executable, "-m", "tests.lead_child",
+             str(self.log)],
+            cwd=REPO,
+            env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings",
+                 "DYNASEM_TEST_ENDPOINT": self.endpoint, "DYNASEM_TEST_TABLE": self.table_name,
+                 "AWS_ACCESS_KEY_ID": "dummy", "AWS_SECRET_ACCESS_KEY": "dummy",
+                 # Another host: no process of it is seen dead from here (only its lease ends).
+                 "DYNASEM_TEST_OWN_PIDS": "1"},
+            stderr=err,
+        )  # fmt: skip
+
+    def kill(self) -> None:
+        """The host dies: SIGKILL to its pid namespace's parent kills every process in it."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def close(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def two_leaders(
+    network: netns.Network, iptables: str, lock_table: str, dynamodb_local: str, tmp_path: Path
+) -> Iterator[dict[str, HostLeader]]:
+    endpoint = gateway_endpoint(network, dynamodb_local)
+    log = tmp_path / "runs.log"
+    leaders = {n: HostLeader(network.hosts[n], endpoint, lock_table, log) for n in ("a", "b")}
+    try:
+        yield leaders
+    finally:
+        network.heal_all()
+        for leader in leaders.values():
+            leader.close()
+        for run in runs(log):
+            if not dead(run.pid):
+                os.kill(run.pid, signal.SIGKILL)
+
+
+def test_ten_failovers_across_hosts_never_two_commands_at_once(
+    network: netns.Network, two_leaders: dict[str, HostLeader], tmp_path: Path
+) -> None:
+    log = tmp_path / "runs.log"
+    by_hostname = {network.hosts[n].hostname: n for n in two_leaders}
+    wait_for(lambda: runs(log), 60, "a command started")
+    ends: dict[int, float] = {}
+    failovers: list[tuple[str, float]] = []
+    for round_no in range(ROUNDS):
+        current = runs(log)[-1]
+        assert not current.stopped
+        leader = by_hostname[current.host]
+        other = "b" if leader == "a" else "a"
+        how = "kill" if round_no % 2 == 0 else "cut"
+        if how == "kill":
+            two_leaders[leader].kill()
+            wait_for(lambda p=current.pid: dead(p), 2, "the killed host's command gone")
+            began = ends[current.pid] = time.monotonic()
+        else:
+            began = time.monotonic()
+            network.cut(leader, "drop")
+        count = len(runs(log))
+        new = wait_for(lambda n=count: runs(log)[n:], BOUND + 5, f"round {round_no}: takeover")[0]
+        assert by_hostname[new.host] == other, (round_no, new)
+        failovers.append((how, new.start - began))
+        if how == "kill":
+            two_leaders[leader].start()  # the host comes back and competes again
+        else:
+            # The cut-off leader stopped its command itself, before the takeover.
+            assert runs(log)[count - 1].stopped, runs(log)[count - 1]
+            network.heal(leader)
+        time.sleep(0.5)
+    all_runs = runs(log)
+    assert_one_at_a_time(all_runs, ends)
+    print("failovers (how, seconds):", [(h, round(s, 2)) for h, s in failovers])
+    assert all(seconds < BOUND for _, seconds in failovers), failovers
