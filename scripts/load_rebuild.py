@@ -226,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
                 DEMO_LOAD_VARIANTS="true",
             )
             os.environ.update(env)  # this process reads the same database to check it
-            port = stack.enter_context(example_project(env, workers=args.workers))
+            port = stack.enter_context(example_project(env, workers=args.workers)).port
 
             import django
 

@@ -12,6 +12,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlencode
@@ -42,9 +43,17 @@ def example_env(database_url: str, endpoint: str, table_name: str, **demo: Any) 
     }
 
 
+@dataclass(frozen=True)
+class Served:
+    port: int
+    pid: int  # gunicorn's master process
+
+
 @contextlib.contextmanager
-def example_project(env: dict[str, str], *, workers: int = 4, threads: int = 1) -> Iterator[int]:
-    """Migrate, make the lock table and the user, serve under gunicorn; yields its port."""
+def example_project(env: dict[str, str], *, workers: int = 4, threads: int = 1) -> Iterator[Served]:
+    """Migrate, make the lock table and the user (each only if missing: a second server on
+    the same database and table is one more host), serve under gunicorn; yields its port
+    and its master's pid."""
     manage = [sys.executable, str(REPO / "manage.py")]
     subprocess.run([*manage, "migrate", "--noinput", "-v", "0"], env=env, check=True, cwd=REPO)
     subprocess.run(
@@ -57,6 +66,7 @@ def example_project(env: dict[str, str], *, workers: int = 4, threads: int = 1) 
     subprocess.run(
         [*manage, "shell", "-v", "0", "-c",
          "from django.contrib.auth.models import User; "
+         f"User.objects.filter(username={USER!r}).exists() or "
          f"User.objects.create_user({USER!r}, password={PASSWORD!r})"],
         env=env, check=True, cwd=REPO,
     )  # fmt: skip
@@ -70,7 +80,7 @@ def example_project(env: dict[str, str], *, workers: int = 4, threads: int = 1) 
     )
     try:
         wait_for_port(port, gunicorn, "gunicorn", 60)
-        yield port
+        yield Served(port, gunicorn.pid)
     finally:
         stop(gunicorn)
 

@@ -34,15 +34,21 @@ CLIENTS = 30
 
 
 @pytest.fixture(scope="module")
-def served(dynamodb_local: str) -> Iterator[tuple[int, str]]:
-    """The example project's port and its database's URL."""
+def database(dynamodb_local: str) -> Iterator[str]:
     with contextlib.ExitStack() as stack:
         workdir = Path(tempfile.mkdtemp(prefix="dynasem-example-"))
         stack.callback(shutil.rmtree, workdir, ignore_errors=True)
         try:
-            url = stack.enter_context(postgresql(workdir, "dynasem_example"))
+            yield stack.enter_context(postgresql(workdir, "dynasem_example"))
         except ServerUnavailable as exc:
             pytest.skip(f"no PostgreSQL here: {exc}")
+
+
+@pytest.fixture(scope="module")
+def served(dynamodb_local: str, database: str) -> Iterator[tuple[int, str]]:
+    """The example project's port and its database's URL."""
+    with contextlib.ExitStack() as stack:
+        url = database
         env = example_env(
             url,
             dynamodb_local,
@@ -50,7 +56,7 @@ def served(dynamodb_local: str) -> Iterator[tuple[int, str]]:
             DEMO_REBUILD_SECONDS=1.0,  # every request of the burst arrives during the first
             DEMO_ISSUES_PER_PROJECT=ROWS,
         )
-        port = stack.enter_context(example_project(env, workers=2, threads=16))
+        port = stack.enter_context(example_project(env, workers=2, threads=16)).port
         yield port, url
 
 
@@ -94,3 +100,86 @@ def test_thirty_concurrent_coalesced_rebuilds_run_at_most_twice_and_end_whole(
     assert sorted(number for _, number in rows) == list(range(1, ROWS + 1))
     # The rebuilds' transactions were fenced: the last one's fence is the one stored.
     assert fences == [("tbl_issues:1", last["fence"])]
+
+
+def children_of(pid: int) -> list[int]:
+    found: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def test_a_next_run_killed_while_waiting_is_replaced_through_http(
+    dynamodb_local: str, database: str
+) -> None:
+    """Two servers on one database and lock table (two hosts), leases of 2 s: a rebuild runs
+    on the first (4 s), the next run registers on the second, whose workers are then
+    SIGKILLed. Busy requests are answered 202 until the dead next run's lease (and
+    CLOCK_SKEW) is over; then one becomes the next run itself and rebuilds after the running
+    one, and the project ends whole with its rows."""
+    import os
+    import signal
+
+    env = example_env(
+        database,
+        dynamodb_local,
+        f"example-{uuid.uuid4().hex[:8]}",
+        DEMO_REBUILD_SECONDS=4.0,
+        DEMO_ISSUES_PER_PROJECT=ROWS,
+        DYNASEM_LEASE=2,
+        DYNASEM_CLOCK_SKEW=0.5,
+    )
+    with contextlib.ExitStack() as stack:
+        one = stack.enter_context(example_project(env, workers=1, threads=8))
+        other = stack.enter_context(example_project(env, workers=1, threads=8))
+        answers: dict[str, tuple[float, int, bytes]] = {}
+
+        clients = {"running": Client(one.port), "doomed": Client(other.port)}
+        for client in clients.values():
+            client.login()
+
+        def post(name: str) -> None:
+            client = clients[name]
+            sent = time.time()
+            try:
+                answers[name] = (sent, *client.post_rebuild("rebuild-coalesced", 2))
+            except OSError:  # its worker was killed under it
+                answers[name] = (sent, -1, b"")
+
+        running = threading.Thread(target=post, args=("running",))
+        running.start()
+        time.sleep(1.5)  # it holds the lock and rebuilds
+        doomed = threading.Thread(target=post, args=("doomed",))
+        doomed.start()
+        time.sleep(1.0)  # registered as the next run, waiting
+        for worker in children_of(other.pid):
+            os.kill(worker, signal.SIGKILL)  # the next run's server dies
+        killed = time.time()
+        late: list[tuple[float, int, bytes]] = []
+        client = Client(one.port)
+        client.login()
+        while True:  # busy callers: coalesced until the dead one's lease is over
+            sent = time.time()
+            status, body = client.post_rebuild("rebuild-coalesced", 2)
+            late.append((sent, status, body))
+            if status != 202:
+                break
+            # Its registration was renewed just before the kill: its lease of 2 s and
+            # CLOCK_SKEW, then it is replaced (a 202 after that would be a bug).
+            assert sent - killed < 2 + 0.5 + 0.5, "the dead next run was not replaced"
+            time.sleep(0.2)
+        running.join(60)
+        doomed.join(60)
+    assert answers["running"][1] == 200
+    assert answers["doomed"][1] != 200  # its worker died
+    replacement = late[-1]
+    assert replacement[1] == 200, replacement
+    # Before it, the dead next run's registration still counted: those callers got 202.
+    assert late[:-1] and all(status == 202 for _, status, _ in late[:-1]), late
+    run = json.loads(replacement[2])
+    first = json.loads(answers["running"][2])
+    assert run["started"] >= first["finished"]  # it ran after the running one, not beside it
+    with psycopg.connect(database, autocommit=True) as db:
+        rows = db.execute("SELECT rebuild, number FROM projects_issue WHERE project = 2").fetchall()
+    assert {rebuild for rebuild, _ in rows} == {run["rebuild"]}
+    assert sorted(number for _, number in rows) == list(range(1, ROWS + 1))
