@@ -49,10 +49,6 @@ _DIE_WITH_PARENT = (
 )
 
 
-class _Stop(Exception):
-    """SIGTERM or SIGINT while waiting for the lead."""
-
-
 class Command(BaseCommand):
     help = (
         "Run a command only while this process leads NAME (one leader among every process "
@@ -109,8 +105,8 @@ class Command(BaseCommand):
 
         def on_signal(signum: int, frame: Any) -> None:
             stopping.set()
-            if waiting.is_set():
-                raise _Stop()
+            if waiting.is_set():  # interrupt the wait (an acquire gives back what it took)
+                raise KeyboardInterrupt
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, on_signal)
@@ -119,7 +115,7 @@ class Command(BaseCommand):
             try:
                 place = leadership(name, lease=lease_s)
                 lead = place.__enter__()
-            except _Stop:
+            except KeyboardInterrupt:
                 break
             except SemaphoreUnavailable as exc:  # DynamoDB unreachable: try again
                 waiting.clear()
