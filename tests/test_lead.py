@@ -69,7 +69,7 @@ def live_holds(resource: str) -> list[Any]:
 def dead(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone, or going as we read
         return True
     return state in ("Z", "X")
 
