@@ -25,13 +25,14 @@ of one resource only: "running" must mean one run.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from . import clock, heartbeat, table
-from .drivers import run_io
+from .drivers import io_executor, run_io
 from .exceptions import Coalesced, LockLost, SemaphoreBusy
 from .validation import MODE_EXCLUSIVE, resolve_timing, user_id_of
 
@@ -112,7 +113,8 @@ def register(sem: Any, busy: SemaphoreBusy) -> Registration:
         resource,
         token=token,
         user_id=user_id_of(sem.user),
-        after_fence=row.fence if row is not None else 0,
+        # No row (reaped): a fence from the clock, above every fence handed out before.
+        after_fence=row.fence if row is not None else clock.new_fence(skew),
         until_ms=now + int(lease * 1000),
         stale_ms=now - int(skew * 1000),
     )
@@ -148,11 +150,27 @@ async def aacquire(sem: Any, attempt: Callable[[float | None], Awaitable[_T]]) -
     except Coalesced:
         raise
     except SemaphoreBusy as busy:
-        registration = await run_io(register, sem, busy)
+        registering = asyncio.ensure_future(run_io(register, sem, busy))
+        try:
+            # Shielded: cancelled meanwhile (a client gone), the registration made in its
+            # thread must still be withdrawn, not left renewed with nobody to run.
+            registration = await asyncio.shield(registering)
+        except asyncio.CancelledError:
+            registering.add_done_callback(_withdraw_when_made)
+            raise
     try:
         held = await attempt(None)
     except BaseException:
+        registration.stop()  # at once, whatever happens to the request below
         await run_io(registration.withdraw)
         raise
     registration.stop()
     return held
+
+
+def _withdraw_when_made(registering: asyncio.Future[Registration]) -> None:
+    if registering.cancelled() or registering.exception() is not None:
+        return  # not registered (Coalesced, or an error)
+    registration = registering.result()
+    registration.stop()
+    io_executor().submit(registration.withdraw)

@@ -73,10 +73,13 @@ def fence_transaction(held: Any, using: str | None = None) -> None:
             f"using={alias!r}): outside a transaction nothing keeps the fence row locked "
             "until the work commits"
         )
+    hold = getattr(held, "outer", held)  # a nested acquire's view: the hold itself
+    if hold.released:
+        raise LockLost(held.resource, "it was given back before its transaction was fenced")
     # Past our trusted deadline a newer holder may have begun: no work of ours may start.
-    held.check_deadline()
-    if held._lost is not None:
-        held._raise_lost()
+    hold.check_deadline()
+    if hold._lost is not None:
+        hold._raise_lost()
     # One order for every holder: two holders of overlapping sets lock the rows alike.
     for resource in sorted(held.fences):
         fence = held.fences[resource]
@@ -86,7 +89,7 @@ def fence_transaction(held: Any, using: str | None = None) -> None:
                 f"the database {alias!r} holds fence {stored} for it, newer than this "
                 f"hold's {fence}: another holder took it over; this transaction rolls back"
             )
-            held._mark_lost(reason)
+            hold._mark_lost(reason)
             raise LockLost(resource, reason)
 
 

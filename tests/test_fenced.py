@@ -162,3 +162,27 @@ def test_a_missing_fence_table_says_to_migrate(lock_table: str) -> None:
     finally:
         with connection.schema_editor() as editor:
             editor.create_model(Fence)
+
+
+def test_a_hold_given_back_cannot_fence_a_transaction(lock_table: str) -> None:
+    held = semaphore("tbl:10").acquire()
+    held.release()
+    with pytest.raises(LockLost, match="given back before its transaction was fenced"):
+        with transaction.atomic():
+            held.fence_transaction()
+    assert stored("tbl:10") is None
+
+
+@pytest.mark.reentry
+def test_a_refusal_seen_through_a_nested_view_loses_the_hold_itself(lock_table: str) -> None:
+    with pytest.raises(LockLost):
+        with semaphore(["tbl:11", "tbl:12"]) as outer:
+            with semaphore("tbl:11") as inner:  # a nested view of the outer hold
+                assert inner is not outer
+                Fence.objects.create(
+                    digest=row_key("tbl:11"), resource="tbl:11", fence=outer.fences["tbl:11"] + 1
+                )
+                with pytest.raises(LockLost):
+                    with transaction.atomic():
+                        inner.fence_transaction()
+                assert outer.lost  # the hold itself, not only the view

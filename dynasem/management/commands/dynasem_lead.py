@@ -28,8 +28,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from dynasem.exceptions import SemaphoreUnavailable
+from dynasem.exceptions import SemaphoreUnavailable, TableMissing
 from dynasem.leadership import Lead, leadership, resource_of
+from dynasem.shutdown import release_all
 from dynasem.validation import check_lease, resolve_timing
 
 # How often the leader looks at its command and its lead (seconds).
@@ -116,7 +117,12 @@ class Command(BaseCommand):
                 place = leadership(name, lease=lease_s)
                 lead = place.__enter__()
             except KeyboardInterrupt:
+                # It may have come just after the lead was taken: give back whatever we hold.
+                waiting.clear()
+                release_all()
                 break
+            except TableMissing as exc:
+                raise CommandError(str(exc)) from None
             except SemaphoreUnavailable as exc:  # DynamoDB unreachable: try again
                 waiting.clear()
                 self.stderr.write(f"dynasem_lead: {name!r}: {exc}; trying again")
@@ -146,6 +152,23 @@ class Command(BaseCommand):
             env=env,
             start_new_session=True,
         )
+        try:
+            return self._supervise(name, lead, child, grace, stopping)
+        finally:
+            # Whatever ended it (or if supervising failed), nothing of the command's process
+            # group may outlive the lead: what ignored SIGTERM, what it started.
+            _signal_group(child, signal.SIGKILL)
+            if child.poll() is None:
+                child.wait()
+
+    def _supervise(
+        self,
+        name: str,
+        lead: Lead,
+        child: subprocess.Popen[Any],
+        grace: float,
+        stopping: threading.Event,
+    ) -> int | None:
         self.stderr.write(
             f"dynasem_lead: leading {name!r} (fence {lead.fence}): started pid {child.pid}"
         )
