@@ -24,7 +24,7 @@ test: venv
 EMBEDDED_TESTS := tests/test_core.py tests/test_run_once.py tests/test_decorators.py \
 	tests/test_transactions.py tests/test_fair.py tests/test_races.py tests/test_faults.py \
 	tests/test_commands.py tests/test_admin.py tests/test_permits.py tests/test_reentry.py \
-	tests/test_coalesce.py tests/test_fenced.py \
+	tests/test_fenced.py \
 	--deselect tests/test_races.py::test_sixteen_processes_count_to_800_without_overlap
 test-embedded: venv
 	DYNASEM_TEST_ENGINE=embedded $(PYTHON_VENV) -m pytest $(EMBEDDED_TESTS) $(PYTEST_ARGS)

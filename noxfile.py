@@ -47,7 +47,6 @@ DJANGO_FACING = [
     "tests/test_conf.py",
     "tests/test_table.py",
     "tests/test_transactions.py",
-    "tests/test_fenced.py",  # its migration and upsert on this Django's SQLite backend
     "tests/test_tasks.py",  # Django tasks: skipped below Django 6.0
     "tests/test_testing.py",
     "tests/test_browser.py",  # the admin's layout on this Django, in Chromium
