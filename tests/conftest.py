@@ -298,3 +298,16 @@ def iptables(network: netns.Network) -> str:
     if done.returncode != 0:
         pytest.skip(f"iptables does not work in a network namespace here: {done.stderr.strip()}")
     return path
+
+
+def wait_for(check: Any, timeout: float, what: str) -> Any:
+    """Poll ``check()`` until it returns something true (returned), at most ``timeout`` s."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.01)
+    raise AssertionError(f"{what}: not within {timeout:g}s")

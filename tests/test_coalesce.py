@@ -15,7 +15,7 @@ from django.test import RequestFactory, override_settings
 
 from dynasem import Coalesced, SemaphoreBusy, semaphore, table
 from dynasem.testing import held_elsewhere
-from tests.conftest import RequestCounter, dynasem_settings
+from tests.conftest import RequestCounter, dynasem_settings, wait_for
 from tests.test_races import SPAWN
 
 
@@ -24,13 +24,23 @@ def registered(resource: str) -> dict[str, Any] | None:
 
 
 def wait_until(check: Any, timeout: float = 10) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.02)
-    raise AssertionError("never happened")
+    return wait_for(check, timeout, "never happened")
+
+
+def register_by_hand(resource: str, after_fence: int, lease_ms: int) -> None:
+    """A next run registered with nobody behind it (no heartbeat, no requests meanwhile)."""
+    now = int(time.time() * 1000)
+    assert (
+        table.register_next(
+            resource,
+            token="by-hand",
+            user_id="next",
+            after_fence=after_fence,
+            until_ms=now + lease_ms,
+            stale_ms=now,
+        )
+        is None
+    )
 
 
 class NextRun(threading.Thread):
@@ -108,18 +118,7 @@ def test_a_dead_next_runs_registration_is_replaced_after_its_lease(lock_table: s
     """A registration nobody renews (its caller died) stops counting after its lease and
     CLOCK_SKEW (0.5 s here): the first busy caller after that is the next run."""
     with held_elsewhere("rebuild:4") as running:
-        now = int(time.time() * 1000)
-        assert (
-            table.register_next(
-                "rebuild:4",
-                token="dead",
-                user_id="dead",
-                after_fence=running.fence,
-                until_ms=now + 300,
-                stale_ms=now,
-            )
-            is None
-        )
+        register_by_hand("rebuild:4", running.fence, lease_ms=300)
         with pytest.raises(Coalesced):
             with semaphore("rebuild:4", coalesce=True, wait=30):
                 pass
@@ -184,16 +183,7 @@ def test_a_coalesced_caller_costs_three_requests(
 ) -> None:
     """The refused take, the fence read, the refused registration: nothing else."""
     with held_elsewhere("rebuild:10") as running:
-        now = int(time.time() * 1000)
-        # A next run registered (by hand: no waiting thread sending requests meanwhile).
-        table.register_next(
-            "rebuild:10",
-            token="t",
-            user_id="next",
-            after_fence=running.fence,
-            until_ms=now + 60_000,
-            stale_ms=now,
-        )
+        register_by_hand("rebuild:10", running.fence, lease_ms=60_000)
         requests_sent.reset()
         with pytest.raises(Coalesced):
             with semaphore("rebuild:10", coalesce=True, wait=30):

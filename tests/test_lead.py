@@ -18,6 +18,7 @@ import pytest
 
 from dynasem import Lead, leadership, semaphore
 from dynasem.operations import break_hold, holds_on
+from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 LEASE = 2.0  # CLOCK_SKEW is the test settings' 0.5 s
@@ -72,16 +73,6 @@ def dead(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError):  # gone, or going as we read
         return True
     return state in ("Z", "X")
-
-
-def wait_for(check: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.01)
-    raise AssertionError(f"{what}: not within {timeout:g}s")
 
 
 class Leader:

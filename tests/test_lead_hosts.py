@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 
 from tests import netns
+from tests.conftest import wait_for
 from tests.test_hosts import gateway_endpoint
-from tests.test_lead import GRACE, LEASE, assert_one_at_a_time, dead, runs, wait_for
+from tests.test_lead import GRACE, LEASE, assert_one_at_a_time, dead, runs
 
 REPO = Path(__file__).resolve().parent.parent
 SKEW = 0.5  # the test settings' CLOCK_SKEW

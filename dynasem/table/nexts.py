@@ -17,7 +17,7 @@ NEXT_SK = "next"
 # has passed is ignored by its fields alone; the TTL only clears away idle resources' items.
 TTL_AFTER_S = 3600
 
-_NAMES = {"#pk": "pk", "#k": "k", "#un": "un", "#af": "af", "#ex": "expires"}
+_NAMES = {"#pk": "pk", "#un": "un", "#af": "af"}
 
 
 def register_next(
@@ -47,7 +47,7 @@ def register_next(
                 }
             ),
             ConditionExpression="attribute_not_exists(#pk) OR #un < :stale OR #af < :af",
-            ExpressionAttributeNames={n: _NAMES[n] for n in ("#pk", "#un", "#af")},
+            ExpressionAttributeNames=_NAMES,
             ExpressionAttributeValues=encode({":stale": stale_ms, ":af": after_fence}),
             ReturnValuesOnConditionCheckFailure="ALL_OLD",
         )
@@ -61,36 +61,45 @@ def register_next(
 
 def renew_next(resource: str, token: str, until_ms: int) -> bool:
     """Push the registration's lease on; False if it is not ours any more (replaced)."""
-    try:
-        _send(
-            "update_item",
-            TableName=settings.TABLE_NAME,
-            Key=key(resource, NEXT_SK),
-            UpdateExpression="SET #un = :un, #ex = :ex",
-            ConditionExpression="#k = :k",
-            ExpressionAttributeNames={n: _NAMES[n] for n in ("#un", "#ex", "#k")},
-            ExpressionAttributeValues=encode(
-                {":un": until_ms, ":ex": until_ms // 1000 + TTL_AFTER_S, ":k": token}
-            ),
-        )
-    except Refused:
-        return False
-    return True
+    return _if_ours(
+        "update_item",
+        resource,
+        token,
+        UpdateExpression="SET #un = :un, #ex = :ex",
+        names={"#un": "un", "#ex": "expires"},
+        values={":un": until_ms, ":ex": until_ms // 1000 + TTL_AFTER_S},
+    )
 
 
 def withdraw_next(resource: str, token: str) -> None:
     """Delete the registration if it is still ours (the next run gave up or failed)."""
+    _if_ours("delete_item", resource, token)
+
+
+def _if_ours(
+    operation: str,
+    resource: str,
+    token: str,
+    *,
+    names: dict[str, str] | None = None,
+    values: dict[str, object] | None = None,
+    **request: object,
+) -> bool:
+    """``operation`` on the registration, conditional on its token being ``token``; False
+    when it was refused (replaced, or gone)."""
     try:
         _send(
-            "delete_item",
+            operation,
             TableName=settings.TABLE_NAME,
             Key=key(resource, NEXT_SK),
             ConditionExpression="#k = :k",
-            ExpressionAttributeNames={"#k": "k"},
-            ExpressionAttributeValues=encode({":k": token}),
+            ExpressionAttributeNames={"#k": "k", **(names or {})},
+            ExpressionAttributeValues=encode({":k": token, **(values or {})}),
+            **request,
         )
     except Refused:
-        pass
+        return False
+    return True
 
 
 def get_next(resource: str) -> dict[str, object] | None:
