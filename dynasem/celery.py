@@ -87,3 +87,12 @@ def running_task(args: tuple[Any, ...]) -> Any:
     if args and isinstance(args[0], Task):
         return args[0]
     return get_current_task()
+
+
+def __getattr__(name: str) -> Any:
+    # Unique tasks subclass Celery's Task: Celery is imported when they are asked for.
+    if name == "UniqueTask":
+        from .celery_unique import UniqueTask
+
+        return UniqueTask
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -152,6 +152,8 @@ class Semaphore:
         if check_flag(coalesce, "coalesce"):
             coalescing.check_coalescing(self.mode, resource, self.wait)
         self.coalesce = coalesce
+        # Taken for another process (dynasem.unique): no identity of ours is recorded.
+        self.detached = False
 
     @property
     def fair(self) -> bool:
@@ -197,7 +199,8 @@ class Semaphore:
             return inner  # this thread or task holds it already: a nested acquire
         lease, wait, skew = resolve_timing(self.lease, self.wait if wait_s is None else wait_s)
         margin = (lease - skew) * CONFIRM_SHARE
-        user_id, proc = user_id_of(self.user), processes.identity()
+        user_id = user_id_of(self.user)
+        proc = None if self.detached else processes.identity()
         token = uuid.uuid4().hex  # one token for every retry: it recognises our own writes
         take_permits = functools.partial(
             permits.acquire_steps,

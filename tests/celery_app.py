@@ -24,7 +24,7 @@ from celery.signals import task_failure  # noqa: E402
 from django.dispatch import receiver  # noqa: E402
 
 from dynasem import current_hold, semaphore  # noqa: E402
-from dynasem.celery import retry_later  # noqa: E402
+from dynasem.celery import UniqueTask, retry_later  # noqa: E402
 from dynasem.signals import lock_busy  # noqa: E402
 
 app = Celery("dynasem-broker-test", broker=os.environ["DYNASEM_TEST_BROKER"])
@@ -58,6 +58,17 @@ def hold(self: Any, key: str, n: int, seconds: float) -> int:
         fence=current_hold().fence,
         retries=self.request.retries,
     )
+    return n
+
+
+# A unique task (tests/test_unique_celery.py): its key held from enqueue to the end of its
+# run; a run lease of 2 s, so that a worker killed mid-task frees it soon.
+@shared_task(bind=True, base=UniqueTask, unique_key="unique:{key}", queue_lease=60, run_lease=2)
+def unique_work(self: Any, key: str, n: int, seconds: float) -> int:
+    start = time.time()
+    record(event="unique-start", key=key, n=n, start=start, task_id=self.request.id)
+    time.sleep(seconds)
+    record(event="unique-run", key=key, n=n, start=start, end=time.time(), task_id=self.request.id)
     return n
 
 

@@ -1,0 +1,126 @@
+"""Unique Celery tasks (dynasem.celery.UniqueTask) on a real broker: Redis and two workers
+of two prefork children each (the fixtures of tests/test_celery_broker.py).
+
+60 enqueues of one unique task over 3 keys, 0.1 s apart, each task taking 0.3-0.6 s: an
+enqueue while a task of its key is queued or running enqueues nothing and returns that
+task's result handle. From the enqueues and the workers' own log: never two tasks of one key
+queued or running at once, every enqueued task ran exactly once, and no key is held once
+they are done. A worker process SIGKILLed mid-task frees its key within the run lease (2 s)
+and CLOCK_SKEW (0.5 s)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.test_celery_broker import broker, read_events, workers  # noqa: F401 - a fixture
+
+celery = pytest.importorskip("celery", reason="celery is in the test dependency group")
+
+ENQUEUES, KEYS = 60, 3
+RUN_LEASE, SKEW = 2.0, 0.5
+
+
+def producer(broker_url: str) -> Any:
+    """The enqueueing side: the same task, by name, on a client app of the test's own."""
+    from dynasem.celery import UniqueTask
+
+    app = celery.Celery("dynasem-unique-producer", broker=broker_url)
+    app.conf.update(task_ignore_result=True)
+
+    @app.task(
+        bind=True,
+        base=UniqueTask,
+        name="tests.celery_app.unique_work",
+        unique_key="unique:{key}",
+        queue_lease=60,
+        run_lease=RUN_LEASE,
+    )
+    def unique_work(self: Any, key: str, n: int, seconds: float) -> int:
+        raise AssertionError("runs in the workers only")
+
+    return unique_work
+
+
+def live(resource: str) -> list[Any]:
+    from dynasem.operations import holds_on
+
+    return [h for h in holds_on(resource) if h.expires_ms > time.time() * 1000]
+
+
+def test_sixty_enqueues_over_three_keys_never_two_of_a_key_at_once(
+    lock_table: str,
+    broker: str,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    events_file = tmp_path / "events.jsonl"
+    task = producer(broker)
+    rng = random.Random(25)
+    enqueued: dict[str, tuple[str, float]] = {}  # task id -> (key, when enqueued)
+    refused = 0
+    with workers(broker, events_file, tmp_path) as (_client, tails):
+        for n in range(ENQUEUES):
+            key = f"k{n % KEYS}"
+            sent = time.time()
+            result = task.apply_async((key, n, rng.uniform(0.3, 0.6)))
+            if result.id in enqueued:
+                refused += 1  # the handle of the task that holds the key
+                assert enqueued[result.id][0] == key
+            else:
+                enqueued[result.id] = (key, sent)
+            time.sleep(0.1)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            runs = [e for e in read_events(events_file) if e["event"] == "unique-run"]
+            if len(runs) >= len(enqueued):
+                break
+            time.sleep(0.2)
+    runs = [e for e in read_events(events_file) if e["event"] == "unique-run"]
+    print(f"\n{len(enqueued)} enqueued, {refused} refused, {len(runs)} ran")
+    assert sorted(e["task_id"] for e in runs) == sorted(enqueued), tails()  # each once
+    assert refused > 0 and len(enqueued) + refused == ENQUEUES
+    for key in {f"k{i}" for i in range(KEYS)}:
+        spans = sorted(
+            (enqueued[e["task_id"]][1], e["end"]) for e in runs if e["key"] == key
+        )  # queued from its enqueue to the end of its run
+        for before, after in zip(spans, spans[1:], strict=False):
+            assert after[0] >= before[1], f"{key}: two tasks queued or running at once"
+        assert live(f"unique:{key}") == []
+
+
+def test_a_worker_killed_mid_task_frees_its_key_within_the_run_lease(
+    lock_table: str,
+    broker: str,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    events_file = tmp_path / "events.jsonl"
+    task = producer(broker)
+    with workers(broker, events_file, tmp_path) as (_client, tails):
+        first = task.apply_async(("kill", 0, 30.0))
+        deadline = time.monotonic() + 30
+        while not [e for e in read_events(events_file) if e["event"] == "unique-start"]:
+            assert time.monotonic() < deadline, tails()
+            time.sleep(0.05)
+        (start,) = [e for e in read_events(events_file) if e["event"] == "unique-start"]
+        assert task.apply_async(("kill", 1, 0.1)).id == first.id  # held: not enqueued
+        os.kill(start["pid"], signal.SIGKILL)  # the prefork child running it
+        killed = time.time()
+        while True:
+            again = task.apply_async(("kill", 2, 0.1))
+            if again.id != first.id:
+                break
+            assert time.time() - killed < RUN_LEASE + SKEW + 0.5, "the key was never freed"
+            time.sleep(0.05)
+        freed_after = time.time() - killed
+        print(f"\nthe killed task's key was free again after {freed_after:.2f} s")
+        deadline = time.monotonic() + 30
+        while not [e for e in read_events(events_file) if e["event"] == "unique-run"]:
+            assert time.monotonic() < deadline, tails()
+            time.sleep(0.05)
+    assert live("unique:kill") == []
