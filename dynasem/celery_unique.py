@@ -28,7 +28,7 @@ from celery.signals import task_revoked  # type: ignore[import-untyped]
 
 from .decorators import KeyMaker, _checked
 from .exceptions import LockLost
-from .unique import Claim, Taken, adopt, claim
+from .unique import Claim, Taken, adopt, claim, give_back, hand_on, running
 
 logger = logging.getLogger("dynasem")
 
@@ -82,7 +82,7 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
         try:
             return super().apply_async(args, kwargs, task_id=task_id, headers=headers, **options)
         except BaseException:
-            _give_back(taken)  # not enqueued: free the key now
+            give_back(taken)  # not enqueued: free the key now
             raise
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -103,7 +103,8 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
             return None
         self.request.dynasem_held = held
         try:
-            return super().__call__(*args, **kwargs)
+            with running(held):
+                return super().__call__(*args, **kwargs)
         finally:
             if not getattr(held, "handed_on", False):
                 try:
@@ -120,30 +121,16 @@ def _header_of(request: Any) -> Any:
 
 
 def _hand_on(task: UniqueTask, carried: Claim) -> None:
-    """The run's hold goes on with its retry: the queue lease again, no heartbeat here."""
     held = getattr(task.request, "dynasem_held", None)
-    if held is None or held.token != carried.token:
-        return
-    held.lease = task.queue_lease
-    held.renew()
-    held._stop_heartbeat()
-    held.handed_on = True
-
-
-def _give_back(taken: Claim) -> None:
-    try:
-        adopt(taken).release()
-    except LockLost:
-        pass
-    except Exception:  # its queue lease ends it anyway
-        logger.warning("dynasem: could not give back %r", taken.resource, exc_info=True)
+    if held is not None and held.token == carried.token:
+        hand_on(held, task.queue_lease)
 
 
 def _revoked(request: Any = None, **kwargs: Any) -> None:
     """A revoked task never runs (or stops): give its key back."""
     carried = Claim.from_header(_header_of(request)) if request is not None else None
     if carried is not None:
-        _give_back(carried)
+        give_back(carried)
 
 
 task_revoked.connect(_revoked, weak=False)

@@ -81,3 +81,12 @@ def retry_later(exc: SemaphoreBusy, *args: Any, **kwargs: Any) -> Any:
 
         return enqueue_again()
     raise refused(later.enqueue(*result.args, **result.kwargs))
+
+
+def __getattr__(name: str) -> Any:
+    # Unique tasks subclass django.tasks.Task (Django >= 6.0): imported when asked for.
+    if name in ("unique_task", "UniqueTask"):
+        from . import tasks_unique
+
+        return getattr(tasks_unique, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -14,16 +14,32 @@ held gets the id of the task that holds it (:class:`Taken`), and enqueues nothin
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from . import clock
 from .drivers import run_sync
+from .entered import forget_entered, remember_acquired, remember_entered
 from .exceptions import LockLost, SemaphoreBusy
 from .held import Held
 from .validation import resolve_timing
 
-__all__ = ["Claim", "Taken", "adopt", "claim", "task_of"]
+__all__ = [
+    "Claim",
+    "Taken",
+    "adopt",
+    "claim",
+    "give_back",
+    "hand_on",
+    "running",
+    "take_back",
+    "task_of",
+]
+
+logger = logging.getLogger("dynasem")
 
 USER_PREFIX = "task:"
 
@@ -114,3 +130,43 @@ def adopt(claim: Claim, lease: float | None = None) -> Held:
         raise
     held._start_heartbeat()
     return held
+
+
+@contextlib.contextmanager
+def running(held: Held) -> Iterator[Held]:
+    """The task's run: its hold is this thread's or coroutine's, as a ``with semaphore()``
+    block's is (``current_hold()``; a ``semaphore()`` of its key inside re-enters it)."""
+    remember_entered(held, held)
+    remember_acquired(held)
+    try:
+        yield held
+    finally:
+        forget_entered(held)
+
+
+def hand_on(held: Held, queue_lease: float) -> None:
+    """A run's hold goes on with its retry's message: the queue lease again, no heartbeat
+    here; the run that ends does not give it back (``held.handed_on``)."""
+    held.lease = queue_lease
+    held.renew()
+    held._stop_heartbeat()
+    held.handed_on = True
+
+
+def take_back(held: Held, run_lease: float) -> None:
+    """A retry that could not be enqueued: the run keeps its hold, renewed as before."""
+    held.handed_on = False
+    held.lease = run_lease
+    held.renew()
+    held._start_heartbeat()
+
+
+def give_back(taken: Claim) -> None:
+    """Free a claimed key now (its task was not enqueued, or was revoked); quietly, since its
+    queue lease ends it anyway."""
+    try:
+        adopt(taken).release()
+    except LockLost:
+        pass
+    except Exception:
+        logger.warning("dynasem: could not give back %r", taken.resource, exc_info=True)

@@ -9,7 +9,6 @@ process, ``DYNASEM_TEST_ENDPOINT`` and ``DYNASEM_TEST_TABLE`` (tests/settings.py
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from typing import Any
@@ -26,20 +25,10 @@ from django.dispatch import receiver  # noqa: E402
 from dynasem import current_hold, semaphore  # noqa: E402
 from dynasem.celery import UniqueTask, retry_later  # noqa: E402
 from dynasem.signals import lock_busy  # noqa: E402
+from tests.events import record  # noqa: E402
 
 app = Celery("dynasem-broker-test", broker=os.environ["DYNASEM_TEST_BROKER"])
 app.conf.update(task_ignore_result=True, broker_connection_retry_on_startup=True)
-
-
-def record(**event: Any) -> None:
-    """One JSON line, appended with one write (O_APPEND: lines of several processes never
-    interleave)."""
-    line = json.dumps({"pid": os.getpid(), "t": time.time(), **event}) + "\n"
-    fd = os.open(os.environ["DYNASEM_TEST_CELERY_LOG"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
 
 
 # The README's recipe: the task decorator on top, the semaphore next to the function, busy

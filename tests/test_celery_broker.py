@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import os
 import random
 import shutil
@@ -28,6 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.events import read_events
 
 REDIS_SERVER = shutil.which("redis-server")
 pytestmark = pytest.mark.skipif(
@@ -127,12 +128,6 @@ def workers(broker: str, events: Path, tmp_path: Path) -> Iterator[Any]:
                 p.kill()
                 p.wait()
         print(f"; stopped in {time.monotonic() - stopping:.1f} s", end="")
-
-
-def read_events(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line]
 
 
 def test_readme_recipe_runs_60_tasks_over_3_keys_on_2_prefork_workers(

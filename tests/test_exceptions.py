@@ -29,6 +29,7 @@ from dynasem.decorators import KeyTooLong
 from dynasem.run_once import TransactionRolledBack
 from dynasem.table import LockItem, Refused
 from dynasem.table.client import Cancelled
+from dynasem.unique import Taken
 
 
 def test_unavailable_says_whether_to_retry_and_whether_it_may_have_applied() -> None:
@@ -68,6 +69,7 @@ EXAMPLES: list[BaseException] = [
     SemaphoreBusy("tbl_issues:42", 2, "alice", queue_position=4, estimated_wait=1.25),
     LockLost("tbl_issues:42", "its lease ran out"),
     Coalesced("tbl_issues:42", 3, "alice", "bob"),
+    Taken("unique:reindex:42", "5f0c1e"),
     SemaphoreUnavailable("DynamoDB timed out", transient=True, ambiguous=True),
     TableMissing("no table: run `manage.py dynasem_createtable`"),
     LimitExceeded("the item would exceed 400 KB", "item size"),

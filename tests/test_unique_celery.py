@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 
-from tests.test_celery_broker import broker, read_events, workers  # noqa: F401 - a fixture
+from tests.events import read_events
+from tests.test_celery_broker import broker, workers  # noqa: F401 - a fixture
 
 celery = pytest.importorskip("celery", reason="celery is in the test dependency group")
 

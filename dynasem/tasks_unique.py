@@ -1,0 +1,262 @@
+"""Unique ``django.tasks`` tasks (Django >= 6.0; reach them as
+``dynasem.django_tasks.unique_task``)::
+
+    from dynasem.django_tasks import unique_task
+
+    @unique_task(unique_key="reindex:{project_id}", queue_lease=600)
+    def reindex(project_id): ...
+
+    reindex.enqueue(42)   # a TaskResult; a second reindex.enqueue(42) while that task is
+                          # queued or running enqueues nothing and returns None
+
+``unique_task`` takes ``@task``'s arguments too (priority, queue_name, backend,
+takes_context) and makes a :class:`UniqueTask`, a ``django.tasks.Task``. The key is taken at
+enqueue for ``queue_lease`` seconds and travels with the task in a keyword argument
+(``dynasem_claim``, seen in the stored arguments, never by the function); the worker that
+starts the task holds it for the run (``run_lease``, the LEASE setting by default), renewed
+by the heartbeat, and gives it back when the task returns or raises. A task enqueued again
+from its own run with the same key (a retry, e.g. ``dynasem.django_tasks.retry_later``)
+keeps the key: it goes on with the new task, for ``queue_lease`` again. A task that never
+starts frees the key when the queue lease ends; a worker killed mid-task, when the run lease
+ends.
+
+A refused enqueue returns None (and logs the claim that holds the key): django.tasks gives a
+task its id when the backend stores it, after the key is taken, and recording it would cost
+every enqueue a second write.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import inspect
+import logging
+import string
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.tasks import Task  # type: ignore[import-not-found, unused-ignore]
+from django.tasks import task as django_task  # type: ignore[import-not-found, unused-ignore]
+
+from .decorators import KeyMaker, _checked
+from .drivers import run_io
+from .exceptions import LockLost
+from .held import Held
+from .unique import Claim, Taken, adopt, claim, give_back, hand_on, running, take_back
+
+logger = logging.getLogger("dynasem")
+
+__all__ = ["CLAIM_ARG", "UniqueTask", "unique_task"]
+
+CLAIM_ARG = "dynasem_claim"
+
+if TYPE_CHECKING:
+    _Task = Task[Any, Any]
+else:
+    _Task = Task  # not generic at run time
+
+# The unique task this thread or coroutine is running: (its module path, its claim, its hold).
+_running: contextvars.ContextVar[tuple[str, Claim, Held] | None] = contextvars.ContextVar(
+    "dynasem_unique_running", default=None
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UniqueTask(_Task):
+    """A ``django.tasks`` task whose key (``unique_key``, a template over its arguments as
+    the decorator's, or a callable of them) is held from enqueue to the end of its run."""
+
+    unique_key: Any = None
+    queue_lease: float = 3600.0
+    run_lease: float | None = None  # the LEASE setting
+
+    def __post_init__(self) -> None:
+        Task.__post_init__(self)  # the backend's checks (a slotted dataclass: no super())
+        if self.unique_key is None:
+            raise TypeError(
+                f"{self.name}: a unique task needs unique_key=, e.g. "
+                '@unique_task(unique_key="reindex:{project_id}")'
+            )
+        KeyMaker(self.unique_key, self.func)  # a bad template is refused here, not at enqueue
+        _check_fields(self.name, self.unique_key, self.func)
+        if not self.queue_lease > 0:
+            raise ValueError(f"{self.name}: queue_lease must be positive, not {self.queue_lease!r}")
+
+    def unique_resource(self, args: Any, kwargs: Any) -> str:
+        keys = KeyMaker(self.unique_key, self.func)
+        if self.takes_context:
+            args = (None, *args)  # the context the worker passes first
+        resource = keys(tuple(args), dict(kwargs), False)
+        if not isinstance(resource, str):
+            raise TypeError(f"{self.name}: unique_key must make one key, not {resource!r}")
+        return str(_checked(resource))
+
+    def enqueue(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.pop(CLAIM_ARG, None)  # a result's kwargs enqueued again: not that claim
+        resource = self.unique_resource(args, kwargs)
+        running = _running.get()
+        if (
+            running is not None
+            and running[0] == self.module_path
+            and running[1].resource == resource
+        ):
+            return self._enqueue_retry(running, args, kwargs)
+        try:
+            taken = claim(resource, uuid.uuid4().hex, self.queue_lease)
+        except Taken as busy:
+            logger.info(
+                "dynasem: %s not enqueued: %r is held by task claim %s",
+                self.module_path,
+                resource,
+                busy.task_id,
+            )
+            return None
+        try:
+            return self._backend().enqueue(self, args, {**kwargs, CLAIM_ARG: taken.header()})
+        except BaseException:
+            give_back(taken)  # not enqueued: free the key now
+            raise
+
+    async def aenqueue(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.pop(CLAIM_ARG, None)
+        resource = self.unique_resource(args, kwargs)
+        running = _running.get()
+        if (
+            running is not None
+            and running[0] == self.module_path
+            and running[1].resource == resource
+        ):
+            _, carried, held = running
+            run_lease = held.lease
+            await run_io(hand_on, held, self.queue_lease)
+            try:
+                return await self._backend().aenqueue(
+                    self, args, {**kwargs, CLAIM_ARG: carried.header()}
+                )
+            except BaseException:
+                await run_io(take_back, held, run_lease)
+                raise
+        try:
+            taken = await run_io(claim, resource, uuid.uuid4().hex, self.queue_lease)
+        except Taken as busy:
+            logger.info(
+                "dynasem: %s not enqueued: %r is held by task claim %s",
+                self.module_path,
+                resource,
+                busy.task_id,
+            )
+            return None
+        try:
+            return await self._backend().aenqueue(self, args, {**kwargs, CLAIM_ARG: taken.header()})
+        except BaseException:
+            await run_io(give_back, taken)
+            raise
+
+    def _enqueue_retry(self, running: tuple[str, Claim, Held], args: Any, kwargs: Any) -> Any:
+        """Enqueued from its own run with its own key: the key goes on with the new task."""
+        _, carried, held = running
+        run_lease = held.lease
+        hand_on(held, self.queue_lease)
+        try:
+            return self._backend().enqueue(self, args, {**kwargs, CLAIM_ARG: carried.header()})
+        except BaseException:
+            take_back(held, run_lease)
+            raise
+
+    def call(self, *args: Any, **kwargs: Any) -> Any:
+        carried = Claim.from_header(kwargs.pop(CLAIM_ARG, None))
+        if carried is None:  # called directly, or enqueued by another Task class
+            return Task.call(self, *args, **kwargs)
+        try:
+            held = adopt(carried, self.run_lease)
+        except LockLost:
+            self._not_run(carried)
+            return None
+        running_now = _running.set((self.module_path, carried, held))
+        try:
+            with running(held):
+                return Task.call(self, *args, **kwargs)
+        finally:
+            _running.reset(running_now)
+            self._end(held)
+
+    async def acall(self, *args: Any, **kwargs: Any) -> Any:
+        carried = Claim.from_header(kwargs.pop(CLAIM_ARG, None))
+        if carried is None:
+            return await Task.acall(self, *args, **kwargs)
+        try:
+            held = await run_io(adopt, carried, self.run_lease)
+        except LockLost:
+            self._not_run(carried)
+            return None
+        running_now = _running.set((self.module_path, carried, held))
+        try:
+            with running(held):
+                return await Task.acall(self, *args, **kwargs)
+        finally:
+            _running.reset(running_now)
+            await run_io(self._end, held)
+
+    def _backend(self) -> Any:
+        return self.get_backend()
+
+    def _not_run(self, carried: Claim) -> None:
+        logger.warning(
+            "dynasem: %s (claim %s) not run: its key %r was taken by another task after its "
+            "queue lease (%gs) ran out",
+            self.module_path,
+            carried.task_id,
+            carried.resource,
+            self.queue_lease,
+        )
+
+    def _end(self, held: Held) -> None:
+        if getattr(held, "handed_on", False):
+            return  # gone on with its retry
+        try:
+            held.release()
+        except LockLost:
+            logger.warning("dynasem: %s lost its key %r", self.module_path, held.resources[0])
+
+
+def _check_fields(name: str, template: Any, func: Any) -> None:
+    """A template's fields must name the function's parameters (unless it takes ``**``)."""
+    params = inspect.signature(func).parameters
+    if not isinstance(template, str) or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+    ):
+        return
+    for _, field, _, _ in string.Formatter().parse(template):
+        if field is None:
+            continue
+        head = field.split(".", 1)[0].split("[", 1)[0]
+        if head and not head.isdigit() and head not in params:
+            raise TypeError(
+                f"{name}: unique_key {template!r} names {head!r}, which is not a parameter "
+                f"of {name}{inspect.signature(func)}"
+            )
+
+
+def unique_task(
+    function: Any = None,
+    *,
+    unique_key: Any,
+    queue_lease: float = 3600.0,
+    run_lease: float | None = None,
+    **task_options: Any,
+) -> Any:
+    """``@task`` (with its options) making a :class:`UniqueTask` keyed by ``unique_key``."""
+
+    def wrap(func: Any) -> UniqueTask:
+        made = django_task(func, **task_options)  # validates the options as @task does
+        fields = {f: getattr(made, f) for f in ("priority", "backend", "queue_name")}
+        return UniqueTask(
+            func=func,
+            takes_context=made.takes_context,
+            unique_key=unique_key,
+            queue_lease=queue_lease,
+            run_lease=run_lease,
+            **fields,
+        )
+
+    return wrap(function) if function is not None else wrap
