@@ -61,6 +61,16 @@ def unique_work(self: Any, key: str, n: int, seconds: float) -> int:
     return n
 
 
+# Retries once (test_unique_celery.py): the key goes on with the retry.
+@shared_task(bind=True, base=UniqueTask, unique_key="unique:{key}", queue_lease=60, run_lease=2)
+def unique_retried(self: Any, key: str) -> int:
+    retries = self.request.retries
+    record(event="unique-try", key=key, retries=retries, task_id=self.request.id)
+    if retries == 0:
+        raise self.retry(countdown=1.0)
+    return retries
+
+
 @receiver(lock_busy)
 def refused(sender: Any, resource: str, retry_after: int, **kwargs: Any) -> None:
     request = current_task.request if current_task else None

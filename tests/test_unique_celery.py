@@ -28,7 +28,7 @@ ENQUEUES, KEYS = 60, 3
 RUN_LEASE, SKEW = 2.0, 0.5
 
 
-def producer(broker_url: str) -> Any:
+def producer(broker_url: str, name: str = "unique_work") -> Any:
     """The enqueueing side: the same task, by name, on a client app of the test's own."""
     from dynasem.celery import UniqueTask
 
@@ -38,12 +38,12 @@ def producer(broker_url: str) -> Any:
     @app.task(
         bind=True,
         base=UniqueTask,
-        name="tests.celery_app.unique_work",
+        name=f"tests.celery_app.{name}",
         unique_key="unique:{key}",
         queue_lease=60,
         run_lease=RUN_LEASE,
     )
-    def unique_work(self: Any, key: str, n: int, seconds: float) -> int:
+    def unique_work(self: Any, key: str, *args: Any) -> int:
         raise AssertionError("runs in the workers only")
 
     return unique_work
@@ -125,3 +125,47 @@ def test_a_worker_killed_mid_task_frees_its_key_within_the_run_lease(
             assert time.monotonic() < deadline, tails()
             time.sleep(0.05)
     assert live("unique:kill") == []
+
+
+def test_a_retry_keeps_the_key_and_a_revoked_task_gives_it_back(
+    lock_table: str,
+    broker: str,  # noqa: F811 - the fixture
+    tmp_path: Path,
+) -> None:
+    events_file = tmp_path / "events.jsonl"
+    retried, task = producer(broker, "unique_retried"), producer(broker)
+    with workers(broker, events_file, tmp_path) as (client, tails):
+        first = retried.apply_async(("retry",))
+        deadline = time.monotonic() + 30
+        while not [e for e in read_events(events_file) if e["event"] == "unique-try"]:
+            assert time.monotonic() < deadline, tails()
+            time.sleep(0.05)
+        # Between the first try and its retry (1 s later) the key is the retry's.
+        assert retried.apply_async(("retry",)).id == first.id
+        (hold,) = live("unique:retry")
+        assert hold.expires_ms > time.time() * 1000 + 30_000  # the queue lease again
+        while len([e for e in read_events(events_file) if e["event"] == "unique-try"]) < 2:
+            assert time.monotonic() < deadline, tails()
+            time.sleep(0.05)
+        tries = [e for e in read_events(events_file) if e["event"] == "unique-try"]
+        assert [(e["task_id"], e["retries"]) for e in tries] == [(first.id, 0), (first.id, 1)]
+        while live("unique:retry"):  # given back at the retry's end
+            assert time.monotonic() < deadline, tails()
+            time.sleep(0.05)
+
+        # A task revoked while it waits for its countdown never runs; the worker that
+        # discards it gives its key back, long before its queue lease (60 s) would.
+        later = task.apply_async(("revoke", 0, 0.1), countdown=2)
+        assert live("unique:revoke")
+        client.control.revoke(later.id)
+        deadline = time.monotonic() + 15
+        while live("unique:revoke"):
+            assert time.monotonic() < deadline, f"the revoked task kept its key\n{tails()}"
+            time.sleep(0.05)
+        freed = task.apply_async(("revoke", 1, 0.1))
+        assert freed.id != later.id
+        while not [e for e in read_events(events_file) if e["event"] == "unique-run"]:
+            assert time.monotonic() < deadline, tails()
+            time.sleep(0.05)
+    runs = [e for e in read_events(events_file) if e["event"] == "unique-run"]
+    assert [e["task_id"] for e in runs] == [freed.id]  # the revoked one never ran
