@@ -32,8 +32,6 @@ what every project ends with, against two variants served only for it (``DEMO_LO
 
 from __future__ import annotations
 
-import time
-import uuid
 from typing import Any
 
 from django.conf import settings
@@ -48,7 +46,7 @@ from django.views.decorators.http import require_POST
 
 from dynasem import Held, SemaphoreBusy, current_hold, resource_key, semaphore
 
-from .models import Issue
+from .models import Issue, purge_and_insert
 
 PROJECTS = range(1, 6)
 
@@ -168,19 +166,7 @@ def _rebuild(request: HttpRequest, project_id: int, *, variant: str) -> HttpResp
     if project_id not in PROJECTS:
         raise Http404(f"No project {project_id}")
     started = timezone.now()
-    rebuild = uuid.uuid4().hex
-    # Fetching the project's issues from wherever they come from takes a while.
-    time.sleep(settings.DEMO_REBUILD_SECONDS)
-    deleted, _ = Issue.objects.filter(project=project_id).delete()
-    Issue.objects.bulk_create(
-        Issue(
-            project=project_id,
-            number=n,
-            title=f"Issue {n} of project {project_id}",
-            rebuild=rebuild,
-        )
-        for n in range(1, settings.DEMO_ISSUES_PER_PROJECT + 1)
-    )
+    deleted, rebuild = purge_and_insert(project_id)
     finished = timezone.now()
     held: Held | None
     try:
