@@ -6,8 +6,10 @@ environment win over it. ``.env.example`` documents every variable.
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
+import django
 import environ
 
 BASE_DIR = Path(__file__).resolve().parent
@@ -128,6 +130,20 @@ DEMO_REBUILD_WAIT = env.float("DEMO_REBUILD_WAIT", default=0)
 # answered 202 counts on it).
 DEMO_COALESCED_WAIT = env.float("DEMO_COALESCED_WAIT", default=300)
 DEMO_LOAD_VARIANTS = env.bool("DEMO_LOAD_VARIANTS", default=False)
+
+# The background rebuild (projects/tasks.py) is a django.tasks task (Django >= 6.0). With
+# django-tasks-db installed (the dev dependency group) the tasks are stored in the database
+# and `manage.py db_worker` runs them (make demo starts one); without it Django's
+# ImmediateBackend runs them in the request that enqueues them.
+DEMO_TASKS_WORKER = env.bool(
+    "DEMO_TASKS_WORKER",
+    default=django.VERSION >= (6, 0) and importlib.util.find_spec("django_tasks_db") is not None,
+)
+if DEMO_TASKS_WORKER:
+    INSTALLED_APPS.append("django_tasks_db")
+    TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+else:
+    TASKS = {"default": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}}
 
 LOGGING = {
     "version": 1,

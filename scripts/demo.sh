@@ -23,7 +23,12 @@ PORT="${DEMO_PORT:-8000}"
 
 workdir="$(mktemp -d)"
 server_pid=""
+worker_pid=""
 cleanup() {
+    if [ -n "$worker_pid" ]; then
+        kill "$worker_pid" 2>/dev/null || true
+        wait "$worker_pid" 2>/dev/null || true
+    fi
     if [ -n "$server_pid" ]; then
         kill "$server_pid" 2>/dev/null || true
         wait "$server_pid" 2>/dev/null || true
@@ -45,9 +50,10 @@ print(
     settings.DYNASEM["ENDPOINT_URL"] or "-",
     int(bool(env("AWS_ACCESS_KEY_ID") or env("AWS_PROFILE"))),
     int(bool(settings.DYNASEM["REGION_NAME"] or env("AWS_REGION") or env("AWS_DEFAULT_REGION"))),
+    int(settings.DEMO_TASKS_WORKER),
 )
 ')" || { echo "demo.sh: could not load example_project.settings (see above)" >&2; exit 1; }
-read -r configured_endpoint have_keys have_region <<<"$settings_summary"
+read -r configured_endpoint have_keys have_region tasks_worker <<<"$settings_summary"
 
 if [ "$configured_endpoint" != "-" ]; then
     echo "demo.sh: using DynamoDB at $configured_endpoint (DYNASEM_ENDPOINT_URL)"
@@ -104,6 +110,14 @@ if not User.objects.filter(username="demo").exists():
 '
 
 "$PY" manage.py dynasem_createtable --wait
+
+# The background rebuilds' worker (django-tasks-db), when the settings store tasks in the
+# database (DEMO_TASKS_WORKER); its log goes to the terminal with runserver's.
+if [ "$tasks_worker" = 1 ]; then
+    "$PY" manage.py db_worker --interval 0.5 --verbosity 1 &
+    worker_pid=$!
+    echo "demo.sh: started a task worker (manage.py db_worker) for the background rebuilds"
+fi
 
 cat <<EOF
 

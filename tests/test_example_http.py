@@ -9,8 +9,11 @@ started, and the project ends whole (one rebuild's rows, each number once)."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -20,10 +23,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import django
 import pytest
 
-from tests.example_server import Client, example_env, example_project
-from tests.servers import ServerUnavailable, postgresql
+from tests.example_server import REPO, Client, example_env, example_project
+from tests.servers import ServerUnavailable, postgresql, stop
 
 psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed (test dependencies)")
 pytest.importorskip("gunicorn", reason="gunicorn is not installed (test dependencies)")
@@ -31,6 +35,7 @@ pytest.importorskip("environ", reason="django-environ is not installed (the demo
 
 ROWS = 30
 CLIENTS = 30
+HAS_TASKS_DB = django.VERSION >= (6, 0) and importlib.util.find_spec("django_tasks_db") is not None
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +60,17 @@ def served(dynamodb_local: str, database: str) -> Iterator[tuple[int, str]]:
             f"example-{uuid.uuid4().hex[:8]}",
             DEMO_REBUILD_SECONDS=1.0,  # every request of the burst arrives during the first
             DEMO_ISSUES_PER_PROJECT=ROWS,
+            DEMO_TASKS_WORKER=HAS_TASKS_DB,
         )
         port = stack.enter_context(example_project(env, workers=2, threads=16)).port
+        if HAS_TASKS_DB:  # the background rebuilds' worker
+            worker = subprocess.Popen(
+                [sys.executable, "manage.py", "db_worker", "--interval", "0.1"]
+                + ["--no-startup-delay"],
+                cwd=REPO,
+                env=env,
+            )
+            stack.callback(stop, worker)
         yield port, url
 
 
@@ -183,3 +197,40 @@ def test_a_next_run_killed_while_waiting_is_replaced_through_http(
         rows = db.execute("SELECT rebuild, number FROM projects_issue WHERE project = 2").fetchall()
     assert {rebuild for rebuild, _ in rows} == {run["rebuild"]}
     assert sorted(number for _, number in rows) == list(range(1, ROWS + 1))
+
+
+@pytest.mark.skipif(not HAS_TASKS_DB, reason="django-tasks-db (dev dependency group, Django 6)")
+def test_background_rebuilds_enqueue_once_while_one_is_queued_or_running(
+    served: tuple[int, str],
+) -> None:
+    """The example's unique task through HTTP and a db_worker: ten POSTs while the first
+    rebuild is queued or running enqueue it once; once it is done, the next POST enqueues."""
+    port, url = served
+    client = Client(port)
+    client.login()
+    answers = [client.post_rebuild("rebuild-in-background", 3) for _ in range(10)]
+    assert [status for status, _ in answers] == [202] * 10
+    bodies = [json.loads(body) for _, body in answers]
+    assert [b["enqueued"] for b in bodies] == [True] + [False] * 9, bodies
+    task_id = bodies[0]["task_id"]
+    deadline = time.monotonic() + 60
+    with psycopg.connect(url, autocommit=True) as db:
+        while True:
+            (status,) = db.execute(
+                "SELECT status FROM django_tasks_database_dbtaskresult WHERE id = %s", [task_id]
+            ).fetchone() or ("missing",)
+            if status in ("SUCCESSFUL", "FAILED"):
+                break
+            assert time.monotonic() < deadline, f"the background rebuild is still {status}"
+            time.sleep(0.1)
+        assert status == "SUCCESSFUL"
+        rows = db.execute("SELECT number, rebuild FROM projects_issue WHERE project = 3").fetchall()
+        (enqueued,) = db.execute(
+            "SELECT count(*) FROM django_tasks_database_dbtaskresult WHERE task_path LIKE %s",
+            ["%rebuild_in_background"],
+        ).fetchone()
+    assert enqueued == 1  # ten POSTs, one task
+    assert sorted(n for n, _ in rows) == list(range(1, ROWS + 1))  # whole
+    assert len({r for _, r in rows}) == 1  # one rebuild's rows
+    again = json.loads(client.post_rebuild("rebuild-in-background", 3)[1])
+    assert again["enqueued"] is True  # the key was given back at the task's end

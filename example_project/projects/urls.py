@@ -26,6 +26,11 @@ urlpatterns = [
         views.purge_and_rebuild_coalesced,
         name="rebuild-coalesced",
     ),
+    path(
+        "projects/<int:project_id>/rebuild-in-background/",
+        views.rebuild_in_background,
+        name="rebuild-in-background",
+    ),
     # Served only with DEMO_LOAD_VARIANTS=true (scripts/load_rebuild.py).
     path(
         "projects/<int:project_id>/rebuild-unlocked/",

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import django
 from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.mixins import LoginRequiredMixin
@@ -49,6 +50,8 @@ from dynasem import Held, SemaphoreBusy, current_hold, resource_key, semaphore
 from .models import Issue, purge_and_insert
 
 PROJECTS = range(1, 6)
+
+HAS_TASKS = django.VERSION >= (6, 0)  # django.tasks, for the background rebuild
 
 # One resource per project: the lock is on the data, not on the view that touches it.
 RESOURCE = "tbl_issues:{project_id}"
@@ -69,7 +72,11 @@ def index(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "projects/index.html",
-        {"projects": projects, "rebuild_seconds": settings.DEMO_REBUILD_SECONDS},
+        {
+            "projects": projects,
+            "rebuild_seconds": settings.DEMO_REBUILD_SECONDS,
+            "has_tasks": HAS_TASKS,
+        },
     )
 
 
@@ -133,6 +140,35 @@ def purge_and_rebuild_with_fence(request: HttpRequest, project_id: int) -> HttpR
 def purge_and_rebuild_coalesced(request: HttpRequest, project_id: int) -> HttpResponse:
     """Rebuild one project's issues; a burst of requests gets at most two rebuilds."""
     return _rebuild(request, project_id, variant="coalesced")
+
+
+# 5. In the background: a unique django.tasks task (projects/tasks.py). One rebuild of the
+#    project queued or running at a time; enqueueing another meanwhile enqueues nothing.
+@require_POST
+@login_required
+def rebuild_in_background(request: HttpRequest, project_id: int) -> HttpResponse:
+    """Enqueue the project's rebuild unless one is queued or running already: 202 either way,
+    saying which."""
+    if project_id not in PROJECTS:
+        raise Http404(f"No project {project_id}")
+    if not HAS_TASKS:
+        raise Http404("Background rebuilds need django.tasks (Django >= 6.0)")
+    from .tasks import rebuild_in_background as task
+
+    result = task.enqueue(project_id)
+    data: dict[str, Any] = {
+        "project": project_id,
+        "variant": "unique task",
+        "enqueued": result is not None,
+        "task_id": None if result is None else str(result.id),
+        "backend": settings.TASKS["default"]["BACKEND"] if HAS_TASKS else None,
+        "detail": (
+            f"rebuild of project {project_id} enqueued"
+            if result is not None
+            else f"a rebuild of project {project_id} is already queued or running: not enqueued"
+        ),
+    }
+    return _respond(request, data, status=202)
 
 
 # What the load script compares against, served only with DEMO_LOAD_VARIANTS: the same
