@@ -1,6 +1,6 @@
 """test_unique_tasks.py's enqueuing process: ``python -m tests.unique_enqueue N KEYS SEED``
 enqueues ``tests.unique_tasks.unique_work`` N times over KEYS keys, 0.1 s apart, each run
-taking 0.3-0.6 s, and prints one JSON line per enqueue: its key, n, the time it was sent and
+taking 0.3-0.6 s, and prints one JSON line per enqueue: its key, n, the time it returned and
 the task result's id (None: refused, the key was held)."""
 
 from __future__ import annotations
@@ -23,9 +23,15 @@ def main(count: int, keys: int, seed: int) -> None:
     rng = random.Random(seed)
     for n in range(count):
         key = f"k{n % keys}"
-        sent = time.time()
         result = unique_work.enqueue(key, n, rng.uniform(0.3, 0.6))
-        line = {"key": key, "n": n, "sent": sent, "id": None if result is None else str(result.id)}
+        # Queued at the latest by now (the claim is written during the call).
+        queued = time.time()
+        line = {
+            "key": key,
+            "n": n,
+            "queued": queued,
+            "id": None if result is None else str(result.id),
+        }
         print(json.dumps(line), flush=True)
         time.sleep(0.1)
 
