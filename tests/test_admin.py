@@ -681,7 +681,10 @@ def test_an_unavailable_dynamodb_is_said_within_seconds_never_shown_as_empty(
     took = time.monotonic() - started
     body = response.content.decode()
     assert response.status_code == 200
-    assert took <= 3.0, f"the page took {took:.1f} s"
+    # The admin's client gives up after 1 s connecting or 2 s reading, once (table/client.py);
+    # the locks' client would take 10 s or more. 5 s leaves room for a loaded 2-core host
+    # (3.2 s seen once with the suite and other work side by side).
+    assert took <= 5.0, f"the page took {took:.1f} s"
     assert "Unavailable: nothing can be listed now" in body
     assert url in body  # which endpoint
     for empty in ("No active holds", "No run-once jobs", "holds on this page", "jobs on this"):
