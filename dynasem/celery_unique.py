@@ -28,7 +28,19 @@ from celery.signals import task_revoked  # type: ignore[import-untyped]
 
 from .decorators import KeyMaker, _checked
 from .exceptions import LockLost
-from .unique import Claim, Taken, adopt, claim, give_back, hand_on, running
+from .held import Held
+from .unique import (
+    Claim,
+    Taken,
+    adopt,
+    claim,
+    end_run,
+    give_back,
+    hand_on,
+    inline_retry,
+    running,
+    take_back,
+)
 
 logger = logging.getLogger("dynasem")
 
@@ -64,20 +76,44 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
         self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any
     ) -> Any:
         headers = dict(options.pop("headers", None) or {})
-        carried = Claim.from_header(headers.get(HEADER))
-        if carried is not None and carried.task_id == task_id:
+        carried = Claim.from_header(headers.pop(HEADER, None))
+        run = _run_of(self, carried) if carried is not None and carried.task_id == task_id else None
+        if run is not None and carried is not None:
             # A retry of this task, sent from its own run: the key goes on with it.
-            _hand_on(self, carried)
-            return super().apply_async(args, kwargs, task_id=task_id, headers=headers, **options)
+            following = hand_on(run, carried)
+            if following is None:  # a second retry from one run: the first has the key
+                return self.AsyncResult(task_id)
+            headers[HEADER] = following.header()
+            try:
+                return super().apply_async(
+                    args, kwargs, task_id=task_id, headers=headers, **options
+                )
+            except BaseException:
+                take_back(run)
+                raise
         task_id = task_id or str(uuid.uuid4())
         resource = self.unique_resource(args, kwargs)
         try:
             taken = claim(resource, task_id, self.queue_lease)
         except Taken as busy:
             logger.info(
-                "dynasem: %s not enqueued: %r is held by task %s", self.name, resource, busy.task_id
+                "dynasem: %s not enqueued: %r is held by %s",
+                self.name,
+                resource,
+                f"task {busy.task_id}" if busy.task_id else "a hold that is not a task's",
             )
-            return self.AsyncResult(busy.task_id) if busy.task_id else None
+            # The holder's handle; a key held by something else than a task (a semaphore()
+            # block) has none: the handle of a task id that never runs says "not run".
+            return self.AsyncResult(busy.task_id or task_id)
+        if self.app.conf.task_always_eager:
+            # Run here and now, inside the claim: the key is held until it returns (a retry
+            # runs inside it too, as Celery's eager mode does).
+            try:
+                return super().apply_async(
+                    args, kwargs, task_id=task_id, headers=headers, **options
+                )
+            finally:
+                give_back(taken)
         headers[HEADER] = taken.header()
         try:
             return super().apply_async(args, kwargs, task_id=task_id, headers=headers, **options)
@@ -87,30 +123,29 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         carried = Claim.from_header(_header_of(self.request))
-        if carried is None:  # called directly, or sent without apply_async (send_task)
+        if carried is None or inline_retry(carried) is not None:
+            # Called directly, sent without apply_async (send_task), or run eagerly.
             return super().__call__(*args, **kwargs)
         try:
             held = adopt(carried, self.run_lease)
-        except LockLost:
+        except LockLost as lost:
             logger.warning(
-                "dynasem: %s[%s] not run: its key %r was taken by another task after its "
-                "queue lease (%gs) ran out",
+                "dynasem: %s[%s] not run: its key %r is not its own (%s)",
                 self.name,
                 self.request.id,
                 carried.resource,
-                self.queue_lease,
+                lost.reason,
             )
             return None
-        self.request.dynasem_held = held
+        self.request.dynasem_run = (carried, held)
         try:
             with running(held):
                 return super().__call__(*args, **kwargs)
         finally:
-            if not getattr(held, "handed_on", False):
-                try:
-                    held.release()
-                except LockLost:
-                    logger.warning("dynasem: %s lost its key %r", self.name, carried.resource)
+            try:
+                end_run(held, self.queue_lease)
+            except LockLost:
+                logger.warning("dynasem: %s lost its key %r", self.name, carried.resource)
 
 
 def _header_of(request: Any) -> Any:
@@ -120,16 +155,19 @@ def _header_of(request: Any) -> Any:
     return value
 
 
-def _hand_on(task: UniqueTask, carried: Claim) -> None:
-    held = getattr(task.request, "dynasem_held", None)
-    if held is not None and held.token == carried.token:
-        hand_on(held, task.queue_lease)
+def _run_of(task: UniqueTask, carried: Claim | None) -> Held | None:
+    """The run of ``carried`` going on in this worker (a retry is being sent from it)."""
+    run = getattr(task.request, "dynasem_run", None)
+    if run is not None and run[0] == carried:
+        return run[1]  # type: ignore[no-any-return]
+    return None
 
 
-def _revoked(request: Any = None, **kwargs: Any) -> None:
-    """A revoked task never runs (or stops): give its key back."""
+def _revoked(request: Any = None, terminated: bool = False, **kwargs: Any) -> None:
+    """A revoked task that never ran gives its key back. One terminated while it runs may
+    still be running (a signal it handles): its run lease ends the key."""
     carried = Claim.from_header(_header_of(request)) if request is not None else None
-    if carried is not None:
+    if carried is not None and not terminated:
         give_back(carried)
 
 

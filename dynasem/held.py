@@ -69,9 +69,9 @@ class Held:
         # Acquisitions of it in all: nested acquires in the same thread or task re-enter it
         # (entered.py); only the last release gives it back.
         self.depth = 1
-        # A unique task's hold gone on with its retry (dynasem.unique.hand_on): its run's end
-        # does not give it back.
-        self.handed_on = False
+        # A unique task's run that enqueued its retry: the retry's claim token, which this
+        # hold becomes at the run's end instead of being given back (dynasem.unique).
+        self.handed_on: str | None = None
 
     def _observe(self, item: table.LockItem | None) -> None:
         if item is not None:

@@ -42,7 +42,18 @@ from .decorators import KeyMaker, _checked
 from .drivers import run_io
 from .exceptions import LockLost
 from .held import Held
-from .unique import Claim, Taken, adopt, claim, give_back, hand_on, running, take_back
+from .unique import (
+    Claim,
+    Taken,
+    adopt,
+    claim,
+    end_run,
+    give_back,
+    hand_on,
+    inline_retry,
+    running,
+    take_back,
+)
 
 logger = logging.getLogger("dynasem")
 
@@ -94,22 +105,22 @@ class UniqueTask(_Task):
     def enqueue(self, *args: Any, **kwargs: Any) -> Any:
         kwargs.pop(CLAIM_ARG, None)  # a result's kwargs enqueued again: not that claim
         resource = self.unique_resource(args, kwargs)
-        running = _running.get()
-        if (
-            running is not None
-            and running[0] == self.module_path
-            and running[1].resource == resource
-        ):
-            return self._enqueue_retry(running, args, kwargs)
+        run = self._run_of(resource)
+        if run is not None:  # enqueued from its own run: the key goes on with it
+            following = hand_on(run[1], run[0])
+            if following is None:
+                return None  # a second retry from one run: the first has the key
+            try:
+                return self._backend().enqueue(
+                    self, args, {**kwargs, CLAIM_ARG: following.header()}
+                )
+            except BaseException:
+                take_back(run[1])
+                raise
         try:
             taken = claim(resource, uuid.uuid4().hex, self.queue_lease)
         except Taken as busy:
-            logger.info(
-                "dynasem: %s not enqueued: %r is held by task claim %s",
-                self.module_path,
-                resource,
-                busy.task_id,
-            )
+            self._refused(resource, busy)
             return None
         try:
             return self._backend().enqueue(self, args, {**kwargs, CLAIM_ARG: taken.header()})
@@ -120,31 +131,22 @@ class UniqueTask(_Task):
     async def aenqueue(self, *args: Any, **kwargs: Any) -> Any:
         kwargs.pop(CLAIM_ARG, None)
         resource = self.unique_resource(args, kwargs)
-        running = _running.get()
-        if (
-            running is not None
-            and running[0] == self.module_path
-            and running[1].resource == resource
-        ):
-            _, carried, held = running
-            run_lease = held.lease
-            await run_io(hand_on, held, self.queue_lease)
+        run = self._run_of(resource)
+        if run is not None:
+            following = await run_io(hand_on, run[1], run[0])
+            if following is None:
+                return None
             try:
                 return await self._backend().aenqueue(
-                    self, args, {**kwargs, CLAIM_ARG: carried.header()}
+                    self, args, {**kwargs, CLAIM_ARG: following.header()}
                 )
             except BaseException:
-                await run_io(take_back, held, run_lease)
+                take_back(run[1])
                 raise
         try:
             taken = await run_io(claim, resource, uuid.uuid4().hex, self.queue_lease)
         except Taken as busy:
-            logger.info(
-                "dynasem: %s not enqueued: %r is held by task claim %s",
-                self.module_path,
-                resource,
-                busy.task_id,
-            )
+            self._refused(resource, busy)
             return None
         try:
             return await self._backend().aenqueue(self, args, {**kwargs, CLAIM_ARG: taken.header()})
@@ -152,25 +154,31 @@ class UniqueTask(_Task):
             await run_io(give_back, taken)
             raise
 
-    def _enqueue_retry(self, running: tuple[str, Claim, Held], args: Any, kwargs: Any) -> Any:
-        """Enqueued from its own run with its own key: the key goes on with the new task."""
-        _, carried, held = running
-        run_lease = held.lease
-        hand_on(held, self.queue_lease)
-        try:
-            return self._backend().enqueue(self, args, {**kwargs, CLAIM_ARG: carried.header()})
-        except BaseException:
-            take_back(held, run_lease)
-            raise
+    def _run_of(self, resource: str) -> tuple[Claim, Held] | None:
+        """This task's run going on here with the key ``resource``, if any."""
+        run = _running.get()
+        if run is not None and run[0] == self.module_path and run[1].resource == resource:
+            return run[1], run[2]
+        return None
+
+    def _refused(self, resource: str, busy: Taken) -> None:
+        logger.info(
+            "dynasem: %s not enqueued: %r is held by %s",
+            self.module_path,
+            resource,
+            f"task claim {busy.task_id}" if busy.task_id else "a hold that is not a task's",
+        )
 
     def call(self, *args: Any, **kwargs: Any) -> Any:
         carried = Claim.from_header(kwargs.pop(CLAIM_ARG, None))
-        if carried is None:  # called directly, or enqueued by another Task class
+        if carried is None or inline_retry(carried) is not None:
+            # Called directly, enqueued by another Task class, or a retry run at once inside
+            # the run that enqueued it (ImmediateBackend): the outer run's key covers it.
             return Task.call(self, *args, **kwargs)
         try:
             held = adopt(carried, self.run_lease)
-        except LockLost:
-            self._not_run(carried)
+        except LockLost as lost:
+            self._not_run(carried, lost)
             return None
         running_now = _running.set((self.module_path, carried, held))
         try:
@@ -182,12 +190,12 @@ class UniqueTask(_Task):
 
     async def acall(self, *args: Any, **kwargs: Any) -> Any:
         carried = Claim.from_header(kwargs.pop(CLAIM_ARG, None))
-        if carried is None:
+        if carried is None or inline_retry(carried) is not None:
             return await Task.acall(self, *args, **kwargs)
         try:
             held = await run_io(adopt, carried, self.run_lease)
-        except LockLost:
-            self._not_run(carried)
+        except LockLost as lost:
+            self._not_run(carried, lost)
             return None
         running_now = _running.set((self.module_path, carried, held))
         try:
@@ -200,21 +208,18 @@ class UniqueTask(_Task):
     def _backend(self) -> Any:
         return self.get_backend()
 
-    def _not_run(self, carried: Claim) -> None:
+    def _not_run(self, carried: Claim, lost: LockLost) -> None:
         logger.warning(
-            "dynasem: %s (claim %s) not run: its key %r was taken by another task after its "
-            "queue lease (%gs) ran out",
+            "dynasem: %s (claim %s) not run: its key %r is not its own (%s)",
             self.module_path,
             carried.task_id,
             carried.resource,
-            self.queue_lease,
+            lost.reason,
         )
 
     def _end(self, held: Held) -> None:
-        if getattr(held, "handed_on", False):
-            return  # gone on with its retry
         try:
-            held.release()
+            end_run(held, self.queue_lease)
         except LockLost:
             logger.warning("dynasem: %s lost its key %r", self.module_path, held.resources[0])
 

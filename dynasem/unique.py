@@ -1,26 +1,37 @@
-"""Unique tasks, the part every task framework shares: a hold taken when a task is enqueued
-and handed to the worker that runs it (``dynasem.celery.UniqueTask``).
+"""Unique tasks, the part every task framework shares (``dynasem.celery.UniqueTask``,
+``dynasem.django_tasks.unique_task``): a hold taken when a task is enqueued and handed to the
+worker that runs it.
 
-The hold spans queue and run. At enqueue it is taken with the *queue lease* and no
-heartbeat, under the task's id as its user (``task:<id>``), and without this process's
-identity (the process that enqueues may exit at once: its end must not free the key). Its
-resource, token and fence travel with the message. The worker that starts the task adopts
-it: one renewal, conditional on the token, gives it the *run lease*, and the heartbeat keeps
-it while the task runs; it is given back when the task ends. A task that never starts (a lost
-message, a revoked task, a worker that died with it prefetched) frees its key when the queue
-lease ends; a worker killed mid-task, when the run lease ends. An enqueue that finds the key
-held gets the id of the task that holds it (:class:`Taken`), and enqueues nothing.
+The hold spans queue and run. At enqueue it is *claimed*: taken with the queue lease and no
+heartbeat, under the task's id as its user (``task:<id>``), without this process's identity
+(the process that enqueues may exit at once: its end must not free the key), and without
+re-entering a hold this thread has (a claim is another task's). Its resource, token and fence
+travel with the message. The worker that starts the task *adopts* it: one write replaces the
+claim's holder entry with the run's, under a fresh token, the run lease and this process's
+identity; the heartbeat keeps it while the task runs and it is given back when the task ends.
+A claim is adopted once: a message delivered twice finds its token gone and does not run.
+
+A retry hands the key on: the run *announces* the retry's token in its entry when it enqueues
+the retry, and when it ends its entry becomes the retry's claim (queue lease, no process). A
+retry started before that waits for it; if the run died first, the retry takes over once the
+run's lease is over. A task that never starts (a lost message, a revoked task, a worker that
+died with it prefetched) frees its key when the queue lease ends; a worker killed mid-task,
+when the run lease ends. An enqueue that finds the key held gets the id of the task that
+holds it (:class:`Taken`), and enqueues nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
+import time
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from . import clock
+from . import clock, processes, table
 from .drivers import run_sync
 from .entered import forget_entered, remember_acquired, remember_entered
 from .exceptions import LockLost, SemaphoreBusy
@@ -32,6 +43,7 @@ __all__ = [
     "Taken",
     "adopt",
     "claim",
+    "end_run",
     "give_back",
     "hand_on",
     "running",
@@ -42,6 +54,8 @@ __all__ = [
 logger = logging.getLogger("dynasem")
 
 USER_PREFIX = "task:"
+# How often a retry started before its run ended looks again (doubling up to the second).
+FIRST_NAP, LAST_NAP = 0.05, 0.5
 
 
 @dataclass(frozen=True)
@@ -96,40 +110,83 @@ def claim(resource: str, task_id: str, queue_lease: float) -> Claim:
     )
     sem.detached = True  # not this process's hold: its end must not free the key
     try:
-        # Not sem.acquire(): a hold this thread remembered would be re-entered by the next
-        # enqueue of the same key in this thread, which must find it taken instead.
-        held = run_sync(sem._acquire_steps())
+        # In a context of its own: a hold this thread has (a running task of the same key)
+        # must not be re-entered, nor a hold remembered for the next enqueue to re-enter.
+        held = contextvars.Context().run(run_sync, sem._acquire_steps())
     except SemaphoreBusy as busy:
         raise Taken(resource, task_of(busy.holder_user_id)) from None
     held._stop_heartbeat()  # the queue lease is all it gets until a worker adopts it
     return Claim(resource, held.token, held.fence, task_id)
 
 
-def adopt(claim: Claim, lease: float | None = None) -> Held:
+def adopt(claim: Claim, lease: float | None = None, *, wait: bool = True) -> Held:
     """The worker's side: make the claimed hold this process's for the run (``lease``, the
-    setting if None), renewed by the heartbeat. :class:`LockLost` if it is not the task's
-    any more (its queue lease ran out and another task took the key)."""
+    setting if None), renewed by the heartbeat. :class:`LockLost` if the claim is not there
+    to adopt: adopted already (a message delivered twice), or its queue lease ran out and
+    another task took the key. A retry's claim whose run has not ended yet is waited for
+    (unless not ``wait``: LockLost)."""
     from .core import semaphore
 
     sem = semaphore(claim.resource, lease=lease, on_commit=False)
     lease_s, _, skew = resolve_timing(lease, 0)
+    token, user_id = uuid.uuid4().hex, USER_PREFIX + claim.task_id
+    claimed, announced, stale_ms, nap = claim.token, None, 0, FIRST_NAP
+    while True:
+        sent_mono, now_ms = clock.monotonic(), clock.now_ms()
+        expires_ms = now_ms + int(lease_s * 1000)
+        entry = table.Holder(
+            user_id, expires_ms, claim.fence, acquired_ms=now_ms, proc=processes.identity()
+        )
+        action = table.adopt_hold(
+            claim.resource, claimed, token, entry, announced=announced, stale_ms=stale_ms
+        )
+        try:
+            table.update(action)
+            break
+        except table.Refused as refused:
+            announcer = _announcer(refused.lock, claim.token)
+        if announcer is None:
+            raise LockLost(
+                claim.resource,
+                "its claim is gone: adopted already, or taken by another task after its "
+                "queue lease ran out",
+            )
+        run_token, run = announcer
+        stale_ms = clock.now_ms() - int(skew * 1000)
+        if run.expires_ms < stale_ms:  # the run that enqueued us died before handing on
+            claimed, announced = run_token, claim.token
+            continue
+        if not wait:
+            raise LockLost(claim.resource, "the run that enqueued it has not ended yet")
+        claimed, announced = claim.token, None  # it runs still: wait for its end
+        time.sleep(nap)
+        nap = min(nap * 2, LAST_NAP)
     held = Held(
         sem,
-        token=claim.token,
-        user_id=USER_PREFIX + claim.task_id,
+        token=token,
+        user_id=user_id,
         fences={claim.resource: claim.fence},
         lease=lease_s,
         skew=skew,
-        expires_ms=0,
-        sent_mono=clock.monotonic(),
+        expires_ms=expires_ms,
+        sent_mono=sent_mono,
     )
-    try:
-        held.renew()  # conditional on the token: ours only if nobody took the key since
-    except LockLost:
-        held._stop_heartbeat()
-        raise
     held._start_heartbeat()
     return held
+
+
+def _announcer(item: table.LockItem | None, next_token: str) -> tuple[str, table.Holder] | None:
+    """The holder (a run) that announced ``next_token`` as its retry's, if it holds still."""
+    for token, holder in (item.holders if item is not None else {}).items():
+        if holder.next_token == next_token:
+            return token, holder
+    return None
+
+
+# The unique runs going on in this thread or coroutine, innermost last.
+_runs: contextvars.ContextVar[tuple[Held, ...]] = contextvars.ContextVar(
+    "dynasem_unique_runs", default=()
+)
 
 
 @contextlib.contextmanager
@@ -138,34 +195,71 @@ def running(held: Held) -> Iterator[Held]:
     block's is (``current_hold()``; a ``semaphore()`` of its key inside re-enters it)."""
     remember_entered(held, held)
     remember_acquired(held)
+    runs = _runs.set((*_runs.get(), held))
     try:
         yield held
     finally:
+        _runs.reset(runs)
         forget_entered(held)
 
 
-def hand_on(held: Held, queue_lease: float) -> None:
-    """A run's hold goes on with its retry's message: the queue lease again, no heartbeat
-    here; the run that ends does not give it back (``held.handed_on``)."""
-    held.lease = queue_lease
-    held.renew()
-    held._stop_heartbeat()
-    held.handed_on = True
+def inline_retry(carried: Claim) -> Held | None:
+    """The run, going on in this thread or coroutine, whose retry ``carried`` is: a retry run
+    at once, inside it (Celery's eager mode, django.tasks' ImmediateBackend). Its key is the
+    outer run's: the retry does not adopt it (that would wait for the outer run's end), and
+    the outer run gives it back at its end as if no retry had been enqueued."""
+    for held in reversed(_runs.get()):
+        if held.handed_on == carried.token:
+            held.handed_on = None
+            return held
+    return None
 
 
-def take_back(held: Held, run_lease: float) -> None:
-    """A retry that could not be enqueued: the run keeps its hold, renewed as before."""
-    held.handed_on = False
-    held.lease = run_lease
-    held.renew()
-    held._start_heartbeat()
+def hand_on(held: Held, carried: Claim) -> Claim | None:
+    """The run ``held`` (adopted from ``carried``) enqueues its retry: announce the retry's
+    token and return its claim, which the run's hold becomes when the run ends. None if the
+    run has enqueued a retry already (one retry goes on with the key)."""
+    if held.handed_on is not None:
+        return None
+    next_token = uuid.uuid4().hex
+    try:
+        table.update(table.announce_next(carried.resource, held.token, next_token))
+    except table.Refused:
+        raise LockLost(carried.resource, "the run's hold was lost before its retry") from None
+    held.handed_on = next_token
+    return Claim(carried.resource, next_token, carried.fence, carried.task_id)
+
+
+def take_back(held: Held) -> None:
+    """The retry could not be enqueued: the run gives its key back at its end, as if it had
+    not tried (the announcement stays in its entry, unused)."""
+    held.handed_on = None
+
+
+def end_run(held: Held, queue_lease: float) -> None:
+    """The run ends: its hold is given back, or, if it enqueued a retry, becomes the retry's
+    claim for ``queue_lease`` (no process, no heartbeat)."""
+    if held.handed_on is None:
+        held.release()
+        return
+    with held._lock:
+        if held._released:
+            return
+        held._released = True
+        held._stop_heartbeat()
+        now_ms = clock.now_ms()
+        entry = table.Holder(held.user_id, now_ms + int(queue_lease * 1000), held.fence, now_ms)
+        try:
+            table.update(table.adopt_hold(held.resource, held.token, held.handed_on, entry))
+        except table.Refused:
+            raise LockLost(held.resource, "it was lost before the run ended") from None
 
 
 def give_back(taken: Claim) -> None:
     """Free a claimed key now (its task was not enqueued, or was revoked); quietly, since its
     queue lease ends it anyway."""
     try:
-        adopt(taken).release()
+        adopt(taken, wait=False).release()
     except LockLost:
         pass
     except Exception:

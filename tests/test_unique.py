@@ -1,15 +1,30 @@
 """dynasem.unique: a key claimed at enqueue (queue lease, no heartbeat, no process identity)
-and adopted by the worker that runs the task."""
+and adopted, once, by the worker that runs the task; a retry's claim handed on at the run's
+end, waited for if the retry starts first, taken over if the run died."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
 
-from dynasem import LockLost
+from dynasem import LockLost, current_hold, semaphore
 from dynasem.operations import break_hold, holds_on
-from dynasem.unique import Claim, Taken, adopt, claim, task_of
+from dynasem.unique import (
+    Claim,
+    Taken,
+    adopt,
+    claim,
+    end_run,
+    hand_on,
+    running,
+    task_of,
+)
+
+# dynasem's own re-entry rule (tests/conftest.py's no_reentry is off here): a claim must be
+# refused even where a nested acquire would re-enter the hold.
+pytestmark = pytest.mark.reentry
 
 
 def test_a_claim_holds_the_key_for_its_task_and_refuses_another(lock_table: str) -> None:
@@ -35,6 +50,8 @@ def test_the_worker_adopts_it_for_the_run_lease_and_gives_it_back(lock_table: st
     held = adopt(again, lease=5)
     (hold,) = holds_on("reindex:3")
     assert hold.expires_ms < time.time() * 1000 + 6_000  # now the run lease
+    assert hold.token == held.token != taken.token  # the run's own token
+    held.renew()  # the row's lease end is the run's: a renewal is one write, not refused
     held.release()
     assert holds_on("reindex:3") == []
     claim("reindex:3", "task-2", queue_lease=30)  # free again
@@ -52,3 +69,60 @@ def test_a_header_that_is_not_a_claim_is_none() -> None:
     assert Claim.from_header(None) is None
     assert Claim.from_header({"resource": "r"}) is None
     assert Claim.from_header({"resource": "r", "token": "t", "fence": "x", "task_id": "i"}) is None
+
+
+def test_a_claim_is_adopted_once_a_second_delivery_does_not_run(lock_table: str) -> None:
+    taken = claim("reindex:5", "task-1", queue_lease=30)
+    held = adopt(taken, lease=5)
+    with pytest.raises(LockLost, match="adopted already"):
+        adopt(taken, lease=5)  # the same message delivered again
+    held.release()
+    with pytest.raises(LockLost):
+        adopt(taken, lease=5)  # and after the run
+
+
+def test_a_claim_in_a_running_task_of_the_same_key_is_refused(lock_table: str) -> None:
+    held = adopt(claim("reindex:6", "task-1", queue_lease=30), lease=5)
+    with running(held):
+        assert current_hold() is held
+        with pytest.raises(Taken):
+            claim("reindex:6", "task-2", queue_lease=30)  # not a re-entry of the run's hold
+        with semaphore("reindex:6", wait=0) as inner:  # the run's own code re-enters it
+            assert inner.token == held.token
+    end_run(held, queue_lease=30)
+    assert holds_on("reindex:6") == []
+
+
+def test_a_retry_gets_the_key_when_its_run_ends_and_waits_if_it_starts_first(
+    lock_table: str,
+) -> None:
+    first = claim("reindex:7", "task-1", queue_lease=30)
+    run = adopt(first, lease=5)
+    retry = hand_on(run, first)
+    assert retry is not None and retry.token != first.token
+    assert hand_on(run, first) is None  # one retry goes on with the key
+    adopted: list[object] = []
+    early = threading.Thread(target=lambda: adopted.append(adopt(retry, lease=5)))
+    early.start()  # the retry starts before its run ended: it waits
+    time.sleep(0.5)
+    assert adopted == []
+    end_run(run, queue_lease=30)  # the run's hold becomes the retry's claim ...
+    early.join(5)
+    (second,) = adopted  # ... which the waiting retry adopts
+    assert isinstance(second, type(run)) and holds_on("reindex:7")[0].token == second.token
+    second.release()
+    assert holds_on("reindex:7") == []
+
+
+def test_a_retry_whose_run_died_takes_over_after_its_lease(lock_table: str) -> None:
+    first = claim("reindex:8", "task-1", queue_lease=30)
+    run = adopt(first, lease=1)
+    retry = hand_on(run, first)
+    assert retry is not None
+    run._stop_heartbeat()  # the run's process dies: no renewal, no end
+    started = time.monotonic()
+    held = adopt(retry, lease=5)
+    waited = time.monotonic() - started
+    assert 0.3 < waited < 1 + 0.5 + 1  # its lease (1 s) and CLOCK_SKEW (0.5 s)
+    held.release()
+    assert holds_on("reindex:8") == []

@@ -14,6 +14,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -93,9 +94,21 @@ def test_a_retry_from_its_own_run_keeps_the_key(lock_table: str) -> None:
         assert hold.expires_ms > time.time() * 1000 + 25_000
         assert task.enqueue("r", False) is None  # still the retry's
         retry = task.get_backend().results[-1]
-        assert retry.kwargs["dynasem_claim"] == first.kwargs["dynasem_claim"]
+        handed, claimed = retry.kwargs["dynasem_claim"], first.kwargs["dynasem_claim"]
+        assert handed["token"] != claimed["token"]  # the retry's own claim ...
+        assert {**handed, "token": ""} == {**claimed, "token": ""}  # ... of the same key
+        assert task.call(TaskContext(task_result=first), *first.args, **first.kwargs) is None
         assert task.call(TaskContext(task_result=retry), *retry.args, **retry.kwargs) == "second"
         assert live("unique-retry:r") == []
+
+
+def test_a_retry_run_at_once_inside_its_run_runs_under_its_key(lock_table: str) -> None:
+    from tests import unique_tasks
+
+    result = unique_tasks.retried.enqueue("inline", True)  # ImmediateBackend: runs now
+    assert result.status == "SUCCESSFUL"
+    assert result.return_value == "retry"  # the retry ran, inside, when enqueued
+    assert live("unique-retry:inline") == []  # and the key went back at the outer end
 
 
 def test_bad_definitions_are_refused_when_declared() -> None:
@@ -129,15 +142,18 @@ def env_for(tmp_path: Path, events: Path) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def db_workers(tmp_path: Path, events: Path) -> Iterator[Any]:
-    """``WORKERS`` ``db_worker`` processes on a migrated SQLite file; stopped with SIGTERM."""
+def db_workers(tmp_path: Path, events: Path, own_pids: bool = False) -> Iterator[Any]:
+    """``WORKERS`` ``db_worker`` processes on a migrated SQLite file; stopped with SIGTERM.
+    ``own_pids``: each in a pid namespace of its own (tests/in_host.py's way), where no other
+    process can know it dead: as if on another host, only its lease frees its key."""
     env = env_for(tmp_path, events)
     admin = [sys.executable, "-m", "django"]
     subprocess.run([*admin, "migrate", "-v0"], env=env, cwd=ROOT, check=True)
     logs = [tmp_path / f"db_worker{i}.log" for i in range(WORKERS)]
+    alone = ["unshare", "--pid", "--fork", "--kill-child", "--"] if own_pids else []
     procs = [
         subprocess.Popen(
-            [*admin, "db_worker", "--interval", "0.05", "--no-startup-delay", "-v", "2"],
+            [*alone, *admin, "db_worker", "--interval", "0.05", "--no-startup-delay", "-v", "2"],
             env=env,
             cwd=ROOT,
             stdout=log.open("wb"),
@@ -209,12 +225,30 @@ def test_sixty_enqueues_over_three_keys_on_two_db_workers(lock_table: str, tmp_p
         assert live(f"unique:{key}") == []  # the workers have stopped: nothing held
 
 
+CAN_UNSHARE = os.geteuid() == 0 and shutil.which("unshare") is not None
+
+
 @needs_tasks_db
+@pytest.mark.parametrize(
+    "where",
+    [
+        "same host",
+        pytest.param(
+            "another host",
+            marks=pytest.mark.skipif(
+                not CAN_UNSHARE, reason="a pid namespace of its own needs root and unshare"
+            ),
+        ),
+    ],
+)
 def test_a_db_worker_killed_mid_task_frees_its_key_within_the_run_lease(
-    lock_table: str, tmp_path: Path
+    lock_table: str, tmp_path: Path, where: str
 ) -> None:
+    """On the same host the dead worker is known dead (its process is recorded with its
+    hold): the next enqueue takes the key at once. From another host only its lease tells:
+    the key is free within the run lease and CLOCK_SKEW."""
     events_file = tmp_path / "events.jsonl"
-    with db_workers(tmp_path, events_file) as (env, tails):
+    with db_workers(tmp_path, events_file, own_pids=where == "another host") as (env, tails):
         script = (
             "import os,sys,json,time,django;"
             "os.environ['DJANGO_SETTINGS_MODULE']='tests.tasks_db_settings';django.setup();"
@@ -238,7 +272,7 @@ def test_a_db_worker_killed_mid_task_frees_its_key_within_the_run_lease(
             time.sleep(0.05)
         (start,) = [e for e in read_events(events_file) if e["event"] == "unique-start"]
         assert enqueue(1, 0.1) is None  # running: not enqueued
-        os.kill(start["pid"], signal.SIGKILL)  # the db_worker running it
+        os.kill(start["host_pid"], signal.SIGKILL)  # the db_worker running it
         killed = time.time()
         # What an enqueue asks first, asked every 50 ms from here (an enqueue of the
         # enqueuing process's takes a Python start-up of its own). A probe refused was sent
@@ -260,6 +294,10 @@ def test_a_db_worker_killed_mid_task_frees_its_key_within_the_run_lease(
             f"taken again after {freed_after:.2f} s (bound {RUN_LEASE + SKEW} s)"
         )
         assert freed_after < RUN_LEASE + SKEW + 1  # the probes' own round trips and naps
+        if where == "same host":
+            assert freed_after < 1.0  # known dead: not a lease's wait
+        else:
+            assert refused_at - killed > 1.0  # unknown: held until its lease ran out
         again = enqueue(2, 0.1)
         assert again is not None
         deadline = time.monotonic() + 30

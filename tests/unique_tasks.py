@@ -18,7 +18,8 @@ RUNS: list[tuple[str, int]] = []  # in-process runs (ImmediateBackend): (key, n)
 
 def _log(**event: Any) -> None:
     if os.environ.get("DYNASEM_TEST_CELERY_LOG"):
-        record(**event)
+        # The pid outside a pid namespace of its own too: /proc is the test's.
+        record(host_pid=int(os.readlink("/proc/self")), **event)
 
 
 @unique_task(unique_key="unique:{key}", queue_lease=60, run_lease=RUN_LEASE, takes_context=True)

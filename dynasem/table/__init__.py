@@ -14,6 +14,7 @@ from typing import Any
 
 from ..conf import settings
 from ..exceptions import SemaphoreUnavailable, TableMissing
+from .claims import adopt_hold, announce_next
 from .client import (
     Cancelled,
     Refused,
@@ -97,6 +98,8 @@ from .writes import (
 )
 
 __all__ = [
+    "adopt_hold",
+    "announce_next",
     "with_permits",
     "Holder",
     "IndexEntry",

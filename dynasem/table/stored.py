@@ -132,6 +132,9 @@ class Holder:
     shared: bool = False
     # The holding process, as dynasem.processes records it (None: not recorded).
     proc: str | None = None
+    # A unique task's run that enqueued its retry: the token the retry's message carries,
+    # which this hold becomes when the run ends (dynasem.unique; None: no retry).
+    next_token: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +228,7 @@ def holder_of(value: Mapping[str, Any]) -> Holder:
         acquired_ms=int(value.get("a", 0)),
         shared=bool(value.get("s", False)),
         proc=_proc(value),
+        next_token=str(value["n"]) if value.get("n") else None,
     )
 
 
@@ -238,6 +242,8 @@ def holder_value(holder: Holder) -> dict[str, Any]:
     }
     if holder.proc is not None:
         value["p"] = holder.proc
+    if holder.next_token is not None:
+        value["n"] = holder.next_token
     return value
 
 
