@@ -317,6 +317,25 @@ def dynasem_scenarios(meter: Meter, endpoint: str) -> tuple[list[dict[str, Any]]
     ran.wait(10)
     nxt.join(10)
 
+    # Unique tasks (dynasem.unique): the hold a task's key gets from enqueue to run's end.
+    from dynasem.unique import Taken, adopt, claim, end_run
+
+    with meter.measure() as u:
+        taken = claim("c:unique", "task-1", queue_lease=600)
+    record("unique task: the claim at enqueue", u)
+    with meter.measure() as u, contextlib.suppress(Taken):
+        claim("c:unique", "task-2", queue_lease=600)
+    record("unique task: an enqueue refused (queued or running)", u)
+    with meter.measure() as u:
+        run = adopt(taken)
+    record("unique task: the worker adopts it (run lease, its own token)", u)
+    with meter.measure() as u:
+        run.renew()
+    record("unique task: a renewal while it runs", u)
+    with meter.measure() as u:
+        end_run(run, queue_lease=600)
+    record("unique task: given back at the run's end", u)
+
     # Reaping: rows released long enough ago, one Query page per shard plus one write each.
     n = 50
     for i in range(n):
