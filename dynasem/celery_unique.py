@@ -54,7 +54,7 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
     or a callable of them) is held from enqueue to the end of its run."""
 
     unique_key: Any = None
-    queue_lease: float = 3600.0
+    queue_lease: float = 600.0
     run_lease: float | None = None  # the LEASE setting
     _keys: KeyMaker | None = None
 

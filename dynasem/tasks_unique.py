@@ -78,7 +78,7 @@ class UniqueTask(_Task):
     the decorator's, or a callable of them) is held from enqueue to the end of its run."""
 
     unique_key: Any = None
-    queue_lease: float = 3600.0
+    queue_lease: float = 600.0
     run_lease: float | None = None  # the LEASE setting
 
     def __post_init__(self) -> None:
@@ -246,7 +246,7 @@ def unique_task(
     function: Any = None,
     *,
     unique_key: Any,
-    queue_lease: float = 3600.0,
+    queue_lease: float = 600.0,
     run_lease: float | None = None,
     **task_options: Any,
 ) -> Any:

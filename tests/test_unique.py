@@ -126,3 +126,17 @@ def test_a_retry_whose_run_died_takes_over_after_its_lease(lock_table: str) -> N
     assert 0.3 < waited < 1 + 0.5 + 1  # its lease (1 s) and CLOCK_SKEW (0.5 s)
     held.release()
     assert holds_on("reindex:8") == []
+
+
+def test_a_task_that_waited_past_its_queue_lease_runs_unless_a_later_one_took_the_key(
+    lock_table: str,
+) -> None:
+    late = claim("reindex:9", "task-1", queue_lease=1)
+    time.sleep(1.6)  # its queue lease and CLOCK_SKEW are over; nobody enqueued meanwhile
+    adopt(late, lease=5).release()  # it still runs
+    stale = claim("reindex:9", "task-2", queue_lease=1)
+    time.sleep(1.6)
+    later = claim("reindex:9", "task-3", queue_lease=30)  # a later enqueue takes the key ...
+    with pytest.raises(LockLost):
+        adopt(stale, lease=5)  # ... and the task that waited too long does not run
+    adopt(later, lease=5).release()

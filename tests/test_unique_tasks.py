@@ -170,7 +170,8 @@ def db_workers(tmp_path: Path, events: Path, own_pids: bool = False) -> Iterator
     finally:
         for p in procs:
             if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
+                # unshare --fork ignores SIGTERM while it waits; --kill-child ends its worker.
+                p.send_signal(signal.SIGKILL if own_pids else signal.SIGTERM)
         for p in procs:
             try:
                 p.wait(20)
