@@ -144,8 +144,10 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
         finally:
             try:
                 end_run(held, self.queue_lease)
-            except LockLost:
-                logger.warning("dynasem: %s lost its key %r", self.name, carried.resource)
+            except Exception as exc:  # the task's own outcome stands; the lease ends the key
+                logger.warning(
+                    "dynasem: %s could not give back %r: %s", self.name, carried.resource, exc
+                )
 
 
 def _header_of(request: Any) -> Any:

@@ -220,8 +220,10 @@ class UniqueTask(_Task):
     def _end(self, held: Held) -> None:
         try:
             end_run(held, self.queue_lease)
-        except LockLost:
-            logger.warning("dynasem: %s lost its key %r", self.module_path, held.resources[0])
+        except Exception as exc:  # the task's own outcome stands; the lease ends the key
+            logger.warning(
+                "dynasem: %s could not give back %r: %s", self.module_path, held.resources[0], exc
+            )
 
 
 def _check_fields(name: str, template: Any, func: Any) -> None:

@@ -131,11 +131,12 @@ def adopt(claim: Claim, lease: float | None = None, *, wait: bool = True) -> Hel
     lease_s, _, skew = resolve_timing(lease, 0)
     token, user_id = uuid.uuid4().hex, USER_PREFIX + claim.task_id
     claimed, announced, stale_ms, nap = claim.token, None, 0, FIRST_NAP
+    fence = claim.fence
     while True:
         sent_mono, now_ms = clock.monotonic(), clock.now_ms()
         expires_ms = now_ms + int(lease_s * 1000)
         entry = table.Holder(
-            user_id, expires_ms, claim.fence, acquired_ms=now_ms, proc=processes.identity()
+            user_id, expires_ms, fence, acquired_ms=now_ms, proc=processes.identity()
         )
         action = table.adopt_hold(
             claim.resource, claimed, token, entry, announced=announced, stale_ms=stale_ms
@@ -144,7 +145,14 @@ def adopt(claim: Claim, lease: float | None = None, *, wait: bool = True) -> Hel
             table.update(action)
             break
         except table.Refused as refused:
-            announcer = _announcer(refused.lock, claim.token)
+            item = refused.lock
+        holders = item.holders if item is not None else {}
+        if token in holders:
+            break  # our write was applied; its answer was lost and botocore sent it again
+        if claim.token in holders:  # ours to adopt now (the run it waited for has ended)
+            claimed, announced, fence = claim.token, None, claim.fence
+            continue
+        announcer = _announcer(item, claim.token)
         if announcer is None:
             raise LockLost(
                 claim.resource,
@@ -155,17 +163,19 @@ def adopt(claim: Claim, lease: float | None = None, *, wait: bool = True) -> Hel
         stale_ms = clock.now_ms() - int(skew * 1000)
         if run.expires_ms < stale_ms:  # the run that enqueued us died before handing on
             claimed, announced = run_token, claim.token
+            # It may only be stalled: take over with a larger fence, as any take-over does.
+            fence = max(clock.new_fence(skew), (item.fence if item is not None else 0) + 1)
             continue
         if not wait:
             raise LockLost(claim.resource, "the run that enqueued it has not ended yet")
-        claimed, announced = claim.token, None  # it runs still: wait for its end
+        claimed, announced, fence = claim.token, None, claim.fence  # it runs: wait for its end
         time.sleep(nap)
         nap = min(nap * 2, LAST_NAP)
     held = Held(
         sem,
         token=token,
         user_id=user_id,
-        fences={claim.resource: claim.fence},
+        fences={claim.resource: fence},
         lease=lease_s,
         skew=skew,
         expires_ms=expires_ms,
@@ -227,7 +237,7 @@ def hand_on(held: Held, carried: Claim) -> Claim | None:
     except table.Refused:
         raise LockLost(carried.resource, "the run's hold was lost before its retry") from None
     held.handed_on = next_token
-    return Claim(carried.resource, next_token, carried.fence, carried.task_id)
+    return Claim(carried.resource, next_token, held.fence, carried.task_id)
 
 
 def take_back(held: Held) -> None:
@@ -251,8 +261,11 @@ def end_run(held: Held, queue_lease: float) -> None:
         entry = table.Holder(held.user_id, now_ms + int(queue_lease * 1000), held.fence, now_ms)
         try:
             table.update(table.adopt_hold(held.resource, held.token, held.handed_on, entry))
-        except table.Refused:
-            raise LockLost(held.resource, "it was lost before the run ended") from None
+        except table.Refused as refused:
+            item = refused.lock
+            if item is None or held.handed_on not in item.holders:  # else: applied, answer lost
+                held._mark_lost("another holder took it over before the run ended")
+                raise LockLost(held.resource, "it was lost before the run ended") from None
 
 
 def give_back(taken: Claim) -> None:

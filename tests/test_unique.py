@@ -124,6 +124,9 @@ def test_a_retry_whose_run_died_takes_over_after_its_lease(lock_table: str) -> N
     held = adopt(retry, lease=5)
     waited = time.monotonic() - started
     assert 0.3 < waited < 1 + 0.5 + 1  # its lease (1 s) and CLOCK_SKEW (0.5 s)
+    # The run may only have stalled: its successor is fenced against it.
+    assert held.fence > run.fence
+    assert holds_on("reindex:8")[0].fence == held.fence
     held.release()
     assert holds_on("reindex:8") == []
 
@@ -140,3 +143,55 @@ def test_a_task_that_waited_past_its_queue_lease_runs_unless_a_later_one_took_th
     with pytest.raises(LockLost):
         adopt(stale, lease=5)  # ... and the task that waited too long does not run
     adopt(later, lease=5).release()
+
+
+def test_a_retry_taking_over_as_its_run_ends_adopts_what_the_run_handed_on(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run's lease ran out, the retry saw it and sends its take-over: the run's end lands
+    in between (it hands the key on), the take-over is refused. The retry adopts its claim."""
+    from dynasem import unique
+
+    first = claim("reindex:10", "task-1", queue_lease=30)
+    run = adopt(first, lease=1)
+    retry = hand_on(run, first)
+    assert retry is not None
+    run._stop_heartbeat()
+    time.sleep(1.6)  # the run's lease and CLOCK_SKEW are over: the retry may take over
+    seen = unique._announcer
+
+    def run_ends_meanwhile(item: object, token: str) -> object:
+        found = seen(item, token)  # type: ignore[arg-type]
+        if found is not None:
+            monkeypatch.setattr(unique, "_announcer", seen)
+            end_run(run, queue_lease=30)
+        return found
+
+    monkeypatch.setattr(unique, "_announcer", run_ends_meanwhile)
+    held = adopt(retry, lease=5)
+    (hold,) = holds_on("reindex:10")
+    assert hold.token == held.token
+    held.release()
+
+
+def test_an_adoption_whose_answer_was_lost_is_ours(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """botocore sent the adoption again after a lost answer: the second attempt is refused by
+    the first's own write. The run is ours, not dropped."""
+    from dynasem import table
+
+    taken = claim("reindex:11", "task-1", queue_lease=30)
+    real = table.update
+
+    def applied_then_refused(action: dict[str, object], **kwargs: object) -> object:
+        monkeypatch.setattr(table, "update", real)
+        after = table._update(action, True)  # applied ...
+        raise table.Refused(after, retried=True)  # ... its answer lost, the retry refused
+
+    monkeypatch.setattr(table, "update", applied_then_refused)
+    held = adopt(taken, lease=5)
+    (hold,) = holds_on("reindex:11")
+    assert hold.token == held.token
+    held.release()
+    assert holds_on("reindex:11") == []

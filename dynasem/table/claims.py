@@ -29,7 +29,8 @@ def adopt_hold(
     there; its lease end becomes the row's (an exclusive row: the only holder's; the queue
     lease's may be later than a run lease). ``announced``: only if ``claimed`` announced it as
     its next and its lease ended before ``stale_ms`` (a run that died after enqueueing its
-    retry: the retry, whose claim ``announced`` is, takes over)."""
+    retry: the retry, whose claim ``announced`` is, takes over, with the larger fence of its
+    ``entry``)."""
     names = dict(_LOCK_NAMES, **{"#c": claimed, "#t": token})
     values: dict[str, Any] = {
         ":entry": holder_value(entry),
@@ -40,9 +41,12 @@ def adopt_hold(
     update = "REMOVE #h.#c SET #h.#t = :entry, #expMs = :e, #exp = :exp, #uid = :uid"
     condition = "attribute_exists(#h.#c)"
     if announced is not None:
-        condition += " AND #h.#c.#n = :next AND #h.#c.#e < :stale"
+        # A take-over: the run may only be stalled, so its successor gets a larger fence, as
+        # any take-over does (the entry carries it).
+        update += ", #fence = :fence"
+        condition += " AND #h.#c.#n = :next AND #h.#c.#e < :stale AND #fence < :fence"
         names.update({"#n": "n", "#e": "e"})
-        values.update({":next": announced, ":stale": stale_ms})
+        values.update({":next": announced, ":stale": stale_ms, ":fence": entry.fence})
     return _action(resource, LOCK_SK, update, condition, names, values)
 
 
