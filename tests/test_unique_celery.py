@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.events import read_events
+from tests.events import read_events, wait_events
 from tests.test_celery_broker import broker, workers  # noqa: F401 - a fixture
 
 celery = pytest.importorskip("celery", reason="celery is in the test dependency group")
@@ -76,12 +76,7 @@ def test_sixty_enqueues_over_three_keys_never_two_of_a_key_at_once(
             else:
                 enqueued[result.id] = (key, queued)
             time.sleep(0.1)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            runs = [e for e in read_events(events_file) if e["event"] == "unique-run"]
-            if len(runs) >= len(enqueued):
-                break
-            time.sleep(0.2)
+        wait_events(events_file, "unique-run", len(enqueued), timeout=60, tails=tails)
     runs = [e for e in read_events(events_file) if e["event"] == "unique-run"]
     print(f"\n{len(enqueued)} enqueued, {refused} refused, {len(runs)} ran")
     assert sorted(e["task_id"] for e in runs) == sorted(enqueued), tails()  # each once
@@ -110,11 +105,7 @@ def test_a_worker_killed_mid_task_frees_its_key_within_the_run_lease(
     task = producer(broker)
     with workers(broker, events_file, tmp_path) as (_client, tails):
         first = task.apply_async(("kill", 0, 30.0))
-        deadline = time.monotonic() + 30
-        while not [e for e in read_events(events_file) if e["event"] == "unique-start"]:
-            assert time.monotonic() < deadline, tails()
-            time.sleep(0.05)
-        (start,) = [e for e in read_events(events_file) if e["event"] == "unique-start"]
+        (start,) = wait_events(events_file, "unique-start", tails=tails)
         assert task.apply_async(("kill", 1, 0.1)).id == first.id  # held: not enqueued
         os.kill(start["pid"], signal.SIGKILL)  # the prefork child running it
         killed = time.time()
@@ -135,10 +126,7 @@ def test_a_worker_killed_mid_task_frees_its_key_within_the_run_lease(
             f"taken again after {freed_after:.2f} s (bound {RUN_LEASE + SKEW} s)"
         )
         assert freed_after < RUN_LEASE + SKEW + 1  # the enqueues' own round trips and naps
-        deadline = time.monotonic() + 30
-        while not [e for e in read_events(events_file) if e["event"] == "unique-run"]:
-            assert time.monotonic() < deadline, tails()
-            time.sleep(0.05)
+        wait_events(events_file, "unique-run", tails=tails)
     assert live("unique:kill") == []
 
 
@@ -152,9 +140,7 @@ def test_a_retry_keeps_the_key_and_a_revoked_task_gives_it_back(
     with workers(broker, events_file, tmp_path) as (client, tails):
         first = retried.apply_async(("retry",))
         deadline = time.monotonic() + 30
-        while not [e for e in read_events(events_file) if e["event"] == "unique-try"]:
-            assert time.monotonic() < deadline, tails()
-            time.sleep(0.05)
+        wait_events(events_file, "unique-try", tails=tails)
         # Between the first try and its retry (1 s later) the key is the retry's: the run's
         # hold becomes the retry's claim, for the queue lease, when the first try ends.
         assert retried.apply_async(("retry",)).id == first.id
@@ -162,9 +148,7 @@ def test_a_retry_keeps_the_key_and_a_revoked_task_gives_it_back(
             assert time.monotonic() < deadline, tails()
             time.sleep(0.02)
         assert retried.apply_async(("retry",)).id == first.id
-        while len([e for e in read_events(events_file) if e["event"] == "unique-try"]) < 2:
-            assert time.monotonic() < deadline, tails()
-            time.sleep(0.05)
+        wait_events(events_file, "unique-try", 2, tails=tails)
         tries = [e for e in read_events(events_file) if e["event"] == "unique-try"]
         assert [(e["task_id"], e["retries"]) for e in tries] == [(first.id, 0), (first.id, 1)]
         while live("unique:retry"):  # given back at the retry's end
@@ -182,8 +166,6 @@ def test_a_retry_keeps_the_key_and_a_revoked_task_gives_it_back(
             time.sleep(0.05)
         freed = task.apply_async(("revoke", 1, 0.1))
         assert freed.id != later.id
-        while not [e for e in read_events(events_file) if e["event"] == "unique-run"]:
-            assert time.monotonic() < deadline, tails()
-            time.sleep(0.05)
+        wait_events(events_file, "unique-run", tails=tails)
     runs = [e for e in read_events(events_file) if e["event"] == "unique-run"]
     assert [e["task_id"] for e in runs] == [freed.id]  # the revoked one never ran

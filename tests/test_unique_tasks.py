@@ -29,7 +29,7 @@ from django.test import override_settings
 
 from dynasem.operations import holds_on
 from dynasem.unique import Taken, claim, give_back
-from tests.events import read_events
+from tests.events import read_events, wait_events
 
 pytestmark = pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks is Django's from 6.0")
 
@@ -196,12 +196,7 @@ def test_sixty_enqueues_over_three_keys_on_two_db_workers(lock_table: str, tmp_p
         sent = [json.loads(line) for line in out.stdout.splitlines()]
         enqueued = {e["id"]: e for e in sent if e["id"] is not None}
         refused = len(sent) - len(enqueued)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            runs = [e for e in read_events(events_file) if e["event"] == "unique-run"]
-            if len(runs) >= len(enqueued):
-                break
-            time.sleep(0.2)
+        wait_events(events_file, "unique-run", len(enqueued), timeout=60, tails=tails)
     runs = [e for e in read_events(events_file) if e["event"] == "unique-run"]
     pids = {e["pid"] for e in runs}
     print(f"\n{len(enqueued)} enqueued, {refused} refused, {len(runs)} ran in {len(pids)} workers")
@@ -267,11 +262,7 @@ def test_a_db_worker_killed_mid_task_frees_its_key_within_the_run_lease(
 
         first = enqueue(0, 30.0)
         assert first is not None
-        deadline = time.monotonic() + 30
-        while not [e for e in read_events(events_file) if e["event"] == "unique-start"]:
-            assert time.monotonic() < deadline, tails()
-            time.sleep(0.05)
-        (start,) = [e for e in read_events(events_file) if e["event"] == "unique-start"]
+        (start,) = wait_events(events_file, "unique-start", tails=tails)
         assert enqueue(1, 0.1) is None  # running: not enqueued
         os.kill(start["host_pid"], signal.SIGKILL)  # the db_worker running it
         killed = time.time()
@@ -301,10 +292,7 @@ def test_a_db_worker_killed_mid_task_frees_its_key_within_the_run_lease(
             assert refused_at - killed > 1.0  # unknown: held until its lease ran out
         again = enqueue(2, 0.1)
         assert again is not None
-        deadline = time.monotonic() + 30
-        while not [e for e in read_events(events_file) if e["event"] == "unique-run"]:
-            assert time.monotonic() < deadline, tails()
-            time.sleep(0.05)
+        wait_events(events_file, "unique-run", tails=tails)
         (run,) = [e for e in read_events(events_file) if e["event"] == "unique-run"]
         assert run["task_id"] == again
     assert live("unique:kill") == []
