@@ -26,7 +26,7 @@ from typing import Any
 from celery import Task  # type: ignore[import-untyped]
 from celery.signals import task_revoked  # type: ignore[import-untyped]
 
-from .decorators import KeyMaker, _checked
+from .decorators import KeyMaker
 from .exceptions import LockLost
 from .held import Held
 from .unique import (
@@ -38,6 +38,7 @@ from .unique import (
     give_back,
     hand_on,
     inline_retry,
+    key_for,
     running,
     take_back,
 )
@@ -67,10 +68,7 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
         if self._keys is None:
             type(self)._keys = KeyMaker(self.unique_key, self.run)
         assert self._keys is not None
-        resource = self._keys(tuple(args or ()), dict(kwargs or {}), False)
-        if not isinstance(resource, str):
-            raise TypeError(f"{self.name}: unique_key must make one key, not {resource!r}")
-        return str(_checked(resource))
+        return key_for(self.name, self._keys, args, kwargs)
 
     def apply_async(
         self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 from django.tasks import Task  # type: ignore[import-not-found, unused-ignore]
 from django.tasks import task as django_task  # type: ignore[import-not-found, unused-ignore]
 
-from .decorators import KeyMaker, _checked
+from .decorators import KeyMaker
 from .drivers import run_io
 from .exceptions import LockLost
 from .held import Held
@@ -51,6 +51,7 @@ from .unique import (
     give_back,
     hand_on,
     inline_retry,
+    key_for,
     running,
     take_back,
 )
@@ -94,13 +95,9 @@ class UniqueTask(_Task):
             raise ValueError(f"{self.name}: queue_lease must be positive, not {self.queue_lease!r}")
 
     def unique_resource(self, args: Any, kwargs: Any) -> str:
-        keys = KeyMaker(self.unique_key, self.func)
         if self.takes_context:
             args = (None, *args)  # the context the worker passes first
-        resource = keys(tuple(args), dict(kwargs), False)
-        if not isinstance(resource, str):
-            raise TypeError(f"{self.name}: unique_key must make one key, not {resource!r}")
-        return str(_checked(resource))
+        return key_for(self.name, KeyMaker(self.unique_key, self.func), args, kwargs)
 
     def enqueue(self, *args: Any, **kwargs: Any) -> Any:
         kwargs.pop(CLAIM_ARG, None)  # a result's kwargs enqueued again: not that claim

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import clock, processes, table
+from .decorators import KeyMaker, _checked
 from .drivers import run_sync
 from .entered import forget_entered, remember_acquired, remember_entered
 from .exceptions import LockLost, SemaphoreBusy
@@ -46,6 +47,7 @@ __all__ = [
     "end_run",
     "give_back",
     "hand_on",
+    "key_for",
     "running",
     "take_back",
     "task_of",
@@ -98,6 +100,15 @@ def task_of(user_id: str | None) -> str | None:
     if user_id and user_id.startswith(USER_PREFIX):
         return user_id[len(USER_PREFIX) :]
     return None
+
+
+def key_for(name: str, keys: KeyMaker, args: Any, kwargs: Any) -> str:
+    """The one resource a task's ``unique_key`` makes of these arguments (``name``: the task's,
+    for the error); too long a key is refused as :class:`~dynasem.decorators.KeyTooLong`."""
+    resource = keys(tuple(args or ()), dict(kwargs or {}), False)
+    if not isinstance(resource, str):
+        raise TypeError(f"{name}: unique_key must make one key, not {resource!r}")
+    return str(_checked(resource))
 
 
 def claim(resource: str, task_id: str, queue_lease: float) -> Claim:
