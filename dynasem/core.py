@@ -43,12 +43,7 @@ from .decorators import Decoration, lock_callable
 from .drivers import Request, Sleep, Steps, Write, run_async, run_io, run_sync, withdraw
 from .entered import current_hold, enter, forget_entered, leave, reentered, remember_acquired
 from .exceptions import SemaphoreUnavailable
-from .held import (
-    Held,
-    acquired,
-    pending_hold,
-)
-from .planning import Plan
+from .held import Held, pending_hold
 from .queueing import (
     GUESS_BUSY_FOR,
     Pace,
@@ -58,6 +53,7 @@ from .queueing import (
     queued_recently,
     seconds_until_free,
     should_queue,
+    too_slow,
     wait_in_queue,
 )
 from .strays import give_back_stray
@@ -223,7 +219,7 @@ class Semaphore:
         seen: dict[str, table.LockItem | None] = {}
         # The hold from what was last planned and seen, if its deadline is still ahead.
         trusted = functools.partial(
-            self._held_if_trusted, token=token, user_id=user_id, lease=lease, skew=skew
+            planning.held_if_trusted, self, token=token, user_id=user_id, lease=lease, skew=skew
         )
         sleeps = replans = failures = 0
         pace = Pace()  # a queued waiter's timing: request round trip, looks found too early
@@ -316,7 +312,7 @@ class Semaphore:
                         if replans <= MAX_REPLANS:
                             continue
                         yield Request(lambda: withdraw(token, resources))
-                        raise _too_slow(self.resource, lease, skew)
+                        raise too_slow(self.resource, lease, skew)
                     actions = [a for a in (plans[r].action for r in acting) if a is not None]
                     try:
                         if len(actions) == 1:
@@ -369,7 +365,7 @@ class Semaphore:
                         if replans <= MAX_REPLANS:
                             continue
                         yield Request(functools.partial(withdraw, token, acting))
-                        raise _too_slow(self.resource, lease, skew)
+                        raise too_slow(self.resource, lease, skew)
                     replans += 1
                     if replans <= MAX_REPLANS:
                         continue  # the refusal told us the state: plan again from it at once
@@ -444,45 +440,6 @@ class Semaphore:
         finally:
             wakeup.forget(token)  # a push that comes now is for a wait that is over
 
-    def _held_if_trusted(
-        self,
-        plans: dict[str, Plan],
-        seen: dict[str, table.LockItem | None],
-        *,
-        token: str,
-        user_id: str,
-        lease: float,
-        skew: float,
-        sent_mono: float | None,
-        push_cap: float | None,
-    ) -> Held | None:
-        """The hold, if its trusted deadline (read now) is still ahead; else None.
-
-        ``sent_mono``: when the write that took (or renewed) the resources with an action
-        left; the others we only saw to be ours, and trust until their stored lease end less
-        the skew (a pushed one: nor past ``push_cap``)."""
-        mono, now = clock.monotonic(), clock.now_ms()
-        ends = [sent_mono + lease - skew] if sent_mono is not None else []
-        for plan in plans.values():
-            if sent_mono is None or plan.action is None:
-                ends.append(mono + (plan.expires_ms - now) / 1000 - skew)
-        if push_cap is not None:
-            ends.append(push_cap)
-        deadline = min(ends)
-        if deadline <= mono:
-            return None
-        return acquired(
-            self,
-            token=token,
-            user_id=user_id,
-            fences={r: p.fence for r, p in plans.items()},
-            lease=lease,
-            skew=skew,
-            expires_ms=min(p.expires_ms for p in plans.values()),
-            sent_mono=deadline - lease + skew,
-            item=seen.get(self.resources[0]) if len(self.resources) == 1 and seen else None,
-        )
-
     def acquire(self) -> Held:
         """Take the semaphore (waiting up to ``wait``) and return the :class:`Held` hold."""
         if self.coalesce:
@@ -552,15 +509,6 @@ class Semaphore:
 
 
 Semaphore.signal_sender = Semaphore
-
-
-def _too_slow(resource: str, lease: float, skew: float) -> SemaphoreUnavailable:
-    return SemaphoreUnavailable(
-        f"could not take {resource!r}: every hold we got had run out of its lease "
-        f"({lease:g}s, less CLOCK_SKEW {skew:g}s) by the time it could be returned; this "
-        "process is paused or starved for longer than the lease",
-        transient=True,
-    )
 
 
 def semaphore(

@@ -8,7 +8,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from . import queueing, table
+from . import clock, queueing, table
+from .held import Held, acquired
 from .queueing import live_holders
 from .spec import LockSpec
 from .validation import MODE_EXCLUSIVE, MODE_SHARED
@@ -147,3 +148,43 @@ def plan(
         queue=terms,
     )
     return done
+
+
+def held_if_trusted(
+    sem: LockSpec,
+    plans: dict[str, Plan],
+    seen: dict[str, table.LockItem | None],
+    *,
+    token: str,
+    user_id: str,
+    lease: float,
+    skew: float,
+    sent_mono: float | None,
+    push_cap: float | None,
+) -> Held | None:
+    """The hold, if its trusted deadline (read now) is still ahead; else None.
+
+    ``sent_mono``: when the write that took (or renewed) the resources with an action
+    left; the others we only saw to be ours, and trust until their stored lease end less
+    the skew (a pushed one: nor past ``push_cap``)."""
+    mono, now = clock.monotonic(), clock.now_ms()
+    ends = [sent_mono + lease - skew] if sent_mono is not None else []
+    for plan in plans.values():
+        if sent_mono is None or plan.action is None:
+            ends.append(mono + (plan.expires_ms - now) / 1000 - skew)
+    if push_cap is not None:
+        ends.append(push_cap)
+    deadline = min(ends)
+    if deadline <= mono:
+        return None
+    return acquired(
+        sem,
+        token=token,
+        user_id=user_id,
+        fences={r: p.fence for r, p in plans.items()},
+        lease=lease,
+        skew=skew,
+        expires_ms=min(p.expires_ms for p in plans.values()),
+        sent_mono=deadline - lease + skew,
+        item=seen.get(sem.resources[0]) if len(sem.resources) == 1 and seen else None,
+    )

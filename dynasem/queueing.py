@@ -573,3 +573,12 @@ def wait_in_queue(
     item: table.LockItem | None = yield Request(lambda: table.get(resource, consistent=False))
     pace.answered(clock.monotonic() - sent)
     return item
+
+
+def too_slow(resource: str, lease: float, skew: float) -> SemaphoreUnavailable:
+    return SemaphoreUnavailable(
+        f"could not take {resource!r}: every hold we got had run out of its lease "
+        f"({lease:g}s, less CLOCK_SKEW {skew:g}s) by the time it could be returned; this "
+        "process is paused or starved for longer than the lease",
+        transient=True,
+    )
