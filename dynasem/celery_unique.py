@@ -29,6 +29,7 @@ from celery.signals import task_revoked  # type: ignore[import-untyped]
 from .decorators import KeyMaker
 from .exceptions import LockLost
 from .held import Held
+from .logs import facts
 from .unique import (
     Claim,
     Taken,
@@ -99,6 +100,13 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
                 self.name,
                 resource,
                 f"task {busy.task_id}" if busy.task_id else "a hold that is not a task's",
+                extra=facts(
+                    resource,
+                    outcome="not_enqueued",
+                    task=self.name,
+                    task_id=task_id,
+                    holder_task_id=busy.task_id,
+                ),
             )
             # The holder's handle; a key held by something else than a task (a semaphore()
             # block) has none: the handle of a task id that never runs says "not run".
@@ -133,6 +141,15 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
                 self.request.id,
                 carried.resource,
                 lost.reason,
+                extra=facts(
+                    carried.resource,
+                    token=carried.token,
+                    fence=carried.fence,
+                    outcome="not_run",
+                    reason=lost.reason,
+                    task=self.name,
+                    task_id=self.request.id,
+                ),
             )
             return None
         self.request.dynasem_run = (carried, held)
@@ -144,7 +161,19 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
                 end_run(held, self.queue_lease)
             except Exception as exc:  # the task's own outcome stands; the lease ends the key
                 logger.warning(
-                    "dynasem: %s could not give back %r: %s", self.name, carried.resource, exc
+                    "dynasem: %s could not give back %r: %s",
+                    self.name,
+                    carried.resource,
+                    exc,
+                    extra=facts(
+                        carried.resource,
+                        token=carried.token,
+                        fence=carried.fence,
+                        outcome="give_back_failed",
+                        reason=exc,
+                        task=self.name,
+                        task_id=carried.task_id,
+                    ),
                 )
 
 

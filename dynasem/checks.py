@@ -93,6 +93,17 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 id="dynasem.E011",
             )
         )
+    for key in ("TELEMETRY", "TELEMETRY_RESOURCE_NAMES"):
+        value = raw.get(key, DEFAULTS[key])
+        if not isinstance(value, bool):
+            problems.append(
+                Error(
+                    f"DYNASEM[{key!r}] must be True or False, not {type(value).__name__}: "
+                    f"{value!r}.",
+                    hint=HINT,
+                    id="dynasem.E012",
+                )
+            )
     checks: tuple[tuple[str, Callable[[Any], object], str], ...] = (
         ("LEASE", lambda v: validation.check_lease(v, "DYNASEM['LEASE']"), "dynasem.E006"),
         (

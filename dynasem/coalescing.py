@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 from . import clock, heartbeat, table
 from .drivers import io_executor, run_io
 from .exceptions import Coalesced, LockLost, SemaphoreBusy
+from .logs import facts
 from .validation import MODE_EXCLUSIVE, resolve_timing, user_id_of
 
 logger = logging.getLogger("dynasem")
@@ -98,7 +99,11 @@ class Registration:
         try:
             table.withdraw_next(self.resource, self.token)
         except Exception:  # its lease ends it anyway
-            logger.warning("dynasem: could not withdraw the next run of %r", self.resource)
+            logger.warning(
+                "dynasem: could not withdraw the next run of %r",
+                self.resource,
+                extra=facts(self.resource, token=self.token, outcome="withdraw_failed"),
+            )
 
 
 def register(sem: Any, busy: SemaphoreBusy) -> Registration:
@@ -119,9 +124,17 @@ def register(sem: Any, busy: SemaphoreBusy) -> Registration:
         stale_ms=now - int(skew * 1000),
     )
     if other is not None:
-        logger.info("dynasem: %r is busy and its next run is registered: coalesced", resource)
+        logger.info(
+            "dynasem: %r is busy and its next run is registered: coalesced",
+            resource,
+            extra=facts(resource, outcome="coalesced", holder=busy.holder_user_id),
+        )
         raise Coalesced(resource, busy.retry_after, busy.holder_user_id, other)
-    logger.info("dynasem: %r is busy: registered as its next run", resource)
+    logger.info(
+        "dynasem: %r is busy: registered as its next run",
+        resource,
+        extra=facts(resource, token=token, outcome="registered", holder=busy.holder_user_id),
+    )
     return Registration(resource, token, lease, skew, sent)
 
 

@@ -21,6 +21,9 @@ DEFAULTS: dict[str, Any] = {
     "CLOCK_SKEW": 5,
     "FAIR": False,
     "PUSH": "127.0.0.1",
+    # OpenTelemetry (dynasem[otel]): record metrics and spans; name locks by their raw keys.
+    "TELEMETRY": True,
+    "TELEMETRY_RESOURCE_NAMES": False,
 }
 
 FALLBACK_REGION = "us-east-1"
@@ -39,7 +42,7 @@ class Settings:
 
     # Each property refuses a value of another type (a TypeError naming the key and the value,
     # as the timing checks in validation.py name a bad LEASE): ``"false"`` from an environment
-    # variable must never read as a true FAIR. The system checks (checks.py, dynasem.E001-E011)
+    # variable must never read as a true FAIR. The system checks (checks.py, dynasem.E001-E012)
     # report the same before the first request does.
 
     def _typed(self, key: str, kinds: tuple[type, ...], expected: str) -> Any:
@@ -90,6 +93,16 @@ class Settings:
     def PUSH(self) -> str | None:  # noqa: N802
         value = self._typed("PUSH", (str, type(None)), "None or an IPv4 address str")
         return value or None
+
+    @property
+    def TELEMETRY(self) -> bool:  # noqa: N802
+        value: bool = self._typed("TELEMETRY", (bool,), "True or False")
+        return value
+
+    @property
+    def TELEMETRY_RESOURCE_NAMES(self) -> bool:  # noqa: N802
+        value: bool = self._typed("TELEMETRY_RESOURCE_NAMES", (bool,), "True or False")
+        return value
 
     def check_types(self) -> None:
         """Raise the TypeError of the first key of a wrong type: called before a first

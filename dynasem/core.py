@@ -35,6 +35,7 @@ from . import (
     processes,
     queueing,
     table,
+    telemetry,
     transactions,
     wakeup,
 )
@@ -113,6 +114,7 @@ class Semaphore:
         max_hold: float | None = None,
         fence_db: bool = False,
         coalesce: bool = False,
+        metrics_name: str | None = None,
     ):
         self.resources: list[str] = [] if callable(resource) else check_resources(resource)
         self.limit = check_limit(limit, shared)
@@ -150,6 +152,8 @@ class Semaphore:
         self.coalesce = coalesce
         # Taken for another process (dynasem.unique): no identity of ours is recorded.
         self.detached = False
+        # The lock's name in metrics and spans (telemetry.py): never the raw key by default.
+        self.metrics_name = None if metrics_name is None else check_resource(metrics_name)
 
     @property
     def fair(self) -> bool:
@@ -419,6 +423,8 @@ class Semaphore:
                     replans = 0
                     continue
                 sleeps += 1
+                if telemetry.ON:
+                    telemetry.waiting()
                 until_free = seconds_until_free(blocked, skew)
                 yield Sleep(max(0.0, min(backoff(sleeps), until_free + 0.005, remaining)))
                 replans = 0
@@ -442,6 +448,11 @@ class Semaphore:
 
     def acquire(self) -> Held:
         """Take the semaphore (waiting up to ``wait``) and return the :class:`Held` hold."""
+        if telemetry.ON:
+            return telemetry.acquire(self, self._acquire)
+        return self._acquire()
+
+    def _acquire(self) -> Held:
         if self.coalesce:
             held = coalescing.acquire(self, lambda wait: run_sync(self._acquire_steps(wait)))
         else:
@@ -453,6 +464,11 @@ class Semaphore:
         """``acquire()`` for async code: requests run in a thread of dynasem's own executor
         (never the event loop's default one); waits, pushed hand-overs included, are awaited
         on the loop and hold no thread."""
+        if telemetry.ON:
+            return await telemetry.aacquire(self, self._aacquire)
+        return await self._aacquire()
+
+    async def _aacquire(self) -> Held:
         if self.coalesce:
             held = await coalescing.aacquire(self, lambda w: run_async(self._acquire_steps(w)))
         else:
@@ -505,6 +521,7 @@ class Semaphore:
             max_hold=self.max_hold,
             fence_db=self.fence_db,
             coalesce=self.coalesce,
+            metrics_name=self.metrics_name or telemetry.template_name(self.decoration.resource),
         )
 
 
@@ -526,6 +543,7 @@ def semaphore(
     max_hold: float | None = None,
     fence_db: bool = False,
     coalesce: bool = False,
+    metrics_name: str | None = None,
 ) -> Semaphore:
     """A distributed semaphore on ``resource``: ``with``, ``async with``, ``.acquire()``, or
     ``@semaphore("key:{arg}")`` on a view. See API.md for every argument."""
@@ -543,4 +561,5 @@ def semaphore(
         max_hold=max_hold,
         fence_db=fence_db,
         coalesce=coalesce,
+        metrics_name=metrics_name,
     )

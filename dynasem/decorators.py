@@ -24,6 +24,7 @@ from django.utils.functional import LazyObject
 
 from . import fenced
 from .exceptions import Coalesced, Picklable, SemaphoreBusy
+from .logs import facts
 from .validation import MAX_RESOURCE_BYTES, utf8_size
 
 logger = logging.getLogger("dynasem")
@@ -186,9 +187,10 @@ def coalesced_response(request: Any, exc: Coalesced) -> HttpResponse:
         status=202,
         content_type="text/plain; charset=utf-8",
     )
+    path = str(getattr(request, "path", "-")).encode("unicode_escape").decode("ascii")
     logger.info(
         "Accepted: %s: %r is busy and its next run is queued (by %r)",
-        str(getattr(request, "path", "-")).encode("unicode_escape").decode("ascii"),
+        path,
         exc.resource,
         exc.next_user_id,
         extra={
@@ -197,6 +199,13 @@ def coalesced_response(request: Any, exc: Coalesced) -> HttpResponse:
             "resource": exc.resource,
             "holder_user_id": exc.holder_user_id,
             "next_user_id": exc.next_user_id,
+            **facts(
+                exc.resource,
+                outcome="accepted",
+                path=path,
+                holder=exc.holder_user_id,
+                next_holder=exc.next_user_id,
+            ),
         },
     )
     return response
@@ -220,11 +229,11 @@ def busy_response(request: Any, exc: SemaphoreBusy) -> HttpResponse:
         content_type="text/plain; charset=utf-8",
     )
     response["Retry-After"] = str(exc.retry_after)
-    path = str(getattr(request, "path", "-"))
+    # Escaped as Django escapes the paths it logs: a request's path is the client's.
+    path = str(getattr(request, "path", "-")).encode("unicode_escape").decode("ascii")
     logger.info(
         "Locked: %s: %r is busy (held by %r, queue position %s); Retry-After: %d",
-        # Escaped as Django escapes the paths it logs: a request's path is the client's.
-        path.encode("unicode_escape").decode("ascii"),
+        path,
         exc.resource,
         exc.holder_user_id,
         exc.queue_position,
@@ -237,6 +246,15 @@ def busy_response(request: Any, exc: SemaphoreBusy) -> HttpResponse:
             "retry_after": exc.retry_after,
             "queue_position": exc.queue_position,
             "estimated_wait": exc.estimated_wait,
+            **facts(
+                exc.resource,
+                outcome="busy",
+                wait=exc.estimated_wait,
+                path=path,
+                holder=exc.holder_user_id,
+                retry_after=exc.retry_after,
+                queue_position=exc.queue_position,
+            ),
         },
     )
     # django.utils.log.log_response skips a response carrying this mark (Django 4.2 to 6.1

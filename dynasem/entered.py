@@ -12,6 +12,7 @@ from typing import Any
 
 from .exceptions import LockLost
 from .held import Held, give_back_unused
+from .logs import facts
 from .spec import LockSpec
 from .validation import MODE_EXCLUSIVE, MODE_SHARED
 
@@ -65,7 +66,11 @@ def leave(held: Held, raised: bool) -> None:
         if not raised:
             raise
         # The block's own exception goes on; the loss is logged and was signalled.
-        logger.warning("dynasem: hold on %r was lost while its block raised", held.resource)
+        logger.warning(
+            "dynasem: hold on %r was lost while its block raised",
+            held.resource,
+            extra=facts(held.resource, token=held.token, fence=held.fence, outcome="lost"),
+        )
 
 
 # -- re-entry ----------------------------------------------------------------------------------

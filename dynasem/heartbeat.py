@@ -22,11 +22,25 @@ import time
 from typing import Any
 
 from .exceptions import LockLost, SemaphoreUnavailable
+from .logs import facts
 
 logger = logging.getLogger("dynasem")
 
 # Shortest pause between two attempts after a transient failure (seconds).
 RETRY_MIN = 0.05
+
+
+def _facts(held: Any, outcome: str, reason: object, wait: float | None = None) -> dict[str, Any]:
+    """``extra`` for a record about ``held``: a :class:`~dynasem.held.Held`, a run_once job,
+    or a coalescing registration (these have no fence)."""
+    return facts(
+        held.resource,
+        token=getattr(held, "token", None),
+        fence=getattr(held, "fence", None),
+        outcome=outcome,
+        wait=wait,
+        reason=reason,
+    )
 
 
 class Heartbeat:
@@ -85,10 +99,21 @@ class Heartbeat:
                 held.check_deadline()
                 return None
             # Retry soon, but often enough to get several tries in before the deadline.
-            logger.info("dynasem: renewing %r failed (%s); retrying", held.resource, error)
-            return max(RETRY_MIN, min(self.interval / 3, left / 4))
+            pause = max(RETRY_MIN, min(self.interval / 3, left / 4))
+            logger.info(
+                "dynasem: renewing %r failed (%s); retrying",
+                held.resource,
+                error,
+                extra=_facts(held, "renew_retry", error, wait=pause),
+            )
+            return pause
         if error is not None:  # never let the schedule end silently with a live hold
-            logger.error("dynasem: unexpected error renewing %r: %r", held.resource, error)
+            logger.error(
+                "dynasem: unexpected error renewing %r: %r",
+                held.resource,
+                error,
+                extra=_facts(held, "renew_failed", error),
+            )
             return RETRY_MIN
         # A deadline that renewals cannot push (max_hold) is met on time, to declare the loss.
         until_deadline: float = held.seconds_left() + 0.001
@@ -154,7 +179,12 @@ class _Scheduler:
                     target=self._beat, args=(heartbeat,), name=heartbeat.name, daemon=True
                 ).start()
             except BaseException as exc:  # e.g. "can't start new thread": never end the loop
-                logger.error("dynasem: cannot start a renewal of %r: %r", heartbeat.held, exc)
+                logger.error(
+                    "dynasem: cannot start a renewal of %r: %r",
+                    heartbeat.held,
+                    exc,
+                    extra=_facts(heartbeat.held, "renew_failed", exc),
+                )
                 self.add(heartbeat, RETRY_MIN)
 
     def _beat(self, heartbeat: Heartbeat) -> None:
@@ -162,7 +192,12 @@ class _Scheduler:
         try:
             pause = heartbeat.beat()
         except BaseException as exc:  # a schedule must not end silently with a live hold
-            logger.error("dynasem: renewing %r failed: %r", heartbeat.held, exc)
+            logger.error(
+                "dynasem: renewing %r failed: %r",
+                heartbeat.held,
+                exc,
+                extra=_facts(heartbeat.held, "renew_failed", exc),
+            )
         if pause is not None and not heartbeat.stopped:
             self.add(heartbeat, pause)  # back in the heap before it leaves _beating
         else:

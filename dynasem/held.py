@@ -3,22 +3,26 @@ and tells when it is lost; and the stack of holds entered with ``with``/``async 
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
+import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from . import clock, fenced, heirs, table, transactions, wakeup
+from . import clock, fenced, heirs, table, telemetry, transactions, wakeup
 from .drivers import run_io
 from .exceptions import LockLost, SemaphoreUnavailable
 from .heartbeat import Heartbeat
+from .logs import facts
 from .signals import lock_acquired, lock_lost, lock_released
 from .spec import LockSpec
 from .validation import MODE_EXCLUSIVE, MODE_SHARED
 
 logger = logging.getLogger("dynasem")
 
+_NOTHING = contextlib.nullcontext()
 # A plain release of a hold older than this (seconds) asks for the item back, to push the
 # first of any waiters that queued after we last saw the queue.
 WAKE_AFTER = 0.05
@@ -72,6 +76,8 @@ class Held:
         # A unique task's run that enqueued its retry: the retry's claim token, which this
         # hold becomes at the run's end instead of being given back (dynasem.unique).
         self.handed_on: str | None = None
+        self.telemetry_context: Any = None  # the acquire's span (telemetry.py links to it)
+        self._handover: tuple[int, int, int, int] | None = None  # when, to how many, fence
 
     def _observe(self, item: table.LockItem | None) -> None:
         if item is not None:
@@ -140,7 +146,10 @@ class Held:
                 return
             self._lost = reason
         self._stop_heartbeat()
-        logger.warning("dynasem: lost the hold on %r: %s", self.resource, reason)
+        ex = facts(self.resource, token=self.token, fence=self.fence, outcome="lost", reason=reason)
+        logger.warning("dynasem: lost the hold on %r: %s", self.resource, reason, extra=ex)
+        if telemetry.ON:
+            telemetry.lost(self, reason)
         lock_lost.send(
             sender=self.semaphore.signal_sender,
             resource=self.resource,
@@ -173,7 +182,8 @@ class Held:
                 raise LockLost(self.resource, "it was released")
             if self._lost is not None:
                 self._raise_lost()
-            self._renew_once()
+            with telemetry.renewing(self) if telemetry.ON else _NOTHING:
+                self._renew_once()
         finally:
             self._lock.release()
 
@@ -284,6 +294,7 @@ class Held:
         try:
             self._release_now()
         except LockLost as exc:
+            ex: dict[str, Any] = {"token": self.token, "fence": self.fence, "reason": exc.reason}
             if committed:
                 # lock_lost was sent (with pending_commit=True) when the loss was found.
                 logger.error(
@@ -292,12 +303,14 @@ class Held:
                     "commit; fence such writes with held.fence",
                     self.resource,
                     exc.reason,
+                    extra=facts(self.resource, outcome="committed_after_loss", **ex),
                 )
             else:
                 logger.warning(
                     "dynasem: the hold on %r was lost (%s) before its transaction rolled back",
                     self.resource,
                     exc.reason,
+                    extra=facts(self.resource, outcome="rolled_back_after_loss", **ex),
                 )
         finally:
             self._pending_commit = False
@@ -308,12 +321,13 @@ class Held:
                 return
             self._released = True
             self._stop_heartbeat()
-            lost_before = self._lost is not None or clock.monotonic() >= self._deadline
-            ok = self._give_back()
-            if not ok and self._lost is None:
-                self._mark_lost("another holder took it over, or it was broken by an operator")
-            if lost_before and self._lost is None:
-                self._mark_lost(self._deadline_reason())
+            with telemetry.releasing(self) if telemetry.ON else _NOTHING:
+                lost_before = self._lost is not None or clock.monotonic() >= self._deadline
+                ok = self._give_back()
+                if not ok and self._lost is None:
+                    self._mark_lost("another holder took it over, or it was broken by an operator")
+                if lost_before and self._lost is None:
+                    self._mark_lost(self._deadline_reason())
             if self._lost is not None:
                 self._raise_lost()
         lock_released.send(
@@ -350,6 +364,7 @@ class Held:
                 )
                 entries.append((token, waiter.ticket, entry))
             shared = found[0][1].shared
+            started_ns = time.time_ns()
             try:
                 item = table.update(
                     table.hand_over(
@@ -375,6 +390,8 @@ class Held:
                 # since, so a refusal of the plain release that follows is no proof of a loss.
                 self._handed_unanswered = True
                 return None
+            if telemetry.ON:
+                self._handover = (started_ns, time.time_ns(), len(found), fence)
             if item is not None:
                 sent_ms = clock.now_ms()
                 for token, waiter in found:
@@ -460,7 +477,9 @@ class Held:
             except SemaphoreUnavailable as exc:
                 # The work is done and the lease will lapse by itself: never fail the caller
                 # for a release DynamoDB could not take.
-                logger.warning("dynasem: could not release %r (%s); it expires", pending, exc)
+                logger.warning("dynasem: could not release %r (%s); it expires", pending, exc,
+                               extra=facts(pending, token=self.token, outcome="release_failed",
+                                           reason=exc))  # fmt: skip
                 return ok
         return ok
 
@@ -558,7 +577,9 @@ def give_back_unused(held: Held) -> None:
     try:
         held._release_now()
     except Exception as exc:
-        logger.warning("dynasem: could not give back unused hold on %r: %s", held.resource, exc)
+        logger.warning("dynasem: could not give back unused hold on %r: %s", held.resource, exc,
+                       extra=facts(held.resource, token=held.token, fence=held.fence,
+                                   outcome="give_back_failed", reason=exc))  # fmt: skip
 
 
 def pending_hold(semaphore: LockSpec) -> Held | None:

@@ -130,7 +130,13 @@ class Leadership:
         self.on_lost = on_lost
         # Not tied to a transaction: a lead is given back when its block ends.
         self.semaphore = semaphore(
-            self.resource, lease=lease, wait=wait, user=user, on_commit=False, fair=True
+            self.resource,
+            lease=lease,
+            wait=wait,
+            user=user,
+            on_commit=False,
+            fair=True,
+            metrics_name=self.resource,  # one per election: a bounded name
         )
 
     def _entered(self, lead: Lead) -> Lead:

@@ -10,6 +10,7 @@ from typing import Any
 from . import clock, heirs, table
 from .exceptions import SemaphoreUnavailable
 from .held import Held
+from .logs import facts
 from .table import permits as slots
 
 logger = logging.getLogger("dynasem")
@@ -124,7 +125,12 @@ class PermitHeld(Held):
                     ok = False
                     continue
             except SemaphoreUnavailable as exc:
-                logger.warning("dynasem: could not release %r (%s); it expires", resource, exc)
+                logger.warning(
+                    "dynasem: could not release %r (%s); it expires",
+                    resource,
+                    exc,
+                    extra=facts(resource, token=self.token, outcome="release_failed", reason=exc),
+                )
                 continue
             hint_freed(resource, slot, hold_ms)
         return ok

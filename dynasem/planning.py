@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from . import clock, queueing, table
+from . import clock, queueing, table, telemetry
 from .held import Held, acquired
 from .queueing import live_holders
 from .spec import LockSpec
@@ -177,6 +177,8 @@ def held_if_trusted(
     deadline = min(ends)
     if deadline <= mono:
         return None
+    if telemetry.ON and sent_mono is None and len(sem.resources) == 1:
+        telemetry.handed_over(sem, seen.get(sem.resources[0]), token)
     return acquired(
         sem,
         token=token,

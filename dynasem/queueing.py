@@ -10,7 +10,7 @@ import random
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from . import clock, processes, table, wakeup
+from . import clock, processes, table, telemetry, wakeup
 from .drivers import InQueue, Request, Sleep, Steps
 from .exceptions import SemaphoreBusy, SemaphoreUnavailable
 from .signals import lock_busy
@@ -464,6 +464,8 @@ def wait_in_queue(
         if after is None:
             return seen
         pace.qbase, pace.ticket = after.qbase, after.qin
+        if telemetry.ON:
+            telemetry.waiting(ahead=max(0, after.qin - after.qout - 1))
         pace.queued_mono = clock.monotonic()
         pace.turns = max(1, after.qin - after.qout)
         pace.entry_ms = clock.now_ms() + int(lease * 1000)

@@ -17,6 +17,7 @@ from . import clock, table, transactions, validation
 from .drivers import run_io
 from .exceptions import AlreadyDone, LockLost, SemaphoreBusy, SemaphoreUnavailable
 from .heartbeat import Heartbeat
+from .logs import facts
 from .queueing import retry_after
 
 logger = logging.getLogger("dynasem")
@@ -126,6 +127,13 @@ class Job:
                 "ended (%s); its status is theirs now",
                 self.key,
                 exc.reason,
+                extra=facts(
+                    self.key,
+                    token=self.token,
+                    fence=self.fence,
+                    outcome="lost",
+                    reason=exc.reason,
+                ),
             )
         finally:
             self._pending_commit = False
@@ -269,7 +277,11 @@ class RunOnce:
                 except LockLost:
                     if exc is None:
                         raise
-                    logger.warning("dynasem: job %r was lost while its body raised", job.key)
+                    logger.warning(
+                        "dynasem: job %r was lost while its body raised",
+                        job.key,
+                        extra=facts(job.key, token=job.token, fence=job.fence, outcome="lost"),
+                    )
                     return
             using = self.using
             if transactions.after_transaction(

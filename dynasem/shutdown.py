@@ -21,6 +21,7 @@ import threading
 
 from . import clock, heartbeat
 from .held import Held, give_back_unused
+from .logs import facts
 
 logger = logging.getLogger("dynasem")
 
@@ -50,7 +51,11 @@ def release_all() -> int:
         if not _unused(held, caller):
             continue
         if clock.monotonic() >= stop:
-            logger.warning("dynasem: left %r held at exit: out of time", held.resource)
+            logger.warning(
+                "dynasem: left %r held at exit: out of time",
+                held.resource,
+                extra=facts(held.resource, token=held.token, fence=held.fence, outcome="left_held"),
+            )
             continue
         give_back_unused(held)
         given += 1
@@ -61,7 +66,11 @@ def _at_exit() -> None:
     if heartbeat.scheduled():  # nothing to do (and no cost) for a process that holds nothing
         given = release_all()
         if given:
-            logger.info("dynasem: gave back %d hold(s) at exit", given)
+            logger.info(
+                "dynasem: gave back %d hold(s) at exit",
+                given,
+                extra=facts(outcome="given_back", count=given),
+            )
 
 
 atexit.register(_at_exit)

@@ -8,6 +8,7 @@ import logging
 
 from . import clock, table
 from .held import Held
+from .logs import facts
 from .spec import LockSpec
 
 logger = logging.getLogger("dynasem")
@@ -37,8 +38,19 @@ def give_back_stray(
     # Held for no time of its own: leave the queue's average hold as it is.
     held._taken_mono -= (item.hold_ms or 0) / 1000
     held._released = True
-    logger.info("dynasem: giving back %r, handed to a waiter that had left", resource)
+    logger.info(
+        "dynasem: giving back %r, handed to a waiter that had left",
+        resource,
+        extra=facts(resource, token=token, fence=holder.fence, outcome="stray_given_back"),
+    )
     try:
         held._give_back()
     except Exception as exc:
-        logger.warning("dynasem: could not give back %r: %s; it expires", resource, exc)
+        logger.warning(
+            "dynasem: could not give back %r: %s; it expires",
+            resource,
+            exc,
+            extra=facts(
+                resource, token=token, fence=holder.fence, outcome="give_back_failed", reason=exc
+            ),
+        )

@@ -42,6 +42,7 @@ from .decorators import KeyMaker
 from .drivers import run_io
 from .exceptions import LockLost
 from .held import Held
+from .logs import facts
 from .unique import (
     Claim,
     Taken,
@@ -164,6 +165,12 @@ class UniqueTask(_Task):
             self.module_path,
             resource,
             f"task claim {busy.task_id}" if busy.task_id else "a hold that is not a task's",
+            extra=facts(
+                resource,
+                outcome="not_enqueued",
+                task=self.module_path,
+                holder_task_id=busy.task_id,
+            ),
         )
 
     def call(self, *args: Any, **kwargs: Any) -> Any:
@@ -212,6 +219,15 @@ class UniqueTask(_Task):
             carried.task_id,
             carried.resource,
             lost.reason,
+            extra=facts(
+                carried.resource,
+                token=carried.token,
+                fence=carried.fence,
+                outcome="not_run",
+                reason=lost.reason,
+                task=self.module_path,
+                task_id=carried.task_id,
+            ),
         )
 
     def _end(self, held: Held) -> None:
@@ -219,7 +235,18 @@ class UniqueTask(_Task):
             end_run(held, self.queue_lease)
         except Exception as exc:  # the task's own outcome stands; the lease ends the key
             logger.warning(
-                "dynasem: %s could not give back %r: %s", self.module_path, held.resources[0], exc
+                "dynasem: %s could not give back %r: %s",
+                self.module_path,
+                held.resources[0],
+                exc,
+                extra=facts(
+                    held.resources[0],
+                    token=held.token,
+                    fence=held.fence,
+                    outcome="give_back_failed",
+                    reason=exc,
+                    task=self.module_path,
+                ),
             )
 
 

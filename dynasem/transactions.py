@@ -39,6 +39,8 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.db import DEFAULT_DB_ALIAS, connections
 
+from .logs import facts
+
 logger = logging.getLogger("dynasem")
 
 __all__ = ["after_transaction", "check_using", "open_transaction", "pending_owners"]
@@ -147,7 +149,16 @@ class _Pending:
         try:
             self.finish(committed)
         except Exception:  # never break the caller's commit or rollback
-            logger.exception("dynasem: giving back %r after the transaction failed", self.name)
+            logger.exception(
+                "dynasem: giving back %r after the transaction failed",
+                self.name,
+                extra=facts(
+                    self.name,
+                    token=getattr(self.owner, "token", None),
+                    outcome="give_back_failed",
+                    committed=committed,
+                ),
+            )
 
 
 # The give-backs waiting on each connection (a connection belongs to one thread or task).

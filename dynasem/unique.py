@@ -37,6 +37,7 @@ from .drivers import run_sync
 from .entered import forget_entered, remember_acquired, remember_entered
 from .exceptions import LockLost, SemaphoreBusy
 from .held import Held
+from .logs import facts
 from .validation import resolve_timing
 
 __all__ = [
@@ -287,4 +288,15 @@ def give_back(taken: Claim) -> None:
     except LockLost:
         pass
     except Exception:
-        logger.warning("dynasem: could not give back %r", taken.resource, exc_info=True)
+        logger.warning(
+            "dynasem: could not give back %r",
+            taken.resource,
+            exc_info=True,
+            extra=facts(
+                taken.resource,
+                token=taken.token,
+                fence=taken.fence,
+                outcome="give_back_failed",
+                task_id=taken.task_id,
+            ),
+        )

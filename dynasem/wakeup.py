@@ -45,6 +45,7 @@ from django.conf import settings as django_settings
 
 from . import table
 from .conf import settings
+from .logs import facts
 
 logger = logging.getLogger("dynasem")
 
@@ -112,6 +113,7 @@ def _bad_mac() -> None:
         "SECRET_KEY_FALLBACKS), or something else sends datagrams to this port. Waiters fall "
         "back to reading the lock, which costs requests and latency, not correctness.",
         count,
+        extra=facts(outcome="push_dropped", reason="bad signature", count=count),
     )
 
 
@@ -241,7 +243,11 @@ class _Listener:
             try:
                 self._deliver(data)
             except Exception:  # a malformed datagram must not end the listener
-                logger.debug("dynasem: dropped an unreadable push", exc_info=True)
+                logger.debug(
+                    "dynasem: dropped an unreadable push",
+                    exc_info=True,
+                    extra=facts(outcome="push_dropped", reason="unreadable"),
+                )
 
     def _deliver(self, data: bytes) -> None:
         arrived = time.monotonic()
@@ -265,6 +271,14 @@ class _Listener:
                 "share a SECRET_KEY and push addresses?)",
                 message.get("tb"),
                 slot.table,
+                extra=facts(
+                    slot.resource,
+                    token=slot.token,
+                    outcome="push_dropped",
+                    reason="another table",
+                    table=slot.table,
+                    push_table=message.get("tb"),
+                ),
             )
             return
         item = table.lock_item(message["i"])
@@ -330,7 +344,11 @@ def _refused(slot: _Slot, item: table.LockItem, sent_ms: Any, when: str) -> bool
         return False
     reason, loud = refusal
     (logger.warning if loud else logger.info)(
-        "dynasem: dropped a push for %r %s: %s", slot.resource, when, reason
+        "dynasem: dropped a push for %r %s: %s",
+        slot.resource,
+        when,
+        reason,
+        extra=facts(slot.resource, token=slot.token, outcome="push_dropped", reason=reason),
     )
     return True
 
@@ -357,7 +375,12 @@ def _get_listener() -> _Listener | None:
             _listener = _Listener(bind)
         except OSError as exc:
             _failed_bind = bind
-            logger.warning("dynasem: cannot listen for hand-over pushes on %s: %s", bind, exc)
+            logger.warning(
+                "dynasem: cannot listen for hand-over pushes on %s: %s",
+                bind,
+                exc,
+                extra=facts(outcome="listen_failed", reason=exc, address=bind),
+            )
             return None
         return _listener
 
@@ -455,6 +478,14 @@ def _taken(slot: _Slot, token: str, fence_above: int) -> Push | None:
             slot.resource,
             holder.fence,
             fence_above,
+            extra=facts(
+                slot.resource,
+                token=token,
+                fence=holder.fence,
+                outcome="push_dropped",
+                reason="stale fence",
+                fence_seen=fence_above,
+            ),
         )
         return None
     if _refused(slot, pushed.item, pushed.sent_ms, "when taken"):

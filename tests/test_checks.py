@@ -213,6 +213,8 @@ WRONG_TYPES = {
     "CLOCK_SKEW": "5",
     "FAIR": "false",
     "PUSH": 127,
+    "TELEMETRY": "false",
+    "TELEMETRY_RESOURCE_NAMES": 1,
 }
 
 

@@ -60,6 +60,8 @@ def test_defaults_for_missing_keys_match_the_contract():
         "CLOCK_SKEW": 5,
         "FAIR": False,  # beyond API.md: fair (FIFO) waiting by default or not
         "PUSH": "127.0.0.1",  # beyond API.md: where queued waiters take hand-over pushes
+        "TELEMETRY": True,  # beyond API.md: OpenTelemetry metrics and spans, if installed
+        "TELEMETRY_RESOURCE_NAMES": False,  # beyond API.md: raw keys as lock names
     }
     with override_settings(DYNASEM={}):
         for key, value in DEFAULTS.items():
@@ -240,6 +242,8 @@ WRONG_TYPES = {
     "CLOCK_SKEW": "5",
     "FAIR": "false",
     "PUSH": 127,
+    "TELEMETRY": "false",
+    "TELEMETRY_RESOURCE_NAMES": 1,
 }
 
 

@@ -25,6 +25,7 @@ from botocore.exceptions import (
     ConnectionError as BotoConnectionError,
 )
 
+from .. import telemetry
 from ..conf import FALLBACK_REGION, settings
 from ..exceptions import LimitExceeded, Picklable, SemaphoreUnavailable, TableMissing
 from .stored import JobRow, LockItem, decode, job_row, lock_item
@@ -271,12 +272,19 @@ def _send(operation: str, **kwargs: Any) -> dict[str, Any]:
         raise SemaphoreUnavailable(
             f"cannot build a DynamoDB client for {endpoint_label()!r}: {exc}"
         ) from exc
+    if telemetry.ON:
+        telemetry.ask_capacity(operation, kwargs)
     try:
         # Every operation's response is a dict; which keys it has depends on the operation.
         response: dict[str, Any] = getattr(client, operation)(**kwargs)
+        if telemetry.ON:
+            telemetry.request(operation, "ok", response)
         return response
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
+        if telemetry.ON:
+            outcome = telemetry.outcome_of_error(code, code in THROTTLED)
+            telemetry.request(operation, outcome, None)
         if code == "ConditionalCheckFailedException":
             # ReturnValuesOnConditionCheckFailure puts the item in the error response, a key
             # botocore-stubs' ClientError response does not list.
@@ -291,6 +299,8 @@ def _send(operation: str, **kwargs: Any) -> dict[str, Any]:
                 raise Cancelled(reasons, _retried(exc)) from None
         raise _unavailable(exc) from exc
     except (BotoCoreError, OSError) as exc:
+        if telemetry.ON:
+            telemetry.request(operation, "error", None)
         raise _unavailable(exc) from exc
     except ValueError as exc:  # an endpoint URL botocore could not take apart
         raise SemaphoreUnavailable(f"bad DynamoDB endpoint {endpoint_label()!r}: {exc}") from exc

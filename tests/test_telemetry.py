@@ -1,0 +1,466 @@
+"""OpenTelemetry: the metrics and spans dynasem records, read back from the SDK's in-memory
+reader and exporter, on DynamoDB Local; and dynasem without opentelemetry installed."""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import override_settings
+
+from dynasem import LockLost, SemaphoreBusy, SemaphoreUnavailable, operations, semaphore, telemetry
+from tests.conftest import dynasem_settings
+
+try:  # the otel dependency group; the matrix runs some pairs without it
+    from opentelemetry import metrics, trace
+    from opentelemetry.sdk import metrics as sdk_metrics
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+except ImportError:
+    sdk_metrics = None
+
+ROOT = Path(__file__).resolve().parent.parent
+_providers: dict[str, Any] = {}
+
+
+@pytest.fixture
+def otel(lock_table: str) -> Any:
+    """The process's global providers (set once: OpenTelemetry refuses a second), their
+    in-memory reader and exporter; the exporter emptied for each test."""
+    if sdk_metrics is None:
+        pytest.skip("the OpenTelemetry SDK is not installed (dynasem[otel] + the otel group)")
+    assert telemetry.ON
+    if not _providers:
+        reader = InMemoryMetricReader()
+        metrics.set_meter_provider(sdk_metrics.MeterProvider(metric_readers=[reader]))
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        trace.set_tracer_provider(provider)
+        _providers.update(reader=reader, exporter=exporter)
+    _providers["exporter"].clear()
+    return _providers
+
+
+def points(reader: Any, name: str) -> list[Any]:
+    data = reader.get_metrics_data()
+    found = []
+    for rm in data.resource_metrics if data else []:
+        for sm in rm.scope_metrics:
+            for metric in sm.metrics:
+                if metric.name == name:
+                    found.extend(metric.data.data_points)
+    return found
+
+
+def total(reader: Any, name: str, **attrs: Any) -> float:
+    """A counter's value summed over the points whose attributes include ``attrs``."""
+    return sum(
+        p.value
+        for p in points(reader, name)
+        if all(p.attributes.get(k) == v for k, v in attrs.items())
+    )
+
+
+def histogram(reader: Any, name: str, **attrs: Any) -> list[Any]:
+    return [
+        p for p in points(reader, name) if all(p.attributes.get(k) == v for k, v in attrs.items())
+    ]
+
+
+def named() -> str:
+    return f"lock-{uuid.uuid4().hex[:8]}"
+
+
+def spans(otel: Any, name: str) -> list[Any]:
+    return [s for s in otel["exporter"].get_finished_spans() if s.name == name]
+
+
+def test_an_acquire_and_its_release_are_measured_and_traced(otel: Any) -> None:
+    name = named()
+    with semaphore(f"tel:{uuid.uuid4().hex}", metrics_name=name) as held:
+        fence = held.fence
+    reader = otel["reader"]
+    (acq,) = histogram(
+        reader,
+        "dynasem.lock.acquire.duration",
+        **{telemetry.NAME: name, telemetry.OUTCOME: "acquired", telemetry.MODE: "exclusive"},
+    )
+    assert acq.count == 1 and 0 < acq.sum < 5
+    assert acq.attributes[telemetry.QUEUED] is False
+    (hold,) = histogram(reader, "dynasem.lock.hold.duration", **{telemetry.NAME: name})
+    assert hold.count == 1 and hold.attributes[telemetry.OUTCOME] == "released"
+    (span,) = [s for s in spans(otel, "dynasem.acquire") if s.attributes[telemetry.NAME] == name]
+    assert span.attributes[telemetry.FENCE] == fence
+    assert span.attributes[telemetry.OUTCOME] == "acquired"
+    assert telemetry.RESOURCE not in span.attributes  # raw keys only if the setting says so
+    (release,) = [s for s in spans(otel, "dynasem.release") if s.attributes[telemetry.NAME] == name]
+    assert release.attributes[telemetry.OUTCOME] == "released"
+    assert [link.context.span_id for link in release.links] == [span.context.span_id]
+
+
+def test_a_busy_acquire_records_outcome_busy_and_its_wait(otel: Any, holds: list[Any]) -> None:
+    name, resource = named(), f"tel:{uuid.uuid4().hex}"
+    holds.append(semaphore(resource).acquire())
+    started = time.monotonic()
+    with pytest.raises(SemaphoreBusy):
+        semaphore(resource, wait=0.4, metrics_name=name).acquire()
+    waited = time.monotonic() - started
+    (point,) = histogram(
+        otel["reader"],
+        "dynasem.lock.acquire.duration",
+        **{telemetry.NAME: name, telemetry.OUTCOME: "busy"},
+    )
+    assert point.count == 1
+    assert 0.4 <= point.sum <= waited
+    (span,) = [s for s in spans(otel, "dynasem.acquire") if s.attributes[telemetry.NAME] == name]
+    assert span.attributes[telemetry.OUTCOME] == "busy"
+    assert span.status.is_unset  # busy is an answer, not an error
+    (wait,) = [e for e in span.events if e.name == "dynasem.wait"]
+    assert span.start_time <= wait.timestamp <= span.end_time
+    # Queued behind the holder: counted with the waiters ahead (none) when it joined.
+    if span.attributes[telemetry.QUEUED]:
+        (ahead,) = histogram(otel["reader"], "dynasem.lock.queue.ahead", **{telemetry.NAME: name})
+        assert ahead.count == 1 and ahead.sum == 0
+
+
+def test_an_unreachable_table_is_outcome_unavailable_with_the_error(
+    otel: Any, lock_table: str
+) -> None:
+    name = named()
+    broken = dynasem_settings("http://127.0.0.1:9", lock_table)
+    from dynasem import table
+
+    table.reset_client()
+    try:
+        with override_settings(DYNASEM=broken), pytest.raises(SemaphoreUnavailable):
+            semaphore(f"tel:{uuid.uuid4().hex}", metrics_name=name).acquire()
+    finally:
+        table.reset_client()
+    (point,) = histogram(otel["reader"], "dynasem.lock.acquire.duration", **{telemetry.NAME: name})
+    assert point.attributes[telemetry.OUTCOME] == "unavailable"
+    (span,) = [s for s in spans(otel, "dynasem.acquire") if s.attributes[telemetry.NAME] == name]
+    assert not span.status.is_ok and not span.status.is_unset
+    assert any(e.name == "exception" for e in span.events)
+
+
+@pytest.mark.parametrize("how", ["broken", "max_hold"])
+def test_a_lost_hold_counts_in_holds_lost_with_its_reason(
+    otel: Any, holds: list[Any], how: str
+) -> None:
+    name, resource = named(), f"tel:{uuid.uuid4().hex}"
+    if how == "broken":
+        held = semaphore(resource, metrics_name=name).acquire()
+        holds.append(held)
+        operations.break_hold(resource, held.token)
+        with pytest.raises(LockLost):
+            held.renew()
+        reason = "taken_over"
+    else:
+        held = semaphore(resource, metrics_name=name, max_hold=0.3).acquire()
+        holds.append(held)
+        time.sleep(0.4)
+        assert held.lost
+        reason = "max_hold"
+    assert total(otel["reader"], "dynasem.lock.lost", **{telemetry.NAME: name}) == 1
+    assert (
+        total(
+            otel["reader"], "dynasem.lock.lost", **{telemetry.NAME: name, telemetry.REASON: reason}
+        )
+        == 1
+    )
+    if how == "broken":
+        (renew,) = [s for s in spans(otel, "dynasem.renew") if s.attributes[telemetry.NAME] == name]
+        assert renew.attributes[telemetry.OUTCOME] == "lost"
+        assert any(e.name == "dynasem.lost" for e in renew.events)
+        outcomes = {
+            p.attributes[telemetry.OUTCOME]: p.value
+            for p in points(otel["reader"], "dynasem.lock.renewals")
+            if p.attributes[telemetry.NAME] == name
+        }
+        assert outcomes == {"lost": 1}
+
+
+def _capacity_by_kind(reader: Any) -> Counter[str]:
+    found: Counter[str] = Counter()
+    for p in points(reader, "dynasem.dynamodb.consumed_capacity"):
+        found[p.attributes[telemetry.CAPACITY_KIND]] += p.value
+    return found
+
+
+def test_capacity_units_recorded_equal_what_dynamodb_reports(
+    otel: Any, holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every answer's ConsumedCapacity, read by a botocore hook of our own, against the
+    counter: an uncontended cycle, a busy try that queues, a hand-over, a counting hold."""
+    from dynasem import table
+
+    reported: Counter[str] = Counter()
+
+    def after_call(http_response: Any, parsed: dict[str, Any], model: Any, **kwargs: Any) -> None:
+        kind = telemetry.CAPACITY_OPERATIONS.get(
+            "".join("_" + c.lower() if c.isupper() else c for c in model.name).lstrip("_")
+        )
+        if kind is not None:
+            reported[kind] += telemetry.capacity_units(parsed.get("ConsumedCapacity"))
+
+    client = table.get_client()
+    client.meta.events.register("after-call.dynamodb", after_call)
+    before = _capacity_by_kind(otel["reader"])
+    try:
+        resource = f"tel:{uuid.uuid4().hex}"
+        with semaphore(resource):
+            pass
+        first = semaphore(resource).acquire()
+        waiter: dict[str, Any] = {}
+        thread = threading.Thread(
+            target=lambda: waiter.update(held=semaphore(resource, wait=5).acquire())
+        )
+        thread.start()
+        time.sleep(0.5)
+        first.release()
+        thread.join(10)
+        waiter["held"].release()
+        with semaphore(f"tel:{uuid.uuid4().hex}", limit=20):
+            pass
+        operations.holds_on(resource)
+    finally:
+        client.meta.events.unregister("after-call.dynamodb", after_call)
+    after = _capacity_by_kind(otel["reader"])
+    recorded = {k: after[k] - before[k] for k in ("read", "write")}
+    assert reported["write"] >= 6  # the cycles above wrote; the hook saw their units
+    assert recorded == {"read": reported["read"], "write": reported["write"]}
+
+
+def test_no_extra_request_is_sent_with_telemetry_on(otel: Any, requests_sent: Any) -> None:
+    def scenario() -> None:
+        resource = f"tel:{uuid.uuid4().hex}"
+        with semaphore(resource) as held:
+            with pytest.raises(SemaphoreBusy):
+                semaphore(resource).acquire()
+            held.renew()
+
+    counts = []
+    for on in (True, False):
+        with override_settings(DYNASEM=dynasem_settings(*_endpoint(), TELEMETRY=on)):
+            requests_sent.reset()
+            scenario()
+            counts.append(dict(requests_sent.calls))
+    assert counts[0] == counts[1]
+    assert sum(counts[0].values()) >= 4
+
+
+def _endpoint() -> tuple[str, str]:
+    from django.conf import settings
+
+    return settings.DYNASEM["ENDPOINT_URL"], settings.DYNASEM["TABLE_NAME"]
+
+
+def test_the_acquire_span_nests_under_the_callers_span(otel: Any) -> None:
+    tracer = trace.get_tracer("tests")
+    name = named()
+
+    async def in_task() -> None:
+        async with semaphore(f"tel:{uuid.uuid4().hex}", metrics_name=name):
+            pass
+
+    with tracer.start_as_current_span("caller") as caller:
+        with semaphore(f"tel:{uuid.uuid4().hex}", metrics_name=name):
+            pass
+        asyncio.run(in_task())
+    acquires = [s for s in spans(otel, "dynasem.acquire") if s.attributes[telemetry.NAME] == name]
+    assert len(acquires) == 2
+    for span in acquires:
+        assert span.parent is not None
+        assert span.parent.span_id == caller.get_span_context().span_id
+        assert span.context.trace_id == caller.get_span_context().trace_id
+
+
+def test_a_views_acquire_nests_under_its_request_span_named_by_its_template(otel: Any) -> None:
+    """opentelemetry-instrumentation-django's request span is the parent; the lock's name is
+    the decorator's key template, never the project's id."""
+    instrumentation = pytest.importorskip("opentelemetry.instrumentation.django")
+    from django.test import Client
+
+    instrumentor = instrumentation.DjangoInstrumentor()
+    instrumentor.instrument()
+    try:
+        response = Client().post("/rebuild/7341/")
+    finally:
+        instrumentor.uninstrument()
+    assert response.status_code == 200
+    finished = otel["exporter"].get_finished_spans()
+    (acquire,) = [
+        s for s in finished if s.name == "dynasem.acquire" and "7341" not in str(s.attributes)
+    ][-1:]
+    assert acquire.attributes[telemetry.NAME] == "tbl_issues:{project_id}"
+    request = next(s for s in finished if s.context.span_id == acquire.parent.span_id)
+    assert request.kind == trace.SpanKind.SERVER
+    assert all("7341" not in str(s.attributes) for s in finished if s.name.startswith("dynasem"))
+
+
+def test_a_celery_tasks_acquire_nests_under_the_tasks_span(otel: Any) -> None:
+    celery = pytest.importorskip("celery")
+    instrumentation = pytest.importorskip("opentelemetry.instrumentation.celery")
+    app = celery.Celery("dynasem-telemetry", broker="memory://")
+    app.conf.task_always_eager = True
+    app.conf.task_eager_propagates = True
+
+    @app.task
+    @semaphore("reindex:{file_id}")
+    def reindex(file_id: int) -> int:
+        return file_id
+
+    instrumentor = instrumentation.CeleryInstrumentor()
+    instrumentor.instrument()
+    try:
+        assert reindex.delay(7).get() == 7
+    finally:
+        instrumentor.uninstrument()
+    finished = otel["exporter"].get_finished_spans()
+    (acquire,) = [
+        s
+        for s in finished
+        if s.name == "dynasem.acquire" and s.attributes[telemetry.NAME] == "reindex:{file_id}"
+    ]
+    task_span = next(s for s in finished if s.context.span_id == acquire.parent.span_id)
+    assert task_span.name.startswith("run/")
+
+
+def test_raw_resource_names_only_when_the_setting_opts_in(otel: Any) -> None:
+    resource = f"tel:{uuid.uuid4().hex}"
+    with semaphore(resource):
+        pass
+    with (
+        override_settings(DYNASEM=dynasem_settings(*_endpoint(), TELEMETRY_RESOURCE_NAMES=True)),
+        semaphore(resource + ":raw"),
+    ):
+        pass
+    names = {s.attributes[telemetry.NAME] for s in spans(otel, "dynasem.acquire")}
+    assert names == {"other", resource + ":raw"}
+
+
+def test_metrics_name_is_checked_like_a_resource() -> None:
+    with pytest.raises(TypeError):
+        semaphore("x", metrics_name=42)  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        semaphore("x", metrics_name="")
+
+
+def test_dynasem_works_without_opentelemetry(lock_table: str) -> None:
+    """opentelemetry made unimportable: nothing recorded, no ReturnConsumedCapacity asked,
+    a lock taken and given back."""
+    code = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["opentelemetry"] = None  # absent (an ImportError), installed or not
+        import django
+        from django.conf import settings
+        settings.configure(
+            INSTALLED_APPS=["dynasem"],
+            DYNASEM={dynasem_settings(*_endpoint())!r},
+        )
+        django.setup()
+        from dynasem import semaphore, table, telemetry
+        assert telemetry.ON is False
+        asked = []
+        table.get_client().meta.events.register(
+            "provide-client-params.dynamodb",
+            lambda params, **kw: asked.append("ReturnConsumedCapacity" in params),
+        )
+        with semaphore("tel:absent") as held:
+            assert held.fence > 0
+        assert asked and not any(asked), asked
+        print("ok", len(asked))
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("ok ")
+
+
+def test_every_log_record_of_dynasem_carries_its_facts_as_extra_fields() -> None:
+    """Every logger call in the package passes ``extra=`` (a machine reads its facts; the
+    message stays as it was for people)."""
+    missing = []
+    for path in sorted((ROOT / "dynasem").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in {"debug", "info", "warning", "error", "exception"}
+                and isinstance(node.func.value, ast.Name)
+                and node.func.value.id == "logger"
+                and not any(k.arg == "extra" for k in node.keywords)
+            ):
+                missing.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert not missing, missing
+
+
+def test_a_lost_holds_log_record_carries_resource_token_fence_and_reason(
+    otel: Any, holds: list[Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    resource = f"tel:{uuid.uuid4().hex}"
+    held = semaphore(resource).acquire()
+    holds.append(held)
+    operations.break_hold(resource, held.token)
+    with caplog.at_level(logging.WARNING, logger="dynasem"), pytest.raises(LockLost):
+        held.renew()
+    (record,) = [r for r in caplog.records if "lost the hold" in r.getMessage()]
+    assert record.dynasem_resource == resource
+    assert record.dynasem_token == held.token[:8]
+    assert record.dynasem_fence == held.fence
+    assert record.dynasem_outcome == "lost"
+    assert "took it over" in record.dynasem_reason
+
+
+def test_a_hand_over_is_a_child_span_of_the_release_and_its_idle_time_is_measured(
+    otel: Any,
+) -> None:
+    name, resource = named(), f"tel:{uuid.uuid4().hex}"
+    first = semaphore(resource, metrics_name=name).acquire()
+    waiter: dict[str, Any] = {}
+    thread = threading.Thread(
+        target=lambda: waiter.update(
+            held=semaphore(resource, wait=5, metrics_name=name + "-w").acquire()
+        )
+    )
+    thread.start()
+    time.sleep(0.5)  # queued behind the holder
+    first.release()
+    thread.join(10)
+    waiter["held"].release()
+    (release,) = [s for s in spans(otel, "dynasem.release") if s.attributes[telemetry.NAME] == name]
+    assert release.attributes[telemetry.OUTCOME] == "handed_over"
+    (handover,) = spans(otel, "dynasem.handover")
+    assert handover.parent.span_id == release.context.span_id
+    assert handover.attributes["dynasem.lock.heirs"] == 1
+    assert handover.attributes[telemetry.FENCE] == waiter["held"].fence
+    (idle,) = histogram(
+        otel["reader"], "dynasem.lock.handover.idle", **{telemetry.NAME: name + "-w"}
+    )
+    assert idle.count == 1 and 0 <= idle.sum < 2
+    (acquire,) = [
+        s for s in spans(otel, "dynasem.acquire") if s.attributes[telemetry.NAME] == name + "-w"
+    ]
+    assert acquire.attributes[telemetry.QUEUED] is True
+    assert [e.name for e in acquire.events][:1] == ["dynasem.wait"]
+    assert any(e.name == "dynasem.handed_over" for e in acquire.events)
