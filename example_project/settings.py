@@ -130,6 +130,9 @@ DEMO_REBUILD_WAIT = env.float("DEMO_REBUILD_WAIT", default=0)
 # answered 202 counts on it).
 DEMO_COALESCED_WAIT = env.float("DEMO_COALESCED_WAIT", default=300)
 DEMO_LOAD_VARIANTS = env.bool("DEMO_LOAD_VARIANTS", default=False)
+# /metrics: dynasem's OpenTelemetry metrics through Prometheus' exporter, when the SDK and the
+# exporter are installed (the otel dependency group; projects/metrics.py).
+DEMO_METRICS = env.bool("DEMO_METRICS", default=True)
 
 # The background rebuild (projects/tasks.py) is a django.tasks task (Django >= 6.0). With
 # django-tasks-db installed (the dev dependency group) the tasks are stored in the database

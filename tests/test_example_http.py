@@ -8,6 +8,7 @@ started, and the project ends whole (one rebuild's rows, each number once)."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import importlib.util
 import json
@@ -234,3 +235,40 @@ def test_background_rebuilds_enqueue_once_while_one_is_queued_or_running(
     assert len({r for _, r in rows}) == 1  # one rebuild's rows
     again = json.loads(client.post_rebuild("rebuild-in-background", 3)[1])
     assert again["enqueued"] is True  # the key was given back at the task's end
+
+
+def test_metrics_show_the_423s_and_the_waits_by_lock_name(
+    dynamodb_local: str, database: str
+) -> None:
+    """/metrics (OpenTelemetry's Prometheus exporter, one worker: a scrape shows its own
+    process): two rebuilds of one project at once, one 200 and one 423; the scrape shows
+    both outcomes under the decorator's key template, never the project's id."""
+    pytest.importorskip("opentelemetry.exporter.prometheus", reason="the otel dependency group")
+    env = example_env(
+        database,
+        dynamodb_local,
+        f"example-{uuid.uuid4().hex[:8]}",
+        DEMO_REBUILD_SECONDS=1.0,
+        DEMO_ISSUES_PER_PROJECT=ROWS,
+        DEMO_TASKS_WORKER=False,
+    )
+    with example_project(env, workers=1, threads=4) as served:
+        client = Client(served.port)
+        client.login()
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            statuses = sorted(pool.map(lambda _: client.rebuild("rebuild", 5), range(2)))
+        assert statuses == [200, 423]
+        status, body = client.request("GET", "/metrics")
+    assert status == 200
+    text = body.decode()
+    lock = 'dynasem_lock_name="tbl_issues:{project_id}"'
+    counts = {
+        outcome: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("dynasem_lock_acquire_duration_seconds_count{") and lock in line
+        for outcome in ("acquired", "busy")
+        if f'dynasem_lock_outcome="{outcome}"' in line
+    }
+    assert counts == {"acquired": 1.0, "busy": 1.0}, text
+    assert "dynasem_dynamodb_consumed_capacity" in text
+    assert 'tbl_issues:5"' not in text  # the raw key stays out

@@ -27,6 +27,10 @@ class ProjectsConfig(AppConfig):
     def ready(self) -> None:
         from dynasem import signals
 
+        from . import metrics
+
+        metrics.configure()  # /metrics, if OpenTelemetry's SDK and exporter are installed
+
         for event, signal in [
             ("acquired", signals.lock_acquired),
             ("busy", signals.lock_busy),

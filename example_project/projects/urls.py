@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from django.urls import path
 
-from . import views
+from . import metrics, views
 
 app_name = "projects"
 
 urlpatterns = [
     path("", views.index, name="index"),
+    # dynasem's OpenTelemetry metrics for Prometheus (projects/metrics.py).
+    path("metrics", metrics.metrics_view, name="metrics"),
     path("projects/<int:project_id>/rebuild/", views.purge_and_rebuild, name="rebuild"),
     path(
         "projects/<int:project_id>/rebuild-cbv/",
