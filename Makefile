@@ -61,9 +61,9 @@ dist: venv
 	$(PYTHON_VENV) -m twine check --strict dist/*
 
 # After `make dist`: the wheel installed (not editable) in fresh venvs and used, on the newest
-# pair, Django 6.1 on Python 3.12, and the oldest pair.
+# pair (with the otel extra), Django 6.1 on Python 3.12, and the oldest pair (without).
 wheel-check: venv
-	bash scripts/wheel_check.sh $(PYTHON_VENV) "django"
+	bash scripts/wheel_check.sh $(PYTHON_VENV) "django" testing,otel
 	bash scripts/wheel_check.sh 3.12 "django==6.1.*"
 	bash scripts/wheel_check.sh 3.11 "django==4.2.*"
 

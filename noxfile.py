@@ -50,6 +50,7 @@ DJANGO_FACING = [
     "tests/test_tasks.py",  # Django tasks: skipped below Django 6.0
     "tests/test_testing.py",
     "tests/test_browser.py",  # the admin's layout on this Django, in Chromium
+    "tests/test_telemetry.py",  # with the otel group, or without opentelemetry at all
 ]
 
 # The lock's own logic and its DynamoDB requests depend on the Python version, not on
@@ -57,6 +58,14 @@ DJANGO_FACING = [
 # the Django-facing files on every pair. That keeps CI (.ci/run) under its 45 minutes.
 CORE = ["tests/test_core.py", "tests/test_table.py"]
 CORE_PAIRS = {("3.11", "4.2"), ("3.12", "5.2")}  # one in each group of scripts/matrix.sh
+# dynasem[otel] and the SDK (the `otel` dependency group) on these pairs: test_telemetry.py
+# reads its metrics and spans there, and everywhere else it runs without opentelemetry
+# installed (the package must import and work without it). Every Django and every Python
+# gets both.
+OTEL_PAIRS = {("3.11", "4.2"), ("3.12", "5.2"), ("3.12", "6.1"), ("3.13", "6.0")}
+# The admin's layout in Chromium, once per Django (6.1: ``make test``): it depends on the
+# Django's templates and CSS, not on the Python.
+BROWSER_PAIRS = {("3.11", "4.2"), ("3.12", "5.2"), ("3.12", "6.0")}
 
 nox.options.error_on_missing_interpreters = True
 # uv makes a session's venv and installs in seconds where pip takes half a minute; pip still
@@ -104,15 +113,20 @@ _find_pythons()
 )
 def tests(session: nox.Session, django: str) -> None:
     """The Django-facing tests (or the tests named after ``--``) on one (Python, Django)."""
+    pair = (session.python, django)
+    otel = nox.project.dependency_groups(PYPROJECT, "otel") if pair in OTEL_PAIRS else ()
     session.install(
         "-e",
         ".",
         f"django=={django}.*",
         *nox.project.dependency_groups(PYPROJECT, "test"),
+        *otel,
         "playwright>=1.40",  # tests/test_browser.py drives Debian's Chromium
     )
     session.run("python", "-m", "django", "--version")
     files = DJANGO_FACING
-    if (session.python, django) not in CORE_PAIRS:
-        files = [f for f in DJANGO_FACING if f not in CORE]
+    if pair not in CORE_PAIRS:
+        files = [f for f in files if f not in CORE]
+    if pair not in BROWSER_PAIRS:
+        files = [f for f in files if f != "tests/test_browser.py"]
     session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *(session.posargs or files))

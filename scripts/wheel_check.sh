@@ -2,8 +2,9 @@
 # Install the built wheel (not editable) into a fresh venv and use it as a project would
 # (scripts/wheel_check/check.py): admin pages, every template, a lock taken and released.
 #
-#   bash scripts/wheel_check.sh [PYTHON] [DJANGO_REQUIREMENT]
+#   bash scripts/wheel_check.sh [PYTHON] [DJANGO_REQUIREMENT] [EXTRAS]
 #   bash scripts/wheel_check.sh 3.11 "django==4.2.*"       # X.Y: found by find_python.sh
+#   bash scripts/wheel_check.sh 3.12 "django" testing,otel  # with opentelemetry-api
 #
 # Needs one dist/dynasem-*.whl (`make dist`). PYTHON defaults to .venv's (the newest
 # supported), DJANGO_REQUIREMENT to the newest Django pip finds for it. The wheel is installed
@@ -19,6 +20,7 @@ if [[ "$PYTHON" =~ ^[0-9]+\.[0-9]+$ ]]; then
     PYTHON="$(bash scripts/find_python.sh "$PYTHON")"
 fi
 DJANGO="${2:-django}"
+EXTRAS="${3:-testing}"
 
 shopt -s nullglob
 wheels=(dist/dynasem-*.whl)
@@ -37,13 +39,13 @@ trap 'rm -rf "$work"' EXIT
 UV="$REPO/.venv/bin/uv"
 if [ -x "$UV" ]; then
     "$UV" venv --quiet --python "$PYTHON" "$work/venv"
-    echo "wheel_check.sh: uv pip install ${wheels[0]}[testing] \"$DJANGO\" into a fresh $("$work/venv/bin/python" --version) venv"
-    "$UV" pip install --quiet --python "$work/venv/bin/python" "$wheel[testing]" "$DJANGO"
+    echo "wheel_check.sh: uv pip install ${wheels[0]}[$EXTRAS] \"$DJANGO\" into a fresh $("$work/venv/bin/python" --version) venv"
+    "$UV" pip install --quiet --python "$work/venv/bin/python" "$wheel[$EXTRAS]" "$DJANGO"
 else
     "$PYTHON" -m venv "$work/venv"
-    echo "wheel_check.sh: pip install ${wheels[0]}[testing] \"$DJANGO\" into a fresh $("$work/venv/bin/python" --version) venv"
+    echo "wheel_check.sh: pip install ${wheels[0]}[$EXTRAS] \"$DJANGO\" into a fresh $("$work/venv/bin/python" --version) venv"
     "$work/venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-        "$wheel[testing]" "$DJANGO"
+        "$wheel[$EXTRAS]" "$DJANGO"
 fi
 
 # From an empty folder, so nothing of the checkout is importable but what check.py loads.

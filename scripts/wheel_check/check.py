@@ -14,6 +14,8 @@ a lock taken and released. Exits non-zero on the first failure.
 
 from __future__ import annotations
 
+import importlib.util
+
 import os
 import re
 import sys
@@ -151,6 +153,14 @@ def main() -> int:
     with semaphore("wheel:lock", wait=5) as lock:
         check(lock.fence > 0 and holds_on("wheel:lock") != [], f"lock taken (fence {lock.fence})")
     check(holds_on("wheel:lock") == [], "lock released")
+
+    # With the otel extra (opentelemetry-api, no SDK): the hooks run against the API's no-op
+    # providers; without it, telemetry is off and the package never imports opentelemetry.
+    from dynasem import telemetry
+
+    installed = importlib.util.find_spec("opentelemetry") is not None
+    check(telemetry.ON == installed, f"telemetry {'on' if installed else 'off'}")
+    check(installed or "opentelemetry" not in sys.modules, "opentelemetry not imported")
 
     engine.stop()
     print("wheel check: passed")
