@@ -42,7 +42,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 DOC = REPO_ROOT / "docs" / "BENCHMARKS.md"
-SECTIONS = ("uncontended", "contended", "many_resources", "reap_and_list", "cost")
+SECTIONS = ("uncontended", "contended", "many_resources", "reap_and_list", "cost", "telemetry")
 PEER = "python-dynamodb-lock"
 
 # The peer's configuration, the same in every script: a lease like dynasem's under
@@ -590,7 +590,7 @@ dynasem against [python-dynamodb-lock](https://pypi.org/project/python-dynamodb-
 Python port of the AWS Java lock client) and a raw-boto3 floor, on one DynamoDB Local per
 script, all measured in the same run. Each section below is written by its script
 (`benchmarks/<name>.py`) and says on what machine and with which command it was measured;
-`benchmarks/run_all.sh` runs all four. How requests are counted, and what every column means,
+`benchmarks/run_all.sh` runs them all. How requests are counted, and what every column means,
 is in `benchmarks/README.md` (section *Benchmarks*).
 
 DynamoDB Local is not DynamoDB: its latency is a JVM on the same (2-core) machine as the
