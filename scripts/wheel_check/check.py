@@ -15,7 +15,6 @@ a lock taken and released. Exits non-zero on the first failure.
 from __future__ import annotations
 
 import importlib.util
-
 import os
 import re
 import sys
