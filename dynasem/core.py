@@ -507,7 +507,7 @@ class Semaphore:
 
     def with_resource(self, resource: Any, user: Any) -> Semaphore:
         """A copy for one call of a decorated callable: its resource(s) and its holder."""
-        return Semaphore(
+        copy = Semaphore(
             resource,
             limit=self.limit,
             shared=self.shared,
@@ -521,8 +521,11 @@ class Semaphore:
             max_hold=self.max_hold,
             fence_db=self.fence_db,
             coalesce=self.coalesce,
-            metrics_name=self.metrics_name or telemetry.template_name(self.decoration.resource),
         )
+        # Named like the decorator (its template), not by this call's key; not checked as a
+        # resource is: a derived name must never refuse a call.
+        copy.metrics_name = self.metrics_name or telemetry.template_name(self.decoration.resource)
+        return copy
 
 
 Semaphore.signal_sender = Semaphore

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import os
 import sys
 import threading
@@ -27,6 +28,24 @@ from django.core.signals import setting_changed
 
 from .clock import monotonic
 from .conf import settings
+from .logs import facts
+from .measures import CAPACITY_KIND as CAPACITY_KIND
+from .measures import CAPACITY_OPERATIONS as CAPACITY_OPERATIONS
+from .measures import FENCE as FENCE
+from .measures import MODE as MODE
+from .measures import NAME as NAME
+from .measures import NAME_MAX as NAME_MAX
+from .measures import NO_SPAN, SECONDS, WAITERS, Requests
+from .measures import OPERATION_NAMES as OPERATION_NAMES
+from .measures import OUTCOME as OUTCOME
+from .measures import QUEUED as QUEUED
+from .measures import REASON as REASON
+from .measures import RESOURCE as RESOURCE
+from .measures import Deferred as Deferred
+from .measures import capacity_units as capacity_units
+from .measures import outcome_of_error as outcome_of_error
+from .measures import reason_kind as reason_kind
+from .measures import template_name as template_name
 
 try:  # the extra: dynasem[otel]
     from opentelemetry import context as _context
@@ -37,38 +56,31 @@ except ImportError:  # pragma: no cover - the matrix runs sessions without it
 
 ON = _metrics is not None and _trace is not None
 
+logger = logging.getLogger("dynasem")
+_complained = False
+
+
+def _safely(call: Callable[..., _R], *args: Any) -> _R | None:
+    """``call(*args)``, or None if it raised: telemetry never fails a lock's acquire,
+    release or renewal (an SDK or exporter error is logged once per process)."""
+    global _complained
+    try:
+        return call(*args)
+    except Exception as exc:
+        if not _complained:
+            _complained = True
+            logger.warning(
+                "dynasem: recording telemetry failed (%r); the locks go on, the telemetry of "
+                "this call is lost (logged once per process)",
+                exc,
+                exc_info=True,
+                extra=facts(outcome="telemetry_failed", reason=exc),
+            )
+        return None
+
+
 _T = TypeVar("_T")
-
-# Attribute names (OpenTelemetry's naming rules: the dynasem. namespace, dots between parts).
-NAME = "dynasem.lock.name"
-MODE = "dynasem.lock.mode"
-OUTCOME = "dynasem.lock.outcome"
-QUEUED = "dynasem.lock.queued"
-REASON = "dynasem.lock.lost.reason"
-FENCE = "dynasem.lock.fence"
-RESOURCE = "dynasem.lock.resource"  # spans only, and only if TELEMETRY_RESOURCE_NAMES
-OPERATION = "db.operation.name"  # OpenTelemetry's database semantic conventions
-SYSTEM = "db.system.name"
-REQUEST_OUTCOME = "dynasem.request.outcome"
-CAPACITY_KIND = "dynasem.capacity.kind"
-
-# Seconds: from a pushed hand-over (ms) to a lease-long wait.
-SECONDS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 1800)
-WAITERS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096, 16384)
-
-# The requests whose answers report capacity units when asked; reads are billed as RCU.
-CAPACITY_OPERATIONS = {
-    "get_item": "read",
-    "query": "read",
-    "scan": "read",
-    "batch_get_item": "read",
-    "put_item": "write",
-    "update_item": "write",
-    "delete_item": "write",
-    "transact_write_items": "write",
-}
-_OPERATION_NAMES = {op: "".join(p.title() for p in op.split("_")) for op in CAPACITY_OPERATIONS}
-_CAPACITY_KINDS = {_OPERATION_NAMES[op]: kind for op, kind in CAPACITY_OPERATIONS.items()}
+_R = TypeVar("_R")
 
 
 class _Instruments:
@@ -109,8 +121,8 @@ class _Instruments:
         )
         # Every request counts: tallied here (a dict update under a lock) and handed to the
         # SDK only when a reader collects, which costs a request a tenth of a measurement.
-        self.deferred = _Deferred()
-        self.requests = _Requests(self.deferred)
+        self.deferred = Deferred()
+        self.requests = Requests(self.deferred)
         meter.create_observable_counter(
             "dynasem.dynamodb.requests",
             callbacks=[self.requests.observe_requests],
@@ -126,98 +138,23 @@ class _Instruments:
         )
 
 
-class _Deferred:
-    """The histograms' records of acquires and releases, handed to the SDK in batches: one
-    record costs the SDK some thirty calls over a dozen objects, which between two requests
-    of botocore's find no cache warm (measured: two records cost an uncontended cycle 3-4% of
-    its CPU one by one, about a fifth of that in batches). A batch goes when it is full, or
-    when a reader collects (the SDK runs the observable counters' callbacks, the first of
-    which flushes, before it reads its storage), so a reader never misses one. A record made
-    under a recording span goes at once: its exemplar needs that span as the context."""
-
-    BATCH = 32
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._items: list[tuple[Any, float, dict[str, Any]]] = []
-
-    def record(self, instrument: Any, value: float, attributes: dict[str, Any], span: Any) -> None:
-        if span is not _NO_SPAN and span.is_recording():
-            instrument.record(value, attributes)
-            return
-        with self._lock:
-            self._items.append((instrument, value, attributes))
-            full = len(self._items) >= self.BATCH
-        if full:
-            self.flush()
-
-    def flush(self) -> None:
-        with self._lock:
-            items, self._items = self._items, []
-        for instrument, value, attributes in items:
-            instrument.record(value, attributes)
-
-
-class _Requests:
-    """Requests and their capacity units by (operation, outcome, lock name): a dict update
-    under a lock per request, read by two observable counters when a reader collects."""
-
-    def __init__(self, deferred: _Deferred) -> None:
-        self._deferred = deferred
-        self._lock = threading.Lock()
-        self._totals: dict[tuple[str, str, str | None], list[float]] = {}
-
-    def add(self, key: tuple[str, str, str | None], units: float) -> None:
-        with self._lock:
-            found = self._totals.get(key)
-            if found is None:
-                self._totals[key] = [1, units]
-            else:
-                found[0] += 1
-                found[1] += units
-
-    def _items(self) -> list[tuple[tuple[str, str, str | None], list[float]]]:
-        with self._lock:
-            return [(key, list(value)) for key, value in self._totals.items()]
-
-    def observe_requests(self, options: Any) -> list[Any]:
-        self._deferred.flush()  # a collection has begun: every record before it counts
-        return [
-            _metrics.Observation(count, _attributes(operation, REQUEST_OUTCOME, outcome, lock))
-            for (operation, outcome, lock), (count, _) in self._items()
-        ]
-
-    def observe_capacity(self, options: Any) -> list[Any]:
-        units: dict[tuple[str, str, str | None], float] = {}
-        for (operation, _, lock), (_, used) in self._items():
-            kind = _CAPACITY_KINDS.get(operation)
-            if kind is not None and used:
-                units[operation, kind, lock] = units.get((operation, kind, lock), 0) + used
-        return [
-            _metrics.Observation(used, _attributes(operation, CAPACITY_KIND, kind, lock))
-            for (operation, kind, lock), used in units.items()
-        ]
-
-
-def _attributes(operation: str, what: str, value: str, lock: str | None) -> dict[str, Any]:
-    found = {SYSTEM: "aws.dynamodb", OPERATION: operation, what: value}
-    if lock is not None:
-        found[NAME] = lock
-    return found
-
-
 _instruments: _Instruments | None = None
+
+
+_instruments_lock = threading.Lock()
 
 
 def _get() -> _Instruments:
     global _instruments
     if _instruments is None:
-        _instruments = _Instruments()
+        with _instruments_lock:  # one set only: the SDK keeps the first observable counters
+            if _instruments is None:
+                _instruments = _Instruments()
     return _instruments
 
 
 _tracing = False
-_NO_SPAN = _trace.INVALID_SPAN if _trace is not None else None
+_NO_SPAN = NO_SPAN
 
 
 def _tracer() -> Any:
@@ -275,17 +212,6 @@ def lock_name(sem: Any) -> str:
     if (_settings or _config())[1]:
         return ",".join(sem.resources)
     return "other"
-
-
-def template_name(resource: Any) -> str | None:
-    """A decorator's key as a name: the template(s), or the callable's qualified name."""
-    if isinstance(resource, str):
-        return resource
-    if isinstance(resource, list | tuple) and all(isinstance(r, str) for r in resource):
-        return ",".join(resource)
-    if callable(resource):
-        return getattr(resource, "__qualname__", None) or repr(resource)
-    return None
 
 
 def _base(sem: Any) -> dict[str, Any]:
@@ -359,13 +285,20 @@ class _Acquiring(_Spanned):
     def done(self, held: Any, error: BaseException | None) -> None:
         elapsed = time.perf_counter() - self.started
         _current.reset(self._token)
-        self.exit()
-        outcome = "acquired" if error is None else _outcome_of(error)
         base, span = self.base, self.span
-        base[OUTCOME] = outcome
-        base[QUEUED] = self.queued
-        inst = _instruments or _get()
-        inst.deferred.record(inst.acquire, elapsed, base, span)
+        outcome = "acquired" if error is None else _outcome_of(error)
+        # A nested acquire that re-entered a hold, or a hold given back inside a transaction
+        # still open and taken again: no acquisition (no request), and the hold keeps the
+        # span of the acquire that took it.
+        again = held is not None and (
+            held.telemetry_context is not None or getattr(held, "depth", 1) > 1
+        )
+        if not again:
+            base[OUTCOME] = outcome
+            base[QUEUED] = self.queued
+            inst = _instruments or _get()
+            inst.deferred.record(inst.acquire, elapsed, base, span)  # under the span: exemplars
+        self.exit()
         if span is _NO_SPAN:
             return
         if span.is_recording():
@@ -375,7 +308,7 @@ class _Acquiring(_Spanned):
             if error is not None and outcome in ("unavailable", "error"):
                 span.record_exception(error)
                 span.set_status(_trace.Status(_trace.StatusCode.ERROR, str(error)[:200]))
-        if held is not None:
+        if held is not None and not again:
             held.telemetry_context = span.get_span_context()
         span.end()
 
@@ -396,32 +329,40 @@ def acquire(sem: Any, attempt: Callable[[], _T]) -> _T:
     """``attempt()`` (the acquire) measured and in a ``dynasem.acquire`` span."""
     if not (_settings or _config())[0]:
         return attempt()
-    record = _Acquiring(sem)
+    record = _safely(_Acquiring, sem)
+    if record is None:
+        return attempt()
     try:
         held = attempt()
     except BaseException as exc:
-        record.done(None, exc)
+        _safely(record.done, None, exc)
         raise
-    record.done(held, None)
+    _safely(record.done, held, None)
     return held
 
 
 async def aacquire(sem: Any, attempt: Callable[[], Awaitable[_T]]) -> _T:
     if not (_settings or _config())[0]:
         return await attempt()
-    record = _Acquiring(sem)
+    record = _safely(_Acquiring, sem)
+    if record is None:
+        return await attempt()
     try:
         held = await attempt()
     except BaseException as exc:
-        record.done(None, exc)
+        _safely(record.done, None, exc)
         raise
-    record.done(held, None)
+    _safely(record.done, held, None)
     return held
 
 
 def waiting(ahead: int | None = None) -> None:
     """The acquire found the lock busy and waits (``ahead``: it joined the queue behind so
     many): a span event at the moment the wait began, and the queue's length."""
+    _safely(_waiting, ahead)
+
+
+def _waiting(ahead: int | None) -> None:
     record = _current.get()
     if record is None:
         return
@@ -438,16 +379,22 @@ def waiting(ahead: int | None = None) -> None:
 
 
 def handed_over(sem: Any, item: Any, token: str) -> None:
-    """A hold we found handed to us (the releaser wrote us in): how long it stood idle."""
+    """A hold we found handed to us (the releaser wrote us in, while we were queued): how
+    long it stood idle. Across hosts the figure includes their clocks' difference."""
+    _safely(_handed_over, sem, item, token)
+
+
+def _handed_over(sem: Any, item: Any, token: str) -> None:
+    record = _current.get()
+    if record is None or not record.queued:
+        return  # not a hand-over: an own write recognised after a lost answer, say
     entry = None if item is None else item.holders.get(token)
     acquired_ms = getattr(entry, "acquired_ms", None)
-    if not acquired_ms or not _config()[0]:
+    if not acquired_ms:
         return
     idle = max(0.0, time.time() - acquired_ms / 1000)
     _get().idle.record(idle, _base(sem))
-    record = _current.get()
-    if record is not None:
-        record.span.add_event("dynasem.handed_over", {"dynasem.lock.handover.idle": idle})
+    record.span.add_event("dynasem.handed_over", {"dynasem.lock.handover.idle": idle})
 
 
 # -- holding ---------------------------------------------------------------------------------
@@ -469,20 +416,26 @@ class releasing(_Spanned):  # noqa: N801 - used as a function: ``with releasing(
         self.held, self.on = held, (_settings or _config())[0]
 
     def __enter__(self) -> None:
-        if self.on:
-            held = self.held
-            base = _base(held.semaphore)
-            super().__init__("dynasem.release", base, lambda: {**base, FENCE: held.fence}, held)
+        if self.on and _safely(self._enter) is None:
+            self.on = False
+
+    def _enter(self) -> bool:
+        held = self.held
+        base = _base(held.semaphore)
+        super().__init__("dynasem.release", base, lambda: {**base, FENCE: held.fence}, held)
+        return True
 
     def __exit__(self, *exc_info: Any) -> None:
-        if not self.on:
-            return
-        self.exit()
+        if self.on:
+            _safely(self._exit)
+
+    def _exit(self) -> None:
         held, base, span = self.held, self.base, self.span
         outcome = "lost" if held._lost else "handed_over" if held._handover else "released"
         hold_s = max(0.0, monotonic() - held._taken_mono)
         inst = _instruments or _get()
         inst.deferred.record(inst.hold, hold_s, {**base, OUTCOME: outcome}, span)
+        self.exit()
         if span is _NO_SPAN:
             return
         span.set_attributes({OUTCOME: outcome, "dynasem.lock.held": hold_s})
@@ -499,28 +452,17 @@ class releasing(_Spanned):  # noqa: N801 - used as a function: ``with releasing(
 
 
 def lost(held: Any, reason: str) -> None:
-    if not _config()[0]:
-        return
+    if _config()[0]:
+        _safely(_lost, held, reason)
+
+
+def _lost(held: Any, reason: str) -> None:
     kind = reason_kind(reason)
     _get().lost.add(1, {**_base(held.semaphore), REASON: kind})
     # On the span that found it, if any (a renewal's, a release's caller's).
     _trace.get_current_span().add_event(
         "dynasem.lost", {REASON: kind, "dynasem.lock.lost.detail": reason, FENCE: held.fence}
     )
-
-
-def reason_kind(reason: str) -> str:
-    """A loss's reason as one of a few values (the text itself goes to logs and spans)."""
-    text = reason.lower()
-    if "max_hold" in text:
-        return "max_hold"
-    if "lease ran out" in text:
-        return "lease_expired"
-    if "newer than" in text or "fence" in text:
-        return "fenced_out"
-    if "took it over" in text or "broken" in text:
-        return "taken_over"
-    return "other"
 
 
 @contextlib.contextmanager
@@ -532,7 +474,7 @@ def renewing(held: Any) -> Iterator[None]:
     from .exceptions import LockLost
 
     base = _base(held.semaphore)
-    spanned = _Spanned("dynasem.renew", base, lambda: {**base, FENCE: held.fence}, held)
+    spanned = _safely(_Spanned, "dynasem.renew", base, lambda: {**base, FENCE: held.fence}, held)
     outcome = "renewed"
     try:
         yield
@@ -543,10 +485,15 @@ def renewing(held: Any) -> Iterator[None]:
         outcome = "failed"
         raise
     finally:
-        spanned.exit()
-        _get().renewals.add(1, {**base, OUTCOME: outcome})
-        spanned.span.set_attribute(OUTCOME, outcome)
-        spanned.span.end()
+        if spanned is not None:
+            _safely(_renewed, spanned, base, outcome)
+
+
+def _renewed(spanned: _Spanned, base: dict[str, Any], outcome: str) -> None:
+    spanned.exit()
+    _get().renewals.add(1, {**base, OUTCOME: outcome})
+    spanned.span.set_attribute(OUTCOME, outcome)
+    spanned.span.end()
 
 
 # -- requests --------------------------------------------------------------------------------
@@ -560,26 +507,11 @@ def ask_capacity(operation: str, kwargs: dict[str, Any]) -> None:
 
 def request(operation: str, outcome: str, response: Mapping[str, Any] | None) -> None:
     """A request's answer: counted by operation and outcome, and its capacity units."""
-    if not (_settings or _config())[0]:
-        return
-    name = _OPERATION_NAMES.get(operation) or "".join(p.title() for p in operation.split("_"))
+    if (_settings or _config())[0]:
+        _safely(_request, operation, outcome, response)
+
+
+def _request(operation: str, outcome: str, response: Mapping[str, Any] | None) -> None:
+    name = OPERATION_NAMES.get(operation) or "".join(p.title() for p in operation.split("_"))
     units = 0.0 if response is None else capacity_units(response.get("ConsumedCapacity"))
     (_instruments or _get()).requests.add((name, outcome, _lock_name.get()), units)
-
-
-def capacity_units(consumed: Any) -> float:
-    """The units of a ``ConsumedCapacity`` answer (one, or a list of them)."""
-    if not consumed:
-        return 0.0
-    if type(consumed) is dict:  # one; a list for transactions and batches
-        return float(consumed.get("CapacityUnits") or 0)
-    total = 0.0
-    for one in consumed:
-        total += one.get("CapacityUnits") or 0
-    return total
-
-
-def outcome_of_error(code: str, throttled: bool) -> str:
-    if code in ("ConditionalCheckFailedException", "TransactionCanceledException"):
-        return "refused"
-    return "throttled" if throttled else "error"

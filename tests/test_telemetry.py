@@ -118,7 +118,7 @@ def test_a_busy_acquire_records_outcome_busy_and_its_wait(otel: Any, holds: list
     holds.append(semaphore(resource).acquire())
     started = time.monotonic()
     with pytest.raises(SemaphoreBusy):
-        semaphore(resource, wait=0.4, metrics_name=name).acquire()
+        semaphore(resource, wait=0.4, metrics_name=name, fair=True).acquire()
     waited = time.monotonic() - started
     (point,) = histogram(
         otel["reader"],
@@ -132,10 +132,11 @@ def test_a_busy_acquire_records_outcome_busy_and_its_wait(otel: Any, holds: list
     assert span.status.is_unset  # busy is an answer, not an error
     (wait,) = [e for e in span.events if e.name == "dynasem.wait"]
     assert span.start_time <= wait.timestamp <= span.end_time
-    # Queued behind the holder: counted with the waiters ahead (none) when it joined.
-    if span.attributes[telemetry.QUEUED]:
-        (ahead,) = histogram(otel["reader"], "dynasem.lock.queue.ahead", **{telemetry.NAME: name})
-        assert ahead.count == 1 and ahead.sum == 0
+    # fair: queued behind the holder, counted with the waiters ahead (none) when it joined.
+    assert span.attributes[telemetry.QUEUED] is True
+    assert point.attributes[telemetry.QUEUED] is True
+    (ahead,) = histogram(otel["reader"], "dynasem.lock.queue.ahead", **{telemetry.NAME: name})
+    assert ahead.count == 1 and ahead.sum == 0
 
 
 def test_an_unreachable_table_is_outcome_unavailable_with_the_error(
@@ -211,12 +212,12 @@ def test_capacity_units_recorded_equal_what_dynamodb_reports(
 
     reported: Counter[str] = Counter()
 
+    reads = {"GetItem", "Query", "Scan", "BatchGetItem"}
+
     def after_call(http_response: Any, parsed: dict[str, Any], model: Any, **kwargs: Any) -> None:
-        kind = telemetry.CAPACITY_OPERATIONS.get(
-            "".join("_" + c.lower() if c.isupper() else c for c in model.name).lstrip("_")
-        )
-        if kind is not None:
-            reported[kind] += telemetry.capacity_units(parsed.get("ConsumedCapacity"))
+        consumed = parsed.get("ConsumedCapacity") or []
+        for one in [consumed] if isinstance(consumed, dict) else consumed:
+            reported["read" if model.name in reads else "write"] += one["CapacityUnits"]
 
     client = table.get_client()
     client.meta.events.register("after-call.dynamodb", after_call)
@@ -237,6 +238,8 @@ def test_capacity_units_recorded_equal_what_dynamodb_reports(
         waiter["held"].release()
         with semaphore(f"tel:{uuid.uuid4().hex}", limit=20):
             pass
+        with semaphore([f"tel:{uuid.uuid4().hex}", f"tel:{uuid.uuid4().hex}"]):
+            pass  # one transaction each way: its answer's units are a list
         operations.holds_on(resource)
     finally:
         client.meta.events.unregister("after-call.dynamodb", after_call)
@@ -464,3 +467,60 @@ def test_a_hand_over_is_a_child_span_of_the_release_and_its_idle_time_is_measure
     assert acquire.attributes[telemetry.QUEUED] is True
     assert [e.name for e in acquire.events][:1] == ["dynasem.wait"]
     assert any(e.name == "dynasem.handed_over" for e in acquire.events)
+
+
+def test_without_a_tracer_provider_records_go_in_batches_and_a_collection_takes_them_all(
+    otel: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No span made (as in a project without a TracerProvider): the histograms' records wait
+    in a batch, and a reader's collection flushes it first, so it counts every cycle."""
+    monkeypatch.setattr(telemetry, "_tracer", lambda: None)
+    telemetry._get().deferred.flush()  # nothing of earlier tests waiting
+    name = named()
+    # 2 records a cycle: two full batches flush by themselves, 10 records still wait
+    cycles = telemetry.Deferred.BATCH + 5
+    for _ in range(cycles):
+        with semaphore(f"tel:{uuid.uuid4().hex}", metrics_name=name):
+            pass
+    (acquired,) = histogram(
+        otel["reader"], "dynasem.lock.acquire.duration", **{telemetry.NAME: name}
+    )
+    (held,) = histogram(otel["reader"], "dynasem.lock.hold.duration", **{telemetry.NAME: name})
+    assert acquired.count == held.count == cycles
+    assert not [s for s in spans(otel, "dynasem.acquire") if s.attributes[telemetry.NAME] == name]
+
+
+def test_a_failing_telemetry_never_fails_the_lock(
+    otel: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise RuntimeError("exporter on fire")
+
+    monkeypatch.setattr(telemetry._get().deferred, "record", broken)
+    monkeypatch.setattr(telemetry, "_complained", False)
+    resource = f"tel:{uuid.uuid4().hex}"
+    with caplog.at_level(logging.WARNING, logger="dynasem"):
+        for _ in range(3):
+            with semaphore(resource) as held:
+                assert held.fence > 0
+    assert operations.holds_on(resource) == []  # given back every time
+    complaints = [r for r in caplog.records if "recording telemetry failed" in r.getMessage()]
+    assert len(complaints) == 1  # once per process
+    assert complaints[0].dynasem_outcome == "telemetry_failed"
+
+
+def test_a_decorators_name_is_its_template_cut_short_never_a_refusal(otel: Any) -> None:
+    """A list of templates longer than a resource may be is still a working decorator: its
+    name is cut, not checked as a key."""
+    templates = [f"a-rather-long-template-{i:03d}:{{n}}" for i in range(40)]
+    assert len(",".join(templates)) > 1024
+
+    @semaphore(templates)
+    def work(n: int) -> int:
+        return n
+
+    assert work(7) == 7
+    (span,) = [
+        s for s in spans(otel, "dynasem.acquire") if "a-rather" in s.attributes[telemetry.NAME]
+    ]
+    assert span.attributes[telemetry.NAME] == ",".join(templates)[: telemetry.NAME_MAX]

@@ -277,13 +277,11 @@ def _send(operation: str, **kwargs: Any) -> dict[str, Any]:
     try:
         # Every operation's response is a dict; which keys it has depends on the operation.
         response: dict[str, Any] = getattr(client, operation)(**kwargs)
-        if telemetry.ON:
-            telemetry.request(operation, "ok", response)
-        return response
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
         if telemetry.ON:
-            outcome = telemetry.outcome_of_error(code, code in THROTTLED)
+            cancelled = exc.response.get("CancellationReasons", ())
+            outcome = telemetry.outcome_of_error(code, code in THROTTLED, cancelled)
             telemetry.request(operation, outcome, None)
         if code == "ConditionalCheckFailedException":
             # ReturnValuesOnConditionCheckFailure puts the item in the error response, a key
@@ -304,6 +302,9 @@ def _send(operation: str, **kwargs: Any) -> dict[str, Any]:
         raise _unavailable(exc) from exc
     except ValueError as exc:  # an endpoint URL botocore could not take apart
         raise SemaphoreUnavailable(f"bad DynamoDB endpoint {endpoint_label()!r}: {exc}") from exc
+    if telemetry.ON:  # after the request's own error handling: it never turns into one
+        telemetry.request(operation, "ok", response)
+    return response
 
 
 def process_identity() -> str:
