@@ -165,15 +165,20 @@ def test_async_waiter_lets_the_event_loop_run(lock_table: str) -> None:
     # the event loop.
     order: list[str] = []
 
+    first_in = asyncio.Event()
+
     async def first() -> int:
         async with semaphore("shared-loop") as held:
             order.append("first in")
+            first_in.set()
             await asyncio.sleep(0.3)
             order.append("first out")
         return held.fence
 
     async def second() -> int:
-        await asyncio.sleep(0.05)
+        # After the first holds (a head start of 50 ms was not always enough on a loaded
+        # machine: the second then took it first and the first, wait=0, was refused).
+        await first_in.wait()
         async with semaphore("shared-loop", wait=3) as held:
             order.append("second in")
         return held.fence
