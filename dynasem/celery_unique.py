@@ -141,15 +141,7 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
                 self.request.id,
                 carried.resource,
                 lost.reason,
-                extra=facts(
-                    carried.resource,
-                    token=carried.token,
-                    fence=carried.fence,
-                    outcome="not_run",
-                    reason=lost.reason,
-                    task=self.name,
-                    task_id=self.request.id,
-                ),
+                extra=carried.facts("not_run", lost.reason, self.name),
             )
             return None
         self.request.dynasem_run = (carried, held)
@@ -165,15 +157,7 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
                     self.name,
                     carried.resource,
                     exc,
-                    extra=facts(
-                        carried.resource,
-                        token=carried.token,
-                        fence=carried.fence,
-                        outcome="give_back_failed",
-                        reason=exc,
-                        task=self.name,
-                        task_id=carried.task_id,
-                    ),
+                    extra=carried.facts("give_back_failed", exc, self.name),
                 )
 
 

@@ -219,15 +219,7 @@ class UniqueTask(_Task):
             carried.task_id,
             carried.resource,
             lost.reason,
-            extra=facts(
-                carried.resource,
-                token=carried.token,
-                fence=carried.fence,
-                outcome="not_run",
-                reason=lost.reason,
-                task=self.module_path,
-                task_id=carried.task_id,
-            ),
+            extra=carried.facts("not_run", lost.reason, self.module_path),
         )
 
     def _end(self, held: Held) -> None:

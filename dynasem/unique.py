@@ -70,6 +70,11 @@ class Claim:
     fence: int
     task_id: str
 
+    def facts(self, outcome: str, reason: object = None, task: str | None = None) -> dict[str, Any]:
+        """``extra`` for a log record about this claim (:func:`dynasem.logs.facts`)."""
+        return facts(self.resource, token=self.token, fence=self.fence, outcome=outcome,
+                     reason=reason, task=task, task_id=self.task_id)  # fmt: skip
+
     def header(self) -> dict[str, Any]:
         return {"resource": self.resource, "token": self.token, "fence": self.fence,
                 "task_id": self.task_id}  # fmt: skip
@@ -292,11 +297,5 @@ def give_back(taken: Claim) -> None:
             "dynasem: could not give back %r",
             taken.resource,
             exc_info=True,
-            extra=facts(
-                taken.resource,
-                token=taken.token,
-                fence=taken.fence,
-                outcome="give_back_failed",
-                task_id=taken.task_id,
-            ),
+            extra=taken.facts("give_back_failed"),
         )
