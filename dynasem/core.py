@@ -524,7 +524,10 @@ class Semaphore:
         )
         # Named like the decorator (its template), not by this call's key; not checked as a
         # resource is: a derived name must never refuse a call.
-        copy.metrics_name = self.metrics_name or telemetry.template_name(self.decoration.resource)
+        if telemetry.ON:
+            copy.metrics_name = self.metrics_name or telemetry.template_name(
+                self.decoration.resource
+            )
         return copy
 
 
