@@ -253,7 +253,9 @@ def test_expired_holds_and_idle_rows_only_with_the_toggle(lock_table, holds, adm
     assert re.search(
         r'<tr class="idle">\s*<th class="resource">(?:<a [^>]*>)?<code[^>]*>released:1</code>', body
     )
-    assert re.search(r"expired [56] s ago", body)
+    shown = re.search(r"expired (\d+) s ago", body)  # the ghost's lease ended 5 s before the request
+    waited = (core.now_ms() - now) // 1000  # however long a loaded machine took to answer
+    assert shown and 4 <= int(shown.group(1)) <= 6 + waited
 
 
 def test_pages_follow_dynamodb_keys_and_list_every_hold_once(
