@@ -32,8 +32,9 @@ MAX_RETRIES = 10
 
 class RetryLater:
     """An ``on_busy`` for Celery tasks: retry the refused task (``task.retry(countdown=...,
-    exc=...)``) after ``exc.retry_after`` plus a jitter whose window doubles with each
-    refusal, at most ``max_jitter`` seconds (:func:`dynasem.retrying.retry_delay`).
+    exc=...)``) after ``exc.retry_after`` plus a random jitter, drawn from a window of
+    ``retry_after`` seconds that doubles with each refusal, at most ``max_jitter`` seconds:
+    the tasks one busy lock refused do not all come back at once.
 
     ``max_retries``: the task's retries (Celery counts them all, for any cause) after which
     the ``SemaphoreBusy`` is raised as the task's failure; ``None`` leaves the limit to the
@@ -72,8 +73,8 @@ class RetryLater:
 
 
 retry_later = RetryLater()
-"""``on_busy=retry_later``: :class:`RetryLater` with its defaults (10 retries, a jitter
-window of at most 5 minutes)."""
+"""``on_busy=retry_later``: ``RetryLater`` with its defaults (10 retries, a jitter window of
+at most 5 minutes)."""
 
 
 def running_task(args: tuple[Any, ...]) -> Any:

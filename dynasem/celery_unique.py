@@ -52,8 +52,15 @@ HEADER = "dynasem_unique"
 
 
 class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
-    """A task whose key (``unique_key``, a template over its arguments as the decorator's,
-    or a callable of them) is held from enqueue to the end of its run."""
+    """A Celery task base (``@shared_task(base=UniqueTask, unique_key=...)``) whose key is
+    held from enqueue to the end of its run: a second enqueue while one is queued or running
+    enqueues nothing and returns the ``AsyncResult`` of the first.
+
+    Task options: ``unique_key``, a template over the task's arguments as the decorator's
+    (``"reindex:{project_id}"``), or a callable of them; ``queue_lease``, seconds the key is
+    held for a task waiting in the queue (600); ``run_lease``, the lease while it runs
+    (default: the LEASE setting), renewed by the heartbeat. A retry keeps the key; a task that
+    never starts frees it when the queue lease ends."""
 
     unique_key: Any = None
     queue_lease: float = 600.0

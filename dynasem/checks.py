@@ -13,7 +13,39 @@ from django.core.checks import Error, Warning, register
 from . import validation, wakeup
 from .conf import DEFAULTS, settings
 
-HINT = "See the settings table in dynasem's README."
+HINT = "See Settings in dynasem's reference (docs/reference/settings.md)."
+
+# Every check ID reported here, with what it checks: the checks reference
+# (docs/reference/checks.md) is generated from this, and tests/test_docs_reference.py keeps it
+# equal to the IDs used below. E is an Error (manage.py check fails), W a Warning.
+CHECK_IDS: dict[str, str] = {
+    "dynasem.E001": "`DYNASEM` is a dict.",
+    "dynasem.E002": "`DYNASEM` has no key dynasem does not know (a misspelt key would be "
+    "ignored); the hint lists the known keys.",
+    "dynasem.E003": "`TABLE_NAME` is a str of 3 to 255 characters.",
+    "dynasem.E004": "`ENDPOINT_URL` is `None` or an http(s) URL that botocore accepts (checked "
+    "without connecting).",
+    "dynasem.E005": "`REGION_NAME` is `None` or a str.",
+    "dynasem.E006": "`LEASE` is a number of seconds (not a bool), more than 0 and at most 7 days.",
+    "dynasem.E007": "`WAIT` is `None` or a number of seconds (not a bool), 0 or more "
+    "(`math.inf` waits forever).",
+    "dynasem.E008": "`CLOCK_SKEW` is a number of seconds (not a bool), 0 or more and at most "
+    "7 days.",
+    "dynasem.E009": "`LEASE` is longer than `CLOCK_SKEW`: a holder trusts its lease only until "
+    "`LEASE - CLOCK_SKEW` has passed.",
+    "dynasem.E010": "`PUSH` is `None` or an IPv4 literal to listen on: not a name, not "
+    "`0.0.0.0`, no broadcast or multicast address.",
+    "dynasem.E011": '`FAIR` is `True` or `False` (a str such as `"false"` from an environment '
+    "variable would read as true).",
+    "dynasem.E012": "`TELEMETRY` and `TELEMETRY_RESOURCE_NAMES` are `True` or `False`.",
+    "dynasem.W001": "`LEASE` is at least 3 × `CLOCK_SKEW`; a shorter lease makes holders renew "
+    "very often.",
+    "dynasem.W002": "The table has this version's index layout (one DescribeTable, 1 s to "
+    "connect, 2 s to answer; asked only when the settings have no error, and silent when the "
+    "table cannot be asked). A table made by an older "
+    "dynasem works at several times the index writes: `manage.py dynasem_createtable "
+    "--upgrade` upgrades it in place.",
+}
 
 
 def _valid_endpoint(url: object) -> bool:

@@ -28,6 +28,25 @@ DEFAULTS: dict[str, Any] = {
 
 FALLBACK_REGION = "us-east-1"
 
+# What each key means: the settings reference (docs/reference/settings.md) is generated from
+# DEFAULTS and this, and tests/test_docs_reference.py keeps their keys the same.
+HELP: dict[str, str] = {
+    "TABLE_NAME": "the DynamoDB table",
+    "ENDPOINT_URL": '`None` = AWS; `"http://127.0.0.1:8000"` = a local engine',
+    "REGION_NAME": f"`None` = boto3's chain, then `{FALLBACK_REGION}`",
+    "LEASE": "seconds a holder keeps a lock without renewing it",
+    "WAIT": "seconds `acquire` keeps trying before it gives up (`None` = forever)",
+    "CLOCK_SKEW": "seconds by which host clocks may disagree; expiry decisions allow for it",
+    "FAIR": "`True` = waiters queue first come, first served (a semaphore's `fair=` overrides "
+    "it; an acquire of several resources never queues)",
+    "PUSH": "IPv4 address (a literal naming this host) a waiting process listens on (UDP, a "
+    "free port) for hand-over pushes; `None` = no pushes",
+    "TELEMETRY": "record OpenTelemetry metrics and spans when `opentelemetry-api` is installed "
+    "(`dynasem[otel]`); `False` = record nothing",
+    "TELEMETRY_RESOURCE_NAMES": "name locks in metrics and spans by their raw resource keys "
+    "(unbounded cardinality: opt in knowingly)",
+}
+
 
 class Settings:
     """The ``DYNASEM`` dict, key by key, with the documented defaults."""

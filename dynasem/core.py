@@ -92,8 +92,10 @@ CONFIRM_SHARE = 1 / 3
 
 
 class Semaphore:
-    """A distributed semaphore on DynamoDB: a context manager, async context manager and view
-    decorator. Build it with :func:`semaphore`."""
+    """A distributed semaphore on DynamoDB: a context manager (``with``), an async context
+    manager (``async with``) and a decorator of views, functions, methods and tasks. Build it
+    with ``semaphore()``, which takes the same arguments. Entering it acquires (see
+    ``acquire()``) and gives the ``Held`` hold to ``as``; leaving the block releases it."""
 
     # The sender of every signal about its holds (subclasses included), as before the split.
     signal_sender: ClassVar[type[Semaphore]]
@@ -157,6 +159,8 @@ class Semaphore:
 
     @property
     def fair(self) -> bool:
+        """Whether waiters queue first come, first served: ``fair=`` if it was given, else the
+        FAIR setting; never for several resources at once."""
         if self._fair is not None:
             return self._fair
         if len(self.resources) > 1:
@@ -167,6 +171,7 @@ class Semaphore:
 
     @property
     def resource(self) -> str:
+        """The resource (with several, the first)."""
         return self.resources[0]
 
     @property
@@ -447,7 +452,8 @@ class Semaphore:
             wakeup.forget(token)  # a push that comes now is for a wait that is over
 
     def acquire(self) -> Held:
-        """Take the semaphore (waiting up to ``wait``) and return the :class:`Held` hold."""
+        """Take the semaphore, waiting up to ``wait`` seconds, and return the hold (a
+        ``Held``). Raises ``SemaphoreBusy`` when it is still busy after that."""
         if telemetry.ON:
             return telemetry.acquire(self, self._acquire)
         return self._acquire()
@@ -502,11 +508,15 @@ class Semaphore:
     # -- decorator ---------------------------------------------------------------------------
 
     def __call__(self, func: Callable[..., Any]) -> Callable[..., Any]:
-        """Decorate a view, a function, a method or a task (see :mod:`dynasem.decorators`)."""
+        """Decorate a view, a function, a method or a task: each call takes the semaphore for
+        its run, on the key its template makes from the call's arguments. A busy view answers
+        423 (``busy_response``); anything else raises ``SemaphoreBusy``, unless ``on_busy``
+        says otherwise."""
         return lock_callable(self, func)
 
     def with_resource(self, resource: Any, user: Any) -> Semaphore:
-        """A copy for one call of a decorated callable: its resource(s) and its holder."""
+        """A copy for one call of a decorated callable, on that call's resource(s) and
+        holder (the decorator uses it)."""
         copy = Semaphore(
             resource,
             limit=self.limit,
@@ -551,8 +561,14 @@ def semaphore(
     coalesce: bool = False,
     metrics_name: str | None = None,
 ) -> Semaphore:
-    """A distributed semaphore on ``resource``: ``with``, ``async with``, ``.acquire()``, or
-    ``@semaphore("key:{arg}")`` on a view. See API.md for every argument."""
+    """A distributed semaphore on ``resource``: use it as ``with semaphore(...)``,
+    ``async with``, ``.acquire()``, or ``@semaphore(...)`` on a view, function or task.
+    ``resource`` is a str, or a list of them taken together; a decorator's may also be a
+    template such as ``"key:{arg}"``, filled from each call's arguments, or a callable of them.
+    Nothing is sent to DynamoDB until it is acquired; bad arguments raise ``TypeError`` or
+    ``ValueError`` here.
+
+    Every argument is described in the reference page "The semaphore"."""
     return Semaphore(
         resource,
         limit=limit,

@@ -144,7 +144,9 @@ def resource_key(template: str, /, *args: Any, **kwargs: Any) -> str:
     """The resource the decorator locks for these template values: ``template.format(*args,
     **kwargs)`` where every value made only of letters, digits, ``-``, ``_`` and ``.`` is used
     as written; other characters are escaped (``%XX``) where needed to keep two sets of values
-    apart (only in templates with several fields: ``%`` and the characters that part them)."""
+    apart (only in templates with several fields: ``%`` and the characters that part them).
+    Code outside the decorated call names the same lock with it:
+    ``resource_key("deploy:{slug}", slug="web")`` is ``"deploy:web"``."""
     if not isinstance(template, str):
         raise TypeError(f"template must be a str, not {type(template).__name__}")
     return _EscapingFormatter(_escaped_chars(template)).format(template, *args, **kwargs)
@@ -180,7 +182,8 @@ def bad_key_response(request: Any, exc: KeyTooLong) -> HttpResponse:
 
 def coalesced_response(request: Any, exc: Coalesced) -> HttpResponse:
     """HTTP 202 Accepted: the resource is busy and a run that starts after this request is
-    queued (``coalesce=True``), so this request's changes will be part of it."""
+    queued (``coalesce=True``), so this request's changes will be part of it. What a
+    decorated view answers for a ``Coalesced``; logged as ``busy_response`` logs."""
     response = HttpResponse(
         "Accepted: a run that starts after this request is queued; it includes this "
         "request's changes.\n",
@@ -212,7 +215,9 @@ def coalesced_response(request: Any, exc: Coalesced) -> HttpResponse:
 
 
 def busy_response(request: Any, exc: SemaphoreBusy) -> HttpResponse:
-    """HTTP 423 Locked with ``Retry-After``; says nothing about the holder's token.
+    """HTTP 423 Locked with ``Retry-After``: what a decorated view answers when busy, unless
+    its ``on_busy`` answers otherwise (an ``on_busy(request, exc)`` may call it and adapt the
+    response). Says nothing about the holder's token.
 
     Logged here, once, at INFO on the ``dynasem`` logger with its facts as ``extra``
     (``resource``, ``holder_user_id``, ``retry_after``, ``queue_position``,
@@ -220,7 +225,7 @@ def busy_response(request: Any, exc: SemaphoreBusy) -> HttpResponse:
     has them), and marked as logged, so that Django's ``django.request`` does not log
     this expected answer of a busy lock again as a WARNING per request.
 
-    A coalescing semaphore's :class:`Coalesced` gets :func:`coalesced_response` instead."""
+    A coalescing semaphore's ``Coalesced`` gets ``coalesced_response`` instead."""
     if isinstance(exc, Coalesced):
         return coalesced_response(request, exc)
     response = HttpResponse(

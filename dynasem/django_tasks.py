@@ -29,8 +29,8 @@ from .retrying import retry_delay
 
 def retry_later(exc: SemaphoreBusy, *args: Any, **kwargs: Any) -> Any:
     """An ``on_busy`` for ``django.tasks``: enqueue the refused task again with the same
-    arguments, ``run_after`` = now + ``exc.retry_after`` + a jitter of up to
-    ``exc.retry_after`` (:func:`dynasem.retrying.retry_delay`), then raise ``exc``.
+    arguments, ``run_after`` = now + ``exc.retry_after`` + a random jitter of up to
+    ``exc.retry_after``, then raise ``exc``.
 
     This attempt's result is FAILED with the ``SemaphoreBusy``, whose traceback names the
     new result (``enqueued again as task result <id>``); the task runs under that new

@@ -41,7 +41,7 @@ def current_hold(resource: str | None = None) -> Held:
     """The innermost hold this thread or task entered (``with``/``async with``, or a decorated
     call) and has not left; the innermost one on ``resource`` if given. A decorated view or
     function reaches its own hold this way: ``current_hold().fence``.
-    Raises :class:`LookupError` when there is none."""
+    Raises ``LookupError`` when there is none."""
     for _sem_id, held in reversed(_entered.get()):
         if resource is None or resource in held.resources:
             return held

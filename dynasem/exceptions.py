@@ -1,4 +1,4 @@
-"""The exceptions users catch. All derive from :class:`SemaphoreError`.
+"""The exceptions users catch. All derive from ``SemaphoreError``.
 
 Every one survives a task queue: it pickles (and copies) with its class, its attributes and
 its message, and its ``args`` are its constructor's arguments, so a result backend that
@@ -28,7 +28,7 @@ class Picklable:
 
 
 class SemaphoreError(Picklable, Exception):
-    """Base of every dynasem error."""
+    """Base of every dynasem error: catch it to handle them all."""
 
 
 class SemaphoreBusy(SemaphoreError):
@@ -71,7 +71,7 @@ class Coalesced(SemaphoreBusy):
     has not started yet: it starts after this call arrived, so this call's work is covered
     by it and the call returns at once (a view answers 202 Accepted).
 
-    ``next_user_id`` is the next run's recorded user; the rest as in :class:`SemaphoreBusy`.
+    ``next_user_id`` is the next run's recorded user; the rest as in ``SemaphoreBusy``.
     """
 
     def __init__(
@@ -93,7 +93,9 @@ class Coalesced(SemaphoreBusy):
 
 
 class LockLost(SemaphoreError):
-    """The hold is no longer ours: its lease ran out or it was broken by an operator."""
+    """The hold is no longer ours: its lease ran out before it was renewed, ``max_hold``
+    passed, another holder took it over, or an operator broke it. ``resource`` names the
+    resource (or the ``run_once`` job's key), ``reason`` says why in words."""
 
     def __init__(self, resource: str, reason: str):
         self.resource = resource
@@ -142,7 +144,9 @@ class TableMissing(SemaphoreUnavailable):
 
 
 class AlreadyDone(SemaphoreError):
-    """``run_once``: the job's status is DONE; it is not run again."""
+    """``run_once``: the job's status is DONE; it is not run again. ``key`` is the job's
+    key, ``finished`` when it finished as stored (milliseconds since the epoch), or
+    ``None``."""
 
     def __init__(self, key: str, finished: int | str | None = None):
         self.key = key

@@ -29,7 +29,9 @@ WAKE_AFTER = 0.05
 
 
 class Held:
-    """One acquisition: what was recorded, its fence(s), and ways to renew or release it."""
+    """One acquisition, as ``acquire()`` returns it, renewed by the heartbeat while it lives:
+    ``resource`` (``resources`` if several), ``fence`` (``fences``; larger than every earlier
+    holder's), ``token``, ``user_id``, ``expires`` (UTC); ``arenew``, ``arelease`` for async."""
 
     def __init__(
         self,
@@ -249,14 +251,14 @@ class Held:
     def fence_transaction(self, using: str | None = None) -> None:
         """Make the open transaction of ``using`` (the semaphore's ``using`` if None) refuse
         to land after a newer holder's: writes this hold's fence first in it, kept locked
-        until it ends; raises :class:`LockLost` if a newer holder's fence is there. See
-        :mod:`dynasem.fenced`."""
+        until it ends; raises ``LockLost`` if a newer holder's fence is there. See the how-to
+        guide "Transactions and fencing"."""
         fenced.fence_transaction(self, using if using is not None else self.semaphore.using)
 
     # -- releasing ---------------------------------------------------------------------------
 
     def release(self) -> None:
-        """Give back this acquisition's hold only. Raises :class:`LockLost` if it was not ours
+        """Give back this acquisition's hold only. Raises ``LockLost`` if it was not ours
         any more (after cleaning up whatever is still ours).
 
         Inside ``transaction.atomic`` (unless the semaphore has ``on_commit=False``) the hold
@@ -264,8 +266,8 @@ class Held:
         when that rolls back; the lease is renewed until then. A hold already known lost
         raises now, while the transaction can still roll back.
 
-        A nested acquire that re-entered this hold (see :mod:`dynasem.entered`) gives back
-        nothing: only the outermost release does (raising LockLost if it was lost)."""
+        A nested acquire that re-entered this hold ("Nested acquires" in the how-to guides)
+        gives back nothing: only the outermost release does (raising LockLost if lost)."""
         if self._released or self._pending_commit:
             return
         if self.depth > 1:

@@ -48,7 +48,8 @@ def resource_of(name: str) -> str:
 
 
 class Lead:
-    """This process's lead, while the ``leadership`` block runs."""
+    """This process's lead, while the ``leadership`` block runs (``name``, and the ``held``
+    hold under it)."""
 
     def __init__(self, name: str, held: Held, on_lost: Callable[[Lead], Any] | None):
         self.name = name
@@ -182,7 +183,15 @@ def leadership(
     user: Any = None,
     on_lost: Callable[[Lead], Any] | None = None,
 ) -> Leadership:
-    """Lead ``name`` among every process and host using the same table: ``with`` (or
-    ``async with``) waits until this process leads (up to ``wait``: ``SemaphoreBusy`` after
-    it) and gives the lead back when the block ends. See :mod:`dynasem.leadership`."""
+    """Lead ``name`` among every process and host using the same table:
+    ``with leadership(name) as lead`` (or ``async with``) waits until this process leads (up
+    to ``wait`` seconds, forever by default; ``SemaphoreBusy`` after it) and gives the lead
+    back when the block ends.
+
+    Act as the leader only while ``lead.active``: nobody else can take over before this lead's
+    trusted deadline, so such work never overlaps another leader's (given clocks within
+    ``CLOCK_SKEW``). ``on_lost(lead)`` is called once, from the heartbeat's thread, when the
+    lead is known lost. ``lease``: seconds (default: the LEASE setting); a leader that dies is
+    replaced about ``lease + CLOCK_SKEW`` after its last renewal. See the how-to guide "One
+    leader among many hosts"."""
     return Leadership(name, lease=lease, wait=wait, user=user, on_lost=on_lost)

@@ -404,7 +404,10 @@ def resource_state(resource: str) -> ResourceState:
 
 
 def waiters_on(resource: str) -> list[table.Waiter]:
-    """Every live waiter queued for ``resource``, first in line first."""
+    """Every live waiter queued for ``resource``, first in line first (consistent reads:
+    the row, then its queue's entries). Each has ``ticket``, ``user_id``, ``shared``,
+    ``token`` and ``since_ms`` (when it queued, in milliseconds since the epoch, or
+    ``None``)."""
     return resource_state(resource).waiters
 
 
@@ -419,7 +422,7 @@ def held_with(hold: HoldInfo) -> list[str]:
 
 
 def queue_depth(resource: str) -> int:
-    """How many live waiters are queued for ``resource``."""
+    """How many live waiters are queued for ``resource``: ``len(waiters_on(resource))``."""
     return len(waiters_on(resource))
 
 

@@ -27,7 +27,14 @@ MAX_CLAIMS = 25
 
 
 class Job:
-    """A claimed job: ``key``, ``status``, ``attempt`` (1 for the first run), ``fence``."""
+    """A claimed job, as ``with run_once(key) as job`` gives it. Its lease is renewed in the
+    background while the body runs.
+
+    ``key`` is the job's key; ``status`` is ``"RUNNING"`` while the body runs, ``"DONE"`` or
+    ``"FAILED"`` once written; ``attempt`` how many times the job has been claimed, this run
+    included (1 for the first run); ``fence`` is larger than every earlier run's (write it
+    with the job's results); ``token`` is this claim's token, as the table records it, and
+    ``user_id`` the user recorded for this run."""
 
     def __init__(
         self,
@@ -65,6 +72,7 @@ class Job:
         return self.key
 
     def seconds_left(self) -> float:
+        """How long the claim can be trusted without renewing (our clock, skew allowed)."""
         return max(0.0, self._deadline - clock.monotonic())
 
     def check_deadline(self) -> None:
@@ -72,6 +80,8 @@ class Job:
             self._lost = "its lease ran out before it could be renewed"
 
     def renew(self) -> None:
+        """Extend the job's lease now (the heartbeat does this by itself while the body runs).
+        Raises ``LockLost`` if the claim is no longer ours."""
         self.check_deadline()
         if self._lost is not None or self._released:
             raise LockLost(self.key, self._lost or "it has finished")
@@ -87,7 +97,7 @@ class Job:
     def confirm(self) -> None:
         """Renew with a write of our own even past our deadline (a stall in the body): if the
         claim is still ours (nobody claimed or reset the job since), the lease is ours again;
-        else :class:`LockLost`."""
+        else ``LockLost``."""
         sent_mono = clock.monotonic()
         try:
             table.update_job(
@@ -266,7 +276,7 @@ class RunOnce:
         job = self._jobs.pop()
         # Inside transaction.atomic the body's work is not done until it commits: DONE (or
         # FAILED) is written after that, and the lease renewed meanwhile, so nobody else
-        # claims the job while its work may still commit. See the README for the rule.
+        # claims the job while its work may still commit. See docs/how-to/run-once.md for the rule.
         job.check_deadline()
         if self.on_commit and transactions.open_transaction(self.using) is not None:
             if job._lost is not None:
@@ -316,8 +326,11 @@ def run_once(
     on_commit: bool = True,
     using: str | None = None,
 ) -> RunOnce:
-    """Run the ``with`` body for ``key`` in exactly one process: NEW/FAILED -> RUNNING -> DONE
-    (or FAILED, exception re-raised). DONE raises :class:`AlreadyDone`; a live RUNNING raises
-    :class:`SemaphoreBusy`. Inside ``transaction.atomic`` DONE is written after the commit and
-    FAILED on rollback (``on_commit=False``: at once); ``using`` names the database."""
+    """Run the ``with`` (or ``async with``) body for ``key`` in exactly one process, until it
+    succeeds. The job is claimed (NEW or FAILED becomes RUNNING) and ``as`` gets the ``Job``;
+    it becomes DONE when the body returns, FAILED with the message when it raises (the
+    exception is re-raised). A DONE job raises ``AlreadyDone``; one RUNNING elsewhere under a
+    live lease raises ``SemaphoreBusy``. Inside ``transaction.atomic`` DONE is written after
+    the commit and FAILED on rollback (``on_commit=False``: at once); ``using`` names the
+    database. ``lease``: seconds (default: the LEASE setting); ``user``: whom to record."""
     return RunOnce(key, user=user, lease=lease, on_commit=on_commit, using=using)

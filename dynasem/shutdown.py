@@ -42,7 +42,10 @@ def release_all() -> int:
     calling thread (call it when that thread is done with its holds), or by a thread that has
     ended. Holds of threads that still run are left (they end with their lease, or with the
     process). A hold waiting for its transaction's commit is given back now. Returns how
-    many were given back."""
+    many were given back.
+
+    It runs by itself at a normal exit (``atexit``); call it where a process ends otherwise,
+    e.g. from Celery's ``worker_process_shutdown`` signal."""
     caller = threading.current_thread()
     holds = [hb.held for hb in heartbeat.scheduled() if isinstance(hb.held, Held)]
     given = 0

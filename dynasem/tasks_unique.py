@@ -77,7 +77,8 @@ _running: contextvars.ContextVar[tuple[str, Claim, Held] | None] = contextvars.C
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UniqueTask(_Task):
     """A ``django.tasks`` task whose key (``unique_key``, a template over its arguments as
-    the decorator's, or a callable of them) is held from enqueue to the end of its run."""
+    the decorator's, or a callable of them) is held from enqueue to the end of its run. Made
+    by ``unique_task``."""
 
     unique_key: Any = None
     queue_lease: float = 600.0
@@ -268,7 +269,15 @@ def unique_task(
     run_lease: float | None = None,
     **task_options: Any,
 ) -> Any:
-    """``@task`` (with its options) making a :class:`UniqueTask` keyed by ``unique_key``."""
+    """``@task`` (with its options: priority, queue_name, backend, takes_context) making a
+    ``UniqueTask`` keyed by ``unique_key``: a second ``enqueue()`` while one is queued or
+    running enqueues nothing and returns ``None``.
+
+    ``unique_key``: a template over the task's arguments as the decorator's
+    (``"reindex:{project_id}"``), or a callable of them; ``queue_lease``: seconds the key is
+    held for a task waiting in the queue; ``run_lease``: the lease while it runs (default: the
+    LEASE setting), renewed by the heartbeat. A task enqueued again from its own run (a retry)
+    keeps the key; a task that never starts frees it when the queue lease ends."""
 
     def wrap(func: Any) -> UniqueTask:
         made = django_task(func, **task_options)  # validates the options as @task does

@@ -9,7 +9,7 @@ anyway, read from their answers.
 Cardinality is bounded by design: the lock's name in every attribute is ``metrics_name=``,
 else the decorator's key template (``"purge:{project_id}"``), else ``"other"``; the raw
 resource key only when ``DYNASEM["TELEMETRY_RESOURCE_NAMES"]`` is True. The instruments and
-attributes are listed in the README ("Metrics, traces and logs").
+attributes are listed in docs/how-to/observability.md.
 """
 
 from __future__ import annotations

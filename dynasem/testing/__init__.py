@@ -90,10 +90,12 @@ def engine_endpoint() -> str:
 
 class held_elsewhere:  # noqa: N801 - used like a function: with held_elsewhere(...)
     """Hold ``semaphore(*args, **kwargs)`` as another process would, for a test that checks
-    what a busy lock does (a view answering 423, a task refused)::
+    what a busy lock does (a view answering 423, a task refused):
 
-        with held_elsewhere("tbl_issues:42", user="alice"):
-            assert client.post("/rebuild/42/").status_code == 423
+    ```python
+    with held_elsewhere("tbl_issues:42", user="alice"):
+        assert client.post("/rebuild/42/").status_code == 423
+    ```
 
     Taken in a context of its own: a hold taken in the test's own thread would be re-entered
     by the code under test (Django's test client runs the view in the test's thread), which
@@ -243,7 +245,8 @@ if pytest is not None:
 
     @pytest.fixture(scope="session")
     def dynasem_endpoint() -> str:
-        """The test engine's endpoint (embedded, or $DYNASEM_TESTING_ENDPOINT_URL)."""
+        """The test engine's endpoint (the embedded engine, or
+        ``$DYNASEM_TESTING_ENDPOINT_URL``), for the whole session."""
         return engine_endpoint()
 
     @pytest.fixture
