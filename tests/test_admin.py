@@ -253,7 +253,8 @@ def test_expired_holds_and_idle_rows_only_with_the_toggle(lock_table, holds, adm
     assert re.search(
         r'<tr class="idle">\s*<th class="resource">(?:<a [^>]*>)?<code[^>]*>released:1</code>', body
     )
-    shown = re.search(r"expired (\d+) s ago", body)  # the ghost's lease ended 5 s before the request
+    # The ghost's lease ended 5 s before the request.
+    shown = re.search(r"expired (\d+) s ago", body)
     waited = (core.now_ms() - now) // 1000  # however long a loaded machine took to answer
     assert shown and 4 <= int(shown.group(1)) <= 6 + waited
 
