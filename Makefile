@@ -1,9 +1,9 @@
 # Developer entry points; CI (.ci/run) runs
-# `make lint test test-embedded dist wheel-check sdist-check matrix`.
+# `make lint test test-embedded test-permits docs dist wheel-check sdist-check matrix`.
 #   make test PYTEST_ARGS="-k fence -x"
 #   make test-embedded PYTEST_ARGS="-x"
 #   make matrix NOX_ARGS="-R"             # reuse the sessions' venvs
-.PHONY: venv test test-embedded test-permits demo lead-demo lint matrix dist wheel-check sdist-check clean distclean
+.PHONY: venv test test-embedded test-permits demo lead-demo lint docs docs-serve matrix dist wheel-check sdist-check clean distclean
 
 PYTHON_VENV := .venv/bin/python
 PYTEST_ARGS ?=
@@ -49,6 +49,16 @@ lint: venv
 	$(PYTHON_VENV) -m ruff format --check .
 	$(PYTHON_VENV) -m mypy --strict dynasem
 
+# The documentation site (mkdocs.yml, docs/) into site/; every warning is an error (a broken
+# link or anchor, a page outside the nav, a reference that does not resolve).
+# tests/test_docs.py runs the pages' examples, tests/test_docs_site.py opens the site.
+docs: venv
+	NO_MKDOCS_2_WARNING=1 $(PYTHON_VENV) -m mkdocs build --strict
+
+# The site on http://127.0.0.1:8001, rebuilt as pages change.
+docs-serve: venv
+	NO_MKDOCS_2_WARNING=1 $(PYTHON_VENV) -m mkdocs serve --dev-addr 127.0.0.1:8001
+
 # Every other supported (Python, Django) pair, one nox session each (noxfile.py), two at once
 # (scripts/matrix.sh; MATRIX_JOBS=1 for one after another).
 matrix: venv
@@ -74,7 +84,7 @@ sdist-check: venv
 
 # Build and test artefacts; keeps .venv, .nox and the DynamoDB Local download (see distclean).
 clean:
-	rm -rf build dist *.egg-info .pytest_cache .ruff_cache .mypy_cache .coverage htmlcov
+	rm -rf build dist site *.egg-info .pytest_cache .ruff_cache .mypy_cache .coverage htmlcov
 	find . \( -path ./.venv -o -path ./.cache -o -path ./.git -o -path ./.nox \) -prune -o \
 		-type d -name __pycache__ -exec rm -rf {} +
 
