@@ -67,6 +67,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # Tests marked @runs_last after all others (a stable sort: the rest keep their order).
+    items.sort(key=lambda item: getattr(getattr(item, "function", None), "runs_last", False))
     if engine_name() == "dynamodb-local":
         return
     for item in items:
@@ -74,6 +76,49 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if marker is not None:
             reason = marker.args[0] if marker.args else marker.kwargs["reason"]
             item.add_marker(pytest.mark.skip(reason=f"embedded engine: {reason}"))
+
+
+# -- the DynamoDB operations dynasem sent this session (tests/test_iam_policy.py) ---------------
+# Every boto3 client built in this process (dynasem builds its own in table/client.py and, for
+# dynasem.W002, in table/schema.py) reports each operation before sending it. It is recorded
+# when its nearest caller outside botocore is dynasem's own code (not dynasem.testing): a
+# test's own calls on a client, such as lock_table's update_time_to_live, are not dynasem's.
+DYNASEM_REQUESTS: set[str] = set()
+
+
+def runs_last(test: Any) -> Any:
+    """Run ``test`` after every other test of the session (pytest_collection_modifyitems)."""
+    test.runs_last = True
+    return test
+
+
+def _record_dynasem_requests() -> None:
+    import sys
+
+    import boto3.session
+
+    def record(model: Any, **kwargs: Any) -> None:
+        frame = sys._getframe(1)
+        while frame.f_back and frame.f_globals.get("__name__", "").split(".")[0] in (
+            "botocore",
+            "boto3",
+        ):
+            frame = frame.f_back
+        caller = frame.f_globals.get("__name__", "")
+        if caller.startswith("dynasem.") and not caller.startswith("dynasem.testing"):
+            DYNASEM_REQUESTS.add(model.name)
+
+    build = boto3.session.Session.client
+
+    def client(self: Any, *args: Any, **kwargs: Any) -> Any:
+        built = build(self, *args, **kwargs)
+        built.meta.events.register("before-call.dynamodb", record)
+        return built
+
+    boto3.session.Session.client = client  # type: ignore[method-assign]
+
+
+_record_dynasem_requests()
 
 
 @pytest.fixture(scope="session")
