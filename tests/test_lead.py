@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from dynasem import Lead, leadership, semaphore
-from dynasem.operations import break_hold, holds_on
+from dynasem.operations import break_hold, holds_on, queue_depth
 from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -177,7 +177,9 @@ def test_sigterm_while_waiting_for_the_lead_exits(leaders: Any, tmp_path: Path) 
     leaders()
     wait_for(lambda: runs(log), 30, "a command started")
     waiting = leaders()
-    time.sleep(2)
+    # Queued for the lead: its handlers are in place by then (a fixed pause was not always
+    # enough for a loaded machine to start the process and import Django).
+    wait_for(lambda: queue_depth("leader:beat") >= 1, 30, "the second one queued")
     waiting.proc.send_signal(signal.SIGTERM)
     assert waiting.proc.wait(10) == 0
     assert len(runs(log)) == 1
