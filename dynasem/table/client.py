@@ -236,9 +236,9 @@ def _limit_of(code: str, message: str, response: Mapping[str, Any]) -> LimitExce
         return LimitExceeded(
             f"DynamoDB at {where} refused a write to table {table!r}: the item would exceed "
             f"DynamoDB's item size limit of 400 KB ({code}: {message}). One resource's item "
-            "holds its every holder and queued waiter, so a counting or shared semaphore with "
-            "thousands of holders, or thousands of waiters on one resource, reach it. Nothing "
-            "was written.",
+            "lists its shared holders (readers), so thousands of readers of one resource reach "
+            "it (queued waiters and the holders of more than 8 permits have items of their "
+            "own). Nothing was written.",
             "item size",
         )
     if code in THROTTLED:
