@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/crowds.py [--limits 2 64 512] [--waiters 4 32 128]
         [--cycles 20] [--per-waiter 4] [--async-crowd 10000] [--counting-crowd 3:12]
+        [--readers 2 64 512 2048]
         [--wall]
 
 One process, one DynamoDB Local (``tests.settings``: ``LEASE`` 10 s, ``CLOCK_SKEW`` 0.5 s),
@@ -11,6 +12,8 @@ tree it runs from:
 
 * ``limit=N, N-1 held``: a counting semaphore filled with N - 1 holders (``lease=600``, so
   no renewal fires), then ``--cycles`` acquire + release of one more; per cycle.
+* ``--readers N``: ``N - 1`` readers hold a shared lock (``lease=600``), then ``--cycles``
+  acquire + release of one more reader; per cycle (the readers' layout, issue 22).
 * ``W waiters``: W threads on one exclusive lock (``wait=60``), each taking it
   ``--per-waiter`` times and holding it 5 ms; per acquisition (the requests of every thread:
   a holder's release is its heir's hand-over).
@@ -86,6 +89,30 @@ def counting(meter: cost.Meter, limit: int, cycles: int) -> dict[str, Any]:
             h.release()
     return {
         "case": f"limit={limit}, {limit - 1} held",
+        "wcu": units.wcu / cycles,
+        "rcu": units.rcu / cycles,
+        "requests": sum(units.requests.values()) / cycles,
+        "row": size,
+    }
+
+
+def readers(meter: cost.Meter, n: int, cycles: int) -> dict[str, Any]:
+    """``n - 1`` readers hold a shared lock (``lease=600``: no renewal fires), then
+    ``cycles`` acquire + release of one more reader; per cycle."""
+    from dynasem import semaphore
+
+    resource = common.new_name(f"readers-{n}")
+    held = [common.apart(semaphore(resource, shared=True, lease=600)) for _ in range(n - 1)]
+    try:
+        size = row_bytes(resource)
+        with meter.measure() as units:
+            for _ in range(cycles):
+                semaphore(resource, shared=True, lease=600).acquire().release()
+    finally:
+        for h in held:
+            h.release()
+    return {
+        "case": f"shared, {n - 1} readers held",
         "wcu": units.wcu / cycles,
         "rcu": units.rcu / cycles,
         "requests": sum(units.requests.values()) / cycles,
@@ -229,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--limits", type=int, nargs="*", default=[2, 64, 512])
     parser.add_argument("--waiters", type=int, nargs="*", default=[4, 32, 128])
+    parser.add_argument(
+        "--readers", type=int, nargs="*", default=[], help="shared holds: N-1 held, one more"
+    )
     parser.add_argument("--cycles", type=int, default=20)
     parser.add_argument("--per-waiter", type=int, default=4)
     parser.add_argument("--wall", action="store_true")
@@ -256,6 +286,9 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         for limit in args.limits:
             rows.append(counting(meter, limit, args.cycles))
+            print(f"{rows[-1]['case']}: done", flush=True)
+        for n in args.readers:
+            rows.append(readers(meter, n, args.cycles))
             print(f"{rows[-1]['case']}: done", flush=True)
         for waiters in args.waiters:
             rows.append(queued(meter, waiters, args.per_waiter))
