@@ -7,7 +7,8 @@ reference cannot drift from the code:
 - ``<!-- dynasem:checks -->``: the system check IDs (``dynasem.checks.CHECK_IDS``);
 - ``<!-- dynasem:signals -->``: the signals and their arguments (``dynasem.signals.SIGNALS``);
 - ``<!-- dynasem:command NAME -->``: a ``## NAME`` heading, the command's ``help`` and its
-  full ``--help``; ``<!-- dynasem:commands -->``: that for every ``dynasem_*`` command.
+  full ``--help`` (tests/test_docs_reference.py requires one for every ``dynasem_*``
+  command on the commands page).
 
 An unknown marker (a typo) fails the build. Markers inside fenced code blocks, or on a line
 with other text, are left alone, so a page can show one. Importable without MkDocs
@@ -125,15 +126,10 @@ def command_section(name: str) -> str:
     )
 
 
-def commands_section() -> str:
-    return "\n\n".join(command_section(name) for name in command_names())
-
-
 RENDERERS: dict[str, Callable[[], str]] = {
     "settings": settings_table,
     "checks": checks_table,
     "signals": signals_section,
-    "commands": commands_section,
 }
 
 
