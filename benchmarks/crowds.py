@@ -74,50 +74,39 @@ def run_threads(meter: cost.Meter, worker: Any, n: int) -> Any:
     return units
 
 
-def counting(meter: cost.Meter, limit: int, cycles: int) -> dict[str, Any]:
+def one_more(
+    meter: cost.Meter, case: str, held: int, cycles: int, **options: Any
+) -> dict[str, Any]:
+    """``held`` holders of ``semaphore(resource, lease=600, **options)`` (no renewal fires),
+    then ``cycles`` acquire + release of one more; per cycle."""
     from dynasem import semaphore
 
-    resource = common.new_name(f"limit-{limit}")
-    held = [common.apart(semaphore(resource, limit=limit, lease=600)) for _ in range(limit - 1)]
+    resource = common.new_name(case.split(",")[0].replace("=", "-").replace(" ", ""))
+    holds = [common.apart(semaphore(resource, lease=600, **options)) for _ in range(held)]
     try:
         size = row_bytes(resource)
         with meter.measure() as units:
             for _ in range(cycles):
-                semaphore(resource, limit=limit, lease=600).acquire().release()
+                semaphore(resource, lease=600, **options).acquire().release()
     finally:
-        for h in held:
+        for h in holds:
             h.release()
     return {
-        "case": f"limit={limit}, {limit - 1} held",
+        "case": case,
         "wcu": units.wcu / cycles,
         "rcu": units.rcu / cycles,
         "requests": sum(units.requests.values()) / cycles,
         "row": size,
     }
+
+
+def counting(meter: cost.Meter, limit: int, cycles: int) -> dict[str, Any]:
+    return one_more(meter, f"limit={limit}, {limit - 1} held", limit - 1, cycles, limit=limit)
 
 
 def readers(meter: cost.Meter, n: int, cycles: int) -> dict[str, Any]:
-    """``n - 1`` readers hold a shared lock (``lease=600``: no renewal fires), then
-    ``cycles`` acquire + release of one more reader; per cycle."""
-    from dynasem import semaphore
-
-    resource = common.new_name(f"readers-{n}")
-    held = [common.apart(semaphore(resource, shared=True, lease=600)) for _ in range(n - 1)]
-    try:
-        size = row_bytes(resource)
-        with meter.measure() as units:
-            for _ in range(cycles):
-                semaphore(resource, shared=True, lease=600).acquire().release()
-    finally:
-        for h in held:
-            h.release()
-    return {
-        "case": f"shared, {n - 1} readers held",
-        "wcu": units.wcu / cycles,
-        "rcu": units.rcu / cycles,
-        "requests": sum(units.requests.values()) / cycles,
-        "row": size,
-    }
+    """``n - 1`` readers hold a shared lock, then one more reader comes and goes."""
+    return one_more(meter, f"shared, {n - 1} readers held", n - 1, cycles, shared=True)
 
 
 def queued(meter: cost.Meter, waiters: int, per_waiter: int) -> dict[str, Any]:
