@@ -79,10 +79,6 @@ def docs_table() -> Iterator[str]:
         yield name
 
 
-def run(example: Example) -> None:
-    example.evaluate()
-
-
 @pytest.mark.reentry
 @pytest.mark.django_db
 @pytest.mark.parametrize(("path", "index"), EXAMPLES)
@@ -93,13 +89,13 @@ def test_example_runs(path: Path, index: int, docs_table: str) -> None:
         earlier = page[_DONE.get(path, 0)]
         _DONE[path] = _DONE.get(path, 0) + 1
         try:
-            run(earlier)
+            earlier.evaluate()
         except unittest.SkipTest:
             pass
         except Exception as exc:  # pragma: no cover - the earlier block's own test says more
             pytest.fail(f"an earlier example of {path.name}, line {earlier.line}, fails: {exc!r}")
     _DONE[path] = index + 1
-    run(page[index])
+    page[index].evaluate()
 
 
 def test_the_pages_have_examples_to_run() -> None:
