@@ -57,7 +57,7 @@ from .queueing import (
     too_slow,
     wait_in_queue,
 )
-from .strays import give_back_stray
+from .strays import leave_queue
 from .validation import (
     MODE_COUNTING,
     MODE_EXCLUSIVE,
@@ -384,25 +384,10 @@ class Semaphore:
                 queued = len(resources) == 1 and pace.ticket is not None
                 if remaining <= 0:
                     if pace.ticket is not None:
-                        # Leave the queue; a hand-over that reached us meanwhile is ours to keep.
-                        ticket, pace.ticket = pace.ticket, None
-                        try:
-                            gone = yield Request(
-                                functools.partial(
-                                    table.leave_queue, resources[0], pace.qbase, ticket, token=token
-                                )
-                            )
-                            if gone is not None and token in gone.holders:
-                                seen[resources[0]] = gone
-                                continue
-                        except SemaphoreUnavailable:
-                            pass  # our entry expires with its lease
-                        wakeup.depart(
-                            token,
-                            functools.partial(give_back_stray, self, token, lease=lease, skew=skew),
-                            seconds=lease + skew,
-                        )
-                        pace.ticket = ticket  # for the estimate: our place when we left
+                        kept = yield from leave_queue(self, pace, token, lease=lease, skew=skew)
+                        if kept is not None:
+                            seen[resources[0]] = kept  # handed to us meanwhile: ours to keep
+                            continue
                     raise busy(
                         self,
                         blocked,

@@ -4,11 +4,15 @@ held by nobody until its lease runs out."""
 
 from __future__ import annotations
 
+import functools
 import logging
 
-from . import clock, table
+from . import clock, table, wakeup
+from .drivers import Request, Steps
+from .exceptions import SemaphoreUnavailable
 from .held import Held
 from .logs import facts
+from .queueing import Pace
 from .spec import LockSpec
 
 logger = logging.getLogger("dynasem")
@@ -54,3 +58,31 @@ def give_back_stray(
                 resource, token=token, fence=holder.fence, outcome="give_back_failed", reason=exc
             ),
         )
+
+
+def leave_queue(
+    semaphore: LockSpec, pace: Pace, token: str, *, lease: float, skew: float
+) -> Steps[table.LockItem | None]:
+    """A queued waiter whose wait ran out leaves the queue. Returns the row if a hand-over
+    reached us meanwhile (ours to keep); else None, and a hand-over still on its way is
+    handed on (:func:`give_back_stray`). ``pace.ticket`` stays our place when we left, for
+    the busy estimate."""
+    resource = semaphore.resources[0]
+    ticket, pace.ticket = pace.ticket, None
+    if ticket is None:
+        return None
+    try:
+        gone = yield Request(
+            functools.partial(table.leave_queue, resource, pace.qbase, ticket, token=token)
+        )
+        if gone is not None and token in gone.holders:
+            return gone
+    except SemaphoreUnavailable:
+        pass  # our entry expires with its lease
+    wakeup.depart(
+        token,
+        functools.partial(give_back_stray, semaphore, token, lease=lease, skew=skew),
+        seconds=lease + skew,
+    )
+    pace.ticket = ticket
+    return None
