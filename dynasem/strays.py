@@ -72,7 +72,7 @@ def leave_queue(
     if ticket is None:
         return None
     try:
-        gone = yield Request(
+        gone: table.LockItem | None = yield Request(
             functools.partial(table.leave_queue, resource, pace.qbase, ticket, token=token)
         )
         if gone is not None and token in gone.holders:

@@ -25,6 +25,7 @@ from .client import (
     quick,
     reset_client,
 )
+from .job_writes import job_claim, job_finish, job_renew, job_reset
 from .nexts import NEXT_SK, get_next, register_next, renew_next, withdraw_next
 from .permits import with_permits
 from .schema import (
@@ -85,10 +86,6 @@ from .writes import (
     give_back,
     hand_over,
     holder_entry,
-    job_claim,
-    job_finish,
-    job_renew,
-    job_reset,
     renew_hold,
     renew_waiter,
     take_free,
