@@ -34,6 +34,7 @@ from . import (
     planning,
     processes,
     queueing,
+    readers,
     table,
     telemetry,
     transactions,
@@ -225,7 +226,7 @@ class Semaphore:
                 return done
         resources = self.resources
         deadline = clock.monotonic() + wait
-        seen: dict[str, table.LockItem | None] = {}
+        seen = readers.last_seen(self)  # empty unless it last had reader items
         # The hold from what was last planned and seen, if its deadline is still ahead.
         trusted = functools.partial(
             planning.held_if_trusted, self, token=token, user_id=user_id, lease=lease, skew=skew
@@ -364,7 +365,14 @@ class Semaphore:
                             seen[resources[0]] = after
                             if not pace.enqueued:  # taken at once: free, this time
                                 queued_recently.pop(resources[0], None)
-                        held = trusted(plans, seen, sent_mono=sent_mono, push_cap=None)
+                        if plans[acting[0]].reader and after is not None:
+                            held = yield from readers.admitted(
+                                self, after, token=token, user_id=user_id, proc=proc, lease=lease,
+                                skew=skew, expires_ms=entry.expires_ms, now_ms=now,
+                                sent_mono=sent_mono,
+                            )  # fmt: skip
+                        else:
+                            held = trusted(plans, seen, sent_mono=sent_mono, push_cap=None)
                         if held is not None:
                             return held
                         # Our write landed, but its lease can no longer be trusted (we were
@@ -380,6 +388,14 @@ class Semaphore:
                         continue  # the refusal told us the state: plan again from it at once
                     blocked = {r: {} for r in resources}
                 # Busy: wait within the budget (never much past the first lease end), look again.
+                if len(resources) == 1 and readers.write_off_due(
+                    seen.get(resources[0]), blocked[resources[0]], skew, pace.ticket
+                ):
+                    # Held up by reader items only, unchanged for a lease: are they all dead?
+                    seen[resources[0]] = yield Request(
+                        functools.partial(readers.try_write_off, seen[resources[0]], skew)
+                    )
+                    continue
                 remaining = deadline - clock.monotonic()
                 queued = len(resources) == 1 and pace.ticket is not None
                 if remaining <= 0:

@@ -8,10 +8,18 @@ from typing import Any
 
 from . import clock, table, wakeup
 from .exceptions import SemaphoreUnavailable
+from .table import writes
 
 # The most readers one hand-over admits together: each adds an entry to the row (and to the
-# push that carries it). Readers beyond are let in by those admitted (``push_first``).
+# push that carries it), and no more than the row keeps inline (table.writes.READERS_INLINE:
+# past them, every write of a crowd's reader items would pay for a row over 1 KB). Readers
+# beyond are let in by those admitted (``push_first``), into reader items.
 MAX_ADMIT = 16
+
+
+def max_admit() -> int:
+    return min(MAX_ADMIT, max(1, writes.READERS_INLINE))
+
 
 Heirs = list[tuple[str, table.Waiter]]
 
@@ -28,7 +36,7 @@ def first_live(queue: Mapping[str, table.Waiter], now_ms: int) -> tuple[str, tab
 def next_in_line(queue: Mapping[str, table.Waiter], now_ms: int) -> Heirs:
     """Who takes the lock next, first come first served among live waiters: the first one if
     it is exclusive; else every reader at the head of the line, up to the first exclusive
-    waiter (and at most MAX_ADMIT): shared holders hold together."""
+    waiter (and at most :func:`max_admit`): shared holders hold together."""
     live = sorted((w.ticket, t) for t, w in queue.items() if w.expires_ms > now_ms)
     heirs: Heirs = []
     for _, token in live:
@@ -36,7 +44,7 @@ def next_in_line(queue: Mapping[str, table.Waiter], now_ms: int) -> Heirs:
         if heirs and not waiter.shared:
             break
         heirs.append((token, waiter))
-        if not waiter.shared or len(heirs) >= MAX_ADMIT:
+        if not waiter.shared or len(heirs) >= max_admit():
             break
     return heirs
 

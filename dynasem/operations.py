@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from . import clock, core, permit_held, table, validation
+from . import clock, core, permit_held, reader_held, table, validation
 from .conf import settings
 from .cursors import BadCursor as BadCursor  # re-exported: callers catch operations.BadCursor
 from .cursors import decode_cursor, encode_cursor
@@ -67,6 +67,12 @@ def _waiting(item: table.LockItem, now_ms: int) -> int:
     died, counts until the next turn passes it: :func:`queue_depth` reads the entries)."""
     inline = sum(1 for w in item.queue.values() if w.expires_ms >= now_ms)
     return inline + max(0, item.qin - item.qout)
+
+
+def _expanded(item: table.LockItem, *, consistent: bool = False) -> table.LockItem:
+    """A row with the holders it keeps in items of their own (permits, readers) read in."""
+    return table.readers.with_readers(slots.with_permits(item, consistent=consistent),
+                                      consistent=consistent)  # fmt: skip
 
 
 def holds_of(item: table.LockItem, *, min_expires_ms: int | None) -> list[HoldInfo]:
@@ -275,7 +281,7 @@ def _rows(
     wanted = [e for e in entries if not prefix or e.resource.startswith(prefix)]
     rows = [
         _row(item, user_id=user_id, floor_ms=floor_ms, idle_too=idle_too)
-        for item in map(slots.with_permits, table.get_many(wanted))
+        for item in map(_expanded, table.get_many(wanted))
     ]
     return [row for row in rows if row is not None], len(entries) < count
 
@@ -376,7 +382,7 @@ def active_holds(
 def holds_on(resource: str) -> list[HoldInfo]:
     """Every holder of one resource, live or not (one consistent read)."""
     item = table.get(validation.check_resource(resource))
-    return holds_of(slots.with_permits(item, consistent=True), min_expires_ms=None) if item else []
+    return holds_of(_expanded(item, consistent=True), min_expires_ms=None) if item else []
 
 
 @dataclass(frozen=True)
@@ -396,7 +402,7 @@ def resource_state(resource: str) -> ResourceState:
     item = table.get(validation.check_resource(resource))
     if item is None:
         return ResourceState(resource, [], [])
-    item = slots.with_permits(item, consistent=True)
+    item = _expanded(item, consistent=True)
     now = clock.now_ms()
     inline = sorted((w for w in item.queue.values() if w.expires_ms >= now), key=lambda w: w.ticket)
     waiters = inline + [w for w in table.queue_entries(item) if w.expires_ms >= now]
@@ -440,11 +446,13 @@ def break_hold(
     try:
         table.update(table.force_release(resource, token))
     except table.Refused as refused:
-        if (
-            refused.lock is None
-            or refused.lock.hw is None
-            or not permit_held.break_permit(resource, token)
-        ):
+        old = refused.lock
+        if old is None:
+            return False
+        if table.readers.has_readers(old):
+            if not reader_held.break_reader(resource, token):
+                return False
+        elif old.hw is None or not permit_held.break_permit(resource, token):
             return False
     lock_released.send(
         sender=sender or core.Semaphore,
@@ -478,7 +486,8 @@ class ReapResult:
     found: int = 0
     deleted: int = 0
     survived: int = 0
-    permits: int = 0  # permits of dead holders freed (counting semaphores of many permits)
+    # Permits (counting semaphores of many permits) and reader items of dead holders freed.
+    permits: int = 0
 
 
 def reap(
@@ -536,6 +545,11 @@ def _reap_permits(cutoff_ms: int, *, dry_run: bool) -> int:
         for entry in table.iter_expiring(shard, since=cutoff_ms // 1000, shared_only=True)
     ]
     for row in table.get_many(entries):
+        if table.readers.has_readers(row):
+            for reader in table.readers.readers(row.resource):
+                if reader.holder.expires_ms < cutoff_ms:
+                    if dry_run or reader_held.break_reader(row.resource, reader.token, reader):
+                        freed += 1
         if row.hw is None:
             continue
         for permit in slots.permits(row.resource):

@@ -8,7 +8,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from . import clock, queueing, table, telemetry
+from . import clock, queueing, readers, table, telemetry
 from .held import Held, acquired
 from .queueing import live_holders
 from .spec import LockSpec
@@ -27,6 +27,7 @@ class Plan:
         expires_ms: int = 0,
         queued: bool = False,
         load: int | None = None,
+        reader: bool = False,
     ):
         self.action = action  # None with busy None: the resource is ours already
         self.busy = busy  # the live holders in our way, when we cannot take it now
@@ -35,6 +36,8 @@ class Plan:
         self.queued = queued  # we are in the resource's queue
         # The queue's entries up to this ticket must be read first: who is ahead of us?
         self.load = load
+        # The action admits us to a reader item (dynasem.readers): the item's write follows.
+        self.reader = reader
 
 
 def plan(
@@ -115,6 +118,19 @@ def plan(
         qin=seen.qin if seen is not None else 0,
         qout=seen.qout if seen is not None else 0,
     )
+    if mode == MODE_SHARED and len(sem.resources) == 1 and readers.wants_item(seen, live):
+        assert seen is not None
+        done.action = table.readers.admit(
+            resource,
+            seen=seen,
+            expires_ms=entry.expires_ms,
+            lease_ms=entry.expires_ms - entry.acquired_ms,
+            now_ms=entry.acquired_ms,
+            stale_ms=stale_ms,
+            queue=terms,
+        )
+        done.reader = True
+        return done
     if seen is None:
         if mode != MODE_EXCLUSIVE:
             # Counting and shared holds usually find others holding: try to join at once.

@@ -11,12 +11,11 @@ from .conf import settings
 
 MAX_RESOURCE_BYTES = 1024
 MAX_LEASE = 7 * 24 * 3600.0
-# The largest ``limit``. Every holder of a resource is listed in the resource's one DynamoDB
-# item (at most 400 KB: a few thousand holder entries), so no limit past that can ever fill
-# up; 10**9 keeps every limit that can be reached, and refuses by name, before any request,
-# what DynamoDB cannot store (numbers of at most 38 significant digits: limit=10**40 failed
-# in boto3's serializer, decimal.Rounded). It also fits a signed 32-bit integer, for other
-# readers of the table.
+# The largest ``limit`` (holders of more than 8 permits are in permit items of their own,
+# one each, so the table bounds a limit, not an item); 10**9 keeps every limit that can be
+# reached, and refuses by name, before any request, what DynamoDB cannot store (numbers of
+# at most 38 significant digits: limit=10**40 failed in boto3's serializer,
+# decimal.Rounded). It also fits a signed 32-bit integer, for other readers of the table.
 MAX_LIMIT = 10**9
 # A hold's mode as stored: one holder, up to ``limit`` holders, any number of readers.
 MODE_EXCLUSIVE, MODE_COUNTING, MODE_SHARED = "x", "n", "s"

@@ -44,6 +44,9 @@ def engine_name() -> str:
 # holders in permit items (normally above table.permits.INLINE_MAX = 8), so that the whole
 # suite's counting tests can run on that layout too (workers inherit it).
 PERMITS_ENV = "DYNASEM_TEST_PERMITS_FROM"
+# ``DYNASEM_TEST_READERS_FROM=N``: a shared resource keeps N readers in its row, the next in
+# reader items (normally table.readers.READERS_INLINE = 8), for the same reason.
+READERS_ENV = "DYNASEM_TEST_READERS_FROM"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -51,6 +54,10 @@ def pytest_configure(config: pytest.Config) -> None:
         from dynasem.table import permits
 
         permits.INLINE_MAX = int(os.environ[PERMITS_ENV])
+    if os.environ.get(READERS_ENV):
+        from tests.workers import readers_from
+
+        readers_from(os.environ[READERS_ENV])
     if engine_name() not in ENGINES:
         raise pytest.UsageError(
             f"{ENGINE_ENV}={engine_name()!r}: the test engine is one of {', '.join(ENGINES)}"

@@ -218,10 +218,10 @@ def test_the_reaper_frees_dead_holders_permits_and_lists_no_live_one(holds: list
     time.sleep(1.6)  # their leases and CLOCK_SKEW (0.5 s) are over
     out = io.StringIO()
     call_command("dynasem_reap", "--dry-run", stdout=out)
-    assert "Would free 2 permits of dead holders." in out.getvalue()
+    assert "Would free 2 permits and reader holds of dead holders." in out.getvalue()
     assert len([p for p in permit_items("pool") if p.token]) == 3
     call_command("dynasem_reap", stdout=out)
-    assert "Freed 2 permits of dead holders." in out.getvalue()
+    assert "Freed 2 permits and reader holds of dead holders." in out.getvalue()
     assert [p.token for p in permit_items("pool") if p.token] == [live.token]
     assert sorted(int(s) for s in table.stored_item("pool")["hints"]) == sorted(
         h.slots["pool"] for h in expired

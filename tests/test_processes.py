@@ -203,7 +203,11 @@ def plant(
             table.take_free(resource, token, entry, mode=mode, limit=limit, stale_ms=now - 500)
         )
     except table.Refused:
-        table.update(table.take_room(resource, token, entry, mode=mode, limit=limit))
+        seen = table.get(resource)
+        assert seen is not None
+        table.update(
+            table.take_join(resource, token, entry, mode=mode, limit=limit, seen=seen, evict=[])
+        )
     return token
 
 

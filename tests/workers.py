@@ -21,6 +21,15 @@ def setup_django(endpoint: str, table_name: str) -> None:
         from dynasem.table import permits
 
         permits.INLINE_MAX = int(os.environ["DYNASEM_TEST_PERMITS_FROM"])
+    if os.environ.get("DYNASEM_TEST_READERS_FROM"):  # see conftest.READERS_ENV
+        readers_from(os.environ["DYNASEM_TEST_READERS_FROM"])
+
+
+def readers_from(value: str) -> None:
+    """Shared resources keep ``value`` readers in their row, the next in reader items."""
+    from dynasem.table import readers, writes
+
+    writes.READERS_INLINE = readers.READERS_INLINE = int(value)
 
 
 def rerun_failed_job(endpoint: str, table_name: str, key: str, barrier: Any, out: Any) -> None:
@@ -296,3 +305,38 @@ def hold_and_exit(endpoint: str, table_name: str, resource: str, how: str, out: 
         while not stop:  # serving, until SIGTERM tells the loop to end
             time.sleep(0.02)
     sys.exit(0)
+
+
+def reader_stalled_between_writes(
+    endpoint: str, table_name: str, resource: str, lease: float, out: Any, go_on: Any
+) -> None:
+    """A reader admitted to a reader item that stops between its two writes (the row's, then
+    its item's): it says so and waits there; the test kills or stops it. Resumed, it goes on
+    and reports when it entered its block."""
+    setup_django(endpoint, table_name)
+    from dynasem import semaphore
+    from dynasem.table import readers as items
+
+    real = items.put_reader
+
+    def stalled(*args: Any, **kwargs: Any) -> Any:
+        if not go_on.is_set():
+            out.put(("admitted", args[2].fence))
+            go_on.wait(120)
+        return real(*args, **kwargs)
+
+    items.put_reader = stalled
+    with semaphore(resource, shared=True, lease=lease, wait=60, user="stalled") as held:
+        out.put(("entered", held.fence, time.time()))
+
+
+def read_until_killed(
+    endpoint: str, table_name: str, resource: str, lease: float, out: Any
+) -> None:
+    """Take a shared hold, say so, then read 'forever' (the test SIGKILLs us)."""
+    setup_django(endpoint, table_name)
+    from dynasem import semaphore
+
+    held = semaphore(resource, shared=True, lease=lease, user="doomed").acquire()
+    out.put(("held", held.fence))
+    time.sleep(600)

@@ -14,6 +14,7 @@ from typing import Any
 
 from ..conf import settings
 from ..exceptions import SemaphoreUnavailable, TableMissing
+from . import readers
 from .claims import adopt_hold, announce_next
 from .client import (
     Cancelled,
@@ -97,6 +98,7 @@ from .writes import (
 __all__ = [
     "adopt_hold",
     "announce_next",
+    "readers",
     "with_permits",
     "Holder",
     "IndexEntry",

@@ -236,9 +236,9 @@ def _limit_of(code: str, message: str, response: Mapping[str, Any]) -> LimitExce
         return LimitExceeded(
             f"DynamoDB at {where} refused a write to table {table!r}: the item would exceed "
             f"DynamoDB's item size limit of 400 KB ({code}: {message}). One resource's item "
-            "lists its shared holders (readers), so thousands of readers of one resource reach "
-            "it (queued waiters and the holders of more than 8 permits have items of their "
-            "own). Nothing was written.",
+            "lists the readers that took several resources in one acquire, so thousands of "
+            "those reach it (queued waiters, readers of one resource past the first two and "
+            "the holders of more than 8 permits have items of their own). Nothing was written.",
             "item size",
         )
     if code in THROTTLED:

@@ -191,6 +191,12 @@ class LockItem:
     hw: int | None = None
     hints: tuple[int, ...] = ()
     permits_read: bool = False  # ``holders`` were read from its permits (with_permits)
+    # Readers in reader items (table/readers.py): counted in ``rc`` under the epoch
+    # ``repoch``, whose longest lease was ``rlease`` (ms); the row's holder ``readers``
+    # stands for them all.
+    rc: int = 0
+    repoch: int = 0
+    rlease: int = 0
     # The decoded item itself, for a push (wakeup sends it as written); read it nowhere else.
     stored: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -351,6 +357,9 @@ def lock_item(item: Mapping[str, Any] | None) -> LockItem | None:
         listed_s=number("expires"),
         hw=number("hw"),
         hints=tuple(int(x) for x in item.get("hints") or ()),
+        rc=number("rc") or 0,
+        repoch=number("repoch") or 0,
+        rlease=number("rlease") or 0,
         stored=item,
     )
 

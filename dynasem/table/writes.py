@@ -45,6 +45,13 @@ _LOCK_NAMES = {
 }
 
 
+# A shared row keeps this many readers among its holders; the next take reader items
+# (table/readers.py, which builds on this module). Two: with them and the items' sentinel
+# the row stays under 1 KB, so each of a crowd's row writes costs 1 WCU (eight inline
+# readers made it 2 KB: every admission and count-down 2 WCU).
+READERS_INLINE = 2
+
+
 _PLACEHOLDER = re.compile(r"#\w+")
 
 
@@ -311,8 +318,14 @@ def take_room(resource: str, token: str, entry: Holder, *, mode: str, limit: int
         ":expMs": entry.expires_ms,
         ":zero": 0,
     }
-    if mode != "s":  # shared holds have no upper bound
+    if mode != "s":
         conds.insert(1, "size(#h) < :lim")
+    else:
+        # Readers past the first few (or while the row has reader items: its "readers"
+        # holder) take reader items (table/readers.py): planned from the refusal.
+        conds.insert(1, "size(#h) < :inline AND attribute_not_exists(#h.#sentinel)")
+        names["#sentinel"] = "readers"
+        values[":inline"] = READERS_INLINE
     update = (
         "SET #h.#t = :entry, #fence = :fence, #uid = if_not_exists(#uid, :uid), #exp = :exp, "
         "#expMs = :expMs"

@@ -61,10 +61,14 @@ class Command(BaseCommand):
         elif dry_run:
             self.stdout.write(f"Would delete {result.found} expired rows.")
             if result.permits:
-                self.stdout.write(f"Would free {result.permits} permits of dead holders.")
+                self.stdout.write(
+                    f"Would free {result.permits} permits and reader holds of dead holders."
+                )
         else:
             self.stdout.write(f"Deleted {result.deleted} expired rows.")
             if result.permits:
-                self.stdout.write(f"Freed {result.permits} permits of dead holders.")
+                self.stdout.write(
+                    f"Freed {result.permits} permits and reader holds of dead holders."
+                )
             if result.survived and verbosity >= 1:
                 self.stdout.write(f"{result.survived} rows were re-acquired meanwhile and kept.")

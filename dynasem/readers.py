@@ -1,0 +1,157 @@
+"""Readers in reader items (:mod:`dynasem.table.readers`): when a shared acquire takes an
+item instead of joining the row's holders, what it does once the row admitted it (its item,
+its trust), and the write-off of dead readers by a writer that waits on them."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections.abc import Mapping
+
+from . import clock, processes, reader_held, table
+from .drivers import Request, Sleep, Steps, Write
+from .exceptions import SemaphoreUnavailable
+from .held import Held, acquired
+from .queueing import backoff
+from .spec import LockSpec
+from .table import readers as items
+
+# Tries of a reader item's write that failed in transit (the same write again is harmless).
+ITEM_TRIES = 4
+# Rows a process remembers seeing unchanged while it waits to write their readers off.
+MAX_WATCHED = 1024
+# A row of at most this many readers counted is looked at once as soon as it holds a writer
+# up (its readers may all be proven dead on this host); a larger one only after a lease.
+FEW = 16
+# (resource, epoch, fence, rc) -> when a look is due (the row unchanged for a lease), and
+# the early look (FEW), monotonic seconds.
+_watched: dict[tuple[str, int, int, int], tuple[float, float]] = {}
+
+
+def wants_item(seen: table.LockItem | None, live: Mapping[str, table.Holder]) -> bool:
+    """Whether a reader joining ``seen`` (a shared row, or a row with reader items) takes a
+    reader item rather than an entry among the row's holders."""
+    if seen is None:
+        return False
+    if items.has_readers(seen):
+        return True
+    return seen.mode == "s" and len(live) >= items.READERS_INLINE and seen.fence > 0
+
+
+def admitted(
+    sem: LockSpec,
+    row: table.LockItem,
+    *,
+    token: str,
+    user_id: str,
+    proc: str | None,
+    expires_ms: int,
+    now_ms: int,
+    sent_mono: float,
+    lease: float,
+    skew: float,
+) -> Steps[Held | None]:
+    """The row admitted us (``row``: as our write left it): our item, trusted until
+    ``lease - skew`` after that write left. None: it landed too late (given back)."""
+    resource = row.resource
+    holder = table.holder_entry(user_id, expires_ms, row.fence, now_ms, True, proc)
+    undo = functools.partial(reader_held.undo, resource, token, row.repoch)
+    action = items.put_reader(resource, token, holder, row.repoch)
+    failures = 0
+    while True:
+        try:
+            yield Write(functools.partial(items.send, action), token, [], undo=undo)
+            break
+        except SemaphoreUnavailable as exc:
+            failures += 1
+            if not exc.transient or failures >= ITEM_TRIES:
+                yield Request(undo)
+                raise
+            yield Sleep(backoff(failures))
+    if clock.monotonic() >= sent_mono + lease - skew:
+        yield Request(undo)
+        return None
+    reader_held.remember(row)
+    held = acquired(
+        sem,
+        token=token,
+        user_id=user_id,
+        fences={resource: row.fence},
+        lease=lease,
+        skew=skew,
+        expires_ms=expires_ms,
+        sent_mono=sent_mono,
+        item=dataclasses.replace(row, entries=None),
+        cls=reader_held.ReaderHeld,
+    )
+    assert isinstance(held, reader_held.ReaderHeld)
+    held.epoch = row.repoch
+    held.cover = row.holders[items.SENTINEL].expires_ms
+    return held
+
+
+def write_off_due(
+    seen: table.LockItem | None,
+    blocking: Mapping[str, object],
+    skew: float,
+    ticket: int | None = None,
+) -> bool:
+    """Whether a writer held up only by ``seen``'s reader items may look whether they are all
+    dead: once it has seen the row unchanged for the epoch's longest lease and the skew; or,
+    first in line (``ticket``: ours, if we are queued), at once, one look per state of a row
+    of a few readers (all of whom may be proven dead on this host before their leases end;
+    a crowd of writers behind them does not read them at every change)."""
+    if seen is None or set(blocking) != {items.SENTINEL} or seen.guessed:
+        return False
+    first = not seen.waiting if ticket is None else seen.qout >= ticket - 1
+    key = (seen.resource, seen.repoch, seen.fence, seen.rc)
+    mono = clock.monotonic()
+    if key not in _watched:
+        if len(_watched) >= MAX_WATCHED:
+            _watched.clear()
+        early = mono if seen.rc <= FEW and first else math.inf
+        _watched[key] = (mono + seen.rlease / 1000 + skew, early)
+    due, early = _watched[key]
+    return mono >= min(due, early)
+
+
+def try_write_off(seen: table.LockItem | None, skew: float) -> table.LockItem | None:
+    """Write off ``seen``'s readers if none of its epoch is live (read consistently now);
+    each dead one's item is deleted first (a reader that renewed meanwhile refuses it).
+    Before the row has sat unchanged for a lease, only if every reader counted has an item
+    (none can be on its way) and each was proven dead. Returns the row as it is now (or as
+    the refusal showed it)."""
+    if seen is None:
+        return None
+    resource = seen.resource
+    key = (resource, seen.repoch, seen.fence, seen.rc)
+    due, _ = _watched.get(key, (0.0, math.inf))
+    _watched[key] = (due, math.inf)  # the early look is had
+    now = clock.now_ms()
+    stale = now - int(skew * 1000)
+    found = [r for r in items.readers(resource) if r.epoch == seen.repoch]
+    live = [r for r in found if r.holder.expires_ms >= stale and not processes.gone(r.holder.proc)]
+    if live or (clock.monotonic() < due and len(found) != seen.rc):
+        return seen
+    for reader in found:
+        try:
+            items.delete(items.drop_reader(resource, reader.token, reader.holder.expires_ms))
+        except table.Refused:
+            return table.get(resource)  # it renewed: alive after all
+    _watched.pop(key, None)
+    try:
+        after = table.update(items.write_off(resource, seen), return_new=True)
+    except table.Refused as refused:
+        after = refused.lock
+    reader_held.remember(after)
+    return after
+
+
+def last_seen(sem: LockSpec) -> dict[str, table.LockItem | None]:
+    """A shared acquire's first view of its resource: the row as this process last saw it
+    with reader items (its first write then is an admission), else nothing (a join)."""
+    if sem.mode != "s" or len(sem.resources) != 1:
+        return {}
+    seen = reader_held.rows.get(sem.resources[0])
+    return {} if seen is None else {seen.resource: seen}

@@ -1,0 +1,397 @@
+"""Reader items: where a shared resource keeps its readers past the first few, one item per
+reader, so that no write grows with the number of readers and their number has no ceiling
+but the table's.
+
+The resource's row (``sk = "lock"``) keeps what a writer must agree on, and nothing per
+reader: ``rc``, how many readers were admitted to items and have not given them back, under
+the epoch ``repoch``; ``rlease``, the longest lease admitted in the epoch (ms); and a holder
+entry, ``readers``
+(:data:`SENTINEL`), whose lease end covers every reader item's. To every writer (an older
+dynasem's too) that entry is a live shared holder: it waits, as for an inline reader.
+
+A reader item is ``sk = "r#<token>"`` (:func:`reader_sk`): ``u`` user, ``e`` lease end, ``f``
+fence, ``a`` taken at, ``p`` process, ``ep`` the epoch it was admitted under; ``expires`` for
+TTL only; in no index.
+
+An admission is two writes: the row (``fence + 1``, ``rc + 1`` or a new epoch, the sentinel's
+lease end raised to cover ours; the queue's terms as for any take), then the reader's item,
+trusted only within ``lease - CLOCK_SKEW`` of the row's write. A renewal writes the item, and
+the row first only when the new lease end passes the sentinel's (a bucket end, so once per
+15 minutes), conditional on the epoch: a reader whose epoch was written off cannot renew. A
+release deletes the item, then counts ``rc`` down (one attempt, never twice: a count too high
+only delays a writer, one too low would let it in early); the one that counts it to 0
+removes the sentinel and pushes the first waiter.
+
+Readers that died leave their count behind. A writer waiting on the sentinel writes them off
+once it has seen the row unchanged (no admission: the fence; no release: ``rc``) for
+``rlease + CLOCK_SKEW`` on its own monotonic clock (no reader admitted before could still be
+trusted without an item a read now sees): a consistent read of the items finds none of the
+epoch live, each dead one is deleted (conditional on its lease end as read: a late renewal
+keeps it), and the row's epoch moves on, conditional on the fence and ``rc`` as seen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..conf import settings
+from .client import Refused, _send
+from .stored import (
+    BUCKET_S,
+    LOCK_SK,
+    Holder,
+    LockItem,
+    bucket_of,
+    decode,
+    encode,
+    epoch_seconds,
+    holder_value,
+    key,
+)
+
+# A shared resource keeps up to READERS_INLINE readers in its row (their writes cost no more
+# than an item's two); the next ones, and every one while the row has reader items, in items.
+from .writes import _LOCK_NAMES, READERS_INLINE, QueueTerms, _action, _queue_clauses
+
+# The row's holder entry that stands for its reader items.
+SENTINEL = "readers"
+READER_PREFIX = "r#"
+# The sentinel's user, as listings and busy errors name it until its items are read.
+READERS_USER = "(readers)"
+
+_NAMES = dict(
+    _LOCK_NAMES,
+    **{
+        "#s": SENTINEL,
+        "#rc": "rc",
+        "#rep": "repoch",
+        "#rl": "rlease",
+    },
+)
+_ITEM_NAMES = {
+    "#u": "u",
+    "#e": "e",
+    "#f": "f",
+    "#a": "a",
+    "#p": "p",
+    "#ep": "ep",
+    "#exp": "expires",
+}
+
+
+def reader_sk(token: str) -> str:
+    return f"{READER_PREFIX}{token}"
+
+
+@dataclass(frozen=True, slots=True)
+class Reader:
+    """One reader item: its token, its hold, and the epoch it was admitted under."""
+
+    token: str
+    holder: Holder
+    epoch: int
+
+
+def reader_of(item: dict[str, Any]) -> Reader:
+    return Reader(
+        token=str(item["sk"])[len(READER_PREFIX) :],
+        holder=Holder(
+            user_id=str(item.get("u", "")),
+            expires_ms=int(item.get("e", 0)),
+            fence=int(item.get("f", 0)),
+            acquired_ms=int(item.get("a", 0)),
+            shared=True,
+            proc=str(item["p"]) if item.get("p") else None,
+        ),
+        epoch=int(item.get("ep", 0)),
+    )
+
+
+def has_readers(item: LockItem | None) -> bool:
+    """Whether the row stands for reader items (its sentinel holder is there)."""
+    return item is not None and SENTINEL in item.holders
+
+
+def covers_to(expires_ms: int, seen: LockItem) -> int:
+    """The sentinel's lease end that covers a reader's ``expires_ms``: its bucket's end, and
+    never below the row's own lease end (which is its holders' latest)."""
+    return max(bucket_of(expires_ms) * 1000, seen.expires_ms)
+
+
+# -- the row's writes --------------------------------------------------------------------------
+
+
+def admit(
+    resource: str,
+    *,
+    seen: LockItem,
+    expires_ms: int,
+    lease_ms: int,
+    now_ms: int,
+    stale_ms: int,
+    queue: QueueTerms,
+) -> dict[str, Any]:
+    """The row's part of a reader's admission (send it with ``return_new``: the new row has
+    our fence, ``fence + 1``, and the epoch). Joins the epoch of the sentinel as ``seen`` if
+    it is live (``rc + 1``); else opens the next one (``rc = 1``: a sentinel gone or over
+    stands for no reader who could still be trusted).
+
+    Conditional on the row being shared (no writer holds it), the sentinel as seen, its lease
+    end reaching no further than ours will (so it covers ours), and the queue's terms."""
+    names = dict(_NAMES)
+    cover = covers_to(expires_ms, seen)
+    sentinel = seen.holders.get(SENTINEL)
+    values: dict[str, Any] = {
+        ":one": 1,
+        ":s": "s",
+        ":cover": cover,
+        ":exp": bucket_of(cover),
+        ":sent": holder_value(Holder(READERS_USER, cover, 0, acquired_ms=now_ms, shared=True)),
+        ":E": seen.repoch,
+        ":L": lease_ms,
+    }
+    sets = [
+        "#fence = #fence + :one",
+        "#h.#s = :sent",
+        "#expMs = :cover",
+        "#exp = :exp",
+    ]
+    conds = ["attribute_exists(#fence)", "#mode = :s", "#expMs <= :cover"]
+    adds = []
+    if sentinel is not None and sentinel.expires_ms >= stale_ms:
+        conds += ["attribute_exists(#h.#s)", "#rep = :E"]
+        adds.append("#rc :one")
+        if lease_ms > seen.rlease:
+            sets.append("#rl = :L")
+            conds.append("(attribute_not_exists(#rl) OR #rl <= :L)")
+        else:
+            conds.append("#rl >= :L")
+    else:
+        if sentinel is None:
+            conds.append("attribute_exists(#h) AND attribute_not_exists(#h.#s)")
+        else:
+            conds.append("#h.#s.e = :seenE")
+            values[":seenE"] = sentinel.expires_ms
+        conds.append("(attribute_not_exists(#rep) OR #rep = :E)")
+        sets += ["#rep = :E1", "#rc = :one", "#rl = :L"]
+        # Epochs from the clock (ms) when that is ahead: a row reaped and made again never
+        # reuses the epoch of readers that may still be on their way.
+        values[":E1"] = max(seen.repoch + 1, now_ms)
+    q_sets, q_removes, q_conds = _queue_clauses("", queue, names, values)
+    sets += q_sets
+    conds += q_conds
+    update = "SET " + ", ".join(sets)
+    if q_removes:
+        update += " REMOVE " + ", ".join(q_removes)
+    if adds:
+        update += " ADD " + ", ".join(adds)
+    return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
+
+
+def raise_sentinel(resource: str, epoch: int, expires_ms: int, seen: LockItem) -> dict[str, Any]:
+    """The sentinel's lease end up to cover ``expires_ms`` (a renewal that passes it): only
+    while the epoch is ours. Refused: written off (the renewal is lost), or raised already
+    by another reader (the old row says which)."""
+    cover = covers_to(expires_ms, seen)
+    values = {":E": epoch, ":cover": cover, ":exp": bucket_of(cover)}
+    return _action(
+        resource,
+        LOCK_SK,
+        "SET #h.#s.e = :cover, #expMs = :cover, #exp = :exp",
+        "attribute_exists(#h.#s) AND #rep = :E AND #expMs <= :cover AND #h.#s.e < :cover",
+        dict(_NAMES),
+        values,
+    )
+
+
+def count_down(resource: str, epoch: int) -> dict[str, Any]:
+    """One reader of the epoch gone (``rc - 1``; send with ``return_new``)."""
+    return _action(
+        resource,
+        LOCK_SK,
+        "ADD #rc :minus",
+        "#rep = :E AND attribute_exists(#h.#s)",
+        dict(_NAMES),
+        {":minus": -1, ":E": epoch},
+    )
+
+
+def leave_last(resource: str, epoch: int) -> dict[str, Any]:
+    """The epoch's one reader gone, and the sentinel with it, in one write (send with
+    ``return_new``); refused if others were admitted (then :func:`count_down`). A retry of
+    an applied one is refused too: never counted twice."""
+    return _action(
+        resource,
+        LOCK_SK,
+        "SET #rc = :zero REMOVE #h.#s",
+        "#rep = :E AND #rc = :one AND attribute_exists(#h.#s)",
+        dict(_NAMES),
+        {":E": epoch, ":zero": 0, ":one": 1},
+    )
+
+
+def close(resource: str, epoch: int) -> dict[str, Any]:
+    """The epoch's last reader gone: its sentinel off the row (send with ``return_new``, to
+    push the first waiter); only while nobody was admitted since."""
+    return _action(
+        resource,
+        LOCK_SK,
+        "REMOVE #h.#s",
+        "#rep = :E AND #rc <= :zero AND attribute_exists(#h.#s)",
+        dict(_NAMES),
+        {":E": epoch, ":zero": 0},
+    )
+
+
+def write_off(resource: str, seen: LockItem) -> dict[str, Any]:
+    """The epoch's readers written off (every one found dead): the sentinel off the row and
+    the next epoch, conditional on no admission (the fence) and no release (``rc``) since."""
+    return _action(
+        resource,
+        LOCK_SK,
+        "SET #rc = :zero, #rep = :E1 REMOVE #h.#s",
+        "attribute_exists(#h.#s) AND #rep = :E AND #fence = :F AND #rc = :rc",
+        dict(_NAMES),
+        {":zero": 0, ":E": seen.repoch, ":E1": seen.repoch + 1, ":F": seen.fence, ":rc": seen.rc},
+    )
+
+
+# -- the reader item's writes ------------------------------------------------------------------
+
+
+def _ttl(expires_ms: int) -> int:
+    return epoch_seconds(expires_ms) + BUCKET_S
+
+
+def put_reader(resource: str, token: str, holder: Holder, epoch: int) -> dict[str, Any]:
+    """The reader's item (its token is its key: a retry writes the same item again)."""
+    values: dict[str, Any] = {
+        ":u": holder.user_id,
+        ":e": holder.expires_ms,
+        ":f": holder.fence,
+        ":a": holder.acquired_ms,
+        ":ep": epoch,
+        ":exp": _ttl(holder.expires_ms),
+    }
+    update = "SET #u = :u, #e = :e, #f = :f, #a = :a, #ep = :ep, #exp = :exp"
+    if holder.proc is not None:
+        update += ", #p = :p"
+        values[":p"] = holder.proc
+    return _action(resource, reader_sk(token), update, "", dict(_ITEM_NAMES), values)
+
+
+def renew_reader(resource: str, token: str, expires_ms: int) -> dict[str, Any]:
+    values = {":e": expires_ms, ":exp": _ttl(expires_ms)}
+    return _action(
+        resource,
+        reader_sk(token),
+        "SET #e = :e, #exp = :exp",
+        "attribute_exists(#e)",
+        dict(_ITEM_NAMES),
+        values,
+    )
+
+
+def drop_reader(resource: str, token: str, expires_ms: int | None = None) -> dict[str, Any]:
+    """A DeleteItem's arguments: the reader's item, if it is there (``expires_ms``: and its
+    lease end is as read, so a reader that renewed meanwhile keeps it)."""
+    values: dict[str, Any] = {}
+    condition = "attribute_exists(#e)"
+    if expires_ms is not None:
+        condition = "#e = :e"
+        values[":e"] = expires_ms
+    action: dict[str, Any] = {
+        "Key": key(resource, reader_sk(token)),
+        "ConditionExpression": condition,
+        "ExpressionAttributeNames": {"#e": "e"},
+    }
+    if values:
+        action["ExpressionAttributeValues"] = encode(values)
+    return action
+
+
+# -- sending and reading -----------------------------------------------------------------------
+
+
+def send(action: dict[str, Any]) -> None:
+    """Send one UpdateItem of this module. Raises :class:`Refused`."""
+    _send(
+        "update_item",
+        TableName=settings.TABLE_NAME,
+        ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        **action,
+    )
+
+
+def delete(action: dict[str, Any]) -> None:
+    """Send a :func:`drop_reader`. Raises :class:`Refused` if the item was not there (as
+    read)."""
+    _send(
+        "delete_item",
+        TableName=settings.TABLE_NAME,
+        ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        **action,
+    )
+
+
+def _pages(resource: str, consistent: bool) -> Iterator[list[Reader]]:
+    start = None
+    while True:
+        kwargs: dict[str, Any] = {
+            "TableName": settings.TABLE_NAME,
+            "ConsistentRead": consistent,
+            "KeyConditionExpression": "#pk = :pk AND begins_with(#sk, :pre)",
+            "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk"},
+            "ExpressionAttributeValues": encode({":pk": resource, ":pre": READER_PREFIX}),
+        }
+        if start:
+            kwargs["ExclusiveStartKey"] = start
+        response = _send("query", **kwargs)
+        yield [reader_of(decode(i)) for i in response.get("Items", [])]
+        start = response.get("LastEvaluatedKey")
+        if not start:
+            return
+
+
+def readers(resource: str, *, consistent: bool = True) -> list[Reader]:
+    """Every reader item of ``resource``, of any epoch, live or not."""
+    return [r for page in _pages(resource, consistent) for r in page]
+
+
+def with_readers(item: LockItem, *, consistent: bool = False) -> LockItem:
+    """A row with its sentinel replaced by the reader items of its epoch (for listings);
+    others as they are."""
+    if not has_readers(item):
+        return item
+    holders = {t: h for t, h in item.holders.items() if t != SENTINEL}
+    for reader in readers(item.resource, consistent=consistent):
+        if reader.epoch == item.repoch:
+            holders[reader.token] = reader.holder
+    return dataclasses.replace(item, holders=holders)
+
+
+__all__ = [
+    "READERS_INLINE",
+    "READERS_USER",
+    "SENTINEL",
+    "Reader",
+    "Refused",
+    "admit",
+    "close",
+    "count_down",
+    "covers_to",
+    "delete",
+    "drop_reader",
+    "has_readers",
+    "leave_last",
+    "put_reader",
+    "raise_sentinel",
+    "readers",
+    "renew_reader",
+    "send",
+    "with_readers",
+    "write_off",
+]
