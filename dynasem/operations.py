@@ -443,6 +443,8 @@ def break_hold(
     """Break one hold, only if that very token still holds (a hold taken meanwhile survives).
     Sends ``lock_released`` (with ``broken=True`` and the holder's ``user_id`` and ``fence``
     where the caller knows them); False if the token no longer held the resource."""
+    if token == table.readers.SENTINEL:
+        return False  # it stands for the reader items: each is broken by its own token
     try:
         table.update(table.force_release(resource, token))
     except table.Refused as refused:

@@ -152,6 +152,8 @@ class ReaderHeld(Held):
                                    transient=True)  # fmt: skip
 
     def _renew_once(self) -> None:
+        if not self.epoch:
+            return  # not set up yet: acquired() starts the heartbeat before it returns
         sent_mono, lease, expires = self._next_lease()
         if expires <= self._expires_ms:
             return

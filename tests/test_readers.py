@@ -267,6 +267,8 @@ def test_an_operator_breaks_one_item_reader(holds: list[Any]) -> None:
     with pytest.raises(LockLost):
         victim.renew()
     assert not operations.break_hold("doc", victim.token)  # gone already
+    assert not operations.break_hold("doc", items.SENTINEL)  # never the readers' stand-in
+    assert items.SENTINEL in row()["holders"]
     other.release()
     assert items.SENTINEL not in row()["holders"]  # the count reached 0 with the break
 
