@@ -29,13 +29,15 @@ EMBEDDED_TESTS := tests/test_core.py tests/test_run_once.py tests/test_decorator
 test-embedded: venv
 	DYNASEM_TEST_ENGINE=embedded $(PYTHON_VENV) -m pytest $(EMBEDDED_TESTS) $(PYTEST_ARGS)
 
-# The race, crash, fault and /proc tests again with every counting semaphore of limit >= 2
-# in permit items (dynasem.permits; normally above 8 only), so that their races, crashes and
-# faults run on that layout too. About 2 minutes.
+# The race, crash, fault, fairness and /proc tests again with every counting semaphore of
+# limit >= 2 in permit items (dynasem.permits; normally above 8 only) and every reader after
+# a row's first in a reader item (dynasem.readers; normally after the first two), so that
+# their races, crashes and faults run on those layouts too. About 3 minutes.
 PERMITS_TESTS := tests/test_races.py tests/test_crashes.py tests/test_faults.py \
-	tests/test_processes.py
+	tests/test_processes.py tests/test_fair.py tests/test_readers.py
 test-permits: venv
-	DYNASEM_TEST_PERMITS_FROM=1 $(PYTHON_VENV) -m pytest $(PERMITS_TESTS) $(PYTEST_ARGS)
+	DYNASEM_TEST_PERMITS_FROM=1 DYNASEM_TEST_READERS_FROM=0 \
+		$(PYTHON_VENV) -m pytest $(PERMITS_TESTS) $(PYTEST_ARGS)
 
 demo: venv
 	bash scripts/demo.sh

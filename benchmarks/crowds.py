@@ -272,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         _PROBE.append(common.raw_client(ddb.endpoint_url))
         meter = cost.Meter()
         meter.attach(table.get_client())
+        meter.attach(table.get_client(quick=True))  # a reader's count-down goes through it
         rows = []
         for limit in args.limits:
             rows.append(counting(meter, limit, args.cycles))

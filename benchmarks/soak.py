@@ -404,6 +404,8 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
                     counters["holds"] += 1
                     counters["multi"] += len(names) > 1
                     counters["shared"] += shared
+                    # A reader in a reader item of its own (past the readers a row keeps).
+                    counters["reader-items"] += type(held).__name__ == "ReaderHeld"
                     counters["long"] += hold > lease
                     if hold > lease:
                         # A long hold watches its trust as it goes: every moment the block saw
@@ -1102,6 +1104,8 @@ def analyse(
         )
         for line in count_problems:
             print(f"  {line}")
+    if c.get("shared"):
+        print(f"reader holds in reader items: {c.get('reader-items', 0)} of {c['shared']} counted")
     print(
         f"soak: ran {ran:.0f} s; {len(events.logs)} worker processes in all "
         f"({rep.killed_unstarted} SIGKILLed before they had opened their log); table {table_name}"
