@@ -271,6 +271,11 @@ class Semaphore:
                     confirm_below = 2**63
                 else:
                     confirm_below = now + int((skew + margin) * 1000)
+                if len(resources) > 1 and readers.items_for(self, seen, stale):
+                    # Readers of several resources, one of them among many readers: items.
+                    left = max(0.0, deadline - clock.monotonic())
+                    return (yield from readers.acquire_many(self, token=token, user_id=user_id,
+                        proc=proc, lease=lease, wait=left, skew=skew))  # fmt: skip
                 if queueing.passed(seen.get(resources[0]), pace.qbase, pace.ticket):
                     pace.ticket = None  # our turn went by (or the row is new): join again
                 if permits.applies(self) and any(

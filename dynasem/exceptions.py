@@ -126,8 +126,8 @@ class SemaphoreUnavailable(SemaphoreError):
 
 class LimitExceeded(SemaphoreUnavailable):
     """DynamoDB refused a request for a limit of its own, which ``limit`` names: ``"item
-    size"`` (400 KB an item: one resource's row lists the readers that took several
-    resources at once, about 2,700 at most),
+    size"`` (400 KB an item; no write of the lock's own reaches it: holders past a few have
+    items of their own),
     ``"throughput"`` (throttled still after the retries: a table's or one partition key's
     capacity) or ``"transaction"`` (a transaction's own limits). A refused request wrote
     nothing. Only ``"throughput"`` is ``transient``."""

@@ -119,48 +119,54 @@ def break_reader(resource: str, token: str, reader: items.Reader | None = None) 
     return True
 
 
-class ReaderHeld(Held):
-    """A shared hold in a reader item."""
+def undo_many(epochs: dict[str, int], token: str) -> None:
+    for resource, epoch in epochs.items():
+        undo(resource, token, epoch)
 
-    epoch: int
-    cover: int  # the sentinel's lease end as we last knew it (our epoch's)
+
+class ReaderHeld(Held):
+    """A shared hold in reader items: one per resource, each admitted under its row's epoch."""
+
+    epochs: dict[str, int]
+    covers: dict[str, int]  # each row's sentinel lease end as we last knew it (our epoch's)
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.epoch = 0
-        self.cover = 0
+        self.epochs = {}
+        self.covers = {}
 
-    def _covered(self, expires_ms: int) -> bool:
+    def _covered(self, resource: str, expires_ms: int) -> bool:
         """The row's sentinel up to ``expires_ms`` (it must cover our lease before our item
         may claim it). False: our epoch was written off, or the sentinel taken off."""
-        resource = self.resource
-        seen = table.LockItem(resource=resource, expires_ms=self.cover)
+        epoch = self.epochs[resource]
+        seen = table.LockItem(resource=resource, expires_ms=self.covers[resource])
         for _ in range(3):
             try:
-                items.send(items.raise_sentinel(resource, self.epoch, expires_ms, seen))
-                self.cover = items.covers_to(expires_ms, seen)
+                items.send(items.raise_sentinel(resource, epoch, expires_ms, seen))
+                self.covers[resource] = items.covers_to(expires_ms, seen)
                 return True
             except table.Refused as refused:
                 old = refused.lock
-                if old is None or old.repoch != self.epoch or not items.has_readers(old):
+                if old is None or old.repoch != epoch or not items.has_readers(old):
                     return False
-                self.cover = old.holders[items.SENTINEL].expires_ms
-                if self.cover >= expires_ms:
+                self.covers[resource] = old.holders[items.SENTINEL].expires_ms
+                if self.covers[resource] >= expires_ms:
                     return True  # raised by another reader meanwhile
                 seen = old
         raise SemaphoreUnavailable(f"could not renew {resource!r}: conflicting writes",
                                    transient=True)  # fmt: skip
 
     def _renew_once(self) -> None:
-        if not self.epoch:
+        if not self.epochs:
             return  # not set up yet: acquired() starts the heartbeat before it returns
         sent_mono, lease, expires = self._next_lease()
         if expires <= self._expires_ms:
             return
         try:
-            if expires > self.cover and not self._covered(expires):
-                raise table.Refused(None)
-            items.send(items.renew_reader(self.resource, self.token, expires))
+            for resource in self.epochs:
+                if expires > self.covers[resource] and not self._covered(resource, expires):
+                    raise table.Refused(None)
+                items.send(items.renew_reader(resource, self.token, expires))
         except table.Refused:
             self._mark_lost("its readers were written off, or it was broken by an operator")
             self._raise_lost()
@@ -168,16 +174,18 @@ class ReaderHeld(Held):
         self._deadline = max(self._deadline, sent_mono + lease - self.skew)
 
     def _give_back(self) -> bool:
-        resource = self.resource
-        try:
-            items.delete(items.drop_reader(resource, self.token))
-        except table.Refused as refused:
-            # Not there: broken or written off, unless a retry hides our own delete.
-            return refused.retried and clock.monotonic() < self._deadline
-        except SemaphoreUnavailable as exc:
-            logger.warning("dynasem: could not release %r (%s); it expires", resource, exc,
-                           extra=facts(resource, token=self.token, outcome="release_failed",
-                                       reason=exc))  # fmt: skip
-            return True
-        count_down(resource, self.epoch)
-        return True
+        ok = True
+        for resource, epoch in self.epochs.items():
+            try:
+                items.delete(items.drop_reader(resource, self.token))
+            except table.Refused as refused:
+                # Not there: broken or written off, unless a retry hides our own delete.
+                ok = ok and refused.retried and clock.monotonic() < self._deadline
+                continue
+            except SemaphoreUnavailable as exc:
+                logger.warning("dynasem: could not release %r (%s); it expires", resource, exc,
+                               extra=facts(resource, token=self.token, outcome="release_failed",
+                                           reason=exc))  # fmt: skip
+                continue
+            count_down(resource, epoch)
+        return ok

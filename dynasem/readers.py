@@ -9,11 +9,11 @@ import functools
 import math
 from collections.abc import Mapping
 
-from . import clock, processes, reader_held, table
+from . import clock, processes, queueing, reader_held, table
 from .drivers import Request, Sleep, Steps, Write
 from .exceptions import SemaphoreUnavailable
 from .held import Held, acquired
-from .queueing import backoff
+from .queueing import backoff, busy, seconds_until_free
 from .spec import LockSpec
 from .table import readers as items
 
@@ -86,8 +86,8 @@ def admitted(
         cls=reader_held.ReaderHeld,
     )
     assert isinstance(held, reader_held.ReaderHeld)
-    held.epoch = row.repoch
-    held.cover = row.holders[items.SENTINEL].expires_ms
+    held.covers = {resource: row.holders[items.SENTINEL].expires_ms}
+    held.epochs = {resource: row.repoch}
     return held
 
 
@@ -155,3 +155,115 @@ def last_seen(sem: LockSpec) -> dict[str, table.LockItem | None]:
         return {}
     seen = reader_held.rows.get(sem.resources[0])
     return {} if seen is None else {seen.resource: seen}
+
+
+def items_for(sem: LockSpec, seen: Mapping[str, table.LockItem | None], stale_ms: int) -> bool:
+    """Whether a shared acquire of several resources takes reader items (in each of them):
+    when any of its rows, as seen, would give a reader of that resource alone an item."""
+    if sem.mode != "s" or len(sem.resources) < 2:
+        return False
+    return any(wants_item(row, queueing.live_holders(row, stale_ms)) for row in seen.values())
+
+
+def acquire_many(
+    sem: LockSpec,
+    *,
+    token: str,
+    user_id: str,
+    proc: str | None,
+    lease: float,
+    wait: float,
+    skew: float,
+) -> Steps[Held]:
+    """Readers of several resources in reader items, all or none: read the rows, then one
+    transaction of an admission (a named fence: a transaction returns nothing) and an item
+    for each. No queue (as for any multi-resource take); nobody waiting may be passed."""
+    resources = sem.resources
+    if len(resources) * 2 > table.MAX_TRANSACTION:
+        raise ValueError(
+            f"at most {table.MAX_TRANSACTION // 2} resources can be read at once among many "
+            f"readers (DynamoDB's transaction limit of {table.MAX_TRANSACTION} actions: two "
+            f"each), not {len(resources)}"
+        )
+    lease_ms, skew_ms = int(lease * 1000), int(skew * 1000)
+    deadline = clock.monotonic() + wait
+    sleeps = failures = 0
+    while True:
+        seen: dict[str, table.LockItem | None] = {}
+        for r in resources:
+            seen[r] = (yield Request(functools.partial(table.get, r))) or table.LockItem(resource=r)
+        now = clock.now_ms()
+        stale = now - skew_ms
+        blocked: dict[str, Mapping[str, table.Holder | table.Waiter]] = {}
+        rows: dict[str, table.LockItem] = {}
+        for r in resources:
+            row = seen[r] or table.LockItem(resource=r)
+            live = queueing.live_holders(row, stale)
+            if live and (row.mode != "s" or row.hw is not None):
+                blocked[r] = live
+                continue
+            ahead: Mapping[str, table.Holder | table.Waiter] = queueing.inline_ahead(row, stale)
+            if not ahead and row.waiting:
+                row = yield Request(functools.partial(table.load_entries, row))
+                ahead = {w.token: w for w in queueing.entries_ahead(row, None, stale) or ()}
+            if ahead:
+                blocked[r] = ahead
+            rows[r] = row
+        if not blocked:
+            expires = now + lease_ms
+            actions, epochs, fences = [], {}, {}
+            for r, row in rows.items():
+                fences[r] = max(clock.new_fence(skew), row.fence + 1)
+                epochs[r] = items.epoch_of(row, stale, now)
+                terms = table.QueueTerms(
+                    qin=row.qin, qout=row.qout, size=len(row.queue) if row.has_queue else None
+                )
+                actions.append(
+                    items.admit(
+                        r, seen=row, expires_ms=expires, lease_ms=lease_ms, now_ms=now,
+                        stale_ms=stale, queue=terms, fence=fences[r], limit=sem.limit,
+                        user_id=user_id,
+                    )
+                )  # fmt: skip
+                holder = table.holder_entry(user_id, expires, fences[r], now, True, proc)
+                actions.append(items.put_reader(r, token, holder, epochs[r]))
+            sent_mono = clock.monotonic()
+            undo = functools.partial(reader_held.undo_many, epochs, token)
+            try:
+                yield Write(functools.partial(table.transact, actions), token, [], undo=undo)
+            except table.Cancelled:
+                yield Sleep(backoff(1))
+                continue
+            except SemaphoreUnavailable as exc:
+                failures += 1
+                if exc.ambiguous:
+                    yield Request(undo)
+                if not exc.transient or clock.monotonic() >= deadline:
+                    raise
+                yield Sleep(backoff(failures))
+                continue
+            if clock.monotonic() >= sent_mono + lease - skew:
+                yield Request(undo)  # paused past its trust on the way: again
+                continue
+            held = acquired(
+                sem,
+                token=token,
+                user_id=user_id,
+                fences=fences,
+                lease=lease,
+                skew=skew,
+                expires_ms=expires,
+                sent_mono=sent_mono,
+                item=None,
+                cls=reader_held.ReaderHeld,
+            )
+            assert isinstance(held, reader_held.ReaderHeld)
+            held.covers = {r: items.covers_to(expires, row) for r, row in rows.items()}
+            held.epochs = epochs
+            return held
+        remaining = deadline - clock.monotonic()
+        if remaining <= 0:
+            raise busy(sem, blocked, seen, skew=skew, user_id=user_id, token=token)
+        sleeps += 1
+        until_free = seconds_until_free(blocked, skew)
+        yield Sleep(max(0.0, min(backoff(sleeps), until_free + 0.005, remaining)))

@@ -336,3 +336,23 @@ def test_the_admin_shows_and_breaks_an_item_reader(holds: list[Any], admin_user:
     assert victim.token not in reader_items("doc:a")
     with pytest.raises(LockLost):
         victim.renew()
+
+
+def test_readers_of_several_resources_take_items_in_each(holds: list[Any]) -> None:
+    crowd = [take(holds, "m:a", shared=True, lease=30) for _ in range(INLINE + 1)]
+    assert items.SENTINEL in row("m:a")["holders"]
+    pair = take(holds, ["m:a", "m:b"], shared=True, lease=30, user="both")
+    for resource in ("m:a", "m:b"):
+        assert pair.token in reader_items(resource)
+        assert reader_items(resource)[pair.token].holder.fence == pair.fences[resource]
+        assert items.SENTINEL in row(resource)["holders"]
+    assert pair.fences["m:a"] > max(h.fence for h in crowd)
+    with pytest.raises(SemaphoreBusy):
+        semaphore("m:b", wait=0).acquire()  # the pair's reader holds it
+    pair.renew()
+    assert reader_items("m:b")[pair.token].holder.expires_ms >= pair.expires.timestamp() * 1000
+    pair.release()
+    assert pair.token not in reader_items("m:a") and reader_items("m:b") == {}
+    assert items.SENTINEL not in row("m:b")["holders"]
+    writer = take(holds, "m:b", wait=0)
+    assert writer.fence > pair.fences["m:b"]

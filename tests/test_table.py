@@ -244,27 +244,30 @@ def test_a_push_carries_the_queue_up_to_its_recipient_and_a_few_behind() -> None
     assert table.wire(short, "w001") == short.stored
 
 
-def test_a_row_past_dynamodbs_item_size_is_named_and_nothing_is_written(lock_table):
-    """Readers of two resources at once whose user ids are 1 KB each fill a resource's item
-    toward DynamoDB's 400 KB (such readers are listed in the rows; a reader of one resource
-    past the first two, and counting holders above 8, have items of their own: no wall):
-    the acquire that would pass it fails with LimitExceeded("item size"), not SemaphoreBusy,
-    and the rows are as they were."""
+def test_a_row_past_dynamodbs_item_size_is_named_and_nothing_is_written(lock_table, monkeypatch):
+    """Readers whose user ids are 1 KB each fill one resource's item toward DynamoDB's
+    400 KB when rows keep every reader inline (as they did before reader items: now a row
+    keeps two, and counting holders above 8 are in permit items, so nothing the lock writes
+    reaches the limit): the acquire that would pass it fails with LimitExceeded("item
+    size"), not SemaphoreBusy, and the row is as it was."""
     from dynasem import LimitExceeded
+    from dynasem.table import readers, writes
+
+    monkeypatch.setattr(writes, "READERS_INLINE", 10**6)
+    monkeypatch.setattr(readers, "READERS_INLINE", 10**6)
 
     held = []
     try:
         with pytest.raises(LimitExceeded) as raised:
             for i in range(1_000):
                 user = f"{i:04}" + "u" * 1_016
-                pair = semaphore(["crowd", "crowd:b"], shared=True, lease=600, user=user)
-                held.append(pair.acquire())
+                held.append(semaphore("crowd", shared=True, lease=600, user=user).acquire())
         before = len(table.stored_item("crowd")["holders"])
         assert raised.value.limit == "item size" and not raised.value.transient
         assert "400 KB" in str(raised.value) and "Nothing was written" in str(raised.value)
         assert 300 < len(held) == before < 400
         with pytest.raises(LimitExceeded):
-            semaphore(["crowd", "crowd:b"], shared=True, lease=600, user="x" * 1_020).acquire()
+            semaphore("crowd", shared=True, lease=600, user="x" * 1_020).acquire()
         assert len(table.stored_item("crowd")["holders"]) == before
     finally:
         for h in held:

@@ -235,10 +235,9 @@ def _limit_of(code: str, message: str, response: Mapping[str, Any]) -> LimitExce
     if "item size" in text and "exceed" in text:
         return LimitExceeded(
             f"DynamoDB at {where} refused a write to table {table!r}: the item would exceed "
-            f"DynamoDB's item size limit of 400 KB ({code}: {message}). One resource's item "
-            "lists the readers that took several resources in one acquire, so thousands of "
-            "those reach it (queued waiters, readers of one resource past the first two and "
-            "the holders of more than 8 permits have items of their own). Nothing was written.",
+            f"DynamoDB's item size limit of 400 KB ({code}: {message}). Nothing was "
+            "written. (A lock row keeps only a few holders: queued waiters, readers past the "
+            "first two and the holders of more than 8 permits have items of their own.)",
             "item size",
         )
     if code in THROTTLED:

@@ -50,6 +50,7 @@ from .stored import (
     epoch_seconds,
     holder_value,
     key,
+    shard_of,
 )
 
 # A shared resource keeps up to READERS_INLINE readers in its row (their writes cost no more
@@ -124,6 +125,16 @@ def covers_to(expires_ms: int, seen: LockItem) -> int:
 # -- the row's writes --------------------------------------------------------------------------
 
 
+def epoch_of(seen: LockItem, stale_ms: int, now_ms: int) -> int:
+    """The epoch an admission planned from ``seen`` joins: the live sentinel's, else the next
+    one, drawn from the clock (ms) when that is ahead, so that a row reaped and made again
+    never reuses the epoch of readers that may still be on their way."""
+    sentinel = seen.holders.get(SENTINEL)
+    if sentinel is not None and sentinel.expires_ms >= stale_ms:
+        return seen.repoch
+    return max(seen.repoch + 1, now_ms)
+
+
 def admit(
     resource: str,
     *,
@@ -133,53 +144,73 @@ def admit(
     now_ms: int,
     stale_ms: int,
     queue: QueueTerms,
+    fence: int | None = None,
+    limit: int = 1,
+    user_id: str = "",
 ) -> dict[str, Any]:
     """The row's part of a reader's admission (send it with ``return_new``: the new row has
     our fence, ``fence + 1``, and the epoch). Joins the epoch of the sentinel as ``seen`` if
     it is live (``rc + 1``); else opens the next one (``rc = 1``: a sentinel gone or over
-    stands for no reader who could still be trusted).
+    stands for no reader who could still be trusted; :func:`epoch_of`).
 
-    Conditional on the row being shared (no writer holds it), the sentinel as seen, its lease
-    end reaching no further than ours will (so it covers ours), and the queue's terms."""
+    Conditional on the row being shared (no writer holds it) or, for a row ``seen`` free (no
+    live holder; or none at all), still free; the sentinel as seen; its lease end reaching no
+    further than ours will (so it covers ours); and the queue's terms. ``fence``: named (in a
+    transaction, which returns nothing), above the stored one; None: counted up."""
     names = dict(_NAMES)
     cover = covers_to(expires_ms, seen)
     sentinel = seen.holders.get(SENTINEL)
+    epoch = epoch_of(seen, stale_ms, now_ms)
+    sent = holder_value(Holder(READERS_USER, cover, 0, acquired_ms=now_ms, shared=True))
     values: dict[str, Any] = {
         ":one": 1,
         ":s": "s",
         ":cover": cover,
         ":exp": bucket_of(cover),
-        ":sent": holder_value(Holder(READERS_USER, cover, 0, acquired_ms=now_ms, shared=True)),
+        ":sent": sent,
         ":E": seen.repoch,
         ":L": lease_ms,
     }
-    sets = [
-        "#fence = #fence + :one",
-        "#h.#s = :sent",
-        "#expMs = :cover",
-        "#exp = :exp",
-    ]
-    conds = ["attribute_exists(#fence)", "#mode = :s", "#expMs <= :cover"]
+    sets = ["#h.#s = :sent", "#expMs = :cover", "#exp = :exp"]
+    conds = ["#expMs <= :cover"]
+    if fence is None:
+        sets.insert(0, "#fence = #fence + :one")
+        conds.insert(0, "attribute_exists(#fence)")
+    else:
+        sets.insert(0, "#fence = :fence")
+        conds.insert(0, "(attribute_not_exists(#fence) OR #fence < :fence)")
+        values[":fence"] = fence
+    free = seen.expires_ms < stale_ms or not seen.holders
     adds = []
-    if sentinel is not None and sentinel.expires_ms >= stale_ms:
-        conds += ["attribute_exists(#h.#s)", "#rep = :E"]
+    if epoch == seen.repoch:
+        conds += ["#mode = :s", "attribute_exists(#h.#s)", "#rep = :E"]
         adds.append("#rc :one")
         if lease_ms > seen.rlease:
             sets.append("#rl = :L")
             conds.append("(attribute_not_exists(#rl) OR #rl <= :L)")
         else:
             conds.append("#rl >= :L")
+    elif free:
+        # Nobody holds it: the holders' map becomes the sentinel alone (dead entries go).
+        sets[1] = "#h = :hmap"
+        values[":hmap"] = {SENTINEL: values.pop(":sent")}
+        values.update({":zero": 0, ":stale": stale_ms, ":lim": limit, ":shard": shard_of(resource)})
+        conds[-1] = "(attribute_not_exists(#expMs) OR #expMs <= :cover)"
+        conds.append("(attribute_not_exists(#h) OR size(#h) = :zero OR #expMs < :stale)")
+        conds.append("attribute_not_exists(#hw)")
+        sets += ["#mode = :s", "#lim = :lim", "#shard = :shard", "#uid = if_not_exists(#uid, :uid)"]
+        values[":uid"] = user_id
     else:
+        conds.append("#mode = :s")
         if sentinel is None:
             conds.append("attribute_exists(#h) AND attribute_not_exists(#h.#s)")
         else:
             conds.append("#h.#s.e = :seenE")
             values[":seenE"] = sentinel.expires_ms
+    if epoch != seen.repoch:
         conds.append("(attribute_not_exists(#rep) OR #rep = :E)")
         sets += ["#rep = :E1", "#rc = :one", "#rl = :L"]
-        # Epochs from the clock (ms) when that is ahead: a row reaped and made again never
-        # reuses the epoch of readers that may still be on their way.
-        values[":E1"] = max(seen.repoch + 1, now_ms)
+        values[":E1"] = epoch
     q_sets, q_removes, q_conds = _queue_clauses("", queue, names, values)
     sets += q_sets
     conds += q_conds
@@ -384,6 +415,7 @@ __all__ = [
     "count_down",
     "covers_to",
     "delete",
+    "epoch_of",
     "drop_reader",
     "has_readers",
     "leave_last",
