@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from . import clock, heirs, permit_held, processes, queueing, table
@@ -485,18 +486,9 @@ def _acquire_many(
                 )
             sent_mono = clock.monotonic()
             undo = functools.partial(permit_held.undo_many, taken, token)
-            try:
-                yield Write(functools.partial(table.transact, actions), token, [], undo=undo)
-            except table.Cancelled:
-                yield Sleep(backoff(1))
-                continue
-            except SemaphoreUnavailable as exc:
-                failures += 1
-                if exc.ambiguous:
-                    yield Request(undo)
-                if not exc.transient or clock.monotonic() >= deadline:
-                    raise
-                yield Sleep(backoff(failures))
+            again = yield from all_or_none(actions, token, undo, deadline, failures)
+            if again is not None:
+                failures = again
                 continue
             return _held(
                 sem, token, user_id, fences, taken, lease, skew, expires_ms, sent_mono, None
@@ -507,3 +499,30 @@ def _acquire_many(
         sleeps += 1
         until_free = seconds_until_free(blocked, skew)
         yield Sleep(max(0.0, min(backoff(sleeps), until_free + 0.005, remaining)))
+
+
+def all_or_none(
+    actions: list[dict[str, Any]],
+    token: str,
+    undo: Callable[[], None],
+    deadline: float,
+    failures: int,
+) -> Steps[int | None]:
+    """The one transaction of a take of several resources (items of their own: permits,
+    reader items). None once applied; else the failures so far, after a pause: plan again
+    (a conflict with another transaction; a failure in transit, whatever may have been
+    applied withdrawn by ``undo``). Raises past ``deadline`` or on a failure not transient."""
+    try:
+        yield Write(functools.partial(table.transact, actions), token, [], undo=undo)
+        return None
+    except table.Cancelled:
+        yield Sleep(backoff(1))
+        return failures
+    except SemaphoreUnavailable as exc:
+        failures += 1
+        if exc.ambiguous:
+            yield Request(undo)
+        if not exc.transient or clock.monotonic() >= deadline:
+            raise
+        yield Sleep(backoff(failures))
+        return failures

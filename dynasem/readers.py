@@ -9,7 +9,7 @@ import functools
 import math
 from collections.abc import Mapping
 
-from . import clock, processes, queueing, reader_held, table
+from . import clock, permits, processes, queueing, reader_held, table
 from .drivers import Request, Sleep, Steps, Write
 from .exceptions import SemaphoreUnavailable
 from .held import Held, acquired
@@ -229,18 +229,9 @@ def acquire_many(
                 actions.append(items.put_reader(r, token, holder, epochs[r]))
             sent_mono = clock.monotonic()
             undo = functools.partial(reader_held.undo_many, epochs, token)
-            try:
-                yield Write(functools.partial(table.transact, actions), token, [], undo=undo)
-            except table.Cancelled:
-                yield Sleep(backoff(1))
-                continue
-            except SemaphoreUnavailable as exc:
-                failures += 1
-                if exc.ambiguous:
-                    yield Request(undo)
-                if not exc.transient or clock.monotonic() >= deadline:
-                    raise
-                yield Sleep(backoff(failures))
+            again = yield from permits.all_or_none(actions, token, undo, deadline, failures)
+            if again is not None:
+                failures = again
                 continue
             if clock.monotonic() >= sent_mono + lease - skew:
                 yield Request(undo)  # paused past its trust on the way: again

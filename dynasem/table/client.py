@@ -306,6 +306,31 @@ def _send(operation: str, **kwargs: Any) -> dict[str, Any]:
     return response
 
 
+def prefix_pages(
+    resource: str, prefix: str, *, consistent: bool, limit: int | None = None
+) -> Iterator[list[dict[str, Any]]]:
+    """The items under ``resource`` whose sort key begins with ``prefix`` (permits, reader
+    items), decoded, one Query page at a time (``limit``: items a page)."""
+    start = None
+    while True:
+        kwargs: dict[str, Any] = {
+            "TableName": settings.TABLE_NAME,
+            "ConsistentRead": consistent,
+            "KeyConditionExpression": "#pk = :pk AND begins_with(#sk, :pre)",
+            "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk"},
+            "ExpressionAttributeValues": {":pk": {"S": resource}, ":pre": {"S": prefix}},
+        }
+        if limit:
+            kwargs["Limit"] = limit
+        if start:
+            kwargs["ExclusiveStartKey"] = start
+        response = _send("query", **kwargs)
+        yield [decode(i) or {} for i in response.get("Items", [])]
+        start = response.get("LastEvaluatedKey")
+        if not start:
+            return
+
+
 def process_identity() -> str:
     """Who holds a lock when no Django user does: this host and process."""
     return f"{socket.gethostname()}:{os.getpid()}"

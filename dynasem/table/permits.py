@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..conf import settings
-from .client import Refused, _send
+from .client import Refused, _send, prefix_pages
 from .stored import (
     BUCKET_S,
     LOCK_SK,
@@ -38,7 +38,6 @@ from .stored import (
     LockItem,
     bucket_of,
     decode,
-    encode,
     epoch_seconds,
     shard_of,
 )
@@ -356,24 +355,8 @@ def send(action: dict[str, Any], *, old: bool = False) -> dict[str, Any] | None:
 
 
 def _pages(resource: str, consistent: bool, limit: int | None) -> Iterator[list[Permit]]:
-    start = None
-    while True:
-        kwargs: dict[str, Any] = {
-            "TableName": settings.TABLE_NAME,
-            "ConsistentRead": consistent,
-            "KeyConditionExpression": "#pk = :pk AND begins_with(#sk, :pre)",
-            "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk"},
-            "ExpressionAttributeValues": encode({":pk": resource, ":pre": PERMIT_PREFIX}),
-        }
-        if limit:
-            kwargs["Limit"] = limit
-        if start:
-            kwargs["ExclusiveStartKey"] = start
-        response = _send("query", **kwargs)
-        yield [permit_of(decode(i)) for i in response.get("Items", [])]
-        start = response.get("LastEvaluatedKey")
-        if not start:
-            return
+    for page in prefix_pages(resource, PERMIT_PREFIX, consistent=consistent, limit=limit):
+        yield [permit_of(item) for item in page]
 
 
 def permits(resource: str, *, consistent: bool = True) -> list[Permit]:

@@ -33,19 +33,17 @@ keeps it), and the row's epoch moves on, conditional on the fence and ``rc`` as 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from ..conf import settings
-from .client import Refused, _send
+from .client import Refused, _send, prefix_pages
 from .stored import (
     BUCKET_S,
     LOCK_SK,
     Holder,
     LockItem,
     bucket_of,
-    decode,
     encode,
     epoch_seconds,
     holder_value,
@@ -368,28 +366,10 @@ def delete(action: dict[str, Any]) -> None:
     )
 
 
-def _pages(resource: str, consistent: bool) -> Iterator[list[Reader]]:
-    start = None
-    while True:
-        kwargs: dict[str, Any] = {
-            "TableName": settings.TABLE_NAME,
-            "ConsistentRead": consistent,
-            "KeyConditionExpression": "#pk = :pk AND begins_with(#sk, :pre)",
-            "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk"},
-            "ExpressionAttributeValues": encode({":pk": resource, ":pre": READER_PREFIX}),
-        }
-        if start:
-            kwargs["ExclusiveStartKey"] = start
-        response = _send("query", **kwargs)
-        yield [reader_of(decode(i)) for i in response.get("Items", [])]
-        start = response.get("LastEvaluatedKey")
-        if not start:
-            return
-
-
 def readers(resource: str, *, consistent: bool = True) -> list[Reader]:
     """Every reader item of ``resource``, of any epoch, live or not."""
-    return [r for page in _pages(resource, consistent) for r in page]
+    pages = prefix_pages(resource, READER_PREFIX, consistent=consistent)
+    return [reader_of(item) for page in pages for item in page]
 
 
 def with_readers(item: LockItem, *, consistent: bool = False) -> LockItem:
