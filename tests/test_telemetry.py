@@ -7,6 +7,7 @@ import ast
 import asyncio
 import logging
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -21,6 +22,7 @@ import pytest
 from django.test import override_settings
 
 from dynasem import LockLost, SemaphoreBusy, SemaphoreUnavailable, operations, semaphore, telemetry
+from dynasem.table import readers as reader_items
 from tests.conftest import dynasem_settings
 
 try:  # the otel dependency group; the matrix runs some pairs without it
@@ -196,6 +198,10 @@ def test_a_lost_hold_counts_in_holds_lost_with_its_reason(
         assert outcomes == {"lost": 1}
 
 
+# Enough readers on one resource that the last ones hold reader items (dynasem.readers).
+READERS = 4
+
+
 def _capacity_by_kind(reader: Any) -> Counter[str]:
     found: Counter[str] = Counter()
     for p in points(reader, "dynasem.dynamodb.consumed_capacity"):
@@ -219,8 +225,9 @@ def test_capacity_units_recorded_equal_what_dynamodb_reports(
         for one in [consumed] if isinstance(consumed, dict) else consumed:
             reported["read" if model.name in reads else "write"] += one["CapacityUnits"]
 
-    client = table.get_client()
-    client.meta.events.register("after-call.dynamodb", after_call)
+    clients = [table.get_client(), table.get_client(quick=True)]  # a count-down goes quick
+    for client in clients:
+        client.meta.events.register("after-call.dynamodb", after_call)
     before = _capacity_by_kind(otel["reader"])
     try:
         resource = f"tel:{uuid.uuid4().hex}"
@@ -240,12 +247,19 @@ def test_capacity_units_recorded_equal_what_dynamodb_reports(
             pass
         with semaphore([f"tel:{uuid.uuid4().hex}", f"tel:{uuid.uuid4().hex}"]):
             pass  # one transaction each way: its answer's units are a list
+        shared = f"tel:{uuid.uuid4().hex}"
+        readers = [semaphore(shared, shared=True).acquire() for _ in range(READERS)]
+        seen_items = reader_items.readers(shared)
+        for held in reversed(readers):  # reader items, then the count-down (quick client)
+            held.release()
         operations.holds_on(resource)
     finally:
-        client.meta.events.unregister("after-call.dynamodb", after_call)
+        for client in clients:
+            client.meta.events.unregister("after-call.dynamodb", after_call)
     after = _capacity_by_kind(otel["reader"])
     recorded = {k: after[k] - before[k] for k in ("read", "write")}
     assert reported["write"] >= 6  # the cycles above wrote; the hook saw their units
+    assert seen_items  # the readers past the row's inline ones held items
     assert recorded == {"read": reported["read"], "write": reported["write"]}
 
 
@@ -524,3 +538,81 @@ def test_a_decorators_name_is_its_template_cut_short_never_a_refusal(otel: Any) 
         s for s in spans(otel, "dynasem.acquire") if "a-rather" in s.attributes[telemetry.NAME]
     ]
     assert span.attributes[telemetry.NAME] == ",".join(templates)[: telemetry.NAME_MAX]
+
+
+def test_a_reader_in_an_item_is_measured_like_any_hold_and_its_loss_counted(
+    otel: Any, holds: list[Any]
+) -> None:
+    """Readers past the row's inline ones hold items of their own (another acquire, release
+    and renewal path): measured as shared holds, and a broken reader item counts as taken
+    over."""
+    name, resource = named(), f"tel:{uuid.uuid4().hex}"
+    readers = [
+        semaphore(resource, shared=True, metrics_name=name).acquire() for _ in range(READERS)
+    ]
+    holds.extend(readers)
+    last = readers[-1]
+    assert last.token in {r.token for r in reader_items.readers(resource)}
+    operations.break_hold(resource, last.token)
+    with pytest.raises(LockLost):
+        last.renew()
+    for held in readers[:-1]:
+        held.release()
+    reader = otel["reader"]
+    (acquired,) = histogram(reader, "dynasem.lock.acquire.duration", **{telemetry.NAME: name})
+    assert acquired.count == READERS
+    assert acquired.attributes[telemetry.MODE] == "shared"
+    assert acquired.attributes[telemetry.OUTCOME] == "acquired"
+    released = histogram(
+        reader,
+        "dynasem.lock.hold.duration",
+        **{telemetry.NAME: name, telemetry.OUTCOME: "released"},
+    )
+    assert sum(p.count for p in released) == READERS - 1
+    assert (
+        total(reader, "dynasem.lock.lost", **{telemetry.NAME: name, telemetry.REASON: "taken_over"})
+        == 1
+    )
+
+
+def test_the_documented_promql_names_are_what_prometheus_scrapes(lock_table: str) -> None:
+    """Every ``dynasem_*`` metric and label name in the observability guide's queries is in a
+    scrape of OpenTelemetry's Prometheus exporter after an acquire, a busy try and a lost hold
+    (a subprocess: the test session's MeterProvider is the in-memory one)."""
+    pytest.importorskip("opentelemetry.exporter.prometheus", reason="the otel dependency group")
+    page = (ROOT / "docs" / "how-to" / "observability.md").read_text()
+    queries = "\n".join(re.findall(r"```promql\n(.*?)```", page, re.S))
+    queries += "\n".join(re.findall(r"`([^`\n]*dynasem_[^`\n]*)`", page.split("```promql")[-1]))
+    documented = set(re.findall(r"\bdynasem_[a-z_]+\b", queries))
+    assert {"dynasem_lock_acquire_duration_seconds_bucket", "dynasem_lock_lost_total"} <= documented
+    code = textwrap.dedent(
+        f"""
+        import time
+        import django
+        from django.conf import settings
+        settings.configure(INSTALLED_APPS=["dynasem"], DYNASEM={dynasem_settings(*_endpoint())!r})
+        django.setup()
+        from opentelemetry import metrics
+        from opentelemetry.exporter.prometheus import PrometheusMetricReader
+        from opentelemetry.sdk.metrics import MeterProvider
+        from prometheus_client import REGISTRY, generate_latest
+        from dynasem import SemaphoreBusy, semaphore
+        metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
+        with semaphore("tel:promql:{uuid.uuid4().hex}") as held:
+            try:
+                semaphore(held.resource, wait=0).acquire()
+            except SemaphoreBusy:
+                pass
+        lost = semaphore("tel:promql:{uuid.uuid4().hex}", max_hold=0.2).acquire()
+        time.sleep(0.3)
+        assert lost.lost
+        print(generate_latest(REGISTRY).decode())
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    scraped = set(re.findall(r"\bdynasem_[a-z_]+\b", done.stdout))
+    assert documented <= scraped, sorted(documented - scraped)
