@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-from . import clock, heartbeat, table
+from . import clock, heartbeat, table, telemetry
 from .drivers import io_executor, run_io
 from .exceptions import Coalesced, LockLost, SemaphoreBusy
 from .logs import facts
@@ -68,8 +68,11 @@ class Registration:
     (which reads ``resource``, ``lease``, ``skew``, ``seconds_left``, ``renew`` and
     ``check_deadline``, as of a hold)."""
 
-    def __init__(self, resource: str, token: str, lease: float, skew: float, sent: float):
+    def __init__(
+        self, resource: str, token: str, lease: float, skew: float, sent: float, name: str | None
+    ):
         self.resource = resource
+        self.name = name  # the lock's name in telemetry: renewals run on the heartbeat thread
         self.token = token
         self.lease = lease
         self.skew = skew
@@ -85,7 +88,11 @@ class Registration:
 
     def renew(self) -> None:
         sent = clock.monotonic()
-        if not table.renew_next(self.resource, self.token, clock.now_ms() + int(self.lease * 1000)):
+        with telemetry.naming(self.name):
+            renewed = table.renew_next(
+                self.resource, self.token, clock.now_ms() + int(self.lease * 1000)
+            )
+        if not renewed:
             # Replaced: the fence moved on (someone took the lock meanwhile) or our lease ran
             # out. We still run when our turn comes; the heartbeat stops here.
             raise LockLost(self.resource, "replaced as the next run")
@@ -97,7 +104,8 @@ class Registration:
     def withdraw(self) -> None:
         self.stop()
         try:
-            table.withdraw_next(self.resource, self.token)
+            with telemetry.naming(self.name):
+                table.withdraw_next(self.resource, self.token)
         except Exception:  # its lease ends it anyway
             logger.warning(
                 "dynasem: could not withdraw the next run of %r",
@@ -135,7 +143,8 @@ def register(sem: Any, busy: SemaphoreBusy) -> Registration:
         resource,
         extra=facts(resource, token=token, outcome="registered", holder=busy.holder_user_id),
     )
-    return Registration(resource, token, lease, skew, sent)
+    name = telemetry.lock_name(sem) if telemetry.ON else None
+    return Registration(resource, token, lease, skew, sent, name)
 
 
 def acquire(sem: Any, attempt: Callable[[float | None], _T]) -> _T:

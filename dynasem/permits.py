@@ -19,7 +19,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from . import clock, heirs, permit_held, processes, queueing, table
+from . import clock, heirs, permit_held, processes, queueing, table, telemetry
 from .drivers import Request, Sleep, Steps, Write
 from .exceptions import SemaphoreUnavailable
 from .held import Held, acquired
@@ -497,6 +497,8 @@ def _acquire_many(
         if remaining <= 0:
             raise busy(sem, blocked, seen, skew=skew, user_id=user_id, token=token)
         sleeps += 1
+        if telemetry.ON:
+            telemetry.waiting()  # the span's wait event, once (core's loop may have sent it)
         until_free = seconds_until_free(blocked, skew)
         yield Sleep(max(0.0, min(backoff(sleeps), until_free + 0.005, remaining)))
 

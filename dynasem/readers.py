@@ -9,7 +9,7 @@ import functools
 import math
 from collections.abc import Mapping
 
-from . import clock, permits, processes, queueing, reader_held, table
+from . import clock, permits, processes, queueing, reader_held, table, telemetry
 from .drivers import Request, Sleep, Steps, Write
 from .exceptions import SemaphoreUnavailable
 from .held import Held, acquired
@@ -256,5 +256,7 @@ def acquire_many(
         if remaining <= 0:
             raise busy(sem, blocked, seen, skew=skew, user_id=user_id, token=token)
         sleeps += 1
+        if telemetry.ON:
+            telemetry.waiting()  # the span's wait event, once (core's loop may have sent it)
         until_free = seconds_until_free(blocked, skew)
         yield Sleep(max(0.0, min(backoff(sleeps), until_free + 0.005, remaining)))

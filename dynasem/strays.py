@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import logging
 
-from . import clock, table, wakeup
+from . import clock, table, telemetry, wakeup
 from .drivers import Request, Steps
 from .exceptions import SemaphoreUnavailable
 from .held import Held
@@ -48,7 +48,8 @@ def give_back_stray(
         extra=facts(resource, token=token, fence=holder.fence, outcome="stray_given_back"),
     )
     try:
-        held._give_back()
+        with telemetry.naming(telemetry.lock_name(semaphore) if telemetry.ON else None):
+            held._give_back()
     except Exception as exc:
         logger.warning(
             "dynasem: could not give back %r: %s; it expires",

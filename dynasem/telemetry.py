@@ -499,6 +499,21 @@ def _renewed(spanned: _Spanned, base: dict[str, Any], outcome: str) -> None:
 # -- requests --------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
+def naming(name: str | None) -> Iterator[None]:
+    """The requests sent inside carry the lock's ``name`` (see :func:`lock_name`): work done
+    for a lock on another thread than its acquire's and release's, which set it themselves
+    (a stray hand-over given back, a coalesced run's registration renewed or withdrawn)."""
+    if name is None or not (_settings or _config())[0]:
+        yield
+        return
+    token = _lock_name.set(name)
+    try:
+        yield
+    finally:
+        _lock_name.reset(token)
+
+
 def ask_capacity(operation: str, kwargs: dict[str, Any]) -> None:
     """Ask DynamoDB to report the units of a request that can (no extra request)."""
     if operation in CAPACITY_OPERATIONS and (_settings or _config())[0]:
