@@ -196,6 +196,9 @@ class LockAdmin(DynamoDBAdmin):
     """The holds in DynamoDB, a page at a time, soonest lease end first; break one."""
 
     action = "release"
+    # Holds listed per resource (its permits and reader items read no further); the rest
+    # are on the resource's own page.
+    holds_per_resource = operations.HOLDS_PER_RESOURCE
 
     def has_release_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(f"{self.opts.app_label}.release_lock")
@@ -306,6 +309,7 @@ class LockAdmin(DynamoDBAdmin):
                 include_expired=show_expired,
                 cursor=cursor,
                 size=self.list_per_page,
+                holds_per_resource=self.holds_per_resource,
             )
         except operations.BadCursor as exc:
             return self._bad_cursor(request, exc)
@@ -316,7 +320,7 @@ class LockAdmin(DynamoDBAdmin):
         can_release = self.has_release_permission(request)
         lines: list[dict[str, Any]] = []
         for row in page.rows:
-            for hold in row.holds or [None]:
+            for hold in row.holds or ([] if row.more_holds else [None]):
                 expires_ms = row.expires_ms if hold is None else hold.expires_ms
                 left = (expires_ms - now) // 1000
                 lines.append(
@@ -342,6 +346,9 @@ class LockAdmin(DynamoDBAdmin):
                         "resource_url": self.resource_url(row.resource),
                     }
                 )
+            if row.more_holds:  # the rest are on the resource's own page
+                lines.append({"row": row, "more": True, "holder": None,
+                              "resource_url": self.resource_url(row.resource)})  # fmt: skip
         filters = {"q": prefix, "user": user_filter, "expired": "1" if show_expired else ""}
 
         def link(**changes: str) -> str:
@@ -357,6 +364,8 @@ class LockAdmin(DynamoDBAdmin):
             "page": page,
             "hold_count": len(page.holds),
             "row_count": len(page.rows),
+            "cut_rows": sum(1 for row in page.rows if row.more_holds),
+            "holds_per_resource": self.holds_per_resource,
             "can_release": can_release,
             "query": prefix,
             "user_filter": user_filter,

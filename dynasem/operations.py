@@ -69,10 +69,19 @@ def _waiting(item: table.LockItem, now_ms: int) -> int:
     return inline + max(0, item.qin - item.qout)
 
 
-def _expanded(item: table.LockItem, *, consistent: bool = False) -> table.LockItem:
-    """A row with the holders it keeps in items of their own (permits, readers) read in."""
-    return table.readers.with_readers(slots.with_permits(item, consistent=consistent),
-                                      consistent=consistent)  # fmt: skip
+# A page of the lock list shows at most this many holds of one resource: its permits and
+# reader items are read no further (a resource with 10,000 readers is one short Query, not
+# ~190 RCU and 10,000 lines); its own page (resource_state) and active_holds read them all.
+HOLDS_PER_RESOURCE = 20
+
+
+def _expanded(
+    item: table.LockItem, *, consistent: bool = False, most: int | None = None
+) -> table.LockItem:
+    """A row with the holders it keeps in items of their own (permits, readers) read in
+    (``most``: no further than that many; the row says ``holders_cut``)."""
+    with_permits = slots.with_permits(item, consistent=consistent, most=most)
+    return table.readers.with_readers(with_permits, consistent=consistent, most=most)
 
 
 def holds_of(item: table.LockItem, *, min_expires_ms: int | None) -> list[HoldInfo]:
@@ -126,6 +135,9 @@ class LockRow:
     expires_ms: int
     queue_depth: int
     holds: tuple[HoldInfo, ...]
+    # More holders are stored than ``holds`` shows (a page lists at most
+    # ``holds_per_resource`` of one resource: see lock_page).
+    more_holds: bool = False
 
     @property
     def expires(self) -> datetime:
@@ -273,15 +285,17 @@ def _rows(
     prefix: str | None,
     floor_ms: int | None,
     idle_too: bool,
+    most: int | None = None,
 ) -> tuple[list[LockRow], bool]:
     """The listed rows of the next ``count`` index entries (read from the base table, leaving
     out those outside ``prefix`` unread), and whether the entries ran out. Every entry taken
-    (a stream's cursor moves past it) is shown or left out here, never skipped."""
+    (a stream's cursor moves past it) is shown or left out here, never skipped. ``most``:
+    the holders kept in items read per row (None: all)."""
     entries = list(itertools.islice(merged, count))
     wanted = [e for e in entries if not prefix or e.resource.startswith(prefix)]
     rows = [
-        _row(item, user_id=user_id, floor_ms=floor_ms, idle_too=idle_too)
-        for item in map(_expanded, table.get_many(wanted))
+        _row(_expanded(item, most=most), user_id=user_id, floor_ms=floor_ms, idle_too=idle_too)
+        for item in table.get_many(wanted)
     ]
     return [row for row in rows if row is not None], len(entries) < count
 
@@ -299,7 +313,11 @@ def _row(
         for hold in holds_of(item, min_expires_ms=floor_ms)
         if user_id is None or hold.user_id == user_id
     ]
-    if not holds and not (idle_too and user_id is None and not item.holders):
+    if (
+        not holds
+        and not item.holders_cut
+        and not (idle_too and user_id is None and not item.holders)
+    ):
         return None
     return LockRow(
         resource=item.resource,
@@ -307,6 +325,7 @@ def _row(
         expires_ms=item.expires_ms,
         queue_depth=_waiting(item, clock.now_ms()),
         holds=tuple(holds),
+        more_holds=item.holders_cut,
     )
 
 
@@ -317,15 +336,20 @@ def lock_page(
     include_expired: bool = False,
     cursor: str | None = None,
     size: int = 100,
+    holds_per_resource: int | None = HOLDS_PER_RESOURCE,
 ) -> LockPage:
     """One page of lock rows, soonest lease end first: the rows with live holds (with
     ``include_expired``, also rows whose leases ran out and idle rows not yet reaped).
 
     Reads one page of each ``expires`` index shard (and of the userId index for ``user_id``),
     never the whole table; ``cursor`` is a previous page's ``next_cursor``. Raises ValueError
-    for a cursor it did not write."""
+    for a cursor it did not write. A row shows at most ``holds_per_resource`` of the holders
+    a resource keeps in items (permits, readers; None: all), and says ``more_holds`` when
+    there are more; filtered by ``user_id``, every one is read."""
     if size < 1:
         raise ValueError(f"size must be at least 1, not {size!r}")
+    if holds_per_resource is not None and holds_per_resource < 1:
+        raise ValueError(f"holds_per_resource must be at least 1, not {holds_per_resource!r}")
     now = clock.now_ms()
     names = {f"s{i}" for i in range(table.SHARDS)} | ({"u"} if user_id is not None else set())
     if cursor:
@@ -348,6 +372,7 @@ def lock_page(
             prefix=prefix,
             floor_ms=None if include_expired else now,
             idle_too=include_expired,
+            most=None if user_id is not None else holds_per_resource,
         )
         rows += more
     states = {s.name: s.state for s in streams}

@@ -318,3 +318,14 @@ def test_a_waiter_sent_to_a_stale_hint_keeps_its_turn(
     full[2].release()
     second.join(5)
     assert got == ["first", "second"]
+
+
+def test_the_lock_list_reads_a_few_permits_of_a_large_semaphore(holds: list[Any]) -> None:
+    held = [take(holds, "pool:l", limit=40, user=f"p{i}") for i in range(12)]
+    holds[-1].release()  # a free permit among the held ones: not a holder, not counted
+    (listed,) = operations.lock_page(prefix="pool:l", holds_per_resource=5).rows
+    assert len(listed.holds) == 5 and listed.more_holds
+    assert {h.token for h in listed.holds} < {h.token for h in held[:-1]}
+    (whole,) = operations.lock_page(prefix="pool:l", holds_per_resource=11).rows
+    assert len(whole.holds) == 11 and not whole.more_holds
+    assert len(operations.active_holds(prefix="pool:l")) == 11

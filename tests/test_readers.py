@@ -356,3 +356,39 @@ def test_readers_of_several_resources_take_items_in_each(holds: list[Any]) -> No
     assert items.SENTINEL not in row("m:b")["holders"]
     writer = take(holds, "m:b", wait=0)
     assert writer.fence > pair.fences["m:b"]
+
+
+def test_the_lock_list_reads_a_few_item_readers_and_links_the_rest(
+    holds: list[Any], admin_user: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page of the lock list shows at most ``holds_per_resource`` of a resource's reader
+    items (one short Query, not the whole crowd) and says there are more; the resource's
+    own page, a user's filter and active_holds read them all."""
+    from django.test import Client
+    from django.urls import reverse
+
+    from dynasem.admin import LockAdmin
+
+    readers = [take(holds, "doc:l", shared=True, user=f"r{i}", lease=60) for i in range(INLINE + 9)]
+    page = operations.lock_page(prefix="doc:l", holds_per_resource=4)
+    (listed,) = page.rows
+    assert len(listed.holds) == INLINE + 4 and listed.more_holds
+    assert {h.token for h in listed.holds} < {h.token for h in readers}
+    (whole,) = operations.lock_page(prefix="doc:l", holds_per_resource=None).rows
+    assert len(whole.holds) == INLINE + 9 and not whole.more_holds
+    (mine,) = operations.lock_page(user_id="r8", holds_per_resource=4).rows
+    assert "r8" in {h.user_id for h in mine.holds} and not mine.more_holds
+    assert len(operations.active_holds(prefix="doc:l")) == INLINE + 9
+    with pytest.raises(ValueError, match="holds_per_resource"):
+        operations.lock_page(holds_per_resource=0)
+
+    client = Client()
+    client.force_login(admin_user)
+    monkeypatch.setattr(LockAdmin, "holds_per_resource", 4)
+    response = client.get(reverse("admin:dynasem_lock_changelist"), {"q": "doc:l"})
+    body = response.content.decode()
+    assert re.findall(r'<tr class="(hold|more)">', body) == ["hold"] * (INLINE + 4) + ["more"]
+    assert "1 resource has more holders than shown" in re.sub(r"\s+", " ", body)
+    resource_page = client.get(reverse("admin:dynasem_lock_resource"), {"resource": "doc:l"})
+    text = resource_page.content.decode()
+    assert all(str(h.fence) in text for h in readers)

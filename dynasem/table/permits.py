@@ -393,12 +393,22 @@ def find_free(
     return None, None, held
 
 
-def with_permits(item: LockItem, *, consistent: bool = False) -> LockItem:
+def with_permits(item: LockItem, *, consistent: bool = False, most: int | None = None) -> LockItem:
     """A permit row with its holders read from its permits (for listings); others as they
-    are."""
+    are. ``most``: read no further than that many holders (``holders_cut`` says there are
+    more), so that a listing of 100,000 holders costs a page, not the whole collection."""
     if item.hw is None:
         return item
-    holders = {p.token: p.holder for p in permits(item.resource, consistent=consistent) if p.token}
+    holders: dict[str, Holder] = {}
+    for page in _pages(item.resource, consistent, None if most is None else most + 1):
+        for permit in page:
+            if not permit.token:
+                continue
+            if most is not None and len(holders) >= most:
+                return dataclasses.replace(
+                    item, holders=holders, permits_read=True, holders_cut=True
+                )
+            holders[permit.token] = permit.holder
     return dataclasses.replace(item, holders=holders, permits_read=True)
 
 

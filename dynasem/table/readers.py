@@ -372,15 +372,23 @@ def readers(resource: str, *, consistent: bool = True) -> list[Reader]:
     return [reader_of(item) for page in pages for item in page]
 
 
-def with_readers(item: LockItem, *, consistent: bool = False) -> LockItem:
+def with_readers(item: LockItem, *, consistent: bool = False, most: int | None = None) -> LockItem:
     """A row with its sentinel replaced by the reader items of its epoch (for listings);
-    others as they are."""
+    others as they are. ``most``: read no further than that many reader items of the epoch
+    (``holders_cut`` says there are more)."""
     if not has_readers(item):
         return item
     holders = {t: h for t, h in item.holders.items() if t != SENTINEL}
-    for reader in readers(item.resource, consistent=consistent):
-        if reader.epoch == item.repoch:
+    read = 0
+    limit = None if most is None else most + 1
+    for page in prefix_pages(item.resource, READER_PREFIX, consistent=consistent, limit=limit):
+        for reader in map(reader_of, page):
+            if reader.epoch != item.repoch:
+                continue
+            if most is not None and read >= most:
+                return dataclasses.replace(item, holders=holders, holders_cut=True)
             holders[reader.token] = reader.holder
+            read += 1
     return dataclasses.replace(item, holders=holders)
 
 
