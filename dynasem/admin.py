@@ -365,7 +365,6 @@ class LockAdmin(DynamoDBAdmin):
             "hold_count": len(page.holds),
             "row_count": len(page.rows),
             "cut_rows": sum(1 for row in page.rows if row.more_holds),
-            "holds_per_resource": self.holds_per_resource,
             "can_release": can_release,
             "query": prefix,
             "user_filter": user_filter,

@@ -302,9 +302,15 @@ def _shoot(page: Any, tmp_path: Path, name: str) -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_the_admin_pages_fit_a_laptop_screen_on_this_django(
-    live_server: Any, browser_page: Any, lock_table: str, django_user_model: Any, tmp_path: Path
+    live_server: Any,
+    browser_page: Any,
+    lock_table: str,
+    django_user_model: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from dynasem import run_once
+    from dynasem.admin import LockAdmin
 
     django_user_model.objects.create_superuser("ops", "ops@example.com", "ops-password")
     names = [LONG_NAME] + [
@@ -313,6 +319,13 @@ def test_the_admin_pages_fit_a_laptop_screen_on_this_django(
     ]
     taken = [
         semaphore(name, user=f"worker-{i % 8}", lease=600).acquire() for i, name in enumerate(names)
+    ]
+    # A crowd of readers, more than the list shows of one resource (two kept in the row,
+    # then reader items; the list reads two of those): a line leads to the rest.
+    monkeypatch.setattr(LockAdmin, "holds_per_resource", 2)
+    crowd = "file:catalog/export-2026-11.csv"
+    taken += [
+        semaphore(crowd, shared=True, user=f"reader-{i}", lease=600).acquire() for i in range(6)
     ]
     with run_once("reindex:catalog"):
         pass
@@ -325,7 +338,11 @@ def test_the_admin_pages_fit_a_laptop_screen_on_this_django(
         page.fill("#id_username", "ops")
         page.fill("#id_password", "ops-password")
         page.click("input[type=submit]")
-        expect(page.locator("#result_list tr.hold")).to_have_count(20)
+        expect(page.locator("#result_list tr.hold")).to_have_count(20 + 4)
+        expect(page.locator("#result_list tr.more")).to_have_count(1)
+        more = _box(page, "#result_list tr.more td a")
+        table = _box(page, "#result_list")
+        assert table["x"] <= more["x"] and more["x"] + more["width"] <= table["x"] + table["width"]
         _check_layout(page, with_list=True)
         # The long name is cut, whole on hover.
         cut = page.locator("#result_list code", has_text="quarterly").first
@@ -380,6 +397,11 @@ def test_the_admin_pages_fit_a_laptop_screen_on_this_django(
         expect(page).to_have_title("Reset this job? | Django site admin")
         _check_layout(page, with_list=False)
         _shoot(page, tmp_path, "admin-reset")
+        page.goto(f"{live_server.url}/admin/dynasem/lock/")
+        page.locator("#result_list tr.more td a").click()
+        expect(page.locator("#content h1")).to_contain_text(crowd)
+        expect(page.locator(".dynasem-resource tr.hold")).to_have_count(6)
+        _check_layout(page, with_list=False)
     finally:
         for held in taken:
             held.release()
