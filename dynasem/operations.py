@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import itertools
-from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from . import clock, core, permit_held, reader_held, table, validation
+from . import clock, core, index_streams, permit_held, reader_held, table, validation
 from .conf import settings
 from .cursors import BadCursor as BadCursor  # re-exported: callers catch operations.BadCursor
 from .cursors import decode_cursor, encode_cursor
@@ -122,8 +121,6 @@ def holds_of(item: table.LockItem, *, min_expires_ms: int | None) -> list[HoldIn
 # matches little (a resource prefix among many expired rows) then returns a short page with a
 # link to the next one instead of reading on.
 PAGE_ROUNDS = 3
-# Items a filtered index read evaluates per request (see _filtered).
-FILTERED_READ = 1000
 
 
 @dataclass(frozen=True)
@@ -154,127 +151,6 @@ class LockPage:
     @property
     def holds(self) -> list[HoldInfo]:
         return [hold for row in self.rows for hold in row.holds]
-
-
-Fetch = Callable[
-    [dict[str, Any] | None, int | None], tuple[list[table.IndexEntry], dict[str, Any] | None]
-]
-
-
-class _Stream:
-    """One index range, fetched a page at a time in index order."""
-
-    def __init__(
-        self,
-        name: str,
-        fetch: Fetch,
-        start_key: Callable[[int, str], dict[str, Any]],
-        keep: Callable[[table.IndexEntry], bool],
-        position: Any,
-    ):
-        self.name, self.fetch, self.start_key, self.keep = name, fetch, start_key, keep
-        self.buffer: deque[table.IndexEntry] = deque()
-        # The cursor's state: None (from the start), "done", or [expires, pk] of the last row
-        # taken from this stream.
-        self.position = position
-        self.exhausted = position == "done"
-        self.next_start = start_key(*position) if isinstance(position, list) else None
-
-    def fetch_once(self, limit: int | None) -> None:
-        entries, last = self.fetch(self.next_start, limit)
-        self.buffer.extend(entry for entry in entries if self.keep(entry))
-        self.next_start, self.exhausted = last, not last
-
-    def take(self) -> table.IndexEntry:
-        row = self.buffer.popleft()
-        self.position = [row.listed_s or 0, row.resource]
-        return row
-
-    @property
-    def state(self) -> Any:
-        if self.buffer:
-            return self.position  # rows read but not shown yet: read them again from there
-        if self.exhausted:
-            return "done"
-        if self.next_start:
-            # Everything up to DynamoDB's LastEvaluatedKey was read and filtered out: go on
-            # from there, or a stretch of filtered rows longer than a page's budget would
-            # hand out the same cursor for ever.
-            return table.index_position(self.next_start)
-        return self.position
-
-
-def _filtered(limit: int | None) -> int | None:
-    """The Limit of a read whose rows are mostly filtered out (DynamoDB applies Limit before
-    the filter): read on further per request, so a page finds its rows in a few requests."""
-    return None if limit is None else max(limit, FILTERED_READ)
-
-
-def _streams(user_id: str | None, since: int, positions: dict[str, Any]) -> list[_Stream]:
-    streams = []
-    if user_id is not None:
-
-        def exclusive(row: table.IndexEntry) -> bool:
-            # The userId index names one holder per row: all of an exclusive row, only the
-            # latest of a counting or shared one. Those rows come from the expires index
-            # instead, where all their holders are read, so none is listed twice.
-            return row.mode == validation.MODE_EXCLUSIVE
-
-        streams.append(
-            _Stream(
-                "u",
-                lambda start, limit: table.query_user_page(user_id, since, _filtered(limit), start),
-                lambda listed_s, pk: table.user_index_start(pk, user_id, listed_s),
-                exclusive,
-                positions.get("u"),
-            )
-        )
-    for shard in range(table.SHARDS):
-
-        def fetch(start: Any, limit: int | None, shard: int = shard) -> Any:
-            filtered = user_id is not None
-            return table.query_expiring(
-                shard,
-                since=since,
-                limit=_filtered(limit) if filtered else limit,
-                start=start,
-                shared_only=filtered,
-            )
-
-        def start_key(listed_s: int, pk: str, shard: int = shard) -> dict[str, Any]:
-            return table.expires_index_start(pk, shard, listed_s)
-
-        name = f"s{shard}"
-        streams.append(_Stream(name, fetch, start_key, lambda row: True, positions.get(name)))
-    return streams
-
-
-def _merged(
-    streams: list[_Stream], limit: int | None, budget: int | None
-) -> Iterator[table.IndexEntry]:
-    """The streams' entries by ``expires`` (ties in stream order). Stops early once ``budget``
-    requests are spent; each stream's ``state`` then says where to go on."""
-    spent = 0
-
-    def ready(stream: _Stream) -> bool:
-        nonlocal spent
-        while not stream.buffer and not stream.exhausted:
-            if budget is not None and spent >= budget:
-                return False
-            spent += 1
-            stream.fetch_once(limit)
-        return True
-
-    if not all(ready(s) for s in streams):
-        return
-    while True:
-        heads = [s for s in streams if s.buffer]
-        if not heads:
-            return
-        stream = min(heads, key=lambda s: s.buffer[0].listed_s or 0)
-        yield stream.take()
-        if not ready(stream):
-            return
 
 
 def _rows(
@@ -359,9 +235,9 @@ def lock_page(
         since, positions = state["t"], state["p"]
     else:
         since, positions = (0 if include_expired else now // 1000), {}
-    streams = _streams(user_id, since, positions)
+    streams = index_streams.open_streams(user_id, since, positions)
     rows: list[LockRow] = []
-    merged = _merged(streams, size, PAGE_ROUNDS * len(streams))
+    merged = index_streams.merged(streams, size, PAGE_ROUNDS * len(streams))
     # Only as many index entries as the page has room for at a time.
     finished = False
     while len(rows) < size and not finished:
@@ -388,7 +264,7 @@ def active_holds(
     now = clock.now_ms()
     since = 0 if include_expired else now // 1000
     holds: list[HoldInfo] = []
-    merged = _merged(_streams(user_id, since, {}), None, None)
+    merged = index_streams.merged(index_streams.open_streams(user_id, since, {}), None, None)
     finished = False
     while not finished:
         rows, finished = _rows(

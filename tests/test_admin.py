@@ -576,11 +576,11 @@ def test_a_running_key_cannot_be_reset(jobs, admin_user, client):
 
 
 def test_user_filter_pages_move_on_past_many_rows_of_others(lock_table, holds, monkeypatch):
-    from dynasem import operations
+    from dynasem import index_streams, operations
 
     # Small filtered reads, so that alice's rows take many requests to read past: the page
     # budget runs out before bob's row is found, and the cursor must still move on.
-    monkeypatch.setattr(operations, "FILTERED_READ", 5)
+    monkeypatch.setattr(index_streams, "FILTERED_READ", 5)
     until = core.now_ms() + 600_000
     put_rows([idle_row(f"alice:{i:03d}", until, holder="alice-id") for i in range(480)])
     take(holds, "bob:shared", user="bob-id", shared=True, lease=900)

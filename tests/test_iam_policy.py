@@ -34,6 +34,7 @@ if not DOC.is_file():  # an unpacked sdist carries tests/, not docs/
 OPERATORS = {
     "dynasem.admin",
     "dynasem.operations",
+    "dynasem.index_streams",
     "dynasem.job_operations",
     "dynasem.management.commands._output",
     "dynasem.management.commands.dynasem_jobs",
