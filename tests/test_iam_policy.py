@@ -33,6 +33,7 @@ if not DOC.is_file():  # an unpacked sdist carries tests/, not docs/
 # call; dynasem/testing/ aside: no deployment's) runs in the application's processes.
 OPERATORS = {
     "dynasem.admin",
+    "dynasem.admin_pages",
     "dynasem.operations",
     "dynasem.index_streams",
     "dynasem.job_operations",
