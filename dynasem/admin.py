@@ -33,6 +33,8 @@ class LockAdmin(DynamoDBAdmin):
     # Holds listed per resource (its permits and reader items read no further); the rest
     # are on the resource's own page.
     holds_per_resource = operations.HOLDS_PER_RESOURCE
+    # Holders the resource page shows at a time (its permits and reader items read so far).
+    holds_per_page = operations.HOLDS_PER_PAGE
 
     def has_release_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(f"{self.opts.app_label}.release_lock")
@@ -62,8 +64,16 @@ class LockAdmin(DynamoDBAdmin):
         error = None
         state = operations.ResourceState(resource, [], [])
         job = None
+        after = request.GET.get("after") or None  # a page of holders after the first
         try:
-            state = operations.resource_state(resource)
+            try:
+                state = operations.resource_state(
+                    resource, holds_after=after, most=self.holds_per_page
+                )
+            except ValueError:  # not a mark this page wrote: the first page
+                messages.warning(request, "That page of holders does not exist: the first one.")
+                after = None
+                state = operations.resource_state(resource, most=self.holds_per_page)
             job = job_operations.job_info(resource)
         except SemaphoreUnavailable as exc:
             error = str(exc)
@@ -124,6 +134,13 @@ class LockAdmin(DynamoDBAdmin):
             + urlencode({"q": resource}),
             error=error,
             fence=state.fence,
+            first_url=self.resource_url(resource) if after else None,
+            next_url=(
+                self.resource_url(resource) + "&" + urlencode({"after": state.holds_next})
+                if state.holds_next
+                else None
+            ),
+            holds_per_page=self.holds_per_page,
         )
         return TemplateResponse(request, "admin/dynasem/lock/resource.html", context)
 

@@ -74,13 +74,22 @@ def _waiting(item: table.LockItem, now_ms: int) -> int:
 HOLDS_PER_RESOURCE = 20
 
 
+# The resource page shows this many of a resource's holders at a time (HOLDS_PER_RESOURCE).
+HOLDS_PER_PAGE = 500
+
+
 def _expanded(
-    item: table.LockItem, *, consistent: bool = False, most: int | None = None
+    item: table.LockItem,
+    *,
+    consistent: bool = False,
+    most: int | None = None,
+    after_sk: str | None = None,
 ) -> table.LockItem:
     """A row with the holders it keeps in items of their own (permits, readers) read in
-    (``most``: no further than that many; the row says ``holders_cut``)."""
-    with_permits = slots.with_permits(item, consistent=consistent, most=most)
-    return table.readers.with_readers(with_permits, consistent=consistent, most=most)
+    (``most``: no further than that many, ``holders_next`` says where the rest begin;
+    ``after_sk``: those after a ``holders_next``, without the row's own)."""
+    found = slots.with_permits(item, consistent=consistent, most=most, after_sk=after_sk)
+    return table.readers.with_readers(found, consistent=consistent, most=most, after_sk=after_sk)
 
 
 def holds_of(item: table.LockItem, *, min_expires_ms: int | None) -> list[HoldInfo]:
@@ -191,7 +200,7 @@ def _row(
     ]
     if (
         not holds
-        and not item.holders_cut
+        and not item.holders_next is not None
         and not (idle_too and user_id is None and not item.holders)
     ):
         return None
@@ -201,7 +210,7 @@ def _row(
         expires_ms=item.expires_ms,
         queue_depth=_waiting(item, clock.now_ms()),
         holds=tuple(holds),
-        more_holds=item.holders_cut,
+        more_holds=item.holders_next is not None,
     )
 
 
@@ -295,19 +304,30 @@ class ResourceState:
     holds: list[HoldInfo]
     waiters: list[table.Waiter]  # live ones, first in line first
     fence: int = 0  # the last fence handed out
+    # More holders than ``holds`` (a page of them): pass it as ``holds_after`` for the next.
+    holds_next: str | None = None
 
 
-def resource_state(resource: str) -> ResourceState:
-    """Every holder of ``resource`` (live or not) and every live waiter, first in line first
-    (consistent reads: the row, then its queue's entries)."""
+def resource_state(
+    resource: str, *, holds_after: str | None = None, most: int | None = None
+) -> ResourceState:
+    """The holders of ``resource`` (live or not; with ``most``, no more than that many of
+    those kept in permit or reader items, from ``holds_after`` on: a previous state's
+    ``holds_next``) and every live waiter, first in line first (consistent reads: the row,
+    then its queue's entries)."""
     item = table.get(validation.check_resource(resource))
     if item is None:
         return ResourceState(resource, [], [])
-    item = _expanded(item, consistent=True)
+    if holds_after is not None and not holds_after.startswith(
+        (slots.PERMIT_PREFIX, table.readers.READER_PREFIX)
+    ):
+        raise ValueError(f"holds_after is a previous page's holds_next, not {holds_after!r}")
+    item = _expanded(item, consistent=True, most=most, after_sk=holds_after)
     now = clock.now_ms()
     inline = sorted((w for w in item.queue.values() if w.expires_ms >= now), key=lambda w: w.ticket)
     waiters = inline + [w for w in table.queue_entries(item) if w.expires_ms >= now]
-    return ResourceState(resource, holds_of(item, min_expires_ms=None), waiters, item.fence)
+    holds = holds_of(item, min_expires_ms=None)
+    return ResourceState(resource, holds, waiters, item.fence, item.holders_next)
 
 
 def waiters_on(resource: str) -> list[table.Waiter]:

@@ -329,3 +329,16 @@ def test_the_lock_list_reads_a_few_permits_of_a_large_semaphore(holds: list[Any]
     (whole,) = operations.lock_page(prefix="pool:l", holds_per_resource=11).rows
     assert len(whole.holds) == 11 and not whole.more_holds
     assert len(operations.active_holds(prefix="pool:l")) == 11
+
+
+def test_the_resource_state_reads_permits_a_page_at_a_time(holds: list[Any]) -> None:
+    held = [take(holds, "pool:p", limit=40, user=f"p{i}") for i in range(8)]
+    pages, after = [], None
+    while True:
+        state = operations.resource_state("pool:p", holds_after=after, most=3)
+        pages.append([h.token for h in state.holds])
+        if state.holds_next is None:
+            break
+        after = state.holds_next
+    assert [len(p) for p in pages] == [3, 3, 2]
+    assert sorted(t for p in pages for t in p) == sorted(h.token for h in held)

@@ -392,3 +392,44 @@ def test_the_lock_list_reads_a_few_item_readers_and_links_the_rest(
     resource_page = client.get(reverse("admin:dynasem_lock_resource"), {"resource": "doc:l"})
     text = resource_page.content.decode()
     assert all(str(h.fence) in text for h in readers)
+
+
+def test_the_resource_page_shows_a_crowd_of_readers_a_page_at_a_time(
+    holds: list[Any], admin_user: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.test import Client
+    from django.urls import reverse
+
+    from dynasem.admin import LockAdmin
+
+    readers = [take(holds, "doc:p", shared=True, user=f"r{i}", lease=60) for i in range(INLINE + 7)]
+    pages, after = [], None
+    while True:
+        state = operations.resource_state("doc:p", holds_after=after, most=3)
+        pages.append([h.token for h in state.holds])
+        if state.holds_next is None:
+            break
+        after = state.holds_next
+    assert [len(p) for p in pages] == [INLINE + 3, 3, 1]
+    assert sorted(t for p in pages for t in p) == sorted(h.token for h in readers)
+    with pytest.raises(ValueError, match="holds_after"):
+        operations.resource_state("doc:p", holds_after="q#1")
+
+    monkeypatch.setattr(LockAdmin, "holds_per_page", 3)
+    client = Client()
+    client.force_login(admin_user)
+    url = reverse("admin:dynasem_lock_resource")
+    seen: list[str] = []
+    response = client.get(url, {"resource": "doc:p"})
+    for _ in range(5):
+        body = response.content.decode()
+        seen += re.findall(r'aria-label="Break the hold of fence (\d+)"', body)
+        found = re.search(r'href="([^"]*after=[^"]*)">Next 3 holders', body)
+        if found is None:
+            assert "the last of them" in body
+            break
+        response = client.get(found.group(1).replace("&amp;", "&"))
+    assert sorted(map(int, seen)) == sorted(h.fence for h in readers)
+    bad = client.get(url, {"resource": "doc:p", "after": "nonsense"})
+    assert bad.status_code == 200 and "That page of holders does not exist" in bad.content.decode()
+    assert len(re.findall(r"Break the hold of fence", bad.content.decode())) == INLINE + 3

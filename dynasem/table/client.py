@@ -307,11 +307,17 @@ def _send(operation: str, **kwargs: Any) -> dict[str, Any]:
 
 
 def prefix_pages(
-    resource: str, prefix: str, *, consistent: bool, limit: int | None = None
+    resource: str,
+    prefix: str,
+    *,
+    consistent: bool,
+    limit: int | None = None,
+    after_sk: str | None = None,
 ) -> Iterator[list[dict[str, Any]]]:
     """The items under ``resource`` whose sort key begins with ``prefix`` (permits, reader
-    items), decoded, one Query page at a time (``limit``: items a page)."""
-    start = None
+    items), decoded, one Query page at a time (``limit``: items a page; ``after_sk``: from
+    the item after that sort key on)."""
+    start = None if after_sk is None else {"pk": {"S": resource}, "sk": {"S": after_sk}}
     while True:
         kwargs: dict[str, Any] = {
             "TableName": settings.TABLE_NAME,

@@ -393,22 +393,30 @@ def find_free(
     return None, None, held
 
 
-def with_permits(item: LockItem, *, consistent: bool = False, most: int | None = None) -> LockItem:
+def with_permits(
+    item: LockItem,
+    *,
+    consistent: bool = False,
+    most: int | None = None,
+    after_sk: str | None = None,
+) -> LockItem:
     """A permit row with its holders read from its permits (for listings); others as they
-    are. ``most``: read no further than that many holders (``holders_cut`` says there are
-    more), so that a listing of 100,000 holders costs a page, not the whole collection."""
+    are. ``most``: read no further than that many holders (``holders_next`` is where the
+    rest begin), so that a listing of 100,000 holders costs a page, not the whole
+    collection; ``after_sk``: the holders after that one (a ``holders_next``)."""
     if item.hw is None:
         return item
     holders: dict[str, Holder] = {}
-    for page in _pages(item.resource, consistent, None if most is None else most + 1):
-        for permit in page:
-            if not permit.token:
-                continue
-            if most is not None and len(holders) >= most:
-                return dataclasses.replace(
-                    item, holders=holders, permits_read=True, holders_cut=True
-                )
-            holders[permit.token] = permit.holder
+    last = None
+    pages = prefix_pages(item.resource, PERMIT_PREFIX, consistent=consistent,
+                         limit=None if most is None else most + 1, after_sk=after_sk)  # fmt: skip
+    for permit in (permit_of(found) for page in pages for found in page):
+        if not permit.token:
+            continue
+        if most is not None and len(holders) >= most:
+            return dataclasses.replace(item, holders=holders, permits_read=True, holders_next=last)
+        holders[permit.token] = permit.holder
+        last = permit_sk(permit.slot)
     return dataclasses.replace(item, holders=holders, permits_read=True)
 
 

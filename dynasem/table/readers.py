@@ -372,23 +372,31 @@ def readers(resource: str, *, consistent: bool = True) -> list[Reader]:
     return [reader_of(item) for page in pages for item in page]
 
 
-def with_readers(item: LockItem, *, consistent: bool = False, most: int | None = None) -> LockItem:
+def with_readers(
+    item: LockItem,
+    *,
+    consistent: bool = False,
+    most: int | None = None,
+    after_sk: str | None = None,
+) -> LockItem:
     """A row with its sentinel replaced by the reader items of its epoch (for listings);
     others as they are. ``most``: read no further than that many reader items of the epoch
-    (``holders_cut`` says there are more)."""
+    (``holders_next`` is where the rest begin); ``after_sk``: only the reader items after
+    that one (a ``holders_next``: the row's own readers were on the page before)."""
     if not has_readers(item):
         return item
-    holders = {t: h for t, h in item.holders.items() if t != SENTINEL}
-    read = 0
+    holders = {} if after_sk else {t: h for t, h in item.holders.items() if t != SENTINEL}
+    read, last = 0, None
     limit = None if most is None else most + 1
-    for page in prefix_pages(item.resource, READER_PREFIX, consistent=consistent, limit=limit):
-        for reader in map(reader_of, page):
-            if reader.epoch != item.repoch:
-                continue
-            if most is not None and read >= most:
-                return dataclasses.replace(item, holders=holders, holders_cut=True)
-            holders[reader.token] = reader.holder
-            read += 1
+    pages = prefix_pages(item.resource, READER_PREFIX, consistent=consistent, limit=limit,
+                         after_sk=after_sk)  # fmt: skip
+    for reader in (reader_of(found) for page in pages for found in page):
+        if reader.epoch != item.repoch:
+            continue
+        if most is not None and read >= most:
+            return dataclasses.replace(item, holders=holders, holders_next=last)
+        holders[reader.token] = reader.holder
+        read, last = read + 1, reader_sk(reader.token)
     return dataclasses.replace(item, holders=holders)
 
 

@@ -191,9 +191,9 @@ class LockItem:
     hw: int | None = None
     hints: tuple[int, ...] = ()
     permits_read: bool = False  # ``holders`` were read from its permits (with_permits)
-    # A listing read only the first of the holders kept in items (``most``: with_permits,
-    # with_readers): more are stored than ``holders`` has.
-    holders_cut: bool = False
+    # A listing read only some of the holders kept in items (``most``: with_permits,
+    # with_readers): the sort key of the last one read; more are stored after it.
+    holders_next: str | None = None
     # Readers in reader items (table/readers.py): counted in ``rc`` under the epoch
     # ``repoch``, whose longest lease was ``rlease`` (ms); the row's holder ``readers``
     # stands for them all.
