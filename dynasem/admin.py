@@ -141,6 +141,7 @@ class LockAdmin(DynamoDBAdmin):
                 else None
             ),
             holds_per_page=self.holds_per_page,
+            waiters_beyond=state.waiters_beyond,
         )
         return TemplateResponse(request, "admin/dynasem/lock/resource.html", context)
 

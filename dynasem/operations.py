@@ -304,6 +304,9 @@ class ResourceState:
     fence: int = 0  # the last fence handed out
     # More holders than ``holds`` (a page of them): pass it as ``holds_after`` for the next.
     holds_next: str | None = None
+    # Tickets out after the last entry read (``most`` of them were): waiters, or the
+    # tickets of waiters that left or died, further back in line.
+    waiters_beyond: int = 0
 
 
 def resource_state(
@@ -311,8 +314,9 @@ def resource_state(
 ) -> ResourceState:
     """The holders of ``resource`` (live or not; with ``most``, no more than that many of
     those kept in permit or reader items, from ``holds_after`` on: a previous state's
-    ``holds_next``) and every live waiter, first in line first (consistent reads: the row,
-    then its queue's entries)."""
+    ``holds_next``) and every live waiter, first in line first (with ``most``, of the first
+    that many tickets in line; ``waiters_beyond`` counts the tickets after them), from
+    consistent reads: the row, then its queue's entries."""
     item = table.get(validation.check_resource(resource))
     if item is None:
         return ResourceState(resource, [], [])
@@ -323,9 +327,11 @@ def resource_state(
     item = _expanded(item, consistent=True, most=most, after_sk=holds_after)
     now = clock.now_ms()
     inline = sorted((w for w in item.queue.values() if w.expires_ms >= now), key=lambda w: w.ticket)
-    waiters = inline + [w for w in table.queue_entries(item) if w.expires_ms >= now]
+    entries = table.queue_entries(item, most)
+    beyond = item.qin - entries[-1].ticket if most is not None and len(entries) >= most else 0
+    waiters = inline + [w for w in entries if w.expires_ms >= now]
     holds = holds_of(item, min_expires_ms=None)
-    return ResourceState(resource, holds, waiters, item.fence, item.holders_next)
+    return ResourceState(resource, holds, waiters, item.fence, item.holders_next, beyond)
 
 
 def waiters_on(resource: str) -> list[table.Waiter]:

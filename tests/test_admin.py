@@ -764,6 +764,31 @@ def test_the_resource_page_shows_holders_and_the_queue_in_order(
     assert "/release/" not in page.content.decode()  # no break link without release_lock
 
 
+def test_the_resource_page_of_a_long_queue_shows_its_head(
+    lock_table, holds, admin_user, client, monkeypatch
+):
+    """The first tickets in line (as many as a page of holders), and how many are behind."""
+    from dynasem import clock, operations
+    from dynasem.admin import LockAdmin
+    from tests.conftest import enqueue_entry
+
+    take(holds, "deploy:long", lease=60)
+    now = clock.now_ms()
+    for i in range(7):
+        enqueue_entry("deploy:long", f"tok-{i}", table.Waiter(0, now + 60_000, user_id=f"w{i}"))
+    state = operations.resource_state("deploy:long", most=3)
+    assert [w.user_id for w in state.waiters] == ["w0", "w1", "w2"]
+    assert state.waiters_beyond == 4
+    assert len(operations.resource_state("deploy:long").waiters) == 7  # most=None: all
+    monkeypatch.setattr(LockAdmin, "holds_per_page", 3)
+    client.force_login(admin_user)
+    page = client.get(reverse(RESOURCE), {"resource": "deploy:long"}).content.decode()
+    assert page.count('<tr class="waiter">') == 3
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page))
+    assert "The first 3 tickets in line are shown; 4 more are out behind them" in text
+    assert "dynasem_locks --waiters deploy:long" in text
+
+
 def test_the_resource_page_of_a_free_resource_and_a_bad_name(lock_table, admin_user, client):
     client.force_login(admin_user)
     body = client.get(reverse(RESOURCE), {"resource": "nothing:here"}).content.decode()

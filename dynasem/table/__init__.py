@@ -316,13 +316,14 @@ def _entry_page(
     return page, response.get("LastEvaluatedKey")
 
 
-def queue_entries(item: LockItem) -> list[Waiter]:
+def queue_entries(item: LockItem, most: int | None = None) -> list[Waiter]:
     """Every entry item of ``item``'s queue that has not had its turn (``qout`` + 1 to
-    ``qin``), dead ones included, in ticket order: for listings, never for a decision."""
+    ``qin``), dead ones included, in ticket order: for listings, never for a decision.
+    ``most``: the first that many only."""
     found: list[Waiter] = []
     start = None
-    while item.qin > item.qout:
-        page, start = _entry_page(item, item.qin, None, start)
+    while item.qin > item.qout and (most is None or len(found) < most):
+        page, start = _entry_page(item, item.qin, most and most - len(found), start)
         found += page
         if not start:
             break
