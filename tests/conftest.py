@@ -281,6 +281,20 @@ def queue_of(resource: str) -> dict[str, Any]:
     return {w.token: w for w in operations.waiters_on(resource)}
 
 
+def holder_pages(resource: str, most: int) -> list[list[str]]:
+    """The tokens of ``resource``'s holders, page by page as the resource page reads them
+    (``operations.resource_state`` followed by its ``holds_next``)."""
+    from dynasem import operations
+
+    pages, after = [], None
+    while True:
+        state = operations.resource_state(resource, holds_after=after, most=most)
+        pages.append([h.token for h in state.holds])
+        if state.holds_next is None:
+            return pages
+        after = state.holds_next
+
+
 def enqueue_entry(resource: str, token: str, waiter: Any) -> int:
     """Queue ``waiter`` for ``resource`` as a waiter would (a ticket, then its entry item),
     without anyone waiting behind it: a crashed waiter's entry, say. Returns its ticket."""

@@ -15,7 +15,7 @@ from django.core.management import call_command
 from dynasem import LockLost, SemaphoreBusy, operations, queueing, semaphore, table
 from dynasem.conf import settings
 from dynasem.table import permits as slots
-from tests.conftest import take
+from tests.conftest import holder_pages, take
 from tests.test_processes import identity_of
 
 pytestmark = pytest.mark.django_db(transaction=False)
@@ -333,12 +333,6 @@ def test_the_lock_list_reads_a_few_permits_of_a_large_semaphore(holds: list[Any]
 
 def test_the_resource_state_reads_permits_a_page_at_a_time(holds: list[Any]) -> None:
     held = [take(holds, "pool:p", limit=40, user=f"p{i}") for i in range(8)]
-    pages, after = [], None
-    while True:
-        state = operations.resource_state("pool:p", holds_after=after, most=3)
-        pages.append([h.token for h in state.holds])
-        if state.holds_next is None:
-            break
-        after = state.holds_next
+    pages = holder_pages("pool:p", most=3)
     assert [len(p) for p in pages] == [3, 3, 2]
     assert sorted(t for p in pages for t in p) == sorted(h.token for h in held)

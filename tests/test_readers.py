@@ -20,7 +20,7 @@ from dynasem.conf import settings
 from dynasem.table import readers as items
 from dynasem.table import writes
 from tests import workers
-from tests.conftest import take
+from tests.conftest import holder_pages, take
 
 pytestmark = pytest.mark.django_db(transaction=False)
 
@@ -403,13 +403,7 @@ def test_the_resource_page_shows_a_crowd_of_readers_a_page_at_a_time(
     from dynasem.admin import LockAdmin
 
     readers = [take(holds, "doc:p", shared=True, user=f"r{i}", lease=60) for i in range(INLINE + 7)]
-    pages, after = [], None
-    while True:
-        state = operations.resource_state("doc:p", holds_after=after, most=3)
-        pages.append([h.token for h in state.holds])
-        if state.holds_next is None:
-            break
-        after = state.holds_next
+    pages = holder_pages("doc:p", most=3)
     assert [len(p) for p in pages] == [INLINE + 3, 3, 1]
     assert sorted(t for p in pages for t in p) == sorted(h.token for h in readers)
     with pytest.raises(ValueError, match="holds_after"):
