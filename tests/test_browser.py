@@ -397,10 +397,22 @@ def test_the_admin_pages_fit_a_laptop_screen_on_this_django(
         expect(page).to_have_title("Reset this job? | Django site admin")
         _check_layout(page, with_list=False)
         _shoot(page, tmp_path, "admin-reset")
+        # The crowd's page, two holders at a time, and a queue longer than it shows.
+        monkeypatch.setattr(LockAdmin, "holds_per_page", 2)
+        for i in range(6):
+            waiter = Waiter(0, now + 60_000, user_id=f"ci-pipeline-9{i:02d}", since_ms=now)
+            enqueue_entry(crowd, f"tok-crowd-{i}", waiter)
         page.goto(f"{live_server.url}/admin/dynasem/lock/")
         page.locator("#result_list tr.more td a").click()
         expect(page.locator("#content h1")).to_contain_text(crowd)
-        expect(page.locator(".dynasem-resource tr.hold")).to_have_count(6)
+        expect(page.locator(".dynasem-resource tr.hold")).to_have_count(4)  # 2 in the row
+        expect(page.locator(".dynasem-resource tr.waiter")).to_have_count(2)
+        expect(page.locator(".dynasem-beyond")).to_contain_text("4 more are out behind them")
+        _check_layout(page, with_list=False)
+        _shoot(page, tmp_path, "admin-resource-crowd")
+        page.get_by_role("link", name="Next 2 holders").click()
+        expect(page.locator(".dynasem-resource tr.hold")).to_have_count(2)
+        expect(page.get_by_role("link", name="First holders")).to_be_visible()
         _check_layout(page, with_list=False)
     finally:
         for held in taken:
