@@ -408,6 +408,10 @@ def test_the_admin_pages_fit_a_laptop_screen_on_this_django(
         expect(page.locator(".dynasem-resource tr.hold")).to_have_count(4)  # 2 in the row
         expect(page.locator(".dynasem-resource tr.waiter")).to_have_count(2)
         expect(page.locator(".dynasem-beyond")).to_contain_text("4 more are out behind them")
+        module = _box(page, ".dynasem-resource .module")
+        for part in (".dynasem-pages", ".dynasem-beyond"):  # inside their boxes, not past them
+            box = _box(page, part)
+            assert box["x"] + box["width"] <= module["x"] + module["width"] + 0.5, (part, box)
         _check_layout(page, with_list=False)
         _shoot(page, tmp_path, "admin-resource-crowd")
         page.get_by_role("link", name="Next 2 holders").click()
