@@ -8,9 +8,9 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from botocore.utils import is_valid_endpoint_url, is_valid_ipv6_endpoint_url
-from django.core.checks import Error, Warning, register
+from django.core.checks import Error, Info, Warning, register
 
-from . import validation, wakeup
+from . import processes, validation, wakeup
 from .conf import DEFAULTS, settings
 
 HINT = "See Settings in dynasem's reference (docs/reference/settings.md)."
@@ -38,6 +38,10 @@ CHECK_IDS: dict[str, str] = {
     "dynasem.E011": '`FAIR` is `True` or `False` (a str such as `"false"` from an environment '
     "variable would read as true).",
     "dynasem.E012": "`TELEMETRY` and `TELEMETRY_RESOURCE_NAMES` are `True` or `False`.",
+    "dynasem.E013": "`SAME_HOST_TAKEOVER` is `None`, `True` or `False`.",
+    "dynasem.I001": "Same-host takeover of dead holders is off (`SAME_HOST_TAKEOVER = False`, or "
+    "left at `None` on AWS Lambda or in a runtime restored from a snapshot): holders of this "
+    "host are taken over when their lease ends, as on another host. Says which rule is in force.",
     "dynasem.W001": "`LEASE` is at least 3 × `CLOCK_SKEW`; a shorter lease makes holders renew "
     "very often.",
     "dynasem.W002": "The table has this version's index layout (one DescribeTable, 1 s to "
@@ -136,6 +140,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                     id="dynasem.E012",
                 )
             )
+    problems.extend(_takeover_rule(raw))
     checks: tuple[tuple[str, Callable[[Any], object], str], ...] = (
         ("LEASE", lambda v: validation.check_lease(v, "DYNASEM['LEASE']"), "dynasem.E006"),
         (
@@ -173,6 +178,31 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
                 )
             )
     return problems
+
+
+def _takeover_rule(raw: dict[str, Any]) -> list[Any]:
+    value = raw.get("SAME_HOST_TAKEOVER", DEFAULTS["SAME_HOST_TAKEOVER"])
+    if value is not None and not isinstance(value, bool):
+        return [
+            Error(
+                f"DYNASEM['SAME_HOST_TAKEOVER'] must be None, True or False, not "
+                f"{type(value).__name__}: {value!r}.",
+                hint=HINT,
+                id="dynasem.E013",
+            )
+        ]
+    on, why = processes.takeover_rule()
+    if on:
+        return []
+    return [
+        Info(
+            f"Same-host takeover of dead holders is off: {why}. Holders of this host are "
+            "taken over when their lease ends, as on another host.",
+            hint="Machines cloned from one memory snapshot share a boot id: one clone cannot "
+            "see the other's processes, so /proc cannot prove them dead (see 'Dead holders').",
+            id="dynasem.I001",
+        )
+    ]
 
 
 @register()

@@ -21,6 +21,7 @@ DEFAULTS: dict[str, Any] = {
     "CLOCK_SKEW": 5,
     "FAIR": False,
     "PUSH": "127.0.0.1",
+    "SAME_HOST_TAKEOVER": None,
     # OpenTelemetry (dynasem[otel]): record metrics and spans; name locks by their raw keys.
     "TELEMETRY": True,
     "TELEMETRY_RESOURCE_NAMES": False,
@@ -41,6 +42,10 @@ HELP: dict[str, str] = {
     "it; an acquire of several resources never queues)",
     "PUSH": "IPv4 address (a literal naming this host) a waiting process listens on (UDP, a "
     "free port) for hand-over pushes; `None` = no pushes",
+    "SAME_HOST_TAKEOVER": "take a holder of this host over as soon as `/proc` proves its process "
+    "ended, before its lease ends (`None` = yes, except on AWS Lambda and where a runtime "
+    "restored from a snapshot is detected; `False` = never: machines cloned from one memory "
+    "snapshot share a boot id, and one clone cannot see the other's processes)",
     "TELEMETRY": "record OpenTelemetry metrics and spans when `opentelemetry-api` is installed "
     "(`dynasem[otel]`); `False` = record nothing",
     "TELEMETRY_RESOURCE_NAMES": "name locks in metrics and spans by their raw resource keys "
@@ -112,6 +117,13 @@ class Settings:
     def PUSH(self) -> str | None:  # noqa: N802
         value = self._typed("PUSH", (str, type(None)), "None or an IPv4 address str")
         return value or None
+
+    @property
+    def SAME_HOST_TAKEOVER(self) -> bool | None:  # noqa: N802
+        value: bool | None = self._typed(
+            "SAME_HOST_TAKEOVER", (bool, type(None)), "None, True or False"
+        )
+        return value
 
     @property
     def TELEMETRY(self) -> bool:  # noqa: N802

@@ -13,17 +13,28 @@ same start times, so ``/proc`` alone can prove that the holder has ended:
 Anything else is not proof, and the holder is treated as alive until its lease ends: another
 host (or another pid or time namespace: a container), a live process with the same pid and
 start time (running, sleeping or stopped), a ``/proc`` we cannot read, or one we cannot trust
-(not Linux; ``/proc`` of another pid namespace than ours; mounted with ``hidepid``, which
-hides other users' processes: a missing directory proves nothing then). Where this process
-cannot be sure of its own view it records nothing, and nobody can take its holds over early.
+(not Linux; ``/proc`` of another pid namespace than ours, where ``/proc/<our pid>`` is a
+stranger; mounted with ``hidepid``, which hides other users' processes: a missing directory
+proves nothing then). Where this process cannot be sure of its own view it records nothing,
+and nobody can take its holds over early.
+
+The whole rule assumes that two processes computing the same ``host`` see the same process
+table. Machines cloned from one memory snapshot (Lambda SnapStart, Firecracker clones) break
+it: they share the boot id and, without containers, the namespaces, yet a process started
+after the restore lives in one clone's table only. ``DYNASEM['SAME_HOST_TAKEOVER'] = False``
+turns the rule off (holders are taken over when their lease ends, as on another host); left
+at ``None`` it is off by itself where such a runtime is detected (:func:`takeover_rule`).
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import logging
 import os
 import sys
+
+logger = logging.getLogger("dynasem")
 
 SEP = "."
 # The states of a process that runs no more code (with no thread left: see _no_thread_left).
@@ -49,7 +60,7 @@ def _read(path: str) -> str:
         return f.read()
 
 
-def _stat(pid: int) -> tuple[str, int]:
+def _stat(pid: int | str) -> tuple[str, int]:
     """The state (field 3) and start time (field 22) of ``/proc/<pid>/stat``; the command name
     (field 2) may hold spaces and parentheses: the fields we read follow its last ``)``. Read
     with one system call each for open, read and close (a buffered text file costs twice as
@@ -82,9 +93,13 @@ def _probe() -> _Me | None:
         return None
     pid = os.getpid()
     try:
-        # /proc must be our own pid namespace's: NSpid lists our pid in each namespace from
-        # the one /proc was mounted in down to ours, so one entry, ours, says it is.
-        status = _read(f"/proc/{pid}/status")
+        # /proc must be our own pid namespace's. /proc/self names us in the namespace /proc
+        # was mounted for: another number than getpid() says it is not ours (then
+        # /proc/<getpid()> is a stranger). NSpid lists our pid in each namespace from that one
+        # down to ours, so one entry, ours, says it again.
+        if os.readlink("/proc/self") != str(pid):
+            return None
+        status = _read("/proc/self/status")
         nspid = [line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")]
         if nspid != [[str(pid)]] or _proc_hides_pids():
             return None
@@ -95,8 +110,8 @@ def _probe() -> _Me | None:
             time_ns = os.readlink("/proc/self/ns/time")
         except FileNotFoundError:
             time_ns = ""  # a kernel without time namespaces: one clock for everyone
-        _, start = _stat(pid)
-        _, again = _stat(pid)  # the same twice, or we do not understand what we read
+        _, start = _stat("self")
+        _, again = _stat("self")  # the same twice, or we do not understand what we read
     except (OSError, ValueError, IndexError):
         return None
     if not boot or start != again:
@@ -111,8 +126,46 @@ def host_key(boot_id: str, pid_ns: str, time_ns: str) -> str:
     return base64.urlsafe_b64encode(digest[:12]).decode()
 
 
+def takeover_rule() -> tuple[bool, str]:
+    """Whether a holder of this host may be taken over once ``/proc`` proves it ended (before
+    its lease ends), and why: ``DYNASEM['SAME_HOST_TAKEOVER']``, or where it is ``None``, on
+    unless this runtime may be one of several clones of a memory snapshot. Costs no system
+    call."""
+    from .conf import settings  # read live: override_settings follows
+
+    chosen = settings.SAME_HOST_TAKEOVER
+    if chosen is not None:
+        rule = (chosen, f"DYNASEM['SAME_HOST_TAKEOVER'] = {chosen}")
+    elif os.environ.get("AWS_LAMBDA_INITIALIZATION_TYPE") == "snap-start":
+        rule = (
+            False,
+            "a runtime restored from a snapshot (AWS_LAMBDA_INITIALIZATION_TYPE=snap-start)",
+        )
+    elif os.environ.get("AWS_LAMBDA_FUNCTION_NAME"):
+        rule = (False, "AWS Lambda (its execution environments may be restored from snapshots)")
+    else:
+        rule = (True, "the default (DYNASEM['SAME_HOST_TAKEOVER'] = None)")
+    _tell(rule)
+    return rule
+
+
+_told: tuple[bool, str] | None = None
+
+
+def _tell(rule: tuple[bool, str]) -> None:
+    """One log line per process (and per change) saying which rule is in force."""
+    global _told
+    if rule != _told:
+        _told = rule
+        level = logging.DEBUG if rule[0] and "default" in rule[1] else logging.INFO
+        state = "on" if rule[0] else "off (holders are taken over when their lease ends)"
+        logger.log(level, "dynasem: same-host takeover of dead holders is %s: %s", state, rule[1])
+
+
 def _mine() -> _Me | None:
     global _me, _probed
+    if not takeover_rule()[0]:
+        return None
     if not _probed:
         _me, _probed = _probe(), True
     return _me
@@ -120,7 +173,8 @@ def _mine() -> _Me | None:
 
 def identity() -> str | None:
     """What a holder (or a waiter) of this process records, or None where we cannot be sure
-    of our own view of ``/proc`` (then nobody takes our holds over before their lease ends)."""
+    of our own view of ``/proc`` or same-host takeover is off (then nobody takes our holds
+    over before their lease ends)."""
     me = _mine()
     return None if me is None else me.identity
 
@@ -171,7 +225,7 @@ def gone(recorded: str | None) -> bool:
         state, started = _stat(pid)
     except (FileNotFoundError, ProcessLookupError):
         # No such process: unless /proc itself went away under us (then we know nothing).
-        return os.path.isdir(f"/proc/{os.getpid()}")
+        return os.path.isdir("/proc/self")
     except (OSError, ValueError, IndexError):
         return False
     if started != start:

@@ -72,7 +72,7 @@ def settings_table() -> str:
 def checks_table() -> str:
     from dynasem.checks import CHECK_IDS
 
-    levels = {"E": "Error", "W": "Warning"}
+    levels = {"E": "Error", "W": "Warning", "I": "Info"}
     rows = ["| ID | Level | What it checks |", "|---|---|---|"]
     for check_id, meaning in CHECK_IDS.items():
         level = levels[check_id.removeprefix("dynasem.")[0]]

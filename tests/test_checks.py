@@ -213,6 +213,7 @@ WRONG_TYPES = {
     "CLOCK_SKEW": "5",
     "FAIR": "false",
     "PUSH": 127,
+    "SAME_HOST_TAKEOVER": "false",
     "TELEMETRY": "false",
     "TELEMETRY_RESOURCE_NAMES": 1,
 }

@@ -60,6 +60,7 @@ def test_defaults_for_missing_keys_match_the_contract():
         "CLOCK_SKEW": 5,
         "FAIR": False,  # beyond API.md: fair (FIFO) waiting by default or not
         "PUSH": "127.0.0.1",  # beyond API.md: where queued waiters take hand-over pushes
+        "SAME_HOST_TAKEOVER": None,  # beyond API.md: dead holders of this host seen in /proc
         "TELEMETRY": True,  # beyond API.md: OpenTelemetry metrics and spans, if installed
         "TELEMETRY_RESOURCE_NAMES": False,  # beyond API.md: raw keys as lock names
     }
@@ -242,6 +243,7 @@ WRONG_TYPES = {
     "CLOCK_SKEW": "5",
     "FAIR": "false",
     "PUSH": 127,
+    "SAME_HOST_TAKEOVER": "false",
     "TELEMETRY": "false",
     "TELEMETRY_RESOURCE_NAMES": 1,
 }

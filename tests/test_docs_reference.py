@@ -23,7 +23,7 @@ from dynasem import checks, conf, exceptions, signals
 ROOT = Path(__file__).resolve().parent.parent
 REFERENCE = ROOT / "docs" / "reference"
 PACKAGE = ROOT / "dynasem"
-CHECK_ID = re.compile(r"^dynasem\.[EW]\d{3}$")
+CHECK_ID = re.compile(r"^dynasem\.[EWI]\d{3}$")
 
 
 def _load_hooks() -> ModuleType:
@@ -109,18 +109,21 @@ def _check_ids_used() -> dict[str, set[str]]:
 
 def test_every_check_id_used_is_documented_and_every_documented_one_used():
     used = _check_ids_used()
-    assert len(used) >= 14  # E001-E012, W001, W002: the scan finds them
+    assert len(used) >= 16  # E001-E013, W001, W002, I001: the scan finds them
     assert set(used) == set(checks.CHECK_IDS)
     assert all(CHECK_ID.match(check_id) for check_id in checks.CHECK_IDS)
+
+
+LEVELS = {"E": "Error", "W": "Warning", "I": "Info"}
 
 
 def test_a_check_ids_letter_is_its_level():
     for check_id, kinds in _check_ids_used().items():
         letter = check_id.removeprefix("dynasem.")[0]
-        assert kinds <= {"Error" if letter == "E" else "Warning"}, check_id
+        assert kinds <= {LEVELS[letter]}, check_id
     table = hooks.render("checks")
     for check_id in checks.CHECK_IDS:
-        level = "Error" if ".E" in check_id else "Warning"
+        level = LEVELS[check_id.removeprefix("dynasem.")[0]]
         assert f"| `{check_id}` | {level} |" in table
     assert markers("checks.md") == [("checks", None)]
 

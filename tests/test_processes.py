@@ -3,7 +3,9 @@ takeover of holders proven dead, planted in the table as a holder of this host w
 
 from __future__ import annotations
 
+import logging
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -12,6 +14,9 @@ import uuid
 from collections.abc import Callable, Iterator
 
 import pytest
+from django.conf import settings
+from django.core.checks import run_checks
+from django.test import override_settings
 
 from dynasem import SemaphoreBusy, clock, processes, semaphore, table
 from tests.conftest import enqueue_entry
@@ -151,9 +156,9 @@ def test_nothing_is_recorded_where_proc_cannot_be_trusted(monkeypatch: pytest.Mo
         return lambda path: replace.get(path) or read(path)
 
     # Another pid namespace's /proc: NSpid shows us at two levels.
-    status = read(f"/proc/{os.getpid()}/status")
+    status = read("/proc/self/status")
     nested = status.replace("NSpid:\t", "NSpid:\t99999\t")
-    monkeypatch.setattr(processes, "_read", reading({f"/proc/{os.getpid()}/status": nested}))
+    monkeypatch.setattr(processes, "_read", reading({"/proc/self/status": nested}))
     processes._forget_after_fork()
     assert processes.identity() is None
     # /proc mounted with hidepid: a missing /proc/<pid> would prove nothing.
@@ -167,6 +172,38 @@ def test_nothing_is_recorded_where_proc_cannot_be_trusted(monkeypatch: pytest.Mo
     monkeypatch.setattr(sys, "platform", "darwin")
     processes._forget_after_fork()
     assert processes.identity() is None
+
+
+def _in_pid_namespace_without_its_proc(code: str) -> str:
+    """Run ``code`` as pid 1 of a new pid namespace (``unshare -Urpf``) that kept the machine's
+    ``/proc``: there ``/proc/1`` is the machine's init, another process than ours."""
+    if shutil.which("unshare") is None:
+        pytest.skip("util-linux's unshare is missing")
+    setup = "import django; django.setup()\n"
+    run = subprocess.run(
+        ["unshare", "-Urpf", sys.executable, "-c", setup + code],
+        env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if run.returncode != 0 and "unshare failed" in run.stderr:
+        pytest.skip(f"no pid namespace here: {run.stderr.strip()}")
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip()
+
+
+def test_a_pid_namespace_that_sees_another_proc_records_nothing() -> None:
+    # Our pid is 1 there, and /proc/1 the machine's init: its start time is not ours. Before
+    # the fix the probe read /proc/<getpid()> and recorded the stranger's start time, so that
+    # when the stranger ended a waiter "proved" this live holder dead.
+    said = _in_pid_namespace_without_its_proc(
+        "import os\nfrom dynasem import processes\n"
+        "print(os.getpid(), os.readlink('/proc/self'), processes.identity())"
+    )
+    pid, proc_self, recorded = said.split()
+    assert pid == "1" and proc_self != pid  # the situation the test is about
+    assert recorded == "None"
 
 
 def test_hidepid_off_is_no_obstacle(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -227,6 +264,42 @@ def test_a_dead_holder_of_this_host_is_evicted_in_the_takers_write(
         assert dict(requests_sent.calls) == {"UpdateItem": 2}
         assert holders("dead:1") == {held.token} and gone not in holders("dead:1")
         assert held.fence > before.fence
+
+
+@pytest.mark.parametrize(
+    ("setting", "environ"),
+    [(False, {}), (None, {"AWS_LAMBDA_INITIALIZATION_TYPE": "snap-start"}),
+     (None, {"AWS_LAMBDA_FUNCTION_NAME": "api"})],
+    ids=["off", "snap-start", "lambda"],
+)  # fmt: skip
+def test_same_host_takeover_off_waits_for_the_lease(
+    lock_table: str,
+    dead: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    setting: bool | None,
+    environ: dict[str, str],
+) -> None:
+    # A clone of one memory snapshot shares this boot id, yet its processes are missing from
+    # our /proc: proving them dead from here would be wrong. Off, nothing is recorded, no
+    # recorded process is proven dead, and a dead holder is taken over at its lease's end.
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    plant("clone:1", dead)
+    with override_settings(DYNASEM={**settings.DYNASEM, "SAME_HOST_TAKEOVER": setting}):
+        with caplog.at_level(logging.INFO, logger="dynasem"):
+            assert processes.identity() is None
+        assert not processes.gone(dead) and not processes.local(dead)
+        assert "same-host takeover of dead holders is off" in caplog.text
+        with pytest.raises(SemaphoreBusy):
+            semaphore("clone:1", wait=0).acquire()
+        [info] = [m for m in run_checks() if m.id == "dynasem.I001"]
+        assert ("snap-start" in info.msg) == ("AWS_LAMBDA_INITIALIZATION_TYPE" in environ)
+    # Left at its default, and neither on Lambda nor restored from a snapshot: on again.
+    monkeypatch.delenv("AWS_LAMBDA_INITIALIZATION_TYPE", raising=False)
+    monkeypatch.delenv("AWS_LAMBDA_FUNCTION_NAME", raising=False)
+    assert processes.gone(dead)
+    assert not [m for m in run_checks() if m.id == "dynasem.I001"]
 
 
 def test_a_holder_whose_pid_was_reused_is_taken_over(
