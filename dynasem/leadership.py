@@ -7,7 +7,8 @@ back when the block ends. What a leader must know is when to stop acting as one:
 * ``lead.active``: True while the hold is ours and its trusted deadline (``lease -
   CLOCK_SKEW`` after the last renewal was sent) is ahead. Another process can take over only
   after that deadline, so work checked against ``lead.active`` (or ``lead.seconds_left()``)
-  never overlaps another leader's, given clocks within ``CLOCK_SKEW``.
+  never overlaps another leader's, given clocks within ``CLOCK_SKEW``. It is False from the
+  moment the block ends, before the lead is given back: the next contender may take it then.
 * ``on_lost(lead)``: called once, from the heartbeat's thread, when the hold is known lost
   (a renewal refused, or the deadline passed without one); ``lead.wait_lost(timeout)``
   blocks until then.
@@ -57,6 +58,8 @@ class Lead:
         self._on_lost = on_lost
         self._lost = threading.Event()
         self._once = threading.Lock()
+        # Set before the hold is given back: from then on another may lead at any moment.
+        self._given_back = False
         lock_lost.connect(self._heard_lost, weak=False, dispatch_uid=f"dynasem-lead-{id(self)}")
         if held.lost:  # lost before we listened
             self._lost_now()
@@ -68,7 +71,9 @@ class Lead:
 
     @property
     def active(self) -> bool:
-        """The lead is ours and its trusted deadline is ahead."""
+        """The lead is ours and its trusted deadline is ahead (False once given back)."""
+        if self._given_back:
+            return False
         if self._lost.is_set() or self.held.lost:
             self._lost_now()
             return False
@@ -79,7 +84,7 @@ class Lead:
         return 0.0 if not self.active else self.held.seconds_left()
 
     def wait_lost(self, timeout: float | None = None) -> bool:
-        """Block until the lead is lost (True) or ``timeout`` passed (False)."""
+        """Block until the lead is lost or given back (True) or ``timeout`` passed (False)."""
         end = None if timeout is None else time.monotonic() + timeout
         while self.active:
             # The deadline passes without a signal until the heartbeat notices: look often.
@@ -102,11 +107,14 @@ class Lead:
         if self._on_lost is not None:
             self._on_lost(self)
 
-    def _close(self) -> None:
+    def _give_up(self) -> None:
+        """Inactive from now on, and deaf to lock_lost: the block is giving the lead back,
+        which is no loss to report."""
+        self._given_back = True
         lock_lost.disconnect(dispatch_uid=f"dynasem-lead-{id(self)}")
 
     def __repr__(self) -> str:
-        state = "active" if self.active else "lost"
+        state = "given back" if self._given_back else "active" if self.active else "lost"
         return f"<Lead {self.name!r} fence={self.fence} {state}>"
 
 
@@ -164,11 +172,13 @@ class Leadership:
     async def __aexit__(self, *exc: Any) -> None:
         from .drivers import run_io
 
-        await run_io(self._give_back, self._left())
+        lead = self._left()
+        lead._give_up()  # inactive now, not once the executor gets to the release
+        await run_io(self._give_back, lead)
 
     @staticmethod
     def _give_back(lead: Lead) -> None:
-        lead._close()
+        lead._give_up()
         try:
             lead.held.release()
         except LockLost:
