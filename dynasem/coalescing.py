@@ -44,8 +44,8 @@ __all__ = ["acquire", "aacquire", "check_coalescing", "Registration"]
 
 
 def check_coalescing(mode: str, resources: Any, wait: float | None) -> None:
-    """A ValueError unless semaphores like this can coalesce (at construction and again at
-    acquire, when a callable resource's keys are known and the WAIT setting is read)."""
+    """A ValueError unless semaphores like this can coalesce (at construction, and at each
+    acquire before its first request: see :func:`checked_wait`)."""
     if mode != MODE_EXCLUSIVE:
         raise ValueError(
             f"coalesce=True needs an exclusive semaphore (limit=1, shared=False), not a {mode} "
@@ -61,6 +61,16 @@ def check_coalescing(mode: str, resources: Any, wait: float | None) -> None:
             "coalesce=True needs a wait above 0 (wait=0, or DYNASEM['WAIT'] = 0 with wait=None):"
             " the next run waits for the one going; e.g. wait=math.inf"
         )
+
+
+def checked_wait(sem: Any) -> float:
+    """The wait of this acquisition of ``sem``; a ValueError before any request is sent if it
+    is 0. ``wait=None`` reads the WAIT setting here, at every acquire, not at construction: a
+    decorator is made at import, maybe before the settings are final. Refused whether the
+    lock is free or busy, so the mistake shows on the first call, not on the first busy one."""
+    _, wait, _ = resolve_timing(sem.lease, sem.wait)
+    check_coalescing(sem.mode, sem.resources, wait)
+    return wait
 
 
 class Registration:
@@ -116,8 +126,7 @@ class Registration:
 
 def register(sem: Any, busy: SemaphoreBusy) -> Registration:
     """Register as ``sem``'s next run after ``busy``, or raise :class:`Coalesced`."""
-    lease, wait, skew = resolve_timing(sem.lease, sem.wait)
-    check_coalescing(sem.mode, sem.resources, wait)
+    lease, _, skew = resolve_timing(sem.lease, sem.wait)
     resource = sem.resources[0]
     row = table.get(resource)  # consistent: the fence as it is now that we have arrived
     token = uuid.uuid4().hex
@@ -147,9 +156,10 @@ def register(sem: Any, busy: SemaphoreBusy) -> Registration:
     return Registration(resource, token, lease, skew, sent, name)
 
 
-def acquire(sem: Any, attempt: Callable[[float | None], _T]) -> _T:
+def acquire(sem: Any, attempt: Callable[[float], _T]) -> _T:
     """``sem``'s hold: at once if free, else as the next run; :class:`Coalesced` if there is
-    one. ``attempt(wait)`` acquires (``None``: the semaphore's own wait)."""
+    one. ``attempt(wait)`` acquires, waiting up to ``wait`` seconds."""
+    wait = checked_wait(sem)
     try:
         return attempt(0)
     except Coalesced:
@@ -157,7 +167,7 @@ def acquire(sem: Any, attempt: Callable[[float | None], _T]) -> _T:
     except SemaphoreBusy as busy:
         registration = register(sem, busy)
     try:
-        held = attempt(None)
+        held = attempt(wait)
     except BaseException:
         registration.withdraw()
         raise
@@ -165,8 +175,9 @@ def acquire(sem: Any, attempt: Callable[[float | None], _T]) -> _T:
     return held
 
 
-async def aacquire(sem: Any, attempt: Callable[[float | None], Awaitable[_T]]) -> _T:
+async def aacquire(sem: Any, attempt: Callable[[float], Awaitable[_T]]) -> _T:
     """:func:`acquire` for async code: the registration's requests in dynasem's executor."""
+    wait = checked_wait(sem)
     try:
         return await attempt(0)
     except Coalesced:
@@ -181,7 +192,7 @@ async def aacquire(sem: Any, attempt: Callable[[float | None], Awaitable[_T]]) -
             registering.add_done_callback(_withdraw_when_made)
             raise
     try:
-        held = await attempt(None)
+        held = await attempt(wait)
     except BaseException:
         registration.stop()  # at once, whatever happens to the request below
         await run_io(registration.withdraw)

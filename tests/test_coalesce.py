@@ -4,6 +4,7 @@ caller returns at once because the next run starts after it arrived."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import threading
@@ -14,6 +15,7 @@ import pytest
 from django.test import RequestFactory, override_settings
 
 from dynasem import Coalesced, SemaphoreBusy, semaphore, table
+from dynasem.operations import holds_on
 from dynasem.testing import held_elsewhere
 from tests.conftest import RequestCounter, dynasem_settings, wait_for
 from tests.test_races import SPAWN
@@ -260,16 +262,63 @@ def test_what_cannot_coalesce_is_refused_at_once(
         semaphore(["a", "b"], coalesce=True, wait=1)
 
 
-def test_a_wait_of_zero_from_the_setting_is_refused_when_busy(lock_table: str) -> None:
-    """wait=None reads DYNASEM['WAIT'] (0 in these tests) at acquire: a free lock is taken,
-    a busy one cannot wait as the next run and says so, registering nothing."""
-    with semaphore("rebuild:8", coalesce=True):
-        pass
-    with held_elsewhere("rebuild:8"):
+def test_a_wait_of_zero_from_the_setting_is_refused_before_any_request(
+    lock_table: str, requests_sent: RequestCounter
+) -> None:
+    """wait=None reads DYNASEM['WAIT'] (0 in these tests) at acquire: free or busy, with,
+    async with or acquire(), the call is refused before a request is sent, not let in while
+    the lock is free and refused only once it is busy (its first busy caller in production)."""
+
+    async def async_with() -> None:
+        async with semaphore("rebuild:8", coalesce=True):
+            pytest.fail("must not run")
+
+    def refused(attempt: Any) -> None:
+        requests_sent.reset()
         with pytest.raises(ValueError, match="needs a wait above 0"):
-            with semaphore("rebuild:8", coalesce=True):
-                pass
+            attempt()
+        assert requests_sent.calls == {}
+
+    for busy in (False, True):
+        with held_elsewhere("rebuild:8") if busy else contextlib.nullcontext():
+            refused(lambda: semaphore("rebuild:8", coalesce=True).__enter__())
+            refused(lambda: semaphore("rebuild:8", coalesce=True).acquire())
+            refused(lambda: asyncio.run(async_with()))
     assert registered("rebuild:8") is None
+    assert holds_on("rebuild:8") == []
+
+
+def test_a_decorator_reads_the_wait_setting_at_each_call(
+    lock_table: str, dynamodb_local: str, requests_sent: RequestCounter
+) -> None:
+    """A decorator is made at import, maybe before the settings are final: it is not refused
+    then, nor let in later by the WAIT it was made under; each call reads the setting."""
+    waits = dynasem_settings(dynamodb_local, lock_table, WAIT=30)
+    ran: list[int] = []
+    with override_settings(DYNASEM=waits):
+
+        @semaphore("rebuild:{n}", coalesce=True)
+        def made_under_30(n: int) -> None:
+            ran.append(n)
+
+        @semaphore("rebuild:{n}", coalesce=True)
+        async def async_made_under_30(n: int) -> None:
+            ran.append(n)
+
+    @semaphore("rebuild:{n}", coalesce=True)  # made under WAIT 0: no error yet
+    def made_under_0(n: int) -> None:
+        ran.append(n)
+
+    requests_sent.reset()
+    for call in (lambda: made_under_30(1), lambda: asyncio.run(async_made_under_30(2))):
+        with pytest.raises(ValueError, match=r"DYNASEM\['WAIT'\] = 0 with wait=None"):
+            call()
+    assert requests_sent.calls == {} and ran == []
+    with override_settings(DYNASEM=waits):
+        made_under_30(1)
+        asyncio.run(async_made_under_30(2))
+        made_under_0(3)
+    assert ran == [1, 2, 3]
 
 
 def test_the_registration_is_a_small_item_in_no_index(lock_table: str, dynamodb_local: str) -> None:
