@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import unicodedata
 from numbers import Real
 from typing import Any
 
@@ -46,6 +47,25 @@ def utf8_size(value: str, name: str) -> int:
         ) from None
 
 
+def check_printable(text: str, name: str) -> str:
+    """``text``, or a ValueError naming ``name`` if it has a control character (C0, DEL,
+    C1: Unicode category Cc).
+
+    A name is shown to operators as written (``dynasem_locks``, the admin), where ESC or CR
+    rewrites the terminal's line; a NUL cannot be stored by PostgreSQL (``fence_db``). So such
+    a name is refused before any request, rather than stored and shown."""
+    for index, char in enumerate(text):
+        if unicodedata.category(char) == "Cc":
+            # Shown escaped (repr): the message must itself be printable and loggable.
+            shown = repr(text) if len(text) <= 80 else f"{text[:80]!r}..."
+            raise ValueError(
+                f"{name} {shown} contains the control character {char!r} at index "
+                f"{index}: names must be printable; escape the value (e.g. "
+                "dynasem.resource_key) or drop the character"
+            )
+    return text
+
+
 def check_resource(resource: Any, name: str = "resource") -> str:
     if not isinstance(resource, str):
         raise TypeError(f"{name} must be a str, not {type(resource).__name__}: {resource!r}")
@@ -57,7 +77,7 @@ def check_resource(resource: Any, name: str = "resource") -> str:
             f"{name} is {size} UTF-8 bytes; at most {MAX_RESOURCE_BYTES} are allowed: "
             f"{resource[:40]!r}..."
         )
-    return resource
+    return check_printable(resource, name)
 
 
 def check_resources(resource: Any) -> list[str]:

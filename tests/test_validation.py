@@ -190,3 +190,49 @@ def test_huge_but_allowed_numbers_work(lock_table: str) -> None:
     # A wait of 1e300 s is as good as forever; max_hold of 1e300 s as good as none.
     with semaphore("big", limit=validation.MAX_LIMIT, wait=1e300, max_hold=1e300) as held:
         assert held.fence > 0
+
+
+# A terminal rewrites its line on these (ESC [2K, CR); PostgreSQL cannot store a NUL; a C1
+# control (U+009B) is a CSI to some terminals too.
+CONTROLS = ["\x00", "\x1b", "\r", "\n", "\t", "\x7f", "\x9b"]
+
+
+@pytest.mark.parametrize("char", CONTROLS, ids=[f"U+{ord(c):04X}" for c in CONTROLS])
+def test_a_control_character_in_a_resource_is_refused_naming_it(char: str) -> None:
+    resource = f"tbl_issues:1{char}[2Kbilling:7"
+    with pytest.raises(ValueError) as raised:
+        validation.check_resource(resource)
+    message = str(raised.value)
+    assert message.startswith(f"resource {resource!r} contains the control character {char!r}")
+    assert char not in message  # shown escaped: the message itself prints
+    with pytest.raises(ValueError, match=r"^resource\[1\] "):
+        validation.check_resources(["ok", resource])
+    with pytest.raises(ValueError, match="^key "):
+        validation.check_resource(resource, "key")
+
+
+def test_printable_resources_are_still_taken() -> None:
+    for resource in ["tbl_issues:1", "a b", "é/日本", "👨\u200d👩\u200d👧", "%1B"]:
+        assert validation.check_resource(resource) == resource
+
+
+def test_a_control_character_is_refused_by_every_entry_point_before_any_request(
+    requests_sent: Any,
+) -> None:
+    from dynasem import leadership, run_once, semaphore, unique
+
+    bad = "tbl_issues:1\x1b[2K\rbilling:7"
+    requests_sent.reset()
+    for make, name in [
+        (lambda: semaphore(bad), "resource"),
+        (lambda: semaphore(["ok", bad]), r"resource\[1\]"),
+        (lambda: semaphore(bad, fence_db=True), "resource"),
+        (lambda: run_once(bad), "key"),
+        (lambda: leadership("beat\x00"), "resource"),
+    ]:
+        with pytest.raises(ValueError, match=rf"^{name} .*control character"):
+            with make():
+                pass  # pragma: no cover - never entered
+    with pytest.raises(ValueError, match="control character"):
+        unique.claim(bad, "task-1", 10)
+    assert requests_sent.total == 0
