@@ -15,6 +15,7 @@ import functools
 import inspect
 import logging
 import string
+import unicodedata
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -24,8 +25,9 @@ from django.utils.functional import LazyObject
 
 from . import fenced
 from .exceptions import Coalesced, Picklable, SemaphoreBusy
+from .leadership import PREFIX as LEADER_PREFIX
 from .logs import facts
-from .validation import MAX_RESOURCE_BYTES, utf8_size
+from .validation import MAX_RESOURCE_BYTES, check_printable, utf8_size
 
 logger = logging.getLogger("dynasem")
 
@@ -82,16 +84,41 @@ class Decoratable(Protocol):
         """The lock for one call: the same semaphore on ``resource``, held by ``user``."""
 
 
-@functools.lru_cache(maxsize=1024)
-def _escaped_chars(template: str) -> frozenset[str]:
-    """The characters values must escape (as ``%XX``) in ``template``, after checking it.
+# The resources dynasem's own features take, which no formatted field may reach: a view's
+# {slug} of "leader:beat", or {kind}:{id} with kind="leader", must not take (or block) a
+# leadership. (A unique task's key is its own template's: ':' being escaped in every field
+# keeps it out of another template's reach.)
+RESERVED_PREFIXES = (LEADER_PREFIX,)
 
-    One field: nothing; the key ``prefix + value + suffix`` gives the value back. Several
-    fields: each pair must be parted by a literal holding a character outside ``SAFE`` and
-    ``%``; escaping those characters (and ``%``) in the values means the first of them after
+
+def _kept(char: str) -> bool:
+    """Whether a template value keeps ``char`` as written in every template: letters,
+    digits, ``-``, ``_``, ``.``, and printable characters beyond ASCII (``é``, ``日``). Every
+    other ASCII character (``%``, ``:``, ``/``, space, controls) and every non-ASCII
+    control, format character or space is escaped: a key's ASCII punctuation is then all the
+    template's own, and a key never holds a character that prints nothing or rewrites a
+    terminal. A lone surrogate is kept, for the resource check to refuse by name."""
+    if char in SAFE:
+        return True
+    if char.isascii():
+        return False
+    category = unicodedata.category(char)
+    return category == "Cs" or category[0] not in "CZ"
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed(template: str) -> tuple[frozenset[str], str, str]:
+    """What a template's values escape beyond what ``_kept`` escapes (the characters parting
+    its fields: one beyond ASCII, ``→``, must be escaped in values too), the literal text
+    before its first field, and that text and the literal after the first field (for
+    ``RESERVED_PREFIXES``); after checking the template.
+
+    Each pair of fields must be parted by a literal holding a character outside ``SAFE`` and
+    ``%``: escaping those characters (and ``%``) in the values means the first of them after
     a field always belongs to the literal that follows it, so every key parses back to one
     set of values.
     """
+    check_printable(template, "resource template")
     try:
         parts = list(string.Formatter().parse(template))
     except ValueError as exc:
@@ -99,13 +126,13 @@ def _escaped_chars(template: str) -> frozenset[str]:
             f"resource template {template!r} is not a valid format string: {exc}"
         ) from None
     separators: set[str] = set()
-    fields = 0
-    between = ""  # the literal text since the last field
+    literals: list[str] = []  # the literal text before each field, then after the last
+    between = ""
     for literal, field, _spec, _conv in parts:
         between += literal
         if field is None:
             continue
-        if fields:
+        if literals:
             parting = {c for c in between if c not in SAFE and c != "%"}
             if not parting:
                 raise ValueError(
@@ -115,44 +142,76 @@ def _escaped_chars(template: str) -> frozenset[str]:
                     "arguments never share a key"
                 )
             separators |= parting
-        fields += 1
+        literals.append(between)
         between = ""
-    return frozenset(separators | {"%"}) if fields > 1 else frozenset()
+    literals.append(between)
+    also = frozenset(c for c in separators if not c.isascii())
+    return also, literals[0], "".join(literals[:2])
 
 
 def check_template(template: str) -> None:
     """Refuse templates whose keys could collide: two fields with nothing but letters, digits,
-    ``-``, ``_``, ``.`` or ``%`` between them (``"{a}{b}"``, ``"{a}-{b}"``)."""
-    _escaped_chars(template)
+    ``-``, ``_``, ``.`` or ``%`` between them (``"{a}{b}"``, ``"{a}-{b}"``), and templates
+    holding a control character."""
+    _parsed(template)
 
 
-def _escape(value: str, chars: frozenset[str]) -> str:
-    if not chars or not any(c in chars for c in value):
+def _percent(char: str) -> str:
+    """``char`` as ``%XX`` per UTF-8 byte (``é``: ``%C3%A9``)."""
+    return "".join(f"%{b:02X}" for b in char.encode())
+
+
+def _escape(value: str, also: frozenset[str]) -> str:
+    if all(_kept(c) and c not in also for c in value):
         return value
-    return "".join("".join(f"%{b:02X}" for b in c.encode()) if c in chars else c for c in value)
+    return "".join(c if _kept(c) and c not in also else _percent(c) for c in value)
 
 
 class _EscapingFormatter(string.Formatter):
-    def __init__(self, chars: frozenset[str]) -> None:
-        self.chars = chars
+    def __init__(self, also: frozenset[str]) -> None:
+        self.also = also
 
     def format_field(self, value: Any, format_spec: str) -> str:
-        return _escape(super().format_field(value, format_spec), self.chars)
+        return _escape(super().format_field(value, format_spec), self.also)
+
+
+def _unreserved(key: str, lead: str, around: str) -> str:
+    """``key``, unless a field's value reaches into a reserved prefix (``{kind}:{id}`` with
+    ``kind="leader"``): then the first character that value gave it is escaped too, which
+    keeps the key apart from every other value's (``%`` is escaped in every value)."""
+    for prefix in RESERVED_PREFIXES:
+        if key.startswith(prefix) and not around.startswith(prefix):
+            # Values never hold ':' and a prefix is letters then ':': that ':' is the
+            # template's, and the one value in the letters before it is the first field's,
+            # which begins right after the leading text (and is not empty: else the
+            # template's own text would make the prefix). Its first character is a letter.
+            start = len(lead)
+            return key[:start] + _percent(key[start]) + key[start + 1 :]
+    return key
 
 
 def resource_key(template: str, /, *args: Any, **kwargs: Any) -> str:
     """The resource the decorator locks for these template values: ``template.format(*args,
     **kwargs)`` where every value made only of letters, digits, ``-``, ``_`` and ``.`` is used
-    as written; other characters are escaped (``%XX``) where needed to keep two sets of values
-    apart (only in templates with several fields: ``%`` and the characters that part them).
-    Code outside the decorated call names the same lock with it:
-    ``resource_key("deploy:{slug}", slug="web")`` is ``"deploy:web"``."""
+    as written. In any other value every ASCII character but those (``%``, ``:``, ``/``,
+    spaces, controls) and every non-ASCII control or space is written ``%XX`` (its UTF-8
+    bytes), so no two sets of values share a key and no value makes a key of a template
+    with other punctuation (``tbl_issues:{id}`` never makes ``tbl_issues:1:export``), nor
+    reaches dynasem's own ``leader:`` resources. Code outside the decorated call names the
+    same lock with it: ``resource_key("deploy:{slug}", slug="web")`` is ``"deploy:web"``."""
     if not isinstance(template, str):
         raise TypeError(f"template must be a str, not {type(template).__name__}")
-    return _EscapingFormatter(_escaped_chars(template)).format(template, *args, **kwargs)
+    also, lead, around = _parsed(template)
+    key = _EscapingFormatter(also).format(template, *args, **kwargs)
+    return _unreserved(key, lead, around)
 
 
-class KeyTooLong(Picklable, ValueError):
+class BadKey(Picklable, ValueError):
+    """The key a call's arguments make cannot be a resource: for a view, the request's fault
+    (a URL value), answered 400, not 500."""
+
+
+class KeyTooLong(BadKey):
     """The key a view's arguments make is longer than a resource may be: the request's fault
     (a URL value of hundreds of escaped characters), answered 400, not 500."""
 
@@ -164,17 +223,36 @@ class KeyTooLong(Picklable, ValueError):
         )
 
 
+class KeyNotPrintable(BadKey):
+    """The key a callable made of a view's arguments holds a control character (a template's
+    values are escaped; a callable's key is used as returned): answered 400, not 500."""
+
+    def __init__(self, char: str, index: int):
+        self.char, self.index = char, index
+        super().__init__(
+            f"the lock key made from this request's arguments contains the control character "
+            f"{char!r} at index {index}"
+        )
+
+
 def _checked(resource: Any) -> Any:
-    """A view's resource(s), refused as :class:`KeyTooLong` past the size a key may have."""
+    """A call's resource(s), refused as :class:`BadKey` past the size a key may have or with
+    a control character in it."""
     for key in resource if isinstance(resource, list | tuple) else [resource]:
+        if not isinstance(key, str):
+            continue
         # utf8_size: a lone surrogate is a ValueError naming the resource, not a codec error.
-        if isinstance(key, str) and utf8_size(key, "resource") > MAX_RESOURCE_BYTES:
+        if utf8_size(key, "resource") > MAX_RESOURCE_BYTES:
             raise KeyTooLong(key, MAX_RESOURCE_BYTES)
+        for index, char in enumerate(key):
+            if unicodedata.category(char) == "Cc":
+                raise KeyNotPrintable(char, index)
     return resource
 
 
-def bad_key_response(request: Any, exc: KeyTooLong) -> HttpResponse:
-    """HTTP 400: the URL's values make a lock key longer than DynamoDB's 1,024-byte limit."""
+def bad_key_response(request: Any, exc: BadKey) -> HttpResponse:
+    """HTTP 400: the URL's values make a lock key that cannot be a resource (longer than
+    DynamoDB's 1,024-byte limit, or holding a control character)."""
     return HttpResponseBadRequest(
         f"Bad Request: {exc}.\n", content_type="text/plain; charset=utf-8"
     )
@@ -404,13 +482,13 @@ def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., A
 
     def resolve(args: Any, kwargs: Any) -> tuple[Any, Any, HttpResponse | None]:
         """The call's request (a view's), its resource, and the 400 to answer instead when
-        a view's key is too long."""
+        a view's key cannot be a resource."""
         request = request_of(args)
         resource = keys(args, kwargs, request is not None)
         if request is not None:
             try:
                 resource = _checked(resource)
-            except KeyTooLong as exc:
+            except BadKey as exc:
                 return request, resource, bad_key_response(request, exc)
         return request, resource, None
 

@@ -742,24 +742,50 @@ def test_values_of_letters_digits_dash_underscore_dot_are_used_as_written():
     assert SAFE == set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
 
 
-def test_one_field_is_never_escaped():
-    for value in ["1:2", "a b", "100%", "é", "日本", "a/b?c=d&e", "\x00\n", "{}", "%3A"]:
-        assert resource_key("file:{path}", path=value) == f"file:{value}"
-
-
-def test_several_fields_escape_percent_and_their_separators_only():
+def test_every_field_escapes_ascii_punctuation_spaces_and_percent_whatever_the_template():
+    assert resource_key("file:{path}", path="a/b?c=d&e") == "file:a%2Fb%3Fc%3Dd%26e"
+    assert resource_key("file:{path}", path="1:2") == "file:1%3A2"
+    assert resource_key("file:{path}", path="100% a") == "file:100%25%20a"
+    assert resource_key("file:{path}", path="{}") == "file:%7B%7D"
     assert resource_key("a:{x}:{y}", x="1:2", y="3") == "a:1%3A2:3"
-    assert resource_key("a:{x}:{y}", x="100%", y="é/b c") == "a:100%25:é/b c"
-    assert resource_key("{x}/{y}", x="a/b", y="c:d") == "a%2Fb/c:d"
-    assert resource_key("{x}: {y}", x="a b", y="c:d") == "a%20b: c%3Ad"
-    assert resource_key("{x}:{y}", x="é:", y="") == "é%3A:"
+    assert resource_key("{x}/{y}", x="a/b", y="c:d") == "a%2Fb/c%3Ad"
+    # Printable letters beyond ASCII stay as written, unless the template parts fields with one.
+    assert resource_key("doc:{title}", title="é日本") == "doc:é日本"
+    assert resource_key("{x}→{y}", x="a→b", y="é") == "a%E2%86%92b→é"
+
+
+def test_a_field_cannot_make_the_key_of_another_template():
+    # The review's case: one argument set of one template was the key of another template.
+    assert resource_key("tbl_issues:{id}", id="1:export") == "tbl_issues:1%3Aexport"
+    assert resource_key("tbl_issues:{id}:export", id=1) == "tbl_issues:1:export"
+    assert resource_key("file:{p}", p="a/meta") != resource_key("file:{p}/meta", p="a")
+    # And a unique task's key (reindex:{id}) is out of reach of a view's {slug}.
+    assert resource_key("{slug}", slug="reindex:42") == "reindex%3A42"
+
+
+def test_control_characters_in_a_field_are_escaped_not_stored():
+    value = "1\x1b[2K\rbilling:7\x00\x7f\x85\u2028"
+    key = resource_key("tbl_issues:{project_id}", project_id=value)
+    assert key == "tbl_issues:1%1B%5B2K%0Dbilling%3A7%00%7F%C2%85%E2%80%A8"
+    assert key.isprintable()
+
+
+def test_a_field_cannot_reach_dynasems_own_leader_prefix():
+    assert resource_key("{slug}", slug="leader:beat") == "leader%3Abeat"
+    assert resource_key("{kind}:{id}", kind="leader", id="beat") == "%6Ceader:beat"
+    assert resource_key("lead{x}:{y}", x="er", y="beat") == "lead%65r:beat"
+    assert resource_key("{kind}:{id}", kind="leaders", id="beat") == "leaders:beat"
+    assert resource_key("{kind}:{id}", kind="", id="beat") == ":beat"
+    # The template's own text names what it names: the field is not what reaches the prefix.
+    assert resource_key("leader:{name}", name="beat") == "leader:beat"
+    assert resource_key("{a}leader:{name}", a="", name="beat") == "leader:beat"
 
 
 def test_escaping_is_injective_over_tricky_values():
     # Every pair of values up to two characters from an alphabet of the troublemakers.
-    alphabet = ["a", "3", "A", ":", "%", " ", "é", "{", "-", ".", "/"]
+    alphabet = ["a", "3", "A", ":", "%", " ", "é", "{", "-", ".", "/", "\x1b", "→"]
     values = ["".join(p) for n in range(3) for p in itertools.product(alphabet, repeat=n)]
-    for template in ["a:{x}:{y}", "{x}/{y}", "{x}:-/{y}.", "{x} {y}"]:
+    for template in ["a:{x}:{y}", "{x}/{y}", "{x}:-/{y}.", "{x} {y}", "{x}→{y}", "{x}:{y}ab"]:
         seen: dict[str, tuple[str, str]] = {}
         for x, y in itertools.product(values, repeat=2):
             k = resource_key(template, x=x, y=y)
@@ -772,10 +798,15 @@ def test_decorator_and_with_block_lock_the_same_resource(lock_table):
     def deploy(request, slug):
         return HttpResponse("deployed")
 
-    for slug in ["my-app_v2.1", "my app/v2:1 é"]:
-        with semaphore(f"deploy:{slug}"):
-            assert_locked(deploy(RequestFactory().post("/"), slug=slug))
-        assert deploy(RequestFactory().post("/"), slug=slug).status_code == 200
+    slug = "my-app_v2.1"
+    with semaphore(f"deploy:{slug}"):
+        assert_locked(deploy(RequestFactory().post("/"), slug=slug))
+    assert deploy(RequestFactory().post("/"), slug=slug).status_code == 200
+    # Any value: resource_key names the decorator's lock.
+    slug = "my app/v2:1 é"
+    with semaphore(resource_key("deploy:{slug}", slug=slug)):
+        assert_locked(deploy(RequestFactory().post("/"), slug=slug))
+    assert deploy(RequestFactory().post("/"), slug=slug).status_code == 200
 
 
 @pytest.mark.parametrize(
@@ -869,7 +900,7 @@ def test_method_decorator_formats_view_kwargs(lock_table):
 if hypothesis is not None:
 
     @hypothesis.given(
-        st.sampled_from(["a:{x}:{y}", "{x}/{y}", "{x}: {y}", "{x}:{y}-"]),
+        st.sampled_from(["a:{x}:{y}", "{x}/{y}", "{x}: {y}", "{x}:{y}-", "{x}:{y}", "l{x}:{y}"]),
         st.text(),
         st.text(),
         st.text(),
@@ -909,3 +940,75 @@ def test_an_async_view_answers_400_for_a_key_too_long_too(lock_table, requests_s
     response = asyncio.run(deploy(RequestFactory().post("/"), slug="x" * 1100))
     assert response.status_code == 400
     assert requests_sent.total == 0
+
+
+def test_a_view_value_cannot_take_a_leadership_or_another_templates_lock(lock_table):
+    from dynasem import leadership
+
+    @semaphore("{slug}", wait=0)
+    def by_slug(request, slug):
+        return HttpResponse(current_hold().resource)
+
+    @semaphore("{kind}:{id}", wait=0)
+    def by_kind(request, kind, id):
+        return HttpResponse(current_hold().resource)
+
+    @semaphore("tbl_issues:{id}", wait=0)
+    def issue(request, id):
+        return HttpResponse(current_hold().resource)
+
+    # Called from another thread: this one's holds would be re-entered, not waited for.
+    def call(view: Any, **kwargs: Any) -> Any:
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(view, RequestFactory().post("/"), **kwargs).result()
+
+    with leadership("beat", wait=0), semaphore("tbl_issues:1:export", wait=0):
+        for response in [
+            call(by_slug, slug="leader:beat"),
+            call(by_kind, kind="leader", id="beat"),
+            call(issue, id="1:export"),
+        ]:
+            assert response.status_code == 200, response.content
+            assert response.content.decode() not in ("leader:beat", "tbl_issues:1:export")
+
+
+def test_a_view_value_with_control_characters_locks_its_escaped_key(lock_table):
+    @semaphore("tbl_issues:{project_id}", wait=0)
+    def view(request, project_id):
+        return HttpResponse(current_hold().resource)
+
+    response = view(RequestFactory().post("/"), project_id="1\x1b[2K\rbilling:7")
+    assert response.status_code == 200
+    assert response.content == b"tbl_issues:1%1B%5B2K%0Dbilling%3A7"
+
+
+def test_a_callable_key_with_a_control_character_is_a_400_and_sends_nothing(
+    lock_table, requests_sent
+):
+    @semaphore(lambda request, name: f"file:{name}", wait=0)
+    def view(request, name):
+        raise AssertionError("must not run")
+
+    @semaphore(lambda request, name: f"file:{name}", wait=0)
+    async def async_view(request, name):
+        raise AssertionError("must not run")
+
+    requests_sent.reset()
+    for response in [
+        view(RequestFactory().post("/"), name="a\x00b"),
+        asyncio.run(async_view(RequestFactory().post("/"), name="a\x1b[2K")),
+    ]:
+        assert response.status_code == 400
+        assert "control character" in response.content.decode()
+    assert requests_sent.total == 0
+
+
+def test_a_template_with_a_control_character_is_refused_at_decoration_time():
+    with pytest.raises(ValueError, match=r"^resource 'a\\x1b:\{x\}'.*control character '\\x1b'"):
+
+        @semaphore("a\x1b:{x}")
+        def view(request, x):  # pragma: no cover - never decorated
+            return HttpResponse()
+
+    with pytest.raises(ValueError, match=r"^resource template 'a\\x1b:\{x\}'.*'\\x1b'"):
+        resource_key("a\x1b:{x}", x=1)

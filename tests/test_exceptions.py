@@ -25,7 +25,7 @@ from dynasem import (
     TableMissing,
 )
 from dynasem.cursors import BadCursor
-from dynasem.decorators import KeyTooLong
+from dynasem.decorators import BadKey, KeyNotPrintable, KeyTooLong
 from dynasem.run_once import TransactionRolledBack
 from dynasem.table import LockItem, Refused
 from dynasem.table.client import Cancelled
@@ -77,6 +77,8 @@ EXAMPLES: list[BaseException] = [
     AlreadyDone("file:a.txt", 1_700_000_000_000),
     AlreadyDone("file:a.txt"),
     KeyTooLong("k" * 1100, 1024),
+    KeyNotPrintable("\x1b", 12),
+    BadKey("the lock key made from this request's arguments cannot be a resource"),
     BadCursor("not a page cursor: 'x'"),
     TransactionRolledBack("the transaction rolled back"),
     Refused({"pk": "r", "holders": {}}, retried=True),
