@@ -119,14 +119,7 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
             # block) has none: the handle of a task id that never runs says "not run".
             return self.AsyncResult(busy.task_id or task_id)
         if self.app.conf.task_always_eager:
-            # Run here and now, inside the claim: the key is held until it returns (a retry
-            # runs inside it too, as Celery's eager mode does).
-            try:
-                return super().apply_async(
-                    args, kwargs, task_id=task_id, headers=headers, **options
-                )
-            finally:
-                give_back(taken)
+            return self._run_eagerly(taken, args, kwargs, task_id, headers, options)
         headers[HEADER] = taken.header()
         try:
             return super().apply_async(args, kwargs, task_id=task_id, headers=headers, **options)
@@ -134,38 +127,65 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
             give_back(taken)  # not enqueued: free the key now
             raise
 
+    def _run_eagerly(
+        self, taken: Claim, args: Any, kwargs: Any, task_id: str, headers: Any, options: Any
+    ) -> Any:
+        """Celery's eager mode (``task_always_eager``): run here and now as a worker would,
+        the claim adopted for the run. The hold is entered around Celery's ``apply()``, not
+        in ``__call__``: an eager retry runs inside ``apply()`` after the first run has
+        returned, and must find the key still held, as the docs promise."""
+        try:
+            held = adopt(taken, self.run_lease)
+        except LockLost as lost:  # its queue lease ran out and another task took the key
+            self._not_run(taken, task_id, lost)
+            return self.AsyncResult(task_id)
+        try:
+            with running(held):
+                return super().apply_async(
+                    args, kwargs, task_id=task_id, headers=headers, **options
+                )
+        finally:
+            self._end_run(taken, held)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         carried = Claim.from_header(_header_of(self.request))
         if carried is None or inline_retry(carried) is not None:
-            # Called directly, sent without apply_async (send_task), or run eagerly.
+            # Called directly, sent without apply_async (send_task), or run eagerly (its hold
+            # is entered around the eager apply: _run_eagerly).
             return super().__call__(*args, **kwargs)
         try:
             held = adopt(carried, self.run_lease)
         except LockLost as lost:
-            logger.warning(
-                "dynasem: %s[%s] not run: its key %r is not its own (%s)",
-                self.name,
-                self.request.id,
-                carried.resource,
-                lost.reason,
-                extra=carried.facts("not_run", lost.reason, self.name),
-            )
+            self._not_run(carried, self.request.id, lost)
             return None
         self.request.dynasem_run = (carried, held)
         try:
             with running(held):
                 return super().__call__(*args, **kwargs)
         finally:
-            try:
-                end_run(held, self.queue_lease)
-            except Exception as exc:  # the task's own outcome stands; the lease ends the key
-                logger.warning(
-                    "dynasem: %s could not give back %r: %s",
-                    self.name,
-                    carried.resource,
-                    exc,
-                    extra=carried.facts("give_back_failed", exc, self.name),
-                )
+            self._end_run(carried, held)
+
+    def _not_run(self, carried: Claim, task_id: str | None, lost: LockLost) -> None:
+        logger.warning(
+            "dynasem: %s[%s] not run: its key %r is not its own (%s)",
+            self.name,
+            task_id,
+            carried.resource,
+            lost.reason,
+            extra=carried.facts("not_run", lost.reason, self.name),
+        )
+
+    def _end_run(self, carried: Claim, held: Held) -> None:
+        try:
+            end_run(held, self.queue_lease)
+        except Exception as exc:  # the task's own outcome stands; the lease ends the key
+            logger.warning(
+                "dynasem: %s could not give back %r: %s",
+                self.name,
+                carried.resource,
+                exc,
+                extra=carried.facts("give_back_failed", exc, self.name),
+            )
 
 
 def _header_of(request: Any) -> Any:
