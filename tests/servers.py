@@ -1,7 +1,9 @@
 """Servers that tests and scripts start for themselves on a free port of 127.0.0.1 and stop
 again: a throwaway PostgreSQL cluster of Debian's packages (``initdb`` into a temporary folder,
 run as the ``postgres`` user when started as root; ``apt-get install postgresql`` first when
-started as root without it), and the helpers to wait for and stop any server process."""
+started as root without it), a throwaway MariaDB server alike (``mariadb-install-db``, run as the
+``mysql`` user; ``apt-get install mariadb-server``), and the helpers to wait for and stop any
+server process."""
 
 from __future__ import annotations
 
@@ -105,5 +107,64 @@ def postgresql(workdir: Path, database: str = "dynasem_load") -> Iterator[str]:
             check=True,
         )  # fmt: skip
         yield f"postgres://postgres@127.0.0.1:{port}/{database}"
+    finally:
+        stop(proc)
+
+
+# -- MariaDB -------------------------------------------------------------------------------------
+
+
+def mariadb_bin() -> Path:
+    found = shutil.which("mariadbd") or shutil.which("mariadbd", path="/usr/sbin:/usr/libexec")
+    if not found and os.geteuid() == 0 and shutil.which("apt-get"):
+        print("apt-get install -y mariadb-server", flush=True)
+        subprocess.run(["apt-get", "install", "-y", "-q", "mariadb-server"], check=True)
+        found = shutil.which("mariadbd", path="/usr/sbin:/usr/libexec")
+    if not found or not shutil.which("mariadb-install-db"):
+        raise ServerUnavailable("MariaDB's mariadbd not found: apt-get install mariadb-server")
+    return Path(found)
+
+
+@contextlib.contextmanager
+def mariadb(workdir: Path, database: str = "dynasem_fenced") -> Iterator[dict[str, Any]]:
+    """A throwaway MariaDB server on a free port of 127.0.0.1 (root without a password; run as
+    the ``mysql`` user when started as root); yields a Django ``DATABASES`` entry for it."""
+    server = mariadb_bin()
+    data = workdir / "mariadb"
+    data.mkdir()
+    as_user: list[str] = []
+    if os.geteuid() == 0:  # mariadbd refuses to run as root without --user=root
+        as_user = ["runuser", "-u", "mysql", "--"]
+        os.chmod(workdir, 0o755)
+        shutil.chown(data, "mysql")
+    subprocess.run(
+        [*as_user, "mariadb-install-db", "--no-defaults", f"--datadir={data}",
+         "--auth-root-authentication-method=normal", "--skip-test-db"],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    port = free_port()
+    proc = subprocess.Popen(
+        [*as_user, str(server), "--no-defaults", f"--datadir={data}", f"--port={port}",
+         "--bind-address=127.0.0.1", f"--socket={data / 'sock'}", f"--pid-file={data / 'pid'}",
+         "--skip-name-resolve", "--innodb-buffer-pool-size=32M"],
+        stdout=subprocess.DEVNULL,
+        stderr=open(workdir / "mariadb.log", "w"),  # noqa: SIM115 - closed with the process
+    )  # fmt: skip
+    try:
+        wait_for_port(port, proc, "mariadbd", 60)
+        subprocess.run(
+            ["mariadb", "-h127.0.0.1", f"-P{port}", "-uroot", "-e",
+             f"CREATE DATABASE {database} CHARACTER SET utf8mb4"],
+            check=True,
+        )  # fmt: skip
+        yield {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": database,
+            "USER": "root",
+            "HOST": "127.0.0.1",
+            "PORT": port,
+        }
     finally:
         stop(proc)
