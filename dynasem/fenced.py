@@ -153,16 +153,32 @@ def no_async() -> TypeError:
 
 def _write(connection: Any, alias: str, resource: str, fence: int) -> bool:
     """The conditional upsert: True if the row now holds ``fence`` (locked until our
-    transaction ends), False if it holds a larger one."""
+    transaction ends), False if it holds a larger one. A deadlock the database broke by
+    rolling our transaction back raises LockLost: the caller's work is gone, not the hold."""
     try:
         return _upsert(connection, alias, resource, fence)
     except DatabaseError as exc:
+        if _deadlock(connection, exc):
+            raise LockLost(
+                resource,
+                f"the database {alias!r} chose this transaction as a deadlock victim while it "
+                f"wrote fence {fence} ({exc}): the whole transaction was rolled back, nothing of "
+                "it lands; the hold is still yours, run the work again in a new transaction",
+            ) from exc
         if TABLE in str(exc):  # "no such table", "relation ... does not exist"
             exc.add_note(
                 f"dynasem: fenced transactions need the {TABLE} table of database {alias!r}: "
                 f"run `manage.py migrate dynasem --database {alias}`"
             )
         raise
+
+
+# MySQL's and MariaDB's ER_LOCK_DEADLOCK: InnoDB rolled the whole transaction back.
+_MYSQL_DEADLOCK = 1213
+
+
+def _deadlock(connection: Any, exc: DatabaseError) -> bool:
+    return bool(connection.vendor == "mysql" and exc.args and exc.args[0] == _MYSQL_DEADLOCK)
 
 
 def _upsert(connection: Any, alias: str, resource: str, fence: int) -> bool:
@@ -177,7 +193,9 @@ def _upsert(connection: Any, alias: str, resource: str, fence: int) -> bool:
                 [key, resource, fence],
             )
             return bool(cursor.rowcount == 1)
-        # Elsewhere (MySQL, MariaDB, Oracle): update the row; create it if there is none.
+        if connection.vendor == "mysql":
+            return _upsert_mysql(cursor, table, key, resource, fence)
+        # Elsewhere (Oracle, third-party backends): update the row; create it if there is none.
         update = f"UPDATE {table} SET fence = %s WHERE digest = %s AND fence <= %s"
         cursor.execute(update, [fence, key, fence])
         if cursor.rowcount == 1:
@@ -192,6 +210,27 @@ def _upsert(connection: Any, alias: str, resource: str, fence: int) -> bool:
         except IntegrityError:  # made meanwhile: its fence decides
             cursor.execute(update, [fence, key, fence])
             return bool(cursor.rowcount == 1)
+
+
+def _upsert_mysql(cursor: Any, table: str, key: str, resource: str, fence: int) -> bool:
+    """MySQL and MariaDB: one ``INSERT ... ON DUPLICATE KEY UPDATE`` on the primary key.
+
+    An UPDATE that finds no row locks the gap where it would be under REPEATABLE READ, and
+    two transactions that both did so then wait on each other's gap to INSERT: a deadlock of
+    every two holders fencing a new resource at once. This statement takes no gap lock: a
+    duplicate of the primary key is locked as a record (exclusively, for the update), a new
+    row by its insert; the second holder waits for the first's transaction, then finds its
+    row. The row locked, a locking read (the newest committed value, not the transaction's
+    snapshot) says whether our fence is the one stored: the affected-rows count cannot, as
+    Django's FOUND_ROWS flag counts an insert and an unchanged row alike."""
+    cursor.execute(
+        f"INSERT INTO {table} (digest, resource, fence) VALUES (%s, %s, %s) "
+        f"ON DUPLICATE KEY UPDATE fence = IF(fence <= %s, %s, fence)",
+        [key, resource, fence, fence, fence],
+    )
+    cursor.execute(f"SELECT fence FROM {table} WHERE digest = %s FOR UPDATE", [key])
+    row = cursor.fetchone()
+    return row is not None and int(row[0]) == fence
 
 
 def _stored(connection: Any, resource: str) -> int | None:
