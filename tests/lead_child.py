@@ -1,7 +1,12 @@
 """The command a leader runs in tests/test_lead.py: it logs ``start``, then ``alive`` every
 20 ms, and ``stop`` when it gets SIGTERM, each line with its host, pid (as the machine's
 /proc numbers it), CLOCK_MONOTONIC (one clock for every namespace of the machine) and the
-lead's fence."""
+lead's fence.
+
+``python -m tests.lead_child LOG --escape`` runs the logging loop in a process that left: the
+command forks, the child calls ``setsid()`` and forks again, and that grandchild (a daemon, its
+parent gone) logs while the command itself only sleeps. A process group kill or
+``PR_SET_PDEATHSIG`` on the command reaches the daemon no more."""
 
 from __future__ import annotations
 
@@ -13,7 +18,19 @@ import time
 from typing import Any
 
 
+def escape() -> None:
+    """Fork a daemon (setsid, fork again) that returns to log; the command itself sleeps."""
+    if os.fork() != 0:
+        while True:
+            time.sleep(60)  # the command: alive, doing nothing
+    os.setsid()
+    if os.fork() != 0:
+        os._exit(0)
+
+
 def main() -> None:
+    if sys.argv[2:] == ["--escape"]:
+        escape()
     fd = os.open(sys.argv[1], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     # The pid in the machine's /proc (this process may be in a pid namespace of its own).
     me = f"{socket.gethostname()} {os.readlink('/proc/self')}"

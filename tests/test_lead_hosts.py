@@ -19,7 +19,16 @@ import pytest
 from tests import netns
 from tests.conftest import wait_for
 from tests.test_hosts import gateway_endpoint
-from tests.test_lead import GRACE, LEASE, assert_one_at_a_time, dead, runs
+from tests.test_lead import (
+    LEASE,
+    SHAPES,
+    assert_one_at_a_time,
+    dead,
+    death_watch,
+    lead_argv,
+    parent_of,
+    runs,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 SKEW = 0.5  # the test settings' CLOCK_SKEW
@@ -28,20 +37,27 @@ ROUNDS = 10
 
 
 class HostLeader:
-    """``dynasem_lead beat`` on one host, restartable (a host that comes back)."""
+    """``dynasem_lead beat`` on one host, restartable (a host that comes back). With
+    ``under_init`` the host's first process is a shell that outlives dynasem_lead, so that
+    dynasem_lead alone can be killed (its pid namespace's end would kill everything else)."""
 
-    def __init__(self, host: netns.Host, endpoint: str, table_name: str, log: Path) -> None:
+    def __init__(
+        self, host: netns.Host, endpoint: str, table_name: str, log: Path, shape: str = "child",
+        under_init: bool = False,
+    ) -> None:  # fmt: skip
         self.host, self.endpoint, self.table_name, self.log = host, endpoint, table_name, log
+        self.shape, self.under_init = shape, under_init
         self.proc: subprocess.Popen[bytes] | None = None
         self.start()
 
     def start(self) -> None:
         err = open(self.log.with_name(f"{self.host.name}-{time.monotonic_ns()}.err"), "wb")  # noqa: SIM115
+        lead = lead_argv("beat", self.log, self.shape)
+        if self.under_init:
+            lead = ["sh", "-c", '"$@"; sleep 3600', "sh", *lead]
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "tests.in_host", self.host.netns, self.host.hostname, "--",
-             sys.executable, "-m", "django", "dynasem_lead", "beat", "--lease", str(LEASE),
-             "--grace", str(GRACE), "--", sys.executable, "-m", "tests.lead_child",
-             str(self.log)],
+             *lead],
             cwd=REPO,
             env={**os.environ, "DJANGO_SETTINGS_MODULE": "tests.settings",
                  "DYNASEM_TEST_ENDPOINT": self.endpoint, "DYNASEM_TEST_TABLE": self.table_name,
@@ -50,6 +66,24 @@ class HostLeader:
                  "DYNASEM_TEST_OWN_PIDS": "1"},
             stderr=err,
         )  # fmt: skip
+
+    def candidate(self) -> int:
+        """The pid of this host's dynasem_lead process (as the machine's /proc numbers it)."""
+        assert self.proc is not None
+        for entry in Path("/proc").iterdir():
+            if entry.name.isdigit():
+                try:
+                    argv = (entry / "cmdline").read_bytes().split(b"\0")
+                    if argv[1:4] == [b"-m", b"django", b"dynasem_lead"]:
+                        pid = int(entry.name)
+                        ancestor = pid
+                        while ancestor > 1 and ancestor != self.proc.pid:
+                            ancestor = parent_of(ancestor)
+                        if ancestor == self.proc.pid:
+                            return pid
+                except (FileNotFoundError, ProcessLookupError, ValueError):
+                    continue
+        raise AssertionError(f"no dynasem_lead on host {self.host.name}")
 
     def kill(self) -> None:
         """The host dies: SIGKILL to its pid namespace's parent kills every process in it."""
@@ -117,3 +151,35 @@ def test_ten_failovers_across_hosts_never_two_commands_at_once(
     assert_one_at_a_time(all_runs, ends)
     print("failovers (how, seconds):", [(h, round(s, 2)) for h, s in failovers])
     assert all(seconds < BOUND for _, seconds in failovers), failovers
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_a_hosts_killed_candidate_takes_its_whole_command_along(
+    network: netns.Network, lock_table: str, dynamodb_local: str, tmp_path: Path, shape: str
+) -> None:
+    # Only dynasem_lead is SIGKILLed (the OOM killer), its host lives on: the other host takes
+    # over at lease + CLOCK_SKEW, and by then every process of the first command is gone.
+    endpoint = gateway_endpoint(network, dynamodb_local)
+    log = tmp_path / "runs.log"
+    hosts = {
+        n: HostLeader(network.hosts[n], endpoint, lock_table, log, shape, under_init=True)
+        for n in ("a", "b")
+    }
+    try:
+        first = wait_for(lambda: runs(log), 60, "a command started")[0]
+        by_hostname = {network.hosts[n].hostname: n for n in hosts}
+        leading = hosts[by_hostname[first.host]]
+        os.kill(leading.candidate(), signal.SIGKILL)
+        killed = time.monotonic()
+        gone = death_watch(first.pid, killed + 2)
+        second = wait_for(lambda: runs(log)[1:], BOUND + 3, "the other host took over")[0]
+        assert second.host != first.host
+        assert second.start - killed < BOUND
+        assert_one_at_a_time(runs(log), {first.pid: gone})
+        assert leading.proc is not None and leading.proc.poll() is None  # the host lives on
+    finally:
+        for leader in hosts.values():
+            leader.close()
+        for run in runs(log):
+            if not dead(run.pid):
+                os.kill(run.pid, signal.SIGKILL)

@@ -6,28 +6,42 @@ SIGTERM, then SIGKILL after ``--grace`` seconds, before its lead can be taken ov
 lead is lost, or when renewals have failed for so long that only ``--grace`` plus a margin of
 its trusted deadline (``lease - CLOCK_SKEW`` after the last renewal sent) is left. Nobody can
 take the lead before that deadline, so two commands never run at once, given clocks within
-``CLOCK_SKEW``. Having stopped it, the process competes again. The command runs in a session
-of its own (signals go to its whole process group) with ``DYNASEM_LEAD_NAME`` and
-``DYNASEM_LEAD_FENCE`` in its environment, and is SIGKILLed by Linux if this process dies
-(``PR_SET_PDEATHSIG``; its own children should exit with it).
+``CLOCK_SKEW``. Having stopped it, the process competes again.
+
+The command runs in a pid namespace of its own (``dynasem/_command_init.py``), so "the
+command" is every process it starts, daemons and ``setsid()`` ones included: when this
+process dies by any signal (SIGKILL, the OOM killer), the namespace's init dies with it
+(``PR_SET_PDEATHSIG``, and the control pipe's end) and the kernel kills every process in the
+namespace; when this process is stopped (SIGSTOP, a frozen VM), the init ends the namespace
+just before the lead's trusted deadline, which this process tells it after every renewal.
+Either way the command is dead before the lease ends, and since this lead records no
+process identity nobody takes it over before then, on this host either. A machine that
+refuses pid namespaces (no CAP_SYS_ADMIN and no unprivileged user namespaces) is refused
+with the reason, unless ``--no-pid-namespace`` accepts the weaker guarantee: the command's
+first process dies with this one, what it started may live on. The command gets
+``DYNASEM_LEAD_NAME`` and ``DYNASEM_LEAD_FENCE`` in its environment.
 
 If the command exits by itself, the lead is given back and this process exits with the
-command's status (a process manager restarts it). SIGTERM or SIGINT to this process stops
-the command the same way (SIGTERM, SIGKILL after ``--grace``), gives the lead back and exits.
+command's status (a process manager restarts it); anything the command left running is
+killed with the namespace. SIGTERM or SIGINT to this process stops the command the same way
+(SIGTERM to every process of it, SIGKILL after ``--grace``), gives the lead back and exits.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+import dynasem
 from dynasem.exceptions import SemaphoreUnavailable, TableMissing
 from dynasem.leadership import Lead, leadership, resource_of
 from dynasem.shutdown import release_all
@@ -40,13 +54,31 @@ POLL = 0.05
 KILL_MARGIN = 0.2
 
 
-# Run in the child before the command: PR_SET_PDEATHSIG(SIGKILL), then exec the command (the
-# setting survives exec); if the parent died before it was set, exit at once.
+# Run in the child before the command (with --no-pid-namespace): PR_SET_PDEATHSIG(SIGKILL),
+# an error if it fails, then exec the command (the setting survives exec); if the parent died
+# before it was set, exit at once. Run with ``python -I``: nothing of the working directory.
 _DIE_WITH_PARENT = (
     "import ctypes, os, sys\n"
-    "ctypes.CDLL(None).prctl(1, 9)\n"
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "if libc.prctl(1, 9, 0, 0, 0) != 0:\n"
+    "    n = ctypes.get_errno()\n"
+    "    sys.exit(f'dynasem_lead: prctl(PR_SET_PDEATHSIG): {os.strerror(n)} (errno {n})')\n"
     "if os.getppid() != int(sys.argv[1]): os._exit(1)\n"
     "os.execvp(sys.argv[2], sys.argv[2:])\n"
+)
+# The command's pid namespace (the default): see dynasem/_command_init.py.
+COMMAND_INIT = str(Path(dynasem.__file__).resolve().parent / "_command_init.py")
+# How long the keeper may take to start listening, and to end the namespace once told to.
+KEEPER_PATIENCE = 10.0
+NO_PID_NAMESPACE = (
+    "dynasem_lead runs the command in a pid namespace of its own, so that when this process "
+    "is killed (SIGKILL, the OOM killer) every process the command started dies with it, "
+    "before any other host can take the lead over; this machine refused one ({why}). Run "
+    "dynasem_lead as root or with CAP_SYS_ADMIN, or allow unprivileged user namespaces "
+    "(sysctl user.max_user_namespaces > 0, kernel.unprivileged_userns_clone=1; in a container, "
+    "a seccomp profile that permits unshare), or pass --no-pid-namespace to accept that what "
+    "the command starts in the background may outlive a killed dynasem_lead (see the how-to "
+    "guide 'One leader among many hosts')."
 )
 
 
@@ -69,6 +101,11 @@ class Command(BaseCommand):
             "--grace", type=float, help="seconds between SIGTERM and SIGKILL (default: a "
             "third of lease - CLOCK_SKEW, at most 10)",
         )  # fmt: skip
+        parser.add_argument(
+            "--no-pid-namespace", action="store_true", help="run the command without a pid "
+            "namespace of its own (where none can be made): a killed dynasem_lead then kills "
+            "only the command's first process, and what it started may live on",
+        )  # fmt: skip
         parser.add_argument("command", nargs="*", help="after --: the command and its arguments")
 
     def run_from_argv(self, argv: list[str]) -> None:
@@ -81,8 +118,9 @@ class Command(BaseCommand):
         super().run_from_argv(argv)
 
     def handle(self, *args: Any, name: str, lease: float | None, grace: float | None,
-               command: list[str], **options: Any) -> None:  # fmt: skip
+               command: list[str], no_pid_namespace: bool, **options: Any) -> None:  # fmt: skip
         command = getattr(self, "_command", None) or command
+        self._own_pids = not no_pid_namespace
         if not command:
             raise CommandError("give the command to run after --: dynasem_lead NAME -- cmd ...")
         try:
@@ -101,6 +139,8 @@ class Command(BaseCommand):
                 f"of lease - CLOCK_SKEW ({window:g} s): take a longer --lease or a shorter "
                 "--grace"
             )
+        if self._own_pids:
+            _check_pid_namespaces()
         stopping = threading.Event()
         waiting = threading.Event()
 
@@ -115,6 +155,10 @@ class Command(BaseCommand):
             waiting.set()
             try:
                 place = leadership(name, lease=lease_s)
+                # The lead is the command's, not this process's: the end of this process does
+                # not end the command at once (the kernel takes a moment to kill a namespace),
+                # so nobody may take the lead over before its lease ends, on this host either.
+                place.semaphore.detached = True
                 lead = place.__enter__()
             except KeyboardInterrupt:
                 # It may have come just after the lead was taken: give back whatever we hold.
@@ -145,29 +189,16 @@ class Command(BaseCommand):
         """Run the command while ``lead`` lasts; its exit status if it exited by itself,
         None if it was stopped (the lead lost or ending, or this process told to stop)."""
         env = {**os.environ, "DYNASEM_LEAD_NAME": name, "DYNASEM_LEAD_FENCE": str(lead.fence)}
-        # The command dies with this process (SIGKILL at our death, set before its exec): a
-        # leader killed alone must not leave it running while another host takes over.
-        child = subprocess.Popen(
-            [sys.executable, "-c", _DIE_WITH_PARENT, str(os.getpid()), *command],
-            env=env,
-            start_new_session=True,
-        )
+        child = _Command(command, env, self._own_pids)
         try:
             return self._supervise(name, lead, child, grace, stopping)
         finally:
-            # Whatever ended it (or if supervising failed), nothing of the command's process
-            # group may outlive the lead: what ignored SIGTERM, what it started.
-            _signal_group(child, signal.SIGKILL)
-            if child.poll() is None:
-                child.wait()
+            # Whatever ended it (or if supervising failed), nothing of the command may outlive
+            # the lead: what ignored SIGTERM, what it started.
+            child.kill()
 
     def _supervise(
-        self,
-        name: str,
-        lead: Lead,
-        child: subprocess.Popen[Any],
-        grace: float,
-        stopping: threading.Event,
+        self, name: str, lead: Lead, child: _Command, grace: float, stopping: threading.Event
     ) -> int | None:
         self.stderr.write(
             f"dynasem_lead: leading {name!r} (fence {lead.fence}): started pid {child.pid}"
@@ -179,21 +210,115 @@ class Command(BaseCommand):
                 if termed is not None:
                     self.stderr.write(f"dynasem_lead: {name!r}: pid {child.pid} stopped")
                     return None
-                return code if code >= 0 else 128 - code
+                return code
             left = lead.seconds_left()
+            child.trust_until(time.monotonic() + left)
             if termed is None and (stopping.is_set() or left <= grace + KILL_MARGIN):
                 why = "stopping" if stopping.is_set() else "the lead is ending or lost"
                 self.stderr.write(f"dynasem_lead: {name!r}: {why}: SIGTERM to pid {child.pid}")
-                _signal_group(child, signal.SIGTERM)
+                child.terminate()
                 termed = time.monotonic()
             if termed is not None and (left <= KILL_MARGIN or time.monotonic() - termed >= grace):
                 if child.poll() is None:
                     self.stderr.write(f"dynasem_lead: {name!r}: SIGKILL to pid {child.pid}")
-                    _signal_group(child, signal.SIGKILL)
-                    child.wait()
+                    child.kill()
                 self.stderr.write(f"dynasem_lead: {name!r}: pid {child.pid} stopped")
                 return None
             time.sleep(POLL)
+
+
+def _check_pid_namespaces() -> None:
+    probe = subprocess.run(
+        [sys.executable, "-I", COMMAND_INIT, "--probe"], capture_output=True, text=True
+    )
+    if probe.returncode != 0:
+        why = probe.stderr.strip() or f"exit status {probe.returncode}"
+        raise CommandError(NO_PID_NAMESPACE.format(why=why))
+
+
+class _Command:
+    """The command, started in a pid namespace of its own behind a keeper process
+    (dynasem/_command_init.py), or (``own_pids=False``) in a session of its own that dies
+    with this process (``PR_SET_PDEATHSIG``)."""
+
+    def __init__(self, command: list[str], env: dict[str, str], own_pids: bool) -> None:
+        self.own_pids = own_pids
+        self._told = 0.0
+        if not own_pids:
+            self._control = -1
+            self.process = subprocess.Popen(
+                [sys.executable, "-I", "-c", _DIE_WITH_PARENT, str(os.getpid()), *command],
+                env=env,
+                start_new_session=True,
+            )
+            return
+        # The control pipe: the keeper's init reads the lead's trusted deadline from it, and
+        # its end (this process gone) ends the namespace. The ready pipe says the keeper
+        # listens to our signals.
+        control_r, self._control = os.pipe()
+        ready_r, ready_w = os.pipe()
+        os.set_blocking(self._control, False)  # a stuck reader must never stall the leader
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-I", COMMAND_INIT, str(control_r), str(ready_w),
+                 str(os.getpid()), "--", *command],
+                env=env,
+                start_new_session=True,
+                pass_fds=(control_r, ready_w),
+            )  # fmt: skip
+        finally:
+            os.close(control_r)
+            os.close(ready_w)
+        try:
+            select.select([ready_r], [], [], KEEPER_PATIENCE)  # a byte, or its end: it failed
+        finally:
+            os.close(ready_r)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def poll(self) -> int | None:
+        code = self.process.poll()
+        return None if code is None else code if code >= 0 else 128 - code
+
+    def trust_until(self, deadline: float) -> None:
+        """Tell the namespace's init the lead's trusted deadline (CLOCK_MONOTONIC): it ends
+        the namespace by itself just before, should this process stop acting (SIGSTOP)."""
+        if self._control < 0 or abs(deadline - self._told) < 0.01:
+            return
+        try:
+            os.write(self._control, f"{deadline:.6f}\n".encode())
+            self._told = deadline
+        except (BlockingIOError, BrokenPipeError):
+            pass  # the init is gone or not reading: it ends the namespace on its own
+
+    def terminate(self) -> None:
+        """SIGTERM to every process of the command."""
+        if self.own_pids:
+            self.process.send_signal(signal.SIGTERM)  # the keeper: to the init: to all
+        else:
+            _signal_group(self.process, signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL to every process of the command; returns once they are all dead (with a
+        pid namespace: the keeper is reaped after its init, and the kernel reaps the init only
+        after every process of its namespace)."""
+        if self.own_pids:
+            if self.process.poll() is None:
+                self.process.send_signal(signal.SIGUSR1)  # the keeper SIGKILLs its init
+                try:
+                    self.process.wait(KEEPER_PATIENCE)
+                except subprocess.TimeoutExpired:
+                    # Never seen: the keeper dies, and its init with it (PR_SET_PDEATHSIG).
+                    self.process.kill()
+            if self._control >= 0:
+                os.close(self._control)
+                self._control = -1
+        else:
+            _signal_group(self.process, signal.SIGKILL)
+        if self.process.poll() is None:
+            self.process.wait()
 
 
 def _signal_group(child: subprocess.Popen[Any], sig: int) -> None:
