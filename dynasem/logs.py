@@ -10,7 +10,15 @@ from typing import Any
 
 # The prefix keeps the names clear of LogRecord's own attributes and of other libraries'.
 PREFIX = "dynasem_"
-TOKEN_PREFIX = 8  # enough to tell holds apart in logs; a whole token is a hold's secret
+# A whole token is a hold's secret: with it, anyone with access to the table can break or
+# release that hold. Logs and the commands' output (text and JSON) show this many of its
+# first characters, enough to tell holds apart and to name one to ``dynasem_release --token``.
+TOKEN_PREFIX = 8
+
+
+def shown_token(token: str) -> str:
+    """What dynasem shows or logs of a token outside its holder: its first characters."""
+    return token[:TOKEN_PREFIX]
 
 
 def facts(
@@ -28,7 +36,7 @@ def facts(
     if resource is not None:
         found["resource"] = resource if isinstance(resource, str) else ",".join(resource)
     if token:
-        found["token"] = token[:TOKEN_PREFIX]
+        found["token"] = shown_token(token)
     if fence is not None:
         found["fence"] = fence
     if outcome is not None:

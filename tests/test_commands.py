@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import sys
 import time
@@ -399,7 +400,7 @@ def test_locks_json_lines(listed, later):
     later(3)
     rows = json_lines(run("dynasem_locks", "--json"))
     got = {(r["resource"], r["user_id"], r["fence"], r["token"]) for r in rows}
-    assert got == {(r, h.user_id, h.fence, h.token) for r, h in listed.items()}
+    assert got == {(r, h.user_id, h.fence, h.token[:8]) for r, h in listed.items()}
     for r in rows:
         assert r["kind"] == "exclusive"
         assert r["expires"].startswith(listed[r["resource"]].expires.isoformat()[:16])
@@ -432,7 +433,7 @@ def test_locks_user_filter_finds_every_holder_of_a_counting_resource(lock_table,
     assert {h.user_id for h in holds_on("pool:1")} == {"alice", "bob"}
     for held in [alice, bob, *readers]:
         rows = json_lines(run("dynasem_locks", "--user", held.user_id, "--json"))
-        assert [r["token"] for r in rows] == [held.token], held.user_id
+        assert [r["token"] for r in rows] == [held.token[:8]], held.user_id
 
 
 def test_locks_resource_prefix(listed, later):
@@ -448,9 +449,9 @@ def test_locks_shows_every_holder_of_counting_and_shared_resources(lock_table, h
     c = take(holds, "read:1", shared=True, user="u3")
     rows = json_lines(run("dynasem_locks", "--json"))
     assert {(r["resource"], r["token"], r["kind"]) for r in rows} == {
-        ("slots:1", a.token, "slot of 2"),
-        ("slots:1", b.token, "slot of 2"),
-        ("read:1", c.token, "shared"),
+        ("slots:1", a.token[:8], "slot of 2"),
+        ("slots:1", b.token[:8], "slot of 2"),
+        ("read:1", c.token[:8], "shared"),
     }
 
 
@@ -911,3 +912,100 @@ def test_createtable_json_says_what_it_did(lock_table):
     assert facts["message"].startswith(f"Table {lock_table!r} already exists")
     (plan,) = json_lines(run("dynasem_createtable", "--dry-run", "--json"))
     assert plan["dry_run"] is True and plan["definition"]["TableName"] == lock_table
+
+
+# ---------------------------------------------------------------------------------------------
+# What the commands show: printable names, a token's first characters only
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def unchecked_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resources taken without the control-character check: rows as an older dynasem, or
+    another writer with table access, could have stored them."""
+    monkeypatch.setattr(core, "check_resources", lambda r: list(r) if isinstance(r, list) else [r])
+
+
+def test_locks_and_release_show_control_characters_escaped(lock_table, holds, unchecked_names):
+    bad = "tbl_issues:1\x1b[2K\rbilling:7"
+    take(holds, bad, user="mallory\x1b]0;owned\x07")
+    for out in [
+        run("dynasem_locks"),
+        run("dynasem_locks", "--resource-prefix", "tbl_issues:"),
+        run("dynasem_reap", "--dry-run"),
+    ]:
+        assert not any(c in out for c in "\x1b\r\x07"), out
+    out = run("dynasem_locks")
+    assert "tbl_issues:1\\x1b[2K\\rbilling:7" in out
+    assert "mallory\\x1b]0;owned\\x07" in out
+    (row,) = json_lines(run("dynasem_locks", "--json"))
+    assert row["resource"] == bad  # JSON carries it exactly (escaped by JSON itself)
+
+
+def test_a_release_of_a_resource_with_a_control_character_is_refused_naming_it(
+    lock_table, requests_sent
+):
+    requests_sent.reset()
+    with pytest.raises(CommandError, match=r"'a\\x1b\[2K' contains the control character"):
+        run("dynasem_release", "a\x1b[2K", "--yes")
+    with pytest.raises(CommandError, match="control character"):
+        run("dynasem_locks", "--waiters", "a\x00")
+    with pytest.raises(CommandError, match="control character"):
+        run("dynasem_jobs", "--reset", "a\r", "--yes")
+    assert requests_sent.total == 0
+
+
+def test_the_commands_show_a_tokens_first_characters_only(lock_table, holds):
+    held = take(holds, "tok:1", user="alice")
+    enqueue_entry("tok:1", "w" * 32, table.Waiter(0, clock.now_ms() + 30_000, user_id="bob"))
+    outputs = [
+        run("dynasem_locks"),
+        run("dynasem_locks", "--json"),
+        run("dynasem_locks", "--waiters", "tok:1"),
+        run("dynasem_locks", "--waiters", "tok:1", "--json"),
+    ]
+    for out in outputs:
+        assert held.token not in out and "w" * 32 not in out, out
+    (row,) = json_lines(outputs[1])
+    assert row["token"] == held.token[:8]
+    (waiter,) = json_lines(outputs[3])
+    assert waiter["token"] == "w" * 8
+    assert outputs[2].split()[-1] == "w" * 8
+    out = run("dynasem_release", "tok:1", "--token", row["token"], "--yes", "--json")
+    (broken,) = json_lines(out)
+    assert (broken["token"], broken["broken"]) == (held.token[:8], True)
+    assert held.token not in out
+    assert holds_on("tok:1") == []
+
+
+def test_release_takes_a_tokens_first_characters_and_refuses_one_naming_several(
+    lock_table, holds, monkeypatch
+):
+    one = take(holds, "rel:prefix", limit=3, user="u1")
+    out = run("dynasem_release", "rel:prefix", "--token", one.token[:8], "--yes")
+    assert f"token={one.token[:8]}" in out and "Broke 1 hold(s)" in out
+    assert holds_on("rel:prefix") == []
+    # Two tokens that share their first 8 characters (rare: made so here).
+    made = itertools.count(1)
+    monkeypatch.setattr(core.uuid, "uuid4", lambda: uuid.UUID(f"c0ffee00{next(made):024x}"))
+    first = take(holds, "rel:prefix", limit=3, user="u1")
+    second = take(holds, "rel:prefix", limit=3, user="u2")
+    assert (first.token[:8], second.token[:8]) == ("c0ffee00", "c0ffee00")
+    with pytest.raises(CommandError, match=r"matches 2 holds.*--fence"):
+        run("dynasem_release", "rel:prefix", "--token", "c0ffee00", "--yes")
+    with pytest.raises(CommandError, match="--token"):
+        run("dynasem_release", "rel:prefix", "--token", "", "--yes")
+    assert len(holds_on("rel:prefix")) == 2
+    # The whole token, or enough of it, still names its hold.
+    run("dynasem_release", "rel:prefix", "--token", first.token, "--yes")
+    run("dynasem_release", "rel:prefix", "--token", second.token[:-1], "--yes")
+    assert holds_on("rel:prefix") == []
+
+
+def test_jobs_show_a_failed_runs_control_characters_escaped(lock_table):
+    with pytest.raises(RuntimeError), run_once("job:ansi"):
+        raise RuntimeError("boom\x1b[2K\rall fine")
+    out = run("dynasem_jobs")
+    assert "\x1b" not in out and "\r" not in out
+    assert "boom\\x1b[2K" in out  # the error's first line: up to the CR
+    assert json_lines(run("dynasem_jobs", "--json"))[0]["error"].endswith("boom\x1b[2K\rall fine")

@@ -12,6 +12,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from dynasem import audit, table
+from dynasem.logs import shown_token
+from dynasem.operations import HoldInfo
 
 
 def width(text: str) -> int:
@@ -23,6 +25,24 @@ def width(text: str) -> int:
             continue
         total += 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
     return total
+
+
+def printable(text: str) -> str:
+    """``text`` with its control characters escaped (``\\x1b``, ``\\r``): a name stored
+    before dynasem refused them, or by another writer, must not rewrite the operator's
+    terminal (ESC [2K, CR) when a command prints it."""
+    if all(unicodedata.category(c) != "Cc" for c in text):
+        return text
+    return "".join(
+        c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) == "Cc" else c
+        for c in text
+    )
+
+
+def hold_row(hold: HoldInfo) -> dict[str, Any]:
+    """A hold as a command's JSON line: its token cut to what logs show (a whole token is a
+    hold's secret; ``dynasem_release --token`` takes these first characters)."""
+    return {**hold.as_dict(), "token": shown_token(hold.token)}
 
 
 def pad(text: str, columns: int) -> str:

@@ -10,7 +10,7 @@ from dynasem import audit, job_operations, table, validation
 from dynasem.exceptions import SemaphoreUnavailable
 from dynasem.models import Job
 
-from ._output import OperatorCommand, pad, recorder, width
+from ._output import OperatorCommand, pad, printable, recorder, width
 
 # The exit status when nothing was reset (no such key, not DONE/FAILED, ran again since it was
 # read, or the answer was no), as dynasem_release does when it broke nothing.
@@ -66,15 +66,16 @@ class Command(OperatorCommand):
         if not jobs:
             self.stdout.write("No run-once jobs.")
             return
-        wide = max(30, *(width(j.key) for j in jobs))
+        keys = [printable(j.key) for j in jobs]
+        wide = max(30, *(width(k) for k in keys))
         self.stdout.write(
             f"{pad('KEY', wide)} {'STATUS':8} {'ATTEMPT':>7} {'STARTED (UTC)':19}  LAST ERROR"
         )
-        for job in jobs:
+        for job, key in zip(jobs, keys, strict=True):
             started = job.started.strftime("%Y-%m-%d %H:%M:%S") if job.started else "-"
-            error = job.error.splitlines()[0][:60] if job.error else ""
+            error = printable(job.error.splitlines()[0][:60]) if job.error else ""
             self.stdout.write(
-                f"{pad(job.key, wide)} {job.status:8} {job.attempt:>7} {started:19}  {error}"
+                f"{pad(key, wide)} {job.status:8} {job.attempt:>7} {started:19}  {error}"
             )
 
     def _reset(self, key: str, options: dict[str, Any]) -> None:
@@ -92,7 +93,8 @@ class Command(OperatorCommand):
                 returncode=NOTHING_RESET,
             )
         if not options["json"]:
-            self.stdout.write(f"  {key}  {job.status}  attempt {job.attempt}  {job.error[:80]}")
+            line = f"  {key}  {job.status}  attempt {job.attempt}  {job.error[:80]}"
+            self.stdout.write(printable(line))
         if not options["yes"]:
             if not sys.stdin or not sys.stdin.isatty():
                 raise CommandError("not a terminal: pass --yes (or --noinput) to reset it")

@@ -8,8 +8,9 @@ from django.core.management.base import CommandError
 
 from dynasem import operations, table, usernames
 from dynasem.exceptions import SemaphoreUnavailable
+from dynasem.logs import shown_token
 
-from ._output import OperatorCommand, pad, width
+from ._output import OperatorCommand, hold_row, pad, printable, width
 
 
 class Command(OperatorCommand):
@@ -47,23 +48,24 @@ class Command(OperatorCommand):
         names = usernames.usernames(h.user_id for h in holds)
         if options["json"]:
             for hold in holds:
-                row = hold.as_dict()
+                row = hold_row(hold)
                 row["username"] = names.get(hold.user_id)
                 self.stdout.write(json.dumps(row))
             return
         if not holds:
             self.stdout.write("No active holds.")
             return
-        users = [names.get(h.user_id, h.user_id) for h in holds]
-        wide = max(40, *(width(h.resource) for h in holds))
+        users = [printable(names.get(h.user_id, h.user_id)) for h in holds]
+        resources = [printable(h.resource) for h in holds]
+        wide = max(40, *(width(r) for r in resources))
         who = max(24, *(width(u) for u in users))
         self.stdout.write(
             f"{pad('RESOURCE', wide)} {pad('USER', who)} {'KIND':12} {'EXPIRES (UTC)':20} "
             f"{'QUEUE':>5} FENCE"
         )
-        for h, user in zip(holds, users, strict=True):
+        for h, resource, user in zip(holds, resources, users, strict=True):
             self.stdout.write(
-                f"{pad(h.resource, wide)} {pad(user, who)} {h.kind:12} "
+                f"{pad(resource, wide)} {pad(user, who)} {h.kind:12} "
                 f"{h.expires.strftime('%Y-%m-%d %H:%M:%S'):20} {h.queue_depth:>5} {h.fence}"
             )
 
@@ -87,7 +89,7 @@ class Command(OperatorCommand):
         for place, w in enumerate(waiters, 1):
             row = _waiter(w)
             self.stdout.write(
-                f"{place:>4} {row['user_id']:24} {row['kind']:9} "
+                f"{place:>4} {printable(row['user_id']):24} {row['kind']:9} "
                 f"{row['entry_expires'][:19].replace('T', ' '):20} "
                 f"{'yes' if row['push'] else 'no':5} {row['token']}"
             )
@@ -98,7 +100,7 @@ def _waiter(w: table.Waiter) -> dict[str, Any]:
         "user_id": w.user_id,
         "kind": "shared" if w.shared else "exclusive",
         "ticket": w.ticket,
-        "token": w.token,
+        "token": shown_token(w.token),  # a waiter's token becomes its hold's: a secret
         "entry_expires": datetime.fromtimestamp(w.expires_ms / 1000, tz=UTC).isoformat(),
         "push": bool(w.address),
     }

@@ -9,6 +9,8 @@ from django.core.management.base import BaseCommand, CommandError
 from dynasem import operations, table
 from dynasem.exceptions import SemaphoreUnavailable
 
+from ._output import printable
+
 
 class Command(BaseCommand):
     help = (
@@ -46,7 +48,7 @@ class Command(BaseCommand):
                 self.stdout.write(json.dumps({"resource": row.resource, "ended_by": ended}))
             elif dry_run and verbosity >= 1:
                 ended = datetime.fromtimestamp(row.listed_s, tz=UTC).strftime("%Y-%m-%d %H:%M")
-                self.stdout.write(f"  {row.resource}  (lease ended by {ended} UTC)")
+                self.stdout.write(f"  {printable(row.resource)}  (lease ended by {ended} UTC)")
 
         try:
             result = operations.reap(

@@ -8,9 +8,10 @@ from django.core.management.base import CommandError
 
 from dynasem import audit, operations, validation
 from dynasem.exceptions import SemaphoreUnavailable
+from dynasem.logs import shown_token
 from dynasem.models import Lock
 
-from ._output import OperatorCommand, recorder
+from ._output import OperatorCommand, hold_row, printable, recorder
 
 # The exit status when nothing (or not everything shown) was broken: the hold had gone, or
 # there was none, or the operator said no. 0: every hold shown was broken.
@@ -19,15 +20,20 @@ NOTHING_BROKEN = 3
 
 class Command(OperatorCommand):
     help = (
-        "Break every hold on RESOURCE (or only the one with --token T or --fence F). Each break "
-        "is conditional on that hold's token, so a hold taken meanwhile survives. Asks first "
+        "Break every hold on RESOURCE (or only the one with --token T, the first characters of "
+        "its token as dynasem_locks shows them, or --fence F). Each break is conditional on "
+        "that hold's token, so a hold taken meanwhile survives. Asks first "
         "unless --yes (or --noinput). Exit status 0 when every hold shown was broken, 3 when "
         "nothing (or not all of it) was."
     )
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("resource")
-        parser.add_argument("--token", help="break only the hold with this token")
+        parser.add_argument(
+            "--token",
+            help="break only the hold whose token starts with this (dynasem_locks shows its "
+            "first 8 characters); refused if it names several",
+        )
         parser.add_argument("--fence", type=int, help="break only the hold with this fence")
         parser.add_argument(
             "--yes",
@@ -66,20 +72,25 @@ class Command(OperatorCommand):
         which = (f" with token {token}" if token else "") + (
             f" with fence {fence}" if fence is not None else ""
         )
+        if token == "":
+            raise CommandError("--token must be the first characters of a token, not empty")
         try:
             holds = [
                 h
                 for h in operations.holds_on(resource)
-                if (token is None or h.token == token) and (fence is None or h.fence == fence)
+                if (token is None or h.token.startswith(token))
+                and (fence is None or h.fence == fence)
             ]
             if not holds:
                 raise CommandError(
                     f"No hold on {resource!r}{which}: nothing broken.", returncode=NOTHING_BROKEN
                 )
+            _one_per_token(token, holds, resource)
             if not json:
                 for h in holds:
                     self.stdout.write(
-                        f"  {h.resource}  user={h.user_id}  fence={h.fence}  {h.kind}"
+                        f"  {printable(h.resource)}  user={printable(h.user_id)}  "
+                        f"fence={h.fence}  {h.kind}  token={shown_token(h.token)}"
                     )
             if not yes:
                 if not sys.stdin or not sys.stdin.isatty():
@@ -108,7 +119,7 @@ class Command(OperatorCommand):
             self.stderr.write(f"Not recorded in the admin's history: {unrecorded}.")
         if json:
             for h, done in zip(holds, broken, strict=True):
-                self.stdout.write(dumps({**h.as_dict(), "broken": bool(done)}))
+                self.stdout.write(dumps({**hold_row(h), "broken": bool(done)}))
         count = sum(map(bool, broken))
         if count < len(holds):
             raise CommandError(
@@ -117,3 +128,14 @@ class Command(OperatorCommand):
             )
         if not json:
             self.stdout.write(f"Broke {count} hold(s) on {resource!r}.")
+
+
+def _one_per_token(token: str | None, holds: list[operations.HoldInfo], resource: str) -> None:
+    """Refuse a ``--token`` that names several holds: it means one (holders of a counting or
+    shared resource whose tokens begin alike: rare, with 8 hex characters)."""
+    if token is not None and len(holds) > 1:
+        fences = ", ".join(str(h.fence) for h in holds)
+        raise CommandError(
+            f"--token {token!r} matches {len(holds)} holds on {resource!r} (fences {fences}): "
+            "give more of the token, or name one with --fence"
+        )
