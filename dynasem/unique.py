@@ -110,7 +110,8 @@ def task_of(user_id: str | None) -> str | None:
 
 def key_for(name: str, keys: KeyMaker, args: Any, kwargs: Any) -> str:
     """The one resource a task's ``unique_key`` makes of these arguments (``name``: the task's,
-    for the error); too long a key is refused as :class:`~dynasem.decorators.KeyTooLong`."""
+    for the error); a key that cannot be a resource (too long, or a callable's key with a
+    control character) is refused as :class:`~dynasem.decorators.BadKey`, before any request."""
     resource = keys(tuple(args or ()), dict(kwargs or {}), False)
     if not isinstance(resource, str):
         raise TypeError(f"{name}: unique_key must make one key, not {resource!r}")
