@@ -19,7 +19,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from . import clock, job_operations, operations, table, validation
+from . import clock, cursors, job_operations, operations, table, validation
 from .admin_pages import DynamoDBAdmin, _aware, _natural, _quick, expires_in, human_span
 from .exceptions import SemaphoreUnavailable
 from .models import Job, Lock
@@ -47,6 +47,13 @@ class LockAdmin(DynamoDBAdmin):
     def resource_url(self, resource: str) -> str:
         return self._url("resource") + "?" + urlencode({"resource": resource})
 
+    # A link to a page of holders that this site did not write for this resource: a 400.
+    bad_page_text = (
+        "That page of holders was not written by this site for this resource (it was "
+        "changed or cut short, is another resource's, or was signed with a retired "
+        "SECRET_KEY): start from the first page."
+    )
+
     # Holds of one resource whose other resources are looked up (each lookup reads the
     # userId index: a counting semaphore's hundreds of holders are not).
     WITH_LOOKUPS = 3
@@ -61,20 +68,20 @@ class LockAdmin(DynamoDBAdmin):
         except (TypeError, ValueError) as exc:
             messages.error(request, str(exc))
             return HttpResponseRedirect(self._url("changelist"))
-        error = None
+        error = bad_page = None
         state = operations.ResourceState(resource, [], [])
         job = None
+        signed_for = cursors.purpose("holders", resource)
         after = request.GET.get("after") or None  # a page of holders after the first
         try:
-            try:
-                state = operations.resource_state(
-                    resource, holds_after=after, most=self.holds_per_page
-                )
-            except ValueError:  # not a mark this page wrote: the first page
-                messages.warning(request, "That page of holders does not exist: the first one.")
-                after = None
-                state = operations.resource_state(resource, most=self.holds_per_page)
+            state = operations.resource_state(
+                resource,
+                holds_after=after and cursors.decode_sort_key_cursor(after, signed_for),
+                most=self.holds_per_page,
+            )
             job = job_operations.job_info(resource)
+        except operations.BadCursor:
+            bad_page = self.bad_page_text
         except SemaphoreUnavailable as exc:
             error = str(exc)
         now = clock.now_ms()
@@ -133,17 +140,22 @@ class LockAdmin(DynamoDBAdmin):
             + "?"
             + urlencode({"q": resource}),
             error=error,
+            bad_page=bad_page,
             fence=state.fence,
             first_url=self.resource_url(resource) if after else None,
             next_url=(
-                self.resource_url(resource) + "&" + urlencode({"after": state.holds_next})
+                self.resource_url(resource)
+                + "&"
+                + urlencode({"after": cursors.encode_cursor(state.holds_next, signed_for)})
                 if state.holds_next
                 else None
             ),
             holds_per_page=self.holds_per_page,
             waiters_beyond=state.waiters_beyond,
         )
-        return TemplateResponse(request, "admin/dynasem/lock/resource.html", context)
+        return TemplateResponse(
+            request, "admin/dynasem/lock/resource.html", context, status=400 if bad_page else 200
+        )
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         if not self.has_view_permission(request):
@@ -152,7 +164,7 @@ class LockAdmin(DynamoDBAdmin):
         prefix = request.GET.get("q", "")
         show_expired = request.GET.get("expired") == "1"
         cursor = request.GET.get("cursor") or None
-        error = None
+        error = bad_cursor = None
         page = operations.LockPage([], None)
         try:
             page = operations.lock_page(
@@ -163,8 +175,8 @@ class LockAdmin(DynamoDBAdmin):
                 size=self.list_per_page,
                 holds_per_resource=self.holds_per_resource,
             )
-        except operations.BadCursor as exc:
-            return self._bad_cursor(request, exc)
+        except operations.BadCursor:
+            bad_cursor = self.bad_cursor_text
         except SemaphoreUnavailable as exc:
             error = str(exc)
         now = clock.now_ms()
@@ -232,9 +244,15 @@ class LockAdmin(DynamoDBAdmin):
             "next_url": link(cursor=page.next_cursor) if page.next_cursor else None,
             "first_url": link() if cursor else None,
             "error": error,
+            "bad_cursor": bad_cursor,
             **(extra_context or {}),
         }
-        return TemplateResponse(request, "admin/dynasem/lock/change_list.html", context)
+        return TemplateResponse(
+            request,
+            "admin/dynasem/lock/change_list.html",
+            context,
+            status=400 if bad_cursor else 200,
+        )
 
     @staticmethod
     def _find(
@@ -335,7 +353,7 @@ class JobAdmin(DynamoDBAdmin):
         if status not in self.statuses:
             status = ""
         cursor = request.GET.get("cursor") or None
-        error = None
+        error = bad_cursor = None
         page = job_operations.JobPage([], None)
         try:
             page = job_operations.job_page(
@@ -344,8 +362,8 @@ class JobAdmin(DynamoDBAdmin):
                 cursor=cursor,
                 size=self.list_per_page,
             )
-        except operations.BadCursor as exc:
-            return self._bad_cursor(request, exc)
+        except operations.BadCursor:
+            bad_cursor = self.bad_cursor_text
         except SemaphoreUnavailable as exc:
             error = str(exc)
         users = self._users(request, (j.user_id for j in page.jobs if j.user_id))
@@ -388,9 +406,15 @@ class JobAdmin(DynamoDBAdmin):
             "next_url": link(cursor=page.next_cursor) if page.next_cursor else None,
             "first_url": link() if cursor else None,
             "error": error,
+            "bad_cursor": bad_cursor,
             **(extra_context or {}),
         }
-        return TemplateResponse(request, "admin/dynasem/job/change_list.html", context)
+        return TemplateResponse(
+            request,
+            "admin/dynasem/job/change_list.html",
+            context,
+            status=400 if bad_cursor else 200,
+        )
 
     def action_view(self, request: HttpRequest) -> HttpResponse:
         """Reset one DONE or FAILED key: its confirmation page (GET), then the reset (POST)."""

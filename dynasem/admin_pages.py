@@ -10,15 +10,15 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import django
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 from django.db import models
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http import HttpRequest, HttpResponse
 from django.urls import NoReverseMatch, path, reverse
 from django.views.decorators.http import require_http_methods
 
-from . import audit, clock, operations, table, usernames
+from . import audit, clock, table, usernames
 
 if TYPE_CHECKING:  # django-stubs makes ModelAdmin generic; Django's own class is not subscriptable
     ModelAdmin = admin.ModelAdmin[models.Model]
@@ -81,6 +81,13 @@ class DynamoDBAdmin(ModelAdmin):
     DynamoDB rows, holders shown by username where they are Django users."""
 
     list_per_page = 100
+    # What a page link shows that this site did not write for its list and filters (edited,
+    # cut short, of another filter, or signed with a SECRET_KEY since retired): a 400.
+    bad_cursor_text = (
+        "That page link was not written by this site for this list and these filters (it "
+        "was changed or cut short, is of another filter, or was signed with a retired "
+        "SECRET_KEY): start from the first page."
+    )
     # The one action page: its URL (``<action>/``, named ``..._<action>``) serves
     # ``action_view``, its confirmation on GET and the change itself on POST.
     action = ""
@@ -171,9 +178,3 @@ class DynamoDBAdmin(ModelAdmin):
     def _log(self, request: HttpRequest, model: type[models.Model], key: str, text: str) -> None:
         assert request.user.pk is not None  # admin_view lets only a logged-in staff user in
         audit.record(request.user.pk, model, key, text)
-
-    def _bad_cursor(self, request: HttpRequest, exc: operations.BadCursor) -> HttpResponse:
-        messages.warning(request, f"{exc}; showing the first page.")
-        params = request.GET.copy()
-        params.pop("cursor", None)
-        return HttpResponseRedirect(self._url("changelist") + "?" + params.urlencode())

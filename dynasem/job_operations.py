@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from . import clock, table, validation
-from .cursors import BadCursor, encode_cursor, load_cursor
+from .cursors import decode_scan_cursor, encode_cursor
+from .cursors import purpose as cursor_purpose
 from .operations import PAGE_ROUNDS
 
 NEW = "NEW"  # a key never run, or reset by an operator: run_once runs it
@@ -85,15 +86,12 @@ def job_page(
     size: int = 100,
 ) -> JobPage:
     """One page of run_once keys (by key within the page), Scan page by Scan page; ``cursor``
-    is a previous page's ``next_cursor``. At most :data:`PAGE_ROUNDS` Scan requests a page."""
+    is a previous page's ``next_cursor`` under the same filters (:class:`BadCursor`, a
+    ValueError, for any other). At most :data:`PAGE_ROUNDS` Scan requests a page."""
+    signed_for = cursor_purpose("jobs", prefix, status)
     start = None
     if cursor:
-        key = load_cursor(cursor)
-        if not (
-            isinstance(key, list) and len(key) == 2 and all(isinstance(k, str) and k for k in key)
-        ):
-            raise BadCursor(f"not a page cursor: {cursor[:40]!r}")
-        start = table.scan_start(key[0], key[1])
+        start = table.scan_start(*decode_scan_cursor(cursor, signed_for))
     jobs: list[JobInfo] = []
     for _ in range(PAGE_ROUNDS):
         items, last = table.scan_jobs(prefix, status, start)
@@ -111,7 +109,7 @@ def job_page(
     next_cursor = None
     if start:
         # The last key read, which may be a lock row's: a Scan goes on from any item's key.
-        next_cursor = encode_cursor(table.scan_position(start))
+        next_cursor = encode_cursor(table.scan_position(start), signed_for)
     return JobPage(jobs, next_cursor)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from . import clock, core, index_streams, permit_held, reader_held, table, validation
 from .conf import settings
 from .cursors import BadCursor as BadCursor  # re-exported: callers catch operations.BadCursor
-from .cursors import decode_cursor, encode_cursor
+from .cursors import decode_cursor, encode_cursor, purpose
 from .signals import lock_released
 from .table import permits as slots
 
@@ -225,8 +225,9 @@ def lock_page(
     ``include_expired``, also rows whose leases ran out and idle rows not yet reaped).
 
     Reads one page of each ``expires`` index shard (and of the userId index for ``user_id``),
-    never the whole table; ``cursor`` is a previous page's ``next_cursor``. Raises ValueError
-    for a cursor it did not write. A row shows at most ``holds_per_resource`` of the holders
+    never the whole table; ``cursor`` is a previous page's ``next_cursor`` under the same
+    filters. Raises :class:`BadCursor` (a ValueError) for a cursor it did not write for
+    them. A row shows at most ``holds_per_resource`` of the holders
     a resource keeps in items (permits, readers; None: all), and says ``more_holds`` when
     there are more; filtered by ``user_id``, every one is read."""
     if size < 1:
@@ -235,8 +236,11 @@ def lock_page(
         raise ValueError(f"holds_per_resource must be at least 1, not {holds_per_resource!r}")
     now = clock.now_ms()
     names = {f"s{i}" for i in range(table.SHARDS)} | ({"u"} if user_id is not None else set())
+    # A cursor goes on only under the filters it was written for: under others its positions
+    # (and lower bound) would skip rows or repeat them.
+    signed_for = purpose("locks", user_id, prefix, include_expired)
     if cursor:
-        state = decode_cursor(cursor, names)
+        state = decode_cursor(cursor, names, signed_for)
         # The lower bound of the first page, kept: a position below a later bound would be
         # "outside the query's boundaries" to DynamoDB.
         since, positions = state["t"], state["p"]
@@ -260,7 +264,7 @@ def lock_page(
         rows += more
     states = {s.name: s.state for s in streams}
     done = all(v == "done" for v in states.values())
-    return LockPage(rows, None if done else encode_cursor({"t": since, "p": states}))
+    return LockPage(rows, None if done else encode_cursor({"t": since, "p": states}, signed_for))
 
 
 def active_holds(
