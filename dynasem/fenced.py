@@ -30,9 +30,10 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, IntegrityError, connections, transaction
+from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.transaction import TransactionManagementError
 
+from . import transactions
 from .exceptions import LockLost
 from .validation import MODE_EXCLUSIVE
 
@@ -62,10 +63,11 @@ def check_fenceable(mode: str, resources: Any) -> None:
 
 
 def fence_transaction(held: Any, using: str | None = None) -> None:
-    """Write ``held``'s fences to the database ``using`` inside its open transaction; raise
-    :class:`LockLost` (and mark the hold lost) if a newer holder's fence is there already."""
+    """Write ``held``'s fences to the database ``using`` (if None: where the routers send the
+    Fence model's writes) inside its open transaction; raise :class:`LockLost` (and mark the
+    hold lost) if a newer holder's fence is there already."""
     check_fenceable(held.semaphore.mode, held.resources)
-    alias = using or DEFAULT_DB_ALIAS
+    alias = transactions.database(using)
     connection = connections[alias]
     if not connection.in_atomic_block:
         raise TransactionManagementError(
@@ -98,10 +100,11 @@ def begin(sem: object, held: Any, using: str | None, undo: Callable[[], None]) -
     an open transaction) and write the fence first in it. On failure, ``undo()`` (give the
     hold back) and raise."""
     try:
-        block = transaction.atomic(using=using)
+        alias = transactions.database(using)  # the routers' choice, asked once for both
+        block = transaction.atomic(using=alias)
         block.__enter__()
         try:
-            fence_transaction(held, using)
+            fence_transaction(held, alias)
         except BaseException as exc:
             block.__exit__(type(exc), exc, exc.__traceback__)
             raise

@@ -332,5 +332,6 @@ def run_once(
     exception is re-raised). A DONE job raises ``AlreadyDone``; one RUNNING elsewhere under a
     live lease raises ``SemaphoreBusy``. Inside ``transaction.atomic`` DONE is written after
     the commit and FAILED on rollback (``on_commit=False``: at once); ``using`` names the
-    database. ``lease``: seconds (default: the LEASE setting); ``user``: whom to record."""
+    database (None: where the routers send dynasem's writes, ``default`` without them).
+    ``lease``: seconds (default: the LEASE setting); ``user``: whom to record."""
     return RunOnce(key, user=user, lease=lease, on_commit=on_commit, using=using)

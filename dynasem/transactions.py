@@ -37,13 +37,13 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings as django_settings
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import connections, router
 
 from .logs import facts
 
 logger = logging.getLogger("dynasem")
 
-__all__ = ["after_transaction", "check_using", "open_transaction", "pending_owners"]
+__all__ = ["after_transaction", "check_using", "database", "open_transaction", "pending_owners"]
 
 
 def check_using(using: Any) -> str | None:
@@ -61,6 +61,19 @@ def check_using(using: Any) -> str | None:
     return using
 
 
+def database(using: str | None) -> str:
+    """The database whose transaction a hold follows and fences: ``using``, or else where the
+    project's ``DATABASE_ROUTERS`` send writes of dynasem's ``Fence`` model (``default``
+    without routers). One answer for the fence row, the ``fence_db`` block's transaction and
+    the give-back after the commit, so that all three are the same transaction; asked at each
+    use, as routers may change (``override_settings``)."""
+    if using is not None:
+        return using
+    from .models import Fence  # not at import: the app registry is ready by the first hold
+
+    return str(router.db_for_write(Fence))
+
+
 def _in_transaction(connection: Any) -> bool:
     if not connection.in_atomic_block:
         return False
@@ -72,10 +85,11 @@ def _in_transaction(connection: Any) -> bool:
 
 
 def open_transaction(using: str | None) -> Any:
-    """The connection of ``using`` (default database if None) when this thread is inside a
-    transaction of it that will commit or roll back; None otherwise (autocommit, a manual
-    transaction without ``atomic``, or only a TestCase's blocks). Never connects."""
-    connection = connections[using or DEFAULT_DB_ALIAS]
+    """The connection of ``using`` (if None: ``database(None)``, the routers' choice) when
+    this thread is inside a transaction of it that will commit or roll back; None otherwise
+    (autocommit, a manual transaction without ``atomic``, or only a TestCase's blocks). Never
+    connects."""
+    connection = connections[database(using)]
     return connection if _in_transaction(connection) else None
 
 

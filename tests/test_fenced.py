@@ -13,7 +13,7 @@ from django.contrib.auth.models import User
 from django.db import connections, transaction
 from django.db.transaction import TransactionManagementError
 
-from dynasem import LockLost, clock, semaphore
+from dynasem import LockLost, clock, run_once, semaphore
 from dynasem.fenced import row_key
 from dynasem.models import Fence
 from tests.conftest import RequestCounter
@@ -186,3 +186,63 @@ def test_a_refusal_seen_through_a_nested_view_loses_the_hold_itself(lock_table: 
                     with transaction.atomic():
                         inner.fence_transaction()
                 assert outer.lost  # the hold itself, not only the view
+
+
+class FencesToOther:
+    """A project's router: dynasem's models (the Fence table) live in the database "other"."""
+
+    def db_for_write(self, model: Any, **hints: Any) -> str | None:
+        return "other" if model._meta.app_label == "dynasem" else None
+
+    db_for_read = db_for_write
+
+
+routed = pytest.mark.django_db(transaction=True, databases=["default", "other"])
+
+
+def stored_in(alias: str, resource: str) -> int | None:
+    row = Fence.objects.using(alias).filter(digest=row_key(resource)).first()
+    return None if row is None else row.fence
+
+
+@routed
+def test_fence_db_without_using_follows_the_router(lock_table: str, settings: Any) -> None:
+    """No ``using``: the block's transaction and its fence row are where the routers send
+    the Fence model's writes, not ``default``."""
+    settings.DATABASE_ROUTERS = [f"{__name__}.FencesToOther"]
+    with semaphore("tbl:routed", fence_db=True) as held:
+        assert connections["other"].in_atomic_block
+        assert not connections["default"].in_atomic_block
+    assert stored_in("other", "tbl:routed") == held.fence
+    assert stored_in("default", "tbl:routed") is None
+    with semaphore("tbl:routed") as explicit, transaction.atomic(using="other"):
+        explicit.fence_transaction()
+    assert stored_in("other", "tbl:routed") == explicit.fence > held.fence
+
+
+@routed
+def test_the_give_back_without_using_waits_for_the_routed_databases_commit(
+    lock_table: str, settings: Any
+) -> None:
+    settings.DATABASE_ROUTERS = [f"{__name__}.FencesToOther"]
+    with transaction.atomic(using="other"):
+        with semaphore("tx:routed") as held:
+            pass
+        assert held.pending_commit and not held.released
+    assert held.released
+    with transaction.atomic(using="default"):  # not the routed database's transaction
+        with semaphore("tx:routed") as again:
+            pass
+        assert again.released and not again.pending_commit
+
+
+@routed
+def test_run_once_without_using_is_done_after_the_routed_databases_commit(
+    lock_table: str, settings: Any
+) -> None:
+    settings.DATABASE_ROUTERS = [f"{__name__}.FencesToOther"]
+    with transaction.atomic(using="other"):
+        with run_once("job:routed") as job:
+            pass
+        assert job.pending_commit and job.status == "RUNNING"
+    assert not job.pending_commit and job.status == "DONE"
