@@ -71,6 +71,8 @@ class LockAdmin(DynamoDBAdmin):
         error = bad_page = None
         state = operations.ResourceState(resource, [], [])
         job = None
+        # The job's status and last error only for who may see the job list (view_job).
+        may_see_job = self._may_see_jobs(request)
         signed_for = cursors.purpose("holders", resource)
         after = request.GET.get("after") or None  # a page of holders after the first
         try:
@@ -79,7 +81,7 @@ class LockAdmin(DynamoDBAdmin):
                 holds_after=after and cursors.decode_sort_key_cursor(after, signed_for),
                 most=self.holds_per_page,
             )
-            job = job_operations.job_info(resource)
+            job = job_operations.job_info(resource) if may_see_job else None
         except operations.BadCursor:
             bad_page = self.bad_page_text
         except SemaphoreUnavailable as exc:
@@ -136,6 +138,7 @@ class LockAdmin(DynamoDBAdmin):
             holds=holds,
             waiters=waiters,
             job=job,
+            may_see_job=may_see_job,
             jobs_url=reverse(f"admin:{self.opts.app_label}_job_changelist")
             + "?"
             + urlencode({"q": resource}),
@@ -156,6 +159,13 @@ class LockAdmin(DynamoDBAdmin):
         return TemplateResponse(
             request, "admin/dynasem/lock/resource.html", context, status=400 if bad_page else 200
         )
+
+    def _may_see_jobs(self, request: HttpRequest) -> bool:
+        """What the run-once job list asks (``view_job``), so a job's error shows nowhere else."""
+        job_admin = self.admin_site._registry.get(Job)
+        if job_admin is not None:
+            return bool(job_admin.has_view_permission(request))
+        return bool(request.user.has_perm(f"{Job._meta.app_label}.view_job"))
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         if not self.has_view_permission(request):

@@ -894,6 +894,22 @@ def test_a_cursor_of_another_filter_is_a_400(lock_table, admin_user, client, mon
         assert "start from the first page" in first_page_note(response)
 
 
+def test_the_resource_page_shows_the_job_only_with_view_job(lock_table, django_user_model, client):
+    with pytest.raises(ValueError), run_once("deploy:secret"):
+        raise ValueError("password=hunter2 rejected")
+    url = reverse(RESOURCE) + "?" + urlencode({"resource": "deploy:secret"})
+    client.force_login(staff(django_user_model, "locks-only", "view_lock"))
+    assert client.get(reverse(JOBS)).status_code == 403  # the job list says no
+    page = client.get(url)
+    assert page.status_code == 200
+    body = page.content.decode()
+    assert "hunter2" not in body and "FAILED" not in body
+    assert "Run-once job" not in body and reverse(JOBS) not in body
+    client.force_login(staff(django_user_model, "both", "view_lock", "view_job"))
+    body = client.get(url).content.decode()
+    assert "password=hunter2 rejected" in body and "FAILED, attempt 1" in body
+
+
 @pytest.mark.parametrize(
     "after", ["permit#" + "9" * 5000, "reader#\x00", "permit#", "p" * 3000, "reader#" + "é" * 900]
 )
