@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
 
 import nox
@@ -38,6 +39,15 @@ PAIRS = [
 ]
 NEWEST = PAIRS[-1]  # what `make test` runs, in .venv
 
+# Unique django.tasks tasks, in process and on real db_worker processes (the example project's
+# under gunicorn too): skipped below Django 6.0. Each Django >= 6.0 runs them (a full pair;
+# 6.1 in ``make test`` as well): Django 6.0's Task has fields 6.1 defaults
+# (tests/test_noxfile.py checks that every test gated on Django 6.0 runs on each).
+TASKS = [
+    "tests/test_unique_tasks.py",
+    "tests/test_example_http.py::test_background_rebuilds_enqueue_once_while_one_is_queued_or_running",
+]
+
 DJANGO_FACING = [
     "tests/test_decorators.py",
     "tests/test_admin.py",
@@ -49,6 +59,7 @@ DJANGO_FACING = [
     "tests/test_table.py",
     "tests/test_transactions.py",
     "tests/test_tasks.py",  # Django tasks: skipped below Django 6.0
+    *TASKS,
     "tests/test_testing.py",
     "tests/test_browser.py",  # the admin's layout on this Django, in Chromium
     "tests/test_telemetry.py",  # with the otel group, or without opentelemetry at all
@@ -81,6 +92,20 @@ SMOKE = [
 # The admin's layout in Chromium, once per Django (6.1: ``make test``): it depends on the
 # Django's templates and CSS, not on the Python.
 BROWSER_PAIRS = {("3.11", "4.2"), ("3.12", "5.2"), ("3.13", "6.0")}  # 6.1: make test
+
+
+def _pinned(name: str, requirements: Iterable[str]) -> str:
+    """``name``'s requirement as pyproject.toml states it (its version in one place)."""
+    return next(r for r in requirements if r.startswith(name))
+
+
+# What TASKS import on a Django with django.tasks (>= 6.0): django-tasks-db (a dev group
+# package: it needs Django >= 5.2 and would upgrade 4.2) and the example project's
+# django-environ (the demo extra). Below 6.0 they skip at once, so nothing is installed.
+TASKS_NEEDS = [
+    _pinned("django-tasks-db", nox.project.dependency_groups(PYPROJECT, "dev")),
+    _pinned("django-environ", PYPROJECT["project"]["optional-dependencies"]["demo"]),
+]
 
 nox.options.error_on_missing_interpreters = True
 # uv makes a session's venv and installs in seconds where pip takes half a minute; pip still
@@ -129,19 +154,31 @@ _find_pythons()
 def tests(session: nox.Session, django: str) -> None:
     """The Django-facing tests (or the tests named after ``--``) on one (Python, Django)."""
     pair = (session.python, django)
+    files = files_for(pair)
     otel = nox.project.dependency_groups(PYPROJECT, "otel") if pair in OTEL_PAIRS else ()
+    tasks = TASKS_NEEDS if _version(django) >= (6, 0) and set(TASKS) & set(files) else ()
     session.install(
         "-e",
         ".",
         f"django=={django}.*",
         *nox.project.dependency_groups(PYPROJECT, "test"),
         *otel,
+        *tasks,
         "playwright>=1.40",  # tests/test_browser.py drives Debian's Chromium
     )
     session.run("python", "-m", "django", "--version")
+    session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *(session.posargs or files))
+
+
+def files_for(pair: tuple[str, str]) -> list[str]:
+    """The tests a pair's session runs (when no others are named after ``--``)."""
     files = DJANGO_FACING if pair in FULL_PAIRS else SMOKE
     if pair not in CORE_PAIRS:
         files = [f for f in files if f not in CORE]
     if pair not in BROWSER_PAIRS:
         files = [f for f in files if f != "tests/test_browser.py"]
-    session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *(session.posargs or files))
+    return files
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split("."))

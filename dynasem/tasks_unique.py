@@ -28,6 +28,7 @@ every enqueue a second write.
 from __future__ import annotations
 
 import contextvars
+import dataclasses
 import inspect
 import logging
 import string
@@ -281,14 +282,11 @@ def unique_task(
 
     def wrap(func: Any) -> UniqueTask:
         made = django_task(func, **task_options)  # validates the options as @task does
-        fields = {f: getattr(made, f) for f in ("priority", "backend", "queue_name")}
+        # Every field @task filled in, whichever they are: Django 6.0's Task requires
+        # run_after (6.1 gave it a default), and a later Django may add more.
+        fields = {f.name: getattr(made, f.name) for f in dataclasses.fields(made) if f.init}
         return UniqueTask(
-            func=func,
-            takes_context=made.takes_context,
-            unique_key=unique_key,
-            queue_lease=queue_lease,
-            run_lease=run_lease,
-            **fields,
+            unique_key=unique_key, queue_lease=queue_lease, run_lease=run_lease, **fields
         )
 
     return wrap(function) if function is not None else wrap
