@@ -2,8 +2,9 @@
 again: a throwaway PostgreSQL cluster of Debian's packages (``initdb`` into a temporary folder,
 run as the ``postgres`` user when started as root; ``apt-get install postgresql`` first when
 started as root without it), a throwaway MariaDB server alike (``mariadb-install-db``, run as the
-``mysql`` user; ``apt-get install mariadb-server``), and the helpers to wait for and stop any
-server process."""
+``mysql`` user; ``apt-get install mariadb-server``), a Redis of Debian's ``redis-server``
+(installed when missing as .ci/run does: apt-get, as root or through sudo), and the helpers to
+wait for and stop any server process."""
 
 from __future__ import annotations
 
@@ -166,5 +167,51 @@ def mariadb(workdir: Path, database: str = "dynasem_fenced") -> Iterator[dict[st
             "HOST": "127.0.0.1",
             "PORT": port,
         }
+    finally:
+        stop(proc)
+
+
+# -- Redis ---------------------------------------------------------------------------------------
+
+
+_redis_not_installed: list[str] = []  # why apt-get could not: tried once per test run
+
+
+def redis_server_bin() -> str:
+    """Debian's ``redis-server``: on PATH, else installed as .ci/run does (``apt-get install
+    redis-server``, as root or through ``sudo -n``); ServerUnavailable says why it cannot be."""
+    found = shutil.which("redis-server")
+    if found is None:
+        from tests.netns import apt_install  # the suite's apt-get: update once, root or sudo
+
+        if not _redis_not_installed:  # an offline apt-get may take minutes to fail: once
+            reason = apt_install("redis-server")
+            if reason is not None:
+                _redis_not_installed.append(reason)
+        if _redis_not_installed:
+            raise ServerUnavailable(_redis_not_installed[0])
+        found = shutil.which("redis-server")
+        if found is None:
+            raise ServerUnavailable("`apt-get install redis-server` left no redis-server on PATH")
+    return found
+
+
+@contextlib.contextmanager
+def redis(workdir: Path) -> Iterator[str]:
+    """A Redis of its own on a free port of 127.0.0.1, nothing persisted; yields its URL. A
+    server that is installed but does not start is an error (its log says why), not a skip."""
+    server, port, log = redis_server_bin(), free_port(), workdir / "redis.log"
+    proc = subprocess.Popen(
+        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+         "--dir", str(workdir)],
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        try:
+            wait_for_port(port, proc, "redis-server", 10)
+        except ServerUnavailable as exc:
+            raise RuntimeError(f"{exc}:\n{log.read_text(errors='replace')}") from None
+        yield f"redis://127.0.0.1:{port}/0"
     finally:
         stop(proc)

@@ -16,9 +16,7 @@ import collections
 import contextlib
 import os
 import random
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,14 +26,9 @@ from typing import Any
 
 import pytest
 
+from tests import servers
 from tests.events import read_events
 
-REDIS_SERVER = shutil.which("redis-server")
-pytestmark = pytest.mark.skipif(
-    REDIS_SERVER is None,
-    reason="redis-server is not installed (Debian: apt-get install redis-server; .ci/run "
-    "installs it)",
-)
 celery = pytest.importorskip("celery", reason="celery is in the test dependency group")
 redis = pytest.importorskip("redis", reason="the redis client: celery[redis], test group")
 
@@ -47,42 +40,17 @@ CONCURRENCY = 2
 TIMEOUT = 120.0  # seconds for all 60 to finish; they take about 20 (see the README)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[str]:
-    """A Redis of its own on a free loopback port, no persistence; stopped after the test."""
-    port = free_port()
-    server = subprocess.Popen(
-        [REDIS_SERVER or "redis-server", "--port", str(port), "--bind", "127.0.0.1"]
-        + ["--save", "", "--appendonly", "no", "--dir", str(tmp_path)],
-        stdout=(tmp_path / "redis.log").open("wb"),
-        stderr=subprocess.STDOUT,
-    )
+    """A Redis of its own on a free loopback port (tests/servers.py: Debian's redis-server,
+    installed when missing as .ci/run does; the test is skipped, saying why, where it cannot
+    be), nothing persisted; stopped after the test. Every test of a broker takes this one."""
     try:
-        client = redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=0.5)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.exceptions.ConnectionError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    log = (tmp_path / "redis.log").read_text(errors="replace")
-                    pytest.fail(f"redis-server did not start on port {port}:\n{log}")
-                time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        server.terminate()
-        try:
-            server.wait(10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        servers.redis_server_bin()
+    except servers.ServerUnavailable as exc:
+        pytest.skip(f"no Redis here: {exc}")
+    with servers.redis(tmp_path) as url:
+        yield url
 
 
 @contextlib.contextmanager
