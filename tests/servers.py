@@ -54,11 +54,27 @@ def stop(proc: subprocess.Popen[Any] | None) -> None:
 # -- PostgreSQL ----------------------------------------------------------------------------------
 
 
+_not_installed: dict[str, str] = {}  # package -> why apt-get could not: tried once per run
+
+
+def install(package: str) -> None:
+    """Debian's ``package``, installed as .ci/run does (``apt-get update`` once, then ``apt-get
+    install``, as root or through ``sudo -n``); ServerUnavailable says why it cannot be. An
+    offline apt-get may take minutes to fail: tried once per test run."""
+    from tests.netns import apt_install
+
+    if package not in _not_installed:
+        reason = apt_install(package)
+        if reason is None:
+            return
+        _not_installed[package] = reason
+    raise ServerUnavailable(_not_installed[package])
+
+
 def postgres_bin() -> Path:
     found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
-    if not found and os.geteuid() == 0 and shutil.which("apt-get"):
-        print("apt-get install -y postgresql", flush=True)
-        subprocess.run(["apt-get", "install", "-y", "-q", "postgresql"], check=True)
+    if not found:
+        install("postgresql")
         found = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"))
     if not found:
         raise ServerUnavailable("PostgreSQL's initdb not found: apt-get install postgresql")
@@ -117,9 +133,8 @@ def postgresql(workdir: Path, database: str = "dynasem_load") -> Iterator[str]:
 
 def mariadb_bin() -> Path:
     found = shutil.which("mariadbd") or shutil.which("mariadbd", path="/usr/sbin:/usr/libexec")
-    if not found and os.geteuid() == 0 and shutil.which("apt-get"):
-        print("apt-get install -y mariadb-server", flush=True)
-        subprocess.run(["apt-get", "install", "-y", "-q", "mariadb-server"], check=True)
+    if not found:
+        install("mariadb-server")
         found = shutil.which("mariadbd", path="/usr/sbin:/usr/libexec")
     if not found or not shutil.which("mariadb-install-db"):
         raise ServerUnavailable("MariaDB's mariadbd not found: apt-get install mariadb-server")
@@ -174,22 +189,12 @@ def mariadb(workdir: Path, database: str = "dynasem_fenced") -> Iterator[dict[st
 # -- Redis ---------------------------------------------------------------------------------------
 
 
-_redis_not_installed: list[str] = []  # why apt-get could not: tried once per test run
-
-
 def redis_server_bin() -> str:
     """Debian's ``redis-server``: on PATH, else installed as .ci/run does (``apt-get install
     redis-server``, as root or through ``sudo -n``); ServerUnavailable says why it cannot be."""
     found = shutil.which("redis-server")
     if found is None:
-        from tests.netns import apt_install  # the suite's apt-get: update once, root or sudo
-
-        if not _redis_not_installed:  # an offline apt-get may take minutes to fail: once
-            reason = apt_install("redis-server")
-            if reason is not None:
-                _redis_not_installed.append(reason)
-        if _redis_not_installed:
-            raise ServerUnavailable(_redis_not_installed[0])
+        install("redis-server")
         found = shutil.which("redis-server")
         if found is None:
             raise ServerUnavailable("`apt-get install redis-server` left no redis-server on PATH")

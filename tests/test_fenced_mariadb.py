@@ -33,7 +33,11 @@ from dynasem.fenced import row_key
 from dynasem.operations import break_holds
 from tests.servers import ServerUnavailable, mariadb
 
-pytest.importorskip("MySQLdb", reason="mysqlclient is not installed (the dev dependency group)")
+pytest.importorskip(
+    "MySQLdb",
+    reason="mysqlclient is not installed: scripts/venv.sh builds it where libmariadb-dev and "
+    "pkg-config are (apt-get install libmariadb-dev pkg-config, then make venv)",
+)
 
 ISOLATIONS = {"mariadb_rc": "read committed", "mariadb_rr": "repeatable read"}
 BARRIER_WAIT = 3.0  # seconds a thread waits for the other to reach the same point
