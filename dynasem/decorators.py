@@ -26,9 +26,8 @@ from django.utils.functional import LazyObject
 
 from . import fenced
 from .exceptions import Coalesced, Picklable, SemaphoreBusy
-from .leadership import PREFIX as LEADER_PREFIX
 from .logs import facts
-from .validation import MAX_RESOURCE_BYTES, check_printable, utf8_size
+from .validation import LEADER_PREFIX, MAX_RESOURCE_BYTES, check_printable, utf8_size
 
 logger = logging.getLogger("dynasem")
 

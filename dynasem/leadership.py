@@ -31,11 +31,10 @@ from typing import Any
 from .exceptions import LockLost
 from .held import Held
 from .signals import lock_lost
-from .validation import check_resource
+from .validation import LEADER_PREFIX, check_resource
 
 __all__ = ["Lead", "Leadership", "leadership", "resource_of"]
 
-PREFIX = "leader:"
 
 # The leads this thread or task entered and has not left: (the Leadership's identity, lead).
 _entered: ContextVar[tuple[tuple[int, Lead], ...]] = ContextVar("dynasem_leads", default=())
@@ -45,7 +44,7 @@ def resource_of(name: str) -> str:
     """The resource a leadership named ``name`` holds."""
     if not isinstance(name, str) or not name:
         raise ValueError(f"a leadership's name must be a non-empty str, not {name!r}")
-    return check_resource(PREFIX + name)
+    return check_resource(LEADER_PREFIX + name)
 
 
 class Lead:
