@@ -22,6 +22,7 @@ from django.urls import path, reverse
 from . import clock, cursors, job_operations, operations, table, validation
 from .admin_pages import DynamoDBAdmin, _aware, _natural, _quick, expires_in, human_span
 from .exceptions import SemaphoreUnavailable
+from .logs import shown_token
 from .models import Job, Lock
 
 
@@ -268,24 +269,28 @@ class LockAdmin(DynamoDBAdmin):
     def _find(
         resource: str, token: str = "", fence: str = ""
     ) -> tuple[operations.HoldInfo | None, list[table.Waiter]]:
-        """The hold named by ``token`` or ``fence``, and the resource's waiters."""
+        """The one hold named by ``fence`` and the first characters of its ``token`` (either
+        may be left out), and the resource's waiters."""
         state = operations.resource_state(resource)
-        for hold in state.holds:
-            if (token and hold.token == token) or (fence and str(hold.fence) == fence):
-                return hold, state.waiters
-        return None, state.waiters
+        named = [
+            hold
+            for hold in state.holds
+            if hold.token.startswith(token) and (not fence or str(hold.fence) == fence)
+        ]
+        return (named[0] if len(named) == 1 else None), state.waiters
 
     def action_view(self, request: HttpRequest) -> HttpResponse:
         """Break one hold: its confirmation page (GET), then the break (POST)."""
         if not self.has_release_permission(request):
             raise PermissionDenied
-        # The list links to the confirmation by fence, so a hold's token stays out of URLs
-        # (and access logs); the POST names the token, which is what the break is
-        # conditional on.
+        # The list links to the confirmation by fence; the form posts the fence and the
+        # token's first characters (what dynasem shows of a token anywhere: logs.shown_token),
+        # so a whole token, a hold's secret, is in no URL, access log or page. The break itself
+        # is conditional on the whole token, read from the table.
         source = request.POST if request.method == "POST" else request.GET
         resource = source.get("resource", "")
         token = source.get("token", "")
-        fence = "" if request.method == "POST" else source.get("fence", "")
+        fence = source.get("fence", "")
         changelist = self._url("changelist")
         waiting: list[table.Waiter] = []
         try:
@@ -329,6 +334,7 @@ class LockAdmin(DynamoDBAdmin):
             "Break this hold?",
             action_title="Break a hold",
             hold=hold,
+            shown_token=shown_token(hold.token),
             holder=holder,
             expires_in=expires_in((hold.expires_ms - now) // 1000),
             next_waiter=(

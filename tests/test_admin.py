@@ -364,7 +364,9 @@ def test_confirmation_form_posts_with_its_csrf_token(alice_holds, django_user_mo
     client.force_login(staff(django_user_model, "op", "view_lock", "release_lock"))
     page = client.get(reverse(RELEASE), {"resource": "tbl_issues:7", "fence": alice_holds.fence})
     form = dict(re.findall(r'name="(\w+)" value="([^"]*)"', page.content.decode()))
-    assert set(form) == {"csrfmiddlewaretoken", "resource", "token"}
+    assert set(form) == {"csrfmiddlewaretoken", "resource", "fence", "token"}
+    assert form["token"] == alice_holds.token[:8]  # never the whole token, a hold's secret
+    assert alice_holds.token not in page.content.decode()
     assert client.post(reverse(RELEASE), form).status_code == 302
     assert holds_on("tbl_issues:7") == []
 
@@ -408,10 +410,11 @@ def test_stale_confirmation_does_not_break_a_newer_hold(lock_table, django_user_
     first = semaphore("tbl_issues:8").acquire()
     client.force_login(staff(django_user_model, "op", "view_lock", "release_lock"))
     page = client.get(reverse(RELEASE), {"resource": "tbl_issues:8", "fence": first.fence})
-    assert first.token in page.content.decode()
+    form = dict(re.findall(r'name="(\w+)" value="([^"]*)"', page.content.decode()))
+    assert form["fence"] == str(first.fence) and first.token.startswith(form["token"])
     first.release()
     second = semaphore("tbl_issues:8").acquire()
-    response = client.post(reverse(RELEASE), {"resource": "tbl_issues:8", "token": first.token})
+    response = client.post(reverse(RELEASE), form)
     assert response.status_code == 302
     assert [h.token for h in holds_on("tbl_issues:8")] == [second.token]
     assert not LogEntry.objects.exists()
