@@ -8,11 +8,10 @@ Starts the embedded DynamoDB (``python -m dynasem.testing``) on a free port, the
     python manage.py dynasem_lead scheduler --lease 6 -- python manage.py run_scheduler
 
 One leads and runs the scheduler, the other waits. After a while the leader is killed
-(SIGKILL): its scheduler dies with it, and the other takes over at once: both run on this
-machine, where dynasem sees that the leader's process is gone (boot id, pid, start time).
-A leader on another host that dies is taken over ``lease + CLOCK_SKEW`` after its last
-renewal. Then the survivor gets SIGTERM: it stops its scheduler cleanly
-and gives the lead back. Every line is prefixed with the "host" that printed it.
+(SIGKILL): its scheduler dies with it (the kernel empties the command's pid namespace), and
+the other takes over ``lease + CLOCK_SKEW`` after the last renewal, on this machine as on
+another host: a lead is the command's, so no waiter takes it over early from ``/proc``. Then
+the survivor gets SIGTERM: it stops its scheduler cleanly and gives the lead back. Every line is prefixed with the "host" that printed it.
 """
 
 from __future__ import annotations
@@ -83,8 +82,8 @@ def main() -> int:
         time.sleep(8)
         leader = LEADS[0] if LEADS else "host-1"
         print(
-            f"lead_demo: SIGKILL to {leader}'s dynasem_lead: on this machine its death is "
-            "seen at once (another host's would be after lease + CLOCK_SKEW)",
+            f"lead_demo: SIGKILL to {leader}'s dynasem_lead: its scheduler dies with it; the "
+            "other takes over after lease + CLOCK_SKEW",
             flush=True,
         )
         hosts[leader].send_signal(signal.SIGKILL)
