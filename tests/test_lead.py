@@ -182,6 +182,7 @@ def test_a_killed_leader_takes_its_whole_command_along_before_the_next_starts(
     # either (the kernel takes a moment to empty a namespace); within a look and a start of it.
     assert LEASE + 0.5 <= second.start - killed < LEASE + 0.5 + 1.0
     assert_one_at_a_time(runs(log), {first.pid: gone})
+    print(f"{shape}: gone {gone - killed:.3f} s, next start {second.start - killed:.3f} s")
     time.sleep(0.1)
     assert [r.pid for r in runs(log)] == [first.pid, second.pid]  # the first never came back
 
@@ -201,6 +202,7 @@ def test_a_stopped_leader_s_command_ends_at_its_trusted_deadline(
         stopped = time.monotonic()
         gone = death_watch(first.pid, stopped + LEASE + 1)
         assert gone - stopped < LEASE - 0.5  # before the trusted deadline (lease - skew)
+        print(f"stopped leader: its command gone {gone - stopped:.3f} s after the SIGSTOP")
         second = wait_for(lambda: runs(log)[1:], LEASE + 0.5 + 3, "the other took over")[0]
         assert supervisor_of(second.pid, [a, b]) is not leading
         assert_one_at_a_time(runs(log), {first.pid: gone})

@@ -176,6 +176,7 @@ def test_a_hosts_killed_candidate_takes_its_whole_command_along(
         assert second.host != first.host
         assert second.start - killed < BOUND
         assert_one_at_a_time(runs(log), {first.pid: gone})
+        print(f"{shape}: gone {gone - killed:.3f} s, next start {second.start - killed:.3f} s")
         assert leading.proc is not None and leading.proc.poll() is None  # the host lives on
     finally:
         for leader in hosts.values():
