@@ -255,7 +255,7 @@ def test_listings_show_each_reader_never_the_sentinel(holds: list[Any]) -> None:
     out = io.StringIO()
     call_command("dynasem_locks", "--resource-prefix", "doc", "--json", stdout=out)
     shown = [json.loads(line) for line in out.getvalue().splitlines()]
-    assert {h["token"] for h in shown} == {h.token for h in readers}
+    assert {h["token"] for h in shown} == {h.token[:8] for h in readers}  # first 8: a secret
 
 
 def test_an_operator_breaks_one_item_reader(holds: list[Any]) -> None:
@@ -425,5 +425,6 @@ def test_the_resource_page_shows_a_crowd_of_readers_a_page_at_a_time(
         response = client.get(found.group(1).replace("&amp;", "&"))
     assert sorted(map(int, seen)) == sorted(h.fence for h in readers)
     bad = client.get(url, {"resource": "doc:p", "after": "nonsense"})
-    assert bad.status_code == 200 and "That page of holders does not exist" in bad.content.decode()
-    assert len(re.findall(r"Break the hold of fence", bad.content.decode())) == INLINE + 3
+    # A page link dynasem did not sign: 400, no holder read, a way back to the first page.
+    assert bad.status_code == 400 and "start from the first page" in bad.content.decode()
+    assert re.findall(r"Break the hold of fence", bad.content.decode()) == []
