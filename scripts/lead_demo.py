@@ -11,7 +11,8 @@ One leads and runs the scheduler, the other waits. After a while the leader is k
 (SIGKILL): its scheduler dies with it (the kernel empties the command's pid namespace), and
 the other takes over ``lease + CLOCK_SKEW`` after the last renewal, on this machine as on
 another host: a lead is the command's, so no waiter takes it over early from ``/proc``. Then
-the survivor gets SIGTERM: it stops its scheduler cleanly and gives the lead back. Every line is prefixed with the "host" that printed it.
+the survivor gets SIGTERM: it stops its scheduler cleanly and gives the lead back. Every
+line is prefixed with the "host" that printed it.
 """
 
 from __future__ import annotations
