@@ -177,6 +177,10 @@ def files_for(pair: tuple[str, str]) -> list[str]:
         files = [f for f in files if f not in CORE]
     if pair not in BROWSER_PAIRS:
         files = [f for f in files if f != "tests/test_browser.py"]
+    if _version(pair[1]) < (6, 0):
+        # Skipped there (no django.tasks); a test named by node id that its module skips is
+        # "found no collectors", an error.
+        files = [f for f in files if f not in TASKS]
     return files
 
 
