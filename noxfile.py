@@ -82,6 +82,14 @@ OTEL_PAIRS = {("3.11", "4.2"), ("3.12", "5.2"), ("3.12", "6.1"), ("3.13", "6.0")
 # differs between two Pythons on one Django is found there; the admin pages, commands and
 # transactions depend on the Django, which a full pair covers. It keeps CI under 45 minutes.
 FULL_PAIRS = {("3.11", "4.2"), ("3.12", "5.2"), ("3.13", "6.0"), ("3.12", "6.1")}
+
+
+def _tags(pair: tuple[str, str]) -> list[str]:
+    if pair == NEWEST:
+        return []
+    return ["ci", "full"] if pair in FULL_PAIRS else ["ci"]
+
+
 SMOKE = [
     "tests/test_decorators.py",
     "tests/test_checks.py",
@@ -147,7 +155,8 @@ _find_pythons()
 @nox.parametrize(
     ("python", "django"),
     [
-        nox.param(python, django, tags=[] if (python, django) == NEWEST else ["ci"])
+        # "full": the long sessions, which scripts/matrix.sh spreads over its groups first.
+        nox.param(python, django, tags=_tags((python, django)))
         for python, django in PAIRS
     ],
 )

@@ -22,9 +22,10 @@ JOBS="${MATRIX_JOBS:-2}"
 
 mapfile -t SESSIONS < <("$PY" -m nox -l -t ci --json 2>/dev/null | "$PY" -c '
 import json, sys
-for s in json.load(sys.stdin):
-    if "ci" in s.get("tags", []):
-        print(s["session"])
+# The long ("full") sessions first: dealt round the groups, each gets its share of them.
+found = [s for s in json.load(sys.stdin) if "ci" in s.get("tags", [])]
+for s in sorted(found, key=lambda s: "full" not in s.get("tags", [])):
+    print(s["session"])
 ')
 if [ "${#SESSIONS[@]}" = 0 ]; then
     echo "scripts/matrix.sh: nox lists no session tagged ci" >&2
