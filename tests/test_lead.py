@@ -179,11 +179,11 @@ def test_a_killed_leader_takes_its_whole_command_along_before_the_next_starts(
     second = wait_for(lambda: runs(log)[1:], LEASE + 0.5 + 3, "the other took over")[0]
     assert supervisor_of(second.pid, [a, b]) is waiting
     # The lead's lease is the command's: no takeover before lease + CLOCK_SKEW after its last
-    # renewal on this host either (the kernel takes a moment to empty a namespace), and that
-    # renewal was at most a third of lease - CLOCK_SKEW before the kill (before the fix: 0.2-0.7
-    # s after the kill, from /proc); within a look and a start of that bound.
-    window = LEASE - 0.5
-    assert LEASE + 0.5 - window / 3 - 0.05 <= second.start - killed < LEASE + 0.5 + 1.0
+    # renewal on this host either (the kernel takes a moment to empty a namespace). That
+    # renewal was a third of lease - CLOCK_SKEW before the kill, or more on a loaded machine
+    # (a late heartbeat): half the lease is the floor here, far above the takeover from /proc
+    # before the fix (0.2-0.7 s after the kill); within a look and a start of the bound.
+    assert LEASE / 2 <= second.start - killed < LEASE + 0.5 + 1.0
     assert_one_at_a_time(runs(log), {first.pid: gone})
     print(f"{shape}: gone {gone - killed:.3f} s, next start {second.start - killed:.3f} s")
     time.sleep(0.1)
