@@ -204,7 +204,9 @@ def test_a_stopped_leader_s_command_ends_at_its_trusted_deadline(
     try:
         stopped = time.monotonic()
         gone = death_watch(first.pid, stopped + LEASE + 1)
-        assert gone - stopped < LEASE - 0.5  # before the trusted deadline (lease - skew)
+        # By the trusted deadline (lease - skew after the last renewal, before the stop) less
+        # 0.1 s, plus a look of the init; in any case before a takeover (lease + skew after it).
+        assert gone - stopped < LEASE
         print(f"stopped leader: its command gone {gone - stopped:.3f} s after the SIGSTOP")
         second = wait_for(lambda: runs(log)[1:], LEASE + 0.5 + 3, "the other took over")[0]
         assert supervisor_of(second.pid, [a, b]) is not leading
