@@ -256,6 +256,7 @@ class LockAdmin(DynamoDBAdmin):
             "first_url": link() if cursor else None,
             "error": error,
             "bad_cursor": bad_cursor,
+            "index_note": operations.INDEX_NOTE,
             **(extra_context or {}),
         }
         return TemplateResponse(
@@ -278,6 +279,16 @@ class LockAdmin(DynamoDBAdmin):
             if hold.token.startswith(token) and (not fence or str(hold.fence) == fence)
         ]
         return (named[0] if len(named) == 1 else None), state.waiters
+
+    @staticmethod
+    def _changed_text(resource: str, fence: str) -> str:
+        """What a break refused is: the hold the page showed (read from the index, or
+        consistently a moment ago) no longer holds; a hold taken since is not touched."""
+        which = f" (fence {fence})" if fence else ""
+        return (
+            f"The hold on {resource!r}{which} changed since listed: it was given back, or "
+            "taken over, after it was read; nothing broken."
+        )
 
     def action_view(self, request: HttpRequest) -> HttpResponse:
         """Break one hold: its confirmation page (GET), then the break (POST)."""
@@ -305,7 +316,7 @@ class LockAdmin(DynamoDBAdmin):
             messages.error(request, str(exc))
             return HttpResponseRedirect(changelist)
         if hold is None:
-            messages.warning(request, f"{resource!r} has no such hold any more: nothing broken.")
+            messages.warning(request, self._changed_text(resource, fence))
             return HttpResponseRedirect(changelist)
         users = self._users(request, [hold.user_id] + [w.user_id for w in waiting[:1]])
         holder = self._holder(hold.user_id, users)
@@ -326,7 +337,7 @@ class LockAdmin(DynamoDBAdmin):
                 self._log(request, Lock, resource, text)
                 messages.success(request, text)
             else:
-                messages.warning(request, f"The hold on {resource!r} had already gone.")
+                messages.warning(request, self._changed_text(resource, str(hold.fence)))
             return HttpResponseRedirect(changelist)
         now = clock.now_ms()
         context = self._context(

@@ -289,7 +289,15 @@ def test_reap_dry_run_deletes_nothing(no_ttl, holds, later):
     assert listed == ["dry:1", "dry:2", "dry:idle"]  # what it would delete, by name
     *rows, totals = json_lines(run("dynasem_reap", "--dry-run", "--json"))
     assert sorted(r["resource"] for r in rows) == listed
-    assert totals == {"dry_run": True, "found": 3, "deleted": 0, "kept": 0, "permits_freed": 0}
+    assert totals == {
+        "dry_run": True,
+        "found": 3,
+        "deleted": 0,
+        "changed_since_listed": 0,
+        "kept": 0,
+        "permits_freed": 0,
+        "permits_kept": 0,
+    }
     for pk in ["dry:1", "dry:2", "dry:idle", "dry:live"]:
         assert row(pk) is not None, pk
     for pk in ["job:done", "job:failed", "dead:0"]:
@@ -329,7 +337,7 @@ def test_reap_spares_a_row_reacquired_between_read_and_delete(no_ttl, holds, lat
 
     (held,) = retaken
     assert "Deleted 1 expired rows." in out
-    assert "1 rows were re-acquired meanwhile and kept." in out
+    assert "1 row changed since the index listed it and was kept" in out
     assert [h.token for h in holds_on(held.resource)] == [held.token]
     other = ({"race:1", "race:2"} - {held.resource}).pop()
     assert row(other) is None

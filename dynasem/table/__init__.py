@@ -482,10 +482,12 @@ def _query(
 MAX_BATCH_GET = 100
 
 
-def get_many(entries: list[IndexEntry]) -> list[LockItem]:
+def get_many(entries: list[IndexEntry], *, consistent: bool = False) -> list[LockItem]:
     """The lock rows of index entries, read from the base table (eventually consistent, as
-    the index itself is), in the entries' order; a row gone meanwhile is left out. Each row
-    sorts where its entry did (``listed_s``), which is where a page cursor goes on from."""
+    the index itself is, unless ``consistent``: twice the read units, for a decision or a
+    report of what a write would do), in the entries' order; a row gone meanwhile is left
+    out. Each row sorts where its entry did (``listed_s``), which is where a page cursor goes
+    on from."""
     found: dict[str, dict[str, Any]] = {}
     wanted = list(dict.fromkeys(e.resource for e in entries))
     for i in range(0, len(wanted), MAX_BATCH_GET):
@@ -495,7 +497,10 @@ def get_many(entries: list[IndexEntry]) -> list[LockItem]:
                 break
             if attempt:
                 time.sleep(min(0.05 * 2**attempt, 1.0))  # throttled: DynamoDB said try later
-            response = _send("batch_get_item", RequestItems={settings.TABLE_NAME: {"Keys": keys}})
+            asked: dict[str, Any] = {"Keys": keys}
+            if consistent:
+                asked["ConsistentRead"] = True
+            response = _send("batch_get_item", RequestItems={settings.TABLE_NAME: asked})
             for item in response.get("Responses", {}).get(settings.TABLE_NAME, []):
                 row = decode(item)
                 found[str(row["pk"])] = row

@@ -15,15 +15,18 @@ from ._output import printable
 class Command(BaseCommand):
     help = (
         "Delete lock rows whose lease ended more than CLOCK_SKEW ago (found through the expires "
-        "index). A row re-acquired meanwhile survives; run_once DONE/FAILED rows are never "
-        "touched."
+        "index). Each delete is conditional on the row being expired, so a row taken again or "
+        "renewed since the index listed it (the index is updated asynchronously) is kept and "
+        "counted as changed since listed; run_once DONE/FAILED rows are never touched."
     )
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument(
             "--dry-run",
             action="store_true",
-            help="list the rows it would delete (resource, lease bucket end), delete nothing",
+            help="list the rows it would delete (resource, lease bucket end), each read "
+            "consistently: one the index still lists but that changed since is counted as kept; "
+            "delete nothing",
         )
         parser.add_argument("--workers", type=int, default=16, help="parallel deletes (16)")
         parser.add_argument(
@@ -59,18 +62,45 @@ class Command(BaseCommand):
         if as_json:
             totals = {"dry_run": dry_run, "found": result.found, "deleted": result.deleted}
             totals["permits_freed"] = result.permits
-            self.stdout.write(json.dumps({**totals, "kept": result.survived}))
-        elif dry_run:
-            self.stdout.write(f"Would delete {result.found} expired rows.")
+            # "kept" is the name scripts read before "changed_since_listed" said why.
+            changed = {"changed_since_listed": result.survived, "kept": result.survived}
+            self.stdout.write(
+                json.dumps({**totals, **changed, "permits_kept": result.permits_kept})
+            )
+            return
+        self._report(result, dry_run=dry_run, verbosity=verbosity)
+
+    def _report(self, result: operations.ReapResult, *, dry_run: bool, verbosity: int) -> None:
+        kept = result.survived
+        if dry_run:
+            self.stdout.write(f"Would delete {result.found - kept} expired rows.")
+            if kept:
+                self.stdout.write(
+                    f"{_changed(kept)}: {'it' if kept == 1 else 'they'} would be kept."
+                )
             if result.permits:
                 self.stdout.write(
                     f"Would free {result.permits} permits and reader holds of dead holders."
                 )
-        else:
-            self.stdout.write(f"Deleted {result.deleted} expired rows.")
-            if result.permits:
-                self.stdout.write(
-                    f"Freed {result.permits} permits and reader holds of dead holders."
-                )
-            if result.survived and verbosity >= 1:
-                self.stdout.write(f"{result.survived} rows were re-acquired meanwhile and kept.")
+            return
+        self.stdout.write(f"Deleted {result.deleted} expired rows.")
+        if result.permits:
+            self.stdout.write(f"Freed {result.permits} permits and reader holds of dead holders.")
+        if kept and verbosity >= 1:
+            self.stdout.write(
+                f"{_changed(kept)} and {'was' if kept == 1 else 'were'} kept (taken again, "
+                "renewed or released since: each delete is conditional on the row's expiry)."
+            )
+        if result.permits_kept and verbosity >= 1:
+            self.stdout.write(
+                f"{result.permits_kept} permits and reader holds read dead changed since listed "
+                "(renewed or given back) and were kept."
+            )
+
+
+def _changed(rows: int) -> str:
+    """Rows whose conditional delete was refused: the index, updated asynchronously, listed
+    them as they were before a take, a renewal or a late release."""
+    if rows == 1:
+        return "1 row changed since the index listed it"
+    return f"{rows} rows changed since the index listed them"

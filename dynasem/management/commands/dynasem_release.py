@@ -16,6 +16,9 @@ from ._output import OperatorCommand, hold_row, printable, recorder
 # The exit status when nothing (or not everything shown) was broken: the hold had gone, or
 # there was none, or the operator said no. 0: every hold shown was broken.
 NOTHING_BROKEN = 3
+# A hold shown whose break was refused: its token no longer held the resource when the break
+# came (given back, expired and taken over, broken by another operator).
+CHANGED = "changed_since_listed"
 
 
 class Command(OperatorCommand):
@@ -44,7 +47,10 @@ class Command(OperatorCommand):
             help="do not ask (Django's --noinput/--no-input too)",
         )
         parser.add_argument(
-            "--json", action="store_true", help="print a JSON line per hold, with broken"
+            "--json",
+            action="store_true",
+            help="print a JSON line per hold, with broken and outcome (broken, or "
+            "changed_since_listed: it went between the read and the break)",
         )
         parser.add_argument(
             "--log-as",
@@ -119,11 +125,16 @@ class Command(OperatorCommand):
             self.stderr.write(f"Not recorded in the admin's history: {unrecorded}.")
         if json:
             for h, done in zip(holds, broken, strict=True):
-                self.stdout.write(dumps({**hold_row(h), "broken": bool(done)}))
+                outcome = "broken" if done else CHANGED
+                self.stdout.write(dumps({**hold_row(h), "broken": bool(done), "outcome": outcome}))
         count = sum(map(bool, broken))
         if count < len(holds):
+            changed = len(holds) - count
             raise CommandError(
-                f"Broke {count} of {len(holds)} hold(s) on {resource!r}: the others had gone.",
+                f"Broke {count} of {len(holds)} hold(s) on {resource!r}: {changed} changed since "
+                "listed (given back, or taken over, after it was read) and "
+                f"{'was' if changed == 1 else 'were'} left alone: each break is conditional on "
+                "the token read.",
                 returncode=NOTHING_BROKEN,
             )
         if not json:
