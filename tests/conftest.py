@@ -4,6 +4,11 @@ The engine is DynamoDB Local; ``DYNASEM_TEST_ENGINE=embedded`` runs the same tes
 ``dynasem.testing``'s embedded engine (moto, one request at a time), the one users' own test
 suites get (``make test-embedded``). A test whose subject is DynamoDB Local itself is marked
 ``@pytest.mark.dynamodb_local_only("why")`` and skipped there, saying why.
+``DYNASEM_TEST_ENGINE=unkind`` puts ``tests.unkind``'s engine in front of DynamoDB Local: stale
+reads, lagging indexes, throttling, transaction conflicts and lost answers as on AWS
+(``make test-unkind``; ``$DYNASEM_UNKIND_SEED``, ``$DYNASEM_UNKIND_PROFILE``). A test whose
+subject is a kind engine's exact answers (request counts, capacity units) is marked
+``@pytest.mark.kind_engine_only("why")`` and skipped there, saying why.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
 
 ENGINE_ENV = "DYNASEM_TEST_ENGINE"
-ENGINES = ("dynamodb-local", "embedded")
+ENGINES = ("dynamodb-local", "embedded", "unkind")
 
 
 def engine_name() -> str:
@@ -71,6 +76,13 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "dynamodb_local_only(reason): tests DynamoDB Local itself; skipped on the embedded engine",
     )
+    config.addinivalue_line(
+        "markers",
+        "kind_engine_only(reason): needs an engine's exact answers; skipped on the unkind engine",
+    )
+    config.addinivalue_line(
+        "markers", "unkind(profile, overrides): the unkind engine's settings (tests/test_unkind.py)"
+    )
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -79,6 +91,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     if engine_name() == "dynamodb-local":
         return
     for item in items:
+        marker = item.get_closest_marker("kind_engine_only")
+        if engine_name() == "unkind" and marker is not None:
+            reason = marker.args[0] if marker.args else marker.kwargs["reason"]
+            item.add_marker(pytest.mark.skip(reason=f"unkind engine: {reason}"))
+        if engine_name() == "unkind":
+            continue
         marker = item.get_closest_marker("dynamodb_local_only")
         if marker is not None:
             reason = marker.args[0] if marker.args else marker.kwargs["reason"]
@@ -141,6 +159,16 @@ def dynamodb_local() -> Iterator[str]:
     else:
         engine = DynamoDBLocal()
     with engine:
+        # DynamoDB Local's own endpoint, under the unkind engine too (tests/test_unkind.py).
+        os.environ["DYNASEM_TEST_LOCAL_ENDPOINT"] = engine.endpoint_url
+        if engine_name() == "unkind":
+            from tests.unkind import UnkindDynamoDB
+
+            with UnkindDynamoDB(engine.endpoint_url) as unkind:
+                os.environ["DYNASEM_TEST_ENDPOINT"] = unkind.endpoint_url
+                yield unkind.endpoint_url
+                print(f"\nunkind engine (seed {unkind.seed}, {unkind.profile}): {unkind.stats()}")
+            return
         os.environ["DYNASEM_TEST_ENDPOINT"] = engine.endpoint_url
         yield engine.endpoint_url
 
