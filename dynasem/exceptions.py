@@ -130,10 +130,13 @@ class LimitExceeded(SemaphoreUnavailable):
     items of their own),
     ``"throughput"`` (throttled still after the retries: a table's or one partition key's
     capacity) or ``"transaction"`` (a transaction's own limits). A refused request wrote
-    nothing. Only ``"throughput"`` is ``transient``."""
+    nothing, but ``ambiguous`` says an earlier attempt of the same request (botocore's
+    retries) may have been applied. Only ``"throughput"`` is ``transient``."""
 
-    def __init__(self, message: str, limit: str, *, transient: bool = False):
-        super().__init__(message, limit, transient=transient)
+    def __init__(
+        self, message: str, limit: str, *, transient: bool = False, ambiguous: bool = False
+    ):
+        super().__init__(message, limit, transient=transient, ambiguous=ambiguous)
         self.limit = limit
 
     def __str__(self) -> str:

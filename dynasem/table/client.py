@@ -45,6 +45,8 @@ THROTTLED = frozenset(
 )
 TRANSIENT_CODES = THROTTLED | frozenset(
     {
+        # A single write on an item that a transaction is writing: nothing was applied.
+        "TransactionConflictException",
         "InternalServerError",
         "ServiceUnavailable",
         "LimitExceededException",
@@ -52,6 +54,8 @@ TRANSIENT_CODES = THROTTLED | frozenset(
     }
 )
 
+# The reasons a transaction is cancelled for that leave its callers to plan again.
+CANCELLED_RETRYABLE = frozenset({"None", "ConditionalCheckFailed", "TransactionConflict"})
 
 # ---------------------------------------------------------------------------------------------
 # The client
@@ -200,15 +204,17 @@ def _unavailable(exc: Exception) -> SemaphoreUnavailable:
                 f"DynamoDB table {table!r} at {where} lacks an index dynasem needs ({message}): "
                 "run `manage.py dynasem_createtable` (or recreate the table)"
             )
-        limit = _limit_of(code, message, exc.response)
+        limit = _limit_of(code, message, exc.response, _retried(exc))
         if limit is not None:
             return limit
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
         return SemaphoreUnavailable(
             f"DynamoDB at {where} refused the request: {code}: {message}",
             transient=code in TRANSIENT_CODES or status >= 500,
-            # A 5xx may come after the write was applied; a throttled request never was.
-            ambiguous=status >= 500,
+            # A 5xx may come after the write was applied; a throttled request never was, but
+            # botocore tells only the last attempt's error: an earlier one may have been
+            # applied and its answer lost.
+            ambiguous=status >= 500 or _retried(exc),
         )
     if isinstance(exc, NoCredentialsError):
         return SemaphoreUnavailable(
@@ -224,9 +230,12 @@ def _unavailable(exc: Exception) -> SemaphoreUnavailable:
     )
 
 
-def _limit_of(code: str, message: str, response: Mapping[str, Any]) -> LimitExceeded | None:
+def _limit_of(
+    code: str, message: str, response: Mapping[str, Any], retried: bool
+) -> LimitExceeded | None:
     """The DynamoDB limit a refusal is about, as a :class:`LimitExceeded` that names it; None
-    when it is about no limit of DynamoDB's."""
+    when it is about no limit of DynamoDB's. ``retried``: botocore sent it more than once (an
+    earlier attempt, answered with a 500 or not at all, may have been applied)."""
     where, table = endpoint_label(), settings.TABLE_NAME
     texts = [message]
     if code == "TransactionCanceledException":
@@ -240,7 +249,10 @@ def _limit_of(code: str, message: str, response: Mapping[str, Any]) -> LimitExce
             "first two and the holders of more than 8 permits have items of their own.)",
             "item size",
         )
-    if code in THROTTLED:
+    if code in THROTTLED or (
+        code == "TransactionCanceledException"
+        and any(r.get("Code") == "ThrottlingError" for r in response.get("CancellationReasons", []))
+    ):
         return LimitExceeded(
             f"DynamoDB at {where} throttled requests to table {table!r} still after the "
             f"retries ({code}: {message}): the table's capacity, or one partition key's "
@@ -248,6 +260,7 @@ def _limit_of(code: str, message: str, response: Mapping[str, Any]) -> LimitExce
             "up. Nothing was written by the throttled request.",
             "throughput",
             transient=True,
+            ambiguous=retried,
         )
     if code in ("TransactionCanceledException", "ValidationException") and (
         "transaction" in text and ("size" in text or "limit" in text)
@@ -292,7 +305,13 @@ def _send(operation: str, **kwargs: Any) -> dict[str, Any]:
                 (r.get("Code", "None"), lock_item(decode(r.get("Item"))))
                 for r in exc.response.get("CancellationReasons", [])
             ]
-            if any(c == "ConditionalCheckFailed" for c, _ in reasons):
+            codes = {c for c, _ in reasons}
+            # A refused condition, or another request writing one of the items at that
+            # moment (TransactionConflict, which DynamoDB itself never retries): nothing was
+            # applied, and every caller plans again from the reasons.
+            if codes & {"ConditionalCheckFailed", "TransactionConflict"} and codes <= (
+                CANCELLED_RETRYABLE
+            ):
                 raise Cancelled(reasons, _retried(exc)) from None
         raise _unavailable(exc) from exc
     except (BotoCoreError, OSError) as exc:
