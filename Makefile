@@ -3,7 +3,7 @@
 #   make test PYTEST_ARGS="-k fence -x"
 #   make test-embedded PYTEST_ARGS="-x"
 #   make matrix NOX_ARGS="-R"             # reuse the sessions' venvs
-.PHONY: venv test test-embedded test-permits demo lead-demo lint docs docs-serve matrix dist wheel-check sdist-check clean distclean
+.PHONY: venv test test-embedded test-permits test-unkind test-unkind-ci demo lead-demo lint docs docs-serve matrix dist wheel-check sdist-check clean distclean
 
 PYTHON_VENV := .venv/bin/python
 PYTEST_ARGS ?=
@@ -38,6 +38,20 @@ PERMITS_TESTS := tests/test_races.py tests/test_crashes.py tests/test_faults.py 
 test-permits: venv
 	DYNASEM_TEST_PERMITS_FROM=1 DYNASEM_TEST_READERS_FROM=0 \
 		$(PYTHON_VENV) -m pytest $(PERMITS_TESTS) $(PYTEST_ARGS)
+
+# The whole suite on tests/unkind.py's engine in front of DynamoDB Local: reads without
+# ConsistentRead answered from lagging replicas, indexes that miss and keep items, throttling
+# per partition key and at random, transaction conflicts, answers lost after the write, latency
+# tails, as AWS does (DYNASEM_UNKIND_SEED, DYNASEM_UNKIND_PROFILE choose; the seed is printed).
+test-unkind: venv
+	DYNASEM_TEST_ENGINE=unkind $(PYTHON_VENV) -m pytest $(PYTEST_ARGS)
+
+# What CI runs on that engine: the race, crash (stalled waiters included) and fault tests, and
+# a 120 s soak of every kind of hold at AWS's bounds (profile "aws").
+UNKIND_CI_TESTS := tests/test_races.py tests/test_crashes.py tests/test_faults.py
+test-unkind-ci: venv
+	DYNASEM_TEST_ENGINE=unkind $(PYTHON_VENV) -m pytest $(UNKIND_CI_TESTS) $(PYTEST_ARGS)
+	$(PYTHON_VENV) benchmarks/soak.py --seconds 120 --counting 9 --seed 40 --unkind aws
 
 demo: venv
 	bash scripts/demo.sh

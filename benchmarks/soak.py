@@ -122,6 +122,7 @@ import time
 import traceback
 import uuid
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1209,9 +1210,52 @@ def analyse(
     }
 
 
-def finish_table(table_name: str, lease: float, skew: float) -> tuple[str, list[Any]]:
+@contextlib.contextmanager
+def engine(unkind: str | None, seed: int, workdir: str) -> Iterator[tuple[str, Any]]:
+    """DynamoDB Local, or with ``--unkind PROFILE`` the unkind engine in front of it
+    (tests/unkind.py: stale reads, lagging indexes, throttling, conflicts, lost answers):
+    (its endpoint, the unkind engine or None). The engine's journal goes to the workdir."""
+    from tests.dynamodb_local import DynamoDBLocal
+
+    with DynamoDBLocal() as ddb:
+        if not unkind:
+            yield ddb.endpoint_url, None
+            return
+        from tests.unkind import UnkindDynamoDB
+
+        journal = os.path.join(workdir, "unkind.jsonl")
+        with UnkindDynamoDB(ddb.endpoint_url, seed=seed, profile_name=unkind, journal=journal) as u:
+            print(f"soak: unkind engine, profile {unkind}, seed {seed}, journal {journal}")
+            yield u.endpoint_url, u
+
+
+def add_unkind(parser: argparse.ArgumentParser) -> None:
+    from tests.unkind import PROFILES
+
+    parser.add_argument(
+        "--unkind",
+        choices=sorted(PROFILES),
+        default=None,
+        help="run on tests/unkind.py's engine with this profile ('aws': everything at AWS's "
+        "bounds) in front of DynamoDB Local (seeded by --seed)",
+    )
+
+
+def settle(unkind: Any) -> None:
+    """Wait until the unkind engine's replicas have every version (what the reaper and the
+    final count read is then what the table holds)."""
+    if unkind is None:
+        return
+    deadline = time.monotonic() + 60
+    while unkind.stats()["replica_versions_pending"] and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def finish_table(
+    table_name: str, lease: float, skew: float, unkind: Any = None
+) -> tuple[str, list[Any]]:
     """After the run: TTL off, leases waited out, ``dynasem_reap``; (what it said, the holds
-    still stored)."""
+    still stored). On the unkind engine its replicas are let catch up before each read."""
     from django.core.management import call_command
 
     from dynasem import operations, table
@@ -1223,8 +1267,12 @@ def finish_table(table_name: str, lease: float, skew: float) -> tuple[str, list[
         TimeToLiveSpecification={"Enabled": False, "AttributeName": "expires"},
     )
     time.sleep(lease + skew + 2.0)
+    settle(unkind)
     out = io.StringIO()
     call_command("dynasem_reap", stdout=out)
+    settle(unkind)
+    if unkind is not None:
+        print(f"soak: unkind engine: {json.dumps(unkind.stats()['counts'], sort_keys=True)}")
     return " ".join(out.getvalue().split()), operations.active_holds(include_expired=True)
 
 
@@ -1361,6 +1409,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nice", type=int, default=5, help="niceness of the workers")
     parser.add_argument("--workdir", default=None, help="keep logs and files here")
     parser.add_argument("--keep", action="store_true", help="keep the workdir even on success")
+    add_unkind(parser)
     args = parser.parse_args(argv)
     counting = counting_cfg(args)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
@@ -1373,7 +1422,6 @@ def main(argv: list[str] | None = None) -> int:
         Path(data_path(workdir, i)).write_text("")
         Path(data_path(workdir, i) + ".hw").write_text("0".rjust(HW_WIDTH))
 
-    from tests.dynamodb_local import DynamoDBLocal
     from tests.workers import setup_django
 
     print(
@@ -1384,9 +1432,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"soak: machine: {machine()}", flush=True)
     digest = source_digest()
     print(f"soak: dynasem source digest {digest}", flush=True)
-    with DynamoDBLocal() as ddb:
+    with engine(args.unkind, seed, workdir) as (endpoint, unkind):
         table_name = f"soak-{uuid.uuid4().hex[:8]}"
-        setup_django(ddb.endpoint_url, table_name)
+        setup_django(endpoint, table_name)
         from django.core.management import call_command
 
         from dynasem.conf import settings
@@ -1394,7 +1442,7 @@ def main(argv: list[str] | None = None) -> int:
         skew = float(settings.CLOCK_SKEW)
         call_command("dynasem_createtable", "--wait", stdout=io.StringIO())
         cfg = {
-            "endpoint": ddb.endpoint_url,
+            "endpoint": endpoint,
             "table": table_name,
             "workdir": workdir,
             "lease": args.lease,
@@ -1412,7 +1460,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             fleet.kill_all()
         ran = time.monotonic() - t0
-        reap_said, stuck = finish_table(table_name, args.lease, skew)
+        reap_said, stuck = finish_table(table_name, args.lease, skew, unkind)
 
     result = analyse(
         fleet,

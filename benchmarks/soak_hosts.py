@@ -195,6 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resources", type=int, default=3)
     soak.add_shared_share(parser)
     soak.add_counting(parser)
+    soak.add_unkind(parser)
     parser.add_argument("--think", type=float, default=0.1, help="max pause between holds (s)")
     parser.add_argument("--nice", type=int, default=5, help="niceness of the workers")
     parser.add_argument(
@@ -231,7 +232,6 @@ def main(argv: list[str] | None = None) -> int:
         Path(soak.data_path(workdir, i) + ".hw").write_text("0".rjust(soak.HW_WIDTH))
     processes = 3 * args.per_host
 
-    from tests.dynamodb_local import DynamoDBLocal
     from tests.workers import setup_django
 
     print(
@@ -242,14 +242,17 @@ def main(argv: list[str] | None = None) -> int:
     print(f"soak_hosts: machine: {soak.machine()}", flush=True)
     digest = soak.source_digest()
     print(f"soak_hosts: dynasem source digest {digest}", flush=True)
-    with DynamoDBLocal() as ddb, netns.Network(("a", "b", "c")) as network:
-        port = ddb.endpoint_url.rpartition(":")[2]
+    with (
+        soak.engine(args.unkind, seed, workdir) as (endpoint, unkind),
+        netns.Network(("a", "b", "c")) as network,
+    ):
+        port = endpoint.rpartition(":")[2]
         shown = ", ".join(
             f"{h.name} {h.address} clock {offsets[h.name]:+g} s" for h in network.hosts.values()
         )
         print(f"soak_hosts: hosts {shown}; DynamoDB at {network.gateway}:{port}", flush=True)
         table_name = f"soak-{uuid.uuid4().hex[:8]}"
-        setup_django(ddb.endpoint_url, table_name)  # this process: the root namespace
+        setup_django(endpoint, table_name)  # this process: the root namespace
         from django.core.management import call_command
 
         from dynasem.conf import settings
@@ -283,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             fleet.heal_all()
             fleet.kill_all()
         ran = time.monotonic() - t0
-        reap_said, stuck = soak.finish_table(table_name, args.lease, skew)
+        reap_said, stuck = soak.finish_table(table_name, args.lease, skew, unkind)
 
     result = soak.analyse(
         fleet,

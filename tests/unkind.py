@@ -738,7 +738,7 @@ class Handler(BaseHTTPRequestHandler):
         except Exception as exc:  # the engine's own fault: say so, as a 500 would
             status, answer, how = 500, {"__type": "InternalServerError", "message": repr(exc)}, ""
             engine.count("engine error")
-            print(f"unkind: {target}: {exc!r}", file=sys.stderr, flush=True)
+            print(f"unkind: {target}: {exc!r} on {raw[:300]!r}", file=sys.stderr, flush=True)
         if how == "timeout":
             time.sleep(engine.prof.lost_timeout)
         if how:
@@ -765,6 +765,12 @@ class Server(ThreadingHTTPServer):
     def __init__(self, port: int, engine: Engine) -> None:
         self.engine = engine
         super().__init__(("0.0.0.0", port), Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A client killed or timed out mid-request (the soaks SIGKILL theirs): not news.
+        if isinstance(sys.exc_info()[1], ConnectionError | TimeoutError):
+            return
+        super().handle_error(request, client_address)
 
 
 def main(argv: list[str] | None = None) -> None:
