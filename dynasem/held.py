@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import threading
 import time
 from collections.abc import Mapping
@@ -26,6 +27,13 @@ _NOTHING = contextlib.nullcontext()
 # A plain release of a hold older than this (seconds) asks for the item back, to push the
 # first of any waiters that queued after we last saw the queue.
 WAKE_AFTER = 0.05
+# A release DynamoDB refused for a passing reason (throttled still after botocore's retries,
+# a 5xx, a dropped connection) is sent again for up to this many seconds (never past the
+# hold's own deadline), after pauses that double from RELEASE_PAUSE up to a second. Given up,
+# the hold stays in the row until its lease runs out (a minute by default) and every waiter
+# waits that long for a lock nobody uses: worth a few seconds of the releasing caller's time.
+RELEASE_PATIENCE = 5.0
+RELEASE_PAUSE = 0.05
 
 
 class Held:
@@ -70,6 +78,8 @@ class Held:
         self._hold_avg: int | None = None
         # A hand-over sent that got no answer: it may have been applied (see _give_back).
         self._handed_unanswered = False
+        # A release sent again after an ambiguous failure: the first may have been applied.
+        self._release_unanswered = False
         # Who took it: at exit, only holds of threads that ended are given back (shutdown.py).
         self.thread = threading.current_thread()
         # Acquisitions of it in all: nested acquires in the same thread or task re-enter it
@@ -427,7 +437,9 @@ class Held:
         pending = list(self.resources)
         ok = True
         hold_ms = self._hold_ms() if len(pending) == 1 else None
-        for _ in range(3):
+        cancels = failures = 0
+        started = clock.monotonic()
+        while cancels < 3:
             now = clock.now_ms()
             # A released row may be reaped once its expMs is CLOCK_SKEW old: never before
             # every in-tolerance clock reads past our fence's time, or a fresh fence made after
@@ -463,20 +475,28 @@ class Held:
                 if terms and old is not None and self.token in old.holders:
                     self._observe(old)
                     return None
-                retried = refused.retried or self._handed_unanswered
+                retried = refused.retried or self._handed_unanswered or self._release_unanswered
                 return ok and self._released_by(old, retried)
             except table.Cancelled as cancelled:
                 # Nothing was applied: drop the ones not ours any more and send the rest again.
+                cancels += 1
+                retried = cancelled.retried or self._release_unanswered
                 still = []
                 for r, (code, old) in zip(pending, cancelled.reasons, strict=False):
                     if code != "ConditionalCheckFailed":
                         still.append(r)
-                    elif not self._released_by(old, cancelled.retried):
+                    elif not self._released_by(old, retried):
                         ok = False
                 pending = still
                 if not pending:
                     return ok
             except SemaphoreUnavailable as exc:
+                failures += 1
+                self._release_unanswered |= exc.ambiguous
+                pause = self._release_pause(exc, failures, started)
+                if pause is not None:
+                    time.sleep(pause)
+                    continue
                 # The work is done and the lease will lapse by itself: never fail the caller
                 # for a release DynamoDB could not take.
                 logger.warning("dynasem: could not release %r (%s); it expires", pending, exc,
@@ -484,6 +504,19 @@ class Held:
                                            reason=exc))  # fmt: skip
                 return ok
         return ok
+
+    def _release_pause(
+        self, exc: SemaphoreUnavailable, failures: int, started: float
+    ) -> float | None:
+        """Seconds to pause before sending a failed release again; None: give up (a failure
+        that will not pass, or RELEASE_PATIENCE or the hold's deadline reached by then)."""
+        if not exc.transient:
+            return None
+        cap = min(1.0, RELEASE_PAUSE * 2 ** (failures - 1))
+        pause = random.uniform(cap / 2, cap)  # spread: the waiters' own requests are throttled too
+        if clock.monotonic() + pause >= min(started + RELEASE_PATIENCE, self._deadline):
+            return None
+        return pause
 
     def _wake_first(self, item: table.LockItem | None) -> None:
         """After a plain release: if waiters are queued (ones we did not know of when we
