@@ -164,6 +164,7 @@ class Pace:
     def __init__(self) -> None:
         self.rtt = 0.005  # seconds; an average of our own reads' round trips
         self.early = 0  # looks in a row that found nothing moved
+        self.failed_looks = 0  # looks in a row that failed for a passing reason (throttled)
         self.state: Any = None
         self.until_free = 1.0  # seconds until the first holder (or waiter) ahead lapses
         self.enqueued = False  # an enqueue of ours was sent (it may have been applied)
@@ -432,7 +433,7 @@ def wait_in_queue(
 
     ``if_busy_ms``: join only if someone holds it (a lease ending at or after this) or
     waits; otherwise the refusal's old item is returned, to take it from."""
-    now = clock.now_ms()
+    now, started = clock.now_ms(), clock.monotonic()
     if not queued:
         # Where the holder that hands us the lock tells us (None: nowhere): listening before
         # our entry can be read.
@@ -560,6 +561,19 @@ def wait_in_queue(
             return seen
         if not watched or left <= WATCH_EVERY:
             break
+    return (yield from _look(resource, seen, pace, lease=lease, deadline=started + remaining))
+
+
+def _look(
+    resource: str, seen: table.LockItem | None, pace: Pace, *, lease: float, deadline: float
+) -> Steps[table.LockItem | None]:
+    """A queued waiter's look: renew our entry when half its lease is gone, then read the
+    row. A request that failed for a passing reason (throttled still after botocore's
+    retries, a 5xx, a dropped connection) is no news: after a pause that doubles with each
+    such failure in a row, the row as last seen, and the wait goes on. Failing the caller
+    would give up its place in line for a hot key's throttling, and looking again at once
+    would only add to it. ``deadline``: the wait's end (monotonic)."""
+    ticket = pace.ticket
     if ticket is not None and pace.entry_ms - clock.now_ms() < lease * 500:
         renew_to = clock.now_ms() + int(lease * 1000)
         try:
@@ -569,10 +583,22 @@ def wait_in_queue(
             pace.entry_ms = renew_to
         except table.Refused:
             pace.ticket = None  # our entry is gone (reaped by TTL after a long stall): join again
+        except SemaphoreUnavailable as exc:
+            if not exc.transient:
+                raise
+            # Idempotent: sent again at the next look (our entry outlives a few of them).
     sent = clock.monotonic()
-    # Eventually consistent (half the units): a look only tells when to write, and every
-    # write is conditional on the row as it is; an older row is read as such (upto_of).
-    item: table.LockItem | None = yield Request(lambda: table.get(resource, consistent=False))
+    try:
+        # Eventually consistent (half the units): a look only tells when to write, and every
+        # write is conditional on the row as it is; an older row is read as such (upto_of).
+        item: table.LockItem | None = yield Request(lambda: table.get(resource, consistent=False))
+    except SemaphoreUnavailable as exc:
+        if not exc.transient:
+            raise
+        pace.failed_looks += 1
+        yield Sleep(min(backoff(pace.failed_looks), max(0.001, deadline - clock.monotonic())))
+        return seen
+    pace.failed_looks = 0
     pace.answered(clock.monotonic() - sent)
     return item
 

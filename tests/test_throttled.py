@@ -4,6 +4,10 @@ caller who asked to wait (tests/faults.py's ``throttle``, on DynamoDB Local)."""
 
 from __future__ import annotations
 
+import threading
+import time
+from typing import Any
+
 from dynasem import semaphore, table
 from dynasem.operations import holds_on
 from tests.faults import Faults
@@ -21,3 +25,30 @@ def test_a_release_throttled_past_botocores_retries_is_sent_again(lock_table: st
     # Released now, not when its lease runs out in 30 s: every waiter would sit idle till then.
     assert holds_on("thr:release") == []
     semaphore("thr:release", wait=0).acquire().release()
+
+
+def test_a_queued_waiters_throttled_look_keeps_it_waiting(lock_table: str) -> None:
+    resource = "thr:look"
+    held = semaphore(resource, wait=0).acquire()
+    got: dict[str, Any] = {}
+
+    def wait() -> None:
+        try:
+            got["held"] = semaphore(resource, wait=20, fair=True).acquire()
+        except Exception as exc:  # the failure under test: handed to the assertion
+            got["error"] = exc
+
+    with Faults(table.get_client()) as faults:
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(0.3)  # queued, looking at the row now and then
+        rule = faults.throttle("GetItem", ONE_REQUEST)
+        deadline = time.monotonic() + 10
+        while rule.fired < ONE_REQUEST and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert rule.fired == ONE_REQUEST  # one look throttled through botocore's retries
+        time.sleep(0.2)
+        held.release()
+        waiter.join(20)
+    assert "error" not in got, got
+    got["held"].release()
