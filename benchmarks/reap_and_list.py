@@ -13,7 +13,7 @@ Reap: ``--rows`` rows whose only holder's lease ended two minutes ago (a holder 
 * baseline: one thread, ``Scan`` (filter ``expMs < cutoff``) page by page, and for each row a
   ``DeleteItem`` conditional on ``expMs < cutoff`` (the condition dynasem's reaper uses, so a
   row re-acquired meanwhile survives);
-* dynasem: ``dynasem.operations.reap()`` (the expires index, sharded, 16 delete threads).
+* dynasem: ``dynasem.reaping.reap()`` (the expires index, sharded, 16 delete threads).
 
 Also reported: CPU seconds used meanwhile by this process (all threads) and by the JVM.
 
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         endpoint = ddb.endpoint_url
         common.setup_dynasem(endpoint, common.new_name("bench-reap"))
         common.create_dynasem_table()
-        from dynasem import core, operations, semaphore
+        from dynasem import core, operations, reaping, semaphore
         from dynasem.conf import settings
 
         name = settings.TABLE_NAME
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             return measure(base_counter, lambda: scan_and_delete(base, name, cutoff())[0])
 
         def reap_dynasem() -> dict[str, Any]:
-            return measure(dyn_counter, lambda: operations.reap(workers=args.workers).deleted)
+            return measure(dyn_counter, lambda: reaping.reap(workers=args.workers).deleted)
 
         # -- reap ----------------------------------------------------------------------------
         measured: dict[str, dict[str, Any]] = {}
@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     reap_rows = []
     for label, m in (
         ("Scan + DeleteItem, 1 thread (baseline)", b),
-        (f"dynasem `operations.reap(workers={args.workers})`", d),
+        (f"dynasem `reaping.reap(workers={args.workers})`", d),
     ):
         reap_rows.append(
             [
@@ -388,7 +388,7 @@ Rows are written straight in dynasem's stored format with `BatchWriteItem` (TTL 
 table, so DynamoDB Local's own TTL sweep cannot race the reapers). **Reap:** {args.rows} rows
 whose only holder's lease ended two minutes ago; the baseline is one thread doing `Scan`
 (filter `expMs < cutoff`) and a `DeleteItem` per row conditional on `expMs < cutoff` (the
-condition dynasem uses); dynasem is `operations.reap(workers={args.workers})` (expires index,
+condition dynasem uses); dynasem is `reaping.reap(workers={args.workers})` (expires index,
 8 shards, {args.workers} delete threads). *CPU client / engine*: CPU seconds of this Python
 process (all threads) and of the DynamoDB Local JVM during the reap. Both first reap
 {args.warmup_rows} rows unmeasured; the rows are written again between the two measured

@@ -1,16 +1,15 @@
-"""What operators do to holds (list, break, reap), shared by the CLI and the admin."""
+"""What operators do to holds (list, break), shared by the CLI and the admin (the reaper is
+reaping.py)."""
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from . import clock, core, index_streams, permit_held, reader_held, table, validation
-from .conf import settings
 from .cursors import BadCursor as BadCursor  # re-exported: callers catch operations.BadCursor
 from .cursors import decode_cursor, encode_cursor, purpose
 from .signals import lock_released
@@ -414,119 +413,3 @@ def break_holds(resource: str, token: str | None = None) -> list[HoldInfo]:
         if break_hold(resource, hold.token, user_id=hold.user_id, fence=hold.fence):
             broken.append(hold)
     return broken
-
-
-# ---------------------------------------------------------------------------------------------
-# run_once jobs: list and reset
-# ---------------------------------------------------------------------------------------------
-
-
-@dataclass
-class ReapResult:
-    found: int = 0  # rows the expires index listed as expired
-    deleted: int = 0
-    # Rows listed but changed since the index listed them (taken again, renewed, released
-    # late; or gone): their conditional delete was refused (in a dry run: would be).
-    survived: int = 0
-    # Permits (counting semaphores of many permits) and reader items of dead holders freed.
-    permits: int = 0
-    # Permits and reader items read dead whose holder renewed (or left) before the break:
-    # refused, as read, and kept.
-    permits_kept: int = 0
-
-
-def reap(
-    *,
-    dry_run: bool = False,
-    workers: int = 16,
-    progress: Callable[[ReapResult], None] | None = None,
-    found: Callable[[table.IndexEntry], None] | None = None,
-) -> ReapResult:
-    """Delete rows whose lease ended more than CLOCK_SKEW ago, found through the expires
-    index (never a Scan) and deleted each on condition it is still expired (the condition is
-    DynamoDB's, on the row as it is: an index entry that lags behind its row costs a refused
-    delete, never a live hold), in parallel. ``found`` is called with each row found (in a
-    dry run: each row it would delete, its row read consistently)."""
-    cutoff_ms = clock.now_ms() - int(validation.check_skew(settings.CLOCK_SKEW) * 1000)
-    before_s = cutoff_ms // 1000
-    result = ReapResult()
-
-    def candidates() -> Iterator[table.IndexEntry]:
-        for shard in range(table.SHARDS):
-            yield from table.iter_expiring(shard, before=before_s)
-
-    if dry_run:
-        _would_reap(candidates(), cutoff_ms, result, found)
-        result.permits, result.permits_kept = _reap_permits(cutoff_ms, dry_run=True)
-        return result
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dynasem-reap") as pool:
-        futures = []
-        for row in candidates():
-            result.found += 1
-            if found is not None:
-                found(row)
-            futures.append(pool.submit(table.delete_expired, row.resource, cutoff_ms))
-        for i, future in enumerate(futures, 1):
-            if future.result():
-                result.deleted += 1
-            else:
-                result.survived += 1
-            if progress is not None and (i % 500 == 0 or i == len(futures)):
-                progress(result)
-    result.permits, result.permits_kept = _reap_permits(cutoff_ms, dry_run=False)
-    return result
-
-
-def _would_reap(
-    listed: Iterator[table.IndexEntry],
-    cutoff_ms: int,
-    result: ReapResult,
-    found: Callable[[table.IndexEntry], None] | None,
-) -> None:
-    """A dry run's count: of the rows the index lists, those whose row, read consistently,
-    the delete's condition would take (``found`` is called with each); the others changed
-    since the index listed them. One read unit per row, less than the delete it stands for:
-    an index lagging behind its rows must not make a dry run list a live lock."""
-    while batch := list(itertools.islice(listed, table.MAX_BATCH_GET)):
-        result.found += len(batch)
-        expired = {
-            row.resource
-            for row in table.get_many(batch, consistent=True)
-            if 0 < row.expires_ms < cutoff_ms  # as delete_expired's condition reads it
-        }
-        for entry in batch:
-            if entry.resource not in expired:
-                result.survived += 1
-            elif found is not None:
-                found(entry)
-
-
-def _reap_permits(cutoff_ms: int, *, dry_run: bool) -> tuple[int, int]:
-    """Free the permits whose holder's lease ended before ``cutoff_ms``, in the rows of
-    counting semaphores of many permits still listed (such a row stays listed while any of
-    its permits may be live, so the rows above are not reaped): each conditional on the
-    permit being as read, its slot hinted. How many were freed (in a dry run: would be), and
-    how many changed between the read and the break (renewed or given back: kept)."""
-    freed = kept = 0
-    entries = [
-        entry
-        for shard in range(table.SHARDS)
-        for entry in table.iter_expiring(shard, since=cutoff_ms // 1000, shared_only=True)
-    ]
-    for row in table.get_many(entries):
-        if table.readers.has_readers(row):
-            for reader in table.readers.readers(row.resource):
-                if reader.holder.expires_ms < cutoff_ms:
-                    if dry_run or reader_held.break_reader(row.resource, reader.token, reader):
-                        freed += 1
-                    else:
-                        kept += 1
-        if row.hw is None:
-            continue
-        for permit in slots.permits(row.resource):
-            if permit.token and permit.holder.expires_ms < cutoff_ms:
-                if dry_run or permit_held.break_permit(row.resource, permit.token, permit):
-                    freed += 1
-                else:
-                    kept += 1
-    return freed, kept

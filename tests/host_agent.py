@@ -293,9 +293,9 @@ class Server:
         return {"sent": sent, "done": time.monotonic(), "pushes": self.pushes[pushes:]}
 
     def op_reap(self) -> dict[str, Any]:
-        from dynasem import operations
+        from dynasem import reaping
 
-        result = operations.reap()
+        result = reaping.reap()
         return {"deleted": result.deleted, "found": result.found, "wall": time.time()}
 
     def op_udp(self, host: str, port: int, data: str) -> dict[str, Any]:

@@ -35,6 +35,7 @@ OPERATORS = {
     "dynasem.admin",
     "dynasem.admin_pages",
     "dynasem.operations",
+    "dynasem.reaping",
     "dynasem.index_streams",
     "dynasem.job_operations",
     "dynasem.management.commands._output",

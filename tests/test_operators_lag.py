@@ -15,7 +15,7 @@ import io
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -28,6 +28,7 @@ from dynasem import clock, semaphore, table
 from dynasem.conf import settings
 from dynasem.operations import holds_on
 from tests.conftest import take
+from tests.faults import Faults
 
 # A reap finds a row once its 15-minute expires bucket has passed: the commands run this much
 # later (this process's clock moved on), past the bucket of any short lease taken here.
@@ -226,7 +227,95 @@ def test_reap_keeps_a_permit_renewed_after_it_was_read(lock_table, holds, later,
     assert renewed
     assert {h.token for h in holds_on("pool:lag")} == {live.token, dead.token}
     assert "changed since" in out
-    dead.release()
+    holds.append(dead)  # released, or cleaned up, at the end (its own heartbeat is stopped)
+
+
+# ---------------------------------------------------------------------------------------------
+# dynasem_reap under lost answers and throttling
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def faults(lock_table: str) -> Iterator[tuple[Faults, Faults]]:
+    """Faults on both of dynasem's clients: the locks' own (botocore retries, 4 attempts) and
+    the quick one of operators' pages and commands (one attempt)."""
+    with Faults(table.get_client()) as main, Faults(table.get_client(quick=True)) as quick:
+        yield main, quick
+
+
+def run_failing(name: str, *args: str) -> tuple[str, CommandError]:
+    """A command that must fail: what it printed before, and its CommandError."""
+    out = io.StringIO()
+    with pytest.raises(CommandError) as failed:
+        call_command(name, *args, stdout=out)
+    return out.getvalue(), failed.value
+
+
+def test_reap_counts_a_delete_whose_answer_was_lost_as_deleted(lock_table, holds, later, faults):
+    dead_hold(holds, "lost:1")
+    later(LATER)
+    lost = [client.lose_response("DeleteItem") for client in faults]
+    totals = json_lines(run("dynasem_reap", "--json"))[-1]
+    assert sum(rule.fired for rule in lost) == 1  # applied, and its answer lost
+    assert table.stored_item("lost:1") is None
+    assert (totals["deleted"], totals["changed_since_listed"]) == (1, 0)
+    assert totals["failed"] == 0
+
+
+def test_a_retried_reaper_delete_of_a_row_gone_counts_as_deleted(lock_table, holds, faults):
+    """On the locks' client botocore re-sends a delete whose answer was lost: the re-sent one
+    is refused, the row gone. That is the first one's doing, not a row changed since listed."""
+    main, _ = faults
+    dead_hold(holds, "lost:2")
+    cutoff = table.stored_item("lost:2")["expMs"] + 1
+    rule = main.lose_response("DeleteItem")
+    assert table.delete_expired("lost:2", cutoff) is True
+    assert rule.fired == 1 and table.stored_item("lost:2") is None
+    # Gone before this delete (TTL, another reaper) and sent once: not ours to count.
+    assert table.delete_expired("lost:2", cutoff) is False
+
+
+def test_reap_deletes_through_the_quick_client(lock_table, holds, later, faults):
+    """An operator's reap answers within seconds when DynamoDB hangs: its deletes, sent from
+    its worker threads, go through the quick client as its reads do."""
+    main, _ = faults
+    dead_hold(holds, "quick:1")
+    dead_hold(holds, "quick:2")
+    later(LATER)
+    hung = main.read_timeout("DeleteItem", 100)
+    out = run("dynasem_reap")
+    assert hung.fired == 0
+    assert "Deleted 2 expired rows." in out
+
+
+def test_reap_goes_on_past_a_row_it_could_not_delete_and_says_which(
+    lock_table, holds, later, faults
+):
+    from dynasem.table import permits as slots
+
+    dead_hold(holds, "stuck:1")
+    dead_hold(holds, "stuck:2")
+    live = take(holds, "stuck:pool", limit=20, lease=LIVE_LEASE)
+    dead_permit = semaphore("stuck:pool", limit=20, lease=1).acquire()
+    dead_permit._stop_heartbeat()
+    later(LATER)
+    # The first delete goes through; every one after it is throttled, after every retry.
+    for client in faults:
+        client.throttle("DeleteItem", 100, after=1)
+    out, failed = run_failing("dynasem_reap", "--workers", "1")
+    assert failed.returncode == 3
+    stuck = [r for r in ("stuck:1", "stuck:2") if table.stored_item(r) is not None]
+    assert len(stuck) == 1 and repr(stuck[0]) in str(failed)
+    assert "1 row could not be deleted" in str(failed) and "throttled" in str(failed)
+    assert "Deleted 1 expired rows." in out
+    # The rest of the reap went on: the dead holder's permit was freed.
+    assert "Freed 1 permits" in out
+    assert [p.token for p in slots.permits("stuck:pool") if p.token] == [live.token]
+    out, failed = run_failing("dynasem_reap", "--json")
+    *lines, totals = json_lines(out)
+    assert [(f["resource"], f["item"]) for f in lines] == [(stuck[0], "row")]
+    assert "throttled" in lines[0]["error"] and lines[0]["maybe_applied"] is False
+    assert (totals["deleted"], totals["failed"]) == (0, 1)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -425,9 +425,14 @@ def iter_expiring(shard: int, **kwargs: Any) -> Iterator[IndexEntry]:
             return
 
 
-def delete_expired(resource: str, cutoff_ms: int) -> bool:
+def delete_expired(resource: str, cutoff_ms: int, *, resent: bool = False) -> bool:
     """Delete a lock row only if its lease still ended before ``cutoff_ms``; False if it
-    survived."""
+    survived (or was gone before: deleted by TTL or another reaper).
+
+    ``resent``: an earlier send of this delete went unanswered (a timeout, a 5xx) and may have
+    been applied. A refusal then, or after botocore's own re-send (``Refused.retried``), with
+    the row gone is our earlier delete's doing: True, not a row that changed since listed.
+    The row as it was comes back with the refusal (``ALL_OLD``), at no extra read unit."""
     try:
         _send(
             "delete_item",
@@ -436,9 +441,10 @@ def delete_expired(resource: str, cutoff_ms: int) -> bool:
             ConditionExpression="#expMs < :cut",
             ExpressionAttributeNames={"#expMs": "expMs"},
             ExpressionAttributeValues=encode({":cut": cutoff_ms}),
+            ReturnValuesOnConditionCheckFailure="ALL_OLD",
         )
-    except Refused:
-        return False
+    except Refused as refused:
+        return (resent or refused.retried) and refused.item is None
     return True
 
 

@@ -4,20 +4,28 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError
 
-from dynasem import operations, table
+from dynasem import reaping, table
 from dynasem.exceptions import SemaphoreUnavailable
 
-from ._output import printable
+from ._output import OperatorCommand, printable
+
+# The exit status when a delete or break failed (DynamoDB unreachable, throttled still after
+# the tries, an answer lost): the reap went on with the rest and names the failed on stderr.
+# 1: the expires index could not be listed at all.
+SOME_FAILED = 3
+# Failures named in the error message; --json has a line for each.
+NAMED = 5
 
 
-class Command(BaseCommand):
+class Command(OperatorCommand):
     help = (
         "Delete lock rows whose lease ended more than CLOCK_SKEW ago (found through the expires "
         "index). Each delete is conditional on the row being expired, so a row taken again or "
         "renewed since the index listed it (the index is updated asynchronously) is kept and "
-        "counted as changed since listed; run_once DONE/FAILED rows are never touched."
+        "counted as changed since listed; run_once DONE/FAILED rows are never touched. A "
+        "delete that fails is left for the next reap and the reap goes on: exit status 3 then."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -41,9 +49,12 @@ class Command(BaseCommand):
         verbosity = options.get("verbosity", 1)
         as_json = options.get("json", False)
 
-        def progress(result: operations.ReapResult) -> None:
+        def progress(result: reaping.ReapResult) -> None:
             if verbosity >= 2 and not as_json:
-                self.stdout.write(f"  {result.deleted} deleted, {result.survived} survived...")
+                failed = f", {len(result.failed)} failed" if result.failed else ""
+                self.stdout.write(
+                    f"  {result.deleted} deleted, {result.survived} survived{failed}..."
+                )
 
         def found(row: table.IndexEntry) -> None:
             if dry_run and as_json:
@@ -54,23 +65,26 @@ class Command(BaseCommand):
                 self.stdout.write(f"  {printable(row.resource)}  (lease ended by {ended} UTC)")
 
         try:
-            result = operations.reap(
+            result = reaping.reap(
                 dry_run=dry_run, workers=workers, progress=progress, found=found
             )
         except SemaphoreUnavailable as exc:
             raise CommandError(str(exc)) from exc
         if as_json:
+            for failure in result.failed:
+                self.stdout.write(json.dumps(failure.as_dict()))
             totals = {"dry_run": dry_run, "found": result.found, "deleted": result.deleted}
             totals["permits_freed"] = result.permits
             # "kept" is the name scripts read before "changed_since_listed" said why.
             changed = {"changed_since_listed": result.survived, "kept": result.survived}
-            self.stdout.write(
-                json.dumps({**totals, **changed, "permits_kept": result.permits_kept})
-            )
-            return
-        self._report(result, dry_run=dry_run, verbosity=verbosity)
+            failed = {"permits_kept": result.permits_kept, "failed": len(result.failed)}
+            self.stdout.write(json.dumps({**totals, **changed, **failed}))
+        else:
+            self._report(result, dry_run=dry_run, verbosity=verbosity)
+        if result.failed:
+            raise CommandError(_failed_text(result.failed), returncode=SOME_FAILED)
 
-    def _report(self, result: operations.ReapResult, *, dry_run: bool, verbosity: int) -> None:
+    def _report(self, result: reaping.ReapResult, *, dry_run: bool, verbosity: int) -> None:
         kept = result.survived
         if dry_run:
             self.stdout.write(f"Would delete {result.found - kept} expired rows.")
@@ -104,3 +118,25 @@ def _changed(rows: int) -> str:
     if rows == 1:
         return "1 row changed since the index listed it"
     return f"{rows} rows changed since the index listed them"
+
+
+def _failed_text(failed: list[reaping.ReapFailure]) -> str:
+    """What failed, how many of each kind, and the first few by name with why."""
+    counts = {kind: sum(f.item == kind for f in failed) for kind in ("row", "permit", "reader")}
+    parts = []
+    if counts["row"]:
+        parts.append(f"{counts['row']} row{'s' if counts['row'] > 1 else ''} could not be deleted")
+    if freed := counts["permit"] + counts["reader"]:
+        parts.append(f"{freed} permit or reader hold{'s' if freed > 1 else ''} could not be freed")
+    if listings := len(failed) - sum(counts.values()):
+        parts.append(f"{listings} listing{'s' if listings > 1 else ''} of permits failed")
+    text = "; ".join(parts) + (
+        ": each is left for the next reap (every delete and break is conditional, so running "
+        "it again is safe)."
+    )
+    maybe = sum(f.maybe_applied for f in failed)
+    if maybe:
+        text += f" {maybe} may have been applied all the same (DynamoDB's answer was lost)."
+    named = [f"{printable(f.resource)!r} ({f.item}): {f.error}" for f in failed[:NAMED]]
+    more = f"; and {len(failed) - NAMED} more" if len(failed) > NAMED else ""
+    return f"{text} Failed: {'; '.join(named)}{more}"
