@@ -360,7 +360,12 @@ class Held:
         for _ in range(3):
             if self._lost is not None:
                 return None
-            found, qout = self._heirs()
+            try:
+                found, qout = self._heirs()
+            except SemaphoreUnavailable:
+                # The queue could not be read (throttled still after the retries): a plain
+                # release follows, and the first waiter takes the lock at its next look.
+                return None
             if not found:
                 return None
             now = clock.now_ms()

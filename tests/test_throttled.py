@@ -52,3 +52,28 @@ def test_a_queued_waiters_throttled_look_keeps_it_waiting(lock_table: str) -> No
         waiter.join(20)
     assert "error" not in got, got
     got["held"].release()
+
+
+def test_a_hand_over_whose_read_of_the_queue_is_throttled_still_releases(
+    lock_table: str,
+) -> None:
+    resource = "thr:heirs"
+    held = semaphore(resource, wait=0, lease=30).acquire()
+    got: dict[str, Any] = {}
+
+    def wait() -> None:
+        try:
+            got["held"] = semaphore(resource, wait=20, fair=True).acquire()
+        except Exception as exc:  # handed to the assertion
+            got["error"] = exc
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.5)  # queued
+    with Faults(table.get_client()) as faults:
+        rule = faults.throttle("Query", ONE_REQUEST)
+        held.release()  # reads the queue to hand the lock over: throttled through the retries
+    assert rule.fired == ONE_REQUEST
+    waiter.join(20)
+    assert "error" not in got, got
+    got["held"].release()
