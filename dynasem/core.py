@@ -87,8 +87,10 @@ __all__ = ["Held", "Semaphore", "current_hold", "semaphore"]
 MAX_REPLANS = 25
 # Re-tries of a write that failed in transit, however short the wait.
 MIN_TRANSIENT_RETRIES = 2
-# A hold we only heard of is confirmed by a renewal of our own when less than this share of
-# its trusted window (lease - CLOCK_SKEW) is left: the heartbeat would renew that soon anyway.
+# A hold is confirmed by a renewal of our own before it is returned when less than this share
+# of its trusted window (lease - CLOCK_SKEW) is left, whether we only heard of it or our own
+# write's answer came late: the heartbeat would renew that soon anyway, and a block must not
+# begin with a hold that is lost before the heartbeat's renewal can land.
 CONFIRM_SHARE = 1 / 3
 
 
@@ -217,6 +219,7 @@ class Semaphore:
             lease=lease,
             wait=wait,
             skew=skew,
+            margin=margin,
         )
         if permits.applies(self):
             # A counting semaphore of many permits: its holders are in items of their own,
@@ -227,10 +230,9 @@ class Semaphore:
         resources = self.resources
         deadline = clock.monotonic() + wait
         seen = readers.last_seen(self)  # empty unless it last had reader items
-        # The hold from what was last planned and seen, if its deadline is still ahead.
-        trusted = functools.partial(
-            planning.held_if_trusted, self, token=token, user_id=user_id, lease=lease, skew=skew
-        )
+        # The hold from what was last planned and seen, if its deadline is comfortably ahead.
+        trusted = functools.partial(planning.held_if_trusted, self, token=token,
+            user_id=user_id, lease=lease, skew=skew, margin=margin)  # fmt: skip
         sleeps = replans = failures = 0
         pace = Pace()  # a queued waiter's timing: request round trip, looks found too early
         confirm = False  # a hold of ours we saw must be renewed before it is returned
@@ -275,7 +277,7 @@ class Semaphore:
                     # Readers of several resources, one of them among many readers: items.
                     left = max(0.0, deadline - clock.monotonic())
                     return (yield from readers.acquire_many(self, token=token, user_id=user_id,
-                        proc=proc, lease=lease, wait=left, skew=skew))  # fmt: skip
+                        proc=proc, lease=lease, wait=left, skew=skew, margin=margin))  # fmt: skip
                 if queueing.passed(seen.get(resources[0]), pace.qbase, pace.ticket):
                     pace.ticket = None  # our turn went by (or the row is new): join again
                 if permits.applies(self) and any(
@@ -374,7 +376,7 @@ class Semaphore:
                             held = yield from readers.admitted(
                                 self, after, token=token, user_id=user_id, proc=proc, lease=lease,
                                 skew=skew, expires_ms=entry.expires_ms, now_ms=now,
-                                sent_mono=sent_mono,
+                                sent_mono=sent_mono, margin=margin,
                             )  # fmt: skip
                         else:
                             held = trusted(plans, seen, sent_mono=sent_mono, push_cap=None)

@@ -23,7 +23,7 @@ from . import clock, heirs, permit_held, processes, queueing, table, telemetry
 from .drivers import Request, Sleep, Steps, Write
 from .exceptions import SemaphoreUnavailable
 from .held import Held, acquired
-from .queueing import Pace, backoff, busy, seconds_until_free, wait_in_queue
+from .queueing import Pace, backoff, busy, seconds_until_free, too_slow, wait_in_queue
 from .spec import LockSpec
 from .table import permits as slots
 
@@ -33,6 +33,11 @@ logger = logging.getLogger("dynasem")
 MIN_TRANSIENT_RETRIES = 3
 # Refusals in a row (others took the slot we aimed at) before a pause.
 MAX_REPLANS = 8
+# Renewals that confirm a take whose answer came late, before it is given back instead.
+CONFIRM_TRIES = 3
+# Takes given back (their answers came too late to trust) before an acquire past its wait
+# gives up (too_slow): a take answered late is no busy lock, worth a few tries even at wait=0.
+MAX_LATE = 3
 
 
 def applies(sem: LockSpec) -> bool:
@@ -78,12 +83,15 @@ def acquire_steps(
     lease: float,
     wait: float,
     skew: float,
+    margin: float,
 ) -> Steps[Held | None]:
     """The acquire loop of a permit semaphore (see :meth:`dynasem.core.Semaphore._acquire_steps`
     for the shape of steps). None: the row keeps its holders inline (an earlier layout), the
-    caller joins them there."""
+    caller joins them there. ``margin``: the trust a hold must have left when it is returned
+    (:func:`_trusted`)."""
+    timing = _Timing(lease, skew, margin)
     if len(sem.resources) > 1:
-        return (yield from _acquire_many(sem, token, user_id, proc, lease, wait, skew))
+        return (yield from _acquire_many(sem, token, user_id, proc, timing, wait))
     resource = sem.resources[0]
     lease_ms, skew_ms = int(lease * 1000), int(skew * 1000)
     deadline = clock.monotonic() + wait
@@ -118,6 +126,9 @@ def acquire_steps(
                     return None
                 plan = _Plan(in_way=queueing.live_holders(seen, stale))
         if plan.how:
+            # The lease runs from here, after the plan's reads (they may have been slow): a
+            # lease end fixed before them could be over when the permit is written.
+            sent_mono, now = clock.monotonic(), clock.now_ms()
             # A take of a slot in a permit row counts the row's fence up (the stored one plus
             # one, learnt from the old row); a take that makes the row names one from the clock.
             counted = plan.how in ("pop", "grow", "fence")
@@ -131,7 +142,6 @@ def acquire_steps(
                 qout=seen.qout,
                 served=served,
             )
-            sent_mono = clock.monotonic()
             action = slots.take_slot(
                 resource,
                 how=plan.how,
@@ -189,19 +199,13 @@ def acquire_steps(
                 # Another holds that slot (a hint gone stale): plan again, keeping our turn.
                 served = True
                 continue
-            held = _held(
-                sem,
-                token,
-                user_id,
-                {resource: fence},
-                {resource: slot},
-                lease,
-                skew,
-                holder.expires_ms,
-                sent_mono,
-                seen.listed_s,
-            )
-            return held
+            trust = yield from _trusted({resource: slot}, token, holder.expires_ms, sent_mono,
+                                        timing, deadline)  # fmt: skip
+            if trust is None:
+                served = True  # given back: plan again, keeping our turn
+                continue
+            return _held(sem, token, user_id, {resource: fence}, {resource: slot}, timing,
+                         trust, seen.listed_s)  # fmt: skip
         # Busy: wait in the queue within the budget (joining it again if our turn was had:
         # its next take asks the queue again).
         served = False
@@ -374,25 +378,71 @@ def _hold_permit(
             yield Sleep(backoff(failures))
 
 
+class _Timing:
+    """An acquire's lease and CLOCK_SKEW (seconds), the trust a hold it returns must have
+    left (``margin``: see :func:`_trusted`), and how many of its takes were given back for
+    that."""
+
+    def __init__(self, lease: float, skew: float, margin: float):
+        self.lease, self.skew, self.margin = lease, skew, margin
+        self.late = 0
+
+    def left(self, sent_mono: float) -> float:
+        """The trust left of a lease set by a write sent at ``sent_mono`` (monotonic)."""
+        return sent_mono + self.lease - self.skew - clock.monotonic()
+
+
+def _trusted(
+    taken: dict[str, int],
+    token: str,
+    expires_ms: int,
+    sent_mono: float,
+    timing: _Timing,
+    deadline: float,
+) -> Steps[tuple[int, float] | None]:
+    """The lease end and send time the permits ``taken`` (ours, as written by a take sent
+    at ``sent_mono``) are trusted from: the take's own, if at least ``timing.margin`` of its
+    trust is left (its answer, or a retry's, can come long after it was applied: a host cut
+    off from DynamoDB); else a renewal's, conditional on our token (nobody held the permit
+    meanwhile). None: not confirmed (taken over after our lease ran out, or every renewal
+    answered as late), whatever is still ours given back. Raises ``too_slow`` once
+    ``MAX_LATE`` were given back and the wait is over."""
+    undo = functools.partial(permit_held.undo_many, taken, token)
+    for _ in range(CONFIRM_TRIES):
+        if timing.left(sent_mono) >= timing.margin:
+            return expires_ms, sent_mono
+        sent_mono, expires_ms = clock.monotonic(), clock.now_ms() + int(timing.lease * 1000)
+        try:
+            for resource, slot in taken.items():
+                renewal = slots.renew_permit(resource, slot, token, expires_ms)
+                yield Write(functools.partial(slots.send, renewal), token, [], undo=undo)
+        except (table.Refused, SemaphoreUnavailable):
+            break
+    yield Request(undo)
+    timing.late += 1
+    if timing.late >= MAX_LATE and clock.monotonic() >= deadline:
+        raise too_slow(next(iter(taken)), timing.lease, timing.skew)
+    return None
+
+
 def _held(
     sem: LockSpec,
     token: str,
     user_id: str,
     fences: dict[str, int],
     taken: dict[str, int],
-    lease: float,
-    skew: float,
-    expires_ms: int,
-    sent_mono: float,
+    timing: _Timing,
+    trust: tuple[int, float],
     listed_s: int | None,
 ) -> Held:
+    expires_ms, sent_mono = trust
     held = acquired(
         sem,
         token=token,
         user_id=user_id,
         fences=fences,
-        lease=lease,
-        skew=skew,
+        lease=timing.lease,
+        skew=timing.skew,
         expires_ms=expires_ms,
         sent_mono=sent_mono,
         item=None,
@@ -410,9 +460,8 @@ def _acquire_many(
     token: str,
     user_id: str,
     proc: str | None,
-    lease: float,
+    timing: _Timing,
     wait: float,
-    skew: float,
 ) -> Steps[Held | None]:
     """Several permit resources, all or none: read their rows, then one transaction of a row
     write and a permit write for each. No queue (as for any multi-resource take)."""
@@ -423,6 +472,7 @@ def _acquire_many(
             f"be taken at once (DynamoDB's transaction limit of {table.MAX_TRANSACTION} "
             f"actions: two each), not {len(resources)}"
         )
+    lease, skew = timing.lease, timing.skew
     lease_ms, skew_ms = int(lease * 1000), int(skew * 1000)
     deadline = clock.monotonic() + wait
     scans = {r: _Scan() for r in resources}
@@ -431,8 +481,7 @@ def _acquire_many(
         seen: dict[str, table.LockItem | None] = {}
         for r in resources:
             seen[r] = (yield Request(functools.partial(table.get, r))) or table.LockItem(resource=r)
-        now = clock.now_ms()
-        stale = now - skew_ms
+        stale = clock.now_ms() - skew_ms
         plans: dict[str, _Plan] = {}
         blocked: dict[str, Any] = {}
         for r in resources:
@@ -456,6 +505,8 @@ def _acquire_many(
             else:
                 blocked[r] = plan.in_way
         if not blocked:
+            # The lease runs from here, after the reads above (they may have been slow).
+            sent_mono, now = clock.monotonic(), clock.now_ms()
             fences, actions, taken = {}, [], {}
             expires_ms = now + lease_ms
             for r in resources:
@@ -484,15 +535,15 @@ def _acquire_many(
                 actions.append(
                     slots.take_permit(r, taken[r], token, holder, stale_ms=stale, dead=plan.dead)
                 )
-            sent_mono = clock.monotonic()
             undo = functools.partial(permit_held.undo_many, taken, token)
             again = yield from all_or_none(actions, token, undo, deadline, failures)
             if again is not None:
                 failures = again
                 continue
-            return _held(
-                sem, token, user_id, fences, taken, lease, skew, expires_ms, sent_mono, None
-            )
+            trust = yield from _trusted(taken, token, expires_ms, sent_mono, timing, deadline)
+            if trust is None:
+                continue  # given back: read the rows again
+            return _held(sem, token, user_id, fences, taken, timing, trust, None)
         remaining = deadline - clock.monotonic()
         if remaining <= 0:
             raise busy(sem, blocked, seen, skew=skew, user_id=user_id, token=token)

@@ -177,12 +177,15 @@ def held_if_trusted(
     skew: float,
     sent_mono: float | None,
     push_cap: float | None,
+    margin: float,
 ) -> Held | None:
-    """The hold, if its trusted deadline (read now) is still ahead; else None.
+    """The hold, if its trusted deadline (read now) is at least ``margin`` ahead; else None
+    (then it is confirmed by a renewal first: with less, it would be lost before the
+    heartbeat could renew it, its block begun).
 
     ``sent_mono``: when the write that took (or renewed) the resources with an action
-    left; the others we only saw to be ours, and trust until their stored lease end less
-    the skew (a pushed one: nor past ``push_cap``)."""
+    left (never when its answer came); the others we only saw to be ours, and trust until
+    their stored lease end less the skew (a pushed one: nor past ``push_cap``)."""
     mono, now = clock.monotonic(), clock.now_ms()
     ends = [sent_mono + lease - skew] if sent_mono is not None else []
     for plan in plans.values():
@@ -191,7 +194,7 @@ def held_if_trusted(
     if push_cap is not None:
         ends.append(push_cap)
     deadline = min(ends)
-    if deadline <= mono:
+    if deadline - mono < margin:
         return None
     if telemetry.ON and sent_mono is None and len(sem.resources) == 1:
         telemetry.handed_over(sem, seen.get(sem.resources[0]), token)

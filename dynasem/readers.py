@@ -13,7 +13,7 @@ from . import clock, permits, processes, queueing, reader_held, table, telemetry
 from .drivers import Request, Sleep, Steps, Write
 from .exceptions import SemaphoreUnavailable
 from .held import Held, acquired
-from .queueing import backoff, busy, seconds_until_free
+from .queueing import backoff, busy, seconds_until_free, too_slow
 from .spec import LockSpec
 from .table import readers as items
 
@@ -51,9 +51,13 @@ def admitted(
     sent_mono: float,
     lease: float,
     skew: float,
+    margin: float,
 ) -> Steps[Held | None]:
     """The row admitted us (``row``: as our write left it): our item, trusted until
-    ``lease - skew`` after that write left. None: it landed too late (given back)."""
+    ``lease - skew`` after that write left. None: less than ``margin`` of that was left
+    once the item was written (its answer, or the admission's, came late): given back, to
+    be admitted again. A renewal could not confirm it: an item written after its epoch was
+    written off would renew as well, and claims nothing."""
     resource = row.resource
     holder = table.holder_entry(user_id, expires_ms, row.fence, now_ms, True, proc)
     undo = functools.partial(reader_held.undo, resource, token, row.repoch)
@@ -69,7 +73,7 @@ def admitted(
                 yield Request(undo)
                 raise
             yield Sleep(backoff(failures))
-    if clock.monotonic() >= sent_mono + lease - skew:
+    if sent_mono + lease - skew - clock.monotonic() < margin:
         yield Request(undo)
         return None
     reader_held.remember(row)
@@ -174,10 +178,14 @@ def acquire_many(
     lease: float,
     wait: float,
     skew: float,
+    margin: float,
 ) -> Steps[Held]:
     """Readers of several resources in reader items, all or none: read the rows, then one
     transaction of an admission (a named fence: a transaction returns nothing) and an item
-    for each. No queue (as for any multi-resource take); nobody waiting may be passed."""
+    for each. No queue (as for any multi-resource take); nobody waiting may be passed.
+    Trusted from the transaction's send: with less than ``margin`` of that left at its
+    answer, given back and taken again (``permits.MAX_LATE`` times past the wait: too
+    slow)."""
     resources = sem.resources
     if len(resources) * 2 > table.MAX_TRANSACTION:
         raise ValueError(
@@ -187,13 +195,12 @@ def acquire_many(
         )
     lease_ms, skew_ms = int(lease * 1000), int(skew * 1000)
     deadline = clock.monotonic() + wait
-    sleeps = failures = 0
+    sleeps = failures = late = 0
     while True:
         seen: dict[str, table.LockItem | None] = {}
         for r in resources:
             seen[r] = (yield Request(functools.partial(table.get, r))) or table.LockItem(resource=r)
-        now = clock.now_ms()
-        stale = now - skew_ms
+        stale = clock.now_ms() - skew_ms
         blocked: dict[str, Mapping[str, table.Holder | table.Waiter]] = {}
         rows: dict[str, table.LockItem] = {}
         for r in resources:
@@ -210,6 +217,8 @@ def acquire_many(
                 blocked[r] = ahead
             rows[r] = row
         if not blocked:
+            # The lease runs from here, after the reads above (they may have been slow).
+            sent_mono, now = clock.monotonic(), clock.now_ms()
             expires = now + lease_ms
             actions, epochs, fences = [], {}, {}
             for r, row in rows.items():
@@ -227,14 +236,16 @@ def acquire_many(
                 )  # fmt: skip
                 holder = table.holder_entry(user_id, expires, fences[r], now, True, proc)
                 actions.append(items.put_reader(r, token, holder, epochs[r]))
-            sent_mono = clock.monotonic()
             undo = functools.partial(reader_held.undo_many, epochs, token)
             again = yield from permits.all_or_none(actions, token, undo, deadline, failures)
             if again is not None:
                 failures = again
                 continue
-            if clock.monotonic() >= sent_mono + lease - skew:
-                yield Request(undo)  # paused past its trust on the way: again
+            if sent_mono + lease - skew - clock.monotonic() < margin:
+                yield Request(undo)  # paused or answered late, near its trust's end: again
+                late += 1
+                if late >= permits.MAX_LATE and clock.monotonic() >= deadline:
+                    raise too_slow(sem.resources[0], lease, skew)
                 continue
             held = acquired(
                 sem,
