@@ -65,9 +65,7 @@ class Command(OperatorCommand):
                 self.stdout.write(f"  {printable(row.resource)}  (lease ended by {ended} UTC)")
 
         try:
-            result = reaping.reap(
-                dry_run=dry_run, workers=workers, progress=progress, found=found
-            )
+            result = reaping.reap(dry_run=dry_run, workers=workers, progress=progress, found=found)
         except SemaphoreUnavailable as exc:
             raise CommandError(str(exc)) from exc
         if as_json:
