@@ -434,6 +434,7 @@ class JobAdmin(DynamoDBAdmin):
             "first_url": link() if cursor else None,
             "error": error,
             "bad_cursor": bad_cursor,
+            "scan_note": job_operations.SCAN_NOTE,
             **(extra_context or {}),
         }
         return TemplateResponse(

@@ -11,6 +11,14 @@ from .cursors import purpose as cursor_purpose
 from .operations import PAGE_ROUNDS
 
 NEW = "NEW"  # a key never run, or reset by an operator: run_once runs it
+# What every list of jobs says of itself (the admin's jobs page, ``dynasem_jobs``): job rows
+# are in no index, so the list is a Scan, read eventually consistently (half the read units of
+# a Scan that also reads every lock row). A job shown alone, and every reset, is read
+# consistently first.
+SCAN_NOTE = (
+    "Listed by a Scan, which DynamoDB answers eventually consistently: a run that started, "
+    "ended or was reset in the last second may show as it was."
+)
 RESETTABLE = frozenset({table.DONE, table.FAILED})
 
 

@@ -24,7 +24,7 @@ from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
 from django.urls import reverse
 
-from dynasem import clock, semaphore, table
+from dynasem import clock, job_operations, run_once, semaphore, table
 from dynasem.conf import settings
 from dynasem.operations import holds_on
 from tests.conftest import take
@@ -387,6 +387,83 @@ def test_release_json_says_which_hold_changed_since_listed(lock_table, holds, be
     (line,) = json_lines(out.getvalue())
     assert line["broken"] is False and line["outcome"] == "changed_since_listed"
     assert line["token"] == first.token[:8]
+
+
+# ---------------------------------------------------------------------------------------------
+# run_once jobs: listed by a Scan (eventually consistent), read consistently one at a time
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def stale_scan(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
+    """``as_of()``: from now on the Scan of run_once rows answers as it did at this moment,
+    as a Scan without ConsistentRead may (a replica that has not applied the writes since)."""
+
+    def as_of() -> None:
+        pages: dict[tuple[Any, ...], Any] = {}
+        scan = table.scan_jobs
+
+        def answer(prefix: str | None, status: str | None, start: Any) -> Any:
+            asked = (prefix, status, json.dumps(start, sort_keys=True))
+            if asked not in pages:
+                pages[asked] = scan(prefix, status, start)
+            return pages[asked]
+
+        for status in (None, "FAILED"):
+            answer(None, status, None)
+        monkeypatch.setattr(table, "scan_jobs", answer)
+
+    return as_of
+
+
+def failed_job(key: str) -> None:
+    with pytest.raises(RuntimeError), run_once(key):
+        raise RuntimeError("boom")
+
+
+def test_jobs_say_their_list_is_eventually_consistent_and_a_key_reads_consistently(
+    lock_table, stale_scan
+):
+    failed_job("scan:1")
+    stale_scan()  # the Scan goes on seeing scan:1 FAILED
+    running = run_once("scan:1").claim()  # run again: RUNNING now
+    out, note = run_both("dynasem_jobs")
+    assert "FAILED" in out and "RUNNING" not in out
+    assert "eventually consistent" in note and "dynasem_jobs KEY" in note
+    (line,) = json_lines(run("dynasem_jobs", "--json"))
+    assert (line["status"], line["consistent"]) == ("FAILED", False)
+    out, note = run_both("dynasem_jobs", "scan:1")
+    assert "RUNNING" in out and "FAILED" not in out and note == ""
+    (line,) = json_lines(run("dynasem_jobs", "scan:1", "--json"))
+    assert (line["key"], line["status"], line["consistent"]) == ("scan:1", "RUNNING", True)
+    assert "No run_once job 'scan:none'" in run("dynasem_jobs", "scan:none")
+    with pytest.raises(CommandError, match="--status"):
+        run("dynasem_jobs", "scan:1", "--status", "DONE")
+    running._finish(None)
+
+
+@pytest.mark.django_db
+def test_the_jobs_page_says_it_is_eventually_consistent_and_resets_only_what_it_reads(
+    lock_table, stale_scan, django_user_model, client
+):
+    user = django_user_model.objects.create_user("op", password="pw", is_staff=True)
+    for codename in ("view_job", "reset_job"):
+        user.user_permissions.add(Permission.objects.get(codename=codename))
+    client.force_login(user)
+    failed_job("scan:2")
+    stale_scan()
+    running = run_once("scan:2").claim()
+    body = client.get(reverse("admin:dynasem_job_changelist")).content.decode()
+    assert '<span class="status-FAILED">FAILED</span>' in body  # as the Scan saw it
+    assert "eventually consistent" in body
+    link = re.search(r'<a class="deletelink" href="([^"]+)"', body)
+    assert link is not None  # a reset link, from the stale line
+    response = client.get(link.group(1).replace("&amp;", "&"))
+    assert response.status_code == 302  # the confirmation read the job consistently
+    (message,) = messages_of(client, response)
+    assert "is RUNNING" in message
+    assert job_operations.job_info("scan:2").status == "RUNNING"
+    running._finish(None)
 
 
 # ---------------------------------------------------------------------------------------------

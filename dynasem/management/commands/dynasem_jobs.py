@@ -12,6 +12,8 @@ from dynasem.models import Job
 
 from ._output import OperatorCommand, pad, printable, recorder, width
 
+# Said under every list (the Scan's reads are eventually consistent; see SCAN_NOTE).
+SCAN_NOTE = f"({job_operations.SCAN_NOTE} `dynasem_jobs KEY` reads one key consistently.)"
 # The exit status when nothing was reset (no such key, not DONE/FAILED, ran again since it was
 # read, or the answer was no), as dynasem_release does when it broke nothing.
 NOTHING_RESET = 3
@@ -19,12 +21,21 @@ NOTHING_RESET = 3
 
 class Command(OperatorCommand):
     help = (
-        "List the run_once jobs (key, status, user, attempt, started, finished, last error), or "
-        "with --reset KEY make a DONE or FAILED key run again (asks first unless --yes). "
-        "Exit status 3 when --reset reset nothing."
+        "List the run_once jobs (key, status, user, attempt, started, finished, last error) "
+        "through a Scan, read eventually consistently (a run of the last second may show as it "
+        "was); or, with KEY, that one job, read consistently; or with --reset KEY make a DONE "
+        "or FAILED key run again (asks first unless --yes). Exit status 3 when --reset reset "
+        "nothing."
     )
 
     def add_arguments(self, parser: Any) -> None:
+        parser.add_argument(
+            "key",
+            nargs="?",
+            metavar="KEY",
+            help="only this key, read consistently (not through the Scan): what it shows is "
+            "true as of the read",
+        )
         parser.add_argument("--status", choices=job_operations_statuses(), help="only this status")
         parser.add_argument("--key-prefix", help="only keys starting with this")
         parser.add_argument("--json", action="store_true", help="print JSON lines")
@@ -43,12 +54,28 @@ class Command(OperatorCommand):
         try:
             if options["reset"] is not None:
                 self._reset(options["reset"], options)
+            elif options["key"] is not None:
+                self._show(self._one(options["key"], options), options, key=options["key"])
             else:
-                self._list(options)
+                self._show(self._list(options), options, key=None)
         except SemaphoreUnavailable as exc:
             raise CommandError(str(exc)) from exc
 
-    def _list(self, options: dict[str, Any]) -> None:
+    def _one(self, key: str, options: dict[str, Any]) -> list[job_operations.JobInfo]:
+        """The job of ``key`` from one consistent read (none if never run)."""
+        for flag in ("status", "key_prefix"):
+            if options[flag] is not None:
+                raise CommandError(
+                    f"KEY {key!r} and --{flag.replace('_', '-')} do not go together: KEY "
+                    "shows that one job; leave it out to list them all through a Scan"
+                )
+        try:
+            job = job_operations.job_info(key)
+        except (TypeError, ValueError) as exc:
+            raise CommandError(f"KEY: {exc}") from exc
+        return [job] if job is not None else []
+
+    def _list(self, options: dict[str, Any]) -> list[job_operations.JobInfo]:
         jobs: list[job_operations.JobInfo] = []
         cursor = None
         while True:
@@ -59,13 +86,29 @@ class Command(OperatorCommand):
             cursor = page.next_cursor
             if not cursor:
                 break
+        return jobs
+
+    def _show(
+        self, jobs: list[job_operations.JobInfo], options: dict[str, Any], *, key: str | None
+    ) -> None:
+        """The jobs as JSON lines or a table. ``key``: its job, read consistently; None: the
+        list from a Scan, which the output says."""
         if options["json"]:
             for job in jobs:
-                self.stdout.write(jsonlib.dumps(_as_dict(job)))
+                # False: from the Scan, read eventually consistently (see SCAN_NOTE).
+                self.stdout.write(jsonlib.dumps({**_as_dict(job), "consistent": key is not None}))
             return
-        if not jobs:
+        if jobs:
+            self._table(jobs)
+        elif key is not None:
+            self.stdout.write(f"No run_once job {printable(key)!r} (read consistently).")
+        else:
             self.stdout.write("No run-once jobs.")
-            return
+        if key is None:
+            # On stderr, plain: stdout stays the rows alone, and nothing failed.
+            self.stderr.write(SCAN_NOTE, style_func=_plain)
+
+    def _table(self, jobs: list[job_operations.JobInfo]) -> None:
         keys = [printable(j.key) for j in jobs]
         wide = max(30, *(width(k) for k in keys))
         self.stdout.write(
@@ -130,3 +173,7 @@ def _as_dict(job: job_operations.JobInfo) -> dict[str, Any]:
         "finished": job.finished.isoformat() if job.finished else None,
         "error": job.error,
     }
+
+
+def _plain(text: str) -> str:
+    return text
