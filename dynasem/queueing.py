@@ -7,8 +7,8 @@ import functools
 import heapq
 import math
 import random
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, TypeVar
 
 from . import clock, processes, table, telemetry, wakeup
 from .drivers import InQueue, Request, Sleep, Steps
@@ -16,6 +16,8 @@ from .exceptions import SemaphoreBusy, SemaphoreUnavailable
 from .signals import lock_busy
 from .spec import LockSpec
 from .validation import MODE_EXCLUSIVE, MODE_SHARED
+
+_T = TypeVar("_T")
 
 # Backoff of a waiting acquire: first sleep, cap (seconds); full jitter in between.
 BACKOFF_FIRST = 0.02
@@ -111,6 +113,12 @@ def passed(seen: table.LockItem | None, qbase: int, ticket: int | None) -> bool:
     after a release that passed every ticket out), or the row was reaped and is a new one:
     we are queued no more, and join again if we still must wait."""
     if ticket is None or seen is None or seen.guessed:
+        return False
+    if seen.qbase < qbase:
+        # An older version of the row (an eventually consistent look from before our ticket
+        # was drawn; qbase comes from the clock and only grows): it tells nothing of our turn.
+        # Joining again would queue us behind our own entry, which nobody serves until it
+        # expires (issue 40, found on the unkind engine).
         return False
     return seen.qbase != qbase or seen.qout >= ticket
 
@@ -568,11 +576,8 @@ def _look(
     resource: str, seen: table.LockItem | None, pace: Pace, *, lease: float, deadline: float
 ) -> Steps[table.LockItem | None]:
     """A queued waiter's look: renew our entry when half its lease is gone, then read the
-    row. A request that failed for a passing reason (throttled still after botocore's
-    retries, a 5xx, a dropped connection) is no news: after a pause that doubles with each
-    such failure in a row, the row as last seen, and the wait goes on. Failing the caller
-    would give up its place in line for a hot key's throttling, and looking again at once
-    would only add to it. ``deadline``: the wait's end (monotonic)."""
+    row (:func:`patient_read`: a throttled read is no news). ``deadline``: the wait's end
+    (monotonic)."""
     ticket = pace.ticket
     if ticket is not None and pace.entry_ms - clock.now_ms() < lease * 500:
         renew_to = clock.now_ms() + int(lease * 1000)
@@ -588,19 +593,33 @@ def _look(
                 raise
             # Idempotent: sent again at the next look (our entry outlives a few of them).
     sent = clock.monotonic()
+    # Eventually consistent (half the units): a look only tells when to write, and every
+    # write is conditional on the row as it is; an older row is read as such (upto_of).
+    item = yield from patient_read(
+        lambda: table.get(resource, consistent=False), seen, pace, deadline
+    )
+    if not pace.failed_looks:
+        pace.answered(clock.monotonic() - sent)
+    return item
+
+
+def patient_read(send: Callable[[], _T], last_seen: _T, pace: Pace, deadline: float) -> Steps[_T]:
+    """A read of a waiting acquire, sent: its answer; or, when it failed for a passing reason
+    (throttled still after botocore's retries, a 5xx, a dropped connection) before the wait's
+    ``deadline`` (monotonic), ``last_seen`` after a pause that doubles with each such failure
+    in a row. Raises any other failure, and one past the deadline. A waiter never fails its
+    caller, or gives up its place in line, for one throttled read of a hot key, and never
+    reads again at once, which would only add to the throttling."""
     try:
-        # Eventually consistent (half the units): a look only tells when to write, and every
-        # write is conditional on the row as it is; an older row is read as such (upto_of).
-        item: table.LockItem | None = yield Request(lambda: table.get(resource, consistent=False))
+        answer: _T = yield Request(send)
     except SemaphoreUnavailable as exc:
-        if not exc.transient:
+        if not exc.transient or clock.monotonic() >= deadline:
             raise
         pace.failed_looks += 1
         yield Sleep(min(backoff(pace.failed_looks), max(0.001, deadline - clock.monotonic())))
-        return seen
+        return last_seen
     pace.failed_looks = 0
-    pace.answered(clock.monotonic() - sent)
-    return item
+    return answer
 
 
 def too_slow(resource: str, lease: float, skew: float) -> SemaphoreUnavailable:

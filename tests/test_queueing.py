@@ -367,3 +367,29 @@ def test_turn_in_of_a_counting_semaphore_serves_limit_waiters_a_turn(frozen: int
     rtt_ms = pace.rtt * 1000
     assert counting == pytest.approx((100 + rtt_ms + (100 + 2 * rtt_ms) * 2) / 1000)
     assert exclusive == pytest.approx((100 + rtt_ms + (100 + 2 * rtt_ms) * 6) / 1000)
+
+
+def test_a_look_at_an_older_row_never_draws_a_second_ticket(lock_table, monkeypatch):
+    """On AWS a queued waiter's eventually consistent look may return the row as it was
+    before its ticket was drawn (no queue yet: qbase 0). Taken for a new row, it made the
+    waiter join again, behind its own first entry, which nobody serves until it expires: the
+    waiter sat out the dead holder's takeover (found on the unkind engine, issue 40)."""
+    from dynasem import SemaphoreBusy, semaphore
+
+    holder = semaphore("stale:q", lease=10).acquire()
+    before_any_ticket = table.get("stale:q")
+    assert before_any_ticket is not None and before_any_ticket.qbase == 0
+    real_get = table.get
+
+    def stale_get(resource: str, *, consistent: bool = True) -> Any:
+        return before_any_ticket if not consistent else real_get(resource)
+
+    monkeypatch.setattr(table, "get", stale_get)
+    try:
+        with pytest.raises(SemaphoreBusy):
+            semaphore("stale:q", wait=2.0, fair=True).acquire()
+    finally:
+        monkeypatch.undo()
+        holder.release()
+    after = table.get("stale:q")
+    assert after is not None and after.qin == 1  # one ticket: the waiter never joined again
