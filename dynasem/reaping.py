@@ -13,12 +13,14 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from . import clock, permit_held, reader_held, table, validation
 from .conf import settings
 from .exceptions import SemaphoreUnavailable
 from .table import permits as slots
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,33 @@ def _patiently(send: Callable[[bool], bool], *, resend_unanswered: bool) -> bool
     raise AssertionError("unreachable: the last send returns")
 
 
+def _read(read: Callable[[], _T]) -> _T:
+    """A read of the reaper's, on the quick client and sent again after any transient error
+    (a read applies nothing), as :func:`_patiently` sends a write: a throttled index query
+    must not end the reap where the locks' client would have retried it."""
+    for attempt in range(REAP_SENDS):
+        if attempt:
+            time.sleep(0.05 * 2 ** (attempt - 1))
+        try:
+            with table.quick():
+                return read()
+        except SemaphoreUnavailable as exc:
+            if attempt + 1 == REAP_SENDS or not exc.transient:
+                raise
+    raise AssertionError("unreachable: the last read returns or raises")
+
+
+def _expiring(shard: int, **kwargs: Any) -> Iterator[table.IndexEntry]:
+    """:func:`table.iter_expiring`, each page read by :func:`_read`."""
+    start = None
+    while True:
+        page = functools.partial(table.query_expiring, shard, start=start, **kwargs)
+        rows, start = _read(page)
+        yield from rows
+        if not start:
+            return
+
+
 def _delete_row(resource: str, cutoff_ms: int) -> bool | ReapFailure:
     """One expired row's conditional delete, in a reaper's thread."""
     failure = _patiently(
@@ -110,7 +139,7 @@ def reap(
 
     def candidates() -> Iterator[table.IndexEntry]:
         for shard in range(table.SHARDS):
-            yield from table.iter_expiring(shard, before=before_s)
+            yield from _expiring(shard, before=before_s)
 
     if dry_run:
         _would_reap(candidates(), cutoff_ms, result, found)
@@ -153,7 +182,7 @@ def _would_reap(
         result.found += len(batch)
         expired = {
             row.resource
-            for row in table.get_many(batch, consistent=True)
+            for row in _read(functools.partial(table.get_many, batch, consistent=True))
             if 0 < row.expires_ms < cutoff_ms  # as delete_expired's condition reads it
         }
         for entry in batch:
@@ -170,13 +199,12 @@ def _reap_permits(cutoff_ms: int, result: ReapResult, *, dry_run: bool) -> None:
     permit being as read, its slot hinted. Counts those freed (in a dry run: would be), and
     those that changed between the read and the break (renewed or given back: kept)."""
     try:
-        rows = table.get_many(
-            [
-                entry
-                for shard in range(table.SHARDS)
-                for entry in table.iter_expiring(shard, since=cutoff_ms // 1000, shared_only=True)
-            ]
-        )
+        entries = [
+            entry
+            for shard in range(table.SHARDS)
+            for entry in _expiring(shard, since=cutoff_ms // 1000, shared_only=True)
+        ]
+        rows = _read(functools.partial(table.get_many, entries))
     except SemaphoreUnavailable as exc:
         result.failed.append(ReapFailure("", "listing", str(exc), maybe_applied=False))
         return
@@ -191,12 +219,12 @@ def _reap_items(row: table.LockItem, cutoff_ms: int, result: ReapResult, *, dry_
     """The dead readers and permits of one row (see :func:`_reap_permits`)."""
     dead: list[tuple[str, Callable[[], bool]]] = []
     if table.readers.has_readers(row):
-        for reader in table.readers.readers(row.resource):
+        for reader in _read(functools.partial(table.readers.readers, row.resource)):
             if reader.holder.expires_ms < cutoff_ms:
                 free = functools.partial(reader_held.break_reader, row.resource, reader.token)
                 dead.append(("reader", functools.partial(free, reader)))
     if row.hw is not None:
-        for permit in slots.permits(row.resource):
+        for permit in _read(functools.partial(slots.permits, row.resource)):
             if permit.token and permit.holder.expires_ms < cutoff_ms:
                 free = functools.partial(permit_held.break_permit, row.resource, permit.token)
                 dead.append(("permit", functools.partial(free, permit)))

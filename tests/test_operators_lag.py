@@ -30,6 +30,13 @@ from dynasem.operations import holds_on
 from tests.conftest import take
 from tests.faults import Faults
 
+# This module makes the lag, the stale reads and the faults itself, request by request, on an
+# engine that answers exactly: the unkind engine's own (an index that has not listed a row
+# yet, a Scan that has not seen a job, a lost answer of its own) would change what it proves.
+pytestmark = pytest.mark.kind_engine_only(
+    "makes its own lag and faults, to the request, and counts them"
+)
+
 # A reap finds a row once its 15-minute expires bucket has passed: the commands run this much
 # later (this process's clock moved on), past the bucket of any short lease taken here.
 LATER = table.BUCKET_S + 60
@@ -286,6 +293,23 @@ def test_reap_deletes_through_the_quick_client(lock_table, holds, later, faults)
     out = run("dynasem_reap")
     assert hung.fired == 0
     assert "Deleted 2 expired rows." in out
+
+
+def test_reap_reads_again_what_was_throttled(lock_table, holds, later, faults):
+    """Its reads go through the quick client too (one attempt each): a throttled index query,
+    or read of the rows, is sent again, as the locks' client would have, not the end of it."""
+    dead_hold(holds, "slow:1")
+    pool = take(holds, "slow:pool", limit=20, lease=LIVE_LEASE)
+    dead = semaphore("slow:pool", limit=20, lease=1).acquire()
+    dead._stop_heartbeat()
+    later(LATER)
+    for client in faults:
+        for operation in ("Query", "BatchGetItem"):
+            client.throttle(operation, 2)
+    out = run("dynasem_reap")
+    assert [client.fired for client in faults] == [0, 4]  # all on the quick client
+    assert "Deleted 1 expired rows." in out and "Freed 1 permits" in out
+    assert [h.token for h in holds_on("slow:pool")] == [pool.token]
 
 
 def test_reap_goes_on_past_a_row_it_could_not_delete_and_says_which(
