@@ -148,9 +148,64 @@ def test_every_module_imports(name: str) -> None:
     assert importlib.import_module(name).__name__ == name
 
 
-@pytest.mark.parametrize("name", sorted(MODULES))
-def test_no_module_is_over_600_lines(name: str) -> None:
-    """A module a newcomer can read in one sitting; past this, split it by what changes
-    together (docs/ARCHITECTURE.md)."""
-    lines = MODULES[name].read_text(encoding="utf-8").count("\n")
-    assert lines <= 600, f"{name} has {lines} lines"
+# Functions longer than a screen today, and the most each may be until it is split where its
+# phases are (issue 41). A function may shrink below its figure, never grow past it; any
+# other function fits on a screen.
+SCREEN = 60
+LONGER_TODAY = {
+    "dynasem.core.Semaphore._acquire_steps": 260,
+    "dynasem.permits.acquire_steps": 159,
+    "dynasem.queueing.wait_in_queue": 129,
+    "dynasem.planning.plan": 114,
+    "dynasem.checks.check_settings": 110,
+    "dynasem.admin.LockAdmin.resource_view": 99,
+    "dynasem.admin.LockAdmin.changelist_view": 96,
+    "dynasem.permits._acquire_many": 87,
+    "dynasem.readers.acquire_many": 85,
+    "dynasem.table.permits.take_slot": 83,
+    "dynasem.held.Held._plain_release": 71,
+    "dynasem.admin.JobAdmin.changelist_view": 70,
+    "dynasem.management.commands.dynasem_release.Command.handle": 69,
+    "dynasem.admin.LockAdmin.action_view": 68,
+    "dynasem.queueing.Pace.turn_in": 67,
+    "dynasem.table.readers.admit": 63,
+    "dynasem.management.commands.dynasem_lead.Command.handle": 63,
+    "dynasem.decorators.lock_callable": 61,
+}
+
+
+def function_lengths() -> dict[str, int]:
+    """Every function of the package by qualified name: the lines of its body, docstring
+    left out."""
+    found: dict[str, int] = {}
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                body = child.body
+                first = body[0]
+                docstring = isinstance(first, ast.Expr) and isinstance(
+                    getattr(first, "value", None), ast.Constant
+                )
+                start = (
+                    (body[1].lineno if len(body) > 1 else child.end_lineno)
+                    if docstring
+                    else first.lineno
+                )
+                found[f"{prefix}.{child.name}"] = (child.end_lineno or start) - (start or 0) + 1
+                visit(child, f"{prefix}.{child.name}")
+            elif isinstance(child, ast.ClassDef):
+                visit(child, f"{prefix}.{child.name}")
+
+    for name, path in MODULES.items():
+        visit(ast.parse(path.read_text(encoding="utf-8")), name)
+    return found
+
+
+def test_every_function_fits_on_a_screen() -> None:
+    """Size is judged per function, not per file (STYLE.md): a function fits on a screen
+    (60 lines of logic), or is one of today's longer ones and no longer than it is."""
+    lengths = function_lengths()
+    too_long = {name: n for name, n in lengths.items() if n > LONGER_TODAY.get(name, SCREEN)}
+    assert not too_long, f"split these where their phases are: {too_long}"
+    assert set(LONGER_TODAY) <= set(lengths), "a function named here is gone: drop it"
