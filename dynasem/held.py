@@ -14,7 +14,7 @@ from typing import Any
 
 from . import clock, fenced, heirs, table, telemetry, transactions, wakeup
 from .drivers import run_io
-from .exceptions import LockLost, SemaphoreUnavailable
+from .exceptions import LimitExceeded, LockLost, SemaphoreUnavailable
 from .heartbeat import Heartbeat
 from .logs import facts
 from .signals import lock_acquired, lock_lost, lock_released
@@ -27,11 +27,13 @@ _NOTHING = contextlib.nullcontext()
 # A plain release of a hold older than this (seconds) asks for the item back, to push the
 # first of any waiters that queued after we last saw the queue.
 WAKE_AFTER = 0.05
-# A release DynamoDB refused for a passing reason (throttled still after botocore's retries,
-# a 5xx, a dropped connection) is sent again for up to this many seconds (never past the
-# hold's own deadline), after pauses that double from RELEASE_PAUSE up to a second. Given up,
-# the hold stays in the row until its lease runs out (a minute by default) and every waiter
-# waits that long for a lock nobody uses: worth a few seconds of the releasing caller's time.
+# A release DynamoDB throttled still after botocore's retries is sent again for up to this
+# many seconds (never past the hold's own deadline), after pauses that double from
+# RELEASE_PAUSE up to a second. Given up, the hold stays in the row until its lease runs out
+# (a minute by default) and every waiter waits that long for a lock nobody uses: worth a few
+# seconds of the releasing caller's time. Throttling passes within a second or so (DynamoDB
+# measures a partition's throughput per second); an outage or a 5xx may not, and a caller
+# leaving its block is not kept waiting on one.
 RELEASE_PATIENCE = 5.0
 RELEASE_PAUSE = 0.05
 
@@ -513,9 +515,9 @@ class Held:
     def _release_pause(
         self, exc: SemaphoreUnavailable, failures: int, started: float
     ) -> float | None:
-        """Seconds to pause before sending a failed release again; None: give up (a failure
-        that will not pass, or RELEASE_PATIENCE or the hold's deadline reached by then)."""
-        if not exc.transient:
+        """Seconds to pause before sending a throttled release again; None: give up (another
+        failure, or RELEASE_PATIENCE or the hold's deadline reached by then)."""
+        if not (isinstance(exc, LimitExceeded) and exc.limit == "throughput"):
             return None
         cap = min(1.0, RELEASE_PAUSE * 2 ** (failures - 1))
         pause = random.uniform(cap / 2, cap)  # spread: the waiters' own requests are throttled too
