@@ -311,10 +311,15 @@ class Semaphore:
                     for r, upto in loads.items():
                         old = seen[r]
                         if old is not None:
-                            seen[r] = yield Request(
+                            # Throttled (a hot key): no news, after a pause; never the
+                            # caller's failure while its wait lasts (issue 40).
+                            seen[r] = yield from queueing.patient_read(
                                 functools.partial(table.with_permits, old, consistent=True)
                                 if old.hw is not None and not old.permits_read
-                                else functools.partial(table.load_entries, old, upto)
+                                else functools.partial(table.load_entries, old, upto),
+                                old,
+                                pace,
+                                deadline,
                             )
                     continue
                 blocked = {r: p.busy for r, p in plans.items() if p.busy is not None}
@@ -399,8 +404,11 @@ class Semaphore:
                     seen.get(resources[0]), blocked[resources[0]], skew, pace.ticket
                 ):
                     # Held up by reader items only, unchanged for a lease: are they all dead?
-                    seen[resources[0]] = yield Request(
-                        functools.partial(readers.try_write_off, seen[resources[0]], skew)
+                    seen[resources[0]] = yield from queueing.patient_read(
+                        functools.partial(readers.try_write_off, seen[resources[0]], skew),
+                        seen[resources[0]],
+                        pace,
+                        deadline,
                     )
                     continue
                 remaining = deadline - clock.monotonic()

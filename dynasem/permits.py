@@ -98,7 +98,9 @@ def acquire_steps(
     pace, scan = Pace(), _Scan()
     seen = permit_held.rows.get(resource)
     if seen is None:
-        seen = yield Request(functools.partial(table.get, resource, consistent=False))
+        seen = yield from queueing.patient_read(
+            functools.partial(table.get, resource, consistent=False), None, pace, deadline
+        )
     seen = seen or table.LockItem(resource=resource)
     failures = replans = 0
     # Our turn was had: a row write of ours moved the queue past us, but the slot it named
@@ -115,7 +117,10 @@ def acquire_steps(
             ahead = queueing.entries_ahead(seen, ticket, stale)
             if ahead is None:
                 upto = queueing.upto_of(seen, ticket)
-                seen = yield Request(functools.partial(table.load_entries, seen, upto))
+                # Throttled (a hot key): no news, after a pause (issue 40).
+                seen = yield from queueing.patient_read(
+                    functools.partial(table.load_entries, seen, upto), seen, pace, deadline
+                )
                 continue
             in_way = {w.token: w for w in ahead}
         plan = _Plan(in_way=in_way)
@@ -477,10 +482,15 @@ def _acquire_many(
     deadline = clock.monotonic() + wait
     scans = {r: _Scan() for r in resources}
     sleeps = failures = 0
+    pace = Pace()
     while True:
         seen: dict[str, table.LockItem | None] = {}
         for r in resources:
-            seen[r] = (yield Request(functools.partial(table.get, r))) or table.LockItem(resource=r)
+            # Throttled (a hot key): no news, after a pause (issue 40).
+            got = yield from queueing.patient_read(
+                functools.partial(table.get, r), None, pace, deadline
+            )
+            seen[r] = got or table.LockItem(resource=r)
         stale = clock.now_ms() - skew_ms
         plans: dict[str, _Plan] = {}
         blocked: dict[str, Any] = {}
@@ -488,7 +498,9 @@ def _acquire_many(
             row = seen[r] or table.LockItem(resource=r)
             in_way = dict(queueing.inline_ahead(row, stale))
             if not in_way and row.waiting:
-                row = yield Request(functools.partial(table.load_entries, row))
+                row = yield from queueing.patient_read(
+                    functools.partial(table.load_entries, row), row, pace, deadline
+                )
                 seen[r] = row
                 in_way = {w.token: w for w in queueing.entries_ahead(row, None, stale) or ()}
             plan = _Plan(in_way=in_way)
