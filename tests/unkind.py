@@ -730,6 +730,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         raw = self.rfile.read(length)
+        if len(raw) < length:  # the client went away mid-request (the soaks kill theirs)
+            self.close_connection = True
+            return
         target = (self.headers.get("X-Amz-Target") or "").removeprefix(PREFIX)
         engine = self.server.engine
         try:
