@@ -515,9 +515,13 @@ class Held:
     def _release_pause(
         self, exc: SemaphoreUnavailable, failures: int, started: float
     ) -> float | None:
-        """Seconds to pause before sending a throttled release again; None: give up (another
-        failure, or RELEASE_PATIENCE or the hold's deadline reached by then)."""
-        if not (isinstance(exc, LimitExceeded) and exc.limit == "throughput"):
+        """Seconds to pause before sending a throttled release again (or one that met another
+        request's transaction on the row: it passes as fast); None: give up (another failure,
+        or RELEASE_PATIENCE or the hold's deadline reached by then)."""
+        passing = isinstance(exc, table.WriteConflict) or (
+            isinstance(exc, LimitExceeded) and exc.limit == "throughput"
+        )
+        if not passing:
             return None
         cap = min(1.0, RELEASE_PAUSE * 2 ** (failures - 1))
         pause = random.uniform(cap / 2, cap)  # spread: the waiters' own requests are throttled too

@@ -72,8 +72,8 @@ class Server:
         def count(model: Any, **kwargs: Any) -> None:
             self.calls[model.name] += 1
 
-        def get_client() -> Any:  # count every request, also of clients rebuilt later
-            client = real_get_client()
+        def get_client(*, quick: bool = False) -> Any:  # count every request, of every client
+            client = real_get_client(quick=quick)
             if not any(c is client for c in hooked):
                 client.meta.events.register("before-call.dynamodb", count)
                 hooked.append(client)

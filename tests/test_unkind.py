@@ -270,3 +270,28 @@ def test_a_write_on_an_item_inside_a_transaction_is_tried_again(
         pass
     other.join()
     assert on_engine.stats()["counts"]["transaction conflict (write)"] >= 1
+
+
+@pytest.mark.unkind("throttle", {"transaction_hold": 0.6})
+def test_a_release_that_meets_another_transaction_on_the_row_is_sent_again(
+    on_engine: UnkindDynamoDB, lock_table: str
+) -> None:
+    """Found by the three-host soak on the engine: a release refused with
+    TransactionConflictException was given up ("it expires"), and the lock stayed held by
+    nobody for its lease. A conflict applied nothing and passes within milliseconds."""
+    from dynasem import semaphore
+    from dynasem.operations import holds_on
+
+    held = semaphore("conf:r", lease=30).acquire()
+    c = client(on_engine.endpoint_url)
+    row = {"pk": {"S": "conf:r"}, "sk": {"S": "lock"}}
+    check = {"TableName": lock_table, "Key": row, "ConditionExpression": "attribute_exists(pk)"}
+    other = threading.Thread(
+        target=c.transact_write_items, kwargs={"TransactItems": [{"ConditionCheck": check}]}
+    )
+    other.start()  # holds the row for 0.3-0.6 s
+    threading.Event().wait(0.1)
+    held.release()
+    other.join()
+    assert holds_on("conf:r") == []
+    assert on_engine.stats()["counts"]["transaction conflict (write)"] >= 1

@@ -19,6 +19,7 @@ from .claims import adopt_hold, announce_next
 from .client import (
     Cancelled,
     Refused,
+    WriteConflict,
     _send,
     endpoint_label,
     get_client,
@@ -141,6 +142,7 @@ __all__ = [
     "SHARDS",
     "USER_INDEX",
     "Cancelled",
+    "WriteConflict",
     "QueueTerms",
     "Refused",
     "create_table",

@@ -188,6 +188,12 @@ class Cancelled(Picklable, Exception):
         self.retried = retried
 
 
+class WriteConflict(SemaphoreUnavailable):
+    """A single write on an item that a transaction was writing at that moment
+    (``TransactionConflictException``): nothing was applied, and it passes within
+    milliseconds; send it again."""
+
+
 def _unavailable(exc: Exception) -> SemaphoreUnavailable:
     where = endpoint_label()
     table = settings.TABLE_NAME
@@ -208,6 +214,12 @@ def _unavailable(exc: Exception) -> SemaphoreUnavailable:
         if limit is not None:
             return limit
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        if code == "TransactionConflictException":
+            return WriteConflict(
+                f"DynamoDB at {where} refused a write: {code}: {message}",
+                transient=True,
+                ambiguous=_retried(exc),
+            )
         return SemaphoreUnavailable(
             f"DynamoDB at {where} refused the request: {code}: {message}",
             transient=code in TRANSIENT_CODES or status >= 500,
