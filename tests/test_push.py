@@ -43,6 +43,9 @@ def wait_until_queued(resource: str, n: int = 1, timeout: float = 10) -> dict:
         time.sleep(0.02)
 
 
+@pytest.mark.kind_engine_only(
+    "counts a pushed waiter's requests and times its wake-up against a kind engine"
+)
 @pytest.mark.parametrize("holder_knows", [True, False], ids=["hand-over", "plain-release"])
 def test_a_pushed_waiter_reads_nothing(lock_table, requests_sent, holder_knows, monkeypatch):
     # Paced looks far away: whatever brings the waiter its hold now is the push.

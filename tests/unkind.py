@@ -415,6 +415,8 @@ class Engine:
                 status, answer = self.write(target, request, rng, entry)
             elif target == "TransactWriteItems":
                 status, answer = self.transact(request, rng, entry)
+            elif target == "BatchWriteItem":
+                status, answer = self.batch_write(request)
             else:
                 status, answer = self.control(target, request)
         except Answer as exc:
@@ -575,6 +577,22 @@ class Engine:
             for lock in held:
                 lock.release()
         return status, _rename_back(answer, request)
+
+    def batch_write(self, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        """Each item written (not left unprocessed) reaches the replicas late, as any write."""
+        status, answer, _ = self.forward("BatchWriteItem", request)
+        if status != 200:
+            return status, answer
+        left = answer.get("UnprocessedItems", {})
+        for table, writes in request["RequestItems"].items():
+            for write in writes:
+                if write in left.get(table, []):
+                    continue
+                ((kind, body),) = write.items()
+                item, key = self.item_of(table, body.get("Key") or body["Item"])
+                with self.lock_of(item):
+                    self.capture(table, item, key)
+        return status, answer
 
     def control(self, target: str, request: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         """Tables: their replicas follow; listings do not show them."""
