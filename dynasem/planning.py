@@ -85,6 +85,9 @@ def plan(
         # Our clock is behind: count on instead.
         entry = dataclasses.replace(entry, fence=stored_fence + 1)
     done = Plan(fence=entry.fence, expires_ms=entry.expires_ms, queued=ticket is not None)
+    if mode == MODE_SHARED and table.readers.admitted_before(seen, token, stale_ms):
+        # Our admission was applied, its answer lost: confirmed, whoever queued since.
+        return _admission(done, resource, seen, token, entry, stale_ms, table.QueueTerms())
     live = live_holders(seen, stale_ms)
     held_now = seen is not None and bool(holders) and seen.expires_ms >= stale_ms
     if seen is not None and held_now:
@@ -119,18 +122,7 @@ def plan(
         qout=seen.qout if seen is not None else 0,
     )
     if mode == MODE_SHARED and len(sem.resources) == 1 and readers.wants_item(seen, live):
-        assert seen is not None
-        done.action = table.readers.admit(
-            resource,
-            seen=seen,
-            expires_ms=entry.expires_ms,
-            lease_ms=entry.expires_ms - entry.acquired_ms,
-            now_ms=entry.acquired_ms,
-            stale_ms=stale_ms,
-            queue=terms,
-        )
-        done.reader = True
-        return done
+        return _admission(done, resource, seen, token, entry, stale_ms, terms)
     if seen is None:
         if mode != MODE_EXCLUSIVE:
             # Counting and shared holds usually find others holding: try to join at once.
@@ -163,6 +155,31 @@ def plan(
         replace=not live,
         queue=terms,
     )
+    return done
+
+
+def _admission(
+    done: Plan,
+    resource: str,
+    seen: table.LockItem | None,
+    token: str,
+    entry: table.Holder,
+    stale_ms: int,
+    terms: table.QueueTerms,
+) -> Plan:
+    """``done`` with our admission to a reader item (or its confirmation) as its action."""
+    assert seen is not None
+    done.action = table.readers.admit(
+        resource,
+        seen=seen,
+        token=token,
+        expires_ms=entry.expires_ms,
+        lease_ms=entry.expires_ms - entry.acquired_ms,
+        now_ms=entry.acquired_ms,
+        stale_ms=stale_ms,
+        queue=terms,
+    )
+    done.reader = True
     return done
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import random
+import time
 from typing import Any
 
 from . import clock, heirs, table
@@ -17,8 +19,10 @@ from .table import readers as items
 
 logger = logging.getLogger("dynasem")
 
-# Tries of the count-down on a refusal that was never applied (throttled, unconnected).
-COUNT_TRIES = 3
+# Tries of the count-down on a failure that was never applied (throttled, unconnected), and
+# the first pause between them (seconds, doubling: 50, 100, 200 ms, as botocore's own).
+COUNT_TRIES = 4
+COUNT_PAUSE = 0.05
 # The rows of resources with reader items as this process last saw them: a reader's first
 # write plans from one (its admission) instead of trying the row's holders first. Bounded.
 MAX_REMEMBERED = 1024
@@ -39,11 +43,12 @@ def remember(item: table.LockItem | None) -> None:
     rows[item.resource] = dataclasses.replace(item, entries=None)
 
 
-def count_down(resource: str, epoch: int) -> None:
+def count_down(resource: str, epoch: int, *, forget: bool = False) -> None:
     """One reader of ``epoch`` gone from the row's count; the last one takes the sentinel
     off and pushes the first waiter. Sent once per attempt, never again after an answer that
     may hide an applied write: a count too high only keeps a writer waiting for the
-    write-off, one too low would let it in beside a reader."""
+    write-off, one too low would let it in beside a reader. ``forget``: an admission given
+    back (see :func:`dynasem.table.readers.count_down`)."""
     known = rows.get(resource)
     if known is not None and known.repoch == epoch and known.rc <= 1:
         # Most likely the epoch's only reader: leave and close it in one write.
@@ -56,24 +61,10 @@ def count_down(resource: str, epoch: int) -> None:
             remember(refused.lock)  # others came: count down
         except SemaphoreUnavailable:
             pass
-    for _ in range(COUNT_TRIES):
-        try:
-            with table.quick():  # one attempt: botocore must not send it twice
-                row = table.update(items.count_down(resource, epoch), return_new=True)
-            break
-        except table.Refused:
-            return  # the epoch was written off: the count is gone with it
-        except SemaphoreUnavailable as exc:
-            if exc.ambiguous or not exc.transient:
-                logger.warning(
-                    "dynasem: could not count a reader of %r down (%s); a writer writes it off",
-                    resource,
-                    exc,
-                    extra=facts(resource, outcome="count_failed", reason=exc),
-                )
-                return
-    else:
-        return
+    try:
+        row = _count_once(resource, epoch, forget)
+    except table.Refused:
+        return  # the epoch was written off: the count is gone with it
     if row is None or row.rc > 0:
         return
     remember(row)
@@ -85,6 +76,33 @@ def count_down(resource: str, epoch: int) -> None:
         return  # the sentinel lapses, or a waiting writer writes the epoch off
     remember(row)
     _wake_first(resource, row)
+
+
+def _count_once(resource: str, epoch: int, forget: bool) -> table.LockItem | None:
+    """The count-down's write, applied at most once: one attempt at a time (botocore must
+    not send it again), tried again only after a failure that was surely not applied
+    (throttled: all of a crowd's reader items share the row's partition; unconnected),
+    after a pause of COUNT_PAUSE, doubling. None: given up (logged: writers wait to write
+    the reader off, a lease and the skew after the row last changed). Raises Refused."""
+    for tries in range(1, COUNT_TRIES + 1):
+        try:
+            with table.quick():  # one attempt: botocore must not send it twice
+                return table.update(items.count_down(resource, epoch, forget=forget),
+                                    return_new=True)  # fmt: skip
+        except SemaphoreUnavailable as exc:
+            if exc.transient and not exc.ambiguous and tries < COUNT_TRIES:
+                cap = COUNT_PAUSE * 2 ** (tries - 1)
+                time.sleep(random.uniform(cap / 2, cap))  # spread: a crowd leaves together
+                continue
+            logger.warning(
+                "dynasem: could not count a reader of %r down (%s); a writer waits to write "
+                "it off, a lease and the skew after the row last changed",
+                resource,
+                exc,
+                extra=facts(resource, outcome="count_failed", reason=exc),
+            )
+            return None
+    return None
 
 
 def _wake_first(resource: str, row: table.LockItem | None) -> None:
@@ -100,7 +118,7 @@ def undo(resource: str, token: str, epoch: int) -> None:
         items.delete(items.drop_reader(resource, token))
     except (table.Refused, SemaphoreUnavailable):
         return
-    count_down(resource, epoch)
+    count_down(resource, epoch, forget=True)  # the same token may be admitted again
 
 
 def break_reader(resource: str, token: str, reader: items.Reader | None = None) -> bool:

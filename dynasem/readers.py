@@ -229,9 +229,9 @@ def acquire_many(
                 )
                 actions.append(
                     items.admit(
-                        r, seen=row, expires_ms=expires, lease_ms=lease_ms, now_ms=now,
-                        stale_ms=stale, queue=terms, fence=fences[r], limit=sem.limit,
-                        user_id=user_id,
+                        r, seen=row, token=token, expires_ms=expires, lease_ms=lease_ms,
+                        now_ms=now, stale_ms=stale, queue=terms, fence=fences[r],
+                        limit=sem.limit, user_id=user_id,
                     )
                 )  # fmt: skip
                 holder = table.holder_entry(user_id, expires, fences[r], now, True, proc)

@@ -4,8 +4,9 @@ but the table's.
 
 The resource's row (``sk = "lock"``) keeps what a writer must agree on, and nothing per
 reader: ``rc``, how many readers were admitted to items and have not given them back, under
-the epoch ``repoch``; ``rlease``, the longest lease admitted in the epoch (ms); and a holder
-entry, ``readers``
+the epoch ``repoch``; ``rlease``, the longest lease admitted in the epoch (ms); ``rlast``, the
+last admission's epoch and token (so that one sent again after its answer was lost is not
+counted twice: :func:`admit`); and a holder entry, ``readers``
 (:data:`SENTINEL`), whose lease end covers every reader item's. To every writer (an older
 dynasem's too) that entry is a live shared holder: it waits, as for an inline reader.
 
@@ -68,6 +69,7 @@ _NAMES = dict(
         "#rc": "rc",
         "#rep": "repoch",
         "#rl": "rlease",
+        "#rla": "rlast",
     },
 )
 _ITEM_NAMES = {
@@ -133,10 +135,28 @@ def epoch_of(seen: LockItem, stale_ms: int, now_ms: int) -> int:
     return max(seen.repoch + 1, now_ms)
 
 
+def admission_mark(token: str, epoch: int) -> str:
+    """What an admission leaves on the row (``rlast``): the epoch it counted its reader in
+    and the reader's token. The epoch too: an older dynasem opens an epoch without it."""
+    return f"{epoch}.{token}"
+
+
+def admitted_before(seen: LockItem | None, token: str, stale_ms: int) -> bool:
+    """Whether ``seen`` shows that an admission of ``token`` was applied and is still
+    counted: the live epoch's last admission was ours (its answer was lost, and botocore's
+    re-send of it refused). Then :func:`admit` confirms it instead of counting it again."""
+    if seen is None or not token:
+        return False
+    sentinel = seen.holders.get(SENTINEL)
+    live = sentinel is not None and sentinel.expires_ms >= stale_ms
+    return live and seen.rlast == admission_mark(token, seen.repoch)
+
+
 def admit(
     resource: str,
     *,
     seen: LockItem,
+    token: str,
     expires_ms: int,
     lease_ms: int,
     now_ms: int,
@@ -154,41 +174,95 @@ def admit(
     Conditional on the row being shared (no writer holds it) or, for a row ``seen`` free (no
     live holder; or none at all), still free; the sentinel as seen; its lease end reaching no
     further than ours will (so it covers ours); and the queue's terms. ``fence``: named (in a
-    transaction, which returns nothing), above the stored one; None: counted up."""
-    names = dict(_NAMES)
+    transaction, which returns nothing), above the stored one; None: counted up.
+
+    Counted once per ``token``: the admission marks the row as ours (``rlast``), and a join
+    is refused where the mark is ours already (botocore sending it again after its answer
+    was lost; an epoch opened is refused by its own terms). Planned from such a row
+    (:func:`admitted_before`), it confirms our admission: no count, no turn in the queue, a
+    new fence (a writer's wait to write the readers off starts again), the sentinel raised."""
     cover = covers_to(expires_ms, seen)
-    sentinel = seen.holders.get(SENTINEL)
     epoch = epoch_of(seen, stale_ms, now_ms)
     sent = holder_value(Holder(READERS_USER, cover, 0, acquired_ms=now_ms, shared=True))
     values: dict[str, Any] = {
-        ":one": 1,
         ":s": "s",
         ":cover": cover,
         ":exp": bucket_of(cover),
         ":sent": sent,
         ":E": seen.repoch,
         ":L": lease_ms,
+        ":mark": admission_mark(token, epoch),
     }
-    sets = ["#h.#s = :sent", "#expMs = :cover", "#exp = :exp"]
+    sets = ["#h.#s = :sent", "#expMs = :cover", "#exp = :exp", "#rla = :mark"]
     conds = ["#expMs <= :cover"]
     if fence is None:
         sets.insert(0, "#fence = #fence + :one")
         conds.insert(0, "attribute_exists(#fence)")
+        values[":one"] = 1
     else:
         sets.insert(0, "#fence = :fence")
         conds.insert(0, "(attribute_not_exists(#fence) OR #fence < :fence)")
         values[":fence"] = fence
-    free = seen.expires_ms < stale_ms or not seen.holders
-    adds = []
+    adds: list[str] = []
     if epoch == seen.repoch:
-        conds += ["#mode = :s", "attribute_exists(#h.#s)", "#rep = :E"]
-        adds.append("#rc :one")
-        if lease_ms > seen.rlease:
-            sets.append("#rl = :L")
-            conds.append("(attribute_not_exists(#rl) OR #rl <= :L)")
+        if admitted_before(seen, token, stale_ms):
+            queue = QueueTerms(served=True)  # our turn, if we had one, was had
         else:
-            conds.append("#rl >= :L")
-    elif free:
+            adds.append("#rc :one")
+            values[":one"] = 1
+        _join(seen, lease_ms, bool(adds), sets, conds, values)
+    else:
+        _open(resource, seen, stale_ms, limit, user_id, epoch, sets, conds, values)
+    names = dict(_NAMES)
+    q_sets, q_removes, q_conds = _queue_clauses("", queue, names, values)
+    sets += q_sets
+    conds += q_conds
+    update = "SET " + ", ".join(sets)
+    if q_removes:
+        update += " REMOVE " + ", ".join(q_removes)
+    if adds:
+        update += " ADD " + ", ".join(adds)
+    return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
+
+
+def _join(
+    seen: LockItem,
+    lease_ms: int,
+    counted: bool,
+    sets: list[str],
+    conds: list[str],
+    values: dict[str, Any],
+) -> None:
+    """:func:`admit`'s terms for joining the live epoch ``seen``: ``counted`` (a reader
+    more) only if the mark is not ours yet; else (a confirmation) only if it still is."""
+    conds += ["#mode = :s", "attribute_exists(#h.#s)", "#rep = :E"]
+    if counted:
+        conds.append("(attribute_not_exists(#rla) OR #rla <> :mark)")
+    else:
+        conds.append("#rla = :mark")
+    if lease_ms > seen.rlease:
+        sets.append("#rl = :L")
+        conds.append("(attribute_not_exists(#rl) OR #rl <= :L)")
+    else:
+        conds.append("#rl >= :L")
+
+
+def _open(
+    resource: str,
+    seen: LockItem,
+    stale_ms: int,
+    limit: int,
+    user_id: str,
+    epoch: int,
+    sets: list[str],
+    conds: list[str],
+    values: dict[str, Any],
+) -> None:
+    """:func:`admit`'s terms for opening ``epoch`` (its first reader, ``rc = 1``), on a row
+    ``seen`` free, or shared with no live sentinel; a re-send once applied is refused (the
+    epoch, the holders)."""
+    sentinel = seen.holders.get(SENTINEL)
+    if seen.expires_ms < stale_ms or not seen.holders:
         # Nobody holds it: the holders' map becomes the sentinel alone (dead entries go).
         sets[1] = "#h = :hmap"
         values[":hmap"] = {SENTINEL: values.pop(":sent")}
@@ -205,19 +279,9 @@ def admit(
         else:
             conds.append("#h.#s.e = :seenE")
             values[":seenE"] = sentinel.expires_ms
-    if epoch != seen.repoch:
-        conds.append("(attribute_not_exists(#rep) OR #rep = :E)")
-        sets += ["#rep = :E1", "#rc = :one", "#rl = :L"]
-        values[":E1"] = epoch
-    q_sets, q_removes, q_conds = _queue_clauses("", queue, names, values)
-    sets += q_sets
-    conds += q_conds
-    update = "SET " + ", ".join(sets)
-    if q_removes:
-        update += " REMOVE " + ", ".join(q_removes)
-    if adds:
-        update += " ADD " + ", ".join(adds)
-    return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
+    conds.append("(attribute_not_exists(#rep) OR #rep = :E)")
+    sets += ["#rep = :E1", "#rc = :first", "#rl = :L"]
+    values.update({":E1": epoch, ":first": 1})
 
 
 def raise_sentinel(resource: str, epoch: int, expires_ms: int, seen: LockItem) -> dict[str, Any]:
@@ -236,12 +300,15 @@ def raise_sentinel(resource: str, epoch: int, expires_ms: int, seen: LockItem) -
     )
 
 
-def count_down(resource: str, epoch: int) -> dict[str, Any]:
-    """One reader of the epoch gone (``rc - 1``; send with ``return_new``)."""
+def count_down(resource: str, epoch: int, *, forget: bool = False) -> dict[str, Any]:
+    """One reader of the epoch gone (``rc - 1``; send with ``return_new``). ``forget``: an
+    admission given back (its reader never held it): the row's mark goes with its count, in
+    the same write, so that the same token admitted again is counted again, never taken for
+    the admission given back (:func:`admitted_before`)."""
     return _action(
         resource,
         LOCK_SK,
-        "ADD #rc :minus",
+        "ADD #rc :minus" + (" REMOVE #rla" if forget else ""),
         "#rep = :E AND attribute_exists(#h.#s)",
         dict(_NAMES),
         {":minus": -1, ":E": epoch},
@@ -406,7 +473,9 @@ __all__ = [
     "SENTINEL",
     "Reader",
     "Refused",
+    "admission_mark",
     "admit",
+    "admitted_before",
     "close",
     "count_down",
     "covers_to",

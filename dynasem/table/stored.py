@@ -200,6 +200,9 @@ class LockItem:
     rc: int = 0
     repoch: int = 0
     rlease: int = 0
+    # The epoch and token of the last reader admitted to an item (table/readers.py's
+    # admission_mark): an admission sent again after its answer was lost is not counted twice.
+    rlast: str | None = None
     # The decoded item itself, for a push (wakeup sends it as written); read it nowhere else.
     stored: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -363,6 +366,7 @@ def lock_item(item: Mapping[str, Any] | None) -> LockItem | None:
         rc=number("rc") or 0,
         repoch=number("repoch") or 0,
         rlease=number("rlease") or 0,
+        rlast=text("rlast"),
         stored=item,
     )
 
