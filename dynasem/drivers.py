@@ -135,6 +135,7 @@ class InQueue:
             token,
             lambda item: withdraw(token, [resource]),
             seconds=settings.LEASE + settings.CLOCK_SKEW,
+            resource=resource if table.may_be_handed(row, *self.entry, token) else None,
         )
 
 

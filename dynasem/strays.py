@@ -1,6 +1,7 @@
 """A hand-over that reached a waiter after it had left the queue (see
-:func:`dynasem.wakeup.depart`): its process hands the lock on at once instead of leaving it
-held by nobody until its lease runs out."""
+:func:`dynasem.wakeup.depart`): its process hands the lock on as soon as it learns of it (a
+push, or its late look at the row) instead of leaving it held by nobody until its lease runs
+out."""
 
 from __future__ import annotations
 
@@ -66,8 +67,9 @@ def leave_queue(
 ) -> Steps[table.LockItem | None]:
     """A queued waiter whose wait ran out leaves the queue. Returns the row if a hand-over
     reached us meanwhile (ours to keep); else None, and a hand-over still on its way is
-    handed on (:func:`give_back_stray`). ``pace.ticket`` stays our place when we left, for
-    the busy estimate."""
+    handed on (:func:`give_back_stray`) when its push comes or, pushed or not, when this
+    process looks at the row once more a little later (:func:`dynasem.wakeup.depart`).
+    ``pace.ticket`` stays our place when we left, for the busy estimate."""
     resource = semaphore.resources[0]
     ticket, pace.ticket = pace.ticket, None
     if ticket is None:
@@ -78,12 +80,14 @@ def leave_queue(
         )
         if gone is not None and token in gone.holders:
             return gone
+        handed = table.may_be_handed(gone, pace.qbase, ticket, token)
     except SemaphoreUnavailable:
-        pass  # our entry expires with its lease
+        handed = True  # our entry may be there still (it expires with its lease)
     wakeup.depart(
         token,
         functools.partial(give_back_stray, semaphore, token, lease=lease, skew=skew),
         seconds=lease + skew,
+        resource=resource if handed else None,
     )
     pace.ticket = ticket
     return None

@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import heapq
 import hmac
 import ipaddress
+import itertools
 import json
 import logging
 import os
@@ -306,12 +308,27 @@ class _Departed(NamedTuple):
     until: float  # monotonic: later, a hold handed to us has run out by itself
 
 
-def depart(token: str, give_back: Callable[[table.LockItem], None], *, seconds: float) -> None:
+def depart(
+    token: str,
+    give_back: Callable[[table.LockItem], None],
+    *,
+    seconds: float,
+    resource: str | None = None,
+) -> None:
     """The waiter ``token`` left its queue without the lock. A hand-over to it may still come
     (its releaser read the queue before it left, or read it eventually consistently and
     still saw its entry): for ``seconds`` (the lease such a hand-over grants), one that comes
     is passed to ``give_back`` (with the item it carries) instead of making a hold that
-    nobody uses sit there until its lease runs out. A push that came just before is too."""
+    nobody uses sit there until its lease runs out. A push that came just before is too.
+
+    ``resource``: the row, read after it left, says such a hand-over may still land
+    (:func:`dynasem.table.may_be_handed`). No push may tell us of it (pushes off; a releaser
+    on another host, which cannot reach a loopback address; a datagram lost), so the row is
+    read once more :data:`LATE_LOOK` seconds on, and a hold found ours is given back too:
+    by whichever of the two finds it first."""
+    give_back = _Once(give_back)
+    if resource is not None:
+        _look_later(resource, token, give_back)
     listener = _listener
     if listener is None:
         return
@@ -331,6 +348,95 @@ def depart(token: str, give_back: Callable[[table.LockItem], None], *, seconds: 
     listener.slots.pop(token, None)
     if pushed is not None:
         listener.stray(token, pushed.item)
+
+
+class _Once:
+    """A departed waiter's give-back, run once whoever calls it (a push, the late look)."""
+
+    def __init__(self, give_back: Callable[[table.LockItem], None]) -> None:
+        self._give_back = give_back
+        self._guard = threading.Lock()
+        self.done = False
+
+    def __call__(self, item: table.LockItem) -> None:
+        with self._guard:
+            if self.done:
+                return
+            self.done = True
+        self._give_back(item)
+
+
+# How long after a waiter left, while a hand-over to it may still land, its process reads the
+# row once more (seconds). A releaser reads the line eventually consistently, which on AWS can
+# show an entry for about a second after it was deleted, and its hand-over write lands a round
+# trip after that read (a throttled one after botocore's pauses, 50 + 100 + 200 ms). A later
+# landing (a releaser paused between its read and its write) idles the lock as before: for
+# the leaver's lease plus the skew.
+LATE_LOOK = 2.0
+
+
+class _LateLook(NamedTuple):
+    due: float  # monotonic
+    order: int
+    resource: str
+    token: str
+    table: str
+    give_back: _Once
+
+
+_late: list[_LateLook] = []
+_late_ready = threading.Condition()
+_late_thread: threading.Thread | None = None
+_late_order = itertools.count()
+
+
+def _look_later(resource: str, token: str, give_back: _Once) -> None:
+    """Read ``resource``'s row :data:`LATE_LOOK` seconds from now; hand back a hold of
+    ``token`` found there. One daemon thread does every look of the process, and ends when
+    none is due."""
+    global _late_thread
+    due = time.monotonic() + LATE_LOOK
+    look = _LateLook(due, next(_late_order), resource, token, settings.TABLE_NAME, give_back)
+    with _late_ready:
+        heapq.heappush(_late, look)
+        if _late_thread is None:
+            _late_thread = threading.Thread(
+                target=_late_looks, name="dynasem-late-look", daemon=True
+            )
+            _late_thread.start()
+        _late_ready.notify()
+
+
+def _late_looks() -> None:
+    global _late_thread
+    while True:
+        with _late_ready:
+            while _late and _late[0].due > time.monotonic():
+                _late_ready.wait(_late[0].due - time.monotonic())
+            if not _late:
+                _late_thread = None
+                return
+            look = heapq.heappop(_late)
+        _look(look)
+
+
+def _look(look: _LateLook) -> None:
+    """One late look: given back already (a push came), or another table (settings changed
+    since): nothing to read."""
+    if look.give_back.done or settings.TABLE_NAME != look.table:
+        return
+    try:
+        row = table.get(look.resource)
+        if row is not None and look.token in row.holders:
+            look.give_back(row)
+    except Exception as exc:  # the thread serves every other look too
+        logger.warning(
+            "dynasem: could not look whether %r was handed to a waiter that had left: %s; "
+            "if it was, it is free again when its lease runs out",
+            look.resource,
+            exc,
+            extra=facts(look.resource, token=look.token, outcome="late_look_failed", reason=exc),
+        )
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
@@ -555,10 +661,13 @@ def push(address: Any, resource: str, token: str, item: table.LockItem, *, sent_
 
 
 def _after_fork() -> None:
-    global _listener, _failed_bind
+    global _listener, _failed_bind, _late_ready, _late_thread
     if _listener is not None:
         _listener.sock.close()  # the child's copy only; the thread reading it stayed behind
     _listener, _failed_bind = None, None
+    # The parent's late looks are its own (its thread stayed behind; its lock may be held).
+    _late.clear()
+    _late_ready, _late_thread = threading.Condition(), None
 
 
 os.register_at_fork(after_in_child=_after_fork)

@@ -340,3 +340,50 @@ def read_until_killed(
     held = semaphore(resource, shared=True, lease=lease, user="doomed").acquire()
     out.put(("held", held.fence))
     time.sleep(600)
+
+
+def give_up_waiting(
+    endpoint: str,
+    table_name: str,
+    resource: str,
+    wait: float,
+    lease: float,
+    linger: float,
+    out: Any,
+    how: str = "wait",
+) -> None:
+    """Queue for the resource (fair, pushes off) and give up after ``wait`` seconds (``how``:
+    "wait", its wait runs out; "cancel", an asyncio task cancelled); report how it ended,
+    then live on for ``linger`` seconds (a web worker that answered 423 goes on serving: its
+    process is alive, so its holds are not taken for a dead process's)."""
+    setup_django(endpoint, table_name)
+    import asyncio
+
+    from django.conf import settings
+    from django.test import override_settings
+
+    from dynasem import SemaphoreBusy, semaphore
+
+    async def cancelled() -> str:
+        sem = semaphore(resource, fair=True, wait=wait + 60, lease=lease, user="leaver")
+        task = asyncio.ensure_future(sem.aacquire())
+        await asyncio.sleep(wait)
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            return "busy"
+        return "acquired"
+
+    with override_settings(DYNASEM={**settings.DYNASEM, "PUSH": None}):
+        try:
+            if how == "cancel":
+                out.put((asyncio.run(cancelled()), time.monotonic()))
+            else:
+                semaphore(resource, fair=True, wait=wait, lease=lease, user="leaver").acquire()
+                out.put(("acquired", time.monotonic()))
+        except SemaphoreBusy:
+            out.put(("busy", time.monotonic()))
+        except BaseException as exc:  # reported to the test, which says what it was
+            out.put((repr(exc), time.monotonic()))
+        time.sleep(linger)

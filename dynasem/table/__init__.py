@@ -154,6 +154,7 @@ __all__ = [
     "load_entries",
     "queue_entries",
     "leave_queue",
+    "may_be_handed",
     "put_entry",
     "take_ticket",
     "describe_table",
@@ -279,16 +280,24 @@ def leave_queue(resource: str, qbase: int, ticket: int, *, token: str) -> LockIt
     later."""
     drop_entry(resource, qbase, ticket)
     row = get(resource)
-    if (
-        row is not None
-        and token not in row.holders
-        and row.holders
-        and row.qbase == qbase
-        and row.qout < ticket
-    ):
+    if may_be_handed(row, qbase, ticket, token):
         time.sleep(LEAVE_RECHECK)
         row = get(resource)
     return row
+
+
+def may_be_handed(row: LockItem | None, qbase: int, ticket: int, token: str) -> bool:
+    """Could a hand-over to the waiter ``token`` (ticket ``ticket`` of the queue ``qbase``)
+    that left still land, as far as ``row`` (read after it left) tells? Only if someone
+    holds (a holder hands over in its release write) and its turn has not gone by: the
+    releaser may have read the line before it left, or read it eventually consistently."""
+    return (
+        row is not None
+        and token not in row.holders
+        and bool(row.holders)
+        and row.qbase == qbase
+        and row.qout < ticket
+    )
 
 
 def _entry_page(
