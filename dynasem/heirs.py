@@ -69,9 +69,12 @@ def heirs_of(
     # An eventually consistent read first (half the units of a consistent one). It is taken
     # only if the heirs it shows are the very next tickets after qout, every one there: a
     # waiter that just queued can be missing from it, and skipping its ticket would serve a
-    # later one first. A waiter that left a moment ago can still show in it; a hand-over to
-    # it reaches its process, which gives the lock back (``give_back_stray``), as it does
-    # for a hand-over that was on its way when it left.
+    # later one first. A waiter that left a moment ago can still show in it (on AWS, for
+    # about a second); a hand-over to it reaches its process by push, or its look at the row
+    # 2 s after it left (``wakeup.depart``), which gives the lock back (``give_back_stray``),
+    # as for a hand-over that was on its way when it left. A consistent read here would cost
+    # every hand-over 0.5 RCU more to spare the rarer leavers' one look (1 RCU), and would
+    # still miss a slow write.
     quick = table.load_entries(row, consistent=False)
     heirs = next_in_line(_entries(quick), now)
     if heirs and _contiguous(quick, heirs):
