@@ -8,6 +8,7 @@ import functools
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
@@ -289,6 +290,24 @@ def _retried(exc: ClientError) -> bool:
     return exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) > 0
 
 
+# The quick client sends once (an operator learns fast that DynamoDB is down), but a throttled
+# request is sent again after these pauses: it was never applied, and throttling passes
+# within a second, where one throttle of a busy table used to fail the page or the command.
+QUICK_THROTTLE_PAUSES = (0.05, 0.1, 0.2)
+
+
+def _call(client: Any, operation: str, kwargs: dict[str, Any], *, quick: bool) -> Any:
+    pauses = QUICK_THROTTLE_PAUSES if quick else ()
+    for pause in pauses:
+        try:
+            return getattr(client, operation)(**kwargs)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code", "") not in THROTTLED:
+                raise
+        time.sleep(pause)
+    return getattr(client, operation)(**kwargs)
+
+
 def _send(operation: str, **kwargs: Any) -> dict[str, Any]:
     try:
         client = get_client(quick=True) if _quick.get() else get_client()
@@ -300,7 +319,7 @@ def _send(operation: str, **kwargs: Any) -> dict[str, Any]:
         telemetry.ask_capacity(operation, kwargs)
     try:
         # Every operation's response is a dict; which keys it has depends on the operation.
-        response: dict[str, Any] = getattr(client, operation)(**kwargs)
+        response: dict[str, Any] = _call(client, operation, kwargs, quick=_quick.get())
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
         if telemetry.ON:
