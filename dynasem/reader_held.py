@@ -198,6 +198,9 @@ class ReaderHeld(Held):
                 items.delete(items.drop_reader(resource, self.token))
             except table.Refused as refused:
                 # Not there: broken or written off, unless a retry hides our own delete.
+                # Not counted down even then: an operator's break, between our first
+                # attempt and its re-send, counts it down itself, and twice would let a
+                # writer in beside a reader (too high only delays one, to the write-off).
                 ok = ok and refused.retried and clock.monotonic() < self._deadline
                 continue
             except SemaphoreUnavailable as exc:
