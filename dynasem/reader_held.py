@@ -20,9 +20,12 @@ from .table import readers as items
 logger = logging.getLogger("dynasem")
 
 # Tries of the count-down on a failure that was never applied (throttled, unconnected), and
-# the first pause between them (seconds, doubling: 50, 100, 200 ms, as botocore's own).
-COUNT_TRIES = 4
-COUNT_PAUSE = 0.05
+# the pause between them (seconds, at most; at least half). Each try on the quick client is
+# sent up to four times when throttled, 50, 100 and 200 ms apart (table.client): a try
+# more, after this pause, outlasts a throttle of about a second and holds a release up
+# about a second at most.
+COUNT_TRIES = 2
+COUNT_PAUSE = 0.2
 # The rows of resources with reader items as this process last saw them: a reader's first
 # write plans from one (its admission) instead of trying the row's holders first. Bounded.
 MAX_REMEMBERED = 1024
@@ -82,8 +85,8 @@ def _count_once(resource: str, epoch: int, forget: bool) -> table.LockItem | Non
     """The count-down's write, applied at most once: one attempt at a time (botocore must
     not send it again), tried again only after a failure that was surely not applied
     (throttled: all of a crowd's reader items share the row's partition; unconnected),
-    after a pause of COUNT_PAUSE, doubling. None: given up (logged: writers wait to write
-    the reader off, a lease and the skew after the row last changed). Raises Refused."""
+    after a pause of about COUNT_PAUSE. None: given up (logged: writers wait to write the
+    reader off, a lease and the skew after the row last changed). Raises Refused."""
     for tries in range(1, COUNT_TRIES + 1):
         try:
             with table.quick():  # one attempt: botocore must not send it twice
@@ -91,8 +94,8 @@ def _count_once(resource: str, epoch: int, forget: bool) -> table.LockItem | Non
                                     return_new=True)  # fmt: skip
         except SemaphoreUnavailable as exc:
             if exc.transient and not exc.ambiguous and tries < COUNT_TRIES:
-                cap = COUNT_PAUSE * 2 ** (tries - 1)
-                time.sleep(random.uniform(cap / 2, cap))  # spread: a crowd leaves together
+                # Spread: a crowd's readers leave together, on one partition.
+                time.sleep(random.uniform(COUNT_PAUSE / 2, COUNT_PAUSE))
                 continue
             logger.warning(
                 "dynasem: could not count a reader of %r down (%s); a writer waits to write "

@@ -130,12 +130,12 @@ def test_an_admission_answered_too_late_and_given_back_counts_once(holds: list[A
 
 
 def test_a_count_down_throttled_for_a_moment_still_counts(holds: list[Any]) -> None:
-    """A crowd's partition throttled for 120 ms (after botocore's retries of the item's
+    """A crowd's partition throttled for a moment (after botocore's retries of the item's
     delete): the count-down's tries, paused, outlast it."""
     readers = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE + 2)]
     with Faults(table.get_client(quick=True)) as faults:
         rule = faults.throttle("UpdateItem", 10**6)
-        lift = threading.Timer(0.12, lambda: setattr(rule, "remaining", 0))
+        lift = threading.Timer(0.5, lambda: setattr(rule, "remaining", 0))
         lift.start()
         start = time.monotonic()
         readers[-1].release()
@@ -144,7 +144,7 @@ def test_a_count_down_throttled_for_a_moment_still_counts(holds: list[Any]) -> N
     holds.remove(readers[-1])
     assert rule.fired >= 1
     assert counted("doc") == (1, 1)
-    assert took < 1.0
+    assert took < 2.0
     all_leave_and_a_writer_gets_in(holds, "doc")
 
 
@@ -158,7 +158,7 @@ def test_a_count_down_given_up_says_so(holds: list[Any], caplog: Any) -> None:
         took = time.monotonic() - start
     holds.remove(readers[-1])
     assert rule.fired >= 2
-    assert took < 1.0  # a release is not held up long for a count a writer can write off
+    assert took < 2.0  # a release is not held up long for a count a writer can write off
     assert counted("doc") == (2, 1)  # too high (never too low): a writer writes it off
     warned = [r for r in caplog.records if "count" in r.getMessage() and "doc" in r.getMessage()]
     assert warned, "the count-down gave up silently"
