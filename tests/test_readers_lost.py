@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dynasem import semaphore, table
+from dynasem import reader_held, semaphore, table
 from dynasem.table import readers as items
 from tests.conftest import take
 from tests.faults import Faults
@@ -21,6 +21,13 @@ pytestmark = pytest.mark.django_db(transaction=False)
 
 # The readers a row keeps inline (the first reader of a row is one, whatever the setting).
 INLINE = max(1, items.READERS_INLINE)
+
+
+@pytest.fixture(autouse=True)
+def forget_rows() -> None:
+    """No row remembered from an earlier test's table (same resource name): each test's
+    first readers join the row's holders, the next take items, as counted below."""
+    reader_held.rows.clear()
 
 
 class LoseAnswer:
