@@ -28,7 +28,7 @@ from dynasem.cursors import BadCursor
 from dynasem.decorators import BadKey, KeyNotPrintable, KeyTooLong
 from dynasem.run_once import TransactionRolledBack
 from dynasem.table import LockItem, Refused
-from dynasem.table.client import Cancelled
+from dynasem.table.client import Cancelled, WriteConflict
 from dynasem.unique import Taken
 
 
@@ -83,6 +83,7 @@ EXAMPLES: list[BaseException] = [
     TransactionRolledBack("the transaction rolled back"),
     Refused({"pk": "r", "holders": {}}, retried=True),
     Cancelled([("ConditionalCheckFailed", LockItem(resource="r")), ("None", None)], True),
+    WriteConflict("TransactionConflictException: ongoing", transient=True, ambiguous=True),
     UsersBusy("nightly", team="data"),
     UsersError("a user's own"),
 ]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -239,6 +240,15 @@ def on_engine(lock_table: str, engine: UnkindDynamoDB) -> Iterator[UnkindDynamoD
     table.reset_client()
 
 
+def wait_for_transaction(engine: UnkindDynamoDB) -> None:
+    """Until the engine has a transaction holding its items (a loaded machine may take a
+    while to send it)."""
+    deadline = time.monotonic() + 20
+    while not engine.stats()["in_transaction"]:
+        assert time.monotonic() < deadline, "the transaction never reached the engine"
+        time.sleep(0.02)
+
+
 @pytest.mark.unkind("throttle", {"conflict_share": 0.5})
 def test_a_take_of_several_resources_cancelled_for_a_conflict_is_tried_again(
     on_engine: UnkindDynamoDB,
@@ -252,7 +262,7 @@ def test_a_take_of_several_resources_cancelled_for_a_conflict_is_tried_again(
     assert on_engine.stats()["counts"]["transaction conflict (share)"] >= 3
 
 
-@pytest.mark.unkind("throttle", {"transaction_hold": 1.0})
+@pytest.mark.unkind("throttle", {"transaction_hold": 3.0})
 def test_a_write_on_an_item_inside_a_transaction_is_tried_again(
     on_engine: UnkindDynamoDB, lock_table: str
 ) -> None:
@@ -264,15 +274,15 @@ def test_a_write_on_an_item_inside_a_transaction_is_tried_again(
     other = threading.Thread(
         target=c.transact_write_items, kwargs={"TransactItems": [{"ConditionCheck": check}]}
     )
-    other.start()  # holds the row for 0.5-1 s
-    threading.Event().wait(0.1)
-    with semaphore("conf:x", wait=5):  # TransactionConflictException first: tried again
+    other.start()  # holds the row for 1.5-3 s
+    wait_for_transaction(on_engine)
+    with semaphore("conf:x", wait=10):  # TransactionConflictException first: tried again
         pass
     other.join()
     assert on_engine.stats()["counts"]["transaction conflict (write)"] >= 1
 
 
-@pytest.mark.unkind("throttle", {"transaction_hold": 0.6})
+@pytest.mark.unkind("throttle", {"transaction_hold": 3.0})
 def test_a_release_that_meets_another_transaction_on_the_row_is_sent_again(
     on_engine: UnkindDynamoDB, lock_table: str
 ) -> None:
@@ -289,8 +299,8 @@ def test_a_release_that_meets_another_transaction_on_the_row_is_sent_again(
     other = threading.Thread(
         target=c.transact_write_items, kwargs={"TransactItems": [{"ConditionCheck": check}]}
     )
-    other.start()  # holds the row for 0.3-0.6 s
-    threading.Event().wait(0.1)
+    other.start()  # holds the row for 1.5-3 s
+    wait_for_transaction(on_engine)
     held.release()
     other.join()
     assert holds_on("conf:r") == []

@@ -741,6 +741,7 @@ class Handler(BaseHTTPRequestHandler):
                 "replica_versions_applied": engine.replicas.applied,
                 "replica_versions_pending": engine.replicas.pending(),
                 "replica_lag_max": round(engine.replicas.lag_max, 3),
+                "in_transaction": len(engine._in_transaction),
             }
         ).encode()
         self._answer(200, body)
