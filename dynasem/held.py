@@ -497,30 +497,42 @@ class Held:
                 pending = still
                 if not pending:
                     return ok
+                if all(code != "ConditionalCheckFailed" for code, _ in cancelled.reasons):
+                    # Another request's transaction was on a row (TransactionConflict):
+                    # nothing was applied and it passes within milliseconds; three tries at
+                    # once left the hold in the rows for its lease (issue 40).
+                    cancels -= 1
+                    failures += 1
+                    pause = self._release_pause(True, failures, started)
+                    if pause is None:
+                        self._log_unreleased(pending, "conflicting transactions")
+                        return ok
+                    time.sleep(pause)
             except SemaphoreUnavailable as exc:
                 failures += 1
                 self._release_unanswered |= exc.ambiguous
-                pause = self._release_pause(exc, failures, started)
+                passing = isinstance(exc, table.WriteConflict) or (
+                    isinstance(exc, LimitExceeded) and exc.limit == "throughput"
+                )
+                pause = self._release_pause(passing, failures, started)
                 if pause is not None:
                     time.sleep(pause)
                     continue
                 # The work is done and the lease will lapse by itself: never fail the caller
                 # for a release DynamoDB could not take.
-                logger.warning("dynasem: could not release %r (%s); it expires", pending, exc,
-                               extra=facts(pending, token=self.token, outcome="release_failed",
-                                           reason=exc))  # fmt: skip
+                self._log_unreleased(pending, exc)
                 return ok
         return ok
 
-    def _release_pause(
-        self, exc: SemaphoreUnavailable, failures: int, started: float
-    ) -> float | None:
-        """Seconds to pause before sending a throttled release again (or one that met another
-        request's transaction on the row: it passes as fast); None: give up (another failure,
-        or RELEASE_PATIENCE or the hold's deadline reached by then)."""
-        passing = isinstance(exc, table.WriteConflict) or (
-            isinstance(exc, LimitExceeded) and exc.limit == "throughput"
-        )
+    def _log_unreleased(self, pending: list[str], why: object) -> None:
+        logger.warning("dynasem: could not release %r (%s); it expires", pending, why,
+                       extra=facts(pending, token=self.token, outcome="release_failed",
+                                   reason=why))  # fmt: skip
+
+    def _release_pause(self, passing: bool, failures: int, started: float) -> float | None:
+        """Seconds to pause before sending a release again that failed for a passing cause
+        (throttled, or another request's transaction on a row); None: give up (another
+        failure, or RELEASE_PATIENCE or the hold's deadline reached by then)."""
         if not passing:
             return None
         cap = min(1.0, RELEASE_PAUSE * 2 ** (failures - 1))

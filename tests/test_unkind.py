@@ -305,3 +305,27 @@ def test_a_release_that_meets_another_transaction_on_the_row_is_sent_again(
     other.join()
     assert holds_on("conf:r") == []
     assert on_engine.stats()["counts"]["transaction conflict (write)"] >= 1
+
+
+@pytest.mark.unkind("throttle", {"transaction_hold": 3.0})
+def test_a_release_of_several_resources_cancelled_for_a_conflict_is_sent_again(
+    on_engine: UnkindDynamoDB, lock_table: str
+) -> None:
+    """Found by the CI's race test on the engine: a release of two resources (a transaction)
+    cancelled three times at once for another request's transaction on a row returned, and
+    left the hold in both rows for its lease."""
+    from dynasem import semaphore
+    from dynasem.operations import holds_on
+
+    held = semaphore(["conf:p", "conf:q"], lease=30).acquire()
+    c = client(on_engine.endpoint_url)
+    row = {"pk": {"S": "conf:p"}, "sk": {"S": "lock"}}
+    check = {"TableName": lock_table, "Key": row, "ConditionExpression": "attribute_exists(pk)"}
+    other = threading.Thread(
+        target=c.transact_write_items, kwargs={"TransactItems": [{"ConditionCheck": check}]}
+    )
+    other.start()  # holds the row for 1.5-3 s, within the release's patience (5 s)
+    wait_for_transaction(on_engine)
+    held.release()
+    other.join()
+    assert holds_on("conf:p") == [] and holds_on("conf:q") == []
