@@ -11,6 +11,7 @@ import pytest
 from dynasem import AlreadyDone, run_once
 from dynasem.table import stored_item as get
 from tests import workers
+from tests.conftest import engine_name
 
 pytestmark = pytest.mark.race
 
@@ -137,6 +138,10 @@ def test_opposite_orders_of_two_resources_neither_deadlock_nor_overlap(
     results = [out.get(timeout=120) for _ in procs]  # a deadlock would time out here
     for p in procs:
         p.join(30)
-    intervals = [iv for _, ivs in results for iv in ivs]
+    intervals = [iv for _, ivs, _ in results for iv in ivs]
+    lost = sum(n for _, _, n in results)
     assert len(intervals) == 60
     assert _overlaps(intervals) == []
+    # On a kind engine no hold is lost; on the unkind one a lost answer or a latency spike
+    # may end one, and it is said (LockLost), never silent.
+    assert lost == 0 or engine_name() == "unkind"
