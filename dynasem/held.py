@@ -447,22 +447,7 @@ class Held:
         cancels = failures = 0
         started = clock.monotonic()
         while cancels < 3:
-            now = clock.now_ms()
-            # A released row may be reaped once its expMs is CLOCK_SKEW old: never before
-            # every in-tolerance clock reads past our fence's time, or a fresh fence made after
-            # the reap could be smaller than ours.
-            actions = [
-                table.give_back(
-                    r,
-                    self.token,
-                    max(now, self.fences[r] // 1000),
-                    sole=sole,
-                    hold_ms=hold_ms,
-                    lease_end_ms=self._expires_ms,
-                    **terms,
-                )
-                for r in pending
-            ]
+            actions = self._give_back_actions(pending, terms, sole=sole, hold_ms=hold_ms)
             try:
                 if len(actions) == 1:
                     # Only a hold long enough for waiters to have come unseen asks for the
@@ -501,28 +486,52 @@ class Held:
                     # Another request's transaction was on a row (TransactionConflict):
                     # nothing was applied and it passes within milliseconds; three tries at
                     # once left the hold in the rows for its lease (issue 40).
-                    cancels -= 1
-                    failures += 1
-                    pause = self._release_pause(True, failures, started)
-                    if pause is None:
-                        self._log_unreleased(pending, "conflicting transactions")
+                    cancels, failures = cancels - 1, failures + 1
+                    if not self._paused(True, failures, started, pending, "conflicts"):
                         return ok
-                    time.sleep(pause)
             except SemaphoreUnavailable as exc:
                 failures += 1
                 self._release_unanswered |= exc.ambiguous
                 passing = isinstance(exc, table.WriteConflict) or (
                     isinstance(exc, LimitExceeded) and exc.limit == "throughput"
                 )
-                pause = self._release_pause(passing, failures, started)
-                if pause is not None:
-                    time.sleep(pause)
-                    continue
-                # The work is done and the lease will lapse by itself: never fail the caller
-                # for a release DynamoDB could not take.
-                self._log_unreleased(pending, exc)
-                return ok
+                # Given up, the work is done and the lease will lapse by itself: never fail
+                # the caller for a release DynamoDB could not take.
+                if not self._paused(passing, failures, started, pending, exc):
+                    return ok
         return ok
+
+    def _give_back_actions(
+        self, pending: list[str], terms: dict[str, Any], *, sole: bool, hold_ms: int | None
+    ) -> list[dict[str, Any]]:
+        # A released row may be reaped once its expMs is CLOCK_SKEW old: never before every
+        # in-tolerance clock reads past our fence's time, or a fresh fence made after the
+        # reap could be smaller than ours.
+        now = clock.now_ms()
+        return [
+            table.give_back(
+                r,
+                self.token,
+                max(now, self.fences[r] // 1000),
+                sole=sole,
+                hold_ms=hold_ms,
+                lease_end_ms=self._expires_ms,
+                **terms,
+            )
+            for r in pending
+        ]
+
+    def _paused(
+        self, passing: bool, failures: int, started: float, pending: list[str], why: object
+    ) -> bool:
+        """Paused before sending a release again (see :meth:`_release_pause`); False: given
+        up, and said so."""
+        pause = self._release_pause(passing, failures, started)
+        if pause is None:
+            self._log_unreleased(pending, why)
+            return False
+        time.sleep(pause)
+        return True
 
     def _log_unreleased(self, pending: list[str], why: object) -> None:
         logger.warning("dynasem: could not release %r (%s); it expires", pending, why,
