@@ -260,6 +260,25 @@ def wait_for_transaction(engine: UnkindDynamoDB) -> None:
         time.sleep(0.02)
 
 
+def transaction_on_row(
+    engine: UnkindDynamoDB, table: str, resource: str, condition: str
+) -> threading.Thread:
+    """Another request's transaction (a ConditionCheck) holding ``resource``'s lock row on the
+    engine for its ``transaction_hold``: started, and holding it when this returns."""
+    check = {
+        "TableName": table,
+        "Key": {"pk": {"S": resource}, "sk": {"S": "lock"}},
+        "ConditionExpression": condition,
+    }
+    other = threading.Thread(
+        target=client(engine.endpoint_url).transact_write_items,
+        kwargs={"TransactItems": [{"ConditionCheck": check}]},
+    )
+    other.start()
+    wait_for_transaction(engine)
+    return other
+
+
 @pytest.mark.unkind("throttle", {"conflict_share": 0.5})
 def test_a_take_of_several_resources_cancelled_for_a_conflict_is_tried_again(
     on_engine: UnkindDynamoDB,
@@ -279,14 +298,9 @@ def test_a_write_on_an_item_inside_a_transaction_is_tried_again(
 ) -> None:
     from dynasem import semaphore
 
-    c = client(on_engine.endpoint_url)
-    row = {"pk": {"S": "conf:x"}, "sk": {"S": "lock"}}
-    check = {"TableName": lock_table, "Key": row, "ConditionExpression": "attribute_not_exists(pk)"}
-    other = threading.Thread(
-        target=c.transact_write_items, kwargs={"TransactItems": [{"ConditionCheck": check}]}
-    )
-    other.start()  # holds the row for 1.5-3 s
-    wait_for_transaction(on_engine)
+    other = transaction_on_row(
+        on_engine, lock_table, "conf:x", "attribute_not_exists(pk)"
+    )  # holds the row for 1.5-3 s
     with semaphore("conf:x", wait=10):  # TransactionConflictException first: tried again
         pass
     other.join()
@@ -304,14 +318,9 @@ def test_a_release_that_meets_another_transaction_on_the_row_is_sent_again(
     from dynasem.operations import holds_on
 
     held = semaphore("conf:r", lease=30).acquire()
-    c = client(on_engine.endpoint_url)
-    row = {"pk": {"S": "conf:r"}, "sk": {"S": "lock"}}
-    check = {"TableName": lock_table, "Key": row, "ConditionExpression": "attribute_exists(pk)"}
-    other = threading.Thread(
-        target=c.transact_write_items, kwargs={"TransactItems": [{"ConditionCheck": check}]}
-    )
-    other.start()  # holds the row for 1.5-3 s
-    wait_for_transaction(on_engine)
+    other = transaction_on_row(
+        on_engine, lock_table, "conf:r", "attribute_exists(pk)"
+    )  # holds the row for 1.5-3 s
     held.release()
     other.join()
     assert holds_on("conf:r") == []
@@ -329,14 +338,9 @@ def test_a_release_of_several_resources_cancelled_for_a_conflict_is_sent_again(
     from dynasem.operations import holds_on
 
     held = semaphore(["conf:p", "conf:q"], lease=30).acquire()
-    c = client(on_engine.endpoint_url)
-    row = {"pk": {"S": "conf:p"}, "sk": {"S": "lock"}}
-    check = {"TableName": lock_table, "Key": row, "ConditionExpression": "attribute_exists(pk)"}
-    other = threading.Thread(
-        target=c.transact_write_items, kwargs={"TransactItems": [{"ConditionCheck": check}]}
-    )
-    other.start()  # holds the row for 1.5-3 s, within the release's patience (5 s)
-    wait_for_transaction(on_engine)
+    other = transaction_on_row(
+        on_engine, lock_table, "conf:p", "attribute_exists(pk)"
+    )  # holds the row for 1.5-3 s, within the release's patience (5 s)
     held.release()
     other.join()
     assert holds_on("conf:p") == [] and holds_on("conf:q") == []
