@@ -30,8 +30,8 @@ test-embedded: venv
 	DYNASEM_TEST_ENGINE=embedded $(PYTHON_VENV) -m pytest $(EMBEDDED_TESTS) $(PYTEST_ARGS)
 
 # The race, crash, fault, fairness and /proc tests again with every counting semaphore of
-# limit >= 2 in permit items (dynasem.permits; normally above 8 only) and every reader after
-# a row's first in a reader item (dynasem.readers; normally after the first two), so that
+# limit >= 2 in permit items (dynasem._engine.permits; normally above 8 only) and every reader after
+# a row's first in a reader item (dynasem._engine.readers; normally after the first two), so that
 # their races, crashes and faults run on those layouts too. About 3 minutes.
 PERMITS_TESTS := tests/test_races.py tests/test_crashes.py tests/test_faults.py \
 	tests/test_processes.py tests/test_fair.py tests/test_readers.py

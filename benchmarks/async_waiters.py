@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         common.create_dynasem_table()
         from django.test import override_settings
 
-        from dynasem import table
+        from dynasem import _storage as table
         from dynasem.conf import settings
 
         print(f"machine: {common.machine()}\n", flush=True)

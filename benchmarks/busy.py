@@ -111,7 +111,8 @@ PROBER = _Prober()
 
 def wrap_busy() -> None:
     """Record, for each refusal, the retry_after of before issue 21 (same inputs)."""
-    from dynasem import core, queueing
+    from dynasem._engine import core
+    from dynasem._engine import queue as queueing
 
     real = core.busy
 
@@ -124,7 +125,7 @@ def wrap_busy() -> None:
 
 
 def count_prober_requests() -> None:
-    from dynasem import table
+    from dynasem import _storage as table
 
     def before_call(**kwargs: Any) -> None:
         if threading.current_thread().name == "prober":

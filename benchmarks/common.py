@@ -234,7 +234,7 @@ def create_dynasem_table() -> None:
 
     from django.core.management import call_command
 
-    from dynasem import table
+    from dynasem import _storage as table
     from dynasem.conf import settings
 
     call_command("dynasem_createtable", "--wait", stdout=io.StringIO())
@@ -299,7 +299,7 @@ def worker_pool(worker: Any, cfg: dict[str, Any], n: int) -> Iterator[tuple[list
 
 
 def dynasem_client(counter: RequestCounter | None = None) -> Any:
-    from dynasem import table
+    from dynasem import _storage as table
 
     client = table.get_client()
     if counter is not None:
@@ -325,7 +325,7 @@ def raw_client(endpoint: str, counter: RequestCounter | None = None) -> Any:
 def create_floor_table(client: Any, name: str, *, with_gsis: bool = False) -> None:
     """A plain pk/sk table for the raw-boto3 floor (optionally with dynasem's two GSIs)."""
     if with_gsis:
-        from dynasem import table
+        from dynasem import _storage as table
 
         definition = table.table_definition(name)
     else:

@@ -57,7 +57,8 @@ PEER_RETRY_MS = (10, 25, 50, 100)
 def worker(cfg: dict[str, Any], idx: int, jobs: Any, barrier: Any, out: Any) -> None:
     try:
         common.setup_dynasem(cfg["endpoint"], cfg["dynasem_table"])
-        from dynasem import semaphore, table
+        from dynasem import _storage as table
+        from dynasem import semaphore
 
         dyn_counter = common.RequestCounter()
         common.dynasem_client(dyn_counter)
@@ -188,7 +189,7 @@ def analyse(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def idle_gap_latency(table_name: str, pause: float, n: int = 200) -> dict[str, float]:
     """p50 of one small UpdateItem sent back-to-back, and sent after ``pause`` seconds idle."""
-    from dynasem import table
+    from dynasem import _storage as table
 
     client = table.get_client()
 

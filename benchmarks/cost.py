@@ -170,7 +170,9 @@ def _row(name: str, units: Units, per: float = 1.0) -> dict[str, Any]:
 def dynasem_scenarios(meter: Meter, endpoint: str) -> tuple[list[dict[str, Any]], dict[str, Units]]:
     from django.core.management import call_command
 
-    from dynasem import Coalesced, SemaphoreBusy, operations, run_once, semaphore, table
+    from dynasem import Coalesced, SemaphoreBusy, run_once, semaphore
+    from dynasem import _storage as table
+    from dynasem._operators import locks as operations
     from dynasem.conf import settings
 
     meter.attach(table.get_client())
@@ -194,7 +196,7 @@ def dynasem_scenarios(meter: Meter, endpoint: str) -> tuple[list[dict[str, Any]]
     record("renewal", u, key="renew")
     # A renewal whose lease end passes into the next expires bucket moves both index keys:
     # measured with 1 s buckets for a moment (BUCKET_S is read at each write).
-    from dynasem.table import stored
+    from dynasem._storage import records as stored
 
     wide, stored.BUCKET_S = stored.BUCKET_S, 1
     try:
@@ -317,8 +319,9 @@ def dynasem_scenarios(meter: Meter, endpoint: str) -> tuple[list[dict[str, Any]]
     ran.wait(10)
     nxt.join(10)
 
-    # Unique tasks (dynasem.unique): the hold a task's key gets from enqueue to run's end.
-    from dynasem.unique import Taken, adopt, claim, end_run
+    # Unique tasks (dynasem._background.unique): the hold a task's key gets from enqueue to run's
+    # end.
+    from dynasem._background.unique import Taken, adopt, claim, end_run
 
     with meter.measure() as u:
         taken = claim("c:unique", "task-1", queue_lease=600)
@@ -342,7 +345,7 @@ def dynasem_scenarios(meter: Meter, endpoint: str) -> tuple[list[dict[str, Any]]
         semaphore(f"c:reap:{i}", user="alice").acquire().release()
     # A reap finds a row once its expires bucket (of the lease end it had) has passed: run it
     # with this process's clock that much ahead (dynasem reads clock.wall_clock at call time).
-    from dynasem import clock
+    from dynasem import _clock as clock
 
     real_clock = clock.wall_clock
     clock.wall_clock = lambda: real_clock() + stored.BUCKET_S + 120
@@ -458,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
         d_rows, d = dynasem_scenarios(meter, ddb.endpoint_url)
         p_rows, p = peer_scenarios(meter, ddb.endpoint_url)
 
-    from dynasem import table
+    from dynasem import _storage as table
 
     d_indexes = [table.USER_INDEX, table.EXPIRES_INDEX]
     summary = [

@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     with common.engine() as ddb:
         common.setup_dynasem(ddb.endpoint_url, common.new_name("bench-crowds"))
         common.create_dynasem_table()
-        from dynasem import table
+        from dynasem import _storage as table
 
         print(f"machine: {common.machine()}\n", flush=True)
         _PROBE.append(common.raw_client(ddb.endpoint_url))

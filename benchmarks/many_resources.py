@@ -38,7 +38,8 @@ import common  # noqa: E402
 def worker(cfg: dict[str, Any], idx: int, jobs: Any, barrier: Any, out: Any) -> None:
     try:
         common.setup_dynasem(cfg["endpoint"], cfg["dynasem_table"])
-        from dynasem import semaphore, table
+        from dynasem import _storage as table
+        from dynasem import semaphore
 
         counters = {k: common.RequestCounter() for k in ("floor", "dynasem", "peer")}
         common.dynasem_client(counters["dynasem"])

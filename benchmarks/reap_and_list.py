@@ -13,14 +13,14 @@ Reap: ``--rows`` rows whose only holder's lease ended two minutes ago (a holder 
 * baseline: one thread, ``Scan`` (filter ``expMs < cutoff``) page by page, and for each row a
   ``DeleteItem`` conditional on ``expMs < cutoff`` (the condition dynasem's reaper uses, so a
   row re-acquired meanwhile survives);
-* dynasem: ``dynasem.reaping.reap()`` (the expires index, sharded, 16 delete threads).
+* dynasem: ``dynasem._operators.reaper.reap()`` (the expires index, sharded, 16 delete threads).
 
 Also reported: CPU seconds used meanwhile by this process (all threads) and by the JVM.
 
 Both run once unmeasured on 1,000 rows first (JIT warm-up), then on the same ``--rows`` rows
 (written again between the two). Reported: seconds, requests by operation, items read.
 
-List: ``dynasem.operations.active_holds()`` with ``--active`` live holds (taken with
+List: ``dynasem._operators.locks.active_holds()`` with ``--active`` live holds (taken with
 ``semaphore(...).acquire()``, lease 60 s) and nothing else, then again after ``--rows`` idle
 rows (released 1 s to 10 min ago: no holders) were added. Requests and items read per call
 (``Count``/``ScannedCount`` of each Query or Scan, read in an ``after-call`` hook: DynamoDB
@@ -45,7 +45,7 @@ import common  # noqa: E402
 
 def lock_rows(prefix: str, count: int, *, idle: bool) -> list[dict[str, Any]]:
     """Rows as dynasem stores them: an expired exclusive hold, or an idle (released) row."""
-    from dynasem import table
+    from dynasem import _storage as table
 
     now = int(time.time() * 1000)
     rows = []
@@ -165,7 +165,10 @@ def main(argv: list[str] | None = None) -> int:
         endpoint = ddb.endpoint_url
         common.setup_dynasem(endpoint, common.new_name("bench-reap"))
         common.create_dynasem_table()
-        from dynasem import core, operations, reaping, semaphore
+        from dynasem import semaphore
+        from dynasem._engine import core
+        from dynasem._operators import locks as operations
+        from dynasem._operators import reaper as reaping
         from dynasem.conf import settings
 
         name = settings.TABLE_NAME

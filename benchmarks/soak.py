@@ -283,7 +283,15 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
 
     setup_django(cfg["endpoint"], cfg["table"])
     import dynasem
-    from dynasem import LockLost, SemaphoreBusy, SemaphoreUnavailable, semaphore, table
+    from dynasem import (
+        LockLost,
+        SemaphoreBusy,
+        SemaphoreUnavailable,
+        semaphore,
+    )
+    from dynasem import (
+        _storage as table,
+    )
     from dynasem.signals import lock_lost
     from tests.faults import Faults
 
@@ -1258,7 +1266,8 @@ def finish_table(
     still stored). On the unkind engine its replicas are let catch up before each read."""
     from django.core.management import call_command
 
-    from dynasem import operations, table
+    from dynasem import _storage as table
+    from dynasem._operators import locks as operations
 
     # DynamoDB Local's TTL sweep deletes expired rows (so during the run fences had to
     # survive rows vanishing between holds); off now, so what is checked is the reaper.

@@ -80,7 +80,7 @@ def wait_for(
 
 
 def queued(resource: str, timeout: float = 60) -> None:
-    from dynasem import operations
+    from dynasem._operators import locks as operations
 
     deadline = time.monotonic() + timeout
     while not operations.waiters_on(resource):

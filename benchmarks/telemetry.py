@@ -82,7 +82,9 @@ def main(argv: list[str] | None = None) -> int:
         pinned = _pin(ddb.process.pid)
         common.setup_dynasem(ddb.endpoint_url, common.new_name("bench-otel"))
         common.create_dynasem_table()
-        from dynasem import semaphore, table, telemetry
+        from dynasem import _storage as table
+        from dynasem import semaphore
+        from dynasem._observability import telemetry
 
         requests: Counter[str] = Counter()
         current = ["warmup"]

@@ -97,7 +97,8 @@ def main(argv: list[str] | None = None) -> int:
         def dynasem_raw_cycle(table_name: str):
             # dynasem's own two UpdateItems (its builders; ReturnValues as dynasem's acquire
             # asks, ALL_NEW), sent with raw boto3: the engine's share of dynasem's cost.
-            from dynasem import core, table
+            from dynasem import _storage as table
+            from dynasem._engine import core
 
             def cycle(i: int) -> None:
                 key, token, now = f"raw-{i % args.resources}", uuid.uuid4().hex, core.now_ms()
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def dynasem_no_heartbeat_cycle(i: int) -> None:
             # dynasem with its heartbeat not scheduled (diagnostic only).
-            from dynasem import core
+            from dynasem._engine import core
 
             start = core.Held._start_heartbeat
             core.Held._start_heartbeat = lambda self: None
@@ -246,7 +247,7 @@ dynasem: `with semaphore(res, wait=0): pass`. {common.PEER}: `acquire_lock(res,
 retry_period=10 ms)` + `release()` ({common.peer_config_text()}). The *(diagnostic)* rows
 split dynasem's time over the floor: the floor's requests on dynasem's table with rows that
 enter both GSIs (index maintenance); dynasem's own two `UpdateItem`s (built by
-`dynasem.table.take_free`/`give_back`) sent with raw boto3, on dynasem's table and on the plain
+`dynasem._storage.take_free`/`give_back`) sent with raw boto3, on dynasem's table and on the plain
 table (the engine's cost of dynasem's expressions); dynasem with its heartbeat not scheduled
 (monkeypatched: what scheduling the renewals costs).
 Requests per cycle count the calling thread's requests (`before-call` hooks); heartbeat

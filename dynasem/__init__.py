@@ -4,10 +4,14 @@ from __future__ import annotations
 
 __version__ = "0.2.0"
 
-from .core import Semaphore, semaphore  # noqa: E402
-from .decorators import resource_key  # noqa: E402
-from .entered import current_hold  # noqa: E402
-from .exceptions import (  # noqa: E402
+from ._background.leadership import Lead, leadership  # noqa: E402
+from ._background.run_once import Job, run_once  # noqa: E402
+from ._engine.core import Semaphore, semaphore  # noqa: E402
+from ._engine.decorators import resource_key  # noqa: E402
+from ._engine.hold import Held  # noqa: E402
+from ._engine.reentry import current_hold  # noqa: E402
+from ._engine.shutdown import release_all  # noqa: E402
+from .exceptions import (
     AlreadyDone,
     Coalesced,
     LimitExceeded,
@@ -17,10 +21,6 @@ from .exceptions import (  # noqa: E402
     SemaphoreUnavailable,
     TableMissing,
 )
-from .held import Held  # noqa: E402
-from .leadership import Lead, leadership  # noqa: E402
-from .run_once import Job, run_once  # noqa: E402
-from .shutdown import release_all  # noqa: E402
 
 __all__ = [
     "AlreadyDone",

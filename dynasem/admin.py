@@ -19,10 +19,22 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
-from . import clock, cursors, job_operations, operations, table, validation
-from .admin_pages import DynamoDBAdmin, _aware, _natural, _quick, expires_in, human_span
+from . import _clock as clock
+from . import _storage as table
+from ._engine import arguments as validation
+from ._observability.logs import shown_token
+from ._operators import cursors
+from ._operators import jobs as job_operations
+from ._operators import locks as operations
+from ._operators.admin_pages import (
+    DynamoDBAdmin,
+    _aware,
+    _natural,
+    _quick,
+    expires_in,
+    human_span,
+)
 from .exceptions import SemaphoreUnavailable
-from .logs import shown_token
 from .models import Job, Lock
 
 

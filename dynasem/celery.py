@@ -19,8 +19,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from ._background.retrying import MAX_JITTER, retry_delay
 from .exceptions import Coalesced, SemaphoreBusy
-from .retrying import MAX_JITTER, retry_delay
 
 # Retries of one task before the busy error is its failure. Not Celery's max_retries (3 by
 # default, meant for errors): every refusal means more tasks want the lock than one estimate
@@ -93,7 +93,7 @@ def running_task(args: tuple[Any, ...]) -> Any:
 def __getattr__(name: str) -> Any:
     # Unique tasks subclass Celery's Task: Celery is imported when they are asked for.
     if name == "UniqueTask":
-        from .celery_unique import UniqueTask
+        from ._background.celery_unique import UniqueTask
 
         return UniqueTask
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -10,7 +10,9 @@ from urllib.parse import urlsplit
 from botocore.utils import is_valid_endpoint_url, is_valid_ipv6_endpoint_url
 from django.core.checks import Error, Info, Warning, register
 
-from . import processes, validation, wakeup
+from ._engine import arguments as validation
+from ._engine import processes
+from ._engine import push as wakeup
 from .conf import DEFAULTS, settings
 
 HINT = "See Settings in dynasem's reference (docs/reference/settings.md)."
@@ -209,7 +211,7 @@ def _takeover_rule(raw: dict[str, Any]) -> list[Any]:
 def check_table_layout(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     """A table made by an older dynasem still works, at several times the index writes: say
     so, with the command that upgrades it in place."""
-    from . import table
+    from . import _storage as table
 
     if any(isinstance(p, Error) for p in check_settings(app_configs)):
         return []  # the settings' own errors first

@@ -23,8 +23,8 @@ from typing import Any
 from asgiref.sync import iscoroutinefunction
 from django.utils import timezone
 
+from ._background.retrying import retry_delay
 from .exceptions import Coalesced, SemaphoreBusy
-from .retrying import retry_delay
 
 
 def retry_later(exc: SemaphoreBusy, *args: Any, **kwargs: Any) -> Any:
@@ -86,7 +86,7 @@ def retry_later(exc: SemaphoreBusy, *args: Any, **kwargs: Any) -> Any:
 def __getattr__(name: str) -> Any:
     # Unique tasks subclass django.tasks.Task (Django >= 6.0): imported when asked for.
     if name in ("unique_task", "UniqueTask"):
-        from . import tasks_unique
+        from ._background import tasks_unique
 
         return getattr(tasks_unique, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -37,7 +37,8 @@ class Job(models.Model):
 
 
 class Fence(models.Model):
-    """The newest fence written for a resource by a fenced transaction (dynasem.fenced).
+    """The newest fence written for a resource by a fenced transaction
+    (dynasem._transactions.fencing).
 
     One row per resource, written first in each fenced transaction of a hold and kept locked
     until it ends: the database refuses a holder whose fence is older than the stored one."""

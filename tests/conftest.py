@@ -56,7 +56,7 @@ READERS_ENV = "DYNASEM_TEST_READERS_FROM"
 
 def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get(PERMITS_ENV):
-        from dynasem.table import permits
+        from dynasem._storage import permits
 
         permits.INLINE_MAX = int(os.environ[PERMITS_ENV])
     if os.environ.get(READERS_ENV):
@@ -204,7 +204,7 @@ def settle_engine() -> None:
 def _listings_settle(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     if engine_name() != "unkind" or request.node.get_closest_marker("kind_engine_only"):
         return
-    from dynasem import table
+    from dynasem import _storage as table
 
     for name in LISTINGS:
         listing = getattr(table, name)
@@ -237,7 +237,7 @@ def lock_table(dynamodb_local: str) -> Iterator[str]:
         # DynamoDB Local really deletes expired rows by TTL, from a background sweep at moments
         # of its own: tests that expire holds on purpose must not race it. (The createtable
         # tests check TTL on tables of their own.)
-        from dynasem import table as dynasem_table
+        from dynasem import _storage as dynasem_table
 
         dynasem_table.get_client().update_time_to_live(
             TableName=name,
@@ -247,7 +247,7 @@ def lock_table(dynamodb_local: str) -> Iterator[str]:
         try:
             yield name
         finally:
-            from dynasem import table
+            from dynasem import _storage as table
 
             try:
                 table.delete_table(name)
@@ -276,7 +276,7 @@ class RequestCounter:
 def requests_sent(lock_table: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[RequestCounter]:
     """Counts every request dynasem sends, also through clients rebuilt after a settings
     change (``before-call`` fires once per operation; botocore's retries are not counted)."""
-    from dynasem import table
+    from dynasem import _storage as table
 
     counter = RequestCounter()
     hooked: list[Any] = []
@@ -289,7 +289,7 @@ def requests_sent(lock_table: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[
             hooked.append(client)
         return client
 
-    from dynasem.table import client as table_client
+    from dynasem._storage import client as table_client
 
     # Every request goes out through table.client's _send, which asks its own get_client.
     monkeypatch.setattr(table_client, "get_client", get_client)
@@ -307,7 +307,7 @@ def no_reentry(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     (tests/test_reentry.py; for users' own tests, dynasem.testing.held_elsewhere)."""
     if request.node.get_closest_marker("reentry") is not None:
         return
-    from dynasem import core
+    from dynasem._engine import core
 
     monkeypatch.setattr(core, "reentered", lambda sem: None)
 
@@ -339,7 +339,7 @@ def take(holds: list[Any], resource: str, **kwargs: Any) -> Any:
 def one_second_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
     """``expires`` buckets of 1 s instead of 15 minutes, so that a test can reap in real time
     (a reap finds a row once its bucket has passed)."""
-    from dynasem.table import stored
+    from dynasem._storage import records as stored
 
     monkeypatch.setattr(stored, "BUCKET_S", 1)
 
@@ -347,7 +347,7 @@ def one_second_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
 def queue_of(resource: str) -> dict[str, Any]:
     """The live waiters queued for ``resource`` (token -> Waiter), as stored: the old inline
     queue's and the entry items'."""
-    from dynasem import operations
+    from dynasem._operators import locks as operations
 
     return {w.token: w for w in operations.waiters_on(resource)}
 
@@ -355,7 +355,7 @@ def queue_of(resource: str) -> dict[str, Any]:
 def holder_pages(resource: str, most: int) -> list[list[str]]:
     """The tokens of ``resource``'s holders, page by page as the resource page reads them
     (``operations.resource_state`` followed by its ``holds_next``)."""
-    from dynasem import operations
+    from dynasem._operators import locks as operations
 
     pages, after = [], None
     while True:
@@ -371,7 +371,8 @@ def enqueue_entry(resource: str, token: str, waiter: Any) -> int:
     without anyone waiting behind it: a crashed waiter's entry, say. Returns its ticket."""
     import dataclasses
 
-    from dynasem import clock, table
+    from dynasem import _clock as clock
+    from dynasem import _storage as table
 
     row = table.update(table.take_ticket(resource, clock.new_fence(0)), return_new=True)
     assert row is not None
@@ -383,7 +384,7 @@ def enqueue_entry(resource: str, token: str, waiter: Any) -> int:
 def enqueue_inline(resource: str, token: str, waiter: Any) -> None:
     """Queue ``waiter`` as an earlier dynasem did: an entry of the row's ``queue`` map (the
     layout a rolling upgrade still finds, and honours until it drains)."""
-    from dynasem import table
+    from dynasem import _storage as table
     from dynasem.conf import settings
 
     client = table.get_client()

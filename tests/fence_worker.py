@@ -32,7 +32,8 @@ def serve(endpoint: str, table_name: str, database_url: str, pipe: Any) -> None:
     setup_django(endpoint, table_name)
     from django.db import connections, transaction
 
-    from dynasem import LockLost, fenced, semaphore
+    from dynasem import LockLost, semaphore
+    from dynasem._transactions import fencing as fenced
 
     connection = connections["default"]
     stall_next = {"commit": False, "fence": False}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from botocore.exceptions import ClientError
 
-from dynasem import table
+from dynasem import _storage as table
 from dynasem.conf import settings
 
 

@@ -63,7 +63,8 @@ class Server:
     def setup(self) -> None:
         import logging
 
-        from dynasem import table, wakeup
+        from dynasem import _storage as table
+        from dynasem._engine import push as wakeup
         from dynasem.signals import lock_lost
 
         real_get_client = table.get_client
@@ -79,8 +80,8 @@ class Server:
                 hooked.append(client)
             return client
 
-        from dynasem.table import client as table_client
-        from dynasem.table import stored
+        from dynasem._storage import client as table_client
+        from dynasem._storage import records as stored
 
         # 1 s expires buckets (not 15 minutes): the tests reap in real time, and a reap
         # finds a row once its bucket has passed.
@@ -150,7 +151,8 @@ class Server:
         queued waiter's paced looks are 20 s away (only a push brings it a hand-over)."""
         from django.test import override_settings
 
-        from dynasem import queueing, wakeup
+        from dynasem._engine import push as wakeup
+        from dynasem._engine import queue as queueing
         from dynasem.conf import settings
 
         raw = dict(settings.raw)
@@ -179,7 +181,7 @@ class Server:
     def op_clock(self) -> dict[str, Any]:
         import socket
 
-        from dynasem import wakeup
+        from dynasem._engine import push as wakeup
 
         return {
             "wall": time.time(),
@@ -198,7 +200,8 @@ class Server:
         user: str | None = None,
         fair: bool | None = None,
     ) -> dict[str, Any]:
-        from dynasem import queueing, semaphore
+        from dynasem import semaphore
+        from dynasem._engine import queue as queueing
 
         before = Counter(self.calls)
         pushed_before = queueing.pushed_recently.get(resource)
@@ -293,7 +296,7 @@ class Server:
         return {"sent": sent, "done": time.monotonic(), "pushes": self.pushes[pushes:]}
 
     def op_reap(self) -> dict[str, Any]:
-        from dynasem import reaping
+        from dynasem._operators import reaper as reaping
 
         result = reaping.reap()
         return {"deleted": result.deleted, "found": result.found, "wall": time.time()}
@@ -308,7 +311,7 @@ class Server:
     def op_warnings(self) -> dict[str, Any]:
         """The dynasem warnings logged since the last call; the next bad signature is logged
         again at once (they are logged at most once a minute)."""
-        from dynasem import wakeup
+        from dynasem._engine import push as wakeup
 
         said, self.warnings = self.warnings, []
         wakeup._mac_warned_at = -float("inf")
@@ -326,7 +329,8 @@ class Server:
     ) -> dict[str, Any]:
         """``rounds`` holds of ``resource`` one after the other; each hold's interval (from
         inside the block), fence, requests and whether a push brought it."""
-        from dynasem import queueing, semaphore
+        from dynasem import semaphore
+        from dynasem._engine import queue as queueing
 
         holds = []
         for _ in range(rounds):

@@ -20,9 +20,12 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
 
-from dynasem import LockLost, core, job_operations, run_once, semaphore, table
+from dynasem import LockLost, run_once, semaphore
+from dynasem import _storage as table
+from dynasem._engine import core
+from dynasem._operators import jobs as job_operations
+from dynasem._operators.locks import holds_on, queue_depth
 from dynasem.models import Job, Lock
-from dynasem.operations import holds_on, queue_depth
 from dynasem.signals import lock_released
 from tests.conftest import take
 
@@ -570,7 +573,8 @@ def test_a_running_key_cannot_be_reset(jobs, admin_user, client):
 
 
 def test_user_filter_pages_move_on_past_many_rows_of_others(lock_table, holds, monkeypatch):
-    from dynasem import index_streams, operations
+    from dynasem._operators import listing as index_streams
+    from dynasem._operators import locks as operations
 
     # Small filtered reads, so that alice's rows take many requests to read past: the page
     # budget runs out before bob's row is found, and the cursor must still move on.
@@ -594,7 +598,7 @@ def test_user_filter_pages_move_on_past_many_rows_of_others(lock_table, holds, m
 def test_forged_cursors_are_value_errors(lock_table, cursor):
     import base64
 
-    from dynasem import operations
+    from dynasem._operators import locks as operations
 
     if cursor.startswith("["):  # deeply nested JSON
         cursor = base64.urlsafe_b64encode(cursor.encode()).decode()
@@ -705,7 +709,7 @@ def test_dynasem_locks_on_a_silent_endpoint_fails_within_seconds(
 def test_the_locks_own_client_keeps_its_patience(lock_table, silent_endpoint, settings):
     # Renewals and takes wait as they did (10 s a read, 3 retries): only what an operator
     # waits on is quick.
-    from dynasem.table import client as table_client
+    from dynasem._storage import client as table_client
     from tests.conftest import dynasem_settings
 
     settings.DYNASEM = dynasem_settings(silent_endpoint, lock_table)
@@ -726,7 +730,7 @@ RESOURCE = "admin:dynasem_lock_resource"
 def test_the_resource_page_shows_holders_and_the_queue_in_order(
     lock_table, holds, alice, django_user_model, client
 ):
-    from dynasem import clock
+    from dynasem import _clock as clock
     from tests.conftest import enqueue_entry
 
     held = take(holds, "deploy:prod", user=alice, lease=60)
@@ -763,7 +767,8 @@ def test_the_resource_page_of_a_long_queue_shows_its_head(
     lock_table, holds, admin_user, client, monkeypatch
 ):
     """The first tickets in line (as many as a page of holders), and how many are behind."""
-    from dynasem import clock, operations
+    from dynasem import _clock as clock
+    from dynasem._operators import locks as operations
     from dynasem.admin import LockAdmin
     from tests.conftest import enqueue_entry
 
@@ -794,7 +799,7 @@ def test_the_resource_page_of_a_free_resource_and_a_bad_name(lock_table, admin_u
 
 
 def test_the_break_page_says_who_gets_the_lock_next(lock_table, holds, admin_user, client):
-    from dynasem import clock
+    from dynasem import _clock as clock
     from tests.conftest import enqueue_entry
 
     held = take(holds, "deploy:next", user="ci-812", lease=60)
@@ -934,7 +939,7 @@ def signed(state: Any, purpose: str) -> str:
     from django.core import signing
 
     raw = base64.urlsafe_b64encode(json.dumps(state).encode()).decode().rstrip("=")
-    return signing.Signer(salt=f"dynasem.cursors:{purpose}").sign(raw)
+    return signing.Signer(salt=f"dynasem._operators.cursors:{purpose}").sign(raw)
 
 
 @pytest.mark.parametrize(
@@ -955,7 +960,8 @@ def signed(state: Any, purpose: str) -> str:
 def test_a_signed_cursor_carries_only_what_a_request_can_take(lock_table, state):
     """Even signed (a SECRET_KEY leaked, a bug of ours): times within a datetime's range
     and the clock's, keys within DynamoDB's limits, or BadCursor before any request."""
-    from dynasem import cursors, operations
+    from dynasem._operators import cursors
+    from dynasem._operators import locks as operations
 
     positions = {f"s{i}": "done" for i in range(table.SHARDS)}
     state = {"t": state["t"], "p": {**positions, **state["p"]}}
@@ -969,7 +975,7 @@ def test_a_signed_cursor_carries_only_what_a_request_can_take(lock_table, state)
 
 
 def test_cursors_survive_a_secret_key_rotation(lock_table, settings):
-    from dynasem import cursors
+    from dynasem._operators import cursors
 
     state = {"t": 0, "p": {"s0": "done"}}
     old = cursors.encode_cursor(state, "x")

@@ -32,8 +32,8 @@ import pytest
 from playwright.sync_api import expect, sync_playwright
 
 from dynasem import LockLost, semaphore
-from dynasem.operations import holds_on, queue_depth
-from dynasem.table import Waiter
+from dynasem._operators.locks import holds_on, queue_depth
+from dynasem._storage import Waiter
 from tests.conftest import enqueue_entry
 
 CHROMIUM = "/usr/bin/chromium"

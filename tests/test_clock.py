@@ -1,4 +1,4 @@
-"""dynasem.clock: the one place clocks are read, so that shifting it shifts every module."""
+"""dynasem._clock: the one place clocks are read, so that shifting it shifts every module."""
 
 from __future__ import annotations
 
@@ -6,7 +6,9 @@ import time
 
 import pytest
 
-from dynasem import clock, core, semaphore
+from dynasem import _clock as clock
+from dynasem import semaphore
+from dynasem._engine import core
 
 
 def test_now_ms_and_new_fence_follow_the_wall_clock(monkeypatch: pytest.MonkeyPatch) -> None:

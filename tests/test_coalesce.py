@@ -1,4 +1,4 @@
-"""Coalesced re-runs (dynasem/coalescing.py): one run going, one next; every further busy
+"""Coalesced re-runs (dynasem/_engine/coalescing.py): one run going, one next; every further busy
 caller returns at once because the next run starts after it arrived."""
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ from typing import Any
 import pytest
 from django.test import RequestFactory, override_settings
 
-from dynasem import Coalesced, SemaphoreBusy, semaphore, table
-from dynasem.operations import holds_on
+from dynasem import Coalesced, SemaphoreBusy, semaphore
+from dynasem import _storage as table
+from dynasem._operators.locks import holds_on
 from dynasem.testing import held_elsewhere
 from tests.conftest import RequestCounter, dynasem_settings, wait_for
 from tests.test_races import SPAWN

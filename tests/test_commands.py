@@ -16,9 +16,13 @@ from django.core.checks import run_checks
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
-from dynasem import LockLost, clock, core, operations, run_once, semaphore, table
-from dynasem.operations import holds_on
-from dynasem.table import stored as table_stored
+from dynasem import LockLost, run_once, semaphore
+from dynasem import _clock as clock
+from dynasem import _storage as table
+from dynasem._engine import core
+from dynasem._operators import locks as operations
+from dynasem._operators.locks import holds_on
+from dynasem._storage import records as table_stored
 from tests.conftest import dynasem_settings, enqueue_entry, take
 
 
@@ -760,7 +764,7 @@ def test_upgrade_rerun_waits_for_an_index_still_filling_before_dropping_the_old_
     """A first --upgrade stopped while DynamoDB was still filling a new index (a timeout, a
     Ctrl-C): the rerun waits for it to serve before it drops an old one, or listings and
     reaping would have neither index for a while."""
-    from dynasem.table import schema
+    from dynasem._storage import schema
 
     waited = {"polls": 0}
     sent: list[tuple[str, Any]] = []

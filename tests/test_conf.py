@@ -9,7 +9,16 @@ import pytest
 from django.conf import settings as django_settings
 from django.test import override_settings
 
-from dynasem import SemaphoreUnavailable, TableMissing, conf, run_once, semaphore, table
+from dynasem import (
+    SemaphoreUnavailable,
+    TableMissing,
+    conf,
+    run_once,
+    semaphore,
+)
+from dynasem import (
+    _storage as table,
+)
 from dynasem.conf import DEFAULTS
 from tests.conftest import dynasem_settings
 

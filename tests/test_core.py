@@ -1,4 +1,4 @@
-"""dynasem.core on DynamoDB Local: acquire, release, fences, waiting, modes, errors."""
+"""dynasem._engine.core on DynamoDB Local: acquire, release, fences, waiting, modes, errors."""
 
 from __future__ import annotations
 
@@ -26,11 +26,15 @@ from dynasem import (
     SemaphoreError,
     SemaphoreUnavailable,
     TableMissing,
-    clock,
-    operations,
     semaphore,
-    table,
 )
+from dynasem import (
+    _clock as clock,
+)
+from dynasem import (
+    _storage as table,
+)
+from dynasem._operators import locks as operations
 from dynasem.signals import lock_acquired, lock_busy, lock_lost, lock_released
 from tests.conftest import RequestCounter, dynasem_settings, queue_of
 
@@ -231,7 +235,7 @@ def test_waiting_coroutines_hold_no_io_thread(
     """20 coroutines queue for one resource on an executor of only 2 threads: a waiter that
     kept a thread while it waited (for its turn, or for a pushed hand-over) would leave none
     for the holder's release, and the line would stall until the waits gave up."""
-    from dynasem import drivers
+    from dynasem._engine import steps as drivers
 
     monkeypatch.setattr(drivers, "IO_THREADS", 2)
     monkeypatch.setattr(drivers, "_io", None)
@@ -1105,7 +1109,7 @@ def test_an_interrupt_after_the_taking_write_gives_the_hold_back(
 def test_an_interrupt_while_queued_leaves_the_queue(
     lock_table: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dynasem import wakeup
+    from dynasem._engine import push as wakeup
 
     holder = semaphore("res:interrupt-q").acquire()
 

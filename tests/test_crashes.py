@@ -61,7 +61,7 @@ def test_paused_holder_loses_its_hold_and_its_fenced_write_is_refused(dynamodb_l
             kind, outcome = out.get(timeout=30)
             assert kind == "exit" and outcome.startswith("LockLost"), outcome
             # The stale holder's exit did not remove the current hold.
-            from dynasem.operations import holds_on
+            from dynasem._operators.locks import holds_on
 
             assert [h.token for h in holds_on("doc:1")] == [held.token]
     finally:
@@ -174,7 +174,7 @@ def _proc_state(pid: int) -> str:
 
 
 def _stored_holders(resource: str) -> list[str]:
-    from dynasem import table
+    from dynasem import _storage as table
 
     return list((table.get(resource) or table.LockItem()).holders)
 

@@ -22,8 +22,8 @@ from django.utils.functional import SimpleLazyObject
 from django.views import View
 
 from dynasem import SemaphoreBusy, current_hold, semaphore
-from dynasem.decorators import SAFE, busy_response, resource_key
-from dynasem.operations import HoldInfo, holds_on
+from dynasem._engine.decorators import SAFE, busy_response, resource_key
+from dynasem._operators.locks import HoldInfo, holds_on
 from tests import views
 
 try:

@@ -1,4 +1,4 @@
-"""dynasem.drivers: one step generator, run blocking or under asyncio (no DynamoDB needed)."""
+"""dynasem._engine.steps: one step generator, run blocking or under asyncio (no DynamoDB needed)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,17 @@ from typing import Any
 
 import pytest
 
-from dynasem import drivers
-from dynasem.drivers import InQueue, Request, Sleep, Step, Steps, Write, run_async, run_sync
+from dynasem._engine import steps as drivers
+from dynasem._engine.steps import (
+    InQueue,
+    Request,
+    Sleep,
+    Step,
+    Steps,
+    Write,
+    run_async,
+    run_sync,
+)
 
 
 def steps_with_a_failure() -> Steps[list[Any]]:

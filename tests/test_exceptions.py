@@ -24,12 +24,12 @@ from dynasem import (
     SemaphoreUnavailable,
     TableMissing,
 )
-from dynasem.cursors import BadCursor
-from dynasem.decorators import BadKey, KeyNotPrintable, KeyTooLong
-from dynasem.run_once import TransactionRolledBack
-from dynasem.table import LockItem, Refused
-from dynasem.table.client import Cancelled, WriteConflict
-from dynasem.unique import Taken
+from dynasem._background.run_once import TransactionRolledBack
+from dynasem._background.unique import Taken
+from dynasem._engine.decorators import BadKey, KeyNotPrintable, KeyTooLong
+from dynasem._operators.cursors import BadCursor
+from dynasem._storage import LockItem, Refused
+from dynasem._storage.client import Cancelled, WriteConflict
 
 
 def test_unavailable_says_whether_to_retry_and_whether_it_may_have_applied() -> None:

@@ -11,10 +11,11 @@ import time
 import pytest
 from django.test import override_settings
 
-from dynasem import SemaphoreBusy, semaphore, table
-from dynasem import heirs as heirs_module
+from dynasem import SemaphoreBusy, semaphore
+from dynasem import _storage as table
+from dynasem._engine import handover as heirs_module
+from dynasem._storage import lock_writes as writes
 from dynasem.conf import settings
-from dynasem.table import writes
 from tests import workers
 from tests.conftest import (
     dynasem_settings,
@@ -171,7 +172,7 @@ def test_a_waiter_that_gives_up_leaves_the_queue(lock_table):
 
 
 def test_queue_depth_is_readable(lock_table):
-    from dynasem.operations import queue_depth
+    from dynasem._operators.locks import queue_depth
 
     holder = semaphore("q:2").acquire()
     assert queue_depth("q:2") == 0

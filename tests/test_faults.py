@@ -8,11 +8,20 @@ import time
 import pytest
 from django.test import override_settings
 
-import dynasem.clock
-import dynasem.core
-from dynasem import LockLost, SemaphoreBusy, SemaphoreUnavailable, TableMissing, semaphore, table
+import dynasem._clock
+import dynasem._engine.core
+from dynasem import (
+    LockLost,
+    SemaphoreBusy,
+    SemaphoreUnavailable,
+    TableMissing,
+    semaphore,
+)
+from dynasem import (
+    _storage as table,
+)
+from dynasem._operators.locks import active_holds, holds_on
 from dynasem.conf import settings
-from dynasem.operations import active_holds, holds_on
 from dynasem.signals import lock_lost
 from tests.conftest import enqueue_entry
 from tests.faults import Faults
@@ -170,10 +179,10 @@ def test_clock_skew_within_tolerance_never_gives_two_holders(
     its hold before the takeover; beyond it (3 s) it has not, which shows the test can fail."""
     real = time.time
     with override_settings(DYNASEM=dict(settings.raw, CLOCK_SKEW=0.5)):
-        monkeypatch.setattr(dynasem.clock, "wall_clock", lambda: real() - offset / 2)
+        monkeypatch.setattr(dynasem._clock, "wall_clock", lambda: real() - offset / 2)
         stalled = semaphore("skew", lease=2).acquire()
         stalled._stop_heartbeat()
-        monkeypatch.setattr(dynasem.clock, "wall_clock", lambda: real() + offset / 2)
+        monkeypatch.setattr(dynasem._clock, "wall_clock", lambda: real() + offset / 2)
         taker = semaphore("skew", wait=10).acquire()
         both = stalled.seconds_left() > 0
         taker.release()
@@ -209,7 +218,7 @@ def test_logs_never_carry_tokens(lock_table, caplog):
     """Warnings about lost holds and failed releases name the resource, never a token."""
     import logging
 
-    from dynasem.operations import break_holds
+    from dynasem._operators.locks import break_holds
 
     caplog.set_level(logging.DEBUG, logger="dynasem")
     held = semaphore("secret:1", user="alice").acquire()
@@ -230,7 +239,7 @@ def test_a_hand_over_whose_answer_was_lost_is_no_lost_hold(faults):
     retries are throttled): the plain release that follows is refused because the heir has
     held and given back meanwhile. That refusal is our own hand-over, not a loss."""
     held = semaphore("handed", lease=30).acquire()
-    now = dynasem.clock.now_ms()
+    now = dynasem._clock.now_ms()
     heir = table.Waiter(now * 1000 + 10**9, now + 30_000, "heir")
     enqueue_entry("handed", "heir-token", heir)
     held.renew()  # the holder learns of its heir
@@ -246,7 +255,7 @@ def test_a_hand_over_whose_answer_was_lost_is_no_lost_hold(faults):
             client = faults_free_client()
             client.update_item(
                 TableName=settings.TABLE_NAME,
-                **table.give_back("handed", "heir-token", dynasem.clock.now_ms(), sole=True),
+                **table.give_back("handed", "heir-token", dynasem._clock.now_ms(), sole=True),
             )
 
     heir_takes_and_releases.done = False

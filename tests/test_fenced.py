@@ -1,4 +1,5 @@
-"""Transactions fenced by the database (dynasem/fenced.py) on SQLite, in one process: the
+"""Transactions fenced by the database (dynasem/_transactions/fencing.py) on SQLite, in one
+process: the
 fence row written first, a newer holder's fence refusing an older hold's transaction, and the
 refusals of what cannot be fenced. tests/test_fenced_postgres.py stalls real processes on
 PostgreSQL."""
@@ -13,8 +14,9 @@ from django.contrib.auth.models import User
 from django.db import connections, transaction
 from django.db.transaction import TransactionManagementError
 
-from dynasem import LockLost, clock, run_once, semaphore
-from dynasem.fenced import row_key
+from dynasem import LockLost, run_once, semaphore
+from dynasem import _clock as clock
+from dynasem._transactions.fencing import row_key
 from dynasem.models import Fence
 from tests.conftest import RequestCounter
 

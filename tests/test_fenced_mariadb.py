@@ -1,4 +1,5 @@
-"""Fenced transactions (dynasem/fenced.py) on a real MariaDB, with two holders' transactions in
+"""Fenced transactions (dynasem/_transactions/fencing.py) on a real MariaDB, with two holders'
+transactions in
 threads of their own (a connection each) fencing at the same moment.
 
 InnoDB locks more than rows: under REPEATABLE READ (MySQL's own default, a common OPTIONS
@@ -29,8 +30,8 @@ from django.core.management import call_command
 from django.db import OperationalError, connections, transaction
 
 from dynasem import LockLost, semaphore
-from dynasem.fenced import row_key
-from dynasem.operations import break_holds
+from dynasem._operators.locks import break_holds
+from dynasem._transactions.fencing import row_key
 from tests.servers import ServerUnavailable, mariadb
 
 pytest.importorskip(

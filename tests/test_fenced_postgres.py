@@ -185,7 +185,7 @@ def whole(rows: list[tuple[str, int]]) -> bool:
 def taken_over(resource: str, stale_fence: int, timeout: float = 15) -> None:
     """Wait until another hold than A's (fence ``stale_fence``) holds ``resource`` in DynamoDB
     (B with fence_db reports nothing until its first statement is through)."""
-    from dynasem.operations import holds_on
+    from dynasem._operators.locks import holds_on
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -1,4 +1,4 @@
-"""dynasem.heartbeat on DynamoDB Local: background renewal, stopping, and declaring a loss.
+"""dynasem._engine.heartbeat on DynamoDB Local: background renewal, stopping, and declaring a loss.
 
 Every hold here has lease=1.5 with CLOCK_SKEW=0.5, so the heartbeat renews every ~0.33 s and a
 holder trusts its lease for 1.0 s after the last renewal it sent.
@@ -18,7 +18,9 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from dynasem import LockLost, SemaphoreBusy, heartbeat, operations, semaphore
+from dynasem import LockLost, SemaphoreBusy, semaphore
+from dynasem._engine import heartbeat
+from dynasem._operators import locks as operations
 from dynasem.signals import lock_lost
 from tests.conftest import RequestCounter, dynasem_settings
 

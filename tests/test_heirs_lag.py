@@ -1,6 +1,7 @@
 """A hand-over to a waiter that had already left the queue (issue 40, H6), with no push.
 
-On AWS a releaser reads the head of the line eventually consistently (``dynasem.heirs``), so
+On AWS a releaser reads the head of the line eventually consistently
+(``dynasem._engine.handover``), so
 for up to about a second it can still see the entry of a waiter that gave up and deleted it;
 and a hand-over write that is slow (throttled and sent again, a releaser paused between its
 read and its write) can land after the leaver's last look at the row. Either way the leaver
@@ -23,7 +24,9 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from dynasem import SemaphoreBusy, semaphore, table, wakeup
+from dynasem import SemaphoreBusy, semaphore
+from dynasem import _storage as table
+from dynasem._engine import push as wakeup
 from tests import workers
 from tests.conftest import dynasem_settings, queue_of
 
@@ -39,8 +42,8 @@ NEXT_WAIT = 20
 # behind it, on a loaded machine too.
 LEAVE_AFTER = 4.0
 # The most the next waiter may wait for the lock after the release: the leaver's late look
-# (dynasem.strays.LATE_LOOK), the give-back, the next waiter's own look (at least every
-# second), with room for a loaded machine. Far below LEAVER_LEASE + skew.
+# (dynasem._engine.late_handover.LATE_LOOK), the give-back, the next waiter's own look (at
+# least every second), with room for a loaded machine. Far below LEAVER_LEASE + skew.
 BOUND = 6.0
 
 

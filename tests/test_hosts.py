@@ -29,9 +29,10 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from dynasem import table, wakeup
+from dynasem import _storage as table
+from dynasem._engine import push as wakeup
+from dynasem._operators.locks import holds_on
 from dynasem.conf import settings
-from dynasem.operations import holds_on
 from tests import netns
 from tests.conftest import queue_of
 from tests.host_agent import Agent

@@ -29,15 +29,15 @@ if not DOC.is_file():  # an unpacked sdist carries tests/, not docs/
         "docs/ is not here (an sdist): the policy is checked in a checkout", allow_module_level=True
     )
 
-# Whose code each module is. Every other module (dynasem/table/ aside: it is what they all
+# Whose code each module is. Every other module (dynasem/_storage/ aside: it is what they all
 # call; dynasem/testing/ aside: no deployment's) runs in the application's processes.
 OPERATORS = {
     "dynasem.admin",
-    "dynasem.admin_pages",
-    "dynasem.operations",
-    "dynasem.reaping",
-    "dynasem.index_streams",
-    "dynasem.job_operations",
+    "dynasem._operators.admin_pages",
+    "dynasem._operators.locks",
+    "dynasem._operators.reaper",
+    "dynasem._operators.listing",
+    "dynasem._operators.jobs",
     "dynasem.management.commands._output",
     "dynasem.management.commands.dynasem_jobs",
     "dynasem.management.commands.dynasem_locks",
@@ -258,7 +258,7 @@ def groups() -> dict[str, set[str]]:
     locks = {
         m
         for m in modules - OPERATORS - TABLE_MANAGEMENT - CHECKS
-        if m != "dynasem.table" and not m.startswith("dynasem.table.")
+        if m != "dynasem._storage" and not m.startswith("dynasem._storage.")
     }
     return {
         "DynasemLocks": locks | CHECKS,
@@ -359,7 +359,8 @@ def test_each_statement_allows_exactly_what_its_roles_code_sends(sid: str):
 
 @runs_last
 def test_every_request_dynasem_sent_this_session_was_allowed(lock_table: str):
-    from dynasem import semaphore, table
+    from dynasem import _storage as table
+    from dynasem import semaphore
 
     # One lock of its own (and a request of the test's, which is not dynasem's), so that the
     # recorder is seen working even when this test runs alone.

@@ -104,18 +104,21 @@ def test_find_cycle_sees_a_cycle_and_its_absence() -> None:
 
 def test_imports_count_function_level_and_type_checking_only_when_asked() -> None:
     # core imports the decorator at module level.
-    assert "dynasem.decorators" in imports("dynasem.core")
+    assert "dynasem._engine.decorators" in imports("dynasem._engine.core")
     # apps.ready() imports the checks inside a function: that counts.
     assert "dynasem.checks" in imports("dynasem.apps")
     source = (
         "from typing import TYPE_CHECKING\n"
         "if TYPE_CHECKING:\n"
-        "    from .core import Semaphore\n"
+        "    from ._engine.core import Semaphore\n"
         "else:\n"
-        "    from . import clock\n"
+        "    from . import conf\n"
     )
-    assert imports_in(source, "dynasem") == {"dynasem.clock"}
-    assert imports_in(source, "dynasem", type_checking=True) == {"dynasem.core", "dynasem.clock"}
+    assert imports_in(source, "dynasem") == {"dynasem.conf"}
+    assert imports_in(source, "dynasem", type_checking=True) == {
+        "dynasem._engine.core",
+        "dynasem.conf",
+    }
 
 
 def test_the_package_has_no_import_cycle() -> None:
@@ -134,7 +137,7 @@ def test_the_package_has_no_import_cycle_even_through_type_hints() -> None:
 def test_the_lock_logic_never_imports_the_admin_or_commands() -> None:
     graph = {name: imports(name) for name in MODULES}
     seen: set[str] = set()
-    todo = ["dynasem.core"]
+    todo = ["dynasem._engine.core"]
     while todo:
         name = todo.pop()
         if name not in seen:
@@ -153,24 +156,24 @@ def test_every_module_imports(name: str) -> None:
 # other function fits on a screen.
 SCREEN = 60
 LONGER_TODAY = {
-    "dynasem.core.Semaphore._acquire_steps": 268,
-    "dynasem.permits.acquire_steps": 164,
-    "dynasem.queueing.wait_in_queue": 129,
-    "dynasem.planning.plan": 114,
+    "dynasem._engine.core.Semaphore._acquire_steps": 268,
+    "dynasem._engine.permits.acquire_steps": 164,
+    "dynasem._engine.queue.wait_in_queue": 129,
+    "dynasem._engine.take.plan": 114,
     "dynasem.checks.check_settings": 110,
     "dynasem.admin.LockAdmin.resource_view": 99,
     "dynasem.admin.LockAdmin.changelist_view": 96,
-    "dynasem.permits._acquire_many": 94,
-    "dynasem.readers.acquire_many": 85,
-    "dynasem.table.permits.take_slot": 83,
-    "dynasem.held.Held._plain_release": 71,
+    "dynasem._engine.permits._acquire_many": 94,
+    "dynasem._engine.readers.acquire_many": 85,
+    "dynasem._storage.permits.take_slot": 83,
+    "dynasem._engine.hold.Held._plain_release": 71,
     "dynasem.admin.JobAdmin.changelist_view": 70,
     "dynasem.management.commands.dynasem_release.Command.handle": 69,
     "dynasem.admin.LockAdmin.action_view": 68,
-    "dynasem.queueing.Pace.turn_in": 67,
-    "dynasem.table.readers.admit": 63,
+    "dynasem._engine.queue.Pace.turn_in": 67,
+    "dynasem._storage.readers.admit": 63,
     "dynasem.management.commands.dynasem_lead.Command.handle": 63,
-    "dynasem.decorators.lock_callable": 61,
+    "dynasem._engine.decorators.lock_callable": 61,
 }
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from dynasem import Lead, leadership, semaphore
-from dynasem.operations import break_hold, holds_on, queue_depth
+from dynasem._operators.locks import break_hold, holds_on, queue_depth
 from tests.conftest import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -256,7 +256,7 @@ def test_the_wrappers_import_nothing_from_the_working_directory(
     # puts the working directory first), which then silently skipped PR_SET_PDEATHSIG.
     (tmp_path / "ctypes.py").write_text(
         "import os, sys\n"
-        "if any('_command_init' in a or 'PDEATHSIG' in a for a in sys.argv):\n"
+        "if any('command_init' in a or 'PDEATHSIG' in a for a in sys.argv):\n"
         "    open(os.path.join(os.path.dirname(__file__), 'imported'), 'w').write('yes')\n"
         "raise ImportError('not the real ctypes')\n"
     )

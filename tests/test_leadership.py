@@ -74,7 +74,7 @@ def test_a_nested_lead_given_back_leaves_the_outer_one_active(lock_table: str) -
 
 
 def test_a_lead_lost_and_then_given_back_told_on_lost_once(lock_table: str) -> None:
-    from dynasem.operations import break_hold, holds_on
+    from dynasem._operators.locks import break_hold, holds_on
 
     lost: list[Any] = []
     with leadership("jobs", lease=LEASE, on_lost=lost.append) as lead:

@@ -24,9 +24,12 @@ from django.contrib.auth.models import Permission
 from django.core.management import CommandError, call_command
 from django.urls import reverse
 
-from dynasem import clock, job_operations, run_once, semaphore, table
+from dynasem import _clock as clock
+from dynasem import _storage as table
+from dynasem import run_once, semaphore
+from dynasem._operators import jobs as job_operations
+from dynasem._operators.locks import holds_on
 from dynasem.conf import settings
-from dynasem.operations import holds_on
 from tests.conftest import take
 from tests.faults import Faults
 
@@ -212,8 +215,8 @@ def test_reap_dry_run_on_a_lagging_index_lists_only_what_it_would_delete(
 def test_reap_keeps_a_permit_renewed_after_it_was_read(lock_table, holds, later, monkeypatch):
     """The reaper frees a dead permit only as it read it: one renewed meanwhile stays held,
     and the reaper says it changed since listed."""
-    from dynasem import permit_held
-    from dynasem.table import permits as slots
+    from dynasem._engine import permit_hold as permit_held
+    from dynasem._storage import permits as slots
 
     live = take(holds, "pool:lag", limit=20, lease=LIVE_LEASE)
     dead = semaphore("pool:lag", limit=20, lease=1).acquire()
@@ -315,7 +318,7 @@ def test_reap_reads_again_what_was_throttled(lock_table, holds, later, faults):
 def test_reap_goes_on_past_a_row_it_could_not_delete_and_says_which(
     lock_table, holds, later, faults
 ):
-    from dynasem.table import permits as slots
+    from dynasem._storage import permits as slots
 
     dead_hold(holds, "stuck:1")
     dead_hold(holds, "stuck:2")

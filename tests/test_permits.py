@@ -1,4 +1,4 @@
-"""Counting semaphores of many permits: holders in permit items (dynasem.permits)."""
+"""Counting semaphores of many permits: holders in permit items (dynasem._engine.permits)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,12 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from dynasem import LockLost, SemaphoreBusy, operations, queueing, semaphore, table
+from dynasem import LockLost, SemaphoreBusy, semaphore
+from dynasem import _storage as table
+from dynasem._engine import queue as queueing
+from dynasem._operators import locks as operations
+from dynasem._storage import permits as slots
 from dynasem.conf import settings
-from dynasem.table import permits as slots
 from tests.conftest import holder_pages, take
 from tests.test_processes import identity_of
 

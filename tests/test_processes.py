@@ -1,4 +1,5 @@
-"""dynasem.processes: a holder's process recorded, and proven dead (or not) from /proc; and the
+"""dynasem._engine.processes: a holder's process recorded, and proven dead (or not) from /proc; and
+the
 takeover of holders proven dead, planted in the table as a holder of this host would be."""
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from django.conf import settings
 from django.core.checks import run_checks
 from django.test import override_settings
 
-from dynasem import SemaphoreBusy, clock, processes, semaphore, table
+from dynasem import SemaphoreBusy, semaphore
+from dynasem import _clock as clock
+from dynasem import _storage as table
+from dynasem._engine import processes
 from tests.conftest import enqueue_entry
 
 pytestmark = pytest.mark.skipif(

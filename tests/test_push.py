@@ -15,7 +15,10 @@ import pytest
 from django.core.checks import run_checks
 from django.test import override_settings
 
-from dynasem import core, semaphore, table, wakeup
+from dynasem import _storage as table
+from dynasem import semaphore
+from dynasem._engine import core
+from dynasem._engine import push as wakeup
 from tests.conftest import dynasem_settings, queue_of
 
 

@@ -1,4 +1,4 @@
-"""dynasem.queueing: the pacing and backoff of a waiter, without DynamoDB."""
+"""dynasem._engine.queue: the pacing and backoff of a waiter, without DynamoDB."""
 
 from __future__ import annotations
 
@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
-from dynasem import clock, queueing, table
-from dynasem.queueing import Pace
+from dynasem import _clock as clock
+from dynasem import _storage as table
+from dynasem._engine import queue as queueing
+from dynasem._engine.queue import Pace
 
 
 @pytest.fixture
@@ -310,7 +312,7 @@ def test_busy_tells_the_estimate_and_the_queue_position(frozen: int) -> None:
 
 
 class Counting:
-    """What :func:`dynasem.queueing.free_room` asks of a semaphore."""
+    """What :func:`dynasem._engine.queue.free_room` asks of a semaphore."""
 
     def __init__(self, limit: int, shared: bool = False):
         self.limit, self.shared = limit, shared

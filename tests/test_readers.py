@@ -1,4 +1,4 @@
-"""Shared holds past the first few readers: reader items (dynasem.readers)."""
+"""Shared holds past the first few readers: reader items (dynasem._engine.readers)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,12 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from dynasem import LockLost, SemaphoreBusy, operations, semaphore, table
+from dynasem import LockLost, SemaphoreBusy, semaphore
+from dynasem import _storage as table
+from dynasem._operators import locks as operations
+from dynasem._storage import lock_writes as writes
+from dynasem._storage import readers as items
 from dynasem.conf import settings
-from dynasem.table import readers as items
-from dynasem.table import writes
 from tests import workers
 from tests.conftest import holder_pages, take
 

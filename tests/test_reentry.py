@@ -1,5 +1,5 @@
 """Re-entry: a nested acquire, in the same thread or asyncio task, of what this thread or task
-already holds gets that hold again at once (dynasem.entered)."""
+already holds gets that hold again at once (dynasem._engine.reentry)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from django.db import transaction
 
 from dynasem import LockLost, SemaphoreBusy, current_hold, semaphore
-from dynasem.operations import holds_on
+from dynasem._operators.locks import holds_on
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.reentry]
 
@@ -149,7 +149,7 @@ def test_the_outermost_release_decides_with_the_transaction(lock_table: str) -> 
 
 
 def test_a_lost_hold_says_so_at_the_inner_exit(lock_table: str) -> None:
-    from dynasem.operations import break_hold
+    from dynasem._operators.locks import break_hold
 
     with pytest.raises(LockLost):
         with semaphore("k") as outer:

@@ -10,7 +10,8 @@ import pytest
 from django.core.management import call_command
 from django.test import override_settings
 
-from dynasem import AlreadyDone, SemaphoreBusy, run_once, semaphore, table
+from dynasem import AlreadyDone, SemaphoreBusy, run_once, semaphore
+from dynasem import _storage as table
 from dynasem.conf import settings
 
 
@@ -118,10 +119,10 @@ def test_claim_counts_on_from_a_fence_ahead_of_our_clock(lock_table, monkeypatch
     with pytest.raises(RuntimeError), run_once("file:clock.txt"):
         raise RuntimeError("first run failed")
     first_fence = job_row("file:clock.txt")["fence"]
-    import dynasem.clock
+    import dynasem._clock
 
     real = time.time
-    monkeypatch.setattr(dynasem.clock, "wall_clock", lambda: real() - 3600)  # an hour behind
+    monkeypatch.setattr(dynasem._clock, "wall_clock", lambda: real() - 3600)  # an hour behind
     with run_once("file:clock.txt") as job:
         assert job.fence == first_fence + 1
     assert job_row("file:clock.txt")["status"] == "DONE"

@@ -9,7 +9,9 @@ import time
 import pytest
 from django.test import override_settings
 
-from dynasem import SemaphoreBusy, clock, semaphore, table
+from dynasem import SemaphoreBusy, semaphore
+from dynasem import _clock as clock
+from dynasem import _storage as table
 from dynasem.conf import settings
 from tests.conftest import enqueue_inline
 
@@ -59,7 +61,7 @@ def test_a_take_by_another_user_moves_no_index_key_until_its_first_renewal(
     """Holds taken in turn by two users (a view lock taken by whoever asks): the row keeps the
     first user in ``userId`` (moving it costs a delete and a put in the userId index), until
     a hold lasts long enough to be renewed: from then on it is listed under its own user."""
-    from dynasem import operations
+    from dynasem._operators import locks as operations
 
     semaphore("view:1", user="alice", lease=30).acquire().release()
     held = semaphore("view:1", user="bob", lease=30).acquire()
@@ -251,7 +253,8 @@ def test_a_row_past_dynamodbs_item_size_is_named_and_nothing_is_written(lock_tab
     reaches the limit): the acquire that would pass it fails with LimitExceeded("item
     size"), not SemaphoreBusy, and the row is as it was."""
     from dynasem import LimitExceeded
-    from dynasem.table import readers, writes
+    from dynasem._storage import lock_writes as writes
+    from dynasem._storage import readers
 
     monkeypatch.setattr(writes, "READERS_INLINE", 10**6)
     monkeypatch.setattr(readers, "READERS_INLINE", 10**6)
@@ -324,7 +327,7 @@ def test_a_refusal_for_a_dynamodb_limit_names_the_limit(code, message, reasons, 
     from botocore.exceptions import ClientError
 
     from dynasem import LimitExceeded
-    from dynasem.table import client
+    from dynasem._storage import client
 
     response = {
         "Error": {"Code": code, "Message": message},
@@ -342,7 +345,7 @@ def test_a_refusal_for_no_limit_stays_a_plain_unavailable():
     from botocore.exceptions import ClientError
 
     from dynasem import LimitExceeded
-    from dynasem.table import client
+    from dynasem._storage import client
 
     response = {
         "Error": {
@@ -391,7 +394,7 @@ def test_a_take_evicts_at_most_max_evict_dead_waiters_and_still_takes(lock_table
     killed): each take evicts the 64 oldest in its own write, whose expressions stay within
     DynamoDB's limits (all 150 in one write were refused: ValidationException), and takes the
     lock all the same."""
-    from dynasem.table import writes
+    from dynasem._storage import lock_writes as writes
 
     now = clock.now_ms()
     for i in range(150):
@@ -409,7 +412,8 @@ def test_a_join_evicts_at_most_max_evict_dead_holders_and_still_joins(lock_table
     """A counting semaphore with one live holder and 150 whose leases ran out (their
     processes died): each join evicts the 64 oldest in its own write and joins. (Holders in
     the row, as for readers, or limit <= 8: not permit items.)"""
-    from dynasem.table import permits, writes
+    from dynasem._storage import lock_writes as writes
+    from dynasem._storage import permits
 
     monkeypatch.setattr(permits, "INLINE_MAX", 10**9)
 

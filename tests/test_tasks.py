@@ -19,9 +19,9 @@ import pytest
 from django.test import override_settings
 
 from dynasem import SemaphoreBusy, SemaphoreError, current_hold, semaphore
+from dynasem._background.retrying import MAX_JITTER, retry_delay
+from dynasem._operators.locks import holds_on
 from dynasem.celery import RetryLater, retry_later
-from dynasem.operations import holds_on
-from dynasem.retrying import MAX_JITTER, retry_delay
 from dynasem.signals import lock_busy
 
 celery = pytest.importorskip("celery", reason="celery is in the test extras")

@@ -21,8 +21,10 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from dynasem import LockLost, SemaphoreBusy, SemaphoreUnavailable, operations, semaphore, telemetry
-from dynasem.table import readers as reader_items
+from dynasem import LockLost, SemaphoreBusy, SemaphoreUnavailable, semaphore
+from dynasem._observability import telemetry
+from dynasem._operators import locks as operations
+from dynasem._storage import readers as reader_items
 from tests.conftest import dynasem_settings
 
 try:  # the otel dependency group; the matrix runs some pairs without it
@@ -146,7 +148,7 @@ def test_an_unreachable_table_is_outcome_unavailable_with_the_error(
 ) -> None:
     name = named()
     broken = dynasem_settings("http://127.0.0.1:9", lock_table)
-    from dynasem import table
+    from dynasem import _storage as table
 
     table.reset_client()
     try:
@@ -198,7 +200,7 @@ def test_a_lost_hold_counts_in_holds_lost_with_its_reason(
         assert outcomes == {"lost": 1}
 
 
-# Enough readers on one resource that the last ones hold reader items (dynasem.readers).
+# Enough readers on one resource that the last ones hold reader items (dynasem._engine.readers).
 READERS = 4
 
 
@@ -214,7 +216,7 @@ def test_capacity_units_recorded_equal_what_dynamodb_reports(
 ) -> None:
     """Every answer's ConsumedCapacity, read by a botocore hook of our own, against the
     counter: an uncontended cycle, a busy try that queues, a hand-over, a counting hold."""
-    from dynasem import table
+    from dynasem import _storage as table
 
     reported: Counter[str] = Counter()
 

@@ -13,8 +13,12 @@ from typing import Any
 
 import pytest
 
-from dynasem import SemaphoreBusy, operations, semaphore, strays, table, telemetry
-from dynasem.measures import OPERATION
+from dynasem import SemaphoreBusy, semaphore
+from dynasem import _storage as table
+from dynasem._engine import late_handover as strays
+from dynasem._observability import telemetry
+from dynasem._observability.metrics import OPERATION
+from dynasem._operators import locks as operations
 from tests.test_telemetry import _providers as sdk
 from tests.test_telemetry import (
     histogram,

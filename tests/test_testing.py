@@ -20,10 +20,11 @@ from typing import Any
 import pytest
 from django.conf import settings as django_settings
 
-from dynasem import SemaphoreBusy, semaphore, table
+from dynasem import SemaphoreBusy, semaphore
+from dynasem import _storage as table
+from dynasem._operators.locks import holds_on
+from dynasem._storage import QueueTerms, Refused, Waiter, take_free, take_join, take_ticket
 from dynasem.conf import settings
-from dynasem.operations import holds_on
-from dynasem.table import QueueTerms, Refused, Waiter, take_free, take_join, take_ticket
 from dynasem.testing import ENDPOINT_ENV, engine_endpoint, fresh_table
 from tests.conftest import enqueue_entry, queue_of
 
@@ -112,7 +113,7 @@ import pytest
 from django.conf import settings
 
 from dynasem import SemaphoreBusy, semaphore
-from dynasem.operations import holds_on
+from dynasem._operators.locks import holds_on
 from dynasem.testing import held_elsewhere
 import user_code
 
@@ -184,7 +185,7 @@ from django.test import SimpleTestCase, TestCase
 from django.conf import settings
 
 from dynasem import SemaphoreBusy, semaphore
-from dynasem.operations import holds_on
+from dynasem._operators.locks import holds_on
 from dynasem.testing import fresh_table, held_elsewhere
 import user_code
 

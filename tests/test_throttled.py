@@ -8,8 +8,9 @@ import threading
 import time
 from typing import Any
 
-from dynasem import semaphore, table
-from dynasem.operations import holds_on
+from dynasem import _storage as table
+from dynasem import semaphore
+from dynasem._operators.locks import holds_on
 from tests.faults import Faults
 
 # Every attempt botocore makes of one request (legacy mode: the first and three retries).

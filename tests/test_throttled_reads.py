@@ -4,7 +4,9 @@ benchmarks/throttled.py on the unkind engine)."""
 
 from __future__ import annotations
 
-from dynasem import clock, semaphore, table
+from dynasem import _clock as clock
+from dynasem import _storage as table
+from dynasem import semaphore
 from tests.conftest import enqueue_entry
 from tests.faults import Faults
 

@@ -1,5 +1,5 @@
 """Holds and run_once jobs follow Django's transaction: given back after the outermost
-transaction commits, or at once when it rolls back (dynasem/transactions.py).
+transaction commits, or at once when it rolls back (dynasem/_transactions/commit.py).
 
 Most tests use ``transactional_db``: their ``transaction.atomic`` blocks are real transactions
 (not savepoints inside a TestCase's), as in production.
@@ -20,8 +20,18 @@ from django.db import DatabaseError, connections, transaction
 from django.http import HttpResponse
 from django.test import Client, RequestFactory
 
-from dynasem import AlreadyDone, LockLost, SemaphoreBusy, operations, run_once, semaphore, table
-from dynasem.operations import holds_on
+from dynasem import (
+    AlreadyDone,
+    LockLost,
+    SemaphoreBusy,
+    run_once,
+    semaphore,
+)
+from dynasem import (
+    _storage as table,
+)
+from dynasem._operators import locks as operations
+from dynasem._operators.locks import holds_on
 from dynasem.signals import lock_lost, lock_released
 from tests import views
 

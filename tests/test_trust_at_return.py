@@ -22,12 +22,13 @@ from typing import Any
 
 import pytest
 
-from dynasem import semaphore, table
-from dynasem.core import CONFIRM_SHARE
-from dynasem.held import Held
-from dynasem.table import permits as slots
-from dynasem.table import readers as items
-from dynasem.table import writes
+from dynasem import _storage as table
+from dynasem import semaphore
+from dynasem._engine.core import CONFIRM_SHARE
+from dynasem._engine.hold import Held
+from dynasem._storage import lock_writes as writes
+from dynasem._storage import permits as slots
+from dynasem._storage import readers as items
 from tests.conftest import queue_of, take, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=False)

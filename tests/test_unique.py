@@ -1,4 +1,5 @@
-"""dynasem.unique: a key claimed at enqueue (queue lease, no heartbeat, no process identity)
+"""dynasem._background.unique: a key claimed at enqueue (queue lease, no heartbeat, no process
+identity)
 and adopted, once, by the worker that runs the task; a retry's claim handed on at the run's
 end, waited for if the retry starts first, taken over if the run died."""
 
@@ -10,8 +11,7 @@ import time
 import pytest
 
 from dynasem import LockLost, current_hold, semaphore
-from dynasem.operations import break_hold, holds_on
-from dynasem.unique import (
+from dynasem._background.unique import (
     Claim,
     Taken,
     adopt,
@@ -21,6 +21,7 @@ from dynasem.unique import (
     running,
     task_of,
 )
+from dynasem._operators.locks import break_hold, holds_on
 
 # dynasem's own re-entry rule (tests/conftest.py's no_reentry is off here): a claim must be
 # refused even where a nested acquire would re-enter the hold.
@@ -150,7 +151,7 @@ def test_a_retry_taking_over_as_its_run_ends_adopts_what_the_run_handed_on(
 ) -> None:
     """The run's lease ran out, the retry saw it and sends its take-over: the run's end lands
     in between (it hands the key on), the take-over is refused. The retry adopts its claim."""
-    from dynasem import unique
+    from dynasem._background import unique
 
     first = claim("reindex:10", "task-1", queue_lease=30)
     run = adopt(first, lease=1)
@@ -179,7 +180,7 @@ def test_an_adoption_whose_answer_was_lost_is_ours(
 ) -> None:
     """botocore sent the adoption again after a lost answer: the second attempt is refused by
     the first's own write. The run is ours, not dropped."""
-    from dynasem import table
+    from dynasem import _storage as table
 
     taken = claim("reindex:11", "task-1", queue_lease=30)
     real = table.update

@@ -50,7 +50,7 @@ def producer(broker_url: str, name: str = "unique_work") -> Any:
 
 
 def live(resource: str) -> list[Any]:
-    from dynasem.operations import holds_on
+    from dynasem._operators.locks import holds_on
 
     return [h for h in holds_on(resource) if h.expires_ms > time.time() * 1000]
 

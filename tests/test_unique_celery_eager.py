@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from dynasem import current_hold, semaphore
-from dynasem.operations import holds_on
+from dynasem._operators.locks import holds_on
 
 celery = pytest.importorskip("celery", reason="celery is in the test dependency group")
 

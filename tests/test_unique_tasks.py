@@ -27,8 +27,8 @@ import django
 import pytest
 from django.test import override_settings
 
-from dynasem.operations import holds_on
-from dynasem.unique import Taken, claim, give_back
+from dynasem._background.unique import Taken, claim, give_back
+from dynasem._operators.locks import holds_on
 from tests.events import read_events, wait_events
 
 pytestmark = pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks is Django's from 6.0")

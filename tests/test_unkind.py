@@ -242,7 +242,7 @@ def on_engine(lock_table: str, engine: UnkindDynamoDB) -> Iterator[UnkindDynamoD
     """dynasem's settings point at the engine (the table made before: copied to its replicas)."""
     from django.test import override_settings
 
-    from dynasem import table
+    from dynasem import _storage as table
     from dynasem.conf import settings
 
     with override_settings(DYNASEM=dict(settings.raw, ENDPOINT_URL=engine.endpoint_url)):
@@ -315,7 +315,7 @@ def test_a_release_that_meets_another_transaction_on_the_row_is_sent_again(
     TransactionConflictException was given up ("it expires"), and the lock stayed held by
     nobody for its lease. A conflict applied nothing and passes within milliseconds."""
     from dynasem import semaphore
-    from dynasem.operations import holds_on
+    from dynasem._operators.locks import holds_on
 
     held = semaphore("conf:r", lease=30).acquire()
     other = transaction_on_row(
@@ -335,7 +335,7 @@ def test_a_release_of_several_resources_cancelled_for_a_conflict_is_sent_again(
     cancelled three times at once for another request's transaction on a row returned, and
     left the hold in both rows for its lease."""
     from dynasem import semaphore
-    from dynasem.operations import holds_on
+    from dynasem._operators.locks import holds_on
 
     held = semaphore(["conf:p", "conf:q"], lease=30).acquire()
     other = transaction_on_row(

@@ -1,4 +1,4 @@
-"""dynasem.validation: arguments refused with a message naming them, before any request."""
+"""dynasem._engine.arguments: arguments refused with a message naming them, before any request."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from dynasem import table, validation
+from dynasem import _storage as table
+from dynasem._engine import arguments as validation
 
 
 @pytest.mark.parametrize(
@@ -219,7 +220,8 @@ def test_printable_resources_are_still_taken() -> None:
 def test_a_control_character_is_refused_by_every_entry_point_before_any_request(
     requests_sent: Any,
 ) -> None:
-    from dynasem import leadership, run_once, semaphore, unique
+    from dynasem import leadership, run_once, semaphore
+    from dynasem._background import unique
 
     bad = "tbl_issues:1\x1b[2K\rbilling:7"
     requests_sent.reset()

@@ -62,7 +62,7 @@ def write_in_transaction(request, name):
     from django.contrib.auth.models import User
     from django.db import connection, transaction
 
-    from dynasem.operations import holds_on
+    from dynasem._operators.locks import holds_on
 
     User.objects.create(username=f"txview-{name}")
     in_transaction = connection.in_atomic_block

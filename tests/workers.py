@@ -18,7 +18,7 @@ def setup_django(endpoint: str, table_name: str) -> None:
 
     django.setup()
     if os.environ.get("DYNASEM_TEST_PERMITS_FROM"):  # see conftest.PERMITS_ENV
-        from dynasem.table import permits
+        from dynasem._storage import permits
 
         permits.INLINE_MAX = int(os.environ["DYNASEM_TEST_PERMITS_FROM"])
     if os.environ.get("DYNASEM_TEST_READERS_FROM"):  # see conftest.READERS_ENV
@@ -27,7 +27,8 @@ def setup_django(endpoint: str, table_name: str) -> None:
 
 def readers_from(value: str) -> None:
     """Shared resources keep ``value`` readers in their row, the next in reader items."""
-    from dynasem.table import readers, writes
+    from dynasem._storage import lock_writes as writes
+    from dynasem._storage import readers
 
     writes.READERS_INLINE = readers.READERS_INLINE = int(value)
 
@@ -214,7 +215,8 @@ def stall_through_hand_over(
     setup_django(endpoint, table_name)
     from django.test import override_settings
 
-    from dynasem import planning, semaphore
+    from dynasem import semaphore
+    from dynasem._engine import take as planning
     from dynasem.conf import settings
 
     if stop_on_own_hold:
@@ -275,7 +277,8 @@ def hold_and_exit(endpoint: str, table_name: str, resource: str, how: str, out: 
     import threading
 
     setup_django(endpoint, table_name)
-    from dynasem import semaphore, table
+    from dynasem import _storage as table
+    from dynasem import semaphore
 
     stop: list[int] = []
     if how == "sigterm-handler":
@@ -320,7 +323,7 @@ def reader_stalled_between_writes(
     and reports when it entered its block."""
     setup_django(endpoint, table_name)
     from dynasem import semaphore
-    from dynasem.table import readers as items
+    from dynasem._storage import readers as items
 
     real = items.put_reader
 

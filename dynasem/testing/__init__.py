@@ -141,12 +141,12 @@ class fresh_table:  # noqa: N801 - used like a function: with fresh_table(), @fr
     def __enter__(self) -> str:
         from django.test import override_settings
 
-        from .. import table
+        from .. import _storage as table
         from ..conf import settings as dynasem_settings
 
         if self._override is not None:
             raise RuntimeError("a fresh_table() is entered once; make a new one for each use")
-        from ..entered import forget_acquired
+        from .._engine.reentry import forget_acquired
 
         forget_acquired()  # holds of earlier tests are on other tables: never re-entered
         endpoint = engine_endpoint()
@@ -181,7 +181,7 @@ class fresh_table:  # noqa: N801 - used like a function: with fresh_table(), @fr
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        from .. import table
+        from .. import _storage as table
 
         try:
             if self.name is not None:

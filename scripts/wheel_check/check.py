@@ -96,7 +96,7 @@ def main() -> int:
     from django.urls import reverse
 
     from dynasem import run_once, semaphore
-    from dynasem.operations import holds_on
+    from dynasem._operators.locks import holds_on
 
     call_command("migrate", verbosity=0)
     check(True, "migrate (dynasem's migrations applied from the wheel)")
@@ -155,7 +155,7 @@ def main() -> int:
 
     # With the otel extra (opentelemetry-api, no SDK): the hooks run against the API's no-op
     # providers; without it, telemetry is off and the package never imports opentelemetry.
-    from dynasem import telemetry
+    from dynasem._observability import telemetry
 
     installed = importlib.util.find_spec("opentelemetry") is not None
     check(telemetry.ON == installed, f"telemetry {'on' if installed else 'off'}")

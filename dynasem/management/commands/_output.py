@@ -11,9 +11,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from dynasem import audit, table
-from dynasem.logs import shown_token
-from dynasem.operations import HoldInfo
+from ... import _storage as table
+from ..._observability.logs import shown_token
+from ..._operators import audit
+from ..._operators.locks import HoldInfo
 
 
 def width(text: str) -> int:

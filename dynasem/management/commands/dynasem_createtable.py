@@ -5,8 +5,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from dynasem import table
-from dynasem.exceptions import SemaphoreUnavailable
+from ... import _storage as table
+from ...exceptions import SemaphoreUnavailable
 
 
 class Command(BaseCommand):

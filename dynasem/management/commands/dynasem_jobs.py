@@ -6,10 +6,12 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from dynasem import audit, job_operations, table, validation
-from dynasem.exceptions import SemaphoreUnavailable
-from dynasem.models import Job
-
+from ... import _storage as table
+from ..._engine import arguments as validation
+from ..._operators import audit
+from ..._operators import jobs as job_operations
+from ...exceptions import SemaphoreUnavailable
+from ...models import Job
 from ._output import OperatorCommand, pad, printable, recorder, width
 
 # Said under every list (the Scan's reads are eventually consistent; see SCAN_NOTE).

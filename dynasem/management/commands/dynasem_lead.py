@@ -8,7 +8,7 @@ its trusted deadline (``lease - CLOCK_SKEW`` after the last renewal sent) is lef
 take the lead before that deadline, so two commands never run at once, given clocks within
 ``CLOCK_SKEW``. Having stopped it, the process competes again.
 
-The command runs in a pid namespace of its own (``dynasem/_command_init.py``), so "the
+The command runs in a pid namespace of its own (``dynasem/_background/command_init.py``), so "the
 command" is every process it starts, daemons and ``setsid()`` ones included: when this
 process dies by any signal (SIGKILL, the OOM killer), the namespace's init dies with it
 (``PR_SET_PDEATHSIG``, and the control pipe's end) and the kernel kills every process in the
@@ -42,10 +42,11 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 import dynasem
-from dynasem.exceptions import SemaphoreUnavailable, TableMissing
-from dynasem.leadership import Lead, leadership, resource_of
-from dynasem.shutdown import release_all
-from dynasem.validation import check_lease, resolve_timing
+
+from ..._background.leadership import Lead, leadership, resource_of
+from ..._engine.arguments import check_lease, resolve_timing
+from ..._engine.shutdown import release_all
+from ...exceptions import SemaphoreUnavailable, TableMissing
 
 # How often the leader looks at its command and its lead (seconds).
 POLL = 0.05
@@ -66,8 +67,8 @@ _DIE_WITH_PARENT = (
     "if os.getppid() != int(sys.argv[1]): os._exit(1)\n"
     "os.execvp(sys.argv[2], sys.argv[2:])\n"
 )
-# The command's pid namespace (the default): see dynasem/_command_init.py.
-COMMAND_INIT = str(Path(dynasem.__file__).resolve().parent / "_command_init.py")
+# The command's pid namespace (the default): see dynasem/_background/command_init.py.
+COMMAND_INIT = str(Path(dynasem.__file__).resolve().parent / "_background" / "command_init.py")
 # How long the keeper may take to start listening, and to end the namespace once told to.
 KEEPER_PATIENCE = 10.0
 NO_PID_NAMESPACE = (
@@ -238,7 +239,7 @@ def _check_pid_namespaces() -> None:
 
 class _Command:
     """The command, started in a pid namespace of its own behind a keeper process
-    (dynasem/_command_init.py), or (``own_pids=False``) in a session of its own that dies
+    (dynasem/_background/command_init.py), or (``own_pids=False``) in a session of its own that dies
     with this process (``PR_SET_PDEATHSIG``)."""
 
     def __init__(self, command: list[str], env: dict[str, str], own_pids: bool) -> None:

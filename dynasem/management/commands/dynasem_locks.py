@@ -6,10 +6,12 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from dynasem import clock, operations, table, usernames
-from dynasem.exceptions import SemaphoreUnavailable
-from dynasem.logs import shown_token
-
+from ... import _clock as clock
+from ... import _storage as table
+from ..._observability.logs import shown_token
+from ..._operators import locks as operations
+from ..._operators import usernames
+from ...exceptions import SemaphoreUnavailable
 from ._output import OperatorCommand, hold_row, pad, printable, width
 
 # Said under every list read through the indexes (DynamoDB updates a global secondary index

@@ -6,9 +6,9 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from dynasem import reaping, table
-from dynasem.exceptions import SemaphoreUnavailable
-
+from ... import _storage as table
+from ..._operators import reaper as reaping
+from ...exceptions import SemaphoreUnavailable
 from ._output import OperatorCommand, printable
 
 # The exit status when a delete or break failed (DynamoDB unreachable, throttled still after

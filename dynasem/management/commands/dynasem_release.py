@@ -6,11 +6,12 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from dynasem import audit, operations, validation
-from dynasem.exceptions import SemaphoreUnavailable
-from dynasem.logs import shown_token
-from dynasem.models import Lock
-
+from ..._engine import arguments as validation
+from ..._observability.logs import shown_token
+from ..._operators import audit
+from ..._operators import locks as operations
+from ...exceptions import SemaphoreUnavailable
+from ...models import Lock
 from ._output import OperatorCommand, hold_row, printable, recorder
 
 # The exit status when nothing (or not everything shown) was broken: the hold had gone, or

@@ -1,0 +1,211 @@
+"""The first process of a ``dynasem_lead`` command: the command runs in a pid namespace of its
+own, so that nothing it started can outlive the lead.
+
+Run by ``dynasem_lead`` as ``python -I command_init.py CONTROL_FD READY_FD LEADER_PID --
+command ...``
+(``-I``: nothing from the working directory or the environment is imported; the standard
+library only). Two processes:
+
+* the **keeper** (the process ``dynasem_lead`` started) dies with ``dynasem_lead``
+  (``PR_SET_PDEATHSIG``), moves its next child into a new pid namespace, forks the init,
+  forwards SIGTERM to it, SIGKILLs it on SIGUSR1 (it is the init's parent: no pid reuse can
+  misdirect that), and exits with its status once it has been reaped — after every process of
+  the namespace has ended; it writes one byte on READY_FD once it listens to those signals;
+* the **init**, pid 1 of that namespace, dies with the keeper (``PR_SET_PDEATHSIG``), starts
+  the command, reaps whatever is re-parented to it, forwards SIGTERM to every process of the
+  namespace, and exits — which makes the kernel SIGKILL every process left in the namespace,
+  daemons and ``setsid()`` ones included, before the init can be reaped — when the command
+  exits, when ``dynasem_lead`` is gone (the control pipe is closed: no process holds its
+  writing end any more), or when the lead's trusted deadline, which ``dynasem_lead`` writes
+  on the control pipe after every renewal, is about to pass (``dynasem_lead`` stopped, not
+  killed: SIGSTOP, a frozen VM).
+
+``python -I command_init.py --probe`` only says whether this machine lets us make a pid
+namespace (exit 0), or why not (exit 1, the reason on stderr).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import select
+import signal
+import sys
+import time
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+# The init ends the namespace this long before the trusted deadline it was last told: a
+# backstop that fires only if dynasem_lead, which kills the command earlier, did not.
+WATCHDOG_MARGIN = 0.1
+FAILED = 125  # the keeper or the init could not set up: dynasem_lead reports stderr
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _fail(what: str, number: int | None = None) -> None:
+    number = ctypes.get_errno() if number is None else number
+    sys.stderr.write(f"dynasem_lead: {what}: {os.strerror(number)} (errno {number})\n")
+    sys.stderr.flush()
+    os._exit(FAILED)
+
+
+def _die_with_parent() -> None:
+    if _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        _fail("prctl(PR_SET_PDEATHSIG)")
+
+
+def _own_pid_namespace() -> str | None:
+    """Make our next child the init of a new pid namespace; None, or why it was refused. As
+    root (CAP_SYS_ADMIN) a pid namespace alone; otherwise inside a user namespace of our own
+    that maps our uid and gid to themselves (where unprivileged user namespaces are allowed)."""
+    if _libc.unshare(CLONE_NEWPID) == 0:
+        return None
+    first = ctypes.get_errno()
+    uid, gid = os.geteuid(), os.getegid()
+    if _libc.unshare(CLONE_NEWUSER | CLONE_NEWPID) != 0:
+        second = ctypes.get_errno()
+        return (
+            f"unshare(CLONE_NEWPID): {os.strerror(first)}; unshare(CLONE_NEWUSER | "
+            f"CLONE_NEWPID): {os.strerror(second)}"
+        )
+    try:
+        for path, text in (("uid_map", f"{uid} {uid} 1"), ("setgroups", "deny"),
+                           ("gid_map", f"{gid} {gid} 1")):  # fmt: skip
+            with open(f"/proc/self/{path}", "w") as f:
+                f.write(text)
+    except OSError as exc:
+        return f"mapping our uid in a user namespace: {exc}"
+    return None
+
+
+def probe() -> int:
+    """Exit status 0 where a pid namespace can be made here (one is made and left at once)."""
+    refused = _own_pid_namespace()
+    if refused is not None:
+        sys.stderr.write(refused + "\n")
+        return 1
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if os.getpid() == 1 else 1)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status)
+
+
+def _status(wait_status: int) -> int:
+    code = os.waitstatus_to_exitcode(wait_status)
+    return code if code >= 0 else 128 - code
+
+
+_HANDLED = {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1}
+
+
+def keeper(control: int, ready: int, leader: int, command: list[str]) -> int:
+    _die_with_parent()
+    if os.getppid() != leader:
+        return FAILED  # dynasem_lead died before PR_SET_PDEATHSIG was set
+    refused = _own_pid_namespace()
+    if refused is not None:
+        _fail(f"no pid namespace for the command ({refused})", errno.EPERM)
+    # Signals wait until their handlers are set, in the keeper and in the init alike.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
+    init_pid = os.fork()
+    if init_pid == 0:
+        os.close(ready)
+        os._exit(init(control, command))
+    os.close(control)
+    signal.signal(signal.SIGTERM, lambda signum, frame: os.kill(init_pid, signal.SIGTERM))
+    signal.signal(signal.SIGUSR1, lambda signum, frame: os.kill(init_pid, signal.SIGKILL))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)
+    os.write(ready, b"1")
+    os.close(ready)
+    while True:
+        try:
+            _, wait_status = os.waitpid(init_pid, 0)
+            return _status(wait_status)
+        except InterruptedError:
+            continue
+
+
+def init(control: int, command: list[str]) -> int:
+    _die_with_parent()  # with the keeper: it dies with dynasem_lead
+    signal.signal(signal.SIGTERM, _forward)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    child = os.fork()
+    if child == 0:
+        os.close(control)
+        for sig in _HANDLED:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)  # exec keeps the mask
+        os.setsid()  # a session of its own: no terminal's signals
+        try:
+            os.execvp(command[0], command)
+        except OSError as exc:
+            sys.stderr.write(f"dynasem_lead: cannot run {command[0]!r}: {exc}\n")
+            os._exit(127)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)
+    return _watch(control, child)
+
+
+def _forward(signum: int, frame: Any) -> None:
+    try:
+        os.kill(-1, signum)  # from pid 1: every other process of the namespace
+    except ProcessLookupError:
+        pass
+
+
+def _watch(control: int, child: int) -> int:
+    """Reap until the command exits (its status), or until dynasem_lead is gone or its lead's
+    deadline is about to pass (FAILED): our exit ends the namespace either way."""
+    deadline = float("inf")
+    pending = b""
+    while True:
+        status = _reap(child)
+        if status is not None:
+            return status
+        left = deadline - WATCHDOG_MARGIN - time.monotonic()
+        if left <= 0:
+            return FAILED
+        ready, _, _ = select.select([control], [], [], min(0.05, left))
+        if ready:
+            data = os.read(control, 4096)
+            if not data:
+                return FAILED  # dynasem_lead is gone: nobody renews the lead
+            *lines, pending = (pending + data).split(b"\n")
+            for line in lines:
+                deadline = float(line)
+
+
+def _reap(child: int) -> int | None:
+    """Reap every ended process (pid 1 adopts the orphans); the command's status once it
+    exited."""
+    while True:
+        try:
+            pid, wait_status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return FAILED
+        except InterruptedError:
+            continue
+        if pid == 0:
+            return None
+        if pid == child:
+            return _status(wait_status)
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["--probe"]:
+        return probe()
+    control, ready, leader, dashes, *command = argv
+    if dashes != "--" or not command:
+        sys.stderr.write("usage: command_init.py CONTROL_FD READY_FD LEADER_PID -- cmd ...\n")
+        return 2
+    return keeper(int(control), int(ready), int(leader), command)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

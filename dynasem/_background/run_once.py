@@ -1,0 +1,340 @@
+"""The status guard: of many processes, exactly one runs a NEW or FAILED job.
+
+``with run_once("file:test.txt") as job:`` claims the job by one conditional write
+(NEW/FAILED, or RUNNING under a dead lease -> RUNNING), renews its lease in the background while
+the body runs, and writes DONE on return or FAILED (with the message) on an exception, which
+is re-raised. Rows live under their own sort key, so a job never collides with a semaphore of
+the same name, and DONE/FAILED rows carry no ``expires``: no TTL, no reaping.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+from .. import _clock as clock
+from .. import _storage as table
+from .._engine import arguments as validation
+from .._engine.heartbeat import Heartbeat
+from .._engine.queue import retry_after
+from .._engine.steps import run_io
+from .._observability.logs import facts
+from .._transactions import commit as transactions
+from ..exceptions import AlreadyDone, LockLost, SemaphoreBusy, SemaphoreUnavailable
+
+logger = logging.getLogger("dynasem")
+
+# Claims sent again at once when a refusal showed a state we had not seen (as core does).
+MAX_CLAIMS = 25
+
+
+class Job:
+    """A claimed job, as ``with run_once(key) as job`` gives it. Its lease is renewed in the
+    background while the body runs.
+
+    ``key`` is the job's key; ``status`` is ``"RUNNING"`` while the body runs, ``"DONE"`` or
+    ``"FAILED"`` once written; ``attempt`` how many times the job has been claimed, this run
+    included (1 for the first run); ``fence`` is larger than every earlier run's (write it
+    with the job's results); ``token`` is this claim's token, as the table records it, and
+    ``user_id`` the user recorded for this run."""
+
+    def __init__(
+        self,
+        guard: RunOnce,
+        token: str,
+        user_id: str,
+        attempt: int,
+        fence: int,
+        lease: float,
+        skew: float,
+        sent_mono: float,
+    ):
+        self.key = guard.key
+        self.status = table.RUNNING
+        self.attempt = attempt
+        self.fence = fence
+        self.token = token
+        self.user_id = user_id
+        self.lease = lease
+        self.skew = skew
+        self._deadline = sent_mono + lease - skew
+        self._lost: str | None = None
+        self._released = False
+        self._pending_commit = False  # finished, waiting for the transaction to end
+        self._heartbeat: Heartbeat | None = None
+
+    @property
+    def pending_commit(self) -> bool:
+        """True while DONE/FAILED waits for the transaction around the body to end."""
+        return self._pending_commit
+
+    # The heartbeat speaks to any hold through these.
+    @property
+    def resource(self) -> str:
+        return self.key
+
+    def seconds_left(self) -> float:
+        """How long the claim can be trusted without renewing (our clock, skew allowed)."""
+        return max(0.0, self._deadline - clock.monotonic())
+
+    def check_deadline(self) -> None:
+        if self._lost is None and clock.monotonic() >= self._deadline:
+            self._lost = "its lease ran out before it could be renewed"
+
+    def renew(self) -> None:
+        """Extend the job's lease now (the heartbeat does this by itself while the body runs).
+        Raises ``LockLost`` if the claim is no longer ours."""
+        self.check_deadline()
+        if self._lost is not None or self._released:
+            raise LockLost(self.key, self._lost or "it has finished")
+        sent_mono = clock.monotonic()
+        expires = clock.now_ms() + int(self.lease * 1000)
+        try:
+            table.update_job(table.job_renew(self.key, self.token, expires))
+        except table.Refused:
+            self._lost = "another process claimed it, or it was reset by an operator"
+            raise LockLost(self.key, self._lost) from None
+        self._deadline = max(self._deadline, sent_mono + self.lease - self.skew)
+
+    def confirm(self) -> None:
+        """Renew with a write of our own even past our deadline (a stall in the body): if the
+        claim is still ours (nobody claimed or reset the job since), the lease is ours again;
+        else ``LockLost``."""
+        sent_mono = clock.monotonic()
+        try:
+            table.update_job(
+                table.job_renew(self.key, self.token, clock.now_ms() + int(self.lease * 1000))
+            )
+        except table.Refused:
+            self._lost = "another process claimed it, or it was reset by an operator"
+            self._stop_heartbeat()
+            raise LockLost(self.key, self._lost) from None
+        self._lost = None
+        self._deadline = sent_mono + self.lease - self.skew
+        if self._heartbeat is None or self._heartbeat.stopped:
+            self._heartbeat = Heartbeat(self)
+            self._heartbeat.start()
+
+    def _stop_heartbeat(self) -> None:
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+
+    def _after_transaction(
+        self, error: BaseException | None, committed: bool, using: str | None
+    ) -> None:
+        """DONE only if the body returned and its transaction committed; FAILED otherwise."""
+        if not committed and error is None:
+            if transactions.open_transaction(using) is not None:
+                error = TransactionRolledBack(
+                    "a savepoint around the job rolled back (or its database connection was "
+                    "closed inside the transaction): its work was not committed"
+                )
+            else:
+                error = TransactionRolledBack("the transaction around the job rolled back")
+        try:
+            self._finish(error)
+        except LockLost as exc:
+            logger.error(
+                "dynasem: job %r was claimed or reset by someone else before its transaction "
+                "ended (%s); its status is theirs now",
+                self.key,
+                exc.reason,
+                extra=facts(
+                    self.key,
+                    token=self.token,
+                    fence=self.fence,
+                    outcome="lost",
+                    reason=exc.reason,
+                ),
+            )
+        finally:
+            self._pending_commit = False
+
+    def _finish(self, error: BaseException | None) -> None:
+        self._released = True
+        self._stop_heartbeat()
+        status = table.FAILED if error is not None else table.DONE
+        message = None if error is None else f"{type(error).__name__}: {error}"
+        try:
+            table.update_job(
+                table.job_finish(self.key, self.token, status, message, clock.now_ms())
+            )
+        except table.Refused as refused:
+            if refused.job.last_token != self.token:
+                raise LockLost(
+                    self.key, "another process claimed it, or it was reset by an operator"
+                ) from None
+        self.status = status
+
+
+class TransactionRolledBack(Exception):
+    """What a FAILED job records when its body returned but its transaction rolled back."""
+
+
+class RunOnce:
+    """``run_once(key, user=None, lease=None)``; see the module docstring."""
+
+    def __init__(
+        self,
+        key: str,
+        *,
+        user: Any = None,
+        lease: float | None = None,
+        on_commit: bool = True,
+        using: str | None = None,
+    ):
+        self.key = validation.check_resource(key, "key")
+        self.user = user
+        if user is not None:
+            validation.user_id_of(user)
+        self.lease = None if lease is None else validation.check_lease(lease)
+        if not isinstance(on_commit, bool):
+            raise TypeError(f"on_commit must be True or False, not {on_commit!r}")
+        self.on_commit = on_commit
+        self.using = transactions.check_using(using)
+        self._jobs: list[Job] = []
+
+    def claim(self) -> Job:
+        """Claim the job or raise :class:`AlreadyDone` / :class:`SemaphoreBusy`."""
+        lease, _wait, skew = validation.resolve_timing(self.lease, 0)
+        user_id = validation.user_id_of(self.user)
+        token = uuid.uuid4().hex
+        stored_fence = 0
+        for _ in range(MAX_CLAIMS):
+            sent_mono = clock.monotonic()
+            now = clock.now_ms()
+            # A stored fence ahead of our clock: count on from it instead.
+            fence = max(clock.new_fence(skew), stored_fence + 1)
+            stale = now - int(skew * 1000)
+            try:
+                row = table.update_job(
+                    table.job_claim(
+                        self.key, token, user_id, now + int(lease * 1000), fence, now, stale
+                    ),
+                    return_new=True,
+                ) or table.job_row(None)
+            except table.Refused as refused:
+                row = refused.job
+                if row.token != token:  # not our own claim, its response lost
+                    if row.status == table.DONE:
+                        raise AlreadyDone(self.key, row.finished_ms) from None
+                    expires_ms = row.expires_ms or 0
+                    if row.status == table.RUNNING and expires_ms >= stale:
+                        # No average is stored for jobs: one that has run this long is
+                        # expected to run as long again (a semaphore's rule past its
+                        # average), told never later than a dead claim could be taken over.
+                        ran = max(0, clock.now_ms() - (row.started_ms or now)) / 1000
+                        raise SemaphoreBusy(
+                            self.key,
+                            retry_after(ran, (expires_ms - stale) / 1000),
+                            row.user_id,
+                            estimated_wait=ran,
+                        ) from None
+                    # Claimable after all (our fence was behind the stored one): go again.
+                    stored_fence = row.fence or 0
+                    continue
+            if clock.monotonic() >= sent_mono + lease - skew:
+                # Claimed, but paused (or slow) past the lease before the body could start:
+                # someone may have reclaimed it. Confirm with a renewal of our own first.
+                sent_mono = clock.monotonic()
+                try:
+                    table.update_job(
+                        table.job_renew(self.key, token, clock.now_ms() + int(lease * 1000))
+                    )
+                except table.Refused:
+                    continue  # reclaimed meanwhile: the next claim says by whom
+            return self._job(token, user_id, row, lease, skew, sent_mono)
+        raise SemaphoreUnavailable(f"could not claim job {self.key!r}: the row kept changing")
+
+    def _job(
+        self,
+        token: str,
+        user_id: str,
+        row: table.JobRow,
+        lease: float,
+        skew: float,
+        sent_mono: float,
+    ) -> Job:
+        job = Job(
+            self,
+            token,
+            user_id,
+            1 if row.attempt is None else row.attempt,
+            row.fence or 0,
+            lease,
+            skew,
+            sent_mono,
+        )
+        job._heartbeat = Heartbeat(job)
+        job._heartbeat.start()
+        return job
+
+    def __enter__(self) -> Job:
+        job = self.claim()
+        self._jobs.append(job)
+        return job
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        job = self._jobs.pop()
+        # Inside transaction.atomic the body's work is not done until it commits: DONE (or
+        # FAILED) is written after that, and the lease renewed meanwhile, so nobody else
+        # claims the job while its work may still commit. See docs/how-to/run-once.md for the rule.
+        job.check_deadline()
+        if self.on_commit and transactions.open_transaction(self.using) is not None:
+            if job._lost is not None:
+                # Stalled past the lease in the body. Still the claimant? Our own write says;
+                # if not, raise here, so the transaction rolls the stale run's work back.
+                try:
+                    job.confirm()
+                except LockLost:
+                    if exc is None:
+                        raise
+                    logger.warning(
+                        "dynasem: job %r was lost while its body raised",
+                        job.key,
+                        extra=facts(job.key, token=job.token, fence=job.fence, outcome="lost"),
+                    )
+                    return
+            using = self.using
+            if transactions.after_transaction(
+                using,
+                lambda committed: job._after_transaction(exc, committed, using),
+                job.key,
+                owner=job,
+                savepoint_ends_it=True,  # the whole body was inside that savepoint
+            ):
+                job._pending_commit = True
+                return
+        try:
+            job._finish(exc)
+        except LockLost:
+            if exc is None:
+                raise
+
+    async def __aenter__(self) -> Job:
+        job = await run_io(self.claim)
+        self._jobs.append(job)
+        return job
+
+    async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        await run_io(self.__exit__, exc_type, exc, tb)
+
+
+def run_once(
+    key: str,
+    *,
+    user: Any = None,
+    lease: float | None = None,
+    on_commit: bool = True,
+    using: str | None = None,
+) -> RunOnce:
+    """Run the ``with`` (or ``async with``) body for ``key`` in exactly one process, until it
+    succeeds. The job is claimed (NEW or FAILED becomes RUNNING) and ``as`` gets the ``Job``;
+    it becomes DONE when the body returns, FAILED with the message when it raises (the
+    exception is re-raised). A DONE job raises ``AlreadyDone``; one RUNNING elsewhere under a
+    live lease raises ``SemaphoreBusy``. Inside ``transaction.atomic`` DONE is written after
+    the commit and FAILED on rollback (``on_commit=False``: at once); ``using`` names the
+    database (None: where the routers send dynasem's writes, ``default`` without them).
+    ``lease``: seconds (default: the LEASE setting); ``user``: whom to record."""
+    return RunOnce(key, user=user, lease=lease, on_commit=on_commit, using=using)

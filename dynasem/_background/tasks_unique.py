@@ -1,0 +1,292 @@
+"""Unique ``django.tasks`` tasks (Django >= 6.0; reach them as
+``dynasem.django_tasks.unique_task``)::
+
+    from dynasem.django_tasks import unique_task
+
+    @unique_task(unique_key="reindex:{project_id}", queue_lease=600)
+    def reindex(project_id): ...
+
+    reindex.enqueue(42)   # a TaskResult; a second reindex.enqueue(42) while that task is
+                          # queued or running enqueues nothing and returns None
+
+``unique_task`` takes ``@task``'s arguments too (priority, queue_name, backend,
+takes_context) and makes a :class:`UniqueTask`, a ``django.tasks.Task``. The key is taken at
+enqueue for ``queue_lease`` seconds and travels with the task in a keyword argument
+(``dynasem_claim``, seen in the stored arguments, never by the function); the worker that
+starts the task holds it for the run (``run_lease``, the LEASE setting by default), renewed
+by the heartbeat, and gives it back when the task returns or raises. A task enqueued again
+from its own run with the same key (a retry, e.g. ``dynasem.django_tasks.retry_later``)
+keeps the key: it goes on with the new task, for ``queue_lease`` again. A task that never
+starts frees the key when the queue lease ends; a worker killed mid-task, when the run lease
+ends.
+
+A refused enqueue returns None (and logs the claim that holds the key): django.tasks gives a
+task its id when the backend stores it, after the key is taken, and recording it would cost
+every enqueue a second write.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import inspect
+import logging
+import string
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.tasks import Task  # type: ignore[import-not-found, unused-ignore]
+from django.tasks import task as django_task  # type: ignore[import-not-found, unused-ignore]
+
+from .._engine.decorators import KeyMaker
+from .._engine.hold import Held
+from .._engine.steps import run_io
+from .._observability.logs import facts
+from ..exceptions import LockLost
+from .unique import (
+    Claim,
+    Taken,
+    adopt,
+    claim,
+    end_run,
+    give_back,
+    hand_on,
+    inline_retry,
+    key_for,
+    running,
+    take_back,
+)
+
+logger = logging.getLogger("dynasem")
+
+__all__ = ["CLAIM_ARG", "UniqueTask", "unique_task"]
+
+CLAIM_ARG = "dynasem_claim"
+
+if TYPE_CHECKING:
+    _Task = Task[Any, Any]
+else:
+    _Task = Task  # not generic at run time
+
+# The unique task this thread or coroutine is running: (its module path, its claim, its hold).
+_running: contextvars.ContextVar[tuple[str, Claim, Held] | None] = contextvars.ContextVar(
+    "dynasem_unique_running", default=None
+)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class UniqueTask(_Task):
+    """A ``django.tasks`` task whose key (``unique_key``, a template over its arguments as
+    the decorator's, or a callable of them) is held from enqueue to the end of its run. Made
+    by ``unique_task``."""
+
+    unique_key: Any = None
+    queue_lease: float = 600.0
+    run_lease: float | None = None  # the LEASE setting
+
+    def __post_init__(self) -> None:
+        Task.__post_init__(self)  # the backend's checks (a slotted dataclass: no super())
+        if self.unique_key is None:
+            raise TypeError(
+                f"{self.name}: a unique task needs unique_key=, e.g. "
+                '@unique_task(unique_key="reindex:{project_id}")'
+            )
+        KeyMaker(self.unique_key, self.func)  # a bad template is refused here, not at enqueue
+        _check_fields(self.name, self.unique_key, self.func)
+        if not self.queue_lease > 0:
+            raise ValueError(f"{self.name}: queue_lease must be positive, not {self.queue_lease!r}")
+
+    def unique_resource(self, args: Any, kwargs: Any) -> str:
+        if self.takes_context:
+            args = (None, *args)  # the context the worker passes first
+        return key_for(self.name, KeyMaker(self.unique_key, self.func), args, kwargs)
+
+    def enqueue(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.pop(CLAIM_ARG, None)  # a result's kwargs enqueued again: not that claim
+        resource = self.unique_resource(args, kwargs)
+        run = self._run_of(resource)
+        if run is not None:  # enqueued from its own run: the key goes on with it
+            following = hand_on(run[1], run[0])
+            if following is None:
+                return None  # a second retry from one run: the first has the key
+            try:
+                return self._backend().enqueue(
+                    self, args, {**kwargs, CLAIM_ARG: following.header()}
+                )
+            except BaseException:
+                take_back(run[1])
+                raise
+        try:
+            taken = claim(resource, uuid.uuid4().hex, self.queue_lease)
+        except Taken as busy:
+            self._refused(resource, busy)
+            return None
+        try:
+            return self._backend().enqueue(self, args, {**kwargs, CLAIM_ARG: taken.header()})
+        except BaseException:
+            give_back(taken)  # not enqueued: free the key now
+            raise
+
+    async def aenqueue(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.pop(CLAIM_ARG, None)
+        resource = self.unique_resource(args, kwargs)
+        run = self._run_of(resource)
+        if run is not None:
+            following = await run_io(hand_on, run[1], run[0])
+            if following is None:
+                return None
+            try:
+                return await self._backend().aenqueue(
+                    self, args, {**kwargs, CLAIM_ARG: following.header()}
+                )
+            except BaseException:
+                take_back(run[1])
+                raise
+        try:
+            taken = await run_io(claim, resource, uuid.uuid4().hex, self.queue_lease)
+        except Taken as busy:
+            self._refused(resource, busy)
+            return None
+        try:
+            return await self._backend().aenqueue(self, args, {**kwargs, CLAIM_ARG: taken.header()})
+        except BaseException:
+            await run_io(give_back, taken)
+            raise
+
+    def _run_of(self, resource: str) -> tuple[Claim, Held] | None:
+        """This task's run going on here with the key ``resource``, if any."""
+        run = _running.get()
+        if run is not None and run[0] == self.module_path and run[1].resource == resource:
+            return run[1], run[2]
+        return None
+
+    def _refused(self, resource: str, busy: Taken) -> None:
+        logger.info(
+            "dynasem: %s not enqueued: %r is held by %s",
+            self.module_path,
+            resource,
+            f"task claim {busy.task_id}" if busy.task_id else "a hold that is not a task's",
+            extra=facts(
+                resource,
+                outcome="not_enqueued",
+                task=self.module_path,
+                holder_task_id=busy.task_id,
+            ),
+        )
+
+    def call(self, *args: Any, **kwargs: Any) -> Any:
+        carried = Claim.from_header(kwargs.pop(CLAIM_ARG, None))
+        if carried is None or inline_retry(carried) is not None:
+            # Called directly, enqueued by another Task class, or a retry run at once inside
+            # the run that enqueued it (ImmediateBackend): the outer run's key covers it.
+            return Task.call(self, *args, **kwargs)
+        try:
+            held = adopt(carried, self.run_lease)
+        except LockLost as lost:
+            self._not_run(carried, lost)
+            return None
+        running_now = _running.set((self.module_path, carried, held))
+        try:
+            with running(held):
+                return Task.call(self, *args, **kwargs)
+        finally:
+            _running.reset(running_now)
+            self._end(held)
+
+    async def acall(self, *args: Any, **kwargs: Any) -> Any:
+        carried = Claim.from_header(kwargs.pop(CLAIM_ARG, None))
+        if carried is None or inline_retry(carried) is not None:
+            return await Task.acall(self, *args, **kwargs)
+        try:
+            held = await run_io(adopt, carried, self.run_lease)
+        except LockLost as lost:
+            self._not_run(carried, lost)
+            return None
+        running_now = _running.set((self.module_path, carried, held))
+        try:
+            with running(held):
+                return await Task.acall(self, *args, **kwargs)
+        finally:
+            _running.reset(running_now)
+            await run_io(self._end, held)
+
+    def _backend(self) -> Any:
+        return self.get_backend()
+
+    def _not_run(self, carried: Claim, lost: LockLost) -> None:
+        logger.warning(
+            "dynasem: %s (claim %s) not run: its key %r is not its own (%s)",
+            self.module_path,
+            carried.task_id,
+            carried.resource,
+            lost.reason,
+            extra=carried.facts("not_run", lost.reason, self.module_path),
+        )
+
+    def _end(self, held: Held) -> None:
+        try:
+            end_run(held, self.queue_lease)
+        except Exception as exc:  # the task's own outcome stands; the lease ends the key
+            logger.warning(
+                "dynasem: %s could not give back %r: %s",
+                self.module_path,
+                held.resources[0],
+                exc,
+                extra=facts(
+                    held.resources[0],
+                    token=held.token,
+                    fence=held.fence,
+                    outcome="give_back_failed",
+                    reason=exc,
+                    task=self.module_path,
+                ),
+            )
+
+
+def _check_fields(name: str, template: Any, func: Any) -> None:
+    """A template's fields must name the function's parameters (unless it takes ``**``)."""
+    params = inspect.signature(func).parameters
+    if not isinstance(template, str) or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
+    ):
+        return
+    for _, field, _, _ in string.Formatter().parse(template):
+        if field is None:
+            continue
+        head = field.split(".", 1)[0].split("[", 1)[0]
+        if head and not head.isdigit() and head not in params:
+            raise TypeError(
+                f"{name}: unique_key {template!r} names {head!r}, which is not a parameter "
+                f"of {name}{inspect.signature(func)}"
+            )
+
+
+def unique_task(
+    function: Any = None,
+    *,
+    unique_key: Any,
+    queue_lease: float = 600.0,
+    run_lease: float | None = None,
+    **task_options: Any,
+) -> Any:
+    """``@task`` (with its options: priority, queue_name, backend, takes_context) making a
+    ``UniqueTask`` keyed by ``unique_key``: a second ``enqueue()`` while one is queued or
+    running enqueues nothing and returns ``None``.
+
+    ``unique_key``: a template over the task's arguments as the decorator's
+    (``"reindex:{project_id}"``), or a callable of them; ``queue_lease``: seconds the key is
+    held for a task waiting in the queue; ``run_lease``: the lease while it runs (default: the
+    LEASE setting), renewed by the heartbeat. A task enqueued again from its own run (a retry)
+    keeps the key; a task that never starts frees it when the queue lease ends."""
+
+    def wrap(func: Any) -> UniqueTask:
+        made = django_task(func, **task_options)  # validates the options as @task does
+        # Every field @task filled in, whichever they are: Django 6.0's Task requires
+        # run_after (6.1 gave it a default), and a later Django may add more.
+        fields = {f.name: getattr(made, f.name) for f in dataclasses.fields(made) if f.init}
+        return UniqueTask(
+            unique_key=unique_key, queue_lease=queue_lease, run_lease=run_lease, **fields
+        )
+
+    return wrap(function) if function is not None else wrap

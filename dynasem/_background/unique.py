@@ -1,0 +1,306 @@
+"""Unique tasks, the part every task framework shares (``dynasem.celery.UniqueTask``,
+``dynasem.django_tasks.unique_task``): a hold taken when a task is enqueued and handed to the
+worker that runs it.
+
+The hold spans queue and run. At enqueue it is *claimed*: taken with the queue lease and no
+heartbeat, under the task's id as its user (``task:<id>``), without this process's identity
+(the process that enqueues may exit at once: its end must not free the key), and without
+re-entering a hold this thread has (a claim is another task's). Its resource, token and fence
+travel with the message. The worker that starts the task *adopts* it: one write replaces the
+claim's holder entry with the run's, under a fresh token, the run lease and this process's
+identity; the heartbeat keeps it while the task runs and it is given back when the task ends.
+A claim is adopted once: a message delivered twice finds its token gone and does not run.
+
+A retry hands the key on: the run *announces* the retry's token in its entry when it enqueues
+the retry, and when it ends its entry becomes the retry's claim (queue lease, no process). A
+retry started before that waits for it; if the run died first, the retry takes over once the
+run's lease is over. A task that never starts (a lost message, a revoked task, a worker that
+died with it prefetched) frees its key when the queue lease ends; a worker killed mid-task,
+when the run lease ends. An enqueue that finds the key held gets the id of the task that
+holds it (:class:`Taken`), and enqueues nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .. import _clock as clock
+from .. import _storage as table
+from .._engine import processes
+from .._engine.arguments import resolve_timing
+from .._engine.decorators import KeyMaker, _checked
+from .._engine.hold import Held
+from .._engine.reentry import forget_entered, remember_acquired, remember_entered
+from .._engine.steps import run_sync
+from .._observability.logs import facts
+from ..exceptions import LockLost, SemaphoreBusy
+
+__all__ = [
+    "Claim",
+    "Taken",
+    "adopt",
+    "claim",
+    "end_run",
+    "give_back",
+    "hand_on",
+    "key_for",
+    "running",
+    "take_back",
+    "task_of",
+]
+
+logger = logging.getLogger("dynasem")
+
+USER_PREFIX = "task:"
+# How often a retry started before its run ended looks again (doubling up to the second).
+FIRST_NAP, LAST_NAP = 0.05, 0.5
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A key taken for a task about to be enqueued: what travels with its message."""
+
+    resource: str
+    token: str
+    fence: int
+    task_id: str
+
+    def facts(self, outcome: str, reason: object = None, task: str | None = None) -> dict[str, Any]:
+        """``extra`` for a log record about this claim
+        (:func:`dynasem._observability.logs.facts`)."""
+        return facts(self.resource, token=self.token, fence=self.fence, outcome=outcome,
+                     reason=reason, task=task, task_id=self.task_id)  # fmt: skip
+
+    def header(self) -> dict[str, Any]:
+        return {"resource": self.resource, "token": self.token, "fence": self.fence,
+                "task_id": self.task_id}  # fmt: skip
+
+    @classmethod
+    def from_header(cls, header: Any) -> Claim | None:
+        if not isinstance(header, dict):
+            return None
+        try:
+            return cls(
+                str(header["resource"]), str(header["token"]), int(header["fence"]),
+                str(header["task_id"]),
+            )  # fmt: skip
+        except (KeyError, TypeError, ValueError):
+            return None
+
+
+class Taken(Exception):
+    """The key is held by the task ``task_id`` (queued or running): nothing was enqueued."""
+
+    def __init__(self, resource: str, task_id: str | None):
+        super().__init__(resource, task_id)
+        self.resource = resource
+        self.task_id = task_id
+
+
+def task_of(user_id: str | None) -> str | None:
+    """The task id a unique task's hold records as its user, or None."""
+    if user_id and user_id.startswith(USER_PREFIX):
+        return user_id[len(USER_PREFIX) :]
+    return None
+
+
+def key_for(name: str, keys: KeyMaker, args: Any, kwargs: Any) -> str:
+    """The one resource a task's ``unique_key`` makes of these arguments (``name``: the task's,
+    for the error); a key that cannot be a resource (too long, or a callable's key with a
+    control character) is refused as :class:`~dynasem._engine.decorators.BadKey`, before any
+    request."""
+    resource = keys(tuple(args or ()), dict(kwargs or {}), False)
+    if not isinstance(resource, str):
+        raise TypeError(f"{name}: unique_key must make one key, not {resource!r}")
+    return str(_checked(resource))
+
+
+def claim(resource: str, task_id: str, queue_lease: float) -> Claim:
+    """Take ``resource`` for the task ``task_id`` for ``queue_lease`` seconds (one attempt,
+    no heartbeat); :class:`Taken` if a task holds it already."""
+    from .._engine.core import semaphore  # core imports nothing of this module
+
+    sem = semaphore(
+        resource, wait=0, lease=queue_lease, user=USER_PREFIX + task_id, on_commit=False
+    )
+    sem.detached = True  # not this process's hold: its end must not free the key
+    try:
+        # In a context of its own: a hold this thread has (a running task of the same key)
+        # must not be re-entered, nor a hold remembered for the next enqueue to re-enter.
+        held = contextvars.Context().run(run_sync, sem._acquire_steps())
+    except SemaphoreBusy as busy:
+        raise Taken(resource, task_of(busy.holder_user_id)) from None
+    held._stop_heartbeat()  # the queue lease is all it gets until a worker adopts it
+    return Claim(resource, held.token, held.fence, task_id)
+
+
+def adopt(claim: Claim, lease: float | None = None, *, wait: bool = True) -> Held:
+    """The worker's side: make the claimed hold this process's for the run (``lease``, the
+    setting if None), renewed by the heartbeat. :class:`LockLost` if the claim is not there
+    to adopt: adopted already (a message delivered twice), or its queue lease ran out and
+    another task took the key. A retry's claim whose run has not ended yet is waited for
+    (unless not ``wait``: LockLost)."""
+    from .._engine.core import semaphore
+
+    sem = semaphore(claim.resource, lease=lease, on_commit=False)
+    lease_s, _, skew = resolve_timing(lease, 0)
+    token, user_id = uuid.uuid4().hex, USER_PREFIX + claim.task_id
+    claimed, announced, stale_ms, nap = claim.token, None, 0, FIRST_NAP
+    fence = claim.fence
+    while True:
+        sent_mono, now_ms = clock.monotonic(), clock.now_ms()
+        expires_ms = now_ms + int(lease_s * 1000)
+        entry = table.Holder(
+            user_id, expires_ms, fence, acquired_ms=now_ms, proc=processes.identity()
+        )
+        action = table.adopt_hold(
+            claim.resource, claimed, token, entry, announced=announced, stale_ms=stale_ms
+        )
+        try:
+            table.update(action)
+            break
+        except table.Refused as refused:
+            item = refused.lock
+        holders = item.holders if item is not None else {}
+        if token in holders:
+            break  # our write was applied; its answer was lost and botocore sent it again
+        if claim.token in holders:  # ours to adopt now (the run it waited for has ended)
+            claimed, announced, fence = claim.token, None, claim.fence
+            continue
+        announcer = _announcer(item, claim.token)
+        if announcer is None:
+            raise LockLost(
+                claim.resource,
+                "its claim is gone: adopted already, or taken by another task after its "
+                "queue lease ran out",
+            )
+        run_token, run = announcer
+        stale_ms = clock.now_ms() - int(skew * 1000)
+        if run.expires_ms < stale_ms:  # the run that enqueued us died before handing on
+            claimed, announced = run_token, claim.token
+            # It may only be stalled: take over with a larger fence, as any take-over does.
+            fence = max(clock.new_fence(skew), (item.fence if item is not None else 0) + 1)
+            continue
+        if not wait:
+            raise LockLost(claim.resource, "the run that enqueued it has not ended yet")
+        claimed, announced, fence = claim.token, None, claim.fence  # it runs: wait for its end
+        time.sleep(nap)
+        nap = min(nap * 2, LAST_NAP)
+    held = Held(
+        sem,
+        token=token,
+        user_id=user_id,
+        fences={claim.resource: fence},
+        lease=lease_s,
+        skew=skew,
+        expires_ms=expires_ms,
+        sent_mono=sent_mono,
+    )
+    held._start_heartbeat()
+    return held
+
+
+def _announcer(item: table.LockItem | None, next_token: str) -> tuple[str, table.Holder] | None:
+    """The holder (a run) that announced ``next_token`` as its retry's, if it holds still."""
+    for token, holder in (item.holders if item is not None else {}).items():
+        if holder.next_token == next_token:
+            return token, holder
+    return None
+
+
+# The unique runs going on in this thread or coroutine, innermost last.
+_runs: contextvars.ContextVar[tuple[Held, ...]] = contextvars.ContextVar(
+    "dynasem_unique_runs", default=()
+)
+
+
+@contextlib.contextmanager
+def running(held: Held) -> Iterator[Held]:
+    """The task's run: its hold is this thread's or coroutine's, as a ``with semaphore()``
+    block's is (``current_hold()``; a ``semaphore()`` of its key inside re-enters it)."""
+    remember_entered(held, held)
+    remember_acquired(held)
+    runs = _runs.set((*_runs.get(), held))
+    try:
+        yield held
+    finally:
+        _runs.reset(runs)
+        forget_entered(held)
+
+
+def inline_retry(carried: Claim) -> Held | None:
+    """The run, going on in this thread or coroutine, whose retry ``carried`` is: a retry run
+    at once, inside it (Celery's eager mode, django.tasks' ImmediateBackend). Its key is the
+    outer run's: the retry does not adopt it (that would wait for the outer run's end), and
+    the outer run gives it back at its end as if no retry had been enqueued."""
+    for held in reversed(_runs.get()):
+        if held.handed_on == carried.token:
+            held.handed_on = None
+            return held
+    return None
+
+
+def hand_on(held: Held, carried: Claim) -> Claim | None:
+    """The run ``held`` (adopted from ``carried``) enqueues its retry: announce the retry's
+    token and return its claim, which the run's hold becomes when the run ends. None if the
+    run has enqueued a retry already (one retry goes on with the key)."""
+    if held.handed_on is not None:
+        return None
+    next_token = uuid.uuid4().hex
+    try:
+        table.update(table.announce_next(carried.resource, held.token, next_token))
+    except table.Refused:
+        raise LockLost(carried.resource, "the run's hold was lost before its retry") from None
+    held.handed_on = next_token
+    return Claim(carried.resource, next_token, held.fence, carried.task_id)
+
+
+def take_back(held: Held) -> None:
+    """The retry could not be enqueued: the run gives its key back at its end, as if it had
+    not tried (the announcement stays in its entry, unused)."""
+    held.handed_on = None
+
+
+def end_run(held: Held, queue_lease: float) -> None:
+    """The run ends: its hold is given back, or, if it enqueued a retry, becomes the retry's
+    claim for ``queue_lease`` (no process, no heartbeat)."""
+    if held.handed_on is None:
+        held.release()
+        return
+    with held._lock:
+        if held._released:
+            return
+        held._released = True
+        held._stop_heartbeat()
+        now_ms = clock.now_ms()
+        entry = table.Holder(held.user_id, now_ms + int(queue_lease * 1000), held.fence, now_ms)
+        try:
+            table.update(table.adopt_hold(held.resource, held.token, held.handed_on, entry))
+        except table.Refused as refused:
+            item = refused.lock
+            if item is None or held.handed_on not in item.holders:  # else: applied, answer lost
+                held._mark_lost("another holder took it over before the run ended")
+                raise LockLost(held.resource, "it was lost before the run ended") from None
+
+
+def give_back(taken: Claim) -> None:
+    """Free a claimed key now (its task was not enqueued, or was revoked); quietly, since its
+    queue lease ends it anyway."""
+    try:
+        adopt(taken, wait=False).release()
+    except LockLost:
+        pass
+    except Exception:
+        logger.warning(
+            "dynasem: could not give back %r",
+            taken.resource,
+            exc_info=True,
+            extra=taken.facts("give_back_failed"),
+        )

@@ -1,0 +1,24 @@
+"""The clocks and fences: every read of the wall or monotonic clock goes through this module.
+
+``wall_clock`` and ``monotonic`` are module attributes so that a test can shift one process's
+wall clock (``monkeypatch.setattr(dynasem._clock, "wall_clock", ...)``): every module reads them
+from here at call time, never a copy of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+wall_clock: Callable[[], float] = time.time
+monotonic: Callable[[], float] = time.monotonic
+
+
+def now_ms() -> int:
+    return int(wall_clock() * 1000)
+
+
+def new_fence(skew: float) -> int:
+    """A fence from the wall clock: microseconds plus ``skew``, so that one made after a reap
+    is larger than any made before it by a clock within ``CLOCK_SKEW`` of ours."""
+    return int((wall_clock() + skew) * 1_000_000)

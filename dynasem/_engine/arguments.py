@@ -1,0 +1,202 @@
+"""Argument checks and holder identity: everything is refused before any request is sent."""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from numbers import Real
+from typing import Any
+
+from .. import _storage as table
+from ..conf import settings
+
+MAX_RESOURCE_BYTES = 1024
+# The resources of leaderships (dynasem.leadership): a view's key template may name one in its
+# own text, never through a formatted field (dynasem._engine.decorators). Here, below both.
+LEADER_PREFIX = "leader:"
+MAX_LEASE = 7 * 24 * 3600.0
+# The largest ``limit`` (holders of more than 8 permits are in permit items of their own,
+# one each, so the table bounds a limit, not an item); 10**9 keeps every limit that can be
+# reached, and refuses by name, before any request, what DynamoDB cannot store (numbers of
+# at most 38 significant digits: limit=10**40 failed in boto3's serializer,
+# decimal.Rounded). It also fits a signed 32-bit integer, for other readers of the table.
+MAX_LIMIT = 10**9
+# A hold's mode as stored: one holder, up to ``limit`` holders, any number of readers.
+MODE_EXCLUSIVE, MODE_COUNTING, MODE_SHARED = "x", "n", "s"
+
+
+def _shown(number: Any) -> str:
+    """``number`` for a message: past 64 bits an int is described, not printed (it may have
+    more digits than ``str()`` converts, and no float holds it)."""
+    if isinstance(number, int) and number.bit_length() > 64:
+        digits = int(number.bit_length() * math.log10(2)) + 1
+        return f"a {'negative ' if number < 0 else ''}number of about {digits} digits"
+    return repr(number)
+
+
+def utf8_size(value: str, name: str) -> int:
+    """``value``'s length in UTF-8 bytes; a ValueError naming ``name`` if it has none.
+
+    A lone surrogate (what a non-UTF-8 byte in ``sys.argv`` or the environment decodes to)
+    has no UTF-8 form: no request could carry it, so it is refused here, by name, rather than
+    as the codec's own error (or a request's)."""
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        # Shown escaped (repr): the message must itself be printable and loggable.
+        raise ValueError(
+            f"{name} is not valid UTF-8: it contains a lone surrogate "
+            f"{value[exc.start]!r} at index {exc.start}: {value[:40]!r}"
+        ) from None
+
+
+def check_printable(text: str, name: str) -> str:
+    """``text``, or a ValueError naming ``name`` if it has a control character (C0, DEL,
+    C1: Unicode category Cc).
+
+    A name is shown to operators as written (``dynasem_locks``, the admin), where ESC or CR
+    rewrites the terminal's line; a NUL cannot be stored by PostgreSQL (``fence_db``). So such
+    a name is refused before any request, rather than stored and shown."""
+    for index, char in enumerate(text):
+        if unicodedata.category(char) == "Cc":
+            # Shown escaped (repr): the message must itself be printable and loggable.
+            shown = repr(text) if len(text) <= 80 else f"{text[:80]!r}..."
+            raise ValueError(
+                f"{name} {shown} contains the control character {char!r} at index "
+                f"{index}: names must be printable; escape the value (e.g. "
+                "dynasem.resource_key) or drop the character"
+            )
+    return text
+
+
+def check_resource(resource: Any, name: str = "resource") -> str:
+    if not isinstance(resource, str):
+        raise TypeError(f"{name} must be a str, not {type(resource).__name__}: {resource!r}")
+    if not resource:
+        raise ValueError(f"{name} must be a non-empty str")
+    size = utf8_size(resource, name)
+    if size > MAX_RESOURCE_BYTES:
+        raise ValueError(
+            f"{name} is {size} UTF-8 bytes; at most {MAX_RESOURCE_BYTES} are allowed: "
+            f"{resource[:40]!r}..."
+        )
+    return check_printable(resource, name)
+
+
+def check_resources(resource: Any) -> list[str]:
+    if isinstance(resource, list | tuple):
+        if not resource:
+            raise ValueError("resource must not be an empty list")
+        names = [check_resource(r, f"resource[{i}]") for i, r in enumerate(resource)]
+        if len(set(names)) != len(names):
+            raise ValueError(f"resource lists a resource twice: {names!r}")
+        if len(names) > table.MAX_TRANSACTION:
+            raise ValueError(
+                f"resource lists {len(names)} resources; at most {table.MAX_TRANSACTION} "
+                "can be taken atomically (one DynamoDB transaction)"
+            )
+        return names
+    return [check_resource(resource)]
+
+
+def check_flag(value: Any, name: str) -> bool:
+    """``value`` if it is True or False; a TypeError naming ``name`` otherwise."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be True or False, not {value!r}")
+    return value
+
+
+def check_seconds(value: Any, name: str, *, allow_zero: bool, allow_inf: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, Real):
+        raise TypeError(
+            f"{name} must be a number of seconds, not {type(value).__name__}: {value!r}"
+        )
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int (or Fraction) past any float: 10**400
+        shown = _shown(math.trunc(value))
+        raise ValueError(
+            f"{name} must be a number of seconds a float can hold, not {shown}"
+        ) from None
+    if math.isnan(seconds):
+        raise ValueError(f"{name} must be a number of seconds, not NaN")
+    if math.isinf(seconds) and not allow_inf:
+        raise ValueError(f"{name} must be finite, not {seconds}")
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds, not {seconds}")
+    return seconds
+
+
+def check_lease(value: Any, name: str = "lease") -> float:
+    lease = check_seconds(value, name, allow_zero=False, allow_inf=False)
+    if lease > MAX_LEASE:
+        raise ValueError(f"{name} must be at most {MAX_LEASE:g} seconds (7 days), not {lease:g}")
+    return lease
+
+
+def check_wait(value: Any, name: str = "wait") -> float:
+    return check_seconds(value, name, allow_zero=True, allow_inf=True)
+
+
+def check_skew(value: Any, name: str = "DYNASEM['CLOCK_SKEW']") -> float:
+    skew = check_seconds(value, name, allow_zero=True, allow_inf=False)
+    # Leases must be longer than the skew and are at most MAX_LEASE: a larger skew can never
+    # work, and would push fences and reap cut-offs past what DynamoDB stores.
+    if skew > MAX_LEASE:
+        raise ValueError(f"{name} must be at most {MAX_LEASE:g} seconds (7 days), not {skew:g}")
+    return skew
+
+
+def check_limit(limit: Any, shared: Any) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"limit must be an int >= 1, not {type(limit).__name__}: {limit!r}")
+    if limit < 1:
+        raise ValueError(f"limit must be >= 1, not {_shown(limit)}")
+    if limit > MAX_LIMIT:
+        raise ValueError(
+            f"limit must be at most {MAX_LIMIT} (far more holders than one DynamoDB item can "
+            f"list), not {_shown(limit)}"
+        )
+    if not isinstance(shared, bool):
+        raise TypeError(f"shared must be True or False, not {shared!r}")
+    if shared and limit > 1:
+        raise ValueError(f"shared=True cannot be combined with limit={limit}: use one or the other")
+    return limit
+
+
+def user_id_of(user: Any) -> str:
+    """What is recorded as the holder: a user's primary key, a given str, or this process."""
+    if user is None:
+        return table.process_identity()
+    if isinstance(user, str):
+        if not user:
+            raise ValueError("user must be a non-empty str, a Django user or None")
+        if utf8_size(user, "user") > MAX_RESOURCE_BYTES:
+            raise ValueError(f"user is longer than {MAX_RESOURCE_BYTES} UTF-8 bytes")
+        return user
+    authenticated = getattr(user, "is_authenticated", None)
+    if authenticated is None:
+        raise TypeError(f"user must be a Django user, a str or None, not {type(user).__name__}")
+    if not authenticated or getattr(user, "pk", None) is None:
+        return table.process_identity()
+    user_id = str(user.pk)
+    # The pk's text is written (and indexed) as userId: it must have a UTF-8 form too.
+    utf8_size(user_id, "user (its primary key)")
+    return user_id
+
+
+def resolve_timing(lease: float | None, wait: float | None) -> tuple[float, float, float]:
+    """Lease, wait and skew in seconds: explicit arguments, else the live settings.
+
+    Called before an acquisition's first request: it also refuses a setting of a wrong type
+    under any key (a TypeError naming it), used by this acquisition or not."""
+    settings.check_types()
+    skew = check_skew(settings.CLOCK_SKEW)
+    lease_s = check_lease(settings.LEASE, "DYNASEM['LEASE']") if lease is None else lease
+    wait_s = check_wait(settings.WAIT, "DYNASEM['WAIT']") if wait is None else wait
+    if lease_s <= skew:
+        raise ValueError(
+            f"lease ({lease_s:g}s) must be longer than DYNASEM['CLOCK_SKEW'] ({skew:g}s): a "
+            "holder trusts its lease only until lease - CLOCK_SKEW has passed"
+        )
+    return lease_s, wait_s, skew

@@ -1,0 +1,212 @@
+"""Coalesced re-runs (``semaphore(..., coalesce=True)``): at most one run going and one next.
+
+A purge-and-rebuild asked for N times while one runs needs neither N runs in turn nor N-1
+refusals, but one more run that starts after the last request arrived. So a busy caller:
+
+* registers as *the next run* with one conditional write of the resource's ``next`` item
+  (:mod:`dynasem._storage.next_runs`), then waits for the hold (``wait``) and runs; or
+* finding a next run registered that has not started yet, returns at once with
+  :class:`~dynasem.exceptions.Coalesced` (a view answers 202 Accepted): that run starts after
+  this call arrived, so it covers this call's work.
+
+"Has not started" is read from fences, in the write's own condition: a registration records
+the resource's fence as read after its caller arrived (``af``); every hold taken later has a
+larger fence. A caller reads the fence afresh (one consistent read) and registers on the
+condition that no registration's lease is running with ``af`` at least that fence. If the
+registered run took the lock since (or anyone did), the fence read is larger and the caller
+replaces it as the next; if not, the registered run is still to start, after this caller's
+read. A stale read only errs towards one run more, never one less.
+
+The registration has a lease, renewed by the heartbeat while the next run waits: a next
+runner that dies is replaced by the first busy caller after its lease (less CLOCK_SKEW) has
+passed. One that gives up (its ``wait`` ran out) or fails withdraws it. Exclusive semaphores
+of one resource only: "running" must mean one run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from .. import _clock as clock
+from .. import _storage as table
+from .._observability import telemetry
+from .._observability.logs import facts
+from ..exceptions import Coalesced, LockLost, SemaphoreBusy
+from . import heartbeat
+from .arguments import MODE_EXCLUSIVE, resolve_timing, user_id_of
+from .steps import io_executor, run_io
+
+logger = logging.getLogger("dynasem")
+_T = TypeVar("_T")
+
+__all__ = ["acquire", "aacquire", "check_coalescing", "Registration"]
+
+
+def check_coalescing(mode: str, resources: Any, wait: float | None) -> None:
+    """A ValueError unless semaphores like this can coalesce (at construction, and at each
+    acquire before its first request: see :func:`checked_wait`)."""
+    if mode != MODE_EXCLUSIVE:
+        raise ValueError(
+            f"coalesce=True needs an exclusive semaphore (limit=1, shared=False), not a {mode} "
+            "one: a next run comes after the one run going"
+        )
+    if isinstance(resources, list | tuple) and len(resources) > 1:
+        raise ValueError(
+            f"coalesce=True takes one resource, not {len(resources)}: a next run is registered "
+            "per resource"
+        )
+    if wait == 0:
+        raise ValueError(
+            "coalesce=True needs a wait above 0 (wait=0, or DYNASEM['WAIT'] = 0 with wait=None):"
+            " the next run waits for the one going; e.g. wait=math.inf"
+        )
+
+
+def checked_wait(sem: Any) -> float:
+    """The wait of this acquisition of ``sem``; a ValueError before any request is sent if it
+    is 0. ``wait=None`` reads the WAIT setting here, at every acquire, not at construction: a
+    decorator is made at import, maybe before the settings are final. Refused whether the
+    lock is free or busy, so the mistake shows on the first call, not on the first busy one."""
+    _, wait, _ = resolve_timing(sem.lease, sem.wait)
+    check_coalescing(sem.mode, sem.resources, wait)
+    return wait
+
+
+class Registration:
+    """Our registration as the next run, while we wait: its lease renewed by the heartbeat
+    (which reads ``resource``, ``lease``, ``skew``, ``seconds_left``, ``renew`` and
+    ``check_deadline``, as of a hold)."""
+
+    def __init__(
+        self, resource: str, token: str, lease: float, skew: float, sent: float, name: str | None
+    ):
+        self.resource = resource
+        self.name = name  # the lock's name in telemetry: renewals run on the heartbeat thread
+        self.token = token
+        self.lease = lease
+        self.skew = skew
+        self._deadline = sent + lease - skew
+        self._heartbeat = heartbeat.Heartbeat(self)
+        self._heartbeat.start()
+
+    def seconds_left(self) -> float:
+        return max(0.0, self._deadline - clock.monotonic())
+
+    def check_deadline(self) -> None:
+        """Nothing to declare: a registration that ran out is replaced, and we run anyway."""
+
+    def renew(self) -> None:
+        sent = clock.monotonic()
+        with telemetry.naming(self.name):
+            renewed = table.renew_next(
+                self.resource, self.token, clock.now_ms() + int(self.lease * 1000)
+            )
+        if not renewed:
+            # Replaced: the fence moved on (someone took the lock meanwhile) or our lease ran
+            # out. We still run when our turn comes; the heartbeat stops here.
+            raise LockLost(self.resource, "replaced as the next run")
+        self._deadline = sent + self.lease - self.skew
+
+    def stop(self) -> None:
+        self._heartbeat.stop()
+
+    def withdraw(self) -> None:
+        self.stop()
+        try:
+            with telemetry.naming(self.name):
+                table.withdraw_next(self.resource, self.token)
+        except Exception:  # its lease ends it anyway
+            logger.warning(
+                "dynasem: could not withdraw the next run of %r",
+                self.resource,
+                extra=facts(self.resource, token=self.token, outcome="withdraw_failed"),
+            )
+
+
+def register(sem: Any, busy: SemaphoreBusy) -> Registration:
+    """Register as ``sem``'s next run after ``busy``, or raise :class:`Coalesced`."""
+    lease, _, skew = resolve_timing(sem.lease, sem.wait)
+    resource = sem.resources[0]
+    row = table.get(resource)  # consistent: the fence as it is now that we have arrived
+    token = uuid.uuid4().hex
+    sent, now = clock.monotonic(), clock.now_ms()
+    other = table.register_next(
+        resource,
+        token=token,
+        user_id=user_id_of(sem.user),
+        # No row (reaped): a fence from the clock, above every fence handed out before.
+        after_fence=row.fence if row is not None else clock.new_fence(skew),
+        until_ms=now + int(lease * 1000),
+        stale_ms=now - int(skew * 1000),
+    )
+    if other is not None:
+        logger.info(
+            "dynasem: %r is busy and its next run is registered: coalesced",
+            resource,
+            extra=facts(resource, outcome="coalesced", holder=busy.holder_user_id),
+        )
+        raise Coalesced(resource, busy.retry_after, busy.holder_user_id, other)
+    logger.info(
+        "dynasem: %r is busy: registered as its next run",
+        resource,
+        extra=facts(resource, token=token, outcome="registered", holder=busy.holder_user_id),
+    )
+    name = telemetry.lock_name(sem) if telemetry.ON else None
+    return Registration(resource, token, lease, skew, sent, name)
+
+
+def acquire(sem: Any, attempt: Callable[[float], _T]) -> _T:
+    """``sem``'s hold: at once if free, else as the next run; :class:`Coalesced` if there is
+    one. ``attempt(wait)`` acquires, waiting up to ``wait`` seconds."""
+    wait = checked_wait(sem)
+    try:
+        return attempt(0)
+    except Coalesced:
+        raise
+    except SemaphoreBusy as busy:
+        registration = register(sem, busy)
+    try:
+        held = attempt(wait)
+    except BaseException:
+        registration.withdraw()
+        raise
+    registration.stop()  # taken: its fence marks it as started; nothing to delete
+    return held
+
+
+async def aacquire(sem: Any, attempt: Callable[[float], Awaitable[_T]]) -> _T:
+    """:func:`acquire` for async code: the registration's requests in dynasem's executor."""
+    wait = checked_wait(sem)
+    try:
+        return await attempt(0)
+    except Coalesced:
+        raise
+    except SemaphoreBusy as busy:
+        registering = asyncio.ensure_future(run_io(register, sem, busy))
+        try:
+            # Shielded: cancelled meanwhile (a client gone), the registration made in its
+            # thread must still be withdrawn, not left renewed with nobody to run.
+            registration = await asyncio.shield(registering)
+        except asyncio.CancelledError:
+            registering.add_done_callback(_withdraw_when_made)
+            raise
+    try:
+        held = await attempt(wait)
+    except BaseException:
+        registration.stop()  # at once, whatever happens to the request below
+        await run_io(registration.withdraw)
+        raise
+    registration.stop()
+    return held
+
+
+def _withdraw_when_made(registering: asyncio.Future[Registration]) -> None:
+    if registering.cancelled() or registering.exception() is not None:
+        return  # not registered (Coalesced, or an error)
+    registration = registering.result()
+    registration.stop()
+    io_executor().submit(registration.withdraw)

@@ -1,0 +1,609 @@
+"""The lock logic: take, renew and give back holds; fences; waiting.
+
+Speaks in lock terms only; every request is built and sent by :mod:`dynasem._storage`.
+
+Safety rules kept here:
+
+* a holder trusts its lease until ``sent + lease - CLOCK_SKEW`` on its own monotonic clock
+  (``sent``: when the write that set the lease left); others take it over once the stored end
+  is ``CLOCK_SKEW`` past on theirs, or once its process is proven dead (``processes``);
+* a hold we only heard of (a read, a push, a refused write's old item showing our token) is
+  worth no more than its stored lease end minus ``CLOCK_SKEW`` (a push: nor more than its
+  arrival plus our lease): when that is near, we confirm it with a renewal of our own before
+  returning it, and no hold is returned whose deadline, read from the clock at the return,
+  has passed: the process may have been paused anywhere on the way;
+* fences are microseconds of wall time plus ``CLOCK_SKEW``, written only if larger than the
+  stored fence (else the stored fence + 1): strictly increasing per resource, and still so
+  after the row was reaped, as long as clocks agree within ``CLOCK_SKEW``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import random
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar
+
+from .. import _clock as clock
+from .. import _storage as table
+from .._observability import telemetry
+from .._transactions import commit as transactions
+from .._transactions import fencing as fenced
+from ..conf import settings
+from ..exceptions import SemaphoreUnavailable
+from . import (
+    coalescing,
+    permits,
+    processes,
+    readers,
+)
+from . import (
+    push as wakeup,
+)
+from . import (
+    queue as queueing,
+)
+from . import (
+    take as planning,
+)
+from .arguments import (
+    MODE_COUNTING,
+    MODE_EXCLUSIVE,
+    MODE_SHARED,
+    check_flag,
+    check_lease,
+    check_limit,
+    check_resources,
+    check_seconds,
+    check_wait,
+    resolve_timing,
+    user_id_of,
+)
+from .decorators import Decoration, lock_callable
+from .hold import Held, pending_hold
+from .late_handover import leave_queue
+from .queue import (
+    GUESS_BUSY_FOR,
+    Pace,
+    backoff,
+    busy,
+    live_holders,
+    queued_recently,
+    seconds_until_free,
+    should_queue,
+    too_slow,
+    wait_in_queue,
+)
+from .reentry import current_hold, enter, forget_entered, leave, reentered, remember_acquired
+from .steps import Request, Sleep, Steps, Write, run_async, run_io, run_sync, withdraw
+
+# isort: off
+# Read (never patched: patch the owner) as core.* by tests and benchmarks.
+from .._clock import monotonic, new_fence as _new_fence, now_ms, wall_clock  # noqa: F401
+from .hold import WAKE_AFTER  # noqa: F401
+from .queue import Pace as _Pace  # noqa: F401
+from .arguments import MAX_LEASE, MAX_RESOURCE_BYTES, check_resource, check_skew  # noqa: F401
+# isort: on
+
+__all__ = ["Held", "Semaphore", "current_hold", "semaphore"]
+
+# Immediate re-tries when a refusal shows room we had not seen (not a busy wait).
+MAX_REPLANS = 25
+# Re-tries of a write that failed in transit, however short the wait.
+MIN_TRANSIENT_RETRIES = 2
+# A hold is confirmed by a renewal of our own before it is returned when less than this share
+# of its trusted window (lease - CLOCK_SKEW) is left, whether we only heard of it or our own
+# write's answer came late: the heartbeat would renew that soon anyway, and a block must not
+# begin with a hold that is lost before the heartbeat's renewal can land.
+CONFIRM_SHARE = 1 / 3
+
+
+class Semaphore:
+    """A distributed semaphore on DynamoDB: a context manager (``with``), an async context
+    manager (``async with``) and a decorator of views, functions, methods and tasks. Build it
+    with ``semaphore()``, which takes the same arguments. Entering it acquires (see
+    ``acquire()``) and gives the ``Held`` hold to ``as``; leaving the block releases it."""
+
+    # The sender of every signal about its holds (subclasses included), as before the split.
+    signal_sender: ClassVar[type[Semaphore]]
+
+    def __init__(
+        self,
+        resource: Any,
+        *,
+        limit: int = 1,
+        shared: bool = False,
+        user: Any = None,
+        lease: float | None = None,
+        wait: float | None = None,
+        on_busy: Callable[..., Any] | None = None,
+        fair: bool | None = None,
+        on_commit: bool = True,
+        using: str | None = None,
+        max_hold: float | None = None,
+        fence_db: bool = False,
+        coalesce: bool = False,
+        metrics_name: str | None = None,
+    ):
+        self.resources: list[str] = [] if callable(resource) else check_resources(resource)
+        self.limit = check_limit(limit, shared)
+        self.shared = shared
+        self.user = user
+        if user is not None:
+            user_id_of(user)  # type check now, not at the first request
+        self.lease = None if lease is None else check_lease(lease)
+        self.wait = None if wait is None else check_wait(wait)
+        # What only the decorator uses: the key template (maybe a callable) and on_busy.
+        self.decoration = Decoration(resource, on_busy)
+        if fair is not None and not isinstance(fair, bool):
+            raise TypeError(f"fair must be True, False or None (the setting), not {fair!r}")
+        if fair and isinstance(resource, list | tuple) and len(resource) > 1:
+            raise ValueError(
+                "fair=True takes one resource: waiting in several queues at once could deadlock"
+            )
+        self._fair = fair
+        # Give back after the transaction commits (transactions.py).
+        self.on_commit = check_flag(on_commit, "on_commit")
+        self.using = transactions.check_using(using)
+        # Renewed for at most this long, then lost: a hung holder cannot keep it forever.
+        self.max_hold = (
+            None
+            if max_hold is None
+            else check_seconds(max_hold, "max_hold", allow_zero=False, allow_inf=False)
+        )
+        # Each block runs in a transaction of `using` whose first statement writes the fence.
+        if check_flag(fence_db, "fence_db"):
+            fenced.check_fenceable(self.mode, resource)
+        self.fence_db = fence_db
+        # Busy: register as the next run, or return at once if one is registered.
+        if check_flag(coalesce, "coalesce"):
+            coalescing.check_coalescing(self.mode, resource, self.wait)
+        self.coalesce = coalesce
+        # Taken for another process (dynasem._background.unique): no identity of ours is recorded.
+        self.detached = False
+        # The lock's name in metrics and spans (telemetry.py): never the raw key by default.
+        self.metrics_name = None if metrics_name is None else check_resource(metrics_name)
+
+    @property
+    def fair(self) -> bool:
+        """Whether waiters queue first come, first served: ``fair=`` if it was given, else the
+        FAIR setting; never for several resources at once."""
+        if self._fair is not None:
+            return self._fair
+        if len(self.resources) > 1:
+            return False
+        return settings.FAIR  # a TypeError unless a bool: "false" is no True
+
+    # -- derived -----------------------------------------------------------------------------
+
+    @property
+    def resource(self) -> str:
+        """The resource (with several, the first)."""
+        return self.resources[0]
+
+    @property
+    def mode(self) -> str:
+        if self.shared:
+            return MODE_SHARED
+        return MODE_EXCLUSIVE if self.limit == 1 else MODE_COUNTING
+
+    def _check_usable(self) -> None:
+        if self.decoration.is_callable:
+            raise TypeError(
+                "a callable resource only works when the semaphore decorates a callable; "
+                "pass a str (or a list of str) to use it as a context manager"
+            )
+
+    def __repr__(self) -> str:
+        return f"<Semaphore {self.decoration.resource!r} limit={self.limit} shared={self.shared}>"
+
+    # -- acquiring ---------------------------------------------------------------------------
+
+    def _acquire_steps(self, wait_s: float | None = None) -> Steps[Held]:
+        """The acquire loop as a generator of steps (a request to send, a pause: see
+        :mod:`dynasem._engine.steps`), so one loop serves the sync and the async driver."""
+        self._check_usable()
+        again = pending_hold(self)
+        if again is not None:
+            return again  # ours already, until this transaction ends
+        inner = reentered(self)
+        if inner is not None:
+            return inner  # this thread or task holds it already: a nested acquire
+        lease, wait, skew = resolve_timing(self.lease, self.wait if wait_s is None else wait_s)
+        margin = (lease - skew) * CONFIRM_SHARE
+        user_id = user_id_of(self.user)
+        proc = None if self.detached else processes.identity()
+        token = uuid.uuid4().hex  # one token for every retry: it recognises our own writes
+        take_permits = functools.partial(
+            permits.acquire_steps,
+            self,
+            token=token,
+            user_id=user_id,
+            proc=proc,
+            lease=lease,
+            wait=wait,
+            skew=skew,
+            margin=margin,
+        )
+        if permits.applies(self):
+            # A counting semaphore of many permits: its holders are in items of their own,
+            # unless its row still keeps holders inline (an earlier layout): joined there.
+            done = yield from take_permits()
+            if done is not None:
+                return done
+        resources = self.resources
+        deadline = clock.monotonic() + wait
+        seen = readers.last_seen(self)  # empty unless it last had reader items
+        # The hold from what was last planned and seen, if its deadline is comfortably ahead.
+        trusted = functools.partial(planning.held_if_trusted, self, token=token,
+            user_id=user_id, lease=lease, skew=skew, margin=margin)  # fmt: skip
+        sleeps = replans = failures = 0
+        pace = Pace()  # a queued waiter's timing: request round trip, looks found too early
+        confirm = False  # a hold of ours we saw must be renewed before it is returned
+        # Busy last time we looked, a short while ago? Then most likely busy now: join the
+        # queue in our first write (it is refused if the lock is free, and we take it then).
+        guess_busy = (
+            len(resources) == 1
+            and self.mode == MODE_EXCLUSIVE
+            and wait > 0
+            and clock.monotonic() - queued_recently.get(resources[0], -math.inf) < GUESS_BUSY_FOR
+        )
+        try:
+            while True:
+                if guess_busy:
+                    guess_busy = False
+                    seen[resources[0]] = yield from wait_in_queue(
+                        self,
+                        resources[0],
+                        None,
+                        token=token,
+                        user_id=user_id,
+                        lease=lease,
+                        skew=skew,
+                        queued=False,
+                        remaining=deadline - clock.monotonic(),
+                        pace=pace,
+                        if_busy_ms=clock.now_ms() - int(skew * 1000),
+                    )
+                    continue
+                push_cap, pace.push_cap = pace.push_cap, None  # the state came by push
+                sent_mono = clock.monotonic()
+                now = clock.now_ms()
+                stale = now - int(skew * 1000)
+                entry = table.holder_entry(
+                    user_id, now + int(lease * 1000), clock.new_fence(skew), now, self.shared, proc
+                )
+                if confirm or (push_cap is not None and push_cap - sent_mono < margin):
+                    confirm_below = 2**63
+                else:
+                    confirm_below = now + int((skew + margin) * 1000)
+                if len(resources) > 1 and readers.items_for(self, seen, stale):
+                    # Readers of several resources, one of them among many readers: items.
+                    left = max(0.0, deadline - clock.monotonic())
+                    return (yield from readers.acquire_many(self, token=token, user_id=user_id,
+                        proc=proc, lease=lease, wait=left, skew=skew, margin=margin))  # fmt: skip
+                if queueing.passed(seen.get(resources[0]), pace.qbase, pace.ticket):
+                    pace.ticket = None  # our turn went by (or the row is new): join again
+                if permits.applies(self) and any(
+                    s is not None and s.hw is not None for s in seen.values()
+                ):
+                    # The row moved its holders to permit items meanwhile: take a permit.
+                    if pace.ticket is not None:
+                        ticket, pace.ticket = pace.ticket, None
+                        try:
+                            yield Request(
+                                functools.partial(
+                                    table.leave_queue, resources[0], pace.qbase, ticket, token=token
+                                )
+                            )
+                        except SemaphoreUnavailable:
+                            pass  # our entry expires with its lease
+                    done = yield from take_permits(wait=max(0.0, deadline - clock.monotonic()))
+                    if done is not None:
+                        return done
+                    seen.clear()
+                plans = {
+                    r: planning.plan(
+                        self, r, seen.get(r), token, entry, stale, confirm_below, pace.ticket
+                    )
+                    for r in resources
+                }
+                loads = {r: p.load for r, p in plans.items() if p.load is not None}
+                if loads:
+                    # Who waits ahead of us? One read of the queue, then plan again.
+                    pace.push_cap = push_cap
+                    for r, upto in loads.items():
+                        old = seen[r]
+                        if old is not None:
+                            # Throttled (a hot key): no news, after a pause; never the
+                            # caller's failure while its wait lasts (issue 40).
+                            seen[r] = yield from queueing.patient_read(
+                                functools.partial(table.with_permits, old, consistent=True)
+                                if old.hw is not None and not old.permits_read
+                                else functools.partial(table.load_entries, old, upto),
+                                old,
+                                pace,
+                                deadline,
+                            )
+                    continue
+                blocked = {r: p.busy for r, p in plans.items() if p.busy is not None}
+                if not blocked:
+                    acting = [r for r in resources if plans[r].action is not None]
+                    if not acting:
+                        held = trusted(plans, seen, sent_mono=None, push_cap=push_cap)
+                        if held is not None:
+                            return held
+                        confirm = True  # paused on the way: renew it before it is returned
+                        replans += 1
+                        if replans <= MAX_REPLANS:
+                            continue
+                        yield Request(lambda: withdraw(token, resources))
+                        raise too_slow(self.resource, lease, skew)
+                    actions = [a for a in (plans[r].action for r in acting) if a is not None]
+                    try:
+                        if len(actions) == 1:
+                            after = yield Write(
+                                functools.partial(table.update, actions[0], return_new=True),
+                                token,
+                                acting,
+                            )
+                        else:  # all or none
+                            yield Write(functools.partial(table.transact, actions), token, acting)
+                    except table.Refused as refused:
+                        seen[acting[0]] = refused.lock or table.LockItem()
+                    except table.Cancelled as cancelled:
+                        conflict = True
+                        for r, (code, old) in zip(acting, cancelled.reasons, strict=False):
+                            if code == "ConditionalCheckFailed":
+                                seen[r] = old or table.LockItem()
+                                conflict = False
+                        if conflict:
+                            # Another transaction was on these items: step aside briefly.
+                            yield Sleep(random.uniform(0.002, 0.02))
+                    except SemaphoreUnavailable as exc:
+                        failures += 1
+                        # An ambiguous failure (5xx, timeout) may hide an applied write: the same
+                        # write again (same token) is refused by our own hold, which tells us so.
+                        # Give it a few tries even past the wait budget, then withdraw what may be
+                        # ours. A throttled or unconnected request was never applied.
+                        ambiguous = exc.ambiguous
+                        out_of_time = clock.monotonic() >= deadline and (
+                            not ambiguous or failures > MIN_TRANSIENT_RETRIES
+                        )
+                        if not exc.transient or out_of_time:
+                            if ambiguous:
+                                yield Request(functools.partial(withdraw, token, acting))
+                            raise
+                        yield Sleep(min(backoff(failures), max(0.05, deadline - clock.monotonic())))
+                        continue
+                    else:
+                        if len(resources) == 1:
+                            seen[resources[0]] = after
+                            if not pace.enqueued:  # taken at once: free, this time
+                                queued_recently.pop(resources[0], None)
+                        if plans[acting[0]].reader and after is not None:
+                            held = yield from readers.admitted(
+                                self, after, token=token, user_id=user_id, proc=proc, lease=lease,
+                                skew=skew, expires_ms=entry.expires_ms, now_ms=now,
+                                sent_mono=sent_mono, margin=margin,
+                            )  # fmt: skip
+                        else:
+                            held = trusted(plans, seen, sent_mono=sent_mono, push_cap=None)
+                        if held is not None:
+                            return held
+                        # Our write landed, but its lease can no longer be trusted (we were
+                        # paused, or it took that long): renew it before it is returned.
+                        confirm = True
+                        replans += 1
+                        if replans <= MAX_REPLANS:
+                            continue
+                        yield Request(functools.partial(withdraw, token, acting))
+                        raise too_slow(self.resource, lease, skew)
+                    replans += 1
+                    if replans <= MAX_REPLANS:
+                        continue  # the refusal told us the state: plan again from it at once
+                    blocked = {r: {} for r in resources}
+                # Busy: wait within the budget (never much past the first lease end), look again.
+                if len(resources) == 1 and readers.write_off_due(
+                    seen.get(resources[0]), blocked[resources[0]], skew, pace.ticket
+                ):
+                    # Held up by reader items only, unchanged for a lease: are they all dead?
+                    seen[resources[0]] = yield from queueing.patient_read(
+                        functools.partial(readers.try_write_off, seen[resources[0]], skew),
+                        seen[resources[0]],
+                        pace,
+                        deadline,
+                    )
+                    continue
+                remaining = deadline - clock.monotonic()
+                queued = len(resources) == 1 and pace.ticket is not None
+                if remaining <= 0:
+                    if pace.ticket is not None:
+                        kept = yield from leave_queue(self, pace, token, lease=lease, skew=skew)
+                        if kept is not None:
+                            seen[resources[0]] = kept  # handed to us meanwhile: ours to keep
+                            continue
+                    raise busy(
+                        self,
+                        blocked,
+                        seen,
+                        skew=skew,
+                        user_id=user_id,
+                        token=token,
+                        ticket=pace.ticket,
+                    )
+                if len(resources) == 1 and (queued or should_queue(self, seen.get(resources[0]))):
+                    seen[resources[0]] = yield from wait_in_queue(
+                        self,
+                        resources[0],
+                        seen.get(resources[0]),
+                        token=token,
+                        user_id=user_id,
+                        lease=lease,
+                        skew=skew,
+                        queued=queued,
+                        remaining=remaining,
+                        pace=pace,
+                    )
+                    replans = 0
+                    continue
+                sleeps += 1
+                if telemetry.ON:
+                    telemetry.waiting()
+                until_free = seconds_until_free(blocked, skew)
+                yield Sleep(max(0.0, min(backoff(sleeps), until_free + 0.005, remaining)))
+                replans = 0
+                for r in blocked:
+                    old = seen.get(r)
+                    if (
+                        old is not None
+                        and old.mode in (MODE_COUNTING, MODE_SHARED)
+                        and len(live_holders(old, clock.now_ms() - int(skew * 1000))) > 1
+                    ):
+                        # Some of several holders are surely still there: read which, cheaply.
+                        try:
+                            seen[r] = yield Request(functools.partial(table.get, r))
+                        except SemaphoreUnavailable:
+                            seen[r] = None
+                    else:
+                        # Guess it free (one write tells us otherwise), keeping the fence we saw.
+                        seen[r] = table.guessed_free(old.fence if old is not None else 0)
+        finally:
+            wakeup.forget(token)  # a push that comes now is for a wait that is over
+
+    def acquire(self) -> Held:
+        """Take the semaphore, waiting up to ``wait`` seconds, and return the hold (a
+        ``Held``). Raises ``SemaphoreBusy`` when it is still busy after that."""
+        if telemetry.ON:
+            return telemetry.acquire(self, self._acquire)
+        return self._acquire()
+
+    def _acquire(self) -> Held:
+        if self.coalesce:
+            held = coalescing.acquire(self, lambda wait: run_sync(self._acquire_steps(wait)))
+        else:
+            held = run_sync(self._acquire_steps())
+        remember_acquired(held)
+        return held
+
+    async def aacquire(self) -> Held:
+        """``acquire()`` for async code: requests run in a thread of dynasem's own executor
+        (never the event loop's default one); waits, pushed hand-overs included, are awaited
+        on the loop and hold no thread."""
+        if telemetry.ON:
+            return await telemetry.aacquire(self, self._aacquire)
+        return await self._aacquire()
+
+    async def _aacquire(self) -> Held:
+        if self.coalesce:
+            held = await coalescing.aacquire(self, lambda w: run_async(self._acquire_steps(w)))
+        else:
+            held = await run_async(self._acquire_steps())
+        remember_acquired(held)
+        return held
+
+    # -- context managers --------------------------------------------------------------------
+
+    def __enter__(self) -> Held:
+        held = enter(self, self.acquire())
+        if self.fence_db:
+            fenced.begin(self, held, self.using, undo=lambda: leave(forget_entered(self), True))
+        return held
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        held = forget_entered(self)
+        if self.fence_db:
+            fenced.end(self, held, exc_type, exc, tb, undo=lambda: leave(held, True))
+        leave(held, exc_type is not None)
+
+    async def __aenter__(self) -> Held:
+        if self.fence_db:
+            raise fenced.no_async()
+        return enter(self, await self.aacquire())
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        held = forget_entered(self)
+        await run_io(leave, held, exc_type is not None)
+
+    # -- decorator ---------------------------------------------------------------------------
+
+    def __call__(self, func: Callable[..., Any]) -> Callable[..., Any]:
+        """Decorate a view, a function, a method or a task: each call takes the semaphore for
+        its run, on the key its template makes from the call's arguments. A busy view answers
+        423 (``busy_response``); anything else raises ``SemaphoreBusy``, unless ``on_busy``
+        says otherwise."""
+        return lock_callable(self, func)
+
+    def with_resource(self, resource: Any, user: Any) -> Semaphore:
+        """A copy for one call of a decorated callable, on that call's resource(s) and
+        holder (the decorator uses it)."""
+        copy = Semaphore(
+            resource,
+            limit=self.limit,
+            shared=self.shared,
+            user=user,
+            lease=self.lease,
+            wait=self.wait,
+            on_busy=self.decoration.on_busy,
+            fair=self._fair,
+            on_commit=self.on_commit,
+            using=self.using,
+            max_hold=self.max_hold,
+            fence_db=self.fence_db,
+            coalesce=self.coalesce,
+        )
+        # Named like the decorator (its template), not by this call's key; not checked as a
+        # resource is: a derived name must never refuse a call.
+        if telemetry.ON:
+            copy.metrics_name = self.metrics_name or telemetry.template_name(
+                self.decoration.resource
+            )
+        return copy
+
+
+Semaphore.signal_sender = Semaphore
+
+
+def semaphore(
+    resource: str | Sequence[str] | Callable[..., str],
+    *,
+    limit: int = 1,
+    shared: bool = False,
+    user: Any = None,
+    lease: float | None = None,
+    wait: float | None = None,
+    on_busy: Callable[..., Any] | None = None,
+    fair: bool | None = None,
+    on_commit: bool = True,
+    using: str | None = None,
+    max_hold: float | None = None,
+    fence_db: bool = False,
+    coalesce: bool = False,
+    metrics_name: str | None = None,
+) -> Semaphore:
+    """A distributed semaphore on ``resource``: use it as ``with semaphore(...)``,
+    ``async with``, ``.acquire()``, or ``@semaphore(...)`` on a view, function or task.
+    ``resource`` is a str, or a list of them taken together; a decorator's may also be a
+    template such as ``"key:{arg}"``, filled from each call's arguments, or a callable of them.
+    Nothing is sent to DynamoDB until it is acquired; bad arguments raise ``TypeError`` or
+    ``ValueError`` here.
+
+    Every argument is described in the reference page "The semaphore"."""
+    return Semaphore(
+        resource,
+        limit=limit,
+        shared=shared,
+        user=user,
+        lease=lease,
+        wait=wait,
+        on_busy=on_busy,
+        fair=fair,
+        on_commit=on_commit,
+        using=using,
+        max_hold=max_hold,
+        fence_db=fence_db,
+        coalesce=coalesce,
+        metrics_name=metrics_name,
+    )

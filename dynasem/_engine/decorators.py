@@ -1,0 +1,540 @@
+"""The decorator: ``@semaphore("job:{pk}")`` on any callable.
+
+Views (sync, async, class-based through ``method_decorator``) answer HTTP 423 when busy and
+record ``request.user``; anything else (plain and async functions, methods, Celery tasks,
+Django tasks) raises :class:`SemaphoreBusy`. A call is a view call when its first positional
+argument is a Django ``HttpRequest`` (or wraps one, as Django REST framework's ``Request``
+does). The template's fields are bound from the call's arguments through the callable's
+signature.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+import re
+import string
+import unicodedata
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.utils.functional import LazyObject
+
+from .._observability.logs import facts
+from .._transactions import fencing as fenced
+from ..exceptions import Coalesced, Picklable, SemaphoreBusy
+from .arguments import LEADER_PREFIX, MAX_RESOURCE_BYTES, check_printable, utf8_size
+
+logger = logging.getLogger("dynasem")
+
+# Characters a template value keeps as written in every template: for values made only of
+# these the decorator's key is the template formatted as written, the same string an f-string
+# of it gives, so `@semaphore("deploy:{slug}")` and `with semaphore(f"deploy:{slug}")` are one
+# lock.
+SAFE = frozenset(string.ascii_letters + string.digits + "-_.")
+_PLAIN = re.compile(r"[A-Za-z0-9_.-]*")  # a value of SAFE characters only
+
+
+class Decoration:
+    """What a semaphore keeps only for decorating: the resource as given (a key template, a
+    list of them, or a callable making the key) and ``on_busy``."""
+
+    __slots__ = ("on_busy", "resource")
+
+    def __init__(self, resource: Any, on_busy: Callable[..., Any] | None):
+        if on_busy is not None and not callable(on_busy):
+            raise TypeError(f"on_busy must be callable(request, exc), not {on_busy!r}")
+        self.resource = resource
+        self.on_busy = on_busy
+
+    @property
+    def is_callable(self) -> bool:
+        """The key is made by a callable: only a decorated call can make it."""
+        return callable(self.resource)
+
+
+class CallLock(Protocol):
+    """The lock around one decorated call: entered with ``with`` or ``async with``."""
+
+    def __enter__(self) -> object: ...
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None: ...
+
+    async def __aenter__(self) -> object: ...
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None: ...
+
+
+class Decoratable(Protocol):
+    """What the decorator needs of a semaphore (``core.Semaphore`` is one by its shape; this
+    module never imports ``core``, which imports it)."""
+
+    @property
+    def decoration(self) -> Decoration:
+        """The key template (or callable) and ``on_busy``."""
+
+    @property
+    def user(self) -> Any:
+        """The holder recorded for a call that is not a view's."""
+
+    def with_resource(self, resource: Any, user: Any) -> CallLock:
+        """The lock for one call: the same semaphore on ``resource``, held by ``user``."""
+
+
+# The resources dynasem's own features take, which no formatted field may reach: a view's
+# {slug} of "leader:beat", or {kind}:{id} with kind="leader", must not take (or block) a
+# leadership. (A unique task's key is its own template's: ':' being escaped in every field
+# keeps it out of another template's reach.)
+RESERVED_PREFIXES = (LEADER_PREFIX,)
+
+
+def _kept(char: str) -> bool:
+    """Whether a template value keeps ``char`` as written in every template: letters,
+    digits, ``-``, ``_``, ``.``, and printable characters beyond ASCII (``é``, ``日``). Every
+    other ASCII character (``%``, ``:``, ``/``, space, controls) and every non-ASCII
+    control, format character or space is escaped: a key's ASCII punctuation is then all the
+    template's own, and a key never holds a character that prints nothing or rewrites a
+    terminal. A lone surrogate is kept, for the resource check to refuse by name."""
+    if char in SAFE:
+        return True
+    if char.isascii():
+        return False
+    category = unicodedata.category(char)
+    return category == "Cs" or category[0] not in "CZ"
+
+
+@functools.lru_cache(maxsize=1024)
+def _parsed(template: str) -> tuple[frozenset[str], str, str]:
+    """What a template's values escape beyond what ``_kept`` escapes (the characters parting
+    its fields: one beyond ASCII, ``→``, must be escaped in values too), the literal text
+    before its first field, and that text and the literal after the first field (for
+    ``RESERVED_PREFIXES``); after checking the template.
+
+    Each pair of fields must be parted by a literal holding a character outside ``SAFE`` and
+    ``%``: escaping those characters (and ``%``) in the values means the first of them after
+    a field always belongs to the literal that follows it, so every key parses back to one
+    set of values.
+    """
+    check_printable(template, "resource template")
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise ValueError(
+            f"resource template {template!r} is not a valid format string: {exc}"
+        ) from None
+    separators: set[str] = set()
+    literals: list[str] = []  # the literal text before each field, then after the last
+    between = ""
+    for literal, field, _spec, _conv in parts:
+        between += literal
+        if field is None:
+            continue
+        if literals:
+            parting = {c for c in between if c not in SAFE and c != "%"}
+            if not parting:
+                raise ValueError(
+                    f"resource template {template!r} has fields separated only by "
+                    f"{between!r}: put a separator such as ':' or '/' between fields (letters, "
+                    "digits, '-', '_', '.' and '%' can be part of a value) so that different "
+                    "arguments never share a key"
+                )
+            separators |= parting
+        literals.append(between)
+        between = ""
+    literals.append(between)
+    also = frozenset(c for c in separators if not c.isascii())
+    return also, literals[0], "".join(literals[:2])
+
+
+def check_template(template: str) -> None:
+    """Refuse templates whose keys could collide: two fields with nothing but letters, digits,
+    ``-``, ``_``, ``.`` or ``%`` between them (``"{a}{b}"``, ``"{a}-{b}"``), and templates
+    holding a control character."""
+    _parsed(template)
+
+
+def _percent(char: str) -> str:
+    """``char`` as ``%XX`` per UTF-8 byte (``é``: ``%C3%A9``)."""
+    return "".join(f"%{b:02X}" for b in char.encode())
+
+
+def _escape(value: str, also: frozenset[str]) -> str:
+    if _PLAIN.fullmatch(value):  # digits, slugs: the common case, without a look per char
+        return value
+    if all(_kept(c) and c not in also for c in value):
+        return value
+    return "".join(c if _kept(c) and c not in also else _percent(c) for c in value)
+
+
+class _EscapingFormatter(string.Formatter):
+    def __init__(self, also: frozenset[str]) -> None:
+        self.also = also
+
+    def format_field(self, value: Any, format_spec: str) -> str:
+        return _escape(super().format_field(value, format_spec), self.also)
+
+
+def _unreserved(key: str, lead: str, around: str) -> str:
+    """``key``, unless a field's value reaches into a reserved prefix (``{kind}:{id}`` with
+    ``kind="leader"``): then the first character that value gave it is escaped too, which
+    keeps the key apart from every other value's (``%`` is escaped in every value)."""
+    for prefix in RESERVED_PREFIXES:
+        if key.startswith(prefix) and not around.startswith(prefix):
+            # Values never hold ':' and a prefix is letters then ':': that ':' is the
+            # template's, and the one value in the letters before it is the first field's,
+            # which begins right after the leading text (and is not empty: else the
+            # template's own text would make the prefix). Its first character is a letter.
+            start = len(lead)
+            return key[:start] + _percent(key[start]) + key[start + 1 :]
+    return key
+
+
+def resource_key(template: str, /, *args: Any, **kwargs: Any) -> str:
+    """The resource the decorator locks for these template values: ``template.format(*args,
+    **kwargs)`` where every value made only of letters, digits, ``-``, ``_`` and ``.`` is used
+    as written. In any other value every ASCII character but those (``%``, ``:``, ``/``,
+    spaces, controls) and every non-ASCII control or space is written ``%XX`` (its UTF-8
+    bytes), so no two sets of values share a key and no value makes a key of a template
+    with other punctuation (``tbl_issues:{id}`` never makes ``tbl_issues:1:export``), nor
+    reaches dynasem's own ``leader:`` resources. Code outside the decorated call names the
+    same lock with it: ``resource_key("deploy:{slug}", slug="web")`` is ``"deploy:web"``."""
+    if not isinstance(template, str):
+        raise TypeError(f"template must be a str, not {type(template).__name__}")
+    also, lead, around = _parsed(template)
+    key = _EscapingFormatter(also).format(template, *args, **kwargs)
+    return _unreserved(key, lead, around)
+
+
+class BadKey(Picklable, ValueError):
+    """The key a call's arguments make cannot be a resource: for a view, the request's fault
+    (a URL value), answered 400, not 500."""
+
+
+class KeyTooLong(BadKey):
+    """The key a view's arguments make is longer than a resource may be: the request's fault
+    (a URL value of hundreds of escaped characters), answered 400, not 500."""
+
+    def __init__(self, key: str, limit: int):
+        self.size, self.limit = len(key.encode("utf-8")), limit
+        super().__init__(
+            f"the lock key made from this request's arguments is {self.size} UTF-8 bytes; at "
+            f"most {limit} are allowed"
+        )
+
+
+class KeyNotPrintable(BadKey):
+    """The key a callable made of a view's arguments holds a control character (a template's
+    values are escaped; a callable's key is used as returned): answered 400, not 500."""
+
+    def __init__(self, char: str, index: int):
+        self.char, self.index = char, index
+        super().__init__(
+            f"the lock key made from this request's arguments contains the control character "
+            f"{char!r} at index {index}"
+        )
+
+
+def _checked(resource: Any) -> Any:
+    """A call's resource(s), refused as :class:`BadKey` past the size a key may have or with
+    a control character in it."""
+    for key in resource if isinstance(resource, list | tuple) else [resource]:
+        if not isinstance(key, str):
+            continue
+        # utf8_size: a lone surrogate is a ValueError naming the resource, not a codec error.
+        if utf8_size(key, "resource") > MAX_RESOURCE_BYTES:
+            raise KeyTooLong(key, MAX_RESOURCE_BYTES)
+        for index, char in enumerate(key):
+            if unicodedata.category(char) == "Cc":
+                raise KeyNotPrintable(char, index)
+    return resource
+
+
+def bad_key_response(request: Any, exc: BadKey) -> HttpResponse:
+    """HTTP 400: the URL's values make a lock key that cannot be a resource (longer than
+    DynamoDB's 1,024-byte limit, or holding a control character)."""
+    return HttpResponseBadRequest(
+        f"Bad Request: {exc}.\n", content_type="text/plain; charset=utf-8"
+    )
+
+
+def coalesced_response(request: Any, exc: Coalesced) -> HttpResponse:
+    """HTTP 202 Accepted: the resource is busy and a run that starts after this request is
+    queued (``coalesce=True``), so this request's changes will be part of it. What a
+    decorated view answers for a ``Coalesced``; logged as ``busy_response`` logs."""
+    response = HttpResponse(
+        "Accepted: a run that starts after this request is queued; it includes this "
+        "request's changes.\n",
+        status=202,
+        content_type="text/plain; charset=utf-8",
+    )
+    path = str(getattr(request, "path", "-")).encode("unicode_escape").decode("ascii")
+    logger.info(
+        "Accepted: %s: %r is busy and its next run is queued (by %r)",
+        path,
+        exc.resource,
+        exc.next_user_id,
+        extra={
+            "status_code": response.status_code,
+            "request": request,
+            "resource": exc.resource,
+            "holder_user_id": exc.holder_user_id,
+            "next_user_id": exc.next_user_id,
+            **facts(
+                exc.resource,
+                outcome="accepted",
+                path=path,
+                holder=exc.holder_user_id,
+                next_holder=exc.next_user_id,
+            ),
+        },
+    )
+    return response
+
+
+def busy_response(request: Any, exc: SemaphoreBusy) -> HttpResponse:
+    """HTTP 423 Locked with ``Retry-After``: what a decorated view answers when busy, unless
+    its ``on_busy`` answers otherwise (an ``on_busy(request, exc)`` may call it and adapt the
+    response). Says nothing about the holder's token.
+
+    Logged here, once, at INFO on the ``dynasem`` logger with its facts as ``extra``
+    (``resource``, ``holder_user_id``, ``retry_after``, ``queue_position``,
+    ``estimated_wait``, and ``status_code`` and ``request`` as Django's own request log
+    has them), and marked as logged, so that Django's ``django.request`` does not log
+    this expected answer of a busy lock again as a WARNING per request.
+
+    A coalescing semaphore's ``Coalesced`` gets ``coalesced_response`` instead."""
+    if isinstance(exc, Coalesced):
+        return coalesced_response(request, exc)
+    response = HttpResponse(
+        f"Locked: this resource is busy. Retry after {exc.retry_after} seconds.\n",
+        status=423,
+        content_type="text/plain; charset=utf-8",
+    )
+    response["Retry-After"] = str(exc.retry_after)
+    # Escaped as Django escapes the paths it logs: a request's path is the client's.
+    path = str(getattr(request, "path", "-")).encode("unicode_escape").decode("ascii")
+    logger.info(
+        "Locked: %s: %r is busy (held by %r, queue position %s); Retry-After: %d",
+        path,
+        exc.resource,
+        exc.holder_user_id,
+        exc.queue_position,
+        exc.retry_after,
+        extra={
+            "status_code": response.status_code,
+            "request": request,
+            "resource": exc.resource,
+            "holder_user_id": exc.holder_user_id,
+            "retry_after": exc.retry_after,
+            "queue_position": exc.queue_position,
+            "estimated_wait": exc.estimated_wait,
+            **facts(
+                exc.resource,
+                outcome="busy",
+                wait=exc.estimated_wait,
+                path=path,
+                holder=exc.holder_user_id,
+                retry_after=exc.retry_after,
+                queue_position=exc.queue_position,
+            ),
+        },
+    )
+    # django.utils.log.log_response skips a response carrying this mark (Django 4.2 to 6.1
+    # alike); it is the mark Django sets itself once it has logged a response.
+    response._has_been_logged = True  # type: ignore[attr-defined]
+    return response
+
+
+def request_of(args: tuple[Any, ...]) -> Any:
+    """The request when this is a view call: the first positional argument is an
+    ``HttpRequest``, or wraps one in ``_request`` (Django REST framework's ``Request``)."""
+    if args:
+        first = args[0]
+        if isinstance(first, HttpRequest) or isinstance(
+            getattr(first, "_request", None), HttpRequest
+        ):
+            return first
+    return None
+
+
+def _signatures(func: Callable[..., Any]) -> list[inspect.Signature]:
+    """The signatures to bind a call with, the likeliest first. ``method_decorator`` hands
+    us a ``partial`` of the bound method whose ``__wrapped__`` is the unbound one (with
+    ``self``): for it, the partial's own signature comes first."""
+    found: list[inspect.Signature] = []
+    order = (False, True) if isinstance(func, functools.partial) else (True, False)
+    for follow in order:
+        try:
+            sig = inspect.signature(func, follow_wrapped=follow)
+        except (TypeError, ValueError):  # no signature (some builtins): use the call as is
+            continue
+        if sig not in found:
+            found.append(sig)
+    return found
+
+
+class KeyMaker:
+    """Builds the resource(s) of one call from the decorator's template(s) or callable."""
+
+    def __init__(self, template: Any, func: Callable[..., Any]) -> None:
+        if isinstance(template, list | tuple):
+            for t in template:
+                check_template(t)
+        elif isinstance(template, str):
+            check_template(template)
+        self.template = template
+        self.name = getattr(func, "__qualname__", None) or repr(func)
+        self.signatures = _signatures(func)
+
+    def named(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> dict[str, Any]:
+        """The call's arguments by name: bound through the signature, defaults applied."""
+        error: TypeError | None = None
+        for sig in self.signatures:
+            try:
+                bound = sig.bind(*args, **kwargs)
+            except TypeError as exc:
+                error = error or exc
+                continue
+            bound.apply_defaults()
+            named = dict(bound.arguments)
+            for param in sig.parameters.values():
+                if param.kind is inspect.Parameter.VAR_KEYWORD:
+                    named.update(named.pop(param.name, {}))
+            return named
+        if error is not None:
+            # The call itself would fail the same way: say so before taking anything.
+            raise TypeError(f"{self.name}() {error}") from None
+        return dict(kwargs)
+
+    def __call__(self, args: tuple[Any, ...], kwargs: dict[str, Any], view: bool) -> Any:
+        template = self.template
+        if callable(template):
+            key = template(*args, **kwargs)  # the same arguments as the decorated callable
+            if not isinstance(key, str | list | tuple):
+                raise TypeError(f"the resource callable returned {type(key).__name__}, not a str")
+            return key
+        # Positional fields ({0}) index the arguments after the request for a view, every
+        # positional argument otherwise; named fields come from the signature.
+        positional = args[1:] if view else args
+        named = self.named(args, kwargs)
+        templates = template if isinstance(template, list | tuple) else [template]
+        keys = [self._format(t, positional, named, view) for t in templates]
+        return keys if isinstance(template, list | tuple) else keys[0]
+
+    def _format(
+        self, template: str, positional: tuple[Any, ...], named: Mapping[str, Any], view: bool
+    ) -> str:
+        try:
+            return resource_key(template, *positional, **named)
+        except (KeyError, IndexError, AttributeError) as exc:
+            raise ValueError(
+                f"resource template {template!r} names {exc} but the "
+                f"{'view' if view else 'call'} {self.name}() got args={positional!r} "
+                f"and arguments {sorted(named)!r}"
+            ) from None
+
+
+async def request_user(request: Any) -> Any:
+    """``request.user`` for an async view, loaded outside the event loop: it is lazy and reads
+    the session and the user from the database. Django >= 5.0 has ``request.auser()``; on 4.2
+    the lazy object is made to load in a thread, as ``auser()`` does."""
+    auser = getattr(request, "auser", None)
+    if auser is not None:
+        return await auser()
+    user = getattr(request, "user", None)
+    # isinstance() looks at the type only, so it does not load the object; reading any
+    # attribute does, in sync_to_async's thread.
+    if isinstance(user, LazyObject):
+        await sync_to_async(lambda: getattr(user, "pk", None))()
+    return user
+
+
+def _refuse(func: Any) -> None:
+    if (hasattr(func, "apply_async") and hasattr(func, "run")) or type(func).__module__.startswith(
+        "django.tasks"
+    ):
+        raise TypeError(
+            f"semaphore(...) goes below the task decorator, next to the function: "
+            f"@task / @semaphore(...) / def ..., not over the task {func!r}"
+        )
+    if not callable(func):
+        raise TypeError(f"semaphore(...) decorates a callable, not {func!r}")
+    if isinstance(func, type):
+        raise TypeError(
+            f"semaphore(...) cannot decorate the class {func.__qualname__}: decorate a method "
+            "(for a class-based view: @method_decorator(semaphore(...), name='post'))"
+        )
+    if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+        raise TypeError(
+            f"semaphore(...) cannot decorate the generator function {func.__qualname__}: the "
+            "lock would be given back at its first yield; use `with semaphore(...)` inside it"
+        )
+
+
+def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., Any]:
+    """``func`` taking ``sem`` (with the call's resource) around every call."""
+    _refuse(func)
+    if iscoroutinefunction(func) and getattr(sem, "fence_db", False):
+        raise fenced.no_async()
+    keys = KeyMaker(sem.decoration.resource, func)
+    on_busy = sem.decoration.on_busy
+
+    def resolve(args: Any, kwargs: Any) -> tuple[Any, Any, HttpResponse | None]:
+        """The call's request (a view's), its resource, and the 400 to answer instead when
+        a view's key cannot be a resource."""
+        request = request_of(args)
+        resource = keys(args, kwargs, request is not None)
+        if request is not None:
+            try:
+                resource = _checked(resource)
+            except BadKey as exc:
+                return request, resource, bad_key_response(request, exc)
+        return request, resource, None
+
+    if iscoroutinefunction(func):
+
+        async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+            request, resource, bad = resolve(args, kwargs)
+            if bad is not None:
+                return bad
+            # The holder: the request's user (never anything from request data), or the
+            # decorator's own user= for anything that is not a view.
+            user = await request_user(request) if request is not None else sem.user
+            async with contextlib.AsyncExitStack() as stack:
+                try:
+                    await stack.enter_async_context(sem.with_resource(resource, user))
+                except SemaphoreBusy as exc:
+                    if request is not None:
+                        result = (on_busy or busy_response)(request, exc)
+                    elif on_busy is None:
+                        raise
+                    else:
+                        result = on_busy(exc, *args, **kwargs)
+                    return await result if inspect.isawaitable(result) else result
+                # Held until the coroutine finishes, not until it is created.
+                return await func(*args, **kwargs)
+
+        wrapper: Callable[..., Any] = markcoroutinefunction(async_wrapper)
+    else:
+
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            request, resource, bad = resolve(args, kwargs)
+            if bad is not None:
+                return bad
+            user = getattr(request, "user", None) if request is not None else sem.user
+            with contextlib.ExitStack() as stack:
+                try:
+                    stack.enter_context(sem.with_resource(resource, user))
+                except SemaphoreBusy as exc:
+                    if request is not None:
+                        return (on_busy or busy_response)(request, exc)
+                    if on_busy is None:
+                        raise
+                    return on_busy(exc, *args, **kwargs)
+                return func(*args, **kwargs)
+
+    return functools.wraps(func)(wrapper)

@@ -1,0 +1,122 @@
+"""Who comes after a releasing holder: the heirs a hand-over makes holders, what a release
+that has none must say about the queue, and the push that tells the first waiter."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .. import _clock as clock
+from .. import _storage as table
+from .._storage import lock_writes as writes
+from ..exceptions import SemaphoreUnavailable
+from . import push as wakeup
+
+# The most readers one hand-over admits together: each adds an entry to the row (and to the
+# push that carries it), and no more than the row keeps inline (table.writes.READERS_INLINE:
+# past them, every write of a crowd's reader items would pay for a row over 1 KB). Readers
+# beyond are let in by those admitted (``push_first``), into reader items.
+MAX_ADMIT = 16
+
+
+def max_admit() -> int:
+    return min(MAX_ADMIT, max(1, writes.READERS_INLINE))
+
+
+Heirs = list[tuple[str, table.Waiter]]
+
+
+def first_live(queue: Mapping[str, table.Waiter], now_ms: int) -> tuple[str, table.Waiter] | None:
+    """The first waiter in line whose entry is still alive: (its token, its entry)."""
+    live = [(w.ticket, t) for t, w in queue.items() if w.expires_ms > now_ms]
+    if not live:
+        return None
+    _, token = min(live)
+    return token, queue[token]
+
+
+def next_in_line(queue: Mapping[str, table.Waiter], now_ms: int) -> Heirs:
+    """Who takes the lock next, first come first served among live waiters: the first one if
+    it is exclusive; else every reader at the head of the line, up to the first exclusive
+    waiter (and at most :func:`max_admit`): shared holders hold together."""
+    live = sorted((w.ticket, t) for t, w in queue.items() if w.expires_ms > now_ms)
+    heirs: Heirs = []
+    for _, token in live:
+        waiter = queue[token]
+        if heirs and not waiter.shared:
+            break
+        heirs.append((token, waiter))
+        if not waiter.shared or len(heirs) >= max_admit():
+            break
+    return heirs
+
+
+def _entries(item: table.LockItem) -> dict[str, table.Waiter]:
+    return {w.token: w for w in item.entries or ()}
+
+
+def heirs_of(
+    inline: Mapping[str, table.Waiter], row: table.LockItem | None
+) -> tuple[Heirs, int | None, table.LockItem | None]:
+    """The heirs of an exclusive hold: from the old inline queue (which came first), else
+    from the queue's entry items, read now if the row says waiters came. Returns the heirs,
+    the ``qout`` a hand-over to entry items is conditional on (None: inline heirs), and the
+    row with what was read."""
+    now = clock.now_ms()
+    heirs = next_in_line(inline, now)
+    if heirs or row is None or not row.waiting:
+        return heirs, None, row
+    if row.entries is not None:
+        return next_in_line(_entries(row), now), row.qout, row
+    # An eventually consistent read first (half the units of a consistent one). It is taken
+    # only if the heirs it shows are the very next tickets after qout, every one there: a
+    # waiter that just queued can be missing from it, and skipping its ticket would serve a
+    # later one first. A waiter that left a moment ago can still show in it (on AWS, for
+    # about a second); a hand-over to it reaches its process by push, or its look at the row
+    # 2 s after it left (``wakeup.depart``), which gives the lock back (``give_back_stray``),
+    # as for a hand-over that was on its way when it left. A consistent read here would cost
+    # every hand-over 0.5 RCU more to spare the rarer leavers' one look (1 RCU), and would
+    # still miss a slow write.
+    quick = table.load_entries(row, consistent=False)
+    heirs = next_in_line(_entries(quick), now)
+    if heirs and _contiguous(quick, heirs):
+        return heirs, quick.qout, quick
+    row = table.load_entries(row)
+    return next_in_line(_entries(row), now), row.qout, row
+
+
+def _contiguous(row: table.LockItem, heirs: Heirs) -> bool:
+    """Are ``heirs`` tickets qout + 1, qout + 2, ...: nobody missing or passed over before or
+    among them? (An entry such a read shows dead may have been renewed since.)"""
+    tickets = [waiter.ticket for _, waiter in heirs]
+    return tickets == list(range(row.qout + 1, row.qout + 1 + len(tickets)))
+
+
+def release_terms(row: table.LockItem | None, skew: float) -> dict[str, Any]:
+    """The queue's part of an exclusive holder's plain release (no heir to hand it to):
+    nobody may be waiting (a refusal says who came); or every waiter seen is dead: pass
+    them. Waiters whose entries have only just run out are left to take it themselves."""
+    if row is None or not row.waiting:
+        return {"queue_idle": True}
+    stale = clock.now_ms() - int(skew * 1000)
+    if row.entries is not None and row.entries_to >= row.qin:
+        if all(w.expires_ms < stale for w in row.entries):
+            return {"pass_to": row.qin}
+    return {}
+
+
+def push_first(resource: str, item: table.LockItem, *, readers_only: bool) -> None:
+    """Push ``item`` to the first live waiter in line (only if a reader: ``readers_only``),
+    reading the queue's first entries if the row says waiters came."""
+    now = clock.now_ms()
+    first = first_live(item.queue, now)
+    if first is None and item.waiting:
+        if item.entries is None:
+            try:
+                item = table.load_entries(item)
+            except SemaphoreUnavailable:
+                return  # they read it themselves
+        first = first_live(_entries(item), now)
+    if first is None or not first[1].address or (readers_only and not first[1].shared):
+        return
+    wakeup.push(first[1].address, resource, first[0], item, sent_ms=clock.now_ms())

@@ -1,0 +1,236 @@
+"""Background lease renewal: one scheduler thread per process renews every live hold.
+
+Each hold's :class:`Heartbeat` renews well before the lease could run out (every third of
+``lease - CLOCK_SKEW``), retries transient failures quickly, and declares the hold lost only
+when it can really have run out: our own deadline (``sent + lease - CLOCK_SKEW``) passed
+without a successful renewal, or a renewal was refused because the hold is no longer ours.
+
+Starting and stopping a heartbeat is a heap push and a flag: no thread is started per hold
+(that cost about a millisecond per acquire). A due renewal runs in a short-lived thread of
+its own, and its request in a worker thread joined only until the hold's deadline, so neither
+a request hanging on a dead endpoint nor one slow hold delays another hold's renewal or loss.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from .._observability.logs import facts
+from ..exceptions import LockLost, SemaphoreUnavailable
+
+logger = logging.getLogger("dynasem")
+
+# Shortest pause between two attempts after a transient failure (seconds).
+RETRY_MIN = 0.05
+
+
+def _facts(held: Any, outcome: str, reason: object, wait: float | None = None) -> dict[str, Any]:
+    """``extra`` for a record about ``held``: a :class:`~dynasem._engine.hold.Held`, a run_once job,
+    or a coalescing registration (these have no fence)."""
+    return facts(
+        held.resource,
+        token=getattr(held, "token", None),
+        fence=getattr(held, "fence", None),
+        outcome=outcome,
+        wait=wait,
+        reason=reason,
+    )
+
+
+class Heartbeat:
+    """The renewal schedule of one hold (a :class:`~dynasem._engine.core.Held` or a run_once
+    job)."""
+
+    def __init__(self, held: Any):
+        self.held = held
+        self.name = f"dynasem-heartbeat:{held.resource[:40]}"
+        self.interval: float = max(0.05, (held.lease - held.skew) / 3)
+        self._stopped = threading.Event()
+
+    def start(self) -> None:
+        # A hold may start with less than a whole lease left (handed over, or recognised from
+        # an earlier write): the first renewal comes early enough for several tries.
+        _scheduler().add(self, min(self.interval, self.held.seconds_left() / 3))
+
+    def stop(self) -> None:
+        if not self._stopped.is_set():
+            self._stopped.set()
+            if _current is not None:
+                _current.dropped()
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped.is_set()
+
+    def _renew(self) -> BaseException | None:
+        """One renewal, given at most until the deadline; its error, or None."""
+        outcome: dict[str, Any] = {}
+
+        def attempt() -> None:
+            try:
+                self.held.renew()
+                outcome["ok"] = True
+            except BaseException as exc:  # handed to the heartbeat
+                outcome["error"] = exc
+
+        worker = threading.Thread(target=attempt, name=f"{self.name}:renew", daemon=True)
+        worker.start()
+        worker.join(self.held.seconds_left() + 0.01)
+        if worker.is_alive():
+            return SemaphoreUnavailable("renewal still unanswered at the lease deadline")
+        return outcome.get("error")
+
+    def beat(self) -> float | None:
+        """One due renewal; the pause until the next, or None when this heartbeat is done."""
+        held = self.held
+        error = self._renew()
+        if self.stopped:
+            return None
+        if isinstance(error, LockLost):
+            return None  # renew() already marked it lost and sent lock_lost
+        if isinstance(error, SemaphoreUnavailable):
+            left: float = held.seconds_left()
+            if left <= 0:
+                held.check_deadline()
+                return None
+            # Retry soon, but often enough to get several tries in before the deadline.
+            pause = max(RETRY_MIN, min(self.interval / 3, left / 4))
+            logger.info(
+                "dynasem: renewing %r failed (%s); retrying",
+                held.resource,
+                error,
+                extra=_facts(held, "renew_retry", error, wait=pause),
+            )
+            return pause
+        if error is not None:  # never let the schedule end silently with a live hold
+            logger.error(
+                "dynasem: unexpected error renewing %r: %r",
+                held.resource,
+                error,
+                extra=_facts(held, "renew_failed", error),
+            )
+            return RETRY_MIN
+        # A deadline that renewals cannot push (max_hold) is met on time, to declare the loss.
+        until_deadline: float = held.seconds_left() + 0.001
+        return min(self.interval, until_deadline)
+
+
+class _Scheduler:
+    """A heap of (due time, heartbeat) served by one daemon thread, started on first use."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, Heartbeat]] = []
+        self._seq = itertools.count()
+        self._beating: set[Heartbeat] = set()
+        self._thread: threading.Thread | None = None
+        self._dropped = 0  # stopped heartbeats possibly still in the heap
+
+    def dropped(self) -> None:
+        """A heartbeat stopped: rebuild the heap once stopped entries are most of it, so
+        long leases taken at a high rate do not pile up entries until their due time."""
+        with self._cond:
+            self._dropped += 1
+            if self._dropped > 64 and self._dropped * 2 > len(self._heap):
+                self._heap = [e for e in self._heap if not e[2].stopped]
+                heapq.heapify(self._heap)
+                self._dropped = 0
+
+    def add(self, heartbeat: Heartbeat, pause: float) -> None:
+        with self._cond:
+            self._beating.discard(heartbeat)
+            heapq.heappush(self._heap, (time.monotonic() + pause, next(self._seq), heartbeat))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="dynasem-heartbeat", daemon=True
+                )
+                self._thread.start()
+            elif self._heap[0][2] is heartbeat:
+                self._cond.notify()
+
+    def scheduled(self) -> list[Heartbeat]:
+        """The heartbeats still running: waiting for their next renewal, or renewing now."""
+        with self._cond:
+            waiting = {hb for _, _, hb in self._heap}
+            return [hb for hb in waiting | self._beating if not hb.stopped]
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                # Stopped heartbeats leave the heap as soon as they reach its top.
+                while self._heap and self._heap[0][2].stopped:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                delay = self._heap[0][0] - time.monotonic()
+                if delay > 0:
+                    self._cond.wait(delay)
+                    continue
+                _, _, heartbeat = heapq.heappop(self._heap)
+                self._beating.add(heartbeat)
+            try:
+                threading.Thread(
+                    target=self._beat, args=(heartbeat,), name=heartbeat.name, daemon=True
+                ).start()
+            except BaseException as exc:  # e.g. "can't start new thread": never end the loop
+                logger.error(
+                    "dynasem: cannot start a renewal of %r: %r",
+                    heartbeat.held,
+                    exc,
+                    extra=_facts(heartbeat.held, "renew_failed", exc),
+                )
+                self.add(heartbeat, RETRY_MIN)
+
+    def _beat(self, heartbeat: Heartbeat) -> None:
+        pause: float | None = RETRY_MIN
+        try:
+            pause = heartbeat.beat()
+        except BaseException as exc:  # a schedule must not end silently with a live hold
+            logger.error(
+                "dynasem: renewing %r failed: %r",
+                heartbeat.held,
+                exc,
+                extra=_facts(heartbeat.held, "renew_failed", exc),
+            )
+        if pause is not None and not heartbeat.stopped:
+            self.add(heartbeat, pause)  # back in the heap before it leaves _beating
+        else:
+            with self._cond:
+                self._beating.discard(heartbeat)
+
+
+_lock = threading.Lock()
+_current: _Scheduler | None = None
+
+
+def _scheduler() -> _Scheduler:
+    global _current
+    current = _current
+    if current is not None:  # every acquire comes here: no lock once it exists
+        return current
+    with _lock:
+        if _current is None:
+            _current = _Scheduler()
+        return _current
+
+
+def _forget_after_fork() -> None:
+    # A forked child has no scheduler thread; the parent's holds are the parent's to renew.
+    global _current, _lock
+    _current = None
+    _lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
+
+
+def scheduled() -> list[Heartbeat]:
+    """Every heartbeat of this process that is still running."""
+    return [] if _current is None else _current.scheduled()

@@ -1,0 +1,671 @@
+"""A hold: :class:`Held` renews it, gives it back (or hands it straight to the first waiter)
+and tells when it is lost; and the stack of holds entered with ``with``/``async with``."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import threading
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from .. import _clock as clock
+from .. import _storage as table
+from .._observability import telemetry
+from .._observability.logs import facts
+from .._transactions import commit as transactions
+from .._transactions import fencing as fenced
+from ..exceptions import LimitExceeded, LockLost, SemaphoreUnavailable
+from ..signals import lock_acquired, lock_lost, lock_released
+from . import handover as heirs
+from . import push as wakeup
+from .arguments import MODE_EXCLUSIVE, MODE_SHARED
+from .heartbeat import Heartbeat
+from .lockspec import LockSpec
+from .steps import run_io
+
+logger = logging.getLogger("dynasem")
+
+_NOTHING = contextlib.nullcontext()
+# A plain release of a hold older than this (seconds) asks for the item back, to push the
+# first of any waiters that queued after we last saw the queue.
+WAKE_AFTER = 0.05
+# A release DynamoDB throttled still after botocore's retries is sent again for up to this
+# many seconds (never past the hold's own deadline), after pauses that double from
+# RELEASE_PAUSE up to a second. Given up, the hold stays in the row until its lease runs out
+# (a minute by default) and every waiter waits that long for a lock nobody uses: worth a few
+# seconds of the releasing caller's time. Throttling passes within a second or so (DynamoDB
+# measures a partition's throughput per second); an outage or a 5xx may not, and a caller
+# leaving its block is not kept waiting on one.
+RELEASE_PATIENCE = 5.0
+RELEASE_PAUSE = 0.05
+
+
+class Held:
+    """One acquisition, as ``acquire()`` returns it, renewed by the heartbeat while it lives:
+    ``resource`` (``resources`` if several), ``fence`` (``fences``; larger than every earlier
+    holder's), ``token``, ``user_id``, ``expires`` (UTC); ``arenew``, ``arelease`` for async."""
+
+    def __init__(
+        self,
+        semaphore: LockSpec,
+        *,
+        token: str,
+        user_id: str,
+        fences: dict[str, int],
+        lease: float,
+        skew: float,
+        expires_ms: int,
+        sent_mono: float,
+    ):
+        self.semaphore = semaphore
+        self.resources = list(semaphore.resources)
+        self.token = token
+        self.user_id = user_id
+        self.fences = fences
+        self.lease = lease
+        self.skew = skew
+        self._expires_ms = expires_ms
+        self._deadline = sent_mono + lease - skew
+        self._lock = threading.RLock()  # serialises renew/release requests
+        self._state_lock = threading.Lock()  # guards _lost only: never held across a request
+        self._lost: str | None = None
+        self._released = False
+        self._pending_commit = False  # given back, waiting for the transaction to end
+        self._heartbeat: Any = None
+        self._taken_mono = clock.monotonic()
+        self._max_hold_end: float | None = None
+        if semaphore.max_hold is not None:
+            self._max_hold_end = self._taken_mono + semaphore.max_hold
+            self._deadline = min(self._deadline, self._max_hold_end)
+        self._queue: Mapping[str, table.Waiter] = {}  # the old inline queue's waiters we saw
+        self._row: table.LockItem | None = None  # the row as we last saw it: its queue
+        self._hold_avg: int | None = None
+        # A hand-over sent that got no answer: it may have been applied (see _give_back).
+        self._handed_unanswered = False
+        # A release sent again after an ambiguous failure: the first may have been applied.
+        self._release_unanswered = False
+        # Who took it: at exit, only holds of threads that ended are given back (shutdown.py).
+        self.thread = threading.current_thread()
+        # Acquisitions of it in all: nested acquires in the same thread or task re-enter it
+        # (entered.py); only the last release gives it back.
+        self.depth = 1
+        # A unique task's run that enqueued its retry: the retry's claim token, which this
+        # hold becomes at the run's end instead of being given back (dynasem._background.unique).
+        self.handed_on: str | None = None
+        self.telemetry_context: Any = None  # the acquire's span (telemetry.py links to it)
+        self._handover: tuple[int, int, int, int] | None = None  # when, to how many, fence
+
+    def _observe(self, item: table.LockItem | None) -> None:
+        if item is not None:
+            self._queue = item.queue
+            self._row = item
+            if item.hold_ms is not None:
+                self._hold_avg = item.hold_ms
+
+    def _hold_ms(self) -> int:
+        mine = int((clock.monotonic() - self._taken_mono) * 1000)
+        return mine if self._hold_avg is None else (3 * self._hold_avg + mine) // 4
+
+    def _heirs(self) -> tuple[heirs.Heirs, int | None]:
+        """The live waiters that take over from us, if the hold is exclusive, and the
+        ``qout`` a hand-over to them is conditional on (see :func:`heirs.heirs_of`)."""
+        if self.semaphore.mode != MODE_EXCLUSIVE or len(self.resources) != 1:
+            return [], None
+        found, qout, self._row = heirs.heirs_of(self._queue, self._row)
+        return found, qout
+
+    # -- what users read ---------------------------------------------------------------------
+
+    @property
+    def resource(self) -> str:
+        return self.resources[0]
+
+    @property
+    def fence(self) -> int:
+        return self.fences[self.resource]
+
+    @property
+    def expires(self) -> datetime:
+        return datetime.fromtimestamp(self._expires_ms / 1000, tz=UTC)
+
+    @property
+    def lost(self) -> bool:
+        """True once the hold is known not to be ours any more (or its lease ran out)."""
+        self.check_deadline()
+        return self._lost is not None
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def seconds_left(self) -> float:
+        """How long we may still trust the hold without renewing (our clock, skew allowed)."""
+        return max(0.0, self._deadline - clock.monotonic())
+
+    def __repr__(self) -> str:
+        return f"<Held {self.resources!r} fence={self.fence} user={self.user_id!r}>"
+
+    # -- renewing ----------------------------------------------------------------------------
+
+    def check_deadline(self) -> None:
+        if self._lost is None and not self._released and clock.monotonic() >= self._deadline:
+            self._mark_lost(self._deadline_reason())
+
+    def _deadline_reason(self) -> str:
+        if self._max_hold_end is not None and clock.monotonic() >= self._max_hold_end:
+            return f"it was held for max_hold={self.semaphore.max_hold:g}s"
+        return "its lease ran out before it could be renewed"
+
+    def _mark_lost(self, reason: str) -> None:
+        with self._state_lock:
+            if self._lost is not None:
+                return
+            self._lost = reason
+        self._stop_heartbeat()
+        ex = facts(self.resource, token=self.token, fence=self.fence, outcome="lost", reason=reason)
+        logger.warning("dynasem: lost the hold on %r: %s", self.resource, reason, extra=ex)
+        if telemetry.ON:
+            telemetry.lost(self, reason)
+        lock_lost.send(
+            sender=self.semaphore.signal_sender,
+            resource=self.resource,
+            user_id=self.user_id,
+            token=self.token,
+            fence=self.fence,
+            reason=reason,
+            # Its block had ended, its transaction had not: the transaction's work may still
+            # commit after another holder took over.
+            pending_commit=self._pending_commit,
+        )
+
+    def _raise_lost(self) -> None:
+        raise LockLost(self.resource, self._lost or "unknown")
+
+    def renew(self) -> None:
+        """Extend the lease now (the heartbeat does this by itself while the hold lives)."""
+        # A renewal of the heartbeat's may hang on an unreachable endpoint, holding the lock,
+        # for as long as botocore's timeouts allow: wait for it only while the hold can be
+        # trusted. Past the deadline the hold is lost, whatever that renewal answers later.
+        while not self._lock.acquire(timeout=self.seconds_left()):
+            self.check_deadline()
+            if self._released:
+                raise LockLost(self.resource, "it was released")
+            if self._lost is not None:
+                self._raise_lost()
+        try:
+            self.check_deadline()
+            if self._released:
+                raise LockLost(self.resource, "it was released")
+            if self._lost is not None:
+                self._raise_lost()
+            with telemetry.renewing(self) if telemetry.ON else _NOTHING:
+                self._renew_once()
+        finally:
+            self._lock.release()
+
+    async def arenew(self) -> None:
+        await run_io(self.renew)
+
+    def _next_lease(self) -> tuple[float, float, int]:
+        """A renewal's send time (monotonic), lease (seconds) and lease end (wall ms)."""
+        sent_mono = clock.monotonic()
+        lease = self.lease
+        if self._max_hold_end is not None:
+            # Never past max_hold: others may take over CLOCK_SKEW after it (their clocks).
+            lease = min(lease, self._max_hold_end - sent_mono + self.skew)
+        return sent_mono, lease, clock.now_ms() + int(lease * 1000)
+
+    def _renew_once(self) -> None:
+        sent_mono, lease, expires = self._next_lease()
+        if expires <= self._expires_ms:
+            return  # nothing left to extend
+        raise_item = {r: True for r in self.resources}
+        for _ in range(4):
+            actions = [
+                table.renew_hold(
+                    r, self.token, expires, raise_item=raise_item[r], user_id=self.user_id
+                )
+                for r in self.resources
+            ]
+            try:
+                if len(actions) == 1:
+                    self._observe(table.update(actions[0], return_new=True))
+                else:
+                    table.transact(actions)
+            except table.Refused as refused:
+                if not self._still_ours(self.resources[0], refused.lock, raise_item):
+                    break
+            except table.Cancelled as cancelled:
+                reasons = zip(self.resources, cancelled.reasons, strict=False)
+                if any(
+                    code == "ConditionalCheckFailed" and not self._still_ours(r, old, raise_item)
+                    for r, (code, old) in reasons
+                ):
+                    break
+            else:
+                self._expires_ms = expires
+                self._deadline = max(self._deadline, sent_mono + lease - self.skew)
+                return
+        else:
+            raise SemaphoreUnavailable(
+                f"could not renew {self.resource!r}: conflicting writes", transient=True
+            )
+        self._mark_lost("another holder took it over, or it was broken by an operator")
+        self._raise_lost()
+
+    def _still_ours(
+        self, resource: str, old: table.LockItem | None, raise_item: dict[str, bool]
+    ) -> bool:
+        if old is not None and self.token in old.holders:
+            # Ours still; another holder's later lease end stands as the item's expiry.
+            raise_item[resource] = False
+            return True
+        return False
+
+    def fence_transaction(self, using: str | None = None) -> None:
+        """Make the open transaction of ``using`` (the semaphore's ``using`` if None) refuse
+        to land after a newer holder's: writes this hold's fence first in it, kept locked
+        until it ends; raises ``LockLost`` if a newer holder's fence is there. See the how-to
+        guide "Transactions and fencing"."""
+        fenced.fence_transaction(self, using if using is not None else self.semaphore.using)
+
+    # -- releasing ---------------------------------------------------------------------------
+
+    def release(self) -> None:
+        """Give back this acquisition's hold only. Raises ``LockLost`` if it was not ours
+        any more (after cleaning up whatever is still ours).
+
+        Inside ``transaction.atomic`` (unless the semaphore has ``on_commit=False``) the hold
+        is given back after the outermost transaction of its database commits, or at once
+        when that rolls back; the lease is renewed until then. A hold already known lost
+        raises now, while the transaction can still roll back.
+
+        A nested acquire that re-entered this hold ("Nested acquires" in the how-to guides)
+        gives back nothing: only the outermost release does (raising LockLost if lost)."""
+        if self._released or self._pending_commit:
+            return
+        if self.depth > 1:
+            self.depth -= 1
+            if self.lost:
+                self._raise_lost()
+            return
+        sem = self.semaphore
+        if (
+            sem.on_commit
+            and not self.lost
+            and transactions.after_transaction(
+                sem.using, self._after_transaction, self.resource, owner=self
+            )
+        ):
+            self._pending_commit = True
+            return
+        self._release_now()
+
+    @property
+    def pending_commit(self) -> bool:
+        """True while the hold waits for its transaction to end before it is given back."""
+        return self._pending_commit
+
+    def _after_transaction(self, committed: bool) -> None:
+        try:
+            self._release_now()
+        except LockLost as exc:
+            ex: dict[str, Any] = {"token": self.token, "fence": self.fence, "reason": exc.reason}
+            if committed:
+                # lock_lost was sent (with pending_commit=True) when the loss was found.
+                logger.error(
+                    "dynasem: the transaction that held %r committed after the hold was lost "
+                    "(%s): another holder may have worked on the same data before this "
+                    "commit; fence such writes with held.fence",
+                    self.resource,
+                    exc.reason,
+                    extra=facts(self.resource, outcome="committed_after_loss", **ex),
+                )
+            else:
+                logger.warning(
+                    "dynasem: the hold on %r was lost (%s) before its transaction rolled back",
+                    self.resource,
+                    exc.reason,
+                    extra=facts(self.resource, outcome="rolled_back_after_loss", **ex),
+                )
+        finally:
+            self._pending_commit = False
+
+    def _release_now(self) -> None:
+        with self._lock:
+            if self._released:
+                return
+            self._released = True
+            self._stop_heartbeat()
+            with telemetry.releasing(self) if telemetry.ON else _NOTHING:
+                lost_before = self._lost is not None or clock.monotonic() >= self._deadline
+                ok = self._give_back()
+                if not ok and self._lost is None:
+                    self._mark_lost("another holder took it over, or it was broken by an operator")
+                if lost_before and self._lost is None:
+                    self._mark_lost(self._deadline_reason())
+            if self._lost is not None:
+                self._raise_lost()
+        lock_released.send(
+            sender=self.semaphore.signal_sender,
+            resource=self.resource,
+            user_id=self.user_id,
+            token=self.token,
+            fence=self.fence,
+        )
+
+    async def arelease(self) -> None:
+        await run_io(self.release)
+
+    def _hand_over(self) -> bool | None:
+        """Release straight to the first waiter (or the readers at the head of the line), in
+        one write. None: no heir, or they left (then a plain release follows)."""
+        fence = self.fence
+        for _ in range(3):
+            if self._lost is not None:
+                return None
+            try:
+                found, qout = self._heirs()
+            except SemaphoreUnavailable:
+                # The queue could not be read (throttled still after the retries): a plain
+                # release follows, and the first waiter takes the lock at its next look.
+                return None
+            if not found:
+                return None
+            now = clock.now_ms()
+            # Every heir a fence of its own, above every earlier one (ours, the stored one).
+            fence = max(clock.new_fence(self.skew), fence + 1)
+            entries = []
+            for i, (token, waiter) in enumerate(found):
+                lease_ms = (
+                    waiter.lease_ms if waiter.lease_ms is not None else int(self.lease * 1000)
+                )
+                entry = table.holder_entry(
+                    waiter.user_id, now + lease_ms, fence + i, now, waiter.shared, waiter.proc
+                )
+                entries.append((token, waiter.ticket, entry))
+            shared = found[0][1].shared
+            started_ns = time.time_ns()
+            try:
+                item = table.update(
+                    table.hand_over(
+                        self.resource,
+                        self.token,
+                        entries,
+                        hold_ms=self._hold_ms(),
+                        mode=MODE_SHARED if shared else None,
+                        qout=qout,
+                    ),
+                    return_new=True,
+                )
+            except table.Refused as refused:
+                old = refused.lock
+                if old is None or self.token not in old.holders:
+                    return self._released_by(old, refused.retried)
+                # An heir left (or the stored fence was ahead): again with the line as it is.
+                self._observe(old)
+                fence = max(fence, old.fence)
+                continue
+            except SemaphoreUnavailable:
+                # Maybe applied, its answer lost: the heir may even have held and given back
+                # since, so a refusal of the plain release that follows is no proof of a loss.
+                self._handed_unanswered = True
+                return None
+            if telemetry.ON:
+                self._handover = (started_ns, time.time_ns(), len(found), fence)
+            if item is not None:
+                sent_ms = clock.now_ms()
+                for token, waiter in found:
+                    if waiter.address:
+                        wakeup.push(waiter.address, self.resource, token, item, sent_ms=sent_ms)
+            return True
+        return None
+
+    def _give_back(self) -> bool:
+        """Send the release; True if every resource was ours until now."""
+        for _ in range(3):
+            handed = self._hand_over()
+            if handed is not None:
+                return handed
+            released = self._plain_release(self._release_terms())
+            if released is not None:
+                return released
+            # Refused, still ours: waiters came since we last looked. Hand it to them.
+        released = self._plain_release({})
+        return bool(released)
+
+    def _release_terms(self) -> dict[str, Any]:
+        if self.semaphore.mode != MODE_EXCLUSIVE or len(self.resources) != 1:
+            return {}
+        return heirs.release_terms(self._row, self.skew)
+
+    def _plain_release(self, terms: dict[str, Any]) -> bool | None:
+        """A release to nobody in particular; True if every resource was ours until now.
+        None: refused by ``terms`` (waiters came), the hold still ours."""
+        sole = self.semaphore.mode == MODE_EXCLUSIVE
+        pending = list(self.resources)
+        ok = True
+        hold_ms = self._hold_ms() if len(pending) == 1 else None
+        cancels = failures = 0
+        started = clock.monotonic()
+        while cancels < 3:
+            actions = self._give_back_actions(pending, terms, sole=sole, hold_ms=hold_ms)
+            try:
+                if len(actions) == 1:
+                    # Only a hold long enough for waiters to have come unseen asks for the
+                    # item back (its decoding costs the uncontended path ~10 % of its CPU).
+                    row = self._row
+                    look = (
+                        bool(self._queue)
+                        or (row is not None and row.waiting)
+                        or clock.monotonic() - self._taken_mono > WAKE_AFTER
+                    )
+                    self._wake_first(table.update(actions[0], return_new=look))
+                else:
+                    table.transact(actions)
+                return ok
+            except table.Refused as refused:
+                old = refused.lock
+                if terms and old is not None and self.token in old.holders:
+                    self._observe(old)
+                    return None
+                retried = refused.retried or self._handed_unanswered or self._release_unanswered
+                return ok and self._released_by(old, retried)
+            except table.Cancelled as cancelled:
+                # Nothing was applied: drop the ones not ours any more and send the rest again.
+                cancels += 1
+                retried = cancelled.retried or self._release_unanswered
+                still = []
+                for r, (code, old) in zip(pending, cancelled.reasons, strict=False):
+                    if code != "ConditionalCheckFailed":
+                        still.append(r)
+                    elif not self._released_by(old, retried):
+                        ok = False
+                pending = still
+                if not pending:
+                    return ok
+                if all(code != "ConditionalCheckFailed" for code, _ in cancelled.reasons):
+                    # Another request's transaction was on a row (TransactionConflict):
+                    # nothing was applied and it passes within milliseconds; three tries at
+                    # once left the hold in the rows for its lease (issue 40).
+                    cancels, failures = cancels - 1, failures + 1
+                    if not self._paused(True, failures, started, pending, "conflicts"):
+                        return ok
+            except SemaphoreUnavailable as exc:
+                failures += 1
+                self._release_unanswered |= exc.ambiguous
+                passing = isinstance(exc, table.WriteConflict) or (
+                    isinstance(exc, LimitExceeded) and exc.limit == "throughput"
+                )
+                # Given up, the work is done and the lease will lapse by itself: never fail
+                # the caller for a release DynamoDB could not take.
+                if not self._paused(passing, failures, started, pending, exc):
+                    return ok
+        return ok
+
+    def _give_back_actions(
+        self, pending: list[str], terms: dict[str, Any], *, sole: bool, hold_ms: int | None
+    ) -> list[dict[str, Any]]:
+        # A released row may be reaped once its expMs is CLOCK_SKEW old: never before every
+        # in-tolerance clock reads past our fence's time, or a fresh fence made after the
+        # reap could be smaller than ours.
+        now = clock.now_ms()
+        return [
+            table.give_back(
+                r,
+                self.token,
+                max(now, self.fences[r] // 1000),
+                sole=sole,
+                hold_ms=hold_ms,
+                lease_end_ms=self._expires_ms,
+                **terms,
+            )
+            for r in pending
+        ]
+
+    def _paused(
+        self, passing: bool, failures: int, started: float, pending: list[str], why: object
+    ) -> bool:
+        """Paused before sending a release again (see :meth:`_release_pause`); False: given
+        up, and said so."""
+        pause = self._release_pause(passing, failures, started)
+        if pause is None:
+            self._log_unreleased(pending, why)
+            return False
+        time.sleep(pause)
+        return True
+
+    def _log_unreleased(self, pending: list[str], why: object) -> None:
+        logger.warning("dynasem: could not release %r (%s); it expires", pending, why,
+                       extra=facts(pending, token=self.token, outcome="release_failed",
+                                   reason=why))  # fmt: skip
+
+    def _release_pause(self, passing: bool, failures: int, started: float) -> float | None:
+        """Seconds to pause before sending a release again that failed for a passing cause
+        (throttled, or another request's transaction on a row); None: give up (another
+        failure, or RELEASE_PATIENCE or the hold's deadline reached by then)."""
+        if not passing:
+            return None
+        cap = min(1.0, RELEASE_PAUSE * 2 ** (failures - 1))
+        pause = random.uniform(cap / 2, cap)  # spread: the waiters' own requests are throttled too
+        if clock.monotonic() + pause >= min(started + RELEASE_PATIENCE, self._deadline):
+            return None
+        return pause
+
+    def _wake_first(self, item: table.LockItem | None) -> None:
+        """After a plain release: if waiters are queued (ones we did not know of when we
+        could have handed over), push the first one the item, so it takes the lock now
+        instead of at its next paced read."""
+        if item is not None and not item.holders:
+            heirs.push_first(self.resource, item, readers_only=False)
+
+    def _wake_next_reader(self, item: table.LockItem | None) -> None:
+        """A shared hold just taken: if the first waiter in line is a reader too, it can join
+        us now; push it the item (it then pushes the next one when it has joined)."""
+        if item is not None:
+            heirs.push_first(self.resource, item, readers_only=True)
+
+    def _released_by(self, old: table.LockItem | None, retried: bool) -> bool:
+        """Was a refused release ours after all (applied, its response lost)?"""
+        old = old or table.LockItem()
+        if self.token in old.holders:
+            return False
+        if old.last_token == self.token:
+            return True
+        # Someone may have taken and released it between botocore's attempts, overwriting
+        # lastToken. Without a retry nothing of ours was applied; with one, the token is gone
+        # by our own release unless an operator broke it or our lease can have run out.
+        return retried and old.broken_token != self.token and clock.monotonic() < self._deadline
+
+    # -- heartbeat ---------------------------------------------------------------------------
+
+    def _start_heartbeat(self) -> None:
+        self._heartbeat = Heartbeat(self)
+        self._heartbeat.start()
+
+    def _stop_heartbeat(self) -> None:
+        hb, self._heartbeat = self._heartbeat, None
+        if hb is not None:
+            hb.stop()
+
+
+def acquired(
+    semaphore: LockSpec,
+    *,
+    token: str,
+    user_id: str,
+    fences: dict[str, int],
+    lease: float,
+    skew: float,
+    expires_ms: int,
+    sent_mono: float,
+    item: table.LockItem | None,
+    cls: type[Held] = Held,
+) -> Held:
+    """A hold just taken: learn the queue from ``item`` (the resource as last seen, one
+    resource only), let the next reader join a shared hold, announce it, start renewing it."""
+    held = cls(
+        semaphore,
+        token=token,
+        user_id=user_id,
+        fences=fences,
+        lease=lease,
+        skew=skew,
+        expires_ms=expires_ms,
+        sent_mono=sent_mono,
+    )
+    try:
+        if item is not None:
+            held._observe(item)
+            if semaphore.mode == MODE_SHARED:
+                held._wake_next_reader(item)
+        lock_acquired.send(
+            sender=semaphore.signal_sender,
+            resource=held.resource,
+            user_id=user_id,
+            token=token,
+            fence=held.fence,
+            fences=held.fences,
+        )
+        held._start_heartbeat()
+    except BaseException:
+        # A receiver raised (or an interrupt came) before the caller got the hold: nobody
+        # will use it, so give it back now rather than leave it held for a whole lease.
+        give_back_unused(held)
+        raise
+    return held
+
+
+def give_back_unused(held: Held) -> None:
+    """Best effort: release a hold its caller never got to use (no waiting for a commit)."""
+    held = getattr(held, "outer", held)  # a nested acquire's view: the hold itself
+    if held.depth > 1:
+        held.depth -= 1  # a nested acquire's: the outer one still uses it
+        return
+    held._stop_heartbeat()
+    try:
+        held._release_now()
+    except Exception as exc:
+        logger.warning("dynasem: could not give back unused hold on %r: %s", held.resource, exc,
+                       extra=facts(held.resource, token=held.token, fence=held.fence,
+                                   outcome="give_back_failed", reason=exc))  # fmt: skip
+
+
+def pending_hold(semaphore: LockSpec) -> Held | None:
+    """A hold this thread gave back inside a transaction that has not ended yet, covering what
+    ``semaphore`` asks for: it belongs to this transaction, so taking it again must not wait
+    on it. The same :class:`Held` is returned; its give-back stays tied to the commit."""
+    for owner in reversed(transactions.pending_owners()):
+        if not isinstance(owner, Held) or owner.lost or owner.released:
+            continue
+        had = owner.semaphore
+        covers = had.mode == MODE_EXCLUSIVE or (
+            had.mode == semaphore.mode and had.limit == semaphore.limit
+        )
+        if covers and set(semaphore.resources) <= set(owner.resources):
+            return owner
+    return None

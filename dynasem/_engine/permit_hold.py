@@ -1,0 +1,146 @@
+"""A hold of permits (:mod:`dynasem._engine.permits`): renewing, releasing and losing it touch the
+permit items, and the row only to hint a freed slot (pushing the first waiter) or to keep it
+listed; an operator's or the reaper's break of a permit; what an interrupted take undoes."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .. import _clock as clock
+from .. import _storage as table
+from .._observability.logs import facts
+from .._storage import permits as slots
+from ..exceptions import SemaphoreUnavailable
+from . import handover as heirs
+from .hold import Held
+
+logger = logging.getLogger("dynasem")
+
+# The rows of permit resources as this process last saw them (a first take plans from it
+# instead of reading): bounded.
+MAX_REMEMBERED = 1024
+rows: dict[str, table.LockItem] = {}
+
+
+def remember(item: table.LockItem) -> None:
+    if len(rows) >= MAX_REMEMBERED:
+        rows.clear()
+    rows[item.resource] = item
+
+
+def undo(resource: str, slot: int, token: str) -> None:
+    """Best effort: give back a permit an unanswered (or interrupted) write may have taken."""
+    try:
+        slots.send(slots.give_back_permit(resource, slot, token, clock.now_ms()))
+    except (table.Refused, SemaphoreUnavailable):
+        return
+    hint_freed(resource, slot, None)
+
+
+def break_permit(resource: str, token: str, permit: slots.Permit | None = None) -> bool:
+    """An operator breaks the permit ``token`` holds (if it still does); its slot is hinted
+    and the first waiter told, as for a release. False: ``token`` holds none. ``permit``: the
+    permit as read, freed only if its lease end is unchanged (the reaper's dead holders)."""
+    until = None if permit is None else permit.holder.expires_ms
+    permit = permit or slots.slot_of(resource, token)
+    if permit is None:
+        return False
+    try:
+        slots.send(slots.break_permit(resource, permit.slot, token, until))
+    except table.Refused:
+        return False
+    hint_freed(resource, permit.slot, None)
+    return True
+
+
+def hint_freed(resource: str, slot: int, hold_ms: int | None) -> None:
+    """A slot given back: hint it in the row, and push the first waiter if any wait."""
+    try:
+        row = table.update(slots.hint(resource, slot, hold_ms), return_new=True)
+    except table.Refused as refused:
+        row = refused.lock  # hints full (the slot is found by reading), or the row is gone
+    except SemaphoreUnavailable:
+        return  # the slot is found by reading the permits
+    if row is None:
+        return
+    remember(row)
+    if row.waiting:
+        heirs.push_first(resource, row, readers_only=False)
+
+
+def undo_many(taken: dict[str, int], token: str) -> None:
+    for resource, slot in taken.items():
+        undo(resource, slot, token)
+
+
+class PermitHeld(Held):
+    """A hold of permits: renewing, releasing and losing them touch the permit items (and
+    the row only to hint a freed slot, or to keep it listed)."""
+
+    slots: dict[str, int]
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.slots = {}
+        self._listed: dict[str, int] = {}  # the row's ``expires`` as we last knew it
+
+    def raise_row(self, resource: str, expires_ms: int, listed_s: int | None) -> None:
+        """Keep the row listed (and unreaped) while our permit may be live."""
+        if listed_s is not None:
+            self._listed[resource] = max(self._listed.get(resource, 0), listed_s)
+        if table.bucket_of(expires_ms) <= self._listed.get(resource, 0):
+            return
+        try:
+            slots.send(slots.raise_row(resource, expires_ms))
+            self._listed[resource] = table.bucket_of(expires_ms)
+        except table.Refused as refused:
+            row = refused.lock
+            if row is not None and row.listed_s is not None:
+                self._listed[resource] = row.listed_s
+        except SemaphoreUnavailable:
+            pass  # again at the next renewal
+
+    def _renew_once(self) -> None:
+        sent_mono, lease, expires = self._next_lease()
+        if expires <= self._expires_ms:
+            return
+        for resource, slot in self.slots.items():
+            try:
+                slots.send(slots.renew_permit(resource, slot, self.token, expires))
+            except table.Refused:
+                self._mark_lost("another holder took it over, or it was broken by an operator")
+                self._raise_lost()
+        self._expires_ms = expires
+        self._deadline = max(self._deadline, sent_mono + lease - self.skew)
+        for resource in self.slots:
+            self.raise_row(resource, expires, None)
+
+    def _give_back(self) -> bool:
+        ok = True
+        hold_ms = self._hold_ms() if len(self.slots) == 1 else None
+        for resource, slot in self.slots.items():
+            try:
+                slots.send(slots.give_back_permit(resource, slot, self.token, clock.now_ms()))
+            except table.Refused as refused:
+                if not self._gave_back(refused):
+                    ok = False
+                    continue
+            except SemaphoreUnavailable as exc:
+                logger.warning(
+                    "dynasem: could not release %r (%s); it expires",
+                    resource,
+                    exc,
+                    extra=facts(resource, token=self.token, outcome="release_failed", reason=exc),
+                )
+                continue
+            hint_freed(resource, slot, hold_ms)
+        return ok
+
+    def _gave_back(self, refused: table.Refused) -> bool:
+        """Was a refused release ours after all (applied, its answer lost)?"""
+        permit = slots.permit_of(refused.item) if refused.item else None
+        if permit is not None and permit.last_token == self.token:
+            return True
+        broken = permit is not None and permit.broken_token == self.token
+        return refused.retried and not broken and clock.monotonic() < self._deadline

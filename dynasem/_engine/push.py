@@ -1,0 +1,673 @@
+"""Hand-over pushes: a releasing holder tells the waiter it handed the lock to, at once.
+
+DynamoDB cannot tell a waiter that its turn came; without help a queued waiter learns it only
+by reading the item, and so either reads often (requests) or late (idle lock). A waiter that
+has a push address (one UDP socket per process, opened on its first wait) records it in its
+queue entry; the holder that hands the lock over in its release write sends the item that
+write produced, signed, to that address. The waiter then holds the lock as if it had read the
+item itself: no request, no idle gap beyond the release write's round trip.
+
+A push is only ever a shortcut. It carries what DynamoDB answered to the hand-over write,
+the table's name and the send time, signed with an HMAC of the project's ``SECRET_KEY`` (any
+of ``SECRET_KEY_FALLBACKS`` is accepted too, so a key rotation does not silently turn pushes
+into reads), addressed to one waiter's token (so a replay is for a wait that is over). A lost
+or unsendable push costs the waiter one of its paced reads, nothing else.
+
+A push is never trusted further than it can be: a hand-over it claims is worth at most the
+lease end in the item and the send time plus the waiter's own lease, its fence must be above
+the last one the waiter saw, and a push that can no longer grant anything (the waiter was
+paused past it) is dropped on arrival and again when the waiter takes it. The waiter's own
+lock logic then checks the deadline once more before a block runs (see ``core``).
+
+``DYNASEM["PUSH"]``: the IPv4 address to listen on and advertise. The default,
+``"127.0.0.1"``, reaches processes on the same host (a releaser elsewhere sees the loopback
+address and does not send); set the host's private address to push across hosts, or ``None``
+for no pushes. A releaser sends only to IPv4 literals that are neither unspecified nor
+broadcast/multicast, and never resolves a name.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import heapq
+import hmac
+import ipaddress
+import itertools
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from django.conf import settings as django_settings
+
+from .. import _storage as table
+from .._observability.logs import facts
+from ..conf import settings
+
+logger = logging.getLogger("dynasem")
+
+MAX_DATAGRAM = 60_000  # bytes: a queue too long to push is read instead
+_SALT = b"dynasem.hand-over-push"
+
+_lock = threading.Lock()
+_listener: _Listener | None = None
+_failed_bind: str | None = None  # the address we could not listen on (not tried again)
+
+
+def _host_id() -> str:
+    """Which machine (network namespace, roughly) we are: loopback pushes stay on it."""
+    boot = ""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        pass
+    return hashlib.sha256(f"{socket.gethostname()}|{boot}".encode()).hexdigest()[:12]
+
+
+HOST_ID = _host_id()
+
+
+def _derive(secret: Any) -> bytes:
+    return hashlib.sha256(_SALT + str(secret).encode()).digest()
+
+
+def _key() -> bytes | None:
+    """The key pushes are signed with: from ``SECRET_KEY``."""
+    secret = getattr(django_settings, "SECRET_KEY", "") or ""
+    return _derive(secret) if secret else None
+
+
+def _keys() -> list[bytes]:
+    """The keys a push may be signed with: ``SECRET_KEY``, then ``SECRET_KEY_FALLBACKS`` (a
+    process that has not yet seen a rotation still signs with the old key)."""
+    secrets = [getattr(django_settings, "SECRET_KEY", "") or ""]
+    secrets += list(getattr(django_settings, "SECRET_KEY_FALLBACKS", None) or ())
+    return [_derive(s) for s in secrets if s]
+
+
+def _sign(key: bytes, body: bytes) -> bytes:
+    return hmac.new(key, body, hashlib.sha256).digest()
+
+
+# MAC failures are logged at WARNING at most once per this many seconds (with a count).
+MAC_WARNING_EVERY = 60.0
+_mac_failures = 0
+_mac_warned_at = -float("inf")
+
+
+def _bad_mac() -> None:
+    global _mac_failures, _mac_warned_at
+    _mac_failures += 1
+    now = time.monotonic()
+    if now - _mac_warned_at < MAC_WARNING_EVERY:
+        return
+    count, _mac_failures, _mac_warned_at = _mac_failures, 0, now
+    logger.warning(
+        "dynasem: dropped %d hand-over push(es) whose signature matches neither SECRET_KEY nor "
+        "SECRET_KEY_FALLBACKS. Most likely the processes sharing this table run with different "
+        "SECRET_KEY values (a rotation half rolled out: keep the old key in "
+        "SECRET_KEY_FALLBACKS), or something else sends datagrams to this port. Waiters fall "
+        "back to reading the lock, which costs requests and latency, not correctness.",
+        count,
+        extra=facts(outcome="push_dropped", reason="bad signature", count=count),
+    )
+
+
+class Push(NamedTuple):
+    """A hand-over (or a "free now") that reached a waiter: the item as written, when it
+    arrived on our monotonic clock, and the sender's wall-clock send time (ms)."""
+
+    item: table.LockItem
+    arrived: float
+    sent_ms: int
+
+
+def _state(item: table.LockItem) -> tuple[int, int]:
+    """How far on a row is: its fence (every take draws a larger one), then its queue."""
+    return item.fence, item.qout
+
+
+class _Slot:
+    """One waiter's mailbox: what it may be told, and what it was."""
+
+    __slots__ = (
+        "event",
+        "guard",
+        "lease_ms",
+        "now_ms",
+        "push",
+        "resource",
+        "skew_ms",
+        "table",
+        "token",
+        "waker",
+        "left",
+    )
+
+    def __init__(
+        self,
+        resource: str,
+        token: str,
+        *,
+        table: str,
+        lease_ms: int,
+        skew_ms: int,
+        now_ms: Callable[[], int],
+    ):
+        self.resource, self.token, self.table = resource, token, table
+        self.lease_ms, self.skew_ms, self.now_ms = lease_ms, skew_ms, now_ms
+        self.event = threading.Event()
+        self.push: Push | None = None
+        # A coroutine awaiting the push: its loop and the future the listener resolves.
+        self.waker: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
+        self.guard = threading.Lock()  # push, event, waker and left change together
+        self.left = False  # its waiter left the queue (see depart)
+
+    def deliver(self, push: Push) -> bool:
+        """Hand ``push`` to the waiter; False if it has left (see :func:`depart`). Of two
+        pushes not yet taken, the waiter gets the later state of the row (a larger fence, or
+        the queue further on), whichever arrived last: two holders releasing at once push
+        the same waiter, and the older state, arriving second, must not hide the newer."""
+        with self.guard:
+            if self.left:
+                return False
+            if self.push is None or _state(push.item) >= _state(self.push.item):
+                self.push = push
+            self.event.set()
+            waker, self.waker = self.waker, None
+        if waker is not None:
+            loop, future = waker
+            try:
+                loop.call_soon_threadsafe(_resolve, future)
+            except RuntimeError:
+                pass  # its loop is closed: nobody is waiting any more
+        return True
+
+    def take(self) -> Push | None:
+        with self.guard:
+            self.event.clear()
+            pushed, self.push = self.push, None
+        return pushed
+
+    def refusal(self, item: table.LockItem, sent_ms: Any) -> tuple[str, bool] | None:
+        """Why this waiter must not take ``item``, sent at ``sent_ms``, now (and whether that
+        is worth a warning: a wrong claim is; a push we were too slow for is not), or None."""
+        now = self.now_ms()
+        if not isinstance(sent_ms, int) or sent_ms > now + self.skew_ms + 1000:
+            return f"its send time {sent_ms!r} is ahead of our clock by more than CLOCK_SKEW", True
+        holder = item.holders.get(self.token)
+        if holder is None:
+            # Only news that the lock is free (or readers may join): taking it is a
+            # conditional write of our own. Old news is dropped, not trusted.
+            if now - sent_ms > self.lease_ms + self.skew_ms:
+                return "it is older than a lease", False
+            return None
+        expires_ms = holder.expires_ms
+        if expires_ms > sent_ms + self.lease_ms + self.skew_ms:
+            return (
+                f"it claims a lease to {expires_ms}, longer than our own lease from its send "
+                f"time {sent_ms}",
+                True,
+            )
+        if min(expires_ms, sent_ms + self.lease_ms) - self.skew_ms <= now:
+            return "the hold it hands us has run out (we were paused or slow)", False
+        return None
+
+
+class _Listener:
+    """One UDP socket and one daemon thread per process; waiters register by token."""
+
+    def __init__(self, bind: str):
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind((bind, 0))
+        host, port = self.sock.getsockname()
+        self.address = f"{HOST_ID}@{host}:{port}"
+        self.bind = bind
+        self.slots: dict[str, _Slot] = {}
+        # Waiters that left their queue: a hand-over still on its way to them is given back.
+        self.departed: dict[str, _Departed] = {}
+        self.pid = os.getpid()
+        self.thread = threading.Thread(target=self._run, name="dynasem-push", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                data, _ = self.sock.recvfrom(65536)
+            except OSError:
+                return  # closed
+            try:
+                self._deliver(data)
+            except Exception:  # a malformed datagram must not end the listener
+                logger.debug(
+                    "dynasem: dropped an unreadable push",
+                    exc_info=True,
+                    extra=facts(outcome="push_dropped", reason="unreadable"),
+                )
+
+    def _deliver(self, data: bytes) -> None:
+        arrived = time.monotonic()
+        mac, body = data[:32], data[32:]
+        if not any(hmac.compare_digest(mac, _sign(key, body)) for key in _keys()):
+            _bad_mac()
+            return
+        message = json.loads(body)
+        slot = self.slots.get(message["k"])
+        if slot is None and isinstance(message["i"], dict):
+            gone = self.departed.get(message["k"])
+            whose = (message["r"], message.get("tb"))
+            if gone is not None and (gone.resource, gone.table) == whose:
+                self.stray(message["k"], table.lock_item(message["i"]))
+            return
+        if slot is None or slot.resource != message["r"] or not isinstance(message["i"], dict):
+            return
+        if message.get("tb") != slot.table:
+            logger.warning(
+                "dynasem: dropped a push for table %r on a wait on table %r (two projects "
+                "share a SECRET_KEY and push addresses?)",
+                message.get("tb"),
+                slot.table,
+                extra=facts(
+                    slot.resource,
+                    token=slot.token,
+                    outcome="push_dropped",
+                    reason="another table",
+                    table=slot.table,
+                    push_table=message.get("tb"),
+                ),
+            )
+            return
+        item = table.lock_item(message["i"])
+        if _refused(slot, item, message["ts"], "on arrival"):
+            return
+        if not slot.deliver(Push(item, arrived, message["ts"])):
+            self.stray(message["k"], item)
+
+    def stray(self, token: str, item: table.LockItem) -> None:
+        """A hand-over ``item`` for a waiter that left: if it made ``token`` a holder, give
+        it back (on a thread of its own: the listener never waits on a request)."""
+        with _lock:
+            gone = self.departed.pop(token, None)
+        if gone is None or time.monotonic() > gone.until or token not in item.holders:
+            return
+        threading.Thread(
+            target=gone.give_back, args=(item,), name="dynasem-stray", daemon=True
+        ).start()
+
+
+class _Departed(NamedTuple):
+    resource: str
+    table: str
+    give_back: Callable[[table.LockItem], None]
+    until: float  # monotonic: later, a hold handed to us has run out by itself
+
+
+def depart(
+    token: str,
+    give_back: Callable[[table.LockItem], None],
+    *,
+    seconds: float,
+    resource: str | None = None,
+) -> None:
+    """The waiter ``token`` left its queue without the lock. A hand-over to it may still come
+    (its releaser read the queue before it left, or read it eventually consistently and
+    still saw its entry): for ``seconds`` (the lease such a hand-over grants), one that comes
+    is passed to ``give_back`` (with the item it carries) instead of making a hold that
+    nobody uses sit there until its lease runs out. A push that came just before is too.
+
+    ``resource``: the row, read after it left, says such a hand-over may still land
+    (:func:`dynasem._storage.may_be_handed`). No push may tell us of it (pushes off; a releaser
+    on another host, which cannot reach a loopback address; a datagram lost), so the row is
+    read once more :data:`LATE_LOOK` seconds on, and a hold found ours is given back too:
+    by whichever of the two finds it first."""
+    give_back = _Once(give_back)
+    if resource is not None:
+        _look_later(resource, token, give_back)
+    listener = _listener
+    if listener is None:
+        return
+    slot = listener.slots.get(token)
+    if slot is None:
+        return
+    now = time.monotonic()
+    # In this order, whatever the listener thread is doing: a push finds the slot (and is
+    # taken below) or finds it left, or finds no slot; in each case the record is there.
+    with _lock:
+        for old in [t for t, d in listener.departed.items() if d.until < now]:
+            del listener.departed[old]
+        listener.departed[token] = _Departed(slot.resource, slot.table, give_back, now + seconds)
+    with slot.guard:
+        slot.left = True
+        pushed, slot.push = slot.push, None
+    listener.slots.pop(token, None)
+    if pushed is not None:
+        listener.stray(token, pushed.item)
+
+
+class _Once:
+    """A departed waiter's give-back, run once whoever calls it (a push, the late look)."""
+
+    def __init__(self, give_back: Callable[[table.LockItem], None]) -> None:
+        self._give_back = give_back
+        self._guard = threading.Lock()
+        self.done = False
+
+    def __call__(self, item: table.LockItem) -> None:
+        with self._guard:
+            if self.done:
+                return
+            self.done = True
+        self._give_back(item)
+
+
+# How long after a waiter left, while a hand-over to it may still land, its process reads the
+# row once more (seconds). A releaser reads the line eventually consistently, which on AWS can
+# show an entry for about a second after it was deleted, and its hand-over write lands a round
+# trip after that read (a throttled one after botocore's pauses, 50 + 100 + 200 ms). A later
+# landing (a releaser paused between its read and its write) idles the lock as before: for
+# the leaver's lease plus the skew.
+LATE_LOOK = 2.0
+
+
+class _LateLook(NamedTuple):
+    due: float  # monotonic
+    order: int
+    resource: str
+    token: str
+    table: str
+    give_back: _Once
+
+
+_late: list[_LateLook] = []
+_late_ready = threading.Condition()
+_late_thread: threading.Thread | None = None
+_late_order = itertools.count()
+
+
+def _look_later(resource: str, token: str, give_back: _Once) -> None:
+    """Read ``resource``'s row :data:`LATE_LOOK` seconds from now; hand back a hold of
+    ``token`` found there. One daemon thread does every look of the process, and ends when
+    none is due."""
+    global _late_thread
+    due = time.monotonic() + LATE_LOOK
+    look = _LateLook(due, next(_late_order), resource, token, settings.TABLE_NAME, give_back)
+    with _late_ready:
+        heapq.heappush(_late, look)
+        if _late_thread is None:
+            _late_thread = threading.Thread(
+                target=_late_looks, name="dynasem-late-look", daemon=True
+            )
+            _late_thread.start()
+        _late_ready.notify()
+
+
+def _late_looks() -> None:
+    global _late_thread
+    while True:
+        with _late_ready:
+            while _late and _late[0].due > time.monotonic():
+                _late_ready.wait(_late[0].due - time.monotonic())
+            if not _late:
+                _late_thread = None
+                return
+            look = heapq.heappop(_late)
+        _look(look)
+
+
+def _look(look: _LateLook) -> None:
+    """One late look: given back already (a push came), or another table (settings changed
+    since): nothing to read."""
+    if look.give_back.done or settings.TABLE_NAME != look.table:
+        return
+    try:
+        row = table.get(look.resource)
+        if row is not None and look.token in row.holders:
+            look.give_back(row)
+    except Exception as exc:  # the thread serves every other look too
+        logger.warning(
+            "dynasem: could not look whether %r was handed to a waiter that had left: %s; "
+            "if it was, it is free again when its lease runs out",
+            look.resource,
+            exc,
+            extra=facts(look.resource, token=look.token, outcome="late_look_failed", reason=exc),
+        )
+
+
+def _resolve(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def _refused(slot: _Slot, item: table.LockItem, sent_ms: Any, when: str) -> bool:
+    refusal = slot.refusal(item, sent_ms)
+    if refusal is None:
+        return False
+    reason, loud = refusal
+    (logger.warning if loud else logger.info)(
+        "dynasem: dropped a push for %r %s: %s",
+        slot.resource,
+        when,
+        reason,
+        extra=facts(slot.resource, token=slot.token, outcome="push_dropped", reason=reason),
+    )
+    return True
+
+
+def _get_listener() -> _Listener | None:
+    """This process's listener, opened on first use; None when pushes are off or impossible."""
+    global _listener, _failed_bind
+    bind = settings.PUSH
+    current = _listener
+    if current is not None and current.pid == os.getpid() and current.bind == bind:
+        return current
+    if not bind:
+        return None
+    if push_address_problem(bind) is not None:
+        return None  # the system check dynasem.E010 says why
+    if _key() is None:
+        return None  # nothing to check signatures with
+    with _lock:
+        if _listener is not None and _listener.pid == os.getpid() and _listener.bind == bind:
+            return _listener
+        if _failed_bind == bind:
+            return None
+        try:
+            _listener = _Listener(bind)
+        except OSError as exc:
+            _failed_bind = bind
+            logger.warning(
+                "dynasem: cannot listen for hand-over pushes on %s: %s",
+                bind,
+                exc,
+                extra=facts(outcome="listen_failed", reason=exc, address=bind),
+            )
+            return None
+        return _listener
+
+
+def available() -> bool:
+    """Can this process take pushes (listening, or able to start)?"""
+    return _get_listener() is not None
+
+
+def expect(
+    resource: str,
+    token: str,
+    *,
+    lease: float,
+    skew: float,
+    now_ms: Callable[[], int],
+) -> str | None:
+    """Register a waiter; returns the address to record in its queue entry (or None).
+
+    ``lease``: the waiter's own lease (a hand-over grants it at most that); ``skew``: the
+    CLOCK_SKEW it allows for; ``now_ms``: its wall clock, in milliseconds."""
+    listener = _get_listener()
+    if listener is None:
+        return None
+    listener.slots[token] = _Slot(
+        resource,
+        token,
+        table=settings.TABLE_NAME,
+        lease_ms=int(lease * 1000),
+        skew_ms=int(skew * 1000),
+        now_ms=now_ms,
+    )
+    return listener.address
+
+
+def listening(token: str) -> bool:
+    """Whether a push for ``token`` would reach this process (see :func:`expect`)."""
+    return _slot(token) is not None
+
+
+def _slot(token: str) -> _Slot | None:
+    listener = _listener
+    return listener.slots.get(token) if listener is not None else None
+
+
+def wait(token: str, seconds: float, *, fence_above: int = 0) -> Push | None:
+    """Sleep up to ``seconds`` or until a push for ``token`` arrives; the push, or None.
+
+    A hand-over is taken only if its fence is above ``fence_above`` (the last fence the waiter
+    saw) and it can still grant something now; anything else is dropped (and the waiter reads
+    instead)."""
+    slot = _slot(token)
+    if slot is None:
+        threading.Event().wait(seconds)
+        return None
+    if not slot.event.wait(seconds):
+        return None
+    return _taken(slot, token, fence_above)
+
+
+async def await_push(token: str, seconds: float, *, fence_above: int = 0) -> Push | None:
+    """:func:`wait` for a coroutine: it waits on its event loop, holding no thread (the
+    listener thread resolves a future of that loop when the push comes)."""
+    slot = _slot(token)
+    if slot is None:
+        await asyncio.sleep(seconds)
+        return None
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[None] = loop.create_future()
+    with slot.guard:
+        arrived = slot.event.is_set()
+        if not arrived:
+            slot.waker = (loop, future)
+    if not arrived:
+        try:
+            await asyncio.wait_for(future, seconds)
+        except TimeoutError:
+            return None
+        finally:
+            with slot.guard:
+                if slot.waker is not None and slot.waker[1] is future:
+                    slot.waker = None
+    return _taken(slot, token, fence_above)
+
+
+def _taken(slot: _Slot, token: str, fence_above: int) -> Push | None:
+    """The push that woke a waiter, if it may still be taken."""
+    pushed = slot.take()
+    if pushed is None:
+        return None
+    holder = pushed.item.holders.get(token)
+    if holder is not None and holder.fence <= fence_above:
+        logger.warning(
+            "dynasem: dropped a push for %r: its fence %s is not above the last one we saw (%s)",
+            slot.resource,
+            holder.fence,
+            fence_above,
+            extra=facts(
+                slot.resource,
+                token=token,
+                fence=holder.fence,
+                outcome="push_dropped",
+                reason="stale fence",
+                fence_seen=fence_above,
+            ),
+        )
+        return None
+    if _refused(slot, pushed.item, pushed.sent_ms, "when taken"):
+        return None
+    return pushed
+
+
+def forget(token: str) -> None:
+    listener = _listener
+    if listener is not None:
+        listener.slots.pop(token, None)
+
+
+def push_address_problem(value: Any) -> str | None:
+    """Why ``value`` cannot be a push address (listened on, recorded, sent to), or None."""
+    if not isinstance(value, str):
+        return f"it is a {type(value).__name__}, not a str"
+    try:
+        address = ipaddress.IPv4Address(value)
+    except ValueError:
+        return "it is not an IPv4 literal (names are never resolved)"
+    if address.is_unspecified:
+        return "0.0.0.0 is no address a releaser can send to"
+    if address.is_multicast or address == ipaddress.IPv4Address("255.255.255.255"):
+        return "it is a broadcast or multicast address"
+    return None
+
+
+def reachable(address: Any) -> tuple[str, int] | None:
+    """Where to send a push for a waiter that recorded ``address``; None if we cannot reach it
+    (or will not: only IPv4 literals that are no broadcast, multicast or unspecified address;
+    names are never resolved)."""
+    if not isinstance(address, str) or "@" not in address:
+        return None
+    host_id, _, hostport = address.partition("@")
+    host, _, port = hostport.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536 or push_address_problem(host):
+        return None
+    if host.startswith("127.") and host_id != HOST_ID:
+        return None  # another machine's loopback
+    return host, int(port)
+
+
+def push(address: Any, resource: str, token: str, item: table.LockItem, *, sent_ms: int) -> bool:
+    """Send ``item`` (what the hand-over write produced) to the waiter ``token``, with the
+    table's name and ``sent_ms`` (our wall clock) signed along. Best effort."""
+    target = reachable(address)
+    key = _key()
+    if target is None or key is None:
+        return False
+    message = {
+        "r": resource,
+        "k": token,
+        "i": table.wire(item, token),
+        "tb": settings.TABLE_NAME,
+        "ts": sent_ms,
+    }
+    body = json.dumps(message, separators=(",", ":")).encode()
+    if len(body) + 32 > MAX_DATAGRAM:
+        return False
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            sock.sendto(_sign(key, body) + body, target)
+        return True
+    except OSError:
+        return False
+
+
+def _after_fork() -> None:
+    global _listener, _failed_bind, _late_ready, _late_thread
+    if _listener is not None:
+        _listener.sock.close()  # the child's copy only; the thread reading it stayed behind
+    _listener, _failed_bind = None, None
+    # The parent's late looks are its own (its thread stayed behind; its lock may be held).
+    _late.clear()
+    _late_ready, _late_thread = threading.Condition(), None
+
+
+os.register_at_fork(after_in_child=_after_fork)

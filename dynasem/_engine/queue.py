@@ -1,0 +1,635 @@
+"""Waiting in a resource's queue: joining it, pacing the looks toward our turn, waiting for a
+hand-over pushed to us, and the backoff of a waiter that polls instead."""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import math
+import random
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple, TypeVar
+
+from .. import _clock as clock
+from .. import _storage as table
+from .._observability import telemetry
+from ..exceptions import SemaphoreBusy, SemaphoreUnavailable
+from ..signals import lock_busy
+from . import processes
+from . import push as wakeup
+from .arguments import MODE_EXCLUSIVE, MODE_SHARED
+from .lockspec import LockSpec
+from .steps import InQueue, Request, Sleep, Steps
+
+_T = TypeVar("_T")
+
+# Backoff of a waiting acquire: first sleep, cap (seconds); full jitter in between.
+BACKOFF_FIRST = 0.02
+BACKOFF_CAP = 0.5
+# How long after joining a resource's queue our next acquire of it joins the queue first.
+GUESS_BUSY_FOR = 10.0
+# Resources this process recently queued for (monotonic time), for that guess.
+queued_recently: dict[str, float] = {}
+# Resources whose hand-overs recently reached us by push (monotonic time): while they do, a
+# queued waiter reads only as a fallback, after PUSH_PATIENCE seconds without one.
+pushed_recently: dict[str, float] = {}
+PUSH_PATIENCE = 0.5
+# The seconds one turn of a resource's queue took lately, as waiters of this process handed
+# the lock by push measured it (their wait over the turns ahead of them): a pushed waiter's
+# fallback look is due only when its turn is surely overdue by that measure.
+turn_seconds: dict[str, float] = {}
+# Tries to join a queue whose ticket keeps being taken by others; the pause before a third or
+# later try is random, up to ENQUEUE_SPREAD * 2**try seconds.
+ENQUEUE_TRIES = 8
+ENQUEUE_SPREAD = 0.002
+MAX_REMEMBERED = 4096
+# While a holder whose process runs on this host is in a queued waiter's way, the waiter looks
+# in /proc this often (seconds) whether that process ended, between its paced reads.
+WATCH_EVERY = 0.1
+
+
+def live_holders(item: table.LockItem | None, stale_ms: int) -> dict[str, table.Holder]:
+    """The holders whose lease has not run out (lease end + CLOCK_SKEW, by ``stale_ms``)."""
+    holders = item.holders if item is not None else {}
+    return {t: h for t, h in holders.items() if h.expires_ms >= stale_ms}
+
+
+def not_proven_dead(holders: Mapping[str, table.Holder]) -> dict[str, table.Holder]:
+    """``holders`` less those whose process this host can prove has ended: they are taken
+    over like expired ones (evicted in the taker's own write, conditional on their entry
+    being unchanged). A look in /proc per holder of this host; asked only of holders that
+    are in our way."""
+    return {t: h for t, h in holders.items() if not processes.gone(h.proc)}
+
+
+def inline_ahead(seen: table.LockItem | None, stale_ms: int) -> dict[str, table.Waiter]:
+    """The live entries of the old inline queue (written by an earlier dynasem): ahead of
+    every waiter in the queue of entry items, which came later."""
+    queue = seen.queue if seen is not None else {}
+    return {t: w for t, w in queue.items() if w.expires_ms >= stale_ms}
+
+
+def upto_of(seen: table.LockItem, ticket: int | None) -> int:
+    """The last ticket ahead of us: ours less one if we are queued (even if ``seen`` is an
+    older row, from before our ticket was drawn), else every ticket out."""
+    return seen.qin if ticket is None else ticket - 1
+
+
+def entries_ahead(
+    seen: table.LockItem | None, ticket: int | None, stale_ms: int
+) -> list[table.Waiter] | None:
+    """The live entry items ahead of ``ticket`` (of every waiter, if None), as far as they
+    were read: the first live one ends a read. None when some may be ahead that were not
+    read (see :func:`dynasem._storage.load_entries`)."""
+    if seen is None:
+        return []
+    upto = upto_of(seen, ticket)
+    if upto <= seen.qout:
+        return []
+    if seen.entries is None:
+        return None
+    live = [w for w in seen.entries if w.ticket <= upto and w.expires_ms >= stale_ms]
+    if not live and seen.entries_to < upto:
+        return None
+    return live
+
+
+def ahead_count(seen: table.LockItem | None, ticket: int | None, stale_ms: int) -> int:
+    """How many waiters are ahead of ``ticket`` (of everyone, if None): the live inline
+    entries, then the entry items' tickets between ``qout`` and ours (read ones less the dead:
+    a guess from the counters alone counts the dead and those who left)."""
+    if seen is None:
+        return 0
+    inline = len(inline_ahead(seen, stale_ms))
+    upto = upto_of(seen, ticket)
+    if upto <= seen.qout:
+        return inline
+    if seen.entries is not None:
+        read = [w for w in seen.entries if w.ticket <= upto]
+        dead = sum(1 for w in read if w.expires_ms < stale_ms)
+        missing = (min(upto, seen.entries_to) - seen.qout) - len(read)
+        return inline + max(0, upto - seen.qout - dead - missing)
+    return inline + (upto - seen.qout)
+
+
+def passed(seen: table.LockItem | None, qbase: int, ticket: int | None) -> bool:
+    """Our ticket has had its turn without us (we were seen gone or dead, or drew it just
+    after a release that passed every ticket out), or the row was reaped and is a new one:
+    we are queued no more, and join again if we still must wait."""
+    if ticket is None or seen is None or seen.guessed:
+        return False
+    if seen.qbase < qbase:
+        # An older version of the row (an eventually consistent look from before our ticket
+        # was drawn; qbase comes from the clock and only grows): it tells nothing of our turn.
+        # Joining again would queue us behind our own entry, which nobody serves until it
+        # expires (issue 40, found on the unkind engine).
+        return False
+    return seen.qbase != qbase or seen.qout >= ticket
+
+
+def _watched(seen: table.LockItem | None, ticket: int | None, stale_ms: int) -> list[str]:
+    """The processes, on this host, of the holders in a queued waiter's way: when one ends,
+    the waiter takes over at once. None while a live waiter is ahead of us (its turn first)."""
+    if seen is None or ticket is None or ahead_count(seen, ticket, stale_ms):
+        return []
+    live = live_holders(seen, stale_ms).values()
+    return [h.proc for h in live if h.proc is not None and processes.local(h.proc)]
+
+
+def free_room(sem: LockSpec, seen: table.LockItem | None, stale_ms: int) -> int:
+    """The permits of a counting semaphore that ``seen`` shows free (0 for a lock of one
+    holder, or for readers: their turns are handed over whole). A row of permit items
+    counts its hinted slots (a hint may be stale: a guess that errs toward looking soon)
+    and those never used."""
+    if sem.limit <= 1 or sem.shared or seen is None:
+        return 0
+    if seen.hw is not None:
+        return len(set(seen.hints)) + max(0, sem.limit - seen.hw)
+    return max(0, sem.limit - len(live_holders(seen, stale_ms)))
+
+
+def backoff(attempt: int) -> float:
+    cap = min(BACKOFF_CAP, BACKOFF_FIRST * (2 ** min(attempt - 1, 16)))
+    return random.uniform(cap / 2, cap)
+
+
+# Who is in our way: live holders, or (nobody holding) live waiters ahead of us.
+Blocking = Mapping[str, table.Holder | table.Waiter]
+
+
+def seconds_until_free(blocked: Mapping[str, Blocking], skew: float) -> float:
+    """Until the first holder in the way could be taken over (its lease end + skew)."""
+    ends = [h.expires_ms for holders in blocked.values() for h in holders.values()]
+    if not ends:
+        return BACKOFF_CAP
+    return max(0.0, (min(ends) + skew * 1000 - clock.now_ms()) / 1000)
+
+
+class Pace:
+    """When a queued waiter looks again. A turn comes every hold time plus the hand-over's own
+    requests (the release write, then our read that sees it), so the waiter sleeps toward the
+    time the holder ahead should be done. A look that finds nothing moved (same holders, same
+    waiters ahead) doubles the next pause: a late holder, or a dead waiter ahead of us
+    blocking a free lock until its entry expires, costs a few reads, not a read every hold
+    time."""
+
+    def __init__(self) -> None:
+        self.rtt = 0.005  # seconds; an average of our own reads' round trips
+        self.early = 0  # looks in a row that found nothing moved
+        self.failed_looks = 0  # looks in a row that failed for a passing reason (throttled)
+        self.state: Any = None
+        self.until_free = 1.0  # seconds until the first holder (or waiter) ahead lapses
+        self.enqueued = False  # an enqueue of ours was sent (it may have been applied)
+        # Our place in the resource's queue: its name (the row's qbase), our ticket (None:
+        # not queued) and our entry's lease end.
+        self.qbase = 0
+        self.ticket: int | None = None
+        self.entry_ms = 0
+        self.queued_mono = 0.0  # when we joined the queue
+        self.turns = 1  # the turns until ours when we joined (the waiters ahead, and ours)
+        # The last state came by push: a hold it hands us is trusted no later than this.
+        self.push_cap: float | None = None
+
+    def answered(self, seconds: float) -> None:
+        self.rtt = (3 * self.rtt + min(seconds, 0.5)) / 4
+
+    def turn_in(
+        self,
+        seen: table.LockItem | None,
+        token: str,
+        skew: float,
+        *,
+        pushed: bool = False,
+        room: int = 0,
+        limit: int = 1,
+    ) -> float:
+        """Seconds until our next look. ``room``: permits ``seen`` shows free, of ``limit``
+        (a counting semaphore serves ``limit`` waiters a turn, and the first ``room`` of
+        them need no release at all, only the takes of those ahead)."""
+        seen = seen or table.LockItem()
+        now = clock.now_ms()
+        stale = now - int(skew * 1000)
+        inline = inline_ahead(seen, stale)
+        ahead = ahead_count(seen, self.ticket, stale)
+        live = live_holders(seen, stale)
+        state = (tuple(sorted(live)), tuple(sorted(inline)), seen.qout, ahead)
+        if state != self.state:
+            self.state, self.early = state, 0
+        else:
+            self.early += 1
+        rtt_ms = self.rtt * 1000
+        hold = max(2.0, float(seen.hold_ms or 20))
+        step = max(0.002, self.rtt)
+        if room > ahead:
+            # Free permits for us and every waiter ahead: our turn comes as soon as those
+            # ahead took theirs (a write each). Look again within round trips, doubling
+            # while nothing moves (a waiter ahead that died holds us up until its entry
+            # expires, which the doubling makes a few reads). Pushed, we are told by the
+            # take just ahead of us (it pushes the next in line while permits are left):
+            # the look is a fallback, later, or every waiter within the free permits would
+            # read at each take ahead of it (a crowd's reads growing with the square of
+            # the permits freed at once).
+            fallback = step * (ahead + 1) * (4 if pushed and ahead else 1)
+            self.until_free = step
+            return max(0.001, min(fallback * 2.0 ** min(self.early, 8), 1.0))
+        if room or limit > 1:
+            # Holders end one by one: the first release comes after the earliest take, and
+            # the waiters ahead beyond the free permits are served ``limit`` a turn.
+            start = min((h.acquired_ms or now for h in live.values()), default=now)
+            ahead_turns = max(0, ahead - room) / max(1, limit)
+        else:
+            start = max((h.acquired_ms or now for h in live.values()), default=now)
+            ahead_turns = ahead
+        # The holder's release lands about one round trip after its hold; every turn ahead
+        # of us then takes a hold plus two round trips (that release, its own read).
+        turn = (start + hold + rtt_ms + (hold + 2 * rtt_ms) * ahead_turns - now) / 1000
+        if live:
+            # Until the first holder could be taken over (its lease end + skew). Overdue:
+            # back off from a round trip, doubling while nothing moves, at most 64 round
+            # trips (a hand-over after a long hold is still seen within a fraction of it).
+            first_end = min(h.expires_ms for h in live.values())
+            if turn <= 0:
+                turn = step * 2 ** min(self.early, 6)
+        else:
+            # Nobody holds, yet a waiter ahead has not taken its turn: if nothing moved since
+            # our last look it is most likely dead; look again ever later, up to a second,
+            # until its entry can be evicted.
+            read = entries_ahead(seen, self.ticket, stale) or []
+            first = min([*inline.values(), *read], key=lambda w: w.ticket, default=None)
+            first_end = first.expires_ms if first else now
+            if self.early:
+                turn = max(turn, step * 2 ** min(self.early, 10))
+        until_free = (first_end + skew * 1000 - now) / 1000 + 0.001
+        self.until_free = max(0.001, until_free)
+        # A look at least every second, so that a hand-over after a long hold is seen soon.
+        # Not for a waiter with others ahead that is pushed its hand-over: its look is only
+        # the fallback for a lost push, due when its turn should come (500 waiters reading
+        # a long queue every second are a thousand reads of it per second for nothing).
+        cap = 1.0
+        if pushed and ahead:
+            per_turn = turn_seconds.get(seen.resource)
+            if per_turn is not None:
+                # Past the turns ahead as this resource's queue lately moved, and half again.
+                turn = max(turn, 1.5 * per_turn * (ahead + 1))
+            cap = max(1.0, turn)
+        return max(0.001, min(turn, until_free, cap))
+
+
+def should_queue(sem: LockSpec, seen: table.LockItem | None) -> bool:
+    """Queue up (rather than poll with backoff) when fair, when others already do, or as
+    a writer behind readers: new readers then queue behind us, so writers never starve."""
+    seen = seen or table.LockItem()
+    exclusive = sem.mode == MODE_EXCLUSIVE
+    writer_behind_readers = exclusive and seen.mode == MODE_SHARED
+    if sem.fair or bool(seen.queue) or seen.waiting or writer_behind_readers:
+        return True
+    # A waiter that can be pushed the hand-over queues too: the releasing holder then
+    # hands it the lock in its release write and tells it at once, which beats polling
+    # on both requests and idle time.
+    return exclusive and seen.mode == MODE_EXCLUSIVE and wakeup.available()
+
+
+class WaitEstimate(NamedTuple):
+    """When a caller's turn is likely to come, from a resource's item as last seen."""
+
+    seconds: float  # from now until the caller could take it
+    position: int  # its place in the resource's queue: 1 = next, nobody waiting ahead
+
+
+def _expected_end(holder: table.Holder, hold_ms: int | None, now: int, skew_ms: int) -> int:
+    """When a holder is likely done (wall clock, ms)."""
+    if holder.expires_ms < now:
+        # Its lease ran out unrenewed: dead or paused. Free once it can be taken over.
+        return holder.expires_ms + skew_ms
+    if not holder.acquired_ms:
+        return now + (hold_ms or 0)  # a row from before holders recorded it
+    held = max(0, now - holder.acquired_ms)
+    if hold_ms is not None and held < hold_ms:
+        return holder.acquired_ms + hold_ms
+    # Past the average (or none recorded yet): nothing says when it ends; a hold that has
+    # lasted this long is as likely as not to last as long again. A caller told so comes back
+    # ever later while the hold goes on, like a backoff, instead of every average hold.
+    return now + held
+
+
+def estimate_wait(
+    item: table.LockItem | None,
+    token: str,
+    *,
+    shared: bool,
+    skew: float,
+    now_ms: int | None = None,
+    ticket: int | None = None,
+) -> WaitEstimate:
+    """How long until the caller (``token``, shared or not; queued with ``ticket``, if
+    given) could take the resource, from the item alone: each live holder is done at its
+    acquired time + the recorded average hold (``holdMs``), or, past that, after as long
+    again as it has held; one whose lease ran out unrenewed at its lease end + CLOCK_SKEW.
+    Then every live waiter ahead of the caller (all of them, for a caller not in the queue)
+    holds for the average hold in turn — with a ``limit``, in whichever slot frees first;
+    readers in a row as one turn, which a reader caller joins. Waiters whose entries were not
+    read count as writers. Round trips are left out: milliseconds, against whole seconds
+    told."""
+    item = item or table.LockItem()
+    now = clock.now_ms() if now_ms is None else now_ms
+    skew_ms = int(skew * 1000)
+    stale = now - skew_ms
+    live = live_holders(item, stale)
+    ahead = sorted(inline_ahead(item, stale).values(), key=lambda w: w.ticket)
+    read = entries_ahead(item, ticket, stale) or []
+    unread = max(0, ahead_count(item, ticket, stale) - len(ahead) - len(read))
+    ahead += read + [table.Waiter(ticket=0, expires_ms=now)] * unread
+    ends = [_expected_end(h, item.hold_ms, now, skew_ms) for h in live.values()]
+    # What a waiter ahead will hold: the average, else what the holders have held so far.
+    typical = item.hold_ms
+    if typical is None:
+        typical = max((now - h.acquired_ms for h in live.values() if h.acquired_ms), default=0)
+    typical = max(0, typical)
+    if item.limit > 1:
+        # Counting: each waiter ahead takes the first slot to free and holds it a turn; ours
+        # is the first to free after them. Free slots now count as freeing now (only as many
+        # as the waiters ahead can use: the limit may be 10**9).
+        free = max(0, item.limit - len(ends))
+        slots = ends + [now] * min(free, len(ahead) + 1)
+        heapq.heapify(slots)
+        for _ in ahead:
+            heapq.heappush(slots, heapq.heappop(slots) + typical)
+        start = slots[0] if slots else now
+    else:
+        # Exclusive or shared: after every holder; then a turn per writer ahead, one per run
+        # of readers; a reader caller goes in with the readers queued last ahead of it.
+        start = max(ends, default=now)
+        turns, last_shared = 0, False
+        for w in ahead:
+            if not (w.shared and last_shared):
+                turns += 1
+            last_shared = w.shared
+        if shared and last_shared:
+            turns -= 1
+        start += turns * typical
+    return WaitEstimate(max(0.0, (start - now) / 1000), len(ahead) + 1)
+
+
+def retry_after(estimate: float, until_free: float) -> int:
+    """``SemaphoreBusy.retry_after``: the estimate, but never later than the first holder in
+    the way could be taken over if it died (``until_free``), in whole seconds (HTTP's
+    ``Retry-After`` has no others), rounded up, at least 1."""
+    # Rounded to the millisecond first: 1.0000001 s of float arithmetic is 1 s, not 2.
+    return max(1, math.ceil(round(min(estimate, until_free), 3)))
+
+
+def busy(
+    sem: LockSpec,
+    blocked: Mapping[str, Blocking],
+    seen: Mapping[str, table.LockItem | None],
+    *,
+    skew: float,
+    user_id: str,
+    token: str,
+    ticket: int | None = None,
+) -> SemaphoreBusy:
+    """The wait is over and the lock still busy: the error to raise, after ``lock_busy``.
+
+    ``blocked``: who was in our way, by resource; ``seen``: the items last seen (a refused
+    write's old item, a read, a push), which the estimate is made from: never a request more."""
+    resource = next(iter(blocked))
+    holders = blocked[resource]
+    first = min(holders.values(), key=lambda h: h.expires_ms, default=None)
+    now = clock.now_ms()
+    estimates = [
+        estimate_wait(seen.get(r), token, shared=sem.shared, skew=skew, now_ms=now, ticket=ticket)
+        for r in blocked
+    ]
+    # All of them are needed: the wait is the longest; the place is in the named one's queue.
+    wait = max(e.seconds for e in estimates)
+    exc = SemaphoreBusy(
+        resource,
+        retry_after(wait, seconds_until_free(blocked, skew)),
+        first.user_id if first else None,
+        queue_position=estimates[0].position,
+        estimated_wait=wait,
+    )
+    lock_busy.send(
+        sender=sem.signal_sender,
+        resource=resource,
+        user_id=user_id,
+        token=token,
+        fence=None,
+        holder_user_id=exc.holder_user_id,
+        retry_after=exc.retry_after,
+        queue_position=exc.queue_position,
+        estimated_wait=exc.estimated_wait,
+    )
+    return exc
+
+
+def wait_in_queue(
+    sem: LockSpec,
+    resource: str,
+    seen: table.LockItem | None,
+    *,
+    token: str,
+    user_id: str,
+    lease: float,
+    skew: float,
+    queued: bool,
+    remaining: float,
+    pace: Pace,
+    if_busy_ms: int | None = None,
+) -> Steps[table.LockItem | None]:
+    """Join the queue (once), then sleep toward our likely turn and look again: with a
+    cheap read, or by renewing our place when its lease is half gone. Returns the state.
+
+    ``seen``: the resource as last seen (None: not seen); ``queued``: we are in its queue
+    already; ``remaining``: seconds left of the wait; ``pace``: this acquisition's timing.
+
+    ``if_busy_ms``: join only if someone holds it (a lease ending at or after this) or
+    waits; otherwise the refusal's old item is returned, to take it from."""
+    now, started = clock.now_ms(), clock.monotonic()
+    if not queued:
+        # Where the holder that hands us the lock tells us (None: nowhere): listening before
+        # our entry can be read.
+        address = wakeup.expect(resource, token, lease=lease, skew=skew, now_ms=clock.now_ms)
+        pace.enqueued = True  # from now on, giving up means leaving the queue
+        qbase = seen.qbase if seen is not None and seen.qbase else clock.new_fence(0)
+        after: table.LockItem | None = None
+        for attempt in range(1, ENQUEUE_TRIES + 1):
+            try:
+                # A lost answer leaves a ticket nobody uses: a gap, which the next hand-over
+                # passes. Never a refusal by another waiter: ADD commutes.
+                after = yield InQueue(
+                    functools.partial(
+                        table.update,
+                        table.take_ticket(resource, qbase, if_busy_ms=if_busy_ms),
+                        return_new=True,
+                    ),
+                    token,
+                    resource,
+                    write=True,
+                )
+                break
+            except table.Refused as refused:
+                return refused.lock or table.LockItem()  # free, most likely: plan from it
+            except SemaphoreUnavailable as exc:
+                if not exc.transient or attempt == ENQUEUE_TRIES:
+                    raise
+                yield Sleep(min(backoff(attempt), max(0.001, remaining)))
+        if after is None:
+            return seen
+        pace.qbase, pace.ticket = after.qbase, after.qin
+        if telemetry.ON:
+            telemetry.waiting(ahead=max(0, after.qin - after.qout - 1))
+        pace.queued_mono = clock.monotonic()
+        pace.turns = max(1, after.qin - after.qout)
+        pace.entry_ms = clock.now_ms() + int(lease * 1000)
+        waiter = table.Waiter(
+            ticket=after.qin,
+            expires_ms=pace.entry_ms,
+            user_id=user_id,
+            shared=sem.shared,
+            lease_ms=int(lease * 1000),
+            address=address,
+            proc=processes.identity(),
+            token=token,
+            since_ms=clock.now_ms(),
+        )
+        for attempt in range(1, ENQUEUE_TRIES + 1):
+            try:
+                yield InQueue(
+                    functools.partial(table.put_entry, resource, pace.qbase, waiter),
+                    token,
+                    resource,
+                    write=True,
+                    entry=(pace.qbase, after.qin),
+                )
+                break
+            except SemaphoreUnavailable as exc:
+                # A put is idempotent: the same again.
+                if not exc.transient or attempt == ENQUEUE_TRIES:
+                    raise
+                yield Sleep(min(backoff(attempt), max(0.001, remaining)))
+        if len(queued_recently) >= MAX_REMEMBERED:
+            queued_recently.clear()
+            pushed_recently.clear()
+            turn_seconds.clear()
+        queued_recently[resource] = clock.monotonic()
+        return after
+    ticket, entry = pace.ticket, (pace.qbase, pace.ticket or 0)
+    push = wakeup.listening(token)
+    stale = now - int(skew * 1000)
+    room = free_room(sem, seen, stale)
+    imminent = room > ahead_count(seen, ticket, stale)
+    nap = pace.turn_in(seen, token, skew, pushed=push, room=room, limit=sem.limit)
+    nap = max(0.001, min(nap, remaining))
+    # Look (and renew our entry, below) while a quarter of its lease is left at least.
+    nap = min(nap, max(0.001, (pace.entry_ms - now) / 1000 - lease / 4))
+    if (
+        push
+        and not imminent
+        and not sem.shared
+        and clock.monotonic() - pushed_recently.get(resource, -math.inf) < GUESS_BUSY_FOR
+    ):
+        # Hand-overs of this resource reached us by push lately: a read before the
+        # next one would most likely find nothing new. Look only as a fallback.
+        nap = max(nap, min(PUSH_PATIENCE, pace.until_free, remaining))
+    last_fence = seen.fence if seen is not None else 0
+    # A holder in our way runs on this host: look in /proc whether it ended every
+    # WATCH_EVERY, not only at our next read (a dead holder's lease may have a minute left).
+    watched = _watched(seen, ticket, now - int(skew * 1000))
+    until = clock.monotonic() + nap
+    while True:
+        left = until - clock.monotonic()
+        part = max(0.001, min(left, WATCH_EVERY) if watched else left)
+        if push:
+            pushed: wakeup.Push | None = yield InQueue(
+                functools.partial(wakeup.wait, token, part, fence_above=last_fence),
+                token,
+                resource,
+                asend=functools.partial(wakeup.await_push, token, part, fence_above=last_fence),
+                entry=entry,
+            )
+            if pushed is not None:
+                pushed_recently[resource] = clock.monotonic()
+                # Our turn, by push: handed the lock, or (a counting semaphore's waiter takes
+                # a permit itself) pushed as the next in line. How long a turn took.
+                our_turn = token in pushed.item.holders or (
+                    sem.limit > 1
+                    and pace.ticket is not None
+                    and pushed.item.qout >= pace.ticket - 1
+                )
+                if our_turn and pace.queued_mono:
+                    took = (pushed_recently[resource] - pace.queued_mono) / pace.turns
+                    before = turn_seconds.get(resource, took)
+                    turn_seconds[resource] = (before + took) / 2
+                # Handed the lock (or told it is free): the item as written. A hand-over is
+                # worth no more than its arrival plus our own lease.
+                pace.push_cap = pushed.arrived + lease - skew
+                return pushed.item
+        else:
+            yield Sleep(part)
+        if any(processes.gone(p) for p in watched):
+            # Its holder is dead: take it over from what we saw (the write's condition is
+            # that the dead holder's entry is unchanged; a refusal shows what changed).
+            return seen
+        if not watched or left <= WATCH_EVERY:
+            break
+    return (yield from _look(resource, seen, pace, lease=lease, deadline=started + remaining))
+
+
+def _look(
+    resource: str, seen: table.LockItem | None, pace: Pace, *, lease: float, deadline: float
+) -> Steps[table.LockItem | None]:
+    """A queued waiter's look: renew our entry when half its lease is gone, then read the
+    row (:func:`patient_read`: a throttled read is no news). ``deadline``: the wait's end
+    (monotonic)."""
+    ticket = pace.ticket
+    if ticket is not None and pace.entry_ms - clock.now_ms() < lease * 500:
+        renew_to = clock.now_ms() + int(lease * 1000)
+        try:
+            yield Request(
+                lambda: table.update(table.renew_waiter(resource, pace.qbase, ticket, renew_to))
+            )
+            pace.entry_ms = renew_to
+        except table.Refused:
+            pace.ticket = None  # our entry is gone (reaped by TTL after a long stall): join again
+        except SemaphoreUnavailable as exc:
+            if not exc.transient:
+                raise
+            # Idempotent: sent again at the next look (our entry outlives a few of them).
+    sent = clock.monotonic()
+    # Eventually consistent (half the units): a look only tells when to write, and every
+    # write is conditional on the row as it is; an older row is read as such (upto_of).
+    item = yield from patient_read(
+        lambda: table.get(resource, consistent=False), seen, pace, deadline
+    )
+    if not pace.failed_looks:
+        pace.answered(clock.monotonic() - sent)
+    return item
+
+
+def patient_read(send: Callable[[], _T], last_seen: _T, pace: Pace, deadline: float) -> Steps[_T]:
+    """A read of a waiting acquire, sent: its answer; or, when it failed for a passing reason
+    (throttled still after botocore's retries, a 5xx, a dropped connection) before the wait's
+    ``deadline`` (monotonic), ``last_seen`` after a pause that doubles with each such failure
+    in a row. Raises any other failure, and one past the deadline. A waiter never fails its
+    caller, or gives up its place in line, for one throttled read of a hot key, and never
+    reads again at once, which would only add to the throttling."""
+    try:
+        answer: _T = yield Request(send)
+    except SemaphoreUnavailable as exc:
+        if not exc.transient or clock.monotonic() >= deadline:
+            raise
+        pace.failed_looks += 1
+        yield Sleep(min(backoff(pace.failed_looks), max(0.001, deadline - clock.monotonic())))
+        return last_seen
+    pace.failed_looks = 0
+    return answer
+
+
+def too_slow(resource: str, lease: float, skew: float) -> SemaphoreUnavailable:
+    return SemaphoreUnavailable(
+        f"could not take {resource!r}: every hold we got had run out of its lease "
+        f"({lease:g}s, less CLOCK_SKEW {skew:g}s) by the time it could be returned; this "
+        "process is paused or starved for longer than the lease",
+        transient=True,
+    )

@@ -1,0 +1,217 @@
+"""A reader's hold in a reader item (:mod:`dynasem._storage.readers`): renewing it writes the
+item (and the row's sentinel only when the lease passes it), releasing it deletes the item
+and counts the row's readers down (the last one takes the sentinel off and pushes the first
+waiter); an operator's break of a reader; what an interrupted admission undoes."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+from typing import Any
+
+from .. import _clock as clock
+from .. import _storage as table
+from .._observability.logs import facts
+from .._storage import readers as items
+from ..exceptions import SemaphoreUnavailable
+from . import handover as heirs
+from .hold import Held
+
+logger = logging.getLogger("dynasem")
+
+# Tries of the count-down on a failure that was never applied (throttled, unconnected), and
+# the pause between them (seconds, at most; at least half). Each try on the quick client is
+# sent up to four times when throttled, 50, 100 and 200 ms apart (table.client): a try
+# more, after this pause, outlasts a throttle of about a second and holds a release up
+# about a second at most.
+COUNT_TRIES = 2
+COUNT_PAUSE = 0.2
+# The rows of resources with reader items as this process last saw them: a reader's first
+# write plans from one (its admission) instead of trying the row's holders first. Bounded.
+MAX_REMEMBERED = 1024
+rows: dict[str, table.LockItem] = {}
+
+
+def remember(item: table.LockItem | None) -> None:
+    """Keep a shared row whose next reader takes an item (it has reader items, or as many
+    readers as it keeps inline); forget others."""
+    if item is None:
+        return
+    crowded = item.mode == "s" and len(item.holders) >= items.READERS_INLINE
+    if not (items.has_readers(item) or crowded):
+        rows.pop(item.resource, None)
+        return
+    if len(rows) >= MAX_REMEMBERED:
+        rows.clear()
+    rows[item.resource] = dataclasses.replace(item, entries=None)
+
+
+def count_down(resource: str, epoch: int, *, forget: bool = False) -> None:
+    """One reader of ``epoch`` gone from the row's count; the last one takes the sentinel
+    off and pushes the first waiter. Sent once per attempt, never again after an answer that
+    may hide an applied write: a count too high only keeps a writer waiting for the
+    write-off, one too low would let it in beside a reader. ``forget``: an admission given
+    back (see :func:`dynasem._storage.readers.count_down`)."""
+    known = rows.get(resource)
+    if known is not None and known.repoch == epoch and known.rc <= 1:
+        # Most likely the epoch's only reader: leave and close it in one write.
+        try:
+            row = table.update(items.leave_last(resource, epoch), return_new=True)
+            remember(row)
+            _wake_first(resource, row)
+            return
+        except table.Refused as refused:
+            remember(refused.lock)  # others came: count down
+        except SemaphoreUnavailable:
+            pass
+    try:
+        row = _count_once(resource, epoch, forget)
+    except table.Refused:
+        return  # the epoch was written off: the count is gone with it
+    if row is None or row.rc > 0:
+        return
+    remember(row)
+    try:
+        row = table.update(items.close(resource, epoch), return_new=True)
+    except table.Refused:
+        return  # a reader was admitted since: it closes the epoch
+    except SemaphoreUnavailable:
+        return  # the sentinel lapses, or a waiting writer writes the epoch off
+    remember(row)
+    _wake_first(resource, row)
+
+
+def _count_once(resource: str, epoch: int, forget: bool) -> table.LockItem | None:
+    """The count-down's write, applied at most once: one attempt at a time (botocore must
+    not send it again), tried again only after a failure that was surely not applied
+    (throttled: all of a crowd's reader items share the row's partition; unconnected),
+    after a pause of about COUNT_PAUSE. None: given up (logged: writers wait to write the
+    reader off, a lease and the skew after the row last changed). Raises Refused."""
+    for tries in range(1, COUNT_TRIES + 1):
+        try:
+            with table.quick():  # one attempt: botocore must not send it twice
+                return table.update(items.count_down(resource, epoch, forget=forget),
+                                    return_new=True)  # fmt: skip
+        except SemaphoreUnavailable as exc:
+            if exc.transient and not exc.ambiguous and tries < COUNT_TRIES:
+                # Spread: a crowd's readers leave together, on one partition.
+                time.sleep(random.uniform(COUNT_PAUSE / 2, COUNT_PAUSE))
+                continue
+            logger.warning(
+                "dynasem: could not count a reader of %r down (%s); a writer waits to write "
+                "it off, a lease and the skew after the row last changed",
+                resource,
+                exc,
+                extra=facts(resource, outcome="count_failed", reason=exc),
+            )
+            return None
+    return None
+
+
+def _wake_first(resource: str, row: table.LockItem | None) -> None:
+    """The last reader gone: tell the first waiter, if nobody holds any more."""
+    if row is not None and not row.holders and row.waiting:
+        heirs.push_first(resource, row, readers_only=False)
+
+
+def undo(resource: str, token: str, epoch: int) -> None:
+    """Best effort: give back a reader an unanswered (or interrupted) admission may have
+    made (its item deleted, then counted down: only if the delete took it)."""
+    try:
+        items.delete(items.drop_reader(resource, token))
+    except (table.Refused, SemaphoreUnavailable):
+        return
+    count_down(resource, epoch, forget=True)  # the same token may be admitted again
+
+
+def break_reader(resource: str, token: str, reader: items.Reader | None = None) -> bool:
+    """An operator breaks reader ``token`` (if it still holds); the reaper a dead one, as
+    read (``reader``: its lease end must be unchanged). False: no such reader."""
+    until = None if reader is None else reader.holder.expires_ms
+    if reader is None:
+        reader = next((r for r in items.readers(resource) if r.token == token), None)
+        if reader is None:
+            return False
+    try:
+        items.delete(items.drop_reader(resource, token, until))
+    except table.Refused:
+        return False
+    count_down(resource, reader.epoch)
+    return True
+
+
+def undo_many(epochs: dict[str, int], token: str) -> None:
+    for resource, epoch in epochs.items():
+        undo(resource, token, epoch)
+
+
+class ReaderHeld(Held):
+    """A shared hold in reader items: one per resource, each admitted under its row's epoch."""
+
+    epochs: dict[str, int]
+    covers: dict[str, int]  # each row's sentinel lease end as we last knew it (our epoch's)
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.epochs = {}
+        self.covers = {}
+
+    def _covered(self, resource: str, expires_ms: int) -> bool:
+        """The row's sentinel up to ``expires_ms`` (it must cover our lease before our item
+        may claim it). False: our epoch was written off, or the sentinel taken off."""
+        epoch = self.epochs[resource]
+        seen = table.LockItem(resource=resource, expires_ms=self.covers[resource])
+        for _ in range(3):
+            try:
+                items.send(items.raise_sentinel(resource, epoch, expires_ms, seen))
+                self.covers[resource] = items.covers_to(expires_ms, seen)
+                return True
+            except table.Refused as refused:
+                old = refused.lock
+                if old is None or old.repoch != epoch or not items.has_readers(old):
+                    return False
+                self.covers[resource] = old.holders[items.SENTINEL].expires_ms
+                if self.covers[resource] >= expires_ms:
+                    return True  # raised by another reader meanwhile
+                seen = old
+        raise SemaphoreUnavailable(f"could not renew {resource!r}: conflicting writes",
+                                   transient=True)  # fmt: skip
+
+    def _renew_once(self) -> None:
+        if not self.epochs:
+            return  # not set up yet: acquired() starts the heartbeat before it returns
+        sent_mono, lease, expires = self._next_lease()
+        if expires <= self._expires_ms:
+            return
+        try:
+            for resource in self.epochs:
+                if expires > self.covers[resource] and not self._covered(resource, expires):
+                    raise table.Refused(None)
+                items.send(items.renew_reader(resource, self.token, expires))
+        except table.Refused:
+            self._mark_lost("its readers were written off, or it was broken by an operator")
+            self._raise_lost()
+        self._expires_ms = expires
+        self._deadline = max(self._deadline, sent_mono + lease - self.skew)
+
+    def _give_back(self) -> bool:
+        ok = True
+        for resource, epoch in self.epochs.items():
+            try:
+                items.delete(items.drop_reader(resource, self.token))
+            except table.Refused as refused:
+                # Not there: broken or written off, unless a retry hides our own delete.
+                # Not counted down even then: an operator's break, between our first
+                # attempt and its re-send, counts it down itself, and twice would let a
+                # writer in beside a reader (too high only delays one, to the write-off).
+                ok = ok and refused.retried and clock.monotonic() < self._deadline
+                continue
+            except SemaphoreUnavailable as exc:
+                logger.warning("dynasem: could not release %r (%s); it expires", resource, exc,
+                               extra=facts(resource, token=self.token, outcome="release_failed",
+                                           reason=exc))  # fmt: skip
+                continue
+            count_down(resource, epoch)
+        return ok

@@ -1,0 +1,208 @@
+"""The holds this thread or task entered with ``with``/``async with`` (or a decorated call)
+and has not left: the stack :func:`current_hold` reads, and entering and leaving it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from contextvars import ContextVar
+from datetime import datetime
+from typing import Any
+
+from .._observability.logs import facts
+from ..exceptions import LockLost
+from .arguments import MODE_EXCLUSIVE, MODE_SHARED
+from .hold import Held, give_back_unused
+from .lockspec import LockSpec
+
+logger = logging.getLogger("dynasem")
+
+# The holds entered through ``with``/``async with``, per thread and per task.
+_entered: ContextVar[tuple[tuple[int, Held], ...]] = ContextVar("dynasem_entered", default=())
+
+
+def remember_entered(sem: object, held: Held) -> None:
+    _entered.set(_entered.get() + ((id(sem), held),))
+
+
+def enter(sem: object, held: Held) -> Held:
+    """``held`` entered as ``sem``'s block (``with``/``async with``); ``sem`` is kept by
+    its identity only."""
+    try:
+        remember_entered(sem, held)
+    except BaseException:  # an interrupt before the block: nobody will use the hold
+        give_back_unused(held)
+        raise
+    return held
+
+
+def current_hold(resource: str | None = None) -> Held:
+    """The innermost hold this thread or task entered (``with``/``async with``, or a decorated
+    call) and has not left; the innermost one on ``resource`` if given. A decorated view or
+    function reaches its own hold this way: ``current_hold().fence``.
+    Raises ``LookupError`` when there is none."""
+    for _sem_id, held in reversed(_entered.get()):
+        if resource is None or resource in held.resources:
+            return held
+    raise LookupError(
+        "no dynasem hold is entered here" + (f" on {resource!r}" if resource is not None else "")
+    )
+
+
+def forget_entered(sem: object) -> Held:
+    stack = _entered.get()
+    for i in range(len(stack) - 1, -1, -1):
+        if stack[i][0] == id(sem):
+            _entered.set(stack[:i] + stack[i + 1 :])
+            return stack[i][1]
+    raise RuntimeError("semaphore exited without a matching enter")
+
+
+def leave(held: Held, raised: bool) -> None:
+    try:
+        held.release()
+    except LockLost:
+        if not raised:
+            raise
+        # The block's own exception goes on; the loss is logged and was signalled.
+        logger.warning(
+            "dynasem: hold on %r was lost while its block raised",
+            held.resource,
+            extra=facts(held.resource, token=held.token, fence=held.fence, outcome="lost"),
+        )
+
+
+# -- re-entry ----------------------------------------------------------------------------------
+
+# Every hold acquired in this context and not given back yet, with who acquired it (the asyncio
+# task, else the thread): a nested acquire by the same one, of resources a hold covers, gets
+# that hold again instead of waiting for it (re-entry). Another thread or task, a child task
+# included, is another holder: it waits like anyone.
+_acquired: ContextVar[tuple[tuple[Held, object], ...]] = ContextVar("dynasem_acquired", default=())
+
+
+def _owner() -> object:
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running event loop here
+        task = None
+    return task if task is not None else threading.current_thread()
+
+
+def remember_acquired(held: Held) -> None:
+    """``held`` was just acquired here (the holds given back since are forgotten)."""
+    if held.depth > 1:
+        return  # re-entered: known already
+    kept = tuple((h, o) for h, o in _acquired.get() if not h.released and h is not held)
+    _acquired.set((*kept, (held, _owner())))
+
+
+def forget_acquired() -> None:
+    """Forget every hold acquired here: a test's on its own table (dynasem.testing), so that
+    a hold a test left behind is not re-entered by the next one, on another table."""
+    _acquired.set(())
+
+
+def reentered(sem: LockSpec) -> Held | None:
+    """The hold this thread or task already has that covers what ``sem`` asks for, acquired
+    once more (its depth counted: only the outermost release gives it back); None when it
+    holds none of ``sem``'s resources. A request it can only partly meet raises ValueError at
+    once, before any request is sent: waiting would wait on ourselves."""
+    wanted = sem.resources
+    me = _owner()
+    for held, owner in reversed(_acquired.get()):
+        if owner is not me or held.released or held.pending_commit or held.lost:
+            continue
+        overlap = [r for r in wanted if r in held.resources]
+        if not overlap:
+            continue
+        if len(overlap) < len(wanted):
+            missing = [r for r in wanted if r not in held.resources]
+            raise ValueError(
+                f"this {_who(me)} already holds {overlap!r} (taken with {held.resources!r}) "
+                f"and asks for them again together with {missing!r}: taking those while "
+                "holding the others could wait on ourselves and deadlock with another "
+                "holder taking them in the other order; take them all in the outer semaphore"
+            )
+        _check_covers(held, sem, overlap[0])
+        held.depth += 1
+        if wanted[0] == held.resources[0] and len(wanted) == len(held.resources):
+            return held
+        return Nested(held, list(wanted))
+    return None
+
+
+def _who(owner: object) -> str:
+    return "task" if isinstance(owner, asyncio.Task) else "thread"
+
+
+def _check_covers(held: Held, sem: LockSpec, resource: str) -> None:
+    had = held.semaphore
+    if had.mode == MODE_EXCLUSIVE:
+        return  # an exclusive hold covers any request of its resources
+    if sem.mode == MODE_EXCLUSIVE:
+        kind = "shared" if had.mode == MODE_SHARED else f"counting (limit={had.limit})"
+        raise ValueError(
+            f"an exclusive acquire of {resource!r} inside a {kind} hold of it would wait for "
+            "itself (an upgrade: two holders upgrading at once deadlock); take it exclusive "
+            "from the start"
+        )
+    if had.mode != sem.mode or had.limit != sem.limit:
+        raise ValueError(
+            f"{resource!r} is held here with limit={had.limit}, shared={had.mode == MODE_SHARED};"
+            f" a nested acquire of it must ask for the same (or be made inside an exclusive "
+            f"hold), not limit={sem.limit}, shared={sem.mode == MODE_SHARED}"
+        )
+
+
+class Nested(Held):
+    """What a nested acquire of some of a hold's resources gets: the same hold (its token,
+    lease, renewals; released by the outermost release only), named by the resources it asked
+    for (``resource``, ``fence`` and ``fences`` are theirs)."""
+
+    def __init__(self, outer: Held, resources: list[str]):  # noqa: D107 - no Held.__init__
+        self.outer = outer
+        self.resources = resources
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.outer, name)
+
+    @property
+    def fences(self) -> dict[str, int]:  # type: ignore[override]
+        return {r: self.outer.fences[r] for r in self.resources}
+
+    @property
+    def fence(self) -> int:
+        return self.outer.fences[self.resources[0]]
+
+    @property
+    def lost(self) -> bool:
+        return self.outer.lost
+
+    @property
+    def released(self) -> bool:
+        return self.outer.released
+
+    @property
+    def pending_commit(self) -> bool:
+        return self.outer.pending_commit
+
+    @property
+    def expires(self) -> datetime:
+        return self.outer.expires
+
+    def seconds_left(self) -> float:
+        return self.outer.seconds_left()
+
+    def check_deadline(self) -> None:
+        self.outer.check_deadline()
+
+    def renew(self) -> None:
+        self.outer.renew()
+
+    def release(self) -> None:
+        self.outer.release()
+
+    def __repr__(self) -> str:
+        return f"<Held {self.resources!r} fence={self.fence} (nested in {self.outer!r})>"

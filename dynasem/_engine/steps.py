@@ -1,0 +1,240 @@
+"""The drivers of the acquire loop. The loop is a generator of steps (:class:`Request`,
+:class:`Sleep`, :class:`Write`, :class:`InQueue`), so one loop serves blocking code
+(:func:`run_sync`) and asyncio (:func:`run_async`: requests in a thread of dynasem's own
+executor, pauses as ``asyncio.sleep``, a wait for a pushed hand-over awaited on the event
+loop, cleanup when the caller is cancelled).
+
+A waiting coroutine holds no thread: only a request in flight does, and in
+:func:`io_executor`, never in the loop's default executor. That one is the application's
+(``asyncio.to_thread``, ``sync_to_async`` with ``thread_sensitive=False``), ``min(32, cpus +
+4)`` threads: 6 on a 2-core host. Waits that blocked its threads once left the lock idle for
+seconds between holders while the application's own calls queued behind them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import os
+import threading
+import time
+from collections.abc import Awaitable, Callable, Generator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .. import _clock as clock
+from .. import _storage as table
+from ..conf import settings
+from ..exceptions import SemaphoreUnavailable
+from . import push as wakeup
+
+_T = TypeVar("_T")
+
+# The threads of io_executor(): as many as the DynamoDB client's connection pool
+# (``max_pool_connections`` in table/client.py), so a request never waits there for a
+# connection. A thread is started only when no idle one is free, and only requests run in
+# them: waits are asyncio's.
+IO_THREADS = 32
+
+_io: ThreadPoolExecutor | None = None
+_io_lock = threading.Lock()
+
+
+def io_executor() -> ThreadPoolExecutor:
+    """The executor dynasem's blocking requests run in for async callers (``dynasem-io``
+    threads), made on first use; a forked child makes its own."""
+    global _io
+    executor = _io
+    if executor is None:
+        with _io_lock:
+            if _io is None:
+                _io = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="dynasem-io")
+            executor = _io
+    return executor
+
+
+async def run_io(func: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
+    """``asyncio.to_thread`` on :func:`io_executor`: ``func`` runs in one of its threads with
+    the caller's context (contextvars: Django's connections, the entered holds)."""
+    loop = asyncio.get_running_loop()
+    call = functools.partial(contextvars.copy_context().run, func, *args, **kwargs)
+    return await loop.run_in_executor(io_executor(), call)
+
+
+def _after_fork() -> None:
+    global _io
+    _io = None  # the parent's threads did not come along
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def withdraw(token: str, resources: list[str]) -> None:
+    """Best effort: release whatever an unanswered write of ours may have taken."""
+    for resource in resources:
+        try:
+            table.update(table.give_back(resource, token, clock.now_ms(), sole=False))
+        except (table.Refused, SemaphoreUnavailable):
+            pass
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """Send a request: the loop is sent back its result, or has its exception thrown in."""
+
+    send: Callable[[], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """Pause for ``seconds`` (nothing when 0)."""
+
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """An acquire write, with what to withdraw if its caller is cancelled meanwhile."""
+
+    send: Callable[[], Any]
+    token: str
+    resources: list[str]
+    # What gives back what this write may have taken, if not a release of ``resources``
+    # by ``token`` (a permit: see dynasem._engine.permits).
+    undo: Callable[[], None] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InQueue:
+    """A step of a queued wait: if its caller is cancelled, the queue entry must go (or a
+    releasing holder would hand the lock to a waiter nobody is left to use)."""
+
+    send: Callable[[], Any]
+    token: str
+    resource: str
+    write: bool = False  # the enqueue itself (a wait for a push is not)
+    # The same step for async callers, awaited on the event loop instead of sent in a thread
+    # (a wait for a push: a coroutine waits with no thread).
+    asend: Callable[[], Awaitable[Any]] | None = None
+    # Our entry (the queue's qbase, our ticket), once its ticket is known.
+    entry: tuple[int, int] | None = None
+
+    def abandon(self) -> None:
+        if self.entry is None or not self.entry[1]:
+            return  # no entry yet: a ticket drawn without one is passed by the next turn
+        try:
+            row = table.leave_queue(self.resource, *self.entry, token=self.token)
+        except SemaphoreUnavailable:
+            return  # the entry expires with its lease
+        if row is not None and self.token in row.holders:
+            withdraw(self.token, [self.resource])  # handed to us meanwhile
+            return
+        # A hand-over on its way to us (its releaser read the queue before we left) is
+        # given back when it comes.
+        token, resource = self.token, self.resource
+        wakeup.depart(
+            token,
+            lambda item: withdraw(token, [resource]),
+            seconds=settings.LEASE + settings.CLOCK_SKEW,
+            resource=resource if table.may_be_handed(row, *self.entry, token) else None,
+        )
+
+
+# What the acquire loop yields; it is sent back a request's result (None after a pause).
+Step = Request | Sleep | Write | InQueue
+Steps = Generator[Step, Any, _T]
+
+
+def _interrupted(step: Step, queued: InQueue | None) -> None:
+    """The caller is interrupted (Ctrl-C, a cancelled task) during ``step``: leave nothing
+    behind. A write may have landed: give back whatever it took, or the hold would sit there
+    for a whole lease; an entry in a queue must go, or a releasing holder would hand the lock
+    to a waiter nobody is left to use."""
+    if isinstance(step, Write):
+        if step.undo is not None:
+            step.undo()
+        else:
+            withdraw(step.token, step.resources)
+    if queued is not None:
+        queued.abandon()
+
+
+def run_sync(steps: Steps[_T]) -> _T:
+    result: Any = None
+    error: BaseException | None = None
+    queued: InQueue | None = None  # we may be in a resource's queue
+    step: Step | None = None
+    while True:
+        try:
+            step = steps.throw(error) if error is not None else steps.send(result)
+        except StopIteration as stop:
+            value: _T = stop.value  # what the generator returned
+            return value
+        except Exception:
+            raise  # the loop's own answer (busy, unavailable): it cleaned up what it had
+        except BaseException:  # interrupted inside the loop, after the last step
+            if step is not None:
+                _interrupted(step, queued)
+            raise
+        result, error = None, None
+        if isinstance(step, InQueue):
+            queued = step
+        try:
+            if isinstance(step, Sleep):
+                if step.seconds:
+                    time.sleep(step.seconds)
+            else:
+                try:
+                    result = step.send()
+                except Exception as exc:  # handed back to the loop, which decides
+                    error = exc
+        except BaseException:  # KeyboardInterrupt, SystemExit: not for the loop to decide
+            steps.close()
+            _interrupted(step, queued)
+            raise
+
+
+async def run_async(steps: Steps[_T]) -> _T:
+    result: Any = None
+    error: BaseException | None = None
+    queued: InQueue | None = None  # we may be in a resource's queue
+    step: Step | None = None
+    while True:
+        try:
+            step = steps.throw(error) if error is not None else steps.send(result)
+        except StopIteration as stop:
+            value: _T = stop.value  # what the generator returned
+            return value
+        except Exception:
+            raise
+        except BaseException:
+            if step is not None:
+                await run_io(_interrupted, step, queued)
+            raise
+        result, error = None, None
+        if isinstance(step, InQueue):
+            queued = step
+        try:
+            if isinstance(step, Sleep):
+                if step.seconds:
+                    await asyncio.sleep(step.seconds)
+            elif isinstance(step, InQueue) and step.asend is not None:
+                try:
+                    result = await step.asend()
+                except Exception as exc:
+                    error = exc
+            else:
+                request = asyncio.ensure_future(run_io(step.send))
+                try:
+                    result = await asyncio.shield(request)
+                except asyncio.CancelledError:
+                    if isinstance(step, Write) or (isinstance(step, InQueue) and step.write):
+                        await asyncio.wait([request])  # it goes on in its thread: let it end
+                    raise
+                except Exception as exc:
+                    error = exc
+        except BaseException:  # cancelled (or interrupted)
+            steps.close()
+            await run_io(_interrupted, step, queued)
+            raise

@@ -1,0 +1,532 @@
+"""OpenTelemetry metrics and spans of the locks, through ``opentelemetry-api`` only.
+
+Installed (``pip install dynasem[otel]``), dynasem records to whatever MeterProvider and
+TracerProvider the project configures (none configured: the API's no-ops). Absent, every
+hook in the lock code is one ``if telemetry.ON`` and nothing else. No request is added: the
+capacity units come from ``ReturnConsumedCapacity="TOTAL"`` on the requests dynasem sends
+anyway, read from their answers.
+
+Cardinality is bounded by design: the lock's name in every attribute is ``metrics_name=``,
+else the decorator's key template (``"purge:{project_id}"``), else ``"other"``; the raw
+resource key only when ``DYNASEM["TELEMETRY_RESOURCE_NAMES"]`` is True. The instruments and
+attributes are listed in docs/how-to/observability.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import os
+import sys
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator, Mapping
+from typing import Any, TypeVar
+
+from django.core.signals import setting_changed
+
+from .._clock import monotonic
+from ..conf import settings
+from .logs import facts
+from .metrics import CAPACITY_KIND as CAPACITY_KIND
+from .metrics import CAPACITY_OPERATIONS as CAPACITY_OPERATIONS
+from .metrics import FENCE as FENCE
+from .metrics import MODE as MODE
+from .metrics import NAME as NAME
+from .metrics import NAME_MAX as NAME_MAX
+from .metrics import NO_SPAN, SECONDS, WAITERS, Requests
+from .metrics import OPERATION_NAMES as OPERATION_NAMES
+from .metrics import OUTCOME as OUTCOME
+from .metrics import QUEUED as QUEUED
+from .metrics import REASON as REASON
+from .metrics import RESOURCE as RESOURCE
+from .metrics import Deferred as Deferred
+from .metrics import capacity_units as capacity_units
+from .metrics import outcome_of_error as outcome_of_error
+from .metrics import reason_kind as reason_kind
+from .metrics import template_name as template_name
+
+try:  # the extra: dynasem[otel]
+    from opentelemetry import context as _context
+    from opentelemetry import metrics as _metrics
+    from opentelemetry import trace as _trace
+except ImportError:  # pragma: no cover - the matrix runs sessions without it
+    _context = _metrics = _trace = None  # type: ignore[assignment]
+
+ON = _metrics is not None and _trace is not None
+
+logger = logging.getLogger("dynasem")
+_complained = False
+
+
+def _safely(call: Callable[..., _R], *args: Any) -> _R | None:
+    """``call(*args)``, or None if it raised: telemetry never fails a lock's acquire,
+    release or renewal (an SDK or exporter error is logged once per process)."""
+    global _complained
+    try:
+        return call(*args)
+    except Exception as exc:
+        if not _complained:
+            _complained = True
+            logger.warning(
+                "dynasem: recording telemetry failed (%r); the locks go on, the telemetry of "
+                "this call is lost (logged once per process)",
+                exc,
+                exc_info=True,
+                extra=facts(outcome="telemetry_failed", reason=exc),
+            )
+        return None
+
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+class _Instruments:
+    def __init__(self) -> None:
+        version = str(getattr(sys.modules.get("dynasem"), "__version__", ""))
+        meter = _metrics.get_meter("dynasem", version)
+        self.tracer = _trace.get_tracer("dynasem", version)
+        self.acquire = meter.create_histogram(
+            "dynasem.lock.acquire.duration",
+            unit="s",
+            description="Time from asking for a lock to having it, or to giving up.",
+            explicit_bucket_boundaries_advisory=SECONDS,
+        )
+        self.hold = meter.create_histogram(
+            "dynasem.lock.hold.duration",
+            unit="s",
+            description="Time a hold was kept, from taking it to giving it back (or losing it).",
+            explicit_bucket_boundaries_advisory=SECONDS,
+        )
+        self.idle = meter.create_histogram(
+            "dynasem.lock.handover.idle",
+            unit="s",
+            description="Time a lock handed to a waiter stood unused: from the releaser's "
+            "hand-over write to the waiter knowing it holds.",
+            explicit_bucket_boundaries_advisory=SECONDS,
+        )
+        self.ahead = meter.create_histogram(
+            "dynasem.lock.queue.ahead",
+            unit="{waiter}",
+            description="Waiters ahead in the queue when a waiter joined it.",
+            explicit_bucket_boundaries_advisory=WAITERS,
+        )
+        self.lost = meter.create_counter(
+            "dynasem.lock.lost", unit="{hold}", description="Holds lost, by reason."
+        )
+        self.renewals = meter.create_counter(
+            "dynasem.lock.renewals", unit="{renewal}", description="Lease renewals, by outcome."
+        )
+        # Every request counts: tallied here (a dict update under a lock) and handed to the
+        # SDK only when a reader collects, which costs a request a tenth of a measurement.
+        self.deferred = Deferred()
+        self.requests = Requests(self.deferred)
+        meter.create_observable_counter(
+            "dynasem.dynamodb.requests",
+            callbacks=[self.requests.observe_requests],
+            unit="{request}",
+            description="Requests sent to DynamoDB, by operation and outcome.",
+        )
+        meter.create_observable_counter(
+            "dynasem.dynamodb.consumed_capacity",
+            callbacks=[self.requests.observe_capacity],
+            unit="{capacity_unit}",
+            description="Capacity units DynamoDB reported for dynasem's requests (read or "
+            "write); a refused conditional write is billed 1 WCU and reports none.",
+        )
+
+
+_instruments: _Instruments | None = None
+
+
+_instruments_lock = threading.Lock()
+
+
+def _get() -> _Instruments:
+    global _instruments
+    if _instruments is None:
+        with _instruments_lock:  # one set only: the SDK keeps the first observable counters
+            if _instruments is None:
+                _instruments = _Instruments()
+    return _instruments
+
+
+_tracing = False
+_NO_SPAN = NO_SPAN
+
+
+def _tracer() -> Any:
+    """The tracer, or None while no TracerProvider is set: the API's spans would be no-ops,
+    so none is made at all (a span costs an acquire tens of calls)."""
+    global _tracing
+    if not _tracing:
+        # The API's own global, read first: get_tracer_provider() looks the environment up
+        # on every call while none is set, which an acquire felt.
+        if getattr(_trace, "_TRACER_PROVIDER", True) is None and not _PROVIDER_FROM_ENVIRONMENT:
+            return None
+        provider = _trace.get_tracer_provider()
+        if isinstance(provider, _trace.ProxyTracerProvider | _trace.NoOpTracerProvider):
+            return None
+        _tracing = True  # set once: OpenTelemetry refuses to replace a provider
+    return _get().tracer
+
+
+_PROVIDER_FROM_ENVIRONMENT = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+
+
+# The two settings, read once and again after a change (every hook asks: a settings read is
+# four calls, most of what an uncontended cycle spent on telemetry besides the SDK's share).
+# The hooks of every acquire, release and request read ``_settings or _config()`` and
+# ``_instruments or _get()``: a call each less, which that path measurably feels
+# (benchmarks/telemetry.py).
+_settings: tuple[bool, bool] | None = None
+
+
+def _config() -> tuple[bool, bool]:
+    global _settings
+    found = _settings
+    if found is None:
+        found = _settings = (settings.TELEMETRY, settings.TELEMETRY_RESOURCE_NAMES)
+    return found
+
+
+def _forget_settings(setting: str, **kwargs: Any) -> None:
+    global _settings
+    if setting == "DYNASEM":
+        _settings = None
+
+
+setting_changed.connect(_forget_settings, dispatch_uid="dynasem-telemetry-settings")
+
+
+# -- names -----------------------------------------------------------------------------------
+
+
+def lock_name(sem: Any) -> str:
+    """The lock's name in attributes: bounded unless the setting opts in to raw keys."""
+    name = getattr(sem, "metrics_name", None)
+    if name:
+        return str(name)
+    if (_settings or _config())[1]:
+        return ",".join(sem.resources)
+    return "other"
+
+
+def _base(sem: Any) -> dict[str, Any]:
+    return {
+        NAME: lock_name(sem),
+        MODE: "shared" if sem.shared else _LIMITS.get(sem.limit, "counting"),
+    }
+
+
+_LIMITS = {1: "exclusive"}
+
+
+# -- acquiring -------------------------------------------------------------------------------
+
+
+_current: contextvars.ContextVar[_Acquiring | None] = contextvars.ContextVar(
+    "dynasem_telemetry_acquire", default=None
+)
+# The lock a request is sent for, as a name (requests carry it when known).
+_lock_name: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "dynasem_telemetry_lock", default=None
+)
+
+
+class _Spanned:
+    """A span made current and the lock's name set for the requests sent meanwhile. Plain
+    classes, not generator context managers, and no span at all without a TracerProvider:
+    this runs on every acquire and release (benchmarks/telemetry.py)."""
+
+    __slots__ = ("_context", "_name", "base", "span")
+
+    def __init__(self, name: str, base: dict[str, Any], attributes: Any, held: Any = None):
+        self.base = base
+        self._context: Any = None
+        tracer = _tracer()
+        if tracer is None:
+            self.span = _NO_SPAN
+        else:
+            links = _links(held) if held is not None else None
+            self.span = tracer.start_span(name, attributes=attributes(), links=links)
+            if self.span.is_recording():
+                self._context = _context.attach(_trace.set_span_in_context(self.span))
+        self._name = _lock_name.set(base[NAME])
+
+    def exit(self) -> None:
+        _lock_name.reset(self._name)
+        if self._context is not None:
+            _context.detach(self._context)
+
+
+class _Acquiring(_Spanned):
+    """What one acquire did, filled in by the lock code while it runs (a context variable)."""
+
+    __slots__ = ("_token", "ahead", "busy", "queued", "started")
+
+    def __init__(self, sem: Any) -> None:
+        base = _base(sem)
+
+        def attributes() -> dict[str, Any]:
+            found = dict(base)
+            if (_settings or _config())[1]:
+                found[RESOURCE] = ",".join(sem.resources)
+            return found
+
+        super().__init__("dynasem.acquire", base, attributes)
+        self.busy = self.queued = False
+        self.ahead: int | None = None
+        self._token = _current.set(self)
+        self.started = time.perf_counter()
+
+    def done(self, held: Any, error: BaseException | None) -> None:
+        elapsed = time.perf_counter() - self.started
+        _current.reset(self._token)
+        base, span = self.base, self.span
+        outcome = "acquired" if error is None else _outcome_of(error)
+        # A nested acquire that re-entered a hold, or a hold given back inside a transaction
+        # still open and taken again: no acquisition (no request), and the hold keeps the
+        # span of the acquire that took it.
+        again = held is not None and (
+            held.telemetry_context is not None or getattr(held, "depth", 1) > 1
+        )
+        if not again:
+            base[OUTCOME] = outcome
+            base[QUEUED] = self.queued
+            inst = _instruments or _get()
+            inst.deferred.record(inst.acquire, elapsed, base, span)  # under the span: exemplars
+        self.exit()
+        if span is _NO_SPAN:
+            return
+        if span.is_recording():
+            span.set_attributes({OUTCOME: outcome, QUEUED: self.queued})
+            if held is not None:
+                span.set_attribute(FENCE, held.fence)
+            if error is not None and outcome in ("unavailable", "error"):
+                span.record_exception(error)
+                span.set_status(_trace.Status(_trace.StatusCode.ERROR, str(error)[:200]))
+        if held is not None and not again:
+            held.telemetry_context = span.get_span_context()
+        span.end()
+
+
+def _outcome_of(exc: BaseException) -> str:
+    from ..exceptions import SemaphoreBusy, SemaphoreUnavailable
+
+    if isinstance(exc, SemaphoreBusy):
+        return "busy"
+    if isinstance(exc, SemaphoreUnavailable):
+        return "unavailable"
+    if isinstance(exc, KeyboardInterrupt | SystemExit) or type(exc).__name__ == "CancelledError":
+        return "cancelled"
+    return "error"
+
+
+def acquire(sem: Any, attempt: Callable[[], _T]) -> _T:
+    """``attempt()`` (the acquire) measured and in a ``dynasem.acquire`` span."""
+    if not (_settings or _config())[0]:
+        return attempt()
+    record = _safely(_Acquiring, sem)
+    if record is None:
+        return attempt()
+    try:
+        held = attempt()
+    except BaseException as exc:
+        _safely(record.done, None, exc)
+        raise
+    _safely(record.done, held, None)
+    return held
+
+
+async def aacquire(sem: Any, attempt: Callable[[], Awaitable[_T]]) -> _T:
+    if not (_settings or _config())[0]:
+        return await attempt()
+    record = _safely(_Acquiring, sem)
+    if record is None:
+        return await attempt()
+    try:
+        held = await attempt()
+    except BaseException as exc:
+        _safely(record.done, None, exc)
+        raise
+    _safely(record.done, held, None)
+    return held
+
+
+def waiting(ahead: int | None = None) -> None:
+    """The acquire found the lock busy and waits (``ahead``: it joined the queue behind so
+    many): a span event at the moment the wait began, and the queue's length."""
+    _safely(_waiting, ahead)
+
+
+def _waiting(ahead: int | None) -> None:
+    record = _current.get()
+    if record is None:
+        return
+    if ahead is not None and not record.queued:
+        record.queued = True
+        record.ahead = ahead
+        _get().ahead.record(ahead, {NAME: _lock_name.get() or "other"})
+    if not record.busy:
+        record.busy = True
+        attributes: dict[str, Any] = {QUEUED: ahead is not None}
+        if ahead is not None:
+            attributes["dynasem.lock.queue.ahead"] = ahead
+        record.span.add_event("dynasem.wait", attributes)
+
+
+def handed_over(sem: Any, item: Any, token: str) -> None:
+    """A hold we found handed to us (the releaser wrote us in, while we were queued): how
+    long it stood idle. Across hosts the figure includes their clocks' difference."""
+    _safely(_handed_over, sem, item, token)
+
+
+def _handed_over(sem: Any, item: Any, token: str) -> None:
+    record = _current.get()
+    if record is None or not record.queued:
+        return  # not a hand-over: an own write recognised after a lost answer, say
+    entry = None if item is None else item.holders.get(token)
+    acquired_ms = getattr(entry, "acquired_ms", None)
+    if not acquired_ms:
+        return
+    idle = max(0.0, time.time() - acquired_ms / 1000)
+    _get().idle.record(idle, _base(sem))
+    record.span.add_event("dynasem.handed_over", {"dynasem.lock.handover.idle": idle})
+
+
+# -- holding ---------------------------------------------------------------------------------
+
+
+def _links(held: Any) -> list[Any]:
+    context = getattr(held, "telemetry_context", None)
+    return [_trace.Link(context)] if context is not None and context.is_valid else []
+
+
+class releasing(_Spanned):  # noqa: N801 - used as a function: ``with releasing(held):``
+    """A release: the hold's duration by outcome (released, handed_over, lost), in a
+    ``dynasem.release`` span linked to the acquire's, with a ``dynasem.handover`` child when
+    it handed the lock to waiters."""
+
+    __slots__ = ("held", "on")
+
+    def __init__(self, held: Any) -> None:
+        self.held, self.on = held, (_settings or _config())[0]
+
+    def __enter__(self) -> None:
+        if self.on and _safely(self._enter) is None:
+            self.on = False
+
+    def _enter(self) -> bool:
+        held = self.held
+        base = _base(held.semaphore)
+        super().__init__("dynasem.release", base, lambda: {**base, FENCE: held.fence}, held)
+        return True
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if self.on:
+            _safely(self._exit)
+
+    def _exit(self) -> None:
+        held, base, span = self.held, self.base, self.span
+        outcome = "lost" if held._lost else "handed_over" if held._handover else "released"
+        hold_s = max(0.0, monotonic() - held._taken_mono)
+        inst = _instruments or _get()
+        inst.deferred.record(inst.hold, hold_s, {**base, OUTCOME: outcome}, span)
+        self.exit()
+        if span is _NO_SPAN:
+            return
+        span.set_attributes({OUTCOME: outcome, "dynasem.lock.held": hold_s})
+        if held._handover is not None:
+            start, end, heirs, fence = held._handover
+            child = _get().tracer.start_span(
+                "dynasem.handover",
+                context=_trace.set_span_in_context(span),
+                attributes={**base, "dynasem.lock.heirs": heirs, FENCE: fence},
+                start_time=start,
+            )
+            child.end(end)
+        span.end()
+
+
+def lost(held: Any, reason: str) -> None:
+    if _config()[0]:
+        _safely(_lost, held, reason)
+
+
+def _lost(held: Any, reason: str) -> None:
+    kind = reason_kind(reason)
+    _get().lost.add(1, {**_base(held.semaphore), REASON: kind})
+    # On the span that found it, if any (a renewal's, a release's caller's).
+    _trace.get_current_span().add_event(
+        "dynasem.lost", {REASON: kind, "dynasem.lock.lost.detail": reason, FENCE: held.fence}
+    )
+
+
+@contextlib.contextmanager
+def renewing(held: Any) -> Iterator[None]:
+    """One renewal: counted by outcome, in a ``dynasem.renew`` span linked to the acquire's."""
+    if not _config()[0]:
+        yield
+        return
+    from ..exceptions import LockLost
+
+    base = _base(held.semaphore)
+    spanned = _safely(_Spanned, "dynasem.renew", base, lambda: {**base, FENCE: held.fence}, held)
+    outcome = "renewed"
+    try:
+        yield
+    except LockLost:
+        outcome = "lost"
+        raise
+    except BaseException:
+        outcome = "failed"
+        raise
+    finally:
+        if spanned is not None:
+            _safely(_renewed, spanned, base, outcome)
+
+
+def _renewed(spanned: _Spanned, base: dict[str, Any], outcome: str) -> None:
+    spanned.exit()
+    _get().renewals.add(1, {**base, OUTCOME: outcome})
+    spanned.span.set_attribute(OUTCOME, outcome)
+    spanned.span.end()
+
+
+# -- requests --------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def naming(name: str | None) -> Iterator[None]:
+    """The requests sent inside carry the lock's ``name`` (see :func:`lock_name`): work done
+    for a lock on another thread than its acquire's and release's, which set it themselves
+    (a stray hand-over given back, a coalesced run's registration renewed or withdrawn)."""
+    if name is None or not (_settings or _config())[0]:
+        yield
+        return
+    token = _lock_name.set(name)
+    try:
+        yield
+    finally:
+        _lock_name.reset(token)
+
+
+def ask_capacity(operation: str, kwargs: dict[str, Any]) -> None:
+    """Ask DynamoDB to report the units of a request that can (no extra request)."""
+    if operation in CAPACITY_OPERATIONS and (_settings or _config())[0]:
+        kwargs.setdefault("ReturnConsumedCapacity", "TOTAL")
+
+
+def request(operation: str, outcome: str, response: Mapping[str, Any] | None) -> None:
+    """A request's answer: counted by operation and outcome, and its capacity units."""
+    if (_settings or _config())[0]:
+        _safely(_request, operation, outcome, response)
+
+
+def _request(operation: str, outcome: str, response: Mapping[str, Any] | None) -> None:
+    name = OPERATION_NAMES.get(operation) or "".join(p.title() for p in operation.split("_"))
+    units = 0.0 if response is None else capacity_units(response.get("ConsumedCapacity"))
+    (_instruments or _get()).requests.add((name, outcome, _lock_name.get()), units)

@@ -1,0 +1,429 @@
+"""What operators do to holds (list, break), shared by the CLI and the admin (the reaper is
+reaping.py)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from .. import _clock as clock
+from .. import _storage as table
+from .._engine import (
+    arguments as validation,
+)
+from .._engine import (
+    core,
+)
+from .._engine import (
+    permit_hold as permit_held,
+)
+from .._engine import (
+    reader_hold as reader_held,
+)
+from .._storage import permits as slots
+from ..signals import lock_released
+from . import listing as index_streams
+from .cursors import BadCursor as BadCursor  # re-exported: callers catch operations.BadCursor
+from .cursors import decode_cursor, encode_cursor, purpose
+
+
+@dataclass(frozen=True)
+class HoldInfo:
+    """One holder of one resource, as stored."""
+
+    resource: str
+    token: str
+    user_id: str
+    fence: int
+    mode: str
+    limit: int
+    acquired_ms: int
+    expires_ms: int
+    queue_depth: int = 0
+
+    @property
+    def expires(self) -> datetime:
+        return datetime.fromtimestamp(self.expires_ms / 1000, tz=UTC)
+
+    @property
+    def acquired(self) -> datetime:
+        return datetime.fromtimestamp(self.acquired_ms / 1000, tz=UTC)
+
+    @property
+    def kind(self) -> str:
+        if self.mode == validation.MODE_SHARED:
+            return "shared"
+        if self.mode == validation.MODE_COUNTING:
+            return f"slot of {self.limit}"
+        return "exclusive"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "resource": self.resource,
+            "user_id": self.user_id,
+            "kind": self.kind,
+            "fence": self.fence,
+            "token": self.token,
+            "acquired": self.acquired.isoformat(),
+            "expires": self.expires.isoformat(),
+            "queue_depth": self.queue_depth,
+        }
+
+
+def _waiting(item: table.LockItem, now_ms: int) -> int:
+    """The waiters a listing shows for a row, from the row alone: the live entries of the old
+    inline queue, and the tickets out that have not had their turn (a waiter that left, or
+    died, counts until the next turn passes it: :func:`queue_depth` reads the entries)."""
+    inline = sum(1 for w in item.queue.values() if w.expires_ms >= now_ms)
+    return inline + max(0, item.qin - item.qout)
+
+
+# A page of the lock list shows at most this many holds of one resource: its permits and
+# reader items are read no further (beside 2,000 readers: 1.5 RCU and 22 lines, not 34 RCU
+# and 2,000 lines); active_holds and a user's filter read them all.
+HOLDS_PER_RESOURCE = 20
+# The resource page shows this many of its holders at a time (resource_state's ``most``).
+HOLDS_PER_PAGE = 500
+
+
+def _expanded(
+    item: table.LockItem,
+    *,
+    consistent: bool = False,
+    most: int | None = None,
+    after_sk: str | None = None,
+) -> table.LockItem:
+    """A row with the holders it keeps in items of their own (permits, readers) read in
+    (``most``: no further than that many, ``holders_next`` says where the rest begin;
+    ``after_sk``: those after a ``holders_next``, without the row's own)."""
+    found = slots.with_permits(item, consistent=consistent, most=most, after_sk=after_sk)
+    return table.readers.with_readers(found, consistent=consistent, most=most, after_sk=after_sk)
+
+
+def holds_of(item: table.LockItem, *, min_expires_ms: int | None) -> list[HoldInfo]:
+    out = []
+    waiting = _waiting(item, clock.now_ms())
+    for token, h in sorted(item.holders.items()):
+        if min_expires_ms is not None and h.expires_ms < min_expires_ms:
+            continue
+        out.append(
+            HoldInfo(
+                resource=item.resource,
+                token=token,
+                user_id=h.user_id,
+                fence=h.fence,
+                mode=item.mode,
+                limit=item.limit,
+                acquired_ms=h.acquired_ms,
+                expires_ms=h.expires_ms,
+                queue_depth=waiting,
+            )
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Listing holds, a page at a time
+# ---------------------------------------------------------------------------------------------
+#
+# Holds are read through the indexes by lease end, so idle rows (released, or expired and not
+# yet reaped) cost nothing unless asked for. Each index range is a "stream" read in its own
+# order (``expires`` ascending); a page merges the streams by ``expires`` and remembers, per
+# stream, the last row it took. That row's key is the stream's ExclusiveStartKey on the next
+# page: DynamoDB's LastEvaluatedKey, cut where the page ended. Nothing is loaded in full.
+# Rows move in an index while one pages through it (a renewal pushes ``expires``): as in any
+# live listing, a hold renewed between two pages may show on both or on neither.
+
+# What every list read through the indexes says of itself (the admin's lock list,
+# ``dynasem_locks``): DynamoDB updates a global secondary index asynchronously, and the rows
+# behind its entries are read eventually consistently (half the read units). A resource's own
+# page, ``dynasem_locks RESOURCE`` and every break read the row consistently.
+INDEX_NOTE = (
+    "Listed from DynamoDB's indexes, which are updated asynchronously: a change of the last "
+    "seconds may not show yet."
+)
+
+# Rounds of requests one page may spend (one round = one request per stream). A filter that
+# matches little (a resource prefix among many expired rows) then returns a short page with a
+# link to the next one instead of reading on.
+PAGE_ROUNDS = 3
+
+
+@dataclass(frozen=True)
+class LockRow:
+    """One stored lock row as listed, with the holds shown (no holds: an idle row)."""
+
+    resource: str
+    fence: int
+    expires_ms: int
+    queue_depth: int
+    holds: tuple[HoldInfo, ...]
+    # More holders are stored than ``holds`` shows (a page lists at most
+    # ``holds_per_resource`` of one resource: see lock_page).
+    more_holds: bool = False
+
+    @property
+    def expires(self) -> datetime:
+        return datetime.fromtimestamp(self.expires_ms / 1000, tz=UTC)
+
+
+@dataclass(frozen=True)
+class LockPage:
+    """A page of :func:`lock_page`: its rows and the cursor of the next page (or None)."""
+
+    rows: list[LockRow]
+    next_cursor: str | None
+
+    @property
+    def holds(self) -> list[HoldInfo]:
+        return [hold for row in self.rows for hold in row.holds]
+
+
+def _rows(
+    merged: Iterator[table.IndexEntry],
+    count: int,
+    *,
+    user_id: str | None,
+    prefix: str | None,
+    floor_ms: int | None,
+    idle_too: bool,
+    most: int | None = None,
+) -> tuple[list[LockRow], bool]:
+    """The listed rows of the next ``count`` index entries (read from the base table, leaving
+    out those outside ``prefix`` unread), and whether the entries ran out. Every entry taken
+    (a stream's cursor moves past it) is shown or left out here, never skipped. ``most``:
+    the holders kept in items read per row (None: all)."""
+    entries = list(itertools.islice(merged, count))
+    wanted = [e for e in entries if not prefix or e.resource.startswith(prefix)]
+    rows = [
+        _row(_expanded(item, most=most), user_id=user_id, floor_ms=floor_ms, idle_too=idle_too)
+        for item in table.get_many(wanted)
+    ]
+    return [row for row in rows if row is not None], len(entries) < count
+
+
+def _row(
+    item: table.LockItem,
+    *,
+    user_id: str | None,
+    floor_ms: int | None,
+    idle_too: bool,
+) -> LockRow | None:
+    """The row as listed, or None when it shows nothing under these filters."""
+    holds = [
+        hold
+        for hold in holds_of(item, min_expires_ms=floor_ms)
+        if user_id is None or hold.user_id == user_id
+    ]
+    if (
+        not holds
+        and not item.holders_next is not None
+        and not (idle_too and user_id is None and not item.holders)
+    ):
+        return None
+    return LockRow(
+        resource=item.resource,
+        fence=item.fence,
+        expires_ms=item.expires_ms,
+        queue_depth=_waiting(item, clock.now_ms()),
+        holds=tuple(holds),
+        more_holds=item.holders_next is not None,
+    )
+
+
+def lock_page(
+    *,
+    user_id: str | None = None,
+    prefix: str | None = None,
+    include_expired: bool = False,
+    cursor: str | None = None,
+    size: int = 100,
+    holds_per_resource: int | None = HOLDS_PER_RESOURCE,
+) -> LockPage:
+    """One page of lock rows, soonest lease end first: the rows with live holds (with
+    ``include_expired``, also rows whose leases ran out and idle rows not yet reaped).
+
+    Reads one page of each ``expires`` index shard (and of the userId index for ``user_id``),
+    never the whole table; ``cursor`` is a previous page's ``next_cursor`` under the same
+    filters. Raises :class:`BadCursor` (a ValueError) for a cursor it did not write for
+    them. A row shows at most ``holds_per_resource`` of the holders
+    a resource keeps in items (permits, readers; None: all), and says ``more_holds`` when
+    there are more; filtered by ``user_id``, every one is read."""
+    if size < 1:
+        raise ValueError(f"size must be at least 1, not {size!r}")
+    if holds_per_resource is not None and holds_per_resource < 1:
+        raise ValueError(f"holds_per_resource must be at least 1, not {holds_per_resource!r}")
+    now = clock.now_ms()
+    names = {f"s{i}" for i in range(table.SHARDS)} | ({"u"} if user_id is not None else set())
+    # A cursor goes on only under the filters it was written for: under others its positions
+    # (and lower bound) would skip rows or repeat them.
+    signed_for = purpose("locks", user_id, prefix, include_expired)
+    if cursor:
+        state = decode_cursor(cursor, names, signed_for)
+        # The lower bound of the first page, kept: a position below a later bound would be
+        # "outside the query's boundaries" to DynamoDB.
+        since, positions = state["t"], state["p"]
+    else:
+        since, positions = (0 if include_expired else now // 1000), {}
+    streams = index_streams.open_streams(user_id, since, positions)
+    rows: list[LockRow] = []
+    merged = index_streams.merged(streams, size, PAGE_ROUNDS * len(streams))
+    # Only as many index entries as the page has room for at a time.
+    finished = False
+    while len(rows) < size and not finished:
+        more, finished = _rows(
+            merged,
+            size - len(rows),
+            user_id=user_id,
+            prefix=prefix,
+            floor_ms=None if include_expired else now,
+            idle_too=include_expired,
+            most=None if user_id is not None else holds_per_resource,
+        )
+        rows += more
+    states = {s.name: s.state for s in streams}
+    done = all(v == "done" for v in states.values())
+    return LockPage(rows, None if done else encode_cursor({"t": since, "p": states}, signed_for))
+
+
+def active_holds(
+    *, user_id: str | None = None, prefix: str | None = None, include_expired: bool = False
+) -> list[HoldInfo]:
+    """Every live hold (or, with ``include_expired``, also those whose lease ran out but whose
+    rows are still there), by resource, read through the indexes."""
+    now = clock.now_ms()
+    since = 0 if include_expired else now // 1000
+    holds: list[HoldInfo] = []
+    merged = index_streams.merged(index_streams.open_streams(user_id, since, {}), None, None)
+    finished = False
+    while not finished:
+        rows, finished = _rows(
+            merged,
+            table.MAX_BATCH_GET,
+            user_id=user_id,
+            prefix=prefix,
+            floor_ms=None if include_expired else now,
+            idle_too=False,
+        )
+        holds.extend(hold for row in rows for hold in row.holds)
+    holds.sort(key=lambda h: (h.resource, h.acquired_ms))
+    return holds
+
+
+def holds_on(resource: str) -> list[HoldInfo]:
+    """Every holder of one resource, live or not (one consistent read)."""
+    item = table.get(validation.check_resource(resource))
+    return holds_of(_expanded(item, consistent=True), min_expires_ms=None) if item else []
+
+
+@dataclass(frozen=True)
+class ResourceState:
+    """One resource as an operator looks at it: its holders and its queue, from one read of
+    its row (and of its queue's entries)."""
+
+    resource: str
+    holds: list[HoldInfo]
+    waiters: list[table.Waiter]  # live ones, first in line first
+    fence: int = 0  # the last fence handed out
+    # More holders than ``holds`` (a page of them): pass it as ``holds_after`` for the next.
+    holds_next: str | None = None
+    # Tickets out after the last entry read (``most`` of them were): waiters, or the
+    # tickets of waiters that left or died, further back in line.
+    waiters_beyond: int = 0
+
+
+def resource_state(
+    resource: str, *, holds_after: str | None = None, most: int | None = None
+) -> ResourceState:
+    """The holders of ``resource`` (live or not; with ``most``, no more than that many of
+    those kept in permit or reader items, from ``holds_after`` on: a previous state's
+    ``holds_next``) and every live waiter, first in line first (with ``most``, of the first
+    that many tickets in line; ``waiters_beyond`` counts the tickets after them), from
+    consistent reads: the row, then its queue's entries."""
+    item = table.get(validation.check_resource(resource))
+    if item is None:
+        return ResourceState(resource, [], [])
+    if holds_after is not None and not holds_after.startswith(
+        (slots.PERMIT_PREFIX, table.readers.READER_PREFIX)
+    ):
+        raise ValueError(f"holds_after is a previous page's holds_next, not {holds_after!r}")
+    item = _expanded(item, consistent=True, most=most, after_sk=holds_after)
+    now = clock.now_ms()
+    inline = sorted((w for w in item.queue.values() if w.expires_ms >= now), key=lambda w: w.ticket)
+    entries = table.queue_entries(item, most)
+    beyond = item.qin - entries[-1].ticket if most is not None and len(entries) >= most else 0
+    waiters = inline + [w for w in entries if w.expires_ms >= now]
+    holds = holds_of(item, min_expires_ms=None)
+    return ResourceState(resource, holds, waiters, item.fence, item.holders_next, beyond)
+
+
+def waiters_on(resource: str) -> list[table.Waiter]:
+    """Every live waiter queued for ``resource``, first in line first (consistent reads:
+    the row, then its queue's entries). Each has ``ticket``, ``user_id``, ``shared``,
+    ``token`` and ``since_ms`` (when it queued, in milliseconds since the epoch, or
+    ``None``)."""
+    return resource_state(resource).waiters
+
+
+def held_with(hold: HoldInfo) -> list[str]:
+    """The other resources taken in the same acquisition as ``hold`` (the same token), as the
+    userId index finds its user's rows; live holds only."""
+    return sorted(
+        h.resource
+        for h in active_holds(user_id=hold.user_id)
+        if h.token == hold.token and h.resource != hold.resource
+    )
+
+
+def queue_depth(resource: str) -> int:
+    """How many live waiters are queued for ``resource``: ``len(waiters_on(resource))``."""
+    return len(waiters_on(resource))
+
+
+def break_hold(
+    resource: str,
+    token: str,
+    *,
+    sender: Any = None,
+    user_id: str | None = None,
+    fence: int | None = None,
+) -> bool:
+    """Break one hold, only if that very token still holds (a hold taken meanwhile survives).
+    Sends ``lock_released`` (with ``broken=True`` and the holder's ``user_id`` and ``fence``
+    where the caller knows them); False if the token no longer held the resource."""
+    if token == table.readers.SENTINEL:
+        return False  # it stands for the reader items: each is broken by its own token
+    try:
+        table.update(table.force_release(resource, token))
+    except table.Refused as refused:
+        old = refused.lock
+        if old is None:
+            return False
+        if table.readers.has_readers(old):
+            if not reader_held.break_reader(resource, token):
+                return False
+        elif old.hw is None or not permit_held.break_permit(resource, token):
+            return False
+    lock_released.send(
+        sender=sender or core.Semaphore,
+        resource=resource,
+        user_id=user_id,
+        token=token,
+        fence=fence,
+        broken=True,
+    )
+    return True
+
+
+def break_holds(resource: str, token: str | None = None) -> list[HoldInfo]:
+    """Break every hold on ``resource`` (or the one with ``token``); returns the broken."""
+    broken = []
+    for hold in holds_on(resource):
+        if token is not None and hold.token != token:
+            continue
+        if break_hold(resource, hold.token, user_id=hold.user_id, fence=hold.fence):
+            broken.append(hold)
+    return broken

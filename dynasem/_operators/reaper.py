@@ -1,0 +1,255 @@
+"""The reaper (``dynasem_reap``): rows whose lease ended more than CLOCK_SKEW ago deleted,
+found through the expires index; dead holders' permits and reader items freed. Every delete and
+break is conditional on what was read, so an index that lags costs a refused write, never a
+live hold; a write whose answer was lost is told apart from a row that changed since."""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import functools
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .. import _clock as clock
+from .. import _storage as table
+from .._engine import (
+    arguments as validation,
+)
+from .._engine import (
+    permit_hold as permit_held,
+)
+from .._engine import (
+    reader_hold as reader_held,
+)
+from .._storage import permits as slots
+from ..conf import settings
+from ..exceptions import SemaphoreUnavailable
+
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class ReapFailure:
+    """A delete or break the reap could not make (DynamoDB unreachable, throttled still after
+    the tries, an answer lost): left for the next reap (or, a lock row, for TTL)."""
+
+    resource: str  # "" for the listing of permit and reader rows
+    item: str  # "row", "permit", "reader", or "listing"
+    error: str
+    # An attempt went unanswered (a timeout, a 5xx): it may have been applied all the same.
+    maybe_applied: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass
+class ReapResult:
+    found: int = 0  # rows the expires index listed as expired
+    deleted: int = 0
+    # Rows listed but changed since the index listed them (taken again, renewed, released
+    # late; or gone): their conditional delete was refused (in a dry run: would be).
+    survived: int = 0
+    # Permits (counting semaphores of many permits) and reader items of dead holders freed.
+    permits: int = 0
+    # Permits and reader items read dead whose holder renewed (or left) before the break:
+    # refused, as read, and kept.
+    permits_kept: int = 0
+    # What failed; the reap went on with the rest.
+    failed: list[ReapFailure] = dataclasses.field(default_factory=list)
+
+
+# Sends of one reaper delete or break: the first, then after 50, 100 and 200 ms, the schedule
+# botocore's retries keep for the locks' client. Each send goes through the quick client (one
+# attempt, 2 s to answer), so dynasem itself knows which send went unanswered (botocore tells
+# only the last one's error) and a hung endpoint costs seconds a row, not 40.
+REAP_SENDS = 4
+
+
+def _patiently(send: Callable[[bool], bool], *, resend_unanswered: bool) -> bool | ReapFailure:
+    """``send(resent)``, sent again after a transient error: one never applied (throttled,
+    no connection) always; one unanswered only if ``resend_unanswered`` (the write tells an
+    earlier send's doing from a change by someone else, told by ``resent``). Its answer, or
+    why it failed."""
+    unanswered = False
+    for attempt in range(REAP_SENDS):
+        if attempt:
+            time.sleep(0.05 * 2 ** (attempt - 1))
+        try:
+            with table.quick():
+                return send(unanswered)
+        except SemaphoreUnavailable as exc:
+            unanswered = unanswered or exc.ambiguous
+            last = attempt + 1 == REAP_SENDS
+            if last or not exc.transient or (exc.ambiguous and not resend_unanswered):
+                return ReapFailure("", "", str(exc), maybe_applied=unanswered)
+    raise AssertionError("unreachable: the last send returns")
+
+
+def _read(read: Callable[[], _T]) -> _T:
+    """A read of the reaper's, on the quick client and sent again after any transient error
+    (a read applies nothing), as :func:`_patiently` sends a write: a throttled index query
+    must not end the reap where the locks' client would have retried it."""
+    for attempt in range(REAP_SENDS):
+        if attempt:
+            time.sleep(0.05 * 2 ** (attempt - 1))
+        try:
+            with table.quick():
+                return read()
+        except SemaphoreUnavailable as exc:
+            if attempt + 1 == REAP_SENDS or not exc.transient:
+                raise
+    raise AssertionError("unreachable: the last read returns or raises")
+
+
+def _expiring(shard: int, **kwargs: Any) -> Iterator[table.IndexEntry]:
+    """:func:`table.iter_expiring`, each page read by :func:`_read`."""
+    start = None
+    while True:
+        page = functools.partial(table.query_expiring, shard, start=start, **kwargs)
+        rows, start = _read(page)
+        yield from rows
+        if not start:
+            return
+
+
+def _delete_row(resource: str, cutoff_ms: int) -> bool | ReapFailure:
+    """One expired row's conditional delete, in a reaper's thread."""
+    failure = _patiently(
+        lambda resent: table.delete_expired(resource, cutoff_ms, resent=resent),
+        resend_unanswered=True,
+    )
+    if isinstance(failure, ReapFailure):
+        return dataclasses.replace(failure, resource=resource, item="row")
+    return failure
+
+
+def reap(
+    *,
+    dry_run: bool = False,
+    workers: int = 16,
+    progress: Callable[[ReapResult], None] | None = None,
+    found: Callable[[table.IndexEntry], None] | None = None,
+) -> ReapResult:
+    """Delete rows whose lease ended more than CLOCK_SKEW ago, found through the expires
+    index (never a Scan) and deleted each on condition it is still expired (the condition is
+    DynamoDB's, on the row as it is: an index entry that lags behind its row costs a refused
+    delete, never a live hold), in parallel. ``found`` is called with each row found (in a
+    dry run: each row it would delete, its row read consistently). A delete or break that
+    fails is in ``failed``, and the reap goes on; a failed listing of the expires index
+    raises (SemaphoreUnavailable)."""
+    cutoff_ms = clock.now_ms() - int(validation.check_skew(settings.CLOCK_SKEW) * 1000)
+    before_s = cutoff_ms // 1000
+    result = ReapResult()
+
+    def candidates() -> Iterator[table.IndexEntry]:
+        for shard in range(table.SHARDS):
+            yield from _expiring(shard, before=before_s)
+
+    if dry_run:
+        _would_reap(candidates(), cutoff_ms, result, found)
+        _reap_permits(cutoff_ms, result, dry_run=True)
+        return result
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dynasem-reap") as pool:
+        futures = []
+        for row in candidates():
+            result.found += 1
+            if found is not None:
+                found(row)
+            # In the caller's context (its telemetry span, its settings overrides).
+            run = contextvars.copy_context().run
+            futures.append(pool.submit(run, _delete_row, row.resource, cutoff_ms))
+        for i, future in enumerate(futures, 1):
+            outcome = future.result()
+            if isinstance(outcome, ReapFailure):
+                result.failed.append(outcome)
+            elif outcome:
+                result.deleted += 1
+            else:
+                result.survived += 1
+            if progress is not None and (i % 500 == 0 or i == len(futures)):
+                progress(result)
+    _reap_permits(cutoff_ms, result, dry_run=False)
+    return result
+
+
+def _would_reap(
+    listed: Iterator[table.IndexEntry],
+    cutoff_ms: int,
+    result: ReapResult,
+    found: Callable[[table.IndexEntry], None] | None,
+) -> None:
+    """A dry run's count: of the rows the index lists, those whose row, read consistently,
+    the delete's condition would take (``found`` is called with each); the others changed
+    since the index listed them. One read unit per row, less than the delete it stands for:
+    an index lagging behind its rows must not make a dry run list a live lock."""
+    while batch := list(itertools.islice(listed, table.MAX_BATCH_GET)):
+        result.found += len(batch)
+        expired = {
+            row.resource
+            for row in _read(functools.partial(table.get_many, batch, consistent=True))
+            if 0 < row.expires_ms < cutoff_ms  # as delete_expired's condition reads it
+        }
+        for entry in batch:
+            if entry.resource not in expired:
+                result.survived += 1
+            elif found is not None:
+                found(entry)
+
+
+def _reap_permits(cutoff_ms: int, result: ReapResult, *, dry_run: bool) -> None:
+    """Free the permits whose holder's lease ended before ``cutoff_ms``, in the rows of
+    counting semaphores of many permits still listed (such a row stays listed while any of
+    its permits may be live, so the rows above are not reaped): each conditional on the
+    permit being as read, its slot hinted. Counts those freed (in a dry run: would be), and
+    those that changed between the read and the break (renewed or given back: kept)."""
+    try:
+        entries = [
+            entry
+            for shard in range(table.SHARDS)
+            for entry in _expiring(shard, since=cutoff_ms // 1000, shared_only=True)
+        ]
+        rows = _read(functools.partial(table.get_many, entries))
+    except SemaphoreUnavailable as exc:
+        result.failed.append(ReapFailure("", "listing", str(exc), maybe_applied=False))
+        return
+    for row in rows:
+        try:
+            _reap_items(row, cutoff_ms, result, dry_run=dry_run)
+        except SemaphoreUnavailable as exc:  # reading its items
+            result.failed.append(ReapFailure(row.resource, "listing", str(exc), False))
+
+
+def _reap_items(row: table.LockItem, cutoff_ms: int, result: ReapResult, *, dry_run: bool) -> None:
+    """The dead readers and permits of one row (see :func:`_reap_permits`)."""
+    dead: list[tuple[str, Callable[[], bool]]] = []
+    if table.readers.has_readers(row):
+        for reader in _read(functools.partial(table.readers.readers, row.resource)):
+            if reader.holder.expires_ms < cutoff_ms:
+                free = functools.partial(reader_held.break_reader, row.resource, reader.token)
+                dead.append(("reader", functools.partial(free, reader)))
+    if row.hw is not None:
+        for permit in _read(functools.partial(slots.permits, row.resource)):
+            if permit.token and permit.holder.expires_ms < cutoff_ms:
+                free = functools.partial(permit_held.break_permit, row.resource, permit.token)
+                dead.append(("permit", functools.partial(free, permit)))
+    for item, break_dead in dead:
+        outcome = True if dry_run else _break_dead(break_dead)
+        if isinstance(outcome, ReapFailure):
+            result.failed.append(dataclasses.replace(outcome, resource=row.resource, item=item))
+        elif outcome:
+            result.permits += 1
+        else:
+            result.permits_kept += 1
+
+
+def _break_dead(free: Callable[[], bool]) -> bool | ReapFailure:
+    """A dead holder's permit or reader item freed, as read. A break re-sent after an
+    unanswered one would be refused, as the break of a holder that renewed is: it is not
+    re-sent, and fails as maybe applied."""
+    return _patiently(lambda _resent: free(), resend_unanswered=False)

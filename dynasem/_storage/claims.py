@@ -1,0 +1,58 @@
+"""The writes of unique tasks (:mod:`dynasem._background.unique`) on an exclusive lock row.
+
+A claim is an ordinary exclusive hold, taken at enqueue. The worker's run does not renew it:
+it *adopts* it, replacing the claim's holder entry with its own under a fresh token, in one
+write conditional on the claim's token. A second adoption of the same claim (a message
+delivered twice, a retry started early) finds the claim's token gone. A run that enqueues
+its retry *announces* the retry's token in its entry (``n``) and, when it ends, is adopted
+by that token (with no process, for the queue lease); the retry's run adopts that in turn.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .lock_writes import _LOCK_NAMES, _action
+from .records import LOCK_SK, Holder, bucket_of, holder_value
+
+
+def adopt_hold(
+    resource: str,
+    claimed: str,
+    token: str,
+    entry: Holder,
+    *,
+    announced: str | None = None,
+    stale_ms: int = 0,
+) -> dict[str, Any]:
+    """``token`` (with ``entry``) replaces the holder ``claimed``, conditional on it being
+    there; its lease end becomes the row's (an exclusive row: the only holder's; the queue
+    lease's may be later than a run lease). ``announced``: only if ``claimed`` announced it as
+    its next and its lease ended before ``stale_ms`` (a run that died after enqueueing its
+    retry: the retry, whose claim ``announced`` is, takes over, with the larger fence of its
+    ``entry``)."""
+    names = dict(_LOCK_NAMES, **{"#c": claimed, "#t": token})
+    values: dict[str, Any] = {
+        ":entry": holder_value(entry),
+        ":e": entry.expires_ms,
+        ":exp": bucket_of(entry.expires_ms),
+        ":uid": entry.user_id,
+    }
+    update = "REMOVE #h.#c SET #h.#t = :entry, #expMs = :e, #exp = :exp, #uid = :uid"
+    condition = "attribute_exists(#h.#c)"
+    if announced is not None:
+        # A take-over: the run may only be stalled, so its successor gets a larger fence, as
+        # any take-over does (the entry carries it).
+        update += ", #fence = :fence"
+        condition += " AND #h.#c.#n = :next AND #h.#c.#e < :stale AND #fence < :fence"
+        names.update({"#n": "n", "#e": "e"})
+        values.update({":next": announced, ":stale": stale_ms, ":fence": entry.fence})
+    return _action(resource, LOCK_SK, update, condition, names, values)
+
+
+def announce_next(resource: str, token: str, next_token: str) -> dict[str, Any]:
+    """The run ``token`` enqueued its retry, whose message carries ``next_token``."""
+    names = dict(_LOCK_NAMES, **{"#t": token, "#n": "n"})
+    return _action(
+        resource, LOCK_SK, "SET #h.#t.#n = :n", "attribute_exists(#h.#t)", names, {":n": next_token}
+    )

@@ -1,0 +1,392 @@
+"""The DynamoDB client, sending a request, and what its errors mean to dynasem."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import os
+import socket
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any, cast
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectTimeoutError,
+    EndpointConnectionError,
+    NoCredentialsError,
+    ReadTimeoutError,
+)
+from botocore.exceptions import (
+    ConnectionError as BotoConnectionError,
+)
+
+from .._observability import telemetry
+from ..conf import FALLBACK_REGION, settings
+from ..exceptions import LimitExceeded, Picklable, SemaphoreUnavailable, TableMissing
+from .records import JobRow, LockItem, decode, job_row, lock_item
+
+if TYPE_CHECKING:  # boto3-stubs[dynamodb], a development dependency only
+    from mypy_boto3_dynamodb import DynamoDBClient
+
+_client: DynamoDBClient | None = None
+_quick_client: DynamoDBClient | None = None
+_client_lock = threading.Lock()
+# Set while an operator waits on a page or a command (see quick()).
+_quick: contextvars.ContextVar[bool] = contextvars.ContextVar("dynasem_quick", default=False)
+
+# DynamoDB's answers for a request over a throughput limit (LimitExceeded("throughput")).
+THROTTLED = frozenset(
+    {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}
+)
+TRANSIENT_CODES = THROTTLED | frozenset(
+    {
+        # A single write on an item that a transaction is writing: nothing was applied.
+        "TransactionConflictException",
+        "InternalServerError",
+        "ServiceUnavailable",
+        "LimitExceededException",
+        "TransactionInProgressException",
+    }
+)
+
+# The reasons a transaction is cancelled for that leave its callers to plan again.
+CANCELLED_RETRYABLE = frozenset({"None", "ConditionalCheckFailed", "TransactionConflict"})
+
+# ---------------------------------------------------------------------------------------------
+# The client
+# ---------------------------------------------------------------------------------------------
+
+
+def get_client(*, quick: bool = False) -> DynamoDBClient:
+    """The process's DynamoDB client, built on first use (clients are thread-safe).
+
+    ``quick``: the client of pages and commands an operator waits on (see :func:`quick`):
+    one attempt, 1 s to connect, 2 s to answer. The locks' own requests (renewals above all)
+    keep theirs: three attempts, 3 s and 10 s."""
+    global _client, _quick_client
+    client = _quick_client if quick else _client
+    if client is not None:
+        return client
+    with _client_lock:
+        if quick and _quick_client is None:
+            _quick_client = _build(
+                retries={"mode": "legacy", "total_max_attempts": 1},
+                connect_timeout=1,
+                read_timeout=2,
+            )
+        if not quick and _client is None:
+            _client = _build(
+                # Transport errors and throttling are botocore's to retry; dynasem's own
+                # loop only waits for a busy lock. "legacy" mode uses DynamoDB's own
+                # schedule (50 ms, 100 ms): a heartbeat gets its retries in well inside a
+                # lease, where standard mode's random 1-2 s backoffs could outlast it.
+                retries={"mode": "legacy", "max_attempts": 3},
+                connect_timeout=3,
+                read_timeout=10,
+            )
+        built = _quick_client if quick else _client
+        assert built is not None
+        return built
+
+
+def _build(**config: Any) -> DynamoDBClient:
+    session = boto3.session.Session()
+    return session.client(
+        "dynamodb",
+        endpoint_url=settings.ENDPOINT_URL,
+        region_name=region_of(session),
+        config=Config(
+            max_pool_connections=32,
+            # Every request is built here from checked arguments; botocore's client-side
+            # walk over each parameter cost ~0.4 ms per request, and a malformed one is
+            # still refused by DynamoDB (ValidationException).
+            parameter_validation=False,
+            **config,
+        ),
+    )
+
+
+@contextlib.contextmanager
+def quick() -> Iterator[None]:
+    """Requests sent inside go through the quick client (:func:`get_client`): an admin page
+    or a command answers within ~2 s that DynamoDB is unavailable, where the locks' own
+    client would keep it waiting up to 40 s on an endpoint that accepts and never answers."""
+    token = _quick.set(True)
+    try:
+        yield
+    finally:
+        _quick.reset(token)
+
+
+def region_of(session: boto3.session.Session) -> str:
+    """The region a client of ``session`` talks to: the setting, else boto3's own."""
+    return settings.REGION_NAME or session.region_name or FALLBACK_REGION
+
+
+def reset_client() -> None:
+    """Forget the cached clients (settings changed, or we are a freshly forked child)."""
+    global _client, _quick_client
+    with _client_lock:
+        _client = _quick_client = None
+
+
+def _forget_in_child() -> None:
+    global _client, _quick_client
+    _client = _quick_client = None
+
+
+if hasattr(os, "register_at_fork"):
+    # A forked child must not share the parent's connection pool.
+    os.register_at_fork(after_in_child=_forget_in_child)
+
+
+def endpoint_label() -> str:
+    return settings.ENDPOINT_URL or f"AWS DynamoDB ({settings.REGION_NAME or 'default region'})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors
+# ---------------------------------------------------------------------------------------------
+
+
+class Refused(Picklable, Exception):
+    """The write's condition failed; the row as it was (``ALL_OLD``) is ``lock`` (a lock
+    write's) or ``job`` (a run_once write's)."""
+
+    def __init__(self, old: dict[str, Any] | None, retried: bool = False):
+        super().__init__("condition failed")
+        self._old = old
+        # botocore re-sent the request: an earlier attempt may have been applied.
+        self.retried = retried
+
+    @property
+    def item(self) -> dict[str, Any] | None:
+        """The item as it was, decoded (a permit item's: see table/permits.py)."""
+        return self._old
+
+    @functools.cached_property
+    def lock(self) -> LockItem | None:
+        return lock_item(self._old)  # decoded once, however often it is asked
+
+    @functools.cached_property
+    def job(self) -> JobRow:
+        return job_row(self._old)
+
+
+class Cancelled(Picklable, Exception):
+    """A transaction (of lock writes) was cancelled; ``reasons[i]`` is ``(code, old row)`` for
+    action i."""
+
+    def __init__(self, reasons: list[tuple[str, LockItem | None]], retried: bool = False):
+        super().__init__("transaction cancelled: " + ", ".join(c for c, _ in reasons))
+        self.reasons = reasons
+        self.retried = retried
+
+
+class WriteConflict(SemaphoreUnavailable):
+    """A single write on an item that a transaction was writing at that moment
+    (``TransactionConflictException``): nothing was applied, and it passes within
+    milliseconds; send it again."""
+
+
+def _unavailable(exc: Exception) -> SemaphoreUnavailable:
+    where = endpoint_label()
+    table = settings.TABLE_NAME
+    if isinstance(exc, ClientError):
+        code = exc.response.get("Error", {}).get("Code", "")
+        message = exc.response.get("Error", {}).get("Message", "")
+        if code == "ResourceNotFoundException":
+            return TableMissing(
+                f"DynamoDB table {table!r} does not exist at {where} ({message}): "
+                "run `manage.py dynasem_createtable`"
+            )
+        if code == "ValidationException" and "index" in message.lower():
+            return TableMissing(
+                f"DynamoDB table {table!r} at {where} lacks an index dynasem needs ({message}): "
+                "run `manage.py dynasem_createtable` (or recreate the table)"
+            )
+        limit = _limit_of(code, message, exc.response, _retried(exc))
+        if limit is not None:
+            return limit
+        status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
+        if code == "TransactionConflictException":
+            return WriteConflict(
+                f"DynamoDB at {where} refused a write: {code}: {message}",
+                transient=True,
+                ambiguous=_retried(exc),
+            )
+        return SemaphoreUnavailable(
+            f"DynamoDB at {where} refused the request: {code}: {message}",
+            transient=code in TRANSIENT_CODES or status >= 500,
+            # A 5xx may come after the write was applied; a throttled request never was, but
+            # botocore tells only the last attempt's error: an earlier one may have been
+            # applied and its answer lost.
+            ambiguous=status >= 500 or _retried(exc),
+        )
+    if isinstance(exc, NoCredentialsError):
+        return SemaphoreUnavailable(
+            f"no AWS credentials for DynamoDB at {where}: boto3's default chain found none "
+            "(environment, shared config, instance role)"
+        )
+    transient = isinstance(exc, BotoConnectionError | ReadTimeoutError)
+    return SemaphoreUnavailable(
+        f"cannot reach DynamoDB at {where}: {exc}",
+        transient=transient,
+        # Never connected: never applied. A timeout or a dropped connection: perhaps applied.
+        ambiguous=transient and not isinstance(exc, EndpointConnectionError | ConnectTimeoutError),
+    )
+
+
+def _limit_of(
+    code: str, message: str, response: Mapping[str, Any], retried: bool
+) -> LimitExceeded | None:
+    """The DynamoDB limit a refusal is about, as a :class:`LimitExceeded` that names it; None
+    when it is about no limit of DynamoDB's. ``retried``: botocore sent it more than once (an
+    earlier attempt, answered with a 500 or not at all, may have been applied)."""
+    where, table = endpoint_label(), settings.TABLE_NAME
+    texts = [message]
+    if code == "TransactionCanceledException":
+        texts += [str(r.get("Message", "")) for r in response.get("CancellationReasons", [])]
+    text = " ".join(texts).lower()
+    if "item size" in text and "exceed" in text:
+        return LimitExceeded(
+            f"DynamoDB at {where} refused a write to table {table!r}: the item would exceed "
+            f"DynamoDB's item size limit of 400 KB ({code}: {message}). Nothing was "
+            "written. (A lock row keeps only a few holders: queued waiters, readers past the "
+            "first two and the holders of more than 8 permits have items of their own.)",
+            "item size",
+        )
+    if code in THROTTLED or (
+        code == "TransactionCanceledException"
+        and any(r.get("Code") == "ThrottlingError" for r in response.get("CancellationReasons", []))
+    ):
+        return LimitExceeded(
+            f"DynamoDB at {where} throttled requests to table {table!r} still after the "
+            f"retries ({code}: {message}): the table's capacity, or one partition key's "
+            "(1,000 write units and 3,000 read units a second: one resource's item), is used "
+            "up. Nothing was written by the throttled request.",
+            "throughput",
+            transient=True,
+            ambiguous=retried,
+        )
+    if code in ("TransactionCanceledException", "ValidationException") and (
+        "transaction" in text and ("size" in text or "limit" in text)
+    ):
+        return LimitExceeded(
+            f"DynamoDB at {where} refused a transaction on table {table!r} for its limits "
+            f"({code}: {message}). Nothing was written.",
+            "transaction",
+        )
+    return None
+
+
+def _retried(exc: ClientError) -> bool:
+    return exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0) > 0
+
+
+# The quick client sends once (an operator learns fast that DynamoDB is down), but a throttled
+# request is sent again after these pauses: it was never applied, and throttling passes
+# within a second, where one throttle of a busy table used to fail the page or the command.
+QUICK_THROTTLE_PAUSES = (0.05, 0.1, 0.2)
+
+
+def _call(client: Any, operation: str, kwargs: dict[str, Any], *, quick: bool) -> Any:
+    pauses = QUICK_THROTTLE_PAUSES if quick else ()
+    for pause in pauses:
+        try:
+            return getattr(client, operation)(**kwargs)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code", "") not in THROTTLED:
+                raise
+        time.sleep(pause)
+    return getattr(client, operation)(**kwargs)
+
+
+def _send(operation: str, **kwargs: Any) -> dict[str, Any]:
+    try:
+        client = get_client(quick=True) if _quick.get() else get_client()
+    except ValueError as exc:  # botocore refuses the endpoint URL itself
+        raise SemaphoreUnavailable(
+            f"cannot build a DynamoDB client for {endpoint_label()!r}: {exc}"
+        ) from exc
+    if telemetry.ON:
+        telemetry.ask_capacity(operation, kwargs)
+    try:
+        # Every operation's response is a dict; which keys it has depends on the operation.
+        response: dict[str, Any] = _call(client, operation, kwargs, quick=_quick.get())
+    except ClientError as exc:
+        code = exc.response.get("Error", {}).get("Code", "")
+        if telemetry.ON:
+            cancelled = exc.response.get("CancellationReasons", ())
+            outcome = telemetry.outcome_of_error(code, code in THROTTLED, cancelled)
+            telemetry.request(operation, outcome, None)
+        if code == "ConditionalCheckFailedException":
+            # ReturnValuesOnConditionCheckFailure puts the item in the error response, a key
+            # botocore-stubs' ClientError response does not list.
+            item = cast("Mapping[str, Any] | None", exc.response.get("Item"))
+            raise Refused(decode(item), _retried(exc)) from None
+        if code == "TransactionCanceledException":
+            reasons = [
+                (r.get("Code", "None"), lock_item(decode(r.get("Item"))))
+                for r in exc.response.get("CancellationReasons", [])
+            ]
+            codes = {c for c, _ in reasons}
+            # A refused condition, or another request writing one of the items at that
+            # moment (TransactionConflict, which DynamoDB itself never retries): nothing was
+            # applied, and every caller plans again from the reasons.
+            if codes & {"ConditionalCheckFailed", "TransactionConflict"} and codes <= (
+                CANCELLED_RETRYABLE
+            ):
+                raise Cancelled(reasons, _retried(exc)) from None
+        raise _unavailable(exc) from exc
+    except (BotoCoreError, OSError) as exc:
+        if telemetry.ON:
+            telemetry.request(operation, "error", None)
+        raise _unavailable(exc) from exc
+    except ValueError as exc:  # an endpoint URL botocore could not take apart
+        raise SemaphoreUnavailable(f"bad DynamoDB endpoint {endpoint_label()!r}: {exc}") from exc
+    if telemetry.ON:  # after the request's own error handling: it never turns into one
+        telemetry.request(operation, "ok", response)
+    return response
+
+
+def prefix_pages(
+    resource: str,
+    prefix: str,
+    *,
+    consistent: bool,
+    limit: int | None = None,
+    after_sk: str | None = None,
+) -> Iterator[list[dict[str, Any]]]:
+    """The items under ``resource`` whose sort key begins with ``prefix`` (permits, reader
+    items), decoded, one Query page at a time (``limit``: items a page; ``after_sk``: from
+    the item after that sort key on)."""
+    start = None if after_sk is None else {"pk": {"S": resource}, "sk": {"S": after_sk}}
+    while True:
+        kwargs: dict[str, Any] = {
+            "TableName": settings.TABLE_NAME,
+            "ConsistentRead": consistent,
+            "KeyConditionExpression": "#pk = :pk AND begins_with(#sk, :pre)",
+            "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk"},
+            "ExpressionAttributeValues": {":pk": {"S": resource}, ":pre": {"S": prefix}},
+        }
+        if limit:
+            kwargs["Limit"] = limit
+        if start:
+            kwargs["ExclusiveStartKey"] = start
+        response = _send("query", **kwargs)
+        yield [decode(i) or {} for i in response.get("Items", [])]
+        start = response.get("LastEvaluatedKey")
+        if not start:
+            return
+
+
+def process_identity() -> str:
+    """Who holds a lock when no Django user does: this host and process."""
+    return f"{socket.gethostname()}:{os.getpid()}"

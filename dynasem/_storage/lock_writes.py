@@ -1,0 +1,524 @@
+"""The writes: each builder returns the keyword arguments of one conditional ``UpdateItem``
+(without ``TableName``), usable alone or as one action of a transaction; :func:`update` and
+:func:`transact` in :mod:`dynasem._storage` send them."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from .records import (
+    BUCKET_S,
+    LOCK_SK,
+    Holder,
+    LockItem,
+    bucket_of,
+    encode,
+    entry_sk,
+    epoch_seconds,
+    holder_value,
+    key,
+    shard_of,
+)
+
+# ---------------------------------------------------------------------------------------------
+# Lock writes (builders return UpdateItem kwargs without TableName)
+# ---------------------------------------------------------------------------------------------
+
+_LOCK_NAMES = {
+    "#h": "holders",
+    "#mode": "mode",
+    "#lim": "limit",
+    "#fence": "fence",
+    "#uid": "userId",
+    "#exp": "expires",
+    "#expMs": "expMs",
+    "#shard": "shard",
+    "#last": "lastToken",
+    "#q": "queue",
+    "#hold": "holdMs",
+    "#qin": "qin",
+    "#qout": "qout",
+    "#qbase": "qbase",
+    "#hw": "hw",
+}
+
+
+# A shared row keeps this many readers among its holders; the next take reader items
+# (table/readers.py, which builds on this module). Two: with them and the items' sentinel
+# the row stays under 1 KB, so each of a crowd's row writes costs 1 WCU (eight inline
+# readers made it 2 KB: every admission and count-down 2 WCU).
+READERS_INLINE = 2
+
+
+_PLACEHOLDER = re.compile(r"#\w+")
+
+
+def _action(
+    pk: str,
+    sk: str,
+    update: str,
+    condition: str,
+    names: dict[str, str],
+    values: dict[str, Any],
+) -> dict[str, Any]:
+    # DynamoDB rejects names the expressions do not use: match whole placeholders only.
+    tokens = set(_PLACEHOLDER.findall(update + " " + condition))
+    used = {k: v for k, v in names.items() if k in tokens}
+    action: dict[str, Any] = {
+        "Key": key(pk, sk),
+        "UpdateExpression": update,
+        "ExpressionAttributeNames": used,
+    }
+    if condition:
+        action["ConditionExpression"] = condition
+    if values:
+        action["ExpressionAttributeValues"] = encode(values)
+    return action
+
+
+def holder_entry(
+    user_id: str, expires_ms: int, fence: int, now_ms: int, shared: bool, proc: str | None = None
+) -> Holder:
+    return Holder(user_id, expires_ms, fence, acquired_ms=now_ms, shared=shared, proc=proc)
+
+
+# The most dead queue entries one take removes.
+MAX_EVICT = 64
+
+
+class QueueTerms:
+    """How a take treats the resource's waiters (see core: nobody cuts in line).
+
+    The queue of entry items: ``mine``, our ticket if we are queued (the take then moves
+    ``qout`` to it, conditional on ``qout`` being as seen: whoever was between was seen gone
+    or dead); else, with ``qin`` > ``qout`` seen (every waiter seen gone or dead), the take
+    passes them all, conditional on ``qin`` and ``qout`` as seen; else nobody may be waiting.
+    ``served``: an earlier write of this take had its turn already (it moved ``qout``, and
+    the slot it named proved taken): no term of the queue.
+
+    The old inline queue (written by an earlier dynasem, honoured until it drains): ``evict``,
+    dead entries (their lease end as seen) removed by this take; ``size``, the map's size seen
+    (a newcomer since then would be ahead of us), None when the row has no map.
+    """
+
+    def __init__(
+        self,
+        evict: dict[str, int] | None = None,
+        size: int | None = None,
+        *,
+        mine: int | None = None,
+        qin: int = 0,
+        qout: int = 0,
+        served: bool = False,
+    ):
+        self.evict, self.size = evict or {}, size
+        self.mine, self.qin, self.qout = mine, qin, qout
+        self.served = served
+
+
+def _queue_clauses(
+    token: str, terms: QueueTerms | None, names: dict[str, str], values: dict[str, Any]
+) -> tuple[list[str], list[str], list[str]]:
+    """SET clauses, REMOVE paths and conditions for a take, per :class:`QueueTerms`."""
+    terms = terms or QueueTerms()
+    sets: list[str] = []
+    removes: list[str] = []
+    conds: list[str] = []
+    if terms.served:
+        return sets, removes, conds
+    if terms.mine is not None:
+        conds.append("#qout = :sqout")
+        sets.append("#qout = :mine")
+        values.update({":sqout": terms.qout, ":mine": terms.mine})
+    elif terms.qin > terms.qout:
+        conds.append("#qin = :sqin AND #qout = :sqout")
+        sets.append("#qout = :sqin")
+        values.update({":sqin": terms.qin, ":sqout": terms.qout})
+    else:
+        conds.append("(attribute_not_exists(#qin) OR #qin = #qout)")
+    if terms.size is None:
+        conds.append("(attribute_not_exists(#q) OR size(#q) = :qsize)")
+        values[":qsize"] = 0
+    else:
+        conds.append("size(#q) = :qsize")
+        values[":qsize"] = terms.size
+    # The oldest MAX_EVICT only: a write's expressions are bounded (4 KB each), and 150 dead
+    # entries would not fit one. The rest go with the next takes (dead, they are nobody's
+    # turn meanwhile).
+    oldest = sorted(terms.evict.items(), key=lambda entry: (entry[1], entry[0]))[:MAX_EVICT]
+    for i, (gone, ends) in enumerate(oldest):
+        names[f"#w{i}"] = gone
+        removes.append(f"#q.#w{i}")
+        conds.append(f"#q.#w{i}.e = :we{i}")
+        values[f":we{i}"] = ends
+    return sets, removes, conds
+
+
+def take_free(
+    resource: str,
+    token: str,
+    entry: Holder,
+    *,
+    mode: str,
+    limit: int,
+    stale_ms: int,
+    queue: QueueTerms | None = None,
+    permits_row: LockItem | None = None,
+) -> dict[str, Any]:
+    """Take a resource nobody holds (no item, no holders, or every lease long over).
+
+    ``permits_row``: the row kept its holders in permit items (table/permits.py) and none of
+    them was live when read: it becomes a row of holders inline again, conditional on no
+    take since (its fence and slots as seen).
+
+    Replaces the holders map with ours alone; the fence condition keeps fences strictly
+    increasing even when our clock is behind the previous holder's.
+    """
+    update = (
+        "SET #h = :h, #mode = :mode, #lim = :lim, #fence = :fence, "
+        "#uid = if_not_exists(#uid, :uid), #exp = :exp, #expMs = :expMs, #shard = :shard"
+    )
+    condition = (
+        "(attribute_not_exists(#h) OR size(#h) = :zero OR #expMs < :stale) "
+        "AND (attribute_not_exists(#fence) OR #fence < :fence)"
+    )
+    names = dict(_LOCK_NAMES)
+    values: dict[str, Any] = {}
+    if permits_row is None:
+        condition += " AND attribute_not_exists(#hw)"
+    else:
+        condition += " AND #hw = :seenHw AND #fence = :seenFence"
+        values.update({":seenHw": permits_row.hw, ":seenFence": permits_row.fence})
+    q_sets, removes, conds = _queue_clauses(token, queue, names, values)
+    update = ", ".join([update, *q_sets])
+    if permits_row is not None:
+        removes += ["#hw", "#hints"]
+        names["#hints"] = "hints"
+    if removes:
+        update += " REMOVE " + ", ".join(removes)
+    condition = " AND ".join([condition, *conds])
+    values |= {
+        ":h": {token: holder_value(entry)},
+        ":mode": mode,
+        ":lim": limit,
+        ":fence": entry.fence,
+        ":uid": entry.user_id,
+        ":exp": bucket_of(entry.expires_ms),
+        ":expMs": entry.expires_ms,
+        ":shard": shard_of(resource),
+        ":zero": 0,
+        ":stale": stale_ms,
+    }
+    return _action(resource, LOCK_SK, update, condition, names, values)
+
+
+def take_join(
+    resource: str,
+    token: str,
+    entry: Holder,
+    *,
+    mode: str,
+    limit: int,
+    seen: LockItem,
+    evict: list[str],
+    replace: bool = False,
+    queue: QueueTerms | None = None,
+) -> dict[str, Any]:
+    """Join the holders of a counting or shared resource, evicting expired holders (and
+    holders whose process was proven dead: see :mod:`dynasem._engine.processes`).
+
+    Conditional on the item being exactly as ``seen`` (mode, limit, holder count, fence and
+    the evicted holders' lease ends), so a concurrent change makes us look again instead of
+    overfilling the semaphore; an evicted holder that renewed or left meanwhile refuses it.
+    ``replace`` (every seen holder evicted) lets us set another mode and limit, as nobody is
+    left to disagree, and makes our lease end the item's own (an evicted dead holder's may
+    have been later).
+    """
+    if len(evict) > MAX_EVICT:
+        # The oldest only (see _queue_clauses); the rest stay, dead, for the next joins, so
+        # not every holder goes and the row keeps its mode and limit.
+        evict = sorted(evict, key=lambda t: (seen.holders[t].expires_ms, t))[:MAX_EVICT]
+        replace = False
+    names = dict(_LOCK_NAMES, **{"#t": token})
+    values: dict[str, Any] = {
+        ":entry": holder_value(entry),
+        ":fence": entry.fence,
+        ":mode": mode,
+        ":lim": limit,
+        ":size": len(seen.holders),
+        ":shard": shard_of(resource),
+    }
+    sets = ["#h.#t = :entry", "#fence = :fence", "#shard = :shard"]
+    # attribute_exists first: a row moved to permit items has no holders map (moto, unlike
+    # DynamoDB, fails on size() of a missing attribute instead of reading it false).
+    conds = ["attribute_exists(#h)", "size(#h) = :size", "#fence < :fence"]
+    if replace:
+        sets += ["#mode = :mode", "#lim = :lim"]
+    else:
+        conds += ["#mode = :mode", "#lim = :lim"]
+    seen_expires = seen.expires_ms
+    if replace or entry.expires_ms >= seen_expires:
+        # Item-level expiry is the latest lease end of all holders: when we replace every
+        # holder, set to ours over the very value we saw; else only ever pushed later, so
+        # ours must end at or after the stored one (a holder may have renewed since). Not
+        # "the value we saw": with hundreds of holders renewing the row, that condition
+        # failed a join again and again (a wait=0 acquire of a semaphore with free permits
+        # answered "busy, held by unknown").
+        sets += ["#uid = if_not_exists(#uid, :uid)", "#exp = :exp", "#expMs = :expMs"]
+        values.update(
+            {
+                ":uid": entry.user_id,
+                ":exp": bucket_of(entry.expires_ms),
+                ":expMs": entry.expires_ms,
+            }
+        )
+        if replace:
+            conds.append("#expMs = :seenExp")
+            values[":seenExp"] = seen_expires
+        else:
+            conds.append("#expMs <= :expMs")
+    removes = []
+    for i, gone in enumerate(evict):
+        names[f"#x{i}"] = gone
+        removes.append(f"#h.#x{i}")
+        conds.append(f"#h.#x{i}.e = :xe{i}")
+        values[f":xe{i}"] = seen.holders[gone].expires_ms
+    q_sets, q_removes, q_conds = _queue_clauses(token, queue, names, values)
+    sets += q_sets
+    removes += q_removes
+    conds += q_conds
+    update = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
+    return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
+
+
+def take_room(resource: str, token: str, entry: Holder, *, mode: str, limit: int) -> dict[str, Any]:
+    """A counting or shared hold's first, blind try: join if there is room, same mode and
+    limit, nobody queued, and our lease ends last (so it becomes the item's expiry). Anything
+    else is refused and planned from the old item."""
+    names = dict(_LOCK_NAMES, **{"#t": token})
+    conds = [
+        "attribute_exists(#h)",
+        "attribute_not_exists(#hw)",
+        "#mode = :mode",
+        "#lim = :lim",
+        "#fence < :fence",
+        "#expMs <= :expMs",
+        "(attribute_not_exists(#q) OR size(#q) = :zero)",
+        "(attribute_not_exists(#qin) OR #qin = #qout)",
+    ]
+    values: dict[str, Any] = {
+        ":entry": holder_value(entry),
+        ":fence": entry.fence,
+        ":mode": mode,
+        ":lim": limit,
+        ":uid": entry.user_id,
+        ":exp": bucket_of(entry.expires_ms),
+        ":expMs": entry.expires_ms,
+        ":zero": 0,
+    }
+    if mode != "s":
+        conds.insert(1, "size(#h) < :lim")
+    else:
+        # Readers past the first few (or while the row has reader items: its "readers"
+        # holder) take reader items (table/readers.py): planned from the refusal.
+        conds.insert(1, "size(#h) < :inline AND attribute_not_exists(#h.#sentinel)")
+        names["#sentinel"] = "readers"
+        values[":inline"] = READERS_INLINE
+    update = (
+        "SET #h.#t = :entry, #fence = :fence, #uid = if_not_exists(#uid, :uid), #exp = :exp, "
+        "#expMs = :expMs"
+    )
+    return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
+
+
+def renew_hold(
+    resource: str,
+    token: str,
+    expires_ms: int,
+    *,
+    raise_item: bool,
+    user_id: str | None = None,
+) -> dict[str, Any]:
+    """Push our lease end; conditional on our token still being among the holders.
+
+    ``raise_item`` also pushes the item-level expiry, only ever later (another holder of a
+    counting or shared resource may have a later one), and names ``user_id`` in ``userId``:
+    a take leaves the row's ``userId`` as it was (moving it costs two index writes, and most
+    holds end before their first renewal); a hold that lasts shows under its user from its
+    first renewal on.
+    """
+    names = dict(_LOCK_NAMES, **{"#t": token})
+    values: dict[str, Any] = {":e": expires_ms}
+    update = "SET #h.#t.e = :e"
+    condition = "attribute_exists(#h.#t)"
+    if raise_item:
+        update += ", #exp = :exp, #expMs = :e"
+        condition += " AND #expMs <= :e"
+        values[":exp"] = bucket_of(expires_ms)
+        if user_id is not None:
+            update += ", #uid = :uid"
+            values[":uid"] = user_id
+    return _action(resource, LOCK_SK, update, condition, names, values)
+
+
+def give_back(
+    resource: str,
+    token: str,
+    now_ms: int,
+    *,
+    sole: bool,
+    hold_ms: int | None = None,
+    lease_end_ms: int | None = None,
+    queue_idle: bool = False,
+    pass_to: int | None = None,
+) -> dict[str, Any]:
+    """Release our hold only; conditional on our token.
+
+    ``queue_idle``: only if nobody waits in the queue of entry items (an exclusive holder's
+    release: a refusal tells it that waiters came, and it hands the lock over instead).
+    ``pass_to``: every waiter up to this ticket was seen gone or dead: the release passes
+    them (``qout`` moves to it), only if no ticket was taken since (``qin`` is still it).
+
+    ``lastToken`` remembers who released, so a retried release whose first response was lost
+    is recognised as done.
+
+    ``lease_end_ms``: the lease end our last write stored (its bucket is the row's
+    ``expires``). A sole holder releasing after the bucket it stored has ended (a late
+    release) moves ``expires`` up to ``now_ms``'s bucket, which must never read earlier than
+    the row's ``expMs``."""
+    names = dict(_LOCK_NAMES, **{"#t": token})
+    values: dict[str, Any] = {":tok": token}
+    update = "REMOVE #h.#t"
+    sets = ["#last = :tok"]
+    if sole:
+        # The sole holder leaves: the item is idle from now (reapable CLOCK_SKEW later)
+        # instead of at its old lease end. ``now_ms`` may be a little ahead of the clock: see
+        # Held._give_back. userId and the ``expires`` bucket stay: moving them would cost
+        # index writes, and the listings decide from the holders, not from the index.
+        sets.append("#expMs = :now")
+        values[":now"] = now_ms
+        if lease_end_ms is not None and bucket_of(now_ms) > bucket_of(lease_end_ms):
+            sets.append("#exp = :exp")
+            values[":exp"] = bucket_of(now_ms)
+    if hold_ms is not None:
+        sets.append("#hold = :hold")  # waiters estimate their turn from it
+        values[":hold"] = hold_ms
+    condition = "attribute_exists(#h.#t)"
+    if pass_to is not None:
+        sets.append("#qout = :pass")
+        condition += " AND #qin = :pass"
+        values[":pass"] = pass_to
+    elif queue_idle:
+        condition += " AND (attribute_not_exists(#qin) OR #qin = #qout)"
+    update += " SET " + ", ".join(sets)
+    return _action(resource, LOCK_SK, update, condition, names, values)
+
+
+def hand_over(
+    resource: str,
+    token: str,
+    heirs: Sequence[tuple[str, int, Holder]],
+    *,
+    hold_ms: int,
+    mode: str | None = None,
+    qout: int | None = None,
+) -> dict[str, Any]:
+    """Release our exclusive hold straight to the first waiters, in the same write: each heir
+    (its token, its ticket, its entry: user, lease, a fresh fence) holds the lock from now
+    and leaves the queue. One exclusive heir, or the readers at the head of the queue
+    together; ``mode``: the row's mode from now (None: left as it is, exclusive).
+
+    Heirs from entry items (``qout``: the row's ``qout`` we saw): ``qout`` moves to the last
+    heir's ticket, conditional on it being as we saw (nobody else took a turn meanwhile).
+    Heirs from the old inline queue (``qout`` None): each leaves the map, conditional on it
+    still waiting with the ticket we saw.
+
+    Conditional on our token and on the stored fence being below every heir's (the heirs'
+    fences differ: the row keeps the largest). The row's lease end and ``userId`` are the
+    heir's whose lease ends last."""
+    if not heirs:
+        raise ValueError("a hand-over needs an heir")
+    names = dict(_LOCK_NAMES, **{"#t": token})
+    last = max((entry for _, _, entry in heirs), key=lambda entry: entry.expires_ms)
+    values: dict[str, Any] = {
+        ":fence": max(entry.fence for _, _, entry in heirs),
+        ":low": min(entry.fence for _, _, entry in heirs),
+        ":uid": last.user_id,
+        ":exp": bucket_of(last.expires_ms),
+        ":expMs": last.expires_ms,
+        ":tok": token,
+        ":hold": hold_ms,
+    }
+    removes, sets, conds = ["#h.#t"], [], ["attribute_exists(#h.#t)"]
+    for i, (heir, ticket, entry) in enumerate(heirs):
+        names[f"#n{i}"] = heir
+        values[f":entry{i}"] = holder_value(entry)
+        sets.append(f"#h.#n{i} = :entry{i}")
+        if qout is None:
+            values[f":ticket{i}"] = ticket
+            removes.append(f"#q.#n{i}")
+            conds.append(f"#q.#n{i}.t = :ticket{i}")
+    if qout is not None:
+        sets.append("#qout = :nqout")
+        conds.append("#qout = :sqout")
+        values.update({":nqout": max(ticket for _, ticket, _ in heirs), ":sqout": qout})
+    sets += ["#fence = :fence", "#uid = if_not_exists(#uid, :uid)", "#exp = :exp"]
+    sets.append("#expMs = :expMs")
+    sets += ["#last = :tok", "#hold = :hold"]
+    if mode is not None:
+        # Both indexes project the mode: a change costs a write in each, so only when it changes.
+        sets.append("#mode = :mode")
+        values[":mode"] = mode
+    conds.append("#fence < :low")
+    update = "REMOVE " + ", ".join(removes) + " SET " + ", ".join(sets)
+    return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
+
+
+def take_ticket(resource: str, qbase: int, *, if_busy_ms: int | None = None) -> dict[str, Any]:
+    """Draw the next ticket of the resource's queue (``ADD qin 1``: never refused by another
+    waiter's draw, unlike a ticket chosen by the waiter). ``qbase``: the queue's name if the
+    row has none yet. Its answer (the row, ALL_NEW) holds our ticket, ``qin``.
+
+    ``if_busy_ms``: only if it is held (a lease ending at or after this) or others wait;
+    otherwise the refusal's old row is the state to take it from."""
+    names = dict(_LOCK_NAMES)
+    update = (
+        "ADD #qin :one "
+        "SET #qout = if_not_exists(#qout, :zero), #qbase = if_not_exists(#qbase, :base)"
+    )
+    values: dict[str, Any] = {":one": 1, ":zero": 0, ":base": qbase}
+    condition = ""
+    if if_busy_ms is not None:
+        condition = "((size(#h) > :zero AND #expMs >= :busy) OR #qin > #qout OR size(#q) > :zero)"
+        values[":busy"] = if_busy_ms
+    return _action(resource, LOCK_SK, update, condition, names, values)
+
+
+def renew_waiter(resource: str, qbase: int, ticket: int, expires_ms: int) -> dict[str, Any]:
+    """Push a queue entry's lease end (and its TTL); conditional on the entry being there."""
+    return _action(
+        resource,
+        entry_sk(qbase, ticket),
+        "SET #e = :e, #exp = :exp",
+        "attribute_exists(#e)",
+        {"#e": "e", "#exp": "expires"},
+        {":e": expires_ms, ":exp": epoch_seconds(expires_ms) + BUCKET_S},
+    )
+
+
+def force_release(resource: str, token: str) -> dict[str, Any]:
+    """An operator breaks one hold (admin, CLI): conditional on that token still holding.
+
+    Unlike :func:`give_back` it leaves ``lastToken`` alone and records ``brokenToken``: the
+    broken holder's own release must not mistake the break for its release."""
+    names = dict(_LOCK_NAMES, **{"#t": token, "#broken": "brokenToken"})
+    return _action(
+        resource,
+        LOCK_SK,
+        "REMOVE #h.#t SET #broken = :tok",
+        "attribute_exists(#h.#t)",
+        names,
+        {":tok": token},
+    )

@@ -1,0 +1,451 @@
+"""Permit items: where a counting semaphore of more than :data:`INLINE_MAX` permits keeps its
+holders, one item per permit, so that no write grows with the number of holders.
+
+The resource's row (``sk = "lock"``) keeps what every take must agree on, and nothing per
+holder: the fence counter, the limit, the queue's counters (as for any lock), ``hw`` (how many
+permit slots were ever used: slots ``0 .. hw-1`` exist) and ``hints``, a short list of slots
+whose holder gave them back. A permit is an item under the resource's key, ``sk`` =
+``s#<slot>`` (:func:`permit_sk`), holding one hold: ``k`` (its token, present only while it is
+held), ``u`` user, ``e`` lease end, ``f`` fence, ``a`` taken at, ``p`` process; ``lt`` and
+``bt`` the token that gave it back and that an operator broke last (a retried write whose
+first answer was lost is recognised by them); ``expires`` for TTL only. Permits carry no
+``userId`` or ``shard``: they are in no index, and moving a permit from one holder to another
+writes no index. The row stands for them in the indexes: its ``expires`` is raised to the
+bucket of every permit's lease end (by the take or renewal that passes it) and its ``expMs``
+to that bucket's end, so the row is listed, and never reaped, while a permit may be live.
+
+A take is two writes of one small item each: the row (a fresh fence; a hint popped, or ``hw``
+grown by one; the queue's terms as for any take) and then the permit (free, or its lease over
+by ``CLOCK_SKEW``). A release is two as well: the permit (our token removed) and the row (the
+slot appended to ``hints``, if fewer than :data:`MAX_HINTS` are there). A permit freed without
+a hint (a dead holder's; hints full) is found by reading the permits (:func:`find_free`),
+only when no hint is left and every slot is in use.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from ..conf import settings
+from .client import Refused, _send, prefix_pages
+from .lock_writes import _LOCK_NAMES, QueueTerms, _action, _queue_clauses
+from .records import (
+    BUCKET_S,
+    LOCK_SK,
+    Holder,
+    LockItem,
+    bucket_of,
+    decode,
+    epoch_seconds,
+    shard_of,
+)
+
+# A counting semaphore of at most this many permits keeps its holders in its row (a row of
+# 8 holders is under 2 KB: its writes cost no more than the permits' two); above, in permits.
+INLINE_MAX = 8
+# The most hints a row keeps: the row stays well under 1 KB.
+MAX_HINTS = 32
+# Permits one read of them covers (a page): it stops at the first free one.
+PERMIT_PAGE = 100
+
+PERMIT_PREFIX = "s#"
+
+_NAMES = dict(_LOCK_NAMES, **{"#hw": "hw", "#hints": "hints"})
+
+
+def uses_permits(mode: str, limit: int) -> bool:
+    """Whether holds of this mode and limit live in permit items."""
+    return mode == "n" and limit > INLINE_MAX
+
+
+def permit_sk(slot: int) -> str:
+    return f"{PERMIT_PREFIX}{slot:010d}"
+
+
+@dataclass(frozen=True, slots=True)
+class Permit:
+    """One permit item: its slot, and its hold if it is held (``token`` empty: free)."""
+
+    slot: int
+    token: str
+    holder: Holder
+    last_token: str | None = None
+    broken_token: str | None = None
+
+    def free_at(self, stale_ms: int) -> bool:
+        """Free, or its holder's lease ended more than CLOCK_SKEW before (``stale_ms``)."""
+        return not self.token or self.holder.expires_ms < stale_ms
+
+
+def permit_of(item: dict[str, Any]) -> Permit:
+    sk = str(item["sk"])
+    return Permit(
+        slot=int(sk[len(PERMIT_PREFIX) :]),
+        token=str(item.get("k") or ""),
+        holder=Holder(
+            user_id=str(item.get("u", "")),
+            expires_ms=int(item.get("e", 0)),
+            fence=int(item.get("f", 0)),
+            acquired_ms=int(item.get("a", 0)),
+            proc=str(item["p"]) if item.get("p") else None,
+        ),
+        last_token=str(item["lt"]) if item.get("lt") else None,
+        broken_token=str(item["bt"]) if item.get("bt") else None,
+    )
+
+
+# -- the row's writes --------------------------------------------------------------------------
+
+
+def take_slot(
+    resource: str,
+    *,
+    how: str,
+    fence: int | None,
+    limit: int,
+    queue: QueueTerms,
+    slot: int | None = None,
+    seen_hw: int | None = None,
+    seen_fence: int = 0,
+    stale_ms: int = 0,
+    expires_ms: int = 0,
+    user_id: str = "",
+) -> dict[str, Any]:
+    """The row's part of a take: a fresh fence (above the stored one) and a slot.
+
+    ``how``: ``"create"`` makes the row a permit row (no row, or one whose inline holders
+    are all gone: ``stale_ms``), slot 0 ours; ``"pop"`` takes the first hint (``slot``: the
+    one we saw there, for a transaction, which cannot return the old row; None: whichever it
+    is, read from the old row); ``"grow"`` takes slot ``hw`` (``seen_hw``: as we saw it, for
+    a transaction); ``"fence"`` only the fence, for a free slot found by reading the permits;
+    ``"reset"`` another limit, slot 0 ours, when no permit was live (the row's fence as
+    ``seen_fence``: no take came between).
+    Every one names the limit, and the queue's terms are those of any take.
+
+    ``fence``: ours, above the stored one (the write is refused otherwise); None (a pop,
+    grow or fence take whose old row is returned): the stored fence plus one, ours without
+    a condition, so that takers of other slots at once do not refuse each other's fences
+    (each fence of a busy row would otherwise refuse every take in flight)."""
+    names = dict(_NAMES)
+    values: dict[str, Any] = {":lim": limit}
+    removes: list[str] = []
+    if fence is None:
+        if how not in ("pop", "grow", "fence"):
+            raise ValueError(f"a {how!r} take names its fence")
+        sets = ["#fence = #fence + :inc"]
+        conds = ["attribute_exists(#fence)"]
+        values[":inc"] = 1
+    else:
+        sets = ["#fence = :fence"]
+        conds = ["(attribute_not_exists(#fence) OR #fence < :fence)"]
+        values[":fence"] = fence
+    if how == "create":
+        sets += [
+            "#hw = :one",
+            "#hints = :none",
+            "#mode = :mode",
+            "#lim = :lim",
+            "#shard = :shard",
+            "#uid = if_not_exists(#uid, :uid)",
+            "#exp = :exp",
+            "#expMs = :expMs",
+        ]
+        removes.append("#h")
+        conds += [
+            "attribute_not_exists(#hw)",
+            "(attribute_not_exists(#h) OR size(#h) = :zero OR #expMs < :stale)",
+        ]
+        bucket = bucket_of(expires_ms)
+        values.update(
+            {
+                ":one": 1,
+                ":none": [],
+                ":mode": "n",
+                ":shard": shard_of(resource),
+                ":uid": user_id,
+                ":exp": bucket,
+                ":expMs": bucket * 1000,
+                ":zero": 0,
+                ":stale": stale_ms,
+            }
+        )
+    else:
+        conds.append("attribute_exists(#hw)")
+        if how != "reset":
+            conds.append("#lim = :lim")
+        if how == "pop":
+            removes.append("#hints[0]")
+            if slot is None:
+                conds.append("size(#hints) > :zero")
+                values[":zero"] = 0
+            else:
+                conds.append("#hints[0] = :slot")
+                values[":slot"] = slot
+        elif how == "grow":
+            sets.append("#hw = #hw + :one")
+            values[":one"] = 1
+            if seen_hw is None:
+                conds.append("#hw < :lim")
+            else:
+                conds.append("#hw = :seenHw")
+                values[":seenHw"] = seen_hw
+        elif how == "reset":
+            # Another limit, and no permit live when we read them: every slot anew.
+            sets += ["#hw = :one", "#hints = :none", "#lim = :lim"]
+            conds.append("#fence = :seenFence")
+            values.update({":one": 1, ":none": [], ":seenFence": seen_fence})
+        elif how == "fence":
+            if slot is not None:
+                # Only a slot the row does not hint: a slot given back is hinted, and taken
+                # past its hint, that hint would later send a take to a slot held (two writes
+                # for nothing). Refused, we pop the hint instead.
+                conds.append("NOT contains(#hints, :slot)")
+                values[":slot"] = slot
+        else:
+            raise ValueError(f"unknown take {how!r}")
+    q_sets, q_removes, q_conds = _queue_clauses("", queue, names, values)
+    sets += q_sets
+    removes += q_removes
+    conds += q_conds
+    update = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
+    return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
+
+
+def hint(resource: str, slot: int, hold_ms: int | None = None) -> dict[str, Any]:
+    """A released slot, appended to the row's hints (unless MAX_HINTS are there already)."""
+    names = dict(_NAMES)
+    values: dict[str, Any] = {":slot": [slot], ":max": MAX_HINTS}
+    update = "SET #hints = list_append(#hints, :slot)"
+    if hold_ms is not None:
+        update += ", #hold = :hold"  # waiters estimate their turn from it
+        values[":hold"] = hold_ms
+    condition = "attribute_exists(#hints) AND size(#hints) < :max"
+    return _action(resource, LOCK_SK, update, condition, names, values)
+
+
+def raise_row(resource: str, expires_ms: int) -> dict[str, Any]:
+    """The row's ``expires`` up to the bucket of a permit's lease end (only ever up): the row
+    is listed, and not reaped, while the permit may be live."""
+    bucket = bucket_of(expires_ms)
+    values = {":exp": bucket, ":expMs": bucket * 1000}
+    return _action(
+        resource,
+        LOCK_SK,
+        "SET #exp = :exp, #expMs = :expMs",
+        "attribute_exists(#hw) AND #exp < :exp",
+        dict(_NAMES),
+        values,
+    )
+
+
+# -- the permit's writes -----------------------------------------------------------------------
+
+_PERMIT_NAMES = {
+    "#k": "k",
+    "#u": "u",
+    "#e": "e",
+    "#f": "f",
+    "#a": "a",
+    "#p": "p",
+    "#lt": "lt",
+    "#bt": "bt",
+    "#exp": "expires",
+}
+
+
+def _ttl(expires_ms: int) -> int:
+    return epoch_seconds(expires_ms) + BUCKET_S
+
+
+def take_permit(
+    resource: str,
+    slot: int,
+    token: str,
+    holder: Holder,
+    *,
+    stale_ms: int,
+    dead: Permit | None = None,
+) -> dict[str, Any]:
+    """Hold the permit: free, its holder's lease over by CLOCK_SKEW, or held by ``dead`` (a
+    holder proven dead) as read; and every fence it had below ours. Or ours already (a retry
+    whose first answer was lost).
+
+    The fence condition keeps each permit's fences increasing in the order its holds began: a
+    take slowed between its row write (which drew its fence) and this write must not hold the
+    permit after someone who drew a later fence held it meanwhile (the slot was free to that
+    one: found by reading the permits, or hinted twice). Refused, it draws a fresh fence."""
+    values: dict[str, Any] = {
+        ":tok": token,
+        ":u": holder.user_id,
+        ":e": holder.expires_ms,
+        ":f": holder.fence,
+        ":a": holder.acquired_ms,
+        ":exp": _ttl(holder.expires_ms),
+        ":stale": stale_ms,
+    }
+    sets = "#k = :tok, #u = :u, #e = :e, #f = :f, #a = :a, #exp = :exp"
+    removes = ""
+    if holder.proc is not None:
+        sets += ", #p = :p"
+        values[":p"] = holder.proc
+    else:
+        removes = " REMOVE #p"
+    free = "attribute_not_exists(#k) OR #e < :stale"
+    if dead is not None:
+        free += " OR (#k = :dead AND #e = :deadE)"
+        values.update({":dead": dead.token, ":deadE": dead.holder.expires_ms})
+    condition = f"#k = :tok OR ((attribute_not_exists(#f) OR #f < :f) AND ({free}))"
+    return _action(
+        resource, permit_sk(slot), "SET " + sets + removes, condition, _PERMIT_NAMES, values
+    )
+
+
+def renew_permit(resource: str, slot: int, token: str, expires_ms: int) -> dict[str, Any]:
+    values = {":tok": token, ":e": expires_ms, ":exp": _ttl(expires_ms)}
+    return _action(
+        resource, permit_sk(slot), "SET #e = :e, #exp = :exp", "#k = :tok", _PERMIT_NAMES, values
+    )
+
+
+def give_back_permit(resource: str, slot: int, token: str, now_ms: int) -> dict[str, Any]:
+    """Our hold off the permit (the item stays, free: the next take is one small write)."""
+    values = {":tok": token, ":now": now_ms}
+    return _action(
+        resource,
+        permit_sk(slot),
+        "REMOVE #k, #p SET #lt = :tok, #e = :now",
+        "#k = :tok",
+        _PERMIT_NAMES,
+        values,
+    )
+
+
+def break_permit(
+    resource: str, slot: int, token: str, expires_ms: int | None = None
+) -> dict[str, Any]:
+    """An operator breaks the hold on the permit (the reaper: a dead one, its lease end as
+    read, ``expires_ms``: a holder that renewed meanwhile keeps it)."""
+    values: dict[str, Any] = {":tok": token}
+    condition = "#k = :tok"
+    if expires_ms is not None:
+        condition += " AND #e = :e"
+        values[":e"] = expires_ms
+    return _action(
+        resource, permit_sk(slot), "REMOVE #k, #p SET #bt = :tok", condition, _PERMIT_NAMES, values
+    )
+
+
+# -- sending -----------------------------------------------------------------------------------
+
+
+def send(action: dict[str, Any], *, old: bool = False) -> dict[str, Any] | None:
+    """Send one conditional write of this module; the old item if ``old``. Raises
+    :class:`Refused` (its ``raw``: the item as it was)."""
+    response = _send(
+        "update_item",
+        TableName=settings.TABLE_NAME,
+        ReturnValues="ALL_OLD" if old else "NONE",
+        ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        **action,
+    )
+    return decode(response.get("Attributes")) or {} if old else None
+
+
+def _pages(resource: str, consistent: bool, limit: int | None) -> Iterator[list[Permit]]:
+    for page in prefix_pages(resource, PERMIT_PREFIX, consistent=consistent, limit=limit):
+        yield [permit_of(item) for item in page]
+
+
+def permits(resource: str, *, consistent: bool = True) -> list[Permit]:
+    """Every permit item of ``resource``, held or not (for listings and operators)."""
+    return [p for page in _pages(resource, consistent, None) for p in page]
+
+
+def find_free(
+    resource: str, hw: int, stale_ms: int, dead: Callable[[Permit], bool] | None = None
+) -> tuple[int | None, Permit | None, list[Permit]]:
+    """A slot whose permit is free or whose holder's lease is over, read page by page until
+    one is found (eventually consistent: the take's write decides); a slot below ``hw``
+    with no item at all counts as free. ``dead``: whether a live holder's process is proven
+    to have ended (then its permit is taken over, conditional on it being as read).
+    Returns the slot (None: none), the dead holder's permit taken over (if so), and the held
+    permits read on the way (the holders in our way, when there is none)."""
+    held: list[Permit] = []
+    expected = 0
+    for page in _pages(resource, False, PERMIT_PAGE):
+        for permit in page:
+            if permit.slot >= hw:
+                continue
+            if permit.slot > expected:
+                return expected, None, held  # a slot whose item is gone (TTL): free
+            expected = permit.slot + 1
+            if permit.free_at(stale_ms):
+                return permit.slot, None, held
+            held.append(permit)
+    if expected < hw:
+        return expected, None, held
+    for permit in held:
+        if dead is not None and dead(permit):
+            return permit.slot, permit, [p for p in held if p is not permit]
+    return None, None, held
+
+
+def with_permits(
+    item: LockItem,
+    *,
+    consistent: bool = False,
+    most: int | None = None,
+    after_sk: str | None = None,
+) -> LockItem:
+    """A permit row with its holders read from its permits (for listings); others as they
+    are. ``most``: read no further than that many holders (``holders_next`` is where the
+    rest begin), so that a listing of 100,000 holders costs a page, not the whole
+    collection; ``after_sk``: the holders after that one (a ``holders_next``)."""
+    if item.hw is None:
+        return item
+    holders: dict[str, Holder] = {}
+    last = None
+    pages = prefix_pages(item.resource, PERMIT_PREFIX, consistent=consistent,
+                         limit=None if most is None else most + 1, after_sk=after_sk)  # fmt: skip
+    for permit in (permit_of(found) for page in pages for found in page):
+        if not permit.token:
+            continue
+        if most is not None and len(holders) >= most:
+            return dataclasses.replace(item, holders=holders, permits_read=True, holders_next=last)
+        holders[permit.token] = permit.holder
+        last = permit_sk(permit.slot)
+    return dataclasses.replace(item, holders=holders, permits_read=True)
+
+
+def slot_of(resource: str, token: str) -> Permit | None:
+    """The permit ``token`` holds, if any (a read of every permit: for operators)."""
+    for permit in permits(resource):
+        if permit.token == token:
+            return permit
+    return None
+
+
+__all__ = [
+    "INLINE_MAX",
+    "MAX_HINTS",
+    "Permit",
+    "Refused",
+    "break_permit",
+    "find_free",
+    "give_back_permit",
+    "hint",
+    "permit_of",
+    "permit_sk",
+    "permits",
+    "raise_row",
+    "renew_permit",
+    "send",
+    "slot_of",
+    "take_permit",
+    "take_slot",
+    "uses_permits",
+    "with_permits",
+]

@@ -1,0 +1,494 @@
+"""Reader items: where a shared resource keeps its readers past the first few, one item per
+reader, so that no write grows with the number of readers and their number has no ceiling
+but the table's.
+
+The resource's row (``sk = "lock"``) keeps what a writer must agree on, and nothing per
+reader: ``rc``, how many readers were admitted to items and have not given them back, under
+the epoch ``repoch``; ``rlease``, the longest lease admitted in the epoch (ms); ``rlast``, the
+last admission's epoch and token (so that one sent again after its answer was lost is not
+counted twice: :func:`admit`); and a holder entry, ``readers``
+(:data:`SENTINEL`), whose lease end covers every reader item's. To every writer (an older
+dynasem's too) that entry is a live shared holder: it waits, as for an inline reader.
+
+A reader item is ``sk = "r#<token>"`` (:func:`reader_sk`): ``u`` user, ``e`` lease end, ``f``
+fence, ``a`` taken at, ``p`` process, ``ep`` the epoch it was admitted under; ``expires`` for
+TTL only; in no index.
+
+An admission is two writes: the row (``fence + 1``, ``rc + 1`` or a new epoch, the sentinel's
+lease end raised to cover ours; the queue's terms as for any take), then the reader's item,
+trusted only within ``lease - CLOCK_SKEW`` of the row's write. A renewal writes the item, and
+the row first only when the new lease end passes the sentinel's (a bucket end, so once per
+15 minutes), conditional on the epoch: a reader whose epoch was written off cannot renew. A
+release deletes the item, then counts ``rc`` down (one attempt, never twice: a count too high
+only delays a writer, one too low would let it in early); the one that counts it to 0
+removes the sentinel and pushes the first waiter.
+
+Readers that died leave their count behind. A writer waiting on the sentinel writes them off
+once it has seen the row unchanged (no admission: the fence; no release: ``rc``) for
+``rlease + CLOCK_SKEW`` on its own monotonic clock (no reader admitted before could still be
+trusted without an item a read now sees): a consistent read of the items finds none of the
+epoch live, each dead one is deleted (conditional on its lease end as read: a late renewal
+keeps it), and the row's epoch moves on, conditional on the fence and ``rc`` as seen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from ..conf import settings
+from .client import Refused, _send, prefix_pages
+
+# A shared resource keeps up to READERS_INLINE readers in its row (their writes cost no more
+# than an item's two); the next ones, and every one while the row has reader items, in items.
+from .lock_writes import _LOCK_NAMES, READERS_INLINE, QueueTerms, _action, _queue_clauses
+from .records import (
+    BUCKET_S,
+    LOCK_SK,
+    Holder,
+    LockItem,
+    bucket_of,
+    encode,
+    epoch_seconds,
+    holder_value,
+    key,
+    shard_of,
+)
+
+# The row's holder entry that stands for its reader items.
+SENTINEL = "readers"
+READER_PREFIX = "r#"
+# The sentinel's user, as listings and busy errors name it until its items are read.
+READERS_USER = "(readers)"
+
+_NAMES = dict(
+    _LOCK_NAMES,
+    **{
+        "#s": SENTINEL,
+        "#rc": "rc",
+        "#rep": "repoch",
+        "#rl": "rlease",
+        "#rla": "rlast",
+    },
+)
+_ITEM_NAMES = {
+    "#u": "u",
+    "#e": "e",
+    "#f": "f",
+    "#a": "a",
+    "#p": "p",
+    "#ep": "ep",
+    "#exp": "expires",
+}
+
+
+def reader_sk(token: str) -> str:
+    return f"{READER_PREFIX}{token}"
+
+
+@dataclass(frozen=True, slots=True)
+class Reader:
+    """One reader item: its token, its hold, and the epoch it was admitted under."""
+
+    token: str
+    holder: Holder
+    epoch: int
+
+
+def reader_of(item: dict[str, Any]) -> Reader:
+    return Reader(
+        token=str(item["sk"])[len(READER_PREFIX) :],
+        holder=Holder(
+            user_id=str(item.get("u", "")),
+            expires_ms=int(item.get("e", 0)),
+            fence=int(item.get("f", 0)),
+            acquired_ms=int(item.get("a", 0)),
+            shared=True,
+            proc=str(item["p"]) if item.get("p") else None,
+        ),
+        epoch=int(item.get("ep", 0)),
+    )
+
+
+def has_readers(item: LockItem | None) -> bool:
+    """Whether the row stands for reader items (its sentinel holder is there)."""
+    return item is not None and SENTINEL in item.holders
+
+
+def covers_to(expires_ms: int, seen: LockItem) -> int:
+    """The sentinel's lease end that covers a reader's ``expires_ms``: its bucket's end, and
+    never below the row's own lease end (which is its holders' latest)."""
+    return max(bucket_of(expires_ms) * 1000, seen.expires_ms)
+
+
+# -- the row's writes --------------------------------------------------------------------------
+
+
+def epoch_of(seen: LockItem, stale_ms: int, now_ms: int) -> int:
+    """The epoch an admission planned from ``seen`` joins: the live sentinel's, else the next
+    one, drawn from the clock (ms) when that is ahead, so that a row reaped and made again
+    never reuses the epoch of readers that may still be on their way."""
+    sentinel = seen.holders.get(SENTINEL)
+    if sentinel is not None and sentinel.expires_ms >= stale_ms:
+        return seen.repoch
+    return max(seen.repoch + 1, now_ms)
+
+
+def admission_mark(token: str, epoch: int) -> str:
+    """What an admission leaves on the row (``rlast``): the epoch it counted its reader in
+    and the reader's token. The epoch too: an older dynasem opens an epoch without it."""
+    return f"{epoch}.{token}"
+
+
+def admitted_before(seen: LockItem | None, token: str, stale_ms: int) -> bool:
+    """Whether ``seen`` shows that an admission of ``token`` was applied and is still
+    counted: the live epoch's last admission was ours (its answer was lost, and botocore's
+    re-send of it refused). Then :func:`admit` confirms it instead of counting it again."""
+    if seen is None or not token:
+        return False
+    sentinel = seen.holders.get(SENTINEL)
+    live = sentinel is not None and sentinel.expires_ms >= stale_ms
+    return live and seen.rlast == admission_mark(token, seen.repoch)
+
+
+def admit(
+    resource: str,
+    *,
+    seen: LockItem,
+    token: str,
+    expires_ms: int,
+    lease_ms: int,
+    now_ms: int,
+    stale_ms: int,
+    queue: QueueTerms,
+    fence: int | None = None,
+    limit: int = 1,
+    user_id: str = "",
+) -> dict[str, Any]:
+    """The row's part of a reader's admission (send it with ``return_new``: the new row has
+    our fence, ``fence + 1``, and the epoch). Joins the epoch of the sentinel as ``seen`` if
+    it is live (``rc + 1``); else opens the next one (``rc = 1``: a sentinel gone or over
+    stands for no reader who could still be trusted; :func:`epoch_of`).
+
+    Conditional on the row being shared (no writer holds it) or, for a row ``seen`` free (no
+    live holder; or none at all), still free; the sentinel as seen; its lease end reaching no
+    further than ours will (so it covers ours); and the queue's terms. ``fence``: named (in a
+    transaction, which returns nothing), above the stored one; None: counted up.
+
+    Counted once per ``token``: the admission marks the row as ours (``rlast``), and a join
+    is refused where the mark is ours already (botocore sending it again after its answer
+    was lost; an epoch opened is refused by its own terms). Planned from such a row
+    (:func:`admitted_before`), it confirms our admission: no count, no turn in the queue, a
+    new fence (a writer's wait to write the readers off starts again), the sentinel raised."""
+    cover = covers_to(expires_ms, seen)
+    epoch = epoch_of(seen, stale_ms, now_ms)
+    sent = holder_value(Holder(READERS_USER, cover, 0, acquired_ms=now_ms, shared=True))
+    values: dict[str, Any] = {
+        ":s": "s",
+        ":cover": cover,
+        ":exp": bucket_of(cover),
+        ":sent": sent,
+        ":E": seen.repoch,
+        ":L": lease_ms,
+        ":mark": admission_mark(token, epoch),
+    }
+    sets = ["#h.#s = :sent", "#expMs = :cover", "#exp = :exp", "#rla = :mark"]
+    conds = ["#expMs <= :cover"]
+    if fence is None:
+        sets.insert(0, "#fence = #fence + :one")
+        conds.insert(0, "attribute_exists(#fence)")
+        values[":one"] = 1
+    else:
+        sets.insert(0, "#fence = :fence")
+        conds.insert(0, "(attribute_not_exists(#fence) OR #fence < :fence)")
+        values[":fence"] = fence
+    adds: list[str] = []
+    if epoch == seen.repoch:
+        if admitted_before(seen, token, stale_ms):
+            queue = QueueTerms(served=True)  # our turn, if we had one, was had
+        else:
+            adds.append("#rc :one")
+            values[":one"] = 1
+        _join(seen, lease_ms, bool(adds), sets, conds, values)
+    else:
+        _open(resource, seen, stale_ms, limit, user_id, epoch, sets, conds, values)
+    names = dict(_NAMES)
+    q_sets, q_removes, q_conds = _queue_clauses("", queue, names, values)
+    sets += q_sets
+    conds += q_conds
+    update = "SET " + ", ".join(sets)
+    if q_removes:
+        update += " REMOVE " + ", ".join(q_removes)
+    if adds:
+        update += " ADD " + ", ".join(adds)
+    return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
+
+
+def _join(
+    seen: LockItem,
+    lease_ms: int,
+    counted: bool,
+    sets: list[str],
+    conds: list[str],
+    values: dict[str, Any],
+) -> None:
+    """:func:`admit`'s terms for joining the live epoch ``seen``: ``counted`` (a reader
+    more) only if the mark is not ours yet; else (a confirmation) only if it still is."""
+    conds += ["#mode = :s", "attribute_exists(#h.#s)", "#rep = :E"]
+    if counted:
+        conds.append("(attribute_not_exists(#rla) OR #rla <> :mark)")
+    else:
+        conds.append("#rla = :mark")
+    if lease_ms > seen.rlease:
+        sets.append("#rl = :L")
+        conds.append("(attribute_not_exists(#rl) OR #rl <= :L)")
+    else:
+        conds.append("#rl >= :L")
+
+
+def _open(
+    resource: str,
+    seen: LockItem,
+    stale_ms: int,
+    limit: int,
+    user_id: str,
+    epoch: int,
+    sets: list[str],
+    conds: list[str],
+    values: dict[str, Any],
+) -> None:
+    """:func:`admit`'s terms for opening ``epoch`` (its first reader, ``rc = 1``), on a row
+    ``seen`` free, or shared with no live sentinel; a re-send once applied is refused (the
+    epoch, the holders)."""
+    sentinel = seen.holders.get(SENTINEL)
+    if seen.expires_ms < stale_ms or not seen.holders:
+        # Nobody holds it: the holders' map becomes the sentinel alone (dead entries go).
+        sets[1] = "#h = :hmap"
+        values[":hmap"] = {SENTINEL: values.pop(":sent")}
+        values.update({":zero": 0, ":stale": stale_ms, ":lim": limit, ":shard": shard_of(resource)})
+        conds[-1] = "(attribute_not_exists(#expMs) OR #expMs <= :cover)"
+        conds.append("(attribute_not_exists(#h) OR size(#h) = :zero OR #expMs < :stale)")
+        conds.append("attribute_not_exists(#hw)")
+        sets += ["#mode = :s", "#lim = :lim", "#shard = :shard", "#uid = if_not_exists(#uid, :uid)"]
+        values[":uid"] = user_id
+    else:
+        conds.append("#mode = :s")
+        if sentinel is None:
+            conds.append("attribute_exists(#h) AND attribute_not_exists(#h.#s)")
+        else:
+            conds.append("#h.#s.e = :seenE")
+            values[":seenE"] = sentinel.expires_ms
+    conds.append("(attribute_not_exists(#rep) OR #rep = :E)")
+    sets += ["#rep = :E1", "#rc = :first", "#rl = :L"]
+    values.update({":E1": epoch, ":first": 1})
+
+
+def raise_sentinel(resource: str, epoch: int, expires_ms: int, seen: LockItem) -> dict[str, Any]:
+    """The sentinel's lease end up to cover ``expires_ms`` (a renewal that passes it): only
+    while the epoch is ours. Refused: written off (the renewal is lost), or raised already
+    by another reader (the old row says which)."""
+    cover = covers_to(expires_ms, seen)
+    values = {":E": epoch, ":cover": cover, ":exp": bucket_of(cover)}
+    return _action(
+        resource,
+        LOCK_SK,
+        "SET #h.#s.e = :cover, #expMs = :cover, #exp = :exp",
+        "attribute_exists(#h.#s) AND #rep = :E AND #expMs <= :cover AND #h.#s.e < :cover",
+        dict(_NAMES),
+        values,
+    )
+
+
+def count_down(resource: str, epoch: int, *, forget: bool = False) -> dict[str, Any]:
+    """One reader of the epoch gone (``rc - 1``; send with ``return_new``). ``forget``: an
+    admission given back (its reader never held it): the row's mark goes with its count, in
+    the same write, so that the same token admitted again is counted again, never taken for
+    the admission given back (:func:`admitted_before`)."""
+    return _action(
+        resource,
+        LOCK_SK,
+        "ADD #rc :minus" + (" REMOVE #rla" if forget else ""),
+        "#rep = :E AND attribute_exists(#h.#s)",
+        dict(_NAMES),
+        {":minus": -1, ":E": epoch},
+    )
+
+
+def leave_last(resource: str, epoch: int) -> dict[str, Any]:
+    """The epoch's one reader gone, and the sentinel with it, in one write (send with
+    ``return_new``); refused if others were admitted (then :func:`count_down`). A retry of
+    an applied one is refused too: never counted twice."""
+    return _action(
+        resource,
+        LOCK_SK,
+        "SET #rc = :zero REMOVE #h.#s",
+        "#rep = :E AND #rc = :one AND attribute_exists(#h.#s)",
+        dict(_NAMES),
+        {":E": epoch, ":zero": 0, ":one": 1},
+    )
+
+
+def close(resource: str, epoch: int) -> dict[str, Any]:
+    """The epoch's last reader gone: its sentinel off the row (send with ``return_new``, to
+    push the first waiter); only while nobody was admitted since."""
+    return _action(
+        resource,
+        LOCK_SK,
+        "REMOVE #h.#s",
+        "#rep = :E AND #rc <= :zero AND attribute_exists(#h.#s)",
+        dict(_NAMES),
+        {":E": epoch, ":zero": 0},
+    )
+
+
+def write_off(resource: str, seen: LockItem) -> dict[str, Any]:
+    """The epoch's readers written off (every one found dead): the sentinel off the row and
+    the next epoch, conditional on no admission (the fence) and no release (``rc``) since."""
+    return _action(
+        resource,
+        LOCK_SK,
+        "SET #rc = :zero, #rep = :E1 REMOVE #h.#s",
+        "attribute_exists(#h.#s) AND #rep = :E AND #fence = :F AND #rc = :rc",
+        dict(_NAMES),
+        {":zero": 0, ":E": seen.repoch, ":E1": seen.repoch + 1, ":F": seen.fence, ":rc": seen.rc},
+    )
+
+
+# -- the reader item's writes ------------------------------------------------------------------
+
+
+def _ttl(expires_ms: int) -> int:
+    return epoch_seconds(expires_ms) + BUCKET_S
+
+
+def put_reader(resource: str, token: str, holder: Holder, epoch: int) -> dict[str, Any]:
+    """The reader's item (its token is its key: a retry writes the same item again)."""
+    values: dict[str, Any] = {
+        ":u": holder.user_id,
+        ":e": holder.expires_ms,
+        ":f": holder.fence,
+        ":a": holder.acquired_ms,
+        ":ep": epoch,
+        ":exp": _ttl(holder.expires_ms),
+    }
+    update = "SET #u = :u, #e = :e, #f = :f, #a = :a, #ep = :ep, #exp = :exp"
+    if holder.proc is not None:
+        update += ", #p = :p"
+        values[":p"] = holder.proc
+    return _action(resource, reader_sk(token), update, "", dict(_ITEM_NAMES), values)
+
+
+def renew_reader(resource: str, token: str, expires_ms: int) -> dict[str, Any]:
+    values = {":e": expires_ms, ":exp": _ttl(expires_ms)}
+    return _action(
+        resource,
+        reader_sk(token),
+        "SET #e = :e, #exp = :exp",
+        "attribute_exists(#e)",
+        dict(_ITEM_NAMES),
+        values,
+    )
+
+
+def drop_reader(resource: str, token: str, expires_ms: int | None = None) -> dict[str, Any]:
+    """A DeleteItem's arguments: the reader's item, if it is there (``expires_ms``: and its
+    lease end is as read, so a reader that renewed meanwhile keeps it)."""
+    values: dict[str, Any] = {}
+    condition = "attribute_exists(#e)"
+    if expires_ms is not None:
+        condition = "#e = :e"
+        values[":e"] = expires_ms
+    action: dict[str, Any] = {
+        "Key": key(resource, reader_sk(token)),
+        "ConditionExpression": condition,
+        "ExpressionAttributeNames": {"#e": "e"},
+    }
+    if values:
+        action["ExpressionAttributeValues"] = encode(values)
+    return action
+
+
+# -- sending and reading -----------------------------------------------------------------------
+
+
+def send(action: dict[str, Any]) -> None:
+    """Send one UpdateItem of this module. Raises :class:`Refused`."""
+    _send(
+        "update_item",
+        TableName=settings.TABLE_NAME,
+        ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        **action,
+    )
+
+
+def delete(action: dict[str, Any]) -> None:
+    """Send a :func:`drop_reader`. Raises :class:`Refused` if the item was not there (as
+    read)."""
+    _send(
+        "delete_item",
+        TableName=settings.TABLE_NAME,
+        ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        **action,
+    )
+
+
+def readers(resource: str, *, consistent: bool = True) -> list[Reader]:
+    """Every reader item of ``resource``, of any epoch, live or not."""
+    pages = prefix_pages(resource, READER_PREFIX, consistent=consistent)
+    return [reader_of(item) for page in pages for item in page]
+
+
+def with_readers(
+    item: LockItem,
+    *,
+    consistent: bool = False,
+    most: int | None = None,
+    after_sk: str | None = None,
+) -> LockItem:
+    """A row with its sentinel replaced by the reader items of its epoch (for listings);
+    others as they are. ``most``: read no further than that many reader items of the epoch
+    (``holders_next`` is where the rest begin); ``after_sk``: only the reader items after
+    that one (a ``holders_next``: the row's own readers were on the page before)."""
+    if not has_readers(item):
+        return item
+    holders = {} if after_sk else {t: h for t, h in item.holders.items() if t != SENTINEL}
+    read, last = 0, None
+    limit = None if most is None else most + 1
+    pages = prefix_pages(item.resource, READER_PREFIX, consistent=consistent, limit=limit,
+                         after_sk=after_sk)  # fmt: skip
+    for reader in (reader_of(found) for page in pages for found in page):
+        if reader.epoch != item.repoch:
+            continue
+        if most is not None and read >= most:
+            return dataclasses.replace(item, holders=holders, holders_next=last)
+        holders[reader.token] = reader.holder
+        read, last = read + 1, reader_sk(reader.token)
+    return dataclasses.replace(item, holders=holders)
+
+
+__all__ = [
+    "READERS_INLINE",
+    "READERS_USER",
+    "SENTINEL",
+    "Reader",
+    "Refused",
+    "admission_mark",
+    "admit",
+    "admitted_before",
+    "close",
+    "count_down",
+    "covers_to",
+    "delete",
+    "epoch_of",
+    "drop_reader",
+    "has_readers",
+    "leave_last",
+    "put_reader",
+    "raise_sentinel",
+    "readers",
+    "renew_reader",
+    "send",
+    "with_readers",
+    "write_off",
+]

@@ -1,0 +1,218 @@
+"""Django's transaction as part of a hold's life: give back after the commit.
+
+Work done under a lock becomes visible to others when its transaction commits. A hold given
+back inside ``transaction.atomic`` (a ``with semaphore(...)`` block left there, a decorated
+view under ``ATOMIC_REQUESTS``, ``@transaction.atomic`` stacked over the decorator) must stay
+ours until then, or a second holder works on data the first has not committed: the
+interleaving the lock exists to prevent. So the give-back waits for the outermost transaction
+of that database: after its commit (``on_commit``), or at once when it rolls back.
+
+Django has commit hooks but no rollback hook. A rollback drops the transaction's
+``on_commit`` callbacks (``connection.rollback()`` empties the list, a savepoint rollback
+filters it, ``connection.close()`` inside ``atomic`` empties it too); a finalizer on our
+callback notices the drop (CPython frees it at once), and:
+
+* no transaction left: the work was rolled back, give back now;
+* a savepoint rolled back inside a transaction that goes on: the work done under the lock
+  before the savepoint may still commit, so a hold waits for that transaction instead (a
+  run_once job's whole body was inside that savepoint: its work is gone, it is FAILED now);
+* dropped while every savepoint it was registered under is still open: the connection was
+  closed inside the transaction, which can never commit now: give back now.
+
+Our callback runs first among the transaction's commit hooks (it is moved to the front of
+Django's list): a hook of another app that raises after the commit makes Django skip the
+hooks after it, and that must neither keep a hold (while the caller handles that exception)
+nor leave a committed run_once job un-DONE.
+
+Django's ``TestCase`` (and pytest-django's ``db``) wraps each test in atomic blocks that never
+commit; those do not count as a transaction here, so a test sees what production does.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.db import connections, router
+
+from .._observability.logs import facts
+
+logger = logging.getLogger("dynasem")
+
+__all__ = ["after_transaction", "check_using", "database", "open_transaction", "pending_owners"]
+
+
+def check_using(using: Any) -> str | None:
+    """A database alias (or None: the default database); refused before any request."""
+    if using is None:
+        return None
+    if not isinstance(using, str):
+        raise TypeError(f"using must be a database alias (a str) or None, not {using!r}")
+    databases = getattr(django_settings, "DATABASES", {}) or {}
+    if using not in databases:
+        raise ValueError(
+            f"using={using!r} is not a database in settings.DATABASES "
+            f"(there are: {', '.join(sorted(databases)) or 'none'})"
+        )
+    return using
+
+
+def database(using: str | None) -> str:
+    """The database whose transaction a hold follows and fences: ``using``, or else where the
+    project's ``DATABASE_ROUTERS`` send writes of dynasem's ``Fence`` model (``default``
+    without routers). One answer for the fence row, the ``fence_db`` block's transaction and
+    the give-back after the commit, so that all three are the same transaction; asked at each
+    use, as routers may change (``override_settings``)."""
+    if using is not None:
+        return using
+    from ..models import Fence  # not at import: the app registry is ready by the first hold
+
+    return str(router.db_for_write(Fence))
+
+
+def _in_transaction(connection: Any) -> bool:
+    if not connection.in_atomic_block:
+        return False
+    # Only a TestCase's own blocks open: they never commit, so they are not a transaction.
+    blocks = getattr(connection, "atomic_blocks", None)
+    if blocks is None:  # pragma: no cover - every supported Django has atomic_blocks
+        return True
+    return any(not getattr(block, "_from_testcase", False) for block in blocks)
+
+
+def open_transaction(using: str | None) -> Any:
+    """The connection of ``using`` (if None: ``database(None)``, the routers' choice) when
+    this thread is inside a transaction of it that will commit or roll back; None otherwise
+    (autocommit, a manual transaction without ``atomic``, or only a TestCase's blocks). Never
+    connects."""
+    connection = connections[database(using)]
+    return connection if _in_transaction(connection) else None
+
+
+class _Pending:
+    """One give-back waiting for a transaction's end."""
+
+    def __init__(
+        self,
+        connection: Any,
+        finish: Callable[[bool], None],
+        name: str,
+        *,
+        owner: Any,
+        savepoint_ends_it: bool,
+    ) -> None:
+        self.connection = connection
+        self.finish = finish  # finish(committed)
+        self.name = name
+        self.owner = owner  # what gives back (a Held, a Job): found again by pending_owners()
+        self.savepoint_ends_it = savepoint_ends_it
+        self._sids: set[Any] = set()
+        self._done = False
+        self._lock = threading.Lock()
+
+    @property
+    def done(self) -> bool:
+        return self._done
+
+    def register(self) -> None:
+        def callback() -> None:
+            self._end(True)
+
+        # Django names a failing robust callback by its __qualname__ in the log.
+        callback.__qualname__ = f"dynasem give-back of {self.name!r}"
+        # Only the connection's on_commit list refers to the callback: when Django drops it
+        # (rollback), it is freed and the finalizer tells us. atexit=False: a process that
+        # exits with an open transaction lets the lease lapse, no requests at shutdown.
+        weakref.finalize(callback, self._dropped).atexit = False
+        self._sids = set(self.connection.savepoint_ids)
+        self.connection.on_commit(callback, robust=True)
+        _run_first(self.connection, callback)
+        waiting = _pending.setdefault(self.connection, [])
+        if self not in waiting:  # registered again after a savepoint rollback
+            waiting.append(self)
+
+    def _dropped(self) -> None:
+        with self._lock:
+            if self._done:
+                return  # ran on commit, then freed
+        if not _in_transaction(self.connection):
+            self._end(False)
+        elif self._sids <= set(self.connection.savepoint_ids):
+            # None of the savepoints we were registered under ended, yet we were dropped:
+            # the connection was closed inside the transaction, which can never commit.
+            self._end(False)
+        elif self.savepoint_ends_it:
+            self._end(False)
+        else:
+            # A savepoint around the release rolled back, the transaction goes on: what was
+            # done under the lock before it may still commit. Wait for the transaction.
+            self.register()
+
+    def _end(self, committed: bool) -> None:
+        with self._lock:
+            if self._done:
+                return
+            self._done = True
+        waiting = _pending.get(self.connection)
+        if waiting is not None and self in waiting:
+            waiting.remove(self)
+        try:
+            self.finish(committed)
+        except Exception:  # never break the caller's commit or rollback
+            logger.exception(
+                "dynasem: giving back %r after the transaction failed",
+                self.name,
+                extra=facts(
+                    self.name,
+                    token=getattr(self.owner, "token", None),
+                    outcome="give_back_failed",
+                    committed=committed,
+                ),
+            )
+
+
+# The give-backs waiting on each connection (a connection belongs to one thread or task).
+_pending: weakref.WeakKeyDictionary[Any, list[_Pending]] = weakref.WeakKeyDictionary()
+
+
+def _run_first(connection: Any, callback: Callable[[], None]) -> None:
+    """Move ``callback``, just appended by ``on_commit``, to the front of the commit hooks."""
+    hooks = getattr(connection, "run_on_commit", None)
+    if isinstance(hooks, list) and hooks:
+        last = hooks[-1]
+        if isinstance(last, tuple) and len(last) >= 2 and last[1] is callback:
+            hooks.insert(0, hooks.pop())
+
+
+def after_transaction(
+    using: str | None,
+    finish: Callable[[bool], None],
+    name: str,
+    *,
+    owner: Any = None,
+    savepoint_ends_it: bool = False,
+) -> bool:
+    """Call ``finish(True)`` after the outermost transaction of ``using`` commits, or
+    ``finish(False)`` as soon as it rolls back (or can no longer commit). False, and nothing
+    registered, when this thread is not inside such a transaction: the caller then gives back
+    at once. ``savepoint_ends_it``: a rolled-back savepoint around the call ends it too
+    (``finish(False)`` at once) instead of waiting for the transaction."""
+    connection = open_transaction(using)
+    if connection is None:
+        return False
+    _Pending(connection, finish, name, owner=owner, savepoint_ends_it=savepoint_ends_it).register()
+    return True
+
+
+def pending_owners() -> list[Any]:
+    """The owners of the give-backs waiting on this thread's open transactions, of every
+    database (newest last); empty outside a transaction. Never connects."""
+    owners: list[Any] = []
+    for connection in connections.all(initialized_only=True):
+        if connection in _pending and _in_transaction(connection):
+            owners += [p.owner for p in _pending[connection] if not p.done and p.owner is not None]
+    return owners

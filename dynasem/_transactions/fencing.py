@@ -1,0 +1,244 @@
+"""Transactions fenced by the database: a stale holder's transaction cannot land over a newer
+holder's work.
+
+A lock service cannot stop a commit. A holder paused past its lease (GC, swap, a stalled
+``COMMIT``) still commits after another holder began, and the two rebuilds' rows end up side by
+side. Only the database can refuse it, so the hold's fence goes there: inside the hold's
+transaction, before any work, one statement writes the fence of each resource to dynasem's
+table ``dynasem_fence`` (one row per resource), on the condition that the stored fence is not
+larger. That row stays locked until the transaction ends. Fences grow strictly with each new
+holder of a resource, so:
+
+* a newer holder's transaction that started first keeps the row locked: the stale one waits at
+  its first statement until that transaction ends, then finds the larger fence and raises
+  :class:`~dynasem.exceptions.LockLost` (its transaction rolls back, nothing of it lands);
+* a stale transaction that started first keeps the row locked: the newer holder's first
+  statement waits until it has committed or rolled back, then goes on over its committed data.
+
+Two holders' transactions on one resource never interleave in the database. The same hold may
+write its fence again (a nested block, a second transaction of one hold): an equal fence is
+its own.
+
+Exclusive holds only: holders of a counting or shared semaphore hold together, each with its
+own fence, and must not refuse one another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from contextvars import ContextVar
+from typing import Any
+
+from django.db import DatabaseError, IntegrityError, connections, transaction
+from django.db.transaction import TransactionManagementError
+
+from .._engine.arguments import MODE_EXCLUSIVE
+from ..exceptions import LockLost
+from . import commit as transactions
+
+__all__ = ["begin", "check_fenceable", "end", "fence_transaction", "no_async", "row_key"]
+
+TABLE = "dynasem_fence"
+
+# The transactions that fence_db blocks opened in this thread or task and have not closed:
+# (the semaphore's identity, its atomic block), innermost last.
+_opened: ContextVar[tuple[tuple[int, Any], ...]] = ContextVar("dynasem_fenced", default=())
+
+
+def row_key(resource: str) -> str:
+    """The row's primary key: a digest of the resource (keys up to 1 KB would not fit every
+    database's index; MySQL's takes 3,072 bytes)."""
+    return hashlib.sha256(resource.encode("utf-8")).hexdigest()
+
+
+def check_fenceable(mode: str, resources: Any) -> None:
+    """A ValueError unless holds of this mode can fence a transaction."""
+    if mode != MODE_EXCLUSIVE:
+        raise ValueError(
+            f"fence_db needs an exclusive semaphore (limit=1, shared=False), not a {mode} one: "
+            f"holders of {resources!r} hold together, each with its own fence, and the "
+            "database would refuse all but the newest of them"
+        )
+
+
+def fence_transaction(held: Any, using: str | None = None) -> None:
+    """Write ``held``'s fences to the database ``using`` (if None: where the routers send the
+    Fence model's writes) inside its open transaction; raise :class:`LockLost` (and mark the
+    hold lost) if a newer holder's fence is there already."""
+    check_fenceable(held.semaphore.mode, held.resources)
+    alias = transactions.database(using)
+    connection = connections[alias]
+    if not connection.in_atomic_block:
+        raise TransactionManagementError(
+            "fence_transaction() must run inside transaction.atomic("
+            f"using={alias!r}): outside a transaction nothing keeps the fence row locked "
+            "until the work commits"
+        )
+    hold = getattr(held, "outer", held)  # a nested acquire's view: the hold itself
+    if hold.released:
+        raise LockLost(held.resource, "it was given back before its transaction was fenced")
+    # Past our trusted deadline a newer holder may have begun: no work of ours may start.
+    hold.check_deadline()
+    if hold._lost is not None:
+        hold._raise_lost()
+    # One order for every holder: two holders of overlapping sets lock the rows alike.
+    for resource in sorted(held.fences):
+        fence = held.fences[resource]
+        if not _write(connection, alias, resource, fence):
+            stored = _stored(connection, resource)
+            reason = (
+                f"the database {alias!r} holds fence {stored} for it, newer than this "
+                f"hold's {fence}: another holder took it over; this transaction rolls back"
+            )
+            hold._mark_lost(reason)
+            raise LockLost(resource, reason)
+
+
+def begin(sem: object, held: Any, using: str | None, undo: Callable[[], None]) -> None:
+    """A ``fence_db`` block's start: open ``transaction.atomic(using)`` (a savepoint inside
+    an open transaction) and write the fence first in it. On failure, ``undo()`` (give the
+    hold back) and raise."""
+    try:
+        alias = transactions.database(using)  # the routers' choice, asked once for both
+        block = transaction.atomic(using=alias)
+        block.__enter__()
+        try:
+            fence_transaction(held, alias)
+        except BaseException as exc:
+            block.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+    except BaseException:
+        undo()
+        raise
+    _opened.set((*_opened.get(), (id(sem), block)))
+
+
+def end(sem: object, held: Any, exc_type: Any, exc: Any, tb: Any, undo: Callable[[], None]) -> None:
+    """A ``fence_db`` block's end: its transaction commits (a savepoint is released), unless
+    the block raised or the hold can no longer be trusted (then it rolls back and LockLost
+    is raised). The hold is given back after this, once the outermost transaction ends. If
+    this raises, ``undo()`` (give the hold back, the block having failed) ran first."""
+    try:
+        _end(sem, held, exc_type, exc, tb)
+    except BaseException:
+        undo()
+        raise
+
+
+def _end(sem: object, held: Any, exc_type: Any, exc: Any, tb: Any) -> None:
+    stack = _opened.get()
+    for i in range(len(stack) - 1, -1, -1):
+        if stack[i][0] == id(sem):
+            block = stack[i][1]
+            _opened.set(stack[:i] + stack[i + 1 :])
+            break
+    else:  # pragma: no cover - begin() always pairs with end()
+        raise RuntimeError("fence_db block ended without a matching start")
+    if exc_type is None:
+        held.check_deadline()
+        if held._lost is not None:
+            try:
+                held._raise_lost()
+            except LockLost as lost:
+                block.__exit__(LockLost, lost, lost.__traceback__)
+                raise
+    block.__exit__(exc_type, exc, tb)
+
+
+def no_async() -> TypeError:
+    return TypeError(
+        "fence_db=True needs a synchronous block (transaction.atomic is synchronous): in "
+        "async code, call held.fence_transaction() first inside the function that "
+        "sync_to_async runs in transaction.atomic()"
+    )
+
+
+def _write(connection: Any, alias: str, resource: str, fence: int) -> bool:
+    """The conditional upsert: True if the row now holds ``fence`` (locked until our
+    transaction ends), False if it holds a larger one. A deadlock the database broke by
+    rolling our transaction back raises LockLost: the caller's work is gone, not the hold."""
+    try:
+        return _upsert(connection, alias, resource, fence)
+    except DatabaseError as exc:
+        if _deadlock(connection, exc):
+            raise LockLost(
+                resource,
+                f"the database {alias!r} chose this transaction as a deadlock victim while it "
+                f"wrote fence {fence} ({exc}): the whole transaction was rolled back, nothing of "
+                "it lands; the hold is still yours, run the work again in a new transaction",
+            ) from exc
+        if TABLE in str(exc):  # "no such table", "relation ... does not exist"
+            exc.add_note(
+                f"dynasem: fenced transactions need the {TABLE} table of database {alias!r}: "
+                f"run `manage.py migrate dynasem --database {alias}`"
+            )
+        raise
+
+
+# MySQL's and MariaDB's ER_LOCK_DEADLOCK: InnoDB rolled the whole transaction back.
+_MYSQL_DEADLOCK = 1213
+
+
+def _deadlock(connection: Any, exc: DatabaseError) -> bool:
+    return bool(connection.vendor == "mysql" and exc.args and exc.args[0] == _MYSQL_DEADLOCK)
+
+
+def _upsert(connection: Any, alias: str, resource: str, fence: int) -> bool:
+    key = row_key(resource)
+    table = connection.ops.quote_name(TABLE)
+    with connection.cursor() as cursor:
+        if connection.vendor in ("postgresql", "sqlite"):
+            cursor.execute(
+                f"INSERT INTO {table} (digest, resource, fence) VALUES (%s, %s, %s) "
+                f"ON CONFLICT (digest) DO UPDATE SET fence = excluded.fence "
+                f"WHERE {table}.fence <= excluded.fence",
+                [key, resource, fence],
+            )
+            return bool(cursor.rowcount == 1)
+        if connection.vendor == "mysql":
+            return _upsert_mysql(cursor, table, key, resource, fence)
+        # Elsewhere (Oracle, third-party backends): update the row; create it if there is none.
+        update = f"UPDATE {table} SET fence = %s WHERE digest = %s AND fence <= %s"
+        cursor.execute(update, [fence, key, fence])
+        if cursor.rowcount == 1:
+            return True
+        try:
+            with transaction.atomic(using=alias):
+                cursor.execute(
+                    f"INSERT INTO {table} (digest, resource, fence) VALUES (%s, %s, %s)",
+                    [key, resource, fence],
+                )
+            return True
+        except IntegrityError:  # made meanwhile: its fence decides
+            cursor.execute(update, [fence, key, fence])
+            return bool(cursor.rowcount == 1)
+
+
+def _upsert_mysql(cursor: Any, table: str, key: str, resource: str, fence: int) -> bool:
+    """MySQL and MariaDB: one ``INSERT ... ON DUPLICATE KEY UPDATE`` on the primary key.
+
+    An UPDATE that finds no row locks the gap where it would be under REPEATABLE READ, and
+    two transactions that both did so then wait on each other's gap to INSERT: a deadlock of
+    every two holders fencing a new resource at once. This statement takes no gap lock: a
+    duplicate of the primary key is locked as a record (exclusively, for the update), a new
+    row by its insert; the second holder waits for the first's transaction, then finds its
+    row. The row locked, a locking read (the newest committed value, not the transaction's
+    snapshot) says whether our fence is the one stored: the affected-rows count cannot, as
+    Django's FOUND_ROWS flag counts an insert and an unchanged row alike."""
+    cursor.execute(
+        f"INSERT INTO {table} (digest, resource, fence) VALUES (%s, %s, %s) "
+        f"ON DUPLICATE KEY UPDATE fence = IF(fence <= %s, %s, fence)",
+        [key, resource, fence, fence, fence],
+    )
+    cursor.execute(f"SELECT fence FROM {table} WHERE digest = %s FOR UPDATE", [key])
+    row = cursor.fetchone()
+    return row is not None and int(row[0]) == fence
+
+
+def _stored(connection: Any, resource: str) -> int | None:
+    table = connection.ops.quote_name(TABLE)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT fence FROM {table} WHERE digest = %s", [row_key(resource)])
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])
