@@ -56,9 +56,9 @@ READERS_ENV = "DYNASEM_TEST_READERS_FROM"
 
 def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get(PERMITS_ENV):
-        from dynasem._storage import permits
+        from dynasem._storage import permit_items
 
-        permits.INLINE_MAX = int(os.environ[PERMITS_ENV])
+        permit_items.INLINE_MAX = int(os.environ[PERMITS_ENV])
     if os.environ.get(READERS_ENV):
         from tests.workers import readers_from
 
@@ -289,7 +289,7 @@ def requests_sent(lock_table: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[
             hooked.append(client)
         return client
 
-    from dynasem._storage import client as table_client
+    from dynasem._storage import dynamodb as table_client
 
     # Every request goes out through table.client's _send, which asks its own get_client.
     monkeypatch.setattr(table_client, "get_client", get_client)

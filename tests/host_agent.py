@@ -80,7 +80,7 @@ class Server:
                 hooked.append(client)
             return client
 
-        from dynasem._storage import client as table_client
+        from dynasem._storage import dynamodb as table_client
         from dynasem._storage import records as stored
 
         # 1 s expires buckets (not 15 minutes): the tests reap in real time, and a reap

@@ -709,7 +709,7 @@ def test_dynasem_locks_on_a_silent_endpoint_fails_within_seconds(
 def test_the_locks_own_client_keeps_its_patience(lock_table, silent_endpoint, settings):
     # Renewals and takes wait as they did (10 s a read, 3 retries): only what an operator
     # waits on is quick.
-    from dynasem._storage import client as table_client
+    from dynasem._storage import dynamodb as table_client
     from tests.conftest import dynasem_settings
 
     settings.DYNASEM = dynasem_settings(silent_endpoint, lock_table)

@@ -216,7 +216,7 @@ def test_reap_keeps_a_permit_renewed_after_it_was_read(lock_table, holds, later,
     """The reaper frees a dead permit only as it read it: one renewed meanwhile stays held,
     and the reaper says it changed since listed."""
     from dynasem._engine import permit_hold as permit_held
-    from dynasem._storage import permits as slots
+    from dynasem._storage import permit_items as slots
 
     live = take(holds, "pool:lag", limit=20, lease=LIVE_LEASE)
     dead = semaphore("pool:lag", limit=20, lease=1).acquire()
@@ -318,7 +318,7 @@ def test_reap_reads_again_what_was_throttled(lock_table, holds, later, faults):
 def test_reap_goes_on_past_a_row_it_could_not_delete_and_says_which(
     lock_table, holds, later, faults
 ):
-    from dynasem._storage import permits as slots
+    from dynasem._storage import permit_items as slots
 
     dead_hold(holds, "stuck:1")
     dead_hold(holds, "stuck:2")

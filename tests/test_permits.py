@@ -16,7 +16,7 @@ from dynasem import LockLost, SemaphoreBusy, semaphore
 from dynasem import _storage as table
 from dynasem._engine import queue as queueing
 from dynasem._operators import locks as operations
-from dynasem._storage import permits as slots
+from dynasem._storage import permit_items as slots
 from dynasem.conf import settings
 from tests.conftest import holder_pages, take
 from tests.test_processes import identity_of

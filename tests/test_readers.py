@@ -19,7 +19,7 @@ from dynasem import LockLost, SemaphoreBusy, semaphore
 from dynasem import _storage as table
 from dynasem._operators import locks as operations
 from dynasem._storage import lock_writes as writes
-from dynasem._storage import readers as items
+from dynasem._storage import reader_items as items
 from dynasem.conf import settings
 from tests import workers
 from tests.conftest import holder_pages, take

@@ -14,7 +14,7 @@ import pytest
 from dynasem import _storage as table
 from dynasem import semaphore
 from dynasem._engine import reader_hold as reader_held
-from dynasem._storage import readers as items
+from dynasem._storage import reader_items as items
 from tests.conftest import take
 from tests.faults import Faults
 from tests.test_trust_at_return import LEASE, PAST, LateAnswers, admission, sk_of

@@ -254,10 +254,10 @@ def test_a_row_past_dynamodbs_item_size_is_named_and_nothing_is_written(lock_tab
     size"), not SemaphoreBusy, and the row is as it was."""
     from dynasem import LimitExceeded
     from dynasem._storage import lock_writes as writes
-    from dynasem._storage import readers
+    from dynasem._storage import reader_items
 
     monkeypatch.setattr(writes, "READERS_INLINE", 10**6)
-    monkeypatch.setattr(readers, "READERS_INLINE", 10**6)
+    monkeypatch.setattr(reader_items, "READERS_INLINE", 10**6)
 
     held = []
     try:
@@ -327,7 +327,7 @@ def test_a_refusal_for_a_dynamodb_limit_names_the_limit(code, message, reasons, 
     from botocore.exceptions import ClientError
 
     from dynasem import LimitExceeded
-    from dynasem._storage import client
+    from dynasem._storage import dynamodb
 
     response = {
         "Error": {"Code": code, "Message": message},
@@ -335,7 +335,7 @@ def test_a_refusal_for_a_dynamodb_limit_names_the_limit(code, message, reasons, 
     }
     if reasons is not None:
         response["CancellationReasons"] = reasons
-    error = client._unavailable(ClientError(response, "UpdateItem"))
+    error = dynamodb._unavailable(ClientError(response, "UpdateItem"))
     assert isinstance(error, LimitExceeded)
     assert (error.limit, error.transient, error.ambiguous) == (limit, transient, False)
     assert code in str(error)
@@ -345,7 +345,7 @@ def test_a_refusal_for_no_limit_stays_a_plain_unavailable():
     from botocore.exceptions import ClientError
 
     from dynasem import LimitExceeded
-    from dynasem._storage import client
+    from dynasem._storage import dynamodb
 
     response = {
         "Error": {
@@ -353,7 +353,7 @@ def test_a_refusal_for_no_limit_stays_a_plain_unavailable():
             "Message": "One or more parameter values were invalid",
         }
     }
-    error = client._unavailable(ClientError(response, "UpdateItem"))
+    error = dynamodb._unavailable(ClientError(response, "UpdateItem"))
     assert not isinstance(error, LimitExceeded) and "ValidationException" in str(error)
 
 
@@ -413,9 +413,9 @@ def test_a_join_evicts_at_most_max_evict_dead_holders_and_still_joins(lock_table
     processes died): each join evicts the 64 oldest in its own write and joins. (Holders in
     the row, as for readers, or limit <= 8: not permit items.)"""
     from dynasem._storage import lock_writes as writes
-    from dynasem._storage import permits
+    from dynasem._storage import permit_items
 
-    monkeypatch.setattr(permits, "INLINE_MAX", 10**9)
+    monkeypatch.setattr(permit_items, "INLINE_MAX", 10**9)
 
     now = clock.now_ms()
     for i in range(150):

@@ -24,7 +24,7 @@ from django.test import override_settings
 from dynasem import LockLost, SemaphoreBusy, SemaphoreUnavailable, semaphore
 from dynasem._observability import telemetry
 from dynasem._operators import locks as operations
-from dynasem._storage import readers as reader_items
+from dynasem._storage import reader_items as reader_items
 from tests.conftest import dynasem_settings
 
 try:  # the otel dependency group; the matrix runs some pairs without it

@@ -27,8 +27,8 @@ from dynasem import semaphore
 from dynasem._engine.core import CONFIRM_SHARE
 from dynasem._engine.hold import Held
 from dynasem._storage import lock_writes as writes
-from dynasem._storage import permits as slots
-from dynasem._storage import readers as items
+from dynasem._storage import permit_items as slots
+from dynasem._storage import reader_items as items
 from tests.conftest import queue_of, take, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=False)

@@ -18,9 +18,9 @@ def setup_django(endpoint: str, table_name: str) -> None:
 
     django.setup()
     if os.environ.get("DYNASEM_TEST_PERMITS_FROM"):  # see conftest.PERMITS_ENV
-        from dynasem._storage import permits
+        from dynasem._storage import permit_items
 
-        permits.INLINE_MAX = int(os.environ["DYNASEM_TEST_PERMITS_FROM"])
+        permit_items.INLINE_MAX = int(os.environ["DYNASEM_TEST_PERMITS_FROM"])
     if os.environ.get("DYNASEM_TEST_READERS_FROM"):  # see conftest.READERS_ENV
         readers_from(os.environ["DYNASEM_TEST_READERS_FROM"])
 
@@ -28,9 +28,9 @@ def setup_django(endpoint: str, table_name: str) -> None:
 def readers_from(value: str) -> None:
     """Shared resources keep ``value`` readers in their row, the next in reader items."""
     from dynasem._storage import lock_writes as writes
-    from dynasem._storage import readers
+    from dynasem._storage import reader_items
 
-    writes.READERS_INLINE = readers.READERS_INLINE = int(value)
+    writes.READERS_INLINE = reader_items.READERS_INLINE = int(value)
 
 
 def rerun_failed_job(endpoint: str, table_name: str, key: str, barrier: Any, out: Any) -> None:
@@ -323,7 +323,7 @@ def reader_stalled_between_writes(
     and reports when it entered its block."""
     setup_django(endpoint, table_name)
     from dynasem import semaphore
-    from dynasem._storage import readers as items
+    from dynasem._storage import reader_items as items
 
     real = items.put_reader
 

@@ -10,7 +10,7 @@ from typing import Any
 from .. import _clock as clock
 from .. import _storage as table
 from .._observability.logs import facts
-from .._storage import permits as slots
+from .._storage import permit_items as slots
 from ..exceptions import SemaphoreUnavailable
 from . import handover as heirs
 from .hold import Held

@@ -1,5 +1,5 @@
 """Counting semaphores of more than ``INLINE_MAX`` permits: holders in permit items of their
-own (:mod:`dynasem._storage.permits`), so that a take, a renewal and a release each write one
+own (:mod:`dynasem._storage.permit_items`), so that a take, a renewal and a release each write one
 small item whatever the number of holders, and ``limit`` has no ceiling but the table's.
 
 A take writes the row (a fresh fence and a slot: a hint popped, or a slot never used yet;
@@ -22,7 +22,7 @@ from typing import Any
 from .. import _clock as clock
 from .. import _storage as table
 from .._observability import telemetry
-from .._storage import permits as slots
+from .._storage import permit_items as slots
 from ..exceptions import SemaphoreUnavailable
 from . import handover as heirs
 from . import permit_hold as permit_held

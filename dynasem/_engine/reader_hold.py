@@ -1,4 +1,4 @@
-"""A reader's hold in a reader item (:mod:`dynasem._storage.readers`): renewing it writes the
+"""A reader's hold in a reader item (:mod:`dynasem._storage.reader_items`): renewing it writes the
 item (and the row's sentinel only when the lease passes it), releasing it deletes the item
 and counts the row's readers down (the last one takes the sentinel off and pushes the first
 waiter); an operator's break of a reader; what an interrupted admission undoes."""
@@ -14,7 +14,7 @@ from typing import Any
 from .. import _clock as clock
 from .. import _storage as table
 from .._observability.logs import facts
-from .._storage import readers as items
+from .._storage import reader_items as items
 from ..exceptions import SemaphoreUnavailable
 from . import handover as heirs
 from .hold import Held
@@ -53,7 +53,7 @@ def count_down(resource: str, epoch: int, *, forget: bool = False) -> None:
     off and pushes the first waiter. Sent once per attempt, never again after an answer that
     may hide an applied write: a count too high only keeps a writer waiting for the
     write-off, one too low would let it in beside a reader. ``forget``: an admission given
-    back (see :func:`dynasem._storage.readers.count_down`)."""
+    back (see :func:`dynasem._storage.reader_items.count_down`)."""
     known = rows.get(resource)
     if known is not None and known.repoch == epoch and known.rc <= 1:
         # Most likely the epoch's only reader: leave and close it in one write.

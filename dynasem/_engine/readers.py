@@ -1,4 +1,4 @@
-"""Readers in reader items (:mod:`dynasem._storage.readers`): when a shared acquire takes an
+"""Readers in reader items (:mod:`dynasem._storage.reader_items`): when a shared acquire takes an
 item instead of joining the row's holders, what it does once the row admitted it (its item,
 its trust), and the write-off of dead readers by a writer that waits on them."""
 
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from .. import _clock as clock
 from .. import _storage as table
 from .._observability import telemetry
-from .._storage import readers as items
+from .._storage import reader_items as items
 from ..exceptions import SemaphoreUnavailable
 from . import permits, processes
 from . import queue as queueing

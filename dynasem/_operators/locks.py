@@ -23,7 +23,7 @@ from .._engine import (
 from .._engine import (
     reader_hold as reader_held,
 )
-from .._storage import permits as slots
+from .._storage import permit_items as slots
 from ..signals import lock_released
 from . import listing as index_streams
 from .cursors import BadCursor as BadCursor  # re-exported: callers catch operations.BadCursor

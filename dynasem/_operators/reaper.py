@@ -26,7 +26,7 @@ from .._engine import (
 from .._engine import (
     reader_hold as reader_held,
 )
-from .._storage import permits as slots
+from .._storage import permit_items as slots
 from ..conf import settings
 from ..exceptions import SemaphoreUnavailable
 

@@ -10,7 +10,7 @@ writes cost the item alone (1 WCU)."""
 from __future__ import annotations
 
 from ..conf import settings
-from .client import Refused, _send
+from .dynamodb import Refused, _send
 from .records import decode, encode, key
 
 NEXT_SK = "next"

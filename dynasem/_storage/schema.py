@@ -13,7 +13,7 @@ from botocore.config import Config
 
 from ..conf import settings
 from ..exceptions import SemaphoreUnavailable, TableMissing
-from .client import _send, get_client, region_of
+from .dynamodb import _send, get_client, region_of
 from .records import OLD_INDEXES, index_definitions, old_layout, table_definition
 
 # ---------------------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..conf import settings
-from .client import Refused, _send, prefix_pages
+from .dynamodb import Refused, _send, prefix_pages
 
 # A shared resource keeps up to READERS_INLINE readers in its row (their writes cost no more
 # than an item's two); the next ones, and every one while the row has reader items, in items.

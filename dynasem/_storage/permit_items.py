@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..conf import settings
-from .client import Refused, _send, prefix_pages
+from .dynamodb import Refused, _send, prefix_pages
 from .lock_writes import _LOCK_NAMES, QueueTerms, _action, _queue_clauses
 from .records import (
     BUCKET_S,

@@ -1,0 +1,63 @@
+"""Reading and writing run_once rows (``sk = job``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..conf import settings
+from .dynamodb import (
+    _send,
+)
+from .lock_rows import _get, _update
+from .records import (
+    JOB_SK,
+    JobRow,
+    decode,
+    job_row,
+)
+
+
+def update_job(action: dict[str, Any], *, return_new: bool = False) -> JobRow | None:
+    """Send one conditional run_once write. Raises :class:`Refused` with the old row."""
+    row = _update(action, return_new)
+    return None if row is None else job_row(row)
+
+
+def scan_jobs(
+    prefix: str | None, status: str | None, start: dict[str, Any] | None
+) -> tuple[list[JobRow], dict[str, Any] | None]:
+    """One Scan page of run_once rows.
+
+    A Scan, because job rows are in no index (they carry no ``expires``); it reads the lock
+    rows too, 1 MB a request, which is acceptable for an admin page read by hand. ``status``
+    "NEW" means never run or reset (no status stored)."""
+    names = {"#sk": "sk"}
+    values: dict[str, Any] = {":job": {"S": JOB_SK}}
+    conditions = ["#sk = :job"]
+    if prefix:
+        names["#pk"] = "pk"
+        values[":p"] = {"S": prefix}
+        conditions.append("begins_with(#pk, :p)")
+    if status == "NEW":
+        names["#st"] = "status"
+        conditions.append("attribute_not_exists(#st)")
+    elif status:
+        names["#st"] = "status"
+        values[":st"] = {"S": status}
+        conditions.append("#st = :st")
+    kwargs: dict[str, Any] = {
+        "TableName": settings.TABLE_NAME,
+        "FilterExpression": " AND ".join(conditions),
+        "ExpressionAttributeNames": names,
+        "ExpressionAttributeValues": values,
+    }
+    if start:
+        kwargs["ExclusiveStartKey"] = start
+    response = _send("scan", **kwargs)
+    return [job_row(decode(i)) for i in response.get("Items", [])], response.get("LastEvaluatedKey")
+
+
+def get_job(pk: str) -> JobRow | None:
+    """The run_once row of ``pk`` (one consistent read), or None if never run."""
+    item = _get(pk, JOB_SK)
+    return job_row(item) if item else None

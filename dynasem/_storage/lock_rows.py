@@ -1,0 +1,115 @@
+"""Reading and writing lock rows (``sk = lock``): the conditional update, the all-or-none
+transaction, the consistent or eventually consistent read, the reaper's conditional delete, and
+the row as a push carries it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..conf import settings
+from .dynamodb import (
+    Refused,
+    _send,
+)
+from .records import (
+    LOCK_SK,
+    LockItem,
+    decode,
+    encode,
+    key,
+    lock_item,
+)
+
+
+def update(action: dict[str, Any], *, return_new: bool = False) -> LockItem | None:
+    """Send one conditional lock write. Raises :class:`Refused` with the old row."""
+    return lock_item(_update(action, return_new))
+
+
+def _update(action: dict[str, Any], return_new: bool) -> dict[str, Any] | None:
+    response = _send(
+        "update_item",
+        TableName=settings.TABLE_NAME,
+        ReturnValues="ALL_NEW" if return_new else "NONE",
+        ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        **action,
+    )
+    return decode(response.get("Attributes")) if return_new else None
+
+
+def transact(actions: list[dict[str, Any]]) -> None:
+    """Send UpdateItem actions as one all-or-none transaction. Raises :class:`Cancelled`."""
+    table = settings.TABLE_NAME
+    items = [
+        {"Update": dict(a, TableName=table, ReturnValuesOnConditionCheckFailure="ALL_OLD")}
+        for a in actions
+    ]
+    _send("transact_write_items", TransactItems=items)
+
+
+def get(resource: str, *, consistent: bool = True) -> LockItem | None:
+    """One read of a lock row (used only where no write can tell us): strongly consistent,
+    unless ``consistent`` is False (half the read units: for a queued waiter's look, which
+    only decides when to write, every write being conditional on the row as it is)."""
+    return lock_item(_get(resource, LOCK_SK, consistent=consistent))
+
+
+def stored_item(pk: str, sk: str = LOCK_SK) -> dict[str, Any] | None:
+    """A row exactly as stored, decoded to plain Python: for tests and diagnostics, which
+    check the stored format itself. The app reads :func:`get` and :func:`get_job`."""
+    return _get(pk, sk)
+
+
+def _get(pk: str, sk: str, *, consistent: bool = True) -> dict[str, Any] | None:
+    response = _send(
+        "get_item", TableName=settings.TABLE_NAME, Key=key(pk, sk), ConsistentRead=consistent
+    )
+    return decode(response.get("Item"))
+
+
+# A push carries the queue up to its recipient and this many entries behind it: what the
+# recipient needs (who is ahead of it; whom to hand over to next), not a crowd's every entry.
+PUSHED_BEHIND = 16
+
+
+def wire(item: LockItem, for_token: str | None = None) -> dict[str, Any]:
+    """The row as a push carries it (JSON-safe); :func:`lock_item` reads it back.
+
+    ``for_token``: the recipient. A long queue is cut to the entries up to the recipient's
+    ticket (so it sees everyone ahead of it) and :data:`PUSHED_BEHIND` after it (its heirs),
+    so that a push to the head of a line of hundreds still fits a datagram. A cut queue can
+    make a write whose condition counts the queue be refused, never a wrong one succeed."""
+    stored = dict(item.stored)
+    queue = stored.get("queue")
+    if for_token is None or not isinstance(queue, dict) or len(queue) <= PUSHED_BEHIND:
+        return stored
+    mine = item.queue.get(for_token)
+    mine_ticket = mine.ticket if mine is not None else 0
+    order = sorted(item.queue.items(), key=lambda entry: entry[1].ticket)
+    ahead = [t for t, w in order if w.ticket <= mine_ticket]
+    behind = [t for t, w in order if w.ticket > mine_ticket][:PUSHED_BEHIND]
+    stored["queue"] = {t: queue[t] for t in ahead + behind if t in queue}
+    return stored
+
+
+def delete_expired(resource: str, cutoff_ms: int, *, resent: bool = False) -> bool:
+    """Delete a lock row only if its lease still ended before ``cutoff_ms``; False if it
+    survived (or was gone before: deleted by TTL or another reaper).
+
+    ``resent``: an earlier send of this delete went unanswered (a timeout, a 5xx) and may have
+    been applied. A refusal then, or after botocore's own re-send (``Refused.retried``), with
+    the row gone is our earlier delete's doing: True, not a row that changed since listed.
+    The row as it was comes back with the refusal (``ALL_OLD``), at no extra read unit."""
+    try:
+        _send(
+            "delete_item",
+            TableName=settings.TABLE_NAME,
+            Key=key(resource, LOCK_SK),
+            ConditionExpression="#expMs < :cut",
+            ExpressionAttributeNames={"#expMs": "expMs"},
+            ExpressionAttributeValues=encode({":cut": cutoff_ms}),
+            ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        )
+    except Refused as refused:
+        return (resent or refused.retried) and refused.item is None
+    return True

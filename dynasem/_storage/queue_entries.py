@@ -1,0 +1,134 @@
+"""The queue's entry items (one per waiter, ``sk = q#<qbase>#<ticket>``): putting and dropping
+ours, leaving the queue, and reading the entries ahead of a ticket page by page."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any
+
+from ..conf import settings
+from .dynamodb import (
+    _send,
+)
+from .lock_rows import get
+from .records import (
+    LockItem,
+    Waiter,
+    decode,
+    encode,
+    entry_item,
+    entry_of,
+    entry_sk,
+    key,
+)
+
+# Entry items one query of the queue reads (a page): the first live one is usually the first.
+ENTRY_PAGE = 8
+
+
+def put_entry(resource: str, qbase: int, waiter: Waiter) -> None:
+    """Write our queue entry (its ticket drawn by :func:`take_ticket`): an item of its own,
+    so that a crowd of waiters never makes a write to the row dearer."""
+    _send("put_item", TableName=settings.TABLE_NAME, Item=entry_item(resource, qbase, waiter))
+
+
+def drop_entry(resource: str, qbase: int, ticket: int) -> None:
+    """Delete our queue entry (we leave the queue): a hand-over then no longer finds us."""
+    _send("delete_item", TableName=settings.TABLE_NAME, Key=key(resource, entry_sk(qbase, ticket)))
+
+
+# After leaving the queue while another holds, how long until we look again whether a
+# hand-over to us was on its way (seconds): a releaser reads the queue, then writes.
+LEAVE_RECHECK = 0.05
+
+
+def leave_queue(resource: str, qbase: int, ticket: int, *, token: str) -> LockItem | None:
+    """Leave the queue: delete our entry, then read the row (consistently): a hand-over that
+    found our entry before it went may have made us the holder; the caller keeps that hold or
+    gives it back. While another holds it, a hand-over may still be on its way (the releaser
+    read the queue before we left, and has not written yet): we look once more a little
+    later."""
+    drop_entry(resource, qbase, ticket)
+    row = get(resource)
+    if may_be_handed(row, qbase, ticket, token):
+        time.sleep(LEAVE_RECHECK)
+        row = get(resource)
+    return row
+
+
+def may_be_handed(row: LockItem | None, qbase: int, ticket: int, token: str) -> bool:
+    """Could a hand-over to the waiter ``token`` (ticket ``ticket`` of the queue ``qbase``)
+    that left still land, as far as ``row`` (read after it left) tells? Only if someone
+    holds (a holder hands over in its release write) and its turn has not gone by: the
+    releaser may have read the line before it left, or read it eventually consistently."""
+    return (
+        row is not None
+        and token not in row.holders
+        and bool(row.holders)
+        and row.qbase == qbase
+        and row.qout < ticket
+    )
+
+
+def _entry_page(
+    item: LockItem,
+    upto: int,
+    limit: int | None,
+    start: dict[str, Any] | None,
+    consistent: bool = True,
+) -> tuple[list[Waiter], dict[str, Any] | None]:
+    """One page of the entry items of ``item``'s queue, tickets ``qout`` + 1 to ``upto``
+    (consistent unless told: the entries a waiter or a releaser decides from must be current;
+    see :func:`dynasem._engine.handover.heirs_of` for the one read that need not be)."""
+    lo, hi = entry_sk(item.qbase, item.qout + 1), entry_sk(item.qbase, upto)
+    kwargs: dict[str, Any] = {
+        "TableName": settings.TABLE_NAME,
+        "ConsistentRead": consistent,
+        "KeyConditionExpression": "#pk = :pk AND #sk BETWEEN :lo AND :hi",
+        "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk"},
+        "ExpressionAttributeValues": encode({":pk": item.resource, ":lo": lo, ":hi": hi}),
+    }
+    if limit:
+        kwargs["Limit"] = limit
+    if start:
+        kwargs["ExclusiveStartKey"] = start
+    response = _send("query", **kwargs)
+    page = [entry_of(decode(i)) for i in response.get("Items", [])]
+    return page, response.get("LastEvaluatedKey")
+
+
+def queue_entries(item: LockItem, most: int | None = None) -> list[Waiter]:
+    """Every entry item of ``item``'s queue that has not had its turn (``qout`` + 1 to
+    ``qin``), dead ones included, in ticket order: for listings, never for a decision.
+    ``most``: the first that many only."""
+    found: list[Waiter] = []
+    start = None
+    while item.qin > item.qout and (most is None or len(found) < most):
+        page, start = _entry_page(item, item.qin, most and most - len(found), start)
+        found += page
+        if not start:
+            break
+    return found
+
+
+def load_entries(item: LockItem, upto: int | None = None, *, consistent: bool = True) -> LockItem:
+    """``item`` with the entry items of its queue read, from ``qout`` + 1 up to ``upto``
+    (default: ``qin``), page by page until the first live one (a lease end at or after now):
+    the waiters before it are dead or gone, and whoever decides from it needs to know no
+    more. An item with nobody waiting is returned as it is. ``consistent=False``: an
+    eventually consistent read (half the read units), which may miss an entry put or show
+    one deleted in the last moments."""
+    upto = item.qin if upto is None else upto
+    if upto <= item.qout:
+        return dataclasses.replace(item, entries=(), entries_to=upto)
+    now = time.time() * 1000
+    found: list[Waiter] = []
+    start = None
+    while True:
+        page, start = _entry_page(item, upto, ENTRY_PAGE, start, consistent)
+        found += page
+        if not start or any(w.expires_ms >= now for w in page):
+            break
+    covered = found[-1].ticket if start else upto
+    return dataclasses.replace(item, entries=tuple(found), entries_to=covered)
