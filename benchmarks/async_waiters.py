@@ -192,14 +192,14 @@ def main(argv: list[str] | None = None) -> int:
         common.create_dynasem_table()
         from django.test import override_settings
 
-        from dynasem import _storage as table
+        from dynasem._storage import dynamodb
         from dynasem.conf import settings
 
         print(f"machine: {common.machine()}\n", flush=True)
         rows = []
         with override_settings(DYNASEM=dict(settings.raw, LEASE=60, CLOCK_SKEW=5)):
             meter = cost.Meter()
-            meter.attach(table.get_client())  # the client is built again for the new settings
+            meter.attach(dynamodb.get_client())  # the client is built again for the new settings
             for name in args.scenarios:
                 rows.append(run(name, args, meter))
     print()

@@ -125,13 +125,13 @@ def wrap_busy() -> None:
 
 
 def count_prober_requests() -> None:
-    from dynasem import _storage as table
+    from dynasem._storage import dynamodb
 
     def before_call(**kwargs: Any) -> None:
         if threading.current_thread().name == "prober":
             PROBER.requests += 1
 
-    table.get_client().meta.events.register("before-call.dynamodb", before_call)
+    dynamodb.get_client().meta.events.register("before-call.dynamodb", before_call)
 
 
 def actual_wait(refusal: dict[str, Any]) -> float:

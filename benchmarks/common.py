@@ -234,11 +234,11 @@ def create_dynasem_table() -> None:
 
     from django.core.management import call_command
 
-    from dynasem import _storage as table
+    from dynasem._storage import dynamodb
     from dynasem.conf import settings
 
     call_command("dynasem_createtable", "--wait", stdout=io.StringIO())
-    table.get_client().update_time_to_live(
+    dynamodb.get_client().update_time_to_live(
         TableName=settings.TABLE_NAME,
         TimeToLiveSpecification={"Enabled": False, "AttributeName": "expires"},
     )
@@ -299,9 +299,9 @@ def worker_pool(worker: Any, cfg: dict[str, Any], n: int) -> Iterator[tuple[list
 
 
 def dynasem_client(counter: RequestCounter | None = None) -> Any:
-    from dynasem import _storage as table
+    from dynasem._storage import dynamodb
 
-    client = table.get_client()
+    client = dynamodb.get_client()
     if counter is not None:
         counter.attach(client)
     return client
@@ -325,9 +325,9 @@ def raw_client(endpoint: str, counter: RequestCounter | None = None) -> Any:
 def create_floor_table(client: Any, name: str, *, with_gsis: bool = False) -> None:
     """A plain pk/sk table for the raw-boto3 floor (optionally with dynasem's two GSIs)."""
     if with_gsis:
-        from dynasem import _storage as table
+        from dynasem._storage import records
 
-        definition = table.table_definition(name)
+        definition = records.table_definition(name)
     else:
         definition = {
             "TableName": name,

@@ -57,8 +57,8 @@ PEER_RETRY_MS = (10, 25, 50, 100)
 def worker(cfg: dict[str, Any], idx: int, jobs: Any, barrier: Any, out: Any) -> None:
     try:
         common.setup_dynasem(cfg["endpoint"], cfg["dynasem_table"])
-        from dynasem import _storage as table
         from dynasem import semaphore
+        from dynasem._storage import lock_rows
 
         dyn_counter = common.RequestCounter()
         common.dynasem_client(dyn_counter)
@@ -66,7 +66,7 @@ def worker(cfg: dict[str, Any], idx: int, jobs: Any, barrier: Any, out: Any) -> 
         resource = common.peer_resource(cfg["endpoint"], peer_counter)
         peer = common.peer_client(resource, cfg["peer_table"])
         # Open each client's connection before the clock runs.
-        table.get("warm-up")
+        lock_rows.get("warm-up")
         resource.Table(cfg["peer_table"]).get_item(Key={"lock_key": "warm-up", "sort_key": "-"})
         out.put(("ready", idx, None))
     except BaseException:
@@ -189,9 +189,9 @@ def analyse(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 def idle_gap_latency(table_name: str, pause: float, n: int = 200) -> dict[str, float]:
     """p50 of one small UpdateItem sent back-to-back, and sent after ``pause`` seconds idle."""
-    from dynasem import _storage as table
+    from dynasem._storage import dynamodb
 
-    client = table.get_client()
+    client = dynamodb.get_client()
 
     def one(i: int) -> float:
         start = time.perf_counter()

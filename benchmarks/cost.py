@@ -171,11 +171,11 @@ def dynasem_scenarios(meter: Meter, endpoint: str) -> tuple[list[dict[str, Any]]
     from django.core.management import call_command
 
     from dynasem import Coalesced, SemaphoreBusy, run_once, semaphore
-    from dynasem import _storage as table
     from dynasem._operators import locks as operations
+    from dynasem._storage import dynamodb, records
     from dynasem.conf import settings
 
-    meter.attach(table.get_client())
+    meter.attach(dynamodb.get_client())
     looker = common.raw_client(endpoint)  # this script's own looks: not metered
     rows: list[dict[str, Any]] = []
     kept: dict[str, Units] = {}
@@ -245,7 +245,8 @@ def dynasem_scenarios(meter: Meter, endpoint: str) -> tuple[list[dict[str, Any]]
         thread.start()
         deadline = time.monotonic() + 10
         while "qin" not in looker.get_item(
-            TableName=settings.TABLE_NAME, Key={"pk": {"S": "c:queue"}, "sk": {"S": table.LOCK_SK}}
+            TableName=settings.TABLE_NAME,
+            Key={"pk": {"S": "c:queue"}, "sk": {"S": records.LOCK_SK}},
         ).get("Item", {}):
             if time.monotonic() > deadline:
                 raise RuntimeError("the waiter never queued")
@@ -301,7 +302,7 @@ def dynasem_scenarios(meter: Meter, endpoint: str) -> tuple[list[dict[str, Any]]
         nxt.start()
         deadline = time.monotonic() + 10
         while "qin" not in looker.get_item(
-            TableName=settings.TABLE_NAME, Key={"pk": {"S": "c:co"}, "sk": {"S": table.LOCK_SK}}
+            TableName=settings.TABLE_NAME, Key={"pk": {"S": "c:co"}, "sk": {"S": records.LOCK_SK}}
         ).get("Item", {}):
             if time.monotonic() > deadline:
                 raise RuntimeError("the next run never queued")
@@ -461,9 +462,9 @@ def main(argv: list[str] | None = None) -> int:
         d_rows, d = dynasem_scenarios(meter, ddb.endpoint_url)
         p_rows, p = peer_scenarios(meter, ddb.endpoint_url)
 
-    from dynasem import _storage as table
+    from dynasem._storage import records
 
-    d_indexes = [table.USER_INDEX, table.EXPIRES_INDEX]
+    d_indexes = [records.USER_INDEX, records.EXPIRES_INDEX]
     summary = [
         ("1 s hold, same holder re-takes", 1.0, "acquire_same", "acquire_same"),
         ("1 s hold, another holder each time", 1.0, "acquire_other", "acquire_same"),
@@ -476,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---|---|",
     ]
     for label, hold, d_acq, p_acq in summary:
-        dy = dollars(d, hold, DYNASEM_RENEW_EVERY, d_acq, table.BUCKET_S)
+        dy = dollars(d, hold, DYNASEM_RENEW_EVERY, d_acq, records.BUCKET_S)
         pe = dollars(p, hold, PEER_RENEW_EVERY, p_acq, 0)
         lines.append(f"| {label} | ${dy:.2f} | ${pe:.2f} | {dy / pe:.2f}x |")
     text = "\n".join(
@@ -494,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
             _table(p_rows, []),
             "",
             f"Dollars per million holds (dynasem renews every {DYNASEM_RENEW_EVERY:.1f} s, "
-            f"{table.BUCKET_S} s buckets; the peer every {PEER_RENEW_EVERY:g} s):",
+            f"{records.BUCKET_S} s buckets; the peer every {PEER_RENEW_EVERY:g} s):",
             "",
             *lines,
         ]

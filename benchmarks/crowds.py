@@ -266,13 +266,13 @@ def main(argv: list[str] | None = None) -> int:
     with common.engine() as ddb:
         common.setup_dynasem(ddb.endpoint_url, common.new_name("bench-crowds"))
         common.create_dynasem_table()
-        from dynasem import _storage as table
+        from dynasem._storage import dynamodb
 
         print(f"machine: {common.machine()}\n", flush=True)
         _PROBE.append(common.raw_client(ddb.endpoint_url))
         meter = cost.Meter()
-        meter.attach(table.get_client())
-        meter.attach(table.get_client(quick=True))  # a reader's count-down goes through it
+        meter.attach(dynamodb.get_client())
+        meter.attach(dynamodb.get_client(quick=True))  # a reader's count-down goes through it
         rows = []
         for limit in args.limits:
             rows.append(counting(meter, limit, args.cycles))

@@ -38,15 +38,15 @@ import common  # noqa: E402
 def worker(cfg: dict[str, Any], idx: int, jobs: Any, barrier: Any, out: Any) -> None:
     try:
         common.setup_dynasem(cfg["endpoint"], cfg["dynasem_table"])
-        from dynasem import _storage as table
         from dynasem import semaphore
+        from dynasem._storage import lock_rows
 
         counters = {k: common.RequestCounter() for k in ("floor", "dynasem", "peer")}
         common.dynasem_client(counters["dynasem"])
         floor = common.raw_client(cfg["endpoint"], counters["floor"])
         resource = common.peer_resource(cfg["endpoint"], counters["peer"])
         peer = common.peer_client(resource, cfg["peer_table"])
-        table.get("warm-up")
+        lock_rows.get("warm-up")
         resource.Table(cfg["peer_table"]).get_item(Key={"lock_key": "warm-up", "sort_key": "-"})
         floor.get_item(
             TableName=cfg["floor_table"], Key={"pk": {"S": "warm-up"}, "sk": {"S": "lock"}}

@@ -4,8 +4,8 @@
 
 One DynamoDB Local, one dynasem table (``dynasem_createtable``; TTL then turned off so the
 engine's own TTL sweep cannot race what is measured). Rows are written straight in dynasem's
-format with ``BatchWriteItem`` (what ``table.take_free`` / ``table.give_back`` store: ``pk``,
-``sk`` = ``"lock"``, ``holders``, ``mode``, ``limit``, ``fence``, ``userId``, ``expires``,
+format with ``BatchWriteItem`` (what ``lock_writes.take_free`` / ``lock_writes.give_back`` store:
+``pk``, ``sk`` = ``"lock"``, ``holders``, ``mode``, ``limit``, ``fence``, ``userId``, ``expires``,
 ``expMs``, ``shard``), not through dynasem's API, which would take minutes for 10,000 leases.
 
 Reap: ``--rows`` rows whose only holder's lease ended two minutes ago (a holder that died).
@@ -45,7 +45,7 @@ import common  # noqa: E402
 
 def lock_rows(prefix: str, count: int, *, idle: bool) -> list[dict[str, Any]]:
     """Rows as dynasem stores them: an expired exclusive hold, or an idle (released) row."""
-    from dynasem import _storage as table
+    from dynasem._storage import lock_writes, records
 
     now = int(time.time() * 1000)
     rows = []
@@ -56,34 +56,36 @@ def lock_rows(prefix: str, count: int, *, idle: bool) -> list[dict[str, Any]]:
             released = now - 1_000 - (i * 599_000) // max(1, count)  # 1 s .. 10 min ago
             item = {
                 "pk": pk,
-                "sk": table.LOCK_SK,
+                "sk": records.LOCK_SK,
                 "holders": {},
                 "mode": "x",
                 "limit": 1,
                 "fence": fence,
                 "lastToken": uuid.uuid4().hex,
-                "expires": table.epoch_seconds(released),
+                "expires": records.epoch_seconds(released),
                 "expMs": released,
-                "shard": table.shard_of(pk),
+                "shard": records.shard_of(pk),
             }
         else:
             ends = now - 120_000  # the holder died; its lease ended two minutes ago
             token = uuid.uuid4().hex
             item = {
                 "pk": pk,
-                "sk": table.LOCK_SK,
+                "sk": records.LOCK_SK,
                 "holders": {
-                    token: table.holder_value(
-                        table.holder_entry(f"host:{1000 + i}", ends, fence, ends - 60_000, False)
+                    token: records.holder_value(
+                        lock_writes.holder_entry(
+                            f"host:{1000 + i}", ends, fence, ends - 60_000, False
+                        )
                     )
                 },
                 "mode": "x",
                 "limit": 1,
                 "fence": fence,
                 "userId": f"host:{1000 + i}",
-                "expires": table.epoch_seconds(ends),
+                "expires": records.epoch_seconds(ends),
                 "expMs": ends,
-                "shard": table.shard_of(pk),
+                "shard": records.shard_of(pk),
             }
         rows.append(item)
     return rows

@@ -289,9 +289,7 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
         SemaphoreUnavailable,
         semaphore,
     )
-    from dynasem import (
-        _storage as table,
-    )
+    from dynasem._storage import dynamodb
     from dynasem.signals import lock_lost
     from tests.faults import Faults
 
@@ -302,7 +300,7 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
         emit("L", token[:16], f"{monotonic():.6f}", thread, json.dumps(reason))
 
     lock_lost.connect(on_lost, weak=False)
-    faults = Faults(table.get_client())
+    faults = Faults(dynamodb.get_client())
     fired_retired: Counter[str] = Counter()  # rules used up and dropped from the list
     counters: Counter[str] = Counter()
     lease = cfg["lease"]
@@ -1266,12 +1264,12 @@ def finish_table(
     still stored). On the unkind engine its replicas are let catch up before each read."""
     from django.core.management import call_command
 
-    from dynasem import _storage as table
     from dynasem._operators import locks as operations
+    from dynasem._storage import dynamodb
 
     # DynamoDB Local's TTL sweep deletes expired rows (so during the run fences had to
     # survive rows vanishing between holds); off now, so what is checked is the reaper.
-    table.get_client().update_time_to_live(
+    dynamodb.get_client().update_time_to_live(
         TableName=table_name,
         TimeToLiveSpecification={"Enabled": False, "AttributeName": "expires"},
     )

@@ -82,13 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         pinned = _pin(ddb.process.pid)
         common.setup_dynasem(ddb.endpoint_url, common.new_name("bench-otel"))
         common.create_dynasem_table()
-        from dynasem import _storage as table
         from dynasem import semaphore
         from dynasem._observability import telemetry
+        from dynasem._storage import dynamodb
 
         requests: Counter[str] = Counter()
         current = ["warmup"]
-        table.get_client().meta.events.register(
+        dynamodb.get_client().meta.events.register(
             "before-call.dynamodb", lambda **kw: requests.update([current[0]])
         )
         # The process has one TracerProvider (OpenTelemetry sets it once): "metrics" runs as
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             if asking[0]:
                 params.setdefault("ReturnConsumedCapacity", "TOTAL")
 
-        table.get_client().meta.events.register("provide-client-params.dynamodb", ask)
+        dynamodb.get_client().meta.events.register("provide-client-params.dynamodb", ask)
 
         def configure(name: str) -> None:
             telemetry.ON = name in ("metrics", "metrics + spans")

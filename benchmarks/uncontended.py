@@ -12,8 +12,8 @@ One process, one DynamoDB Local. Each system runs ``--cycles`` acquire + release
 * diagnostic rows (``--no-diagnostics`` skips them), which split dynasem's time over the floor:
   the floor's two requests on dynasem's table with rows carrying ``userId``/``expires``/
   ``shard`` (so the engine maintains both GSIs); dynasem's own two ``UpdateItem`` requests
-  (``table.take_free`` / ``table.give_back``) sent with raw boto3, on dynasem's table and on the
-  floor's plain table; dynasem with its heartbeat not scheduled (monkeypatched).
+  (``lock_writes.take_free`` / ``lock_writes.give_back``) sent with raw boto3, on dynasem's table
+  and on the floor's plain table; dynasem with its heartbeat not scheduled (monkeypatched).
 
 The systems take turns in blocks of ``--block`` cycles (after ``--warmup`` unmeasured cycles
 each), so JIT warm-up and drift of the engine hit all of them alike. A cycle's latency is from
@@ -97,16 +97,20 @@ def main(argv: list[str] | None = None) -> int:
         def dynasem_raw_cycle(table_name: str):
             # dynasem's own two UpdateItems (its builders; ReturnValues as dynasem's acquire
             # asks, ALL_NEW), sent with raw boto3: the engine's share of dynasem's cost.
-            from dynasem import _storage as table
             from dynasem._engine import core
+            from dynasem._storage import lock_writes
 
             def cycle(i: int) -> None:
                 key, token, now = f"raw-{i % args.resources}", uuid.uuid4().hex, core.now_ms()
-                entry = table.holder_entry("bench", now + 10_000, core._new_fence(0.5), now, False)
+                entry = lock_writes.holder_entry(
+                    "bench", now + 10_000, core._new_fence(0.5), now, False
+                )
                 extra = {"ReturnValuesOnConditionCheckFailure": "ALL_OLD"}
-                take = table.take_free(key, token, entry, mode="x", limit=1, stale_ms=now - 500)
+                take = lock_writes.take_free(
+                    key, token, entry, mode="x", limit=1, stale_ms=now - 500
+                )
                 raw.update_item(TableName=table_name, ReturnValues="ALL_NEW", **extra, **take)
-                back = table.give_back(key, token, now, sole=True)
+                back = lock_writes.give_back(key, token, now, sole=True)
                 raw.update_item(TableName=table_name, ReturnValues="NONE", **extra, **back)
 
             return cycle
@@ -247,7 +251,8 @@ dynasem: `with semaphore(res, wait=0): pass`. {common.PEER}: `acquire_lock(res,
 retry_period=10 ms)` + `release()` ({common.peer_config_text()}). The *(diagnostic)* rows
 split dynasem's time over the floor: the floor's requests on dynasem's table with rows that
 enter both GSIs (index maintenance); dynasem's own two `UpdateItem`s (built by
-`dynasem._storage.take_free`/`give_back`) sent with raw boto3, on dynasem's table and on the plain
+`dynasem._storage.lock_writes.take_free`/`give_back`) sent with raw boto3, on dynasem's table and
+on the plain
 table (the engine's cost of dynasem's expressions); dynasem with its heartbeat not scheduled
 (monkeypatched: what scheduling the renewals costs).
 Requests per cycle count the calling thread's requests (`before-call` hooks); heartbeat

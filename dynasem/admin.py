@@ -20,7 +20,6 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from . import _clock as clock
-from . import _storage as table
 from ._engine import arguments as validation
 from ._observability.logs import shown_token
 from ._operators import cursors
@@ -34,6 +33,7 @@ from ._operators.admin_pages import (
     expires_in,
     human_span,
 )
+from ._storage import records
 from .exceptions import SemaphoreUnavailable
 from .models import Job, Lock
 
@@ -281,7 +281,7 @@ class LockAdmin(DynamoDBAdmin):
     @staticmethod
     def _find(
         resource: str, token: str = "", fence: str = ""
-    ) -> tuple[operations.HoldInfo | None, list[table.Waiter]]:
+    ) -> tuple[operations.HoldInfo | None, list[records.Waiter]]:
         """The one hold named by ``fence`` and the first characters of its ``token`` (either
         may be left out), and the resource's waiters."""
         state = operations.resource_state(resource)
@@ -315,7 +315,7 @@ class LockAdmin(DynamoDBAdmin):
         token = source.get("token", "")
         fence = source.get("fence", "")
         changelist = self._url("changelist")
-        waiting: list[table.Waiter] = []
+        waiting: list[records.Waiter] = []
         try:
             hold, waiting = (
                 self._find(resource, token, fence) if resource and (token or fence) else (None, [])
@@ -379,7 +379,7 @@ class JobAdmin(DynamoDBAdmin):
     """The run_once keys and how their last run went; reset a DONE or FAILED one."""
 
     action = "reset"
-    statuses = (table.RUNNING, table.FAILED, table.DONE, job_operations.NEW)
+    statuses = (records.RUNNING, records.FAILED, records.DONE, job_operations.NEW)
 
     def has_reset_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(f"{self.opts.app_label}.reset_job")

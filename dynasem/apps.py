@@ -21,6 +21,6 @@ class DynasemConfig(AppConfig):
 def _drop_client(setting: str, **kwargs: Any) -> None:
     # The client is built from DYNASEM (endpoint, region): a new dict needs a new client.
     if setting == "DYNASEM":
-        from ._storage import reset_client
+        from ._storage.dynamodb import reset_client
 
         reset_client()

@@ -211,11 +211,11 @@ def _takeover_rule(raw: dict[str, Any]) -> list[Any]:
 def check_table_layout(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     """A table made by an older dynasem still works, at several times the index writes: say
     so, with the command that upgrades it in place."""
-    from . import _storage as table
+    from ._storage import schema
 
     if any(isinstance(p, Error) for p in check_settings(app_configs)):
         return []  # the settings' own errors first
-    problem = table.layout_warning()
+    problem = schema.layout_warning()
     if problem is None:
         return []
     return [

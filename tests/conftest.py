@@ -13,6 +13,7 @@ subject is a kind engine's exact answers (request counts, capacity units) is mar
 
 from __future__ import annotations
 
+import importlib
 import os
 import uuid
 from collections import Counter
@@ -50,7 +51,7 @@ def engine_name() -> str:
 # suite's counting tests can run on that layout too (workers inherit it).
 PERMITS_ENV = "DYNASEM_TEST_PERMITS_FROM"
 # ``DYNASEM_TEST_READERS_FROM=N``: a shared resource keeps N readers in its row, the next in
-# reader items (normally table.readers.READERS_INLINE = 8), for the same reason.
+# reader items (normally reader_items.READERS_INLINE = 8), for the same reason.
 READERS_ENV = "DYNASEM_TEST_READERS_FROM"
 
 
@@ -177,7 +178,12 @@ def dynamodb_local() -> Iterator[str]:
 # consistent reads, and say so. On the unkind engine a test of what a listing shows first
 # lets the engine's replicas catch up, as an operator reloads the page: what such a test
 # checks is the listing, not the lag (tests/test_operators_lag.py checks the lag).
-LISTINGS = ("query_expiring", "query_user_page", "get_many", "scan_jobs")
+LISTINGS = (
+    ("index_queries", "query_expiring"),
+    ("index_queries", "query_user_page"),
+    ("index_queries", "get_many"),
+    ("job_rows", "scan_jobs"),
+)
 
 
 def settle_engine() -> None:
@@ -204,16 +210,15 @@ def settle_engine() -> None:
 def _listings_settle(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     if engine_name() != "unkind" or request.node.get_closest_marker("kind_engine_only"):
         return
-    from dynasem import _storage as table
-
-    for name in LISTINGS:
-        listing = getattr(table, name)
+    for module_name, name in LISTINGS:
+        module = importlib.import_module(f"dynasem._storage.{module_name}")
+        listing = getattr(module, name)
 
         def settled(*args: Any, _listing: Any = listing, **kwargs: Any) -> Any:
             settle_engine()
             return _listing(*args, **kwargs)
 
-        monkeypatch.setattr(table, name, settled)
+        monkeypatch.setattr(module, name, settled)
 
 
 def dynasem_settings(endpoint: str, table_name: str, **extra: Any) -> dict[str, Any]:
@@ -237,9 +242,9 @@ def lock_table(dynamodb_local: str) -> Iterator[str]:
         # DynamoDB Local really deletes expired rows by TTL, from a background sweep at moments
         # of its own: tests that expire holds on purpose must not race it. (The createtable
         # tests check TTL on tables of their own.)
-        from dynasem import _storage as dynasem_table
+        from dynasem._storage import dynamodb, schema
 
-        dynasem_table.get_client().update_time_to_live(
+        dynamodb.get_client().update_time_to_live(
             TableName=name,
             TimeToLiveSpecification={"Enabled": False, "AttributeName": "expires"},
         )
@@ -247,10 +252,13 @@ def lock_table(dynamodb_local: str) -> Iterator[str]:
         try:
             yield name
         finally:
-            from dynasem import _storage as table
+            from dynasem._storage import (
+                dynamodb,
+                schema,
+            )
 
             try:
-                table.delete_table(name)
+                schema.delete_table(name)
             except Exception:
                 pass
 
@@ -276,11 +284,11 @@ class RequestCounter:
 def requests_sent(lock_table: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[RequestCounter]:
     """Counts every request dynasem sends, also through clients rebuilt after a settings
     change (``before-call`` fires once per operation; botocore's retries are not counted)."""
-    from dynasem import _storage as table
+    from dynasem._storage import dynamodb
 
     counter = RequestCounter()
     hooked: list[Any] = []
-    build = table.get_client
+    build = dynamodb.get_client
 
     def get_client(**kwargs: Any) -> Any:
         client = build(**kwargs)
@@ -291,9 +299,9 @@ def requests_sent(lock_table: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 
     from dynasem._storage import dynamodb as table_client
 
-    # Every request goes out through table.client's _send, which asks its own get_client.
+    # Every request goes out through dynamodb.send_request, which asks its own get_client.
     monkeypatch.setattr(table_client, "get_client", get_client)
-    monkeypatch.setattr(table, "get_client", get_client)
+    monkeypatch.setattr(dynamodb, "get_client", get_client)
     yield counter
     for client in hooked:
         client.meta.events.unregister("before-call.dynamodb", counter)
@@ -372,29 +380,29 @@ def enqueue_entry(resource: str, token: str, waiter: Any) -> int:
     import dataclasses
 
     from dynasem import _clock as clock
-    from dynasem import _storage as table
+    from dynasem._storage import lock_rows, lock_writes, queue_entries
 
-    row = table.update(table.take_ticket(resource, clock.new_fence(0)), return_new=True)
+    row = lock_rows.update(lock_writes.take_ticket(resource, clock.new_fence(0)), return_new=True)
     assert row is not None
     waiter = dataclasses.replace(waiter, ticket=row.qin, token=token)
-    table.put_entry(resource, row.qbase, waiter)
+    queue_entries.put_entry(resource, row.qbase, waiter)
     return row.qin
 
 
 def enqueue_inline(resource: str, token: str, waiter: Any) -> None:
     """Queue ``waiter`` as an earlier dynasem did: an entry of the row's ``queue`` map (the
     layout a rolling upgrade still finds, and honours until it drains)."""
-    from dynasem import _storage as table
+    from dynasem._storage import dynamodb, records
     from dynasem.conf import settings
 
-    client = table.get_client()
-    value = table.encode(
-        {":w": table.waiter_value(waiter), ":q": {token: table.waiter_value(waiter)}}
+    client = dynamodb.get_client()
+    value = records.encode(
+        {":w": records.waiter_value(waiter), ":q": {token: records.waiter_value(waiter)}}
     )
     try:
         client.update_item(
             TableName=settings.TABLE_NAME,
-            Key=table.key(resource, table.LOCK_SK),
+            Key=records.key(resource, records.LOCK_SK),
             UpdateExpression="SET #q.#me = :w",
             ConditionExpression="attribute_exists(#q)",
             ExpressionAttributeNames={"#q": "queue", "#me": token},
@@ -403,7 +411,7 @@ def enqueue_inline(resource: str, token: str, waiter: Any) -> None:
     except client.exceptions.ConditionalCheckFailedException:
         client.update_item(
             TableName=settings.TABLE_NAME,
-            Key=table.key(resource, table.LOCK_SK),
+            Key=records.key(resource, records.LOCK_SK),
             UpdateExpression="SET #q = :q",
             ExpressionAttributeNames={"#q": "queue"},
             ExpressionAttributeValues={":q": value[":q"]},

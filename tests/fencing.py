@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from botocore.exceptions import ClientError
 
-from dynasem import _storage as table
+from dynasem._storage import dynamodb
 from dynasem.conf import settings
 
 
@@ -16,7 +16,7 @@ class FencedWriteRefused(Exception):
 
 def fenced_put(key: str, body: str, fence: int) -> None:
     try:
-        table.get_client().update_item(
+        dynamodb.get_client().update_item(
             TableName=settings.TABLE_NAME,
             Key={"pk": {"S": key}, "sk": {"S": "user-data"}},
             UpdateExpression="SET body = :b, fence = :f",

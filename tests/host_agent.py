@@ -63,11 +63,11 @@ class Server:
     def setup(self) -> None:
         import logging
 
-        from dynasem import _storage as table
         from dynasem._engine import push as wakeup
+        from dynasem._storage import dynamodb
         from dynasem.signals import lock_lost
 
-        real_get_client = table.get_client
+        real_get_client = dynamodb.get_client
         hooked: list[Any] = []
 
         def count(model: Any, **kwargs: Any) -> None:
@@ -87,7 +87,7 @@ class Server:
         # finds a row once its bucket has passed.
         stored.BUCKET_S = 1
 
-        table.get_client = get_client  # type: ignore[assignment]
+        dynamodb.get_client = get_client  # type: ignore[assignment]
         table_client.get_client = get_client  # type: ignore[assignment]
 
         real_push = wakeup.push

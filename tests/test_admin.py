@@ -21,10 +21,10 @@ from django.test import Client
 from django.urls import reverse
 
 from dynasem import LockLost, run_once, semaphore
-from dynasem import _storage as table
 from dynasem._engine import core
 from dynasem._operators import jobs as job_operations
 from dynasem._operators.locks import holds_on, queue_depth
+from dynasem._storage import dynamodb, lock_rows, lock_writes, records
 from dynasem.models import Job, Lock
 from dynasem.signals import lock_released
 from tests.conftest import take
@@ -76,8 +76,8 @@ def index_queries(requests_sent) -> Iterator[list[str | None]]:
         seen.append(params.get("IndexName"))
 
     # The hooked clients (see requests_sent): the locks' own and the quick one the admin's
-    # pages use (table.quick).
-    clients = [table.get_client(), table.get_client(quick=True)]
+    # pages use (dynamodb.quick).
+    clients = [dynamodb.get_client(), dynamodb.get_client(quick=True)]
     for client in clients:
         client.meta.events.register("before-parameter-build.dynamodb.Query", record)
     yield seen
@@ -87,7 +87,7 @@ def index_queries(requests_sent) -> Iterator[list[str | None]]:
 
 def put_rows(items: list[dict[str, Any]]) -> None:
     """Write lock rows in the stored format with BatchWriteItem, 25 at a time, in parallel."""
-    client = table.get_client()
+    client = dynamodb.get_client()
     serializer = TypeSerializer()
 
     def write(batch: list[dict[str, Any]]) -> None:
@@ -116,20 +116,20 @@ def idle_row(resource: str, ended_ms: int, *, holder: str | None = None) -> dict
     fence = ended_ms * 1000
     row: dict[str, Any] = {
         "pk": resource,
-        "sk": table.LOCK_SK,
+        "sk": records.LOCK_SK,
         "mode": core.MODE_EXCLUSIVE,
         "limit": 1,
         "fence": fence,
-        "expires": table.epoch_seconds(ended_ms),
+        "expires": records.epoch_seconds(ended_ms),
         "expMs": ended_ms,
-        "shard": table.shard_of(resource),
+        "shard": records.shard_of(resource),
         "queue": {},
     }
     if holder is None:
         row.update(holders={}, lastToken=uuid.uuid4().hex)
     else:
-        entry = table.holder_value(
-            table.holder_entry(holder, ended_ms, fence, ended_ms - 60_000, False)
+        entry = records.holder_value(
+            lock_writes.holder_entry(holder, ended_ms, fence, ended_ms - 60_000, False)
         )
         row.update(holders={uuid.uuid4().hex: entry}, userId=holder)
     return row
@@ -166,7 +166,7 @@ def test_list_links_django_users_and_shows_process_identities(
     change = reverse("admin:auth_user_change", args=[alice.pk])
     assert f'<a href="{change}">alice</a>' in body
     assert "<code>worker-7</code>" in body and "slot of 3" in body
-    assert f"<code>{table.process_identity()}</code>" in body and "shared" in body
+    assert f"<code>{dynamodb.process_identity()}</code>" in body and "shared" in body
 
 
 def test_list_shows_kind_acquired_expires_in_and_queue_depth(lock_table, holds, client, admin_user):
@@ -225,11 +225,11 @@ def test_filter_by_user_queries_the_user_index(
     index_queries.clear()
     response = client.get(reverse(LIST), {"user": "alice"})  # a username: her pk is stored
     assert sorted(listed(response)) == ["pool:9", "tbl_issues:1"]
-    assert index_queries.count(table.USER_INDEX) == 1
+    assert index_queries.count(records.USER_INDEX) == 1
     # The counting/shared rows name one holder only: they are read from the expires index.
-    assert index_queries.count(table.EXPIRES_INDEX) == table.SHARDS
+    assert index_queries.count(records.EXPIRES_INDEX) == records.SHARDS
     # A Query of each index, no Scan (a row of permit items adds a Query of its permits).
-    assert len([q for q in index_queries if q is not None]) == 1 + table.SHARDS
+    assert len([q for q in index_queries if q is not None]) == 1 + records.SHARDS
     assert sorted(listed(client.get(reverse(LIST), {"user": "bob"}))) == ["pool:9", "tbl_issues:2"]
     assert listed(client.get(reverse(LIST), {"user": "nobody"})) == []
 
@@ -315,19 +315,19 @@ def test_first_page_among_5000_idle_rows_is_a_few_requests(
     assert sorted(listed(response)) == sorted(active)
     assert next_url(response) is None
     # One Query per shard of the expires index, each reading only live rows.
-    assert dict(requests_sent.calls) == {"Query": table.SHARDS, "BatchGetItem": 1}
+    assert dict(requests_sent.calls) == {"Query": records.SHARDS, "BatchGetItem": 1}
 
     requests_sent.reset()
     assert sorted(listed(client.get(reverse(LIST), {"user": "alice"}))) == sorted(
         r for i, r in enumerate(active) if i % 4 == 0
     )
-    assert dict(requests_sent.calls) == {"Query": 1 + table.SHARDS, "BatchGetItem": 1}
+    assert dict(requests_sent.calls) == {"Query": 1 + records.SHARDS, "BatchGetItem": 1}
 
     requests_sent.reset()
     response = client.get(reverse(LIST), {"expired": "1"})
     assert len(re.findall(r'<tr class="(?:hold|idle)">', response.content.decode())) == 100
     assert next_url(response) is not None
-    assert dict(requests_sent.calls) == {"Query": table.SHARDS, "BatchGetItem": 1}
+    assert dict(requests_sent.calls) == {"Query": records.SHARDS, "BatchGetItem": 1}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -493,28 +493,28 @@ def test_job_pages_need_their_own_permissions(jobs, django_user_model, client):
         reverse(RESET), {"key": "file:failed.csv", "status": "FAILED", "finished": ""}
     )
     assert response.status_code == 403
-    assert table.stored_item("file:failed.csv", table.JOB_SK)["status"] == "FAILED"
+    assert lock_rows.stored_item("file:failed.csv", records.JOB_SK)["status"] == "FAILED"
 
 
 def test_get_on_the_reset_url_changes_nothing(jobs, django_user_model, client):
     client.force_login(staff(django_user_model, "op", "view_job", "reset_job"))
-    before = table.stored_item("file:failed.csv", table.JOB_SK)
+    before = lock_rows.stored_item("file:failed.csv", records.JOB_SK)
     listing = client.get(reverse(JOBS)).content.decode()
     assert listing.count("/reset/?") == 2  # the DONE and the FAILED key; not the running one
     response = client.get(reverse(RESET), {"key": "file:failed.csv"})
     assert response.status_code == 200
     body = response.content.decode()
     assert "Yes, reset this job" in body and "bad header in line 2" in body
-    assert table.stored_item("file:failed.csv", table.JOB_SK) == before
+    assert lock_rows.stored_item("file:failed.csv", records.JOB_SK) == before
 
 
 def test_reset_post_without_csrf_token_is_refused(jobs, django_user_model):
     client = Client(enforce_csrf_checks=True)
     client.force_login(staff(django_user_model, "op", "view_job", "reset_job"))
-    finished = table.stored_item("file:failed.csv", table.JOB_SK)["finishedMs"]
+    finished = lock_rows.stored_item("file:failed.csv", records.JOB_SK)["finishedMs"]
     params = {"key": "file:failed.csv", "status": "FAILED", "finished": finished}
     assert client.post(reverse(RESET), params).status_code == 403
-    assert table.stored_item("file:failed.csv", table.JOB_SK)["status"] == "FAILED"
+    assert lock_rows.stored_item("file:failed.csv", records.JOB_SK)["status"] == "FAILED"
 
 
 def test_reset_makes_a_failed_key_run_again(jobs, django_user_model):
@@ -525,7 +525,7 @@ def test_reset_makes_a_failed_key_run_again(jobs, django_user_model):
     form = dict(re.findall(r'name="(\w+)" value="([^"]*)"', page.content.decode()))
     response = client.post(reverse(RESET), form)
     assert response.status_code == 302
-    row = table.stored_item("file:failed.csv", table.JOB_SK)
+    row = lock_rows.stored_item("file:failed.csv", records.JOB_SK)
     assert "status" not in row and "error" not in row  # new again
     entry = LogEntry.objects.get()
     assert entry.user == operator and entry.object_id == "file:failed.csv"
@@ -536,12 +536,12 @@ def test_reset_makes_a_failed_key_run_again(jobs, django_user_model):
     assert job_rows(client.get(reverse(JOBS)))["file:failed.csv"].startswith("NEW (reset ")
     with run_once("file:failed.csv") as job:
         assert job.attempt == 3  # attempts keep counting
-    assert table.stored_item("file:failed.csv", table.JOB_SK)["status"] == "DONE"
+    assert lock_rows.stored_item("file:failed.csv", records.JOB_SK)["status"] == "DONE"
 
 
 def test_reset_lets_a_done_key_run_again(jobs, admin_user, client):
     client.force_login(admin_user)
-    finished = table.stored_item("file:done.csv", table.JOB_SK)["finishedMs"]
+    finished = lock_rows.stored_item("file:done.csv", records.JOB_SK)["finishedMs"]
     params = {"key": "file:done.csv", "status": "DONE", "finished": finished}
     assert client.post(reverse(RESET), params).status_code == 302
     with run_once("file:done.csv") as job:
@@ -557,7 +557,7 @@ def test_reset_refuses_a_key_that_ran_again_since_the_page(jobs, admin_user, cli
         raise ValueError("third failure")
     response = client.post(reverse(RESET), form)
     assert response.status_code == 302
-    row = table.stored_item("file:failed.csv", table.JOB_SK)
+    row = lock_rows.stored_item("file:failed.csv", records.JOB_SK)
     assert (row["status"], row["error"]) == ("FAILED", "ValueError: third failure")
     assert not LogEntry.objects.exists()
 
@@ -568,7 +568,7 @@ def test_a_running_key_cannot_be_reset(jobs, admin_user, client):
     assert response.status_code == 302
     params = {"key": "file:running.csv", "status": "RUNNING", "finished": ""}
     assert client.post(reverse(RESET), params).status_code == 302
-    assert table.stored_item("file:running.csv", table.JOB_SK)["status"] == "RUNNING"
+    assert lock_rows.stored_item("file:running.csv", records.JOB_SK)["status"] == "RUNNING"
     assert not LogEntry.objects.exists()
 
 
@@ -738,10 +738,10 @@ def test_the_resource_page_shows_holders_and_the_queue_in_order(
     enqueue_entry(
         "deploy:prod",
         "tok-bob",
-        table.Waiter(0, now + 60_000, user_id="bob", since_ms=now - 90_000),
+        records.Waiter(0, now + 60_000, user_id="bob", since_ms=now - 90_000),
     )
     enqueue_entry(
-        "deploy:prod", "tok-carol", table.Waiter(0, now + 60_000, user_id="carol", shared=True)
+        "deploy:prod", "tok-carol", records.Waiter(0, now + 60_000, user_id="carol", shared=True)
     )
     with pytest.raises(ValueError), run_once("deploy:prod"):
         raise ValueError("boom")
@@ -775,7 +775,7 @@ def test_the_resource_page_of_a_long_queue_shows_its_head(
     take(holds, "deploy:long", lease=60)
     now = clock.now_ms()
     for i in range(7):
-        enqueue_entry("deploy:long", f"tok-{i}", table.Waiter(0, now + 60_000, user_id=f"w{i}"))
+        enqueue_entry("deploy:long", f"tok-{i}", records.Waiter(0, now + 60_000, user_id=f"w{i}"))
     state = operations.resource_state("deploy:long", most=3)
     assert [w.user_id for w in state.waiters] == ["w0", "w1", "w2"]
     assert state.waiters_beyond == 4
@@ -804,8 +804,8 @@ def test_the_break_page_says_who_gets_the_lock_next(lock_table, holds, admin_use
 
     held = take(holds, "deploy:next", user="ci-812", lease=60)
     now = clock.now_ms()
-    enqueue_entry("deploy:next", "tok-1", table.Waiter(0, now + 60_000, user_id="ci-813"))
-    enqueue_entry("deploy:next", "tok-2", table.Waiter(0, now + 60_000, user_id="ci-814"))
+    enqueue_entry("deploy:next", "tok-1", records.Waiter(0, now + 60_000, user_id="ci-813"))
+    enqueue_entry("deploy:next", "tok-2", records.Waiter(0, now + 60_000, user_id="ci-814"))
     client.force_login(admin_user)
     page = client.get(reverse(RELEASE), {"resource": "deploy:next", "fence": held.fence})
     body = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page.content.decode()))
@@ -854,7 +854,7 @@ def unsigned_lock_cursor(since: int) -> str:
     import base64
     import json
 
-    positions = {f"s{i}": None for i in range(table.SHARDS)}
+    positions = {f"s{i}": None for i in range(records.SHARDS)}
     raw = json.dumps({"t": since, "p": positions}, separators=(",", ":")).encode()
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
@@ -963,7 +963,7 @@ def test_a_signed_cursor_carries_only_what_a_request_can_take(lock_table, state)
     from dynasem._operators import cursors
     from dynasem._operators import locks as operations
 
-    positions = {f"s{i}": "done" for i in range(table.SHARDS)}
+    positions = {f"s{i}": "done" for i in range(records.SHARDS)}
     state = {"t": state["t"], "p": {**positions, **state["p"]}}
     cursor = signed(state, cursors.purpose("locks", None, None, True))
     with pytest.raises(operations.BadCursor, match="start from the first page"):

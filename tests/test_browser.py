@@ -33,7 +33,7 @@ from playwright.sync_api import expect, sync_playwright
 
 from dynasem import LockLost, semaphore
 from dynasem._operators.locks import holds_on, queue_depth
-from dynasem._storage import Waiter
+from dynasem._storage.records import Waiter
 from tests.conftest import enqueue_entry
 
 CHROMIUM = "/usr/bin/chromium"

@@ -15,15 +15,15 @@ import pytest
 from django.test import RequestFactory, override_settings
 
 from dynasem import Coalesced, SemaphoreBusy, semaphore
-from dynasem import _storage as table
 from dynasem._operators.locks import holds_on
+from dynasem._storage import next_runs
 from dynasem.testing import held_elsewhere
 from tests.conftest import RequestCounter, dynasem_settings, wait_for
 from tests.test_races import SPAWN
 
 
 def registered(resource: str) -> dict[str, Any] | None:
-    return table.get_next(resource)
+    return next_runs.get_next(resource)
 
 
 def wait_until(check: Any, timeout: float = 10) -> Any:
@@ -34,7 +34,7 @@ def register_by_hand(resource: str, after_fence: int, lease_ms: int) -> None:
     """A next run registered with nobody behind it (no heartbeat, no requests meanwhile)."""
     now = int(time.time() * 1000)
     assert (
-        table.register_next(
+        next_runs.register_next(
             resource,
             token="by-hand",
             user_id="next",

@@ -18,10 +18,10 @@ from django.test import override_settings
 
 from dynasem import LockLost, run_once, semaphore
 from dynasem import _clock as clock
-from dynasem import _storage as table
 from dynasem._engine import core
 from dynasem._operators import locks as operations
 from dynasem._operators.locks import holds_on
+from dynasem._storage import dynamodb, lock_rows, records
 from dynasem._storage import records as table_stored
 from tests.conftest import dynasem_settings, enqueue_entry, take
 
@@ -47,7 +47,7 @@ def later(monkeypatch: pytest.MonkeyPatch) -> Any:
 def no_ttl(lock_table: str) -> str:
     """The test table, whose TTL is off (see conftest.lock_table): DynamoDB Local's own TTL
     sweep would race the reaper under test."""
-    status = table.get_client().describe_time_to_live(TableName=lock_table)
+    status = dynamodb.get_client().describe_time_to_live(TableName=lock_table)
     assert status["TimeToLiveDescription"]["TimeToLiveStatus"] in ("DISABLED", "DISABLING")
     return lock_table
 
@@ -66,14 +66,14 @@ def new_table(dynamodb_local: str) -> Iterator[str]:
             yield name
         finally:
             try:
-                table.get_client().delete_table(TableName=name)
+                dynamodb.get_client().delete_table(TableName=name)
             except Exception:
                 pass
 
 
 def table_names() -> list[str]:
     names: list[str] = []
-    for page in table.get_client().get_paginator("list_tables").paginate():
+    for page in dynamodb.get_client().get_paginator("list_tables").paginate():
         names += page["TableNames"]
     return names
 
@@ -83,7 +83,7 @@ def test_createtable_creates_the_table_its_indexes_and_ttl(new_table):
     assert f"Created table {new_table!r}" in out
     assert "ACTIVE" in out
 
-    client = table.get_client()
+    client = dynamodb.get_client()
     desc = client.describe_table(TableName=new_table)["Table"]
     assert desc["TableStatus"] == "ACTIVE"
     assert desc["KeySchema"] == [
@@ -92,8 +92,8 @@ def test_createtable_creates_the_table_its_indexes_and_ttl(new_table):
     ]
     assert desc["BillingModeSummary"]["BillingMode"] == "PAY_PER_REQUEST"
     indexes = {g["IndexName"]: g for g in desc["GlobalSecondaryIndexes"]}
-    assert set(indexes) == {table.USER_INDEX, table.EXPIRES_INDEX}
-    user_index, expires_index = indexes[table.USER_INDEX], indexes[table.EXPIRES_INDEX]
+    assert set(indexes) == {records.USER_INDEX, records.EXPIRES_INDEX}
+    user_index, expires_index = indexes[records.USER_INDEX], indexes[records.EXPIRES_INDEX]
     assert user_index["KeySchema"][0] == {"AttributeName": "userId", "KeyType": "HASH"}
     # Keys and the row's mode only: a write that moves no key and keeps the mode costs the
     # indexes nothing.
@@ -118,10 +118,10 @@ def test_createtable_creates_the_table_its_indexes_and_ttl(new_table):
 
 def test_createtable_again_succeeds_and_says_it_exists(new_table):
     run("dynasem_createtable", "--wait")
-    created = table.get_client().describe_table(TableName=new_table)["Table"]
+    created = dynamodb.get_client().describe_table(TableName=new_table)["Table"]
     out = run("dynasem_createtable")
     assert "already exists" in out
-    again = table.get_client().describe_table(TableName=new_table)["Table"]
+    again = dynamodb.get_client().describe_table(TableName=new_table)["Table"]
     assert again["CreationDateTime"] == created["CreationDateTime"]
     assert again["TableArn"] == created["TableArn"]
 
@@ -134,7 +134,7 @@ def test_createtable_dry_run_creates_nothing_and_prints_the_definition(requests_
     lines = out.splitlines()
     assert new_table in lines[0]
     definition = json.loads("\n".join(lines[1:-1]))
-    assert definition == table.table_definition(new_table)
+    assert definition == records.table_definition(new_table)
     assert {g["IndexName"] for g in definition["GlobalSecondaryIndexes"]} == {
         "userId-index-v2",
         "expires-index-v2",
@@ -143,7 +143,7 @@ def test_createtable_dry_run_creates_nothing_and_prints_the_definition(requests_
 
 
 def test_createtable_refuses_a_foreign_table_without_the_indexes(new_table):
-    client = table.get_client()
+    client = dynamodb.get_client()
     client.create_table(
         TableName=new_table,
         BillingMode="PAY_PER_REQUEST",
@@ -176,8 +176,8 @@ def test_createtable_unreachable_endpoint_is_a_command_error(dynamodb_local):
 # ---------------------------------------------------------------------------------------------
 
 
-def row(pk: str, sk: str = table.LOCK_SK) -> dict[str, Any] | None:
-    return table.stored_item(pk, sk)
+def row(pk: str, sk: str = records.LOCK_SK) -> dict[str, Any] | None:
+    return lock_rows.stored_item(pk, sk)
 
 
 def expired_hold(holds: list[Any], resource: str, **kwargs: Any) -> Any:
@@ -199,8 +199,8 @@ def make_job_rows() -> None:
 
 # A reap finds a row once its expires bucket has passed (and deletes it if its exact lease
 # end is more than CLOCK_SKEW ago); live holds here outlast that.
-REAP_LATER = table.BUCKET_S + 60  # past the bucket of any lease these tests take (10 s default)
-LIVE_LEASE = 3 * table.BUCKET_S
+REAP_LATER = records.BUCKET_S + 60  # past the bucket of any lease these tests take (10 s default)
+LIVE_LEASE = 3 * records.BUCKET_S
 
 
 def test_reap_deletes_exactly_the_expired_and_idle_rows(no_ttl, holds, later, requests_sent):
@@ -222,16 +222,16 @@ def test_reap_deletes_exactly_the_expired_and_idle_rows(no_ttl, holds, later, re
 
     assert "Deleted 5 expired rows." in out
     assert requests_sent.calls["Scan"] == 0
-    assert requests_sent.calls["Query"] >= table.SHARDS
+    assert requests_sent.calls["Query"] >= records.SHARDS
     for pk in ["dead:0", "dead:1", "dead:2", "dead:counting", "idle:1"]:
         assert row(pk) is None, pk
     assert [h.token for h in holds_on("live:1")] == [live.token]
     assert [h.token for h in holds_on("live:counting")] == [live_counting.token]
     assert live_and_dead.token in [h.token for h in holds_on("mixed:1")]
-    assert row("job:done", table.JOB_SK)["status"] == "DONE"
-    assert row("job:failed", table.JOB_SK)["status"] == "FAILED"
-    assert "broken" in row("job:failed", table.JOB_SK)["error"]
-    assert row("dead:0", table.JOB_SK)["status"] == "DONE"
+    assert row("job:done", records.JOB_SK)["status"] == "DONE"
+    assert row("job:failed", records.JOB_SK)["status"] == "FAILED"
+    assert "broken" in row("job:failed", records.JOB_SK)["error"]
+    assert row("dead:0", records.JOB_SK)["status"] == "DONE"
 
     # The live holds are still ours; a second reap finds nothing.
     live.renew()
@@ -306,7 +306,7 @@ def test_reap_dry_run_deletes_nothing(no_ttl, holds, later):
     for pk in ["dry:1", "dry:2", "dry:idle", "dry:live"]:
         assert row(pk) is not None, pk
     for pk in ["job:done", "job:failed", "dead:0"]:
-        assert row(pk, table.JOB_SK) is not None, pk
+        assert row(pk, records.JOB_SK) is not None, pk
     assert "Deleted 3 expired rows." in run("dynasem_reap")
 
 
@@ -333,7 +333,10 @@ def test_reap_spares_a_row_reacquired_between_read_and_delete(no_ttl, holds, lat
             pk = params["Key"]["pk"]["S"]
             retaken.append(take(holds, pk))
 
-    clients = [table.get_client(), table.get_client(quick=True)]  # the reap's is the quick one
+    clients = [
+        dynamodb.get_client(),
+        dynamodb.get_client(quick=True),
+    ]  # the reap's is the quick one
     for client in clients:
         client.meta.events.register("before-parameter-build.dynamodb.DeleteItem", retake_first)
     try:
@@ -358,10 +361,10 @@ def test_reap_spares_a_row_reacquired_between_read_and_delete(no_ttl, holds, lat
 def test_delete_expired_spares_a_row_whose_lease_was_extended(lock_table, holds):
     held = take(holds, "cond:1")
     cutoff = core.now_ms()  # read "before" the holder's lease was taken/extended
-    assert table.delete_expired("cond:1", cutoff) is False
+    assert lock_rows.delete_expired("cond:1", cutoff) is False
     assert [h.token for h in holds_on("cond:1")] == [held.token]
     ends = row("cond:1")["expMs"]
-    assert table.delete_expired("cond:1", ends + 1) is True
+    assert lock_rows.delete_expired("cond:1", ends + 1) is True
     assert row("cond:1") is None
 
 
@@ -432,10 +435,10 @@ def test_locks_user_filter_queries_the_user_index(listed, requests_sent, later):
     # userId-index, plus the counting/shared rows of each expires-index shard (one holder
     # per row is all the userId index knows); listing everyone takes one Query per shard.
     # The indexes hold keys (and mode): the rows shown are read in one BatchGetItem.
-    assert dict(requests_sent.calls) == {"Query": 1 + table.SHARDS, "BatchGetItem": 1}
+    assert dict(requests_sent.calls) == {"Query": 1 + records.SHARDS, "BatchGetItem": 1}
     requests_sent.reset()
     run("dynasem_locks", "--json")
-    assert requests_sent.calls["Query"] == table.SHARDS
+    assert requests_sent.calls["Query"] == records.SHARDS
     assert requests_sent.calls["Scan"] == 0
 
 
@@ -480,9 +483,9 @@ def test_locks_empty_table(lock_table):
 def test_locks_waiters_lists_the_line_first_come_first(lock_table, holds):
     take(holds, "line:1", user="alice")
     now = clock.now_ms()
-    enqueue_entry("line:1", "tok-bob", table.Waiter(0, now + 30_000, user_id="bob"))
-    enqueue_entry("line:1", "tok-dead", table.Waiter(0, now - 60_000, user_id="dead"))
-    reader = table.Waiter(0, now + 30_000, user_id="carol", shared=True, address="h@10.0.0.2:9")
+    enqueue_entry("line:1", "tok-bob", records.Waiter(0, now + 30_000, user_id="bob"))
+    enqueue_entry("line:1", "tok-dead", records.Waiter(0, now - 60_000, user_id="dead"))
+    reader = records.Waiter(0, now + 30_000, user_id="carol", shared=True, address="h@10.0.0.2:9")
     enqueue_entry("line:1", "tok-carol", reader)
     out = run("dynasem_locks", "--waiters", "line:1").splitlines()
     assert out[0].split() == ["#", "USER", "KIND", "ENTRY", "EXPIRES", "(UTC)", "PUSH", "TOKEN"]
@@ -679,16 +682,16 @@ def test_release_bad_resource_is_a_command_error(lock_table, requests_sent, reso
 
 def create_old_layout_table(name: str) -> None:
     """The table as dynasem 0.2 made it: both GSIs projecting ALL, under their old names."""
-    definition = table.table_definition(name)
+    definition = records.table_definition(name)
     indexes = definition["GlobalSecondaryIndexes"]
-    for index, old_name in zip(indexes, table.OLD_INDEXES, strict=True):
+    for index, old_name in zip(indexes, records.OLD_INDEXES, strict=True):
         index["IndexName"] = old_name
         index["Projection"] = {"ProjectionType": "ALL"}
-    table.get_client().create_table(**definition)
+    dynamodb.get_client().create_table(**definition)
 
 
 def index_projections(name: str) -> dict[str, str]:
-    desc = table.get_client().describe_table(TableName=name)["Table"]
+    desc = dynamodb.get_client().describe_table(TableName=name)["Table"]
     return {
         g["IndexName"]: g["Projection"]["ProjectionType"] for g in desc["GlobalSecondaryIndexes"]
     }
@@ -714,11 +717,11 @@ def test_upgrade_brings_an_old_layout_table_to_the_new_indexes_in_place(new_tabl
 
         out = run("dynasem_createtable", "--upgrade")
         assert f"Upgraded table {new_table!r}" in out
-        for index in (table.USER_INDEX, table.EXPIRES_INDEX, *table.OLD_INDEXES):
+        for index in (records.USER_INDEX, records.EXPIRES_INDEX, *records.OLD_INDEXES):
             assert index in out
         assert index_projections(new_table) == {
-            table.USER_INDEX: "INCLUDE",
-            table.EXPIRES_INDEX: "INCLUDE",
+            records.USER_INDEX: "INCLUDE",
+            records.EXPIRES_INDEX: "INCLUDE",
         }
         # The holds taken before it are still ours, listed through the new indexes (their
         # rows' exact-second expires predate the buckets), and nothing is left to warn about.
@@ -740,7 +743,7 @@ def test_upgrade_of_a_missing_or_foreign_table_is_a_clear_error_and_changes_noth
     assert new_table not in table_names()
     with pytest.raises(CommandError, match="do not go together"):
         run("dynasem_createtable", "--upgrade", "--dry-run")
-    client = table.get_client()
+    client = dynamodb.get_client()
     client.create_table(
         TableName=new_table,
         BillingMode="PAY_PER_REQUEST",
@@ -774,16 +777,16 @@ def test_upgrade_rerun_waits_for_an_index_still_filling_before_dropping_the_old_
         filling = "CREATING" if waited["polls"] < 2 else "ACTIVE"
         gone = {old for op, old in sent if op == "drop"}
         return {
-            table.USER_INDEX: filling,
-            table.EXPIRES_INDEX: "ACTIVE",
-            **{old: "ACTIVE" for old in table.OLD_INDEXES if old not in gone},
+            records.USER_INDEX: filling,
+            records.EXPIRES_INDEX: "ACTIVE",
+            **{old: "ACTIVE" for old in records.OLD_INDEXES if old not in gone},
         }
 
     def send(operation: str, **kwargs: Any) -> dict[str, Any]:
         for update in kwargs.get("GlobalSecondaryIndexUpdates", []):
             if "Delete" in update:
                 # Never before the new index serves.
-                assert status("t")[table.USER_INDEX] == "ACTIVE"
+                assert status("t")[records.USER_INDEX] == "ACTIVE"
                 sent.append(("drop", update["Delete"]["IndexName"]))
             else:
                 sent.append(("create", update))
@@ -794,11 +797,11 @@ def test_upgrade_rerun_waits_for_an_index_still_filling_before_dropping_the_old_
 
     monkeypatch.setattr(schema.time, "sleep", pause)
     monkeypatch.setattr(schema, "_index_status", status)
-    monkeypatch.setattr(schema, "_send", send)
+    monkeypatch.setattr(schema.dynamodb, "send_request", send)
     said: list[str] = []
     done = schema.upgrade_indexes("t", say=said.append, poll=0)
     assert [op for op, _ in sent] == ["drop", "drop"]  # nothing created again
-    assert done == [f"dropped {old}" for old in table.OLD_INDEXES]
+    assert done == [f"dropped {old}" for old in records.OLD_INDEXES]
     assert any("Waiting for index" in line for line in said)
 
 
@@ -974,7 +977,7 @@ def test_a_release_of_a_resource_with_a_control_character_is_refused_naming_it(
 
 def test_the_commands_show_a_tokens_first_characters_only(lock_table, holds):
     held = take(holds, "tok:1", user="alice")
-    enqueue_entry("tok:1", "w" * 32, table.Waiter(0, clock.now_ms() + 30_000, user_id="bob"))
+    enqueue_entry("tok:1", "w" * 32, records.Waiter(0, clock.now_ms() + 30_000, user_id="bob"))
     outputs = [
         run("dynasem_locks"),
         run("dynasem_locks", "--json"),

@@ -174,9 +174,9 @@ def _proc_state(pid: int) -> str:
 
 
 def _stored_holders(resource: str) -> list[str]:
-    from dynasem import _storage as table
+    from dynasem._storage import lock_rows, records
 
-    return list((table.get(resource) or table.LockItem()).holders)
+    return list((lock_rows.get(resource) or records.LockItem()).holders)
 
 
 needs_proc = pytest.mark.skipif(

@@ -28,8 +28,8 @@ from dynasem._background.run_once import TransactionRolledBack
 from dynasem._background.unique import Taken
 from dynasem._engine.decorators import BadKey, KeyNotPrintable, KeyTooLong
 from dynasem._operators.cursors import BadCursor
-from dynasem._storage import LockItem, Refused
-from dynasem._storage.dynamodb import Cancelled, WriteConflict
+from dynasem._storage.dynamodb import Cancelled, Refused, WriteConflict
+from dynasem._storage.records import LockItem
 
 
 def test_unavailable_says_whether_to_retry_and_whether_it_may_have_applied() -> None:

@@ -12,8 +12,8 @@ import pytest
 from django.test import override_settings
 
 from dynasem import SemaphoreBusy, semaphore
-from dynasem import _storage as table
 from dynasem._engine import handover as heirs_module
+from dynasem._storage import dynamodb, lock_rows, lock_writes, queue_entries, records
 from dynasem._storage import lock_writes as writes
 from dynasem.conf import settings
 from tests import workers
@@ -75,7 +75,7 @@ def test_release_hands_the_lock_to_the_first_waiter(lock_table, requests_sent):
     requests_sent.reset()
     holder.release()
     writes = requests_sent.calls["UpdateItem"]
-    row = table.stored_item("env:acceptance")
+    row = lock_rows.stored_item("env:acceptance")
     # The release write itself made the waiter the holder: no write of the waiter's needed.
     assert writes == 1
     assert [h["u"] for h in row["holders"].values()] == ["next"]
@@ -195,7 +195,7 @@ def test_a_dead_waiter_ahead_costs_few_reads(lock_table, requests_sent):
     # waiter behind it backs off instead of reading every hold time.
     resource = "deploy:staging"
     now = int(time.time() * 1000)
-    crashed = table.Waiter(now * 1000, now + 60_000, user_id="crashed", lease_ms=60_000)
+    crashed = records.Waiter(now * 1000, now + 60_000, user_id="crashed", lease_ms=60_000)
     enqueue_entry(resource, "crashed-waiter", crashed)
     requests_sent.reset()
     started = time.monotonic()
@@ -248,7 +248,7 @@ def test_readers_handed_the_lock_by_a_writer_hold_it_together(dynamodb_local, lo
             wait_for_queue(resource, i + 1)  # in line before the next one starts
         writer.renew()  # the writer learns its queue (any write returns it)
         writer.release()
-        row = table.stored_item(resource) or {}
+        row = lock_rows.stored_item(resource) or {}
         # The release write itself made the readers at the head of the line holders (as many
         # as a row keeps inline); those let the next one in (R3, soon a reader item).
         admitted = ["R1", "R2", "R3"][: heirs_module.max_admit()]
@@ -287,9 +287,9 @@ def test_readers_beyond_one_hand_over_join_those_it_admitted(lock_table, monkeyp
         wait_for_queue(resource, i + 1)
     writer.renew()
     handed: list = []
-    real_hand_over = table.hand_over
+    real_hand_over = lock_writes.hand_over
     monkeypatch.setattr(
-        table, "hand_over", lambda *a, **kw: handed.append(a[2]) or real_hand_over(*a, **kw)
+        lock_writes, "hand_over", lambda *a, **kw: handed.append(a[2]) or real_hand_over(*a, **kw)
     )
     writer.release()
     # (R3 may have joined by now: those admitted push it at once.)
@@ -326,7 +326,7 @@ def test_a_reader_that_left_the_line_costs_the_hand_over_nothing(
     # The release reads the line as it is now (its first entries): R1 holds from one write.
     assert len(queries) == 1
     assert requests_sent.calls["UpdateItem"] == 1
-    row = table.stored_item(resource) or {}
+    row = lock_rows.stored_item(resource) or {}
     assert [h["u"] for h in row["holders"].values()] == ["R1"]
     threads["R1"].join(30)
     assert isinstance(out["R1"], tuple) and out["R1"][2] > writer.fence
@@ -347,19 +347,19 @@ def _old_row(resource: str, holder: str, now: int) -> None:
     entry = {"u": "old", "e": now + 60_000, "f": fence, "a": now, "s": False}
     row = {
         "pk": resource,
-        "sk": table.LOCK_SK,
+        "sk": records.LOCK_SK,
         "holders": {holder: entry},
         "queue": {},
         "ticket": fence,
         "fence": fence,
         "expMs": now + 60_000,
-        "expires": table.bucket_of(now + 60_000),
+        "expires": records.bucket_of(now + 60_000),
         "userId": "old",
         "mode": "x",
         "limit": 1,
-        "shard": table.shard_of(resource),
+        "shard": records.shard_of(resource),
     }
-    table.get_client().put_item(TableName=settings.TABLE_NAME, Item=table.encode(row))
+    dynamodb.get_client().put_item(TableName=settings.TABLE_NAME, Item=records.encode(row))
 
 
 def _waiting_thread(resource: str, got: list) -> threading.Thread:
@@ -382,35 +382,39 @@ def test_an_old_rows_hold_and_inline_waiters_are_honoured_and_its_queue_drains(l
     with pytest.raises(SemaphoreBusy):
         semaphore(resource, wait=0).acquire()  # the old hold is honoured
     # An old waiter whose process died: its entry runs out in 3 s.
-    enqueue_inline(resource, "old-waiter", table.Waiter(now * 1000 + 1, now + 3_000, "gone"))
+    enqueue_inline(resource, "old-waiter", records.Waiter(now * 1000 + 1, now + 3_000, "gone"))
     got: list = []
     thread = _waiting_thread(resource, got)
     wait_for_queue(resource, 2)
     # The old holder releases as an old process does: a plain release, no hand-over.
-    table.update(table.give_back(resource, "old-holder", int(time.time() * 1000), sole=True))
+    lock_rows.update(
+        lock_writes.give_back(resource, "old-holder", int(time.time() * 1000), sole=True)
+    )
     time.sleep(1.5)
     assert not got  # free, but a live waiter of the old queue is first in line
     thread.join(30)
     # Taken once the old entry ran out (+ CLOCK_SKEW 0.5 s): evicted by the take itself.
     assert got and time.time() * 1000 >= now + 3_000
-    assert table.get(resource).queue == {}
+    assert lock_rows.get(resource).queue == {}
 
 
 def test_a_new_holder_hands_over_to_the_old_inline_queue_first(lock_table):
     resource = "deploy:rolling"
     holder = semaphore(resource).acquire()
     now = int(time.time() * 1000)
-    enqueue_inline(resource, "old-waiter", table.Waiter(now * 1000, now + 60_000, "old"))
+    enqueue_inline(resource, "old-waiter", records.Waiter(now * 1000, now + 60_000, "old"))
     got: list = []
     thread = _waiting_thread(resource, got)
     wait_for_queue(resource, 2)
     holder.renew()  # the holder sees both
     holder.release()
-    row = table.get(resource)
+    row = lock_rows.get(resource)
     assert row is not None and list(row.holders) == ["old-waiter"] and row.queue == {}
     assert not got
     # The old process releases with a plain release: the new waiter takes it by itself.
-    table.update(table.give_back(resource, "old-waiter", int(time.time() * 1000), sole=True))
+    lock_rows.update(
+        lock_writes.give_back(resource, "old-waiter", int(time.time() * 1000), sole=True)
+    )
     thread.join(30)
     assert got and got[0][1] > row.holders["old-waiter"].fence
 
@@ -419,7 +423,7 @@ def _queries(monkeypatch) -> list[bool]:
     """Records the ConsistentRead of each Query this thread sends, in order (the threads of
     waiters that get the lock may read the line too)."""
     seen: list[bool] = []
-    send = table.__dict__["_send"]
+    send = dynamodb.send_request
     me = threading.current_thread()
 
     def recording(operation: str, **kwargs):
@@ -427,7 +431,7 @@ def _queries(monkeypatch) -> list[bool]:
             seen.append(kwargs.get("ConsistentRead", False))
         return send(operation, **kwargs)
 
-    monkeypatch.setattr(table, "_send", recording)
+    monkeypatch.setattr(dynamodb, "send_request", recording)
     return seen
 
 
@@ -456,7 +460,7 @@ def test_a_gap_at_the_head_of_the_line_is_read_again_consistently(lock_table, mo
     # consistent read may be missing a waiter there, so the release reads again, consistently.
     resource = "deploy:queue-gap"
     holder = semaphore(resource).acquire()
-    table.update(table.take_ticket(resource, holder.fence), return_new=True)  # no entry
+    lock_rows.update(lock_writes.take_ticket(resource, holder.fence), return_new=True)  # no entry
     out: dict = {}
     threads: dict = {}
     _hold_in_turn(resource, "W2", False, 0.0, out, threads)
@@ -487,10 +491,10 @@ def test_a_hand_over_to_a_waiter_that_left_is_handed_on_at_once(lock_table, monk
     wait_for_queue(resource, 2)
     holder.renew()
     assert holder._row is not None
-    before = table.load_entries(holder._row, consistent=False)  # both in line
+    before = queue_entries.load_entries(holder._row, consistent=False)  # both in line
     quitter.join(10)
     assert isinstance(out["quit"], SemaphoreBusy) and len(queue_of(resource)) == 1
-    load = table.load_entries
+    load = queue_entries.load_entries
 
     def stale(item, upto=None, *, consistent=True):
         if not consistent and not out.get("stale"):
@@ -498,7 +502,7 @@ def test_a_hand_over_to_a_waiter_that_left_is_handed_on_at_once(lock_table, monk
             return before
         return load(item, upto, consistent=consistent)
 
-    monkeypatch.setattr(table, "load_entries", stale)
+    monkeypatch.setattr(queue_entries, "load_entries", stale)
     released = time.monotonic()
     holder.release()
     threads["W2"].join(30)

@@ -25,8 +25,8 @@ import pytest
 from django.test import override_settings
 
 from dynasem import SemaphoreBusy, semaphore
-from dynasem import _storage as table
 from dynasem._engine import push as wakeup
+from dynasem._storage import lock_rows, lock_writes, queue_entries
 from tests import workers
 from tests.conftest import dynasem_settings, queue_of
 
@@ -90,7 +90,7 @@ class Watch:
 
     def _run(self) -> None:
         while not self.stop.is_set():
-            row = table.get(self.resource)
+            row = lock_rows.get(self.resource)
             self.seen.append(sorted(h.user_id for h in row.holders.values()) if row else [])
             time.sleep(0.01)
 
@@ -158,11 +158,11 @@ def test_a_stale_read_of_the_line_does_not_idle_the_lock_for_a_lease(
     holder = line.holder
     holder.renew()
     assert holder._row is not None
-    before = table.load_entries(holder._row, consistent=False)  # both in line
+    before = queue_entries.load_entries(holder._row, consistent=False)  # both in line
     assert [w.user_id for w in before.entries or ()] == ["leaver", "next"]
     line.wait_for_leaver()
     assert len(queue_of(resource)) == 1
-    load = table.load_entries
+    load = queue_entries.load_entries
     served: list[bool] = []
 
     def stale(item: Any, upto: Any = None, *, consistent: bool = True) -> Any:
@@ -171,7 +171,7 @@ def test_a_stale_read_of_the_line_does_not_idle_the_lock_for_a_lease(
             return before
         return load(item, upto, consistent=consistent)
 
-    monkeypatch.setattr(table, "load_entries", stale)
+    monkeypatch.setattr(queue_entries, "load_entries", stale)
     watch = Watch(resource)
     released = time.monotonic()
     holder.release()
@@ -186,7 +186,7 @@ def test_a_hand_over_write_landing_after_the_waiter_left_does_not_idle_the_lock(
     # is slow: it lands after the leaver gave up and made its last look at the row.
     resource = "heirs:slow-write"
     line = Line(dynamodb_local, lock_table, resource, leave_after=LEAVE_AFTER)
-    build = table.hand_over
+    build = lock_writes.hand_over
     releaser = threading.current_thread()
     slowed: list[bool] = []
 
@@ -199,7 +199,7 @@ def test_a_hand_over_write_landing_after_the_waiter_left_does_not_idle_the_lock(
         return build(*args, **kwargs)
 
     sent: list[float] = []
-    monkeypatch.setattr(table, "hand_over", slow)
+    monkeypatch.setattr(lock_writes, "hand_over", slow)
     watch = Watch(resource)
     line.holder.release()
     assert slowed and sent, "the release handed nothing over"
@@ -216,6 +216,6 @@ def test_a_waiter_that_left_while_another_held_looks_once_more_and_no_more(no_pu
     left = requests_sent.calls["GetItem"]
     time.sleep(wakeup.LATE_LOOK + 1.0)
     assert requests_sent.calls["GetItem"] - left == 1, requests_sent.calls
-    row = table.get(resource)
+    row = lock_rows.get(resource)
     assert row is not None and [h.user_id for h in row.holders.values()] == ["holder"]
     holder.release()

@@ -114,9 +114,9 @@ def source() -> Source:
         target = imports[module].get(name)
         return resolve(*target) if target and target[1] else None
 
-    # Functions that send the operation one of their parameters names: _send, and whatever
+    # Functions that send the operation one of their parameters names: send_request, and whatever
     # passes its parameter on to one (nexts._if_ours), to a fixed point.
-    senders = {"_send": 0}
+    senders = {"send_request": 0}
     while True:
         before = dict(senders)
         for d in defs.values():
@@ -359,14 +359,14 @@ def test_each_statement_allows_exactly_what_its_roles_code_sends(sid: str):
 
 @runs_last
 def test_every_request_dynasem_sent_this_session_was_allowed(lock_table: str):
-    from dynasem import _storage as table
     from dynasem import semaphore
+    from dynasem._storage import dynamodb
 
     # One lock of its own (and a request of the test's, which is not dynasem's), so that the
     # recorder is seen working even when this test runs alone.
     with semaphore("iam:policy"):
         pass
-    table.get_client().list_tables(Limit=1)
+    dynamodb.get_client().list_tables(Limit=1)
     assert "UpdateItem" in DYNASEM_REQUESTS, f"recorded {sorted(DYNASEM_REQUESTS)}"
     assert "ListTables" not in DYNASEM_REQUESTS, "a test's own request was recorded as dynasem's"
     refused = DYNASEM_REQUESTS - TEST_ONLY - allowed()

@@ -25,10 +25,10 @@ from django.core.management import CommandError, call_command
 from django.urls import reverse
 
 from dynasem import _clock as clock
-from dynasem import _storage as table
 from dynasem import run_once, semaphore
 from dynasem._operators import jobs as job_operations
 from dynasem._operators.locks import holds_on
+from dynasem._storage import dynamodb, index_queries, job_rows, lock_rows, records
 from dynasem.conf import settings
 from tests.conftest import take
 from tests.faults import Faults
@@ -42,8 +42,8 @@ pytestmark = pytest.mark.kind_engine_only(
 
 # A reap finds a row once its 15-minute expires bucket has passed: the commands run this much
 # later (this process's clock moved on), past the bucket of any short lease taken here.
-LATER = table.BUCKET_S + 60
-LIVE_LEASE = 3 * table.BUCKET_S
+LATER = records.BUCKET_S + 60
+LIVE_LEASE = 3 * records.BUCKET_S
 # What every listing from the indexes says, in the admin and in dynasem_locks.
 ASYNC_NOTE = "updated asynchronously"
 
@@ -82,7 +82,7 @@ def frozen_index(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
     deleted since is still there with its old ``expires``; one written since is missing."""
 
     def freeze() -> None:
-        snapshot = {s: list(table.iter_expiring(s, since=0)) for s in range(table.SHARDS)}
+        snapshot = {s: list(index_queries.iter_expiring(s, since=0)) for s in range(records.SHARDS)}
 
         def query(
             shard: int,
@@ -92,7 +92,7 @@ def frozen_index(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
             limit: int | None = None,
             start: dict[str, Any] | None = None,
             shared_only: bool = False,
-        ) -> tuple[list[table.IndexEntry], dict[str, Any] | None]:
+        ) -> tuple[list[records.IndexEntry], dict[str, Any] | None]:
             entries = [
                 entry
                 for entry in snapshot[shard]
@@ -102,7 +102,7 @@ def frozen_index(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
             ]
             return entries, None
 
-        monkeypatch.setattr(table, "query_expiring", query)
+        monkeypatch.setattr(index_queries, "query_expiring", query)
 
     return freeze
 
@@ -114,10 +114,10 @@ def stale_reads(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
     writes since); a consistent read sees the table."""
 
     def as_of() -> None:
-        client = table.get_client()
+        client = dynamodb.get_client()
         items = client.scan(TableName=settings.TABLE_NAME, ConsistentRead=True)["Items"]
         old = {(i["pk"]["S"], i["sk"]["S"]): i for i in items}
-        send = table._send
+        send = dynamodb.send_request
 
         def answer(operation: str, **kwargs: Any) -> dict[str, Any]:
             if operation == "get_item" and not kwargs.get("ConsistentRead"):
@@ -130,7 +130,7 @@ def stale_reads(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
                     return {"Responses": {name: [old[k] for k in keys if k in old]}}
             return send(operation, **kwargs)
 
-        monkeypatch.setattr(table, "_send", answer)
+        monkeypatch.setattr(dynamodb, "send_request", answer)
 
     return as_of
 
@@ -158,7 +158,7 @@ def before_break(lock_table: str) -> Any:
             done.append(True)
             do()
 
-        for client in (table.get_client(), table.get_client(quick=True)):
+        for client in (dynamodb.get_client(), dynamodb.get_client(quick=True)):
             client.meta.events.register("before-parameter-build.dynamodb.UpdateItem", hook)
             hooked.append((client, hook))
 
@@ -182,7 +182,7 @@ def test_reap_keeps_a_row_taken_again_after_the_index_listed_it_and_says_so(
     retaken = take(holds, "lag:retaken", lease=LIVE_LEASE)
     out = run("dynasem_reap")
     assert [h.token for h in holds_on("lag:retaken")] == [retaken.token]
-    assert table.stored_item("lag:dead") is None
+    assert lock_rows.stored_item("lag:dead") is None
     assert "Deleted 1 expired rows." in out
     assert "1 row changed since the index listed it and was kept" in out
     # The index still lists both: the row deleted since counts as changed too.
@@ -209,7 +209,7 @@ def test_reap_dry_run_on_a_lagging_index_lists_only_what_it_would_delete(
     assert [r["resource"] for r in rows] == ["dry:dead"]
     assert totals["found"] == 2 and totals["changed_since_listed"] == 1
     assert [h.token for h in holds_on("dry:retaken")] == [retaken.token]
-    assert table.stored_item("dry:dead") is not None
+    assert lock_rows.stored_item("dry:dead") is not None
 
 
 def test_reap_keeps_a_permit_renewed_after_it_was_read(lock_table, holds, later, monkeypatch):
@@ -249,7 +249,7 @@ def test_reap_keeps_a_permit_renewed_after_it_was_read(lock_table, holds, later,
 def faults(lock_table: str) -> Iterator[tuple[Faults, Faults]]:
     """Faults on both of dynasem's clients: the locks' own (botocore retries, 4 attempts) and
     the quick one of operators' pages and commands (one attempt)."""
-    with Faults(table.get_client()) as main, Faults(table.get_client(quick=True)) as quick:
+    with Faults(dynamodb.get_client()) as main, Faults(dynamodb.get_client(quick=True)) as quick:
         yield main, quick
 
 
@@ -267,7 +267,7 @@ def test_reap_counts_a_delete_whose_answer_was_lost_as_deleted(lock_table, holds
     lost = [client.lose_response("DeleteItem") for client in faults]
     totals = json_lines(run("dynasem_reap", "--json"))[-1]
     assert sum(rule.fired for rule in lost) == 1  # applied, and its answer lost
-    assert table.stored_item("lost:1") is None
+    assert lock_rows.stored_item("lost:1") is None
     assert (totals["deleted"], totals["changed_since_listed"]) == (1, 0)
     assert totals["failed"] == 0
 
@@ -277,12 +277,12 @@ def test_a_retried_reaper_delete_of_a_row_gone_counts_as_deleted(lock_table, hol
     is refused, the row gone. That is the first one's doing, not a row changed since listed."""
     main, _ = faults
     dead_hold(holds, "lost:2")
-    cutoff = table.stored_item("lost:2")["expMs"] + 1
+    cutoff = lock_rows.stored_item("lost:2")["expMs"] + 1
     rule = main.lose_response("DeleteItem")
-    assert table.delete_expired("lost:2", cutoff) is True
-    assert rule.fired == 1 and table.stored_item("lost:2") is None
+    assert lock_rows.delete_expired("lost:2", cutoff) is True
+    assert rule.fired == 1 and lock_rows.stored_item("lost:2") is None
     # Gone before this delete (TTL, another reaper) and sent once: not ours to count.
-    assert table.delete_expired("lost:2", cutoff) is False
+    assert lock_rows.delete_expired("lost:2", cutoff) is False
 
 
 def test_reap_deletes_through_the_quick_client(lock_table, holds, later, faults):
@@ -331,7 +331,7 @@ def test_reap_goes_on_past_a_row_it_could_not_delete_and_says_which(
         client.throttle("DeleteItem", 100, after=1)
     out, failed = run_failing("dynasem_reap", "--workers", "1")
     assert failed.returncode == 3
-    stuck = [r for r in ("stuck:1", "stuck:2") if table.stored_item(r) is not None]
+    stuck = [r for r in ("stuck:1", "stuck:2") if lock_rows.stored_item(r) is not None]
     assert len(stuck) == 1 and repr(stuck[0]) in str(failed)
     assert "1 row could not be deleted" in str(failed) and "throttled" in str(failed)
     assert "Deleted 1 expired rows." in out
@@ -428,7 +428,7 @@ def stale_scan(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
 
     def as_of() -> None:
         pages: dict[tuple[Any, ...], Any] = {}
-        scan = table.scan_jobs
+        scan = job_rows.scan_jobs
 
         def answer(prefix: str | None, status: str | None, start: Any) -> Any:
             asked = (prefix, status, json.dumps(start, sort_keys=True))
@@ -438,7 +438,7 @@ def stale_scan(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
 
         for status in (None, "FAILED"):
             answer(None, status, None)
-        monkeypatch.setattr(table, "scan_jobs", answer)
+        monkeypatch.setattr(job_rows, "scan_jobs", answer)
 
     return as_of
 

@@ -13,9 +13,9 @@ import pytest
 from django.core.management import call_command
 
 from dynasem import LockLost, SemaphoreBusy, semaphore
-from dynasem import _storage as table
 from dynasem._engine import queue as queueing
 from dynasem._operators import locks as operations
+from dynasem._storage import dynamodb, lock_rows, lock_writes, records
 from dynasem._storage import permit_items as slots
 from dynasem.conf import settings
 from tests.conftest import holder_pages, take
@@ -41,7 +41,7 @@ def permit_items(resource: str) -> list[slots.Permit]:
 def test_holders_live_in_permit_items(holds: list[Any]) -> None:
     a = take(holds, "pool", limit=16, user="alice")
     b = take(holds, "pool", limit=16, user="bob")
-    row = table.stored_item("pool")
+    row = lock_rows.stored_item("pool")
     assert row is not None
     assert "holders" not in row and row["hw"] == 2 and row["limit"] == 16
     held = {p.token: p for p in permit_items("pool") if p.token}
@@ -49,13 +49,13 @@ def test_holders_live_in_permit_items(holds: list[Any]) -> None:
     assert held[a.token].holder.user_id == "alice"
     assert b.fence > a.fence
     a.release()
-    row = table.stored_item("pool")
+    row = lock_rows.stored_item("pool")
     assert row is not None and [int(x) for x in row["hints"]] == [held[a.token].slot]
     c = take(holds, "pool", limit=16, user="carol")
     assert c.fence > b.fence
     again = {p.token: p.slot for p in permit_items("pool") if p.token}
     assert again[c.token] == held[a.token].slot  # the hinted slot, not a new one
-    assert table.stored_item("pool")["hw"] == 2
+    assert lock_rows.stored_item("pool")["hw"] == 2
 
 
 def test_limit_is_kept_and_busy_names_a_holder(holds: list[Any]) -> None:
@@ -93,9 +93,9 @@ def test_a_permit_of_a_process_proven_dead_is_taken_over_at_once(
     victim = holds[4]
     victim._stop_heartbeat()
     slot = victim.slots["pool"]
-    table.get_client().update_item(
+    dynamodb.get_client().update_item(
         TableName=settings.TABLE_NAME,
-        Key=table.key("pool", slots.permit_sk(slot)),
+        Key=records.key("pool", slots.permit_sk(slot)),
         UpdateExpression="SET p = :p",
         ExpressionAttributeValues={":p": {"S": gone}},
     )
@@ -111,15 +111,15 @@ def test_a_hold_taken_before_the_upgrade_is_honoured(holds: list[Any]) -> None:
     monkey.setattr(slots, "INLINE_MAX", 100)  # as an earlier dynasem wrote it
     old = [take(holds, "pool", limit=9, lease=30) for _ in range(8)]
     monkey.undo()
-    assert table.stored_item("pool")["holders"]
+    assert lock_rows.stored_item("pool")["holders"]
     ninth = take(holds, "pool", limit=9, wait=0)
     with pytest.raises(SemaphoreBusy):
         semaphore("pool", limit=9, wait=0).acquire()  # the inline holders count
-    assert "hw" not in table.stored_item("pool")
+    assert "hw" not in lock_rows.stored_item("pool")
     for held in [*old, ninth]:
         held.release()
     fresh = take(holds, "pool", limit=9, wait=0)
-    row = table.stored_item("pool")
+    row = lock_rows.stored_item("pool")
     assert row["hw"] == 1 and not row.get("holders")
     assert fresh.fence > ninth.fence and slot_of(fresh.token) == 0
 
@@ -134,10 +134,10 @@ def test_another_limit_once_every_permit_is_free(holds: list[Any]) -> None:
         semaphore("pool", wait=0).acquire()
     a.release()
     b = take(holds, "pool", limit=32, wait=0)
-    assert table.stored_item("pool")["limit"] == 32 and b.fence > a.fence
+    assert lock_rows.stored_item("pool")["limit"] == 32 and b.fence > a.fence
     b.release()
     c = take(holds, "pool", wait=0)  # exclusive: holders inline again
-    row = table.stored_item("pool")
+    row = lock_rows.stored_item("pool")
     assert "hw" not in row and set(row["holders"]) == {c.token} and c.fence > b.fence
 
 
@@ -156,7 +156,7 @@ def test_several_permit_resources_at_once(holds: list[Any]) -> None:
     pair = take(holds, ["a", "b"], limit=9, wait=0)
     assert pair.fences["a"] > holds[8].fence
     both.release()
-    assert table.stored_item("b")["hints"] == [0]
+    assert lock_rows.stored_item("b")["hints"] == [0]
 
 
 @pytest.mark.kind_engine_only(
@@ -165,23 +165,25 @@ def test_several_permit_resources_at_once(holds: list[Any]) -> None:
 def test_no_size_wall_and_no_item_over_4_kb(holds: list[Any]) -> None:
     many = [take(holds, "huge", limit=100_000, user=f"user-{i:04d}", lease=60) for i in range(300)]
     assert len({h.slots["huge"] for h in many}) == 300
-    row = table.stored_item("huge")
+    row = lock_rows.stored_item("huge")
     assert row["hw"] == 300 and row["limit"] == 100_000
     biggest = max(
         len(json.dumps(item, default=str))
-        for item in [row, *(table.stored_item("huge", slots.permit_sk(s)) for s in (0, 299))]
+        for item in [row, *(lock_rows.stored_item("huge", slots.permit_sk(s)) for s in (0, 299))]
     )
     assert biggest < 1024
     for held in many[:40]:
         held.release()
-    assert len(table.stored_item("huge")["hints"]) == slots.MAX_HINTS  # the rest: found by reading
+    assert (
+        len(lock_rows.stored_item("huge")["hints"]) == slots.MAX_HINTS
+    )  # the rest: found by reading
 
 
 def test_renew_and_release_touch_only_the_permit(holds: list[Any]) -> None:
     held = take(holds, "pool", limit=64, lease=30)
-    before = table.stored_item("pool")
+    before = lock_rows.stored_item("pool")
     held.renew()
-    assert table.stored_item("pool") == before
+    assert lock_rows.stored_item("pool") == before
     mine = [p for p in permit_items("pool") if p.token == held.token]
     assert mine and mine[0].holder.expires_ms > before["expMs"] - 15 * 60 * 1000
 
@@ -233,7 +235,7 @@ def test_the_reaper_frees_dead_holders_permits_and_lists_no_live_one(holds: list
     call_command("dynasem_reap", stdout=out)
     assert "Freed 2 permits and reader holds of dead holders." in out.getvalue()
     assert [p.token for p in permit_items("pool") if p.token] == [live.token]
-    assert sorted(int(s) for s in table.stored_item("pool")["hints"]) == sorted(
+    assert sorted(int(s) for s in lock_rows.stored_item("pool")["hints"]) == sorted(
         h.slots["pool"] for h in expired
     )
     assert [h.token for h in operations.active_holds(include_expired=True)] == [live.token]
@@ -249,10 +251,10 @@ def test_a_permit_never_takes_a_fence_older_than_one_it_had(holds: list[Any]) ->
     slot, fence = first.slots["pool"], first.fence
     first.release()
     now = int(time.time() * 1000)
-    late = table.holder_entry("late", now + 10_000, fence - 1, now, False)
-    with pytest.raises(table.Refused):
+    late = lock_writes.holder_entry("late", now + 10_000, fence - 1, now, False)
+    with pytest.raises(dynamodb.Refused):
         slots.send(slots.take_permit("pool", slot, "late-token", late, stale_ms=now - 500))
-    fresh = table.holder_entry("late", now + 10_000, fence + 1, now, False)
+    fresh = lock_writes.holder_entry("late", now + 10_000, fence + 1, now, False)
     slots.send(slots.take_permit("pool", slot, "late-token", fresh, stale_ms=now - 500))
     slots.send(slots.take_permit("pool", slot, "late-token", fresh, stale_ms=now - 500))  # a retry
     assert slot_of("late-token") == slot
@@ -267,13 +269,13 @@ def test_takes_at_once_count_the_fence_up_instead_of_refusing_each_other(
     held = [take(holds, "pool", limit=9) for _ in range(3)]
     held[0].release()
     held[1].release()
-    before = table.stored_item("pool")
+    before = lock_rows.stored_item("pool")
     assert before is not None
-    terms = table.QueueTerms()
+    terms = lock_writes.QueueTerms()
     stale_name = slots.take_slot(
         "pool", how="pop", fence=int(before["fence"]), limit=9, queue=terms
     )
-    with pytest.raises(table.Refused):
+    with pytest.raises(dynamodb.Refused):
         slots.send(stale_name)  # a fence not above the stored one: refused
     olds = [
         slots.send(slots.take_slot("pool", how="pop", fence=None, limit=9, queue=terms), old=True)
@@ -281,7 +283,7 @@ def test_takes_at_once_count_the_fence_up_instead_of_refusing_each_other(
     ]
     assert [int(o["fence"]) for o in olds] == [int(before["fence"]), int(before["fence"]) + 1]
     assert sorted(int(o["hints"][0]) for o in olds) == sorted(h.slots["pool"] for h in held[:2])
-    after = table.stored_item("pool")
+    after = lock_rows.stored_item("pool")
     assert int(after["fence"]) == int(before["fence"]) + 2 and not after["hints"]
     with pytest.raises(ValueError, match="names its fence"):
         slots.take_slot("pool", how="create", fence=None, limit=9, queue=terms)
@@ -291,8 +293,8 @@ def test_a_slot_found_by_reading_is_not_taken_past_its_hint(holds: list[Any]) ->
     held = [take(holds, "pool", limit=9) for _ in range(2)]
     held[0].release()
     hinted = held[0].slots["pool"]
-    terms = table.QueueTerms()
-    with pytest.raises(table.Refused):
+    terms = lock_writes.QueueTerms()
+    with pytest.raises(dynamodb.Refused):
         slots.send(
             slots.take_slot("pool", how="fence", fence=None, slot=hinted, limit=9, queue=terms)
         )

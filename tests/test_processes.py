@@ -21,8 +21,8 @@ from django.test import override_settings
 
 from dynasem import SemaphoreBusy, semaphore
 from dynasem import _clock as clock
-from dynasem import _storage as table
 from dynasem._engine import processes
+from dynasem._storage import dynamodb, lock_rows, lock_writes, records
 from tests.conftest import enqueue_entry
 
 pytestmark = pytest.mark.skipif(
@@ -236,31 +236,35 @@ def plant(
     """A holder entry as the process ``recorded`` would have written it (lease 60 s)."""
     token = token or uuid.uuid4().hex
     now = clock.now_ms()
-    entry = table.holder_entry(
+    entry = lock_writes.holder_entry(
         "planted", now + lease_ms, clock.new_fence(0.5), now, mode == "s", recorded
     )
     try:
-        table.update(
-            table.take_free(resource, token, entry, mode=mode, limit=limit, stale_ms=now - 500)
+        lock_rows.update(
+            lock_writes.take_free(
+                resource, token, entry, mode=mode, limit=limit, stale_ms=now - 500
+            )
         )
-    except table.Refused:
-        seen = table.get(resource)
+    except dynamodb.Refused:
+        seen = lock_rows.get(resource)
         assert seen is not None
-        table.update(
-            table.take_join(resource, token, entry, mode=mode, limit=limit, seen=seen, evict=[])
+        lock_rows.update(
+            lock_writes.take_join(
+                resource, token, entry, mode=mode, limit=limit, seen=seen, evict=[]
+            )
         )
     return token
 
 
 def holders(resource: str) -> set[str]:
-    return set((table.get(resource) or table.LockItem()).holders)
+    return set((lock_rows.get(resource) or records.LockItem()).holders)
 
 
 def test_a_dead_holder_of_this_host_is_evicted_in_the_takers_write(
     requests_sent, dead: str
 ) -> None:
     gone = plant("dead:1", dead)
-    before = table.get("dead:1")
+    before = lock_rows.get("dead:1")
     assert before is not None
     requests_sent.reset()
     with semaphore("dead:1", wait=0) as held:
@@ -337,10 +341,10 @@ def test_a_takeover_with_a_shorter_lease_makes_its_own_lease_end_the_rows(
 ) -> None:
     plant("short:1", dead, lease_ms=600_000)
     held = semaphore("short:1", lease=5).acquire()
-    row = table.stored_item("short:1")
+    row = lock_rows.stored_item("short:1")
     assert row is not None
     assert row["expMs"] == held._expires_ms  # not the dead holder's ten minutes
-    assert row["expires"] == table.bucket_of(held._expires_ms)
+    assert row["expires"] == records.bucket_of(held._expires_ms)
     held.release()
 
 
@@ -419,19 +423,21 @@ def test_a_renewal_or_release_racing_with_the_takeover_wins(
     """The takeover names the dead holder's token and lease end: a holder that renewed or gave
     back between our read and our write (it was not dead after all) refuses our write."""
     gone = plant("racing:1", dead)
-    seen = table.get("racing:1")
+    seen = lock_rows.get("racing:1")
     assert seen is not None
     if meanwhile == "renewed":
-        table.update(table.renew_hold("racing:1", gone, clock.now_ms() + 90_000, raise_item=True))
+        lock_rows.update(
+            lock_writes.renew_hold("racing:1", gone, clock.now_ms() + 90_000, raise_item=True)
+        )
     else:
-        table.update(table.give_back("racing:1", gone, clock.now_ms(), sole=True))
+        lock_rows.update(lock_writes.give_back("racing:1", gone, clock.now_ms(), sole=True))
     now = clock.now_ms()
-    entry = table.holder_entry("taker", now + 10_000, clock.new_fence(0.5), now, False)
-    takeover = table.take_join(
+    entry = lock_writes.holder_entry("taker", now + 10_000, clock.new_fence(0.5), now, False)
+    takeover = lock_writes.take_join(
         "racing:1", "taker", entry, mode="x", limit=1, seen=seen, evict=[gone], replace=True
     )
-    with pytest.raises(table.Refused):
-        table.update(takeover)
+    with pytest.raises(dynamodb.Refused):
+        lock_rows.update(takeover)
 
 
 def test_a_hold_handed_to_a_waiter_that_died_is_taken_over(lock_table: str, dead: str) -> None:
@@ -439,13 +445,13 @@ def test_a_hold_handed_to_a_waiter_that_died_is_taken_over(lock_table: str, dead
     waiting holds the lock after the hand-over, and is taken over like any dead holder."""
     holder = semaphore("heir:1").acquire()
     now = clock.now_ms()
-    heir = table.Waiter(
+    heir = records.Waiter(
         clock.new_fence(0), now + 60_000, user_id="heir", lease_ms=60_000, proc=dead
     )
     enqueue_entry("heir:1", "dead-heir", heir)
     holder.renew()  # its answer shows the holder the queue
     holder.release()  # to the dead heir, in the release write
-    handed = table.get("heir:1")
+    handed = lock_rows.get("heir:1")
     assert handed is not None and list(handed.holders) == ["dead-heir"]
     assert handed.holders["dead-heir"].proc == dead
     with semaphore("heir:1", wait=0) as held:

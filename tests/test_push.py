@@ -15,10 +15,10 @@ import pytest
 from django.core.checks import run_checks
 from django.test import override_settings
 
-from dynasem import _storage as table
 from dynasem import semaphore
 from dynasem._engine import core
 from dynasem._engine import push as wakeup
+from dynasem._storage import lock_rows, records
 from tests.conftest import dynasem_settings, queue_of
 
 
@@ -77,7 +77,7 @@ def test_a_pushed_waiter_reads_nothing(lock_table, requests_sent, holder_knows, 
     assert requests_sent.calls["UpdateItem"] == (2 if holder_knows else 3)
     assert out["acquired"] - released < 0.5
     assert out["fence"] > holder.fence
-    assert (table.stored_item("deploy:prod") or {}).get("holders") == {}
+    assert (lock_rows.stored_item("deploy:prod") or {}).get("holders") == {}
 
 
 def test_a_lost_push_costs_a_read_not_the_lock(lock_table, monkeypatch):
@@ -99,7 +99,7 @@ def test_a_forged_push_is_ignored(lock_table):
     ((token, entry),) = queue.items()
     host, port = wakeup.reachable(entry.address)
     # Everything a real push says, signed with another key: the waiter must not believe it.
-    item = table.stored_item("deploy:qa")
+    item = lock_rows.stored_item("deploy:qa")
     item["holders"] = {token: {"u": "", "e": 2**42, "f": holder.fence + 1, "a": 0, "s": False}}
     body = json.dumps({"r": "deploy:qa", "k": token, "i": item}).encode()
     mac = hmac.new(b"not the project's key", body, hashlib.sha256).digest()
@@ -137,11 +137,11 @@ def test_only_the_same_host_is_pushed_to_on_loopback():
     assert wakeup.reachable("0123456789ab@10.1.2.3:4000") == ("10.1.2.3", 4000)
     for bad in (None, 7, "", "no-at-sign", "h@10.1.2.3", "h@10.1.2.3:port"):
         assert wakeup.reachable(bad) is None
-        assert wakeup.push(bad, "r", "t", table.LockItem(), sent_ms=0) is False
+        assert wakeup.push(bad, "r", "t", records.LockItem(), sent_ms=0) is False
 
 
 def test_a_push_that_would_not_fit_a_datagram_is_not_sent():
-    big = table.lock_item({"queue": {str(i): {"n": "x" * 100} for i in range(1000)}})
+    big = records.lock_item({"queue": {str(i): {"n": "x" * 100} for i in range(1000)}})
     assert wakeup.push(f"{wakeup.HOST_ID}@127.0.0.1:9", "r", "t", big, sent_ms=0) is False
 
 

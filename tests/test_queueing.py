@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from dynasem import _clock as clock
-from dynasem import _storage as table
 from dynasem._engine import queue as queueing
 from dynasem._engine.queue import Pace
+from dynasem._storage import lock_rows, records
 
 
 @pytest.fixture
@@ -20,15 +20,15 @@ def frozen(monkeypatch: pytest.MonkeyPatch) -> int:
     return 1_000_000
 
 
-def holder(ends_ms: int, taken_ms: int, user: str = "u") -> table.Holder:
-    return table.Holder(user, ends_ms, 1, acquired_ms=taken_ms)
+def holder(ends_ms: int, taken_ms: int, user: str = "u") -> records.Holder:
+    return records.Holder(user, ends_ms, 1, acquired_ms=taken_ms)
 
 
-def waiter(ticket: int, ends_ms: int) -> table.Waiter:
-    return table.Waiter(ticket, ends_ms, user_id="w", lease_ms=10_000)
+def waiter(ticket: int, ends_ms: int) -> records.Waiter:
+    return records.Waiter(ticket, ends_ms, user_id="w", lease_ms=10_000)
 
 
-def in_line(queue: dict[str, table.Waiter]) -> dict[str, Any]:
+def in_line(queue: dict[str, records.Waiter]) -> dict[str, Any]:
     """LockItem fields for ``queue`` (token -> entry, tickets as given) as the entry items a
     waiter read: every ticket up to the last one read (a ticket with no entry: one that left)."""
     entries = sorted((dataclasses.replace(w, token=t) for t, w in queue.items()), key=ticket_of)
@@ -36,11 +36,11 @@ def in_line(queue: dict[str, table.Waiter]) -> dict[str, Any]:
     return {"qbase": 1, "qin": last, "qout": 0, "entries": tuple(entries), "entries_to": last}
 
 
-def ticket_of(w: table.Waiter) -> int:
+def ticket_of(w: records.Waiter) -> int:
     return w.ticket
 
 
-def pace_of(item: table.LockItem, token: str = "me") -> Pace:
+def pace_of(item: records.LockItem, token: str = "me") -> Pace:
     """A Pace for the waiter ``token`` of ``item``'s line (not queued if it is not in it)."""
     pace = Pace()
     mine = [w for w in item.entries or () if w.token == token]
@@ -62,7 +62,7 @@ def test_seconds_until_free_is_the_first_lease_end_plus_skew(frozen: int) -> Non
 
 
 def test_live_holders_leave_out_the_stale(frozen: int) -> None:
-    item = table.LockItem(holders={"old": holder(frozen - 1, 0), "live": holder(frozen + 1, 0)})
+    item = records.LockItem(holders={"old": holder(frozen - 1, 0), "live": holder(frozen + 1, 0)})
     assert list(queueing.live_holders(item, frozen)) == ["live"]
     assert queueing.live_holders(None, frozen) == {}
 
@@ -70,7 +70,7 @@ def test_live_holders_leave_out_the_stale(frozen: int) -> None:
 def test_turn_in_aims_at_the_end_of_the_hold_ahead(frozen: int) -> None:
     """A holder that took the lock 5 ms ago with holds of 20 ms: our turn is in about 15 ms
     plus a round trip, never later than the holder's lease end plus the skew."""
-    seen = table.LockItem(
+    seen = records.LockItem(
         holders={"h": holder(frozen + 10_000, frozen - 5)},
         **in_line({"me": waiter(1, frozen + 10_000)}),
         hold_ms=20,
@@ -84,14 +84,14 @@ def test_turn_in_aims_at_the_end_of_the_hold_ahead(frozen: int) -> None:
 def test_turn_in_backs_off_while_nothing_moves(frozen: int) -> None:
     """An overdue holder: each look that finds the same state doubles the pause."""
     pace = Pace()
-    seen = table.LockItem(holders={"h": holder(frozen + 10_000, frozen - 1_000)}, hold_ms=20)
+    seen = records.LockItem(holders={"h": holder(frozen + 10_000, frozen - 1_000)}, hold_ms=20)
     pauses = [pace.turn_in(seen, "me", 0.5) for _ in range(4)]
     assert pauses[1] == pytest.approx(2 * pauses[0])
     assert pauses[3] == pytest.approx(8 * pauses[0])
 
 
 def test_turn_in_waits_behind_the_waiters_ahead_only(frozen: int) -> None:
-    base = table.LockItem(holders={"h": holder(frozen + 10_000, frozen)}, hold_ms=20)
+    base = records.LockItem(holders={"h": holder(frozen + 10_000, frozen)}, hold_ms=20)
     first = dataclasses.replace(base, **in_line({"me": waiter(1, frozen + 9_000)}))
     alone = pace_of(first).turn_in(first, "me", 0.5)
     line = dataclasses.replace(
@@ -116,7 +116,7 @@ def test_a_pushed_waiter_far_back_looks_when_its_turn_should_come(frozen: int) -
     as one that must find out by reading; one with nobody ahead looks as often as ever."""
     queue = {f"w{i}": waiter(i, frozen + 50_000) for i in range(100)}
     queue["me"] = waiter(1_000, frozen + 50_000)
-    seen = table.LockItem(
+    seen = records.LockItem(
         holders={"h": holder(frozen + 50_000, frozen)}, **in_line(queue), hold_ms=20
     )
     pushed = pace_of(seen).turn_in(seen, "me", 0.5, pushed=True)
@@ -139,15 +139,15 @@ def test_answered_averages_round_trips_and_ignores_outliers() -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def shared_holder(ends_ms: int, taken_ms: int) -> table.Holder:
-    return table.Holder("reader", ends_ms, 1, acquired_ms=taken_ms, shared=True)
+def shared_holder(ends_ms: int, taken_ms: int) -> records.Holder:
+    return records.Holder("reader", ends_ms, 1, acquired_ms=taken_ms, shared=True)
 
 
-def queued(ticket: int, ends_ms: int, *, shared: bool = False) -> table.Waiter:
-    return table.Waiter(ticket, ends_ms, user_id="w", shared=shared, lease_ms=10_000)
+def queued(ticket: int, ends_ms: int, *, shared: bool = False) -> records.Waiter:
+    return records.Waiter(ticket, ends_ms, user_id="w", shared=shared, lease_ms=10_000)
 
 
-def estimate(item: table.LockItem, *, shared: bool = False, token: str = "me") -> Any:
+def estimate(item: records.LockItem, *, shared: bool = False, token: str = "me") -> Any:
     mine = [w.ticket for w in item.entries or () if w.token == token]
     return queueing.estimate_wait(
         item, token, shared=shared, skew=0.5, ticket=mine[0] if mine else None
@@ -157,30 +157,30 @@ def estimate(item: table.LockItem, *, shared: bool = False, token: str = "me") -
 def test_a_holder_is_expected_to_hold_for_the_average_hold(frozen: int) -> None:
     """Taken 100 ms ago, holds average 300 ms: done in about 200 ms. Its lease end (60 s
     away, renewed while it lives) says nothing about when it will be done."""
-    item = table.LockItem(holders={"h": holder(frozen + 60_000, frozen - 100)}, hold_ms=300)
+    item = records.LockItem(holders={"h": holder(frozen + 60_000, frozen - 100)}, hold_ms=300)
     assert estimate(item) == (pytest.approx(0.2), 1)
 
 
 def test_a_holder_past_the_average_is_expected_to_hold_as_long_again(frozen: int) -> None:
     """Held 2 s where holds average 0.3 s: nothing says when it ends; as long again as it has
     held so far (so callers of an ever longer hold are told to come back ever later)."""
-    late = table.LockItem(holders={"h": holder(frozen + 60_000, frozen - 2_000)}, hold_ms=300)
+    late = records.LockItem(holders={"h": holder(frozen + 60_000, frozen - 2_000)}, hold_ms=300)
     assert estimate(late).seconds == pytest.approx(2.0)
-    unknown = table.LockItem(holders={"h": holder(frozen + 60_000, frozen - 1_500)})
+    unknown = records.LockItem(holders={"h": holder(frozen + 60_000, frozen - 1_500)})
     assert estimate(unknown).seconds == pytest.approx(1.5)  # no average stored yet: the same
-    fresh = table.LockItem(holders={"h": holder(frozen + 60_000, frozen)})
+    fresh = records.LockItem(holders={"h": holder(frozen + 60_000, frozen)})
     assert estimate(fresh).seconds == 0.0
 
 
 def test_a_holder_that_stopped_renewing_is_free_at_its_takeover(frozen: int) -> None:
     """Its lease ended 100 ms ago unrenewed: dead (or paused); free once it can be taken
     over, at its lease end + CLOCK_SKEW, whatever the average says."""
-    item = table.LockItem(holders={"h": holder(frozen - 100, frozen - 5_000)}, hold_ms=300)
+    item = records.LockItem(holders={"h": holder(frozen - 100, frozen - 5_000)}, hold_ms=300)
     assert estimate(item).seconds == pytest.approx(0.4)
 
 
 def test_every_live_waiter_ahead_takes_an_average_hold(frozen: int) -> None:
-    item = table.LockItem(
+    item = records.LockItem(
         holders={"h": holder(frozen + 60_000, frozen - 100)},
         **in_line(
             {
@@ -199,7 +199,7 @@ def test_every_live_waiter_ahead_takes_an_average_hold(frozen: int) -> None:
 
 
 def test_waiters_ahead_with_no_average_take_what_the_holder_has_held(frozen: int) -> None:
-    item = table.LockItem(
+    item = records.LockItem(
         holders={"h": holder(frozen + 60_000, frozen - 400)},
         **in_line({"first": queued(1, frozen + 9_000)}),
     )
@@ -209,7 +209,7 @@ def test_waiters_ahead_with_no_average_take_what_the_holder_has_held(frozen: int
 def test_counting_waits_for_the_first_slot_the_waiters_ahead_leave(frozen: int) -> None:
     """limit=2, slots free at +0.1 s and +0.4 s, two waiters ahead holding 0.3 s each: the
     first takes the slot at +0.1 (until +0.4), the second one at +0.4; ours frees at +0.4."""
-    item = table.LockItem(
+    item = records.LockItem(
         holders={
             "a": holder(frozen + 60_000, frozen - 200),
             "b": holder(frozen + 60_000, frozen + 100),
@@ -223,7 +223,7 @@ def test_counting_waits_for_the_first_slot_the_waiters_ahead_leave(frozen: int) 
 
 
 def test_counting_with_free_slots_and_a_huge_limit_is_quick(frozen: int) -> None:
-    item = table.LockItem(
+    item = records.LockItem(
         holders={"a": holder(frozen + 60_000, frozen)},
         **in_line({"w1": queued(1, frozen + 9_000)}),
         mode="n",
@@ -238,12 +238,12 @@ def test_a_writer_waits_for_every_reader(frozen: int) -> None:
         "r1": shared_holder(frozen + 60_000, frozen - 100),
         "r2": shared_holder(frozen + 60_000, frozen - 250),
     }
-    item = table.LockItem(holders=readers, mode="s", hold_ms=300)
+    item = records.LockItem(holders=readers, mode="s", hold_ms=300)
     assert estimate(item).seconds == pytest.approx(0.2)  # the later of 0.2 and 0.05
 
 
 def test_a_reader_behind_a_queued_writer_waits_for_the_writer(frozen: int) -> None:
-    item = table.LockItem(
+    item = records.LockItem(
         holders={"r1": shared_holder(frozen + 60_000, frozen - 100)},
         **in_line({"writer": queued(1, frozen + 9_000)}),
         mode="s",
@@ -254,7 +254,7 @@ def test_a_reader_behind_a_queued_writer_waits_for_the_writer(frozen: int) -> No
 
 def test_a_reader_behind_queued_readers_goes_in_with_them(frozen: int) -> None:
     """A writer holds; readers queued behind it all go in when it leaves, us with them."""
-    item = table.LockItem(
+    item = records.LockItem(
         holders={"w": holder(frozen + 60_000, frozen - 100)},
         **in_line(
             {
@@ -281,7 +281,7 @@ def test_busy_tells_the_estimate_and_the_queue_position(frozen: int) -> None:
     from dynasem import semaphore
     from dynasem.signals import lock_busy
 
-    item = table.LockItem(
+    item = records.LockItem(
         resource="r",
         holders={"h": holder(frozen + 60_000, frozen - 100, user="alice")},
         **in_line({"first": queued(1, frozen + 9_000)}),
@@ -319,7 +319,7 @@ class Counting:
 
 
 def test_free_room_counts_free_permits_inline_and_in_permit_items(frozen: int) -> None:
-    two_held = table.LockItem(
+    two_held = records.LockItem(
         holders={"a": holder(frozen + 9_000, frozen), "b": holder(frozen + 9_000, frozen)},
         mode="n",
     )
@@ -328,7 +328,7 @@ def test_free_room_counts_free_permits_inline_and_in_permit_items(frozen: int) -
     )
     assert queueing.free_room(Counting(3), two_held, frozen) == 1  # type: ignore[arg-type]
     assert queueing.free_room(Counting(3), expired, frozen) == 1  # type: ignore[arg-type]
-    permit_row = table.LockItem(hw=10, hints=(3, 3, 7))  # a hint twice counts once
+    permit_row = records.LockItem(hw=10, hints=(3, 3, 7))  # a hint twice counts once
     assert queueing.free_room(Counting(12), permit_row, frozen) == 4  # type: ignore[arg-type]
     assert queueing.free_room(Counting(1), two_held, frozen) == 0  # type: ignore[arg-type]
     assert queueing.free_room(Counting(3, shared=True), two_held, frozen) == 0  # type: ignore[arg-type]
@@ -340,7 +340,7 @@ def test_turn_in_with_a_free_permit_for_us_looks_within_round_trips(frozen: int)
     doubling while nothing moves (a dead waiter ahead), at most a second."""
     line = in_line({"first": waiter(1, frozen + 9_000), "me": waiter(2, frozen + 9_000)})
     held = {f"h{i}": holder(frozen + 9_000, frozen) for i in range(3)}
-    seen = table.LockItem(holders=held, mode="n", hold_ms=1_000, **line)
+    seen = records.LockItem(holders=held, mode="n", hold_ms=1_000, **line)
     full = pace_of(seen).turn_in(seen, "me", 0.5, room=0, limit=3)
     assert full > 0.9
     pace = pace_of(seen)
@@ -362,7 +362,7 @@ def test_turn_in_of_a_counting_semaphore_serves_limit_waiters_a_turn(frozen: int
         }
     )
     held = {f"h{i}": holder(frozen + 9_000, frozen) for i in range(3)}
-    seen = table.LockItem(holders=held, mode="n", hold_ms=100, **line)
+    seen = records.LockItem(holders=held, mode="n", hold_ms=100, **line)
     pace = pace_of(seen)
     counting = pace.turn_in(seen, "me", 0.5, room=0, limit=3)
     exclusive = pace_of(seen).turn_in(seen, "me", 0.5)
@@ -379,19 +379,19 @@ def test_a_look_at_an_older_row_never_draws_a_second_ticket(lock_table, monkeypa
     from dynasem import SemaphoreBusy, semaphore
 
     holder = semaphore("stale:q", lease=10).acquire()
-    before_any_ticket = table.get("stale:q")
+    before_any_ticket = lock_rows.get("stale:q")
     assert before_any_ticket is not None and before_any_ticket.qbase == 0
-    real_get = table.get
+    real_get = lock_rows.get
 
     def stale_get(resource: str, *, consistent: bool = True) -> Any:
         return before_any_ticket if not consistent else real_get(resource)
 
-    monkeypatch.setattr(table, "get", stale_get)
+    monkeypatch.setattr(lock_rows, "get", stale_get)
     try:
         with pytest.raises(SemaphoreBusy):
             semaphore("stale:q", wait=2.0, fair=True).acquire()
     finally:
         monkeypatch.undo()
         holder.release()
-    after = table.get("stale:q")
+    after = lock_rows.get("stale:q")
     assert after is not None and after.qin == 1  # one ticket: the waiter never joined again

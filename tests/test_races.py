@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from dynasem import AlreadyDone, run_once
-from dynasem._storage import stored_item as get
+from dynasem._storage.lock_rows import stored_item as get
 from tests import workers
 from tests.conftest import engine_name
 

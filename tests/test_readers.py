@@ -16,8 +16,8 @@ import pytest
 from django.core.management import call_command
 
 from dynasem import LockLost, SemaphoreBusy, semaphore
-from dynasem import _storage as table
 from dynasem._operators import locks as operations
+from dynasem._storage import dynamodb, lock_rows, lock_writes, records
 from dynasem._storage import lock_writes as writes
 from dynasem._storage import reader_items as items
 from dynasem.conf import settings
@@ -31,7 +31,7 @@ INLINE = max(1, items.READERS_INLINE)
 
 
 def row(resource: str = "doc") -> dict[str, Any]:
-    stored = table.stored_item(resource)
+    stored = lock_rows.stored_item(resource)
     assert stored is not None
     return stored
 
@@ -160,14 +160,14 @@ def test_a_writer_of_the_old_layout_waits_for_the_sentinel(holds: list[Any]) -> 
     for _ in range(INLINE + 1):
         take(holds, "doc", shared=True, lease=30)
     now = int(time.time() * 1000)
-    entry = table.holder_entry("old", now + 30_000, now * 1000, now, False)
-    with pytest.raises(table.Refused):
-        table.update(
+    entry = lock_writes.holder_entry("old", now + 30_000, now * 1000, now, False)
+    with pytest.raises(dynamodb.Refused):
+        lock_rows.update(
             writes.take_free("doc", "old-writer", entry, mode="x", limit=1, stale_ms=now - 500)
         )
-    stored = table.lock_item(row())
-    with pytest.raises(table.Refused):
-        table.update(
+    stored = records.lock_item(row())
+    with pytest.raises(dynamodb.Refused):
+        lock_rows.update(
             writes.take_join(
                 "doc",
                 "old-writer",

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from dynasem import _storage as table
 from dynasem import semaphore
 from dynasem._engine import reader_hold as reader_held
+from dynasem._storage import dynamodb, lock_rows
 from dynasem._storage import reader_items as items
 from tests.conftest import take
 from tests.faults import Faults
@@ -40,7 +40,7 @@ class LoseAnswer:
 
     def __init__(self, match: Any, times: int = 1):
         self.match, self.remaining, self.fired = match, times, 0
-        self.client = table.get_client()
+        self.client = dynamodb.get_client()
 
     def _hook(self, request_dict: dict[str, Any], response: Any, **kwargs: Any) -> None:
         import json
@@ -71,7 +71,7 @@ class LoseAnswer:
 
 def counted(resource: str) -> tuple[int, int]:
     """The row's reader count and the reader items of its epoch (every one live here)."""
-    stored = table.stored_item(resource)
+    stored = lock_rows.stored_item(resource)
     assert stored is not None
     found = [r for r in items.readers(resource) if r.epoch == stored.get("repoch", 0)]
     return int(stored.get("rc", 0)), len(found)
@@ -83,7 +83,7 @@ def all_leave_and_a_writer_gets_in(holds: list[Any], resource: str) -> None:
     for held in holds:
         held.release()
     holds.clear()
-    stored = table.stored_item(resource)
+    stored = lock_rows.stored_item(resource)
     assert stored is not None
     assert stored.get("rc", 0) == 0
     assert items.SENTINEL not in stored.get("holders", {})
@@ -105,7 +105,7 @@ def test_an_admission_opening_an_epoch_whose_answer_was_lost_counts_once(
 ) -> None:
     for _ in range(INLINE):
         take(holds, "doc", shared=True, lease=30)
-    assert not items.has_readers(table.get("doc"))
+    assert not items.has_readers(lock_rows.get("doc"))
     with LoseAnswer(admission) as lost:
         take(holds, "doc", shared=True, lease=30)
     assert lost.fired == 1, "the admission's answer was never lost: the test missed its write"
@@ -142,7 +142,7 @@ def test_a_count_down_throttled_for_a_moment_still_counts(holds: list[Any]) -> N
     """A crowd's partition throttled for a moment (after botocore's retries of the item's
     delete): the count-down's tries, paused, outlast it."""
     readers = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE + 2)]
-    with Faults(table.get_client(quick=True)) as faults:
+    with Faults(dynamodb.get_client(quick=True)) as faults:
         rule = faults.throttle("UpdateItem", 10**6)
         lift = threading.Timer(0.5, lambda: setattr(rule, "remaining", 0))
         lift.start()
@@ -160,7 +160,7 @@ def test_a_count_down_throttled_for_a_moment_still_counts(holds: list[Any]) -> N
 def test_a_count_down_given_up_says_so(holds: list[Any], caplog: Any) -> None:
     caplog.set_level(logging.WARNING, logger="dynasem")
     readers = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE + 2)]
-    with Faults(table.get_client(quick=True)) as faults:
+    with Faults(dynamodb.get_client(quick=True)) as faults:
         rule = faults.throttle("UpdateItem", 10**6)
         start = time.monotonic()
         readers[-1].release()

@@ -11,12 +11,12 @@ from django.core.management import call_command
 from django.test import override_settings
 
 from dynasem import AlreadyDone, SemaphoreBusy, run_once, semaphore
-from dynasem import _storage as table
+from dynasem._storage import job_rows, lock_rows, records
 from dynasem.conf import settings
 
 
 def job_row(key: str) -> dict:
-    return table.stored_item(key, table.JOB_SK)
+    return lock_rows.stored_item(key, records.JOB_SK)
 
 
 def test_new_job_runs_once_and_is_done(lock_table):
@@ -82,7 +82,7 @@ def test_job_keys_do_not_collide_with_semaphores(lock_table):
     with semaphore("same-name"), run_once("same-name") as job:
         assert job.status == "RUNNING"
     assert job_row("same-name")["status"] == "DONE"
-    assert table.stored_item("same-name")["holders"] == {}
+    assert lock_rows.stored_item("same-name")["holders"] == {}
 
 
 def test_done_and_failed_rows_never_expire_and_are_never_reaped(lock_table):
@@ -138,7 +138,7 @@ def test_a_claim_paused_past_its_lease_never_runs_beside_another(
     import threading
 
     lease, skew = 1.0, settings.CLOCK_SKEW
-    real_update = table.update_job
+    real_update = job_rows.update_job
     stalled: list[float] = []
 
     def stalling_update(action, **kwargs):
@@ -158,7 +158,7 @@ def test_a_claim_paused_past_its_lease_never_runs_beside_another(
             other.append("end")
 
     thread = threading.Thread(target=reclaim) if taken_over else None
-    monkeypatch.setattr(table, "update_job", stalling_update)
+    monkeypatch.setattr(job_rows, "update_job", stalling_update)
     if thread is not None:
         thread.start()
     ran = []

@@ -11,7 +11,7 @@ from django.test import override_settings
 
 from dynasem import SemaphoreBusy, semaphore
 from dynasem import _clock as clock
-from dynasem import _storage as table
+from dynasem._storage import dynamodb, lock_rows, lock_writes, records
 from dynasem.conf import settings
 from tests.conftest import enqueue_inline
 
@@ -65,28 +65,28 @@ def test_a_take_by_another_user_moves_no_index_key_until_its_first_renewal(
 
     semaphore("view:1", user="alice", lease=30).acquire().release()
     held = semaphore("view:1", user="bob", lease=30).acquire()
-    assert table.stored_item("view:1")["userId"] == "alice"
+    assert lock_rows.stored_item("view:1")["userId"] == "alice"
     assert [h.user_id for h in operations.holds_on("view:1")] == ["bob"]
     held.renew()
-    assert table.stored_item("view:1")["userId"] == "bob"
+    assert lock_rows.stored_item("view:1")["userId"] == "bob"
     assert [h.resource for h in operations.active_holds(user_id="bob")] == ["view:1"]
     held.release()
 
 
 def test_stored_row_carries_user_and_expires_for_the_indexes(lock_table):
     held = semaphore("tbl_issues:4", user="bob", lease=30).acquire()
-    row = table.stored_item("tbl_issues:4")
+    row = lock_rows.stored_item("tbl_issues:4")
     assert row["userId"] == "bob"
     # The indexed expires is a bucket: rounded up, never before the lease really ends.
     assert isinstance(row["expires"], int)
-    assert row["expires"] % table.BUCKET_S == 0
-    assert held.expires.timestamp() <= row["expires"] < held.expires.timestamp() + table.BUCKET_S
+    assert row["expires"] % records.BUCKET_S == 0
+    assert held.expires.timestamp() <= row["expires"] < held.expires.timestamp() + records.BUCKET_S
     assert row["expMs"] == held._expires_ms  # the exact lease end decides
-    assert row["shard"] == table.shard_of("tbl_issues:4")
+    assert row["shard"] == records.shard_of("tbl_issues:4")
     assert row["holders"][held.token]["f"] == held.fence
     listed = row["expires"]
     held.release()
-    row = table.stored_item("tbl_issues:4")
+    row = lock_rows.stored_item("tbl_issues:4")
     assert row["holders"] == {}
     # The release moves no index key: userId and the bucket stay (a re-take by bob then
     # moves none either); the row is idle by its exact lease end, from now.
@@ -122,25 +122,25 @@ def _lose_responses(client, operation: str, count: int) -> dict[str, int]:
 def test_lost_response_is_recognised_as_our_own_write(requests_sent):
     """The acquire write is applied but its response is lost; the retry is refused by our own
     hold, which the old item (ALL_OLD) shows: we hold it at once, no lease wait."""
-    state = _lose_responses(table.get_client(), "UpdateItem", 1)
+    state = _lose_responses(dynamodb.get_client(), "UpdateItem", 1)
     start = time.monotonic()
     held = semaphore("tbl_issues:5", user="carol", wait=0).acquire()
     elapsed = time.monotonic() - start
     assert state["lost"] == 1
     assert elapsed < 2
-    row = table.stored_item("tbl_issues:5")
+    row = lock_rows.stored_item("tbl_issues:5")
     assert row["holders"][held.token]["u"] == "carol"
     assert row["holders"][held.token]["f"] == held.fence
     held.release()
-    assert table.stored_item("tbl_issues:5")["holders"] == {}
+    assert lock_rows.stored_item("tbl_issues:5")["holders"] == {}
 
 
 def test_lost_release_response_is_no_error(requests_sent):
     held = semaphore("tbl_issues:6").acquire()
-    state = _lose_responses(table.get_client(), "UpdateItem", 1)
+    state = _lose_responses(dynamodb.get_client(), "UpdateItem", 1)
     held.release()  # the retry is refused, but lastToken says the release was ours
     assert state["lost"] == 1
-    assert table.stored_item("tbl_issues:6")["holders"] == {}
+    assert lock_rows.stored_item("tbl_issues:6")["holders"] == {}
 
 
 def test_counting_and_shared_holds_cost_one_write_each_way(requests_sent):
@@ -159,11 +159,11 @@ def test_counting_and_shared_holds_cost_one_write_each_way(requests_sent):
 
 
 def test_job_row_decodes_a_stored_job_and_a_missing_one() -> None:
-    row = table.job_row(
+    row = records.job_row(
         {
             "pk": "file:x",
-            "sk": table.JOB_SK,
-            "status": table.RUNNING,
+            "sk": records.JOB_SK,
+            "status": records.RUNNING,
             "token": "t1",
             "userId": "7",
             "attempt": 2,
@@ -175,7 +175,7 @@ def test_job_row_decodes_a_stored_job_and_a_missing_one() -> None:
     assert (row.key, row.status, row.token, row.user_id) == ("file:x", "RUNNING", "t1", "7")
     assert (row.attempt, row.fence, row.expires_ms, row.started_ms) == (2, 123, 5_000, 1_000)
     assert row.finished_ms is None and row.error is None and row.last_token is None
-    empty = table.job_row(None)
+    empty = records.job_row(None)
     assert empty.status is None and empty.attempt is None and empty.fence is None
 
 
@@ -185,45 +185,45 @@ def test_a_late_release_never_leaves_expires_before_the_rows_lease_end(lock_tabl
     the reaper never read the row as idle before its stored lease end (expMs)."""
     held = semaphore("tbl_issues:late", lease=30).acquire()
     held._stop_heartbeat()
-    listed = table.stored_item("tbl_issues:late")["expires"]
+    listed = lock_rows.stored_item("tbl_issues:late")["expires"]
     real = clock.wall_clock
-    monkeypatch.setattr(clock, "wall_clock", lambda: real() + table.BUCKET_S + 60)
+    monkeypatch.setattr(clock, "wall_clock", lambda: real() + records.BUCKET_S + 60)
     held.release()
-    row = table.stored_item("tbl_issues:late")
+    row = lock_rows.stored_item("tbl_issues:late")
     assert row["holders"] == {}
     assert row["expires"] > listed
     assert row["expires"] * 1000 >= row["expMs"]
     # An on-time release moves nothing.
     monkeypatch.setattr(clock, "wall_clock", real)
     with semaphore("tbl_issues:on-time", lease=30):
-        listed = table.stored_item("tbl_issues:on-time")["expires"]
-    assert table.stored_item("tbl_issues:on-time")["expires"] == listed
+        listed = lock_rows.stored_item("tbl_issues:on-time")["expires"]
+    assert lock_rows.stored_item("tbl_issues:on-time")["expires"] == listed
 
 
 def test_a_release_whose_fence_runs_ahead_of_its_lease_keeps_expires_ahead_too(lock_table):
     """Fences count on from the stored one when an earlier holder's clock was ahead: the
     release then records its fence's time as the row's lease end (so no reap lets a smaller
     fence be made), and expires must follow it into that time's bucket."""
-    ahead_ms = int(time.time() * 1000) + 2 * table.BUCKET_S * 1000
-    table.get_client().put_item(
+    ahead_ms = int(time.time() * 1000) + 2 * records.BUCKET_S * 1000
+    dynamodb.get_client().put_item(
         TableName=lock_table,
-        Item=table.encode(
+        Item=records.encode(
             {
                 "pk": "tbl_issues:ahead",
-                "sk": table.LOCK_SK,
+                "sk": records.LOCK_SK,
                 "holders": {},
                 "fence": ahead_ms * 1000,
                 "expMs": ahead_ms - 1,
-                "expires": table.bucket_of(ahead_ms - 1),
-                "shard": table.shard_of("tbl_issues:ahead"),
+                "expires": records.bucket_of(ahead_ms - 1),
+                "shard": records.shard_of("tbl_issues:ahead"),
             }
         ),
     )
     with semaphore("tbl_issues:ahead", lease=30) as held:
         assert held.fence > ahead_ms * 1000
-        listed = table.stored_item("tbl_issues:ahead")["expires"]
+        listed = lock_rows.stored_item("tbl_issues:ahead")["expires"]
         assert listed * 1000 < held.fence // 1000  # its own lease ends well before
-    row = table.stored_item("tbl_issues:ahead")
+    row = lock_rows.stored_item("tbl_issues:ahead")
     assert row["expMs"] >= held.fence // 1000
     assert row["expires"] * 1000 >= row["expMs"]
 
@@ -235,15 +235,15 @@ def test_a_push_carries_the_queue_up_to_its_recipient_and_a_few_behind() -> None
         f"w{i:03}": {"t": 1_000 + i, "e": 2**42, "u": "x" * 40, "s": False} for i in range(300)
     }
     stored = {"pk": "r", "holders": {}, "queue": queue, "ticket": 1_299}
-    item = table.lock_item(stored)
-    mid = table.wire(item, "w100")
-    assert sorted(mid["queue"]) == [f"w{i:03}" for i in range(100 + 1 + table.PUSHED_BEHIND)]
-    heir = table.wire(item, "handed-over")  # no longer queued: its own heirs only
-    assert sorted(heir["queue"]) == [f"w{i:03}" for i in range(table.PUSHED_BEHIND)]
-    assert table.lock_item(heir).has_queue and table.lock_item(heir).ticket == 1_299
-    assert table.wire(item) == stored  # not for a recipient: as written
-    short = table.lock_item(dict(stored, queue=dict(list(queue.items())[:5])))
-    assert table.wire(short, "w001") == short.stored
+    item = records.lock_item(stored)
+    mid = lock_rows.wire(item, "w100")
+    assert sorted(mid["queue"]) == [f"w{i:03}" for i in range(100 + 1 + lock_rows.PUSHED_BEHIND)]
+    heir = lock_rows.wire(item, "handed-over")  # no longer queued: its own heirs only
+    assert sorted(heir["queue"]) == [f"w{i:03}" for i in range(lock_rows.PUSHED_BEHIND)]
+    assert records.lock_item(heir).has_queue and records.lock_item(heir).ticket == 1_299
+    assert lock_rows.wire(item) == stored  # not for a recipient: as written
+    short = records.lock_item(dict(stored, queue=dict(list(queue.items())[:5])))
+    assert lock_rows.wire(short, "w001") == short.stored
 
 
 def test_a_row_past_dynamodbs_item_size_is_named_and_nothing_is_written(lock_table, monkeypatch):
@@ -265,13 +265,13 @@ def test_a_row_past_dynamodbs_item_size_is_named_and_nothing_is_written(lock_tab
             for i in range(1_000):
                 user = f"{i:04}" + "u" * 1_016
                 held.append(semaphore("crowd", shared=True, lease=600, user=user).acquire())
-        before = len(table.stored_item("crowd")["holders"])
+        before = len(lock_rows.stored_item("crowd")["holders"])
         assert raised.value.limit == "item size" and not raised.value.transient
         assert "400 KB" in str(raised.value) and "Nothing was written" in str(raised.value)
         assert 300 < len(held) == before < 400
         with pytest.raises(LimitExceeded):
             semaphore("crowd", shared=True, lease=600, user="x" * 1_020).acquire()
-        assert len(table.stored_item("crowd")["holders"]) == before
+        assert len(lock_rows.stored_item("crowd")["holders"]) == before
     finally:
         for h in held:
             h.release()
@@ -365,26 +365,28 @@ def test_a_join_is_not_refused_by_a_renewal_that_ends_before_it(lock_table):
     permits answered "busy, held by unknown" (measured: the 175th holder of limit=6000)."""
     other = semaphore("renewed", limit=8, lease=5).acquire()  # holders in the row
     try:
-        seen = table.get("renewed")
+        seen = lock_rows.get("renewed")
         now = clock.now_ms()
-        entry = table.holder_entry("joiner", now + 60_000, clock.new_fence(0.5), now, False)
-        join = table.take_join("renewed", "joiner", entry, mode="n", limit=8, seen=seen, evict=[])
+        entry = lock_writes.holder_entry("joiner", now + 60_000, clock.new_fence(0.5), now, False)
+        join = lock_writes.take_join(
+            "renewed", "joiner", entry, mode="n", limit=8, seen=seen, evict=[]
+        )
         other.renew()  # the row's lease end moves: later than seen, earlier than ours
-        assert table.get("renewed").expires_ms > seen.expires_ms
-        table.update(join)
-        stored = table.get("renewed")
+        assert lock_rows.get("renewed").expires_ms > seen.expires_ms
+        lock_rows.update(join)
+        stored = lock_rows.get("renewed")
         assert set(stored.holders) == {other.token, "joiner"}
         assert stored.expires_ms == entry.expires_ms  # ours, the latest, is the row's
         # A join that would end before the row's lease end may not set it lower: refused.
-        late = table.holder_entry("late", now + 1_000, clock.new_fence(0.5), now, False)
+        late = lock_writes.holder_entry("late", now + 1_000, clock.new_fence(0.5), now, False)
         stale_view = dataclasses.replace(stored, expires_ms=0)
-        with pytest.raises(table.Refused):
-            table.update(
-                table.take_join(
+        with pytest.raises(dynamodb.Refused):
+            lock_rows.update(
+                lock_writes.take_join(
                     "renewed", "late", late, mode="n", limit=10, seen=stale_view, evict=[]
                 )
             )
-        table.update(table.give_back("renewed", "joiner", clock.now_ms(), sole=False))
+        lock_rows.update(lock_writes.give_back("renewed", "joiner", clock.now_ms(), sole=False))
     finally:
         other.release()
 
@@ -398,13 +400,13 @@ def test_a_take_evicts_at_most_max_evict_dead_waiters_and_still_takes(lock_table
 
     now = clock.now_ms()
     for i in range(150):
-        waiter = table.Waiter(ticket=1_000 + i, expires_ms=now - 60_000 + i, user_id="dead")
+        waiter = records.Waiter(ticket=1_000 + i, expires_ms=now - 60_000 + i, user_id="dead")
         enqueue_inline("haunted", f"dead{i:03}", waiter)
-    assert len(table.stored_item("haunted")["queue"]) == 150
+    assert len(lock_rows.stored_item("haunted")["queue"]) == 150
     left = []
     for _ in range(3):
         with semaphore("haunted", wait=5):
-            left.append(len(table.stored_item("haunted")["queue"]))
+            left.append(len(lock_rows.stored_item("haunted")["queue"]))
     assert left == [150 - writes.MAX_EVICT, 150 - 2 * writes.MAX_EVICT, 0]
 
 
@@ -419,10 +421,10 @@ def test_a_join_evicts_at_most_max_evict_dead_holders_and_still_joins(lock_table
 
     now = clock.now_ms()
     for i in range(150):
-        entry = table.holder_entry("dead", now - 60_000 + i, 1_000 + i, now - 70_000, False)
-        build = table.take_room if i else table.take_free
+        entry = lock_writes.holder_entry("dead", now - 60_000 + i, 1_000 + i, now - 70_000, False)
+        build = lock_writes.take_room if i else lock_writes.take_free
         extra = {} if i else {"stale_ms": now}
-        table.update(build("graveyard", f"dead{i:03}", entry, mode="n", limit=1_000, **extra))
+        lock_rows.update(build("graveyard", f"dead{i:03}", entry, mode="n", limit=1_000, **extra))
     # A live holder whose lease ends after the joiners' own: their blind first write is
     # refused, and they join from the row as it is, evicting the dead.
     live = semaphore("graveyard", limit=1_000, lease=600).acquire()
@@ -430,7 +432,7 @@ def test_a_join_evicts_at_most_max_evict_dead_holders_and_still_joins(lock_table
     try:
         for _ in range(3):
             joined.append(semaphore("graveyard", limit=1_000, lease=30, wait=5).acquire())
-            sizes.append(len(table.stored_item("graveyard")["holders"]))
+            sizes.append(len(lock_rows.stored_item("graveyard")["holders"]))
         assert sizes == [
             151 - writes.MAX_EVICT + 1,
             151 - 2 * writes.MAX_EVICT + 2,

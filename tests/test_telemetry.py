@@ -148,14 +148,14 @@ def test_an_unreachable_table_is_outcome_unavailable_with_the_error(
 ) -> None:
     name = named()
     broken = dynasem_settings("http://127.0.0.1:9", lock_table)
-    from dynasem import _storage as table
+    from dynasem._storage import dynamodb
 
-    table.reset_client()
+    dynamodb.reset_client()
     try:
         with override_settings(DYNASEM=broken), pytest.raises(SemaphoreUnavailable):
             semaphore(f"tel:{uuid.uuid4().hex}", metrics_name=name).acquire()
     finally:
-        table.reset_client()
+        dynamodb.reset_client()
     (point,) = histogram(otel["reader"], "dynasem.lock.acquire.duration", **{telemetry.NAME: name})
     assert point.attributes[telemetry.OUTCOME] == "unavailable"
     (span,) = [s for s in spans(otel, "dynasem.acquire") if s.attributes[telemetry.NAME] == name]
@@ -216,7 +216,7 @@ def test_capacity_units_recorded_equal_what_dynamodb_reports(
 ) -> None:
     """Every answer's ConsumedCapacity, read by a botocore hook of our own, against the
     counter: an uncontended cycle, a busy try that queues, a hand-over, a counting hold."""
-    from dynasem import _storage as table
+    from dynasem._storage import dynamodb
 
     reported: Counter[str] = Counter()
 
@@ -227,7 +227,7 @@ def test_capacity_units_recorded_equal_what_dynamodb_reports(
         for one in [consumed] if isinstance(consumed, dict) else consumed:
             reported["read" if model.name in reads else "write"] += one["CapacityUnits"]
 
-    clients = [table.get_client(), table.get_client(quick=True)]  # a count-down goes quick
+    clients = [dynamodb.get_client(), dynamodb.get_client(quick=True)]  # a count-down goes quick
     for client in clients:
         client.meta.events.register("after-call.dynamodb", after_call)
     before = _capacity_by_kind(otel["reader"])
@@ -397,7 +397,7 @@ def test_dynasem_works_without_opentelemetry(lock_table: str) -> None:
         from dynasem import semaphore, table, telemetry
         assert telemetry.ON is False
         asked = []
-        table.get_client().meta.events.register(
+        dynamodb.get_client().meta.events.register(
             "provide-client-params.dynamodb",
             lambda params, **kw: asked.append("ReturnConsumedCapacity" in params),
         )

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from dynasem import SemaphoreBusy, semaphore
-from dynasem import _storage as table
 from dynasem._engine import late_handover as strays
 from dynasem._observability import telemetry
 from dynasem._observability.metrics import OPERATION
 from dynasem._operators import locks as operations
+from dynasem._storage import lock_rows
 from tests.test_telemetry import _providers as sdk
 from tests.test_telemetry import (
     histogram,
@@ -146,7 +146,7 @@ def test_a_stray_hand_over_given_back_sends_for_its_lock() -> None:
     sem = semaphore(res, metrics_name=name)
     held = sem.acquire()
     held._stop_heartbeat()
-    item = table.get(res)
+    item = lock_rows.get(res)
     before = unnamed_requests(reader), total(reader, REQUESTS, **{telemetry.NAME: name})
     thread = threading.Thread(
         target=strays.give_back_stray,

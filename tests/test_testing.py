@@ -21,9 +21,11 @@ import pytest
 from django.conf import settings as django_settings
 
 from dynasem import SemaphoreBusy, semaphore
-from dynasem import _storage as table
 from dynasem._operators.locks import holds_on
-from dynasem._storage import QueueTerms, Refused, Waiter, take_free, take_join, take_ticket
+from dynasem._storage import dynamodb, lock_rows, lock_writes, records, schema
+from dynasem._storage.dynamodb import Refused
+from dynasem._storage.lock_writes import QueueTerms, take_free, take_join, take_ticket
+from dynasem._storage.records import Waiter
 from dynasem.conf import settings
 from dynasem.testing import ENDPOINT_ENV, engine_endpoint, fresh_table
 from tests.conftest import enqueue_entry, queue_of
@@ -259,10 +261,10 @@ def test_fresh_table_points_dynasem_at_a_new_table_and_restores_settings():
             assert held.lease == 5
             with pytest.raises(SemaphoreBusy):
                 semaphore("x", wait=0).acquire()
-        assert table.describe_table() is not None
+        assert schema.describe_table() is not None
     assert django_settings.DYNASEM == before
     with fresh_table(), pytest.raises(Exception, match="(?i)not found|resource"):
-        table.get_client().describe_table(TableName=name)  # deleted
+        dynamodb.get_client().describe_table(TableName=name)  # deleted
 
 
 def test_embedded_engine_serialises_contending_holders():
@@ -296,7 +298,7 @@ def test_endpoint_from_the_environment_replaces_the_engine(dynamodb_local, monke
         assert settings.ENDPOINT_URL == dynamodb_local
         with semaphore("on-local") as held:
             assert held.fence > 0
-        assert table.describe_table()["TableName"] == name
+        assert schema.describe_table()["TableName"] == name
 
 
 def test_bad_settings_keys_are_refused_naming_them():
@@ -371,8 +373,8 @@ def either_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
 def test_size_of_nothing_makes_a_condition_false_not_an_error(
     either_engine: str, row: dict[str, Any] | None, condition: str, outcome: str
 ):
-    client = table.get_client()
-    key = table.key("size-case", table.LOCK_SK)
+    client = dynamodb.get_client()
+    key = records.key("size-case", records.LOCK_SK)
     if row is not None:
         client.put_item(TableName=either_engine, Item={**key, **row})
     names = {k: v for k, v in {"#x": "x", "#y": "y", "#w": "w"}.items() if k in condition + "#w"}
@@ -406,9 +408,9 @@ def test_dynasems_size_conditions_on_a_reaped_row_are_refused_not_unavailable(ei
     """The writes whose conditions use size(), sent when the row they were planned from has
     gone (reaped): refused with no old row, which the acquire loop plans from (free)."""
     now = int(time.time() * 1000)
-    entry = table.holder_entry("u", now + 10_000, now * 1000, now, shared=False)
-    seen = table.LockItem(
-        holders={"a": table.Holder("u", now + 30_000, 1)}, has_queue=True, fence=1,
+    entry = lock_writes.holder_entry("u", now + 10_000, now * 1000, now, shared=False)
+    seen = records.LockItem(
+        holders={"a": records.Holder("u", now + 30_000, 1)}, has_queue=True, fence=1,
         expires_ms=now + 30_000, mode="c", limit=2,
     )  # fmt: skip
     writes = {
@@ -420,27 +422,29 @@ def test_dynasems_size_conditions_on_a_reaped_row_are_refused_not_unavailable(ei
     }  # fmt: skip
     for name, write in writes.items():
         with pytest.raises(Refused) as refused:
-            table.update(write)
+            lock_rows.update(write)
         assert refused.value.lock is None, name
     # A queue row with nobody holding (waiters queued, then the holders' row reaped and the
     # queue made anew): a newcomer joins behind the waiters.
     enqueue_entry("queued", "w1", Waiter(0, now + 10_000))
-    table.update(take_ticket("queued", now * 1000, if_busy_ms=now))
-    assert set(queue_of("queued")) == {"w1"} and table.get("queued").qin == 2
+    lock_rows.update(take_ticket("queued", now * 1000, if_busy_ms=now))
+    assert set(queue_of("queued")) == {"w1"} and lock_rows.get("queued").qin == 2
 
 
 def test_a_counting_lock_reaped_between_the_read_and_the_join_is_taken(either_engine):
     """B plans to join A's counting hold; before B's write, A releases and the reaper deletes
     the row. DynamoDB refuses B's join (its size() condition is false), and B takes it."""
     first = semaphore("pool", limit=2, lease=30).acquire()
-    client = table.get_client()
+    client = dynamodb.get_client()
     reaped = []
 
     def reap_before_the_join(params: dict[str, Any], **kwargs: Any) -> None:
         if "size(#h) = :size" in params.get("ConditionExpression", "") and not reaped:
             reaped.append(True)
             first.release()
-            client.delete_item(TableName=settings.TABLE_NAME, Key=table.key("pool", table.LOCK_SK))
+            client.delete_item(
+                TableName=settings.TABLE_NAME, Key=records.key("pool", records.LOCK_SK)
+            )
 
     client.meta.events.register("before-parameter-build.dynamodb.UpdateItem", reap_before_the_join)
     try:

@@ -8,9 +8,9 @@ import threading
 import time
 from typing import Any
 
-from dynasem import _storage as table
 from dynasem import semaphore
 from dynasem._operators.locks import holds_on
+from dynasem._storage import dynamodb
 from tests.faults import Faults
 
 # Every attempt botocore makes of one request (legacy mode: the first and three retries).
@@ -19,7 +19,7 @@ ONE_REQUEST = 4
 
 def test_a_release_throttled_past_botocores_retries_is_sent_again(lock_table: str) -> None:
     held = semaphore("thr:release", lease=30, wait=0).acquire()
-    with Faults(table.get_client()) as faults:
+    with Faults(dynamodb.get_client()) as faults:
         rule = faults.throttle("UpdateItem", ONE_REQUEST)
         held.release()
     assert rule.fired == ONE_REQUEST
@@ -39,7 +39,7 @@ def test_a_queued_waiters_throttled_look_keeps_it_waiting(lock_table: str) -> No
         except Exception as exc:  # the failure under test: handed to the assertion
             got["error"] = exc
 
-    with Faults(table.get_client()) as faults:
+    with Faults(dynamodb.get_client()) as faults:
         waiter = threading.Thread(target=wait)
         waiter.start()
         time.sleep(0.3)  # queued, looking at the row now and then
@@ -71,7 +71,7 @@ def test_a_hand_over_whose_read_of_the_queue_is_throttled_still_releases(
     waiter = threading.Thread(target=wait)
     waiter.start()
     time.sleep(0.5)  # queued
-    with Faults(table.get_client()) as faults:
+    with Faults(dynamodb.get_client()) as faults:
         rule = faults.throttle("Query", ONE_REQUEST)
         held.release()  # reads the queue to hand the lock over: throttled through the retries
     assert rule.fired == ONE_REQUEST

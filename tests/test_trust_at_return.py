@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 
-from dynasem import _storage as table
 from dynasem import semaphore
 from dynasem._engine.core import CONFIRM_SHARE
 from dynasem._engine.hold import Held
+from dynasem._storage import dynamodb, lock_rows
 from dynasem._storage import lock_writes as writes
 from dynasem._storage import permit_items as slots
 from dynasem._storage import reader_items as items
@@ -54,7 +54,7 @@ class LateAnswers:
         self.operation, self.match, self.delay = operation, match, delay
         self.remaining, self.fired = times, 0
         self._lock = threading.Lock()
-        self.client = table.get_client()
+        self.client = dynamodb.get_client()
 
     def _hook(self, request_dict: dict[str, Any], response: Any, **kwargs: Any) -> None:
         if response is None or response[0].status_code != 200:
@@ -115,7 +115,7 @@ def stored_lease_ends(held: Held) -> dict[str, int]:
     for resource in held.resources:
         found = {p.token: p.holder.expires_ms for p in slots.permits(resource) if p.token}
         found.update({r.token: r.holder.expires_ms for r in items.readers(resource)})
-        row = table.get(resource, consistent=True)
+        row = lock_rows.get(resource, consistent=True)
         if row is not None:
             found.update({t: h.expires_ms for t, h in row.holders.items()})
         assert held.token in found, f"{resource!r}: the table has no hold of {held.token}"
@@ -231,7 +231,7 @@ def test_reader_item_answered_late(
 ) -> None:
     first = take(holds, "doc-late", shared=True, user="other", lease=30)
     second = take(holds, "doc-late", shared=True, user="other2", lease=30)
-    assert items.has_readers(table.get("doc-late", consistent=True))  # items are in use
+    assert items.has_readers(lock_rows.get("doc-late", consistent=True))  # items are in use
     match = reader_item if which == "item" else admission
     late = LateAnswers("UpdateItem", match, delay)
     held, left, at = acquire_late(holds, late, "doc-late", shared=True)

@@ -180,17 +180,17 @@ def test_an_adoption_whose_answer_was_lost_is_ours(
 ) -> None:
     """botocore sent the adoption again after a lost answer: the second attempt is refused by
     the first's own write. The run is ours, not dropped."""
-    from dynasem import _storage as table
+    from dynasem._storage import dynamodb, lock_rows
 
     taken = claim("reindex:11", "task-1", queue_lease=30)
-    real = table.update
+    real = lock_rows.update
 
     def applied_then_refused(action: dict[str, object], **kwargs: object) -> object:
-        monkeypatch.setattr(table, "update", real)
-        after = table._update(action, True)  # applied ...
-        raise table.Refused(after, retried=True)  # ... its answer lost, the retry refused
+        monkeypatch.setattr(lock_rows, "update", real)
+        after = lock_rows.update_item(action, True)  # applied ...
+        raise dynamodb.Refused(after, retried=True)  # ... its answer lost, the retry refused
 
-    monkeypatch.setattr(table, "update", applied_then_refused)
+    monkeypatch.setattr(lock_rows, "update", applied_then_refused)
     held = adopt(taken, lease=5)
     (hold,) = holds_on("reindex:11")
     assert hold.token == held.token

@@ -242,13 +242,13 @@ def on_engine(lock_table: str, engine: UnkindDynamoDB) -> Iterator[UnkindDynamoD
     """dynasem's settings point at the engine (the table made before: copied to its replicas)."""
     from django.test import override_settings
 
-    from dynasem import _storage as table
+    from dynasem._storage import dynamodb
     from dynasem.conf import settings
 
     with override_settings(DYNASEM=dict(settings.raw, ENDPOINT_URL=engine.endpoint_url)):
-        table.reset_client()
+        dynamodb.reset_client()
         yield engine
-    table.reset_client()
+    dynamodb.reset_client()
 
 
 def wait_for_transaction(engine: UnkindDynamoDB) -> None:

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from dynasem import _storage as table
 from dynasem._engine import arguments as validation
+from dynasem._storage import dynamodb, records
 
 
 @pytest.mark.parametrize(
@@ -36,7 +36,7 @@ def test_check_resources_takes_one_or_a_list() -> None:
     with pytest.raises(TypeError, match=r"resource\[1\]"):
         validation.check_resources(["a", 2])
     with pytest.raises(ValueError, match="atomically"):
-        validation.check_resources([f"r{i}" for i in range(table.MAX_TRANSACTION + 1)])
+        validation.check_resources([f"r{i}" for i in range(records.MAX_TRANSACTION + 1)])
 
 
 @pytest.mark.parametrize("value", [True, "5", None, math.nan, math.inf, 0, -1, 8 * 24 * 3600])
@@ -75,8 +75,8 @@ def test_user_id_of() -> None:
 
     assert validation.user_id_of(User()) == "7"
     assert validation.user_id_of("alice") == "alice"
-    assert validation.user_id_of(None) == table.process_identity()
-    assert validation.user_id_of(Anonymous()) == table.process_identity()
+    assert validation.user_id_of(None) == dynamodb.process_identity()
+    assert validation.user_id_of(Anonymous()) == dynamodb.process_identity()
     with pytest.raises(ValueError, match="non-empty"):
         validation.user_id_of("")
     with pytest.raises(TypeError, match="Django user, a str or None"):

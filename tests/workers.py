@@ -277,8 +277,8 @@ def hold_and_exit(endpoint: str, table_name: str, resource: str, how: str, out: 
     import threading
 
     setup_django(endpoint, table_name)
-    from dynasem import _storage as table
     from dynasem import semaphore
+    from dynasem._storage import lock_rows, records
 
     stop: list[int] = []
     if how == "sigterm-handler":
@@ -305,7 +305,7 @@ def hold_and_exit(endpoint: str, table_name: str, resource: str, how: str, out: 
             atexit._run_exitfuncs()  # what a normal exit runs, then nothing else of the parent's
             os._exit(0)
         os.waitpid(child, 0)
-        holders = list((table.get(resource) or table.LockItem()).holders)
+        holders = list((lock_rows.get(resource) or records.LockItem()).holders)
         out.put(("after-child", holders == [held.token]))
         held.release()
         return

@@ -14,12 +14,12 @@ import uuid
 from typing import Any
 
 from .. import _clock as clock
-from .. import _storage as table
 from .._engine import arguments as validation
 from .._engine.heartbeat import Heartbeat
 from .._engine.queue import retry_after
 from .._engine.steps import run_io
 from .._observability.logs import facts
+from .._storage import dynamodb, job_rows, job_writes, records
 from .._transactions import commit as transactions
 from ..exceptions import AlreadyDone, LockLost, SemaphoreBusy, SemaphoreUnavailable
 
@@ -51,7 +51,7 @@ class Job:
         sent_mono: float,
     ):
         self.key = guard.key
-        self.status = table.RUNNING
+        self.status = records.RUNNING
         self.attempt = attempt
         self.fence = fence
         self.token = token
@@ -91,8 +91,8 @@ class Job:
         sent_mono = clock.monotonic()
         expires = clock.now_ms() + int(self.lease * 1000)
         try:
-            table.update_job(table.job_renew(self.key, self.token, expires))
-        except table.Refused:
+            job_rows.update_job(job_writes.job_renew(self.key, self.token, expires))
+        except dynamodb.Refused:
             self._lost = "another process claimed it, or it was reset by an operator"
             raise LockLost(self.key, self._lost) from None
         self._deadline = max(self._deadline, sent_mono + self.lease - self.skew)
@@ -103,10 +103,10 @@ class Job:
         else ``LockLost``."""
         sent_mono = clock.monotonic()
         try:
-            table.update_job(
-                table.job_renew(self.key, self.token, clock.now_ms() + int(self.lease * 1000))
+            job_rows.update_job(
+                job_writes.job_renew(self.key, self.token, clock.now_ms() + int(self.lease * 1000))
             )
-        except table.Refused:
+        except dynamodb.Refused:
             self._lost = "another process claimed it, or it was reset by an operator"
             self._stop_heartbeat()
             raise LockLost(self.key, self._lost) from None
@@ -154,13 +154,13 @@ class Job:
     def _finish(self, error: BaseException | None) -> None:
         self._released = True
         self._stop_heartbeat()
-        status = table.FAILED if error is not None else table.DONE
+        status = records.FAILED if error is not None else records.DONE
         message = None if error is None else f"{type(error).__name__}: {error}"
         try:
-            table.update_job(
-                table.job_finish(self.key, self.token, status, message, clock.now_ms())
+            job_rows.update_job(
+                job_writes.job_finish(self.key, self.token, status, message, clock.now_ms())
             )
-        except table.Refused as refused:
+        except dynamodb.Refused as refused:
             if refused.job.last_token != self.token:
                 raise LockLost(
                     self.key, "another process claimed it, or it was reset by an operator"
@@ -208,19 +208,19 @@ class RunOnce:
             fence = max(clock.new_fence(skew), stored_fence + 1)
             stale = now - int(skew * 1000)
             try:
-                row = table.update_job(
-                    table.job_claim(
+                row = job_rows.update_job(
+                    job_writes.job_claim(
                         self.key, token, user_id, now + int(lease * 1000), fence, now, stale
                     ),
                     return_new=True,
-                ) or table.job_row(None)
-            except table.Refused as refused:
+                ) or records.job_row(None)
+            except dynamodb.Refused as refused:
                 row = refused.job
                 if row.token != token:  # not our own claim, its response lost
-                    if row.status == table.DONE:
+                    if row.status == records.DONE:
                         raise AlreadyDone(self.key, row.finished_ms) from None
                     expires_ms = row.expires_ms or 0
-                    if row.status == table.RUNNING and expires_ms >= stale:
+                    if row.status == records.RUNNING and expires_ms >= stale:
                         # No average is stored for jobs: one that has run this long is
                         # expected to run as long again (a semaphore's rule past its
                         # average), told never later than a dead claim could be taken over.
@@ -239,10 +239,10 @@ class RunOnce:
                 # someone may have reclaimed it. Confirm with a renewal of our own first.
                 sent_mono = clock.monotonic()
                 try:
-                    table.update_job(
-                        table.job_renew(self.key, token, clock.now_ms() + int(lease * 1000))
+                    job_rows.update_job(
+                        job_writes.job_renew(self.key, token, clock.now_ms() + int(lease * 1000))
                     )
-                except table.Refused:
+                except dynamodb.Refused:
                     continue  # reclaimed meanwhile: the next claim says by whom
             return self._job(token, user_id, row, lease, skew, sent_mono)
         raise SemaphoreUnavailable(f"could not claim job {self.key!r}: the row kept changing")
@@ -251,7 +251,7 @@ class RunOnce:
         self,
         token: str,
         user_id: str,
-        row: table.JobRow,
+        row: records.JobRow,
         lease: float,
         skew: float,
         sent_mono: float,

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _clock as clock
-from .. import _storage as table
 from .._engine import processes
 from .._engine.arguments import resolve_timing
 from .._engine.decorators import KeyMaker, _checked
@@ -40,6 +39,7 @@ from .._engine.hold import Held
 from .._engine.reentry import forget_entered, remember_acquired, remember_entered
 from .._engine.steps import run_sync
 from .._observability.logs import facts
+from .._storage import claims, dynamodb, lock_rows, records
 from ..exceptions import LockLost, SemaphoreBusy
 
 __all__ = [
@@ -157,16 +157,16 @@ def adopt(claim: Claim, lease: float | None = None, *, wait: bool = True) -> Hel
     while True:
         sent_mono, now_ms = clock.monotonic(), clock.now_ms()
         expires_ms = now_ms + int(lease_s * 1000)
-        entry = table.Holder(
+        entry = records.Holder(
             user_id, expires_ms, fence, acquired_ms=now_ms, proc=processes.identity()
         )
-        action = table.adopt_hold(
+        action = claims.adopt_hold(
             claim.resource, claimed, token, entry, announced=announced, stale_ms=stale_ms
         )
         try:
-            table.update(action)
+            lock_rows.update(action)
             break
-        except table.Refused as refused:
+        except dynamodb.Refused as refused:
             item = refused.lock
         holders = item.holders if item is not None else {}
         if token in holders:
@@ -207,7 +207,7 @@ def adopt(claim: Claim, lease: float | None = None, *, wait: bool = True) -> Hel
     return held
 
 
-def _announcer(item: table.LockItem | None, next_token: str) -> tuple[str, table.Holder] | None:
+def _announcer(item: records.LockItem | None, next_token: str) -> tuple[str, records.Holder] | None:
     """The holder (a run) that announced ``next_token`` as its retry's, if it holds still."""
     for token, holder in (item.holders if item is not None else {}).items():
         if holder.next_token == next_token:
@@ -255,8 +255,8 @@ def hand_on(held: Held, carried: Claim) -> Claim | None:
         return None
     next_token = uuid.uuid4().hex
     try:
-        table.update(table.announce_next(carried.resource, held.token, next_token))
-    except table.Refused:
+        lock_rows.update(claims.announce_next(carried.resource, held.token, next_token))
+    except dynamodb.Refused:
         raise LockLost(carried.resource, "the run's hold was lost before its retry") from None
     held.handed_on = next_token
     return Claim(carried.resource, next_token, held.fence, carried.task_id)
@@ -280,10 +280,10 @@ def end_run(held: Held, queue_lease: float) -> None:
         held._released = True
         held._stop_heartbeat()
         now_ms = clock.now_ms()
-        entry = table.Holder(held.user_id, now_ms + int(queue_lease * 1000), held.fence, now_ms)
+        entry = records.Holder(held.user_id, now_ms + int(queue_lease * 1000), held.fence, now_ms)
         try:
-            table.update(table.adopt_hold(held.resource, held.token, held.handed_on, entry))
-        except table.Refused as refused:
+            lock_rows.update(claims.adopt_hold(held.resource, held.token, held.handed_on, entry))
+        except dynamodb.Refused as refused:
             item = refused.lock
             if item is None or held.handed_on not in item.holders:  # else: applied, answer lost
                 held._mark_lost("another holder took it over before the run ended")

@@ -7,7 +7,7 @@ import unicodedata
 from numbers import Real
 from typing import Any
 
-from .. import _storage as table
+from .._storage import dynamodb, records
 from ..conf import settings
 
 MAX_RESOURCE_BYTES = 1024
@@ -90,9 +90,9 @@ def check_resources(resource: Any) -> list[str]:
         names = [check_resource(r, f"resource[{i}]") for i, r in enumerate(resource)]
         if len(set(names)) != len(names):
             raise ValueError(f"resource lists a resource twice: {names!r}")
-        if len(names) > table.MAX_TRANSACTION:
+        if len(names) > records.MAX_TRANSACTION:
             raise ValueError(
-                f"resource lists {len(names)} resources; at most {table.MAX_TRANSACTION} "
+                f"resource lists {len(names)} resources; at most {records.MAX_TRANSACTION} "
                 "can be taken atomically (one DynamoDB transaction)"
             )
         return names
@@ -167,7 +167,7 @@ def check_limit(limit: Any, shared: Any) -> int:
 def user_id_of(user: Any) -> str:
     """What is recorded as the holder: a user's primary key, a given str, or this process."""
     if user is None:
-        return table.process_identity()
+        return dynamodb.process_identity()
     if isinstance(user, str):
         if not user:
             raise ValueError("user must be a non-empty str, a Django user or None")
@@ -178,7 +178,7 @@ def user_id_of(user: Any) -> str:
     if authenticated is None:
         raise TypeError(f"user must be a Django user, a str or None, not {type(user).__name__}")
     if not authenticated or getattr(user, "pk", None) is None:
-        return table.process_identity()
+        return dynamodb.process_identity()
     user_id = str(user.pk)
     # The pk's text is written (and indexed) as userId: it must have a UTF-8 form too.
     utf8_size(user_id, "user (its primary key)")

@@ -32,9 +32,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from .. import _clock as clock
-from .. import _storage as table
 from .._observability import telemetry
 from .._observability.logs import facts
+from .._storage import lock_rows, next_runs
 from ..exceptions import Coalesced, LockLost, SemaphoreBusy
 from . import heartbeat
 from .arguments import MODE_EXCLUSIVE, resolve_timing, user_id_of
@@ -102,7 +102,7 @@ class Registration:
     def renew(self) -> None:
         sent = clock.monotonic()
         with telemetry.naming(self.name):
-            renewed = table.renew_next(
+            renewed = next_runs.renew_next(
                 self.resource, self.token, clock.now_ms() + int(self.lease * 1000)
             )
         if not renewed:
@@ -118,7 +118,7 @@ class Registration:
         self.stop()
         try:
             with telemetry.naming(self.name):
-                table.withdraw_next(self.resource, self.token)
+                next_runs.withdraw_next(self.resource, self.token)
         except Exception:  # its lease ends it anyway
             logger.warning(
                 "dynasem: could not withdraw the next run of %r",
@@ -131,10 +131,10 @@ def register(sem: Any, busy: SemaphoreBusy) -> Registration:
     """Register as ``sem``'s next run after ``busy``, or raise :class:`Coalesced`."""
     lease, _, skew = resolve_timing(sem.lease, sem.wait)
     resource = sem.resources[0]
-    row = table.get(resource)  # consistent: the fence as it is now that we have arrived
+    row = lock_rows.get(resource)  # consistent: the fence as it is now that we have arrived
     token = uuid.uuid4().hex
     sent, now = clock.monotonic(), clock.now_ms()
-    other = table.register_next(
+    other = next_runs.register_next(
         resource,
         token=token,
         user_id=user_id_of(sem.user),

@@ -27,8 +27,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from .. import _clock as clock
-from .. import _storage as table
 from .._observability import telemetry
+from .._storage import dynamodb, lock_rows, lock_writes, permit_items, queue_entries, records
 from .._transactions import commit as transactions
 from .._transactions import fencing as fenced
 from ..conf import settings
@@ -272,7 +272,7 @@ class Semaphore:
                 sent_mono = clock.monotonic()
                 now = clock.now_ms()
                 stale = now - int(skew * 1000)
-                entry = table.holder_entry(
+                entry = lock_writes.holder_entry(
                     user_id, now + int(lease * 1000), clock.new_fence(skew), now, self.shared, proc
                 )
                 if confirm or (push_cap is not None and push_cap - sent_mono < margin):
@@ -295,7 +295,11 @@ class Semaphore:
                         try:
                             yield Request(
                                 functools.partial(
-                                    table.leave_queue, resources[0], pace.qbase, ticket, token=token
+                                    queue_entries.leave_queue,
+                                    resources[0],
+                                    pace.qbase,
+                                    ticket,
+                                    token=token,
                                 )
                             )
                         except SemaphoreUnavailable:
@@ -320,9 +324,9 @@ class Semaphore:
                             # Throttled (a hot key): no news, after a pause; never the
                             # caller's failure while its wait lasts (issue 40).
                             seen[r] = yield from queueing.patient_read(
-                                functools.partial(table.with_permits, old, consistent=True)
+                                functools.partial(permit_items.with_permits, old, consistent=True)
                                 if old.hw is not None and not old.permits_read
-                                else functools.partial(table.load_entries, old, upto),
+                                else functools.partial(queue_entries.load_entries, old, upto),
                                 old,
                                 pace,
                                 deadline,
@@ -345,19 +349,21 @@ class Semaphore:
                     try:
                         if len(actions) == 1:
                             after = yield Write(
-                                functools.partial(table.update, actions[0], return_new=True),
+                                functools.partial(lock_rows.update, actions[0], return_new=True),
                                 token,
                                 acting,
                             )
                         else:  # all or none
-                            yield Write(functools.partial(table.transact, actions), token, acting)
-                    except table.Refused as refused:
-                        seen[acting[0]] = refused.lock or table.LockItem()
-                    except table.Cancelled as cancelled:
+                            yield Write(
+                                functools.partial(lock_rows.transact, actions), token, acting
+                            )
+                    except dynamodb.Refused as refused:
+                        seen[acting[0]] = refused.lock or records.LockItem()
+                    except dynamodb.Cancelled as cancelled:
                         conflict = True
                         for r, (code, old) in zip(acting, cancelled.reasons, strict=False):
                             if code == "ConditionalCheckFailed":
-                                seen[r] = old or table.LockItem()
+                                seen[r] = old or records.LockItem()
                                 conflict = False
                         if conflict:
                             # Another transaction was on these items: step aside briefly.
@@ -464,12 +470,12 @@ class Semaphore:
                     ):
                         # Some of several holders are surely still there: read which, cheaply.
                         try:
-                            seen[r] = yield Request(functools.partial(table.get, r))
+                            seen[r] = yield Request(functools.partial(lock_rows.get, r))
                         except SemaphoreUnavailable:
                             seen[r] = None
                     else:
                         # Guess it free (one write tells us otherwise), keeping the fence we saw.
-                        seen[r] = table.guessed_free(old.fence if old is not None else 0)
+                        seen[r] = records.guessed_free(old.fence if old is not None else 0)
         finally:
             wakeup.forget(token)  # a push that comes now is for a wait that is over
 

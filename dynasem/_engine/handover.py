@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import _clock as clock
-from .. import _storage as table
 from .._storage import lock_writes as writes
+from .._storage import queue_entries, records
 from ..exceptions import SemaphoreUnavailable
 from . import push as wakeup
 
@@ -23,10 +23,12 @@ def max_admit() -> int:
     return min(MAX_ADMIT, max(1, writes.READERS_INLINE))
 
 
-Heirs = list[tuple[str, table.Waiter]]
+Heirs = list[tuple[str, records.Waiter]]
 
 
-def first_live(queue: Mapping[str, table.Waiter], now_ms: int) -> tuple[str, table.Waiter] | None:
+def first_live(
+    queue: Mapping[str, records.Waiter], now_ms: int
+) -> tuple[str, records.Waiter] | None:
     """The first waiter in line whose entry is still alive: (its token, its entry)."""
     live = [(w.ticket, t) for t, w in queue.items() if w.expires_ms > now_ms]
     if not live:
@@ -35,7 +37,7 @@ def first_live(queue: Mapping[str, table.Waiter], now_ms: int) -> tuple[str, tab
     return token, queue[token]
 
 
-def next_in_line(queue: Mapping[str, table.Waiter], now_ms: int) -> Heirs:
+def next_in_line(queue: Mapping[str, records.Waiter], now_ms: int) -> Heirs:
     """Who takes the lock next, first come first served among live waiters: the first one if
     it is exclusive; else every reader at the head of the line, up to the first exclusive
     waiter (and at most :func:`max_admit`): shared holders hold together."""
@@ -51,13 +53,13 @@ def next_in_line(queue: Mapping[str, table.Waiter], now_ms: int) -> Heirs:
     return heirs
 
 
-def _entries(item: table.LockItem) -> dict[str, table.Waiter]:
+def _entries(item: records.LockItem) -> dict[str, records.Waiter]:
     return {w.token: w for w in item.entries or ()}
 
 
 def heirs_of(
-    inline: Mapping[str, table.Waiter], row: table.LockItem | None
-) -> tuple[Heirs, int | None, table.LockItem | None]:
+    inline: Mapping[str, records.Waiter], row: records.LockItem | None
+) -> tuple[Heirs, int | None, records.LockItem | None]:
     """The heirs of an exclusive hold: from the old inline queue (which came first), else
     from the queue's entry items, read now if the row says waiters came. Returns the heirs,
     the ``qout`` a hand-over to entry items is conditional on (None: inline heirs), and the
@@ -77,22 +79,22 @@ def heirs_of(
     # as for a hand-over that was on its way when it left. A consistent read here would cost
     # every hand-over 0.5 RCU more to spare the rarer leavers' one look (1 RCU), and would
     # still miss a slow write.
-    quick = table.load_entries(row, consistent=False)
+    quick = queue_entries.load_entries(row, consistent=False)
     heirs = next_in_line(_entries(quick), now)
     if heirs and _contiguous(quick, heirs):
         return heirs, quick.qout, quick
-    row = table.load_entries(row)
+    row = queue_entries.load_entries(row)
     return next_in_line(_entries(row), now), row.qout, row
 
 
-def _contiguous(row: table.LockItem, heirs: Heirs) -> bool:
+def _contiguous(row: records.LockItem, heirs: Heirs) -> bool:
     """Are ``heirs`` tickets qout + 1, qout + 2, ...: nobody missing or passed over before or
     among them? (An entry such a read shows dead may have been renewed since.)"""
     tickets = [waiter.ticket for _, waiter in heirs]
     return tickets == list(range(row.qout + 1, row.qout + 1 + len(tickets)))
 
 
-def release_terms(row: table.LockItem | None, skew: float) -> dict[str, Any]:
+def release_terms(row: records.LockItem | None, skew: float) -> dict[str, Any]:
     """The queue's part of an exclusive holder's plain release (no heir to hand it to):
     nobody may be waiting (a refusal says who came); or every waiter seen is dead: pass
     them. Waiters whose entries have only just run out are left to take it themselves."""
@@ -105,7 +107,7 @@ def release_terms(row: table.LockItem | None, skew: float) -> dict[str, Any]:
     return {}
 
 
-def push_first(resource: str, item: table.LockItem, *, readers_only: bool) -> None:
+def push_first(resource: str, item: records.LockItem, *, readers_only: bool) -> None:
     """Push ``item`` to the first live waiter in line (only if a reader: ``readers_only``),
     reading the queue's first entries if the row says waiters came."""
     now = clock.now_ms()
@@ -113,7 +115,7 @@ def push_first(resource: str, item: table.LockItem, *, readers_only: bool) -> No
     if first is None and item.waiting:
         if item.entries is None:
             try:
-                item = table.load_entries(item)
+                item = queue_entries.load_entries(item)
             except SemaphoreUnavailable:
                 return  # they read it themselves
         first = first_live(_entries(item), now)

@@ -13,9 +13,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .. import _clock as clock
-from .. import _storage as table
 from .._observability import telemetry
 from .._observability.logs import facts
+from .._storage import dynamodb, lock_rows, lock_writes, records
 from .._transactions import commit as transactions
 from .._transactions import fencing as fenced
 from ..exceptions import LimitExceeded, LockLost, SemaphoreUnavailable
@@ -81,8 +81,8 @@ class Held:
         if semaphore.max_hold is not None:
             self._max_hold_end = self._taken_mono + semaphore.max_hold
             self._deadline = min(self._deadline, self._max_hold_end)
-        self._queue: Mapping[str, table.Waiter] = {}  # the old inline queue's waiters we saw
-        self._row: table.LockItem | None = None  # the row as we last saw it: its queue
+        self._queue: Mapping[str, records.Waiter] = {}  # the old inline queue's waiters we saw
+        self._row: records.LockItem | None = None  # the row as we last saw it: its queue
         self._hold_avg: int | None = None
         # A hand-over sent that got no answer: it may have been applied (see _give_back).
         self._handed_unanswered = False
@@ -99,7 +99,7 @@ class Held:
         self.telemetry_context: Any = None  # the acquire's span (telemetry.py links to it)
         self._handover: tuple[int, int, int, int] | None = None  # when, to how many, fence
 
-    def _observe(self, item: table.LockItem | None) -> None:
+    def _observe(self, item: records.LockItem | None) -> None:
         if item is not None:
             self._queue = item.queue
             self._row = item
@@ -226,20 +226,20 @@ class Held:
         raise_item = {r: True for r in self.resources}
         for _ in range(4):
             actions = [
-                table.renew_hold(
+                lock_writes.renew_hold(
                     r, self.token, expires, raise_item=raise_item[r], user_id=self.user_id
                 )
                 for r in self.resources
             ]
             try:
                 if len(actions) == 1:
-                    self._observe(table.update(actions[0], return_new=True))
+                    self._observe(lock_rows.update(actions[0], return_new=True))
                 else:
-                    table.transact(actions)
-            except table.Refused as refused:
+                    lock_rows.transact(actions)
+            except dynamodb.Refused as refused:
                 if not self._still_ours(self.resources[0], refused.lock, raise_item):
                     break
-            except table.Cancelled as cancelled:
+            except dynamodb.Cancelled as cancelled:
                 reasons = zip(self.resources, cancelled.reasons, strict=False)
                 if any(
                     code == "ConditionalCheckFailed" and not self._still_ours(r, old, raise_item)
@@ -258,7 +258,7 @@ class Held:
         self._raise_lost()
 
     def _still_ours(
-        self, resource: str, old: table.LockItem | None, raise_item: dict[str, bool]
+        self, resource: str, old: records.LockItem | None, raise_item: dict[str, bool]
     ) -> bool:
         if old is not None and self.token in old.holders:
             # Ours still; another holder's later lease end stands as the item's expiry.
@@ -384,15 +384,15 @@ class Held:
                 lease_ms = (
                     waiter.lease_ms if waiter.lease_ms is not None else int(self.lease * 1000)
                 )
-                entry = table.holder_entry(
+                entry = lock_writes.holder_entry(
                     waiter.user_id, now + lease_ms, fence + i, now, waiter.shared, waiter.proc
                 )
                 entries.append((token, waiter.ticket, entry))
             shared = found[0][1].shared
             started_ns = time.time_ns()
             try:
-                item = table.update(
-                    table.hand_over(
+                item = lock_rows.update(
+                    lock_writes.hand_over(
                         self.resource,
                         self.token,
                         entries,
@@ -402,7 +402,7 @@ class Held:
                     ),
                     return_new=True,
                 )
-            except table.Refused as refused:
+            except dynamodb.Refused as refused:
                 old = refused.lock
                 if old is None or self.token not in old.holders:
                     return self._released_by(old, refused.retried)
@@ -464,18 +464,18 @@ class Held:
                         or (row is not None and row.waiting)
                         or clock.monotonic() - self._taken_mono > WAKE_AFTER
                     )
-                    self._wake_first(table.update(actions[0], return_new=look))
+                    self._wake_first(lock_rows.update(actions[0], return_new=look))
                 else:
-                    table.transact(actions)
+                    lock_rows.transact(actions)
                 return ok
-            except table.Refused as refused:
+            except dynamodb.Refused as refused:
                 old = refused.lock
                 if terms and old is not None and self.token in old.holders:
                     self._observe(old)
                     return None
                 retried = refused.retried or self._handed_unanswered or self._release_unanswered
                 return ok and self._released_by(old, retried)
-            except table.Cancelled as cancelled:
+            except dynamodb.Cancelled as cancelled:
                 # Nothing was applied: drop the ones not ours any more and send the rest again.
                 cancels += 1
                 retried = cancelled.retried or self._release_unanswered
@@ -498,7 +498,7 @@ class Held:
             except SemaphoreUnavailable as exc:
                 failures += 1
                 self._release_unanswered |= exc.ambiguous
-                passing = isinstance(exc, table.WriteConflict) or (
+                passing = isinstance(exc, dynamodb.WriteConflict) or (
                     isinstance(exc, LimitExceeded) and exc.limit == "throughput"
                 )
                 # Given up, the work is done and the lease will lapse by itself: never fail
@@ -515,7 +515,7 @@ class Held:
         # reap could be smaller than ours.
         now = clock.now_ms()
         return [
-            table.give_back(
+            lock_writes.give_back(
                 r,
                 self.token,
                 max(now, self.fences[r] // 1000),
@@ -556,22 +556,22 @@ class Held:
             return None
         return pause
 
-    def _wake_first(self, item: table.LockItem | None) -> None:
+    def _wake_first(self, item: records.LockItem | None) -> None:
         """After a plain release: if waiters are queued (ones we did not know of when we
         could have handed over), push the first one the item, so it takes the lock now
         instead of at its next paced read."""
         if item is not None and not item.holders:
             heirs.push_first(self.resource, item, readers_only=False)
 
-    def _wake_next_reader(self, item: table.LockItem | None) -> None:
+    def _wake_next_reader(self, item: records.LockItem | None) -> None:
         """A shared hold just taken: if the first waiter in line is a reader too, it can join
         us now; push it the item (it then pushes the next one when it has joined)."""
         if item is not None:
             heirs.push_first(self.resource, item, readers_only=True)
 
-    def _released_by(self, old: table.LockItem | None, retried: bool) -> bool:
+    def _released_by(self, old: records.LockItem | None, retried: bool) -> bool:
         """Was a refused release ours after all (applied, its response lost)?"""
-        old = old or table.LockItem()
+        old = old or records.LockItem()
         if self.token in old.holders:
             return False
         if old.last_token == self.token:
@@ -603,7 +603,7 @@ def acquired(
     skew: float,
     expires_ms: int,
     sent_mono: float,
-    item: table.LockItem | None,
+    item: records.LockItem | None,
     cls: type[Held] = Held,
 ) -> Held:
     """A hold just taken: learn the queue from ``item`` (the resource as last seen, one

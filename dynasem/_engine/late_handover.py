@@ -9,9 +9,9 @@ import functools
 import logging
 
 from .. import _clock as clock
-from .. import _storage as table
 from .._observability import telemetry
 from .._observability.logs import facts
+from .._storage import queue_entries, records
 from ..exceptions import SemaphoreUnavailable
 from . import push as wakeup
 from .hold import Held
@@ -23,7 +23,7 @@ logger = logging.getLogger("dynasem")
 
 
 def give_back_stray(
-    semaphore: LockSpec, token: str, item: table.LockItem, *, lease: float, skew: float
+    semaphore: LockSpec, token: str, item: records.LockItem, *, lease: float, skew: float
 ) -> None:
     """A hand-over ``item`` made ``token`` a holder after its waiter had left the queue (see
     :func:`dynasem._engine.push.depart`): nobody will use that hold, so hand it on to the next
@@ -67,7 +67,7 @@ def give_back_stray(
 
 def leave_queue(
     semaphore: LockSpec, pace: Pace, token: str, *, lease: float, skew: float
-) -> Steps[table.LockItem | None]:
+) -> Steps[records.LockItem | None]:
     """A queued waiter whose wait ran out leaves the queue. Returns the row if a hand-over
     reached us meanwhile (ours to keep); else None, and a hand-over still on its way is
     handed on (:func:`give_back_stray`) when its push comes or, pushed or not, when this
@@ -78,12 +78,12 @@ def leave_queue(
     if ticket is None:
         return None
     try:
-        gone: table.LockItem | None = yield Request(
-            functools.partial(table.leave_queue, resource, pace.qbase, ticket, token=token)
+        gone: records.LockItem | None = yield Request(
+            functools.partial(queue_entries.leave_queue, resource, pace.qbase, ticket, token=token)
         )
         if gone is not None and token in gone.holders:
             return gone
-        handed = table.may_be_handed(gone, pace.qbase, ticket, token)
+        handed = queue_entries.may_be_handed(gone, pace.qbase, ticket, token)
     except SemaphoreUnavailable:
         handed = True  # our entry may be there still (it expires with its lease)
     wakeup.depart(

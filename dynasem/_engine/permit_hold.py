@@ -8,8 +8,8 @@ import logging
 from typing import Any
 
 from .. import _clock as clock
-from .. import _storage as table
 from .._observability.logs import facts
+from .._storage import dynamodb, lock_rows, records
 from .._storage import permit_items as slots
 from ..exceptions import SemaphoreUnavailable
 from . import handover as heirs
@@ -20,10 +20,10 @@ logger = logging.getLogger("dynasem")
 # The rows of permit resources as this process last saw them (a first take plans from it
 # instead of reading): bounded.
 MAX_REMEMBERED = 1024
-rows: dict[str, table.LockItem] = {}
+rows: dict[str, records.LockItem] = {}
 
 
-def remember(item: table.LockItem) -> None:
+def remember(item: records.LockItem) -> None:
     if len(rows) >= MAX_REMEMBERED:
         rows.clear()
     rows[item.resource] = item
@@ -33,7 +33,7 @@ def undo(resource: str, slot: int, token: str) -> None:
     """Best effort: give back a permit an unanswered (or interrupted) write may have taken."""
     try:
         slots.send(slots.give_back_permit(resource, slot, token, clock.now_ms()))
-    except (table.Refused, SemaphoreUnavailable):
+    except (dynamodb.Refused, SemaphoreUnavailable):
         return
     hint_freed(resource, slot, None)
 
@@ -48,7 +48,7 @@ def break_permit(resource: str, token: str, permit: slots.Permit | None = None) 
         return False
     try:
         slots.send(slots.break_permit(resource, permit.slot, token, until))
-    except table.Refused:
+    except dynamodb.Refused:
         return False
     hint_freed(resource, permit.slot, None)
     return True
@@ -57,8 +57,8 @@ def break_permit(resource: str, token: str, permit: slots.Permit | None = None) 
 def hint_freed(resource: str, slot: int, hold_ms: int | None) -> None:
     """A slot given back: hint it in the row, and push the first waiter if any wait."""
     try:
-        row = table.update(slots.hint(resource, slot, hold_ms), return_new=True)
-    except table.Refused as refused:
+        row = lock_rows.update(slots.hint(resource, slot, hold_ms), return_new=True)
+    except dynamodb.Refused as refused:
         row = refused.lock  # hints full (the slot is found by reading), or the row is gone
     except SemaphoreUnavailable:
         return  # the slot is found by reading the permits
@@ -89,12 +89,12 @@ class PermitHeld(Held):
         """Keep the row listed (and unreaped) while our permit may be live."""
         if listed_s is not None:
             self._listed[resource] = max(self._listed.get(resource, 0), listed_s)
-        if table.bucket_of(expires_ms) <= self._listed.get(resource, 0):
+        if records.bucket_of(expires_ms) <= self._listed.get(resource, 0):
             return
         try:
             slots.send(slots.raise_row(resource, expires_ms))
-            self._listed[resource] = table.bucket_of(expires_ms)
-        except table.Refused as refused:
+            self._listed[resource] = records.bucket_of(expires_ms)
+        except dynamodb.Refused as refused:
             row = refused.lock
             if row is not None and row.listed_s is not None:
                 self._listed[resource] = row.listed_s
@@ -108,7 +108,7 @@ class PermitHeld(Held):
         for resource, slot in self.slots.items():
             try:
                 slots.send(slots.renew_permit(resource, slot, self.token, expires))
-            except table.Refused:
+            except dynamodb.Refused:
                 self._mark_lost("another holder took it over, or it was broken by an operator")
                 self._raise_lost()
         self._expires_ms = expires
@@ -122,7 +122,7 @@ class PermitHeld(Held):
         for resource, slot in self.slots.items():
             try:
                 slots.send(slots.give_back_permit(resource, slot, self.token, clock.now_ms()))
-            except table.Refused as refused:
+            except dynamodb.Refused as refused:
                 if not self._gave_back(refused):
                     ok = False
                     continue
@@ -137,7 +137,7 @@ class PermitHeld(Held):
             hint_freed(resource, slot, hold_ms)
         return ok
 
-    def _gave_back(self, refused: table.Refused) -> bool:
+    def _gave_back(self, refused: dynamodb.Refused) -> bool:
         """Was a refused release ours after all (applied, its answer lost)?"""
         permit = slots.permit_of(refused.item) if refused.item else None
         if permit is not None and permit.last_token == self.token:

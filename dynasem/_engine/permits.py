@@ -20,8 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import _clock as clock
-from .. import _storage as table
 from .._observability import telemetry
+from .._storage import dynamodb, lock_rows, lock_writes, queue_entries, records
 from .._storage import permit_items as slots
 from ..exceptions import SemaphoreUnavailable
 from . import handover as heirs
@@ -106,9 +106,9 @@ def acquire_steps(
     seen = permit_held.rows.get(resource)
     if seen is None:
         seen = yield from queueing.patient_read(
-            functools.partial(table.get, resource, consistent=False), None, pace, deadline
+            functools.partial(lock_rows.get, resource, consistent=False), None, pace, deadline
         )
-    seen = seen or table.LockItem(resource=resource)
+    seen = seen or records.LockItem(resource=resource)
     failures = replans = 0
     # Our turn was had: a row write of ours moved the queue past us, but the slot it named
     # proved taken (a stale hint). The next take asks nothing of the queue: we keep our place.
@@ -126,7 +126,7 @@ def acquire_steps(
                 upto = queueing.upto_of(seen, ticket)
                 # Throttled (a hot key): no news, after a pause (issue 40).
                 seen = yield from queueing.patient_read(
-                    functools.partial(table.load_entries, seen, upto), seen, pace, deadline
+                    functools.partial(queue_entries.load_entries, seen, upto), seen, pace, deadline
                 )
                 continue
             in_way = {w.token: w for w in ahead}
@@ -145,8 +145,8 @@ def acquire_steps(
             # one, learnt from the old row); a take that makes the row names one from the clock.
             counted = plan.how in ("pop", "grow", "fence")
             fence = max(clock.new_fence(skew), seen.fence + 1)
-            holder = table.holder_entry(user_id, now + lease_ms, fence, now, False, proc)
-            terms = table.QueueTerms(
+            holder = lock_writes.holder_entry(user_id, now + lease_ms, fence, now, False, proc)
+            terms = lock_writes.QueueTerms(
                 {t: w.expires_ms for t, w in seen.queue.items() if w.expires_ms < stale},
                 len(seen.queue) if seen.has_queue else None,
                 mine=ticket,
@@ -168,8 +168,8 @@ def acquire_steps(
             )
             try:
                 old = yield Write(functools.partial(slots.send, action, old=True), token, [])
-            except table.Refused as refused:
-                seen = refused.lock or table.LockItem(resource=resource)
+            except dynamodb.Refused as refused:
+                seen = refused.lock or records.LockItem(resource=resource)
                 replans += 1
                 if replans > MAX_REPLANS:
                     replans = 0
@@ -181,7 +181,7 @@ def acquire_steps(
                     raise
                 yield Sleep(min(backoff(failures), max(0.05, deadline - clock.monotonic())))
                 continue
-            before: table.LockItem = table.lock_item(dict(old or {"pk": resource}))
+            before: records.LockItem = records.lock_item(dict(old or {"pk": resource}))
             if counted:
                 fence = before.fence + 1
                 holder = dataclasses.replace(holder, fence=fence)
@@ -230,7 +230,7 @@ def acquire_steps(
                 try:
                     yield Request(
                         functools.partial(
-                            table.leave_queue, resource, pace.qbase, ticket, token=token
+                            queue_entries.leave_queue, resource, pace.qbase, ticket, token=token
                         )
                     )
                 except SemaphoreUnavailable:
@@ -258,12 +258,12 @@ def acquire_steps(
                 remaining=remaining,
                 pace=pace,
             )
-        ) or table.LockItem(resource=resource)
+        ) or records.LockItem(resource=resource)
         replans = 0
 
 
 def _plan(
-    sem: LockSpec, resource: str, seen: table.LockItem, scan: _Scan, stale: int
+    sem: LockSpec, resource: str, seen: records.LockItem, scan: _Scan, stale: int
 ) -> Steps[_Plan]:
     """The take to send, from the row as seen (reading the permits when every slot is in use
     and no hint is left), or who is in our way."""
@@ -310,7 +310,7 @@ def _other_limit(resource: str, stored: int, limit: int) -> ValueError:
     )
 
 
-def _slot_taken(plan: _Plan, before: table.LockItem) -> int:
+def _slot_taken(plan: _Plan, before: records.LockItem) -> int:
     if plan.how == "pop":
         return before.hints[0]
     if plan.how == "grow":
@@ -319,14 +319,14 @@ def _slot_taken(plan: _Plan, before: table.LockItem) -> int:
 
 
 def _after_take(
-    before: table.LockItem,
+    before: records.LockItem,
     resource: str,
     how: str,
     fence: int,
     ticket: int | None,
     limit: int,
     served: bool = False,
-) -> table.LockItem:
+) -> records.LockItem:
     """The row as our take left it (from the row before it; ``served``: a take that left the
     queue as it was)."""
     hints, hw = before.hints, before.hw or 0
@@ -362,7 +362,7 @@ def _hold_permit(
     resource: str,
     slot: int,
     token: str,
-    holder: table.Holder,
+    holder: records.Holder,
     stale: int,
     deadline: float,
     dead: slots.Permit | None = None,
@@ -375,7 +375,7 @@ def _hold_permit(
         try:
             yield Write(functools.partial(slots.send, action), token, [], undo=undo)
             return True
-        except table.Refused:
+        except dynamodb.Refused:
             return False
         except SemaphoreUnavailable as exc:
             # Maybe applied: the same write again is accepted if it was (it names our token).
@@ -428,7 +428,7 @@ def _trusted(
             for resource, slot in taken.items():
                 renewal = slots.renew_permit(resource, slot, token, expires_ms)
                 yield Write(functools.partial(slots.send, renewal), token, [], undo=undo)
-        except (table.Refused, SemaphoreUnavailable):
+        except (dynamodb.Refused, SemaphoreUnavailable):
             break
     yield Request(undo)
     timing.late += 1
@@ -478,10 +478,10 @@ def _acquire_many(
     """Several permit resources, all or none: read their rows, then one transaction of a row
     write and a permit write for each. No queue (as for any multi-resource take)."""
     resources = sem.resources
-    if len(resources) * 2 > table.MAX_TRANSACTION:
+    if len(resources) * 2 > records.MAX_TRANSACTION:
         raise ValueError(
-            f"at most {table.MAX_TRANSACTION // 2} resources of limit > {slots.INLINE_MAX} can "
-            f"be taken at once (DynamoDB's transaction limit of {table.MAX_TRANSACTION} "
+            f"at most {records.MAX_TRANSACTION // 2} resources of limit > {slots.INLINE_MAX} can "
+            f"be taken at once (DynamoDB's transaction limit of {records.MAX_TRANSACTION} "
             f"actions: two each), not {len(resources)}"
         )
     lease, skew = timing.lease, timing.skew
@@ -491,22 +491,22 @@ def _acquire_many(
     sleeps = failures = 0
     pace = Pace()
     while True:
-        seen: dict[str, table.LockItem | None] = {}
+        seen: dict[str, records.LockItem | None] = {}
         for r in resources:
             # Throttled (a hot key): no news, after a pause (issue 40).
             got = yield from queueing.patient_read(
-                functools.partial(table.get, r), None, pace, deadline
+                functools.partial(lock_rows.get, r), None, pace, deadline
             )
-            seen[r] = got or table.LockItem(resource=r)
+            seen[r] = got or records.LockItem(resource=r)
         stale = clock.now_ms() - skew_ms
         plans: dict[str, _Plan] = {}
         blocked: dict[str, Any] = {}
         for r in resources:
-            row = seen[r] or table.LockItem(resource=r)
+            row = seen[r] or records.LockItem(resource=r)
             in_way = dict(queueing.inline_ahead(row, stale))
             if not in_way and row.waiting:
                 row = yield from queueing.patient_read(
-                    functools.partial(table.load_entries, row), row, pace, deadline
+                    functools.partial(queue_entries.load_entries, row), row, pace, deadline
                 )
                 seen[r] = row
                 in_way = {w.token: w for w in queueing.entries_ahead(row, None, stale) or ()}
@@ -529,10 +529,10 @@ def _acquire_many(
             fences, actions, taken = {}, [], {}
             expires_ms = now + lease_ms
             for r in resources:
-                row, plan = seen[r] or table.LockItem(resource=r), plans[r]
+                row, plan = seen[r] or records.LockItem(resource=r), plans[r]
                 fences[r] = max(clock.new_fence(skew), row.fence + 1)
-                holder = table.holder_entry(user_id, expires_ms, fences[r], now, False, proc)
-                terms = table.QueueTerms(
+                holder = lock_writes.holder_entry(user_id, expires_ms, fences[r], now, False, proc)
+                terms = lock_writes.QueueTerms(
                     qin=row.qin, qout=row.qout, size=len(row.queue) if row.has_queue else None
                 )
                 actions.append(
@@ -585,9 +585,9 @@ def all_or_none(
     (a conflict with another transaction; a failure in transit, whatever may have been
     applied withdrawn by ``undo``). Raises past ``deadline`` or on a failure not transient."""
     try:
-        yield Write(functools.partial(table.transact, actions), token, [], undo=undo)
+        yield Write(functools.partial(lock_rows.transact, actions), token, [], undo=undo)
         return None
-    except table.Cancelled:
+    except dynamodb.Cancelled:
         yield Sleep(backoff(1))
         return failures
     except SemaphoreUnavailable as exc:

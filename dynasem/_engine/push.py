@@ -45,8 +45,8 @@ from typing import Any, NamedTuple
 
 from django.conf import settings as django_settings
 
-from .. import _storage as table
 from .._observability.logs import facts
+from .._storage import lock_rows, records
 from ..conf import settings
 
 logger = logging.getLogger("dynasem")
@@ -123,12 +123,12 @@ class Push(NamedTuple):
     """A hand-over (or a "free now") that reached a waiter: the item as written, when it
     arrived on our monotonic clock, and the sender's wall-clock send time (ms)."""
 
-    item: table.LockItem
+    item: records.LockItem
     arrived: float
     sent_ms: int
 
 
-def _state(item: table.LockItem) -> tuple[int, int]:
+def _state(item: records.LockItem) -> tuple[int, int]:
     """How far on a row is: its fence (every take draws a larger one), then its queue."""
     return item.fence, item.qout
 
@@ -195,7 +195,7 @@ class _Slot:
             pushed, self.push = self.push, None
         return pushed
 
-    def refusal(self, item: table.LockItem, sent_ms: Any) -> tuple[str, bool] | None:
+    def refusal(self, item: records.LockItem, sent_ms: Any) -> tuple[str, bool] | None:
         """Why this waiter must not take ``item``, sent at ``sent_ms``, now (and whether that
         is worth a warning: a wrong claim is; a push we were too slow for is not), or None."""
         now = self.now_ms()
@@ -263,7 +263,7 @@ class _Listener:
             gone = self.departed.get(message["k"])
             whose = (message["r"], message.get("tb"))
             if gone is not None and (gone.resource, gone.table) == whose:
-                self.stray(message["k"], table.lock_item(message["i"]))
+                self.stray(message["k"], records.lock_item(message["i"]))
             return
         if slot is None or slot.resource != message["r"] or not isinstance(message["i"], dict):
             return
@@ -283,13 +283,13 @@ class _Listener:
                 ),
             )
             return
-        item = table.lock_item(message["i"])
+        item = records.lock_item(message["i"])
         if _refused(slot, item, message["ts"], "on arrival"):
             return
         if not slot.deliver(Push(item, arrived, message["ts"])):
             self.stray(message["k"], item)
 
-    def stray(self, token: str, item: table.LockItem) -> None:
+    def stray(self, token: str, item: records.LockItem) -> None:
         """A hand-over ``item`` for a waiter that left: if it made ``token`` a holder, give
         it back (on a thread of its own: the listener never waits on a request)."""
         with _lock:
@@ -304,13 +304,13 @@ class _Listener:
 class _Departed(NamedTuple):
     resource: str
     table: str
-    give_back: Callable[[table.LockItem], None]
+    give_back: Callable[[records.LockItem], None]
     until: float  # monotonic: later, a hold handed to us has run out by itself
 
 
 def depart(
     token: str,
-    give_back: Callable[[table.LockItem], None],
+    give_back: Callable[[records.LockItem], None],
     *,
     seconds: float,
     resource: str | None = None,
@@ -322,7 +322,8 @@ def depart(
     nobody uses sit there until its lease runs out. A push that came just before is too.
 
     ``resource``: the row, read after it left, says such a hand-over may still land
-    (:func:`dynasem._storage.may_be_handed`). No push may tell us of it (pushes off; a releaser
+    (:func:`dynasem._storage.queue_entries.may_be_handed`). No push may tell us of it (pushes off;
+    a releaser
     on another host, which cannot reach a loopback address; a datagram lost), so the row is
     read once more :data:`LATE_LOOK` seconds on, and a hold found ours is given back too:
     by whichever of the two finds it first."""
@@ -353,12 +354,12 @@ def depart(
 class _Once:
     """A departed waiter's give-back, run once whoever calls it (a push, the late look)."""
 
-    def __init__(self, give_back: Callable[[table.LockItem], None]) -> None:
+    def __init__(self, give_back: Callable[[records.LockItem], None]) -> None:
         self._give_back = give_back
         self._guard = threading.Lock()
         self.done = False
 
-    def __call__(self, item: table.LockItem) -> None:
+    def __call__(self, item: records.LockItem) -> None:
         with self._guard:
             if self.done:
                 return
@@ -426,7 +427,7 @@ def _look(look: _LateLook) -> None:
     if look.give_back.done or settings.TABLE_NAME != look.table:
         return
     try:
-        row = table.get(look.resource)
+        row = lock_rows.get(look.resource)
         if row is not None and look.token in row.holders:
             look.give_back(row)
     except Exception as exc:  # the thread serves every other look too
@@ -444,7 +445,7 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-def _refused(slot: _Slot, item: table.LockItem, sent_ms: Any, when: str) -> bool:
+def _refused(slot: _Slot, item: records.LockItem, sent_ms: Any, when: str) -> bool:
     refusal = slot.refusal(item, sent_ms)
     if refusal is None:
         return False
@@ -635,7 +636,7 @@ def reachable(address: Any) -> tuple[str, int] | None:
     return host, int(port)
 
 
-def push(address: Any, resource: str, token: str, item: table.LockItem, *, sent_ms: int) -> bool:
+def push(address: Any, resource: str, token: str, item: records.LockItem, *, sent_ms: int) -> bool:
     """Send ``item`` (what the hand-over write produced) to the waiter ``token``, with the
     table's name and ``sent_ms`` (our wall clock) signed along. Best effort."""
     target = reachable(address)
@@ -645,7 +646,7 @@ def push(address: Any, resource: str, token: str, item: table.LockItem, *, sent_
     message = {
         "r": resource,
         "k": token,
-        "i": table.wire(item, token),
+        "i": lock_rows.wire(item, token),
         "tb": settings.TABLE_NAME,
         "ts": sent_ms,
     }

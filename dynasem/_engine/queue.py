@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, TypeVar
 
 from .. import _clock as clock
-from .. import _storage as table
 from .._observability import telemetry
+from .._storage import dynamodb, lock_rows, lock_writes, queue_entries, records
 from ..exceptions import SemaphoreBusy, SemaphoreUnavailable
 from ..signals import lock_busy
 from . import processes
@@ -48,13 +48,13 @@ MAX_REMEMBERED = 4096
 WATCH_EVERY = 0.1
 
 
-def live_holders(item: table.LockItem | None, stale_ms: int) -> dict[str, table.Holder]:
+def live_holders(item: records.LockItem | None, stale_ms: int) -> dict[str, records.Holder]:
     """The holders whose lease has not run out (lease end + CLOCK_SKEW, by ``stale_ms``)."""
     holders = item.holders if item is not None else {}
     return {t: h for t, h in holders.items() if h.expires_ms >= stale_ms}
 
 
-def not_proven_dead(holders: Mapping[str, table.Holder]) -> dict[str, table.Holder]:
+def not_proven_dead(holders: Mapping[str, records.Holder]) -> dict[str, records.Holder]:
     """``holders`` less those whose process this host can prove has ended: they are taken
     over like expired ones (evicted in the taker's own write, conditional on their entry
     being unchanged). A look in /proc per holder of this host; asked only of holders that
@@ -62,25 +62,25 @@ def not_proven_dead(holders: Mapping[str, table.Holder]) -> dict[str, table.Hold
     return {t: h for t, h in holders.items() if not processes.gone(h.proc)}
 
 
-def inline_ahead(seen: table.LockItem | None, stale_ms: int) -> dict[str, table.Waiter]:
+def inline_ahead(seen: records.LockItem | None, stale_ms: int) -> dict[str, records.Waiter]:
     """The live entries of the old inline queue (written by an earlier dynasem): ahead of
     every waiter in the queue of entry items, which came later."""
     queue = seen.queue if seen is not None else {}
     return {t: w for t, w in queue.items() if w.expires_ms >= stale_ms}
 
 
-def upto_of(seen: table.LockItem, ticket: int | None) -> int:
+def upto_of(seen: records.LockItem, ticket: int | None) -> int:
     """The last ticket ahead of us: ours less one if we are queued (even if ``seen`` is an
     older row, from before our ticket was drawn), else every ticket out."""
     return seen.qin if ticket is None else ticket - 1
 
 
 def entries_ahead(
-    seen: table.LockItem | None, ticket: int | None, stale_ms: int
-) -> list[table.Waiter] | None:
+    seen: records.LockItem | None, ticket: int | None, stale_ms: int
+) -> list[records.Waiter] | None:
     """The live entry items ahead of ``ticket`` (of every waiter, if None), as far as they
     were read: the first live one ends a read. None when some may be ahead that were not
-    read (see :func:`dynasem._storage.load_entries`)."""
+    read (see :func:`dynasem._storage.queue_entries.load_entries`)."""
     if seen is None:
         return []
     upto = upto_of(seen, ticket)
@@ -94,7 +94,7 @@ def entries_ahead(
     return live
 
 
-def ahead_count(seen: table.LockItem | None, ticket: int | None, stale_ms: int) -> int:
+def ahead_count(seen: records.LockItem | None, ticket: int | None, stale_ms: int) -> int:
     """How many waiters are ahead of ``ticket`` (of everyone, if None): the live inline
     entries, then the entry items' tickets between ``qout`` and ours (read ones less the dead:
     a guess from the counters alone counts the dead and those who left)."""
@@ -112,7 +112,7 @@ def ahead_count(seen: table.LockItem | None, ticket: int | None, stale_ms: int) 
     return inline + (upto - seen.qout)
 
 
-def passed(seen: table.LockItem | None, qbase: int, ticket: int | None) -> bool:
+def passed(seen: records.LockItem | None, qbase: int, ticket: int | None) -> bool:
     """Our ticket has had its turn without us (we were seen gone or dead, or drew it just
     after a release that passed every ticket out), or the row was reaped and is a new one:
     we are queued no more, and join again if we still must wait."""
@@ -127,7 +127,7 @@ def passed(seen: table.LockItem | None, qbase: int, ticket: int | None) -> bool:
     return seen.qbase != qbase or seen.qout >= ticket
 
 
-def _watched(seen: table.LockItem | None, ticket: int | None, stale_ms: int) -> list[str]:
+def _watched(seen: records.LockItem | None, ticket: int | None, stale_ms: int) -> list[str]:
     """The processes, on this host, of the holders in a queued waiter's way: when one ends,
     the waiter takes over at once. None while a live waiter is ahead of us (its turn first)."""
     if seen is None or ticket is None or ahead_count(seen, ticket, stale_ms):
@@ -136,7 +136,7 @@ def _watched(seen: table.LockItem | None, ticket: int | None, stale_ms: int) -> 
     return [h.proc for h in live if h.proc is not None and processes.local(h.proc)]
 
 
-def free_room(sem: LockSpec, seen: table.LockItem | None, stale_ms: int) -> int:
+def free_room(sem: LockSpec, seen: records.LockItem | None, stale_ms: int) -> int:
     """The permits of a counting semaphore that ``seen`` shows free (0 for a lock of one
     holder, or for readers: their turns are handed over whole). A row of permit items
     counts its hinted slots (a hint may be stale: a guess that errs toward looking soon)
@@ -154,7 +154,7 @@ def backoff(attempt: int) -> float:
 
 
 # Who is in our way: live holders, or (nobody holding) live waiters ahead of us.
-Blocking = Mapping[str, table.Holder | table.Waiter]
+Blocking = Mapping[str, records.Holder | records.Waiter]
 
 
 def seconds_until_free(blocked: Mapping[str, Blocking], skew: float) -> float:
@@ -195,7 +195,7 @@ class Pace:
 
     def turn_in(
         self,
-        seen: table.LockItem | None,
+        seen: records.LockItem | None,
         token: str,
         skew: float,
         *,
@@ -206,7 +206,7 @@ class Pace:
         """Seconds until our next look. ``room``: permits ``seen`` shows free, of ``limit``
         (a counting semaphore serves ``limit`` waiters a turn, and the first ``room`` of
         them need no release at all, only the takes of those ahead)."""
-        seen = seen or table.LockItem()
+        seen = seen or records.LockItem()
         now = clock.now_ms()
         stale = now - int(skew * 1000)
         inline = inline_ahead(seen, stale)
@@ -275,10 +275,10 @@ class Pace:
         return max(0.001, min(turn, until_free, cap))
 
 
-def should_queue(sem: LockSpec, seen: table.LockItem | None) -> bool:
+def should_queue(sem: LockSpec, seen: records.LockItem | None) -> bool:
     """Queue up (rather than poll with backoff) when fair, when others already do, or as
     a writer behind readers: new readers then queue behind us, so writers never starve."""
-    seen = seen or table.LockItem()
+    seen = seen or records.LockItem()
     exclusive = sem.mode == MODE_EXCLUSIVE
     writer_behind_readers = exclusive and seen.mode == MODE_SHARED
     if sem.fair or bool(seen.queue) or seen.waiting or writer_behind_readers:
@@ -296,7 +296,7 @@ class WaitEstimate(NamedTuple):
     position: int  # its place in the resource's queue: 1 = next, nobody waiting ahead
 
 
-def _expected_end(holder: table.Holder, hold_ms: int | None, now: int, skew_ms: int) -> int:
+def _expected_end(holder: records.Holder, hold_ms: int | None, now: int, skew_ms: int) -> int:
     """When a holder is likely done (wall clock, ms)."""
     if holder.expires_ms < now:
         # Its lease ran out unrenewed: dead or paused. Free once it can be taken over.
@@ -313,7 +313,7 @@ def _expected_end(holder: table.Holder, hold_ms: int | None, now: int, skew_ms: 
 
 
 def estimate_wait(
-    item: table.LockItem | None,
+    item: records.LockItem | None,
     token: str,
     *,
     shared: bool,
@@ -330,7 +330,7 @@ def estimate_wait(
     readers in a row as one turn, which a reader caller joins. Waiters whose entries were not
     read count as writers. Round trips are left out: milliseconds, against whole seconds
     told."""
-    item = item or table.LockItem()
+    item = item or records.LockItem()
     now = clock.now_ms() if now_ms is None else now_ms
     skew_ms = int(skew * 1000)
     stale = now - skew_ms
@@ -338,7 +338,7 @@ def estimate_wait(
     ahead = sorted(inline_ahead(item, stale).values(), key=lambda w: w.ticket)
     read = entries_ahead(item, ticket, stale) or []
     unread = max(0, ahead_count(item, ticket, stale) - len(ahead) - len(read))
-    ahead += read + [table.Waiter(ticket=0, expires_ms=now)] * unread
+    ahead += read + [records.Waiter(ticket=0, expires_ms=now)] * unread
     ends = [_expected_end(h, item.hold_ms, now, skew_ms) for h in live.values()]
     # What a waiter ahead will hold: the average, else what the holders have held so far.
     typical = item.hold_ms
@@ -381,7 +381,7 @@ def retry_after(estimate: float, until_free: float) -> int:
 def busy(
     sem: LockSpec,
     blocked: Mapping[str, Blocking],
-    seen: Mapping[str, table.LockItem | None],
+    seen: Mapping[str, records.LockItem | None],
     *,
     skew: float,
     user_id: str,
@@ -426,7 +426,7 @@ def busy(
 def wait_in_queue(
     sem: LockSpec,
     resource: str,
-    seen: table.LockItem | None,
+    seen: records.LockItem | None,
     *,
     token: str,
     user_id: str,
@@ -436,7 +436,7 @@ def wait_in_queue(
     remaining: float,
     pace: Pace,
     if_busy_ms: int | None = None,
-) -> Steps[table.LockItem | None]:
+) -> Steps[records.LockItem | None]:
     """Join the queue (once), then sleep toward our likely turn and look again: with a
     cheap read, or by renewing our place when its lease is half gone. Returns the state.
 
@@ -452,15 +452,15 @@ def wait_in_queue(
         address = wakeup.expect(resource, token, lease=lease, skew=skew, now_ms=clock.now_ms)
         pace.enqueued = True  # from now on, giving up means leaving the queue
         qbase = seen.qbase if seen is not None and seen.qbase else clock.new_fence(0)
-        after: table.LockItem | None = None
+        after: records.LockItem | None = None
         for attempt in range(1, ENQUEUE_TRIES + 1):
             try:
                 # A lost answer leaves a ticket nobody uses: a gap, which the next hand-over
                 # passes. Never a refusal by another waiter: ADD commutes.
                 after = yield InQueue(
                     functools.partial(
-                        table.update,
-                        table.take_ticket(resource, qbase, if_busy_ms=if_busy_ms),
+                        lock_rows.update,
+                        lock_writes.take_ticket(resource, qbase, if_busy_ms=if_busy_ms),
                         return_new=True,
                     ),
                     token,
@@ -468,8 +468,8 @@ def wait_in_queue(
                     write=True,
                 )
                 break
-            except table.Refused as refused:
-                return refused.lock or table.LockItem()  # free, most likely: plan from it
+            except dynamodb.Refused as refused:
+                return refused.lock or records.LockItem()  # free, most likely: plan from it
             except SemaphoreUnavailable as exc:
                 if not exc.transient or attempt == ENQUEUE_TRIES:
                     raise
@@ -482,7 +482,7 @@ def wait_in_queue(
         pace.queued_mono = clock.monotonic()
         pace.turns = max(1, after.qin - after.qout)
         pace.entry_ms = clock.now_ms() + int(lease * 1000)
-        waiter = table.Waiter(
+        waiter = records.Waiter(
             ticket=after.qin,
             expires_ms=pace.entry_ms,
             user_id=user_id,
@@ -496,7 +496,7 @@ def wait_in_queue(
         for attempt in range(1, ENQUEUE_TRIES + 1):
             try:
                 yield InQueue(
-                    functools.partial(table.put_entry, resource, pace.qbase, waiter),
+                    functools.partial(queue_entries.put_entry, resource, pace.qbase, waiter),
                     token,
                     resource,
                     write=True,
@@ -577,8 +577,8 @@ def wait_in_queue(
 
 
 def _look(
-    resource: str, seen: table.LockItem | None, pace: Pace, *, lease: float, deadline: float
-) -> Steps[table.LockItem | None]:
+    resource: str, seen: records.LockItem | None, pace: Pace, *, lease: float, deadline: float
+) -> Steps[records.LockItem | None]:
     """A queued waiter's look: renew our entry when half its lease is gone, then read the
     row (:func:`patient_read`: a throttled read is no news). ``deadline``: the wait's end
     (monotonic)."""
@@ -587,10 +587,12 @@ def _look(
         renew_to = clock.now_ms() + int(lease * 1000)
         try:
             yield Request(
-                lambda: table.update(table.renew_waiter(resource, pace.qbase, ticket, renew_to))
+                lambda: lock_rows.update(
+                    lock_writes.renew_waiter(resource, pace.qbase, ticket, renew_to)
+                )
             )
             pace.entry_ms = renew_to
-        except table.Refused:
+        except dynamodb.Refused:
             pace.ticket = None  # our entry is gone (reaped by TTL after a long stall): join again
         except SemaphoreUnavailable as exc:
             if not exc.transient:
@@ -600,7 +602,7 @@ def _look(
     # Eventually consistent (half the units): a look only tells when to write, and every
     # write is conditional on the row as it is; an older row is read as such (upto_of).
     item = yield from patient_read(
-        lambda: table.get(resource, consistent=False), seen, pace, deadline
+        lambda: lock_rows.get(resource, consistent=False), seen, pace, deadline
     )
     if not pace.failed_looks:
         pace.answered(clock.monotonic() - sent)

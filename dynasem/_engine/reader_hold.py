@@ -12,8 +12,8 @@ import time
 from typing import Any
 
 from .. import _clock as clock
-from .. import _storage as table
 from .._observability.logs import facts
+from .._storage import dynamodb, lock_rows, records
 from .._storage import reader_items as items
 from ..exceptions import SemaphoreUnavailable
 from . import handover as heirs
@@ -31,10 +31,10 @@ COUNT_PAUSE = 0.2
 # The rows of resources with reader items as this process last saw them: a reader's first
 # write plans from one (its admission) instead of trying the row's holders first. Bounded.
 MAX_REMEMBERED = 1024
-rows: dict[str, table.LockItem] = {}
+rows: dict[str, records.LockItem] = {}
 
 
-def remember(item: table.LockItem | None) -> None:
+def remember(item: records.LockItem | None) -> None:
     """Keep a shared row whose next reader takes an item (it has reader items, or as many
     readers as it keeps inline); forget others."""
     if item is None:
@@ -58,24 +58,24 @@ def count_down(resource: str, epoch: int, *, forget: bool = False) -> None:
     if known is not None and known.repoch == epoch and known.rc <= 1:
         # Most likely the epoch's only reader: leave and close it in one write.
         try:
-            row = table.update(items.leave_last(resource, epoch), return_new=True)
+            row = lock_rows.update(items.leave_last(resource, epoch), return_new=True)
             remember(row)
             _wake_first(resource, row)
             return
-        except table.Refused as refused:
+        except dynamodb.Refused as refused:
             remember(refused.lock)  # others came: count down
         except SemaphoreUnavailable:
             pass
     try:
         row = _count_once(resource, epoch, forget)
-    except table.Refused:
+    except dynamodb.Refused:
         return  # the epoch was written off: the count is gone with it
     if row is None or row.rc > 0:
         return
     remember(row)
     try:
-        row = table.update(items.close(resource, epoch), return_new=True)
-    except table.Refused:
+        row = lock_rows.update(items.close(resource, epoch), return_new=True)
+    except dynamodb.Refused:
         return  # a reader was admitted since: it closes the epoch
     except SemaphoreUnavailable:
         return  # the sentinel lapses, or a waiting writer writes the epoch off
@@ -83,7 +83,7 @@ def count_down(resource: str, epoch: int, *, forget: bool = False) -> None:
     _wake_first(resource, row)
 
 
-def _count_once(resource: str, epoch: int, forget: bool) -> table.LockItem | None:
+def _count_once(resource: str, epoch: int, forget: bool) -> records.LockItem | None:
     """The count-down's write, applied at most once: one attempt at a time (botocore must
     not send it again), tried again only after a failure that was surely not applied
     (throttled: all of a crowd's reader items share the row's partition; unconnected),
@@ -91,8 +91,8 @@ def _count_once(resource: str, epoch: int, forget: bool) -> table.LockItem | Non
     reader off, a lease and the skew after the row last changed). Raises Refused."""
     for tries in range(1, COUNT_TRIES + 1):
         try:
-            with table.quick():  # one attempt: botocore must not send it twice
-                return table.update(items.count_down(resource, epoch, forget=forget),
+            with dynamodb.quick():  # one attempt: botocore must not send it twice
+                return lock_rows.update(items.count_down(resource, epoch, forget=forget),
                                     return_new=True)  # fmt: skip
         except SemaphoreUnavailable as exc:
             if exc.transient and not exc.ambiguous and tries < COUNT_TRIES:
@@ -110,7 +110,7 @@ def _count_once(resource: str, epoch: int, forget: bool) -> table.LockItem | Non
     return None
 
 
-def _wake_first(resource: str, row: table.LockItem | None) -> None:
+def _wake_first(resource: str, row: records.LockItem | None) -> None:
     """The last reader gone: tell the first waiter, if nobody holds any more."""
     if row is not None and not row.holders and row.waiting:
         heirs.push_first(resource, row, readers_only=False)
@@ -121,7 +121,7 @@ def undo(resource: str, token: str, epoch: int) -> None:
     made (its item deleted, then counted down: only if the delete took it)."""
     try:
         items.delete(items.drop_reader(resource, token))
-    except (table.Refused, SemaphoreUnavailable):
+    except (dynamodb.Refused, SemaphoreUnavailable):
         return
     count_down(resource, epoch, forget=True)  # the same token may be admitted again
 
@@ -136,7 +136,7 @@ def break_reader(resource: str, token: str, reader: items.Reader | None = None) 
             return False
     try:
         items.delete(items.drop_reader(resource, token, until))
-    except table.Refused:
+    except dynamodb.Refused:
         return False
     count_down(resource, reader.epoch)
     return True
@@ -162,13 +162,13 @@ class ReaderHeld(Held):
         """The row's sentinel up to ``expires_ms`` (it must cover our lease before our item
         may claim it). False: our epoch was written off, or the sentinel taken off."""
         epoch = self.epochs[resource]
-        seen = table.LockItem(resource=resource, expires_ms=self.covers[resource])
+        seen = records.LockItem(resource=resource, expires_ms=self.covers[resource])
         for _ in range(3):
             try:
                 items.send(items.raise_sentinel(resource, epoch, expires_ms, seen))
                 self.covers[resource] = items.covers_to(expires_ms, seen)
                 return True
-            except table.Refused as refused:
+            except dynamodb.Refused as refused:
                 old = refused.lock
                 if old is None or old.repoch != epoch or not items.has_readers(old):
                     return False
@@ -188,9 +188,9 @@ class ReaderHeld(Held):
         try:
             for resource in self.epochs:
                 if expires > self.covers[resource] and not self._covered(resource, expires):
-                    raise table.Refused(None)
+                    raise dynamodb.Refused(None)
                 items.send(items.renew_reader(resource, self.token, expires))
-        except table.Refused:
+        except dynamodb.Refused:
             self._mark_lost("its readers were written off, or it was broken by an operator")
             self._raise_lost()
         self._expires_ms = expires
@@ -201,7 +201,7 @@ class ReaderHeld(Held):
         for resource, epoch in self.epochs.items():
             try:
                 items.delete(items.drop_reader(resource, self.token))
-            except table.Refused as refused:
+            except dynamodb.Refused as refused:
                 # Not there: broken or written off, unless a retry hides our own delete.
                 # Not counted down even then: an operator's break, between our first
                 # attempt and its re-send, counts it down itself, and twice would let a

@@ -10,8 +10,8 @@ import math
 from collections.abc import Mapping
 
 from .. import _clock as clock
-from .. import _storage as table
 from .._observability import telemetry
+from .._storage import dynamodb, lock_rows, lock_writes, queue_entries, records
 from .._storage import reader_items as items
 from ..exceptions import SemaphoreUnavailable
 from . import permits, processes
@@ -34,7 +34,7 @@ FEW = 16
 _watched: dict[tuple[str, int, int, int], tuple[float, float]] = {}
 
 
-def wants_item(seen: table.LockItem | None, live: Mapping[str, table.Holder]) -> bool:
+def wants_item(seen: records.LockItem | None, live: Mapping[str, records.Holder]) -> bool:
     """Whether a reader joining ``seen`` (a shared row, or a row with reader items) takes a
     reader item rather than an entry among the row's holders."""
     if seen is None:
@@ -46,7 +46,7 @@ def wants_item(seen: table.LockItem | None, live: Mapping[str, table.Holder]) ->
 
 def admitted(
     sem: LockSpec,
-    row: table.LockItem,
+    row: records.LockItem,
     *,
     token: str,
     user_id: str,
@@ -64,7 +64,7 @@ def admitted(
     be admitted again. A renewal could not confirm it: an item written after its epoch was
     written off would renew as well, and claims nothing."""
     resource = row.resource
-    holder = table.holder_entry(user_id, expires_ms, row.fence, now_ms, True, proc)
+    holder = lock_writes.holder_entry(user_id, expires_ms, row.fence, now_ms, True, proc)
     undo = functools.partial(reader_held.undo, resource, token, row.repoch)
     action = items.put_reader(resource, token, holder, row.repoch)
     failures = 0
@@ -101,7 +101,7 @@ def admitted(
 
 
 def write_off_due(
-    seen: table.LockItem | None,
+    seen: records.LockItem | None,
     blocking: Mapping[str, object],
     skew: float,
     ticket: int | None = None,
@@ -125,7 +125,7 @@ def write_off_due(
     return mono >= min(due, early)
 
 
-def try_write_off(seen: table.LockItem | None, skew: float) -> table.LockItem | None:
+def try_write_off(seen: records.LockItem | None, skew: float) -> records.LockItem | None:
     """Write off ``seen``'s readers if none of its epoch is live (read consistently now);
     each dead one's item is deleted first (a reader that renewed meanwhile refuses it).
     Before the row has sat unchanged for a lease, only if every reader counted has an item
@@ -146,18 +146,18 @@ def try_write_off(seen: table.LockItem | None, skew: float) -> table.LockItem | 
     for reader in found:
         try:
             items.delete(items.drop_reader(resource, reader.token, reader.holder.expires_ms))
-        except table.Refused:
-            return table.get(resource)  # it renewed: alive after all
+        except dynamodb.Refused:
+            return lock_rows.get(resource)  # it renewed: alive after all
     _watched.pop(key, None)
     try:
-        after = table.update(items.write_off(resource, seen), return_new=True)
-    except table.Refused as refused:
+        after = lock_rows.update(items.write_off(resource, seen), return_new=True)
+    except dynamodb.Refused as refused:
         after = refused.lock
     reader_held.remember(after)
     return after
 
 
-def last_seen(sem: LockSpec) -> dict[str, table.LockItem | None]:
+def last_seen(sem: LockSpec) -> dict[str, records.LockItem | None]:
     """A shared acquire's first view of its resource: the row as this process last saw it
     with reader items (its first write then is an admission), else nothing (a join)."""
     if sem.mode != "s" or len(sem.resources) != 1:
@@ -166,7 +166,7 @@ def last_seen(sem: LockSpec) -> dict[str, table.LockItem | None]:
     return {} if seen is None else {seen.resource: seen}
 
 
-def items_for(sem: LockSpec, seen: Mapping[str, table.LockItem | None], stale_ms: int) -> bool:
+def items_for(sem: LockSpec, seen: Mapping[str, records.LockItem | None], stale_ms: int) -> bool:
     """Whether a shared acquire of several resources takes reader items (in each of them):
     when any of its rows, as seen, would give a reader of that resource alone an item."""
     if sem.mode != "s" or len(sem.resources) < 2:
@@ -192,31 +192,33 @@ def acquire_many(
     answer, given back and taken again (``permits.MAX_LATE`` times past the wait: too
     slow)."""
     resources = sem.resources
-    if len(resources) * 2 > table.MAX_TRANSACTION:
+    if len(resources) * 2 > records.MAX_TRANSACTION:
         raise ValueError(
-            f"at most {table.MAX_TRANSACTION // 2} resources can be read at once among many "
-            f"readers (DynamoDB's transaction limit of {table.MAX_TRANSACTION} actions: two "
+            f"at most {records.MAX_TRANSACTION // 2} resources can be read at once among many "
+            f"readers (DynamoDB's transaction limit of {records.MAX_TRANSACTION} actions: two "
             f"each), not {len(resources)}"
         )
     lease_ms, skew_ms = int(lease * 1000), int(skew * 1000)
     deadline = clock.monotonic() + wait
     sleeps = failures = late = 0
     while True:
-        seen: dict[str, table.LockItem | None] = {}
+        seen: dict[str, records.LockItem | None] = {}
         for r in resources:
-            seen[r] = (yield Request(functools.partial(table.get, r))) or table.LockItem(resource=r)
+            seen[r] = (yield Request(functools.partial(lock_rows.get, r))) or records.LockItem(
+                resource=r
+            )
         stale = clock.now_ms() - skew_ms
-        blocked: dict[str, Mapping[str, table.Holder | table.Waiter]] = {}
-        rows: dict[str, table.LockItem] = {}
+        blocked: dict[str, Mapping[str, records.Holder | records.Waiter]] = {}
+        rows: dict[str, records.LockItem] = {}
         for r in resources:
-            row = seen[r] or table.LockItem(resource=r)
+            row = seen[r] or records.LockItem(resource=r)
             live = queueing.live_holders(row, stale)
             if live and (row.mode != "s" or row.hw is not None):
                 blocked[r] = live
                 continue
-            ahead: Mapping[str, table.Holder | table.Waiter] = queueing.inline_ahead(row, stale)
+            ahead: Mapping[str, records.Holder | records.Waiter] = queueing.inline_ahead(row, stale)
             if not ahead and row.waiting:
-                row = yield Request(functools.partial(table.load_entries, row))
+                row = yield Request(functools.partial(queue_entries.load_entries, row))
                 ahead = {w.token: w for w in queueing.entries_ahead(row, None, stale) or ()}
             if ahead:
                 blocked[r] = ahead
@@ -229,7 +231,7 @@ def acquire_many(
             for r, row in rows.items():
                 fences[r] = max(clock.new_fence(skew), row.fence + 1)
                 epochs[r] = items.epoch_of(row, stale, now)
-                terms = table.QueueTerms(
+                terms = lock_writes.QueueTerms(
                     qin=row.qin, qout=row.qout, size=len(row.queue) if row.has_queue else None
                 )
                 actions.append(
@@ -239,7 +241,7 @@ def acquire_many(
                         limit=sem.limit, user_id=user_id,
                     )
                 )  # fmt: skip
-                holder = table.holder_entry(user_id, expires, fences[r], now, True, proc)
+                holder = lock_writes.holder_entry(user_id, expires, fences[r], now, True, proc)
                 actions.append(items.put_reader(r, token, holder, epochs[r]))
             undo = functools.partial(reader_held.undo_many, epochs, token)
             again = yield from permits.all_or_none(actions, token, undo, deadline, failures)

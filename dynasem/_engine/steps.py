@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .. import _clock as clock
-from .. import _storage as table
+from .._storage import dynamodb, lock_rows, lock_writes, queue_entries
 from ..conf import settings
 from ..exceptions import SemaphoreUnavailable
 from . import push as wakeup
@@ -74,8 +74,8 @@ def withdraw(token: str, resources: list[str]) -> None:
     """Best effort: release whatever an unanswered write of ours may have taken."""
     for resource in resources:
         try:
-            table.update(table.give_back(resource, token, clock.now_ms(), sole=False))
-        except (table.Refused, SemaphoreUnavailable):
+            lock_rows.update(lock_writes.give_back(resource, token, clock.now_ms(), sole=False))
+        except (dynamodb.Refused, SemaphoreUnavailable):
             pass
 
 
@@ -124,7 +124,7 @@ class InQueue:
         if self.entry is None or not self.entry[1]:
             return  # no entry yet: a ticket drawn without one is passed by the next turn
         try:
-            row = table.leave_queue(self.resource, *self.entry, token=self.token)
+            row = queue_entries.leave_queue(self.resource, *self.entry, token=self.token)
         except SemaphoreUnavailable:
             return  # the entry expires with its lease
         if row is not None and self.token in row.holders:
@@ -137,7 +137,7 @@ class InQueue:
             token,
             lambda item: withdraw(token, [resource]),
             seconds=settings.LEASE + settings.CLOCK_SKEW,
-            resource=resource if table.may_be_handed(row, *self.entry, token) else None,
+            resource=resource if queue_entries.may_be_handed(row, *self.entry, token) else None,
         )
 
 

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import _clock as clock
-from .. import _storage as table
 from .._observability import telemetry
+from .._storage import lock_writes, reader_items, records
 from . import queue as queueing
 from . import readers
 from .arguments import MODE_EXCLUSIVE, MODE_SHARED
@@ -26,7 +26,7 @@ class Plan:
         self,
         action: dict[str, Any] | None = None,
         *,
-        busy: Mapping[str, table.Holder | table.Waiter] | None = None,
+        busy: Mapping[str, records.Holder | records.Waiter] | None = None,
         fence: int = 0,
         expires_ms: int = 0,
         queued: bool = False,
@@ -47,9 +47,9 @@ class Plan:
 def plan(
     sem: LockSpec,
     resource: str,
-    seen: table.LockItem | None,
+    seen: records.LockItem | None,
     token: str,
-    entry: table.Holder,
+    entry: records.Holder,
     stale_ms: int,
     confirm_below_ms: int,
     ticket: int | None = None,
@@ -75,7 +75,7 @@ def plan(
         ours = Plan(fence=mine.fence, expires_ms=mine.expires_ms)
         if ours.expires_ms < confirm_below_ms:
             item_ms = seen.expires_ms if seen is not None else 0
-            ours.action = table.renew_hold(
+            ours.action = lock_writes.renew_hold(
                 resource,
                 token,
                 entry.expires_ms,
@@ -89,9 +89,9 @@ def plan(
         # Our clock is behind: count on instead.
         entry = dataclasses.replace(entry, fence=stored_fence + 1)
     done = Plan(fence=entry.fence, expires_ms=entry.expires_ms, queued=ticket is not None)
-    if mode == MODE_SHARED and table.readers.admitted_before(seen, token, stale_ms):
+    if mode == MODE_SHARED and reader_items.admitted_before(seen, token, stale_ms):
         # Our admission was applied, its answer lost: confirmed, whoever queued since.
-        return _admission(done, resource, seen, token, entry, stale_ms, table.QueueTerms())
+        return _admission(done, resource, seen, token, entry, stale_ms, lock_writes.QueueTerms())
     live = live_holders(seen, stale_ms)
     held_now = seen is not None and bool(holders) and seen.expires_ms >= stale_ms
     if seen is not None and held_now:
@@ -110,7 +110,7 @@ def plan(
     # nobody live waiting; a queued one needs nobody live ahead of it. Entries of the old
     # inline queue (an earlier dynasem) came first; the dead among them go with our take.
     inline = seen.queue if seen is not None else {}
-    ahead: Mapping[str, table.Holder | table.Waiter] = queueing.inline_ahead(seen, stale_ms)
+    ahead: Mapping[str, records.Holder | records.Waiter] = queueing.inline_ahead(seen, stale_ms)
     if not ahead:
         items = queueing.entries_ahead(seen, ticket, stale_ms)
         if items is None and seen is not None:
@@ -118,7 +118,7 @@ def plan(
         ahead = {w.token: w for w in items or ()}
     if ahead:
         return Plan(busy=live or ahead, queued=ticket is not None)
-    terms = table.QueueTerms(
+    terms = lock_writes.QueueTerms(
         evict={t: w.expires_ms for t, w in inline.items() if w.expires_ms < stale_ms},
         size=len(inline) if seen is not None and seen.has_queue else None,
         mine=ticket,
@@ -130,14 +130,14 @@ def plan(
     if seen is None:
         if mode != MODE_EXCLUSIVE:
             # Counting and shared holds usually find others holding: try to join at once.
-            done.action = table.take_room(resource, token, entry, mode=mode, limit=limit)
+            done.action = lock_writes.take_room(resource, token, entry, mode=mode, limit=limit)
         else:
-            done.action = table.take_free(
+            done.action = lock_writes.take_free(
                 resource, token, entry, mode=mode, limit=limit, stale_ms=stale_ms, queue=terms
             )
         return done
     if not held_now:
-        done.action = table.take_free(
+        done.action = lock_writes.take_free(
             resource,
             token,
             entry,
@@ -148,7 +148,7 @@ def plan(
             permits_row=seen if seen.hw is not None else None,
         )
         return done
-    done.action = table.take_join(
+    done.action = lock_writes.take_join(
         resource,
         token,
         entry,
@@ -165,15 +165,15 @@ def plan(
 def _admission(
     done: Plan,
     resource: str,
-    seen: table.LockItem | None,
+    seen: records.LockItem | None,
     token: str,
-    entry: table.Holder,
+    entry: records.Holder,
     stale_ms: int,
-    terms: table.QueueTerms,
+    terms: lock_writes.QueueTerms,
 ) -> Plan:
     """``done`` with our admission to a reader item (or its confirmation) as its action."""
     assert seen is not None
-    done.action = table.readers.admit(
+    done.action = reader_items.admit(
         resource,
         seen=seen,
         token=token,
@@ -190,7 +190,7 @@ def _admission(
 def held_if_trusted(
     sem: LockSpec,
     plans: dict[str, Plan],
-    seen: dict[str, table.LockItem | None],
+    seen: dict[str, records.LockItem | None],
     *,
     token: str,
     user_id: str,

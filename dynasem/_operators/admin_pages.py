@@ -19,7 +19,7 @@ from django.urls import NoReverseMatch, path, reverse
 from django.views.decorators.http import require_http_methods
 
 from .. import _clock as clock
-from .. import _storage as table
+from .._storage import dynamodb
 from . import audit, usernames
 
 if TYPE_CHECKING:  # django-stubs makes ModelAdmin generic; Django's own class is not subscriptable
@@ -29,12 +29,12 @@ else:
 
 
 def _quick(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
-    """``view`` with its DynamoDB requests on the quick client (``table.quick``): an operator
+    """``view`` with its DynamoDB requests on the quick client (``dynamodb.quick``): an operator
     is told within ~2 s that DynamoDB is unavailable, not kept waiting on a hung endpoint."""
 
     @functools.wraps(view)
     def inner(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        with table.quick():
+        with dynamodb.quick():
             return view(request, *args, **kwargs)
 
     return inner

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from .. import _clock as clock
-from .. import _storage as table
 from .._engine import arguments as validation
+from .._storage import dynamodb, job_rows, job_writes, records
 from .cursors import decode_scan_cursor, encode_cursor
 from .cursors import purpose as cursor_purpose
 from .locks import PAGE_ROUNDS
@@ -21,7 +21,7 @@ SCAN_NOTE = (
     "Listed by a Scan, which DynamoDB answers eventually consistently: a run that started, "
     "ended or was reset in the last second may show as it was."
 )
-RESETTABLE = frozenset({table.DONE, table.FAILED})
+RESETTABLE = frozenset({records.DONE, records.FAILED})
 
 
 def _ms_time(ms: int | None) -> datetime | None:
@@ -43,7 +43,7 @@ class JobInfo:
     reset_ms: int | None
 
     @classmethod
-    def of(cls, row: table.JobRow) -> JobInfo:
+    def of(cls, row: records.JobRow) -> JobInfo:
         return cls(
             key=row.key or "",
             status=row.status or NEW,
@@ -79,7 +79,7 @@ class JobInfo:
     @property
     def stale(self) -> bool:
         """RUNNING under a lease that ran out (its process died): run_once claims it again."""
-        return self.status == table.RUNNING and (self.lease_ms or 0) < clock.now_ms()
+        return self.status == records.RUNNING and (self.lease_ms or 0) < clock.now_ms()
 
 
 @dataclass(frozen=True)
@@ -101,16 +101,16 @@ def job_page(
     signed_for = cursor_purpose("jobs", prefix, status)
     start = None
     if cursor:
-        start = table.scan_start(*decode_scan_cursor(cursor, signed_for))
+        start = records.scan_start(*decode_scan_cursor(cursor, signed_for))
     jobs: list[JobInfo] = []
     for _ in range(PAGE_ROUNDS):
-        items, last = table.scan_jobs(prefix, status, start)
+        items, last = job_rows.scan_jobs(prefix, status, start)
         for row in items:
             jobs.append(JobInfo.of(row))
             if len(jobs) == size:
                 # Cut inside DynamoDB's page: go on after the last key shown (any item's key
                 # is a valid ExclusiveStartKey for a Scan).
-                last = table.job_start_key(row.key or "")
+                last = records.job_start_key(row.key or "")
                 break
         start = last
         if not start or len(jobs) == size:
@@ -119,13 +119,13 @@ def job_page(
     next_cursor = None
     if start:
         # The last key read, which may be a lock row's: a Scan goes on from any item's key.
-        next_cursor = encode_cursor(table.scan_position(start), signed_for)
+        next_cursor = encode_cursor(records.scan_position(start), signed_for)
     return JobPage(jobs, next_cursor)
 
 
 def job_info(key: str) -> JobInfo | None:
     """One run_once key as stored (one consistent read), or None if never run."""
-    row = table.get_job(validation.check_resource(key, "key"))
+    row = job_rows.get_job(validation.check_resource(key, "key"))
     return JobInfo.of(row) if row else None
 
 
@@ -135,11 +135,11 @@ def reset_job(key: str, status: str, finished_ms: int | None) -> bool:
     not reset unseen. Keeps the fence and the attempt count. False if the row had changed."""
     if status not in RESETTABLE:
         raise ValueError(f"only a DONE or FAILED job can be reset, not {status!r}")
-    action = table.job_reset(
+    action = job_writes.job_reset(
         validation.check_resource(key, "key"), status, finished_ms, clock.now_ms()
     )
     try:
-        table.update_job(action)
-    except table.Refused:
+        job_rows.update_job(action)
+    except dynamodb.Refused:
         return False
     return True

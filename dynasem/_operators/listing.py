@@ -8,15 +8,15 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .. import _storage as table
 from .._engine import arguments as validation
+from .._storage import index_queries, records
 
 # Items a filtered index read evaluates per request (see filtered_limit).
 FILTERED_READ = 1000
 
 
 Fetch = Callable[
-    [dict[str, Any] | None, int | None], tuple[list[table.IndexEntry], dict[str, Any] | None]
+    [dict[str, Any] | None, int | None], tuple[list[records.IndexEntry], dict[str, Any] | None]
 ]
 
 
@@ -28,11 +28,11 @@ class Stream:
         name: str,
         fetch: Fetch,
         start_key: Callable[[int, str], dict[str, Any]],
-        keep: Callable[[table.IndexEntry], bool],
+        keep: Callable[[records.IndexEntry], bool],
         position: Any,
     ):
         self.name, self.fetch, self.start_key, self.keep = name, fetch, start_key, keep
-        self.buffer: deque[table.IndexEntry] = deque()
+        self.buffer: deque[records.IndexEntry] = deque()
         # The cursor's state: None (from the start), "done", or [expires, pk] of the last row
         # taken from this stream.
         self.position = position
@@ -44,7 +44,7 @@ class Stream:
         self.buffer.extend(entry for entry in entries if self.keep(entry))
         self.next_start, self.exhausted = last, not last
 
-    def take(self) -> table.IndexEntry:
+    def take(self) -> records.IndexEntry:
         row = self.buffer.popleft()
         self.position = [row.listed_s or 0, row.resource]
         return row
@@ -59,7 +59,7 @@ class Stream:
             # Everything up to DynamoDB's LastEvaluatedKey was read and filtered out: go on
             # from there, or a stretch of filtered rows longer than a page's budget would
             # hand out the same cursor for ever.
-            return table.index_position(self.next_start)
+            return records.index_position(self.next_start)
         return self.position
 
 
@@ -73,7 +73,7 @@ def open_streams(user_id: str | None, since: int, positions: dict[str, Any]) -> 
     streams = []
     if user_id is not None:
 
-        def exclusive(row: table.IndexEntry) -> bool:
+        def exclusive(row: records.IndexEntry) -> bool:
             # The userId index names one holder per row: all of an exclusive row, only the
             # latest of a counting or shared one. Those rows come from the expires index
             # instead, where all their holders are read, so none is listed twice.
@@ -82,19 +82,19 @@ def open_streams(user_id: str | None, since: int, positions: dict[str, Any]) -> 
         streams.append(
             Stream(
                 "u",
-                lambda start, limit: table.query_user_page(
+                lambda start, limit: index_queries.query_user_page(
                     user_id, since, filtered_limit(limit), start
                 ),
-                lambda listed_s, pk: table.user_index_start(pk, user_id, listed_s),
+                lambda listed_s, pk: records.user_index_start(pk, user_id, listed_s),
                 exclusive,
                 positions.get("u"),
             )
         )
-    for shard in range(table.SHARDS):
+    for shard in range(records.SHARDS):
 
         def fetch(start: Any, limit: int | None, shard: int = shard) -> Any:
             filtered = user_id is not None
-            return table.query_expiring(
+            return index_queries.query_expiring(
                 shard,
                 since=since,
                 limit=filtered_limit(limit) if filtered else limit,
@@ -103,7 +103,7 @@ def open_streams(user_id: str | None, since: int, positions: dict[str, Any]) -> 
             )
 
         def start_key(listed_s: int, pk: str, shard: int = shard) -> dict[str, Any]:
-            return table.expires_index_start(pk, shard, listed_s)
+            return records.expires_index_start(pk, shard, listed_s)
 
         name = f"s{shard}"
         streams.append(Stream(name, fetch, start_key, lambda row: True, positions.get(name)))
@@ -112,7 +112,7 @@ def open_streams(user_id: str | None, since: int, positions: dict[str, Any]) -> 
 
 def merged(
     streams: list[Stream], limit: int | None, budget: int | None
-) -> Iterator[table.IndexEntry]:
+) -> Iterator[records.IndexEntry]:
     """The streams' entries by ``expires`` (ties in stream order). Stops early once ``budget``
     requests are spent; each stream's ``state`` then says where to go on."""
     spent = 0

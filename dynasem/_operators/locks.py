@@ -10,7 +10,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .. import _clock as clock
-from .. import _storage as table
 from .._engine import (
     arguments as validation,
 )
@@ -22,6 +21,15 @@ from .._engine import (
 )
 from .._engine import (
     reader_hold as reader_held,
+)
+from .._storage import (
+    dynamodb,
+    index_queries,
+    lock_rows,
+    lock_writes,
+    queue_entries,
+    reader_items,
+    records,
 )
 from .._storage import permit_items as slots
 from ..signals import lock_released
@@ -73,7 +81,7 @@ class HoldInfo:
         }
 
 
-def _waiting(item: table.LockItem, now_ms: int) -> int:
+def _waiting(item: records.LockItem, now_ms: int) -> int:
     """The waiters a listing shows for a row, from the row alone: the live entries of the old
     inline queue, and the tickets out that have not had their turn (a waiter that left, or
     died, counts until the next turn passes it: :func:`queue_depth` reads the entries)."""
@@ -90,20 +98,20 @@ HOLDS_PER_PAGE = 500
 
 
 def _expanded(
-    item: table.LockItem,
+    item: records.LockItem,
     *,
     consistent: bool = False,
     most: int | None = None,
     after_sk: str | None = None,
-) -> table.LockItem:
+) -> records.LockItem:
     """A row with the holders it keeps in items of their own (permits, readers) read in
     (``most``: no further than that many, ``holders_next`` says where the rest begin;
     ``after_sk``: those after a ``holders_next``, without the row's own)."""
     found = slots.with_permits(item, consistent=consistent, most=most, after_sk=after_sk)
-    return table.readers.with_readers(found, consistent=consistent, most=most, after_sk=after_sk)
+    return reader_items.with_readers(found, consistent=consistent, most=most, after_sk=after_sk)
 
 
-def holds_of(item: table.LockItem, *, min_expires_ms: int | None) -> list[HoldInfo]:
+def holds_of(item: records.LockItem, *, min_expires_ms: int | None) -> list[HoldInfo]:
     out = []
     waiting = _waiting(item, clock.now_ms())
     for token, h in sorted(item.holders.items()):
@@ -183,7 +191,7 @@ class LockPage:
 
 
 def _rows(
-    merged: Iterator[table.IndexEntry],
+    merged: Iterator[records.IndexEntry],
     count: int,
     *,
     user_id: str | None,
@@ -200,13 +208,13 @@ def _rows(
     wanted = [e for e in entries if not prefix or e.resource.startswith(prefix)]
     rows = [
         _row(_expanded(item, most=most), user_id=user_id, floor_ms=floor_ms, idle_too=idle_too)
-        for item in table.get_many(wanted)
+        for item in index_queries.get_many(wanted)
     ]
     return [row for row in rows if row is not None], len(entries) < count
 
 
 def _row(
-    item: table.LockItem,
+    item: records.LockItem,
     *,
     user_id: str | None,
     floor_ms: int | None,
@@ -257,7 +265,7 @@ def lock_page(
     if holds_per_resource is not None and holds_per_resource < 1:
         raise ValueError(f"holds_per_resource must be at least 1, not {holds_per_resource!r}")
     now = clock.now_ms()
-    names = {f"s{i}" for i in range(table.SHARDS)} | ({"u"} if user_id is not None else set())
+    names = {f"s{i}" for i in range(records.SHARDS)} | ({"u"} if user_id is not None else set())
     # A cursor goes on only under the filters it was written for: under others its positions
     # (and lower bound) would skip rows or repeat them.
     signed_for = purpose("locks", user_id, prefix, include_expired)
@@ -302,7 +310,7 @@ def active_holds(
     while not finished:
         rows, finished = _rows(
             merged,
-            table.MAX_BATCH_GET,
+            index_queries.MAX_BATCH_GET,
             user_id=user_id,
             prefix=prefix,
             floor_ms=None if include_expired else now,
@@ -315,7 +323,7 @@ def active_holds(
 
 def holds_on(resource: str) -> list[HoldInfo]:
     """Every holder of one resource, live or not (one consistent read)."""
-    item = table.get(validation.check_resource(resource))
+    item = lock_rows.get(validation.check_resource(resource))
     return holds_of(_expanded(item, consistent=True), min_expires_ms=None) if item else []
 
 
@@ -326,7 +334,7 @@ class ResourceState:
 
     resource: str
     holds: list[HoldInfo]
-    waiters: list[table.Waiter]  # live ones, first in line first
+    waiters: list[records.Waiter]  # live ones, first in line first
     fence: int = 0  # the last fence handed out
     # More holders than ``holds`` (a page of them): pass it as ``holds_after`` for the next.
     holds_next: str | None = None
@@ -343,24 +351,24 @@ def resource_state(
     ``holds_next``) and every live waiter, first in line first (with ``most``, of the first
     that many tickets in line; ``waiters_beyond`` counts the tickets after them), from
     consistent reads: the row, then its queue's entries."""
-    item = table.get(validation.check_resource(resource))
+    item = lock_rows.get(validation.check_resource(resource))
     if item is None:
         return ResourceState(resource, [], [])
     if holds_after is not None and not holds_after.startswith(
-        (slots.PERMIT_PREFIX, table.readers.READER_PREFIX)
+        (slots.PERMIT_PREFIX, reader_items.READER_PREFIX)
     ):
         raise ValueError(f"holds_after is a previous page's holds_next, not {holds_after!r}")
     item = _expanded(item, consistent=True, most=most, after_sk=holds_after)
     now = clock.now_ms()
     inline = sorted((w for w in item.queue.values() if w.expires_ms >= now), key=lambda w: w.ticket)
-    entries = table.queue_entries(item, most)
+    entries = queue_entries.queue_entries(item, most)
     beyond = item.qin - entries[-1].ticket if most is not None and len(entries) >= most else 0
     waiters = inline + [w for w in entries if w.expires_ms >= now]
     holds = holds_of(item, min_expires_ms=None)
     return ResourceState(resource, holds, waiters, item.fence, item.holders_next, beyond)
 
 
-def waiters_on(resource: str) -> list[table.Waiter]:
+def waiters_on(resource: str) -> list[records.Waiter]:
     """Every live waiter queued for ``resource``, first in line first (consistent reads:
     the row, then its queue's entries). Each has ``ticket``, ``user_id``, ``shared``,
     ``token`` and ``since_ms`` (when it queued, in milliseconds since the epoch, or
@@ -394,15 +402,15 @@ def break_hold(
     """Break one hold, only if that very token still holds (a hold taken meanwhile survives).
     Sends ``lock_released`` (with ``broken=True`` and the holder's ``user_id`` and ``fence``
     where the caller knows them); False if the token no longer held the resource."""
-    if token == table.readers.SENTINEL:
+    if token == reader_items.SENTINEL:
         return False  # it stands for the reader items: each is broken by its own token
     try:
-        table.update(table.force_release(resource, token))
-    except table.Refused as refused:
+        lock_rows.update(lock_writes.force_release(resource, token))
+    except dynamodb.Refused as refused:
         old = refused.lock
         if old is None:
             return False
-        if table.readers.has_readers(old):
+        if reader_items.has_readers(old):
             if not reader_held.break_reader(resource, token):
                 return False
         elif old.hw is None or not permit_held.break_permit(resource, token):

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .. import _clock as clock
-from .. import _storage as table
 from .._engine import (
     arguments as validation,
 )
@@ -26,6 +25,7 @@ from .._engine import (
 from .._engine import (
     reader_hold as reader_held,
 )
+from .._storage import dynamodb, index_queries, lock_rows, reader_items, records
 from .._storage import permit_items as slots
 from ..conf import settings
 from ..exceptions import SemaphoreUnavailable
@@ -81,7 +81,7 @@ def _patiently(send: Callable[[bool], bool], *, resend_unanswered: bool) -> bool
         if attempt:
             time.sleep(0.05 * 2 ** (attempt - 1))
         try:
-            with table.quick():
+            with dynamodb.quick():
                 return send(unanswered)
         except SemaphoreUnavailable as exc:
             unanswered = unanswered or exc.ambiguous
@@ -99,7 +99,7 @@ def _read(read: Callable[[], _T]) -> _T:
         if attempt:
             time.sleep(0.05 * 2 ** (attempt - 1))
         try:
-            with table.quick():
+            with dynamodb.quick():
                 return read()
         except SemaphoreUnavailable as exc:
             if attempt + 1 == REAP_SENDS or not exc.transient:
@@ -107,11 +107,11 @@ def _read(read: Callable[[], _T]) -> _T:
     raise AssertionError("unreachable: the last read returns or raises")
 
 
-def _expiring(shard: int, **kwargs: Any) -> Iterator[table.IndexEntry]:
-    """:func:`table.iter_expiring`, each page read by :func:`_read`."""
+def _expiring(shard: int, **kwargs: Any) -> Iterator[records.IndexEntry]:
+    """:func:`index_queries.iter_expiring`, each page read by :func:`_read`."""
     start = None
     while True:
-        page = functools.partial(table.query_expiring, shard, start=start, **kwargs)
+        page = functools.partial(index_queries.query_expiring, shard, start=start, **kwargs)
         rows, start = _read(page)
         yield from rows
         if not start:
@@ -121,7 +121,7 @@ def _expiring(shard: int, **kwargs: Any) -> Iterator[table.IndexEntry]:
 def _delete_row(resource: str, cutoff_ms: int) -> bool | ReapFailure:
     """One expired row's conditional delete, in a reaper's thread."""
     failure = _patiently(
-        lambda resent: table.delete_expired(resource, cutoff_ms, resent=resent),
+        lambda resent: lock_rows.delete_expired(resource, cutoff_ms, resent=resent),
         resend_unanswered=True,
     )
     if isinstance(failure, ReapFailure):
@@ -134,7 +134,7 @@ def reap(
     dry_run: bool = False,
     workers: int = 16,
     progress: Callable[[ReapResult], None] | None = None,
-    found: Callable[[table.IndexEntry], None] | None = None,
+    found: Callable[[records.IndexEntry], None] | None = None,
 ) -> ReapResult:
     """Delete rows whose lease ended more than CLOCK_SKEW ago, found through the expires
     index (never a Scan) and deleted each on condition it is still expired (the condition is
@@ -147,8 +147,8 @@ def reap(
     before_s = cutoff_ms // 1000
     result = ReapResult()
 
-    def candidates() -> Iterator[table.IndexEntry]:
-        for shard in range(table.SHARDS):
+    def candidates() -> Iterator[records.IndexEntry]:
+        for shard in range(records.SHARDS):
             yield from _expiring(shard, before=before_s)
 
     if dry_run:
@@ -179,20 +179,20 @@ def reap(
 
 
 def _would_reap(
-    listed: Iterator[table.IndexEntry],
+    listed: Iterator[records.IndexEntry],
     cutoff_ms: int,
     result: ReapResult,
-    found: Callable[[table.IndexEntry], None] | None,
+    found: Callable[[records.IndexEntry], None] | None,
 ) -> None:
     """A dry run's count: of the rows the index lists, those whose row, read consistently,
     the delete's condition would take (``found`` is called with each); the others changed
     since the index listed them. One read unit per row, less than the delete it stands for:
     an index lagging behind its rows must not make a dry run list a live lock."""
-    while batch := list(itertools.islice(listed, table.MAX_BATCH_GET)):
+    while batch := list(itertools.islice(listed, index_queries.MAX_BATCH_GET)):
         result.found += len(batch)
         expired = {
             row.resource
-            for row in _read(functools.partial(table.get_many, batch, consistent=True))
+            for row in _read(functools.partial(index_queries.get_many, batch, consistent=True))
             if 0 < row.expires_ms < cutoff_ms  # as delete_expired's condition reads it
         }
         for entry in batch:
@@ -211,10 +211,10 @@ def _reap_permits(cutoff_ms: int, result: ReapResult, *, dry_run: bool) -> None:
     try:
         entries = [
             entry
-            for shard in range(table.SHARDS)
+            for shard in range(records.SHARDS)
             for entry in _expiring(shard, since=cutoff_ms // 1000, shared_only=True)
         ]
-        rows = _read(functools.partial(table.get_many, entries))
+        rows = _read(functools.partial(index_queries.get_many, entries))
     except SemaphoreUnavailable as exc:
         result.failed.append(ReapFailure("", "listing", str(exc), maybe_applied=False))
         return
@@ -225,11 +225,13 @@ def _reap_permits(cutoff_ms: int, result: ReapResult, *, dry_run: bool) -> None:
             result.failed.append(ReapFailure(row.resource, "listing", str(exc), False))
 
 
-def _reap_items(row: table.LockItem, cutoff_ms: int, result: ReapResult, *, dry_run: bool) -> None:
+def _reap_items(
+    row: records.LockItem, cutoff_ms: int, result: ReapResult, *, dry_run: bool
+) -> None:
     """The dead readers and permits of one row (see :func:`_reap_permits`)."""
     dead: list[tuple[str, Callable[[], bool]]] = []
-    if table.readers.has_readers(row):
-        for reader in _read(functools.partial(table.readers.readers, row.resource)):
+    if reader_items.has_readers(row):
+        for reader in _read(functools.partial(reader_items.readers, row.resource)):
             if reader.holder.expires_ms < cutoff_ms:
                 free = functools.partial(reader_held.break_reader, row.resource, reader.token)
                 dead.append(("reader", functools.partial(free, reader)))

@@ -308,7 +308,7 @@ def _call(client: Any, operation: str, kwargs: dict[str, Any], *, quick: bool) -
     return getattr(client, operation)(**kwargs)
 
 
-def _send(operation: str, **kwargs: Any) -> dict[str, Any]:
+def send_request(operation: str, **kwargs: Any) -> dict[str, Any]:
     try:
         client = get_client(quick=True) if _quick.get() else get_client()
     except ValueError as exc:  # botocore refuses the endpoint URL itself
@@ -380,7 +380,7 @@ def prefix_pages(
             kwargs["Limit"] = limit
         if start:
             kwargs["ExclusiveStartKey"] = start
-        response = _send("query", **kwargs)
+        response = send_request("query", **kwargs)
         yield [decode(i) or {} for i in response.get("Items", [])]
         start = response.get("LastEvaluatedKey")
         if not start:

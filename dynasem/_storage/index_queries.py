@@ -10,8 +10,8 @@ from typing import Any
 
 from ..conf import settings
 from ..exceptions import SemaphoreUnavailable, TableMissing
+from . import dynamodb
 from .dynamodb import (
-    _send,
     endpoint_label,
 )
 from .records import (
@@ -98,12 +98,14 @@ def _query(
     if start:
         kwargs["ExclusiveStartKey"] = start
     try:
-        response = _send("query", **kwargs)
+        response = dynamodb.send_request("query", **kwargs)
     except TableMissing as exc:
         old = dict(zip((USER_INDEX, EXPIRES_INDEX), OLD_INDEXES, strict=True))
         if "lacks an index" not in str(exc) or kwargs["IndexName"] not in old:
             raise
-        response = _send("query", **dict(kwargs, IndexName=old[kwargs["IndexName"]]))
+        response = dynamodb.send_request(
+            "query", **dict(kwargs, IndexName=old[kwargs["IndexName"]])
+        )
     entries = [index_entry(decode(i)) for i in response.get("Items", [])]
     return entries, response.get("LastEvaluatedKey")
 
@@ -130,7 +132,9 @@ def get_many(entries: list[IndexEntry], *, consistent: bool = False) -> list[Loc
             asked: dict[str, Any] = {"Keys": keys}
             if consistent:
                 asked["ConsistentRead"] = True
-            response = _send("batch_get_item", RequestItems={settings.TABLE_NAME: asked})
+            response = dynamodb.send_request(
+                "batch_get_item", RequestItems={settings.TABLE_NAME: asked}
+            )
             for item in response.get("Responses", {}).get(settings.TABLE_NAME, []):
                 row = decode(item)
                 found[str(row["pk"])] = row

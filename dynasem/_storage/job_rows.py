@@ -5,10 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..conf import settings
-from .dynamodb import (
-    _send,
-)
-from .lock_rows import _get, _update
+from . import dynamodb, lock_rows
 from .records import (
     JOB_SK,
     JobRow,
@@ -19,7 +16,7 @@ from .records import (
 
 def update_job(action: dict[str, Any], *, return_new: bool = False) -> JobRow | None:
     """Send one conditional run_once write. Raises :class:`Refused` with the old row."""
-    row = _update(action, return_new)
+    row = lock_rows.update_item(action, return_new)
     return None if row is None else job_row(row)
 
 
@@ -53,11 +50,11 @@ def scan_jobs(
     }
     if start:
         kwargs["ExclusiveStartKey"] = start
-    response = _send("scan", **kwargs)
+    response = dynamodb.send_request("scan", **kwargs)
     return [job_row(decode(i)) for i in response.get("Items", [])], response.get("LastEvaluatedKey")
 
 
 def get_job(pk: str) -> JobRow | None:
     """The run_once row of ``pk`` (one consistent read), or None if never run."""
-    item = _get(pk, JOB_SK)
+    item = lock_rows.get_item(pk, JOB_SK)
     return job_row(item) if item else None

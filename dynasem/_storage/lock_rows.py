@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 from ..conf import settings
+from . import dynamodb
 from .dynamodb import (
     Refused,
-    _send,
 )
 from .records import (
     LOCK_SK,
@@ -23,11 +23,11 @@ from .records import (
 
 def update(action: dict[str, Any], *, return_new: bool = False) -> LockItem | None:
     """Send one conditional lock write. Raises :class:`Refused` with the old row."""
-    return lock_item(_update(action, return_new))
+    return lock_item(update_item(action, return_new))
 
 
-def _update(action: dict[str, Any], return_new: bool) -> dict[str, Any] | None:
-    response = _send(
+def update_item(action: dict[str, Any], return_new: bool) -> dict[str, Any] | None:
+    response = dynamodb.send_request(
         "update_item",
         TableName=settings.TABLE_NAME,
         ReturnValues="ALL_NEW" if return_new else "NONE",
@@ -44,24 +44,24 @@ def transact(actions: list[dict[str, Any]]) -> None:
         {"Update": dict(a, TableName=table, ReturnValuesOnConditionCheckFailure="ALL_OLD")}
         for a in actions
     ]
-    _send("transact_write_items", TransactItems=items)
+    dynamodb.send_request("transact_write_items", TransactItems=items)
 
 
 def get(resource: str, *, consistent: bool = True) -> LockItem | None:
     """One read of a lock row (used only where no write can tell us): strongly consistent,
     unless ``consistent`` is False (half the read units: for a queued waiter's look, which
     only decides when to write, every write being conditional on the row as it is)."""
-    return lock_item(_get(resource, LOCK_SK, consistent=consistent))
+    return lock_item(get_item(resource, LOCK_SK, consistent=consistent))
 
 
 def stored_item(pk: str, sk: str = LOCK_SK) -> dict[str, Any] | None:
     """A row exactly as stored, decoded to plain Python: for tests and diagnostics, which
     check the stored format itself. The app reads :func:`get` and :func:`get_job`."""
-    return _get(pk, sk)
+    return get_item(pk, sk)
 
 
-def _get(pk: str, sk: str, *, consistent: bool = True) -> dict[str, Any] | None:
-    response = _send(
+def get_item(pk: str, sk: str, *, consistent: bool = True) -> dict[str, Any] | None:
+    response = dynamodb.send_request(
         "get_item", TableName=settings.TABLE_NAME, Key=key(pk, sk), ConsistentRead=consistent
     )
     return decode(response.get("Item"))
@@ -101,7 +101,7 @@ def delete_expired(resource: str, cutoff_ms: int, *, resent: bool = False) -> bo
     the row gone is our earlier delete's doing: True, not a row that changed since listed.
     The row as it was comes back with the refusal (``ALL_OLD``), at no extra read unit."""
     try:
-        _send(
+        dynamodb.send_request(
             "delete_item",
             TableName=settings.TABLE_NAME,
             Key=key(resource, LOCK_SK),

@@ -10,7 +10,8 @@ writes cost the item alone (1 WCU)."""
 from __future__ import annotations
 
 from ..conf import settings
-from .dynamodb import Refused, _send
+from . import dynamodb
+from .dynamodb import Refused
 from .records import decode, encode, key
 
 NEXT_SK = "next"
@@ -34,7 +35,7 @@ def register_next(
     yet: one made after the same or a later fence (``af >= after_fence``) whose lease is not
     over (``un >= stale_ms``). None when registered; else the registered one's user id."""
     try:
-        _send(
+        dynamodb.send_request(
             "put_item",
             TableName=settings.TABLE_NAME,
             Item=encode(
@@ -89,7 +90,7 @@ def _if_ours(
     """``operation`` on the registration, conditional on its token being ``token``; False
     when it was refused (replaced, or gone)."""
     try:
-        _send(
+        dynamodb.send_request(
             operation,
             TableName=settings.TABLE_NAME,
             Key=key(resource, NEXT_SK),
@@ -105,7 +106,7 @@ def _if_ours(
 
 def get_next(resource: str) -> dict[str, object] | None:
     """The registration as stored (one consistent read), or None."""
-    response = _send(
+    response = dynamodb.send_request(
         "get_item", TableName=settings.TABLE_NAME, Key=key(resource, NEXT_SK), ConsistentRead=True
     )
     item = response.get("Item")

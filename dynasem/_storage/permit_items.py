@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..conf import settings
-from .dynamodb import Refused, _send, prefix_pages
+from . import dynamodb
+from .dynamodb import Refused, prefix_pages
 from .lock_writes import _LOCK_NAMES, QueueTerms, _action, _queue_clauses
 from .records import (
     BUCKET_S,
@@ -344,7 +345,7 @@ def break_permit(
 def send(action: dict[str, Any], *, old: bool = False) -> dict[str, Any] | None:
     """Send one conditional write of this module; the old item if ``old``. Raises
     :class:`Refused` (its ``raw``: the item as it was)."""
-    response = _send(
+    response = dynamodb.send_request(
         "update_item",
         TableName=settings.TABLE_NAME,
         ReturnValues="ALL_OLD" if old else "NONE",

@@ -8,10 +8,7 @@ import time
 from typing import Any
 
 from ..conf import settings
-from .dynamodb import (
-    _send,
-)
-from .lock_rows import get
+from . import dynamodb, lock_rows
 from .records import (
     LockItem,
     Waiter,
@@ -30,12 +27,16 @@ ENTRY_PAGE = 8
 def put_entry(resource: str, qbase: int, waiter: Waiter) -> None:
     """Write our queue entry (its ticket drawn by :func:`take_ticket`): an item of its own,
     so that a crowd of waiters never makes a write to the row dearer."""
-    _send("put_item", TableName=settings.TABLE_NAME, Item=entry_item(resource, qbase, waiter))
+    dynamodb.send_request(
+        "put_item", TableName=settings.TABLE_NAME, Item=entry_item(resource, qbase, waiter)
+    )
 
 
 def drop_entry(resource: str, qbase: int, ticket: int) -> None:
     """Delete our queue entry (we leave the queue): a hand-over then no longer finds us."""
-    _send("delete_item", TableName=settings.TABLE_NAME, Key=key(resource, entry_sk(qbase, ticket)))
+    dynamodb.send_request(
+        "delete_item", TableName=settings.TABLE_NAME, Key=key(resource, entry_sk(qbase, ticket))
+    )
 
 
 # After leaving the queue while another holds, how long until we look again whether a
@@ -50,10 +51,10 @@ def leave_queue(resource: str, qbase: int, ticket: int, *, token: str) -> LockIt
     read the queue before we left, and has not written yet): we look once more a little
     later."""
     drop_entry(resource, qbase, ticket)
-    row = get(resource)
+    row = lock_rows.get(resource)
     if may_be_handed(row, qbase, ticket, token):
         time.sleep(LEAVE_RECHECK)
-        row = get(resource)
+        row = lock_rows.get(resource)
     return row
 
 
@@ -93,7 +94,7 @@ def _entry_page(
         kwargs["Limit"] = limit
     if start:
         kwargs["ExclusiveStartKey"] = start
-    response = _send("query", **kwargs)
+    response = dynamodb.send_request("query", **kwargs)
     page = [entry_of(decode(i)) for i in response.get("Items", [])]
     return page, response.get("LastEvaluatedKey")
 

@@ -38,7 +38,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..conf import settings
-from .dynamodb import Refused, _send, prefix_pages
+from . import dynamodb
+from .dynamodb import Refused, prefix_pages
 
 # A shared resource keeps up to READERS_INLINE readers in its row (their writes cost no more
 # than an item's two); the next ones, and every one while the row has reader items, in items.
@@ -414,7 +415,7 @@ def drop_reader(resource: str, token: str, expires_ms: int | None = None) -> dic
 
 def send(action: dict[str, Any]) -> None:
     """Send one UpdateItem of this module. Raises :class:`Refused`."""
-    _send(
+    dynamodb.send_request(
         "update_item",
         TableName=settings.TABLE_NAME,
         ReturnValuesOnConditionCheckFailure="ALL_OLD",
@@ -425,7 +426,7 @@ def send(action: dict[str, Any]) -> None:
 def delete(action: dict[str, Any]) -> None:
     """Send a :func:`drop_reader`. Raises :class:`Refused` if the item was not there (as
     read)."""
-    _send(
+    dynamodb.send_request(
         "delete_item",
         TableName=settings.TABLE_NAME,
         ReturnValuesOnConditionCheckFailure="ALL_OLD",

@@ -13,7 +13,8 @@ from botocore.config import Config
 
 from ..conf import settings
 from ..exceptions import SemaphoreUnavailable, TableMissing
-from .dynamodb import _send, get_client, region_of
+from . import dynamodb
+from .dynamodb import get_client, region_of
 from .records import OLD_INDEXES, index_definitions, old_layout, table_definition
 
 # ---------------------------------------------------------------------------------------------
@@ -23,16 +24,18 @@ from .records import OLD_INDEXES, index_definitions, old_layout, table_definitio
 
 def describe_table() -> dict[str, Any] | None:
     try:
-        description: dict[str, Any] = _send("describe_table", TableName=settings.TABLE_NAME)[
-            "Table"
-        ]
+        description: dict[str, Any] = dynamodb.send_request(
+            "describe_table", TableName=settings.TABLE_NAME
+        )["Table"]
         return description
     except TableMissing:
         return None
 
 
 def create_table(definition: dict[str, Any]) -> dict[str, Any]:
-    description: dict[str, Any] = _send("create_table", **definition)["TableDescription"]
+    description: dict[str, Any] = dynamodb.send_request("create_table", **definition)[
+        "TableDescription"
+    ]
     return description
 
 
@@ -44,7 +47,9 @@ def wait_until_active(name: str) -> None:
 
 def ttl_status(name: str) -> str:
     try:
-        desc = _send("describe_time_to_live", TableName=name)["TimeToLiveDescription"]
+        desc = dynamodb.send_request("describe_time_to_live", TableName=name)[
+            "TimeToLiveDescription"
+        ]
     except SemaphoreUnavailable:
         return "UNKNOWN"
     status: str = desc.get("TimeToLiveStatus", "DISABLED")
@@ -52,7 +57,7 @@ def ttl_status(name: str) -> str:
 
 
 def enable_ttl(name: str) -> None:
-    _send(
+    dynamodb.send_request(
         "update_time_to_live",
         TableName=name,
         TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires"},
@@ -78,7 +83,7 @@ def upgrade_indexes(
                 _wait_for(name, functools.partial(_is_active, index), poll, timeout, index)
             continue
         say(f"Adding index {index} (DynamoDB fills it from the table's rows)...")
-        _send(
+        dynamodb.send_request(
             "update_table",
             TableName=name,
             AttributeDefinitions=table_definition(name)["AttributeDefinitions"],
@@ -90,7 +95,7 @@ def upgrade_indexes(
         if index not in _index_status(name):
             continue
         say(f"Dropping the old index {index}...")
-        _send(
+        dynamodb.send_request(
             "update_table",
             TableName=name,
             GlobalSecondaryIndexUpdates=[{"Delete": {"IndexName": index}}],
@@ -109,7 +114,7 @@ def _is_gone(index: str, status: dict[str, str]) -> bool:
 
 
 def _index_status(name: str) -> dict[str, str]:
-    description = _send("describe_table", TableName=name)["Table"]
+    description = dynamodb.send_request("describe_table", TableName=name)["Table"]
     return {
         g["IndexName"]: str(g.get("IndexStatus", "ACTIVE"))
         for g in description.get("GlobalSecondaryIndexes", [])
@@ -127,7 +132,7 @@ def _wait_for(
 
 
 def delete_table(name: str) -> None:
-    _send("delete_table", TableName=name)
+    dynamodb.send_request("delete_table", TableName=name)
 
 
 def layout_warning() -> str | None:

@@ -141,7 +141,7 @@ class fresh_table:  # noqa: N801 - used like a function: with fresh_table(), @fr
     def __enter__(self) -> str:
         from django.test import override_settings
 
-        from .. import _storage as table
+        from .._storage import records, schema
         from ..conf import settings as dynasem_settings
 
         if self._override is not None:
@@ -167,8 +167,8 @@ class fresh_table:  # noqa: N801 - used like a function: with fresh_table(), @fr
         )
         self._override.enable()
         try:
-            table.create_table(table.table_definition(name))
-            table.wait_until_active(name)
+            schema.create_table(records.table_definition(name))
+            schema.wait_until_active(name)
         except BaseException:
             self._restore()
             raise
@@ -181,11 +181,11 @@ class fresh_table:  # noqa: N801 - used like a function: with fresh_table(), @fr
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        from .. import _storage as table
+        from .._storage import schema
 
         try:
             if self.name is not None:
-                table.delete_table(self.name)
+                schema.delete_table(self.name)
         finally:
             self._restore()
 

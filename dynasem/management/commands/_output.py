@@ -11,10 +11,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ... import _storage as table
 from ..._observability.logs import shown_token
 from ..._operators import audit
 from ..._operators.locks import HoldInfo
+from ..._storage import dynamodb
 
 
 def width(text: str) -> int:
@@ -65,10 +65,10 @@ def quiet_on_closed_pipe(run: Callable[[], Any]) -> Any:
 
 class OperatorCommand(BaseCommand):
     """A command an operator waits on: its requests go through the quick client (one attempt,
-    short timeouts: ``table.quick``), and a closed pipe ends it quietly."""
+    short timeouts: ``dynamodb.quick``), and a closed pipe ends it quietly."""
 
     def execute(self, *args: Any, **options: Any) -> str | None:
-        with table.quick():
+        with dynamodb.quick():
             result: str | None = quiet_on_closed_pipe(
                 lambda: super(OperatorCommand, self).execute(*args, **options)
             )

@@ -5,7 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from ... import _storage as table
+from ..._storage import dynamodb, records, schema
 from ...exceptions import SemaphoreUnavailable
 
 
@@ -34,10 +34,10 @@ class Command(BaseCommand):
     def handle(
         self, *args: Any, wait: bool, dry_run: bool, upgrade: bool = False, **options: Any
     ) -> None:
-        definition = table.table_definition()
+        definition = records.table_definition()
         name = definition["TableName"]
         as_json = options.get("json", False)
-        facts: dict[str, Any] = {"table": name, "endpoint": table.endpoint_label()}
+        facts: dict[str, Any] = {"table": name, "endpoint": dynamodb.endpoint_label()}
         if upgrade and dry_run:
             raise CommandError("--upgrade and --dry-run do not go together")
         if upgrade:
@@ -49,7 +49,7 @@ class Command(BaseCommand):
             if as_json:
                 self.stdout.write(json.dumps({**facts, "dry_run": True, "definition": definition}))
                 return
-            self.stdout.write(f"Would create table {name!r} at {table.endpoint_label()}:")
+            self.stdout.write(f"Would create table {name!r} at {dynamodb.endpoint_label()}:")
             self.stdout.write(json.dumps(definition, indent=2))
             self.stdout.write("and turn on TTL on 'expires'.")
             return
@@ -65,14 +65,14 @@ class Command(BaseCommand):
     ) -> str:
         facts = {} if facts is None else facts
         name = definition["TableName"]
-        existing = table.describe_table()
+        existing = schema.describe_table()
         facts["created"] = existing is None
         if existing is not None:
             have = {g["IndexName"] for g in existing.get("GlobalSecondaryIndexes", [])}
-            problem = table.old_layout(existing)
+            problem = records.old_layout(existing)
             if problem is not None:
                 raise CommandError(f"table {name!r} exists, but {problem}")
-            missing = {table.USER_INDEX, table.EXPIRES_INDEX} - have
+            missing = {records.USER_INDEX, records.EXPIRES_INDEX} - have
             if missing:
                 raise CommandError(
                     f"table {name!r} exists but lacks the index(es) {', '.join(sorted(missing))}: "
@@ -80,16 +80,16 @@ class Command(BaseCommand):
                 )
             message = f"Table {name!r} already exists ({existing.get('TableStatus')})."
         else:
-            table.create_table(definition)
-            message = f"Created table {name!r} at {table.endpoint_label()}."
+            schema.create_table(definition)
+            message = f"Created table {name!r} at {dynamodb.endpoint_label()}."
         if wait:
-            table.wait_until_active(name)
+            schema.wait_until_active(name)
             message += " It is ACTIVE."
             facts["active"] = True
         facts["ttl"] = True
-        if table.ttl_status(name) not in ("ENABLED", "ENABLING"):
+        if schema.ttl_status(name) not in ("ENABLED", "ENABLING"):
             try:
-                table.enable_ttl(name)
+                schema.enable_ttl(name)
                 message += " TTL is on for 'expires'."
             except SemaphoreUnavailable as exc:
                 facts["ttl"] = False
@@ -105,19 +105,22 @@ class Command(BaseCommand):
         self, name: str, facts: dict[str, Any] | None = None, *, quiet: bool = False
     ) -> str:
         facts = {} if facts is None else facts
-        existing = table.describe_table()
+        existing = schema.describe_table()
         if existing is None:
             raise CommandError(
-                f"table {name!r} does not exist at {table.endpoint_label()}: run "
+                f"table {name!r} does not exist at {dynamodb.endpoint_label()}: run "
                 "`manage.py dynasem_createtable` (without --upgrade) to create it"
             )
         have = {g["IndexName"] for g in existing.get("GlobalSecondaryIndexes", [])}
-        if not have & set(table.OLD_INDEXES) and {table.USER_INDEX, table.EXPIRES_INDEX} - have:
+        if (
+            not have & set(records.OLD_INDEXES)
+            and {records.USER_INDEX, records.EXPIRES_INDEX} - have
+        ):
             raise CommandError(
                 f"table {name!r} has neither dynasem's old nor its new indexes: it was not "
                 "made by dynasem_createtable; delete it or set another TABLE_NAME"
             )
-        done = table.upgrade_indexes(name, say=(lambda _: None) if quiet else self.stdout.write)
+        done = schema.upgrade_indexes(name, say=(lambda _: None) if quiet else self.stdout.write)
         facts["upgraded"] = done
         if not done:
             return f"Table {name!r} already has this version's indexes; nothing to do."

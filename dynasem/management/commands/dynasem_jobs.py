@@ -6,10 +6,10 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from ... import _storage as table
 from ..._engine import arguments as validation
 from ..._operators import audit
 from ..._operators import jobs as job_operations
+from ..._storage import records
 from ...exceptions import SemaphoreUnavailable
 from ...models import Job
 from ._output import OperatorCommand, pad, printable, recorder, width
@@ -162,7 +162,7 @@ class Command(OperatorCommand):
 
 
 def job_operations_statuses() -> list[str]:
-    return [table.RUNNING, table.FAILED, table.DONE, job_operations.NEW]
+    return [records.RUNNING, records.FAILED, records.DONE, job_operations.NEW]
 
 
 def _as_dict(job: job_operations.JobInfo) -> dict[str, Any]:

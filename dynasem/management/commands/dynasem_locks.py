@@ -7,10 +7,10 @@ from typing import Any
 from django.core.management.base import CommandError
 
 from ... import _clock as clock
-from ... import _storage as table
 from ..._observability.logs import shown_token
 from ..._operators import locks as operations
 from ..._operators import usernames
+from ..._storage import records
 from ...exceptions import SemaphoreUnavailable
 from ._output import OperatorCommand, hold_row, pad, printable, width
 
@@ -153,7 +153,7 @@ def _plain(text: str) -> str:
     return text
 
 
-def _waiter(w: table.Waiter) -> dict[str, Any]:
+def _waiter(w: records.Waiter) -> dict[str, Any]:
     return {
         "user_id": w.user_id,
         "kind": "shared" if w.shared else "exclusive",

@@ -6,8 +6,8 @@ from typing import Any
 
 from django.core.management.base import CommandError
 
-from ... import _storage as table
 from ..._operators import reaper as reaping
+from ..._storage import records
 from ...exceptions import SemaphoreUnavailable
 from ._output import OperatorCommand, printable
 
@@ -56,7 +56,7 @@ class Command(OperatorCommand):
                     f"  {result.deleted} deleted, {result.survived} survived{failed}..."
                 )
 
-        def found(row: table.IndexEntry) -> None:
+        def found(row: records.IndexEntry) -> None:
             if dry_run and as_json:
                 ended = datetime.fromtimestamp(row.listed_s, tz=UTC).isoformat()
                 self.stdout.write(json.dumps({"resource": row.resource, "ended_by": ended}))
