@@ -69,7 +69,7 @@ def _valid_endpoint(url: object) -> bool:
 
 
 @register()
-def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:  # noqa: C901, PLR0912  (issue 41: split)
     from django.conf import settings as django_settings
 
     problems: list[Any] = []

@@ -201,7 +201,7 @@ class Semaphore:
 
     # -- acquiring ---------------------------------------------------------------------------
 
-    def _acquire_steps(self, wait_s: float | None = None) -> Steps[Held]:
+    def _acquire_steps(self, wait_s: float | None = None) -> Steps[Held]:  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
         """The acquire loop as a generator of steps (a request to send, a pause: see
         :mod:`dynasem._engine.steps`), so one loop serves the sync and the async driver."""
         self._check_usable()

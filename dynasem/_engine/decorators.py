@@ -475,7 +475,7 @@ def _refuse(func: Any) -> None:
         )
 
 
-def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., Any]:
+def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., Any]:  # noqa: C901  (issue 41: split)
     """``func`` taking ``sem`` (with the call's resource) around every call."""
     _refuse(func)
     if iscoroutinefunction(func) and getattr(sem, "fence_db", False):

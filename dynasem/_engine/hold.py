@@ -361,7 +361,7 @@ class Held:
     async def arelease(self) -> None:
         await run_io(self.release)
 
-    def _hand_over(self) -> bool | None:
+    def _hand_over(self) -> bool | None:  # noqa: C901  (issue 41: split)
         """Release straight to the first waiter (or the readers at the head of the line), in
         one write. None: no heir, or they left (then a plain release follows)."""
         fence = self.fence
@@ -443,7 +443,7 @@ class Held:
             return {}
         return heirs.release_terms(self._row, self.skew)
 
-    def _plain_release(self, terms: dict[str, Any]) -> bool | None:
+    def _plain_release(self, terms: dict[str, Any]) -> bool | None:  # noqa: C901, PLR0912  (issue 41: split)
         """A release to nobody in particular; True if every resource was ours until now.
         None: refused by ``terms`` (waiters came), the hold still ours."""
         sole = self.semaphore.mode == MODE_EXCLUSIVE

@@ -423,7 +423,7 @@ def busy(
     return exc
 
 
-def wait_in_queue(
+def wait_in_queue(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
     sem: LockSpec,
     resource: str,
     seen: records.LockItem | None,

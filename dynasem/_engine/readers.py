@@ -174,7 +174,7 @@ def items_for(sem: LockSpec, seen: Mapping[str, records.LockItem | None], stale_
     return any(wants_item(row, queueing.live_holders(row, stale_ms)) for row in seen.values())
 
 
-def acquire_many(
+def acquire_many(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
     sem: LockSpec,
     *,
     token: str,

@@ -195,7 +195,7 @@ def run_sync(steps: Steps[_T]) -> _T:
             raise
 
 
-async def run_async(steps: Steps[_T]) -> _T:
+async def run_async(steps: Steps[_T]) -> _T:  # noqa: C901, PLR0912  (issue 41: split)
     result: Any = None
     error: BaseException | None = None
     queued: InQueue | None = None  # we may be in a resource's queue

@@ -44,7 +44,7 @@ class Plan:
         self.reader = reader
 
 
-def plan(
+def plan(  # noqa: C901, PLR0912  (issue 41: split)
     sem: LockSpec,
     resource: str,
     seen: records.LockItem | None,

@@ -101,7 +101,7 @@ def permit_of(item: dict[str, Any]) -> Permit:
 # -- the row's writes --------------------------------------------------------------------------
 
 
-def take_slot(
+def take_slot(  # noqa: PLR0912, PLR0915  (issue 41: split)
     resource: str,
     *,
     how: str,

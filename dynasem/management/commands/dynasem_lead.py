@@ -118,7 +118,7 @@ class Command(BaseCommand):
             argv = argv[:cut]
         super().run_from_argv(argv)
 
-    def handle(self, *args: Any, name: str, lease: float | None, grace: float | None,
+    def handle(self, *args: Any, name: str, lease: float | None, grace: float | None,  # noqa: C901, PLR0915  (issue 41: split)
                command: list[str], no_pid_namespace: bool, **options: Any) -> None:  # fmt: skip
         command = getattr(self, "_command", None) or command
         self._own_pids = not no_pid_namespace

@@ -60,7 +60,7 @@ class Command(OperatorCommand):
             "user named as this OS login, if any)",
         )
 
-    def handle(
+    def handle(  # noqa: C901, PLR0912  (issue 41: split)
         self,
         *args: Any,
         resource: str,
