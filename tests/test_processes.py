@@ -202,7 +202,7 @@ def test_a_pid_namespace_that_sees_another_proc_records_nothing() -> None:
     # the fix the probe read /proc/<getpid()> and recorded the stranger's start time, so that
     # when the stranger ended a waiter "proved" this live holder dead.
     said = _in_pid_namespace_without_its_proc(
-        "import os\nfrom dynasem import processes\n"
+        "import os\nfrom dynasem._engine import processes\n"
         "print(os.getpid(), os.readlink('/proc/self'), processes.identity())"
     )
     pid, proc_self, recorded = said.split()
