@@ -966,11 +966,11 @@ def test_a_signed_cursor_carries_only_what_a_request_can_take(lock_table, state)
     positions = {f"s{i}": "done" for i in range(records.SHARDS)}
     state = {"t": state["t"], "p": {**positions, **state["p"]}}
     cursor = signed(state, cursors.purpose("locks", None, None, True))
-    with pytest.raises(operations.BadCursor, match="start from the first page"):
+    with pytest.raises(cursors.BadCursor, match="start from the first page"):
         operations.lock_page(cursor=cursor, include_expired=True)
     for key in ([5, "sk"], ["p" * 2049, "sk"], ["pk", "s" * 1025], ["pk"], "pk", ["\ud800", "s"]):
         cursor = signed(key, cursors.purpose("jobs", None, None))
-        with pytest.raises(operations.BadCursor, match="start from the first page"):
+        with pytest.raises(cursors.BadCursor, match="start from the first page"):
             job_operations.job_page(cursor=cursor)
 
 

@@ -6,29 +6,34 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import urlencode
 
 import django
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
+from django.core.exceptions import PermissionDenied
 from django.db import models
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.response import TemplateResponse
 from django.urls import NoReverseMatch, path, reverse
 from django.views.decorators.http import require_http_methods
 
 from .. import _clock as clock
 from .._storage import dynamodb
-from . import audit, usernames
+from ..exceptions import SemaphoreUnavailable
+from . import audit, cursors, usernames
 
 if TYPE_CHECKING:  # django-stubs makes ModelAdmin generic; Django's own class is not subscriptable
     ModelAdmin = admin.ModelAdmin[models.Model]
 else:
     ModelAdmin = admin.ModelAdmin
 
+_T = TypeVar("_T")
 
-def _quick(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+
+def quick(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     """``view`` with its DynamoDB requests on the quick client (``dynamodb.quick``): an operator
     is told within ~2 s that DynamoDB is unavailable, not kept waiting on a hung endpoint."""
 
@@ -40,13 +45,9 @@ def _quick(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
     return inner
 
 
-def _natural(key: str) -> list[tuple[int, int | str]]:
+def natural(key: str) -> list[tuple[int, int | str]]:
     """A sort key that puts ``upload:2`` before ``upload:10`` (numbers by value)."""
     return [(0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", key)]
-
-
-def _aware(ms: int) -> datetime:
-    return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
 class _ListPage:
@@ -78,6 +79,17 @@ def expires_in(seconds: int) -> str:
     return f"in {human_span(seconds)}" if seconds >= 0 else f"expired {human_span(-seconds)} ago"
 
 
+def ago(now_ms: int, ms: int) -> str:
+    """How long before ``now_ms`` the moment ``ms`` was: ``3 min 05 s ago``."""
+    return human_span(max(0, (now_ms - ms) // 1000)) + " ago"
+
+
+def link(filters: dict[str, str], **changes: str) -> str:
+    """A link to this list under ``filters`` with ``changes`` (empty values left out)."""
+    params = {k: v for k, v in {**filters, **changes}.items() if v}
+    return "?" + urlencode(params) if params else "?"
+
+
 class DynamoDBAdmin(ModelAdmin):
     """What the admins of dynasem's table-less models share: no add/change/delete, pages of
     DynamoDB rows, holders shown by username where they are Django users."""
@@ -91,24 +103,66 @@ class DynamoDBAdmin(ModelAdmin):
         "SECRET_KEY): start from the first page."
     )
     # The one action page: its URL (``<action>/``, named ``..._<action>``) serves
-    # ``action_view``, its confirmation on GET and the change itself on POST.
-    action = ""
-
-    def action_view(self, request: HttpRequest) -> HttpResponse:
-        raise NotImplementedError
+    # ``action_view``, its confirmation on GET and the change itself on POST. It needs
+    # ``action_permission``; ``unread_text`` says DynamoDB could not read what it acts on,
+    # ``unanswered_text`` that DynamoDB did not answer the change.
+    action = action_permission = unread_text = unanswered_text = ""
 
     def get_urls(self) -> list[Any]:
         info = self.opts.app_label, self.opts.model_name
         wrap = self.admin_site.admin_view
-        confirm_then_post = require_http_methods(["GET", "POST"])(_quick(self.action_view))
+        confirm_then_post = require_http_methods(["GET", "POST"])(quick(self.action_view))
         return [
-            path("", wrap(_quick(self.changelist_view)), name="{}_{}_changelist".format(*info)),
+            path("", wrap(quick(self.changelist_view)), name="{}_{}_changelist".format(*info)),
             path(
                 f"{self.action}/",
                 wrap(confirm_then_post),
                 name="{}_{}_{}".format(*info, self.action),
             ),
         ]
+
+    def has_action_permission(self, request: HttpRequest) -> bool:
+        return request.user.has_perm(f"{self.opts.app_label}.{self.action_permission}")
+
+    def action_target(self, request: HttpRequest, source: Any) -> Any:
+        """What the action is asked to change, read from DynamoDB; a str says why there is
+        nothing to change."""
+        raise NotImplementedError
+
+    def act(self, request: HttpRequest, target: Any, source: Any) -> tuple[int, str]:
+        """The change itself (POST): its message's level and text."""
+        raise NotImplementedError
+
+    def confirm(self, request: HttpRequest, target: Any) -> HttpResponse:
+        """The confirmation page (GET)."""
+        raise NotImplementedError
+
+    def action_view(self, request: HttpRequest) -> HttpResponse:
+        """The action: its confirmation page (GET), then the change itself (POST); every way
+        back to the list says in a message what happened."""
+        if not self.has_action_permission(request):
+            raise PermissionDenied
+        source = request.POST if request.method == "POST" else request.GET
+        try:
+            target = self.action_target(request, source)
+        except SemaphoreUnavailable:
+            # The list says why (and where), once: here only what did not happen.
+            level, text = messages.ERROR, self.unread_text
+        except (TypeError, ValueError) as exc:
+            level, text = messages.ERROR, str(exc)
+        else:
+            if isinstance(target, str):
+                level, text = messages.WARNING, target
+            elif request.method != "POST":
+                return self.confirm(request, target)
+            else:
+                try:
+                    level, text = self.act(request, target, source)
+                except SemaphoreUnavailable:
+                    # It may have been applied (no answer is not a no): the list tells.
+                    level, text = messages.ERROR, self.unanswered_text
+        messages.add_message(request, level, text)
+        return HttpResponseRedirect(self._url("changelist"))
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -119,8 +173,48 @@ class DynamoDBAdmin(ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    def _url(self, name: str) -> str:
-        return reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_{name}")
+    def _url(self, name: str, **query: Any) -> str:
+        url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_{name}")
+        return f"{url}?{urlencode(query)}" if query else url
+
+    def _read(
+        self, read: Callable[[], _T], empty: _T, bad_text: str = ""
+    ) -> tuple[_T, dict[str, str]]:
+        """``read()``, or ``empty`` and what the page says instead (``bad_cursor``: a page
+        link this site did not write, ``bad_text`` or :attr:`bad_cursor_text`; ``error``:
+        DynamoDB's)."""
+        try:
+            return read(), {}
+        except cursors.BadCursor:
+            return empty, {"bad_cursor": bad_text or self.bad_cursor_text}
+        except SemaphoreUnavailable as exc:
+            return empty, {"error": str(exc)}
+
+    @staticmethod
+    def _page(request: HttpRequest, template: str, context: dict[str, Any]) -> HttpResponse:
+        """The page; a 400 when it shows a page link this site did not write."""
+        status = 400 if context.get("bad_cursor") else 200
+        return TemplateResponse(request, template, context, status=status)
+
+    def _list_context(
+        self,
+        request: HttpRequest,
+        title: str,
+        filters: dict[str, str],
+        cursor: str | None,
+        next_cursor: str | None,
+        **extra: Any,
+    ) -> dict[str, Any]:
+        """A list page's context: its search (``filters["q"]``), its other filters, the
+        links to the first and next pages."""
+        return {
+            **self._context(request, title),
+            "query": filters["q"],
+            "filters": {k: v for k, v in filters.items() if v and k != "q"},
+            "next_url": link(filters, cursor=next_cursor) if next_cursor else None,
+            "first_url": link(filters) if cursor else None,
+            **extra,
+        }
 
     def _context(self, request: HttpRequest, title: str, **extra: Any) -> dict[str, Any]:
         return {
@@ -165,11 +259,6 @@ class DynamoDBAdmin(ModelAdmin):
                     pass
             shown[user_id] = {"name": user.get_username(), "url": url}
         return shown
-
-    @staticmethod
-    def _user_filter(value: str) -> str:
-        """The stored user id a "user" filter means (see :func:`usernames.user_id_for`)."""
-        return usernames.user_id_for(value)
 
     def _holder(self, user_id: str, users: dict[str, dict[str, Any]]) -> dict[str, Any]:
         user = users.get(user_id)

@@ -7,6 +7,9 @@ from typing import Any
 
 from django.db import models
 
+from ..models import Lock
+from . import locks, usernames
+
 
 def record(user_pk: Any, model: type[models.Model], key: str, text: str) -> None:
     """One ``LogEntry`` (a change of ``model``'s object ``key``) by the user ``user_pk``."""
@@ -24,18 +27,22 @@ def record(user_pk: Any, model: type[models.Model], key: str, text: str) -> None
     )
 
 
+def broke(user_pk: Any, hold: locks.HoldInfo, holder: str, by: str = "") -> str:
+    """The text of a break of ``hold`` (its holder shown as ``holder``; ``by``: how), recorded
+    as the user ``user_pk``'s unless None."""
+    text = f"Broke the hold of {holder} on {hold.resource} (fence {hold.fence}){by}."
+    if user_pk is not None:
+        record(user_pk, Lock, hold.resource, text)
+    return text
+
+
 def operator(username: str | None) -> tuple[Any, str]:
     """Who a command's change is recorded as: the Django user ``username`` (a LookupError if
     there is none), else the one named as this OS login if any. Returns (pk or None, why not)."""
     import getpass
 
-    from django.contrib.auth import get_user_model
-
-    user_model = get_user_model()
-    manager = user_model._default_manager
     if username:
-        pk = manager.filter(**{user_model.USERNAME_FIELD: username}).values_list("pk", flat=True)
-        found = pk.first()
+        found = usernames.pk_named(username)
         if found is None:
             raise LookupError(f"--log-as: no Django user named {username!r}")
         return found, ""
@@ -43,9 +50,7 @@ def operator(username: str | None) -> tuple[Any, str]:
         login = getpass.getuser()
     except (KeyError, OSError):
         return None, "no --log-as, and this process has no login name"
-    found = (
-        manager.filter(**{user_model.USERNAME_FIELD: login}).values_list("pk", flat=True).first()
-    )
+    found = usernames.pk_named(login)
     if found is None:
         return None, f"no --log-as, and no Django user is named {login!r} (this login)"
     return found, ""

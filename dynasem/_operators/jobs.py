@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
+from typing import Any
 
 from .. import _clock as clock
-from .._engine import arguments as validation
+from .._engine import arguments
 from .._storage import dynamodb, job_rows, job_writes, records
-from .cursors import decode_scan_cursor, encode_cursor
-from .cursors import purpose as cursor_purpose
-from .locks import PAGE_ROUNDS
+from . import cursors
+from .locks import PAGE_ROUNDS, aware
 
 NEW = "NEW"  # a key never run, or reset by an operator: run_once runs it
 # What every list of jobs says of itself (the admin's jobs page, ``dynasem_jobs``): job rows
@@ -22,10 +22,16 @@ SCAN_NOTE = (
     "ended or was reset in the last second may show as it was."
 )
 RESETTABLE = frozenset({records.DONE, records.FAILED})
+# Every status a job is listed under, the admin's and ``dynasem_jobs``' filter.
+STATUSES = (records.RUNNING, records.FAILED, records.DONE, NEW)
 
 
 def _ms_time(ms: int | None) -> datetime | None:
-    return None if ms is None else datetime.fromtimestamp(ms / 1000, tz=UTC)
+    return None if ms is None else aware(ms)
+
+
+def _iso(moment: datetime | None) -> str | None:
+    return None if moment is None else moment.isoformat()
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,12 @@ class JobInfo:
     def reset_at(self) -> datetime | None:
         return _ms_time(self.reset_ms)
 
+    def as_dict(self) -> dict[str, Any]:
+        """The job as a command's JSON line."""
+        shown = ("key", "status", "user_id", "attempt", "started", "finished", "error")
+        out = {name: getattr(self, name) for name in shown}
+        return {**out, "started": _iso(self.started), "finished": _iso(self.finished)}
+
     @property
     def resettable(self) -> bool:
         return self.status in RESETTABLE
@@ -96,12 +108,12 @@ def job_page(
     size: int = 100,
 ) -> JobPage:
     """One page of run_once keys (by key within the page), Scan page by Scan page; ``cursor``
-    is a previous page's ``next_cursor`` under the same filters (:class:`BadCursor`, a
+    is a previous page's ``next_cursor`` under the same filters (:class:`cursors.BadCursor`, a
     ValueError, for any other). At most :data:`PAGE_ROUNDS` Scan requests a page."""
-    signed_for = cursor_purpose("jobs", prefix, status)
+    signed_for = cursors.purpose("jobs", prefix, status)
     start = None
     if cursor:
-        start = records.scan_start(*decode_scan_cursor(cursor, signed_for))
+        start = records.scan_start(*cursors.decode_scan_cursor(cursor, signed_for))
     jobs: list[JobInfo] = []
     for _ in range(PAGE_ROUNDS):
         items, last = job_rows.scan_jobs(prefix, status, start)
@@ -119,13 +131,13 @@ def job_page(
     next_cursor = None
     if start:
         # The last key read, which may be a lock row's: a Scan goes on from any item's key.
-        next_cursor = encode_cursor(records.scan_position(start), signed_for)
+        next_cursor = cursors.encode_cursor(records.scan_position(start), signed_for)
     return JobPage(jobs, next_cursor)
 
 
 def job_info(key: str) -> JobInfo | None:
     """One run_once key as stored (one consistent read), or None if never run."""
-    row = job_rows.get_job(validation.check_resource(key, "key"))
+    row = job_rows.get_job(arguments.check_resource(key, "key"))
     return JobInfo.of(row) if row else None
 
 
@@ -136,7 +148,7 @@ def reset_job(key: str, status: str, finished_ms: int | None) -> bool:
     if status not in RESETTABLE:
         raise ValueError(f"only a DONE or FAILED job can be reset, not {status!r}")
     action = job_writes.job_reset(
-        validation.check_resource(key, "key"), status, finished_ms, clock.now_ms()
+        arguments.check_resource(key, "key"), status, finished_ms, clock.now_ms()
     )
     try:
         job_rows.update_job(action)

@@ -1,5 +1,5 @@
 """What operators do to holds (list, break), shared by the CLI and the admin (the reaper is
-reaping.py)."""
+reaper.py)."""
 
 from __future__ import annotations
 
@@ -10,32 +10,24 @@ from datetime import UTC, datetime
 from typing import Any
 
 from .. import _clock as clock
-from .._engine import (
-    arguments as validation,
-)
-from .._engine import (
-    core,
-)
-from .._engine import (
-    permit_hold as permit_held,
-)
-from .._engine import (
-    reader_hold as reader_held,
-)
+from .._engine import arguments, core, permit_hold, reader_hold
 from .._storage import (
     dynamodb,
     index_queries,
     lock_rows,
     lock_writes,
+    permit_items,
     queue_entries,
     reader_items,
     records,
 )
-from .._storage import permit_items as slots
 from ..signals import lock_released
-from . import listing as index_streams
-from .cursors import BadCursor as BadCursor  # re-exported: callers catch operations.BadCursor
-from .cursors import decode_cursor, encode_cursor, purpose
+from . import cursors, listing
+
+
+def aware(ms: int) -> datetime:
+    """Milliseconds since the epoch as an aware datetime (UTC)."""
+    return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
 @dataclass(frozen=True)
@@ -54,31 +46,24 @@ class HoldInfo:
 
     @property
     def expires(self) -> datetime:
-        return datetime.fromtimestamp(self.expires_ms / 1000, tz=UTC)
+        return aware(self.expires_ms)
 
     @property
     def acquired(self) -> datetime:
-        return datetime.fromtimestamp(self.acquired_ms / 1000, tz=UTC)
+        return aware(self.acquired_ms)
 
     @property
     def kind(self) -> str:
-        if self.mode == validation.MODE_SHARED:
+        if self.mode == arguments.MODE_SHARED:
             return "shared"
-        if self.mode == validation.MODE_COUNTING:
+        if self.mode == arguments.MODE_COUNTING:
             return f"slot of {self.limit}"
         return "exclusive"
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "resource": self.resource,
-            "user_id": self.user_id,
-            "kind": self.kind,
-            "fence": self.fence,
-            "token": self.token,
-            "acquired": self.acquired.isoformat(),
-            "expires": self.expires.isoformat(),
-            "queue_depth": self.queue_depth,
-        }
+        shown = ("resource", "user_id", "kind", "fence", "token", "acquired", "expires")
+        out = {name: getattr(self, name) for name in (*shown, "queue_depth")}
+        return {**out, "acquired": self.acquired.isoformat(), "expires": self.expires.isoformat()}
 
 
 def _waiting(item: records.LockItem, now_ms: int) -> int:
@@ -107,30 +92,27 @@ def _expanded(
     """A row with the holders it keeps in items of their own (permits, readers) read in
     (``most``: no further than that many, ``holders_next`` says where the rest begin;
     ``after_sk``: those after a ``holders_next``, without the row's own)."""
-    found = slots.with_permits(item, consistent=consistent, most=most, after_sk=after_sk)
+    found = permit_items.with_permits(item, consistent=consistent, most=most, after_sk=after_sk)
     return reader_items.with_readers(found, consistent=consistent, most=most, after_sk=after_sk)
 
 
 def holds_of(item: records.LockItem, *, min_expires_ms: int | None) -> list[HoldInfo]:
-    out = []
     waiting = _waiting(item, clock.now_ms())
-    for token, h in sorted(item.holders.items()):
-        if min_expires_ms is not None and h.expires_ms < min_expires_ms:
-            continue
-        out.append(
-            HoldInfo(
-                resource=item.resource,
-                token=token,
-                user_id=h.user_id,
-                fence=h.fence,
-                mode=item.mode,
-                limit=item.limit,
-                acquired_ms=h.acquired_ms,
-                expires_ms=h.expires_ms,
-                queue_depth=waiting,
-            )
+    return [
+        HoldInfo(
+            item.resource,
+            token,
+            h.user_id,
+            h.fence,
+            item.mode,
+            item.limit,
+            h.acquired_ms,
+            h.expires_ms,
+            waiting,
         )
-    return out
+        for token, h in sorted(item.holders.items())
+        if min_expires_ms is None or h.expires_ms >= min_expires_ms
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -175,7 +157,7 @@ class LockRow:
 
     @property
     def expires(self) -> datetime:
-        return datetime.fromtimestamp(self.expires_ms / 1000, tz=UTC)
+        return aware(self.expires_ms)
 
 
 @dataclass(frozen=True)
@@ -192,33 +174,34 @@ class LockPage:
 
 def _rows(
     merged: Iterator[records.IndexEntry],
-    count: int,
+    size: int | None,
     *,
     user_id: str | None,
     prefix: str | None,
-    floor_ms: int | None,
-    idle_too: bool,
+    include_expired: bool,
     most: int | None = None,
-) -> tuple[list[LockRow], bool]:
-    """The listed rows of the next ``count`` index entries (read from the base table, leaving
-    out those outside ``prefix`` unread), and whether the entries ran out. Every entry taken
-    (a stream's cursor moves past it) is shown or left out here, never skipped. ``most``:
-    the holders kept in items read per row (None: all)."""
-    entries = list(itertools.islice(merged, count))
-    wanted = [e for e in entries if not prefix or e.resource.startswith(prefix)]
-    rows = [
-        _row(_expanded(item, most=most), user_id=user_id, floor_ms=floor_ms, idle_too=idle_too)
-        for item in index_queries.get_many(wanted)
-    ]
-    return [row for row in rows if row is not None], len(entries) < count
+) -> list[LockRow]:
+    """The listed rows of the merged index entries, ``size`` of them (None: until the entries
+    run out), read from the base table a batch at a time, leaving out those outside ``prefix``
+    unread. Every entry taken (a stream's cursor moves past it) is shown or left out here,
+    never skipped. ``most``: the holders kept in items read per row (None: all)."""
+    floor_ms = None if include_expired else clock.now_ms()
+    rows: list[LockRow] = []
+    finished = False
+    # Only as many index entries as the page has room for at a time.
+    while not finished and (size is None or len(rows) < size):
+        count = index_queries.MAX_BATCH_GET if size is None else size - len(rows)
+        entries = list(itertools.islice(merged, count))
+        wanted = [e for e in entries if not prefix or e.resource.startswith(prefix)]
+        for item in index_queries.get_many(wanted):
+            row = _row(_expanded(item, most=most), user_id, floor_ms, include_expired)
+            rows += [row] if row is not None else []
+        finished = len(entries) < count
+    return rows
 
 
 def _row(
-    item: records.LockItem,
-    *,
-    user_id: str | None,
-    floor_ms: int | None,
-    idle_too: bool,
+    item: records.LockItem, user_id: str | None, floor_ms: int | None, idle_too: bool
 ) -> LockRow | None:
     """The row as listed, or None when it shows nothing under these filters."""
     holds = [
@@ -226,20 +209,11 @@ def _row(
         for hold in holds_of(item, min_expires_ms=floor_ms)
         if user_id is None or hold.user_id == user_id
     ]
-    if (
-        not holds
-        and not item.holders_next is not None
-        and not (idle_too and user_id is None and not item.holders)
-    ):
+    more = item.holders_next is not None
+    if not holds and not more and not (idle_too and user_id is None and not item.holders):
         return None
-    return LockRow(
-        resource=item.resource,
-        fence=item.fence,
-        expires_ms=item.expires_ms,
-        queue_depth=_waiting(item, clock.now_ms()),
-        holds=tuple(holds),
-        more_holds=item.holders_next is not None,
-    )
+    waiting = _waiting(item, clock.now_ms())
+    return LockRow(item.resource, item.fence, item.expires_ms, waiting, tuple(holds), more)
 
 
 def lock_page(
@@ -256,45 +230,35 @@ def lock_page(
 
     Reads one page of each ``expires`` index shard (and of the userId index for ``user_id``),
     never the whole table; ``cursor`` is a previous page's ``next_cursor`` under the same
-    filters. Raises :class:`BadCursor` (a ValueError) for a cursor it did not write for
-    them. A row shows at most ``holds_per_resource`` of the holders
+    filters. Raises :class:`cursors.BadCursor` (a ValueError) for a cursor it did not write
+    for them. A row shows at most ``holds_per_resource`` of the holders
     a resource keeps in items (permits, readers; None: all), and says ``more_holds`` when
     there are more; filtered by ``user_id``, every one is read."""
     if size < 1:
         raise ValueError(f"size must be at least 1, not {size!r}")
     if holds_per_resource is not None and holds_per_resource < 1:
         raise ValueError(f"holds_per_resource must be at least 1, not {holds_per_resource!r}")
-    now = clock.now_ms()
     names = {f"s{i}" for i in range(records.SHARDS)} | ({"u"} if user_id is not None else set())
     # A cursor goes on only under the filters it was written for: under others its positions
     # (and lower bound) would skip rows or repeat them.
-    signed_for = purpose("locks", user_id, prefix, include_expired)
+    signed_for = cursors.purpose("locks", user_id, prefix, include_expired)
     if cursor:
-        state = decode_cursor(cursor, names, signed_for)
+        state = cursors.decode_cursor(cursor, names, signed_for)
         # The lower bound of the first page, kept: a position below a later bound would be
         # "outside the query's boundaries" to DynamoDB.
         since, positions = state["t"], state["p"]
     else:
-        since, positions = (0 if include_expired else now // 1000), {}
-    streams = index_streams.open_streams(user_id, since, positions)
-    rows: list[LockRow] = []
-    merged = index_streams.merged(streams, size, PAGE_ROUNDS * len(streams))
-    # Only as many index entries as the page has room for at a time.
-    finished = False
-    while len(rows) < size and not finished:
-        more, finished = _rows(
-            merged,
-            size - len(rows),
-            user_id=user_id,
-            prefix=prefix,
-            floor_ms=None if include_expired else now,
-            idle_too=include_expired,
-            most=None if user_id is not None else holds_per_resource,
-        )
-        rows += more
+        since, positions = (0 if include_expired else clock.now_ms() // 1000), {}
+    streams = listing.open_streams(user_id, since, positions)
+    merged = listing.merged(streams, size, PAGE_ROUNDS * len(streams))
+    most = None if user_id is not None else holds_per_resource
+    rows = _rows(
+        merged, size, user_id=user_id, prefix=prefix, include_expired=include_expired, most=most
+    )
     states = {s.name: s.state for s in streams}
     done = all(v == "done" for v in states.values())
-    return LockPage(rows, None if done else encode_cursor({"t": since, "p": states}, signed_for))
+    next_cursor = None if done else cursors.encode_cursor({"t": since, "p": states}, signed_for)
+    return LockPage(rows, next_cursor)
 
 
 def active_holds(
@@ -302,28 +266,15 @@ def active_holds(
 ) -> list[HoldInfo]:
     """Every live hold (or, with ``include_expired``, also those whose lease ran out but whose
     rows are still there), by resource, read through the indexes."""
-    now = clock.now_ms()
-    since = 0 if include_expired else now // 1000
-    holds: list[HoldInfo] = []
-    merged = index_streams.merged(index_streams.open_streams(user_id, since, {}), None, None)
-    finished = False
-    while not finished:
-        rows, finished = _rows(
-            merged,
-            index_queries.MAX_BATCH_GET,
-            user_id=user_id,
-            prefix=prefix,
-            floor_ms=None if include_expired else now,
-            idle_too=False,
-        )
-        holds.extend(hold for row in rows for hold in row.holds)
-    holds.sort(key=lambda h: (h.resource, h.acquired_ms))
-    return holds
+    since = 0 if include_expired else clock.now_ms() // 1000
+    merged = listing.merged(listing.open_streams(user_id, since, {}), None, None)
+    rows = _rows(merged, None, user_id=user_id, prefix=prefix, include_expired=include_expired)
+    return sorted((h for row in rows for h in row.holds), key=lambda h: (h.resource, h.acquired_ms))
 
 
 def holds_on(resource: str) -> list[HoldInfo]:
     """Every holder of one resource, live or not (one consistent read)."""
-    item = lock_rows.get(validation.check_resource(resource))
+    item = lock_rows.get(arguments.check_resource(resource))
     return holds_of(_expanded(item, consistent=True), min_expires_ms=None) if item else []
 
 
@@ -351,11 +302,11 @@ def resource_state(
     ``holds_next``) and every live waiter, first in line first (with ``most``, of the first
     that many tickets in line; ``waiters_beyond`` counts the tickets after them), from
     consistent reads: the row, then its queue's entries."""
-    item = lock_rows.get(validation.check_resource(resource))
+    item = lock_rows.get(arguments.check_resource(resource))
     if item is None:
         return ResourceState(resource, [], [])
     if holds_after is not None and not holds_after.startswith(
-        (slots.PERMIT_PREFIX, reader_items.READER_PREFIX)
+        (permit_items.PERMIT_PREFIX, reader_items.READER_PREFIX)
     ):
         raise ValueError(f"holds_after is a previous page's holds_next, not {holds_after!r}")
     item = _expanded(item, consistent=True, most=most, after_sk=holds_after)
@@ -411,9 +362,9 @@ def break_hold(
         if old is None:
             return False
         if reader_items.has_readers(old):
-            if not reader_held.break_reader(resource, token):
+            if not reader_hold.break_reader(resource, token):
                 return False
-        elif old.hw is None or not permit_held.break_permit(resource, token):
+        elif old.hw is None or not permit_hold.break_permit(resource, token):
             return False
     lock_released.send(
         sender=sender or core.Semaphore,
@@ -426,12 +377,23 @@ def break_hold(
     return True
 
 
+def matching(holds: list[HoldInfo], token: str | None, fence: int | str | None) -> list[HoldInfo]:
+    """The holds an operator names (the admin's break, ``dynasem_release``): those whose token
+    starts with ``token`` (the first characters shown: logs.shown_token) and whose fence is
+    ``fence``; either left out (None or empty) matches all."""
+    return [
+        hold
+        for hold in holds
+        if hold.token.startswith(token or "")
+        and (fence in (None, "") or str(hold.fence) == str(fence))
+    ]
+
+
 def break_holds(resource: str, token: str | None = None) -> list[HoldInfo]:
     """Break every hold on ``resource`` (or the one with ``token``); returns the broken."""
-    broken = []
-    for hold in holds_on(resource):
-        if token is not None and hold.token != token:
-            continue
-        if break_hold(resource, hold.token, user_id=hold.user_id, fence=hold.fence):
-            broken.append(hold)
-    return broken
+    return [
+        hold
+        for hold in holds_on(resource)
+        if (token is None or hold.token == token)
+        and break_hold(resource, hold.token, user_id=hold.user_id, fence=hold.fence)
+    ]

@@ -16,17 +16,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .. import _clock as clock
-from .._engine import (
-    arguments as validation,
-)
-from .._engine import (
-    permit_hold as permit_held,
-)
-from .._engine import (
-    reader_hold as reader_held,
-)
-from .._storage import dynamodb, index_queries, lock_rows, reader_items, records
-from .._storage import permit_items as slots
+from .._engine import arguments, permit_hold, reader_hold
+from .._storage import dynamodb, index_queries, lock_rows, permit_items, reader_items, records
 from ..conf import settings
 from ..exceptions import SemaphoreUnavailable
 
@@ -71,11 +62,13 @@ class ReapResult:
 REAP_SENDS = 4
 
 
-def _patiently(send: Callable[[bool], bool], *, resend_unanswered: bool) -> bool | ReapFailure:
-    """``send(resent)``, sent again after a transient error: one never applied (throttled,
-    no connection) always; one unanswered only if ``resend_unanswered`` (the write tells an
-    earlier send's doing from a change by someone else, told by ``resent``). Its answer, or
-    why it failed."""
+def _sent(send: Callable[[bool], _T], *, resend_unanswered: bool = True) -> _T:
+    """``send(resent)`` on the quick client, sent again after a transient error: one never
+    applied (throttled, no connection) always; one unanswered only if ``resend_unanswered``
+    (a read, or a write that tells an earlier send's doing from a change by someone else,
+    told by ``resent``). Raises the last error when it gives up, ``ambiguous`` if any send
+    went unanswered: a throttled request must not end the reap where the locks' client
+    would have retried it."""
     unanswered = False
     for attempt in range(REAP_SENDS):
         if attempt:
@@ -87,24 +80,24 @@ def _patiently(send: Callable[[bool], bool], *, resend_unanswered: bool) -> bool
             unanswered = unanswered or exc.ambiguous
             last = attempt + 1 == REAP_SENDS
             if last or not exc.transient or (exc.ambiguous and not resend_unanswered):
-                return ReapFailure("", "", str(exc), maybe_applied=unanswered)
-    raise AssertionError("unreachable: the last send returns")
+                exc.ambiguous = unanswered
+                raise
+    raise AssertionError("unreachable: the last send returns or raises")
 
 
 def _read(read: Callable[[], _T]) -> _T:
-    """A read of the reaper's, on the quick client and sent again after any transient error
-    (a read applies nothing), as :func:`_patiently` sends a write: a throttled index query
-    must not end the reap where the locks' client would have retried it."""
-    for attempt in range(REAP_SENDS):
-        if attempt:
-            time.sleep(0.05 * 2 ** (attempt - 1))
-        try:
-            with dynamodb.quick():
-                return read()
-        except SemaphoreUnavailable as exc:
-            if attempt + 1 == REAP_SENDS or not exc.transient:
-                raise
-    raise AssertionError("unreachable: the last read returns or raises")
+    """A read of the reaper's, sent as :func:`_sent` sends (a read applies nothing)."""
+    return _sent(lambda _resent: read())
+
+
+def _write(
+    send: Callable[[bool], bool], resource: str, item: str, *, resend_unanswered: bool = False
+) -> bool | ReapFailure:
+    """A delete or break of the reaper's (:func:`_sent`): its answer, or why it failed."""
+    try:
+        return _sent(send, resend_unanswered=resend_unanswered)
+    except SemaphoreUnavailable as exc:
+        return ReapFailure(resource, item, str(exc), maybe_applied=exc.ambiguous)
 
 
 def _expiring(shard: int, **kwargs: Any) -> Iterator[records.IndexEntry]:
@@ -120,13 +113,8 @@ def _expiring(shard: int, **kwargs: Any) -> Iterator[records.IndexEntry]:
 
 def _delete_row(resource: str, cutoff_ms: int) -> bool | ReapFailure:
     """One expired row's conditional delete, in a reaper's thread."""
-    failure = _patiently(
-        lambda resent: lock_rows.delete_expired(resource, cutoff_ms, resent=resent),
-        resend_unanswered=True,
-    )
-    if isinstance(failure, ReapFailure):
-        return dataclasses.replace(failure, resource=resource, item="row")
-    return failure
+    delete = functools.partial(lock_rows.delete_expired, resource, cutoff_ms)
+    return _write(lambda resent: delete(resent=resent), resource, "row", resend_unanswered=True)
 
 
 def reap(
@@ -143,7 +131,7 @@ def reap(
     dry run: each row it would delete, its row read consistently). A delete or break that
     fails is in ``failed``, and the reap goes on; a failed listing of the expires index
     raises (SemaphoreUnavailable)."""
-    cutoff_ms = clock.now_ms() - int(validation.check_skew(settings.CLOCK_SKEW) * 1000)
+    cutoff_ms = clock.now_ms() - int(arguments.check_skew(settings.CLOCK_SKEW) * 1000)
     before_s = cutoff_ms // 1000
     result = ReapResult()
 
@@ -228,30 +216,31 @@ def _reap_permits(cutoff_ms: int, result: ReapResult, *, dry_run: bool) -> None:
 def _reap_items(
     row: records.LockItem, cutoff_ms: int, result: ReapResult, *, dry_run: bool
 ) -> None:
-    """The dead readers and permits of one row (see :func:`_reap_permits`)."""
+    """The dead readers and permits of one row (see :func:`_reap_permits`). A break re-sent
+    after an unanswered one would be refused, as the break of a holder that renewed is: it is
+    not re-sent, and fails as maybe applied."""
     dead: list[tuple[str, Callable[[], bool]]] = []
     if reader_items.has_readers(row):
         for reader in _read(functools.partial(reader_items.readers, row.resource)):
             if reader.holder.expires_ms < cutoff_ms:
-                free = functools.partial(reader_held.break_reader, row.resource, reader.token)
+                free = functools.partial(reader_hold.break_reader, row.resource, reader.token)
                 dead.append(("reader", functools.partial(free, reader)))
     if row.hw is not None:
-        for permit in _read(functools.partial(slots.permits, row.resource)):
+        for permit in _read(functools.partial(permit_items.permits, row.resource)):
             if permit.token and permit.holder.expires_ms < cutoff_ms:
-                free = functools.partial(permit_held.break_permit, row.resource, permit.token)
+                free = functools.partial(permit_hold.break_permit, row.resource, permit.token)
                 dead.append(("permit", functools.partial(free, permit)))
     for item, break_dead in dead:
-        outcome = True if dry_run else _break_dead(break_dead)
+        outcome = True if dry_run else _write(_once(break_dead), row.resource, item)
         if isinstance(outcome, ReapFailure):
-            result.failed.append(dataclasses.replace(outcome, resource=row.resource, item=item))
+            result.failed.append(outcome)
         elif outcome:
             result.permits += 1
         else:
             result.permits_kept += 1
 
 
-def _break_dead(free: Callable[[], bool]) -> bool | ReapFailure:
-    """A dead holder's permit or reader item freed, as read. A break re-sent after an
-    unanswered one would be refused, as the break of a holder that renewed is: it is not
-    re-sent, and fails as maybe applied."""
-    return _patiently(lambda _resent: free(), resend_unanswered=False)
+def _once(free: Callable[[], bool]) -> Callable[[bool], bool]:
+    """A break of a dead holder's item, as :func:`_write` sends it (it is never re-sent after
+    an unanswered send: see :func:`_reap_items`)."""
+    return lambda _resent: free()

@@ -10,16 +10,18 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 
 
+def pk_named(username: str) -> Any:
+    """The primary key of the Django user named ``username``, or None."""
+    user_model = get_user_model()
+    named = user_model._default_manager.filter(**{user_model.USERNAME_FIELD: username})
+    return named.values_list("pk", flat=True).first()
+
+
 def user_id_for(value: str) -> str:
     """The stored user id ``value`` means: a Django user's primary key when a user has that
     username, else the value itself (a pk, a process's host:pid, a name)."""
     try:
-        user_model = get_user_model()
-        pk = (
-            user_model._default_manager.filter(**{user_model.USERNAME_FIELD: value})
-            .values_list("pk", flat=True)
-            .first()
-        )
+        pk = pk_named(value)
     except (ValidationError, ValueError, TypeError):
         return value  # no username looks like that (an integer USERNAME_FIELD, say)
     except Exception:  # no auth app, no database reachable: the locks' CLI still works

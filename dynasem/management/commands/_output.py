@@ -3,10 +3,11 @@ pipe (``dynasem_locks --json | head -1``)."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import unicodedata
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -73,6 +74,77 @@ class OperatorCommand(BaseCommand):
                 lambda: super(OperatorCommand, self).execute(*args, **options)
             )
             return result
+
+
+def plain(text: str) -> str:
+    """No style: a note on stderr that is not an error (nothing failed)."""
+    return text
+
+
+def add_change_arguments(parser: Any, change: str) -> None:
+    """``--yes`` (Django's ``--noinput``/``--no-input`` too) and ``--log-as``, of a command that
+    changes something (``change``: "each break", "the reset")."""
+    parser.add_argument(
+        "--yes",
+        "--noinput",
+        "--no-input",
+        action="store_true",
+        dest="yes",
+        help="do not ask (Django's --noinput/--no-input too)",
+    )
+    parser.add_argument(
+        "--log-as",
+        metavar="USERNAME",
+        help=f"record {change} in the admin's history as this Django user (default: the user "
+        "named as this OS login, if any)",
+    )
+
+
+def ask(yes: bool, question: str, to: str, not_done: str, returncode: int) -> None:
+    """Unless ``yes``, ask ``question`` on the terminal (to do ``to``); a CommandError
+    (``not_done``, exit status ``returncode``) unless the answer is yes."""
+    if yes:
+        return
+    if not sys.stdin or not sys.stdin.isatty():
+        raise CommandError(f"not a terminal: pass --yes (or --noinput) to {to}")
+    if input(f"{question} [y/N] ").strip().lower() not in ("y", "yes"):
+        raise CommandError(not_done, returncode=returncode)
+
+
+def one_only(options: dict[str, Any], flags: Sequence[str], named: str, instead: str) -> None:
+    """Refuse the filters ``flags`` beside one named thing (``named``: "KEY 'x'"), which is read
+    consistently, not listed (``instead``: how to list)."""
+    for flag in flags:
+        if options[flag] is not None:
+            raise CommandError(
+                f"{named} and --{flag.replace('_', '-')} do not go together: {instead}"
+            )
+
+
+def show(
+    command: BaseCommand,
+    rows: list[dict[str, Any]],
+    table: Callable[[], None],
+    *,
+    as_json: bool,
+    one: str | None,
+    nothing: tuple[str, str],
+    note: str,
+) -> None:
+    """A listing as JSON lines or as a ``table``. ``one``: the one thing it shows, read
+    consistently (each JSON line says so; ``nothing[0]`` names it when there is none); None: a
+    list not read consistently (``nothing[1]`` when empty), which says ``note``, on stderr and
+    plain: stdout stays the rows alone for whoever reads them on (awk, grep)."""
+    if as_json:
+        for row in rows:
+            command.stdout.write(json.dumps({**row, "consistent": one is not None}))
+        return
+    if rows:
+        table()
+    else:
+        command.stdout.write(nothing[1] if one is None else nothing[0].format(printable(one)))
+    if one is None:
+        command.stderr.write(note, style_func=plain)
 
 
 def recorder(log_as: str | None) -> tuple[Any, str]:

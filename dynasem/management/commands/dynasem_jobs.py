@@ -1,21 +1,28 @@
 from __future__ import annotations
 
-import json as jsonlib
-import sys
+import json
 from typing import Any
 
 from django.core.management.base import CommandError
 
-from ..._engine import arguments as validation
-from ..._operators import audit
-from ..._operators import jobs as job_operations
-from ..._storage import records
+from ..._engine import arguments
+from ..._operators import audit, jobs
 from ...exceptions import SemaphoreUnavailable
 from ...models import Job
-from ._output import OperatorCommand, pad, printable, recorder, width
+from ._output import (
+    OperatorCommand,
+    add_change_arguments,
+    ask,
+    one_only,
+    pad,
+    printable,
+    recorder,
+    show,
+    width,
+)
 
 # Said under every list (the Scan's reads are eventually consistent; see SCAN_NOTE).
-SCAN_NOTE = f"({job_operations.SCAN_NOTE} `dynasem_jobs KEY` reads one key consistently.)"
+SCAN_NOTE = f"({jobs.SCAN_NOTE} `dynasem_jobs KEY` reads one key consistently.)"
 # The exit status when nothing was reset (no such key, not DONE/FAILED, ran again since it was
 # read, or the answer was no), as dynasem_release does when it broke nothing.
 NOTHING_RESET = 3
@@ -38,85 +45,64 @@ class Command(OperatorCommand):
             help="only this key, read consistently (not through the Scan): what it shows is "
             "true as of the read",
         )
-        parser.add_argument("--status", choices=job_operations_statuses(), help="only this status")
+        parser.add_argument("--status", choices=jobs.STATUSES, help="only this status")
         parser.add_argument("--key-prefix", help="only keys starting with this")
         parser.add_argument("--json", action="store_true", help="print JSON lines")
         parser.add_argument("--reset", metavar="KEY", help="reset this DONE or FAILED key")
-        parser.add_argument(
-            "--yes", "--noinput", "--no-input", action="store_true", dest="yes", help="do not ask"
-        )
-        parser.add_argument(
-            "--log-as",
-            metavar="USERNAME",
-            help="record the reset in the admin's history as this Django user (default: the "
-            "user named as this OS login, if any)",
-        )
+        add_change_arguments(parser, "the reset")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        key = options["key"]
         try:
             if options["reset"] is not None:
                 self._reset(options["reset"], options)
-            elif options["key"] is not None:
-                self._show(self._one(options["key"], options), options, key=options["key"])
-            else:
-                self._show(self._list(options), options, key=None)
+                return
+            found = self._list(options) if key is None else self._one(key, options)
         except SemaphoreUnavailable as exc:
             raise CommandError(str(exc)) from exc
+        show(
+            self,
+            [job.as_dict() for job in found],
+            lambda: self._table(found),
+            as_json=options["json"],
+            one=key,  # else from the Scan, read eventually consistently (see SCAN_NOTE)
+            nothing=("No run_once job {!r} (read consistently).", "No run-once jobs."),
+            note=SCAN_NOTE,
+        )
 
-    def _one(self, key: str, options: dict[str, Any]) -> list[job_operations.JobInfo]:
+    def _one(self, key: str, options: dict[str, Any]) -> list[jobs.JobInfo]:
         """The job of ``key`` from one consistent read (none if never run)."""
-        for flag in ("status", "key_prefix"):
-            if options[flag] is not None:
-                raise CommandError(
-                    f"KEY {key!r} and --{flag.replace('_', '-')} do not go together: KEY "
-                    "shows that one job; leave it out to list them all through a Scan"
-                )
+        one_only(
+            options,
+            ("status", "key_prefix"),
+            f"KEY {key!r}",
+            "KEY shows that one job; leave it out to list them all through a Scan",
+        )
         try:
-            job = job_operations.job_info(key)
+            job = jobs.job_info(key)
         except (TypeError, ValueError) as exc:
             raise CommandError(f"KEY: {exc}") from exc
         return [job] if job is not None else []
 
-    def _list(self, options: dict[str, Any]) -> list[job_operations.JobInfo]:
-        jobs: list[job_operations.JobInfo] = []
+    def _list(self, options: dict[str, Any]) -> list[jobs.JobInfo]:
+        found: list[jobs.JobInfo] = []
         cursor = None
         while True:
-            page = job_operations.job_page(
+            page = jobs.job_page(
                 prefix=options["key_prefix"], status=options["status"], cursor=cursor, size=500
             )
-            jobs += page.jobs
+            found += page.jobs
             cursor = page.next_cursor
             if not cursor:
-                break
-        return jobs
+                return found
 
-    def _show(
-        self, jobs: list[job_operations.JobInfo], options: dict[str, Any], *, key: str | None
-    ) -> None:
-        """The jobs as JSON lines or a table. ``key``: its job, read consistently; None: the
-        list from a Scan, which the output says."""
-        if options["json"]:
-            for job in jobs:
-                # False: from the Scan, read eventually consistently (see SCAN_NOTE).
-                self.stdout.write(jsonlib.dumps({**_as_dict(job), "consistent": key is not None}))
-            return
-        if jobs:
-            self._table(jobs)
-        elif key is not None:
-            self.stdout.write(f"No run_once job {printable(key)!r} (read consistently).")
-        else:
-            self.stdout.write("No run-once jobs.")
-        if key is None:
-            # On stderr, plain: stdout stays the rows alone, and nothing failed.
-            self.stderr.write(SCAN_NOTE, style_func=_plain)
-
-    def _table(self, jobs: list[job_operations.JobInfo]) -> None:
-        keys = [printable(j.key) for j in jobs]
+    def _table(self, found: list[jobs.JobInfo]) -> None:
+        keys = [printable(j.key) for j in found]
         wide = max(30, *(width(k) for k in keys))
         self.stdout.write(
             f"{pad('KEY', wide)} {'STATUS':8} {'ATTEMPT':>7} {'STARTED (UTC)':19}  LAST ERROR"
         )
-        for job, key in zip(jobs, keys, strict=True):
+        for job, key in zip(found, keys, strict=True):
             started = job.started.strftime("%Y-%m-%d %H:%M:%S") if job.started else "-"
             error = printable(job.error.splitlines()[0][:60]) if job.error else ""
             self.stdout.write(
@@ -125,29 +111,23 @@ class Command(OperatorCommand):
 
     def _reset(self, key: str, options: dict[str, Any]) -> None:
         try:
-            validation.check_resource(key, "key")
+            arguments.check_resource(key, "key")
         except (TypeError, ValueError) as exc:
             raise CommandError(str(exc)) from exc
         who, unrecorded = recorder(options["log_as"])
-        job = job_operations.job_info(key)
+        job = jobs.job_info(key)
         if job is None:
             raise CommandError(f"No run_once job {key!r}: nothing reset.", returncode=NOTHING_RESET)
         if not job.resettable:
-            raise CommandError(
-                f"{key!r} is {job.status}: only a DONE or FAILED job can be reset.",
-                returncode=NOTHING_RESET,
-            )
+            why = f"{key!r} is {job.status}: only a DONE or FAILED job can be reset."
+            raise CommandError(why, returncode=NOTHING_RESET)
         if not options["json"]:
             line = f"  {key}  {job.status}  attempt {job.attempt}  {job.error[:80]}"
             self.stdout.write(printable(line))
-        if not options["yes"]:
-            if not sys.stdin or not sys.stdin.isatty():
-                raise CommandError("not a terminal: pass --yes (or --noinput) to reset it")
-            if input(f"Reset {key!r}? [y/N] ").strip().lower() not in ("y", "yes"):
-                raise CommandError("Nothing reset.", returncode=NOTHING_RESET)
-        done = job_operations.reset_job(key, job.status, job.finished_ms)
+        ask(options["yes"], f"Reset {key!r}?", "reset it", "Nothing reset.", NOTHING_RESET)
+        done = jobs.reset_job(key, job.status, job.finished_ms)
         if options["json"]:
-            self.stdout.write(jsonlib.dumps({**_as_dict(job), "reset": done}))
+            self.stdout.write(json.dumps({**job.as_dict(), "reset": done}))
         if not done:
             raise CommandError(
                 f"{key!r} ran again since it was read: nothing reset.", returncode=NOTHING_RESET
@@ -159,23 +139,3 @@ class Command(OperatorCommand):
             self.stderr.write(f"Not recorded in the admin's history: {unrecorded}.")
         if not options["json"]:
             self.stdout.write(text)
-
-
-def job_operations_statuses() -> list[str]:
-    return [records.RUNNING, records.FAILED, records.DONE, job_operations.NEW]
-
-
-def _as_dict(job: job_operations.JobInfo) -> dict[str, Any]:
-    return {
-        "key": job.key,
-        "status": job.status,
-        "user_id": job.user_id,
-        "attempt": job.attempt,
-        "started": job.started.isoformat() if job.started else None,
-        "finished": job.finished.isoformat() if job.finished else None,
-        "error": job.error,
-    }
-
-
-def _plain(text: str) -> str:
-    return text

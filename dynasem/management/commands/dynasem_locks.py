@@ -1,24 +1,22 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
 from typing import Any
 
 from django.core.management.base import CommandError
 
 from ... import _clock as clock
 from ..._observability.logs import shown_token
-from ..._operators import locks as operations
-from ..._operators import usernames
+from ..._operators import locks, usernames
 from ..._storage import records
 from ...exceptions import SemaphoreUnavailable
-from ._output import OperatorCommand, hold_row, pad, printable, width
+from ._output import OperatorCommand, hold_row, one_only, pad, printable, show, width
 
 # Said under every list read through the indexes (DynamoDB updates a global secondary index
 # after its table, typically within a second, sometimes more): a hold taken, renewed or given
 # back in the last seconds may be missing, still shown, or shown as it was.
 INDEX_NOTE = (
-    f"({operations.INDEX_NOTE} `manage.py dynasem_locks RESOURCE` reads one resource consistently.)"
+    f"({locks.INDEX_NOTE} `manage.py dynasem_locks RESOURCE` reads one resource consistently.)"
 )
 
 
@@ -59,56 +57,40 @@ class Command(OperatorCommand):
             if options["resource"] is not None:
                 holds = self._one(options["resource"], options)
             else:
-                holds = operations.active_holds(
+                holds = locks.active_holds(
                     user_id=usernames.user_id_for(options["user"]) if options["user"] else None,
                     prefix=options["resource_prefix"],
                     include_expired=options["all"],
                 )
         except SemaphoreUnavailable as exc:
             raise CommandError(str(exc)) from exc
-        self._show(holds, options["resource"], as_json=options["json"])
+        names = usernames.usernames(h.user_id for h in holds)
+        show(
+            self,
+            [{**hold_row(h), "username": names.get(h.user_id)} for h in holds],
+            lambda: self._table(holds, names),
+            as_json=options["json"],
+            one=options["resource"],  # else listed through the indexes, updated asynchronously
+            nothing=("Nobody holds {!r} (read consistently).", "No active holds."),
+            note=INDEX_NOTE,
+        )
 
-    def _one(self, resource: str, options: dict[str, Any]) -> list[operations.HoldInfo]:
+    def _one(self, resource: str, options: dict[str, Any]) -> list[locks.HoldInfo]:
         """The holds of ``resource`` from one consistent read of its row (and items)."""
-        for flag in ("user", "resource_prefix", "waiters"):
-            if options[flag] is not None:
-                raise CommandError(
-                    f"RESOURCE {resource!r} and --{flag.replace('_', '-')} do not go together: "
-                    "RESOURCE shows that one resource; leave it out to list through the indexes"
-                )
+        one_only(
+            options,
+            ("user", "resource_prefix", "waiters"),
+            f"RESOURCE {resource!r}",
+            "RESOURCE shows that one resource; leave it out to list through the indexes",
+        )
         try:
-            holds = operations.holds_on(resource)
+            holds = locks.holds_on(resource)
         except (TypeError, ValueError) as exc:
             raise CommandError(f"RESOURCE: {exc}") from exc
         now = clock.now_ms()
         return [h for h in holds if options["all"] or h.expires_ms >= now]
 
-    def _show(
-        self, holds: list[operations.HoldInfo], resource: str | None, *, as_json: bool
-    ) -> None:
-        """The holds as JSON lines or a table. ``resource``: they are that resource's, read
-        consistently; None: listed through the indexes, which the output says."""
-        names = usernames.usernames(h.user_id for h in holds)
-        if as_json:
-            for hold in holds:
-                row = hold_row(hold)
-                row["username"] = names.get(hold.user_id)
-                # False: listed through an index, updated asynchronously (see INDEX_NOTE).
-                row["consistent"] = resource is not None
-                self.stdout.write(json.dumps(row))
-            return
-        if holds:
-            self._table(holds, names)
-        elif resource is not None:
-            self.stdout.write(f"Nobody holds {printable(resource)!r} (read consistently).")
-        else:
-            self.stdout.write("No active holds.")
-        if resource is None:
-            # On stderr, as a note: stdout stays the rows alone for whoever reads them on (awk,
-            # grep); and plain, not in the error style (nothing failed).
-            self.stderr.write(INDEX_NOTE, style_func=_plain)
-
-    def _table(self, holds: list[operations.HoldInfo], names: dict[str, str]) -> None:
+    def _table(self, holds: list[locks.HoldInfo], names: dict[str, str]) -> None:
         users = [printable(names.get(h.user_id, h.user_id)) for h in holds]
         resources = [printable(h.resource) for h in holds]
         wide = max(40, *(width(r) for r in resources))
@@ -125,32 +107,25 @@ class Command(OperatorCommand):
 
     def _waiters(self, resource: str, *, as_json: bool) -> None:
         try:
-            waiters = operations.waiters_on(resource)
+            waiters = [_waiter(w) for w in locks.waiters_on(resource)]
         except ValueError as exc:
             raise CommandError(f"--waiters: {exc}") from exc
         except SemaphoreUnavailable as exc:
             raise CommandError(str(exc)) from exc
         if as_json:
-            for place, w in enumerate(waiters, 1):
-                self.stdout.write(
-                    json.dumps({"resource": resource, "position": place, **_waiter(w)})
-                )
+            for place, row in enumerate(waiters, 1):
+                self.stdout.write(json.dumps({"resource": resource, "position": place, **row}))
             return
         if not waiters:
             self.stdout.write(f"Nobody is waiting for {resource!r}.")
             return
         self.stdout.write(f"{'#':>4} {'USER':24} {'KIND':9} {'ENTRY EXPIRES (UTC)':20} PUSH  TOKEN")
-        for place, w in enumerate(waiters, 1):
-            row = _waiter(w)
+        for place, row in enumerate(waiters, 1):
             self.stdout.write(
                 f"{place:>4} {printable(row['user_id']):24} {row['kind']:9} "
                 f"{row['entry_expires'][:19].replace('T', ' '):20} "
                 f"{'yes' if row['push'] else 'no':5} {row['token']}"
             )
-
-
-def _plain(text: str) -> str:
-    return text
 
 
 def _waiter(w: records.Waiter) -> dict[str, Any]:
@@ -159,6 +134,6 @@ def _waiter(w: records.Waiter) -> dict[str, Any]:
         "kind": "shared" if w.shared else "exclusive",
         "ticket": w.ticket,
         "token": shown_token(w.token),  # a waiter's token becomes its hold's: a secret
-        "entry_expires": datetime.fromtimestamp(w.expires_ms / 1000, tz=UTC).isoformat(),
+        "entry_expires": locks.aware(w.expires_ms).isoformat(),
         "push": bool(w.address),
     }
