@@ -23,6 +23,18 @@ from django.test import override_settings
 
 from dynasem import LockLost, SemaphoreBusy, SemaphoreUnavailable, semaphore
 from dynasem._observability import telemetry
+from dynasem._observability.metrics import (
+    CAPACITY_KIND,
+    FENCE,
+    MODE,
+    NAME,
+    NAME_MAX,
+    OUTCOME,
+    QUEUED,
+    REASON,
+    RESOURCE,
+    Deferred,
+)
 from dynasem._operators import locks as operations
 from dynasem._storage import reader_items as reader_items
 from tests.conftest import dynasem_settings
@@ -102,18 +114,18 @@ def test_an_acquire_and_its_release_are_measured_and_traced(otel: Any) -> None:
     (acq,) = histogram(
         reader,
         "dynasem.lock.acquire.duration",
-        **{telemetry.NAME: name, telemetry.OUTCOME: "acquired", telemetry.MODE: "exclusive"},
+        **{NAME: name, OUTCOME: "acquired", MODE: "exclusive"},
     )
     assert acq.count == 1 and 0 < acq.sum < 5
-    assert acq.attributes[telemetry.QUEUED] is False
-    (hold,) = histogram(reader, "dynasem.lock.hold.duration", **{telemetry.NAME: name})
-    assert hold.count == 1 and hold.attributes[telemetry.OUTCOME] == "released"
-    (span,) = [s for s in spans(otel, "dynasem.acquire") if s.attributes[telemetry.NAME] == name]
-    assert span.attributes[telemetry.FENCE] == fence
-    assert span.attributes[telemetry.OUTCOME] == "acquired"
-    assert telemetry.RESOURCE not in span.attributes  # raw keys only if the setting says so
-    (release,) = [s for s in spans(otel, "dynasem.release") if s.attributes[telemetry.NAME] == name]
-    assert release.attributes[telemetry.OUTCOME] == "released"
+    assert acq.attributes[QUEUED] is False
+    (hold,) = histogram(reader, "dynasem.lock.hold.duration", **{NAME: name})
+    assert hold.count == 1 and hold.attributes[OUTCOME] == "released"
+    (span,) = [s for s in spans(otel, "dynasem.acquire") if s.attributes[NAME] == name]
+    assert span.attributes[FENCE] == fence
+    assert span.attributes[OUTCOME] == "acquired"
+    assert RESOURCE not in span.attributes  # raw keys only if the setting says so
+    (release,) = [s for s in spans(otel, "dynasem.release") if s.attributes[NAME] == name]
+    assert release.attributes[OUTCOME] == "released"
     assert [link.context.span_id for link in release.links] == [span.context.span_id]
 
 
@@ -127,19 +139,19 @@ def test_a_busy_acquire_records_outcome_busy_and_its_wait(otel: Any, holds: list
     (point,) = histogram(
         otel["reader"],
         "dynasem.lock.acquire.duration",
-        **{telemetry.NAME: name, telemetry.OUTCOME: "busy"},
+        **{NAME: name, OUTCOME: "busy"},
     )
     assert point.count == 1
     assert 0.4 <= point.sum <= waited
-    (span,) = [s for s in spans(otel, "dynasem.acquire") if s.attributes[telemetry.NAME] == name]
-    assert span.attributes[telemetry.OUTCOME] == "busy"
+    (span,) = [s for s in spans(otel, "dynasem.acquire") if s.attributes[NAME] == name]
+    assert span.attributes[OUTCOME] == "busy"
     assert span.status.is_unset  # busy is an answer, not an error
     (wait,) = [e for e in span.events if e.name == "dynasem.wait"]
     assert span.start_time <= wait.timestamp <= span.end_time
     # fair: queued behind the holder, counted with the waiters ahead (none) when it joined.
-    assert span.attributes[telemetry.QUEUED] is True
-    assert point.attributes[telemetry.QUEUED] is True
-    (ahead,) = histogram(otel["reader"], "dynasem.lock.queue.ahead", **{telemetry.NAME: name})
+    assert span.attributes[QUEUED] is True
+    assert point.attributes[QUEUED] is True
+    (ahead,) = histogram(otel["reader"], "dynasem.lock.queue.ahead", **{NAME: name})
     assert ahead.count == 1 and ahead.sum == 0
 
 
@@ -156,9 +168,9 @@ def test_an_unreachable_table_is_outcome_unavailable_with_the_error(
             semaphore(f"tel:{uuid.uuid4().hex}", metrics_name=name).acquire()
     finally:
         dynamodb.reset_client()
-    (point,) = histogram(otel["reader"], "dynasem.lock.acquire.duration", **{telemetry.NAME: name})
-    assert point.attributes[telemetry.OUTCOME] == "unavailable"
-    (span,) = [s for s in spans(otel, "dynasem.acquire") if s.attributes[telemetry.NAME] == name]
+    (point,) = histogram(otel["reader"], "dynasem.lock.acquire.duration", **{NAME: name})
+    assert point.attributes[OUTCOME] == "unavailable"
+    (span,) = [s for s in spans(otel, "dynasem.acquire") if s.attributes[NAME] == name]
     assert not span.status.is_ok and not span.status.is_unset
     assert any(e.name == "exception" for e in span.events)
 
@@ -181,21 +193,16 @@ def test_a_lost_hold_counts_in_holds_lost_with_its_reason(
         time.sleep(0.4)
         assert held.lost
         reason = "max_hold"
-    assert total(otel["reader"], "dynasem.lock.lost", **{telemetry.NAME: name}) == 1
-    assert (
-        total(
-            otel["reader"], "dynasem.lock.lost", **{telemetry.NAME: name, telemetry.REASON: reason}
-        )
-        == 1
-    )
+    assert total(otel["reader"], "dynasem.lock.lost", **{NAME: name}) == 1
+    assert total(otel["reader"], "dynasem.lock.lost", **{NAME: name, REASON: reason}) == 1
     if how == "broken":
-        (renew,) = [s for s in spans(otel, "dynasem.renew") if s.attributes[telemetry.NAME] == name]
-        assert renew.attributes[telemetry.OUTCOME] == "lost"
+        (renew,) = [s for s in spans(otel, "dynasem.renew") if s.attributes[NAME] == name]
+        assert renew.attributes[OUTCOME] == "lost"
         assert any(e.name == "dynasem.lost" for e in renew.events)
         outcomes = {
-            p.attributes[telemetry.OUTCOME]: p.value
+            p.attributes[OUTCOME]: p.value
             for p in points(otel["reader"], "dynasem.lock.renewals")
-            if p.attributes[telemetry.NAME] == name
+            if p.attributes[NAME] == name
         }
         assert outcomes == {"lost": 1}
 
@@ -207,7 +214,7 @@ READERS = 4
 def _capacity_by_kind(reader: Any) -> Counter[str]:
     found: Counter[str] = Counter()
     for p in points(reader, "dynasem.dynamodb.consumed_capacity"):
-        found[p.attributes[telemetry.CAPACITY_KIND]] += p.value
+        found[p.attributes[CAPACITY_KIND]] += p.value
     return found
 
 
@@ -301,7 +308,7 @@ def test_the_acquire_span_nests_under_the_callers_span(otel: Any) -> None:
         with semaphore(f"tel:{uuid.uuid4().hex}", metrics_name=name):
             pass
         asyncio.run(in_task())
-    acquires = [s for s in spans(otel, "dynasem.acquire") if s.attributes[telemetry.NAME] == name]
+    acquires = [s for s in spans(otel, "dynasem.acquire") if s.attributes[NAME] == name]
     assert len(acquires) == 2
     for span in acquires:
         assert span.parent is not None
@@ -326,7 +333,7 @@ def test_a_views_acquire_nests_under_its_request_span_named_by_its_template(otel
     (acquire,) = [
         s for s in finished if s.name == "dynasem.acquire" and "7341" not in str(s.attributes)
     ][-1:]
-    assert acquire.attributes[telemetry.NAME] == "tbl_issues:{project_id}"
+    assert acquire.attributes[NAME] == "tbl_issues:{project_id}"
     request = next(s for s in finished if s.context.span_id == acquire.parent.span_id)
     assert request.kind == trace.SpanKind.SERVER
     assert all("7341" not in str(s.attributes) for s in finished if s.name.startswith("dynasem"))
@@ -354,7 +361,7 @@ def test_a_celery_tasks_acquire_nests_under_the_tasks_span(otel: Any) -> None:
     (acquire,) = [
         s
         for s in finished
-        if s.name == "dynasem.acquire" and s.attributes[telemetry.NAME] == "reindex:{file_id}"
+        if s.name == "dynasem.acquire" and s.attributes[NAME] == "reindex:{file_id}"
     ]
     task_span = next(s for s in finished if s.context.span_id == acquire.parent.span_id)
     assert task_span.name.startswith("run/")
@@ -369,7 +376,7 @@ def test_raw_resource_names_only_when_the_setting_opts_in(otel: Any) -> None:
         semaphore(resource + ":raw"),
     ):
         pass
-    names = {s.attributes[telemetry.NAME] for s in spans(otel, "dynasem.acquire")}
+    names = {s.attributes[NAME] for s in spans(otel, "dynasem.acquire")}
     assert names == {"other", resource + ":raw"}
 
 
@@ -394,7 +401,9 @@ def test_dynasem_works_without_opentelemetry(lock_table: str) -> None:
             DYNASEM={dynasem_settings(*_endpoint())!r},
         )
         django.setup()
-        from dynasem import semaphore, table, telemetry
+        from dynasem import semaphore
+        from dynasem._observability import telemetry
+        from dynasem._storage import dynamodb
         assert telemetry.ON is False
         asked = []
         dynamodb.get_client().meta.events.register(
@@ -467,20 +476,16 @@ def test_a_hand_over_is_a_child_span_of_the_release_and_its_idle_time_is_measure
     first.release()
     thread.join(10)
     waiter["held"].release()
-    (release,) = [s for s in spans(otel, "dynasem.release") if s.attributes[telemetry.NAME] == name]
-    assert release.attributes[telemetry.OUTCOME] == "handed_over"
+    (release,) = [s for s in spans(otel, "dynasem.release") if s.attributes[NAME] == name]
+    assert release.attributes[OUTCOME] == "handed_over"
     (handover,) = spans(otel, "dynasem.handover")
     assert handover.parent.span_id == release.context.span_id
     assert handover.attributes["dynasem.lock.heirs"] == 1
-    assert handover.attributes[telemetry.FENCE] == waiter["held"].fence
-    (idle,) = histogram(
-        otel["reader"], "dynasem.lock.handover.idle", **{telemetry.NAME: name + "-w"}
-    )
+    assert handover.attributes[FENCE] == waiter["held"].fence
+    (idle,) = histogram(otel["reader"], "dynasem.lock.handover.idle", **{NAME: name + "-w"})
     assert idle.count == 1 and 0 <= idle.sum < 2
-    (acquire,) = [
-        s for s in spans(otel, "dynasem.acquire") if s.attributes[telemetry.NAME] == name + "-w"
-    ]
-    assert acquire.attributes[telemetry.QUEUED] is True
+    (acquire,) = [s for s in spans(otel, "dynasem.acquire") if s.attributes[NAME] == name + "-w"]
+    assert acquire.attributes[QUEUED] is True
     assert [e.name for e in acquire.events][:1] == ["dynasem.wait"]
     assert any(e.name == "dynasem.handed_over" for e in acquire.events)
 
@@ -494,16 +499,14 @@ def test_without_a_tracer_provider_records_go_in_batches_and_a_collection_takes_
     telemetry._get().deferred.flush()  # nothing of earlier tests waiting
     name = named()
     # 2 records a cycle: two full batches flush by themselves, 10 records still wait
-    cycles = telemetry.Deferred.BATCH + 5
+    cycles = Deferred.BATCH + 5
     for _ in range(cycles):
         with semaphore(f"tel:{uuid.uuid4().hex}", metrics_name=name):
             pass
-    (acquired,) = histogram(
-        otel["reader"], "dynasem.lock.acquire.duration", **{telemetry.NAME: name}
-    )
-    (held,) = histogram(otel["reader"], "dynasem.lock.hold.duration", **{telemetry.NAME: name})
+    (acquired,) = histogram(otel["reader"], "dynasem.lock.acquire.duration", **{NAME: name})
+    (held,) = histogram(otel["reader"], "dynasem.lock.hold.duration", **{NAME: name})
     assert acquired.count == held.count == cycles
-    assert not [s for s in spans(otel, "dynasem.acquire") if s.attributes[telemetry.NAME] == name]
+    assert not [s for s in spans(otel, "dynasem.acquire") if s.attributes[NAME] == name]
 
 
 def test_a_failing_telemetry_never_fails_the_lock(
@@ -536,10 +539,8 @@ def test_a_decorators_name_is_its_template_cut_short_never_a_refusal(otel: Any) 
         return n
 
     assert work(7) == 7
-    (span,) = [
-        s for s in spans(otel, "dynasem.acquire") if "a-rather" in s.attributes[telemetry.NAME]
-    ]
-    assert span.attributes[telemetry.NAME] == ",".join(templates)[: telemetry.NAME_MAX]
+    (span,) = [s for s in spans(otel, "dynasem.acquire") if "a-rather" in s.attributes[NAME]]
+    assert span.attributes[NAME] == ",".join(templates)[:NAME_MAX]
 
 
 def test_a_reader_in_an_item_is_measured_like_any_hold_and_its_loss_counted(
@@ -561,20 +562,17 @@ def test_a_reader_in_an_item_is_measured_like_any_hold_and_its_loss_counted(
     for held in readers[:-1]:
         held.release()
     reader = otel["reader"]
-    (acquired,) = histogram(reader, "dynasem.lock.acquire.duration", **{telemetry.NAME: name})
+    (acquired,) = histogram(reader, "dynasem.lock.acquire.duration", **{NAME: name})
     assert acquired.count == READERS
-    assert acquired.attributes[telemetry.MODE] == "shared"
-    assert acquired.attributes[telemetry.OUTCOME] == "acquired"
+    assert acquired.attributes[MODE] == "shared"
+    assert acquired.attributes[OUTCOME] == "acquired"
     released = histogram(
         reader,
         "dynasem.lock.hold.duration",
-        **{telemetry.NAME: name, telemetry.OUTCOME: "released"},
+        **{NAME: name, OUTCOME: "released"},
     )
     assert sum(p.count for p in released) == READERS - 1
-    assert (
-        total(reader, "dynasem.lock.lost", **{telemetry.NAME: name, telemetry.REASON: "taken_over"})
-        == 1
-    )
+    assert total(reader, "dynasem.lock.lost", **{NAME: name, REASON: "taken_over"}) == 1
 
 
 def test_the_documented_promql_names_are_what_prometheus_scrapes(lock_table: str) -> None:

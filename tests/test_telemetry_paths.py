@@ -15,8 +15,7 @@ import pytest
 
 from dynasem import SemaphoreBusy, semaphore
 from dynasem._engine import late_handover as strays
-from dynasem._observability import telemetry
-from dynasem._observability.metrics import OPERATION
+from dynasem._observability.metrics import MODE, NAME, OPERATION, OUTCOME, QUEUED
 from dynasem._operators import locks as operations
 from dynasem._storage import lock_rows
 from tests.test_telemetry import _providers as sdk
@@ -42,17 +41,17 @@ def resource() -> str:
 def outcomes(reader: Any, name: str) -> list[tuple[str, str, bool]]:
     return sorted(
         (
-            p.attributes[telemetry.MODE],
-            p.attributes[telemetry.OUTCOME],
-            p.attributes[telemetry.QUEUED],
+            p.attributes[MODE],
+            p.attributes[OUTCOME],
+            p.attributes[QUEUED],
         )
-        for p in histogram(reader, ACQUIRE, **{telemetry.NAME: name})
+        for p in histogram(reader, ACQUIRE, **{NAME: name})
         for _ in range(p.count)
     )
 
 
 def unnamed_requests(reader: Any) -> float:
-    return sum(p.value for p in points(reader, REQUESTS) if telemetry.NAME not in p.attributes)
+    return sum(p.value for p in points(reader, REQUESTS) if NAME not in p.attributes)
 
 
 def in_thread(take: Any) -> tuple[threading.Thread, dict[str, Any]]:
@@ -89,7 +88,7 @@ def test_queued_waiters_for_permits_record_the_waiters_ahead(holds: list[Any]) -
         holds.append(out["held"])
     for i in range(2):
         assert outcomes(reader, f"{name}-{i}") == [("counting", "acquired", True)]
-        (ahead,) = histogram(reader, AHEAD, **{telemetry.NAME: f"{name}-{i}"})
+        (ahead,) = histogram(reader, AHEAD, **{NAME: f"{name}-{i}"})
         assert (ahead.count, ahead.sum) == (1, i)
 
 
@@ -117,8 +116,8 @@ def test_a_busy_take_of_several_counting_resources_has_its_wait_event(holds: lis
     holds.extend(semaphore(first, limit=9).acquire() for _ in range(9))
     with pytest.raises(SemaphoreBusy):
         semaphore([first, second], limit=9, wait=0.4, metrics_name=name).acquire()
-    (span,) = [s for s in spans(sdk, "dynasem.acquire") if s.attributes[telemetry.NAME] == name]
-    assert span.attributes[telemetry.OUTCOME] == "busy"
+    (span,) = [s for s in spans(sdk, "dynasem.acquire") if s.attributes[NAME] == name]
+    assert span.attributes[OUTCOME] == "busy"
     assert [e.name for e in span.events] == ["dynasem.wait"]
 
 
@@ -133,7 +132,7 @@ def test_heartbeat_renewals_carry_the_locks_name(holds: list[Any]) -> None:
     holds.extend(got)
     before = unnamed_requests(reader)
     time.sleep(1.3)  # a renewal every (lease - skew) / 3
-    renewed = total(reader, "dynasem.lock.renewals", **{telemetry.NAME: name})
+    renewed = total(reader, "dynasem.lock.renewals", **{NAME: name})
     unnamed = unnamed_requests(reader) - before
     assert renewed >= len(got)
     assert unnamed == 0
@@ -147,7 +146,7 @@ def test_a_stray_hand_over_given_back_sends_for_its_lock() -> None:
     held = sem.acquire()
     held._stop_heartbeat()
     item = lock_rows.get(res)
-    before = unnamed_requests(reader), total(reader, REQUESTS, **{telemetry.NAME: name})
+    before = unnamed_requests(reader), total(reader, REQUESTS, **{NAME: name})
     thread = threading.Thread(
         target=strays.give_back_stray,
         args=(sem, held.token, item),
@@ -158,7 +157,7 @@ def test_a_stray_hand_over_given_back_sends_for_its_lock() -> None:
     thread.join(10)
     held._released = True  # given back by the stray's own Held
     assert unnamed_requests(reader) - before[0] == 0
-    assert total(reader, REQUESTS, **{telemetry.NAME: name}) > before[1]
+    assert total(reader, REQUESTS, **{NAME: name}) > before[1]
     assert operations.holds_on(res) == []  # (a request of the test's own: unnamed)
 
 
@@ -178,4 +177,4 @@ def test_a_coalesced_runs_registration_sends_for_its_lock(holds: list[Any]) -> N
     assert "held" in out, out
     out["held"].release()
     assert unnamed == 0
-    assert total(reader, REQUESTS, **{telemetry.NAME: name, OPERATION: "UpdateItem"}) >= 3
+    assert total(reader, REQUESTS, **{NAME: name, OPERATION: "UpdateItem"}) >= 3

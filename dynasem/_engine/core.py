@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from .. import _clock as clock
-from .._observability import telemetry
+from .._observability import metrics, telemetry
 from .._storage import dynamodb, lock_rows, lock_writes, permit_items, queue_entries, records
 from .._transactions import commit as transactions
 from .._transactions import fencing as fenced
@@ -563,9 +563,7 @@ class Semaphore:
         # Named like the decorator (its template), not by this call's key; not checked as a
         # resource is: a derived name must never refuse a call.
         if telemetry.ON:
-            copy.metrics_name = self.metrics_name or telemetry.template_name(
-                self.decoration.resource
-            )
+            copy.metrics_name = self.metrics_name or metrics.template_name(self.decoration.resource)
         return copy
 
 

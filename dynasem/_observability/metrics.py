@@ -1,7 +1,7 @@
 """The parts of telemetry that know nothing of locks: attribute names and buckets, the
 histograms' records handed to the SDK in batches, the requests' tally that two observable
 counters read, and what a DynamoDB answer or error says (capacity units, outcome). Used by
-:mod:`dynasem._observability.telemetry`, which re-exports the names."""
+:mod:`dynasem._observability.telemetry` and by the storage layer's requests."""
 
 from __future__ import annotations
 

@@ -29,23 +29,24 @@ from django.core.signals import setting_changed
 from .._clock import monotonic
 from ..conf import settings
 from .logs import facts
-from .metrics import CAPACITY_KIND as CAPACITY_KIND
-from .metrics import CAPACITY_OPERATIONS as CAPACITY_OPERATIONS
-from .metrics import FENCE as FENCE
-from .metrics import MODE as MODE
-from .metrics import NAME as NAME
-from .metrics import NAME_MAX as NAME_MAX
-from .metrics import NO_SPAN, SECONDS, WAITERS, Requests
-from .metrics import OPERATION_NAMES as OPERATION_NAMES
-from .metrics import OUTCOME as OUTCOME
-from .metrics import QUEUED as QUEUED
-from .metrics import REASON as REASON
-from .metrics import RESOURCE as RESOURCE
-from .metrics import Deferred as Deferred
-from .metrics import capacity_units as capacity_units
-from .metrics import outcome_of_error as outcome_of_error
-from .metrics import reason_kind as reason_kind
-from .metrics import template_name as template_name
+from .metrics import (
+    CAPACITY_OPERATIONS,
+    FENCE,
+    MODE,
+    NAME,
+    NO_SPAN,
+    OPERATION_NAMES,
+    OUTCOME,
+    QUEUED,
+    REASON,
+    RESOURCE,
+    SECONDS,
+    WAITERS,
+    Deferred,
+    Requests,
+    capacity_units,
+    reason_kind,
+)
 
 try:  # the extra: dynasem[otel]
     from opentelemetry import context as _context

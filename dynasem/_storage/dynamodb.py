@@ -26,7 +26,7 @@ from botocore.exceptions import (
     ConnectionError as BotoConnectionError,
 )
 
-from .._observability import telemetry
+from .._observability import metrics, telemetry
 from ..conf import FALLBACK_REGION, settings
 from ..exceptions import LimitExceeded, Picklable, SemaphoreUnavailable, TableMissing
 from .records import JobRow, LockItem, decode, job_row, lock_item
@@ -324,7 +324,7 @@ def send_request(operation: str, **kwargs: Any) -> dict[str, Any]:
         code = exc.response.get("Error", {}).get("Code", "")
         if telemetry.ON:
             cancelled = exc.response.get("CancellationReasons", ())
-            outcome = telemetry.outcome_of_error(code, code in THROTTLED, cancelled)
+            outcome = metrics.outcome_of_error(code, code in THROTTLED, cancelled)
             telemetry.request(operation, outcome, None)
         if code == "ConditionalCheckFailedException":
             # ReturnValuesOnConditionCheckFailure puts the item in the error response, a key
