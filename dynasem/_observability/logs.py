@@ -32,18 +32,10 @@ def facts(
     **more: Any,
 ) -> dict[str, Any]:
     """``extra`` for a log call: the given facts, None ones left out."""
-    found: dict[str, Any] = {}
-    if resource is not None:
-        found["resource"] = resource if isinstance(resource, str) else ",".join(resource)
-    if token:
-        found["token"] = shown_token(token)
-    if fence is not None:
-        found["fence"] = fence
-    if outcome is not None:
-        found["outcome"] = outcome
-    if wait is not None:
-        found["wait"] = wait
-    if reason is not None:
-        found["reason"] = str(reason)
-    found.update((k, v) for k, v in more.items() if v is not None)
-    return {PREFIX + k: v for k, v in found.items()}
+    if resource is not None and not isinstance(resource, str):
+        resource = ",".join(resource)
+    token = shown_token(token) if token else None
+    reason = None if reason is None else str(reason)
+    found = dict(resource=resource, token=token, fence=fence, outcome=outcome, wait=wait)
+    found.update(reason=reason, **more)
+    return {PREFIX + k: v for k, v in found.items() if v is not None}

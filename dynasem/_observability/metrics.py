@@ -91,12 +91,9 @@ class Requests:
 
     def add(self, key: tuple[str, str, str | None], units: float) -> None:
         with self._lock:
-            found = self._totals.get(key)
-            if found is None:
-                self._totals[key] = [1, units]
-            else:
-                found[0] += 1
-                found[1] += units
+            found = self._totals.setdefault(key, [0, 0.0])
+            found[0] += 1
+            found[1] += units
 
     def _items(self) -> list[tuple[tuple[str, str, str | None], list[float]]]:
         with self._lock:
@@ -160,14 +157,9 @@ def reason_kind(reason: str) -> str:
 
 def capacity_units(consumed: Any) -> float:
     """The units of a ``ConsumedCapacity`` answer (one, or a list of them)."""
-    if not consumed:
-        return 0.0
     if type(consumed) is dict:  # one; a list for transactions and batches
         return float(consumed.get("CapacityUnits") or 0)
-    total = 0.0
-    for one in consumed:
-        total += one.get("CapacityUnits") or 0
-    return total
+    return float(sum(one.get("CapacityUnits") or 0 for one in consumed or ()))
 
 
 def outcome_of_error(code: str, throttled: bool, reasons: Any = ()) -> str:

@@ -28,25 +28,8 @@ from django.core.signals import setting_changed
 
 from .._clock import monotonic
 from ..conf import settings
+from . import metrics
 from .logs import facts
-from .metrics import (
-    CAPACITY_OPERATIONS,
-    FENCE,
-    MODE,
-    NAME,
-    NO_SPAN,
-    OPERATION_NAMES,
-    OUTCOME,
-    QUEUED,
-    REASON,
-    RESOURCE,
-    SECONDS,
-    WAITERS,
-    Deferred,
-    Requests,
-    capacity_units,
-    reason_kind,
-)
 
 try:  # the extra: dynasem[otel]
     from opentelemetry import context as _context
@@ -59,6 +42,8 @@ ON = _metrics is not None and _trace is not None
 
 logger = logging.getLogger("dynasem")
 _complained = False
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 def _safely(call: Callable[..., _R], *args: Any) -> _R | None:
@@ -80,68 +65,63 @@ def _safely(call: Callable[..., _R], *args: Any) -> _R | None:
         return None
 
 
-_T = TypeVar("_T")
-_R = TypeVar("_R")
-
-
 class _Instruments:
     def __init__(self) -> None:
         version = str(getattr(sys.modules.get("dynasem"), "__version__", ""))
         meter = _metrics.get_meter("dynasem", version)
         self.tracer = _trace.get_tracer("dynasem", version)
-        self.acquire = meter.create_histogram(
+
+        def histogram(name: str, unit: str, about: str, buckets: Any = metrics.SECONDS) -> Any:
+            return meter.create_histogram(
+                name, unit, about, explicit_bucket_boundaries_advisory=buckets
+            )
+
+        self.acquire = histogram(
             "dynasem.lock.acquire.duration",
-            unit="s",
-            description="Time from asking for a lock to having it, or to giving up.",
-            explicit_bucket_boundaries_advisory=SECONDS,
+            "s",
+            "Time from asking for a lock to having it, or to giving up.",
         )
-        self.hold = meter.create_histogram(
+        self.hold = histogram(
             "dynasem.lock.hold.duration",
-            unit="s",
-            description="Time a hold was kept, from taking it to giving it back (or losing it).",
-            explicit_bucket_boundaries_advisory=SECONDS,
+            "s",
+            "Time a hold was kept, from taking it to giving it back (or losing it).",
         )
-        self.idle = meter.create_histogram(
+        self.idle = histogram(
             "dynasem.lock.handover.idle",
-            unit="s",
-            description="Time a lock handed to a waiter stood unused: from the releaser's "
-            "hand-over write to the waiter knowing it holds.",
-            explicit_bucket_boundaries_advisory=SECONDS,
+            "s",
+            "Time a lock handed to a waiter stood unused: from the releaser's hand-over write "
+            "to the waiter knowing it holds.",
         )
-        self.ahead = meter.create_histogram(
+        self.ahead = histogram(
             "dynasem.lock.queue.ahead",
-            unit="{waiter}",
-            description="Waiters ahead in the queue when a waiter joined it.",
-            explicit_bucket_boundaries_advisory=WAITERS,
+            "{waiter}",
+            "Waiters ahead in the queue when a waiter joined it.",
+            metrics.WAITERS,
         )
-        self.lost = meter.create_counter(
-            "dynasem.lock.lost", unit="{hold}", description="Holds lost, by reason."
-        )
+        self.lost = meter.create_counter("dynasem.lock.lost", "{hold}", "Holds lost, by reason.")
         self.renewals = meter.create_counter(
-            "dynasem.lock.renewals", unit="{renewal}", description="Lease renewals, by outcome."
+            "dynasem.lock.renewals", "{renewal}", "Lease renewals, by outcome."
         )
         # Every request counts: tallied here (a dict update under a lock) and handed to the
         # SDK only when a reader collects, which costs a request a tenth of a measurement.
-        self.deferred = Deferred()
-        self.requests = Requests(self.deferred)
+        self.deferred = metrics.Deferred()
+        self.requests = metrics.Requests(self.deferred)
         meter.create_observable_counter(
             "dynasem.dynamodb.requests",
-            callbacks=[self.requests.observe_requests],
-            unit="{request}",
-            description="Requests sent to DynamoDB, by operation and outcome.",
+            [self.requests.observe_requests],
+            "{request}",
+            "Requests sent to DynamoDB, by operation and outcome.",
         )
         meter.create_observable_counter(
             "dynasem.dynamodb.consumed_capacity",
-            callbacks=[self.requests.observe_capacity],
-            unit="{capacity_unit}",
-            description="Capacity units DynamoDB reported for dynasem's requests (read or "
-            "write); a refused conditional write is billed 1 WCU and reports none.",
+            [self.requests.observe_capacity],
+            "{capacity_unit}",
+            "Capacity units DynamoDB reported for dynasem's requests (read or write); a refused "
+            "conditional write is billed 1 WCU and reports none.",
         )
 
 
 _instruments: _Instruments | None = None
-
-
 _instruments_lock = threading.Lock()
 
 
@@ -155,7 +135,6 @@ def _get() -> _Instruments:
 
 
 _tracing = False
-_NO_SPAN = NO_SPAN
 
 
 def _tracer() -> Any:
@@ -217,12 +196,9 @@ def lock_name(sem: Any) -> str:
 
 def _base(sem: Any) -> dict[str, Any]:
     return {
-        NAME: lock_name(sem),
-        MODE: "shared" if sem.shared else _LIMITS.get(sem.limit, "counting"),
+        metrics.NAME: lock_name(sem),
+        metrics.MODE: "shared" if sem.shared else "exclusive" if sem.limit == 1 else "counting",
     }
-
-
-_LIMITS = {1: "exclusive"}
 
 
 # -- acquiring -------------------------------------------------------------------------------
@@ -249,13 +225,13 @@ class _Spanned:
         self._context: Any = None
         tracer = _tracer()
         if tracer is None:
-            self.span = _NO_SPAN
+            self.span = metrics.NO_SPAN
         else:
             links = _links(held) if held is not None else None
             self.span = tracer.start_span(name, attributes=attributes(), links=links)
             if self.span.is_recording():
                 self._context = _context.attach(_trace.set_span_in_context(self.span))
-        self._name = _lock_name.set(base[NAME])
+        self._name = _lock_name.set(base[metrics.NAME])
 
     def exit(self) -> None:
         _lock_name.reset(self._name)
@@ -274,7 +250,7 @@ class _Acquiring(_Spanned):
         def attributes() -> dict[str, Any]:
             found = dict(base)
             if (_settings or _config())[1]:
-                found[RESOURCE] = ",".join(sem.resources)
+                found[metrics.RESOURCE] = ",".join(sem.resources)
             return found
 
         super().__init__("dynasem.acquire", base, attributes)
@@ -295,17 +271,17 @@ class _Acquiring(_Spanned):
             held.telemetry_context is not None or getattr(held, "depth", 1) > 1
         )
         if not again:
-            base[OUTCOME] = outcome
-            base[QUEUED] = self.queued
+            base[metrics.OUTCOME] = outcome
+            base[metrics.QUEUED] = self.queued
             inst = _instruments or _get()
             inst.deferred.record(inst.acquire, elapsed, base, span)  # under the span: exemplars
         self.exit()
-        if span is _NO_SPAN:
+        if span is metrics.NO_SPAN:
             return
         if span.is_recording():
-            span.set_attributes({OUTCOME: outcome, QUEUED: self.queued})
+            span.set_attributes({metrics.OUTCOME: outcome, metrics.QUEUED: self.queued})
             if held is not None:
-                span.set_attribute(FENCE, held.fence)
+                span.set_attribute(metrics.FENCE, held.fence)
             if error is not None and outcome in ("unavailable", "error"):
                 span.record_exception(error)
                 span.set_status(_trace.Status(_trace.StatusCode.ERROR, str(error)[:200]))
@@ -328,9 +304,7 @@ def _outcome_of(exc: BaseException) -> str:
 
 def acquire(sem: Any, attempt: Callable[[], _T]) -> _T:
     """``attempt()`` (the acquire) measured and in a ``dynasem.acquire`` span."""
-    if not (_settings or _config())[0]:
-        return attempt()
-    record = _safely(_Acquiring, sem)
+    record = _safely(_Acquiring, sem) if (_settings or _config())[0] else None
     if record is None:
         return attempt()
     try:
@@ -343,9 +317,7 @@ def acquire(sem: Any, attempt: Callable[[], _T]) -> _T:
 
 
 async def aacquire(sem: Any, attempt: Callable[[], Awaitable[_T]]) -> _T:
-    if not (_settings or _config())[0]:
-        return await attempt()
-    record = _safely(_Acquiring, sem)
+    record = _safely(_Acquiring, sem) if (_settings or _config())[0] else None
     if record is None:
         return await attempt()
     try:
@@ -370,10 +342,10 @@ def _waiting(ahead: int | None) -> None:
     if ahead is not None and not record.queued:
         record.queued = True
         record.ahead = ahead
-        _get().ahead.record(ahead, {NAME: _lock_name.get() or "other"})
+        _get().ahead.record(ahead, {metrics.NAME: _lock_name.get() or "other"})
     if not record.busy:
         record.busy = True
-        attributes: dict[str, Any] = {QUEUED: ahead is not None}
+        attributes: dict[str, Any] = {metrics.QUEUED: ahead is not None}
         if ahead is not None:
             attributes["dynasem.lock.queue.ahead"] = ahead
         record.span.add_event("dynasem.wait", attributes)
@@ -423,7 +395,7 @@ class releasing(_Spanned):  # noqa: N801 - used as a function: ``with releasing(
     def _enter(self) -> bool:
         held = self.held
         base = _base(held.semaphore)
-        super().__init__("dynasem.release", base, lambda: {**base, FENCE: held.fence}, held)
+        super().__init__("dynasem.release", base, lambda: {**base, metrics.FENCE: held.fence}, held)
         return True
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -435,17 +407,17 @@ class releasing(_Spanned):  # noqa: N801 - used as a function: ``with releasing(
         outcome = "lost" if held._lost else "handed_over" if held._handover else "released"
         hold_s = max(0.0, monotonic() - held._taken_mono)
         inst = _instruments or _get()
-        inst.deferred.record(inst.hold, hold_s, {**base, OUTCOME: outcome}, span)
+        inst.deferred.record(inst.hold, hold_s, {**base, metrics.OUTCOME: outcome}, span)
         self.exit()
-        if span is _NO_SPAN:
+        if span is metrics.NO_SPAN:
             return
-        span.set_attributes({OUTCOME: outcome, "dynasem.lock.held": hold_s})
+        span.set_attributes({metrics.OUTCOME: outcome, "dynasem.lock.held": hold_s})
         if held._handover is not None:
             start, end, heirs, fence = held._handover
             child = _get().tracer.start_span(
                 "dynasem.handover",
                 context=_trace.set_span_in_context(span),
-                attributes={**base, "dynasem.lock.heirs": heirs, FENCE: fence},
+                attributes={**base, "dynasem.lock.heirs": heirs, metrics.FENCE: fence},
                 start_time=start,
             )
             child.end(end)
@@ -458,11 +430,12 @@ def lost(held: Any, reason: str) -> None:
 
 
 def _lost(held: Any, reason: str) -> None:
-    kind = reason_kind(reason)
-    _get().lost.add(1, {**_base(held.semaphore), REASON: kind})
+    kind = metrics.reason_kind(reason)
+    _get().lost.add(1, {**_base(held.semaphore), metrics.REASON: kind})
     # On the span that found it, if any (a renewal's, a release's caller's).
     _trace.get_current_span().add_event(
-        "dynasem.lost", {REASON: kind, "dynasem.lock.lost.detail": reason, FENCE: held.fence}
+        "dynasem.lost",
+        {metrics.REASON: kind, "dynasem.lock.lost.detail": reason, metrics.FENCE: held.fence},
     )
 
 
@@ -475,7 +448,9 @@ def renewing(held: Any) -> Iterator[None]:
     from ..exceptions import LockLost
 
     base = _base(held.semaphore)
-    spanned = _safely(_Spanned, "dynasem.renew", base, lambda: {**base, FENCE: held.fence}, held)
+    spanned = _safely(
+        _Spanned, "dynasem.renew", base, lambda: {**base, metrics.FENCE: held.fence}, held
+    )
     outcome = "renewed"
     try:
         yield
@@ -492,8 +467,8 @@ def renewing(held: Any) -> Iterator[None]:
 
 def _renewed(spanned: _Spanned, base: dict[str, Any], outcome: str) -> None:
     spanned.exit()
-    _get().renewals.add(1, {**base, OUTCOME: outcome})
-    spanned.span.set_attribute(OUTCOME, outcome)
+    _get().renewals.add(1, {**base, metrics.OUTCOME: outcome})
+    spanned.span.set_attribute(metrics.OUTCOME, outcome)
     spanned.span.end()
 
 
@@ -517,7 +492,7 @@ def naming(name: str | None) -> Iterator[None]:
 
 def ask_capacity(operation: str, kwargs: dict[str, Any]) -> None:
     """Ask DynamoDB to report the units of a request that can (no extra request)."""
-    if operation in CAPACITY_OPERATIONS and (_settings or _config())[0]:
+    if operation in metrics.CAPACITY_OPERATIONS and (_settings or _config())[0]:
         kwargs.setdefault("ReturnConsumedCapacity", "TOTAL")
 
 
@@ -528,6 +503,8 @@ def request(operation: str, outcome: str, response: Mapping[str, Any] | None) ->
 
 
 def _request(operation: str, outcome: str, response: Mapping[str, Any] | None) -> None:
-    name = OPERATION_NAMES.get(operation) or "".join(p.title() for p in operation.split("_"))
-    units = 0.0 if response is None else capacity_units(response.get("ConsumedCapacity"))
+    name = metrics.OPERATION_NAMES.get(operation) or "".join(
+        p.title() for p in operation.split("_")
+    )
+    units = 0.0 if response is None else metrics.capacity_units(response.get("ConsumedCapacity"))
     (_instruments or _get()).requests.add((name, outcome, _lock_name.get()), units)
