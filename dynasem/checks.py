@@ -3,16 +3,13 @@ quick DescribeTable when the checks run, never at import)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
 from botocore.utils import is_valid_endpoint_url, is_valid_ipv6_endpoint_url
 from django.core.checks import Error, Info, Warning, register
 
-from ._engine import arguments as validation
-from ._engine import processes
-from ._engine import push as wakeup
+from ._engine import arguments, processes, push
 from .conf import DEFAULTS, settings
 
 HINT = "See Settings in dynasem's reference (docs/reference/settings.md)."
@@ -69,128 +66,111 @@ def _valid_endpoint(url: object) -> bool:
 
 
 @register()
-def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:  # noqa: C901, PLR0912  (issue 41: split)
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """The ``DYNASEM`` dict's keys, values and timings, checked without a network call."""
     from django.conf import settings as django_settings
 
-    problems: list[Any] = []
     raw = getattr(django_settings, "DYNASEM", {})
     if not isinstance(raw, dict):
         return [Error("DYNASEM must be a dict.", hint=HINT, id="dynasem.E001")]
-    for key in settings.unknown_keys():
-        problems.append(
-            Error(
-                f"DYNASEM has an unknown key {key!r}.",
-                hint=f"Known keys: {', '.join(sorted(DEFAULTS))}.",
-                id="dynasem.E002",
-            )
-        )
-    # The raw values: the settings' properties refuse a wrong type, which is what is reported.
-    table_name = raw.get("TABLE_NAME", DEFAULTS["TABLE_NAME"])
+    known = f"Known keys: {', '.join(sorted(DEFAULTS))}."
+    unknown = [
+        Error(f"DYNASEM has an unknown key {key!r}.", hint=known, id="dynasem.E002")
+        for key in settings.unknown_keys()
+    ]
+    return unknown + _values(raw) + _takeover_rule(raw) + _timings(raw)
+
+
+def _error(key: str, expected: str, value: str, check_id: str, hint: str | None = HINT) -> Any:
+    return Error(f"DYNASEM[{key!r}] must be {expected}, not {value}.", hint=hint, id=check_id)
+
+
+def _type_and_value(value: object) -> str:
+    return f"{type(value).__name__}: {value!r}"
+
+
+_FAIR_HINT = (
+    "A str such as 'false' (from an environment variable) would read as true: convert it, "
+    "e.g. os.environ.get('DYNASEM_FAIR') == 'true'."
+)
+
+
+def _values(raw: dict[str, Any]) -> list[Any]:
+    """The values as written (E003-E005, E010-E012): the settings' properties refuse a
+    wrong type, which is what is reported."""
+    problems: list[Any] = []
+    table_name, endpoint, region, address = (
+        raw.get(key, DEFAULTS[key]) for key in ("TABLE_NAME", "ENDPOINT_URL", "REGION_NAME", "PUSH")
+    )
     if not isinstance(table_name, str) or not 3 <= len(table_name) <= 255:
-        problems.append(
-            Error(
-                f"DYNASEM['TABLE_NAME'] must be a str of 3 to 255 characters, not {table_name!r}.",
-                hint=HINT,
-                id="dynasem.E003",
-            )
-        )
-    endpoint = raw.get("ENDPOINT_URL", DEFAULTS["ENDPOINT_URL"])
+        expected = "a str of 3 to 255 characters"
+        problems.append(_error("TABLE_NAME", expected, repr(table_name), "dynasem.E003"))
     if endpoint is not None and not _valid_endpoint(endpoint):
-        problems.append(
-            Error(
-                f"DYNASEM['ENDPOINT_URL'] must be None (AWS) or an http(s) URL, not {endpoint!r}.",
-                hint=HINT,
-                id="dynasem.E004",
-            )
-        )
-    region = raw.get("REGION_NAME", DEFAULTS["REGION_NAME"])
+        expected = "None (AWS) or an http(s) URL"
+        problems.append(_error("ENDPOINT_URL", expected, repr(endpoint), "dynasem.E004"))
     if region is not None and not isinstance(region, str):
-        problems.append(
-            Error(
-                f"DYNASEM['REGION_NAME'] must be None or a str, not {region!r}.", id="dynasem.E005"
-            )
-        )
-    push = raw.get("PUSH", DEFAULTS["PUSH"])
-    push_problem = None if push is None else wakeup.push_address_problem(push)
-    if push_problem is not None:
-        problems.append(
-            Error(
-                f"DYNASEM['PUSH'] must be None (no hand-over pushes) or this host's IPv4 address "
-                f"to listen on, such as '127.0.0.1', not {push!r}: {push_problem}.",
-                hint=HINT,
-                id="dynasem.E010",
-            )
-        )
-    fair = raw.get("FAIR", DEFAULTS["FAIR"])
-    if not isinstance(fair, bool):
-        problems.append(
-            Error(
-                f"DYNASEM['FAIR'] must be True or False, not {type(fair).__name__}: {fair!r}.",
-                hint="A str such as 'false' (from an environment variable) would read as true: "
-                "convert it, e.g. os.environ.get('DYNASEM_FAIR') == 'true'.",
-                id="dynasem.E011",
-            )
-        )
-    for key in ("TELEMETRY", "TELEMETRY_RESOURCE_NAMES"):
+        problems.append(_error("REGION_NAME", "None or a str", repr(region), "dynasem.E005", None))
+    address_problem = None if address is None else push.push_address_problem(address)
+    if address_problem is not None:
+        expected = "None (no hand-over pushes) or this host's IPv4 address to listen on, "
+        expected += "such as '127.0.0.1'"
+        problems.append(_error("PUSH", expected, f"{address!r}: {address_problem}", "dynasem.E010"))
+    for key, hint, check_id in (
+        ("FAIR", _FAIR_HINT, "dynasem.E011"),
+        ("TELEMETRY", HINT, "dynasem.E012"),
+        ("TELEMETRY_RESOURCE_NAMES", HINT, "dynasem.E012"),
+    ):
         value = raw.get(key, DEFAULTS[key])
         if not isinstance(value, bool):
-            problems.append(
-                Error(
-                    f"DYNASEM[{key!r}] must be True or False, not {type(value).__name__}: "
-                    f"{value!r}.",
-                    hint=HINT,
-                    id="dynasem.E012",
-                )
-            )
-    problems.extend(_takeover_rule(raw))
-    checks: tuple[tuple[str, Callable[[Any], object], str], ...] = (
-        ("LEASE", lambda v: validation.check_lease(v, "DYNASEM['LEASE']"), "dynasem.E006"),
-        (
-            "WAIT",
-            lambda v: v is None or validation.check_wait(v, "DYNASEM['WAIT']"),
-            "dynasem.E007",
-        ),
-        ("CLOCK_SKEW", lambda v: validation.check_skew(v, "DYNASEM['CLOCK_SKEW']"), "dynasem.E008"),
-    )
-    valid = True
-    for key, check, check_id in checks:
-        try:
-            check(raw.get(key, DEFAULTS[key]))
-        except (TypeError, ValueError) as exc:
-            valid = False
-            problems.append(Error(str(exc), hint=HINT, id=check_id))
-    if valid:
-        lease, skew = float(settings.LEASE), float(settings.CLOCK_SKEW)
-        if lease <= skew:
-            problems.append(
-                Error(
-                    f"DYNASEM['LEASE'] ({lease:g}) must be longer than DYNASEM['CLOCK_SKEW'] "
-                    f"({skew:g}).",
-                    hint="A holder trusts its lease only until lease - CLOCK_SKEW has passed.",
-                    id="dynasem.E009",
-                )
-            )
-        elif lease < 3 * skew:
-            problems.append(
-                Warning(
-                    f"DYNASEM['LEASE'] ({lease:g}) is less than 3 x CLOCK_SKEW ({skew:g}): "
-                    "holders will renew very often.",
-                    hint="Use a lease of at least a few times the clock skew.",
-                    id="dynasem.W001",
-                )
-            )
+            problems.append(_error(key, "True or False", _type_and_value(value), check_id, hint))
     return problems
+
+
+def _timings(raw: dict[str, Any]) -> list[Any]:
+    """Each number of seconds (E006-E008), then the lease against the clock skew (E009,
+    W001)."""
+    problems: list[Any] = []
+    for key, check, check_id in (
+        ("LEASE", arguments.check_lease, "dynasem.E006"),
+        ("WAIT", arguments.check_wait, "dynasem.E007"),
+        ("CLOCK_SKEW", arguments.check_skew, "dynasem.E008"),
+    ):
+        value = raw.get(key, DEFAULTS[key])
+        try:
+            if value is not None or key != "WAIT":  # a WAIT of None waits forever
+                check(value, f"DYNASEM[{key!r}]")
+        except (TypeError, ValueError) as exc:
+            problems.append(Error(str(exc), hint=HINT, id=check_id))
+    if problems:
+        return problems
+    lease, skew = float(settings.LEASE), float(settings.CLOCK_SKEW)
+    if lease <= skew:
+        return [
+            Error(
+                f"DYNASEM['LEASE'] ({lease:g}) must be longer than DYNASEM['CLOCK_SKEW'] "
+                f"({skew:g}).",
+                hint="A holder trusts its lease only until lease - CLOCK_SKEW has passed.",
+                id="dynasem.E009",
+            )
+        ]
+    if lease < 3 * skew:
+        return [
+            Warning(
+                f"DYNASEM['LEASE'] ({lease:g}) is less than 3 x CLOCK_SKEW ({skew:g}): "
+                "holders will renew very often.",
+                hint="Use a lease of at least a few times the clock skew.",
+                id="dynasem.W001",
+            )
+        ]
+    return []
 
 
 def _takeover_rule(raw: dict[str, Any]) -> list[Any]:
     value = raw.get("SAME_HOST_TAKEOVER", DEFAULTS["SAME_HOST_TAKEOVER"])
     if value is not None and not isinstance(value, bool):
         return [
-            Error(
-                f"DYNASEM['SAME_HOST_TAKEOVER'] must be None, True or False, not "
-                f"{type(value).__name__}: {value!r}.",
-                hint=HINT,
-                id="dynasem.E013",
+            _error(
+                "SAME_HOST_TAKEOVER", "None, True or False", _type_and_value(value), "dynasem.E013"
             )
         ]
     on, why = processes.takeover_rule()

@@ -160,7 +160,6 @@ LONGER_TODAY = {
     "dynasem._engine.permits.acquire_steps": 164,
     "dynasem._engine.queue.wait_in_queue": 129,
     "dynasem._engine.take.plan": 114,
-    "dynasem.checks.check_settings": 110,
     "dynasem._engine.permits._acquire_many": 94,
     "dynasem._engine.readers.acquire_many": 87,
     "dynasem._storage.permit_items.take_slot": 83,
