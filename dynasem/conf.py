@@ -7,8 +7,9 @@ Every property reads ``django.conf.settings`` on each access, so ``override_sett
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from numbers import Real
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from django.conf import settings as django_settings
 
@@ -53,6 +54,48 @@ HELP: dict[str, str] = {
 }
 
 
+_V = TypeVar("_V")
+
+
+def _same(value: Any) -> Any:
+    return value
+
+
+def _forever_if_none(value: float | None) -> float:
+    return math.inf if value is None else value
+
+
+def _none_if_empty(value: str | None) -> str | None:
+    return value or None
+
+
+class _Key(Generic[_V]):
+    """A key of the dict, read on each access, with its documented default; a value of
+    another type is a TypeError naming the key and the value (as the timing checks in
+    arguments.py name a bad LEASE): ``"false"`` from an environment variable must never read
+    as a true FAIR. The system checks (checks.py) report the same before the first request."""
+
+    def __init__(self, kinds: tuple[type, ...], expected: str, then: Callable[[Any], _V] = _same):
+        self.kinds, self.expected, self.then = kinds, expected, then
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.key = name
+
+    def __get__(self, instance: Settings, owner: type | None = None) -> _V:
+        value = instance.raw.get(self.key, DEFAULTS[self.key])
+        # bool is an int (a Real): True is no number of seconds, and 1 is no bool.
+        if not isinstance(value, self.kinds) or (
+            isinstance(value, bool) and bool not in self.kinds
+        ):
+            kind = type(value).__name__
+            raise TypeError(f"DYNASEM[{self.key!r}] must be {self.expected}, not {kind}: {value!r}")
+        return self.then(value)
+
+
+_SECONDS = "a number of seconds"
+_BOOL = "True or False"
+
+
 class Settings:
     """The ``DYNASEM`` dict, key by key, with the documented defaults."""
 
@@ -61,79 +104,17 @@ class Settings:
         value = getattr(django_settings, "DYNASEM", None)
         return value if isinstance(value, dict) else {}
 
-    def _get(self, key: str) -> Any:
-        return self.raw.get(key, DEFAULTS[key])
-
-    # Each property refuses a value of another type (a TypeError naming the key and the value,
-    # as the timing checks in validation.py name a bad LEASE): ``"false"`` from an environment
-    # variable must never read as a true FAIR. The system checks (checks.py, dynasem.E001-E012)
-    # report the same before the first request does.
-
-    def _typed(self, key: str, kinds: tuple[type, ...], expected: str) -> Any:
-        value = self._get(key)
-        # bool is an int (a Real): True is no number of seconds, and 1 is no bool.
-        if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
-            raise TypeError(
-                f"DYNASEM[{key!r}] must be {expected}, not {type(value).__name__}: {value!r}"
-            )
-        return value
-
-    @property
-    def TABLE_NAME(self) -> str:  # noqa: N802 - mirrors the settings key
-        value: str = self._typed("TABLE_NAME", (str,), "a str")
-        return value
-
-    @property
-    def ENDPOINT_URL(self) -> str | None:  # noqa: N802
-        value: str | None = self._typed("ENDPOINT_URL", (str, type(None)), "None or a URL str")
-        return value
-
-    @property
-    def REGION_NAME(self) -> str | None:  # noqa: N802
-        value: str | None = self._typed("REGION_NAME", (str, type(None)), "None or a str")
-        return value
-
-    @property
-    def LEASE(self) -> float:  # noqa: N802
-        value: float = self._typed("LEASE", (Real,), "a number of seconds")
-        return value
-
-    @property
-    def WAIT(self) -> float:  # noqa: N802
-        value: float | None = self._typed("WAIT", (Real, type(None)), "a number of seconds or None")
-        return math.inf if value is None else value
-
-    @property
-    def CLOCK_SKEW(self) -> float:  # noqa: N802
-        value: float = self._typed("CLOCK_SKEW", (Real,), "a number of seconds")
-        return value
-
-    @property
-    def FAIR(self) -> bool:  # noqa: N802
-        value: bool = self._typed("FAIR", (bool,), "True or False")
-        return value
-
-    @property
-    def PUSH(self) -> str | None:  # noqa: N802
-        value = self._typed("PUSH", (str, type(None)), "None or an IPv4 address str")
-        return value or None
-
-    @property
-    def SAME_HOST_TAKEOVER(self) -> bool | None:  # noqa: N802
-        value: bool | None = self._typed(
-            "SAME_HOST_TAKEOVER", (bool, type(None)), "None, True or False"
-        )
-        return value
-
-    @property
-    def TELEMETRY(self) -> bool:  # noqa: N802
-        value: bool = self._typed("TELEMETRY", (bool,), "True or False")
-        return value
-
-    @property
-    def TELEMETRY_RESOURCE_NAMES(self) -> bool:  # noqa: N802
-        value: bool = self._typed("TELEMETRY_RESOURCE_NAMES", (bool,), "True or False")
-        return value
+    TABLE_NAME = _Key[str]((str,), "a str")
+    ENDPOINT_URL = _Key[str | None]((str, type(None)), "None or a URL str")
+    REGION_NAME = _Key[str | None]((str, type(None)), "None or a str")
+    LEASE = _Key[float]((Real,), _SECONDS)
+    WAIT = _Key[float]((Real, type(None)), f"{_SECONDS} or None", _forever_if_none)
+    CLOCK_SKEW = _Key[float]((Real,), _SECONDS)
+    FAIR = _Key[bool]((bool,), _BOOL)
+    PUSH = _Key[str | None]((str, type(None)), "None or an IPv4 address str", _none_if_empty)
+    SAME_HOST_TAKEOVER = _Key[bool | None]((bool, type(None)), "None, True or False")
+    TELEMETRY = _Key[bool]((bool,), _BOOL)
+    TELEMETRY_RESOURCE_NAMES = _Key[bool]((bool,), _BOOL)
 
     def check_types(self) -> None:
         """Raise the TypeError of the first key of a wrong type: called before a first
