@@ -16,9 +16,7 @@ from dynasem import (
     run_once,
     semaphore,
 )
-from dynasem import (
-    _storage as table,
-)
+from dynasem._storage import dynamodb
 from dynasem.conf import DEFAULTS
 from tests.conftest import dynasem_settings
 
@@ -37,12 +35,12 @@ def test_settings_are_read_live():
 
 
 def test_settings_follow_the_pytest_django_settings_fixture(settings, lock_table):
-    before = table.get_client()
+    before = dynamodb.get_client()
     settings.DYNASEM = {"CLOCK_SKEW": 2, "ENDPOINT_URL": "http://127.0.0.1:9"}
     assert conf.settings.CLOCK_SKEW == 2
     assert conf.settings.ENDPOINT_URL == "http://127.0.0.1:9"
     assert conf.settings.TABLE_NAME == "dynasem-locks"
-    client = table.get_client()
+    client = dynamodb.get_client()
     assert client is not before
     assert client.meta.endpoint_url == "http://127.0.0.1:9"
 
@@ -123,18 +121,18 @@ def test_the_semaphore_uses_the_live_lease(lock_table, dynamodb_local):
 
 
 def test_client_is_cached(lock_table):
-    assert table.get_client() is table.get_client()
+    assert dynamodb.get_client() is dynamodb.get_client()
 
 
 def test_client_is_dropped_when_dynasem_changes(lock_table, dynamodb_local):
-    before = table.get_client()
+    before = dynamodb.get_client()
     assert before.meta.endpoint_url == dynamodb_local
     with override_settings(DYNASEM={**dynasem_settings("http://127.0.0.1:9", lock_table)}):
-        inside = table.get_client()
+        inside = dynamodb.get_client()
         assert inside is not before
         assert inside.meta.endpoint_url == "http://127.0.0.1:9"
-        assert table.get_client() is inside
-    after = table.get_client()
+        assert dynamodb.get_client() is inside
+    after = dynamodb.get_client()
     assert after is not inside
     assert after.meta.endpoint_url == dynamodb_local
 
@@ -148,27 +146,27 @@ def test_an_invalid_endpoint_is_a_semaphore_error_naming_it(lock_table, endpoint
 
 
 def test_client_is_kept_when_another_setting_changes(lock_table):
-    before = table.get_client()
+    before = dynamodb.get_client()
     with override_settings(USE_I18N=False):
-        assert table.get_client() is before
+        assert dynamodb.get_client() is before
 
 
 def test_client_region(lock_table, dynamodb_local, monkeypatch):
     with override_settings(DYNASEM={**dynasem_settings(dynamodb_local, lock_table)}):
-        assert table.get_client().meta.region_name == "us-east-1"
+        assert dynamodb.get_client().meta.region_name == "us-east-1"
     settings_ = dynasem_settings(dynamodb_local, lock_table, REGION_NAME="eu-west-3")
     with override_settings(DYNASEM=settings_):
-        assert table.get_client().meta.region_name == "eu-west-3"
+        assert dynamodb.get_client().meta.region_name == "eu-west-3"
     # None: boto3's chain, then us-east-1.
     settings_ = dynasem_settings(dynamodb_local, lock_table, REGION_NAME=None)
     monkeypatch.setenv("AWS_DEFAULT_REGION", "ap-south-1")
     with override_settings(DYNASEM=settings_):
-        assert table.get_client().meta.region_name == "ap-south-1"
+        assert dynamodb.get_client().meta.region_name == "ap-south-1"
     isolate_from_aws_config(monkeypatch)
     monkeypatch.delenv("AWS_DEFAULT_REGION")
     monkeypatch.delenv("AWS_REGION", raising=False)
     with override_settings(DYNASEM=settings_):
-        assert table.get_client().meta.region_name == "us-east-1"
+        assert dynamodb.get_client().meta.region_name == "us-east-1"
 
 
 def isolate_from_aws_config(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -226,7 +224,7 @@ def test_requests_are_signed_with_the_default_chains_credentials(
     with override_settings(
         DYNASEM=dynasem_settings(dynamodb_local, lock_table, **CREDENTIALS_IN_SETTINGS)
     ):
-        client = table.get_client()
+        client = dynamodb.get_client()
         client.meta.events.register("before-send.dynamodb", record)
         try:
             with semaphore("creds:2"):
