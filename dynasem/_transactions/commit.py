@@ -30,6 +30,7 @@ commit; those do not count as a transaction here, so a test sees what production
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import weakref
@@ -93,30 +94,18 @@ def open_transaction(using: str | None) -> Any:
     return connection if _in_transaction(connection) else None
 
 
+@dataclasses.dataclass(eq=False)  # found in a list by identity
 class _Pending:
     """One give-back waiting for a transaction's end."""
 
-    def __init__(
-        self,
-        connection: Any,
-        finish: Callable[[bool], None],
-        name: str,
-        *,
-        owner: Any,
-        savepoint_ends_it: bool,
-    ) -> None:
-        self.connection = connection
-        self.finish = finish  # finish(committed)
-        self.name = name
-        self.owner = owner  # what gives back (a Held, a Job): found again by pending_owners()
-        self.savepoint_ends_it = savepoint_ends_it
-        self._sids: set[Any] = set()
-        self._done = False
-        self._lock = threading.Lock()
-
-    @property
-    def done(self) -> bool:
-        return self._done
+    connection: Any
+    finish: Callable[[bool], None]  # finish(committed)
+    name: str
+    owner: Any  # what gives back (a Held, a Job): found again by pending_owners()
+    savepoint_ends_it: bool
+    done: bool = False
+    _sids: set[Any] = dataclasses.field(default_factory=set)
+    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     def register(self) -> None:
         def callback() -> None:
@@ -137,7 +126,7 @@ class _Pending:
 
     def _dropped(self) -> None:
         with self._lock:
-            if self._done:
+            if self.done:
                 return  # ran on commit, then freed
         if not _in_transaction(self.connection):
             self._end(False)
@@ -154,9 +143,9 @@ class _Pending:
 
     def _end(self, committed: bool) -> None:
         with self._lock:
-            if self._done:
+            if self.done:
                 return
-            self._done = True
+            self.done = True
         waiting = _pending.get(self.connection)
         if waiting is not None and self in waiting:
             waiting.remove(self)
@@ -204,7 +193,7 @@ def after_transaction(
     connection = open_transaction(using)
     if connection is None:
         return False
-    _Pending(connection, finish, name, owner=owner, savepoint_ends_it=savepoint_ends_it).register()
+    _Pending(connection, finish, name, owner, savepoint_ends_it).register()
     return True
 
 

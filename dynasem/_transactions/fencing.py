@@ -35,7 +35,7 @@ from django.db.transaction import TransactionManagementError
 
 from .._engine.arguments import MODE_EXCLUSIVE
 from ..exceptions import LockLost
-from . import commit as transactions
+from . import commit
 
 __all__ = ["begin", "check_fenceable", "end", "fence_transaction", "no_async", "row_key"]
 
@@ -67,7 +67,7 @@ def fence_transaction(held: Any, using: str | None = None) -> None:
     Fence model's writes) inside its open transaction; raise :class:`LockLost` (and mark the
     hold lost) if a newer holder's fence is there already."""
     check_fenceable(held.semaphore.mode, held.resources)
-    alias = transactions.database(using)
+    alias = commit.database(using)
     connection = connections[alias]
     if not connection.in_atomic_block:
         raise TransactionManagementError(
@@ -100,7 +100,7 @@ def begin(sem: object, held: Any, using: str | None, undo: Callable[[], None]) -
     an open transaction) and write the fence first in it. On failure, ``undo()`` (give the
     hold back) and raise."""
     try:
-        alias = transactions.database(using)  # the routers' choice, asked once for both
+        alias = commit.database(using)  # the routers' choice, asked once for both
         block = transaction.atomic(using=alias)
         block.__enter__()
         try:
@@ -161,7 +161,8 @@ def _write(connection: Any, alias: str, resource: str, fence: int) -> bool:
     try:
         return _upsert(connection, alias, resource, fence)
     except DatabaseError as exc:
-        if _deadlock(connection, exc):
+        # MySQL's and MariaDB's ER_LOCK_DEADLOCK: InnoDB rolled the whole transaction back.
+        if connection.vendor == "mysql" and exc.args and exc.args[0] == _MYSQL_DEADLOCK:
             raise LockLost(
                 resource,
                 f"the database {alias!r} chose this transaction as a deadlock victim while it "
@@ -176,12 +177,7 @@ def _write(connection: Any, alias: str, resource: str, fence: int) -> bool:
         raise
 
 
-# MySQL's and MariaDB's ER_LOCK_DEADLOCK: InnoDB rolled the whole transaction back.
 _MYSQL_DEADLOCK = 1213
-
-
-def _deadlock(connection: Any, exc: DatabaseError) -> bool:
-    return bool(connection.vendor == "mysql" and exc.args and exc.args[0] == _MYSQL_DEADLOCK)
 
 
 def _upsert(connection: Any, alias: str, resource: str, fence: int) -> bool:
