@@ -37,7 +37,6 @@ import threading
 import unittest
 import uuid
 from collections.abc import Callable, Iterator
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
@@ -151,9 +150,9 @@ class fresh_table:  # noqa: N801 - used like a function: with fresh_table(), @fr
         forget_acquired()  # holds of earlier tests are on other tables: never re-entered
         endpoint = engine_endpoint()
         name = f"dynasem-test-{uuid.uuid4().hex[:12]}"
-        self._env_set = [k for k in _DUMMY_CREDENTIALS if not os.environ.get(k)]
-        if "AWS_PROFILE" in os.environ:
-            self._env_set = []  # the user chose credentials: leave them
+        # Where the user chose credentials (a profile), they are left alone.
+        missing = [k for k in _DUMMY_CREDENTIALS if not os.environ.get(k)]
+        self._env_set = [] if "AWS_PROFILE" in os.environ else missing
         for key in self._env_set:
             os.environ[key] = _DUMMY_CREDENTIALS[key]
         self._override = override_settings(
@@ -175,12 +174,7 @@ class fresh_table:  # noqa: N801 - used like a function: with fresh_table(), @fr
         self.name = name
         return name
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         from .._storage import schema
 
         try:

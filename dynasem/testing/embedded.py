@@ -25,7 +25,6 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from werkzeug.serving import BaseWSGIServer, WSGIRequestHandler, make_server
@@ -149,9 +148,7 @@ class EmbeddedDynamoDB:
     """
 
     def __init__(self, host: str = DEFAULT_HOST, port: int = 0, *, quiet: bool = True):
-        self.host = host
-        self.port = port
-        self.quiet = quiet
+        self.host, self.port, self.quiet = host, port, quiet
         self._server: BaseWSGIServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -187,12 +184,7 @@ class EmbeddedDynamoDB:
     def __enter__(self) -> EmbeddedDynamoDB:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
 
