@@ -1,5 +1,4 @@
-"""System checks: the DYNASEM settings (no network calls), and the table's index layout (one
-quick DescribeTable when the checks run, never at import)."""
+"""System checks: the DYNASEM settings (no network calls)."""
 
 from __future__ import annotations
 
@@ -43,11 +42,6 @@ CHECK_IDS: dict[str, str] = {
     "host are taken over when their lease ends, as on another host. Says which rule is in force.",
     "dynasem.W001": "`LEASE` is at least 3 × `CLOCK_SKEW`; a shorter lease makes holders renew "
     "very often.",
-    "dynasem.W002": "The table has this version's index layout (one DescribeTable, 1 s to "
-    "connect, 2 s to answer; asked only when the settings have no error, and silent when the "
-    "table cannot be asked). A table made by an older "
-    "dynasem works at several times the index writes: `manage.py dynasem_createtable "
-    "--upgrade` upgrades it in place.",
 }
 
 
@@ -183,26 +177,5 @@ def _takeover_rule(raw: dict[str, Any]) -> list[Any]:
             hint="Machines cloned from one memory snapshot share a boot id: one clone cannot "
             "see the other's processes, so /proc cannot prove them dead (see 'Dead holders').",
             id="dynasem.I001",
-        )
-    ]
-
-
-@register()
-def check_table_layout(app_configs: Any = None, **kwargs: Any) -> list[Any]:
-    """A table made by an older dynasem still works, at several times the index writes: say
-    so, with the command that upgrades it in place."""
-    from ._storage import schema
-
-    if any(isinstance(p, Error) for p in check_settings(app_configs)):
-        return []  # the settings' own errors first
-    problem = schema.layout_warning()
-    if problem is None:
-        return []
-    return [
-        Warning(
-            f"dynasem's table {settings.TABLE_NAME!r}: {problem}.",
-            hint="Run `manage.py dynasem_createtable --upgrade`: it upgrades in place, and "
-            "locks, listings and reaping keep working meanwhile (on the old indexes).",
-            id="dynasem.W002",
         )
     ]

@@ -105,10 +105,10 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 # -- the DynamoDB operations dynasem sent this session (tests/test_iam_policy.py) ---------------
-# Every boto3 client built in this process (dynasem builds its own in table/client.py and, for
-# dynasem.W002, in table/schema.py) reports each operation before sending it. It is recorded
-# when its nearest caller outside botocore is dynasem's own code (not dynasem.testing): a
-# test's own calls on a client, such as lock_table's update_time_to_live, are not dynasem's.
+# Every boto3 client built in this process (dynasem builds its own in _storage/dynamodb.py)
+# reports each operation before sending it. It is recorded when its nearest caller outside
+# botocore is dynasem's own code (not dynasem.testing): a test's own calls on a client, such
+# as lock_table's update_time_to_live, are not dynasem's.
 DYNASEM_REQUESTS: set[str] = set()
 
 
@@ -353,8 +353,8 @@ def one_second_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def queue_of(resource: str) -> dict[str, Any]:
-    """The live waiters queued for ``resource`` (token -> Waiter), as stored: the old inline
-    queue's and the entry items'."""
+    """The live waiters queued for ``resource`` (token -> Waiter), as stored: the entry
+    items'."""
     from dynasem._operators import locks as operations
 
     return {w.token: w for w in operations.waiters_on(resource)}
@@ -387,35 +387,6 @@ def enqueue_entry(resource: str, token: str, waiter: Any) -> int:
     waiter = dataclasses.replace(waiter, ticket=row.qin, token=token)
     queue_entries.put_entry(resource, row.qbase, waiter)
     return row.qin
-
-
-def enqueue_inline(resource: str, token: str, waiter: Any) -> None:
-    """Queue ``waiter`` as an earlier dynasem did: an entry of the row's ``queue`` map (the
-    layout a rolling upgrade still finds, and honours until it drains)."""
-    from dynasem._storage import dynamodb, records
-    from dynasem.conf import settings
-
-    client = dynamodb.get_client()
-    value = records.encode(
-        {":w": records.waiter_value(waiter), ":q": {token: records.waiter_value(waiter)}}
-    )
-    try:
-        client.update_item(
-            TableName=settings.TABLE_NAME,
-            Key=records.key(resource, records.LOCK_SK),
-            UpdateExpression="SET #q.#me = :w",
-            ConditionExpression="attribute_exists(#q)",
-            ExpressionAttributeNames={"#q": "queue", "#me": token},
-            ExpressionAttributeValues={":w": value[":w"]},
-        )
-    except client.exceptions.ConditionalCheckFailedException:
-        client.update_item(
-            TableName=settings.TABLE_NAME,
-            Key=records.key(resource, records.LOCK_SK),
-            UpdateExpression="SET #q = :q",
-            ExpressionAttributeNames={"#q": "queue"},
-            ExpressionAttributeValues={":q": value[":q"]},
-        )
 
 
 # -- several hosts on one machine (tests/netns.py): test_hosts.py, test_lead_hosts.py ------------

@@ -123,7 +123,6 @@ def idle_row(resource: str, ended_ms: int, *, holder: str | None = None) -> dict
         "expires": records.epoch_seconds(ended_ms),
         "expMs": ended_ms,
         "shard": records.shard_of(resource),
-        "queue": {},
     }
     if holder is None:
         row.update(holders={}, lastToken=uuid.uuid4().hex)

@@ -12,14 +12,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.core.checks import run_checks
 from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from dynasem import LockLost, run_once, semaphore
 from dynasem import _clock as clock
 from dynasem._engine import core
-from dynasem._operators import locks as operations
 from dynasem._operators.locks import holds_on
 from dynasem._storage import dynamodb, lock_rows, records
 from dynasem._storage import records as table_stored
@@ -675,74 +673,7 @@ def test_release_bad_resource_is_a_command_error(lock_table, requests_sent, reso
     assert requests_sent.total == 0
 
 
-# ---------------------------------------------------------------------------------------------
-# dynasem_createtable --upgrade: a table made by dynasem before the keys-only indexes
-# ---------------------------------------------------------------------------------------------
-
-
-def create_old_layout_table(name: str) -> None:
-    """The table as dynasem 0.2 made it: both GSIs projecting ALL, under their old names."""
-    definition = records.table_definition(name)
-    indexes = definition["GlobalSecondaryIndexes"]
-    for index, old_name in zip(indexes, records.OLD_INDEXES, strict=True):
-        index["IndexName"] = old_name
-        index["Projection"] = {"ProjectionType": "ALL"}
-    dynamodb.get_client().create_table(**definition)
-
-
-def index_projections(name: str) -> dict[str, str]:
-    desc = dynamodb.get_client().describe_table(TableName=name)["Table"]
-    return {
-        g["IndexName"]: g["Projection"]["ProjectionType"] for g in desc["GlobalSecondaryIndexes"]
-    }
-
-
-@pytest.mark.dynamodb_local_only(
-    "moto answers a Query of a missing index ResourceNotFoundException where DynamoDB answers "
-    "ValidationException, which is what makes listings fall back to the old indexes; tables "
-    "made by dynasem.testing always have the current ones"
-)
-def test_upgrade_brings_an_old_layout_table_to_the_new_indexes_in_place(new_table):
-    create_old_layout_table(new_table)
-    alice = semaphore("up:1", user="alice", lease=60).acquire()
-    bob = semaphore("up:2", user="bob", lease=60, limit=2).acquire()
-    try:
-        # Before the upgrade: createtable refuses to call it done and names the command, the
-        # system check warns, and the listings still work (through the old indexes).
-        with pytest.raises(CommandError, match="--upgrade"):
-            run("dynasem_createtable")
-        warnings = [m for m in run_checks() if m.id == "dynasem.W002"]
-        assert len(warnings) == 1 and "--upgrade" in warnings[0].hint
-        assert {h.token for h in operations.active_holds()} == {alice.token, bob.token}
-
-        out = run("dynasem_createtable", "--upgrade")
-        assert f"Upgraded table {new_table!r}" in out
-        for index in (records.USER_INDEX, records.EXPIRES_INDEX, *records.OLD_INDEXES):
-            assert index in out
-        assert index_projections(new_table) == {
-            records.USER_INDEX: "INCLUDE",
-            records.EXPIRES_INDEX: "INCLUDE",
-        }
-        # The holds taken before it are still ours, listed through the new indexes (their
-        # rows' exact-second expires predate the buckets), and nothing is left to warn about.
-        alice.renew()
-        bob.renew()
-        assert {h.token for h in operations.active_holds()} == {alice.token, bob.token}
-        assert {h.token for h in operations.active_holds(user_id="alice")} == {alice.token}
-        assert [m for m in run_checks() if m.id == "dynasem.W002"] == []
-        assert "nothing to do" in run("dynasem_createtable", "--upgrade")
-        assert "already exists" in run("dynasem_createtable")
-    finally:
-        alice.release()
-        bob.release()
-
-
-def test_upgrade_of_a_missing_or_foreign_table_is_a_clear_error_and_changes_nothing(new_table):
-    with pytest.raises(CommandError, match="does not exist"):
-        run("dynasem_createtable", "--upgrade")
-    assert new_table not in table_names()
-    with pytest.raises(CommandError, match="do not go together"):
-        run("dynasem_createtable", "--upgrade", "--dry-run")
+def test_createtable_refuses_a_table_it_did_not_make_and_changes_nothing(new_table):
     client = dynamodb.get_client()
     client.create_table(
         TableName=new_table,
@@ -757,52 +688,8 @@ def test_upgrade_of_a_missing_or_foreign_table_is_a_clear_error_and_changes_noth
         ],
     )
     with pytest.raises(CommandError, match="not made by dynasem_createtable"):
-        run("dynasem_createtable", "--upgrade")
+        run("dynasem_createtable")
     assert not client.describe_table(TableName=new_table)["Table"].get("GlobalSecondaryIndexes")
-
-
-def test_upgrade_rerun_waits_for_an_index_still_filling_before_dropping_the_old_ones(
-    monkeypatch,
-):
-    """A first --upgrade stopped while DynamoDB was still filling a new index (a timeout, a
-    Ctrl-C): the rerun waits for it to serve before it drops an old one, or listings and
-    reaping would have neither index for a while."""
-    from dynasem._storage import schema
-
-    waited = {"polls": 0}
-    sent: list[tuple[str, Any]] = []
-
-    def status(name: str) -> dict[str, str]:
-        # DynamoDB finishes filling the index only after the upgrade has waited a while.
-        filling = "CREATING" if waited["polls"] < 2 else "ACTIVE"
-        gone = {old for op, old in sent if op == "drop"}
-        return {
-            records.USER_INDEX: filling,
-            records.EXPIRES_INDEX: "ACTIVE",
-            **{old: "ACTIVE" for old in records.OLD_INDEXES if old not in gone},
-        }
-
-    def send(operation: str, **kwargs: Any) -> dict[str, Any]:
-        for update in kwargs.get("GlobalSecondaryIndexUpdates", []):
-            if "Delete" in update:
-                # Never before the new index serves.
-                assert status("t")[records.USER_INDEX] == "ACTIVE"
-                sent.append(("drop", update["Delete"]["IndexName"]))
-            else:
-                sent.append(("create", update))
-        return {}
-
-    def pause(seconds: float) -> None:
-        waited["polls"] += 1
-
-    monkeypatch.setattr(schema.time, "sleep", pause)
-    monkeypatch.setattr(schema, "_index_status", status)
-    monkeypatch.setattr(schema.dynamodb, "send_request", send)
-    said: list[str] = []
-    done = schema.upgrade_indexes("t", say=said.append, poll=0)
-    assert [op for op, _ in sent] == ["drop", "drop"]  # nothing created again
-    assert done == [f"dropped {old}" for old in records.OLD_INDEXES]
-    assert any("Waiting for index" in line for line in said)
 
 
 @pytest.mark.django_db

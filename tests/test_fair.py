@@ -15,13 +15,11 @@ from dynasem import SemaphoreBusy, semaphore
 from dynasem._engine import handover as heirs_module
 from dynasem._storage import dynamodb, lock_rows, lock_writes, queue_entries, records
 from dynasem._storage import lock_writes as writes
-from dynasem.conf import settings
 from tests import workers
 from tests.conftest import (
     dynasem_settings,
     engine_name,
     enqueue_entry,
-    enqueue_inline,
     queue_of,
 )
 
@@ -338,85 +336,6 @@ def _busy(resource: str, **kwargs) -> Exception | None:
     except SemaphoreBusy as exc:
         return exc
     return None
-
-
-def _old_row(resource: str, holder: str, now: int) -> None:
-    """A lock row exactly as an earlier dynasem wrote it: one holder, an empty inline queue,
-    a µs ticket, no entry-item counters."""
-    fence = now * 1000
-    entry = {"u": "old", "e": now + 60_000, "f": fence, "a": now, "s": False}
-    row = {
-        "pk": resource,
-        "sk": records.LOCK_SK,
-        "holders": {holder: entry},
-        "queue": {},
-        "ticket": fence,
-        "fence": fence,
-        "expMs": now + 60_000,
-        "expires": records.bucket_of(now + 60_000),
-        "userId": "old",
-        "mode": "x",
-        "limit": 1,
-        "shard": records.shard_of(resource),
-    }
-    dynamodb.get_client().put_item(TableName=settings.TABLE_NAME, Item=records.encode(row))
-
-
-def _waiting_thread(resource: str, got: list) -> threading.Thread:
-    def run() -> None:
-        with semaphore(resource, fair=True, wait=30, user="new") as held:
-            got.append((time.monotonic(), held.fence))
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread
-
-
-def test_an_old_rows_hold_and_inline_waiters_are_honoured_and_its_queue_drains(lock_table):
-    """After an upgrade, a row written by an earlier dynasem: its hold is honoured; a live
-    waiter of its inline queue is served before a new waiter (an entry item), which never
-    cuts ahead of it; a dead one is evicted by the new waiter's take, so the map drains."""
-    resource = "deploy:upgraded"
-    now = int(time.time() * 1000)
-    _old_row(resource, "old-holder", now)
-    with pytest.raises(SemaphoreBusy):
-        semaphore(resource, wait=0).acquire()  # the old hold is honoured
-    # An old waiter whose process died: its entry runs out in 3 s.
-    enqueue_inline(resource, "old-waiter", records.Waiter(now * 1000 + 1, now + 3_000, "gone"))
-    got: list = []
-    thread = _waiting_thread(resource, got)
-    wait_for_queue(resource, 2)
-    # The old holder releases as an old process does: a plain release, no hand-over.
-    lock_rows.update(
-        lock_writes.give_back(resource, "old-holder", int(time.time() * 1000), sole=True)
-    )
-    time.sleep(1.5)
-    assert not got  # free, but a live waiter of the old queue is first in line
-    thread.join(30)
-    # Taken once the old entry ran out (+ CLOCK_SKEW 0.5 s): evicted by the take itself.
-    assert got and time.time() * 1000 >= now + 3_000
-    assert lock_rows.get(resource).queue == {}
-
-
-def test_a_new_holder_hands_over_to_the_old_inline_queue_first(lock_table):
-    resource = "deploy:rolling"
-    holder = semaphore(resource).acquire()
-    now = int(time.time() * 1000)
-    enqueue_inline(resource, "old-waiter", records.Waiter(now * 1000, now + 60_000, "old"))
-    got: list = []
-    thread = _waiting_thread(resource, got)
-    wait_for_queue(resource, 2)
-    holder.renew()  # the holder sees both
-    holder.release()
-    row = lock_rows.get(resource)
-    assert row is not None and list(row.holders) == ["old-waiter"] and row.queue == {}
-    assert not got
-    # The old process releases with a plain release: the new waiter takes it by itself.
-    lock_rows.update(
-        lock_writes.give_back(resource, "old-waiter", int(time.time() * 1000), sole=True)
-    )
-    thread.join(30)
-    assert got and got[0][1] > row.holders["old-waiter"].fence
 
 
 def _queries(monkeypatch) -> list[bool]:

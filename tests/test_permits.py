@@ -104,26 +104,6 @@ def test_a_permit_of_a_process_proven_dead_is_taken_over_at_once(
     assert slot_of(victim.token) is None
 
 
-def test_a_hold_taken_before_the_upgrade_is_honoured(holds: list[Any]) -> None:
-    """Rows of the inline layout (an earlier dynasem, limit > 8) keep working: new takers
-    join the holders there until none is left; then the row moves to permit items."""
-    monkey = pytest.MonkeyPatch()
-    monkey.setattr(slots, "INLINE_MAX", 100)  # as an earlier dynasem wrote it
-    old = [take(holds, "pool", limit=9, lease=30) for _ in range(8)]
-    monkey.undo()
-    assert lock_rows.stored_item("pool")["holders"]
-    ninth = take(holds, "pool", limit=9, wait=0)
-    with pytest.raises(SemaphoreBusy):
-        semaphore("pool", limit=9, wait=0).acquire()  # the inline holders count
-    assert "hw" not in lock_rows.stored_item("pool")
-    for held in [*old, ninth]:
-        held.release()
-    fresh = take(holds, "pool", limit=9, wait=0)
-    row = lock_rows.stored_item("pool")
-    assert row["hw"] == 1 and not row.get("holders")
-    assert fresh.fence > ninth.fence and slot_of(fresh.token) == 0
-
-
 def test_another_limit_once_every_permit_is_free(holds: list[Any]) -> None:
     a = take(holds, "pool", limit=16)
     with pytest.raises(ValueError, match="limit=16"):

@@ -141,7 +141,7 @@ def test_only_the_same_host_is_pushed_to_on_loopback():
 
 
 def test_a_push_that_would_not_fit_a_datagram_is_not_sent():
-    big = records.lock_item({"queue": {str(i): {"n": "x" * 100} for i in range(1000)}})
+    big = records.lock_item({"holders": {str(i): {"u": "x" * 100} for i in range(1000)}})
     assert wakeup.push(f"{wakeup.HOST_ID}@127.0.0.1:9", "r", "t", big, sent_ms=0) is False
 
 

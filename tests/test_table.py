@@ -13,7 +13,6 @@ from dynasem import SemaphoreBusy, semaphore
 from dynasem import _clock as clock
 from dynasem._storage import dynamodb, lock_rows, lock_writes, records
 from dynasem.conf import settings
-from tests.conftest import enqueue_inline
 
 
 def test_uncontended_cycle_is_one_write_to_acquire_and_one_to_release(requests_sent):
@@ -228,24 +227,6 @@ def test_a_release_whose_fence_runs_ahead_of_its_lease_keeps_expires_ahead_too(l
     assert row["expires"] * 1000 >= row["expMs"]
 
 
-def test_a_push_carries_the_queue_up_to_its_recipient_and_a_few_behind() -> None:
-    """A push to the head of a line of 300 fits a datagram: it carries who is ahead of the
-    recipient (everyone, so it never thinks itself first when it is not) and its next heirs."""
-    queue = {
-        f"w{i:03}": {"t": 1_000 + i, "e": 2**42, "u": "x" * 40, "s": False} for i in range(300)
-    }
-    stored = {"pk": "r", "holders": {}, "queue": queue, "ticket": 1_299}
-    item = records.lock_item(stored)
-    mid = lock_rows.wire(item, "w100")
-    assert sorted(mid["queue"]) == [f"w{i:03}" for i in range(100 + 1 + lock_rows.PUSHED_BEHIND)]
-    heir = lock_rows.wire(item, "handed-over")  # no longer queued: its own heirs only
-    assert sorted(heir["queue"]) == [f"w{i:03}" for i in range(lock_rows.PUSHED_BEHIND)]
-    assert records.lock_item(heir).has_queue and records.lock_item(heir).ticket == 1_299
-    assert lock_rows.wire(item) == stored  # not for a recipient: as written
-    short = records.lock_item(dict(stored, queue=dict(list(queue.items())[:5])))
-    assert lock_rows.wire(short, "w001") == short.stored
-
-
 def test_a_row_past_dynamodbs_item_size_is_named_and_nothing_is_written(lock_table, monkeypatch):
     """Readers whose user ids are 1 KB each fill one resource's item toward DynamoDB's
     400 KB when rows keep every reader inline (as they did before reader items: now a row
@@ -389,25 +370,6 @@ def test_a_join_is_not_refused_by_a_renewal_that_ends_before_it(lock_table):
         lock_rows.update(lock_writes.give_back("renewed", "joiner", clock.now_ms(), sole=False))
     finally:
         other.release()
-
-
-def test_a_take_evicts_at_most_max_evict_dead_waiters_and_still_takes(lock_table):
-    """150 dead entries in a resource's old inline queue (their waiters, of an earlier dynasem, were
-    killed): each take evicts the 64 oldest in its own write, whose expressions stay within
-    DynamoDB's limits (all 150 in one write were refused: ValidationException), and takes the
-    lock all the same."""
-    from dynasem._storage import lock_writes as writes
-
-    now = clock.now_ms()
-    for i in range(150):
-        waiter = records.Waiter(ticket=1_000 + i, expires_ms=now - 60_000 + i, user_id="dead")
-        enqueue_inline("haunted", f"dead{i:03}", waiter)
-    assert len(lock_rows.stored_item("haunted")["queue"]) == 150
-    left = []
-    for _ in range(3):
-        with semaphore("haunted", wait=5):
-            left.append(len(lock_rows.stored_item("haunted")["queue"]))
-    assert left == [150 - writes.MAX_EVICT, 150 - 2 * writes.MAX_EVICT, 0]
 
 
 def test_a_join_evicts_at_most_max_evict_dead_holders_and_still_joins(lock_table, monkeypatch):

@@ -24,7 +24,7 @@ from dynasem import SemaphoreBusy, semaphore
 from dynasem._operators.locks import holds_on
 from dynasem._storage import dynamodb, lock_rows, lock_writes, records, schema
 from dynasem._storage.dynamodb import Refused
-from dynasem._storage.lock_writes import QueueTerms, take_free, take_join, take_ticket
+from dynasem._storage.lock_writes import take_join, take_ticket
 from dynasem._storage.records import Waiter
 from dynasem.conf import settings
 from dynasem.testing import ENDPOINT_ENV, engine_endpoint, fresh_table
@@ -410,14 +410,11 @@ def test_dynasems_size_conditions_on_a_reaped_row_are_refused_not_unavailable(ei
     now = int(time.time() * 1000)
     entry = lock_writes.holder_entry("u", now + 10_000, now * 1000, now, shared=False)
     seen = records.LockItem(
-        holders={"a": records.Holder("u", now + 30_000, 1)}, has_queue=True, fence=1,
+        holders={"a": records.Holder("u", now + 30_000, 1)}, fence=1,
         expires_ms=now + 30_000, mode="c", limit=2,
     )  # fmt: skip
     writes = {
         "take_join": take_join("gone", "b", entry, mode="c", limit=2, seen=seen, evict=[]),
-        "queue size": take_free(
-            "gone", "b", entry, mode="x", limit=1, stale_ms=now, queue=QueueTerms(size=0)
-        ),
         "take_ticket": take_ticket("gone", now * 1000, if_busy_ms=now),
     }  # fmt: skip
     for name, write in writes.items():

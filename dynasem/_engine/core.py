@@ -216,23 +216,20 @@ class Semaphore:
         user_id = user_id_of(self.user)
         proc = None if self.detached else processes.identity()
         token = uuid.uuid4().hex  # one token for every retry: it recognises our own writes
-        take_permits = functools.partial(
-            permits.acquire_steps,
-            self,
-            token=token,
-            user_id=user_id,
-            proc=proc,
-            lease=lease,
-            wait=wait,
-            skew=skew,
-            margin=margin,
-        )
         if permits.applies(self):
-            # A counting semaphore of many permits: its holders are in items of their own,
-            # unless its row still keeps holders inline (an earlier layout): joined there.
-            done = yield from take_permits()
-            if done is not None:
-                return done
+            # A counting semaphore of many permits: its holders are in items of their own.
+            return (
+                yield from permits.acquire_steps(
+                    self,
+                    token=token,
+                    user_id=user_id,
+                    proc=proc,
+                    lease=lease,
+                    wait=wait,
+                    skew=skew,
+                    margin=margin,
+                )
+            )
         resources = self.resources
         deadline = clock.monotonic() + wait
         seen = readers.last_seen(self)  # empty unless it last had reader items
@@ -286,28 +283,6 @@ class Semaphore:
                         proc=proc, lease=lease, wait=left, skew=skew, margin=margin))  # fmt: skip
                 if queueing.passed(seen.get(resources[0]), pace.qbase, pace.ticket):
                     pace.ticket = None  # our turn went by (or the row is new): join again
-                if permits.applies(self) and any(
-                    s is not None and s.hw is not None for s in seen.values()
-                ):
-                    # The row moved its holders to permit items meanwhile: take a permit.
-                    if pace.ticket is not None:
-                        ticket, pace.ticket = pace.ticket, None
-                        try:
-                            yield Request(
-                                functools.partial(
-                                    queue_entries.leave_queue,
-                                    resources[0],
-                                    pace.qbase,
-                                    ticket,
-                                    token=token,
-                                )
-                            )
-                        except SemaphoreUnavailable:
-                            pass  # our entry expires with its lease
-                    done = yield from take_permits(wait=max(0.0, deadline - clock.monotonic()))
-                    if done is not None:
-                        return done
-                    seen.clear()
                 plans = {
                     r: planning.plan(
                         self, r, seen.get(r), token, entry, stale, confirm_below, pace.ticket

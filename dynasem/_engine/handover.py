@@ -57,17 +57,13 @@ def _entries(item: records.LockItem) -> dict[str, records.Waiter]:
     return {w.token: w for w in item.entries or ()}
 
 
-def heirs_of(
-    inline: Mapping[str, records.Waiter], row: records.LockItem | None
-) -> tuple[Heirs, int | None, records.LockItem | None]:
-    """The heirs of an exclusive hold: from the old inline queue (which came first), else
-    from the queue's entry items, read now if the row says waiters came. Returns the heirs,
-    the ``qout`` a hand-over to entry items is conditional on (None: inline heirs), and the
-    row with what was read."""
+def heirs_of(row: records.LockItem | None) -> tuple[Heirs, int, records.LockItem | None]:
+    """The heirs of an exclusive hold, from the queue's entry items, read now if the row says
+    waiters came. Returns the heirs, the ``qout`` a hand-over to them is conditional on, and
+    the row with what was read."""
     now = clock.now_ms()
-    heirs = next_in_line(inline, now)
-    if heirs or row is None or not row.waiting:
-        return heirs, None, row
+    if row is None or not row.waiting:
+        return [], 0, row
     if row.entries is not None:
         return next_in_line(_entries(row), now), row.qout, row
     # An eventually consistent read first (half the units of a consistent one). It is taken
@@ -110,15 +106,14 @@ def release_terms(row: records.LockItem | None, skew: float) -> dict[str, Any]:
 def push_first(resource: str, item: records.LockItem, *, readers_only: bool) -> None:
     """Push ``item`` to the first live waiter in line (only if a reader: ``readers_only``),
     reading the queue's first entries if the row says waiters came."""
-    now = clock.now_ms()
-    first = first_live(item.queue, now)
-    if first is None and item.waiting:
-        if item.entries is None:
-            try:
-                item = queue_entries.load_entries(item)
-            except SemaphoreUnavailable:
-                return  # they read it themselves
-        first = first_live(_entries(item), now)
+    if not item.waiting:
+        return
+    if item.entries is None:
+        try:
+            item = queue_entries.load_entries(item)
+        except SemaphoreUnavailable:
+            return  # they read it themselves
+    first = first_live(_entries(item), clock.now_ms())
     if first is None or not first[1].address or (readers_only and not first[1].shared):
         return
     wakeup.push(first[1].address, resource, first[0], item, sent_ms=clock.now_ms())

@@ -8,7 +8,6 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -81,7 +80,6 @@ class Held:
         if semaphore.max_hold is not None:
             self._max_hold_end = self._taken_mono + semaphore.max_hold
             self._deadline = min(self._deadline, self._max_hold_end)
-        self._queue: Mapping[str, records.Waiter] = {}  # the old inline queue's waiters we saw
         self._row: records.LockItem | None = None  # the row as we last saw it: its queue
         self._hold_avg: int | None = None
         # A hand-over sent that got no answer: it may have been applied (see _give_back).
@@ -101,7 +99,6 @@ class Held:
 
     def _observe(self, item: records.LockItem | None) -> None:
         if item is not None:
-            self._queue = item.queue
             self._row = item
             if item.hold_ms is not None:
                 self._hold_avg = item.hold_ms
@@ -110,12 +107,12 @@ class Held:
         mine = int((clock.monotonic() - self._taken_mono) * 1000)
         return mine if self._hold_avg is None else (3 * self._hold_avg + mine) // 4
 
-    def _heirs(self) -> tuple[heirs.Heirs, int | None]:
+    def _heirs(self) -> tuple[heirs.Heirs, int]:
         """The live waiters that take over from us, if the hold is exclusive, and the
         ``qout`` a hand-over to them is conditional on (see :func:`heirs.heirs_of`)."""
         if self.semaphore.mode != MODE_EXCLUSIVE or len(self.resources) != 1:
-            return [], None
-        found, qout, self._row = heirs.heirs_of(self._queue, self._row)
+            return [], 0
+        found, qout, self._row = heirs.heirs_of(self._row)
         return found, qout
 
     # -- what users read ---------------------------------------------------------------------
@@ -460,10 +457,8 @@ class Held:
                     # item back (its decoding costs the uncontended path ~10 % of its CPU).
                     row = self._row
                     look = (
-                        bool(self._queue)
-                        or (row is not None and row.waiting)
-                        or clock.monotonic() - self._taken_mono > WAKE_AFTER
-                    )
+                        row is not None and row.waiting
+                    ) or clock.monotonic() - self._taken_mono > WAKE_AFTER
                     self._wake_first(lock_rows.update(actions[0], return_new=look))
                 else:
                     lock_rows.transact(actions)

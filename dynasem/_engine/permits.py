@@ -50,11 +50,6 @@ def applies(sem: LockSpec) -> bool:
     return slots.uses_permits(sem.mode, sem.limit)
 
 
-# A plan's ``how`` when the row still keeps live holders inline (an earlier layout, or a
-# limit that was changed): the take joins them there (see core), until they are gone.
-INLINE = "inline"
-
-
 class _Plan:
     """The take to send next, or who is in our way."""
 
@@ -90,11 +85,10 @@ def acquire_steps(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
     wait: float,
     skew: float,
     margin: float,
-) -> Steps[Held | None]:
+) -> Steps[Held]:
     """The acquire loop of a permit semaphore (see
     :meth:`dynasem._engine.core.Semaphore._acquire_steps`
-    for the shape of steps). None: the row keeps its holders inline (an earlier layout), the
-    caller joins them there. ``margin``: the trust a hold must have left when it is returned
+    for the shape of steps). ``margin``: the trust a hold must have left when it is returned
     (:func:`_trusted`)."""
     timing = _Timing(lease, skew, margin)
     if len(sem.resources) > 1:
@@ -119,8 +113,8 @@ def acquire_steps(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
         if queueing.passed(seen, pace.qbase, pace.ticket):
             pace.ticket = None
         ticket = pace.ticket
-        in_way: dict[str, Any] = {} if served else dict(queueing.inline_ahead(seen, stale))
-        if not in_way and not served:
+        in_way: dict[str, Any] = {}
+        if not served:
             ahead = queueing.entries_ahead(seen, ticket, stale)
             if ahead is None:
                 upto = queueing.upto_of(seen, ticket)
@@ -133,10 +127,6 @@ def acquire_steps(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
         plan = _Plan(in_way=in_way)
         if not in_way:
             plan = yield from _plan(sem, resource, seen, scan, stale)
-            if plan.how == INLINE:
-                if ticket is None:
-                    return None
-                plan = _Plan(in_way=queueing.live_holders(seen, stale))
         if plan.how:
             # The lease runs from here, after the plan's reads (they may have been slow): a
             # lease end fixed before them could be over when the permit is written.
@@ -147,8 +137,6 @@ def acquire_steps(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
             fence = max(clock.new_fence(skew), seen.fence + 1)
             holder = lock_writes.holder_entry(user_id, now + lease_ms, fence, now, False, proc)
             terms = lock_writes.QueueTerms(
-                {t: w.expires_ms for t, w in seen.queue.items() if w.expires_ms < stale},
-                len(seen.queue) if seen.has_queue else None,
                 mine=ticket,
                 qin=seen.qin,
                 qout=seen.qout,
@@ -271,9 +259,8 @@ def _plan(
     if seen.hw is None:
         live = queueing.live_holders(seen, stale)
         if live and seen.expires_ms >= stale:
-            if seen.limit != limit:
-                raise _other_limit(resource, seen.limit, limit)
-            return _Plan(INLINE)
+            # Held in the row: an exclusive, shared or few-permit hold (another limit).
+            raise _other_limit(resource, seen.limit, limit)
         return _Plan("create", 0)
     if seen.limit != limit:
         held = yield Request(functools.partial(slots.permits, resource))
@@ -352,8 +339,6 @@ def _after_take(
         limit=limit,
         mode="n",
         holders={},
-        queue={},
-        has_queue=False,
         entries=None,
     )
 
@@ -474,7 +459,7 @@ def _acquire_many(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
     proc: str | None,
     timing: _Timing,
     wait: float,
-) -> Steps[Held | None]:
+) -> Steps[Held]:
     """Several permit resources, all or none: read their rows, then one transaction of a row
     write and a permit write for each. No queue (as for any multi-resource take)."""
     resources = sem.resources
@@ -503,8 +488,8 @@ def _acquire_many(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
         blocked: dict[str, Any] = {}
         for r in resources:
             row = seen[r] or records.LockItem(resource=r)
-            in_way = dict(queueing.inline_ahead(row, stale))
-            if not in_way and row.waiting:
+            in_way: dict[str, Any] = {}
+            if row.waiting:
                 row = yield from queueing.patient_read(
                     functools.partial(queue_entries.load_entries, row), row, pace, deadline
                 )
@@ -513,8 +498,6 @@ def _acquire_many(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
             plan = _Plan(in_way=in_way)
             if not in_way:
                 plan = yield from _plan(sem, r, row, scans[r], stale)
-            if plan.how == INLINE:
-                return None
             if plan.how == "pop":
                 plan.slot = row.hints[0]
             elif plan.how == "grow":
@@ -532,9 +515,7 @@ def _acquire_many(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
                 row, plan = seen[r] or records.LockItem(resource=r), plans[r]
                 fences[r] = max(clock.new_fence(skew), row.fence + 1)
                 holder = lock_writes.holder_entry(user_id, expires_ms, fences[r], now, False, proc)
-                terms = lock_writes.QueueTerms(
-                    qin=row.qin, qout=row.qout, size=len(row.queue) if row.has_queue else None
-                )
+                terms = lock_writes.QueueTerms(qin=row.qin, qout=row.qout)
                 actions.append(
                     slots.take_slot(
                         r,

@@ -646,7 +646,7 @@ def push(address: Any, resource: str, token: str, item: records.LockItem, *, sen
     message = {
         "r": resource,
         "k": token,
-        "i": lock_rows.wire(item, token),
+        "i": lock_rows.wire(item),
         "tb": settings.TABLE_NAME,
         "ts": sent_ms,
     }

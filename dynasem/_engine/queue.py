@@ -62,13 +62,6 @@ def not_proven_dead(holders: Mapping[str, records.Holder]) -> dict[str, records.
     return {t: h for t, h in holders.items() if not processes.gone(h.proc)}
 
 
-def inline_ahead(seen: records.LockItem | None, stale_ms: int) -> dict[str, records.Waiter]:
-    """The live entries of the old inline queue (written by an earlier dynasem): ahead of
-    every waiter in the queue of entry items, which came later."""
-    queue = seen.queue if seen is not None else {}
-    return {t: w for t, w in queue.items() if w.expires_ms >= stale_ms}
-
-
 def upto_of(seen: records.LockItem, ticket: int | None) -> int:
     """The last ticket ahead of us: ours less one if we are queued (even if ``seen`` is an
     older row, from before our ticket was drawn), else every ticket out."""
@@ -95,21 +88,20 @@ def entries_ahead(
 
 
 def ahead_count(seen: records.LockItem | None, ticket: int | None, stale_ms: int) -> int:
-    """How many waiters are ahead of ``ticket`` (of everyone, if None): the live inline
-    entries, then the entry items' tickets between ``qout`` and ours (read ones less the dead:
-    a guess from the counters alone counts the dead and those who left)."""
+    """How many waiters are ahead of ``ticket`` (of everyone, if None): the entry items'
+    tickets between ``qout`` and ours (read ones less the dead: a guess from the counters
+    alone counts the dead and those who left)."""
     if seen is None:
         return 0
-    inline = len(inline_ahead(seen, stale_ms))
     upto = upto_of(seen, ticket)
     if upto <= seen.qout:
-        return inline
+        return 0
     if seen.entries is not None:
         read = [w for w in seen.entries if w.ticket <= upto]
         dead = sum(1 for w in read if w.expires_ms < stale_ms)
         missing = (min(upto, seen.entries_to) - seen.qout) - len(read)
-        return inline + max(0, upto - seen.qout - dead - missing)
-    return inline + (upto - seen.qout)
+        return max(0, upto - seen.qout - dead - missing)
+    return upto - seen.qout
 
 
 def passed(seen: records.LockItem | None, qbase: int, ticket: int | None) -> bool:
@@ -209,10 +201,9 @@ class Pace:
         seen = seen or records.LockItem()
         now = clock.now_ms()
         stale = now - int(skew * 1000)
-        inline = inline_ahead(seen, stale)
         ahead = ahead_count(seen, self.ticket, stale)
         live = live_holders(seen, stale)
-        state = (tuple(sorted(live)), tuple(sorted(inline)), seen.qout, ahead)
+        state = (tuple(sorted(live)), seen.qout, ahead)
         if state != self.state:
             self.state, self.early = state, 0
         else:
@@ -255,7 +246,7 @@ class Pace:
             # our last look it is most likely dead; look again ever later, up to a second,
             # until its entry can be evicted.
             read = entries_ahead(seen, self.ticket, stale) or []
-            first = min([*inline.values(), *read], key=lambda w: w.ticket, default=None)
+            first = min(read, key=lambda w: w.ticket, default=None)
             first_end = first.expires_ms if first else now
             if self.early:
                 turn = max(turn, step * 2 ** min(self.early, 10))
@@ -281,7 +272,7 @@ def should_queue(sem: LockSpec, seen: records.LockItem | None) -> bool:
     seen = seen or records.LockItem()
     exclusive = sem.mode == MODE_EXCLUSIVE
     writer_behind_readers = exclusive and seen.mode == MODE_SHARED
-    if sem.fair or bool(seen.queue) or seen.waiting or writer_behind_readers:
+    if sem.fair or seen.waiting or writer_behind_readers:
         return True
     # A waiter that can be pushed the hand-over queues too: the releasing holder then
     # hands it the lock in its release write and tells it at once, which beats polling
@@ -335,10 +326,9 @@ def estimate_wait(
     skew_ms = int(skew * 1000)
     stale = now - skew_ms
     live = live_holders(item, stale)
-    ahead = sorted(inline_ahead(item, stale).values(), key=lambda w: w.ticket)
     read = entries_ahead(item, ticket, stale) or []
-    unread = max(0, ahead_count(item, ticket, stale) - len(ahead) - len(read))
-    ahead += read + [records.Waiter(ticket=0, expires_ms=now)] * unread
+    unread = max(0, ahead_count(item, ticket, stale) - len(read))
+    ahead = read + [records.Waiter(ticket=0, expires_ms=now)] * unread
     ends = [_expected_end(h, item.hold_ms, now, skew_ms) for h in live.values()]
     # What a waiter ahead will hold: the average, else what the holders have held so far.
     typical = item.hold_ms

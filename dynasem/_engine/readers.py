@@ -216,12 +216,11 @@ def acquire_many(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
             if live and (row.mode != "s" or row.hw is not None):
                 blocked[r] = live
                 continue
-            ahead: Mapping[str, records.Holder | records.Waiter] = queueing.inline_ahead(row, stale)
-            if not ahead and row.waiting:
+            if row.waiting:
                 row = yield Request(functools.partial(queue_entries.load_entries, row))
                 ahead = {w.token: w for w in queueing.entries_ahead(row, None, stale) or ()}
-            if ahead:
-                blocked[r] = ahead
+                if ahead:
+                    blocked[r] = ahead
             rows[r] = row
         if not blocked:
             # The lease runs from here, after the reads above (they may have been slow).
@@ -231,9 +230,7 @@ def acquire_many(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
             for r, row in rows.items():
                 fences[r] = max(clock.new_fence(skew), row.fence + 1)
                 epochs[r] = items.epoch_of(row, stale, now)
-                terms = lock_writes.QueueTerms(
-                    qin=row.qin, qout=row.qout, size=len(row.queue) if row.has_queue else None
-                )
+                terms = lock_writes.QueueTerms(qin=row.qin, qout=row.qout)
                 actions.append(
                     items.admit(
                         r, seen=row, token=token, expires_ms=expires, lease_ms=lease_ms,

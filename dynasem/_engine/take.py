@@ -107,20 +107,14 @@ def plan(  # noqa: C901, PLR0912  (issue 41: split)
             if not (joinable and (mode == MODE_SHARED or len(live) < limit)):
                 return Plan(busy=live, queued=ticket is not None)
     # Its holders would let us in: nobody cuts in line. A taker not in the queue needs
-    # nobody live waiting; a queued one needs nobody live ahead of it. Entries of the old
-    # inline queue (an earlier dynasem) came first; the dead among them go with our take.
-    inline = seen.queue if seen is not None else {}
-    ahead: Mapping[str, records.Holder | records.Waiter] = queueing.inline_ahead(seen, stale_ms)
-    if not ahead:
-        items = queueing.entries_ahead(seen, ticket, stale_ms)
-        if items is None and seen is not None:
-            return Plan(load=queueing.upto_of(seen, ticket), queued=ticket is not None)
-        ahead = {w.token: w for w in items or ()}
+    # nobody live waiting; a queued one needs nobody live ahead of it.
+    items = queueing.entries_ahead(seen, ticket, stale_ms)
+    if items is None and seen is not None:
+        return Plan(load=queueing.upto_of(seen, ticket), queued=ticket is not None)
+    ahead = {w.token: w for w in items or ()}
     if ahead:
         return Plan(busy=live or ahead, queued=ticket is not None)
     terms = lock_writes.QueueTerms(
-        evict={t: w.expires_ms for t, w in inline.items() if w.expires_ms < stale_ms},
-        size=len(inline) if seen is not None and seen.has_queue else None,
         mine=ticket,
         qin=seen.qin if seen is not None else 0,
         qout=seen.qout if seen is not None else 0,

@@ -66,12 +66,11 @@ class HoldInfo:
         return {**out, "acquired": self.acquired.isoformat(), "expires": self.expires.isoformat()}
 
 
-def _waiting(item: records.LockItem, now_ms: int) -> int:
-    """The waiters a listing shows for a row, from the row alone: the live entries of the old
-    inline queue, and the tickets out that have not had their turn (a waiter that left, or
-    died, counts until the next turn passes it: :func:`queue_depth` reads the entries)."""
-    inline = sum(1 for w in item.queue.values() if w.expires_ms >= now_ms)
-    return inline + max(0, item.qin - item.qout)
+def _waiting(item: records.LockItem) -> int:
+    """The waiters a listing shows for a row, from the row alone: the tickets out that have
+    not had their turn (a waiter that left, or died, counts until the next turn passes it:
+    :func:`queue_depth` reads the entries)."""
+    return max(0, item.qin - item.qout)
 
 
 # A page of the lock list shows at most this many holds of one resource: its permits and
@@ -97,7 +96,7 @@ def _expanded(
 
 
 def holds_of(item: records.LockItem, *, min_expires_ms: int | None) -> list[HoldInfo]:
-    waiting = _waiting(item, clock.now_ms())
+    waiting = _waiting(item)
     return [
         HoldInfo(
             item.resource,
@@ -212,7 +211,7 @@ def _row(
     more = item.holders_next is not None
     if not holds and not more and not (idle_too and user_id is None and not item.holders):
         return None
-    waiting = _waiting(item, clock.now_ms())
+    waiting = _waiting(item)
     return LockRow(item.resource, item.fence, item.expires_ms, waiting, tuple(holds), more)
 
 
@@ -311,10 +310,9 @@ def resource_state(
         raise ValueError(f"holds_after is a previous page's holds_next, not {holds_after!r}")
     item = _expanded(item, consistent=True, most=most, after_sk=holds_after)
     now = clock.now_ms()
-    inline = sorted((w for w in item.queue.values() if w.expires_ms >= now), key=lambda w: w.ticket)
     entries = queue_entries.queue_entries(item, most)
     beyond = item.qin - entries[-1].ticket if most is not None and len(entries) >= most else 0
-    waiters = inline + [w for w in entries if w.expires_ms >= now]
+    waiters = [w for w in entries if w.expires_ms >= now]
     holds = holds_of(item, min_expires_ms=None)
     return ResourceState(resource, holds, waiters, item.fence, item.holders_next, beyond)
 

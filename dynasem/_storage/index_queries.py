@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ..conf import settings
-from ..exceptions import SemaphoreUnavailable, TableMissing
+from ..exceptions import SemaphoreUnavailable
 from . import dynamodb
 from .dynamodb import (
     endpoint_label,
@@ -17,7 +17,6 @@ from .dynamodb import (
 from .records import (
     EXPIRES_INDEX,
     LOCK_SK,
-    OLD_INDEXES,
     USER_INDEX,
     IndexEntry,
     LockItem,
@@ -50,7 +49,6 @@ def query_expiring(
         values[":a"] = since
     kwargs: dict[str, Any] = {
         "TableName": settings.TABLE_NAME,
-        "IndexName": EXPIRES_INDEX,
         "KeyConditionExpression": cond,
         "ExpressionAttributeNames": names,
         "ExpressionAttributeValues": encode(values),
@@ -60,7 +58,7 @@ def query_expiring(
         kwargs["FilterExpression"] = "#mode <> :x"
         names["#mode"] = "mode"
         kwargs["ExpressionAttributeValues"][":x"] = {"S": "x"}
-    return _query(kwargs, limit, start)
+    return _query(EXPIRES_INDEX, kwargs, limit, start)
 
 
 def iter_expiring(shard: int, **kwargs: Any) -> Iterator[IndexEntry]:
@@ -79,33 +77,23 @@ def query_user_page(
     ends at or after ``since`` (epoch seconds)."""
     kwargs: dict[str, Any] = {
         "TableName": settings.TABLE_NAME,
-        "IndexName": USER_INDEX,
         "KeyConditionExpression": "#uid = :u AND #exp >= :a",
         "ExpressionAttributeNames": {"#uid": "userId", "#exp": "expires"},
         "ExpressionAttributeValues": {":u": {"S": user_id}, ":a": {"N": str(since)}},
     }
-    return _query(kwargs, limit, start)
+    return _query(USER_INDEX, kwargs, limit, start)
 
 
 def _query(
-    kwargs: dict[str, Any], limit: int | None, start: dict[str, Any] | None
+    index: str, kwargs: dict[str, Any], limit: int | None, start: dict[str, Any] | None
 ) -> tuple[list[IndexEntry], dict[str, Any] | None]:
-    """One page of a Query of one of our indexes: its entries and LastEvaluatedKey. On a table
-    not upgraded yet (``dynasem_createtable --upgrade``), of the old index of the same keys
-    instead, so listings and reaping keep working until it is."""
+    """One page of a Query of one of our indexes: its entries and LastEvaluatedKey."""
+    kwargs["IndexName"] = index
     if limit:
         kwargs["Limit"] = limit
     if start:
         kwargs["ExclusiveStartKey"] = start
-    try:
-        response = dynamodb.send_request("query", **kwargs)
-    except TableMissing as exc:
-        old = dict(zip((USER_INDEX, EXPIRES_INDEX), OLD_INDEXES, strict=True))
-        if "lacks an index" not in str(exc) or kwargs["IndexName"] not in old:
-            raise
-        response = dynamodb.send_request(
-            "query", **dict(kwargs, IndexName=old[kwargs["IndexName"]])
-        )
+    response = dynamodb.send_request("query", **kwargs)
     entries = [index_entry(decode(i)) for i in response.get("Items", [])]
     return entries, response.get("LastEvaluatedKey")
 

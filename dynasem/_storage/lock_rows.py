@@ -67,29 +67,9 @@ def get_item(pk: str, sk: str, *, consistent: bool = True) -> dict[str, Any] | N
     return decode(response.get("Item"))
 
 
-# A push carries the queue up to its recipient and this many entries behind it: what the
-# recipient needs (who is ahead of it; whom to hand over to next), not a crowd's every entry.
-PUSHED_BEHIND = 16
-
-
-def wire(item: LockItem, for_token: str | None = None) -> dict[str, Any]:
-    """The row as a push carries it (JSON-safe); :func:`lock_item` reads it back.
-
-    ``for_token``: the recipient. A long queue is cut to the entries up to the recipient's
-    ticket (so it sees everyone ahead of it) and :data:`PUSHED_BEHIND` after it (its heirs),
-    so that a push to the head of a line of hundreds still fits a datagram. A cut queue can
-    make a write whose condition counts the queue be refused, never a wrong one succeed."""
-    stored = dict(item.stored)
-    queue = stored.get("queue")
-    if for_token is None or not isinstance(queue, dict) or len(queue) <= PUSHED_BEHIND:
-        return stored
-    mine = item.queue.get(for_token)
-    mine_ticket = mine.ticket if mine is not None else 0
-    order = sorted(item.queue.items(), key=lambda entry: entry[1].ticket)
-    ahead = [t for t, w in order if w.ticket <= mine_ticket]
-    behind = [t for t, w in order if w.ticket > mine_ticket][:PUSHED_BEHIND]
-    stored["queue"] = {t: queue[t] for t in ahead + behind if t in queue}
-    return stored
+def wire(item: LockItem) -> dict[str, Any]:
+    """The row as a push carries it (JSON-safe); :func:`lock_item` reads it back."""
+    return dict(item.stored)
 
 
 def delete_expired(resource: str, cutoff_ms: int, *, resent: bool = False) -> bool:

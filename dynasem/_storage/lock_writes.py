@@ -36,7 +36,6 @@ _LOCK_NAMES = {
     "#expMs": "expMs",
     "#shard": "shard",
     "#last": "lastToken",
-    "#q": "queue",
     "#hold": "holdMs",
     "#qin": "qin",
     "#qout": "qout",
@@ -84,7 +83,7 @@ def holder_entry(
     return Holder(user_id, expires_ms, fence, acquired_ms=now_ms, shared=shared, proc=proc)
 
 
-# The most dead queue entries one take removes.
+# The most dead holders one take removes.
 MAX_EVICT = 64
 
 
@@ -97,37 +96,27 @@ class QueueTerms:
     passes them all, conditional on ``qin`` and ``qout`` as seen; else nobody may be waiting.
     ``served``: an earlier write of this take had its turn already (it moved ``qout``, and
     the slot it named proved taken): no term of the queue.
-
-    The old inline queue (written by an earlier dynasem, honoured until it drains): ``evict``,
-    dead entries (their lease end as seen) removed by this take; ``size``, the map's size seen
-    (a newcomer since then would be ahead of us), None when the row has no map.
     """
 
     def __init__(
         self,
-        evict: dict[str, int] | None = None,
-        size: int | None = None,
         *,
         mine: int | None = None,
         qin: int = 0,
         qout: int = 0,
         served: bool = False,
     ):
-        self.evict, self.size = evict or {}, size
         self.mine, self.qin, self.qout = mine, qin, qout
         self.served = served
 
 
-def _queue_clauses(
-    token: str, terms: QueueTerms | None, names: dict[str, str], values: dict[str, Any]
-) -> tuple[list[str], list[str], list[str]]:
-    """SET clauses, REMOVE paths and conditions for a take, per :class:`QueueTerms`."""
+def _queue_clauses(terms: QueueTerms | None, values: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """SET clauses and conditions for a take, per :class:`QueueTerms`."""
     terms = terms or QueueTerms()
     sets: list[str] = []
-    removes: list[str] = []
     conds: list[str] = []
     if terms.served:
-        return sets, removes, conds
+        return sets, conds
     if terms.mine is not None:
         conds.append("#qout = :sqout")
         sets.append("#qout = :mine")
@@ -138,22 +127,7 @@ def _queue_clauses(
         values.update({":sqin": terms.qin, ":sqout": terms.qout})
     else:
         conds.append("(attribute_not_exists(#qin) OR #qin = #qout)")
-    if terms.size is None:
-        conds.append("(attribute_not_exists(#q) OR size(#q) = :qsize)")
-        values[":qsize"] = 0
-    else:
-        conds.append("size(#q) = :qsize")
-        values[":qsize"] = terms.size
-    # The oldest MAX_EVICT only: a write's expressions are bounded (4 KB each), and 150 dead
-    # entries would not fit one. The rest go with the next takes (dead, they are nobody's
-    # turn meanwhile).
-    oldest = sorted(terms.evict.items(), key=lambda entry: (entry[1], entry[0]))[:MAX_EVICT]
-    for i, (gone, ends) in enumerate(oldest):
-        names[f"#w{i}"] = gone
-        removes.append(f"#q.#w{i}")
-        conds.append(f"#q.#w{i}.e = :we{i}")
-        values[f":we{i}"] = ends
-    return sets, removes, conds
+    return sets, conds
 
 
 def take_free(
@@ -191,13 +165,11 @@ def take_free(
     else:
         condition += " AND #hw = :seenHw AND #fence = :seenFence"
         values.update({":seenHw": permits_row.hw, ":seenFence": permits_row.fence})
-    q_sets, removes, conds = _queue_clauses(token, queue, names, values)
+    q_sets, conds = _queue_clauses(queue, values)
     update = ", ".join([update, *q_sets])
     if permits_row is not None:
-        removes += ["#hw", "#hints"]
+        update += " REMOVE #hw, #hints"
         names["#hints"] = "hints"
-    if removes:
-        update += " REMOVE " + ", ".join(removes)
     condition = " AND ".join([condition, *conds])
     values |= {
         ":h": {token: holder_value(entry)},
@@ -237,8 +209,9 @@ def take_join(
     have been later).
     """
     if len(evict) > MAX_EVICT:
-        # The oldest only (see _queue_clauses); the rest stay, dead, for the next joins, so
-        # not every holder goes and the row keeps its mode and limit.
+        # The oldest only: a write's expressions are bounded (4 KB each), and 150 dead
+        # holders would not fit one. The rest stay, dead, for the next joins, so not every
+        # holder goes and the row keeps its mode and limit.
         evict = sorted(evict, key=lambda t: (seen.holders[t].expires_ms, t))[:MAX_EVICT]
         replace = False
     names = dict(_LOCK_NAMES, **{"#t": token})
@@ -285,9 +258,8 @@ def take_join(
         removes.append(f"#h.#x{i}")
         conds.append(f"#h.#x{i}.e = :xe{i}")
         values[f":xe{i}"] = seen.holders[gone].expires_ms
-    q_sets, q_removes, q_conds = _queue_clauses(token, queue, names, values)
+    q_sets, q_conds = _queue_clauses(queue, values)
     sets += q_sets
-    removes += q_removes
     conds += q_conds
     update = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
     return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
@@ -305,7 +277,6 @@ def take_room(resource: str, token: str, entry: Holder, *, mode: str, limit: int
         "#lim = :lim",
         "#fence < :fence",
         "#expMs <= :expMs",
-        "(attribute_not_exists(#q) OR size(#q) = :zero)",
         "(attribute_not_exists(#qin) OR #qin = #qout)",
     ]
     values: dict[str, Any] = {
@@ -316,7 +287,6 @@ def take_room(resource: str, token: str, entry: Holder, *, mode: str, limit: int
         ":uid": entry.user_id,
         ":exp": bucket_of(entry.expires_ms),
         ":expMs": entry.expires_ms,
-        ":zero": 0,
     }
     if mode != "s":
         conds.insert(1, "size(#h) < :lim")
@@ -423,17 +393,15 @@ def hand_over(
     *,
     hold_ms: int,
     mode: str | None = None,
-    qout: int | None = None,
+    qout: int,
 ) -> dict[str, Any]:
     """Release our exclusive hold straight to the first waiters, in the same write: each heir
     (its token, its ticket, its entry: user, lease, a fresh fence) holds the lock from now
     and leaves the queue. One exclusive heir, or the readers at the head of the queue
     together; ``mode``: the row's mode from now (None: left as it is, exclusive).
 
-    Heirs from entry items (``qout``: the row's ``qout`` we saw): ``qout`` moves to the last
-    heir's ticket, conditional on it being as we saw (nobody else took a turn meanwhile).
-    Heirs from the old inline queue (``qout`` None): each leaves the map, conditional on it
-    still waiting with the ticket we saw.
+    ``qout``: the row's ``qout`` we saw; it moves to the last heir's ticket, conditional on
+    it being as we saw (nobody else took a turn meanwhile).
 
     Conditional on our token and on the stored fence being below every heir's (the heirs'
     fences differ: the row keeps the largest). The row's lease end and ``userId`` are the
@@ -451,19 +419,14 @@ def hand_over(
         ":tok": token,
         ":hold": hold_ms,
     }
-    removes, sets, conds = ["#h.#t"], [], ["attribute_exists(#h.#t)"]
-    for i, (heir, ticket, entry) in enumerate(heirs):
+    sets, conds = [], ["attribute_exists(#h.#t)"]
+    for i, (heir, _, entry) in enumerate(heirs):
         names[f"#n{i}"] = heir
         values[f":entry{i}"] = holder_value(entry)
         sets.append(f"#h.#n{i} = :entry{i}")
-        if qout is None:
-            values[f":ticket{i}"] = ticket
-            removes.append(f"#q.#n{i}")
-            conds.append(f"#q.#n{i}.t = :ticket{i}")
-    if qout is not None:
-        sets.append("#qout = :nqout")
-        conds.append("#qout = :sqout")
-        values.update({":nqout": max(ticket for _, ticket, _ in heirs), ":sqout": qout})
+    sets.append("#qout = :nqout")
+    conds.append("#qout = :sqout")
+    values.update({":nqout": max(ticket for _, ticket, _ in heirs), ":sqout": qout})
     sets += ["#fence = :fence", "#uid = if_not_exists(#uid, :uid)", "#exp = :exp"]
     sets.append("#expMs = :expMs")
     sets += ["#last = :tok", "#hold = :hold"]
@@ -472,7 +435,7 @@ def hand_over(
         sets.append("#mode = :mode")
         values[":mode"] = mode
     conds.append("#fence < :low")
-    update = "REMOVE " + ", ".join(removes) + " SET " + ", ".join(sets)
+    update = "REMOVE #h.#t SET " + ", ".join(sets)
     return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
 
 
@@ -491,7 +454,7 @@ def take_ticket(resource: str, qbase: int, *, if_busy_ms: int | None = None) -> 
     values: dict[str, Any] = {":one": 1, ":zero": 0, ":base": qbase}
     condition = ""
     if if_busy_ms is not None:
-        condition = "((size(#h) > :zero AND #expMs >= :busy) OR #qin > #qout OR size(#q) > :zero)"
+        condition = "((size(#h) > :zero AND #expMs >= :busy) OR #qin > #qout)"
         values[":busy"] = if_busy_ms
     return _action(resource, LOCK_SK, update, condition, names, values)
 

@@ -207,9 +207,8 @@ def take_slot(  # noqa: PLR0912, PLR0915  (issue 41: split)
                 values[":slot"] = slot
         else:
             raise ValueError(f"unknown take {how!r}")
-    q_sets, q_removes, q_conds = _queue_clauses("", queue, names, values)
+    q_sets, q_conds = _queue_clauses(queue, values)
     sets += q_sets
-    removes += q_removes
     conds += q_conds
     update = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
     return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)

@@ -7,8 +7,8 @@ reader: ``rc``, how many readers were admitted to items and have not given them 
 the epoch ``repoch``; ``rlease``, the longest lease admitted in the epoch (ms); ``rlast``, the
 last admission's epoch and token (so that one sent again after its answer was lost is not
 counted twice: :func:`admit`); and a holder entry, ``readers``
-(:data:`SENTINEL`), whose lease end covers every reader item's. To every writer (an older
-dynasem's too) that entry is a live shared holder: it waits, as for an inline reader.
+(:data:`SENTINEL`), whose lease end covers every reader item's. To every writer that entry
+is a live shared holder: it waits, as for a reader in the row.
 
 A reader item is ``sk = "r#<token>"`` (:func:`reader_sk`): ``u`` user, ``e`` lease end, ``f``
 fence, ``a`` taken at, ``p`` process, ``ep`` the epoch it was admitted under; ``expires`` for
@@ -138,7 +138,7 @@ def epoch_of(seen: LockItem, stale_ms: int, now_ms: int) -> int:
 
 def admission_mark(token: str, epoch: int) -> str:
     """What an admission leaves on the row (``rlast``): the epoch it counted its reader in
-    and the reader's token. The epoch too: an older dynasem opens an epoch without it."""
+    and the reader's token (the epoch too: a mark of an earlier epoch never matches)."""
     return f"{epoch}.{token}"
 
 
@@ -215,12 +215,10 @@ def admit(
     else:
         _open(resource, seen, stale_ms, limit, user_id, epoch, sets, conds, values)
     names = dict(_NAMES)
-    q_sets, q_removes, q_conds = _queue_clauses("", queue, names, values)
+    q_sets, q_conds = _queue_clauses(queue, values)
     sets += q_sets
     conds += q_conds
     update = "SET " + ", ".join(sets)
-    if q_removes:
-        update += " REMOVE " + ", ".join(q_removes)
     if adds:
         update += " ADD " + ", ".join(adds)
     return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)

@@ -31,10 +31,6 @@ deleted on the way (only a waiter that gives up deletes its own): those below ``
 never read again, and TTL takes them. ``qbase`` (set with the first ticket) names the queue,
 so that entries left from before a reap of the row are never read as its new queue's.
 
-Rows written by an earlier dynasem may hold a ``queue`` map of waiters (token -> ``{t: ticket,
-e: entry lease end, ...}``): those waiters came first, are handed the lock first and leave
-the map when they take it; new waiters never join it, so it drains.
-
 run_once rows live beside them under ``sk`` = ``"job"`` and carry no ``expires``: TTL and the
 reaper never see them.
 """
@@ -55,11 +51,9 @@ from ..conf import settings
 
 LOCK_SK = "lock"
 JOB_SK = "job"
-# v2: keys-only projections over a bucketed ``expires`` (v1, projecting ALL over exact
-# seconds, is what `dynasem_createtable --upgrade` replaces).
+# Keys-only projections over a bucketed ``expires``.
 USER_INDEX = "userId-index-v2"
 EXPIRES_INDEX = "expires-index-v2"
-OLD_INDEXES = ("userId-index", "expires-index")
 # The width of an ``expires`` bucket (seconds). Wider: fewer index moves for long holds;
 # narrower: fewer idle rows (released this bucket) read and left out by a live listing.
 BUCKET_S = 900
@@ -141,8 +135,7 @@ class Holder:
 @dataclass(frozen=True, slots=True)
 class Waiter:
     """One queue entry: an item of its own under the resource's key (``sk`` =
-    :func:`entry_sk`), or, as written by an earlier dynasem, an entry of the row's ``queue``
-    map (still honoured: see :mod:`dynasem._engine.queue`)."""
+    :func:`entry_sk`)."""
 
     ticket: int  # first come, first served: the smallest live ticket is next
     expires_ms: int  # the entry's own lease end; a dead waiter's entry may be evicted
@@ -151,8 +144,8 @@ class Waiter:
     lease_ms: int | None = None  # the lease a hand-over grants it
     address: str | None = None  # where a hand-over is pushed (wakeup's format), if anywhere
     proc: str | None = None  # the waiting process: a hand-over records it in the holder entry
-    token: str = ""  # whose entry (an entry item names it; a map entry is keyed by it)
-    since_ms: int | None = None  # when it queued (for listings; older entries have none)
+    token: str = ""  # whose entry
+    since_ms: int | None = None  # when it queued (for listings)
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,15 +155,10 @@ class LockItem:
 
     resource: str = ""
     holders: Mapping[str, Holder] = field(default_factory=dict)
-    queue: Mapping[str, Waiter] = field(default_factory=dict)
-    # Whether the row has a queue map at all (even an empty one): a taker's and an
-    # enqueue's conditions differ on it.
-    has_queue: bool = False
     fence: int = 0  # the last fence handed out for the resource
     expires_ms: int = 0  # the latest lease end of its holders (the row's own expiry)
     mode: str = "x"
     limit: int = 1
-    ticket: int = 0  # the last ticket of the old, inline queue (read, never written)
     # The queue of entry items: tickets 1, 2, ... handed out by ``ADD qin 1``; every ticket
     # up to ``qout`` has had its turn (or was passed: left, dead, or skipped). Waiters wait
     # while qin > qout. ``qbase`` names this row's queue (set with its first ticket), so
@@ -344,17 +332,13 @@ def lock_item(item: Mapping[str, Any] | None) -> LockItem | None:
         return None
 
     number, text = functools.partial(_number, item), functools.partial(_text, item)
-    queue = item.get("queue")
     return LockItem(
         resource=str(item.get("pk", "")),
         holders={t: holder_of(h) for t, h in (item.get("holders") or {}).items()},
-        queue={t: waiter_of(w, t) for t, w in (queue or {}).items()},
-        has_queue=queue is not None,
         fence=number("fence") or 0,
         expires_ms=number("expMs") or 0,
         mode=text("mode") or "x",
         limit=number("limit") or 1,
-        ticket=number("ticket") or 0,
         qin=number("qin") or 0,
         qout=number("qout") or 0,
         qbase=number("qbase") or 0,
@@ -494,18 +478,4 @@ def index_definitions() -> tuple[dict[str, Any], dict[str, Any]]:
             ],
             "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["mode"]},
         },
-    )
-
-
-def old_layout(description: Mapping[str, Any]) -> str | None:
-    """For a described table that still has an older version's indexes instead of this
-    one's: what it has and the command that upgrades it. None otherwise."""
-    have = {g["IndexName"] for g in description.get("GlobalSecondaryIndexes", [])}
-    old = [name for name in OLD_INDEXES if name in have]
-    missing = [d["IndexName"] for d in index_definitions() if d["IndexName"] not in have]
-    if not (old and missing):
-        return None
-    return (
-        f"it has the old index layout ({', '.join(old)}: ALL projections, moved by every "
-        "write): run `manage.py dynasem_createtable --upgrade`"
     )

@@ -12,8 +12,7 @@ from ...exceptions import SemaphoreUnavailable
 class Command(BaseCommand):
     help = (
         "Create the DynamoDB lock table (on-demand billing, a GSI on userId, a sharded GSI on "
-        "expires) and turn on TTL on expires. Safe to run again; --upgrade brings a table "
-        "made by an older dynasem to this version's indexes in place."
+        "expires) and turn on TTL on expires. Safe to run again."
     )
 
     def add_arguments(self, parser: Any) -> None:
@@ -22,30 +21,15 @@ class Command(BaseCommand):
             "--dry-run", action="store_true", help="print the table definition, create nothing"
         )
         parser.add_argument(
-            "--upgrade",
-            action="store_true",
-            help="on an existing table of an older layout: add this version's indexes, wait "
-            "until DynamoDB has filled them, then drop the old ones (locks keep working)",
-        )
-        parser.add_argument(
             "--json", action="store_true", help="print one JSON object: what was done"
         )
 
-    def handle(
-        self, *args: Any, wait: bool, dry_run: bool, upgrade: bool = False, **options: Any
-    ) -> None:
+    def handle(self, *args: Any, wait: bool, dry_run: bool, **options: Any) -> None:
         definition = records.table_definition()
         name = definition["TableName"]
         as_json = options.get("json", False)
         facts: dict[str, Any] = {"table": name, "endpoint": dynamodb.endpoint_label()}
-        if upgrade and dry_run:
-            raise CommandError("--upgrade and --dry-run do not go together")
-        if upgrade:
-            try:
-                message = self.upgrade(name, facts, quiet=as_json)
-            except SemaphoreUnavailable as exc:
-                raise CommandError(str(exc)) from exc
-        elif dry_run:
+        if dry_run:
             if as_json:
                 self.stdout.write(json.dumps({**facts, "dry_run": True, "definition": definition}))
                 return
@@ -69,9 +53,6 @@ class Command(BaseCommand):
         facts["created"] = existing is None
         if existing is not None:
             have = {g["IndexName"] for g in existing.get("GlobalSecondaryIndexes", [])}
-            problem = records.old_layout(existing)
-            if problem is not None:
-                raise CommandError(f"table {name!r} exists, but {problem}")
             missing = {records.USER_INDEX, records.EXPIRES_INDEX} - have
             if missing:
                 raise CommandError(
@@ -100,28 +81,3 @@ class Command(BaseCommand):
         else:
             message += " TTL is on for 'expires'."
         return message
-
-    def upgrade(
-        self, name: str, facts: dict[str, Any] | None = None, *, quiet: bool = False
-    ) -> str:
-        facts = {} if facts is None else facts
-        existing = schema.describe_table()
-        if existing is None:
-            raise CommandError(
-                f"table {name!r} does not exist at {dynamodb.endpoint_label()}: run "
-                "`manage.py dynasem_createtable` (without --upgrade) to create it"
-            )
-        have = {g["IndexName"] for g in existing.get("GlobalSecondaryIndexes", [])}
-        if (
-            not have & set(records.OLD_INDEXES)
-            and {records.USER_INDEX, records.EXPIRES_INDEX} - have
-        ):
-            raise CommandError(
-                f"table {name!r} has neither dynasem's old nor its new indexes: it was not "
-                "made by dynasem_createtable; delete it or set another TABLE_NAME"
-            )
-        done = schema.upgrade_indexes(name, say=(lambda _: None) if quiet else self.stdout.write)
-        facts["upgraded"] = done
-        if not done:
-            return f"Table {name!r} already has this version's indexes; nothing to do."
-        return f"Upgraded table {name!r}: {'; '.join(done)}."
