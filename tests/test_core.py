@@ -31,10 +31,8 @@ from dynasem import (
 from dynasem import (
     _clock as clock,
 )
-from dynasem import (
-    _storage as table,
-)
 from dynasem._operators import locks as operations
+from dynasem._storage import dynamodb, lock_rows
 from dynasem.signals import lock_acquired, lock_busy, lock_lost, lock_released
 from tests.conftest import RequestCounter, dynasem_settings, queue_of
 
@@ -310,7 +308,7 @@ def test_user_id_recorded(lock_table: str, make_user: Callable[[], Any], expecte
         assert held.user_id == expected
         (hold,) = holds("res")
         assert hold.user_id == expected
-        assert table.stored_item("res")["userId"] == expected  # type: ignore[index]
+        assert lock_rows.stored_item("res")["userId"] == expected  # type: ignore[index]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -634,7 +632,7 @@ def test_fences_strictly_increase_over_many_acquisitions(lock_table: str) -> Non
     with semaphore("res") as held:
         fences.append(held.fence)
     assert all(a < b for a, b in zip(fences, fences[1:], strict=False)), fences
-    assert table.stored_item("res")["fence"] == fences[-1]  # type: ignore[index]
+    assert lock_rows.stored_item("res")["fence"] == fences[-1]  # type: ignore[index]
 
 
 def test_fences_increase_when_wall_clock_is_behind(
@@ -671,7 +669,7 @@ def reap_until_gone(resource: str, timeout: float = 6.0) -> str:
         out = io.StringIO()
         call_command("dynasem_reap", stdout=out)
         output += out.getvalue()
-        if table.stored_item(resource) is None:
+        if lock_rows.stored_item(resource) is None:
             return output
         assert time.monotonic() < deadline, f"the row was never reaped: {output}"
         time.sleep(0.2)
@@ -727,7 +725,7 @@ def no_table_requests() -> Iterator[RequestCounter]:
     """Counts the requests of the test settings' client; no table is made, as the arguments
     checked here must be refused before any request (one would be counted, then fail)."""
     counter = RequestCounter()
-    client = table.get_client()
+    client = dynamodb.get_client()
     client.meta.events.register("before-call.dynamodb", counter)
     yield counter
     client.meta.events.unregister("before-call.dynamodb", counter)
@@ -839,7 +837,7 @@ def test_lease_setting_not_longer_than_clock_skew_refused(
     settings = dynasem_settings(dynamodb_local, lock_table, LEASE=3, CLOCK_SKEW=5)
     with override_settings(DYNASEM=settings):
         counter = RequestCounter()
-        table.get_client().meta.events.register("before-call.dynamodb", counter)
+        dynamodb.get_client().meta.events.register("before-call.dynamodb", counter)
         with pytest.raises(ValueError, match="CLOCK_SKEW"):
             semaphore("res").acquire()
         assert counter.total == 0
@@ -1008,7 +1006,7 @@ def test_unreachable_endpoint_is_not_busy_and_names_endpoint(lock_table: str, wa
 
 
 def test_cancelled_async_acquire_leaves_no_hold(lock_table: str) -> None:
-    client = table.get_client()
+    client = dynamodb.get_client()
 
     def slow_network(**kwargs: Any) -> None:
         time.sleep(0.4)
@@ -1093,16 +1091,16 @@ def test_a_raising_acquired_receiver_gives_the_hold_back(
 def test_an_interrupt_after_the_taking_write_gives_the_hold_back(
     lock_table: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    update = table.update
+    update = lock_rows.update
 
     def interrupted(*args: Any, **kwargs: Any) -> Any:
         update(*args, **kwargs)  # the write lands...
         raise KeyboardInterrupt  # ...and Ctrl-C comes before its answer is used
 
-    monkeypatch.setattr(table, "update", interrupted)
+    monkeypatch.setattr(lock_rows, "update", interrupted)
     with pytest.raises(KeyboardInterrupt), semaphore("res:interrupt", lease=30):
         pytest.fail("the block must not run")
-    monkeypatch.setattr(table, "update", update)
+    monkeypatch.setattr(lock_rows, "update", update)
     assert holds("res:interrupt") == []
 
 

@@ -17,10 +17,8 @@ from dynasem import (
     TableMissing,
     semaphore,
 )
-from dynasem import (
-    _storage as table,
-)
 from dynasem._operators.locks import active_holds, holds_on
+from dynasem._storage import dynamodb, lock_rows, lock_writes, records
 from dynasem.conf import settings
 from dynasem.signals import lock_lost
 from tests.conftest import enqueue_entry
@@ -29,7 +27,7 @@ from tests.faults import Faults
 
 @pytest.fixture
 def faults(lock_table):
-    with Faults(table.get_client()) as f:
+    with Faults(dynamodb.get_client()) as f:
         yield f
 
 
@@ -131,13 +129,13 @@ def test_non_transient_refusal_is_not_retried(faults):
 )
 def test_heartbeat_survives_transient_failures(lock_table):
     with override_settings(DYNASEM=dict(settings.raw, CLOCK_SKEW=0.2)):
-        with Faults(table.get_client()) as faults:
+        with Faults(dynamodb.get_client()) as faults:
             held = semaphore("hb:1", lease=1.2).acquire()
-            first_end = table.stored_item("hb:1")["holders"][held.token]["e"]
+            first_end = lock_rows.stored_item("hb:1")["holders"][held.token]["e"]
             faults.connection_error("UpdateItem", 5)  # a blip longer than botocore's retries
             time.sleep(2.5)
             assert not held.lost
-            assert table.stored_item("hb:1")["holders"][held.token]["e"] > first_end + 1000
+            assert lock_rows.stored_item("hb:1")["holders"][held.token]["e"] > first_end + 1000
             held.release()
 
 
@@ -150,7 +148,7 @@ def test_heartbeat_declares_loss_only_at_the_deadline(lock_table):
     lock_lost.connect(on_lost, weak=False)
     try:
         with override_settings(DYNASEM=dict(settings.raw, CLOCK_SKEW=0.2)):
-            with Faults(table.get_client()) as faults:
+            with Faults(dynamodb.get_client()) as faults:
                 held = semaphore("hb:2", lease=1.2).acquire()
                 time.sleep(0.5)  # at least one renewal has succeeded
                 faults.connection_error("*", 10_000)
@@ -198,9 +196,9 @@ def test_missing_table_names_the_command(dynamodb_local):
 
 
 def test_table_missing_an_index_says_so(dynamodb_local, lock_table):
-    client = table.get_client()
+    client = dynamodb.get_client()
     name = "no-indexes"
-    definition = table.table_definition(name)
+    definition = records.table_definition(name)
     definition.pop("GlobalSecondaryIndexes")
     definition["AttributeDefinitions"] = definition["AttributeDefinitions"][:2]  # pk, sk
     client.create_table(**definition)
@@ -226,7 +224,7 @@ def test_logs_never_carry_tokens(lock_table, caplog):
     break_holds("secret:1")
     with pytest.raises(LockLost):
         held.release()
-    with Faults(table.get_client()) as faults:
+    with Faults(dynamodb.get_client()) as faults:
         faults.connection_error("*", 100)
         other.release()  # cannot reach DynamoDB: logged, lease left to lapse
     assert "secret:1" in caplog.text
@@ -240,7 +238,7 @@ def test_a_hand_over_whose_answer_was_lost_is_no_lost_hold(faults):
     held and given back meanwhile. That refusal is our own hand-over, not a loss."""
     held = semaphore("handed", lease=30).acquire()
     now = dynasem._clock.now_ms()
-    heir = table.Waiter(now * 1000 + 10**9, now + 30_000, "heir")
+    heir = records.Waiter(now * 1000 + 10**9, now + 30_000, "heir")
     enqueue_entry("handed", "heir-token", heir)
     held.renew()  # the holder learns of its heir
     lose = faults.lose_response("UpdateItem", 1)
@@ -255,15 +253,17 @@ def test_a_hand_over_whose_answer_was_lost_is_no_lost_hold(faults):
             client = faults_free_client()
             client.update_item(
                 TableName=settings.TABLE_NAME,
-                **table.give_back("handed", "heir-token", dynasem._clock.now_ms(), sole=True),
+                **lock_writes.give_back("handed", "heir-token", dynasem._clock.now_ms(), sole=True),
             )
 
     heir_takes_and_releases.done = False
-    table.get_client().meta.events.register("needs-retry.dynamodb", heir_takes_and_releases)
+    dynamodb.get_client().meta.events.register("needs-retry.dynamodb", heir_takes_and_releases)
     try:
         held.release()  # no LockLost: the hold was ours until we handed it over
     finally:
-        table.get_client().meta.events.unregister("needs-retry.dynamodb", heir_takes_and_releases)
+        dynamodb.get_client().meta.events.unregister(
+            "needs-retry.dynamodb", heir_takes_and_releases
+        )
     assert heir_takes_and_releases.done and lose.fired == 1
     assert held.released and not held.lost and lost == []
     assert holds_on("handed") == []
