@@ -190,20 +190,20 @@ def fenced_increment(path: str, fence: int, pause: float) -> tuple[str, int]:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
-            hw = _read_hw(hw_fd)
+            slots_used = _read_hw(hw_fd)
             last_fence, value = _last_line(fd)
-            if fence < hw or fence < _read_hw(hw_fd, READER_HW) or fence <= last_fence:
+            if fence < slots_used or fence < _read_hw(hw_fd, READER_HW) or fence <= last_fence:
                 return "fenced-read", value
-            if fence > hw:
+            if fence > slots_used:
                 _write_hw(hw_fd, fence)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
         time.sleep(pause)  # the "work" between read and write: only dynasem excludes others
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
-            hw = _read_hw(hw_fd)
+            slots_used = _read_hw(hw_fd)
             last_fence, _ = _last_line(fd)
-            if fence < hw or fence < _read_hw(hw_fd, READER_HW) or fence <= last_fence:
+            if fence < slots_used or fence < _read_hw(hw_fd, READER_HW) or fence <= last_fence:
                 return "fenced-write", value + 1
             os.write(fd, f"{fence} {value + 1}\n".encode())  # O_APPEND, one syscall
             os.fsync(fd)

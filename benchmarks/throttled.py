@@ -277,10 +277,10 @@ def out_of_order(records: list[dict[str, Any]]) -> tuple[int, int]:
     ticketed = sorted((r["acq"], r["ticket"]) for r in records if r["ticket"] and "acq" in r)
     latest: dict[int, int] = {}
     late = 0
-    for _, (qbase, qin) in ticketed:
-        if qin < latest.get(qbase, 0):
+    for _, (queue_id, queue_in) in ticketed:
+        if queue_in < latest.get(queue_id, 0):
             late += 1
-        latest[qbase] = max(latest.get(qbase, 0), qin)
+        latest[queue_id] = max(latest.get(queue_id, 0), queue_in)
     return len(ticketed), late
 
 

@@ -384,9 +384,9 @@ def enqueue_entry(resource: str, token: str, waiter: Any) -> int:
 
     row = lock_rows.update(lock_writes.take_ticket(resource, clock.new_fence(0)), return_new=True)
     assert row is not None
-    waiter = dataclasses.replace(waiter, ticket=row.qin, token=token)
-    queue_entries.put_entry(resource, row.qbase, waiter)
-    return row.qin
+    waiter = dataclasses.replace(waiter, ticket=row.queue_in, token=token)
+    queue_entries.put_entry(resource, row.queue_id, waiter)
+    return row.queue_in
 
 
 # -- several hosts on one machine (tests/netns.py): test_hosts.py, test_lead_hosts.py ------------

@@ -315,7 +315,7 @@ def test_a_reader_that_left_the_line_costs_the_hand_over_nothing(
     quitter.start()
     wait_for_queue(resource, 2)
     writer.renew()  # the writer sees two tickets out...
-    assert writer._row is not None and writer._row.qin - writer._row.qout == 2
+    assert writer._row is not None and writer._row.queue_in - writer._row.queue_out == 2
     quitter.join(10)  # ...then the second reader gives up and leaves the line
     assert isinstance(out["quit"], SemaphoreBusy) and len(queue_of(resource)) == 1
     queries = _queries(monkeypatch)

@@ -33,7 +33,13 @@ def in_line(queue: dict[str, records.Waiter]) -> dict[str, Any]:
     waiter read: every ticket up to the last one read (a ticket with no entry: one that left)."""
     entries = sorted((dataclasses.replace(w, token=t) for t, w in queue.items()), key=ticket_of)
     last = max((w.ticket for w in entries), default=0)
-    return {"qbase": 1, "qin": last, "qout": 0, "entries": tuple(entries), "entries_to": last}
+    return {
+        "queue_id": 1,
+        "queue_in": last,
+        "queue_out": 0,
+        "entries": tuple(entries),
+        "entries_to": last,
+    }
 
 
 def ticket_of(w: records.Waiter) -> int:
@@ -328,7 +334,7 @@ def test_free_room_counts_free_permits_inline_and_in_permit_items(frozen: int) -
     )
     assert queueing.free_room(Counting(3), two_held, frozen) == 1  # type: ignore[arg-type]
     assert queueing.free_room(Counting(3), expired, frozen) == 1  # type: ignore[arg-type]
-    permit_row = records.LockItem(hw=10, hints=(3, 3, 7))  # a hint twice counts once
+    permit_row = records.LockItem(slots_used=10, hints=(3, 3, 7))  # a hint twice counts once
     assert queueing.free_room(Counting(12), permit_row, frozen) == 4  # type: ignore[arg-type]
     assert queueing.free_room(Counting(1), two_held, frozen) == 0  # type: ignore[arg-type]
     assert queueing.free_room(Counting(3, shared=True), two_held, frozen) == 0  # type: ignore[arg-type]
@@ -380,7 +386,7 @@ def test_a_look_at_an_older_row_never_draws_a_second_ticket(lock_table, monkeypa
 
     holder = semaphore("stale:q", lease=10).acquire()
     before_any_ticket = lock_rows.get("stale:q")
-    assert before_any_ticket is not None and before_any_ticket.qbase == 0
+    assert before_any_ticket is not None and before_any_ticket.queue_id == 0
     real_get = lock_rows.get
 
     def stale_get(resource: str, *, consistent: bool = True) -> Any:
@@ -394,4 +400,4 @@ def test_a_look_at_an_older_row_never_draws_a_second_ticket(lock_table, monkeypa
         monkeypatch.undo()
         holder.release()
     after = lock_rows.get("stale:q")
-    assert after is not None and after.qin == 1  # one ticket: the waiter never joined again
+    assert after is not None and after.queue_in == 1  # one ticket: the waiter never joined again

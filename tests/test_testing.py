@@ -425,7 +425,7 @@ def test_dynasems_size_conditions_on_a_reaped_row_are_refused_not_unavailable(ei
     # queue made anew): a newcomer joins behind the waiters.
     enqueue_entry("queued", "w1", Waiter(0, now + 10_000))
     lock_rows.update(take_ticket("queued", now * 1000, if_busy_ms=now))
-    assert set(queue_of("queued")) == {"w1"} and lock_rows.get("queued").qin == 2
+    assert set(queue_of("queued")) == {"w1"} and lock_rows.get("queued").queue_in == 2
 
 
 def test_a_counting_lock_reaped_between_the_read_and_the_join_is_taken(either_engine):

@@ -281,7 +281,7 @@ class Semaphore:
                     left = max(0.0, deadline - clock.monotonic())
                     return (yield from readers.acquire_many(self, token=token, user_id=user_id,
                         proc=proc, lease=lease, wait=left, skew=skew, margin=margin))  # fmt: skip
-                if queueing.passed(seen.get(resources[0]), pace.qbase, pace.ticket):
+                if queueing.passed(seen.get(resources[0]), pace.queue_id, pace.ticket):
                     pace.ticket = None  # our turn went by (or the row is new): join again
                 plans = {
                     r: planning.plan(
@@ -300,7 +300,7 @@ class Semaphore:
                             # caller's failure while its wait lasts (issue 40).
                             seen[r] = yield from queueing.patient_read(
                                 functools.partial(permit_items.with_permits, old, consistent=True)
-                                if old.hw is not None and not old.permits_read
+                                if old.slots_used is not None and not old.permits_read
                                 else functools.partial(queue_entries.load_entries, old, upto),
                                 old,
                                 pace,

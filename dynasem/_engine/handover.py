@@ -65,7 +65,7 @@ def heirs_of(row: records.LockItem | None) -> tuple[Heirs, int, records.LockItem
     if row is None or not row.waiting:
         return [], 0, row
     if row.entries is not None:
-        return next_in_line(_entries(row), now), row.qout, row
+        return next_in_line(_entries(row), now), row.queue_out, row
     # An eventually consistent read first (half the units of a consistent one). It is taken
     # only if the heirs it shows are the very next tickets after qout, every one there: a
     # waiter that just queued can be missing from it, and skipping its ticket would serve a
@@ -78,16 +78,16 @@ def heirs_of(row: records.LockItem | None) -> tuple[Heirs, int, records.LockItem
     quick = queue_entries.load_entries(row, consistent=False)
     heirs = next_in_line(_entries(quick), now)
     if heirs and _contiguous(quick, heirs):
-        return heirs, quick.qout, quick
+        return heirs, quick.queue_out, quick
     row = queue_entries.load_entries(row)
-    return next_in_line(_entries(row), now), row.qout, row
+    return next_in_line(_entries(row), now), row.queue_out, row
 
 
 def _contiguous(row: records.LockItem, heirs: Heirs) -> bool:
     """Are ``heirs`` tickets qout + 1, qout + 2, ...: nobody missing or passed over before or
     among them? (An entry such a read shows dead may have been renewed since.)"""
     tickets = [waiter.ticket for _, waiter in heirs]
-    return tickets == list(range(row.qout + 1, row.qout + 1 + len(tickets)))
+    return tickets == list(range(row.queue_out + 1, row.queue_out + 1 + len(tickets)))
 
 
 def release_terms(row: records.LockItem | None, skew: float) -> dict[str, Any]:
@@ -97,9 +97,9 @@ def release_terms(row: records.LockItem | None, skew: float) -> dict[str, Any]:
     if row is None or not row.waiting:
         return {"queue_idle": True}
     stale = clock.now_ms() - int(skew * 1000)
-    if row.entries is not None and row.entries_to >= row.qin:
+    if row.entries is not None and row.entries_to >= row.queue_in:
         if all(w.expires_ms < stale for w in row.entries):
-            return {"pass_to": row.qin}
+            return {"pass_to": row.queue_in}
     return {}
 
 

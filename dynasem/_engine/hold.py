@@ -112,8 +112,8 @@ class Held:
         ``qout`` a hand-over to them is conditional on (see :func:`heirs.heirs_of`)."""
         if self.semaphore.mode != MODE_EXCLUSIVE or len(self.resources) != 1:
             return [], 0
-        found, qout, self._row = heirs.heirs_of(self._row)
-        return found, qout
+        found, queue_out, self._row = heirs.heirs_of(self._row)
+        return found, queue_out
 
     # -- what users read ---------------------------------------------------------------------
 
@@ -366,7 +366,7 @@ class Held:
             if self._lost is not None:
                 return None
             try:
-                found, qout = self._heirs()
+                found, queue_out = self._heirs()
             except SemaphoreUnavailable:
                 # The queue could not be read (throttled still after the retries): a plain
                 # release follows, and the first waiter takes the lock at its next look.
@@ -395,7 +395,7 @@ class Held:
                         entries,
                         hold_ms=self._hold_ms(),
                         mode=MODE_SHARED if shared else None,
-                        qout=qout,
+                        queue_out=queue_out,
                     ),
                     return_new=True,
                 )

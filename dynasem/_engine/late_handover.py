@@ -79,11 +79,13 @@ def leave_queue(
         return None
     try:
         gone: records.LockItem | None = yield Request(
-            functools.partial(queue_entries.leave_queue, resource, pace.qbase, ticket, token=token)
+            functools.partial(
+                queue_entries.leave_queue, resource, pace.queue_id, ticket, token=token
+            )
         )
         if gone is not None and token in gone.holders:
             return gone
-        handed = queue_entries.may_be_handed(gone, pace.qbase, ticket, token)
+        handed = queue_entries.may_be_handed(gone, pace.queue_id, ticket, token)
     except SemaphoreUnavailable:
         handed = True  # our entry may be there still (it expires with its lease)
     wakeup.depart(

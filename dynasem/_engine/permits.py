@@ -110,7 +110,7 @@ def acquire_steps(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
     while True:
         now = clock.now_ms()
         stale = now - skew_ms
-        if queueing.passed(seen, pace.qbase, pace.ticket):
+        if queueing.passed(seen, pace.queue_id, pace.ticket):
             pace.ticket = None
         ticket = pace.ticket
         in_way: dict[str, Any] = {}
@@ -138,8 +138,8 @@ def acquire_steps(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
             holder = lock_writes.holder_entry(user_id, now + lease_ms, fence, now, False, proc)
             terms = lock_writes.QueueTerms(
                 mine=ticket,
-                qin=seen.qin,
-                qout=seen.qout,
+                queue_in=seen.queue_in,
+                queue_out=seen.queue_out,
                 served=served,
             )
             action = slots.take_slot(
@@ -179,8 +179,8 @@ def acquire_steps(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
             if (
                 not served
                 and ticket is not None
-                and seen.qin > ticket
-                and (seen.hints or (seen.hw or 0) < sem.limit)
+                and seen.queue_in > ticket
+                and (seen.hints or (seen.slots_used or 0) < sem.limit)
             ):
                 # Room for the next in line too: tell it now (before our permit's write: its
                 # take is of another slot) rather than at its next look.
@@ -218,7 +218,7 @@ def acquire_steps(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
                 try:
                     yield Request(
                         functools.partial(
-                            queue_entries.leave_queue, resource, pace.qbase, ticket, token=token
+                            queue_entries.leave_queue, resource, pace.queue_id, ticket, token=token
                         )
                     )
                 except SemaphoreUnavailable:
@@ -256,7 +256,7 @@ def _plan(
     """The take to send, from the row as seen (reading the permits when every slot is in use
     and no hint is left), or who is in our way."""
     limit = sem.limit
-    if seen.hw is None:
+    if seen.slots_used is None:
         live = queueing.live_holders(seen, stale)
         if live and seen.expires_ms >= stale:
             # Held in the row: an exclusive, shared or few-permit hold (another limit).
@@ -269,13 +269,13 @@ def _plan(
         return _Plan("reset", 0)
     if seen.hints:
         return _Plan("pop")
-    if seen.hw < limit:
+    if seen.slots_used < limit:
         return _Plan("grow")
     now = clock.now_ms()
     if not scan.due(now):
         return _Plan(in_way={p.token: p.holder for p in scan.held})
     slot, dead, held = yield Request(
-        functools.partial(slots.find_free, resource, seen.hw, stale, _proven_dead)
+        functools.partial(slots.find_free, resource, seen.slots_used, stale, _proven_dead)
     )
     scan.held = held
     if slot is not None:
@@ -301,7 +301,7 @@ def _slot_taken(plan: _Plan, before: records.LockItem) -> int:
     if plan.how == "pop":
         return before.hints[0]
     if plan.how == "grow":
-        return before.hw or 0
+        return before.slots_used or 0
     return plan.slot or 0
 
 
@@ -316,26 +316,26 @@ def _after_take(
 ) -> records.LockItem:
     """The row as our take left it (from the row before it; ``served``: a take that left the
     queue as it was)."""
-    hints, hw = before.hints, before.hw or 0
+    hints, slots_used = before.hints, before.slots_used or 0
     if how == "pop":
         hints = hints[1:]
     elif how == "grow":
-        hw += 1
+        slots_used += 1
     elif how in ("create", "reset"):
-        hints, hw = (), 1
+        hints, slots_used = (), 1
     if served:
-        qout = before.qout
+        queue_out = before.queue_out
     elif ticket is not None:
-        qout = ticket
+        queue_out = ticket
     else:
-        qout = before.qin if before.qin > before.qout else before.qout
+        queue_out = before.queue_in if before.queue_in > before.queue_out else before.queue_out
     return dataclasses.replace(
         before,
         resource=resource,
         fence=fence,
         hints=hints,
-        hw=hw,
-        qout=qout,
+        slots_used=slots_used,
+        queue_out=queue_out,
         limit=limit,
         mode="n",
         holders={},
@@ -501,7 +501,7 @@ def _acquire_many(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
             if plan.how == "pop":
                 plan.slot = row.hints[0]
             elif plan.how == "grow":
-                plan.slot = row.hw
+                plan.slot = row.slots_used
             if plan.how:
                 plans[r] = plan
             else:
@@ -515,7 +515,7 @@ def _acquire_many(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
                 row, plan = seen[r] or records.LockItem(resource=r), plans[r]
                 fences[r] = max(clock.new_fence(skew), row.fence + 1)
                 holder = lock_writes.holder_entry(user_id, expires_ms, fences[r], now, False, proc)
-                terms = lock_writes.QueueTerms(qin=row.qin, qout=row.qout)
+                terms = lock_writes.QueueTerms(queue_in=row.queue_in, queue_out=row.queue_out)
                 actions.append(
                     slots.take_slot(
                         r,
@@ -524,7 +524,7 @@ def _acquire_many(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
                         limit=sem.limit,
                         queue=terms,
                         slot=plan.slot,
-                        seen_hw=row.hw,
+                        seen_hw=row.slots_used,
                         seen_fence=row.fence,
                         stale_ms=stale,
                         expires_ms=expires_ms,

@@ -130,7 +130,7 @@ class Push(NamedTuple):
 
 def _state(item: records.LockItem) -> tuple[int, int]:
     """How far on a row is: its fence (every take draws a larger one), then its queue."""
-    return item.fence, item.qout
+    return item.fence, item.queue_out
 
 
 class _Slot:

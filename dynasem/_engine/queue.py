@@ -65,7 +65,7 @@ def not_proven_dead(holders: Mapping[str, records.Holder]) -> dict[str, records.
 def upto_of(seen: records.LockItem, ticket: int | None) -> int:
     """The last ticket ahead of us: ours less one if we are queued (even if ``seen`` is an
     older row, from before our ticket was drawn), else every ticket out."""
-    return seen.qin if ticket is None else ticket - 1
+    return seen.queue_in if ticket is None else ticket - 1
 
 
 def entries_ahead(
@@ -77,7 +77,7 @@ def entries_ahead(
     if seen is None:
         return []
     upto = upto_of(seen, ticket)
-    if upto <= seen.qout:
+    if upto <= seen.queue_out:
         return []
     if seen.entries is None:
         return None
@@ -94,29 +94,29 @@ def ahead_count(seen: records.LockItem | None, ticket: int | None, stale_ms: int
     if seen is None:
         return 0
     upto = upto_of(seen, ticket)
-    if upto <= seen.qout:
+    if upto <= seen.queue_out:
         return 0
     if seen.entries is not None:
         read = [w for w in seen.entries if w.ticket <= upto]
         dead = sum(1 for w in read if w.expires_ms < stale_ms)
-        missing = (min(upto, seen.entries_to) - seen.qout) - len(read)
-        return max(0, upto - seen.qout - dead - missing)
-    return upto - seen.qout
+        missing = (min(upto, seen.entries_to) - seen.queue_out) - len(read)
+        return max(0, upto - seen.queue_out - dead - missing)
+    return upto - seen.queue_out
 
 
-def passed(seen: records.LockItem | None, qbase: int, ticket: int | None) -> bool:
+def passed(seen: records.LockItem | None, queue_id: int, ticket: int | None) -> bool:
     """Our ticket has had its turn without us (we were seen gone or dead, or drew it just
     after a release that passed every ticket out), or the row was reaped and is a new one:
     we are queued no more, and join again if we still must wait."""
     if ticket is None or seen is None or seen.guessed:
         return False
-    if seen.qbase < qbase:
+    if seen.queue_id < queue_id:
         # An older version of the row (an eventually consistent look from before our ticket
         # was drawn; qbase comes from the clock and only grows): it tells nothing of our turn.
         # Joining again would queue us behind our own entry, which nobody serves until it
         # expires (issue 40, found on the unkind engine).
         return False
-    return seen.qbase != qbase or seen.qout >= ticket
+    return seen.queue_id != queue_id or seen.queue_out >= ticket
 
 
 def _watched(seen: records.LockItem | None, ticket: int | None, stale_ms: int) -> list[str]:
@@ -135,8 +135,8 @@ def free_room(sem: LockSpec, seen: records.LockItem | None, stale_ms: int) -> in
     and those never used."""
     if sem.limit <= 1 or sem.shared or seen is None:
         return 0
-    if seen.hw is not None:
-        return len(set(seen.hints)) + max(0, sem.limit - seen.hw)
+    if seen.slots_used is not None:
+        return len(set(seen.hints)) + max(0, sem.limit - seen.slots_used)
     return max(0, sem.limit - len(live_holders(seen, stale_ms)))
 
 
@@ -174,7 +174,7 @@ class Pace:
         self.enqueued = False  # an enqueue of ours was sent (it may have been applied)
         # Our place in the resource's queue: its name (the row's qbase), our ticket (None:
         # not queued) and our entry's lease end.
-        self.qbase = 0
+        self.queue_id = 0
         self.ticket: int | None = None
         self.entry_ms = 0
         self.queued_mono = 0.0  # when we joined the queue
@@ -203,7 +203,7 @@ class Pace:
         stale = now - int(skew * 1000)
         ahead = ahead_count(seen, self.ticket, stale)
         live = live_holders(seen, stale)
-        state = (tuple(sorted(live)), seen.qout, ahead)
+        state = (tuple(sorted(live)), seen.queue_out, ahead)
         if state != self.state:
             self.state, self.early = state, 0
         else:
@@ -441,7 +441,7 @@ def wait_in_queue(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
         # our entry can be read.
         address = wakeup.expect(resource, token, lease=lease, skew=skew, now_ms=clock.now_ms)
         pace.enqueued = True  # from now on, giving up means leaving the queue
-        qbase = seen.qbase if seen is not None and seen.qbase else clock.new_fence(0)
+        queue_id = seen.queue_id if seen is not None and seen.queue_id else clock.new_fence(0)
         after: records.LockItem | None = None
         for attempt in range(1, ENQUEUE_TRIES + 1):
             try:
@@ -450,7 +450,7 @@ def wait_in_queue(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
                 after = yield InQueue(
                     functools.partial(
                         lock_rows.update,
-                        lock_writes.take_ticket(resource, qbase, if_busy_ms=if_busy_ms),
+                        lock_writes.take_ticket(resource, queue_id, if_busy_ms=if_busy_ms),
                         return_new=True,
                     ),
                     token,
@@ -466,14 +466,14 @@ def wait_in_queue(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
                 yield Sleep(min(backoff(attempt), max(0.001, remaining)))
         if after is None:
             return seen
-        pace.qbase, pace.ticket = after.qbase, after.qin
+        pace.queue_id, pace.ticket = after.queue_id, after.queue_in
         if telemetry.ON:
-            telemetry.waiting(ahead=max(0, after.qin - after.qout - 1))
+            telemetry.waiting(ahead=max(0, after.queue_in - after.queue_out - 1))
         pace.queued_mono = clock.monotonic()
-        pace.turns = max(1, after.qin - after.qout)
+        pace.turns = max(1, after.queue_in - after.queue_out)
         pace.entry_ms = clock.now_ms() + int(lease * 1000)
         waiter = records.Waiter(
-            ticket=after.qin,
+            ticket=after.queue_in,
             expires_ms=pace.entry_ms,
             user_id=user_id,
             shared=sem.shared,
@@ -486,11 +486,11 @@ def wait_in_queue(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
         for attempt in range(1, ENQUEUE_TRIES + 1):
             try:
                 yield InQueue(
-                    functools.partial(queue_entries.put_entry, resource, pace.qbase, waiter),
+                    functools.partial(queue_entries.put_entry, resource, pace.queue_id, waiter),
                     token,
                     resource,
                     write=True,
-                    entry=(pace.qbase, after.qin),
+                    entry=(pace.queue_id, after.queue_in),
                 )
                 break
             except SemaphoreUnavailable as exc:
@@ -504,7 +504,7 @@ def wait_in_queue(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
             turn_seconds.clear()
         queued_recently[resource] = clock.monotonic()
         return after
-    ticket, entry = pace.ticket, (pace.qbase, pace.ticket or 0)
+    ticket, entry = pace.ticket, (pace.queue_id, pace.ticket or 0)
     push = wakeup.listening(token)
     stale = now - int(skew * 1000)
     room = free_room(sem, seen, stale)
@@ -545,7 +545,7 @@ def wait_in_queue(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
                 our_turn = token in pushed.item.holders or (
                     sem.limit > 1
                     and pace.ticket is not None
-                    and pushed.item.qout >= pace.ticket - 1
+                    and pushed.item.queue_out >= pace.ticket - 1
                 )
                 if our_turn and pace.queued_mono:
                     took = (pushed_recently[resource] - pace.queued_mono) / pace.turns
@@ -578,7 +578,7 @@ def _look(
         try:
             yield Request(
                 lambda: lock_rows.update(
-                    lock_writes.renew_waiter(resource, pace.qbase, ticket, renew_to)
+                    lock_writes.renew_waiter(resource, pace.queue_id, ticket, renew_to)
                 )
             )
             pace.entry_ms = renew_to

@@ -55,7 +55,7 @@ def count_down(resource: str, epoch: int, *, forget: bool = False) -> None:
     write-off, one too low would let it in beside a reader. ``forget``: an admission given
     back (see :func:`dynasem._storage.reader_items.count_down`)."""
     known = rows.get(resource)
-    if known is not None and known.repoch == epoch and known.rc <= 1:
+    if known is not None and known.reader_epoch == epoch and known.reader_count <= 1:
         # Most likely the epoch's only reader: leave and close it in one write.
         try:
             row = lock_rows.update(items.leave_last(resource, epoch), return_new=True)
@@ -70,7 +70,7 @@ def count_down(resource: str, epoch: int, *, forget: bool = False) -> None:
         row = _count_once(resource, epoch, forget)
     except dynamodb.Refused:
         return  # the epoch was written off: the count is gone with it
-    if row is None or row.rc > 0:
+    if row is None or row.reader_count > 0:
         return
     remember(row)
     try:
@@ -170,7 +170,7 @@ class ReaderHeld(Held):
                 return True
             except dynamodb.Refused as refused:
                 old = refused.lock
-                if old is None or old.repoch != epoch or not items.has_readers(old):
+                if old is None or old.reader_epoch != epoch or not items.has_readers(old):
                     return False
                 self.covers[resource] = old.holders[items.SENTINEL].expires_ms
                 if self.covers[resource] >= expires_ms:

@@ -65,8 +65,8 @@ def admitted(
     written off would renew as well, and claims nothing."""
     resource = row.resource
     holder = lock_writes.holder_entry(user_id, expires_ms, row.fence, now_ms, True, proc)
-    undo = functools.partial(reader_held.undo, resource, token, row.repoch)
-    action = items.put_reader(resource, token, holder, row.repoch)
+    undo = functools.partial(reader_held.undo, resource, token, row.reader_epoch)
+    action = items.put_reader(resource, token, holder, row.reader_epoch)
     failures = 0
     while True:
         try:
@@ -96,7 +96,7 @@ def admitted(
     )
     assert isinstance(held, reader_held.ReaderHeld)
     held.covers = {resource: row.holders[items.SENTINEL].expires_ms}
-    held.epochs = {resource: row.repoch}
+    held.epochs = {resource: row.reader_epoch}
     return held
 
 
@@ -113,14 +113,14 @@ def write_off_due(
     a crowd of writers behind them does not read them at every change)."""
     if seen is None or set(blocking) != {items.SENTINEL} or seen.guessed:
         return False
-    first = not seen.waiting if ticket is None else seen.qout >= ticket - 1
-    key = (seen.resource, seen.repoch, seen.fence, seen.rc)
+    first = not seen.waiting if ticket is None else seen.queue_out >= ticket - 1
+    key = (seen.resource, seen.reader_epoch, seen.fence, seen.reader_count)
     mono = clock.monotonic()
     if key not in _watched:
         if len(_watched) >= MAX_WATCHED:
             _watched.clear()
-        early = mono if seen.rc <= FEW and first else math.inf
-        _watched[key] = (mono + seen.rlease / 1000 + skew, early)
+        early = mono if seen.reader_count <= FEW and first else math.inf
+        _watched[key] = (mono + seen.reader_lease_ms / 1000 + skew, early)
     due, early = _watched[key]
     return mono >= min(due, early)
 
@@ -134,14 +134,14 @@ def try_write_off(seen: records.LockItem | None, skew: float) -> records.LockIte
     if seen is None:
         return None
     resource = seen.resource
-    key = (resource, seen.repoch, seen.fence, seen.rc)
+    key = (resource, seen.reader_epoch, seen.fence, seen.reader_count)
     due, _ = _watched.get(key, (0.0, math.inf))
     _watched[key] = (due, math.inf)  # the early look is had
     now = clock.now_ms()
     stale = now - int(skew * 1000)
-    found = [r for r in items.readers(resource) if r.epoch == seen.repoch]
+    found = [r for r in items.readers(resource) if r.epoch == seen.reader_epoch]
     live = [r for r in found if r.holder.expires_ms >= stale and not processes.gone(r.holder.proc)]
-    if live or (clock.monotonic() < due and len(found) != seen.rc):
+    if live or (clock.monotonic() < due and len(found) != seen.reader_count):
         return seen
     for reader in found:
         try:
@@ -213,7 +213,7 @@ def acquire_many(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
         for r in resources:
             row = seen[r] or records.LockItem(resource=r)
             live = queueing.live_holders(row, stale)
-            if live and (row.mode != "s" or row.hw is not None):
+            if live and (row.mode != "s" or row.slots_used is not None):
                 blocked[r] = live
                 continue
             if row.waiting:
@@ -230,7 +230,7 @@ def acquire_many(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
             for r, row in rows.items():
                 fences[r] = max(clock.new_fence(skew), row.fence + 1)
                 epochs[r] = items.epoch_of(row, stale, now)
-                terms = lock_writes.QueueTerms(qin=row.qin, qout=row.qout)
+                terms = lock_writes.QueueTerms(queue_in=row.queue_in, queue_out=row.queue_out)
                 actions.append(
                     items.admit(
                         r, seen=row, token=token, expires_ms=expires, lease_ms=lease_ms,

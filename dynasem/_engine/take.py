@@ -55,7 +55,7 @@ def plan(  # noqa: C901, PLR0912  (issue 41: split)
     ticket: int | None = None,
 ) -> Plan:
     mode, limit = sem.mode, sem.limit
-    if seen is not None and seen.hw is not None:
+    if seen is not None and seen.slots_used is not None:
         # Its holders are in permit items (a limit above table.permits.INLINE_MAX): read
         # them; if none is live, the row is ours to take back to holders inline.
         if not seen.permits_read:
@@ -116,8 +116,8 @@ def plan(  # noqa: C901, PLR0912  (issue 41: split)
         return Plan(busy=live or ahead, queued=ticket is not None)
     terms = lock_writes.QueueTerms(
         mine=ticket,
-        qin=seen.qin if seen is not None else 0,
-        qout=seen.qout if seen is not None else 0,
+        queue_in=seen.queue_in if seen is not None else 0,
+        queue_out=seen.queue_out if seen is not None else 0,
     )
     if mode == MODE_SHARED and len(sem.resources) == 1 and readers.wants_item(seen, live):
         return _admission(done, resource, seen, token, entry, stale_ms, terms)
@@ -139,7 +139,7 @@ def plan(  # noqa: C901, PLR0912  (issue 41: split)
             limit=limit,
             stale_ms=stale_ms,
             queue=terms,
-            permits_row=seen if seen.hw is not None else None,
+            permits_row=seen if seen.slots_used is not None else None,
         )
         return done
     done.action = lock_writes.take_join(

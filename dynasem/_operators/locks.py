@@ -70,7 +70,7 @@ def _waiting(item: records.LockItem) -> int:
     """The waiters a listing shows for a row, from the row alone: the tickets out that have
     not had their turn (a waiter that left, or died, counts until the next turn passes it:
     :func:`queue_depth` reads the entries)."""
-    return max(0, item.qin - item.qout)
+    return max(0, item.queue_in - item.queue_out)
 
 
 # A page of the lock list shows at most this many holds of one resource: its permits and
@@ -311,7 +311,7 @@ def resource_state(
     item = _expanded(item, consistent=True, most=most, after_sk=holds_after)
     now = clock.now_ms()
     entries = queue_entries.queue_entries(item, most)
-    beyond = item.qin - entries[-1].ticket if most is not None and len(entries) >= most else 0
+    beyond = item.queue_in - entries[-1].ticket if most is not None and len(entries) >= most else 0
     waiters = [w for w in entries if w.expires_ms >= now]
     holds = holds_of(item, min_expires_ms=None)
     return ResourceState(resource, holds, waiters, item.fence, item.holders_next, beyond)
@@ -362,7 +362,7 @@ def break_hold(
         if reader_items.has_readers(old):
             if not reader_hold.break_reader(resource, token):
                 return False
-        elif old.hw is None or not permit_hold.break_permit(resource, token):
+        elif old.slots_used is None or not permit_hold.break_permit(resource, token):
             return False
     lock_released.send(
         sender=sender or core.Semaphore,

@@ -225,7 +225,7 @@ def _reap_items(
             if reader.holder.expires_ms < cutoff_ms:
                 free = functools.partial(reader_hold.break_reader, row.resource, reader.token)
                 dead.append(("reader", functools.partial(free, reader)))
-    if row.hw is not None:
+    if row.slots_used is not None:
         for permit in _read(functools.partial(permit_items.permits, row.resource)):
             if permit.token and permit.holder.expires_ms < cutoff_ms:
                 free = functools.partial(permit_hold.break_permit, row.resource, permit.token)

@@ -102,11 +102,11 @@ class QueueTerms:
         self,
         *,
         mine: int | None = None,
-        qin: int = 0,
-        qout: int = 0,
+        queue_in: int = 0,
+        queue_out: int = 0,
         served: bool = False,
     ):
-        self.mine, self.qin, self.qout = mine, qin, qout
+        self.mine, self.queue_in, self.queue_out = mine, queue_in, queue_out
         self.served = served
 
 
@@ -120,11 +120,11 @@ def _queue_clauses(terms: QueueTerms | None, values: dict[str, Any]) -> tuple[li
     if terms.mine is not None:
         conds.append("#qout = :sqout")
         sets.append("#qout = :mine")
-        values.update({":sqout": terms.qout, ":mine": terms.mine})
-    elif terms.qin > terms.qout:
+        values.update({":sqout": terms.queue_out, ":mine": terms.mine})
+    elif terms.queue_in > terms.queue_out:
         conds.append("#qin = :sqin AND #qout = :sqout")
         sets.append("#qout = :sqin")
-        values.update({":sqin": terms.qin, ":sqout": terms.qout})
+        values.update({":sqin": terms.queue_in, ":sqout": terms.queue_out})
     else:
         conds.append("(attribute_not_exists(#qin) OR #qin = #qout)")
     return sets, conds
@@ -164,7 +164,7 @@ def take_free(
         condition += " AND attribute_not_exists(#hw)"
     else:
         condition += " AND #hw = :seenHw AND #fence = :seenFence"
-        values.update({":seenHw": permits_row.hw, ":seenFence": permits_row.fence})
+        values.update({":seenHw": permits_row.slots_used, ":seenFence": permits_row.fence})
     q_sets, conds = _queue_clauses(queue, values)
     update = ", ".join([update, *q_sets])
     if permits_row is not None:
@@ -393,7 +393,7 @@ def hand_over(
     *,
     hold_ms: int,
     mode: str | None = None,
-    qout: int,
+    queue_out: int,
 ) -> dict[str, Any]:
     """Release our exclusive hold straight to the first waiters, in the same write: each heir
     (its token, its ticket, its entry: user, lease, a fresh fence) holds the lock from now
@@ -426,7 +426,7 @@ def hand_over(
         sets.append(f"#h.#n{i} = :entry{i}")
     sets.append("#qout = :nqout")
     conds.append("#qout = :sqout")
-    values.update({":nqout": max(ticket for _, ticket, _ in heirs), ":sqout": qout})
+    values.update({":nqout": max(ticket for _, ticket, _ in heirs), ":sqout": queue_out})
     sets += ["#fence = :fence", "#uid = if_not_exists(#uid, :uid)", "#exp = :exp"]
     sets.append("#expMs = :expMs")
     sets += ["#last = :tok", "#hold = :hold"]
@@ -439,7 +439,7 @@ def hand_over(
     return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
 
 
-def take_ticket(resource: str, qbase: int, *, if_busy_ms: int | None = None) -> dict[str, Any]:
+def take_ticket(resource: str, queue_id: int, *, if_busy_ms: int | None = None) -> dict[str, Any]:
     """Draw the next ticket of the resource's queue (``ADD qin 1``: never refused by another
     waiter's draw, unlike a ticket chosen by the waiter). ``qbase``: the queue's name if the
     row has none yet. Its answer (the row, ALL_NEW) holds our ticket, ``qin``.
@@ -451,7 +451,7 @@ def take_ticket(resource: str, qbase: int, *, if_busy_ms: int | None = None) -> 
         "ADD #qin :one "
         "SET #qout = if_not_exists(#qout, :zero), #qbase = if_not_exists(#qbase, :base)"
     )
-    values: dict[str, Any] = {":one": 1, ":zero": 0, ":base": qbase}
+    values: dict[str, Any] = {":one": 1, ":zero": 0, ":base": queue_id}
     condition = ""
     if if_busy_ms is not None:
         condition = "((size(#h) > :zero AND #expMs >= :busy) OR #qin > #qout)"
@@ -459,11 +459,11 @@ def take_ticket(resource: str, qbase: int, *, if_busy_ms: int | None = None) -> 
     return _action(resource, LOCK_SK, update, condition, names, values)
 
 
-def renew_waiter(resource: str, qbase: int, ticket: int, expires_ms: int) -> dict[str, Any]:
+def renew_waiter(resource: str, queue_id: int, ticket: int, expires_ms: int) -> dict[str, Any]:
     """Push a queue entry's lease end (and its TTL); conditional on the entry being there."""
     return _action(
         resource,
-        entry_sk(qbase, ticket),
+        entry_sk(queue_id, ticket),
         "SET #e = :e, #exp = :exp",
         "attribute_exists(#e)",
         {"#e": "e", "#exp": "expires"},

@@ -365,7 +365,7 @@ def permits(resource: str, *, consistent: bool = True) -> list[Permit]:
 
 
 def find_free(
-    resource: str, hw: int, stale_ms: int, dead: Callable[[Permit], bool] | None = None
+    resource: str, slots_used: int, stale_ms: int, dead: Callable[[Permit], bool] | None = None
 ) -> tuple[int | None, Permit | None, list[Permit]]:
     """A slot whose permit is free or whose holder's lease is over, read page by page until
     one is found (eventually consistent: the take's write decides); a slot below ``hw``
@@ -377,7 +377,7 @@ def find_free(
     expected = 0
     for page in _pages(resource, False, PERMIT_PAGE):
         for permit in page:
-            if permit.slot >= hw:
+            if permit.slot >= slots_used:
                 continue
             if permit.slot > expected:
                 return expected, None, held  # a slot whose item is gone (TTL): free
@@ -385,7 +385,7 @@ def find_free(
             if permit.free_at(stale_ms):
                 return permit.slot, None, held
             held.append(permit)
-    if expected < hw:
+    if expected < slots_used:
         return expected, None, held
     for permit in held:
         if dead is not None and dead(permit):
@@ -404,7 +404,7 @@ def with_permits(
     are. ``most``: read no further than that many holders (``holders_next`` is where the
     rest begin), so that a listing of 100,000 holders costs a page, not the whole
     collection; ``after_sk``: the holders after that one (a ``holders_next``)."""
-    if item.hw is None:
+    if item.slots_used is None:
         return item
     holders: dict[str, Holder] = {}
     last = None

@@ -24,18 +24,18 @@ from .records import (
 ENTRY_PAGE = 8
 
 
-def put_entry(resource: str, qbase: int, waiter: Waiter) -> None:
+def put_entry(resource: str, queue_id: int, waiter: Waiter) -> None:
     """Write our queue entry (its ticket drawn by :func:`take_ticket`): an item of its own,
     so that a crowd of waiters never makes a write to the row dearer."""
     dynamodb.send_request(
-        "put_item", TableName=settings.TABLE_NAME, Item=entry_item(resource, qbase, waiter)
+        "put_item", TableName=settings.TABLE_NAME, Item=entry_item(resource, queue_id, waiter)
     )
 
 
-def drop_entry(resource: str, qbase: int, ticket: int) -> None:
+def drop_entry(resource: str, queue_id: int, ticket: int) -> None:
     """Delete our queue entry (we leave the queue): a hand-over then no longer finds us."""
     dynamodb.send_request(
-        "delete_item", TableName=settings.TABLE_NAME, Key=key(resource, entry_sk(qbase, ticket))
+        "delete_item", TableName=settings.TABLE_NAME, Key=key(resource, entry_sk(queue_id, ticket))
     )
 
 
@@ -44,21 +44,21 @@ def drop_entry(resource: str, qbase: int, ticket: int) -> None:
 LEAVE_RECHECK = 0.05
 
 
-def leave_queue(resource: str, qbase: int, ticket: int, *, token: str) -> LockItem | None:
+def leave_queue(resource: str, queue_id: int, ticket: int, *, token: str) -> LockItem | None:
     """Leave the queue: delete our entry, then read the row (consistently): a hand-over that
     found our entry before it went may have made us the holder; the caller keeps that hold or
     gives it back. While another holds it, a hand-over may still be on its way (the releaser
     read the queue before we left, and has not written yet): we look once more a little
     later."""
-    drop_entry(resource, qbase, ticket)
+    drop_entry(resource, queue_id, ticket)
     row = lock_rows.get(resource)
-    if may_be_handed(row, qbase, ticket, token):
+    if may_be_handed(row, queue_id, ticket, token):
         time.sleep(LEAVE_RECHECK)
         row = lock_rows.get(resource)
     return row
 
 
-def may_be_handed(row: LockItem | None, qbase: int, ticket: int, token: str) -> bool:
+def may_be_handed(row: LockItem | None, queue_id: int, ticket: int, token: str) -> bool:
     """Could a hand-over to the waiter ``token`` (ticket ``ticket`` of the queue ``qbase``)
     that left still land, as far as ``row`` (read after it left) tells? Only if someone
     holds (a holder hands over in its release write) and its turn has not gone by: the
@@ -67,8 +67,8 @@ def may_be_handed(row: LockItem | None, qbase: int, ticket: int, token: str) -> 
         row is not None
         and token not in row.holders
         and bool(row.holders)
-        and row.qbase == qbase
-        and row.qout < ticket
+        and row.queue_id == queue_id
+        and row.queue_out < ticket
     )
 
 
@@ -82,7 +82,7 @@ def _entry_page(
     """One page of the entry items of ``item``'s queue, tickets ``qout`` + 1 to ``upto``
     (consistent unless told: the entries a waiter or a releaser decides from must be current;
     see :func:`dynasem._engine.handover.heirs_of` for the one read that need not be)."""
-    lo, hi = entry_sk(item.qbase, item.qout + 1), entry_sk(item.qbase, upto)
+    lo, hi = entry_sk(item.queue_id, item.queue_out + 1), entry_sk(item.queue_id, upto)
     kwargs: dict[str, Any] = {
         "TableName": settings.TABLE_NAME,
         "ConsistentRead": consistent,
@@ -105,8 +105,8 @@ def queue_entries(item: LockItem, most: int | None = None) -> list[Waiter]:
     ``most``: the first that many only."""
     found: list[Waiter] = []
     start = None
-    while item.qin > item.qout and (most is None or len(found) < most):
-        page, start = _entry_page(item, item.qin, most and most - len(found), start)
+    while item.queue_in > item.queue_out and (most is None or len(found) < most):
+        page, start = _entry_page(item, item.queue_in, most and most - len(found), start)
         found += page
         if not start:
             break
@@ -120,8 +120,8 @@ def load_entries(item: LockItem, upto: int | None = None, *, consistent: bool = 
     more. An item with nobody waiting is returned as it is. ``consistent=False``: an
     eventually consistent read (half the read units), which may miss an entry put or show
     one deleted in the last moments."""
-    upto = item.qin if upto is None else upto
-    if upto <= item.qout:
+    upto = item.queue_in if upto is None else upto
+    if upto <= item.queue_out:
         return dataclasses.replace(item, entries=(), entries_to=upto)
     now = time.time() * 1000
     found: list[Waiter] = []

@@ -132,8 +132,8 @@ def epoch_of(seen: LockItem, stale_ms: int, now_ms: int) -> int:
     never reuses the epoch of readers that may still be on their way."""
     sentinel = seen.holders.get(SENTINEL)
     if sentinel is not None and sentinel.expires_ms >= stale_ms:
-        return seen.repoch
-    return max(seen.repoch + 1, now_ms)
+        return seen.reader_epoch
+    return max(seen.reader_epoch + 1, now_ms)
 
 
 def admission_mark(token: str, epoch: int) -> str:
@@ -150,7 +150,7 @@ def admitted_before(seen: LockItem | None, token: str, stale_ms: int) -> bool:
         return False
     sentinel = seen.holders.get(SENTINEL)
     live = sentinel is not None and sentinel.expires_ms >= stale_ms
-    return live and seen.rlast == admission_mark(token, seen.repoch)
+    return live and seen.last_reader == admission_mark(token, seen.reader_epoch)
 
 
 def admit(
@@ -190,7 +190,7 @@ def admit(
         ":cover": cover,
         ":exp": bucket_of(cover),
         ":sent": sent,
-        ":E": seen.repoch,
+        ":E": seen.reader_epoch,
         ":L": lease_ms,
         ":mark": admission_mark(token, epoch),
     }
@@ -205,7 +205,7 @@ def admit(
         conds.insert(0, "(attribute_not_exists(#fence) OR #fence < :fence)")
         values[":fence"] = fence
     adds: list[str] = []
-    if epoch == seen.repoch:
+    if epoch == seen.reader_epoch:
         if admitted_before(seen, token, stale_ms):
             queue = QueueTerms(served=True)  # our turn, if we had one, was had
         else:
@@ -239,7 +239,7 @@ def _join(
         conds.append("(attribute_not_exists(#rla) OR #rla <> :mark)")
     else:
         conds.append("#rla = :mark")
-    if lease_ms > seen.rlease:
+    if lease_ms > seen.reader_lease_ms:
         sets.append("#rl = :L")
         conds.append("(attribute_not_exists(#rl) OR #rl <= :L)")
     else:
@@ -350,7 +350,13 @@ def write_off(resource: str, seen: LockItem) -> dict[str, Any]:
         "SET #rc = :zero, #rep = :E1 REMOVE #h.#s",
         "attribute_exists(#h.#s) AND #rep = :E AND #fence = :F AND #rc = :rc",
         dict(_NAMES),
-        {":zero": 0, ":E": seen.repoch, ":E1": seen.repoch + 1, ":F": seen.fence, ":rc": seen.rc},
+        {
+            ":zero": 0,
+            ":E": seen.reader_epoch,
+            ":E1": seen.reader_epoch + 1,
+            ":F": seen.fence,
+            ":rc": seen.reader_count,
+        },
     )
 
 
@@ -457,7 +463,7 @@ def with_readers(
     pages = prefix_pages(item.resource, READER_PREFIX, consistent=consistent, limit=limit,
                          after_sk=after_sk)  # fmt: skip
     for reader in (reader_of(found) for page in pages for found in page):
-        if reader.epoch != item.repoch:
+        if reader.epoch != item.reader_epoch:
             continue
         if most is not None and read >= most:
             return dataclasses.replace(item, holders=holders, holders_next=last)

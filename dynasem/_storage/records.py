@@ -159,14 +159,15 @@ class LockItem:
     expires_ms: int = 0  # the latest lease end of its holders (the row's own expiry)
     mode: str = "x"
     limit: int = 1
-    # The queue of entry items: tickets 1, 2, ... handed out by ``ADD qin 1``; every ticket
-    # up to ``qout`` has had its turn (or was passed: left, dead, or skipped). Waiters wait
-    # while qin > qout. ``qbase`` names this row's queue (set with its first ticket), so
-    # that entries left from before a reap are never read as this row's.
-    qin: int = 0
-    qout: int = 0
-    qbase: int = 0
-    # Entry items read for this row (ticket order, from ``qout`` + 1 on), or None: not read.
+    # The queue of entry items: tickets 1, 2, ... handed out by ``ADD qin 1`` (queue_in);
+    # every ticket up to ``queue_out`` (stored ``qout``) has had its turn (or was passed:
+    # left, dead, or skipped). Waiters wait while queue_in > queue_out. ``queue_id`` (stored
+    # ``qbase``) names this row's queue (set with its first ticket), so that entries left from
+    # before a reap are never read as this row's.
+    queue_in: int = 0
+    queue_out: int = 0
+    queue_id: int = 0
+    # Entry items read for this row (ticket order, from ``queue_out`` + 1 on), or None.
     # A read stops at the first live entry; ``entries_to`` is the last ticket it covered.
     entries: tuple[Waiter, ...] | None = None
     entries_to: int = 0
@@ -175,30 +176,32 @@ class LockItem:
     last_token: str | None = None  # who released last
     broken_token: str | None = None  # whose hold an operator broke last
     listed_s: int | None = None  # where the row sorts in the indexes (epoch seconds)
-    # A counting semaphore's row whose holders are in permit items (table/permits.py): the
-    # slots ever used (None: holders in the row) and the slots given back lately.
-    hw: int | None = None
+    # A counting semaphore's row whose holders are in permit items (permit_items.py): the
+    # slots ever used (stored ``hw``; None: holders in the row) and the slots given back
+    # lately.
+    slots_used: int | None = None
     hints: tuple[int, ...] = ()
     permits_read: bool = False  # ``holders`` were read from its permits (with_permits)
     # A listing read only some of the holders kept in items (``most``: with_permits,
     # with_readers): the sort key of the last one read; more are stored after it.
     holders_next: str | None = None
-    # Readers in reader items (table/readers.py): counted in ``rc`` under the epoch
-    # ``repoch``, whose longest lease was ``rlease`` (ms); the row's holder ``readers``
-    # stands for them all.
-    rc: int = 0
-    repoch: int = 0
-    rlease: int = 0
-    # The epoch and token of the last reader admitted to an item (table/readers.py's
-    # admission_mark): an admission sent again after its answer was lost is not counted twice.
-    rlast: str | None = None
+    # Readers in reader items (reader_items.py): counted in ``reader_count`` (stored ``rc``)
+    # under the epoch ``reader_epoch`` (``repoch``), whose longest lease was
+    # ``reader_lease_ms`` (``rlease``); the row's holder ``readers`` stands for them all.
+    reader_count: int = 0
+    reader_epoch: int = 0
+    reader_lease_ms: int = 0
+    # The epoch and token of the last reader admitted to an item (stored ``rlast``;
+    # reader_items.admission_mark): an admission sent again after its answer was lost is not
+    # counted twice.
+    last_reader: str | None = None
     # The decoded item itself, for a push (wakeup sends it as written); read it nowhere else.
     stored: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def waiting(self) -> bool:
         """Whether tickets are out that have not had their turn (live waiters, maybe)."""
-        return self.qin > self.qout
+        return self.queue_in > self.queue_out
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,20 +287,20 @@ def waiter_value(waiter: Waiter) -> dict[str, Any]:
 ENTRY_PREFIX = "q#"
 
 
-def entry_sk(qbase: int, ticket: int) -> str:
+def entry_sk(queue_id: int, ticket: int) -> str:
     """The sort key of a queue entry item: the row's queue, then the ticket (zero-padded, so
     the entries sort in ticket order under the resource's key, after ``job`` and ``lock``)."""
-    return f"{ENTRY_PREFIX}{qbase:020d}#{ticket:020d}"
+    return f"{ENTRY_PREFIX}{queue_id:020d}#{ticket:020d}"
 
 
-def entry_item(resource: str, qbase: int, waiter: Waiter) -> dict[str, Any]:
+def entry_item(resource: str, queue_id: int, waiter: Waiter) -> dict[str, Any]:
     """A queue entry as its own item (PutItem's ``Item``). It carries no ``userId`` or
     ``shard`` (so no index writes) and ``expires`` for TTL only: waiters that left or were
     served leave their entries behind, below the row's ``qout``, where nobody reads them."""
     value = waiter_value(waiter)
     value["k"] = waiter.token
     return {
-        **key(resource, entry_sk(qbase, waiter.ticket)),
+        **key(resource, entry_sk(queue_id, waiter.ticket)),
         **encode(value),
         "expires": {"N": str(epoch_seconds(waiter.expires_ms) + BUCKET_S)},
     }
@@ -339,19 +342,19 @@ def lock_item(item: Mapping[str, Any] | None) -> LockItem | None:
         expires_ms=number("expMs") or 0,
         mode=text("mode") or "x",
         limit=number("limit") or 1,
-        qin=number("qin") or 0,
-        qout=number("qout") or 0,
-        qbase=number("qbase") or 0,
+        queue_in=number("qin") or 0,
+        queue_out=number("qout") or 0,
+        queue_id=number("qbase") or 0,
         hold_ms=number("holdMs"),
         last_token=text("lastToken"),
         broken_token=text("brokenToken"),
         listed_s=number("expires"),
-        hw=number("hw"),
+        slots_used=number("hw"),
         hints=tuple(int(x) for x in item.get("hints") or ()),
-        rc=number("rc") or 0,
-        repoch=number("repoch") or 0,
-        rlease=number("rlease") or 0,
-        rlast=text("rlast"),
+        reader_count=number("rc") or 0,
+        reader_epoch=number("repoch") or 0,
+        reader_lease_ms=number("rlease") or 0,
+        last_reader=text("rlast"),
         stored=item,
     )
 
