@@ -117,7 +117,7 @@ def idle_row(resource: str, ended_ms: int, *, holder: str | None = None) -> dict
     row: dict[str, Any] = {
         "pk": resource,
         "sk": records.LOCK_SK,
-        "mode": core.MODE_EXCLUSIVE,
+        "mode": "x",
         "limit": 1,
         "fence": fence,
         "expires": records.epoch_seconds(ended_ms),

@@ -22,7 +22,6 @@ MAX_LEASE = 7 * 24 * 3600.0
 # decimal.Rounded). It also fits a signed 32-bit integer, for other readers of the table.
 MAX_LIMIT = 10**9
 # A hold's mode as stored: one holder, up to ``limit`` holders, any number of readers.
-MODE_EXCLUSIVE, MODE_COUNTING, MODE_SHARED = "x", "n", "s"
 
 
 def _shown(number: Any) -> str:

@@ -35,9 +35,10 @@ from .. import _clock as clock
 from .._observability import telemetry
 from .._observability.logs import facts
 from .._storage import lock_rows, next_runs
+from .._storage.records import Mode
 from ..exceptions import Coalesced, LockLost, SemaphoreBusy
 from . import heartbeat
-from .arguments import MODE_EXCLUSIVE, resolve_timing, user_id_of
+from .arguments import resolve_timing, user_id_of
 from .steps import io_executor, run_io
 
 logger = logging.getLogger("dynasem")
@@ -46,10 +47,10 @@ _T = TypeVar("_T")
 __all__ = ["acquire", "aacquire", "check_coalescing", "Registration"]
 
 
-def check_coalescing(mode: str, resources: Any, wait: float | None) -> None:
+def check_coalescing(mode: Mode, resources: Any, wait: float | None) -> None:
     """A ValueError unless semaphores like this can coalesce (at construction, and at each
     acquire before its first request: see :func:`checked_wait`)."""
-    if mode != MODE_EXCLUSIVE:
+    if mode != Mode.EXCLUSIVE:
         raise ValueError(
             f"coalesce=True needs an exclusive semaphore (limit=1, shared=False), not a {mode} "
             "one: a next run comes after the one run going"

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 from .. import _clock as clock
 from .._observability import metrics, telemetry
 from .._storage import dynamodb, lock_rows, lock_writes, permit_items, queue_entries, records
+from .._storage.records import Mode
 from .._transactions import commit as transactions
 from .._transactions import fencing as fenced
 from ..conf import settings
@@ -49,9 +50,6 @@ from . import (
     take as planning,
 )
 from .arguments import (
-    MODE_COUNTING,
-    MODE_EXCLUSIVE,
-    MODE_SHARED,
     check_flag,
     check_lease,
     check_limit,
@@ -184,10 +182,10 @@ class Semaphore:
         return self.resources[0]
 
     @property
-    def mode(self) -> str:
+    def mode(self) -> Mode:
         if self.shared:
-            return MODE_SHARED
-        return MODE_EXCLUSIVE if self.limit == 1 else MODE_COUNTING
+            return Mode.SHARED
+        return Mode.EXCLUSIVE if self.limit == 1 else Mode.COUNTING
 
     def _check_usable(self) -> None:
         if self.decoration.is_callable:
@@ -243,7 +241,7 @@ class Semaphore:
         # queue in our first write (it is refused if the lock is free, and we take it then).
         guess_busy = (
             len(resources) == 1
-            and self.mode == MODE_EXCLUSIVE
+            and self.mode == Mode.EXCLUSIVE
             and wait > 0
             and clock.monotonic() - queued_recently.get(resources[0], -math.inf) < GUESS_BUSY_FOR
         )
@@ -440,7 +438,7 @@ class Semaphore:
                     old = seen.get(r)
                     if (
                         old is not None
-                        and old.mode in (MODE_COUNTING, MODE_SHARED)
+                        and old.mode in (Mode.COUNTING, Mode.SHARED)
                         and len(live_holders(old, clock.now_ms() - int(skew * 1000))) > 1
                     ):
                         # Some of several holders are surely still there: read which, cheaply.

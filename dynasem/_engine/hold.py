@@ -15,13 +15,13 @@ from .. import _clock as clock
 from .._observability import telemetry
 from .._observability.logs import facts
 from .._storage import dynamodb, lock_rows, lock_writes, records
+from .._storage.records import Mode
 from .._transactions import commit as transactions
 from .._transactions import fencing as fenced
 from ..exceptions import LimitExceeded, LockLost, SemaphoreUnavailable
 from ..signals import lock_acquired, lock_lost, lock_released
 from . import handover as heirs
 from . import push as wakeup
-from .arguments import MODE_EXCLUSIVE, MODE_SHARED
 from .heartbeat import Heartbeat
 from .lockspec import LockSpec
 from .steps import run_io
@@ -110,7 +110,7 @@ class Held:
     def _heirs(self) -> tuple[heirs.Heirs, int]:
         """The live waiters that take over from us, if the hold is exclusive, and the
         ``qout`` a hand-over to them is conditional on (see :func:`heirs.heirs_of`)."""
-        if self.semaphore.mode != MODE_EXCLUSIVE or len(self.resources) != 1:
+        if self.semaphore.mode != Mode.EXCLUSIVE or len(self.resources) != 1:
             return [], 0
         found, queue_out, self._row = heirs.heirs_of(self._row)
         return found, queue_out
@@ -394,7 +394,7 @@ class Held:
                         self.token,
                         entries,
                         hold_ms=self._hold_ms(),
-                        mode=MODE_SHARED if shared else None,
+                        mode=Mode.SHARED if shared else None,
                         queue_out=queue_out,
                     ),
                     return_new=True,
@@ -436,14 +436,14 @@ class Held:
         return bool(released)
 
     def _release_terms(self) -> dict[str, Any]:
-        if self.semaphore.mode != MODE_EXCLUSIVE or len(self.resources) != 1:
+        if self.semaphore.mode != Mode.EXCLUSIVE or len(self.resources) != 1:
             return {}
         return heirs.release_terms(self._row, self.skew)
 
     def _plain_release(self, terms: dict[str, Any]) -> bool | None:  # noqa: C901, PLR0912  (issue 41: split)
         """A release to nobody in particular; True if every resource was ours until now.
         None: refused by ``terms`` (waiters came), the hold still ours."""
-        sole = self.semaphore.mode == MODE_EXCLUSIVE
+        sole = self.semaphore.mode == Mode.EXCLUSIVE
         pending = list(self.resources)
         ok = True
         hold_ms = self._hold_ms() if len(pending) == 1 else None
@@ -616,7 +616,7 @@ def acquired(
     try:
         if item is not None:
             held._observe(item)
-            if semaphore.mode == MODE_SHARED:
+            if semaphore.mode == Mode.SHARED:
                 held._wake_next_reader(item)
         lock_acquired.send(
             sender=semaphore.signal_sender,
@@ -658,7 +658,7 @@ def pending_hold(semaphore: LockSpec) -> Held | None:
         if not isinstance(owner, Held) or owner.lost or owner.released:
             continue
         had = owner.semaphore
-        covers = had.mode == MODE_EXCLUSIVE or (
+        covers = had.mode == Mode.EXCLUSIVE or (
             had.mode == semaphore.mode and had.limit == semaphore.limit
         )
         if covers and set(semaphore.resources) <= set(owner.resources):

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
+from .._storage.records import Mode
+
 
 class LockSpec(Protocol):
     """What one semaphore asks for (its resources, mode and limit) and how its holds are
@@ -20,9 +22,9 @@ class LockSpec(Protocol):
         """The resource(s) taken together, in order; the first names the hold."""
 
     @property
-    def mode(self) -> str:
-        """The mode as stored: ``validation.MODE_EXCLUSIVE``, ``MODE_COUNTING`` or
-        ``MODE_SHARED``."""
+    def mode(self) -> Mode:
+        """The mode as stored: ``Mode.EXCLUSIVE``, ``Mode.COUNTING`` or
+        ``Mode.SHARED``."""
 
     @property
     def limit(self) -> int:

@@ -23,6 +23,7 @@ from .. import _clock as clock
 from .._observability import telemetry
 from .._storage import dynamodb, lock_rows, lock_writes, queue_entries, records
 from .._storage import permit_items as slots
+from .._storage.records import Mode
 from ..exceptions import SemaphoreUnavailable
 from . import handover as heirs
 from . import permit_hold as permit_held
@@ -337,7 +338,7 @@ def _after_take(
         slots_used=slots_used,
         queue_out=queue_out,
         limit=limit,
-        mode="n",
+        mode=Mode.COUNTING,
         holders={},
         entries=None,
     )

@@ -13,11 +13,11 @@ from typing import Any, NamedTuple, TypeVar
 from .. import _clock as clock
 from .._observability import telemetry
 from .._storage import dynamodb, lock_rows, lock_writes, queue_entries, records
+from .._storage.records import Mode
 from ..exceptions import SemaphoreBusy, SemaphoreUnavailable
 from ..signals import lock_busy
 from . import processes
 from . import push as wakeup
-from .arguments import MODE_EXCLUSIVE, MODE_SHARED
 from .lockspec import LockSpec
 from .steps import InQueue, Request, Sleep, Steps
 
@@ -270,14 +270,14 @@ def should_queue(sem: LockSpec, seen: records.LockItem | None) -> bool:
     """Queue up (rather than poll with backoff) when fair, when others already do, or as
     a writer behind readers: new readers then queue behind us, so writers never starve."""
     seen = seen or records.LockItem()
-    exclusive = sem.mode == MODE_EXCLUSIVE
-    writer_behind_readers = exclusive and seen.mode == MODE_SHARED
+    exclusive = sem.mode == Mode.EXCLUSIVE
+    writer_behind_readers = exclusive and seen.mode == Mode.SHARED
     if sem.fair or seen.waiting or writer_behind_readers:
         return True
     # A waiter that can be pushed the hand-over queues too: the releasing holder then
     # hands it the lock in its release write and tells it at once, which beats polling
     # on both requests and idle time.
-    return exclusive and seen.mode == MODE_EXCLUSIVE and wakeup.available()
+    return exclusive and seen.mode == Mode.EXCLUSIVE and wakeup.available()
 
 
 class WaitEstimate(NamedTuple):

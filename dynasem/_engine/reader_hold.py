@@ -15,6 +15,7 @@ from .. import _clock as clock
 from .._observability.logs import facts
 from .._storage import dynamodb, lock_rows, records
 from .._storage import reader_items as items
+from .._storage.records import Mode
 from ..exceptions import SemaphoreUnavailable
 from . import handover as heirs
 from .hold import Held
@@ -39,7 +40,7 @@ def remember(item: records.LockItem | None) -> None:
     readers as it keeps inline); forget others."""
     if item is None:
         return
-    crowded = item.mode == "s" and len(item.holders) >= items.READERS_INLINE
+    crowded = item.mode == Mode.SHARED and len(item.holders) >= items.READERS_INLINE
     if not (items.has_readers(item) or crowded):
         rows.pop(item.resource, None)
         return

@@ -13,6 +13,7 @@ from .. import _clock as clock
 from .._observability import telemetry
 from .._storage import dynamodb, lock_rows, lock_writes, queue_entries, records
 from .._storage import reader_items as items
+from .._storage.records import Mode
 from ..exceptions import SemaphoreUnavailable
 from . import permits, processes
 from . import queue as queueing
@@ -41,7 +42,7 @@ def wants_item(seen: records.LockItem | None, live: Mapping[str, records.Holder]
         return False
     if items.has_readers(seen):
         return True
-    return seen.mode == "s" and len(live) >= items.READERS_INLINE and seen.fence > 0
+    return seen.mode == Mode.SHARED and len(live) >= items.READERS_INLINE and seen.fence > 0
 
 
 def admitted(
@@ -160,7 +161,7 @@ def try_write_off(seen: records.LockItem | None, skew: float) -> records.LockIte
 def last_seen(sem: LockSpec) -> dict[str, records.LockItem | None]:
     """A shared acquire's first view of its resource: the row as this process last saw it
     with reader items (its first write then is an admission), else nothing (a join)."""
-    if sem.mode != "s" or len(sem.resources) != 1:
+    if sem.mode != Mode.SHARED or len(sem.resources) != 1:
         return {}
     seen = reader_held.rows.get(sem.resources[0])
     return {} if seen is None else {seen.resource: seen}
@@ -169,7 +170,7 @@ def last_seen(sem: LockSpec) -> dict[str, records.LockItem | None]:
 def items_for(sem: LockSpec, seen: Mapping[str, records.LockItem | None], stale_ms: int) -> bool:
     """Whether a shared acquire of several resources takes reader items (in each of them):
     when any of its rows, as seen, would give a reader of that resource alone an item."""
-    if sem.mode != "s" or len(sem.resources) < 2:
+    if sem.mode != Mode.SHARED or len(sem.resources) < 2:
         return False
     return any(wants_item(row, queueing.live_holders(row, stale_ms)) for row in seen.values())
 
@@ -213,7 +214,7 @@ def acquire_many(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
         for r in resources:
             row = seen[r] or records.LockItem(resource=r)
             live = queueing.live_holders(row, stale)
-            if live and (row.mode != "s" or row.slots_used is not None):
+            if live and (row.mode != Mode.SHARED or row.slots_used is not None):
                 blocked[r] = live
                 continue
             if row.waiting:

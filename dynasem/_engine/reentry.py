@@ -11,8 +11,8 @@ from datetime import datetime
 from typing import Any
 
 from .._observability.logs import facts
+from .._storage.records import Mode
 from ..exceptions import LockLost
-from .arguments import MODE_EXCLUSIVE, MODE_SHARED
 from .hold import Held, give_back_unused
 from .lockspec import LockSpec
 
@@ -139,10 +139,10 @@ def _who(owner: object) -> str:
 
 def _check_covers(held: Held, sem: LockSpec, resource: str) -> None:
     had = held.semaphore
-    if had.mode == MODE_EXCLUSIVE:
+    if had.mode == Mode.EXCLUSIVE:
         return  # an exclusive hold covers any request of its resources
-    if sem.mode == MODE_EXCLUSIVE:
-        kind = "shared" if had.mode == MODE_SHARED else f"counting (limit={had.limit})"
+    if sem.mode == Mode.EXCLUSIVE:
+        kind = "shared" if had.mode == Mode.SHARED else f"counting (limit={had.limit})"
         raise ValueError(
             f"an exclusive acquire of {resource!r} inside a {kind} hold of it would wait for "
             "itself (an upgrade: two holders upgrading at once deadlock); take it exclusive "
@@ -150,9 +150,9 @@ def _check_covers(held: Held, sem: LockSpec, resource: str) -> None:
         )
     if had.mode != sem.mode or had.limit != sem.limit:
         raise ValueError(
-            f"{resource!r} is held here with limit={had.limit}, shared={had.mode == MODE_SHARED};"
+            f"{resource!r} is held here with limit={had.limit}, shared={had.mode == Mode.SHARED};"
             f" a nested acquire of it must ask for the same (or be made inside an exclusive "
-            f"hold), not limit={sem.limit}, shared={sem.mode == MODE_SHARED}"
+            f"hold), not limit={sem.limit}, shared={sem.mode == Mode.SHARED}"
         )
 
 

@@ -11,9 +11,9 @@ from typing import Any
 from .. import _clock as clock
 from .._observability import telemetry
 from .._storage import lock_writes, reader_items, records
+from .._storage.records import Mode
 from . import queue as queueing
 from . import readers
-from .arguments import MODE_EXCLUSIVE, MODE_SHARED
 from .hold import Held, acquired
 from .lockspec import LockSpec
 from .queue import live_holders
@@ -89,14 +89,14 @@ def plan(  # noqa: C901, PLR0912  (issue 41: split)
         # Our clock is behind: count on instead.
         entry = dataclasses.replace(entry, fence=stored_fence + 1)
     done = Plan(fence=entry.fence, expires_ms=entry.expires_ms, queued=ticket is not None)
-    if mode == MODE_SHARED and reader_items.admitted_before(seen, token, stale_ms):
+    if mode == Mode.SHARED and reader_items.admitted_before(seen, token, stale_ms):
         # Our admission was applied, its answer lost: confirmed, whoever queued since.
         return _admission(done, resource, seen, token, entry, stale_ms, lock_writes.QueueTerms())
     live = live_holders(seen, stale_ms)
     held_now = seen is not None and bool(holders) and seen.expires_ms >= stale_ms
     if seen is not None and held_now:
-        joinable = mode != MODE_EXCLUSIVE and seen.mode == mode and seen.limit == limit
-        if live and not (joinable and (mode == MODE_SHARED or len(live) < limit)):
+        joinable = mode != Mode.EXCLUSIVE and seen.mode == mode and seen.limit == limit
+        if live and not (joinable and (mode == Mode.SHARED or len(live) < limit)):
             live = queueing.not_proven_dead(live)  # in our way: a look in /proc (same host)
         if live:
             if seen.limit != limit:
@@ -104,7 +104,7 @@ def plan(  # noqa: C901, PLR0912  (issue 41: split)
                     f"{resource!r} is held with limit={seen.limit}; every holder of one "
                     f"resource must use the same limit, not limit={limit}"
                 )
-            if not (joinable and (mode == MODE_SHARED or len(live) < limit)):
+            if not (joinable and (mode == Mode.SHARED or len(live) < limit)):
                 return Plan(busy=live, queued=ticket is not None)
     # Its holders would let us in: nobody cuts in line. A taker not in the queue needs
     # nobody live waiting; a queued one needs nobody live ahead of it.
@@ -119,10 +119,10 @@ def plan(  # noqa: C901, PLR0912  (issue 41: split)
         queue_in=seen.queue_in if seen is not None else 0,
         queue_out=seen.queue_out if seen is not None else 0,
     )
-    if mode == MODE_SHARED and len(sem.resources) == 1 and readers.wants_item(seen, live):
+    if mode == Mode.SHARED and len(sem.resources) == 1 and readers.wants_item(seen, live):
         return _admission(done, resource, seen, token, entry, stale_ms, terms)
     if seen is None:
-        if mode != MODE_EXCLUSIVE:
+        if mode != Mode.EXCLUSIVE:
             # Counting and shared holds usually find others holding: try to join at once.
             done.action = lock_writes.take_room(resource, token, entry, mode=mode, limit=limit)
         else:

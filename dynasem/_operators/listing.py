@@ -8,8 +8,8 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .._engine import arguments as validation
 from .._storage import index_queries, records
+from .._storage.records import Mode
 
 # Items a filtered index read evaluates per request (see filtered_limit).
 FILTERED_READ = 1000
@@ -77,7 +77,7 @@ def open_streams(user_id: str | None, since: int, positions: dict[str, Any]) -> 
             # The userId index names one holder per row: all of an exclusive row, only the
             # latest of a counting or shared one. Those rows come from the expires index
             # instead, where all their holders are read, so none is listed twice.
-            return row.mode == validation.MODE_EXCLUSIVE
+            return row.mode == Mode.EXCLUSIVE
 
         streams.append(
             Stream(

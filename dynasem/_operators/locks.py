@@ -21,6 +21,7 @@ from .._storage import (
     reader_items,
     records,
 )
+from .._storage.records import Mode
 from ..signals import lock_released
 from . import cursors, listing
 
@@ -38,7 +39,7 @@ class HoldInfo:
     token: str
     user_id: str
     fence: int
-    mode: str
+    mode: Mode
     limit: int
     acquired_ms: int
     expires_ms: int
@@ -54,9 +55,9 @@ class HoldInfo:
 
     @property
     def kind(self) -> str:
-        if self.mode == arguments.MODE_SHARED:
+        if self.mode == Mode.SHARED:
             return "shared"
-        if self.mode == arguments.MODE_COUNTING:
+        if self.mode == Mode.COUNTING:
             return f"slot of {self.limit}"
         return "exclusive"
 

@@ -20,6 +20,7 @@ from .records import (
     USER_INDEX,
     IndexEntry,
     LockItem,
+    Mode,
     decode,
     encode,
     index_entry,
@@ -57,7 +58,7 @@ def query_expiring(
         # Counting and shared rows name only one of their holders in userId.
         kwargs["FilterExpression"] = "#mode <> :x"
         names["#mode"] = "mode"
-        kwargs["ExpressionAttributeValues"][":x"] = {"S": "x"}
+        kwargs["ExpressionAttributeValues"][":x"] = {"S": Mode.EXCLUSIVE.value}
     return _query(EXPIRES_INDEX, kwargs, limit, start)
 
 

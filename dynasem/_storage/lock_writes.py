@@ -13,6 +13,7 @@ from .records import (
     LOCK_SK,
     Holder,
     LockItem,
+    Mode,
     bucket_of,
     encode,
     entry_sk,
@@ -135,7 +136,7 @@ def take_free(
     token: str,
     entry: Holder,
     *,
-    mode: str,
+    mode: Mode,
     limit: int,
     stale_ms: int,
     queue: QueueTerms | None = None,
@@ -191,7 +192,7 @@ def take_join(
     token: str,
     entry: Holder,
     *,
-    mode: str,
+    mode: Mode,
     limit: int,
     seen: LockItem,
     evict: list[str],
@@ -265,7 +266,9 @@ def take_join(
     return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
 
 
-def take_room(resource: str, token: str, entry: Holder, *, mode: str, limit: int) -> dict[str, Any]:
+def take_room(
+    resource: str, token: str, entry: Holder, *, mode: Mode, limit: int
+) -> dict[str, Any]:
     """A counting or shared hold's first, blind try: join if there is room, same mode and
     limit, nobody queued, and our lease ends last (so it becomes the item's expiry). Anything
     else is refused and planned from the old item."""
@@ -288,7 +291,7 @@ def take_room(resource: str, token: str, entry: Holder, *, mode: str, limit: int
         ":exp": bucket_of(entry.expires_ms),
         ":expMs": entry.expires_ms,
     }
-    if mode != "s":
+    if mode != Mode.SHARED:
         conds.insert(1, "size(#h) < :lim")
     else:
         # Readers past the first few (or while the row has reader items: its "readers"
@@ -392,7 +395,7 @@ def hand_over(
     heirs: Sequence[tuple[str, int, Holder]],
     *,
     hold_ms: int,
-    mode: str | None = None,
+    mode: Mode | None = None,
     queue_out: int,
 ) -> dict[str, Any]:
     """Release our exclusive hold straight to the first waiters, in the same write: each heir

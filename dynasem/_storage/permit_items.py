@@ -38,6 +38,7 @@ from .records import (
     LOCK_SK,
     Holder,
     LockItem,
+    Mode,
     bucket_of,
     decode,
     epoch_seconds,
@@ -57,9 +58,9 @@ PERMIT_PREFIX = "s#"
 _NAMES = dict(_LOCK_NAMES, **{"#hw": "hw", "#hints": "hints"})
 
 
-def uses_permits(mode: str, limit: int) -> bool:
+def uses_permits(mode: Mode, limit: int) -> bool:
     """Whether holds of this mode and limit live in permit items."""
-    return mode == "n" and limit > INLINE_MAX
+    return mode == Mode.COUNTING and limit > INLINE_MAX
 
 
 def permit_sk(slot: int) -> str:
@@ -164,7 +165,7 @@ def take_slot(  # noqa: PLR0912, PLR0915  (issue 41: split)
             {
                 ":one": 1,
                 ":none": [],
-                ":mode": "n",
+                ":mode": Mode.COUNTING,
                 ":shard": shard_of(resource),
                 ":uid": user_id,
                 ":exp": bucket,

@@ -49,6 +49,7 @@ from .records import (
     LOCK_SK,
     Holder,
     LockItem,
+    Mode,
     bucket_of,
     encode,
     epoch_seconds,
@@ -186,7 +187,7 @@ def admit(
     epoch = epoch_of(seen, stale_ms, now_ms)
     sent = holder_value(Holder(READERS_USER, cover, 0, acquired_ms=now_ms, shared=True))
     values: dict[str, Any] = {
-        ":s": "s",
+        ":s": Mode.SHARED,
         ":cover": cover,
         ":exp": bucket_of(cover),
         ":sent": sent,

@@ -43,6 +43,7 @@ import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from decimal import Decimal
+from enum import StrEnum
 from typing import Any, overload
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
@@ -148,6 +149,14 @@ class Waiter:
     since_ms: int | None = None  # when it queued (for listings)
 
 
+class Mode(StrEnum):
+    """How a resource is held: the row's ``mode``, stored as its one-letter value."""
+
+    EXCLUSIVE = "x"
+    COUNTING = "n"  # up to ``limit`` holders
+    SHARED = "s"  # readers, any number of them
+
+
 @dataclass(frozen=True, slots=True)
 class LockItem:
     """A lock row as stored, decoded once. A missing attribute reads as its default; the
@@ -157,7 +166,7 @@ class LockItem:
     holders: Mapping[str, Holder] = field(default_factory=dict)
     fence: int = 0  # the last fence handed out for the resource
     expires_ms: int = 0  # the latest lease end of its holders (the row's own expiry)
-    mode: str = "x"
+    mode: Mode = Mode.EXCLUSIVE
     limit: int = 1
     # The queue of entry items: tickets 1, 2, ... handed out by ``ADD qin 1`` (queue_in);
     # every ticket up to ``queue_out`` (stored ``qout``) has had its turn (or was passed:
@@ -211,12 +220,12 @@ class IndexEntry:
 
     resource: str
     listed_s: int
-    mode: str | None = None
+    mode: Mode | None = None
 
 
 def index_entry(item: Mapping[str, Any]) -> IndexEntry:
     mode = item.get("mode")
-    return IndexEntry(str(item["pk"]), int(item["expires"]), None if mode is None else str(mode))
+    return IndexEntry(str(item["pk"]), int(item["expires"]), None if mode is None else Mode(mode))
 
 
 def _proc(value: Mapping[str, Any]) -> str | None:
@@ -340,7 +349,7 @@ def lock_item(item: Mapping[str, Any] | None) -> LockItem | None:
         holders={t: holder_of(h) for t, h in (item.get("holders") or {}).items()},
         fence=number("fence") or 0,
         expires_ms=number("expMs") or 0,
-        mode=text("mode") or "x",
+        mode=Mode(text("mode") or "x"),
         limit=number("limit") or 1,
         queue_in=number("qin") or 0,
         queue_out=number("qout") or 0,

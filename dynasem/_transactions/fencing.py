@@ -33,7 +33,7 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, connections, transaction
 from django.db.transaction import TransactionManagementError
 
-from .._engine.arguments import MODE_EXCLUSIVE
+from .._storage.records import Mode
 from ..exceptions import LockLost
 from . import commit
 
@@ -52,9 +52,9 @@ def row_key(resource: str) -> str:
     return hashlib.sha256(resource.encode("utf-8")).hexdigest()
 
 
-def check_fenceable(mode: str, resources: Any) -> None:
+def check_fenceable(mode: Mode, resources: Any) -> None:
     """A ValueError unless holds of this mode can fence a transaction."""
-    if mode != MODE_EXCLUSIVE:
+    if mode != Mode.EXCLUSIVE:
         raise ValueError(
             f"fence_db needs an exclusive semaphore (limit=1, shared=False), not a {mode} one: "
             f"holders of {resources!r} hold together, each with its own fence, and the "
