@@ -17,10 +17,15 @@ Celery is imported only when a task is refused, never by importing this module
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._background.retrying import MAX_JITTER, retry_delay
 from .exceptions import Coalesced, SemaphoreBusy
+
+if TYPE_CHECKING:  # imported when asked for (__getattr__): it imports Celery
+    from ._background.celery_unique import UniqueTask
+
+__all__ = ["RetryLater", "UniqueTask", "retry_later"]
 
 # Retries of one task before the busy error is its failure. Not Celery's max_retries (3 by
 # default, meant for errors): every refusal means more tasks want the lock than one estimate

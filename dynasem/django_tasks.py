@@ -18,13 +18,18 @@ Django dynasem supports.
 from __future__ import annotations
 
 import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import iscoroutinefunction
 from django.utils import timezone
 
 from ._background.retrying import retry_delay
 from .exceptions import Coalesced, SemaphoreBusy
+
+if TYPE_CHECKING:  # imported when asked for (__getattr__): django.tasks is Django >= 6.0's
+    from ._background.tasks_unique import UniqueTask, unique_task
+
+__all__ = ["UniqueTask", "retry_later", "unique_task"]
 
 
 def retry_later(exc: SemaphoreBusy, *args: Any, **kwargs: Any) -> Any:
