@@ -27,12 +27,13 @@ every enqueue a second write.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import dataclasses
 import inspect
-import logging
 import string
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -42,25 +43,8 @@ from django.tasks import task as django_task  # type: ignore[import-not-found, u
 from .._engine.decorators import KeyMaker
 from .._engine.hold import Held
 from .._engine.steps import run_io
-from .._observability.logs import facts
-from ..exceptions import LockLost
-from .unique import (
-    Claim,
-    Taken,
-    adopt,
-    claim,
-    end_run,
-    give_back,
-    hand_on,
-    inline_retry,
-    key_for,
-    running,
-    take_back,
-)
-
-logger = logging.getLogger("dynasem")
-
-__all__ = ["CLAIM_ARG", "UniqueTask", "unique_task"]
+from . import unique
+from .unique import Claim
 
 CLAIM_ARG = "dynasem_claim"
 
@@ -69,8 +53,8 @@ if TYPE_CHECKING:
 else:
     _Task = Task  # not generic at run time
 
-# The unique task this thread or coroutine is running: (its module path, its claim, its hold).
-_running: contextvars.ContextVar[tuple[str, Claim, Held] | None] = contextvars.ContextVar(
+# The unique task this thread or coroutine is running: (its module path, (its claim, its hold)).
+_running: contextvars.ContextVar[tuple[str, tuple[Claim, Held]] | None] = contextvars.ContextVar(
     "dynasem_unique_running", default=None
 )
 
@@ -100,148 +84,84 @@ class UniqueTask(_Task):
     def unique_resource(self, args: Any, kwargs: Any) -> str:
         if self.takes_context:
             args = (None, *args)  # the context the worker passes first
-        return key_for(self.name, KeyMaker(self.unique_key, self.func), args, kwargs)
+        return unique.key_for(self.name, KeyMaker(self.unique_key, self.func), args, kwargs)
 
     def enqueue(self, *args: Any, **kwargs: Any) -> Any:
-        kwargs.pop(CLAIM_ARG, None)  # a result's kwargs enqueued again: not that claim
-        resource = self.unique_resource(args, kwargs)
-        run = self._run_of(resource)
-        if run is not None:  # enqueued from its own run: the key goes on with it
-            following = hand_on(run[1], run[0])
-            if following is None:
-                return None  # a second retry from one run: the first has the key
-            try:
-                return self._backend().enqueue(
-                    self, args, {**kwargs, CLAIM_ARG: following.header()}
-                )
-            except BaseException:
-                take_back(run[1])
-                raise
-        try:
-            taken = claim(resource, uuid.uuid4().hex, self.queue_lease)
-        except Taken as busy:
-            self._refused(resource, busy)
+        claimed, run = self._claim(args, kwargs)
+        if claimed is None:
             return None
         try:
-            return self._backend().enqueue(self, args, {**kwargs, CLAIM_ARG: taken.header()})
+            return self._backend().enqueue(self, args, {**kwargs, CLAIM_ARG: claimed.header()})
         except BaseException:
-            give_back(taken)  # not enqueued: free the key now
+            unique.withdraw(claimed, run)  # not enqueued
             raise
 
     async def aenqueue(self, *args: Any, **kwargs: Any) -> Any:
-        kwargs.pop(CLAIM_ARG, None)
-        resource = self.unique_resource(args, kwargs)
-        run = self._run_of(resource)
-        if run is not None:
-            following = await run_io(hand_on, run[1], run[0])
-            if following is None:
-                return None
-            try:
-                return await self._backend().aenqueue(
-                    self, args, {**kwargs, CLAIM_ARG: following.header()}
-                )
-            except BaseException:
-                take_back(run[1])
-                raise
-        try:
-            taken = await run_io(claim, resource, uuid.uuid4().hex, self.queue_lease)
-        except Taken as busy:
-            self._refused(resource, busy)
+        claimed, run = await run_io(self._claim, args, kwargs)
+        if claimed is None:
             return None
         try:
-            return await self._backend().aenqueue(self, args, {**kwargs, CLAIM_ARG: taken.header()})
+            return await self._backend().aenqueue(
+                self, args, {**kwargs, CLAIM_ARG: claimed.header()}
+            )
         except BaseException:
-            await run_io(give_back, taken)
+            await run_io(unique.withdraw, claimed, run)
             raise
 
-    def _run_of(self, resource: str) -> tuple[Claim, Held] | None:
-        """This task's run going on here with the key ``resource``, if any."""
-        run = _running.get()
-        if run is not None and run[0] == self.module_path and run[1].resource == resource:
-            return run[1], run[2]
-        return None
-
-    def _refused(self, resource: str, busy: Taken) -> None:
-        logger.info(
-            "dynasem: %s not enqueued: %r is held by %s",
-            self.module_path,
-            resource,
-            f"task claim {busy.task_id}" if busy.task_id else "a hold that is not a task's",
-            extra=facts(
-                resource,
-                outcome="not_enqueued",
-                task=self.module_path,
-                holder_task_id=busy.task_id,
-            ),
-        )
-
-    def call(self, *args: Any, **kwargs: Any) -> Any:
-        carried = Claim.from_header(kwargs.pop(CLAIM_ARG, None))
-        if carried is None or inline_retry(carried) is not None:
-            # Called directly, enqueued by another Task class, or a retry run at once inside
-            # the run that enqueued it (ImmediateBackend): the outer run's key covers it.
-            return Task.call(self, *args, **kwargs)
+    def _claim(self, args: Any, kwargs: Any) -> tuple[Claim | None, tuple[Claim, Held] | None]:
+        """The claim the task's arguments carry (None: not to be enqueued), and the run of
+        this task going on here with its key, if any (enqueued from it: the key goes on)."""
+        kwargs.pop(CLAIM_ARG, None)  # a result's kwargs enqueued again: not that claim
+        resource = self.unique_resource(args, kwargs)
+        task, run = _running.get() or ("", None)
+        if task != self.module_path or run is None or run[0].resource != resource:
+            run = None
+        task_id = uuid.uuid4().hex
         try:
-            held = adopt(carried, self.run_lease)
-        except LockLost as lost:
-            self._not_run(carried, lost)
-            return None
-        running_now = _running.set((self.module_path, carried, held))
-        try:
-            with running(held):
-                return Task.call(self, *args, **kwargs)
-        finally:
-            _running.reset(running_now)
-            self._end(held)
-
-    async def acall(self, *args: Any, **kwargs: Any) -> Any:
-        carried = Claim.from_header(kwargs.pop(CLAIM_ARG, None))
-        if carried is None or inline_retry(carried) is not None:
-            return await Task.acall(self, *args, **kwargs)
-        try:
-            held = await run_io(adopt, carried, self.run_lease)
-        except LockLost as lost:
-            self._not_run(carried, lost)
-            return None
-        running_now = _running.set((self.module_path, carried, held))
-        try:
-            with running(held):
-                return await Task.acall(self, *args, **kwargs)
-        finally:
-            _running.reset(running_now)
-            await run_io(self._end, held)
+            return unique.claim_for(self.module_path, resource, task_id, self.queue_lease, run), run
+        except unique.Taken:
+            return None, None
 
     def _backend(self) -> Any:
         return self.get_backend()
 
-    def _not_run(self, carried: Claim, lost: LockLost) -> None:
-        logger.warning(
-            "dynasem: %s (claim %s) not run: its key %r is not its own (%s)",
-            self.module_path,
-            carried.task_id,
-            carried.resource,
-            lost.reason,
-            extra=carried.facts("not_run", lost.reason, self.module_path),
-        )
-
-    def _end(self, held: Held) -> None:
+    def call(self, *args: Any, **kwargs: Any) -> Any:
+        carried = Claim.from_header(kwargs.pop(CLAIM_ARG, None))
+        if carried is None or unique.inline_retry(carried) is not None:
+            # Called directly, enqueued by another Task class, or a retry run at once inside
+            # the run that enqueued it (ImmediateBackend): the outer run's key covers it.
+            return Task.call(self, *args, **kwargs)
+        held = unique.start_run(self.module_path, carried, self.run_lease)
+        if held is None:
+            return None
         try:
-            end_run(held, self.queue_lease)
-        except Exception as exc:  # the task's own outcome stands; the lease ends the key
-            logger.warning(
-                "dynasem: %s could not give back %r: %s",
-                self.module_path,
-                held.resources[0],
-                exc,
-                extra=facts(
-                    held.resources[0],
-                    token=held.token,
-                    fence=held.fence,
-                    outcome="give_back_failed",
-                    reason=exc,
-                    task=self.module_path,
-                ),
-            )
+            with self._run(carried, held):
+                return Task.call(self, *args, **kwargs)
+        finally:
+            unique.finish_run(self.module_path, carried, held, self.queue_lease)
+
+    async def acall(self, *args: Any, **kwargs: Any) -> Any:
+        carried = Claim.from_header(kwargs.pop(CLAIM_ARG, None))
+        if carried is None or unique.inline_retry(carried) is not None:
+            return await Task.acall(self, *args, **kwargs)
+        held = await run_io(unique.start_run, self.module_path, carried, self.run_lease)
+        if held is None:
+            return None
+        try:
+            with self._run(carried, held):
+                return await Task.acall(self, *args, **kwargs)
+        finally:
+            await run_io(unique.finish_run, self.module_path, carried, held, self.queue_lease)
+
+    @contextlib.contextmanager
+    def _run(self, carried: Claim, held: Held) -> Iterator[None]:
+        """The run: its hold this thread's or coroutine's, and the task's to hand on."""
+        running_now = _running.set((self.module_path, (carried, held)))
+        try:
+            with unique.running(held):
+                yield
+        finally:
+            _running.reset(running_now)
 
 
 def _check_fields(name: str, template: Any, func: Any) -> None:

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import logging
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from .. import _clock as clock
@@ -42,20 +42,6 @@ from .._observability.logs import facts
 from .._storage import claims, dynamodb, lock_rows, records
 from ..exceptions import LockLost, SemaphoreBusy
 
-__all__ = [
-    "Claim",
-    "Taken",
-    "adopt",
-    "claim",
-    "end_run",
-    "give_back",
-    "hand_on",
-    "key_for",
-    "running",
-    "take_back",
-    "task_of",
-]
-
 logger = logging.getLogger("dynasem")
 
 USER_PREFIX = "task:"
@@ -63,7 +49,7 @@ USER_PREFIX = "task:"
 FIRST_NAP, LAST_NAP = 0.05, 0.5
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Claim:
     """A key taken for a task about to be enqueued: what travels with its message."""
 
@@ -75,22 +61,18 @@ class Claim:
     def facts(self, outcome: str, reason: object = None, task: str | None = None) -> dict[str, Any]:
         """``extra`` for a log record about this claim
         (:func:`dynasem._observability.logs.facts`)."""
-        return facts(self.resource, token=self.token, fence=self.fence, outcome=outcome,
-                     reason=reason, task=task, task_id=self.task_id)  # fmt: skip
+        return facts(outcome=outcome, reason=reason, task=task, **self.header())
 
     def header(self) -> dict[str, Any]:
-        return {"resource": self.resource, "token": self.token, "fence": self.fence,
-                "task_id": self.task_id}  # fmt: skip
+        """What the task's message carries (:meth:`from_header` reads it back)."""
+        return dataclasses.asdict(self)
 
     @classmethod
     def from_header(cls, header: Any) -> Claim | None:
-        if not isinstance(header, dict):
-            return None
+        """The claim a message carries, or None (none, or not one of ours)."""
         try:
-            return cls(
-                str(header["resource"]), str(header["token"]), int(header["fence"]),
-                str(header["task_id"]),
-            )  # fmt: skip
+            found = [header[name] for name in ("resource", "token", "fence", "task_id")]
+            return cls(str(found[0]), str(found[1]), int(found[2]), str(found[3]))
         except (KeyError, TypeError, ValueError):
             return None
 
@@ -303,4 +285,71 @@ def give_back(taken: Claim) -> None:
             taken.resource,
             exc_info=True,
             extra=taken.facts("give_back_failed"),
+        )
+
+
+# What a framework's unique task does at enqueue and around its run (Celery's UniqueTask,
+# django.tasks' UniqueTask), the same for both.
+
+
+def claim_for(
+    task: str, resource: str, task_id: str, queue_lease: float, run: tuple[Claim, Held] | None
+) -> Claim | None:
+    """The claim the message of ``task`` carries: a retry's, sent from its own ``run``, goes
+    on with that run's key (None for a second retry of one run: the first has the key);
+    another takes ``resource`` for ``task_id``. :class:`Taken` (logged) if a task holds it."""
+    if run is not None:
+        return hand_on(run[1], run[0])
+    try:
+        return claim(resource, task_id, queue_lease)
+    except Taken as busy:
+        holder = f"task {busy.task_id}" if busy.task_id else "a hold that is not a task's"
+        logger.info(
+            "dynasem: %s not enqueued: %r is held by %s",
+            task,
+            resource,
+            holder,
+            extra=facts(resource, outcome="not_enqueued", task=task, holder_task_id=busy.task_id),
+        )
+        raise
+
+
+def withdraw(claimed: Claim, run: tuple[Claim, Held] | None) -> None:
+    """The message carrying ``claimed`` (from :func:`claim_for`) could not be sent: the run
+    gives its key back at its end, or the claimed key is freed now."""
+    if run is not None:
+        take_back(run[1])
+    else:
+        give_back(claimed)
+
+
+def start_run(task: str, carried: Claim, run_lease: float | None) -> Held | None:
+    """The worker starts ``task``: its claim adopted, or None (logged) if the key is not the
+    task's any more, and the task must not run."""
+    try:
+        return adopt(carried, run_lease)
+    except LockLost as lost:
+        logger.warning(
+            "dynasem: %s (task %s) not run: its key %r is not its own (%s)",
+            task,
+            carried.task_id,
+            carried.resource,
+            lost.reason,
+            extra=carried.facts("not_run", lost.reason, task),
+        )
+        return None
+
+
+def finish_run(task: str, carried: Claim, held: Held, queue_lease: float) -> None:
+    """The run of ``task`` ends (:func:`end_run`); the task's own outcome stands if the key
+    cannot be given back (logged): its lease ends it."""
+    try:
+        end_run(held, queue_lease)
+    except Exception as exc:
+        logger.warning(
+            "dynasem: %s could not give back %r: %s",
+            task,
+            carried.resource,
+            exc,
+            extra=carried.facts("give_back_failed", exc, task),
         )
