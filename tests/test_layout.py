@@ -166,7 +166,6 @@ LONGER_TODAY = {
     "dynasem._engine.hold.Held._plain_release": 71,
     "dynasem._engine.queue.Pace.turn_in": 67,
     "dynasem._storage.reader_items.admit": 63,
-    "dynasem.management.commands.dynasem_lead.Command.handle": 63,
     "dynasem._engine.decorators.lock_callable": 61,
 }
 

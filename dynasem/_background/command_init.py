@@ -20,6 +20,10 @@ library only). Two processes:
   on the control pipe after every renewal, is about to pass (``dynasem_lead`` stopped, not
   killed: SIGSTOP, a frozen VM).
 
+``python -I command_init.py --die-with LEADER_PID -- command ...`` (``dynasem_lead
+--no-pid-namespace``) only makes the command die with ``dynasem_lead`` (``PR_SET_PDEATHSIG``,
+which survives the exec) and execs it.
+
 ``python -I command_init.py --probe`` only says whether this machine lets us make a pid
 namespace (exit 0), or why not (exit 1, the reason on stderr).
 """
@@ -73,8 +77,8 @@ def _own_pid_namespace() -> str | None:
             f"CLONE_NEWPID): {os.strerror(second)}"
         )
     try:
-        for path, text in (("uid_map", f"{uid} {uid} 1"), ("setgroups", "deny"),
-                           ("gid_map", f"{gid} {gid} 1")):  # fmt: skip
+        maps = {"uid_map": f"{uid} {uid} 1", "setgroups": "deny", "gid_map": f"{gid} {gid} 1"}
+        for path, text in maps.items():  # setgroups before gid_map: the kernel's order
             with open(f"/proc/self/{path}", "w") as f:
                 f.write(text)
     except OSError as exc:
@@ -200,6 +204,11 @@ def _reap(child: int) -> int | None:
 def main(argv: list[str]) -> int:
     if argv == ["--probe"]:
         return probe()
+    if argv[0] == "--die-with":
+        _die_with_parent()
+        if os.getppid() != int(argv[1]):
+            return FAILED  # dynasem_lead died before PR_SET_PDEATHSIG was set
+        os.execvp(argv[3], argv[3:])
     control, ready, leader, dashes, *command = argv
     if dashes != "--" or not command:
         sys.stderr.write("usage: command_init.py CONTROL_FD READY_FD LEADER_PID -- cmd ...\n")

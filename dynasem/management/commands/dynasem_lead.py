@@ -43,7 +43,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 import dynasem
 
-from ..._background.leadership import Lead, leadership, resource_of
+from ..._background.leadership import Lead, Leadership, leadership, resource_of
 from ..._engine.arguments import check_lease, resolve_timing
 from ..._engine.shutdown import release_all
 from ...exceptions import SemaphoreUnavailable, TableMissing
@@ -55,19 +55,8 @@ POLL = 0.05
 KILL_MARGIN = 0.2
 
 
-# Run in the child before the command (with --no-pid-namespace): PR_SET_PDEATHSIG(SIGKILL),
-# an error if it fails, then exec the command (the setting survives exec); if the parent died
-# before it was set, exit at once. Run with ``python -I``: nothing of the working directory.
-_DIE_WITH_PARENT = (
-    "import ctypes, os, sys\n"
-    "libc = ctypes.CDLL(None, use_errno=True)\n"
-    "if libc.prctl(1, 9, 0, 0, 0) != 0:\n"
-    "    n = ctypes.get_errno()\n"
-    "    sys.exit(f'dynasem_lead: prctl(PR_SET_PDEATHSIG): {os.strerror(n)} (errno {n})')\n"
-    "if os.getppid() != int(sys.argv[1]): os._exit(1)\n"
-    "os.execvp(sys.argv[2], sys.argv[2:])\n"
-)
-# The command's pid namespace (the default): see dynasem/_background/command_init.py.
+# The command's first process: the init of its pid namespace (see dynasem/_background/
+# command_init.py), or, with --no-pid-namespace, what only dies with us and execs it.
 COMMAND_INIT = str(Path(dynasem.__file__).resolve().parent / "_background" / "command_init.py")
 # How long the keeper may take to start listening, and to end the namespace once told to.
 KEEPER_PATIENCE = 10.0
@@ -95,18 +84,24 @@ class Command(BaseCommand):
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("name", help="the leadership's name (the resource leader:NAME)")
         parser.add_argument(
-            "--lease", type=float, help="seconds (default: DYNASEM['LEASE']); failover takes "
-            "about lease + CLOCK_SKEW after a leader dies",
-        )  # fmt: skip
+            "--lease",
+            type=float,
+            help="seconds (default: DYNASEM['LEASE']); failover takes about lease + CLOCK_SKEW "
+            "after a leader dies",
+        )
         parser.add_argument(
-            "--grace", type=float, help="seconds between SIGTERM and SIGKILL (default: a "
-            "third of lease - CLOCK_SKEW, at most 10)",
-        )  # fmt: skip
+            "--grace",
+            type=float,
+            help="seconds between SIGTERM and SIGKILL (default: a third of lease - CLOCK_SKEW, "
+            "at most 10)",
+        )
         parser.add_argument(
-            "--no-pid-namespace", action="store_true", help="run the command without a pid "
-            "namespace of its own (where none can be made): a killed dynasem_lead then kills "
-            "only the command's first process, and what it started may live on",
-        )  # fmt: skip
+            "--no-pid-namespace",
+            action="store_true",
+            help="run the command without a pid namespace of its own (where none can be made): "
+            "a killed dynasem_lead then kills only the command's first process, and what it "
+            "started may live on",
+        )
         parser.add_argument("command", nargs="*", help="after --: the command and its arguments")
 
     def run_from_argv(self, argv: list[str]) -> None:
@@ -118,32 +113,15 @@ class Command(BaseCommand):
             argv = argv[:cut]
         super().run_from_argv(argv)
 
-    def handle(self, *args: Any, name: str, lease: float | None, grace: float | None,  # noqa: C901, PLR0915  (issue 41: split)
-               command: list[str], no_pid_namespace: bool, **options: Any) -> None:  # fmt: skip
-        command = getattr(self, "_command", None) or command
-        self._own_pids = not no_pid_namespace
+    def handle(self, *args: Any, **options: Any) -> None:
+        name, command = options["name"], getattr(self, "_command", None) or options["command"]
         if not command:
             raise CommandError("give the command to run after --: dynasem_lead NAME -- cmd ...")
-        try:
-            resource_of(name)
-            lease_s, _, skew = resolve_timing(None if lease is None else check_lease(lease), 0)
-        except (TypeError, ValueError) as exc:
-            raise CommandError(str(exc)) from None
-        window = lease_s - skew
-        grace_s = min(10.0, window / 3) if grace is None else grace
-        # A healthy leader renews every third of the window: at least two thirds are left
-        # just before each renewal. Stopping must start below that, or a leader would stop
-        # its command between two renewals.
-        if not 0 <= grace_s or grace_s + KILL_MARGIN > window / 2:
-            raise CommandError(
-                f"--grace {grace_s:g} s must be >= 0 and leave {KILL_MARGIN:g} s inside half "
-                f"of lease - CLOCK_SKEW ({window:g} s): take a longer --lease or a shorter "
-                "--grace"
-            )
+        lease, window, grace = _timing(name, options["lease"], options["grace"])
+        self._own_pids = not options["no_pid_namespace"]
         if self._own_pids:
             _check_pid_namespaces()
-        stopping = threading.Event()
-        waiting = threading.Event()
+        stopping, waiting = threading.Event(), threading.Event()
 
         def on_signal(signum: int, frame: Any) -> None:
             stopping.set()
@@ -153,36 +131,45 @@ class Command(BaseCommand):
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, on_signal)
         while not stopping.is_set():
-            waiting.set()
+            taken = self._take_lead(name, lease, window, waiting)
+            if taken is None:
+                continue  # told to stop (the loop ends), or DynamoDB unreachable: again
+            place, lead = taken
             try:
-                place = leadership(name, lease=lease_s)
-                # The lead is the command's, not this process's: the end of this process does
-                # not end the command at once (the kernel takes a moment to kill a namespace),
-                # so nobody may take the lead over before its lease ends, on this host either.
-                place.semaphore.detached = True
-                lead = place.__enter__()
-            except KeyboardInterrupt:
-                # It may have come just after the lead was taken: give back whatever we hold.
-                waiting.clear()
-                release_all()
-                break
-            except TableMissing as exc:
-                raise CommandError(str(exc)) from None
-            except SemaphoreUnavailable as exc:  # DynamoDB unreachable: try again
-                waiting.clear()
-                self.stderr.write(f"dynasem_lead: {name!r}: {exc}; trying again")
-                time.sleep(min(5.0, window / 3))
-                continue
-            finally:
-                waiting.clear()
-            try:
-                status = self._lead(name, lead, command, grace_s, stopping)
+                status = self._lead(name, lead, command, grace, stopping)
             finally:
                 place.__exit__(None, None, None)
             if status is not None:
                 self.stderr.write(f"dynasem_lead: {name!r}: the command exited ({status})")
                 sys.exit(status)
         self.stderr.write(f"dynasem_lead: {name!r}: stopped")
+
+    def _take_lead(
+        self, name: str, lease: float, window: float, waiting: threading.Event
+    ) -> tuple[Leadership, Lead] | None:
+        """Wait until this process leads ``name``; None if told to stop meanwhile (SIGTERM,
+        SIGINT), or if DynamoDB could not be reached (after a pause)."""
+        waiting.set()
+        try:
+            place = leadership(name, lease=lease)
+            # The lead is the command's, not this process's: the end of this process does
+            # not end the command at once (the kernel takes a moment to kill a namespace),
+            # so nobody may take the lead over before its lease ends, on this host either.
+            place.semaphore.detached = True
+            return place, place.__enter__()
+        except KeyboardInterrupt:
+            # It may have come just after the lead was taken: give back whatever we hold.
+            waiting.clear()
+            release_all()
+        except TableMissing as exc:
+            raise CommandError(str(exc)) from None
+        except SemaphoreUnavailable as exc:
+            waiting.clear()
+            self.stderr.write(f"dynasem_lead: {name!r}: {exc}; trying again")
+            time.sleep(min(5.0, window / 3))
+        finally:
+            waiting.clear()
+        return None
 
     def _lead(
         self, name: str, lead: Lead, command: list[str], grace: float, stopping: threading.Event
@@ -228,6 +215,27 @@ class Command(BaseCommand):
             time.sleep(POLL)
 
 
+def _timing(name: str, lease: float | None, grace: float | None) -> tuple[float, float, float]:
+    """The lead's lease, its trusted window (``lease - CLOCK_SKEW``) and the command's grace
+    (seconds), checked."""
+    try:
+        resource_of(name)
+        lease_s, _, skew = resolve_timing(None if lease is None else check_lease(lease), 0)
+    except (TypeError, ValueError) as exc:
+        raise CommandError(str(exc)) from None
+    window = lease_s - skew
+    grace_s = min(10.0, window / 3) if grace is None else grace
+    # A healthy leader renews every third of the window: at least two thirds are left just
+    # before each renewal. Stopping must start below that, or a leader would stop its
+    # command between two renewals.
+    if not 0 <= grace_s or grace_s + KILL_MARGIN > window / 2:
+        raise CommandError(
+            f"--grace {grace_s:g} s must be >= 0 and leave {KILL_MARGIN:g} s inside half of "
+            f"lease - CLOCK_SKEW ({window:g} s): take a longer --lease or a shorter --grace"
+        )
+    return lease_s, window, grace_s
+
+
 def _check_pid_namespaces() -> None:
     probe = subprocess.run(
         [sys.executable, "-I", COMMAND_INIT, "--probe"], capture_output=True, text=True
@@ -245,35 +253,33 @@ class _Command:
     def __init__(self, command: list[str], env: dict[str, str], own_pids: bool) -> None:
         self.own_pids = own_pids
         self._told = 0.0
-        if not own_pids:
-            self._control = -1
+        self._control = ready_r = -1
+        fds: tuple[int, ...] = ()
+        if own_pids:
+            # The control pipe: the keeper's init reads the lead's trusted deadline from it,
+            # and its end (this process gone) ends the namespace. The ready pipe says the
+            # keeper listens to our signals.
+            control_r, self._control = os.pipe()
+            ready_r, ready_w = os.pipe()
+            os.set_blocking(self._control, False)  # a stuck reader must never stall the leader
+            fds = (control_r, ready_w)
+        leader = str(os.getpid())
+        first = [*map(str, fds), leader] if own_pids else ["--die-with", leader]
+        try:
             self.process = subprocess.Popen(
-                [sys.executable, "-I", "-c", _DIE_WITH_PARENT, str(os.getpid()), *command],
+                [sys.executable, "-I", COMMAND_INIT, *first, "--", *command],
                 env=env,
                 start_new_session=True,
+                pass_fds=fds,
             )
-            return
-        # The control pipe: the keeper's init reads the lead's trusted deadline from it, and
-        # its end (this process gone) ends the namespace. The ready pipe says the keeper
-        # listens to our signals.
-        control_r, self._control = os.pipe()
-        ready_r, ready_w = os.pipe()
-        os.set_blocking(self._control, False)  # a stuck reader must never stall the leader
-        try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-I", COMMAND_INIT, str(control_r), str(ready_w),
-                 str(os.getpid()), "--", *command],
-                env=env,
-                start_new_session=True,
-                pass_fds=(control_r, ready_w),
-            )  # fmt: skip
         finally:
-            os.close(control_r)
-            os.close(ready_w)
-        try:
-            select.select([ready_r], [], [], KEEPER_PATIENCE)  # a byte, or its end: it failed
-        finally:
-            os.close(ready_r)
+            for fd in fds:
+                os.close(fd)
+        if own_pids:
+            try:
+                select.select([ready_r], [], [], KEEPER_PATIENCE)  # a byte, or its end: failed
+            finally:
+                os.close(ready_r)
 
     @property
     def pid(self) -> int:
