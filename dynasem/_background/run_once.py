@@ -41,19 +41,18 @@ class Job:
 
     def __init__(
         self,
-        guard: RunOnce,
+        key: str,
         token: str,
         user_id: str,
-        attempt: int,
-        fence: int,
+        row: records.JobRow,
         lease: float,
         skew: float,
         sent_mono: float,
     ):
-        self.key = guard.key
+        self.key = key
         self.status = records.RUNNING
-        self.attempt = attempt
-        self.fence = fence
+        self.attempt = 1 if row.attempt is None else row.attempt
+        self.fence = row.fence or 0
         self.token = token
         self.user_id = user_id
         self.lease = lease
@@ -88,33 +87,38 @@ class Job:
         self.check_deadline()
         if self._lost is not None or self._released:
             raise LockLost(self.key, self._lost or "it has finished")
-        sent_mono = clock.monotonic()
-        expires = clock.now_ms() + int(self.lease * 1000)
-        try:
-            job_rows.update_job(job_writes.job_renew(self.key, self.token, expires))
-        except dynamodb.Refused:
-            self._lost = "another process claimed it, or it was reset by an operator"
-            raise LockLost(self.key, self._lost) from None
+        sent_mono = self._write_renewal()
         self._deadline = max(self._deadline, sent_mono + self.lease - self.skew)
 
     def confirm(self) -> None:
         """Renew with a write of our own even past our deadline (a stall in the body): if the
         claim is still ours (nobody claimed or reset the job since), the lease is ours again;
         else ``LockLost``."""
-        sent_mono = clock.monotonic()
         try:
-            job_rows.update_job(
-                job_writes.job_renew(self.key, self.token, clock.now_ms() + int(self.lease * 1000))
-            )
-        except dynamodb.Refused:
-            self._lost = "another process claimed it, or it was reset by an operator"
+            sent_mono = self._write_renewal()
+        except LockLost:
             self._stop_heartbeat()
-            raise LockLost(self.key, self._lost) from None
+            raise
         self._lost = None
         self._deadline = sent_mono + self.lease - self.skew
+        self._start_heartbeat()
+
+    def _start_heartbeat(self) -> None:
         if self._heartbeat is None or self._heartbeat.stopped:
             self._heartbeat = Heartbeat(self)
             self._heartbeat.start()
+
+    def _write_renewal(self) -> float:
+        """Renew the lease in the table (when the write was sent: ``clock.monotonic()``);
+        ``LockLost`` if the claim is not ours."""
+        sent_mono = clock.monotonic()
+        expires_ms = clock.now_ms() + int(self.lease * 1000)
+        try:
+            job_rows.update_job(job_writes.job_renew(self.key, self.token, expires_ms))
+        except dynamodb.Refused:
+            self._lost = "another process claimed it, or it was reset by an operator"
+            raise LockLost(self.key, self._lost) from None
+        return sent_mono
 
     def _stop_heartbeat(self) -> None:
         if self._heartbeat is not None:
@@ -234,41 +238,18 @@ class RunOnce:
                     # Claimable after all (our fence was behind the stored one): go again.
                     stored_fence = row.fence or 0
                     continue
-            if clock.monotonic() >= sent_mono + lease - skew:
-                # Claimed, but paused (or slow) past the lease before the body could start:
-                # someone may have reclaimed it. Confirm with a renewal of our own first.
-                sent_mono = clock.monotonic()
-                try:
-                    job_rows.update_job(
-                        job_writes.job_renew(self.key, token, clock.now_ms() + int(lease * 1000))
-                    )
-                except dynamodb.Refused:
-                    continue  # reclaimed meanwhile: the next claim says by whom
-            return self._job(token, user_id, row, lease, skew, sent_mono)
+            job = Job(self.key, token, user_id, row, lease, skew, sent_mono)
+            if job.seconds_left() > 0:
+                job._start_heartbeat()
+                return job
+            # Claimed, but paused (or slow) past the lease before the body could start:
+            # someone may have reclaimed it. Confirm with a renewal of our own first.
+            try:
+                job.confirm()
+                return job
+            except LockLost:
+                continue  # reclaimed meanwhile: the next claim says by whom
         raise SemaphoreUnavailable(f"could not claim job {self.key!r}: the row kept changing")
-
-    def _job(
-        self,
-        token: str,
-        user_id: str,
-        row: records.JobRow,
-        lease: float,
-        skew: float,
-        sent_mono: float,
-    ) -> Job:
-        job = Job(
-            self,
-            token,
-            user_id,
-            1 if row.attempt is None else row.attempt,
-            row.fence or 0,
-            lease,
-            skew,
-            sent_mono,
-        )
-        job._heartbeat = Heartbeat(job)
-        job._heartbeat.start()
-        return job
 
     def __enter__(self) -> Job:
         job = self.claim()
