@@ -34,7 +34,7 @@ from typing import Any
 from .. import _clock as clock
 from .._engine import processes
 from .._engine.arguments import resolve_timing
-from .._engine.decorators import KeyMaker, _checked
+from .._engine.decorators import KeyMaker, checked_keys
 from .._engine.hold import Held
 from .._engine.reentry import forget_entered, remember_acquired, remember_entered
 from .._engine.steps import run_sync
@@ -101,7 +101,7 @@ def key_for(name: str, keys: KeyMaker, args: Any, kwargs: Any) -> str:
     resource = keys(tuple(args or ()), dict(kwargs or {}), False)
     if not isinstance(resource, str):
         raise TypeError(f"{name}: unique_key must make one key, not {resource!r}")
-    return str(_checked(resource))
+    return str(checked_keys(resource))
 
 
 def claim(resource: str, task_id: str, queue_lease: float) -> Claim:

@@ -238,7 +238,7 @@ class KeyNotPrintable(BadKey):
         )
 
 
-def _checked(resource: Any) -> Any:
+def checked_keys(resource: Any) -> Any:
     """A call's resource(s), refused as :class:`BadKey` past the size a key may have or with
     a control character in it."""
     for key in resource if isinstance(resource, list | tuple) else [resource]:
@@ -490,7 +490,7 @@ def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., A
         resource = keys(args, kwargs, request is not None)
         if request is not None:
             try:
-                resource = _checked(resource)
+                resource = checked_keys(resource)
             except BadKey as exc:
                 return request, resource, bad_key_response(request, exc)
         return request, resource, None
