@@ -244,12 +244,6 @@ def hand_on(held: Held, carried: Claim) -> Claim | None:
     return Claim(carried.resource, next_token, held.fence, carried.task_id)
 
 
-def take_back(held: Held) -> None:
-    """The retry could not be enqueued: the run gives its key back at its end, as if it had
-    not tried (the announcement stays in its entry, unused)."""
-    held.handed_on = None
-
-
 def end_run(held: Held, queue_lease: float) -> None:
     """The run ends: its hold is given back, or, if it enqueued a retry, becomes the retry's
     claim for ``queue_lease`` (no process, no heartbeat)."""
@@ -316,9 +310,10 @@ def claim_for(
 
 def withdraw(claimed: Claim, run: tuple[Claim, Held] | None) -> None:
     """The message carrying ``claimed`` (from :func:`claim_for`) could not be sent: the run
-    gives its key back at its end, or the claimed key is freed now."""
+    gives its key back at its end, as if it had not tried (the announcement stays in its
+    entry, unused), or the claimed key is freed now."""
     if run is not None:
-        take_back(run[1])
+        run[1].handed_on = None
     else:
         give_back(claimed)
 
