@@ -673,25 +673,6 @@ def test_release_bad_resource_is_a_command_error(lock_table, requests_sent, reso
     assert requests_sent.total == 0
 
 
-def test_createtable_refuses_a_table_it_did_not_make_and_changes_nothing(new_table):
-    client = dynamodb.get_client()
-    client.create_table(
-        TableName=new_table,
-        BillingMode="PAY_PER_REQUEST",
-        AttributeDefinitions=[
-            {"AttributeName": "pk", "AttributeType": "S"},
-            {"AttributeName": "sk", "AttributeType": "S"},
-        ],
-        KeySchema=[
-            {"AttributeName": "pk", "KeyType": "HASH"},
-            {"AttributeName": "sk", "KeyType": "RANGE"},
-        ],
-    )
-    with pytest.raises(CommandError, match="not made by dynasem_createtable"):
-        run("dynasem_createtable")
-    assert not client.describe_table(TableName=new_table)["Table"].get("GlobalSecondaryIndexes")
-
-
 @pytest.mark.django_db
 def test_locks_shows_usernames_and_takes_one_for_user(lock_table, holds, django_user_model):
     alice = django_user_model.objects.create_user("alice")
