@@ -1,4 +1,5 @@
-"""System checks: the DYNASEM settings (no network calls)."""
+"""System checks: the DYNASEM settings (no network calls), and the stored format version the
+table names (one quick GetItem when the checks run, never at import)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from ._engine import arguments, processes, push
 from .conf import DEFAULTS, settings
 
 HINT = "See Settings in dynasem's reference (docs/reference/settings.md)."
+# The checks' tags: `manage.py check --tag dynasem_settings` runs the settings' alone, as
+# dynasem_createtable does (it writes the format version the table check asks for).
+SETTINGS_TAG, TABLE_TAG = "dynasem_settings", "dynasem_table"
 
 # Every check ID reported here, with what it checks: the checks reference
 # (docs/reference/checks.md) is generated from this, and tests/test_docs_reference.py keeps it
@@ -37,6 +41,12 @@ CHECK_IDS: dict[str, str] = {
     "variable would read as true).",
     "dynasem.E012": "`TELEMETRY` and `TELEMETRY_RESOURCE_NAMES` are `True` or `False`.",
     "dynasem.E013": "`SAME_HOST_TAKEOVER` is `None`, `True` or `False`.",
+    "dynasem.E014": "The table names the stored format version this dynasem reads and writes "
+    "(one GetItem of its format item, 1 s to connect, 2 s to answer; asked only when the "
+    "settings have no error, and silent when the table cannot be asked: no table, no "
+    "credentials, no answer). A table of another version, or naming none, is refused: the "
+    "message says what the table has, what this dynasem needs, and what to do. "
+    "`manage.py dynasem_createtable --check` asks the same and exits non-zero.",
     "dynasem.I001": "Same-host takeover of dead holders is off (`SAME_HOST_TAKEOVER = False`, or "
     "left at `None` on AWS Lambda or in a runtime restored from a snapshot): holders of this "
     "host are taken over when their lease ends, as on another host. Says which rule is in force.",
@@ -59,7 +69,7 @@ def _valid_endpoint(url: object) -> bool:
     return bool(is_valid_endpoint_url(url) or is_valid_ipv6_endpoint_url(url))
 
 
-@register()
+@register(SETTINGS_TAG)
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     """The ``DYNASEM`` dict's keys, values and timings, checked without a network call."""
     from django.conf import settings as django_settings
@@ -177,5 +187,26 @@ def _takeover_rule(raw: dict[str, Any]) -> list[Any]:
             hint="Machines cloned from one memory snapshot share a boot id: one clone cannot "
             "see the other's processes, so /proc cannot prove them dead (see 'Dead holders').",
             id="dynasem.I001",
+        )
+    ]
+
+
+@register(TABLE_TAG)
+def check_table_format(app_configs: Any = None, **kwargs: Any) -> list[Any]:
+    """A table of another stored format (or naming none) is refused: its rows are not what
+    this dynasem reads. No request on the lock path: the check runs at start-up only."""
+    from ._storage import schema
+
+    if any(isinstance(p, Error) for p in check_settings(app_configs)):
+        return []  # the settings' own errors first
+    problem = schema.format_check()
+    if problem is None:
+        return []
+    return [
+        Error(
+            f"dynasem's {problem}.",
+            hint="See 'Stored format and upgrades' in dynasem's docs "
+            "(docs/explanation/stored-format.md).",
+            id="dynasem.E014",
         )
     ]

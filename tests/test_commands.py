@@ -114,6 +114,40 @@ def test_createtable_creates_the_table_its_indexes_and_ttl(new_table):
         assert [h.token for h in holds_on("made:1")] == [held.token]
 
 
+def test_createtable_writes_the_stored_format_and_the_check_stops_commands_but_createtable(
+    new_table, capsys
+):
+    """The table dynasem_createtable makes names this dynasem's stored format version. A table
+    naming none fails `manage.py check` (dynasem.E014), not dynasem_createtable, which writes
+    the version: the command that mends the table is never stopped by its check."""
+    from django.core.checks import run_checks
+    from django.core.management import execute_from_command_line
+    from django.core.management.base import SystemCheckError
+
+    out = run("dynasem_createtable", "--wait")
+    assert "stored format version 1" in out
+    stored = lock_rows.get_item(records.FORMAT_PK, records.FORMAT_SK)
+    assert stored is not None and stored["version"] == records.FORMAT_VERSION == 1
+    assert not [m for m in run_checks() if m.id == "dynasem.E014"]
+    assert "holds stored format version 1" in run("dynasem_createtable", "--check")
+
+    dynamodb.get_client().delete_item(
+        TableName=new_table, Key=records.key(records.FORMAT_PK, records.FORMAT_SK)
+    )
+    with pytest.raises(SystemCheckError, match="dynasem.E014"):
+        call_command("check")
+    execute_from_command_line(["manage.py", "dynasem_createtable"])
+    assert "stored format version 1" in capsys.readouterr().out
+    call_command("check", stdout=io.StringIO())
+
+
+def test_createtable_check_of_a_missing_table_exits_non_zero_and_creates_nothing(new_table):
+    with pytest.raises(CommandError, match="does not exist") as raised:
+        run("dynasem_createtable", "--check")
+    assert "stored format version 1" in str(raised.value)
+    assert new_table not in table_names()
+
+
 def test_createtable_again_succeeds_and_says_it_exists(new_table):
     run("dynasem_createtable", "--wait")
     created = dynamodb.get_client().describe_table(TableName=new_table)["Table"]
@@ -797,6 +831,7 @@ def test_jobs_lists_and_resets_a_failed_key(lock_table, django_user_model):
 def test_createtable_json_says_what_it_did(lock_table):
     (facts,) = json_lines(run("dynasem_createtable", "--json"))
     assert (facts["table"], facts["created"], facts["ttl"]) == (lock_table, False, True)
+    assert facts["format"] == records.FORMAT_VERSION
     assert facts["message"].startswith(f"Table {lock_table!r} already exists")
     (plan,) = json_lines(run("dynasem_createtable", "--dry-run", "--json"))
     assert plan["dry_run"] is True and plan["definition"]["TableName"] == lock_table

@@ -8,6 +8,7 @@ the embedded engine and check that two holders exclude each other.
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
@@ -367,6 +368,50 @@ def either_engine(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
         monkeypatch.delenv(ENDPOINT_ENV, raising=False)
     with fresh_table() as name:
         yield name
+
+
+def _set_format(version: int | None) -> None:
+    """The table's format item as a dynasem of ``version`` would have left it (None: none)."""
+    client, key = dynamodb.get_client(), records.key(records.FORMAT_PK, records.FORMAT_SK)
+    if version is None:
+        client.delete_item(TableName=settings.TABLE_NAME, Key=key)
+    else:
+        client.put_item(TableName=settings.TABLE_NAME, Item=records.format_item(version))
+
+
+def test_a_fresh_table_names_the_stored_format_and_another_version_is_refused(
+    either_engine: str, capsys: pytest.CaptureFixture[str]
+):
+    """A table fresh_table (or dynasem_createtable) makes names format version 1, which the
+    system check and ``dynasem_createtable --check`` accept; one that names version 2, or none,
+    both refuse, saying what the table has, what this dynasem needs and what to do."""
+    from django.core.management import CommandError, call_command, execute_from_command_line
+
+    from dynasem import checks
+
+    assert schema.stored_format() == records.FORMAT_VERSION == 1
+    assert checks.check_table_format() == []
+    out = io.StringIO()
+    call_command("dynasem_createtable", "--check", stdout=out)
+    assert "stored format version 1" in out.getvalue()
+    for version, has in [(2, "holds stored format version 2"), (None, "names no stored format")]:
+        _set_format(version)
+        [error] = checks.check_table_format()
+        assert error.id == "dynasem.E014" and has in error.msg
+        assert "this dynasem reads and writes version 1" in error.msg
+        with pytest.raises(CommandError, match=has):
+            call_command("dynasem_createtable", "--check")
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exited:
+            execute_from_command_line(["manage.py", "dynasem_createtable", "--check"])
+        assert exited.value.code != 0 and has in capsys.readouterr().err
+    # A table naming no version gets this one's from dynasem_createtable, never over another.
+    call_command("dynasem_createtable", stdout=io.StringIO())
+    assert schema.stored_format() == 1 and checks.check_table_format() == []
+    _set_format(2)
+    with pytest.raises(CommandError, match="holds stored format version 2"):
+        call_command("dynasem_createtable", stdout=io.StringIO())
+    assert schema.stored_format() == 2
 
 
 @pytest.mark.parametrize("row, condition, outcome", SIZE_CASES)

@@ -33,6 +33,11 @@ so that entries left from before a reap of the row are never read as its new que
 
 run_once rows live beside them under ``sk`` = ``"job"`` and carry no ``expires``: TTL and the
 reaper never see them.
+
+One more item, written with the table, names the stored format its rows are in
+(``pk`` = :data:`FORMAT_PK`, ``sk`` = :data:`FORMAT_SK`, ``version``): in no index, never
+expired. A later format is a new version, rolled out online as
+``docs/explanation/stored-format.md`` says.
 """
 
 from __future__ import annotations
@@ -52,6 +57,9 @@ from ..conf import settings
 
 LOCK_SK = "lock"
 JOB_SK = "job"
+# The format item's key, and the stored format this dynasem reads and writes.
+FORMAT_PK, FORMAT_SK = "dynasem#format", "format"
+FORMAT_VERSION = 1
 # Keys-only projections over a bucketed ``expires``.
 USER_INDEX = "userId-index-v2"
 EXPIRES_INDEX = "expires-index-v2"
@@ -446,6 +454,16 @@ def job_start_key(start_key: str) -> dict[str, Any]:
 
 
 # The table itself.
+
+
+def format_item(version: int = FORMAT_VERSION) -> dict[str, Any]:
+    """The item that names the table's stored format (PutItem's ``Item``)."""
+    return {**key(FORMAT_PK, FORMAT_SK), **encode({"version": version})}
+
+
+def format_version(item: Mapping[str, Any] | None) -> int | None:
+    """The version a decoded format item names; None: no item."""
+    return None if item is None or item.get("version") is None else int(item["version"])
 
 
 def table_definition(name: str | None = None) -> dict[str, Any]:

@@ -1,13 +1,26 @@
-"""The table itself: creating it and TTL."""
+"""The table itself: creating it, TTL, and the stored format version it holds."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import boto3
+import botocore.session
+from botocore.config import Config
+
 from ..conf import settings
 from ..exceptions import SemaphoreUnavailable, TableMissing
-from . import dynamodb
-from .dynamodb import get_client
+from . import dynamodb, lock_rows
+from .dynamodb import Refused, get_client, region_of
+from .records import (
+    FORMAT_PK,
+    FORMAT_SK,
+    FORMAT_VERSION,
+    decode,
+    format_item,
+    format_version,
+    key,
+)
 
 # ---------------------------------------------------------------------------------------------
 # The table itself
@@ -58,3 +71,76 @@ def enable_ttl(name: str) -> None:
 
 def delete_table(name: str) -> None:
     dynamodb.send_request("delete_table", TableName=name)
+
+
+# ---------------------------------------------------------------------------------------------
+# The stored format version
+# ---------------------------------------------------------------------------------------------
+
+
+def write_format() -> int:
+    """Write this dynasem's format version into the table, unless it names one already (never
+    over another version). Returns the version the table names now."""
+    try:
+        dynamodb.send_request(
+            "put_item",
+            TableName=settings.TABLE_NAME,
+            Item=format_item(),
+            ConditionExpression="attribute_not_exists(pk)",
+            ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        )
+    except Refused as refused:
+        found = format_version(refused.item)
+        return FORMAT_VERSION if found is None else found
+    return FORMAT_VERSION
+
+
+def stored_format() -> int | None:
+    """The format version the table names (one consistent GetItem); None: it names none."""
+    return format_version(lock_rows.get_item(FORMAT_PK, FORMAT_SK))
+
+
+def format_problem(found: int | None) -> str | None:
+    """What is wrong, for this dynasem, with a table that names format version ``found``
+    (None: none): what the table has, what this dynasem needs, what to do. None: nothing."""
+    if found == FORMAT_VERSION:
+        return None
+    name, needs = settings.TABLE_NAME, f"this dynasem reads and writes version {FORMAT_VERSION}"
+    if found is None:
+        return (
+            f"table {name!r} names no stored format version (it has no {FORMAT_PK!r} item), "
+            f"and {needs}: run `manage.py dynasem_createtable`, which writes it into a table "
+            "with dynasem's indexes, or set TABLE_NAME to a new table"
+        )
+    return (
+        f"table {name!r} holds stored format version {found}, and {needs}: deploy a dynasem "
+        f"that reads version {found} (see 'Stored format and upgrades' in dynasem's docs), or "
+        f"set TABLE_NAME to a table of version {FORMAT_VERSION}"
+    )
+
+
+def format_check() -> str | None:
+    """What is wrong with the table's stored format version, asked with one quick GetItem (no
+    retries, short timeouts), or None when it is right or the table cannot be asked about
+    (another check or the first request says why)."""
+    try:
+        core = botocore.session.get_session()
+        # Where credentials come from an instance role, look for them briefly: checks run on
+        # every runserver, migrate and test, and must not wait on a metadata service.
+        core.set_config_variable("metadata_service_timeout", 0.3)
+        core.set_config_variable("metadata_service_num_attempts", 1)
+        session = boto3.session.Session(botocore_session=core)
+        client = session.client(
+            "dynamodb",
+            endpoint_url=settings.ENDPOINT_URL,
+            region_name=region_of(session),
+            config=Config(
+                connect_timeout=1, read_timeout=2, retries={"max_attempts": 1, "mode": "standard"}
+            ),
+        )
+        item = client.get_item(
+            TableName=settings.TABLE_NAME, Key=key(FORMAT_PK, FORMAT_SK), ConsistentRead=True
+        ).get("Item")
+    except Exception:  # unreachable, no credentials, no table, a bad setting: not ours to say
+        return None
+    return format_problem(format_version(decode(item)))

@@ -168,6 +168,7 @@ class fresh_table:  # noqa: N801 - used like a function: with fresh_table(), @fr
         try:
             schema.create_table(records.table_definition(name))
             schema.wait_until_active(name)
+            schema.write_format()
         except BaseException:
             self._restore()
             raise

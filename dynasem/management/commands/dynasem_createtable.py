@@ -5,6 +5,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from ... import checks
 from ..._storage import dynamodb, records, schema
 from ...exceptions import SemaphoreUnavailable
 
@@ -12,8 +13,12 @@ from ...exceptions import SemaphoreUnavailable
 class Command(BaseCommand):
     help = (
         "Create the DynamoDB lock table (on-demand billing, a GSI on userId, a sharded GSI on "
-        "expires) and turn on TTL on expires. Safe to run again."
+        "expires), write its stored format version and turn on TTL on expires. Safe to run "
+        "again. --check only says whether the table is one this dynasem can use."
     )
+    # The settings' checks, not the table's (dynasem.E014): this command is what writes the
+    # format version that check asks for, and --check asks it itself.
+    requires_system_checks = [checks.SETTINGS_TAG]
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--wait", action="store_true", help="wait until the table is ACTIVE")
@@ -21,21 +26,37 @@ class Command(BaseCommand):
             "--dry-run", action="store_true", help="print the table definition, create nothing"
         )
         parser.add_argument(
+            "--check",
+            action="store_true",
+            help="change nothing: exit non-zero unless the table exists, has dynasem's indexes "
+            "and names the stored format version this dynasem reads and writes",
+        )
+        parser.add_argument(
             "--json", action="store_true", help="print one JSON object: what was done"
         )
 
-    def handle(self, *args: Any, wait: bool, dry_run: bool, **options: Any) -> None:
+    def handle(
+        self, *args: Any, wait: bool, dry_run: bool, check: bool = False, **options: Any
+    ) -> None:
         definition = records.table_definition()
         name = definition["TableName"]
         as_json = options.get("json", False)
         facts: dict[str, Any] = {"table": name, "endpoint": dynamodb.endpoint_label()}
-        if dry_run:
+        if check:
+            try:
+                message = self.check_table(name, facts)
+            except SemaphoreUnavailable as exc:
+                raise CommandError(str(exc)) from exc
+        elif dry_run:
             if as_json:
                 self.stdout.write(json.dumps({**facts, "dry_run": True, "definition": definition}))
                 return
             self.stdout.write(f"Would create table {name!r} at {dynamodb.endpoint_label()}:")
             self.stdout.write(json.dumps(definition, indent=2))
-            self.stdout.write("and turn on TTL on 'expires'.")
+            self.stdout.write(
+                f"then write its stored format version ({records.FORMAT_VERSION}) and turn on "
+                "TTL on 'expires'."
+            )
             return
         else:
             try:
@@ -52,13 +73,7 @@ class Command(BaseCommand):
         existing = schema.describe_table()
         facts["created"] = existing is None
         if existing is not None:
-            have = {g["IndexName"] for g in existing.get("GlobalSecondaryIndexes", [])}
-            missing = {records.USER_INDEX, records.EXPIRES_INDEX} - have
-            if missing:
-                raise CommandError(
-                    f"table {name!r} exists but lacks the index(es) {', '.join(sorted(missing))}: "
-                    "it was not made by dynasem_createtable; delete it or set another TABLE_NAME"
-                )
+            _our_indexes(name, existing)
             message = f"Table {name!r} already exists ({existing.get('TableStatus')})."
         else:
             schema.create_table(definition)
@@ -67,6 +82,7 @@ class Command(BaseCommand):
             schema.wait_until_active(name)
             message += " It is ACTIVE."
             facts["active"] = True
+        message += self.write_format(name, facts)
         facts["ttl"] = True
         if schema.ttl_status(name) not in ("ENABLED", "ENABLING"):
             try:
@@ -81,3 +97,47 @@ class Command(BaseCommand):
         else:
             message += " TTL is on for 'expires'."
         return message
+
+    def write_format(self, name: str, facts: dict[str, Any]) -> str:
+        """The table's stored format version written, if it names none yet; what to say."""
+        try:
+            found = schema.write_format()
+        except SemaphoreUnavailable as exc:
+            # A table just created is not ACTIVE yet on AWS: nothing can be written to it.
+            facts["format"] = None
+            return (
+                f" Its stored format version could not be written yet ({exc}); run this again "
+                "once the table is ACTIVE (or use --wait)."
+            )
+        facts["format"] = found
+        problem = schema.format_problem(found)
+        if problem is not None:
+            raise CommandError(problem)
+        return f" It holds stored format version {found}."
+
+    def check_table(self, name: str, facts: dict[str, Any]) -> str:
+        """Whether the table is one this dynasem can use, read only; CommandError if not."""
+        existing = schema.describe_table()
+        if existing is None:
+            raise CommandError(
+                f"table {name!r} does not exist at {dynamodb.endpoint_label()}, and this "
+                f"dynasem needs one of stored format version {records.FORMAT_VERSION}: run "
+                "`manage.py dynasem_createtable` to create it"
+            )
+        _our_indexes(name, existing)
+        found = facts["format"] = schema.stored_format()
+        problem = schema.format_problem(found)
+        if problem is not None:
+            raise CommandError(problem)
+        return f"Table {name!r} holds stored format version {found}, as this dynasem needs."
+
+
+def _our_indexes(name: str, existing: dict[str, Any]) -> None:
+    """CommandError unless the described table has dynasem's indexes."""
+    have = {g["IndexName"] for g in existing.get("GlobalSecondaryIndexes", [])}
+    missing = {records.USER_INDEX, records.EXPIRES_INDEX} - have
+    if missing:
+        raise CommandError(
+            f"table {name!r} exists but lacks the index(es) {', '.join(sorted(missing))}: "
+            "it was not made by dynasem_createtable; delete it or set another TABLE_NAME"
+        )
