@@ -21,11 +21,11 @@ test: venv
 # DynamoDB does wherever dynasem depends on it. About 4 minutes on 2 busy cores. Left out:
 # the 16-process counter race (800 holds in turn through the one engine thread: about 2
 # minutes there, 30 s on DynamoDB Local; the other races run).
-EMBEDDED_TESTS := tests/test_core.py tests/test_run_once.py tests/test_decorators.py \
-	tests/test_transactions.py tests/test_fair.py tests/test_races.py tests/test_faults.py \
-	tests/test_commands.py tests/test_admin.py tests/test_permits.py tests/test_reentry.py \
-	tests/test_fenced.py \
-	--deselect tests/test_races.py::test_sixteen_processes_count_to_800_without_overlap
+EMBEDDED_TESTS := tests/engine/test_core.py tests/background/test_run_once.py tests/engine/test_decorators.py \
+	tests/transactions/test_transactions.py tests/engine/test_fair.py tests/engine/test_races.py tests/system/test_faults.py \
+	tests/operators/test_commands.py tests/operators/test_admin.py tests/engine/test_permits.py tests/engine/test_reentry.py \
+	tests/transactions/test_fenced.py \
+	--deselect tests/engine/test_races.py::test_sixteen_processes_count_to_800_without_overlap
 test-embedded: venv
 	DYNASEM_TEST_ENGINE=embedded $(PYTHON_VENV) -m pytest $(EMBEDDED_TESTS) $(PYTEST_ARGS)
 
@@ -33,13 +33,13 @@ test-embedded: venv
 # limit >= 2 in permit items (dynasem._engine.permits; normally above 8 only) and every reader after
 # a row's first in a reader item (dynasem._engine.readers; normally after the first two), so that
 # their races, crashes and faults run on those layouts too. About 3 minutes.
-PERMITS_TESTS := tests/test_races.py tests/test_crashes.py tests/test_faults.py \
-	tests/test_processes.py tests/test_fair.py tests/test_readers.py
+PERMITS_TESTS := tests/engine/test_races.py tests/system/test_crashes.py tests/system/test_faults.py \
+	tests/engine/test_processes.py tests/engine/test_fair.py tests/engine/test_readers.py
 test-permits: venv
 	DYNASEM_TEST_PERMITS_FROM=1 DYNASEM_TEST_READERS_FROM=0 \
 		$(PYTHON_VENV) -m pytest $(PERMITS_TESTS) $(PYTEST_ARGS)
 
-# The whole suite on tests/unkind.py's engine in front of DynamoDB Local: reads without
+# The whole suite on tests/support/unkind.py's engine in front of DynamoDB Local: reads without
 # ConsistentRead answered from lagging replicas, indexes that miss and keep items, throttling
 # per partition key and at random, transaction conflicts, answers lost after the write, latency
 # tails, as AWS does (DYNASEM_UNKIND_SEED, DYNASEM_UNKIND_PROFILE choose; the seed is printed).
@@ -48,7 +48,7 @@ test-unkind: venv
 
 # What CI runs on that engine: the race, crash (stalled waiters included) and fault tests, and
 # a 120 s soak of every kind of hold at AWS's bounds (profile "aws").
-UNKIND_CI_TESTS := tests/test_races.py tests/test_crashes.py tests/test_faults.py
+UNKIND_CI_TESTS := tests/engine/test_races.py tests/system/test_crashes.py tests/system/test_faults.py
 test-unkind-ci: venv
 	DYNASEM_TEST_ENGINE=unkind $(PYTHON_VENV) -m pytest $(UNKIND_CI_TESTS) $(PYTEST_ARGS)
 	$(PYTHON_VENV) benchmarks/soak.py --seconds 120 --counting 9 --seed 40 --unkind aws
@@ -67,7 +67,7 @@ lint: venv
 
 # The documentation site (mkdocs.yml, docs/) into site/; every warning is an error (a broken
 # link or anchor, a page outside the nav, a reference that does not resolve).
-# tests/test_docs.py runs the pages' examples, tests/test_docs_site.py opens the site.
+# tests/project/test_docs.py runs the pages' examples, tests/project/test_docs_site.py opens the site.
 docs: venv
 	NO_MKDOCS_2_WARNING=1 $(PYTHON_VENV) -m mkdocs build --strict
 

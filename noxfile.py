@@ -2,7 +2,7 @@
 
     .venv/bin/nox -l                                   # the sessions
     .venv/bin/nox -s "tests(python='3.11', django='4.2')"
-    .venv/bin/nox -s "tests(python='3.11', django='4.2')" -- tests/test_decorators.py -x
+    .venv/bin/nox -s "tests(python='3.11', django='4.2')" -- tests/engine/test_decorators.py -x
     make matrix                                        # every pair but the newest
 
 ``make test`` is the full suite on the newest pair (.venv); CI (.ci/run) runs it and then the
@@ -42,33 +42,33 @@ NEWEST = PAIRS[-1]  # what `make test` runs, in .venv
 # Unique django.tasks tasks, in process and on real db_worker processes (the example project's
 # under gunicorn too): skipped below Django 6.0. Each Django >= 6.0 runs them (a full pair;
 # 6.1 in ``make test`` as well): Django 6.0's Task has fields 6.1 defaults
-# (tests/test_noxfile.py checks that every test gated on Django 6.0 runs on each).
+# (tests/project/test_noxfile.py checks that every test gated on Django 6.0 runs on each).
 TASKS = [
-    "tests/test_unique_tasks.py",
-    "tests/test_example_http.py::test_background_rebuilds_enqueue_once_while_one_is_queued_or_running",
+    "tests/background/test_unique_tasks.py",
+    "tests/system/test_example_http.py::test_background_rebuilds_enqueue_once_while_one_is_queued_or_running",
 ]
 
 DJANGO_FACING = [
-    "tests/test_decorators.py",
-    "tests/test_admin.py",
-    "tests/test_commands.py",
-    "tests/test_checks.py",
-    "tests/test_run_once.py",
-    "tests/test_core.py",
-    "tests/test_conf.py",
-    "tests/test_table.py",
-    "tests/test_transactions.py",
-    "tests/test_tasks.py",  # Django tasks: skipped below Django 6.0
+    "tests/engine/test_decorators.py",
+    "tests/operators/test_admin.py",
+    "tests/operators/test_commands.py",
+    "tests/app/test_checks.py",
+    "tests/background/test_run_once.py",
+    "tests/engine/test_core.py",
+    "tests/app/test_conf.py",
+    "tests/storage/test_table.py",
+    "tests/transactions/test_transactions.py",
+    "tests/background/test_tasks.py",  # Django tasks: skipped below Django 6.0
     *TASKS,
-    "tests/test_testing.py",
-    "tests/test_browser.py",  # the admin's layout on this Django, in Chromium
-    "tests/test_telemetry.py",  # with the otel group, or without opentelemetry at all
+    "tests/app/test_testing.py",
+    "tests/operators/test_browser.py",  # the admin's layout on this Django, in Chromium
+    "tests/observability/test_telemetry.py",  # with the otel group, or without opentelemetry at all
 ]
 
 # The lock's own logic and its DynamoDB requests depend on the Python version, not on
 # Django's: they run on the oldest and the newest Python (3.13 in ``make test``) and the
 # Django-facing files on every pair. That keeps CI (.ci/run) under its 45 minutes.
-CORE = ["tests/test_core.py", "tests/test_table.py"]
+CORE = ["tests/engine/test_core.py", "tests/storage/test_table.py"]
 # The oldest Python here, the newest in ``make test`` (3.12 between them: CI's 45 minutes).
 CORE_PAIRS = {("3.11", "4.2")}
 # dynasem[otel] and the SDK (the `otel` dependency group) on these pairs: test_telemetry.py
@@ -91,11 +91,11 @@ def _tags(pair: tuple[str, str]) -> list[str]:
 
 
 SMOKE = [
-    "tests/test_decorators.py",
-    "tests/test_checks.py",
-    "tests/test_conf.py",
-    "tests/test_testing.py",
-    "tests/test_telemetry.py",
+    "tests/engine/test_decorators.py",
+    "tests/app/test_checks.py",
+    "tests/app/test_conf.py",
+    "tests/app/test_testing.py",
+    "tests/observability/test_telemetry.py",
 ]
 # The admin's layout in Chromium, once per Django (6.1: ``make test``): it depends on the
 # Django's templates and CSS, not on the Python.
@@ -173,7 +173,7 @@ def tests(session: nox.Session, django: str) -> None:
         *nox.project.dependency_groups(PYPROJECT, "test"),
         *otel,
         *tasks,
-        "playwright>=1.40",  # tests/test_browser.py drives Debian's Chromium
+        "playwright>=1.40",  # tests/operators/test_browser.py drives Debian's Chromium
     )
     session.run("python", "-m", "django", "--version")
     session.run("python", "-m", "pytest", "-p", "no:cacheprovider", *(session.posargs or files))
@@ -185,7 +185,7 @@ def files_for(pair: tuple[str, str]) -> list[str]:
     if pair not in CORE_PAIRS:
         files = [f for f in files if f not in CORE]
     if pair not in BROWSER_PAIRS:
-        files = [f for f in files if f != "tests/test_browser.py"]
+        files = [f for f in files if f != "tests/operators/test_browser.py"]
     if _version(pair[1]) < (6, 0):
         # Skipped there (no django.tasks); a test named by node id that its module skips is
         # "found no collectors", an error.

@@ -2,9 +2,9 @@
 reap_and_list): the engine and tables, request counting, statistics, the results table, the
 target lines and docs/BENCHMARKS.md.
 
-Every script starts its own DynamoDB Local (``tests.dynamodb_local``), configures Django with
-``tests.settings`` (``LEASE`` 10 s, ``CLOCK_SKEW`` 0.5 s) exactly as the race tests' worker
-processes do (``tests.workers.setup_django``), and runs dynasem, the peer
+Every script starts its own DynamoDB Local (``tests.support.dynamodb_local``), configures Django
+with ``tests.support.settings`` (``LEASE`` 10 s, ``CLOCK_SKEW`` 0.5 s) exactly as the race tests'
+worker processes do (``tests.support.workers.setup_django``), and runs dynasem, the peer
 (``python-dynamodb-lock``) and, where there is one, a raw-boto3 floor against that one engine
 in one run.
 
@@ -46,7 +46,7 @@ SECTIONS = ("uncontended", "contended", "many_resources", "reap_and_list", "cost
 PEER = "python-dynamodb-lock"
 
 # The peer's configuration, the same in every script: a lease like dynasem's under
-# tests.settings (10 s), a heartbeat about as often as dynasem renews ((10 - 0.5) / 3 s).
+# tests.support.settings (10 s), a heartbeat about as often as dynasem renews ((10 - 0.5) / 3 s).
 PEER_LEASE = timedelta(seconds=10)
 PEER_HEARTBEAT = timedelta(seconds=3)
 PEER_SAFE = timedelta(seconds=7)
@@ -214,15 +214,16 @@ def by_operation(snap: dict[str, Any], per: float = 1.0, category: str = "work")
 @contextlib.contextmanager
 def engine() -> Iterator[Any]:
     """A DynamoDB Local of our own for this script."""
-    from tests.dynamodb_local import DynamoDBLocal
+    from tests.support.dynamodb_local import DynamoDBLocal
 
     with DynamoDBLocal() as ddb:
         yield ddb
 
 
 def setup_dynasem(endpoint: str, table_name: str) -> None:
-    """Configure Django (``tests.settings``) for this process, as the race tests' workers do."""
-    from tests.workers import setup_django
+    """Configure Django (``tests.support.settings``) for this process, as the race tests' workers
+    do."""
+    from tests.support.workers import setup_django
 
     setup_django(endpoint, table_name)
 
@@ -405,7 +406,7 @@ def create_peer_table(endpoint: str, name: str) -> None:
 
 
 def peer_client(resource: Any, table_name: str) -> Any:
-    """python-dynamodb-lock's client, configured like dynasem under tests.settings."""
+    """python-dynamodb-lock's client, configured like dynasem under tests.support.settings."""
     from python_dynamodb_lock.python_dynamodb_lock import DynamoDBLockClient
 
     return DynamoDBLockClient(
@@ -504,7 +505,7 @@ class Targets:
 
 
 def dynamodb_local_version() -> str:
-    from tests.dynamodb_local import CACHE_DIR, NPM_PACKAGE
+    from tests.support.dynamodb_local import CACHE_DIR, NPM_PACKAGE
 
     pkg = CACHE_DIR / "node_modules" / NPM_PACKAGE
     folders = sorted(p.parent.name for p in (pkg / "lib").glob("*/DynamoDBLocal.jar"))

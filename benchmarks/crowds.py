@@ -5,7 +5,7 @@
         [--readers 2 64 512 2048]
         [--wall]
 
-One process, one DynamoDB Local (``tests.settings``: ``LEASE`` 10 s, ``CLOCK_SKEW`` 0.5 s),
+One process, one DynamoDB Local (``tests.support.settings``: ``LEASE`` 10 s, ``CLOCK_SKEW`` 0.5 s),
 capacity units as AWS bills them (``cost.Meter``: ``ReturnConsumedCapacity="INDEXES"``, a
 refused write 1 WCU, a transaction twice its writes). Issue 22's table, on the layout of the
 tree it runs from:

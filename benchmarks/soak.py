@@ -4,8 +4,8 @@ SIGSTOPs, and every hold is checked afterwards. Not part of the test suite.
     .venv/bin/python benchmarks/soak.py [--processes 16] [--seconds 300] [--lease 2] [--seed N]
         [--shared-share 0.3]
 
-It starts its own DynamoDB Local (``tests.dynamodb_local``), creates a table with
-``dynasem_createtable`` (settings: ``tests.settings``, so ``CLOCK_SKEW`` = 0.5 s), and keeps
+It starts its own DynamoDB Local (``tests.support.dynamodb_local``), creates a table with
+``dynasem_createtable`` (settings: ``tests.support.settings``, so ``CLOCK_SKEW`` = 0.5 s), and keeps
 ``--processes`` worker processes (multiprocessing *spawn*) running for ``--seconds``.
 
 Each worker loops: take one of ``--resources`` resources (one time in five two of them at
@@ -20,8 +20,8 @@ twice, 1-5 ms apart -- and log their windows the same way. Readers queue behind 
 writers, so a writer's release hands the lock to the readers at the head of the line at once
 (``MAX_ADMIT`` of them in one write, each with a fence of its own); the readers beyond join by
 their own writes. From time to time it adds a fault rule
-(``tests.faults.Faults`` on its dynasem client: throttle, 5xx, connection error, read timeout,
-lost response; on ``UpdateItem`` or ``TransactWriteItems``) and logs how often each fired.
+(``tests.support.faults.Faults`` on its dynasem client: throttle, 5xx, connection error, read
+timeout, lost response; on ``UpdateItem`` or ``TransactWriteItems``) and logs how often each fired.
 ``SemaphoreBusy`` and ``SemaphoreUnavailable`` from the acquire just loop; ``LockLost`` at
 block exit is counted.
 
@@ -279,7 +279,7 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
 
     emit("S", os.getpid(), slot, gen, seed, f"{monotonic():.6f}", f"{time.time():.6f}")
 
-    from tests.workers import setup_django
+    from tests.support.workers import setup_django
 
     setup_django(cfg["endpoint"], cfg["table"])
     import dynasem
@@ -291,7 +291,7 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
     )
     from dynasem._storage import dynamodb
     from dynasem.signals import lock_lost
-    from tests.faults import Faults
+    from tests.support.faults import Faults
 
     emit("P", dynasem.__file__)
 
@@ -1219,15 +1219,15 @@ def analyse(
 @contextlib.contextmanager
 def engine(unkind: str | None, seed: int, workdir: str) -> Iterator[tuple[str, Any]]:
     """DynamoDB Local, or with ``--unkind PROFILE`` the unkind engine in front of it
-    (tests/unkind.py: stale reads, lagging indexes, throttling, conflicts, lost answers):
+    (tests/support/unkind.py: stale reads, lagging indexes, throttling, conflicts, lost answers):
     (its endpoint, the unkind engine or None). The engine's journal goes to the workdir."""
-    from tests.dynamodb_local import DynamoDBLocal
+    from tests.support.dynamodb_local import DynamoDBLocal
 
     with DynamoDBLocal() as ddb:
         if not unkind:
             yield ddb.endpoint_url, None
             return
-        from tests.unkind import UnkindDynamoDB
+        from tests.support.unkind import UnkindDynamoDB
 
         journal = os.path.join(workdir, "unkind.jsonl")
         with UnkindDynamoDB(ddb.endpoint_url, seed=seed, profile_name=unkind, journal=journal) as u:
@@ -1236,14 +1236,14 @@ def engine(unkind: str | None, seed: int, workdir: str) -> Iterator[tuple[str, A
 
 
 def add_unkind(parser: argparse.ArgumentParser) -> None:
-    from tests.unkind import PROFILES
+    from tests.support.unkind import PROFILES
 
     parser.add_argument(
         "--unkind",
         choices=sorted(PROFILES),
         default=None,
-        help="run on tests/unkind.py's engine with this profile ('aws': everything at AWS's "
-        "bounds) in front of DynamoDB Local (seeded by --seed)",
+        help="run on the unkind engine (tests/support/unkind.py) with this profile ('aws': "
+        "everything at AWS's bounds) in front of DynamoDB Local (seeded by --seed)",
     )
 
 
@@ -1429,7 +1429,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(data_path(workdir, i)).write_text("")
         Path(data_path(workdir, i) + ".hw").write_text("0".rjust(HW_WIDTH))
 
-    from tests.workers import setup_django
+    from tests.support.workers import setup_django
 
     print(
         f"soak: {args.processes} processes x {args.seconds:g} s, lease {args.lease:g} s, "

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/soak_hosts.py [--per-host 5] [--seconds 300] [--lease 2]
         [--seed N] [--clock-offsets=-0.2,0,0.2]
 
-Needs root: the hosts are Linux network namespaces (``tests/netns.py``) on a private subnet,
+Needs root: the hosts are Linux network namespaces (``tests/support/netns.py``) on a private subnet,
 and ``iptables`` and ``faketime`` (installed with ``apt-get`` when missing). DynamoDB Local
 runs in the root namespace and is reached by every host at the subnet's gateway address.
 Each host runs ``--per-host`` of ``soak.py``'s worker processes (spawned, then moved into
@@ -232,7 +232,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(soak.data_path(workdir, i) + ".hw").write_text("0".rjust(soak.HW_WIDTH))
     processes = 3 * args.per_host
 
-    from tests.workers import setup_django
+    from tests.support.workers import setup_django
 
     print(
         f"soak_hosts: 3 hosts x {args.per_host} processes x {args.seconds:g} s, lease "

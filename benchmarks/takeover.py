@@ -3,7 +3,7 @@ host holds its resource.
 
     .venv/bin/python benchmarks/takeover.py [--lease 60] [--rounds 5] [--scenarios ...]
 
-Starts its own DynamoDB Local and table (``tests.settings``: ``CLOCK_SKEW`` 0.5 s). In each
+Starts its own DynamoDB Local and table (``tests.support.settings``: ``CLOCK_SKEW`` 0.5 s). In each
 round a holder process (multiprocessing *spawn*, as a Celery or gunicorn worker is a process of
 its own) takes a resource with ``lease=--lease`` and is SIGKILLed mid-hold; the time is from
 just before the ``kill`` to the moment the waiter's ``acquire`` returned (``time.monotonic``:

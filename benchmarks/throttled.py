@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/throttled.py [--processes 8] [--rounds 30] [--hold 0.01]
         [--shares 0,0.05,0.2] [--partition-wcu 30] [--kinds sync,async] [--no-doc]
 
-One DynamoDB Local, and in front of it one unkind engine (``tests/unkind.py``, profile
+One DynamoDB Local, and in front of it one unkind engine (``tests/support/unkind.py``, profile
 ``throttle``: no stale reads, no latency, only throttling) per scenario:
 
 * ``share S``: a share S of all requests is answered ``ProvisionedThroughputExceededException``
@@ -514,7 +514,7 @@ def write_doc(body: str) -> None:
 
 def start_engines(local: str, tmp: Path, args: Any) -> list[dict[str, Any]]:
     """One unkind engine and one table per scenario (the table made through DynamoDB Local)."""
-    from tests.unkind import UnkindDynamoDB
+    from tests.support.unkind import UnkindDynamoDB
 
     found = scenarios(args)
     for i, sc in enumerate(found):
@@ -603,7 +603,7 @@ One hot lock: {args.processes} OS processes (multiprocessing spawn, one boto3 cl
 {args.rounds} acquisitions of one resource per run, each held {args.hold * 1000:g} ms, with
 `semaphore(res, wait=60)`, with and without `fair=True` (`sync`: `with` in the worker's
 thread; `async`: `async with` in one coroutine per worker), while the parent probes with
-`wait=0` every 50-150 ms. The engine is `tests/unkind.py` (profile `throttle`: no stale
+`wait=0` every 50-150 ms. The engine is `tests/support/unkind.py` (profile `throttle`: no stale
 reads, no latency) in front of DynamoDB Local: *N % throttled* answers that share of all requests
 `ProvisionedThroughputExceededException` or `ThrottlingException` at random; *partition
 limit* throttles the lock's partition key past {args.partition_wcu:g} WCU/s and
@@ -617,7 +617,7 @@ ticket read from the `ADD qin` write's answer); *queued again*: acquisitions tha
 than one ticket (passed over in the queue, then queued again at its back); *retry_after*: the
 range the `wait=0` prober was told, and how many of its refusals saw the lock released (the
 next release) and its own turn come (the `queue_position`-th release) within it, and the
-errors it got. Settings: `tests.settings` (`LEASE` + `CLOCK_SKEW` = {lease_and_skew:g} s: a
+errors it got. Settings: `tests.support.settings` (`LEASE` + `CLOCK_SKEW` = {lease_and_skew:g} s: a
 dead holder's lock could be taken over that long after its last renewal, the most
 `retry_after` may say).
 """

@@ -30,8 +30,8 @@ __all__ = ["RetryLater", "UniqueTask", "retry_later"]
 # Retries of one task before the busy error is its failure. Not Celery's max_retries (3 by
 # default, meant for errors): every refusal means more tasks want the lock than one estimate
 # serves, and a herd of tasks over one key needs several turns to be served (60 tasks over 3
-# keys: tests/test_celery_broker.py). Ten turns, the jitter window doubling each time, are
-# about 7 minutes of patience for holds of a second, half an hour for holds of a minute.
+# keys: tests/background/test_celery_broker.py). Ten turns, the jitter window doubling each time,
+# are about 7 minutes of patience for holds of a second, half an hour for holds of a minute.
 MAX_RETRIES = 10
 
 

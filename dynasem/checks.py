@@ -18,8 +18,8 @@ HINT = "See Settings in dynasem's reference (docs/reference/settings.md)."
 SETTINGS_TAG, TABLE_TAG = "dynasem_settings", "dynasem_table"
 
 # Every check ID reported here, with what it checks: the checks reference
-# (docs/reference/checks.md) is generated from this, and tests/test_docs_reference.py keeps it
-# equal to the IDs used below. E is an Error (manage.py check fails), W a Warning.
+# (docs/reference/checks.md) is generated from this, and tests/project/test_docs_reference.py keeps
+# it equal to the IDs used below. E is an Error (manage.py check fails), W a Warning.
 CHECK_IDS: dict[str, str] = {
     "dynasem.E001": "`DYNASEM` is a dict.",
     "dynasem.E002": "`DYNASEM` has no key dynasem does not know (a misspelt key would be "

@@ -31,7 +31,7 @@ DEFAULTS: dict[str, Any] = {
 FALLBACK_REGION = "us-east-1"
 
 # What each key means: the settings reference (docs/reference/settings.md) is generated from
-# DEFAULTS and this, and tests/test_docs_reference.py keeps their keys the same.
+# DEFAULTS and this, and tests/project/test_docs_reference.py keeps their keys the same.
 HELP: dict[str, str] = {
     "TABLE_NAME": "the DynamoDB table",
     "ENDPOINT_URL": '`None` = AWS; `"http://127.0.0.1:8000"` = a local engine',

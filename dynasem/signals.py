@@ -1,7 +1,7 @@
 """Signals sent by dynasem about its holds; the sender is always ``dynasem.Semaphore``.
 
 ``SIGNALS`` says when each is sent and with which keyword arguments: the signals reference
-(docs/reference/signals.md) is generated from it, and tests/test_docs_reference.py checks it
+(docs/reference/signals.md) is generated from it, and tests/project/test_docs_reference.py checks it
 against every ``.send(`` in dynasem. A nested acquire (a hold re-entered by the thread or task
 that has it) and ``run_once`` jobs send none of them.
 """

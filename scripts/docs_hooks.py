@@ -7,12 +7,12 @@ reference cannot drift from the code:
 - ``<!-- dynasem:checks -->``: the system check IDs (``dynasem.checks.CHECK_IDS``);
 - ``<!-- dynasem:signals -->``: the signals and their arguments (``dynasem.signals.SIGNALS``);
 - ``<!-- dynasem:command NAME -->``: a ``## NAME`` heading, the command's ``help`` and its
-  full ``--help`` (tests/test_docs_reference.py requires one for every ``dynasem_*``
+  full ``--help`` (tests/project/test_docs_reference.py requires one for every ``dynasem_*``
   command on the commands page).
 
 An unknown marker (a typo) fails the build. Markers inside fenced code blocks, or on a line
 with other text, are left alone, so a page can show one. Importable without MkDocs
-(tests/test_docs_reference.py renders every marker).
+(tests/project/test_docs_reference.py renders every marker).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _setup_django() -> None:
     management commands need it to build their parsers."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.support.settings")
     import django
     from django.apps import apps
 

@@ -8,7 +8,7 @@
 Starts everything it needs and stops it again: a PostgreSQL cluster of Debian's packages
 (``initdb`` into a temporary folder, run as the ``postgres`` user when started as root; it
 installs the ``postgresql`` package with apt-get first when started as root without it),
-DynamoDB Local for the locks (``tests/dynamodb_local.py``; ``--engine embedded`` uses
+DynamoDB Local for the locks (``tests/support/dynamodb_local.py``; ``--engine embedded`` uses
 ``python -m dynasem.testing`` instead), and the example project under gunicorn with several
 workers, ``ATOMIC_REQUESTS = True``. Every request goes to 127.0.0.1.
 
@@ -44,8 +44,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-from tests.example_server import Client, example_env, example_project  # noqa: E402
-from tests.servers import ServerUnavailable, postgresql, stop  # noqa: E402
+from tests.support.example_server import Client, example_env, example_project  # noqa: E402
+from tests.support.servers import ServerUnavailable, postgresql, stop  # noqa: E402
 
 PROJECTS = range(1, 6)  # example_project.projects.views.PROJECTS
 VARIANTS = {
@@ -61,7 +61,7 @@ VARIANTS = {
 @contextlib.contextmanager
 def lock_store(engine: str, workdir: Path) -> Iterator[str]:
     if engine == "dynamodb-local":
-        from tests.dynamodb_local import DynamoDBLocal
+        from tests.support.dynamodb_local import DynamoDBLocal
 
         with DynamoDBLocal() as ddb:
             yield ddb.endpoint_url

@@ -52,6 +52,6 @@ case "$where" in
 esac
 if [ "$#" = 0 ]; then
     # The admin's templates from an installed package: the wheel check renders every one.
-    set -- tests/test_checks.py tests/test_conf.py tests/test_decorators.py
+    set -- tests/app/test_checks.py tests/app/test_conf.py tests/engine/test_decorators.py
 fi
 "$PY" -m pytest -q -p no:cacheprovider "$@"

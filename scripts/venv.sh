@@ -42,17 +42,17 @@ if [ ! -x "$VENV/bin/python" ]; then
     "$PYTHON" -m venv "$VENV"
 fi
 
-# mysqlclient, Django's MySQL driver, for tests/test_fenced_mariadb.py: it compiles against
+# mysqlclient, Django's MySQL driver, for tests/transactions/test_fenced_mariadb.py: it compiles against
 # libmariadb-dev (found through pkg-config), which .ci/run installs and a fresh machine may
 # lack. Where it cannot be built the venv is made without it and that module skips, saying so.
 mysqlclient() {
     if "$VENV/bin/python" -c "import MySQLdb" >/dev/null 2>&1; then return 0; fi
     if command -v pkg-config >/dev/null 2>&1 && pkg-config --exists libmariadb; then
-        echo "venv.sh: pip install mysqlclient (tests/test_fenced_mariadb.py)"
+        echo "venv.sh: pip install mysqlclient (tests/transactions/test_fenced_mariadb.py)"
         "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "mysqlclient>=2.2.1" \
-            || echo "venv.sh: mysqlclient did not build; tests/test_fenced_mariadb.py will skip"
+            || echo "venv.sh: mysqlclient did not build; tests/transactions/test_fenced_mariadb.py will skip"
     else
-        echo "venv.sh: no libmariadb-dev/pkg-config: tests/test_fenced_mariadb.py will skip" \
+        echo "venv.sh: no libmariadb-dev/pkg-config: tests/transactions/test_fenced_mariadb.py will skip" \
             "(apt-get install libmariadb-dev pkg-config, then make venv)"
     fi
 }

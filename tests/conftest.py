@@ -4,8 +4,8 @@ The engine is DynamoDB Local; ``DYNASEM_TEST_ENGINE=embedded`` runs the same tes
 ``dynasem.testing``'s embedded engine (moto, one request at a time), the one users' own test
 suites get (``make test-embedded``). A test whose subject is DynamoDB Local itself is marked
 ``@pytest.mark.dynamodb_local_only("why")`` and skipped there, saying why.
-``DYNASEM_TEST_ENGINE=unkind`` puts ``tests.unkind``'s engine in front of DynamoDB Local: stale
-reads, lagging indexes, throttling, transaction conflicts and lost answers as on AWS
+``DYNASEM_TEST_ENGINE=unkind`` puts ``tests.support.unkind``'s engine in front of DynamoDB Local:
+stale reads, lagging indexes, throttling, transaction conflicts and lost answers as on AWS
 (``make test-unkind``; ``$DYNASEM_UNKIND_SEED``, ``$DYNASEM_UNKIND_PROFILE``). A test whose
 subject is a kind engine's exact answers (request counts, capacity units) is marked
 ``@pytest.mark.kind_engine_only("why")`` and skipped there, saying why.
@@ -16,7 +16,6 @@ from __future__ import annotations
 import importlib
 import os
 import uuid
-from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,8 +23,20 @@ import pytest
 from django.core.management import call_command
 from django.test import override_settings
 
-from tests import netns
-from tests.dynamodb_local import DynamoDBLocal
+from tests.support import netns
+from tests.support.dynamodb_local import DynamoDBLocal
+from tests.support.helpers import (
+    DYNASEM_REQUESTS,
+    ENGINE_ENV,
+    ENGINES,
+    LISTINGS,
+    PERMITS_ENV,
+    READERS_ENV,
+    RequestCounter,
+    dynasem_settings,
+    engine_name,
+    settle_engine,
+)
 
 # test_testing.py runs users' test suites in a subprocess through pytester.
 pytest_plugins = ["pytester"]
@@ -37,31 +48,13 @@ os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "dummy")
 os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
 
-ENGINE_ENV = "DYNASEM_TEST_ENGINE"
-ENGINES = ("dynamodb-local", "embedded", "unkind")
-
-
-def engine_name() -> str:
-    """The engine this run's tests use: ``$DYNASEM_TEST_ENGINE``, DynamoDB Local by default."""
-    return os.environ.get(ENGINE_ENV) or ENGINES[0]
-
-
-# ``DYNASEM_TEST_PERMITS_FROM=N``: counting semaphores of more than N permits keep their
-# holders in permit items (normally above table.permits.INLINE_MAX = 8), so that the whole
-# suite's counting tests can run on that layout too (workers inherit it).
-PERMITS_ENV = "DYNASEM_TEST_PERMITS_FROM"
-# ``DYNASEM_TEST_READERS_FROM=N``: a shared resource keeps N readers in its row, the next in
-# reader items (normally reader_items.READERS_INLINE = 8), for the same reason.
-READERS_ENV = "DYNASEM_TEST_READERS_FROM"
-
-
 def pytest_configure(config: pytest.Config) -> None:
     if os.environ.get(PERMITS_ENV):
         from dynasem._storage import permit_items
 
         permit_items.INLINE_MAX = int(os.environ[PERMITS_ENV])
     if os.environ.get(READERS_ENV):
-        from tests.workers import readers_from
+        from tests.support.workers import readers_from
 
         readers_from(os.environ[READERS_ENV])
     if engine_name() not in ENGINES:
@@ -82,7 +75,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "kind_engine_only(reason): needs an engine's exact answers; skipped on the unkind engine",
     )
     config.addinivalue_line(
-        "markers", "unkind(profile, overrides): the unkind engine's settings (tests/test_unkind.py)"
+        "markers",
+        "unkind(profile, overrides): the unkind engine's settings (tests/storage/test_unkind.py)",
     )
 
 
@@ -104,18 +98,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.skip(reason=f"embedded engine: {reason}"))
 
 
-# -- the DynamoDB operations dynasem sent this session (tests/test_iam_policy.py) ---------------
-# Every boto3 client built in this process (dynasem builds its own in _storage/dynamodb.py)
-# reports each operation before sending it. It is recorded when its nearest caller outside
-# botocore is dynasem's own code (not dynasem.testing): a test's own calls on a client, such
-# as lock_table's update_time_to_live, are not dynasem's.
-DYNASEM_REQUESTS: set[str] = set()
-
-
-def runs_last(test: Any) -> Any:
-    """Run ``test`` after every other test of the session (pytest_collection_modifyitems)."""
-    test.runs_last = True
-    return test
+# -- the DynamoDB operations dynasem sent this session (tests/project/test_iam_policy.py) --
 
 
 def _record_dynasem_requests() -> None:
@@ -160,10 +143,10 @@ def dynamodb_local() -> Iterator[str]:
     else:
         engine = DynamoDBLocal()
     with engine:
-        # DynamoDB Local's own endpoint, under the unkind engine too (tests/test_unkind.py).
+        # DynamoDB Local's own endpoint, under the unkind engine too (tests/storage/test_unkind.py).
         os.environ["DYNASEM_TEST_LOCAL_ENDPOINT"] = engine.endpoint_url
         if engine_name() == "unkind":
-            from tests.unkind import UnkindDynamoDB
+            from tests.support.unkind import UnkindDynamoDB
 
             with UnkindDynamoDB(engine.endpoint_url) as unkind:
                 os.environ["DYNASEM_TEST_ENDPOINT"] = unkind.endpoint_url
@@ -172,38 +155,6 @@ def dynamodb_local() -> Iterator[str]:
             return
         os.environ["DYNASEM_TEST_ENDPOINT"] = engine.endpoint_url
         yield engine.endpoint_url
-
-
-# Listings (the admin's, dynasem_locks', the reaper's) come from indexes and eventually
-# consistent reads, and say so. On the unkind engine a test of what a listing shows first
-# lets the engine's replicas catch up, as an operator reloads the page: what such a test
-# checks is the listing, not the lag (tests/test_operators_lag.py checks the lag).
-LISTINGS = (
-    ("index_queries", "query_expiring"),
-    ("index_queries", "query_user_page"),
-    ("index_queries", "get_many"),
-    ("job_rows", "scan_jobs"),
-)
-
-
-def settle_engine() -> None:
-    """On the unkind engine: wait until its replicas have every version written so far."""
-    import http.client
-    import json
-    import time
-    from urllib.parse import urlsplit
-
-    url = urlsplit(os.environ["DYNASEM_TEST_ENDPOINT"])
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=10)
-        try:
-            conn.request("GET", "/unkind")
-            if not json.loads(conn.getresponse().read())["replica_versions_pending"]:
-                return
-        finally:
-            conn.close()
-        time.sleep(0.05)
 
 
 @pytest.fixture(autouse=True)
@@ -219,18 +170,6 @@ def _listings_settle(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
             return _listing(*args, **kwargs)
 
         monkeypatch.setattr(module, name, settled)
-
-
-def dynasem_settings(endpoint: str, table_name: str, **extra: Any) -> dict[str, Any]:
-    return {
-        "TABLE_NAME": table_name,
-        "ENDPOINT_URL": endpoint,
-        "REGION_NAME": "us-east-1",
-        "LEASE": 10,
-        "WAIT": 0,
-        "CLOCK_SKEW": 0.5,
-        **extra,
-    }
 
 
 @pytest.fixture
@@ -261,23 +200,6 @@ def lock_table(dynamodb_local: str) -> Iterator[str]:
                 schema.delete_table(name)
             except Exception:
                 pass
-
-
-class RequestCounter:
-    """Counts the DynamoDB requests actually sent, by operation, through botocore's events."""
-
-    def __init__(self) -> None:
-        self.calls: Counter[str] = Counter()
-
-    def __call__(self, model: Any, **kwargs: Any) -> None:
-        self.calls[model.name] += 1
-
-    @property
-    def total(self) -> int:
-        return sum(self.calls.values())
-
-    def reset(self) -> None:
-        self.calls.clear()
 
 
 @pytest.fixture
@@ -312,7 +234,7 @@ def no_reentry(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     """Every acquire is another holder's, even in the same thread: most tests stand in for
     several processes with one thread (hold it here, then find it busy here). Tests marked
     ``reentry`` get dynasem's own rule: a nested acquire re-enters the hold
-    (tests/test_reentry.py; for users' own tests, dynasem.testing.held_elsewhere)."""
+    (tests/engine/test_reentry.py; for users' own tests, dynasem.testing.held_elsewhere)."""
     if request.node.get_closest_marker("reentry") is not None:
         return
     from dynasem._engine import core
@@ -334,15 +256,6 @@ def holds(lock_table: str) -> Iterator[list[Any]]:
             pass
 
 
-def take(holds: list[Any], resource: str, **kwargs: Any) -> Any:
-    """``semaphore(resource, **kwargs).acquire()``, released by the ``holds`` fixture."""
-    from dynasem import semaphore
-
-    held = semaphore(resource, **kwargs).acquire()
-    holds.append(held)
-    return held
-
-
 @pytest.fixture
 def one_second_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
     """``expires`` buckets of 1 s instead of 15 minutes, so that a test can reap in real time
@@ -352,44 +265,7 @@ def one_second_buckets(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(stored, "BUCKET_S", 1)
 
 
-def queue_of(resource: str) -> dict[str, Any]:
-    """The live waiters queued for ``resource`` (token -> Waiter), as stored: the entry
-    items'."""
-    from dynasem._operators import locks as operations
-
-    return {w.token: w for w in operations.waiters_on(resource)}
-
-
-def holder_pages(resource: str, most: int) -> list[list[str]]:
-    """The tokens of ``resource``'s holders, page by page as the resource page reads them
-    (``operations.resource_state`` followed by its ``holds_next``)."""
-    from dynasem._operators import locks as operations
-
-    pages, after = [], None
-    while True:
-        state = operations.resource_state(resource, holds_after=after, most=most)
-        pages.append([h.token for h in state.holds])
-        if state.holds_next is None:
-            return pages
-        after = state.holds_next
-
-
-def enqueue_entry(resource: str, token: str, waiter: Any) -> int:
-    """Queue ``waiter`` for ``resource`` as a waiter would (a ticket, then its entry item),
-    without anyone waiting behind it: a crashed waiter's entry, say. Returns its ticket."""
-    import dataclasses
-
-    from dynasem import _clock as clock
-    from dynasem._storage import lock_rows, lock_writes, queue_entries
-
-    row = lock_rows.update(lock_writes.take_ticket(resource, clock.new_fence(0)), return_new=True)
-    assert row is not None
-    waiter = dataclasses.replace(waiter, ticket=row.queue_in, token=token)
-    queue_entries.put_entry(resource, row.queue_id, waiter)
-    return row.queue_in
-
-
-# -- several hosts on one machine (tests/netns.py): test_hosts.py, test_lead_hosts.py ------------
+# -- several hosts on one machine (tests/support/netns.py): test_hosts.py, test_lead_hosts.py
 
 
 @pytest.fixture(scope="module")
@@ -415,16 +291,3 @@ def iptables(network: netns.Network) -> str:
     if done.returncode != 0:
         pytest.skip(f"iptables does not work in a network namespace here: {done.stderr.strip()}")
     return path
-
-
-def wait_for(check: Any, timeout: float, what: str) -> Any:
-    """Poll ``check()`` until it returns something true (returned), at most ``timeout`` s."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.01)
-    raise AssertionError(f"{what}: not within {timeout:g}s")

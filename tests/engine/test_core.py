@@ -1,0 +1,1124 @@
+"""dynasem._engine.core on DynamoDB Local: acquire, release, fences, waiting, modes, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import math
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import AnonymousUser, User
+from django.core.management import call_command
+from django.test import override_settings
+
+import dynasem
+from dynasem import (
+    LockLost,
+    Semaphore,
+    SemaphoreBusy,
+    SemaphoreError,
+    SemaphoreUnavailable,
+    TableMissing,
+    semaphore,
+)
+from dynasem import (
+    _clock as clock,
+)
+from dynasem._operators import locks as operations
+from dynasem._storage import dynamodb, lock_rows
+from dynasem.signals import lock_acquired, lock_busy, lock_lost, lock_released
+from tests.support.helpers import RequestCounter, dynasem_settings, queue_of
+
+SKEW = 0.5  # CLOCK_SKEW of the test settings
+SIGNALS = {
+    "acquired": lock_acquired,
+    "released": lock_released,
+    "busy": lock_busy,
+    "lost": lock_lost,
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+
+
+class SignalLog:
+    """Every dynasem signal sent during a test: (name, sender, kwargs)."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, Any, dict[str, Any]]] = []
+        self._lock = threading.Lock()
+
+    def receiver(self, name: str) -> Callable[..., None]:
+        def receive(sender: Any, signal: Any = None, **kwargs: Any) -> None:
+            with self._lock:
+                self.sent.append((name, sender, kwargs))
+
+        return receive
+
+    def of(self, name: str, token: str | None = None) -> list[dict[str, Any]]:
+        with self._lock:
+            return [
+                kw
+                for n, _, kw in self.sent
+                if n == name and (token is None or kw.get("token") == token)
+            ]
+
+
+@pytest.fixture
+def signal_log() -> Iterator[SignalLog]:
+    log = SignalLog()
+    receivers = {name: log.receiver(name) for name in SIGNALS}
+    for name, signal in SIGNALS.items():
+        signal.connect(receivers[name], weak=False)
+    yield log
+    for name, signal in SIGNALS.items():
+        signal.disconnect(receivers[name])
+
+
+def holds(resource: str) -> list[operations.HoldInfo]:
+    return operations.holds_on(resource)
+
+
+def tokens_on(resource: str) -> set[str]:
+    return {h.token for h in holds(resource)}
+
+
+def stored_end(resource: str, token: str) -> float:
+    """The lease end stored for ``token`` on ``resource``, epoch seconds."""
+    (hold,) = [h for h in holds(resource) if h.token == token]
+    return hold.expires_ms / 1000
+
+
+def sleep_until(wall: float) -> None:
+    delay = wall - time.time()
+    if delay > 0:
+        time.sleep(delay)
+
+
+def expired_hold(resource: str, **kwargs: Any) -> tuple[dynasem.Held, float]:
+    """A hold with lease=1.5 whose heartbeat is stopped, and its stored lease end."""
+    held = semaphore(resource, lease=1.5, **kwargs).acquire()
+    held._stop_heartbeat()
+    return held, stored_end(resource, held.token)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def process_identity() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Acquire and release
+# ---------------------------------------------------------------------------------------------
+
+
+def test_with_block_holds_then_releases(lock_table: str) -> None:
+    with semaphore("tbl_issues:42") as held:
+        (hold,) = holds("tbl_issues:42")
+        assert hold.token == held.token
+        assert hold.fence == held.fence
+        assert hold.user_id == held.user_id
+        assert hold.kind == "exclusive"
+    assert holds("tbl_issues:42") == []
+    assert held.released
+
+
+def test_acquire_and_release_methods(lock_table: str) -> None:
+    held = semaphore("job").acquire()
+    assert tokens_on("job") == {held.token}
+    with pytest.raises(SemaphoreBusy):
+        semaphore("job", wait=0).acquire()
+    held.release()
+    assert holds("job") == []
+    again = semaphore("job", wait=0).acquire()
+    assert tokens_on("job") == {again.token}
+    again.release()
+    assert holds("job") == []
+
+
+def test_async_with_holds_then_releases(lock_table: str) -> None:
+    async def main() -> tuple[dynasem.Held, set[str]]:
+        async with semaphore("async-res", lease=5) as held:
+            inside = await asyncio.to_thread(tokens_on, "async-res")
+        return held, inside
+
+    held, inside = asyncio.run(main())
+    assert inside == {held.token}
+    assert holds("async-res") == []
+    assert held.released
+
+
+def test_async_waiter_lets_the_event_loop_run(lock_table: str) -> None:
+    # The second task waits for the first, which can only release if waiting does not block
+    # the event loop.
+    order: list[str] = []
+
+    first_in = asyncio.Event()
+
+    async def first() -> int:
+        async with semaphore("shared-loop") as held:
+            order.append("first in")
+            first_in.set()
+            await asyncio.sleep(0.3)
+            order.append("first out")
+        return held.fence
+
+    async def second() -> int:
+        # After the first holds (a head start of 50 ms was not always enough on a loaded
+        # machine: the second then took it first and the first, wait=0, was refused).
+        await first_in.wait()
+        async with semaphore("shared-loop", wait=3) as held:
+            order.append("second in")
+        return held.fence
+
+    async def main() -> list[int]:
+        return list(await asyncio.gather(first(), second()))
+
+    started = time.monotonic()
+    f1, f2 = asyncio.run(main())
+    assert order == ["first in", "first out", "second in"]
+    assert f2 > f1
+    assert time.monotonic() - started < 2.5
+    assert holds("shared-loop") == []
+
+
+def test_async_waiters_need_no_thread_of_the_loops_default_executor(lock_table: str) -> None:
+    """The application's default executor (``asyncio.to_thread``) is fully taken for the
+    whole test: async waiters are served all the same, as dynasem's requests run in an
+    executor of its own and its waits are asyncio waits."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    held: list[str] = []
+    unblock = threading.Event()
+
+    async def one(resource: str) -> None:
+        async with semaphore(resource, wait=10, lease=10):
+            await asyncio.sleep(0.05)
+            held.append(resource)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(1))
+        blocked = loop.run_in_executor(None, unblock.wait, 30)
+        try:
+            await asyncio.wait_for(
+                asyncio.gather(*(one(f"busy-app:{i % 2}") for i in range(10))), 20
+            )
+        finally:
+            unblock.set()
+            await blocked
+
+    asyncio.run(main())
+    assert sorted(held) == ["busy-app:0"] * 5 + ["busy-app:1"] * 5
+    assert holds("busy-app:0") == [] and holds("busy-app:1") == []
+
+
+def test_waiting_coroutines_hold_no_io_thread(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """20 coroutines queue for one resource on an executor of only 2 threads: a waiter that
+    kept a thread while it waited (for its turn, or for a pushed hand-over) would leave none
+    for the holder's release, and the line would stall until the waits gave up."""
+    from dynasem._engine import steps as drivers
+
+    monkeypatch.setattr(drivers, "IO_THREADS", 2)
+    monkeypatch.setattr(drivers, "_io", None)
+    order: list[int] = []
+
+    async def one(i: int) -> None:
+        async with semaphore("two-threads", wait=8, lease=10):
+            order.append(i)
+            await asyncio.sleep(0.02)
+
+    async def main() -> None:
+        await asyncio.gather(*(one(i) for i in range(20)))
+
+    try:
+        asyncio.run(main())
+    finally:
+        executor = drivers._io
+        if executor is not None:
+            executor.shutdown(wait=True)
+    assert sorted(order) == list(range(20))
+    assert holds("two-threads") == []
+
+
+def test_block_exception_propagates_and_releases(lock_table: str) -> None:
+    error = KeyError("boom")
+    with pytest.raises(KeyError) as raised:
+        with semaphore("res"):
+            raise error
+    assert raised.value is error
+    assert holds("res") == []
+
+
+def test_held_attributes(lock_table: str) -> None:
+    before = datetime.now(UTC)
+    with semaphore("tbl_issues:7", lease=30) as held:
+        assert held.resource == "tbl_issues:7"
+        assert type(held.fence) is int and held.fence > 0
+        assert held.fences == {"tbl_issues:7": held.fence}
+        assert isinstance(held.token, str) and held.token
+        assert held.expires.tzinfo is not None
+        assert held.expires.utcoffset().total_seconds() == 0  # type: ignore[union-attr]
+        ahead = (held.expires - before).total_seconds()
+        assert 29 <= ahead <= 31
+        assert stored_end("tbl_issues:7", held.token) == pytest.approx(
+            held.expires.timestamp(), abs=0.01
+        )
+
+
+def test_token_is_unique_per_acquisition(lock_table: str) -> None:
+    sem = semaphore("res")
+    tokens = []
+    for _ in range(5):
+        with sem as held:
+            assert tokens_on("res") == {held.token}
+            tokens.append(held.token)
+    assert len(set(tokens)) == 5
+
+
+@pytest.mark.parametrize(
+    ("make_user", "expected"),
+    [
+        (lambda: User(pk=42, username="alice"), "42"),
+        (lambda: "worker-7", "worker-7"),
+        (lambda: None, None),
+        (lambda: AnonymousUser(), None),
+    ],
+    ids=["django-user", "str", "none", "anonymous"],
+)
+def test_user_id_recorded(lock_table: str, make_user: Callable[[], Any], expected: str) -> None:
+    expected = expected or process_identity()
+    with semaphore("res", user=make_user()) as held:
+        assert held.user_id == expected
+        (hold,) = holds("res")
+        assert hold.user_id == expected
+        assert lock_rows.stored_item("res")["userId"] == expected  # type: ignore[index]
+
+
+# ---------------------------------------------------------------------------------------------
+# Busy and waiting
+# ---------------------------------------------------------------------------------------------
+
+
+def test_busy_raises_with_resource_retry_after_and_holder(lock_table: str) -> None:
+    with semaphore("res", user="alice", lease=10):
+        with pytest.raises(SemaphoreBusy) as raised:
+            semaphore("res", user="bob", wait=0).acquire()
+    exc = raised.value
+    assert isinstance(exc, SemaphoreError)
+    assert exc.resource == "res"
+    assert type(exc.retry_after) is int
+    # Just taken, no hold on record: it may be done any moment; come back in whole seconds,
+    # not at its lease end + CLOCK_SKEW (11 s). (A cold engine's first write counts as held.)
+    assert exc.retry_after == max(1, math.ceil(exc.estimated_wait))
+    assert exc.retry_after < 10
+    assert exc.queue_position == 1
+    assert exc.holder_user_id == "alice"
+
+
+def test_busy_estimates_when_a_short_holder_will_be_done(lock_table: str) -> None:
+    """Holds of 0.2-0.5 s under the default 60 s lease: a refused caller is told to come back
+    in a second or two (the holder's recorded average hold), not at the lease end + skew."""
+    for hold in (0.2, 0.5, 0.3, 0.4, 0.25):
+        with semaphore("short", user="alice", lease=60):
+            time.sleep(hold)
+    with semaphore("short", user="alice", lease=60):
+        time.sleep(0.1)
+        with pytest.raises(SemaphoreBusy) as raised:
+            semaphore("short", user="bob", wait=0).acquire()
+    exc = raised.value
+    assert exc.retry_after <= 2, exc.retry_after
+    assert 0.0 <= exc.estimated_wait <= 0.5, exc.estimated_wait
+    assert exc.queue_position == 1
+    assert exc.holder_user_id == "alice"
+
+
+def test_retry_after_is_never_later_than_a_dead_holder_could_be_taken_over(
+    lock_table: str,
+) -> None:
+    """A hold of 3 s with no average on record is estimated to go on for 3 s more; its lease
+    (1 s, renewed) ends sooner, and were it dead it could be taken over then + CLOCK_SKEW:
+    retry_after says that, estimated_wait the estimate."""
+    with semaphore("long", user="alice", lease=1):
+        time.sleep(3)
+        with pytest.raises(SemaphoreBusy) as raised:
+            semaphore("long", user="bob", wait=0).acquire()
+    exc = raised.value
+    assert exc.estimated_wait >= 3.0
+    assert exc.retry_after <= math.ceil(1 + SKEW)
+
+
+def test_busy_names_the_holder_whose_lease_ends_first(lock_table: str) -> None:
+    a = semaphore("pool", limit=2, user="alice", lease=30).acquire()
+    b = semaphore("pool", limit=2, user="bob", lease=5).acquire()
+    with pytest.raises(SemaphoreBusy) as raised:
+        semaphore("pool", limit=2, user="carol", wait=0).acquire()
+    assert raised.value.holder_user_id == "bob"
+    assert raised.value.retry_after < 5  # both just taken: sooner than either lease ends
+    a.release()
+    b.release()
+
+
+def test_busy_with_wait_zero_is_one_update_and_no_get(
+    lock_table: str, requests_sent: RequestCounter
+) -> None:
+    with semaphore("res"):
+        requests_sent.reset()
+        with pytest.raises(SemaphoreBusy):
+            semaphore("res", wait=0).acquire()
+        assert dict(requests_sent.calls) == {"UpdateItem": 1}
+
+
+def test_exclusive_busy_on_shared_holders_with_wait_zero_is_one_update(
+    lock_table: str, requests_sent: RequestCounter
+) -> None:
+    readers = [semaphore("doc", shared=True).acquire() for _ in range(3)]
+    requests_sent.reset()
+    with pytest.raises(SemaphoreBusy):
+        semaphore("doc", wait=0).acquire()
+    assert dict(requests_sent.calls) == {"UpdateItem": 1}
+    for r in readers:
+        r.release()
+
+
+def test_wait_ends_as_soon_as_holder_releases(lock_table: str) -> None:
+    first = semaphore("res", lease=10).acquire()
+    released_at: list[float] = []
+
+    def release_later() -> None:
+        time.sleep(0.3)
+        # When the release starts: its write hands the lock over, so the waiter may hold it
+        # (and return) before release() has returned here.
+        released_at.append(time.monotonic())
+        first.release()
+
+    releaser = threading.Thread(target=release_later)
+    started = time.monotonic()
+    releaser.start()
+    second = semaphore("res", wait=10).acquire()
+    acquired_at = time.monotonic()
+    releaser.join()
+    assert released_at and acquired_at >= released_at[0]
+    assert acquired_at - started < 2.0  # not the full wait, nor the holder's lease
+    assert second.fence > first.fence
+    assert tokens_on("res") == {second.token}
+    second.release()
+
+
+def test_wait_gives_up_after_wait(lock_table: str) -> None:
+    with semaphore("res", lease=10):
+        started = time.monotonic()
+        with pytest.raises(SemaphoreBusy):
+            semaphore("res", wait=0.6).acquire()
+        assert 0.55 <= time.monotonic() - started < 1.6
+
+
+# ---------------------------------------------------------------------------------------------
+# Release removes only our hold; lost holds
+# ---------------------------------------------------------------------------------------------
+
+
+def test_release_after_break_and_takeover_raises_lock_lost(lock_table: str) -> None:
+    first = semaphore("res").acquire()
+    operations.break_holds("res")
+    second = semaphore("res", wait=0).acquire()
+    try:
+        with pytest.raises(LockLost):
+            first.release()
+    finally:
+        second.release()
+
+
+def test_release_after_break_and_takeover_keeps_new_hold(lock_table: str) -> None:
+    first = semaphore("res").acquire()
+    assert [h.token for h in operations.break_holds("res")] == [first.token]
+    second = semaphore("res", wait=0).acquire()
+    try:
+        first.release()
+    except LockLost:
+        pass
+    assert tokens_on("res") == {second.token}
+    second.renew()  # still ours
+    second.release()
+    assert holds("res") == []
+
+
+def test_release_after_expiry_and_takeover_raises_and_keeps_new_hold(
+    lock_table: str, signal_log: SignalLog
+) -> None:
+    first, end = expired_hold("res", user="alice")
+    sleep_until(end + SKEW + 0.05)
+    second = semaphore("res", user="bob", wait=0).acquire()
+    with pytest.raises(LockLost) as raised:
+        first.release()
+    assert raised.value.resource == "res"
+    assert tokens_on("res") == {second.token}
+    assert len(signal_log.of("lost", first.token)) == 1
+    assert signal_log.of("released", first.token) == []
+    second.release()
+
+
+def test_block_exit_after_break_raises_lock_lost(lock_table: str) -> None:
+    with pytest.raises(LockLost):
+        with semaphore("res"):
+            operations.break_holds("res")
+
+
+def test_block_exit_after_break_and_renew_raises_lock_lost(lock_table: str) -> None:
+    with pytest.raises(LockLost):
+        with semaphore("res") as held:
+            operations.break_holds("res")
+            with pytest.raises(LockLost):
+                held.renew()
+    assert held.lost
+
+
+def test_block_exit_after_lease_ran_out_raises_lock_lost(lock_table: str) -> None:
+    with pytest.raises(LockLost):
+        with semaphore("res", lease=1.5) as held:
+            held._stop_heartbeat()
+            time.sleep(1.5 - SKEW + 0.1)
+    assert held.lost
+
+
+def test_block_exception_is_not_replaced_by_lock_lost(
+    lock_table: str, signal_log: SignalLog
+) -> None:
+    error = ValueError("the block's own error")
+    with pytest.raises(ValueError) as raised:
+        with semaphore("res") as held:
+            operations.break_holds("res")
+            with pytest.raises(LockLost):
+                held.renew()  # the loss is known: the exit's release raises LockLost too
+            raise error
+    assert raised.value is error
+    assert held.lost
+    assert len(signal_log.of("lost", held.token)) == 1
+
+
+def test_block_exception_after_break_and_takeover_propagates(lock_table: str) -> None:
+    error = RuntimeError("block failed")
+    with pytest.raises(RuntimeError) as raised:
+        with semaphore("res"):
+            operations.break_holds("res")
+            second = semaphore("res", wait=0).acquire()
+            raise error
+    assert raised.value is error
+    assert tokens_on("res") == {second.token}
+    second.release()
+
+
+# ---------------------------------------------------------------------------------------------
+# Signals
+# ---------------------------------------------------------------------------------------------
+
+
+def test_acquired_and_released_signals(lock_table: str, signal_log: SignalLog) -> None:
+    with semaphore("res", user="alice") as held:
+        (acquired,) = signal_log.of("acquired")
+        assert signal_log.of("released") == []
+    (released,) = signal_log.of("released")
+    for kwargs in (acquired, released):
+        assert kwargs["resource"] == "res"
+        assert kwargs["user_id"] == "alice"
+        assert kwargs["token"] == held.token
+        assert kwargs["fence"] == held.fence
+    assert {sender for _, sender, _ in signal_log.sent} == {Semaphore}
+    assert signal_log.of("busy") == [] and signal_log.of("lost") == []
+
+
+def test_busy_signal(lock_table: str, signal_log: SignalLog) -> None:
+    with semaphore("res", user="alice") as held:
+        with pytest.raises(SemaphoreBusy):
+            semaphore("res", user="bob", wait=0).acquire()
+    (busy,) = signal_log.of("busy")
+    assert busy["resource"] == "res"
+    assert busy["user_id"] == "bob"
+    assert busy["token"] and busy["token"] != held.token
+    assert "fence" in busy
+    assert [s for n, s, _ in signal_log.sent if n == "busy"] == [Semaphore]
+
+
+def test_lost_signal(lock_table: str, signal_log: SignalLog) -> None:
+    held = semaphore("res", user="alice").acquire()
+    operations.break_holds("res")
+    with pytest.raises(LockLost):
+        held.renew()
+    with pytest.raises(LockLost):
+        held.release()
+    assert held.lost
+    (lost,) = signal_log.of("lost")
+    assert lost["resource"] == "res"
+    assert lost["user_id"] == "alice"
+    assert lost["token"] == held.token
+    assert lost["fence"] == held.fence
+    assert [s for n, s, _ in signal_log.sent if n == "lost"] == [Semaphore]
+
+
+# ---------------------------------------------------------------------------------------------
+# Expired holds are taken over
+# ---------------------------------------------------------------------------------------------
+
+
+def test_expired_hold_is_taken_over_in_one_write(
+    lock_table: str, requests_sent: RequestCounter
+) -> None:
+    first, end = expired_hold("res", user="alice")
+    # Past its lease end but within CLOCK_SKEW: still the holder's.
+    sleep_until(end + 0.15)
+    with pytest.raises(SemaphoreBusy):
+        semaphore("res", wait=0).acquire()
+    assert tokens_on("res") == {first.token}
+    sleep_until(end + SKEW + 0.05)
+    requests_sent.reset()
+    second = semaphore("res", user="bob", wait=0).acquire()
+    assert dict(requests_sent.calls) == {"UpdateItem": 1}
+    assert second.fence > first.fence
+    assert [(h.token, h.user_id) for h in holds("res")] == [(second.token, "bob")]
+    with pytest.raises(LockLost):
+        first.renew()
+    assert first.lost
+    assert tokens_on("res") == {second.token}
+    second.release()
+
+
+def test_waiting_acquirer_takes_over_once_lease_and_skew_passed(lock_table: str) -> None:
+    first, end = expired_hold("res")
+    second = semaphore("res", wait=5).acquire()
+    taken = time.time()
+    (hold,) = holds("res")
+    assert hold.token == second.token
+    assert hold.acquired_ms / 1000 > end + SKEW
+    assert taken < end + SKEW + 0.5  # woke up for it, did not back off past it
+    second.release()
+
+
+# ---------------------------------------------------------------------------------------------
+# Fences
+# ---------------------------------------------------------------------------------------------
+
+
+def test_fences_strictly_increase_over_many_acquisitions(lock_table: str) -> None:
+    fences = []
+    for _ in range(10):
+        with semaphore("res") as held:
+            fences.append(held.fence)
+    readers = [semaphore("res", shared=True).acquire() for _ in range(3)]
+    fences += [r.fence for r in readers]
+    for r in readers:
+        r.release()
+    slots = [semaphore("res", limit=3).acquire() for _ in range(3)]
+    fences += [s.fence for s in slots]
+    for s in slots:
+        s.release()
+    with semaphore(["other", "res"]) as held:
+        fences.append(held.fences["res"])
+    with semaphore("res") as held:
+        fences.append(held.fence)
+    assert all(a < b for a, b in zip(fences, fences[1:], strict=False)), fences
+    assert lock_rows.stored_item("res")["fence"] == fences[-1]  # type: ignore[index]
+
+
+def test_fences_increase_when_wall_clock_is_behind(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with semaphore("res") as held:
+        fences = [held.fence]
+    monkeypatch.setattr(clock, "wall_clock", lambda: time.time() - 30)
+    for _ in range(3):
+        # lease=60: the stored expiry stays ahead of the engine's own (TTL) clock.
+        with semaphore("res", lease=60) as held:
+            fences.append(held.fence)
+    assert all(a < b for a, b in zip(fences, fences[1:], strict=False)), fences
+
+
+def test_fences_increase_when_joining_holder_clock_is_behind(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = semaphore("pool", limit=2, lease=60).acquire()
+    monkeypatch.setattr(clock, "wall_clock", lambda: time.time() - 30)
+    second = semaphore("pool", limit=2, lease=60).acquire()
+    assert second.fence > first.fence
+    assert tokens_on("pool") == {first.token, second.token}
+    monkeypatch.undo()
+    first.release()
+    second.release()
+
+
+def reap_until_gone(resource: str, timeout: float = 6.0) -> str:
+    """Run ``dynasem_reap`` until the resource's row is deleted; return all its output."""
+    deadline = time.monotonic() + timeout
+    output = ""
+    while True:
+        out = io.StringIO()
+        call_command("dynasem_reap", stdout=out)
+        output += out.getvalue()
+        if lock_rows.stored_item(resource) is None:
+            return output
+        assert time.monotonic() < deadline, f"the row was never reaped: {output}"
+        time.sleep(0.2)
+
+
+@pytest.mark.usefixtures("one_second_buckets")
+def test_fences_increase_across_reap(lock_table: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    old, end = expired_hold("res")
+    sleep_until(end + SKEW + 0.05)
+    output = reap_until_gone("res")
+    assert "Deleted 1 expired rows." in output
+    # A host whose clock is behind, within CLOCK_SKEW.
+    monkeypatch.setattr(clock, "wall_clock", lambda: time.time() - 0.45)
+    with semaphore("res") as new:
+        assert new.fence > old.fence
+    monkeypatch.undo()
+    with pytest.raises(LockLost):
+        old.release()
+
+
+@pytest.mark.usefixtures("one_second_buckets")
+def test_fences_increase_across_reap_after_release_with_clocks_within_skew(
+    dynamodb_local: str, lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # CLOCK_SKEW=2; hosts X and R run 1.9 s ahead of hosts A and B: every pair agrees within
+    # CLOCK_SKEW, which is all the contract asks for.
+    offset = [0.0]
+    monkeypatch.setattr(clock, "wall_clock", lambda: time.time() + offset[0])
+    with override_settings(DYNASEM=dynasem_settings(dynamodb_local, lock_table, CLOCK_SKEW=2)):
+        offset[0] = 1.9
+        with semaphore("res", lease=3) as x:  # host X
+            pass
+        offset[0] = 0.0
+        with semaphore("res", lease=3) as a:  # host A: counts on from X's fence
+            pass
+        assert a.fence > x.fence
+        offset[0] = 1.9
+        # The released row is kept until every in-tolerance clock is past its fence (~4 s).
+        reap_until_gone("res", timeout=10)  # host R
+        offset[0] = 0.0
+        with semaphore("res", lease=3) as b:  # host B
+            pass
+    assert b.fence > a.fence
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checking: before any request
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def no_table_requests() -> Iterator[RequestCounter]:
+    """Counts the requests of the test settings' client; no table is made, as the arguments
+    checked here must be refused before any request (one would be counted, then fail)."""
+    counter = RequestCounter()
+    client = dynamodb.get_client()
+    client.meta.events.register("before-call.dynamodb", counter)
+    yield counter
+    client.meta.events.unregister("before-call.dynamodb", counter)
+
+
+BAD_RESOURCES = [
+    ("", ValueError),
+    (None, TypeError),
+    (42, TypeError),
+    (b"bytes", TypeError),
+    ({"a"}, TypeError),
+    ("x" * 1025, ValueError),
+    ("é" * 513, ValueError),  # 513 characters, 1026 UTF-8 bytes
+    ([], ValueError),
+    ((), ValueError),
+    (["a", "a"], ValueError),
+    (["a", ""], ValueError),
+    (["a", 3], TypeError),
+    ([f"r{i}" for i in range(101)], ValueError),
+]
+
+
+@pytest.mark.parametrize(("resource", "error"), BAD_RESOURCES)
+def test_bad_resource_refused_before_any_request(
+    no_table_requests: RequestCounter, resource: Any, error: type[Exception]
+) -> None:
+    with pytest.raises(error, match="resource"):
+        with semaphore(resource):
+            pass
+    assert no_table_requests.total == 0
+
+
+@pytest.mark.parametrize(
+    ("lease", "error"),
+    [
+        (0, ValueError),
+        (-1, ValueError),
+        (math.nan, ValueError),
+        (math.inf, ValueError),
+        (7 * 24 * 3600 + 1, ValueError),
+        ("10", TypeError),
+        (True, TypeError),
+    ],
+)
+def test_bad_lease_refused_before_any_request(
+    no_table_requests: RequestCounter, lease: Any, error: type[Exception]
+) -> None:
+    with pytest.raises(error, match="lease"):
+        semaphore("res", lease=lease).acquire()
+    assert no_table_requests.total == 0
+
+
+@pytest.mark.parametrize(
+    ("wait", "error"), [(-0.1, ValueError), (math.nan, ValueError), ("1", TypeError)]
+)
+def test_bad_wait_refused_before_any_request(
+    no_table_requests: RequestCounter, wait: Any, error: type[Exception]
+) -> None:
+    with pytest.raises(error, match="wait"):
+        semaphore("res", wait=wait).acquire()
+    assert no_table_requests.total == 0
+
+
+@pytest.mark.parametrize(
+    ("limit", "error"),
+    [(0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError), ("2", TypeError)],
+)
+def test_bad_limit_refused_before_any_request(
+    no_table_requests: RequestCounter, limit: Any, error: type[Exception]
+) -> None:
+    with pytest.raises(error, match="limit"):
+        semaphore("res", limit=limit).acquire()
+    assert no_table_requests.total == 0
+
+
+def test_shared_with_limit_refused_before_any_request(no_table_requests: RequestCounter) -> None:
+    with pytest.raises(ValueError, match="limit"):
+        semaphore("res", shared=True, limit=2)
+    with pytest.raises(TypeError, match="shared"):
+        semaphore("res", shared="yes")  # type: ignore[arg-type]
+    assert no_table_requests.total == 0
+
+
+@pytest.mark.parametrize(
+    ("user", "error"),
+    [(42, TypeError), (b"alice", TypeError), (object(), TypeError), ("", ValueError)],
+)
+def test_bad_user_refused_before_any_request(
+    no_table_requests: RequestCounter, user: Any, error: type[Exception]
+) -> None:
+    with pytest.raises(error, match="user"):
+        semaphore("res", user=user).acquire()
+    assert no_table_requests.total == 0
+
+
+@pytest.mark.parametrize("lease", [SKEW, 0.3])
+def test_lease_not_longer_than_clock_skew_refused(
+    no_table_requests: RequestCounter, lease: float
+) -> None:
+    with pytest.raises(ValueError, match="lease.*CLOCK_SKEW"):
+        with semaphore("res", lease=lease):
+            pass
+    assert no_table_requests.total == 0
+
+
+def test_lease_setting_not_longer_than_clock_skew_refused(
+    dynamodb_local: str, lock_table: str
+) -> None:
+    settings = dynasem_settings(dynamodb_local, lock_table, LEASE=3, CLOCK_SKEW=5)
+    with override_settings(DYNASEM=settings):
+        counter = RequestCounter()
+        dynamodb.get_client().meta.events.register("before-call.dynamodb", counter)
+        with pytest.raises(ValueError, match="CLOCK_SKEW"):
+            semaphore("res").acquire()
+        assert counter.total == 0
+
+
+def test_callable_resource_refused_as_context_manager(
+    no_table_requests: RequestCounter,
+) -> None:
+    with pytest.raises(TypeError, match="callable"):
+        with semaphore(lambda request: "res"):
+            pass
+    assert no_table_requests.total == 0
+
+
+def test_longest_resource_and_largest_list_accepted(lock_table: str) -> None:
+    longest = "é" * 512  # exactly 1024 UTF-8 bytes
+    with semaphore(longest) as held:
+        assert tokens_on(longest) == {held.token}
+    names = [f"r{i}" for i in range(100)]
+    with semaphore(names) as held:
+        assert set(held.fences) == set(names)
+        assert tokens_on("r99") == {held.token}
+    assert holds("r0") == [] and holds("r99") == []
+
+
+# ---------------------------------------------------------------------------------------------
+# Counting semaphores
+# ---------------------------------------------------------------------------------------------
+
+
+def test_counting_semaphore_admits_limit_holders(lock_table: str) -> None:
+    holders = [semaphore("pool", limit=3, user=f"u{i}").acquire() for i in range(3)]
+    assert tokens_on("pool") == {h.token for h in holders}
+    assert {h.kind for h in holds("pool")} == {"slot of 3"}
+    with pytest.raises(SemaphoreBusy):
+        semaphore("pool", limit=3, wait=0).acquire()
+    holders[1].release()
+    fourth = semaphore("pool", limit=3, wait=0).acquire()
+    assert tokens_on("pool") == {holders[0].token, holders[2].token, fourth.token}
+    with pytest.raises(SemaphoreBusy):
+        semaphore("pool", limit=3, wait=0).acquire()
+    for h in (holders[0], holders[2], fourth):
+        h.release()
+    assert holds("pool") == []
+
+
+def test_counting_expired_slot_reused_without_reaper(lock_table: str) -> None:
+    live = [semaphore("pool", limit=3, lease=30).acquire() for _ in range(2)]
+    dead, end = expired_hold("pool", limit=3)
+    with pytest.raises(SemaphoreBusy):
+        semaphore("pool", limit=3, wait=0).acquire()
+    sleep_until(end + SKEW + 0.05)
+    newcomer = semaphore("pool", limit=3, wait=0).acquire()
+    assert tokens_on("pool") == {live[0].token, live[1].token, newcomer.token}
+    with pytest.raises(LockLost):
+        dead.release()
+    assert tokens_on("pool") == {live[0].token, live[1].token, newcomer.token}
+    for h in (*live, newcomer):
+        h.release()
+
+
+def test_other_limit_while_held_raises_value_error(lock_table: str) -> None:
+    held = semaphore("pool", limit=2).acquire()
+    for other in (3, 1):
+        with pytest.raises(ValueError, match="limit"):
+            semaphore("pool", limit=other, wait=0).acquire()
+    assert tokens_on("pool") == {held.token}
+    held.release()
+    with semaphore("pool", limit=3, wait=0) as again:  # nobody holds it: any limit
+        assert tokens_on("pool") == {again.token}
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared holds
+# ---------------------------------------------------------------------------------------------
+
+
+def test_shared_holders_coexist(lock_table: str) -> None:
+    readers = [semaphore("doc", shared=True, user=f"r{i}").acquire() for i in range(4)]
+    assert tokens_on("doc") == {r.token for r in readers}
+    assert {h.kind for h in holds("doc")} == {"shared"}
+    for r in readers:
+        r.release()
+    assert holds("doc") == []
+
+
+def test_exclusive_refused_while_a_shared_holder_lives(lock_table: str) -> None:
+    readers = [semaphore("doc", shared=True).acquire() for _ in range(2)]
+    with pytest.raises(SemaphoreBusy):
+        semaphore("doc", wait=0).acquire()
+    readers[0].release()
+    with pytest.raises(SemaphoreBusy):
+        semaphore("doc", wait=0).acquire()
+    readers[1].release()
+    with semaphore("doc", wait=0) as writer:
+        assert tokens_on("doc") == {writer.token}
+
+
+def test_shared_refused_while_exclusive_holder_lives(lock_table: str) -> None:
+    with semaphore("doc", user="writer") as writer:
+        with pytest.raises(SemaphoreBusy) as raised:
+            semaphore("doc", shared=True, wait=0).acquire()
+        assert raised.value.holder_user_id == "writer"
+        assert tokens_on("doc") == {writer.token}
+    with semaphore("doc", shared=True, wait=0) as reader:
+        assert tokens_on("doc") == {reader.token}
+
+
+# ---------------------------------------------------------------------------------------------
+# Several resources at once
+# ---------------------------------------------------------------------------------------------
+
+
+def test_several_resources_taken_and_released_together(lock_table: str) -> None:
+    with semaphore(["a", "b"]) as held:
+        assert held.resource == "a"
+        assert set(held.fences) == {"a", "b"}
+        assert held.fence == held.fences["a"]
+        assert tokens_on("a") == {held.token}
+        assert tokens_on("b") == {held.token}
+    assert holds("a") == [] and holds("b") == []
+
+
+def test_several_resources_all_or_none(lock_table: str) -> None:
+    with semaphore(["a", "b"], user="alice") as held:
+        with pytest.raises(SemaphoreBusy) as raised:
+            semaphore(["b", "c"], wait=0).acquire()
+        assert raised.value.resource == "b"
+        assert raised.value.holder_user_id == "alice"
+        assert holds("c") == []
+        assert tokens_on("b") == {held.token}
+    with semaphore(["b", "c"], wait=0) as second:
+        assert tokens_on("b") == tokens_on("c") == {second.token}
+
+
+# ---------------------------------------------------------------------------------------------
+# DynamoDB missing or unreachable
+# ---------------------------------------------------------------------------------------------
+
+
+def test_missing_table_says_to_run_createtable(dynamodb_local: str, lock_table: str) -> None:
+    with override_settings(DYNASEM=dynasem_settings(dynamodb_local, "no-such-table")):
+        with pytest.raises(SemaphoreError) as raised:
+            semaphore("res").acquire()
+    assert isinstance(raised.value, TableMissing)
+    assert not isinstance(raised.value, SemaphoreBusy)
+    assert "manage.py dynasem_createtable" in str(raised.value)
+
+
+@pytest.mark.parametrize("wait", [0, 0.5])
+def test_unreachable_endpoint_is_not_busy_and_names_endpoint(lock_table: str, wait: float) -> None:
+    endpoint = f"http://127.0.0.1:{closed_port()}"
+    started = time.monotonic()
+    with override_settings(DYNASEM=dynasem_settings(endpoint, lock_table)):
+        with pytest.raises(SemaphoreError) as raised:
+            semaphore("res", wait=wait).acquire()
+    assert isinstance(raised.value, SemaphoreUnavailable)
+    assert not isinstance(raised.value, SemaphoreBusy)
+    assert endpoint in str(raised.value)
+    assert time.monotonic() - started < wait + 3
+
+
+# ---------------------------------------------------------------------------------------------
+# Async cancellation
+# ---------------------------------------------------------------------------------------------
+
+
+def test_cancelled_async_acquire_leaves_no_hold(lock_table: str) -> None:
+    client = dynamodb.get_client()
+
+    def slow_network(**kwargs: Any) -> None:
+        time.sleep(0.4)
+
+    client.meta.events.register("before-send.dynamodb.UpdateItem", slow_network)
+
+    async def main() -> None:
+        task = asyncio.create_task(semaphore("res", lease=5).aacquire())
+        await asyncio.sleep(0.1)  # the write is on its way
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(0.6)  # the write has landed by now
+
+    try:
+        asyncio.run(main())
+    finally:
+        client.meta.events.unregister("before-send.dynamodb.UpdateItem", slow_network)
+    assert holds("res") == []
+
+
+@pytest.mark.parametrize("fair", [False, True], ids=["default", "fair"])
+def test_cancelled_async_waiter_leaves_the_queue(lock_table: str, fair: bool) -> None:
+    holder = semaphore("res:q").acquire()
+    holder.renew()  # (nothing queued yet: it would hand over to whoever is queued at release)
+
+    async def main() -> None:
+        task = asyncio.create_task(semaphore("res:q", wait=30, fair=fair).aacquire())
+        deadline = time.monotonic() + 10
+        while not queue_of("res:q"):
+            assert time.monotonic() < deadline, "the waiter never queued"
+            await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    # Nobody is left waiting: a release must not hand the lock to the cancelled waiter.
+    assert not queue_of("res:q")
+    holder.renew()  # sees the (empty) queue
+    holder.release()
+    assert holds("res:q") == []
+    with semaphore("res:q", wait=0):
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# What a failed acquire leaves (issue 20)
+# ---------------------------------------------------------------------------------------------
+
+
+class ReceiverFailed(Exception):
+    pass
+
+
+@pytest.fixture
+def raising_acquired_receiver() -> Iterator[None]:
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        raise ReceiverFailed("another app's lock_acquired receiver")
+
+    lock_acquired.connect(receiver, weak=False)
+    yield
+    lock_acquired.disconnect(receiver)
+
+
+def test_a_raising_acquired_receiver_gives_the_hold_back(
+    lock_table: str, raising_acquired_receiver: None
+) -> None:
+    with pytest.raises(ReceiverFailed), semaphore("res:receiver", lease=30):
+        pytest.fail("the block must not run")
+    assert holds("res:receiver") == []
+
+    async def main() -> None:
+        async with semaphore("res:receiver-async", lease=30):
+            pytest.fail("the block must not run")
+
+    with pytest.raises(ReceiverFailed):
+        asyncio.run(main())
+    assert holds("res:receiver-async") == []
+
+
+def test_an_interrupt_after_the_taking_write_gives_the_hold_back(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    update = lock_rows.update
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        update(*args, **kwargs)  # the write lands...
+        raise KeyboardInterrupt  # ...and Ctrl-C comes before its answer is used
+
+    monkeypatch.setattr(lock_rows, "update", interrupted)
+    with pytest.raises(KeyboardInterrupt), semaphore("res:interrupt", lease=30):
+        pytest.fail("the block must not run")
+    monkeypatch.setattr(lock_rows, "update", update)
+    assert holds("res:interrupt") == []
+
+
+def test_an_interrupt_while_queued_leaves_the_queue(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dynasem._engine import push as wakeup
+
+    holder = semaphore("res:interrupt-q").acquire()
+
+    def wait_interrupted(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt  # Ctrl-C while it waits for its turn
+
+    monkeypatch.setattr(wakeup, "wait", wait_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        semaphore("res:interrupt-q", wait=30, fair=True).acquire()
+    monkeypatch.undo()
+    # Nobody is left waiting: the release must not hand the lock to the interrupted waiter.
+    assert not queue_of("res:interrupt-q")
+    holder.release()
+    assert holds("res:interrupt-q") == []

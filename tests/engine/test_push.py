@@ -1,0 +1,405 @@
+"""Hand-over pushes: a releasing holder tells the waiter it handed the lock to, at once."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import hmac
+import json
+import logging
+import socket
+import threading
+import time
+
+import pytest
+from django.core.checks import run_checks
+from django.test import override_settings
+
+from dynasem import semaphore
+from dynasem._engine import core
+from dynasem._engine import push as wakeup
+from dynasem._storage import lock_rows, records
+from tests.support.helpers import dynasem_settings, queue_of
+
+
+def waiter_thread(resource: str, out: dict, **kwargs) -> threading.Thread:
+    def run() -> None:
+        try:
+            with semaphore(resource, **kwargs) as held:
+                out["acquired"] = time.monotonic()
+                out["fence"] = held.fence
+        except Exception as exc:  # reported to the test
+            out["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def wait_until_queued(resource: str, n: int = 1, timeout: float = 10) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        queue = queue_of(resource)
+        if len(queue) >= n:
+            return queue
+        assert time.monotonic() < deadline, "the waiter never queued"
+        time.sleep(0.02)
+
+
+@pytest.mark.kind_engine_only(
+    "counts a pushed waiter's requests and times its wake-up against a kind engine"
+)
+@pytest.mark.parametrize("holder_knows", [True, False], ids=["hand-over", "plain-release"])
+def test_a_pushed_waiter_reads_nothing(lock_table, requests_sent, holder_knows, monkeypatch):
+    # Paced looks far away: whatever brings the waiter its hold now is the push.
+    monkeypatch.setattr(core._Pace, "turn_in", lambda *a, **k: 20.0)
+    holder = semaphore("deploy:prod").acquire()
+    out: dict = {}
+    thread = waiter_thread("deploy:prod", out, wait=30)  # default mode: it queues to be pushed
+    queue = wait_until_queued("deploy:prod")
+    (entry,) = queue.values()
+    assert entry.address.startswith(wakeup.HOST_ID + "@127.0.0.1:")
+    if holder_knows:
+        holder.renew()  # its answer shows the holder the queue: it hands over on release
+    else:
+        # A release looks for waiters it did not know of only after a hold this long (a
+        # shorter one spares the uncontended path the decoding of the item).
+        time.sleep(core.WAKE_AFTER)
+    requests_sent.reset()
+    released = time.monotonic()
+    holder.release()
+    thread.join(10)
+    assert "error" not in out
+    # No read, and no paced look waited for: handed over, the waiter holds by the push alone
+    # (the hand-over, then its release); after a plain release, the push tells it the lock
+    # is free and it takes it in one write.
+    assert requests_sent.calls["GetItem"] == 0
+    assert requests_sent.calls["UpdateItem"] == (2 if holder_knows else 3)
+    assert out["acquired"] - released < 0.5
+    assert out["fence"] > holder.fence
+    assert (lock_rows.stored_item("deploy:prod") or {}).get("holders") == {}
+
+
+def test_a_lost_push_costs_a_read_not_the_lock(lock_table, monkeypatch):
+    monkeypatch.setattr(wakeup, "push", lambda *a, **k: False)
+    holder = semaphore("deploy:stage").acquire()
+    out: dict = {}
+    thread = waiter_thread("deploy:stage", out, wait=30)
+    wait_until_queued("deploy:stage")
+    holder.release()
+    thread.join(15)
+    assert "error" not in out and "acquired" in out
+
+
+def test_a_forged_push_is_ignored(lock_table):
+    holder = semaphore("deploy:qa").acquire()
+    out: dict = {}
+    thread = waiter_thread("deploy:qa", out, wait=2)
+    queue = wait_until_queued("deploy:qa")
+    ((token, entry),) = queue.items()
+    host, port = wakeup.reachable(entry.address)
+    # Everything a real push says, signed with another key: the waiter must not believe it.
+    item = lock_rows.stored_item("deploy:qa")
+    item["holders"] = {token: {"u": "", "e": 2**42, "f": holder.fence + 1, "a": 0, "s": False}}
+    body = json.dumps({"r": "deploy:qa", "k": token, "i": item}).encode()
+    mac = hmac.new(b"not the project's key", body, hashlib.sha256).digest()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.sendto(mac + body, (host, port))
+        sock.sendto(b"garbage", (host, port))  # and the listener survives garbage
+    thread.join(10)
+    assert "acquired" not in out  # it gave up after its wait: the lock was never free
+    assert type(out["error"]).__name__ == "SemaphoreBusy"
+    assert wakeup._listener is not None and wakeup._listener.thread.is_alive()
+    holder.release()
+    assert not queue_of("deploy:qa")  # it left the queue
+
+
+def test_pushes_off_means_polling_as_before(dynamodb_local, lock_table):
+    with override_settings(DYNASEM=dynasem_settings(dynamodb_local, lock_table, PUSH=None)):
+        assert (
+            wakeup.expect("x", "t", lease=10, skew=0.5, now_ms=core.now_ms) is None
+            and not wakeup.available()
+        )
+        holder = semaphore("deploy:dev").acquire()
+        out: dict = {}
+        thread = waiter_thread("deploy:dev", out, wait=30)
+        time.sleep(0.3)
+        assert not queue_of("deploy:dev")  # default mode polls
+        holder.release()
+        thread.join(15)
+        assert "error" not in out and "acquired" in out
+
+
+def test_only_the_same_host_is_pushed_to_on_loopback():
+    here = f"{wakeup.HOST_ID}@127.0.0.1:4000"
+    assert wakeup.reachable(here) == ("127.0.0.1", 4000)
+    assert wakeup.reachable("0123456789ab@127.0.0.1:4000") is None  # another host's loopback
+    assert wakeup.reachable("0123456789ab@10.1.2.3:4000") == ("10.1.2.3", 4000)
+    for bad in (None, 7, "", "no-at-sign", "h@10.1.2.3", "h@10.1.2.3:port"):
+        assert wakeup.reachable(bad) is None
+        assert wakeup.push(bad, "r", "t", records.LockItem(), sent_ms=0) is False
+
+
+def test_a_push_that_would_not_fit_a_datagram_is_not_sent():
+    big = records.lock_item({"holders": {str(i): {"u": "x" * 100} for i in range(1000)}})
+    assert wakeup.push(f"{wakeup.HOST_ID}@127.0.0.1:9", "r", "t", big, sent_ms=0) is False
+
+
+def test_an_address_it_cannot_listen_on_is_a_warning_not_a_failure(
+    dynamodb_local, lock_table, caplog
+):
+    with override_settings(
+        DYNASEM=dynasem_settings(dynamodb_local, lock_table, PUSH="192.0.2.1")  # TEST-NET-1
+    ):
+        with caplog.at_level(logging.WARNING, logger="dynasem"):
+            assert wakeup.expect("x", "t", lease=10, skew=0.5, now_ms=core.now_ms) is None
+        assert "cannot listen for hand-over pushes on 192.0.2.1" in caplog.text
+        with semaphore("deploy:x", wait=1) as held:  # locking itself is unaffected
+            assert held.fence > 0
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "localhost",
+        "::1",
+        "300.1.1.1",
+        127,
+        ["127.0.0.1"],
+        "0.0.0.0",
+        "255.255.255.255",
+        "224.0.0.9",
+    ],
+)
+def test_a_bad_push_setting_is_a_check_error(dynamodb_local, lock_table, value):
+    with override_settings(DYNASEM=dynasem_settings(dynamodb_local, lock_table, PUSH=value)):
+        errors = [e for e in run_checks() if e.id == "dynasem.E010"]
+    assert errors and repr(value) in errors[0].msg
+
+
+def test_a_resource_queued_for_lately_is_joined_in_the_first_write(lock_table, requests_sent):
+    first = semaphore("deploy:uat").acquire()
+    go = threading.Event()
+    out: dict = {}
+
+    def hold_until_told() -> None:
+        with semaphore("deploy:uat", wait=30):
+            out["second"] = True
+            go.wait(10)
+
+    thread = threading.Thread(target=hold_until_told)
+    thread.start()
+    wait_until_queued("deploy:uat")
+    first.release()
+    deadline = time.monotonic() + 10
+    while "second" not in out:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    # This process queued for the resource a moment ago: the next acquire's first write is
+    # the join (no refused take first), and it is handed the lock when the holder leaves.
+    requests_sent.reset()
+    third: dict = {}
+    waiter = waiter_thread("deploy:uat", third, wait=30)
+    wait_until_queued("deploy:uat")
+    assert requests_sent.calls["UpdateItem"] == 1  # (GetItems: the test's own looks)
+    go.set()
+    thread.join(10)
+    waiter.join(10)
+    assert "acquired" in third and "error" not in third
+
+
+# -- what a push may claim (issue: a waiter stalled through its hand-over) --------------------
+
+
+def _listening_slot(resource: str, token: str, lease: float = 10) -> tuple[str, int]:
+    address = wakeup.expect(resource, token, lease=lease, skew=0.5, now_ms=core.now_ms)
+    assert address is not None
+    target = wakeup.reachable(address)
+    assert target is not None
+    return target
+
+
+def _send(target: tuple[str, int], message: dict, secret: str | None = None) -> None:
+    body = json.dumps(message).encode()
+    key = wakeup._key() if secret is None else wakeup._derive(secret)
+    assert key is not None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.sendto(wakeup._sign(key, body) + body, target)
+
+
+def _hand_over(token: str, *, e_ms: int, fence: int, sent_ms: int, table_name: str) -> dict:
+    holder = {"u": "w", "e": e_ms, "f": fence, "a": sent_ms, "s": False}
+    item = {"holders": {token: holder}, "fence": fence, "expMs": e_ms}
+    return {"r": "deploy:push", "k": token, "i": item, "tb": table_name, "ts": sent_ms}
+
+
+def test_a_fresh_hand_over_push_is_taken_with_its_arrival(lock_table):
+    token = "t-fresh"
+    target = _listening_slot("deploy:push", token)
+    now = core.now_ms()
+    before = time.monotonic()
+    _send(target, _hand_over(token, e_ms=now + 10_000, fence=7, sent_ms=now, table_name=lock_table))
+    pushed = wakeup.wait(token, 5, fence_above=6)
+    wakeup.forget(token)
+    assert pushed is not None and pushed.item.holders[token].fence == 7
+    assert before <= pushed.arrived <= time.monotonic() and pushed.sent_ms == now
+
+
+def test_of_two_pushes_waiting_the_later_state_is_taken_whatever_came_last(lock_table):
+    """Two holders release at once and both push the first waiter; the push of the older
+    state arrives second. The waiter must see the newer state (fence 9), not the older."""
+    token = "t-two"
+    target = _listening_slot("deploy:push", token)
+    slot = wakeup._listener.slots[token]
+    now = core.now_ms()
+    for fence in (9, 8):
+        _send(
+            target,
+            _hand_over(token, e_ms=now + 10_000, fence=fence, sent_ms=now, table_name=lock_table),
+        )
+        deadline = time.monotonic() + 5
+        while slot.push is None or slot.push.item.fence != 9:  # the first: accepted
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    time.sleep(0.2)  # the second (fence 8) has arrived and been weighed by now
+    pushed = wakeup.wait(token, 5, fence_above=0)
+    wakeup.forget(token)
+    assert pushed is not None and pushed.item.fence == 9
+
+
+def test_a_coroutine_awaiting_a_push_is_woken_through_its_event_loop(lock_table):
+    """The push arrives while the coroutine awaits it (the listener thread resolves a future
+    of its loop), or before it starts to (taken at once); with none it times out."""
+    token = "t-async"
+    target = _listening_slot("deploy:push", token)
+    now = core.now_ms()
+
+    async def main() -> tuple[object, float, object, object]:
+        loop = asyncio.get_running_loop()
+        loop.call_later(
+            0.2,
+            _send,
+            target,
+            _hand_over(token, e_ms=now + 10_000, fence=7, sent_ms=now, table_name=lock_table),
+        )
+        started = time.monotonic()
+        woken = await wakeup.await_push(token, 5, fence_above=6)
+        after = time.monotonic() - started
+        nothing = await wakeup.await_push(token, 0.1, fence_above=6)
+        _send(
+            target,
+            _hand_over(token, e_ms=now + 10_000, fence=8, sent_ms=now, table_name=lock_table),
+        )
+        slot = wakeup._listener.slots[token]
+        while not slot.event.is_set():
+            await asyncio.sleep(0.01)
+        early = await wakeup.await_push(token, 0, fence_above=7)
+        return woken, after, nothing, early
+
+    woken, after, nothing, early = asyncio.run(main())
+    wakeup.forget(token)
+    assert woken is not None and woken.item.holders[token].fence == 7
+    assert 0.15 < after < 2
+    assert nothing is None
+    assert early is not None and early.item.holders[token].fence == 8
+
+
+def test_a_pushed_coroutine_reads_nothing(lock_table, requests_sent, monkeypatch):
+    """test_a_pushed_waiter_reads_nothing, for ``async with``: handed over by push, at once."""
+    monkeypatch.setattr(core._Pace, "turn_in", lambda *a, **k: 20.0)
+    holder = semaphore("deploy:async").acquire()
+    out: dict = {}
+
+    async def wait() -> None:
+        async with semaphore("deploy:async", wait=30) as held:
+            out["acquired"] = time.monotonic()
+            out["fence"] = held.fence
+
+    thread = threading.Thread(target=asyncio.run, args=(wait(),))
+    thread.start()
+    wait_until_queued("deploy:async")
+    holder.renew()  # its answer shows the holder the queue: it hands over on release
+    requests_sent.reset()
+    released = time.monotonic()
+    holder.release()
+    thread.join(10)
+    assert requests_sent.calls["GetItem"] == 0
+    assert requests_sent.calls["UpdateItem"] == 2  # the hand-over, then the waiter's release
+    assert out["acquired"] - released < 0.5
+    assert out["fence"] > holder.fence
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["run-out", "oversized", "fence-not-above", "other-table", "send-time-ahead"],
+)
+def test_a_push_that_claims_too_much_is_dropped_and_logged(lock_table, caplog, case):
+    token = f"t-{case}"
+    target = _listening_slot("deploy:push", token, lease=10)
+    now = core.now_ms()
+    e_ms, fence, sent, name = now + 9_000, 7, now, lock_table
+    if case == "run-out":
+        # Sent 12 s ago (its 10 s lease is over): we were paused past it.
+        e_ms, sent = now - 2_000, now - 12_000
+    elif case == "oversized":
+        e_ms = now + 60_000  # longer than our own 10 s lease from its send time
+    elif case == "fence-not-above":
+        fence = 5  # we saw fence 5 already
+    elif case == "other-table":
+        name = "another-project-locks"
+    else:
+        sent = now + 30_000
+    with caplog.at_level(logging.INFO, logger="dynasem"):
+        _send(target, _hand_over(token, e_ms=e_ms, fence=fence, sent_ms=sent, table_name=name))
+        assert wakeup.wait(token, 1, fence_above=5) is None
+    wakeup.forget(token)
+    assert "dropped a push" in caplog.text
+    loud = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # A wrong claim is a warning; a push we were too slow for is only information.
+    assert bool(loud) == (case != "run-out")
+
+
+def test_a_push_that_ran_out_while_buffered_is_dropped_when_taken(lock_table, monkeypatch):
+    token = "t-buffered"
+    target = _listening_slot("deploy:push", token, lease=10)
+    now = core.now_ms()
+    _send(target, _hand_over(token, e_ms=now + 10_000, fence=7, sent_ms=now, table_name=lock_table))
+    deadline = time.monotonic() + 5
+    slot = wakeup._listener.slots[token]
+    while slot.push is None:  # arrived and accepted...
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    # ...then the waiter stalls past the hold it grants before it takes it.
+    monkeypatch.setattr(slot, "now_ms", lambda: now + 10_000)
+    assert wakeup.wait(token, 1, fence_above=0) is None
+    wakeup.forget(token)
+
+
+def test_pushes_signed_with_a_fallback_key_are_taken(lock_table, caplog):
+    token = "t-rotated"
+    target = _listening_slot("deploy:push", token)
+    now = core.now_ms()
+    message = _hand_over(token, e_ms=now + 9_000, fence=7, sent_ms=now, table_name=lock_table)
+    # This process already runs with the new key; the releaser still signs with the old one.
+    with override_settings(SECRET_KEY="the new key", SECRET_KEY_FALLBACKS=["dynasem-tests-only"]):
+        _send(target, message, secret="dynasem-tests-only")
+        assert wakeup.wait(token, 5) is not None
+    # Without the old key among the fallbacks the push is dropped, with a warning that names
+    # the likely cause, and only once a minute however many arrive.
+    with override_settings(SECRET_KEY="the new key"), caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            _send(target, message, secret="dynasem-tests-only")
+        assert wakeup.wait(token, 0.5) is None
+    wakeup.forget(token)
+    warnings = [r.getMessage() for r in caplog.records if "signature" in r.getMessage()]
+    assert len(warnings) <= 1
+    if warnings:  # (none when another test warned within the minute)
+        assert "SECRET_KEY_FALLBACKS" in warnings[0]
+
+
+def test_pushes_go_only_to_ipv4_literals_that_name_one_host():
+    for host in ("0.0.0.0", "255.255.255.255", "224.0.0.1", "239.1.2.3", "localhost", "::1"):
+        assert wakeup.reachable(f"{wakeup.HOST_ID}@{host}:4000") is None, host
+        assert wakeup.push_address_problem(host) is not None, host
+    assert wakeup.reachable(f"{wakeup.HOST_ID}@127.0.0.1:0") is None
+    assert wakeup.push_address_problem("10.0.0.7") is None

@@ -1,0 +1,432 @@
+"""Shared holds past the first few readers: reader items (dynasem._engine.readers)."""
+
+from __future__ import annotations
+
+import io
+import json
+import multiprocessing
+import os
+import re
+import signal
+import threading
+import time
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from dynasem import LockLost, SemaphoreBusy, semaphore
+from dynasem._operators import locks as operations
+from dynasem._storage import dynamodb, lock_rows, lock_writes, records
+from dynasem._storage import lock_writes as writes
+from dynasem._storage import reader_items as items
+from dynasem.conf import settings
+from tests.support import workers
+from tests.support.helpers import holder_pages, take
+
+pytestmark = pytest.mark.django_db(transaction=False)
+
+# The readers a row keeps inline (the first reader of a row is one, whatever the setting).
+INLINE = max(1, items.READERS_INLINE)
+
+
+def row(resource: str = "doc") -> dict[str, Any]:
+    stored = lock_rows.stored_item(resource)
+    assert stored is not None
+    return stored
+
+
+def reader_items(resource: str = "doc") -> dict[str, items.Reader]:
+    return {r.token: r for r in items.readers(resource)}
+
+
+def size_of(item: dict[str, Any]) -> int:
+    return len(json.dumps(item, default=str))
+
+
+def test_readers_past_the_first_few_take_items(holds: list[Any]) -> None:
+    readers = [take(holds, "doc", shared=True, user=f"u{i}", lease=30) for i in range(INLINE + 12)]
+    stored = row()
+    assert len(stored["holders"]) == INLINE + 1  # the inline readers and the sentinel
+    assert items.SENTINEL in stored["holders"]
+    assert stored["rc"] == 12
+    found = reader_items()
+    assert set(found) == {h.token for h in readers[INLINE:]}
+    assert all(r.epoch == stored["repoch"] for r in found.values())
+    fences = [h.fence for h in readers]
+    assert fences == sorted(fences) and len(set(fences)) == len(fences)
+    assert found[readers[-1].token].holder.fence == readers[-1].fence
+    with pytest.raises(SemaphoreBusy) as caught:
+        semaphore("doc", wait=0).acquire()
+    assert caught.value.holder_user_id  # names a reader, never "unknown"
+    for held in readers[INLINE:]:
+        held.release()
+    stored = row()
+    assert items.SENTINEL not in stored["holders"] and stored["rc"] == 0
+    assert reader_items() == {}
+    with pytest.raises(SemaphoreBusy):
+        semaphore("doc", wait=0).acquire()  # the inline readers still hold
+    for held in readers[:INLINE]:
+        held.release()
+    writer = take(holds, "doc", wait=0)
+    assert writer.fence > max(fences)
+
+
+def test_a_waiting_writer_gets_in_when_the_last_item_reader_leaves(holds: list[Any]) -> None:
+    readers = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE + 3)]
+    for held in readers[:INLINE]:
+        held.release()
+    got: list[Any] = []
+    writer = threading.Thread(target=lambda: got.append(semaphore("doc", wait=20).acquire()))
+    writer.start()
+    time.sleep(0.5)
+    assert not got
+    start = time.monotonic()
+    for held in readers[INLINE:]:
+        held.release()
+    writer.join(20)
+    assert got, "the writer never got in"
+    holds.extend(got)
+    assert time.monotonic() - start < 3
+    assert got[0].fence > max(h.fence for h in readers)
+
+
+def test_renewal_keeps_an_item_reader_and_the_row_covers_it(holds: list[Any]) -> None:
+    readers = [take(holds, "doc", shared=True, lease=2) for _ in range(INLINE + 1)]
+    mine = readers[-1]
+    first = reader_items()[mine.token].holder.expires_ms
+    time.sleep(2.5)  # past the first lease: renewed in the background
+    assert not mine.lost
+    renewed = reader_items()[mine.token].holder.expires_ms
+    assert renewed > first
+    stored = row()
+    assert stored["holders"][items.SENTINEL]["e"] >= renewed
+    assert stored["expMs"] >= renewed
+
+
+def test_dead_item_readers_are_written_off_by_a_waiting_writer(holds: list[Any]) -> None:
+    readers = [take(holds, "doc", shared=True, lease=1) for _ in range(INLINE + 2)]
+    for held in readers[:INLINE]:
+        held.release()
+    dead = readers[INLINE:]
+    for held in dead:
+        held._stop_heartbeat()  # as if its process had stopped
+    epoch = row()["repoch"]
+    start = time.monotonic()
+    writer = take(holds, "doc", wait=10)
+    waited = time.monotonic() - start
+    # The sentinel covers the readers to a 15-minute bucket's end; the writer wrote them off
+    # once it had seen the row unchanged for their lease and the skew (1 s + 0.5 s).
+    assert 1.4 < waited < 6
+    stored = row()
+    assert stored["repoch"] == epoch + 1 and stored["rc"] == 0
+    assert items.SENTINEL not in stored["holders"]
+    assert reader_items() == {}
+    assert writer.fence > max(h.fence for h in readers)
+    for held in dead:
+        with pytest.raises(LockLost):
+            held.release()
+
+
+def test_a_written_off_reader_cannot_renew(holds: list[Any]) -> None:
+    readers = [take(holds, "doc", shared=True, lease=1) for _ in range(INLINE + 1)]
+    for held in readers[:INLINE]:
+        held.release()
+    stalled = readers[-1]
+    stalled._stop_heartbeat()
+    writer = take(holds, "doc", wait=10)
+    with pytest.raises(LockLost):
+        stalled.renew()
+    assert stalled.lost
+    assert writer.fence > stalled.fence
+
+
+def test_no_item_grows_with_many_readers(holds: list[Any]) -> None:
+    for i in range(INLINE + 1):
+        take(holds, "doc", shared=True, lease=60, user=f"reader-{i}")
+    first = size_of(row())
+    for i in range(INLINE + 1, 200):
+        take(holds, "doc", shared=True, lease=60, user=f"reader-{i}")
+    # The row holds a count, not the readers: it stays as it was with one reader item
+    # (give or take the digits of the count), under 1 KB.
+    assert size_of(row()) <= first + 4 and size_of(row()) < 1024
+    stored = row()
+    assert stored["rc"] == 200 - INLINE
+    for reader in reader_items().values():
+        assert reader.holder.user_id.startswith("reader-")
+
+
+def test_a_writer_of_the_old_layout_waits_for_the_sentinel(holds: list[Any]) -> None:
+    for _ in range(INLINE + 1):
+        take(holds, "doc", shared=True, lease=30)
+    now = int(time.time() * 1000)
+    entry = lock_writes.holder_entry("old", now + 30_000, now * 1000, now, False)
+    with pytest.raises(dynamodb.Refused):
+        lock_rows.update(
+            writes.take_free("doc", "old-writer", entry, mode="x", limit=1, stale_ms=now - 500)
+        )
+    stored = records.lock_item(row())
+    with pytest.raises(dynamodb.Refused):
+        lock_rows.update(
+            writes.take_join(
+                "doc",
+                "old-writer",
+                entry,
+                mode="x",
+                limit=1,
+                seen=stored,
+                evict=[],
+            )
+        )
+
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def _stalled_reader(endpoint: str, table_name: str, lease: float) -> tuple[Any, Any, Any, int]:
+    """Eight inline readers of ours, then a process admitted to a reader item that stopped
+    before its item's write; our inline readers then leave (the stalled one is the last)."""
+    inline = [semaphore("doc:r", shared=True, lease=30).acquire() for _ in range(INLINE)]
+    out, go_on = SPAWN.Queue(), SPAWN.Event()
+    proc = SPAWN.Process(
+        target=workers.reader_stalled_between_writes,
+        args=(endpoint, table_name, "doc:r", lease, out, go_on),
+    )
+    proc.start()
+    kind, fence = out.get(timeout=60)
+    assert kind == "admitted"
+    assert row("doc:r")["rc"] == 1 and reader_items("doc:r") == {}
+    for held in inline:
+        held.release()
+    return proc, out, go_on, fence
+
+
+def test_a_reader_killed_between_its_two_writes_holds_a_writer_up_one_lease(
+    dynamodb_local: str, lock_table: str
+) -> None:
+    lease = 2.0
+    proc, _, _, fence = _stalled_reader(dynamodb_local, lock_table, lease)
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+        start = time.monotonic()
+        with semaphore("doc:r", wait=lease + 10) as writer:
+            waited = time.monotonic() - start
+            assert writer.fence > fence
+    finally:
+        proc.kill()
+    # Counted, never written: written off once the row sat unchanged for the lease + skew.
+    assert lease + settings.CLOCK_SKEW <= waited <= lease + settings.CLOCK_SKEW + 2.0, waited
+    assert row("doc:r")["rc"] == 0
+
+
+def test_a_reader_stopped_between_its_two_writes_never_runs_beside_the_writer(
+    dynamodb_local: str, lock_table: str
+) -> None:
+    lease = 2.0
+    proc, out, go_on, fence = _stalled_reader(dynamodb_local, lock_table, lease)
+    try:
+        os.kill(proc.pid, signal.SIGSTOP)
+        with semaphore("doc:r", wait=lease + 10) as writer:
+            assert writer.fence > fence
+            os.kill(proc.pid, signal.SIGCONT)
+            go_on.set()  # its item lands now, long past its trust: it must not enter
+            time.sleep(1.5)
+            assert out.empty()
+            left = time.time()
+        kind, entered_fence, entered = out.get(timeout=30)
+        assert kind == "entered"
+        assert entered >= left and entered_fence > writer.fence
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.join(10)
+        if proc.is_alive():
+            proc.kill()
+
+
+def test_listings_show_each_reader_never_the_sentinel(holds: list[Any]) -> None:
+    readers = [take(holds, "doc", shared=True, user=f"u{i}", lease=30) for i in range(INLINE + 5)]
+    listed = operations.holds_on("doc")
+    assert {h.token for h in listed} == {h.token for h in readers}
+    assert {h.user_id for h in listed} == {f"u{i}" for i in range(INLINE + 5)}
+    assert items.SENTINEL not in {h.token for h in listed}
+    state = operations.resource_state("doc")
+    assert len(state.holds) == INLINE + 5
+    active = operations.active_holds(user_id="u3")
+    assert [h.resource for h in active] == ["doc"]
+    out = io.StringIO()
+    call_command("dynasem_locks", "--resource-prefix", "doc", "--json", stdout=out)
+    shown = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert {h["token"] for h in shown} == {h.token[:8] for h in readers}  # first 8: a secret
+
+
+def test_an_operator_breaks_one_item_reader(holds: list[Any]) -> None:
+    readers = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE + 2)]
+    victim, other = readers[-1], readers[-2]
+    assert operations.break_hold("doc", victim.token)
+    assert victim.token not in reader_items() and other.token in reader_items()
+    assert row()["rc"] == 1
+    with pytest.raises(LockLost):
+        victim.renew()
+    assert not operations.break_hold("doc", victim.token)  # gone already
+    assert not operations.break_hold("doc", items.SENTINEL)  # never the readers' stand-in
+    assert items.SENTINEL in row()["holders"]
+    other.release()
+    assert items.SENTINEL not in row()["holders"]  # the count reached 0 with the break
+
+
+def test_the_reaper_frees_dead_item_readers(holds: list[Any]) -> None:
+    readers = [take(holds, "reaped", shared=True, lease=1) for _ in range(INLINE + 2)]
+    live = take(holds, "reaped", shared=True, lease=30)
+    for held in readers:
+        held._stop_heartbeat()
+    time.sleep(1.7)  # their leases and the skew are over
+    dead = {h.token for h in readers[INLINE:]}
+    out = io.StringIO()
+    call_command("dynasem_reap", "--dry-run", stdout=out)
+    assert "permits and reader holds of dead holders" in out.getvalue()
+    assert set(reader_items("reaped")) == dead | {live.token}  # a dry run frees nothing
+    call_command("dynasem_reap", stdout=out)
+    assert set(reader_items("reaped")) == {live.token}
+    assert row("reaped")["rc"] == 1
+    live.release()
+    assert items.SENTINEL not in row("reaped")["holders"]
+
+
+def test_an_item_reader_killed_on_this_host_gives_way_at_once(
+    dynamodb_local: str, lock_table: str
+) -> None:
+    inline = [semaphore("doc:k", shared=True, lease=30).acquire() for _ in range(INLINE)]
+    out = SPAWN.Queue()
+    proc = SPAWN.Process(
+        target=workers.read_until_killed, args=(dynamodb_local, lock_table, "doc:k", 30.0, out)
+    )
+    proc.start()
+    try:
+        kind, fence = out.get(timeout=60)
+        assert kind == "held" and row("doc:k")["rc"] == 1
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.join(10)
+        for held in inline:
+            held.release()
+        start = time.monotonic()
+        with semaphore("doc:k", wait=10) as writer:
+            waited = time.monotonic() - start
+            assert writer.fence > fence
+    finally:
+        proc.kill()
+    # Its 30 s lease is far from over: its process was proven dead on this host.
+    assert waited < 2.0, waited
+    assert reader_items("doc:k") == {}
+
+
+def test_the_admin_shows_and_breaks_an_item_reader(holds: list[Any], admin_user: Any) -> None:
+    from django.test import Client
+    from django.urls import reverse
+
+    readers = [take(holds, "doc:a", shared=True, user=f"r{i}", lease=60) for i in range(5)]
+    client = Client()
+    client.force_login(admin_user)
+    page = client.get(reverse("admin:dynasem_lock_resource"), {"resource": "doc:a"})
+    body = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", page.content.decode()))
+    for held in readers:
+        assert str(held.fence) in body
+    assert items.READERS_USER not in body
+    victim = readers[-1]
+    assert victim.token in reader_items("doc:a")
+    client.post(reverse("admin:dynasem_lock_release"), {"resource": "doc:a", "token": victim.token})
+    assert victim.token not in reader_items("doc:a")
+    with pytest.raises(LockLost):
+        victim.renew()
+
+
+def test_readers_of_several_resources_take_items_in_each(holds: list[Any]) -> None:
+    crowd = [take(holds, "m:a", shared=True, lease=30) for _ in range(INLINE + 1)]
+    assert items.SENTINEL in row("m:a")["holders"]
+    pair = take(holds, ["m:a", "m:b"], shared=True, lease=30, user="both")
+    for resource in ("m:a", "m:b"):
+        assert pair.token in reader_items(resource)
+        assert reader_items(resource)[pair.token].holder.fence == pair.fences[resource]
+        assert items.SENTINEL in row(resource)["holders"]
+    assert pair.fences["m:a"] > max(h.fence for h in crowd)
+    with pytest.raises(SemaphoreBusy):
+        semaphore("m:b", wait=0).acquire()  # the pair's reader holds it
+    pair.renew()
+    assert reader_items("m:b")[pair.token].holder.expires_ms >= pair.expires.timestamp() * 1000
+    pair.release()
+    assert pair.token not in reader_items("m:a") and reader_items("m:b") == {}
+    assert items.SENTINEL not in row("m:b")["holders"]
+    writer = take(holds, "m:b", wait=0)
+    assert writer.fence > pair.fences["m:b"]
+
+
+def test_the_lock_list_reads_a_few_item_readers_and_links_the_rest(
+    holds: list[Any], admin_user: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page of the lock list shows at most ``holds_per_resource`` of a resource's reader
+    items (one short Query, not the whole crowd) and says there are more; the resource's
+    own page, a user's filter and active_holds read them all."""
+    from django.test import Client
+    from django.urls import reverse
+
+    from dynasem.admin import LockAdmin
+
+    readers = [take(holds, "doc:l", shared=True, user=f"r{i}", lease=60) for i in range(INLINE + 9)]
+    page = operations.lock_page(prefix="doc:l", holds_per_resource=4)
+    (listed,) = page.rows
+    assert len(listed.holds) == INLINE + 4 and listed.more_holds
+    assert {h.token for h in listed.holds} < {h.token for h in readers}
+    (whole,) = operations.lock_page(prefix="doc:l", holds_per_resource=None).rows
+    assert len(whole.holds) == INLINE + 9 and not whole.more_holds
+    (mine,) = operations.lock_page(user_id="r8", holds_per_resource=4).rows
+    assert "r8" in {h.user_id for h in mine.holds} and not mine.more_holds
+    assert len(operations.active_holds(prefix="doc:l")) == INLINE + 9
+    with pytest.raises(ValueError, match="holds_per_resource"):
+        operations.lock_page(holds_per_resource=0)
+
+    client = Client()
+    client.force_login(admin_user)
+    monkeypatch.setattr(LockAdmin, "holds_per_resource", 4)
+    response = client.get(reverse("admin:dynasem_lock_changelist"), {"q": "doc:l"})
+    body = response.content.decode()
+    assert re.findall(r'<tr class="(hold|more)">', body) == ["hold"] * (INLINE + 4) + ["more"]
+    assert "1 resource has more holders than shown" in re.sub(r"\s+", " ", body)
+    resource_page = client.get(reverse("admin:dynasem_lock_resource"), {"resource": "doc:l"})
+    text = resource_page.content.decode()
+    assert all(str(h.fence) in text for h in readers)
+
+
+def test_the_resource_page_shows_a_crowd_of_readers_a_page_at_a_time(
+    holds: list[Any], admin_user: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.test import Client
+    from django.urls import reverse
+
+    from dynasem.admin import LockAdmin
+
+    readers = [take(holds, "doc:p", shared=True, user=f"r{i}", lease=60) for i in range(INLINE + 7)]
+    pages = holder_pages("doc:p", most=3)
+    assert [len(p) for p in pages] == [INLINE + 3, 3, 1]
+    assert sorted(t for p in pages for t in p) == sorted(h.token for h in readers)
+    with pytest.raises(ValueError, match="holds_after"):
+        operations.resource_state("doc:p", holds_after="q#1")
+
+    monkeypatch.setattr(LockAdmin, "holds_per_page", 3)
+    client = Client()
+    client.force_login(admin_user)
+    url = reverse("admin:dynasem_lock_resource")
+    seen: list[str] = []
+    response = client.get(url, {"resource": "doc:p"})
+    for _ in range(5):
+        body = response.content.decode()
+        seen += re.findall(r'aria-label="Break the hold of fence (\d+)"', body)
+        found = re.search(r'href="([^"]*after=[^"]*)">Next 3 holders', body)
+        if found is None:
+            assert "the last of them" in body
+            break
+        response = client.get(found.group(1).replace("&amp;", "&"))
+    assert sorted(map(int, seen)) == sorted(h.fence for h in readers)
+    bad = client.get(url, {"resource": "doc:p", "after": "nonsense"})
+    # A page link dynasem did not sign: 400, no holder read, a way back to the first page.
+    assert bad.status_code == 400 and "start from the first page" in bad.content.decode()
+    assert re.findall(r"Break the hold of fence", bad.content.decode()) == []

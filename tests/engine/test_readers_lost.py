@@ -1,0 +1,174 @@
+"""Reader items under lost answers and throttling (issue 40, point G): an admission whose
+answer was lost counts its reader once; a count-down that is throttled pauses between its
+tries and says so when it gives up."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from dynasem import semaphore
+from dynasem._engine import reader_hold as reader_held
+from dynasem._storage import dynamodb, lock_rows
+from dynasem._storage import reader_items as items
+from tests.engine.test_trust_at_return import LEASE, PAST, LateAnswers, admission, sk_of
+from tests.support.faults import Faults
+from tests.support.helpers import take
+
+pytestmark = pytest.mark.django_db(transaction=False)
+
+# The readers a row keeps inline (the first reader of a row is one, whatever the setting).
+INLINE = max(1, items.READERS_INLINE)
+
+
+@pytest.fixture(autouse=True)
+def forget_rows() -> None:
+    """No row remembered from an earlier test's table (same resource name): each test's
+    first readers join the row's holders, the next take items, as counted below."""
+    reader_held.rows.clear()
+
+
+class LoseAnswer:
+    """The answer of the first ``times`` UpdateItems that ``match`` (their JSON body) is
+    replaced by a 500 after DynamoDB applied them: botocore sends the same request again, as
+    it does on AWS when an applied write's answer is lost (tests/support/faults.py's lose_response,
+    aimed at one kind of write)."""
+
+    def __init__(self, match: Any, times: int = 1):
+        self.match, self.remaining, self.fired = match, times, 0
+        self.client = dynamodb.get_client()
+
+    def _hook(self, request_dict: dict[str, Any], response: Any, **kwargs: Any) -> None:
+        import json
+
+        if response is None or response[0].status_code != 200 or self.remaining <= 0:
+            return
+        if not self.match(json.loads(request_dict["body"] or b"{}")):
+            return
+        self.remaining -= 1
+        self.fired += 1
+        http, parsed = response
+        http.status_code = 500
+        parsed.clear()
+        parsed.update(
+            {
+                "Error": {"Code": "InternalServerError", "Message": "response lost"},
+                "ResponseMetadata": {"HTTPStatusCode": 500},
+            }
+        )
+
+    def __enter__(self) -> LoseAnswer:
+        self.client.meta.events.register_first("needs-retry.dynamodb.UpdateItem", self._hook)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.client.meta.events.unregister("needs-retry.dynamodb.UpdateItem", self._hook)
+
+
+def counted(resource: str) -> tuple[int, int]:
+    """The row's reader count and the reader items of its epoch (every one live here)."""
+    stored = lock_rows.stored_item(resource)
+    assert stored is not None
+    found = [r for r in items.readers(resource) if r.epoch == stored.get("repoch", 0)]
+    return int(stored.get("rc", 0)), len(found)
+
+
+def all_leave_and_a_writer_gets_in(holds: list[Any], resource: str) -> None:
+    """Every reader gives its hold back: the count is 0, the sentinel gone, and a writer takes
+    the resource at once (no wait for a write-off of readers nobody holds)."""
+    for held in holds:
+        held.release()
+    holds.clear()
+    stored = lock_rows.stored_item(resource)
+    assert stored is not None
+    assert stored.get("rc", 0) == 0
+    assert items.SENTINEL not in stored.get("holders", {})
+    take(holds, resource, wait=0)
+
+
+def test_a_joining_admission_whose_answer_was_lost_counts_once(holds: list[Any]) -> None:
+    readers = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE + 2)]
+    assert counted("doc") == (2, 2)
+    with LoseAnswer(admission) as lost:
+        readers.append(take(holds, "doc", shared=True, lease=30))
+    assert lost.fired == 1, "the admission's answer was never lost: the test missed its write"
+    assert counted("doc") == (3, 3)
+    all_leave_and_a_writer_gets_in(holds, "doc")
+
+
+def test_an_admission_opening_an_epoch_whose_answer_was_lost_counts_once(
+    holds: list[Any],
+) -> None:
+    for _ in range(INLINE):
+        take(holds, "doc", shared=True, lease=30)
+    assert not items.has_readers(lock_rows.get("doc"))
+    with LoseAnswer(admission) as lost:
+        take(holds, "doc", shared=True, lease=30)
+    assert lost.fired == 1, "the admission's answer was never lost: the test missed its write"
+    assert counted("doc") == (1, 1)
+    all_leave_and_a_writer_gets_in(holds, "doc")
+
+
+def test_both_answers_lost_counts_once(holds: list[Any]) -> None:
+    """The admission's answer lost, and the answer of the write that confirms it (the same
+    request sent again by botocore): still one count."""
+    for _ in range(INLINE + 1):
+        take(holds, "doc", shared=True, lease=30)
+    with LoseAnswer(lambda body: sk_of(body) == "lock", times=2) as lost:
+        take(holds, "doc", shared=True, lease=30)
+    assert lost.fired == 2
+    assert counted("doc") == (2, 2)
+    all_leave_and_a_writer_gets_in(holds, "doc")
+
+
+def test_an_admission_answered_too_late_and_given_back_counts_once(holds: list[Any]) -> None:
+    """Admitted, answered past its trust: given back (item and count) and admitted again
+    with the same token; that admission is counted, not taken for the one given back."""
+    for _ in range(INLINE + 1):
+        take(holds, "doc", shared=True, lease=30)
+    with LateAnswers("UpdateItem", admission, PAST) as late:
+        held = semaphore("doc", shared=True, lease=LEASE).acquire()
+    holds.append(held)
+    assert late.fired == 1
+    assert counted("doc") == (2, 2)
+    all_leave_and_a_writer_gets_in(holds, "doc")
+
+
+def test_a_count_down_throttled_for_a_moment_still_counts(holds: list[Any]) -> None:
+    """A crowd's partition throttled for a moment (after botocore's retries of the item's
+    delete): the count-down's tries, paused, outlast it."""
+    readers = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE + 2)]
+    with Faults(dynamodb.get_client(quick=True)) as faults:
+        rule = faults.throttle("UpdateItem", 10**6)
+        lift = threading.Timer(0.5, lambda: setattr(rule, "remaining", 0))
+        lift.start()
+        start = time.monotonic()
+        readers[-1].release()
+        took = time.monotonic() - start
+        lift.join()
+    holds.remove(readers[-1])
+    assert rule.fired >= 1
+    assert counted("doc") == (1, 1)
+    assert took < 2.0
+    all_leave_and_a_writer_gets_in(holds, "doc")
+
+
+def test_a_count_down_given_up_says_so(holds: list[Any], caplog: Any) -> None:
+    caplog.set_level(logging.WARNING, logger="dynasem")
+    readers = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE + 2)]
+    with Faults(dynamodb.get_client(quick=True)) as faults:
+        rule = faults.throttle("UpdateItem", 10**6)
+        start = time.monotonic()
+        readers[-1].release()
+        took = time.monotonic() - start
+    holds.remove(readers[-1])
+    assert rule.fired >= 2
+    assert took < 2.0  # a release is not held up long for a count a writer can write off
+    assert counted("doc") == (2, 1)  # too high (never too low): a writer writes it off
+    warned = [r for r in caplog.records if "count" in r.getMessage() and "doc" in r.getMessage()]
+    assert warned, "the count-down gave up silently"
+    assert "write" in warned[-1].getMessage()  # says what it means: writers wait a write-off

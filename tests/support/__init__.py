@@ -1,0 +1,1 @@
+"""What the tests share: settings, servers, engines, workers and helpers."""

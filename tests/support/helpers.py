@@ -1,0 +1,164 @@
+"""What tests share beyond fixtures: the engine a run uses, settings for a table, waiting for
+a condition, queueing a waiter by hand, counting requests (tests/conftest.py holds the
+fixtures and hooks that use them)."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Any
+
+ENGINE_ENV = "DYNASEM_TEST_ENGINE"
+
+
+ENGINES = ("dynamodb-local", "embedded", "unkind")
+
+
+def engine_name() -> str:
+    """The engine this run's tests use: ``$DYNASEM_TEST_ENGINE``, DynamoDB Local by default."""
+    return os.environ.get(ENGINE_ENV) or ENGINES[0]
+
+
+# ``DYNASEM_TEST_PERMITS_FROM=N``: counting semaphores of more than N permits keep their
+# holders in permit items (normally above table.permits.INLINE_MAX = 8), so that the whole
+# suite's counting tests can run on that layout too (workers inherit it).
+PERMITS_ENV = "DYNASEM_TEST_PERMITS_FROM"
+
+
+# ``DYNASEM_TEST_READERS_FROM=N``: a shared resource keeps N readers in its row, the next in
+# reader items (normally reader_items.READERS_INLINE = 8), for the same reason.
+READERS_ENV = "DYNASEM_TEST_READERS_FROM"
+
+
+# The DynamoDB operations dynasem sent this session (tests/project/test_iam_policy.py). Every
+# boto3 client built in this process (dynasem builds its own in _storage/dynamodb.py) reports
+# each operation before sending it (conftest's hook). It is recorded when its nearest caller
+# outside botocore is dynasem's own code (not dynasem.testing): a test's own calls on a client,
+# such as lock_table's update_time_to_live, are not dynasem's.
+DYNASEM_REQUESTS: set[str] = set()
+
+
+def runs_last(test: Any) -> Any:
+    """Run ``test`` after every other test of the session (pytest_collection_modifyitems)."""
+    test.runs_last = True
+    return test
+
+
+# Listings (the admin's, dynasem_locks', the reaper's) come from indexes and eventually
+# consistent reads, and say so. On the unkind engine a test of what a listing shows first
+# lets the engine's replicas catch up, as an operator reloads the page: what such a test
+# checks is the listing, not the lag (tests/operators/test_operators_lag.py checks the lag).
+LISTINGS = (
+    ("index_queries", "query_expiring"),
+    ("index_queries", "query_user_page"),
+    ("index_queries", "get_many"),
+    ("job_rows", "scan_jobs"),
+)
+
+
+def settle_engine() -> None:
+    """On the unkind engine: wait until its replicas have every version written so far."""
+    import http.client
+    import json
+    import time
+    from urllib.parse import urlsplit
+
+    url = urlsplit(os.environ["DYNASEM_TEST_ENDPOINT"])
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        conn = http.client.HTTPConnection(url.hostname or "", url.port, timeout=10)
+        try:
+            conn.request("GET", "/unkind")
+            if not json.loads(conn.getresponse().read())["replica_versions_pending"]:
+                return
+        finally:
+            conn.close()
+        time.sleep(0.05)
+
+
+def dynasem_settings(endpoint: str, table_name: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "TABLE_NAME": table_name,
+        "ENDPOINT_URL": endpoint,
+        "REGION_NAME": "us-east-1",
+        "LEASE": 10,
+        "WAIT": 0,
+        "CLOCK_SKEW": 0.5,
+        **extra,
+    }
+
+
+class RequestCounter:
+    """Counts the DynamoDB requests actually sent, by operation, through botocore's events."""
+
+    def __init__(self) -> None:
+        self.calls: Counter[str] = Counter()
+
+    def __call__(self, model: Any, **kwargs: Any) -> None:
+        self.calls[model.name] += 1
+
+    @property
+    def total(self) -> int:
+        return sum(self.calls.values())
+
+    def reset(self) -> None:
+        self.calls.clear()
+
+
+def take(holds: list[Any], resource: str, **kwargs: Any) -> Any:
+    """``semaphore(resource, **kwargs).acquire()``, released by the ``holds`` fixture."""
+    from dynasem import semaphore
+
+    held = semaphore(resource, **kwargs).acquire()
+    holds.append(held)
+    return held
+
+
+def queue_of(resource: str) -> dict[str, Any]:
+    """The live waiters queued for ``resource`` (token -> Waiter), as stored: the entry
+    items'."""
+    from dynasem._operators import locks as operations
+
+    return {w.token: w for w in operations.waiters_on(resource)}
+
+
+def holder_pages(resource: str, most: int) -> list[list[str]]:
+    """The tokens of ``resource``'s holders, page by page as the resource page reads them
+    (``operations.resource_state`` followed by its ``holds_next``)."""
+    from dynasem._operators import locks as operations
+
+    pages, after = [], None
+    while True:
+        state = operations.resource_state(resource, holds_after=after, most=most)
+        pages.append([h.token for h in state.holds])
+        if state.holds_next is None:
+            return pages
+        after = state.holds_next
+
+
+def enqueue_entry(resource: str, token: str, waiter: Any) -> int:
+    """Queue ``waiter`` for ``resource`` as a waiter would (a ticket, then its entry item),
+    without anyone waiting behind it: a crashed waiter's entry, say. Returns its ticket."""
+    import dataclasses
+
+    from dynasem import _clock as clock
+    from dynasem._storage import lock_rows, lock_writes, queue_entries
+
+    row = lock_rows.update(lock_writes.take_ticket(resource, clock.new_fence(0)), return_new=True)
+    assert row is not None
+    waiter = dataclasses.replace(waiter, ticket=row.queue_in, token=token)
+    queue_entries.put_entry(resource, row.queue_id, waiter)
+    return row.queue_in
+
+
+def wait_for(check: Any, timeout: float, what: str) -> Any:
+    """Poll ``check()`` until it returns something true (returned), at most ``timeout`` s."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.01)
+    raise AssertionError(f"{what}: not within {timeout:g}s")

@@ -1,0 +1,240 @@
+"""Fenced transactions (dynasem/_transactions/fencing.py) on a real MariaDB, with two holders'
+transactions in
+threads of their own (a connection each) fencing at the same moment.
+
+InnoDB locks more than rows: under REPEATABLE READ (MySQL's own default, a common OPTIONS
+``isolation_level``) a search that finds no row locks the gap where it would be. Two holders
+that fence a resource nobody has fenced yet must still end with one of them first, never a
+deadlock; and a deadlock the database does report while a fence is written (the transaction
+locked the caller's own rows first) must reach the caller as ``LockLost``, not a raw
+``OperationalError``. Both isolation levels run: Django's default for MySQL (READ COMMITTED)
+and REPEATABLE READ.
+
+The server is Debian's MariaDB, started for this module on a free loopback port
+(tests/support/servers.py); without it (and no root to install it) the module is skipped, saying so.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import tempfile
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.db import OperationalError, connections, transaction
+
+from dynasem import LockLost, semaphore
+from dynasem._operators.locks import break_holds
+from dynasem._transactions.fencing import row_key
+from tests.support.servers import ServerUnavailable, mariadb
+
+pytest.importorskip(
+    "MySQLdb",
+    reason="mysqlclient is not installed: scripts/venv.sh builds it where libmariadb-dev and "
+    "pkg-config are (apt-get install libmariadb-dev pkg-config, then make venv)",
+)
+
+ISOLATIONS = {"mariadb_rc": "read committed", "mariadb_rr": "repeatable read"}
+BARRIER_WAIT = 3.0  # seconds a thread waits for the other to reach the same point
+
+
+@pytest.fixture(scope="module")
+def mariadb_aliases(django_db_blocker: Any) -> Iterator[list[str]]:
+    """Two aliases of one throwaway database, one per isolation level, migrated."""
+    with contextlib.ExitStack() as stack:
+        # Not under pytest's temporary folder: the mysql user must reach it.
+        workdir = Path(tempfile.mkdtemp(prefix="dynasem-mariadb-"))
+        stack.callback(shutil.rmtree, workdir, ignore_errors=True)
+        try:
+            entry = stack.enter_context(mariadb(workdir))
+        except ServerUnavailable as exc:
+            pytest.skip(f"no MariaDB here: {exc}")
+        stack.enter_context(django_db_blocker.unblock())
+        for alias, isolation in ISOLATIONS.items():
+            config = {**entry, "OPTIONS": {"isolation_level": isolation}}
+            settings.DATABASES[alias] = config
+            both = {"default": connections.settings["default"], alias: config}
+            connections.settings[alias] = connections.configure_settings(both)[alias]
+            stack.callback(settings.DATABASES.pop, alias, None)
+            stack.callback(connections.settings.pop, alias, None)
+            stack.callback(lambda alias=alias: connections[alias].close())
+        call_command("migrate", "dynasem", database="mariadb_rc", verbosity=0)
+        with connections["mariadb_rc"].cursor() as cursor:
+            cursor.execute(
+                "CREATE TABLE fence_work (id int AUTO_INCREMENT PRIMARY KEY, label varchar(20), "
+                "n int) ENGINE=InnoDB"
+            )
+        yield list(ISOLATIONS)
+
+
+def in_threads(*calls: Callable[[], str], alias: str) -> list[str | BaseException]:
+    """Run each call in a thread of its own (a connection of its own); what each returned or
+    raised, in order."""
+    outcomes: list[str | BaseException] = ["unfinished"] * len(calls)
+
+    def run(i: int, call: Callable[[], str]) -> None:
+        try:
+            outcomes[i] = call()
+        except BaseException as exc:  # noqa: BLE001 - returned to the test
+            outcomes[i] = exc
+        finally:
+            connections[alias].close()
+
+    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return outcomes
+
+
+def after_fence_statement(barrier: threading.Barrier) -> Callable[..., Any]:
+    """An execute wrapper: after this connection's first statement on the fence table, wait
+    (a while at most) for the other thread to be there too."""
+    seen: list[str] = []
+
+    def wrapper(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)
+        if "dynasem_fence" in sql and not seen:
+            seen.append(sql)
+            with contextlib.suppress(threading.BrokenBarrierError):
+                barrier.wait(BARRIER_WAIT)
+        return result
+
+    return wrapper
+
+
+def stale_and_newer(resource: str) -> tuple[Any, Any]:
+    """Two holds of one resource: A's was broken (it has not noticed, as a paused holder
+    has not), B took it over with a larger fence."""
+    a = semaphore(resource, lease=60).acquire()
+    assert break_holds(resource)
+    b = semaphore(resource, lease=60).acquire()
+    assert b.fence > a.fence
+    return a, b
+
+
+def give_back(*holds: Any) -> None:
+    for held in holds:
+        with contextlib.suppress(LockLost):
+            held.release()
+
+
+def rows(alias: str) -> list[str]:
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT label FROM fence_work ORDER BY label")
+        found = [label for (label,) in cursor.fetchall()]
+        cursor.execute("DELETE FROM fence_work")
+    return found
+
+
+def stored(alias: str, resource: str) -> int | None:
+    with connections[alias].cursor() as cursor:
+        cursor.execute("SELECT fence FROM dynasem_fence WHERE digest = %s", [row_key(resource)])
+        row = cursor.fetchone()
+    return None if row is None else int(row[0])
+
+
+@pytest.mark.parametrize("alias", list(ISOLATIONS))
+def test_two_holders_fencing_a_new_resource_at_once_do_not_deadlock(
+    lock_table: str, mariadb_aliases: list[str], alias: str
+) -> None:
+    """A stale holder and the holder after it write the first fence of a resource at the same
+    moment: one goes first, the other waits for its transaction. The newer holder always
+    lands; the stale one either committed first or was refused."""
+    resource = f"new:{alias}"
+    a, b = stale_and_newer(resource)
+    barrier = threading.Barrier(2)
+
+    def rebuild(held: Any, label: str) -> str:
+        connection = connections[alias]
+        with connection.execute_wrapper(after_fence_statement(barrier)):
+            try:
+                with transaction.atomic(using=alias):
+                    held.fence_transaction(alias)
+                    with connection.cursor() as cursor:
+                        cursor.execute("INSERT INTO fence_work (label, n) VALUES (%s, 1)", [label])
+            except LockLost:
+                return "lost"
+        return "done"
+
+    try:
+        outcome = in_threads(lambda: rebuild(a, "A"), lambda: rebuild(b, "B"), alias=alias)
+    finally:
+        give_back(a, b)
+    assert not any(isinstance(o, BaseException) for o in outcome), outcome
+    assert outcome[1] == "done", outcome
+    assert stored(alias, resource) == b.fence
+    assert rows(alias) == (["A", "B"] if outcome[0] == "done" else ["B"])
+
+
+@pytest.mark.parametrize("alias", list(ISOLATIONS))
+def test_a_deadlock_at_the_fence_is_lock_lost(
+    lock_table: str, mariadb_aliases: list[str], alias: str
+) -> None:
+    """B (newer) locked a row of the caller's own first, then fences; A (stale) fenced first
+    and then wants that row: a real deadlock, B's fence statement its victim (A has written
+    more). B gets LockLost, its transaction rolled back; A's goes on."""
+    resource = f"deadlock:{alias}"
+    a, b = stale_and_newer(resource)
+    with connections[alias].cursor() as cursor:
+        cursor.execute("INSERT INTO fence_work (label, n) VALUES ('W', 0)")
+        w = cursor.lastrowid  # locked by its key: a record lock, no gap (a scan locks all)
+    barrier = threading.Barrier(2)
+
+    def stale() -> str:
+        with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+            a.fence_transaction(alias)
+            # Heavier than B's transaction: InnoDB rolls back the lighter one.
+            insert = "INSERT INTO fence_work (label, n) VALUES ('A', %s)"
+            cursor.executemany(insert, [[n] for n in range(50)])
+            barrier.wait(BARRIER_WAIT)
+            cursor.execute("SELECT n FROM fence_work WHERE id = %s FOR UPDATE", [w])
+        return "done"
+
+    def newer() -> str:
+        with transaction.atomic(using=alias), connections[alias].cursor() as cursor:
+            cursor.execute("SELECT n FROM fence_work WHERE id = %s FOR UPDATE", [w])
+            barrier.wait(BARRIER_WAIT)
+            b.fence_transaction(alias)
+        return "done"
+
+    try:
+        outcome = in_threads(stale, newer, alias=alias)
+    finally:
+        give_back(a, b)
+    assert outcome[0] == "done", outcome
+    lost = outcome[1]
+    assert isinstance(lost, LockLost), outcome
+    assert "deadlock" in lost.reason and "rolled back" in lost.reason, lost.reason
+    assert isinstance(lost.__cause__, OperationalError) and lost.__cause__.args[0] == 1213
+    assert not b.lost  # still B's in DynamoDB: only its transaction is gone
+    assert stored(alias, resource) == a.fence
+    assert set(rows(alias)) == {"A", "W"}
+
+
+@pytest.mark.parametrize("alias", list(ISOLATIONS))
+def test_fenced_blocks_on_mariadb(lock_table: str, mariadb_aliases: list[str], alias: str) -> None:
+    """The plain path: a fence written and committed, the same hold again (equal fence), a
+    newer one over it, and an older hold refused."""
+    resource = f"plain:{alias}"
+    a, b = stale_and_newer(resource)
+    try:
+        with transaction.atomic(using=alias):
+            b.fence_transaction(alias)
+            b.fence_transaction(alias)  # the same hold again: an equal fence is its own
+        assert stored(alias, resource) == b.fence
+        with pytest.raises(LockLost, match=r"holds fence \d+ for it, newer than this hold's"):
+            with transaction.atomic(using=alias):
+                a.fence_transaction(alias)
+        assert a.lost and stored(alias, resource) == b.fence
+    finally:
+        give_back(a, b)
+    with semaphore(resource, fence_db=True, using=alias) as newest:
+        assert stored(alias, resource) == newest.fence > b.fence
