@@ -1,20 +1,26 @@
 # Developer entry points; CI (.ci/run) runs
 # `make lint test test-embedded test-permits docs dist wheel-check sdist-check matrix`.
+# Every test target runs pytest through scripts/pytest.sh: PYTEST_WORKERS pytest-xdist workers
+# (default 4), then the tests marked `serial` alone; PYTEST_WORKERS=0 runs one process.
 #   make test PYTEST_ARGS="-k fence -x"
+#   make test PYTEST_WORKERS=0 PYTEST_ARGS="tests/test_core.py"
 #   make test-embedded PYTEST_ARGS="-x"
 #   make matrix NOX_ARGS="-R"             # reuse the sessions' venvs
 .PHONY: venv test test-embedded test-permits test-unkind test-unkind-ci demo lead-demo lint docs docs-serve matrix dist wheel-check sdist-check clean distclean
 
 PYTHON_VENV := .venv/bin/python
+PYTEST := bash scripts/pytest.sh $(PYTHON_VENV)
 PYTEST_ARGS ?=
+# Branch coverage of dynasem/ in `make test` (printed at its end; `make test COVERAGE=0`: none).
+COVERAGE ?= 1
 NOX_ARGS ?=
 
 venv:
 	bash scripts/venv.sh
 
-# The full suite on the newest (Python, Django) pair, in .venv.
+# The full suite on the newest (Python, Django) pair, in .venv, with branch coverage.
 test: venv
-	$(PYTHON_VENV) -m pytest --durations=25 $(PYTEST_ARGS)
+	DYNASEM_TEST_COVERAGE=$(COVERAGE) $(PYTEST) --durations=25 $(PYTEST_ARGS)
 
 # The behaviour tests again, on dynasem.testing's embedded engine (moto, one request at a
 # time) instead of DynamoDB Local: the engine users' own test suites get must answer as
@@ -27,7 +33,7 @@ EMBEDDED_TESTS := tests/engine/test_core.py tests/background/test_run_once.py te
 	tests/transactions/test_fenced.py \
 	--deselect tests/engine/test_races.py::test_sixteen_processes_count_to_800_without_overlap
 test-embedded: venv
-	DYNASEM_TEST_ENGINE=embedded $(PYTHON_VENV) -m pytest $(EMBEDDED_TESTS) $(PYTEST_ARGS)
+	DYNASEM_TEST_ENGINE=embedded $(PYTEST) $(EMBEDDED_TESTS) $(PYTEST_ARGS)
 
 # The race, crash, fault, fairness and /proc tests again with every counting semaphore of
 # limit >= 2 in permit items (dynasem._engine.permits; normally above 8 only) and every reader after
@@ -37,20 +43,20 @@ PERMITS_TESTS := tests/engine/test_races.py tests/system/test_crashes.py tests/s
 	tests/engine/test_processes.py tests/engine/test_fair.py tests/engine/test_readers.py
 test-permits: venv
 	DYNASEM_TEST_PERMITS_FROM=1 DYNASEM_TEST_READERS_FROM=0 \
-		$(PYTHON_VENV) -m pytest $(PERMITS_TESTS) $(PYTEST_ARGS)
+		$(PYTEST) $(PERMITS_TESTS) $(PYTEST_ARGS)
 
 # The whole suite on tests/support/unkind.py's engine in front of DynamoDB Local: reads without
 # ConsistentRead answered from lagging replicas, indexes that miss and keep items, throttling
 # per partition key and at random, transaction conflicts, answers lost after the write, latency
 # tails, as AWS does (DYNASEM_UNKIND_SEED, DYNASEM_UNKIND_PROFILE choose; the seed is printed).
 test-unkind: venv
-	DYNASEM_TEST_ENGINE=unkind $(PYTHON_VENV) -m pytest $(PYTEST_ARGS)
+	DYNASEM_TEST_ENGINE=unkind $(PYTEST) $(PYTEST_ARGS)
 
 # What CI runs on that engine: the race, crash (stalled waiters included) and fault tests, and
 # a 120 s soak of every kind of hold at AWS's bounds (profile "aws").
 UNKIND_CI_TESTS := tests/engine/test_races.py tests/system/test_crashes.py tests/system/test_faults.py
 test-unkind-ci: venv
-	DYNASEM_TEST_ENGINE=unkind $(PYTHON_VENV) -m pytest $(UNKIND_CI_TESTS) $(PYTEST_ARGS)
+	DYNASEM_TEST_ENGINE=unkind $(PYTEST) $(UNKIND_CI_TESTS) $(PYTEST_ARGS)
 	$(PYTHON_VENV) benchmarks/soak.py --seconds 120 --counting 9 --seed 40 --unkind aws
 
 demo: venv
@@ -100,7 +106,7 @@ sdist-check: venv
 
 # Build and test artefacts; keeps .venv, .nox and the DynamoDB Local download (see distclean).
 clean:
-	rm -rf build dist site *.egg-info .pytest_cache .ruff_cache .mypy_cache .coverage htmlcov
+	rm -rf build dist site *.egg-info .pytest_cache .ruff_cache .mypy_cache .coverage .coverage.* htmlcov
 	find . \( -path ./.venv -o -path ./.cache -o -path ./.git -o -path ./.nox \) -prune -o \
 		-type d -name __pycache__ -exec rm -rf {} +
 

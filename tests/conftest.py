@@ -32,6 +32,7 @@ from tests.support.helpers import (
     LISTINGS,
     PERMITS_ENV,
     READERS_ENV,
+    REQUESTS_FILE,
     RequestCounter,
     dynasem_settings,
     engine_name,
@@ -80,9 +81,11 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Tests marked @runs_last after all others (a stable sort: the rest keep their order).
     items.sort(key=lambda item: getattr(getattr(item, "function", None), "runs_last", False))
+    group_module_fixtures(items)
     if engine_name() == "dynamodb-local":
         return
     for item in items:
@@ -96,6 +99,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if marker is not None:
             reason = marker.args[0] if marker.args else marker.kwargs["reason"]
             item.add_marker(pytest.mark.skip(reason=f"embedded engine: {reason}"))
+
+
+def group_module_fixtures(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``--dist loadgroup``, scripts/pytest.sh) the tests of a module that
+    use a module-scoped fixture (a PostgreSQL or MariaDB server, gunicorn, the built docs
+    site, a network of hosts) run on one worker, which sets that fixture up once, not once per
+    worker. The module's other tests are spread as usual."""
+    for item in items:
+        if not item.config.pluginmanager.has_plugin("xdist"):
+            return
+        info = getattr(item, "_fixtureinfo", None)
+        defs = info.name2fixturedefs.values() if info is not None else ()
+        if any(d[-1].scope == "module" for d in defs):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
 
 
 # -- the DynamoDB operations dynasem sent this session (tests/project/test_iam_policy.py) --
@@ -115,6 +132,9 @@ def _record_dynasem_requests() -> None:
             frame = frame.f_back
         caller = frame.f_globals.get("__name__", "")
         if caller.startswith("dynasem.") and not caller.startswith("dynasem.testing"):
+            if REQUESTS_FILE and model.name not in DYNASEM_REQUESTS:
+                with open(REQUESTS_FILE, "a") as sent:  # one short line: appended whole
+                    sent.write(model.name + "\n")
             DYNASEM_REQUESTS.add(model.name)
 
     build = boto3.session.Session.client

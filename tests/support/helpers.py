@@ -8,6 +8,8 @@ import os
 from collections import Counter
 from typing import Any
 
+import pytest
+
 ENGINE_ENV = "DYNASEM_TEST_ENGINE"
 
 
@@ -35,13 +37,21 @@ READERS_ENV = "DYNASEM_TEST_READERS_FROM"
 # each operation before sending it (conftest's hook). It is recorded when its nearest caller
 # outside botocore is dynasem's own code (not dynasem.testing): a test's own calls on a client,
 # such as lock_table's update_time_to_live, are not dynasem's.
+# With ``$DYNASEM_TEST_REQUESTS_FILE`` (scripts/pytest.sh) the processes of a run share them:
+# each appends what it records to that file, and a session starts with what it holds (the
+# parallel run's workers, then the serial run whose @runs_last test reads them all).
 DYNASEM_REQUESTS: set[str] = set()
+REQUESTS_FILE = os.environ.get("DYNASEM_TEST_REQUESTS_FILE")
+if REQUESTS_FILE and os.path.exists(REQUESTS_FILE):
+    with open(REQUESTS_FILE) as sent:
+        DYNASEM_REQUESTS.update(sent.read().split())
 
 
 def runs_last(test: Any) -> Any:
-    """Run ``test`` after every other test of the session (pytest_collection_modifyitems)."""
+    """Run ``test`` after every other test of the session (pytest_collection_modifyitems); it
+    is also ``serial``: under pytest-xdist it runs alone, after the parallel run."""
     test.runs_last = True
-    return test
+    return pytest.mark.serial(test)
 
 
 # Listings (the admin's, dynasem_locks', the reaper's) come from indexes and eventually
