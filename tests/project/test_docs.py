@@ -81,6 +81,7 @@ def docs_table() -> Iterator[str]:
 
 @pytest.mark.reentry
 @pytest.mark.django_db
+@pytest.mark.serial  # a page's examples build on each other, in one process's order
 @pytest.mark.parametrize(("path", "index"), EXAMPLES)
 def test_example_runs(path: Path, index: int, docs_table: str) -> None:
     page = list(document(path))
