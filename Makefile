@@ -3,7 +3,7 @@
 # Every test target runs pytest through scripts/pytest.sh: PYTEST_WORKERS pytest-xdist workers
 # (default 4), then the tests marked `serial` alone; PYTEST_WORKERS=0 runs one process.
 #   make test PYTEST_ARGS="-k fence -x"
-#   make test PYTEST_WORKERS=0 PYTEST_ARGS="tests/test_core.py"
+#   make test PYTEST_WORKERS=0 PYTEST_ARGS="tests/engine/test_core.py"
 #   make test-embedded PYTEST_ARGS="-x"
 #   make matrix NOX_ARGS="-R"             # reuse the sessions' venvs
 .PHONY: venv test test-embedded test-permits test-unkind test-unkind-ci demo lead-demo lint docs docs-serve matrix dist wheel-check sdist-check clean distclean

@@ -3,8 +3,9 @@
 #
 #   bash scripts/pytest.sh PYTHON [PYTEST ARGS...]
 #
-# 1. `pytest -n $PYTEST_WORKERS --dist loadgroup -m "not serial"`: pytest-xdist's workers, each
-#    with a DynamoDB Local of its own (tests/conftest.py). Most tests wait rather than compute
+# 1. `pytest -n $PYTEST_WORKERS --dist loadgroup -m "not serial"`: pytest-xdist's workers,
+#    sharing the one DynamoDB Local the controller started (tests/conftest.py), a table per
+#    test. Most tests wait rather than compute
 #    (DynamoDB round trips, lease expiries), so more workers than cores overlap the waits:
 #    PYTEST_WORKERS defaults to 4 on this project's 2-core machines (docs/development.md says
 #    how it was chosen). The tests of a module with a module-scoped fixture (a server, the docs
