@@ -146,6 +146,48 @@ def test_the_lock_logic_never_imports_the_admin_or_commands() -> None:
     assert not {n for n in seen if n.startswith(("dynasem.admin", "dynasem.management"))}
 
 
+# The layers, top to bottom (docs/ARCHITECTURE.md): a module imports its own layer's modules
+# and those of the layers below it, never one above (type-only imports included). The two
+# layers on one line are peers that do not import each other.
+LAYERS: list[tuple[str, ...]] = [
+    ("admin", "apps", "checks", "celery", "django_tasks", "management", "testing", "__init__"),
+    ("_operators", "_background"),
+    ("_engine",),
+    ("_transactions",),
+    ("_storage",),
+    ("_observability",),
+    ("_clock", "conf", "exceptions", "signals", "models"),
+]
+
+
+def layer_of(module: str) -> tuple[int, str]:
+    """The layer of a module of the package (its index in LAYERS) and its part's name."""
+    part = module.split(".")[1] if "." in module else "__init__"
+    for depth, parts in enumerate(LAYERS):
+        if part in parts:
+            return depth, part
+    raise AssertionError(f"{module}: in no layer of LAYERS")
+
+
+def test_layer_of_places_every_module() -> None:
+    assert layer_of("dynasem") == (0, "__init__")
+    assert layer_of("dynasem._engine.core") == (2, "_engine")
+    assert layer_of("dynasem.management.commands.dynasem_lead") == (0, "management")
+    with pytest.raises(AssertionError):
+        layer_of("dynasem.nowhere")
+
+
+def test_imports_only_go_down_the_layers() -> None:
+    upward = []
+    for name in MODULES:
+        depth, part = layer_of(name)
+        for target in imports(name, type_checking=True):
+            to_depth, to_part = layer_of(target)
+            if to_depth < depth or (to_depth == depth and to_part != part and depth > 0):
+                upward.append(f"{name} -> {target}")
+    assert not upward, upward
+
+
 @pytest.mark.parametrize("name", sorted(n for n in MODULES if not n.endswith("__main__")))
 def test_every_module_imports(name: str) -> None:
     assert importlib.import_module(name).__name__ == name
