@@ -38,7 +38,7 @@ def undo(resource: str, slot: int, token: str) -> None:
     hint_freed(resource, slot, None)
 
 
-def break_permit(resource: str, token: str, permit: slots.Permit | None = None) -> bool:
+def break_permit(resource: str, token: str, permit: records.Permit | None = None) -> bool:
     """An operator breaks the permit ``token`` holds (if it still does); its slot is hinted
     and the first waiter told, as for a release. False: ``token`` holds none. ``permit``: the
     permit as read, freed only if its lease end is unchanged (the reaper's dead holders)."""
@@ -139,7 +139,7 @@ class PermitHeld(Held):
 
     def _gave_back(self, refused: dynamodb.Refused) -> bool:
         """Was a refused release ours after all (applied, its answer lost)?"""
-        permit = slots.permit_of(refused.item) if refused.item else None
+        permit = records.permit_of(refused.item) if refused.item else None
         if permit is not None and permit.last_token == self.token:
             return True
         broken = permit is not None and permit.broken_token == self.token

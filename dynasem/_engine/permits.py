@@ -59,7 +59,7 @@ class _Plan:
         how: str = "",
         slot: int | None = None,
         in_way: Any = None,
-        dead: slots.Permit | None = None,
+        dead: records.Permit | None = None,
     ):
         self.how, self.slot, self.in_way = how, slot, in_way
         self.dead = dead  # the permit of a holder proven dead, taken over as read
@@ -69,7 +69,7 @@ class _Scan:
     """The permits last read: who held them, and when one of them could run out."""
 
     def __init__(self) -> None:
-        self.held: list[slots.Permit] = []
+        self.held: list[records.Permit] = []
         self.until_ms = 0  # no read before this (ms) can find more
 
     def due(self, now_ms: int) -> bool:
@@ -286,7 +286,7 @@ def _plan(
     return _Plan(in_way={p.token: p.holder for p in held})
 
 
-def _proven_dead(permit: slots.Permit) -> bool:
+def _proven_dead(permit: records.Permit) -> bool:
     """Has the holder of ``permit`` ended, as this host can prove (same host only)?"""
     return processes.gone(permit.holder.proc)
 
@@ -351,7 +351,7 @@ def _hold_permit(
     holder: records.Holder,
     stale: int,
     deadline: float,
-    dead: slots.Permit | None = None,
+    dead: records.Permit | None = None,
 ) -> Steps[bool]:
     """The permit's write: True once it is ours; False if another holds the slot."""
     action = slots.take_permit(resource, slot, token, holder, stale_ms=stale, dead=dead)

@@ -127,7 +127,7 @@ def undo(resource: str, token: str, epoch: int) -> None:
     count_down(resource, epoch, forget=True)  # the same token may be admitted again
 
 
-def break_reader(resource: str, token: str, reader: items.Reader | None = None) -> bool:
+def break_reader(resource: str, token: str, reader: records.Reader | None = None) -> bool:
     """An operator breaks reader ``token`` (if it still holds); the reaper a dead one, as
     read (``reader``: its lease end must be unchanged). False: no such reader."""
     until = None if reader is None else reader.holder.expires_ms

@@ -306,7 +306,7 @@ def resource_state(
     if item is None:
         return ResourceState(resource, [], [])
     if holds_after is not None and not holds_after.startswith(
-        (permit_items.PERMIT_PREFIX, reader_items.READER_PREFIX)
+        (records.PERMIT_PREFIX, records.READER_PREFIX)
     ):
         raise ValueError(f"holds_after is a previous page's holds_next, not {holds_after!r}")
     item = _expanded(item, consistent=True, most=most, after_sk=holds_after)

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 from ..conf import settings
@@ -36,12 +35,16 @@ from .lock_writes import _LOCK_NAMES, QueueTerms, _action, _queue_clauses
 from .records import (
     BUCKET_S,
     LOCK_SK,
+    PERMIT_PREFIX,
     Holder,
     LockItem,
     Mode,
+    Permit,
     bucket_of,
     decode,
     epoch_seconds,
+    permit_of,
+    permit_sk,
     shard_of,
 )
 
@@ -53,50 +56,12 @@ MAX_HINTS = 32
 # Permits one read of them covers (a page): it stops at the first free one.
 PERMIT_PAGE = 100
 
-PERMIT_PREFIX = "s#"
-
 _NAMES = dict(_LOCK_NAMES, **{"#hw": "hw", "#hints": "hints"})
 
 
 def uses_permits(mode: Mode, limit: int) -> bool:
     """Whether holds of this mode and limit live in permit items."""
     return mode == Mode.COUNTING and limit > INLINE_MAX
-
-
-def permit_sk(slot: int) -> str:
-    return f"{PERMIT_PREFIX}{slot:010d}"
-
-
-@dataclass(frozen=True, slots=True)
-class Permit:
-    """One permit item: its slot, and its hold if it is held (``token`` empty: free)."""
-
-    slot: int
-    token: str
-    holder: Holder
-    last_token: str | None = None
-    broken_token: str | None = None
-
-    def free_at(self, stale_ms: int) -> bool:
-        """Free, or its holder's lease ended more than CLOCK_SKEW before (``stale_ms``)."""
-        return not self.token or self.holder.expires_ms < stale_ms
-
-
-def permit_of(item: dict[str, Any]) -> Permit:
-    sk = str(item["sk"])
-    return Permit(
-        slot=int(sk[len(PERMIT_PREFIX) :]),
-        token=str(item.get("k") or ""),
-        holder=Holder(
-            user_id=str(item.get("u", "")),
-            expires_ms=int(item.get("e", 0)),
-            fence=int(item.get("f", 0)),
-            acquired_ms=int(item.get("a", 0)),
-            proc=str(item["p"]) if item.get("p") else None,
-        ),
-        last_token=str(item["lt"]) if item.get("lt") else None,
-        broken_token=str(item["bt"]) if item.get("bt") else None,
-    )
 
 
 # -- the row's writes --------------------------------------------------------------------------
@@ -432,14 +397,11 @@ def slot_of(resource: str, token: str) -> Permit | None:
 __all__ = [
     "INLINE_MAX",
     "MAX_HINTS",
-    "Permit",
     "Refused",
     "break_permit",
     "find_free",
     "give_back_permit",
     "hint",
-    "permit_of",
-    "permit_sk",
     "permits",
     "raise_row",
     "renew_permit",

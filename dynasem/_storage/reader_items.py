@@ -34,7 +34,6 @@ keeps it), and the row's epoch moves on, conditional on the fence and ``rc`` as 
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any
 
 from ..conf import settings
@@ -47,20 +46,23 @@ from .lock_writes import _LOCK_NAMES, READERS_INLINE, QueueTerms, _action, _queu
 from .records import (
     BUCKET_S,
     LOCK_SK,
+    READER_PREFIX,
     Holder,
     LockItem,
     Mode,
+    Reader,
     bucket_of,
     encode,
     epoch_seconds,
     holder_value,
     key,
+    reader_of,
+    reader_sk,
     shard_of,
 )
 
 # The row's holder entry that stands for its reader items.
 SENTINEL = "readers"
-READER_PREFIX = "r#"
 # The sentinel's user, as listings and busy errors name it until its items are read.
 READERS_USER = "(readers)"
 
@@ -83,34 +85,6 @@ _ITEM_NAMES = {
     "#ep": "ep",
     "#exp": "expires",
 }
-
-
-def reader_sk(token: str) -> str:
-    return f"{READER_PREFIX}{token}"
-
-
-@dataclass(frozen=True, slots=True)
-class Reader:
-    """One reader item: its token, its hold, and the epoch it was admitted under."""
-
-    token: str
-    holder: Holder
-    epoch: int
-
-
-def reader_of(item: dict[str, Any]) -> Reader:
-    return Reader(
-        token=str(item["sk"])[len(READER_PREFIX) :],
-        holder=Holder(
-            user_id=str(item.get("u", "")),
-            expires_ms=int(item.get("e", 0)),
-            fence=int(item.get("f", 0)),
-            acquired_ms=int(item.get("a", 0)),
-            shared=True,
-            proc=str(item["p"]) if item.get("p") else None,
-        ),
-        epoch=int(item.get("ep", 0)),
-    )
 
 
 def has_readers(item: LockItem | None) -> bool:
@@ -477,7 +451,6 @@ __all__ = [
     "READERS_INLINE",
     "READERS_USER",
     "SENTINEL",
-    "Reader",
     "Refused",
     "admission_mark",
     "admit",

@@ -421,6 +421,78 @@ def job_row(item: Mapping[str, Any] | None) -> JobRow:
     )
 
 
+# Permit items (permit_items.py) and reader items (reader_items.py).
+
+PERMIT_PREFIX = "s#"
+
+
+def permit_sk(slot: int) -> str:
+    return f"{PERMIT_PREFIX}{slot:010d}"
+
+
+@dataclass(frozen=True, slots=True)
+class Permit:
+    """One permit item: its slot, and its hold if it is held (``token`` empty: free)."""
+
+    slot: int
+    token: str
+    holder: Holder
+    last_token: str | None = None
+    broken_token: str | None = None
+
+    def free_at(self, stale_ms: int) -> bool:
+        """Free, or its holder's lease ended more than CLOCK_SKEW before (``stale_ms``)."""
+        return not self.token or self.holder.expires_ms < stale_ms
+
+
+def permit_of(item: dict[str, Any]) -> Permit:
+    sk = str(item["sk"])
+    return Permit(
+        slot=int(sk[len(PERMIT_PREFIX) :]),
+        token=str(item.get("k") or ""),
+        holder=Holder(
+            user_id=str(item.get("u", "")),
+            expires_ms=int(item.get("e", 0)),
+            fence=int(item.get("f", 0)),
+            acquired_ms=int(item.get("a", 0)),
+            proc=str(item["p"]) if item.get("p") else None,
+        ),
+        last_token=str(item["lt"]) if item.get("lt") else None,
+        broken_token=str(item["bt"]) if item.get("bt") else None,
+    )
+
+
+READER_PREFIX = "r#"
+
+
+def reader_sk(token: str) -> str:
+    return f"{READER_PREFIX}{token}"
+
+
+@dataclass(frozen=True, slots=True)
+class Reader:
+    """One reader item: its token, its hold, and the epoch it was admitted under."""
+
+    token: str
+    holder: Holder
+    epoch: int
+
+
+def reader_of(item: dict[str, Any]) -> Reader:
+    return Reader(
+        token=str(item["sk"])[len(READER_PREFIX) :],
+        holder=Holder(
+            user_id=str(item.get("u", "")),
+            expires_ms=int(item.get("e", 0)),
+            fence=int(item.get("f", 0)),
+            acquired_ms=int(item.get("a", 0)),
+            shared=True,
+            proc=str(item["p"]) if item.get("p") else None,
+        ),
+        epoch=int(item.get("ep", 0)),
+    )
+
+
 # The keys of pages: where a listing goes on.
 
 

@@ -34,7 +34,7 @@ def gone() -> str:
     return recorded
 
 
-def permit_items(resource: str) -> list[slots.Permit]:
+def permit_items(resource: str) -> list[records.Permit]:
     return slots.permits(resource)
 
 
@@ -95,7 +95,7 @@ def test_a_permit_of_a_process_proven_dead_is_taken_over_at_once(
     slot = victim.slots["pool"]
     dynamodb.get_client().update_item(
         TableName=settings.TABLE_NAME,
-        Key=records.key("pool", slots.permit_sk(slot)),
+        Key=records.key("pool", records.permit_sk(slot)),
         UpdateExpression="SET p = :p",
         ExpressionAttributeValues={":p": {"S": gone}},
     )
@@ -149,7 +149,7 @@ def test_no_size_wall_and_no_item_over_4_kb(holds: list[Any]) -> None:
     assert row["hw"] == 300 and row["limit"] == 100_000
     biggest = max(
         len(json.dumps(item, default=str))
-        for item in [row, *(lock_rows.stored_item("huge", slots.permit_sk(s)) for s in (0, 299))]
+        for item in [row, *(lock_rows.stored_item("huge", records.permit_sk(s)) for s in (0, 299))]
     )
     assert biggest < 1024
     for held in many[:40]:

@@ -25,7 +25,7 @@ import pytest
 from dynasem import semaphore
 from dynasem._engine.core import CONFIRM_SHARE
 from dynasem._engine.hold import Held
-from dynasem._storage import dynamodb, lock_rows
+from dynasem._storage import dynamodb, lock_rows, records
 from dynasem._storage import lock_writes as writes
 from dynasem._storage import permit_items as slots
 from dynasem._storage import reader_items as items
@@ -84,7 +84,7 @@ def by(user: str, body: dict[str, Any]) -> bool:
 
 
 def permit_take(body: dict[str, Any]) -> bool:
-    return sk_of(body).startswith(slots.PERMIT_PREFIX) and by("late", body)
+    return sk_of(body).startswith(records.PERMIT_PREFIX) and by("late", body)
 
 
 def row_take(body: dict[str, Any]) -> bool:
@@ -92,7 +92,7 @@ def row_take(body: dict[str, Any]) -> bool:
 
 
 def reader_item(body: dict[str, Any]) -> bool:
-    return sk_of(body).startswith(items.READER_PREFIX) and by("late", body)
+    return sk_of(body).startswith(records.READER_PREFIX) and by("late", body)
 
 
 def admission(body: dict[str, Any]) -> bool:
