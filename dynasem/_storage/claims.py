@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .lock_writes import _LOCK_NAMES, _action
+from .lock_writes import update_action
 from .records import LOCK_SK, Holder, bucket_of, holder_value
 
 
@@ -31,13 +31,8 @@ def adopt_hold(
     its next and its lease ended before ``stale_ms`` (a run that died after enqueueing its
     retry: the retry, whose claim ``announced`` is, takes over, with the larger fence of its
     ``entry``)."""
-    names = dict(_LOCK_NAMES, **{"#c": claimed, "#t": token})
-    values: dict[str, Any] = {
-        ":entry": holder_value(entry),
-        ":e": entry.expires_ms,
-        ":exp": bucket_of(entry.expires_ms),
-        ":uid": entry.user_id,
-    }
+    values = {":entry": holder_value(entry), ":e": entry.expires_ms, ":uid": entry.user_id}
+    values[":exp"] = bucket_of(entry.expires_ms)
     update = "REMOVE #h.#c SET #h.#t = :entry, #expMs = :e, #exp = :exp, #uid = :uid"
     condition = "attribute_exists(#h.#c)"
     if announced is not None:
@@ -45,14 +40,12 @@ def adopt_hold(
         # any take-over does (the entry carries it).
         update += ", #fence = :fence"
         condition += " AND #h.#c.#n = :next AND #h.#c.#e < :stale AND #fence < :fence"
-        names.update({"#n": "n", "#e": "e"})
-        values.update({":next": announced, ":stale": stale_ms, ":fence": entry.fence})
-    return _action(resource, LOCK_SK, update, condition, names, values)
+        values |= {":next": announced, ":stale": stale_ms, ":fence": entry.fence}
+    names = {"#c": claimed, "#t": token}
+    return update_action(resource, LOCK_SK, update, condition, names, values)
 
 
 def announce_next(resource: str, token: str, next_token: str) -> dict[str, Any]:
     """The run ``token`` enqueued its retry, whose message carries ``next_token``."""
-    names = dict(_LOCK_NAMES, **{"#t": token, "#n": "n"})
-    return _action(
-        resource, LOCK_SK, "SET #h.#t.#n = :n", "attribute_exists(#h.#t)", names, {":n": next_token}
-    )
+    update, condition = "SET #h.#t.#n = :n", "attribute_exists(#h.#t)"
+    return update_action(resource, LOCK_SK, update, condition, {"#t": token}, {":n": next_token})

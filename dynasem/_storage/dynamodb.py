@@ -29,13 +29,14 @@ from botocore.exceptions import (
 from .._observability import metrics, telemetry
 from ..conf import FALLBACK_REGION, settings
 from ..exceptions import LimitExceeded, Picklable, SemaphoreUnavailable, TableMissing
-from .records import JobRow, LockItem, decode, job_row, lock_item
+from .records import JobRow, LockItem, decode, encode, job_row, key, lock_item, names_in
 
 if TYPE_CHECKING:  # boto3-stubs[dynamodb], a development dependency only
     from mypy_boto3_dynamodb import DynamoDBClient
 
-_client: DynamoDBClient | None = None
-_quick_client: DynamoDBClient | None = None
+# The process's clients, by purpose (see get_client): built on first use (they are
+# thread-safe), dropped when the settings change or the process forks.
+_clients: dict[bool, DynamoDBClient] = {}
 _client_lock = threading.Lock()
 # Set while an operator waits on a page or a command (see quick()).
 _quick: contextvars.ContextVar[bool] = contextvars.ContextVar("dynasem_quick", default=False)
@@ -69,34 +70,25 @@ def get_client(*, quick: bool = False) -> DynamoDBClient:
     ``quick``: the client of pages and commands an operator waits on (see :func:`quick`):
     one attempt, 1 s to connect, 2 s to answer. The locks' own requests (renewals above all)
     keep theirs: three attempts, 3 s and 10 s."""
-    global _client, _quick_client
-    client = _quick_client if quick else _client
+    client = _clients.get(quick)
     if client is not None:
         return client
     with _client_lock:
-        if quick and _quick_client is None:
-            _quick_client = _build(
-                retries={"mode": "legacy", "total_max_attempts": 1},
-                connect_timeout=1,
-                read_timeout=2,
-            )
-        if not quick and _client is None:
-            _client = _build(
-                # Transport errors and throttling are botocore's to retry; dynasem's own
-                # loop only waits for a busy lock. "legacy" mode uses DynamoDB's own
-                # schedule (50 ms, 100 ms): a heartbeat gets its retries in well inside a
-                # lease, where standard mode's random 1-2 s backoffs could outlast it.
-                retries={"mode": "legacy", "max_attempts": 3},
-                connect_timeout=3,
-                read_timeout=10,
-            )
-        built = _quick_client if quick else _client
-        assert built is not None
-        return built
+        if quick not in _clients:
+            _clients[quick] = _build(quick)
+        return _clients[quick]
 
 
-def _build(**config: Any) -> DynamoDBClient:
+def _build(quick: bool) -> DynamoDBClient:
     session = boto3.session.Session()
+    if quick:
+        retries = {"mode": "legacy", "total_max_attempts": 1}
+    else:
+        # Transport errors and throttling are botocore's to retry; dynasem's own loop only
+        # waits for a busy lock. "legacy" mode uses DynamoDB's own schedule (50 ms, 100 ms):
+        # a heartbeat gets its retries in well inside a lease, where standard mode's random
+        # 1-2 s backoffs could outlast it.
+        retries = {"mode": "legacy", "max_attempts": 3}
     return session.client(
         "dynamodb",
         endpoint_url=settings.ENDPOINT_URL,
@@ -107,7 +99,9 @@ def _build(**config: Any) -> DynamoDBClient:
             # walk over each parameter cost ~0.4 ms per request, and a malformed one is
             # still refused by DynamoDB (ValidationException).
             parameter_validation=False,
-            **config,
+            retries=retries,  # type: ignore[arg-type]
+            connect_timeout=1 if quick else 3,
+            read_timeout=2 if quick else 10,
         ),
     )
 
@@ -131,19 +125,12 @@ def region_of(session: boto3.session.Session) -> str:
 
 def reset_client() -> None:
     """Forget the cached clients (settings changed, or we are a freshly forked child)."""
-    global _client, _quick_client
-    with _client_lock:
-        _client = _quick_client = None
-
-
-def _forget_in_child() -> None:
-    global _client, _quick_client
-    _client = _quick_client = None
+    _clients.clear()
 
 
 if hasattr(os, "register_at_fork"):
     # A forked child must not share the parent's connection pool.
-    os.register_at_fork(after_in_child=_forget_in_child)
+    os.register_at_fork(after_in_child=reset_client)
 
 
 def endpoint_label() -> str:
@@ -356,6 +343,19 @@ def send_request(operation: str, **kwargs: Any) -> dict[str, Any]:
     return response
 
 
+def page(
+    operation: str, limit: int | None = None, start: Mapping[str, Any] | None = None, **request: Any
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """One page of a Query or Scan of the table: its items, decoded, and the key the next
+    page starts after (None: this was the last). ``limit``: items a page."""
+    if limit:
+        request["Limit"] = limit
+    if start:
+        request["ExclusiveStartKey"] = start
+    response = send_request(operation, TableName=settings.TABLE_NAME, **request)
+    return [decode(item) for item in response.get("Items", [])], response.get("LastEvaluatedKey")
+
+
 def prefix_pages(
     resource: str,
     prefix: str,
@@ -367,22 +367,18 @@ def prefix_pages(
     """The items under ``resource`` whose sort key begins with ``prefix`` (permits, reader
     items), decoded, one Query page at a time (``limit``: items a page; ``after_sk``: from
     the item after that sort key on)."""
-    start = None if after_sk is None else {"pk": {"S": resource}, "sk": {"S": after_sk}}
+    start = None if after_sk is None else key(resource, after_sk)
     while True:
-        kwargs: dict[str, Any] = {
-            "TableName": settings.TABLE_NAME,
-            "ConsistentRead": consistent,
-            "KeyConditionExpression": "#pk = :pk AND begins_with(#sk, :pre)",
-            "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk"},
-            "ExpressionAttributeValues": {":pk": {"S": resource}, ":pre": {"S": prefix}},
-        }
-        if limit:
-            kwargs["Limit"] = limit
-        if start:
-            kwargs["ExclusiveStartKey"] = start
-        response = send_request("query", **kwargs)
-        yield [decode(i) or {} for i in response.get("Items", [])]
-        start = response.get("LastEvaluatedKey")
+        items, start = page(
+            "query",
+            limit,
+            start,
+            ConsistentRead=consistent,
+            KeyConditionExpression="#pk = :pk AND begins_with(#sk, :pre)",
+            ExpressionAttributeNames=names_in("#pk #sk"),
+            ExpressionAttributeValues=encode({":pk": resource, ":pre": prefix}),
+        )
+        yield items
         if not start:
             return
 

@@ -11,9 +11,6 @@ from typing import Any
 from ..conf import settings
 from ..exceptions import SemaphoreUnavailable
 from . import dynamodb
-from .dynamodb import (
-    endpoint_label,
-)
 from .records import (
     EXPIRES_INDEX,
     LOCK_SK,
@@ -23,9 +20,10 @@ from .records import (
     Mode,
     decode,
     encode,
-    index_entry,
+    from_item,
     key,
     lock_item,
+    names_in,
 )
 
 
@@ -39,27 +37,19 @@ def query_expiring(
     shared_only: bool = False,
 ) -> tuple[list[IndexEntry], dict[str, Any] | None]:
     """One page of one shard of the expires index, by ``expires`` (epoch seconds)."""
-    names = {"#shard": "shard", "#exp": "expires"}
     values: dict[str, Any] = {":s": shard}
-    cond = "#shard = :s"
+    condition = "#shard = :s"
     if before is not None:
-        cond += " AND #exp < :b"
+        condition += " AND #exp < :b"
         values[":b"] = before
     elif since is not None:
-        cond += " AND #exp >= :a"
+        condition += " AND #exp >= :a"
         values[":a"] = since
-    kwargs: dict[str, Any] = {
-        "TableName": settings.TABLE_NAME,
-        "KeyConditionExpression": cond,
-        "ExpressionAttributeNames": names,
-        "ExpressionAttributeValues": encode(values),
-    }
-    if shared_only:
-        # Counting and shared rows name only one of their holders in userId.
-        kwargs["FilterExpression"] = "#mode <> :x"
-        names["#mode"] = "mode"
-        kwargs["ExpressionAttributeValues"][":x"] = {"S": Mode.EXCLUSIVE.value}
-    return _query(EXPIRES_INDEX, kwargs, limit, start)
+    if not shared_only:
+        return _query(EXPIRES_INDEX, condition, values, limit, start)
+    # Counting and shared rows name only one of their holders in userId.
+    values[":x"] = Mode.EXCLUSIVE.value
+    return _query(EXPIRES_INDEX, condition, values, limit, start, filter_by="#mode <> :x")
 
 
 def iter_expiring(shard: int, **kwargs: Any) -> Iterator[IndexEntry]:
@@ -76,27 +66,31 @@ def query_user_page(
 ) -> tuple[list[IndexEntry], dict[str, Any] | None]:
     """One page of the userId index: rows whose latest holder is ``user_id`` and whose lease
     ends at or after ``since`` (epoch seconds)."""
-    kwargs: dict[str, Any] = {
-        "TableName": settings.TABLE_NAME,
-        "KeyConditionExpression": "#uid = :u AND #exp >= :a",
-        "ExpressionAttributeNames": {"#uid": "userId", "#exp": "expires"},
-        "ExpressionAttributeValues": {":u": {"S": user_id}, ":a": {"N": str(since)}},
-    }
-    return _query(USER_INDEX, kwargs, limit, start)
+    values = {":u": user_id, ":a": since}
+    return _query(USER_INDEX, "#uid = :u AND #exp >= :a", values, limit, start)
 
 
 def _query(
-    index: str, kwargs: dict[str, Any], limit: int | None, start: dict[str, Any] | None
+    index: str,
+    condition: str,
+    values: dict[str, Any],
+    limit: int | None,
+    start: dict[str, Any] | None,
+    filter_by: str | None = None,
 ) -> tuple[list[IndexEntry], dict[str, Any] | None]:
     """One page of a Query of one of our indexes: its entries and LastEvaluatedKey."""
-    kwargs["IndexName"] = index
-    if limit:
-        kwargs["Limit"] = limit
-    if start:
-        kwargs["ExclusiveStartKey"] = start
-    response = dynamodb.send_request("query", **kwargs)
-    entries = [index_entry(decode(i)) for i in response.get("Items", [])]
-    return entries, response.get("LastEvaluatedKey")
+    request: dict[str, Any] = {"FilterExpression": filter_by} if filter_by else {}
+    items, last = dynamodb.page(
+        "query",
+        limit,
+        start,
+        IndexName=index,
+        KeyConditionExpression=condition,
+        ExpressionAttributeNames=names_in(f"{condition} {filter_by or ''}"),
+        ExpressionAttributeValues=encode(values),
+        **request,
+    )
+    return [from_item(IndexEntry, item) for item in items], last
 
 
 # BatchGetItem's limit on the keys of one request.
@@ -109,7 +103,7 @@ def get_many(entries: list[IndexEntry], *, consistent: bool = False) -> list[Loc
     report of what a write would do), in the entries' order; a row gone meanwhile is left
     out. Each row sorts where its entry did (``listed_s``), which is where a page cursor goes
     on from."""
-    found: dict[str, dict[str, Any]] = {}
+    found: dict[str, LockItem] = {}
     wanted = list(dict.fromkeys(e.resource for e in entries))
     for i in range(0, len(wanted), MAX_BATCH_GET):
         keys: list[dict[str, Any]] = [key(r, LOCK_SK) for r in wanted[i : i + MAX_BATCH_GET]]
@@ -118,24 +112,22 @@ def get_many(entries: list[IndexEntry], *, consistent: bool = False) -> list[Loc
                 break
             if attempt:
                 time.sleep(min(0.05 * 2**attempt, 1.0))  # throttled: DynamoDB said try later
-            asked: dict[str, Any] = {"Keys": keys}
-            if consistent:
-                asked["ConsistentRead"] = True
+            asked = {"Keys": keys, **({"ConsistentRead": True} if consistent else {})}
             response = dynamodb.send_request(
                 "batch_get_item", RequestItems={settings.TABLE_NAME: asked}
             )
             for item in response.get("Responses", {}).get(settings.TABLE_NAME, []):
-                row = decode(item)
-                found[str(row["pk"])] = row
+                row = lock_item(decode(item))
+                found[row.resource] = row
             keys = response.get("UnprocessedKeys", {}).get(settings.TABLE_NAME, {}).get("Keys", [])
         if keys:
             raise SemaphoreUnavailable(
-                f"DynamoDB at {endpoint_label()} left {len(keys)} rows unread (throttled)",
+                f"DynamoDB at {dynamodb.endpoint_label()} left {len(keys)} rows unread (throttled)",
                 transient=True,
             )
-    rows = []
-    for entry in entries:
-        row = found.get(entry.resource)
-        if row is not None:
-            rows.append(dataclasses.replace(lock_item(row), listed_s=entry.listed_s))
-    return rows
+    # Each row sorts where its entry did.
+    return [
+        dataclasses.replace(found[e.resource], listed_s=e.listed_s)
+        for e in entries
+        if e.resource in found
+    ]

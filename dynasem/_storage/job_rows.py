@@ -4,14 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..conf import settings
 from . import dynamodb, lock_rows
-from .records import (
-    JOB_SK,
-    JobRow,
-    decode,
-    job_row,
-)
+from .records import JOB_SK, JobRow, encode, job_row, names_in
 
 
 def update_job(action: dict[str, Any], *, return_new: bool = False) -> JobRow | None:
@@ -28,30 +22,24 @@ def scan_jobs(
     A Scan, because job rows are in no index (they carry no ``expires``); it reads the lock
     rows too, 1 MB a request, which is acceptable for an admin page read by hand. ``status``
     "NEW" means never run or reset (no status stored)."""
-    names = {"#sk": "sk"}
-    values: dict[str, Any] = {":job": {"S": JOB_SK}}
+    values: dict[str, Any] = {":job": JOB_SK}
     conditions = ["#sk = :job"]
     if prefix:
-        names["#pk"] = "pk"
-        values[":p"] = {"S": prefix}
+        values[":p"] = prefix
         conditions.append("begins_with(#pk, :p)")
     if status == "NEW":
-        names["#st"] = "status"
         conditions.append("attribute_not_exists(#st)")
     elif status:
-        names["#st"] = "status"
-        values[":st"] = {"S": status}
+        values[":st"] = status
         conditions.append("#st = :st")
-    kwargs: dict[str, Any] = {
-        "TableName": settings.TABLE_NAME,
-        "FilterExpression": " AND ".join(conditions),
-        "ExpressionAttributeNames": names,
-        "ExpressionAttributeValues": values,
-    }
-    if start:
-        kwargs["ExclusiveStartKey"] = start
-    response = dynamodb.send_request("scan", **kwargs)
-    return [job_row(decode(i)) for i in response.get("Items", [])], response.get("LastEvaluatedKey")
+    items, last = dynamodb.page(
+        "scan",
+        start=start,
+        FilterExpression=" AND ".join(conditions),
+        ExpressionAttributeNames=names_in(" ".join(conditions)),
+        ExpressionAttributeValues=encode(values),
+    )
+    return [job_row(item) for item in items], last
 
 
 def get_job(pk: str) -> JobRow | None:

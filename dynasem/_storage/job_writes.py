@@ -1,26 +1,16 @@
 """The run_once writes: each builder returns the keyword arguments of one conditional
-``UpdateItem`` of a job row (without ``TableName``); :func:`dynasem._storage.update_job` sends
-them."""
+``UpdateItem`` of a job row (without ``TableName``);
+:func:`dynasem._storage.job_rows.update_job` sends them."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from .lock_writes import _action
+from .lock_writes import update_action
 from .records import FAILED, JOB_SK, RUNNING
 
-_JOB_NAMES = {
-    "#st": "status",
-    "#tok": "token",
-    "#uid": "userId",
-    "#expMs": "expMs",
-    "#fence": "fence",
-    "#att": "attempt",
-    "#err": "error",
-    "#start": "startedMs",
-    "#end": "finishedMs",
-    "#last": "lastToken",
-}
+# A claim's: ours, while it runs.
+OURS = "#tok = :tok AND #st = :running"
 
 
 def job_claim(
@@ -35,30 +25,16 @@ def job_claim(
         "(attribute_not_exists(#st) OR #st = :failed OR (#st = :running AND #expMs < :stale)) "
         "AND (attribute_not_exists(#fence) OR #fence < :fence)"
     )
-    values = {
-        ":running": RUNNING,
-        ":failed": FAILED,
-        ":tok": token,
-        ":uid": user_id,
-        ":expMs": expires_ms,
-        ":fence": fence,
-        ":now": now_ms,
-        ":zero": 0,
-        ":one": 1,
-        ":stale": stale_ms,
-    }
-    return _action(key, JOB_SK, update, condition, _JOB_NAMES, values)
+    values: dict[str, Any] = {":running": RUNNING, ":failed": FAILED, ":tok": token}
+    values[":uid"] = user_id
+    values |= {":expMs": expires_ms, ":fence": fence, ":now": now_ms, ":stale": stale_ms}
+    values |= {":zero": 0, ":one": 1}
+    return update_action(key, JOB_SK, update, condition, {}, values)
 
 
 def job_renew(key: str, token: str, expires_ms: int) -> dict[str, Any]:
-    return _action(
-        key,
-        JOB_SK,
-        "SET #expMs = :e",
-        "#tok = :tok AND #st = :running",
-        _JOB_NAMES,
-        {":e": expires_ms, ":tok": token, ":running": RUNNING},
-    )
+    values: dict[str, Any] = {":e": expires_ms, ":tok": token, ":running": RUNNING}
+    return update_action(key, JOB_SK, "SET #expMs = :e", OURS, {}, values)
 
 
 def job_finish(key: str, token: str, status: str, error: str | None, now_ms: int) -> dict[str, Any]:
@@ -66,19 +42,17 @@ def job_finish(key: str, token: str, status: str, error: str | None, now_ms: int
     values: dict[str, Any] = {":st": status, ":tok": token, ":now": now_ms, ":running": RUNNING}
     update = "SET #st = :st, #end = :now, #last = :tok"
     if error is not None:
-        update += ", #err = :err"
         values[":err"] = error[:4000]
-        update += " REMOVE #tok, #expMs"
+        update += ", #err = :err REMOVE #tok, #expMs"
     else:
         update += " REMOVE #tok, #expMs, #err"
-    return _action(key, JOB_SK, update, "#tok = :tok AND #st = :running", _JOB_NAMES, values)
+    return update_action(key, JOB_SK, update, OURS, {}, values)
 
 
 def job_reset(key: str, status_seen: str, finished_ms: int | None, now_ms: int) -> dict[str, Any]:
     """An operator makes a DONE or FAILED job new again (the next run_once runs it), only if it
     still ended as the operator saw it (``status_seen`` at ``finished_ms``). Keeps the fence and
     the attempt count; records when it was reset."""
-    names = {**_JOB_NAMES, "#end": "finishedMs", "#reset": "resetMs"}
     values: dict[str, Any] = {":seen": status_seen, ":now": now_ms}
     if finished_ms is None:
         condition = "#st = :seen AND attribute_not_exists(#end)"
@@ -86,4 +60,4 @@ def job_reset(key: str, status_seen: str, finished_ms: int | None, now_ms: int) 
         condition = "#st = :seen AND #end = :end"
         values[":end"] = finished_ms
     update = "REMOVE #st, #err, #end, #tok, #expMs SET #reset = :now"
-    return _action(key, JOB_SK, update, condition, names, values)
+    return update_action(key, JOB_SK, update, condition, {}, values)

@@ -8,17 +8,7 @@ from typing import Any
 
 from ..conf import settings
 from . import dynamodb
-from .dynamodb import (
-    Refused,
-)
-from .records import (
-    LOCK_SK,
-    LockItem,
-    decode,
-    encode,
-    key,
-    lock_item,
-)
+from .records import LOCK_SK, LockItem, decode, encode, key, lock_item, names_in
 
 
 def update(action: dict[str, Any], *, return_new: bool = False) -> LockItem | None:
@@ -39,11 +29,8 @@ def update_item(action: dict[str, Any], return_new: bool) -> dict[str, Any] | No
 
 def transact(actions: list[dict[str, Any]]) -> None:
     """Send UpdateItem actions as one all-or-none transaction. Raises :class:`Cancelled`."""
-    table = settings.TABLE_NAME
-    items = [
-        {"Update": dict(a, TableName=table, ReturnValuesOnConditionCheckFailure="ALL_OLD")}
-        for a in actions
-    ]
+    refused = {"TableName": settings.TABLE_NAME, "ReturnValuesOnConditionCheckFailure": "ALL_OLD"}
+    items = [{"Update": action | refused} for action in actions]
     dynamodb.send_request("transact_write_items", TransactItems=items)
 
 
@@ -86,10 +73,10 @@ def delete_expired(resource: str, cutoff_ms: int, *, resent: bool = False) -> bo
             TableName=settings.TABLE_NAME,
             Key=key(resource, LOCK_SK),
             ConditionExpression="#expMs < :cut",
-            ExpressionAttributeNames={"#expMs": "expMs"},
+            ExpressionAttributeNames=names_in("#expMs"),
             ExpressionAttributeValues=encode({":cut": cutoff_ms}),
             ReturnValuesOnConditionCheckFailure="ALL_OLD",
         )
-    except Refused as refused:
+    except dynamodb.Refused as refused:
         return (resent or refused.retried) and refused.item is None
     return True

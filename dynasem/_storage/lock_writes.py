@@ -1,15 +1,15 @@
 """The writes: each builder returns the keyword arguments of one conditional ``UpdateItem``
-(without ``TableName``), usable alone or as one action of a transaction; :func:`update` and
-:func:`transact` in :mod:`dynasem._storage` send them."""
+(without ``TableName``), usable alone or as one action of a transaction;
+:func:`dynasem._storage.lock_rows.update` and :func:`~dynasem._storage.lock_rows.transact`
+send them."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .records import (
-    BUCKET_S,
     LOCK_SK,
     Holder,
     LockItem,
@@ -17,59 +17,37 @@ from .records import (
     bucket_of,
     encode,
     entry_sk,
-    epoch_seconds,
     holder_value,
     key,
+    names_in,
     shard_of,
+    ttl_of,
 )
 
-# ---------------------------------------------------------------------------------------------
-# Lock writes (builders return UpdateItem kwargs without TableName)
-# ---------------------------------------------------------------------------------------------
-
-_LOCK_NAMES = {
-    "#h": "holders",
-    "#mode": "mode",
-    "#lim": "limit",
-    "#fence": "fence",
-    "#uid": "userId",
-    "#exp": "expires",
-    "#expMs": "expMs",
-    "#shard": "shard",
-    "#last": "lastToken",
-    "#hold": "holdMs",
-    "#qin": "qin",
-    "#qout": "qout",
-    "#qbase": "qbase",
-    "#hw": "hw",
-}
-
-
 # A shared row keeps this many readers among its holders; the next take reader items
-# (table/readers.py, which builds on this module). Two: with them and the items' sentinel
+# (reader_items.py, which builds on this module). Two: with them and the items' sentinel
 # the row stays under 1 KB, so each of a crowd's row writes costs 1 WCU (eight inline
 # readers made it 2 KB: every admission and count-down 2 WCU).
 READERS_INLINE = 2
+# The most dead holders one take removes.
+MAX_EVICT = 64
+
+# A take's lease: the row's user (a take leaves one that is there: see renew_hold), its
+# ``expires`` bucket and its lease end.
+LEASE = "#uid = if_not_exists(#uid, :uid), #exp = :exp, #expMs = :expMs"
+# Nobody waits in the queue of entry items.
+QUEUE_IDLE = "(attribute_not_exists(#qin) OR #qin = #qout)"
 
 
-_PLACEHOLDER = re.compile(r"#\w+")
-
-
-def _action(
-    pk: str,
-    sk: str,
-    update: str,
-    condition: str,
-    names: dict[str, str],
-    values: dict[str, Any],
+def update_action(
+    pk: str, sk: str, update: str, condition: str, names: dict[str, str], values: dict[str, Any]
 ) -> dict[str, Any]:
-    # DynamoDB rejects names the expressions do not use: match whole placeholders only.
-    tokens = set(_PLACEHOLDER.findall(update + " " + condition))
-    used = {k: v for k, v in names.items() if k in tokens}
+    """UpdateItem's arguments (without ``TableName``). ``names``: the placeholders that are
+    not in :data:`~dynasem._storage.records.NAMES` (a holder's token, say)."""
     action: dict[str, Any] = {
         "Key": key(pk, sk),
         "UpdateExpression": update,
-        "ExpressionAttributeNames": used,
+        "ExpressionAttributeNames": names_in(update + " " + condition, names),
     }
     if condition:
         action["ConditionExpression"] = condition
@@ -78,16 +56,18 @@ def _action(
     return action
 
 
+def lease_values(entry: Holder) -> dict[str, Any]:
+    """The values of :data:`LEASE` for a holder entry."""
+    return {":uid": entry.user_id, ":exp": bucket_of(entry.expires_ms), ":expMs": entry.expires_ms}
+
+
 def holder_entry(
     user_id: str, expires_ms: int, fence: int, now_ms: int, shared: bool, proc: str | None = None
 ) -> Holder:
     return Holder(user_id, expires_ms, fence, acquired_ms=now_ms, shared=shared, proc=proc)
 
 
-# The most dead holders one take removes.
-MAX_EVICT = 64
-
-
+@dataclass(frozen=True, kw_only=True)
 class QueueTerms:
     """How a take treats the resource's waiters (see core: nobody cuts in line).
 
@@ -99,36 +79,24 @@ class QueueTerms:
     the slot it named proved taken): no term of the queue.
     """
 
-    def __init__(
-        self,
-        *,
-        mine: int | None = None,
-        queue_in: int = 0,
-        queue_out: int = 0,
-        served: bool = False,
-    ):
-        self.mine, self.queue_in, self.queue_out = mine, queue_in, queue_out
-        self.served = served
+    mine: int | None = None
+    queue_in: int = 0
+    queue_out: int = 0
+    served: bool = False
 
 
-def _queue_clauses(terms: QueueTerms | None, values: dict[str, Any]) -> tuple[list[str], list[str]]:
+def queue_clauses(terms: QueueTerms | None, values: dict[str, Any]) -> tuple[list[str], list[str]]:
     """SET clauses and conditions for a take, per :class:`QueueTerms`."""
     terms = terms or QueueTerms()
-    sets: list[str] = []
-    conds: list[str] = []
     if terms.served:
-        return sets, conds
+        return [], []
     if terms.mine is not None:
-        conds.append("#qout = :sqout")
-        sets.append("#qout = :mine")
         values.update({":sqout": terms.queue_out, ":mine": terms.mine})
-    elif terms.queue_in > terms.queue_out:
-        conds.append("#qin = :sqin AND #qout = :sqout")
-        sets.append("#qout = :sqin")
+        return ["#qout = :mine"], ["#qout = :sqout"]
+    if terms.queue_in > terms.queue_out:
         values.update({":sqin": terms.queue_in, ":sqout": terms.queue_out})
-    else:
-        conds.append("(attribute_not_exists(#qin) OR #qin = #qout)")
-    return sets, conds
+        return ["#qout = :sqin"], ["#qin = :sqin AND #qout = :sqout"]
+    return [], [QUEUE_IDLE]
 
 
 def take_free(
@@ -144,47 +112,31 @@ def take_free(
 ) -> dict[str, Any]:
     """Take a resource nobody holds (no item, no holders, or every lease long over).
 
-    ``permits_row``: the row kept its holders in permit items (table/permits.py) and none of
+    ``permits_row``: the row kept its holders in permit items (permit_items.py) and none of
     them was live when read: it becomes a row of holders inline again, conditional on no
     take since (its fence and slots as seen).
 
     Replaces the holders map with ours alone; the fence condition keeps fences strictly
     increasing even when our clock is behind the previous holder's.
     """
-    update = (
-        "SET #h = :h, #mode = :mode, #lim = :lim, #fence = :fence, "
-        "#uid = if_not_exists(#uid, :uid), #exp = :exp, #expMs = :expMs, #shard = :shard"
-    )
-    condition = (
+    sets = ["#h = :h, #mode = :mode, #lim = :lim, #fence = :fence", LEASE, "#shard = :shard"]
+    conds = [
         "(attribute_not_exists(#h) OR size(#h) = :zero OR #expMs < :stale) "
         "AND (attribute_not_exists(#fence) OR #fence < :fence)"
-    )
-    names = dict(_LOCK_NAMES)
-    values: dict[str, Any] = {}
+    ]
+    values = {":h": {token: holder_value(entry)}, ":mode": mode, ":lim": limit, ":zero": 0}
+    values |= {":fence": entry.fence, ":shard": shard_of(resource), ":stale": stale_ms}
     if permits_row is None:
-        condition += " AND attribute_not_exists(#hw)"
+        conds.append("attribute_not_exists(#hw)")
     else:
-        condition += " AND #hw = :seenHw AND #fence = :seenFence"
-        values.update({":seenHw": permits_row.slots_used, ":seenFence": permits_row.fence})
-    q_sets, conds = _queue_clauses(queue, values)
-    update = ", ".join([update, *q_sets])
+        conds.append("#hw = :seenHw AND #fence = :seenFence")
+        values |= {":seenHw": permits_row.slots_used, ":seenFence": permits_row.fence}
+    q_sets, q_conds = queue_clauses(queue, values)
+    update = "SET " + ", ".join(sets + q_sets)
     if permits_row is not None:
         update += " REMOVE #hw, #hints"
-        names["#hints"] = "hints"
-    condition = " AND ".join([condition, *conds])
-    values |= {
-        ":h": {token: holder_value(entry)},
-        ":mode": mode,
-        ":lim": limit,
-        ":fence": entry.fence,
-        ":uid": entry.user_id,
-        ":exp": bucket_of(entry.expires_ms),
-        ":expMs": entry.expires_ms,
-        ":shard": shard_of(resource),
-        ":zero": 0,
-        ":stale": stale_ms,
-    }
-    return _action(resource, LOCK_SK, update, condition, names, values)
+    values |= lease_values(entry)
+    return update_action(resource, LOCK_SK, update, " AND ".join(conds + q_conds), {}, values)
 
 
 def take_join(
@@ -215,55 +167,37 @@ def take_join(
         # holder goes and the row keeps its mode and limit.
         evict = sorted(evict, key=lambda t: (seen.holders[t].expires_ms, t))[:MAX_EVICT]
         replace = False
-    names = dict(_LOCK_NAMES, **{"#t": token})
-    values: dict[str, Any] = {
-        ":entry": holder_value(entry),
-        ":fence": entry.fence,
-        ":mode": mode,
-        ":lim": limit,
-        ":size": len(seen.holders),
-        ":shard": shard_of(resource),
-    }
+    names = {"#t": token}
+    values = {":entry": holder_value(entry), ":fence": entry.fence, ":mode": mode, ":lim": limit}
+    values |= {":size": len(seen.holders), ":shard": shard_of(resource)}
     sets = ["#h.#t = :entry", "#fence = :fence", "#shard = :shard"]
     # attribute_exists first: a row moved to permit items has no holders map (moto, unlike
     # DynamoDB, fails on size() of a missing attribute instead of reading it false).
     conds = ["attribute_exists(#h)", "size(#h) = :size", "#fence < :fence"]
-    if replace:
-        sets += ["#mode = :mode", "#lim = :lim"]
-    else:
-        conds += ["#mode = :mode", "#lim = :lim"]
-    seen_expires = seen.expires_ms
-    if replace or entry.expires_ms >= seen_expires:
+    (sets if replace else conds).extend(["#mode = :mode", "#lim = :lim"])
+    if replace or entry.expires_ms >= seen.expires_ms:
         # Item-level expiry is the latest lease end of all holders: when we replace every
         # holder, set to ours over the very value we saw; else only ever pushed later, so
         # ours must end at or after the stored one (a holder may have renewed since). Not
         # "the value we saw": with hundreds of holders renewing the row, that condition
         # failed a join again and again (a wait=0 acquire of a semaphore with free permits
         # answered "busy, held by unknown").
-        sets += ["#uid = if_not_exists(#uid, :uid)", "#exp = :exp", "#expMs = :expMs"]
-        values.update(
-            {
-                ":uid": entry.user_id,
-                ":exp": bucket_of(entry.expires_ms),
-                ":expMs": entry.expires_ms,
-            }
-        )
+        sets.append(LEASE)
+        values |= lease_values(entry)
+        conds.append("#expMs = :seenExp" if replace else "#expMs <= :expMs")
         if replace:
-            conds.append("#expMs = :seenExp")
-            values[":seenExp"] = seen_expires
-        else:
-            conds.append("#expMs <= :expMs")
+            values[":seenExp"] = seen.expires_ms
     removes = []
     for i, gone in enumerate(evict):
         names[f"#x{i}"] = gone
         removes.append(f"#h.#x{i}")
-        conds.append(f"#h.#x{i}.e = :xe{i}")
+        conds.append(f"#h.#x{i}.#e = :xe{i}")
         values[f":xe{i}"] = seen.holders[gone].expires_ms
-    q_sets, q_conds = _queue_clauses(queue, values)
-    sets += q_sets
-    conds += q_conds
-    update = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
-    return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
+    q_sets, q_conds = queue_clauses(queue, values)
+    update = "SET " + ", ".join(sets + q_sets)
+    if removes:
+        update += " REMOVE " + ", ".join(removes)
+    return update_action(resource, LOCK_SK, update, " AND ".join(conds + q_conds), names, values)
 
 
 def take_room(
@@ -272,38 +206,20 @@ def take_room(
     """A counting or shared hold's first, blind try: join if there is room, same mode and
     limit, nobody queued, and our lease ends last (so it becomes the item's expiry). Anything
     else is refused and planned from the old item."""
-    names = dict(_LOCK_NAMES, **{"#t": token})
-    conds = [
-        "attribute_exists(#h)",
-        "attribute_not_exists(#hw)",
-        "#mode = :mode",
-        "#lim = :lim",
-        "#fence < :fence",
-        "#expMs <= :expMs",
-        "(attribute_not_exists(#qin) OR #qin = #qout)",
-    ]
-    values: dict[str, Any] = {
-        ":entry": holder_value(entry),
-        ":fence": entry.fence,
-        ":mode": mode,
-        ":lim": limit,
-        ":uid": entry.user_id,
-        ":exp": bucket_of(entry.expires_ms),
-        ":expMs": entry.expires_ms,
-    }
     if mode != Mode.SHARED:
-        conds.insert(1, "size(#h) < :lim")
+        room = "size(#h) < :lim"
     else:
         # Readers past the first few (or while the row has reader items: its "readers"
-        # holder) take reader items (table/readers.py): planned from the refusal.
-        conds.insert(1, "size(#h) < :inline AND attribute_not_exists(#h.#sentinel)")
-        names["#sentinel"] = "readers"
+        # holder) take reader items (reader_items.py): planned from the refusal.
+        room = "size(#h) < :inline AND attribute_not_exists(#h.#sentinel)"
+    conds = ["attribute_exists(#h)", room, "attribute_not_exists(#hw)", "#mode = :mode"]
+    conds += ["#lim = :lim", "#fence < :fence", "#expMs <= :expMs", QUEUE_IDLE]
+    values = {":entry": holder_value(entry), ":fence": entry.fence, ":mode": mode, ":lim": limit}
+    values |= lease_values(entry)
+    if mode == Mode.SHARED:
         values[":inline"] = READERS_INLINE
-    update = (
-        "SET #h.#t = :entry, #fence = :fence, #uid = if_not_exists(#uid, :uid), #exp = :exp, "
-        "#expMs = :expMs"
-    )
-    return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
+    update = "SET #h.#t = :entry, #fence = :fence, " + LEASE
+    return update_action(resource, LOCK_SK, update, " AND ".join(conds), {"#t": token}, values)
 
 
 def renew_hold(
@@ -322,9 +238,8 @@ def renew_hold(
     holds end before their first renewal); a hold that lasts shows under its user from its
     first renewal on.
     """
-    names = dict(_LOCK_NAMES, **{"#t": token})
     values: dict[str, Any] = {":e": expires_ms}
-    update = "SET #h.#t.e = :e"
+    update = "SET #h.#t.#e = :e"
     condition = "attribute_exists(#h.#t)"
     if raise_item:
         update += ", #exp = :exp, #expMs = :e"
@@ -333,7 +248,7 @@ def renew_hold(
         if user_id is not None:
             update += ", #uid = :uid"
             values[":uid"] = user_id
-    return _action(resource, LOCK_SK, update, condition, names, values)
+    return update_action(resource, LOCK_SK, update, condition, {"#t": token}, values)
 
 
 def give_back(
@@ -361,9 +276,7 @@ def give_back(
     ``expires``). A sole holder releasing after the bucket it stored has ended (a late
     release) moves ``expires`` up to ``now_ms``'s bucket, which must never read earlier than
     the row's ``expMs``."""
-    names = dict(_LOCK_NAMES, **{"#t": token})
     values: dict[str, Any] = {":tok": token}
-    update = "REMOVE #h.#t"
     sets = ["#last = :tok"]
     if sole:
         # The sole holder leaves: the item is idle from now (reapable CLOCK_SKEW later)
@@ -384,9 +297,9 @@ def give_back(
         condition += " AND #qin = :pass"
         values[":pass"] = pass_to
     elif queue_idle:
-        condition += " AND (attribute_not_exists(#qin) OR #qin = #qout)"
-    update += " SET " + ", ".join(sets)
-    return _action(resource, LOCK_SK, update, condition, names, values)
+        condition += " AND " + QUEUE_IDLE
+    update = "REMOVE #h.#t SET " + ", ".join(sets)
+    return update_action(resource, LOCK_SK, update, condition, {"#t": token}, values)
 
 
 def hand_over(
@@ -411,35 +324,25 @@ def hand_over(
     heir's whose lease ends last."""
     if not heirs:
         raise ValueError("a hand-over needs an heir")
-    names = dict(_LOCK_NAMES, **{"#t": token})
-    last = max((entry for _, _, entry in heirs), key=lambda entry: entry.expires_ms)
-    values: dict[str, Any] = {
-        ":fence": max(entry.fence for _, _, entry in heirs),
-        ":low": min(entry.fence for _, _, entry in heirs),
-        ":uid": last.user_id,
-        ":exp": bucket_of(last.expires_ms),
-        ":expMs": last.expires_ms,
-        ":tok": token,
-        ":hold": hold_ms,
-    }
-    sets, conds = [], ["attribute_exists(#h.#t)"]
+    names = {"#t": token}
+    entries = [entry for _, _, entry in heirs]
+    values = lease_values(max(entries, key=lambda entry: entry.expires_ms))
+    values |= {":fence": max(e.fence for e in entries), ":low": min(e.fence for e in entries)}
+    values |= {":tok": token, ":hold": hold_ms, ":sqout": queue_out}
+    values[":nqout"] = max(ticket for _, ticket, _ in heirs)
+    sets = []
     for i, (heir, _, entry) in enumerate(heirs):
         names[f"#n{i}"] = heir
         values[f":entry{i}"] = holder_value(entry)
         sets.append(f"#h.#n{i} = :entry{i}")
-    sets.append("#qout = :nqout")
-    conds.append("#qout = :sqout")
-    values.update({":nqout": max(ticket for _, ticket, _ in heirs), ":sqout": queue_out})
-    sets += ["#fence = :fence", "#uid = if_not_exists(#uid, :uid)", "#exp = :exp"]
-    sets.append("#expMs = :expMs")
-    sets += ["#last = :tok", "#hold = :hold"]
+    sets += ["#qout = :nqout", "#fence = :fence", LEASE, "#last = :tok", "#hold = :hold"]
     if mode is not None:
         # Both indexes project the mode: a change costs a write in each, so only when it changes.
         sets.append("#mode = :mode")
         values[":mode"] = mode
-    conds.append("#fence < :low")
+    condition = "attribute_exists(#h.#t) AND #qout = :sqout AND #fence < :low"
     update = "REMOVE #h.#t SET " + ", ".join(sets)
-    return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
+    return update_action(resource, LOCK_SK, update, condition, names, values)
 
 
 def take_ticket(resource: str, queue_id: int, *, if_busy_ms: int | None = None) -> dict[str, Any]:
@@ -449,29 +352,21 @@ def take_ticket(resource: str, queue_id: int, *, if_busy_ms: int | None = None) 
 
     ``if_busy_ms``: only if it is held (a lease ending at or after this) or others wait;
     otherwise the refusal's old row is the state to take it from."""
-    names = dict(_LOCK_NAMES)
-    update = (
-        "ADD #qin :one "
-        "SET #qout = if_not_exists(#qout, :zero), #qbase = if_not_exists(#qbase, :base)"
-    )
+    update = "ADD #qin :one SET #qout = if_not_exists(#qout, :zero), "
+    update += "#qbase = if_not_exists(#qbase, :base)"
     values: dict[str, Any] = {":one": 1, ":zero": 0, ":base": queue_id}
     condition = ""
     if if_busy_ms is not None:
         condition = "((size(#h) > :zero AND #expMs >= :busy) OR #qin > #qout)"
         values[":busy"] = if_busy_ms
-    return _action(resource, LOCK_SK, update, condition, names, values)
+    return update_action(resource, LOCK_SK, update, condition, {}, values)
 
 
 def renew_waiter(resource: str, queue_id: int, ticket: int, expires_ms: int) -> dict[str, Any]:
     """Push a queue entry's lease end (and its TTL); conditional on the entry being there."""
-    return _action(
-        resource,
-        entry_sk(queue_id, ticket),
-        "SET #e = :e, #exp = :exp",
-        "attribute_exists(#e)",
-        {"#e": "e", "#exp": "expires"},
-        {":e": expires_ms, ":exp": epoch_seconds(expires_ms) + BUCKET_S},
-    )
+    values = {":e": expires_ms, ":exp": ttl_of(expires_ms)}
+    update, condition = "SET #e = :e, #exp = :exp", "attribute_exists(#e)"
+    return update_action(resource, entry_sk(queue_id, ticket), update, condition, {}, values)
 
 
 def force_release(resource: str, token: str) -> dict[str, Any]:
@@ -479,12 +374,5 @@ def force_release(resource: str, token: str) -> dict[str, Any]:
 
     Unlike :func:`give_back` it leaves ``lastToken`` alone and records ``brokenToken``: the
     broken holder's own release must not mistake the break for its release."""
-    names = dict(_LOCK_NAMES, **{"#t": token, "#broken": "brokenToken"})
-    return _action(
-        resource,
-        LOCK_SK,
-        "REMOVE #h.#t SET #broken = :tok",
-        "attribute_exists(#h.#t)",
-        names,
-        {":tok": token},
-    )
+    update, condition = "REMOVE #h.#t SET #broken = :tok", "attribute_exists(#h.#t)"
+    return update_action(resource, LOCK_SK, update, condition, {"#t": token}, {":tok": token})

@@ -31,7 +31,7 @@ from typing import Any
 from ..conf import settings
 from . import dynamodb
 from .dynamodb import Refused, prefix_pages
-from .lock_writes import _LOCK_NAMES, QueueTerms, _action, _queue_clauses
+from .lock_writes import QueueTerms, queue_clauses, update_action
 from .records import (
     BUCKET_S,
     LOCK_SK,
@@ -55,8 +55,6 @@ INLINE_MAX = 8
 MAX_HINTS = 32
 # Permits one read of them covers (a page): it stops at the first free one.
 PERMIT_PAGE = 100
-
-_NAMES = dict(_LOCK_NAMES, **{"#hw": "hw", "#hints": "hints"})
 
 
 def uses_permits(mode: Mode, limit: int) -> bool:
@@ -96,7 +94,7 @@ def take_slot(  # noqa: PLR0912, PLR0915  (issue 41: split)
     grow or fence take whose old row is returned): the stored fence plus one, ours without
     a condition, so that takers of other slots at once do not refuse each other's fences
     (each fence of a busy row would otherwise refuse every take in flight)."""
-    names = dict(_NAMES)
+    names: dict[str, str] = {}
     values: dict[str, Any] = {":lim": limit}
     removes: list[str] = []
     if fence is None:
@@ -173,23 +171,23 @@ def take_slot(  # noqa: PLR0912, PLR0915  (issue 41: split)
                 values[":slot"] = slot
         else:
             raise ValueError(f"unknown take {how!r}")
-    q_sets, q_conds = _queue_clauses(queue, values)
+    q_sets, q_conds = queue_clauses(queue, values)
     sets += q_sets
     conds += q_conds
     update = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
-    return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
+    return update_action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
 
 
 def hint(resource: str, slot: int, hold_ms: int | None = None) -> dict[str, Any]:
     """A released slot, appended to the row's hints (unless MAX_HINTS are there already)."""
-    names = dict(_NAMES)
+    names: dict[str, str] = {}
     values: dict[str, Any] = {":slot": [slot], ":max": MAX_HINTS}
     update = "SET #hints = list_append(#hints, :slot)"
     if hold_ms is not None:
         update += ", #hold = :hold"  # waiters estimate their turn from it
         values[":hold"] = hold_ms
     condition = "attribute_exists(#hints) AND size(#hints) < :max"
-    return _action(resource, LOCK_SK, update, condition, names, values)
+    return update_action(resource, LOCK_SK, update, condition, names, values)
 
 
 def raise_row(resource: str, expires_ms: int) -> dict[str, Any]:
@@ -197,29 +195,17 @@ def raise_row(resource: str, expires_ms: int) -> dict[str, Any]:
     is listed, and not reaped, while the permit may be live."""
     bucket = bucket_of(expires_ms)
     values = {":exp": bucket, ":expMs": bucket * 1000}
-    return _action(
+    return update_action(
         resource,
         LOCK_SK,
         "SET #exp = :exp, #expMs = :expMs",
         "attribute_exists(#hw) AND #exp < :exp",
-        dict(_NAMES),
+        {},
         values,
     )
 
 
 # -- the permit's writes -----------------------------------------------------------------------
-
-_PERMIT_NAMES = {
-    "#k": "k",
-    "#u": "u",
-    "#e": "e",
-    "#f": "f",
-    "#a": "a",
-    "#p": "p",
-    "#lt": "lt",
-    "#bt": "bt",
-    "#exp": "expires",
-}
 
 
 def _ttl(expires_ms: int) -> int:
@@ -264,27 +250,25 @@ def take_permit(
         free += " OR (#k = :dead AND #e = :deadE)"
         values.update({":dead": dead.token, ":deadE": dead.holder.expires_ms})
     condition = f"#k = :tok OR ((attribute_not_exists(#f) OR #f < :f) AND ({free}))"
-    return _action(
-        resource, permit_sk(slot), "SET " + sets + removes, condition, _PERMIT_NAMES, values
-    )
+    return update_action(resource, permit_sk(slot), "SET " + sets + removes, condition, {}, values)
 
 
 def renew_permit(resource: str, slot: int, token: str, expires_ms: int) -> dict[str, Any]:
     values = {":tok": token, ":e": expires_ms, ":exp": _ttl(expires_ms)}
-    return _action(
-        resource, permit_sk(slot), "SET #e = :e, #exp = :exp", "#k = :tok", _PERMIT_NAMES, values
+    return update_action(
+        resource, permit_sk(slot), "SET #e = :e, #exp = :exp", "#k = :tok", {}, values
     )
 
 
 def give_back_permit(resource: str, slot: int, token: str, now_ms: int) -> dict[str, Any]:
     """Our hold off the permit (the item stays, free: the next take is one small write)."""
     values = {":tok": token, ":now": now_ms}
-    return _action(
+    return update_action(
         resource,
         permit_sk(slot),
         "REMOVE #k, #p SET #lt = :tok, #e = :now",
         "#k = :tok",
-        _PERMIT_NAMES,
+        {},
         values,
     )
 
@@ -299,8 +283,8 @@ def break_permit(
     if expires_ms is not None:
         condition += " AND #e = :e"
         values[":e"] = expires_ms
-    return _action(
-        resource, permit_sk(slot), "REMOVE #k, #p SET #bt = :tok", condition, _PERMIT_NAMES, values
+    return update_action(
+        resource, permit_sk(slot), "REMOVE #k, #p SET #bt = :tok", condition, {}, values
     )
 
 

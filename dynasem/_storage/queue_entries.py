@@ -9,16 +9,7 @@ from typing import Any
 
 from ..conf import settings
 from . import dynamodb, lock_rows
-from .records import (
-    LockItem,
-    Waiter,
-    decode,
-    encode,
-    entry_item,
-    entry_of,
-    entry_sk,
-    key,
-)
+from .records import LockItem, Waiter, encode, entry_item, entry_sk, from_item, key, names_in
 
 # Entry items one query of the queue reads (a page): the first live one is usually the first.
 ENTRY_PAGE = 8
@@ -83,20 +74,17 @@ def _entry_page(
     (consistent unless told: the entries a waiter or a releaser decides from must be current;
     see :func:`dynasem._engine.handover.heirs_of` for the one read that need not be)."""
     lo, hi = entry_sk(item.queue_id, item.queue_out + 1), entry_sk(item.queue_id, upto)
-    kwargs: dict[str, Any] = {
-        "TableName": settings.TABLE_NAME,
-        "ConsistentRead": consistent,
-        "KeyConditionExpression": "#pk = :pk AND #sk BETWEEN :lo AND :hi",
-        "ExpressionAttributeNames": {"#pk": "pk", "#sk": "sk"},
-        "ExpressionAttributeValues": encode({":pk": item.resource, ":lo": lo, ":hi": hi}),
-    }
-    if limit:
-        kwargs["Limit"] = limit
-    if start:
-        kwargs["ExclusiveStartKey"] = start
-    response = dynamodb.send_request("query", **kwargs)
-    page = [entry_of(decode(i)) for i in response.get("Items", [])]
-    return page, response.get("LastEvaluatedKey")
+    condition = "#pk = :pk AND #sk BETWEEN :lo AND :hi"
+    items, last = dynamodb.page(
+        "query",
+        limit,
+        start,
+        ConsistentRead=consistent,
+        KeyConditionExpression=condition,
+        ExpressionAttributeNames=names_in(condition),
+        ExpressionAttributeValues=encode({":pk": item.resource, ":lo": lo, ":hi": hi}),
+    )
+    return [from_item(Waiter, entry) for entry in items], last
 
 
 def queue_entries(item: LockItem, most: int | None = None) -> list[Waiter]:

@@ -42,7 +42,7 @@ from .dynamodb import Refused, prefix_pages
 
 # A shared resource keeps up to READERS_INLINE readers in its row (their writes cost no more
 # than an item's two); the next ones, and every one while the row has reader items, in items.
-from .lock_writes import _LOCK_NAMES, READERS_INLINE, QueueTerms, _action, _queue_clauses
+from .lock_writes import READERS_INLINE, QueueTerms, queue_clauses, update_action
 from .records import (
     BUCKET_S,
     LOCK_SK,
@@ -65,26 +65,6 @@ from .records import (
 SENTINEL = "readers"
 # The sentinel's user, as listings and busy errors name it until its items are read.
 READERS_USER = "(readers)"
-
-_NAMES = dict(
-    _LOCK_NAMES,
-    **{
-        "#s": SENTINEL,
-        "#rc": "rc",
-        "#rep": "repoch",
-        "#rl": "rlease",
-        "#rla": "rlast",
-    },
-)
-_ITEM_NAMES = {
-    "#u": "u",
-    "#e": "e",
-    "#f": "f",
-    "#a": "a",
-    "#p": "p",
-    "#ep": "ep",
-    "#exp": "expires",
-}
 
 
 def has_readers(item: LockItem | None) -> bool:
@@ -189,14 +169,14 @@ def admit(
         _join(seen, lease_ms, bool(adds), sets, conds, values)
     else:
         _open(resource, seen, stale_ms, limit, user_id, epoch, sets, conds, values)
-    names = dict(_NAMES)
-    q_sets, q_conds = _queue_clauses(queue, values)
+    names: dict[str, str] = {}
+    q_sets, q_conds = queue_clauses(queue, values)
     sets += q_sets
     conds += q_conds
     update = "SET " + ", ".join(sets)
     if adds:
         update += " ADD " + ", ".join(adds)
-    return _action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
+    return update_action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
 
 
 def _join(
@@ -264,12 +244,12 @@ def raise_sentinel(resource: str, epoch: int, expires_ms: int, seen: LockItem) -
     by another reader (the old row says which)."""
     cover = covers_to(expires_ms, seen)
     values = {":E": epoch, ":cover": cover, ":exp": bucket_of(cover)}
-    return _action(
+    return update_action(
         resource,
         LOCK_SK,
         "SET #h.#s.e = :cover, #expMs = :cover, #exp = :exp",
         "attribute_exists(#h.#s) AND #rep = :E AND #expMs <= :cover AND #h.#s.e < :cover",
-        dict(_NAMES),
+        {},
         values,
     )
 
@@ -279,12 +259,12 @@ def count_down(resource: str, epoch: int, *, forget: bool = False) -> dict[str, 
     admission given back (its reader never held it): the row's mark goes with its count, in
     the same write, so that the same token admitted again is counted again, never taken for
     the admission given back (:func:`admitted_before`)."""
-    return _action(
+    return update_action(
         resource,
         LOCK_SK,
         "ADD #rc :minus" + (" REMOVE #rla" if forget else ""),
         "#rep = :E AND attribute_exists(#h.#s)",
-        dict(_NAMES),
+        {},
         {":minus": -1, ":E": epoch},
     )
 
@@ -293,12 +273,12 @@ def leave_last(resource: str, epoch: int) -> dict[str, Any]:
     """The epoch's one reader gone, and the sentinel with it, in one write (send with
     ``return_new``); refused if others were admitted (then :func:`count_down`). A retry of
     an applied one is refused too: never counted twice."""
-    return _action(
+    return update_action(
         resource,
         LOCK_SK,
         "SET #rc = :zero REMOVE #h.#s",
         "#rep = :E AND #rc = :one AND attribute_exists(#h.#s)",
-        dict(_NAMES),
+        {},
         {":E": epoch, ":zero": 0, ":one": 1},
     )
 
@@ -306,12 +286,12 @@ def leave_last(resource: str, epoch: int) -> dict[str, Any]:
 def close(resource: str, epoch: int) -> dict[str, Any]:
     """The epoch's last reader gone: its sentinel off the row (send with ``return_new``, to
     push the first waiter); only while nobody was admitted since."""
-    return _action(
+    return update_action(
         resource,
         LOCK_SK,
         "REMOVE #h.#s",
         "#rep = :E AND #rc <= :zero AND attribute_exists(#h.#s)",
-        dict(_NAMES),
+        {},
         {":E": epoch, ":zero": 0},
     )
 
@@ -319,12 +299,12 @@ def close(resource: str, epoch: int) -> dict[str, Any]:
 def write_off(resource: str, seen: LockItem) -> dict[str, Any]:
     """The epoch's readers written off (every one found dead): the sentinel off the row and
     the next epoch, conditional on no admission (the fence) and no release (``rc``) since."""
-    return _action(
+    return update_action(
         resource,
         LOCK_SK,
         "SET #rc = :zero, #rep = :E1 REMOVE #h.#s",
         "attribute_exists(#h.#s) AND #rep = :E AND #fence = :F AND #rc = :rc",
-        dict(_NAMES),
+        {},
         {
             ":zero": 0,
             ":E": seen.reader_epoch,
@@ -356,17 +336,17 @@ def put_reader(resource: str, token: str, holder: Holder, epoch: int) -> dict[st
     if holder.proc is not None:
         update += ", #p = :p"
         values[":p"] = holder.proc
-    return _action(resource, reader_sk(token), update, "", dict(_ITEM_NAMES), values)
+    return update_action(resource, reader_sk(token), update, "", {}, values)
 
 
 def renew_reader(resource: str, token: str, expires_ms: int) -> dict[str, Any]:
     values = {":e": expires_ms, ":exp": _ttl(expires_ms)}
-    return _action(
+    return update_action(
         resource,
         reader_sk(token),
         "SET #e = :e, #exp = :exp",
         "attribute_exists(#e)",
-        dict(_ITEM_NAMES),
+        {},
         values,
     )
 

@@ -42,14 +42,17 @@ expired. A later format is a new version, rolled out online as
 
 from __future__ import annotations
 
-import functools
+import dataclasses
 import math
+import re
+import types
+import typing
 import zlib
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 from enum import StrEnum
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 
 from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 
@@ -57,6 +60,7 @@ from ..conf import settings
 
 LOCK_SK = "lock"
 JOB_SK = "job"
+NEXT_SK = "next"
 # The format item's key, and the stored format this dynasem reads and writes.
 FORMAT_PK, FORMAT_SK = "dynasem#format", "format"
 FORMAT_VERSION = 1
@@ -73,6 +77,74 @@ SHARDS = 8
 MAX_TRANSACTION = 100
 
 RUNNING, DONE, FAILED = "RUNNING", "DONE", "FAILED"
+
+R = TypeVar("R")
+
+# The placeholders of the writes' expressions (lock_writes, job_writes, claims, next_runs,
+# permit_items, reader_items) and the attributes they stand for: the one place besides the
+# records below where a stored attribute is named.
+NAMES = {
+    # the key
+    "#pk": "pk",
+    "#sk": "sk",
+    # a lock row
+    "#h": "holders",
+    "#mode": "mode",
+    "#lim": "limit",
+    "#fence": "fence",
+    "#uid": "userId",
+    "#exp": "expires",
+    "#ex": "expires",
+    "#expMs": "expMs",
+    "#shard": "shard",
+    "#last": "lastToken",
+    "#broken": "brokenToken",
+    "#hold": "holdMs",
+    "#qin": "qin",
+    "#qout": "qout",
+    "#qbase": "qbase",
+    "#hw": "hw",
+    "#hints": "hints",
+    "#rc": "rc",
+    "#rep": "repoch",
+    "#rl": "rlease",
+    "#rla": "rlast",
+    # the row's holder that stands for its reader items (reader_items.SENTINEL)
+    "#s": "readers",
+    "#sentinel": "readers",
+    # a holder entry, a queue entry, a permit item, a reader item, a next-run item
+    "#k": "k",
+    "#u": "u",
+    "#e": "e",
+    "#f": "f",
+    "#a": "a",
+    "#p": "p",
+    "#n": "n",
+    "#lt": "lt",
+    "#bt": "bt",
+    "#ep": "ep",
+    "#af": "af",
+    "#un": "un",
+    # a run_once row
+    "#st": "status",
+    "#tok": "token",
+    "#att": "attempt",
+    "#err": "error",
+    "#start": "startedMs",
+    "#end": "finishedMs",
+    "#reset": "resetMs",
+}
+
+
+_PLACEHOLDER = re.compile(r"#\w+")
+
+
+def names_in(expression: str, given: Mapping[str, str] | None = None) -> dict[str, str]:
+    """ExpressionAttributeNames for the placeholders ``expression`` uses (DynamoDB refuses
+    one it does not use): ``given`` ones (a holder's token, say), else :data:`NAMES`'."""
+    known = NAMES | dict(given or {})
+    return {p: known[p] for p in dict.fromkeys(_PLACEHOLDER.findall(expression))}
+
 
 _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
@@ -125,20 +197,77 @@ def bucket_of(ms: int) -> int:
     return math.ceil(ms / 1000 / BUCKET_S) * BUCKET_S
 
 
+# ---------------------------------------------------------------------------------------------
+# The records: a frozen dataclass per item kind, each field naming the attribute it is stored
+# in. from_item and to_item are the only code that reads or writes an item's attributes.
+# ---------------------------------------------------------------------------------------------
+
+
+def stored_as(attribute: str, default: Any = None) -> Any:
+    """A field kept in the item's ``attribute``; a missing attribute reads as ``default``."""
+    if isinstance(default, dict):
+        return dataclasses.field(default_factory=dict, metadata={"stored": attribute})
+    return dataclasses.field(default=default, metadata={"stored": attribute})
+
+
+_codecs: dict[type, tuple[tuple[str, str, Callable[[Any], Any]], ...]] = {}
+
+
+def _codec(cls: type) -> tuple[tuple[str, str, Callable[[Any], Any]], ...]:
+    """(field, attribute, converter) of each stored field of ``cls``."""
+    if cls not in _codecs:
+        hints = typing.get_type_hints(cls)
+        _codecs[cls] = tuple(
+            (f.name, f.metadata["stored"], _converter(hints[f.name]))
+            for f in dataclasses.fields(cls)
+            if "stored" in f.metadata
+        )
+    return _codecs[cls]
+
+
+def _converter(hint: Any) -> Callable[[Any], Any]:
+    """What makes a decoded attribute's value a value of the field's type."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is types.UnionType:  # optional: the type that is not None
+        return _converter(next(a for a in args if a is not type(None)))
+    if origin is tuple:
+        return lambda value: tuple(args[0](x) for x in value)
+    if origin is Mapping:  # a map of records (a row's holders)
+        return lambda value: {k: from_item(args[1], v) for k, v in value.items()}
+    converter: Callable[[Any], Any] = hint  # int, str, bool, Mode
+    return converter
+
+
+def from_item(cls: type[R], item: Mapping[str, Any], **given: Any) -> R:
+    """A decoded item as a ``cls``: each stored field from its attribute (a missing one reads
+    as the field's default), the others ``given``."""
+    for name, attribute, convert in _codec(cls):
+        value = item.get(attribute)
+        if value is not None and name not in given:
+            given[name] = convert(value)
+    return cls(**given)
+
+
+def to_item(record: Any) -> dict[str, Any]:
+    """A record's stored fields as its item's attributes (plain Python); a None is left out."""
+    values = ((a, getattr(record, name)) for name, a, _ in _codec(type(record)))
+    return {attribute: value for attribute, value in values if value is not None}
+
+
 @dataclass(frozen=True, slots=True)
 class Holder:
     """One holder of a lock row: whose hold, until when, under which fence."""
 
-    user_id: str
-    expires_ms: int  # its lease end (wall clock, ms): what decides everything
-    fence: int
-    acquired_ms: int = 0
-    shared: bool = False
+    user_id: str = stored_as("u", "")
+    expires_ms: int = stored_as("e", 0)  # its lease end (wall clock, ms): what decides everything
+    fence: int = stored_as("f", 0)
+    acquired_ms: int = stored_as("a", 0)
+    shared: bool = stored_as("s", False)
     # The holding process, as dynasem._engine.processes records it (None: not recorded).
-    proc: str | None = None
+    proc: str | None = stored_as("p")
     # A unique task's run that enqueued its retry: the token the retry's message carries,
     # which this hold becomes when the run ends (dynasem._background.unique; None: no retry).
-    next_token: str | None = None
+    next_token: str | None = stored_as("n")
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,15 +275,17 @@ class Waiter:
     """One queue entry: an item of its own under the resource's key (``sk`` =
     :func:`entry_sk`)."""
 
-    ticket: int  # first come, first served: the smallest live ticket is next
-    expires_ms: int  # the entry's own lease end; a dead waiter's entry may be evicted
-    user_id: str = ""
-    shared: bool = False
-    lease_ms: int | None = None  # the lease a hand-over grants it
-    address: str | None = None  # where a hand-over is pushed (wakeup's format), if anywhere
-    proc: str | None = None  # the waiting process: a hand-over records it in the holder entry
-    token: str = ""  # whose entry
-    since_ms: int | None = None  # when it queued (for listings)
+    ticket: int = stored_as("t", 0)  # first come, first served: the smallest live ticket is next
+    expires_ms: int = stored_as("e", 0)  # the entry's own lease end; a dead one may be evicted
+    user_id: str = stored_as("u", "")
+    shared: bool = stored_as("s", False)
+    lease_ms: int | None = stored_as("l")  # the lease a hand-over grants it
+    # Where a hand-over is pushed (wakeup's format), if anywhere.
+    address: str | None = stored_as("n")
+    # The waiting process: a hand-over records it in the holder entry.
+    proc: str | None = stored_as("p")
+    token: str = stored_as("k", "")  # whose entry
+    since_ms: int | None = stored_as("a")  # when it queued (for listings)
 
 
 class Mode(StrEnum):
@@ -170,50 +301,51 @@ class LockItem:
     """A lock row as stored, decoded once. A missing attribute reads as its default; the
     acquire loop's guesses (\"free, with this fence\") are LockItems too."""
 
-    resource: str = ""
-    holders: Mapping[str, Holder] = field(default_factory=dict)
-    fence: int = 0  # the last fence handed out for the resource
-    expires_ms: int = 0  # the latest lease end of its holders (the row's own expiry)
-    mode: Mode = Mode.EXCLUSIVE
-    limit: int = 1
+    resource: str = stored_as("pk", "")
+    holders: Mapping[str, Holder] = stored_as("holders", {})
+    fence: int = stored_as("fence", 0)  # the last fence handed out for the resource
+    # The latest lease end of its holders (the row's own expiry).
+    expires_ms: int = stored_as("expMs", 0)
+    mode: Mode = stored_as("mode", Mode.EXCLUSIVE)
+    limit: int = stored_as("limit", 1)
     # The queue of entry items: tickets 1, 2, ... handed out by ``ADD qin 1`` (queue_in);
-    # every ticket up to ``queue_out`` (stored ``qout``) has had its turn (or was passed:
-    # left, dead, or skipped). Waiters wait while queue_in > queue_out. ``queue_id`` (stored
-    # ``qbase``) names this row's queue (set with its first ticket), so that entries left from
-    # before a reap are never read as this row's.
-    queue_in: int = 0
-    queue_out: int = 0
-    queue_id: int = 0
+    # every ticket up to ``queue_out`` has had its turn (or was passed: left, dead, or
+    # skipped). Waiters wait while queue_in > queue_out. ``queue_id`` names this row's queue
+    # (set with its first ticket), so that entries left from before a reap are never read as
+    # this row's.
+    queue_in: int = stored_as("qin", 0)
+    queue_out: int = stored_as("qout", 0)
+    queue_id: int = stored_as("qbase", 0)
     # Entry items read for this row (ticket order, from ``queue_out`` + 1 on), or None.
     # A read stops at the first live entry; ``entries_to`` is the last ticket it covered.
     entries: tuple[Waiter, ...] | None = None
     entries_to: int = 0
     guessed: bool = False  # not read: a guess of the acquire loop (see guessed_free)
-    hold_ms: int | None = None  # the average hold, for a waiter's estimate of its turn
-    last_token: str | None = None  # who released last
-    broken_token: str | None = None  # whose hold an operator broke last
-    listed_s: int | None = None  # where the row sorts in the indexes (epoch seconds)
+    # The average hold, for a waiter's estimate of its turn.
+    hold_ms: int | None = stored_as("holdMs")
+    last_token: str | None = stored_as("lastToken")  # who released last
+    broken_token: str | None = stored_as("brokenToken")  # whose hold an operator broke last
+    listed_s: int | None = stored_as("expires")  # where the row sorts in the indexes (epoch s)
     # A counting semaphore's row whose holders are in permit items (permit_items.py): the
-    # slots ever used (stored ``hw``; None: holders in the row) and the slots given back
-    # lately.
-    slots_used: int | None = None
-    hints: tuple[int, ...] = ()
+    # slots ever used (None: holders in the row) and the slots given back lately.
+    slots_used: int | None = stored_as("hw")
+    hints: tuple[int, ...] = stored_as("hints", ())
     permits_read: bool = False  # ``holders`` were read from its permits (with_permits)
     # A listing read only some of the holders kept in items (``most``: with_permits,
     # with_readers): the sort key of the last one read; more are stored after it.
     holders_next: str | None = None
-    # Readers in reader items (reader_items.py): counted in ``reader_count`` (stored ``rc``)
-    # under the epoch ``reader_epoch`` (``repoch``), whose longest lease was
-    # ``reader_lease_ms`` (``rlease``); the row's holder ``readers`` stands for them all.
-    reader_count: int = 0
-    reader_epoch: int = 0
-    reader_lease_ms: int = 0
-    # The epoch and token of the last reader admitted to an item (stored ``rlast``;
-    # reader_items.admission_mark): an admission sent again after its answer was lost is not
+    # Readers in reader items (reader_items.py): counted in ``reader_count`` under the epoch
+    # ``reader_epoch``, whose longest lease was ``reader_lease_ms``; the row's holder
+    # ``readers`` stands for them all.
+    reader_count: int = stored_as("rc", 0)
+    reader_epoch: int = stored_as("repoch", 0)
+    reader_lease_ms: int = stored_as("rlease", 0)
+    # The epoch and token of the last reader admitted to an item
+    # (reader_items.admission_mark): an admission sent again after its answer was lost is not
     # counted twice.
-    last_reader: str | None = None
+    last_reader: str | None = stored_as("rlast")
     # The decoded item itself, for a push (wakeup sends it as written); read it nowhere else.
-    stored: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    stored: Mapping[str, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @property
     def waiting(self) -> bool:
@@ -221,84 +353,43 @@ class LockItem:
         return self.queue_in > self.queue_out
 
 
+@overload
+def lock_item(item: None) -> None: ...
+@overload
+def lock_item(item: Mapping[str, Any]) -> LockItem: ...
+@overload
+def lock_item(item: Mapping[str, Any] | None) -> LockItem | None: ...
+
+
+def lock_item(item: Mapping[str, Any] | None) -> LockItem | None:
+    """A decoded lock row (or a pushed one) as a :class:`LockItem`; None stays None."""
+    return None if item is None else from_item(LockItem, item, stored=item)
+
+
+def guessed_free(fence: int) -> LockItem | None:
+    """What a busy lock we did not read again is guessed to be: free, keeping the fence we
+    saw (one write tells us otherwise). None when we saw no fence: nothing known."""
+    return LockItem(fence=fence, guessed=True) if fence else None
+
+
+def holder_value(holder: Holder) -> dict[str, Any]:
+    """A holder entry as the row's ``holders`` map keeps it."""
+    return to_item(holder)
+
+
+def waiter_value(waiter: Waiter) -> dict[str, Any]:
+    """A queue entry's attributes (its item's, without the key and TTL)."""
+    return to_item(waiter)
+
+
 @dataclass(frozen=True, slots=True)
 class IndexEntry:
     """A row as an index lists it: its resource, its ``expires`` bucket (where it sorts) and
     its mode. The row itself is read from the base table."""
 
-    resource: str
-    listed_s: int
-    mode: Mode | None = None
-
-
-def index_entry(item: Mapping[str, Any]) -> IndexEntry:
-    mode = item.get("mode")
-    return IndexEntry(str(item["pk"]), int(item["expires"]), None if mode is None else Mode(mode))
-
-
-def _proc(value: Mapping[str, Any]) -> str | None:
-    proc = value.get("p")
-    return str(proc) if proc else None
-
-
-def holder_of(value: Mapping[str, Any]) -> Holder:
-    return Holder(
-        user_id=str(value.get("u", "")),
-        expires_ms=int(value.get("e", 0)),
-        fence=int(value.get("f", 0)),
-        acquired_ms=int(value.get("a", 0)),
-        shared=bool(value.get("s", False)),
-        proc=_proc(value),
-        next_token=str(value["n"]) if value.get("n") else None,
-    )
-
-
-def holder_value(holder: Holder) -> dict[str, Any]:
-    value: dict[str, Any] = {
-        "u": holder.user_id,
-        "e": holder.expires_ms,
-        "f": holder.fence,
-        "a": holder.acquired_ms,
-        "s": holder.shared,
-    }
-    if holder.proc is not None:
-        value["p"] = holder.proc
-    if holder.next_token is not None:
-        value["n"] = holder.next_token
-    return value
-
-
-def waiter_of(value: Mapping[str, Any], token: str = "") -> Waiter:
-    lease, address = value.get("l"), value.get("n")
-    return Waiter(
-        ticket=int(value.get("t", 0)),
-        expires_ms=int(value.get("e", 0)),
-        user_id=str(value.get("u", "")),
-        shared=bool(value.get("s", False)),
-        lease_ms=None if lease is None else int(lease),
-        address=None if not address else str(address),
-        proc=_proc(value),
-        token=token,
-        since_ms=None if value.get("a") is None else int(value["a"]),
-    )
-
-
-def waiter_value(waiter: Waiter) -> dict[str, Any]:
-    value: dict[str, Any] = {
-        "t": waiter.ticket,
-        "e": waiter.expires_ms,
-        "u": waiter.user_id,
-        "s": waiter.shared,
-    }
-    if waiter.lease_ms is not None:
-        value["l"] = waiter.lease_ms
-    if waiter.address is not None:
-        value["n"] = waiter.address
-    if waiter.proc is not None:
-        value["p"] = waiter.proc
-    if waiter.since_ms is not None:
-        value["a"] = waiter.since_ms
-    return value
+    resource: str = stored_as("pk", "")
+    listed_s: int = stored_as("expires", 0)
+    mode: Mode | None = stored_as("mode")
 
 
 ENTRY_PREFIX = "q#"
@@ -314,111 +405,56 @@ def entry_item(resource: str, queue_id: int, waiter: Waiter) -> dict[str, Any]:
     """A queue entry as its own item (PutItem's ``Item``). It carries no ``userId`` or
     ``shard`` (so no index writes) and ``expires`` for TTL only: waiters that left or were
     served leave their entries behind, below the row's ``qout``, where nobody reads them."""
-    value = waiter_value(waiter)
-    value["k"] = waiter.token
     return {
         **key(resource, entry_sk(queue_id, waiter.ticket)),
-        **encode(value),
-        "expires": {"N": str(epoch_seconds(waiter.expires_ms) + BUCKET_S)},
+        **encode(to_item(waiter)),
+        "expires": {"N": str(ttl_of(waiter.expires_ms))},
     }
 
 
-def entry_of(item: Mapping[str, Any]) -> Waiter:
-    """A decoded entry item as a :class:`Waiter`."""
-    return waiter_of(item, str(item.get("k", "")))
-
-
-def _number(item: Mapping[str, Any], name: str) -> int | None:
-    value = item.get(name)
-    return None if value is None else int(value)
-
-
-def _text(item: Mapping[str, Any], name: str) -> str | None:
-    value = item.get(name)
-    return None if value is None else str(value)
-
-
-@overload
-def lock_item(item: None) -> None: ...
-@overload
-def lock_item(item: Mapping[str, Any]) -> LockItem: ...
-@overload
-def lock_item(item: Mapping[str, Any] | None) -> LockItem | None: ...
-
-
-def lock_item(item: Mapping[str, Any] | None) -> LockItem | None:
-    """A decoded lock row (or a pushed one) as a :class:`LockItem`; None stays None."""
-    if item is None:
-        return None
-
-    number, text = functools.partial(_number, item), functools.partial(_text, item)
-    return LockItem(
-        resource=str(item.get("pk", "")),
-        holders={t: holder_of(h) for t, h in (item.get("holders") or {}).items()},
-        fence=number("fence") or 0,
-        expires_ms=number("expMs") or 0,
-        mode=Mode(text("mode") or "x"),
-        limit=number("limit") or 1,
-        queue_in=number("qin") or 0,
-        queue_out=number("qout") or 0,
-        queue_id=number("qbase") or 0,
-        hold_ms=number("holdMs"),
-        last_token=text("lastToken"),
-        broken_token=text("brokenToken"),
-        listed_s=number("expires"),
-        slots_used=number("hw"),
-        hints=tuple(int(x) for x in item.get("hints") or ()),
-        reader_count=number("rc") or 0,
-        reader_epoch=number("repoch") or 0,
-        reader_lease_ms=number("rlease") or 0,
-        last_reader=text("rlast"),
-        stored=item,
-    )
-
-
-def guessed_free(fence: int) -> LockItem | None:
-    """What a busy lock we did not read again is guessed to be: free, keeping the fence we
-    saw (one write tells us otherwise). None when we saw no fence: nothing known."""
-    return LockItem(fence=fence, guessed=True) if fence else None
+def ttl_of(expires_ms: int) -> int:
+    """The ``expires`` (TTL only) of an item in no index: a bucket after its lease end."""
+    return epoch_seconds(expires_ms) + BUCKET_S
 
 
 @dataclass(frozen=True, slots=True)
 class JobRow:
     """A run_once row as stored; an attribute the row lacks is None."""
 
-    key: str | None
-    status: str | None  # None: never run, or reset by an operator
-    token: str | None  # the claim's
-    user_id: str | None
-    attempt: int | None
-    fence: int | None
-    expires_ms: int | None  # the claim's lease end, while RUNNING
-    started_ms: int | None
-    finished_ms: int | None
-    reset_ms: int | None
-    error: str | None
-    last_token: str | None  # the claim that finished it
+    key: str | None = stored_as("pk")
+    status: str | None = stored_as("status")  # None: never run, or reset by an operator
+    token: str | None = stored_as("token")  # the claim's
+    user_id: str | None = stored_as("userId")
+    attempt: int | None = stored_as("attempt")
+    fence: int | None = stored_as("fence")
+    expires_ms: int | None = stored_as("expMs")  # the claim's lease end, while RUNNING
+    started_ms: int | None = stored_as("startedMs")
+    finished_ms: int | None = stored_as("finishedMs")
+    reset_ms: int | None = stored_as("resetMs")
+    error: str | None = stored_as("error")
+    last_token: str | None = stored_as("lastToken")  # the claim that finished it
 
 
 def job_row(item: Mapping[str, Any] | None) -> JobRow:
     """A decoded run_once row (or the nothing a missing one is) as a :class:`JobRow`."""
-    item = item or {}
+    return from_item(JobRow, item or {})
 
-    number, text = functools.partial(_number, item), functools.partial(_text, item)
-    return JobRow(
-        key=text("pk"),
-        status=text("status"),
-        token=text("token"),
-        user_id=text("userId"),
-        attempt=number("attempt"),
-        fence=number("fence"),
-        expires_ms=number("expMs"),
-        started_ms=number("startedMs"),
-        finished_ms=number("finishedMs"),
-        reset_ms=number("resetMs"),
-        error=text("error"),
-        last_token=text("lastToken"),
-    )
+
+@dataclass(frozen=True, slots=True)
+class NextRun:
+    """A coalescing semaphore's registered next run (next_runs.py), ``sk`` = ``next``."""
+
+    token: str = stored_as("k", "")
+    user_id: str = stored_as("u", "")
+    after_fence: int = stored_as("af", 0)  # the resource's fence when it registered
+    until_ms: int = stored_as("un", 0)  # its lease end
+    # TTL only: DynamoDB deletes an item days after it at the earliest.
+    expires: int = stored_as("expires", 0)
+
+
+def next_run_item(resource: str, run: NextRun) -> dict[str, Any]:
+    """A next-run registration as its item (PutItem's ``Item``)."""
+    return {**key(resource, NEXT_SK), **encode(to_item(run))}
 
 
 # Permit items (permit_items.py) and reader items (reader_items.py).
@@ -432,34 +468,23 @@ def permit_sk(slot: int) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Permit:
-    """One permit item: its slot, and its hold if it is held (``token`` empty: free)."""
+    """One permit item: its slot, and its hold if it is held (``token`` empty: free). The
+    holder's attributes are the item's own (``u``, ``e``, ``f``, ``a``, ``p``)."""
 
     slot: int
-    token: str
     holder: Holder
-    last_token: str | None = None
-    broken_token: str | None = None
+    token: str = stored_as("k", "")
+    last_token: str | None = stored_as("lt")  # who gave it back last
+    broken_token: str | None = stored_as("bt")  # whose hold an operator broke last
 
     def free_at(self, stale_ms: int) -> bool:
         """Free, or its holder's lease ended more than CLOCK_SKEW before (``stale_ms``)."""
         return not self.token or self.holder.expires_ms < stale_ms
 
 
-def permit_of(item: dict[str, Any]) -> Permit:
-    sk = str(item["sk"])
-    return Permit(
-        slot=int(sk[len(PERMIT_PREFIX) :]),
-        token=str(item.get("k") or ""),
-        holder=Holder(
-            user_id=str(item.get("u", "")),
-            expires_ms=int(item.get("e", 0)),
-            fence=int(item.get("f", 0)),
-            acquired_ms=int(item.get("a", 0)),
-            proc=str(item["p"]) if item.get("p") else None,
-        ),
-        last_token=str(item["lt"]) if item.get("lt") else None,
-        broken_token=str(item["bt"]) if item.get("bt") else None,
-    )
+def permit_of(item: Mapping[str, Any]) -> Permit:
+    slot = int(str(item["sk"])[len(PERMIT_PREFIX) :])
+    return from_item(Permit, item, slot=slot, holder=from_item(Holder, item))
 
 
 READER_PREFIX = "r#"
@@ -471,26 +496,17 @@ def reader_sk(token: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Reader:
-    """One reader item: its token, its hold, and the epoch it was admitted under."""
+    """One reader item: its token, its hold (the item's own ``u``, ``e``, ``f``, ``a``,
+    ``p``), and the epoch it was admitted under."""
 
     token: str
     holder: Holder
-    epoch: int
+    epoch: int = stored_as("ep", 0)
 
 
-def reader_of(item: dict[str, Any]) -> Reader:
-    return Reader(
-        token=str(item["sk"])[len(READER_PREFIX) :],
-        holder=Holder(
-            user_id=str(item.get("u", "")),
-            expires_ms=int(item.get("e", 0)),
-            fence=int(item.get("f", 0)),
-            acquired_ms=int(item.get("a", 0)),
-            shared=True,
-            proc=str(item["p"]) if item.get("p") else None,
-        ),
-        epoch=int(item.get("ep", 0)),
-    )
+def reader_of(item: Mapping[str, Any]) -> Reader:
+    holder = dataclasses.replace(from_item(Holder, item), shared=True)
+    return from_item(Reader, item, token=str(item["sk"])[len(READER_PREFIX) :], holder=holder)
 
 
 # The keys of pages: where a listing goes on.

@@ -16,14 +16,14 @@ from django.test import RequestFactory, override_settings
 
 from dynasem import Coalesced, SemaphoreBusy, semaphore
 from dynasem._operators.locks import holds_on
-from dynasem._storage import next_runs
+from dynasem._storage import lock_rows, next_runs, records
 from dynasem.testing import held_elsewhere
 from tests.engine.test_races import SPAWN
 from tests.support.helpers import RequestCounter, dynasem_settings, wait_for
 
 
 def registered(resource: str) -> dict[str, Any] | None:
-    return next_runs.get_next(resource)
+    return lock_rows.stored_item(resource, records.NEXT_SK)
 
 
 def wait_until(check: Any, timeout: float = 10) -> Any:
