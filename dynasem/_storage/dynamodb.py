@@ -45,16 +45,11 @@ _quick: contextvars.ContextVar[bool] = contextvars.ContextVar("dynasem_quick", d
 THROTTLED = frozenset(
     {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}
 )
-TRANSIENT_CODES = THROTTLED | frozenset(
-    {
-        # A single write on an item that a transaction is writing: nothing was applied.
-        "TransactionConflictException",
-        "InternalServerError",
-        "ServiceUnavailable",
-        "LimitExceededException",
-        "TransactionInProgressException",
-    }
-)
+# TransactionConflictException: a single write on an item that a transaction is writing
+# (nothing was applied).
+TRANSIENT_CODES = THROTTLED | {"InternalServerError", "ServiceUnavailable"}
+TRANSIENT_CODES |= {"LimitExceededException", "TransactionInProgressException"}
+TRANSIENT_CODES |= {"TransactionConflictException"}
 
 # The reasons a transaction is cancelled for that leave its callers to plan again.
 CANCELLED_RETRYABLE = frozenset({"None", "ConditionalCheckFailed", "TransactionConflict"})
@@ -148,22 +143,18 @@ class Refused(Picklable, Exception):
 
     def __init__(self, old: dict[str, Any] | None, retried: bool = False):
         super().__init__("condition failed")
-        self._old = old
+        # The item as it was, decoded (any item's: a permit's, a next run's...).
+        self.item = old
         # botocore re-sent the request: an earlier attempt may have been applied.
         self.retried = retried
 
-    @property
-    def item(self) -> dict[str, Any] | None:
-        """The item as it was, decoded (a permit item's: see table/permits.py)."""
-        return self._old
-
     @functools.cached_property
     def lock(self) -> LockItem | None:
-        return lock_item(self._old)  # decoded once, however often it is asked
+        return lock_item(self.item)  # decoded once, however often it is asked
 
     @functools.cached_property
     def job(self) -> JobRow:
-        return job_row(self._old)
+        return job_row(self.item)
 
 
 class Cancelled(Picklable, Exception):

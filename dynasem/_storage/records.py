@@ -80,72 +80,6 @@ RUNNING, DONE, FAILED = "RUNNING", "DONE", "FAILED"
 
 R = TypeVar("R")
 
-# The placeholders of the writes' expressions (lock_writes, job_writes, claims, next_runs,
-# permit_items, reader_items) and the attributes they stand for: the one place besides the
-# records below where a stored attribute is named.
-NAMES = {
-    # the key
-    "#pk": "pk",
-    "#sk": "sk",
-    # a lock row
-    "#h": "holders",
-    "#mode": "mode",
-    "#lim": "limit",
-    "#fence": "fence",
-    "#uid": "userId",
-    "#exp": "expires",
-    "#ex": "expires",
-    "#expMs": "expMs",
-    "#shard": "shard",
-    "#last": "lastToken",
-    "#broken": "brokenToken",
-    "#hold": "holdMs",
-    "#qin": "qin",
-    "#qout": "qout",
-    "#qbase": "qbase",
-    "#hw": "hw",
-    "#hints": "hints",
-    "#rc": "rc",
-    "#rep": "repoch",
-    "#rl": "rlease",
-    "#rla": "rlast",
-    # the row's holder that stands for its reader items (reader_items.SENTINEL)
-    "#s": "readers",
-    "#sentinel": "readers",
-    # a holder entry, a queue entry, a permit item, a reader item, a next-run item
-    "#k": "k",
-    "#u": "u",
-    "#e": "e",
-    "#f": "f",
-    "#a": "a",
-    "#p": "p",
-    "#n": "n",
-    "#lt": "lt",
-    "#bt": "bt",
-    "#ep": "ep",
-    "#af": "af",
-    "#un": "un",
-    # a run_once row
-    "#st": "status",
-    "#tok": "token",
-    "#att": "attempt",
-    "#err": "error",
-    "#start": "startedMs",
-    "#end": "finishedMs",
-    "#reset": "resetMs",
-}
-
-
-_PLACEHOLDER = re.compile(r"#\w+")
-
-
-def names_in(expression: str, given: Mapping[str, str] | None = None) -> dict[str, str]:
-    """ExpressionAttributeNames for the placeholders ``expression`` uses (DynamoDB refuses
-    one it does not use): ``given`` ones (a holder's token, say), else :data:`NAMES`'."""
-    known = NAMES | dict(given or {})
-    return {p: known[p] for p in dict.fromkeys(_PLACEHOLDER.findall(expression))}
-
-
 _serializer = TypeSerializer()
 _deserializer = TypeDeserializer()
 
@@ -507,6 +441,51 @@ class Reader:
 def reader_of(item: Mapping[str, Any]) -> Reader:
     holder = dataclasses.replace(from_item(Holder, item), shared=True)
     return from_item(Reader, item, token=str(item["sk"])[len(READER_PREFIX) :], holder=holder)
+
+
+# The placeholders of the writes' expressions (lock_writes, job_writes, claims, next_runs,
+# permit_items, reader_items) and the attributes they stand for: ``#`` and the attribute of
+# every record's stored field, and the shorter (or other) placeholders below.
+NAMES = {
+    f"#{attribute}": attribute
+    for record in (LockItem, Holder, Waiter, JobRow, NextRun, Permit, Reader)
+    for _, attribute, _ in _codec(record)
+} | {
+    "#sk": "sk",
+    "#shard": "shard",
+    "#h": "holders",
+    "#lim": "limit",
+    "#uid": "userId",
+    "#exp": "expires",
+    "#ex": "expires",
+    "#last": "lastToken",
+    "#broken": "brokenToken",
+    "#hold": "holdMs",
+    "#rep": "repoch",
+    "#rl": "rlease",
+    "#rla": "rlast",
+    # The row's holder that stands for its reader items (reader_items.SENTINEL); not a
+    # holder's ``s``, which no expression names.
+    "#s": "readers",
+    "#sentinel": "readers",
+    "#st": "status",
+    "#tok": "token",
+    "#att": "attempt",
+    "#err": "error",
+    "#start": "startedMs",
+    "#end": "finishedMs",
+    "#reset": "resetMs",
+}
+
+
+_PLACEHOLDER = re.compile(r"#\w+")
+
+
+def names_in(expression: str, given: Mapping[str, str] | None = None) -> dict[str, str]:
+    """ExpressionAttributeNames for the placeholders ``expression`` uses (DynamoDB refuses
+    one it does not use): ``given`` ones (a holder's token, say), else :data:`NAMES`'."""
+    known = NAMES | dict(given or {})
+    return {p: known[p] for p in dict.fromkeys(_PLACEHOLDER.findall(expression))}
 
 
 # The keys of pages: where a listing goes on.

@@ -12,15 +12,7 @@ from ..conf import settings
 from ..exceptions import SemaphoreUnavailable, TableMissing
 from . import dynamodb, lock_rows
 from .dynamodb import Refused, get_client, region_of
-from .records import (
-    FORMAT_PK,
-    FORMAT_SK,
-    FORMAT_VERSION,
-    decode,
-    format_item,
-    format_version,
-    key,
-)
+from .records import FORMAT_PK, FORMAT_SK, FORMAT_VERSION, decode, format_item, format_version, key
 
 # ---------------------------------------------------------------------------------------------
 # The table itself
