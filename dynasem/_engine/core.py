@@ -76,6 +76,7 @@ from .queue import (
 )
 from .reentry import current_hold, enter, forget_entered, leave, reentered, remember_acquired
 from .steps import Request, Sleep, Steps, Write, run_async, run_io, run_sync, withdraw
+from .take import MAX_REPLANS
 
 # isort: off
 # Read (never patched: patch the owner) as core.* by tests and benchmarks.
@@ -87,8 +88,6 @@ from .arguments import MAX_LEASE, MAX_RESOURCE_BYTES, check_resource, check_skew
 
 __all__ = ["Held", "Semaphore", "current_hold", "semaphore"]
 
-# Immediate re-tries when a refusal shows room we had not seen (not a busy wait).
-MAX_REPLANS = 25
 # Re-tries of a write that failed in transit, however short the wait.
 MIN_TRANSIENT_RETRIES = 2
 # A hold is confirmed by a renewal of our own before it is returned when less than this share

@@ -33,13 +33,12 @@ from .hold import Held, acquired
 from .lockspec import LockSpec
 from .queue import Pace, backoff, busy, seconds_until_free, too_slow, wait_in_queue
 from .steps import Request, Sleep, Steps, Write
+from .take import MAX_REPLANS
 
 logger = logging.getLogger("dynasem")
 
 # Ambiguous failures (maybe applied) retried with the same token before giving up.
 MIN_TRANSIENT_RETRIES = 3
-# Refusals in a row (others took the slot we aimed at) before a pause.
-MAX_REPLANS = 8
 # Renewals that confirm a take whose answer came late, before it is given back instead.
 CONFIRM_TRIES = 3
 # Takes given back (their answers came too late to trust) before an acquire past its wait
