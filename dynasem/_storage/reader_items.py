@@ -56,6 +56,7 @@ from .records import (
     epoch_seconds,
     holder_value,
     key,
+    names_in,
     reader_of,
     reader_sk,
     shard_of,
@@ -362,7 +363,7 @@ def drop_reader(resource: str, token: str, expires_ms: int | None = None) -> dic
     action: dict[str, Any] = {
         "Key": key(resource, reader_sk(token)),
         "ConditionExpression": condition,
-        "ExpressionAttributeNames": {"#e": "e"},
+        "ExpressionAttributeNames": names_in(condition),
     }
     if values:
         action["ExpressionAttributeValues"] = encode(values)
