@@ -79,13 +79,13 @@ def _query(
     filter_by: str | None = None,
 ) -> tuple[list[IndexEntry], dict[str, Any] | None]:
     """One page of a Query of one of our indexes: its entries and LastEvaluatedKey."""
-    request: dict[str, Any] = {"FilterExpression": filter_by} if filter_by else {}
+    request: dict[str, Any] = {"IndexName": index, "KeyConditionExpression": condition}
+    if filter_by:
+        request["FilterExpression"] = filter_by
     items, last = dynamodb.page(
         "query",
         limit,
         start,
-        IndexName=index,
-        KeyConditionExpression=condition,
         ExpressionAttributeNames=names_in(f"{condition} {filter_by or ''}"),
         ExpressionAttributeValues=encode(values),
         **request,
