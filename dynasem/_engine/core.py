@@ -64,6 +64,7 @@ from .hold import Held, pending_hold
 from .late_handover import leave_queue
 from .queue import (
     GUESS_BUSY_FOR,
+    MAX_REPLANS,
     Pace,
     backoff,
     busy,
@@ -76,7 +77,6 @@ from .queue import (
 )
 from .reentry import current_hold, enter, forget_entered, leave, reentered, remember_acquired
 from .steps import Request, Sleep, Steps, Write, run_async, run_io, run_sync, withdraw
-from .take import MAX_REPLANS
 
 # isort: off
 # Read (never patched: patch the owner) as core.* by tests and benchmarks.

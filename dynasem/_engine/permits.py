@@ -33,7 +33,6 @@ from .hold import Held, acquired
 from .lockspec import LockSpec
 from .queue import Pace, backoff, busy, seconds_until_free, too_slow, wait_in_queue
 from .steps import Request, Sleep, Steps, Write
-from .take import MAX_REPLANS
 
 logger = logging.getLogger("dynasem")
 
@@ -159,7 +158,7 @@ def acquire_steps(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
             except dynamodb.Refused as refused:
                 seen = refused.lock or records.LockItem(resource=resource)
                 replans += 1
-                if replans > MAX_REPLANS:
+                if replans > queueing.MAX_REPLANS:
                     replans = 0
                     yield Sleep(backoff(2))
                 continue

@@ -26,6 +26,13 @@ _T = TypeVar("_T")
 # Backoff of a waiting acquire: first sleep, cap (seconds); full jitter in between.
 BACKOFF_FIRST = 0.02
 BACKOFF_CAP = 0.5
+
+# Re-plans at once, in a row, each from the state a refused write returned (another caller
+# got there first: no busy lock, no read needed), before an acquire steps back: it waits as
+# for a busy lock (a pause, or its place in line; at wait=0 it answers busy though room may
+# be free), or gives up (too_slow) when what it took can no longer be trusted. A crowd of
+# takers of one row loses races to each other: the bound is generous.
+MAX_REPLANS = 25
 # How long after joining a resource's queue our next acquire of it joins the queue first.
 GUESS_BUSY_FOR = 10.0
 # Resources this process recently queued for (monotonic time), for that guess.

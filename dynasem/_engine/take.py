@@ -18,13 +18,6 @@ from .hold import Held, acquired
 from .lockspec import LockSpec
 from .queue import live_holders
 
-# Re-plans at once, in a row, each from the state a refused write returned (another caller
-# got there first: no busy lock, no read needed) before an acquire steps back: it waits as
-# for a busy lock (a pause, or its place in line), or gives up (too_slow) when what it took
-# can no longer be trusted. A crowd of takers of one row loses races to each other; fewer
-# than this in a row turned a wait=0 acquire of a semaphore with free room into "busy".
-MAX_REPLANS = 25
-
 
 class Plan:
     """What to send for one resource next, from what we last saw of it."""
