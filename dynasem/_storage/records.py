@@ -535,22 +535,15 @@ def format_version(item: Mapping[str, Any] | None) -> int | None:
 
 def table_definition(name: str | None = None) -> dict[str, Any]:
     """CreateTable arguments: on-demand, a GSI on userId and a sharded GSI on expires."""
-    user_index, expires_index = index_definitions()
+    kinds = {"pk": "S", "sk": "S", "userId": "S", "expires": "N", "shard": "N"}
     return {
         "TableName": name or settings.TABLE_NAME,
         "BillingMode": "PAY_PER_REQUEST",
         "AttributeDefinitions": [
-            {"AttributeName": "pk", "AttributeType": "S"},
-            {"AttributeName": "sk", "AttributeType": "S"},
-            {"AttributeName": "userId", "AttributeType": "S"},
-            {"AttributeName": "expires", "AttributeType": "N"},
-            {"AttributeName": "shard", "AttributeType": "N"},
+            {"AttributeName": a, "AttributeType": t} for a, t in kinds.items()
         ],
-        "KeySchema": [
-            {"AttributeName": "pk", "KeyType": "HASH"},
-            {"AttributeName": "sk", "KeyType": "RANGE"},
-        ],
-        "GlobalSecondaryIndexes": [user_index, expires_index],
+        "KeySchema": _key_schema("pk", "sk"),
+        "GlobalSecondaryIndexes": list(index_definitions()),
     }
 
 
@@ -558,21 +551,14 @@ def index_definitions() -> tuple[dict[str, Any], dict[str, Any]]:
     """The two GSIs, on userId and (sharded) on expires, each projecting its keys and ``mode``
     (which changes only when a row changes kind): a listing picks the rows it needs from the
     index and reads only those from the base table."""
-    return (
-        {
-            "IndexName": USER_INDEX,
-            "KeySchema": [
-                {"AttributeName": "userId", "KeyType": "HASH"},
-                {"AttributeName": "expires", "KeyType": "RANGE"},
-            ],
-            "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["mode"]},
-        },
-        {
-            "IndexName": EXPIRES_INDEX,
-            "KeySchema": [
-                {"AttributeName": "shard", "KeyType": "HASH"},
-                {"AttributeName": "expires", "KeyType": "RANGE"},
-            ],
-            "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["mode"]},
-        },
-    )
+    projection = {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["mode"]}
+    user_index = {"IndexName": USER_INDEX, "KeySchema": _key_schema("userId", "expires")}
+    expires_index = {"IndexName": EXPIRES_INDEX, "KeySchema": _key_schema("shard", "expires")}
+    return user_index | {"Projection": projection}, expires_index | {"Projection": projection}
+
+
+def _key_schema(hash_key: str, range_key: str) -> list[dict[str, str]]:
+    return [
+        {"AttributeName": hash_key, "KeyType": "HASH"},
+        {"AttributeName": range_key, "KeyType": "RANGE"},
+    ]
