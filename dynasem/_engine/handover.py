@@ -7,10 +7,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from .. import _clock as clock
-from .._storage import lock_writes as writes
-from .._storage import queue_entries, records
+from .._storage import lock_writes, queue_entries, records
 from ..exceptions import SemaphoreUnavailable
-from . import push as wakeup
+from . import push
 
 # The most readers one hand-over admits together: each adds an entry to the row (and to the
 # push that carries it), and no more than the row keeps inline (table.writes.READERS_INLINE:
@@ -20,7 +19,7 @@ MAX_ADMIT = 16
 
 
 def max_admit() -> int:
-    return min(MAX_ADMIT, max(1, writes.READERS_INLINE))
+    return min(MAX_ADMIT, max(1, lock_writes.READERS_INLINE))
 
 
 Heirs = list[tuple[str, records.Waiter]]
@@ -71,7 +70,7 @@ def heirs_of(row: records.LockItem | None) -> tuple[Heirs, int, records.LockItem
     # waiter that just queued can be missing from it, and skipping its ticket would serve a
     # later one first. A waiter that left a moment ago can still show in it (on AWS, for
     # about a second); a hand-over to it reaches its process by push, or its look at the row
-    # 2 s after it left (``wakeup.depart``), which gives the lock back (``give_back_stray``),
+    # 2 s after it left (``push.depart``), which gives the lock back (``give_back_stray``),
     # as for a hand-over that was on its way when it left. A consistent read here would cost
     # every hand-over 0.5 RCU more to spare the rarer leavers' one look (1 RCU), and would
     # still miss a slow write.
@@ -116,4 +115,4 @@ def push_first(resource: str, item: records.LockItem, *, readers_only: bool) -> 
     first = first_live(_entries(item), clock.now_ms())
     if first is None or not first[1].address or (readers_only and not first[1].shared):
         return
-    wakeup.push(first[1].address, resource, first[0], item, sent_ms=clock.now_ms())
+    push.push(first[1].address, resource, first[0], item, sent_ms=clock.now_ms())

@@ -16,12 +16,10 @@ from .._observability import telemetry
 from .._observability.logs import facts
 from .._storage import dynamodb, lock_rows, lock_writes, records
 from .._storage.records import Mode
-from .._transactions import commit as transactions
-from .._transactions import fencing as fenced
+from .._transactions import commit, fencing
 from ..exceptions import LimitExceeded, LockLost, SemaphoreUnavailable
 from ..signals import lock_acquired, lock_lost, lock_released
-from . import handover as heirs
-from . import push as wakeup
+from . import handover, push
 from .heartbeat import Heartbeat
 from .lockspec import LockSpec
 from .steps import run_io
@@ -107,12 +105,12 @@ class Held:
         mine = int((clock.monotonic() - self._taken_mono) * 1000)
         return mine if self._hold_avg is None else (3 * self._hold_avg + mine) // 4
 
-    def _heirs(self) -> tuple[heirs.Heirs, int]:
+    def _heirs(self) -> tuple[handover.Heirs, int]:
         """The live waiters that take over from us, if the hold is exclusive, and the
-        ``qout`` a hand-over to them is conditional on (see :func:`heirs.heirs_of`)."""
+        ``qout`` a hand-over to them is conditional on (see :func:`handover.heirs_of`)."""
         if self.semaphore.mode != Mode.EXCLUSIVE or len(self.resources) != 1:
             return [], 0
-        found, queue_out, self._row = heirs.heirs_of(self._row)
+        found, queue_out, self._row = handover.heirs_of(self._row)
         return found, queue_out
 
     # -- what users read ---------------------------------------------------------------------
@@ -268,7 +266,7 @@ class Held:
         to land after a newer holder's: writes this hold's fence first in it, kept locked
         until it ends; raises ``LockLost`` if a newer holder's fence is there. See the how-to
         guide "Transactions and fencing"."""
-        fenced.fence_transaction(self, using if using is not None else self.semaphore.using)
+        fencing.fence_transaction(self, using if using is not None else self.semaphore.using)
 
     # -- releasing ---------------------------------------------------------------------------
 
@@ -294,7 +292,7 @@ class Held:
         if (
             sem.on_commit
             and not self.lost
-            and transactions.after_transaction(
+            and commit.after_transaction(
                 sem.using, self._after_transaction, self.resource, owner=self
             )
         ):
@@ -418,7 +416,7 @@ class Held:
                 sent_ms = clock.now_ms()
                 for token, waiter in found:
                     if waiter.address:
-                        wakeup.push(waiter.address, self.resource, token, item, sent_ms=sent_ms)
+                        push.push(waiter.address, self.resource, token, item, sent_ms=sent_ms)
             return True
         return None
 
@@ -438,7 +436,7 @@ class Held:
     def _release_terms(self) -> dict[str, Any]:
         if self.semaphore.mode != Mode.EXCLUSIVE or len(self.resources) != 1:
             return {}
-        return heirs.release_terms(self._row, self.skew)
+        return handover.release_terms(self._row, self.skew)
 
     def _plain_release(self, terms: dict[str, Any]) -> bool | None:  # noqa: C901, PLR0912  (issue 41: split)
         """A release to nobody in particular; True if every resource was ours until now.
@@ -556,13 +554,13 @@ class Held:
         could have handed over), push the first one the item, so it takes the lock now
         instead of at its next paced read."""
         if item is not None and not item.holders:
-            heirs.push_first(self.resource, item, readers_only=False)
+            handover.push_first(self.resource, item, readers_only=False)
 
     def _wake_next_reader(self, item: records.LockItem | None) -> None:
         """A shared hold just taken: if the first waiter in line is a reader too, it can join
         us now; push it the item (it then pushes the next one when it has joined)."""
         if item is not None:
-            heirs.push_first(self.resource, item, readers_only=True)
+            handover.push_first(self.resource, item, readers_only=True)
 
     def _released_by(self, old: records.LockItem | None, retried: bool) -> bool:
         """Was a refused release ours after all (applied, its response lost)?"""
@@ -654,7 +652,7 @@ def pending_hold(semaphore: LockSpec) -> Held | None:
     """A hold this thread gave back inside a transaction that has not ended yet, covering what
     ``semaphore`` asks for: it belongs to this transaction, so taking it again must not wait
     on it. The same :class:`Held` is returned; its give-back stays tied to the commit."""
-    for owner in reversed(transactions.pending_owners()):
+    for owner in reversed(commit.pending_owners()):
         if not isinstance(owner, Held) or owner.lost or owner.released:
             continue
         had = owner.semaphore

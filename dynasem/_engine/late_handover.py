@@ -13,7 +13,7 @@ from .._observability import telemetry
 from .._observability.logs import facts
 from .._storage import queue_entries, records
 from ..exceptions import SemaphoreUnavailable
-from . import push as wakeup
+from . import push
 from .hold import Held
 from .lockspec import LockSpec
 from .queue import Pace
@@ -88,7 +88,7 @@ def leave_queue(
         handed = queue_entries.may_be_handed(gone, pace.queue_id, ticket, token)
     except SemaphoreUnavailable:
         handed = True  # our entry may be there still (it expires with its lease)
-    wakeup.depart(
+    push.depart(
         token,
         functools.partial(give_back_stray, semaphore, token, lease=lease, skew=skew),
         seconds=lease + skew,

@@ -9,10 +9,9 @@ from typing import Any
 
 from .. import _clock as clock
 from .._observability.logs import facts
-from .._storage import dynamodb, lock_rows, records
-from .._storage import permit_items as slots
+from .._storage import dynamodb, lock_rows, permit_items, records
 from ..exceptions import SemaphoreUnavailable
-from . import handover as heirs
+from . import handover
 from .hold import Held
 
 logger = logging.getLogger("dynasem")
@@ -32,7 +31,7 @@ def remember(item: records.LockItem) -> None:
 def undo(resource: str, slot: int, token: str) -> None:
     """Best effort: give back a permit an unanswered (or interrupted) write may have taken."""
     try:
-        slots.send(slots.give_back_permit(resource, slot, token, clock.now_ms()))
+        permit_items.send(permit_items.give_back_permit(resource, slot, token, clock.now_ms()))
     except (dynamodb.Refused, SemaphoreUnavailable):
         return
     hint_freed(resource, slot, None)
@@ -43,11 +42,11 @@ def break_permit(resource: str, token: str, permit: records.Permit | None = None
     and the first waiter told, as for a release. False: ``token`` holds none. ``permit``: the
     permit as read, freed only if its lease end is unchanged (the reaper's dead holders)."""
     until = None if permit is None else permit.holder.expires_ms
-    permit = permit or slots.slot_of(resource, token)
+    permit = permit or permit_items.slot_of(resource, token)
     if permit is None:
         return False
     try:
-        slots.send(slots.break_permit(resource, permit.slot, token, until))
+        permit_items.send(permit_items.break_permit(resource, permit.slot, token, until))
     except dynamodb.Refused:
         return False
     hint_freed(resource, permit.slot, None)
@@ -57,7 +56,7 @@ def break_permit(resource: str, token: str, permit: records.Permit | None = None
 def hint_freed(resource: str, slot: int, hold_ms: int | None) -> None:
     """A slot given back: hint it in the row, and push the first waiter if any wait."""
     try:
-        row = lock_rows.update(slots.hint(resource, slot, hold_ms), return_new=True)
+        row = lock_rows.update(permit_items.hint(resource, slot, hold_ms), return_new=True)
     except dynamodb.Refused as refused:
         row = refused.lock  # hints full (the slot is found by reading), or the row is gone
     except SemaphoreUnavailable:
@@ -66,7 +65,7 @@ def hint_freed(resource: str, slot: int, hold_ms: int | None) -> None:
         return
     remember(row)
     if row.waiting:
-        heirs.push_first(resource, row, readers_only=False)
+        handover.push_first(resource, row, readers_only=False)
 
 
 def undo_many(taken: dict[str, int], token: str) -> None:
@@ -92,7 +91,7 @@ class PermitHeld(Held):
         if records.bucket_of(expires_ms) <= self._listed.get(resource, 0):
             return
         try:
-            slots.send(slots.raise_row(resource, expires_ms))
+            permit_items.send(permit_items.raise_row(resource, expires_ms))
             self._listed[resource] = records.bucket_of(expires_ms)
         except dynamodb.Refused as refused:
             row = refused.lock
@@ -107,7 +106,7 @@ class PermitHeld(Held):
             return
         for resource, slot in self.slots.items():
             try:
-                slots.send(slots.renew_permit(resource, slot, self.token, expires))
+                permit_items.send(permit_items.renew_permit(resource, slot, self.token, expires))
             except dynamodb.Refused:
                 self._mark_lost("another holder took it over, or it was broken by an operator")
                 self._raise_lost()
@@ -121,7 +120,9 @@ class PermitHeld(Held):
         hold_ms = self._hold_ms() if len(self.slots) == 1 else None
         for resource, slot in self.slots.items():
             try:
-                slots.send(slots.give_back_permit(resource, slot, self.token, clock.now_ms()))
+                permit_items.send(
+                    permit_items.give_back_permit(resource, slot, self.token, clock.now_ms())
+                )
             except dynamodb.Refused as refused:
                 if not self._gave_back(refused):
                     ok = False

@@ -13,11 +13,10 @@ from typing import Any
 
 from .. import _clock as clock
 from .._observability.logs import facts
-from .._storage import dynamodb, lock_rows, records
-from .._storage import reader_items as items
+from .._storage import dynamodb, lock_rows, reader_items, records
 from .._storage.records import Mode
 from ..exceptions import SemaphoreUnavailable
-from . import handover as heirs
+from . import handover
 from .hold import Held
 
 logger = logging.getLogger("dynasem")
@@ -40,8 +39,8 @@ def remember(item: records.LockItem | None) -> None:
     readers as it keeps inline); forget others."""
     if item is None:
         return
-    crowded = item.mode == Mode.SHARED and len(item.holders) >= items.READERS_INLINE
-    if not (items.has_readers(item) or crowded):
+    crowded = item.mode == Mode.SHARED and len(item.holders) >= reader_items.READERS_INLINE
+    if not (reader_items.has_readers(item) or crowded):
         rows.pop(item.resource, None)
         return
     if len(rows) >= MAX_REMEMBERED:
@@ -59,7 +58,7 @@ def count_down(resource: str, epoch: int, *, forget: bool = False) -> None:
     if known is not None and known.reader_epoch == epoch and known.reader_count <= 1:
         # Most likely the epoch's only reader: leave and close it in one write.
         try:
-            row = lock_rows.update(items.leave_last(resource, epoch), return_new=True)
+            row = lock_rows.update(reader_items.leave_last(resource, epoch), return_new=True)
             remember(row)
             _wake_first(resource, row)
             return
@@ -75,7 +74,7 @@ def count_down(resource: str, epoch: int, *, forget: bool = False) -> None:
         return
     remember(row)
     try:
-        row = lock_rows.update(items.close(resource, epoch), return_new=True)
+        row = lock_rows.update(reader_items.close(resource, epoch), return_new=True)
     except dynamodb.Refused:
         return  # a reader was admitted since: it closes the epoch
     except SemaphoreUnavailable:
@@ -93,7 +92,7 @@ def _count_once(resource: str, epoch: int, forget: bool) -> records.LockItem | N
     for tries in range(1, COUNT_TRIES + 1):
         try:
             with dynamodb.quick():  # one attempt: botocore must not send it twice
-                return lock_rows.update(items.count_down(resource, epoch, forget=forget),
+                return lock_rows.update(reader_items.count_down(resource, epoch, forget=forget),
                                     return_new=True)  # fmt: skip
         except SemaphoreUnavailable as exc:
             if exc.transient and not exc.ambiguous and tries < COUNT_TRIES:
@@ -114,14 +113,14 @@ def _count_once(resource: str, epoch: int, forget: bool) -> records.LockItem | N
 def _wake_first(resource: str, row: records.LockItem | None) -> None:
     """The last reader gone: tell the first waiter, if nobody holds any more."""
     if row is not None and not row.holders and row.waiting:
-        heirs.push_first(resource, row, readers_only=False)
+        handover.push_first(resource, row, readers_only=False)
 
 
 def undo(resource: str, token: str, epoch: int) -> None:
     """Best effort: give back a reader an unanswered (or interrupted) admission may have
     made (its item deleted, then counted down: only if the delete took it)."""
     try:
-        items.delete(items.drop_reader(resource, token))
+        reader_items.delete(reader_items.drop_reader(resource, token))
     except (dynamodb.Refused, SemaphoreUnavailable):
         return
     count_down(resource, epoch, forget=True)  # the same token may be admitted again
@@ -132,11 +131,11 @@ def break_reader(resource: str, token: str, reader: records.Reader | None = None
     read (``reader``: its lease end must be unchanged). False: no such reader."""
     until = None if reader is None else reader.holder.expires_ms
     if reader is None:
-        reader = next((r for r in items.readers(resource) if r.token == token), None)
+        reader = next((r for r in reader_items.readers(resource) if r.token == token), None)
         if reader is None:
             return False
     try:
-        items.delete(items.drop_reader(resource, token, until))
+        reader_items.delete(reader_items.drop_reader(resource, token, until))
     except dynamodb.Refused:
         return False
     count_down(resource, reader.epoch)
@@ -166,14 +165,14 @@ class ReaderHeld(Held):
         seen = records.LockItem(resource=resource, expires_ms=self.covers[resource])
         for _ in range(3):
             try:
-                items.send(items.raise_sentinel(resource, epoch, expires_ms, seen))
-                self.covers[resource] = items.covers_to(expires_ms, seen)
+                reader_items.send(reader_items.raise_sentinel(resource, epoch, expires_ms, seen))
+                self.covers[resource] = reader_items.covers_to(expires_ms, seen)
                 return True
             except dynamodb.Refused as refused:
                 old = refused.lock
-                if old is None or old.reader_epoch != epoch or not items.has_readers(old):
+                if old is None or old.reader_epoch != epoch or not reader_items.has_readers(old):
                     return False
-                self.covers[resource] = old.holders[items.SENTINEL].expires_ms
+                self.covers[resource] = old.holders[reader_items.SENTINEL].expires_ms
                 if self.covers[resource] >= expires_ms:
                     return True  # raised by another reader meanwhile
                 seen = old
@@ -190,7 +189,7 @@ class ReaderHeld(Held):
             for resource in self.epochs:
                 if expires > self.covers[resource] and not self._covered(resource, expires):
                     raise dynamodb.Refused(None)
-                items.send(items.renew_reader(resource, self.token, expires))
+                reader_items.send(reader_items.renew_reader(resource, self.token, expires))
         except dynamodb.Refused:
             self._mark_lost("its readers were written off, or it was broken by an operator")
             self._raise_lost()
@@ -201,7 +200,7 @@ class ReaderHeld(Held):
         ok = True
         for resource, epoch in self.epochs.items():
             try:
-                items.delete(items.drop_reader(resource, self.token))
+                reader_items.delete(reader_items.drop_reader(resource, self.token))
             except dynamodb.Refused as refused:
                 # Not there: broken or written off, unless a retry hides our own delete.
                 # Not counted down even then: an operator's break, between our first
