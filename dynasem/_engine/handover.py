@@ -102,6 +102,14 @@ def release_terms(row: records.LockItem | None, skew: float) -> dict[str, Any]:
     return {}
 
 
+def push_heirs(resource: str, heirs: Heirs, item: records.LockItem) -> None:
+    """Push ``item``, the row a hand-over wrote, to each of its ``heirs`` that listens."""
+    sent_ms = clock.now_ms()
+    for token, waiter in heirs:
+        if waiter.address:
+            push.push(waiter.address, resource, token, item, sent_ms=sent_ms)
+
+
 def push_first(resource: str, item: records.LockItem, *, readers_only: bool) -> None:
     """Push ``item`` to the first live waiter in line (only if a reader: ``readers_only``),
     reading the queue's first entries if the row says waiters came."""

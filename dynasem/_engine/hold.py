@@ -1,5 +1,6 @@
-"""A hold: :class:`Held` renews it, gives it back (or hands it straight to the first waiter)
-and tells when it is lost; and the stack of holds entered with ``with``/``async with``."""
+"""A hold's life: :class:`Held` renews it, gives it back (handing it straight to the first
+waiter, or to the readers at the head of the line, when there are any) and tells when it is
+lost. Read top-down: what users read, renewing, releasing (hand-over, then plain release)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+from django.dispatch import Signal
+
 from .. import _clock as clock
 from .._observability import telemetry
 from .._observability.logs import facts
@@ -19,7 +22,7 @@ from .._storage.records import Mode
 from .._transactions import commit, fencing
 from ..exceptions import LimitExceeded, LockLost, SemaphoreUnavailable
 from ..signals import lock_acquired, lock_lost, lock_released
-from . import handover, push
+from . import handover
 from .heartbeat import Heartbeat
 from .lockspec import LockSpec
 from .steps import run_io
@@ -39,6 +42,7 @@ WAKE_AFTER = 0.05
 # leaving its block is not kept waiting on one.
 RELEASE_PATIENCE = 5.0
 RELEASE_PAUSE = 0.05
+TAKEN_OVER = "another holder took it over, or it was broken by an operator"
 
 
 class Held:
@@ -60,11 +64,8 @@ class Held:
     ):
         self.semaphore = semaphore
         self.resources = list(semaphore.resources)
-        self.token = token
-        self.user_id = user_id
-        self.fences = fences
-        self.lease = lease
-        self.skew = skew
+        self.token, self.user_id, self.fences = token, user_id, fences
+        self.lease, self.skew = lease, skew
         self._expires_ms = expires_ms
         self._deadline = sent_mono + lease - skew
         self._lock = threading.RLock()  # serialises renew/release requests
@@ -72,7 +73,7 @@ class Held:
         self._lost: str | None = None
         self._released = False
         self._pending_commit = False  # given back, waiting for the transaction to end
-        self._heartbeat: Any = None
+        self._heartbeat: Heartbeat | None = None
         self._taken_mono = clock.monotonic()
         self._max_hold_end: float | None = None
         if semaphore.max_hold is not None:
@@ -87,31 +88,13 @@ class Held:
         # Who took it: at exit, only holds of threads that ended are given back (shutdown.py).
         self.thread = threading.current_thread()
         # Acquisitions of it in all: nested acquires in the same thread or task re-enter it
-        # (entered.py); only the last release gives it back.
+        # (reentry.py); only the last release gives it back.
         self.depth = 1
         # A unique task's run that enqueued its retry: the retry's claim token, which this
         # hold becomes at the run's end instead of being given back (dynasem._background.unique).
         self.handed_on: str | None = None
         self.telemetry_context: Any = None  # the acquire's span (telemetry.py links to it)
         self._handover: tuple[int, int, int, int] | None = None  # when, to how many, fence
-
-    def _observe(self, item: records.LockItem | None) -> None:
-        if item is not None:
-            self._row = item
-            if item.hold_ms is not None:
-                self._hold_avg = item.hold_ms
-
-    def _hold_ms(self) -> int:
-        mine = int((clock.monotonic() - self._taken_mono) * 1000)
-        return mine if self._hold_avg is None else (3 * self._hold_avg + mine) // 4
-
-    def _heirs(self) -> tuple[handover.Heirs, int]:
-        """The live waiters that take over from us, if the hold is exclusive, and the
-        ``qout`` a hand-over to them is conditional on (see :func:`handover.heirs_of`)."""
-        if self.semaphore.mode != Mode.EXCLUSIVE or len(self.resources) != 1:
-            return [], 0
-        found, queue_out, self._row = handover.heirs_of(self._row)
-        return found, queue_out
 
     # -- what users read ---------------------------------------------------------------------
 
@@ -137,6 +120,11 @@ class Held:
     def released(self) -> bool:
         return self._released
 
+    @property
+    def pending_commit(self) -> bool:
+        """True while the hold waits for its transaction to end before it is given back."""
+        return self._pending_commit
+
     def seconds_left(self) -> float:
         """How long we may still trust the hold without renewing (our clock, skew allowed)."""
         return max(0.0, self._deadline - clock.monotonic())
@@ -144,7 +132,14 @@ class Held:
     def __repr__(self) -> str:
         return f"<Held {self.resources!r} fence={self.fence} user={self.user_id!r}>"
 
-    # -- renewing ----------------------------------------------------------------------------
+    def fence_transaction(self, using: str | None = None) -> None:
+        """Make the open transaction of ``using`` (the semaphore's ``using`` if None) refuse
+        to land after a newer holder's: writes this hold's fence first in it, kept locked
+        until it ends; raises ``LockLost`` if a newer holder's fence is there. See the how-to
+        guide "Transactions and fencing"."""
+        fencing.fence_transaction(self, using if using is not None else self.semaphore.using)
+
+    # -- losing it ---------------------------------------------------------------------------
 
     def check_deadline(self) -> None:
         if self._lost is None and not self._released and clock.monotonic() >= self._deadline:
@@ -165,20 +160,24 @@ class Held:
         logger.warning("dynasem: lost the hold on %r: %s", self.resource, reason, extra=ex)
         if telemetry.ON:
             telemetry.lost(self, reason)
-        lock_lost.send(
+        # pending_commit: its block had ended, its transaction had not: the transaction's work
+        # may still commit after another holder took over.
+        self._send(lock_lost, reason=reason, pending_commit=self._pending_commit)
+
+    def _raise_lost(self) -> None:
+        raise LockLost(self.resource, self._lost or "unknown")
+
+    def _send(self, signal: Signal, **more: Any) -> None:
+        signal.send(
             sender=self.semaphore.signal_sender,
             resource=self.resource,
             user_id=self.user_id,
             token=self.token,
             fence=self.fence,
-            reason=reason,
-            # Its block had ended, its transaction had not: the transaction's work may still
-            # commit after another holder took over.
-            pending_commit=self._pending_commit,
+            **more,
         )
 
-    def _raise_lost(self) -> None:
-        raise LockLost(self.resource, self._lost or "unknown")
+    # -- renewing ----------------------------------------------------------------------------
 
     def renew(self) -> None:
         """Extend the lease now (the heartbeat does this by itself while the hold lives)."""
@@ -186,17 +185,9 @@ class Held:
         # for as long as botocore's timeouts allow: wait for it only while the hold can be
         # trusted. Past the deadline the hold is lost, whatever that renewal answers later.
         while not self._lock.acquire(timeout=self.seconds_left()):
-            self.check_deadline()
-            if self._released:
-                raise LockLost(self.resource, "it was released")
-            if self._lost is not None:
-                self._raise_lost()
+            self._check_ours()
         try:
-            self.check_deadline()
-            if self._released:
-                raise LockLost(self.resource, "it was released")
-            if self._lost is not None:
-                self._raise_lost()
+            self._check_ours()
             with telemetry.renewing(self) if telemetry.ON else _NOTHING:
                 self._renew_once()
         finally:
@@ -205,19 +196,28 @@ class Held:
     async def arenew(self) -> None:
         await run_io(self.renew)
 
-    def _next_lease(self) -> tuple[float, float, int]:
-        """A renewal's send time (monotonic), lease (seconds) and lease end (wall ms)."""
-        sent_mono = clock.monotonic()
-        lease = self.lease
-        if self._max_hold_end is not None:
-            # Never past max_hold: others may take over CLOCK_SKEW after it (their clocks).
-            lease = min(lease, self._max_hold_end - sent_mono + self.skew)
-        return sent_mono, lease, clock.now_ms() + int(lease * 1000)
+    def _check_ours(self) -> None:
+        self.check_deadline()
+        if self._released:
+            raise LockLost(self.resource, "it was released")
+        if self._lost is not None:
+            self._raise_lost()
 
     def _renew_once(self) -> None:
-        sent_mono, lease, expires = self._next_lease()
+        """Extend the lease to a whole one from now (never past max_hold: others may take
+        over CLOCK_SKEW after it, by their clocks), if that extends it at all."""
+        sent_mono, lease = clock.monotonic(), self.lease
+        if self._max_hold_end is not None:
+            lease = min(lease, self._max_hold_end - sent_mono + self.skew)
+        expires = clock.now_ms() + int(lease * 1000)
         if expires <= self._expires_ms:
             return  # nothing left to extend
+        self._renew_to(expires)
+        self._expires_ms = expires
+        self._deadline = max(self._deadline, sent_mono + lease - self.skew)
+
+    def _renew_to(self, expires: int) -> None:
+        """Write the lease end ``expires`` to every row of the hold; LockLost if not ours."""
         raise_item = {r: True for r in self.resources}
         for _ in range(4):
             actions = [
@@ -231,6 +231,7 @@ class Held:
                     self._observe(lock_rows.update(actions[0], return_new=True))
                 else:
                     lock_rows.transact(actions)
+                return
             except dynamodb.Refused as refused:
                 if not self._still_ours(self.resources[0], refused.lock, raise_item):
                     break
@@ -241,15 +242,11 @@ class Held:
                     for r, (code, old) in reasons
                 ):
                     break
-            else:
-                self._expires_ms = expires
-                self._deadline = max(self._deadline, sent_mono + lease - self.skew)
-                return
         else:
             raise SemaphoreUnavailable(
                 f"could not renew {self.resource!r}: conflicting writes", transient=True
             )
-        self._mark_lost("another holder took it over, or it was broken by an operator")
+        self._mark_lost(TAKEN_OVER)
         self._raise_lost()
 
     def _still_ours(
@@ -260,13 +257,6 @@ class Held:
             raise_item[resource] = False
             return True
         return False
-
-    def fence_transaction(self, using: str | None = None) -> None:
-        """Make the open transaction of ``using`` (the semaphore's ``using`` if None) refuse
-        to land after a newer holder's: writes this hold's fence first in it, kept locked
-        until it ends; raises ``LockLost`` if a newer holder's fence is there. See the how-to
-        guide "Transactions and fencing"."""
-        fencing.fence_transaction(self, using if using is not None else self.semaphore.using)
 
     # -- releasing ---------------------------------------------------------------------------
 
@@ -300,10 +290,8 @@ class Held:
             return
         self._release_now()
 
-    @property
-    def pending_commit(self) -> bool:
-        """True while the hold waits for its transaction to end before it is given back."""
-        return self._pending_commit
+    async def arelease(self) -> None:
+        await run_io(self.release)
 
     def _after_transaction(self, committed: bool) -> None:
         try:
@@ -338,65 +326,71 @@ class Held:
             self._stop_heartbeat()
             with telemetry.releasing(self) if telemetry.ON else _NOTHING:
                 lost_before = self._lost is not None or clock.monotonic() >= self._deadline
-                ok = self._give_back()
-                if not ok and self._lost is None:
-                    self._mark_lost("another holder took it over, or it was broken by an operator")
+                if not self._give_back() and self._lost is None:
+                    self._mark_lost(TAKEN_OVER)
                 if lost_before and self._lost is None:
                     self._mark_lost(self._deadline_reason())
             if self._lost is not None:
                 self._raise_lost()
-        lock_released.send(
-            sender=self.semaphore.signal_sender,
-            resource=self.resource,
-            user_id=self.user_id,
-            token=self.token,
-            fence=self.fence,
-        )
+        self._send(lock_released)
 
-    async def arelease(self) -> None:
-        await run_io(self.release)
+    def hand_on(self, item: records.LockItem) -> bool:
+        """Give back, to the next waiter if any, a hold a hand-over (``item``) made for a waiter
+        that had left the queue (:mod:`dynasem._engine.late_handover`): never used, it was held
+        for no time of its own, so the queue's average hold stays as it is."""
+        self._observe(item)
+        self._taken_mono -= (item.hold_ms or 0) / 1000
+        self._released = True
+        return self._give_back()
 
-    def _hand_over(self) -> bool | None:  # noqa: C901  (issue 41: split)
+    def _give_back(self) -> bool:
+        """Send the release; True if every resource was ours until now."""
+        for _ in range(3):
+            handed = self._hand_over()
+            if handed is not None:
+                return handed
+            released = self._plain_release(self._release_terms())
+            if released is not None:
+                return released
+            # Refused, still ours: waiters came since we last looked. Hand it to them.
+        return bool(self._plain_release({}))
+
+    @property
+    def _hands_over(self) -> bool:
+        """Only an exclusive hold of one resource hands over, and says who may still wait."""
+        return self.semaphore.mode == Mode.EXCLUSIVE and len(self.resources) == 1
+
+    def _observe(self, item: records.LockItem | None) -> None:
+        if item is not None:
+            self._row = item
+            if item.hold_ms is not None:
+                self._hold_avg = item.hold_ms
+
+    def _hold_ms(self) -> int:
+        mine = int((clock.monotonic() - self._taken_mono) * 1000)
+        return mine if self._hold_avg is None else (3 * self._hold_avg + mine) // 4
+
+    # -- releasing: the hand-over ------------------------------------------------------------
+
+    def _hand_over(self) -> bool | None:
         """Release straight to the first waiter (or the readers at the head of the line), in
         one write. None: no heir, or they left (then a plain release follows)."""
         fence = self.fence
         for _ in range(3):
-            if self._lost is not None:
+            if self._lost is not None or not self._hands_over:
                 return None
             try:
-                found, queue_out = self._heirs()
+                heirs, queue_out, self._row = handover.heirs_of(self._row)
             except SemaphoreUnavailable:
                 # The queue could not be read (throttled still after the retries): a plain
                 # release follows, and the first waiter takes the lock at its next look.
                 return None
-            if not found:
+            if not heirs:
                 return None
-            now = clock.now_ms()
             # Every heir a fence of its own, above every earlier one (ours, the stored one).
             fence = max(clock.new_fence(self.skew), fence + 1)
-            entries = []
-            for i, (token, waiter) in enumerate(found):
-                lease_ms = (
-                    waiter.lease_ms if waiter.lease_ms is not None else int(self.lease * 1000)
-                )
-                entry = lock_writes.holder_entry(
-                    waiter.user_id, now + lease_ms, fence + i, now, waiter.shared, waiter.proc
-                )
-                entries.append((token, waiter.ticket, entry))
-            shared = found[0][1].shared
-            started_ns = time.time_ns()
             try:
-                item = lock_rows.update(
-                    lock_writes.hand_over(
-                        self.resource,
-                        self.token,
-                        entries,
-                        hold_ms=self._hold_ms(),
-                        mode=Mode.SHARED if shared else None,
-                        queue_out=queue_out,
-                    ),
-                    return_new=True,
-                )
+                item = self._send_hand_over(heirs, queue_out, fence)
             except dynamodb.Refused as refused:
                 old = refused.lock
                 if old is None or self.token not in old.holders:
@@ -410,56 +404,57 @@ class Held:
                 # since, so a refusal of the plain release that follows is no proof of a loss.
                 self._handed_unanswered = True
                 return None
-            if telemetry.ON:
-                self._handover = (started_ns, time.time_ns(), len(found), fence)
             if item is not None:
-                sent_ms = clock.now_ms()
-                for token, waiter in found:
-                    if waiter.address:
-                        push.push(waiter.address, self.resource, token, item, sent_ms=sent_ms)
+                handover.push_heirs(self.resource, heirs, item)
             return True
         return None
 
-    def _give_back(self) -> bool:
-        """Send the release; True if every resource was ours until now."""
-        for _ in range(3):
-            handed = self._hand_over()
-            if handed is not None:
-                return handed
-            released = self._plain_release(self._release_terms())
-            if released is not None:
-                return released
-            # Refused, still ours: waiters came since we last looked. Hand it to them.
-        released = self._plain_release({})
-        return bool(released)
+    def _send_hand_over(
+        self, heirs: handover.Heirs, queue_out: int, fence: int
+    ) -> records.LockItem | None:
+        """The hand-over write: ``heirs`` hold from now, with fences from ``fence`` up, if the
+        queue is still at ``queue_out``; the row it wrote."""
+        now = clock.now_ms()
+        entries = []
+        for i, (token, waiter) in enumerate(heirs):
+            lease_ms = waiter.lease_ms if waiter.lease_ms is not None else int(self.lease * 1000)
+            entry = lock_writes.holder_entry(
+                waiter.user_id, now + lease_ms, fence + i, now, waiter.shared, waiter.proc
+            )
+            entries.append((token, waiter.ticket, entry))
+        mode = Mode.SHARED if heirs[0][1].shared else None
+        started_ns = time.time_ns()
+        item = lock_rows.update(
+            lock_writes.hand_over(
+                self.resource,
+                self.token,
+                entries,
+                hold_ms=self._hold_ms(),
+                mode=mode,
+                queue_out=queue_out,
+            ),
+            return_new=True,
+        )
+        if telemetry.ON:
+            self._handover = (started_ns, time.time_ns(), len(heirs), fence)
+        return item
+
+    # -- releasing: the plain release --------------------------------------------------------
 
     def _release_terms(self) -> dict[str, Any]:
-        if self.semaphore.mode != Mode.EXCLUSIVE or len(self.resources) != 1:
-            return {}
-        return handover.release_terms(self._row, self.skew)
+        return handover.release_terms(self._row, self.skew) if self._hands_over else {}
 
-    def _plain_release(self, terms: dict[str, Any]) -> bool | None:  # noqa: C901, PLR0912  (issue 41: split)
+    def _plain_release(self, terms: dict[str, Any]) -> bool | None:
         """A release to nobody in particular; True if every resource was ours until now.
         None: refused by ``terms`` (waiters came), the hold still ours."""
-        sole = self.semaphore.mode == Mode.EXCLUSIVE
         pending = list(self.resources)
-        ok = True
         hold_ms = self._hold_ms() if len(pending) == 1 else None
+        ok = True
         cancels = failures = 0
         started = clock.monotonic()
         while cancels < 3:
-            actions = self._give_back_actions(pending, terms, sole=sole, hold_ms=hold_ms)
             try:
-                if len(actions) == 1:
-                    # Only a hold long enough for waiters to have come unseen asks for the
-                    # item back (its decoding costs the uncontended path ~10 % of its CPU).
-                    row = self._row
-                    look = (
-                        row is not None and row.waiting
-                    ) or clock.monotonic() - self._taken_mono > WAKE_AFTER
-                    self._wake_first(lock_rows.update(actions[0], return_new=look))
-                else:
-                    lock_rows.transact(actions)
+                self._send_release(pending, terms, hold_ms)
                 return ok
             except dynamodb.Refused as refused:
                 old = refused.lock
@@ -470,44 +465,41 @@ class Held:
                 return ok and self._released_by(old, retried)
             except dynamodb.Cancelled as cancelled:
                 # Nothing was applied: drop the ones not ours any more and send the rest again.
-                cancels += 1
                 retried = cancelled.retried or self._release_unanswered
-                still = []
-                for r, (code, old) in zip(pending, cancelled.reasons, strict=False):
-                    if code != "ConditionalCheckFailed":
-                        still.append(r)
-                    elif not self._released_by(old, retried):
-                        ok = False
-                pending = still
+                reasons = list(zip(pending, cancelled.reasons, strict=False))
+                not_ours = [old for _, (code, old) in reasons if code == "ConditionalCheckFailed"]
+                ok = ok and all(self._released_by(old, retried) for old in not_ours)
+                pending = [r for r, (code, _) in reasons if code != "ConditionalCheckFailed"]
                 if not pending:
                     return ok
-                if all(code != "ConditionalCheckFailed" for code, _ in cancelled.reasons):
-                    # Another request's transaction was on a row (TransactionConflict):
-                    # nothing was applied and it passes within milliseconds; three tries at
-                    # once left the hold in the rows for its lease (issue 40).
-                    cancels, failures = cancels - 1, failures + 1
-                    if not self._paused(True, failures, started, pending, "conflicts"):
-                        return ok
+                if not_ours:
+                    cancels += 1
+                    continue
+                # Only another request's transaction was on a row (TransactionConflict):
+                # nothing was applied and it passes within milliseconds; three tries at once
+                # left the hold in the rows for its lease (issue 40).
+                why: object = "conflicts"
+                passing = True
             except SemaphoreUnavailable as exc:
-                failures += 1
                 self._release_unanswered |= exc.ambiguous
+                why = exc
                 passing = isinstance(exc, dynamodb.WriteConflict) or (
                     isinstance(exc, LimitExceeded) and exc.limit == "throughput"
                 )
-                # Given up, the work is done and the lease will lapse by itself: never fail
-                # the caller for a release DynamoDB could not take.
-                if not self._paused(passing, failures, started, pending, exc):
-                    return ok
+            # Given up, the work is done and the lease will lapse by itself: never fail the
+            # caller for a release DynamoDB could not take.
+            failures += 1
+            if not self._paused(passing, failures, started, pending, why):
+                return ok
         return ok
 
-    def _give_back_actions(
-        self, pending: list[str], terms: dict[str, Any], *, sole: bool, hold_ms: int | None
-    ) -> list[dict[str, Any]]:
+    def _send_release(self, pending: list[str], terms: dict[str, Any], hold_ms: int | None) -> None:
         # A released row may be reaped once its expMs is CLOCK_SKEW old: never before every
         # in-tolerance clock reads past our fence's time, or a fresh fence made after the
         # reap could be smaller than ours.
         now = clock.now_ms()
-        return [
+        sole = self.semaphore.mode == Mode.EXCLUSIVE
+        actions = [
             lock_writes.give_back(
                 r,
                 self.token,
@@ -519,48 +511,39 @@ class Held:
             )
             for r in pending
         ]
+        if len(actions) > 1:
+            lock_rows.transact(actions)
+            return
+        # Only a hold long enough for waiters to have come unseen asks for the item back (its
+        # decoding costs the uncontended path ~10 % of its CPU): if waiters are queued (ones
+        # we did not know of when we could have handed over), the first one is pushed the
+        # item, so it takes the lock now instead of at its next paced read.
+        row = self._row
+        look = (
+            row is not None and row.waiting
+        ) or clock.monotonic() - self._taken_mono > WAKE_AFTER
+        item = lock_rows.update(actions[0], return_new=look)
+        if item is not None and not item.holders:
+            handover.push_first(self.resource, item, readers_only=False)
 
     def _paused(
         self, passing: bool, failures: int, started: float, pending: list[str], why: object
     ) -> bool:
-        """Paused before sending a release again (see :meth:`_release_pause`); False: given
-        up, and said so."""
-        pause = self._release_pause(passing, failures, started)
-        if pause is None:
-            self._log_unreleased(pending, why)
-            return False
-        time.sleep(pause)
-        return True
-
-    def _log_unreleased(self, pending: list[str], why: object) -> None:
-        logger.warning("dynasem: could not release %r (%s); it expires", pending, why,
-                       extra=facts(pending, token=self.token, outcome="release_failed",
-                                   reason=why))  # fmt: skip
-
-    def _release_pause(self, passing: bool, failures: int, started: float) -> float | None:
-        """Seconds to pause before sending a release again that failed for a passing cause
-        (throttled, or another request's transaction on a row); None: give up (another
+        """Paused before sending a release again that failed for a passing cause (throttled,
+        or another request's transaction on a row); False: given up, and said so (another
         failure, or RELEASE_PATIENCE or the hold's deadline reached by then)."""
-        if not passing:
-            return None
-        cap = min(1.0, RELEASE_PAUSE * 2 ** (failures - 1))
-        pause = random.uniform(cap / 2, cap)  # spread: the waiters' own requests are throttled too
-        if clock.monotonic() + pause >= min(started + RELEASE_PATIENCE, self._deadline):
-            return None
-        return pause
+        if passing:
+            cap = min(1.0, RELEASE_PAUSE * 2 ** (failures - 1))
+            pause = random.uniform(cap / 2, cap)  # spread: the waiters' are throttled too
+            if clock.monotonic() + pause < min(started + RELEASE_PATIENCE, self._deadline):
+                time.sleep(pause)
+                return True
+        self._log_unreleased(pending, why)
+        return False
 
-    def _wake_first(self, item: records.LockItem | None) -> None:
-        """After a plain release: if waiters are queued (ones we did not know of when we
-        could have handed over), push the first one the item, so it takes the lock now
-        instead of at its next paced read."""
-        if item is not None and not item.holders:
-            handover.push_first(self.resource, item, readers_only=False)
-
-    def _wake_next_reader(self, item: records.LockItem | None) -> None:
-        """A shared hold just taken: if the first waiter in line is a reader too, it can join
-        us now; push it the item (it then pushes the next one when it has joined)."""
-        if item is not None:
-            handover.push_first(self.resource, item, readers_only=True)
+    def _log_unreleased(self, resources: str | list[str], why: object) -> None:
+        ex = facts(resources, token=self.token, outcome="release_failed", reason=why)
+        logger.warning("dynasem: could not release %r (%s); it expires", resources, why, extra=ex)
 
     def _released_by(self, old: records.LockItem | None, retried: bool) -> bool:
         """Was a refused release ours after all (applied, its response lost)?"""
@@ -587,43 +570,20 @@ class Held:
 
 
 def acquired(
-    semaphore: LockSpec,
-    *,
-    token: str,
-    user_id: str,
-    fences: dict[str, int],
-    lease: float,
-    skew: float,
-    expires_ms: int,
-    sent_mono: float,
-    item: records.LockItem | None,
-    cls: type[Held] = Held,
+    semaphore: LockSpec, *, item: records.LockItem | None, cls: type[Held] = Held, **terms: Any
 ) -> Held:
-    """A hold just taken: learn the queue from ``item`` (the resource as last seen, one
-    resource only), let the next reader join a shared hold, announce it, start renewing it."""
-    held = cls(
-        semaphore,
-        token=token,
-        user_id=user_id,
-        fences=fences,
-        lease=lease,
-        skew=skew,
-        expires_ms=expires_ms,
-        sent_mono=sent_mono,
-    )
+    """A hold just taken (``terms``: :class:`Held`'s): learn the queue from ``item`` (the
+    resource as last seen, one resource only), let the next reader join a shared hold,
+    announce it, start renewing it."""
+    held = cls(semaphore, **terms)
     try:
         if item is not None:
             held._observe(item)
             if semaphore.mode == Mode.SHARED:
-                held._wake_next_reader(item)
-        lock_acquired.send(
-            sender=semaphore.signal_sender,
-            resource=held.resource,
-            user_id=user_id,
-            token=token,
-            fence=held.fence,
-            fences=held.fences,
-        )
+                # The first waiter in line a reader too: it can join us now (it then pushes
+                # the next one when it has joined).
+                handover.push_first(held.resource, item, readers_only=True)
+        held._send(lock_acquired, fences=held.fences)
         held._start_heartbeat()
     except BaseException:
         # A receiver raised (or an interrupt came) before the caller got the hold: nobody
@@ -643,9 +603,13 @@ def give_back_unused(held: Held) -> None:
     try:
         held._release_now()
     except Exception as exc:
-        logger.warning("dynasem: could not give back unused hold on %r: %s", held.resource, exc,
-                       extra=facts(held.resource, token=held.token, fence=held.fence,
-                                   outcome="give_back_failed", reason=exc))  # fmt: skip
+        ex: dict[str, Any] = {"token": held.token, "fence": held.fence, "reason": exc}
+        logger.warning(
+            "dynasem: could not give back unused hold on %r: %s",
+            held.resource,
+            exc,
+            extra=facts(held.resource, outcome="give_back_failed", **ex),
+        )
 
 
 def pending_hold(semaphore: LockSpec) -> Held | None:

@@ -42,10 +42,6 @@ def give_back_stray(
         expires_ms=holder.expires_ms,
         sent_mono=clock.monotonic(),
     )
-    held._observe(item)
-    # Held for no time of its own: leave the queue's average hold as it is.
-    held._taken_mono -= (item.hold_ms or 0) / 1000
-    held._released = True
     logger.info(
         "dynasem: giving back %r, handed to a waiter that had left",
         resource,
@@ -53,7 +49,7 @@ def give_back_stray(
     )
     try:
         with telemetry.naming(telemetry.lock_name(semaphore) if telemetry.ON else None):
-            held._give_back()
+            held.hand_on(item)
     except Exception as exc:
         logger.warning(
             "dynasem: could not give back %r: %s; it expires",

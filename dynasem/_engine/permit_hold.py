@@ -4,17 +4,13 @@ listed; an operator's or the reaper's break of a permit; what an interrupted tak
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from .. import _clock as clock
-from .._observability.logs import facts
 from .._storage import dynamodb, lock_rows, permit_items, records
 from ..exceptions import SemaphoreUnavailable
 from . import handover
-from .hold import Held
-
-logger = logging.getLogger("dynasem")
+from .hold import TAKEN_OVER, Held
 
 # The rows of permit resources as this process last saw them (a first take plans from it
 # instead of reading): bounded.
@@ -100,18 +96,13 @@ class PermitHeld(Held):
         except SemaphoreUnavailable:
             pass  # again at the next renewal
 
-    def _renew_once(self) -> None:
-        sent_mono, lease, expires = self._next_lease()
-        if expires <= self._expires_ms:
-            return
+    def _renew_to(self, expires: int) -> None:
         for resource, slot in self.slots.items():
             try:
                 permit_items.send(permit_items.renew_permit(resource, slot, self.token, expires))
             except dynamodb.Refused:
-                self._mark_lost("another holder took it over, or it was broken by an operator")
+                self._mark_lost(TAKEN_OVER)
                 self._raise_lost()
-        self._expires_ms = expires
-        self._deadline = max(self._deadline, sent_mono + lease - self.skew)
         for resource in self.slots:
             self.raise_row(resource, expires, None)
 
@@ -128,12 +119,7 @@ class PermitHeld(Held):
                     ok = False
                     continue
             except SemaphoreUnavailable as exc:
-                logger.warning(
-                    "dynasem: could not release %r (%s); it expires",
-                    resource,
-                    exc,
-                    extra=facts(resource, token=self.token, outcome="release_failed", reason=exc),
-                )
+                self._log_unreleased(resource, exc)
                 continue
             hint_freed(resource, slot, hold_ms)
         return ok

@@ -92,8 +92,8 @@ def _count_once(resource: str, epoch: int, forget: bool) -> records.LockItem | N
     for tries in range(1, COUNT_TRIES + 1):
         try:
             with dynamodb.quick():  # one attempt: botocore must not send it twice
-                return lock_rows.update(reader_items.count_down(resource, epoch, forget=forget),
-                                    return_new=True)  # fmt: skip
+                down = reader_items.count_down(resource, epoch, forget=forget)
+                return lock_rows.update(down, return_new=True)
         except SemaphoreUnavailable as exc:
             if exc.transient and not exc.ambiguous and tries < COUNT_TRIES:
                 # Spread: a crowd's readers leave together, on one partition.
@@ -176,15 +176,15 @@ class ReaderHeld(Held):
                 if self.covers[resource] >= expires_ms:
                     return True  # raised by another reader meanwhile
                 seen = old
-        raise SemaphoreUnavailable(f"could not renew {resource!r}: conflicting writes",
-                                   transient=True)  # fmt: skip
+        raise SemaphoreUnavailable(
+            f"could not renew {resource!r}: conflicting writes", transient=True
+        )
 
     def _renew_once(self) -> None:
-        if not self.epochs:
-            return  # not set up yet: acquired() starts the heartbeat before it returns
-        sent_mono, lease, expires = self._next_lease()
-        if expires <= self._expires_ms:
-            return
+        if self.epochs:  # not set up yet: acquired() starts the heartbeat before it returns
+            super()._renew_once()
+
+    def _renew_to(self, expires: int) -> None:
         try:
             for resource in self.epochs:
                 if expires > self.covers[resource] and not self._covered(resource, expires):
@@ -193,8 +193,6 @@ class ReaderHeld(Held):
         except dynamodb.Refused:
             self._mark_lost("its readers were written off, or it was broken by an operator")
             self._raise_lost()
-        self._expires_ms = expires
-        self._deadline = max(self._deadline, sent_mono + lease - self.skew)
 
     def _give_back(self) -> bool:
         ok = True
@@ -209,9 +207,7 @@ class ReaderHeld(Held):
                 ok = ok and refused.retried and clock.monotonic() < self._deadline
                 continue
             except SemaphoreUnavailable as exc:
-                logger.warning("dynasem: could not release %r (%s); it expires", resource, exc,
-                               extra=facts(resource, token=self.token, outcome="release_failed",
-                                           reason=exc))  # fmt: skip
+                self._log_unreleased(resource, exc)
                 continue
             count_down(resource, epoch)
         return ok

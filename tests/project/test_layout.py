@@ -205,7 +205,6 @@ LONGER_TODAY = {
     "dynasem._engine.permits._acquire_many": 94,
     "dynasem._engine.readers.acquire_many": 87,
     "dynasem._storage.permit_items.take_slot": 83,
-    "dynasem._engine.hold.Held._plain_release": 71,
     "dynasem._engine.queue.Pace.turn_in": 67,
     "dynasem._storage.reader_items.admit": 63,
     "dynasem._engine.decorators.lock_callable": 61,
