@@ -12,7 +12,7 @@ from ..exceptions import SemaphoreUnavailable
 from . import push
 
 # The most readers one hand-over admits together: each adds an entry to the row (and to the
-# push that carries it), and no more than the row keeps inline (table.writes.READERS_INLINE:
+# push that carries it), and no more than the row keeps inline (lock_writes.READERS_INLINE:
 # past them, every write of a crowd's reader items would pay for a row over 1 KB). Readers
 # beyond are let in by those admitted (``push_first``), into reader items.
 MAX_ADMIT = 16

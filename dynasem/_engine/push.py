@@ -29,6 +29,7 @@ broadcast/multicast, and never resolves a name.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import hashlib
 import heapq
 import hmac
@@ -79,15 +80,15 @@ def _derive(secret: Any) -> bytes:
 
 def _key() -> bytes | None:
     """The key pushes are signed with: from ``SECRET_KEY``."""
-    secret = getattr(django_settings, "SECRET_KEY", "") or ""
-    return _derive(secret) if secret else None
+    return next(iter(_keys(fallbacks=False)), None)
 
 
-def _keys() -> list[bytes]:
+def _keys(*, fallbacks: bool = True) -> list[bytes]:
     """The keys a push may be signed with: ``SECRET_KEY``, then ``SECRET_KEY_FALLBACKS`` (a
     process that has not yet seen a rotation still signs with the old key)."""
     secrets = [getattr(django_settings, "SECRET_KEY", "") or ""]
-    secrets += list(getattr(django_settings, "SECRET_KEY_FALLBACKS", None) or ())
+    if fallbacks:
+        secrets += list(getattr(django_settings, "SECRET_KEY_FALLBACKS", None) or ())
     return [_derive(s) for s in secrets if s]
 
 
@@ -133,41 +134,22 @@ def _state(item: records.LockItem) -> tuple[int, int]:
     return item.fence, item.queue_out
 
 
+@dataclasses.dataclass(slots=True)
 class _Slot:
     """One waiter's mailbox: what it may be told, and what it was."""
 
-    __slots__ = (
-        "event",
-        "guard",
-        "lease_ms",
-        "now_ms",
-        "push",
-        "resource",
-        "skew_ms",
-        "table",
-        "token",
-        "waker",
-        "left",
-    )
-
-    def __init__(
-        self,
-        resource: str,
-        token: str,
-        *,
-        table: str,
-        lease_ms: int,
-        skew_ms: int,
-        now_ms: Callable[[], int],
-    ):
-        self.resource, self.token, self.table = resource, token, table
-        self.lease_ms, self.skew_ms, self.now_ms = lease_ms, skew_ms, now_ms
-        self.event = threading.Event()
-        self.push: Push | None = None
-        # A coroutine awaiting the push: its loop and the future the listener resolves.
-        self.waker: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
-        self.guard = threading.Lock()  # push, event, waker and left change together
-        self.left = False  # its waiter left the queue (see depart)
+    resource: str
+    token: str
+    table: str
+    lease_ms: int
+    skew_ms: int
+    now_ms: Callable[[], int]
+    event: threading.Event = dataclasses.field(default_factory=threading.Event)
+    push: Push | None = None
+    # A coroutine awaiting the push: its loop and the future the listener resolves.
+    waker: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
+    guard: threading.Lock = dataclasses.field(default_factory=threading.Lock)  # all change together
+    left: bool = False  # its waiter left the queue (see depart)
 
     def deliver(self, push: Push) -> bool:
         """Hand ``push`` to the waiter; False if it has left (see :func:`depart`). Of two
@@ -231,7 +213,7 @@ class _Listener:
         self.bind = bind
         self.slots: dict[str, _Slot] = {}
         # Waiters that left their queue: a hand-over still on its way to them is given back.
-        self.departed: dict[str, _Departed] = {}
+        self.departed: dict[str, _Departure] = {}
         self.pid = os.getpid()
         self.thread = threading.Thread(target=self._run, name="dynasem-push", daemon=True)
         self.thread.start()
@@ -258,28 +240,30 @@ class _Listener:
             _bad_mac()
             return
         message = json.loads(body)
-        slot = self.slots.get(message["k"])
-        if slot is None and isinstance(message["i"], dict):
-            gone = self.departed.get(message["k"])
-            whose = (message["r"], message.get("tb"))
-            if gone is not None and (gone.resource, gone.table) == whose:
-                self.stray(message["k"], records.lock_item(message["i"]))
+        token, resource, table = message["k"], message["r"], message.get("tb")
+        slot = self.slots.get(token)
+        if not isinstance(message["i"], dict):
             return
-        if slot is None or slot.resource != message["r"] or not isinstance(message["i"], dict):
+        if slot is None:
+            gone = self.departed.get(token)
+            if gone is not None and (gone.resource, gone.table) == (resource, table):
+                self.stray(token, records.lock_item(message["i"]))
             return
-        if message.get("tb") != slot.table:
+        if slot.resource != resource:
+            return
+        if table != slot.table:
             logger.warning(
                 "dynasem: dropped a push for table %r on a wait on table %r (two projects "
                 "share a SECRET_KEY and push addresses?)",
-                message.get("tb"),
+                table,
                 slot.table,
                 extra=facts(
-                    slot.resource,
-                    token=slot.token,
+                    resource,
+                    token=token,
                     outcome="push_dropped",
                     reason="another table",
                     table=slot.table,
-                    push_table=message.get("tb"),
+                    push_table=table,
                 ),
             )
             return
@@ -287,7 +271,7 @@ class _Listener:
         if _refused(slot, item, message["ts"], "on arrival"):
             return
         if not slot.deliver(Push(item, arrived, message["ts"])):
-            self.stray(message["k"], item)
+            self.stray(token, item)
 
     def stray(self, token: str, item: records.LockItem) -> None:
         """A hand-over ``item`` for a waiter that left: if it made ``token`` a holder, give
@@ -301,11 +285,30 @@ class _Listener:
         ).start()
 
 
-class _Departed(NamedTuple):
-    resource: str
-    table: str
-    give_back: Callable[[records.LockItem], None]
-    until: float  # monotonic: later, a hold handed to us has run out by itself
+class _Departure:
+    """A waiter that left its queue without the lock: a hand-over that still reaches it, until
+    ``until`` (monotonic: later, a hold handed to it has run out by itself), is given back,
+    once, by whichever finds it first (its push, or the late look)."""
+
+    def __init__(
+        self,
+        resource: str,
+        token: str,
+        table: str,
+        give_back: Callable[[records.LockItem], None],
+        until: float,
+    ) -> None:
+        self.resource, self.token, self.table, self.until = resource, token, table, until
+        self._give_back = give_back
+        self._guard = threading.Lock()
+        self.done = False
+
+    def give_back(self, item: records.LockItem) -> None:
+        with self._guard:
+            if self.done:
+                return
+            self.done = True
+        self._give_back(item)
 
 
 def depart(
@@ -322,49 +325,36 @@ def depart(
     nobody uses sit there until its lease runs out. A push that came just before is too.
 
     ``resource``: the row, read after it left, says such a hand-over may still land
-    (:func:`dynasem._storage.queue_entries.may_be_handed`). No push may tell us of it (pushes off;
-    a releaser
-    on another host, which cannot reach a loopback address; a datagram lost), so the row is
+    (:func:`dynasem._storage.queue_entries.may_be_handed`). No push may tell us of it (pushes
+    off; a releaser on another host, which cannot reach a loopback address; a datagram lost),
+    so the row is
     read once more :data:`LATE_LOOK` seconds on, and a hold found ours is given back too:
     by whichever of the two finds it first."""
-    give_back = _Once(give_back)
-    if resource is not None:
-        _look_later(resource, token, give_back)
     listener = _listener
-    if listener is None:
-        return
-    slot = listener.slots.get(token)
-    if slot is None:
-        return
+    slot = listener.slots.get(token) if listener is not None else None
     now = time.monotonic()
+    if slot is not None:
+        departure = _Departure(slot.resource, token, slot.table, give_back, now + seconds)
+    elif resource is not None:
+        departure = _Departure(resource, token, settings.TABLE_NAME, give_back, now + seconds)
+    else:
+        return  # no push reaches us, and the row says no hand-over can land
+    if resource is not None:
+        _look_later(departure)
+    if listener is None or slot is None:
+        return
     # In this order, whatever the listener thread is doing: a push finds the slot (and is
     # taken below) or finds it left, or finds no slot; in each case the record is there.
     with _lock:
         for old in [t for t, d in listener.departed.items() if d.until < now]:
             del listener.departed[old]
-        listener.departed[token] = _Departed(slot.resource, slot.table, give_back, now + seconds)
+        listener.departed[token] = departure
     with slot.guard:
         slot.left = True
         pushed, slot.push = slot.push, None
     listener.slots.pop(token, None)
     if pushed is not None:
         listener.stray(token, pushed.item)
-
-
-class _Once:
-    """A departed waiter's give-back, run once whoever calls it (a push, the late look)."""
-
-    def __init__(self, give_back: Callable[[records.LockItem], None]) -> None:
-        self._give_back = give_back
-        self._guard = threading.Lock()
-        self.done = False
-
-    def __call__(self, item: records.LockItem) -> None:
-        with self._guard:
-            if self.done:
-                return
-            self.done = True
-        self._give_back(item)
 
 
 # How long after a waiter left, while a hand-over to it may still land, its process reads the
@@ -375,31 +365,19 @@ class _Once:
 # the leaver's lease plus the skew.
 LATE_LOOK = 2.0
 
-
-class _LateLook(NamedTuple):
-    due: float  # monotonic
-    order: int
-    resource: str
-    token: str
-    table: str
-    give_back: _Once
-
-
-_late: list[_LateLook] = []
+_late: list[tuple[float, int, _Departure]] = []  # (due, order, departure), a heap
 _late_ready = threading.Condition()
 _late_thread: threading.Thread | None = None
 _late_order = itertools.count()
 
 
-def _look_later(resource: str, token: str, give_back: _Once) -> None:
-    """Read ``resource``'s row :data:`LATE_LOOK` seconds from now; hand back a hold of
-    ``token`` found there. One daemon thread does every look of the process, and ends when
-    none is due."""
+def _look_later(departure: _Departure) -> None:
+    """Read the departed waiter's row :data:`LATE_LOOK` seconds from now; hand back a hold
+    of its token found there. One daemon thread does every look of the process, and ends
+    when none is due."""
     global _late_thread
-    due = time.monotonic() + LATE_LOOK
-    look = _LateLook(due, next(_late_order), resource, token, settings.TABLE_NAME, give_back)
     with _late_ready:
-        heapq.heappush(_late, look)
+        heapq.heappush(_late, (time.monotonic() + LATE_LOOK, next(_late_order), departure))
         if _late_thread is None:
             _late_thread = threading.Thread(
                 target=_late_looks, name="dynasem-late-look", daemon=True
@@ -412,19 +390,19 @@ def _late_looks() -> None:
     global _late_thread
     while True:
         with _late_ready:
-            while _late and _late[0].due > time.monotonic():
-                _late_ready.wait(_late[0].due - time.monotonic())
+            while _late and _late[0][0] > time.monotonic():
+                _late_ready.wait(_late[0][0] - time.monotonic())
             if not _late:
                 _late_thread = None
                 return
-            look = heapq.heappop(_late)
+            _, _, look = heapq.heappop(_late)
         _look(look)
 
 
-def _look(look: _LateLook) -> None:
+def _look(look: _Departure) -> None:
     """One late look: given back already (a push came), or another table (settings changed
     since): nothing to read."""
-    if look.give_back.done or settings.TABLE_NAME != look.table:
+    if look.done or settings.TABLE_NAME != look.table:
         return
     try:
         row = lock_rows.get(look.resource)
@@ -464,17 +442,12 @@ def _get_listener() -> _Listener | None:
     """This process's listener, opened on first use; None when pushes are off or impossible."""
     global _listener, _failed_bind
     bind = settings.PUSH
-    current = _listener
-    if current is not None and current.pid == os.getpid() and current.bind == bind:
-        return current
-    if not bind:
-        return None
-    if push_address_problem(bind) is not None:
-        return None  # the system check dynasem.E010 says why
-    if _key() is None:
-        return None  # nothing to check signatures with
+    if _serves(_listener, bind):
+        return _listener
+    if not bind or push_address_problem(bind) is not None or _key() is None:
+        return None  # off; or the system check dynasem.E010 says why; or nothing to sign with
     with _lock:
-        if _listener is not None and _listener.pid == os.getpid() and _listener.bind == bind:
+        if _serves(_listener, bind):
             return _listener
         if _failed_bind == bind:
             return None
@@ -490,6 +463,11 @@ def _get_listener() -> _Listener | None:
             )
             return None
         return _listener
+
+
+def _serves(listener: _Listener | None, bind: str | None) -> bool:
+    """Is ``listener`` this process's (not a forked parent's), on ``bind``?"""
+    return listener is not None and listener.pid == os.getpid() and listener.bind == bind
 
 
 def available() -> bool:
