@@ -315,7 +315,8 @@ def test_a_reader_that_left_the_line_costs_the_hand_over_nothing(
     quitter.start()
     wait_for_queue(resource, 2)
     writer.renew()  # the writer sees two tickets out...
-    assert writer._row is not None and writer._row.queue_in - writer._row.queue_out == 2
+    row = lock_rows.get(resource)
+    assert row is not None and row.queue_in - row.queue_out == 2
     quitter.join(10)  # ...then the second reader gives up and leaves the line
     assert isinstance(out["quit"], SemaphoreBusy) and len(queue_of(resource)) == 1
     queries = _queries(monkeypatch)
@@ -409,8 +410,9 @@ def test_a_hand_over_to_a_waiter_that_left_is_handed_on_at_once(lock_table, monk
     _hold_in_turn(resource, "W2", False, 0.0, out, threads)
     wait_for_queue(resource, 2)
     holder.renew()
-    assert holder._row is not None
-    before = queue_entries.load_entries(holder._row, consistent=False)  # both in line
+    row = lock_rows.get(resource)
+    assert row is not None
+    before = queue_entries.load_entries(row, consistent=False)  # both in line
     quitter.join(10)
     assert isinstance(out["quit"], SemaphoreBusy) and len(queue_of(resource)) == 1
     load = queue_entries.load_entries

@@ -157,8 +157,9 @@ def test_a_stale_read_of_the_line_does_not_idle_the_lock_for_a_lease(
     line = Line(dynamodb_local, lock_table, resource, leave_after=LEAVE_AFTER, how=how)
     holder = line.holder
     holder.renew()
-    assert holder._row is not None
-    before = queue_entries.load_entries(holder._row, consistent=False)  # both in line
+    row = lock_rows.get(resource)
+    assert row is not None
+    before = queue_entries.load_entries(row, consistent=False)  # both in line
     assert [w.user_id for w in before.entries or ()] == ["leaver", "next"]
     line.wait_for_leaver()
     assert len(queue_of(resource)) == 1

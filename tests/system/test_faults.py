@@ -154,7 +154,8 @@ def test_heartbeat_declares_loss_only_at_the_deadline(lock_table):
                 time.sleep(0.5)  # at least one renewal has succeeded
                 faults.connection_error("*", 10_000)
                 cut = time.monotonic()
-                deadline = held._deadline
+                left = held.seconds_left()
+                deadline = time.monotonic() + left  # never before the hold's own
                 time.sleep(2.0)
                 assert held.lost
                 assert len(lost_at) == 1
