@@ -35,16 +35,6 @@ FEW = 16
 _watched: dict[tuple[str, int, int, int], tuple[float, float]] = {}
 
 
-def wants_item(seen: records.LockItem | None, live: Mapping[str, records.Holder]) -> bool:
-    """Whether a reader joining ``seen`` (a shared row, or a row with reader items) takes a
-    reader item rather than an entry among the row's holders."""
-    if seen is None:
-        return False
-    if items.has_readers(seen):
-        return True
-    return seen.mode == Mode.SHARED and len(live) >= items.READERS_INLINE and seen.fence > 0
-
-
 def admitted(
     sem: LockSpec,
     row: records.LockItem,
@@ -172,7 +162,7 @@ def items_for(sem: LockSpec, seen: Mapping[str, records.LockItem | None], stale_
     when any of its rows, as seen, would give a reader of that resource alone an item."""
     if sem.mode != Mode.SHARED or len(sem.resources) < 2:
         return False
-    return any(wants_item(row, queueing.live_holders(row, stale_ms)) for row in seen.values())
+    return any(items.wants_item(row, queueing.live_holders(row, stale_ms)) for row in seen.values())
 
 
 def acquire_many(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)

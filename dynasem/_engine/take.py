@@ -13,7 +13,6 @@ from .._observability import telemetry
 from .._storage import lock_writes, reader_items, records
 from .._storage.records import Mode
 from . import queue as queueing
-from . import readers
 from .hold import Held, acquired
 from .lockspec import LockSpec
 from .queue import live_holders
@@ -119,7 +118,7 @@ def plan(  # noqa: C901, PLR0912  (issue 41: split)
         queue_in=seen.queue_in if seen is not None else 0,
         queue_out=seen.queue_out if seen is not None else 0,
     )
-    if mode == Mode.SHARED and len(sem.resources) == 1 and readers.wants_item(seen, live):
+    if mode == Mode.SHARED and len(sem.resources) == 1 and reader_items.wants_item(seen, live):
         return _admission(done, resource, seen, token, entry, stale_ms, terms)
     if seen is None:
         if mode != Mode.EXCLUSIVE:

@@ -34,6 +34,7 @@ keeps it), and the row's epoch moves on, conditional on the fence and ``rc`` as 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from ..conf import settings
@@ -71,6 +72,16 @@ READERS_USER = "(readers)"
 def has_readers(item: LockItem | None) -> bool:
     """Whether the row stands for reader items (its sentinel holder is there)."""
     return item is not None and SENTINEL in item.holders
+
+
+def wants_item(seen: LockItem | None, live: Mapping[str, Holder]) -> bool:
+    """Whether a reader joining ``seen`` (a shared row, or a row with reader items) takes a
+    reader item rather than an entry among the row's holders."""
+    if seen is None:
+        return False
+    if has_readers(seen):
+        return True
+    return seen.mode == Mode.SHARED and len(live) >= READERS_INLINE and seen.fence > 0
 
 
 def covers_to(expires_ms: int, seen: LockItem) -> int:
@@ -449,6 +460,7 @@ __all__ = [
     "readers",
     "renew_reader",
     "send",
+    "wants_item",
     "with_readers",
     "write_off",
 ]
