@@ -28,27 +28,12 @@ from typing import Any, ClassVar
 
 from .. import _clock as clock
 from .._observability import metrics, telemetry
-from .._storage import dynamodb, lock_rows, lock_writes, permit_items, queue_entries, records
+from .._storage import dynamodb, lock_rows, permit_items, queue_entries, records
 from .._storage.records import Mode
-from .._transactions import commit as transactions
-from .._transactions import fencing as fenced
+from .._transactions import commit, fencing
 from ..conf import settings
 from ..exceptions import SemaphoreUnavailable
-from . import (
-    coalescing,
-    permits,
-    processes,
-    readers,
-)
-from . import (
-    push as wakeup,
-)
-from . import (
-    queue as queueing,
-)
-from . import (
-    take as planning,
-)
+from . import coalescing, permits, processes, push, queue, readers, take
 from .arguments import (
     check_flag,
     check_lease,
@@ -62,15 +47,16 @@ from .arguments import (
 from .decorators import Decoration, lock_callable
 from .hold import Held, pending_hold
 from .late_handover import leave_queue
+from .lockspec import Attempt
 from .queue import (
     GUESS_BUSY_FOR,
     MAX_REPLANS,
+    Blocking,
     Pace,
     backoff,
     busy,
     live_holders,
     queued_recently,
-    seconds_until_free,
     should_queue,
     too_slow,
     wait_in_queue,
@@ -143,7 +129,7 @@ class Semaphore:
         self._fair = fair
         # Give back after the transaction commits (transactions.py).
         self.on_commit = check_flag(on_commit, "on_commit")
-        self.using = transactions.check_using(using)
+        self.using = commit.check_using(using)
         # Renewed for at most this long, then lost: a hung holder cannot keep it forever.
         self.max_hold = (
             None
@@ -152,7 +138,7 @@ class Semaphore:
         )
         # Each block runs in a transaction of `using` whose first statement writes the fence.
         if check_flag(fence_db, "fence_db"):
-            fenced.check_fenceable(self.mode, resource)
+            fencing.check_fenceable(self.mode, resource)
         self.fence_db = fence_db
         # Busy: register as the next run, or return at once if one is registered.
         if check_flag(coalesce, "coalesce"):
@@ -198,7 +184,7 @@ class Semaphore:
 
     # -- acquiring ---------------------------------------------------------------------------
 
-    def _acquire_steps(self, wait_s: float | None = None) -> Steps[Held]:  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
+    def _acquire_steps(self, wait_s: float | None = None) -> Steps[Held]:
         """The acquire loop as a generator of steps (a request to send, a pause: see
         :mod:`dynasem._engine.steps`), so one loop serves the sync and the async driver."""
         self._check_usable()
@@ -209,247 +195,23 @@ class Semaphore:
         if inner is not None:
             return inner  # this thread or task holds it already: a nested acquire
         lease, wait, skew = resolve_timing(self.lease, self.wait if wait_s is None else wait_s)
-        margin = (lease - skew) * CONFIRM_SHARE
-        user_id = user_id_of(self.user)
-        proc = None if self.detached else processes.identity()
-        token = uuid.uuid4().hex  # one token for every retry: it recognises our own writes
-        if permits.applies(self):
-            # A counting semaphore of many permits: its holders are in items of their own.
-            return (
-                yield from permits.acquire_steps(
-                    self,
-                    token=token,
-                    user_id=user_id,
-                    proc=proc,
-                    lease=lease,
-                    wait=wait,
-                    skew=skew,
-                    margin=margin,
-                )
-            )
-        resources = self.resources
-        deadline = clock.monotonic() + wait
-        seen = readers.last_seen(self)  # empty unless it last had reader items
-        # The hold from what was last planned and seen, if its deadline is comfortably ahead.
-        trusted = functools.partial(planning.held_if_trusted, self, token=token,
-            user_id=user_id, lease=lease, skew=skew, margin=margin)  # fmt: skip
-        sleeps = replans = failures = 0
-        pace = Pace()  # a queued waiter's timing: request round trip, looks found too early
-        confirm = False  # a hold of ours we saw must be renewed before it is returned
-        # Busy last time we looked, a short while ago? Then most likely busy now: join the
-        # queue in our first write (it is refused if the lock is free, and we take it then).
-        guess_busy = (
-            len(resources) == 1
-            and self.mode == Mode.EXCLUSIVE
-            and wait > 0
-            and clock.monotonic() - queued_recently.get(resources[0], -math.inf) < GUESS_BUSY_FOR
+        run = Attempt(
+            self,
+            token=uuid.uuid4().hex,
+            user_id=user_id_of(self.user),
+            proc=None if self.detached else processes.identity(),
+            lease=lease,
+            skew=skew,
+            margin=(lease - skew) * CONFIRM_SHARE,
+            deadline=clock.monotonic() + wait,
         )
         try:
-            while True:
-                if guess_busy:
-                    guess_busy = False
-                    seen[resources[0]] = yield from wait_in_queue(
-                        self,
-                        resources[0],
-                        None,
-                        token=token,
-                        user_id=user_id,
-                        lease=lease,
-                        skew=skew,
-                        queued=False,
-                        remaining=deadline - clock.monotonic(),
-                        pace=pace,
-                        if_busy_ms=clock.now_ms() - int(skew * 1000),
-                    )
-                    continue
-                push_cap, pace.push_cap = pace.push_cap, None  # the state came by push
-                sent_mono = clock.monotonic()
-                now = clock.now_ms()
-                stale = now - int(skew * 1000)
-                entry = lock_writes.holder_entry(
-                    user_id, now + int(lease * 1000), clock.new_fence(skew), now, self.shared, proc
-                )
-                if confirm or (push_cap is not None and push_cap - sent_mono < margin):
-                    confirm_below = 2**63
-                else:
-                    confirm_below = now + int((skew + margin) * 1000)
-                if len(resources) > 1 and readers.items_for(self, seen, stale):
-                    # Readers of several resources, one of them among many readers: items.
-                    left = max(0.0, deadline - clock.monotonic())
-                    return (yield from readers.acquire_many(self, token=token, user_id=user_id,
-                        proc=proc, lease=lease, wait=left, skew=skew, margin=margin))  # fmt: skip
-                if queueing.passed(seen.get(resources[0]), pace.queue_id, pace.ticket):
-                    pace.ticket = None  # our turn went by (or the row is new): join again
-                plans = {
-                    r: planning.plan(
-                        self, r, seen.get(r), token, entry, stale, confirm_below, pace.ticket
-                    )
-                    for r in resources
-                }
-                loads = {r: p.load for r, p in plans.items() if p.load is not None}
-                if loads:
-                    # Who waits ahead of us? One read of the queue, then plan again.
-                    pace.push_cap = push_cap
-                    for r, upto in loads.items():
-                        old = seen[r]
-                        if old is not None:
-                            # Throttled (a hot key): no news, after a pause; never the
-                            # caller's failure while its wait lasts (issue 40).
-                            seen[r] = yield from queueing.patient_read(
-                                functools.partial(permit_items.with_permits, old, consistent=True)
-                                if old.slots_used is not None and not old.permits_read
-                                else functools.partial(queue_entries.load_entries, old, upto),
-                                old,
-                                pace,
-                                deadline,
-                            )
-                    continue
-                blocked = {r: p.busy for r, p in plans.items() if p.busy is not None}
-                if not blocked:
-                    acting = [r for r in resources if plans[r].action is not None]
-                    if not acting:
-                        held = trusted(plans, seen, sent_mono=None, push_cap=push_cap)
-                        if held is not None:
-                            return held
-                        confirm = True  # paused on the way: renew it before it is returned
-                        replans += 1
-                        if replans <= MAX_REPLANS:
-                            continue
-                        yield Request(lambda: withdraw(token, resources))
-                        raise too_slow(self.resource, lease, skew)
-                    actions = [a for a in (plans[r].action for r in acting) if a is not None]
-                    try:
-                        if len(actions) == 1:
-                            after = yield Write(
-                                functools.partial(lock_rows.update, actions[0], return_new=True),
-                                token,
-                                acting,
-                            )
-                        else:  # all or none
-                            yield Write(
-                                functools.partial(lock_rows.transact, actions), token, acting
-                            )
-                    except dynamodb.Refused as refused:
-                        seen[acting[0]] = refused.lock or records.LockItem()
-                    except dynamodb.Cancelled as cancelled:
-                        conflict = True
-                        for r, (code, old) in zip(acting, cancelled.reasons, strict=False):
-                            if code == "ConditionalCheckFailed":
-                                seen[r] = old or records.LockItem()
-                                conflict = False
-                        if conflict:
-                            # Another transaction was on these items: step aside briefly.
-                            yield Sleep(random.uniform(0.002, 0.02))
-                    except SemaphoreUnavailable as exc:
-                        failures += 1
-                        # An ambiguous failure (5xx, timeout) may hide an applied write: the same
-                        # write again (same token) is refused by our own hold, which tells us so.
-                        # Give it a few tries even past the wait budget, then withdraw what may be
-                        # ours. A throttled or unconnected request was never applied.
-                        ambiguous = exc.ambiguous
-                        out_of_time = clock.monotonic() >= deadline and (
-                            not ambiguous or failures > MIN_TRANSIENT_RETRIES
-                        )
-                        if not exc.transient or out_of_time:
-                            if ambiguous:
-                                yield Request(functools.partial(withdraw, token, acting))
-                            raise
-                        yield Sleep(min(backoff(failures), max(0.05, deadline - clock.monotonic())))
-                        continue
-                    else:
-                        if len(resources) == 1:
-                            seen[resources[0]] = after
-                            if not pace.enqueued:  # taken at once: free, this time
-                                queued_recently.pop(resources[0], None)
-                        if plans[acting[0]].reader and after is not None:
-                            held = yield from readers.admitted(
-                                self, after, token=token, user_id=user_id, proc=proc, lease=lease,
-                                skew=skew, expires_ms=entry.expires_ms, now_ms=now,
-                                sent_mono=sent_mono, margin=margin,
-                            )  # fmt: skip
-                        else:
-                            held = trusted(plans, seen, sent_mono=sent_mono, push_cap=None)
-                        if held is not None:
-                            return held
-                        # Our write landed, but its lease can no longer be trusted (we were
-                        # paused, or it took that long): renew it before it is returned.
-                        confirm = True
-                        replans += 1
-                        if replans <= MAX_REPLANS:
-                            continue
-                        yield Request(functools.partial(withdraw, token, acting))
-                        raise too_slow(self.resource, lease, skew)
-                    replans += 1
-                    if replans <= MAX_REPLANS:
-                        continue  # the refusal told us the state: plan again from it at once
-                    blocked = {r: {} for r in resources}
-                # Busy: wait within the budget (never much past the first lease end), look again.
-                if len(resources) == 1 and readers.write_off_due(
-                    seen.get(resources[0]), blocked[resources[0]], skew, pace.ticket
-                ):
-                    # Held up by reader items only, unchanged for a lease: are they all dead?
-                    seen[resources[0]] = yield from queueing.patient_read(
-                        functools.partial(readers.try_write_off, seen[resources[0]], skew),
-                        seen[resources[0]],
-                        pace,
-                        deadline,
-                    )
-                    continue
-                remaining = deadline - clock.monotonic()
-                queued = len(resources) == 1 and pace.ticket is not None
-                if remaining <= 0:
-                    if pace.ticket is not None:
-                        kept = yield from leave_queue(self, pace, token, lease=lease, skew=skew)
-                        if kept is not None:
-                            seen[resources[0]] = kept  # handed to us meanwhile: ours to keep
-                            continue
-                    raise busy(
-                        self,
-                        blocked,
-                        seen,
-                        skew=skew,
-                        user_id=user_id,
-                        token=token,
-                        ticket=pace.ticket,
-                    )
-                if len(resources) == 1 and (queued or should_queue(self, seen.get(resources[0]))):
-                    seen[resources[0]] = yield from wait_in_queue(
-                        self,
-                        resources[0],
-                        seen.get(resources[0]),
-                        token=token,
-                        user_id=user_id,
-                        lease=lease,
-                        skew=skew,
-                        queued=queued,
-                        remaining=remaining,
-                        pace=pace,
-                    )
-                    replans = 0
-                    continue
-                sleeps += 1
-                if telemetry.ON:
-                    telemetry.waiting()
-                until_free = seconds_until_free(blocked, skew)
-                yield Sleep(max(0.0, min(backoff(sleeps), until_free + 0.005, remaining)))
-                replans = 0
-                for r in blocked:
-                    old = seen.get(r)
-                    if (
-                        old is not None
-                        and old.mode in (Mode.COUNTING, Mode.SHARED)
-                        and len(live_holders(old, clock.now_ms() - int(skew * 1000))) > 1
-                    ):
-                        # Some of several holders are surely still there: read which, cheaply.
-                        try:
-                            seen[r] = yield Request(functools.partial(lock_rows.get, r))
-                        except SemaphoreUnavailable:
-                            seen[r] = None
-                    else:
-                        # Guess it free (one write tells us otherwise), keeping the fence we saw.
-                        seen[r] = records.guessed_free(old.fence if old is not None else 0)
+            if permits.applies(self):
+                # A counting semaphore of many permits: its holders are in items of their own.
+                return (yield from permits.acquire_steps(run))
+            return (yield from Acquire(run).steps())
         finally:
-            wakeup.forget(token)  # a push that comes now is for a wait that is over
+            push.forget(run.token)  # a push that comes now is for a wait that is over
 
     def acquire(self) -> Held:
         """Take the semaphore, waiting up to ``wait`` seconds, and return the hold (a
@@ -487,18 +249,18 @@ class Semaphore:
     def __enter__(self) -> Held:
         held = enter(self, self.acquire())
         if self.fence_db:
-            fenced.begin(self, held, self.using, undo=lambda: leave(forget_entered(self), True))
+            fencing.begin(self, held, self.using, undo=lambda: leave(forget_entered(self), True))
         return held
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         held = forget_entered(self)
         if self.fence_db:
-            fenced.end(self, held, exc_type, exc, tb, undo=lambda: leave(held, True))
+            fencing.end(self, held, exc_type, exc, tb, undo=lambda: leave(held, True))
         leave(held, exc_type is not None)
 
     async def __aenter__(self) -> Held:
         if self.fence_db:
-            raise fenced.no_async()
+            raise fencing.no_async()
         return enter(self, await self.aacquire())
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -540,6 +302,264 @@ class Semaphore:
 
 
 Semaphore.signal_sender = Semaphore
+
+
+class Acquire:
+    """The acquire loop of holds kept in the resources' rows (exclusive; counting, of a few
+    permits; shared, of a few readers), of one resource or of several, all or none. In
+    phases: take (plan each resource from what we saw; read what a plan must know first;
+    send the write), then, busy, wait (write dead readers off, wait in line or back off) or
+    give up once the wait is over."""
+
+    def __init__(self, run: Attempt):
+        self.run = run
+        self.resources = list(run.sem.resources)
+        self.seen = readers.last_seen(run.sem)  # empty unless it last had reader items
+        self.pace = Pace()  # a queued waiter's timing: request round trip, looks found too early
+        self.sleeps = self.replans = self.failures = 0
+        self.confirm = False  # a hold of ours we saw must be renewed before it is returned
+
+    def steps(self) -> Steps[Held]:
+        run, first = self.run, self.resources[0]
+        if self.guess_busy():
+            # Busy last time we looked, a short while ago? Then most likely busy now: join
+            # the queue in our first write (it is refused if the lock is free: we take it).
+            self.seen[first] = yield from wait_in_queue(
+                run,
+                first,
+                None,
+                queued=False,
+                pace=self.pace,
+                if_busy_ms=run.stale_ms(clock.now_ms()),
+            )
+        while True:
+            outcome = yield from self.try_take()
+            if isinstance(outcome, Held):
+                return outcome
+            if outcome is not None:
+                yield from self.wait(outcome)
+
+    def guess_busy(self) -> bool:
+        sem = self.run.sem
+        recently = queued_recently.get(self.resources[0], -math.inf)
+        return (
+            len(self.resources) == 1
+            and sem.mode == Mode.EXCLUSIVE
+            and self.run.remaining() > 0
+            and clock.monotonic() - recently < GUESS_BUSY_FOR
+        )
+
+    # -- take --------------------------------------------------------------------------------
+
+    def try_take(self) -> Steps[Held | dict[str, Blocking] | None]:
+        """One take. Returns the hold; or who is in our way, by resource (busy); or None:
+        plan again at once (from what a read or a refusal showed)."""
+        run, seen, pace = self.run, self.seen, self.pace
+        push_cap, pace.push_cap = pace.push_cap, None  # the state came by push
+        sent_mono, now = clock.monotonic(), clock.now_ms()
+        stale = run.stale_ms(now)
+        entry = run.holder(now, clock.new_fence(run.skew), shared=run.sem.shared)
+        if self.confirm or (push_cap is not None and push_cap - sent_mono < run.margin):
+            confirm_below = 2**63
+        else:
+            confirm_below = now + int((run.skew + run.margin) * 1000)
+        if len(self.resources) > 1 and readers.items_for(run.sem, seen, stale):
+            # Readers of several resources, one of them among many readers: items.
+            return (yield from readers.acquire_many(run))
+        if queue.passed(seen.get(self.resources[0]), pace.queue_id, pace.ticket):
+            pace.ticket = None  # our turn went by (or the row is new): join again
+        plans = {
+            r: take.plan(
+                run.sem, r, seen.get(r), run.token, entry, stale, confirm_below, pace.ticket
+            )
+            for r in self.resources
+        }
+        if any(p.load is not None for p in plans.values()):
+            pace.push_cap = push_cap
+            yield from self.read_ahead(plans)
+            return None
+        blocked = {r: p.busy for r, p in plans.items() if p.busy is not None}
+        if blocked:
+            return blocked
+        acting = [r for r in self.resources if plans[r].action is not None]
+        if not acting:
+            held = take.held_if_trusted(run, plans, seen, sent_mono=None, push_cap=push_cap)
+            return (yield from self.confirmed(held, self.resources))
+        return (yield from self.write(plans, acting, entry, now, sent_mono))
+
+    def read_ahead(self, plans: dict[str, take.Plan]) -> Steps[None]:
+        """Who waits ahead of us (or holds the permits)? One read, then plan again.
+        Throttled (a hot key): no news, after a pause; never the caller's failure while its
+        wait lasts (issue 40)."""
+        for r, p in plans.items():
+            old = self.seen.get(r)
+            if p.load is None or old is None:
+                continue
+            if old.slots_used is not None and not old.permits_read:
+                read = functools.partial(permit_items.with_permits, old, consistent=True)
+            else:
+                read = functools.partial(queue_entries.load_entries, old, p.load)
+            self.seen[r] = yield from queue.patient_read(read, old, self.pace, self.run.deadline)
+
+    def write(
+        self,
+        plans: dict[str, take.Plan],
+        acting: list[str],
+        entry: records.Holder,
+        now: int,
+        sent_mono: float,
+    ) -> Steps[Held | dict[str, Blocking] | None]:
+        """Send the take: an update of one row, or one transaction of several (all or
+        none). Refused, plan again from what the refusal showed."""
+        token, seen = self.run.token, self.seen
+        actions = [a for a in (plans[r].action for r in acting) if a is not None]
+        after = None
+        try:
+            if len(actions) == 1:
+                send = functools.partial(lock_rows.update, actions[0], return_new=True)
+                after = yield Write(send, token, acting)
+            else:  # all or none
+                yield Write(functools.partial(lock_rows.transact, actions), token, acting)
+        except dynamodb.Refused as refused:
+            seen[acting[0]] = refused.lock or records.LockItem()
+        except dynamodb.Cancelled as cancelled:
+            if not self.learn(cancelled, acting):
+                # Another transaction was on these items: step aside briefly.
+                yield Sleep(random.uniform(0.002, 0.02))
+        except SemaphoreUnavailable as exc:
+            yield from self.failed(exc, acting)
+            return None
+        else:
+            return (yield from self.written(after, plans, acting, entry, now, sent_mono))
+        self.replans += 1
+        if self.replans <= MAX_REPLANS:
+            return None  # the refusal told us the state: plan again from it at once
+        return {r: {} for r in self.resources}
+
+    def learn(self, cancelled: dynamodb.Cancelled, acting: list[str]) -> bool:
+        """The items a cancelled transaction's refusals showed; False: none was refused."""
+        refused = False
+        for r, (code, old) in zip(acting, cancelled.reasons, strict=False):
+            if code == "ConditionalCheckFailed":
+                self.seen[r] = old or records.LockItem()
+                refused = True
+        return refused
+
+    def failed(self, exc: SemaphoreUnavailable, acting: list[str]) -> Steps[None]:
+        """A write failed in transit. An ambiguous failure (5xx, timeout) may hide an applied
+        write: the same write again (same token) is refused by our own hold, which tells us
+        so. Give it a few tries even past the wait budget, then withdraw what may be ours.
+        A throttled or unconnected request was never applied."""
+        self.failures += 1
+        out_of_time = self.run.remaining() <= 0 and (
+            not exc.ambiguous or self.failures > MIN_TRANSIENT_RETRIES
+        )
+        if not exc.transient or out_of_time:
+            if exc.ambiguous:
+                yield Request(functools.partial(withdraw, self.run.token, acting))
+            raise exc
+        yield Sleep(min(backoff(self.failures), max(0.05, self.run.remaining())))
+
+    def written(
+        self,
+        after: records.LockItem | None,
+        plans: dict[str, take.Plan],
+        acting: list[str],
+        entry: records.Holder,
+        now: int,
+        sent_mono: float,
+    ) -> Steps[Held | None]:
+        """Our write landed: the hold, if its lease can still be trusted long enough."""
+        run, first = self.run, self.resources[0]
+        if len(self.resources) == 1:
+            self.seen[first] = after
+            if not self.pace.enqueued:  # taken at once: free, this time
+                queued_recently.pop(first, None)
+        if plans[acting[0]].reader and after is not None:
+            held = yield from readers.admitted(
+                run, after, expires_ms=entry.expires_ms, now_ms=now, sent_mono=sent_mono
+            )
+        else:
+            held = take.held_if_trusted(run, plans, self.seen, sent_mono=sent_mono, push_cap=None)
+        return (yield from self.confirmed(held, acting))
+
+    def confirmed(self, held: Held | None, ours: list[str]) -> Steps[Held | None]:
+        """``held``; or, None (its lease can no longer be trusted: we were paused, or it took
+        that long), plan again, to renew it before it is returned; after MAX_REPLANS, give
+        back what may be ``ours`` and give up."""
+        if held is not None:
+            return held
+        self.confirm = True
+        self.replans += 1
+        if self.replans <= MAX_REPLANS:
+            return None
+        yield Request(functools.partial(withdraw, self.run.token, ours))
+        raise too_slow(self.run.sem.resources[0], self.run.lease, self.run.skew)
+
+    # -- wait, or give up --------------------------------------------------------------------
+
+    def wait(self, blocked: dict[str, Blocking]) -> Steps[None]:
+        """Busy: wait within the budget (never much past the first lease end), then look
+        again; past the budget, give up."""
+        run, pace, seen, first = self.run, self.pace, self.seen, self.resources[0]
+        one = len(self.resources) == 1
+        if one and readers.write_off_due(seen.get(first), blocked[first], run.skew, pace.ticket):
+            # Held up by reader items only, unchanged for a lease: are they all dead?
+            write_off = functools.partial(readers.try_write_off, seen[first], run.skew)
+            seen[first] = yield from queue.patient_read(write_off, seen[first], pace, run.deadline)
+            return
+        if run.remaining() <= 0:
+            yield from self.give_up(blocked)
+            return
+        queued = one and pace.ticket is not None
+        if one and (queued or should_queue(run.sem, seen.get(first))):
+            seen[first] = yield from wait_in_queue(
+                run, first, seen.get(first), queued=queued, pace=pace
+            )
+        else:
+            self.sleeps += 1
+            yield from queue.back_off(run, blocked, seen, self.sleeps)
+            for r in blocked:
+                seen[r] = yield from self.look_again(r)
+        self.replans = 0
+
+    def look_again(self, resource: str) -> Steps[records.LockItem | None]:
+        """After a pause: some of several holders are surely still there: read which,
+        cheaply; else guess it free (one write tells us otherwise), keeping the fence."""
+        old = self.seen.get(resource)
+        stale = self.run.stale_ms(clock.now_ms())
+        if (
+            old is not None
+            and old.mode in (Mode.COUNTING, Mode.SHARED)
+            and len(live_holders(old, stale)) > 1
+        ):
+            try:
+                item: records.LockItem | None = yield Request(
+                    functools.partial(lock_rows.get, resource)
+                )
+                return item
+            except SemaphoreUnavailable:
+                return None
+        return records.guessed_free(old.fence if old is not None else 0)
+
+    def give_up(self, blocked: dict[str, Blocking]) -> Steps[None]:
+        """The wait is over: leave the queue (a hand-over that reached us meanwhile is ours
+        to keep: plan from it), and raise ``SemaphoreBusy``."""
+        run, pace = self.run, self.pace
+        if pace.ticket is not None:
+            kept = yield from leave_queue(run.sem, pace, run.token, lease=run.lease, skew=run.skew)
+            if kept is not None:
+                self.seen[self.resources[0]] = kept
+                return
+        raise busy(
+            run.sem,
+            blocked,
+            self.seen,
+            skew=run.skew,
+            user_id=run.user_id,
+            token=run.token,
+            ticket=pace.ticket,
+        )
 
 
 def semaphore(

@@ -25,7 +25,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.utils.functional import LazyObject
 
 from .._observability.logs import facts
-from .._transactions import fencing as fenced
+from .._transactions import fencing
 from ..exceptions import Coalesced, Picklable, SemaphoreBusy
 from .arguments import LEADER_PREFIX, MAX_RESOURCE_BYTES, check_printable, utf8_size
 
@@ -475,30 +475,18 @@ def _refuse(func: Any) -> None:
         )
 
 
-def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., Any]:  # noqa: C901  (issue 41: split)
+def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., Any]:
     """``func`` taking ``sem`` (with the call's resource) around every call."""
     _refuse(func)
     if iscoroutinefunction(func) and getattr(sem, "fence_db", False):
-        raise fenced.no_async()
+        raise fencing.no_async()
     keys = KeyMaker(sem.decoration.resource, func)
     on_busy = sem.decoration.on_busy
-
-    def resolve(args: Any, kwargs: Any) -> tuple[Any, Any, HttpResponse | None]:
-        """The call's request (a view's), its resource, and the 400 to answer instead when
-        a view's key cannot be a resource."""
-        request = request_of(args)
-        resource = keys(args, kwargs, request is not None)
-        if request is not None:
-            try:
-                resource = checked_keys(resource)
-            except BadKey as exc:
-                return request, resource, bad_key_response(request, exc)
-        return request, resource, None
 
     if iscoroutinefunction(func):
 
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
-            request, resource, bad = resolve(args, kwargs)
+            request, resource, bad = _resolve(keys, args, kwargs)
             if bad is not None:
                 return bad
             # The holder: the request's user (never anything from request data), or the
@@ -508,12 +496,7 @@ def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., A
                 try:
                     await stack.enter_async_context(sem.with_resource(resource, user))
                 except SemaphoreBusy as exc:
-                    if request is not None:
-                        result = (on_busy or busy_response)(request, exc)
-                    elif on_busy is None:
-                        raise
-                    else:
-                        result = on_busy(exc, *args, **kwargs)
+                    result = _when_busy(request, on_busy, exc, args, kwargs)
                     return await result if inspect.isawaitable(result) else result
                 # Held until the coroutine finishes, not until it is created.
                 return await func(*args, **kwargs)
@@ -522,7 +505,7 @@ def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., A
     else:
 
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            request, resource, bad = resolve(args, kwargs)
+            request, resource, bad = _resolve(keys, args, kwargs)
             if bad is not None:
                 return bad
             user = getattr(request, "user", None) if request is not None else sem.user
@@ -530,11 +513,36 @@ def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., A
                 try:
                     stack.enter_context(sem.with_resource(resource, user))
                 except SemaphoreBusy as exc:
-                    if request is not None:
-                        return (on_busy or busy_response)(request, exc)
-                    if on_busy is None:
-                        raise
-                    return on_busy(exc, *args, **kwargs)
+                    return _when_busy(request, on_busy, exc, args, kwargs)
                 return func(*args, **kwargs)
 
     return functools.wraps(func)(wrapper)
+
+
+def _resolve(keys: KeyMaker, args: Any, kwargs: Any) -> tuple[Any, Any, HttpResponse | None]:
+    """The call's request (a view's), its resource, and the 400 to answer instead when a
+    view's key cannot be a resource."""
+    request = request_of(args)
+    resource = keys(args, kwargs, request is not None)
+    if request is not None:
+        try:
+            resource = checked_keys(resource)
+        except BadKey as exc:
+            return request, resource, bad_key_response(request, exc)
+    return request, resource, None
+
+
+def _when_busy(
+    request: Any,
+    on_busy: Callable[..., Any] | None,
+    exc: SemaphoreBusy,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> Any:
+    """What a busy call answers: a view, ``on_busy(request, exc)`` or 423; anything else,
+    ``on_busy(exc, *args, **kwargs)``, or the exception raised."""
+    if request is not None:
+        return (on_busy or busy_response)(request, exc)
+    if on_busy is None:
+        raise exc
+    return on_busy(exc, *args, **kwargs)

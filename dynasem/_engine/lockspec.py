@@ -1,16 +1,19 @@
 """What the waiting and holding code reads of a semaphore: :class:`LockSpec`.
 
-``queueing`` and ``held`` take this, not ``core.Semaphore``: ``core`` imports them, so they
+``queue`` and ``hold`` take this, not ``core.Semaphore``: ``core`` imports them, so they
 never import it back, not even for a type hint. A ``Semaphore`` is a ``LockSpec`` by its
-shape alone (mypy checks it wherever one is passed). This module imports nothing of dynasem.
+shape alone (mypy checks it wherever one is passed). :class:`Attempt` is one acquisition of
+it, which every step of the acquire loop reads.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
-from .._storage.records import Mode
+from .. import _clock as clock
+from .._storage.records import Holder, Mode
 
 
 class LockSpec(Protocol):
@@ -53,3 +56,36 @@ class LockSpec(Protocol):
     @property
     def signal_sender(self) -> type[object]:
         """The ``sender`` of the signals about its holds (the semaphore's class)."""
+
+
+@dataclass
+class Attempt:
+    """One acquisition, as every step of its loop reads it: the semaphore, our token (one for
+    every retry: it recognises our own writes), the holder recorded, the lease and CLOCK_SKEW
+    (seconds), the trust a hold must have left when it is returned (``margin``), and the end
+    of the wait (``deadline``, monotonic)."""
+
+    sem: LockSpec
+    token: str
+    user_id: str
+    proc: str | None
+    lease: float
+    skew: float
+    margin: float
+    deadline: float
+    late: int = 0  # takes given back: their answers came too late to trust
+
+    def remaining(self) -> float:
+        """Seconds left of the wait."""
+        return self.deadline - clock.monotonic()
+
+    def stale_ms(self, now_ms: int) -> int:
+        """The lease end before which a holder may be taken over (``now_ms`` less the skew)."""
+        return now_ms - int(self.skew * 1000)
+
+    def holder(self, now_ms: int, fence: int, *, shared: bool) -> Holder:
+        """Our entry as a holder, its lease from ``now_ms``."""
+        expires_ms = now_ms + int(self.lease * 1000)
+        return Holder(
+            self.user_id, expires_ms, fence, acquired_ms=now_ms, shared=shared, proc=self.proc
+        )

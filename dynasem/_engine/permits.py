@@ -15,26 +15,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import logging
 from collections.abc import Callable
 from typing import Any
 
 from .. import _clock as clock
-from .._observability import telemetry
-from .._storage import dynamodb, lock_rows, lock_writes, queue_entries, records
-from .._storage import permit_items as slots
+from .._storage import dynamodb, lock_rows, lock_writes, permit_items, queue_entries, records
 from .._storage.records import Mode
 from ..exceptions import SemaphoreUnavailable
-from . import handover as heirs
-from . import permit_hold as permit_held
-from . import processes
-from . import queue as queueing
-from .hold import Held, acquired
-from .lockspec import LockSpec
-from .queue import Pace, backoff, busy, seconds_until_free, too_slow, wait_in_queue
+from . import handover, permit_hold, processes, queue, take
+from .hold import Held
+from .lockspec import Attempt, LockSpec
+from .permit_hold import PermitHeld
+from .queue import MAX_REPLANS, Pace, backoff, busy, too_slow, wait_in_queue
 from .steps import Request, Sleep, Steps, Write
-
-logger = logging.getLogger("dynasem")
 
 # Ambiguous failures (maybe applied) retried with the same token before giving up.
 MIN_TRANSIENT_RETRIES = 3
@@ -46,7 +39,7 @@ MAX_LATE = 3
 
 
 def applies(sem: LockSpec) -> bool:
-    return slots.uses_permits(sem.mode, sem.limit)
+    return permit_items.uses_permits(sem.mode, sem.limit)
 
 
 class _Plan:
@@ -74,179 +67,180 @@ class _Scan:
         return now_ms >= self.until_ms
 
 
-def acquire_steps(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
-    sem: LockSpec,
-    *,
-    token: str,
-    user_id: str,
-    proc: str | None,
-    lease: float,
-    wait: float,
-    skew: float,
-    margin: float,
-) -> Steps[Held]:
+def acquire_steps(run: Attempt) -> Steps[Held]:
     """The acquire loop of a permit semaphore (see
-    :meth:`dynasem._engine.core.Semaphore._acquire_steps`
-    for the shape of steps). ``margin``: the trust a hold must have left when it is returned
-    (:func:`_trusted`)."""
-    timing = _Timing(lease, skew, margin)
-    if len(sem.resources) > 1:
-        return (yield from _acquire_many(sem, token, user_id, proc, timing, wait))
-    resource = sem.resources[0]
-    lease_ms, skew_ms = int(lease * 1000), int(skew * 1000)
-    deadline = clock.monotonic() + wait
-    pace, scan = Pace(), _Scan()
-    seen = permit_held.rows.get(resource)
-    if seen is None:
-        seen = yield from queueing.patient_read(
-            functools.partial(lock_rows.get, resource, consistent=False), None, pace, deadline
-        )
-    seen = seen or records.LockItem(resource=resource)
-    failures = replans = 0
-    # Our turn was had: a row write of ours moved the queue past us, but the slot it named
-    # proved taken (a stale hint). The next take asks nothing of the queue: we keep our place.
-    served = False
-    while True:
-        now = clock.now_ms()
-        stale = now - skew_ms
-        if queueing.passed(seen, pace.queue_id, pace.ticket):
-            pace.ticket = None
-        ticket = pace.ticket
-        in_way: dict[str, Any] = {}
-        if not served:
-            ahead = queueing.entries_ahead(seen, ticket, stale)
-            if ahead is None:
-                upto = queueing.upto_of(seen, ticket)
-                # Throttled (a hot key): no news, after a pause (issue 40).
-                seen = yield from queueing.patient_read(
-                    functools.partial(queue_entries.load_entries, seen, upto), seen, pace, deadline
-                )
+    :meth:`dynasem._engine.core.Semaphore._acquire_steps` for the shape of steps)."""
+    if len(run.sem.resources) > 1:
+        return (yield from _acquire_many(run))
+    return (yield from _Acquire(run).steps())
+
+
+class _Acquire:
+    """A permit resource's acquire: plan (the queue ahead, then a slot), take (the row, then
+    the permit, then its trust), or wait in line, or give up."""
+
+    def __init__(self, run: Attempt):
+        self.run, self.resource = run, run.sem.resources[0]
+        self.pace, self.scan = Pace(), _Scan()
+        self.seen = records.LockItem(resource=self.resource)
+        self.stale = 0
+        self.failures = self.replans = 0
+        # Our turn was had: a row write of ours moved the queue past us, but the slot it
+        # named proved taken (a stale hint). The next take asks nothing of the queue: we
+        # keep our place.
+        self.served = False
+
+    def steps(self) -> Steps[Held]:
+        resource = self.resource
+        seen = permit_hold.rows.get(resource)
+        if seen is None:
+            read = functools.partial(lock_rows.get, resource, consistent=False)
+            seen = yield from queue.patient_read(read, None, self.pace, self.run.deadline)
+        self.seen = seen or records.LockItem(resource=resource)
+        while True:
+            plan = yield from self.plan()
+            if plan is None:
                 continue
-            in_way = {w.token: w for w in ahead}
-        plan = _Plan(in_way=in_way)
-        if not in_way:
-            plan = yield from _plan(sem, resource, seen, scan, stale)
-        if plan.how:
-            # The lease runs from here, after the plan's reads (they may have been slow): a
-            # lease end fixed before them could be over when the permit is written.
-            sent_mono, now = clock.monotonic(), clock.now_ms()
-            # A take of a slot in a permit row counts the row's fence up (the stored one plus
-            # one, learnt from the old row); a take that makes the row names one from the clock.
-            counted = plan.how in ("pop", "grow", "fence")
-            fence = max(clock.new_fence(skew), seen.fence + 1)
-            holder = lock_writes.holder_entry(user_id, now + lease_ms, fence, now, False, proc)
-            terms = lock_writes.QueueTerms(
-                mine=ticket,
-                queue_in=seen.queue_in,
-                queue_out=seen.queue_out,
-                served=served,
+            if not plan.how:
+                yield from self.wait(plan)
+                continue
+            held = yield from self.take(plan)
+            if held is not None:
+                return held
+
+    def plan(self) -> Steps[_Plan | None]:
+        """The take to send, or who is in our way; None: the queue ahead was read, plan
+        again."""
+        pace, seen = self.pace, self.seen
+        self.stale = self.run.stale_ms(clock.now_ms())
+        if queue.passed(seen, pace.queue_id, pace.ticket):
+            pace.ticket = None
+        if not self.served:
+            ahead = queue.entries_ahead(seen, pace.ticket, self.stale)
+            if ahead is None:
+                upto = queue.upto_of(seen, pace.ticket)
+                # Throttled (a hot key): no news, after a pause (issue 40).
+                read = functools.partial(queue_entries.load_entries, seen, upto)
+                self.seen = yield from queue.patient_read(read, seen, pace, self.run.deadline)
+                return None
+            if ahead:
+                return _Plan(in_way={w.token: w for w in ahead})
+        return (yield from _plan(self.run.sem, self.resource, seen, self.scan, self.stale))
+
+    def take(self, plan: _Plan) -> Steps[Held | None]:
+        """The row's write (a fence, a slot), then the permit's; None: plan again."""
+        run, resource, seen, ticket = self.run, self.resource, self.seen, self.pace.ticket
+        # The lease runs from here, after the plan's reads (they may have been slow): a
+        # lease end fixed before them could be over when the permit is written.
+        sent_mono, now = clock.monotonic(), clock.now_ms()
+        # A take of a slot in a permit row counts the row's fence up (the stored one plus
+        # one, learnt from the old row); a take that makes the row names one from the clock.
+        counted = plan.how in ("pop", "grow", "fence")
+        fence = max(clock.new_fence(run.skew), seen.fence + 1)
+        holder = run.holder(now, fence, shared=False)
+        terms = lock_writes.QueueTerms(
+            mine=ticket, queue_in=seen.queue_in, queue_out=seen.queue_out, served=self.served
+        )
+        action = permit_items.take_slot(
+            resource,
+            how=plan.how,
+            fence=None if counted else fence,
+            limit=run.sem.limit,
+            queue=terms,
+            slot=plan.slot if plan.how == "fence" else None,
+            seen_fence=seen.fence,
+            stale_ms=self.stale,
+            expires_ms=holder.expires_ms,
+            user_id=run.user_id,
+        )
+        old = yield from self.send_row(action)
+        if old is None:
+            return None
+        before = records.lock_item(dict(old or {"pk": resource}))
+        if counted:
+            fence = before.fence + 1
+            holder = dataclasses.replace(holder, fence=fence)
+        slot = _slot_taken(plan, before)
+        self.seen = _after_take(
+            before, resource, plan.how, fence, ticket, run.sem.limit, self.served
+        )
+        permit_hold.remember(self.seen)
+        yield from self.tell_next(ticket)
+        if (yield from _hold_permit(run, resource, slot, holder, self.stale, plan.dead)):
+            trust = yield from _trusted(run, {resource: slot}, holder.expires_ms, sent_mono)
+            if trust is not None:
+                return _held(run, {resource: fence}, {resource: slot}, trust, self.seen.listed_s)
+        # Another holds that slot (a hint gone stale), or the permit was given back (its
+        # trust was short): plan again, keeping our turn.
+        self.served = True
+        return None
+
+    def send_row(self, action: dict[str, Any]) -> Steps[dict[str, Any] | None]:
+        """The row's write; its old item, or None: refused or failed, plan again."""
+        try:
+            old: dict[str, Any] | None = yield Write(
+                functools.partial(permit_items.send, action, old=True), self.run.token, []
             )
-            action = slots.take_slot(
-                resource,
-                how=plan.how,
-                fence=None if counted else fence,
-                limit=sem.limit,
-                queue=terms,
-                slot=plan.slot if plan.how == "fence" else None,
-                seen_fence=seen.fence,
-                stale_ms=stale,
-                expires_ms=holder.expires_ms,
-                user_id=user_id,
+            return old or {}
+        except dynamodb.Refused as refused:
+            self.seen = refused.lock or records.LockItem(resource=self.resource)
+            self.replans += 1
+            if self.replans > MAX_REPLANS:
+                self.replans = 0
+                yield Sleep(backoff(2))
+        except SemaphoreUnavailable as exc:
+            self.failures += 1
+            if not exc.transient or self.run.remaining() <= 0:
+                raise
+            yield Sleep(min(backoff(self.failures), max(0.05, self.run.remaining())))
+        return None
+
+    def tell_next(self, ticket: int | None) -> Steps[None]:
+        """Room for the next in line too: tell it now (before our permit's write: its take
+        is of another slot) rather than at its next look."""
+        seen = self.seen
+        room = seen.hints or (seen.slots_used or 0) < self.run.sem.limit
+        if not self.served and ticket is not None and seen.queue_in > ticket and room:
+            row = dataclasses.replace(seen, entries=None)
+            yield Request(
+                functools.partial(handover.push_first, self.resource, row, readers_only=False)
+            )
+
+    def wait(self, plan: _Plan) -> Steps[None]:
+        """Busy: wait in the queue within the budget (joining it again if our turn was
+        had: its next take asks the queue again); past it, give up."""
+        run, pace = self.run, self.pace
+        self.served = False
+        view = dataclasses.replace(self.seen, holders={p.token: p.holder for p in self.scan.held})
+        blocked = {self.resource: plan.in_way or view.holders}
+        if run.remaining() <= 0:
+            yield from self.give_up(blocked, view)
+        queued = pace.ticket is not None
+        seen = yield from wait_in_queue(run, self.resource, view, queued=queued, pace=pace)
+        self.seen = seen or records.LockItem(resource=self.resource)
+        self.replans = 0
+
+    def give_up(self, blocked: dict[str, Any], view: records.LockItem) -> Steps[None]:
+        run, pace, resource = self.run, self.pace, self.resource
+        if pace.ticket is not None:
+            ticket, pace.ticket = pace.ticket, None
+            leave = functools.partial(
+                queue_entries.leave_queue, resource, pace.queue_id, ticket, token=run.token
             )
             try:
-                old = yield Write(functools.partial(slots.send, action, old=True), token, [])
-            except dynamodb.Refused as refused:
-                seen = refused.lock or records.LockItem(resource=resource)
-                replans += 1
-                if replans > queueing.MAX_REPLANS:
-                    replans = 0
-                    yield Sleep(backoff(2))
-                continue
-            except SemaphoreUnavailable as exc:
-                failures += 1
-                if not exc.transient or clock.monotonic() >= deadline:
-                    raise
-                yield Sleep(min(backoff(failures), max(0.05, deadline - clock.monotonic())))
-                continue
-            before: records.LockItem = records.lock_item(dict(old or {"pk": resource}))
-            if counted:
-                fence = before.fence + 1
-                holder = dataclasses.replace(holder, fence=fence)
-            slot = _slot_taken(plan, before)
-            seen = _after_take(before, resource, plan.how, fence, ticket, sem.limit, served)
-            permit_held.remember(seen)
-            if (
-                not served
-                and ticket is not None
-                and seen.queue_in > ticket
-                and (seen.hints or (seen.slots_used or 0) < sem.limit)
-            ):
-                # Room for the next in line too: tell it now (before our permit's write: its
-                # take is of another slot) rather than at its next look.
-                yield Request(
-                    functools.partial(
-                        heirs.push_first,
-                        resource,
-                        dataclasses.replace(seen, entries=None),
-                        readers_only=False,
-                    )
-                )
-            taken = yield from _hold_permit(
-                resource, slot, token, holder, stale, deadline, plan.dead
-            )
-            if not taken:
-                # Another holds that slot (a hint gone stale): plan again, keeping our turn.
-                served = True
-                continue
-            trust = yield from _trusted({resource: slot}, token, holder.expires_ms, sent_mono,
-                                        timing, deadline)  # fmt: skip
-            if trust is None:
-                served = True  # given back: plan again, keeping our turn
-                continue
-            return _held(sem, token, user_id, {resource: fence}, {resource: slot}, timing,
-                         trust, seen.listed_s)  # fmt: skip
-        # Busy: wait in the queue within the budget (joining it again if our turn was had:
-        # its next take asks the queue again).
-        served = False
-        view = dataclasses.replace(seen, holders={p.token: p.holder for p in scan.held})
-        blocked = {resource: plan.in_way or view.holders}
-        remaining = deadline - clock.monotonic()
-        if remaining <= 0:
-            if pace.ticket is not None:
-                ticket, pace.ticket = pace.ticket, None
-                try:
-                    yield Request(
-                        functools.partial(
-                            queue_entries.leave_queue, resource, pace.queue_id, ticket, token=token
-                        )
-                    )
-                except SemaphoreUnavailable:
-                    pass  # our entry expires with its lease
-                pace.ticket = ticket  # for the estimate: our place when we left
-            raise busy(
-                sem,
-                blocked,
-                {resource: view},
-                skew=skew,
-                user_id=user_id,
-                token=token,
-                ticket=pace.ticket,
-            )
-        seen = (
-            yield from wait_in_queue(
-                sem,
-                resource,
-                view,
-                token=token,
-                user_id=user_id,
-                lease=lease,
-                skew=skew,
-                queued=pace.ticket is not None,
-                remaining=remaining,
-                pace=pace,
-            )
-        ) or records.LockItem(resource=resource)
-        replans = 0
+                yield Request(leave)
+            except SemaphoreUnavailable:
+                pass  # our entry expires with its lease
+            pace.ticket = ticket  # for the estimate: our place when we left
+        raise busy(
+            run.sem,
+            blocked,
+            {resource: view},
+            skew=run.skew,
+            user_id=run.user_id,
+            token=run.token,
+            ticket=pace.ticket,
+        )
 
 
 def _plan(
@@ -256,15 +250,15 @@ def _plan(
     and no hint is left), or who is in our way."""
     limit = sem.limit
     if seen.slots_used is None:
-        live = queueing.live_holders(seen, stale)
+        live = queue.live_holders(seen, stale)
         if live and seen.expires_ms >= stale:
             # Held in the row: an exclusive, shared or few-permit hold (another limit).
-            raise _other_limit(resource, seen.limit, limit)
+            raise take.other_limit(resource, seen.limit, limit)
         return _Plan("create", 0)
     if seen.limit != limit:
-        held = yield Request(functools.partial(slots.permits, resource))
+        held = yield Request(functools.partial(permit_items.permits, resource))
         if any(not p.free_at(stale) for p in held):
-            raise _other_limit(resource, seen.limit, limit)
+            raise take.other_limit(resource, seen.limit, limit)
         return _Plan("reset", 0)
     if seen.hints:
         return _Plan("pop")
@@ -274,7 +268,7 @@ def _plan(
     if not scan.due(now):
         return _Plan(in_way={p.token: p.holder for p in scan.held})
     slot, dead, held = yield Request(
-        functools.partial(slots.find_free, resource, seen.slots_used, stale, _proven_dead)
+        functools.partial(permit_items.find_free, resource, seen.slots_used, stale, _proven_dead)
     )
     scan.held = held
     if slot is not None:
@@ -287,13 +281,6 @@ def _plan(
 def _proven_dead(permit: records.Permit) -> bool:
     """Has the holder of ``permit`` ended, as this host can prove (same host only)?"""
     return processes.gone(permit.holder.proc)
-
-
-def _other_limit(resource: str, stored: int, limit: int) -> ValueError:
-    return ValueError(
-        f"{resource!r} is held with limit={stored}; every holder of one resource must use "
-        f"the same limit, not limit={limit}"
-    )
 
 
 def _slot_taken(plan: _Plan, before: records.LockItem) -> int:
@@ -343,28 +330,28 @@ def _after_take(
 
 
 def _hold_permit(
+    run: Attempt,
     resource: str,
     slot: int,
-    token: str,
     holder: records.Holder,
     stale: int,
-    deadline: float,
     dead: records.Permit | None = None,
 ) -> Steps[bool]:
     """The permit's write: True once it is ours; False if another holds the slot."""
-    action = slots.take_permit(resource, slot, token, holder, stale_ms=stale, dead=dead)
-    undo = functools.partial(permit_held.undo, resource, slot, token)
+    token = run.token
+    action = permit_items.take_permit(resource, slot, token, holder, stale_ms=stale, dead=dead)
+    undo = functools.partial(permit_hold.undo, resource, slot, token)
     failures = 0
     while True:
         try:
-            yield Write(functools.partial(slots.send, action), token, [], undo=undo)
+            yield Write(functools.partial(permit_items.send, action), token, [], undo=undo)
             return True
         except dynamodb.Refused:
             return False
         except SemaphoreUnavailable as exc:
             # Maybe applied: the same write again is accepted if it was (it names our token).
             failures += 1
-            out_of_time = clock.monotonic() >= deadline and (
+            out_of_time = run.remaining() <= 0 and (
                 not exc.ambiguous or failures > MIN_TRANSIENT_RETRIES
             )
             if not exc.transient or out_of_time:
@@ -374,198 +361,168 @@ def _hold_permit(
             yield Sleep(backoff(failures))
 
 
-class _Timing:
-    """An acquire's lease and CLOCK_SKEW (seconds), the trust a hold it returns must have
-    left (``margin``: see :func:`_trusted`), and how many of its takes were given back for
-    that."""
-
-    def __init__(self, lease: float, skew: float, margin: float):
-        self.lease, self.skew, self.margin = lease, skew, margin
-        self.late = 0
-
-    def left(self, sent_mono: float) -> float:
-        """The trust left of a lease set by a write sent at ``sent_mono`` (monotonic)."""
-        return sent_mono + self.lease - self.skew - clock.monotonic()
-
-
 def _trusted(
-    taken: dict[str, int],
-    token: str,
-    expires_ms: int,
-    sent_mono: float,
-    timing: _Timing,
-    deadline: float,
+    run: Attempt, taken: dict[str, int], expires_ms: int, sent_mono: float
 ) -> Steps[tuple[int, float] | None]:
     """The lease end and send time the permits ``taken`` (ours, as written by a take sent
-    at ``sent_mono``) are trusted from: the take's own, if at least ``timing.margin`` of its
+    at ``sent_mono``) are trusted from: the take's own, if at least ``run.margin`` of its
     trust is left (its answer, or a retry's, can come long after it was applied: a host cut
     off from DynamoDB); else a renewal's, conditional on our token (nobody held the permit
     meanwhile). None: not confirmed (taken over after our lease ran out, or every renewal
-    answered as late), whatever is still ours given back. Raises ``too_slow`` once
-    ``MAX_LATE`` were given back and the wait is over."""
-    undo = functools.partial(permit_held.undo_many, taken, token)
+    answered as late), whatever is still ours given back (:func:`count_late`)."""
+    undo = functools.partial(permit_hold.undo_many, taken, run.token)
     for _ in range(CONFIRM_TRIES):
-        if timing.left(sent_mono) >= timing.margin:
+        if sent_mono + run.lease - run.skew - clock.monotonic() >= run.margin:
             return expires_ms, sent_mono
-        sent_mono, expires_ms = clock.monotonic(), clock.now_ms() + int(timing.lease * 1000)
+        sent_mono, expires_ms = clock.monotonic(), clock.now_ms() + int(run.lease * 1000)
         try:
             for resource, slot in taken.items():
-                renewal = slots.renew_permit(resource, slot, token, expires_ms)
-                yield Write(functools.partial(slots.send, renewal), token, [], undo=undo)
+                renewal = permit_items.renew_permit(resource, slot, run.token, expires_ms)
+                yield Write(functools.partial(permit_items.send, renewal), run.token, [], undo=undo)
         except (dynamodb.Refused, SemaphoreUnavailable):
             break
     yield Request(undo)
-    timing.late += 1
-    if timing.late >= MAX_LATE and clock.monotonic() >= deadline:
-        raise too_slow(next(iter(taken)), timing.lease, timing.skew)
+    count_late(run, next(iter(taken)))
     return None
 
 
+def count_late(run: Attempt, resource: str) -> None:
+    """A take given back, its answer too late to trust: ``too_slow`` once ``MAX_LATE`` were
+    and the wait is over."""
+    run.late += 1
+    if run.late >= MAX_LATE and run.remaining() <= 0:
+        raise too_slow(resource, run.lease, run.skew)
+
+
 def _held(
-    sem: LockSpec,
-    token: str,
-    user_id: str,
+    run: Attempt,
     fences: dict[str, int],
     taken: dict[str, int],
-    timing: _Timing,
     trust: tuple[int, float],
     listed_s: int | None,
 ) -> Held:
     expires_ms, sent_mono = trust
-    held = acquired(
-        sem,
-        token=token,
-        user_id=user_id,
-        fences=fences,
-        lease=timing.lease,
-        skew=timing.skew,
-        expires_ms=expires_ms,
-        sent_mono=sent_mono,
-        item=None,
-        cls=permit_held.PermitHeld,
-    )
-    assert isinstance(held, permit_held.PermitHeld)
+    held = take.hold(run, fences, expires_ms, sent_mono, cls=PermitHeld)
+    assert isinstance(held, PermitHeld)
     held.slots = taken
     for resource in taken:
         held.raise_row(resource, expires_ms, listed_s)
     return held
 
 
-def _acquire_many(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
-    sem: LockSpec,
-    token: str,
-    user_id: str,
-    proc: str | None,
-    timing: _Timing,
-    wait: float,
-) -> Steps[Held]:
+def _acquire_many(run: Attempt) -> Steps[Held]:
     """Several permit resources, all or none: read their rows, then one transaction of a row
     write and a permit write for each. No queue (as for any multi-resource take)."""
-    resources = sem.resources
+    resources = run.sem.resources
     if len(resources) * 2 > records.MAX_TRANSACTION:
         raise ValueError(
-            f"at most {records.MAX_TRANSACTION // 2} resources of limit > {slots.INLINE_MAX} can "
-            f"be taken at once (DynamoDB's transaction limit of {records.MAX_TRANSACTION} "
-            f"actions: two each), not {len(resources)}"
+            f"at most {records.MAX_TRANSACTION // 2} resources of limit > "
+            f"{permit_items.INLINE_MAX} can be taken at once (DynamoDB's transaction limit of "
+            f"{records.MAX_TRANSACTION} actions: two each), not {len(resources)}"
         )
-    lease, skew = timing.lease, timing.skew
-    lease_ms, skew_ms = int(lease * 1000), int(skew * 1000)
-    deadline = clock.monotonic() + wait
     scans = {r: _Scan() for r in resources}
     sleeps = failures = 0
     pace = Pace()
     while True:
-        seen: dict[str, records.LockItem | None] = {}
+        seen: dict[str, records.LockItem] = {}
         for r in resources:
             # Throttled (a hot key): no news, after a pause (issue 40).
-            got = yield from queueing.patient_read(
-                functools.partial(lock_rows.get, r), None, pace, deadline
-            )
+            read = functools.partial(lock_rows.get, r)
+            got = yield from queue.patient_read(read, None, pace, run.deadline)
             seen[r] = got or records.LockItem(resource=r)
-        stale = clock.now_ms() - skew_ms
-        plans: dict[str, _Plan] = {}
-        blocked: dict[str, Any] = {}
-        for r in resources:
-            row = seen[r] or records.LockItem(resource=r)
-            in_way: dict[str, Any] = {}
-            if row.waiting:
-                row = yield from queueing.patient_read(
-                    functools.partial(queue_entries.load_entries, row), row, pace, deadline
-                )
-                seen[r] = row
-                in_way = {w.token: w for w in queueing.entries_ahead(row, None, stale) or ()}
-            plan = _Plan(in_way=in_way)
-            if not in_way:
-                plan = yield from _plan(sem, r, row, scans[r], stale)
-            if plan.how == "pop":
-                plan.slot = row.hints[0]
-            elif plan.how == "grow":
-                plan.slot = row.slots_used
-            if plan.how:
-                plans[r] = plan
-            else:
-                blocked[r] = plan.in_way
-        if not blocked:
-            # The lease runs from here, after the reads above (they may have been slow).
-            sent_mono, now = clock.monotonic(), clock.now_ms()
-            fences, actions, taken = {}, [], {}
-            expires_ms = now + lease_ms
-            for r in resources:
-                row, plan = seen[r] or records.LockItem(resource=r), plans[r]
-                fences[r] = max(clock.new_fence(skew), row.fence + 1)
-                holder = lock_writes.holder_entry(user_id, expires_ms, fences[r], now, False, proc)
-                terms = lock_writes.QueueTerms(queue_in=row.queue_in, queue_out=row.queue_out)
-                actions.append(
-                    slots.take_slot(
-                        r,
-                        how=plan.how,
-                        fence=fences[r],
-                        limit=sem.limit,
-                        queue=terms,
-                        slot=plan.slot,
-                        seen_hw=row.slots_used,
-                        seen_fence=row.fence,
-                        stale_ms=stale,
-                        expires_ms=expires_ms,
-                        user_id=user_id,
-                    )
-                )
-                taken[r] = plan.slot or 0
-                actions.append(
-                    slots.take_permit(r, taken[r], token, holder, stale_ms=stale, dead=plan.dead)
-                )
-            undo = functools.partial(permit_held.undo_many, taken, token)
-            again = yield from all_or_none(actions, token, undo, deadline, failures)
-            if again is not None:
-                failures = again
-                continue
-            trust = yield from _trusted(taken, token, expires_ms, sent_mono, timing, deadline)
-            if trust is None:
-                continue  # given back: read the rows again
-            return _held(sem, token, user_id, fences, taken, timing, trust, None)
-        remaining = deadline - clock.monotonic()
-        if remaining <= 0:
-            raise busy(sem, blocked, seen, skew=skew, user_id=user_id, token=token)
-        sleeps += 1
-        if telemetry.ON:
-            telemetry.waiting()  # the span's wait event, once (core's loop may have sent it)
-        until_free = seconds_until_free(blocked, skew)
-        yield Sleep(max(0.0, min(backoff(sleeps), until_free + 0.005, remaining)))
+        stale = run.stale_ms(clock.now_ms())
+        plans, blocked = yield from _plan_many(run, seen, scans, pace, stale)
+        if blocked:
+            sleeps += 1
+            yield from queue.back_off(run, blocked, seen, sleeps)
+            continue
+        # The lease runs from here, after the reads above (they may have been slow).
+        sent_mono, now = clock.monotonic(), clock.now_ms()
+        actions, fences, taken = _takes(run, seen, plans, now, stale)
+        undo = functools.partial(permit_hold.undo_many, taken, run.token)
+        again = yield from all_or_none(run, actions, undo, failures)
+        if again is not None:
+            failures = again
+            continue
+        expires_ms = now + int(run.lease * 1000)
+        trust = yield from _trusted(run, taken, expires_ms, sent_mono)
+        if trust is not None:
+            return _held(run, fences, taken, trust, None)
+        # Given back: read the rows again.
+
+
+def _plan_many(
+    run: Attempt,
+    seen: dict[str, records.LockItem],
+    scans: dict[str, _Scan],
+    pace: Pace,
+    stale: int,
+) -> Steps[tuple[dict[str, _Plan], dict[str, Any]]]:
+    """Each resource's take (its queue read first, if waited on), and who is in the way."""
+    plans: dict[str, _Plan] = {}
+    blocked: dict[str, Any] = {}
+    for r, row in seen.items():
+        in_way: dict[str, Any] = {}
+        if row.waiting:
+            read = functools.partial(queue_entries.load_entries, row)
+            row = seen[r] = yield from queue.patient_read(read, row, pace, run.deadline)
+            in_way = {w.token: w for w in queue.entries_ahead(row, None, stale) or ()}
+        plan = _Plan(in_way=in_way)
+        if not in_way:
+            plan = yield from _plan(run.sem, r, row, scans[r], stale)
+        if plan.how == "pop":
+            plan.slot = row.hints[0]
+        elif plan.how == "grow":
+            plan.slot = row.slots_used
+        if plan.how:
+            plans[r] = plan
+        else:
+            blocked[r] = plan.in_way
+    return plans, blocked
+
+
+def _takes(
+    run: Attempt, seen: dict[str, records.LockItem], plans: dict[str, _Plan], now: int, stale: int
+) -> tuple[list[dict[str, Any]], dict[str, int], dict[str, int]]:
+    """The transaction's actions (a row write and a permit write each), fences and slots."""
+    actions: list[dict[str, Any]] = []
+    fences: dict[str, int] = {}
+    taken: dict[str, int] = {}
+    for r, row in seen.items():
+        plan = plans[r]
+        fences[r] = max(clock.new_fence(run.skew), row.fence + 1)
+        holder = run.holder(now, fences[r], shared=False)
+        terms = lock_writes.QueueTerms(queue_in=row.queue_in, queue_out=row.queue_out)
+        taken[r] = plan.slot or 0
+        take_slot = permit_items.take_slot(
+            r,
+            how=plan.how,
+            fence=fences[r],
+            limit=run.sem.limit,
+            queue=terms,
+            slot=plan.slot,
+            seen_hw=row.slots_used,
+            seen_fence=row.fence,
+            stale_ms=stale,
+            expires_ms=holder.expires_ms,
+            user_id=run.user_id,
+        )
+        permit = permit_items.take_permit(
+            r, taken[r], run.token, holder, stale_ms=stale, dead=plan.dead
+        )
+        actions += [take_slot, permit]
+    return actions, fences, taken
 
 
 def all_or_none(
-    actions: list[dict[str, Any]],
-    token: str,
-    undo: Callable[[], None],
-    deadline: float,
-    failures: int,
+    run: Attempt, actions: list[dict[str, Any]], undo: Callable[[], None], failures: int
 ) -> Steps[int | None]:
     """The one transaction of a take of several resources (items of their own: permits,
     reader items). None once applied; else the failures so far, after a pause: plan again
     (a conflict with another transaction; a failure in transit, whatever may have been
-    applied withdrawn by ``undo``). Raises past ``deadline`` or on a failure not transient."""
+    applied withdrawn by ``undo``). Raises past the wait or on a failure not transient."""
     try:
-        yield Write(functools.partial(lock_rows.transact, actions), token, [], undo=undo)
+        yield Write(functools.partial(lock_rows.transact, actions), run.token, [], undo=undo)
         return None
     except dynamodb.Cancelled:
         yield Sleep(backoff(1))
@@ -574,7 +531,7 @@ def all_or_none(
         failures += 1
         if exc.ambiguous:
             yield Request(undo)
-        if not exc.transient or clock.monotonic() >= deadline:
+        if not exc.transient or run.remaining() <= 0:
             raise
         yield Sleep(backoff(failures))
         return failures

@@ -16,9 +16,8 @@ from .._storage import dynamodb, lock_rows, lock_writes, queue_entries, records
 from .._storage.records import Mode
 from ..exceptions import SemaphoreBusy, SemaphoreUnavailable
 from ..signals import lock_busy
-from . import processes
-from . import push as wakeup
-from .lockspec import LockSpec
+from . import processes, push
+from .lockspec import Attempt, LockSpec
 from .steps import InQueue, Request, Sleep, Steps
 
 _T = TypeVar("_T")
@@ -219,17 +218,7 @@ class Pace:
         hold = max(2.0, float(seen.hold_ms or 20))
         step = max(0.002, self.rtt)
         if room > ahead:
-            # Free permits for us and every waiter ahead: our turn comes as soon as those
-            # ahead took theirs (a write each). Look again within round trips, doubling
-            # while nothing moves (a waiter ahead that died holds us up until its entry
-            # expires, which the doubling makes a few reads). Pushed, we are told by the
-            # take just ahead of us (it pushes the next in line while permits are left):
-            # the look is a fallback, later, or every waiter within the free permits would
-            # read at each take ahead of it (a crowd's reads growing with the square of
-            # the permits freed at once).
-            fallback = step * (ahead + 1) * (4 if pushed and ahead else 1)
-            self.until_free = step
-            return max(0.001, min(fallback * 2.0 ** min(self.early, 8), 1.0))
+            return self._soon(ahead, pushed)
         if room or limit > 1:
             # Holders end one by one: the first release comes after the earliest take, and
             # the waiters ahead beyond the free permits are served ``limit`` a turn.
@@ -259,18 +248,36 @@ class Pace:
                 turn = max(turn, step * 2 ** min(self.early, 10))
         until_free = (first_end + skew * 1000 - now) / 1000 + 0.001
         self.until_free = max(0.001, until_free)
-        # A look at least every second, so that a hand-over after a long hold is seen soon.
-        # Not for a waiter with others ahead that is pushed its hand-over: its look is only
-        # the fallback for a lost push, due when its turn should come (500 waiters reading
-        # a long queue every second are a thousand reads of it per second for nothing).
         cap = 1.0
         if pushed and ahead:
-            per_turn = turn_seconds.get(seen.resource)
-            if per_turn is not None:
-                # Past the turns ahead as this resource's queue lately moved, and half again.
-                turn = max(turn, 1.5 * per_turn * (ahead + 1))
+            turn = self._patient(seen.resource, turn, ahead)
             cap = max(1.0, turn)
         return max(0.001, min(turn, until_free, cap))
+
+    def _soon(self, ahead: int, pushed: bool) -> float:
+        """Free permits for us and every waiter ahead: our turn comes as soon as those ahead
+        took theirs (a write each). Look again within round trips, doubling while nothing
+        moves (a waiter ahead that died holds us up until its entry expires, which the
+        doubling makes a few reads). Pushed, we are told by the take just ahead of us (it
+        pushes the next in line while permits are left): the look is a fallback, later, or
+        every waiter within the free permits would read at each take ahead of it (a crowd's
+        reads growing with the square of the permits freed at once)."""
+        step = max(0.002, self.rtt)
+        fallback = step * (ahead + 1) * (4 if pushed and ahead else 1)
+        self.until_free = step
+        return max(0.001, min(fallback * 2.0 ** min(self.early, 8), 1.0))
+
+    @staticmethod
+    def _patient(resource: str, turn: float, ahead: int) -> float:
+        """A look at least every second, so that a hand-over after a long hold is seen soon.
+        Not for a waiter with others ahead that is pushed its hand-over: its look is only the
+        fallback for a lost push, due when its turn should come (500 waiters reading a long
+        queue every second are a thousand reads of it per second for nothing): past the turns
+        ahead as this resource's queue lately moved, and half again."""
+        per_turn = turn_seconds.get(resource)
+        if per_turn is not None:
+            turn = max(turn, 1.5 * per_turn * (ahead + 1))
+        return turn
 
 
 def should_queue(sem: LockSpec, seen: records.LockItem | None) -> bool:
@@ -284,7 +291,7 @@ def should_queue(sem: LockSpec, seen: records.LockItem | None) -> bool:
     # A waiter that can be pushed the hand-over queues too: the releasing holder then
     # hands it the lock in its release write and tells it at once, which beats polling
     # on both requests and idle time.
-    return exclusive and seen.mode == Mode.EXCLUSIVE and wakeup.available()
+    return exclusive and seen.mode == Mode.EXCLUSIVE and push.available()
 
 
 class WaitEstimate(NamedTuple):
@@ -420,17 +427,30 @@ def busy(
     return exc
 
 
-def wait_in_queue(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
-    sem: LockSpec,
+def back_off(
+    run: Attempt,
+    blocked: Mapping[str, Blocking],
+    seen: Mapping[str, records.LockItem | None],
+    sleeps: int,
+) -> Steps[None]:
+    """A busy take that does not queue: past the wait, give up (``busy``); else sleep
+    (``sleeps``: the how-manieth time), never much past the first lease end in the way."""
+    remaining = run.remaining()
+    if remaining <= 0:
+        sem = run.sem
+        raise busy(sem, blocked, seen, skew=run.skew, user_id=run.user_id, token=run.token)
+    if telemetry.ON:
+        telemetry.waiting()  # the span's wait event, once
+    until_free = seconds_until_free(blocked, run.skew)
+    yield Sleep(max(0.0, min(backoff(sleeps), until_free + 0.005, remaining)))
+
+
+def wait_in_queue(
+    run: Attempt,
     resource: str,
     seen: records.LockItem | None,
     *,
-    token: str,
-    user_id: str,
-    lease: float,
-    skew: float,
     queued: bool,
-    remaining: float,
     pace: Pace,
     if_busy_ms: int | None = None,
 ) -> Steps[records.LockItem | None]:
@@ -438,139 +458,157 @@ def wait_in_queue(  # noqa: C901, PLR0912, PLR0915  (issue 41: split)
     cheap read, or by renewing our place when its lease is half gone. Returns the state.
 
     ``seen``: the resource as last seen (None: not seen); ``queued``: we are in its queue
-    already; ``remaining``: seconds left of the wait; ``pace``: this acquisition's timing.
+    already; ``pace``: this acquisition's timing.
 
     ``if_busy_ms``: join only if someone holds it (a lease ending at or after this) or
     waits; otherwise the refusal's old item is returned, to take it from."""
-    now, started = clock.now_ms(), clock.monotonic()
     if not queued:
-        # Where the holder that hands us the lock tells us (None: nowhere): listening before
-        # our entry can be read.
-        address = wakeup.expect(resource, token, lease=lease, skew=skew, now_ms=clock.now_ms)
-        pace.enqueued = True  # from now on, giving up means leaving the queue
-        queue_id = seen.queue_id if seen is not None and seen.queue_id else clock.new_fence(0)
-        after: records.LockItem | None = None
-        for attempt in range(1, ENQUEUE_TRIES + 1):
-            try:
-                # A lost answer leaves a ticket nobody uses: a gap, which the next hand-over
-                # passes. Never a refusal by another waiter: ADD commutes.
-                after = yield InQueue(
-                    functools.partial(
-                        lock_rows.update,
-                        lock_writes.take_ticket(resource, queue_id, if_busy_ms=if_busy_ms),
-                        return_new=True,
-                    ),
-                    token,
-                    resource,
-                    write=True,
-                )
-                break
-            except dynamodb.Refused as refused:
-                return refused.lock or records.LockItem()  # free, most likely: plan from it
-            except SemaphoreUnavailable as exc:
-                if not exc.transient or attempt == ENQUEUE_TRIES:
-                    raise
-                yield Sleep(min(backoff(attempt), max(0.001, remaining)))
-        if after is None:
-            return seen
-        pace.queue_id, pace.ticket = after.queue_id, after.queue_in
-        if telemetry.ON:
-            telemetry.waiting(ahead=max(0, after.queue_in - after.queue_out - 1))
-        pace.queued_mono = clock.monotonic()
-        pace.turns = max(1, after.queue_in - after.queue_out)
-        pace.entry_ms = clock.now_ms() + int(lease * 1000)
-        waiter = records.Waiter(
-            ticket=after.queue_in,
-            expires_ms=pace.entry_ms,
-            user_id=user_id,
-            shared=sem.shared,
-            lease_ms=int(lease * 1000),
-            address=address,
-            proc=processes.identity(),
-            token=token,
-            since_ms=clock.now_ms(),
+        return (yield from _join(run, resource, seen, pace, if_busy_ms))
+    done, item = yield from _wait_for_turn(run, resource, seen, pace)
+    if done:
+        return item
+    return (yield from _look(resource, seen, pace, lease=run.lease, deadline=run.deadline))
+
+
+def _join(
+    run: Attempt,
+    resource: str,
+    seen: records.LockItem | None,
+    pace: Pace,
+    if_busy_ms: int | None,
+) -> Steps[records.LockItem | None]:
+    """Draw a ticket (one write to the row), then write our entry; returns the row as the
+    ticket left it (or, ``if_busy_ms`` refused, as it is: free, most likely)."""
+    # Where the holder that hands us the lock tells us (None: nowhere): listening before
+    # our entry can be read.
+    address = push.expect(resource, run.token, lease=run.lease, skew=run.skew, now_ms=clock.now_ms)
+    pace.enqueued = True  # from now on, giving up means leaving the queue
+    queue_id = seen.queue_id if seen is not None and seen.queue_id else clock.new_fence(0)
+    ticket = lock_writes.take_ticket(resource, queue_id, if_busy_ms=if_busy_ms)
+    try:
+        # A lost answer leaves a ticket nobody uses: a gap, which the next hand-over
+        # passes. Never a refusal by another waiter: ADD commutes.
+        after = yield from _enqueue(
+            run, functools.partial(lock_rows.update, ticket, return_new=True), resource, None
         )
-        for attempt in range(1, ENQUEUE_TRIES + 1):
-            try:
-                yield InQueue(
-                    functools.partial(queue_entries.put_entry, resource, pace.queue_id, waiter),
-                    token,
-                    resource,
-                    write=True,
-                    entry=(pace.queue_id, after.queue_in),
-                )
-                break
-            except SemaphoreUnavailable as exc:
-                # A put is idempotent: the same again.
-                if not exc.transient or attempt == ENQUEUE_TRIES:
-                    raise
-                yield Sleep(min(backoff(attempt), max(0.001, remaining)))
-        if len(queued_recently) >= MAX_REMEMBERED:
-            queued_recently.clear()
-            pushed_recently.clear()
-            turn_seconds.clear()
-        queued_recently[resource] = clock.monotonic()
-        return after
-    ticket, entry = pace.ticket, (pace.queue_id, pace.ticket or 0)
-    push = wakeup.listening(token)
-    stale = now - int(skew * 1000)
-    room = free_room(sem, seen, stale)
-    imminent = room > ahead_count(seen, ticket, stale)
-    nap = pace.turn_in(seen, token, skew, pushed=push, room=room, limit=sem.limit)
+    except dynamodb.Refused as refused:
+        return refused.lock or records.LockItem()  # free, most likely: plan from it
+    if after is None:
+        return seen
+    pace.queue_id, pace.ticket = after.queue_id, after.queue_in
+    if telemetry.ON:
+        telemetry.waiting(ahead=max(0, after.queue_in - after.queue_out - 1))
+    pace.queued_mono = clock.monotonic()
+    pace.turns = max(1, after.queue_in - after.queue_out)
+    pace.entry_ms = clock.now_ms() + int(run.lease * 1000)
+    waiter = records.Waiter(
+        ticket=after.queue_in,
+        expires_ms=pace.entry_ms,
+        user_id=run.user_id,
+        shared=run.sem.shared,
+        lease_ms=int(run.lease * 1000),
+        address=address,
+        proc=processes.identity(),
+        token=run.token,
+        since_ms=clock.now_ms(),
+    )
+    # A put is idempotent: the same again, if it failed.
+    put = functools.partial(queue_entries.put_entry, resource, pace.queue_id, waiter)
+    yield from _enqueue(run, put, resource, (pace.queue_id, after.queue_in))
+    if len(queued_recently) >= MAX_REMEMBERED:
+        queued_recently.clear()
+        pushed_recently.clear()
+        turn_seconds.clear()
+    queued_recently[resource] = clock.monotonic()
+    return after
+
+
+def _enqueue(
+    run: Attempt, send: Callable[[], _T], resource: str, entry: tuple[int, int] | None
+) -> Steps[_T | None]:
+    """One write of joining the queue, tried again (ENQUEUE_TRIES) while it fails in transit."""
+    for attempt in range(1, ENQUEUE_TRIES + 1):
+        try:
+            answer: _T = yield InQueue(send, run.token, resource, write=True, entry=entry)
+            return answer
+        except SemaphoreUnavailable as exc:
+            if not exc.transient or attempt == ENQUEUE_TRIES:
+                raise
+            yield Sleep(min(backoff(attempt), max(0.001, run.remaining())))
+    return None
+
+
+def _nap(run: Attempt, resource: str, seen: records.LockItem | None, pace: Pace) -> float:
+    """How long a queued waiter sleeps before its next look (or until a push wakes it)."""
+    now = clock.now_ms()
+    stale = run.stale_ms(now)
+    room = free_room(run.sem, seen, stale)
+    pushed = push.listening(run.token)
+    nap = pace.turn_in(seen, run.token, run.skew, pushed=pushed, room=room, limit=run.sem.limit)
+    remaining = run.remaining()
     nap = max(0.001, min(nap, remaining))
     # Look (and renew our entry, below) while a quarter of its lease is left at least.
-    nap = min(nap, max(0.001, (pace.entry_ms - now) / 1000 - lease / 4))
-    if (
-        push
-        and not imminent
-        and not sem.shared
-        and clock.monotonic() - pushed_recently.get(resource, -math.inf) < GUESS_BUSY_FOR
-    ):
+    nap = min(nap, max(0.001, (pace.entry_ms - now) / 1000 - run.lease / 4))
+    imminent = room > ahead_count(seen, pace.ticket, stale)
+    recently = clock.monotonic() - pushed_recently.get(resource, -math.inf) < GUESS_BUSY_FOR
+    if pushed and not imminent and not run.sem.shared and recently:
         # Hand-overs of this resource reached us by push lately: a read before the
         # next one would most likely find nothing new. Look only as a fallback.
         nap = max(nap, min(PUSH_PATIENCE, pace.until_free, remaining))
+    return nap
+
+
+def _wait_for_turn(
+    run: Attempt, resource: str, seen: records.LockItem | None, pace: Pace
+) -> Steps[tuple[bool, records.LockItem | None]]:
+    """Sleep toward our turn. ``(True, item)``: the state to plan from, without a look (a
+    hand-over pushed to us; a holder in our way on this host ended); ``(False, None)``: the
+    nap is over, look again."""
+    entry = (pace.queue_id, pace.ticket or 0)
+    listening = push.listening(run.token)
     last_fence = seen.fence if seen is not None else 0
     # A holder in our way runs on this host: look in /proc whether it ended every
     # WATCH_EVERY, not only at our next read (a dead holder's lease may have a minute left).
-    watched = _watched(seen, ticket, now - int(skew * 1000))
-    until = clock.monotonic() + nap
+    watched = _watched(seen, pace.ticket, run.stale_ms(clock.now_ms()))
+    until = clock.monotonic() + _nap(run, resource, seen, pace)
     while True:
         left = until - clock.monotonic()
         part = max(0.001, min(left, WATCH_EVERY) if watched else left)
-        if push:
-            pushed: wakeup.Push | None = yield InQueue(
-                functools.partial(wakeup.wait, token, part, fence_above=last_fence),
-                token,
+        if listening:
+            pushed: push.Push | None = yield InQueue(
+                functools.partial(push.wait, run.token, part, fence_above=last_fence),
+                run.token,
                 resource,
-                asend=functools.partial(wakeup.await_push, token, part, fence_above=last_fence),
+                asend=functools.partial(push.await_push, run.token, part, fence_above=last_fence),
                 entry=entry,
             )
             if pushed is not None:
-                pushed_recently[resource] = clock.monotonic()
-                # Our turn, by push: handed the lock, or (a counting semaphore's waiter takes
-                # a permit itself) pushed as the next in line. How long a turn took.
-                our_turn = token in pushed.item.holders or (
-                    sem.limit > 1
-                    and pace.ticket is not None
-                    and pushed.item.queue_out >= pace.ticket - 1
-                )
-                if our_turn and pace.queued_mono:
-                    took = (pushed_recently[resource] - pace.queued_mono) / pace.turns
-                    before = turn_seconds.get(resource, took)
-                    turn_seconds[resource] = (before + took) / 2
-                # Handed the lock (or told it is free): the item as written. A hand-over is
-                # worth no more than its arrival plus our own lease.
-                pace.push_cap = pushed.arrived + lease - skew
-                return pushed.item
+                return True, _pushed(run, resource, pace, pushed)
         else:
             yield Sleep(part)
         if any(processes.gone(p) for p in watched):
             # Its holder is dead: take it over from what we saw (the write's condition is
             # that the dead holder's entry is unchanged; a refusal shows what changed).
-            return seen
+            return True, seen
         if not watched or left <= WATCH_EVERY:
-            break
-    return (yield from _look(resource, seen, pace, lease=lease, deadline=started + remaining))
+            return False, None
+
+
+def _pushed(run: Attempt, resource: str, pace: Pace, pushed: push.Push) -> records.LockItem:
+    """Handed the lock (or told it is free) by push: the item as written. A hand-over is
+    worth no more than its arrival plus our own lease."""
+    pushed_recently[resource] = clock.monotonic()
+    # Our turn, by push: handed the lock, or (a counting semaphore's waiter takes a permit
+    # itself) pushed as the next in line. How long a turn took.
+    our_turn = run.token in pushed.item.holders or (
+        run.sem.limit > 1 and pace.ticket is not None and pushed.item.queue_out >= pace.ticket - 1
+    )
+    if our_turn and pace.queued_mono:
+        took = (pushed_recently[resource] - pace.queued_mono) / pace.turns
+        before = turn_seconds.get(resource, took)
+        turn_seconds[resource] = (before + took) / 2
+    pace.push_cap = pushed.arrived + run.lease - run.skew
+    return pushed.item
 
 
 def _look(

@@ -27,7 +27,7 @@ from .. import _clock as clock
 from .._storage import dynamodb, lock_rows, lock_writes, queue_entries
 from ..conf import settings
 from ..exceptions import SemaphoreUnavailable
-from . import push as wakeup
+from . import push
 
 _T = TypeVar("_T")
 
@@ -133,7 +133,7 @@ class InQueue:
         # A hand-over on its way to us (its releaser read the queue before we left) is
         # given back when it comes.
         token, resource = self.token, self.resource
-        wakeup.depart(
+        push.depart(
             token,
             lambda item: withdraw(token, [resource]),
             seconds=settings.LEASE + settings.CLOCK_SKEW,
@@ -177,25 +177,29 @@ def run_sync(steps: Steps[_T]) -> _T:
             if step is not None:
                 _interrupted(step, queued)
             raise
-        result, error = None, None
         if isinstance(step, InQueue):
             queued = step
         try:
-            if isinstance(step, Sleep):
-                if step.seconds:
-                    time.sleep(step.seconds)
-            else:
-                try:
-                    result = step.send()
-                except Exception as exc:  # handed back to the loop, which decides
-                    error = exc
+            result, error = _perform(step)
         except BaseException:  # KeyboardInterrupt, SystemExit: not for the loop to decide
             steps.close()
             _interrupted(step, queued)
             raise
 
 
-async def run_async(steps: Steps[_T]) -> _T:  # noqa: C901, PLR0912  (issue 41: split)
+def _perform(step: Step) -> tuple[Any, Exception | None]:
+    """One step, blocking: its result, or the error the loop decides on."""
+    if isinstance(step, Sleep):
+        if step.seconds:
+            time.sleep(step.seconds)
+        return None, None
+    try:
+        return step.send(), None
+    except Exception as exc:  # handed back to the loop, which decides
+        return None, exc
+
+
+async def run_async(steps: Steps[_T]) -> _T:
     result: Any = None
     error: BaseException | None = None
     queued: InQueue | None = None  # we may be in a resource's queue
@@ -212,29 +216,32 @@ async def run_async(steps: Steps[_T]) -> _T:  # noqa: C901, PLR0912  (issue 41: 
             if step is not None:
                 await run_io(_interrupted, step, queued)
             raise
-        result, error = None, None
         if isinstance(step, InQueue):
             queued = step
         try:
-            if isinstance(step, Sleep):
-                if step.seconds:
-                    await asyncio.sleep(step.seconds)
-            elif isinstance(step, InQueue) and step.asend is not None:
-                try:
-                    result = await step.asend()
-                except Exception as exc:
-                    error = exc
-            else:
-                request = asyncio.ensure_future(run_io(step.send))
-                try:
-                    result = await asyncio.shield(request)
-                except asyncio.CancelledError:
-                    if isinstance(step, Write) or (isinstance(step, InQueue) and step.write):
-                        await asyncio.wait([request])  # it goes on in its thread: let it end
-                    raise
-                except Exception as exc:
-                    error = exc
+            result, error = await _aperform(step)
         except BaseException:  # cancelled (or interrupted)
             steps.close()
             await run_io(_interrupted, step, queued)
             raise
+
+
+async def _aperform(step: Step) -> tuple[Any, Exception | None]:
+    """One step under asyncio: a pause or a wait for a push on the loop, a request in
+    :func:`io_executor`; its result, or the error the loop decides on."""
+    if isinstance(step, Sleep):
+        if step.seconds:
+            await asyncio.sleep(step.seconds)
+        return None, None
+    try:
+        if isinstance(step, InQueue) and step.asend is not None:
+            return await step.asend(), None
+        request = asyncio.ensure_future(run_io(step.send))
+        try:
+            return await asyncio.shield(request), None
+        except asyncio.CancelledError:
+            if isinstance(step, Write) or (isinstance(step, InQueue) and step.write):
+                await asyncio.wait([request])  # it goes on in its thread: let it end
+            raise
+    except Exception as exc:
+        return None, exc

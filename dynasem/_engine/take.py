@@ -12,9 +12,9 @@ from .. import _clock as clock
 from .._observability import telemetry
 from .._storage import lock_writes, reader_items, records
 from .._storage.records import Mode
-from . import queue as queueing
+from . import queue
 from .hold import Held, acquired
-from .lockspec import LockSpec
+from .lockspec import Attempt, LockSpec
 from .queue import live_holders
 
 
@@ -43,7 +43,7 @@ class Plan:
         self.reader = reader
 
 
-def plan(  # noqa: C901, PLR0912  (issue 41: split)
+def plan(
     sem: LockSpec,
     resource: str,
     seen: records.LockItem | None,
@@ -53,84 +53,114 @@ def plan(  # noqa: C901, PLR0912  (issue 41: split)
     confirm_below_ms: int,
     ticket: int | None = None,
 ) -> Plan:
-    mode, limit = sem.mode, sem.limit
+    """The write to send for ``resource`` from ``seen`` (``entry``: our holder entry, its
+    fence from the clock), or who is in our way, or what must be read first."""
+    queued = ticket is not None
     if seen is not None and seen.slots_used is not None:
-        # Its holders are in permit items (a limit above table.permits.INLINE_MAX): read
+        # Its holders are in permit items (a limit above permit_items.INLINE_MAX): read
         # them; if none is live, the row is ours to take back to holders inline.
         if not seen.permits_read:
-            return Plan(load=0, queued=ticket is not None)
+            return Plan(load=0, queued=queued)
         if live_holders(seen, stale_ms):
-            raise ValueError(
-                f"{resource!r} is held with limit={seen.limit}; every holder of one resource "
-                f"must use the same limit, not limit={limit}"
-            )
+            raise other_limit(resource, seen.limit, sem.limit)
         seen = dataclasses.replace(seen, holders={})  # every permit free or dead
     holders = seen.holders if seen is not None else {}
-    if token in holders:
-        # Ours already: handed to us, or a write of ours was applied but its response was
-        # lost. Trusted only until its stored lease end (less the skew): when that is
-        # near, or the caller says so, confirm it with a renewal of our own first.
-        mine = holders[token]
-        ours = Plan(fence=mine.fence, expires_ms=mine.expires_ms)
-        if ours.expires_ms < confirm_below_ms:
-            item_ms = seen.expires_ms if seen is not None else 0
-            ours.action = lock_writes.renew_hold(
-                resource,
-                token,
-                entry.expires_ms,
-                raise_item=item_ms <= entry.expires_ms,
-                user_id=entry.user_id,
-            )
-            ours.expires_ms = entry.expires_ms
-        return ours
+    if seen is not None and token in holders:
+        return _ours(resource, seen, token, entry, confirm_below_ms)
     stored_fence = seen.fence if seen is not None else 0
     if stored_fence >= entry.fence:
         # Our clock is behind: count on instead.
         entry = dataclasses.replace(entry, fence=stored_fence + 1)
-    done = Plan(fence=entry.fence, expires_ms=entry.expires_ms, queued=ticket is not None)
-    if mode == Mode.SHARED and reader_items.admitted_before(seen, token, stale_ms):
+    done = Plan(fence=entry.fence, expires_ms=entry.expires_ms, queued=queued)
+    if sem.mode == Mode.SHARED and reader_items.admitted_before(seen, token, stale_ms):
         # Our admission was applied, its answer lost: confirmed, whoever queued since.
         return _admission(done, resource, seen, token, entry, stale_ms, lock_writes.QueueTerms())
     live = live_holders(seen, stale_ms)
     held_now = seen is not None and bool(holders) and seen.expires_ms >= stale_ms
     if seen is not None and held_now:
-        joinable = mode != Mode.EXCLUSIVE and seen.mode == mode and seen.limit == limit
-        if live and not (joinable and (mode == Mode.SHARED or len(live) < limit)):
-            live = queueing.not_proven_dead(live)  # in our way: a look in /proc (same host)
-        if live:
-            if seen.limit != limit:
-                raise ValueError(
-                    f"{resource!r} is held with limit={seen.limit}; every holder of one "
-                    f"resource must use the same limit, not limit={limit}"
-                )
-            if not (joinable and (mode == Mode.SHARED or len(live) < limit)):
-                return Plan(busy=live, queued=ticket is not None)
+        live, in_way = _in_way(sem, resource, seen, live)
+        if in_way:
+            return Plan(busy=live, queued=queued)
     # Its holders would let us in: nobody cuts in line. A taker not in the queue needs
     # nobody live waiting; a queued one needs nobody live ahead of it.
-    items = queueing.entries_ahead(seen, ticket, stale_ms)
-    if items is None and seen is not None:
-        return Plan(load=queueing.upto_of(seen, ticket), queued=ticket is not None)
-    ahead = {w.token: w for w in items or ()}
+    ahead = queue.entries_ahead(seen, ticket, stale_ms)
+    if ahead is None and seen is not None:
+        return Plan(load=queue.upto_of(seen, ticket), queued=queued)
     if ahead:
-        return Plan(busy=live or ahead, queued=ticket is not None)
+        return Plan(busy=live or {w.token: w for w in ahead}, queued=queued)
     terms = lock_writes.QueueTerms(
         mine=ticket,
         queue_in=seen.queue_in if seen is not None else 0,
         queue_out=seen.queue_out if seen is not None else 0,
     )
-    if mode == Mode.SHARED and len(sem.resources) == 1 and reader_items.wants_item(seen, live):
+    if sem.mode == Mode.SHARED and len(sem.resources) == 1 and reader_items.wants_item(seen, live):
         return _admission(done, resource, seen, token, entry, stale_ms, terms)
-    if seen is None:
-        if mode != Mode.EXCLUSIVE:
-            # Counting and shared holds usually find others holding: try to join at once.
-            done.action = lock_writes.take_room(resource, token, entry, mode=mode, limit=limit)
-        else:
-            done.action = lock_writes.take_free(
-                resource, token, entry, mode=mode, limit=limit, stale_ms=stale_ms, queue=terms
-            )
-        return done
-    if not held_now:
-        done.action = lock_writes.take_free(
+    done.action = _take(sem, resource, seen, token, entry, live, held_now, stale_ms, terms)
+    return done
+
+
+def other_limit(resource: str, stored: int, limit: int) -> ValueError:
+    return ValueError(
+        f"{resource!r} is held with limit={stored}; every holder of one resource must use "
+        f"the same limit, not limit={limit}"
+    )
+
+
+def _ours(
+    resource: str, seen: records.LockItem, token: str, entry: records.Holder, confirm_below_ms: int
+) -> Plan:
+    """Ours already: handed to us, or a write of ours was applied but its response was lost.
+    Trusted only until its stored lease end (less the skew): when that is near, or the
+    caller says so, confirm it with a renewal of our own first."""
+    mine = seen.holders[token]
+    ours = Plan(fence=mine.fence, expires_ms=mine.expires_ms)
+    if ours.expires_ms < confirm_below_ms:
+        ours.action = lock_writes.renew_hold(
+            resource,
+            token,
+            entry.expires_ms,
+            raise_item=seen.expires_ms <= entry.expires_ms,
+            user_id=entry.user_id,
+        )
+        ours.expires_ms = entry.expires_ms
+    return ours
+
+
+def _in_way(
+    sem: LockSpec, resource: str, seen: records.LockItem, live: dict[str, records.Holder]
+) -> tuple[dict[str, records.Holder], bool]:
+    """The live holders of a held row, less those proven dead when they keep us out, and
+    whether they keep us out (else we join them)."""
+    joinable = sem.mode != Mode.EXCLUSIVE and seen.mode == sem.mode and seen.limit == sem.limit
+
+    def room(holders: Mapping[str, records.Holder]) -> bool:
+        return joinable and (sem.mode == Mode.SHARED or len(holders) < sem.limit)
+
+    if live and not room(live):
+        live = queue.not_proven_dead(live)  # in our way: a look in /proc (same host)
+    if live and seen.limit != sem.limit:
+        raise other_limit(resource, seen.limit, sem.limit)
+    return live, bool(live) and not room(live)
+
+
+def _take(
+    sem: LockSpec,
+    resource: str,
+    seen: records.LockItem | None,
+    token: str,
+    entry: records.Holder,
+    live: dict[str, records.Holder],
+    held_now: bool,
+    stale_ms: int,
+    terms: lock_writes.QueueTerms,
+) -> dict[str, Any]:
+    """The take itself: of a row free (or of dead holders), or joining its live holders."""
+    mode, limit = sem.mode, sem.limit
+    if seen is None and mode != Mode.EXCLUSIVE:
+        # Counting and shared holds usually find others holding: try to join at once.
+        return lock_writes.take_room(resource, token, entry, mode=mode, limit=limit)
+    if seen is None or not held_now:
+        return lock_writes.take_free(
             resource,
             token,
             entry,
@@ -138,21 +168,19 @@ def plan(  # noqa: C901, PLR0912  (issue 41: split)
             limit=limit,
             stale_ms=stale_ms,
             queue=terms,
-            permits_row=seen if seen.slots_used is not None else None,
+            permits_row=seen if seen is not None and seen.slots_used is not None else None,
         )
-        return done
-    done.action = lock_writes.take_join(
+    return lock_writes.take_join(
         resource,
         token,
         entry,
         mode=mode,
         limit=limit,
         seen=seen,
-        evict=[t for t in holders if t not in live],
+        evict=[t for t in seen.holders if t not in live],
         replace=not live,
         queue=terms,
     )
-    return done
 
 
 def _admission(
@@ -181,25 +209,21 @@ def _admission(
 
 
 def held_if_trusted(
-    sem: LockSpec,
+    run: Attempt,
     plans: dict[str, Plan],
     seen: dict[str, records.LockItem | None],
     *,
-    token: str,
-    user_id: str,
-    lease: float,
-    skew: float,
     sent_mono: float | None,
     push_cap: float | None,
-    margin: float,
 ) -> Held | None:
-    """The hold, if its trusted deadline (read now) is at least ``margin`` ahead; else None
-    (then it is confirmed by a renewal first: with less, it would be lost before the
+    """The hold, if its trusted deadline (read now) is at least ``run.margin`` ahead; else
+    None (then it is confirmed by a renewal first: with less, it would be lost before the
     heartbeat could renew it, its block begun).
 
     ``sent_mono``: when the write that took (or renewed) the resources with an action
     left (never when its answer came); the others we only saw to be ours, and trust until
     their stored lease end less the skew (a pushed one: nor past ``push_cap``)."""
+    sem, lease, skew = run.sem, run.lease, run.skew
     mono, now = clock.monotonic(), clock.now_ms()
     ends = [sent_mono + lease - skew] if sent_mono is not None else []
     for plan in plans.values():
@@ -208,18 +232,39 @@ def held_if_trusted(
     if push_cap is not None:
         ends.append(push_cap)
     deadline = min(ends)
-    if deadline - mono < margin:
+    if deadline - mono < run.margin:
         return None
-    if telemetry.ON and sent_mono is None and len(sem.resources) == 1:
-        telemetry.handed_over(sem, seen.get(sem.resources[0]), token)
+    one = len(sem.resources) == 1
+    if telemetry.ON and sent_mono is None and one:
+        telemetry.handed_over(sem, seen.get(sem.resources[0]), run.token)
+    return hold(
+        run,
+        {r: p.fence for r, p in plans.items()},
+        min(p.expires_ms for p in plans.values()),
+        deadline - lease + skew,
+        item=seen.get(sem.resources[0]) if one and seen else None,
+    )
+
+
+def hold(
+    run: Attempt,
+    fences: dict[str, int],
+    expires_ms: int,
+    sent_mono: float,
+    *,
+    item: records.LockItem | None = None,
+    cls: type[Held] = Held,
+) -> Held:
+    """The hold ``run`` took (:func:`dynasem._engine.hold.acquired`)."""
     return acquired(
-        sem,
-        token=token,
-        user_id=user_id,
-        fences={r: p.fence for r, p in plans.items()},
-        lease=lease,
-        skew=skew,
-        expires_ms=min(p.expires_ms for p in plans.values()),
-        sent_mono=deadline - lease + skew,
-        item=seen.get(sem.resources[0]) if len(sem.resources) == 1 and seen else None,
+        run.sem,
+        token=run.token,
+        user_id=run.user_id,
+        fences=fences,
+        lease=run.lease,
+        skew=run.skew,
+        expires_ms=expires_ms,
+        sent_mono=sent_mono,
+        item=item,
+        cls=cls,
     )

@@ -65,7 +65,7 @@ def uses_permits(mode: Mode, limit: int) -> bool:
 # -- the row's writes --------------------------------------------------------------------------
 
 
-def take_slot(  # noqa: PLR0912, PLR0915  (issue 41: split)
+def take_slot(
     resource: str,
     *,
     how: str,
@@ -94,9 +94,7 @@ def take_slot(  # noqa: PLR0912, PLR0915  (issue 41: split)
     grow or fence take whose old row is returned): the stored fence plus one, ours without
     a condition, so that takers of other slots at once do not refuse each other's fences
     (each fence of a busy row would otherwise refuse every take in flight)."""
-    names: dict[str, str] = {}
     values: dict[str, Any] = {":lim": limit}
-    removes: list[str] = []
     if fence is None:
         if how not in ("pop", "grow", "fence"):
             raise ValueError(f"a {how!r} take names its fence")
@@ -108,74 +106,103 @@ def take_slot(  # noqa: PLR0912, PLR0915  (issue 41: split)
         conds = ["(attribute_not_exists(#fence) OR #fence < :fence)"]
         values[":fence"] = fence
     if how == "create":
-        sets += [
-            "#hw = :one",
-            "#hints = :none",
-            "#mode = :mode",
-            "#lim = :lim",
-            "#shard = :shard",
-            "#uid = if_not_exists(#uid, :uid)",
-            "#exp = :exp",
-            "#expMs = :expMs",
-        ]
-        removes.append("#h")
-        conds += [
-            "attribute_not_exists(#hw)",
-            "(attribute_not_exists(#h) OR size(#h) = :zero OR #expMs < :stale)",
-        ]
-        bucket = bucket_of(expires_ms)
-        values.update(
-            {
-                ":one": 1,
-                ":none": [],
-                ":mode": Mode.COUNTING,
-                ":shard": shard_of(resource),
-                ":uid": user_id,
-                ":exp": bucket,
-                ":expMs": bucket * 1000,
-                ":zero": 0,
-                ":stale": stale_ms,
-            }
-        )
+        removes = _create(resource, stale_ms, expires_ms, user_id, sets, conds, values)
     else:
-        conds.append("attribute_exists(#hw)")
-        if how != "reset":
-            conds.append("#lim = :lim")
-        if how == "pop":
-            removes.append("#hints[0]")
-            if slot is None:
-                conds.append("size(#hints) > :zero")
-                values[":zero"] = 0
-            else:
-                conds.append("#hints[0] = :slot")
-                values[":slot"] = slot
-        elif how == "grow":
-            sets.append("#hw = #hw + :one")
-            values[":one"] = 1
-            if seen_hw is None:
-                conds.append("#hw < :lim")
-            else:
-                conds.append("#hw = :seenHw")
-                values[":seenHw"] = seen_hw
-        elif how == "reset":
-            # Another limit, and no permit live when we read them: every slot anew.
-            sets += ["#hw = :one", "#hints = :none", "#lim = :lim"]
-            conds.append("#fence = :seenFence")
-            values.update({":one": 1, ":none": [], ":seenFence": seen_fence})
-        elif how == "fence":
-            if slot is not None:
-                # Only a slot the row does not hint: a slot given back is hinted, and taken
-                # past its hint, that hint would later send a take to a slot held (two writes
-                # for nothing). Refused, we pop the hint instead.
-                conds.append("NOT contains(#hints, :slot)")
-                values[":slot"] = slot
-        else:
-            raise ValueError(f"unknown take {how!r}")
+        removes = _slot(how, slot, seen_hw, seen_fence, sets, conds, values)
     q_sets, q_conds = queue_clauses(queue, values)
     sets += q_sets
     conds += q_conds
     update = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
-    return update_action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
+    return update_action(resource, LOCK_SK, update, " AND ".join(conds), {}, values)
+
+
+def _create(
+    resource: str,
+    stale_ms: int,
+    expires_ms: int,
+    user_id: str,
+    sets: list[str],
+    conds: list[str],
+    values: dict[str, Any],
+) -> list[str]:
+    """:func:`take_slot`'s terms for making the row a permit row, slot 0 ours: no row, or
+    one whose inline holders are all gone. Returns what it removes."""
+    sets += [
+        "#hw = :one",
+        "#hints = :none",
+        "#mode = :mode",
+        "#lim = :lim",
+        "#shard = :shard",
+        "#uid = if_not_exists(#uid, :uid)",
+        "#exp = :exp",
+        "#expMs = :expMs",
+    ]
+    conds += [
+        "attribute_not_exists(#hw)",
+        "(attribute_not_exists(#h) OR size(#h) = :zero OR #expMs < :stale)",
+    ]
+    bucket = bucket_of(expires_ms)
+    values.update(
+        {
+            ":one": 1,
+            ":none": [],
+            ":mode": Mode.COUNTING,
+            ":shard": shard_of(resource),
+            ":uid": user_id,
+            ":exp": bucket,
+            ":expMs": bucket * 1000,
+            ":zero": 0,
+            ":stale": stale_ms,
+        }
+    )
+    return ["#h"]
+
+
+def _slot(
+    how: str,
+    slot: int | None,
+    seen_hw: int | None,
+    seen_fence: int,
+    sets: list[str],
+    conds: list[str],
+    values: dict[str, Any],
+) -> list[str]:
+    """:func:`take_slot`'s terms for a slot of a permit row (``how``: pop, grow, fence or
+    reset). Returns what it removes."""
+    conds.append("attribute_exists(#hw)")
+    if how != "reset":
+        conds.append("#lim = :lim")
+    if how == "pop":
+        if slot is None:
+            conds.append("size(#hints) > :zero")
+            values[":zero"] = 0
+        else:
+            conds.append("#hints[0] = :slot")
+            values[":slot"] = slot
+        return ["#hints[0]"]
+    if how == "grow":
+        sets.append("#hw = #hw + :one")
+        values[":one"] = 1
+        if seen_hw is None:
+            conds.append("#hw < :lim")
+        else:
+            conds.append("#hw = :seenHw")
+            values[":seenHw"] = seen_hw
+    elif how == "reset":
+        # Another limit, and no permit live when we read them: every slot anew.
+        sets += ["#hw = :one", "#hints = :none", "#lim = :lim"]
+        conds.append("#fence = :seenFence")
+        values.update({":one": 1, ":none": [], ":seenFence": seen_fence})
+    elif how == "fence":
+        if slot is not None:
+            # Only a slot the row does not hint: a slot given back is hinted, and taken
+            # past its hint, that hint would later send a take to a slot held (two writes
+            # for nothing). Refused, we pop the hint instead.
+            conds.append("NOT contains(#hints, :slot)")
+            values[":slot"] = slot
+    else:
+        raise ValueError(f"unknown take {how!r}")
+    return []
 
 
 def hint(resource: str, slot: int, hold_ms: int | None = None) -> dict[str, Any]:
@@ -358,8 +385,13 @@ def with_permits(
         return item
     holders: dict[str, Holder] = {}
     last = None
-    pages = prefix_pages(item.resource, PERMIT_PREFIX, consistent=consistent,
-                         limit=None if most is None else most + 1, after_sk=after_sk)  # fmt: skip
+    pages = prefix_pages(
+        item.resource,
+        PERMIT_PREFIX,
+        consistent=consistent,
+        limit=None if most is None else most + 1,
+        after_sk=after_sk,
+    )
     for permit in (permit_of(found) for page in pages for found in page):
         if not permit.token:
             continue

@@ -427,8 +427,9 @@ def with_readers(
     holders = {} if after_sk else {t: h for t, h in item.holders.items() if t != SENTINEL}
     read, last = 0, None
     limit = None if most is None else most + 1
-    pages = prefix_pages(item.resource, READER_PREFIX, consistent=consistent, limit=limit,
-                         after_sk=after_sk)  # fmt: skip
+    pages = prefix_pages(
+        item.resource, READER_PREFIX, consistent=consistent, limit=limit, after_sk=after_sk
+    )
     for reader in (reader_of(found) for page in pages for found in page):
         if reader.epoch != item.reader_epoch:
             continue
