@@ -131,24 +131,49 @@ def test_a_check_ids_letter_is_its_level():
 # -- signals -----------------------------------------------------------------------------------
 
 
+def _held_send_keywords() -> set[str]:
+    """The keyword arguments ``Held._send(signal, **more)`` sends every signal of a hold with
+    (its one ``signal.send(``), besides ``more``."""
+    tree = ast.parse((PACKAGE / "_engine" / "hold.py").read_text(encoding="utf-8"))
+    (method,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_send"]
+    (call,) = [
+        n
+        for n in ast.walk(method)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "send"
+    ]
+    return {str(k.arg) for k in call.keywords if k.arg not in (None, "sender")}
+
+
 def _sends() -> dict[str, set[str]]:
-    """For each signal, the keyword arguments of every ``.send(`` of it in dynasem."""
+    """For each signal, the keyword arguments of every ``.send(`` of it in dynasem, and of
+    every ``Held._send(signal, ...)``."""
     sent: dict[str, set[str]] = {}
+    held_keywords = _held_send_keywords()
     for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+                continue
+            keywords = {k.arg for k in node.keywords}
             if (
-                isinstance(node, ast.Call)
-                and isinstance(node.func, ast.Attribute)
-                and node.func.attr in ("send", "send_robust")
+                node.func.attr in ("send", "send_robust")
                 and isinstance(node.func.value, ast.Name)
                 and node.func.value.id in signals.SIGNALS
             ):
-                keywords = {k.arg for k in node.keywords}
                 assert None not in keywords, f"{path}: a **kwargs send cannot be checked"
                 assert "sender" in keywords, f"{path}: a send without sender="
-                sent.setdefault(node.func.value.id, set()).update(
-                    str(k) for k in keywords - {"sender"}
-                )
+                name = node.func.value.id
+            elif (
+                node.func.attr == "_send"
+                and node.args
+                and isinstance(node.args[0], ast.Name)
+                and node.args[0].id in signals.SIGNALS
+            ):
+                assert None not in keywords, f"{path}: a **kwargs send cannot be checked"
+                keywords |= held_keywords
+                name = node.args[0].id
+            else:
+                continue
+            sent.setdefault(name, set()).update(str(k) for k in keywords - {"sender"})
     return sent
 
 
