@@ -119,13 +119,22 @@ def region_of(session: boto3.session.Session) -> str:
 
 
 def reset_client() -> None:
-    """Forget the cached clients (settings changed, or we are a freshly forked child)."""
+    """Forget the cached clients (settings changed). Under the lock: a client being built from
+    the old settings meanwhile is forgotten too, never cached after the change."""
+    with _client_lock:
+        _clients.clear()
+
+
+def _after_fork() -> None:
+    # A forked child must not share the parent's connection pool, nor wait on a lock that a
+    # thread of the parent held when it forked.
+    global _client_lock
+    _client_lock = threading.Lock()
     _clients.clear()
 
 
 if hasattr(os, "register_at_fork"):
-    # A forked child must not share the parent's connection pool.
-    os.register_at_fork(after_in_child=reset_client)
+    os.register_at_fork(after_in_child=_after_fork)
 
 
 def endpoint_label() -> str:

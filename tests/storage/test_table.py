@@ -403,3 +403,35 @@ def test_a_join_evicts_at_most_max_evict_dead_holders_and_still_joins(lock_table
     finally:
         for held in [live, *joined]:
             held.release()
+
+
+def test_a_client_built_from_old_settings_is_not_kept_after_a_reset(lock_table, monkeypatch):
+    """A settings change (``reset_client``) while a thread builds the client from the old
+    settings: the client built is forgotten, not cached for good (a heartbeat kept renewing
+    through a dead endpoint's client after ``override_settings`` ended)."""
+    import threading
+
+    from dynasem._storage import dynamodb
+
+    started, go, built = threading.Event(), threading.Event(), []
+    real = dynamodb._build
+
+    def slow(quick: bool):
+        started.set()
+        go.wait(5)
+        built.append(real(quick))
+        return built[-1]
+
+    dynamodb.reset_client()
+    monkeypatch.setattr(dynamodb, "_build", slow)
+    builder = threading.Thread(target=dynamodb.get_client)
+    builder.start()
+    assert started.wait(5)
+    resetter = threading.Thread(target=dynamodb.reset_client)
+    resetter.start()
+    resetter.join(0.2)  # the reset waits for the build, or (before the fix) clears at once
+    go.set()
+    builder.join(5)
+    resetter.join(5)
+    monkeypatch.setattr(dynamodb, "_build", real)
+    assert dynamodb.get_client() is not built[0]
