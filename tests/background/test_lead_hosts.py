@@ -115,6 +115,7 @@ def two_leaders(
                 os.kill(run.pid, signal.SIGKILL)
 
 
+@pytest.mark.serial  # ten failovers timed against the lease, on three hosts: run alone
 def test_ten_failovers_across_hosts_never_two_commands_at_once(
     network: netns.Network, two_leaders: dict[str, HostLeader], tmp_path: Path
 ) -> None:

@@ -124,6 +124,7 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+@pytest.mark.serial  # a kill timed against the run lease under gunicorn: run alone
 def test_a_next_run_killed_while_waiting_is_replaced_through_http(
     dynamodb_local: str, database: str
 ) -> None:
