@@ -161,16 +161,9 @@ def admit(
         ":L": lease_ms,
         ":mark": admission_mark(token, epoch),
     }
-    sets = ["#h.#s = :sent", "#expMs = :cover", "#exp = :exp", "#rla = :mark"]
-    conds = ["#expMs <= :cover"]
-    if fence is None:
-        sets.insert(0, "#fence = #fence + :one")
-        conds.insert(0, "attribute_exists(#fence)")
-        values[":one"] = 1
-    else:
-        sets.insert(0, "#fence = :fence")
-        conds.insert(0, "(attribute_not_exists(#fence) OR #fence < :fence)")
-        values[":fence"] = fence
+    sets, conds = _fence_terms(fence, values)
+    sets += ["#h.#s = :sent", "#expMs = :cover", "#exp = :exp", "#rla = :mark"]
+    conds.append("#expMs <= :cover")
     adds: list[str] = []
     if epoch == seen.reader_epoch:
         if admitted_before(seen, token, stale_ms):
@@ -189,6 +182,16 @@ def admit(
     if adds:
         update += " ADD " + ", ".join(adds)
     return update_action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
+
+
+def _fence_terms(fence: int | None, values: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The fence an admission sets, and its condition: counted up from the stored one, or
+    (``fence`` named, in a transaction) above it."""
+    if fence is None:
+        values[":one"] = 1
+        return ["#fence = #fence + :one"], ["attribute_exists(#fence)"]
+    values[":fence"] = fence
+    return ["#fence = :fence"], ["(attribute_not_exists(#fence) OR #fence < :fence)"]
 
 
 def _join(
