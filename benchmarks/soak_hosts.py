@@ -63,7 +63,7 @@ for path in (str(REPO_ROOT), str(HERE)):
 
 import soak  # noqa: E402 - benchmarks/ is no package: found through sys.path
 
-from tests import netns  # noqa: E402
+from tests.support import netns  # noqa: E402
 
 PARTITION_EVERY = (4.0, 10.0)  # seconds between two cuts
 PARTITION_LEASES = (0.25, 2.5)  # how long a cut lasts, in leases
