@@ -5,6 +5,7 @@ SIGTERM."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -136,7 +137,8 @@ def leaders(lock_table: str, dynamodb_local: str, tmp_path: Path) -> Any:
         leader.close()
     for run in runs(tmp_path / "runs.log"):  # no command left behind
         if not dead(run.pid):
-            os.kill(run.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it may end between the two
+                os.kill(run.pid, signal.SIGKILL)
 
 
 def parent_of(pid: int) -> int:
