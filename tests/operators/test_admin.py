@@ -691,6 +691,7 @@ def test_an_unavailable_dynamodb_is_said_within_seconds_never_shown_as_empty(
         assert empty not in body
 
 
+@pytest.mark.serial  # a 3 s bound on an answer: run alone, not beside other workers
 def test_dynasem_locks_on_a_silent_endpoint_fails_within_seconds(
     lock_table, silent_endpoint, settings
 ):
