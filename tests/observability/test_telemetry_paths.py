@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from dynasem import SemaphoreBusy, semaphore
+from dynasem import SemaphoreBusy, queue_depth, semaphore
 from dynasem._engine import late_handover as strays
 from dynasem._observability.metrics import MODE, NAME, OPERATION, OUTCOME, QUEUED
 from dynasem._operators import locks as operations
@@ -54,6 +54,13 @@ def unnamed_requests(reader: Any) -> float:
     return sum(p.value for p in points(reader, REQUESTS) if NAME not in p.attributes)
 
 
+def wait_for_depth(res: str, depth: int, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while queue_depth(res) < depth:
+        assert time.monotonic() < deadline, f"{depth} waiter(s) never queued on {res}"
+        time.sleep(0.05)
+
+
 def in_thread(take: Any) -> tuple[threading.Thread, dict[str, Any]]:
     out: dict[str, Any] = {}
 
@@ -79,7 +86,7 @@ def test_queued_waiters_for_permits_record_the_waiters_ahead(holds: list[Any]) -
                 lambda i=i: semaphore(res, limit=20, wait=10, metrics_name=f"{name}-{i}").acquire()
             )
         )
-        time.sleep(0.5)  # queued one after the other
+        wait_for_depth(res, i + 1)  # queued one after the other, whatever the load
     full[0].release()
     full[1].release()
     for thread, out in waiters:
