@@ -81,7 +81,9 @@ OTEL_PAIRS = {("3.11", "4.2"), ("3.12", "5.2"), ("3.12", "6.1"), ("3.13", "6.0")
 # checks, settings and decorators work, users' test plugins run, telemetry on or off. What
 # differs between two Pythons on one Django is found there; the admin pages, commands and
 # transactions depend on the Django, which a full pair covers. It keeps CI under 45 minutes.
-FULL_PAIRS = {("3.11", "4.2"), ("3.12", "5.2"), ("3.13", "6.0"), ("3.12", "6.1")}
+# Django 6.1 runs whole in ``make test`` (the newest pair, 3.13) and Python 3.12 in 3.12/5.2:
+# 3.12/6.1 is a smoke pair (CI's 25 minutes, issue 41).
+FULL_PAIRS = {("3.11", "4.2"), ("3.12", "5.2"), ("3.13", "6.0"), NEWEST}
 
 
 def _tags(pair: tuple[str, str]) -> list[str]:

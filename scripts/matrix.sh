@@ -20,13 +20,19 @@ PY="$1"
 shift
 JOBS="${MATRIX_JOBS:-2}"
 
+# Each line: a group number, a tab, a session. A "full" session runs the Django-facing part
+# (about four times a smoke session's minutes): the longest first, each to the group with the
+# least work so far, so the groups end together.
 mapfile -t SESSIONS < <("$PY" -m nox -l -t ci --json 2>/dev/null | "$PY" -c '
 import json, sys
-# The long ("full") sessions first: dealt round the groups, each gets its share of them.
+jobs = int(sys.argv[1])
 found = [s for s in json.load(sys.stdin) if "ci" in s.get("tags", [])]
+work = [0] * jobs
 for s in sorted(found, key=lambda s: "full" not in s.get("tags", [])):
-    print(s["session"])
-')
+    g = work.index(min(work))
+    work[g] += 4 if "full" in s.get("tags", []) else 1
+    print(g, s["session"], sep="\t")
+' "$JOBS")
 if [ "${#SESSIONS[@]}" = 0 ]; then
     echo "scripts/matrix.sh: nox lists no session tagged ci" >&2
     exit 1
@@ -39,7 +45,9 @@ mkdir -p .nox
 pids=()
 for ((g = 0; g < JOBS; g++)); do
     group=()
-    for ((i = g; i < ${#SESSIONS[@]}; i += JOBS)); do group+=("${SESSIONS[$i]}"); done
+    for line in "${SESSIONS[@]}"; do
+        if [ "${line%%$'\t'*}" = "$g" ]; then group+=("${line#*$'\t'}"); fi
+    done
     [ "${#group[@]}" = 0 ] && continue
     log=".nox/matrix-$g.log"
     echo "scripts/matrix.sh: group $g -> $log: ${group[*]}"
