@@ -148,10 +148,9 @@ class _Acquire:
             limit=run.sem.limit,
             queue=terms,
             slot=plan.slot if plan.how == "fence" else None,
-            seen_fence=seen.fence,
+            seen=seen,
+            holder=holder,
             stale_ms=self.stale,
-            expires_ms=holder.expires_ms,
-            user_id=run.user_id,
         )
         old = yield from self.send_row(action)
         if old is None:
@@ -501,11 +500,9 @@ def _takes(
             limit=run.sem.limit,
             queue=terms,
             slot=plan.slot,
-            seen_hw=row.slots_used,
-            seen_fence=row.fence,
+            seen=row,
+            holder=holder,
             stale_ms=stale,
-            expires_ms=holder.expires_ms,
-            user_id=run.user_id,
         )
         permit = permit_items.take_permit(
             r, taken[r], run.token, holder, stale_ms=stale, dead=plan.dead

@@ -26,28 +26,15 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from ..conf import settings
-from . import dynamodb
-from .dynamodb import Refused, prefix_pages
-from .lock_writes import QueueTerms, queue_clauses, update_action
-from .records import (
-    BUCKET_S,
-    LOCK_SK,
-    PERMIT_PREFIX,
-    Holder,
-    LockItem,
-    Mode,
-    Permit,
-    bucket_of,
-    decode,
-    epoch_seconds,
-    permit_of,
-    permit_sk,
-    shard_of,
-)
+from . import dynamodb, records
+from .dynamodb import Refused as Refused
+from .lock_writes import LEASE, QueueTerms, queue_clauses, update_action
+from .records import LOCK_SK, PERMIT_PREFIX, Holder, LockItem, Mode, Permit, permit_of, permit_sk
 
+_T = TypeVar("_T")
 # A counting semaphore of at most this many permits keeps its holders in its row (a row of
 # 8 holders is under 2 KB: its writes cost no more than the permits' two); above, in permits.
 INLINE_MAX = 8
@@ -65,6 +52,16 @@ def uses_permits(mode: Mode, limit: int) -> bool:
 # -- the row's writes --------------------------------------------------------------------------
 
 
+def fence_terms(fence: int | None, values: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The fence a row's take sets (of a permit or a reader item), and its condition: counted
+    up from the stored one (``fence`` None), or (named, say in a transaction) above it."""
+    if fence is None:
+        values[":one"] = 1
+        return ["#fence = #fence + :one"], ["attribute_exists(#fence)"]
+    values[":fence"] = fence
+    return ["#fence = :fence"], ["(attribute_not_exists(#fence) OR #fence < :fence)"]
+
+
 def take_slot(
     resource: str,
     *,
@@ -73,21 +70,20 @@ def take_slot(
     limit: int,
     queue: QueueTerms,
     slot: int | None = None,
-    seen_hw: int | None = None,
-    seen_fence: int = 0,
+    seen: LockItem | None = None,
+    holder: Holder | None = None,
     stale_ms: int = 0,
-    expires_ms: int = 0,
-    user_id: str = "",
 ) -> dict[str, Any]:
     """The row's part of a take: a fresh fence (above the stored one) and a slot.
 
     ``how``: ``"create"`` makes the row a permit row (no row, or one whose inline holders
-    are all gone: ``stale_ms``), slot 0 ours; ``"pop"`` takes the first hint (``slot``: the
-    one we saw there, for a transaction, which cannot return the old row; None: whichever it
-    is, read from the old row); ``"grow"`` takes slot ``hw`` (``seen_hw``: as we saw it, for
-    a transaction); ``"fence"`` only the fence, for a free slot found by reading the permits;
-    ``"reset"`` another limit, slot 0 ours, when no permit was live (the row's fence as
-    ``seen_fence``: no take came between).
+    are all gone: ``stale_ms``; ``holder``: ours, its user and lease end), slot 0 ours;
+    ``"pop"`` takes the first hint (``slot``: the one we saw there, for a transaction, which
+    cannot return the old row; None: whichever it is, read from the old row); ``"grow"``
+    takes slot ``hw`` (with a named fence, ``hw`` as ``seen``: the row as we saw it);
+    ``"fence"`` only the fence, for a free slot found by reading the permits; ``"reset"``
+    another limit, slot 0 ours, when no permit was live (``seen``: its fence, so that no take
+    came between).
     Every one names the limit, and the queue's terms are those of any take.
 
     ``fence``: ours, above the stored one (the write is refused otherwise); None (a pop,
@@ -95,20 +91,14 @@ def take_slot(
     a condition, so that takers of other slots at once do not refuse each other's fences
     (each fence of a busy row would otherwise refuse every take in flight)."""
     values: dict[str, Any] = {":lim": limit}
-    if fence is None:
-        if how not in ("pop", "grow", "fence"):
-            raise ValueError(f"a {how!r} take names its fence")
-        sets = ["#fence = #fence + :inc"]
-        conds = ["attribute_exists(#fence)"]
-        values[":inc"] = 1
-    else:
-        sets = ["#fence = :fence"]
-        conds = ["(attribute_not_exists(#fence) OR #fence < :fence)"]
-        values[":fence"] = fence
+    if fence is None and how not in ("pop", "grow", "fence"):
+        raise ValueError(f"a {how!r} take names its fence")
+    sets, conds = fence_terms(fence, values)
     if how == "create":
-        removes = _create(resource, stale_ms, expires_ms, user_id, sets, conds, values)
+        removes = _create(resource, stale_ms, holder, sets, conds, values)
     else:
-        removes = _slot(how, slot, seen_hw, seen_fence, sets, conds, values)
+        seen = seen or LockItem(resource=resource)
+        removes = _slot(how, slot, seen, fence is None, sets, conds, values)
     q_sets, q_conds = queue_clauses(queue, values)
     sets += q_sets
     conds += q_conds
@@ -119,56 +109,37 @@ def take_slot(
 def _create(
     resource: str,
     stale_ms: int,
-    expires_ms: int,
-    user_id: str,
+    holder: Holder | None,
     sets: list[str],
     conds: list[str],
     values: dict[str, Any],
 ) -> list[str]:
     """:func:`take_slot`'s terms for making the row a permit row, slot 0 ours: no row, or
     one whose inline holders are all gone. Returns what it removes."""
-    sets += [
-        "#hw = :one",
-        "#hints = :none",
-        "#mode = :mode",
-        "#lim = :lim",
-        "#shard = :shard",
-        "#uid = if_not_exists(#uid, :uid)",
-        "#exp = :exp",
-        "#expMs = :expMs",
-    ]
-    conds += [
-        "attribute_not_exists(#hw)",
-        "(attribute_not_exists(#h) OR size(#h) = :zero OR #expMs < :stale)",
-    ]
-    bucket = bucket_of(expires_ms)
+    sets.append("#hw = :one, #hints = :none, #mode = :mode, #lim = :lim, #shard = :shard, " + LEASE)
+    conds.append("attribute_not_exists(#hw)")
+    conds.append("(attribute_not_exists(#h) OR size(#h) = :zero OR #expMs < :stale)")
+    bucket = records.bucket_of(holder.expires_ms if holder else 0)
     values.update(
-        {
-            ":one": 1,
-            ":none": [],
-            ":mode": Mode.COUNTING,
-            ":shard": shard_of(resource),
-            ":uid": user_id,
-            ":exp": bucket,
-            ":expMs": bucket * 1000,
-            ":zero": 0,
-            ":stale": stale_ms,
-        }
+        {":one": 1, ":none": [], ":mode": Mode.COUNTING, ":shard": records.shard_of(resource)}
     )
+    values.update({":uid": holder.user_id if holder else "", ":exp": bucket})
+    values.update({":expMs": bucket * 1000, ":zero": 0, ":stale": stale_ms})
     return ["#h"]
 
 
 def _slot(
     how: str,
     slot: int | None,
-    seen_hw: int | None,
-    seen_fence: int,
+    seen: LockItem,
+    counted: bool,
     sets: list[str],
     conds: list[str],
     values: dict[str, Any],
 ) -> list[str]:
     """:func:`take_slot`'s terms for a slot of a permit row (``how``: pop, grow, fence or
-    reset). Returns what it removes."""
+    reset; ``counted``: the fence counted up, the old row returned). Returns what it
+    removes."""
     conds.append("attribute_exists(#hw)")
     if how != "reset":
         conds.append("#lim = :lim")
@@ -183,16 +154,16 @@ def _slot(
     if how == "grow":
         sets.append("#hw = #hw + :one")
         values[":one"] = 1
-        if seen_hw is None:
+        if counted:
             conds.append("#hw < :lim")
         else:
             conds.append("#hw = :seenHw")
-            values[":seenHw"] = seen_hw
+            values[":seenHw"] = seen.slots_used
     elif how == "reset":
         # Another limit, and no permit live when we read them: every slot anew.
         sets += ["#hw = :one", "#hints = :none", "#lim = :lim"]
         conds.append("#fence = :seenFence")
-        values.update({":one": 1, ":none": [], ":seenFence": seen_fence})
+        values.update({":one": 1, ":none": [], ":seenFence": seen.fence})
     elif how == "fence":
         if slot is not None:
             # Only a slot the row does not hint: a slot given back is hinted, and taken
@@ -220,7 +191,7 @@ def hint(resource: str, slot: int, hold_ms: int | None = None) -> dict[str, Any]
 def raise_row(resource: str, expires_ms: int) -> dict[str, Any]:
     """The row's ``expires`` up to the bucket of a permit's lease end (only ever up): the row
     is listed, and not reaped, while the permit may be live."""
-    bucket = bucket_of(expires_ms)
+    bucket = records.bucket_of(expires_ms)
     values = {":exp": bucket, ":expMs": bucket * 1000}
     return update_action(
         resource,
@@ -232,11 +203,88 @@ def raise_row(resource: str, expires_ms: int) -> dict[str, Any]:
     )
 
 
-# -- the permit's writes -----------------------------------------------------------------------
+# -- member items (permits and reader items alike) --------------------------------------------
+
+
+def item_sets(holder: Holder) -> tuple[str, dict[str, Any]]:
+    """The SET terms and values that write ``holder`` into its item (a permit or a reader
+    item): ``u``, ``e``, ``f``, ``a``, ``p`` if it names a process, ``expires`` (TTL)."""
+    values: dict[str, Any] = {
+        ":u": holder.user_id,
+        ":e": holder.expires_ms,
+        ":f": holder.fence,
+        ":a": holder.acquired_ms,
+        ":exp": _ttl(holder.expires_ms),
+    }
+    sets = "#u = :u, #e = :e, #f = :f, #a = :a, #exp = :exp"
+    if holder.proc is not None:
+        sets += ", #p = :p"
+        values[":p"] = holder.proc
+    return sets, values
 
 
 def _ttl(expires_ms: int) -> int:
-    return epoch_seconds(expires_ms) + BUCKET_S
+    return records.epoch_seconds(expires_ms) + records.BUCKET_S
+
+
+def renew_item(
+    resource: str, sk: str, expires_ms: int, condition: str, values: dict[str, Any]
+) -> dict[str, Any]:
+    """A holder's item (permit or reader item) renewed to ``expires_ms``, on ``condition``."""
+    values = {**values, ":e": expires_ms, ":exp": _ttl(expires_ms)}
+    return update_action(resource, sk, "SET #e = :e, #exp = :exp", condition, {}, values)
+
+
+def send(action: dict[str, Any], *, old: bool = False) -> dict[str, Any] | None:
+    """Send one conditional write of a member item (or of the row, by these modules); the
+    old item if ``old``. Raises :class:`Refused` (its ``raw``: the item as it was)."""
+    response = dynamodb.send_request(
+        "update_item",
+        TableName=settings.TABLE_NAME,
+        ReturnValues="ALL_OLD" if old else "NONE",
+        ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        **action,
+    )
+    return records.decode(response.get("Attributes")) or {} if old else None
+
+
+def members(
+    resource: str,
+    prefix: str,
+    of: Callable[[dict[str, Any]], _T],
+    *,
+    consistent: bool,
+    limit: int | None = None,
+    after_sk: str | None = None,
+) -> Iterator[_T]:
+    """The member items of ``resource`` under ``prefix``, as ``of`` reads each, one page
+    (``limit`` items) at a time, as they are iterated (``after_sk``: from after that one)."""
+    pages = dynamodb.prefix_pages(
+        resource, prefix, consistent=consistent, limit=limit, after_sk=after_sk
+    )
+    for page in pages:
+        yield from (of(item) for item in page)
+
+
+def listed(
+    item: LockItem,
+    holders: dict[str, Holder],
+    found: Iterator[tuple[str, Holder, str]],
+    most: int | None,
+    **changes: Any,
+) -> LockItem:
+    """``item`` with ``holders`` and those ``found`` (token, holder, sort key) for a listing:
+    no more than ``most`` of them (``holders_next``: the sort key after which the rest are)."""
+    count, last = 0, None
+    for token, holder, sk in found:
+        if most is not None and count >= most:
+            return dataclasses.replace(item, holders=holders, holders_next=last, **changes)
+        holders[token] = holder
+        count, last = count + 1, sk
+    return dataclasses.replace(item, holders=holders, **changes)
+
+
+# -- the permit's writes -----------------------------------------------------------------------
 
 
 def take_permit(
@@ -256,48 +304,26 @@ def take_permit(
     take slowed between its row write (which drew its fence) and this write must not hold the
     permit after someone who drew a later fence held it meanwhile (the slot was free to that
     one: found by reading the permits, or hinted twice). Refused, it draws a fresh fence."""
-    values: dict[str, Any] = {
-        ":tok": token,
-        ":u": holder.user_id,
-        ":e": holder.expires_ms,
-        ":f": holder.fence,
-        ":a": holder.acquired_ms,
-        ":exp": _ttl(holder.expires_ms),
-        ":stale": stale_ms,
-    }
-    sets = "#k = :tok, #u = :u, #e = :e, #f = :f, #a = :a, #exp = :exp"
-    removes = ""
-    if holder.proc is not None:
-        sets += ", #p = :p"
-        values[":p"] = holder.proc
-    else:
-        removes = " REMOVE #p"
+    sets, values = item_sets(holder)
+    values.update({":tok": token, ":stale": stale_ms})
+    update = "SET #k = :tok, " + sets + ("" if holder.proc is not None else " REMOVE #p")
     free = "attribute_not_exists(#k) OR #e < :stale"
     if dead is not None:
         free += " OR (#k = :dead AND #e = :deadE)"
         values.update({":dead": dead.token, ":deadE": dead.holder.expires_ms})
     condition = f"#k = :tok OR ((attribute_not_exists(#f) OR #f < :f) AND ({free}))"
-    return update_action(resource, permit_sk(slot), "SET " + sets + removes, condition, {}, values)
+    return update_action(resource, permit_sk(slot), update, condition, {}, values)
 
 
 def renew_permit(resource: str, slot: int, token: str, expires_ms: int) -> dict[str, Any]:
-    values = {":tok": token, ":e": expires_ms, ":exp": _ttl(expires_ms)}
-    return update_action(
-        resource, permit_sk(slot), "SET #e = :e, #exp = :exp", "#k = :tok", {}, values
-    )
+    return renew_item(resource, permit_sk(slot), expires_ms, "#k = :tok", {":tok": token})
 
 
 def give_back_permit(resource: str, slot: int, token: str, now_ms: int) -> dict[str, Any]:
     """Our hold off the permit (the item stays, free: the next take is one small write)."""
+    update = "REMOVE #k, #p SET #lt = :tok, #e = :now"
     values = {":tok": token, ":now": now_ms}
-    return update_action(
-        resource,
-        permit_sk(slot),
-        "REMOVE #k, #p SET #lt = :tok, #e = :now",
-        "#k = :tok",
-        {},
-        values,
-    )
+    return update_action(resource, permit_sk(slot), update, "#k = :tok", {}, values)
 
 
 def break_permit(
@@ -310,35 +336,16 @@ def break_permit(
     if expires_ms is not None:
         condition += " AND #e = :e"
         values[":e"] = expires_ms
-    return update_action(
-        resource, permit_sk(slot), "REMOVE #k, #p SET #bt = :tok", condition, {}, values
-    )
+    update = "REMOVE #k, #p SET #bt = :tok"
+    return update_action(resource, permit_sk(slot), update, condition, {}, values)
 
 
-# -- sending -----------------------------------------------------------------------------------
-
-
-def send(action: dict[str, Any], *, old: bool = False) -> dict[str, Any] | None:
-    """Send one conditional write of this module; the old item if ``old``. Raises
-    :class:`Refused` (its ``raw``: the item as it was)."""
-    response = dynamodb.send_request(
-        "update_item",
-        TableName=settings.TABLE_NAME,
-        ReturnValues="ALL_OLD" if old else "NONE",
-        ReturnValuesOnConditionCheckFailure="ALL_OLD",
-        **action,
-    )
-    return decode(response.get("Attributes")) or {} if old else None
-
-
-def _pages(resource: str, consistent: bool, limit: int | None) -> Iterator[list[Permit]]:
-    for page in prefix_pages(resource, PERMIT_PREFIX, consistent=consistent, limit=limit):
-        yield [permit_of(item) for item in page]
+# -- reading -----------------------------------------------------------------------------------
 
 
 def permits(resource: str, *, consistent: bool = True) -> list[Permit]:
     """Every permit item of ``resource``, held or not (for listings and operators)."""
-    return [p for page in _pages(resource, consistent, None) for p in page]
+    return list(members(resource, PERMIT_PREFIX, permit_of, consistent=consistent))
 
 
 def find_free(
@@ -352,16 +359,15 @@ def find_free(
     permits read on the way (the holders in our way, when there is none)."""
     held: list[Permit] = []
     expected = 0
-    for page in _pages(resource, False, PERMIT_PAGE):
-        for permit in page:
-            if permit.slot >= slots_used:
-                continue
-            if permit.slot > expected:
-                return expected, None, held  # a slot whose item is gone (TTL): free
-            expected = permit.slot + 1
-            if permit.free_at(stale_ms):
-                return permit.slot, None, held
-            held.append(permit)
+    for permit in members(resource, PERMIT_PREFIX, permit_of, consistent=False, limit=PERMIT_PAGE):
+        if permit.slot >= slots_used:
+            continue
+        if permit.slot > expected:
+            return expected, None, held  # a slot whose item is gone (TTL): free
+        expected = permit.slot + 1
+        if permit.free_at(stale_ms):
+            return permit.slot, None, held
+        held.append(permit)
     if expected < slots_used:
         return expected, None, held
     for permit in held:
@@ -383,48 +389,19 @@ def with_permits(
     collection; ``after_sk``: the holders after that one (a ``holders_next``)."""
     if item.slots_used is None:
         return item
-    holders: dict[str, Holder] = {}
-    last = None
-    pages = prefix_pages(
+    limit = None if most is None else most + 1
+    found = members(
         item.resource,
         PERMIT_PREFIX,
+        permit_of,
         consistent=consistent,
-        limit=None if most is None else most + 1,
+        limit=limit,
         after_sk=after_sk,
     )
-    for permit in (permit_of(found) for page in pages for found in page):
-        if not permit.token:
-            continue
-        if most is not None and len(holders) >= most:
-            return dataclasses.replace(item, holders=holders, permits_read=True, holders_next=last)
-        holders[permit.token] = permit.holder
-        last = permit_sk(permit.slot)
-    return dataclasses.replace(item, holders=holders, permits_read=True)
+    held = ((p.token, p.holder, permit_sk(p.slot)) for p in found if p.token)
+    return listed(item, {}, held, most, permits_read=True)
 
 
 def slot_of(resource: str, token: str) -> Permit | None:
     """The permit ``token`` holds, if any (a read of every permit: for operators)."""
-    for permit in permits(resource):
-        if permit.token == token:
-            return permit
-    return None
-
-
-__all__ = [
-    "INLINE_MAX",
-    "MAX_HINTS",
-    "Refused",
-    "break_permit",
-    "find_free",
-    "give_back_permit",
-    "hint",
-    "permits",
-    "raise_row",
-    "renew_permit",
-    "send",
-    "slot_of",
-    "take_permit",
-    "take_slot",
-    "uses_permits",
-    "with_permits",
-]
+    return next((p for p in permits(resource) if p.token == token), None)

@@ -33,35 +33,20 @@ keeps it), and the row's epoch moves on, conditional on the fence and ``rc`` as 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
 from ..conf import settings
-from . import dynamodb
-from .dynamodb import Refused, prefix_pages
+from . import dynamodb, records
+from .dynamodb import Refused as Refused
 
 # A shared resource keeps up to READERS_INLINE readers in its row (their writes cost no more
 # than an item's two); the next ones, and every one while the row has reader items, in items.
-from .lock_writes import READERS_INLINE, QueueTerms, queue_clauses, update_action
-from .records import (
-    BUCKET_S,
-    LOCK_SK,
-    READER_PREFIX,
-    Holder,
-    LockItem,
-    Mode,
-    Reader,
-    bucket_of,
-    encode,
-    epoch_seconds,
-    holder_value,
-    key,
-    names_in,
-    reader_of,
-    reader_sk,
-    shard_of,
-)
+from .lock_writes import READERS_INLINE as READERS_INLINE
+from .lock_writes import QueueTerms, queue_clauses, update_action
+from .permit_items import fence_terms, item_sets, listed, members, renew_item
+from .permit_items import send as send
+from .records import LOCK_SK, READER_PREFIX, Holder, LockItem, Mode, Reader, bucket_of, reader_sk
 
 # The row's holder entry that stands for its reader items.
 SENTINEL = "readers"
@@ -151,7 +136,7 @@ def admit(
     new fence (a writer's wait to write the readers off starts again), the sentinel raised."""
     cover = covers_to(expires_ms, seen)
     epoch = epoch_of(seen, stale_ms, now_ms)
-    sent = holder_value(Holder(READERS_USER, cover, 0, acquired_ms=now_ms, shared=True))
+    sent = records.holder_value(Holder(READERS_USER, cover, 0, acquired_ms=now_ms, shared=True))
     values: dict[str, Any] = {
         ":s": Mode.SHARED,
         ":cover": cover,
@@ -161,7 +146,7 @@ def admit(
         ":L": lease_ms,
         ":mark": admission_mark(token, epoch),
     }
-    sets, conds = _fence_terms(fence, values)
+    sets, conds = fence_terms(fence, values)
     sets += ["#h.#s = :sent", "#expMs = :cover", "#exp = :exp", "#rla = :mark"]
     conds.append("#expMs <= :cover")
     adds: list[str] = []
@@ -182,16 +167,6 @@ def admit(
     if adds:
         update += " ADD " + ", ".join(adds)
     return update_action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
-
-
-def _fence_terms(fence: int | None, values: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """The fence an admission sets, and its condition: counted up from the stored one, or
-    (``fence`` named, in a transaction) above it."""
-    if fence is None:
-        values[":one"] = 1
-        return ["#fence = #fence + :one"], ["attribute_exists(#fence)"]
-    values[":fence"] = fence
-    return ["#fence = :fence"], ["(attribute_not_exists(#fence) OR #fence < :fence)"]
 
 
 def _join(
@@ -235,7 +210,9 @@ def _open(
         # Nobody holds it: the holders' map becomes the sentinel alone (dead entries go).
         sets[1] = "#h = :hmap"
         values[":hmap"] = {SENTINEL: values.pop(":sent")}
-        values.update({":zero": 0, ":stale": stale_ms, ":lim": limit, ":shard": shard_of(resource)})
+        values.update(
+            {":zero": 0, ":stale": stale_ms, ":lim": limit, ":shard": records.shard_of(resource)}
+        )
         conds[-1] = "(attribute_not_exists(#expMs) OR #expMs <= :cover)"
         conds.append("(attribute_not_exists(#h) OR size(#h) = :zero OR #expMs < :stale)")
         conds.append("attribute_not_exists(#hw)")
@@ -333,37 +310,15 @@ def write_off(resource: str, seen: LockItem) -> dict[str, Any]:
 # -- the reader item's writes ------------------------------------------------------------------
 
 
-def _ttl(expires_ms: int) -> int:
-    return epoch_seconds(expires_ms) + BUCKET_S
-
-
 def put_reader(resource: str, token: str, holder: Holder, epoch: int) -> dict[str, Any]:
     """The reader's item (its token is its key: a retry writes the same item again)."""
-    values: dict[str, Any] = {
-        ":u": holder.user_id,
-        ":e": holder.expires_ms,
-        ":f": holder.fence,
-        ":a": holder.acquired_ms,
-        ":ep": epoch,
-        ":exp": _ttl(holder.expires_ms),
-    }
-    update = "SET #u = :u, #e = :e, #f = :f, #a = :a, #ep = :ep, #exp = :exp"
-    if holder.proc is not None:
-        update += ", #p = :p"
-        values[":p"] = holder.proc
-    return update_action(resource, reader_sk(token), update, "", {}, values)
+    sets, values = item_sets(holder)
+    values[":ep"] = epoch
+    return update_action(resource, reader_sk(token), f"SET {sets}, #ep = :ep", "", {}, values)
 
 
 def renew_reader(resource: str, token: str, expires_ms: int) -> dict[str, Any]:
-    values = {":e": expires_ms, ":exp": _ttl(expires_ms)}
-    return update_action(
-        resource,
-        reader_sk(token),
-        "SET #e = :e, #exp = :exp",
-        "attribute_exists(#e)",
-        {},
-        values,
-    )
+    return renew_item(resource, reader_sk(token), expires_ms, "attribute_exists(#e)", {})
 
 
 def drop_reader(resource: str, token: str, expires_ms: int | None = None) -> dict[str, Any]:
@@ -375,26 +330,16 @@ def drop_reader(resource: str, token: str, expires_ms: int | None = None) -> dic
         condition = "#e = :e"
         values[":e"] = expires_ms
     action: dict[str, Any] = {
-        "Key": key(resource, reader_sk(token)),
+        "Key": records.key(resource, reader_sk(token)),
         "ConditionExpression": condition,
-        "ExpressionAttributeNames": names_in(condition),
+        "ExpressionAttributeNames": records.names_in(condition),
     }
     if values:
-        action["ExpressionAttributeValues"] = encode(values)
+        action["ExpressionAttributeValues"] = records.encode(values)
     return action
 
 
 # -- sending and reading -----------------------------------------------------------------------
-
-
-def send(action: dict[str, Any]) -> None:
-    """Send one UpdateItem of this module. Raises :class:`Refused`."""
-    dynamodb.send_request(
-        "update_item",
-        TableName=settings.TABLE_NAME,
-        ReturnValuesOnConditionCheckFailure="ALL_OLD",
-        **action,
-    )
 
 
 def delete(action: dict[str, Any]) -> None:
@@ -410,8 +355,7 @@ def delete(action: dict[str, Any]) -> None:
 
 def readers(resource: str, *, consistent: bool = True) -> list[Reader]:
     """Every reader item of ``resource``, of any epoch, live or not."""
-    pages = prefix_pages(resource, READER_PREFIX, consistent=consistent)
-    return [reader_of(item) for page in pages for item in page]
+    return list(members(resource, READER_PREFIX, records.reader_of, consistent=consistent))
 
 
 def with_readers(
@@ -428,43 +372,14 @@ def with_readers(
     if not has_readers(item):
         return item
     holders = {} if after_sk else {t: h for t, h in item.holders.items() if t != SENTINEL}
-    read, last = 0, None
     limit = None if most is None else most + 1
-    pages = prefix_pages(
-        item.resource, READER_PREFIX, consistent=consistent, limit=limit, after_sk=after_sk
+    found = members(
+        item.resource,
+        READER_PREFIX,
+        records.reader_of,
+        consistent=consistent,
+        limit=limit,
+        after_sk=after_sk,
     )
-    for reader in (reader_of(found) for page in pages for found in page):
-        if reader.epoch != item.reader_epoch:
-            continue
-        if most is not None and read >= most:
-            return dataclasses.replace(item, holders=holders, holders_next=last)
-        holders[reader.token] = reader.holder
-        read, last = read + 1, reader_sk(reader.token)
-    return dataclasses.replace(item, holders=holders)
-
-
-__all__ = [
-    "READERS_INLINE",
-    "READERS_USER",
-    "SENTINEL",
-    "Refused",
-    "admission_mark",
-    "admit",
-    "admitted_before",
-    "close",
-    "count_down",
-    "covers_to",
-    "delete",
-    "epoch_of",
-    "drop_reader",
-    "has_readers",
-    "leave_last",
-    "put_reader",
-    "raise_sentinel",
-    "readers",
-    "renew_reader",
-    "send",
-    "wants_item",
-    "with_readers",
-    "write_off",
-]
+    ours = ((r.token, r.holder, reader_sk(r.token)) for r in found if r.epoch == item.reader_epoch)
+    return listed(item, holders, ours, most)
