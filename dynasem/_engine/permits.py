@@ -412,52 +412,28 @@ def _held(
 def _acquire_many(run: Attempt) -> Steps[Held]:
     """Several permit resources, all or none: read their rows, then one transaction of a row
     write and a permit write for each. No queue (as for any multi-resource take)."""
-    resources = run.sem.resources
-    if len(resources) * 2 > records.MAX_TRANSACTION:
-        raise ValueError(
-            f"at most {records.MAX_TRANSACTION // 2} resources of limit > "
-            f"{permit_items.INLINE_MAX} can be taken at once (DynamoDB's transaction limit of "
-            f"{records.MAX_TRANSACTION} actions: two each), not {len(resources)}"
-        )
-    scans = {r: _Scan() for r in resources}
-    sleeps = failures = 0
-    pace = Pace()
-    while True:
-        seen: dict[str, records.LockItem] = {}
-        for r in resources:
-            # Throttled (a hot key): no news, after a pause (issue 40).
-            read = functools.partial(lock_rows.get, r)
-            got = yield from queue.patient_read(read, None, pace, run.deadline)
-            seen[r] = got or records.LockItem(resource=r)
-        stale = run.stale_ms(clock.now_ms())
-        plans, blocked = yield from _plan_many(run, seen, scans, pace, stale)
-        if blocked:
-            sleeps += 1
-            yield from queue.back_off(run, blocked, seen, sleeps)
-            continue
-        # The lease runs from here, after the reads above (they may have been slow).
-        sent_mono, now = clock.monotonic(), clock.now_ms()
-        actions, fences, taken = _takes(run, seen, plans, now, stale)
-        undo = functools.partial(permit_hold.undo_many, taken, run.token)
-        again = yield from all_or_none(run, actions, undo, failures)
-        if again is not None:
-            failures = again
-            continue
-        expires_ms = now + int(run.lease * 1000)
-        trust = yield from _trusted(run, taken, expires_ms, sent_mono)
-        if trust is not None:
-            return _held(run, fences, taken, trust, None)
-        # Given back: read the rows again.
+    scans = {r: _Scan() for r in run.sem.resources}
+    what = f"resources of limit > {permit_items.INLINE_MAX} can be taken at once"
+    read = functools.partial(_read_row, run)
+    plan = functools.partial(_plan_many, run, scans)
+    return (yield from all_or_none(run, what, read, plan, functools.partial(_takes, run)))
+
+
+def _read_row(run: Attempt, resource: str, pace: Pace) -> Steps[records.LockItem | None]:
+    # Throttled (a hot key): no news, after a pause (issue 40).
+    get = functools.partial(lock_rows.get, resource)
+    return (yield from queue.patient_read(get, None, pace, run.deadline))
 
 
 def _plan_many(
     run: Attempt,
-    seen: dict[str, records.LockItem],
     scans: dict[str, _Scan],
-    pace: Pace,
+    seen: dict[str, records.LockItem],
     stale: int,
-) -> Steps[tuple[dict[str, _Plan], dict[str, Any]]]:
-    """Each resource's take (its queue read first, if waited on), and who is in the way."""
+    pace: Pace,
+) -> Steps[tuple[tuple[dict[str, records.LockItem], dict[str, _Plan]], dict[str, Any]]]:
+    """Each resource's take (its queue read first, if waited on), with the rows as read,
+    and who is in the way."""
     plans: dict[str, _Plan] = {}
     blocked: dict[str, Any] = {}
     for r, row in seen.items():
@@ -477,18 +453,23 @@ def _plan_many(
             plans[r] = plan
         else:
             blocked[r] = plan.in_way
-    return plans, blocked
+    return (seen, plans), blocked
 
 
 def _takes(
-    run: Attempt, seen: dict[str, records.LockItem], plans: dict[str, _Plan], now: int, stale: int
-) -> tuple[list[dict[str, Any]], dict[str, int], dict[str, int]]:
-    """The transaction's actions (a row write and a permit write each), fences and slots."""
+    run: Attempt,
+    plans: tuple[dict[str, records.LockItem], dict[str, _Plan]],
+    now: int,
+    stale: int,
+) -> tuple[list[dict[str, Any]], Callable[[], None], Finish]:
+    """The transaction's actions (a row write and a permit write each), the undo of what
+    it may have taken, and what makes the hold of it once applied."""
+    seen, slot_plans = plans
     actions: list[dict[str, Any]] = []
     fences: dict[str, int] = {}
     taken: dict[str, int] = {}
     for r, row in seen.items():
-        plan = plans[r]
+        plan = slot_plans[r]
         fences[r] = max(clock.new_fence(run.skew), row.fence + 1)
         holder = run.holder(now, fences[r], shared=False)
         terms = lock_writes.QueueTerms(queue_in=row.queue_in, queue_out=row.queue_out)
@@ -508,27 +489,66 @@ def _takes(
             r, taken[r], run.token, holder, stale_ms=stale, dead=plan.dead
         )
         actions += [take_slot, permit]
-    return actions, fences, taken
+
+    def finish(expires_ms: int, sent_mono: float) -> Steps[Held | None]:
+        trust = yield from _trusted(run, taken, expires_ms, sent_mono)
+        return None if trust is None else _held(run, fences, taken, trust, None)
+
+    return actions, functools.partial(permit_hold.undo_many, taken, run.token), finish
+
+
+# Makes the hold of an applied transaction (from its lease end and send time), or None:
+# given back, take again.
+Finish = Callable[[int, float], Steps[Held | None]]
 
 
 def all_or_none(
-    run: Attempt, actions: list[dict[str, Any]], undo: Callable[[], None], failures: int
-) -> Steps[int | None]:
-    """The one transaction of a take of several resources (items of their own: permits,
-    reader items). None once applied; else the failures so far, after a pause: plan again
-    (a conflict with another transaction; a failure in transit, whatever may have been
-    applied withdrawn by ``undo``). Raises past the wait or on a failure not transient."""
-    try:
-        yield Write(functools.partial(lock_rows.transact, actions), run.token, [], undo=undo)
-        return None
-    except dynamodb.Cancelled:
-        yield Sleep(backoff(1))
-        return failures
-    except SemaphoreUnavailable as exc:
-        failures += 1
-        if exc.ambiguous:
-            yield Request(undo)
-        if not exc.transient or run.remaining() <= 0:
-            raise
-        yield Sleep(backoff(failures))
-        return failures
+    run: Attempt,
+    what: str,
+    read: Callable[[str, Pace], Steps[records.LockItem | None]],
+    plan: Callable[[dict[str, records.LockItem], int, Pace], Steps[tuple[Any, dict[str, Any]]]],
+    takes: Callable[[Any, int, int], tuple[list[dict[str, Any]], Callable[[], None], Finish]],
+) -> Steps[Held]:
+    """A take of several resources in items of their own (permits, reader items), all or
+    none: ``read`` each row, ``plan`` the takes (or who is in the way: a pause, or busy past
+    the wait), then one transaction of ``takes``' actions. A conflict with another
+    transaction, or a failure in transit (whatever may have been applied withdrawn by the
+    undo), and it plans again after a pause; it raises past the wait or on a failure not
+    transient. Once applied, the hold ``takes`` makes of it (none: given back, again)."""
+    resources = run.sem.resources
+    if len(resources) * 2 > records.MAX_TRANSACTION:
+        raise ValueError(
+            f"at most {records.MAX_TRANSACTION // 2} {what} (DynamoDB's transaction limit of "
+            f"{records.MAX_TRANSACTION} actions: two each), not {len(resources)}"
+        )
+    sleeps = failures = 0
+    pace = Pace()
+    while True:
+        seen: dict[str, records.LockItem] = {}
+        for r in resources:
+            seen[r] = (yield from read(r, pace)) or records.LockItem(resource=r)
+        stale = run.stale_ms(clock.now_ms())
+        plans, blocked = yield from plan(seen, stale, pace)
+        if blocked:
+            sleeps += 1
+            yield from queue.back_off(run, blocked, seen, sleeps)
+            continue
+        # The lease runs from here, after the reads above (they may have been slow).
+        sent_mono, now = clock.monotonic(), clock.now_ms()
+        actions, undo, finish = takes(plans, now, stale)
+        try:
+            yield Write(functools.partial(lock_rows.transact, actions), run.token, [], undo=undo)
+        except dynamodb.Cancelled:
+            yield Sleep(backoff(1))
+            continue
+        except SemaphoreUnavailable as exc:
+            failures += 1
+            if exc.ambiguous:
+                yield Request(undo)
+            if not exc.transient or run.remaining() <= 0:
+                raise
+            yield Sleep(backoff(failures))
+            continue
+        held = yield from finish(now + int(run.lease * 1000), sent_mono)
+        if held is not None:
+            return held

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import _clock as clock
@@ -153,54 +153,24 @@ def acquire_many(run: Attempt) -> Steps[Held]:
     Trusted from the transaction's send: with less than ``margin`` of that left at its
     answer, given back and taken again (``permits.MAX_LATE`` times past the wait: too
     slow)."""
-    resources = run.sem.resources
-    if len(resources) * 2 > records.MAX_TRANSACTION:
-        raise ValueError(
-            f"at most {records.MAX_TRANSACTION // 2} resources can be read at once among many "
-            f"readers (DynamoDB's transaction limit of {records.MAX_TRANSACTION} actions: two "
-            f"each), not {len(resources)}"
-        )
-    sleeps = failures = 0
-    while True:
-        seen: dict[str, records.LockItem | None] = {}
-        for r in resources:
-            row = yield Request(functools.partial(lock_rows.get, r))
-            seen[r] = row or records.LockItem(resource=r)
-        stale = run.stale_ms(clock.now_ms())
-        rows, blocked = yield from _admissible(seen, stale)
-        if blocked:
-            sleeps += 1
-            yield from queue.back_off(run, blocked, seen, sleeps)
-            continue
-        # The lease runs from here, after the reads above (they may have been slow).
-        sent_mono, now = clock.monotonic(), clock.now_ms()
-        actions, epochs, fences = _admissions(run, rows, now, stale)
-        undo = functools.partial(reader_hold.undo_many, epochs, run.token)
-        again = yield from permits.all_or_none(run, actions, undo, failures)
-        if again is not None:
-            failures = again
-            continue
-        if sent_mono + run.lease - run.skew - clock.monotonic() < run.margin:
-            yield Request(undo)  # paused or answered late, near its trust's end: again
-            permits.count_late(run, resources[0])
-            continue
-        expires = now + int(run.lease * 1000)
-        held = take.hold(run, fences, expires, sent_mono, cls=ReaderHeld)
-        assert isinstance(held, ReaderHeld)
-        held.covers = {r: reader_items.covers_to(expires, row) for r, row in rows.items()}
-        held.epochs = epochs
-        return held
+    what = "resources can be read at once among many readers"
+    admissions = functools.partial(_admissions, run)
+    return (yield from permits.all_or_none(run, what, _read_row, _admissible, admissions))
+
+
+def _read_row(resource: str, pace: queue.Pace) -> Steps[records.LockItem | None]:
+    row: records.LockItem | None = yield Request(functools.partial(lock_rows.get, resource))
+    return row
 
 
 def _admissible(
-    seen: dict[str, records.LockItem | None], stale: int
+    seen: dict[str, records.LockItem], stale: int, pace: queue.Pace
 ) -> Steps[tuple[dict[str, records.LockItem], dict[str, queue.Blocking]]]:
     """The rows a reader may be admitted to now (their queues read, if waited on), and who
     is in the way in the others."""
     blocked: dict[str, queue.Blocking] = {}
     rows: dict[str, records.LockItem] = {}
     for r, row in seen.items():
-        row = row or records.LockItem(resource=r)
         live = queue.live_holders(row, stale)
         if live and (row.mode != Mode.SHARED or row.slots_used is not None):
             blocked[r] = live
@@ -216,8 +186,9 @@ def _admissible(
 
 def _admissions(
     run: Attempt, rows: dict[str, records.LockItem], now: int, stale: int
-) -> tuple[list[dict[str, Any]], dict[str, int], dict[str, int]]:
-    """The transaction's actions (an admission and an item for each), epochs and fences."""
+) -> tuple[list[dict[str, Any]], Callable[[], None], permits.Finish]:
+    """The transaction's actions (an admission and an item for each), the undo of what it
+    may have admitted, and what makes the hold of it once applied."""
     lease_ms = int(run.lease * 1000)
     expires = now + lease_ms
     actions, epochs, fences = [], {}, {}
@@ -240,4 +211,17 @@ def _admissions(
         )
         holder = run.holder(now, fences[r], shared=True)
         actions += [admission, reader_items.put_reader(r, run.token, holder, epochs[r])]
-    return actions, epochs, fences
+    undo = functools.partial(reader_hold.undo_many, epochs, run.token)
+
+    def finish(expires_ms: int, sent_mono: float) -> Steps[Held | None]:
+        if sent_mono + run.lease - run.skew - clock.monotonic() < run.margin:
+            yield Request(undo)  # paused or answered late, near its trust's end: again
+            permits.count_late(run, run.sem.resources[0])
+            return None
+        held = take.hold(run, fences, expires_ms, sent_mono, cls=ReaderHeld)
+        assert isinstance(held, ReaderHeld)
+        held.covers = {r: reader_items.covers_to(expires_ms, row) for r, row in rows.items()}
+        held.epochs = epochs
+        return held
+
+    return actions, undo, finish
