@@ -42,29 +42,22 @@ def applies(sem: LockSpec) -> bool:
     return permit_items.uses_permits(sem.mode, sem.limit)
 
 
+@dataclasses.dataclass
 class _Plan:
     """The take to send next, or who is in our way."""
 
-    def __init__(
-        self,
-        how: str = "",
-        slot: int | None = None,
-        in_way: Any = None,
-        dead: records.Permit | None = None,
-    ):
-        self.how, self.slot, self.in_way = how, slot, in_way
-        self.dead = dead  # the permit of a holder proven dead, taken over as read
+    how: str = ""
+    slot: int | None = None
+    in_way: Any = None
+    dead: records.Permit | None = None  # the permit of a holder proven dead, taken over as read
 
 
+@dataclasses.dataclass
 class _Scan:
     """The permits last read: who held them, and when one of them could run out."""
 
-    def __init__(self) -> None:
-        self.held: list[records.Permit] = []
-        self.until_ms = 0  # no read before this (ms) can find more
-
-    def due(self, now_ms: int) -> bool:
-        return now_ms >= self.until_ms
+    held: list[records.Permit] = dataclasses.field(default_factory=list)
+    until_ms: int = 0  # no read before this (ms) can find more
 
 
 def acquire_steps(run: Attempt) -> Steps[Held]:
@@ -136,43 +129,84 @@ class _Acquire:
         # A take of a slot in a permit row counts the row's fence up (the stored one plus
         # one, learnt from the old row); a take that makes the row names one from the clock.
         counted = plan.how in ("pop", "grow", "fence")
-        fence = max(clock.new_fence(run.skew), seen.fence + 1)
-        holder = run.holder(now, fence, shared=False)
+        holder = run.holder(now, max(clock.new_fence(run.skew), seen.fence + 1), shared=False)
         terms = lock_writes.QueueTerms(
             mine=ticket, queue_in=seen.queue_in, queue_out=seen.queue_out, served=self.served
         )
-        action = permit_items.take_slot(
-            resource,
-            how=plan.how,
-            fence=None if counted else fence,
-            limit=run.sem.limit,
-            queue=terms,
-            slot=plan.slot if plan.how == "fence" else None,
-            seen=seen,
-            holder=holder,
-            stale_ms=self.stale,
-        )
+        action = _take_slot(run, seen, plan, holder, terms, self.stale, counted)
         old = yield from self.send_row(action)
         if old is None:
             return None
         before = records.lock_item(dict(old or {"pk": resource}))
         if counted:
-            fence = before.fence + 1
-            holder = dataclasses.replace(holder, fence=fence)
+            holder = dataclasses.replace(holder, fence=before.fence + 1)
         slot = _slot_taken(plan, before)
-        self.seen = _after_take(
-            before, resource, plan.how, fence, ticket, run.sem.limit, self.served
-        )
+        self.seen = self.after(before, plan.how, holder.fence)
         permit_hold.remember(self.seen)
         yield from self.tell_next(ticket)
-        if (yield from _hold_permit(run, resource, slot, holder, self.stale, plan.dead)):
+        if (yield from self.hold_permit(slot, holder, plan.dead)):
             trust = yield from _trusted(run, {resource: slot}, holder.expires_ms, sent_mono)
             if trust is not None:
-                return _held(run, {resource: fence}, {resource: slot}, trust, self.seen.listed_s)
+                fences = {resource: holder.fence}
+                return _held(run, fences, {resource: slot}, trust, self.seen.listed_s)
         # Another holds that slot (a hint gone stale), or the permit was given back (its
         # trust was short): plan again, keeping our turn.
         self.served = True
         return None
+
+    def after(self, before: records.LockItem, how: str, fence: int) -> records.LockItem:
+        """The row as our take left it (from the row before it; ``served``: a take that left
+        the queue as it was)."""
+        hints, slots_used = before.hints, before.slots_used or 0
+        if how == "pop":
+            hints = hints[1:]
+        elif how == "grow":
+            slots_used += 1
+        elif how in ("create", "reset"):
+            hints, slots_used = (), 1
+        ticket = self.pace.ticket
+        queue_out = max(before.queue_in, before.queue_out) if ticket is None else ticket
+        return dataclasses.replace(
+            before,
+            resource=self.resource,
+            fence=fence,
+            hints=hints,
+            slots_used=slots_used,
+            queue_out=before.queue_out if self.served else queue_out,
+            limit=self.run.sem.limit,
+            mode=Mode.COUNTING,
+            holders={},
+            entries=None,
+        )
+
+    def hold_permit(
+        self, slot: int, holder: records.Holder, dead: records.Permit | None
+    ) -> Steps[bool]:
+        """The permit's write: True once it is ours; False if another holds the slot."""
+        run, resource, token = self.run, self.resource, self.run.token
+        action = permit_items.take_permit(
+            resource, slot, token, holder, stale_ms=self.stale, dead=dead
+        )
+        undo = functools.partial(permit_hold.undo, resource, slot, token)
+        failures = 0
+        while True:
+            try:
+                yield Write(functools.partial(permit_items.send, action), token, [], undo=undo)
+                return True
+            except dynamodb.Refused:
+                return False
+            except SemaphoreUnavailable as exc:
+                # Maybe applied: the same write again is accepted if it was (it names our
+                # token).
+                failures += 1
+                out_of_time = run.remaining() <= 0 and (
+                    not exc.ambiguous or failures > MIN_TRANSIENT_RETRIES
+                )
+                if not exc.transient or out_of_time:
+                    if exc.ambiguous:
+                        yield Request(undo)
+                    raise
+                yield Sleep(backoff(failures))
 
     def send_row(self, action: dict[str, Any]) -> Steps[dict[str, Any] | None]:
         """The row's write; its old item, or None: refused or failed, plan again."""
@@ -264,7 +298,7 @@ def _plan(
     if seen.slots_used < limit:
         return _Plan("grow")
     now = clock.now_ms()
-    if not scan.due(now):
+    if now < scan.until_ms:
         return _Plan(in_way={p.token: p.holder for p in scan.held})
     slot, dead, held = yield Request(
         functools.partial(permit_items.find_free, resource, seen.slots_used, stale, _proven_dead)
@@ -290,74 +324,28 @@ def _slot_taken(plan: _Plan, before: records.LockItem) -> int:
     return plan.slot or 0
 
 
-def _after_take(
-    before: records.LockItem,
-    resource: str,
-    how: str,
-    fence: int,
-    ticket: int | None,
-    limit: int,
-    served: bool = False,
-) -> records.LockItem:
-    """The row as our take left it (from the row before it; ``served``: a take that left the
-    queue as it was)."""
-    hints, slots_used = before.hints, before.slots_used or 0
-    if how == "pop":
-        hints = hints[1:]
-    elif how == "grow":
-        slots_used += 1
-    elif how in ("create", "reset"):
-        hints, slots_used = (), 1
-    if served:
-        queue_out = before.queue_out
-    elif ticket is not None:
-        queue_out = ticket
-    else:
-        queue_out = before.queue_in if before.queue_in > before.queue_out else before.queue_out
-    return dataclasses.replace(
-        before,
-        resource=resource,
-        fence=fence,
-        hints=hints,
-        slots_used=slots_used,
-        queue_out=queue_out,
-        limit=limit,
-        mode=Mode.COUNTING,
-        holders={},
-        entries=None,
-    )
-
-
-def _hold_permit(
+def _take_slot(
     run: Attempt,
-    resource: str,
-    slot: int,
+    row: records.LockItem,
+    plan: _Plan,
     holder: records.Holder,
+    terms: lock_writes.QueueTerms,
     stale: int,
-    dead: records.Permit | None = None,
-) -> Steps[bool]:
-    """The permit's write: True once it is ours; False if another holds the slot."""
-    token = run.token
-    action = permit_items.take_permit(resource, slot, token, holder, stale_ms=stale, dead=dead)
-    undo = functools.partial(permit_hold.undo, resource, slot, token)
-    failures = 0
-    while True:
-        try:
-            yield Write(functools.partial(permit_items.send, action), token, [], undo=undo)
-            return True
-        except dynamodb.Refused:
-            return False
-        except SemaphoreUnavailable as exc:
-            # Maybe applied: the same write again is accepted if it was (it names our token).
-            failures += 1
-            out_of_time = run.remaining() <= 0 and (
-                not exc.ambiguous or failures > MIN_TRANSIENT_RETRIES
-            )
-            if not exc.transient or out_of_time:
-                if exc.ambiguous:
-                    yield Request(undo)
-                raise
-            yield Sleep(backoff(failures))
+    counted: bool,
+) -> dict[str, Any]:
+    """The row's write of a take of ``plan`` (``holder``: ours, its fence named unless
+    ``counted`` up from the stored one)."""
+    return permit_items.take_slot(
+        row.resource,
+        how=plan.how,
+        fence=None if counted else holder.fence,
+        limit=run.sem.limit,
+        queue=terms,
+        slot=plan.slot,
+        seen=row,
+        holder=holder,
+        stale_ms=stale,
+    )
 
 
 def _trusted(
@@ -474,21 +462,10 @@ def _takes(
         holder = run.holder(now, fences[r], shared=False)
         terms = lock_writes.QueueTerms(queue_in=row.queue_in, queue_out=row.queue_out)
         taken[r] = plan.slot or 0
-        take_slot = permit_items.take_slot(
-            r,
-            how=plan.how,
-            fence=fences[r],
-            limit=run.sem.limit,
-            queue=terms,
-            slot=plan.slot,
-            seen=row,
-            holder=holder,
-            stale_ms=stale,
-        )
         permit = permit_items.take_permit(
             r, taken[r], run.token, holder, stale_ms=stale, dead=plan.dead
         )
-        actions += [take_slot, permit]
+        actions += [_take_slot(run, row, plan, holder, terms, stale, False), permit]
 
     def finish(expires_ms: int, sent_mono: float) -> Steps[Held | None]:
         trust = yield from _trusted(run, taken, expires_ms, sent_mono)

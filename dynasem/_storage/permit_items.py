@@ -178,14 +178,13 @@ def _slot(
 
 def hint(resource: str, slot: int, hold_ms: int | None = None) -> dict[str, Any]:
     """A released slot, appended to the row's hints (unless MAX_HINTS are there already)."""
-    names: dict[str, str] = {}
     values: dict[str, Any] = {":slot": [slot], ":max": MAX_HINTS}
     update = "SET #hints = list_append(#hints, :slot)"
     if hold_ms is not None:
         update += ", #hold = :hold"  # waiters estimate their turn from it
         values[":hold"] = hold_ms
     condition = "attribute_exists(#hints) AND size(#hints) < :max"
-    return update_action(resource, LOCK_SK, update, condition, names, values)
+    return update_action(resource, LOCK_SK, update, condition, {}, values)
 
 
 def raise_row(resource: str, expires_ms: int) -> dict[str, Any]:
@@ -193,14 +192,8 @@ def raise_row(resource: str, expires_ms: int) -> dict[str, Any]:
     is listed, and not reaped, while the permit may be live."""
     bucket = records.bucket_of(expires_ms)
     values = {":exp": bucket, ":expMs": bucket * 1000}
-    return update_action(
-        resource,
-        LOCK_SK,
-        "SET #exp = :exp, #expMs = :expMs",
-        "attribute_exists(#hw) AND #exp < :exp",
-        {},
-        values,
-    )
+    update, condition = "SET #exp = :exp, #expMs = :expMs", "attribute_exists(#hw) AND #exp < :exp"
+    return update_action(resource, LOCK_SK, update, condition, {}, values)
 
 
 # -- member items (permits and reader items alike) --------------------------------------------
@@ -209,13 +202,8 @@ def raise_row(resource: str, expires_ms: int) -> dict[str, Any]:
 def item_sets(holder: Holder) -> tuple[str, dict[str, Any]]:
     """The SET terms and values that write ``holder`` into its item (a permit or a reader
     item): ``u``, ``e``, ``f``, ``a``, ``p`` if it names a process, ``expires`` (TTL)."""
-    values: dict[str, Any] = {
-        ":u": holder.user_id,
-        ":e": holder.expires_ms,
-        ":f": holder.fence,
-        ":a": holder.acquired_ms,
-        ":exp": _ttl(holder.expires_ms),
-    }
+    values: dict[str, Any] = {":u": holder.user_id, ":e": holder.expires_ms, ":f": holder.fence}
+    values.update({":a": holder.acquired_ms, ":exp": _ttl(holder.expires_ms)})
     sets = "#u = :u, #e = :e, #f = :f, #a = :a, #exp = :exp"
     if holder.proc is not None:
         sets += ", #p = :p"
@@ -249,21 +237,24 @@ def send(action: dict[str, Any], *, old: bool = False) -> dict[str, Any] | None:
 
 
 def members(
-    resource: str,
-    prefix: str,
-    of: Callable[[dict[str, Any]], _T],
-    *,
-    consistent: bool,
-    limit: int | None = None,
-    after_sk: str | None = None,
+    resource: str, prefix: str, of: Callable[[dict[str, Any]], _T], **page: Any
 ) -> Iterator[_T]:
-    """The member items of ``resource`` under ``prefix``, as ``of`` reads each, one page
-    (``limit`` items) at a time, as they are iterated (``after_sk``: from after that one)."""
-    pages = dynamodb.prefix_pages(
-        resource, prefix, consistent=consistent, limit=limit, after_sk=after_sk
-    )
-    for page in pages:
-        yield from (of(item) for item in page)
+    """The member items of ``resource`` under ``prefix``, as ``of`` reads each, one page at
+    a time, as they are iterated (``page``: ``consistent``, and ``limit`` items a page,
+    ``after_sk`` the one to read after, as :func:`~dynasem._storage.dynamodb.prefix_pages`
+    takes them)."""
+    for found in dynamodb.prefix_pages(resource, prefix, **page):
+        yield from (of(item) for item in found)
+
+
+def listing_page(consistent: bool, most: int | None, after_sk: str | None) -> dict[str, Any]:
+    """How a listing of no more than ``most`` holders reads member items (:func:`members`):
+    one more than ``most`` (to know whether more are left), after ``after_sk``."""
+    return {
+        "consistent": consistent,
+        "limit": None if most is None else most + 1,
+        "after_sk": after_sk,
+    }
 
 
 def listed(
@@ -389,14 +380,8 @@ def with_permits(
     collection; ``after_sk``: the holders after that one (a ``holders_next``)."""
     if item.slots_used is None:
         return item
-    limit = None if most is None else most + 1
     found = members(
-        item.resource,
-        PERMIT_PREFIX,
-        permit_of,
-        consistent=consistent,
-        limit=limit,
-        after_sk=after_sk,
+        item.resource, PERMIT_PREFIX, permit_of, **listing_page(consistent, most, after_sk)
     )
     held = ((p.token, p.holder, permit_sk(p.slot)) for p in found if p.token)
     return listed(item, {}, held, most, permits_read=True)

@@ -44,7 +44,7 @@ from .dynamodb import Refused as Refused
 # than an item's two); the next ones, and every one while the row has reader items, in items.
 from .lock_writes import READERS_INLINE as READERS_INLINE
 from .lock_writes import QueueTerms, queue_clauses, update_action
-from .permit_items import fence_terms, item_sets, listed, members, renew_item
+from .permit_items import fence_terms, item_sets, listed, listing_page, members, renew_item
 from .permit_items import send as send
 from .records import LOCK_SK, READER_PREFIX, Holder, LockItem, Mode, Reader, bucket_of, reader_sk
 
@@ -137,15 +137,9 @@ def admit(
     cover = covers_to(expires_ms, seen)
     epoch = epoch_of(seen, stale_ms, now_ms)
     sent = records.holder_value(Holder(READERS_USER, cover, 0, acquired_ms=now_ms, shared=True))
-    values: dict[str, Any] = {
-        ":s": Mode.SHARED,
-        ":cover": cover,
-        ":exp": bucket_of(cover),
-        ":sent": sent,
-        ":E": seen.reader_epoch,
-        ":L": lease_ms,
-        ":mark": admission_mark(token, epoch),
-    }
+    values: dict[str, Any] = {":s": Mode.SHARED, ":cover": cover, ":exp": bucket_of(cover)}
+    values.update({":sent": sent, ":E": seen.reader_epoch, ":L": lease_ms})
+    values[":mark"] = admission_mark(token, epoch)
     sets, conds = fence_terms(fence, values)
     sets += ["#h.#s = :sent", "#expMs = :cover", "#exp = :exp", "#rla = :mark"]
     conds.append("#expMs <= :cover")
@@ -159,14 +153,13 @@ def admit(
         _join(seen, lease_ms, bool(adds), sets, conds, values)
     else:
         _open(resource, seen, stale_ms, limit, user_id, epoch, sets, conds, values)
-    names: dict[str, str] = {}
     q_sets, q_conds = queue_clauses(queue, values)
     sets += q_sets
     conds += q_conds
     update = "SET " + ", ".join(sets)
     if adds:
         update += " ADD " + ", ".join(adds)
-    return update_action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
+    return update_action(resource, LOCK_SK, update, " AND ".join(conds), {}, values)
 
 
 def _join(
@@ -236,14 +229,9 @@ def raise_sentinel(resource: str, epoch: int, expires_ms: int, seen: LockItem) -
     by another reader (the old row says which)."""
     cover = covers_to(expires_ms, seen)
     values = {":E": epoch, ":cover": cover, ":exp": bucket_of(cover)}
-    return update_action(
-        resource,
-        LOCK_SK,
-        "SET #h.#s.e = :cover, #expMs = :cover, #exp = :exp",
-        "attribute_exists(#h.#s) AND #rep = :E AND #expMs <= :cover AND #h.#s.e < :cover",
-        {},
-        values,
-    )
+    update = "SET #h.#s.e = :cover, #expMs = :cover, #exp = :exp"
+    condition = "attribute_exists(#h.#s) AND #rep = :E AND #expMs <= :cover AND #h.#s.e < :cover"
+    return update_action(resource, LOCK_SK, update, condition, {}, values)
 
 
 def count_down(resource: str, epoch: int, *, forget: bool = False) -> dict[str, Any]:
@@ -251,60 +239,37 @@ def count_down(resource: str, epoch: int, *, forget: bool = False) -> dict[str, 
     admission given back (its reader never held it): the row's mark goes with its count, in
     the same write, so that the same token admitted again is counted again, never taken for
     the admission given back (:func:`admitted_before`)."""
-    return update_action(
-        resource,
-        LOCK_SK,
-        "ADD #rc :minus" + (" REMOVE #rla" if forget else ""),
-        "#rep = :E AND attribute_exists(#h.#s)",
-        {},
-        {":minus": -1, ":E": epoch},
-    )
+    update = "ADD #rc :minus" + (" REMOVE #rla" if forget else "")
+    condition = "#rep = :E AND attribute_exists(#h.#s)"
+    return update_action(resource, LOCK_SK, update, condition, {}, {":minus": -1, ":E": epoch})
 
 
 def leave_last(resource: str, epoch: int) -> dict[str, Any]:
     """The epoch's one reader gone, and the sentinel with it, in one write (send with
     ``return_new``); refused if others were admitted (then :func:`count_down`). A retry of
     an applied one is refused too: never counted twice."""
-    return update_action(
-        resource,
-        LOCK_SK,
-        "SET #rc = :zero REMOVE #h.#s",
-        "#rep = :E AND #rc = :one AND attribute_exists(#h.#s)",
-        {},
-        {":E": epoch, ":zero": 0, ":one": 1},
-    )
+    condition = "#rep = :E AND #rc = :one AND attribute_exists(#h.#s)"
+    values = {":E": epoch, ":zero": 0, ":one": 1}
+    return update_action(resource, LOCK_SK, "SET #rc = :zero REMOVE #h.#s", condition, {}, values)
 
 
 def close(resource: str, epoch: int) -> dict[str, Any]:
     """The epoch's last reader gone: its sentinel off the row (send with ``return_new``, to
     push the first waiter); only while nobody was admitted since."""
+    condition = "#rep = :E AND #rc <= :zero AND attribute_exists(#h.#s)"
     return update_action(
-        resource,
-        LOCK_SK,
-        "REMOVE #h.#s",
-        "#rep = :E AND #rc <= :zero AND attribute_exists(#h.#s)",
-        {},
-        {":E": epoch, ":zero": 0},
+        resource, LOCK_SK, "REMOVE #h.#s", condition, {}, {":E": epoch, ":zero": 0}
     )
 
 
 def write_off(resource: str, seen: LockItem) -> dict[str, Any]:
     """The epoch's readers written off (every one found dead): the sentinel off the row and
     the next epoch, conditional on no admission (the fence) and no release (``rc``) since."""
-    return update_action(
-        resource,
-        LOCK_SK,
-        "SET #rc = :zero, #rep = :E1 REMOVE #h.#s",
-        "attribute_exists(#h.#s) AND #rep = :E AND #fence = :F AND #rc = :rc",
-        {},
-        {
-            ":zero": 0,
-            ":E": seen.reader_epoch,
-            ":E1": seen.reader_epoch + 1,
-            ":F": seen.fence,
-            ":rc": seen.reader_count,
-        },
-    )
+    update = "SET #rc = :zero, #rep = :E1 REMOVE #h.#s"
+    condition = "attribute_exists(#h.#s) AND #rep = :E AND #fence = :F AND #rc = :rc"
+    epoch = seen.reader_epoch
+    values = {":zero": 0, ":E": epoch, ":E1": epoch + 1, ":F": seen.fence, ":rc": seen.reader_count}
+    return update_action(resource, LOCK_SK, update, condition, {}, values)
 
 
 # -- the reader item's writes ------------------------------------------------------------------
@@ -372,14 +337,7 @@ def with_readers(
     if not has_readers(item):
         return item
     holders = {} if after_sk else {t: h for t, h in item.holders.items() if t != SENTINEL}
-    limit = None if most is None else most + 1
-    found = members(
-        item.resource,
-        READER_PREFIX,
-        records.reader_of,
-        consistent=consistent,
-        limit=limit,
-        after_sk=after_sk,
-    )
+    page = listing_page(consistent, most, after_sk)
+    found = members(item.resource, READER_PREFIX, records.reader_of, **page)
     ours = ((r.token, r.holder, reader_sk(r.token)) for r in found if r.epoch == item.reader_epoch)
     return listed(item, holders, ours, most)
