@@ -145,10 +145,11 @@ class _Acquire:
         permit_hold.remember(self.seen)
         yield from self.tell_next(ticket)
         if (yield from self.hold_permit(slot, holder, plan.dead)):
-            trust = yield from _trusted(run, {resource: slot}, holder.expires_ms, sent_mono)
-            if trust is not None:
-                fences = {resource: holder.fence}
-                return _held(run, fences, {resource: slot}, trust, self.seen.listed_s)
+            fences, taken = {resource: holder.fence}, {resource: slot}
+            sent = (holder.expires_ms, sent_mono)
+            held = yield from _held(run, fences, taken, sent, self.seen.listed_s)
+            if held is not None:
+                return held
         # Another holds that slot (a hint gone stale), or the permit was given back (its
         # trust was short): plan again, keeping our turn.
         self.served = True
@@ -348,31 +349,6 @@ def _take_slot(
     )
 
 
-def _trusted(
-    run: Attempt, taken: dict[str, int], expires_ms: int, sent_mono: float
-) -> Steps[tuple[int, float] | None]:
-    """The lease end and send time the permits ``taken`` (ours, as written by a take sent
-    at ``sent_mono``) are trusted from: the take's own, if at least ``run.margin`` of its
-    trust is left (its answer, or a retry's, can come long after it was applied: a host cut
-    off from DynamoDB); else a renewal's, conditional on our token (nobody held the permit
-    meanwhile). None: not confirmed (taken over after our lease ran out, or every renewal
-    answered as late), whatever is still ours given back (:func:`count_late`)."""
-    undo = functools.partial(permit_hold.undo_many, taken, run.token)
-    for _ in range(CONFIRM_TRIES):
-        if sent_mono + run.lease - run.skew - clock.monotonic() >= run.margin:
-            return expires_ms, sent_mono
-        sent_mono, expires_ms = clock.monotonic(), clock.now_ms() + int(run.lease * 1000)
-        try:
-            for resource, slot in taken.items():
-                renewal = permit_items.renew_permit(resource, slot, run.token, expires_ms)
-                yield Write(functools.partial(permit_items.send, renewal), run.token, [], undo=undo)
-        except (dynamodb.Refused, SemaphoreUnavailable):
-            break
-    yield Request(undo)
-    count_late(run, next(iter(taken)))
-    return None
-
-
 def count_late(run: Attempt, resource: str) -> None:
     """A take given back, its answer too late to trust: ``too_slow`` once ``MAX_LATE`` were
     and the wait is over."""
@@ -385,16 +361,36 @@ def _held(
     run: Attempt,
     fences: dict[str, int],
     taken: dict[str, int],
-    trust: tuple[int, float],
-    listed_s: int | None,
-) -> Held:
-    expires_ms, sent_mono = trust
-    held = take.hold(run, fences, expires_ms, sent_mono, cls=PermitHeld)
-    assert isinstance(held, PermitHeld)
-    held.slots = taken
-    for resource in taken:
-        held.raise_row(resource, expires_ms, listed_s)
-    return held
+    sent: tuple[int, float],
+    listed_s: int | None = None,
+) -> Steps[Held | None]:
+    """The hold of the permits ``taken`` (ours, as written by a take sent at ``sent``: its
+    lease end and monotonic time), trusted from the take's own send, if at least
+    ``run.margin`` of its trust is left (its answer, or a retry's, can come long after it
+    was applied: a host cut off from DynamoDB); else from a renewal's, conditional on our
+    token (nobody held the permit meanwhile). None: not confirmed (taken over after our
+    lease ran out, or every renewal answered as late), whatever is still ours given back
+    (:func:`count_late`). ``listed_s``: how far the row is listed, as our take left it."""
+    expires_ms, sent_mono = sent
+    undo = functools.partial(permit_hold.undo_many, taken, run.token)
+    for _ in range(CONFIRM_TRIES):
+        if sent_mono + run.lease - run.skew - clock.monotonic() >= run.margin:
+            held = take.hold(run, fences, expires_ms, sent_mono, cls=PermitHeld)
+            assert isinstance(held, PermitHeld)
+            held.slots = taken
+            for resource in taken:
+                held.raise_row(resource, expires_ms, listed_s)
+            return held
+        sent_mono, expires_ms = clock.monotonic(), clock.now_ms() + int(run.lease * 1000)
+        try:
+            for resource, slot in taken.items():
+                renewal = permit_items.renew_permit(resource, slot, run.token, expires_ms)
+                yield Write(functools.partial(permit_items.send, renewal), run.token, [], undo=undo)
+        except (dynamodb.Refused, SemaphoreUnavailable):
+            break
+    yield Request(undo)
+    count_late(run, next(iter(taken)))
+    return None
 
 
 def _acquire_many(run: Attempt) -> Steps[Held]:
@@ -468,8 +464,7 @@ def _takes(
         actions += [_take_slot(run, row, plan, holder, terms, stale, False), permit]
 
     def finish(expires_ms: int, sent_mono: float) -> Steps[Held | None]:
-        trust = yield from _trusted(run, taken, expires_ms, sent_mono)
-        return None if trust is None else _held(run, fences, taken, trust, None)
+        return (yield from _held(run, fences, taken, (expires_ms, sent_mono)))
 
     return actions, functools.partial(permit_hold.undo_many, taken, run.token), finish
 
