@@ -20,12 +20,10 @@ from typing import Any
 
 from .. import _clock as clock
 from .._storage import dynamodb, lock_rows, lock_writes, permit_items, queue_entries, records
-from .._storage.records import Mode
 from ..exceptions import SemaphoreUnavailable
 from . import handover, permit_hold, processes, queue, take
 from .hold import Held
 from .lockspec import Attempt, LockSpec
-from .permit_hold import PermitHeld
 from .queue import MAX_REPLANS, Pace, backoff, busy, too_slow, wait_in_queue
 from .steps import Request, Sleep, Steps, Write
 
@@ -175,7 +173,7 @@ class _Acquire:
             slots_used=slots_used,
             queue_out=before.queue_out if self.served else queue_out,
             limit=self.run.sem.limit,
-            mode=Mode.COUNTING,
+            mode=records.Mode.COUNTING,
             holders={},
             entries=None,
         )
@@ -375,8 +373,8 @@ def _held(
     undo = functools.partial(permit_hold.undo_many, taken, run.token)
     for _ in range(CONFIRM_TRIES):
         if sent_mono + run.lease - run.skew - clock.monotonic() >= run.margin:
-            held = take.hold(run, fences, expires_ms, sent_mono, cls=PermitHeld)
-            assert isinstance(held, PermitHeld)
+            held = take.hold(run, fences, expires_ms, sent_mono, cls=permit_hold.PermitHeld)
+            assert isinstance(held, permit_hold.PermitHeld)
             held.slots = taken
             for resource in taken:
                 held.raise_row(resource, expires_ms, listed_s)

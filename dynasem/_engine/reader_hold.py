@@ -14,7 +14,6 @@ from typing import Any
 from .. import _clock as clock
 from .._observability.logs import facts
 from .._storage import dynamodb, lock_rows, reader_items, records
-from .._storage.records import Mode
 from ..exceptions import SemaphoreUnavailable
 from . import handover
 from .hold import Held
@@ -39,7 +38,7 @@ def remember(item: records.LockItem | None) -> None:
     readers as it keeps inline); forget others."""
     if item is None:
         return
-    crowded = item.mode == Mode.SHARED and len(item.holders) >= reader_items.READERS_INLINE
+    crowded = item.mode == records.Mode.SHARED and len(item.holders) >= reader_items.READERS_INLINE
     if not (reader_items.has_readers(item) or crowded):
         rows.pop(item.resource, None)
         return

@@ -12,13 +12,10 @@ from typing import Any
 
 from .. import _clock as clock
 from .._storage import dynamodb, lock_rows, lock_writes, queue_entries, reader_items, records
-from .._storage.records import Mode
 from ..exceptions import SemaphoreUnavailable
 from . import permits, processes, queue, reader_hold, take
 from .hold import Held
 from .lockspec import Attempt, LockSpec
-from .queue import backoff
-from .reader_hold import ReaderHeld
 from .steps import Request, Sleep, Steps, Write
 
 # Tries of a reader item's write that failed in transit (the same write again is harmless).
@@ -55,14 +52,16 @@ def admitted(
             if not exc.transient or failures >= ITEM_TRIES:
                 yield Request(undo)
                 raise
-            yield Sleep(backoff(failures))
+            yield Sleep(queue.backoff(failures))
     if sent_mono + run.lease - run.skew - clock.monotonic() < run.margin:
         yield Request(undo)
         return None
     reader_hold.remember(row)
     item = dataclasses.replace(row, entries=None)
-    held = take.hold(run, {resource: row.fence}, expires_ms, sent_mono, item=item, cls=ReaderHeld)
-    assert isinstance(held, ReaderHeld)
+    held = take.hold(
+        run, {resource: row.fence}, expires_ms, sent_mono, item=item, cls=reader_hold.ReaderHeld
+    )
+    assert isinstance(held, reader_hold.ReaderHeld)
     held.covers = {resource: row.holders[reader_items.SENTINEL].expires_ms}
     held.epochs = {resource: row.reader_epoch}
     return held
@@ -130,7 +129,7 @@ def try_write_off(seen: records.LockItem | None, skew: float) -> records.LockIte
 def last_seen(sem: LockSpec) -> dict[str, records.LockItem | None]:
     """A shared acquire's first view of its resource: the row as this process last saw it
     with reader items (its first write then is an admission), else nothing (a join)."""
-    if sem.mode != Mode.SHARED or len(sem.resources) != 1:
+    if sem.mode != records.Mode.SHARED or len(sem.resources) != 1:
         return {}
     seen = reader_hold.rows.get(sem.resources[0])
     return {} if seen is None else {seen.resource: seen}
@@ -139,7 +138,7 @@ def last_seen(sem: LockSpec) -> dict[str, records.LockItem | None]:
 def items_for(sem: LockSpec, seen: Mapping[str, records.LockItem | None], stale_ms: int) -> bool:
     """Whether a shared acquire of several resources takes reader items (in each of them):
     when any of its rows, as seen, would give a reader of that resource alone an item."""
-    if sem.mode != Mode.SHARED or len(sem.resources) < 2:
+    if sem.mode != records.Mode.SHARED or len(sem.resources) < 2:
         return False
     return any(
         reader_items.wants_item(row, queue.live_holders(row, stale_ms)) for row in seen.values()
@@ -172,7 +171,7 @@ def _admissible(
     rows: dict[str, records.LockItem] = {}
     for r, row in seen.items():
         live = queue.live_holders(row, stale)
-        if live and (row.mode != Mode.SHARED or row.slots_used is not None):
+        if live and (row.mode != records.Mode.SHARED or row.slots_used is not None):
             blocked[r] = live
             continue
         if row.waiting:
@@ -218,8 +217,8 @@ def _admissions(
             yield Request(undo)  # paused or answered late, near its trust's end: again
             permits.count_late(run, run.sem.resources[0])
             return None
-        held = take.hold(run, fences, expires_ms, sent_mono, cls=ReaderHeld)
-        assert isinstance(held, ReaderHeld)
+        held = take.hold(run, fences, expires_ms, sent_mono, cls=reader_hold.ReaderHeld)
+        assert isinstance(held, reader_hold.ReaderHeld)
         held.covers = {r: reader_items.covers_to(expires_ms, row) for r, row in rows.items()}
         held.epochs = epochs
         return held
