@@ -52,14 +52,42 @@ def uses_permits(mode: Mode, limit: int) -> bool:
 # -- the row's writes --------------------------------------------------------------------------
 
 
-def fence_terms(fence: int | None, values: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """The fence a row's take sets (of a permit or a reader item), and its condition: counted
-    up from the stored one (``fence`` None), or (named, say in a transaction) above it."""
-    if fence is None:
-        values[":one"] = 1
-        return ["#fence = #fence + :one"], ["attribute_exists(#fence)"]
-    values[":fence"] = fence
-    return ["#fence = :fence"], ["(attribute_not_exists(#fence) OR #fence < :fence)"]
+@dataclasses.dataclass
+class Terms:
+    """A row's UpdateItem being built, clause by clause (a take of a slot, an admission):
+    its SET, REMOVE and ADD clauses, its conditions (every one must hold) and values."""
+
+    values: dict[str, Any]
+    sets: list[str] = dataclasses.field(default_factory=list)
+    conds: list[str] = dataclasses.field(default_factory=list)
+    removes: list[str] = dataclasses.field(default_factory=list)
+    adds: list[str] = dataclasses.field(default_factory=list)
+
+    def need(self, condition: str, values: dict[str, Any] | None = None) -> None:
+        """One more condition, and the values it names."""
+        self.conds.append(condition)
+        self.values.update(values or {})
+
+    def fence(self, fence: int | None) -> None:
+        """The fence a take sets (of a permit or a reader item), and its condition: counted
+        up from the stored one (``fence`` None), or (named, say in a transaction) above it."""
+        if fence is None:
+            self.sets.append("#fence = #fence + :one")
+            self.need("attribute_exists(#fence)", {":one": 1})
+        else:
+            self.sets.append("#fence = :fence")
+            self.need("(attribute_not_exists(#fence) OR #fence < :fence)", {":fence": fence})
+
+    def action(self, resource: str, queue: QueueTerms) -> dict[str, Any]:
+        """The row's UpdateItem, the queue's terms (those of any take) last."""
+        q_sets, q_conds = queue_clauses(queue, self.values)
+        update = "SET " + ", ".join(self.sets + q_sets)
+        if self.removes:
+            update += " REMOVE " + ", ".join(self.removes)
+        if self.adds:
+            update += " ADD " + ", ".join(self.adds)
+        condition = " AND ".join(self.conds + q_conds)
+        return update_action(resource, LOCK_SK, update, condition, {}, self.values)
 
 
 def take_slot(
@@ -90,90 +118,64 @@ def take_slot(
     grow or fence take whose old row is returned): the stored fence plus one, ours without
     a condition, so that takers of other slots at once do not refuse each other's fences
     (each fence of a busy row would otherwise refuse every take in flight)."""
-    values: dict[str, Any] = {":lim": limit}
     if fence is None and how not in ("pop", "grow", "fence"):
         raise ValueError(f"a {how!r} take names its fence")
-    sets, conds = fence_terms(fence, values)
+    terms = Terms({":lim": limit})
+    terms.fence(fence)
     if how == "create":
-        removes = _create(resource, stale_ms, holder, sets, conds, values)
+        _create(resource, stale_ms, holder, terms)
     else:
-        seen = seen or LockItem(resource=resource)
-        removes = _slot(how, slot, seen, fence is None, sets, conds, values)
-    q_sets, q_conds = queue_clauses(queue, values)
-    sets += q_sets
-    conds += q_conds
-    update = "SET " + ", ".join(sets) + (" REMOVE " + ", ".join(removes) if removes else "")
-    return update_action(resource, LOCK_SK, update, " AND ".join(conds), {}, values)
+        _slot(how, slot, seen or LockItem(resource=resource), fence is None, terms)
+    return terms.action(resource, queue)
 
 
-def _create(
-    resource: str,
-    stale_ms: int,
-    holder: Holder | None,
-    sets: list[str],
-    conds: list[str],
-    values: dict[str, Any],
-) -> list[str]:
+def _create(resource: str, stale_ms: int, holder: Holder | None, terms: Terms) -> None:
     """:func:`take_slot`'s terms for making the row a permit row, slot 0 ours: no row, or
-    one whose inline holders are all gone. Returns what it removes."""
-    sets.append("#hw = :one, #hints = :none, #mode = :mode, #lim = :lim, #shard = :shard, " + LEASE)
-    conds.append("attribute_not_exists(#hw)")
-    conds.append("(attribute_not_exists(#h) OR size(#h) = :zero OR #expMs < :stale)")
-    bucket = records.bucket_of(holder.expires_ms if holder else 0)
-    values.update(
-        {":one": 1, ":none": [], ":mode": Mode.COUNTING, ":shard": records.shard_of(resource)}
+    one whose inline holders are all gone."""
+    terms.sets.append(
+        "#hw = :one, #hints = :none, #mode = :mode, #lim = :lim, #shard = :shard, " + LEASE
     )
-    values.update({":uid": holder.user_id if holder else "", ":exp": bucket})
-    values.update({":expMs": bucket * 1000, ":zero": 0, ":stale": stale_ms})
-    return ["#h"]
+    terms.need("attribute_not_exists(#hw)")
+    terms.need("(attribute_not_exists(#h) OR size(#h) = :zero OR #expMs < :stale)")
+    terms.removes.append("#h")
+    bucket = records.bucket_of(holder.expires_ms if holder else 0)
+    values = terms.values
+    values.update({":one": 1, ":none": [], ":mode": Mode.COUNTING})
+    values.update({":shard": records.shard_of(resource), ":uid": holder.user_id if holder else ""})
+    values.update({":exp": bucket, ":expMs": bucket * 1000, ":zero": 0, ":stale": stale_ms})
 
 
-def _slot(
-    how: str,
-    slot: int | None,
-    seen: LockItem,
-    counted: bool,
-    sets: list[str],
-    conds: list[str],
-    values: dict[str, Any],
-) -> list[str]:
+def _slot(how: str, slot: int | None, seen: LockItem, counted: bool, terms: Terms) -> None:
     """:func:`take_slot`'s terms for a slot of a permit row (``how``: pop, grow, fence or
-    reset; ``counted``: the fence counted up, the old row returned). Returns what it
-    removes."""
-    conds.append("attribute_exists(#hw)")
+    reset; ``counted``: the fence counted up, the old row returned)."""
+    terms.need("attribute_exists(#hw)")
     if how != "reset":
-        conds.append("#lim = :lim")
+        terms.need("#lim = :lim")
     if how == "pop":
         if slot is None:
-            conds.append("size(#hints) > :zero")
-            values[":zero"] = 0
+            terms.need("size(#hints) > :zero", {":zero": 0})
         else:
-            conds.append("#hints[0] = :slot")
-            values[":slot"] = slot
-        return ["#hints[0]"]
-    if how == "grow":
-        sets.append("#hw = #hw + :one")
-        values[":one"] = 1
+            terms.need("#hints[0] = :slot", {":slot": slot})
+        terms.removes.append("#hints[0]")
+    elif how == "grow":
+        terms.sets.append("#hw = #hw + :one")
+        terms.values[":one"] = 1
         if counted:
-            conds.append("#hw < :lim")
+            terms.need("#hw < :lim")
         else:
-            conds.append("#hw = :seenHw")
-            values[":seenHw"] = seen.slots_used
+            terms.need("#hw = :seenHw", {":seenHw": seen.slots_used})
     elif how == "reset":
         # Another limit, and no permit live when we read them: every slot anew.
-        sets += ["#hw = :one", "#hints = :none", "#lim = :lim"]
-        conds.append("#fence = :seenFence")
-        values.update({":one": 1, ":none": [], ":seenFence": seen.fence})
+        terms.sets += ["#hw = :one", "#hints = :none", "#lim = :lim"]
+        terms.need("#fence = :seenFence", {":one": 1, ":none": [], ":seenFence": seen.fence})
     elif how == "fence":
         if slot is not None:
             # Only a slot the row does not hint: a slot given back is hinted, and taken
             # past its hint, that hint would later send a take to a slot held (two writes
             # for nothing). Refused, we pop the hint instead.
-            conds.append("NOT contains(#hints, :slot)")
-            values[":slot"] = slot
+            terms.need("NOT contains(#hints, :slot)", {":slot": slot})
     else:
         raise ValueError(f"unknown take {how!r}")
-    return []
 
 
 def hint(resource: str, slot: int, hold_ms: int | None = None) -> dict[str, Any]:

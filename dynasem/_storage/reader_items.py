@@ -43,8 +43,8 @@ from .dynamodb import Refused as Refused
 # A shared resource keeps up to READERS_INLINE readers in its row (their writes cost no more
 # than an item's two); the next ones, and every one while the row has reader items, in items.
 from .lock_writes import READERS_INLINE as READERS_INLINE
-from .lock_writes import QueueTerms, queue_clauses, update_action
-from .permit_items import fence_terms, item_sets, listed, listing_page, members, renew_item
+from .lock_writes import QueueTerms, update_action
+from .permit_items import Terms, item_sets, listed, listing_page, members, renew_item
 from .permit_items import send as send
 from .records import LOCK_SK, READER_PREFIX, Holder, LockItem, Mode, Reader, bucket_of, reader_sk
 
@@ -137,87 +137,63 @@ def admit(
     cover = covers_to(expires_ms, seen)
     epoch = epoch_of(seen, stale_ms, now_ms)
     sent = records.holder_value(Holder(READERS_USER, cover, 0, acquired_ms=now_ms, shared=True))
-    values: dict[str, Any] = {":s": Mode.SHARED, ":cover": cover, ":exp": bucket_of(cover)}
-    values.update({":sent": sent, ":E": seen.reader_epoch, ":L": lease_ms})
-    values[":mark"] = admission_mark(token, epoch)
-    sets, conds = fence_terms(fence, values)
-    sets += ["#h.#s = :sent", "#expMs = :cover", "#exp = :exp", "#rla = :mark"]
-    conds.append("#expMs <= :cover")
-    adds: list[str] = []
+    terms = Terms({":s": Mode.SHARED, ":cover": cover, ":exp": bucket_of(cover)})
+    terms.values.update({":sent": sent, ":E": seen.reader_epoch, ":L": lease_ms})
+    terms.values[":mark"] = admission_mark(token, epoch)
+    terms.fence(fence)
+    terms.sets += ["#h.#s = :sent", "#expMs = :cover", "#exp = :exp", "#rla = :mark"]
+    terms.need("#expMs <= :cover")
     if epoch == seen.reader_epoch:
         if admitted_before(seen, token, stale_ms):
             queue = QueueTerms(served=True)  # our turn, if we had one, was had
         else:
-            adds.append("#rc :one")
-            values[":one"] = 1
-        _join(seen, lease_ms, bool(adds), sets, conds, values)
+            terms.adds.append("#rc :one")
+            terms.values[":one"] = 1
+        _join(seen, lease_ms, bool(terms.adds), terms)
     else:
-        _open(resource, seen, stale_ms, limit, user_id, epoch, sets, conds, values)
-    q_sets, q_conds = queue_clauses(queue, values)
-    sets += q_sets
-    conds += q_conds
-    update = "SET " + ", ".join(sets)
-    if adds:
-        update += " ADD " + ", ".join(adds)
-    return update_action(resource, LOCK_SK, update, " AND ".join(conds), {}, values)
+        _open(resource, seen, stale_ms, limit, user_id, epoch, terms)
+    return terms.action(resource, queue)
 
 
-def _join(
-    seen: LockItem,
-    lease_ms: int,
-    counted: bool,
-    sets: list[str],
-    conds: list[str],
-    values: dict[str, Any],
-) -> None:
+def _join(seen: LockItem, lease_ms: int, counted: bool, terms: Terms) -> None:
     """:func:`admit`'s terms for joining the live epoch ``seen``: ``counted`` (a reader
     more) only if the mark is not ours yet; else (a confirmation) only if it still is."""
-    conds += ["#mode = :s", "attribute_exists(#h.#s)", "#rep = :E"]
+    terms.conds += ["#mode = :s", "attribute_exists(#h.#s)", "#rep = :E"]
     if counted:
-        conds.append("(attribute_not_exists(#rla) OR #rla <> :mark)")
+        terms.need("(attribute_not_exists(#rla) OR #rla <> :mark)")
     else:
-        conds.append("#rla = :mark")
+        terms.need("#rla = :mark")
     if lease_ms > seen.reader_lease_ms:
-        sets.append("#rl = :L")
-        conds.append("(attribute_not_exists(#rl) OR #rl <= :L)")
+        terms.sets.append("#rl = :L")
+        terms.need("(attribute_not_exists(#rl) OR #rl <= :L)")
     else:
-        conds.append("#rl >= :L")
+        terms.need("#rl >= :L")
 
 
 def _open(
-    resource: str,
-    seen: LockItem,
-    stale_ms: int,
-    limit: int,
-    user_id: str,
-    epoch: int,
-    sets: list[str],
-    conds: list[str],
-    values: dict[str, Any],
+    resource: str, seen: LockItem, stale_ms: int, limit: int, user_id: str, epoch: int, terms: Terms
 ) -> None:
     """:func:`admit`'s terms for opening ``epoch`` (its first reader, ``rc = 1``), on a row
     ``seen`` free, or shared with no live sentinel; a re-send once applied is refused (the
     epoch, the holders)."""
     sentinel = seen.holders.get(SENTINEL)
+    sets, conds, values = terms.sets, terms.conds, terms.values
     if seen.expires_ms < stale_ms or not seen.holders:
         # Nobody holds it: the holders' map becomes the sentinel alone (dead entries go).
         sets[1] = "#h = :hmap"
         values[":hmap"] = {SENTINEL: values.pop(":sent")}
-        values.update(
-            {":zero": 0, ":stale": stale_ms, ":lim": limit, ":shard": records.shard_of(resource)}
-        )
+        values.update({":zero": 0, ":stale": stale_ms, ":lim": limit, ":uid": user_id})
         conds[-1] = "(attribute_not_exists(#expMs) OR #expMs <= :cover)"
         conds.append("(attribute_not_exists(#h) OR size(#h) = :zero OR #expMs < :stale)")
         conds.append("attribute_not_exists(#hw)")
         sets += ["#mode = :s", "#lim = :lim", "#shard = :shard", "#uid = if_not_exists(#uid, :uid)"]
-        values[":uid"] = user_id
+        values[":shard"] = records.shard_of(resource)
     else:
         conds.append("#mode = :s")
         if sentinel is None:
             conds.append("attribute_exists(#h) AND attribute_not_exists(#h.#s)")
         else:
-            conds.append("#h.#s.e = :seenE")
-            values[":seenE"] = sentinel.expires_ms
+            terms.need("#h.#s.e = :seenE", {":seenE": sentinel.expires_ms})
     conds.append("(attribute_not_exists(#rep) OR #rep = :E)")
     sets += ["#rep = :E1", "#rc = :first", "#rl = :L"]
     values.update({":E1": epoch, ":first": 1})
