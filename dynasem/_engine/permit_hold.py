@@ -4,6 +4,7 @@ listed; an operator's or the reaper's break of a permit; what an interrupted tak
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from .. import _clock as clock
@@ -64,9 +65,13 @@ def hint_freed(resource: str, slot: int, hold_ms: int | None) -> None:
         handover.push_first(resource, row, readers_only=False)
 
 
-def undo_many(taken: dict[str, int], token: str) -> None:
-    for resource, slot in taken.items():
-        undo(resource, slot, token)
+def undo_many(
+    taken: dict[str, int], token: str, undo_one: Callable[[str, int, str], None] = undo
+) -> None:
+    """Best effort: :func:`undo` (or ``undo_one``) what a take of several resources may
+    have written (``taken``: by resource, its slot; or the epoch of its reader item)."""
+    for resource, member in taken.items():
+        undo_one(resource, member, token)
 
 
 class PermitHeld(Held):

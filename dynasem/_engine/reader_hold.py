@@ -115,7 +115,7 @@ def _wake_first(resource: str, row: records.LockItem | None) -> None:
         handover.push_first(resource, row, readers_only=False)
 
 
-def undo(resource: str, token: str, epoch: int) -> None:
+def undo(resource: str, epoch: int, token: str) -> None:
     """Best effort: give back a reader an unanswered (or interrupted) admission may have
     made (its item deleted, then counted down: only if the delete took it)."""
     try:
@@ -139,11 +139,6 @@ def break_reader(resource: str, token: str, reader: records.Reader | None = None
         return False
     count_down(resource, reader.epoch)
     return True
-
-
-def undo_many(epochs: dict[str, int], token: str) -> None:
-    for resource, epoch in epochs.items():
-        undo(resource, token, epoch)
 
 
 class ReaderHeld(Held):

@@ -13,7 +13,7 @@ from typing import Any
 from .. import _clock as clock
 from .._storage import dynamodb, lock_rows, lock_writes, queue_entries, reader_items, records
 from ..exceptions import SemaphoreUnavailable
-from . import permits, processes, queue, reader_hold, take
+from . import permit_hold, permits, processes, queue, reader_hold, take
 from .hold import Held
 from .lockspec import Attempt, LockSpec
 from .steps import Request, Sleep, Steps, Write
@@ -40,7 +40,7 @@ def admitted(
     written off would renew as well, and claims nothing."""
     resource, token = row.resource, run.token
     holder = lock_writes.holder_entry(run.user_id, expires_ms, row.fence, now_ms, True, run.proc)
-    undo = functools.partial(reader_hold.undo, resource, token, row.reader_epoch)
+    undo = functools.partial(reader_hold.undo, resource, row.reader_epoch, token)
     action = reader_items.put_reader(resource, token, holder, row.reader_epoch)
     failures = 0
     while True:
@@ -210,7 +210,7 @@ def _admissions(
         )
         holder = run.holder(now, fences[r], shared=True)
         actions += [admission, reader_items.put_reader(r, run.token, holder, epochs[r])]
-    undo = functools.partial(reader_hold.undo_many, epochs, run.token)
+    undo = functools.partial(permit_hold.undo_many, epochs, run.token, reader_hold.undo)
 
     def finish(expires_ms: int, sent_mono: float) -> Steps[Held | None]:
         if sent_mono + run.lease - run.skew - clock.monotonic() < run.margin:
