@@ -119,7 +119,7 @@ def undo(resource: str, epoch: int, token: str) -> None:
     """Best effort: give back a reader an unanswered (or interrupted) admission may have
     made (its item deleted, then counted down: only if the delete took it)."""
     try:
-        reader_items.delete(reader_items.drop_reader(resource, token))
+        reader_items.drop_reader(resource, token)
     except (dynamodb.Refused, SemaphoreUnavailable):
         return
     count_down(resource, epoch, forget=True)  # the same token may be admitted again
@@ -134,7 +134,7 @@ def break_reader(resource: str, token: str, reader: records.Reader | None = None
         if reader is None:
             return False
     try:
-        reader_items.delete(reader_items.drop_reader(resource, token, until))
+        reader_items.drop_reader(resource, token, until)
     except dynamodb.Refused:
         return False
     count_down(resource, reader.epoch)
@@ -192,7 +192,7 @@ class ReaderHeld(Held):
         ok = True
         for resource, epoch in self.epochs.items():
             try:
-                reader_items.delete(reader_items.drop_reader(resource, self.token))
+                reader_items.drop_reader(resource, self.token)
             except dynamodb.Refused as refused:
                 # Not there: broken or written off, unless a retry hides our own delete.
                 # Not counted down even then: an operator's break, between our first

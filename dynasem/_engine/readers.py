@@ -112,9 +112,7 @@ def try_write_off(seen: records.LockItem | None, skew: float) -> records.LockIte
         return seen
     for reader in found:
         try:
-            reader_items.delete(
-                reader_items.drop_reader(resource, reader.token, reader.holder.expires_ms)
-            )
+            reader_items.drop_reader(resource, reader.token, reader.holder.expires_ms)
         except dynamodb.Refused:
             return lock_rows.get(resource)  # it renewed: alive after all
     _watched.pop(key, None)

@@ -262,36 +262,26 @@ def renew_reader(resource: str, token: str, expires_ms: int) -> dict[str, Any]:
     return renew_item(resource, reader_sk(token), expires_ms, "attribute_exists(#e)", {})
 
 
-def drop_reader(resource: str, token: str, expires_ms: int | None = None) -> dict[str, Any]:
-    """A DeleteItem's arguments: the reader's item, if it is there (``expires_ms``: and its
-    lease end is as read, so a reader that renewed meanwhile keeps it)."""
+def drop_reader(resource: str, token: str, expires_ms: int | None = None) -> None:
+    """Delete the reader's item, if it is there (``expires_ms``: and its lease end is as
+    read, so a reader that renewed meanwhile keeps it). Raises :class:`Refused` if not."""
     values: dict[str, Any] = {}
     condition = "attribute_exists(#e)"
     if expires_ms is not None:
         condition = "#e = :e"
         values[":e"] = expires_ms
-    action: dict[str, Any] = {
-        "Key": records.key(resource, reader_sk(token)),
-        "ConditionExpression": condition,
-        "ExpressionAttributeNames": records.names_in(condition),
-    }
-    if values:
-        action["ExpressionAttributeValues"] = records.encode(values)
-    return action
-
-
-# -- sending and reading -----------------------------------------------------------------------
-
-
-def delete(action: dict[str, Any]) -> None:
-    """Send a :func:`drop_reader`. Raises :class:`Refused` if the item was not there (as
-    read)."""
     dynamodb.send_request(
         "delete_item",
         TableName=settings.TABLE_NAME,
+        Key=records.key(resource, reader_sk(token)),
+        ConditionExpression=condition,
+        ExpressionAttributeNames=records.names_in(condition),
         ReturnValuesOnConditionCheckFailure="ALL_OLD",
-        **action,
+        **({"ExpressionAttributeValues": records.encode(values)} if values else {}),
     )
+
+
+# -- reading -----------------------------------------------------------------------------------
 
 
 def readers(resource: str, *, consistent: bool = True) -> list[Reader]:
