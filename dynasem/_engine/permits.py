@@ -138,8 +138,7 @@ class _Acquire:
         before = records.lock_item(dict(old or {"pk": resource}))
         if counted:
             holder = dataclasses.replace(holder, fence=before.fence + 1)
-        slot = _slot_taken(plan, before)
-        self.seen = self.after(before, plan.how, holder.fence)
+        self.seen, slot = self.after(before, plan, holder.fence)
         permit_hold.remember(self.seen)
         yield from self.tell_next(ticket)
         if (yield from self.hold_permit(slot, holder, plan.dead)):
@@ -153,19 +152,21 @@ class _Acquire:
         self.served = True
         return None
 
-    def after(self, before: records.LockItem, how: str, fence: int) -> records.LockItem:
-        """The row as our take left it (from the row before it; ``served``: a take that left
-        the queue as it was)."""
-        hints, slots_used = before.hints, before.slots_used or 0
-        if how == "pop":
-            hints = hints[1:]
-        elif how == "grow":
-            slots_used += 1
-        elif how in ("create", "reset"):
+    def after(
+        self, before: records.LockItem, plan: _Plan, fence: int
+    ) -> tuple[records.LockItem, int]:
+        """The row as our take of ``plan`` left it (from the row before it; ``served``: a
+        take that left the queue as it was), and the slot it took."""
+        hints, slots_used, slot = before.hints, before.slots_used or 0, plan.slot or 0
+        if plan.how == "pop":
+            hints, slot = hints[1:], hints[0]
+        elif plan.how == "grow":
+            slots_used, slot = slots_used + 1, slots_used
+        elif plan.how in ("create", "reset"):
             hints, slots_used = (), 1
         ticket = self.pace.ticket
         queue_out = max(before.queue_in, before.queue_out) if ticket is None else ticket
-        return dataclasses.replace(
+        row = dataclasses.replace(
             before,
             resource=self.resource,
             fence=fence,
@@ -177,6 +178,7 @@ class _Acquire:
             holders={},
             entries=None,
         )
+        return row, slot
 
     def hold_permit(
         self, slot: int, holder: records.Holder, dead: records.Permit | None
@@ -313,14 +315,6 @@ def _plan(
 def _proven_dead(permit: records.Permit) -> bool:
     """Has the holder of ``permit`` ended, as this host can prove (same host only)?"""
     return processes.gone(permit.holder.proc)
-
-
-def _slot_taken(plan: _Plan, before: records.LockItem) -> int:
-    if plan.how == "pop":
-        return before.hints[0]
-    if plan.how == "grow":
-        return before.slots_used or 0
-    return plan.slot or 0
 
 
 def _take_slot(
