@@ -19,7 +19,7 @@ import logging
 import os
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from .._observability.logs import facts
 from ..exceptions import LockLost, SemaphoreUnavailable
@@ -43,6 +43,22 @@ def _facts(held: Any, outcome: str, reason: object, wait: float | None = None) -
     )
 
 
+class Task(Protocol):
+    """What the scheduler runs when it is due: a hold's :class:`Heartbeat`, or a late look at
+    a row (:func:`dynasem._engine.push.depart`), each in a short-lived thread named ``name``.
+    A task that is ``stopped`` is not run."""
+
+    name: str
+    stopped: bool
+
+    @property
+    def held(self) -> Any:
+        """What its log records are about (``resource``, and ``token``, ``fence`` if any)."""
+
+    def beat(self) -> float | None:
+        """Run once; the pause until it runs again, or None when it is done."""
+
+
 class Heartbeat:
     """The renewal schedule of one hold (a :class:`~dynasem._engine.core.Held` or a run_once
     job)."""
@@ -51,22 +67,17 @@ class Heartbeat:
         self.held = held
         self.name = f"dynasem-heartbeat:{held.resource[:40]}"
         self.interval: float = max(0.05, (held.lease - held.skew) / 3)
-        self._stopped = threading.Event()
+        self.stopped = False
 
     def start(self) -> None:
         # A hold may start with less than a whole lease left (handed over, or recognised from
         # an earlier write): the first renewal comes early enough for several tries.
-        _scheduler().add(self, min(self.interval, self.held.seconds_left() / 3))
+        later(self, min(self.interval, self.held.seconds_left() / 3))
 
     def stop(self) -> None:
-        if not self._stopped.is_set():
-            self._stopped.set()
-            if _current is not None:
-                _current.dropped()
-
-    @property
-    def stopped(self) -> bool:
-        return self._stopped.is_set()
+        if not self.stopped:
+            self.stopped = True
+            _current.dropped()
 
     def _renew(self) -> BaseException | None:
         """One renewal, given at most until the deadline; its error, or None."""
@@ -122,13 +133,13 @@ class Heartbeat:
 
 
 class _Scheduler:
-    """A heap of (due time, heartbeat) served by one daemon thread, started on first use."""
+    """A heap of (due time, task) served by one daemon thread, started on first use."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, Heartbeat]] = []
+        self._heap: list[tuple[float, int, Task]] = []
         self._seq = itertools.count()
-        self._beating: set[Heartbeat] = set()
+        self._beating: set[Task] = set()
         self._thread: threading.Thread | None = None
         self._dropped = 0  # stopped heartbeats possibly still in the heap
 
@@ -142,28 +153,29 @@ class _Scheduler:
                 heapq.heapify(self._heap)
                 self._dropped = 0
 
-    def add(self, heartbeat: Heartbeat, pause: float) -> None:
+    def add(self, task: Task, pause: float) -> None:
         with self._cond:
-            self._beating.discard(heartbeat)
-            heapq.heappush(self._heap, (time.monotonic() + pause, next(self._seq), heartbeat))
+            self._beating.discard(task)
+            heapq.heappush(self._heap, (time.monotonic() + pause, next(self._seq), task))
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="dynasem-heartbeat", daemon=True
                 )
                 self._thread.start()
-            elif self._heap[0][2] is heartbeat:
+            elif self._heap[0][2] is task:
                 self._cond.notify()
 
     def scheduled(self) -> list[Heartbeat]:
         """The heartbeats still running: waiting for their next renewal, or renewing now."""
         with self._cond:
-            waiting = {hb for _, _, hb in self._heap}
-            return [hb for hb in waiting | self._beating if not hb.stopped]
+            waiting = {task for _, _, task in self._heap}
+            running = waiting | self._beating
+        return [hb for hb in running if isinstance(hb, Heartbeat) and not hb.stopped]
 
     def _run(self) -> None:
         while True:
             with self._cond:
-                # Stopped heartbeats leave the heap as soon as they reach its top.
+                # Stopped tasks leave the heap as soon as they reach its top.
                 while self._heap and self._heap[0][2].stopped:
                     heapq.heappop(self._heap)
                 if not self._heap:
@@ -173,64 +185,50 @@ class _Scheduler:
                 if delay > 0:
                     self._cond.wait(delay)
                     continue
-                _, _, heartbeat = heapq.heappop(self._heap)
-                self._beating.add(heartbeat)
+                _, _, task = heapq.heappop(self._heap)
+                self._beating.add(task)
             try:
                 threading.Thread(
-                    target=self._beat, args=(heartbeat,), name=heartbeat.name, daemon=True
+                    target=self._beat, args=(task,), name=task.name, daemon=True
                 ).start()
             except BaseException as exc:  # e.g. "can't start new thread": never end the loop
-                logger.error(
-                    "dynasem: cannot start a renewal of %r: %r",
-                    heartbeat.held,
-                    exc,
-                    extra=_facts(heartbeat.held, "renew_failed", exc),
-                )
-                self.add(heartbeat, RETRY_MIN)
+                _failed("dynasem: cannot start a renewal of %r: %r", task, exc)
+                self.add(task, RETRY_MIN)
 
-    def _beat(self, heartbeat: Heartbeat) -> None:
+    def _beat(self, task: Task) -> None:
         pause: float | None = RETRY_MIN
         try:
-            pause = heartbeat.beat()
+            pause = task.beat()
         except BaseException as exc:  # a schedule must not end silently with a live hold
-            logger.error(
-                "dynasem: renewing %r failed: %r",
-                heartbeat.held,
-                exc,
-                extra=_facts(heartbeat.held, "renew_failed", exc),
-            )
-        if pause is not None and not heartbeat.stopped:
-            self.add(heartbeat, pause)  # back in the heap before it leaves _beating
+            _failed("dynasem: renewing %r failed: %r", task, exc)
+        if pause is not None and not task.stopped:
+            self.add(task, pause)  # back in the heap before it leaves _beating
         else:
             with self._cond:
-                self._beating.discard(heartbeat)
+                self._beating.discard(task)
 
 
-_lock = threading.Lock()
-_current: _Scheduler | None = None
+def _failed(message: str, task: Task, exc: BaseException) -> None:
+    logger.error(message, task.held, exc, extra=_facts(task.held, "renew_failed", exc))
 
 
-def _scheduler() -> _Scheduler:
-    global _current
-    current = _current
-    if current is not None:  # every acquire comes here: no lock once it exists
-        return current
-    with _lock:
-        if _current is None:
-            _current = _Scheduler()
-        return _current
+_current = _Scheduler()
 
 
 def _forget_after_fork() -> None:
     # A forked child has no scheduler thread; the parent's holds are the parent's to renew.
-    global _current, _lock
-    _current = None
-    _lock = threading.Lock()
+    global _current
+    _current = _Scheduler()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
+def later(task: Task, seconds: float) -> None:
+    """Run ``task`` in ``seconds`` (then again after each pause its ``beat`` returns)."""
+    _current.add(task, seconds)
+
+
 def scheduled() -> list[Heartbeat]:
     """Every heartbeat of this process that is still running."""
-    return [] if _current is None else _current.scheduled()
+    return _current.scheduled()

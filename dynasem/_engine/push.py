@@ -29,12 +29,11 @@ broadcast/multicast, and never resolves a name.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hashlib
-import heapq
 import hmac
 import ipaddress
-import itertools
 import json
 import logging
 import os
@@ -49,6 +48,7 @@ from django.conf import settings as django_settings
 from .._observability.logs import facts
 from .._storage import lock_rows, records
 from ..conf import settings
+from . import heartbeat
 
 logger = logging.getLogger("dynasem")
 
@@ -63,11 +63,8 @@ _failed_bind: str | None = None  # the address we could not listen on (not tried
 def _host_id() -> str:
     """Which machine (network namespace, roughly) we are: loopback pushes stay on it."""
     boot = ""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/sys/kernel/random/boot_id") as f:
+        boot = f.read().strip()
     return hashlib.sha256(f"{socket.gethostname()}|{boot}".encode()).hexdigest()[:12]
 
 
@@ -78,14 +75,10 @@ def _derive(secret: Any) -> bytes:
     return hashlib.sha256(_SALT + str(secret).encode()).digest()
 
 
-def _key() -> bytes | None:
-    """The key pushes are signed with: from ``SECRET_KEY``."""
-    return next(iter(_keys(fallbacks=False)), None)
-
-
 def _keys(*, fallbacks: bool = True) -> list[bytes]:
     """The keys a push may be signed with: ``SECRET_KEY``, then ``SECRET_KEY_FALLBACKS`` (a
-    process that has not yet seen a rotation still signs with the old key)."""
+    process that has not yet seen a rotation still signs with the old key). Without
+    ``fallbacks``: the key pushes are signed with, if any."""
     secrets = [getattr(django_settings, "SECRET_KEY", "") or ""]
     if fallbacks:
         secrets += list(getattr(django_settings, "SECRET_KEY_FALLBACKS", None) or ())
@@ -134,22 +127,36 @@ def _state(item: records.LockItem) -> tuple[int, int]:
     return item.fence, item.queue_out
 
 
-@dataclasses.dataclass(slots=True)
+@dataclasses.dataclass(slots=True, eq=False)
 class _Slot:
-    """One waiter's mailbox: what it may be told, and what it was."""
+    """One waiter's mailbox: what it may be told, and what it was. Once its waiter left the
+    queue without the lock (:func:`depart`), a hand-over that still reaches it, until
+    ``until`` (monotonic: later, a hold handed to it has run out by itself), is given back,
+    once, by whichever finds it first: its push, or the late look (:meth:`beat`, run by the
+    heartbeat's scheduler)."""
 
     resource: str
     token: str
     table: str
-    lease_ms: int
-    skew_ms: int
-    now_ms: Callable[[], int]
+    # What a push is judged by (see expect): unset for a waiter that never listened.
+    lease_ms: int = 0
+    skew_ms: int = 0
+    now_ms: Callable[[], int] = int
     event: threading.Event = dataclasses.field(default_factory=threading.Event)
     push: Push | None = None
     # A coroutine awaiting the push: its loop and the future the listener resolves.
     waker: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
     guard: threading.Lock = dataclasses.field(default_factory=threading.Lock)  # all change together
     left: bool = False  # its waiter left the queue (see depart)
+    give_back: Callable[[records.LockItem], None] | None = None
+    until: float = 0.0
+    stopped: bool = False  # given back already: the late look has nothing to do
+    name: str = "dynasem-late-look"
+
+    @property
+    def held(self) -> _Slot:
+        """What the scheduler's records about the late look name: its resource and token."""
+        return self
 
     def deliver(self, push: Push) -> bool:
         """Hand ``push`` to the waiter; False if it has left (see :func:`depart`). Of two
@@ -171,10 +178,34 @@ class _Slot:
                 pass  # its loop is closed: nobody is waiting any more
         return True
 
-    def take(self) -> Push | None:
+    def taken(self, fence_above: int) -> Push | None:
+        """The push that woke the waiter, if it may still be taken: a hand-over only if its
+        fence is above ``fence_above`` (the last fence the waiter saw)."""
         with self.guard:
             self.event.clear()
             pushed, self.push = self.push, None
+        if pushed is None:
+            return None
+        holder = pushed.item.holders.get(self.token)
+        if holder is not None and holder.fence <= fence_above:
+            logger.warning(
+                "dynasem: dropped a push for %r: its fence %s is not above the last one we saw "
+                "(%s)",
+                self.resource,
+                holder.fence,
+                fence_above,
+                extra=facts(
+                    self.resource,
+                    token=self.token,
+                    fence=holder.fence,
+                    outcome="push_dropped",
+                    reason="stale fence",
+                    fence_seen=fence_above,
+                ),
+            )
+            return None
+        if self.refused(pushed.item, pushed.sent_ms, "when taken"):
+            return None
         return pushed
 
     def refusal(self, item: records.LockItem, sent_ms: Any) -> tuple[str, bool] | None:
@@ -201,9 +232,61 @@ class _Slot:
             return "the hold it hands us has run out (we were paused or slow)", False
         return None
 
+    def refused(self, item: records.LockItem, sent_ms: Any, when: str) -> bool:
+        """Whether :meth:`refusal` refuses ``item``; if so, the log says why."""
+        refusal = self.refusal(item, sent_ms)
+        if refusal is None:
+            return False
+        reason, loud = refusal
+        (logger.warning if loud else logger.info)(
+            "dynasem: dropped a push for %r %s: %s",
+            self.resource,
+            when,
+            reason,
+            extra=facts(self.resource, token=self.token, outcome="push_dropped", reason=reason),
+        )
+        return True
+
+    def stray(self, item: records.LockItem) -> None:
+        """A hand-over ``item`` for a waiter that left: if it made it a holder, give it back
+        (on a thread of its own: the listener never waits on a request)."""
+        if time.monotonic() <= self.until and self.token in item.holders:
+            threading.Thread(
+                target=self.hand_back, args=(item,), name="dynasem-stray", daemon=True
+            ).start()
+
+    def hand_back(self, item: records.LockItem) -> None:
+        with self.guard:
+            if self.stopped or self.give_back is None:
+                return
+            self.stopped = True
+        self.give_back(item)
+
+    def beat(self) -> None:
+        """The late look: read the departed waiter's row and hand back a hold of its token
+        found there. Given back already (a push came), or another table (settings changed
+        since): nothing to read."""
+        if self.stopped or settings.TABLE_NAME != self.table:
+            return
+        try:
+            row = lock_rows.get(self.resource)
+            if row is not None and self.token in row.holders:
+                self.hand_back(row)
+        except Exception as exc:  # logged here: the scheduler's records speak of renewals
+            logger.warning(
+                "dynasem: could not look whether %r was handed to a waiter that had left: %s; "
+                "if it was, it is free again when its lease runs out",
+                self.resource,
+                exc,
+                extra=facts(
+                    self.resource, token=self.token, outcome="late_look_failed", reason=exc
+                ),
+            )
+
 
 class _Listener:
-    """One UDP socket and one daemon thread per process; waiters register by token."""
+    """One UDP socket and one daemon thread per process; waiters register by token (and stay
+    registered a while after they left the queue: see :func:`depart`)."""
 
     def __init__(self, bind: str):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -212,8 +295,6 @@ class _Listener:
         self.address = f"{HOST_ID}@{host}:{port}"
         self.bind = bind
         self.slots: dict[str, _Slot] = {}
-        # Waiters that left their queue: a hand-over still on its way to them is given back.
-        self.departed: dict[str, _Departure] = {}
         self.pid = os.getpid()
         self.thread = threading.Thread(target=self._run, name="dynasem-push", daemon=True)
         self.thread.start()
@@ -242,16 +323,13 @@ class _Listener:
         message = json.loads(body)
         token, resource, table = message["k"], message["r"], message.get("tb")
         slot = self.slots.get(token)
-        if not isinstance(message["i"], dict):
+        if slot is None or slot.resource != resource or not isinstance(message["i"], dict):
             return
-        if slot is None:
-            gone = self.departed.get(token)
-            if gone is not None and (gone.resource, gone.table) == (resource, table):
-                self.stray(token, records.lock_item(message["i"]))
-            return
-        if slot.resource != resource:
-            return
-        if table != slot.table:
+        item = records.lock_item(message["i"])
+        if slot.left:
+            if table == slot.table:
+                slot.stray(item)
+        elif table != slot.table:
             logger.warning(
                 "dynasem: dropped a push for table %r on a wait on table %r (two projects "
                 "share a SECRET_KEY and push addresses?)",
@@ -266,49 +344,9 @@ class _Listener:
                     push_table=table,
                 ),
             )
-            return
-        item = records.lock_item(message["i"])
-        if _refused(slot, item, message["ts"], "on arrival"):
-            return
-        if not slot.deliver(Push(item, arrived, message["ts"])):
-            self.stray(token, item)
-
-    def stray(self, token: str, item: records.LockItem) -> None:
-        """A hand-over ``item`` for a waiter that left: if it made ``token`` a holder, give
-        it back (on a thread of its own: the listener never waits on a request)."""
-        with _lock:
-            gone = self.departed.pop(token, None)
-        if gone is None or time.monotonic() > gone.until or token not in item.holders:
-            return
-        threading.Thread(
-            target=gone.give_back, args=(item,), name="dynasem-stray", daemon=True
-        ).start()
-
-
-class _Departure:
-    """A waiter that left its queue without the lock: a hand-over that still reaches it, until
-    ``until`` (monotonic: later, a hold handed to it has run out by itself), is given back,
-    once, by whichever finds it first (its push, or the late look)."""
-
-    def __init__(
-        self,
-        resource: str,
-        token: str,
-        table: str,
-        give_back: Callable[[records.LockItem], None],
-        until: float,
-    ) -> None:
-        self.resource, self.token, self.table, self.until = resource, token, table, until
-        self._give_back = give_back
-        self._guard = threading.Lock()
-        self.done = False
-
-    def give_back(self, item: records.LockItem) -> None:
-        with self._guard:
-            if self.done:
-                return
-            self.done = True
-        self._give_back(item)
+        elif not slot.refused(item, message["ts"], "on arrival"):
+            if not slot.deliver(Push(item, arrived, message["ts"])):
+                slot.stray(item)
 
 
 def depart(
@@ -332,29 +370,26 @@ def depart(
     by whichever of the two finds it first."""
     listener = _listener
     slot = listener.slots.get(token) if listener is not None else None
-    now = time.monotonic()
-    if slot is not None:
-        departure = _Departure(slot.resource, token, slot.table, give_back, now + seconds)
-    elif resource is not None:
-        departure = _Departure(resource, token, settings.TABLE_NAME, give_back, now + seconds)
-    else:
+    if slot is None and resource is None:
         return  # no push reaches us, and the row says no hand-over can land
-    if resource is not None:
-        _look_later(departure)
-    if listener is None or slot is None:
-        return
-    # In this order, whatever the listener thread is doing: a push finds the slot (and is
-    # taken below) or finds it left, or finds no slot; in each case the record is there.
-    with _lock:
-        for old in [t for t, d in listener.departed.items() if d.until < now]:
-            del listener.departed[old]
-        listener.departed[token] = departure
+    now = time.monotonic()
+    if listener is not None:
+        for old, gone in list(listener.slots.items()):
+            if gone.left and gone.until < now:
+                listener.slots.pop(old, None)
+    if slot is None:
+        slot = _Slot(resource or "", token, settings.TABLE_NAME)
+    # The slot stays registered, left: whatever the listener thread is doing, a push finds
+    # it not left yet (and is taken below) or left (and is handed back).
     with slot.guard:
         slot.left = True
+        slot.give_back = give_back
+        slot.until = now + seconds
         pushed, slot.push = slot.push, None
-    listener.slots.pop(token, None)
+    if resource is not None:
+        heartbeat.later(slot, LATE_LOOK)
     if pushed is not None:
-        listener.stray(token, pushed.item)
+        slot.stray(pushed.item)
 
 
 # How long after a waiter left, while a hand-over to it may still land, its process reads the
@@ -365,92 +400,23 @@ def depart(
 # the leaver's lease plus the skew.
 LATE_LOOK = 2.0
 
-_late: list[tuple[float, int, _Departure]] = []  # (due, order, departure), a heap
-_late_ready = threading.Condition()
-_late_thread: threading.Thread | None = None
-_late_order = itertools.count()
-
-
-def _look_later(departure: _Departure) -> None:
-    """Read the departed waiter's row :data:`LATE_LOOK` seconds from now; hand back a hold
-    of its token found there. One daemon thread does every look of the process, and ends
-    when none is due."""
-    global _late_thread
-    with _late_ready:
-        heapq.heappush(_late, (time.monotonic() + LATE_LOOK, next(_late_order), departure))
-        if _late_thread is None:
-            _late_thread = threading.Thread(
-                target=_late_looks, name="dynasem-late-look", daemon=True
-            )
-            _late_thread.start()
-        _late_ready.notify()
-
-
-def _late_looks() -> None:
-    global _late_thread
-    while True:
-        with _late_ready:
-            while _late and _late[0][0] > time.monotonic():
-                _late_ready.wait(_late[0][0] - time.monotonic())
-            if not _late:
-                _late_thread = None
-                return
-            _, _, look = heapq.heappop(_late)
-        _look(look)
-
-
-def _look(look: _Departure) -> None:
-    """One late look: given back already (a push came), or another table (settings changed
-    since): nothing to read."""
-    if look.done or settings.TABLE_NAME != look.table:
-        return
-    try:
-        row = lock_rows.get(look.resource)
-        if row is not None and look.token in row.holders:
-            look.give_back(row)
-    except Exception as exc:  # the thread serves every other look too
-        logger.warning(
-            "dynasem: could not look whether %r was handed to a waiter that had left: %s; "
-            "if it was, it is free again when its lease runs out",
-            look.resource,
-            exc,
-            extra=facts(look.resource, token=look.token, outcome="late_look_failed", reason=exc),
-        )
-
 
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
 
 
-def _refused(slot: _Slot, item: records.LockItem, sent_ms: Any, when: str) -> bool:
-    refusal = slot.refusal(item, sent_ms)
-    if refusal is None:
-        return False
-    reason, loud = refusal
-    (logger.warning if loud else logger.info)(
-        "dynasem: dropped a push for %r %s: %s",
-        slot.resource,
-        when,
-        reason,
-        extra=facts(slot.resource, token=slot.token, outcome="push_dropped", reason=reason),
-    )
-    return True
-
-
 def _get_listener() -> _Listener | None:
     """This process's listener, opened on first use; None when pushes are off or impossible."""
     global _listener, _failed_bind
     bind = settings.PUSH
-    if _serves(_listener, bind):
-        return _listener
-    if not bind or push_address_problem(bind) is not None or _key() is None:
-        return None  # off; or the system check dynasem.E010 says why; or nothing to sign with
     with _lock:
-        if _serves(_listener, bind):
-            return _listener
-        if _failed_bind == bind:
-            return None
+        if _listener is not None and _listener.pid == os.getpid() and _listener.bind == bind:
+            return _listener  # ours (not a forked parent's), on this address
+        if not bind or _failed_bind == bind or push_address_problem(bind) is not None:
+            return None  # off; or it failed; or the system check dynasem.E010 says why
+        if not _keys(fallbacks=False):
+            return None  # nothing to sign with
         try:
             _listener = _Listener(bind)
         except OSError as exc:
@@ -463,11 +429,6 @@ def _get_listener() -> _Listener | None:
             )
             return None
         return _listener
-
-
-def _serves(listener: _Listener | None, bind: str | None) -> bool:
-    """Is ``listener`` this process's (not a forked parent's), on ``bind``?"""
-    return listener is not None and listener.pid == os.getpid() and listener.bind == bind
 
 
 def available() -> bool:
@@ -491,24 +452,21 @@ def expect(
     if listener is None:
         return None
     listener.slots[token] = _Slot(
-        resource,
-        token,
-        table=settings.TABLE_NAME,
-        lease_ms=int(lease * 1000),
-        skew_ms=int(skew * 1000),
-        now_ms=now_ms,
+        resource, token, settings.TABLE_NAME, int(lease * 1000), int(skew * 1000), now_ms
     )
     return listener.address
+
+
+def _slot(token: str) -> _Slot | None:
+    """The mailbox of the waiter ``token``, while it waits (not once it left the queue)."""
+    listener = _listener
+    slot = listener.slots.get(token) if listener is not None else None
+    return None if slot is None or slot.left else slot
 
 
 def listening(token: str) -> bool:
     """Whether a push for ``token`` would reach this process (see :func:`expect`)."""
     return _slot(token) is not None
-
-
-def _slot(token: str) -> _Slot | None:
-    listener = _listener
-    return listener.slots.get(token) if listener is not None else None
 
 
 def wait(token: str, seconds: float, *, fence_above: int = 0) -> Push | None:
@@ -523,12 +481,13 @@ def wait(token: str, seconds: float, *, fence_above: int = 0) -> Push | None:
         return None
     if not slot.event.wait(seconds):
         return None
-    return _taken(slot, token, fence_above)
+    return slot.taken(fence_above)
 
 
 async def await_push(token: str, seconds: float, *, fence_above: int = 0) -> Push | None:
     """:func:`wait` for a coroutine: it waits on its event loop, holding no thread (the
-    listener thread resolves a future of that loop when the push comes)."""
+    listener thread resolves a future of that loop when the push comes; a future left behind
+    by a wait that timed out is resolved to no effect, or replaced by the next wait's)."""
     slot = _slot(token)
     if slot is None:
         await asyncio.sleep(seconds)
@@ -544,43 +503,14 @@ async def await_push(token: str, seconds: float, *, fence_above: int = 0) -> Pus
             await asyncio.wait_for(future, seconds)
         except TimeoutError:
             return None
-        finally:
-            with slot.guard:
-                if slot.waker is not None and slot.waker[1] is future:
-                    slot.waker = None
-    return _taken(slot, token, fence_above)
-
-
-def _taken(slot: _Slot, token: str, fence_above: int) -> Push | None:
-    """The push that woke a waiter, if it may still be taken."""
-    pushed = slot.take()
-    if pushed is None:
-        return None
-    holder = pushed.item.holders.get(token)
-    if holder is not None and holder.fence <= fence_above:
-        logger.warning(
-            "dynasem: dropped a push for %r: its fence %s is not above the last one we saw (%s)",
-            slot.resource,
-            holder.fence,
-            fence_above,
-            extra=facts(
-                slot.resource,
-                token=token,
-                fence=holder.fence,
-                outcome="push_dropped",
-                reason="stale fence",
-                fence_seen=fence_above,
-            ),
-        )
-        return None
-    if _refused(slot, pushed.item, pushed.sent_ms, "when taken"):
-        return None
-    return pushed
+    return slot.taken(fence_above)
 
 
 def forget(token: str) -> None:
+    """The wait of ``token`` is over: a push for it is dropped (unless it left the queue, see
+    :func:`depart`: then the push is given back)."""
     listener = _listener
-    if listener is not None:
+    if listener is not None and _slot(token) is not None:
         listener.slots.pop(token, None)
 
 
@@ -618,8 +548,8 @@ def push(address: Any, resource: str, token: str, item: records.LockItem, *, sen
     """Send ``item`` (what the hand-over write produced) to the waiter ``token``, with the
     table's name and ``sent_ms`` (our wall clock) signed along. Best effort."""
     target = reachable(address)
-    key = _key()
-    if target is None or key is None:
+    keys = _keys(fallbacks=False)
+    if target is None or not keys:
         return False
     message = {
         "r": resource,
@@ -633,20 +563,19 @@ def push(address: Any, resource: str, token: str, item: records.LockItem, *, sen
         return False
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            sock.sendto(_sign(key, body) + body, target)
+            sock.sendto(_sign(keys[0], body) + body, target)
         return True
     except OSError:
         return False
 
 
 def _after_fork() -> None:
-    global _listener, _failed_bind, _late_ready, _late_thread
+    # The parent's late looks stay behind with its scheduler (see heartbeat).
+    global _listener, _failed_bind, _lock
     if _listener is not None:
         _listener.sock.close()  # the child's copy only; the thread reading it stayed behind
     _listener, _failed_bind = None, None
-    # The parent's late looks are its own (its thread stayed behind; its lock may be held).
-    _late.clear()
-    _late_ready, _late_thread = threading.Condition(), None
+    _lock = threading.Lock()  # another thread of the parent may have held it
 
 
 os.register_at_fork(after_in_child=_after_fork)
