@@ -29,10 +29,12 @@ at ``None`` it is off by itself where such a runtime is detected (:func:`takeove
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import logging
 import os
 import sys
+from typing import NamedTuple
 
 logger = logging.getLogger("dynasem")
 
@@ -41,18 +43,11 @@ SEP = "."
 _ENDED_STATES = frozenset("ZXx")
 
 
-class _Me:
+class _Me(NamedTuple):
     """This process's view of its host: its ``host`` key and its recorded identity."""
 
-    __slots__ = ("host", "identity", "pid")
-
-    def __init__(self, host: str, pid: int, start: int):
-        self.host, self.pid = host, pid
-        self.identity = f"{host}{SEP}{pid}{SEP}{start}"
-
-
-_me: _Me | None = None
-_probed = False  # _me is computed once per process (again in a forked child)
+    host: str
+    identity: str
 
 
 def _read(path: str) -> str:
@@ -88,6 +83,7 @@ def _proc_hides_pids() -> bool:
     return False
 
 
+@functools.cache  # once per process (again in a forked child)
 def _probe() -> _Me | None:
     if not sys.platform.startswith("linux"):
         return None
@@ -116,7 +112,8 @@ def _probe() -> _Me | None:
         return None
     if not boot or start != again:
         return None
-    return _Me(host_key(boot, pid_ns, time_ns), pid, start)
+    host = host_key(boot, pid_ns, time_ns)
+    return _Me(host, f"{host}{SEP}{pid}{SEP}{start}")
 
 
 def host_key(boot_id: str, pid_ns: str, time_ns: str) -> str:
@@ -124,6 +121,9 @@ def host_key(boot_id: str, pid_ns: str, time_ns: str) -> str:
     processes to see one another alike in ``/proc`` (16 characters)."""
     digest = hashlib.sha256(f"{boot_id}|{pid_ns}|{time_ns}".encode()).digest()
     return base64.urlsafe_b64encode(digest[:12]).decode()
+
+
+_told: tuple[bool, str] | None = None  # the rule last logged
 
 
 def takeover_rule() -> tuple[bool, str]:
@@ -145,30 +145,18 @@ def takeover_rule() -> tuple[bool, str]:
         rule = (False, "AWS Lambda (its execution environments may be restored from snapshots)")
     else:
         rule = (True, "the default (DYNASEM['SAME_HOST_TAKEOVER'] = None)")
-    _tell(rule)
-    return rule
-
-
-_told: tuple[bool, str] | None = None
-
-
-def _tell(rule: tuple[bool, str]) -> None:
-    """One log line per process (and per change) saying which rule is in force."""
+    # One log line per process (and per change) says which rule is in force.
     global _told
     if rule != _told:
         _told = rule
         level = logging.DEBUG if rule[0] and "default" in rule[1] else logging.INFO
         state = "on" if rule[0] else "off (holders are taken over when their lease ends)"
         logger.log(level, "dynasem: same-host takeover of dead holders is %s: %s", state, rule[1])
+    return rule
 
 
 def _mine() -> _Me | None:
-    global _me, _probed
-    if not takeover_rule()[0]:
-        return None
-    if not _probed:
-        _me, _probed = _probe(), True
-    return _me
+    return _probe() if takeover_rule()[0] else None
 
 
 def identity() -> str | None:
@@ -237,9 +225,7 @@ def gone(recorded: str | None) -> bool:
 
 def _forget_after_fork() -> None:
     # A forked child is another process: its own pid and start time.
-    global _me, _probed
-    _me, _probed = None, False
+    _probe.cache_clear()
 
 
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_after_fork)
+os.register_at_fork(after_in_child=_forget_after_fork)
