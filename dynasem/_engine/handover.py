@@ -3,7 +3,6 @@ that has none must say about the queue, and the push that tells the first waiter
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from .. import _clock as clock
@@ -25,35 +24,20 @@ def max_admit() -> int:
 Heirs = list[tuple[str, records.Waiter]]
 
 
-def first_live(
-    queue: Mapping[str, records.Waiter], now_ms: int
-) -> tuple[str, records.Waiter] | None:
-    """The first waiter in line whose entry is still alive: (its token, its entry)."""
-    live = [(w.ticket, t) for t, w in queue.items() if w.expires_ms > now_ms]
-    if not live:
-        return None
-    _, token = min(live)
-    return token, queue[token]
-
-
-def next_in_line(queue: Mapping[str, records.Waiter], now_ms: int) -> Heirs:
-    """Who takes the lock next, first come first served among live waiters: the first one if
-    it is exclusive; else every reader at the head of the line, up to the first exclusive
-    waiter (and at most :func:`max_admit`): shared holders hold together."""
-    live = sorted((w.ticket, t) for t, w in queue.items() if w.expires_ms > now_ms)
+def next_in_line(row: records.LockItem, now_ms: int) -> Heirs:
+    """Who takes the lock next, first come first served among the live waiters of ``row``'s
+    queue entries: the first one if it is exclusive; else every reader at the head of the
+    line, up to the first exclusive waiter (and at most :func:`max_admit`): shared holders
+    hold together."""
+    live = [w for w in row.entries or () if w.expires_ms > now_ms]
     heirs: Heirs = []
-    for _, token in live:
-        waiter = queue[token]
+    for waiter in sorted(live, key=lambda w: (w.ticket, w.token)):
         if heirs and not waiter.shared:
             break
-        heirs.append((token, waiter))
+        heirs.append((waiter.token, waiter))
         if not waiter.shared or len(heirs) >= max_admit():
             break
     return heirs
-
-
-def _entries(item: records.LockItem) -> dict[str, records.Waiter]:
-    return {w.token: w for w in item.entries or ()}
 
 
 def heirs_of(row: records.LockItem | None) -> tuple[Heirs, int, records.LockItem | None]:
@@ -64,7 +48,7 @@ def heirs_of(row: records.LockItem | None) -> tuple[Heirs, int, records.LockItem
     if row is None or not row.waiting:
         return [], 0, row
     if row.entries is not None:
-        return next_in_line(_entries(row), now), row.queue_out, row
+        return next_in_line(row, now), row.queue_out, row
     # An eventually consistent read first (half the units of a consistent one). It is taken
     # only if the heirs it shows are the very next tickets after qout, every one there: a
     # waiter that just queued can be missing from it, and skipping its ticket would serve a
@@ -75,18 +59,14 @@ def heirs_of(row: records.LockItem | None) -> tuple[Heirs, int, records.LockItem
     # every hand-over 0.5 RCU more to spare the rarer leavers' one look (1 RCU), and would
     # still miss a slow write.
     quick = queue_entries.load_entries(row, consistent=False)
-    heirs = next_in_line(_entries(quick), now)
-    if heirs and _contiguous(quick, heirs):
+    heirs = next_in_line(quick, now)
+    # Their tickets must be qout + 1, qout + 2, ...: nobody missing or passed over before or
+    # among them. (An entry such a read shows dead may have been renewed since.)
+    tickets = [waiter.ticket for _, waiter in heirs]
+    if heirs and tickets == list(range(quick.queue_out + 1, quick.queue_out + 1 + len(tickets))):
         return heirs, quick.queue_out, quick
     row = queue_entries.load_entries(row)
-    return next_in_line(_entries(row), now), row.queue_out, row
-
-
-def _contiguous(row: records.LockItem, heirs: Heirs) -> bool:
-    """Are ``heirs`` tickets qout + 1, qout + 2, ...: nobody missing or passed over before or
-    among them? (An entry such a read shows dead may have been renewed since.)"""
-    tickets = [waiter.ticket for _, waiter in heirs]
-    return tickets == list(range(row.queue_out + 1, row.queue_out + 1 + len(tickets)))
+    return next_in_line(row, now), row.queue_out, row
 
 
 def release_terms(row: records.LockItem | None, skew: float) -> dict[str, Any]:
@@ -120,7 +100,7 @@ def push_first(resource: str, item: records.LockItem, *, readers_only: bool) -> 
             item = queue_entries.load_entries(item)
         except SemaphoreUnavailable:
             return  # they read it themselves
-    first = first_live(_entries(item), clock.now_ms())
-    if first is None or not first[1].address or (readers_only and not first[1].shared):
-        return
-    push.push(first[1].address, resource, first[0], item, sent_ms=clock.now_ms())
+    # The first in line: next_in_line's first heir, whatever it is.
+    for token, waiter in next_in_line(item, clock.now_ms())[:1]:
+        if waiter.address and (waiter.shared or not readers_only):
+            push.push(waiter.address, resource, token, item, sent_ms=clock.now_ms())

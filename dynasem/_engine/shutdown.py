@@ -32,13 +32,6 @@ logger = logging.getLogger("dynasem")
 EXIT_PATIENCE = 5.0
 
 
-def _unused(held: Held, caller: threading.Thread) -> bool:
-    # A hold taken by another thread that still runs (a daemon thread, at exit) may be inside
-    # its block, or its transaction, right now: giving it back under it would let another
-    # holder in while it works.
-    return not held.released and (held.thread is caller or not held.thread.is_alive())
-
-
 def release_all() -> int:
     """Give back every hold of this process that nobody can be using any more: taken by the
     calling thread (call it when that thread is done with its holds), or by a thread that has
@@ -53,7 +46,10 @@ def release_all() -> int:
     given = 0
     stop = clock.monotonic() + EXIT_PATIENCE
     for held in holds:
-        if not _unused(held, caller):
+        # A hold taken by another thread that still runs (a daemon thread, at exit) may be
+        # inside its block, or its transaction, right now: giving it back under it would let
+        # another holder in while it works.
+        if held.released or (held.thread is not caller and held.thread.is_alive()):
             continue
         if clock.monotonic() >= stop:
             logger.warning(
