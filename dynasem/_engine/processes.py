@@ -34,20 +34,12 @@ import hashlib
 import logging
 import os
 import sys
-from typing import NamedTuple
 
 logger = logging.getLogger("dynasem")
 
 SEP = "."
 # The states of a process that runs no more code (with no thread left: see _no_thread_left).
 _ENDED_STATES = frozenset("ZXx")
-
-
-class _Me(NamedTuple):
-    """This process's view of its host: its ``host`` key and its recorded identity."""
-
-    host: str
-    identity: str
 
 
 def _read(path: str) -> str:
@@ -84,7 +76,8 @@ def _proc_hides_pids() -> bool:
 
 
 @functools.cache  # once per process (again in a forked child)
-def _probe() -> _Me | None:
+def _probe() -> str | None:
+    """This process's identity, if it can be sure of its own view of ``/proc``."""
     if not sys.platform.startswith("linux"):
         return None
     pid = os.getpid()
@@ -112,8 +105,7 @@ def _probe() -> _Me | None:
         return None
     if not boot or start != again:
         return None
-    host = host_key(boot, pid_ns, time_ns)
-    return _Me(host, f"{host}{SEP}{pid}{SEP}{start}")
+    return SEP.join([host_key(boot, pid_ns, time_ns), str(pid), str(start)])
 
 
 def host_key(boot_id: str, pid_ns: str, time_ns: str) -> str:
@@ -155,27 +147,20 @@ def takeover_rule() -> tuple[bool, str]:
     return rule
 
 
-def _mine() -> _Me | None:
-    return _probe() if takeover_rule()[0] else None
-
-
 def identity() -> str | None:
     """What a holder (or a waiter) of this process records, or None where we cannot be sure
     of our own view of ``/proc`` or same-host takeover is off (then nobody takes our holds
     over before their lease ends)."""
-    me = _mine()
-    return None if me is None else me.identity
+    return _probe() if takeover_rule()[0] else None
 
 
 def _parse(recorded: str | None) -> tuple[int, int] | None:
     """(pid, start) of an identity recorded on this host, or None."""
-    if not recorded:
-        return None
-    me = _mine()
-    if me is None:
+    mine = identity() if recorded else None
+    if recorded is None or mine is None:
         return None
     host, _, rest = recorded.partition(SEP)
-    if host != me.host:
+    if host != mine.partition(SEP)[0]:
         return None
     pid_text, _, start_text = rest.partition(SEP)
     if not (pid_text.isdigit() and start_text.isdigit()):
