@@ -75,10 +75,10 @@ def _derive(secret: Any) -> bytes:
     return hashlib.sha256(_SALT + str(secret).encode()).digest()
 
 
-def _keys(*, fallbacks: bool = True) -> list[bytes]:
+def _keys(*, fallbacks: bool = False) -> list[bytes]:
     """The keys a push may be signed with: ``SECRET_KEY``, then ``SECRET_KEY_FALLBACKS`` (a
-    process that has not yet seen a rotation still signs with the old key). Without
-    ``fallbacks``: the key pushes are signed with, if any."""
+    process that has not yet seen a rotation still signs with the old key); without
+    ``fallbacks``, the key pushes are signed with, if any."""
     secrets = [getattr(django_settings, "SECRET_KEY", "") or ""]
     if fallbacks:
         secrets += list(getattr(django_settings, "SECRET_KEY_FALLBACKS", None) or ())
@@ -111,6 +111,12 @@ def _bad_mac() -> None:
         count,
         extra=facts(outcome="push_dropped", reason="bad signature", count=count),
     )
+
+
+def _dropped(level: int, slot: _Slot, reason: str, message: str, *args: Any, **more: Any) -> None:
+    """Log that a push for ``slot``'s waiter was dropped, and why (``reason``)."""
+    extra = facts(slot.resource, token=slot.token, outcome="push_dropped", reason=reason, **more)
+    logger.log(level, message, *args, extra=extra, stacklevel=2)  # where it was dropped
 
 
 class Push(NamedTuple):
@@ -188,20 +194,17 @@ class _Slot:
             return None
         holder = pushed.item.holders.get(self.token)
         if holder is not None and holder.fence <= fence_above:
-            logger.warning(
+            _dropped(
+                logging.WARNING,
+                self,
+                "stale fence",
                 "dynasem: dropped a push for %r: its fence %s is not above the last one we saw "
                 "(%s)",
                 self.resource,
                 holder.fence,
                 fence_above,
-                extra=facts(
-                    self.resource,
-                    token=self.token,
-                    fence=holder.fence,
-                    outcome="push_dropped",
-                    reason="stale fence",
-                    fence_seen=fence_above,
-                ),
+                fence=holder.fence,
+                fence_seen=fence_above,
             )
             return None
         if self.refused(pushed.item, pushed.sent_ms, "when taken"):
@@ -238,13 +241,9 @@ class _Slot:
         if refusal is None:
             return False
         reason, loud = refusal
-        (logger.warning if loud else logger.info)(
-            "dynasem: dropped a push for %r %s: %s",
-            self.resource,
-            when,
-            reason,
-            extra=facts(self.resource, token=self.token, outcome="push_dropped", reason=reason),
-        )
+        level = logging.WARNING if loud else logging.INFO
+        message = "dynasem: dropped a push for %r %s: %s"
+        _dropped(level, self, reason, message, self.resource, when, reason)
         return True
 
     def stray(self, item: records.LockItem) -> None:
@@ -317,7 +316,7 @@ class _Listener:
     def _deliver(self, data: bytes) -> None:
         arrived = time.monotonic()
         mac, body = data[:32], data[32:]
-        if not any(hmac.compare_digest(mac, _sign(key, body)) for key in _keys()):
+        if not any(hmac.compare_digest(mac, _sign(key, body)) for key in _keys(fallbacks=True)):
             _bad_mac()
             return
         message = json.loads(body)
@@ -330,19 +329,16 @@ class _Listener:
             if table == slot.table:
                 slot.stray(item)
         elif table != slot.table:
-            logger.warning(
+            _dropped(
+                logging.WARNING,
+                slot,
+                "another table",
                 "dynasem: dropped a push for table %r on a wait on table %r (two projects "
                 "share a SECRET_KEY and push addresses?)",
                 table,
                 slot.table,
-                extra=facts(
-                    resource,
-                    token=token,
-                    outcome="push_dropped",
-                    reason="another table",
-                    table=slot.table,
-                    push_table=table,
-                ),
+                table=slot.table,
+                push_table=table,
             )
         elif not slot.refused(item, message["ts"], "on arrival"):
             if not slot.deliver(Push(item, arrived, message["ts"])):
@@ -413,10 +409,9 @@ def _get_listener() -> _Listener | None:
     with _lock:
         if _listener is not None and _listener.pid == os.getpid() and _listener.bind == bind:
             return _listener  # ours (not a forked parent's), on this address
-        if not bind or _failed_bind == bind or push_address_problem(bind) is not None:
-            return None  # off; or it failed; or the system check dynasem.E010 says why
-        if not _keys(fallbacks=False):
-            return None  # nothing to sign with
+        # Off; or it failed; or the system check dynasem.E010 says why; or nothing to sign with.
+        if not bind or _failed_bind == bind or push_address_problem(bind) or not _keys():
+            return None
         try:
             _listener = _Listener(bind)
         except OSError as exc:
@@ -548,7 +543,7 @@ def push(address: Any, resource: str, token: str, item: records.LockItem, *, sen
     """Send ``item`` (what the hand-over write produced) to the waiter ``token``, with the
     table's name and ``sent_ms`` (our wall clock) signed along. Best effort."""
     target = reachable(address)
-    keys = _keys(fallbacks=False)
+    keys = _keys()
     if target is None or not keys:
         return False
     message = {

@@ -221,7 +221,7 @@ def _listening_slot(resource: str, token: str, lease: float = 10) -> tuple[str, 
 
 def _send(target: tuple[str, int], message: dict, secret: str | None = None) -> None:
     body = json.dumps(message).encode()
-    key = wakeup._keys(fallbacks=False)[0] if secret is None else wakeup._derive(secret)
+    key = wakeup._keys()[0] if secret is None else wakeup._derive(secret)
     assert key is not None
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
         sock.sendto(wakeup._sign(key, body) + body, target)
