@@ -100,7 +100,6 @@ def push_first(resource: str, item: records.LockItem, *, readers_only: bool) -> 
             item = queue_entries.load_entries(item)
         except SemaphoreUnavailable:
             return  # they read it themselves
-    # The first in line: next_in_line's first heir, whatever it is.
-    for token, waiter in next_in_line(item, clock.now_ms())[:1]:
-        if waiter.address and (waiter.shared or not readers_only):
-            push.push(waiter.address, resource, token, item, sent_ms=clock.now_ms())
+    first = next_in_line(item, clock.now_ms())[:1]  # whatever it is: exclusive or not
+    if first and (first[0][1].shared or not readers_only):
+        push_heirs(resource, first, item)

@@ -81,21 +81,20 @@ class Heartbeat:
 
     def _renew(self) -> BaseException | None:
         """One renewal, given at most until the deadline; its error, or None."""
-        outcome: dict[str, Any] = {}
+        errors: list[BaseException] = []
 
         def attempt() -> None:
             try:
                 self.held.renew()
-                outcome["ok"] = True
             except BaseException as exc:  # handed to the heartbeat
-                outcome["error"] = exc
+                errors.append(exc)
 
         worker = threading.Thread(target=attempt, name=f"{self.name}:renew", daemon=True)
         worker.start()
         worker.join(self.held.seconds_left() + 0.01)
         if worker.is_alive():
             return SemaphoreUnavailable("renewal still unanswered at the lease deadline")
-        return outcome.get("error")
+        return errors[0] if errors else None
 
     def beat(self) -> float | None:
         """One due renewal; the pause until the next, or None when this heartbeat is done."""
