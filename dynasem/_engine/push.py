@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -150,8 +151,8 @@ class _Slot:
     now_ms: Callable[[], int] = int
     event: threading.Event = dataclasses.field(default_factory=threading.Event)
     push: Push | None = None
-    # A coroutine awaiting the push: its loop and the future the listener resolves.
-    waker: tuple[asyncio.AbstractEventLoop, asyncio.Future[None]] | None = None
+    # A coroutine awaiting the push: resolves the future it awaits, on its loop.
+    waker: Callable[[], object] | None = None
     guard: threading.Lock = dataclasses.field(default_factory=threading.Lock)  # all change together
     left: bool = False  # its waiter left the queue (see depart)
     give_back: Callable[[records.LockItem], None] | None = None
@@ -177,11 +178,8 @@ class _Slot:
             self.event.set()
             waker, self.waker = self.waker, None
         if waker is not None:
-            loop, future = waker
-            try:
-                loop.call_soon_threadsafe(_resolve, future)
-            except RuntimeError:
-                pass  # its loop is closed: nobody is waiting any more
+            with contextlib.suppress(RuntimeError):  # its loop is closed: nobody waits any more
+                waker()
         return True
 
     def taken(self, fence_above: int) -> Push | None:
@@ -211,36 +209,30 @@ class _Slot:
             return None
         return pushed
 
-    def refusal(self, item: records.LockItem, sent_ms: Any) -> tuple[str, bool] | None:
-        """Why this waiter must not take ``item``, sent at ``sent_ms``, now (and whether that
-        is worth a warning: a wrong claim is; a push we were too slow for is not), or None."""
+    def refused(self, item: records.LockItem, sent_ms: Any, when: str) -> bool:
+        """Whether this waiter must not take ``item``, sent at ``sent_ms``, now; if so, the log
+        says why (a warning for a wrong claim; information for a push we were too slow for)."""
         now = self.now_ms()
-        if not isinstance(sent_ms, int) or sent_ms > now + self.skew_ms + 1000:
-            return f"its send time {sent_ms!r} is ahead of our clock by more than CLOCK_SKEW", True
         holder = item.holders.get(self.token)
-        if holder is None:
+        if not isinstance(sent_ms, int) or sent_ms > now + self.skew_ms + 1000:
+            reason = f"its send time {sent_ms!r} is ahead of our clock by more than CLOCK_SKEW"
+            loud = True
+        elif holder is None:
             # Only news that the lock is free (or readers may join): taking it is a
             # conditional write of our own. Old news is dropped, not trusted.
-            if now - sent_ms > self.lease_ms + self.skew_ms:
-                return "it is older than a lease", False
-            return None
-        expires_ms = holder.expires_ms
-        if expires_ms > sent_ms + self.lease_ms + self.skew_ms:
-            return (
-                f"it claims a lease to {expires_ms}, longer than our own lease from its send "
-                f"time {sent_ms}",
-                True,
+            if now - sent_ms <= self.lease_ms + self.skew_ms:
+                return False
+            reason, loud = "it is older than a lease", False
+        elif holder.expires_ms > sent_ms + self.lease_ms + self.skew_ms:
+            reason = (
+                f"it claims a lease to {holder.expires_ms}, longer than our own lease from its "
+                f"send time {sent_ms}"
             )
-        if min(expires_ms, sent_ms + self.lease_ms) - self.skew_ms <= now:
-            return "the hold it hands us has run out (we were paused or slow)", False
-        return None
-
-    def refused(self, item: records.LockItem, sent_ms: Any, when: str) -> bool:
-        """Whether :meth:`refusal` refuses ``item``; if so, the log says why."""
-        refusal = self.refusal(item, sent_ms)
-        if refusal is None:
+            loud = True
+        elif min(holder.expires_ms, sent_ms + self.lease_ms) - self.skew_ms > now:
             return False
-        reason, loud = refusal
+        else:
+            reason, loud = "the hold it hands us has run out (we were paused or slow)", False
         level = logging.WARNING if loud else logging.INFO
         message = "dynasem: dropped a push for %r %s: %s"
         _dropped(level, self, reason, message, self.resource, when, reason)
@@ -490,14 +482,14 @@ async def await_push(token: str, seconds: float, *, fence_above: int = 0) -> Pus
     loop = asyncio.get_running_loop()
     future: asyncio.Future[None] = loop.create_future()
     with slot.guard:
-        arrived = slot.event.is_set()
-        if not arrived:
-            slot.waker = (loop, future)
-    if not arrived:
-        try:
-            await asyncio.wait_for(future, seconds)
-        except TimeoutError:
-            return None
+        if slot.event.is_set():
+            future.set_result(None)  # it came already
+        else:
+            slot.waker = functools.partial(loop.call_soon_threadsafe, _resolve, future)
+    try:
+        await asyncio.wait_for(future, seconds)
+    except TimeoutError:
+        return None
     return slot.taken(fence_above)
 
 
