@@ -424,12 +424,7 @@ def available() -> bool:
 
 
 def expect(
-    resource: str,
-    token: str,
-    *,
-    lease: float,
-    skew: float,
-    now_ms: Callable[[], int],
+    resource: str, token: str, *, lease: float, skew: float, now_ms: Callable[[], int]
 ) -> str | None:
     """Register a waiter; returns the address to record in its queue entry (or None).
 
