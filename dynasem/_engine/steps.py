@@ -45,13 +45,10 @@ def io_executor() -> ThreadPoolExecutor:
     """The executor dynasem's blocking requests run in for async callers (``dynasem-io``
     threads), made on first use; a forked child makes its own."""
     global _io
-    executor = _io
-    if executor is None:
-        with _io_lock:
-            if _io is None:
-                _io = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="dynasem-io")
-            executor = _io
-    return executor
+    with _io_lock:
+        if _io is None:
+            _io = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="dynasem-io")
+        return _io
 
 
 async def run_io(func: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
@@ -161,6 +158,25 @@ def _interrupted(step: Step, queued: InQueue | None) -> None:
 
 
 def run_sync(steps: Steps[_T]) -> _T:
+    """Run the acquire loop blocking: :func:`_drive`'s coroutine, which never suspends when
+    ``blocking`` (every step is performed in place), run to its end in one ``send``."""
+    drive = _drive(steps, blocking=True)
+    try:
+        drive.send(None)
+    except StopIteration as stop:
+        value: _T = stop.value  # what the loop returned
+        return value
+    raise RuntimeError("a blocking step suspended the acquire loop")  # cannot happen
+
+
+async def run_async(steps: Steps[_T]) -> _T:
+    """Run the acquire loop under asyncio (see :func:`_perform`)."""
+    return await _drive(steps, blocking=False)
+
+
+async def _drive(steps: Steps[_T], *, blocking: bool) -> _T:
+    """The one loop of both drivers: sends each step's result into the acquire loop (or
+    throws its error in), and leaves nothing behind if the caller is interrupted."""
     result: Any = None
     error: BaseException | None = None
     queued: InQueue | None = None  # we may be in a resource's queue
@@ -168,72 +184,37 @@ def run_sync(steps: Steps[_T]) -> _T:
     while True:
         try:
             step = steps.throw(error) if error is not None else steps.send(result)
+            if isinstance(step, InQueue):
+                queued = step
+            result, error = await _perform(step, blocking=blocking)
         except StopIteration as stop:
             value: _T = stop.value  # what the generator returned
             return value
         except Exception:
             raise  # the loop's own answer (busy, unavailable): it cleaned up what it had
-        except BaseException:  # interrupted inside the loop, after the last step
-            if step is not None:
-                _interrupted(step, queued)
-            raise
-        if isinstance(step, InQueue):
-            queued = step
-        try:
-            result, error = _perform(step)
-        except BaseException:  # KeyboardInterrupt, SystemExit: not for the loop to decide
+        except BaseException:  # Ctrl-C, SystemExit, cancelled: not for the loop to decide
+            # Interrupted during ``step``, or inside the loop after it (then it is over).
             steps.close()
-            _interrupted(step, queued)
-            raise
-
-
-def _perform(step: Step) -> tuple[Any, Exception | None]:
-    """One step, blocking: its result, or the error the loop decides on."""
-    if isinstance(step, Sleep):
-        if step.seconds:
-            time.sleep(step.seconds)
-        return None, None
-    try:
-        return step.send(), None
-    except Exception as exc:  # handed back to the loop, which decides
-        return None, exc
-
-
-async def run_async(steps: Steps[_T]) -> _T:
-    result: Any = None
-    error: BaseException | None = None
-    queued: InQueue | None = None  # we may be in a resource's queue
-    step: Step | None = None
-    while True:
-        try:
-            step = steps.throw(error) if error is not None else steps.send(result)
-        except StopIteration as stop:
-            value: _T = stop.value  # what the generator returned
-            return value
-        except Exception:
-            raise
-        except BaseException:
-            if step is not None:
+            if step is not None and blocking:
+                _interrupted(step, queued)
+            elif step is not None:
                 await run_io(_interrupted, step, queued)
             raise
-        if isinstance(step, InQueue):
-            queued = step
-        try:
-            result, error = await _aperform(step)
-        except BaseException:  # cancelled (or interrupted)
-            steps.close()
-            await run_io(_interrupted, step, queued)
-            raise
 
 
-async def _aperform(step: Step) -> tuple[Any, Exception | None]:
-    """One step under asyncio: a pause or a wait for a push on the loop, a request in
-    :func:`io_executor`; its result, or the error the loop decides on."""
+async def _perform(step: Step, *, blocking: bool) -> tuple[Any, Exception | None]:
+    """One step: its result, or the error the loop decides on. Blocking, in place; under
+    asyncio, a pause or a wait for a push on the event loop, a request in
+    :func:`io_executor`."""
     if isinstance(step, Sleep):
-        if step.seconds:
+        if step.seconds and blocking:
+            time.sleep(step.seconds)
+        elif step.seconds:
             await asyncio.sleep(step.seconds)
         return None, None
     try:
+        if blocking:
+            return step.send(), None
         if isinstance(step, InQueue) and step.asend is not None:
             return await step.asend(), None
         request = asyncio.ensure_future(run_io(step.send))
@@ -243,5 +224,5 @@ async def _aperform(step: Step) -> tuple[Any, Exception | None]:
             if isinstance(step, Write) or (isinstance(step, InQueue) and step.write):
                 await asyncio.wait([request])  # it goes on in its thread: let it end
             raise
-    except Exception as exc:
+    except Exception as exc:  # handed back to the loop, which decides
         return None, exc
