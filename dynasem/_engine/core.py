@@ -55,6 +55,7 @@ from .queue import (
     Pace,
     backoff,
     busy,
+    join_queue,
     live_holders,
     queued_recently,
     should_queue,
@@ -110,6 +111,13 @@ class Semaphore:
         coalesce: bool = False,
         metrics_name: str | None = None,
     ):
+        # The arguments as given but the resource, holder and name (here, before any other
+        # local): a decorated callable's lock for one call is made of them (with_resource).
+        self._options = {
+            name: value
+            for name, value in locals().items()
+            if name not in ("self", "resource", "user", "metrics_name")
+        }
         self.resources: list[str] = [] if callable(resource) else check_resources(resource)
         self.limit = check_limit(limit, shared)
         self.shared = shared
@@ -279,21 +287,7 @@ class Semaphore:
     def with_resource(self, resource: Any, user: Any) -> Semaphore:
         """A copy for one call of a decorated callable, on that call's resource(s) and
         holder (the decorator uses it)."""
-        copy = Semaphore(
-            resource,
-            limit=self.limit,
-            shared=self.shared,
-            user=user,
-            lease=self.lease,
-            wait=self.wait,
-            on_busy=self.decoration.on_busy,
-            fair=self._fair,
-            on_commit=self.on_commit,
-            using=self.using,
-            max_hold=self.max_hold,
-            fence_db=self.fence_db,
-            coalesce=self.coalesce,
-        )
+        copy = Semaphore(resource, user=user, **self._options)
         # Named like the decorator (its template), not by this call's key; not checked as a
         # resource is: a derived name must never refuse a call.
         if telemetry.ON:
@@ -321,33 +315,23 @@ class Acquire:
 
     def steps(self) -> Steps[Held]:
         run, first = self.run, self.resources[0]
-        if self.guess_busy():
+        recently = queued_recently.get(first, -math.inf)
+        if (
+            len(self.resources) == 1
+            and run.sem.mode == Mode.EXCLUSIVE
+            and run.remaining() > 0
+            and clock.monotonic() - recently < GUESS_BUSY_FOR
+        ):
             # Busy last time we looked, a short while ago? Then most likely busy now: join
             # the queue in our first write (it is refused if the lock is free: we take it).
-            self.seen[first] = yield from wait_in_queue(
-                run,
-                first,
-                None,
-                queued=False,
-                pace=self.pace,
-                if_busy_ms=run.stale_ms(clock.now_ms()),
-            )
+            if_busy_ms = run.stale_ms(clock.now_ms())
+            self.seen[first] = yield from join_queue(run, first, None, self.pace, if_busy_ms)
         while True:
             outcome = yield from self.try_take()
             if isinstance(outcome, Held):
                 return outcome
             if outcome is not None:
                 yield from self.wait(outcome)
-
-    def guess_busy(self) -> bool:
-        sem = self.run.sem
-        recently = queued_recently.get(self.resources[0], -math.inf)
-        return (
-            len(self.resources) == 1
-            and sem.mode == Mode.EXCLUSIVE
-            and self.run.remaining() > 0
-            and clock.monotonic() - recently < GUESS_BUSY_FOR
-        )
 
     # -- take --------------------------------------------------------------------------------
 
@@ -381,11 +365,11 @@ class Acquire:
         blocked = {r: p.busy for r, p in plans.items() if p.busy is not None}
         if blocked:
             return blocked
-        acting = [r for r in self.resources if plans[r].action is not None]
-        if not acting:
+        actions = {r: p.action for r, p in plans.items() if p.action is not None}
+        if not actions:
             held = take.held_if_trusted(run, plans, seen, sent_mono=None, push_cap=push_cap)
             return (yield from self.confirmed(held, self.resources))
-        return (yield from self.write(plans, acting, entry, now, sent_mono))
+        return (yield from self.write(plans, actions, entry, sent_mono))
 
     def read_ahead(self, plans: dict[str, take.Plan]) -> Steps[None]:
         """Who waits ahead of us (or holds the permits)? One read, then plan again.
@@ -404,46 +388,50 @@ class Acquire:
     def write(
         self,
         plans: dict[str, take.Plan],
-        acting: list[str],
+        actions: dict[str, dict[str, Any]],
         entry: records.Holder,
-        now: int,
         sent_mono: float,
     ) -> Steps[Held | dict[str, Blocking] | None]:
         """Send the take: an update of one row, or one transaction of several (all or
-        none). Refused, plan again from what the refusal showed."""
-        token, seen = self.run.token, self.seen
-        actions = [a for a in (plans[r].action for r in acting) if a is not None]
-        after = None
+        none). Landed: the hold, if its lease can still be trusted long enough. Refused,
+        plan again from what the refusal showed."""
+        run, seen, acting = self.run, self.seen, list(actions)
+        send: Callable[[], Any] = functools.partial(lock_rows.transact, list(actions.values()))
+        if len(actions) == 1:  # one update (else one transaction: all or none)
+            send = functools.partial(lock_rows.update, actions[acting[0]], return_new=True)
         try:
-            if len(actions) == 1:
-                send = functools.partial(lock_rows.update, actions[0], return_new=True)
-                after = yield Write(send, token, acting)
-            else:  # all or none
-                yield Write(functools.partial(lock_rows.transact, actions), token, acting)
+            after = yield Write(send, run.token, acting)
         except dynamodb.Refused as refused:
             seen[acting[0]] = refused.lock or records.LockItem()
         except dynamodb.Cancelled as cancelled:
-            if not self.learn(cancelled, acting):
-                # Another transaction was on these items: step aside briefly.
+            # The items the refusals showed; none refused: another transaction was on
+            # these items: step aside briefly.
+            reasons = zip(acting, cancelled.reasons, strict=False)
+            refusals = {r: old for r, (code, old) in reasons if code == "ConditionalCheckFailed"}
+            seen.update({r: old or records.LockItem() for r, old in refusals.items()})
+            if not refusals:
                 yield Sleep(random.uniform(0.002, 0.02))
         except SemaphoreUnavailable as exc:
             yield from self.failed(exc, acting)
             return None
         else:
-            return (yield from self.written(after, plans, acting, entry, now, sent_mono))
+            if len(self.resources) == 1:
+                seen[acting[0]] = after
+                if not self.pace.enqueued:  # taken at once: free, this time
+                    queued_recently.pop(acting[0], None)
+            if plans[acting[0]].reader and after is not None:
+                now, expires_ms = entry.acquired_ms, entry.expires_ms
+                admitted = readers.admitted(
+                    run, after, expires_ms=expires_ms, now_ms=now, sent_mono=sent_mono
+                )
+                held = yield from admitted
+            else:
+                held = take.held_if_trusted(run, plans, seen, sent_mono=sent_mono, push_cap=None)
+            return (yield from self.confirmed(held, acting))
         self.replans += 1
         if self.replans <= MAX_REPLANS:
             return None  # the refusal told us the state: plan again from it at once
         return {r: {} for r in self.resources}
-
-    def learn(self, cancelled: dynamodb.Cancelled, acting: list[str]) -> bool:
-        """The items a cancelled transaction's refusals showed; False: none was refused."""
-        refused = False
-        for r, (code, old) in zip(acting, cancelled.reasons, strict=False):
-            if code == "ConditionalCheckFailed":
-                self.seen[r] = old or records.LockItem()
-                refused = True
-        return refused
 
     def failed(self, exc: SemaphoreUnavailable, acting: list[str]) -> Steps[None]:
         """A write failed in transit. An ambiguous failure (5xx, timeout) may hide an applied
@@ -459,29 +447,6 @@ class Acquire:
                 yield Request(functools.partial(withdraw, self.run.token, acting))
             raise exc
         yield Sleep(min(backoff(self.failures), max(0.05, self.run.remaining())))
-
-    def written(
-        self,
-        after: records.LockItem | None,
-        plans: dict[str, take.Plan],
-        acting: list[str],
-        entry: records.Holder,
-        now: int,
-        sent_mono: float,
-    ) -> Steps[Held | None]:
-        """Our write landed: the hold, if its lease can still be trusted long enough."""
-        run, first = self.run, self.resources[0]
-        if len(self.resources) == 1:
-            self.seen[first] = after
-            if not self.pace.enqueued:  # taken at once: free, this time
-                queued_recently.pop(first, None)
-        if plans[acting[0]].reader and after is not None:
-            held = yield from readers.admitted(
-                run, after, expires_ms=entry.expires_ms, now_ms=now, sent_mono=sent_mono
-            )
-        else:
-            held = take.held_if_trusted(run, plans, self.seen, sent_mono=sent_mono, push_cap=None)
-        return (yield from self.confirmed(held, acting))
 
     def confirmed(self, held: Held | None, ours: list[str]) -> Steps[Held | None]:
         """``held``; or, None (its lease can no longer be trusted: we were paused, or it took
@@ -500,7 +465,8 @@ class Acquire:
 
     def wait(self, blocked: dict[str, Blocking]) -> Steps[None]:
         """Busy: wait within the budget (never much past the first lease end), then look
-        again; past the budget, give up."""
+        again; past the budget, leave the queue (a hand-over that reached us meanwhile is
+        ours to keep: plan from it), and raise ``SemaphoreBusy``."""
         run, pace, seen, first = self.run, self.pace, self.seen, self.resources[0]
         one = len(self.resources) == 1
         if one and readers.write_off_due(seen.get(first), blocked[first], run.skew, pace.ticket):
@@ -509,8 +475,17 @@ class Acquire:
             seen[first] = yield from queue.patient_read(write_off, seen[first], pace, run.deadline)
             return
         if run.remaining() <= 0:
-            yield from self.give_up(blocked)
-            return
+            if pace.ticket is not None:
+                kept = yield from leave_queue(
+                    run.sem, pace, run.token, lease=run.lease, skew=run.skew
+                )
+                if kept is not None:
+                    seen[first] = kept
+                    return
+            sem, skew, ticket = run.sem, run.skew, pace.ticket
+            raise busy(
+                sem, blocked, seen, skew=skew, user_id=run.user_id, token=run.token, ticket=ticket
+            )
         queued = one and pace.ticket is not None
         if one and (queued or should_queue(run.sem, seen.get(first))):
             seen[first] = yield from wait_in_queue(
@@ -529,37 +504,18 @@ class Acquire:
         old = self.seen.get(resource)
         stale = self.run.stale_ms(clock.now_ms())
         if (
-            old is not None
-            and old.mode in (Mode.COUNTING, Mode.SHARED)
-            and len(live_holders(old, stale)) > 1
+            old is None
+            or old.mode not in (Mode.COUNTING, Mode.SHARED)
+            or len(live_holders(old, stale)) < 2
         ):
-            try:
-                item: records.LockItem | None = yield Request(
-                    functools.partial(lock_rows.get, resource)
-                )
-                return item
-            except SemaphoreUnavailable:
-                return None
-        return records.guessed_free(old.fence if old is not None else 0)
-
-    def give_up(self, blocked: dict[str, Blocking]) -> Steps[None]:
-        """The wait is over: leave the queue (a hand-over that reached us meanwhile is ours
-        to keep: plan from it), and raise ``SemaphoreBusy``."""
-        run, pace = self.run, self.pace
-        if pace.ticket is not None:
-            kept = yield from leave_queue(run.sem, pace, run.token, lease=run.lease, skew=run.skew)
-            if kept is not None:
-                self.seen[self.resources[0]] = kept
-                return
-        raise busy(
-            run.sem,
-            blocked,
-            self.seen,
-            skew=run.skew,
-            user_id=run.user_id,
-            token=run.token,
-            ticket=pace.ticket,
-        )
+            return records.guessed_free(old.fence if old is not None else 0)
+        try:
+            item: records.LockItem | None = yield Request(
+                functools.partial(lock_rows.get, resource)
+            )
+        except SemaphoreUnavailable:
+            return None
+        return item
 
 
 def semaphore(
@@ -587,19 +543,4 @@ def semaphore(
     ``ValueError`` here.
 
     Every argument is described in the reference page "The semaphore"."""
-    return Semaphore(
-        resource,
-        limit=limit,
-        shared=shared,
-        user=user,
-        lease=lease,
-        wait=wait,
-        on_busy=on_busy,
-        fair=fair,
-        on_commit=on_commit,
-        using=using,
-        max_hold=max_hold,
-        fence_db=fence_db,
-        coalesce=coalesce,
-        metrics_name=metrics_name,
-    )
+    return Semaphore(**locals())  # every argument, as given

@@ -446,39 +446,34 @@ def back_off(
 
 
 def wait_in_queue(
-    run: Attempt,
-    resource: str,
-    seen: records.LockItem | None,
-    *,
-    queued: bool,
-    pace: Pace,
-    if_busy_ms: int | None = None,
+    run: Attempt, resource: str, seen: records.LockItem | None, *, queued: bool, pace: Pace
 ) -> Steps[records.LockItem | None]:
     """Join the queue (once), then sleep toward our likely turn and look again: with a
     cheap read, or by renewing our place when its lease is half gone. Returns the state.
 
     ``seen``: the resource as last seen (None: not seen); ``queued``: we are in its queue
-    already; ``pace``: this acquisition's timing.
-
-    ``if_busy_ms``: join only if someone holds it (a lease ending at or after this) or
-    waits; otherwise the refusal's old item is returned, to take it from."""
+    already; ``pace``: this acquisition's timing."""
     if not queued:
-        return (yield from _join(run, resource, seen, pace, if_busy_ms))
+        return (yield from join_queue(run, resource, seen, pace))
     done, item = yield from _wait_for_turn(run, resource, seen, pace)
     if done:
         return item
-    return (yield from _look(resource, seen, pace, lease=run.lease, deadline=run.deadline))
+    return (yield from _look(run, resource, seen, pace))
 
 
-def _join(
+def join_queue(
     run: Attempt,
     resource: str,
     seen: records.LockItem | None,
     pace: Pace,
-    if_busy_ms: int | None,
+    if_busy_ms: int | None = None,
 ) -> Steps[records.LockItem | None]:
     """Draw a ticket (one write to the row), then write our entry; returns the row as the
-    ticket left it (or, ``if_busy_ms`` refused, as it is: free, most likely)."""
+    ticket left it.
+
+    ``if_busy_ms``: join only if someone holds it (a lease ending at or after this) or
+    waits; otherwise the refusal's old item is returned, to take it from (free, most
+    likely)."""
     # Where the holder that hands us the lock tells us (None: nowhere): listening before
     # our entry can be read.
     address = push.expect(resource, run.token, lease=run.lease, skew=run.skew, now_ms=clock.now_ms)
@@ -612,11 +607,11 @@ def _pushed(run: Attempt, resource: str, pace: Pace, pushed: push.Push) -> recor
 
 
 def _look(
-    resource: str, seen: records.LockItem | None, pace: Pace, *, lease: float, deadline: float
+    run: Attempt, resource: str, seen: records.LockItem | None, pace: Pace
 ) -> Steps[records.LockItem | None]:
     """A queued waiter's look: renew our entry when half its lease is gone, then read the
-    row (:func:`patient_read`: a throttled read is no news). ``deadline``: the wait's end
-    (monotonic)."""
+    row (:func:`patient_read`: a throttled read is no news) before the wait's end."""
+    lease = run.lease
     ticket = pace.ticket
     if ticket is not None and pace.entry_ms - clock.now_ms() < lease * 500:
         renew_to = clock.now_ms() + int(lease * 1000)
@@ -637,7 +632,7 @@ def _look(
     # Eventually consistent (half the units): a look only tells when to write, and every
     # write is conditional on the row as it is; an older row is read as such (upto_of).
     item = yield from patient_read(
-        lambda: lock_rows.get(resource, consistent=False), seen, pace, deadline
+        lambda: lock_rows.get(resource, consistent=False), seen, pace, run.deadline
     )
     if not pace.failed_looks:
         pace.answered(clock.monotonic() - sent)
