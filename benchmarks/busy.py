@@ -111,17 +111,16 @@ PROBER = _Prober()
 
 def wrap_busy() -> None:
     """Record, for each refusal, the retry_after of before issue 21 (same inputs)."""
-    from dynasem._engine import core
     from dynasem._engine import queue as queueing
 
-    real = core.busy
+    real = queueing.busy
 
     def busy(sem: Any, blocked: Mapping[str, Any], *args: Any, skew: float, **kwargs: Any) -> Any:
         holders = blocked[next(iter(blocked))]
         PROBER.before = math.ceil(queueing.seconds_until_free(blocked, skew)) if holders else 1
         return real(sem, blocked, *args, skew=skew, **kwargs)
 
-    core.busy = busy  # type: ignore[assignment]
+    queueing.busy = busy  # type: ignore[assignment]
 
 
 def count_prober_requests() -> None:

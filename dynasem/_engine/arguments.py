@@ -105,7 +105,12 @@ def check_flag(value: Any, name: str) -> bool:
     return value
 
 
-def check_seconds(value: Any, name: str, *, allow_zero: bool, allow_inf: bool) -> float:
+def check_seconds(
+    value: Any, name: str, *, allow_zero: bool = False, allow_inf: bool = False, week: bool = False
+) -> float:
+    """``value`` in seconds, a float; a TypeError or ValueError naming ``name`` unless it is a
+    number, not NaN, > 0 (>= 0 if ``allow_zero``), finite (unless ``allow_inf``) and, if
+    ``week``, at most MAX_LEASE."""
     if isinstance(value, bool) or not isinstance(value, Real):
         raise TypeError(
             f"{name} must be a number of seconds, not {type(value).__name__}: {value!r}"
@@ -123,14 +128,13 @@ def check_seconds(value: Any, name: str, *, allow_zero: bool, allow_inf: bool) -
         raise ValueError(f"{name} must be finite, not {seconds}")
     if seconds < 0 or (seconds == 0 and not allow_zero):
         raise ValueError(f"{name} must be {'>= 0' if allow_zero else '> 0'} seconds, not {seconds}")
+    if week and seconds > MAX_LEASE:
+        raise ValueError(f"{name} must be at most {MAX_LEASE:g} seconds (7 days), not {seconds:g}")
     return seconds
 
 
 def check_lease(value: Any, name: str = "lease") -> float:
-    lease = check_seconds(value, name, allow_zero=False, allow_inf=False)
-    if lease > MAX_LEASE:
-        raise ValueError(f"{name} must be at most {MAX_LEASE:g} seconds (7 days), not {lease:g}")
-    return lease
+    return check_seconds(value, name, week=True)
 
 
 def check_wait(value: Any, name: str = "wait") -> float:
@@ -138,12 +142,9 @@ def check_wait(value: Any, name: str = "wait") -> float:
 
 
 def check_skew(value: Any, name: str = "DYNASEM['CLOCK_SKEW']") -> float:
-    skew = check_seconds(value, name, allow_zero=True, allow_inf=False)
     # Leases must be longer than the skew and are at most MAX_LEASE: a larger skew can never
     # work, and would push fences and reap cut-offs past what DynamoDB stores.
-    if skew > MAX_LEASE:
-        raise ValueError(f"{name} must be at most {MAX_LEASE:g} seconds (7 days), not {skew:g}")
-    return skew
+    return check_seconds(value, name, allow_zero=True, week=True)
 
 
 def check_limit(limit: Any, shared: Any) -> int:
@@ -156,9 +157,7 @@ def check_limit(limit: Any, shared: Any) -> int:
             f"limit must be at most {MAX_LIMIT} (far more holders than one DynamoDB item can "
             f"list), not {_shown(limit)}"
         )
-    if not isinstance(shared, bool):
-        raise TypeError(f"shared must be True or False, not {shared!r}")
-    if shared and limit > 1:
+    if check_flag(shared, "shared") and limit > 1:
         raise ValueError(f"shared=True cannot be combined with limit={limit}: use one or the other")
     return limit
 

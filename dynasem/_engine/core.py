@@ -33,44 +33,20 @@ from .._storage.records import Mode
 from .._transactions import commit, fencing
 from ..conf import settings
 from ..exceptions import SemaphoreUnavailable
-from . import coalescing, permits, processes, push, queue, readers, take
-from .arguments import (
-    check_flag,
-    check_lease,
-    check_limit,
-    check_resources,
-    check_seconds,
-    check_wait,
-    resolve_timing,
-    user_id_of,
-)
+from . import arguments, coalescing, permits, processes, push, queue, readers, take
 from .decorators import Decoration, lock_callable
 from .hold import Held, pending_hold
 from .late_handover import leave_queue
 from .lockspec import Attempt
-from .queue import (
-    GUESS_BUSY_FOR,
-    MAX_REPLANS,
-    Blocking,
-    Pace,
-    backoff,
-    busy,
-    join_queue,
-    live_holders,
-    queued_recently,
-    should_queue,
-    too_slow,
-    wait_in_queue,
-)
+from .queue import Blocking
 from .reentry import current_hold, enter, forget_entered, leave, reentered, remember_acquired
 from .steps import Request, Sleep, Steps, Write, run_async, run_io, run_sync, withdraw
 
 # isort: off
 # Read (never patched: patch the owner) as core.* by tests and benchmarks.
-from .._clock import monotonic, new_fence as _new_fence, now_ms, wall_clock  # noqa: F401
+from .._clock import monotonic, new_fence as _new_fence, now_ms  # noqa: F401
 from .hold import WAKE_AFTER  # noqa: F401
 from .queue import Pace as _Pace  # noqa: F401
-from .arguments import MAX_LEASE, MAX_RESOURCE_BYTES, check_resource, check_skew  # noqa: F401
 # isort: on
 
 __all__ = ["Held", "Semaphore", "current_hold", "semaphore"]
@@ -118,14 +94,16 @@ class Semaphore:
             for name, value in locals().items()
             if name not in ("self", "resource", "user", "metrics_name")
         }
-        self.resources: list[str] = [] if callable(resource) else check_resources(resource)
-        self.limit = check_limit(limit, shared)
+        self.resources: list[str] = (
+            [] if callable(resource) else arguments.check_resources(resource)
+        )
+        self.limit = arguments.check_limit(limit, shared)
         self.shared = shared
         self.user = user
         if user is not None:
-            user_id_of(user)  # type check now, not at the first request
-        self.lease = None if lease is None else check_lease(lease)
-        self.wait = None if wait is None else check_wait(wait)
+            arguments.user_id_of(user)  # type check now, not at the first request
+        self.lease = None if lease is None else arguments.check_lease(lease)
+        self.wait = None if wait is None else arguments.check_wait(wait)
         # What only the decorator uses: the key template (maybe a callable) and on_busy.
         self.decoration = Decoration(resource, on_busy)
         if fair is not None and not isinstance(fair, bool):
@@ -136,26 +114,22 @@ class Semaphore:
             )
         self._fair = fair
         # Give back after the transaction commits (transactions.py).
-        self.on_commit = check_flag(on_commit, "on_commit")
+        self.on_commit = arguments.check_flag(on_commit, "on_commit")
         self.using = commit.check_using(using)
         # Renewed for at most this long, then lost: a hung holder cannot keep it forever.
-        self.max_hold = (
-            None
-            if max_hold is None
-            else check_seconds(max_hold, "max_hold", allow_zero=False, allow_inf=False)
-        )
+        self.max_hold = None if max_hold is None else arguments.check_seconds(max_hold, "max_hold")
         # Each block runs in a transaction of `using` whose first statement writes the fence.
-        if check_flag(fence_db, "fence_db"):
+        if arguments.check_flag(fence_db, "fence_db"):
             fencing.check_fenceable(self.mode, resource)
         self.fence_db = fence_db
         # Busy: register as the next run, or return at once if one is registered.
-        if check_flag(coalesce, "coalesce"):
+        if arguments.check_flag(coalesce, "coalesce"):
             coalescing.check_coalescing(self.mode, resource, self.wait)
         self.coalesce = coalesce
         # Taken for another process (dynasem._background.unique): no identity of ours is recorded.
         self.detached = False
         # The lock's name in metrics and spans (telemetry.py): never the raw key by default.
-        self.metrics_name = None if metrics_name is None else check_resource(metrics_name)
+        self.metrics_name = None if metrics_name is None else arguments.check_resource(metrics_name)
 
     @property
     def fair(self) -> bool:
@@ -202,11 +176,13 @@ class Semaphore:
         inner = reentered(self)
         if inner is not None:
             return inner  # this thread or task holds it already: a nested acquire
-        lease, wait, skew = resolve_timing(self.lease, self.wait if wait_s is None else wait_s)
+        lease, wait, skew = arguments.resolve_timing(
+            self.lease, self.wait if wait_s is None else wait_s
+        )
         run = Attempt(
             self,
             token=uuid.uuid4().hex,
-            user_id=user_id_of(self.user),
+            user_id=arguments.user_id_of(self.user),
             proc=None if self.detached else processes.identity(),
             lease=lease,
             skew=skew,
@@ -309,23 +285,24 @@ class Acquire:
         self.run = run
         self.resources = list(run.sem.resources)
         self.seen = readers.last_seen(run.sem)  # empty unless it last had reader items
-        self.pace = Pace()  # a queued waiter's timing: request round trip, looks found too early
+        # A queued waiter's timing: request round trip, looks found too early.
+        self.pace = queue.Pace()
         self.sleeps = self.replans = self.failures = 0
         self.confirm = False  # a hold of ours we saw must be renewed before it is returned
 
     def steps(self) -> Steps[Held]:
         run, first = self.run, self.resources[0]
-        recently = queued_recently.get(first, -math.inf)
+        recently = queue.queued_recently.get(first, -math.inf)
         if (
             len(self.resources) == 1
             and run.sem.mode == Mode.EXCLUSIVE
             and run.remaining() > 0
-            and clock.monotonic() - recently < GUESS_BUSY_FOR
+            and clock.monotonic() - recently < queue.GUESS_BUSY_FOR
         ):
             # Busy last time we looked, a short while ago? Then most likely busy now: join
             # the queue in our first write (it is refused if the lock is free: we take it).
             if_busy_ms = run.stale_ms(clock.now_ms())
-            self.seen[first] = yield from join_queue(run, first, None, self.pace, if_busy_ms)
+            self.seen[first] = yield from queue.join_queue(run, first, None, self.pace, if_busy_ms)
         while True:
             outcome = yield from self.try_take()
             if isinstance(outcome, Held):
@@ -418,7 +395,7 @@ class Acquire:
             if len(self.resources) == 1:
                 seen[acting[0]] = after
                 if not self.pace.enqueued:  # taken at once: free, this time
-                    queued_recently.pop(acting[0], None)
+                    queue.queued_recently.pop(acting[0], None)
             if plans[acting[0]].reader and after is not None:
                 now, expires_ms = entry.acquired_ms, entry.expires_ms
                 admitted = readers.admitted(
@@ -429,7 +406,7 @@ class Acquire:
                 held = take.held_if_trusted(run, plans, seen, sent_mono=sent_mono, push_cap=None)
             return (yield from self.confirmed(held, acting))
         self.replans += 1
-        if self.replans <= MAX_REPLANS:
+        if self.replans <= queue.MAX_REPLANS:
             return None  # the refusal told us the state: plan again from it at once
         return {r: {} for r in self.resources}
 
@@ -446,7 +423,7 @@ class Acquire:
             if exc.ambiguous:
                 yield Request(functools.partial(withdraw, self.run.token, acting))
             raise exc
-        yield Sleep(min(backoff(self.failures), max(0.05, self.run.remaining())))
+        yield Sleep(min(queue.backoff(self.failures), max(0.05, self.run.remaining())))
 
     def confirmed(self, held: Held | None, ours: list[str]) -> Steps[Held | None]:
         """``held``; or, None (its lease can no longer be trusted: we were paused, or it took
@@ -456,10 +433,10 @@ class Acquire:
             return held
         self.confirm = True
         self.replans += 1
-        if self.replans <= MAX_REPLANS:
+        if self.replans <= queue.MAX_REPLANS:
             return None
         yield Request(functools.partial(withdraw, self.run.token, ours))
-        raise too_slow(self.run.sem.resources[0], self.run.lease, self.run.skew)
+        raise queue.too_slow(self.run.sem.resources[0], self.run.lease, self.run.skew)
 
     # -- wait, or give up --------------------------------------------------------------------
 
@@ -483,12 +460,12 @@ class Acquire:
                     seen[first] = kept
                     return
             sem, skew, ticket = run.sem, run.skew, pace.ticket
-            raise busy(
+            raise queue.busy(
                 sem, blocked, seen, skew=skew, user_id=run.user_id, token=run.token, ticket=ticket
             )
         queued = one and pace.ticket is not None
-        if one and (queued or should_queue(run.sem, seen.get(first))):
-            seen[first] = yield from wait_in_queue(
+        if one and (queued or queue.should_queue(run.sem, seen.get(first))):
+            seen[first] = yield from queue.wait_in_queue(
                 run, first, seen.get(first), queued=queued, pace=pace
             )
         else:
@@ -506,7 +483,7 @@ class Acquire:
         if (
             old is None
             or old.mode not in (Mode.COUNTING, Mode.SHARED)
-            or len(live_holders(old, stale)) < 2
+            or len(queue.live_holders(old, stale)) < 2
         ):
             return records.guessed_free(old.fence if old is not None else 0)
         try:

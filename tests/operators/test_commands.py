@@ -17,7 +17,7 @@ from django.test import override_settings
 
 from dynasem import LockLost, run_once, semaphore
 from dynasem import _clock as clock
-from dynasem._engine import core
+from dynasem._engine import arguments, core
 from dynasem._operators.locks import holds_on
 from dynasem._storage import dynamodb, lock_rows, records
 from dynasem._storage import records as table_stored
@@ -846,7 +846,9 @@ def test_createtable_json_says_what_it_did(lock_table):
 def unchecked_names(monkeypatch: pytest.MonkeyPatch) -> None:
     """Resources taken without the control-character check: rows as an older dynasem, or
     another writer with table access, could have stored them."""
-    monkeypatch.setattr(core, "check_resources", lambda r: list(r) if isinstance(r, list) else [r])
+    monkeypatch.setattr(
+        arguments, "check_resources", lambda r: list(r) if isinstance(r, list) else [r]
+    )
 
 
 def test_locks_and_release_show_control_characters_escaped(lock_table, holds, unchecked_names):
