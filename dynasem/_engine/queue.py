@@ -44,10 +44,8 @@ PUSH_PATIENCE = 0.5
 # the lock by push measured it (their wait over the turns ahead of them): a pushed waiter's
 # fallback look is due only when its turn is surely overdue by that measure.
 turn_seconds: dict[str, float] = {}
-# Tries to join a queue whose ticket keeps being taken by others; the pause before a third or
-# later try is random, up to ENQUEUE_SPREAD * 2**try seconds.
+# Tries of a write that joins a queue while it fails in transit (a backoff between them).
 ENQUEUE_TRIES = 8
-ENQUEUE_SPREAD = 0.002
 MAX_REMEMBERED = 4096
 # While a holder whose process runs on this host is in a queued waiter's way, the waiter looks
 # in /proc this often (seconds) whether that process ended, between its paced reads.

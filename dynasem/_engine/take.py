@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from .. import _clock as clock
@@ -18,29 +19,20 @@ from .lockspec import Attempt, LockSpec
 from .queue import live_holders
 
 
+@dataclass
 class Plan:
     """What to send for one resource next, from what we last saw of it."""
 
-    def __init__(
-        self,
-        action: dict[str, Any] | None = None,
-        *,
-        busy: Mapping[str, records.Holder | records.Waiter] | None = None,
-        fence: int = 0,
-        expires_ms: int = 0,
-        queued: bool = False,
-        load: int | None = None,
-        reader: bool = False,
-    ):
-        self.action = action  # None with busy None: the resource is ours already
-        self.busy = busy  # the live holders in our way, when we cannot take it now
-        self.fence = fence
-        self.expires_ms = expires_ms
-        self.queued = queued  # we are in the resource's queue
-        # The queue's entries up to this ticket must be read first: who is ahead of us?
-        self.load = load
-        # The action admits us to a reader item (dynasem._engine.readers): the item's write follows.
-        self.reader = reader
+    action: dict[str, Any] | None = None  # None with busy None: the resource is ours already
+    # The live holders in our way, when we cannot take it now.
+    busy: Mapping[str, records.Holder | records.Waiter] | None = None
+    fence: int = 0
+    expires_ms: int = 0
+    queued: bool = False  # we are in the resource's queue
+    # The queue's entries up to this ticket must be read first: who is ahead of us?
+    load: int | None = None
+    # The action admits us to a reader item (dynasem._engine.readers): the item's write follows.
+    reader: bool = False
 
 
 def plan(
@@ -55,48 +47,7 @@ def plan(
 ) -> Plan:
     """The write to send for ``resource`` from ``seen`` (``entry``: our holder entry, its
     fence from the clock), or who is in our way, or what must be read first."""
-    queued = ticket is not None
-    if seen is not None and seen.slots_used is not None:
-        # Its holders are in permit items (a limit above permit_items.INLINE_MAX): read
-        # them; if none is live, the row is ours to take back to holders inline.
-        if not seen.permits_read:
-            return Plan(load=0, queued=queued)
-        if live_holders(seen, stale_ms):
-            raise other_limit(resource, seen.limit, sem.limit)
-        seen = dataclasses.replace(seen, holders={})  # every permit free or dead
-    holders = seen.holders if seen is not None else {}
-    if seen is not None and token in holders:
-        return _ours(resource, seen, token, entry, confirm_below_ms)
-    stored_fence = seen.fence if seen is not None else 0
-    if stored_fence >= entry.fence:
-        # Our clock is behind: count on instead.
-        entry = dataclasses.replace(entry, fence=stored_fence + 1)
-    done = Plan(fence=entry.fence, expires_ms=entry.expires_ms, queued=queued)
-    if sem.mode == Mode.SHARED and reader_items.admitted_before(seen, token, stale_ms):
-        # Our admission was applied, its answer lost: confirmed, whoever queued since.
-        return _admission(done, resource, seen, token, entry, stale_ms, lock_writes.QueueTerms())
-    live = live_holders(seen, stale_ms)
-    held_now = seen is not None and bool(holders) and seen.expires_ms >= stale_ms
-    if seen is not None and held_now:
-        live, in_way = _in_way(sem, resource, seen, live)
-        if in_way:
-            return Plan(busy=live, queued=queued)
-    # Its holders would let us in: nobody cuts in line. A taker not in the queue needs
-    # nobody live waiting; a queued one needs nobody live ahead of it.
-    ahead = queue.entries_ahead(seen, ticket, stale_ms)
-    if ahead is None and seen is not None:
-        return Plan(load=queue.upto_of(seen, ticket), queued=queued)
-    if ahead:
-        return Plan(busy=live or {w.token: w for w in ahead}, queued=queued)
-    terms = lock_writes.QueueTerms(
-        mine=ticket,
-        queue_in=seen.queue_in if seen is not None else 0,
-        queue_out=seen.queue_out if seen is not None else 0,
-    )
-    if sem.mode == Mode.SHARED and len(sem.resources) == 1 and reader_items.wants_item(seen, live):
-        return _admission(done, resource, seen, token, entry, stale_ms, terms)
-    done.action = _take(sem, resource, seen, token, entry, live, held_now, stale_ms, terms)
-    return done
+    return _Planning(sem, resource, seen, token, entry, stale_ms).plan(confirm_below_ms, ticket)
 
 
 def other_limit(resource: str, stored: int, limit: int) -> ValueError:
@@ -106,106 +57,150 @@ def other_limit(resource: str, stored: int, limit: int) -> ValueError:
     )
 
 
-def _ours(
-    resource: str, seen: records.LockItem, token: str, entry: records.Holder, confirm_below_ms: int
-) -> Plan:
-    """Ours already: handed to us, or a write of ours was applied but its response was lost.
-    Trusted only until its stored lease end (less the skew): when that is near, or the
-    caller says so, confirm it with a renewal of our own first."""
-    mine = seen.holders[token]
-    ours = Plan(fence=mine.fence, expires_ms=mine.expires_ms)
-    if ours.expires_ms < confirm_below_ms:
-        ours.action = lock_writes.renew_hold(
-            resource,
-            token,
-            entry.expires_ms,
-            raise_item=seen.expires_ms <= entry.expires_ms,
-            user_id=entry.user_id,
+@dataclass
+class _Planning:
+    """The plan of one resource: the semaphore, the resource as seen, our token and holder
+    entry, and the lease end before which a holder may be taken over."""
+
+    sem: LockSpec
+    resource: str
+    seen: records.LockItem | None
+    token: str
+    entry: records.Holder
+    stale_ms: int
+
+    def plan(self, confirm_below_ms: int, ticket: int | None) -> Plan:
+        sem, resource, token, stale_ms = self.sem, self.resource, self.token, self.stale_ms
+        queued, seen = ticket is not None, self.seen
+        if seen is not None and seen.slots_used is not None:
+            # Its holders are in permit items (a limit above permit_items.INLINE_MAX): read
+            # them; if none is live, the row is ours to take back to holders inline.
+            if not seen.permits_read:
+                return Plan(load=0, queued=queued)
+            if live_holders(seen, stale_ms):
+                raise other_limit(resource, seen.limit, sem.limit)
+            seen = self.seen = dataclasses.replace(seen, holders={})  # every permit free or dead
+        holders = seen.holders if seen is not None else {}
+        if seen is not None and token in holders:
+            return self.ours(seen, confirm_below_ms)
+        if seen is not None and seen.fence >= self.entry.fence:
+            # Our clock is behind: count on instead.
+            self.entry = dataclasses.replace(self.entry, fence=seen.fence + 1)
+        done = Plan(fence=self.entry.fence, expires_ms=self.entry.expires_ms, queued=queued)
+        if sem.mode == Mode.SHARED and reader_items.admitted_before(seen, token, stale_ms):
+            # Our admission was applied, its answer lost: confirmed, whoever queued since.
+            return self.admission(done, seen, lock_writes.QueueTerms())
+        live = live_holders(seen, stale_ms)
+        held_now = seen is not None and bool(holders) and seen.expires_ms >= stale_ms
+        if seen is not None and held_now:
+            live, in_way = self.in_way(seen, live)
+            if in_way:
+                return Plan(busy=live, queued=queued)
+        # Its holders would let us in: nobody cuts in line. A taker not in the queue needs
+        # nobody live waiting; a queued one needs nobody live ahead of it.
+        ahead = queue.entries_ahead(seen, ticket, stale_ms)
+        if ahead is None and seen is not None:
+            return Plan(load=queue.upto_of(seen, ticket), queued=queued)
+        if ahead:
+            return Plan(busy=live or {w.token: w for w in ahead}, queued=queued)
+        terms = lock_writes.QueueTerms(
+            mine=ticket,
+            queue_in=seen.queue_in if seen is not None else 0,
+            queue_out=seen.queue_out if seen is not None else 0,
         )
-        ours.expires_ms = entry.expires_ms
-    return ours
+        if (
+            sem.mode == Mode.SHARED
+            and len(sem.resources) == 1
+            and reader_items.wants_item(seen, live)
+        ):
+            return self.admission(done, seen, terms)
+        done.action = self.take(live, held_now, terms)
+        return done
 
+    def ours(self, seen: records.LockItem, confirm_below_ms: int) -> Plan:
+        """Ours already: handed to us, or a write of ours was applied but its response was
+        lost. Trusted only until its stored lease end (less the skew): when that is near,
+        or the caller says so, confirm it with a renewal of our own first."""
+        mine, entry = seen.holders[self.token], self.entry
+        ours = Plan(fence=mine.fence, expires_ms=mine.expires_ms)
+        if ours.expires_ms < confirm_below_ms:
+            ours.action = lock_writes.renew_hold(
+                self.resource,
+                self.token,
+                entry.expires_ms,
+                raise_item=seen.expires_ms <= entry.expires_ms,
+                user_id=entry.user_id,
+            )
+            ours.expires_ms = entry.expires_ms
+        return ours
 
-def _in_way(
-    sem: LockSpec, resource: str, seen: records.LockItem, live: dict[str, records.Holder]
-) -> tuple[dict[str, records.Holder], bool]:
-    """The live holders of a held row, less those proven dead when they keep us out, and
-    whether they keep us out (else we join them)."""
-    joinable = sem.mode != Mode.EXCLUSIVE and seen.mode == sem.mode and seen.limit == sem.limit
+    def in_way(
+        self, seen: records.LockItem, live: dict[str, records.Holder]
+    ) -> tuple[dict[str, records.Holder], bool]:
+        """The live holders of a held row, less those proven dead when they keep us out, and
+        whether they keep us out (else we join them)."""
+        sem = self.sem
+        joinable = sem.mode != Mode.EXCLUSIVE and seen.mode == sem.mode and seen.limit == sem.limit
 
-    def room(holders: Mapping[str, records.Holder]) -> bool:
-        return joinable and (sem.mode == Mode.SHARED or len(holders) < sem.limit)
+        def room(holders: Mapping[str, records.Holder]) -> bool:
+            return joinable and (sem.mode == Mode.SHARED or len(holders) < sem.limit)
 
-    if live and not room(live):
-        live = queue.not_proven_dead(live)  # in our way: a look in /proc (same host)
-    if live and seen.limit != sem.limit:
-        raise other_limit(resource, seen.limit, sem.limit)
-    return live, bool(live) and not room(live)
+        if live and not room(live):
+            live = queue.not_proven_dead(live)  # in our way: a look in /proc (same host)
+        if live and seen.limit != sem.limit:
+            raise other_limit(self.resource, seen.limit, sem.limit)
+        return live, bool(live) and not room(live)
 
-
-def _take(
-    sem: LockSpec,
-    resource: str,
-    seen: records.LockItem | None,
-    token: str,
-    entry: records.Holder,
-    live: dict[str, records.Holder],
-    held_now: bool,
-    stale_ms: int,
-    terms: lock_writes.QueueTerms,
-) -> dict[str, Any]:
-    """The take itself: of a row free (or of dead holders), or joining its live holders."""
-    mode, limit = sem.mode, sem.limit
-    if seen is None and mode != Mode.EXCLUSIVE:
-        # Counting and shared holds usually find others holding: try to join at once.
-        return lock_writes.take_room(resource, token, entry, mode=mode, limit=limit)
-    if seen is None or not held_now:
-        return lock_writes.take_free(
+    def take(
+        self, live: dict[str, records.Holder], held_now: bool, terms: lock_writes.QueueTerms
+    ) -> dict[str, Any]:
+        """The take itself: of a row free (or of dead holders), or joining its live holders."""
+        mode, limit, seen = self.sem.mode, self.sem.limit, self.seen
+        resource, token, entry = self.resource, self.token, self.entry
+        if seen is None and mode != Mode.EXCLUSIVE:
+            # Counting and shared holds usually find others holding: try to join at once.
+            return lock_writes.take_room(resource, token, entry, mode=mode, limit=limit)
+        if seen is None or not held_now:
+            return lock_writes.take_free(
+                resource,
+                token,
+                entry,
+                mode=mode,
+                limit=limit,
+                stale_ms=self.stale_ms,
+                queue=terms,
+                permits_row=seen if seen is not None and seen.slots_used is not None else None,
+            )
+        return lock_writes.take_join(
             resource,
             token,
             entry,
             mode=mode,
             limit=limit,
-            stale_ms=stale_ms,
+            seen=seen,
+            evict=[t for t in seen.holders if t not in live],
+            replace=not live,
             queue=terms,
-            permits_row=seen if seen is not None and seen.slots_used is not None else None,
         )
-    return lock_writes.take_join(
-        resource,
-        token,
-        entry,
-        mode=mode,
-        limit=limit,
-        seen=seen,
-        evict=[t for t in seen.holders if t not in live],
-        replace=not live,
-        queue=terms,
-    )
 
-
-def _admission(
-    done: Plan,
-    resource: str,
-    seen: records.LockItem | None,
-    token: str,
-    entry: records.Holder,
-    stale_ms: int,
-    terms: lock_writes.QueueTerms,
-) -> Plan:
-    """``done`` with our admission to a reader item (or its confirmation) as its action."""
-    assert seen is not None
-    done.action = reader_items.admit(
-        resource,
-        seen=seen,
-        token=token,
-        expires_ms=entry.expires_ms,
-        lease_ms=entry.expires_ms - entry.acquired_ms,
-        now_ms=entry.acquired_ms,
-        stale_ms=stale_ms,
-        queue=terms,
-    )
-    done.reader = True
-    return done
+    def admission(
+        self, done: Plan, seen: records.LockItem | None, terms: lock_writes.QueueTerms
+    ) -> Plan:
+        """``done`` with our admission to a reader item (or its confirmation) as its action."""
+        assert seen is not None
+        entry = self.entry
+        done.action = reader_items.admit(
+            self.resource,
+            seen=seen,
+            token=self.token,
+            expires_ms=entry.expires_ms,
+            lease_ms=entry.expires_ms - entry.acquired_ms,
+            now_ms=entry.acquired_ms,
+            stale_ms=self.stale_ms,
+            queue=terms,
+        )
+        done.reader = True
+        return done
 
 
 def held_if_trusted(
