@@ -154,13 +154,6 @@ class Semaphore:
             return Mode.SHARED
         return Mode.EXCLUSIVE if self.limit == 1 else Mode.COUNTING
 
-    def _check_usable(self) -> None:
-        if self.decoration.is_callable:
-            raise TypeError(
-                "a callable resource only works when the semaphore decorates a callable; "
-                "pass a str (or a list of str) to use it as a context manager"
-            )
-
     def __repr__(self) -> str:
         return f"<Semaphore {self.decoration.resource!r} limit={self.limit} shared={self.shared}>"
 
@@ -169,7 +162,11 @@ class Semaphore:
     def _acquire_steps(self, wait_s: float | None = None) -> Steps[Held]:
         """The acquire loop as a generator of steps (a request to send, a pause: see
         :mod:`dynasem._engine.steps`), so one loop serves the sync and the async driver."""
-        self._check_usable()
+        if self.decoration.is_callable:
+            raise TypeError(
+                "a callable resource only works when the semaphore decorates a callable; "
+                "pass a str (or a list of str) to use it as a context manager"
+            )
         again = pending_hold(self)
         if again is not None:
             return again  # ours already, until this transaction ends
@@ -200,9 +197,7 @@ class Semaphore:
     def acquire(self) -> Held:
         """Take the semaphore, waiting up to ``wait`` seconds, and return the hold (a
         ``Held``). Raises ``SemaphoreBusy`` when it is still busy after that."""
-        if telemetry.ON:
-            return telemetry.acquire(self, self._acquire)
-        return self._acquire()
+        return telemetry.acquire(self, self._acquire) if telemetry.ON else self._acquire()
 
     def _acquire(self) -> Held:
         if self.coalesce:

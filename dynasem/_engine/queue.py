@@ -208,10 +208,8 @@ class Pace:
         ahead = ahead_count(seen, self.ticket, stale)
         live = live_holders(seen, stale)
         state = (tuple(sorted(live)), seen.queue_out, ahead)
-        if state != self.state:
-            self.state, self.early = state, 0
-        else:
-            self.early += 1
+        self.early = self.early + 1 if state == self.state else 0
+        self.state = state
         rtt_ms = self.rtt * 1000
         hold = max(2.0, float(seen.hold_ms or 20))
         step = max(0.002, self.rtt)
@@ -404,13 +402,9 @@ def busy(
     ]
     # All of them are needed: the wait is the longest; the place is in the named one's queue.
     wait = max(e.seconds for e in estimates)
-    exc = SemaphoreBusy(
-        resource,
-        retry_after(wait, seconds_until_free(blocked, skew)),
-        first.user_id if first else None,
-        queue_position=estimates[0].position,
-        estimated_wait=wait,
-    )
+    retry = retry_after(wait, seconds_until_free(blocked, skew))
+    holder_user_id = first.user_id if first else None
+    exc = SemaphoreBusy(resource, retry, holder_user_id, estimates[0].position, wait)
     lock_busy.send(
         sender=sem.signal_sender,
         resource=resource,
@@ -435,8 +429,7 @@ def back_off(
     (``sleeps``: the how-manieth time), never much past the first lease end in the way."""
     remaining = run.remaining()
     if remaining <= 0:
-        sem = run.sem
-        raise busy(sem, blocked, seen, skew=run.skew, user_id=run.user_id, token=run.token)
+        raise busy(run.sem, blocked, seen, skew=run.skew, user_id=run.user_id, token=run.token)
     if telemetry.ON:
         telemetry.waiting()  # the span's wait event, once
     until_free = seconds_until_free(blocked, run.skew)
