@@ -159,7 +159,7 @@ class Semaphore:
 
     # -- acquiring ---------------------------------------------------------------------------
 
-    def _acquire_steps(self, wait_s: float | None = None) -> Steps[Held]:
+    def _acquire_steps(self, wait: float | None = None) -> Steps[Held]:
         """The acquire loop as a generator of steps (a request to send, a pause: see
         :mod:`dynasem._engine.steps`), so one loop serves the sync and the async driver."""
         if self.decoration.is_callable:
@@ -167,14 +167,12 @@ class Semaphore:
                 "a callable resource only works when the semaphore decorates a callable; "
                 "pass a str (or a list of str) to use it as a context manager"
             )
-        again = pending_hold(self)
-        if again is not None:
+        if (again := pending_hold(self)) is not None:
             return again  # ours already, until this transaction ends
-        inner = reentered(self)
-        if inner is not None:
+        if (inner := reentered(self)) is not None:
             return inner  # this thread or task holds it already: a nested acquire
-        lease, wait, skew = arguments.resolve_timing(
-            self.lease, self.wait if wait_s is None else wait_s
+        lease, wait_s, skew = arguments.resolve_timing(
+            self.lease, self.wait if wait is None else wait
         )
         run = Attempt(
             self,
@@ -184,7 +182,7 @@ class Semaphore:
             lease=lease,
             skew=skew,
             margin=(lease - skew) * CONFIRM_SHARE,
-            deadline=clock.monotonic() + wait,
+            deadline=clock.monotonic() + wait_s,
         )
         try:
             if permits.applies(self):

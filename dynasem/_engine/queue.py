@@ -78,10 +78,7 @@ def entries_ahead(
     """The live entry items ahead of ``ticket`` (of every waiter, if None), as far as they
     were read: the first live one ends a read. None when some may be ahead that were not
     read (see :func:`dynasem._storage.queue_entries.load_entries`)."""
-    if seen is None:
-        return []
-    upto = upto_of(seen, ticket)
-    if upto <= seen.queue_out:
+    if seen is None or (upto := upto_of(seen, ticket)) <= seen.queue_out:
         return []
     if seen.entries is None:
         return None
@@ -95,10 +92,7 @@ def ahead_count(seen: records.LockItem | None, ticket: int | None, stale_ms: int
     """How many waiters are ahead of ``ticket`` (of everyone, if None): the entry items'
     tickets between ``qout`` and ours (read ones less the dead: a guess from the counters
     alone counts the dead and those who left)."""
-    if seen is None:
-        return 0
-    upto = upto_of(seen, ticket)
-    if upto <= seen.queue_out:
+    if seen is None or (upto := upto_of(seen, ticket)) <= seen.queue_out:
         return 0
     if seen.entries is not None:
         read = [w for w in seen.entries if w.ticket <= upto]
@@ -246,7 +240,14 @@ class Pace:
         self.until_free = max(0.001, until_free)
         cap = 1.0
         if pushed and ahead:
-            turn = self._patient(seen.resource, turn, ahead)
+            # Pushed its hand-over, with others ahead: a look only stands in for a lost push,
+            # due when our turn should come (500 waiters reading a long queue every second
+            # are a thousand reads of it per second for nothing): past the turns ahead as
+            # this resource's queue lately moved, and half again. Else a look at least every
+            # second, so that a hand-over after a long hold is seen soon.
+            per_turn = turn_seconds.get(seen.resource)
+            if per_turn is not None:
+                turn = max(turn, 1.5 * per_turn * (ahead + 1))
             cap = max(1.0, turn)
         return max(0.001, min(turn, until_free, cap))
 
@@ -262,18 +263,6 @@ class Pace:
         fallback = step * (ahead + 1) * (4 if pushed and ahead else 1)
         self.until_free = step
         return max(0.001, min(fallback * 2.0 ** min(self.early, 8), 1.0))
-
-    @staticmethod
-    def _patient(resource: str, turn: float, ahead: int) -> float:
-        """A look at least every second, so that a hand-over after a long hold is seen soon.
-        Not for a waiter with others ahead that is pushed its hand-over: its look is only the
-        fallback for a lost push, due when its turn should come (500 waiters reading a long
-        queue every second are a thousand reads of it per second for nothing): past the turns
-        ahead as this resource's queue lately moved, and half again."""
-        per_turn = turn_seconds.get(resource)
-        if per_turn is not None:
-            turn = max(turn, 1.5 * per_turn * (ahead + 1))
-        return turn
 
 
 def should_queue(sem: LockSpec, seen: records.LockItem | None) -> bool:
