@@ -7,7 +7,6 @@ import asyncio
 import logging
 import threading
 from contextvars import ContextVar
-from datetime import datetime
 from typing import Any
 
 from .._observability.logs import facts
@@ -159,7 +158,12 @@ def _check_covers(held: Held, sem: LockSpec, resource: str) -> None:
 class Nested(Held):
     """What a nested acquire of some of a hold's resources gets: the same hold (its token,
     lease, renewals; released by the outermost release only), named by the resources it asked
-    for (``resource``, ``fence`` and ``fences`` are theirs)."""
+    for (``resource``, ``fence`` and ``fences`` are theirs).
+
+    It has no state of its own but ``outer`` and ``resources``: every other attribute is the
+    outer hold's (``__getattr__``), so :class:`Held`'s read-only members (``lost``,
+    ``released``, ``pending_commit``, ``expires``, ``seconds_left``, ``fence``) read the outer
+    hold's state as they are; what changes state goes to the outer hold itself."""
 
     def __init__(self, outer: Held, resources: list[str]):  # noqa: D107 - no Held.__init__
         self.outer = outer
@@ -171,29 +175,6 @@ class Nested(Held):
     @property
     def fences(self) -> dict[str, int]:  # type: ignore[override]
         return {r: self.outer.fences[r] for r in self.resources}
-
-    @property
-    def fence(self) -> int:
-        return self.outer.fences[self.resources[0]]
-
-    @property
-    def lost(self) -> bool:
-        return self.outer.lost
-
-    @property
-    def released(self) -> bool:
-        return self.outer.released
-
-    @property
-    def pending_commit(self) -> bool:
-        return self.outer.pending_commit
-
-    @property
-    def expires(self) -> datetime:
-        return self.outer.expires
-
-    def seconds_left(self) -> float:
-        return self.outer.seconds_left()
 
     def check_deadline(self) -> None:
         self.outer.check_deadline()
