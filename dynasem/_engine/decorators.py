@@ -150,13 +150,6 @@ def _parsed(template: str) -> tuple[frozenset[str], str, str]:
     return also, literals[0], "".join(literals[:2])
 
 
-def check_template(template: str) -> None:
-    """Refuse templates whose keys could collide: two fields with nothing but letters, digits,
-    ``-``, ``_``, ``.`` or ``%`` between them (``"{a}{b}"``, ``"{a}-{b}"``), and templates
-    holding a control character."""
-    _parsed(template)
-
-
 def _percent(char: str) -> str:
     """``char`` as ``%XX`` per UTF-8 byte (``é``: ``%C3%A9``)."""
     return "".join(f"%{b:02X}" for b in char.encode())
@@ -271,28 +264,11 @@ def coalesced_response(request: Any, exc: Coalesced) -> HttpResponse:
         status=202,
         content_type="text/plain; charset=utf-8",
     )
-    path = str(getattr(request, "path", "-")).encode("unicode_escape").decode("ascii")
-    logger.info(
-        "Accepted: %s: %r is busy and its next run is queued (by %r)",
-        path,
-        exc.resource,
-        exc.next_user_id,
-        extra={
-            "status_code": response.status_code,
-            "request": request,
-            "resource": exc.resource,
-            "holder_user_id": exc.holder_user_id,
-            "next_user_id": exc.next_user_id,
-            **facts(
-                exc.resource,
-                outcome="accepted",
-                path=path,
-                holder=exc.holder_user_id,
-                next_holder=exc.next_user_id,
-            ),
-        },
+    said = ("Accepted: %s: %r is busy and its next run is queued (by %r)", exc.next_user_id)
+    plain = {"next_user_id": exc.next_user_id}
+    return _logged(
+        request, exc, response, said, plain, outcome="accepted", next_holder=exc.next_user_id
     )
-    return response
 
 
 def busy_response(request: Any, exc: SemaphoreBusy) -> HttpResponse:
@@ -315,37 +291,36 @@ def busy_response(request: Any, exc: SemaphoreBusy) -> HttpResponse:
         content_type="text/plain; charset=utf-8",
     )
     response["Retry-After"] = str(exc.retry_after)
-    # Escaped as Django escapes the paths it logs: a request's path is the client's.
-    path = str(getattr(request, "path", "-")).encode("unicode_escape").decode("ascii")
-    logger.info(
-        "Locked: %s: %r is busy (held by %r, queue position %s); Retry-After: %d",
-        path,
-        exc.resource,
-        exc.holder_user_id,
-        exc.queue_position,
-        exc.retry_after,
-        extra={
-            "status_code": response.status_code,
-            "request": request,
-            "resource": exc.resource,
-            "holder_user_id": exc.holder_user_id,
-            "retry_after": exc.retry_after,
-            "queue_position": exc.queue_position,
-            "estimated_wait": exc.estimated_wait,
-            **facts(
-                exc.resource,
-                outcome="busy",
-                wait=exc.estimated_wait,
-                path=path,
-                holder=exc.holder_user_id,
-                retry_after=exc.retry_after,
-                queue_position=exc.queue_position,
-            ),
-        },
-    )
+    message = "Locked: %s: %r is busy (held by %r, queue position %s); Retry-After: %d"
+    said = (message, exc.holder_user_id, exc.queue_position, exc.retry_after)
+    more = {"retry_after": exc.retry_after, "queue_position": exc.queue_position}
+    plain = {**more, "estimated_wait": exc.estimated_wait}
+    _logged(request, exc, response, said, plain, outcome="busy", wait=exc.estimated_wait, **more)
     # django.utils.log.log_response skips a response carrying this mark (Django 4.2 to 6.1
     # alike); it is the mark Django sets itself once it has logged a response.
     response._has_been_logged = True  # type: ignore[attr-defined]
+    return response
+
+
+def _logged(
+    request: Any,
+    exc: SemaphoreBusy,
+    response: HttpResponse,
+    said: tuple[Any, ...],
+    plain: dict[str, Any],
+    **more: Any,
+) -> HttpResponse:
+    """``response``, logged at INFO: ``said`` is the message and its arguments after the
+    request's path and the resource; ``extra`` holds what Django's request log has
+    (``status_code``, ``request``), the busy lock's facts by their plain names (``resource``,
+    ``holder_user_id``, then ``plain``) and by dynasem's (:func:`facts`, with ``more``)."""
+    # Escaped as Django escapes the paths it logs: a request's path is the client's.
+    path = str(getattr(request, "path", "-")).encode("unicode_escape").decode("ascii")
+    holder = exc.holder_user_id
+    extra = {"status_code": response.status_code, "request": request, "resource": exc.resource}
+    extra.update(holder_user_id=holder, **plain)
+    extra.update(facts(exc.resource, path=path, holder=holder, **more))
+    logger.info(said[0], path, exc.resource, *said[1:], extra=extra)
     return response
 
 
@@ -381,11 +356,9 @@ class KeyMaker:
     """Builds the resource(s) of one call from the decorator's template(s) or callable."""
 
     def __init__(self, template: Any, func: Callable[..., Any]) -> None:
-        if isinstance(template, list | tuple):
-            for t in template:
-                check_template(t)
-        elif isinstance(template, str):
-            check_template(template)
+        if isinstance(template, str | list | tuple):
+            for each in [template] if isinstance(template, str) else template:
+                _parsed(each)  # refuses a template whose keys could collide
         self.template = template
         self.name = getattr(func, "__qualname__", None) or repr(func)
         self.signatures = _signatures(func)
