@@ -423,18 +423,10 @@ class Held:
             )
             entries.append((token, waiter.ticket, entry))
         mode = Mode.SHARED if heirs[0][1].shared else None
+        terms: dict[str, Any] = {"hold_ms": self._hold_ms(), "mode": mode, "queue_out": queue_out}
         started_ns = time.time_ns()
-        item = lock_rows.update(
-            lock_writes.hand_over(
-                self.resource,
-                self.token,
-                entries,
-                hold_ms=self._hold_ms(),
-                mode=mode,
-                queue_out=queue_out,
-            ),
-            return_new=True,
-        )
+        write = lock_writes.hand_over(self.resource, self.token, entries, **terms)
+        item = lock_rows.update(write, return_new=True)
         if telemetry.ON:
             self._handover = (started_ns, time.time_ns(), len(heirs), fence)
         return item
@@ -499,16 +491,9 @@ class Held:
         # reap could be smaller than ours.
         now = clock.now_ms()
         sole = self.semaphore.mode == Mode.EXCLUSIVE
+        terms = dict(terms, sole=sole, hold_ms=hold_ms, lease_end_ms=self._expires_ms)
         actions = [
-            lock_writes.give_back(
-                r,
-                self.token,
-                max(now, self.fences[r] // 1000),
-                sole=sole,
-                hold_ms=hold_ms,
-                lease_end_ms=self._expires_ms,
-                **terms,
-            )
+            lock_writes.give_back(r, self.token, max(now, self.fences[r] // 1000), **terms)
             for r in pending
         ]
         if len(actions) > 1:
