@@ -17,7 +17,7 @@ import logging
 import re
 import string
 import unicodedata
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
@@ -73,13 +73,8 @@ class Decoratable(Protocol):
     """What the decorator needs of a semaphore (``core.Semaphore`` is one by its shape; this
     module never imports ``core``, which imports it)."""
 
-    @property
-    def decoration(self) -> Decoration:
-        """The key template (or callable) and ``on_busy``."""
-
-    @property
-    def user(self) -> Any:
-        """The holder recorded for a call that is not a view's."""
+    decoration: Decoration  # the key template (or callable) and ``on_busy``
+    user: Any  # the holder recorded for a call that is not a view's
 
     def with_resource(self, resource: Any, user: Any) -> CallLock:
         """The lock for one call: the same semaphore on ``resource``, held by ``user``."""
@@ -157,8 +152,6 @@ def _percent(char: str) -> str:
 
 def _escape(value: str, also: frozenset[str]) -> str:
     if _PLAIN.fullmatch(value):  # digits, slugs: the common case, without a look per char
-        return value
-    if all(_kept(c) and c not in also for c in value):
         return value
     return "".join(c if _kept(c) and c not in also else _percent(c) for c in value)
 
@@ -327,13 +320,9 @@ def _logged(
 def request_of(args: tuple[Any, ...]) -> Any:
     """The request when this is a view call: the first positional argument is an
     ``HttpRequest``, or wraps one in ``_request`` (Django REST framework's ``Request``)."""
-    if args:
-        first = args[0]
-        if isinstance(first, HttpRequest) or isinstance(
-            getattr(first, "_request", None), HttpRequest
-        ):
-            return first
-    return None
+    first = args[0] if args else None
+    wrapped = getattr(first, "_request", None)
+    return first if isinstance(first, HttpRequest) or isinstance(wrapped, HttpRequest) else None
 
 
 def _signatures(func: Callable[..., Any]) -> list[inspect.Signature]:
@@ -394,21 +383,17 @@ class KeyMaker:
         # positional argument otherwise; named fields come from the signature.
         positional = args[1:] if view else args
         named = self.named(args, kwargs)
-        templates = template if isinstance(template, list | tuple) else [template]
-        keys = [self._format(t, positional, named, view) for t in templates]
+        keys = []
+        for each in template if isinstance(template, list | tuple) else [template]:
+            try:
+                keys.append(resource_key(each, *positional, **named))
+            except (KeyError, IndexError, AttributeError) as exc:
+                raise ValueError(
+                    f"resource template {each!r} names {exc} but the "
+                    f"{'view' if view else 'call'} {self.name}() got args={positional!r} "
+                    f"and arguments {sorted(named)!r}"
+                ) from None
         return keys if isinstance(template, list | tuple) else keys[0]
-
-    def _format(
-        self, template: str, positional: tuple[Any, ...], named: Mapping[str, Any], view: bool
-    ) -> str:
-        try:
-            return resource_key(template, *positional, **named)
-        except (KeyError, IndexError, AttributeError) as exc:
-            raise ValueError(
-                f"resource template {template!r} names {exc} but the "
-                f"{'view' if view else 'call'} {self.name}() got args={positional!r} "
-                f"and arguments {sorted(named)!r}"
-            ) from None
 
 
 async def request_user(request: Any) -> Any:
@@ -456,6 +441,15 @@ def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., A
     keys = KeyMaker(sem.decoration.resource, func)
     on_busy = sem.decoration.on_busy
 
+    def when_busy(request: Any, exc: SemaphoreBusy, args: Any, kwargs: Any) -> Any:
+        """What a busy call answers: a view, ``on_busy(request, exc)`` or 423; anything else,
+        ``on_busy(exc, *args, **kwargs)``, or the exception raised."""
+        if request is not None:
+            return (on_busy or busy_response)(request, exc)
+        if on_busy is None:
+            raise exc
+        return on_busy(exc, *args, **kwargs)
+
     if iscoroutinefunction(func):
 
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -469,7 +463,7 @@ def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., A
                 try:
                     await stack.enter_async_context(sem.with_resource(resource, user))
                 except SemaphoreBusy as exc:
-                    result = _when_busy(request, on_busy, exc, args, kwargs)
+                    result = when_busy(request, exc, args, kwargs)
                     return await result if inspect.isawaitable(result) else result
                 # Held until the coroutine finishes, not until it is created.
                 return await func(*args, **kwargs)
@@ -486,7 +480,7 @@ def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., A
                 try:
                     stack.enter_context(sem.with_resource(resource, user))
                 except SemaphoreBusy as exc:
-                    return _when_busy(request, on_busy, exc, args, kwargs)
+                    return when_busy(request, exc, args, kwargs)
                 return func(*args, **kwargs)
 
     return functools.wraps(func)(wrapper)
@@ -503,19 +497,3 @@ def _resolve(keys: KeyMaker, args: Any, kwargs: Any) -> tuple[Any, Any, HttpResp
         except BadKey as exc:
             return request, resource, bad_key_response(request, exc)
     return request, resource, None
-
-
-def _when_busy(
-    request: Any,
-    on_busy: Callable[..., Any] | None,
-    exc: SemaphoreBusy,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-) -> Any:
-    """What a busy call answers: a view, ``on_busy(request, exc)`` or 423; anything else,
-    ``on_busy(exc, *args, **kwargs)``, or the exception raised."""
-    if request is not None:
-        return (on_busy or busy_response)(request, exc)
-    if on_busy is None:
-        raise exc
-    return on_busy(exc, *args, **kwargs)
