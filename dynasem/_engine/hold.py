@@ -43,6 +43,7 @@ WAKE_AFTER = 0.05
 RELEASE_PATIENCE = 5.0
 RELEASE_PAUSE = 0.05
 TAKEN_OVER = "another holder took it over, or it was broken by an operator"
+_REFUSED = "ConditionalCheckFailed"  # a transaction's reason for a row whose condition failed
 
 
 class Held:
@@ -156,13 +157,19 @@ class Held:
                 return
             self._lost = reason
         self._stop_heartbeat()
-        ex = facts(self.resource, token=self.token, fence=self.fence, outcome="lost", reason=reason)
+        ex = self._facts("lost", reason)
         logger.warning("dynasem: lost the hold on %r: %s", self.resource, reason, extra=ex)
         if telemetry.ON:
             telemetry.lost(self, reason)
         # pending_commit: its block had ended, its transaction had not: the transaction's work
         # may still commit after another holder took over.
         self._send(lock_lost, reason=reason, pending_commit=self._pending_commit)
+
+    def _facts(self, outcome: str, reason: object = None) -> dict[str, Any]:
+        """``extra`` for a log record about this hold."""
+        return facts(
+            self.resource, token=self.token, fence=self.fence, outcome=outcome, reason=reason
+        )
 
     def _raise_lost(self) -> None:
         raise LockLost(self.resource, self._lost or "unknown")
@@ -218,7 +225,7 @@ class Held:
 
     def _renew_to(self, expires: int) -> None:
         """Write the lease end ``expires`` to every row of the hold; LockLost if not ours."""
-        raise_item = {r: True for r in self.resources}
+        raise_item = dict.fromkeys(self.resources, True)
         for _ in range(4):
             actions = [
                 lock_writes.renew_hold(
@@ -233,30 +240,20 @@ class Held:
                     lock_rows.transact(actions)
                 return
             except dynamodb.Refused as refused:
-                if not self._still_ours(self.resources[0], refused.lock, raise_item):
-                    break
+                refusals = [(self.resources[0], refused.lock)]
             except dynamodb.Cancelled as cancelled:
                 reasons = zip(self.resources, cancelled.reasons, strict=False)
-                if any(
-                    code == "ConditionalCheckFailed" and not self._still_ours(r, old, raise_item)
-                    for r, (code, old) in reasons
-                ):
-                    break
+                refusals = [(r, old) for r, (code, old) in reasons if code == _REFUSED]
+            if any(old is None or self.token not in old.holders for _, old in refusals):
+                break
+            # Ours still; another holder's later lease end stands as the item's expiry.
+            raise_item.update(dict.fromkeys((r for r, _ in refusals), False))
         else:
             raise SemaphoreUnavailable(
                 f"could not renew {self.resource!r}: conflicting writes", transient=True
             )
         self._mark_lost(TAKEN_OVER)
         self._raise_lost()
-
-    def _still_ours(
-        self, resource: str, old: records.LockItem | None, raise_item: dict[str, bool]
-    ) -> bool:
-        if old is not None and self.token in old.holders:
-            # Ours still; another holder's later lease end stands as the item's expiry.
-            raise_item[resource] = False
-            return True
-        return False
 
     # -- releasing ---------------------------------------------------------------------------
 
@@ -297,24 +294,19 @@ class Held:
         try:
             self._release_now()
         except LockLost as exc:
-            ex: dict[str, Any] = {"token": self.token, "fence": self.fence, "reason": exc.reason}
             if committed:
                 # lock_lost was sent (with pending_commit=True) when the loss was found.
-                logger.error(
+                level, outcome = logging.ERROR, "committed_after_loss"
+                message = (
                     "dynasem: the transaction that held %r committed after the hold was lost "
                     "(%s): another holder may have worked on the same data before this "
-                    "commit; fence such writes with held.fence",
-                    self.resource,
-                    exc.reason,
-                    extra=facts(self.resource, outcome="committed_after_loss", **ex),
+                    "commit; fence such writes with held.fence"
                 )
             else:
-                logger.warning(
-                    "dynasem: the hold on %r was lost (%s) before its transaction rolled back",
-                    self.resource,
-                    exc.reason,
-                    extra=facts(self.resource, outcome="rolled_back_after_loss", **ex),
-                )
+                level, outcome = logging.WARNING, "rolled_back_after_loss"
+                message = "dynasem: the hold on %r was lost (%s) before its transaction rolled back"
+            ex = self._facts(outcome, exc.reason)
+            logger.log(level, message, self.resource, exc.reason, extra=ex)
         finally:
             self._pending_commit = False
 
@@ -349,7 +341,8 @@ class Held:
             handed = self._hand_over()
             if handed is not None:
                 return handed
-            released = self._plain_release(self._release_terms())
+            terms = handover.release_terms(self._row, self.skew) if self._hands_over else {}
+            released = self._plain_release(terms)
             if released is not None:
                 return released
             # Refused, still ours: waiters came since we last looked. Hand it to them.
@@ -433,9 +426,6 @@ class Held:
 
     # -- releasing: the plain release --------------------------------------------------------
 
-    def _release_terms(self) -> dict[str, Any]:
-        return handover.release_terms(self._row, self.skew) if self._hands_over else {}
-
     def _plain_release(self, terms: dict[str, Any]) -> bool | None:
         """A release to nobody in particular; True if every resource was ours until now.
         None: refused by ``terms`` (waiters came), the hold still ours."""
@@ -459,9 +449,9 @@ class Held:
                 # Nothing was applied: drop the ones not ours any more and send the rest again.
                 retried = cancelled.retried or self._release_unanswered
                 reasons = list(zip(pending, cancelled.reasons, strict=False))
-                not_ours = [old for _, (code, old) in reasons if code == "ConditionalCheckFailed"]
+                not_ours = [old for _, (code, old) in reasons if code == _REFUSED]
                 ok = ok and all(self._released_by(old, retried) for old in not_ours)
-                pending = [r for r, (code, _) in reasons if code != "ConditionalCheckFailed"]
+                pending = [r for r, (code, _) in reasons if code != _REFUSED]
                 if not pending:
                     return ok
                 if not_ours:
@@ -503,10 +493,8 @@ class Held:
         # decoding costs the uncontended path ~10 % of its CPU): if waiters are queued (ones
         # we did not know of when we could have handed over), the first one is pushed the
         # item, so it takes the lock now instead of at its next paced read.
-        row = self._row
-        look = (
-            row is not None and row.waiting
-        ) or clock.monotonic() - self._taken_mono > WAKE_AFTER
+        waiting = self._row is not None and self._row.waiting
+        look = waiting or clock.monotonic() - self._taken_mono > WAKE_AFTER
         item = lock_rows.update(actions[0], return_new=look)
         if item is not None and not item.holders:
             handover.push_first(self.resource, item, readers_only=False)
@@ -588,13 +576,8 @@ def give_back_unused(held: Held) -> None:
     try:
         held._release_now()
     except Exception as exc:
-        ex: dict[str, Any] = {"token": held.token, "fence": held.fence, "reason": exc}
-        logger.warning(
-            "dynasem: could not give back unused hold on %r: %s",
-            held.resource,
-            exc,
-            extra=facts(held.resource, outcome="give_back_failed", **ex),
-        )
+        message = "dynasem: could not give back unused hold on %r: %s"
+        logger.warning(message, held.resource, exc, extra=held._facts("give_back_failed", exc))
 
 
 def pending_hold(semaphore: LockSpec) -> Held | None:
