@@ -44,9 +44,8 @@ def current_hold(resource: str | None = None) -> Held:
     for _sem_id, held in reversed(_entered.get()):
         if resource is None or resource in held.resources:
             return held
-    raise LookupError(
-        "no dynasem hold is entered here" + (f" on {resource!r}" if resource is not None else "")
-    )
+    where = f" on {resource!r}" if resource is not None else ""
+    raise LookupError(f"no dynasem hold is entered here{where}")
 
 
 def forget_entered(sem: object) -> Held:
@@ -118,8 +117,9 @@ def reentered(sem: LockSpec) -> Held | None:
             continue
         if len(overlap) < len(wanted):
             missing = [r for r in wanted if r not in held.resources]
+            who = "task" if isinstance(me, asyncio.Task) else "thread"
             raise ValueError(
-                f"this {_who(me)} already holds {overlap!r} (taken with {held.resources!r}) "
+                f"this {who} already holds {overlap!r} (taken with {held.resources!r}) "
                 f"and asks for them again together with {missing!r}: taking those while "
                 "holding the others could wait on ourselves and deadlock with another "
                 "holder taking them in the other order; take them all in the outer semaphore"
@@ -130,10 +130,6 @@ def reentered(sem: LockSpec) -> Held | None:
             return held
         return Nested(held, list(wanted))
     return None
-
-
-def _who(owner: object) -> str:
-    return "task" if isinstance(owner, asyncio.Task) else "thread"
 
 
 def _check_covers(held: Held, sem: LockSpec, resource: str) -> None:
