@@ -85,11 +85,9 @@ class Registration:
     def __init__(
         self, resource: str, token: str, lease: float, skew: float, sent: float, name: str | None
     ):
-        self.resource = resource
-        self.name = name  # the lock's name in telemetry: renewals run on the heartbeat thread
-        self.token = token
-        self.lease = lease
-        self.skew = skew
+        # name: the lock's name in telemetry (renewals run on the heartbeat thread)
+        self.resource, self.token, self.name = resource, token, name
+        self.lease, self.skew = lease, skew
         self._deadline = sent + lease - skew
         self._heartbeat = heartbeat.Heartbeat(self)
         self._heartbeat.start()
