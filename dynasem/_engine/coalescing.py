@@ -119,10 +119,9 @@ class Registration:
             with telemetry.naming(self.name):
                 next_runs.withdraw_next(self.resource, self.token)
         except Exception:  # its lease ends it anyway
+            ex = facts(self.resource, token=self.token, outcome="withdraw_failed")
             logger.warning(
-                "dynasem: could not withdraw the next run of %r",
-                self.resource,
-                extra=facts(self.resource, token=self.token, outcome="withdraw_failed"),
+                "dynasem: could not withdraw the next run of %r", self.resource, extra=ex
             )
 
 
@@ -133,27 +132,19 @@ def register(sem: Any, busy: SemaphoreBusy) -> Registration:
     row = lock_rows.get(resource)  # consistent: the fence as it is now that we have arrived
     token = uuid.uuid4().hex
     sent, now = clock.monotonic(), clock.now_ms()
+    # No row (reaped): a fence from the clock, above every fence handed out before.
+    after_fence = row.fence if row is not None else clock.new_fence(skew)
+    times = {"until_ms": now + int(lease * 1000), "stale_ms": now - int(skew * 1000)}
+    user_id, holder = user_id_of(sem.user), busy.holder_user_id
     other = next_runs.register_next(
-        resource,
-        token=token,
-        user_id=user_id_of(sem.user),
-        # No row (reaped): a fence from the clock, above every fence handed out before.
-        after_fence=row.fence if row is not None else clock.new_fence(skew),
-        until_ms=now + int(lease * 1000),
-        stale_ms=now - int(skew * 1000),
+        resource, token=token, user_id=user_id, after_fence=after_fence, **times
     )
     if other is not None:
-        logger.info(
-            "dynasem: %r is busy and its next run is registered: coalesced",
-            resource,
-            extra=facts(resource, outcome="coalesced", holder=busy.holder_user_id),
-        )
-        raise Coalesced(resource, busy.retry_after, busy.holder_user_id, other)
-    logger.info(
-        "dynasem: %r is busy: registered as its next run",
-        resource,
-        extra=facts(resource, token=token, outcome="registered", holder=busy.holder_user_id),
-    )
+        said = "dynasem: %r is busy and its next run is registered: coalesced"
+        logger.info(said, resource, extra=facts(resource, outcome="coalesced", holder=holder))
+        raise Coalesced(resource, busy.retry_after, holder, other)
+    ex = facts(resource, token=token, outcome="registered", holder=holder)
+    logger.info("dynasem: %r is busy: registered as its next run", resource, extra=ex)
     name = telemetry.lock_name(sem) if telemetry.ON else None
     return Registration(resource, token, lease, skew, sent, name)
 

@@ -412,9 +412,8 @@ async def request_user(request: Any) -> Any:
 
 
 def _refuse(func: Any) -> None:
-    if (hasattr(func, "apply_async") and hasattr(func, "run")) or type(func).__module__.startswith(
-        "django.tasks"
-    ):
+    celery_task = hasattr(func, "apply_async") and hasattr(func, "run")
+    if celery_task or type(func).__module__.startswith("django.tasks"):
         raise TypeError(
             f"semaphore(...) goes below the task decorator, next to the function: "
             f"@task / @semaphore(...) / def ..., not over the task {func!r}"

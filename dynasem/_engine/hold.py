@@ -175,14 +175,8 @@ class Held:
         raise LockLost(self.resource, self._lost or "unknown")
 
     def _send(self, signal: Signal, **more: Any) -> None:
-        signal.send(
-            sender=self.semaphore.signal_sender,
-            resource=self.resource,
-            user_id=self.user_id,
-            token=self.token,
-            fence=self.fence,
-            **more,
-        )
+        about = {"resource": self.resource, "user_id": self.user_id, "token": self.token}
+        signal.send(sender=self.semaphore.signal_sender, fence=self.fence, **about, **more)
 
     # -- renewing ----------------------------------------------------------------------------
 
@@ -588,9 +582,8 @@ def pending_hold(semaphore: LockSpec) -> Held | None:
         if not isinstance(owner, Held) or owner.lost or owner.released:
             continue
         had = owner.semaphore
-        covers = had.mode == Mode.EXCLUSIVE or (
-            had.mode == semaphore.mode and had.limit == semaphore.limit
-        )
+        same = had.mode == semaphore.mode and had.limit == semaphore.limit
+        covers = had.mode == Mode.EXCLUSIVE or same
         if covers and set(semaphore.resources) <= set(owner.resources):
             return owner
     return None

@@ -64,10 +64,9 @@ def leave(held: Held, raised: bool) -> None:
         if not raised:
             raise
         # The block's own exception goes on; the loss is logged and was signalled.
+        ex = facts(held.resource, token=held.token, fence=held.fence, outcome="lost")
         logger.warning(
-            "dynasem: hold on %r was lost while its block raised",
-            held.resource,
-            extra=facts(held.resource, token=held.token, fence=held.fence, outcome="lost"),
+            "dynasem: hold on %r was lost while its block raised", held.resource, extra=ex
         )
 
 
