@@ -82,10 +82,10 @@ class Held:
             self._deadline = min(self._deadline, self._max_hold_end)
         self._row: records.LockItem | None = None  # the row as we last saw it: its queue
         self._hold_avg: int | None = None
-        # A hand-over sent that got no answer: it may have been applied (see _give_back).
-        self._handed_unanswered = False
-        # A release sent again after an ambiguous failure: the first may have been applied.
-        self._release_unanswered = False
+        # A write of ours that got no answer may have been applied: a hand-over (see
+        # _hand_over; only a hold of one resource hands over), or a release sent again after
+        # an ambiguous failure. A refusal of the release that follows is then no proof of a loss.
+        self._unanswered = False
         # Who took it: at exit, only holds of threads that ended are given back (shutdown.py).
         self.thread = threading.current_thread()
         # Acquisitions of it in all: nested acquires in the same thread or task re-enter it
@@ -389,7 +389,7 @@ class Held:
             except SemaphoreUnavailable:
                 # Maybe applied, its answer lost: the heir may even have held and given back
                 # since, so a refusal of the plain release that follows is no proof of a loss.
-                self._handed_unanswered = True
+                self._unanswered = True
                 return None
             if item is not None:
                 handover.push_heirs(self.resource, heirs, item)
@@ -437,11 +437,11 @@ class Held:
                 if terms and old is not None and self.token in old.holders:
                     self._observe(old)
                     return None
-                retried = refused.retried or self._handed_unanswered or self._release_unanswered
+                retried = refused.retried or self._unanswered
                 return ok and self._released_by(old, retried)
             except dynamodb.Cancelled as cancelled:
                 # Nothing was applied: drop the ones not ours any more and send the rest again.
-                retried = cancelled.retried or self._release_unanswered
+                retried = cancelled.retried or self._unanswered
                 reasons = list(zip(pending, cancelled.reasons, strict=False))
                 not_ours = [old for _, (code, old) in reasons if code == _REFUSED]
                 ok = ok and all(self._released_by(old, retried) for old in not_ours)
@@ -457,7 +457,7 @@ class Held:
                 why: object = "conflicts"
                 passing = True
             except SemaphoreUnavailable as exc:
-                self._release_unanswered |= exc.ambiguous
+                self._unanswered |= exc.ambiguous
                 why = exc
                 passing = isinstance(exc, dynamodb.WriteConflict) or (
                     isinstance(exc, LimitExceeded) and exc.limit == "throughput"
