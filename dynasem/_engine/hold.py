@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import random
 import threading
 import time
@@ -68,7 +69,6 @@ class Held:
         self.token, self.user_id, self.fences = token, user_id, fences
         self.lease, self.skew = lease, skew
         self._expires_ms = expires_ms
-        self._deadline = sent_mono + lease - skew
         self._lock = threading.RLock()  # serialises renew/release requests
         self._state_lock = threading.Lock()  # guards _lost only: never held across a request
         self._lost: str | None = None
@@ -76,10 +76,9 @@ class Held:
         self._pending_commit = False  # given back, waiting for the transaction to end
         self._heartbeat: Heartbeat | None = None
         self._taken_mono = clock.monotonic()
-        self._max_hold_end: float | None = None
-        if semaphore.max_hold is not None:
-            self._max_hold_end = self._taken_mono + semaphore.max_hold
-            self._deadline = min(self._deadline, self._max_hold_end)
+        # When max_hold ends the hold whatever renewals do (never: inf; max_hold is above 0).
+        self._max_hold_end = self._taken_mono + (semaphore.max_hold or math.inf)
+        self._deadline = min(sent_mono + lease - skew, self._max_hold_end)
         self._row: records.LockItem | None = None  # the row as we last saw it: its queue
         self._hold_avg: int | None = None
         # A write of ours that got no answer may have been applied: a hand-over (see
@@ -147,7 +146,7 @@ class Held:
             self._mark_lost(self._deadline_reason())
 
     def _deadline_reason(self) -> str:
-        if self._max_hold_end is not None and clock.monotonic() >= self._max_hold_end:
+        if clock.monotonic() >= self._max_hold_end:
             return f"it was held for max_hold={self.semaphore.max_hold:g}s"
         return "its lease ran out before it could be renewed"
 
@@ -207,9 +206,8 @@ class Held:
     def _renew_once(self) -> None:
         """Extend the lease to a whole one from now (never past max_hold: others may take
         over CLOCK_SKEW after it, by their clocks), if that extends it at all."""
-        sent_mono, lease = clock.monotonic(), self.lease
-        if self._max_hold_end is not None:
-            lease = min(lease, self._max_hold_end - sent_mono + self.skew)
+        sent_mono = clock.monotonic()
+        lease = min(self.lease, self._max_hold_end - sent_mono + self.skew)
         expires = clock.now_ms() + int(lease * 1000)
         if expires <= self._expires_ms:
             return  # nothing left to extend
