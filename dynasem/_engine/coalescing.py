@@ -100,10 +100,9 @@ class Registration:
 
     def renew(self) -> None:
         sent = clock.monotonic()
+        until_ms = clock.now_ms() + int(self.lease * 1000)
         with telemetry.naming(self.name):
-            renewed = next_runs.renew_next(
-                self.resource, self.token, clock.now_ms() + int(self.lease * 1000)
-            )
+            renewed = next_runs.renew_next(self.resource, self.token, until_ms)
         if not renewed:
             # Replaced: the fence moved on (someone took the lock meanwhile) or our lease ran
             # out. We still run when our turn comes; the heartbeat stops here.

@@ -48,8 +48,7 @@ class Decoration:
     def __init__(self, resource: Any, on_busy: Callable[..., Any] | None):
         if on_busy is not None and not callable(on_busy):
             raise TypeError(f"on_busy must be callable(request, exc), not {on_busy!r}")
-        self.resource = resource
-        self.on_busy = on_busy
+        self.resource, self.on_busy = resource, on_busy
 
     @property
     def is_callable(self) -> bool:

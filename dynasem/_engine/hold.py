@@ -457,9 +457,8 @@ class Held:
             except SemaphoreUnavailable as exc:
                 self._unanswered |= exc.ambiguous
                 why = exc
-                passing = isinstance(exc, dynamodb.WriteConflict) or (
-                    isinstance(exc, LimitExceeded) and exc.limit == "throughput"
-                )
+                throttled = isinstance(exc, LimitExceeded) and exc.limit == "throughput"
+                passing = throttled or isinstance(exc, dynamodb.WriteConflict)
             # Given up, the work is done and the lease will lapse by itself: never fail the
             # caller for a release DynamoDB could not take.
             failures += 1
