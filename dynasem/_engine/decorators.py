@@ -93,10 +93,8 @@ def _kept(char: str) -> bool:
     control, format character or space is escaped: a key's ASCII punctuation is then all the
     template's own, and a key never holds a character that prints nothing or rewrites a
     terminal. A lone surrogate is kept, for the resource check to refuse by name."""
-    if char in SAFE:
-        return True
     if char.isascii():
-        return False
+        return char in SAFE  # every SAFE character is ASCII
     category = unicodedata.category(char)
     return category == "Cs" or category[0] not in "CZ"
 

@@ -541,12 +541,11 @@ def acquired(
     announce it, start renewing it."""
     held = cls(semaphore, **terms)
     try:
-        if item is not None:
-            held._observe(item)
-            if semaphore.mode == Mode.SHARED:
-                # The first waiter in line a reader too: it can join us now (it then pushes
-                # the next one when it has joined).
-                handover.push_first(held.resource, item, readers_only=True)
+        held._observe(item)
+        if item is not None and semaphore.mode == Mode.SHARED:
+            # The first waiter in line a reader too: it can join us now (it then pushes the
+            # next one when it has joined).
+            handover.push_first(held.resource, item, readers_only=True)
         held._send(lock_acquired, fences=held.fences)
         held._start_heartbeat()
     except BaseException:
