@@ -3,6 +3,7 @@ reaper.py)."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -67,13 +68,6 @@ class HoldInfo:
         return {**out, "acquired": self.acquired.isoformat(), "expires": self.expires.isoformat()}
 
 
-def _waiting(item: records.LockItem) -> int:
-    """The waiters a listing shows for a row, from the row alone: the tickets out that have
-    not had their turn (a waiter that left, or died, counts until the next turn passes it:
-    :func:`queue_depth` reads the entries)."""
-    return max(0, item.queue_in - item.queue_out)
-
-
 # A page of the lock list shows at most this many holds of one resource: its permits and
 # reader items are read no further (beside 2,000 readers: 1.5 RCU and 22 lines, not 34 RCU
 # and 2,000 lines); active_holds and a user's filter read them all.
@@ -97,22 +91,22 @@ def _expanded(
 
 
 def holds_of(item: records.LockItem, *, min_expires_ms: int | None) -> list[HoldInfo]:
-    waiting = _waiting(item)
+    """The row's holds (those whose lease ends at ``min_expires_ms`` or later), by token."""
+    hold = functools.partial(
+        HoldInfo, item.resource, mode=item.mode, limit=item.limit, queue_depth=_waiting(item)
+    )
     return [
-        HoldInfo(
-            item.resource,
-            token,
-            h.user_id,
-            h.fence,
-            item.mode,
-            item.limit,
-            h.acquired_ms,
-            h.expires_ms,
-            waiting,
-        )
+        hold(token, h.user_id, h.fence, acquired_ms=h.acquired_ms, expires_ms=h.expires_ms)
         for token, h in sorted(item.holders.items())
         if min_expires_ms is None or h.expires_ms >= min_expires_ms
     ]
+
+
+def _waiting(item: records.LockItem) -> int:
+    """The waiters a listing shows for a row, from the row alone: the tickets out that have
+    not had their turn (a waiter that left, or died, counts until the next turn passes it:
+    :func:`queue_depth` reads the entries)."""
+    return max(0, item.queue_in - item.queue_out)
 
 
 # ---------------------------------------------------------------------------------------------
