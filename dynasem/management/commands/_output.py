@@ -1,13 +1,15 @@
 """What dynasem's commands share: columns padded by display width, a quiet end on a closed
-pipe (``dynasem_locks --json | head -1``)."""
+pipe (``dynasem_locks --json | head -1``), DynamoDB's and the arguments' errors as
+CommandErrors, the ``--yes``/``--log-as`` flow of a command that changes something."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import unicodedata
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
@@ -16,6 +18,7 @@ from ..._observability.logs import shown_token
 from ..._operators import audit
 from ..._operators.locks import HoldInfo
 from ..._storage import dynamodb
+from ...exceptions import SemaphoreUnavailable
 
 
 def width(text: str) -> int:
@@ -52,6 +55,19 @@ def pad(text: str, columns: int) -> str:
     return text + " " * max(0, columns - width(text))
 
 
+@contextlib.contextmanager
+def refused(prefix: str | None = None) -> Iterator[None]:
+    """DynamoDB's SemaphoreUnavailable as a CommandError (its message); with ``prefix``, an
+    argument's TypeError or ValueError too (``prefix`` before its message)."""
+    invalid: tuple[type[Exception], ...] = () if prefix is None else (TypeError, ValueError)
+    try:
+        yield
+    except SemaphoreUnavailable as exc:
+        raise CommandError(str(exc)) from exc
+    except invalid as exc:
+        raise CommandError(f"{prefix}{exc}") from exc
+
+
 def quiet_on_closed_pipe(run: Callable[[], Any]) -> Any:
     """Run ``run``; a reader that went away (``| head``) ends it quietly, as a Unix tool does,
     instead of a BrokenPipeError traceback."""
@@ -66,10 +82,11 @@ def quiet_on_closed_pipe(run: Callable[[], Any]) -> Any:
 
 class OperatorCommand(BaseCommand):
     """A command an operator waits on: its requests go through the quick client (one attempt,
-    short timeouts: ``dynamodb.quick``), and a closed pipe ends it quietly."""
+    short timeouts: ``dynamodb.quick``), DynamoDB unavailable is a CommandError, and a closed
+    pipe ends it quietly."""
 
     def execute(self, *args: Any, **options: Any) -> str | None:
-        with dynamodb.quick():
+        with dynamodb.quick(), refused():
             result: str | None = quiet_on_closed_pipe(
                 lambda: super(OperatorCommand, self).execute(*args, **options)
             )

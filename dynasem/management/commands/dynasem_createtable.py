@@ -8,6 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 from ... import checks
 from ..._storage import dynamodb, records, schema
 from ...exceptions import SemaphoreUnavailable
+from ._output import refused
 
 
 class Command(BaseCommand):
@@ -42,12 +43,7 @@ class Command(BaseCommand):
         name = definition["TableName"]
         as_json = options.get("json", False)
         facts: dict[str, Any] = {"table": name, "endpoint": dynamodb.endpoint_label()}
-        if check:
-            try:
-                message = self.check_table(name, facts)
-            except SemaphoreUnavailable as exc:
-                raise CommandError(str(exc)) from exc
-        elif dry_run:
+        if dry_run and not check:
             if as_json:
                 self.stdout.write(json.dumps({**facts, "dry_run": True, "definition": definition}))
                 return
@@ -58,17 +54,14 @@ class Command(BaseCommand):
                 "TTL on 'expires'."
             )
             return
-        else:
-            try:
+        with refused():
+            if check:
+                message = self.check_table(name, facts)
+            else:
                 message = self.ensure_table(definition, wait=wait, facts=facts)
-            except SemaphoreUnavailable as exc:
-                raise CommandError(str(exc)) from exc
         self.stdout.write(json.dumps({**facts, "message": message}) if as_json else message)
 
-    def ensure_table(
-        self, definition: dict[str, Any], *, wait: bool, facts: dict[str, Any] | None = None
-    ) -> str:
-        facts = {} if facts is None else facts
+    def ensure_table(self, definition: dict[str, Any], *, wait: bool, facts: dict[str, Any]) -> str:
         name = definition["TableName"]
         existing = schema.describe_table()
         facts["created"] = existing is None
@@ -87,16 +80,13 @@ class Command(BaseCommand):
         if schema.ttl_status(name) not in ("ENABLED", "ENABLING"):
             try:
                 schema.enable_ttl(name)
-                message += " TTL is on for 'expires'."
             except SemaphoreUnavailable as exc:
                 facts["ttl"] = False
-                message += (
+                return message + (
                     f" TTL could not be turned on yet ({exc}); run this again once the table "
                     "is ACTIVE (or use --wait)."
                 )
-        else:
-            message += " TTL is on for 'expires'."
-        return message
+        return message + " TTL is on for 'expires'."
 
     def write_format(self, name: str, facts: dict[str, Any]) -> str:
         """The table's stored format version written, if it names none yet; what to say."""

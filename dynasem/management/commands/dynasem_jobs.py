@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any
 
@@ -7,19 +8,8 @@ from django.core.management.base import CommandError
 
 from ..._engine import arguments
 from ..._operators import audit, jobs
-from ...exceptions import SemaphoreUnavailable
 from ...models import Job
-from ._output import (
-    OperatorCommand,
-    add_change_arguments,
-    ask,
-    one_only,
-    pad,
-    printable,
-    recorder,
-    show,
-    width,
-)
+from . import _output as out
 
 # Said under every list (the Scan's reads are eventually consistent; see SCAN_NOTE).
 SCAN_NOTE = f"({jobs.SCAN_NOTE} `dynasem_jobs KEY` reads one key consistently.)"
@@ -28,7 +18,7 @@ SCAN_NOTE = f"({jobs.SCAN_NOTE} `dynasem_jobs KEY` reads one key consistently.)"
 NOTHING_RESET = 3
 
 
-class Command(OperatorCommand):
+class Command(out.OperatorCommand):
     help = (
         "List the run_once jobs (key, status, user, attempt, started, finished, last error) "
         "through a Scan, read eventually consistently (a run of the last second may show as it "
@@ -49,18 +39,15 @@ class Command(OperatorCommand):
         parser.add_argument("--key-prefix", help="only keys starting with this")
         parser.add_argument("--json", action="store_true", help="print JSON lines")
         parser.add_argument("--reset", metavar="KEY", help="reset this DONE or FAILED key")
-        add_change_arguments(parser, "the reset")
+        out.add_change_arguments(parser, "the reset")
 
     def handle(self, *args: Any, **options: Any) -> None:
         key = options["key"]
-        try:
-            if options["reset"] is not None:
-                self._reset(options["reset"], options)
-                return
-            found = self._list(options) if key is None else self._one(key, options)
-        except SemaphoreUnavailable as exc:
-            raise CommandError(str(exc)) from exc
-        show(
+        if options["reset"] is not None:
+            self._reset(options["reset"], options)
+            return
+        found = self._list(options) if key is None else self._one(key, options)
+        out.show(
             self,
             [job.as_dict() for job in found],
             lambda: self._table(found),
@@ -72,49 +59,44 @@ class Command(OperatorCommand):
 
     def _one(self, key: str, options: dict[str, Any]) -> list[jobs.JobInfo]:
         """The job of ``key`` from one consistent read (none if never run)."""
-        one_only(
+        out.one_only(
             options,
             ("status", "key_prefix"),
             f"KEY {key!r}",
             "KEY shows that one job; leave it out to list them all through a Scan",
         )
-        try:
+        with out.refused("KEY: "):
             job = jobs.job_info(key)
-        except (TypeError, ValueError) as exc:
-            raise CommandError(f"KEY: {exc}") from exc
         return [job] if job is not None else []
 
     def _list(self, options: dict[str, Any]) -> list[jobs.JobInfo]:
-        found: list[jobs.JobInfo] = []
-        cursor = None
-        while True:
-            page = jobs.job_page(
-                prefix=options["key_prefix"], status=options["status"], cursor=cursor, size=500
-            )
+        more = functools.partial(
+            jobs.job_page, prefix=options["key_prefix"], status=options["status"], size=500
+        )
+        page = more()
+        found = page.jobs
+        while page.next_cursor:
+            page = more(cursor=page.next_cursor)
             found += page.jobs
-            cursor = page.next_cursor
-            if not cursor:
-                return found
+        return found
 
     def _table(self, found: list[jobs.JobInfo]) -> None:
-        keys = [printable(j.key) for j in found]
-        wide = max(30, *(width(k) for k in keys))
+        keys = [out.printable(j.key) for j in found]
+        wide = max(30, *(out.width(k) for k in keys))
         self.stdout.write(
-            f"{pad('KEY', wide)} {'STATUS':8} {'ATTEMPT':>7} {'STARTED (UTC)':19}  LAST ERROR"
+            f"{out.pad('KEY', wide)} {'STATUS':8} {'ATTEMPT':>7} {'STARTED (UTC)':19}  LAST ERROR"
         )
         for job, key in zip(found, keys, strict=True):
             started = job.started.strftime("%Y-%m-%d %H:%M:%S") if job.started else "-"
-            error = printable(job.error.splitlines()[0][:60]) if job.error else ""
+            error = out.printable(job.error.splitlines()[0][:60]) if job.error else ""
             self.stdout.write(
-                f"{pad(key, wide)} {job.status:8} {job.attempt:>7} {started:19}  {error}"
+                f"{out.pad(key, wide)} {job.status:8} {job.attempt:>7} {started:19}  {error}"
             )
 
     def _reset(self, key: str, options: dict[str, Any]) -> None:
-        try:
+        with out.refused(""):
             arguments.check_resource(key, "key")
-        except (TypeError, ValueError) as exc:
-            raise CommandError(str(exc)) from exc
-        who, unrecorded = recorder(options["log_as"])
+        who, unrecorded = out.recorder(options["log_as"])
         job = jobs.job_info(key)
         if job is None:
             raise CommandError(f"No run_once job {key!r}: nothing reset.", returncode=NOTHING_RESET)
@@ -123,8 +105,8 @@ class Command(OperatorCommand):
             raise CommandError(why, returncode=NOTHING_RESET)
         if not options["json"]:
             line = f"  {key}  {job.status}  attempt {job.attempt}  {job.error[:80]}"
-            self.stdout.write(printable(line))
-        ask(options["yes"], f"Reset {key!r}?", "reset it", "Nothing reset.", NOTHING_RESET)
+            self.stdout.write(out.printable(line))
+        out.ask(options["yes"], f"Reset {key!r}?", "reset it", "Nothing reset.", NOTHING_RESET)
         done = jobs.reset_job(key, job.status, job.finished_ms)
         if options["json"]:
             self.stdout.write(json.dumps({**job.as_dict(), "reset": done}))

@@ -3,14 +3,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.core.management.base import CommandError
-
 from ... import _clock as clock
 from ..._observability.logs import shown_token
 from ..._operators import locks, usernames
 from ..._storage import records
-from ...exceptions import SemaphoreUnavailable
-from ._output import OperatorCommand, hold_row, one_only, pad, printable, show, width
+from ._output import OperatorCommand, hold_row, one_only, pad, printable, refused, show, width
 
 # Said under every list read through the indexes (DynamoDB updates a global secondary index
 # after its table, typically within a second, sometimes more): a hold taken, renewed or given
@@ -53,17 +50,14 @@ class Command(OperatorCommand):
         if options["waiters"] is not None and options["resource"] is None:
             self._waiters(options["waiters"], as_json=options["json"])
             return
-        try:
-            if options["resource"] is not None:
-                holds = self._one(options["resource"], options)
-            else:
-                holds = locks.active_holds(
-                    user_id=usernames.user_id_for(options["user"]) if options["user"] else None,
-                    prefix=options["resource_prefix"],
-                    include_expired=options["all"],
-                )
-        except SemaphoreUnavailable as exc:
-            raise CommandError(str(exc)) from exc
+        if options["resource"] is not None:
+            holds = self._one(options["resource"], options)
+        else:
+            holds = locks.active_holds(
+                user_id=usernames.user_id_for(options["user"]) if options["user"] else None,
+                prefix=options["resource_prefix"],
+                include_expired=options["all"],
+            )
         names = usernames.usernames(h.user_id for h in holds)
         show(
             self,
@@ -83,10 +77,8 @@ class Command(OperatorCommand):
             f"RESOURCE {resource!r}",
             "RESOURCE shows that one resource; leave it out to list through the indexes",
         )
-        try:
+        with refused("RESOURCE: "):
             holds = locks.holds_on(resource)
-        except (TypeError, ValueError) as exc:
-            raise CommandError(f"RESOURCE: {exc}") from exc
         now = clock.now_ms()
         return [h for h in holds if options["all"] or h.expires_ms >= now]
 
@@ -106,12 +98,8 @@ class Command(OperatorCommand):
             )
 
     def _waiters(self, resource: str, *, as_json: bool) -> None:
-        try:
+        with refused("--waiters: "):
             waiters = [_waiter(w) for w in locks.waiters_on(resource)]
-        except ValueError as exc:
-            raise CommandError(f"--waiters: {exc}") from exc
-        except SemaphoreUnavailable as exc:
-            raise CommandError(str(exc)) from exc
         if as_json:
             for place, row in enumerate(waiters, 1):
                 self.stdout.write(json.dumps({"resource": resource, "position": place, **row}))

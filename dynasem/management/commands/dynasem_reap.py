@@ -8,7 +8,6 @@ from django.core.management.base import CommandError
 
 from ..._operators import reaper as reaping
 from ..._storage import records
-from ...exceptions import SemaphoreUnavailable
 from ._output import OperatorCommand, printable
 
 # The exit status when a delete or break failed (DynamoDB unreachable, throttled still after
@@ -64,10 +63,7 @@ class Command(OperatorCommand):
                 ended = datetime.fromtimestamp(row.listed_s, tz=UTC).strftime("%Y-%m-%d %H:%M")
                 self.stdout.write(f"  {printable(row.resource)}  (lease ended by {ended} UTC)")
 
-        try:
-            result = reaping.reap(dry_run=dry_run, workers=workers, progress=progress, found=found)
-        except SemaphoreUnavailable as exc:
-            raise CommandError(str(exc)) from exc
+        result = reaping.reap(dry_run=dry_run, workers=workers, progress=progress, found=found)
         if as_json:
             for failure in result.failed:
                 self.stdout.write(json.dumps(failure.as_dict()))

@@ -8,8 +8,7 @@ from django.core.management.base import CommandError
 from ..._engine import arguments
 from ..._observability.logs import shown_token
 from ..._operators import audit, locks
-from ...exceptions import SemaphoreUnavailable
-from ._output import OperatorCommand, add_change_arguments, ask, hold_row, printable, recorder
+from . import _output as out
 
 # The exit status when nothing (or not everything shown) was broken: the hold had gone, or
 # there was none, or the operator said no. 0: every hold shown was broken.
@@ -19,7 +18,7 @@ NOTHING_BROKEN = 3
 CHANGED = "changed_since_listed"
 
 
-class Command(OperatorCommand):
+class Command(out.OperatorCommand):
     help = (
         "Break every hold on RESOURCE (or only the one with --token T, the first characters of "
         "its token as dynasem_locks shows them, or --fence F). Each break is conditional on "
@@ -42,7 +41,7 @@ class Command(OperatorCommand):
             help="print a JSON line per hold, with broken and outcome (broken, or "
             "changed_since_listed: it went between the read and the break)",
         )
-        add_change_arguments(parser, "each break")
+        out.add_change_arguments(parser, "each break")
 
     def handle(
         self,
@@ -55,42 +54,46 @@ class Command(OperatorCommand):
         log_as: str | None,
         **options: Any,
     ) -> None:
-        try:
+        with out.refused(""):
             arguments.check_resource(resource)
-        except (TypeError, ValueError) as exc:
-            raise CommandError(str(exc)) from exc
-        who, unrecorded = recorder(log_as)
+        who, unrecorded = out.recorder(log_as)
         if token == "":
             raise CommandError("--token must be the first characters of a token, not empty")
-        try:
-            holds = self._named(resource, token, fence, as_json=json)
-            ask(
-                yes,
-                f"Break {len(holds)} hold(s) on {resource!r}?",
-                "break these holds",
-                "Nothing broken.",
-                NOTHING_BROKEN,
-            )
-            broken = [
-                locks.break_hold(resource, h.token, user_id=h.user_id, fence=h.fence) for h in holds
-            ]
-        except SemaphoreUnavailable as exc:
-            raise CommandError(str(exc)) from exc
+        holds = self._named(resource, token, fence, as_json=json)
+        question = f"Break {len(holds)} hold(s) on {resource!r}?"
+        out.ask(yes, question, "break these holds", "Nothing broken.", NOTHING_BROKEN)
+        broken = [
+            locks.break_hold(resource, h.token, user_id=h.user_id, fence=h.fence) for h in holds
+        ]
         for h, done in zip(holds, broken, strict=True):
             if done:
                 audit.broke(who, h, h.user_id, " with manage.py dynasem_release")
             if json:
                 outcome = "broken" if done else CHANGED
-                self.stdout.write(dumps({**hold_row(h), "broken": bool(done), "outcome": outcome}))
+                self.stdout.write(
+                    dumps({**out.hold_row(h), "broken": bool(done), "outcome": outcome})
+                )
         if who is None and any(broken):
             self.stderr.write(f"Not recorded in the admin's history: {unrecorded}.")
-        self._outcome(resource, len(holds), sum(map(bool, broken)), as_json=json)
+        count, changed = sum(broken), len(holds) - sum(broken)
+        if changed:
+            raise CommandError(
+                f"Broke {count} of {len(holds)} hold(s) on {resource!r}: {changed} changed since "
+                "listed (given back, or taken over, after it was read) and "
+                f"{'was' if changed == 1 else 'were'} left alone: each break is conditional on "
+                "the token read.",
+                returncode=NOTHING_BROKEN,
+            )
+        if not json:
+            self.stdout.write(f"Broke {count} hold(s) on {resource!r}.")
 
     def _named(
         self, resource: str, token: str | None, fence: int | None, *, as_json: bool
     ) -> list[locks.HoldInfo]:
         """The holds on ``resource`` that ``--token`` and ``--fence`` name (one consistent
-        read), shown unless ``as_json``."""
+        read), shown unless ``as_json``. A ``--token`` that names several is refused: it means
+        one (holders of a counting or shared resource whose tokens begin alike: rare, with 8
+        hex characters)."""
         holds = locks.matching(locks.holds_on(resource), token, fence)
         if not holds:
             which = (f" with token {token}" if token else "") + (
@@ -99,35 +102,15 @@ class Command(OperatorCommand):
             raise CommandError(
                 f"No hold on {resource!r}{which}: nothing broken.", returncode=NOTHING_BROKEN
             )
-        _one_per_token(token, holds, resource)
+        if token is not None and len(holds) > 1:
+            fences = ", ".join(str(h.fence) for h in holds)
+            raise CommandError(
+                f"--token {token!r} matches {len(holds)} holds on {resource!r} (fences {fences}): "
+                "give more of the token, or name one with --fence"
+            )
         for h in [] if as_json else holds:
             self.stdout.write(
-                f"  {printable(h.resource)}  user={printable(h.user_id)}  "
+                f"  {out.printable(h.resource)}  user={out.printable(h.user_id)}  "
                 f"fence={h.fence}  {h.kind}  token={shown_token(h.token)}"
             )
         return holds
-
-    def _outcome(self, resource: str, shown: int, count: int, *, as_json: bool) -> None:
-        """Says how many of the holds shown were broken; exit status 3 unless all were."""
-        if count < shown:
-            changed = shown - count
-            raise CommandError(
-                f"Broke {count} of {shown} hold(s) on {resource!r}: {changed} changed since "
-                "listed (given back, or taken over, after it was read) and "
-                f"{'was' if changed == 1 else 'were'} left alone: each break is conditional on "
-                "the token read.",
-                returncode=NOTHING_BROKEN,
-            )
-        if not as_json:
-            self.stdout.write(f"Broke {count} hold(s) on {resource!r}.")
-
-
-def _one_per_token(token: str | None, holds: list[locks.HoldInfo], resource: str) -> None:
-    """Refuse a ``--token`` that names several holds: it means one (holders of a counting or
-    shared resource whose tokens begin alike: rare, with 8 hex characters)."""
-    if token is not None and len(holds) > 1:
-        fences = ", ".join(str(h.fence) for h in holds)
-        raise CommandError(
-            f"--token {token!r} matches {len(holds)} holds on {resource!r} (fences {fences}): "
-            "give more of the token, or name one with --fence"
-        )
