@@ -29,6 +29,7 @@ killed with the namespace. SIGTERM or SIGINT to this process stops the command t
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -140,9 +141,12 @@ class Command(BaseCommand):
             finally:
                 place.__exit__(None, None, None)
             if status is not None:
-                self.stderr.write(f"dynasem_lead: {name!r}: the command exited ({status})")
+                self._say(name, f"the command exited ({status})")
                 sys.exit(status)
-        self.stderr.write(f"dynasem_lead: {name!r}: stopped")
+        self._say(name, "stopped")
+
+    def _say(self, name: str, text: str) -> None:
+        self.stderr.write(f"dynasem_lead: {name!r}: {text}")
 
     def _take_lead(
         self, name: str, lease: float, window: float, waiting: threading.Event
@@ -165,7 +169,7 @@ class Command(BaseCommand):
             raise CommandError(str(exc)) from None
         except SemaphoreUnavailable as exc:
             waiting.clear()
-            self.stderr.write(f"dynasem_lead: {name!r}: {exc}; trying again")
+            self._say(name, f"{exc}; trying again")
             time.sleep(min(5.0, window / 3))
         finally:
             waiting.clear()
@@ -178,41 +182,34 @@ class Command(BaseCommand):
         None if it was stopped (the lead lost or ending, or this process told to stop)."""
         env = {**os.environ, "DYNASEM_LEAD_NAME": name, "DYNASEM_LEAD_FENCE": str(lead.fence)}
         child = _Command(command, env, self._own_pids)
+        pid = child.process.pid
+        self.stderr.write(f"dynasem_lead: leading {name!r} (fence {lead.fence}): started pid {pid}")
+        termed: float | None = None
         try:
-            return self._supervise(name, lead, child, grace, stopping)
+            while (code := child.poll()) is None:
+                left = lead.seconds_left()
+                child.trust_until(time.monotonic() + left)
+                if termed is None and (stopping.is_set() or left <= grace + KILL_MARGIN):
+                    why = "stopping" if stopping.is_set() else "the lead is ending or lost"
+                    self._say(name, f"{why}: SIGTERM to pid {pid}")
+                    child.terminate()
+                    termed = time.monotonic()
+                if termed is not None and (
+                    left <= KILL_MARGIN or time.monotonic() - termed >= grace
+                ):
+                    if child.poll() is None:
+                        self._say(name, f"SIGKILL to pid {pid}")
+                        child.kill()
+                    break
+                time.sleep(POLL)
         finally:
             # Whatever ended it (or if supervising failed), nothing of the command may outlive
             # the lead: what ignored SIGTERM, what it started.
             child.kill()
-
-    def _supervise(
-        self, name: str, lead: Lead, child: _Command, grace: float, stopping: threading.Event
-    ) -> int | None:
-        self.stderr.write(
-            f"dynasem_lead: leading {name!r} (fence {lead.fence}): started pid {child.pid}"
-        )
-        termed: float | None = None
-        while True:
-            code = child.poll()
-            if code is not None:
-                if termed is not None:
-                    self.stderr.write(f"dynasem_lead: {name!r}: pid {child.pid} stopped")
-                    return None
-                return code
-            left = lead.seconds_left()
-            child.trust_until(time.monotonic() + left)
-            if termed is None and (stopping.is_set() or left <= grace + KILL_MARGIN):
-                why = "stopping" if stopping.is_set() else "the lead is ending or lost"
-                self.stderr.write(f"dynasem_lead: {name!r}: {why}: SIGTERM to pid {child.pid}")
-                child.terminate()
-                termed = time.monotonic()
-            if termed is not None and (left <= KILL_MARGIN or time.monotonic() - termed >= grace):
-                if child.poll() is None:
-                    self.stderr.write(f"dynasem_lead: {name!r}: SIGKILL to pid {child.pid}")
-                    child.kill()
-                self.stderr.write(f"dynasem_lead: {name!r}: pid {child.pid} stopped")
-                return None
-            time.sleep(POLL)
+        if termed is None:
+            return code
+        self._say(name, f"pid {pid} stopped")
+        return None
 
 
 def _timing(name: str, lease: float | None, grace: float | None) -> tuple[float, float, float]:
@@ -281,10 +278,6 @@ class _Command:
             finally:
                 os.close(ready_r)
 
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
     def poll(self) -> int | None:
         code = self.process.poll()
         return None if code is None else code if code >= 0 else 128 - code
@@ -294,18 +287,18 @@ class _Command:
         the namespace by itself just before, should this process stop acting (SIGSTOP)."""
         if self._control < 0 or abs(deadline - self._told) < 0.01:
             return
-        try:
+        # The init gone or not reading (BlockingIOError, BrokenPipeError) ends the namespace on
+        # its own.
+        with contextlib.suppress(BlockingIOError, BrokenPipeError):
             os.write(self._control, f"{deadline:.6f}\n".encode())
             self._told = deadline
-        except (BlockingIOError, BrokenPipeError):
-            pass  # the init is gone or not reading: it ends the namespace on its own
 
     def terminate(self) -> None:
         """SIGTERM to every process of the command."""
         if self.own_pids:
             self.process.send_signal(signal.SIGTERM)  # the keeper: to the init: to all
         else:
-            _signal_group(self.process, signal.SIGTERM)
+            self._signal_group(signal.SIGTERM)
 
     def kill(self) -> None:
         """SIGKILL to every process of the command; returns once they are all dead (with a
@@ -323,13 +316,10 @@ class _Command:
                 os.close(self._control)
                 self._control = -1
         else:
-            _signal_group(self.process, signal.SIGKILL)
+            self._signal_group(signal.SIGKILL)
         if self.process.poll() is None:
             self.process.wait()
 
-
-def _signal_group(child: subprocess.Popen[Any], sig: int) -> None:
-    try:
-        os.killpg(child.pid, sig)  # its own session: the command and what it started
-    except ProcessLookupError:
-        pass
+    def _signal_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, sig)  # its own session: the command and what it started
