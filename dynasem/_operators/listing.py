@@ -5,7 +5,7 @@ index entries only; :mod:`dynasem._operators.locks` reads and shows their rows."
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from .._storage import index_queries, records
@@ -15,34 +15,44 @@ from .._storage.records import Mode
 FILTERED_READ = 1000
 
 
-Fetch = Callable[
-    [dict[str, Any] | None, int | None], tuple[list[records.IndexEntry], dict[str, Any] | None]
-]
-
-
 class Stream:
-    """One index range, fetched a page at a time in index order."""
+    """One index range, fetched a page at a time in index order: the userId index's rows of
+    ``user_id`` (``shard`` None), or one ``expires`` shard's (only its counting and shared
+    rows when ``user_id`` is given: their holders are all read there)."""
 
     def __init__(
-        self,
-        name: str,
-        fetch: Fetch,
-        start_key: Callable[[int, str], dict[str, Any]],
-        keep: Callable[[records.IndexEntry], bool],
-        position: Any,
+        self, name: str, shard: int | None, user_id: str | None, since: int, position: Any
     ):
-        self.name, self.fetch, self.start_key, self.keep = name, fetch, start_key, keep
+        self.name, self.shard, self.user_id, self.since = name, shard, user_id, since
         self.buffer: deque[records.IndexEntry] = deque()
         # The cursor's state: None (from the start), "done", or [expires, pk] of the last row
         # taken from this stream.
         self.position = position
         self.exhausted = position == "done"
-        self.next_start = start_key(*position) if isinstance(position, list) else None
+        self.next_start = self._start_key(*position) if isinstance(position, list) else None
+
+    def _start_key(self, listed_s: int, pk: str) -> dict[str, Any]:
+        if self.shard is None:
+            return records.user_index_start(pk, str(self.user_id), listed_s)
+        return records.expires_index_start(pk, self.shard, listed_s)
 
     def fetch_once(self, limit: int | None) -> None:
-        entries, last = self.fetch(self.next_start, limit)
-        self.buffer.extend(entry for entry in entries if self.keep(entry))
-        self.next_start, self.exhausted = last, not last
+        filtered, start = self.user_id is not None, self.next_start
+        if filtered:
+            limit = filtered_limit(limit)
+        if self.shard is None:
+            read = index_queries.query_user_page(str(self.user_id), self.since, limit, start)
+            # The userId index names one holder per row: all of an exclusive row, only the
+            # latest of a counting or shared one. Those rows come from the expires index
+            # instead, where all their holders are read, so none is listed twice.
+            entries = [row for row in read[0] if row.mode == Mode.EXCLUSIVE]
+        else:
+            read = index_queries.query_expiring(
+                self.shard, since=self.since, limit=limit, start=start, shared_only=filtered
+            )
+            entries = read[0]
+        self.buffer.extend(entries)
+        self.next_start, self.exhausted = read[1], not read[1]
 
     def take(self) -> records.IndexEntry:
         row = self.buffer.popleft()
@@ -70,44 +80,11 @@ def filtered_limit(limit: int | None) -> int | None:
 
 
 def open_streams(user_id: str | None, since: int, positions: dict[str, Any]) -> list[Stream]:
-    streams = []
+    """The streams of a lock listing, each from its position in ``positions`` (by name)."""
+    names: list[tuple[str, int | None]] = [(f"s{shard}", shard) for shard in range(records.SHARDS)]
     if user_id is not None:
-
-        def exclusive(row: records.IndexEntry) -> bool:
-            # The userId index names one holder per row: all of an exclusive row, only the
-            # latest of a counting or shared one. Those rows come from the expires index
-            # instead, where all their holders are read, so none is listed twice.
-            return row.mode == Mode.EXCLUSIVE
-
-        streams.append(
-            Stream(
-                "u",
-                lambda start, limit: index_queries.query_user_page(
-                    user_id, since, filtered_limit(limit), start
-                ),
-                lambda listed_s, pk: records.user_index_start(pk, user_id, listed_s),
-                exclusive,
-                positions.get("u"),
-            )
-        )
-    for shard in range(records.SHARDS):
-
-        def fetch(start: Any, limit: int | None, shard: int = shard) -> Any:
-            filtered = user_id is not None
-            return index_queries.query_expiring(
-                shard,
-                since=since,
-                limit=filtered_limit(limit) if filtered else limit,
-                start=start,
-                shared_only=filtered,
-            )
-
-        def start_key(listed_s: int, pk: str, shard: int = shard) -> dict[str, Any]:
-            return records.expires_index_start(pk, shard, listed_s)
-
-        name = f"s{shard}"
-        streams.append(Stream(name, fetch, start_key, lambda row: True, positions.get(name)))
-    return streams
+        names.insert(0, ("u", None))
+    return [Stream(name, shard, user_id, since, positions.get(name)) for name, shard in names]
 
 
 def merged(
