@@ -35,9 +35,6 @@ class ReapFailure:
     # An attempt went unanswered (a timeout, a 5xx): it may have been applied all the same.
     maybe_applied: bool
 
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 @dataclass
 class ReapResult:
@@ -53,6 +50,15 @@ class ReapResult:
     permits_kept: int = 0
     # What failed; the reap went on with the rest.
     failed: list[ReapFailure] = dataclasses.field(default_factory=list)
+
+    def count(self, outcome: bool | ReapFailure, done: str, kept: str) -> None:
+        """One delete or break counted: failed, made (the count ``done``), or refused because
+        what it was conditional on changed (the count ``kept``)."""
+        if isinstance(outcome, ReapFailure):
+            self.failed.append(outcome)
+        else:
+            name = done if outcome else kept
+            setattr(self, name, getattr(self, name) + 1)
 
 
 # Sends of one reaper delete or break: the first, then after 50, 100 and 200 ms, the schedule
@@ -153,13 +159,7 @@ def reap(
             run = contextvars.copy_context().run
             futures.append(pool.submit(run, _delete_row, row.resource, cutoff_ms))
         for i, future in enumerate(futures, 1):
-            outcome = future.result()
-            if isinstance(outcome, ReapFailure):
-                result.failed.append(outcome)
-            elif outcome:
-                result.deleted += 1
-            else:
-                result.survived += 1
+            result.count(future.result(), "deleted", "survived")
             if progress is not None and (i % 500 == 0 or i == len(futures)):
                 progress(result)
     _reap_permits(cutoff_ms, result, dry_run=False)
@@ -219,25 +219,20 @@ def _reap_items(
     """The dead readers and permits of one row (see :func:`_reap_permits`). A break re-sent
     after an unanswered one would be refused, as the break of a holder that renewed is: it is
     not re-sent, and fails as maybe applied."""
-    dead: list[tuple[str, Callable[[], bool]]] = []
+    kinds: list[tuple[str, Callable[..., list[Any]], Callable[..., bool]]] = []
     if reader_items.has_readers(row):
-        for reader in _read(functools.partial(reader_items.readers, row.resource)):
-            if reader.holder.expires_ms < cutoff_ms:
-                free = functools.partial(reader_hold.break_reader, row.resource, reader.token)
-                dead.append(("reader", functools.partial(free, reader)))
+        kinds.append(("reader", reader_items.readers, reader_hold.break_reader))
     if row.slots_used is not None:
-        for permit in _read(functools.partial(permit_items.permits, row.resource)):
-            if permit.token and permit.holder.expires_ms < cutoff_ms:
-                free = functools.partial(permit_hold.break_permit, row.resource, permit.token)
-                dead.append(("permit", functools.partial(free, permit)))
+        kinds.append(("permit", permit_items.permits, permit_hold.break_permit))
+    dead = [
+        (item, functools.partial(free, row.resource, held.token, held))
+        for item, listed, free in kinds
+        for held in _read(functools.partial(listed, row.resource))
+        if held.token and held.holder.expires_ms < cutoff_ms
+    ]
     for item, break_dead in dead:
         outcome = True if dry_run else _write(_once(break_dead), row.resource, item)
-        if isinstance(outcome, ReapFailure):
-            result.failed.append(outcome)
-        elif outcome:
-            result.permits += 1
-        else:
-            result.permits_kept += 1
+        result.count(outcome, "permits", "permits_kept")
 
 
 def _once(free: Callable[[], bool]) -> Callable[[bool], bool]:

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime
 from typing import Any
@@ -66,7 +67,7 @@ class Command(OperatorCommand):
         result = reaping.reap(dry_run=dry_run, workers=workers, progress=progress, found=found)
         if as_json:
             for failure in result.failed:
-                self.stdout.write(json.dumps(failure.as_dict()))
+                self.stdout.write(json.dumps(dataclasses.asdict(failure)))
             totals = {"dry_run": dry_run, "found": result.found, "deleted": result.deleted}
             totals["permits_freed"] = result.permits
             # "kept" is the name scripts read before "changed_since_listed" said why.
