@@ -3,6 +3,7 @@ of the admins of its table-less models, and the small helpers their pages use.""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 from collections.abc import Callable, Iterable
@@ -164,14 +165,11 @@ class DynamoDBAdmin(ModelAdmin):
         messages.add_message(request, level, text)
         return HttpResponseRedirect(self._url("changelist"))
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Never (nor add, nor delete): the rows are DynamoDB's, changed by the actions."""
         return False
 
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+    has_add_permission = has_delete_permission = has_change_permission
 
     def _url(self, name: str, **query: Any) -> str:
         url = reverse(f"admin:{self.opts.app_label}_{self.opts.model_name}_{name}")
@@ -237,26 +235,18 @@ class DynamoDBAdmin(ModelAdmin):
         """For each stored user id that is a Django user's primary key: its username and, if
         this admin may show it, its change page. Ids that are not (a process's "host:pid", a
         name passed as a str) are left out: the pages show them as they are."""
-        user_model = get_user_model()
-        pks = usernames.user_pks(user_ids)
-        if not pks:
-            return {}
-        found = {str(u.pk): u for u in user_model._default_manager.filter(pk__in=pks.values())}
-        opts = user_model._meta
-        may_open = self.admin_site.is_registered(user_model) and (
+        opts = get_user_model()._meta
+        may_open = self.admin_site.is_registered(get_user_model()) and (
             request.user.has_perm(f"{opts.app_label}.view_{opts.model_name}")
             or request.user.has_perm(f"{opts.app_label}.change_{opts.model_name}")
         )
         shown: dict[str, dict[str, Any]] = {}
-        for user_id, user in found.items():
+        for user_id, user in usernames.users(user_ids).items():
             url = None
             if may_open:
-                try:
-                    url = reverse(
-                        f"admin:{opts.app_label}_{opts.model_name}_change", args=[quote(user.pk)]
-                    )
-                except NoReverseMatch:
-                    pass
+                with contextlib.suppress(NoReverseMatch):
+                    change = f"admin:{opts.app_label}_{opts.model_name}_change"
+                    url = reverse(change, args=[quote(user.pk)])
             shown[user_id] = {"name": user.get_username(), "url": url}
         return shown
 

@@ -44,20 +44,20 @@ def user_pks(user_ids: Iterable[str]) -> dict[str, Any]:
     return pks
 
 
+def users(user_ids: Iterable[str]) -> dict[str, Any]:
+    """stored id -> the Django user, for the ids that are Django users' primary keys."""
+    pks = user_pks(user_ids)
+    if not pks:
+        return {}
+    found = get_user_model()._default_manager.filter(pk__in=set(pks.values()))
+    by_pk = {str(user.pk): user for user in found}
+    return {user_id: by_pk[str(pk)] for user_id, pk in pks.items() if str(pk) in by_pk}
+
+
 def usernames(user_ids: Iterable[str]) -> dict[str, str]:
     """stored id -> username, for the ids that are Django users' primary keys (none when
     there is no auth app or no database to ask: the ids are shown as they are)."""
     try:
-        pks = user_pks(user_ids)
-        if not pks:
-            return {}
-        user_model = get_user_model()
-        found = {
-            str(pk): str(name)
-            for pk, name in user_model._default_manager.filter(
-                pk__in=set(pks.values())
-            ).values_list("pk", user_model.USERNAME_FIELD)
-        }
+        return {user_id: str(user.get_username()) for user_id, user in users(user_ids).items()}
     except Exception:
         return {}
-    return {user_id: found[str(pk)] for user_id, pk in pks.items() if str(pk) in found}
