@@ -68,34 +68,22 @@ def refused(prefix: str | None = None) -> Iterator[None]:
         raise CommandError(f"{prefix}{exc}") from exc
 
 
-def quiet_on_closed_pipe(run: Callable[[], Any]) -> Any:
-    """Run ``run``; a reader that went away (``| head``) ends it quietly, as a Unix tool does,
-    instead of a BrokenPipeError traceback."""
-    try:
-        return run()
-    except BrokenPipeError:
-        # Python flushes stdout once more at exit: point it at /dev/null first.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return None
-
-
 class OperatorCommand(BaseCommand):
     """A command an operator waits on: its requests go through the quick client (one attempt,
-    short timeouts: ``dynamodb.quick``), DynamoDB unavailable is a CommandError, and a closed
-    pipe ends it quietly."""
+    short timeouts: ``dynamodb.quick``), DynamoDB unavailable is a CommandError, and a reader
+    that went away (``| head``) ends it quietly, as a Unix tool does, instead of a
+    BrokenPipeError traceback."""
 
     def execute(self, *args: Any, **options: Any) -> str | None:
-        with dynamodb.quick(), refused():
-            result: str | None = quiet_on_closed_pipe(
-                lambda: super(OperatorCommand, self).execute(*args, **options)
-            )
-            return result
-
-
-def plain(text: str) -> str:
-    """No style: a note on stderr that is not an error (nothing failed)."""
-    return text
+        try:
+            with dynamodb.quick(), refused():
+                result: str | None = super().execute(*args, **options)
+                return result
+        except BrokenPipeError:
+            # Python flushes stdout once more at exit: point it at /dev/null first.
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            return None
 
 
 def add_change_arguments(parser: Any, change: str) -> None:
@@ -161,7 +149,7 @@ def show(
     else:
         command.stdout.write(nothing[1] if one is None else nothing[0].format(printable(one)))
     if one is None:
-        command.stderr.write(note, style_func=plain)
+        command.stderr.write(note, style_func=str)  # no style: nothing failed
 
 
 def recorder(log_as: str | None) -> tuple[Any, str]:
