@@ -183,9 +183,11 @@ class Command(BaseCommand):
         env = {**os.environ, "DYNASEM_LEAD_NAME": name, "DYNASEM_LEAD_FENCE": str(lead.fence)}
         child = _Command(command, env, self._own_pids)
         pid = child.process.pid
-        self.stderr.write(f"dynasem_lead: leading {name!r} (fence {lead.fence}): started pid {pid}")
         termed: float | None = None
         try:
+            self.stderr.write(
+                f"dynasem_lead: leading {name!r} (fence {lead.fence}): started pid {pid}"
+            )
             while (code := child.poll()) is None:
                 left = lead.seconds_left()
                 child.trust_until(time.monotonic() + left)
