@@ -85,12 +85,8 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     return unknown + _values(raw) + _takeover_rule(raw) + _timings(raw)
 
 
-def _error(key: str, expected: str, value: str, check_id: str, hint: str | None = HINT) -> Any:
-    return Error(f"DYNASEM[{key!r}] must be {expected}, not {value}.", hint=hint, id=check_id)
-
-
-def _type_and_value(value: object) -> str:
-    return f"{type(value).__name__}: {value!r}"
+def _error(key: str, expected: str, value: object, check_id: str) -> Any:
+    return Error(f"DYNASEM[{key!r}] must be {expected}, not {value!r}.", hint=HINT, id=check_id)
 
 
 _FAIR_HINT = (
@@ -99,34 +95,40 @@ _FAIR_HINT = (
 )
 
 
+def _type_error(key: str, check_id: str, hint: str | None = HINT) -> list[Any]:
+    """A value of the wrong type, as the settings' property refuses it (a TypeError naming
+    the key and the value)."""
+    try:
+        getattr(settings, key)
+    except TypeError as exc:
+        return [Error(f"{exc}.", hint=hint, id=check_id)]
+    return []
+
+
 def _values(raw: dict[str, Any]) -> list[Any]:
-    """The values as written (E003-E005, E010-E012): the settings' properties refuse a
-    wrong type, which is what is reported."""
+    """The values as written (E003-E005, E010-E012)."""
     problems: list[Any] = []
-    table_name, endpoint, region, address = (
-        raw.get(key, DEFAULTS[key]) for key in ("TABLE_NAME", "ENDPOINT_URL", "REGION_NAME", "PUSH")
+    table_name, endpoint, address = (
+        raw.get(key, DEFAULTS[key]) for key in ("TABLE_NAME", "ENDPOINT_URL", "PUSH")
     )
     if not isinstance(table_name, str) or not 3 <= len(table_name) <= 255:
         expected = "a str of 3 to 255 characters"
-        problems.append(_error("TABLE_NAME", expected, repr(table_name), "dynasem.E003"))
+        problems.append(_error("TABLE_NAME", expected, table_name, "dynasem.E003"))
     if endpoint is not None and not _valid_endpoint(endpoint):
         expected = "None (AWS) or an http(s) URL"
-        problems.append(_error("ENDPOINT_URL", expected, repr(endpoint), "dynasem.E004"))
-    if region is not None and not isinstance(region, str):
-        problems.append(_error("REGION_NAME", "None or a str", repr(region), "dynasem.E005", None))
+        problems.append(_error("ENDPOINT_URL", expected, endpoint, "dynasem.E004"))
+    problems += _type_error("REGION_NAME", "dynasem.E005", None)
     address_problem = None if address is None else push.push_address_problem(address)
     if address_problem is not None:
         expected = "None (no hand-over pushes) or this host's IPv4 address to listen on, "
-        expected += "such as '127.0.0.1'"
-        problems.append(_error("PUSH", expected, f"{address!r}: {address_problem}", "dynasem.E010"))
-    for key, hint, check_id in (
-        ("FAIR", _FAIR_HINT, "dynasem.E011"),
-        ("TELEMETRY", HINT, "dynasem.E012"),
-        ("TELEMETRY_RESOURCE_NAMES", HINT, "dynasem.E012"),
+        expected += f"such as '127.0.0.1', not {address!r}: {address_problem}"
+        problems.append(Error(f"DYNASEM['PUSH'] must be {expected}.", hint=HINT, id="dynasem.E010"))
+    for key, check_id, hint in (
+        ("FAIR", "dynasem.E011", _FAIR_HINT),
+        ("TELEMETRY", "dynasem.E012", HINT),
+        ("TELEMETRY_RESOURCE_NAMES", "dynasem.E012", HINT),
     ):
-        value = raw.get(key, DEFAULTS[key])
-        if not isinstance(value, bool):
-            problems.append(_error(key, "True or False", _type_and_value(value), check_id, hint))
+        problems += _type_error(key, check_id, hint)
     return problems
 
 
@@ -170,13 +172,9 @@ def _timings(raw: dict[str, Any]) -> list[Any]:
 
 
 def _takeover_rule(raw: dict[str, Any]) -> list[Any]:
-    value = raw.get("SAME_HOST_TAKEOVER", DEFAULTS["SAME_HOST_TAKEOVER"])
-    if value is not None and not isinstance(value, bool):
-        return [
-            _error(
-                "SAME_HOST_TAKEOVER", "None, True or False", _type_and_value(value), "dynasem.E013"
-            )
-        ]
+    problems = _type_error("SAME_HOST_TAKEOVER", "dynasem.E013")
+    if problems:
+        return problems
     on, why = processes.takeover_rule()
     if on:
         return []
