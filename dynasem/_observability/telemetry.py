@@ -28,6 +28,7 @@ from django.core.signals import setting_changed
 
 from .._clock import monotonic
 from ..conf import settings
+from ..exceptions import LockLost, SemaphoreBusy, SemaphoreUnavailable
 from . import metrics
 from .logs import facts
 
@@ -227,7 +228,8 @@ class _Spanned:
         if tracer is None:
             self.span = metrics.NO_SPAN
         else:
-            links = _links(held) if held is not None else None
+            context = getattr(held, "telemetry_context", None)
+            links = [_trace.Link(context)] if context is not None and context.is_valid else None
             self.span = tracer.start_span(name, attributes=attributes(), links=links)
             if self.span.is_recording():
                 self._context = _context.attach(_trace.set_span_in_context(self.span))
@@ -242,7 +244,7 @@ class _Spanned:
 class _Acquiring(_Spanned):
     """What one acquire did, filled in by the lock code while it runs (a context variable)."""
 
-    __slots__ = ("_token", "ahead", "busy", "queued", "started")
+    __slots__ = ("_token", "ahead", "busy", "held", "queued", "started")
 
     def __init__(self, sem: Any) -> None:
         base = _base(sem)
@@ -256,8 +258,15 @@ class _Acquiring(_Spanned):
         super().__init__("dynasem.acquire", base, attributes)
         self.busy = self.queued = False
         self.ahead: int | None = None
+        self.held: Any = None  # what the acquire returned
         self._token = _current.set(self)
         self.started = time.perf_counter()
+
+    def __enter__(self) -> None:
+        pass
+
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> None:
+        _safely(self.done, self.held, error)
 
     def done(self, held: Any, error: BaseException | None) -> None:
         elapsed = time.perf_counter() - self.started
@@ -291,8 +300,6 @@ class _Acquiring(_Spanned):
 
 
 def _outcome_of(exc: BaseException) -> str:
-    from ..exceptions import SemaphoreBusy, SemaphoreUnavailable
-
     if isinstance(exc, SemaphoreBusy):
         return "busy"
     if isinstance(exc, SemaphoreUnavailable):
@@ -307,26 +314,19 @@ def acquire(sem: Any, attempt: Callable[[], _T]) -> _T:
     record = _safely(_Acquiring, sem) if (_settings or _config())[0] else None
     if record is None:
         return attempt()
-    try:
-        held = attempt()
-    except BaseException as exc:
-        _safely(record.done, None, exc)
-        raise
-    _safely(record.done, held, None)
-    return held
+    with record:
+        record.held = attempt()
+    return record.held  # type: ignore[no-any-return]
 
 
 async def aacquire(sem: Any, attempt: Callable[[], Awaitable[_T]]) -> _T:
+    """:func:`acquire` of an async acquire."""
     record = _safely(_Acquiring, sem) if (_settings or _config())[0] else None
     if record is None:
         return await attempt()
-    try:
-        held = await attempt()
-    except BaseException as exc:
-        _safely(record.done, None, exc)
-        raise
-    _safely(record.done, held, None)
-    return held
+    with record:
+        record.held = await attempt()
+    return record.held  # type: ignore[no-any-return]
 
 
 def waiting(ahead: int | None = None) -> None:
@@ -371,11 +371,6 @@ def _handed_over(sem: Any, item: Any, token: str) -> None:
 
 
 # -- holding ---------------------------------------------------------------------------------
-
-
-def _links(held: Any) -> list[Any]:
-    context = getattr(held, "telemetry_context", None)
-    return [_trace.Link(context)] if context is not None and context.is_valid else []
 
 
 class releasing(_Spanned):  # noqa: N801 - used as a function: ``with releasing(held):``
@@ -445,8 +440,6 @@ def renewing(held: Any) -> Iterator[None]:
     if not _config()[0]:
         yield
         return
-    from ..exceptions import LockLost
-
     base = _base(held.semaphore)
     spanned = _safely(
         _Spanned, "dynasem.renew", base, lambda: {**base, metrics.FENCE: held.fence}, held
