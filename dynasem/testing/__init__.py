@@ -30,6 +30,8 @@ the embedded engine. Importable without pytest; the engine needs the ``testing``
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import inspect
 import os
@@ -87,7 +89,8 @@ def engine_endpoint() -> str:
         return _engine.endpoint_url
 
 
-class held_elsewhere:  # noqa: N801 - used like a function: with held_elsewhere(...)
+@contextlib.contextmanager
+def held_elsewhere(*args: Any, **kwargs: Any) -> Iterator[Any]:
     """Hold ``semaphore(*args, **kwargs)`` as another process would, for a test that checks
     what a busy lock does (a view answering 423, a task refused):
 
@@ -99,21 +102,45 @@ class held_elsewhere:  # noqa: N801 - used like a function: with held_elsewhere(
     Taken in a context of its own: a hold taken in the test's own thread would be re-entered
     by the code under test (Django's test client runs the view in the test's thread), which
     then runs as a nested acquire instead of finding the lock busy. ``as`` gives the Held."""
+    from .. import semaphore
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.args, self.kwargs = args, kwargs
-        self.held: Any = None
+    held = contextvars.Context().run(semaphore(*args, **kwargs).acquire)
+    try:
+        yield held
+    finally:
+        held.release()
 
-    def __enter__(self) -> Any:
-        import contextvars
 
-        from .. import semaphore
+@contextlib.contextmanager
+def _table(settings: dict[str, Any]) -> Iterator[str]:
+    """A new lock table with ``DYNASEM`` pointed at it, deleted afterwards: what
+    :class:`fresh_table` enters."""
+    from django.test import override_settings
 
-        self.held = contextvars.Context().run(semaphore(*self.args, **self.kwargs).acquire)
-        return self.held
+    from .._engine.reentry import forget_acquired
+    from .._storage import records, schema
+    from ..conf import settings as dynasem_settings
 
-    def __exit__(self, *exc: object) -> None:
-        self.held.release()
+    forget_acquired()  # holds of earlier tests are on other tables: never re-entered
+    endpoint = engine_endpoint()
+    name = f"dynasem-test-{uuid.uuid4().hex[:12]}"
+    # Where the user chose credentials (a profile), they are left alone.
+    missing = [k for k in _DUMMY_CREDENTIALS if not os.environ.get(k)]
+    env_set = [] if "AWS_PROFILE" in os.environ else missing
+    os.environ.update({key: _DUMMY_CREDENTIALS[key] for key in env_set})
+    dynasem = {**dynasem_settings.raw, "TABLE_NAME": name, "ENDPOINT_URL": endpoint}
+    try:
+        with override_settings(DYNASEM={**dynasem, "REGION_NAME": REGION, **settings}):
+            schema.create_table(records.table_definition(name))
+            schema.wait_until_active(name)
+            schema.write_format()
+            try:
+                yield name
+            finally:
+                schema.delete_table(name)
+    finally:
+        for key in env_set:
+            os.environ.pop(key, None)
 
 
 class fresh_table:  # noqa: N801 - used like a function: with fresh_table(), @fresh_table()
@@ -133,63 +160,16 @@ class fresh_table:  # noqa: N801 - used like a function: with fresh_table(), @fr
                 f"(those are {', '.join(DEFAULTS)})"
             )
         self.settings = settings
-        self.name: str | None = None
-        self._override: Any = None
-        self._env_set: list[str] = []
+        self._table: Any = None
 
     def __enter__(self) -> str:
-        from django.test import override_settings
-
-        from .._storage import records, schema
-        from ..conf import settings as dynasem_settings
-
-        if self._override is not None:
+        if self._table is not None:
             raise RuntimeError("a fresh_table() is entered once; make a new one for each use")
-        from .._engine.reentry import forget_acquired
+        self._table = _table(self.settings)
+        return self._table.__enter__()  # type: ignore[no-any-return]
 
-        forget_acquired()  # holds of earlier tests are on other tables: never re-entered
-        endpoint = engine_endpoint()
-        name = f"dynasem-test-{uuid.uuid4().hex[:12]}"
-        # Where the user chose credentials (a profile), they are left alone.
-        missing = [k for k in _DUMMY_CREDENTIALS if not os.environ.get(k)]
-        self._env_set = [] if "AWS_PROFILE" in os.environ else missing
-        for key in self._env_set:
-            os.environ[key] = _DUMMY_CREDENTIALS[key]
-        self._override = override_settings(
-            DYNASEM={
-                **dynasem_settings.raw,
-                "TABLE_NAME": name,
-                "ENDPOINT_URL": endpoint,
-                "REGION_NAME": REGION,
-                **self.settings,
-            }
-        )
-        self._override.enable()
-        try:
-            schema.create_table(records.table_definition(name))
-            schema.wait_until_active(name)
-            schema.write_format()
-        except BaseException:
-            self._restore()
-            raise
-        self.name = name
-        return name
-
-    def __exit__(self, *exc_info: object) -> None:
-        from .._storage import schema
-
-        try:
-            if self.name is not None:
-                schema.delete_table(self.name)
-        finally:
-            self._restore()
-
-    def _restore(self) -> None:
-        if self._override is not None:
-            self._override.disable()
-        for key in self._env_set:
-            os.environ.pop(key, None)
-        self._env_set = []
+    def __exit__(self, *exc_info: Any) -> None:
+        self._table.__exit__(*exc_info)
 
     def __call__(self, obj: F) -> F:
         settings = self.settings
