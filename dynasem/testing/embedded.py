@@ -19,6 +19,7 @@ It also answers ``size()`` as DynamoDB does, where moto does not (see
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import sys
@@ -41,7 +42,7 @@ from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_ba
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8001
 
-__all__ = ["EmbeddedDynamoDB", "main", "make_dynamodb_server", "start_in_background"]
+__all__ = ["EmbeddedDynamoDB", "main", "make_dynamodb_server"]
 
 
 # Set on the thread that serves a request of ours, for as long as moto handles it.
@@ -56,10 +57,7 @@ class _NoSize:
     __hash__ = object.__hash__
 
     def __eq__(self, other: object) -> bool:
-        return False
-
-    def __ne__(self, other: object) -> bool:
-        return True
+        return False  # and != is true: Python's default, the opposite of ==
 
     def __lt__(self, other: object) -> bool:
         return False
@@ -172,27 +170,19 @@ class EmbeddedDynamoDB:
 
     def stop(self) -> None:
         """Stop serving and close the socket; the in-memory tables are dropped."""
-        if self._server is None:
-            return
-        self._server.shutdown()
-        self._server.server_close()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        self._server = None
-        self._thread = None
+        server, thread = self._server, self._thread
+        if server is None or thread is None:
+            return  # not started
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+        self._server = self._thread = None
 
     def __enter__(self) -> EmbeddedDynamoDB:
         return self.start()
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
-
-
-def start_in_background(
-    host: str = DEFAULT_HOST, port: int = 0, *, quiet: bool = True
-) -> EmbeddedDynamoDB:
-    """Start an embedded server on a daemon thread and return it (see ``endpoint_url``)."""
-    return EmbeddedDynamoDB(host, port, quiet=quiet).start()
 
 
 def _write_atomically(path: Path, text: str) -> None:
@@ -222,23 +212,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     server = make_dynamodb_server(args.host, args.port, quiet=args.quiet)
 
-    def _stop(signum: int, frame: Any) -> None:
-        # serve_forever() is interrupted by raising out of it; shutdown() would deadlock here
-        # because it waits for the very loop this handler runs on.
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, _stop)
+    # SIGTERM raises KeyboardInterrupt, as SIGINT does: serve_forever() is interrupted by
+    # raising out of it; shutdown() would deadlock here because it waits for the very loop
+    # the handler runs on.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
     url = f"http://{args.host}:{server.server_port}"
     if args.port_file is not None:
         _write_atomically(args.port_file, f"{server.server_port}\n")
     print(f"Embedded DynamoDB (moto, one request at a time) listening on {url}", flush=True)
-    try:
+    with server, contextlib.suppress(KeyboardInterrupt):  # the socket closed on the way out
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
     return 0
 
 
