@@ -373,12 +373,12 @@ def _handed_over(sem: Any, item: Any, token: str) -> None:
 # -- holding ---------------------------------------------------------------------------------
 
 
-class releasing(_Spanned):  # noqa: N801 - used as a function: ``with releasing(held):``
-    """A release: the hold's duration by outcome (released, handed_over, lost), in a
-    ``dynasem.release`` span linked to the acquire's, with a ``dynasem.handover`` child when
-    it handed the lock to waiters."""
+class _HoldSpan(_Spanned):
+    """Work on a hold (``with releasing(held):``, ``with renewing(held):``) in a span named
+    :attr:`span_name`, linked to the acquire's; :meth:`_exit` records how it went."""
 
     __slots__ = ("held", "on")
+    span_name = ""
 
     def __init__(self, held: Any) -> None:
         self.held, self.on = held, (_settings or _config())[0]
@@ -390,14 +390,26 @@ class releasing(_Spanned):  # noqa: N801 - used as a function: ``with releasing(
     def _enter(self) -> bool:
         held = self.held
         base = _base(held.semaphore)
-        super().__init__("dynasem.release", base, lambda: {**base, metrics.FENCE: held.fence}, held)
+        super().__init__(self.span_name, base, lambda: {**base, metrics.FENCE: held.fence}, held)
         return True
 
-    def __exit__(self, *exc_info: Any) -> None:
+    def __exit__(self, kind: Any, error: BaseException | None, traceback: Any) -> None:
         if self.on:
-            _safely(self._exit)
+            _safely(self._exit, error)
 
-    def _exit(self) -> None:
+    def _exit(self, error: BaseException | None) -> None:
+        raise NotImplementedError
+
+
+class releasing(_HoldSpan):  # noqa: N801 - used as a function: ``with releasing(held):``
+    """A release: the hold's duration by outcome (released, handed_over, lost), in a
+    ``dynasem.release`` span linked to the acquire's, with a ``dynasem.handover`` child when
+    it handed the lock to waiters."""
+
+    __slots__ = ()
+    span_name = "dynasem.release"
+
+    def _exit(self, error: BaseException | None) -> None:
         held, base, span = self.held, self.base, self.span
         outcome = "lost" if held._lost else "handed_over" if held._handover else "released"
         hold_s = max(0.0, monotonic() - held._taken_mono)
@@ -434,35 +446,20 @@ def _lost(held: Any, reason: str) -> None:
     )
 
 
-@contextlib.contextmanager
-def renewing(held: Any) -> Iterator[None]:
+class renewing(_HoldSpan):  # noqa: N801 - used as a function: ``with renewing(held):``
     """One renewal: counted by outcome, in a ``dynasem.renew`` span linked to the acquire's."""
-    if not _config()[0]:
-        yield
-        return
-    base = _base(held.semaphore)
-    spanned = _safely(
-        _Spanned, "dynasem.renew", base, lambda: {**base, metrics.FENCE: held.fence}, held
-    )
-    outcome = "renewed"
-    try:
-        yield
-    except LockLost:
-        outcome = "lost"
-        raise
-    except BaseException:
-        outcome = "failed"
-        raise
-    finally:
-        if spanned is not None:
-            _safely(_renewed, spanned, base, outcome)
 
+    __slots__ = ()
+    span_name = "dynasem.renew"
 
-def _renewed(spanned: _Spanned, base: dict[str, Any], outcome: str) -> None:
-    spanned.exit()
-    _get().renewals.add(1, {**base, metrics.OUTCOME: outcome})
-    spanned.span.set_attribute(metrics.OUTCOME, outcome)
-    spanned.span.end()
+    def _exit(self, error: BaseException | None) -> None:
+        outcome = (
+            "renewed" if error is None else "lost" if isinstance(error, LockLost) else "failed"
+        )
+        self.exit()
+        _get().renewals.add(1, {**self.base, metrics.OUTCOME: outcome})
+        self.span.set_attribute(metrics.OUTCOME, outcome)
+        self.span.end()
 
 
 # -- requests --------------------------------------------------------------------------------
