@@ -92,10 +92,6 @@ class _Key(Generic[_V]):
         return self.then(value)
 
 
-_SECONDS = "a number of seconds"
-_BOOL = "True or False"
-
-
 class Settings:
     """The ``DYNASEM`` dict, key by key, with the documented defaults."""
 
@@ -107,14 +103,14 @@ class Settings:
     TABLE_NAME = _Key[str]((str,), "a str")
     ENDPOINT_URL = _Key[str | None]((str, type(None)), "None or a URL str")
     REGION_NAME = _Key[str | None]((str, type(None)), "None or a str")
-    LEASE = _Key[float]((Real,), _SECONDS)
-    WAIT = _Key[float]((Real, type(None)), f"{_SECONDS} or None", _forever_if_none)
-    CLOCK_SKEW = _Key[float]((Real,), _SECONDS)
-    FAIR = _Key[bool]((bool,), _BOOL)
+    LEASE = _Key[float]((Real,), "a number of seconds")
+    WAIT = _Key[float]((Real, type(None)), "a number of seconds or None", _forever_if_none)
+    CLOCK_SKEW = _Key[float]((Real,), "a number of seconds")
+    FAIR = _Key[bool]((bool,), "True or False")
     PUSH = _Key[str | None]((str, type(None)), "None or an IPv4 address str", _none_if_empty)
     SAME_HOST_TAKEOVER = _Key[bool | None]((bool, type(None)), "None, True or False")
-    TELEMETRY = _Key[bool]((bool,), _BOOL)
-    TELEMETRY_RESOURCE_NAMES = _Key[bool]((bool,), _BOOL)
+    TELEMETRY = _Key[bool]((bool,), "True or False")
+    TELEMETRY_RESOURCE_NAMES = _Key[bool]((bool,), "True or False")
 
     def check_types(self) -> None:
         """Raise the TypeError of the first key of a wrong type: called before a first
