@@ -10,8 +10,8 @@ conditional on what that page showed, and is logged as a ``LogEntry``.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
-from urllib.parse import urlencode
 
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
@@ -96,10 +96,8 @@ class LockAdmin(DynamoDBAdmin):
             )
             return state, jobs.job_info(resource) if may_see_job else None
 
-        empty: tuple[locks.ResourceState, jobs.JobInfo | None] = (
-            locks.ResourceState(resource, [], []),
-            None,
-        )
+        no_job: jobs.JobInfo | None = None
+        empty = (locks.ResourceState(resource, [], []), no_job)
         (state, job), failed = self._read(read, empty, self.bad_page_text)
         holds_next = state.holds_next and cursors.encode_cursor(state.holds_next, signed_for)
         context = self._context(
@@ -111,9 +109,7 @@ class LockAdmin(DynamoDBAdmin):
             resource=resource,
             job=job,
             may_see_job=may_see_job,
-            jobs_url=reverse(f"admin:{self.opts.app_label}_job_changelist")
-            + "?"
-            + urlencode({"q": resource}),
+            jobs_url=reverse(f"admin:{self.opts.app_label}_job_changelist") + link({"q": resource}),
             fence=state.fence,
             first_url=self.resource_url(resource) if after else None,
             next_url=holds_next and self._url("resource", resource=resource, after=holds_next),
@@ -134,10 +130,8 @@ class LockAdmin(DynamoDBAdmin):
         for hold in state.holds:
             others: list[str] | None = None
             if len(state.holds) <= self.WITH_LOOKUPS and hold.expires_ms >= now:
-                try:
+                with contextlib.suppress(SemaphoreUnavailable):
                     others = locks.held_with(hold)
-                except SemaphoreUnavailable:
-                    others = None
             line = self._hold_line(hold, users, now, can_release)
             line["with"] = [(r, self.resource_url(r)) for r in others or []]
             holds.append({**line, "looked_up": others is not None})
@@ -197,12 +191,8 @@ class LockAdmin(DynamoDBAdmin):
             **failed,
             lines=lines,
             page=page,
-            hold_count=len(page.holds),
-            row_count=len(page.rows),
             cut_rows=sum(1 for row in page.rows if row.more_holds),
             can_release=can_release,
-            user_filter=user_filter,
-            show_expired=show_expired,
             active_url=link(filters, expired=""),
             expired_url=link(filters, expired="1"),
             all_users_url=link(filters, user=""),
