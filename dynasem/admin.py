@@ -319,10 +319,9 @@ class JobAdmin(DynamoDBAdmin):
             page=page,
             status=status,
             can_reset=can_reset,
-            status_links=[{"name": "All", "url": link(filters, status=""), "selected": not status}]
-            + [
-                {"name": s, "url": link(filters, status=s), "selected": s == status}
-                for s in self.statuses
+            status_links=[  # "" is All
+                {"name": s or "All", "url": link(filters, status=s), "selected": s == status}
+                for s in ("", *self.statuses)
             ],
             scan_note=jobs.SCAN_NOTE,
             **(extra_context or {}),
