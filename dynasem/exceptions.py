@@ -98,8 +98,7 @@ class LockLost(SemaphoreError):
     resource (or the ``run_once`` job's key), ``reason`` says why in words."""
 
     def __init__(self, resource: str, reason: str):
-        self.resource = resource
-        self.reason = reason
+        self.resource, self.reason = resource, reason
         super().__init__(resource, reason)
 
     def __str__(self) -> str:
@@ -120,8 +119,7 @@ class SemaphoreUnavailable(SemaphoreError):
 
     def __init__(self, *args: object, transient: bool = False, ambiguous: bool = False):
         super().__init__(*args)
-        self.transient = transient
-        self.ambiguous = ambiguous
+        self.transient, self.ambiguous = transient, ambiguous
 
 
 class LimitExceeded(SemaphoreUnavailable):
@@ -153,8 +151,7 @@ class AlreadyDone(SemaphoreError):
     ``None``."""
 
     def __init__(self, key: str, finished: int | str | None = None):
-        self.key = key
-        self.finished = finished
+        self.key, self.finished = key, finished
         super().__init__(key, finished)
 
     def __str__(self) -> str:
