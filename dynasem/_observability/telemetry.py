@@ -205,13 +205,8 @@ def _base(sem: Any) -> dict[str, Any]:
 # -- acquiring -------------------------------------------------------------------------------
 
 
-_current: contextvars.ContextVar[_Acquiring | None] = contextvars.ContextVar(
-    "dynasem_telemetry_acquire", default=None
-)
 # The lock a request is sent for, as a name (requests carry it when known).
-_lock_name: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "dynasem_telemetry_lock", default=None
-)
+_lock_name = contextvars.ContextVar[str | None]("dynasem_telemetry_lock", default=None)
 
 
 class _Spanned:
@@ -250,10 +245,8 @@ class _Acquiring(_Spanned):
         base = _base(sem)
 
         def attributes() -> dict[str, Any]:
-            found = dict(base)
-            if (_settings or _config())[1]:
-                found[metrics.RESOURCE] = ",".join(sem.resources)
-            return found
+            raw = (_settings or _config())[1]  # the raw key too, if the setting opts in
+            return {**base, metrics.RESOURCE: ",".join(sem.resources)} if raw else {**base}
 
         super().__init__("dynasem.acquire", base, attributes)
         self.busy = self.queued = False
@@ -297,6 +290,10 @@ class _Acquiring(_Spanned):
         if held is not None and not again:
             held.telemetry_context = span.get_span_context()
         span.end()
+
+
+# The acquire under way in this context.
+_current = contextvars.ContextVar[_Acquiring | None]("dynasem_telemetry_acquire", default=None)
 
 
 def _outcome_of(exc: BaseException) -> str:
@@ -345,10 +342,8 @@ def _waiting(ahead: int | None) -> None:
         _get().ahead.record(ahead, {metrics.NAME: _lock_name.get() or "other"})
     if not record.busy:
         record.busy = True
-        attributes: dict[str, Any] = {metrics.QUEUED: ahead is not None}
-        if ahead is not None:
-            attributes["dynasem.lock.queue.ahead"] = ahead
-        record.span.add_event("dynasem.wait", attributes)
+        queue = {} if ahead is None else {"dynasem.lock.queue.ahead": ahead}
+        record.span.add_event("dynasem.wait", {metrics.QUEUED: ahead is not None, **queue})
 
 
 def handed_over(sem: Any, item: Any, token: str) -> None:
