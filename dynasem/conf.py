@@ -13,25 +13,10 @@ from typing import Any, Generic, TypeVar
 
 from django.conf import settings as django_settings
 
-DEFAULTS: dict[str, Any] = {
-    "TABLE_NAME": "dynasem-locks",
-    "ENDPOINT_URL": None,
-    "REGION_NAME": None,
-    "LEASE": 60,
-    "WAIT": 0,
-    "CLOCK_SKEW": 5,
-    "FAIR": False,
-    "PUSH": "127.0.0.1",
-    "SAME_HOST_TAKEOVER": None,
-    # OpenTelemetry (dynasem[otel]): record metrics and spans; name locks by their raw keys.
-    "TELEMETRY": True,
-    "TELEMETRY_RESOURCE_NAMES": False,
-}
-
 FALLBACK_REGION = "us-east-1"
 
 # What each key means: the settings reference (docs/reference/settings.md) is generated from
-# DEFAULTS and this, and tests/project/test_docs_reference.py keeps their keys the same.
+# DEFAULTS (below) and this, and tests/project/test_docs_reference.py keeps their keys the same.
 HELP: dict[str, str] = {
     "TABLE_NAME": "the DynamoDB table",
     "ENDPOINT_URL": '`None` = AWS; `"http://127.0.0.1:8000"` = a local engine',
@@ -75,14 +60,20 @@ class _Key(Generic[_V]):
     arguments.py name a bad LEASE): ``"false"`` from an environment variable must never read
     as a true FAIR. The system checks (checks.py) report the same before the first request."""
 
-    def __init__(self, kinds: tuple[type, ...], expected: str, then: Callable[[Any], _V] = _same):
-        self.kinds, self.expected, self.then = kinds, expected, then
+    def __init__(
+        self,
+        default: Any,
+        kinds: tuple[type, ...],
+        expected: str,
+        then: Callable[[Any], _V] = _same,
+    ):
+        self.default, self.kinds, self.expected, self.then = default, kinds, expected, then
 
     def __set_name__(self, owner: type, name: str) -> None:
         self.key = name
 
     def __get__(self, instance: Settings, owner: type | None = None) -> _V:
-        value = instance.raw.get(self.key, DEFAULTS[self.key])
+        value = instance.raw.get(self.key, self.default)
         # bool is an int (a Real): True is no number of seconds, and 1 is no bool.
         if not isinstance(value, self.kinds) or (
             isinstance(value, bool) and bool not in self.kinds
@@ -93,24 +84,28 @@ class _Key(Generic[_V]):
 
 
 class Settings:
-    """The ``DYNASEM`` dict, key by key, with the documented defaults."""
+    """The ``DYNASEM`` dict, key by key, each with its documented default (the first
+    argument), the types it may be, and what to call them in an error."""
 
     @property
     def raw(self) -> dict[str, Any]:
         value = getattr(django_settings, "DYNASEM", None)
         return value if isinstance(value, dict) else {}
 
-    TABLE_NAME = _Key[str]((str,), "a str")
-    ENDPOINT_URL = _Key[str | None]((str, type(None)), "None or a URL str")
-    REGION_NAME = _Key[str | None]((str, type(None)), "None or a str")
-    LEASE = _Key[float]((Real,), "a number of seconds")
-    WAIT = _Key[float]((Real, type(None)), "a number of seconds or None", _forever_if_none)
-    CLOCK_SKEW = _Key[float]((Real,), "a number of seconds")
-    FAIR = _Key[bool]((bool,), "True or False")
-    PUSH = _Key[str | None]((str, type(None)), "None or an IPv4 address str", _none_if_empty)
-    SAME_HOST_TAKEOVER = _Key[bool | None]((bool, type(None)), "None, True or False")
-    TELEMETRY = _Key[bool]((bool,), "True or False")
-    TELEMETRY_RESOURCE_NAMES = _Key[bool]((bool,), "True or False")
+    TABLE_NAME = _Key[str]("dynasem-locks", (str,), "a str")
+    ENDPOINT_URL = _Key[str | None](None, (str, type(None)), "None or a URL str")
+    REGION_NAME = _Key[str | None](None, (str, type(None)), "None or a str")
+    LEASE = _Key[float](60, (Real,), "a number of seconds")
+    WAIT = _Key[float](0, (Real, type(None)), "a number of seconds or None", _forever_if_none)
+    CLOCK_SKEW = _Key[float](5, (Real,), "a number of seconds")
+    FAIR = _Key[bool](False, (bool,), "True or False")
+    PUSH = _Key[str | None](
+        "127.0.0.1", (str, type(None)), "None or an IPv4 address str", _none_if_empty
+    )
+    SAME_HOST_TAKEOVER = _Key[bool | None](None, (bool, type(None)), "None, True or False")
+    # OpenTelemetry (dynasem[otel]): record metrics and spans; name locks by their raw keys.
+    TELEMETRY = _Key[bool](True, (bool,), "True or False")
+    TELEMETRY_RESOURCE_NAMES = _Key[bool](False, (bool,), "True or False")
 
     def check_types(self) -> None:
         """Raise the TypeError of the first key of a wrong type: called before a first
@@ -123,3 +118,5 @@ class Settings:
 
 
 settings = Settings()
+# Every key and its default, in the order of the reference.
+DEFAULTS: dict[str, Any] = {k: v.default for k, v in vars(Settings).items() if isinstance(v, _Key)}
