@@ -150,8 +150,7 @@ class LockAdmin(DynamoDBAdmin):
 
     def _may_see_jobs(self, request: HttpRequest) -> bool:
         """What the run-once job list asks (``view_job``), so a job's error shows nowhere else."""
-        job_admin = self.admin_site._registry.get(Job)
-        if job_admin is not None:
+        if (job_admin := self.admin_site._registry.get(Job)) is not None:
             return bool(job_admin.has_view_permission(request))
         return bool(request.user.has_perm(f"{Job._meta.app_label}.view_job"))
 

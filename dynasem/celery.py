@@ -65,8 +65,7 @@ class RetryLater:
     def __call__(self, exc: SemaphoreBusy, *args: Any, **kwargs: Any) -> Any:
         if isinstance(exc, Coalesced):
             return None  # coalesce=True: the next run, queued after this task began, covers it
-        task = running_task(args)
-        if task is None:
+        if (task := running_task(args)) is None:
             raise exc
         countdown = retry_delay(exc.retry_after, task.request.retries, max_jitter=self.max_jitter)
         # Raises celery.exceptions.Retry (the worker records RETRY and sends the task again

@@ -172,8 +172,7 @@ def _timings(raw: dict[str, Any]) -> list[Any]:
 
 
 def _takeover_rule(raw: dict[str, Any]) -> list[Any]:
-    problems = _type_error("SAME_HOST_TAKEOVER", "dynasem.E013")
-    if problems:
+    if problems := _type_error("SAME_HOST_TAKEOVER", "dynasem.E013"):
         return problems
     on, why = processes.takeover_rule()
     if on:
@@ -197,8 +196,7 @@ def check_table_format(app_configs: Any = None, **kwargs: Any) -> list[Any]:
 
     if any(isinstance(p, Error) for p in check_settings(app_configs)):
         return []  # the settings' own errors first
-    problem = schema.format_check()
-    if problem is None:
+    if (problem := schema.format_check()) is None:
         return []
     return [
         Error(

@@ -119,10 +119,8 @@ class Requests:
 
 
 def _attributes(operation: str, what: str, value: str, lock: str | None) -> dict[str, Any]:
-    found = {SYSTEM: "aws.dynamodb", OPERATION: operation, what: value}
-    if lock is not None:
-        found[NAME] = lock
-    return found
+    named = {} if lock is None else {NAME: lock}
+    return {SYSTEM: "aws.dynamodb", OPERATION: operation, what: value, **named}
 
 
 def template_name(resource: Any) -> str | None:

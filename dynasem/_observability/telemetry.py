@@ -187,8 +187,7 @@ setting_changed.connect(_forget_settings, dispatch_uid="dynasem-telemetry-settin
 
 def lock_name(sem: Any) -> str:
     """The lock's name in attributes: bounded unless the setting opts in to raw keys."""
-    name = getattr(sem, "metrics_name", None)
-    if name:
+    if name := getattr(sem, "metrics_name", None):
         return str(name)
     if (_settings or _config())[1]:
         return ",".join(sem.resources)
@@ -333,8 +332,7 @@ def waiting(ahead: int | None = None) -> None:
 
 
 def _waiting(ahead: int | None) -> None:
-    record = _current.get()
-    if record is None:
+    if (record := _current.get()) is None:
         return
     if ahead is not None and not record.queued:
         record.queued = True

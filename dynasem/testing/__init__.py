@@ -71,8 +71,7 @@ def engine_endpoint() -> str:
     """The endpoint tests use: ``$DYNASEM_TESTING_ENDPOINT_URL`` if set, otherwise an
     embedded engine on a free port of 127.0.0.1, started on first use and kept for the
     process (its tables live in memory)."""
-    configured = os.environ.get(ENDPOINT_ENV)
-    if configured:
+    if configured := os.environ.get(ENDPOINT_ENV):
         return configured
     global _engine
     with _engine_lock:
@@ -153,8 +152,7 @@ class fresh_table:  # noqa: N801 - used like a function: with fresh_table(), @fr
     def __init__(self, **settings: Any) -> None:
         from ..conf import DEFAULTS
 
-        unknown = sorted(set(settings) - set(DEFAULTS))
-        if unknown:
+        if unknown := sorted(set(settings) - set(DEFAULTS)):
             raise ValueError(
                 f"fresh_table() got {', '.join(unknown)}, which are not DYNASEM keys "
                 f"(those are {', '.join(DEFAULTS)})"
