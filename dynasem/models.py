@@ -15,6 +15,9 @@ class Lock(models.Model):
         verbose_name = "lock"
         verbose_name_plural = "locks"
 
+    def __str__(self) -> str:
+        return "lock"
+
 
 class Job(models.Model):
     """Not stored in the database: the admin lists the run_once keys through it.
@@ -28,6 +31,9 @@ class Job(models.Model):
         permissions = [("reset_job", "Can reset a run-once job so that it runs again")]
         verbose_name = "run-once job"
         verbose_name_plural = "run-once jobs"
+
+    def __str__(self) -> str:
+        return "run-once job"
 
 
 class Fence(models.Model):
