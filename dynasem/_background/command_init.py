@@ -127,12 +127,9 @@ def keeper(control: int, ready: int, leader: int, command: list[str]) -> int:
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)
     os.write(ready, b"1")
     os.close(ready)
-    while True:
-        try:
-            _, wait_status = os.waitpid(init_pid, 0)
-            return _status(wait_status)
-        except InterruptedError:
-            continue
+    # A signal handled meanwhile does not end the wait: Python retries it (PEP 475).
+    _, wait_status = os.waitpid(init_pid, 0)
+    return _status(wait_status)
 
 
 def init(control: int, command: list[str]) -> int:
@@ -193,8 +190,6 @@ def _reap(child: int) -> int | None:
             pid, wait_status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return FAILED
-        except InterruptedError:
-            continue
         if pid == 0:
             return None
         if pid == child:

@@ -79,10 +79,8 @@ def _in_transaction(connection: Any) -> bool:
     if not connection.in_atomic_block:
         return False
     # Only a TestCase's own blocks open: they never commit, so they are not a transaction.
-    blocks = getattr(connection, "atomic_blocks", None)
-    if blocks is None:  # pragma: no cover - every supported Django has atomic_blocks
-        return True
-    return any(not getattr(block, "_from_testcase", False) for block in blocks)
+    # (atomic_blocks: every supported Django has it, since 3.2.)
+    return any(not getattr(block, "_from_testcase", False) for block in connection.atomic_blocks)
 
 
 def open_transaction(using: str | None) -> Any:
@@ -119,7 +117,10 @@ class _Pending:
         weakref.finalize(callback, self._dropped).atexit = False
         self._sids = set(self.connection.savepoint_ids)
         self.connection.on_commit(callback, robust=True)
-        _run_first(self.connection, callback)
+        # Run first among the commit hooks: move ours, just appended (we are inside atomic,
+        # so on_commit queued it), to the front.
+        hooks = self.connection.run_on_commit
+        hooks.insert(0, hooks.pop())
         waiting = _pending.setdefault(self.connection, [])
         if self not in waiting:  # registered again after a savepoint rollback
             waiting.append(self)
@@ -128,13 +129,13 @@ class _Pending:
         with self._lock:
             if self.done:
                 return  # ran on commit, then freed
-        if not _in_transaction(self.connection):
-            self._end(False)
-        elif self._sids <= set(self.connection.savepoint_ids):
+        if (
+            not _in_transaction(self.connection)
             # None of the savepoints we were registered under ended, yet we were dropped:
             # the connection was closed inside the transaction, which can never commit.
-            self._end(False)
-        elif self.savepoint_ends_it:
+            or self._sids <= set(self.connection.savepoint_ids)
+            or self.savepoint_ends_it
+        ):
             self._end(False)
         else:
             # A savepoint around the release rolled back, the transaction goes on: what was
@@ -166,15 +167,6 @@ class _Pending:
 
 # The give-backs waiting on each connection (a connection belongs to one thread or task).
 _pending: weakref.WeakKeyDictionary[Any, list[_Pending]] = weakref.WeakKeyDictionary()
-
-
-def _run_first(connection: Any, callback: Callable[[], None]) -> None:
-    """Move ``callback``, just appended by ``on_commit``, to the front of the commit hooks."""
-    hooks = getattr(connection, "run_on_commit", None)
-    if isinstance(hooks, list) and hooks:
-        last = hooks[-1]
-        if isinstance(last, tuple) and len(last) >= 2 and last[1] is callback:
-            hooks.insert(0, hooks.pop())
 
 
 def after_transaction(

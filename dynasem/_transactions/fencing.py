@@ -79,8 +79,7 @@ def fence_transaction(held: Any, using: str | None = None) -> None:
     if hold.released:
         raise LockLost(held.resource, "it was given back before its transaction was fenced")
     # Past our trusted deadline a newer holder may have begun: no work of ours may start.
-    hold.check_deadline()
-    if hold._lost is not None:
+    if hold.lost:
         hold._raise_lost()
     # One order for every holder: two holders of overlapping sets lock the rows alike.
     for resource in sorted(held.fences):
@@ -119,31 +118,22 @@ def end(sem: object, held: Any, exc_type: Any, exc: Any, tb: Any, undo: Callable
     the block raised or the hold can no longer be trusted (then it rolls back and LockLost
     is raised). The hold is given back after this, once the outermost transaction ends. If
     this raises, ``undo()`` (give the hold back, the block having failed) ran first."""
-    try:
-        _end(sem, held, exc_type, exc, tb)
-    except BaseException:
-        undo()
-        raise
-
-
-def _end(sem: object, held: Any, exc_type: Any, exc: Any, tb: Any) -> None:
     stack = _opened.get()
-    for i in range(len(stack) - 1, -1, -1):
-        if stack[i][0] == id(sem):
-            block = stack[i][1]
-            _opened.set(stack[:i] + stack[i + 1 :])
-            break
-    else:  # pragma: no cover - begin() always pairs with end()
-        raise RuntimeError("fence_db block ended without a matching start")
-    if exc_type is None:
-        held.check_deadline()
-        if held._lost is not None:
+    # The innermost block this semaphore opened (begin() always pairs with end()).
+    i = max(i for i, (opener, _) in enumerate(stack) if opener == id(sem))
+    block = stack[i][1]
+    _opened.set(stack[:i] + stack[i + 1 :])
+    try:
+        if exc_type is None and held.lost:
             try:
                 held._raise_lost()
             except LockLost as lost:
                 block.__exit__(LockLost, lost, lost.__traceback__)
                 raise
-    block.__exit__(exc_type, exc, tb)
+        block.__exit__(exc_type, exc, tb)
+    except BaseException:
+        undo()
+        raise
 
 
 def no_async() -> TypeError:
@@ -181,19 +171,32 @@ _MYSQL_DEADLOCK = 1213
 
 
 def _upsert(connection: Any, alias: str, resource: str, fence: int) -> bool:
-    key = row_key(resource)
-    table = connection.ops.quote_name(TABLE)
+    key, table = row_key(resource), connection.ops.quote_name(TABLE)
+    insert = f"INSERT INTO {table} (digest, resource, fence) VALUES (%s, %s, %s)"
     with connection.cursor() as cursor:
         if connection.vendor in ("postgresql", "sqlite"):
             cursor.execute(
-                f"INSERT INTO {table} (digest, resource, fence) VALUES (%s, %s, %s) "
-                f"ON CONFLICT (digest) DO UPDATE SET fence = excluded.fence "
+                f"{insert} ON CONFLICT (digest) DO UPDATE SET fence = excluded.fence "
                 f"WHERE {table}.fence <= excluded.fence",
                 [key, resource, fence],
             )
             return bool(cursor.rowcount == 1)
         if connection.vendor == "mysql":
-            return _upsert_mysql(cursor, table, key, resource, fence)
+            # MySQL and MariaDB: one ``INSERT ... ON DUPLICATE KEY UPDATE`` on the primary key.
+            # An UPDATE that finds no row locks the gap where it would be under REPEATABLE
+            # READ, and two transactions that both did so then wait on each other's gap to
+            # INSERT: a deadlock of every two holders fencing a new resource at once. This
+            # statement takes no gap lock: a duplicate of the primary key is locked as a record
+            # (exclusively, for the update), a new row by its insert; the second holder waits
+            # for the first's transaction, then finds its row. The row locked, a locking read
+            # (the newest committed value, not the transaction's snapshot) says whether our
+            # fence is the one stored: the affected-rows count cannot, as Django's FOUND_ROWS
+            # flag counts an insert and an unchanged row alike.
+            cursor.execute(
+                f"{insert} ON DUPLICATE KEY UPDATE fence = IF(fence <= %s, %s, fence)",
+                [key, resource, fence, fence, fence],
+            )
+            return _fence_of(cursor, table, key, " FOR UPDATE") == fence
         # Elsewhere (Oracle, third-party backends): update the row; create it if there is none.
         update = f"UPDATE {table} SET fence = %s WHERE digest = %s AND fence <= %s"
         cursor.execute(update, [fence, key, fence])
@@ -201,40 +204,20 @@ def _upsert(connection: Any, alias: str, resource: str, fence: int) -> bool:
             return True
         try:
             with transaction.atomic(using=alias):
-                cursor.execute(
-                    f"INSERT INTO {table} (digest, resource, fence) VALUES (%s, %s, %s)",
-                    [key, resource, fence],
-                )
+                cursor.execute(insert, [key, resource, fence])
             return True
         except IntegrityError:  # made meanwhile: its fence decides
             cursor.execute(update, [fence, key, fence])
             return bool(cursor.rowcount == 1)
 
 
-def _upsert_mysql(cursor: Any, table: str, key: str, resource: str, fence: int) -> bool:
-    """MySQL and MariaDB: one ``INSERT ... ON DUPLICATE KEY UPDATE`` on the primary key.
-
-    An UPDATE that finds no row locks the gap where it would be under REPEATABLE READ, and
-    two transactions that both did so then wait on each other's gap to INSERT: a deadlock of
-    every two holders fencing a new resource at once. This statement takes no gap lock: a
-    duplicate of the primary key is locked as a record (exclusively, for the update), a new
-    row by its insert; the second holder waits for the first's transaction, then finds its
-    row. The row locked, a locking read (the newest committed value, not the transaction's
-    snapshot) says whether our fence is the one stored: the affected-rows count cannot, as
-    Django's FOUND_ROWS flag counts an insert and an unchanged row alike."""
-    cursor.execute(
-        f"INSERT INTO {table} (digest, resource, fence) VALUES (%s, %s, %s) "
-        f"ON DUPLICATE KEY UPDATE fence = IF(fence <= %s, %s, fence)",
-        [key, resource, fence, fence, fence],
-    )
-    cursor.execute(f"SELECT fence FROM {table} WHERE digest = %s FOR UPDATE", [key])
+def _fence_of(cursor: Any, table: str, key: str, lock: str = "") -> int | None:
+    """The fence stored in the row ``key`` (None: no row); ``lock``: a locking read's tail."""
+    cursor.execute(f"SELECT fence FROM {table} WHERE digest = %s{lock}", [key])
     row = cursor.fetchone()
-    return row is not None and int(row[0]) == fence
+    return None if row is None else int(row[0])
 
 
 def _stored(connection: Any, resource: str) -> int | None:
-    table = connection.ops.quote_name(TABLE)
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT fence FROM {table} WHERE digest = %s", [row_key(resource)])
-        row = cursor.fetchone()
-    return None if row is None else int(row[0])
+        return _fence_of(cursor, connection.ops.quote_name(TABLE), row_key(resource))
