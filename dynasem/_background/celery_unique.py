@@ -27,7 +27,6 @@ from celery import Task  # type: ignore[import-untyped]
 from celery.signals import task_revoked  # type: ignore[import-untyped]
 
 from .._engine.decorators import KeyMaker
-from .._engine.hold import Held
 from . import unique
 from .unique import Claim, Taken
 
@@ -67,7 +66,9 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
         headers = dict(options.pop("headers", None) or {})
         carried = Claim.from_header(headers.pop(HEADER, None))
         # A retry of this task, sent from its own run: the key goes on with it.
-        run = _run_of(self, carried) if carried is not None and carried.task_id == task_id else None
+        run = None
+        if carried is not None and carried.task_id == task_id:
+            run = unique.current_run(self.name, carried.resource, carried)
         task_id = task_id or str(uuid.uuid4())
         resource = run[0].resource if run is not None else self.unique_resource(args, kwargs)
         try:
@@ -114,9 +115,8 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
         held = unique.start_run(self.name, carried, self.run_lease)
         if held is None:
             return None
-        self.request.dynasem_run = (carried, held)
         try:
-            with unique.running(held):
+            with unique.running(held, self.name, carried):
                 return super().__call__(*args, **kwargs)
         finally:
             unique.finish_run(self.name, carried, held, self.queue_lease)
@@ -127,12 +127,6 @@ def _header_of(request: Any) -> Any:
     if value is None:
         value = (getattr(request, "headers", None) or {}).get(HEADER)
     return value
-
-
-def _run_of(task: UniqueTask, carried: Claim) -> tuple[Claim, Held] | None:
-    """The run of ``carried`` going on in this worker (a retry is being sent from it)."""
-    run = getattr(task.request, "dynasem_run", None)
-    return run if run is not None and run[0] == carried else None
 
 
 def _revoked(request: Any = None, terminated: bool = False, **kwargs: Any) -> None:

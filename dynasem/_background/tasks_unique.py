@@ -27,13 +27,10 @@ every enqueue a second write.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 import inspect
 import string
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -52,11 +49,6 @@ if TYPE_CHECKING:
     _Task = Task[Any, Any]
 else:
     _Task = Task  # not generic at run time
-
-# The unique task this thread or coroutine is running: (its module path, (its claim, its hold)).
-_running: contextvars.ContextVar[tuple[str, tuple[Claim, Held]] | None] = contextvars.ContextVar(
-    "dynasem_unique_running", default=None
-)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -113,9 +105,7 @@ class UniqueTask(_Task):
         this task going on here with its key, if any (enqueued from it: the key goes on)."""
         kwargs.pop(CLAIM_ARG, None)  # a result's kwargs enqueued again: not that claim
         resource = self.unique_resource(args, kwargs)
-        task, run = _running.get() or ("", None)
-        if task != self.module_path or run is None or run[0].resource != resource:
-            run = None
+        run = unique.current_run(self.module_path, resource)
         task_id = uuid.uuid4().hex
         try:
             return unique.claim_for(self.module_path, resource, task_id, self.queue_lease, run), run
@@ -123,6 +113,8 @@ class UniqueTask(_Task):
             return None, None
 
     def _backend(self) -> Any:
+        # Any: BaseTaskBackend.enqueue is annotated with a list of args; Task.enqueue passes
+        # its tuple, as we do.
         return self.get_backend()
 
     def call(self, *args: Any, **kwargs: Any) -> Any:
@@ -135,7 +127,7 @@ class UniqueTask(_Task):
         if held is None:
             return None
         try:
-            with self._run(carried, held):
+            with unique.running(held, self.module_path, carried):
                 return Task.call(self, *args, **kwargs)
         finally:
             unique.finish_run(self.module_path, carried, held, self.queue_lease)
@@ -148,20 +140,10 @@ class UniqueTask(_Task):
         if held is None:
             return None
         try:
-            with self._run(carried, held):
+            with unique.running(held, self.module_path, carried):
                 return await Task.acall(self, *args, **kwargs)
         finally:
             await run_io(unique.finish_run, self.module_path, carried, held, self.queue_lease)
-
-    @contextlib.contextmanager
-    def _run(self, carried: Claim, held: Held) -> Iterator[None]:
-        """The run: its hold this thread's or coroutine's, and the task's to hand on."""
-        running_now = _running.set((self.module_path, (carried, held)))
-        try:
-            with unique.running(held):
-                yield
-        finally:
-            _running.reset(running_now)
 
 
 def _check_fields(name: str, template: Any, func: Any) -> None:

@@ -191,25 +191,24 @@ def adopt(claim: Claim, lease: float | None = None, *, wait: bool = True) -> Hel
 
 def _announcer(item: records.LockItem | None, next_token: str) -> tuple[str, records.Holder] | None:
     """The holder (a run) that announced ``next_token`` as its retry's, if it holds still."""
-    for token, holder in (item.holders if item is not None else {}).items():
-        if holder.next_token == next_token:
-            return token, holder
-    return None
+    holders = item.holders if item is not None else {}
+    return next(((t, run) for t, run in holders.items() if run.next_token == next_token), None)
 
 
-# The unique runs going on in this thread or coroutine, innermost last.
-_runs: contextvars.ContextVar[tuple[Held, ...]] = contextvars.ContextVar(
+# The unique runs going on in this thread or coroutine, innermost last: (task, claim, hold).
+_runs: contextvars.ContextVar[tuple[tuple[str, Claim | None, Held], ...]] = contextvars.ContextVar(
     "dynasem_unique_runs", default=()
 )
 
 
 @contextlib.contextmanager
-def running(held: Held) -> Iterator[Held]:
-    """The task's run: its hold is this thread's or coroutine's, as a ``with semaphore()``
-    block's is (``current_hold()``; a ``semaphore()`` of its key inside re-enters it)."""
+def running(held: Held, task: str = "", carried: Claim | None = None) -> Iterator[Held]:
+    """The run of ``task`` (adopted from ``carried``): its hold is this thread's or
+    coroutine's, as a ``with semaphore()`` block's is (``current_hold()``; a ``semaphore()``
+    of its key inside re-enters it), and the task's to hand on (:func:`current_run`)."""
     remember_entered(held, held)
     remember_acquired(held)
-    runs = _runs.set((*_runs.get(), held))
+    runs = _runs.set((*_runs.get(), (task, carried, held)))
     try:
         yield held
     finally:
@@ -222,10 +221,22 @@ def inline_retry(carried: Claim) -> Held | None:
     at once, inside it (Celery's eager mode, django.tasks' ImmediateBackend). Its key is the
     outer run's: the retry does not adopt it (that would wait for the outer run's end), and
     the outer run gives it back at its end as if no retry had been enqueued."""
-    for held in reversed(_runs.get()):
+    for _, _, held in reversed(_runs.get()):
         if held.handed_on == carried.token:
             held.handed_on = None
             return held
+    return None
+
+
+def current_run(
+    task: str, resource: str, carried: Claim | None = None
+) -> tuple[Claim, Held] | None:
+    """The run of ``task`` on ``resource`` (adopted from ``carried``, if given) going on in
+    this thread or coroutine, if it is the innermost run: a task enqueued from it (a retry)
+    goes on with its key."""
+    for name, adopted, held in _runs.get()[-1:]:
+        if name == task and adopted is not None and adopted.resource == resource:
+            return (adopted, held) if carried in (None, adopted) else None
     return None
 
 
