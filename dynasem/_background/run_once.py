@@ -9,6 +9,7 @@ the same name, and DONE/FAILED rows carry no ``expires``: no TTL, no reaping.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from typing import Any
@@ -29,6 +30,7 @@ logger = logging.getLogger("dynasem")
 MAX_CLAIMS = 25
 
 
+@dataclasses.dataclass(eq=False, repr=False)
 class Job:
     """A claimed job, as ``with run_once(key) as job`` gives it. Its lease is renewed in the
     background while the body runs.
@@ -39,29 +41,19 @@ class Job:
     with the job's results); ``token`` is this claim's token, as the table records it, and
     ``user_id`` the user recorded for this run."""
 
-    def __init__(
-        self,
-        key: str,
-        token: str,
-        user_id: str,
-        row: records.JobRow,
-        lease: float,
-        skew: float,
-        sent_mono: float,
-    ):
-        self.key = key
-        self.status = records.RUNNING
-        self.attempt = 1 if row.attempt is None else row.attempt
-        self.fence = row.fence or 0
-        self.token = token
-        self.user_id = user_id
-        self.lease = lease
-        self.skew = skew
-        self._deadline = sent_mono + lease - skew
-        self._lost: str | None = None
-        self._released = False
-        self._pending_commit = False  # finished, waiting for the transaction to end
-        self._heartbeat: Heartbeat | None = None
+    key: str
+    token: str
+    user_id: str
+    attempt: int
+    fence: int
+    lease: float
+    skew: float
+    _deadline: float  # when the claim stops being trusted (clock.monotonic())
+    status: str = records.RUNNING
+    _lost: str | None = None
+    _released: bool = False
+    _pending_commit: bool = False  # finished, waiting for the transaction to end
+    _heartbeat: Heartbeat | None = None
 
     @property
     def pending_commit(self) -> bool:
@@ -87,20 +79,18 @@ class Job:
         self.check_deadline()
         if self._lost is not None or self._released:
             raise LockLost(self.key, self._lost or "it has finished")
-        sent_mono = self._write_renewal()
-        self._deadline = max(self._deadline, sent_mono + self.lease - self.skew)
+        self._write_renewal()
 
     def confirm(self) -> None:
         """Renew with a write of our own even past our deadline (a stall in the body): if the
         claim is still ours (nobody claimed or reset the job since), the lease is ours again;
         else ``LockLost``."""
         try:
-            sent_mono = self._write_renewal()
+            self._write_renewal()
         except LockLost:
             self._stop_heartbeat()
             raise
         self._lost = None
-        self._deadline = sent_mono + self.lease - self.skew
         self._start_heartbeat()
 
     def _start_heartbeat(self) -> None:
@@ -108,9 +98,9 @@ class Job:
             self._heartbeat = Heartbeat(self)
             self._heartbeat.start()
 
-    def _write_renewal(self) -> float:
-        """Renew the lease in the table (when the write was sent: ``clock.monotonic()``);
-        ``LockLost`` if the claim is not ours."""
+    def _write_renewal(self) -> None:
+        """Renew the lease in the table, and trust it a lease from when the write was sent
+        (our clock, skew allowed); ``LockLost`` if the claim is not ours."""
         sent_mono = clock.monotonic()
         expires_ms = clock.now_ms() + int(self.lease * 1000)
         try:
@@ -118,7 +108,8 @@ class Job:
         except dynamodb.Refused:
             self._lost = "another process claimed it, or it was reset by an operator"
             raise LockLost(self.key, self._lost) from None
-        return sent_mono
+        # Past the old deadline (a stalled body that confirms): a whole lease from now.
+        self._deadline = max(self._deadline, sent_mono + self.lease - self.skew)
 
     def _stop_heartbeat(self) -> None:
         if self._heartbeat is not None:
@@ -129,13 +120,12 @@ class Job:
     ) -> None:
         """DONE only if the body returned and its transaction committed; FAILED otherwise."""
         if not committed and error is None:
-            if transactions.open_transaction(using) is not None:
-                error = TransactionRolledBack(
-                    "a savepoint around the job rolled back (or its database connection was "
-                    "closed inside the transaction): its work was not committed"
-                )
-            else:
-                error = TransactionRolledBack("the transaction around the job rolled back")
+            error = TransactionRolledBack(
+                "a savepoint around the job rolled back (or its database connection was "
+                "closed inside the transaction): its work was not committed"
+                if transactions.open_transaction(using) is not None
+                else "the transaction around the job rolled back"
+            )
         try:
             self._finish(error)
         except LockLost as exc:
@@ -238,7 +228,9 @@ class RunOnce:
                     # Claimable after all (our fence was behind the stored one): go again.
                     stored_fence = row.fence or 0
                     continue
-            job = Job(self.key, token, user_id, row, lease, skew, sent_mono)
+            attempt = 1 if row.attempt is None else row.attempt
+            deadline = sent_mono + lease - skew
+            job = Job(self.key, token, user_id, attempt, row.fence or 0, lease, skew, deadline)
             if job.seconds_left() > 0:
                 job._start_heartbeat()
                 return job
