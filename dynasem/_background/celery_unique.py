@@ -20,6 +20,7 @@ lease ends; a worker killed mid-task, when the run lease ends. See
 
 from __future__ import annotations
 
+import functools
 import uuid
 from typing import Any
 
@@ -68,7 +69,7 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
         # A retry of this task, sent from its own run: the key goes on with it.
         run = None
         if carried is not None and carried.task_id == task_id:
-            run = unique.current_run(self.name, carried.resource, carried)
+            run = unique.current_run(self.name, carried)
         task_id = task_id or str(uuid.uuid4())
         resource = run[0].resource if run is not None else self.unique_resource(args, kwargs)
         try:
@@ -80,7 +81,15 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
         if claimed is None:  # a second retry from one run: the first has the key
             return self.AsyncResult(task_id)
         if run is None and self.app.conf.task_always_eager:
-            return self._run_eagerly(claimed, args, kwargs, task_id, headers, options)
+            # Celery's eager mode (``task_always_eager``): run here and now as a worker would,
+            # the claim adopted for the run (not run if its queue lease ran out and another
+            # task took the key). The hold is entered around Celery's ``apply()``, not in
+            # ``__call__``: an eager retry runs inside ``apply()`` after the first run has
+            # returned, and must find the key still held, as the docs promise.
+            apply = functools.partial(
+                super().apply_async, args, kwargs, task_id=task_id, headers=headers, **options
+            )
+            return unique.run(self.name, self, claimed, apply, refused=self.AsyncResult(task_id))
         headers[HEADER] = claimed.header()
         try:
             return super().apply_async(args, kwargs, task_id=task_id, headers=headers, **options)
@@ -88,38 +97,12 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
             unique.withdraw(claimed, run)  # not enqueued
             raise
 
-    def _run_eagerly(
-        self, taken: Claim, args: Any, kwargs: Any, task_id: str, headers: Any, options: Any
-    ) -> Any:
-        """Celery's eager mode (``task_always_eager``): run here and now as a worker would,
-        the claim adopted for the run. The hold is entered around Celery's ``apply()``, not
-        in ``__call__``: an eager retry runs inside ``apply()`` after the first run has
-        returned, and must find the key still held, as the docs promise."""
-        held = unique.start_run(self.name, taken, self.run_lease)
-        if held is None:  # its queue lease ran out and another task took the key
-            return self.AsyncResult(task_id)
-        try:
-            with unique.running(held):
-                return super().apply_async(
-                    args, kwargs, task_id=task_id, headers=headers, **options
-                )
-        finally:
-            unique.finish_run(self.name, taken, held, self.queue_lease)
-
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        # No claim: called directly, sent without apply_async (send_task), or run eagerly
+        # (its hold is entered around the eager apply, in apply_async). Run as it is.
         carried = Claim.from_header(_header_of(self.request))
-        if carried is None or unique.inline_retry(carried) is not None:
-            # Called directly, sent without apply_async (send_task), or run eagerly (its hold
-            # is entered around the eager apply: _run_eagerly).
-            return super().__call__(*args, **kwargs)
-        held = unique.start_run(self.name, carried, self.run_lease)
-        if held is None:
-            return None
-        try:
-            with unique.running(held, self.name, carried):
-                return super().__call__(*args, **kwargs)
-        finally:
-            unique.finish_run(self.name, carried, held, self.queue_lease)
+        call = functools.partial(super().__call__, *args, **kwargs)
+        return unique.run(self.name, self, carried, call)
 
 
 def _header_of(request: Any) -> Any:

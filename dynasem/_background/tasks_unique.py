@@ -28,6 +28,7 @@ every enqueue a second write.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import string
 import uuid
@@ -69,7 +70,18 @@ class UniqueTask(_Task):
                 '@unique_task(unique_key="reindex:{project_id}")'
             )
         KeyMaker(self.unique_key, self.func)  # a bad template is refused here, not at enqueue
-        _check_fields(self.name, self.unique_key, self.func)
+        # Its fields must name the function's parameters (unless it takes ``**``).
+        params = inspect.signature(self.func).parameters
+        if isinstance(self.unique_key, str) and all(
+            p.kind is not inspect.Parameter.VAR_KEYWORD for p in params.values()
+        ):
+            for _, field, _, _ in string.Formatter().parse(self.unique_key):
+                head = (field or "").split(".", 1)[0].split("[", 1)[0]
+                if head and not head.isdigit() and head not in params:
+                    raise TypeError(
+                        f"{self.name}: unique_key {self.unique_key!r} names {head!r}, which is "
+                        f"not a parameter of {self.name}{inspect.signature(self.func)}"
+                    )
         if not self.queue_lease > 0:
             raise ValueError(f"{self.name}: queue_lease must be positive, not {self.queue_lease!r}")
 
@@ -118,19 +130,11 @@ class UniqueTask(_Task):
         return self.get_backend()
 
     def call(self, *args: Any, **kwargs: Any) -> Any:
+        # Without a claim (called directly, enqueued by another Task class), or a retry run
+        # at once inside the run that enqueued it (ImmediateBackend): run as it is.
         carried = Claim.from_header(kwargs.pop(CLAIM_ARG, None))
-        if carried is None or unique.inline_retry(carried) is not None:
-            # Called directly, enqueued by another Task class, or a retry run at once inside
-            # the run that enqueued it (ImmediateBackend): the outer run's key covers it.
-            return Task.call(self, *args, **kwargs)
-        held = unique.start_run(self.module_path, carried, self.run_lease)
-        if held is None:
-            return None
-        try:
-            with unique.running(held, self.module_path, carried):
-                return Task.call(self, *args, **kwargs)
-        finally:
-            unique.finish_run(self.module_path, carried, held, self.queue_lease)
+        call = functools.partial(Task.call, self, *args, **kwargs)
+        return unique.run(self.module_path, self, carried, call)
 
     async def acall(self, *args: Any, **kwargs: Any) -> Any:
         carried = Claim.from_header(kwargs.pop(CLAIM_ARG, None))
@@ -144,24 +148,6 @@ class UniqueTask(_Task):
                 return await Task.acall(self, *args, **kwargs)
         finally:
             await run_io(unique.finish_run, self.module_path, carried, held, self.queue_lease)
-
-
-def _check_fields(name: str, template: Any, func: Any) -> None:
-    """A template's fields must name the function's parameters (unless it takes ``**``)."""
-    params = inspect.signature(func).parameters
-    if not isinstance(template, str) or any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()
-    ):
-        return
-    for _, field, _, _ in string.Formatter().parse(template):
-        if field is None:
-            continue
-        head = field.split(".", 1)[0].split("[", 1)[0]
-        if head and not head.isdigit() and head not in params:
-            raise TypeError(
-                f"{name}: unique_key {template!r} names {head!r}, which is not a parameter "
-                f"of {name}{inspect.signature(func)}"
-            )
 
 
 def unique_task(

@@ -28,7 +28,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import _clock as clock
@@ -153,8 +153,8 @@ def adopt(claim: Claim, lease: float | None = None, *, wait: bool = True) -> Hel
         holders = item.holders if item is not None else {}
         if token in holders:
             break  # our write was applied; its answer was lost and botocore sent it again
+        claimed, announced, fence = claim.token, None, claim.fence  # the claim itself, next
         if claim.token in holders:  # ours to adopt now (the run it waited for has ended)
-            claimed, announced, fence = claim.token, None, claim.fence
             continue
         announcer = _announcer(item, claim.token)
         if announcer is None:
@@ -172,8 +172,7 @@ def adopt(claim: Claim, lease: float | None = None, *, wait: bool = True) -> Hel
             continue
         if not wait:
             raise LockLost(claim.resource, "the run that enqueued it has not ended yet")
-        claimed, announced, fence = claim.token, None, claim.fence  # it runs: wait for its end
-        time.sleep(nap)
+        time.sleep(nap)  # it runs: wait for its end
         nap = min(nap * 2, LAST_NAP)
     held = Held(
         sem,
@@ -228,15 +227,13 @@ def inline_retry(carried: Claim) -> Held | None:
     return None
 
 
-def current_run(
-    task: str, resource: str, carried: Claim | None = None
-) -> tuple[Claim, Held] | None:
-    """The run of ``task`` on ``resource`` (adopted from ``carried``, if given) going on in
-    this thread or coroutine, if it is the innermost run: a task enqueued from it (a retry)
-    goes on with its key."""
+def current_run(task: str, key: str | Claim) -> tuple[Claim, Held] | None:
+    """The run of ``task`` on the resource ``key`` (or adopted from the claim ``key``) going
+    on in this thread or coroutine, if it is the innermost run: a task enqueued from it (a
+    retry) goes on with its key."""
     for name, adopted, held in _runs.get()[-1:]:
-        if name == task and adopted is not None and adopted.resource == resource:
-            return (adopted, held) if carried in (None, adopted) else None
+        if name == task and adopted is not None and key in (adopted.resource, adopted):
+            return adopted, held
     return None
 
 
@@ -344,6 +341,27 @@ def start_run(task: str, carried: Claim, run_lease: float | None) -> Held | None
             extra=carried.facts("not_run", lost.reason, task),
         )
         return None
+
+
+def run(
+    task: str, options: Any, carried: Claim | None, call: Callable[[], Any], refused: Any = None
+) -> Any:
+    """The worker runs ``task`` (its ``options``: ``run_lease``, ``queue_lease``) from a
+    message carrying ``carried``: ``call()`` inside its run (:func:`start_run`,
+    :func:`running`, :func:`finish_run`), or ``refused`` if the key is not the task's any
+    more. Without a claim (called directly, sent another way) or as a retry run at once
+    inside the run that enqueued it (:func:`inline_retry`: the outer run's key covers it),
+    ``call()`` as it is."""
+    if carried is None or inline_retry(carried) is not None:
+        return call()
+    held = start_run(task, carried, options.run_lease)
+    if held is None:
+        return refused
+    try:
+        with running(held, task, carried):
+            return call()
+    finally:
+        finish_run(task, carried, held, options.queue_lease)
 
 
 def finish_run(task: str, carried: Claim, held: Held, queue_lease: float) -> None:
