@@ -57,9 +57,13 @@ def _fail(what: str, number: int | None = None) -> None:
     os._exit(FAILED)
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(leader: int | None = None) -> None:
+    """SIGKILL when our parent dies (``leader``: dynasem_lead, who must still be our parent,
+    else we exit FAILED: it died before PR_SET_PDEATHSIG was set)."""
     if _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
         _fail("prctl(PR_SET_PDEATHSIG)")
+    if leader is not None and os.getppid() != leader:
+        os._exit(FAILED)
 
 
 def _own_pid_namespace() -> str | None:
@@ -108,9 +112,7 @@ _HANDLED = {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1}
 
 
 def keeper(control: int, ready: int, leader: int, command: list[str]) -> int:
-    _die_with_parent()
-    if os.getppid() != leader:
-        return FAILED  # dynasem_lead died before PR_SET_PDEATHSIG was set
+    _die_with_parent(leader)
     refused = _own_pid_namespace()
     if refused is not None:
         _fail(f"no pid namespace for the command ({refused})", errno.EPERM)
@@ -200,9 +202,7 @@ def main(argv: list[str]) -> int:
     if argv == ["--probe"]:
         return probe()
     if argv[0] == "--die-with":
-        _die_with_parent()
-        if os.getppid() != int(argv[1]):
-            return FAILED  # dynasem_lead died before PR_SET_PDEATHSIG was set
+        _die_with_parent(int(argv[1]))
         os.execvp(argv[3], argv[3:])
     control, ready, leader, dashes, *command = argv
     if dashes != "--" or not command:
