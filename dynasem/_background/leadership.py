@@ -21,6 +21,7 @@ runs a command only while this process leads (``dynasem.management.commands.dyna
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -178,10 +179,9 @@ class Leadership:
     @staticmethod
     def _give_back(lead: Lead) -> None:
         lead._give_up()
-        try:
+        # Lost while leading: on_lost was told; losing a lead is no error here.
+        with contextlib.suppress(LockLost):
             lead.held.release()
-        except LockLost:
-            pass  # lost while leading: on_lost was told; losing a lead is no error here
 
 
 def leadership(

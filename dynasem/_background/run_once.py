@@ -134,16 +134,14 @@ class Job:
                 "ended (%s); its status is theirs now",
                 self.key,
                 exc.reason,
-                extra=facts(
-                    self.key,
-                    token=self.token,
-                    fence=self.fence,
-                    outcome="lost",
-                    reason=exc.reason,
-                ),
+                extra=self._facts(outcome="lost", reason=exc.reason),
             )
         finally:
             self._pending_commit = False
+
+    def _facts(self, **more: Any) -> dict[str, Any]:
+        """``extra`` for a log record about this run of the job."""
+        return facts(self.key, token=self.token, fence=self.fence, **more)
 
     def _finish(self, error: BaseException | None) -> None:
         self._released = True
@@ -266,13 +264,12 @@ class RunOnce:
                     logger.warning(
                         "dynasem: job %r was lost while its body raised",
                         job.key,
-                        extra=facts(job.key, token=job.token, fence=job.fence, outcome="lost"),
+                        extra=job._facts(outcome="lost"),
                     )
                     return
-            using = self.using
             if transactions.after_transaction(
-                using,
-                lambda committed: job._after_transaction(exc, committed, using),
+                self.using,
+                lambda committed: job._after_transaction(exc, committed, self.using),
                 job.key,
                 owner=job,
                 savepoint_ends_it=True,  # the whole body was inside that savepoint

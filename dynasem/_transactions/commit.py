@@ -153,14 +153,12 @@ class _Pending:
         try:
             self.finish(committed)
         except Exception:  # never break the caller's commit or rollback
+            token = getattr(self.owner, "token", None)
             logger.exception(
                 "dynasem: giving back %r after the transaction failed",
                 self.name,
                 extra=facts(
-                    self.name,
-                    token=getattr(self.owner, "token", None),
-                    outcome="give_back_failed",
-                    committed=committed,
+                    self.name, token=token, outcome="give_back_failed", committed=committed
                 ),
             )
 
