@@ -56,10 +56,8 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
                 f"{self.name}: a UniqueTask needs unique_key=, e.g. "
                 '@shared_task(base=UniqueTask, unique_key="reindex:{project_id}")'
             )
-        if self._keys is None:
-            type(self)._keys = KeyMaker(self.unique_key, self.run)
-        assert self._keys is not None
-        return unique.key_for(self.name, self._keys, args, kwargs)
+        keys = type(self)._keys = self._keys or KeyMaker(self.unique_key, self.run)
+        return unique.key_for(self.name, keys, args, kwargs)
 
     def apply_async(
         self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any

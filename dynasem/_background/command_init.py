@@ -30,6 +30,7 @@ namespace (exit 0), or why not (exit 1, the reason on stderr).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
@@ -156,10 +157,8 @@ def init(control: int, command: list[str]) -> int:
 
 
 def _forward(signum: int, frame: Any) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):  # none left
         os.kill(-1, signum)  # from pid 1: every other process of the namespace
-    except ProcessLookupError:
-        pass
 
 
 def _watch(control: int, child: int) -> int:

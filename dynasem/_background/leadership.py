@@ -22,6 +22,7 @@ runs a command only while this process leads (``dynasem.management.commands.dyna
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import threading
 import time
@@ -118,35 +119,13 @@ class Lead:
         return f"<Lead {self.name!r} fence={self.fence} {state}>"
 
 
+@dataclasses.dataclass(eq=False)  # entered leads are found by its identity
 class Leadership:
     """``with leadership(name) as lead`` / ``async with``: wait until this process leads."""
 
-    def __init__(
-        self,
-        name: str,
-        *,
-        lease: float | None = None,
-        wait: float = math.inf,
-        user: Any = None,
-        on_lost: Callable[[Lead], Any] | None = None,
-    ):
-        from .._engine.core import semaphore  # core imports nothing of this module
-
-        self.name = name
-        self.resource = resource_of(name)
-        if on_lost is not None and not callable(on_lost):
-            raise TypeError(f"on_lost must be callable, not {on_lost!r}")
-        self.on_lost = on_lost
-        # Not tied to a transaction: a lead is given back when its block ends.
-        self.semaphore = semaphore(
-            self.resource,
-            lease=lease,
-            wait=wait,
-            user=user,
-            on_commit=False,
-            fair=True,
-            metrics_name=self.resource,  # one per election: a bounded name
-        )
+    name: str
+    semaphore: Any  # the leadership's Semaphore (core imports nothing of this module)
+    on_lost: Callable[[Lead], Any] | None
 
     def _entered(self, lead: Lead) -> Lead:
         _entered.set((*_entered.get(), (id(self), lead)))
@@ -203,4 +182,19 @@ def leadership(
     lead is known lost. ``lease``: seconds (default: the LEASE setting); a leader that dies is
     replaced about ``lease + CLOCK_SKEW`` after its last renewal. See the how-to guide "One
     leader among many hosts"."""
-    return Leadership(name, lease=lease, wait=wait, user=user, on_lost=on_lost)
+    from .._engine.core import semaphore  # core imports nothing of this module
+
+    resource = resource_of(name)
+    if on_lost is not None and not callable(on_lost):
+        raise TypeError(f"on_lost must be callable, not {on_lost!r}")
+    # Not tied to a transaction: a lead is given back when its block ends.
+    sem = semaphore(
+        resource,
+        lease=lease,
+        wait=wait,
+        user=user,
+        on_commit=False,
+        fair=True,
+        metrics_name=resource,  # one per election: a bounded name
+    )
+    return Leadership(name, sem, on_lost)

@@ -9,6 +9,7 @@ the same name, and DONE/FAILED rows carry no ``expires``: no TTL, no reaping.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import uuid
@@ -164,28 +165,17 @@ class TransactionRolledBack(Exception):
     """What a FAILED job records when its body returned but its transaction rolled back."""
 
 
+@dataclasses.dataclass(eq=False)
 class RunOnce:
-    """``run_once(key, user=None, lease=None)``; see the module docstring."""
+    """``run_once(key, user=None, lease=None)``, its arguments checked; see the module
+    docstring."""
 
-    def __init__(
-        self,
-        key: str,
-        *,
-        user: Any = None,
-        lease: float | None = None,
-        on_commit: bool = True,
-        using: str | None = None,
-    ):
-        self.key = validation.check_resource(key, "key")
-        self.user = user
-        if user is not None:
-            validation.user_id_of(user)
-        self.lease = None if lease is None else validation.check_lease(lease)
-        if not isinstance(on_commit, bool):
-            raise TypeError(f"on_commit must be True or False, not {on_commit!r}")
-        self.on_commit = on_commit
-        self.using = transactions.check_using(using)
-        self._jobs: list[Job] = []
+    key: str
+    user: Any
+    lease: float | None
+    on_commit: bool
+    using: str | None
+    _jobs: list[Job] = dataclasses.field(default_factory=list)  # entered, innermost last
 
     def claim(self) -> Job:
         """Claim the job or raise :class:`AlreadyDone` / :class:`SemaphoreBusy`."""
@@ -229,16 +219,14 @@ class RunOnce:
             attempt = 1 if row.attempt is None else row.attempt
             deadline = sent_mono + lease - skew
             job = Job(self.key, token, user_id, attempt, row.fence or 0, lease, skew, deadline)
-            if job.seconds_left() > 0:
-                job._start_heartbeat()
+            with contextlib.suppress(LockLost):  # reclaimed meanwhile: the next claim says by whom
+                if job.seconds_left() > 0:
+                    job._start_heartbeat()
+                else:
+                    # Claimed, but paused (or slow) past the lease before the body could start:
+                    # someone may have reclaimed it. Confirm with a renewal of our own first.
+                    job.confirm()
                 return job
-            # Claimed, but paused (or slow) past the lease before the body could start:
-            # someone may have reclaimed it. Confirm with a renewal of our own first.
-            try:
-                job.confirm()
-                return job
-            except LockLost:
-                continue  # reclaimed meanwhile: the next claim says by whom
         raise SemaphoreUnavailable(f"could not claim job {self.key!r}: the row kept changing")
 
     def __enter__(self) -> Job:
@@ -307,4 +295,10 @@ def run_once(
     the commit and FAILED on rollback (``on_commit=False``: at once); ``using`` names the
     database (None: where the routers send dynasem's writes, ``default`` without them).
     ``lease``: seconds (default: the LEASE setting); ``user``: whom to record."""
-    return RunOnce(key, user=user, lease=lease, on_commit=on_commit, using=using)
+    key = validation.check_resource(key, "key")
+    if user is not None:
+        validation.user_id_of(user)
+    lease = None if lease is None else validation.check_lease(lease)
+    if not isinstance(on_commit, bool):
+        raise TypeError(f"on_commit must be True or False, not {on_commit!r}")
+    return RunOnce(key, user, lease, on_commit, transactions.check_using(using))
