@@ -259,7 +259,7 @@ def end_run(held: Held, queue_lease: float) -> None:
         held.release()
         return
     with held._lock:
-        if held._released:
+        if held.released:
             return
         held._released = True
         held._stop_heartbeat()
