@@ -24,6 +24,7 @@ import pytest
 from django.core.management import call_command
 from django.test import override_settings
 
+from dynasem.testing import abandon
 from tests.support import netns
 from tests.support.dynamodb_local import DynamoDBLocal
 from tests.support.helpers import (
@@ -288,7 +289,7 @@ def holds(lock_table: str) -> Iterator[list[Any]]:
     taken: list[Any] = []
     yield taken
     for held in taken:
-        held._stop_heartbeat()
+        abandon(held)
         try:
             held.release()
         except Exception:

@@ -533,6 +533,12 @@ class Held:
             hb.stop()
 
 
+def stop_renewing(held: Held) -> None:
+    """Renew ``held`` no more (what its process dying would do): its lease runs out as it
+    stands; nothing is released or written. ``dynasem.testing.abandon``."""
+    held._stop_heartbeat()
+
+
 def acquired(
     semaphore: LockSpec, *, item: records.LockItem | None, cls: type[Held] = Held, **terms: Any
 ) -> Held:

@@ -44,7 +44,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     from .embedded import EmbeddedDynamoDB
 
-__all__ = ["ENDPOINT_ENV", "EmbeddedDynamoDB", "engine_endpoint", "fresh_table", "held_elsewhere"]
+__all__ = [
+    "ENDPOINT_ENV",
+    "EmbeddedDynamoDB",
+    "abandon",
+    "engine_endpoint",
+    "fresh_table",
+    "held_elsewhere",
+]
 
 ENDPOINT_ENV = "DYNASEM_TESTING_ENDPOINT_URL"
 REGION = "us-east-1"
@@ -108,6 +115,27 @@ def held_elsewhere(*args: Any, **kwargs: Any) -> Iterator[Any]:
         yield held
     finally:
         held.release()
+
+
+def abandon(held: Any) -> None:
+    """Leave ``held`` as a holder whose process died would: its lease is no longer renewed
+    and nothing is released, so the lock stays taken until that lease runs out (then the
+    next waiter takes it over, or the reaper clears it), for a test of what your code does
+    when a holder dies mid-work:
+
+    ```python
+    held = semaphore("tbl_issues:42", lease=2).acquire()
+    abandon(held)                      # its process "dies" holding the lock
+    time.sleep(2.5)
+    with semaphore("tbl_issues:42", wait=0) as taken:
+        assert taken.fence > held.fence
+    ```
+
+    The hold object itself still works (``release()`` gives the lock back while its lease
+    lasts); only the background renewal stops."""
+    from .._engine.hold import stop_renewing
+
+    stop_renewing(held)
 
 
 @contextlib.contextmanager

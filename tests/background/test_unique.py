@@ -22,6 +22,7 @@ from dynasem._background.unique import (
     task_of,
 )
 from dynasem._operators.locks import break_hold, holds_on
+from dynasem.testing import abandon
 
 # dynasem's own re-entry rule (tests/conftest.py's no_reentry is off here): a claim must be
 # refused even where a nested acquire would re-enter the hold.
@@ -120,7 +121,7 @@ def test_a_retry_whose_run_died_takes_over_after_its_lease(lock_table: str) -> N
     run = adopt(first, lease=1)
     retry = hand_on(run, first)
     assert retry is not None
-    run._stop_heartbeat()  # the run's process dies: no renewal, no end
+    abandon(run)  # the run's process dies: no renewal, no end
     started = time.monotonic()
     held = adopt(retry, lease=5)
     waited = time.monotonic() - started
@@ -157,7 +158,7 @@ def test_a_retry_taking_over_as_its_run_ends_adopts_what_the_run_handed_on(
     run = adopt(first, lease=1)
     retry = hand_on(run, first)
     assert retry is not None
-    run._stop_heartbeat()
+    abandon(run)
     time.sleep(1.6)  # the run's lease and CLOCK_SKEW are over: the retry may take over
     seen = unique._announcer
 

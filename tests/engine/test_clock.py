@@ -9,6 +9,7 @@ import pytest
 from dynasem import _clock as clock
 from dynasem import semaphore
 from dynasem._engine import core
+from dynasem.testing import abandon
 
 
 def test_now_ms_and_new_fence_follow_the_wall_clock(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -53,4 +54,4 @@ def test_a_shifted_monotonic_clock_is_read_by_the_hold(
         assert held.lost
     finally:
         monkeypatch.undo()
-        held._stop_heartbeat()
+        abandon(held)

@@ -34,6 +34,7 @@ from dynasem import (
 from dynasem._operators import locks as operations
 from dynasem._storage import dynamodb, lock_rows
 from dynasem.signals import lock_acquired, lock_busy, lock_lost, lock_released
+from dynasem.testing import abandon
 from tests.support.helpers import RequestCounter, dynasem_settings, queue_of
 
 SKEW = 0.5  # CLOCK_SKEW of the test settings
@@ -107,7 +108,7 @@ def sleep_until(wall: float) -> None:
 def expired_hold(resource: str, **kwargs: Any) -> tuple[dynasem.Held, float]:
     """A hold with lease=1.5 whose heartbeat is stopped, and its stored lease end."""
     held = semaphore(resource, lease=1.5, **kwargs).acquire()
-    held._stop_heartbeat()
+    abandon(held)
     return held, stored_end(resource, held.token)
 
 
@@ -495,7 +496,7 @@ def test_block_exit_after_break_and_renew_raises_lock_lost(lock_table: str) -> N
 def test_block_exit_after_lease_ran_out_raises_lock_lost(lock_table: str) -> None:
     with pytest.raises(LockLost):
         with semaphore("res", lease=1.5) as held:
-            held._stop_heartbeat()
+            abandon(held)
             time.sleep(1.5 - SKEW + 0.1)
     assert held.lost
 

@@ -18,6 +18,7 @@ from dynasem._operators import locks as operations
 from dynasem._storage import dynamodb, lock_rows, lock_writes, records
 from dynasem._storage import permit_items as slots
 from dynasem.conf import settings
+from dynasem.testing import abandon
 from tests.engine.test_processes import identity_of
 from tests.support.helpers import holder_pages, take
 
@@ -76,7 +77,7 @@ def slot_of(token: str, resource: str = "pool") -> int | None:
 def test_an_expired_holders_permit_is_taken_over(holds: list[Any]) -> None:
     live = [take(holds, "pool", limit=9, lease=30) for _ in range(8)]
     expired = take(holds, "pool", limit=9, lease=1)
-    expired._stop_heartbeat()
+    abandon(expired)
     with pytest.raises(SemaphoreBusy):
         semaphore("pool", limit=9, wait=0).acquire()
     time.sleep(1.6)  # its lease and CLOCK_SKEW (0.5 s) are over
@@ -91,7 +92,7 @@ def test_a_permit_of_a_process_proven_dead_is_taken_over_at_once(
     for _ in range(9):
         take(holds, "pool", limit=9, lease=60)
     victim = holds[4]
-    victim._stop_heartbeat()
+    abandon(victim)
     slot = victim.slots["pool"]
     dynamodb.get_client().update_item(
         TableName=settings.TABLE_NAME,
@@ -206,7 +207,7 @@ def test_the_reaper_frees_dead_holders_permits_and_lists_no_live_one(holds: list
     live = take(holds, "pool", limit=9, lease=30, user="alive")
     expired = [take(holds, "pool", limit=9, lease=1, user="dead") for _ in range(2)]
     for held in expired:
-        held._stop_heartbeat()
+        abandon(held)
     time.sleep(1.6)  # their leases and CLOCK_SKEW (0.5 s) are over
     out = io.StringIO()
     call_command("dynasem_reap", "--dry-run", stdout=out)

@@ -21,6 +21,7 @@ from dynasem._storage import dynamodb, lock_rows, lock_writes, records
 from dynasem._storage import lock_writes as writes
 from dynasem._storage import reader_items as items
 from dynasem.conf import settings
+from dynasem.testing import abandon
 from tests.support import workers
 from tests.support.helpers import holder_pages, take
 
@@ -110,7 +111,7 @@ def test_dead_item_readers_are_written_off_by_a_waiting_writer(holds: list[Any])
         held.release()
     dead = readers[INLINE:]
     for held in dead:
-        held._stop_heartbeat()  # as if its process had stopped
+        abandon(held)  # as if its process had stopped
     epoch = row()["repoch"]
     start = time.monotonic()
     writer = take(holds, "doc", wait=10)
@@ -133,7 +134,7 @@ def test_a_written_off_reader_cannot_renew(holds: list[Any]) -> None:
     for held in readers[:INLINE]:
         held.release()
     stalled = readers[-1]
-    stalled._stop_heartbeat()
+    abandon(stalled)
     writer = take(holds, "doc", wait=10)
     with pytest.raises(LockLost):
         stalled.renew()
@@ -279,7 +280,7 @@ def test_the_reaper_frees_dead_item_readers(holds: list[Any]) -> None:
     readers = [take(holds, "reaped", shared=True, lease=1) for _ in range(INLINE + 2)]
     live = take(holds, "reaped", shared=True, lease=30)
     for held in readers:
-        held._stop_heartbeat()
+        abandon(held)
     time.sleep(1.7)  # their leases and the skew are over
     dead = {h.token for h in readers[INLINE:]}
     out = io.StringIO()

@@ -29,6 +29,7 @@ from dynasem._storage import dynamodb, lock_rows, records
 from dynasem._storage import lock_writes as writes
 from dynasem._storage import permit_items as slots
 from dynasem._storage import reader_items as items
+from dynasem.testing import abandon
 from tests.support.helpers import queue_of, take, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=False)
@@ -190,7 +191,7 @@ def test_permit_planned_before_a_slow_read(holds: list[Any], permit_items: None)
     (which took longer than the lease), not before it."""
     dead = [semaphore("pool-read", limit=2, user=f"dead{i}", lease=1).acquire() for i in range(2)]
     for held in dead:
-        held._stop_heartbeat()  # they died holding: no release, no renewal
+        abandon(held)  # they died holding: no release, no renewal
     time.sleep(1 + SKEW + 0.1)
     look = LateAnswers("Query", lambda b: True, PAST)
     held, left, at = acquire_late(holds, look, "pool-read", limit=2)

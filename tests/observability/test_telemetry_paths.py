@@ -18,6 +18,7 @@ from dynasem._engine import late_handover as strays
 from dynasem._observability.metrics import MODE, NAME, OPERATION, OUTCOME, QUEUED
 from dynasem._operators import locks as operations
 from dynasem._storage import lock_rows
+from dynasem.testing import abandon
 from tests.observability.test_telemetry import _providers as sdk
 from tests.observability.test_telemetry import (
     histogram,
@@ -151,7 +152,7 @@ def test_a_stray_hand_over_given_back_sends_for_its_lock() -> None:
     name, res, reader = named(), resource(), sdk["reader"]
     sem = semaphore(res, metrics_name=name)
     held = sem.acquire()
-    held._stop_heartbeat()
+    abandon(held)
     item = lock_rows.get(res)
     before = unnamed_requests(reader), total(reader, REQUESTS, **{NAME: name})
     thread = threading.Thread(

@@ -21,6 +21,7 @@ from dynasem._engine import arguments, core
 from dynasem._operators.locks import holds_on
 from dynasem._storage import dynamodb, lock_rows, records
 from dynasem._storage import records as table_stored
+from dynasem.testing import abandon
 from tests.support.helpers import dynasem_settings, enqueue_entry, take
 
 
@@ -215,7 +216,7 @@ def row(pk: str, sk: str = records.LOCK_SK) -> dict[str, Any] | None:
 def expired_hold(holds: list[Any], resource: str, **kwargs: Any) -> Any:
     """A hold whose holder died: no heartbeat, a 1 s lease."""
     held = semaphore(resource, lease=1, **kwargs).acquire()
-    held._stop_heartbeat()
+    abandon(held)
     return held
 
 
@@ -286,7 +287,7 @@ def test_reap_in_real_time(no_ttl, dynamodb_local, requests_sent, monkeypatch):
     settings = dynasem_settings(dynamodb_local, no_ttl, CLOCK_SKEW=0.2)
     with override_settings(DYNASEM=settings):
         held = semaphore("real:dead", lease=0.5).acquire()
-        held._stop_heartbeat()
+        abandon(held)
         with semaphore("real:idle") as idle:
             pass
         live = semaphore("real:live", lease=60).acquire()

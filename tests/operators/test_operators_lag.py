@@ -30,6 +30,7 @@ from dynasem._operators import jobs as job_operations
 from dynasem._operators.locks import holds_on
 from dynasem._storage import dynamodb, index_queries, job_rows, lock_rows, records
 from dynasem.conf import settings
+from dynasem.testing import abandon
 from tests.support.faults import Faults
 from tests.support.helpers import take
 
@@ -138,7 +139,7 @@ def stale_reads(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
 def dead_hold(holds: list[Any], resource: str) -> Any:
     """A hold whose holder died: no heartbeat, a 1 s lease."""
     held = semaphore(resource, lease=1).acquire()
-    held._stop_heartbeat()
+    abandon(held)
     holds.append(held)
     return held
 
@@ -220,7 +221,7 @@ def test_reap_keeps_a_permit_renewed_after_it_was_read(lock_table, holds, later,
 
     live = take(holds, "pool:lag", limit=20, lease=LIVE_LEASE)
     dead = semaphore("pool:lag", limit=20, lease=1).acquire()
-    dead._stop_heartbeat()
+    abandon(dead)
     later(5)  # the dead one's lease (1 s) is over by more than CLOCK_SKEW
     renewed: list[bool] = []
     real = permit_held.break_permit
@@ -304,7 +305,7 @@ def test_reap_reads_again_what_was_throttled(lock_table, holds, later, faults):
     dead_hold(holds, "slow:1")
     pool = take(holds, "slow:pool", limit=20, lease=LIVE_LEASE)
     dead = semaphore("slow:pool", limit=20, lease=1).acquire()
-    dead._stop_heartbeat()
+    abandon(dead)
     later(LATER)
     for client in faults:
         for operation in ("Query", "BatchGetItem"):
@@ -324,7 +325,7 @@ def test_reap_goes_on_past_a_row_it_could_not_delete_and_says_which(
     dead_hold(holds, "stuck:2")
     live = take(holds, "stuck:pool", limit=20, lease=LIVE_LEASE)
     dead_permit = semaphore("stuck:pool", limit=20, lease=1).acquire()
-    dead_permit._stop_heartbeat()
+    abandon(dead_permit)
     later(LATER)
     # The first delete goes through; every one after it is throttled, after every retry.
     for client in faults:

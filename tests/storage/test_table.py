@@ -13,6 +13,7 @@ from dynasem import SemaphoreBusy, semaphore
 from dynasem import _clock as clock
 from dynasem._storage import dynamodb, lock_rows, lock_writes, records
 from dynasem.conf import settings
+from dynasem.testing import abandon
 
 
 def test_uncontended_cycle_is_one_write_to_acquire_and_one_to_release(requests_sent):
@@ -45,7 +46,7 @@ def test_refused_acquire_learns_the_holder_without_a_read(requests_sent):
 def test_expired_hold_is_taken_over_in_one_write(requests_sent):
     with override_settings(DYNASEM=dict(settings.raw, CLOCK_SKEW=0.2)):
         old = semaphore("tbl_issues:3", lease=0.5).acquire()
-        old._stop_heartbeat()  # a holder that died
+        abandon(old)  # a holder that died
         time.sleep(0.5 + 0.2 + 0.1)
         requests_sent.reset()
         new = semaphore("tbl_issues:3", lease=5).acquire()
@@ -183,7 +184,7 @@ def test_a_late_release_never_leaves_expires_before_the_rows_lease_end(lock_tabl
     on, the process was paused): the release moves expires up to its own bucket, so TTL and
     the reaper never read the row as idle before its stored lease end (expMs)."""
     held = semaphore("tbl_issues:late", lease=30).acquire()
-    held._stop_heartbeat()
+    abandon(held)
     listed = lock_rows.stored_item("tbl_issues:late")["expires"]
     real = clock.wall_clock
     monkeypatch.setattr(clock, "wall_clock", lambda: real() + records.BUCKET_S + 60)

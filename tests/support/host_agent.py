@@ -265,8 +265,10 @@ class Server:
 
     def op_abandon(self, id: str) -> dict[str, Any]:
         """Stop renewing the hold and never release it: a holder that died or hangs."""
+        from dynasem.testing import abandon
+
         held = self.held[id]
-        held._stop_heartbeat()
+        abandon(held)
         return {"deadline": held._deadline, "expires_ms": held._expires_ms}
 
     def op_state(self, id: str) -> dict[str, Any]:

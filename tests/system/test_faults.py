@@ -22,6 +22,7 @@ from dynasem._operators.locks import active_holds, holds_on
 from dynasem._storage import dynamodb, lock_rows, lock_writes, records
 from dynasem.conf import settings
 from dynasem.signals import lock_lost
+from dynasem.testing import abandon
 from tests.support.faults import Faults
 from tests.support.helpers import enqueue_entry
 
@@ -181,7 +182,7 @@ def test_clock_skew_within_tolerance_never_gives_two_holders(
     with override_settings(DYNASEM=dict(settings.raw, CLOCK_SKEW=0.5)):
         monkeypatch.setattr(dynasem._clock, "wall_clock", lambda: real() - offset / 2)
         stalled = semaphore("skew", lease=2).acquire()
-        stalled._stop_heartbeat()
+        abandon(stalled)
         monkeypatch.setattr(dynasem._clock, "wall_clock", lambda: real() + offset / 2)
         taker = semaphore("skew", wait=10).acquire()
         both = stalled.seconds_left() > 0
