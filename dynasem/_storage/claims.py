@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .lock_writes import update_action
-from .records import LOCK_SK, Holder, bucket_of, holder_value
+from .lock_writes import lease_values, update_action
+from .records import LOCK_SK, Holder, holder_value
 
 
 def adopt_hold(
@@ -31,9 +31,8 @@ def adopt_hold(
     its next and its lease ended before ``stale_ms`` (a run that died after enqueueing its
     retry: the retry, whose claim ``announced`` is, takes over, with the larger fence of its
     ``entry``)."""
-    values = {":entry": holder_value(entry), ":e": entry.expires_ms, ":uid": entry.user_id}
-    values[":exp"] = bucket_of(entry.expires_ms)
-    update = "REMOVE #h.#c SET #h.#t = :entry, #expMs = :e, #exp = :exp, #uid = :uid"
+    values = {":entry": holder_value(entry), **lease_values(entry)}
+    update = "REMOVE #h.#c SET #h.#t = :entry, #expMs = :expMs, #exp = :exp, #uid = :uid"
     condition = "attribute_exists(#h.#c)"
     if announced is not None:
         # A take-over: the run may only be stalled, so its successor gets a larger fence, as

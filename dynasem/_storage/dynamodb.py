@@ -13,23 +13,14 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
 import boto3
+from botocore import exceptions as boto_errors
 from botocore.config import Config
-from botocore.exceptions import (
-    BotoCoreError,
-    ClientError,
-    ConnectTimeoutError,
-    EndpointConnectionError,
-    NoCredentialsError,
-    ReadTimeoutError,
-)
-from botocore.exceptions import (
-    ConnectionError as BotoConnectionError,
-)
+from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
 from .._observability import metrics, telemetry
 from ..conf import FALLBACK_REGION, settings
 from ..exceptions import LimitExceeded, Picklable, SemaphoreUnavailable, TableMissing
-from .records import JobRow, LockItem, decode, encode, job_row, key, lock_item, names_in
+from .records import JobRow, LockItem, decode, job_row, key, lock_item, with_expressions
 
 if TYPE_CHECKING:  # boto3-stubs[dynamodb], a development dependency only
     from mypy_boto3_dynamodb import DynamoDBClient
@@ -47,12 +38,13 @@ THROTTLED = frozenset(
 )
 # TransactionConflictException: a single write on an item that a transaction is writing
 # (nothing was applied).
-TRANSIENT_CODES = THROTTLED | {"InternalServerError", "ServiceUnavailable"}
-TRANSIENT_CODES |= {"LimitExceededException", "TransactionInProgressException"}
-TRANSIENT_CODES |= {"TransactionConflictException"}
+TRANSIENT_CODES = {"InternalServerError", "ServiceUnavailable", "LimitExceededException"}
+TRANSIENT_CODES |= THROTTLED | {"TransactionInProgressException", "TransactionConflictException"}
 
-# The reasons a transaction is cancelled for that leave its callers to plan again.
-CANCELLED_RETRYABLE = frozenset({"None", "ConditionalCheckFailed", "TransactionConflict"})
+# A transaction cancelled for one of these reasons, and for no other than these or "None" (an
+# action that was not the cause), leaves its callers to plan again.
+CANCELLED_REPLAN = frozenset({"ConditionalCheckFailed", "TransactionConflict"})
+CANCELLED_RETRYABLE = CANCELLED_REPLAN | {"None"}
 
 # ---------------------------------------------------------------------------------------------
 # The client
@@ -65,25 +57,21 @@ def get_client(*, quick: bool = False) -> DynamoDBClient:
     ``quick``: the client of pages and commands an operator waits on (see :func:`quick`):
     one attempt, 1 s to connect, 2 s to answer. The locks' own requests (renewals above all)
     keep theirs: three attempts, 3 s and 10 s."""
-    client = _clients.get(quick)
-    if client is not None:
-        return client
     with _client_lock:
         if quick not in _clients:
-            _clients[quick] = _build(quick)
+            _clients[quick] = build_client(quick)
         return _clients[quick]
 
 
-def _build(quick: bool) -> DynamoDBClient:
-    session = boto3.session.Session()
-    if quick:
-        retries = {"mode": "legacy", "total_max_attempts": 1}
-    else:
-        # Transport errors and throttling are botocore's to retry; dynasem's own loop only
-        # waits for a busy lock. "legacy" mode uses DynamoDB's own schedule (50 ms, 100 ms):
-        # a heartbeat gets its retries in well inside a lease, where standard mode's random
-        # 1-2 s backoffs could outlast it.
-        retries = {"mode": "legacy", "max_attempts": 3}
+def build_client(quick: bool, session: boto3.session.Session | None = None) -> DynamoDBClient:
+    """A DynamoDB client, quick or not (see :func:`get_client`), of ``session`` (default: a
+    new one)."""
+    session = session or boto3.session.Session()
+    # Not quick: transport errors and throttling are botocore's to retry; dynasem's own loop
+    # only waits for a busy lock. "legacy" mode uses DynamoDB's own schedule (50 ms, 100 ms):
+    # a heartbeat gets its retries in well inside a lease, where standard mode's random 1-2 s
+    # backoffs could outlast it.
+    attempts = {"total_max_attempts": 1} if quick else {"max_attempts": 3}
     return session.client(
         "dynamodb",
         endpoint_url=settings.ENDPOINT_URL,
@@ -94,7 +82,7 @@ def _build(quick: bool) -> DynamoDBClient:
             # walk over each parameter cost ~0.4 ms per request, and a malformed one is
             # still refused by DynamoDB (ValidationException).
             parameter_validation=False,
-            retries=retries,  # type: ignore[arg-type]
+            retries={"mode": "legacy", **attempts},  # type: ignore[arg-type]
             connect_timeout=1 if quick else 3,
             read_timeout=2 if quick else 10,
         ),
@@ -146,6 +134,10 @@ def endpoint_label() -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+# A refused write answers with the item as it was (Refused.item), at no extra read unit.
+REFUSED_OLD: dict[str, Any] = {"ReturnValuesOnConditionCheckFailure": "ALL_OLD"}
+
+
 class Refused(Picklable, Exception):
     """The write's condition failed; the row as it was (``ALL_OLD``) is ``lock`` (a lock
     write's) or ``job`` (a run_once write's)."""
@@ -159,7 +151,7 @@ class Refused(Picklable, Exception):
 
     @functools.cached_property
     def lock(self) -> LockItem | None:
-        return lock_item(self.item)  # decoded once, however often it is asked
+        return None if self.item is None else lock_item(self.item)  # decoded once
 
     @functools.cached_property
     def job(self) -> JobRow:
@@ -183,8 +175,7 @@ class WriteConflict(SemaphoreUnavailable):
 
 
 def _unavailable(exc: Exception) -> SemaphoreUnavailable:
-    where = endpoint_label()
-    table = settings.TABLE_NAME
+    where, table = endpoint_label(), settings.TABLE_NAME
     if isinstance(exc, ClientError):
         code = exc.response.get("Error", {}).get("Code", "")
         message = exc.response.get("Error", {}).get("Message", "")
@@ -203,44 +194,36 @@ def _unavailable(exc: Exception) -> SemaphoreUnavailable:
             return limit
         status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)
         if code == "TransactionConflictException":
-            return WriteConflict(
-                f"DynamoDB at {where} refused a write: {code}: {message}",
-                transient=True,
-                ambiguous=_retried(exc),
-            )
-        return SemaphoreUnavailable(
-            f"DynamoDB at {where} refused the request: {code}: {message}",
-            transient=code in TRANSIENT_CODES or status >= 500,
-            # A 5xx may come after the write was applied; a throttled request never was, but
-            # botocore tells only the last attempt's error: an earlier one may have been
-            # applied and its answer lost.
-            ambiguous=status >= 500 or _retried(exc),
-        )
+            text = f"DynamoDB at {where} refused a write: {code}: {message}"
+            return WriteConflict(text, transient=True, ambiguous=_retried(exc))
+        text = f"DynamoDB at {where} refused the request: {code}: {message}"
+        # A 5xx may come after the write was applied; a throttled request never was, but
+        # botocore tells only the last attempt's error: an earlier one may have been applied
+        # and its answer lost.
+        ambiguous = status >= 500 or _retried(exc)
+        transient = code in TRANSIENT_CODES or status >= 500
+        return SemaphoreUnavailable(text, transient=transient, ambiguous=ambiguous)
     if isinstance(exc, NoCredentialsError):
         return SemaphoreUnavailable(
             f"no AWS credentials for DynamoDB at {where}: boto3's default chain found none "
             "(environment, shared config, instance role)"
         )
-    transient = isinstance(exc, BotoConnectionError | ReadTimeoutError)
-    return SemaphoreUnavailable(
-        f"cannot reach DynamoDB at {where}: {exc}",
-        transient=transient,
-        # Never connected: never applied. A timeout or a dropped connection: perhaps applied.
-        ambiguous=transient and not isinstance(exc, EndpointConnectionError | ConnectTimeoutError),
-    )
+    transient = isinstance(exc, boto_errors.ConnectionError | boto_errors.ReadTimeoutError)
+    # Never connected: never applied. A timeout or a dropped connection: perhaps applied.
+    unsent = isinstance(exc, boto_errors.EndpointConnectionError | boto_errors.ConnectTimeoutError)
+    # Never connected: never applied. A timeout or a dropped connection: perhaps applied.
+    message, ambiguous = f"cannot reach DynamoDB at {where}: {exc}", transient and not unsent
+    return SemaphoreUnavailable(message, transient=transient, ambiguous=ambiguous)
 
 
-def _limit_of(
-    code: str, message: str, response: Mapping[str, Any], retried: bool
-) -> LimitExceeded | None:
+def _limit_of(code: str, message: str, response: Any, retried: bool) -> LimitExceeded | None:
     """The DynamoDB limit a refusal is about, as a :class:`LimitExceeded` that names it; None
     when it is about no limit of DynamoDB's. ``retried``: botocore sent it more than once (an
     earlier attempt, answered with a 500 or not at all, may have been applied)."""
     where, table = endpoint_label(), settings.TABLE_NAME
-    texts = [message]
-    if code == "TransactionCanceledException":
-        texts += [str(r.get("Message", "")) for r in response.get("CancellationReasons", [])]
-    text = " ".join(texts).lower()
+    cancelled = code == "TransactionCanceledException"
+    reasons = response.get("CancellationReasons", []) if cancelled else []
+    text = " ".join([message] + [str(r.get("Message", "")) for r in reasons]).lower()
     if "item size" in text and "exceed" in text:
         return LimitExceeded(
             f"DynamoDB at {where} refused a write to table {table!r}: the item would exceed "
@@ -249,10 +232,7 @@ def _limit_of(
             "first two and the holders of more than 8 permits have items of their own.)",
             "item size",
         )
-    if code in THROTTLED or (
-        code == "TransactionCanceledException"
-        and any(r.get("Code") == "ThrottlingError" for r in response.get("CancellationReasons", []))
-    ):
+    if code in THROTTLED or any(r.get("Code") == "ThrottlingError" for r in reasons):
         return LimitExceeded(
             f"DynamoDB at {where} throttled requests to table {table!r} still after the "
             f"retries ({code}: {message}): the table's capacity, or one partition key's "
@@ -262,9 +242,8 @@ def _limit_of(
             transient=True,
             ambiguous=retried,
         )
-    if code in ("TransactionCanceledException", "ValidationException") and (
-        "transaction" in text and ("size" in text or "limit" in text)
-    ):
+    transaction = (cancelled or code == "ValidationException") and "transaction" in text
+    if transaction and ("size" in text or "limit" in text):
         return LimitExceeded(
             f"DynamoDB at {where} refused a transaction on table {table!r} for its limits "
             f"({code}: {message}). Nothing was written.",
@@ -284,8 +263,7 @@ QUICK_THROTTLE_PAUSES = (0.05, 0.1, 0.2)
 
 
 def _call(client: Any, operation: str, kwargs: dict[str, Any], *, quick: bool) -> Any:
-    pauses = QUICK_THROTTLE_PAUSES if quick else ()
-    for pause in pauses:
+    for pause in QUICK_THROTTLE_PAUSES if quick else ():
         try:
             return getattr(client, operation)(**kwargs)
         except ClientError as exc:
@@ -299,9 +277,8 @@ def send_request(operation: str, **kwargs: Any) -> dict[str, Any]:
     try:
         client = get_client(quick=True) if _quick.get() else get_client()
     except ValueError as exc:  # botocore refuses the endpoint URL itself
-        raise SemaphoreUnavailable(
-            f"cannot build a DynamoDB client for {endpoint_label()!r}: {exc}"
-        ) from exc
+        message = f"cannot build a DynamoDB client for {endpoint_label()!r}: {exc}"
+        raise SemaphoreUnavailable(message) from exc
     if telemetry.ON:
         telemetry.ask_capacity(operation, kwargs)
     try:
@@ -320,16 +297,14 @@ def send_request(operation: str, **kwargs: Any) -> dict[str, Any]:
             raise Refused(decode(item), _retried(exc)) from None
         if code == "TransactionCanceledException":
             reasons = [
-                (r.get("Code", "None"), lock_item(decode(r.get("Item"))))
+                (r.get("Code", "None"), None if "Item" not in r else lock_item(decode(r["Item"])))
                 for r in exc.response.get("CancellationReasons", [])
             ]
             codes = {c for c, _ in reasons}
             # A refused condition, or another request writing one of the items at that
             # moment (TransactionConflict, which DynamoDB itself never retries): nothing was
             # applied, and every caller plans again from the reasons.
-            if codes & {"ConditionalCheckFailed", "TransactionConflict"} and codes <= (
-                CANCELLED_RETRYABLE
-            ):
+            if codes & CANCELLED_REPLAN and codes <= CANCELLED_RETRYABLE:
                 raise Cancelled(reasons, _retried(exc)) from None
         raise _unavailable(exc) from exc
     except (BotoCoreError, OSError) as exc:
@@ -343,16 +318,26 @@ def send_request(operation: str, **kwargs: Any) -> dict[str, Any]:
     return response
 
 
+def send_to_table(
+    operation: str, values: dict[str, Any] | None = None, **request: Any
+) -> dict[str, Any]:
+    """:func:`send_request` to the table, with the attribute names its expressions use and
+    ``values`` (:func:`~dynasem._storage.records.with_expressions`)."""
+    request = with_expressions(request, None, values)
+    return send_request(operation, TableName=settings.TABLE_NAME, **request)
+
+
 def page(
     operation: str, limit: int | None = None, start: Mapping[str, Any] | None = None, **request: Any
 ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """One page of a Query or Scan of the table: its items, decoded, and the key the next
-    page starts after (None: this was the last). ``limit``: items a page."""
+    page starts after (None: this was the last). ``limit``: items a page; the rest as
+    :func:`send_to_table` takes it."""
     if limit:
         request["Limit"] = limit
     if start:
         request["ExclusiveStartKey"] = start
-    response = send_request(operation, TableName=settings.TABLE_NAME, **request)
+    response = send_to_table(operation, **request)
     return [decode(item) for item in response.get("Items", [])], response.get("LastEvaluatedKey")
 
 
@@ -368,16 +353,11 @@ def prefix_pages(
     items), decoded, one Query page at a time (``limit``: items a page; ``after_sk``: from
     the item after that sort key on)."""
     start = None if after_sk is None else key(resource, after_sk)
+    values = {":pk": resource, ":pre": prefix}
+    condition = "#pk = :pk AND begins_with(#sk, :pre)"
     while True:
-        items, start = page(
-            "query",
-            limit,
-            start,
-            ConsistentRead=consistent,
-            KeyConditionExpression="#pk = :pk AND begins_with(#sk, :pre)",
-            ExpressionAttributeNames=names_in("#pk #sk"),
-            ExpressionAttributeValues=encode({":pk": resource, ":pre": prefix}),
-        )
+        request = {"ConsistentRead": consistent, "KeyConditionExpression": condition}
+        items, start = page("query", limit, start, values=values, **request)
         yield items
         if not start:
             return

@@ -5,26 +5,12 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterator
 from typing import Any
 
 from ..conf import settings
 from ..exceptions import SemaphoreUnavailable
-from . import dynamodb
-from .records import (
-    EXPIRES_INDEX,
-    LOCK_SK,
-    USER_INDEX,
-    IndexEntry,
-    LockItem,
-    Mode,
-    decode,
-    encode,
-    from_item,
-    key,
-    lock_item,
-    names_in,
-)
+from . import dynamodb, records
+from .records import LOCK_SK, IndexEntry, LockItem, decode, from_item, key, lock_item
 
 
 def query_expiring(
@@ -45,20 +31,12 @@ def query_expiring(
     elif since is not None:
         condition += " AND #exp >= :a"
         values[":a"] = since
-    if not shared_only:
-        return _query(EXPIRES_INDEX, condition, values, limit, start)
-    # Counting and shared rows name only one of their holders in userId.
-    values[":x"] = Mode.EXCLUSIVE.value
-    return _query(EXPIRES_INDEX, condition, values, limit, start, filter_by="#mode <> :x")
-
-
-def iter_expiring(shard: int, **kwargs: Any) -> Iterator[IndexEntry]:
-    start = None
-    while True:
-        rows, start = query_expiring(shard, start=start, **kwargs)
-        yield from rows
-        if not start:
-            return
+    request = {"IndexName": records.EXPIRES_INDEX, "KeyConditionExpression": condition}
+    if shared_only:  # counting and shared rows name only one of their holders in userId
+        values[":x"] = records.Mode.EXCLUSIVE.value
+        request["FilterExpression"] = "#mode <> :x"
+    items, last = dynamodb.page("query", limit, start, values=values, **request)
+    return [from_item(IndexEntry, item) for item in items], last
 
 
 def query_user_page(
@@ -66,30 +44,9 @@ def query_user_page(
 ) -> tuple[list[IndexEntry], dict[str, Any] | None]:
     """One page of the userId index: rows whose latest holder is ``user_id`` and whose lease
     ends at or after ``since`` (epoch seconds)."""
-    values = {":u": user_id, ":a": since}
-    return _query(USER_INDEX, "#uid = :u AND #exp >= :a", values, limit, start)
-
-
-def _query(
-    index: str,
-    condition: str,
-    values: dict[str, Any],
-    limit: int | None,
-    start: dict[str, Any] | None,
-    filter_by: str | None = None,
-) -> tuple[list[IndexEntry], dict[str, Any] | None]:
-    """One page of a Query of one of our indexes: its entries and LastEvaluatedKey."""
-    request: dict[str, Any] = {"IndexName": index, "KeyConditionExpression": condition}
-    if filter_by:
-        request["FilterExpression"] = filter_by
-    items, last = dynamodb.page(
-        "query",
-        limit,
-        start,
-        ExpressionAttributeNames=names_in(f"{condition} {filter_by or ''}"),
-        ExpressionAttributeValues=encode(values),
-        **request,
-    )
+    values, condition = {":u": user_id, ":a": since}, "#uid = :u AND #exp >= :a"
+    request = {"IndexName": records.USER_INDEX, "KeyConditionExpression": condition}
+    items, last = dynamodb.page("query", limit, start, values=values, **request)
     return [from_item(IndexEntry, item) for item in items], last
 
 
@@ -104,6 +61,7 @@ def get_many(entries: list[IndexEntry], *, consistent: bool = False) -> list[Loc
     out. Each row sorts where its entry did (``listed_s``), which is where a page cursor goes
     on from."""
     found: dict[str, LockItem] = {}
+    table = settings.TABLE_NAME
     wanted = list(dict.fromkeys(e.resource for e in entries))
     for i in range(0, len(wanted), MAX_BATCH_GET):
         keys: list[dict[str, Any]] = [key(r, LOCK_SK) for r in wanted[i : i + MAX_BATCH_GET]]
@@ -113,21 +71,15 @@ def get_many(entries: list[IndexEntry], *, consistent: bool = False) -> list[Loc
             if attempt:
                 time.sleep(min(0.05 * 2**attempt, 1.0))  # throttled: DynamoDB said try later
             asked = {"Keys": keys, **({"ConsistentRead": True} if consistent else {})}
-            response = dynamodb.send_request(
-                "batch_get_item", RequestItems={settings.TABLE_NAME: asked}
-            )
-            for item in response.get("Responses", {}).get(settings.TABLE_NAME, []):
-                row = lock_item(decode(item))
-                found[row.resource] = row
-            keys = response.get("UnprocessedKeys", {}).get(settings.TABLE_NAME, {}).get("Keys", [])
+            response = dynamodb.send_request("batch_get_item", RequestItems={table: asked})
+            rows = response.get("Responses", {}).get(table, [])
+            found |= {row.resource: row for row in (lock_item(decode(item)) for item in rows)}
+            keys = response.get("UnprocessedKeys", {}).get(table, {}).get("Keys", [])
         if keys:
             raise SemaphoreUnavailable(
                 f"DynamoDB at {dynamodb.endpoint_label()} left {len(keys)} rows unread (throttled)",
                 transient=True,
             )
     # Each row sorts where its entry did.
-    return [
-        dataclasses.replace(found[e.resource], listed_s=e.listed_s)
-        for e in entries
-        if e.resource in found
-    ]
+    listed = [(found[e.resource], e.listed_s) for e in entries if e.resource in found]
+    return [dataclasses.replace(row, listed_s=listed_s) for row, listed_s in listed]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import dynamodb, lock_rows
-from .records import JOB_SK, JobRow, encode, job_row, names_in
+from .records import JOB_SK, JobRow, job_row
 
 
 def update_job(action: dict[str, Any], *, return_new: bool = False) -> JobRow | None:
@@ -28,17 +28,12 @@ def scan_jobs(
         values[":p"] = prefix
         conditions.append("begins_with(#pk, :p)")
     if status == "NEW":
-        conditions.append("attribute_not_exists(#st)")
+        conditions.append("attribute_not_exists(#status)")
     elif status:
         values[":st"] = status
-        conditions.append("#st = :st")
-    items, last = dynamodb.page(
-        "scan",
-        start=start,
-        FilterExpression=" AND ".join(conditions),
-        ExpressionAttributeNames=names_in(" ".join(conditions)),
-        ExpressionAttributeValues=encode(values),
-    )
+        conditions.append("#status = :st")
+    request = {"FilterExpression": " AND ".join(conditions)}
+    items, last = dynamodb.page("scan", None, start, values=values, **request)
     return [job_row(item) for item in items], last
 
 

@@ -10,7 +10,7 @@ from .lock_writes import update_action
 from .records import FAILED, JOB_SK, RUNNING
 
 # A claim's: ours, while it runs.
-OURS = "#tok = :tok AND #st = :running"
+OURS = "#token = :tok AND #status = :running"
 
 
 def job_claim(
@@ -18,17 +18,17 @@ def job_claim(
 ) -> dict[str, Any]:
     """NEW or FAILED (or RUNNING under a dead lease) -> RUNNING, in one conditional write."""
     update = (
-        "SET #st = :running, #tok = :tok, #uid = :uid, #expMs = :expMs, #fence = :fence, "
-        "#start = :now, #att = if_not_exists(#att, :zero) + :one REMOVE #end"
+        "SET #status = :running, #token = :tok, #uid = :uid, #expMs = :expMs, #fence = :fence, "
+        "#startedMs = :now, #attempt = if_not_exists(#attempt, :zero) + :one REMOVE #finishedMs"
     )
     condition = (
-        "(attribute_not_exists(#st) OR #st = :failed OR (#st = :running AND #expMs < :stale)) "
+        "(attribute_not_exists(#status) OR #status = :failed "
+        "OR (#status = :running AND #expMs < :stale)) "
         "AND (attribute_not_exists(#fence) OR #fence < :fence)"
     )
-    values: dict[str, Any] = {":running": RUNNING, ":failed": FAILED, ":tok": token}
-    values[":uid"] = user_id
-    values |= {":expMs": expires_ms, ":fence": fence, ":now": now_ms, ":stale": stale_ms}
-    values |= {":zero": 0, ":one": 1}
+    values: dict[str, Any] = {":running": RUNNING, ":failed": FAILED, ":zero": 0, ":one": 1}
+    values |= {":tok": token, ":uid": user_id, ":expMs": expires_ms, ":fence": fence}
+    values |= {":now": now_ms, ":stale": stale_ms}
     return update_action(key, JOB_SK, update, condition, {}, values)
 
 
@@ -40,12 +40,12 @@ def job_renew(key: str, token: str, expires_ms: int) -> dict[str, Any]:
 def job_finish(key: str, token: str, status: str, error: str | None, now_ms: int) -> dict[str, Any]:
     """RUNNING -> DONE/FAILED; the row loses its lease and never expires."""
     values: dict[str, Any] = {":st": status, ":tok": token, ":now": now_ms, ":running": RUNNING}
-    update = "SET #st = :st, #end = :now, #last = :tok"
+    update = "SET #status = :st, #finishedMs = :now, #lastToken = :tok"
     if error is not None:
         values[":err"] = error[:4000]
-        update += ", #err = :err REMOVE #tok, #expMs"
+        update += ", #error = :err REMOVE #token, #expMs"
     else:
-        update += " REMOVE #tok, #expMs, #err"
+        update += " REMOVE #token, #expMs, #error"
     return update_action(key, JOB_SK, update, OURS, {}, values)
 
 
@@ -55,9 +55,9 @@ def job_reset(key: str, status_seen: str, finished_ms: int | None, now_ms: int) 
     the attempt count; records when it was reset."""
     values: dict[str, Any] = {":seen": status_seen, ":now": now_ms}
     if finished_ms is None:
-        condition = "#st = :seen AND attribute_not_exists(#end)"
+        condition = "#status = :seen AND attribute_not_exists(#finishedMs)"
     else:
-        condition = "#st = :seen AND #end = :end"
+        condition = "#status = :seen AND #finishedMs = :end"
         values[":end"] = finished_ms
-    update = "REMOVE #st, #err, #end, #tok, #expMs SET #reset = :now"
+    update = "REMOVE #status, #error, #finishedMs, #token, #expMs SET #resetMs = :now"
     return update_action(key, JOB_SK, update, condition, {}, values)

@@ -8,28 +8,25 @@ from typing import Any
 
 from ..conf import settings
 from . import dynamodb
-from .records import LOCK_SK, LockItem, decode, encode, key, lock_item, names_in
+from .records import LOCK_SK, LockItem, decode, key, lock_item
 
 
 def update(action: dict[str, Any], *, return_new: bool = False) -> LockItem | None:
     """Send one conditional lock write. Raises :class:`Refused` with the old row."""
-    return lock_item(update_item(action, return_new))
+    row = update_item(action, return_new)
+    return None if row is None else lock_item(row)
 
 
 def update_item(action: dict[str, Any], return_new: bool) -> dict[str, Any] | None:
-    response = dynamodb.send_request(
-        "update_item",
-        TableName=settings.TABLE_NAME,
-        ReturnValues="ALL_NEW" if return_new else "NONE",
-        ReturnValuesOnConditionCheckFailure="ALL_OLD",
-        **action,
-    )
+    returns = {"ReturnValues": "ALL_NEW" if return_new else "NONE"}
+    request = {"TableName": settings.TABLE_NAME, **returns, **dynamodb.REFUSED_OLD, **action}
+    response = dynamodb.send_request("update_item", **request)
     return decode(response.get("Attributes")) if return_new else None
 
 
 def transact(actions: list[dict[str, Any]]) -> None:
     """Send UpdateItem actions as one all-or-none transaction. Raises :class:`Cancelled`."""
-    refused = {"TableName": settings.TABLE_NAME, "ReturnValuesOnConditionCheckFailure": "ALL_OLD"}
+    refused = {"TableName": settings.TABLE_NAME, **dynamodb.REFUSED_OLD}
     items = [{"Update": action | refused} for action in actions]
     dynamodb.send_request("transact_write_items", TransactItems=items)
 
@@ -38,19 +35,15 @@ def get(resource: str, *, consistent: bool = True) -> LockItem | None:
     """One read of a lock row (used only where no write can tell us): strongly consistent,
     unless ``consistent`` is False (half the read units: for a queued waiter's look, which
     only decides when to write, every write being conditional on the row as it is)."""
-    return lock_item(get_item(resource, LOCK_SK, consistent=consistent))
+    row = get_item(resource, LOCK_SK, consistent=consistent)
+    return None if row is None else lock_item(row)
 
 
-def stored_item(pk: str, sk: str = LOCK_SK) -> dict[str, Any] | None:
-    """A row exactly as stored, decoded to plain Python: for tests and diagnostics, which
-    check the stored format itself. The app reads :func:`get` and :func:`get_job`."""
-    return get_item(pk, sk)
-
-
-def get_item(pk: str, sk: str, *, consistent: bool = True) -> dict[str, Any] | None:
-    response = dynamodb.send_request(
-        "get_item", TableName=settings.TABLE_NAME, Key=key(pk, sk), ConsistentRead=consistent
-    )
+def get_item(pk: str, sk: str = LOCK_SK, *, consistent: bool = True) -> dict[str, Any] | None:
+    """An item exactly as stored, decoded to plain Python (tests and diagnostics check the
+    stored format itself with it; the app reads :func:`get` and
+    :func:`~dynasem._storage.job_rows.get_job`)."""
+    response = dynamodb.send_to_table("get_item", Key=key(pk, sk), ConsistentRead=consistent)
     return decode(response.get("Item"))
 
 
@@ -68,14 +61,9 @@ def delete_expired(resource: str, cutoff_ms: int, *, resent: bool = False) -> bo
     the row gone is our earlier delete's doing: True, not a row that changed since listed.
     The row as it was comes back with the refusal (``ALL_OLD``), at no extra read unit."""
     try:
-        dynamodb.send_request(
-            "delete_item",
-            TableName=settings.TABLE_NAME,
-            Key=key(resource, LOCK_SK),
-            ConditionExpression="#expMs < :cut",
-            ExpressionAttributeNames=names_in("#expMs"),
-            ExpressionAttributeValues=encode({":cut": cutoff_ms}),
-            ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        request = {"Key": key(resource, LOCK_SK), "ConditionExpression": "#expMs < :cut"}
+        dynamodb.send_to_table(
+            "delete_item", {":cut": cutoff_ms}, **request, **dynamodb.REFUSED_OLD
         )
     except dynamodb.Refused as refused:
         return (resent or refused.retried) and refused.item is None

@@ -9,20 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .records import (
-    LOCK_SK,
-    Holder,
-    LockItem,
-    Mode,
-    bucket_of,
-    encode,
-    entry_sk,
-    holder_value,
-    key,
-    names_in,
-    shard_of,
-    ttl_of,
-)
+from . import records
+from .records import LOCK_SK, Holder, LockItem, Mode, bucket_of, holder_value, key, with_expressions
 
 # A shared row keeps this many readers among its holders; the next take reader items
 # (reader_items.py, which builds on this module). Two: with them and the items' sentinel
@@ -44,16 +32,10 @@ def update_action(
 ) -> dict[str, Any]:
     """UpdateItem's arguments (without ``TableName``). ``names``: the placeholders that are
     not in :data:`~dynasem._storage.records.NAMES` (a holder's token, say)."""
-    action: dict[str, Any] = {
-        "Key": key(pk, sk),
-        "UpdateExpression": update,
-        "ExpressionAttributeNames": names_in(update + " " + condition, names),
-    }
+    action = {"Key": key(pk, sk), "UpdateExpression": update}
     if condition:
         action["ConditionExpression"] = condition
-    if values:
-        action["ExpressionAttributeValues"] = encode(values)
-    return action
+    return with_expressions(action, names, values)
 
 
 def lease_values(entry: Holder) -> dict[str, Any]:
@@ -120,12 +102,10 @@ def take_free(
     increasing even when our clock is behind the previous holder's.
     """
     sets = ["#h = :h, #mode = :mode, #lim = :lim, #fence = :fence", LEASE, "#shard = :shard"]
-    conds = [
-        "(attribute_not_exists(#h) OR size(#h) = :zero OR #expMs < :stale) "
-        "AND (attribute_not_exists(#fence) OR #fence < :fence)"
-    ]
+    conds = ["(attribute_not_exists(#h) OR size(#h) = :zero OR #expMs < :stale)"]
+    conds.append("(attribute_not_exists(#fence) OR #fence < :fence)")
     values = {":h": {token: holder_value(entry)}, ":mode": mode, ":lim": limit, ":zero": 0}
-    values |= {":fence": entry.fence, ":shard": shard_of(resource), ":stale": stale_ms}
+    values |= {":fence": entry.fence, ":shard": records.shard_of(resource), ":stale": stale_ms}
     if permits_row is None:
         conds.append("attribute_not_exists(#hw)")
     else:
@@ -167,9 +147,10 @@ def take_join(
         # holder goes and the row keeps its mode and limit.
         evict = sorted(evict, key=lambda t: (seen.holders[t].expires_ms, t))[:MAX_EVICT]
         replace = False
-    names = {"#t": token}
+    # The evicted holders: #x0, #x1..., each removed only if its lease end is still the one seen.
+    names = {"#t": token} | {f"#x{i}": gone for i, gone in enumerate(evict)}
     values = {":entry": holder_value(entry), ":fence": entry.fence, ":mode": mode, ":lim": limit}
-    values |= {":size": len(seen.holders), ":shard": shard_of(resource)}
+    values |= {":size": len(seen.holders), ":shard": records.shard_of(resource)}
     sets = ["#h.#t = :entry", "#fence = :fence", "#shard = :shard"]
     # attribute_exists first: a row moved to permit items has no holders map (moto, unlike
     # DynamoDB, fails on size() of a missing attribute instead of reading it false).
@@ -187,16 +168,12 @@ def take_join(
         conds.append("#expMs = :seenExp" if replace else "#expMs <= :expMs")
         if replace:
             values[":seenExp"] = seen.expires_ms
-    removes = []
-    for i, gone in enumerate(evict):
-        names[f"#x{i}"] = gone
-        removes.append(f"#h.#x{i}")
-        conds.append(f"#h.#x{i}.#e = :xe{i}")
-        values[f":xe{i}"] = seen.holders[gone].expires_ms
+    values |= {f":xe{i}": seen.holders[gone].expires_ms for i, gone in enumerate(evict)}
+    conds += [f"#h.#x{i}.#e = :xe{i}" for i in range(len(evict))]
     q_sets, q_conds = queue_clauses(queue, values)
     update = "SET " + ", ".join(sets + q_sets)
-    if removes:
-        update += " REMOVE " + ", ".join(removes)
+    if evict:
+        update += " REMOVE " + ", ".join(f"#h.#x{i}" for i in range(len(evict)))
     return update_action(resource, LOCK_SK, update, " AND ".join(conds + q_conds), names, values)
 
 
@@ -206,29 +183,22 @@ def take_room(
     """A counting or shared hold's first, blind try: join if there is room, same mode and
     limit, nobody queued, and our lease ends last (so it becomes the item's expiry). Anything
     else is refused and planned from the old item."""
-    if mode != Mode.SHARED:
-        room = "size(#h) < :lim"
-    else:
-        # Readers past the first few (or while the row has reader items: its "readers"
-        # holder) take reader items (reader_items.py): planned from the refusal.
-        room = "size(#h) < :inline AND attribute_not_exists(#h.#sentinel)"
-    conds = ["attribute_exists(#h)", room, "attribute_not_exists(#hw)", "#mode = :mode"]
-    conds += ["#lim = :lim", "#fence < :fence", "#expMs <= :expMs", QUEUE_IDLE]
     values = {":entry": holder_value(entry), ":fence": entry.fence, ":mode": mode, ":lim": limit}
     values |= lease_values(entry)
+    room = "size(#h) < :lim"
     if mode == Mode.SHARED:
+        # Readers past the first few (or while the row has reader items: its "readers"
+        # holder) take reader items (reader_items.py): planned from the refusal.
+        room = "size(#h) < :inline AND attribute_not_exists(#h.#s)"
         values[":inline"] = READERS_INLINE
+    conds = ["attribute_exists(#h)", room, "attribute_not_exists(#hw)", "#mode = :mode"]
+    conds += ["#lim = :lim", "#fence < :fence", "#expMs <= :expMs", QUEUE_IDLE]
     update = "SET #h.#t = :entry, #fence = :fence, " + LEASE
     return update_action(resource, LOCK_SK, update, " AND ".join(conds), {"#t": token}, values)
 
 
 def renew_hold(
-    resource: str,
-    token: str,
-    expires_ms: int,
-    *,
-    raise_item: bool,
-    user_id: str | None = None,
+    resource: str, token: str, expires_ms: int, *, raise_item: bool, user_id: str | None = None
 ) -> dict[str, Any]:
     """Push our lease end; conditional on our token still being among the holders.
 
@@ -277,7 +247,7 @@ def give_back(
     release) moves ``expires`` up to ``now_ms``'s bucket, which must never read earlier than
     the row's ``expMs``."""
     values: dict[str, Any] = {":tok": token}
-    sets = ["#last = :tok"]
+    sets = ["#lastToken = :tok"]
     if sole:
         # The sole holder leaves: the item is idle from now (reapable CLOCK_SKEW later)
         # instead of at its old lease end. ``now_ms`` may be a little ahead of the clock: see
@@ -324,18 +294,16 @@ def hand_over(
     heir's whose lease ends last."""
     if not heirs:
         raise ValueError("a hand-over needs an heir")
-    names = {"#t": token}
+    # The heirs: #n0, #n1..., each holding from now with its entry (:entry0, :entry1...).
+    names = {"#t": token} | {f"#n{i}": heir for i, (heir, _, _) in enumerate(heirs)}
     entries = [entry for _, _, entry in heirs]
     values = lease_values(max(entries, key=lambda entry: entry.expires_ms))
     values |= {":fence": max(e.fence for e in entries), ":low": min(e.fence for e in entries)}
     values |= {":tok": token, ":hold": hold_ms, ":sqout": queue_out}
     values[":nqout"] = max(ticket for _, ticket, _ in heirs)
-    sets = []
-    for i, (heir, _, entry) in enumerate(heirs):
-        names[f"#n{i}"] = heir
-        values[f":entry{i}"] = holder_value(entry)
-        sets.append(f"#h.#n{i} = :entry{i}")
-    sets += ["#qout = :nqout", "#fence = :fence", LEASE, "#last = :tok", "#hold = :hold"]
+    values |= {f":entry{i}": holder_value(entry) for i, entry in enumerate(entries)}
+    sets = [f"#h.#n{i} = :entry{i}" for i in range(len(heirs))]
+    sets += ["#qout = :nqout", "#fence = :fence", LEASE, "#lastToken = :tok", "#hold = :hold"]
     if mode is not None:
         # Both indexes project the mode: a change costs a write in each, so only when it changes.
         sets.append("#mode = :mode")
@@ -364,9 +332,10 @@ def take_ticket(resource: str, queue_id: int, *, if_busy_ms: int | None = None) 
 
 def renew_waiter(resource: str, queue_id: int, ticket: int, expires_ms: int) -> dict[str, Any]:
     """Push a queue entry's lease end (and its TTL); conditional on the entry being there."""
-    values = {":e": expires_ms, ":exp": ttl_of(expires_ms)}
+    values = {":e": expires_ms, ":exp": records.ttl_of(expires_ms)}
     update, condition = "SET #e = :e, #exp = :exp", "attribute_exists(#e)"
-    return update_action(resource, entry_sk(queue_id, ticket), update, condition, {}, values)
+    sk = records.entry_sk(queue_id, ticket)
+    return update_action(resource, sk, update, condition, {}, values)
 
 
 def force_release(resource: str, token: str) -> dict[str, Any]:
@@ -374,5 +343,5 @@ def force_release(resource: str, token: str) -> dict[str, Any]:
 
     Unlike :func:`give_back` it leaves ``lastToken`` alone and records ``brokenToken``: the
     broken holder's own release must not mistake the break for its release."""
-    update, condition = "REMOVE #h.#t SET #broken = :tok", "attribute_exists(#h.#t)"
+    update, condition = "REMOVE #h.#t SET #brokenToken = :tok", "attribute_exists(#h.#t)"
     return update_action(resource, LOCK_SK, update, condition, {"#t": token}, {":tok": token})

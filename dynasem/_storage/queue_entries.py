@@ -7,9 +7,8 @@ import dataclasses
 import time
 from typing import Any
 
-from ..conf import settings
 from . import dynamodb, lock_rows
-from .records import LockItem, Waiter, encode, entry_item, entry_sk, from_item, key, names_in
+from .records import LockItem, Waiter, entry_item, entry_sk, from_item, key
 
 # Entry items one query of the queue reads (a page): the first live one is usually the first.
 ENTRY_PAGE = 8
@@ -18,16 +17,12 @@ ENTRY_PAGE = 8
 def put_entry(resource: str, queue_id: int, waiter: Waiter) -> None:
     """Write our queue entry (its ticket drawn by :func:`take_ticket`): an item of its own,
     so that a crowd of waiters never makes a write to the row dearer."""
-    dynamodb.send_request(
-        "put_item", TableName=settings.TABLE_NAME, Item=entry_item(resource, queue_id, waiter)
-    )
+    dynamodb.send_to_table("put_item", Item=entry_item(resource, queue_id, waiter))
 
 
 def drop_entry(resource: str, queue_id: int, ticket: int) -> None:
     """Delete our queue entry (we leave the queue): a hand-over then no longer finds us."""
-    dynamodb.send_request(
-        "delete_item", TableName=settings.TABLE_NAME, Key=key(resource, entry_sk(queue_id, ticket))
-    )
+    dynamodb.send_to_table("delete_item", Key=key(resource, entry_sk(queue_id, ticket)))
 
 
 # After leaving the queue while another holds, how long until we look again whether a
@@ -54,36 +49,22 @@ def may_be_handed(row: LockItem | None, queue_id: int, ticket: int, token: str) 
     that left still land, as far as ``row`` (read after it left) tells? Only if someone
     holds (a holder hands over in its release write) and its turn has not gone by: the
     releaser may have read the line before it left, or read it eventually consistently."""
-    return (
-        row is not None
-        and token not in row.holders
-        and bool(row.holders)
-        and row.queue_id == queue_id
-        and row.queue_out < ticket
-    )
+    if row is None or token in row.holders or not row.holders:
+        return False
+    return row.queue_id == queue_id and row.queue_out < ticket
 
 
 def _entry_page(
-    item: LockItem,
-    upto: int,
-    limit: int | None,
-    start: dict[str, Any] | None,
-    consistent: bool = True,
+    item: LockItem, upto: int, limit: int | None, start: dict[str, Any] | None, consistent: bool
 ) -> tuple[list[Waiter], dict[str, Any] | None]:
     """One page of the entry items of ``item``'s queue, tickets ``qout`` + 1 to ``upto``
-    (consistent unless told: the entries a waiter or a releaser decides from must be current;
+    (``consistent`` but once: the entries a waiter or a releaser decides from must be current;
     see :func:`dynasem._engine.handover.heirs_of` for the one read that need not be)."""
     lo, hi = entry_sk(item.queue_id, item.queue_out + 1), entry_sk(item.queue_id, upto)
+    values = {":pk": item.resource, ":lo": lo, ":hi": hi}
     condition = "#pk = :pk AND #sk BETWEEN :lo AND :hi"
-    items, last = dynamodb.page(
-        "query",
-        limit,
-        start,
-        ConsistentRead=consistent,
-        KeyConditionExpression=condition,
-        ExpressionAttributeNames=names_in(condition),
-        ExpressionAttributeValues=encode({":pk": item.resource, ":lo": lo, ":hi": hi}),
-    )
+    request = {"ConsistentRead": consistent, "KeyConditionExpression": condition}
+    items, last = dynamodb.page("query", limit, start, values=values, **request)
     return [from_item(Waiter, entry) for entry in items], last
 
 
@@ -94,7 +75,7 @@ def queue_entries(item: LockItem, most: int | None = None) -> list[Waiter]:
     found: list[Waiter] = []
     start = None
     while item.queue_in > item.queue_out and (most is None or len(found) < most):
-        page, start = _entry_page(item, item.queue_in, most and most - len(found), start)
+        page, start = _entry_page(item, item.queue_in, most and most - len(found), start, True)
         found += page
         if not start:
             break

@@ -58,15 +58,13 @@ from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 
 from ..conf import settings
 
-LOCK_SK = "lock"
-JOB_SK = "job"
-NEXT_SK = "next"
+# The sort keys of a resource's lock row, run_once row and next-run registration.
+LOCK_SK, JOB_SK, NEXT_SK = "lock", "job", "next"
 # The format item's key, and the stored format this dynasem reads and writes.
 FORMAT_PK, FORMAT_SK = "dynasem#format", "format"
 FORMAT_VERSION = 1
 # Keys-only projections over a bucketed ``expires``.
-USER_INDEX = "userId-index-v2"
-EXPIRES_INDEX = "expires-index-v2"
+USER_INDEX, EXPIRES_INDEX = "userId-index-v2", "expires-index-v2"
 # The width of an ``expires`` bucket (seconds). Wider: fewer index moves for long holds;
 # narrower: fewer idle rows (released this bucket) read and left out by a live listing.
 BUCKET_S = 900
@@ -80,8 +78,7 @@ RUNNING, DONE, FAILED = "RUNNING", "DONE", "FAILED"
 
 R = TypeVar("R")
 
-_serializer = TypeSerializer()
-_deserializer = TypeDeserializer()
+_serializer, _deserializer = TypeSerializer(), TypeDeserializer()
 
 
 def key(pk: str, sk: str) -> dict[str, Any]:
@@ -151,10 +148,9 @@ def _codec(cls: type) -> tuple[tuple[str, str, Callable[[Any], Any]], ...]:
     """(field, attribute, converter) of each stored field of ``cls``."""
     if cls not in _codecs:
         hints = typing.get_type_hints(cls)
+        fields = [f for f in dataclasses.fields(cls) if "stored" in f.metadata]
         _codecs[cls] = tuple(
-            (f.name, f.metadata["stored"], _converter(hints[f.name]))
-            for f in dataclasses.fields(cls)
-            if "stored" in f.metadata
+            (f.name, f.metadata["stored"], _converter(hints[f.name])) for f in fields
         )
     return _codecs[cls]
 
@@ -287,17 +283,9 @@ class LockItem:
         return self.queue_in > self.queue_out
 
 
-@overload
-def lock_item(item: None) -> None: ...
-@overload
-def lock_item(item: Mapping[str, Any]) -> LockItem: ...
-@overload
-def lock_item(item: Mapping[str, Any] | None) -> LockItem | None: ...
-
-
-def lock_item(item: Mapping[str, Any] | None) -> LockItem | None:
-    """A decoded lock row (or a pushed one) as a :class:`LockItem`; None stays None."""
-    return None if item is None else from_item(LockItem, item, stored=item)
+def lock_item(item: Mapping[str, Any]) -> LockItem:
+    """A decoded lock row (or a pushed one) as a :class:`LockItem`."""
+    return from_item(LockItem, item, stored=item)
 
 
 def guessed_free(fence: int) -> LockItem | None:
@@ -309,11 +297,6 @@ def guessed_free(fence: int) -> LockItem | None:
 def holder_value(holder: Holder) -> dict[str, Any]:
     """A holder entry as the row's ``holders`` map keeps it."""
     return to_item(holder)
-
-
-def waiter_value(waiter: Waiter) -> dict[str, Any]:
-    """A queue entry's attributes (its item's, without the key and TTL)."""
-    return to_item(waiter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -339,11 +322,8 @@ def entry_item(resource: str, queue_id: int, waiter: Waiter) -> dict[str, Any]:
     """A queue entry as its own item (PutItem's ``Item``). It carries no ``userId`` or
     ``shard`` (so no index writes) and ``expires`` for TTL only: waiters that left or were
     served leave their entries behind, below the row's ``qout``, where nobody reads them."""
-    return {
-        **key(resource, entry_sk(queue_id, waiter.ticket)),
-        **encode(to_item(waiter)),
-        "expires": {"N": str(ttl_of(waiter.expires_ms))},
-    }
+    attributes = to_item(waiter) | {"expires": ttl_of(waiter.expires_ms)}
+    return {**key(resource, entry_sk(queue_id, waiter.ticket)), **encode(attributes)}
 
 
 def ttl_of(expires_ms: int) -> int:
@@ -457,9 +437,6 @@ NAMES = {
     "#lim": "limit",
     "#uid": "userId",
     "#exp": "expires",
-    "#ex": "expires",
-    "#last": "lastToken",
-    "#broken": "brokenToken",
     "#hold": "holdMs",
     "#rep": "repoch",
     "#rl": "rlease",
@@ -467,14 +444,6 @@ NAMES = {
     # The row's holder that stands for its reader items (reader_items.SENTINEL); not a
     # holder's ``s``, which no expression names.
     "#s": "readers",
-    "#sentinel": "readers",
-    "#st": "status",
-    "#tok": "token",
-    "#att": "attempt",
-    "#err": "error",
-    "#start": "startedMs",
-    "#end": "finishedMs",
-    "#reset": "resetMs",
 }
 
 
@@ -486,6 +455,20 @@ def names_in(expression: str, given: Mapping[str, str] | None = None) -> dict[st
     one it does not use): ``given`` ones (a holder's token, say), else :data:`NAMES`'."""
     known = NAMES | dict(given or {})
     return {p: known[p] for p in dict.fromkeys(_PLACEHOLDER.findall(expression))}
+
+
+def with_expressions(
+    request: dict[str, Any], names: Mapping[str, str] | None, values: dict[str, Any] | None
+) -> dict[str, Any]:
+    """``request`` with the ExpressionAttributeNames of the placeholders its expressions use
+    (``names``: those not in :data:`NAMES`), and ``values`` encoded as its
+    ExpressionAttributeValues (none: no values)."""
+    used = " ".join(text for k, text in request.items() if k.endswith("Expression"))
+    if "#" in used:
+        request["ExpressionAttributeNames"] = names_in(used, names)
+    if values:
+        request["ExpressionAttributeValues"] = encode(values)
+    return request
 
 
 # The keys of pages: where a listing goes on.
@@ -506,8 +489,8 @@ def index_position(last_key: Mapping[str, Any]) -> list[Any]:
     return [int(last_key["expires"]["N"]), str(last_key["pk"]["S"])]
 
 
-def scan_start(pk: str, sk: str) -> dict[str, Any]:
-    return key(pk, sk)
+# The ExclusiveStartKey that goes on after the item ``pk``, ``sk`` (a Scan cursor's form).
+scan_start = key
 
 
 def scan_position(last_key: Mapping[str, Any]) -> list[str]:
@@ -536,12 +519,11 @@ def format_version(item: Mapping[str, Any] | None) -> int | None:
 def table_definition(name: str | None = None) -> dict[str, Any]:
     """CreateTable arguments: on-demand, a GSI on userId and a sharded GSI on expires."""
     kinds = {"pk": "S", "sk": "S", "userId": "S", "expires": "N", "shard": "N"}
+    attributes = [{"AttributeName": a, "AttributeType": t} for a, t in kinds.items()]
     return {
         "TableName": name or settings.TABLE_NAME,
         "BillingMode": "PAY_PER_REQUEST",
-        "AttributeDefinitions": [
-            {"AttributeName": a, "AttributeType": t} for a, t in kinds.items()
-        ],
+        "AttributeDefinitions": attributes,
         "KeySchema": _key_schema("pk", "sk"),
         "GlobalSecondaryIndexes": list(index_definitions()),
     }
@@ -558,7 +540,5 @@ def index_definitions() -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _key_schema(hash_key: str, range_key: str) -> list[dict[str, str]]:
-    return [
-        {"AttributeName": hash_key, "KeyType": "HASH"},
-        {"AttributeName": range_key, "KeyType": "RANGE"},
-    ]
+    keys = {hash_key: "HASH", range_key: "RANGE"}
+    return [{"AttributeName": name, "KeyType": kind} for name, kind in keys.items()]

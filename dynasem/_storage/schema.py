@@ -6,12 +6,11 @@ from typing import Any
 
 import boto3
 import botocore.session
-from botocore.config import Config
 
 from ..conf import settings
 from ..exceptions import SemaphoreUnavailable, TableMissing
 from . import dynamodb, lock_rows
-from .dynamodb import Refused, get_client, region_of
+from .dynamodb import REFUSED_OLD, Refused, get_client
 from .records import FORMAT_PK, FORMAT_SK, FORMAT_VERSION, decode, format_item, format_version, key
 
 # ---------------------------------------------------------------------------------------------
@@ -21,44 +20,31 @@ from .records import FORMAT_PK, FORMAT_SK, FORMAT_VERSION, decode, format_item, 
 
 def describe_table() -> dict[str, Any] | None:
     try:
-        description: dict[str, Any] = dynamodb.send_request(
-            "describe_table", TableName=settings.TABLE_NAME
-        )["Table"]
-        return description
+        return dict(dynamodb.send_to_table("describe_table")["Table"])
     except TableMissing:
         return None
 
 
 def create_table(definition: dict[str, Any]) -> dict[str, Any]:
-    description: dict[str, Any] = dynamodb.send_request("create_table", **definition)[
-        "TableDescription"
-    ]
-    return description
+    return dict(dynamodb.send_request("create_table", **definition)["TableDescription"])
 
 
 def wait_until_active(name: str) -> None:
-    get_client().get_waiter("table_exists").wait(
-        TableName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 300}
-    )
+    waiter = get_client().get_waiter("table_exists")
+    waiter.wait(TableName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 300})
 
 
 def ttl_status(name: str) -> str:
     try:
-        desc = dynamodb.send_request("describe_time_to_live", TableName=name)[
-            "TimeToLiveDescription"
-        ]
+        response = dynamodb.send_request("describe_time_to_live", TableName=name)
     except SemaphoreUnavailable:
         return "UNKNOWN"
-    status: str = desc.get("TimeToLiveStatus", "DISABLED")
-    return status
+    return str(response["TimeToLiveDescription"].get("TimeToLiveStatus", "DISABLED"))
 
 
 def enable_ttl(name: str) -> None:
-    dynamodb.send_request(
-        "update_time_to_live",
-        TableName=name,
-        TimeToLiveSpecification={"Enabled": True, "AttributeName": "expires"},
-    )
+    ttl = {"Enabled": True, "AttributeName": "expires"}
+    dynamodb.send_request("update_time_to_live", TableName=name, TimeToLiveSpecification=ttl)
 
 
 def delete_table(name: str) -> None:
@@ -73,13 +59,10 @@ def delete_table(name: str) -> None:
 def write_format() -> int:
     """Write this dynasem's format version into the table, unless it names one already (never
     over another version). Returns the version the table names now."""
+    condition = "attribute_not_exists(pk)"
     try:
-        dynamodb.send_request(
-            "put_item",
-            TableName=settings.TABLE_NAME,
-            Item=format_item(),
-            ConditionExpression="attribute_not_exists(pk)",
-            ReturnValuesOnConditionCheckFailure="ALL_OLD",
+        dynamodb.send_to_table(
+            "put_item", Item=format_item(), ConditionExpression=condition, **REFUSED_OLD
         )
     except Refused as refused:
         found = format_version(refused.item)
@@ -112,24 +95,17 @@ def format_problem(found: int | None) -> str | None:
 
 
 def format_check() -> str | None:
-    """What is wrong with the table's stored format version, asked with one quick GetItem (no
-    retries, short timeouts), or None when it is right or the table cannot be asked about
-    (another check or the first request says why)."""
+    """What is wrong with the table's stored format version, asked with one GetItem of the
+    quick client (no retries, short timeouts) and no wait on a metadata service, or None when
+    it is right or the table cannot be asked about (another check or the first request says
+    why)."""
     try:
         core = botocore.session.get_session()
         # Where credentials come from an instance role, look for them briefly: checks run on
         # every runserver, migrate and test, and must not wait on a metadata service.
         core.set_config_variable("metadata_service_timeout", 0.3)
         core.set_config_variable("metadata_service_num_attempts", 1)
-        session = boto3.session.Session(botocore_session=core)
-        client = session.client(
-            "dynamodb",
-            endpoint_url=settings.ENDPOINT_URL,
-            region_name=region_of(session),
-            config=Config(
-                connect_timeout=1, read_timeout=2, retries={"max_attempts": 1, "mode": "standard"}
-            ),
-        )
+        client = dynamodb.build_client(True, boto3.session.Session(botocore_session=core))
         item = client.get_item(
             TableName=settings.TABLE_NAME, Key=key(FORMAT_PK, FORMAT_SK), ConsistentRead=True
         ).get("Item")

@@ -16,7 +16,7 @@ from dynasem.conf import settings
 
 
 def job_row(key: str) -> dict:
-    return lock_rows.stored_item(key, records.JOB_SK)
+    return lock_rows.get_item(key, records.JOB_SK)
 
 
 def test_new_job_runs_once_and_is_done(lock_table):
@@ -82,7 +82,7 @@ def test_job_keys_do_not_collide_with_semaphores(lock_table):
     with semaphore("same-name"), run_once("same-name") as job:
         assert job.status == "RUNNING"
     assert job_row("same-name")["status"] == "DONE"
-    assert lock_rows.stored_item("same-name")["holders"] == {}
+    assert lock_rows.get_item("same-name")["holders"] == {}
 
 
 def test_done_and_failed_rows_never_expire_and_are_never_reaped(lock_table):
@@ -143,7 +143,7 @@ def test_a_claim_paused_past_its_lease_never_runs_beside_another(
 
     def stalling_update(action, **kwargs):
         result = real_update(action, **kwargs)
-        if not stalled and "#att" in action.get("UpdateExpression", ""):  # our claim
+        if not stalled and "#attempt" in action.get("UpdateExpression", ""):  # our claim
             stalled.append(time.monotonic())
             time.sleep(lease + skew + 0.7)  # a GC pause, a stalled VM
         return result

@@ -23,7 +23,7 @@ from tests.support.helpers import RequestCounter, dynasem_settings, wait_for
 
 
 def registered(resource: str) -> dict[str, Any] | None:
-    return lock_rows.stored_item(resource, records.NEXT_SK)
+    return lock_rows.get_item(resource, records.NEXT_SK)
 
 
 def wait_until(check: Any, timeout: float = 10) -> Any:

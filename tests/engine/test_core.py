@@ -311,7 +311,7 @@ def test_user_id_recorded(lock_table: str, make_user: Callable[[], Any], expecte
         assert held.user_id == expected
         (hold,) = holds("res")
         assert hold.user_id == expected
-        assert lock_rows.stored_item("res")["userId"] == expected  # type: ignore[index]
+        assert lock_rows.get_item("res")["userId"] == expected  # type: ignore[index]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -636,7 +636,7 @@ def test_fences_strictly_increase_over_many_acquisitions(lock_table: str) -> Non
     with semaphore("res") as held:
         fences.append(held.fence)
     assert all(a < b for a, b in zip(fences, fences[1:], strict=False)), fences
-    assert lock_rows.stored_item("res")["fence"] == fences[-1]  # type: ignore[index]
+    assert lock_rows.get_item("res")["fence"] == fences[-1]  # type: ignore[index]
 
 
 def test_fences_increase_when_wall_clock_is_behind(
@@ -673,7 +673,7 @@ def reap_until_gone(resource: str, timeout: float = 6.0) -> str:
         out = io.StringIO()
         call_command("dynasem_reap", stdout=out)
         output += out.getvalue()
-        if lock_rows.stored_item(resource) is None:
+        if lock_rows.get_item(resource) is None:
             return output
         assert time.monotonic() < deadline, f"the row was never reaped: {output}"
         time.sleep(0.2)

@@ -73,7 +73,7 @@ def test_release_hands_the_lock_to_the_first_waiter(lock_table, requests_sent):
     requests_sent.reset()
     holder.release()
     writes = requests_sent.calls["UpdateItem"]
-    row = lock_rows.stored_item("env:acceptance")
+    row = lock_rows.get_item("env:acceptance")
     # The release write itself made the waiter the holder: no write of the waiter's needed.
     assert writes == 1
     assert [h["u"] for h in row["holders"].values()] == ["next"]
@@ -247,7 +247,7 @@ def test_readers_handed_the_lock_by_a_writer_hold_it_together(dynamodb_local, lo
             wait_for_queue(resource, i + 1)  # in line before the next one starts
         writer.renew()  # the writer learns its queue (any write returns it)
         writer.release()
-        row = lock_rows.stored_item(resource) or {}
+        row = lock_rows.get_item(resource) or {}
         # The release write itself made the readers at the head of the line holders (as many
         # as a row keeps inline); those let the next one in (R3, soon a reader item: its
         # sentinel may be in the row already when we read it, as a push admits it quickly).
@@ -328,7 +328,7 @@ def test_a_reader_that_left_the_line_costs_the_hand_over_nothing(
     # The release reads the line as it is now (its first entries): R1 holds from one write.
     assert len(queries) == 1
     assert requests_sent.calls["UpdateItem"] == 1
-    row = lock_rows.stored_item(resource) or {}
+    row = lock_rows.get_item(resource) or {}
     assert [h["u"] for h in row["holders"].values()] == ["R1"]
     threads["R1"].join(30)
     assert isinstance(out["R1"], tuple) and out["R1"][2] > writer.fence

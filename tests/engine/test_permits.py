@@ -42,7 +42,7 @@ def permit_items(resource: str) -> list[records.Permit]:
 def test_holders_live_in_permit_items(holds: list[Any]) -> None:
     a = take(holds, "pool", limit=16, user="alice")
     b = take(holds, "pool", limit=16, user="bob")
-    row = lock_rows.stored_item("pool")
+    row = lock_rows.get_item("pool")
     assert row is not None
     assert "holders" not in row and row["hw"] == 2 and row["limit"] == 16
     held = {p.token: p for p in permit_items("pool") if p.token}
@@ -50,13 +50,13 @@ def test_holders_live_in_permit_items(holds: list[Any]) -> None:
     assert held[a.token].holder.user_id == "alice"
     assert b.fence > a.fence
     a.release()
-    row = lock_rows.stored_item("pool")
+    row = lock_rows.get_item("pool")
     assert row is not None and [int(x) for x in row["hints"]] == [held[a.token].slot]
     c = take(holds, "pool", limit=16, user="carol")
     assert c.fence > b.fence
     again = {p.token: p.slot for p in permit_items("pool") if p.token}
     assert again[c.token] == held[a.token].slot  # the hinted slot, not a new one
-    assert lock_rows.stored_item("pool")["hw"] == 2
+    assert lock_rows.get_item("pool")["hw"] == 2
 
 
 def test_limit_is_kept_and_busy_names_a_holder(holds: list[Any]) -> None:
@@ -115,10 +115,10 @@ def test_another_limit_once_every_permit_is_free(holds: list[Any]) -> None:
         semaphore("pool", wait=0).acquire()
     a.release()
     b = take(holds, "pool", limit=32, wait=0)
-    assert lock_rows.stored_item("pool")["limit"] == 32 and b.fence > a.fence
+    assert lock_rows.get_item("pool")["limit"] == 32 and b.fence > a.fence
     b.release()
     c = take(holds, "pool", wait=0)  # exclusive: holders inline again
-    row = lock_rows.stored_item("pool")
+    row = lock_rows.get_item("pool")
     assert "hw" not in row and set(row["holders"]) == {c.token} and c.fence > b.fence
 
 
@@ -137,7 +137,7 @@ def test_several_permit_resources_at_once(holds: list[Any]) -> None:
     pair = take(holds, ["a", "b"], limit=9, wait=0)
     assert pair.fences["a"] > holds[8].fence
     both.release()
-    assert lock_rows.stored_item("b")["hints"] == [0]
+    assert lock_rows.get_item("b")["hints"] == [0]
 
 
 @pytest.mark.kind_engine_only(
@@ -146,25 +146,23 @@ def test_several_permit_resources_at_once(holds: list[Any]) -> None:
 def test_no_size_wall_and_no_item_over_4_kb(holds: list[Any]) -> None:
     many = [take(holds, "huge", limit=100_000, user=f"user-{i:04d}", lease=60) for i in range(300)]
     assert len({h.slots["huge"] for h in many}) == 300
-    row = lock_rows.stored_item("huge")
+    row = lock_rows.get_item("huge")
     assert row["hw"] == 300 and row["limit"] == 100_000
     biggest = max(
         len(json.dumps(item, default=str))
-        for item in [row, *(lock_rows.stored_item("huge", records.permit_sk(s)) for s in (0, 299))]
+        for item in [row, *(lock_rows.get_item("huge", records.permit_sk(s)) for s in (0, 299))]
     )
     assert biggest < 1024
     for held in many[:40]:
         held.release()
-    assert (
-        len(lock_rows.stored_item("huge")["hints"]) == slots.MAX_HINTS
-    )  # the rest: found by reading
+    assert len(lock_rows.get_item("huge")["hints"]) == slots.MAX_HINTS  # the rest: found by reading
 
 
 def test_renew_and_release_touch_only_the_permit(holds: list[Any]) -> None:
     held = take(holds, "pool", limit=64, lease=30)
-    before = lock_rows.stored_item("pool")
+    before = lock_rows.get_item("pool")
     held.renew()
-    assert lock_rows.stored_item("pool") == before
+    assert lock_rows.get_item("pool") == before
     mine = [p for p in permit_items("pool") if p.token == held.token]
     assert mine and mine[0].holder.expires_ms > before["expMs"] - 15 * 60 * 1000
 
@@ -216,7 +214,7 @@ def test_the_reaper_frees_dead_holders_permits_and_lists_no_live_one(holds: list
     call_command("dynasem_reap", stdout=out)
     assert "Freed 2 permits and reader holds of dead holders." in out.getvalue()
     assert [p.token for p in permit_items("pool") if p.token] == [live.token]
-    assert sorted(int(s) for s in lock_rows.stored_item("pool")["hints"]) == sorted(
+    assert sorted(int(s) for s in lock_rows.get_item("pool")["hints"]) == sorted(
         h.slots["pool"] for h in expired
     )
     assert [h.token for h in operations.active_holds(include_expired=True)] == [live.token]
@@ -250,7 +248,7 @@ def test_takes_at_once_count_the_fence_up_instead_of_refusing_each_other(
     held = [take(holds, "pool", limit=9) for _ in range(3)]
     held[0].release()
     held[1].release()
-    before = lock_rows.stored_item("pool")
+    before = lock_rows.get_item("pool")
     assert before is not None
     terms = lock_writes.QueueTerms()
     stale_name = slots.take_slot(
@@ -264,7 +262,7 @@ def test_takes_at_once_count_the_fence_up_instead_of_refusing_each_other(
     ]
     assert [int(o["fence"]) for o in olds] == [int(before["fence"]), int(before["fence"]) + 1]
     assert sorted(int(o["hints"][0]) for o in olds) == sorted(h.slots["pool"] for h in held[:2])
-    after = lock_rows.stored_item("pool")
+    after = lock_rows.get_item("pool")
     assert int(after["fence"]) == int(before["fence"]) + 2 and not after["hints"]
     with pytest.raises(ValueError, match="names its fence"):
         slots.take_slot("pool", how="create", fence=None, limit=9, queue=terms)

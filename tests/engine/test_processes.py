@@ -341,7 +341,7 @@ def test_a_takeover_with_a_shorter_lease_makes_its_own_lease_end_the_rows(
 ) -> None:
     plant("short:1", dead, lease_ms=600_000)
     held = semaphore("short:1", lease=5).acquire()
-    row = lock_rows.stored_item("short:1")
+    row = lock_rows.get_item("short:1")
     assert row is not None
     expires_ms = round(held.expires.timestamp() * 1000)
     assert row["expMs"] == expires_ms  # not the dead holder's ten minutes

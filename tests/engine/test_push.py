@@ -77,7 +77,7 @@ def test_a_pushed_waiter_reads_nothing(lock_table, requests_sent, holder_knows, 
     assert requests_sent.calls["UpdateItem"] == (2 if holder_knows else 3)
     assert out["acquired"] - released < 0.5
     assert out["fence"] > holder.fence
-    assert (lock_rows.stored_item("deploy:prod") or {}).get("holders") == {}
+    assert (lock_rows.get_item("deploy:prod") or {}).get("holders") == {}
 
 
 def test_a_lost_push_costs_a_read_not_the_lock(lock_table, monkeypatch):
@@ -99,7 +99,7 @@ def test_a_forged_push_is_ignored(lock_table):
     ((token, entry),) = queue.items()
     host, port = wakeup.reachable(entry.address)
     # Everything a real push says, signed with another key: the waiter must not believe it.
-    item = lock_rows.stored_item("deploy:qa")
+    item = lock_rows.get_item("deploy:qa")
     item["holders"] = {token: {"u": "", "e": 2**42, "f": holder.fence + 1, "a": 0, "s": False}}
     body = json.dumps({"r": "deploy:qa", "k": token, "i": item}).encode()
     mac = hmac.new(b"not the project's key", body, hashlib.sha256).digest()

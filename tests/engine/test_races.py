@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from dynasem import AlreadyDone, run_once
-from dynasem._storage.lock_rows import stored_item as get
+from dynasem._storage.lock_rows import get_item as get
 from tests.support import workers
 from tests.support.helpers import engine_name
 

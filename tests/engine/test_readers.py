@@ -32,7 +32,7 @@ INLINE = max(1, items.READERS_INLINE)
 
 
 def row(resource: str = "doc") -> dict[str, Any]:
-    stored = lock_rows.stored_item(resource)
+    stored = lock_rows.get_item(resource)
     assert stored is not None
     return stored
 

@@ -71,7 +71,7 @@ class LoseAnswer:
 
 def counted(resource: str) -> tuple[int, int]:
     """The row's reader count and the reader items of its epoch (every one live here)."""
-    stored = lock_rows.stored_item(resource)
+    stored = lock_rows.get_item(resource)
     assert stored is not None
     found = [r for r in items.readers(resource) if r.epoch == stored.get("repoch", 0)]
     return int(stored.get("rc", 0)), len(found)
@@ -83,7 +83,7 @@ def all_leave_and_a_writer_gets_in(holds: list[Any], resource: str) -> None:
     for held in holds:
         held.release()
     holds.clear()
-    stored = lock_rows.stored_item(resource)
+    stored = lock_rows.get_item(resource)
     assert stored is not None
     assert stored.get("rc", 0) == 0
     assert items.SENTINEL not in stored.get("holders", {})

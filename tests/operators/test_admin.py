@@ -492,28 +492,28 @@ def test_job_pages_need_their_own_permissions(jobs, django_user_model, client):
         reverse(RESET), {"key": "file:failed.csv", "status": "FAILED", "finished": ""}
     )
     assert response.status_code == 403
-    assert lock_rows.stored_item("file:failed.csv", records.JOB_SK)["status"] == "FAILED"
+    assert lock_rows.get_item("file:failed.csv", records.JOB_SK)["status"] == "FAILED"
 
 
 def test_get_on_the_reset_url_changes_nothing(jobs, django_user_model, client):
     client.force_login(staff(django_user_model, "op", "view_job", "reset_job"))
-    before = lock_rows.stored_item("file:failed.csv", records.JOB_SK)
+    before = lock_rows.get_item("file:failed.csv", records.JOB_SK)
     listing = client.get(reverse(JOBS)).content.decode()
     assert listing.count("/reset/?") == 2  # the DONE and the FAILED key; not the running one
     response = client.get(reverse(RESET), {"key": "file:failed.csv"})
     assert response.status_code == 200
     body = response.content.decode()
     assert "Yes, reset this job" in body and "bad header in line 2" in body
-    assert lock_rows.stored_item("file:failed.csv", records.JOB_SK) == before
+    assert lock_rows.get_item("file:failed.csv", records.JOB_SK) == before
 
 
 def test_reset_post_without_csrf_token_is_refused(jobs, django_user_model):
     client = Client(enforce_csrf_checks=True)
     client.force_login(staff(django_user_model, "op", "view_job", "reset_job"))
-    finished = lock_rows.stored_item("file:failed.csv", records.JOB_SK)["finishedMs"]
+    finished = lock_rows.get_item("file:failed.csv", records.JOB_SK)["finishedMs"]
     params = {"key": "file:failed.csv", "status": "FAILED", "finished": finished}
     assert client.post(reverse(RESET), params).status_code == 403
-    assert lock_rows.stored_item("file:failed.csv", records.JOB_SK)["status"] == "FAILED"
+    assert lock_rows.get_item("file:failed.csv", records.JOB_SK)["status"] == "FAILED"
 
 
 def test_reset_makes_a_failed_key_run_again(jobs, django_user_model):
@@ -524,7 +524,7 @@ def test_reset_makes_a_failed_key_run_again(jobs, django_user_model):
     form = dict(re.findall(r'name="(\w+)" value="([^"]*)"', page.content.decode()))
     response = client.post(reverse(RESET), form)
     assert response.status_code == 302
-    row = lock_rows.stored_item("file:failed.csv", records.JOB_SK)
+    row = lock_rows.get_item("file:failed.csv", records.JOB_SK)
     assert "status" not in row and "error" not in row  # new again
     entry = LogEntry.objects.get()
     assert entry.user == operator and entry.object_id == "file:failed.csv"
@@ -535,12 +535,12 @@ def test_reset_makes_a_failed_key_run_again(jobs, django_user_model):
     assert job_rows(client.get(reverse(JOBS)))["file:failed.csv"].startswith("NEW (reset ")
     with run_once("file:failed.csv") as job:
         assert job.attempt == 3  # attempts keep counting
-    assert lock_rows.stored_item("file:failed.csv", records.JOB_SK)["status"] == "DONE"
+    assert lock_rows.get_item("file:failed.csv", records.JOB_SK)["status"] == "DONE"
 
 
 def test_reset_lets_a_done_key_run_again(jobs, admin_user, client):
     client.force_login(admin_user)
-    finished = lock_rows.stored_item("file:done.csv", records.JOB_SK)["finishedMs"]
+    finished = lock_rows.get_item("file:done.csv", records.JOB_SK)["finishedMs"]
     params = {"key": "file:done.csv", "status": "DONE", "finished": finished}
     assert client.post(reverse(RESET), params).status_code == 302
     with run_once("file:done.csv") as job:
@@ -556,7 +556,7 @@ def test_reset_refuses_a_key_that_ran_again_since_the_page(jobs, admin_user, cli
         raise ValueError("third failure")
     response = client.post(reverse(RESET), form)
     assert response.status_code == 302
-    row = lock_rows.stored_item("file:failed.csv", records.JOB_SK)
+    row = lock_rows.get_item("file:failed.csv", records.JOB_SK)
     assert (row["status"], row["error"]) == ("FAILED", "ValueError: third failure")
     assert not LogEntry.objects.exists()
 
@@ -567,7 +567,7 @@ def test_a_running_key_cannot_be_reset(jobs, admin_user, client):
     assert response.status_code == 302
     params = {"key": "file:running.csv", "status": "RUNNING", "finished": ""}
     assert client.post(reverse(RESET), params).status_code == 302
-    assert lock_rows.stored_item("file:running.csv", records.JOB_SK)["status"] == "RUNNING"
+    assert lock_rows.get_item("file:running.csv", records.JOB_SK)["status"] == "RUNNING"
     assert not LogEntry.objects.exists()
 
 

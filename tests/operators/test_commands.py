@@ -210,7 +210,7 @@ def test_createtable_unreachable_endpoint_is_a_command_error(dynamodb_local):
 
 
 def row(pk: str, sk: str = records.LOCK_SK) -> dict[str, Any] | None:
-    return lock_rows.stored_item(pk, sk)
+    return lock_rows.get_item(pk, sk)
 
 
 def expired_hold(holds: list[Any], resource: str, **kwargs: Any) -> Any:

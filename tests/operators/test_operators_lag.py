@@ -83,7 +83,8 @@ def frozen_index(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
     deleted since is still there with its old ``expires``; one written since is missing."""
 
     def freeze() -> None:
-        snapshot = {s: list(index_queries.iter_expiring(s, since=0)) for s in range(records.SHARDS)}
+        # One page a shard: the test's table is far below a page's 1 MB.
+        snapshot = {s: index_queries.query_expiring(s, since=0)[0] for s in range(records.SHARDS)}
 
         def query(
             shard: int,
@@ -183,7 +184,7 @@ def test_reap_keeps_a_row_taken_again_after_the_index_listed_it_and_says_so(
     retaken = take(holds, "lag:retaken", lease=LIVE_LEASE)
     out = run("dynasem_reap")
     assert [h.token for h in holds_on("lag:retaken")] == [retaken.token]
-    assert lock_rows.stored_item("lag:dead") is None
+    assert lock_rows.get_item("lag:dead") is None
     assert "Deleted 1 expired rows." in out
     assert "1 row changed since the index listed it and was kept" in out
     # The index still lists both: the row deleted since counts as changed too.
@@ -210,7 +211,7 @@ def test_reap_dry_run_on_a_lagging_index_lists_only_what_it_would_delete(
     assert [r["resource"] for r in rows] == ["dry:dead"]
     assert totals["found"] == 2 and totals["changed_since_listed"] == 1
     assert [h.token for h in holds_on("dry:retaken")] == [retaken.token]
-    assert lock_rows.stored_item("dry:dead") is not None
+    assert lock_rows.get_item("dry:dead") is not None
 
 
 def test_reap_keeps_a_permit_renewed_after_it_was_read(lock_table, holds, later, monkeypatch):
@@ -268,7 +269,7 @@ def test_reap_counts_a_delete_whose_answer_was_lost_as_deleted(lock_table, holds
     lost = [client.lose_response("DeleteItem") for client in faults]
     totals = json_lines(run("dynasem_reap", "--json"))[-1]
     assert sum(rule.fired for rule in lost) == 1  # applied, and its answer lost
-    assert lock_rows.stored_item("lost:1") is None
+    assert lock_rows.get_item("lost:1") is None
     assert (totals["deleted"], totals["changed_since_listed"]) == (1, 0)
     assert totals["failed"] == 0
 
@@ -278,10 +279,10 @@ def test_a_retried_reaper_delete_of_a_row_gone_counts_as_deleted(lock_table, hol
     is refused, the row gone. That is the first one's doing, not a row changed since listed."""
     main, _ = faults
     dead_hold(holds, "lost:2")
-    cutoff = lock_rows.stored_item("lost:2")["expMs"] + 1
+    cutoff = lock_rows.get_item("lost:2")["expMs"] + 1
     rule = main.lose_response("DeleteItem")
     assert lock_rows.delete_expired("lost:2", cutoff) is True
-    assert rule.fired == 1 and lock_rows.stored_item("lost:2") is None
+    assert rule.fired == 1 and lock_rows.get_item("lost:2") is None
     # Gone before this delete (TTL, another reaper) and sent once: not ours to count.
     assert lock_rows.delete_expired("lost:2", cutoff) is False
 
@@ -332,7 +333,7 @@ def test_reap_goes_on_past_a_row_it_could_not_delete_and_says_which(
         client.throttle("DeleteItem", 100, after=1)
     out, failed = run_failing("dynasem_reap", "--workers", "1")
     assert failed.returncode == 3
-    stuck = [r for r in ("stuck:1", "stuck:2") if lock_rows.stored_item(r) is not None]
+    stuck = [r for r in ("stuck:1", "stuck:2") if lock_rows.get_item(r) is not None]
     assert len(stuck) == 1 and repr(stuck[0]) in str(failed)
     assert "1 row could not be deleted" in str(failed) and "throttled" in str(failed)
     assert "Deleted 1 expired rows." in out

@@ -65,17 +65,17 @@ def test_a_take_by_another_user_moves_no_index_key_until_its_first_renewal(
 
     semaphore("view:1", user="alice", lease=30).acquire().release()
     held = semaphore("view:1", user="bob", lease=30).acquire()
-    assert lock_rows.stored_item("view:1")["userId"] == "alice"
+    assert lock_rows.get_item("view:1")["userId"] == "alice"
     assert [h.user_id for h in operations.holds_on("view:1")] == ["bob"]
     held.renew()
-    assert lock_rows.stored_item("view:1")["userId"] == "bob"
+    assert lock_rows.get_item("view:1")["userId"] == "bob"
     assert [h.resource for h in operations.active_holds(user_id="bob")] == ["view:1"]
     held.release()
 
 
 def test_stored_row_carries_user_and_expires_for_the_indexes(lock_table):
     held = semaphore("tbl_issues:4", user="bob", lease=30).acquire()
-    row = lock_rows.stored_item("tbl_issues:4")
+    row = lock_rows.get_item("tbl_issues:4")
     assert row["userId"] == "bob"
     # The indexed expires is a bucket: rounded up, never before the lease really ends.
     assert isinstance(row["expires"], int)
@@ -86,7 +86,7 @@ def test_stored_row_carries_user_and_expires_for_the_indexes(lock_table):
     assert row["holders"][held.token]["f"] == held.fence
     listed = row["expires"]
     held.release()
-    row = lock_rows.stored_item("tbl_issues:4")
+    row = lock_rows.get_item("tbl_issues:4")
     assert row["holders"] == {}
     # The release moves no index key: userId and the bucket stay (a re-take by bob then
     # moves none either); the row is idle by its exact lease end, from now.
@@ -128,11 +128,11 @@ def test_lost_response_is_recognised_as_our_own_write(requests_sent):
     elapsed = time.monotonic() - start
     assert state["lost"] == 1
     assert elapsed < 2
-    row = lock_rows.stored_item("tbl_issues:5")
+    row = lock_rows.get_item("tbl_issues:5")
     assert row["holders"][held.token]["u"] == "carol"
     assert row["holders"][held.token]["f"] == held.fence
     held.release()
-    assert lock_rows.stored_item("tbl_issues:5")["holders"] == {}
+    assert lock_rows.get_item("tbl_issues:5")["holders"] == {}
 
 
 def test_lost_release_response_is_no_error(requests_sent):
@@ -140,7 +140,7 @@ def test_lost_release_response_is_no_error(requests_sent):
     state = _lose_responses(dynamodb.get_client(), "UpdateItem", 1)
     held.release()  # the retry is refused, but lastToken says the release was ours
     assert state["lost"] == 1
-    assert lock_rows.stored_item("tbl_issues:6")["holders"] == {}
+    assert lock_rows.get_item("tbl_issues:6")["holders"] == {}
 
 
 def test_counting_and_shared_holds_cost_one_write_each_way(requests_sent):
@@ -185,19 +185,19 @@ def test_a_late_release_never_leaves_expires_before_the_rows_lease_end(lock_tabl
     the reaper never read the row as idle before its stored lease end (expMs)."""
     held = semaphore("tbl_issues:late", lease=30).acquire()
     abandon(held)
-    listed = lock_rows.stored_item("tbl_issues:late")["expires"]
+    listed = lock_rows.get_item("tbl_issues:late")["expires"]
     real = clock.wall_clock
     monkeypatch.setattr(clock, "wall_clock", lambda: real() + records.BUCKET_S + 60)
     held.release()
-    row = lock_rows.stored_item("tbl_issues:late")
+    row = lock_rows.get_item("tbl_issues:late")
     assert row["holders"] == {}
     assert row["expires"] > listed
     assert row["expires"] * 1000 >= row["expMs"]
     # An on-time release moves nothing.
     monkeypatch.setattr(clock, "wall_clock", real)
     with semaphore("tbl_issues:on-time", lease=30):
-        listed = lock_rows.stored_item("tbl_issues:on-time")["expires"]
-    assert lock_rows.stored_item("tbl_issues:on-time")["expires"] == listed
+        listed = lock_rows.get_item("tbl_issues:on-time")["expires"]
+    assert lock_rows.get_item("tbl_issues:on-time")["expires"] == listed
 
 
 def test_a_release_whose_fence_runs_ahead_of_its_lease_keeps_expires_ahead_too(lock_table):
@@ -221,9 +221,9 @@ def test_a_release_whose_fence_runs_ahead_of_its_lease_keeps_expires_ahead_too(l
     )
     with semaphore("tbl_issues:ahead", lease=30) as held:
         assert held.fence > ahead_ms * 1000
-        listed = lock_rows.stored_item("tbl_issues:ahead")["expires"]
+        listed = lock_rows.get_item("tbl_issues:ahead")["expires"]
         assert listed * 1000 < held.fence // 1000  # its own lease ends well before
-    row = lock_rows.stored_item("tbl_issues:ahead")
+    row = lock_rows.get_item("tbl_issues:ahead")
     assert row["expMs"] >= held.fence // 1000
     assert row["expires"] * 1000 >= row["expMs"]
 
@@ -247,13 +247,13 @@ def test_a_row_past_dynamodbs_item_size_is_named_and_nothing_is_written(lock_tab
             for i in range(1_000):
                 user = f"{i:04}" + "u" * 1_016
                 held.append(semaphore("crowd", shared=True, lease=600, user=user).acquire())
-        before = len(lock_rows.stored_item("crowd")["holders"])
+        before = len(lock_rows.get_item("crowd")["holders"])
         assert raised.value.limit == "item size" and not raised.value.transient
         assert "400 KB" in str(raised.value) and "Nothing was written" in str(raised.value)
         assert 300 < len(held) == before < 400
         with pytest.raises(LimitExceeded):
             semaphore("crowd", shared=True, lease=600, user="x" * 1_020).acquire()
-        assert len(lock_rows.stored_item("crowd")["holders"]) == before
+        assert len(lock_rows.get_item("crowd")["holders"]) == before
     finally:
         for h in held:
             h.release()
@@ -395,7 +395,7 @@ def test_a_join_evicts_at_most_max_evict_dead_holders_and_still_joins(lock_table
     try:
         for _ in range(3):
             joined.append(semaphore("graveyard", limit=1_000, lease=30, wait=5).acquire())
-            sizes.append(len(lock_rows.stored_item("graveyard")["holders"]))
+            sizes.append(len(lock_rows.get_item("graveyard")["holders"]))
         assert sizes == [
             151 - writes.MAX_EVICT + 1,
             151 - 2 * writes.MAX_EVICT + 2,
@@ -415,7 +415,7 @@ def test_a_client_built_from_old_settings_is_not_kept_after_a_reset(lock_table, 
     from dynasem._storage import dynamodb
 
     started, go, built = threading.Event(), threading.Event(), []
-    real = dynamodb._build
+    real = dynamodb.build_client
 
     def slow(quick: bool):
         started.set()
@@ -424,7 +424,7 @@ def test_a_client_built_from_old_settings_is_not_kept_after_a_reset(lock_table, 
         return built[-1]
 
     dynamodb.reset_client()
-    monkeypatch.setattr(dynamodb, "_build", slow)
+    monkeypatch.setattr(dynamodb, "build_client", slow)
     builder = threading.Thread(target=dynamodb.get_client)
     builder.start()
     assert started.wait(5)
@@ -434,5 +434,5 @@ def test_a_client_built_from_old_settings_is_not_kept_after_a_reset(lock_table, 
     go.set()
     builder.join(5)
     resetter.join(5)
-    monkeypatch.setattr(dynamodb, "_build", real)
+    monkeypatch.setattr(dynamodb, "build_client", real)
     assert dynamodb.get_client() is not built[0]

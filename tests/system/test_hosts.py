@@ -174,7 +174,7 @@ def queued(resource: str, timeout: float = 20) -> tuple[str, dict[str, Any]]:
         queue = queue_of(resource)
         if queue:
             first = min(queue.values(), key=lambda w: w.ticket)
-            return first.token, records.waiter_value(first)
+            return first.token, records.to_item(first)
         assert time.monotonic() < deadline, f"nobody queued for {resource!r}"
         time.sleep(0.02)
 
@@ -218,7 +218,7 @@ def test_a_holder_cut_off_from_dynamodb_stops_trusting_before_another_host_takes
     network.cut("a", how)
     cut = time.monotonic()
     time.sleep(0.3)  # a request already on its way lands, or is lost, meanwhile
-    stored = (lock_rows.stored_item(resource) or {})["holders"][took["token"]]
+    stored = (lock_rows.get_item(resource) or {})["holders"][took["token"]]
     waiting = b.send("acquire", id="B", resource=resource, lease=LEASE, wait=LEASE + 15)
     lost = a.event("lost", timeout=LEASE + 15)
     got = b.reply(waiting, timeout=LEASE + 30)
@@ -331,7 +331,7 @@ def test_a_forged_push_from_a_third_host_is_ignored(
     waiting = b.send("acquire", id="W", resource="deploy:qa", lease=5, wait=30)
     token, entry = queued("deploy:qa")
     address, port = listener(entry)
-    item = lock_rows.stored_item("deploy:qa") or {}
+    item = lock_rows.get_item("deploy:qa") or {}
     now_ms = int(time.time() * 1000)
     forged_fence = held["fence"] + 10**9
     item["holders"] = {token: {"u": "W", "e": now_ms + 4000, "f": forged_fence, "a": now_ms}}
@@ -344,7 +344,7 @@ def test_a_forged_push_from_a_third_host_is_ignored(
     assert not b.answered(waiting), "B took the lock on a forged push"
     warned = b.call("warnings")["warnings"]
     assert any("signature matches neither SECRET_KEY" in w for w in warned), warned
-    stored = lock_rows.stored_item("deploy:qa") or {}
+    stored = lock_rows.get_item("deploy:qa") or {}
     assert list(stored["holders"]) == [held["token"]] and token in queue_of("deploy:qa")
     released = a.call("release", id="H")  # A had not renewed: a plain release wakes B
     got = b.reply(waiting, timeout=15)
@@ -419,7 +419,7 @@ def test_a_blocked_push_port_costs_latency_not_correctness(
 def reap_row(reaper: Agent, resource: str, timeout: float = 20) -> float:
     """Reap from ``reaper`` (its clock decides) until ``resource``'s row is gone."""
     deadline = time.monotonic() + timeout
-    while lock_rows.stored_item(resource) is not None:
+    while lock_rows.get_item(resource) is not None:
         assert time.monotonic() < deadline, f"{resource!r} was never reaped"
         reaper.call("reap")
         time.sleep(0.1)

@@ -418,7 +418,7 @@ def test_inside_testcase_an_own_atomic_waits_like_on_commit(
 
 
 def job_status(key: str) -> str:
-    return lock_rows.stored_item(key, records.JOB_SK)["status"]
+    return lock_rows.get_item(key, records.JOB_SK)["status"]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -439,7 +439,7 @@ def test_run_once_writes_failed_on_rollback(lock_table):
             pass
         raise Boom
     assert job.status == "FAILED"
-    row = lock_rows.stored_item("tx:job-rolled-back", records.JOB_SK)
+    row = lock_rows.get_item("tx:job-rolled-back", records.JOB_SK)
     assert row["status"] == "FAILED" and "rolled back" in row["error"]
     with run_once("tx:job-rolled-back") as again:  # FAILED runs again
         assert again.attempt == 2
@@ -449,7 +449,7 @@ def test_run_once_writes_failed_on_rollback(lock_table):
 def test_run_once_body_error_inside_atomic_is_failed_with_its_message(lock_table):
     with pytest.raises(Boom), transaction.atomic(), run_once("tx:job-raises"):
         raise Boom("bad row")
-    row = lock_rows.stored_item("tx:job-raises", records.JOB_SK)
+    row = lock_rows.get_item("tx:job-raises", records.JOB_SK)
     assert row["status"] == "FAILED" and row["error"] == "Boom: bad row"
 
 
@@ -500,7 +500,7 @@ def test_run_once_rolled_back_with_its_savepoint_runs_again(lock_table):
         User.objects.create(username="outer-work")
     assert User.objects.filter(username="outer-work").exists()
     assert not User.objects.filter(username="job-savepoint-work").exists()
-    row = lock_rows.stored_item("tx:job-savepoint", records.JOB_SK)
+    row = lock_rows.get_item("tx:job-savepoint", records.JOB_SK)
     assert row["status"] == "FAILED" and "savepoint" in row["error"]
     with run_once("tx:job-savepoint") as again:  # its work is gone: it runs again
         assert again.attempt == 2
