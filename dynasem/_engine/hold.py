@@ -174,8 +174,14 @@ class Held:
         raise LockLost(self.resource, self._lost or "unknown")
 
     def _send(self, signal: Signal, **more: Any) -> None:
-        about = {"resource": self.resource, "user_id": self.user_id, "token": self.token}
-        signal.send(sender=self.semaphore.signal_sender, fence=self.fence, **about, **more)
+        signal.send(
+            sender=self.semaphore.signal_sender,
+            resource=self.resource,
+            user_id=self.user_id,
+            token=self.token,
+            fence=self.fence,
+            **more,
+        )
 
     # -- renewing ----------------------------------------------------------------------------
 
