@@ -11,14 +11,14 @@ import random
 import threading
 import time
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, NoReturn
 
 from django.dispatch import Signal
 
 from .. import _clock as clock
 from .._observability import telemetry
 from .._observability.logs import facts
-from .._storage import dynamodb, lock_rows, lock_writes, records
+from .._storage import claims, dynamodb, lock_rows, lock_writes, records
 from .._storage.records import Mode
 from .._transactions import commit, fencing
 from ..exceptions import LimitExceeded, LockLost, SemaphoreUnavailable
@@ -170,8 +170,21 @@ class Held:
             self.resource, token=self.token, fence=self.fence, outcome=outcome, reason=reason
         )
 
-    def _raise_lost(self) -> None:
+    def _raise_lost(self) -> NoReturn:
         raise LockLost(self.resource, self._lost or "unknown")
+
+    def raise_if_lost(self) -> None:
+        """Raise ``LockLost`` (with the reason it was lost) if the hold is known lost, or its
+        lease ran out."""
+        if self.lost:
+            self._raise_lost()
+
+    def found_lost(self, reason: str, resource: str | None = None) -> NoReturn:
+        """Another holder's trace was found (outside DynamoDB: a newer fence in a database):
+        mark the hold lost for ``reason`` and raise ``LockLost`` for ``resource`` (the hold's
+        if None)."""
+        self._mark_lost(reason)
+        raise LockLost(resource or self.resource, reason)
 
     def _send(self, signal: Signal, **more: Any) -> None:
         signal.send(
@@ -308,12 +321,19 @@ class Held:
         finally:
             self._pending_commit = False
 
+    def _ended(self) -> bool:
+        """The hold's end begins (under ``_lock``): released from now, renewed no more; False
+        if it had ended already."""
+        if self._released:
+            return False
+        self._released = True
+        self._stop_heartbeat()
+        return True
+
     def _release_now(self) -> None:
         with self._lock:
-            if self._released:
+            if not self._ended():
                 return
-            self._released = True
-            self._stop_heartbeat()
             with telemetry.releasing(self) if telemetry.ON else _NOTHING:
                 lost_before = self._lost is not None or clock.monotonic() >= self._deadline
                 if not self._give_back() and self._lost is None:
@@ -323,6 +343,25 @@ class Held:
             if self._lost is not None:
                 self._raise_lost()
         self._send(lock_released)
+
+    def become_claim(self, token: str, queue_lease: float) -> None:
+        """A unique task's run that enqueued its retry ends: instead of being given back, the
+        hold becomes the retry's claim ``token`` for ``queue_lease`` seconds (no process, no
+        heartbeat: :mod:`dynasem._background.unique`). ``LockLost`` if it was lost first."""
+        with self._lock:
+            if not self._ended():
+                return
+            now_ms = clock.now_ms()
+            entry = records.Holder(
+                self.user_id, now_ms + int(queue_lease * 1000), self.fence, now_ms
+            )
+            try:
+                lock_rows.update(claims.adopt_hold(self.resource, self.token, token, entry))
+            except dynamodb.Refused as refused:
+                item = refused.lock
+                if item is None or token not in item.holders:  # else: applied, answer lost
+                    self._mark_lost("another holder took it over before the run ended")
+                    raise LockLost(self.resource, "it was lost before the run ended") from None
 
     def hand_on(self, item: records.LockItem) -> bool:
         """Give back, to the next waiter if any, a hold a hand-over (``item``) made for a waiter
@@ -537,6 +576,12 @@ class Held:
         hb, self._heartbeat = self._heartbeat, None
         if hb is not None:
             hb.stop()
+
+
+def start_renewing(held: Held) -> None:
+    """Renew ``held``, a hold taken by other means (a unique task's adopted claim), from now
+    on: the heartbeat keeps it until it is given back. Nothing is announced."""
+    held._start_heartbeat()
 
 
 def stop_renewing(held: Held) -> None:
