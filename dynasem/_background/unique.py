@@ -35,7 +35,7 @@ from .. import _clock as clock
 from .._engine import processes
 from .._engine.arguments import resolve_timing
 from .._engine.decorators import KeyMaker, checked_keys
-from .._engine.hold import Held
+from .._engine.hold import Held, start_renewing, stop_renewing
 from .._engine.reentry import forget_entered, remember_acquired, remember_entered
 from .._engine.steps import run_sync
 from .._observability.logs import facts
@@ -119,7 +119,7 @@ def claim(resource: str, task_id: str, queue_lease: float) -> Claim:
         held = contextvars.Context().run(run_sync, sem._acquire_steps())
     except SemaphoreBusy as busy:
         raise Taken(resource, task_of(busy.holder_user_id)) from None
-    held._stop_heartbeat()  # the queue lease is all it gets until a worker adopts it
+    stop_renewing(held)  # the queue lease is all it gets until a worker adopts it
     return Claim(resource, held.token, held.fence, task_id)
 
 
@@ -184,7 +184,7 @@ def adopt(claim: Claim, lease: float | None = None, *, wait: bool = True) -> Hel
         expires_ms=expires_ms,
         sent_mono=sent_mono,
     )
-    held._start_heartbeat()
+    start_renewing(held)
     return held
 
 
@@ -257,21 +257,8 @@ def end_run(held: Held, queue_lease: float) -> None:
     claim for ``queue_lease`` (no process, no heartbeat)."""
     if held.handed_on is None:
         held.release()
-        return
-    with held._lock:
-        if held.released:
-            return
-        held._released = True
-        held._stop_heartbeat()
-        now_ms = clock.now_ms()
-        entry = records.Holder(held.user_id, now_ms + int(queue_lease * 1000), held.fence, now_ms)
-        try:
-            lock_rows.update(claims.adopt_hold(held.resource, held.token, held.handed_on, entry))
-        except dynamodb.Refused as refused:
-            item = refused.lock
-            if item is None or held.handed_on not in item.holders:  # else: applied, answer lost
-                held._mark_lost("another holder took it over before the run ended")
-                raise LockLost(held.resource, "it was lost before the run ended") from None
+    else:
+        held.become_claim(held.handed_on, queue_lease)
 
 
 def give_back(taken: Claim) -> None:

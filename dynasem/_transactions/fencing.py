@@ -79,8 +79,7 @@ def fence_transaction(held: Any, using: str | None = None) -> None:
     if hold.released:
         raise LockLost(held.resource, "it was given back before its transaction was fenced")
     # Past our trusted deadline a newer holder may have begun: no work of ours may start.
-    if hold.lost:
-        hold._raise_lost()
+    hold.raise_if_lost()
     # One order for every holder: two holders of overlapping sets lock the rows alike.
     for resource in sorted(held.fences):
         fence = held.fences[resource]
@@ -90,8 +89,7 @@ def fence_transaction(held: Any, using: str | None = None) -> None:
                 f"the database {alias!r} holds fence {stored} for it, newer than this "
                 f"hold's {fence}: another holder took it over; this transaction rolls back"
             )
-            hold._mark_lost(reason)
-            raise LockLost(resource, reason)
+            hold.found_lost(reason, resource)
 
 
 def begin(sem: object, held: Any, using: str | None, undo: Callable[[], None]) -> None:
@@ -124,9 +122,9 @@ def end(sem: object, held: Any, exc_type: Any, exc: Any, tb: Any, undo: Callable
     block = stack[i][1]
     _opened.set(stack[:i] + stack[i + 1 :])
     try:
-        if exc_type is None and held.lost:
+        if exc_type is None:
             try:
-                held._raise_lost()
+                held.raise_if_lost()
             except LockLost as lost:
                 block.__exit__(LockLost, lost, lost.__traceback__)
                 raise
