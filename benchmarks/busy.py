@@ -115,10 +115,10 @@ def wrap_busy() -> None:
 
     real = queueing.busy
 
-    def busy(sem: Any, blocked: Mapping[str, Any], *args: Any, skew: float, **kwargs: Any) -> Any:
+    def busy(run: Any, blocked: Mapping[str, Any], *args: Any) -> Any:
         holders = blocked[next(iter(blocked))]
-        PROBER.before = math.ceil(queueing.seconds_until_free(blocked, skew)) if holders else 1
-        return real(sem, blocked, *args, skew=skew, **kwargs)
+        PROBER.before = math.ceil(queueing.seconds_until_free(blocked, run.skew)) if holders else 1
+        return real(run, blocked, *args)
 
     queueing.busy = busy  # type: ignore[assignment]
 

@@ -452,10 +452,7 @@ class Acquire:
                 if kept is not None:
                     seen[first] = kept
                     return
-            sem, skew, ticket = run.sem, run.skew, pace.ticket
-            raise queue.busy(
-                sem, blocked, seen, skew=skew, user_id=run.user_id, token=run.token, ticket=ticket
-            )
+            raise queue.busy(run, blocked, seen, pace.ticket)
         queued = one and pace.ticket is not None
         if one and (queued or queue.should_queue(run.sem, seen.get(first))):
             seen[first] = yield from queue.wait_in_queue(

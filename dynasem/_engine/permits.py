@@ -266,15 +266,7 @@ class _Acquire:
             except SemaphoreUnavailable:
                 pass  # our entry expires with its lease
             pace.ticket = ticket  # for the estimate: our place when we left
-        raise busy(
-            run.sem,
-            blocked,
-            {resource: view},
-            skew=run.skew,
-            user_id=run.user_id,
-            token=run.token,
-            ticket=pace.ticket,
-        )
+        raise busy(run, blocked, {resource: view}, pace.ticket)
 
 
 def _plan(

@@ -304,22 +304,20 @@ def _expected_end(holder: records.Holder, hold_ms: int | None, now: int, skew_ms
 
 def estimate_wait(
     item: records.LockItem | None,
-    token: str,
     *,
     shared: bool,
     skew: float,
     now_ms: int | None = None,
     ticket: int | None = None,
 ) -> WaitEstimate:
-    """How long until the caller (``token``, shared or not; queued with ``ticket``, if
-    given) could take the resource, from the item alone: each live holder is done at its
-    acquired time + the recorded average hold (``holdMs``), or, past that, after as long
-    again as it has held; one whose lease ran out unrenewed at its lease end + CLOCK_SKEW.
-    Then every live waiter ahead of the caller (all of them, for a caller not in the queue)
-    holds for the average hold in turn — with a ``limit``, in whichever slot frees first;
-    readers in a row as one turn, which a reader caller joins. Waiters whose entries were not
-    read count as writers. Round trips are left out: milliseconds, against whole seconds
-    told."""
+    """How long until the caller (shared or not; queued with ``ticket``, if given) could take
+    the resource, from the item alone: each live holder is done at its acquired time + the
+    recorded average hold (``holdMs``), or, past that, after as long again as it has held; one
+    whose lease ran out unrenewed at its lease end + CLOCK_SKEW. Then every live waiter ahead
+    of the caller (all of them, for a caller not in the queue) holds for the average hold in
+    turn — with a ``limit``, in whichever slot frees first; readers in a row as one turn,
+    which a reader caller joins. Waiters whose entries were not read count as writers. Round
+    trips are left out: milliseconds, against whole seconds told."""
     item = item or records.LockItem()
     now = clock.now_ms() if now_ms is None else now_ms
     skew_ms = int(skew * 1000)
@@ -368,16 +366,13 @@ def retry_after(estimate: float, until_free: float) -> int:
 
 
 def busy(
-    sem: LockSpec,
+    run: Attempt,
     blocked: Mapping[str, Blocking],
     seen: Mapping[str, records.LockItem | None],
-    *,
-    skew: float,
-    user_id: str,
-    token: str,
     ticket: int | None = None,
 ) -> SemaphoreBusy:
-    """The wait is over and the lock still busy: the error to raise, after ``lock_busy``.
+    """The wait is over and the lock still busy (for ``run``, queued with ``ticket`` if
+    given): the error to raise, after ``lock_busy``.
 
     ``blocked``: who was in our way, by resource; ``seen``: the items last seen (a refused
     write's old item, a read, a push), which the estimate is made from: never a request more."""
@@ -385,20 +380,21 @@ def busy(
     holders = blocked[resource]
     first = min(holders.values(), key=lambda h: h.expires_ms, default=None)
     now = clock.now_ms()
+    sem = run.sem
     estimates = [
-        estimate_wait(seen.get(r), token, shared=sem.shared, skew=skew, now_ms=now, ticket=ticket)
+        estimate_wait(seen.get(r), shared=sem.shared, skew=run.skew, now_ms=now, ticket=ticket)
         for r in blocked
     ]
     # All of them are needed: the wait is the longest; the place is in the named one's queue.
     wait = max(e.seconds for e in estimates)
-    retry = retry_after(wait, seconds_until_free(blocked, skew))
+    retry = retry_after(wait, seconds_until_free(blocked, run.skew))
     holder_user_id = first.user_id if first else None
     exc = SemaphoreBusy(resource, retry, holder_user_id, estimates[0].position, wait)
     lock_busy.send(
         sender=sem.signal_sender,
         resource=resource,
-        user_id=user_id,
-        token=token,
+        user_id=run.user_id,
+        token=run.token,
         fence=None,
         holder_user_id=exc.holder_user_id,
         retry_after=exc.retry_after,
@@ -418,7 +414,7 @@ def back_off(
     (``sleeps``: the how-manieth time), never much past the first lease end in the way."""
     remaining = run.remaining()
     if remaining <= 0:
-        raise busy(run.sem, blocked, seen, skew=run.skew, user_id=run.user_id, token=run.token)
+        raise busy(run, blocked, seen)
     if telemetry.ON:
         telemetry.waiting()  # the span's wait event, once
     until_free = seconds_until_free(blocked, run.skew)

@@ -9,6 +9,7 @@ import pytest
 
 from dynasem import _clock as clock
 from dynasem._engine import queue as queueing
+from dynasem._engine.lockspec import Attempt
 from dynasem._engine.queue import Pace
 from dynasem._storage import lock_rows, records
 
@@ -155,9 +156,7 @@ def queued(ticket: int, ends_ms: int, *, shared: bool = False) -> records.Waiter
 
 def estimate(item: records.LockItem, *, shared: bool = False, token: str = "me") -> Any:
     mine = [w.ticket for w in item.entries or () if w.token == token]
-    return queueing.estimate_wait(
-        item, token, shared=shared, skew=0.5, ticket=mine[0] if mine else None
-    )
+    return queueing.estimate_wait(item, shared=shared, skew=0.5, ticket=mine[0] if mine else None)
 
 
 def test_a_holder_is_expected_to_hold_for_the_average_hold(frozen: int) -> None:
@@ -300,14 +299,10 @@ def test_busy_tells_the_estimate_and_the_queue_position(frozen: int) -> None:
 
     lock_busy.connect(receiver)
     try:
-        exc = queueing.busy(
-            semaphore("r"),
-            {"r": queueing.live_holders(item, frozen)},
-            {"r": item},
-            skew=0.5,
-            user_id="bob",
-            token="me",
+        run = Attempt(
+            semaphore("r"), "me", "bob", None, lease=10.0, skew=0.5, margin=0.0, deadline=0.0
         )
+        exc = queueing.busy(run, {"r": queueing.live_holders(item, frozen)}, {"r": item})
     finally:
         lock_busy.disconnect(receiver)
     assert (exc.resource, exc.holder_user_id, exc.retry_after) == ("r", "alice", 1)
