@@ -167,8 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         endpoint = ddb.endpoint_url
         common.setup_dynasem(endpoint, common.new_name("bench-reap"))
         common.create_dynasem_table()
+        from dynasem import _clock as clock
         from dynasem import semaphore
-        from dynasem._engine import core
         from dynasem._operators import locks as operations
         from dynasem._operators import reaper as reaping
         from dynasem.conf import settings
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
         base = common.raw_client(endpoint, base_counter)
 
         def cutoff() -> int:
-            return core.now_ms() - int(settings.CLOCK_SKEW * 1000)
+            return clock.now_ms() - int(settings.CLOCK_SKEW * 1000)
 
         jvm = ddb.process.pid
 
@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
                     "TableName": name,
                     "FilterExpression": "#expMs >= :now",
                     "ExpressionAttributeNames": {"#expMs": "expMs"},
-                    "ExpressionAttributeValues": {":now": {"N": str(core.now_ms())}},
+                    "ExpressionAttributeValues": {":now": {"N": str(clock.now_ms())}},
                 }
                 if start:
                     kwargs["ExclusiveStartKey"] = start

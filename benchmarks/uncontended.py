@@ -97,13 +97,13 @@ def main(argv: list[str] | None = None) -> int:
         def dynasem_raw_cycle(table_name: str):
             # dynasem's own two UpdateItems (its builders; ReturnValues as dynasem's acquire
             # asks, ALL_NEW), sent with raw boto3: the engine's share of dynasem's cost.
-            from dynasem._engine import core
+            from dynasem import _clock as clock
             from dynasem._storage import lock_writes
 
             def cycle(i: int) -> None:
-                key, token, now = f"raw-{i % args.resources}", uuid.uuid4().hex, core.now_ms()
+                key, token, now = f"raw-{i % args.resources}", uuid.uuid4().hex, clock.now_ms()
                 entry = lock_writes.holder_entry(
-                    "bench", now + 10_000, core._new_fence(0.5), now, False
+                    "bench", now + 10_000, clock.new_fence(0.5), now, False
                 )
                 extra = {"ReturnValuesOnConditionCheckFailure": "ALL_OLD"}
                 take = lock_writes.take_free(

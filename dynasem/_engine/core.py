@@ -42,13 +42,6 @@ from .queue import Blocking
 from .reentry import current_hold, enter, forget_entered, leave, reentered, remember_acquired
 from .steps import Request, Sleep, Steps, Write, run_async, run_io, run_sync, withdraw
 
-# isort: off
-# Read (never patched: patch the owner) as core.* by tests and benchmarks.
-from .._clock import monotonic, new_fence as _new_fence, now_ms  # noqa: F401
-from .hold import WAKE_AFTER  # noqa: F401
-from .queue import Pace as _Pace  # noqa: F401
-# isort: on
-
 __all__ = ["Held", "Semaphore", "current_hold", "semaphore"]
 
 # Re-tries of a write that failed in transit, however short the wait.

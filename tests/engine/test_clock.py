@@ -8,7 +8,6 @@ import pytest
 
 from dynasem import _clock as clock
 from dynasem import semaphore
-from dynasem._engine import core
 from dynasem.testing import abandon
 
 
@@ -18,12 +17,6 @@ def test_now_ms_and_new_fence_follow_the_wall_clock(monkeypatch: pytest.MonkeyPa
     # Microseconds, with the skew added: ahead of any fence a clock within the skew made.
     assert clock.new_fence(0) == 1_000_250_000
     assert clock.new_fence(0.5) == 1_000_750_000
-
-
-def test_core_reexports_the_clock_module_functions() -> None:
-    # Read-only re-exports: the functions themselves, which read clock.wall_clock each call.
-    assert core.now_ms is clock.now_ms
-    assert core.monotonic is clock.monotonic
 
 
 def test_a_shifted_wall_clock_shifts_the_hold_taken(

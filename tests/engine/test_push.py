@@ -15,9 +15,11 @@ import pytest
 from django.core.checks import run_checks
 from django.test import override_settings
 
+from dynasem import _clock as clock
 from dynasem import semaphore
-from dynasem._engine import core
 from dynasem._engine import push as wakeup
+from dynasem._engine.hold import WAKE_AFTER
+from dynasem._engine.queue import Pace
 from dynasem._storage import lock_rows, records
 from tests.support.helpers import dynasem_settings, queue_of
 
@@ -52,7 +54,7 @@ def wait_until_queued(resource: str, n: int = 1, timeout: float = 10) -> dict:
 @pytest.mark.parametrize("holder_knows", [True, False], ids=["hand-over", "plain-release"])
 def test_a_pushed_waiter_reads_nothing(lock_table, requests_sent, holder_knows, monkeypatch):
     # Paced looks far away: whatever brings the waiter its hold now is the push.
-    monkeypatch.setattr(core._Pace, "turn_in", lambda *a, **k: 20.0)
+    monkeypatch.setattr(Pace, "turn_in", lambda *a, **k: 20.0)
     holder = semaphore("deploy:prod").acquire()
     out: dict = {}
     thread = waiter_thread("deploy:prod", out, wait=30)  # default mode: it queues to be pushed
@@ -64,7 +66,7 @@ def test_a_pushed_waiter_reads_nothing(lock_table, requests_sent, holder_knows, 
     else:
         # A release looks for waiters it did not know of only after a hold this long (a
         # shorter one spares the uncontended path the decoding of the item).
-        time.sleep(core.WAKE_AFTER)
+        time.sleep(WAKE_AFTER)
     requests_sent.reset()
     released = time.monotonic()
     holder.release()
@@ -117,7 +119,7 @@ def test_a_forged_push_is_ignored(lock_table):
 def test_pushes_off_means_polling_as_before(dynamodb_local, lock_table):
     with override_settings(DYNASEM=dynasem_settings(dynamodb_local, lock_table, PUSH=None)):
         assert (
-            wakeup.expect("x", "t", lease=10, skew=0.5, now_ms=core.now_ms) is None
+            wakeup.expect("x", "t", lease=10, skew=0.5, now_ms=clock.now_ms) is None
             and not wakeup.available()
         )
         holder = semaphore("deploy:dev").acquire()
@@ -152,7 +154,7 @@ def test_an_address_it_cannot_listen_on_is_a_warning_not_a_failure(
         DYNASEM=dynasem_settings(dynamodb_local, lock_table, PUSH="192.0.2.1")  # TEST-NET-1
     ):
         with caplog.at_level(logging.WARNING, logger="dynasem"):
-            assert wakeup.expect("x", "t", lease=10, skew=0.5, now_ms=core.now_ms) is None
+            assert wakeup.expect("x", "t", lease=10, skew=0.5, now_ms=clock.now_ms) is None
         assert "cannot listen for hand-over pushes on 192.0.2.1" in caplog.text
         with semaphore("deploy:x", wait=1) as held:  # locking itself is unaffected
             assert held.fence > 0
@@ -212,7 +214,7 @@ def test_a_resource_queued_for_lately_is_joined_in_the_first_write(lock_table, r
 
 
 def _listening_slot(resource: str, token: str, lease: float = 10) -> tuple[str, int]:
-    address = wakeup.expect(resource, token, lease=lease, skew=0.5, now_ms=core.now_ms)
+    address = wakeup.expect(resource, token, lease=lease, skew=0.5, now_ms=clock.now_ms)
     assert address is not None
     target = wakeup.reachable(address)
     assert target is not None
@@ -236,7 +238,7 @@ def _hand_over(token: str, *, e_ms: int, fence: int, sent_ms: int, table_name: s
 def test_a_fresh_hand_over_push_is_taken_with_its_arrival(lock_table):
     token = "t-fresh"
     target = _listening_slot("deploy:push", token)
-    now = core.now_ms()
+    now = clock.now_ms()
     before = time.monotonic()
     _send(target, _hand_over(token, e_ms=now + 10_000, fence=7, sent_ms=now, table_name=lock_table))
     pushed = wakeup.wait(token, 5, fence_above=6)
@@ -251,7 +253,7 @@ def test_of_two_pushes_waiting_the_later_state_is_taken_whatever_came_last(lock_
     token = "t-two"
     target = _listening_slot("deploy:push", token)
     slot = wakeup._listener.slots[token]
-    now = core.now_ms()
+    now = clock.now_ms()
     for fence in (9, 8):
         _send(
             target,
@@ -272,7 +274,7 @@ def test_a_coroutine_awaiting_a_push_is_woken_through_its_event_loop(lock_table)
     of its loop), or before it starts to (taken at once); with none it times out."""
     token = "t-async"
     target = _listening_slot("deploy:push", token)
-    now = core.now_ms()
+    now = clock.now_ms()
 
     async def main() -> tuple[object, float, object, object]:
         loop = asyncio.get_running_loop()
@@ -306,7 +308,7 @@ def test_a_coroutine_awaiting_a_push_is_woken_through_its_event_loop(lock_table)
 
 def test_a_pushed_coroutine_reads_nothing(lock_table, requests_sent, monkeypatch):
     """test_a_pushed_waiter_reads_nothing, for ``async with``: handed over by push, at once."""
-    monkeypatch.setattr(core._Pace, "turn_in", lambda *a, **k: 20.0)
+    monkeypatch.setattr(Pace, "turn_in", lambda *a, **k: 20.0)
     holder = semaphore("deploy:async").acquire()
     out: dict = {}
 
@@ -336,7 +338,7 @@ def test_a_pushed_coroutine_reads_nothing(lock_table, requests_sent, monkeypatch
 def test_a_push_that_claims_too_much_is_dropped_and_logged(lock_table, caplog, case):
     token = f"t-{case}"
     target = _listening_slot("deploy:push", token, lease=10)
-    now = core.now_ms()
+    now = clock.now_ms()
     e_ms, fence, sent, name = now + 9_000, 7, now, lock_table
     if case == "run-out":
         # Sent 12 s ago (its 10 s lease is over): we were paused past it.
@@ -362,7 +364,7 @@ def test_a_push_that_claims_too_much_is_dropped_and_logged(lock_table, caplog, c
 def test_a_push_that_ran_out_while_buffered_is_dropped_when_taken(lock_table, monkeypatch):
     token = "t-buffered"
     target = _listening_slot("deploy:push", token, lease=10)
-    now = core.now_ms()
+    now = clock.now_ms()
     _send(target, _hand_over(token, e_ms=now + 10_000, fence=7, sent_ms=now, table_name=lock_table))
     deadline = time.monotonic() + 5
     slot = wakeup._listener.slots[token]
@@ -378,7 +380,7 @@ def test_a_push_that_ran_out_while_buffered_is_dropped_when_taken(lock_table, mo
 def test_pushes_signed_with_a_fallback_key_are_taken(lock_table, caplog):
     token = "t-rotated"
     target = _listening_slot("deploy:push", token)
-    now = core.now_ms()
+    now = clock.now_ms()
     message = _hand_over(token, e_ms=now + 9_000, fence=7, sent_ms=now, table_name=lock_table)
     # This process already runs with the new key; the releaser still signs with the old one.
     with override_settings(SECRET_KEY="the new key", SECRET_KEY_FALLBACKS=["dynasem-tests-only"]):

@@ -21,6 +21,7 @@ from django.test import Client
 from django.urls import reverse
 
 from dynasem import LockLost, run_once, semaphore
+from dynasem import _clock as clock
 from dynasem._engine import core
 from dynasem._operators import jobs as job_operations
 from dynasem._operators.locks import holds_on, queue_depth
@@ -245,7 +246,7 @@ def test_expired_holds_and_idle_rows_only_with_the_toggle(lock_table, holds, adm
     take(holds, "live:1")
     with semaphore("released:1"):
         pass
-    now = core.now_ms()
+    now = clock.now_ms()
     put_rows([idle_row("expired:1", now - 5000, holder="ghost")])
     client.force_login(admin_user)
     assert listed(client.get(reverse(LIST))) == ["live:1"]
@@ -257,7 +258,7 @@ def test_expired_holds_and_idle_rows_only_with_the_toggle(lock_table, holds, adm
     )
     # The ghost's lease ended 5 s before the request.
     shown = re.search(r"expired (\d+) s ago", body)
-    waited = (core.now_ms() - now) // 1000  # however long a loaded machine took to answer
+    waited = (clock.now_ms() - now) // 1000  # however long a loaded machine took to answer
     assert shown and 4 <= int(shown.group(1)) <= 6 + waited
 
 
@@ -281,7 +282,7 @@ def test_pages_follow_dynamodb_keys_and_list_every_hold_once(
 
 
 def test_pages_of_expired_rows_list_every_row_once(lock_table, admin_user, client, monkeypatch):
-    ended = core.now_ms() - 120_000
+    ended = clock.now_ms() - 120_000
     rows = [idle_row(f"old:{i:02d}", ended, holder="ghost") for i in range(40)]  # all one second
     put_rows(rows)
     monkeypatch.setattr(admin.site._registry[Lock], "list_per_page", 7)
@@ -297,7 +298,7 @@ def test_pages_of_expired_rows_list_every_row_once(lock_table, admin_user, clien
 def test_first_page_among_5000_idle_rows_is_a_few_requests(
     alice, holds, admin_user, client, requests_sent
 ):
-    now = core.now_ms()
+    now = clock.now_ms()
     put_rows(
         [
             idle_row(f"idle:{i}", now - 1000 - i * 700, holder="ghost" if i % 2 else None)
@@ -578,7 +579,7 @@ def test_user_filter_pages_move_on_past_many_rows_of_others(lock_table, holds, m
     # Small filtered reads, so that alice's rows take many requests to read past: the page
     # budget runs out before bob's row is found, and the cursor must still move on.
     monkeypatch.setattr(index_streams, "FILTERED_READ", 5)
-    until = core.now_ms() + 600_000
+    until = clock.now_ms() + 600_000
     put_rows([idle_row(f"alice:{i:03d}", until, holder="alice-id") for i in range(480)])
     take(holds, "bob:shared", user="bob-id", shared=True, lease=900)
     cursor, found, cursors = None, [], []
@@ -885,7 +886,7 @@ def test_a_cursor_it_did_not_write_is_a_400(alice_holds, admin_user, client):
 
 
 def test_a_cursor_of_another_filter_is_a_400(lock_table, admin_user, client, monkeypatch):
-    ended = core.now_ms() - 120_000
+    ended = clock.now_ms() - 120_000
     put_rows([idle_row(f"old:{i:02d}", ended, holder="ghost") for i in range(6)])
     monkeypatch.setattr(admin.site._registry[Lock], "list_per_page", 2)
     client.force_login(admin_user)

@@ -295,7 +295,7 @@ def test_reap_in_real_time(no_ttl, dynamodb_local, requests_sent, monkeypatch):
             # Wait until the stored bucket (whole seconds, as the index has it) is more than
             # CLOCK_SKEW in the past.
             ends = max(row(r)["expires"] for r in ["real:dead", "real:idle"])
-            while core.now_ms() - 200 < (ends + 1) * 1000:
+            while clock.now_ms() - 200 < (ends + 1) * 1000:
                 time.sleep(0.05)
             requests_sent.reset()
             out = run("dynasem_reap")
@@ -393,7 +393,7 @@ def test_reap_spares_a_row_reacquired_between_read_and_delete(no_ttl, holds, lat
 
 def test_delete_expired_spares_a_row_whose_lease_was_extended(lock_table, holds):
     held = take(holds, "cond:1")
-    cutoff = core.now_ms()  # read "before" the holder's lease was taken/extended
+    cutoff = clock.now_ms()  # read "before" the holder's lease was taken/extended
     assert lock_rows.delete_expired("cond:1", cutoff) is False
     assert [h.token for h in holds_on("cond:1")] == [held.token]
     ends = row("cond:1")["expMs"]
