@@ -380,13 +380,3 @@ def matching(holds: list[HoldInfo], token: str | None, fence: int | str | None) 
         if hold.token.startswith(token or "")
         and (fence in (None, "") or str(hold.fence) == str(fence))
     ]
-
-
-def break_holds(resource: str, token: str | None = None) -> list[HoldInfo]:
-    """Break every hold on ``resource`` (or the one with ``token``); returns the broken."""
-    return [
-        hold
-        for hold in holds_on(resource)
-        if (token is None or hold.token == token)
-        and break_hold(resource, hold.token, user_id=hold.user_id, fence=hold.fence)
-    ]

@@ -6,9 +6,12 @@ from __future__ import annotations
 
 import os
 from collections import Counter
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
+
+if TYPE_CHECKING:
+    from dynasem._operators.locks import HoldInfo
 
 ENGINE_ENV = "DYNASEM_TEST_ENGINE"
 
@@ -130,6 +133,18 @@ def queue_of(resource: str) -> dict[str, Any]:
     from dynasem._operators import locks as operations
 
     return {w.token: w for w in operations.waiters_on(resource)}
+
+
+def break_holds(resource: str, token: str | None = None) -> list[HoldInfo]:
+    """Break every hold on ``resource`` (or the one with ``token``); returns the broken."""
+    from dynasem._operators.locks import break_hold, holds_on
+
+    return [
+        hold
+        for hold in holds_on(resource)
+        if (token is None or hold.token == token)
+        and break_hold(resource, hold.token, user_id=hold.user_id, fence=hold.fence)
+    ]
 
 
 def holder_pages(resource: str, most: int) -> list[list[str]]:
