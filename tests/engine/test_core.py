@@ -35,7 +35,7 @@ from dynasem._operators import locks as operations
 from dynasem._storage import dynamodb, lock_rows
 from dynasem.signals import lock_acquired, lock_busy, lock_lost, lock_released
 from dynasem.testing import abandon
-from tests.support.helpers import RequestCounter, dynasem_settings, queue_of
+from tests.support.helpers import RequestCounter, break_holds, dynasem_settings, queue_of
 
 SKEW = 0.5  # CLOCK_SKEW of the test settings
 SIGNALS = {
@@ -440,7 +440,7 @@ def test_wait_gives_up_after_wait(lock_table: str) -> None:
 
 def test_release_after_break_and_takeover_raises_lock_lost(lock_table: str) -> None:
     first = semaphore("res").acquire()
-    operations.break_holds("res")
+    break_holds("res")
     second = semaphore("res", wait=0).acquire()
     try:
         with pytest.raises(LockLost):
@@ -451,7 +451,7 @@ def test_release_after_break_and_takeover_raises_lock_lost(lock_table: str) -> N
 
 def test_release_after_break_and_takeover_keeps_new_hold(lock_table: str) -> None:
     first = semaphore("res").acquire()
-    assert [h.token for h in operations.break_holds("res")] == [first.token]
+    assert [h.token for h in break_holds("res")] == [first.token]
     second = semaphore("res", wait=0).acquire()
     try:
         first.release()
@@ -481,13 +481,13 @@ def test_release_after_expiry_and_takeover_raises_and_keeps_new_hold(
 def test_block_exit_after_break_raises_lock_lost(lock_table: str) -> None:
     with pytest.raises(LockLost):
         with semaphore("res"):
-            operations.break_holds("res")
+            break_holds("res")
 
 
 def test_block_exit_after_break_and_renew_raises_lock_lost(lock_table: str) -> None:
     with pytest.raises(LockLost):
         with semaphore("res") as held:
-            operations.break_holds("res")
+            break_holds("res")
             with pytest.raises(LockLost):
                 held.renew()
     assert held.lost
@@ -507,7 +507,7 @@ def test_block_exception_is_not_replaced_by_lock_lost(
     error = ValueError("the block's own error")
     with pytest.raises(ValueError) as raised:
         with semaphore("res") as held:
-            operations.break_holds("res")
+            break_holds("res")
             with pytest.raises(LockLost):
                 held.renew()  # the loss is known: the exit's release raises LockLost too
             raise error
@@ -520,7 +520,7 @@ def test_block_exception_after_break_and_takeover_propagates(lock_table: str) ->
     error = RuntimeError("block failed")
     with pytest.raises(RuntimeError) as raised:
         with semaphore("res"):
-            operations.break_holds("res")
+            break_holds("res")
             second = semaphore("res", wait=0).acquire()
             raise error
     assert raised.value is error
@@ -561,7 +561,7 @@ def test_busy_signal(lock_table: str, signal_log: SignalLog) -> None:
 
 def test_lost_signal(lock_table: str, signal_log: SignalLog) -> None:
     held = semaphore("res", user="alice").acquire()
-    operations.break_holds("res")
+    break_holds("res")
     with pytest.raises(LockLost):
         held.renew()
     with pytest.raises(LockLost):

@@ -22,7 +22,7 @@ from dynasem import LockLost, SemaphoreBusy, semaphore
 from dynasem._engine import heartbeat
 from dynasem._operators import locks as operations
 from dynasem.signals import lock_lost
-from tests.support.helpers import RequestCounter, dynasem_settings
+from tests.support.helpers import RequestCounter, break_holds, dynasem_settings
 
 LEASE = 1.5
 SKEW = 0.5  # CLOCK_SKEW of the test settings
@@ -260,7 +260,7 @@ def test_broken_hold_is_declared_lost(lock_table: str) -> None:
     resource = unique("broken")
     held = semaphore(resource, lease=LEASE, user="alice").acquire()
     with watching_lost(held.token) as lost:
-        operations.break_holds(resource)
+        break_holds(resource)
         other = semaphore(resource, wait=0).acquire()
         assert lost.wait(timeout=INTERVAL + 0.5), "the heartbeat did not notice the break"
         assert held.lost

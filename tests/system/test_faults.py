@@ -219,7 +219,7 @@ def test_logs_never_carry_tokens(lock_table, caplog):
     """Warnings about lost holds and failed releases name the resource, never a token."""
     import logging
 
-    from dynasem._operators.locks import break_holds
+    from tests.support.helpers import break_holds
 
     caplog.set_level(logging.DEBUG, logger="dynasem")
     held = semaphore("secret:1", user="alice").acquire()

@@ -30,8 +30,8 @@ from django.core.management import call_command
 from django.db import OperationalError, connections, transaction
 
 from dynasem import LockLost, semaphore
-from dynasem._operators.locks import break_holds
 from dynasem._transactions.fencing import row_key
+from tests.support.helpers import break_holds
 from tests.support.servers import ServerUnavailable, mariadb
 
 pytest.importorskip(
