@@ -251,15 +251,6 @@ def hold(
     cls: type[Held] = Held,
 ) -> Held:
     """The hold ``run`` took (:func:`dynasem._engine.hold.acquired`)."""
-    return acquired(
-        run.sem,
-        token=run.token,
-        user_id=run.user_id,
-        fences=fences,
-        lease=run.lease,
-        skew=run.skew,
-        expires_ms=expires_ms,
-        sent_mono=sent_mono,
-        item=item,
-        cls=cls,
-    )
+    ours = {"token": run.token, "user_id": run.user_id, "lease": run.lease, "skew": run.skew}
+    times = {"expires_ms": expires_ms, "sent_mono": sent_mono}
+    return acquired(run.sem, item=item, cls=cls, fences=fences, **ours, **times)
