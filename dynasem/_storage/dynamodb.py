@@ -211,7 +211,6 @@ def _unavailable(exc: Exception) -> SemaphoreUnavailable:
     transient = isinstance(exc, boto_errors.ConnectionError | boto_errors.ReadTimeoutError)
     # Never connected: never applied. A timeout or a dropped connection: perhaps applied.
     unsent = isinstance(exc, boto_errors.EndpointConnectionError | boto_errors.ConnectTimeoutError)
-    # Never connected: never applied. A timeout or a dropped connection: perhaps applied.
     message, ambiguous = f"cannot reach DynamoDB at {where}: {exc}", transient and not unsent
     return SemaphoreUnavailable(message, transient=transient, ambiguous=ambiguous)
 

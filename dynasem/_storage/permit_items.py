@@ -227,7 +227,7 @@ def renew_item(
 
 def send(action: dict[str, Any], *, old: bool = False) -> dict[str, Any] | None:
     """Send one conditional write of a member item (or of the row, by these modules); the
-    old item if ``old``. Raises :class:`Refused` (its ``raw``: the item as it was)."""
+    old item if ``old``. Raises :class:`Refused` (its ``item``: the item as it was)."""
     response = dynamodb.send_request(
         "update_item",
         TableName=settings.TABLE_NAME,

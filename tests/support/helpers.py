@@ -25,13 +25,13 @@ def engine_name() -> str:
 
 
 # ``DYNASEM_TEST_PERMITS_FROM=N``: counting semaphores of more than N permits keep their
-# holders in permit items (normally above table.permits.INLINE_MAX = 8), so that the whole
+# holders in permit items (normally above permit_items.INLINE_MAX = 8), so that the whole
 # suite's counting tests can run on that layout too (workers inherit it).
 PERMITS_ENV = "DYNASEM_TEST_PERMITS_FROM"
 
 
 # ``DYNASEM_TEST_READERS_FROM=N``: a shared resource keeps N readers in its row, the next in
-# reader items (normally reader_items.READERS_INLINE = 8), for the same reason.
+# reader items (normally lock_writes.READERS_INLINE = 2), for the same reason.
 READERS_ENV = "DYNASEM_TEST_READERS_FROM"
 
 
