@@ -1,0 +1,233 @@
+"""Applying an UpdateExpression to an item, and a ProjectionExpression to one.
+
+The old item is never changed: the new one shares every value the update leaves alone and
+copies the maps and lists along each path it writes (old items stay readable as versions, and
+as ALL_OLD answers).
+"""
+
+from __future__ import annotations
+
+from .expressions import Names, Resolved, Update, Values, get_path, resolve
+from .values import SETS, Invalid, Item, Value, arithmetic, kind_of
+
+INVALID_PATH = "The document path provided in the update expression is invalid for update"
+WRONG_TYPE = "An operand in the update expression has an incorrect data type"
+TYPE_WORDS = {"S": "STRING", "N": "NUMBER", "B": "BINARY", "BOOL": "BOOLEAN", "NULL": "NULL"}
+TYPE_WORDS |= {"M": "MAP", "L": "LIST"}
+
+
+def check_paths(update: Update, names: Names, keys: tuple[str, ...]) -> None:
+    """DynamoDB's refusals of an update's paths before it reads the item: two that overlap
+    (one is the other or inside it), or one that names a key attribute."""
+    paths = [resolve(p, names) for p in update.paths()]
+    for path in paths:
+        if path[0] in keys:
+            raise Invalid(
+                "One or more parameter values were invalid: Cannot update attribute "
+                f"{path[0]}. This attribute is part of the key"
+            )
+    seen = set(paths)
+    if len(seen) == len(paths) and all(len(p) == 1 for p in paths):
+        return  # distinct attributes: the common case
+    for n, path in enumerate(paths):
+        for other in paths[:n]:
+            shorter, longer = (path, other) if len(path) <= len(other) else (other, path)
+            if longer[: len(shorter)] == shorter:
+                raise Invalid(
+                    "Invalid UpdateExpression: Two document paths overlap with each other; must "
+                    "remove or rewrite one of these paths; path one: "
+                    f"{_shown(other)}, path two: {_shown(path)}"
+                )
+
+
+def _shown(path: Resolved) -> str:
+    return "[" + ", ".join(f"[{p}]" if isinstance(p, int) else p for p in path) + "]"
+
+
+def apply_update(
+    old: Item | None, key: Item, update: Update, names: Names, values: Values
+) -> tuple[Item, set[str]]:
+    """The item after ``update`` (``old`` None: a new item of ``key``), and the top-level
+    attributes it touched (UPDATED_OLD / UPDATED_NEW return those)."""
+    computed = [(resolve(p, names), of(old, names, values)) for p, of in update.sets]
+    new: Item = dict(old) if old is not None else dict(key)
+    touched: set[str] = set()
+    for path, value in computed:
+        _set(new, path, value)
+        touched.add(str(path[0]))
+    removes = [resolve(p, names) for p in update.removes]
+    # Several elements of one list: the highest index first, so each names the old element.
+    removes.sort(key=lambda p: -p[-1] if isinstance(p[-1], int) else 1)
+    for path in removes:
+        _remove(new, path)
+        touched.add(str(path[0]))
+    for p, placeholder in update.adds:
+        path = resolve(p, names)
+        _set(new, path, _added(get_path(new, path), values[placeholder]))
+        touched.add(str(path[0]))
+    for p, placeholder in update.deletes:
+        path = resolve(p, names)
+        _delete(new, path, values[placeholder])
+        touched.add(str(path[0]))
+    return new, touched
+
+
+def _container(item: Item, path: Resolved) -> Value:
+    """The map or list holding ``path``'s last part, copied into ``item`` along the way."""
+    holder: Item = item
+    name = path[0]
+    value = holder.get(name)  # type: ignore[call-overload]
+    if value is None:
+        raise Invalid(INVALID_PATH)
+    value = _copied(value)
+    holder[name] = value  # type: ignore[index]
+    for part in path[1:-1]:
+        value = _child(value, part)
+    return value
+
+
+def _copied(value: Value) -> Value:
+    ((kind, raw),) = value.items()
+    if kind == "M":
+        return {"M": dict(raw)}
+    if kind == "L":
+        return {"L": list(raw)}
+    return value
+
+
+def _child(value: Value, part: str | int) -> Value:
+    """The copied child ``part`` of a (copied) map or list, put back in its place."""
+    if isinstance(part, int):
+        items = value.get("L")
+        if items is None or part >= len(items):
+            raise Invalid(INVALID_PATH)
+        child = items[part] = _copied(items[part])
+        return child
+    members = value.get("M")
+    if members is None or part not in members:
+        raise Invalid(INVALID_PATH)
+    child = members[part] = _copied(members[part])
+    return child
+
+
+def _set(item: Item, path: Resolved, value: Value) -> None:
+    if len(path) == 1:
+        item[path[0]] = value  # type: ignore[index]
+        return
+    parent, last = _container(item, path), path[-1]
+    if isinstance(last, int):
+        items = parent.get("L")
+        if items is None:
+            raise Invalid(INVALID_PATH)
+        if last >= len(items):
+            items.append(value)
+        else:
+            items[last] = value
+        return
+    members = parent.get("M")
+    if members is None:
+        raise Invalid(INVALID_PATH)
+    members[last] = value
+
+
+def _remove(item: Item, path: Resolved) -> None:
+    if len(path) == 1:
+        item.pop(path[0], None)  # type: ignore[call-overload]
+        return
+    parent, last = _container(item, path), path[-1]
+    if isinstance(last, int):
+        items = parent.get("L")
+        if items is None:
+            raise Invalid(INVALID_PATH)
+        if last < len(items):
+            del items[last]
+        return
+    members = parent.get("M")
+    if members is None:
+        raise Invalid(INVALID_PATH)
+    members.pop(last, None)
+
+
+def _added(old: Value | None, value: Value) -> Value:
+    kind = kind_of(value)
+    if kind != "N" and kind not in SETS:
+        raise Invalid(
+            "Invalid UpdateExpression: Incorrect operand type for operator or function; "
+            f"operator: ADD, operand type: {TYPE_WORDS.get(kind, kind)}, typeSet: "
+            "ALLOWED_FOR_ADD_OPERAND"
+        )
+    if old is None:
+        return value
+    if kind_of(old) != kind:
+        raise Invalid(WRONG_TYPE)
+    if kind == "N":
+        return {"N": arithmetic(old["N"], value["N"], 1)}
+    have = set(old[kind])
+    return {kind: old[kind] + [m for m in value[kind] if m not in have]}
+
+
+def _delete(item: Item, path: Resolved, value: Value) -> None:
+    kind = kind_of(value)
+    if kind not in SETS:
+        raise Invalid(
+            "Invalid UpdateExpression: Incorrect operand type for operator or function; "
+            f"operator: DELETE, operand type: {TYPE_WORDS.get(kind, kind)}"
+        )
+    old = get_path(item, path)
+    if old is None:
+        return
+    if kind_of(old) != kind:
+        raise Invalid(WRONG_TYPE)
+    gone = set(value[kind])
+    left = [m for m in old[kind] if m not in gone]
+    if left:
+        _set(item, path, {kind: left})
+    else:
+        _remove(item, path)
+
+
+def project(item: Item, paths: list[Resolved]) -> Item:
+    """The parts of ``item`` that ``paths`` name (a ProjectionExpression), nested as in the
+    item; list elements keep their order."""
+    out: Item = {}
+    for path in paths:
+        value = get_path(item, path)
+        if value is not None:
+            _place(out, item, path, value)
+    _lists(out)
+    return out
+
+
+def _place(out: Item, item: Item, path: Resolved, value: Value) -> None:
+    if len(path) == 1:
+        out[path[0]] = value  # type: ignore[index]
+        return
+    name = path[0]
+    source: Value = item[name]  # type: ignore[index]
+    target = out.get(name)  # type: ignore[call-overload]
+    if target is None:
+        target = out[name] = {"M": {}} if "M" in source else {"L": {}}  # type: ignore[index]
+    for n, part in enumerate(path[1:], start=1):
+        last = n == len(path) - 1
+        slot = target["M"] if "M" in target else target["L"]  # a dict while building
+        if last:
+            slot[part] = value
+            break
+        source = get_path(item, path[: n + 1])  # type: ignore[assignment]
+        if part not in slot:
+            slot[part] = {"M": {}} if "M" in source else {"L": {}}
+        target = slot[part]
+
+
+def _lists(out: Item) -> None:
+    """Lists built as {index: value} while projecting, made lists (in index order)."""
+    for name, value in out.items():
+        out[name] = _listed(value)
+
+
+def _listed(value: Value) -> Value:
+    if "L" in value and isinstance(value["L"], dict):
+        return {"L": [_listed(value["L"][i]) for i in sorted(value["L"])]}
+    if "M" in value:
+        return {"M": {k: _listed(v) for k, v in value["M"].items()}}
+    return value
