@@ -14,7 +14,7 @@ from botocore.exceptions import ClientError
 
 from .expressions import Parsed, parse, resolve
 from .tables import IndexDef, Table
-from .values import Invalid, Item, Value, item_size, normal_value
+from .values import Invalid, Item, Value, item_size, normal
 
 
 class DynamoError(Exception):
@@ -85,55 +85,85 @@ class Bound:
         return [resolve(p, self.names) for p in parsed.paths]
 
 
+# The expressions of a request (by their texts), parsed, with every placeholder they use.
+_bound: dict[tuple[tuple[str, str], ...], tuple[dict[str, Parsed], frozenset[str], frozenset[str]]]
+_bound = {}
+
+
+def _expressions(
+    params: Mapping[str, Any],
+) -> tuple[dict[str, Parsed], frozenset[str], frozenset[str]]:
+    texts = tuple((k, params[k]) for k in KINDS if params.get(k) is not None)
+    known = _bound.get(texts)
+    if known is None:
+        parsed = {k: parse(text, k) for k, text in texts}
+        names = frozenset().union(*(e.names for e in parsed.values()))
+        values = frozenset().union(*(e.values for e in parsed.values()))
+        if len(_bound) > 50_000:
+            _bound.clear()
+        known = _bound[texts] = (parsed, names, values)
+    return known
+
+
 def bind(params: Mapping[str, Any]) -> Bound:
     """Parse the request's expressions and check its placeholders as DynamoDB does: each one
     used must be given, each one given must be used."""
-    parsed = {k: parse(params[k], k) for k in KINDS if params.get(k) is not None}
+    parsed, used_names, used_values = _expressions(params)
     names: Mapping[str, str] = params.get("ExpressionAttributeNames") or {}
     raw_values: Mapping[str, Any] = params.get("ExpressionAttributeValues") or {}
+    if names.keys() != used_names or raw_values.keys() != used_values:
+        _placeholders(params, parsed, names, raw_values, used_names, used_values)
+    return Bound(parsed, names, _values(raw_values))
+
+
+def _placeholders(
+    params: Mapping[str, Any],
+    parsed: dict[str, Parsed],
+    names: Mapping[str, str],
+    values: Mapping[str, Any],
+    used_names: frozenset[str],
+    used_values: frozenset[str],
+) -> None:
+    """Refuse placeholders used and not given, or given and not used (DynamoDB's messages)."""
     if "ExpressionAttributeNames" in params and not names:
         raise Invalid("ExpressionAttributeNames must not be empty")
-    if "ExpressionAttributeValues" in params and not raw_values:
+    if "ExpressionAttributeValues" in params and not values:
         raise Invalid("ExpressionAttributeValues must not be empty")
     for kind, expression in parsed.items():
-        if expression.names <= names.keys() and expression.values <= raw_values.keys():
-            continue
         for name in sorted(expression.names - names.keys()):
             raise Invalid(
                 f"Invalid {kind}: An expression attribute name used in the document path is not "
                 f"defined; attribute name: {name}"
             )
-        for value in sorted(expression.values - raw_values.keys()):
+        for value in sorted(expression.values - values.keys()):
             raise Invalid(
                 f"Invalid {kind}: An expression attribute value used in expression is not "
                 f"defined; attribute value: {value}"
             )
-    used_names: set[str] = set()
-    used_values: set[str] = set()
-    for expression in parsed.values():
-        used_names |= expression.names
-        used_values |= expression.values
-    if len(used_names) != len(names) and (unused := names.keys() - used_names):
+    if unused := names.keys() - used_names:
         keys = ", ".join(sorted(unused))
         raise Invalid(
             f"Value provided in ExpressionAttributeNames unused in expressions: keys: {{{keys}}}"
         )
-    if len(used_values) != len(raw_values) and (unused := raw_values.keys() - used_values):
+    if unused := values.keys() - used_values:
         keys = ", ".join(sorted(unused))
         raise Invalid(
             f"Value provided in ExpressionAttributeValues unused in expressions: keys: {{{keys}}}"
         )
-    return Bound(parsed, names, _values(raw_values))
 
 
 def _values(raw: Mapping[str, Any]) -> dict[str, Value]:
-    values = {}
-    for name, value in raw.items():
-        try:
-            values[name] = normal_value(value, f" for key {name}")
-        except Invalid as exc:
-            raise Invalid(f"ExpressionAttributeValues contains invalid value: {exc}") from None
-    return values
+    try:
+        return {name: normal(value) for name, value in raw.items()}
+    except Invalid:
+        for name, value in raw.items():  # again, to say which one
+            try:
+                normal(value)
+            except Invalid as exc:
+                raise Invalid(
+                    f"ExpressionAttributeValues contains invalid value: {exc} for key {name}"
+                ) from None
+        raise
 
 
 def check_return(params: Mapping[str, Any], allowed: tuple[str, ...]) -> str:

@@ -16,9 +16,10 @@ TYPE_WORDS = {"S": "STRING", "N": "NUMBER", "B": "BINARY", "BOOL": "BOOLEAN", "N
 TYPE_WORDS |= {"M": "MAP", "L": "LIST"}
 
 
-def check_paths(update: Update, names: Names, keys: tuple[str, ...]) -> None:
+def check_paths(update: Update, names: Names, keys: tuple[str, ...]) -> list[Resolved]:
     """DynamoDB's refusals of an update's paths before it reads the item: two that overlap
-    (one is the other or inside it), or one that names a key attribute."""
+    (one is the other or inside it), or one that names a key attribute. Returns the paths
+    resolved, in :meth:`Update.paths`' order (what :func:`apply_update` takes)."""
     paths = [resolve(p, names) for p in update.paths()]
     for path in paths:
         if path[0] in keys:
@@ -26,9 +27,8 @@ def check_paths(update: Update, names: Names, keys: tuple[str, ...]) -> None:
                 "One or more parameter values were invalid: Cannot update attribute "
                 f"{path[0]}. This attribute is part of the key"
             )
-    seen = set(paths)
-    if len(seen) == len(paths) and all(len(p) == 1 for p in paths):
-        return  # distinct attributes: the common case
+    if len(set(paths)) == len(paths) and all(len(p) == 1 for p in paths):
+        return paths  # distinct attributes: the common case
     for n, path in enumerate(paths):
         for other in paths[:n]:
             shorter, longer = (path, other) if len(path) <= len(other) else (other, path)
@@ -38,6 +38,7 @@ def check_paths(update: Update, names: Names, keys: tuple[str, ...]) -> None:
                     "remove or rewrite one of these paths; path one: "
                     f"{_shown(other)}, path two: {_shown(path)}"
                 )
+    return paths
 
 
 def _shown(path: Resolved) -> str:
@@ -45,28 +46,38 @@ def _shown(path: Resolved) -> str:
 
 
 def apply_update(
-    old: Item | None, key: Item, update: Update, names: Names, values: Values
+    old: Item | None,
+    key: Item,
+    update: Update,
+    names: Names,
+    values: Values,
+    resolved: list[Resolved] | None = None,
 ) -> tuple[Item, set[str]]:
     """The item after ``update`` (``old`` None: a new item of ``key``), and the top-level
-    attributes it touched (UPDATED_OLD / UPDATED_NEW return those)."""
-    computed = [(resolve(p, names), of(old, names, values)) for p, of in update.sets]
+    attributes it touched (UPDATED_OLD / UPDATED_NEW return those). ``resolved``: its paths
+    as :func:`check_paths` returned them."""
+    paths = resolved if resolved is not None else [resolve(p, names) for p in update.paths()]
+    count = len(update.sets)
+    computed = [(paths[n], of(old, names, values)) for n, (_, of) in enumerate(update.sets)]
     new: Item = dict(old) if old is not None else dict(key)
     touched: set[str] = set()
     for path, value in computed:
         _set(new, path, value)
         touched.add(str(path[0]))
-    removes = [resolve(p, names) for p in update.removes]
+    removes = paths[count : count + len(update.removes)]
     # Several elements of one list: the highest index first, so each names the old element.
     removes.sort(key=lambda p: -p[-1] if isinstance(p[-1], int) else 1)
     for path in removes:
         _remove(new, path)
         touched.add(str(path[0]))
-    for p, placeholder in update.adds:
-        path = resolve(p, names)
+    count += len(update.removes)
+    for n, (_, placeholder) in enumerate(update.adds):
+        path = paths[count + n]
         _set(new, path, _added(get_path(new, path), values[placeholder]))
         touched.add(str(path[0]))
-    for p, placeholder in update.deletes:
-        path = resolve(p, names)
+    count += len(update.adds)
+    for n, (_, placeholder) in enumerate(update.deletes):
+        path = paths[count + n]
         _delete(new, path, values[placeholder])
         touched.add(str(path[0]))
     return new, touched

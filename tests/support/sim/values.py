@@ -84,12 +84,13 @@ def normal_value(value: Any, where: str) -> Value:
     """A checked, normalized copy of a wire value (``where`` names it in errors, as DynamoDB
     does: ``for key :v``)."""
     try:
-        return _normal(value)
+        return normal(value)
     except Invalid as exc:
         raise Invalid(f"{exc}{where}") from None
 
 
-def _normal(value: Any) -> Value:
+def normal(value: Any) -> Value:
+    """A checked, normalized copy of a wire value."""
     if type(value) is not dict or len(value) != 1:
         if not isinstance(value, Mapping) or len(value) != 1:
             raise Invalid(
@@ -103,9 +104,9 @@ def _normal(value: Any) -> Value:
         if kind == "N":
             return {"N": normal_number(raw if type(raw) is str else str(raw))}
         if kind == "M":
-            return {"M": {k if type(k) is str else str(k): _normal(v) for k, v in raw.items()}}
+            return {"M": {k if type(k) is str else str(k): normal(v) for k, v in raw.items()}}
         if kind == "L":
-            return {"L": [_normal(v) for v in raw]}
+            return {"L": [normal(v) for v in raw]}
         if kind in ("BOOL", "NULL"):
             return {kind: bool(raw)}
         if kind == "B":
@@ -145,7 +146,7 @@ def _bytes(raw: Any) -> bytes:
 
 
 def normal_item(item: Mapping[str, Any]) -> Item:
-    return {name if type(name) is str else str(name): _normal(v) for name, v in item.items()}
+    return {name if type(name) is str else str(name): normal(v) for name, v in item.items()}
 
 
 def copy_value(value: Value) -> Value:

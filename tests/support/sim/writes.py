@@ -98,8 +98,7 @@ def plan_update(table: Table, params: Mapping[str, Any], bound: Bound) -> Plan:
     key = table.key_of(key_item, exact=True)
     parsed = bound.get("UpdateExpression")
     update = None if parsed is None else parsed.update
-    if update is not None:
-        check_paths(update, bound.names, table.key_names())
+    paths = None if update is None else check_paths(update, bound.names, table.key_names())
     record, old = _located(table, key)
     plan = Plan(table, key, record, old)
     if not _condition(plan, bound, params):
@@ -108,14 +107,30 @@ def plan_update(table: Table, params: Mapping[str, Any], bound: Bound) -> Plan:
         plan.new = dict(old) if old is not None else dict(key_item)
         return plan
     try:
-        plan.new, plan.touched = apply_update(old, key_item, update, bound.names, bound.values)
-        plan.size = item_size(plan.new)
+        plan.new, plan.touched = apply_update(
+            old, key_item, update, bound.names, bound.values, paths
+        )
+        plan.size = _size_after(plan, old, plan.new)
         if plan.size > MAX_ITEM:
             raise Invalid(TOO_BIG_UPDATE)
         table.check_index_keys(plan.new, update=True, touched=plan.touched)
     except Invalid as exc:
         plan.invalid, plan.new = str(exc), None
     return plan
+
+
+def _size_after(plan: Plan, old: Item | None, new: Item) -> int:
+    """The new image's size: the old one's, with the attributes the update touched measured
+    again (an update shares every other value with the old image)."""
+    if old is None or plan.record is None:
+        return item_size(new)
+    size = plan.record.size
+    for name in plan.touched:
+        if name in old:
+            size -= item_size({name: old[name]})
+        if name in new:
+            size += item_size({name: new[name]})
+    return size
 
 
 def plan_delete(table: Table, params: Mapping[str, Any], bound: Bound) -> Plan:
