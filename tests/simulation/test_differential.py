@@ -355,3 +355,168 @@ def test_an_item_over_400_kb_is_refused_and_nothing_written(
     assert not sim.snapshot()[lock_table][
         item_key(sim.tables[lock_table], records.key("crowd", "lock"))
     ]["holders"]["M"]
+
+
+# -- beyond what dynasem sends ---------------------------------------------------------------------
+
+
+def raw_requests(table: str) -> list[tuple[str, dict[str, Any]]]:
+    """Requests dynasem does not send today, for the expressions, return values, orders and
+    refusals a later dynasem (or the simulator's runtime) may rely on."""
+
+    def key(pk: str, sk: str = "lock") -> dict[str, Any]:
+        return {"pk": {"S": pk}, "sk": {"S": sk}}
+
+    item = {
+        **key("a"),
+        "n": {"N": "5"},
+        "s": {"S": "abc"},
+        "l": {"L": [{"N": "1"}, {"S": "x"}]},
+        "ss": {"SS": ["a", "b"]},
+        "m": {"M": {"k": {"N": "1"}, "deep": {"M": {"x": {"S": "y"}}}}},
+    }
+    upd = {"TableName": table, "Key": key("a"), "ReturnValues": "ALL_NEW"}
+    requests: list[tuple[str, dict[str, Any]]] = [("PutItem", {"TableName": table, "Item": item})]
+    conditions = [
+        ("n BETWEEN :a AND :b", {":a": {"N": "1"}, ":b": {"N": "9"}}),
+        ("n IN (:a, :b)", {":a": {"N": "1"}, ":b": {"N": "5"}}),
+        ("contains(ss, :a) AND contains(l, :b)", {":a": {"S": "a"}, ":b": {"N": "1"}}),
+        ("begins_with(s, :a) OR size(l) > :b", {":a": {"S": "zz"}, ":b": {"N": "5"}}),
+        ("attribute_type(m, :a) AND NOT (nope <> :b)", {":a": {"S": "M"}, ":b": {"N": "1"}}),
+        ("m.deep.x = :a AND l[1] = :b", {":a": {"S": "y"}, ":b": {"S": "x"}}),
+        ("size(s) = :a AND NOT n < :b", {":a": {"N": "3"}, ":b": {"S": "1"}}),
+        ("n BETWEEN :b AND :a", {":a": {"N": "1"}, ":b": {"N": "9"}}),
+        ("attribute_type(n, :a)", {":a": {"S": "Q"}}),
+        ("n = :a AND", {":a": {"N": "1"}}),
+        ("shard = :a", {":a": {"N": "1"}}),
+    ]
+    for n, (condition, values) in enumerate(conditions):
+        request = {**upd, "UpdateExpression": "SET t = :t", "ConditionExpression": condition}
+        request["ExpressionAttributeValues"] = {":t": {"N": str(n)}, **values}
+        requests.append(("UpdateItem", request))
+    updates = [
+        (
+            "SET n = n - :a, l = list_append(l, :b), s2 = if_not_exists(s2, s)",
+            {":a": {"N": "0.5"}, ":b": {"L": [{"N": "9"}]}},
+            "UPDATED_NEW",
+        ),  # noqa: E501
+        (
+            "ADD ss :a, c :b DELETE ss2 :a",
+            {":a": {"SS": ["z"]}, ":b": {"N": "-1.5"}},
+            "UPDATED_OLD",
+        ),
+        ("SET l[0] = :a, m.k = m.k + :a REMOVE l[5], m.deep.x", {":a": {"N": "7"}}, "ALL_OLD"),
+        ("REMOVE l[0], l[1] SET m.deep.y = :a", {":a": {"BOOL": True}}, "ALL_NEW"),
+        ("SET q = :a, q = :a", {":a": {"N": "1"}}, "NONE"),
+        ("SET nope.x = :a", {":a": {"N": "1"}}, "NONE"),
+        ("SET n = :a + :a", {":a": {"S": "1"}}, "NONE"),
+        ("SET pk = :a", {":a": {"S": "b"}}, "NONE"),
+        ("SET big = :a", {":a": {"S": "x" * 409_600}}, "NONE"),
+    ]
+    for update, values, returns in updates:
+        request = {**upd, "UpdateExpression": update, "ExpressionAttributeValues": values}
+        requests.append(("UpdateItem", request | {"ReturnValues": returns}))
+    for n in range(7):
+        extra = {"userId": {"S": "u"}, "expires": {"N": str(900 * (n % 3))}, "mode": {"S": "x"}}
+        requests.append(("PutItem", {"TableName": table, "Item": {**key(f"r{n}"), **extra}}))
+        requests.append(("PutItem", {"TableName": table, "Item": {**key(f"r{n}", f"q#{n}")}}))
+    users = {
+        "TableName": table,
+        "IndexName": records.USER_INDEX,
+        "KeyConditionExpression": "#u = :u AND #e BETWEEN :a AND :b",
+        "ExpressionAttributeNames": {"#u": "userId", "#e": "expires"},
+        "ExpressionAttributeValues": {":u": {"S": "u"}, ":a": {"N": "0"}, ":b": {"N": "900"}},
+    }
+    requests += [
+        ("Query", users | {"Limit": 2}),
+        ("Query", users | {"Limit": 3, "ScanIndexForward": False}),
+        ("Query", users | {"Select": "COUNT"}),
+        ("Query", users | {"ConsistentRead": True}),
+        (
+            "Query",
+            {
+                "TableName": table,
+                "KeyConditionExpression": "pk = :p AND begins_with(sk, :q)",
+                "ProjectionExpression": "pk, m.deep, l[0]",
+                "ExpressionAttributeValues": {":p": {"S": "r1"}, ":q": {"S": "q#"}},
+            },
+        ),  # fmt: skip
+        ("Scan", {"TableName": table, "Limit": 5}),
+        (
+            "Scan",
+            {
+                "TableName": table,
+                "FilterExpression": "attribute_exists(#m)",
+                "ExpressionAttributeNames": {"#m": "mode"},
+            },
+        ),  # noqa: E501
+        (
+            "GetItem",
+            {"TableName": table, "Key": key("a"), "ProjectionExpression": "m.k, l[0], nope"},
+        ),  # noqa: E501
+        ("GetItem", {"TableName": table, "Key": {"pk": {"S": "a"}}}),
+        ("BatchGetItem", {"RequestItems": {table: {"Keys": [key("a"), key("r2"), key("zz")]}}}),
+        ("BatchGetItem", {"RequestItems": {table: {"Keys": [key("a"), key("a")]}}}),
+        ("DeleteItem", {"TableName": table, "Key": key("r3"), "ReturnValues": "ALL_OLD"}),
+        (
+            "DeleteItem",
+            {"TableName": table, "Key": key("zz"), "ConditionExpression": "attribute_exists(pk)"},
+        ),  # noqa: E501
+        (
+            "TransactWriteItems",
+            {
+                "TransactItems": [
+                    {
+                        "ConditionCheck": {
+                            "TableName": table,
+                            "Key": key("zz"),
+                            "ConditionExpression": "attribute_exists(pk)",
+                        }
+                    },  # noqa: E501
+                    {"Delete": {"TableName": table, "Key": key("r4")}},
+                    {
+                        "Put": {
+                            "TableName": table,
+                            "Item": key("r5"),
+                            "ConditionExpression": "attribute_not_exists(pk)",
+                            "ReturnValuesOnConditionCheckFailure": "ALL_OLD",
+                        }
+                    },  # noqa: E501
+                ]
+            },
+        ),  # fmt: skip
+        (
+            "TransactWriteItems",
+            {
+                "TransactItems": [
+                    {
+                        "Update": {
+                            "TableName": table,
+                            "Key": key("r6"),
+                            "UpdateExpression": "SET #m = :m",
+                            "ExpressionAttributeNames": {"#m": "mode"},
+                            "ExpressionAttributeValues": {":m": {"S": "n"}},
+                        }
+                    },  # noqa: E501
+                    {"Delete": {"TableName": table, "Key": key("r0")}},
+                ]
+            },
+        ),  # fmt: skip
+        (
+            "TransactWriteItems",
+            {"TransactItems": [{"Delete": {"TableName": table, "Key": key("r1")}}] * 2},
+        ),  # noqa: E501
+    ]
+    return requests
+
+
+def test_expressions_orders_and_refusals_beyond_dynasems_own(
+    lock_table: str, recording: Recording
+) -> None:  # noqa: E501
+    client = dynamodb.get_client()
+    for operation, request in raw_requests(lock_table):
+        try:
+            client._make_api_call(operation, request)
+        except Exception:  # noqa: BLE001,S110 - a refusal, recorded with its answer
+            pass
+    check(recording, lock_table, "UpdateItem", "Query", "Scan", "TransactWriteItems")

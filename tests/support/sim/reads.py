@@ -159,6 +159,13 @@ def _range(
         condition.low = prefix
         condition.test = lambda k: k.startswith(prefix)
     elif op == "BETWEEN":
+        if keys[0] > keys[1]:
+            low, high = (f"{{{kind_of(dict(v))}:{next(iter(v.values()))}}}" for v in values)
+            raise Invalid(
+                "Invalid KeyConditionExpression: The BETWEEN operator requires upper bound to be "
+                f"greater than or equal to lower bound; lower bound operand: AttributeValue: "
+                f"{low}, upper bound operand: AttributeValue: {high}"
+            )
         condition.low, condition.high = keys
         condition.test = lambda k: keys[0] <= k <= keys[1]
     elif op == "=":

@@ -153,7 +153,9 @@ class Table:
     def _bad_key(self, item: Item, exact: bool) -> None:
         """Raise what DynamoDB (Local) says of a key that does not fit the schema."""
         names = self.key_names()
-        if any(n not in item for n in names) or (exact and len(item) != len(names)):
+        if exact and len(item) != len(names):
+            raise Invalid("The number of conditions on the keys is invalid")
+        if any(n not in item for n in names):
             if exact:
                 raise Invalid("The provided key element does not match the schema")
             raise Invalid("One of the required keys was not given a value")
