@@ -62,7 +62,7 @@ def recording(monkeypatch: pytest.MonkeyPatch) -> Iterator[Recording]:
     """Records every DynamoDB request from here on (for the whole test: start it after the
     table is made, as the fixture order does)."""
     found = Recording()
-    original = BaseClient._make_api_call
+    original = BaseClient._make_api_call  # type: ignore[attr-defined]
 
     def send(client: BaseClient, operation: str, params: Any) -> Any:
         return found.send(client, original, operation, params)

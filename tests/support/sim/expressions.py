@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from .reserved import RESERVED
 from .values import (
@@ -274,7 +274,7 @@ def get_path(item: Item | None, path: Resolved) -> Value | None:
     """The value at ``path`` (resolved), or None."""
     if item is None:
         return None
-    value: Value | None = item.get(path[0])  # type: ignore[call-overload]
+    value: Value | None = item.get(cast(str, path[0]))
     for part in path[1:]:
         if value is None:
             return None
@@ -296,14 +296,16 @@ def getter(path: Path) -> Getter:
     if len(path) == 1:
         if isinstance(first, str) and first[0] == "#":
             return lambda item, names: None if item is None else item.get(names[first])
-        return lambda item, names: None if item is None else item.get(first)  # type: ignore[arg-type]
+        name = cast(str, first)
+        return lambda item, names: None if item is None else item.get(name)
     parts = [(p, isinstance(p, str) and p[0] == "#") for p in path[1:]]
-    named = isinstance(first, str) and first[0] == "#"
+    head = cast(str, first)
+    named = head[0] == "#"
 
     def get(item: Item | None, names: Names) -> Value | None:
         if item is None:
             return None
-        value = item.get(names[first] if named else first)  # type: ignore[index, call-overload]
+        value = item.get(names[head] if named else head)
         for part, placeholder in parts:
             if value is None:
                 return None
@@ -312,7 +314,7 @@ def getter(path: Path) -> Getter:
                 value = items[part] if items is not None and part < len(items) else None
             else:
                 members = value.get("M")
-                key = names[part] if placeholder else part  # type: ignore[index]
+                key = names[cast(str, part)] if placeholder else cast(str, part)
                 value = members.get(key) if members is not None else None
         return value
 
@@ -352,7 +354,7 @@ def _comparison(op: str, left: tuple[str, Any], right: tuple[str, Any]) -> Condi
         return lambda item, names, values: equal(a(item, names, values), b(item, names, values))
     if op == "<>":
         return lambda i, n, v: not equal(a(i, n, v), b(i, n, v))
-    test = {
+    test: Callable[[int], bool] = {
         "<": lambda c: c < 0,
         "<=": lambda c: c <= 0,
         ">": lambda c: c > 0,
@@ -616,7 +618,8 @@ def _parse(text: str, kind: str) -> Parsed:
         raise Invalid(f"Invalid {kind}: The expression can not be empty;")
     if kind == "UpdateExpression":
         parser: Parser = UpdateParser(text, kind)
-        parser.parsed.update = parser.update()  # type: ignore[attr-defined]
+        assert isinstance(parser, UpdateParser)
+        parser.parsed.update = parser.update()
     else:
         parser = Parser(text, kind)
         if kind == "ProjectionExpression":

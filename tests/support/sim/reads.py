@@ -153,7 +153,7 @@ def _range(
     values = [bound.values[p] for p in placeholders]
     for value in values:
         _typed(table, name, value)
-    keys = [plain(v) for v in values]
+    keys: list[Any] = [plain(v) for v in values]
     if op == "begins_with":
         prefix = keys[0]
         condition.low = prefix
@@ -247,7 +247,7 @@ def _table_rows(
         record = partition.records.get(sort_key)
         item = None if record is None else record.at(when)
         if item is not None:
-            yield item, item, lambda item=item: table.key_item(item)
+            yield item, item, _key_of(table, item)
 
 
 def _index_rows(
@@ -274,12 +274,22 @@ def _index_rows(
             continue
         if position is not None:
             here = (ranged, order)
-            if (forward and here <= position) or (not forward and here >= position):  # type: ignore[operator]
+            if (forward and here <= position) or (not forward and here >= position):
                 continue
-        yield item, entry, lambda entry=entry: {n: entry[n] for n in names if n in entry}
+        yield item, entry, _entry_key(entry, names)
+
+
+def _key_of(table: Table, item: Item) -> Callable[[], Item]:
+    return lambda: table.key_item(item)
+
+
+def _entry_key(entry: Item, names: set[str]) -> Callable[[], Item]:
+    return lambda: {n: entry[n] for n in names if n in entry}
 
 
 def _within(value: Any, condition: KeyCondition) -> bool:
+    low: Any
+    high: Any
     low, high = condition.low, condition.high
     return (low is None or value >= low) and (high is None or value <= high)
 
@@ -303,10 +313,10 @@ def scan(db: SimDynamoDB, params: dict[str, Any]) -> dict[str, Any]:
     for record in table.scan_order():
         if position is not None:
             here = (table.partitions[record.key[0]].order, record.key[1])
-            if here <= position:  # type: ignore[operator]
+            if here <= position:
                 continue
         item = record.at(when)
-        if item is not None and not page.read(item, item, lambda item=item: table.key_item(item)):
+        if item is not None and not page.read(item, item, _key_of(table, item)):
             break
     units = read_units(page.size, consistent)
     return page.response(params, table.name, units, None)

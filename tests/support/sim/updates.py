@@ -7,6 +7,8 @@ as ALL_OLD answers).
 
 from __future__ import annotations
 
+from typing import cast
+
 from .expressions import Names, Resolved, Update, Values, get_path, resolve
 from .values import SETS, Invalid, Item, Value, arithmetic, kind_of
 
@@ -87,11 +89,11 @@ def _container(item: Item, path: Resolved) -> Value:
     """The map or list holding ``path``'s last part, copied into ``item`` along the way."""
     holder: Item = item
     name = path[0]
-    value = holder.get(name)  # type: ignore[call-overload]
+    value = holder.get(cast(str, name))
     if value is None:
         raise Invalid(INVALID_PATH)
     value = _copied(value)
-    holder[name] = value  # type: ignore[index]
+    holder[cast(str, name)] = value
     for part in path[1:-1]:
         value = _child(value, part)
     return value
@@ -123,7 +125,7 @@ def _child(value: Value, part: str | int) -> Value:
 
 def _set(item: Item, path: Resolved, value: Value) -> None:
     if len(path) == 1:
-        item[path[0]] = value  # type: ignore[index]
+        item[cast(str, path[0])] = value
         return
     parent, last = _container(item, path), path[-1]
     if isinstance(last, int):
@@ -143,7 +145,7 @@ def _set(item: Item, path: Resolved, value: Value) -> None:
 
 def _remove(item: Item, path: Resolved) -> None:
     if len(path) == 1:
-        item.pop(path[0], None)  # type: ignore[call-overload]
+        item.pop(cast(str, path[0]), None)
         return
     parent, last = _container(item, path), path[-1]
     if isinstance(last, int):
@@ -211,21 +213,20 @@ def project(item: Item, paths: list[Resolved]) -> Item:
 
 def _place(out: Item, item: Item, path: Resolved, value: Value) -> None:
     if len(path) == 1:
-        out[path[0]] = value  # type: ignore[index]
+        out[cast(str, path[0])] = value
         return
-    name = path[0]
-    source: Value = item[name]  # type: ignore[index]
-    target = out.get(name)  # type: ignore[call-overload]
+    name = cast(str, path[0])
+    target = out.get(name)
     if target is None:
-        target = out[name] = {"M": {}} if "M" in source else {"L": {}}  # type: ignore[index]
+        target = out[name] = {"M": {}} if "M" in item[name] else {"L": {}}
     for n, part in enumerate(path[1:], start=1):
         last = n == len(path) - 1
         slot = target["M"] if "M" in target else target["L"]  # a dict while building
         if last:
             slot[part] = value
             break
-        source = get_path(item, path[: n + 1])  # type: ignore[assignment]
         if part not in slot:
+            source = get_path(item, path[: n + 1]) or {}
             slot[part] = {"M": {}} if "M" in source else {"L": {}}
         target = slot[part]
 

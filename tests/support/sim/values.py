@@ -180,9 +180,9 @@ def number_size(text: str) -> int:
     value = Decimal(text)
     if value.is_zero():
         return 1
-    sign, digits, exponent = value.normalize().as_tuple()
+    sign, places, exponent = value.normalize().as_tuple()
     assert isinstance(exponent, int)
-    low, high = exponent // 2, (exponent + len(digits) - 1) // 2
+    low, high = exponent // 2, (exponent + len(places) - 1) // 2
     return high - low + 2 + sign
 
 
@@ -261,7 +261,7 @@ def compare(a: Value | None, b: Value | None) -> int | None:
     ka, kb = order_key(a), order_key(b)
     if ka is None or kb is None or ka[0] != kb[0]:
         return None
-    return (ka[1] > kb[1]) - (ka[1] < kb[1])
+    return int(ka[1] > kb[1]) - int(ka[1] < kb[1])
 
 
 def kind_of(value: Value) -> str:
