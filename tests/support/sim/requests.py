@@ -205,12 +205,23 @@ def index_units(table: Table, old: Item | None, new: Item | None) -> dict[str, f
     a delete and a put)."""
     units: dict[str, float] = {}
     for index in table.indexes.values():
+        if old is not None and new is not None and _same_entry(table, index, old, new):
+            continue
         before = None if old is None else table.entry(index, old)
         after = None if new is None else table.entry(index, new)
         spent = _entry_units(index, before, after)
         if spent:
             units[index.name] = float(spent)
     return units
+
+
+def _same_entry(table: Table, index: IndexDef, old: Item, new: Item) -> bool:
+    """Whether the entry is surely unchanged: every attribute it projects is the very same
+    value (an update shares what it leaves alone), so no size need be measured."""
+    if index.projection == "ALL":
+        return old.keys() == new.keys() and all(old[n] is new[n] for n in old)
+    names = index.keys() + table.key_names() + index.include
+    return all(old.get(n) is new.get(n) for n in names)
 
 
 def _entry_units(index: IndexDef, before: Item | None, after: Item | None) -> int:
