@@ -349,17 +349,28 @@ def test_an_item_over_400_kb_is_refused_and_nothing_written(
 ) -> None:
     monkeypatch.setattr(lock_writes, "READERS_INLINE", 10**6)
     monkeypatch.setattr(reader_items, "READERS_INLINE", 10**6)
-    held = []
+    crowd = [
+        semaphore("crowd", shared=True, lease=600, user=f"{i:04}" + "u" * 1_016) for i in (0, 1)
+    ]
+    held = [sem.acquire() for sem in crowd]
+    # The row filled to just under the limit in one write (a copy of a reader 360 times), not
+    # by ~390 acquires that each send and answer the whole growing row.
+    client, key = dynamodb.get_client(), records.key("crowd", "lock")
+    row = client.get_item(TableName=lock_table, Key=key, ConsistentRead=True)["Item"]
+    one = next(iter(row["holders"]["M"].values()))
+    copies = {f"copy{i:04}": one for i in range(360)}
+    client.put_item(
+        TableName=lock_table, Item={**row, "holders": {"M": {**row["holders"]["M"], **copies}}}
+    )
     with pytest.raises(LimitExceeded):
-        for i in range(1_000):
-            user = f"{i:04}" + "u" * 1_016
-            held.append(semaphore("crowd", shared=True, lease=600, user=user).acquire())
+        for i in range(2, 60):
+            sem = semaphore("crowd", shared=True, lease=600, user=f"{i:04}" + "u" * 1_016)
+            held.append(sem.acquire())
     for hold in held:
         hold.release()
-    sim = check(recording, lock_table, "UpdateItem")
-    assert not sim.snapshot()[lock_table][
-        item_key(sim.tables[lock_table], records.key("crowd", "lock"))
-    ]["holders"]["M"]
+    sim = check(recording, lock_table, "UpdateItem", "PutItem")
+    stored = sim.snapshot()[lock_table][item_key(sim.tables[lock_table], key)]
+    assert set(stored["holders"]["M"]) == set(copies)  # the real readers left; nothing was added
 
 
 # -- beyond what dynasem sends ---------------------------------------------------------------------
