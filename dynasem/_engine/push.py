@@ -149,11 +149,14 @@ class _Slot:
     lease_ms: int = 0
     skew_ms: int = 0
     now_ms: Callable[[], int] = int
-    event: threading.Event = dataclasses.field(default_factory=threading.Event)
+    # The event and the guard come from the module's ``threading`` when a slot is made, not
+    # from the class bound at import: the simulation (tests/support/sim) replaces it.
+    event: threading.Event = dataclasses.field(default_factory=lambda: threading.Event())
     push: Push | None = None
     # A coroutine awaiting the push: resolves the future it awaits, on its loop.
     waker: Callable[[], object] | None = None
-    guard: threading.Lock = dataclasses.field(default_factory=threading.Lock)  # all change together
+    # All of the slot changes together, under it.
+    guard: threading.Lock = dataclasses.field(default_factory=lambda: threading.Lock())
     left: bool = False  # its waiter left the queue (see depart)
     give_back: Callable[[records.LockItem], None] | None = None
     until: float = 0.0
