@@ -1,0 +1,1 @@
+"""Deterministic simulation tests: dynasem's own lock code on simulated hosts."""

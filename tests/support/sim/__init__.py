@@ -1,2 +1,3 @@
-"""A deterministic simulator of dynasem's processes on one thread (issue 42); its simulated
-DynamoDB is :mod:`tests.support.sim.dynamodb`."""
+"""Deterministic simulation of dynasem (issue 42): its own lock code for many processes on
+simulated hosts in one thread (``runtime``), on a simulated DynamoDB with AWS's semantics
+(``dynamodb``)."""

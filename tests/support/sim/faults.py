@@ -1,0 +1,87 @@
+"""Which faults a run injects, drawn from its seed: a profile of rates, and the draws.
+
+Faults happen during the first ``window`` virtual seconds only; after it the run is quiet,
+so that liveness can be judged (every live waiter served, no lock left taken by the dead).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """Rates of faults: per process-second for crashes and stalls, per host-second for
+    clock jumps, per request and per datagram for the network's."""
+
+    window: float = 60.0  # virtual seconds with faults; none after
+    crash_every: float = 0.0  # mean virtual seconds between crashes (0: none)
+    stall_every: float = 0.0
+    jump_every: float = 0.0
+    long_stall_share: float = 0.5  # stalls longer than the lease (SIGSTOP, swapping)
+    restart_after: tuple[float, float] = (0.5, 5.0)  # a crashed process's successor starts
+    # Per request attempt: applied and its answer lost (the client's read timeout); never
+    # sent (connection refused); throttled (not applied); a 500 before or after applying.
+    lost: float = 0.0
+    unsent: float = 0.0
+    throttled: float = 0.0
+    error_before: float = 0.0
+    error_after: float = 0.0
+    # Per hand-over push (datagram): lost, sent twice, late.
+    push_lost: float = 0.0
+    push_twice: float = 0.0
+    push_late: float = 0.0
+
+    def request_fault(self, rng: random.Random) -> str | None:
+        """The fault of one request attempt, or None."""
+        draw = rng.random()
+        for name in ("lost", "unsent", "throttled", "error_before", "error_after"):
+            rate: float = getattr(self, name)
+            if draw < rate:
+                return name
+            draw -= rate
+        return None
+
+
+PROFILES: dict[str, Profile] = {
+    "none": Profile(),
+    "light": Profile(
+        crash_every=40.0,
+        stall_every=40.0,
+        jump_every=30.0,
+        lost=0.005,
+        unsent=0.002,
+        throttled=0.01,
+        error_before=0.002,
+        error_after=0.002,
+        push_lost=0.05,
+        push_twice=0.02,
+        push_late=0.05,
+    ),
+    "heavy": Profile(
+        crash_every=12.0,
+        stall_every=12.0,
+        jump_every=10.0,
+        lost=0.03,
+        unsent=0.01,
+        throttled=0.05,
+        error_before=0.01,
+        error_after=0.01,
+        push_lost=0.2,
+        push_twice=0.1,
+        push_late=0.2,
+    ),
+}
+
+
+def arrivals(rng: random.Random, every: float, until: float) -> list[float]:
+    """Times of a Poisson process of mean gap ``every`` in [0, ``until``)."""
+    times: list[float] = []
+    if every <= 0:
+        return times
+    t = rng.expovariate(1 / every)
+    while t < until:
+        times.append(t)
+        t += rng.expovariate(1 / every)
+    return times

@@ -1,0 +1,149 @@
+"""What must hold at every step of a run, checked after every event.
+
+* **Exclusion**: never two processes inside blocks of one resource whose holds both are still
+  trusted at that instant, each by its own clock (``held.seconds_left() > 0``, not known
+  lost), when one of them is exclusive; never more than ``limit`` trusted counting holders.
+  Trust only shrinks between events, so a check after each event sees every overlap begin.
+* **Fences**: a hold granted on a resource (a token appearing among a lock row's holders, as
+  the database applied the write) has a fence above every hold granted before it; the hold
+  a block gets has the fence its grant wrote.
+* **Liveness**, once the fault window is over: a resource is never idle (nobody inside) for
+  longer than ``lease + 2 * CLOCK_SKEW + SLACK`` while a live process waits for it; the run
+  ends with every live workload done.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from dynasem._storage import records
+from dynasem._storage.records import Mode
+
+SLACK = 3.0  # seconds: a waiter's paced look (at most a second) and a few round trips
+
+
+class Violation(AssertionError):
+    """An invariant broke: the seed replays it."""
+
+
+@dataclasses.dataclass
+class Inside:
+    proc: Any
+    held: Any
+    mode: Mode
+    limit: int
+    since: float
+
+
+class Monitor:
+    def __init__(self, sim: Any, *, lease: float, skew: float, quiet_from: float):
+        self.sim = sim
+        self.bound = lease + 2 * skew + SLACK
+        self.quiet_from = quiet_from
+        self.inside: dict[str, dict[str, Inside]] = {}
+        self.waiting: dict[str, set[Any]] = {}
+        self.idle_since: dict[str, float] = {}
+        self.holders: dict[str, dict[str, int]] = {}  # resource -> token -> fence, as stored
+        self.grants: dict[str, int] = {}  # token -> fence granted
+        self.top_fence: dict[str, int] = {}
+        self.violations: list[str] = []
+        self.longest_idle = 0.0
+        self.entries = 0
+
+    def fail(self, message: str) -> None:
+        self.violations.append(f"t={self.sim.clock_label()} {message}")
+
+    # -- what the workloads tell -------------------------------------------------------------
+
+    def begin(self, proc: Any, resource: str) -> None:
+        self.waiting.setdefault(resource, set()).add(proc)
+
+    def end(self, proc: Any, resource: str) -> None:
+        self.waiting.get(resource, set()).discard(proc)
+
+    def entered(self, proc: Any, sem: Any, held: Any) -> None:
+        self.entries += 1
+        granted = self.grants.get(held.token)
+        if granted is not None and granted != held.fence:
+            self.fail(
+                f"{proc.name} entered {held.resource!r} with fence {held.fence}, granted {granted}"
+            )
+        entry = Inside(proc, held, sem.mode, sem.limit, self.sim.sched.now)
+        self.inside.setdefault(held.resource, {})[held.token] = entry
+        self.sim.record("enter", proc, held.resource, held.fence)
+        self._check_resource(held.resource)
+
+    def left(self, proc: Any, held: Any) -> None:
+        self.inside.get(held.resource, {}).pop(held.token, None)
+        self.sim.record("leave", proc, held.resource, held.fence)
+
+    def crashed(self, proc: Any) -> None:
+        for inside in self.inside.values():
+            for token in [t for t, e in inside.items() if e.proc is proc]:
+                del inside[token]
+        for waiting in self.waiting.values():
+            waiting.discard(proc)
+
+    # -- what the database applied -----------------------------------------------------------
+
+    def row_written(self, resource: str, item: dict[str, Any] | None) -> None:
+        """The lock row of ``resource`` as a write left it (decoded; None: deleted)."""
+        row = records.lock_item(item) if item is not None else records.LockItem()
+        before = self.holders.get(resource, {})
+        now = {token: holder.fence for token, holder in row.holders.items()}
+        for token, fence in sorted(now.items(), key=lambda tf: tf[1]):
+            if token in before or self.grants.get(token) == fence:
+                continue
+            top = self.top_fence.get(resource, 0)
+            if fence <= top:
+                self.fail(f"{resource!r} granted fence {fence} to {token[:8]}, not above {top}")
+            self.top_fence[resource] = max(top, fence)
+            self.grants[token] = fence
+        self.holders[resource] = now
+
+    # -- after every event -------------------------------------------------------------------
+
+    def check(self) -> None:
+        for resource, inside in self.inside.items():
+            if len(inside) > 1:
+                self._check_resource(resource)
+        if self.sim.sched.now >= self.quiet_from:
+            self._check_idle()
+
+    def _trusted(self, entry: Inside) -> bool:
+        with self.sim.clock_of(entry.proc):
+            return entry.held._lost is None and entry.held.seconds_left() > 0
+
+    def _check_resource(self, resource: str) -> None:
+        inside = self.inside.get(resource, {})
+        trusted = [e for e in inside.values() if self._trusted(e)]
+        if len(trusted) < 2:
+            return
+        exclusive = [e for e in trusted if e.mode == Mode.EXCLUSIVE]
+        counting = [e for e in trusted if e.mode == Mode.COUNTING]
+        who = ", ".join(f"{e.proc.name} (fence {e.held.fence})" for e in trusted)
+        if exclusive:
+            self.fail(f"{resource!r}: an exclusive holder beside others, all trusted: {who}")
+        elif counting and len(counting) > counting[0].limit:
+            self.fail(f"{resource!r}: {len(counting)} counting holders over the limit: {who}")
+        elif counting and len(counting) != len(trusted):
+            self.fail(f"{resource!r}: counting and shared holders together: {who}")
+
+    def _check_idle(self) -> None:
+        now = self.sim.sched.now
+        for resource, waiting in self.waiting.items():
+            live = [p for p in waiting if not p.dead]
+            if not live or self.inside.get(resource):
+                if resource in self.idle_since:
+                    since = self.idle_since.pop(resource)
+                    self.longest_idle = max(self.longest_idle, now - since)
+                continue
+            since = self.idle_since.setdefault(resource, max(now, self.quiet_from))
+            if now - since > self.bound:
+                self.fail(
+                    f"liveness: {resource!r} idle for {now - since:.1f}s (bound {self.bound:g}s) "
+                    f"while {len(live)} live process(es) wait: "
+                    + ", ".join(sorted(p.name for p in live))
+                )
+                self.idle_since[resource] = now  # said once per bound

@@ -1,0 +1,511 @@
+"""A deterministic simulation run: dynasem's own lock code, for many simulated processes on
+several simulated hosts, in one OS thread; a pure function of its seed and options.
+
+How a run owns what dynasem would take from the machine:
+
+* **threads**: every simulated thread (a workload, the heartbeat's scheduler and renewals,
+  the push listener) is a greenlet; ``threading`` in dynasem's modules is a shim whose
+  locks, conditions, events and joins block in the scheduler (``shims``, ``scheduler``);
+* **time**: ``dynasem._clock`` and ``time`` in dynasem's modules read the current process's
+  clocks (its host's wall clock, its own monotonic clock); sleeps are scheduler waits; the
+  real ``time`` functions refuse dynasem callers during a run (``shims.guard_real_time``);
+* **I/O**: ``dynamodb.get_client()`` is the process's :class:`network.SimClient` (requests
+  applied to the database at moments the network draws, answers lost, throttled, retried as
+  botocore does); ``socket`` is the simulated UDP network (hand-over pushes);
+  ``processes``' view of /proc is the simulated host's;
+* **randomness**: ``random`` and ``uuid`` in dynasem draw from each process's seeded rng;
+* **module state**: each process's own copy of dynasem's per-process globals, swapped in
+  whenever one of its threads runs (``state``).
+
+The database is a constructor away (:data:`DATABASES`): ``MotoDB`` until the simulated
+DynamoDB lands, then ``SimDynamoDB``, both ``(rng, now, profile)`` with ``apply()``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import importlib
+import logging
+import pkgutil
+import random
+import time as real_time
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from . import faults, invariants, network, shims, state, workload
+from .process import Host, Process
+from .scheduler import Scheduler
+
+START = 1_750_000_000.0  # true virtual time at the start of a run (epoch seconds)
+
+
+def _moto(rng: random.Random, now: Callable[[], float], profile: str) -> Any:
+    from .moto_db import MotoDB
+
+    return MotoDB(rng, now, profile)
+
+
+def _sim(rng: random.Random, now: Callable[[], float], profile: str) -> Any:
+    from .dynamodb import SimDynamoDB  # type: ignore[import-not-found]
+
+    return SimDynamoDB(rng, now, profile)
+
+
+DATABASES = {"moto": _moto, "sim": _sim}
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    seed: int = 1
+    processes: int = 6
+    hosts: int = 2
+    steps: int = 10  # acquisitions per process
+    mix: str = "exclusive"  # workload.MIXES
+    faults: str = "light"  # faults.PROFILES
+    lease: float = 10.0
+    skew: float = 1.0
+    spread: float = 0.5  # host clocks within spread * skew of true time
+    db: str = "moto"
+    db_profile: str = "aws"
+    push: bool = True
+    max_time: float = 1800.0  # virtual seconds
+    trace: bool = True
+
+
+@dataclasses.dataclass
+class Result:
+    options: Options
+    violations: list[str]
+    stats: collections.Counter[str]
+    events: int
+    virtual_seconds: float
+    wall_seconds: float
+    trace: list[tuple[Any, ...]]
+    failures: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations and not self.failures
+
+    def summary(self) -> str:
+        s = self.stats
+        fault_names = ("crash", "stall", "jump", "lost", "throttled", "unsent")
+        shown = ",".join(f"{k}:{s[k]}" for k in fault_names if s.get(k))
+        rate = s["acquired"] / self.wall_seconds if self.wall_seconds else 0.0
+        return (
+            f"seed={self.options.seed} events={self.events} t={self.virtual_seconds:.1f}s "
+            f"acq={s['acquired']} busy={s['busy']} lost={s['lost']} unavail={s['unavailable']} "
+            f"requests={s['requests']} faults=[{shown}] violations={len(self.violations)} "
+            f"failures={len(self.failures)} wall={self.wall_seconds:.2f}s acq/s={rate:.0f}"
+        )
+
+    def raise_if_violated(self) -> None:
+        if not self.ok:
+            problems = "\n".join(self.violations + self.failures)
+            tail = "\n".join(format_event(e) for e in self.trace[-40:])
+            raise invariants.Violation(
+                f"seed {self.options.seed} ({self.options}):\n{problems}\nlast events:\n{tail}"
+            )
+
+
+def format_event(event: tuple[Any, ...]) -> str:
+    t, kind, who, *rest = event
+    return f"{t:12.6f} {who:>10} {kind:<8} " + " ".join(str(r) for r in rest)
+
+
+def import_dynasem() -> None:
+    """Import every module of dynasem's lock (the shims replace names in loaded modules)."""
+    import django
+    from django.conf import settings
+
+    if not settings.configured:
+        import os
+
+        os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.support.settings")
+    django.setup()
+    import dynasem
+
+    for package in state.CHECKED:
+        pkg = importlib.import_module(f"dynasem.{package}")
+        for info in pkgutil.iter_modules(pkg.__path__):
+            importlib.import_module(f"dynasem.{package}.{info.name}")
+    importlib.import_module("dynasem._clock")
+    assert dynasem
+
+
+class Simulation:
+    """One run (see the module's docstring); :meth:`run` returns its :class:`Result`."""
+
+    def __init__(self, options: Options):
+        import_dynasem()
+        network.client_config(False)  # dynasem's client configuration, read before the run
+        self.options = o = options
+        self.profile = faults.PROFILES[o.faults]
+        seeds = random.Random(o.seed)
+        self.sched = Scheduler(random.Random(seeds.random()), START, self._enter)
+        self.fault_rng = random.Random(seeds.random())
+        self.net_rng = random.Random(seeds.random())
+        self.world_rng = random.Random(seeds.random())
+        self.db_rng = random.Random(seeds.random())
+        self.state = state.ModuleState()
+        self.threading = shims.Threading(self)
+        self.in_db = False
+        self._clock_proc: Process | None = None
+        self.trace: list[tuple[Any, ...]] = []
+        self.stats: collections.Counter[str] = collections.Counter()
+        self.monitor = invariants.Monitor(
+            self, lease=o.lease, skew=o.skew, quiet_from=START + self.profile.window
+        )
+        self.hosts = [Host(f"h{i}", self._offset(), f"10.0.0.{i + 1}") for i in range(o.hosts)]
+        self.procs: list[Process] = []
+        self._pids = 100
+        self.restarts = 0  # crashed processes whose successors have not started yet
+        self.db: Any = None
+        self.requests: network.Requests
+        self.datagrams = network.Datagrams(self, self.net_rng, self.profile)
+
+    # -- what the shims and seams ask ------------------------------------------------------------
+
+    def current(self) -> Process:
+        if self._clock_proc is not None:
+            return self._clock_proc
+        thread = self.sched.current
+        if thread is None:
+            raise RuntimeError("simulation: a process's clock read outside its threads")
+        return thread.proc  # type: ignore[return-value]
+
+    def wall(self) -> float:
+        return self.sched.now + self.current().host.offset
+
+    def mono(self) -> float:
+        return self.sched.now + self.current().mono_base
+
+    def rng(self) -> random.Random:
+        return self.current().rng
+
+    def hostname(self) -> str:
+        return self.current().host.name
+
+    def spawn(self, target: Any, name: str) -> Any:
+        return self.sched.spawn(self.sched.me().proc, target, name)
+
+    def udp_socket(self) -> network.UdpSocket:
+        return network.UdpSocket(self.datagrams, self.sched.me().proc)
+
+    def get_client(self, *, quick: bool = False) -> network.SimClient:
+        proc = self.current()
+        if quick not in proc.clients:
+            proc.clients[quick] = network.SimClient(self.requests, proc, quick)
+        return proc.clients[quick]  # type: ignore[no-any-return]
+
+    def probe(self) -> str:
+        return self.current().identity()
+
+    def proc_stat(self, pid: int | str) -> tuple[str, int]:
+        host = self.current().host
+        for proc in self.procs:
+            if proc.host is host and str(proc.pid) == str(pid) and not proc.dead:
+                return proc.stat()
+        raise FileNotFoundError(f"/proc/{pid}/stat")
+
+    @contextlib.contextmanager
+    def clock_of(self, proc: Process) -> Iterator[None]:
+        """Read ``proc``'s clocks from the hub (the invariants)."""
+        self._clock_proc = proc
+        try:
+            yield
+        finally:
+            self._clock_proc = None
+
+    def clock_label(self) -> str:
+        return f"{self.sched.now - START:.6f}"
+
+    def _enter(self, proc: Any) -> None:
+        self.state.enter(proc)
+
+    def _offset(self) -> float:
+        bound = self.options.spread * self.options.skew
+        return self.world_rng.uniform(-bound, bound)
+
+    # -- faults ----------------------------------------------------------------------------------
+
+    def quiet(self) -> bool:
+        return self.sched.now >= START + self.profile.window
+
+    def request_fault(self) -> str | None:
+        if self.quiet():
+            return None
+        fault = self.profile.request_fault(self.fault_rng)
+        if fault is not None:
+            self.stats[fault] += 1
+        return fault
+
+    def push_fault(self) -> str | None:
+        if self.quiet():
+            return None
+        p, draw = self.profile, self.fault_rng.random()
+        for name, rate in (("push_lost", p.push_lost), ("push_twice", p.push_twice)):
+            if draw < rate:
+                self.stats[name] += 1
+                return name
+            draw -= rate
+        if draw < p.push_late:
+            self.stats["push_late"] += 1
+            return "push_late"
+        return None
+
+    # -- the database ----------------------------------------------------------------------------
+
+    def apply(self, proc: Any, operation: str, params: dict[str, Any]) -> tuple[str, Any]:
+        """Apply one request to the database now (atomic: nothing else runs meanwhile)."""
+        from botocore.exceptions import ClientError
+
+        self.stats["requests"] += 1
+        self.in_db = True
+        try:
+            try:
+                result: tuple[str, Any] = ("ok", self.db.apply(operation, params))
+            except ClientError as exc:
+                result = ("error", exc)
+            if result[0] == "ok":
+                self._written(operation, params, result[1])
+        finally:
+            self.in_db = False
+        return result
+
+    def _written(self, operation: str, params: dict[str, Any], response: dict[str, Any]) -> None:
+        """Show the monitor every lock row a write changed, as it is now."""
+        from dynasem._storage import records
+
+        if operation in ("UpdateItem", "PutItem", "DeleteItem"):
+            keys = [params.get("Key") or params.get("Item")]
+        elif operation == "TransactWriteItems":
+            keys = [next(iter(action.values())).get("Key") for action in params["TransactItems"]]
+        else:
+            return
+        for key in keys:
+            if not key or key["sk"].get("S") != records.LOCK_SK:
+                continue
+            answer = self.db.apply(
+                "GetItem",
+                {
+                    "TableName": params.get("TableName") or self._table(),
+                    "Key": key,
+                    "ConsistentRead": True,
+                },
+            )
+            self.monitor.row_written(key["pk"]["S"], records.decode(answer.get("Item")))
+
+    def _table(self) -> str:
+        from dynasem.conf import settings
+
+        return settings.TABLE_NAME
+
+    # -- a run ---------------------------------------------------------------------------------
+
+    def run(self) -> Result:
+        started = real_time.perf_counter()
+        o = self.options
+        self.db = DATABASES[o.db](self.db_rng, lambda: self.sched.now, o.db_profile)
+        self.requests = network.Requests(self, self.db, self.net_rng, self.profile)
+        undo = self._install()
+        try:
+            self._schedule_faults()
+            mix = workload.MIXES[o.mix]
+            for i in range(o.processes):
+                self._start(self.hosts[i % len(self.hosts)], mix[i % len(mix)], o.steps)
+            self.sched.run(START + o.max_time, self._finished, self.monitor.check)
+            if not self._finished():
+                left = [p.name for p in self.procs if not (p.done or p.dead)]
+                self.monitor.fail(f"liveness: not done after {o.max_time:g}s: {left}")
+            self._stop_all()
+        finally:
+            self._uninstall(undo)
+            close = getattr(self.db, "close", None)
+            if close is not None:
+                close()
+        return Result(
+            options=o,
+            violations=self.monitor.violations,
+            stats=collections.Counter(self.stats),
+            events=self.sched.events,
+            virtual_seconds=self.sched.now - START,
+            wall_seconds=real_time.perf_counter() - started,
+            trace=self.trace,
+            failures=[_failure(thread, exc) for thread, exc in self.sched.failures],
+        )
+
+    def _finished(self) -> bool:
+        if self.monitor.violations:
+            return True
+        return not self.restarts and all(p.done or p.dead for p in self.procs)
+
+    def _install(self) -> list[tuple[Any, str, Any]]:
+        """Put the seams in place for the run; what to put back."""
+        from django.test import override_settings
+
+        from dynasem import _clock
+        from dynasem._engine import processes
+        from dynasem._observability import telemetry
+        from dynasem._storage import dynamodb
+
+        o = self.options
+        self._settings = override_settings(DYNASEM=_settings(o))
+        self._settings.enable()
+        undo = shims.install(self) + shims.guard_real_time(self)
+        for target, name, value in (
+            (_clock, "wall_clock", self.wall),
+            (_clock, "monotonic", self.mono),
+            (processes, "_probe", self.probe),
+            (processes, "_stat", self.proc_stat),
+            (dynamodb, "get_client", self.get_client),
+            (telemetry, "ON", False),
+        ):
+            undo.append((target, name, getattr(target, name)))
+            setattr(target, name, value)
+        undo += _quiet_logs(self)
+        return undo
+
+    def _uninstall(self, undo: list[tuple[Any, str, Any]]) -> None:
+        self.state.restore()
+        for target, name, value in reversed(undo):
+            setattr(target, name, value)
+        self._settings.disable()
+        logging.getLogger().manager._clear_cache()  # the levels we set back
+
+    def _start(self, host: Host, kind: str, steps: int) -> Process:
+        self._pids += 1
+        seed = f"{self.options.seed}:{self._pids}"
+        proc = Process(self, host, self._pids, seed, kind=kind, steps=steps)
+        proc.globals = self.state.fresh(proc)
+        self.procs.append(proc)
+        self.record("start", proc, kind, steps)
+        self.sched.spawn(proc, lambda: workload.run(self, proc), "main")
+        return proc
+
+    def _stop_all(self) -> None:
+        for proc in self.procs:
+            if not proc.dead:
+                proc.dead = True
+                self.sched.kill(proc)
+
+    def _schedule_faults(self) -> None:
+        p, rng = self.profile, self.fault_rng
+        self.restarts = 0
+        for every, action in (
+            (p.crash_every, self._crash_one),
+            (p.stall_every, self._stall_one),
+            (p.jump_every, self._jump_one),
+        ):
+            for t in faults.arrivals(rng, every, p.window):
+                self.sched.at(t, action)
+
+    def _victim(self) -> Process | None:
+        live = [p for p in self.procs if not p.dead and not p.done]
+        return self.fault_rng.choice(live) if live else None
+
+    def _crash_one(self) -> None:
+        proc = self._victim()
+        if proc is None:
+            return
+        self.stats["crash"] += 1
+        self.record("crash", proc)
+        proc.dead = True
+        self.monitor.crashed(proc)
+        self.datagrams.drop(proc)
+        self.sched.kill(proc)
+        self.restarts += 1
+        low, high = self.profile.restart_after
+
+        def restart() -> None:
+            self.restarts -= 1
+            self._start(proc.host, proc.kind, proc.steps)
+
+        self.sched.at(self.fault_rng.uniform(low, high), restart)
+
+    def _stall_one(self) -> None:
+        proc = self._victim()
+        if proc is None:
+            return
+        lease, rng = self.options.lease, self.fault_rng
+        if rng.random() < self.profile.long_stall_share:
+            seconds = rng.uniform(lease, 2 * lease)
+        else:
+            seconds = rng.uniform(0.05, 2.0)
+        self.stats["stall"] += 1
+        self.record("stall", proc, round(seconds, 3))
+        proc.stalled_until = max(proc.stalled_until, self.sched.now + seconds)
+
+    def _jump_one(self) -> None:
+        host = self.fault_rng.choice(self.hosts)
+        bound = self.options.spread * self.options.skew
+        before, host.offset = host.offset, self.fault_rng.uniform(-bound, bound)
+        self.stats["jump"] += 1
+        self.record("jump", None, host.name, round(before, 4), round(host.offset, 4))
+
+    # -- the trace -------------------------------------------------------------------------------
+
+    def record(self, kind: str, proc: Any, *detail: Any) -> None:
+        if self.options.trace:
+            who = proc.name if proc is not None else "-"
+            self.trace.append((self.sched.now - START, kind, who, *map(_short, detail)))
+
+
+def _short(value: Any) -> Any:
+    if isinstance(value, dict):
+        key = value.get("Key") or value.get("Item") or {}
+        if "pk" in key:
+            return f"{key['pk'].get('S')}/{key['sk'].get('S')}"
+        if "TransactItems" in value:
+            return f"transaction of {len(value['TransactItems'])}"
+        return ",".join(sorted(value))[:40]
+    if isinstance(value, tuple) and len(value) == 2 and value[0] in ("ok", "error"):
+        if value[0] == "ok":
+            return "ok"
+        return value[1].response.get("Error", {}).get("Code", "error")
+    return value
+
+
+def _settings(o: Options) -> dict[str, Any]:
+    from .moto_db import TABLE
+
+    return {
+        "TABLE_NAME": TABLE,
+        "ENDPOINT_URL": network.ENDPOINT,
+        "REGION_NAME": "us-east-1",
+        "LEASE": o.lease,
+        "CLOCK_SKEW": o.skew,
+        "WAIT": None,  # forever, unless a semaphore says wait=
+        "PUSH": "127.0.0.1" if o.push else None,
+        "TELEMETRY": False,
+    }
+
+
+def _quiet_logs(sim: Simulation) -> list[tuple[Any, str, Any]]:
+    """dynasem's log records go to the trace (and nowhere else) during the run."""
+
+    class ToTrace(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            thread = sim.sched.current
+            proc = thread.proc if thread is not None else None
+            sim.record("log", proc, record.levelname, record.getMessage()[:120])
+
+    logger = logging.getLogger("dynasem")
+    undo = [(logger, "handlers", logger.handlers), (logger, "propagate", logger.propagate)]
+    undo.append((logger, "level", logger.level))
+    logger.handlers, logger.propagate, logger.level = [ToTrace()], False, logging.INFO
+    logger.manager._clear_cache()
+    return undo
+
+
+def _failure(thread: Any, exc: BaseException) -> str:
+    lines = traceback.format_exception(exc)
+    return f"{thread!r} died: {exc!r}\n" + "".join(lines[-6:])
+
+
+def run(options: Options) -> Result:
+    """Run the simulation of ``options`` (a pure function of them)."""
+    return Simulation(options).run()

@@ -1,0 +1,70 @@
+"""What simulated processes do: take a semaphore through dynasem's public API, work inside
+the block for a while of virtual time, and tell the monitor when they wait, enter and leave.
+
+Kinds of process (a run's ``mix`` names them, one per process, round robin):
+
+* ``exclusive``: ``with semaphore("r")`` (waits as long as it takes);
+* ``impatient``: the same with ``wait=`` a fraction of a second to two: it gives up;
+* ``counting``: ``with semaphore("c", limit=3)``;
+* ``reader`` / ``writer``: ``semaphore("rw", shared=True)`` / ``semaphore("rw")``;
+* ``fair``: ``semaphore("r", fair=True)``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dynasem import semaphore
+from dynasem.exceptions import LockLost, SemaphoreBusy, SemaphoreUnavailable
+
+MIXES = {
+    "exclusive": ("exclusive", "exclusive", "impatient"),
+    "counting": ("counting",),
+    "readers": ("reader", "reader", "writer"),
+    "fair": ("fair", "exclusive", "impatient"),
+    "all": ("exclusive", "impatient", "counting", "reader", "writer", "fair"),
+}
+
+
+def lock_of(kind: str, rng: Any) -> Any:
+    if kind == "impatient":
+        return semaphore("r", wait=rng.uniform(0.1, 2.0))
+    if kind == "counting":
+        return semaphore("c", limit=3)
+    if kind == "reader":
+        return semaphore("rw", shared=True)
+    if kind == "writer":
+        return semaphore("rw")
+    if kind == "fair":
+        return semaphore("r", fair=True)
+    return semaphore("r")
+
+
+def run(sim: Any, proc: Any) -> None:
+    """A process's main thread: ``proc.steps`` acquisitions (what a crashed predecessor left
+    undone included), a pause between them."""
+    rng, monitor, stats = proc.workload_rng, sim.monitor, sim.stats
+    while proc.steps > 0:
+        sim.sched.sleep(rng.uniform(0.0, 0.3))
+        sem = lock_of(proc.kind, rng)
+        resource = sem.resources[0]
+        monitor.begin(proc, resource)
+        try:
+            with sem as held:
+                monitor.end(proc, resource)
+                monitor.entered(proc, sem, held)
+                sim.sched.sleep(rng.uniform(0.001, 0.4) if rng.random() < 0.9 else 2.0)
+                monitor.left(proc, held)
+            stats["acquired"] += 1
+            proc.acquired += 1
+        except SemaphoreBusy:
+            stats["busy"] += 1
+        except LockLost:
+            stats["lost"] += 1
+        except SemaphoreUnavailable as exc:
+            stats["unavailable"] += 1
+            sim.record("unavailable", proc, str(exc)[:80])
+        finally:
+            monitor.end(proc, resource)
+        proc.steps -= 1
+    proc.done = True
