@@ -82,3 +82,62 @@ def first_failure(seeds: range, **options: object) -> Result | None:
         if not result.ok:
             return result
     return None
+
+
+# -- deliberate mutations: each must be found within a few seeds -----------------------------
+
+PAUSES = {"faults": "pauses", "processes": 3, "hosts": 3, "steps": 15}
+
+# (mutation, options, seeds): the budget each is found within; the seed that finds it first
+# is in the comment (moto: a seed is a few seconds).
+FOUND = [
+    # A take of a "free" row no longer checks the holders' leases: overwritten at once.
+    ("take_ignores_lease", {"faults": "light", **SMALL}, range(1, 4)),  # seed 1
+    # Trust counted from the answer, not the send: a pause between the two (a GC pause after
+    # the response came) lets a hold be entered that was taken over meanwhile.
+    (
+        "trust_from_answer",
+        {"faults": "pauses", "processes": 3, "hosts": 3, "steps": 15},
+        range(1, 6),
+    ),  # seed 2
+    # The holder no longer allows for CLOCK_SKEW. Invisible while clocks disagree by at most
+    # CLOCK_SKEW (the taker allows for it too: a margin of twice the skew); found when they
+    # disagree by up to twice CLOCK_SKEW (each host within CLOCK_SKEW of true time).
+    (
+        "no_skew_in_trust",
+        {"faults": "pauses", "processes": 3, "hosts": 3, "steps": 15, "spread": 1.0},
+        range(1, 8),
+    ),  # seed 4
+]
+
+
+@pytest.mark.parametrize(("mutation", "options", "seeds"), FOUND, ids=[m for m, _, _ in FOUND])
+def test_mutation_is_found(mutation: str, options: dict[str, object], seeds: range) -> None:
+    found = first_failure(seeds, mutation=mutation, **options)
+    assert found is not None, f"{mutation} not found in seeds {seeds}"
+    with pytest.raises(AssertionError, match=f"seed {found.options.seed}"):
+        found.raise_if_violated()
+
+
+def test_renewal_refusal_is_never_reached() -> None:
+    """A holder's renewal (``Held.renew``) is never refused in a run that keeps dynasem's
+    assumptions: none is sent past the holder's own deadline (``renew`` checks it first),
+    and nobody can take over before it. So a mutation that takes a refused renewal for a
+    success changes nothing at all: the refusal is defence in depth, which no seed can tell
+    from dead code. If a run ever differs here, a renewal was refused: look at why."""
+    plain = run(Options(seed=2, **PAUSES))  # type: ignore[arg-type]
+    mutated = run(Options(seed=2, mutation="renewal_ignores_refusal", **PAUSES))  # type: ignore[arg-type]
+    assert plain.ok and mutated.ok
+    assert mutated.trace == plain.trace
+
+
+def test_renewal_without_token_condition_stays_safe() -> None:
+    """Renewals that are refused do happen: a waiter pushed a hand-over during a long pause
+    confirms it with a renewal (``take.ours``), refused when its hold was taken over
+    meanwhile. Without the token in the condition, DynamoDB still refuses it (``SET
+    #h.#t.#e`` on a holder entry that is gone is a ValidationException): the acquire fails
+    as unavailable instead of planning again, but nobody holds what is not theirs."""
+    mutated = run(Options(seed=2, mutation="renew_without_token", **PAUSES))  # type: ignore[arg-type]
+    assert mutated.ok, mutated.violations
+    plain = run(Options(seed=2, **PAUSES))  # type: ignore[arg-type]
+    assert mutated.trace != plain.trace  # the refused confirmation is there, answered otherwise

@@ -20,10 +20,20 @@ class Profile:
     stall_every: float = 0.0
     jump_every: float = 0.0
     long_stall_share: float = 0.5  # stalls longer than the lease (SIGSTOP, swapping)
+    # Per block entered: a stall (a GC pause during the work) or a crash while holding, at a
+    # moment drawn within the block (the moments that matter most).
+    holder_stall: float = 0.0
+    holder_crash: float = 0.0
+    # Per answer to a write that reaches its process: a stall (or a crash) before the
+    # process reads it.
+    answer_stall: float = 0.0
+    answer_crash: float = 0.0
     restart_after: tuple[float, float] = (0.5, 5.0)  # a crashed process's successor starts
-    # Per request attempt: applied and its answer lost (the client's read timeout); never
-    # sent (connection refused); throttled (not applied); a 500 before or after applying.
+    # Per request attempt: applied and its answer lost (the client's read timeout); lost on
+    # its way (not applied; the read timeout too); never sent (connection refused);
+    # throttled (not applied); a 500 before or after applying.
     lost: float = 0.0
+    dropped: float = 0.0
     unsent: float = 0.0
     throttled: float = 0.0
     error_before: float = 0.0
@@ -36,7 +46,7 @@ class Profile:
     def request_fault(self, rng: random.Random) -> str | None:
         """The fault of one request attempt, or None."""
         draw = rng.random()
-        for name in ("lost", "unsent", "throttled", "error_before", "error_after"):
+        for name in ("lost", "dropped", "unsent", "throttled", "error_before", "error_after"):
             rate: float = getattr(self, name)
             if draw < rate:
                 return name
@@ -46,11 +56,20 @@ class Profile:
 
 PROFILES: dict[str, Profile] = {
     "none": Profile(),
+    # Pauses only (a GC pause, SIGSTOP), at the moments that matter: inside a block, and
+    # between a write's answer and its reading. For finding bugs of trust and time.
+    "pauses": Profile(
+        stall_every=20.0,
+        long_stall_share=0.8,
+        holder_stall=0.2,
+        answer_stall=0.1,
+    ),
     "light": Profile(
         crash_every=40.0,
         stall_every=40.0,
         jump_every=30.0,
         lost=0.005,
+        dropped=0.002,
         unsent=0.002,
         throttled=0.01,
         error_before=0.002,
@@ -58,12 +77,17 @@ PROFILES: dict[str, Profile] = {
         push_lost=0.05,
         push_twice=0.02,
         push_late=0.05,
+        holder_stall=0.03,
+        holder_crash=0.01,
+        answer_stall=0.01,
+        answer_crash=0.005,
     ),
     "heavy": Profile(
         crash_every=12.0,
         stall_every=12.0,
         jump_every=10.0,
         lost=0.03,
+        dropped=0.01,
         unsent=0.01,
         throttled=0.05,
         error_before=0.01,
@@ -71,6 +95,10 @@ PROFILES: dict[str, Profile] = {
         push_lost=0.2,
         push_twice=0.1,
         push_late=0.2,
+        holder_stall=0.1,
+        holder_crash=0.03,
+        answer_stall=0.04,
+        answer_crash=0.01,
     ),
 }
 

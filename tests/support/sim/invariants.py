@@ -6,7 +6,8 @@
   Trust only shrinks between events, so a check after each event sees every overlap begin.
 * **Fences**: a hold granted on a resource (a token appearing among a lock row's holders, as
   the database applied the write) has a fence above every hold granted before it; the hold
-  a block gets has the fence its grant wrote.
+  a block gets has the fence its grant wrote; an exclusive block never begins with a hold
+  that a later grant superseded (taken over before it was entered).
 * **Liveness**, once the fault window is over: a resource is never idle (nobody inside) for
   longer than ``lease + 2 * CLOCK_SKEW + SLACK`` while a live process waits for it; the run
   ends with every live workload done.
@@ -49,10 +50,13 @@ class Monitor:
         self.top_fence: dict[str, int] = {}
         self.violations: list[str] = []
         self.longest_idle = 0.0
+        self.margins: list[tuple[float, str]] = []  # see _margin
         self.entries = 0
 
     def fail(self, message: str) -> None:
-        self.violations.append(f"t={self.sim.clock_label()} {message}")
+        said = f"t={self.sim.clock_label()} {message}"
+        if said not in self.violations:
+            self.violations.append(said)
 
     # -- what the workloads tell -------------------------------------------------------------
 
@@ -69,10 +73,27 @@ class Monitor:
             self.fail(
                 f"{proc.name} entered {held.resource!r} with fence {held.fence}, granted {granted}"
             )
+        top = self.top_fence.get(held.resource, 0)
+        if sem.mode == Mode.EXCLUSIVE and held.fence < top:
+            # Granted to another since ours was: ours was taken over before we entered.
+            self.fail(
+                f"{proc.name} entered {held.resource!r} exclusively with fence {held.fence}, "
+                f"superseded by a later grant (fence {top})"
+            )
         entry = Inside(proc, held, sem.mode, sem.limit, self.sim.sched.now)
+        for other in self.inside.get(held.resource, {}).values():
+            self._margin(other)
         self.inside.setdefault(held.resource, {})[held.token] = entry
         self.sim.record("enter", proc, held.resource, held.fence)
         self._check_resource(held.resource)
+        self.sim.entered(proc)
+
+    def _margin(self, earlier: Inside) -> None:
+        """How long ago ``earlier`` (still inside) stopped trusting its hold, as another
+        enters: the closest call of the run is the smallest (negative: an overlap)."""
+        with self.sim.clock_of(earlier.proc):
+            margin = self.sim.mono() - earlier.held._deadline
+        self.margins.append((margin, earlier.proc.name))
 
     def left(self, proc: Any, held: Any) -> None:
         self.inside.get(held.resource, {}).pop(held.token, None)

@@ -29,6 +29,9 @@ RETRIED_CODES = frozenset(
 )
 
 
+WRITES = frozenset({"UpdateItem", "PutItem", "DeleteItem", "TransactWriteItems"})
+
+
 class Database(Protocol):
     """The simulated DynamoDB (``SimDynamoDB``, or :class:`moto_db.MotoDB` until it lands)."""
 
@@ -133,6 +136,9 @@ class Requests:
     ) -> None:
         """The request reaches the database (in the hub: atomic), and its answer leaves."""
         result: tuple[str, Any]
+        if fault == "dropped":
+            self.sim.record("dropped", proc, operation, params)
+            return  # lost on its way: never applied, never answered
         if fault == "throttled":
             result = ("error", client_error(THROTTLE_CODE, 400, operation))
         elif fault == "error_before":
@@ -144,7 +150,13 @@ class Requests:
         self.sim.record("apply", proc, operation, params, result, fault)
         if fault == "lost":
             return  # applied; the answer never comes
-        self.sched.at(self.latency(), lambda: self.sched.resolve(waiter, result))
+        write = operation in WRITES
+        answer = functools.partial(self._answer, proc, waiter, result, write)
+        self.sched.at(self.latency(), answer)
+
+    def _answer(self, proc: Any, waiter: Waiter, result: tuple[str, Any], write: bool) -> None:
+        if self.sched.resolve(waiter, result) and write:
+            self.sim.answered(proc)
 
 
 class SimClient:

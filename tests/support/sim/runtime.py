@@ -72,6 +72,7 @@ class Options:
     db_profile: str = "aws"
     push: bool = True
     max_time: float = 1800.0  # virtual seconds
+    mutation: str = ""  # mutations.MUTATIONS: a deliberate protocol bug, for the run
     trace: bool = True
 
 
@@ -85,6 +86,9 @@ class Result:
     wall_seconds: float
     trace: list[tuple[Any, ...]]
     failures: list[str]
+    # The smallest time by which an earlier holder's trust had ended when another entered
+    # beside it (None: no holder was ever inside when another entered).
+    closest: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -92,14 +96,17 @@ class Result:
 
     def summary(self) -> str:
         s = self.stats
-        fault_names = ("crash", "stall", "jump", "lost", "throttled", "unsent")
+        fault_names = ("crash", "stall", "jump", "lost", "dropped", "throttled", "unsent")
         shown = ",".join(f"{k}:{s[k]}" for k in fault_names if s.get(k))
+        closest = f" closest={self.closest:.3f}s" if self.closest is not None else ""
         rate = s["acquired"] / self.wall_seconds if self.wall_seconds else 0.0
         return (
             f"seed={self.options.seed} events={self.events} t={self.virtual_seconds:.1f}s "
-            f"acq={s['acquired']} busy={s['busy']} lost={s['lost']} unavail={s['unavailable']} "
+            f"acq={s['acquired']} busy={s['busy']} lock_lost={s['lock_lost']} "
+            f"unavail={s['unavailable']} "
             f"requests={s['requests']} faults=[{shown}] violations={len(self.violations)} "
-            f"failures={len(self.failures)} wall={self.wall_seconds:.2f}s acq/s={rate:.0f}"
+            f"failures={len(self.failures)}{closest} wall={self.wall_seconds:.2f}s "
+            f"acq/s={rate:.0f}"
         )
 
     def raise_if_violated(self) -> None:
@@ -162,6 +169,7 @@ class Simulation:
         self.hosts = [Host(f"h{i}", self._offset(), f"10.0.0.{i + 1}") for i in range(o.hosts)]
         self.procs: list[Process] = []
         self._pids = 100
+        self._mutated: Any = None
         self.restarts = 0  # crashed processes whose successors have not started yet
         self.db: Any = None
         self.requests: network.Requests
@@ -336,6 +344,7 @@ class Simulation:
             wall_seconds=real_time.perf_counter() - started,
             trace=self.trace,
             failures=[_failure(thread, exc) for thread, exc in self.sched.failures],
+            closest=min((m for m, _ in self.monitor.margins), default=None),
         )
 
     def _finished(self) -> bool:
@@ -367,10 +376,19 @@ class Simulation:
             undo.append((target, name, getattr(target, name)))
             setattr(target, name, value)
         undo += _quiet_logs(self)
+        if o.mutation:
+            import pytest
+
+            from .mutations import MUTATIONS
+
+            self._mutated = pytest.MonkeyPatch()
+            MUTATIONS[o.mutation](self._mutated)
         return undo
 
     def _uninstall(self, undo: list[tuple[Any, str, Any]]) -> None:
         self.state.restore()
+        if self._mutated is not None:
+            self._mutated.undo()
         for target, name, value in reversed(undo):
             setattr(target, name, value)
         self._settings.disable()
@@ -407,9 +425,36 @@ class Simulation:
         live = [p for p in self.procs if not p.dead and not p.done]
         return self.fault_rng.choice(live) if live else None
 
+    def entered(self, proc: Process) -> None:
+        """``proc`` entered a block: maybe a stall or a crash during it (the profile's
+        ``holder_stall``, ``holder_crash``), at a moment drawn within its first second."""
+        if self.quiet():
+            return
+        rng, p = self.fault_rng, self.profile
+        draw = rng.random()
+        if draw < p.holder_stall:
+            self.sched.at(rng.uniform(0.0, 0.5), lambda: self._stall(proc))
+        elif draw < p.holder_stall + p.holder_crash:
+            self.sched.at(rng.uniform(0.0, 0.5), lambda: self._crash(proc))
+
+    def answered(self, proc: Process) -> None:
+        """An answer reached ``proc``: maybe a stall or a crash before it reads it (the
+        profile's ``answer_stall``, ``answer_crash``)."""
+        if self.quiet() or proc.dead:
+            return
+        draw, p = self.fault_rng.random(), self.profile
+        if draw < p.answer_stall:
+            self._stall(proc)
+        elif draw < p.answer_stall + p.answer_crash:
+            self._crash(proc)
+
     def _crash_one(self) -> None:
         proc = self._victim()
-        if proc is None:
+        if proc is not None:
+            self._crash(proc)
+
+    def _crash(self, proc: Process) -> None:
+        if proc.dead:
             return
         self.stats["crash"] += 1
         self.record("crash", proc)
@@ -428,7 +473,11 @@ class Simulation:
 
     def _stall_one(self) -> None:
         proc = self._victim()
-        if proc is None:
+        if proc is not None:
+            self._stall(proc)
+
+    def _stall(self, proc: Process) -> None:
+        if proc.dead:
             return
         lease, rng = self.options.lease, self.fault_rng
         if rng.random() < self.profile.long_stall_share:

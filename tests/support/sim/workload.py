@@ -60,7 +60,7 @@ def run(sim: Any, proc: Any) -> None:
         except SemaphoreBusy:
             stats["busy"] += 1
         except LockLost:
-            stats["lost"] += 1
+            stats["lock_lost"] += 1
         except SemaphoreUnavailable as exc:
             stats["unavailable"] += 1
             sim.record("unavailable", proc, str(exc)[:80])
