@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from dynasem._storage import records
+from dynasem._storage import reader_items, records
 from dynasem._storage.records import Mode
 
 SLACK = 3.0  # seconds: a waiter's paced look (at most a second) and a few round trips
@@ -82,7 +82,8 @@ class Monitor:
             )
         entry = Inside(proc, held, sem.mode, sem.limit, self.sim.sched.now)
         for other in self.inside.get(held.resource, {}).values():
-            self._margin(other)
+            if Mode.EXCLUSIVE in (sem.mode, other.mode):
+                self._margin(other)
         self.inside.setdefault(held.resource, {})[held.token] = entry
         self.sim.record("enter", proc, held.resource, held.fence)
         self._check_resource(held.resource)
@@ -112,7 +113,8 @@ class Monitor:
         """The lock row of ``resource`` as a write left it (decoded; None: deleted)."""
         row = records.lock_item(item) if item is not None else records.LockItem()
         before = self.holders.get(resource, {})
-        now = {token: holder.fence for token, holder in row.holders.items()}
+        # The readers' sentinel stands for reader items (their grants are the items').
+        now = {t: h.fence for t, h in row.holders.items() if t != reader_items.SENTINEL}
         for token, fence in sorted(now.items(), key=lambda tf: tf[1]):
             if token in before or self.grants.get(token) == fence:
                 continue

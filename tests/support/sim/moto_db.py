@@ -57,6 +57,17 @@ class MotoDB:
         response: dict[str, Any] = getattr(self._client, snake(operation))(**params)
         return response
 
+    def peek(self, key: dict[str, Any]) -> dict[str, Any] | None:
+        """The item at ``key`` as stored (low-level), read from moto's backend without a
+        request: what the runtime's monitor reads after each write (a GetItem through
+        boto3 and moto's serializers costs as much as the write)."""
+        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.dynamodb.models import dynamodb_backends
+
+        backend = dynamodb_backends[DEFAULT_ACCOUNT_ID]["us-east-1"]
+        item = backend.get_item(TABLE, key)
+        return None if item is None else dict(item.to_json()["Attributes"])
+
     def client(self) -> Any:
         """A boto3-like client of this database (no network, no faults)."""
         return self._client

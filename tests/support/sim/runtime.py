@@ -297,15 +297,16 @@ class Simulation:
         for key in keys:
             if not key or key["sk"].get("S") != records.LOCK_SK:
                 continue
-            answer = self.db.apply(
-                "GetItem",
-                {
-                    "TableName": params.get("TableName") or self._table(),
-                    "Key": key,
-                    "ConsistentRead": True,
-                },
-            )
-            self.monitor.row_written(key["pk"]["S"], records.decode(answer.get("Item")))
+            self.monitor.row_written(key["pk"]["S"], records.decode(self._item(key, params)))
+
+    def _item(self, key: dict[str, Any], params: dict[str, Any]) -> dict[str, Any] | None:
+        """The item at ``key`` now (low-level): without a request if the database can."""
+        peek = getattr(self.db, "peek", None)
+        if peek is not None:
+            return peek(key)  # type: ignore[no-any-return]
+        table = params.get("TableName") or self._table()
+        answer = self.db.apply("GetItem", {"TableName": table, "Key": key, "ConsistentRead": True})
+        return answer.get("Item")  # type: ignore[no-any-return]
 
     def _table(self) -> str:
         from dynasem.conf import settings
