@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import dynasem
-from tests.support.sim import state
+from tests.support.sim import shims, state
 from tests.support.sim.runtime import Options, Result, format_event, run
 
 # Small runs: moto answers a request in milliseconds of wall time.
@@ -74,6 +74,36 @@ def test_same_seed_same_trace() -> None:
 
 def test_another_seed_another_trace() -> None:
     assert run(Options(seed=1, **SMALL)).trace != run(Options(seed=2, **SMALL)).trace
+
+
+def test_real_clock_read_is_refused() -> None:
+    """dynasem code that reads a real clock past the shims fails the run; others may."""
+    import time
+    from types import SimpleNamespace
+
+    world = SimpleNamespace(sched=SimpleNamespace(current=object()), in_db=False)
+    namespace = {"__name__": "dynasem._engine.somewhere", "time": time}
+    exec("def read():\n    return time.monotonic()", namespace)
+    undo = shims.guard_real_time(world)
+    try:
+        with pytest.raises(shims.RealClockRead, match="dynasem._engine.somewhere"):
+            namespace["read"]()  # type: ignore[operator]
+        assert time.monotonic() > 0  # not dynasem: let through
+        world.in_db = True
+        assert namespace["read"]() > 0  # type: ignore[operator]  # the database's own time
+    finally:
+        shims.uninstall(undo)
+
+
+def test_shrink_finds_a_smaller_failing_run() -> None:
+    from tests.support.sim.shrink import shrink
+
+    failing = run(Options(seed=1, faults="light", mutation="take_ignores_lease", **SMALL))
+    assert not failing.ok
+    smallest = shrink(failing, budget=12)
+    assert not smallest.ok
+    o = smallest.options
+    assert (o.processes, o.steps) < (SMALL["processes"], SMALL["steps"])
 
 
 def first_failure(seeds: range, **options: object) -> Result | None:

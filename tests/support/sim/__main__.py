@@ -1,7 +1,9 @@
 """Run simulation seeds: ``python -m tests.support.sim --seeds 1-200 [--processes 6 --hosts 2
---steps 10 --mix exclusive --faults light --db moto]``. One line per seed (events, virtual
-time, acquisitions, faults, violations, wall time, acquisitions per wall second), then the
-totals; ``--trace`` prints a failing seed's whole trace. Exit status 1 if any seed failed.
+--steps 10 --mix exclusive --faults light --db moto --profile aws --mutation NAME]``. One line
+per seed (events, virtual time, acquisitions, faults, violations, the closest call, the
+longest idle wait, wall time, acquisitions per wall second), then the totals; ``--trace``
+prints a failing seed's whole trace, ``--shrink`` looks for a smaller failing run. Exit
+status 1 if any seed failed.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
             continue
         kind = type(field.default)
         option = "--" + field.name.replace("_", "-")
+        if field.name == "db_profile":  # --profile aws: the simulated DynamoDB's profile
+            parser.add_argument(option, "--profile", type=kind, default=field.default)
+            continue
         if kind is bool:
             parser.add_argument(
                 option, action=argparse.BooleanOptionalAction, default=field.default
@@ -39,6 +44,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
         else:
             parser.add_argument(option, type=kind, default=field.default)
     parser.add_argument("--trace", action="store_true", help="print a failing seed's trace")
+    parser.add_argument("--shrink", action="store_true", help="shrink each failing seed's run")
     return parser.parse_args(argv)
 
 
@@ -62,6 +68,11 @@ def main(argv: list[str]) -> int:
             failed.append(seed)
             for problem in result.violations + result.failures:
                 print("   ", problem.replace("\n", "\n    "))
+            if args.shrink:
+                from .shrink import shrink
+
+                result = shrink(result, report=lambda r: print("  shrunk:", r.options))
+                print("  smallest:", result.summary())
             if args.trace:
                 print("\n".join(format_event(e) for e in result.trace))
     total = time.perf_counter() - started

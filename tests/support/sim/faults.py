@@ -64,6 +64,12 @@ PROFILES: dict[str, Profile] = {
         holder_stall=0.2,
         answer_stall=0.1,
     ),
+    # Crashes only (with successors): for liveness (dead holders taken over in time).
+    "crashes": Profile(
+        crash_every=15.0,
+        holder_crash=0.1,
+        answer_crash=0.02,
+    ),
     "light": Profile(
         crash_every=40.0,
         stall_every=40.0,

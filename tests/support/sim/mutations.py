@@ -11,7 +11,9 @@ proves nothing about the real code. Each is a change a reviewer could miss:
 * ``trust_from_answer``: a take's hold is trusted from when its answer came, not from when
   the write left (core: ``sent_mono`` read after the write);
 * ``renewal_ignores_refusal``: a refused renewal (the hold is another's) is taken as done;
-* ``renew_without_token``: a renewal's condition no longer names our token.
+* ``renew_without_token``: a renewal's condition no longer names our token;
+* ``takeover_waits_a_lease``: a dead holder is taken over a whole lease later than it may
+  be (liveness, not safety: the lock idles while waiters wait).
 """
 
 from __future__ import annotations
@@ -121,6 +123,15 @@ def renewal_ignores_refusal(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(hold.Held, "_renew_to", _renew_to)
 
 
+def takeover_waits_a_lease(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._engine import lockspec
+
+    def stale_ms(self: Any, now_ms: int) -> int:
+        return now_ms - int((self.skew + self.lease) * 1000)
+
+    mp.setattr(lockspec.Attempt, "stale_ms", stale_ms)
+
+
 MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     f.__name__: f
     for f in (
@@ -130,5 +141,6 @@ MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
         trust_from_answer,
         renewal_ignores_refusal,
         renew_without_token,
+        takeover_waits_a_lease,
     )
 }

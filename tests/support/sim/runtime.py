@@ -89,6 +89,8 @@ class Result:
     # The smallest time by which an earlier holder's trust had ended when another entered
     # beside it (None: no holder was ever inside when another entered).
     closest: float | None = None
+    # The longest a resource stayed idle while live processes waited, after the faults.
+    longest_idle: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -105,7 +107,8 @@ class Result:
             f"acq={s['acquired']} busy={s['busy']} lock_lost={s['lock_lost']} "
             f"unavail={s['unavailable']} "
             f"requests={s['requests']} faults=[{shown}] violations={len(self.violations)} "
-            f"failures={len(self.failures)}{closest} wall={self.wall_seconds:.2f}s "
+            f"failures={len(self.failures)}{closest} idle={self.longest_idle:.1f}s "
+            f"wall={self.wall_seconds:.2f}s "
             f"acq/s={rate:.0f}"
         )
 
@@ -346,6 +349,7 @@ class Simulation:
             trace=self.trace,
             failures=[_failure(thread, exc) for thread, exc in self.sched.failures],
             closest=min((m for m, _ in self.monitor.margins), default=None),
+            longest_idle=self.monitor.longest_idle,
         )
 
     def _finished(self) -> bool:
