@@ -72,6 +72,18 @@ def test_same_seed_same_trace() -> None:
     assert first.stats == again.stats
 
 
+@pytest.mark.parametrize("profile", ["kind", "aws"])
+def test_on_the_simulated_dynamodb(profile: str) -> None:
+    """The same runs on the simulated DynamoDB (tests/support/sim/dynamodb.py, once it is
+    there): kind, it answers as moto does; as unkind as AWS, dynasem still keeps its word."""
+    pytest.importorskip("tests.support.sim.dynamodb")
+    for seed in (1, 2):
+        result = run(Options(seed=seed, db="sim", db_profile=profile, faults="light", **SMALL))
+        result.raise_if_violated()
+        if profile == "kind":
+            assert result.trace == run(Options(seed=seed, faults="light", **SMALL)).trace
+
+
 def test_another_seed_another_trace() -> None:
     assert run(Options(seed=1, **SMALL)).trace != run(Options(seed=2, **SMALL)).trace
 

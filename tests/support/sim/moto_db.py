@@ -23,9 +23,7 @@ import boto3
 from botocore.config import Config
 from moto import mock_aws
 
-from dynasem._storage import records
-
-TABLE = "sim-locks"
+from .network import TABLE
 
 
 def snake(operation: str) -> str:
@@ -34,7 +32,7 @@ def snake(operation: str) -> str:
 
 
 class MotoDB:
-    """moto's DynamoDB holding one dynasem lock table (:data:`TABLE`), made at start."""
+    """moto's DynamoDB (empty: the runtime makes dynasem's table with a CreateTable)."""
 
     def __init__(self, rng: random.Random, now: Callable[[], float], profile: str = "moto"):
         self.rng, self.now, self.profile = rng, now, profile
@@ -47,8 +45,6 @@ class MotoDB:
             region_name="us-east-1",
             config=Config(retries={"total_max_attempts": 1}, parameter_validation=False),
         )
-        definition = records.table_definition(TABLE)
-        self._client.create_table(**definition)
         self.requests = 0
 
     def apply(self, operation: str, params: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from .faults import Profile
 from .scheduler import Scheduler, Waiter
 
 ENDPOINT = "https://dynamodb.sim.invalid"
+TABLE = "sim-locks"  # dynasem's table in a simulation (TABLE_NAME)
 THROTTLE_CODE = "ProvisionedThroughputExceededException"
 # What botocore's legacy mode retries (its _retry.json: throttling, 5xx, socket errors).
 RETRIED_CODES = frozenset(

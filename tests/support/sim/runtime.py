@@ -27,6 +27,7 @@ import collections
 import contextlib
 import dataclasses
 import importlib
+import json
 import logging
 import pkgutil
 import random
@@ -40,6 +41,7 @@ from .process import Host, Process
 from .scheduler import Scheduler
 
 START = 1_750_000_000.0  # true virtual time at the start of a run (epoch seconds)
+TTL_SWEEP = 30.0  # virtual seconds between two TTL sweeps of the database
 
 
 def _moto(rng: random.Random, now: Callable[[], float], profile: str) -> Any:
@@ -49,9 +51,9 @@ def _moto(rng: random.Random, now: Callable[[], float], profile: str) -> Any:
 
 
 def _sim(rng: random.Random, now: Callable[[], float], profile: str) -> Any:
-    from .dynamodb import SimDynamoDB  # type: ignore[import-not-found]
+    from .dynamodb import Profile, SimDynamoDB  # type: ignore[import-not-found]
 
-    return SimDynamoDB(rng, now, profile)
+    return SimDynamoDB(rng, now, getattr(Profile, profile)())  # "aws" or "kind"
 
 
 DATABASES = {"moto": _moto, "sim": _sim}
@@ -307,14 +309,11 @@ class Simulation:
         peek = getattr(self.db, "peek", None)
         if peek is not None:
             return peek(key)  # type: ignore[no-any-return]
-        table = params.get("TableName") or self._table()
-        answer = self.db.apply("GetItem", {"TableName": table, "Key": key, "ConsistentRead": True})
-        return answer.get("Item")  # type: ignore[no-any-return]
-
-    def _table(self) -> str:
-        from dynasem.conf import settings
-
-        return settings.TABLE_NAME
+        # The simulated DynamoDB's snapshot (a GetItem would count against its throttling
+        # and draw from its rng: the monitor must change nothing).
+        table = self.db.snapshot().get(params.get("TableName") or network.TABLE, {})
+        found: dict[str, Any] | None = table.get(json.dumps([key["pk"]["S"], key["sk"]["S"]]))
+        return found
 
     # -- a run ---------------------------------------------------------------------------------
 
@@ -322,6 +321,7 @@ class Simulation:
         started = real_time.perf_counter()
         o = self.options
         self.db = DATABASES[o.db](self.db_rng, lambda: self.sched.now, o.db_profile)
+        self._create_table()
         self.requests = network.Requests(self, self.db, self.net_rng, self.profile)
         undo = self._install()
         try:
@@ -351,6 +351,29 @@ class Simulation:
             closest=min((m for m, _ in self.monitor.margins), default=None),
             longest_idle=self.monitor.longest_idle,
         )
+
+    def _create_table(self) -> None:
+        from dynasem._storage import records
+
+        self.in_db = True
+        try:
+            self.db.apply("CreateTable", records.table_definition(network.TABLE))
+            ttl = {"Enabled": True, "AttributeName": "expires"}  # as dynasem_createtable does
+            self.db.apply(
+                "UpdateTimeToLive", {"TableName": network.TABLE, "TimeToLiveSpecification": ttl}
+            )
+        finally:
+            self.in_db = False
+        if hasattr(self.db, "expire_ttl"):  # DynamoDB's TTL sweep, now and then
+            self.sched.at(TTL_SWEEP, self._expire_ttl)
+
+    def _expire_ttl(self) -> None:
+        self.in_db = True
+        try:
+            self.stats["ttl_deleted"] += self.db.expire_ttl()
+        finally:
+            self.in_db = False
+        self.sched.at(TTL_SWEEP, self._expire_ttl)
 
     def _finished(self) -> bool:
         if self.monitor.violations:
@@ -524,10 +547,8 @@ def _short(value: Any) -> Any:
 
 
 def _settings(o: Options) -> dict[str, Any]:
-    from .moto_db import TABLE
-
     return {
-        "TABLE_NAME": TABLE,
+        "TABLE_NAME": network.TABLE,
         "ENDPOINT_URL": network.ENDPOINT,
         "REGION_NAME": "us-east-1",
         "LEASE": o.lease,
