@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,7 @@ from tests.support.sim import shims, state
 from tests.support.sim.runtime import Options, Result, format_event, run
 
 # Small runs: moto answers a request in milliseconds of wall time.
-SMALL = {"processes": 5, "hosts": 2, "steps": 6}
+SMALL: dict[str, Any] = {"processes": 5, "hosts": 2, "steps": 6}
 
 
 def test_module_state_is_listed() -> None:
@@ -118,9 +119,9 @@ def test_shrink_finds_a_smaller_failing_run() -> None:
     assert (o.processes, o.steps) < (SMALL["processes"], SMALL["steps"])
 
 
-def first_failure(seeds: range, **options: object) -> Result | None:
+def first_failure(seeds: range, **options: Any) -> Result | None:
     for seed in seeds:
-        result = run(Options(seed=seed, **options))  # type: ignore[arg-type]
+        result = run(Options(seed=seed, **options))
         if not result.ok:
             return result
     return None
@@ -128,7 +129,7 @@ def first_failure(seeds: range, **options: object) -> Result | None:
 
 # -- deliberate mutations: each must be found within a few seeds -----------------------------
 
-PAUSES = {"faults": "pauses", "processes": 3, "hosts": 3, "steps": 15}
+PAUSES: dict[str, Any] = {"faults": "pauses", "processes": 3, "hosts": 3, "steps": 15}
 
 # (mutation, options, seeds): the budget each is found within; the seed that finds it first
 # is in the comment (moto: a seed is a few seconds).
@@ -154,7 +155,7 @@ FOUND = [
 
 
 @pytest.mark.parametrize(("mutation", "options", "seeds"), FOUND, ids=[m for m, _, _ in FOUND])
-def test_mutation_is_found(mutation: str, options: dict[str, object], seeds: range) -> None:
+def test_mutation_is_found(mutation: str, options: dict[str, Any], seeds: range) -> None:
     found = first_failure(seeds, mutation=mutation, **options)
     assert found is not None, f"{mutation} not found in seeds {seeds}"
     with pytest.raises(AssertionError, match=f"seed {found.options.seed}"):
@@ -167,8 +168,8 @@ def test_renewal_refusal_is_never_reached() -> None:
     and nobody can take over before it. So a mutation that takes a refused renewal for a
     success changes nothing at all: the refusal is defence in depth, which no seed can tell
     from dead code. If a run ever differs here, a renewal was refused: look at why."""
-    plain = run(Options(seed=2, **PAUSES))  # type: ignore[arg-type]
-    mutated = run(Options(seed=2, mutation="renewal_ignores_refusal", **PAUSES))  # type: ignore[arg-type]
+    plain = run(Options(seed=2, **PAUSES))
+    mutated = run(Options(seed=2, mutation="renewal_ignores_refusal", **PAUSES))
     assert plain.ok and mutated.ok
     assert mutated.trace == plain.trace
 
@@ -179,7 +180,7 @@ def test_renewal_without_token_condition_stays_safe() -> None:
     meanwhile. Without the token in the condition, DynamoDB still refuses it (``SET
     #h.#t.#e`` on a holder entry that is gone is a ValidationException): the acquire fails
     as unavailable instead of planning again, but nobody holds what is not theirs."""
-    mutated = run(Options(seed=2, mutation="renew_without_token", **PAUSES))  # type: ignore[arg-type]
+    mutated = run(Options(seed=2, mutation="renew_without_token", **PAUSES))
     assert mutated.ok, mutated.violations
-    plain = run(Options(seed=2, **PAUSES))  # type: ignore[arg-type]
+    plain = run(Options(seed=2, **PAUSES))
     assert mutated.trace != plain.trace  # the refused confirmation is there, answered otherwise

@@ -57,7 +57,7 @@ class MotoDB:
         """The item at ``key`` as stored (low-level), read from moto's backend without a
         request: what the runtime's monitor reads after each write (a GetItem through
         boto3 and moto's serializers costs as much as the write)."""
-        from moto.core import DEFAULT_ACCOUNT_ID
+        from moto.core import DEFAULT_ACCOUNT_ID  # type: ignore[attr-defined]
         from moto.dynamodb.models import dynamodb_backends
 
         backend = dynamodb_backends[DEFAULT_ACCOUNT_ID]["us-east-1"]
@@ -85,11 +85,10 @@ class MotoDB:
         items: list[dict[str, Any]] = []
         start: dict[str, Any] | None = None
         while True:
-            page = self._client.scan(
-                TableName=TABLE,
-                ConsistentRead=True,
-                **({"ExclusiveStartKey": start} if start else {}),
-            )
+            request: dict[str, Any] = {"TableName": TABLE, "ConsistentRead": True}
+            if start:
+                request["ExclusiveStartKey"] = start
+            page = self._client.scan(**request)
             items += page.get("Items", [])
             start = page.get("LastEvaluatedKey")
             if not start:

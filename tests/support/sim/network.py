@@ -50,7 +50,7 @@ def client_config(quick: bool) -> tuple[int, float]:
     a client :func:`dynasem._storage.dynamodb.build_client` builds (once per process)."""
     from dynasem._storage import dynamodb
 
-    config = dynamodb.build_client(quick).meta.config
+    config: Any = dynamodb.build_client(quick).meta.config
     retries = config.retries or {}
     if "total_max_attempts" in retries:
         after_first = int(retries["total_max_attempts"]) - 1
@@ -269,7 +269,7 @@ class Datagrams:
             sender = ("127.0.0.1", 0)
             self.sched.at(delay, functools.partial(self._arrive, target, data, sender))
 
-    def _arrive(self, target: tuple[str, str, int], data: bytes, sender: tuple[str, int]):
+    def _arrive(self, target: tuple[str, str, int], data: bytes, sender: tuple[str, int]) -> None:
         sock = self.bound.get(target)
         if sock is not None:
             self.delivered += 1

@@ -420,7 +420,7 @@ class Simulation:
         for target, name, value in reversed(undo):
             setattr(target, name, value)
         self._settings.disable()
-        logging.getLogger().manager._clear_cache()  # the levels we set back
+        logging.getLogger().manager._clear_cache()  # type: ignore[attr-defined]  # the levels we set back
 
     def _start(self, host: Host, kind: str, steps: int) -> Process:
         self._pids += 1
@@ -572,7 +572,7 @@ def _quiet_logs(sim: Simulation) -> list[tuple[Any, str, Any]]:
     undo = [(logger, "handlers", logger.handlers), (logger, "propagate", logger.propagate)]
     undo.append((logger, "level", logger.level))
     logger.handlers, logger.propagate, logger.level = [ToTrace()], False, logging.INFO
-    logger.manager._clear_cache()
+    logger.manager._clear_cache()  # type: ignore[attr-defined]
     return undo
 
 

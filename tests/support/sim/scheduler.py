@@ -16,7 +16,7 @@ import random
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import greenlet
+import greenlet  # type: ignore[import-untyped]
 
 
 class Proc(Protocol):
@@ -143,7 +143,9 @@ class Scheduler:
             return
         self.switch(thread, value, error)
 
-    def switch(self, thread: SimThread, value: Any = None, error: BaseException | None = None):
+    def switch(
+        self, thread: SimThread, value: Any = None, error: BaseException | None = None
+    ) -> None:
         """Run ``thread`` (in its process's module state) until it blocks or ends."""
         self._enter(thread.proc)
         self.current = thread
@@ -187,7 +189,9 @@ class Scheduler:
             raise waiter.error
         return not waiter.timed_out
 
-    def resolve(self, waiter: Waiter, value: Any = None, error: BaseException | None = None):
+    def resolve(
+        self, waiter: Waiter, value: Any = None, error: BaseException | None = None
+    ) -> bool:
         """Wake ``waiter``'s thread (unless it was woken or timed out already); True if so."""
         if waiter.done:
             return False

@@ -16,7 +16,7 @@ import threading as real_threading
 import time as real_time
 import types
 import uuid as real_uuid
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from .scheduler import Scheduler, SimThread, Waiter
 
@@ -192,15 +192,18 @@ class Condition:
     def wait(self, timeout: float | None = None) -> bool:
         waiter = Waiter(self._s.me())
         self._waiters.append(waiter)
-        lock = self._lock
-        saved = lock._release_all() if isinstance(lock, RLock) else lock.release()
+        lock, saved = self._lock, 1
+        if isinstance(lock, RLock):
+            saved = lock._release_all()
+        else:
+            lock.release()
         try:
             return self._s.block(waiter, timeout)
         finally:
             if waiter in self._waiters:
                 self._waiters.remove(waiter)
             if isinstance(lock, RLock):
-                lock._restore(saved or 1)
+                lock._restore(saved)
             else:
                 lock.acquire()
 
@@ -294,6 +297,14 @@ class Thread:
             sim.joiners.remove(waiter)
 
 
+# The classes, under names the methods of Threading (named as threading's) do not hide.
+_Lock: TypeAlias = Lock
+_RLock: TypeAlias = RLock
+_Condition: TypeAlias = Condition
+_Event: TypeAlias = Event
+_Thread: TypeAlias = Thread
+
+
 class Threading:
     """``threading``: locks, conditions, events and threads that block in the scheduler."""
 
@@ -301,32 +312,33 @@ class Threading:
 
     def __init__(self, world: World):
         self._w = world
-        self._main = Thread(world, name="MainThread")
+        self._main = _Thread(world, name="MainThread")
 
-    def Lock(self) -> Lock:  # noqa: N802 - threading's own names
-        return Lock(self._w.sched)
+    def Lock(self) -> _Lock:  # noqa: N802 - threading's own names
+        return _Lock(self._w.sched)
 
-    def RLock(self) -> RLock:  # noqa: N802
-        return RLock(self._w.sched)
+    def RLock(self) -> _RLock:  # noqa: N802
+        return _RLock(self._w.sched)
 
-    def Condition(self, lock: Lock | RLock | None = None) -> Condition:  # noqa: N802
-        return Condition(self._w.sched, lock)
+    def Condition(self, lock: _Lock | _RLock | None = None) -> _Condition:  # noqa: N802
+        return _Condition(self._w.sched, lock)
 
-    def Event(self) -> Event:  # noqa: N802
-        return Event(self._w.sched)
+    def Event(self) -> _Event:  # noqa: N802
+        return _Event(self._w.sched)
 
-    def Thread(self, *args: Any, **kwargs: Any) -> Thread:  # noqa: N802
-        return Thread(self._w, *args, **kwargs)
+    def Thread(self, *args: Any, **kwargs: Any) -> _Thread:  # noqa: N802
+        return _Thread(self._w, *args, **kwargs)
 
-    def current_thread(self) -> Thread:
+    def current_thread(self) -> _Thread:
         thread = self._w.sched.current
         if thread is None:
             return self._main
         handle = getattr(thread, "handle", None)
         if handle is None:  # a process's first thread, started by the runtime
-            handle = thread.handle = Thread(self._w, name=thread.name)  # type: ignore[attr-defined]
+            handle = _Thread(self._w, name=thread.name)
             handle._sim = thread
-        return handle  # type: ignore[no-any-return]
+            thread.handle = handle  # type: ignore[attr-defined]
+        return handle
 
 
 # -- socket ----------------------------------------------------------------------------------
