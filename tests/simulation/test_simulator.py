@@ -73,6 +73,21 @@ def test_same_seed_same_trace() -> None:
     assert first.stats == again.stats
 
 
+def test_a_seed_replays_in_another_interpreter() -> None:
+    """The CLI (another interpreter, its own PYTHONHASHSEED) prints the same trace digest."""
+    import os
+    import subprocess
+    import sys
+
+    mine = run(Options(seed=3, faults="heavy", **SMALL))
+    argv = [sys.executable, "-m", "tests.support.sim", "--seeds", "3", "--faults", "heavy"]
+    argv += [f"--{name}={value}" for name, value in SMALL.items()]
+    env = dict(os.environ, PYTHONHASHSEED="12345")
+    root = Path(__file__).parents[2]
+    done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=root, timeout=300)
+    assert f"trace={mine.digest}" in done.stdout, done.stdout + done.stderr
+
+
 @pytest.mark.parametrize("profile", ["kind", "aws"])
 def test_on_the_simulated_dynamodb(profile: str) -> None:
     """The same runs on the simulated DynamoDB (tests/support/sim/dynamodb.py, once it is

@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import hashlib
 import importlib
 import json
 import logging
@@ -95,6 +96,11 @@ class Result:
     longest_idle: float = 0.0
 
     @property
+    def digest(self) -> str:
+        """A short hash of the trace: two runs with the same digest went the same way."""
+        return hashlib.sha256(repr(self.trace).encode()).hexdigest()[:16]
+
+    @property
     def ok(self) -> bool:
         return not self.violations and not self.failures
 
@@ -110,8 +116,7 @@ class Result:
             f"unavail={s['unavailable']} "
             f"requests={s['requests']} faults=[{shown}] violations={len(self.violations)} "
             f"failures={len(self.failures)}{closest} idle={self.longest_idle:.1f}s "
-            f"wall={self.wall_seconds:.2f}s "
-            f"acq/s={rate:.0f}"
+            f"wall={self.wall_seconds:.2f}s acq/s={rate:.0f} trace={self.digest}"
         )
 
     def raise_if_violated(self) -> None:
