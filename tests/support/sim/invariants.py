@@ -46,7 +46,7 @@ class Monitor:
         self.waiting: dict[str, set[Any]] = {}
         self.idle_since: dict[str, float] = {}
         self.holders: dict[str, dict[str, int]] = {}  # resource -> token -> fence, as stored
-        self.grants: dict[str, int] = {}  # token -> fence granted
+        self.grants: dict[tuple[str, str], int] = {}  # (resource, token) -> fence granted
         self.top_fence: dict[str, int] = {}
         self.violations: list[str] = []
         self.longest_idle = 0.0
@@ -67,27 +67,30 @@ class Monitor:
         self.waiting.get(resource, set()).discard(proc)
 
     def entered(self, proc: Any, sem: Any, held: Any) -> None:
+        """``proc`` begins the block of ``held`` (of one resource, or several together)."""
         self.entries += 1
-        granted = self.grants.get(held.token)
-        if granted is not None and granted != held.fence:
-            self.fail(
-                f"{proc.name} entered {held.resource!r} with fence {held.fence}, granted {granted}"
-            )
-        top = self.top_fence.get(held.resource, 0)
-        if sem.mode == Mode.EXCLUSIVE and held.fence < top:
+        for resource, fence in held.fences.items():
+            self._entered(proc, sem, held, resource, fence)
+        self.sim.entered(proc)
+
+    def _entered(self, proc: Any, sem: Any, held: Any, resource: str, fence: int) -> None:
+        granted = self.grants.get((resource, held.token))
+        if granted is not None and granted != fence:
+            self.fail(f"{proc.name} entered {resource!r} with fence {fence}, granted {granted}")
+        top = self.top_fence.get(resource, 0)
+        if sem.mode == Mode.EXCLUSIVE and fence < top:
             # Granted to another since ours was: ours was taken over before we entered.
             self.fail(
-                f"{proc.name} entered {held.resource!r} exclusively with fence {held.fence}, "
+                f"{proc.name} entered {resource!r} exclusively with fence {fence}, "
                 f"superseded by a later grant (fence {top})"
             )
         entry = Inside(proc, held, sem.mode, sem.limit, self.sim.sched.now)
-        for other in self.inside.get(held.resource, {}).values():
+        for other in self.inside.get(resource, {}).values():
             if Mode.EXCLUSIVE in (sem.mode, other.mode):
                 self._margin(other)
-        self.inside.setdefault(held.resource, {})[held.token] = entry
-        self.sim.record("enter", proc, held.resource, held.fence)
-        self._check_resource(held.resource)
-        self.sim.entered(proc)
+        self.inside.setdefault(resource, {})[held.token] = entry
+        self.sim.record("enter", proc, resource, fence)
+        self._check_resource(resource)
 
     def _margin(self, earlier: Inside) -> None:
         """How long ago ``earlier`` (still inside) stopped trusting its hold, as another
@@ -97,8 +100,9 @@ class Monitor:
         self.margins.append((margin, earlier.proc.name))
 
     def left(self, proc: Any, held: Any) -> None:
-        self.inside.get(held.resource, {}).pop(held.token, None)
-        self.sim.record("leave", proc, held.resource, held.fence)
+        for resource, fence in held.fences.items():
+            self.inside.get(resource, {}).pop(held.token, None)
+            self.sim.record("leave", proc, resource, fence)
 
     def crashed(self, proc: Any) -> None:
         for inside in self.inside.values():
@@ -116,13 +120,13 @@ class Monitor:
         # The readers' sentinel stands for reader items (their grants are the items').
         now = {t: h.fence for t, h in row.holders.items() if t != reader_items.SENTINEL}
         for token, fence in sorted(now.items(), key=lambda tf: tf[1]):
-            if token in before or self.grants.get(token) == fence:
+            if token in before or self.grants.get((resource, token)) == fence:
                 continue
             top = self.top_fence.get(resource, 0)
             if fence <= top:
                 self.fail(f"{resource!r} granted fence {fence} to {token[:8]}, not above {top}")
             self.top_fence[resource] = max(top, fence)
-            self.grants[token] = fence
+            self.grants[(resource, token)] = fence
         self.holders[resource] = now
 
     # -- after every event -------------------------------------------------------------------
@@ -156,7 +160,9 @@ class Monitor:
     def _check_idle(self) -> None:
         now = self.sim.sched.now
         for resource, waiting in self.waiting.items():
-            live = [p for p in waiting if not p.dead]
+            # A stalled process waits for nothing: it is not running (its stall is a fault
+            # that began in the window).
+            live = [p for p in waiting if not p.dead and p.stalled_until <= now]
             if not live or self.inside.get(resource):
                 if resource in self.idle_since:
                     since = self.idle_since.pop(resource)

@@ -7,7 +7,9 @@ Kinds of process (a run's ``mix`` names them, one per process, round robin):
 * ``impatient``: the same with ``wait=`` a fraction of a second to two: it gives up;
 * ``counting``: ``with semaphore("c", limit=3)``;
 * ``reader`` / ``writer``: ``semaphore("rw", shared=True)`` / ``semaphore("rw")``;
-* ``fair``: ``semaphore("r", fair=True)``.
+* ``fair``: ``semaphore("r", fair=True)``;
+* ``pair``: ``semaphore(["r", "s"])``, both at once (one transaction), beside ``single``:
+  ``semaphore("s")``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ MIXES = {
     "counting": ("counting",),
     "readers": ("reader", "reader", "writer"),
     "fair": ("fair", "exclusive", "impatient"),
-    "all": ("exclusive", "impatient", "counting", "reader", "writer", "fair"),
+    "pairs": ("pair", "exclusive", "single"),
+    "all": ("exclusive", "impatient", "counting", "reader", "writer", "fair", "pair", "single"),
 }
 
 
@@ -37,6 +40,10 @@ def lock_of(kind: str, rng: Any) -> Any:
         return semaphore("rw")
     if kind == "fair":
         return semaphore("r", fair=True)
+    if kind == "pair":
+        return semaphore(["r", "s"])
+    if kind == "single":
+        return semaphore("s")
     return semaphore("r")
 
 
@@ -47,11 +54,12 @@ def run(sim: Any, proc: Any) -> None:
     while proc.steps > 0:
         sim.sched.sleep(rng.uniform(0.0, 0.3))
         sem = lock_of(proc.kind, rng)
-        resource = sem.resources[0]
-        monitor.begin(proc, resource)
+        for resource in sem.resources:
+            monitor.begin(proc, resource)
         try:
             with sem as held:
-                monitor.end(proc, resource)
+                for resource in sem.resources:
+                    monitor.end(proc, resource)
                 monitor.entered(proc, sem, held)
                 sim.sched.sleep(rng.uniform(0.001, 0.4) if rng.random() < 0.9 else 2.0)
                 monitor.left(proc, held)
@@ -65,6 +73,7 @@ def run(sim: Any, proc: Any) -> None:
             stats["unavailable"] += 1
             sim.record("unavailable", proc, str(exc)[:80])
         finally:
-            monitor.end(proc, resource)
+            for resource in sem.resources:
+                monitor.end(proc, resource)
         proc.steps -= 1
     proc.done = True
