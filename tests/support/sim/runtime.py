@@ -219,6 +219,11 @@ class Simulation:
             proc.clients[quick] = network.SimClient(self.requests, proc, quick)
         return proc.clients[quick]  # type: ignore[no-any-return]
 
+    def process_identity(self) -> str:
+        """Who holds a lock when no user does (``host:pid``, as dynasem records it)."""
+        proc = self.current()
+        return f"{proc.host.name}:{proc.pid}"
+
     def probe(self) -> str:
         return self.current().identity()
 
@@ -404,6 +409,7 @@ class Simulation:
             (processes, "_probe", self.probe),
             (processes, "_stat", self.proc_stat),
             (dynamodb, "get_client", self.get_client),
+            (dynamodb, "process_identity", self.process_identity),
             (telemetry, "ON", False),
         ):
             undo.append((target, name, getattr(target, name)))

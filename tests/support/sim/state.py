@@ -83,6 +83,8 @@ REPLACED: dict[Key, str] = {
     "process for real: functools.cache)",
     ("dynasem._engine.processes", "_stat"): "the simulated /proc of the current host",
     ("dynasem._storage.dynamodb", "get_client"): "the current process's simulated client",
+    ("dynasem._storage.dynamodb", "process_identity"): "host:pid of the current process "
+    "(os.getpid() is the interpreter's, the same for every simulated process)",
     ("dynasem._observability.telemetry", "ON"): "off: telemetry decides nothing",
 }
 
