@@ -5,9 +5,9 @@
   lost), when one of them is exclusive; never more than ``limit`` trusted counting holders.
   Trust only shrinks between events, so a check after each event sees every overlap begin.
 * **Fences**: a hold granted on a resource (a token appearing among a lock row's holders, as
-  the database applied the write) has a fence above every hold granted before it; the hold
-  a block gets has the fence its grant wrote; an exclusive block never begins with a hold
-  that a later grant superseded (taken over before it was entered).
+  the database applied the write) has a fence above every hold granted before it; an
+  exclusive block begins only with its hold stored in the row, with the fence it was told,
+  and never with a hold that a later grant superseded (taken over before it was entered).
 * **Liveness**, once the fault window is over: a resource is never idle (nobody inside) for
   longer than ``lease + 2 * CLOCK_SKEW + SLACK`` while a live process waits for it; the run
   ends with every live workload done.
@@ -74,9 +74,15 @@ class Monitor:
         self.sim.entered(proc)
 
     def _entered(self, proc: Any, sem: Any, held: Any, resource: str, fence: int) -> None:
-        granted = self.grants.get((resource, held.token))
-        if granted is not None and granted != fence:
-            self.fail(f"{proc.name} entered {resource!r} with fence {fence}, granted {granted}")
+        if sem.mode == Mode.EXCLUSIVE:
+            # Ours in the row as stored, with the fence we were told. (A reader may hold in
+            # a reader item, with the row's fence at its admission, while an older entry of
+            # its token lapses in the row: only exclusive holds are checked so.)
+            stored = self.holders.get(resource, {}).get(held.token)
+            if stored is None:
+                self.fail(f"{proc.name} entered {resource!r} exclusively with no hold stored")
+            elif stored != fence:
+                self.fail(f"{proc.name} entered {resource!r} with fence {fence}, stored {stored}")
         top = self.top_fence.get(resource, 0)
         if sem.mode == Mode.EXCLUSIVE and fence < top:
             # Granted to another since ours was: ours was taken over before we entered.
