@@ -64,6 +64,13 @@ def test_seeds_pass(seed: int) -> None:
     assert result.stats["acquired"] > 0
 
 
+@pytest.mark.parametrize("mix", ["readers", "counting", "pairs", "all"])
+def test_mixes_pass(mix: str) -> None:
+    result = run(Options(seed=1, mix=mix, faults="light", **SMALL))
+    result.raise_if_violated()
+    assert result.stats["acquired"] > 0
+
+
 def test_same_seed_same_trace() -> None:
     first = run(Options(seed=7, faults="heavy", **SMALL))
     again = run(Options(seed=7, faults="heavy", **SMALL))
