@@ -14,7 +14,7 @@ import dynasem
 from tests.support.sim import shims, state
 from tests.support.sim.runtime import Options, Result, format_event, run
 
-# Small runs: moto answers a request in milliseconds of wall time.
+# Small runs (the simulated DynamoDB answers in a fraction of a millisecond, moto in several).
 SMALL: dict[str, Any] = {"processes": 5, "hosts": 2, "steps": 6}
 
 
@@ -97,14 +97,14 @@ def test_a_seed_replays_in_another_interpreter() -> None:
 
 @pytest.mark.parametrize("profile", ["kind", "aws"])
 def test_on_the_simulated_dynamodb(profile: str) -> None:
-    """The same runs on the simulated DynamoDB (tests/support/sim/dynamodb.py, once it is
-    there): kind, it answers as moto does; as unkind as AWS, dynasem still keeps its word."""
-    pytest.importorskip("tests.support.sim.dynamodb")
+    """The same runs on the simulated DynamoDB (tests/support/sim/dynamodb.py, the default)
+    and on moto: kind, it answers as moto does; as unkind as AWS, dynasem still keeps its word."""
     for seed in (1, 2):
         result = run(Options(seed=seed, db="sim", db_profile=profile, faults="light", **SMALL))
         result.raise_if_violated()
         if profile == "kind":
-            assert result.trace == run(Options(seed=seed, faults="light", **SMALL)).trace
+            moto = run(Options(seed=seed, db="moto", faults="light", **SMALL))
+            assert result.trace == moto.trace
 
 
 def test_another_seed_another_trace() -> None:
@@ -151,28 +151,30 @@ def first_failure(seeds: range, **options: Any) -> Result | None:
 
 # -- deliberate mutations: each must be found within a few seeds -----------------------------
 
-PAUSES: dict[str, Any] = {"faults": "pauses", "processes": 3, "hosts": 3, "steps": 15}
+# On moto: seed 2 there holds the refused confirmation the renewal tests below look at (the
+# simulated DynamoDB's "aws" profile draws other interleavings from the same seed).
+PAUSES: dict[str, Any] = {"faults": "pauses", "processes": 3, "hosts": 3, "steps": 15, "db": "moto"}
 
 # (mutation, options, seeds): the budget each is found within; the seed that finds it first
-# is in the comment (moto: a seed is a few seconds).
+# is in the comment (on the simulated DynamoDB, profile aws: a seed takes a fraction of a second).
 FOUND = [
     # A take of a "free" row no longer checks the holders' leases: overwritten at once.
-    ("take_ignores_lease", {"faults": "light", **SMALL}, range(1, 4)),  # seed 1
+    ("take_ignores_lease", {"faults": "light", **SMALL}, range(1, 4)),
     # Trust counted from the answer, not the send: a pause between the two (a GC pause after
     # the response came) lets a hold be entered that was taken over meanwhile.
     (
         "trust_from_answer",
         {"faults": "pauses", "processes": 3, "hosts": 3, "steps": 15},
-        range(1, 6),
-    ),  # seed 2
+        range(1, 8),
+    ),  # seed 6
     # The holder no longer allows for CLOCK_SKEW. Invisible while clocks disagree by at most
     # CLOCK_SKEW (the taker allows for it too: a margin of twice the skew); found when they
     # disagree by up to twice CLOCK_SKEW (each host within CLOCK_SKEW of true time).
     (
         "no_skew_in_trust",
         {"faults": "pauses", "processes": 3, "hosts": 3, "steps": 15, "spread": 1.0},
-        range(1, 8),
-    ),  # seed 4
+        range(1, 25),
+    ),  # seed 23
 ]
 
 

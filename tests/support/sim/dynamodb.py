@@ -294,6 +294,14 @@ class SimDynamoDB:
         self.counts["deleted by TTL"] += deleted
         return deleted
 
+    def peek(self, key: Mapping[str, Any], table: str | None = None) -> dict[str, Any] | None:
+        """The item at ``key`` as stored now (wire format, a copy), without a request: no rng
+        drawn, no capacity counted (the simulator's monitor reads every written row so).
+        ``table``: the only table when not named."""
+        found = self.tables[table] if table is not None else next(iter(self.tables.values()))
+        item = found.get(found.key_of(dict(key), exact=True))
+        return None if item is None else copy_item(item)
+
     def snapshot(self) -> dict[str, dict[str, dict[str, Any]]]:
         """Every table's current items (consistent; copies): table -> :func:`item_key` ->
         item in the wire format."""

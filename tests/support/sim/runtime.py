@@ -71,7 +71,7 @@ class Options:
     lease: float = 10.0
     skew: float = 1.0
     spread: float = 0.5  # host clocks within spread * skew of true time
-    db: str = "moto"
+    db: str = "sim"  # tests.support.sim.dynamodb; "moto": moto's in process, 20-50 times slower
     db_profile: str = "aws"
     push: bool = True
     max_time: float = 1800.0  # virtual seconds
