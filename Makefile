@@ -6,7 +6,7 @@
 #   make test PYTEST_WORKERS=0 PYTEST_ARGS="tests/engine/test_core.py"
 #   make test-embedded PYTEST_ARGS="-x"
 #   make matrix NOX_ARGS="-R"             # reuse the sessions' venvs
-.PHONY: venv test test-embedded test-permits test-unkind test-unkind-ci demo lead-demo lint docs docs-serve matrix dist wheel-check sdist-check clean distclean
+.PHONY: venv test test-embedded test-permits test-unkind test-unkind-ci simulate demo lead-demo lint docs docs-serve matrix dist wheel-check sdist-check clean distclean
 
 PYTHON_VENV := .venv/bin/python
 PYTEST := bash scripts/pytest.sh $(PYTHON_VENV)
@@ -58,6 +58,20 @@ UNKIND_CI_TESTS := tests/engine/test_races.py tests/system/test_crashes.py tests
 test-unkind-ci: venv
 	DYNASEM_TEST_ENGINE=unkind $(PYTEST) $(UNKIND_CI_TESTS) $(PYTEST_ARGS)
 	$(PYTHON_VENV) benchmarks/soak.py --seconds 120 --counting 9 --seed 40 --unkind aws
+
+# The deterministic simulation (tests/support/sim, docs/explanation/simulation.md): dynasem's
+# own lock code for many processes on simulated hosts, in one thread, on a simulated DynamoDB
+# as unkind as AWS; every seed of SEEDS for each workload mix and fault profile. A failing
+# seed prints its violation and trace and exits 1; rerun it alone with
+# `.venv/bin/python -m tests.support.sim --seeds N --mix M --faults F --trace --shrink`.
+#   make simulate SEEDS=1-200 SIM_MIXES=exclusive SIM_ARGS="--hosts 3"
+SEEDS ?= 1-4
+SIM_MIXES ?= exclusive,counting,readers,fair,pairs,all
+SIM_FAULTS ?= light,heavy,pauses,crashes
+SIM_ARGS ?=
+simulate: venv
+	$(PYTHON_VENV) -m tests.support.sim --seeds $(SEEDS) --mix $(SIM_MIXES) --faults $(SIM_FAULTS) \
+		--processes 6 --hosts 3 --steps 10 $(SIM_ARGS)
 
 demo: venv
 	bash scripts/demo.sh

@@ -1,5 +1,6 @@
 """Run simulation seeds: ``python -m tests.support.sim --seeds 1-200 [--processes 6 --hosts 2
---steps 10 --mix exclusive --faults light --db moto --profile aws --mutation NAME]``. One line
+--steps 10 --mix exclusive,fair --faults light,crashes --db moto --profile aws --mutation
+NAME]``: each seed for each mix and fault profile listed. One line
 per seed (events, virtual time, acquisitions, faults, violations, the closest call, the
 longest idle wait, wall time, acquisitions per wall second), then the totals; ``--trace``
 prints a failing seed's whole trace, ``--shrink`` looks for a smaller failing run. Exit
@@ -49,39 +50,57 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 
 def main(argv: list[str]) -> int:
-    from .runtime import Options, format_event, run
+    """Every seed of ``--seeds`` for each ``--mix`` and ``--faults`` (comma-separated lists:
+    one process for the lot, as ``make simulate`` runs them)."""
+    from .runtime import Options
 
     args = parse(argv)
     chosen = {
         f.name: getattr(args, f.name) for f in dataclasses.fields(Options) if f.name != "seed"
     }
     chosen["trace"] = True
-    failed, acquired, wall, events = [], 0, 0.0, 0
+    failed: list[str] = []
+    totals = {"seeds": 0, "events": 0, "acquired": 0, "wall": 0.0}
     started = time.perf_counter()
-    for seed in args.seeds:
-        result = run(Options(seed=seed, **chosen))
-        print(result.summary(), flush=True)
-        acquired += result.stats["acquired"]
-        wall += result.wall_seconds
-        events += result.events
-        if not result.ok:
-            failed.append(seed)
-            for problem in result.violations + result.failures:
-                print("   ", problem.replace("\n", "\n    "))
-            if args.shrink:
-                from .shrink import shrink
-
-                result = shrink(result, report=lambda r: print("  shrunk:", r.options))
-                print("  smallest:", result.summary())
-            if args.trace:
-                print("\n".join(format_event(e) for e in result.trace))
-    total = time.perf_counter() - started
+    for mix in args.mix.split(","):
+        for faults in args.faults.split(","):
+            options = {**chosen, "mix": mix, "faults": faults}
+            for seed in args.seeds:
+                if not run_seed(Options(seed=seed, **options), args, totals):
+                    failed.append(f"--seeds {seed} --mix {mix} --faults {faults}")
+    wall = totals["wall"]
     print(
-        f"{len(args.seeds)} seeds, {events} events, {acquired} acquisitions in {total:.1f}s "
-        f"({acquired / wall if wall else 0:.0f} acquisitions per wall second in runs); "
-        f"failed: {failed or 'none'}"
+        f"{totals['seeds']} seeds, {totals['events']} events, {totals['acquired']} acquisitions "
+        f"in {time.perf_counter() - started:.1f}s ({totals['acquired'] / wall if wall else 0:.0f}"
+        f" acquisitions per wall second in runs); failed: {failed or 'none'}"
     )
     return 1 if failed else 0
+
+
+def run_seed(options: object, args: argparse.Namespace, totals: dict[str, float]) -> bool:
+    """One run: its line, and a failure's violations (shrunk, traced as asked); whether it
+    passed."""
+    from .runtime import Options, format_event, run
+
+    assert isinstance(options, Options)
+    result = run(options)
+    print(result.summary(), flush=True)
+    totals["seeds"] += 1
+    totals["acquired"] += result.stats["acquired"]
+    totals["wall"] += result.wall_seconds
+    totals["events"] += result.events
+    if result.ok:
+        return True
+    for problem in result.violations + result.failures:
+        print("   ", problem.replace("\n", "\n    "))
+    if args.shrink:
+        from .shrink import shrink
+
+        result = shrink(result, report=lambda r: print("  shrunk:", r.options))
+        print("  smallest:", result.summary())
+    if args.trace:
+        print("\n".join(format_event(e) for e in result.trace))
+    return False
 
 
 if __name__ == "__main__":
