@@ -46,6 +46,7 @@ from typing import Any, NamedTuple
 
 from django.conf import settings as django_settings
 
+from .. import _clock as clock
 from .._observability.logs import facts
 from .._storage import lock_rows, records
 from ..conf import settings
@@ -244,7 +245,7 @@ class _Slot:
     def stray(self, item: records.LockItem) -> None:
         """A hand-over ``item`` for a waiter that left: if it made it a holder, give it back
         (on a thread of its own: the listener never waits on a request)."""
-        if time.monotonic() <= self.until and self.token in item.holders:
+        if clock.monotonic() <= self.until and self.token in item.holders:
             threading.Thread(
                 target=self.hand_back, args=(item,), name="dynasem-stray", daemon=True
             ).start()
@@ -309,7 +310,7 @@ class _Listener:
                 )
 
     def _deliver(self, data: bytes) -> None:
-        arrived = time.monotonic()
+        arrived = clock.monotonic()
         mac, body = data[:32], data[32:]
         if not any(hmac.compare_digest(mac, _sign(key, body)) for key in _keys(fallbacks=True)):
             _bad_mac()
@@ -363,7 +364,7 @@ def depart(
     slot = listener.slots.get(token) if listener is not None else None
     if slot is None and resource is None:
         return  # no push reaches us, and the row says no hand-over can land
-    now = time.monotonic()
+    now = clock.monotonic()
     if listener is not None:
         for old, gone in list(listener.slots.items()):
             if gone.left and gone.until < now:

@@ -7,6 +7,7 @@ import dataclasses
 import time
 from typing import Any
 
+from .. import _clock as clock
 from . import dynamodb, lock_rows
 from .records import LockItem, Waiter, entry_item, entry_sk, from_item, key
 
@@ -92,7 +93,7 @@ def load_entries(item: LockItem, upto: int | None = None, *, consistent: bool = 
     upto = item.queue_in if upto is None else upto
     if upto <= item.queue_out:
         return dataclasses.replace(item, entries=(), entries_to=upto)
-    now = time.time() * 1000
+    now = clock.now_ms()
     found: list[Waiter] = []
     start = None
     while True:

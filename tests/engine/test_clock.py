@@ -48,3 +48,33 @@ def test_a_shifted_monotonic_clock_is_read_by_the_hold(
     finally:
         monkeypatch.undo()
         abandon(held)
+
+
+def test_the_lock_reads_no_clock_but_through_dynasem_clock() -> None:
+    """The engine and storage read the wall and monotonic clocks only through _clock (a test
+    or the simulator that shifts one host's clock shifts all of it). Found by the simulator:
+    queue_entries.load_entries read time.time() and push its arrivals from time.monotonic()."""
+    import re
+    from pathlib import Path
+
+    import dynasem
+
+    root = Path(dynasem.__file__).parent
+    read = re.compile(r"\btime\.(time|monotonic|time_ns|monotonic_ns)\(")
+    # When to log, when the heartbeat's timer thread wakes (its waits are real), how long a
+    # hand-over's request took (a span): none of them a lease decision.
+    allowed = {
+        "_engine/push.py:_bad_mac",
+        "_engine/heartbeat.py:add",
+        "_engine/heartbeat.py:_run",
+        "_engine/hold.py:_send_hand_over",
+    }
+    found = []
+    for path in [*root.glob("_engine/*.py"), *root.glob("_storage/*.py")]:
+        current = ""
+        for line in path.read_text().splitlines():
+            if m := re.match(r"\s*def (\w+)", line):
+                current = m.group(1)
+            if read.search(line) and f"{path.parent.name}/{path.name}:{current}" not in allowed:
+                found.append(f"{path.parent.name}/{path.name}:{current}: {line.strip()}")
+    assert found == []
