@@ -120,7 +120,10 @@ class _Planning:
     def ours(self, seen: records.LockItem, confirm_below_ms: int) -> Plan:
         """Ours already: handed to us, or a write of ours was applied but its response was
         lost. Trusted only until its stored lease end (less the skew): when that is near,
-        or the caller says so, confirm it with a renewal of our own first."""
+        or the caller says so, confirm it with a renewal of our own first, of the entry of
+        the fence we saw (a stale read may show an entry of ours that was taken over and
+        handed to us again since, under a later fence: then the renewal is refused, and the
+        refusal shows the entry as it is)."""
         mine, entry = seen.holders[self.token], self.entry
         ours = Plan(fence=mine.fence, expires_ms=mine.expires_ms)
         if ours.expires_ms < confirm_below_ms:
@@ -130,6 +133,7 @@ class _Planning:
                 entry.expires_ms,
                 raise_item=seen.expires_ms <= entry.expires_ms,
                 user_id=entry.user_id,
+                fence=mine.fence,
             )
             ours.expires_ms = entry.expires_ms
         return ours

@@ -198,9 +198,17 @@ def take_room(
 
 
 def renew_hold(
-    resource: str, token: str, expires_ms: int, *, raise_item: bool, user_id: str | None = None
+    resource: str,
+    token: str,
+    expires_ms: int,
+    *,
+    raise_item: bool,
+    user_id: str | None = None,
+    fence: int | None = None,
 ) -> dict[str, Any]:
-    """Push our lease end; conditional on our token still being among the holders.
+    """Push our lease end; conditional on our token still being among the holders (and,
+    given ``fence``, on its entry being the one of that fence: a hold we only saw in a read
+    that may be stale, which a later hand-over to the same waiter replaced).
 
     ``raise_item`` also pushes the item-level expiry, only ever later (another holder of a
     counting or shared resource may have a later one), and names ``user_id`` in ``userId``:
@@ -211,6 +219,9 @@ def renew_hold(
     values: dict[str, Any] = {":e": expires_ms}
     update = "SET #h.#t.#e = :e"
     condition = "attribute_exists(#h.#t)"
+    if fence is not None:
+        condition += " AND #h.#t.#f = :f"
+        values[":f"] = fence
     if raise_item:
         update += ", #exp = :exp, #expMs = :e"
         condition += " AND #expMs <= :e"

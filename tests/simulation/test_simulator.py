@@ -211,3 +211,21 @@ def test_renewal_without_token_condition_stays_safe() -> None:
     assert mutated.ok, mutated.violations
     plain = run(Options(seed=2, **PAUSES))
     assert mutated.trace != plain.trace  # the refused confirmation is there, answered otherwise
+
+
+# -- seeds that found faults in dynasem, kept ---------------------------------------------------
+
+FOUND_IN_DYNASEM = [
+    # A waiter confirmed a hand-over it saw in a stale read (an entry of its own, expired,
+    # since taken over by another and handed to it again under a later fence) with a renewal
+    # that named only its token: the renewal landed on the new entry and the block began
+    # with the old fence, below the previous holder's. Fixed: the renewal names the fence.
+    (1760, "fair"),
+    (1837, "all"),
+]
+
+
+@pytest.mark.parametrize(("seed", "mix"), FOUND_IN_DYNASEM)
+def test_a_seed_that_found_a_fault_passes(seed: int, mix: str) -> None:
+    options = {"faults": "pauses", "processes": 6, "hosts": 3, "steps": 10}
+    run(Options(seed=seed, mix=mix, **options)).raise_if_violated()

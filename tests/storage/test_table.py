@@ -436,3 +436,29 @@ def test_a_client_built_from_old_settings_is_not_kept_after_a_reset(lock_table, 
     resetter.join(5)
     monkeypatch.setattr(dynamodb, "build_client", real)
     assert dynamodb.get_client() is not built[0]
+
+
+def test_a_confirming_renewal_names_the_fence_of_the_entry_it_saw(lock_table):
+    """A waiter that saw a hold of its own (a hand-over) confirms it with a renewal of the
+    entry of that fence: a read that may be stale can show an entry of ours that was taken
+    over and handed to us again since, under a later fence (the simulator's seed 1760, mix
+    fair, faults pauses: the block began with the older fence). Renewing the entry of
+    another fence is refused, showing the entry as it is."""
+    held = semaphore("fenced-renewal", lease=30).acquire()
+    try:
+        later = clock.now_ms() + 60_000
+        with pytest.raises(dynamodb.Refused) as refused:
+            lock_rows.update(
+                lock_writes.renew_hold(
+                    "fenced-renewal", held.token, later, raise_item=True, fence=held.fence - 1
+                )
+            )
+        assert refused.value.lock.holders[held.token].fence == held.fence
+        lock_rows.update(
+            lock_writes.renew_hold(
+                "fenced-renewal", held.token, later, raise_item=True, fence=held.fence
+            )
+        )
+        assert lock_rows.get("fenced-renewal").holders[held.token].expires_ms == later
+    finally:
+        held.release()
