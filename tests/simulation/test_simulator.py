@@ -14,6 +14,12 @@ import dynasem
 from tests.support.sim import shims, state
 from tests.support.sim.runtime import Options, Result, format_event, run
 
+# Alone, after the parallel half (scripts/pytest.sh): a run is pure Python on one core for
+# seconds (virtual time: its outcome does not depend on the machine's load), and beside the
+# suite's timing-bound tests it made one lose a 1.2 s lease (CI on 9e43ec7:
+# test_faults.py::test_heartbeat_survives_transient_failures).
+pytestmark = pytest.mark.serial
+
 # Small runs (the simulated DynamoDB answers in a fraction of a millisecond, moto in several).
 SMALL: dict[str, Any] = {"processes": 5, "hosts": 2, "steps": 6}
 
