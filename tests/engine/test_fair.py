@@ -33,6 +33,9 @@ def wait_for_queue(resource: str, size: int, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
+# Alone: its holder's short lease must be renewed while waiter processes start (spawn) beside
+# it; on a loaded machine a late renewal lost it and the line formed behind nobody (CI, 9e43ec7).
+@pytest.mark.serial
 def test_waiters_are_served_in_the_order_they_queued(dynamodb_local, lock_table):
     holder = semaphore("deploy:production").acquire()
     out = SPAWN.Queue()
@@ -83,6 +86,9 @@ def test_release_hands_the_lock_to_the_first_waiter(lock_table, requests_sent):
     assert list(row["holders"]) == [got[0].token]
 
 
+# Alone: its holder's short lease must be renewed while waiter processes start (spawn) beside
+# it; on a loaded machine a late renewal lost it and the line formed behind nobody (CI, 9e43ec7).
+@pytest.mark.serial
 def test_a_killed_waiter_does_not_block_the_line_past_its_lease(dynamodb_local, lock_table):
     lease = 2.0
     holder = semaphore("upload:9", lease=lease).acquire()
