@@ -34,6 +34,8 @@ from typing import Any
 
 from botocore.exceptions import ClientError, ReadTimeoutError
 
+from dynasem._storage import records
+
 from . import control, reads, writes
 from .requests import DynamoError, client_error, exceptions, not_found
 from .tables import Key, Record, Table
@@ -444,30 +446,7 @@ class _Meta:
 
 # -- speed -----------------------------------------------------------------------------------------
 
-BENCH_TABLE = {
-    "TableName": "bench",
-    "BillingMode": "PAY_PER_REQUEST",
-    "AttributeDefinitions": [
-        {"AttributeName": "pk", "AttributeType": "S"},
-        {"AttributeName": "sk", "AttributeType": "S"},
-        {"AttributeName": "userId", "AttributeType": "S"},
-        {"AttributeName": "expires", "AttributeType": "N"},
-    ],
-    "KeySchema": [
-        {"AttributeName": "pk", "KeyType": "HASH"},
-        {"AttributeName": "sk", "KeyType": "RANGE"},
-    ],
-    "GlobalSecondaryIndexes": [
-        {
-            "IndexName": "userId-index",
-            "KeySchema": [
-                {"AttributeName": "userId", "KeyType": "HASH"},
-                {"AttributeName": "expires", "KeyType": "RANGE"},
-            ],
-            "Projection": {"ProjectionType": "INCLUDE", "NonKeyAttributes": ["mode"]},
-        }
-    ],
-}
+BENCH_TABLE = records.table_definition("bench")  # dynasem's own table, as the bench sends to
 # A take of a free lock and its release, written as dynasem writes them (lock_writes.py).
 TAKE = (
     "SET #h = :h, #mode = :mode, #fence = :fence, #uid = if_not_exists(#uid, :uid), "
