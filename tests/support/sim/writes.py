@@ -8,7 +8,7 @@ of them holds.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -176,9 +176,16 @@ def _single(db: SimDynamoDB, plan: Plan, params: Mapping[str, Any]) -> dict[str,
 
 
 def put_item(db: SimDynamoDB, params: dict[str, Any]) -> dict[str, Any]:
+    return _replace_whole(db, params, plan_put)
+
+
+def _replace_whole(
+    db: SimDynamoDB, params: dict[str, Any], planner: Callable[..., Plan]
+) -> dict[str, Any]:
+    """A PutItem or DeleteItem: the item replaced whole, the old one returned if asked."""
     table = db.table(params)
     returns = check_return(params, ("NONE", "ALL_OLD"))
-    plan = plan_put(table, params, bind(params))
+    plan = planner(table, params, bind(params))
     response = _single(db, plan, params)
     if returns == "ALL_OLD" and plan.old is not None:
         response["Attributes"] = copy_item(plan.old)
@@ -210,13 +217,7 @@ def _returned(returns: str, plan: Plan) -> Item | None:
 
 
 def delete_item(db: SimDynamoDB, params: dict[str, Any]) -> dict[str, Any]:
-    table = db.table(params)
-    returns = check_return(params, ("NONE", "ALL_OLD"))
-    plan = plan_delete(table, params, bind(params))
-    response = _single(db, plan, params)
-    if returns == "ALL_OLD" and plan.old is not None:
-        response["Attributes"] = copy_item(plan.old)
-    return response
+    return _replace_whole(db, params, plan_delete)
 
 
 # -- transactions ----------------------------------------------------------------------------------
