@@ -144,6 +144,7 @@ def _table(settings: dict[str, Any]) -> Iterator[str]:
     :class:`fresh_table` enters."""
     from django.test import override_settings
 
+    from .._engine import heartbeat
     from .._engine.reentry import forget_acquired
     from .._storage import records, schema
     from ..conf import settings as dynasem_settings
@@ -161,9 +162,14 @@ def _table(settings: dict[str, Any]) -> Iterator[str]:
             schema.create_table(records.table_definition(name))
             schema.wait_until_active(name)
             schema.write_format()
+            renewing = set(heartbeat.scheduled())
             try:
                 yield name
             finally:
+                # A hold left behind goes with its table: renewed on, it would write to whatever
+                # table DYNASEM names next (another test's) and warn there of a lost hold.
+                for beat in set(heartbeat.scheduled()) - renewing:
+                    beat.stop()
                 schema.delete_table(name)
     finally:
         for key in env_set:
@@ -175,7 +181,8 @@ class fresh_table:  # noqa: N801 - used like a function: with fresh_table(), @fr
     ``settings`` overriding any ``DYNASEM`` key, e.g. ``LEASE=5``); deleted afterwards.
 
     A context manager (``as`` gives the table's name), and a decorator of test functions,
-    test methods and ``unittest``/Django ``TestCase`` classes (a fresh table per test)."""
+    test methods and ``unittest``/Django ``TestCase`` classes (a fresh table per test). A hold
+    left unreleased goes with its table: it is renewed no more once the table is deleted."""
 
     def __init__(self, **settings: Any) -> None:
         from ..conf import DEFAULTS
