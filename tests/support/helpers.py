@@ -5,6 +5,7 @@ fixtures and hooks that use them)."""
 from __future__ import annotations
 
 import os
+import threading
 from collections import Counter
 from typing import TYPE_CHECKING, Any
 
@@ -102,13 +103,21 @@ def dynasem_settings(endpoint: str, table_name: str, **extra: Any) -> dict[str, 
 
 
 class RequestCounter:
-    """Counts the DynamoDB requests actually sent, by operation, through botocore's events."""
+    """Counts the DynamoDB requests actually sent, by operation, through botocore's events
+    (``calls``: every thread's; :meth:`of_this_thread`: the caller's only)."""
 
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
+        self._by_thread: Counter[tuple[int, str]] = Counter()
 
     def __call__(self, model: Any, **kwargs: Any) -> None:
         self.calls[model.name] += 1
+        self._by_thread[(threading.get_ident(), model.name)] += 1
+
+    def of_this_thread(self, operation: str) -> int:
+        """The requests of ``operation`` this thread sent (a waiter's thread renewing its
+        place in line meanwhile is not counted)."""
+        return self._by_thread[(threading.get_ident(), operation)]
 
     @property
     def total(self) -> int:
@@ -116,6 +125,7 @@ class RequestCounter:
 
     def reset(self) -> None:
         self.calls.clear()
+        self._by_thread.clear()
 
 
 def take(holds: list[Any], resource: str, **kwargs: Any) -> Any:
