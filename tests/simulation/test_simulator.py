@@ -22,6 +22,7 @@ pytestmark = pytest.mark.serial
 
 # Small runs (the simulated DynamoDB answers in a fraction of a millisecond, moto in several).
 SMALL: dict[str, Any] = {"processes": 5, "hosts": 2, "steps": 6}
+WIDE: dict[str, Any] = {"processes": 6, "hosts": 3, "steps": 10}
 
 
 def test_module_state_is_listed() -> None:
@@ -70,7 +71,7 @@ def test_seeds_pass(seed: int) -> None:
     assert result.stats["acquired"] > 0
 
 
-@pytest.mark.parametrize("mix", ["readers", "counting", "pairs", "all"])
+@pytest.mark.parametrize("mix", ["readers", "counting", "pairs", "all", "renewing", "commits"])
 def test_mixes_pass(mix: str) -> None:
     result = run(Options(seed=1, mix=mix, faults="light", **SMALL))
     result.raise_if_violated()
@@ -184,6 +185,28 @@ FOUND = [
     # A dead holder taken over a whole lease later than it may be: liveness (the lock idles
     # past lease + 2 x skew while live processes wait), not safety.
     ("takeover_waits_a_lease", {"faults": "crashes", **SMALL}, range(1, 3)),  # seed 1
+    # A take no longer needs its fence above the stored one: a taker whose clock is behind
+    # (hosts up to twice CLOCK_SKEW apart) and whose read was stale grants a smaller fence.
+    ("take_ignores_fence", {"faults": "pauses", "spread": 1.0, **SMALL}, range(1, 4)),  # seed 2
+    # Counting holds: a first try that ignores the limit, a join that ignores the count it saw.
+    ("room_ignores_limit", {"mix": "counting", "faults": "light", **SMALL}, range(1, 3)),  # 1
+    ("join_ignores_count", {"mix": "counting", "faults": "light", **SMALL}, range(1, 5)),  # 3
+    # A reader's first try joins a writer's row.
+    ("room_ignores_mode", {"mix": "readers", "faults": "light", **SMALL}, range(1, 5)),  # 3
+    # A holder paused past its lease releases without naming its token: the row's lease end
+    # moves to now under the next holder, and a third takes it from under that one.
+    ("release_without_token", {"faults": "pauses", **WIDE}, range(1, 6)),  # seed 4
+    # Renewals trusted from their answer: a pause between a renewal's write and its answer,
+    # in a block that goes on for leases (the "renewing" mix: its heartbeat renews).
+    (
+        "renewal_trusted_from_answer",
+        {"mix": "renewing", "faults": "pauses", "processes": 3, "hosts": 3, "steps": 10},
+        range(1, 10),
+    ),  # seed 8
+    # Faults fixed earlier, put back: the stalled waiter (7f8bc96) and the release before the
+    # transaction's commit.
+    ("heard_hold_trusted", {"faults": "pauses", **SMALL}, range(1, 3)),  # seed 1
+    ("release_before_commit", {"mix": "commits", "faults": "light", **SMALL}, range(1, 3)),  # 1
 ]
 
 
@@ -235,3 +258,56 @@ FOUND_IN_DYNASEM = [
 def test_a_seed_that_found_a_fault_passes(seed: int, mix: str) -> None:
     options = {"faults": "pauses", "processes": 6, "hosts": 3, "steps": 10}
     run(Options(seed=seed, mix=mix, **options)).raise_if_violated()
+
+
+# -- the monitor's checks that no mutation above reaches ------------------------------------
+
+
+class _Clockless:
+    """What the monitor asks of a run: one clock for everyone, at 100 s."""
+
+    def __init__(self) -> None:
+        import contextlib
+        from types import SimpleNamespace
+
+        self.sched = SimpleNamespace(now=100.0)
+        self.clock_of = lambda proc: contextlib.nullcontext()
+        self.clock_label = lambda: "100"
+        self.mono = lambda: 100.0
+        self.record = lambda *args: None
+
+
+def _row(token: str | None) -> dict[str, Any]:
+    from dynasem._storage import records
+
+    holders = {} if token is None else {token: records.holder_value(records.Holder("u", 1, 5, 0))}
+    return {"holders": holders, "fence": 5}
+
+
+@pytest.mark.parametrize("remover", ["itself", "another"])
+def test_a_loss_reported_for_a_hold_only_its_own_writes_removed_is_a_violation(
+    remover: str,
+) -> None:
+    """A LockLost ("taken over") for a hold whose token only its own process's writes took
+    out of the row (a hand-over applied, its answer lost), its deadline still ahead, is a
+    false loss (60bb716's bug); taken out by another's write, it is a loss."""
+    from types import SimpleNamespace
+
+    from dynasem._engine.hold import TAKEN_OVER
+    from dynasem.exceptions import LockLost
+    from tests.support.sim.invariants import Monitor
+
+    monitor = Monitor(_Clockless(), lease=10, skew=1, quiet_from=1e9)
+    proc, other = SimpleNamespace(name="p1"), SimpleNamespace(name="p2")
+    held = SimpleNamespace(token="tok", fence=5, fences={"r": 5}, _deadline=105.0)
+    monitor.row_written("r", _row("tok"), proc)
+    monitor.row_written("r", _row(None), proc if remover == "itself" else other)
+    monitor.lost(proc, held, LockLost("r", TAKEN_OVER))
+    if remover == "itself":
+        assert monitor.violations and "only its own writes removed it" in monitor.violations[0]
+    else:
+        assert monitor.violations == []
+    held._deadline = 99.0  # past its deadline: a loss, whoever removed it
+    monitor.violations.clear()
+    monitor.lost(proc, held, LockLost("r", TAKEN_OVER))
+    assert monitor.violations == []

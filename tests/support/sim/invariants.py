@@ -8,6 +8,12 @@
   the database applied the write) has a fence above every hold granted before it; an
   exclusive block begins only with its hold stored in the row, with the fence it was told,
   and never with a hold that a later grant superseded (taken over before it was entered).
+* **Commits**: no block begins on a resource while another process's transaction that worked
+  under it is still open, unless that process's hold has lapsed (its trusted deadline passed
+  or it was told it lost it: then only a fence protects the data, and dynasem says so).
+* **Losses**: a hold is never reported taken over when every write that removed its token
+  was its own process's (a release or hand-over applied whose answer was lost) and its
+  trusted deadline is still ahead.
 * **Liveness**, once the fault window is over: a resource is never idle (nobody inside) for
   longer than ``lease + 2 * CLOCK_SKEW + SLACK`` while a live process waits for it; the run
   ends with every live workload done.
@@ -18,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from dynasem._engine.hold import TAKEN_OVER
 from dynasem._storage import reader_items, records
 from dynasem._storage.records import Mode
 
@@ -52,6 +59,8 @@ class Monitor:
         self.longest_idle = 0.0
         self.margins: list[tuple[float, str]] = []  # see _margin
         self.entries = 0
+        self.open_work: dict[str, dict[Any, Any]] = {}  # resource -> proc -> its hold, uncommitted
+        self.removed_by: dict[tuple[str, str], Any] = {}  # (resource, token) -> the writer
 
     def fail(self, message: str) -> None:
         said = f"t={self.sim.clock_label()} {message}"
@@ -90,6 +99,9 @@ class Monitor:
                 f"{proc.name} entered {resource!r} exclusively with fence {fence}, "
                 f"superseded by a later grant (fence {top})"
             )
+        self._check_commits(proc, resource)
+        if proc.transaction is not None:
+            self.open_work.setdefault(resource, {})[proc] = held
         entry = Inside(proc, held, sem.mode, sem.limit, self.sim.sched.now)
         for other in self.inside.get(resource, {}).values():
             if Mode.EXCLUSIVE in (sem.mode, other.mode):
@@ -97,6 +109,35 @@ class Monitor:
         self.inside.setdefault(resource, {})[held.token] = entry
         self.sim.record("enter", proc, resource, fence)
         self._check_resource(resource)
+
+    def _check_commits(self, proc: Any, resource: str) -> None:
+        for other, held in self.open_work.get(resource, {}).items():
+            if other is not proc and not self._lapsed(other, held):
+                self.fail(
+                    f"{proc.name} entered {resource!r} before {other.name}'s transaction, which "
+                    f"worked under it, ended (its hold, fence {held.fence}, given back first)"
+                )
+
+    def _lapsed(self, proc: Any, held: Any) -> bool:
+        with self.sim.clock_of(proc):
+            return held._lost is not None or self.sim.mono() >= held._deadline
+
+    def transaction_ended(self, proc: Any) -> None:
+        for work in self.open_work.values():
+            work.pop(proc, None)
+
+    def lost(self, proc: Any, held: Any, exc: Any) -> None:
+        """``proc`` was told (LockLost) that ``held`` was lost."""
+        if held is None or exc.reason != TAKEN_OVER:
+            return
+        with self.sim.clock_of(proc):
+            if self.sim.mono() >= held._deadline:
+                return
+        if all(self.removed_by.get((r, held.token)) is proc for r in held.fences):
+            self.fail(
+                f"{proc.name} was told its hold (fence {held.fence}) was taken over, yet only "
+                f"its own writes removed it, within its trusted deadline"
+            )
 
     def _margin(self, earlier: Inside) -> None:
         """How long ago ``earlier`` (still inside) stopped trusting its hold, as another
@@ -116,11 +157,12 @@ class Monitor:
                 del inside[token]
         for waiting in self.waiting.values():
             waiting.discard(proc)
+        self.transaction_ended(proc)  # a dead process's transaction rolls back
 
     # -- what the database applied -----------------------------------------------------------
 
-    def row_written(self, resource: str, item: dict[str, Any] | None) -> None:
-        """The lock row of ``resource`` as a write left it (decoded; None: deleted)."""
+    def row_written(self, resource: str, item: dict[str, Any] | None, writer: Any) -> None:
+        """The lock row of ``resource`` as ``writer``'s write left it (decoded; None: deleted)."""
         row = records.lock_item(item) if item is not None else records.LockItem()
         before = self.holders.get(resource, {})
         # The readers' sentinel stands for reader items (their grants are the items').
@@ -133,6 +175,8 @@ class Monitor:
                 self.fail(f"{resource!r} granted fence {fence} to {token[:8]}, not above {top}")
             self.top_fence[resource] = max(top, fence)
             self.grants[(resource, token)] = fence
+        for token in before.keys() - now.keys():
+            self.removed_by[(resource, token)] = writer
         self.holders[resource] = now
 
     # -- after every event -------------------------------------------------------------------

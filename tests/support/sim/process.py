@@ -52,6 +52,7 @@ class Process:
         self.clients: dict[bool, Any] = {}
         self.done = False  # its workload ended
         self.acquired = 0
+        self.transaction: Any = None  # a committer's open transaction (workload.Transaction)
 
     def identity(self) -> str:
         from dynasem._engine import processes

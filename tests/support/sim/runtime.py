@@ -294,13 +294,13 @@ class Simulation:
             except ClientError as exc:
                 result = ("error", exc)
             if result[0] == "ok":
-                self._written(operation, params, result[1])
+                self._written(proc, operation, params)
         finally:
             self.in_db = False
         return result
 
-    def _written(self, operation: str, params: dict[str, Any], response: dict[str, Any]) -> None:
-        """Show the monitor every lock row a write changed, as it is now."""
+    def _written(self, proc: Any, operation: str, params: dict[str, Any]) -> None:
+        """Show the monitor every lock row ``proc``'s write changed, as it is now."""
         from dynasem._storage import records
 
         if operation in ("UpdateItem", "PutItem", "DeleteItem"):
@@ -312,7 +312,25 @@ class Simulation:
         for key in keys:
             if not key or key["sk"].get("S") != records.LOCK_SK:
                 continue
-            self.monitor.row_written(key["pk"]["S"], records.decode(self._item(key, params)))
+            item = records.decode(self._item(key, params))
+            self.monitor.row_written(key["pk"]["S"], item, proc)
+
+    # -- transactions ----------------------------------------------------------------------------
+
+    def after_transaction(
+        self, using: Any, finish: Any, name: str, *, owner: Any = None, **_: Any
+    ) -> bool:
+        """``commit.after_transaction``: ``finish`` waits for the calling process's open
+        transaction (a committer's), if it has one; else False (given back at once)."""
+        transaction = self.current().transaction
+        if transaction is None:
+            return False
+        transaction.at_end.append((finish, owner))
+        return True
+
+    def pending_owners(self) -> list[Any]:
+        transaction = self.current().transaction
+        return [] if transaction is None else [o for _, o in transaction.at_end if o is not None]
 
     def _item(self, key: dict[str, Any], params: dict[str, Any]) -> dict[str, Any] | None:
         """The item at ``key`` now (low-level): without a request if the database can."""
@@ -398,6 +416,7 @@ class Simulation:
         from dynasem._engine import processes
         from dynasem._observability import telemetry
         from dynasem._storage import dynamodb
+        from dynasem._transactions import commit
 
         o = self.options
         self._settings = override_settings(DYNASEM=_settings(o))
@@ -410,6 +429,8 @@ class Simulation:
             (processes, "_stat", self.proc_stat),
             (dynamodb, "get_client", self.get_client),
             (dynamodb, "process_identity", self.process_identity),
+            (commit, "after_transaction", self.after_transaction),
+            (commit, "pending_owners", self.pending_owners),
             (telemetry, "ON", False),
         ):
             undo.append((target, name, getattr(target, name)))

@@ -9,11 +9,17 @@ Kinds of process (a run's ``mix`` names them, one per process, round robin):
 * ``reader`` / ``writer``: ``semaphore("rw", shared=True)`` / ``semaphore("rw")``;
 * ``fair``: ``semaphore("r", fair=True)``;
 * ``pair``: ``semaphore(["r", "s"])``, both at once (one transaction), beside ``single``:
-  ``semaphore("s")``.
+  ``semaphore("s")``;
+* ``long``: ``with semaphore("r")`` around work of one to three leases (its heartbeat renews);
+* ``committer``: ``with semaphore("r")`` inside a database transaction that goes on after the
+  block and then commits (one in ten rolls back): dynasem gives the hold back at its end
+  (``commit.after_transaction``, simulated: :class:`Transaction`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from dynasem import semaphore
@@ -26,7 +32,28 @@ MIXES = {
     "fair": ("fair", "exclusive", "impatient"),
     "pairs": ("pair", "exclusive", "single"),
     "all": ("exclusive", "impatient", "counting", "reader", "writer", "fair", "pair", "single"),
+    "renewing": ("long", "exclusive", "impatient"),
+    "commits": ("committer", "exclusive", "committer"),
 }
+
+
+@dataclasses.dataclass
+class Transaction:
+    """A committer's open database transaction: what dynasem asked to run at its end."""
+
+    at_end: list[tuple[Callable[[bool], None], Any]] = dataclasses.field(default_factory=list)
+
+
+def end_transaction(sim: Any, proc: Any, *, committed: bool) -> None:
+    """``proc``'s transaction commits (its work visible from now) or rolls back; then what
+    waited for it runs, as Django's on_commit hooks do."""
+    transaction, proc.transaction = proc.transaction, None
+    if transaction is None:
+        return
+    sim.monitor.transaction_ended(proc)
+    sim.record("commit" if committed else "rollback", proc)
+    for finish, _ in transaction.at_end:
+        finish(committed)
 
 
 def lock_of(kind: str, rng: Any) -> Any:
@@ -56,24 +83,39 @@ def run(sim: Any, proc: Any) -> None:
         sem = lock_of(proc.kind, rng)
         for resource in sem.resources:
             monitor.begin(proc, resource)
+        if proc.kind == "committer":
+            proc.transaction = Transaction()
+        held = None
         try:
             with sem as held:
                 for resource in sem.resources:
                     monitor.end(proc, resource)
                 monitor.entered(proc, sem, held)
-                sim.sched.sleep(rng.uniform(0.001, 0.4) if rng.random() < 0.9 else 2.0)
+                sim.sched.sleep(work(sim, proc, rng))
                 monitor.left(proc, held)
+            if proc.transaction is not None:
+                sim.sched.sleep(rng.uniform(0.001, 0.3) if rng.random() < 0.9 else 2.0)
+                end_transaction(sim, proc, committed=rng.random() < 0.9)
             stats["acquired"] += 1
             proc.acquired += 1
         except SemaphoreBusy:
             stats["busy"] += 1
-        except LockLost:
+        except LockLost as exc:
             stats["lock_lost"] += 1
+            monitor.lost(proc, held, exc)
         except SemaphoreUnavailable as exc:
             stats["unavailable"] += 1
             sim.record("unavailable", proc, str(exc)[:80])
         finally:
             for resource in sem.resources:
                 monitor.end(proc, resource)
+            end_transaction(sim, proc, committed=False)  # an exception leaves atomic
         proc.steps -= 1
     proc.done = True
+
+
+def work(sim: Any, proc: Any, rng: Any) -> float:
+    """How long a block works, in virtual seconds."""
+    if proc.kind == "long":
+        return float(rng.uniform(1.0, 3.0) * sim.options.lease)
+    return float(rng.uniform(0.001, 0.4) if rng.random() < 0.9 else 2.0)
