@@ -1,6 +1,6 @@
 """Run simulation seeds: ``python -m tests.support.sim --seeds 1-200 [--processes 6 --hosts 2
 --steps 10 --mix exclusive,fair --faults light,crashes --db moto --profile aws --mutation
-NAME]``: each seed for each mix and fault profile listed. One line
+NAME --minutes 30]``: each seed for each mix and fault profile listed. One line
 per seed (events, virtual time, acquisitions, faults, violations, the closest call, the
 longest idle wait, wall time, acquisitions per wall second), then the totals; ``--trace``
 prints a failing seed's whole trace, ``--shrink`` looks for a smaller failing run. Exit
@@ -46,6 +46,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
             parser.add_argument(option, type=kind, default=field.default)
     parser.add_argument("--trace", action="store_true", help="print a failing seed's trace")
     parser.add_argument("--shrink", action="store_true", help="shrink each failing seed's run")
+    parser.add_argument(
+        "--minutes", type=float, default=0.0, help="start no seed after this long (0: no limit)"
+    )
     return parser.parse_args(argv)
 
 
@@ -62,10 +65,15 @@ def main(argv: list[str]) -> int:
     failed: list[str] = []
     totals = {"seeds": 0, "events": 0, "acquired": 0, "wall": 0.0}
     started = time.perf_counter()
-    for mix in args.mix.split(","):
-        for faults in args.faults.split(","):
-            options = {**chosen, "mix": mix, "faults": faults}
-            for seed in args.seeds:
+    deadline = started + args.minutes * 60 if args.minutes else float("inf")
+    # Seed by seed, each over every mix and profile: a run cut short by --minutes has
+    # covered them all alike.
+    for seed in args.seeds:
+        if time.perf_counter() >= deadline:
+            break
+        for mix in args.mix.split(","):
+            for faults in args.faults.split(","):
+                options = {**chosen, "mix": mix, "faults": faults}
                 if not run_seed(Options(seed=seed, **options), args, totals):
                     failed.append(f"--seeds {seed} --mix {mix} --faults {faults}")
     wall = totals["wall"]
