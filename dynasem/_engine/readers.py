@@ -13,7 +13,7 @@ from typing import Any
 from .. import _clock as clock
 from .._storage import dynamodb, lock_rows, lock_writes, queue_entries, reader_items, records
 from ..exceptions import SemaphoreUnavailable
-from . import permit_hold, permits, processes, queue, reader_hold, take
+from . import handover, permit_hold, permits, processes, queue, reader_hold, take
 from .hold import Held
 from .lockspec import Attempt, LockSpec
 from .steps import Request, Sleep, Steps, Write
@@ -120,6 +120,11 @@ def try_write_off(seen: records.LockItem | None, skew: float) -> records.LockIte
         after = lock_rows.update(reader_items.write_off(resource, seen), return_new=True)
     except dynamodb.Refused as refused:
         after = refused.lock
+    else:
+        if after is not None:
+            # As the last reader's count-down does: the first in line may be a writer asleep
+            # until a push or its next look, seconds away (simulation seed 20001, readers).
+            handover.push_first(resource, after, readers_only=False)
     reader_hold.remember(after)
     return after
 
