@@ -19,6 +19,7 @@ class Profile:
     crash_every: float = 0.0  # mean virtual seconds between crashes (0: none)
     stall_every: float = 0.0
     jump_every: float = 0.0
+    partition_every: float = 0.0  # per run: a host cut off from DynamoDB for 0.5 s-2 leases
     long_stall_share: float = 0.5  # stalls longer than the lease (SIGSTOP, swapping)
     # Per block entered: a stall (a GC pause during the work) or a crash while holding, at a
     # moment drawn within the block (the moments that matter most).
@@ -70,6 +71,9 @@ PROFILES: dict[str, Profile] = {
         holder_crash=0.1,
         answer_crash=0.02,
     ),
+    # Hosts cut off from DynamoDB (iptables DROP both ways) for up to two leases, their
+    # processes running on: holders must stop trusting, the rest must take over.
+    "partitions": Profile(partition_every=10.0),
     "light": Profile(
         crash_every=40.0,
         stall_every=40.0,

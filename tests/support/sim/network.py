@@ -120,7 +120,7 @@ class Requests:
     ) -> tuple[str, Any]:
         me = self.sched.me()
         self.sent += 1
-        fault = self.sim.request_fault()
+        fault = self.sim.request_fault(proc)
         if fault == "unsent":
             self.sim.record("unsent", proc, operation, params)
             self.sched.sleep(self.latency())
@@ -156,6 +156,9 @@ class Requests:
         self.sched.at(self.latency(), answer)
 
     def _answer(self, proc: Any, waiter: Waiter, result: tuple[str, Any], write: bool) -> None:
+        if self.sim.cut_off(proc):
+            self.sim.record("cut", proc, "answer")
+            return  # applied; its answer dropped on the way back
         if self.sched.resolve(waiter, result) and write:
             self.sim.answered(proc)
 

@@ -22,6 +22,7 @@ class Host:
     name: str
     offset: float  # wall clock minus true time, seconds
     ip: str
+    cut_until: float = 0.0  # cut off from DynamoDB until then (a partition), virtual time
 
     @property
     def boot_id(self) -> str:

@@ -106,7 +106,10 @@ class Result:
 
     def summary(self) -> str:
         s = self.stats
-        fault_names = ("crash", "stall", "jump", "lost", "dropped", "throttled", "unsent")
+        fault_names = (
+            *("crash", "stall", "jump", "partition", "cut"),
+            *("lost", "dropped", "throttled", "unsent"),
+        )
         shown = ",".join(f"{k}:{s[k]}" for k in fault_names if s.get(k))
         closest = f" closest={self.closest:.3f}s" if self.closest is not None else ""
         rate = s["acquired"] / self.wall_seconds if self.wall_seconds else 0.0
@@ -258,7 +261,14 @@ class Simulation:
     def quiet(self) -> bool:
         return self.sched.now >= START + self.profile.window
 
-    def request_fault(self) -> str | None:
+    def cut_off(self, proc: Process) -> bool:
+        """Whether ``proc``'s host is cut off from DynamoDB now (a partition)."""
+        return bool(proc.host.cut_until > self.sched.now)
+
+    def request_fault(self, proc: Process) -> str | None:
+        if self.cut_off(proc):
+            self.stats["cut"] += 1
+            return "dropped"  # never reaches DynamoDB: the read timeout ends the attempt
         if self.quiet():
             return None
         fault = self.profile.request_fault(self.fault_rng)
@@ -477,6 +487,7 @@ class Simulation:
             (p.crash_every, self._crash_one),
             (p.stall_every, self._stall_one),
             (p.jump_every, self._jump_one),
+            (p.partition_every, self._partition_one),
         ):
             for t in faults.arrivals(rng, every, p.window):
                 self.sched.at(t, action)
@@ -547,6 +558,14 @@ class Simulation:
         self.stats["stall"] += 1
         self.record("stall", proc, round(seconds, 3))
         proc.stalled_until = max(proc.stalled_until, self.sched.now + seconds)
+
+    def _partition_one(self) -> None:
+        """A host cut off from DynamoDB (both ways) for a while, its processes running on."""
+        host = self.fault_rng.choice(self.hosts)
+        seconds = self.fault_rng.uniform(0.5, 2 * self.options.lease)
+        host.cut_until = max(host.cut_until, self.sched.now + seconds)
+        self.stats["partition"] += 1
+        self.record("partition", None, host.name, round(seconds, 3))
 
     def _jump_one(self) -> None:
         host = self.fault_rng.choice(self.hosts)
