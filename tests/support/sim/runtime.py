@@ -563,7 +563,9 @@ class Simulation:
         """A host cut off from DynamoDB (both ways) for a while, its processes running on."""
         host = self.fault_rng.choice(self.hosts)
         seconds = self.fault_rng.uniform(0.5, 2 * self.options.lease)
-        host.cut_until = max(host.cut_until, self.sched.now + seconds)
+        # Healed by the end of the fault window, as every fault is: liveness is judged after.
+        end = min(self.sched.now + seconds, START + self.profile.window)
+        host.cut_until = max(host.cut_until, end)
         self.stats["partition"] += 1
         self.record("partition", None, host.name, round(seconds, 3))
 
