@@ -447,6 +447,7 @@ class Acquire:
                     return
             raise queue.busy(run, blocked, seen, pace.ticket)
         queued = one and pace.ticket is not None
+        pace.look_by = readers.write_off_at(seen.get(first)) if one else None
         if one and (queued or queue.should_queue(run.sem, seen.get(first))):
             seen[first] = yield from queue.wait_in_queue(
                 run, first, seen.get(first), queued=queued, pace=pace

@@ -179,6 +179,8 @@ class Pace:
         self.turns = 1  # the turns until ours when we joined (the waiters ahead, and ours)
         # The last state came by push: a hold it hands us is trusted no later than this.
         self.push_cap: float | None = None
+        # Look again by then at the latest (monotonic): a write-off of dead readers is due.
+        self.look_by: float | None = None
 
     def answered(self, seconds: float) -> None:
         self.rtt = (3 * self.rtt + min(seconds, 0.5)) / 4
@@ -520,6 +522,8 @@ def _nap(run: Attempt, resource: str, seen: records.LockItem | None, pace: Pace)
     nap = max(0.001, min(nap, remaining))
     # Look (and renew our entry, below) while a quarter of its lease is left at least.
     nap = min(nap, max(0.001, (pace.entry_ms - now) / 1000 - run.lease / 4))
+    if pace.look_by is not None:  # a write-off falls due then (readers.write_off_at)
+        nap = min(nap, max(0.001, pace.look_by - clock.monotonic()))
     imminent = room > ahead_count(seen, pace.ticket, stale)
     recently = clock.monotonic() - pushed_recently.get(resource, -math.inf) < GUESS_BUSY_FOR
     if pushed and not imminent and not run.sem.shared and recently:

@@ -77,8 +77,10 @@ def write_off_due(
     dead: once it has seen the row unchanged for the epoch's longest lease and the skew; or,
     first in line (``ticket``: ours, if we are queued), at once, one look per state of a row
     of a few readers (all of whom may be proven dead on this host before their leases end;
-    a crowd of writers behind them does not read them at every change)."""
-    if seen is None or set(blocking) != {reader_items.SENTINEL} or seen.guessed:
+    a crowd of writers behind them does not read them at every change). The row is watched
+    from the first look that finds the readers among those in the way: an inline holder
+    lapsing beside them leaves the row as it was."""
+    if seen is None or reader_items.SENTINEL not in blocking or seen.guessed:
         return False
     first = not seen.waiting if ticket is None else seen.queue_out >= ticket - 1
     key = (seen.resource, seen.reader_epoch, seen.fence, seen.reader_count)
@@ -89,7 +91,17 @@ def write_off_due(
         early = mono if seen.reader_count <= FEW and first else math.inf
         _watched[key] = (mono + seen.reader_lease_ms / 1000 + skew, early)
     due, early = _watched[key]
-    return mono >= min(due, early)
+    return set(blocking) == {reader_items.SENTINEL} and mono >= min(due, early)
+
+
+def write_off_at(seen: records.LockItem | None) -> float | None:
+    """When (monotonic) a write-off of ``seen``'s readers falls due, if a look has started
+    watching it (:func:`write_off_due`) and that is still ahead: a writer asleep in line
+    looks again then, not at a renewal of its entry later."""
+    if seen is None:
+        return None
+    watched = _watched.get((seen.resource, seen.reader_epoch, seen.fence, seen.reader_count))
+    return watched[0] if watched is not None and watched[0] > clock.monotonic() else None
 
 
 def try_write_off(seen: records.LockItem | None, skew: float) -> records.LockItem | None:

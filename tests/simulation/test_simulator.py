@@ -264,6 +264,12 @@ FOUND_IN_DYNASEM = [
     # next look, and the lock stayed idle 15 s while five waited (the 30-minute run of
     # 2026-12-02). Fixed: a write-off pushes the first in line, as the last count-down does.
     (20001, "readers", "heavy"),
+    # A reader died in an item beside an inline reader that died too: the writer at the head
+    # began its wait for the items' lease (rlease + skew of the row unchanged) only once the
+    # inline one had lapsed, then slept on to its entry's renewal: 15.3 s idle after the
+    # faults (the 30-minute run of 2026-12-02). Fixed: the row is watched from the first look
+    # that finds the readers in the way, and a writer in line looks again when it falls due.
+    (1041, "readers", "crashes"),
 ]
 
 
