@@ -488,10 +488,10 @@ def test_beyond_clock_skew_holds_overlap_and_fences_go_back(
     """The documented limit, shown: CLOCK_SKEW is a promise the operator makes about the
     clocks. A 1.5 s behind and B 1.5 s ahead (3 s apart, six times CLOCK_SKEW): B takes over a
     lease A still trusts for 2 s more, so two trusted holds overlap (1 s apart left it to a
-    busy machine's luck: B's look came 1.3 s late in CI, 2026-12-02). B reaping with its clock ahead and C,
-    5 s behind, taking the resource again: C's fence is smaller than the reaped row's (the
-    reap itself takes 2.5-4.5 s: the lease, the 1 s bucket, the skew and the reaper's
-    rounding; C 3 s behind, 4 s from B, left the violation to a busy machine's luck). (Up to
+    busy machine's luck: B's look came 1.3 s late in CI, 2026-12-02). B reaping with its
+    clock ahead and C, 5 s behind, taking the resource again: C's fence is smaller than the
+    reaped row's (the reap itself takes 2.5-4.5 s: the lease, the 1 s bucket, the skew and the
+    reaper's rounding; C 3 s behind, 4 s from B, left the violation to luck). (Up to
     2 x CLOCK_SKEW apart, the holder's lease - CLOCK_SKEW and the taker's lease + CLOCK_SKEW
     still keep holds apart; the reaper's whole-second rounding adds 1-2 s to that for fences.
     Nothing is promised past CLOCK_SKEW.)"""
