@@ -295,6 +295,10 @@ def test_pages_of_expired_rows_list_every_row_once(lock_table, admin_user, clien
     assert sorted(seen) == sorted(r["pk"] for r in rows)
 
 
+# Alone: 5,000 rows written into the embedded engine (one request at a time, shared by every
+# worker) held its answers past the quick client's 2 s beside other workers (CI, 2026-12-02:
+# this listing came back empty, and test_commands' release timed out beside it).
+@pytest.mark.serial
 def test_first_page_among_5000_idle_rows_is_a_few_requests(
     alice, holds, admin_user, client, requests_sent
 ):
