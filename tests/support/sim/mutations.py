@@ -112,21 +112,15 @@ def no_skew_in_trust(mp: pytest.MonkeyPatch) -> None:
 
 
 def take_ignores_lease(mp: pytest.MonkeyPatch) -> None:
-    from dynasem._storage import lock_writes
-
-    mp.setattr(lock_writes, "take_free", _dropping(lock_writes.take_free, FREE))
+    _drop(mp, "take_free", FREE)
 
 
 def take_ignores_fence(mp: pytest.MonkeyPatch) -> None:
-    from dynasem._storage import lock_writes
-
-    mp.setattr(lock_writes, "take_free", _dropping(lock_writes.take_free, FENCE))
+    _drop(mp, "take_free", FENCE)
 
 
 def renew_without_token(mp: pytest.MonkeyPatch) -> None:
-    from dynasem._storage import lock_writes
-
-    mp.setattr(lock_writes, "renew_hold", _dropping(lock_writes.renew_hold, TOKEN))
+    _drop(mp, "renew_hold", TOKEN)
 
 
 def trust_from_answer(mp: pytest.MonkeyPatch) -> None:
