@@ -37,10 +37,12 @@ class Run:
     start: float
     last: float  # its stop line, else its last alive line
     stopped: bool  # logged its stop (SIGTERM)
+    forked: float = 0.0  # when its process was made (to 10 ms), before the interpreter started
 
 
 def runs(log: Path) -> list[Run]:
     found: dict[int, Run] = {}
+    forked: dict[int, float] = {}
     if not log.exists():
         return []
     for line in log.read_text().splitlines():
@@ -48,8 +50,10 @@ def runs(log: Path) -> list[Run]:
         if len(parts) != 5:
             continue  # a line cut by a kill
         kind, host, pid, at, fence = parts[0], parts[1], int(parts[2]), float(parts[3]), parts[4]
-        if kind == "start":
-            found[pid] = Run(host, pid, int(fence), at, at, False)
+        if kind == "forked":
+            forked[pid] = at
+        elif kind == "start":
+            found[pid] = Run(host, pid, int(fence), at, at, False, forked.get(pid, at))
         elif pid in found:
             found[pid].last = max(found[pid].last, at)
             found[pid].stopped |= kind == "stop"

@@ -1,8 +1,10 @@
 """``manage.py dynasem_lead`` across two hosts (tests/support/netns.py): 10 rounds of killing the
 leader host (SIGKILL to its leader process and its command) or cutting it off from DynamoDB
 (iptables DROP). Never two commands at once (each logs its start, a line every 20 ms and its
-stop with CLOCK_MONOTONIC, one clock for every namespace), and the other host's command
-starts within lease + CLOCK_SKEW + 1 s (a look and the command's own start) every time."""
+stop with CLOCK_MONOTONIC, one clock for every namespace), and the other host's command is
+started (its process made) within lease + CLOCK_SKEW + 1 s (a look and the fork) every time.
+Timed to the fork, not to the command's first line: a Python interpreter's own start under
+coverage on a loaded CI machine took up to a second more, and is not dynasem's."""
 
 from __future__ import annotations
 
@@ -140,7 +142,7 @@ def test_ten_failovers_across_hosts_never_two_commands_at_once(
         count = len(runs(log))
         new = wait_for(lambda n=count: runs(log)[n:], BOUND + 5, f"round {round_no}: takeover")[0]
         assert by_hostname[new.host] == other, (round_no, new)
-        failovers.append((how, new.start - began))
+        failovers.append((how, new.forked - began))
         if how == "kill":
             two_leaders[leader].start()  # the host comes back and competes again
         else:
