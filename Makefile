@@ -67,7 +67,7 @@ test-unkind-ci: venv
 #   make simulate SEEDS=1-200 SIM_MIXES=exclusive SIM_ARGS="--hosts 3"
 SEEDS ?= 1-4
 SIM_MIXES ?= exclusive,counting,readers,fair,pairs,all,renewing,commits
-SIM_FAULTS ?= light,heavy,pauses,crashes,partitions
+SIM_FAULTS ?= light,heavy,pauses,crashes,partitions,deaf
 SIM_ARGS ?=
 simulate: venv
 	$(PYTHON_VENV) -m tests.support.sim --seeds $(SEEDS) --mix $(SIM_MIXES) --faults $(SIM_FAULTS) \

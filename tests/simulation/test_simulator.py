@@ -215,6 +215,14 @@ FOUND = [
     # transaction's commit.
     ("heard_hold_trusted", {"faults": "pauses", **SMALL}, range(1, 3)),  # seed 1
     ("release_before_commit", {"mix": "commits", "faults": "light", **SMALL}, range(1, 3)),  # 1
+    # And the lost hand-over answer (60bb716): a host's answers lost for up to 50 s (every
+    # attempt of a hand-over applied or refused unanswered), its answers back before the plain
+    # release, within dynasem's default 60 s lease.
+    (
+        "lost_handover_is_a_loss",
+        {"faults": "deaf", "lease": 60.0, "processes": 3, "hosts": 3, "steps": 10},
+        range(1, 4),
+    ),  # seed 2
 ]
 
 

@@ -38,10 +38,9 @@ and the faults fixed earlier, put back:
 * ``lost_handover_is_a_loss`` (fixed by 60bb716): a hand-over whose answer was lost no
   longer counts as a write that may have been applied when the release that follows is
   refused (its heir held and gave back meanwhile): a hold that was ours is reported lost.
-  Not found yet: it needs every attempt of one hand-over unanswered (four, botocore's
-  retries), its heir holding and giving back meanwhile, and a first clean refusal of the
-  release after; fault rates that make that likely stall the runs instead
-  (tests/system/test_faults.py stages it);
+  It needs every attempt of one hand-over unanswered (four, botocore's retries) and a first
+  clean refusal of the release after, within the hold's trusted deadline: found by the
+  ``deaf`` faults (a host's answers lost for a while) with a 60 s lease;
 * ``release_before_commit``: a hold is given back when its block ends, not when its
   transaction commits (``on_commit`` ignored).
 """

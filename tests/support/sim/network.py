@@ -156,7 +156,7 @@ class Requests:
         self.sched.at(self.latency(), answer)
 
     def _answer(self, proc: Any, waiter: Waiter, result: tuple[str, Any], write: bool) -> None:
-        if self.sim.cut_off(proc):
+        if self.sim.cut_off(proc) or self.sim.deaf(proc):
             self.sim.record("cut", proc, "answer")
             return  # applied; its answer dropped on the way back
         if self.sched.resolve(waiter, result) and write:

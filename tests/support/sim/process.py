@@ -23,6 +23,7 @@ class Host:
     offset: float  # wall clock minus true time, seconds
     ip: str
     cut_until: float = 0.0  # cut off from DynamoDB until then (a partition), virtual time
+    deaf_until: float = 0.0  # DynamoDB's answers to it lost until then (requests still apply)
 
     @property
     def boot_id(self) -> str:

@@ -107,7 +107,7 @@ class Result:
     def summary(self) -> str:
         s = self.stats
         fault_names = (
-            *("crash", "stall", "jump", "partition", "cut"),
+            *("crash", "stall", "jump", "partition", "cut", "deafened"),
             *("lost", "dropped", "throttled", "unsent"),
         )
         shown = ",".join(f"{k}:{s[k]}" for k in fault_names if s.get(k))
@@ -271,10 +271,31 @@ class Simulation:
             return "dropped"  # never reaches DynamoDB: the read timeout ends the attempt
         if self.quiet():
             return None
+        if self.deaf(proc):
+            self.stats["deaf"] += 1
+            return "lost"  # applied; its answer lost on the broken way back
         fault = self.profile.request_fault(self.fault_rng)
         if fault is not None:
             self.stats[fault] += 1
+        # (No draw without deaf faults: every other profile's seeds go as they went.)
+        if (
+            fault == "lost"
+            and self.profile.deaf_share
+            and self.fault_rng.random() < self.profile.deaf_share
+        ):
+            self._deafen(proc.host)
         return fault
+
+    def deaf(self, proc: Process) -> bool:
+        """Whether DynamoDB's answers to ``proc``'s host are lost now."""
+        return bool(proc.host.deaf_until > self.sched.now)
+
+    def _deafen(self, host: Any) -> None:
+        seconds = self.fault_rng.uniform(*self.profile.deaf_for)
+        end = min(self.sched.now + seconds, START + self.profile.window)
+        host.deaf_until = max(host.deaf_until, end)
+        self.stats["deafened"] += 1
+        self.record("deaf", None, host.name, round(seconds, 3))
 
     def push_fault(self) -> str | None:
         if self.quiet():
