@@ -427,6 +427,11 @@ def available() -> bool:
     return _get_listener() is not None
 
 
+def loopback_only() -> bool:
+    """Whether our pushes come only from this host (we listen on a loopback address)."""
+    return str(settings.PUSH).startswith("127.")
+
+
 def expect(
     resource: str, token: str, *, lease: float, skew: float, now_ms: Callable[[], int]
 ) -> str | None:

@@ -516,7 +516,7 @@ def _nap(run: Attempt, resource: str, seen: records.LockItem | None, pace: Pace)
     now = clock.now_ms()
     stale = run.stale_ms(now)
     room = free_room(run.sem, seen, stale)
-    pushed = push.listening(run.token)
+    pushed = push.listening(run.token) and _pushers_reach_us(seen, stale)
     nap = pace.turn_in(seen, run.token, run.skew, pushed=pushed, room=room, limit=run.sem.limit)
     remaining = run.remaining()
     nap = max(0.001, min(nap, remaining))
@@ -531,6 +531,18 @@ def _nap(run: Attempt, resource: str, seen: records.LockItem | None, pace: Pace)
         # next one would most likely find nothing new. Look only as a fallback.
         nap = max(nap, min(PUSH_PATIENCE, pace.until_free, remaining))
     return nap
+
+
+def _pushers_reach_us(seen: records.LockItem | None, stale_ms: int) -> bool:
+    """Whether the holders in our way can push us their hand-over: from any host when we
+    listen on a routable address; on loopback (the default) only from this host, which a
+    holder's recorded process proves (one not recorded may be anywhere). A waiter that
+    cannot be pushed looks as often as one that does not listen (seed 20081: a hand-over
+    from another host waited 16 s for the heir's look, timed by this host's pushes)."""
+    if not push.loopback_only():
+        return True
+    holders = live_holders(seen, stale_ms).values()
+    return all(h.proc is not None and processes.local(h.proc) for h in holders)
 
 
 def _wait_for_turn(

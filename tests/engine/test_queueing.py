@@ -335,6 +335,32 @@ def test_free_room_counts_free_permits_inline_and_in_permit_items(frozen: int) -
     assert queueing.free_room(Counting(3, shared=True), two_held, frozen) == 0  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("push_address", "holder_proc", "counted_on"),
+    [
+        ("127.0.0.1", "here", True),  # this host's holder pushes to our loopback address
+        ("127.0.0.1", "elsewhere", False),  # another host's cannot reach it (seed 20081)
+        ("127.0.0.1", None, False),  # not recorded: it may be anywhere
+        ("10.0.0.7", "elsewhere", True),  # a routable address: any host's holder reaches it
+    ],
+)
+def test_a_waiter_counts_on_a_push_only_from_holders_that_can_send_it(
+    frozen: int, monkeypatch: pytest.MonkeyPatch, push_address: str, holder_proc: str | None,
+    counted_on: bool,
+) -> None:  # fmt: skip
+    from django.test import override_settings
+
+    from dynasem._engine import processes
+    from dynasem.conf import settings
+
+    monkeypatch.setattr(processes, "local", lambda recorded: recorded == "here")
+    held = dataclasses.replace(holder(frozen + 50_000, frozen), proc=holder_proc)
+    seen = records.LockItem(holders={"h": held})
+    with override_settings(DYNASEM=dict(settings.raw, PUSH=push_address)):
+        assert queueing._pushers_reach_us(seen, frozen) is counted_on
+        assert queueing._pushers_reach_us(records.LockItem(), frozen)  # nobody in the way
+
+
 def test_turn_in_with_a_free_permit_for_us_looks_within_round_trips(frozen: int) -> None:
     """Three permits, all held for a second yet: second in line waits about a hold. With two
     permits free it only waits for the one ahead to take its own: a few round trips; and

@@ -278,6 +278,11 @@ FOUND_IN_DYNASEM = [
     # faults (the 30-minute run of 2026-12-02). Fixed: the row is watched from the first look
     # that finds the readers in the way, and a writer in line looks again when it falls due.
     (1041, "readers", "crashes"),
+    # A release waited 10 s on a lost answer, then handed the lock to a waiter on another
+    # host, which a loopback push cannot reach; the heir, pushed often lately by holders of
+    # its own host, napped as if this hand-over would be pushed too: 16 s idle (the 30-minute
+    # run of 2026-12-02). Fixed: a waiter counts on a push only from holders that can send it.
+    (20081, "exclusive", "heavy"),
 ]
 
 
