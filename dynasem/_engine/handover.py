@@ -44,11 +44,10 @@ def heirs_of(row: records.LockItem | None) -> tuple[Heirs, int, records.LockItem
     """The heirs of an exclusive hold, from the queue's entry items, read now if the row says
     waiters came. Returns the heirs, the ``qout`` a hand-over to them is conditional on, and
     the row with what was read."""
-    now = clock.now_ms()
     if row is None or not row.waiting:
         return [], 0, row
     if row.entries is not None:
-        return next_in_line(row, now), row.queue_out, row
+        return next_in_line(row, clock.now_ms()), row.queue_out, row
     # An eventually consistent read first (half the units of a consistent one). It is taken
     # only if the heirs it shows are the very next tickets after qout, every one there: a
     # waiter that just queued can be missing from it, and skipping its ticket would serve a
@@ -58,15 +57,18 @@ def heirs_of(row: records.LockItem | None) -> tuple[Heirs, int, records.LockItem
     # as for a hand-over that was on its way when it left. A consistent read here would cost
     # every hand-over 0.5 RCU more to spare the rarer leavers' one look (1 RCU), and would
     # still miss a slow write.
+    # Which entries are live is judged by the clock once the answer is here, not before the
+    # read: a read can take botocore's retries and read timeouts (10 s each), and a hand-over
+    # to a waiter whose entry ran out meanwhile sits with the dead for a lease (sim seed 1034).
     quick = queue_entries.load_entries(row, consistent=False)
-    heirs = next_in_line(quick, now)
+    heirs = next_in_line(quick, clock.now_ms())
     # Their tickets must be qout + 1, qout + 2, ...: nobody missing or passed over before or
     # among them. (An entry such a read shows dead may have been renewed since.)
     tickets = [waiter.ticket for _, waiter in heirs]
     if heirs and tickets == list(range(quick.queue_out + 1, quick.queue_out + 1 + len(tickets))):
         return heirs, quick.queue_out, quick
     row = queue_entries.load_entries(row)
-    return next_in_line(row, now), row.queue_out, row
+    return next_in_line(row, clock.now_ms()), row.queue_out, row
 
 
 def release_terms(row: records.LockItem | None, skew: float) -> dict[str, Any]:

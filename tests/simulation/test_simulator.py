@@ -283,6 +283,11 @@ FOUND_IN_DYNASEM = [
     # its own host, napped as if this hand-over would be pushed too: 16 s idle (the 30-minute
     # run of 2026-12-02). Fixed: a waiter counts on a push only from holders that can send it.
     (20081, "exclusive", "heavy"),
+    # A release's read of the line lost its answer (10 s to botocore's read timeout); the
+    # heir was then chosen by the clock of before the read: a waiter that had died meanwhile,
+    # its entry 4.5 s run out, was handed the lock, which sat with it for a lease (the
+    # 30-minute run of 2026-12-02, second session). Fixed: entries judged after the read.
+    (1034, "exclusive", "heavy"),
 ]
 
 
