@@ -28,6 +28,10 @@ FEW = 16
 # (resource, epoch, fence, rc) -> when a look is due (the row unchanged for a lease), and
 # the early look (FEW), monotonic seconds.
 _watched: dict[tuple[str, int, int, int], tuple[float, float]] = {}
+# When (monotonic) a look first found a row of readers at its (epoch, fence): every join moves
+# the fence, a count-down does not; the write-off's wait runs from here through count-downs
+# (a reader leaving extends no hold; simulation seed 2009: a wait restarted by each one).
+_since: dict[tuple[str, int, int], float] = {}
 
 
 def admitted(
@@ -88,8 +92,10 @@ def write_off_due(
     if key not in _watched:
         if len(_watched) >= MAX_WATCHED:
             _watched.clear()
+            _since.clear()
         early = mono if seen.reader_count <= FEW and first else math.inf
-        _watched[key] = (mono + seen.reader_lease_ms / 1000 + skew, early)
+        since = _since.setdefault(key[:3], mono)
+        _watched[key] = (since + seen.reader_lease_ms / 1000 + skew, early)
     due, early = _watched[key]
     return set(blocking) == {reader_items.SENTINEL} and mono >= min(due, early)
 
@@ -128,6 +134,7 @@ def try_write_off(seen: records.LockItem | None, skew: float) -> records.LockIte
         except dynamodb.Refused:
             return lock_rows.get(resource)  # it renewed: alive after all
     _watched.pop(key, None)
+    _since.pop(key[:3], None)
     try:
         after = lock_rows.update(reader_items.write_off(resource, seen), return_new=True)
     except dynamodb.Refused as refused:

@@ -288,6 +288,12 @@ FOUND_IN_DYNASEM = [
     # its entry 4.5 s run out, was handed the lock, which sat with it for a lease (the
     # 30-minute run of 2026-12-02, second session). Fixed: entries judged after the read.
     (1034, "exclusive", "heavy"),
+    # A reader released its item, then stalled 15.8 s before counting itself down; the writer
+    # at the head waited for the row to sit unchanged for a reader lease, and another
+    # reader's count-down after the faults started that wait again: 15.1 s idle (the third
+    # 30-minute run). Fixed: the wait runs from the first look at the row's epoch and fence
+    # (which every join moves); a count-down, which extends no hold, leaves it running.
+    (2009, "readers", "pauses"),
 ]
 
 

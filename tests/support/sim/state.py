@@ -58,6 +58,7 @@ PER_PROCESS: dict[Key, Callable[[Any], Any]] = {
     ("dynasem._engine.permit_hold", "rows"): _empty,
     ("dynasem._engine.reader_hold", "rows"): _empty,
     ("dynasem._engine.readers", "_watched"): _empty,
+    ("dynasem._engine.readers", "_since"): _empty,
     ("dynasem._engine.heartbeat", "_current"): _heartbeat_scheduler,
     ("dynasem._engine.push", "_listener"): lambda proc: None,
     ("dynasem._engine.push", "_failed_bind"): lambda proc: None,
