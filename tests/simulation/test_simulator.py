@@ -222,7 +222,7 @@ FOUND = [
         "lost_handover_is_a_loss",
         {"faults": "deaf", "lease": 60.0, "processes": 3, "hosts": 3, "steps": 10},
         range(1, 4),
-    ),  # seed 2
+    ),  # seed 1
 ]
 
 

@@ -39,8 +39,9 @@ class Profile:
     throttled: float = 0.0
     error_before: float = 0.0
     error_after: float = 0.0
-    # Per answer lost (``lost``): the host's return path stays broken for ``deaf_for`` seconds
-    # (a half-open route, a NAT entry gone): its requests still apply, every answer is lost.
+    # Per answer to a write lost (``lost``): the host's return path stays broken for
+    # ``deaf_for`` seconds (a half-open route, a NAT entry gone): its requests still apply,
+    # every answer is lost.
     deaf_share: float = 0.0
     deaf_for: tuple[float, float] = (0.5, 50.0)
     # Per hand-over push (datagram): lost, sent twice, late.
@@ -78,11 +79,11 @@ PROFILES: dict[str, Profile] = {
     # Hosts cut off from DynamoDB (iptables DROP both ways) for up to two leases, their
     # processes running on: holders must stop trusting, the rest must take over.
     "partitions": Profile(partition_every=10.0),
-    # Answers lost for up to 50 s from one lost answer on (every attempt of botocore's retries
+    # Answers lost for up to 50 s from one lost write answer on (every attempt of botocore's retries
     # unanswered, its writes applied), with dynasem's default 60 s lease (``--lease 60``): a
     # release or hand-over that may have applied must not be taken for a loss. A fault window
     # long enough for a few such spells.
-    "deaf": Profile(window=150.0, lost=0.01, deaf_share=0.5),
+    "deaf": Profile(window=150.0, lost=0.05, deaf_share=0.5),
     "light": Profile(
         crash_every=40.0,
         stall_every=40.0,

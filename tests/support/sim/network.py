@@ -120,7 +120,7 @@ class Requests:
     ) -> tuple[str, Any]:
         me = self.sched.me()
         self.sent += 1
-        fault = self.sim.request_fault(proc)
+        fault = self.sim.request_fault(proc, write=operation in WRITES)
         if fault == "unsent":
             self.sim.record("unsent", proc, operation, params)
             self.sched.sleep(self.latency())

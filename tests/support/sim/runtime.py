@@ -265,7 +265,7 @@ class Simulation:
         """Whether ``proc``'s host is cut off from DynamoDB now (a partition)."""
         return bool(proc.host.cut_until > self.sched.now)
 
-    def request_fault(self, proc: Process) -> str | None:
+    def request_fault(self, proc: Process, *, write: bool = False) -> str | None:
         if self.cut_off(proc):
             self.stats["cut"] += 1
             return "dropped"  # never reaches DynamoDB: the read timeout ends the attempt
@@ -277,9 +277,11 @@ class Simulation:
         fault = self.profile.request_fault(self.fault_rng)
         if fault is not None:
             self.stats[fault] += 1
-        # (No draw without deaf faults: every other profile's seeds go as they went.)
+        # A write's answer lost, and the way back stays broken. (No draw without deaf faults:
+        # every other profile's seeds go as they went.)
         if (
             fault == "lost"
+            and write
             and self.profile.deaf_share
             and self.fault_rng.random() < self.profile.deaf_share
         ):
