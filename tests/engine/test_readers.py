@@ -107,9 +107,10 @@ def test_renewal_keeps_an_item_reader_and_the_row_covers_it(holds: list[Any]) ->
 
 def test_dead_item_readers_are_written_off_by_a_waiting_writer(holds: list[Any]) -> None:
     # The inline readers, released at once, with leases a loaded machine's heartbeat keeps
-    # (a 1 s lease is trusted for 0.5 s: CI once saw one run out before its release); the
-    # item readers, which die, with 1 s.
-    readers = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE)]
+    # (a 1 s lease is trusted for 0.5 s: CI once saw one run out before its release), yet
+    # short: the epoch's longest lease is how long a writer may wait on readers without an
+    # item; the item readers, which die, with 1 s.
+    readers = [take(holds, "doc", shared=True, lease=3) for _ in range(INLINE)]
     readers += [take(holds, "doc", shared=True, lease=1) for _ in range(2)]
     for held in readers[:INLINE]:
         held.release()
@@ -134,7 +135,7 @@ def test_dead_item_readers_are_written_off_by_a_waiting_writer(holds: list[Any])
 
 
 def test_a_written_off_reader_cannot_renew(holds: list[Any]) -> None:
-    readers = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE)]
+    readers = [take(holds, "doc", shared=True, lease=3) for _ in range(INLINE)]  # as above
     readers.append(take(holds, "doc", shared=True, lease=1))
     for held in readers[:INLINE]:
         held.release()
