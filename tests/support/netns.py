@@ -43,6 +43,7 @@ import secrets
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from types import TracebackType
 
@@ -255,6 +256,9 @@ class Host:
     unreachable: str  # on its loopback: no other host has a route to it
     hostname: str
     cut: set[str] = field(default_factory=set)  # the cuts in place ("drop", "link")
+    # CLOCK_MONOTONIC when the last cut stopped the host's requests (its first rule was in
+    # place): no write the host sends is applied after it.
+    cut_at: float = 0.0
     udp_blocked: bool = False
 
 
@@ -378,10 +382,13 @@ class Network:
         if how in h.cut:
             return
         if how == "drop":
-            for rule in self._cut_rules():
-                self._iptables(host, "-I", rule)
+            outgoing, incoming = self._cut_rules()
+            self._iptables(host, "-I", outgoing)
+            h.cut_at = time.monotonic()
+            self._iptables(host, "-I", incoming)
         elif how == "link":
             _run("ip", "-n", h.netns, "link", "set", "eth0", "down")
+            h.cut_at = time.monotonic()
         else:
             raise ValueError(f"how must be 'drop' or 'link', not {how!r}")
         h.cut.add(how)
