@@ -6,8 +6,9 @@
     @shared_task(base=UniqueTask, unique_key="reindex:{project_id}", queue_lease=600)
     def reindex(project_id): ...
 
-    reindex.delay(42)   # enqueued; a second reindex.delay(42) while it is queued or running
-                        # enqueues nothing and returns the AsyncResult of the first
+    first = reindex.delay(42)   # first.enqueued is True
+    again = reindex.delay(42)   # queued or running: nothing enqueued; again.enqueued is
+                                # False, again.id is the task that holds the key
 
 The key is taken at enqueue for ``queue_lease`` seconds and handed to the worker that starts
 the task, which holds it for the run (``run_lease``, the LEASE setting by default), renewed
@@ -37,7 +38,9 @@ HEADER = "dynasem_unique"
 class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
     """A Celery task base (``@shared_task(base=UniqueTask, unique_key=...)``) whose key is
     held from enqueue to the end of its run: a second enqueue while one is queued or running
-    enqueues nothing and returns the ``AsyncResult`` of the first.
+    enqueues nothing and returns the ``AsyncResult`` of the first. Every result
+    ``apply_async``/``delay`` returns says which it was: ``result.enqueued``, True for a task
+    sent (or run, in eager mode), False for a refusal.
 
     Task options: ``unique_key``, a template over the task's arguments as the decorator's
     (``"reindex:{project_id}"``), or a callable of them; ``queue_lease``, seconds the key is
@@ -62,6 +65,14 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
     def apply_async(
         self, args: Any = None, kwargs: Any = None, task_id: str | None = None, **options: Any
     ) -> Any:
+        result, enqueued = self._send(args, kwargs, task_id, **options)
+        result.enqueued = enqueued
+        return result
+
+    def _send(
+        self, args: Any, kwargs: Any, task_id: str | None, **options: Any
+    ) -> tuple[Any, bool]:
+        """The result to return and whether the task was enqueued (run, in eager mode)."""
         headers = dict(options.pop("headers", None) or {})
         carried = Claim.from_header(headers.pop(HEADER, None))
         # A retry of this task, sent from its own run: the key goes on with it.
@@ -75,9 +86,9 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
         except Taken as busy:
             # The holder's handle; a key held by something else than a task (a semaphore()
             # block) has none: the handle of a task id that never runs says "not run".
-            return self.AsyncResult(busy.task_id or task_id)
+            return self.AsyncResult(busy.task_id or task_id), False
         if claimed is None:  # a second retry from one run: the first has the key
-            return self.AsyncResult(task_id)
+            return self.AsyncResult(task_id), False
         if run is None and self.app.conf.task_always_eager:
             # Celery's eager mode (``task_always_eager``): run here and now as a worker would,
             # the claim adopted for the run (not run if its queue lease ran out and another
@@ -87,10 +98,14 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
             apply = functools.partial(
                 super().apply_async, args, kwargs, task_id=task_id, headers=headers, **options
             )
-            return unique.run(self.name, self, claimed, apply, refused=self.AsyncResult(task_id))
+            refused = self.AsyncResult(task_id)
+            result = unique.run(self.name, self, claimed, apply, refused=refused)
+            return result, result is not refused
         headers[HEADER] = claimed.header()
         try:
-            return super().apply_async(args, kwargs, task_id=task_id, headers=headers, **options)
+            return super().apply_async(
+                args, kwargs, task_id=task_id, headers=headers, **options
+            ), True
         except BaseException:
             unique.withdraw(claimed, run)  # not enqueued
             raise

@@ -70,10 +70,11 @@ def test_sixty_enqueues_over_three_keys_never_two_of_a_key_at_once(
             key = f"k{n % KEYS}"
             result = task.apply_async((key, n, rng.uniform(0.3, 0.6)))
             queued = time.time()  # queued by then at the latest (claimed during the call)
-            if result.id in enqueued:
+            if not result.enqueued:
                 refused += 1  # the handle of the task that holds the key
                 assert enqueued[result.id][0] == key
             else:
+                assert result.id not in enqueued
                 enqueued[result.id] = (key, queued)
             time.sleep(0.1)
         wait_events(events_file, "unique-run", len(enqueued), timeout=60, tails=tails)
@@ -139,11 +140,13 @@ def test_a_retry_keeps_the_key_and_a_revoked_task_gives_it_back(
     retried, task = producer(broker, "unique_retried"), producer(broker)
     with workers(broker, events_file, tmp_path) as (client, tails):
         first = retried.apply_async(("retry",))
+        assert first.enqueued is True
         deadline = time.monotonic() + 30
         wait_events(events_file, "unique-try", tails=tails)
         # Between the first try and its retry (1 s later) the key is the retry's: the run's
         # hold becomes the retry's claim, for the queue lease, when the first try ends.
-        assert retried.apply_async(("retry",)).id == first.id
+        again = retried.apply_async(("retry",))
+        assert (again.enqueued, again.id) == (False, first.id)
         while not [h for h in live("unique:retry") if h.expires_ms > time.time() * 1000 + 30_000]:
             assert time.monotonic() < deadline, tails()
             time.sleep(0.02)
@@ -165,7 +168,7 @@ def test_a_retry_keeps_the_key_and_a_revoked_task_gives_it_back(
             assert time.monotonic() < deadline, f"the revoked task kept its key\n{tails()}"
             time.sleep(0.05)
         freed = task.apply_async(("revoke", 1, 0.1))
-        assert freed.id != later.id
+        assert freed.enqueued is True and freed.id != later.id
         wait_events(events_file, "unique-run", tails=tails)
     runs = [e for e in read_events(events_file) if e["event"] == "unique-run"]
     assert [e["task_id"] for e in runs] == [freed.id]  # the revoked one never ran

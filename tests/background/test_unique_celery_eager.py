@@ -73,6 +73,7 @@ def fails(self: Any, key: str) -> None:
 
 def test_an_eager_run_holds_its_key_as_a_worker_run_does(lock_table: str) -> None:
     result = work.delay("a")
+    assert result.enqueued is True  # run, in eager mode
     seen = result.get()
     assert seen["resource"] == "eager:a"
     assert seen["user_id"] == f"task:{result.id}"  # the task's hold, not a hold of its own
@@ -100,6 +101,7 @@ def test_an_eager_enqueue_of_a_held_key_runs_nothing(lock_table: str) -> None:
     with semaphore("eager:b", user="someone-else"):
         before = len(runs)
         result = work.delay("b")
+        assert result.enqueued is False
         assert len(runs) == before  # not run
         assert result.id not in runs  # the handle of an id never enqueued
         assert [h.user_id for h in live("eager:b")] == ["someone-else"]  # nothing claimed
