@@ -59,7 +59,10 @@ class Command(BaseCommand):
                 message = self.check_table(name, facts)
             else:
                 message = self.ensure_table(definition, wait=wait, facts=facts)
-        self.stdout.write(json.dumps({**facts, "message": message}) if as_json else message)
+        if as_json:
+            self.stdout.write(json.dumps({**facts, "message": message}))
+        elif options.get("verbosity", 1) >= 1:  # 0: silent, as Django's own commands are
+            self.stdout.write(message)
 
     def ensure_table(self, definition: dict[str, Any], *, wait: bool, facts: dict[str, Any]) -> str:
         name = definition["TableName"]
