@@ -146,11 +146,17 @@ def test_an_index_misses_a_new_item_and_still_shows_a_deleted_one(engine: Unkind
         )
 
 
-@pytest.mark.unkind("throttle", {"partition_wcu": 20.0})
+@pytest.mark.unkind("throttle", {"partition_wcu": 10.0})
 def test_a_hot_partition_key_is_throttled_at_its_limit(engine: UnkindDynamoDB) -> None:
+    """Never more than the key's limit (its units drain at 10 a second, a second's worth to
+    begin with), whatever pace the client manages: the count is bounded by the loop's own
+    duration, not by a pace a loaded machine may not reach (at 20 WCU/s and >= 30 refusals of
+    135, a CI run beside a busy machine sent too slowly to be refused 30 times)."""
+    limit = 10.0
     c = client(engine.endpoint_url)
     table = make_table(c)
     codes: dict[str, list[str]] = {"hot": [], "cold": []}
+    started = time.monotonic()
     for i in range(150):
         for which in ("hot",) if i % 10 else ("hot", "cold"):
             pk = "hot" if which == "hot" else f"cold{i}"
@@ -159,10 +165,13 @@ def test_a_hot_partition_key_is_throttled_at_its_limit(engine: UnkindDynamoDB) -
                 codes[which].append("ok")
             except ClientError as exc:
                 codes[which].append(exc.response["Error"]["Code"])
+    elapsed = time.monotonic() - started
+    served = codes["hot"].count("ok")
+    assert served <= limit * (elapsed + 1) + 1, (served, elapsed)
+    assert len(codes["hot"]) > limit * (elapsed + 1) + 1, f"too slow to pass the limit: {elapsed}"
     throttled = [x for x in codes["hot"] if x != "ok"]
-    assert len(throttled) >= 30, codes["hot"]
     assert set(throttled) <= {"ProvisionedThroughputExceededException", "ThrottlingException"}
-    assert codes["hot"][:18].count("ok") == 18  # the first second's 20 units are served
+    assert codes["hot"][:9].count("ok") == 9  # the first second's 10 units are served
     assert codes["cold"] == ["ok"] * 15  # other keys are not throttled by the hot one
 
 
