@@ -63,6 +63,11 @@ LOCK_SK, JOB_SK, NEXT_SK = "lock", "job", "next"
 # The format item's key, and the stored format this dynasem reads and writes.
 FORMAT_PK, FORMAT_SK = "dynasem#format", "format"
 FORMAT_VERSION = 1
+# The protocol: which writes a lock operation sends, with which conditions, in which order.
+# Bumped by every change to it (with or without a new stored format): benchmark results
+# recorded under an older one (benchmarks/results/) no longer describe the code, and
+# tests/project/test_figures.py says to run them again.
+PROTOCOL_VERSION = 1
 # Keys-only projections over a bucketed ``expires``.
 USER_INDEX, EXPIRES_INDEX = "userId-index-v2", "expires-index-v2"
 # The width of an ``expires`` bucket (seconds). Wider: fewer index moves for long holds;
