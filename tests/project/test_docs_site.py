@@ -108,3 +108,50 @@ def test_home_and_a_reference_page_in_a_browser(site_url: str, browser_page: Any
     page.goto(site_url + "/reference/api/")
     # The reference generated from the docstrings: semaphore()'s own entry.
     assert page.locator("article [id='dynasem.semaphore']").first.is_visible()
+
+
+HOW_TO = sorted(p.stem for p in (ROOT / "docs" / "how-to").glob("*.md"))
+SCREEN = {"width": 1280, "height": 800}  # a laptop's browser window
+PROSE_BEFORE_RECIPE = 90  # words between the title and the first code block, at most
+
+
+@pytest.mark.parametrize("name", HOW_TO)
+def test_a_how_to_page_opens_with_its_recipe(site_url: str, browser_page: Any, name: str) -> None:  # noqa: F811
+    """A how-to guide is a recipe (Diátaxis): at 1280 px its first screen holds the code that
+    does the task, after a sentence or two that says what the task is; the mechanics come
+    later or in the explanation pages."""
+    page = browser_page
+    page.set_viewport_size(SCREEN)
+    page.goto(f"{site_url}/how-to/{name}/")
+    code = page.locator("article pre")
+    assert code.count(), f"how-to/{name}.md has no code block: a recipe shows the code"
+    box = code.first.bounding_box()
+    assert box is not None
+    shown = min(box["height"], 100)  # its first lines at least
+    assert box["y"] + shown <= SCREEN["height"], (
+        f"how-to/{name}.md: its first code block starts {box['y']:.0f} px down, below the "
+        f"first screen ({SCREEN['height']} px)"
+    )
+    overflow = code.first.evaluate("pre => pre.querySelector('code').scrollWidth - pre.clientWidth")
+    assert overflow <= 1, (
+        f"how-to/{name}.md: its first code block is {overflow:.0f} px wider than the page "
+        "shows: shorten its lines (comments above a line, not after it)"
+    )
+    words = page.evaluate(
+        """() => {
+            const article = document.querySelector("article");
+            const first = article.querySelector("pre");
+            let words = 0;
+            for (const el of article.querySelectorAll("p, li, td, blockquote")) {
+                if (el.compareDocumentPosition(first) & Node.DOCUMENT_POSITION_FOLLOWING
+                    && !el.contains(first)) {
+                    words += el.innerText.split(/\\s+/).filter(Boolean).length;
+                }
+            }
+            return words;
+        }"""
+    )
+    assert words <= PROSE_BEFORE_RECIPE, (
+        f"how-to/{name}.md: {words} words before its first code block: open with the task "
+        "and its code, then the choices"
+    )
