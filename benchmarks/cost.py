@@ -40,6 +40,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
+import results  # noqa: E402
 
 # On-demand prices, us-east-1 (per million request units), as published by AWS since the
 # November 2024 price cut and quoted in the issue that asked for this script (2026-11).
@@ -476,10 +477,17 @@ def main(argv: list[str] | None = None) -> int:
         "| hold | dynasem $/M | python-dynamodb-lock $/M | ratio |",
         "|---|---|---|---|",
     ]
-    for label, hold, d_acq, p_acq in summary:
+    slugs = ("1s_same", "1s_other", "1s_new_row", "5min_same", "5min_other")
+    figures: dict[str, str] = {}
+    for slug, (label, hold, d_acq, p_acq) in zip(slugs, summary, strict=True):
         dy = dollars(d, hold, DYNASEM_RENEW_EVERY, d_acq, records.BUCKET_S)
         pe = dollars(p, hold, PEER_RENEW_EVERY, p_acq, 0)
         lines.append(f"| {label} | ${dy:.2f} | ${pe:.2f} | {dy / pe:.2f}x |")
+        figures |= {f"usd_{slug}": f"${dy:.2f}", f"peer_usd_{slug}": f"${pe:.2f}"}
+        figures[f"ratio_{slug}"] = f"{dy / pe:.2f}×"
+    cycle = (d["acquire_same"], d["release"])
+    figures["uncontended_requests"] = f"{sum(sum(u.requests.values()) for u in cycle)}"
+    figures["uncontended_wcu"] = f"{sum(u.total_wcu for u in cycle):g}"
     text = "\n".join(
         [
             f"Run {started}; prices {PRICE_DATE}: ${WRITE_PRICE} per million write units, "
@@ -511,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
             ]
         )
         common.write_section("cost", body)
+        results.record("cost", figures, machine=common.machine(), command=common.command())
     return 0
 
 
