@@ -43,6 +43,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 import cost  # noqa: E402
+import results  # noqa: E402
 
 _PROBE: list[Any] = []  # a client of its own, not metered: the size probe costs nothing here
 
@@ -75,7 +76,7 @@ def run_threads(meter: cost.Meter, worker: Any, n: int) -> Any:
 
 
 def one_more(
-    meter: cost.Meter, case: str, held: int, cycles: int, **options: Any
+    meter: cost.Meter, case: str, key: str, held: int, cycles: int, **options: Any
 ) -> dict[str, Any]:
     """``held`` holders of ``semaphore(resource, lease=600, **options)`` (no renewal fires),
     then ``cycles`` acquire + release of one more; per cycle."""
@@ -93,6 +94,7 @@ def one_more(
             h.release()
     return {
         "case": case,
+        "key": key,
         "wcu": units.wcu / cycles,
         "rcu": units.rcu / cycles,
         "requests": sum(units.requests.values()) / cycles,
@@ -101,12 +103,14 @@ def one_more(
 
 
 def counting(meter: cost.Meter, limit: int, cycles: int) -> dict[str, Any]:
-    return one_more(meter, f"limit={limit}, {limit - 1} held", limit - 1, cycles, limit=limit)
+    case = f"limit={limit}, {limit - 1} held"
+    return one_more(meter, case, f"limit_{limit}", limit - 1, cycles, limit=limit)
 
 
 def readers(meter: cost.Meter, n: int, cycles: int) -> dict[str, Any]:
     """``n - 1`` readers hold a shared lock, then one more reader comes and goes."""
-    return one_more(meter, f"shared, {n - 1} readers held", n - 1, cycles, shared=True)
+    case = f"shared, {n - 1} readers held"
+    return one_more(meter, case, f"readers_{n}", n - 1, cycles, shared=True)
 
 
 def queued(meter: cost.Meter, waiters: int, per_waiter: int) -> dict[str, Any]:
@@ -132,6 +136,7 @@ def queued(meter: cost.Meter, waiters: int, per_waiter: int) -> dict[str, Any]:
     n = max(1, taken[0])
     return {
         "case": f"{waiters} waiters, 5 ms holds",
+        "key": f"waiters_{waiters}",
         "wcu": units.wcu / n,
         "rcu": units.rcu / n,
         "requests": sum(units.requests.values()) / n,
@@ -170,6 +175,8 @@ def counting_queued(
         "case": f"limit={limit}, {waiters}{' fair' if fair else ''} waiters, 20 ms holds: "
         f"{used:.0%} of permits in use"
         f" ({span:.1f} s)",
+        "key": f"counting_{limit}_{waiters}{'_fair' if fair else ''}",
+        "used": f"{used:.0%}",
         "wcu": units.wcu / n,
         "rcu": units.rcu / n,
         "requests": sum(units.requests.values()) / n,
@@ -203,8 +210,11 @@ def async_crowd(meter: cost.Meter, waiters: int) -> dict[str, Any]:
     with meter.measure() as units:
         asyncio.run(crowd())
     n = max(1, taken[0])
+    took = time.monotonic() - started
     return {
-        "case": f"{waiters} async waiters, 1 ms holds ({time.monotonic() - started:.0f} s)",
+        "case": f"{waiters} async waiters, 1 ms holds ({took:.0f} s)",
+        "key": f"async_{waiters}",
+        "seconds": f"{took:.0f} s",
         "wcu": units.wcu / n,
         "rcu": units.rcu / n,
         "requests": sum(units.requests.values()) / n,
@@ -268,7 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         common.create_dynasem_table()
         from dynasem._storage import dynamodb
 
-        print(f"machine: {common.machine()}\n", flush=True)
+        machine = common.machine()
+        print(f"machine: {machine}\n", flush=True)
         _PROBE.append(common.raw_client(ddb.endpoint_url))
         meter = cost.Meter()
         meter.attach(dynamodb.get_client())
@@ -313,7 +324,20 @@ def main(argv: list[str] | None = None) -> int:
     print()
     for line in TARGETS:
         print(line)
+    results.record("crowds", figures_of(rows), machine=machine, command=common.command())
     return 0
+
+
+def figures_of(rows: list[dict[str, Any]]) -> dict[str, str]:
+    """What the pages quote (docs/SCALE.md): per case, WCU, RCU and requests an acquisition
+    (two decimals), the largest row, and a crowd's span or share of permits used."""
+    figures = {}
+    for r in rows:
+        key = r["key"]
+        figures |= {f"{key}_wcu": f"{r['wcu']:.2f}", f"{key}_rcu": f"{r['rcu']:.2f}"}
+        figures |= {f"{key}_requests": f"{r['requests']:.2f}", f"{key}_row": f"{r['row']} B"}
+        figures |= {f"{key}_{extra}": r[extra] for extra in ("seconds", "used") if extra in r}
+    return figures
 
 
 if __name__ == "__main__":
