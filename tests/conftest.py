@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-import sys
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -102,29 +101,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         if marker is not None:
             reason = marker.args[0] if marker.args else marker.kwargs["reason"]
             item.add_marker(pytest.mark.skip(reason=f"embedded engine: {reason}"))
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_collection_finish(session: pytest.Session) -> None:
-    """In a pytest-xdist worker under ``--dist loadgroup``, a grouped test's id carries its
-    group (``...@group``): that is how the controller sends a group to one worker. An id
-    without it means the grouping silently broke (pytest 9.2 with pytest-xdist 3.8,
-    pytest-dev/pytest-xdist#1386), and every worker would set up each module's servers."""
-    if not hasattr(session.config, "workerinput") or not session.config.getvalue("loadgroup"):
-        return
-    lost = [
-        i.nodeid
-        for i in session.items
-        if i.get_closest_marker("xdist_group") and "@" not in i.nodeid
-    ]
-    if lost:
-        sys.__stderr__.write(
-            f"\n{session.config.workerinput['workerid']}: no @group in {lost[0]}\n"
-        )
-        raise pytest.UsageError(
-            f"--dist loadgroup groups nothing here (pytest {pytest.__version__}): {lost[0]} "
-            "has no @group in its id; see pyproject.toml's pin of pytest"
-        )
 
 
 def group_module_fixtures(items: list[pytest.Item]) -> None:
