@@ -45,6 +45,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
+import results as recorded  # noqa: E402
 
 PEER_RETRY_MS = (10, 25, 50, 100)
 
@@ -210,7 +211,47 @@ def idle_gap_latency(table_name: str, pause: float, n: int = 200) -> dict[str, f
     for i in range(n):
         time.sleep(pause)
         idle.append(one(i))
-    return {"busy": common.percentile(busy, 50), "idle": common.percentile(idle, 50)}
+    handovers = handover_latency(client, table_name, pause, n)
+    return {
+        "busy": common.percentile(busy, 50),
+        "idle": common.percentile(idle, 50),
+        "handover": common.percentile(handovers, 50),
+    }
+
+
+def handover_latency(client: Any, table_name: str, pause: float, n: int) -> list[float]:
+    """Latencies of dynasem's own hand-over write (``lock_writes.hand_over``: the holder
+    entry replaced, fence, lease, queue), sent by the bare client after ``pause`` seconds
+    idle, holder to heir and back, on a row in both indexes: the least a hand-over costs."""
+    from dynasem import _clock as clock
+    from dynasem._storage import lock_writes, records
+    from dynasem._storage.records import Mode
+
+    def entry(now: int, fence: int) -> Any:
+        return lock_writes.holder_entry("bench", now + 60_000, fence, now, False)
+
+    resource, now = "handover-probe", clock.now_ms()
+    fence = clock.new_fence(0)
+    first = lock_writes.take_free(
+        resource, "t0", entry(now, fence), mode=Mode.EXCLUSIVE, limit=1, stale_ms=now - 1
+    )
+    client.update_item(TableName=table_name, **first)
+    client.update_item(  # an empty queue, as a row that had waiters has
+        TableName=table_name,
+        Key=records.key(resource, records.LOCK_SK),
+        UpdateExpression="SET qout = :zero",
+        ExpressionAttributeValues={":zero": {"N": "0"}},
+    )
+    took = []
+    for i in range(n):
+        time.sleep(pause)
+        now = clock.now_ms()
+        heirs = [(f"t{i + 1}", i + 1, entry(now, fence + i + 1))]
+        write = lock_writes.hand_over(resource, f"t{i}", heirs, hold_ms=10, queue_out=i)
+        start = time.perf_counter()
+        client.update_item(TableName=table_name, ReturnValues="ALL_NEW", **write)
+        took.append(time.perf_counter() - start)
+    return took
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -330,6 +371,10 @@ def main(argv: list[str] | None = None) -> int:
     print(results)
     bs = best["stats"]
     targets = common.Targets()
+    # The engine's ceiling: a lock whose every hand-over costs exactly one conditional write
+    # sent after the hold (the diagnostic below, same run) and nothing else.
+    ceiling = args.hold / (args.hold + gap["handover"])
+    figures = {"ceiling": common.fmt(ceiling), "handover_write": common.ms(gap["handover"])}
     ratio_lines = []
     for r in runs:
         if r["kind"] == "peer":
@@ -341,17 +386,34 @@ def main(argv: list[str] | None = None) -> int:
             f"{s['per_acq'] / bs['per_acq']:.2f}x requests/acquisition"
         )
         name = r["label"]
-        targets.check(f"{name}: utilisation", s["util"] >= 0.70, common.fmt(s["util"]), ">= 0.70")
+        # Issue 43: against what the engine allows in this run, not a fixed number.
+        of_ceiling = s["util"] / ceiling
+        idle_ratio = s["handoff_p50"] / gap["handover"]
         targets.check(
-            f"{name}: acquisitions/s vs best peer ({best['label']})",
-            ratio >= 2.0,
-            f"{ratio:.2f}x ({s['rate']:.1f} vs {bs['rate']:.1f})",
-            ">= 2x",
+            f"{name}: utilisation / ceiling ({common.fmt(ceiling)})",
+            of_ceiling >= 0.90,
+            f"{of_ceiling:.2f} ({common.fmt(s['util'])})",
+            ">= 0.90",
         )
         targets.check(
-            f"{name}: requests/acquisition", s["per_acq"] <= 3.0, common.fmt(s["per_acq"]), "<= 3"
+            f"{name}: requests/acquisition", s["per_acq"] <= 2.5, common.fmt(s["per_acq"]), "<= 2.5"
+        )
+        targets.check(
+            f"{name}: idle between holders (handoff p50) / one hand-over write",
+            idle_ratio <= 1.5,
+            f"{idle_ratio:.2f}x ({common.ms(s['handoff_p50'])} vs {common.ms(gap['handover'])})",
+            "<= 1.5x",
         )
         targets.check(f"{name}: overlaps", s["overlaps"] == 0, str(s["overlaps"]), "0")
+        key = "fair" if r["kind"] == "dynasem-fair" else "default"
+        figures |= {
+            f"{key}_of_ceiling": f"{of_ceiling:.2f}",
+            f"{key}_utilisation": common.fmt(s["util"]),
+            f"{key}_requests": common.fmt(s["per_acq"]),
+            f"{key}_idle_ratio": f"{idle_ratio:.2f}×",
+            f"{key}_handoff_p50": common.ms(s["handoff_p50"]),
+            f"{key}_vs_peer": f"{ratio:.2f}×",
+        }
     for r in peers:
         if r["stats"]["overlaps"]:
             targets.check(f"{r['label']}: overlaps", False, str(r["stats"]["overlaps"]), "0")
@@ -360,9 +422,18 @@ def main(argv: list[str] | None = None) -> int:
         f"Engine diagnostic (same run, one process, engine otherwise idle): a single-attribute "
         f"`UpdateItem` takes {common.ms(gap['busy'])} (p50) sent back-to-back, and "
         f"{common.ms(gap['idle'])} sent after a {args.hold * 1000:g} ms pause, as every "
-        f"release after a hold is: a hand-over can be no shorter than the latter here."
+        f"release after a hold is; dynasem's own hand-over write (`lock_writes.hand_over`, a "
+        f"row in both indexes), sent by the bare client after that pause, "
+        f"{common.ms(gap['handover'])}: a hand-over can be no shorter than that here."
     )
     print(gap_line + "\n")
+    hold_ms = f"{args.hold * 1000:g} ms"
+    ceiling_line = (
+        f"The engine's ceiling (a lock whose every hand-over costs that write and nothing else,"
+        f" utilisation): {hold_ms} / ({hold_ms} + {common.ms(gap['handover'])}) = {ceiling:.2f}."
+    )
+    print(ceiling_line + "\n")
+    recorded.record("contended", figures, machine=common.machine(), command=common.command())
     if not fair:
         print("(dynasem.semaphore has no fair= parameter here: no fair=True row)")
 
@@ -393,7 +464,7 @@ called; *overlaps* = holds whose [acquired, block end] began before an earlier h
                 "Contended: one resource, 8 processes (`contended.py`)",
                 started,
                 intro,
-                [results, "Ratios: " + "; ".join(ratio_lines) + ".", gap_line],
+                [results, "Ratios: " + "; ".join(ratio_lines) + ".", gap_line, ceiling_line],
                 targets,
             ),
         )

@@ -116,7 +116,8 @@ def quote_problems() -> list[str]:
         if data.get("protocol") != current:
             problems.append(
                 f"benchmarks/results/{name}.json was measured on protocol version "
-                f"{data.get('protocol')}, the code is on {current}: run benchmarks/{name}.py"
+                f"{data.get('protocol')}, the code is on {current}: run again "
+                f"`{data.get('command') or f'benchmarks/{name}.py'}`"
             )
     for page in pages():
         rel = page.relative_to(REPO) if page.is_relative_to(REPO) else page
