@@ -3,7 +3,8 @@ that has none must say about the queue, and the push that tells the first waiter
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, NamedTuple
 
 from .. import _clock as clock
 from .._storage import lock_writes, queue_entries, records
@@ -40,14 +41,39 @@ def next_in_line(row: records.LockItem, now_ms: int) -> Heirs:
     return heirs
 
 
-def heirs_of(row: records.LockItem | None) -> tuple[Heirs, int, records.LockItem | None]:
-    """The heirs of an exclusive hold, from the queue's entry items, read now if the row says
-    waiters came. Returns the heirs, the ``qout`` a hand-over to them is conditional on, and
-    the row with what was read."""
+# How long the line a hand-over passes on to its heir (push) names the next waiters well enough
+# to hand over without a read (seconds from the releaser's read, on its monotonic clock): no
+# longer than an eventually consistent read may lag on AWS, and well inside the time a waiter
+# that left still gives a hand-over back (push.LATE_LOOK).
+LINE_FRESH = 1.0
+
+
+class Line(NamedTuple):
+    """The waiters after a hand-over's heirs as a read showed them (ticket order, dead ones
+    too), and when that read was sent (monotonic)."""
+
+    waiters: tuple[records.Waiter, ...] = ()
+    read: float = 0.0
+
+
+NO_LINE = Line()
+
+
+def heirs_of(row: records.LockItem | None) -> tuple[Heirs, int, records.LockItem | None, Line]:
+    """The heirs of an exclusive hold: from the line our own hand-over brought while it is
+    fresh (no read), else from the queue's entry items, read now if the row says waiters
+    came. Returns the heirs, the ``qout`` a hand-over to them is conditional on, the row with
+    what was read, and the line after the heirs, for them."""
     if row is None or not row.waiting:
-        return [], 0, row
+        return [], 0, row, Line()
     if row.entries is not None:
-        return next_in_line(row, clock.now_ms()), row.queue_out, row
+        return next_in_line(row, clock.now_ms()), row.queue_out, row, Line()
+    if row.line and clock.monotonic() - row.line_read <= LINE_FRESH:
+        # The same trust as the eventually consistent read below (it is one, passed on): only
+        # if the very next tickets are there, every one live as read.
+        heirs = _next_tickets(dataclasses.replace(row, entries=row.line))
+        if heirs:
+            return heirs, row.queue_out, row, _after(row.line, heirs, row.line_read)
     # An eventually consistent read first (half the units of a consistent one). It is taken
     # only if the heirs it shows are the very next tickets after qout, every one there: a
     # waiter that just queued can be missing from it, and skipping its ticket would serve a
@@ -57,18 +83,37 @@ def heirs_of(row: records.LockItem | None) -> tuple[Heirs, int, records.LockItem
     # as for a hand-over that was on its way when it left. A consistent read here would cost
     # every hand-over 0.5 RCU more to spare the rarer leavers' one look (1 RCU), and would
     # still miss a slow write.
-    # Which entries are live is judged by the clock once the answer is here, not before the
-    # read: a read can take botocore's retries and read timeouts (10 s each), and a hand-over
-    # to a waiter whose entry ran out meanwhile sits with the dead for a lease (sim seed 1034).
+    read = clock.monotonic()
     quick = queue_entries.load_entries(row, consistent=False)
-    heirs = next_in_line(quick, clock.now_ms())
-    # Their tickets must be qout + 1, qout + 2, ...: nobody missing or passed over before or
-    # among them. (An entry such a read shows dead may have been renewed since.)
-    tickets = [waiter.ticket for _, waiter in heirs]
-    if heirs and tickets == list(range(quick.queue_out + 1, quick.queue_out + 1 + len(tickets))):
-        return heirs, quick.queue_out, quick
+    heirs = _next_tickets(quick)
+    if heirs:
+        return heirs, quick.queue_out, quick, _after(quick.entries, heirs, read)
+    read = clock.monotonic()
     row = queue_entries.load_entries(row)
-    return next_in_line(row, clock.now_ms()), row.queue_out, row
+    heirs = next_in_line(row, clock.now_ms())
+    return heirs, row.queue_out, row, _after(row.entries, heirs, read)
+
+
+def _next_tickets(row: records.LockItem) -> Heirs:
+    """The heirs ``row``'s entries show if they hold the tickets ``qout`` + 1, + 2, ...:
+    nobody missing or passed over before or among them; else none. Which entries are live is
+    judged by the clock once the answer is here, not before the read: a read can take
+    botocore's retries and read timeouts (10 s each), and a hand-over to a waiter whose entry
+    ran out meanwhile sits with the dead for a lease (sim seed 1034). (An entry such a read
+    shows dead may have been renewed since.)"""
+    heirs = next_in_line(row, clock.now_ms())
+    tickets = [waiter.ticket for _, waiter in heirs]
+    first = row.queue_out + 1
+    return heirs if heirs and tickets == list(range(first, first + len(tickets))) else []
+
+
+def _after(entries: tuple[records.Waiter, ...] | None, heirs: Heirs, read: float) -> Line:
+    """The line after ``heirs`` among ``entries`` (read at ``read``), for the heir to pass on:
+    only after one exclusive heir (readers do not hand over)."""
+    if len(heirs) != 1 or heirs[0][1].shared or not entries:
+        return Line()
+    last = heirs[0][1].ticket
+    return Line(tuple(w for w in entries if w.ticket > last), read)
 
 
 def release_terms(row: records.LockItem | None, skew: float) -> dict[str, Any]:
@@ -84,12 +129,15 @@ def release_terms(row: records.LockItem | None, skew: float) -> dict[str, Any]:
     return {}
 
 
-def push_heirs(resource: str, heirs: Heirs, item: records.LockItem) -> None:
-    """Push ``item``, the row a hand-over wrote, to each of its ``heirs`` that listens."""
+def push_heirs(resource: str, heirs: Heirs, item: records.LockItem, line: Line = NO_LINE) -> None:
+    """Push ``item``, the row a hand-over wrote, to each of its ``heirs`` that listens, with
+    the ``line`` after them while it is fresh."""
     sent_ms = clock.now_ms()
+    age = clock.monotonic() - line.read
+    after = line.waiters if age <= LINE_FRESH else ()
     for token, waiter in heirs:
         if waiter.address:
-            push.push(waiter.address, resource, token, item, sent_ms=sent_ms)
+            push.push(waiter.address, resource, token, item, sent_ms=sent_ms, line=(after, age))
 
 
 def push_first(resource: str, item: records.LockItem, *, readers_only: bool) -> None:

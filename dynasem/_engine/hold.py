@@ -410,7 +410,7 @@ class Held:
             if self._lost is not None or not self._hands_over:
                 return None
             try:
-                heirs, queue_out, self._row = handover.heirs_of(self._row)
+                heirs, queue_out, self._row, line = handover.heirs_of(self._row)
             except SemaphoreUnavailable:
                 # The queue could not be read (throttled still after the retries): a plain
                 # release follows, and the first waiter takes the lock at its next look.
@@ -435,7 +435,7 @@ class Held:
                 self._unanswered = True
                 return None
             if item is not None:
-                handover.push_heirs(self.resource, heirs, item)
+                handover.push_heirs(self.resource, heirs, item, line)
             return True
         return None
 

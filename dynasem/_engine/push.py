@@ -128,6 +128,10 @@ class Push(NamedTuple):
     item: records.LockItem
     arrived: float
     sent_ms: int
+    # The waiters after us as the releaser read them, and how old that read was when it sent
+    # this (seconds, its own clock): see handover.heirs_of.
+    line: tuple[records.Waiter, ...] = ()
+    line_age: float = 0.0
 
 
 def _state(item: records.LockItem) -> tuple[int, int]:
@@ -337,7 +341,10 @@ class _Listener:
                 push_table=table,
             )
         elif not slot.refused(item, message["ts"], "on arrival"):
-            if not slot.deliver(Push(item, arrived, message["ts"])):
+            line = tuple(records.from_item(records.Waiter, w) for w in message.get("q", ()))
+            age = max(0, message.get("qa", 0)) / 1000
+            pushed = Push(item, arrived, message["ts"], line, age)
+            if not slot.deliver(pushed):
                 slot.stray(item)
 
 
@@ -535,9 +542,18 @@ def reachable(address: Any) -> tuple[str, int] | None:
     return host, int(port)
 
 
-def push(address: Any, resource: str, token: str, item: records.LockItem, *, sent_ms: int) -> bool:
+def push(
+    address: Any,
+    resource: str,
+    token: str,
+    item: records.LockItem,
+    *,
+    sent_ms: int,
+    line: tuple[tuple[records.Waiter, ...], float] = ((), 0.0),
+) -> bool:
     """Send ``item`` (what the hand-over write produced) to the waiter ``token``, with the
-    table's name and ``sent_ms`` (our wall clock) signed along. Best effort."""
+    table's name and ``sent_ms`` (our wall clock) signed along, and the ``line`` after it
+    (the waiters as read, and that read's age in seconds) if any. Best effort."""
     target = reachable(address)
     keys = _keys()
     if target is None or not keys:
@@ -549,7 +565,13 @@ def push(address: Any, resource: str, token: str, item: records.LockItem, *, sen
         "tb": settings.TABLE_NAME,
         "ts": sent_ms,
     }
+    if line[0]:
+        message["q"] = [records.to_item(waiter) for waiter in line[0]]
+        message["qa"] = int(line[1] * 1000)
     body = json.dumps(message, separators=(",", ":")).encode()
+    if len(body) + 32 > MAX_DATAGRAM and "q" in message:
+        del message["q"], message["qa"]  # the hand-over without the line: the heir reads it
+        body = json.dumps(message, separators=(",", ":")).encode()
     if len(body) + 32 > MAX_DATAGRAM:
         return False
     try:

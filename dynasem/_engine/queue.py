@@ -3,6 +3,7 @@ hand-over pushed to us, and the backoff of a waiter that polls instead."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import heapq
 import math
@@ -595,6 +596,10 @@ def _pushed(run: Attempt, resource: str, pace: Pace, pushed: push.Push) -> recor
         before = turn_seconds.get(resource, took)
         turn_seconds[resource] = (before + took) / 2
     pace.push_cap = pushed.arrived + run.lease - run.skew
+    if pushed.line and run.token in pushed.item.holders:
+        # Handed the lock with the line after us: ours to hand on without a read while fresh.
+        read = pushed.arrived - pushed.line_age
+        return dataclasses.replace(pushed.item, line=pushed.line, line_read=read)
     return pushed.item
 
 

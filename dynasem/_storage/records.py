@@ -67,7 +67,9 @@ FORMAT_VERSION = 1
 # Bumped by every change to it (with or without a new stored format): benchmark results
 # recorded under an older one (benchmarks/results/) no longer describe the code, and
 # tests/project/test_figures.py says to run them again.
-PROTOCOL_VERSION = 1
+# 2: a hand-over's push carries the line after its heir, who hands over from it without a
+# read of the queue while it is fresh (issue 43).
+PROTOCOL_VERSION = 2
 # Keys-only projections over a bucketed ``expires``.
 USER_INDEX, EXPIRES_INDEX = "userId-index-v2", "expires-index-v2"
 # The width of an ``expires`` bucket (seconds). Wider: fewer index moves for long holds;
@@ -255,6 +257,11 @@ class LockItem:
     # A read stops at the first live entry; ``entries_to`` is the last ticket it covered.
     entries: tuple[Waiter, ...] | None = None
     entries_to: int = 0
+    # The line after us, as the releaser that handed us this row read it (its push carries
+    # it): entry items read without ConsistentRead at ``line_read`` (our monotonic clock),
+    # for our own hand-over to go without a read while they are fresh (handover.heirs_of).
+    line: tuple[Waiter, ...] = ()
+    line_read: float = 0.0
     guessed: bool = False  # not read: a guess of the acquire loop (see guessed_free)
     # The average hold, for a waiter's estimate of its turn.
     hold_ms: int | None = stored_as("holdMs")

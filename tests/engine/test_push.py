@@ -82,6 +82,56 @@ def test_a_pushed_waiter_reads_nothing(lock_table, requests_sent, holder_knows, 
     assert (lock_rows.get_item("deploy:prod") or {}).get("holders") == {}
 
 
+def _chain(resource: str, requests_sent, n: int) -> list[str]:
+    """A holder, then ``n`` waiters queued one after another, each giving the lock back at
+    once: who held it, in order, once the holder released (the queue read before it)."""
+    holder = semaphore(resource).acquire()
+    order: list[str] = []
+    threads = []
+    for i in range(n):
+
+        def run(name: str = f"w{i}") -> None:
+            with semaphore(resource, wait=30):
+                order.append(name)
+
+        threads.append(threading.Thread(target=run))
+        threads[-1].start()
+        wait_until_queued(resource, i + 1)
+    holder.renew()  # its answer shows the holder the queue: it hands over on release
+    requests_sent.reset()
+    holder.release()
+    for thread in threads:
+        thread.join(10)
+    return order
+
+
+@pytest.mark.kind_engine_only("counts the queue reads of a chain of hand-overs")
+def test_a_hand_over_passes_the_line_on_and_the_next_hand_overs_read_nothing(
+    lock_table, requests_sent, monkeypatch
+):
+    # Paced looks far away: only pushes move the line.
+    monkeypatch.setattr(Pace, "turn_in", lambda *a, **k: 20.0)
+    order = _chain("deploy:line", requests_sent, 3)
+    assert order == ["w0", "w1", "w2"]  # first come, first served
+    # The first release read the line (one Query) and pushed it on with its hand-over; w0 and
+    # w1 handed over from it; w2 had nobody after it.
+    assert requests_sent.calls["Query"] == 1
+    assert requests_sent.calls["GetItem"] == 0
+    assert (lock_rows.get_item("deploy:line") or {}).get("holders") == {}
+
+
+@pytest.mark.kind_engine_only("counts the queue reads of a chain of hand-overs")
+def test_a_line_passed_on_is_not_trusted_once_it_is_old(lock_table, requests_sent, monkeypatch):
+    from dynasem._engine import handover
+
+    monkeypatch.setattr(Pace, "turn_in", lambda *a, **k: 20.0)
+    monkeypatch.setattr(handover, "LINE_FRESH", 0.0)  # every line is too old by the time it is used
+    order = _chain("deploy:old-line", requests_sent, 3)
+    assert order == ["w0", "w1", "w2"]
+    # Each hand-over read the line itself: the holder's, w0's and w1's.
+    assert requests_sent.calls["Query"] == 3
+
+
 def test_a_lost_push_costs_a_read_not_the_lock(lock_table, monkeypatch):
     monkeypatch.setattr(wakeup, "push", lambda *a, **k: False)
     holder = semaphore("deploy:stage").acquire()
@@ -245,6 +295,23 @@ def test_a_fresh_hand_over_push_is_taken_with_its_arrival(lock_table):
     wakeup.forget(token)
     assert pushed is not None and pushed.item.holders[token].fence == 7
     assert before <= pushed.arrived <= time.monotonic() and pushed.sent_ms == now
+
+
+def test_a_hand_over_push_carries_the_line_and_its_age_unless_it_would_not_fit(lock_table):
+    token = "t-line"
+    target = _listening_slot("deploy:push", token)
+    address = f"{wakeup.HOST_ID}@{target[0]}:{target[1]}"
+    now = clock.now_ms()
+    message = _hand_over(token, e_ms=now + 10_000, fence=7, sent_ms=now, table_name=lock_table)
+    item = records.lock_item(message["i"])
+    line = tuple(records.Waiter(ticket=t, expires_ms=now + 5_000, token=f"w{t}") for t in (3, 4))
+    for waiters, sent in ((line, line), (line * 2000, ())):  # the second: too big for a datagram
+        assert wakeup.push(address, "deploy:push", token, item, sent_ms=now, line=(waiters, 0.25))
+        pushed = wakeup.wait(token, 5, fence_above=6)
+        assert pushed is not None and pushed.item.holders[token].fence == 7
+        assert pushed.line == sent  # without the line, the hand-over still goes
+        assert pushed.line_age == (0.25 if sent else 0.0)
+    wakeup.forget(token)
 
 
 def test_of_two_pushes_waiting_the_later_state_is_taken_whatever_came_last(lock_table):

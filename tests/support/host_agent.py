@@ -92,8 +92,8 @@ class Server:
 
         real_push = wakeup.push
 
-        def push(address: Any, resource: str, token: str, item: Any, *, sent_ms: int) -> bool:
-            sent = real_push(address, resource, token, item, sent_ms=sent_ms)
+        def push(address: Any, resource: str, token: str, item: Any, **terms: Any) -> bool:
+            sent = real_push(address, resource, token, item, **terms)
             self.pushes.append({"to": address, "resource": resource, "sent": sent})
             return sent
 
