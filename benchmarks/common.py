@@ -42,7 +42,15 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 DOC = REPO_ROOT / "docs" / "BENCHMARKS.md"
-SECTIONS = ("uncontended", "contended", "many_resources", "reap_and_list", "cost", "telemetry")
+SECTIONS = (
+    "uncontended",
+    "cycle_profile",
+    "contended",
+    "many_resources",
+    "reap_and_list",
+    "cost",
+    "telemetry",
+)
 PEER = "python-dynamodb-lock"
 
 # The peer's configuration, the same in every script: a lease like dynasem's under
