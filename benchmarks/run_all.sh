@@ -26,7 +26,7 @@ logdir=$(mktemp -d "${TMPDIR:-/tmp}/dynasem-bench.XXXXXX")
 trap 'rm -rf "$logdir"' EXIT
 crashed=()
 started=$SECONDS
-for name in uncontended contended many_resources reap_and_list cost telemetry; do
+for name in uncontended cycle_profile contended many_resources reap_and_list cost telemetry; do
     echo
     echo "=== benchmarks/$name.py"
     t0=$SECONDS
@@ -41,7 +41,7 @@ done
 echo
 echo "=== summary ($((SECONDS - started)) s)"
 missed=0
-for name in uncontended contended many_resources reap_and_list cost telemetry; do
+for name in uncontended cycle_profile contended many_resources reap_and_list cost telemetry; do
     while IFS= read -r line; do
         echo "$name: $line"
         missed=$((missed + 1))
