@@ -65,9 +65,9 @@ def heirs_of(row: records.LockItem | None) -> tuple[Heirs, int, records.LockItem
     came. Returns the heirs, the ``qout`` a hand-over to them is conditional on, the row with
     what was read, and the line after the heirs, for them."""
     if row is None or not row.waiting:
-        return [], 0, row, Line()
+        return [], 0, row, NO_LINE
     if row.entries is not None:
-        return next_in_line(row, clock.now_ms()), row.queue_out, row, Line()
+        return next_in_line(row, clock.now_ms()), row.queue_out, row, NO_LINE
     if row.line and clock.monotonic() - row.line_read <= LINE_FRESH:
         # The same trust as the eventually consistent read below (it is one, passed on): only
         # if the very next tickets are there, every one live as read.
@@ -111,7 +111,7 @@ def _after(entries: tuple[records.Waiter, ...] | None, heirs: Heirs, read: float
     """The line after ``heirs`` among ``entries`` (read at ``read``), for the heir to pass on:
     only after one exclusive heir (readers do not hand over)."""
     if len(heirs) != 1 or heirs[0][1].shared or not entries:
-        return Line()
+        return NO_LINE
     last = heirs[0][1].ticket
     return Line(tuple(w for w in entries if w.ticket > last), read)
 
