@@ -113,13 +113,22 @@ def test_queued_waiters_use_every_permit(dynamodb_local: str, lock_table: str):
     """Six processes, three permits, holds of a second: the three that queue behind the first
     three are admitted as permits free up, and their holds meet (one freed permit left idle
     for a hold's time while a waiter waits, or a queue that lets in one waiter a hold, would
-    never show three at once again)."""
-    results = _run(workers.hold_with_limit, 6, (dynamodb_local, lock_table, "pool", 3, 2, 1.0))
+    never show three at once again).
+
+    On the unkind engine a permit may rightly stand idle for up to 2.5 s: a write applied whose
+    answer is lost (its client learns only when it times out and sends it again), a hand-over
+    that read a stale queue (the waiter's late look finds it). Holds of a second there once
+    never met three at once in CI (a loaded machine, its seed not kept: most likely two such
+    stretches together); holds of 3 s outlast any one such idle stretch."""
+    hold = 3.0 if engine_name() == "unkind" else 1.0
+    results = _run(workers.hold_with_limit, 6, (dynamodb_local, lock_table, "pool", 3, 2, hold))
     starts = _levels(results)
     assert len(starts) == 12
-    assert max(level for _, level in starts) == 3
+    t0 = min(s for s, _ in starts)
+    shown = [(round(s - t0, 2), level) for s, level in starts]
+    assert max(level for _, level in starts) == 3, shown
     later = [level for _, level in starts[3:]]
-    assert max(later) == 3, later
+    assert max(later) == 3, shown
 
 
 def test_opposite_orders_of_two_resources_neither_deadlock_nor_overlap(
