@@ -11,9 +11,13 @@ for every process on a Linux host): acquire called, acquire returned, block end 
 called), release returned.
 
 Runs: dynasem ``semaphore(resource, wait=60)``; dynasem ``semaphore(..., fair=True)`` too if
-that parameter exists; python-dynamodb-lock ``acquire_lock(resource, retry_period=P,
-retry_timeout=60 s)`` + ``release()`` for P = 10, 25, 50, 100 ms (its best run is the one
-compared).
+that parameter exists; the same ``--processes`` contenders as threads of one process, then as
+coroutines of one process (``async with semaphore(...)``, held with ``asyncio.sleep``);
+python-dynamodb-lock ``acquire_lock(resource, retry_period=P, retry_timeout=60 s)`` +
+``release()`` for P = 10, 25, 50, 100 ms (its best run is the one compared); last, as root
+(else skipped, saying why; ``--no-hosts`` skips it), the default run with the processes spread
+over two hosts: network namespaces on one bridge (tests/support/netns.py), DynamoDB at the
+bridge's gateway, hand-overs pushed over UDP between the hosts' addresses.
 
 Reported per run:
 
@@ -35,8 +39,10 @@ Reported per run:
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
+import threading
 import time
 import traceback
 from datetime import UTC, datetime, timedelta
@@ -48,6 +54,13 @@ import common  # noqa: E402
 import results as recorded  # noqa: E402
 
 PEER_RETRY_MS = (10, 25, 50, 100)
+# Each kind of dynasem run's prefix in the recorded figures.
+KEYS = {
+    "dynasem-fair": "fair",
+    "dynasem-threads": "threads",
+    "dynasem-async": "async",
+    "dynasem-hosts": "hosts",
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -110,18 +123,21 @@ def worker(cfg: dict[str, Any], idx: int, jobs: Any, barrier: Any, out: Any) -> 
                         t_end = time.monotonic()
                     return t_acq, t_end, time.monotonic()
 
-            records = []
             counter.reset()
-            barrier.wait()
-            for _ in range(rounds):
-                t_req = time.monotonic()
-                t_acq, t_end, t_rel = hold_once()
-                records.append((t_req, t_acq, t_end, t_rel))
+            lanes = job.get("lanes", 1)
+            if idx >= job.get("processes", idx + 1):
+                barrier.wait()  # not taking part: only meet the others
+                contenders: list[list[tuple[float, float, float, float]]] = []
+            elif kind == "dynasem-async":
+                barrier.wait()
+                contenders = asyncio.run(async_lanes(semaphore, res, hold, rounds, lanes))
+            else:
+                contenders = thread_lanes(hold_once, rounds, lanes, barrier)
             out.put(
                 (
                     "done",
                     idx,
-                    {"pid": os.getpid(), "records": records, "requests": counter.snapshot()},
+                    {"pid": os.getpid(), "contenders": contenders, "requests": counter.snapshot()},
                 )
             )
         except BaseException:
@@ -129,6 +145,65 @@ def worker(cfg: dict[str, Any], idx: int, jobs: Any, barrier: Any, out: Any) -> 
             with_barrier_broken(barrier)
             return
     peer.close()
+
+
+def host_worker(cfg: dict[str, Any], idx: int, jobs: Any, barrier: Any, out: Any) -> None:
+    """``worker``, on host ``idx`` mod the hosts: its network and UTS namespaces first (no
+    thread or socket exists yet), pushes advertised at the host's own address."""
+    from tests.support import netns
+
+    host = cfg["hosts"][idx % len(cfg["hosts"])]
+    netns.die_with_parent()
+    netns.enter(host["netns"], host["hostname"])
+    os.environ["DYNASEM_TEST_PUSH"] = host["address"]
+    worker(cfg, idx, jobs, barrier, out)
+
+
+def thread_lanes(
+    hold_once: Any, rounds: int, lanes: int, barrier: Any
+) -> list[list[tuple[float, float, float, float]]]:
+    """``lanes`` threads of this process (one: this thread) each take the lock ``rounds``
+    times, after every process met at ``barrier``; each thread's stamps."""
+    contenders: list[list[tuple[float, float, float, float]]] = [[] for _ in range(lanes)]
+    start = threading.Barrier(lanes)
+
+    def lane(records: list[tuple[float, float, float, float]]) -> None:
+        start.wait()
+        for _ in range(rounds):
+            t_req = time.monotonic()
+            t_acq, t_end, t_rel = hold_once()
+            records.append((t_req, t_acq, t_end, t_rel))
+
+    barrier.wait()
+    if lanes == 1:
+        lane(contenders[0])
+        return contenders
+    threads = [threading.Thread(target=lane, args=(records,)) for records in contenders]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return contenders
+
+
+async def async_lanes(
+    semaphore: Any, res: str, hold: float, rounds: int, lanes: int
+) -> list[list[tuple[float, float, float, float]]]:
+    """``lanes`` coroutines on this process's event loop, each taking the lock ``rounds``
+    times with ``async with`` and holding it with ``asyncio.sleep``; each one's stamps."""
+    contenders: list[list[tuple[float, float, float, float]]] = [[] for _ in range(lanes)]
+
+    async def lane(records: list[tuple[float, float, float, float]]) -> None:
+        for _ in range(rounds):
+            t_req = time.monotonic()
+            async with semaphore(res, wait=60):
+                t_acq = time.monotonic()
+                await asyncio.sleep(hold)
+                t_end = time.monotonic()
+            records.append((t_req, t_acq, t_end, time.monotonic()))
+
+    await asyncio.gather(*(lane(records) for records in contenders))
+    return contenders
 
 
 def with_barrier_broken(barrier: Any) -> None:
@@ -143,17 +218,77 @@ def with_barrier_broken(barrier: Any) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def play(runs: list[dict[str, Any]], job_queues: list[Any], out: Any, args: Any) -> None:
+    """An unmeasured warm-up of each kind of run (so the engine's JIT is warm for all), then
+    every run, each worker told its part; a run's figures go to its "stats"."""
+    n = len(job_queues)
+
+    def job(run: dict[str, Any], resource: str, rounds: int) -> dict[str, Any]:
+        return {
+            "kind": run["kind"],
+            "retry_ms": run.get("retry_ms"),
+            "resource": resource,
+            "rounds": rounds,
+            "hold": args.hold,
+            "processes": run.get("processes", n),
+            "lanes": run.get("lanes", 1),
+        }
+
+    warm_ups = {r["kind"]: r for r in runs}
+    for k, run in enumerate(warm_ups.values()):
+        for q in job_queues:
+            q.put(job(run, f"warm-up-{k}-{run['kind']}", args.warmup))
+        print(f"warming up {run['label']} ...", flush=True)
+        common.collect(out, n, "warm-up " + run["label"], 600)
+    for k, run in enumerate(runs):
+        for q in job_queues:
+            q.put(job(run, f"contended-{k}-{run['kind']}", args.rounds))
+        print(f"running {run['label']} ...", flush=True)
+        run["stats"] = analyse(common.collect(out, n, run["label"], 600))
+        s = run["stats"]
+        print(
+            f"  {s['rate']:.1f} acquisitions/s, utilisation {s['util']:.2f}, "
+            f"{s['per_acq']:.2f} requests/acquisition, overlaps {s['overlaps']}",
+            flush=True,
+        )
+
+
+def on_hosts(cfg: dict[str, Any], endpoint: str, n: int, args: Any) -> list[dict[str, Any]]:
+    """The default run again with the n processes spread over two hosts (network namespaces
+    on one bridge, tests/support/netns.py; needs root): DynamoDB reached at the bridge's
+    gateway, each hand-over pushed over UDP to the other host's address. No hosts here: no
+    run, and why is printed."""
+    from tests.support import netns
+
+    reason = netns.problem()
+    if reason is not None:
+        print(f"no run across hosts: {reason}", flush=True)
+        return []
+    runs = [{"kind": "dynasem-hosts", "label": f"dynasem, {n} processes on 2 hosts"}]
+    with netns.Network(("a", "b")) as network:
+        port = endpoint.rpartition(":")[2]
+        hosts = [
+            {"netns": h.netns, "hostname": h.hostname, "address": h.address}
+            for h in network.hosts.values()
+        ]
+        on_hosts_cfg = dict(cfg, endpoint=f"http://{network.gateway}:{port}", hosts=hosts)
+        with common.worker_pool(host_worker, on_hosts_cfg, n) as (job_queues, out):
+            play(runs, job_queues, out, args)
+    return runs
+
+
 def analyse(results: list[dict[str, Any]]) -> dict[str, Any]:
-    holds = []  # (t_acq, t_end, worker)
+    holds = []  # (t_acq, t_end, contender: a process, thread or coroutine)
     waits = []
-    for w, res in enumerate(results):
-        for t_req, t_acq, t_end, _t_rel in res["records"]:
+    lanes = [records for res in results for records in res["contenders"] if records]
+    for w, records in enumerate(lanes):
+        for t_req, t_acq, t_end, _t_rel in records:
             holds.append((t_acq, t_end, w))
             waits.append(t_acq - t_req)
     holds.sort()
     n = len(holds)
-    first = min(r["records"][0][0] for r in results)
-    last = max(r["records"][-1][3] for r in results)
+    first = min(records[0][0] for records in lanes)
+    last = max(records[-1][3] for records in lanes)
     wall = last - first
     held = sum(e - a for a, e, _ in holds)
     # Holds sorted by start: one overlaps if it starts before some earlier hold ended.
@@ -268,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
         default=PEER_RETRY_MS,
         help="python-dynamodb-lock retry periods to try, comma-separated (ms)",
     )
+    parser.add_argument(
+        "--no-hosts", dest="hosts", action="store_false", help="no run across two netns hosts"
+    )
     parser.add_argument("--no-doc", action="store_true", help="do not update docs/BENCHMARKS.md")
     args = parser.parse_args(argv)
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -287,46 +425,32 @@ def main(argv: list[str] | None = None) -> int:
         runs: list[dict[str, Any]] = [{"kind": "dynasem", "label": "dynasem (wait=60)"}]
         if fair:
             runs.append({"kind": "dynasem-fair", "label": "dynasem (wait=60, fair=True)"})
+        n = args.processes
+        # The same n contenders as threads, then as coroutines, of one process (issue 43).
+        runs.append(
+            {
+                "kind": "dynasem-threads",
+                "label": f"dynasem, {n} threads",
+                "processes": 1,
+                "lanes": n,
+            }
+        )
+        runs.append(
+            {
+                "kind": "dynasem-async",
+                "label": f"dynasem, {n} coroutines",
+                "processes": 1,
+                "lanes": n,
+            }
+        )
         for p in args.peer_retry_ms:
             runs.append({"kind": "peer", "retry_ms": p, "label": f"{common.PEER} (retry {p} ms)"})
 
-        n = args.processes
         with common.worker_pool(worker, cfg, n) as (job_queues, out):
-            # Unmeasured warm-up runs, one per kind, so the engine's JIT is warm for all.
-            warm_ups = {r["kind"]: dict(r, retry_ms=r.get("retry_ms")) for r in runs}
-            for k, run in enumerate(warm_ups.values()):
-                for q in job_queues:
-                    q.put(
-                        {
-                            "kind": run["kind"],
-                            "retry_ms": run["retry_ms"],
-                            "resource": f"warm-up-{k}",
-                            "rounds": args.warmup,
-                            "hold": args.hold,
-                        }
-                    )
-                print(f"warming up {run['label']} ...", flush=True)
-                common.collect(out, n, "warm-up " + run["label"], 600)
-            for k, run in enumerate(runs):
-                job = {
-                    "kind": run["kind"],
-                    "retry_ms": run.get("retry_ms"),
-                    "resource": f"contended-{k}",
-                    "rounds": args.rounds,
-                    "hold": args.hold,
-                }
-                for q in job_queues:
-                    q.put(job)
-                print(f"running {run['label']} ...", flush=True)
-                run["stats"] = analyse(common.collect(out, n, run["label"], 600))
-                s = run["stats"]
-                print(
-                    f"  {s['rate']:.1f} acquisitions/s, utilisation {s['util']:.2f}, "
-                    f"{s['per_acq']:.2f} requests/acquisition, overlaps {s['overlaps']}",
-                    flush=True,
-                )
-
+            play(runs, job_queues, out, args)
             gap = idle_gap_latency(cfg["dynasem_table"], args.hold)
+        if args.hosts:
+            runs += on_hosts(cfg, ddb.endpoint_url, n, args)
 
     peers = [r for r in runs if r["kind"] == "peer"]
     best = max(peers, key=lambda r: r["stats"]["rate"])
@@ -365,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     results = common.table_md(headers, rows)
     print(
-        f"\n{n} processes x {args.rounds} acquisitions of one resource, held "
+        f"\n{n} contenders x {args.rounds} acquisitions of one resource, held "
         f"{args.hold * 1000:g} ms\n"
     )
     print(results)
@@ -405,7 +529,7 @@ def main(argv: list[str] | None = None) -> int:
             "<= 1.5x",
         )
         targets.check(f"{name}: overlaps", s["overlaps"] == 0, str(s["overlaps"]), "0")
-        key = "fair" if r["kind"] == "dynasem-fair" else "default"
+        key = KEYS.get(r["kind"], "default")
         figures |= {
             f"{key}_of_ceiling": f"{of_ceiling:.2f}",
             f"{key}_utilisation": common.fmt(s["util"]),
@@ -446,22 +570,26 @@ def main(argv: list[str] | None = None) -> int:
         intro = f"""
 {n} OS processes (multiprocessing spawn, one boto3 client each) x {args.rounds} acquisitions
 of one resource, each held {args.hold * 1000:g} ms, after one unmeasured warm-up run per
-library ({args.warmup} acquisitions per process). dynasem: `semaphore(res, wait=60)`
-({fair_note}) {common.PEER}: `acquire_lock(res, retry_period=P, retry_timeout=60 s)` +
-`release()` for P = {", ".join(str(p) for p in args.peer_retry_ms)} ms
+kind of run ({args.warmup} acquisitions per contender). dynasem: `semaphore(res, wait=60)`
+({fair_note}) The same {n} contenders as threads of one process, and as coroutines of one
+process (`async with`, held with `asyncio.sleep`); last, {n} processes spread over two
+hosts (network namespaces on one bridge; DynamoDB at its gateway; hand-overs pushed over UDP
+between the hosts), a row only where the script ran as root. {common.PEER}:
+`acquire_lock(res, retry_period=P, retry_timeout=60 s)` + `release()` for
+P = {", ".join(str(p) for p in args.peer_retry_ms)} ms
 ({common.peer_config_text()}); its best run by acquisitions/s is the one compared.
 *acq/s* = acquisitions / wall (first acquire called .. last release returned);
 *utilisation* = sum of hold times / wall; *requests/acq* = every request of every process
 (heartbeat threads included) / acquisitions; *handoff* = next hold's acquire returned -
 previous hold's block end (includes the release request); *same-process handoffs* = share of
-handoffs back to the process that just released, and the handoff p50 of those and of the
-handoffs to another process; *acquire wait* = acquire returned - acquire
+handoffs back to the contender (process, thread or coroutine) that just released, and the
+handoff p50 of those and of the handoffs to another; *acquire wait* = acquire returned - acquire
 called; *overlaps* = holds whose [acquired, block end] began before an earlier hold's had ended.
 """
         common.write_section(
             "contended",
             common.section(
-                "Contended: one resource, 8 processes (`contended.py`)",
+                "Contended: one resource, 8 contenders (`contended.py`)",
                 started,
                 intro,
                 [results, "Ratios: " + "; ".join(ratio_lines) + ".", gap_line, ceiling_line],
