@@ -6,9 +6,12 @@ when it can really have run out: our own deadline (``sent + lease - CLOCK_SKEW``
 without a successful renewal, or a renewal was refused because the hold is no longer ours.
 
 Starting and stopping a heartbeat is a heap push and a flag: no thread is started per hold
-(that cost about a millisecond per acquire). A due renewal runs in a short-lived thread of
-its own, and its request in a worker thread joined only until the hold's deadline, so neither
-a request hanging on a dead endpoint nor one slow hold delays another hold's renewal or loss.
+(that cost about a millisecond per acquire), and the scheduler's thread is woken only for a
+task due before its next look at the heap (at least every ``LOOK_EVERY``), so a hold given
+back before its first renewal costs no switch to that thread. A due renewal runs in a
+short-lived thread of its own, and its request in a worker thread joined only until the
+hold's deadline, so neither a request hanging on a dead endpoint nor one slow hold delays
+another hold's renewal or loss.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import os
 import threading
 import time
@@ -28,6 +32,10 @@ logger = logging.getLogger("dynasem")
 
 # Shortest pause between two attempts after a transient failure (seconds).
 RETRY_MIN = 0.05
+# The scheduler thread looks at its heap at least this often (seconds), so a task due later
+# than its next look is added without waking it: a short hold (taken and given back before
+# its first renewal) must not cost a switch to that thread per acquire.
+LOOK_EVERY = 1.0
 
 
 def _facts(held: Any, outcome: str, reason: object, wait: float | None = None) -> dict[str, Any]:
@@ -141,6 +149,8 @@ class _Scheduler:
         self._beating: set[Task] = set()
         self._thread: threading.Thread | None = None
         self._dropped = 0  # stopped heartbeats possibly still in the heap
+        self._wakes_at = 0.0  # when the thread looks at the heap next, on its own
+        self._adds = 0
 
     def dropped(self) -> None:
         """A heartbeat stopped: rebuild the heap once stopped entries are most of it, so
@@ -155,13 +165,15 @@ class _Scheduler:
     def add(self, task: Task, pause: float) -> None:
         with self._cond:
             self._beating.discard(task)
-            heapq.heappush(self._heap, (time.monotonic() + pause, next(self._seq), task))
+            due = time.monotonic() + pause
+            heapq.heappush(self._heap, (due, next(self._seq), task))
+            self._adds += 1
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="dynasem-heartbeat", daemon=True
                 )
                 self._thread.start()
-            elif self._heap[0][2] is task:
+            elif due < self._wakes_at:
                 self._cond.notify()
 
     def scheduled(self) -> list[Heartbeat]:
@@ -172,17 +184,22 @@ class _Scheduler:
         return [hb for hb in running if isinstance(hb, Heartbeat) and not hb.stopped]
 
     def _run(self) -> None:
+        seen = -1  # self._adds at the last look
         while True:
             with self._cond:
                 # Stopped tasks leave the heap as soon as they reach its top.
                 while self._heap and self._heap[0][2].stopped:
                     heapq.heappop(self._heap)
-                if not self._heap:
-                    self._cond.wait()
-                    continue
-                delay = self._heap[0][0] - time.monotonic()
-                if delay > 0:
-                    self._cond.wait(delay)
+                now = time.monotonic()
+                if self._heap:
+                    self._wakes_at = min(self._heap[0][0], now + LOOK_EVERY)
+                elif self._adds != seen:  # tasks came lately: more may, look again soon
+                    self._wakes_at = now + LOOK_EVERY
+                else:  # none for a whole look: sleep until one comes
+                    self._wakes_at = math.inf
+                seen = self._adds
+                if self._wakes_at > now:
+                    self._cond.wait(None if self._wakes_at == math.inf else self._wakes_at - now)
                     continue
                 _, _, task = heapq.heappop(self._heap)
                 self._beating.add(task)

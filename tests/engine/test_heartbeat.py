@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import socket
 import threading
 import time
@@ -450,6 +451,80 @@ def test_first_renewal_comes_before_a_short_deadline() -> None:
     finally:
         beat.stop()
     assert held.renewed and held.renewed[0] < 0.4
+
+
+class Beat:
+    """A scheduler task that records when it ran and runs once."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.held, self.stopped = name, None, False
+        self.ran: list[float] = []
+
+    def beat(self) -> float | None:
+        self.ran.append(time.monotonic())
+        return None
+
+
+class CountingCondition(threading.Condition):
+    notified = 0
+
+    def notify(self, n: int = 1) -> None:
+        self.notified += 1
+        super().notify(n)
+
+
+def test_short_holds_do_not_wake_the_scheduler_thread() -> None:
+    """A task added and stopped before it is due, as every hold given back before its first
+    renewal is, wakes the scheduler's thread only if it is due before the thread's next look:
+    a burst of short holds costs no thread switch each (before: one notify per hold)."""
+    scheduler = heartbeat._Scheduler()
+    scheduler._cond = cond = CountingCondition()
+    first = Beat("first")
+    scheduler.add(first, 0.05)  # starts the thread, which runs it
+    deadline = time.monotonic() + 2
+    while not first.ran and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert first.ran
+    for i in range(50):
+        task = Beat(f"short-{i}")
+        scheduler.add(task, heartbeat.LOOK_EVERY + 2)
+        busy_until = time.perf_counter() + 0.002  # the block, keeping the GIL (the thread
+        while time.perf_counter() < busy_until:  # woken could not look before the release)
+            pass
+        task.stopped = True
+        time.sleep(0.003)  # the release request, waiting on its socket
+    assert cond.notified <= 3, cond.notified
+
+
+def test_a_task_due_before_the_next_look_runs_on_time_and_one_after_it_too() -> None:
+    scheduler = heartbeat._Scheduler()
+    early, late = Beat("early"), Beat("late")
+    scheduler.add(Beat("start"), 0.0)
+    time.sleep(0.2)  # the thread sleeps until its next look
+    added = time.monotonic()
+    scheduler.add(late, heartbeat.LOOK_EVERY + 0.3)
+    scheduler.add(early, 0.1)
+    deadline = added + heartbeat.LOOK_EVERY + 3
+    while not late.ran and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert early.ran and late.ran
+    assert 0.1 <= early.ran[0] - added < 0.1 + 0.5
+    assert heartbeat.LOOK_EVERY + 0.3 <= late.ran[0] - added < heartbeat.LOOK_EVERY + 0.3 + 0.5
+
+
+def test_an_idle_scheduler_sleeps_until_a_task_comes_and_runs_it_on_time() -> None:
+    scheduler = heartbeat._Scheduler()
+    scheduler.add(Beat("start"), 0.0)
+    deadline = time.monotonic() + 3 * heartbeat.LOOK_EVERY + 2
+    while scheduler._wakes_at != math.inf and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert scheduler._wakes_at == math.inf  # nothing came for a whole look
+    task = Beat("after-idle")
+    added = time.monotonic()
+    scheduler.add(task, 0.2)
+    while not task.ran and time.monotonic() < added + 3:
+        time.sleep(0.01)
+    assert task.ran and 0.2 <= task.ran[0] - added < 0.7
 
 
 def test_scheduler_survives_a_thread_that_cannot_start(
