@@ -1,10 +1,11 @@
 """OpenTelemetry metrics and spans of the locks, through ``opentelemetry-api`` only.
 
 Installed (``pip install dynasem[otel]``), dynasem records to whatever MeterProvider and
-TracerProvider the project configures (none configured: the API's no-ops). Absent, every
-hook in the lock code is one ``if telemetry.ON`` and nothing else. No request is added: the
-capacity units come from ``ReturnConsumedCapacity="TOTAL"`` on the requests dynasem sends
-anyway, read from their answers.
+TracerProvider the project configures (none configured: the API's no-ops, and dynasem skips
+what would only feed them: no span made, no capacity asked). Absent, every hook in the lock
+code is one ``if telemetry.ON`` and nothing else. No request is added: the capacity units
+come from ``ReturnConsumedCapacity="TOTAL"`` on the requests dynasem sends anyway (asked only
+once a MeterProvider is set), read from their answers.
 
 Cardinality is bounded by design: the lock's name in every attribute is ``metrics_name=``,
 else the decorator's key template (``"purge:{project_id}"``), else ``"other"``; the raw
@@ -36,8 +37,9 @@ try:  # the extra: dynasem[otel]
     from opentelemetry import context as _context
     from opentelemetry import metrics as _metrics
     from opentelemetry import trace as _trace
+    from opentelemetry.metrics import _internal as _metrics_global
 except ImportError:  # pragma: no cover - the matrix runs sessions without it
-    _context = _metrics = _trace = None  # type: ignore[assignment]
+    _context = _metrics = _trace = _metrics_global = None  # type: ignore[assignment]
 
 ON = _metrics is not None and _trace is not None
 
@@ -155,6 +157,28 @@ def _tracer() -> Any:
 
 
 _PROVIDER_FROM_ENVIRONMENT = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
+
+_metered = False
+
+
+def _metering() -> bool:
+    """Whether a MeterProvider is set. Before one is, the API's instruments record nowhere:
+    a request's answer is not counted and no request asks DynamoDB for its capacity units
+    (a bigger answer to parse; DynamoDB Local answered each ~0.5 ms later for it)."""
+    global _metered
+    if not _metered:
+        if getattr(_metrics_global, "_METER_PROVIDER", True) is None and not _METER_FROM_ENV:
+            return False
+        provider = _metrics.get_meter_provider()
+        if isinstance(provider, _metrics.NoOpMeterProvider) or provider is getattr(
+            _metrics_global, "_PROXY_METER_PROVIDER", None
+        ):
+            return False
+        _metered = True  # set once: OpenTelemetry refuses to replace a provider
+    return True
+
+
+_METER_FROM_ENV = "OTEL_PYTHON_METER_PROVIDER" in os.environ
 
 
 # The two settings, read once and again after a change (every hook asks: a settings read is
@@ -475,13 +499,13 @@ def naming(name: str | None) -> Iterator[None]:
 
 def ask_capacity(operation: str, kwargs: dict[str, Any]) -> None:
     """Ask DynamoDB to report the units of a request that can (no extra request)."""
-    if operation in metrics.CAPACITY_OPERATIONS and (_settings or _config())[0]:
+    if operation in metrics.CAPACITY_OPERATIONS and (_settings or _config())[0] and _metering():
         kwargs.setdefault("ReturnConsumedCapacity", "TOTAL")
 
 
 def request(operation: str, outcome: str, response: Mapping[str, Any] | None) -> None:
     """A request's answer: counted by operation and outcome, and its capacity units."""
-    if (_settings or _config())[0]:
+    if (_settings or _config())[0] and _metering():
         _safely(_request, operation, outcome, response)
 
 

@@ -575,6 +575,59 @@ def test_a_reader_in_an_item_is_measured_like_any_hold_and_its_loss_counted(
     assert total(reader, "dynasem.lock.lost", **{NAME: name, REASON: "taken_over"}) == 1
 
 
+def test_capacity_is_asked_only_once_a_meter_provider_is_set(lock_table: str) -> None:
+    """opentelemetry installed, no MeterProvider yet: the API's instruments record nowhere, so
+    no request asks DynamoDB for its capacity units (DynamoDB Local answers later for it);
+    once the project sets one, every request asks and the units are recorded (a subprocess:
+    the test session's providers are set already)."""
+    if sdk_metrics is None:
+        pytest.skip("the OpenTelemetry SDK is not installed (dynasem[otel] + the otel group)")
+    code = textwrap.dedent(
+        f"""
+        import django
+        from django.conf import settings
+        settings.configure(INSTALLED_APPS=["dynasem"], DYNASEM={dynasem_settings(*_endpoint())!r})
+        django.setup()
+        from opentelemetry import metrics
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from dynasem import semaphore
+        from dynasem._observability import telemetry
+        from dynasem._storage import dynamodb
+        assert telemetry.ON
+        asked = []
+        dynamodb.get_client().meta.events.register(
+            "provide-client-params.dynamodb",
+            lambda params, **kw: asked.append("ReturnConsumedCapacity" in params),
+        )
+        with semaphore("tel:unmetered:{uuid.uuid4().hex}"):
+            pass
+        before = list(asked)
+        reader = InMemoryMetricReader()
+        metrics.set_meter_provider(MeterProvider(metric_readers=[reader]))
+        asked.clear()
+        with semaphore("tel:metered:{uuid.uuid4().hex}"):
+            pass
+        units = [
+            p.value
+            for rm in reader.get_metrics_data().resource_metrics
+            for sm in rm.scope_metrics
+            for m in sm.metrics
+            if m.name == "dynasem.dynamodb.consumed_capacity"
+            for p in m.data.data_points
+        ]
+        print(before, asked, sum(units))
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("[False, False] [True, True] "), done.stdout
+    assert float(done.stdout.split()[-1]) >= 2, done.stdout  # a write unit each, at least
+
+
 def test_the_documented_promql_names_are_what_prometheus_scrapes(lock_table: str) -> None:
     """Every ``dynasem_*`` metric and label name in the observability guide's queries is in a
     scrape of OpenTelemetry's Prometheus exporter after an acquire, a busy try and a lost hold
