@@ -181,6 +181,12 @@ def _metering() -> bool:
 _METER_FROM_ENV = "OTEL_PYTHON_METER_PROVIDER" in os.environ
 
 
+def _recording() -> bool:
+    """The setting on, and a MeterProvider or a TracerProvider set: else an acquire, a
+    release or a renewal would only feed the API's no-ops, and none is recorded."""
+    return (_settings or _config())[0] and (_metering() or _tracer() is not None)
+
+
 # The two settings, read once and again after a change (every hook asks: a settings read is
 # four calls, most of what an uncontended cycle spent on telemetry besides the SDK's share).
 # The hooks of every acquire, release and request read ``_settings or _config()`` and
@@ -331,7 +337,7 @@ def _outcome_of(exc: BaseException) -> str:
 
 def acquire(sem: Any, attempt: Callable[[], _T]) -> _T:
     """``attempt()`` (the acquire) measured and in a ``dynasem.acquire`` span."""
-    record = _safely(_Acquiring, sem) if (_settings or _config())[0] else None
+    record = _safely(_Acquiring, sem) if _recording() else None
     if record is None:
         return attempt()
     with record:
@@ -341,7 +347,7 @@ def acquire(sem: Any, attempt: Callable[[], _T]) -> _T:
 
 async def aacquire(sem: Any, attempt: Callable[[], Awaitable[_T]]) -> _T:
     """:func:`acquire` of an async acquire."""
-    record = _safely(_Acquiring, sem) if (_settings or _config())[0] else None
+    record = _safely(_Acquiring, sem) if _recording() else None
     if record is None:
         return await attempt()
     with record:
@@ -398,7 +404,7 @@ class _HoldSpan(_Spanned):
     span_name = ""
 
     def __init__(self, held: Any) -> None:
-        self.held, self.on = held, (_settings or _config())[0]
+        self.held, self.on = held, _recording()
 
     def __enter__(self) -> None:
         if self.on and _safely(self._enter) is None:
@@ -449,7 +455,7 @@ class releasing(_HoldSpan):  # noqa: N801 - used as a function: ``with releasing
 
 
 def lost(held: Any, reason: str) -> None:
-    if _config()[0]:
+    if _recording():
         _safely(_lost, held, reason)
 
 
@@ -487,7 +493,7 @@ def naming(name: str | None) -> Iterator[None]:
     """The requests sent inside carry the lock's ``name`` (see :func:`lock_name`): work done
     for a lock on another thread than its acquire's and release's, which set it themselves
     (a stray hand-over given back, a coalesced run's registration renewed or withdrawn)."""
-    if name is None or not (_settings or _config())[0]:
+    if name is None or not _recording():
         yield
         return
     token = _lock_name.set(name)
