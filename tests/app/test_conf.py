@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings as django_settings
+from django.core.signals import setting_changed
 from django.test import override_settings
 
 from dynasem import (
@@ -43,6 +44,35 @@ def test_settings_follow_the_pytest_django_settings_fixture(settings, lock_table
     client = dynamodb.get_client()
     assert client is not before
     assert client.meta.endpoint_url == "http://127.0.0.1:9"
+
+
+def test_a_key_is_read_from_django_once_per_change(monkeypatch):
+    """An acquire reads about sixteen keys: each is looked up in Django's settings and checked
+    once, then kept until ``setting_changed`` says DYNASEM changed (before: on every read)."""
+    reads: list[str] = []
+    current = {"LEASE": 30}
+
+    class Counted:
+        @property
+        def DYNASEM(self) -> dict[str, Any]:  # noqa: N802 - the setting's name
+            reads.append("DYNASEM")
+            return current
+
+    monkeypatch.setattr(conf, "django_settings", Counted())
+    conf.settings.forget()
+    try:
+        assert [conf.settings.LEASE for _ in range(5)] == [30] * 5
+        assert conf.settings.WAIT == 0
+        assert len(reads) == 2  # once for each key
+        current = {"LEASE": 40}
+        assert conf.settings.LEASE == 30  # no change was said
+        setting_changed.send(sender=None, setting="DYNASEM", value=current, enter=True)
+        assert conf.settings.LEASE == 40
+        setting_changed.send(sender=None, setting="OTHER", value=None, enter=True)
+        assert conf.settings.LEASE == 40 and len(reads) == 3
+    finally:
+        monkeypatch.undo()
+        conf.settings.forget()  # nothing of the fake kept
 
 
 def test_defaults_when_dynasem_is_absent():
