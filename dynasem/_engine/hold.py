@@ -484,7 +484,11 @@ class Held:
                 return ok and self._released_by(old, retried)
             except dynamodb.Cancelled as cancelled:
                 # Nothing was applied: drop the ones not ours any more and send the rest again.
-                retried = cancelled.retried or self._unanswered
+                # Unless botocore sent it again: then its first attempt may have released them
+                # all, its answer lost, and a row cancelled now for a conflict (another writer
+                # on the row we freed) may be refused next time for our own release.
+                self._unanswered |= cancelled.retried
+                retried = self._unanswered
                 reasons = list(zip(pending, cancelled.reasons, strict=False))
                 not_ours = [old for _, (code, old) in reasons if code == _REFUSED]
                 ok = ok and all(self._released_by(old, retried) for old in not_ours)

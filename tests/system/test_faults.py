@@ -88,6 +88,45 @@ def test_an_applied_take_hidden_behind_throttled_retries_is_not_left_in_the_row(
     semaphore("job:hidden", wait=0).acquire().release()
 
 
+def test_a_release_of_two_applied_then_cancelled_in_its_retry_is_no_lost_hold(
+    lock_table, monkeypatch
+):
+    """Found by the unkind soak (three spurious LockLosts in 300 s, every one a hold of two
+    resources): the release transaction is applied and its answer lost; botocore's retry is
+    cancelled, one row refused (our token gone: our own release) and the other for a
+    conflict (a newcomer writing the row we freed). The conflicted row is sent again alone
+    and refused, its lastToken overwritten by the newcomer who took it and gave it back: still
+    our own release, never "another holder took it over"."""
+    held = semaphore(["pair:a", "pair:b"]).acquire()
+    real = lock_rows.transact
+
+    sent: list[int] = []
+
+    def applied_then_cancelled(actions):
+        sent.append(len(actions))
+        real(actions)  # applied; its answer lost
+        semaphore("pair:b", wait=5).acquire().release()  # a newcomer on the freed row
+        gone = records.LockItem(last_token="newcomer")
+        raise dynamodb.Cancelled(
+            [("ConditionalCheckFailed", gone), ("TransactionConflict", None)], retried=True
+        )
+
+    monkeypatch.setattr(lock_rows, "transact", applied_then_cancelled)
+    lost: list[object] = []
+
+    def said_lost(sender: object, **kwargs: object) -> None:
+        lost.append(kwargs)
+
+    lock_lost.connect(said_lost, weak=False)
+    try:
+        held.release()  # raised LockLost("another holder took it over") before
+    finally:
+        lock_lost.disconnect(said_lost)
+    assert sent == [2]  # the release was that transaction, then one write of pair:b alone
+    assert lost == []
+    assert holds_on("pair:a") == [] and holds_on("pair:b") == []
+
+
 def test_faults_never_make_two_holders(faults):
     """Threads contend while a third of the writes lose their responses or are throttled."""
     intervals: list[tuple[float, float]] = []
