@@ -184,7 +184,7 @@ _METER_FROM_ENV = "OTEL_PYTHON_METER_PROVIDER" in os.environ
 def _recording() -> bool:
     """The setting on, and a MeterProvider or a TracerProvider set: else an acquire, a
     release or a renewal would only feed the API's no-ops, and none is recorded."""
-    return (_settings or _config())[0] and (_metering() or _tracer() is not None)
+    return ON and (_settings or _config())[0] and (_metering() or _tracer() is not None)
 
 
 # The two settings, read once and again after a change (every hook asks: a settings read is

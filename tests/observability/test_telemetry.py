@@ -412,6 +412,8 @@ def test_dynasem_works_without_opentelemetry(lock_table: str) -> None:
         )
         with semaphore("tel:absent") as held:
             assert held.fence > 0
+        with telemetry.naming("a coalesced run's name"):  # its renewals and withdrawal
+            pass
         assert asked and not any(asked), asked
         print("ok", len(asked))
         """
