@@ -98,6 +98,7 @@ SHARED: dict[Key, str] = {
     ("dynasem._observability.telemetry", "_instruments"): "telemetry is off in a simulation",
     ("dynasem._observability.telemetry", "_instruments_lock"): "telemetry is off",
     ("dynasem._observability.telemetry", "_tracing"): "telemetry is off",
+    ("dynasem._observability.telemetry", "_metered"): "telemetry is off",
     ("dynasem._observability.telemetry", "_settings"): "the same settings everywhere",
     ("dynasem._background.command_init", "_libc"): "a handle on libc: no state of ours",
 }
