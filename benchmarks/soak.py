@@ -31,9 +31,11 @@ SIGCONTs it; killed workers are replaced at once. The table's TTL is on during t
 (DynamoDB Local deletes expired rows by TTL at moments of its own, see tests/conftest.py:
 fences must stay increasing when a resource's row vanished between holds).
 At the end it stops the workers, turns TTL off (so the reaper is what is checked), waits
-``lease + CLOCK_SKEW`` (+ 2 s, because the ``expires`` attribute the reaper queries is whole
-epoch seconds rounded up and the cutoff whole seconds rounded down), runs ``dynasem_reap``,
-and counts the holds still stored (``operations.active_holds(include_expired=True)``).
+``lease + CLOCK_SKEW`` (+ 2 s, the cutoff's whole seconds), runs ``dynasem_reap`` as it would run
+a bucket later (this process's wall clock :data:`REAP_AHEAD` ahead: the reaper lists a row once
+its 15-minute ``expires`` bucket has ended, and a hold that died in the run's last minutes is in
+a bucket still running; no worker is left whose lease that could cut short), and counts the
+holds still stored (``operations.active_holds(include_expired=True)``).
 
 The fenced file write
 ---------------------
@@ -1257,11 +1259,33 @@ def settle(unkind: Any) -> None:
         time.sleep(0.5)
 
 
+# How far ahead of the wall clock the final reap runs: past the expires bucket of any lease
+# the run took (records.BUCKET_S, and a minute for the whole seconds and the skew).
+REAP_AHEAD = 900 + 60
+
+
+@contextlib.contextmanager
+def reaping_later() -> Iterator[None]:
+    """This process's wall clock (dynasem._clock.wall_clock) :data:`REAP_AHEAD` ahead while
+    the final reap runs: as if it ran once the buckets of the run's last leases had ended."""
+    from dynasem import _clock as clock
+    from dynasem._storage import records
+
+    assert records.BUCKET_S + 60 <= REAP_AHEAD, "REAP_AHEAD must pass a whole bucket"
+    real = clock.wall_clock
+    clock.wall_clock = lambda: real() + REAP_AHEAD
+    try:
+        yield
+    finally:
+        clock.wall_clock = real
+
+
 def finish_table(
     table_name: str, lease: float, skew: float, unkind: Any = None
 ) -> tuple[str, list[Any]]:
-    """After the run: TTL off, leases waited out, ``dynasem_reap``; (what it said, the holds
-    still stored). On the unkind engine its replicas are let catch up before each read."""
+    """After the run: TTL off, leases waited out, ``dynasem_reap`` a bucket later
+    (:func:`reaping_later`); (what it said, the holds still stored). On the unkind engine its
+    replicas are let catch up before each read."""
     from django.core.management import call_command
 
     from dynasem._operators import locks as operations
@@ -1276,7 +1300,8 @@ def finish_table(
     time.sleep(lease + skew + 2.0)
     settle(unkind)
     out = io.StringIO()
-    call_command("dynasem_reap", stdout=out)
+    with reaping_later():
+        call_command("dynasem_reap", stdout=out)
     settle(unkind)
     if unkind is not None:
         print(f"soak: unkind engine: {json.dumps(unkind.stats()['counts'], sort_keys=True)}")
