@@ -9,7 +9,7 @@
 #    (DynamoDB round trips, lease expiries), so more workers than cores overlap the waits:
 #    PYTEST_WORKERS defaults to 4 on this project's 2-core machines (docs/development.md says
 #    how it was chosen). The tests of a module with a module-scoped fixture (a server, the docs
-#    site, the hosts' network) share one worker (conftest.group_module_fixtures).
+#    site, the hosts' network) share one worker (tests/support/xdist_groups.py).
 # 2. `pytest -m serial`: the tests marked ``serial``, one at a time on an otherwise idle
 #    suite: the @runs_last test that checks every request of the run, and the tests whose
 #    timing holds only without seven other processes beside them.

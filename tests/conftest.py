@@ -25,7 +25,7 @@ from django.core.management import call_command
 from django.test import override_settings
 
 from dynasem.testing import abandon
-from tests.support import netns
+from tests.support import netns, xdist_groups
 from tests.support.dynamodb_local import DynamoDBLocal
 from tests.support.helpers import (
     DYNASEM_REQUESTS,
@@ -52,6 +52,7 @@ os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    xdist_groups.configure_controller(config)
     if os.environ.get(PERMITS_ENV):
         from dynasem._storage import permit_items
 
@@ -83,11 +84,10 @@ def pytest_configure(config: pytest.Config) -> None:
     )
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     # Tests marked @runs_last after all others (a stable sort: the rest keep their order).
     items.sort(key=lambda item: getattr(getattr(item, "function", None), "runs_last", False))
-    group_module_fixtures(items)
+    xdist_groups.write_groups(config, items)
     if engine_name() == "dynamodb-local":
         return
     for item in items:
@@ -103,18 +103,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.skip(reason=f"embedded engine: {reason}"))
 
 
-def group_module_fixtures(items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``--dist loadgroup``, scripts/pytest.sh) the tests of a module that
-    use a module-scoped fixture (a PostgreSQL or MariaDB server, gunicorn, the built docs
-    site, a network of hosts) run on one worker, which sets that fixture up once, not once per
-    worker. The module's other tests are spread as usual."""
-    for item in items:
-        if not item.config.pluginmanager.has_plugin("xdist"):
-            return
-        info = getattr(item, "_fixtureinfo", None)
-        defs = info.name2fixturedefs.values() if info is not None else ()
-        if any(d[-1].scope == "module" for d in defs):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+# Under pytest-xdist (``--dist loadgroup``, scripts/pytest.sh) the tests of a module that use a
+# module-scoped fixture run on one worker, which sets it up once (tests/support/xdist_groups.py).
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    xdist_groups.configure_node(node)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    return xdist_groups.make_scheduler(config, log)
 
 
 # -- the DynamoDB operations dynasem sent this session (tests/project/test_iam_policy.py) --
