@@ -19,9 +19,11 @@ from typing import Any
 from tests.support.workers import setup_django
 
 # Short, so that a run takes about a second: B takes over LEASE + CLOCK_SKEW after A stopped.
-# A trusts its hold LEASE - CLOCK_SKEW: 1 s to reach its stall (0.6 s, from a lease of 0.8,
-# was too little on a 2-core machine running the suite on 4 workers, 2026-12-02).
-LEASE = 1.2
+# A trusts its hold LEASE - CLOCK_SKEW: 1.8 s to reach its stall, and B as long between two
+# renewals of its rebuild's (0.6 s, from a lease of 0.8, and then 1 s were too little on a
+# 2-core machine running the suite on 4 workers, 2026-12-02: A lost before its stall, B
+# before its commit).
+LEASE = 2.0
 CLOCK_SKEW = 0.2
 ROWS = 20
 SLOW = 0.4  # a slow rebuild's pause halfway, its transaction open

@@ -426,12 +426,15 @@ def reap_row(reaper: Agent, resource: str, timeout: float = 20) -> float:
     return time.monotonic()
 
 
-def takeover_gap(holder: Agent, taker: Agent, resource: str) -> tuple[float, int, int]:
-    """``holder`` takes ``resource`` and hangs (no renewal, no release); ``taker`` waits and
-    takes it over. Returns (taker's start - holder's trusted deadline, both fences)."""
-    took = holder.call("acquire", id=resource, resource=resource, lease=LEASE)
+def takeover_gap(
+    holder: Agent, taker: Agent, resource: str, lease: float = LEASE
+) -> tuple[float, int, int]:
+    """``holder`` takes ``resource`` for ``lease`` and hangs (no renewal, no release);
+    ``taker`` waits and takes it over. Returns (taker's start - holder's trusted deadline, both
+    fences)."""
+    took = holder.call("acquire", id=resource, resource=resource, lease=lease)
     hung = holder.call("abandon", id=resource)
-    over = taker.call("acquire", id=resource, resource=resource, lease=LEASE, wait=LEASE + 10)
+    over = taker.call("acquire", id=resource, resource=resource, lease=LEASE, wait=lease + 10)
     taker.call("release", id=resource)
     return over["start"] - hung["deadline"], took["fence"], over["fence"]
 
@@ -486,11 +489,11 @@ def test_beyond_clock_skew_holds_overlap_and_fences_go_back(
     skewed: Callable[[dict[str, float]], dict[str, Agent]],
 ) -> None:
     """The documented limit, shown: CLOCK_SKEW is a promise the operator makes about the
-    clocks. A 3 s behind and B 3 s ahead (6 s apart, twelve times CLOCK_SKEW): B takes over a
-    lease A still trusts for 5 s more, so two trusted holds overlap (1 s apart left it to a
-    busy machine's luck: B's look came 1.3 s late in CI, 2026-12-02; 3 s apart, 3.2 s late
-    on a machine running the suite on 4 and 8 workers, 2026-12-02). B reaping with its
-    clock ahead and C, 5 s behind, taking the resource again: C's fence is smaller than the
+    clocks. A 3 s behind and B 3 s ahead (6 s apart, twelve times CLOCK_SKEW), A's lease 8 s:
+    B takes over a lease A still trusts for 5 s more, so two trusted holds overlap (what is
+    left of A's trust when B's take-over comes, the agents' round trips included: with A's
+    2 s lease they took 3.8 s in a CI run on a saturated machine). B reaping with its clock
+    ahead and C, 5 s behind, taking the resource again: C's fence is smaller than the
     reaped row's (the reap itself takes 2.5-4.5 s: the lease, the 1 s bucket, the skew and the
     reaper's rounding; C 3 s behind, 4 s from B, left the violation to luck). (Up to
     2 x CLOCK_SKEW apart, the holder's lease - CLOCK_SKEW and the taker's lease + CLOCK_SKEW
@@ -498,7 +501,7 @@ def test_beyond_clock_skew_holds_overlap_and_fences_go_back(
     Nothing is promised past CLOCK_SKEW.)"""
     hosts = skewed({"a": -3.0, "b": 3.0, "c": -5.0})
     a, b, c = hosts["a"], hosts["b"], hosts["c"]
-    gap, fence_a, fence_b = takeover_gap(a, b, "limit:takeover")
+    gap, fence_a, fence_b = takeover_gap(a, b, "limit:takeover", lease=8.0)
     assert gap < 0, f"B took over {gap:.3f} s after A's trusted deadline: no overlap shown"
     assert fence_b > fence_a  # the row was there: fences count on from the stored one
 
