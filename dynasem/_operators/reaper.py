@@ -130,8 +130,10 @@ def reap(
     progress: Callable[[ReapResult], None] | None = None,
     found: Callable[[records.IndexEntry], None] | None = None,
 ) -> ReapResult:
-    """Delete rows whose lease ended more than CLOCK_SKEW ago, found through the expires
-    index (never a Scan) and deleted each on condition it is still expired (the condition is
+    """Delete rows whose lease ended more than CLOCK_SKEW ago and whose 15-minute expires
+    bucket has passed (records.BUCKET_S: the index lists a row by its bucket, so that renewals
+    move no index key), found through the expires index (never a Scan) and deleted each on
+    condition it is still expired (the condition is
     DynamoDB's, on the row as it is: an index entry that lags behind its row costs a refused
     delete, never a live hold), in parallel. ``found`` is called with each row found (in a
     dry run: each row it would delete, its row read consistently). A delete or break that
