@@ -32,7 +32,7 @@ SIGCONTs it; killed workers are replaced at once. The table's TTL is on during t
 fences must stay increasing when a resource's row vanished between holds).
 At the end it stops the workers, turns TTL off (so the reaper is what is checked), waits
 ``lease + CLOCK_SKEW`` (+ 2 s, the cutoff's whole seconds), runs ``dynasem_reap`` as it would run
-a bucket later (this process's wall clock :data:`REAP_AHEAD` ahead: the reaper lists a row once
+a bucket later (this process's wall clock 960 s ahead: the reaper lists a row once
 its 15-minute ``expires`` bucket has ended, and a hold that died in the run's last minutes is in
 a bucket still running; no worker is left whose lease that could cut short), and counts the
 holds still stored (``operations.active_holds(include_expired=True)``).
@@ -1259,21 +1259,16 @@ def settle(unkind: Any) -> None:
         time.sleep(0.5)
 
 
-# How far ahead of the wall clock the final reap runs: past the expires bucket of any lease
-# the run took (records.BUCKET_S, and a minute for the whole seconds and the skew).
-REAP_AHEAD = 900 + 60
-
-
 @contextlib.contextmanager
 def reaping_later() -> Iterator[None]:
-    """This process's wall clock (dynasem._clock.wall_clock) :data:`REAP_AHEAD` ahead while
-    the final reap runs: as if it ran once the buckets of the run's last leases had ended."""
+    """This process's wall clock (dynasem._clock.wall_clock) a bucket and a minute ahead
+    (records.BUCKET_S + 60 s) while the final reap runs: as if it ran once the buckets of
+    the run's last leases had ended."""
     from dynasem import _clock as clock
     from dynasem._storage import records
 
-    assert records.BUCKET_S + 60 <= REAP_AHEAD, "REAP_AHEAD must pass a whole bucket"
     real = clock.wall_clock
-    clock.wall_clock = lambda: real() + REAP_AHEAD
+    clock.wall_clock = lambda: real() + records.BUCKET_S + 60
     try:
         yield
     finally:

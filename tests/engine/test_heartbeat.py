@@ -136,8 +136,7 @@ _warmed = {"warm": False}
 def warm_engine(lock_table: str) -> None:
     """Once per process: a freshly started DynamoDB Local (a cold JVM) can take over a second
     to answer its first requests, longer than these tests' leases can survive."""
-    warm_engine_flag = _warmed
-    if warm_engine_flag["warm"]:
+    if _warmed["warm"]:
         return
     deadline = time.monotonic() + 10
     for i in range(200):
@@ -146,7 +145,7 @@ def warm_engine(lock_table: str) -> None:
             pass
         if (time.monotonic() - started < 0.05 and i >= 20) or time.monotonic() > deadline:
             break
-    warm_engine_flag["warm"] = True
+    _warmed["warm"] = True
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,9 +2,9 @@
 
 The tests of a module with a module-scoped fixture (a PostgreSQL or MariaDB server, gunicorn,
 the built docs site, the hosts' network) must run on one worker, which sets the fixture up
-once: on four workers each set it up itself (CI on 2026-12-02: the docs site built 8 times,
-47-76 s each, the example's servers twice). pytest-xdist 3.8 groups by appending ``@group``
-to each marked test's id in the worker, which pytest 9.2 no longer takes
+once: otherwise each worker sets it up itself (a run on 8 workers here, 2026-12-02: the docs
+site built 8 times, 47-76 s each, the example's servers twice). pytest-xdist 3.8 groups by
+appending ``@group`` to each marked test's id in the worker, which pytest 9.2 no longer takes
 (pytest-dev/pytest-xdist#1386): every test was its own unit, as under ``--dist load``.
 
 So the groups go to the controller beside the ids: each worker writes the group of every
