@@ -85,6 +85,7 @@ class Held:
         # _hand_over; only a hold of one resource hands over), or a release sent again after
         # an ambiguous failure. A refusal of the release that follows is then no proof of a loss.
         self._unanswered = False
+        self._giving_back_mono = math.inf  # when the release began (see _released_by)
         # Who took it: at exit, only holds of threads that ended are given back (shutdown.py).
         self.thread = threading.current_thread()
         # Acquisitions of it in all: nested acquires in the same thread or task re-enter it
@@ -374,6 +375,7 @@ class Held:
 
     def _give_back(self) -> bool:
         """Send the release; True if every resource was ours until now."""
+        self._giving_back_mono = clock.monotonic()
         for _ in range(3):
             handed = self._hand_over()
             if handed is not None:
@@ -567,8 +569,11 @@ class Held:
             return True
         # Someone may have taken and released it between botocore's attempts, overwriting
         # lastToken. Without a retry nothing of ours was applied; with one, the token is gone
-        # by our own release unless an operator broke it or our lease can have run out.
-        return retried and old.broken_token != self.token and clock.monotonic() < self._deadline
+        # by our own release unless an operator broke it or our lease ran out before the
+        # release began. Running out while the release was retried (its answers lost) is no
+        # loss: the work it guarded had ended, and no one could take it before our deadline.
+        trusted = self._giving_back_mono < self._deadline
+        return retried and old.broken_token != self.token and trusted
 
     # -- heartbeat ---------------------------------------------------------------------------
 

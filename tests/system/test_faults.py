@@ -127,6 +127,44 @@ def test_a_release_of_two_applied_then_cancelled_in_its_retry_is_no_lost_hold(
     assert holds_on("pair:a") == [] and holds_on("pair:b") == []
 
 
+def test_a_release_applied_whose_retry_is_refused_after_the_deadline_is_no_lost_hold(
+    lock_table, monkeypatch
+):
+    """Found by the unkind soak (three spurious LockLosts in 300 s, holds of one resource):
+    the release is applied and its answer lost; a newcomer takes the lock and gives it back,
+    overwriting lastToken; botocore's retry is refused only after our deadline has passed.
+    The release began within the lease: the hold was ours until then, whatever the retry
+    is told."""
+    held = semaphore("slow-answer", lease=1.5).acquire()
+    real = lock_rows.update
+    sent: list[str] = []
+
+    def applied_then_refused_late(action, **kwargs):
+        if sent:
+            return real(action, **kwargs)
+        sent.append("release")
+        real(action, **kwargs)  # applied; its answer lost
+        semaphore("slow-answer", wait=5).acquire().release()  # a newcomer on the freed row
+        while held.seconds_left() > 0:  # botocore's retries outlast our trust
+            time.sleep(0.05)
+        raise dynamodb.Refused(lock_rows.get_item("slow-answer"), retried=True)
+
+    monkeypatch.setattr(lock_rows, "update", applied_then_refused_late)
+    lost: list[object] = []
+
+    def said_lost(sender: object, **kwargs: object) -> None:
+        lost.append(kwargs)
+
+    lock_lost.connect(said_lost, weak=False)
+    try:
+        held.release()  # raised LockLost("another holder took it over") before
+    finally:
+        lock_lost.disconnect(said_lost)
+    assert sent == ["release"] and lost == []
+    assert held.released and not held.lost
+    assert holds_on("slow-answer") == []
+
+
 def test_faults_never_make_two_holders(faults):
     """Threads contend while a third of the writes lose their responses or are throttled."""
     intervals: list[tuple[float, float]] = []
