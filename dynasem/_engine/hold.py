@@ -421,12 +421,13 @@ class Held:
                 return None
             # Every heir a fence of its own, above every earlier one (ours, the stored one).
             fence = max(clock.new_fence(self.skew), fence + 1)
+            sent = clock.monotonic()
             try:
                 item = self._send_hand_over(heirs, queue_out, fence)
             except dynamodb.Refused as refused:
                 old = refused.lock
                 if old is None or self.token not in old.holders:
-                    return self._released_by(old, refused.retried)
+                    return self._released_by(old, refused.retried or self._unanswered, sent)
                 # An heir left (or the stored fence was ahead): again with the line as it is.
                 self._observe(old)
                 fence = max(fence, old.fence)
@@ -474,6 +475,7 @@ class Held:
         cancels = failures = 0
         started = clock.monotonic()
         while cancels < 3:
+            sent = clock.monotonic()
             try:
                 self._send_release(pending, terms, hold_ms)
                 return ok
@@ -483,7 +485,7 @@ class Held:
                     self._observe(old)
                     return None
                 retried = refused.retried or self._unanswered
-                return ok and self._released_by(old, retried)
+                return ok and self._released_by(old, retried, sent)
             except dynamodb.Cancelled as cancelled:
                 # Nothing was applied: drop the ones not ours any more and send the rest again.
                 # Unless botocore sent it again: then its first attempt may have released them
@@ -493,7 +495,7 @@ class Held:
                 retried = self._unanswered
                 reasons = list(zip(pending, cancelled.reasons, strict=False))
                 not_ours = [old for _, (code, old) in reasons if code == _REFUSED]
-                ok = ok and all(self._released_by(old, retried) for old in not_ours)
+                ok = ok and all(self._released_by(old, retried, sent) for old in not_ours)
                 pending = [r for r, (code, _) in reasons if code != _REFUSED]
                 if not pending:
                     return ok
@@ -560,20 +562,21 @@ class Held:
         ex = facts(resources, token=self.token, outcome="release_failed", reason=why)
         logger.warning("dynasem: could not release %r (%s); it expires", resources, why, extra=ex)
 
-    def _released_by(self, old: records.LockItem | None, retried: bool) -> bool:
-        """Was a refused release ours after all (applied, its response lost)?"""
+    def _released_by(self, old: records.LockItem | None, retried: bool, sent: float) -> bool:
+        """Was the hold ours until the release began, though a release write (``sent`` at that
+        moment) was refused with our token gone? (A release begun after the deadline is lost
+        all the same: ``_release_now``.)"""
         old = old or records.LockItem()
-        if self.token in old.holders:
+        if self.token in old.holders or old.broken_token == self.token:
             return False
         if old.last_token == self.token:
             return True
-        # Someone may have taken and released it between botocore's attempts, overwriting
-        # lastToken. Without a retry nothing of ours was applied; with one, the token is gone
-        # by our own release unless an operator broke it or our lease ran out before the
-        # release began. Running out while the release was retried (its answers lost) is no
-        # loss: the work it guarded had ended, and no one could take it before our deadline.
-        trusted = self._giving_back_mono < self._deadline
-        return retried and old.broken_token != self.token and trusted
+        # Someone took it since: if botocore sent the write again (or an earlier write of this
+        # release got no answer), after our own release, which may have been applied, or after
+        # our lease ran out; else after our lease ran out, which only a write sent after our
+        # deadline can see (clocks within CLOCK_SKEW): the lease's end was the release then,
+        # as for a release DynamoDB could not take (_paused). The work had ended within it.
+        return self._giving_back_mono < self._deadline and (retried or sent >= self._deadline)
 
     # -- heartbeat ---------------------------------------------------------------------------
 

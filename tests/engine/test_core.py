@@ -483,6 +483,27 @@ def test_release_after_expiry_and_takeover_raises_and_keeps_new_hold(
     second.release()
 
 
+def test_release_that_finds_another_holder_within_its_lease_raises_lock_lost(
+    lock_table: str,
+) -> None:
+    """Our token gone from the row, no operator's break, our release sent within the lease
+    (a holder whose clock ran beyond CLOCK_SKEW took it): a loss, whatever the release's
+    outcome. Only a write sent after our deadline may find the lease's own end."""
+    from dynasem._storage import records
+
+    first = semaphore("res", lease=30).acquire()
+    dynamodb.get_client().update_item(
+        TableName=lock_table,
+        Key=records.key("res", records.LOCK_SK),
+        UpdateExpression="REMOVE #h.#t",
+        ExpressionAttributeNames={"#h": "holders", "#t": first.token},
+    )
+    within = first.seconds_left()
+    with pytest.raises(LockLost, match="took it over"):
+        first.release()
+    assert within > 20 and first.lost
+
+
 def test_block_exit_after_break_raises_lock_lost(lock_table: str) -> None:
     with pytest.raises(LockLost):
         with semaphore("res"):

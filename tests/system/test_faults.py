@@ -165,6 +165,46 @@ def test_a_release_applied_whose_retry_is_refused_after_the_deadline_is_no_lost_
     assert holds_on("slow-answer") == []
 
 
+def test_a_release_that_outlives_the_lease_it_began_in_is_no_lost_hold(lock_table, monkeypatch):
+    """Found by the unkind soak (one spurious LockLost in 300 s): a release began within the
+    lease, was refused because a waiter had come, and the queue's read that followed took
+    past the deadline; by then our lease had run out, another holder had taken the lock,
+    and the next release write, sent after the deadline, was refused. The work ended within
+    the lease: its end was the release. (A write sent *before* the deadline that finds
+    another holder is still a loss: tests/engine/test_core.py, test_release_that_finds_...)"""
+    from dynasem._engine import handover
+
+    held = semaphore("outlived", lease=1.5).acquire()
+    now = dynasem._clock.now_ms()
+    waiter = records.Waiter(now * 1000 + 10**9, now + 500, "crashed")
+    enqueue_entry("outlived", "crashed-token", waiter)  # unseen by the holder: it is refused
+    real = handover.heirs_of
+    newcomer: list[object] = []
+
+    def slow_read(row):
+        if row is not None and row.waiting and not newcomer:
+            while held.seconds_left() > 0:  # the queue's read outlasts our trust
+                time.sleep(0.05)
+            newcomer.append(semaphore("outlived", wait=10).acquire())  # takes over, expired
+        return real(row)
+
+    monkeypatch.setattr(handover, "heirs_of", slow_read)
+    lost: list[object] = []
+
+    def said_lost(sender: object, **kwargs: object) -> None:
+        lost.append(kwargs)
+
+    lock_lost.connect(said_lost, weak=False)
+    try:
+        held.release()  # raised LockLost("another holder took it over") before
+    finally:
+        lock_lost.disconnect(said_lost)
+    assert len(newcomer) == 1 and lost == []
+    assert held.released and not held.lost
+    assert only_holder("outlived") == newcomer[0].token
+    newcomer[0].release()
+
+
 def test_faults_never_make_two_holders(faults):
     """Threads contend while a third of the writes lose their responses or are throttled."""
     intervals: list[tuple[float, float]] = []
