@@ -336,7 +336,8 @@ class Held:
             if not self._ended():
                 return
             with telemetry.releasing(self) if telemetry.ON else _NOTHING:
-                lost_before = self._lost is not None or clock.monotonic() >= self._deadline
+                self._giving_back_mono = clock.monotonic()
+                lost_before = self._lost is not None or self._giving_back_mono >= self._deadline
                 if not self._give_back() and self._lost is None:
                     self._mark_lost(TAKEN_OVER)
                 if lost_before and self._lost is None:
@@ -371,11 +372,11 @@ class Held:
         self._observe(item)
         self._taken_mono -= (item.hold_ms or 0) / 1000
         self._released = True
+        self._giving_back_mono = clock.monotonic()
         return self._give_back()
 
     def _give_back(self) -> bool:
         """Send the release; True if every resource was ours until now."""
-        self._giving_back_mono = clock.monotonic()
         for _ in range(3):
             handed = self._hand_over()
             if handed is not None:
@@ -569,13 +570,15 @@ class Held:
         old = old or records.LockItem()
         if self.token in old.holders or old.broken_token == self.token:
             return False
-        if old.last_token == self.token:
-            return True
-        # Someone took it since: if botocore sent the write again (or an earlier write of this
-        # release got no answer), after our own release, which may have been applied, or after
-        # our lease ran out; else after our lease ran out, which only a write sent after our
-        # deadline can see (clocks within CLOCK_SKEW): the lease's end was the release then,
-        # as for a release DynamoDB could not take (_paused). The work had ended within it.
+        return old.last_token == self.token or self._gone_after_work(retried, sent)
+
+    def _gone_after_work(self, retried: bool, sent: float) -> bool:
+        """A release write (``sent`` at that moment) found the hold gone, no operator's break
+        seen: was it ours until the release began? If botocore sent the write again (or an
+        earlier write of this release got no answer), it went by our own release, which may
+        have been applied, or after our lease ran out; else after our lease ran out, which
+        only a write sent after our deadline can see (clocks within CLOCK_SKEW): the lease's
+        end was the release then, as for a release DynamoDB could not take (_paused)."""
         return self._giving_back_mono < self._deadline and (retried or sent >= self._deadline)
 
     # -- heartbeat ---------------------------------------------------------------------------

@@ -115,12 +115,13 @@ class PermitHeld(Held):
         ok = True
         hold_ms = self._hold_ms() if len(self.slots) == 1 else None
         for resource, slot in self.slots.items():
+            sent = clock.monotonic()
             try:
                 permit_items.send(
                     permit_items.give_back_permit(resource, slot, self.token, clock.now_ms())
                 )
             except dynamodb.Refused as refused:
-                if not self._gave_back(refused):
+                if not self._gave_back(refused, sent):
                     ok = False
                     continue
             except SemaphoreUnavailable as exc:
@@ -129,10 +130,10 @@ class PermitHeld(Held):
             hint_freed(resource, slot, hold_ms)
         return ok
 
-    def _gave_back(self, refused: dynamodb.Refused) -> bool:
-        """Was a refused release ours after all (applied, its answer lost)?"""
+    def _gave_back(self, refused: dynamodb.Refused, sent: float) -> bool:
+        """Was the permit ours until the release began, though its release was refused?"""
         permit = records.permit_of(refused.item) if refused.item else None
         if permit is not None and permit.last_token == self.token:
             return True
         broken = permit is not None and permit.broken_token == self.token
-        return refused.retried and not broken and clock.monotonic() < self._deadline
+        return not broken and self._gone_after_work(refused.retried, sent)

@@ -191,14 +191,16 @@ class ReaderHeld(Held):
     def _give_back(self) -> bool:
         ok = True
         for resource, epoch in self.epochs.items():
+            sent = clock.monotonic()
             try:
                 reader_items.drop_reader(resource, self.token)
             except dynamodb.Refused as refused:
-                # Not there: broken or written off, unless a retry hides our own delete.
+                # Not there: broken or written off (after our deadline: once the work had
+                # ended, see _gone_after_work), unless a retry hides our own delete.
                 # Not counted down even then: an operator's break, between our first
                 # attempt and its re-send, counts it down itself, and twice would let a
                 # writer in beside a reader (too high only delays one, to the write-off).
-                ok = ok and refused.retried and clock.monotonic() < self._deadline
+                ok = ok and self._gone_after_work(refused.retried, sent)
                 continue
             except SemaphoreUnavailable as exc:
                 self._log_unreleased(resource, exc)

@@ -205,6 +205,32 @@ def test_a_release_that_outlives_the_lease_it_began_in_is_no_lost_hold(lock_tabl
     newcomer[0].release()
 
 
+def test_a_permit_release_retried_past_the_deadline_is_no_lost_hold(lock_table, monkeypatch):
+    """Found by the unkind soak (two spurious LockLosts in 300 s, permits of a semaphore of
+    limit 9): a permit's release timed out unanswered (10 s) and botocore's retry, sent
+    after the deadline, was refused, the permit taken and given back by others since. The
+    release began within the lease: the hold was ours until then."""
+    from dynasem._storage import permit_items
+
+    held = semaphore("permits-late", limit=9, lease=1.5).acquire()
+    real = permit_items.send
+    sent: list[str] = []
+
+    def applied_then_refused_late(action, **kwargs):
+        if sent or "#lt" not in action["UpdateExpression"]:
+            return real(action, **kwargs)
+        sent.append("release")
+        real(action, **kwargs)  # applied; its answer lost
+        while held.seconds_left() > 0:  # botocore's retry comes after our trust
+            time.sleep(0.05)
+        raise dynamodb.Refused(None, retried=True)
+
+    monkeypatch.setattr(permit_items, "send", applied_then_refused_late)
+    held.release()  # raised LockLost("another holder took it over") before
+    assert sent == ["release"] and held.released and not held.lost
+    assert holds_on("permits-late") == []
+
+
 def test_faults_never_make_two_holders(faults):
     """Threads contend while a third of the writes lose their responses or are throttled."""
     intervals: list[tuple[float, float]] = []
