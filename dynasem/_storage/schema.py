@@ -4,9 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import boto3
-import botocore.session
-
 from ..conf import settings
 from ..exceptions import SemaphoreUnavailable, TableMissing
 from . import dynamodb, lock_rows
@@ -100,12 +97,12 @@ def format_check() -> str | None:
     it is right or the table cannot be asked about (another check or the first request says
     why)."""
     try:
-        core = botocore.session.get_session()
+        core = dynamodb.new_session()
         # Where credentials come from an instance role, look for them briefly: checks run on
         # every runserver, migrate and test, and must not wait on a metadata service.
         core.set_config_variable("metadata_service_timeout", 0.3)
         core.set_config_variable("metadata_service_num_attempts", 1)
-        client = dynamodb.build_client(True, boto3.session.Session(botocore_session=core))
+        client = dynamodb.build_client(True, core)
         item = client.get_item(
             TableName=settings.TABLE_NAME, Key=key(FORMAT_PK, FORMAT_SK), ConsistentRead=True
         ).get("Item")

@@ -199,6 +199,22 @@ def test_client_region(lock_table, dynamodb_local, monkeypatch):
         assert dynamodb.get_client().meta.region_name == "us-east-1"
 
 
+def test_a_client_built_again_reads_the_environment_anew_but_not_the_service_models(
+    lock_table, dynamodb_local, monkeypatch
+):
+    """Each build is a botocore session of its own (credentials, region, AWS config as they
+    are now); only the parsed service models are kept, two thirds of a build's CPU."""
+    settings_ = dynasem_settings(dynamodb_local, lock_table, REGION_NAME=None)
+    clients = []
+    for region in ("ap-south-1", "sa-east-1"):
+        monkeypatch.setenv("AWS_DEFAULT_REGION", region)
+        with override_settings(DYNASEM=settings_):
+            clients.append(dynamodb.get_client())
+    assert [c.meta.region_name for c in clients] == ["ap-south-1", "sa-east-1"]
+    first, second = (c._loader for c in clients)
+    assert first is second
+
+
 def isolate_from_aws_config(monkeypatch: pytest.MonkeyPatch) -> None:
     """No AWS config or credentials from anywhere but what the test sets."""
     for var in [
