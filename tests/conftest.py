@@ -123,7 +123,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 def _record_dynasem_requests() -> None:
     import sys
 
-    import boto3.session
+    import botocore.session
 
     def record(model: Any, **kwargs: Any) -> None:
         frame = sys._getframe(1)
@@ -139,14 +139,15 @@ def _record_dynasem_requests() -> None:
                     sent.write(model.name + "\n")
             DYNASEM_REQUESTS.add(model.name)
 
-    build = boto3.session.Session.client
+    # Every client, boto3's or botocore's (dynasem builds on botocore sessions), is made here.
+    build = botocore.session.Session.create_client
 
-    def client(self: Any, *args: Any, **kwargs: Any) -> Any:
+    def create_client(self: Any, *args: Any, **kwargs: Any) -> Any:
         built = build(self, *args, **kwargs)
         built.meta.events.register("before-call.dynamodb", record)
         return built
 
-    boto3.session.Session.client = client  # type: ignore[method-assign]
+    botocore.session.Session.create_client = create_client  # type: ignore[method-assign]
 
 
 _record_dynasem_requests()

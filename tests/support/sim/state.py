@@ -101,6 +101,8 @@ SHARED: dict[Key, str] = {
     ("dynasem._observability.telemetry", "_metered"): "telemetry is off",
     ("dynasem._observability.telemetry", "_settings"): "the same settings everywhere",
     ("dynasem._background.command_init", "_libc"): "a handle on libc: no state of ours",
+    ("dynasem._storage.dynamodb", "_models"): "botocore's parsed service models: its data "
+    "files, the same for every process",
 }
 
 # Packages whose module globals are checked (the operators' pages and commands run in no
