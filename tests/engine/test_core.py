@@ -243,7 +243,9 @@ def test_waiting_coroutines_hold_no_io_thread(
     order: list[int] = []
 
     async def one(i: int) -> None:
-        async with semaphore("two-threads", wait=8, lease=10):
+        # A stalled line fails all the same, when the waits give up: 30 s leaves the embedded
+        # engine, one request at a time beside another lane, time to serve 20 turns.
+        async with semaphore("two-threads", wait=30, lease=10):
             order.append(i)
             await asyncio.sleep(0.02)
 
