@@ -3,8 +3,10 @@ Local."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 from django.test import override_settings
@@ -31,6 +33,21 @@ from tests.support.helpers import enqueue_entry
 def faults(lock_table):
     with Faults(dynamodb.get_client()) as f:
         yield f
+
+
+@contextlib.contextmanager
+def losses_signalled() -> Iterator[list[dict[str, object]]]:
+    """The ``lock_lost`` signals sent inside, each as its keyword arguments."""
+    lost: list[dict[str, object]] = []
+
+    def said_lost(sender: object, **kwargs: object) -> None:
+        lost.append(kwargs)
+
+    lock_lost.connect(said_lost, weak=False)
+    try:
+        yield lost
+    finally:
+        lock_lost.disconnect(said_lost)
 
 
 def only_holder(resource: str) -> str:
@@ -112,16 +129,8 @@ def test_a_release_of_two_applied_then_cancelled_in_its_retry_is_no_lost_hold(
         )
 
     monkeypatch.setattr(lock_rows, "transact", applied_then_cancelled)
-    lost: list[object] = []
-
-    def said_lost(sender: object, **kwargs: object) -> None:
-        lost.append(kwargs)
-
-    lock_lost.connect(said_lost, weak=False)
-    try:
+    with losses_signalled() as lost:
         held.release()  # raised LockLost("another holder took it over") before
-    finally:
-        lock_lost.disconnect(said_lost)
     assert sent == [2]  # the release was that transaction, then one write of pair:b alone
     assert lost == []
     assert holds_on("pair:a") == [] and holds_on("pair:b") == []
@@ -150,16 +159,8 @@ def test_a_release_applied_whose_retry_is_refused_after_the_deadline_is_no_lost_
         raise dynamodb.Refused(lock_rows.get_item("slow-answer"), retried=True)
 
     monkeypatch.setattr(lock_rows, "update", applied_then_refused_late)
-    lost: list[object] = []
-
-    def said_lost(sender: object, **kwargs: object) -> None:
-        lost.append(kwargs)
-
-    lock_lost.connect(said_lost, weak=False)
-    try:
+    with losses_signalled() as lost:
         held.release()  # raised LockLost("another holder took it over") before
-    finally:
-        lock_lost.disconnect(said_lost)
     assert sent == ["release"] and lost == []
     assert held.released and not held.lost
     assert holds_on("slow-answer") == []
@@ -189,16 +190,8 @@ def test_a_release_that_outlives_the_lease_it_began_in_is_no_lost_hold(lock_tabl
         return real(row)
 
     monkeypatch.setattr(handover, "heirs_of", slow_read)
-    lost: list[object] = []
-
-    def said_lost(sender: object, **kwargs: object) -> None:
-        lost.append(kwargs)
-
-    lock_lost.connect(said_lost, weak=False)
-    try:
+    with losses_signalled() as lost:
         held.release()  # raised LockLost("another holder took it over") before
-    finally:
-        lock_lost.disconnect(said_lost)
     assert len(newcomer) == 1 and lost == []
     assert held.released and not held.lost
     assert only_holder("outlived") == newcomer[0].token
