@@ -146,6 +146,12 @@ class Held:
         if self._lost is None and not self._released and clock.monotonic() >= self._deadline:
             self._mark_lost(self._deadline_reason())
 
+    def _refused_reason(self, reason: str) -> str:
+        """Why a hold is lost whose write was refused: ``reason`` if the refusal came while
+        we trusted it; after our deadline, the write may have arrived after it too (a
+        partition, a pause), and another holder taken over only then: the lease ran out."""
+        return reason if clock.monotonic() < self._deadline else self._deadline_reason()
+
     def _deadline_reason(self) -> str:
         if clock.monotonic() >= self._max_hold_end:
             return f"it was held for max_hold={self.semaphore.max_hold:g}s"
@@ -264,7 +270,7 @@ class Held:
             raise SemaphoreUnavailable(
                 f"could not renew {self.resource!r}: conflicting writes", transient=True
             )
-        self._mark_lost(TAKEN_OVER)
+        self._mark_lost(self._refused_reason(TAKEN_OVER))
         self._raise_lost()
 
     # -- releasing ---------------------------------------------------------------------------
@@ -338,10 +344,10 @@ class Held:
             with telemetry.releasing(self) if telemetry.ON else _NOTHING:
                 self._giving_back_mono = clock.monotonic()
                 lost_before = self._lost is not None or self._giving_back_mono >= self._deadline
-                if not self._give_back() and self._lost is None:
-                    self._mark_lost(TAKEN_OVER)
-                if lost_before and self._lost is None:
-                    self._mark_lost(self._deadline_reason())
+                given = self._give_back()
+                if self._lost is None and (lost_before or not given):
+                    # Begun past the deadline, the lease ran out first, whoever holds now.
+                    self._mark_lost(self._deadline_reason() if lost_before else TAKEN_OVER)
             if self._lost is not None:
                 self._raise_lost()
         self._send(lock_released)
@@ -422,13 +428,12 @@ class Held:
                 return None
             # Every heir a fence of its own, above every earlier one (ours, the stored one).
             fence = max(clock.new_fence(self.skew), fence + 1)
-            sent = clock.monotonic()
             try:
                 item = self._send_hand_over(heirs, queue_out, fence)
             except dynamodb.Refused as refused:
                 old = refused.lock
                 if old is None or self.token not in old.holders:
-                    return self._released_by(old, refused.retried or self._unanswered, sent)
+                    return self._released_by(old, refused.retried or self._unanswered)
                 # An heir left (or the stored fence was ahead): again with the line as it is.
                 self._observe(old)
                 fence = max(fence, old.fence)
@@ -476,7 +481,6 @@ class Held:
         cancels = failures = 0
         started = clock.monotonic()
         while cancels < 3:
-            sent = clock.monotonic()
             try:
                 self._send_release(pending, terms, hold_ms)
                 return ok
@@ -486,7 +490,7 @@ class Held:
                     self._observe(old)
                     return None
                 retried = refused.retried or self._unanswered
-                return ok and self._released_by(old, retried, sent)
+                return ok and self._released_by(old, retried)
             except dynamodb.Cancelled as cancelled:
                 # Nothing was applied: drop the ones not ours any more and send the rest again.
                 # Unless botocore sent it again: then its first attempt may have released them
@@ -496,7 +500,7 @@ class Held:
                 retried = self._unanswered
                 reasons = list(zip(pending, cancelled.reasons, strict=False))
                 not_ours = [old for _, (code, old) in reasons if code == _REFUSED]
-                ok = ok and all(self._released_by(old, retried, sent) for old in not_ours)
+                ok = ok and all(self._released_by(old, retried) for old in not_ours)
                 pending = [r for r, (code, _) in reasons if code != _REFUSED]
                 if not pending:
                     return ok
@@ -563,23 +567,27 @@ class Held:
         ex = facts(resources, token=self.token, outcome="release_failed", reason=why)
         logger.warning("dynasem: could not release %r (%s); it expires", resources, why, extra=ex)
 
-    def _released_by(self, old: records.LockItem | None, retried: bool, sent: float) -> bool:
-        """Was the hold ours until the release began, though a release write (``sent`` at that
-        moment) was refused with our token gone? (A release begun after the deadline is lost
-        all the same: ``_release_now``.)"""
+    def _released_by(self, old: records.LockItem | None, retried: bool) -> bool:
+        """Was the hold ours until the release began, though a release write was refused
+        (just now) with our token gone? (A release begun after the deadline is lost all the
+        same: ``_release_now``.)"""
         old = old or records.LockItem()
         if self.token in old.holders or old.broken_token == self.token:
             return False
-        return old.last_token == self.token or self._gone_after_work(retried, sent)
+        return old.last_token == self.token or self._gone_after_work(retried)
 
-    def _gone_after_work(self, retried: bool, sent: float) -> bool:
-        """A release write (``sent`` at that moment) found the hold gone, no operator's break
-        seen: was it ours until the release began? If botocore sent the write again (or an
-        earlier write of this release got no answer), it went by our own release, which may
-        have been applied, or after our lease ran out; else after our lease ran out, which
-        only a write sent after our deadline can see (clocks within CLOCK_SKEW): the lease's
-        end was the release then, as for a release DynamoDB could not take (_paused)."""
-        return self._giving_back_mono < self._deadline and (retried or sent >= self._deadline)
+    def _gone_after_work(self, retried: bool) -> bool:
+        """A release write, refused just now, found the hold gone, no operator's break seen:
+        was it ours until the release began? If botocore sent the write again (or an earlier
+        write of this release got no answer), it went by our own release, which may have
+        been applied, or after our lease ran out. Else after our lease ran out, if the
+        refusal came after our deadline: a write may arrive that late (one sent into a
+        partition, delivered by TCP when it heals; the three-host soak: answered 3-7 s after
+        it left), so only a refusal within our trust proves a takeover (clocks within
+        CLOCK_SKEW). The lease's end was the release then, as for a release DynamoDB could
+        not take (_paused)."""
+        late = clock.monotonic() >= self._deadline
+        return self._giving_back_mono < self._deadline and (retried or late)
 
     # -- heartbeat ---------------------------------------------------------------------------
 

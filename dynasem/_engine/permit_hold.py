@@ -106,7 +106,7 @@ class PermitHeld(Held):
             try:
                 permit_items.send(permit_items.renew_permit(resource, slot, self.token, expires))
             except dynamodb.Refused:
-                self._mark_lost(TAKEN_OVER)
+                self._mark_lost(self._refused_reason(TAKEN_OVER))
                 self._raise_lost()
         for resource in self.slots:
             self.raise_row(resource, expires, None)
@@ -115,13 +115,12 @@ class PermitHeld(Held):
         ok = True
         hold_ms = self._hold_ms() if len(self.slots) == 1 else None
         for resource, slot in self.slots.items():
-            sent = clock.monotonic()
             try:
                 permit_items.send(
                     permit_items.give_back_permit(resource, slot, self.token, clock.now_ms())
                 )
             except dynamodb.Refused as refused:
-                if not self._gave_back(refused, sent):
+                if not self._gave_back(refused):
                     ok = False
                     continue
             except SemaphoreUnavailable as exc:
@@ -130,10 +129,10 @@ class PermitHeld(Held):
             hint_freed(resource, slot, hold_ms)
         return ok
 
-    def _gave_back(self, refused: dynamodb.Refused, sent: float) -> bool:
+    def _gave_back(self, refused: dynamodb.Refused) -> bool:
         """Was the permit ours until the release began, though its release was refused?"""
         permit = records.permit_of(refused.item) if refused.item else None
         if permit is not None and permit.last_token == self.token:
             return True
         broken = permit is not None and permit.broken_token == self.token
-        return not broken and self._gone_after_work(refused.retried, sent)
+        return not broken and self._gone_after_work(refused.retried)

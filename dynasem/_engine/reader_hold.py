@@ -11,7 +11,6 @@ import random
 import time
 from typing import Any
 
-from .. import _clock as clock
 from .._observability.logs import facts
 from .._storage import dynamodb, lock_rows, reader_items, records
 from ..exceptions import SemaphoreUnavailable
@@ -185,13 +184,13 @@ class ReaderHeld(Held):
                     raise dynamodb.Refused(None)
                 reader_items.send(reader_items.renew_reader(resource, self.token, expires))
         except dynamodb.Refused:
-            self._mark_lost("its readers were written off, or it was broken by an operator")
+            reason = "its readers were written off, or it was broken by an operator"
+            self._mark_lost(self._refused_reason(reason))
             self._raise_lost()
 
     def _give_back(self) -> bool:
         ok = True
         for resource, epoch in self.epochs.items():
-            sent = clock.monotonic()
             try:
                 reader_items.drop_reader(resource, self.token)
             except dynamodb.Refused as refused:
@@ -200,7 +199,7 @@ class ReaderHeld(Held):
                 # Not counted down even then: an operator's break, between our first
                 # attempt and its re-send, counts it down itself, and twice would let a
                 # writer in beside a reader (too high only delays one, to the write-off).
-                ok = ok and self._gone_after_work(refused.retried, sent)
+                ok = ok and self._gone_after_work(refused.retried)
                 continue
             except SemaphoreUnavailable as exc:
                 self._log_unreleased(resource, exc)

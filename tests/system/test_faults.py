@@ -166,6 +166,75 @@ def test_a_release_applied_whose_retry_is_refused_after_the_deadline_is_no_lost_
     assert holds_on("slow-answer") == []
 
 
+def test_a_release_sent_in_time_that_arrives_after_the_deadline_is_no_lost_hold(
+    lock_table, monkeypatch
+):
+    """Found by the three-host soak (8 spurious LockLosts in 300 s): a release sent 1.1-1.5 s
+    before the deadline into a partition, delivered by TCP when it healed and refused 3-7 s
+    later (one attempt: botocore never sent it again) -- the lease had run out meanwhile,
+    and another holder had taken the lock and given it back. Its answer came after the
+    deadline: it may have arrived after it too, and the work ended within the lease."""
+    held = semaphore("late-arrival", lease=1.5).acquire()
+    real = lock_rows.update
+    delivered: list[str] = []
+
+    def delivered_late(action, **kwargs):
+        if delivered:
+            return real(action, **kwargs)
+        delivered.append("release")
+        while held.seconds_left() > 0:  # in flight past our trust
+            time.sleep(0.05)
+        semaphore("late-arrival", wait=5).acquire().release()  # took over, lease run out
+        return real(action, **kwargs)  # refused: the newcomer's release was the last
+
+    monkeypatch.setattr(lock_rows, "update", delivered_late)
+    with losses_signalled() as lost:
+        held.release()  # raised LockLost("another holder took it over") before
+    assert delivered == ["release"] and lost == []
+    assert held.released and not held.lost
+    assert holds_on("late-arrival") == []
+
+
+def test_a_renewal_refused_after_the_deadline_says_the_lease_ran_out(lock_table, monkeypatch):
+    """The three-host soak's other spurious "took it over": a renewal sent in time, answered
+    after the deadline (its process stopped, or the network cut) by a refusal. Another
+    holder may have taken the lock only after our lease ran out: that is what is said."""
+    held = semaphore("late-renewal", lease=1.5).acquire()
+    abandon(held)  # this renewal only (the heartbeat would say so at the deadline itself)
+    real = lock_rows.update
+    newcomer: list[object] = []
+
+    def answered_late(action, **kwargs):
+        if newcomer or "#h.#t.#e = :e" not in action["UpdateExpression"]:
+            return real(action, **kwargs)
+        while held.seconds_left() > 0:
+            time.sleep(0.05)
+        newcomer.append(semaphore("late-renewal", wait=5).acquire())
+        return real(action, **kwargs)
+
+    monkeypatch.setattr(lock_rows, "update", answered_late)
+    with losses_signalled() as lost:
+        with pytest.raises(LockLost, match="lease ran out"):
+            held.renew()
+    assert [signal["reason"] for signal in lost] == ["its lease ran out before it could be renewed"]
+    newcomer[0].release()
+
+
+def test_a_release_begun_after_the_deadline_says_the_lease_ran_out(lock_table):
+    """A release begun after the deadline of a hold nobody had looked at since (no
+    heartbeat, ``on_commit=False``), its row taken over: the lease ran out first."""
+    held = semaphore("begun-late", lease=1.5, on_commit=False).acquire()
+    abandon(held)
+    time.sleep(1.5 + settings.CLOCK_SKEW + 0.1)
+    newcomer = semaphore("begun-late", wait=5).acquire()
+    with losses_signalled() as lost:
+        with pytest.raises(LockLost, match="lease ran out"):
+            held.release()
+    assert [signal["reason"] for signal in lost] == ["its lease ran out before it could be renewed"]
+    assert only_holder("begun-late") == newcomer.token
+    newcomer.release()
+
+
 def test_a_release_that_outlives_the_lease_it_began_in_is_no_lost_hold(lock_table, monkeypatch):
     """Found by the unkind soak (one spurious LockLost in 300 s): a release began within the
     lease, was refused because a waiter had come, and the queue's read that followed took
