@@ -144,13 +144,25 @@ class Held:
 
     def check_deadline(self) -> None:
         if self._lost is None and not self._released and clock.monotonic() >= self._deadline:
-            self._mark_lost(self._deadline_reason())
+            if not self._given_in_time():
+                self._mark_lost(self._deadline_reason())
 
-    def _refused_reason(self, reason: str) -> str:
-        """Why a hold is lost whose write was refused: ``reason`` if the refusal came while
-        we trusted it; after our deadline, the write may have arrived after it too (a
-        partition, a pause), and another holder taken over only then: the lease ran out."""
-        return reason if clock.monotonic() < self._deadline else self._deadline_reason()
+    def _given_in_time(self) -> bool:
+        """Its release began within the lease: the work under it ended in time, though the
+        release may still wait for a renewal in flight (one that hangs on a network cut)."""
+        return self._giving_back_mono < self._deadline
+
+    def _lost_by_refusal(self, reason: str) -> NoReturn:
+        """A write of ours was refused, the hold not ours: lost for ``reason`` if the refusal
+        came while we trusted it. After our deadline, the write may have arrived after it too
+        (a partition, a pause), and another holder taken over only then: the lease ran out;
+        unless the release had begun by then (the heartbeat's renewal in flight past it)."""
+        if clock.monotonic() >= self._deadline:
+            if self._given_in_time():
+                raise LockLost(self.resource, "it was released")
+            reason = self._deadline_reason()
+        self._mark_lost(reason)
+        self._raise_lost()
 
     def _deadline_reason(self) -> str:
         if clock.monotonic() >= self._max_hold_end:
@@ -270,8 +282,7 @@ class Held:
             raise SemaphoreUnavailable(
                 f"could not renew {self.resource!r}: conflicting writes", transient=True
             )
-        self._mark_lost(self._refused_reason(TAKEN_OVER))
-        self._raise_lost()
+        self._lost_by_refusal(TAKEN_OVER)
 
     # -- releasing ---------------------------------------------------------------------------
 
@@ -338,11 +349,12 @@ class Held:
         return True
 
     def _release_now(self) -> None:
+        # Begun now, though a renewal in flight may keep the lock for a while.
+        self._giving_back_mono = min(self._giving_back_mono, clock.monotonic())
         with self._lock:
             if not self._ended():
                 return
             with telemetry.releasing(self) if telemetry.ON else _NOTHING:
-                self._giving_back_mono = clock.monotonic()
                 lost_before = self._lost is not None or self._giving_back_mono >= self._deadline
                 given = self._give_back()
                 if self._lost is None and (lost_before or not given):
@@ -587,7 +599,7 @@ class Held:
         CLOCK_SKEW). The lease's end was the release then, as for a release DynamoDB could
         not take (_paused)."""
         late = clock.monotonic() >= self._deadline
-        return self._giving_back_mono < self._deadline and (retried or late)
+        return self._given_in_time() and (retried or late)
 
     # -- heartbeat ---------------------------------------------------------------------------
 

@@ -106,8 +106,7 @@ class PermitHeld(Held):
             try:
                 permit_items.send(permit_items.renew_permit(resource, slot, self.token, expires))
             except dynamodb.Refused:
-                self._mark_lost(self._refused_reason(TAKEN_OVER))
-                self._raise_lost()
+                self._lost_by_refusal(TAKEN_OVER)
         for resource in self.slots:
             self.raise_row(resource, expires, None)
 

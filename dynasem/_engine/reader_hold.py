@@ -140,6 +140,9 @@ def break_reader(resource: str, token: str, reader: records.Reader | None = None
     return True
 
 
+WRITTEN_OFF = "its readers were written off, or it was broken by an operator"
+
+
 class ReaderHeld(Held):
     """A shared hold in reader items: one per resource, each admitted under its row's epoch."""
 
@@ -184,9 +187,7 @@ class ReaderHeld(Held):
                     raise dynamodb.Refused(None)
                 reader_items.send(reader_items.renew_reader(resource, self.token, expires))
         except dynamodb.Refused:
-            reason = "its readers were written off, or it was broken by an operator"
-            self._mark_lost(self._refused_reason(reason))
-            self._raise_lost()
+            self._lost_by_refusal(WRITTEN_OFF)
 
     def _give_back(self) -> bool:
         ok = True

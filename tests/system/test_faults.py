@@ -220,6 +220,51 @@ def test_a_renewal_refused_after_the_deadline_says_the_lease_ran_out(lock_table,
     newcomer[0].release()
 
 
+def test_a_release_that_waits_for_a_renewal_hung_past_the_deadline_is_no_lost_hold(
+    lock_table, monkeypatch
+):
+    """The three-host soak's last false losses: the block ended within the lease, while a
+    renewal hung on a network cut (holding the hold's lock); the release waited for it past
+    the deadline, the heartbeat declared the lease run out, and the renewal's refusal came
+    after another holder took over. The work ended in time: no loss, from either."""
+    held = semaphore("hung-renewal", lease=1.5).acquire()
+    abandon(held)  # this renewal only
+    real = lock_rows.update
+    releasing = threading.Event()
+    looked: list[bool] = []
+    newcomer: list[object] = []
+
+    def hung(action, **kwargs):
+        if newcomer or "#h.#t.#e = :e" not in action["UpdateExpression"]:
+            return real(action, **kwargs)
+        releasing.wait(5)
+        while held.seconds_left() > 0:
+            time.sleep(0.05)
+        time.sleep(0.1)
+        looked.append(held.lost)  # the heartbeat's look at the deadline
+        newcomer.append(semaphore("hung-renewal", wait=5).acquire())
+        return real(action, **kwargs)
+
+    monkeypatch.setattr(lock_rows, "update", hung)
+
+    def renew() -> None:
+        with contextlib.suppress(LockLost):  # it was released meanwhile
+            held.renew()
+
+    renewal = threading.Thread(target=renew)
+    with losses_signalled() as lost:
+        renewal.start()
+        time.sleep(0.2)
+        assert held.seconds_left() > 0.5
+        releasing.set()
+        held.release()  # raised LockLost ("its lease ran out...") before
+        renewal.join(10)
+    assert looked == [False] and lost == []
+    assert held.released and not held.lost
+    assert only_holder("hung-renewal") == newcomer[0].token
+    newcomer[0].release()
+
+
 def test_a_release_begun_after_the_deadline_says_the_lease_ran_out(lock_table):
     """A release begun after the deadline of a hold nobody had looked at since (no
     heartbeat, ``on_commit=False``), its row taken over: the lease ran out first."""
