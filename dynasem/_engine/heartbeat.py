@@ -111,7 +111,7 @@ class Heartbeat:
         if self.stopped:
             return None
         if isinstance(error, LockLost):
-            return None  # renew() already marked it lost and sent lock_lost
+            return None  # lost (renew() marked it and sent lock_lost), or being released
         if isinstance(error, SemaphoreUnavailable):
             left: float = held.seconds_left()
             if left <= 0:

@@ -10,6 +10,7 @@ import math
 import random
 import threading
 import time
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
@@ -31,6 +32,17 @@ from .steps import run_io
 logger = logging.getLogger("dynasem")
 
 _NOTHING = contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _owned(lock: threading.RLock) -> Iterator[None]:
+    """Release ``lock``, acquired already, at the end of the block."""
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 # A plain release of a hold older than this (seconds) asks for the item back, to push the
 # first of any waiters that queued after we last saw the queue.
 WAKE_AFTER = 0.05
@@ -236,7 +248,7 @@ class Held:
 
     def _check_ours(self) -> None:
         self.check_deadline()
-        if self._released:
+        if self._released or self._given_in_time():  # released, or being released
             raise LockLost(self.resource, "it was released")
         if self._lost is not None:
             self._raise_lost()
@@ -349,9 +361,16 @@ class Held:
         return True
 
     def _release_now(self) -> None:
-        # Begun now, though a renewal in flight may keep the lock for a while.
-        self._giving_back_mono = min(self._giving_back_mono, clock.monotonic())
-        with self._lock:
+        # Begun now, though a renewal in flight may keep the lock for a while; not begun if
+        # that wait is interrupted (a signal's exception): then the deadline is the loss.
+        before = self._giving_back_mono
+        self._giving_back_mono = min(before, clock.monotonic())
+        try:
+            self._lock.acquire()
+        except BaseException:
+            self._giving_back_mono = before
+            raise
+        with _owned(self._lock):
             if not self._ended():
                 return
             with telemetry.releasing(self) if telemetry.ON else _NOTHING:

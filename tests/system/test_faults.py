@@ -4,6 +4,7 @@ Local."""
 from __future__ import annotations
 
 import contextlib
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -262,6 +263,60 @@ def test_a_release_that_waits_for_a_renewal_hung_past_the_deadline_is_no_lost_ho
     assert looked == [False] and lost == []
     assert held.released and not held.lost
     assert only_holder("hung-renewal") == newcomer[0].token
+    newcomer[0].release()
+
+
+def test_a_release_interrupted_while_it_waits_for_a_renewal_leaves_the_hold_to_its_deadline(
+    lock_table, monkeypatch
+):
+    """A release that waits for a hung renewal is interrupted (a signal's exception: Ctrl-C,
+    a task's soft time limit): it never began, so the deadline still makes the hold lost
+    (else it would stay neither lost nor released, and could be re-entered past its lease)."""
+
+    class Interrupted(Exception):
+        pass
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted
+
+    held = semaphore("interrupted", lease=1.5).acquire()
+    abandon(held)  # this renewal only
+    real = lock_rows.update
+    releasing = threading.Event()
+    newcomer: list[object] = []
+
+    def hung(action, **kwargs):
+        if newcomer or "#h.#t.#e = :e" not in action["UpdateExpression"]:
+            return real(action, **kwargs)
+        releasing.wait(5)
+        while held.seconds_left() > 0:
+            time.sleep(0.05)
+        newcomer.append(semaphore("interrupted", wait=5).acquire())
+        return real(action, **kwargs)
+
+    def renew() -> None:
+        with contextlib.suppress(LockLost):
+            held.renew()
+
+    monkeypatch.setattr(lock_rows, "update", hung)
+    renewal = threading.Thread(target=renew)
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        with losses_signalled() as lost:
+            renewal.start()
+            time.sleep(0.2)
+            releasing.set()
+            signal.setitimer(signal.ITIMER_REAL, 0.2)
+            with pytest.raises(Interrupted):
+                held.release()
+            renewal.join(10)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert held.lost and not held.released
+    assert [signal_["reason"] for signal_ in lost] == [
+        "its lease ran out before it could be renewed"
+    ]
     newcomer[0].release()
 
 
