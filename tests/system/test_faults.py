@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from django.test import override_settings
@@ -49,6 +50,12 @@ def losses_signalled() -> Iterator[list[dict[str, object]]]:
         yield lost
     finally:
         lock_lost.disconnect(said_lost)
+
+
+def outlast(held: Any) -> None:
+    """Return once ``held``'s trust has run out (its deadline passed)."""
+    while held.seconds_left() > 0:
+        time.sleep(0.05)
 
 
 def only_holder(resource: str) -> str:
@@ -155,8 +162,7 @@ def test_a_release_applied_whose_retry_is_refused_after_the_deadline_is_no_lost_
         sent.append("release")
         real(action, **kwargs)  # applied; its answer lost
         semaphore("slow-answer", wait=5).acquire().release()  # a newcomer on the freed row
-        while held.seconds_left() > 0:  # botocore's retries outlast our trust
-            time.sleep(0.05)
+        outlast(held)  # botocore's retries outlast our trust
         raise dynamodb.Refused(lock_rows.get_item("slow-answer"), retried=True)
 
     monkeypatch.setattr(lock_rows, "update", applied_then_refused_late)
@@ -183,8 +189,7 @@ def test_a_release_sent_in_time_that_arrives_after_the_deadline_is_no_lost_hold(
         if delivered:
             return real(action, **kwargs)
         delivered.append("release")
-        while held.seconds_left() > 0:  # in flight past our trust
-            time.sleep(0.05)
+        outlast(held)  # in flight past our trust
         semaphore("late-arrival", wait=5).acquire().release()  # took over, lease run out
         return real(action, **kwargs)  # refused: the newcomer's release was the last
 
@@ -208,8 +213,7 @@ def test_a_renewal_refused_after_the_deadline_says_the_lease_ran_out(lock_table,
     def answered_late(action, **kwargs):
         if newcomer or "#h.#t.#e = :e" not in action["UpdateExpression"]:
             return real(action, **kwargs)
-        while held.seconds_left() > 0:
-            time.sleep(0.05)
+        outlast(held)
         newcomer.append(semaphore("late-renewal", wait=5).acquire())
         return real(action, **kwargs)
 
@@ -239,8 +243,7 @@ def test_a_release_that_waits_for_a_renewal_hung_past_the_deadline_is_no_lost_ho
         if newcomer or "#h.#t.#e = :e" not in action["UpdateExpression"]:
             return real(action, **kwargs)
         releasing.wait(5)
-        while held.seconds_left() > 0:
-            time.sleep(0.05)
+        outlast(held)
         time.sleep(0.1)
         looked.append(held.lost)  # the heartbeat's look at the deadline
         newcomer.append(semaphore("hung-renewal", wait=5).acquire())
@@ -289,8 +292,7 @@ def test_a_release_interrupted_while_it_waits_for_a_renewal_leaves_the_hold_to_i
         if newcomer or "#h.#t.#e = :e" not in action["UpdateExpression"]:
             return real(action, **kwargs)
         releasing.wait(5)
-        while held.seconds_left() > 0:
-            time.sleep(0.05)
+        outlast(held)
         newcomer.append(semaphore("interrupted", wait=5).acquire())
         return real(action, **kwargs)
 
@@ -353,8 +355,7 @@ def test_a_release_that_outlives_the_lease_it_began_in_is_no_lost_hold(lock_tabl
 
     def slow_read(row):
         if row is not None and row.waiting and not newcomer:
-            while held.seconds_left() > 0:  # the queue's read outlasts our trust
-                time.sleep(0.05)
+            outlast(held)  # the queue's read outlasts our trust
             newcomer.append(semaphore("outlived", wait=10).acquire())  # takes over, expired
         return real(row)
 
@@ -383,8 +384,7 @@ def test_a_permit_release_retried_past_the_deadline_is_no_lost_hold(lock_table, 
             return real(action, **kwargs)
         sent.append("release")
         real(action, **kwargs)  # applied; its answer lost
-        while held.seconds_left() > 0:  # botocore's retry comes after our trust
-            time.sleep(0.05)
+        outlast(held)  # botocore's retry comes after our trust
         raise dynamodb.Refused(None, retried=True)
 
     monkeypatch.setattr(permit_items, "send", applied_then_refused_late)
