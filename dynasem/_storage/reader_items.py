@@ -192,6 +192,11 @@ def _open(
         conds.append("#mode = :s")
         if sentinel is None:
             conds.append("attribute_exists(#h) AND attribute_not_exists(#h.#s)")
+            if len(seen.holders) >= READERS_INLINE:
+                # Opened because the row keeps no more readers inline, as seen (perhaps long
+                # ago, by reader_hold.rows): only while it still keeps that many; else the
+                # refusal shows a row a reader joins inline (its holders may have left).
+                terms.need("size(#h) >= :inline", {":inline": READERS_INLINE})
         else:
             terms.need("#h.#s.e = :seenE", {":seenE": sentinel.expires_ms})
     conds.append("(attribute_not_exists(#rep) OR #rep = :E)")

@@ -170,6 +170,26 @@ def test_no_item_grows_with_many_readers(
         assert reader.holder.user_id.startswith("reader-")
 
 
+def test_a_reader_after_the_crowd_left_joins_inline(holds: list[Any]) -> None:
+    """This process saw the row crowded (as many readers inline as it keeps; the last item
+    reader's leaving showed it so); the crowd has left since (inline releases show this
+    process nothing). The next reader's admission, planned from that memory, is refused by
+    the row as it is: it joins inline, not an item of its own beside an empty row."""
+    crowd = [take(holds, "doc", shared=True, lease=30, user=f"u{i}") for i in range(INLINE + 1)]
+    assert set(reader_items()) == {crowd[-1].token}
+    crowd[-1].release()  # its epoch closed: the row shows the inline readers only
+    assert items.SENTINEL not in row()["holders"] and len(row()["holders"]) == INLINE
+    for held in crowd[:-1]:
+        held.release()
+    taken: list[Any] = []  # in another thread: in this one it would re-enter their hold
+    thread = threading.Thread(target=take, args=(taken, "doc"), kwargs={"shared": True})
+    thread.start()
+    thread.join(30)
+    holds += taken
+    assert set(row()["holders"]) == {taken[0].token}
+    assert taken[0].token not in reader_items()
+
+
 @pytest.mark.parametrize("lost", ["re-sent and refused", "retries run out", "applied late"])
 def test_an_admission_whose_answer_was_lost_is_counted_once(
     holds: list[Any], monkeypatch: pytest.MonkeyPatch, lost: str
