@@ -103,6 +103,18 @@ def ahead_count(seen: records.LockItem | None, ticket: int | None, stale_ms: int
     return upto - seen.queue_out
 
 
+def before_ticket(seen: records.LockItem | None, pace: Pace) -> bool:
+    """Whether ``seen`` is nothing, or a version of the row older than our ticket's draw
+    (its queue older than ours, or not our ticket drawn yet): it cannot say who is ahead."""
+    if seen is None:
+        return True
+    if seen.guessed or pace.ticket is None:
+        return False
+    return seen.queue_id < pace.queue_id or (
+        seen.queue_id == pace.queue_id and seen.queue_in < pace.ticket
+    )
+
+
 def passed(seen: records.LockItem | None, queue_id: int, ticket: int | None) -> bool:
     """Our ticket has had its turn without us (we were seen gone or dead, or drew it just
     after a release that passed every ticket out), or the row was reaped and is a new one:

@@ -203,7 +203,9 @@ FOUND = [
     ("room_ignores_mode", {"mix": "readers", "faults": "light", **SMALL}, range(1, 5)),  # 3
     # A holder paused past its lease releases without naming its token: the row's lease end
     # moves to now under the next holder, and a third takes it from under that one.
-    ("release_without_token", {"faults": "pauses", **WIDE}, range(1, 6)),  # seed 4
+    # (Seed 4 until queued waiters read a row older than their ticket before planning from
+    # it: the interleavings moved.)
+    ("release_without_token", {"faults": "pauses", **WIDE}, range(1, 21)),  # seed 20
     # Renewals trusted from their answer: a pause between a renewal's write and its answer,
     # in a block that goes on for leases (the "renewing" mix: its heartbeat renews).
     (
@@ -215,14 +217,21 @@ FOUND = [
     # transaction's commit.
     ("heard_hold_trusted", {"faults": "pauses", **SMALL}, range(1, 3)),  # seed 1
     ("release_before_commit", {"mix": "commits", "faults": "light", **SMALL}, range(1, 3)),  # 1
+    # And a queued waiter planning its take from a row older than its ticket (an eventually
+    # consistent look): it takes the lock past the live waiters ahead (the order check).
+    (
+        "queued_plan_from_old_row",
+        {"mix": "readers", "faults": "light", **WIDE},
+        range(1, 3),
+    ),  # seed 1
     # And the lost hand-over answer (60bb716): a host's answers lost for up to 50 s (every
     # attempt of a hand-over applied or refused unanswered), its answers back before the plain
     # release, within dynasem's default 60 s lease.
     (
         "lost_handover_is_a_loss",
         {"faults": "deaf", "lease": 60.0, "processes": 3, "hosts": 3, "steps": 10},
-        range(1, 4),
-    ),  # seed 1
+        range(1, 7),
+    ),  # seed 6 (1 before queued waiters read an old row first)
 ]
 
 

@@ -14,6 +14,12 @@
 * **Losses**: a hold is never reported taken over when every write that removed its token
   was its own process's (a release or hand-over applied whose answer was lost) and its
   trusted deadline is still ahead.
+* **Order** (first come, first served): a write that moves a queue's turn (``qout``) past a
+  ticket serves that ticket's waiter, unless its entry may be dead to the writer: gone
+  from the database, or its lease end within ``2 * CLOCK_SKEW + SLACK_ORDER`` of the true
+  time, or it came that close to lapsing at any renewal, or its process died, left the
+  wait, or queued again since. A live waiter passed over by a hand-over or a take is a
+  violation.
 * **Liveness**, once the fault window is over: a resource is never idle (nobody inside) for
   longer than ``lease + 2 * CLOCK_SKEW + SLACK`` while a live process waits for it; the run
   ends with every live workload done.
@@ -29,6 +35,7 @@ from dynasem._storage import reader_items, records
 from dynasem._storage.records import Mode
 
 SLACK = 3.0  # seconds: a waiter's paced look (at most a second) and a few round trips
+SLACK_ORDER = 1.0  # seconds beyond 2 * CLOCK_SKEW that an entry passed over must still have
 
 
 class Violation(AssertionError):
@@ -61,6 +68,13 @@ class Monitor:
         self.entries = 0
         self.open_work: dict[str, dict[Any, Any]] = {}  # resource -> proc -> its hold, uncommitted
         self.removed_by: dict[tuple[str, str], Any] = {}  # (resource, token) -> the writer
+        self.skew = skew
+        self.rows: dict[str, records.LockItem] = {}  # resource -> the row as last written
+        # (resource, entry sk) -> (its lease end as last written, whether it came close to
+        # lapsing at a renewal); (resource, process identity) -> the sk of its latest entry.
+        self.entries_seen: dict[tuple[str, str], tuple[int, bool]] = {}
+        self.latest_entry: dict[tuple[str, str], str] = {}
+        self.entry_put: dict[tuple[str, str], float] = {}
 
     def fail(self, message: str) -> None:
         said = f"t={self.sim.clock_label()} {message}"
@@ -178,6 +192,50 @@ class Monitor:
         for token in before.keys() - now.keys():
             self.removed_by[(resource, token)] = writer
         self.holders[resource] = now
+        last = self.rows.get(resource, records.LockItem())
+        self.rows[resource] = row
+        if row.queue_id == last.queue_id and row.queue_out > last.queue_out + 1:
+            for ticket in range(last.queue_out + 1, row.queue_out):
+                self._check_passed(resource, row, records.entry_sk(row.queue_id, ticket), writer)
+
+    def entry_written(self, resource: str, sk: str, item: dict[str, Any] | None) -> None:
+        """A queue entry item as a write left it (None: deleted)."""
+        if item is None:
+            return
+        waiter = records.from_item(records.Waiter, item)
+        previous = self.entries_seen.get((resource, sk))
+        close = previous is not None and (previous[1] or not self._well_ahead(previous[0]))
+        self.entries_seen[(resource, sk)] = (waiter.expires_ms, close)
+        self.entry_put.setdefault((resource, sk), self.sim.sched.now)
+        if waiter.proc is not None:
+            self.latest_entry[(resource, waiter.proc)] = sk
+
+    def _well_ahead(self, expires_ms: int) -> bool:
+        margin = 2 * self.skew + SLACK_ORDER
+        return expires_ms / 1000 > self.sim.sched.now + margin
+
+    def _check_passed(self, resource: str, row: records.LockItem, sk: str, writer: Any) -> None:
+        """``row`` moved the turn past the entry at ``sk``, not to it: fine unless the entry's
+        waiter is alive, waiting, and its entry was live beyond doubt all along."""
+        item = self.sim.entry_now(resource, sk)
+        if item is None:
+            return
+        waiter = records.from_item(records.Waiter, item)
+        if waiter.token in row.holders or not self._well_ahead(waiter.expires_ms):
+            return
+        seen = self.entries_seen.get((resource, sk))
+        if seen is None or seen[1] or self.latest_entry.get((resource, waiter.proc or "")) != sk:
+            return
+        proc = next((p for p in self.sim.procs if p.identity() == waiter.proc), None)
+        if proc is None or proc.dead or proc not in self.waiting.get(resource, set()):
+            return
+        put = self.entry_put[(resource, sk)]
+        self.fail(
+            f"order: {resource!r}'s turn moved to ticket {row.queue_out}, passing ticket "
+            f"{waiter.ticket} of {proc.name}, alive, waiting, its entry live until "
+            f"{waiter.expires_ms / 1000 - self.sim.sched.now:.2f}s from now (written by "
+            f"{getattr(writer, 'name', writer)}; its entry put {self.sim.sched.now - put:.3f}s ago)"
+        )
 
     # -- after every event -------------------------------------------------------------------
 

@@ -42,7 +42,11 @@ and the faults fixed earlier, put back:
   clean refusal of the release after, within the hold's trusted deadline: found by the
   ``deaf`` faults (a host's answers lost for a while) with a 60 s lease;
 * ``release_before_commit``: a hold is given back when its block ends, not when its
-  transaction commits (``on_commit`` ignored).
+  transaction commits (``on_commit`` ignored);
+* ``queued_plan_from_old_row`` (found by the order check, fixed with it): a queued waiter
+  plans its take from the row as an eventually consistent look showed it, older than its
+  ticket (or not made yet), instead of reading it first: it takes the lock past the
+  waiters ahead of it.
 """
 
 from __future__ import annotations
@@ -241,6 +245,12 @@ def release_before_commit(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(commit, "after_transaction", lambda *args, **kwargs: False)
 
 
+def queued_plan_from_old_row(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._engine import queue
+
+    mp.setattr(queue, "before_ticket", lambda seen, pace: False)
+
+
 MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     f.__name__: f
     for f in (
@@ -261,5 +271,6 @@ MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
         heard_hold_trusted,
         lost_handover_is_a_loss,
         release_before_commit,
+        queued_plan_from_old_row,
     )
 }

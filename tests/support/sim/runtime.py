@@ -343,10 +343,21 @@ class Simulation:
         else:
             return
         for key in keys:
-            if not key or key["sk"].get("S") != records.LOCK_SK:
+            sk = key["sk"].get("S", "") if key else ""
+            if sk.startswith(records.ENTRY_PREFIX):
+                self.monitor.entry_written(key["pk"]["S"], sk, self.entry_now(key["pk"]["S"], sk))
+            if sk != records.LOCK_SK:
                 continue
             item = records.decode(self._item(key, params))
             self.monitor.row_written(key["pk"]["S"], item, proc)
+
+    def entry_now(self, resource: str, sk: str) -> dict[str, Any] | None:
+        """The queue entry item at ``sk`` as the database has it now (decoded; the monitor
+        changes nothing)."""
+        from dynasem._storage import records
+
+        key = {"pk": {"S": resource}, "sk": {"S": sk}}
+        return records.decode(self._item(key, {"TableName": network.TABLE}))
 
     # -- transactions ----------------------------------------------------------------------------
 
