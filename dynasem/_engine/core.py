@@ -317,7 +317,9 @@ class Acquire:
             # Queued, and the row known only as it was before our ticket (or not at all): a
             # plan from it would take it past every waiter ahead (an eventually consistent
             # look can show such a row; the simulator's order check found it). Read it first.
-            yield from self.read_queued_row()
+            first = self.resources[0]
+            fresh = queue.read_for_ticket(first, seen.get(first), pace, run.deadline)
+            seen[first] = yield from fresh
             return None
         if queue.passed(seen.get(self.resources[0]), pace.queue_id, pace.ticket):
             pace.ticket = None  # our turn went by (or the row is new): join again
@@ -339,20 +341,6 @@ class Acquire:
             held = take.held_if_trusted(run, plans, seen, sent_mono=None, push_cap=push_cap)
             return (yield from self.confirmed(held, self.resources))
         return (yield from self.write(plans, actions, entry, sent_mono))
-
-    def read_queued_row(self) -> Steps[None]:
-        """Read the row of a queued waiter that knows it only from before its ticket,
-        consistently. Not there, or older still (a read after our draw cannot be): it was
-        reaped, and our ticket with it (join again). Throttled: no news, after a pause."""
-        resource = self.resources[0]
-        unread: records.LockItem | None = records.LockItem()
-        read = functools.partial(lock_rows.get, resource)
-        row = yield from queue.patient_read(read, unread, self.pace, self.run.deadline)
-        if row is unread:
-            return
-        if queue.before_ticket(row, self.pace):
-            self.pace.ticket = None
-        self.seen[resource] = row
 
     def read_ahead(self, plans: dict[str, take.Plan]) -> Steps[None]:
         """Who waits ahead of us (or holds the permits)? One read, then plan again.

@@ -104,6 +104,11 @@ class _Acquire:
         again."""
         pace, seen = self.pace, self.seen
         self.stale = self.run.stale_ms(clock.now_ms())
+        if pace.ticket is not None and queue.before_ticket(seen, pace):
+            # The row as it was before our ticket (a stale look): see Acquire.try_take.
+            fresh = queue.read_for_ticket(self.resource, seen, pace, self.run.deadline)
+            self.seen = (yield from fresh) or records.LockItem(resource=self.resource)
+            return None
         if queue.passed(seen, pace.queue_id, pace.ticket):
             pace.ticket = None
         if not self.served:

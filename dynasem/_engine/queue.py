@@ -115,6 +115,27 @@ def before_ticket(seen: records.LockItem | None, pace: Pace) -> bool:
     )
 
 
+def read_for_ticket(
+    resource: str, seen: records.LockItem | None, pace: Pace, deadline: float
+) -> Steps[records.LockItem | None]:
+    """The row of a queued waiter that knows it only from before its ticket
+    (:func:`before_ticket`), read consistently. Not there, or older still (a read after our
+    draw cannot be): it was reaped, and our ticket with it (``pace.ticket`` None: join
+    again). Throttled: ``seen``, after a pause."""
+    unread: records.LockItem | None = _UNREAD
+    row = yield from patient_read(
+        functools.partial(lock_rows.get, resource), unread, pace, deadline
+    )
+    if row is _UNREAD:
+        return seen
+    if before_ticket(row, pace):
+        pace.ticket = None
+    return row
+
+
+_UNREAD = records.LockItem()
+
+
 def passed(seen: records.LockItem | None, queue_id: int, ticket: int | None) -> bool:
     """Our ticket has had its turn without us (we were seen gone or dead, or drew it just
     after a release that passed every ticket out), or the row was reaped and is a new one:
