@@ -224,6 +224,12 @@ FOUND = [
         {"mix": "readers", "faults": "light", **WIDE},
         range(1, 3),
     ),  # seed 1
+    # The same in the permit semaphores' own acquire loop (the counting mix in permit items).
+    (
+        "queued_plan_from_old_row",
+        {"mix": "counting", "faults": "crashes", "permits_from": 1, **WIDE},
+        range(4, 5),
+    ),  # seed 4
     # And the lost hand-over answer (60bb716): a host's answers lost for up to 50 s (every
     # attempt of a hand-over applied or refused unanswered), its answers back before the plain
     # release, within dynasem's default 60 s lease.
@@ -235,7 +241,11 @@ FOUND = [
 ]
 
 
-@pytest.mark.parametrize(("mutation", "options", "seeds"), FOUND, ids=[m for m, _, _ in FOUND])
+@pytest.mark.parametrize(
+    ("mutation", "options", "seeds"),
+    FOUND,
+    ids=[m + ("-permits" if o.get("permits_from") else "") for m, o, _ in FOUND],
+)
 def test_mutation_is_found(mutation: str, options: dict[str, Any], seeds: range) -> None:
     found = first_failure(seeds, mutation=mutation, **options)
     assert found is not None, f"{mutation} not found in seeds {seeds}"
@@ -303,12 +313,20 @@ FOUND_IN_DYNASEM = [
     # 30-minute run). Fixed: the wait runs from the first look at the row's epoch and fence
     # (which every join moves); a count-down, which extends no hold, leaves it running.
     (2009, "readers", "pauses"),
+    # A queued waiter planned its take from the row as a stale look showed it from before
+    # its ticket (not made yet, or an older queue) and passed live waiters ahead (the order
+    # check's first run, 2026-12-03; in permit items too). Fixed: such a row is read first.
+    (4, "pairs", "light"),
+    (2, "readers", "pauses"),
+    (4, "counting-permits", "crashes"),
 ]
 
 
 @pytest.mark.parametrize(("seed", "mix", "faults"), FOUND_IN_DYNASEM)
 def test_a_seed_that_found_a_fault_passes(seed: int, mix: str, faults: str) -> None:
-    options = {"faults": faults, "processes": 6, "hosts": 3, "steps": 10}
+    options: dict[str, Any] = {"faults": faults, "processes": 6, "hosts": 3, "steps": 10}
+    if mix.endswith("-permits"):  # the mix with its counting semaphores in permit items
+        mix, options["permits_from"] = mix.removesuffix("-permits"), 1
     run(Options(seed=seed, mix=mix, **options)).raise_if_violated()
 
 

@@ -76,6 +76,9 @@ class Options:
     push: bool = True
     max_time: float = 1800.0  # virtual seconds
     mutation: str = ""  # mutations.MUTATIONS: a deliberate protocol bug, for the run
+    # Counting semaphores of more permits than this keep their holders in permit items
+    # (0: the library's own, permit_items.INLINE_MAX): 1 puts the counting mix there.
+    permits_from: int = 0
     trace: bool = True
 
 
@@ -480,6 +483,11 @@ class Simulation:
             undo.append((target, name, getattr(target, name)))
             setattr(target, name, value)
         undo += _quiet_logs(self)
+        if o.permits_from:
+            from dynasem._storage import permit_items
+
+            undo.append((permit_items, "INLINE_MAX", permit_items.INLINE_MAX))
+            permit_items.INLINE_MAX = o.permits_from
         if o.mutation:
             import pytest
 
