@@ -305,7 +305,9 @@ def test_a_waiter_sent_to_a_stale_hint_keeps_its_turn(
     slots.send(slots.hint("pool", full[0].slots["pool"]))  # stale: that slot is held
     full[1].release()  # its slot is hinted behind the stale one, and the first waiter pushed
     first.join(5)
-    assert got == ["first"]
+    # The first in line entered first. (Its own release pushes the second, which may be in
+    # already: CI once saw both here.)
+    assert got[:1] == ["first"]
     full[2].release()
     second.join(5)
     assert got == ["first", "second"]
