@@ -19,6 +19,7 @@ from dynasem._storage import dynamodb, lock_rows, lock_writes, records
 from dynasem._storage import permit_items as slots
 from dynasem.conf import settings
 from dynasem.testing import abandon
+from tests.engine.test_fair import wait_for_queue
 from tests.engine.test_processes import identity_of
 from tests.support.helpers import holder_pages, take
 
@@ -172,23 +173,25 @@ def test_renew_and_release_touch_only_the_permit(holds: list[Any]) -> None:
     "throttled or lost entry write joins again at the back (RELIABILITY.md)"
 )
 def test_waiters_are_served_in_turn(holds: list[Any]) -> None:
+    """The turn is the row's write (its fence counts up): a waiter whose permit item is
+    written later (a stale hint: it picks another slot) still took its turn in order."""
     first = [take(holds, "pool", limit=9, lease=30) for _ in range(9)]
-    got: list[int] = []
+    got: list[tuple[int, int]] = []
 
     def waiter(i: int) -> None:
-        with semaphore("pool", limit=9, wait=10, fair=True):
-            got.append(i)
+        with semaphore("pool", limit=9, wait=10, fair=True) as held:
+            got.append((held.fence, i))
             time.sleep(0.05)
 
     threads = [threading.Thread(target=waiter, args=(i,)) for i in range(3)]
-    for t in threads:
+    for i, t in enumerate(threads):
         t.start()
-        time.sleep(0.3)
+        wait_for_queue("pool", i + 1)  # in line before the next starts (0.3 s was not, loaded)
     for held in first[:3]:
         held.release()
     for t in threads:
         t.join(15)
-    assert got == [0, 1, 2]
+    assert [i for _, i in sorted(got)] == [0, 1, 2]
 
 
 def test_listings_show_permit_holders(holds: list[Any]) -> None:
@@ -239,6 +242,10 @@ def test_a_permit_never_takes_a_fence_older_than_one_it_had(holds: list[Any]) ->
     assert slot_of("late-token") == slot
 
 
+@pytest.mark.kind_engine_only(
+    "sends takes by hand and counts their answers: a lost answer, sent again, is refused by "
+    "its own first write (the engine's callers plan again; this test does not)"
+)
 def test_takes_at_once_count_the_fence_up_instead_of_refusing_each_other(
     holds: list[Any],
 ) -> None:
@@ -281,6 +288,10 @@ def test_a_slot_found_by_reading_is_not_taken_past_its_hint(holds: list[Any]) ->
     assert slots.send(other, old=True) is not None
 
 
+@pytest.mark.kind_engine_only(
+    "FIFO needs each waiter's entry written before a hand-over passes its ticket: a "
+    "throttled or lost entry write joins again at the back (RELIABILITY.md)"
+)
 def test_a_waiter_sent_to_a_stale_hint_keeps_its_turn(
     holds: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -298,10 +309,10 @@ def test_a_waiter_sent_to_a_stale_hint_keeps_its_turn(
 
     first = threading.Thread(target=waiter, args=("first",))
     first.start()
-    time.sleep(0.3)
+    wait_for_queue("pool", 1)
     second = threading.Thread(target=waiter, args=("second",))
     second.start()
-    time.sleep(0.3)
+    wait_for_queue("pool", 2)
     slots.send(slots.hint("pool", full[0].slots["pool"]))  # stale: that slot is held
     full[1].release()  # its slot is hinted behind the stale one, and the first waiter pushed
     first.join(5)
