@@ -20,7 +20,7 @@ def fenced_put(key: str, body: str, fence: int) -> None:
             TableName=settings.TABLE_NAME,
             Key={"pk": {"S": key}, "sk": {"S": "user-data"}},
             UpdateExpression="SET body = :b, fence = :f",
-            ConditionExpression="attribute_not_exists(fence) OR fence < :f",
+            ConditionExpression="attribute_not_exists(fence) OR fence <= :f",
             ExpressionAttributeValues={":b": {"S": body}, ":f": {"N": str(fence)}},
         )
     except ClientError as exc:
