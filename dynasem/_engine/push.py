@@ -320,11 +320,21 @@ class _Listener:
             _bad_mac()
             return
         message = json.loads(body)
-        token, resource, table = message["k"], message["r"], message.get("tb")
-        slot = self.slots.get(token)
-        if slot is None or slot.resource != resource or not isinstance(message["i"], dict):
+        if not isinstance(message["i"], dict):
             return
+        line = tuple(records.from_item(records.Waiter, w) for w in message.get("q", ()))
+        age = max(0, message.get("qa", 0)) / 1000
         item = records.lock_item(message["i"])
+        pushed = Push(item, arrived, message["ts"], line, age)
+        self.take(message["k"], message["r"], message.get("tb"), pushed)
+
+    def take(self, token: str, resource: str, table: Any, pushed: Push) -> None:
+        """A push for the waiter ``token`` that arrived (or was handed over in this process):
+        to the waiter, if it may take it; else given back or dropped."""
+        slot = self.slots.get(token)
+        if slot is None or slot.resource != resource:
+            return
+        item = pushed.item
         if slot.left:
             if table == slot.table:
                 slot.stray(item)
@@ -340,10 +350,7 @@ class _Listener:
                 table=slot.table,
                 push_table=table,
             )
-        elif not slot.refused(item, message["ts"], "on arrival"):
-            line = tuple(records.from_item(records.Waiter, w) for w in message.get("q", ()))
-            age = max(0, message.get("qa", 0)) / 1000
-            pushed = Push(item, arrived, message["ts"], line, age)
+        elif not slot.refused(item, pushed.sent_ms, "on arrival"):
             if not slot.deliver(pushed):
                 slot.stray(item)
 
