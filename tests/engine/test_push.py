@@ -52,9 +52,14 @@ def wait_until_queued(resource: str, n: int = 1, timeout: float = 10) -> dict:
     "counts a pushed waiter's requests and times its wake-up against a kind engine"
 )
 @pytest.mark.parametrize("holder_knows", [True, False], ids=["hand-over", "plain-release"])
-def test_a_pushed_waiter_reads_nothing(lock_table, requests_sent, holder_knows, monkeypatch):
+@pytest.mark.parametrize("path", ["in-process", "datagram"])
+def test_a_pushed_waiter_reads_nothing(lock_table, requests_sent, holder_knows, path, monkeypatch):
     # Paced looks far away: whatever brings the waiter its hold now is the push.
     monkeypatch.setattr(Pace, "turn_in", lambda *a, **k: 20.0)
+    if path == "datagram":
+        monkeypatch.setattr(wakeup, "IN_PROCESS", False)
+    else:  # no datagram could reach the waiter: only the direct hand-over can
+        monkeypatch.setattr(wakeup, "reachable", lambda address: None)
     holder = semaphore("deploy:prod").acquire()
     out: dict = {}
     thread = waiter_thread("deploy:prod", out, wait=30)  # default mode: it queues to be pushed
@@ -297,7 +302,11 @@ def test_a_fresh_hand_over_push_is_taken_with_its_arrival(lock_table):
     assert before <= pushed.arrived <= time.monotonic() and pushed.sent_ms == now
 
 
-def test_a_hand_over_push_carries_the_line_and_its_age_unless_it_would_not_fit(lock_table):
+@pytest.mark.parametrize("path", ["in-process", "datagram"])
+def test_a_hand_over_push_carries_the_line_and_its_age_unless_it_would_not_fit(
+    lock_table, path, monkeypatch
+):
+    monkeypatch.setattr(wakeup, "IN_PROCESS", path == "in-process")
     token = "t-line"
     target = _listening_slot("deploy:push", token)
     address = f"{wakeup.HOST_ID}@{target[0]}:{target[1]}"
@@ -305,7 +314,9 @@ def test_a_hand_over_push_carries_the_line_and_its_age_unless_it_would_not_fit(l
     message = _hand_over(token, e_ms=now + 10_000, fence=7, sent_ms=now, table_name=lock_table)
     item = records.lock_item(message["i"])
     line = tuple(records.Waiter(ticket=t, expires_ms=now + 5_000, token=f"w{t}") for t in (3, 4))
-    for waiters, sent in ((line, line), (line * 2000, ())):  # the second: too big for a datagram
+    # The second is too big for a datagram; a waiter of this process gets it all the same.
+    big = line * 2000
+    for waiters, sent in ((line, line), (big, big if path == "in-process" else ())):
         assert wakeup.push(address, "deploy:push", token, item, sent_ms=now, line=(waiters, 0.25))
         pushed = wakeup.wait(token, 5, fence_above=6)
         assert pushed is not None and pushed.item.holders[token].fence == 7
