@@ -284,6 +284,16 @@ def no_reentry(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
 
 
 @pytest.fixture
+def waiters_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The holder is not told of a waiter queued behind it by a thread of its own process
+    (dynasem._engine.hold.first_in_line): for tests of what a holder does about waiters of
+    other processes, which it learns of only from DynamoDB."""
+    from dynasem._engine import hold
+
+    monkeypatch.setattr(hold, "first_in_line", lambda row, waiter: None)
+
+
+@pytest.fixture
 def holds(lock_table: str) -> Iterator[list[Any]]:
     """Holds taken by a test (see :func:`take`); whatever is still ours is released at the end
     (a hold the test broke or let expire is only cleaned up, whatever the outcome)."""

@@ -5,11 +5,13 @@ lost. Read top-down: what users read, renewing, releasing (hand-over, then plain
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import random
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, NoReturn
@@ -24,7 +26,7 @@ from .._storage.records import Mode
 from .._transactions import commit, fencing
 from ..exceptions import LimitExceeded, LockLost, SemaphoreUnavailable
 from ..signals import lock_acquired, lock_lost, lock_released
-from . import handover
+from . import handover, push
 from .heartbeat import Heartbeat
 from .lockspec import LockSpec
 from .steps import run_io
@@ -57,6 +59,10 @@ RELEASE_PATIENCE = 5.0
 RELEASE_PAUSE = 0.05
 TAKEN_OVER = "another holder took it over, or it was broken by an operator"
 _REFUSED = "ConditionalCheckFailed"  # a transaction's reason for a row whose condition failed
+
+# This process's live holds that hand over (exclusive, one resource), by token: a waiter of
+# this process that queues first in line behind one tells it (Held.heard_of).
+_handing: weakref.WeakValueDictionary[str, Held] = weakref.WeakValueDictionary()
 
 
 class Held:
@@ -108,6 +114,7 @@ class Held:
         self.handed_on: str | None = None
         self.telemetry_context: Any = None  # the acquire's span (telemetry.py links to it)
         self._handover: tuple[int, int, int, int] | None = None  # when, to how many, fence
+        self._told: str | None = None  # the waiter of this process that told us it is next
 
     # -- what users read ---------------------------------------------------------------------
 
@@ -357,6 +364,7 @@ class Held:
         if self._released:
             return False
         self._released = True
+        _handing.pop(self.token, None)
         self._stop_heartbeat()
         return True
 
@@ -430,6 +438,26 @@ class Held:
         """Only an exclusive hold of one resource hands over, and says who may still wait."""
         return self.semaphore.mode == Mode.EXCLUSIVE and len(self.resources) == 1
 
+    def heard_of(self, row: records.LockItem, waiter: records.Waiter) -> None:
+        """``waiter``, of this process, queued first in line behind us (``row``: the row its
+        ticket left): our release hands the lock to it in its one write, from this line as
+        from one a push brought, instead of being refused for a waiter it did not know of
+        and reading the queue (two round trips and a refused write's unit)."""
+        known = self._row
+        if self._released or (known is not None and known.queue_in >= row.queue_in):
+            return  # given back already, or it knows as much
+        self._told = waiter.token
+        self._row = dataclasses.replace(row, line=(waiter,), line_read=clock.monotonic())
+
+    def _forget_heir_gone(self) -> None:
+        """The waiter of this process we were told of has stopped waiting (it gave up, or was
+        interrupted): the line it told us of is no more (the queue is read instead)."""
+        row, told = self._row, self._told
+        if row is not None and told is not None and not push.listening(told):
+            self._told = None
+            if any(w.token == told for w in row.line):
+                self._row = dataclasses.replace(row, line=())
+
     def _observe(self, item: records.LockItem | None) -> None:
         if item is not None:
             self._row = item
@@ -449,6 +477,7 @@ class Held:
         for _ in range(3):
             if self._lost is not None or not self._hands_over:
                 return None
+            self._forget_heir_gone()
             try:
                 heirs, queue_out, self._row, line = handover.heirs_of(self._row)
             except SemaphoreUnavailable:
@@ -659,12 +688,27 @@ def acquired(
             handover.push_first(held.resource, item, readers_only=True)
         held._send(lock_acquired, fences=held.fences)
         held._start_heartbeat()
+        if held._hands_over:
+            _handing[held.token] = held
     except BaseException:
         # A receiver raised (or an interrupt came) before the caller got the hold: nobody
         # will use it, so give it back now rather than leave it held for a whole lease.
         give_back_unused(held)
         raise
     return held
+
+
+def first_in_line(row: records.LockItem, waiter: records.Waiter) -> None:
+    """A waiter of this process joined the queue of ``row`` (as its ticket left it) first in
+    line, behind one exclusive holder: if that holder is a hold of this process too, it is
+    told (:meth:`Held.heard_of`). A reader waits to be let in with the readers after it."""
+    if waiter.shared or waiter.ticket != row.queue_out + 1 or len(row.holders) != 1:
+        return
+    if not push.listening(waiter.token):
+        return  # it could not tell us when it stops waiting
+    held = _handing.get(next(iter(row.holders)))
+    if held is not None and held.resource == row.resource:
+        held.heard_of(row, waiter)
 
 
 def give_back_unused(held: Held) -> None:

@@ -17,7 +17,7 @@ from .._storage import dynamodb, lock_rows, lock_writes, queue_entries, records
 from .._storage.records import Mode
 from ..exceptions import SemaphoreBusy, SemaphoreUnavailable
 from ..signals import lock_busy
-from . import processes, push
+from . import hold, processes, push
 from .lockspec import Attempt, LockSpec
 from .steps import InQueue, Request, Sleep, Steps
 
@@ -522,6 +522,7 @@ def join_queue(
     # A put is idempotent: the same again, if it failed.
     put = functools.partial(queue_entries.put_entry, resource, pace.queue_id, waiter)
     yield from _enqueue(run, put, resource, (pace.queue_id, after.queue_in))
+    hold.first_in_line(after, waiter)
     if len(queued_recently) >= MAX_REMEMBERED:
         queued_recently.clear()
         pushed_recently.clear()

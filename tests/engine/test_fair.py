@@ -391,7 +391,9 @@ def _queries(monkeypatch) -> list[bool]:
     "counts the release's reads: a lagging read that misses the entry is read again "
     "consistently, as designed"
 )
-def test_a_release_reads_the_head_of_the_line_eventually_consistently(lock_table, monkeypatch):
+def test_a_release_reads_the_head_of_the_line_eventually_consistently(
+    lock_table, monkeypatch, waiters_elsewhere
+):
     # Half the read units: the heir it shows is the very next ticket, so nobody can be missing
     # ahead of it.
     resource = "deploy:queue-read"

@@ -15,8 +15,9 @@ import pytest
 from django.core.checks import run_checks
 from django.test import override_settings
 
+from dynasem import SemaphoreBusy, semaphore
 from dynasem import _clock as clock
-from dynasem import semaphore
+from dynasem._engine import hold
 from dynasem._engine import push as wakeup
 from dynasem._engine.hold import WAKE_AFTER
 from dynasem._engine.queue import Pace
@@ -60,6 +61,8 @@ def test_a_pushed_waiter_reads_nothing(lock_table, requests_sent, holder_knows, 
         monkeypatch.setattr(wakeup, "IN_PROCESS", False)
     else:  # no datagram could reach the waiter: only the direct hand-over can
         monkeypatch.setattr(wakeup, "reachable", lambda address: None)
+    if not holder_knows:  # as a waiter of another process: the holder is not told it queued
+        monkeypatch.setattr(hold, "first_in_line", lambda row, waiter: None)
     holder = semaphore("deploy:prod").acquire()
     out: dict = {}
     thread = waiter_thread("deploy:prod", out, wait=30)  # default mode: it queues to be pushed
@@ -85,6 +88,46 @@ def test_a_pushed_waiter_reads_nothing(lock_table, requests_sent, holder_knows, 
     assert out["acquired"] - released < 0.5
     assert out["fence"] > holder.fence
     assert (lock_rows.get_item("deploy:prod") or {}).get("holders") == {}
+
+
+@pytest.mark.kind_engine_only("counts the requests of a hand-over")
+@pytest.mark.parametrize("gives_up", [False, True], ids=["waits", "gives-up"])
+def test_a_waiter_of_the_holders_own_process_is_handed_the_lock_in_one_write(
+    lock_table, requests_sent, gives_up, monkeypatch
+):
+    # Paced looks far away: whatever brings the waiter its hold now is the push.
+    monkeypatch.setattr(Pace, "turn_in", lambda *a, **k: 20.0)
+    told = threading.Event()
+    first_in_line = hold.first_in_line
+
+    def telling(row, waiter):  # the waiter's thread tells the holder, then we go on
+        first_in_line(row, waiter)
+        told.set()
+
+    monkeypatch.setattr(hold, "first_in_line", telling)
+    holder = semaphore("deploy:own").acquire()  # a short hold: no release looks for waiters
+    out: dict = {}
+    thread = waiter_thread("deploy:own", out, wait=0.5 if gives_up else 30)
+    assert told.wait(10)
+    if gives_up:
+        # Its wait ends before the release: the holder must not hand it the lock from what
+        # it was told (nobody would use it until the hand-back comes).
+        thread.join(10)
+        assert isinstance(out.get("error"), SemaphoreBusy)
+    requests_sent.reset()
+    holder.release()
+    thread.join(10)
+    row = lock_rows.get_item("deploy:own") or {}
+    if gives_up:
+        # Given back to nobody: not handed over (a hand-over draws a larger fence).
+        assert row.get("holders") == {} and row.get("fence") == holder.fence
+        return
+    assert "error" not in out and out["fence"] > holder.fence
+    # The release's one write handed it over (not a release refused for a waiter it did not
+    # know of, then a read of the queue), and the waiter's own release: two writes. (The
+    # waiter may have looked at the row once since it queued.)
+    assert requests_sent.calls["UpdateItem"] == 2 and requests_sent.calls["Query"] == 0
+    assert row.get("holders") == {}
 
 
 def _chain(resource: str, requests_sent, n: int) -> list[str]:

@@ -56,7 +56,7 @@ def test_a_queued_waiters_throttled_look_keeps_it_waiting(lock_table: str) -> No
 
 
 def test_a_hand_over_whose_read_of_the_queue_is_throttled_still_releases(
-    lock_table: str,
+    lock_table: str, waiters_elsewhere: None
 ) -> None:
     resource = "thr:heirs"
     held = semaphore(resource, wait=0, lease=30).acquire()
