@@ -110,6 +110,7 @@ import fcntl
 import hashlib
 import heapq
 import io
+import itertools
 import json
 import math
 import multiprocessing
@@ -276,8 +277,12 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
     log = open(base + ".log", "a", buffering=1)  # noqa: SIM115 - line-buffered: a write per line
     monotonic = time.monotonic
 
+    write_lock = threading.Lock()  # --threads: the lanes of this worker share its log
+
     def emit(*parts: Any) -> None:
-        log.write(" ".join(str(p) for p in parts) + "\n")
+        line = " ".join(str(p) for p in parts) + "\n"
+        with write_lock:
+            log.write(line)
 
     emit("S", os.getpid(), slot, gen, seed, f"{monotonic():.6f}", f"{time.time():.6f}")
 
@@ -313,7 +318,18 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
     multi_chance = min(MULTI_CHANCE, 1.0 - share)
     counting = cfg.get("counting") or {}
 
-    def add_fault() -> None:
+    def count(key: str, n: int = 1) -> None:
+        with write_lock:
+            counters[key] += n
+
+    holding = [0]  # lanes inside a hold now: flags[slot] is 1 while any is
+
+    def inside(delta: int) -> None:
+        with write_lock:
+            holding[0] += delta
+            flags[slot] = 1 if holding[0] else 0
+
+    def add_fault(rng: random.Random) -> None:
         kind = rng.choice(list(FAULT_KINDS))
         op = "TransactWriteItems" if rng.random() < 0.25 else "UpdateItem"
         # Throttling is retried by botocore with 1-4 s sleeps: keep those rules short.
@@ -356,11 +372,19 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
         return dict(out)
 
     def snapshot() -> None:
-        emit("C", json.dumps({"counters": dict(counters), "faults": fired()}, sort_keys=True))
+        with write_lock:
+            said = json.dumps({"counters": dict(counters), "faults": fired()}, sort_keys=True)
+        emit("C", said)
 
-    while not flags[len(flags) - 1]:
+    def lane(rng: random.Random) -> None:
+        while not flags[len(flags) - 1]:
+            one_hold(rng)
+            snapshot()
+            time.sleep(rng.uniform(0.0, cfg["think"]))
+
+    def one_hold(rng: random.Random) -> None:
         if rng.random() < FAULT_CHANCE:
-            add_fault()
+            add_fault(rng)
         # One draw: a reader (one resource: fair=True takes one), two resources (exclusive),
         # or one resource exclusive.
         draw = rng.random()
@@ -392,7 +416,7 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
                 start = monotonic()
                 expires = held.expires.timestamp()
                 left = expires - time.time()
-                flags[slot] = 1
+                inside(1)
                 token = held.token[:16]
                 try:
                     mode = "s" if shared else "x"
@@ -403,19 +427,19 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
                         fence = held.fences[names[0]]
                         names = [f"{names[0]}#s{slot_no}"]
                         held.fences[names[0]] = fence
-                        counters["counting"] += 1
+                        count("counting", 1)
                     for r in names:
                         emit(
                             "B",
                             *(token, r, held.fences[r], f"{start:.6f}", f"{left:.6f}"),
                             *(mode, f"{expires:.3f}"),
                         )
-                    counters["holds"] += 1
-                    counters["multi"] += len(names) > 1
-                    counters["shared"] += shared
+                    count("holds", 1)
+                    count("multi", len(names) > 1)
+                    count("shared", shared)
                     # A reader in a reader item of its own (past the readers a row keeps).
-                    counters["reader-items"] += type(held).__name__ == "ReaderHeld"
-                    counters["long"] += hold > lease
+                    count("reader-items", type(held).__name__ == "ReaderHeld")
+                    count("long", hold > lease)
                     if hold > lease:
                         # A long hold watches its trust as it goes: every moment the block saw
                         # it trusted counts in the overlap check (renewals, cut-offs).
@@ -435,34 +459,44 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
                         if shared:
                             result, value = fenced_read(paths[r], held.fences[r], pause)
                             emit("R", token, r, result, f"{monotonic():.6f}", value)
-                            counters[f"read-{result}"] += 1
+                            count(f"read-{result}", 1)
                             continue
                         result, value = fenced_increment(paths[r], held.fences[r], pause)
                         emit("W", token, r, result, f"{monotonic():.6f}", value)
-                        counters[f"write-{result}"] += 1
+                        count(f"write-{result}", 1)
                 finally:
                     emit("E", token, f"{monotonic():.6f}")
-                    flags[slot] = 0
+                    inside(-1)
             emit("X", token, "ok", f"{monotonic():.6f}")
         except SemaphoreBusy:
-            counters["busy"] += 1
+            count("busy", 1)
         except LockLost as exc:
-            counters["lost"] += 1
+            count("lost", 1)
             emit("X", token, "lost", f"{monotonic():.6f}", json.dumps(exc.reason))
         except SemaphoreUnavailable as exc:
-            counters["unavailable"] += 1
+            count("unavailable", 1)
             if counters["unavailable"] <= 20:
                 emit("U", f"{monotonic():.6f}", json.dumps(str(exc)))
         except Exception as exc:
-            counters["unexpected"] += 1
+            count("unexpected", 1)
             emit(
                 "T",
                 token,
                 f"{monotonic():.6f}",
                 json.dumps(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}"),
             )
-        snapshot()
-        time.sleep(rng.uniform(0.0, cfg["think"]))
+
+    # --threads: that many lanes in this process take turns with each other as with the
+    # other workers (hand-overs between threads of one process), each with its own draws.
+    lanes = [
+        threading.Thread(target=lane, args=(random.Random(seed * 1000 + i),), name=f"lane-{i}")
+        for i in range(1, cfg.get("threads", 1))
+    ]
+    for t in lanes:
+        t.start()
+    lane(rng)
+    for t in lanes:
+        t.join()
     snapshot()
     emit("Z", f"{monotonic():.6f}")
     log.close()
@@ -851,6 +885,19 @@ def admitted_together(rep: Report) -> Counter[int]:
     return sizes
 
 
+def same_process(rep: Report) -> int:
+    """Exclusive holds that came right after another of the same worker process on their
+    resource (by fence): with --threads, turns taken between threads of one process."""
+    by_resource: dict[str, list[Hold]] = {}
+    for hold in {h.token + h.resource: h for h in rep.holds if not h.shared}.values():
+        by_resource.setdefault(hold.resource, []).append(hold)
+    follows = 0
+    for holds in by_resource.values():
+        holds.sort(key=lambda h: h.fence)
+        follows += sum(1 for a, b in itertools.pairwise(holds) if a.pid == b.pid)
+    return follows
+
+
 def fence_checks(rep: Report, slack: float = 0.0) -> tuple[int, list[str]]:
     """Fences handed out twice, or out of the order the leases were written in (every take,
     exclusive or shared, and every heir of a hand-over gets a fence of its own, larger than the
@@ -1127,6 +1174,7 @@ def analyse(
         f"holds: started {started}, completed {completed} (two resources {c['multi']}, "
         f"longer than the lease {c['long']}), busy {c['busy']}, unavailable {c['unavailable']}"
     )
+    print(f"holds that followed one of the same process on a resource: {same_process(rep)}")
     print(
         f"LockLost at block exit: {len(lost_holds)} ("
         + ", ".join(f"{k} {v}" for k, v in sorted(loss_kinds.items()))
@@ -1434,6 +1482,9 @@ def main(argv: list[str] | None = None) -> int:
     add_counting(parser)
     parser.add_argument("--think", type=float, default=0.1, help="max pause between holds (s)")
     parser.add_argument("--nice", type=int, default=5, help="niceness of the workers")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="threads per worker, taking turns like workers"
+    )
     parser.add_argument("--workdir", default=None, help="keep logs and files here")
     parser.add_argument("--keep", action="store_true", help="keep the workdir even on success")
     add_unkind(parser)
@@ -1478,6 +1529,7 @@ def main(argv: list[str] | None = None) -> int:
             "nice": args.nice,
             "shared_share": args.shared_share,
             "counting": counting,
+            "threads": args.threads,
         }
         fleet = Fleet(cfg, args.processes, rng, seed)
         t0 = time.monotonic()

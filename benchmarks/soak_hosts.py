@@ -199,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--think", type=float, default=0.1, help="max pause between holds (s)")
     parser.add_argument("--nice", type=int, default=5, help="niceness of the workers")
     parser.add_argument(
+        "--threads", type=int, default=1, help="threads per worker, taking turns like workers"
+    )
+    parser.add_argument(
         "--clock-offsets",
         default="-0.2,0,0.2",
         help="wall-clock shift of hosts a, b, c in seconds (libfaketime)",
@@ -275,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
             "long_chance": LONG_CHANCE,
             "shared_share": args.shared_share,
             "counting": counting,
+            "threads": args.threads,
         }
         fleet = HostFleet(cfg, processes, rng, seed, network, offsets, library)
         t0 = time.monotonic()
