@@ -685,7 +685,7 @@ def acquired(
         if item is not None and semaphore.mode == Mode.SHARED:
             # The first waiter in line a reader too: it can join us now (it then pushes the
             # next one when it has joined).
-            handover.push_first(held.resource, item, readers_only=True)
+            _let_next_reader_in(held.resource, item)
         held._send(lock_acquired, fences=held.fences)
         held._start_heartbeat()
         if held._hands_over:
@@ -696,6 +696,34 @@ def acquired(
         give_back_unused(held)
         raise
     return held
+
+
+def _let_next_reader_in(resource: str, item: records.LockItem) -> None:
+    """Push ``item`` to the first waiter in its line if that is a reader, without delaying
+    the hold just taken: its trust was checked already and runs on, and a read of the line
+    can take botocore's retries (the soak with two threads a worker once had a reader's block
+    begin past its lease after such a read), so a line not read yet is read on a thread of
+    its own."""
+    if not item.waiting:
+        return
+    if item.entries is not None:  # nothing to read: a datagram at most
+        handover.push_first(resource, item, readers_only=True)
+        return
+    threading.Thread(
+        target=_push_first_quietly, args=(resource, item), name="dynasem-let-in", daemon=True
+    ).start()
+
+
+def _push_first_quietly(resource: str, item: records.LockItem) -> None:
+    try:
+        handover.push_first(resource, item, readers_only=True)
+    except Exception as exc:  # the reader reads the row itself at its next look
+        logger.debug(
+            "dynasem: could not let the next reader in on %r: %s",
+            resource,
+            exc,
+            extra=facts(resource, outcome="let_in_failed", reason=exc),
+        )
 
 
 def first_in_line(row: records.LockItem, waiter: records.Waiter) -> None:

@@ -464,3 +464,42 @@ def test_a_hand_over_to_a_waiter_that_left_is_handed_on_at_once(lock_table, monk
     assert isinstance(out["W2"], tuple), out
     assert out["W2"][0] - released < 3, "the lock sat with the waiter that had left"
     assert out["W2"][2] > holder.fence
+
+
+@pytest.mark.kind_engine_only(
+    "slows the second read of the line, the reader's (a lagging engine can make it the release's)"
+)
+def test_a_reader_handed_the_lock_is_not_kept_waiting_for_a_read_of_the_line(
+    lock_table, monkeypatch, waiters_elsewhere
+):
+    # A reader at the head of the line, a writer behind it: the release hands the lock to
+    # the reader, whose hold then lets the next reader in if there is one, which takes a read
+    # of the line. That read is made slow here: the reader's hold must be returned without
+    # waiting for it (its trust runs from the hand-over; a block begun past it is unsafe).
+    resource = "deploy:let-in"
+    holder = semaphore(resource).acquire()
+    out: dict = {}
+    threads: dict = {}
+    _hold_in_turn(resource, "R1", True, 0.0, out, threads)
+    wait_for_queue(resource, 1)
+    _hold_in_turn(resource, "W2", False, 0.0, out, threads)
+    wait_for_queue(resource, 2)
+    from dynasem._storage import queue_entries
+
+    load, calls = queue_entries.load_entries, []
+
+    def slow_after_the_first(*args, **kwargs):
+        calls.append(threading.current_thread().name)
+        if len(calls) == 2:  # the release's own read of the heirs, and later ones, are not slowed
+            time.sleep(2.0)
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(queue_entries, "load_entries", slow_after_the_first)
+    released = time.monotonic()
+    holder.release()
+    for name in ("R1", "W2"):
+        threads[name].join(30)
+        assert isinstance(out.get(name), tuple), out
+    assert len(calls) >= 2  # the reader's hold did look for a reader after the writer
+    assert out["R1"][0] - released < 1.0  # its block began without waiting for that read
+    assert out["R1"][2] < out["W2"][2]
