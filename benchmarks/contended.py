@@ -406,7 +406,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--no-hosts", dest="hosts", action="store_false", help="no run across two netns hosts"
     )
-    parser.add_argument("--no-doc", action="store_true", help="do not update docs/BENCHMARKS.md")
+    parser.add_argument(
+        "--no-doc",
+        action="store_true",
+        help="do not record the result nor update docs/BENCHMARKS.md",
+    )
     args = parser.parse_args(argv)
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     fair = common.has_fair()
@@ -557,11 +561,11 @@ def main(argv: list[str] | None = None) -> int:
         f" utilisation): {hold_ms} / ({hold_ms} + {common.ms(gap['handover'])}) = {ceiling:.2f}."
     )
     print(ceiling_line + "\n")
-    recorded.record("contended", figures, machine=common.machine(), command=common.command())
     if not fair:
         print("(dynasem.semaphore has no fair= parameter here: no fair=True row)")
 
     if not args.no_doc:
+        recorded.record("contended", figures, machine=common.machine(), command=common.command())
         fair_note = (
             "`semaphore(..., fair=True)` exists, so it has a row of its own."
             if fair

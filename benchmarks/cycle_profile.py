@@ -90,7 +90,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cycles", type=int, default=2000)
     parser.add_argument("--block", type=int, default=50)
-    parser.add_argument("--no-doc", action="store_true", help="do not update docs/BENCHMARKS.md")
+    parser.add_argument(
+        "--no-doc",
+        action="store_true",
+        help="do not record the result nor update docs/BENCHMARKS.md",
+    )
     args = parser.parse_args(argv)
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
@@ -187,8 +191,10 @@ def main(argv: list[str] | None = None) -> int:
         "dynasem_cpu": common.ms(cpu_per["dynasem"]),
         "bare_cpu": common.ms(cpu_per["bare"]),
     }
-    recorded.record("cycle_profile", figures, machine=common.machine(), command=common.command())
     if not args.no_doc:
+        recorded.record(
+            "cycle_profile", figures, machine=common.machine(), command=common.command()
+        )
         intro = (
             f"One process, {n} uncontended cycles per system over 10 resources, in alternating "
             f"blocks of {args.block} after 300 warm-up cycles each: dynasem's `with "
