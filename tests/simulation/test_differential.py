@@ -179,8 +179,9 @@ def check(recording: Recording, table: str, *operations: str) -> SimDynamoDB:
 
 
 def test_exclusive_waiter_hand_over_renewal_and_a_busy_refusal(
-    lock_table: str, recording: Recording
+    lock_table: str, recording: Recording, waiters_elsewhere: None
 ) -> None:
+    # The waiter stands for another process's: the release reads the line (the Query).
     first = semaphore("x:1", lease=10).acquire()
     with pytest.raises(SemaphoreBusy):
         semaphore("x:1", wait=0).acquire()
