@@ -371,6 +371,18 @@ def _busy(resource: str, **kwargs) -> Exception | None:
     return None
 
 
+def _in_line(resource: str, *waiters: tuple[str, bool]) -> tuple[dict, dict]:
+    """Fair waiters (name, shared) queued behind whoever holds ``resource``, each in line
+    before the next starts, holding for no time once their turn comes: what they record
+    (see :func:`_hold_in_turn`), and their threads by name."""
+    out: dict = {}
+    threads: dict = {}
+    for name, shared in waiters:
+        _hold_in_turn(resource, name, shared, 0.0, out, threads)
+        wait_for_queue(resource, len(threads))
+    return out, threads
+
+
 def _queries(monkeypatch) -> list[bool]:
     """Records the ConsistentRead of each Query this thread sends, in order (the threads of
     waiters that get the lock may read the line too)."""
@@ -398,10 +410,7 @@ def test_a_release_reads_the_head_of_the_line_eventually_consistently(
     # ahead of it.
     resource = "deploy:queue-read"
     holder = semaphore(resource).acquire()
-    out: dict = {}
-    threads: dict = {}
-    _hold_in_turn(resource, "W1", False, 0.0, out, threads)
-    wait_for_queue(resource, 1)
+    out, threads = _in_line(resource, ("W1", False))
     queries = _queries(monkeypatch)
     holder.release()
     threads["W1"].join(30)
@@ -415,10 +424,7 @@ def test_a_gap_at_the_head_of_the_line_is_read_again_consistently(lock_table, mo
     resource = "deploy:queue-gap"
     holder = semaphore(resource).acquire()
     lock_rows.update(lock_writes.take_ticket(resource, holder.fence), return_new=True)  # no entry
-    out: dict = {}
-    threads: dict = {}
-    _hold_in_turn(resource, "W2", False, 0.0, out, threads)
-    wait_for_queue(resource, 1)
+    out, threads = _in_line(resource, ("W2", False))
     queries = _queries(monkeypatch)
     holder.release()
     threads["W2"].join(30)
@@ -478,12 +484,7 @@ def test_a_reader_handed_the_lock_is_not_kept_waiting_for_a_read_of_the_line(
     # waiting for it (its trust runs from the hand-over; a block begun past it is unsafe).
     resource = "deploy:let-in"
     holder = semaphore(resource).acquire()
-    out: dict = {}
-    threads: dict = {}
-    _hold_in_turn(resource, "R1", True, 0.0, out, threads)
-    wait_for_queue(resource, 1)
-    _hold_in_turn(resource, "W2", False, 0.0, out, threads)
-    wait_for_queue(resource, 2)
+    out, threads = _in_line(resource, ("R1", True), ("W2", False))
     from dynasem._storage import queue_entries
 
     load, calls = queue_entries.load_entries, []
