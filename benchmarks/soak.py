@@ -427,14 +427,14 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
                         fence = held.fences[names[0]]
                         names = [f"{names[0]}#s{slot_no}"]
                         held.fences[names[0]] = fence
-                        count("counting", 1)
+                        count("counting")
                     for r in names:
                         emit(
                             "B",
                             *(token, r, held.fences[r], f"{start:.6f}", f"{left:.6f}"),
                             *(mode, f"{expires:.3f}"),
                         )
-                    count("holds", 1)
+                    count("holds")
                     count("multi", len(names) > 1)
                     count("shared", shared)
                     # A reader in a reader item of its own (past the readers a row keeps).
@@ -459,26 +459,26 @@ def worker_main(cfg: dict[str, Any], slot: int, gen: int, seed: int, flags: Any)
                         if shared:
                             result, value = fenced_read(paths[r], held.fences[r], pause)
                             emit("R", token, r, result, f"{monotonic():.6f}", value)
-                            count(f"read-{result}", 1)
+                            count(f"read-{result}")
                             continue
                         result, value = fenced_increment(paths[r], held.fences[r], pause)
                         emit("W", token, r, result, f"{monotonic():.6f}", value)
-                        count(f"write-{result}", 1)
+                        count(f"write-{result}")
                 finally:
                     emit("E", token, f"{monotonic():.6f}")
                     inside(-1)
             emit("X", token, "ok", f"{monotonic():.6f}")
         except SemaphoreBusy:
-            count("busy", 1)
+            count("busy")
         except LockLost as exc:
-            count("lost", 1)
+            count("lost")
             emit("X", token, "lost", f"{monotonic():.6f}", json.dumps(exc.reason))
         except SemaphoreUnavailable as exc:
-            count("unavailable", 1)
+            count("unavailable")
             if counters["unavailable"] <= 20:
                 emit("U", f"{monotonic():.6f}", json.dumps(str(exc)))
         except Exception as exc:
-            count("unexpected", 1)
+            count("unexpected")
             emit(
                 "T",
                 token,
