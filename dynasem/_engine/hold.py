@@ -11,7 +11,6 @@ import math
 import random
 import threading
 import time
-import weakref
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any, NoReturn
@@ -59,10 +58,6 @@ RELEASE_PATIENCE = 5.0
 RELEASE_PAUSE = 0.05
 TAKEN_OVER = "another holder took it over, or it was broken by an operator"
 _REFUSED = "ConditionalCheckFailed"  # a transaction's reason for a row whose condition failed
-
-# This process's live holds that hand over (exclusive, one resource), by token: a waiter of
-# this process that queues first in line behind one tells it (Held.heard_of).
-_handing: weakref.WeakValueDictionary[str, Held] = weakref.WeakValueDictionary()
 
 
 class Held:
@@ -364,7 +359,7 @@ class Held:
         if self._released:
             return False
         self._released = True
-        _handing.pop(self.token, None)
+        push.holds.pop(self.token, None)
         self._stop_heartbeat()
         return True
 
@@ -689,7 +684,7 @@ def acquired(
         held._send(lock_acquired, fences=held.fences)
         held._start_heartbeat()
         if held._hands_over:
-            _handing[held.token] = held
+            push.holds[held.token] = held
     except BaseException:
         # A receiver raised (or an interrupt came) before the caller got the hold: nobody
         # will use it, so give it back now rather than leave it held for a whole lease.
@@ -734,7 +729,7 @@ def first_in_line(row: records.LockItem, waiter: records.Waiter) -> None:
         return
     if not push.listening(waiter.token):
         return  # it could not tell us when it stops waiting
-    held = _handing.get(next(iter(row.holders)))
+    held = push.holds.get(next(iter(row.holders)))
     if held is not None and held.resource == row.resource:
         held.heard_of(row, waiter)
 

@@ -41,6 +41,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -58,6 +59,9 @@ MAX_DATAGRAM = 60_000  # bytes: a queue too long to push is read instead
 # A waiter of this process is handed its push directly, not by datagram (see push; tests of
 # the datagram path turn it off to send datagrams to themselves).
 IN_PROCESS = True
+# This process's live holds that hand over (exclusive, one resource: hold.Held), by token: a
+# waiter of this process that queues first in line behind one tells it (Held.heard_of).
+holds: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 _SALT = b"dynasem.hand-over-push"
 
 _lock = threading.Lock()

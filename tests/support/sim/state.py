@@ -74,7 +74,7 @@ PER_PROCESS: dict[Key, Callable[[Any], Any]] = {
     ("dynasem._storage.dynamodb", "_client_lock"): _lock,
     ("dynasem._transactions.commit", "_pending"): lambda proc: weakref.WeakKeyDictionary(),
     # The holds a waiter of the same process tells it is next (hold.first_in_line).
-    ("dynasem._engine.hold", "_handing"): lambda proc: weakref.WeakValueDictionary(),
+    ("dynasem._engine.push", "holds"): lambda proc: weakref.WeakValueDictionary(),
     ("dynasem._observability.telemetry", "_complained"): lambda proc: False,
 }
 
