@@ -433,16 +433,23 @@ class Held:
         """Only an exclusive hold of one resource hands over, and says who may still wait."""
         return self.semaphore.mode == Mode.EXCLUSIVE and len(self.resources) == 1
 
-    def heard_of(self, row: records.LockItem, waiter: records.Waiter) -> None:
-        """``waiter``, of this process, queued first in line behind us (``row``: the row its
-        ticket left): our release hands the lock to it in its one write, from this line as
-        from one a push brought, instead of being refused for a waiter it did not know of
-        and reading the queue (two round trips and a refused write's unit)."""
+    def heard_of(
+        self, row: records.LockItem, waiter: records.Waiter, *, sent: float | None = None
+    ) -> None:
+        """``waiter`` queued first in line behind us (``row``: the row its ticket left): our
+        release hands the lock to it in its one write, from this line as from one a push
+        brought, instead of being refused for a waiter it did not know of and reading the
+        queue (two round trips and a refused write's unit). ``sent``: when a waiter of
+        another process told us (monotonic, by our reckoning); a line is trusted for as
+        long as a pushed one from then, and a waiter that left meanwhile gives back a
+        hand-over that reaches it (``push.depart``). One of our own process is told now,
+        and forgotten at once when it stops waiting (:meth:`_forget_heir_gone`)."""
         known = self._row
         if self._released or (known is not None and known.queue_in >= row.queue_in):
             return  # given back already, or it knows as much
-        self._told = waiter.token
-        self._row = dataclasses.replace(row, line=(waiter,), line_read=clock.monotonic())
+        self._told = waiter.token if sent is None else None
+        heard = clock.monotonic() if sent is None else sent
+        self._row = dataclasses.replace(row, line=(waiter,), line_read=heard)
 
     def _forget_heir_gone(self) -> None:
         """The waiter of this process we were told of has stopped waiting (it gave up, or was
@@ -723,15 +730,23 @@ def _push_first_quietly(resource: str, item: records.LockItem) -> None:
 
 def first_in_line(row: records.LockItem, waiter: records.Waiter) -> None:
     """A waiter of this process joined the queue of ``row`` (as its ticket left it) first in
-    line, behind one exclusive holder: if that holder is a hold of this process too, it is
-    told (:meth:`Held.heard_of`). A reader waits to be let in with the readers after it."""
+    line, behind one exclusive holder: that holder is told (:meth:`Held.heard_of`), if it is
+    a hold of this process, or one this process handed the lock to and knows the push
+    address of (``handover.handed_to``: a datagram, ``push.tell``). A reader waits to be let
+    in with the readers after it."""
     if waiter.shared or waiter.ticket != row.queue_out + 1 or len(row.holders) != 1:
         return
     if not push.listening(waiter.token):
-        return  # it could not tell us when it stops waiting
-    held = push.holds.get(next(iter(row.holders)))
-    if held is not None and held.resource == row.resource:
-        held.heard_of(row, waiter)
+        return  # it could not tell the holder, or give back a hand-over, when it left
+    holder = next(iter(row.holders))
+    held = push.holds.get(holder)
+    if held is not None and push.IN_PROCESS:
+        if held.resource == row.resource:
+            held.heard_of(row, waiter)
+        return
+    address = handover.handed_to.get(row.resource, ("", None))
+    if address[0] == holder:
+        push.tell(address[1], row.resource, holder, row, waiter)
 
 
 def give_back_unused(held: Held) -> None:

@@ -329,11 +329,26 @@ class _Listener:
         message = json.loads(body)
         if not isinstance(message["i"], dict):
             return
+        if "h" in message:
+            self._heard(message, arrived)
+            return
         line = tuple(records.from_item(records.Waiter, w) for w in message.get("q", ()))
         age = max(0, message.get("qa", 0)) / 1000
         item = records.lock_item(message["i"])
         pushed = Push(item, arrived, message["ts"], line, age)
         self.take(message["k"], message["r"], message.get("tb"), pushed)
+
+    def _heard(self, message: dict[str, Any], arrived: float) -> None:
+        """A waiter of another process queued first in line behind a hold of ours (see
+        :func:`tell`): the hold hears of it as from a waiter of its own process, as of when
+        it was sent (by the wall clocks; never later than it arrived)."""
+        held = holds.get(message["h"])
+        if held is None or held.resource != message["r"] or message["tb"] != settings.TABLE_NAME:
+            return
+        row = records.lock_item(message["i"])
+        waiter = records.from_item(records.Waiter, message["w"])
+        age = max(0.0, (clock.now_ms() - message["ts"]) / 1000)
+        held.heard_of(row, waiter, sent=arrived - age)
 
     def take(self, token: str, resource: str, table: Any, pushed: Push) -> None:
         """A push for the waiter ``token`` that arrived (or was handed over in this process):
@@ -600,11 +615,38 @@ def push(
     if len(body) + 32 > MAX_DATAGRAM and "q" in message:
         del message["q"], message["qa"]  # the hand-over without the line: the heir reads it
         body = json.dumps(message, separators=(",", ":")).encode()
+    return _send(keys[0], body, target)
+
+
+def tell(
+    address: Any, resource: str, holder: str, row: records.LockItem, waiter: records.Waiter
+) -> bool:
+    """Tell the holder ``holder`` of ``resource``, in the process listening at ``address``,
+    that ``waiter`` queued first in line behind it (``row``: the row its ticket left), as
+    a waiter of its own process would (:func:`dynasem._engine.hold.first_in_line`). Best
+    effort: a holder not told reads the queue when it releases. (A listener of an older
+    version drops the message: it names no waiter to hand to.)"""
+    target = reachable(address)
+    keys = _keys()
+    if target is None or not keys:
+        return False
+    message = {
+        "r": resource,
+        "h": holder,
+        "i": lock_rows.wire(row),
+        "w": records.to_item(waiter),
+        "tb": settings.TABLE_NAME,
+        "ts": clock.now_ms(),
+    }
+    return _send(keys[0], json.dumps(message, separators=(",", ":")).encode(), target)
+
+
+def _send(key: bytes, body: bytes, target: tuple[str, int]) -> bool:
     if len(body) + 32 > MAX_DATAGRAM:
         return False
     try:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-            sock.sendto(_sign(keys[0], body) + body, target)
+            sock.sendto(_sign(key, body) + body, target)
         return True
     except OSError:
         return False

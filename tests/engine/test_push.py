@@ -130,6 +130,51 @@ def test_a_waiter_of_the_holders_own_process_is_handed_the_lock_in_one_write(
     assert row.get("holders") == {}
 
 
+@pytest.mark.kind_engine_only("counts the requests of a hand-over")
+def test_a_waiter_tells_the_holder_it_handed_the_lock_to_by_datagram(
+    lock_table, requests_sent, monkeypatch
+):
+    # Two processes taking turns, played by threads of this one whose words all go by
+    # datagram: the first releaser handed the lock to the holder, so it knows where the
+    # holder listens, and its waiter queued behind that holder tells it so.
+    monkeypatch.setattr(Pace, "turn_in", lambda *a, **k: 20.0)
+    monkeypatch.setattr(wakeup, "IN_PROCESS", False)
+    heard = threading.Event()
+    hear = wakeup._Listener._heard
+
+    def hearing(listener, message, arrived):
+        hear(listener, message, arrived)
+        heard.set()
+
+    monkeypatch.setattr(wakeup._Listener, "_heard", hearing)
+    first = semaphore("deploy:turns").acquire()
+    holding, done = threading.Event(), threading.Event()
+
+    def hold_until_done() -> None:
+        with semaphore("deploy:turns", wait=30):
+            holding.set()
+            done.wait(10)
+
+    holder = threading.Thread(target=hold_until_done)
+    holder.start()
+    wait_until_queued("deploy:turns")
+    first.renew()  # its answer shows it the queue: it hands over on release
+    first.release()
+    assert holding.wait(10)
+    out: dict = {}
+    thread = waiter_thread("deploy:turns", out, wait=30)
+    assert heard.wait(10)
+    requests_sent.reset()
+    done.set()
+    holder.join(10)
+    thread.join(10)
+    assert "error" not in out
+    # The holder's release handed over in its one write (not a release refused for a waiter
+    # it did not know of, then a read of the queue); then the waiter's own release.
+    assert requests_sent.calls["UpdateItem"] == 2 and requests_sent.calls["Query"] == 0
+    assert (lock_rows.get_item("deploy:turns") or {}).get("holders") == {}
+
+
 def _chain(resource: str, requests_sent, n: int) -> list[str]:
     """A holder, then ``n`` waiters queued one after another, each giving the lock back at
     once: who held it, in order, once the holder released (the queue read before it)."""

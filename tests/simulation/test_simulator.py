@@ -215,7 +215,7 @@ FOUND = [
     ),  # seed 18 (8 before cross-host waiters looked as unpushed ones, 094da59)
     # Faults fixed earlier, put back: the stalled waiter (7f8bc96) and the release before the
     # transaction's commit.
-    ("heard_hold_trusted", {"faults": "pauses", **SMALL}, range(1, 3)),  # seed 1
+    ("heard_hold_trusted", {"faults": "pauses", **SMALL}, range(3, 5)),  # seed 3
     ("release_before_commit", {"mix": "commits", "faults": "light", **SMALL}, range(1, 3)),  # 1
     # And a queued waiter planning its take from a row older than its ticket (an eventually
     # consistent look): it takes the lock past the live waiters ahead (the order check).
