@@ -286,11 +286,11 @@ def no_reentry(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
 @pytest.fixture
 def waiters_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
     """The holder is not told of a waiter queued behind it by a thread of its own process
-    (dynasem._engine.hold.first_in_line): for tests of what a holder does about waiters of
+    (dynasem._engine.hold.queued_behind): for tests of what a holder does about waiters of
     other processes, which it learns of only from DynamoDB."""
     from dynasem._engine import hold
 
-    monkeypatch.setattr(hold, "first_in_line", lambda row, waiter: None)
+    monkeypatch.setattr(hold, "queued_behind", lambda row, waiter: None)
 
 
 @pytest.fixture

@@ -728,7 +728,7 @@ def _push_first_quietly(resource: str, item: records.LockItem) -> None:
         )
 
 
-def first_in_line(row: records.LockItem, waiter: records.Waiter) -> None:
+def queued_behind(row: records.LockItem, waiter: records.Waiter) -> None:
     """A waiter of this process joined the queue of ``row`` (as its ticket left it) first in
     line, behind one exclusive holder: that holder is told (:meth:`Held.heard_of`), if it is
     a hold of this process, or one this process handed the lock to and knows the push

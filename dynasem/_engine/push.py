@@ -623,7 +623,7 @@ def tell(
 ) -> bool:
     """Tell the holder ``holder`` of ``resource``, in the process listening at ``address``,
     that ``waiter`` queued first in line behind it (``row``: the row its ticket left), as
-    a waiter of its own process would (:func:`dynasem._engine.hold.first_in_line`). Best
+    a waiter of its own process would (:func:`dynasem._engine.hold.queued_behind`). Best
     effort: a holder not told reads the queue when it releases. (A listener of an older
     version drops the message: it names no waiter to hand to.)"""
     target = reachable(address)

@@ -522,7 +522,7 @@ def join_queue(
     # A put is idempotent: the same again, if it failed.
     put = functools.partial(queue_entries.put_entry, resource, pace.queue_id, waiter)
     yield from _enqueue(run, put, resource, (pace.queue_id, after.queue_in))
-    hold.first_in_line(after, waiter)
+    hold.queued_behind(after, waiter)
     if len(queued_recently) >= MAX_REMEMBERED:
         queued_recently.clear()
         pushed_recently.clear()

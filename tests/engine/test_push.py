@@ -62,7 +62,7 @@ def test_a_pushed_waiter_reads_nothing(lock_table, requests_sent, holder_knows, 
     else:  # no datagram could reach the waiter: only the direct hand-over can
         monkeypatch.setattr(wakeup, "reachable", lambda address: None)
     if not holder_knows:  # as a waiter of another process: the holder is not told it queued
-        monkeypatch.setattr(hold, "first_in_line", lambda row, waiter: None)
+        monkeypatch.setattr(hold, "queued_behind", lambda row, waiter: None)
     holder = semaphore("deploy:prod").acquire()
     out: dict = {}
     thread = waiter_thread("deploy:prod", out, wait=30)  # default mode: it queues to be pushed
@@ -98,13 +98,13 @@ def test_a_waiter_of_the_holders_own_process_is_handed_the_lock_in_one_write(
     # Paced looks far away: whatever brings the waiter its hold now is the push.
     monkeypatch.setattr(Pace, "turn_in", lambda *a, **k: 20.0)
     told = threading.Event()
-    first_in_line = hold.first_in_line
+    queued_behind = hold.queued_behind
 
     def telling(row, waiter):  # the waiter's thread tells the holder, then we go on
-        first_in_line(row, waiter)
+        queued_behind(row, waiter)
         told.set()
 
-    monkeypatch.setattr(hold, "first_in_line", telling)
+    monkeypatch.setattr(hold, "queued_behind", telling)
     holder = semaphore("deploy:own").acquire()  # a short hold: no release looks for waiters
     out: dict = {}
     thread = waiter_thread("deploy:own", out, wait=0.5 if gives_up else 30)

@@ -73,9 +73,9 @@ PER_PROCESS: dict[Key, Callable[[Any], Any]] = {
     ("dynasem._storage.dynamodb", "_clients"): _empty,
     ("dynasem._storage.dynamodb", "_client_lock"): _lock,
     ("dynasem._transactions.commit", "_pending"): lambda proc: weakref.WeakKeyDictionary(),
-    # The holds a waiter of the same process tells it is next (hold.first_in_line).
+    # The holds a waiter of the same process tells it is next (hold.queued_behind).
     ("dynasem._engine.push", "holds"): lambda proc: weakref.WeakValueDictionary(),
-    # The heirs this process handed a lock to, for its waiters to tell (hold.first_in_line).
+    # The heirs this process handed a lock to, for its waiters to tell (hold.queued_behind).
     ("dynasem._engine.handover", "handed_to"): _empty,
     ("dynasem._observability.telemetry", "_complained"): lambda proc: False,
 }
