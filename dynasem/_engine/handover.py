@@ -130,8 +130,8 @@ def release_terms(row: records.LockItem | None, skew: float) -> dict[str, Any]:
 
 
 # The last exclusive heir this process handed each resource to, and its push address: a
-# waiter of ours that queues first in line behind it tells it so (hold.queued_behind). Taking
-# turns with another process, each hand-over then goes in the release's one write.
+# waiter of ours that queues behind it tells it so (hold.queued_behind). Taking turns with
+# other processes, each hand-over then goes in the release's one write, with no read.
 handed_to: dict[str, tuple[str, str]] = {}
 MAX_HANDED_TO = 4096
 

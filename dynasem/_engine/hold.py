@@ -436,17 +436,33 @@ class Held:
     def heard_of(
         self, row: records.LockItem, waiter: records.Waiter, *, sent: float | None = None
     ) -> None:
-        """``waiter`` queued first in line behind us (``row``: the row its ticket left): our
-        release hands the lock to it in its one write, from this line as from one a push
-        brought, instead of being refused for a waiter it did not know of and reading the
-        queue (two round trips and a refused write's unit). ``sent``: when a waiter of
-        another process told us (monotonic, by our reckoning); a line is trusted for as
-        long as a pushed one from then, and a waiter that left meanwhile gives back a
-        hand-over that reaches it (``push.depart``). One of our own process is told now,
-        and forgotten at once when it stops waiting (:meth:`_forget_heir_gone`)."""
+        """``waiter`` queued behind us (``row``: the row its ticket left): first in line, or
+        right after the last waiter of the line we hand over from. Our release then hands the
+        lock over from this line as from one a push brought, instead of being refused for a
+        waiter it did not know of, or reading the queue once the line ran out (a round trip,
+        and a refused write's unit). ``sent``: when a waiter of another process told us
+        (monotonic, by our reckoning); a line is trusted for as long as a pushed one from
+        then (a line that grows, from its first read), and a waiter that left meanwhile
+        gives back a hand-over that reaches it (``push.depart``). The first in line of our
+        own process is told now, and forgotten at once when it stops waiting
+        (:meth:`_forget_heir_gone`)."""
         known = self._row
-        if self._released or (known is not None and known.queue_in >= row.queue_in):
-            return  # given back already, or it knows as much
+        if self._released:
+            return
+        if (
+            known is not None
+            and known.line
+            and known.queue_id == row.queue_id
+            and known.line[-1].ticket + 1 == waiter.ticket
+        ):
+            # Right after the line we know: it grows, and is trusted from when it was read.
+            line, queue_in = known.line + (waiter,), max(known.queue_in, waiter.ticket)
+            self._row = dataclasses.replace(known, line=line, queue_in=queue_in)
+            return
+        if waiter.ticket != row.queue_out + 1:
+            return  # behind waiters we do not know of: the release reads the queue
+        if known is not None and known.queue_in >= row.queue_in:
+            return  # it knows as much
         self._told = waiter.token if sent is None else None
         heard = clock.monotonic() if sent is None else sent
         self._row = dataclasses.replace(row, line=(waiter,), line_read=heard)
@@ -729,12 +745,13 @@ def _push_first_quietly(resource: str, item: records.LockItem) -> None:
 
 
 def queued_behind(row: records.LockItem, waiter: records.Waiter) -> None:
-    """A waiter of this process joined the queue of ``row`` (as its ticket left it) first in
-    line, behind one exclusive holder: that holder is told (:meth:`Held.heard_of`), if it is
-    a hold of this process, or one this process handed the lock to and knows the push
-    address of (``handover.handed_to``: a datagram, ``push.tell``). A reader waits to be let
-    in with the readers after it."""
-    if waiter.shared or waiter.ticket != row.queue_out + 1 or len(row.holders) != 1:
+    """A waiter of this process joined the queue of ``row`` (as its ticket left it) behind
+    one exclusive holder: that holder is told (:meth:`Held.heard_of`, which keeps it if it
+    is first in line or right after the line the holder knows), if it is a hold of this
+    process, or one this process handed the lock to and knows the push address of
+    (``handover.handed_to``: a datagram, ``push.tell``). A reader waits to be let in with
+    the readers after it."""
+    if waiter.shared or len(row.holders) != 1:
         return
     if not push.listening(waiter.token):
         return  # it could not tell the holder, or give back a hand-over, when it left

@@ -60,7 +60,7 @@ MAX_DATAGRAM = 60_000  # bytes: a queue too long to push is read instead
 # the datagram path turn it off to send datagrams to themselves).
 IN_PROCESS = True
 # This process's live holds that hand over (exclusive, one resource: hold.Held), by token: a
-# waiter of this process that queues first in line behind one tells it (Held.heard_of).
+# waiter of this process that queues behind one tells it (Held.heard_of).
 holds: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
 _SALT = b"dynasem.hand-over-push"
 
@@ -622,8 +622,8 @@ def tell(
     address: Any, resource: str, holder: str, row: records.LockItem, waiter: records.Waiter
 ) -> bool:
     """Tell the holder ``holder`` of ``resource``, in the process listening at ``address``,
-    that ``waiter`` queued first in line behind it (``row``: the row its ticket left), as
-    a waiter of its own process would (:func:`dynasem._engine.hold.queued_behind`). Best
+    that ``waiter`` queued behind it (``row``: the row its ticket left), as a waiter of
+    its own process would (:func:`dynasem._engine.hold.queued_behind`). Best
     effort: a holder not told reads the queue when it releases. (A listener of an older
     version drops the message: it names no waiter to hand to.)"""
     target = reachable(address)

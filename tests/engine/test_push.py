@@ -213,6 +213,41 @@ def test_a_hand_over_passes_the_line_on_and_the_next_hand_overs_read_nothing(
     assert (lock_rows.get_item("deploy:line") or {}).get("holders") == {}
 
 
+@pytest.mark.kind_engine_only("counts the queue reads of contenders taking turns")
+@pytest.mark.parametrize("path", ["in-process", "datagram"])
+def test_contenders_taking_turns_tell_the_holder_and_nobody_reads_the_queue_again(
+    lock_table, requests_sent, path, monkeypatch
+):
+    # Paced looks far away: only pushes and words move the line.
+    monkeypatch.setattr(Pace, "turn_in", lambda *a, **k: 20.0)
+    if path == "datagram":
+        monkeypatch.setattr(wakeup, "IN_PROCESS", False)
+    holder = semaphore("deploy:ring").acquire()
+    order: list[str] = []
+    threads = []
+    for i in range(3):
+
+        def run(name: str = f"w{i}") -> None:
+            for _ in range(5):
+                with semaphore("deploy:ring", wait=30):
+                    order.append(name)
+                    time.sleep(0.02)  # long enough for the one released to queue again
+
+        threads.append(threading.Thread(target=run))
+        threads[-1].start()
+        wait_until_queued("deploy:ring", i + 1)
+    holder.renew()  # its answer shows the holder the queue: it hands over on release
+    requests_sent.reset()
+    holder.release()
+    for thread in threads:
+        thread.join(30)
+    assert order == ["w0", "w1", "w2"] * 5  # first come, first served, every turn
+    # The first release read the line; every waiter that queued again told the holder it
+    # queued behind, which handed the lock on with it: the line never ran out.
+    assert requests_sent.calls["Query"] == 1
+    assert (lock_rows.get_item("deploy:ring") or {}).get("holders") == {}
+
+
 @pytest.mark.kind_engine_only("counts the queue reads of a chain of hand-overs")
 def test_a_line_passed_on_is_not_trusted_once_it_is_old(lock_table, requests_sent, monkeypatch):
     from dynasem._engine import handover
