@@ -129,13 +129,6 @@ def release_terms(row: records.LockItem | None, skew: float) -> dict[str, Any]:
     return {}
 
 
-# The last exclusive heir this process handed each resource to, and its push address: a
-# waiter of ours that queues behind it tells it so (hold.queued_behind). Taking turns with
-# other processes, each hand-over then goes in the release's one write, with no read.
-handed_to: dict[str, tuple[str, str]] = {}
-MAX_HANDED_TO = 4096
-
-
 def push_heirs(resource: str, heirs: Heirs, item: records.LockItem, line: Line = NO_LINE) -> None:
     """Push ``item``, the row a hand-over wrote, to each of its ``heirs`` that listens, with
     the ``line`` after them while it is fresh."""
@@ -145,10 +138,6 @@ def push_heirs(resource: str, heirs: Heirs, item: records.LockItem, line: Line =
     for token, waiter in heirs:
         if waiter.address:
             push.push(waiter.address, resource, token, item, sent_ms=sent_ms, line=(after, age))
-    if len(heirs) == 1 and not heirs[0][1].shared and heirs[0][1].address:
-        if len(handed_to) >= MAX_HANDED_TO:
-            handed_to.clear()
-        handed_to[resource] = (heirs[0][0], heirs[0][1].address)
 
 
 def push_first(resource: str, item: records.LockItem, *, readers_only: bool) -> None:

@@ -359,7 +359,6 @@ class Held:
         if self._released:
             return False
         self._released = True
-        push.holds.pop(self.token, None)
         self._stop_heartbeat()
         return True
 
@@ -446,26 +445,30 @@ class Held:
         gives back a hand-over that reaches it (``push.depart``). The first in line of our
         own process is told now, and forgotten at once when it stops waiting
         (:meth:`_forget_heir_gone`)."""
+        if self._released:  # the word is for our heir, if we hand over
+            when = clock.monotonic() if sent is None else sent
+            push.after_release(self.token, self.resource, row, waiter, when)
+            return
         known = self._row
-        if self._released:
-            return
-        if (
-            known is not None
-            and known.line
-            and known.queue_id == row.queue_id
-            and known.line[-1].ticket + 1 == waiter.ticket
-        ):
-            # Right after the line we know: it grows, and is trusted from when it was read.
-            line, queue_in = known.line + (waiter,), max(known.queue_in, waiter.ticket)
+        if known is None or known.queue_id != row.queue_id or known.queue_out < row.queue_out:
+            known = row  # the waiter's row is the newer (known.line: none)
+        if waiter.ticket <= known.queue_out:
+            return  # its turn went by
+        if known.line and all(w.ticket != waiter.ticket for w in known.line):
+            # Into the line we know, in ticket order (a word may come before the word of a
+            # waiter ahead: the hand-over checks the line has nobody missing before its heir),
+            # trusted from when the line was read.
+            line = tuple(sorted((*known.line, waiter), key=lambda w: w.ticket))
+            queue_in = max(known.queue_in, waiter.ticket)
             self._row = dataclasses.replace(known, line=line, queue_in=queue_in)
-            return
-        if waiter.ticket != row.queue_out + 1:
-            return  # behind waiters we do not know of: the release reads the queue
-        if known is not None and known.queue_in >= row.queue_in:
-            return  # it knows as much
-        self._told = waiter.token if sent is None else None
-        heard = clock.monotonic() if sent is None else sent
-        self._row = dataclasses.replace(row, line=(waiter,), line_read=heard)
+        elif not known.line and waiter.ticket == known.queue_out + 1:
+            self._told = waiter.token if sent is None else None
+            heard = clock.monotonic() if sent is None else sent
+            queue_in = max(known.queue_in, waiter.ticket)
+            self._row = dataclasses.replace(
+                known, line=(waiter,), line_read=heard, queue_in=queue_in
+            )
+        # Else: behind waiters we do not know of (the release reads the queue), or known.
 
     def _forget_heir_gone(self) -> None:
         """The waiter of this process we were told of has stopped waiting (it gave up, or was
@@ -523,6 +526,8 @@ class Held:
                 return None
             if item is not None:
                 handover.push_heirs(self.resource, heirs, item, line)
+            if len(heirs) == 1 and not heirs[0][1].shared:
+                push.handed(self.resource, self.token, heirs[0][0], heirs[0][1].address)
             return True
         return None
 
@@ -707,7 +712,7 @@ def acquired(
         held._send(lock_acquired, fences=held.fences)
         held._start_heartbeat()
         if held._hands_over:
-            push.holds[held.token] = held
+            push.holding(held)
     except BaseException:
         # A receiver raised (or an interrupt came) before the caller got the hold: nobody
         # will use it, so give it back now rather than leave it held for a whole lease.
@@ -748,22 +753,13 @@ def queued_behind(row: records.LockItem, waiter: records.Waiter) -> None:
     """A waiter of this process joined the queue of ``row`` (as its ticket left it) behind
     one exclusive holder: that holder is told (:meth:`Held.heard_of`, which keeps it if it
     is first in line or right after the line the holder knows), if it is a hold of this
-    process, or one this process handed the lock to and knows the push address of
-    (``handover.handed_to``: a datagram, ``push.tell``). A reader waits to be let in with
-    the readers after it."""
+    process, or one this process handed the lock to (``push.tell_holder``). A reader waits
+    to be let in with the readers after it."""
     if waiter.shared or len(row.holders) != 1:
         return
     if not push.listening(waiter.token):
         return  # it could not tell the holder, or give back a hand-over, when it left
-    holder = next(iter(row.holders))
-    held = push.holds.get(holder)
-    if held is not None and push.IN_PROCESS:
-        if held.resource == row.resource:
-            held.heard_of(row, waiter)
-        return
-    address = handover.handed_to.get(row.resource, ("", None))
-    if address[0] == holder:
-        push.tell(address[1], row.resource, holder, row, waiter)
+    push.tell_holder(row.resource, next(iter(row.holders)), row, waiter)
 
 
 def give_back_unused(held: Held) -> None:

@@ -59,9 +59,20 @@ MAX_DATAGRAM = 60_000  # bytes: a queue too long to push is read instead
 # A waiter of this process is handed its push directly, not by datagram (see push; tests of
 # the datagram path turn it off to send datagrams to themselves).
 IN_PROCESS = True
-# This process's live holds that hand over (exclusive, one resource: hold.Held), by token: a
-# waiter of this process that queues behind one tells it (Held.heard_of).
+# The words of waiters queued behind a hold (hold.queued_behind -> Held.heard_of) and where
+# they go: this process's live holds that hand over (exclusive, one resource: hold.Held), by
+# token (ended ones too, while they live); the last heir this process handed each resource
+# to, and its push address; the heir each hold of ours handed over to (a word that comes late
+# follows it); words for heirs of ours not holding yet (woken by a push, still waking up),
+# heard as they register; and words for holds that ended before their hand-over was done.
 holds: weakref.WeakValueDictionary[str, Any] = weakref.WeakValueDictionary()
+handed_to: dict[str, tuple[str, str]] = {}
+passed_on: dict[str, str] = {}
+_early: dict[str, list[tuple[str, records.LockItem, records.Waiter, float]]] = {}
+_late: dict[str, list[tuple[str, records.LockItem, records.Waiter, float]]] = {}
+_words_lock = threading.Lock()
+MAX_WORDS = 4096
+WORD_HOPS = 3  # hand-overs a word follows (here, or by datagram) before it is dropped
 _SALT = b"dynasem.hand-over-push"
 
 _lock = threading.Lock()
@@ -339,16 +350,16 @@ class _Listener:
         self.take(message["k"], message["r"], message.get("tb"), pushed)
 
     def _heard(self, message: dict[str, Any], arrived: float) -> None:
-        """A waiter of another process queued first in line behind a hold of ours (see
-        :func:`tell`): the hold hears of it as from a waiter of its own process, as of when
-        it was sent (by the wall clocks; never later than it arrived)."""
-        held = holds.get(message["h"])
-        if held is None or held.resource != message["r"] or message["tb"] != settings.TABLE_NAME:
+        """A waiter of another process queued behind a hold of ours (see :func:`tell`): the
+        hold hears of it as from a waiter of its own process, as of when it was sent (by the
+        wall clocks; never later than it arrived)."""
+        if message["tb"] != settings.TABLE_NAME:
             return
         row = records.lock_item(message["i"])
         waiter = records.from_item(records.Waiter, message["w"])
         age = max(0.0, (clock.now_ms() - message["ts"]) / 1000)
-        held.heard_of(row, waiter, sent=arrived - age)
+        hops = message.get("hp", WORD_HOPS)
+        tell_holder(message["r"], message["h"], row, waiter, arrived - age, local=True, hops=hops)
 
     def take(self, token: str, resource: str, table: Any, pushed: Push) -> None:
         """A push for the waiter ``token`` that arrived (or was handed over in this process):
@@ -491,6 +502,12 @@ def _slot(token: str) -> _Slot | None:
     return None if slot is None or slot.left else slot
 
 
+def is_ours(address: Any) -> bool:
+    """Whether ``address`` is where this very process listens."""
+    listener = _listener
+    return listener is not None and address == listener.address and listener.pid == os.getpid()
+
+
 def listening(token: str) -> bool:
     """Whether a push for ``token`` would reach this process (see :func:`expect`)."""
     return _slot(token) is not None
@@ -618,8 +635,97 @@ def push(
     return _send(keys[0], body, target)
 
 
+def handed(resource: str, releaser: str, heir: str, address: str | None) -> None:
+    """The hold ``releaser`` of ours handed ``resource`` to ``heir`` (listening at
+    ``address``): words for either go to ``heir`` from now on."""
+    with _words_lock:
+        if len(passed_on) >= MAX_WORDS or len(handed_to) >= MAX_WORDS:
+            passed_on.clear()
+            handed_to.clear()
+        passed_on[releaser] = heir
+        if address:
+            handed_to[resource] = (heir, address)
+        late = _late.pop(releaser, [])
+    for word in late:
+        tell_holder(word[0], heir, *word[1:])
+
+
+def after_release(
+    token: str, resource: str, row: records.LockItem, waiter: records.Waiter, sent: float
+) -> None:
+    """A word for our hold ``token`` that has ended: for its heir, now or as soon as the
+    hand-over is done (:func:`handed`); dropped if it was given back to nobody."""
+    with _words_lock:
+        heir = passed_on.get(token)
+        if heir is None:
+            if len(_late) >= MAX_WORDS:
+                _late.clear()
+            _late.setdefault(token, []).append((resource, row, waiter, sent))
+            return
+    tell_holder(resource, heir, row, waiter, sent)
+
+
+def tell_holder(
+    resource: str,
+    holder: str,
+    row: records.LockItem,
+    waiter: records.Waiter,
+    sent: float | None = None,
+    *,
+    local: bool | None = None,
+    hops: int = 0,
+) -> None:
+    """Tell the hold ``holder`` of ``resource`` that ``waiter`` queued behind it (``row``: as
+    its ticket left it), as of ``sent`` (monotonic; None: now, by a waiter of this very
+    process). Heard here if the hold is ours (``local``: a hold of ours may hear it without
+    a datagram, by default unless tests turn :data:`IN_PROCESS` off) or about to be (a waiter
+    of ours, waking up from its push); passed on to its heir if it handed over here; sent by
+    datagram if this process handed it the lock (:func:`tell`). Else dropped: its release
+    reads the queue."""
+    local = IN_PROCESS if local is None else local
+    when = clock.monotonic() if sent is None else sent
+    for _ in range(WORD_HOPS):
+        with _words_lock:
+            held = holds.get(holder) if local else None
+            heir = passed_on.get(holder)
+            to, address = handed_to.get(resource, ("", ""))
+            waking = listening(holder) or (to == holder and is_ours(address))
+            if held is None and heir is None and local and waking:
+                if len(_early) >= MAX_WORDS:
+                    _early.clear()
+                _early.setdefault(holder, []).append((resource, row, waiter, when))
+                return
+        if held is not None:
+            if held.resource == resource:
+                held.heard_of(row, waiter, sent=sent)
+            return
+        if heir is None or heir == holder:
+            if to == holder and hops < WORD_HOPS:
+                tell(address, resource, holder, row, waiter, sent=when, hops=hops + 1)
+            return
+        holder, sent = heir, when
+
+
+def holding(held: Any) -> None:
+    """Register ``held`` (a ``hold.Held`` that hands over) and let it hear the words that came
+    before it was one."""
+    with _words_lock:
+        holds[held.token] = held
+        words = _early.pop(held.token, ())
+    for resource, row, waiter, sent in words:
+        if held.resource == resource:
+            held.heard_of(row, waiter, sent=sent)
+
+
 def tell(
-    address: Any, resource: str, holder: str, row: records.LockItem, waiter: records.Waiter
+    address: Any,
+    resource: str,
+    holder: str,
+    row: records.LockItem,
+    waiter: records.Waiter,
+    *,
+    sent: float,
+    hops: int = 1,
 ) -> bool:
     """Tell the holder ``holder`` of ``resource``, in the process listening at ``address``,
     that ``waiter`` queued behind it (``row``: the row its ticket left), as a waiter of
@@ -635,8 +741,9 @@ def tell(
         "h": holder,
         "i": lock_rows.wire(row),
         "w": records.to_item(waiter),
+        "hp": hops,
         "tb": settings.TABLE_NAME,
-        "ts": clock.now_ms(),
+        "ts": clock.now_ms() - int(max(0.0, clock.monotonic() - sent) * 1000),
     }
     return _send(keys[0], json.dumps(message, separators=(",", ":")).encode(), target)
 

@@ -75,8 +75,11 @@ PER_PROCESS: dict[Key, Callable[[Any], Any]] = {
     ("dynasem._transactions.commit", "_pending"): lambda proc: weakref.WeakKeyDictionary(),
     # The holds a waiter of the same process tells it is next (hold.queued_behind).
     ("dynasem._engine.push", "holds"): lambda proc: weakref.WeakValueDictionary(),
-    # The heirs this process handed a lock to, for its waiters to tell (hold.queued_behind).
-    ("dynasem._engine.handover", "handed_to"): _empty,
+    ("dynasem._engine.push", "_early"): _empty,
+    ("dynasem._engine.push", "_late"): _empty,
+    ("dynasem._engine.push", "_words_lock"): _lock,
+    ("dynasem._engine.push", "handed_to"): _empty,
+    ("dynasem._engine.push", "passed_on"): _empty,
     ("dynasem._observability.telemetry", "_complained"): lambda proc: False,
 }
 
