@@ -614,9 +614,8 @@ def push(
         # while the lock it was handed stands idle.
         time.sleep(0)
         return True
-    target = reachable(address)
-    keys = _keys()
-    if target is None or not keys:
+    where = _where(address)
+    if where is None:
         return False
     message = {
         "r": resource,
@@ -632,7 +631,7 @@ def push(
     if len(body) + 32 > MAX_DATAGRAM and "q" in message:
         del message["q"], message["qa"]  # the hand-over without the line: the heir reads it
         body = json.dumps(message, separators=(",", ":")).encode()
-    return _send(keys[0], body, target)
+    return _send(body, *where)
 
 
 def handed(resource: str, releaser: str, heir: str, address: str | None) -> None:
@@ -729,12 +728,12 @@ def tell(
 ) -> bool:
     """Tell the holder ``holder`` of ``resource``, in the process listening at ``address``,
     that ``waiter`` queued behind it (``row``: the row its ticket left), as a waiter of
-    its own process would (:func:`dynasem._engine.hold.queued_behind`). Best
-    effort: a holder not told reads the queue when it releases. (A listener of an older
-    version drops the message: it names no waiter to hand to.)"""
-    target = reachable(address)
-    keys = _keys()
-    if target is None or not keys:
+    its own process would (:func:`dynasem._engine.hold.queued_behind`), as of ``sent``
+    (monotonic: a word passed on keeps its age), ``hops`` hand-overs after the holder it was
+    first for. Best effort: a holder not told reads the queue when it releases. (A listener
+    of an older version drops the message: it names no waiter to hand to.)"""
+    where = _where(address)
+    if where is None:
         return False
     message = {
         "r": resource,
@@ -745,10 +744,18 @@ def tell(
         "tb": settings.TABLE_NAME,
         "ts": clock.now_ms() - int(max(0.0, clock.monotonic() - sent) * 1000),
     }
-    return _send(keys[0], json.dumps(message, separators=(",", ":")).encode(), target)
+    return _send(json.dumps(message, separators=(",", ":")).encode(), *where)
 
 
-def _send(key: bytes, body: bytes, target: tuple[str, int]) -> bool:
+def _where(address: Any) -> tuple[tuple[str, int], bytes] | None:
+    """Where a datagram for ``address`` goes, and the key it is signed with; None if it
+    cannot be sent (see :func:`reachable`; no ``SECRET_KEY``)."""
+    target = reachable(address)
+    keys = _keys()
+    return None if target is None or not keys else (target, keys[0])
+
+
+def _send(body: bytes, target: tuple[str, int], key: bytes) -> bool:
     if len(body) + 32 > MAX_DATAGRAM:
         return False
     try:
