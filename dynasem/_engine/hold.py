@@ -435,16 +435,17 @@ class Held:
     def heard_of(
         self, row: records.LockItem, waiter: records.Waiter, *, sent: float | None = None
     ) -> None:
-        """``waiter`` queued behind us (``row``: the row its ticket left): first in line, or
-        right after the last waiter of the line we hand over from. Our release then hands the
-        lock over from this line as from one a push brought, instead of being refused for a
-        waiter it did not know of, or reading the queue once the line ran out (a round trip,
-        and a refused write's unit). ``sent``: when a waiter of another process told us
-        (monotonic, by our reckoning); a line is trusted for as long as a pushed one from
-        then (a line that grows, from its first read), and a waiter that left meanwhile
-        gives back a hand-over that reaches it (``push.depart``). The first in line of our
-        own process is told now, and forgotten at once when it stops waiting
-        (:meth:`_forget_heir_gone`)."""
+        """``waiter`` queued behind us (``row``: the row its ticket left): it goes into the
+        line we hand over from, in ticket order, or starts one if it is first in line. Our
+        release then hands the lock over from this line as from one a push brought, instead
+        of being refused for a waiter it did not know of, or reading the queue once the line
+        ran out (a round trip, and a refused write's unit). ``sent``: when the word was given
+        (monotonic, by our reckoning; None: now, by a waiter of this process); a line is
+        trusted for as long as a pushed one from its first read, and a waiter that left
+        meanwhile gives back a hand-over that reaches it (``push.depart``). The first in line
+        of our own process is forgotten at once when it stops waiting
+        (:meth:`_forget_heir_gone`). Once we have ended, the word goes to our heir
+        (``push.after_release``)."""
         if self._released:  # the word is for our heir, if we hand over
             when = clock.monotonic() if sent is None else sent
             push.after_release(self.token, self.resource, row, waiter, when)
@@ -751,10 +752,9 @@ def _push_first_quietly(resource: str, item: records.LockItem) -> None:
 
 def queued_behind(row: records.LockItem, waiter: records.Waiter) -> None:
     """A waiter of this process joined the queue of ``row`` (as its ticket left it) behind
-    one exclusive holder: that holder is told (:meth:`Held.heard_of`, which keeps it if it
-    is first in line or right after the line the holder knows), if it is a hold of this
-    process, or one this process handed the lock to (``push.tell_holder``). A reader waits
-    to be let in with the readers after it."""
+    one exclusive holder: that holder is told (:meth:`Held.heard_of`) if it is a hold of
+    this process, or one this process handed the lock to (``push.tell_holder``). A reader
+    waits to be let in with the readers after it."""
     if waiter.shared or len(row.holders) != 1:
         return
     if not push.listening(waiter.token):
