@@ -349,6 +349,13 @@ def renew_waiter(resource: str, queue_id: int, ticket: int, expires_ms: int) -> 
     return update_action(resource, sk, update, condition, {}, values)
 
 
+def mark_left(resource: str, queue_id: int, ticket: int) -> dict[str, Any]:
+    """A waiter leaves the queue: its entry's lease end becomes 0 (dead to every reader, and
+    passed without a wait, unlike a missing entry); conditional on the entry being there."""
+    sk = records.entry_sk(queue_id, ticket)
+    return update_action(resource, sk, "SET #e = :gone", "attribute_exists(#e)", {}, {":gone": 0})
+
+
 def force_release(resource: str, token: str) -> dict[str, Any]:
     """An operator breaks one hold (admin, CLI): conditional on that token still holding.
 

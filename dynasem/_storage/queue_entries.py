@@ -8,8 +8,8 @@ import time
 from typing import Any
 
 from .. import _clock as clock
-from . import dynamodb, lock_rows
-from .records import LockItem, Waiter, entry_item, entry_sk, from_item, key
+from . import dynamodb, lock_rows, lock_writes
+from .records import LockItem, Waiter, entry_item, entry_sk, from_item
 
 # Entry items one query of the queue reads (a page): the first live one is usually the first.
 ENTRY_PAGE = 8
@@ -22,8 +22,14 @@ def put_entry(resource: str, queue_id: int, waiter: Waiter) -> None:
 
 
 def drop_entry(resource: str, queue_id: int, ticket: int) -> None:
-    """Delete our queue entry (we leave the queue): a hand-over then no longer finds us."""
-    dynamodb.send_to_table("delete_item", Key=key(resource, entry_sk(queue_id, ticket)))
+    """Mark our queue entry dead (we leave the queue): a hand-over then passes us. Not a
+    delete: a ticket with no entry may be a waiter whose entry is still on its way, which
+    nobody passes at once (:data:`JOIN_GRACE`); a dead entry is passed without a wait. The
+    same unit as a delete; the entry goes with its TTL as a served one does."""
+    try:
+        lock_rows.update(lock_writes.mark_left(resource, queue_id, ticket))
+    except dynamodb.Refused:
+        pass  # no entry (its TTL came after a long stall): nothing to mark
 
 
 # After leaving the queue while another holds, how long until we look again whether a
@@ -89,10 +95,45 @@ def load_entries(item: LockItem, upto: int | None = None, *, consistent: bool = 
     the waiters before it are dead or gone, and whoever decides from it needs to know no
     more. An item with nobody waiting is returned as it is. ``consistent=False``: an
     eventually consistent read (half the read units), which may miss an entry put or show
-    one deleted in the last moments."""
+    one deleted in the last moments.
+
+    A consistent read that finds a ticket before the first live entry with no entry at all
+    reads again, after growing pauses, until that ticket has been missing for
+    :data:`JOIN_GRACE`: its waiter draws the ticket and puts its entry in two writes, and
+    whoever decides from a read taken between them would pass it (serve a later ticket
+    first). A ticket still missing then is passed: its waiter died between the two writes,
+    or its entry ran out long ago and TTL took it (a waiter that leaves marks its entry dead
+    instead, :func:`drop_entry`)."""
     upto = item.queue_in if upto is None else upto
     if upto <= item.queue_out:
         return dataclasses.replace(item, entries=(), entries_to=upto)
+    pause, began = JOIN_PAUSE, clock.monotonic()
+    while True:
+        read = _read_entries(item, upto, consistent)
+        wait = _young_gap(read) if consistent else 0.0
+        wait = min(wait, began + JOIN_GRACE - clock.monotonic())  # one call waits no longer
+        if wait <= 0:
+            return read
+        time.sleep(min(pause, wait))
+        pause *= 2
+
+
+# How long a drawn ticket may show no entry item before a consistent read passes it (seconds,
+# on our monotonic clock): its waiter puts the entry right after the draw's answer, one
+# request later, or a few of botocore's retries later when throttled. The first re-read
+# comes JOIN_PAUSE after the gap was seen, each next one twice as late.
+JOIN_GRACE = 1.0
+JOIN_PAUSE = 0.02
+# When tickets were first seen missing, per queue ((resource, qbase)): (monotonic, ticket)
+# pairs, oldest first, tickets growing: at that time a read found no entry for that ticket
+# (and for every missing one below it). The last few pairs of the last many queues only:
+# a pair forgotten makes a wait again, never a pass sooner.
+_missing: dict[tuple[str, int], list[tuple[float, int]]] = {}
+MISSING_QUEUES = 4096
+MISSING_PAIRS = 16
+
+
+def _read_entries(item: LockItem, upto: int, consistent: bool) -> LockItem:
     now = clock.now_ms()
     found: list[Waiter] = []
     start = None
@@ -103,3 +144,26 @@ def load_entries(item: LockItem, upto: int | None = None, *, consistent: bool = 
             break
     covered = found[-1].ticket if start else upto
     return dataclasses.replace(item, entries=tuple(found), entries_to=covered)
+
+
+def _young_gap(read: LockItem) -> float:
+    """How long until every ticket ``read`` shows with no entry before its first live one
+    has been missing :data:`JOIN_GRACE` (0: none is younger). The highest missing ticket
+    decides: every read that found it missing found those below it missing too (an entry,
+    once put, stays until long after its lease: a leaver marks it dead), so they have been
+    missing at least as long."""
+    now_ms, now = clock.now_ms(), clock.monotonic()
+    entries = read.entries or ()
+    live = next((w.ticket for w in entries if w.expires_ms >= now_ms), read.entries_to + 1)
+    there = {w.ticket for w in entries}
+    highest = next((t for t in range(live - 1, read.queue_out, -1) if t not in there), None)
+    if highest is None:
+        return 0.0
+    if len(_missing) > MISSING_QUEUES:
+        _missing.clear()
+    pairs = _missing.setdefault((read.resource, read.queue_id), [])
+    if not pairs or pairs[-1][1] < highest:
+        pairs.append((now, highest))
+        del pairs[:-MISSING_PAIRS]
+    since = next(seen for seen, ticket in pairs if ticket >= highest)
+    return since + JOIN_GRACE - now

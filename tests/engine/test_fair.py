@@ -18,6 +18,7 @@ from dynasem._storage import dynamodb, lock_rows, lock_writes, queue_entries, re
 from dynasem._storage import lock_writes as writes
 from tests.support import workers
 from tests.support.helpers import (
+    break_holds,
     dynasem_settings,
     engine_name,
     enqueue_entry,
@@ -430,6 +431,50 @@ def test_a_gap_at_the_head_of_the_line_is_read_again_consistently(lock_table, mo
     threads["W2"].join(30)
     assert isinstance(out["W2"], tuple)
     assert queries[:2] == [False, True]
+
+
+def test_a_ticket_whose_entry_is_on_its_way_is_not_passed(lock_table):
+    # A waiter draws its ticket, then puts its entry: a release that reads the line between
+    # the two (here: the entry comes 0.3 s late) must not serve the ticket after it first.
+    resource = "deploy:join-in-flight"
+    holder = semaphore(resource).acquire()
+    row = lock_rows.update(lock_writes.take_ticket(resource, holder.fence), return_new=True)
+    assert row is not None
+    now = int(time.time() * 1000)
+    late = records.Waiter(row.queue_in, now + 30_000, token="late-joiner", lease_ms=30_000)
+    timer = threading.Timer(0.3, queue_entries.put_entry, (resource, row.queue_id, late))
+    out, threads = _in_line(resource, ("W2", False))
+    timer.start()
+    holder.release()
+    timer.join(5)
+    after = lock_rows.get(resource)
+    assert after is not None and set(after.holders) == {"late-joiner"}, after.holders
+    assert "W2" not in out
+    break_holds(resource, "late-joiner")
+    threads["W2"].join(30)
+    assert isinstance(out["W2"], tuple), out
+
+
+@pytest.mark.kind_engine_only(
+    "counts the release's reads: a lagging read that still shows the leaver live is read again"
+)
+def test_a_waiter_that_left_is_passed_without_waiting_for_its_entry(lock_table, monkeypatch):
+    # Leaving marks the entry dead rather than deleting it: a missing entry may be a join
+    # on its way (waited for), a dead one is passed at once, with no read again.
+    resource = "deploy:left-marked"
+    holder = semaphore(resource).acquire()
+    busy = _busy(resource, fair=True, wait=0.5)
+    assert isinstance(busy, SemaphoreBusy)
+    row = lock_rows.get(resource)
+    assert row is not None and row.queue_in == 1
+    left = lock_rows.get_item(resource, records.entry_sk(row.queue_id, 1))
+    assert left is not None and left["e"] == 0
+    out, threads = _in_line(resource, ("W2", False))
+    queries = _queries(monkeypatch)
+    holder.release()
+    threads["W2"].join(30)
+    assert isinstance(out["W2"], tuple), out
+    assert queries == [False, True]
 
 
 @pytest.mark.skipif(engine_name() != "dynamodb-local", reason="pushes from this process's threads")

@@ -168,10 +168,6 @@ def test_renew_and_release_touch_only_the_permit(holds: list[Any]) -> None:
     assert mine and mine[0].holder.expires_ms > before["expMs"] - 15 * 60 * 1000
 
 
-@pytest.mark.kind_engine_only(
-    "FIFO needs each waiter's entry written before a hand-over passes its ticket: a "
-    "throttled or lost entry write joins again at the back (RELIABILITY.md)"
-)
 def test_waiters_are_served_in_turn(holds: list[Any]) -> None:
     """The turn is the row's write (its fence counts up): a waiter whose permit item is
     written later (a stale hint: it picks another slot) still took its turn in order."""

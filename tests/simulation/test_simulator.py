@@ -195,7 +195,8 @@ FOUND = [
     ("takeover_waits_a_lease", {"faults": "crashes", **SMALL}, range(1, 4)),  # seed 3
     # A take no longer needs its fence above the stored one: a taker whose clock is behind
     # (hosts up to twice CLOCK_SKEW apart) and whose read was stale grants a smaller fence.
-    ("take_ignores_fence", {"faults": "pauses", "spread": 1.0, **SMALL}, range(21, 22)),  # seed 21
+    # (Seed 21 until a gap in the line was waited for, 2026-12-04: the schedules moved.)
+    ("take_ignores_fence", {"faults": "pauses", "spread": 1.0, **SMALL}, range(1, 2)),  # seed 1
     # Counting holds: a first try that ignores the limit, a join that ignores the count it saw.
     ("room_ignores_limit", {"mix": "counting", "faults": "light", **SMALL}, range(1, 3)),  # 1
     ("join_ignores_count", {"mix": "counting", "faults": "light", **SMALL}, range(1, 5)),  # 3
@@ -211,8 +212,8 @@ FOUND = [
     (
         "renewal_trusted_from_answer",
         {"mix": "renewing", "faults": "pauses", "processes": 3, "hosts": 3, "steps": 10},
-        range(1, 19),
-    ),  # seed 18 (8 before cross-host waiters looked as unpushed ones, 094da59)
+        range(22, 23),
+    ),  # seed 22 (18 before the gap wait; 8 before cross-host waiters looked as unpushed ones)
     # Faults fixed earlier, put back: the stalled waiter (7f8bc96) and the release before the
     # transaction's commit.
     ("heard_hold_trusted", {"faults": "pauses", **SMALL}, range(3, 5)),  # seed 3
@@ -228,16 +229,16 @@ FOUND = [
     (
         "queued_plan_from_old_row",
         {"mix": "counting", "faults": "crashes", "permits_from": 1, **WIDE},
-        range(4, 5),
-    ),  # seed 4
+        range(70, 71),
+    ),  # seed 70 (4 before the gap wait; 1 of seeds 1-100 finds it now)
     # And the lost hand-over answer (60bb716): a host's answers lost for up to 50 s (every
     # attempt of a hand-over applied or refused unanswered), its answers back before the plain
     # release, within dynasem's default 60 s lease.
     (
         "lost_handover_is_a_loss",
         {"faults": "deaf", "lease": 60.0, "processes": 3, "hosts": 3, "steps": 10},
-        range(1, 7),
-    ),  # seed 6 (1 before queued waiters read an old row first)
+        range(17, 18),
+    ),  # seed 17 (6 before the gap wait; 1 before queued waiters read an old row first)
 ]
 
 

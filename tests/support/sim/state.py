@@ -71,6 +71,7 @@ PER_PROCESS: dict[Key, Callable[[Any], Any]] = {
     ("dynasem._engine.steps", "_io"): lambda proc: None,
     ("dynasem._engine.steps", "_io_lock"): _lock,
     ("dynasem._storage.dynamodb", "_clients"): _empty,
+    ("dynasem._storage.queue_entries", "_missing"): _empty,
     ("dynasem._storage.dynamodb", "_client_lock"): _lock,
     ("dynasem._transactions.commit", "_pending"): lambda proc: weakref.WeakKeyDictionary(),
     # The holds a waiter of the same process tells it is next (hold.queued_behind).
