@@ -107,11 +107,13 @@ def load_entries(item: LockItem, upto: int | None = None, *, consistent: bool = 
     upto = item.queue_in if upto is None else upto
     if upto <= item.queue_out:
         return dataclasses.replace(item, entries=(), entries_to=upto)
-    pause, began = JOIN_PAUSE, clock.monotonic()
+    pause, until = JOIN_PAUSE, None
     while True:
         read = _read_entries(item, upto, consistent)
         wait = _young_gap(read) if consistent else 0.0
-        wait = min(wait, began + JOIN_GRACE - clock.monotonic())  # one call waits no longer
+        now = clock.monotonic()
+        until = now + wait if until is None else until  # no longer than its first read says
+        wait = min(wait, until - now)
         if wait <= 0:
             return read
         time.sleep(min(pause, wait))

@@ -462,3 +462,33 @@ def test_a_confirming_renewal_names_the_fence_of_the_entry_it_saw(lock_table):
         assert lock_rows.get("fenced-renewal").holders[held.token].expires_ms == later
     finally:
         held.release()
+
+
+def test_a_ticket_missing_for_good_is_waited_for_once_then_passed(
+    lock_table, requests_sent, monkeypatch
+):
+    # A waiter that died between drawing its ticket and putting its entry leaves a gap for
+    # good: the first consistent read of the line waits JOIN_GRACE for it (reading again), a
+    # later one of this process passes it at once; an eventually consistent read never waits.
+    from dynasem._storage import queue_entries
+    from tests.support.helpers import enqueue_entry
+
+    monkeypatch.setattr(queue_entries, "JOIN_GRACE", 0.3)
+    resource = "gap:for-good"
+    assert lock_rows.update(lock_writes.take_ticket(resource, 1), return_new=True) is not None
+    now = clock.now_ms()
+    enqueue_entry(resource, "behind", records.Waiter(0, now + 30_000, lease_ms=30_000))
+    row = lock_rows.get(resource)
+    assert row is not None and (row.queue_out, row.queue_in) == (0, 2)
+    requests_sent.reset()
+    started = time.monotonic()
+    first = queue_entries.load_entries(row)
+    assert time.monotonic() - started >= 0.3
+    assert [w.ticket for w in first.entries or ()] == [2]
+    assert requests_sent.calls["Query"] >= 3, requests_sent.calls
+    requests_sent.reset()
+    again = queue_entries.load_entries(row)
+    quick = queue_entries.load_entries(row, consistent=False)
+    assert [w.ticket for w in again.entries or ()] == [2]
+    assert [w.ticket for w in quick.entries or ()] == [2]
+    assert requests_sent.calls["Query"] == 2, requests_sent.calls
