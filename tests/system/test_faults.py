@@ -129,7 +129,10 @@ def test_a_release_of_two_applied_then_cancelled_in_its_retry_is_no_lost_hold(
 
     def applied_then_cancelled(actions):
         sent.append(len(actions))
-        real(actions)  # applied; its answer lost
+        for _ in range(20):  # the unkind engine cancels 5 % of transactions on its own
+            with contextlib.suppress(dynamodb.Cancelled):
+                real(actions)  # applied; its answer lost
+                break
         semaphore("pair:b", wait=5).acquire().release()  # a newcomer on the freed row
         gone = records.LockItem(last_token="newcomer")
         raise dynamodb.Cancelled(
