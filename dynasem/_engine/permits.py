@@ -387,13 +387,14 @@ def _acquire_many(run: Attempt) -> Steps[Held]:
     write and a permit write for each. No queue (as for any multi-resource take)."""
     scans = {r: _Scan() for r in run.sem.resources}
     what = f"resources of limit > {permit_items.INLINE_MAX} can be taken at once"
-    read = functools.partial(_read_row, run)
+    read = functools.partial(read_row, run)
     plan = functools.partial(_plan_many, run, scans)
     return (yield from all_or_none(run, what, read, plan, functools.partial(_takes, run)))
 
 
-def _read_row(run: Attempt, resource: str, pace: Pace) -> Steps[records.LockItem | None]:
-    # Throttled (a hot key): no news, after a pause (issue 40).
+def read_row(run: Attempt, resource: str, pace: Pace) -> Steps[records.LockItem | None]:
+    """A row read by a take of several resources in items (permits, reader items).
+    Throttled (a hot key): no news, after a pause (issue 40)."""
     get = functools.partial(lock_rows.get, resource)
     return (yield from queue.patient_read(get, None, pace, run.deadline))
 

@@ -175,20 +175,17 @@ def acquire_many(run: Attempt) -> Steps[Held]:
     answer, given back and taken again (``permits.MAX_LATE`` times past the wait: too
     slow)."""
     what = "resources can be read at once among many readers"
+    read = functools.partial(permits.read_row, run)
+    admissible = functools.partial(_admissible, run)
     admissions = functools.partial(_admissions, run)
-    return (yield from permits.all_or_none(run, what, _read_row, _admissible, admissions))
-
-
-def _read_row(resource: str, pace: queue.Pace) -> Steps[records.LockItem | None]:
-    row: records.LockItem | None = yield Request(functools.partial(lock_rows.get, resource))
-    return row
+    return (yield from permits.all_or_none(run, what, read, admissible, admissions))
 
 
 def _admissible(
-    seen: dict[str, records.LockItem], stale: int, pace: queue.Pace
+    run: Attempt, seen: dict[str, records.LockItem], stale: int, pace: queue.Pace
 ) -> Steps[tuple[dict[str, records.LockItem], dict[str, queue.Blocking]]]:
     """The rows a reader may be admitted to now (their queues read, if waited on), and who
-    is in the way in the others."""
+    is in the way in the others. A throttled read is no news (issue 40)."""
     blocked: dict[str, queue.Blocking] = {}
     rows: dict[str, records.LockItem] = {}
     for r, row in seen.items():
@@ -197,7 +194,8 @@ def _admissible(
             blocked[r] = live
             continue
         if row.waiting:
-            row = yield Request(functools.partial(queue_entries.load_entries, row))
+            read = functools.partial(queue_entries.load_entries, row)
+            row = yield from queue.patient_read(read, row, pace, run.deadline)
             ahead = {w.token: w for w in queue.entries_ahead(row, None, stale) or ()}
             if ahead:
                 blocked[r] = ahead

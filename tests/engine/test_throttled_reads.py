@@ -33,6 +33,25 @@ def test_a_throttled_read_of_permit_rows_keeps_the_acquire_waiting(lock_table: s
     assert rule.fired == 4
 
 
+def test_throttled_reads_of_reader_item_rows_keep_the_acquire_waiting(lock_table: str) -> None:
+    # Shared holds of several resources, one of which keeps its readers in reader items
+    # (it has as many inline as it keeps): the rows are read first, then the queue of the
+    # one waited on. Both reads throttled past botocore's retries: still no caller's failure.
+    inline = [semaphore("thr:r1", shared=True, lease=30).acquire() for _ in range(2)]
+    enqueue_entry(
+        "thr:r1", "w" * 32, records.Waiter(ticket=0, expires_ms=clock.now_ms() + 1000, user_id="w")
+    )
+    with Faults(dynamodb.get_client()) as faults:
+        gets = faults.throttle("GetItem", 4)
+        queries = faults.throttle("Query", 4)
+        held = semaphore(["thr:r1", "thr:r2"], shared=True, wait=10).acquire()
+    assert held.fence > 0
+    assert (gets.fired, queries.fired) == (4, 4)
+    held.release()
+    for hold in inline:
+        hold.release()
+
+
 def test_an_operator_command_sends_a_throttled_request_again(lock_table: str) -> None:
     # The operators' quick client sends once (a down DynamoDB is reported in seconds), but
     # one throttle of a busy table failed the whole command (found on the unkind engine).
