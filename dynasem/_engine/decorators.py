@@ -118,26 +118,22 @@ def _parsed(template: str) -> tuple[frozenset[str], str, str]:
         raise ValueError(
             f"resource template {template!r} is not a valid format string: {exc}"
         ) from None
-    separators: set[str] = set()
-    literals: list[str] = []  # the literal text before each field, then after the last
-    between = ""
+    literals = [""]  # the literal text before each field, then after the last
     for literal, field, _spec, _conv in parts:
-        between += literal
-        if field is None:
-            continue
-        if literals:
-            parting = {c for c in between if c not in SAFE and c != "%"}
-            if not parting:
-                raise ValueError(
-                    f"resource template {template!r} has fields separated only by "
-                    f"{between!r}: put a separator such as ':' or '/' between fields (letters, "
-                    "digits, '-', '_', '.' and '%' can be part of a value) so that different "
-                    "arguments never share a key"
-                )
-            separators |= parting
-        literals.append(between)
-        between = ""
-    literals.append(between)
+        literals[-1] += literal
+        if field is not None:
+            literals.append("")
+    separators: set[str] = set()
+    for between in literals[1:-1]:  # the text between two fields
+        parting = {c for c in between if c not in SAFE and c != "%"}
+        if not parting:
+            raise ValueError(
+                f"resource template {template!r} has fields separated only by "
+                f"{between!r}: put a separator such as ':' or '/' between fields (letters, "
+                "digits, '-', '_', '.' and '%' can be part of a value) so that different "
+                "arguments never share a key"
+            )
+        separators |= parting
     also = frozenset(c for c in separators if not c.isascii())
     return also, literals[0], "".join(literals[:2])
 
