@@ -79,13 +79,6 @@ class Decoratable(Protocol):
         """The lock for one call: the same semaphore on ``resource``, held by ``user``."""
 
 
-# The resources dynasem's own features take, which no formatted field may reach: a view's
-# {slug} of "leader:beat", or {kind}:{id} with kind="leader", must not take (or block) a
-# leadership. (A unique task's key is its own template's: ':' being escaped in every field
-# keeps it out of another template's reach.)
-RESERVED_PREFIXES = (LEADER_PREFIX,)
-
-
 def _kept(char: str) -> bool:
     """Whether a template value keeps ``char`` as written in every template: letters,
     digits, ``-``, ``_``, ``.``, and printable characters beyond ASCII (``é``, ``日``). Every
@@ -104,7 +97,7 @@ def _parsed(template: str) -> tuple[frozenset[str], str, str]:
     """What a template's values escape beyond what ``_kept`` escapes (the characters parting
     its fields: one beyond ASCII, ``→``, must be escaped in values too), the literal text
     before its first field, and that text and the literal after the first field (for
-    ``RESERVED_PREFIXES``); after checking the template.
+    ``LEADER_PREFIX``); after checking the template.
 
     Each pair of fields must be parted by a literal holding a character outside ``SAFE`` and
     ``%``: escaping those characters (and ``%``) in the values means the first of them after
@@ -158,17 +151,20 @@ class _EscapingFormatter(string.Formatter):
 
 
 def _unreserved(key: str, lead: str, around: str) -> str:
-    """``key``, unless a field's value reaches into a reserved prefix (``{kind}:{id}`` with
+    """``key``, unless a field's value reaches into the reserved ``leader:`` (``{kind}:{id}`` with
     ``kind="leader"``): then the first character that value gave it is escaped too, which
     keeps the key apart from every other value's (``%`` is escaped in every value)."""
-    for prefix in RESERVED_PREFIXES:
-        if key.startswith(prefix) and not around.startswith(prefix):
-            # Values never hold ':' and a prefix is letters then ':': that ':' is the
-            # template's, and the one value in the letters before it is the first field's,
-            # which begins right after the leading text (and is not empty: else the
-            # template's own text would make the prefix). Its first character is a letter.
-            start = len(lead)
-            return key[:start] + _percent(key[start]) + key[start + 1 :]
+    # The resources dynasem's own features take, which no formatted field may reach: a view's
+    # {slug} of "leader:beat", or {kind}:{id} with kind="leader", must not take (or block) a
+    # leadership. (A unique task's key is its own template's: ':' being escaped in every field
+    # keeps it out of another template's reach.)
+    if key.startswith(LEADER_PREFIX) and not around.startswith(LEADER_PREFIX):
+        # Values never hold ':' and the prefix is letters then ':': that ':' is the
+        # template's, and the one value in the letters before it is the first field's,
+        # which begins right after the leading text (and is not empty: else the
+        # template's own text would make the prefix). Its first character is a letter.
+        start = len(lead)
+        return key[:start] + _percent(key[start]) + key[start + 1 :]
     return key
 
 
