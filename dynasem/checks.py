@@ -82,7 +82,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         Error(f"DYNASEM has an unknown key {key!r}.", hint=known, id="dynasem.E002")
         for key in settings.unknown_keys()
     ]
-    return unknown + _values(raw) + _takeover_rule(raw) + _timings(raw)
+    return unknown + _values(raw) + _takeover_rule() + _timings(raw)
 
 
 def _error(key: str, expected: str, value: object, check_id: str) -> Any:
@@ -123,12 +123,9 @@ def _values(raw: dict[str, Any]) -> list[Any]:
         expected = "None (no hand-over pushes) or this host's IPv4 address to listen on, "
         expected += f"such as '127.0.0.1', not {address!r}: {address_problem}"
         problems.append(Error(f"DYNASEM['PUSH'] must be {expected}.", hint=HINT, id="dynasem.E010"))
-    for key, check_id, hint in (
-        ("FAIR", "dynasem.E011", _FAIR_HINT),
-        ("TELEMETRY", "dynasem.E012", HINT),
-        ("TELEMETRY_RESOURCE_NAMES", "dynasem.E012", HINT),
-    ):
-        problems += _type_error(key, check_id, hint)
+    problems += _type_error("FAIR", "dynasem.E011", _FAIR_HINT)
+    problems += _type_error("TELEMETRY", "dynasem.E012")
+    problems += _type_error("TELEMETRY_RESOURCE_NAMES", "dynasem.E012")
     return problems
 
 
@@ -171,7 +168,7 @@ def _timings(raw: dict[str, Any]) -> list[Any]:
     return []
 
 
-def _takeover_rule(raw: dict[str, Any]) -> list[Any]:
+def _takeover_rule() -> list[Any]:
     if problems := _type_error("SAME_HOST_TAKEOVER", "dynasem.E013"):
         return problems
     on, why = processes.takeover_rule()
