@@ -196,11 +196,11 @@ _settings: tuple[bool, bool] | None = None
 
 
 def _config() -> tuple[bool, bool]:
+    """Read the two settings and keep them: called as ``_settings or _config()``, so only
+    while none are kept."""
     global _settings
-    found = _settings
-    if found is None:
-        found = _settings = (settings.TELEMETRY, settings.TELEMETRY_RESOURCE_NAMES)
-    return found
+    found = _settings = (settings.TELEMETRY, settings.TELEMETRY_RESOURCE_NAMES)
+    return found  # not _settings: a change may have dropped it meanwhile
 
 
 def _forget_settings(setting: str, **kwargs: Any) -> None:
