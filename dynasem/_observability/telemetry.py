@@ -268,7 +268,7 @@ class _Spanned:
 class _Acquiring(_Spanned):
     """What one acquire did, filled in by the lock code while it runs (a context variable)."""
 
-    __slots__ = ("_token", "ahead", "busy", "held", "queued", "started")
+    __slots__ = ("_token", "busy", "held", "queued", "started")
 
     def __init__(self, sem: Any) -> None:
         base = _base(sem)
@@ -279,7 +279,6 @@ class _Acquiring(_Spanned):
 
         super().__init__("dynasem.acquire", base, attributes)
         self.busy = self.queued = False
-        self.ahead: int | None = None
         self.held: Any = None  # what the acquire returned
         self._token = _current.set(self)
         self.started = time.perf_counter()
@@ -366,7 +365,6 @@ def _waiting(ahead: int | None) -> None:
         return
     if ahead is not None and not record.queued:
         record.queued = True
-        record.ahead = ahead
         _get().ahead.record(ahead, {metrics.NAME: _lock_name.get() or "other"})
     if not record.busy:
         record.busy = True
