@@ -22,9 +22,10 @@ def user_id_for(value: str) -> str:
     username, else the value itself (a pk, a process's host:pid, a name)."""
     try:
         pk = pk_named(value)
-    except (ValidationError, ValueError, TypeError):
-        return value  # no username looks like that (an integer USERNAME_FIELD, say)
-    except Exception:  # no auth app, no database reachable: the locks' CLI still works
+    except Exception:
+        # No username looks like that (an integer USERNAME_FIELD, say: a ValidationError,
+        # ValueError or TypeError), or no auth app, no database reachable: the locks' CLI
+        # still works.
         return value
     return value if pk is None else str(pk)
 
