@@ -36,8 +36,6 @@ def printable(text: str) -> str:
     """``text`` with its control characters escaped (``\\x1b``, ``\\r``): a name stored
     before dynasem refused them, or by another writer, must not rewrite the operator's
     terminal (ESC [2K, CR) when a command prints it."""
-    if all(unicodedata.category(c) != "Cc" for c in text):
-        return text
     return "".join(
         c.encode("unicode_escape").decode("ascii") if unicodedata.category(c) == "Cc" else c
         for c in text
