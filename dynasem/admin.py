@@ -288,13 +288,12 @@ class JobAdmin(DynamoDBAdmin):
     action_permission = "reset_job"
     unread_text = "The job could not be read: nothing was reset."
     unanswered_text = "DynamoDB did not answer the reset: see below whether the job is new."
-    statuses = jobs.STATUSES
 
     def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> HttpResponse:
         if not self.has_view_permission(request):
             raise PermissionDenied
         status = request.GET.get("status", "")
-        status = status if status in self.statuses else ""
+        status = status if status in jobs.STATUSES else ""
         filters = {"q": request.GET.get("q", ""), "status": status}
         cursor = request.GET.get("cursor") or None
         page, failed = self._read(
@@ -320,7 +319,7 @@ class JobAdmin(DynamoDBAdmin):
             can_reset=can_reset,
             status_links=[  # "" is All
                 {"name": s or "All", "url": link(filters, status=s), "selected": s == status}
-                for s in ("", *self.statuses)
+                for s in ("", *jobs.STATUSES)
             ],
             scan_note=jobs.SCAN_NOTE,
             **(extra_context or {}),
@@ -370,7 +369,8 @@ class JobAdmin(DynamoDBAdmin):
         text = f"Reset run-once job {job.key} (was {job.status}); it will run again."
         if job.error:
             text = f"{text[:-1]}. Its last error: {job.error}"[:2000]
-        self._log(request, Job, job.key, text)
+        assert request.user.pk is not None  # admin_view lets only a logged-in staff user in
+        audit.record(request.user.pk, Job, job.key, text)
         return messages.SUCCESS, f"Reset {job.key!r} (was {job.status}): it will run again."
 
     def confirm(self, request: HttpRequest, target: Any) -> HttpResponse:

@@ -24,7 +24,7 @@ from django.views.decorators.http import require_http_methods
 from .. import _clock as clock
 from .._storage import dynamodb
 from ..exceptions import SemaphoreUnavailable
-from . import audit, cursors, usernames
+from . import cursors, usernames
 
 if TYPE_CHECKING:  # django-stubs makes ModelAdmin generic; Django's own class is not subscriptable
     ModelAdmin = admin.ModelAdmin[models.Model]
@@ -255,7 +255,3 @@ class DynamoDBAdmin(ModelAdmin):
         if user is None:
             return {"name": user_id, "url": None, "django": False, "filter": user_id}
         return {**user, "django": True, "filter": user["name"]}
-
-    def _log(self, request: HttpRequest, model: type[models.Model], key: str, text: str) -> None:
-        assert request.user.pk is not None  # admin_view lets only a logged-in staff user in
-        audit.record(request.user.pk, model, key, text)
