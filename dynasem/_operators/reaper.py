@@ -142,18 +142,15 @@ def reap(
     cutoff_ms = clock.now_ms() - int(arguments.check_skew(settings.CLOCK_SKEW) * 1000)
     before_s = cutoff_ms // 1000
     result = ReapResult()
-
-    def candidates() -> Iterator[records.IndexEntry]:
-        for shard in range(records.SHARDS):
-            yield from _expiring(shard, before=before_s)
-
+    shards = range(records.SHARDS)
+    candidates = (row for shard in shards for row in _expiring(shard, before=before_s))
     if dry_run:
-        _would_reap(candidates(), cutoff_ms, result, found)
+        _would_reap(candidates, cutoff_ms, result, found)
         _reap_permits(cutoff_ms, result, dry_run=True)
         return result
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dynasem-reap") as pool:
         futures = []
-        for row in candidates():
+        for row in candidates:
             result.found += 1
             if found is not None:
                 found(row)
