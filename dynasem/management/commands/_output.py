@@ -24,12 +24,11 @@ from ...exceptions import SemaphoreUnavailable
 def width(text: str) -> int:
     """Columns ``text`` takes in a terminal: wide (CJK) and full-width characters two,
     combining marks and zero-width ones none."""
-    total = 0
-    for char in text:
-        if unicodedata.combining(char) or unicodedata.category(char) in ("Mn", "Me", "Cf"):
-            continue
-        total += 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
-    return total
+    return sum(
+        2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+        for char in text
+        if not unicodedata.combining(char) and unicodedata.category(char) not in ("Mn", "Me", "Cf")
+    )
 
 
 def printable(text: str) -> str:
