@@ -21,7 +21,6 @@ MAX_LEASE = 7 * 24 * 3600.0
 # at most 38 significant digits: limit=10**40 failed in boto3's serializer,
 # decimal.Rounded). It also fits a signed 32-bit integer, for other readers of the table.
 MAX_LIMIT = 10**9
-# A hold's mode as stored: one holder, up to ``limit`` holders, any number of readers.
 
 
 def _shown(number: Any) -> str:

@@ -107,7 +107,8 @@ def _write(
 
 
 def _expiring(shard: int, **kwargs: Any) -> Iterator[records.IndexEntry]:
-    """:func:`index_queries.iter_expiring`, each page read by :func:`_read`."""
+    """The rows of ``shard`` the ``expires`` index lists as expiring
+    (:func:`index_queries.query_expiring`), page after page, each read by :func:`_read`."""
     start = None
     while True:
         page = functools.partial(index_queries.query_expiring, shard, start=start, **kwargs)
