@@ -29,6 +29,8 @@ logger = logging.getLogger("dynasem")
 
 # Claims sent again at once when a refusal showed a state we had not seen (as core does).
 MAX_CLAIMS = 25
+# Why a write of ours was refused: the job is not our claim any more.
+RECLAIMED = "another process claimed it, or it was reset by an operator"
 
 
 @dataclasses.dataclass(eq=False, repr=False)
@@ -107,7 +109,7 @@ class Job:
         try:
             job_rows.update_job(job_writes.job_renew(self.key, self.token, expires_ms))
         except dynamodb.Refused:
-            self._lost = "another process claimed it, or it was reset by an operator"
+            self._lost = RECLAIMED
             raise LockLost(self.key, self._lost) from None
         # Past the old deadline (a stalled body that confirms): a whole lease from now.
         self._deadline = max(self._deadline, sent_mono + self.lease - self.skew)
@@ -155,9 +157,7 @@ class Job:
             )
         except dynamodb.Refused as refused:
             if refused.job.last_token != self.token:
-                raise LockLost(
-                    self.key, "another process claimed it, or it was reset by an operator"
-                ) from None
+                raise LockLost(self.key, RECLAIMED) from None
         self.status = status
 
 
