@@ -319,8 +319,7 @@ class _Command:
                 self._control = -1
         else:
             self._signal_group(signal.SIGKILL)
-        if self.process.poll() is None:
-            self.process.wait()
+        self.process.wait()  # at once if reaped already
 
     def _signal_group(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):
