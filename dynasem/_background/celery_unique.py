@@ -119,10 +119,9 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
 
 
 def _header_of(request: Any) -> Any:
-    value = getattr(request, HEADER, None)
-    if value is None:
-        value = (getattr(request, "headers", None) or {}).get(HEADER)
-    return value
+    """The claim's header: an attribute of the request, else one of its headers."""
+    found = getattr(request, HEADER, None)
+    return found if found is not None else (getattr(request, "headers", None) or {}).get(HEADER)
 
 
 def _revoked(request: Any = None, terminated: bool = False, **kwargs: Any) -> None:
