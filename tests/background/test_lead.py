@@ -319,6 +319,37 @@ def test_sigterm_stops_the_command_and_gives_the_lead_back(leaders: Any, tmp_pat
 @pytest.mark.kind_engine_only(
     "the first leader must keep its 2 s lead throughout: a lost answer may rightly end it"
 )
+def test_a_stop_that_comes_with_the_lead_starts_no_command(
+    lock_table: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # SIGTERM just after the lead was taken, once the wait is over (it no longer interrupts):
+    # the lead is given back and the command never started (it was started, then stopped).
+    import io
+
+    from django.core.management import call_command
+
+    from dynasem.management.commands import dynasem_lead
+
+    take = dynasem_lead.Command._take_lead
+
+    def taken_then_told_to_stop(self: Any, *args: Any) -> Any:
+        taken = take(self, *args)
+        os.kill(os.getpid(), signal.SIGTERM)
+        return taken
+
+    monkeypatch.setattr(dynasem_lead.Command, "_take_lead", taken_then_told_to_stop)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    said = io.StringIO()
+    try:
+        call_command("dynasem_lead", "beat", "true", no_pid_namespace=True, stderr=said)
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert "started pid" not in said.getvalue()
+    assert "stopped" in said.getvalue()
+    assert holds_on("leader:beat") == []
+
+
 def test_sigterm_while_waiting_for_the_lead_exits(leaders: Any, tmp_path: Path) -> None:
     log = tmp_path / "runs.log"
     leaders()

@@ -136,8 +136,10 @@ class Command(BaseCommand):
             if taken is None:
                 continue  # told to stop (the loop ends), or DynamoDB unreachable: again
             place, lead = taken
-            try:
-                status = self._lead(name, lead, command, grace, stopping)
+            try:  # told to stop as the lead came: give it back, start nothing
+                status = (
+                    None if stopping.is_set() else self._lead(name, lead, command, grace, stopping)
+                )
             finally:
                 place.__exit__(None, None, None)
             if status is not None:
@@ -160,7 +162,11 @@ class Command(BaseCommand):
             # not end the command at once (the kernel takes a moment to kill a namespace),
             # so nobody may take the lead over before its lease ends, on this host either.
             place.semaphore.detached = True
-            return place, place.__enter__()
+            lead = place.__enter__()
+            # From here a signal only sets ``stopping``: one raised between the lead's taking
+            # and the end of this function would leave it held, by nobody, for a lease.
+            waiting.clear()
+            return place, lead
         except KeyboardInterrupt:
             # It may have come just after the lead was taken: give back whatever we hold.
             waiting.clear()
