@@ -109,10 +109,19 @@ class RequestCounter:
     def __init__(self) -> None:
         self.calls: Counter[str] = Counter()
         self._by_thread: Counter[tuple[int, str]] = Counter()
+        self._watched: str | None = None
+        self.naming = 0  # requests whose parameters name the watched text (see watch)
 
     def __call__(self, model: Any, **kwargs: Any) -> None:
         self.calls[model.name] += 1
         self._by_thread[(threading.get_ident(), model.name)] += 1
+        if self._watched is not None and self._watched in repr(kwargs.get("params")):
+            self.naming += 1
+
+    def watch(self, text: str) -> None:
+        """Count in :attr:`naming` the requests whose parameters name ``text`` (a test's
+        resource): what an earlier test of the same worker left running is not counted."""
+        self._watched = text
 
     def of_this_thread(self, operation: str) -> int:
         """The requests of ``operation`` this thread sent (a waiter's thread renewing its
@@ -126,6 +135,7 @@ class RequestCounter:
     def reset(self) -> None:
         self.calls.clear()
         self._by_thread.clear()
+        self.naming = 0
 
 
 def take(holds: list[Any], resource: str, **kwargs: Any) -> Any:
