@@ -656,7 +656,13 @@ def test_the_documented_promql_names_are_what_prometheus_scrapes(lock_table: str
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
         from opentelemetry.sdk.metrics import MeterProvider
         from prometheus_client import REGISTRY, generate_latest
+        import threading
         from dynasem import SemaphoreBusy, semaphore
+        from dynasem.signals import lock_lost
+        # lock_lost is sent after the loss is counted, by whichever thread marked it (the
+        # heartbeat's, maybe): the scrape waits for it.
+        told = threading.Event()
+        lock_lost.connect(lambda **kwargs: told.set(), weak=False)
         metrics.set_meter_provider(MeterProvider(metric_readers=[PrometheusMetricReader()]))
         with semaphore("tel:promql:{uuid.uuid4().hex}") as held:
             try:
@@ -665,7 +671,7 @@ def test_the_documented_promql_names_are_what_prometheus_scrapes(lock_table: str
                 pass
         lost = semaphore("tel:promql:{uuid.uuid4().hex}", max_hold=0.2).acquire()
         time.sleep(0.3)
-        assert lost.lost
+        assert lost.lost and told.wait(10)
         print(generate_latest(REGISTRY).decode())
         """
     )
