@@ -289,6 +289,16 @@ class Acquire:
             # the queue in our first write (it is refused if the lock is free: we take it).
             if_busy_ms = run.stale_ms(clock.now_ms())
             self.seen[first] = yield from queue.join_queue(run, first, None, self.pace, if_busy_ms)
+        elif (
+            len(self.resources) == 1
+            and run.remaining() <= 0
+            and not self.seen
+            and queue.busy_lately(first)
+        ):
+            # May not wait, and found busy a short while ago: most likely busy now. A
+            # consistent read says so for a read unit; a refused take costs a write unit,
+            # and competes with the holder's own writes for the key's partition.
+            self.seen[first] = yield Request(functools.partial(lock_rows.get, first))
         while True:
             outcome = yield from self.try_take()
             if isinstance(outcome, Held):
@@ -388,6 +398,7 @@ class Acquire:
         else:
             if len(self.resources) == 1:
                 seen[acting[0]] = after
+                queue.busy_recently.pop(acting[0], None)
                 if not self.pace.enqueued:  # taken at once: free, this time
                     queue.queued_recently.pop(acting[0], None)
             if plans[acting[0]].reader and after is not None:
@@ -453,6 +464,8 @@ class Acquire:
                 if kept is not None:
                     seen[first] = kept
                     return
+            if one:
+                queue.found_busy(first, blocked, run.skew)
             raise queue.busy(run, blocked, seen, pace.ticket)
         queued = one and pace.ticket is not None
         pace.look_by = readers.write_off_at(seen.get(first)) if one else None

@@ -37,6 +37,10 @@ MAX_REPLANS = 25
 GUESS_BUSY_FOR = 10.0
 # Resources this process recently queued for (monotonic time), for that guess.
 queued_recently: dict[str, float] = {}
+# Resources a take of this process that could not wait (wait=0) recently found busy, and
+# until when (monotonic) the next such take reads the row first: GUESS_BUSY_FOR at most, and
+# never past the time the holder in the way could be taken over (then a write takes it).
+busy_recently: dict[str, float] = {}
 # Resources whose hand-overs recently reached us by push (monotonic time): while they do, a
 # queued waiter reads only as a fallback, after PUSH_PATIENCE seconds without one.
 pushed_recently: dict[str, float] = {}
@@ -529,6 +533,21 @@ def join_queue(
         turn_seconds.clear()
     queued_recently[resource] = clock.monotonic()
     return after
+
+
+def found_busy(resource: str, blocked: Mapping[str, Blocking], skew: float) -> None:
+    """A take whose wait was over found ``resource`` busy, ``blocked`` in the way (see
+    :data:`busy_recently`)."""
+    if len(busy_recently) >= MAX_REMEMBERED:
+        busy_recently.clear()
+    until_free = min(GUESS_BUSY_FOR, seconds_until_free(blocked, skew))
+    busy_recently[resource] = clock.monotonic() + until_free
+
+
+def busy_lately(resource: str) -> bool:
+    """Whether a take of ``resource`` that could not wait found it busy a short while ago,
+    held by someone who cannot be taken over yet."""
+    return clock.monotonic() < busy_recently.get(resource, -math.inf)
 
 
 def _enqueue(

@@ -151,6 +151,31 @@ def test_acquire_and_release_methods(lock_table: str) -> None:
     assert holds("job") == []
 
 
+def test_a_take_that_may_not_wait_reads_a_lock_it_just_found_busy(
+    lock_table: str, requests_sent: RequestCounter
+) -> None:
+    # Found busy once: the next wait=0 take of it reads the row (a read unit) instead of
+    # sending a take that would be refused (a write unit, on the holder's partition).
+    held = semaphore("polled", user="alice", lease=30).acquire()
+    requests_sent.reset()
+    with pytest.raises(SemaphoreBusy):
+        semaphore("polled", wait=0).acquire()
+    assert requests_sent.calls == {"UpdateItem": 1}  # the take, refused
+    requests_sent.reset()
+    with pytest.raises(SemaphoreBusy) as busy:
+        semaphore("polled", wait=0).acquire()
+    assert requests_sent.calls == {"GetItem": 1}
+    assert busy.value.holder_user_id == "alice"  # told as the refused take told it
+    held.release()
+    requests_sent.reset()
+    again = semaphore("polled", wait=0).acquire()  # free now: read, then taken
+    assert requests_sent.calls == {"GetItem": 1, "UpdateItem": 1}
+    again.release()
+    requests_sent.reset()
+    semaphore("polled", wait=0).acquire().release()  # taken last time: no read first
+    assert requests_sent.calls["GetItem"] == 0
+
+
 def test_async_with_holds_then_releases(lock_table: str) -> None:
     async def main() -> tuple[dynasem.Held, set[str]]:
         async with semaphore("async-res", lease=5) as held:

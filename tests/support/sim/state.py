@@ -53,6 +53,7 @@ def _empty(proc: Any) -> dict[Any, Any]:
 # Each process's own value of these, made by the factory when the process starts.
 PER_PROCESS: dict[Key, Callable[[Any], Any]] = {
     ("dynasem._engine.queue", "queued_recently"): _empty,
+    ("dynasem._engine.queue", "busy_recently"): _empty,
     ("dynasem._engine.queue", "pushed_recently"): _empty,
     ("dynasem._engine.queue", "turn_seconds"): _empty,
     ("dynasem._engine.permit_hold", "rows"): _empty,
