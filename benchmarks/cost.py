@@ -221,6 +221,9 @@ def dynasem_scenarios(meter: Meter, endpoint: str) -> tuple[list[dict[str, Any]]
     with meter.measure() as u, contextlib.suppress(SemaphoreBusy):
         common.apart(semaphore("c:new", user="carol", wait=0))
     record("refused acquire (busy, wait=0)", u, key="refused")
+    with meter.measure() as u, contextlib.suppress(SemaphoreBusy):
+        common.apart(semaphore("c:new", user="carol", wait=0))
+    record("refused again (busy, wait=0, found busy lately: a read first)", u)
     time.sleep(1.1)  # a real renewal moves the lease end past a whole second
     with meter.measure() as u:
         held.renew()
