@@ -558,16 +558,22 @@ def test_callable_key_gets_the_calls_arguments(lock_table):
 
 
 def test_async_function_binds_raises_and_holds_until_it_finishes(lock_table):
+    # The first run holds until the second has been refused (a fixed sleep of 0.2 s could
+    # end first on a loaded machine: the matrix's ci35).
+    gate: list[asyncio.Event] = []
+
     @semaphore("ajob:{pk}:{kind}", wait=0)
     async def job(pk, kind="full"):
-        await asyncio.sleep(0.2)
+        await gate[0].wait()
         return current_hold().fence
 
     async def scenario() -> tuple[int, Any, list[HoldInfo]]:
+        gate.append(asyncio.Event())
         task = asyncio.ensure_future(job(1))
         during = await asyncio.to_thread(wait_for_holds, "ajob:1:full")
         with pytest.raises(SemaphoreBusy):
             await job(pk=1)
+        gate[0].set()
         return await task, during, await asyncio.to_thread(holds_on, "ajob:1:full")
 
     fence, during, after = asyncio.run(scenario())
