@@ -95,6 +95,13 @@ def write_off_due(
             _since.clear()
         early = mono if seen.reader_count <= FEW and first else math.inf
         since = _since.setdefault(key[:3], mono)
+        # Every admission stamps the sentinel with its time: none came since (on the
+        # admitter's clock, within CLOCK_SKEW of ours), however late our first look was (a
+        # writer whose requests failed for a while; simulation seed 387).
+        sentinel = seen.holders.get(reader_items.SENTINEL)
+        if sentinel is not None and sentinel.acquired_ms:
+            stamped = mono + (sentinel.acquired_ms + skew * 1000 - clock.now_ms()) / 1000
+            since = min(since, stamped)
         _watched[key] = (since + seen.reader_lease_ms / 1000 + skew, early)
     due, early = _watched[key]
     return set(blocking) == {reader_items.SENTINEL} and mono >= min(due, early)

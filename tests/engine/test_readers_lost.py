@@ -172,3 +172,26 @@ def test_a_count_down_given_up_says_so(holds: list[Any], caplog: Any) -> None:
     warned = [r for r in caplog.records if "count" in r.getMessage() and "doc" in r.getMessage()]
     assert warned, "the count-down gave up silently"
     assert "write" in warned[-1].getMessage()  # says what it means: writers wait a write-off
+
+
+def test_a_count_left_too_high_is_written_off_by_a_writer_that_comes_later_at_once(
+    holds: list[Any], caplog: Any
+) -> None:
+    """The row's last admission stamped the readers' sentinel: a writer that first looks a
+    lease after it writes the count left too high off at once, not a lease after its own
+    first look (the idle lock a simulated writer whose requests failed for a while met)."""
+    caplog.set_level(logging.ERROR, logger="dynasem")
+    lease = 3.0
+    readers = [take(holds, "doc", shared=True, lease=lease) for _ in range(INLINE + 2)]
+    with Faults(dynamodb.get_client(quick=True)) as faults:
+        faults.throttle("UpdateItem", 10**6)
+        readers[-1].release()  # its count-down given up: the count stays one too high
+    holds.remove(readers[-1])
+    for held in holds:
+        held.release()
+    holds.clear()
+    assert counted("doc") == (1, 0)
+    time.sleep(lease + 2 * 0.5)  # every reader's lease, and CLOCK_SKEW twice, since
+    start = time.monotonic()
+    take(holds, "doc", wait=30)
+    assert time.monotonic() - start < lease / 2
