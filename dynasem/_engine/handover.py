@@ -59,11 +59,15 @@ class Line(NamedTuple):
 NO_LINE = Line()
 
 
-def heirs_of(row: records.LockItem | None) -> tuple[Heirs, int, records.LockItem | None, Line]:
-    """The heirs of an exclusive hold: from the line our own hand-over brought while it is
-    fresh (no read), else from the queue's entry items, read now if the row says waiters
-    came. Returns the heirs, the ``qout`` a hand-over to them is conditional on, the row with
-    what was read, and the line after the heirs, for them."""
+def heirs_of(
+    row: records.LockItem | None, token: str = ""
+) -> tuple[Heirs, int, records.LockItem | None, Line]:
+    """The heirs of the exclusive hold ``token``: from the line our own hand-over brought
+    while it is fresh (no read), else from the queue's entry items, read now if the row says
+    waiters came, where the words of waiters that told us (in the line, or come since our
+    release began) stand in for the entries they have not written yet. Returns the heirs,
+    the ``qout`` a hand-over to them is conditional on, the row with what was read, and the
+    line after the heirs, for them."""
     if row is None or not row.waiting:
         return [], 0, row, NO_LINE
     if row.entries is not None:
@@ -83,13 +87,18 @@ def heirs_of(row: records.LockItem | None) -> tuple[Heirs, int, records.LockItem
     # as for a hand-over that was on its way when it left. A consistent read here would cost
     # every hand-over 0.5 RCU more to spare the rarer leavers' one look (1 RCU), and would
     # still miss a slow write.
+    line = row.line
+
+    def told() -> list[records.Waiter]:
+        return [*line, *push.words_after(token)]
+
     read = clock.monotonic()
-    quick = queue_entries.load_entries(row, consistent=False)
+    quick = queue_entries.load_entries(row, consistent=False, known=told)
     heirs = _next_tickets(quick)
     if heirs:
         return heirs, quick.queue_out, quick, _after(quick.entries, heirs, read)
     read = clock.monotonic()
-    row = queue_entries.load_entries(row)
+    row = queue_entries.load_entries(row, known=told)
     heirs = next_in_line(row, clock.now_ms())
     return heirs, row.queue_out, row, _after(row.entries, heirs, read)
 

@@ -434,7 +434,7 @@ class Held:
 
     def heard_of(
         self, row: records.LockItem, waiter: records.Waiter, *, sent: float | None = None
-    ) -> None:
+    ) -> bool:
         """``waiter`` queued behind us (``row``: the row its ticket left): it goes into the
         line we hand over from, in ticket order, or starts one if it is first in line. Our
         release then hands the lock over from this line as from one a push brought, instead
@@ -445,31 +445,32 @@ class Held:
         meanwhile gives back a hand-over that reaches it (``push.depart``). The first in line
         of our own process is forgotten at once when it stops waiting
         (:meth:`_forget_heir_gone`). Once we have ended, the word goes to our heir
-        (``push.after_release``)."""
+        (``push.after_release``). False if we do not hand over: the word is of no use."""
+        if not self._hands_over:
+            return False
         if self._released:  # the word is for our heir, if we hand over
             when = clock.monotonic() if sent is None else sent
             push.after_release(self.token, self.resource, row, waiter, when)
-            return
+            return True
         known = self._row
         if known is None or known.queue_id != row.queue_id or known.queue_out < row.queue_out:
             known = row  # the waiter's row is the newer (known.line: none)
-        if waiter.ticket <= known.queue_out:
-            return  # its turn went by
-        if known.line and all(w.ticket != waiter.ticket for w in known.line):
-            # Into the line we know, in ticket order (a word may come before the word of a
-            # waiter ahead: the hand-over checks the line has nobody missing before its heir),
-            # trusted from when the line was read.
-            line = tuple(sorted((*known.line, waiter), key=lambda w: w.ticket))
-            queue_in = max(known.queue_in, waiter.ticket)
-            self._row = dataclasses.replace(known, line=line, queue_in=queue_in)
-        elif not known.line and waiter.ticket == known.queue_out + 1:
-            self._told = waiter.token if sent is None else None
-            heard = clock.monotonic() if sent is None else sent
-            queue_in = max(known.queue_in, waiter.ticket)
-            self._row = dataclasses.replace(
-                known, line=(waiter,), line_read=heard, queue_in=queue_in
-            )
-        # Else: behind waiters we do not know of (the release reads the queue), or known.
+        if waiter.ticket <= known.queue_out or any(w.ticket == waiter.ticket for w in known.line):
+            return True  # its turn went by, or known
+        # Into the line we know, in ticket order, trusted from when the line was read or its
+        # first word came. A word may come before the word of a waiter ahead, or behind
+        # waiters we do not know of: the hand-over checks the line has nobody missing before
+        # its heir, and else reads the queue, where the line stands in for entries its
+        # waiters have not written yet (queue.ENTRY_DEFER).
+        read = known.line_read
+        if not known.line:
+            read = clock.monotonic() if sent is None else sent
+            if waiter.ticket == known.queue_out + 1:
+                self._told = waiter.token if sent is None else None
+        line = tuple(sorted((*known.line, waiter), key=lambda w: w.ticket))
+        queue_in = max(known.queue_in, waiter.ticket)
+        self._row = dataclasses.replace(known, line=line, line_read=read, queue_in=queue_in)
+        return True
 
     def _forget_heir_gone(self) -> None:
         """The waiter of this process we were told of has stopped waiting (it gave up, or was
@@ -501,7 +502,7 @@ class Held:
                 return None
             self._forget_heir_gone()
             try:
-                heirs, queue_out, self._row, line = handover.heirs_of(self._row)
+                heirs, queue_out, self._row, line = handover.heirs_of(self._row, self.token)
             except SemaphoreUnavailable:
                 # The queue could not be read (throttled still after the retries): a plain
                 # release follows, and the first waiter takes the lock at its next look.
@@ -750,16 +751,16 @@ def _push_first_quietly(resource: str, item: records.LockItem) -> None:
         )
 
 
-def queued_behind(row: records.LockItem, waiter: records.Waiter) -> None:
+def queued_behind(row: records.LockItem, waiter: records.Waiter) -> bool:
     """A waiter of this process joined the queue of ``row`` (as its ticket left it) behind
     one exclusive holder: that holder is told (:meth:`Held.heard_of`) if it is a hold of
     this process, or one this process handed the lock to (``push.tell_holder``). A reader
     waits to be let in with the readers after it."""
     if waiter.shared or len(row.holders) != 1:
-        return
+        return False
     if not push.listening(waiter.token):
-        return  # it could not tell the holder, or give back a hand-over, when it left
-    push.tell_holder(row.resource, next(iter(row.holders)), row, waiter)
+        return False  # it could not tell the holder, or give back a hand-over, when it left
+    return push.tell_holder(row.resource, next(iter(row.holders)), row, waiter)
 
 
 def give_back_unused(held: Held) -> None:

@@ -664,6 +664,13 @@ def after_release(
     tell_holder(resource, heir, row, waiter, sent)
 
 
+def words_after(token: str) -> list[records.Waiter]:
+    """The waiters whose words came for our hold ``token`` after it began to end, not yet
+    passed on (:func:`after_release`): its hand-over may still be choosing its heirs."""
+    with _words_lock:
+        return [waiter for _, _, waiter, _ in _late.get(token, ())]
+
+
 def tell_holder(
     resource: str,
     holder: str,
@@ -673,14 +680,14 @@ def tell_holder(
     *,
     local: bool | None = None,
     hops: int = 0,
-) -> None:
+) -> bool:
     """Tell the hold ``holder`` of ``resource`` that ``waiter`` queued behind it (``row``: as
     its ticket left it), as of ``sent`` (monotonic; None: now, by a waiter of this very
     process). Heard here if the hold is ours (``local``: a hold of ours may hear it without
     a datagram, by default unless tests turn :data:`IN_PROCESS` off) or about to be (a waiter
     of ours, waking up from its push); passed on to its heir if it handed over here; sent by
     datagram if this process handed it the lock (:func:`tell`). Else dropped: its release
-    reads the queue."""
+    reads the queue. False if dropped here (or the datagram could not be sent)."""
     local = IN_PROCESS if local is None else local
     when = clock.monotonic() if sent is None else sent
     for _ in range(WORD_HOPS):
@@ -693,16 +700,15 @@ def tell_holder(
                 if len(_early) >= MAX_WORDS:
                     _early.clear()
                 _early.setdefault(holder, []).append((resource, row, waiter, when))
-                return
+                return True
         if held is not None:
-            if held.resource == resource:
-                held.heard_of(row, waiter, sent=sent)
-            return
+            return held.resource == resource and bool(held.heard_of(row, waiter, sent=sent))
         if heir is None or heir == holder:
             if to == holder and hops < WORD_HOPS:
-                tell(address, resource, holder, row, waiter, sent=when, hops=hops + 1)
-            return
+                return tell(address, resource, holder, row, waiter, sent=when, hops=hops + 1)
+            return False
         holder, sent = heir, when
+    return False
 
 
 def holding(held: Any) -> None:

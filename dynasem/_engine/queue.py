@@ -49,6 +49,12 @@ PUSH_PATIENCE = 0.5
 # the lock by push measured it (their wait over the turns ahead of them): a pushed waiter's
 # fallback look is due only when its turn is surely overdue by that measure.
 turn_seconds: dict[str, float] = {}
+# A waiter that told the holder it queued (hold.queued_behind) puts its entry item only if it
+# still waits this long after (seconds): the holder hands over from the words it heard, and a
+# turn that comes sooner costs no entry at all. The entry is for everyone else: a holder
+# that dies, or did not hear the word, or waiters reading the queue. Well within JOIN_GRACE,
+# which a consistent read of the queue waits for a missing entry before it passes the ticket.
+ENTRY_DEFER = 0.25
 # Tries of a write that joins a queue while it fails in transit (a backoff between them).
 ENQUEUE_TRIES = 8
 MAX_REMEMBERED = 4096
@@ -219,6 +225,9 @@ class Pace:
         self.push_cap: float | None = None
         # Look again by then at the latest (monotonic): a write-off of dead readers is due.
         self.look_by: float | None = None
+        # Our entry, not written yet (the holder heard of us), and when it is due (monotonic).
+        self.unwritten: records.Waiter | None = None
+        self.entry_due = 0.0
 
     def answered(self, seconds: float) -> None:
         self.rtt = (3 * self.rtt + min(seconds, 0.5)) / 4
@@ -474,6 +483,8 @@ def wait_in_queue(
     done, item = yield from _wait_for_turn(run, resource, seen, pace)
     if done:
         return item
+    if (yield from _entry_due(run, resource, pace)):
+        return seen
     return (yield from _look(run, resource, seen, pace))
 
 
@@ -494,6 +505,7 @@ def join_queue(
     # our entry can be read.
     address = push.expect(resource, run.token, lease=run.lease, skew=run.skew, now_ms=clock.now_ms)
     pace.enqueued = True  # from now on, giving up means leaving the queue
+    pace.unwritten = None
     queue_id = seen.queue_id if seen is not None and seen.queue_id else clock.new_fence(0)
     ticket = lock_writes.take_ticket(resource, queue_id, if_busy_ms=if_busy_ms)
     try:
@@ -523,16 +535,39 @@ def join_queue(
         token=run.token,
         since_ms=clock.now_ms(),
     )
-    # A put is idempotent: the same again, if it failed.
-    put = functools.partial(queue_entries.put_entry, resource, pace.queue_id, waiter)
-    yield from _enqueue(run, put, resource, (pace.queue_id, after.queue_in))
-    hold.queued_behind(after, waiter)
+    deferrable = run.sem.mode == Mode.EXCLUSIVE and ENTRY_DEFER < run.lease / 2
+    if hold.queued_behind(after, waiter) and deferrable:
+        # The holder heard of us and hands over from what it heard: our entry is put only if
+        # we still wait ENTRY_DEFER from now (for a holder that dies, or a word lost).
+        pace.unwritten = waiter
+        pace.entry_due = clock.monotonic() + ENTRY_DEFER
+    else:
+        yield from put_entry(run, resource, pace, waiter)
     if len(queued_recently) >= MAX_REMEMBERED:
         queued_recently.clear()
         pushed_recently.clear()
         turn_seconds.clear()
     queued_recently[resource] = clock.monotonic()
     return after
+
+
+def put_entry(run: Attempt, resource: str, pace: Pace, waiter: records.Waiter) -> Steps[None]:
+    """Write our queue entry (a put is idempotent: the same again, if it failed)."""
+    pace.unwritten = None
+    put = functools.partial(queue_entries.put_entry, resource, pace.queue_id, waiter)
+    yield from _enqueue(run, put, resource, (pace.queue_id, waiter.ticket))
+
+
+def _entry_due(run: Attempt, resource: str, pace: Pace) -> Steps[bool]:
+    """Put our entry if it is due (see ENTRY_DEFER): True if it was."""
+    waiter = pace.unwritten
+    if waiter is None or clock.monotonic() < pace.entry_due:
+        return False
+    pace.entry_ms = clock.now_ms() + int(run.lease * 1000)
+    expires = dataclasses.replace(waiter, expires_ms=pace.entry_ms)
+    yield from put_entry(run, resource, pace, expires)
+    pace.state = None  # not a look that found nothing moved
+    return True
 
 
 def found_busy(resource: str, blocked: Mapping[str, Blocking], skew: float) -> None:
@@ -578,6 +613,8 @@ def _nap(run: Attempt, resource: str, seen: records.LockItem | None, pace: Pace)
     nap = min(nap, max(0.001, (pace.entry_ms - now) / 1000 - run.lease / 4))
     if pace.look_by is not None:  # a write-off falls due then (readers.write_off_at)
         nap = min(nap, max(0.001, pace.look_by - clock.monotonic()))
+    if pace.unwritten is not None:  # our entry is put then (ENTRY_DEFER)
+        nap = min(nap, max(0.001, pace.entry_due - clock.monotonic()))
     imminent = room > ahead_count(seen, pace.ticket, stale)
     recently = clock.monotonic() - pushed_recently.get(resource, -math.inf) < GUESS_BUSY_FOR
     if pushed and not imminent and not run.sem.shared and recently:
@@ -663,7 +700,8 @@ def _look(
     row (:func:`patient_read`: a throttled read is no news) before the wait's end."""
     lease = run.lease
     ticket = pace.ticket
-    if ticket is not None and pace.entry_ms - clock.now_ms() < lease * 500:
+    due = pace.entry_ms - clock.now_ms() < lease * 500 and pace.unwritten is None
+    if ticket is not None and due:  # (an entry not put yet is put, not renewed: _entry_due)
         renew_to = clock.now_ms() + int(lease * 1000)
         try:
             yield Request(

@@ -349,11 +349,13 @@ def renew_waiter(resource: str, queue_id: int, ticket: int, expires_ms: int) -> 
     return update_action(resource, sk, update, condition, {}, values)
 
 
-def mark_left(resource: str, queue_id: int, ticket: int) -> dict[str, Any]:
+def mark_left(resource: str, queue_id: int, ticket: int, now_ms: int) -> dict[str, Any]:
     """A waiter leaves the queue: its entry's lease end becomes 0 (dead to every reader, and
-    passed without a wait, unlike a missing entry); conditional on the entry being there."""
-    sk = records.entry_sk(queue_id, ticket)
-    return update_action(resource, sk, "SET #e = :gone", "attribute_exists(#e)", {}, {":gone": 0})
+    passed without a wait, unlike a missing entry). An entry not put yet (the waiter told the
+    holder instead, queue.ENTRY_DEFER) is put dead, with a TTL a bucket from now."""
+    update = "SET #e = :gone, #t = :t, #exp = if_not_exists(#exp, :exp)"
+    values = {":gone": 0, ":t": ticket, ":exp": records.ttl_of(now_ms)}
+    return update_action(resource, records.entry_sk(queue_id, ticket), update, "", {}, values)
 
 
 def force_release(resource: str, token: str) -> dict[str, Any]:

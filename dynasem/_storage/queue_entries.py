@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from .. import _clock as clock
@@ -26,10 +27,7 @@ def drop_entry(resource: str, queue_id: int, ticket: int) -> None:
     delete: a ticket with no entry may be a waiter whose entry is still on its way, which
     nobody passes at once (:data:`JOIN_GRACE`); a dead entry is passed without a wait. The
     same unit as a delete; the entry goes with its TTL as a served one does."""
-    try:
-        lock_rows.update(lock_writes.mark_left(resource, queue_id, ticket))
-    except dynamodb.Refused:
-        pass  # no entry (its TTL came after a long stall): nothing to mark
+    lock_rows.update(lock_writes.mark_left(resource, queue_id, ticket, clock.now_ms()))
 
 
 # After leaving the queue while another holds, how long until we look again whether a
@@ -89,7 +87,13 @@ def queue_entries(item: LockItem, most: int | None = None) -> list[Waiter]:
     return found
 
 
-def load_entries(item: LockItem, upto: int | None = None, *, consistent: bool = True) -> LockItem:
+def load_entries(
+    item: LockItem,
+    upto: int | None = None,
+    *,
+    consistent: bool = True,
+    known: Callable[[], Iterable[Waiter]] | None = None,
+) -> LockItem:
     """``item`` with the entry items of its queue read, from ``qout`` + 1 up to ``upto``
     (default: ``qin``), page by page until the first live one (a lease end at or after now):
     the waiters before it are dead or gone, and whoever decides from it needs to know no
@@ -103,13 +107,19 @@ def load_entries(item: LockItem, upto: int | None = None, *, consistent: bool = 
     whoever decides from a read taken between them would pass it (serve a later ticket
     first). A ticket still missing then is passed: its waiter died between the two writes,
     or its entry ran out long ago and TTL took it (a waiter that leaves marks its entry dead
-    instead, :func:`drop_entry`)."""
+    instead, :func:`drop_entry`).
+
+    ``known``: the waiters a holder heard of by their word (asked again at each read): each
+    stands in for its entry where the read found none, as a waiter that told the holder puts
+    its entry only if it is still waiting a while later (``queue.ENTRY_DEFER``)."""
     upto = item.queue_in if upto is None else upto
     if upto <= item.queue_out:
         return dataclasses.replace(item, entries=(), entries_to=upto)
     pause, until = JOIN_PAUSE, None
     while True:
         read = _read_entries(item, upto, consistent)
+        if known is not None:
+            read = _with_known(read, known())
         wait = _young_gap(read) if consistent else 0.0
         now = clock.monotonic()
         until = now + wait if until is None else until  # no longer than its first read says
@@ -146,6 +156,20 @@ def _read_entries(item: LockItem, upto: int, consistent: bool) -> LockItem:
             break
     covered = found[-1].ticket if start else upto
     return dataclasses.replace(item, entries=tuple(found), entries_to=covered)
+
+
+def _with_known(read: LockItem, known: Iterable[Waiter]) -> LockItem:
+    """``read`` with the ``known`` waiters whose tickets it covers and found no entry for."""
+    there = {w.ticket for w in read.entries or ()}
+    more = {
+        w.ticket: w
+        for w in known
+        if read.queue_out < w.ticket <= read.entries_to and w.ticket not in there
+    }
+    if not more:
+        return read
+    entries = sorted((*(read.entries or ()), *more.values()), key=lambda w: w.ticket)
+    return dataclasses.replace(read, entries=tuple(entries))
 
 
 def _young_gap(read: LockItem) -> float:

@@ -502,11 +502,11 @@ def test_a_hand_over_to_a_waiter_that_left_is_handed_on_at_once(lock_table, monk
     assert isinstance(out["quit"], SemaphoreBusy) and len(queue_of(resource)) == 1
     load = queue_entries.load_entries
 
-    def stale(item, upto=None, *, consistent=True):
+    def stale(item, upto=None, *, consistent=True, known=None):
         if not consistent and not out.get("stale"):
             out["stale"] = True  # the release's read only
             return before
-        return load(item, upto, consistent=consistent)
+        return load(item, upto, consistent=consistent, known=known)
 
     monkeypatch.setattr(queue_entries, "load_entries", stale)
     released = time.monotonic()

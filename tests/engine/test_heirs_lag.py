@@ -166,11 +166,11 @@ def test_a_stale_read_of_the_line_does_not_idle_the_lock_for_a_lease(
     load = queue_entries.load_entries
     served: list[bool] = []
 
-    def stale(item: Any, upto: Any = None, *, consistent: bool = True) -> Any:
+    def stale(item: Any, upto: Any = None, *, consistent: bool = True, known: Any = None) -> Any:
         if not consistent and not served:
             served.append(True)  # the release's read only
             return before
-        return load(item, upto, consistent=consistent)
+        return load(item, upto, consistent=consistent, known=known)
 
     monkeypatch.setattr(queue_entries, "load_entries", stale)
     watch = Watch(resource)

@@ -17,7 +17,7 @@ from django.test import override_settings
 
 from dynasem import SemaphoreBusy, semaphore
 from dynasem import _clock as clock
-from dynasem._engine import hold
+from dynasem._engine import hold, queue
 from dynasem._engine import push as wakeup
 from dynasem._engine.hold import WAKE_AFTER
 from dynasem._engine.queue import Pace
@@ -128,6 +128,107 @@ def test_a_waiter_of_the_holders_own_process_is_handed_the_lock_in_one_write(
     # waiter may have looked at the row once since it queued.)
     assert requests_sent.calls["UpdateItem"] == 2 and requests_sent.calls["Query"] == 0
     assert row.get("holders") == {}
+
+
+def _telling(monkeypatch) -> threading.Event:
+    """Set once a waiter has told the holder it queued (or found it could not)."""
+    told = threading.Event()
+    queued_behind = hold.queued_behind
+
+    def telling(row, waiter):
+        heard = queued_behind(row, waiter)
+        told.set()
+        return heard
+
+    monkeypatch.setattr(hold, "queued_behind", telling)
+    return told
+
+
+@pytest.mark.kind_engine_only("counts the requests of a hand-over")
+@pytest.mark.parametrize("defer", [3.0, 0.0], ids=["deferred", "not-deferred"])
+def test_a_waiter_that_told_the_holder_puts_no_entry_if_its_turn_comes_first(
+    lock_table, requests_sent, defer, monkeypatch
+):
+    # A turn within ENTRY_DEFER of the join costs no entry item: the ticket and the
+    # hand-over are the contended acquisition's two writes. (Not deferred: one put more.)
+    monkeypatch.setattr(Pace, "turn_in", lambda *a, **k: 20.0)
+    monkeypatch.setattr(queue, "ENTRY_DEFER", defer)
+    told = _telling(monkeypatch)
+    holder = semaphore("deploy:soon").acquire()
+    requests_sent.reset()
+    out: dict = {}
+    thread = waiter_thread("deploy:soon", out, wait=30)
+    assert told.wait(10)
+    if not defer:
+        wait_until_queued("deploy:soon")  # (a Query of the test's own)
+    queries = requests_sent.calls["Query"]
+    holder.release()
+    thread.join(10)
+    assert "error" not in out and out["fence"] > holder.fence
+    assert requests_sent.calls["PutItem"] == (0 if defer else 1)
+    assert requests_sent.calls["Query"] == queries  # handed over from the word
+
+
+@pytest.mark.kind_engine_only("times when the entry item appears")
+def test_a_waiter_that_told_the_holder_puts_its_entry_once_it_has_waited_a_while(
+    lock_table, monkeypatch
+):
+    monkeypatch.setattr(queue, "ENTRY_DEFER", 0.3)
+    holder = semaphore("deploy:later").acquire()
+    out: dict = {}
+    started = time.monotonic()
+    thread = waiter_thread("deploy:later", out, wait=30, user="waiter")
+    (entry,) = wait_until_queued("deploy:later").values()
+    # Not before ENTRY_DEFER from its join: the holder heard of it by its word till then.
+    assert time.monotonic() - started >= 0.3
+    assert entry.user_id == "waiter" and entry.address
+    holder.release()
+    thread.join(10)
+    assert "error" not in out and out["fence"] > holder.fence
+
+
+@pytest.mark.kind_engine_only("counts the requests of a hand-over")
+def test_a_release_that_reads_the_queue_takes_the_words_for_entries_not_put_yet(
+    lock_table, requests_sent, monkeypatch
+):
+    from dynasem._engine import handover
+    from dynasem._storage import queue_entries
+
+    # The line the word started is never fresh enough, so the release reads the queue; the
+    # waiter's entry is not there (it would be put only after ENTRY_DEFER). The word stands
+    # in for it: handed over at once, not after the wait for a missing entry (JOIN_GRACE).
+    monkeypatch.setattr(Pace, "turn_in", lambda *a, **k: 20.0)
+    monkeypatch.setattr(handover, "LINE_FRESH", -1.0)
+    monkeypatch.setattr(queue, "ENTRY_DEFER", 3.0)  # < LEASE / 2
+    told = _telling(monkeypatch)
+    holder = semaphore("deploy:words").acquire()
+    out: dict = {}
+    thread = waiter_thread("deploy:words", out, wait=30)
+    assert told.wait(10)
+    requests_sent.reset()
+    released = time.monotonic()
+    holder.release()
+    thread.join(10)
+    assert "error" not in out and out["fence"] > holder.fence
+    assert out["acquired"] - released < queue_entries.JOIN_GRACE
+    assert requests_sent.calls["Query"] >= 1 and requests_sent.calls["PutItem"] == 0
+
+
+def test_a_waiter_that_leaves_before_its_entry_was_put_leaves_a_dead_one(lock_table, monkeypatch):
+    from dynasem._storage import queue_entries
+
+    monkeypatch.setattr(queue, "ENTRY_DEFER", 3.0)  # < LEASE / 2
+    holder = semaphore("deploy:left").acquire()
+    out: dict = {}
+    waiter_thread("deploy:left", out, wait=0.2).join(10)  # a thread: not a nested acquire
+    assert isinstance(out.get("error"), SemaphoreBusy)
+    row = lock_rows.get("deploy:left")
+    assert row is not None
+    (entry,) = queue_entries.queue_entries(row)
+    assert entry.ticket == row.queue_in and entry.expires_ms == 0  # passed without a wait
+    holder.release()
+    row = lock_rows.get("deploy:left")
+    assert row is not None and row.holders == {} and row.fence == holder.fence  # no hand-over
 
 
 @pytest.mark.kind_engine_only("counts the requests of a hand-over")

@@ -361,11 +361,11 @@ def test_a_release_that_outlives_the_lease_it_began_in_is_no_lost_hold(lock_tabl
     real = handover.heirs_of
     newcomer: list[object] = []
 
-    def slow_read(row):
+    def slow_read(row, token=""):
         if row is not None and row.waiting and not newcomer:
             outlast(held)  # the queue's read outlasts our trust
             newcomer.append(semaphore("outlived", wait=10).acquire())  # takes over, expired
-        return real(row)
+        return real(row, token)
 
     monkeypatch.setattr(handover, "heirs_of", slow_read)
     with losses_signalled() as lost:
