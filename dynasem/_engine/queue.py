@@ -613,14 +613,14 @@ def _nap(run: Attempt, resource: str, seen: records.LockItem | None, pace: Pace)
     nap = min(nap, max(0.001, (pace.entry_ms - now) / 1000 - run.lease / 4))
     if pace.look_by is not None:  # a write-off falls due then (readers.write_off_at)
         nap = min(nap, max(0.001, pace.look_by - clock.monotonic()))
-    if pace.unwritten is not None:  # our entry is put then (ENTRY_DEFER)
-        nap = min(nap, max(0.001, pace.entry_due - clock.monotonic()))
     imminent = room > ahead_count(seen, pace.ticket, stale)
     recently = clock.monotonic() - pushed_recently.get(resource, -math.inf) < GUESS_BUSY_FOR
     if pushed and not imminent and not run.sem.shared and recently:
         # Hand-overs of this resource reached us by push lately: a read before the
         # next one would most likely find nothing new. Look only as a fallback.
         nap = max(nap, min(PUSH_PATIENCE, pace.until_free, remaining))
+    if pace.unwritten is not None:  # our entry is put then (ENTRY_DEFER), pushed or not
+        nap = min(nap, max(0.001, pace.entry_due - clock.monotonic()))
     return nap
 
 
