@@ -19,7 +19,9 @@
   from the database, or its lease end within ``2 * CLOCK_SKEW + SLACK_ORDER`` of the true
   time, or it came that close to lapsing at any renewal, or its process died, left the
   wait, or queued again since. A live waiter passed over by a hand-over or a take is a
-  violation.
+  violation. A waiter that told the holder it queued puts its entry only later
+  (``queue.ENTRY_DEFER``): passing its ticket with no entry while it lives and waits, sooner
+  than ``JOIN_GRACE / 2`` after its word, is a violation too.
 * **Liveness**, once the fault window is over: a resource is never idle (nobody inside) for
   longer than ``lease + 2 * CLOCK_SKEW + SLACK`` while a live process waits for it; the run
   ends with every live workload done.
@@ -32,6 +34,7 @@ from typing import Any
 
 from dynasem._engine.hold import TAKEN_OVER
 from dynasem._storage import reader_items, records
+from dynasem._storage.queue_entries import JOIN_GRACE  # as released (a mutation changes it)
 from dynasem._storage.records import Mode
 
 SLACK = 3.0  # seconds: a waiter's paced look (at most a second) and a few round trips
@@ -75,6 +78,8 @@ class Monitor:
         self.entries_seen: dict[tuple[str, str], tuple[int, bool]] = {}
         self.latest_entry: dict[tuple[str, str], str] = {}
         self.entry_put: dict[tuple[str, str], float] = {}
+        # Waiters whose word a holder took, by (resource, entry sk): their process, and when.
+        self.words: dict[tuple[str, str], tuple[Any, float]] = {}
 
     def fail(self, message: str) -> None:
         said = f"t={self.sim.clock_label()} {message}"
@@ -210,6 +215,29 @@ class Monitor:
         if waiter.proc is not None:
             self.latest_entry[(resource, waiter.proc)] = sk
 
+    def told(self, resource: str, sk: str, proc: Any) -> None:
+        """``proc``'s waiter, queued at ``sk``, told the holder (its entry may come later)."""
+        self.words[(resource, sk)] = (proc, self.sim.sched.now)
+
+    def _check_passed_unput(self, resource: str, row: records.LockItem, sk: str) -> None:
+        """``row`` passed a ticket with no entry at all. Fine for a waiter that never told
+        the holder (its process died or stalled between its two writes, or a lost answer
+        drew the ticket), or long after its word: nobody passes a missing ticket before it
+        has been missing JOIN_GRACE, and a waiter that told the holder puts its entry well
+        within that (queue.ENTRY_DEFER). Within JOIN_GRACE / 2 of the word, while its process
+        lives and waits, it is a violation."""
+        word = self.words.get((resource, sk))
+        if word is None or self.sim.sched.now - word[1] >= JOIN_GRACE / 2:
+            return
+        proc = word[0]
+        if proc.dead or proc not in self.waiting.get(resource, set()):
+            return
+        self.fail(
+            f"order: {resource!r}'s turn moved to ticket {row.queue_out}, passing {sk} of "
+            f"{proc.name}, alive and waiting, {self.sim.sched.now - word[1]:.3f}s after it "
+            "told the holder, before its entry was put"
+        )
+
     def _well_ahead(self, expires_ms: int) -> bool:
         margin = 2 * self.skew + SLACK_ORDER
         return expires_ms / 1000 > self.sim.sched.now + margin
@@ -219,6 +247,7 @@ class Monitor:
         waiter is alive, waiting, and its entry was live beyond doubt all along."""
         item = self.sim.entry_now(resource, sk)
         if item is None:
+            self._check_passed_unput(resource, row, sk)
             return
         waiter = records.from_item(records.Waiter, item)
         if waiter.token in row.holders or not self._well_ahead(waiter.expires_ms):

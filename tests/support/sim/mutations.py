@@ -30,6 +30,9 @@ proves nothing about the real code. Each is a change a reviewer could miss:
 * ``renewal_trusted_from_answer``: a renewal's lease is trusted from when its answer came,
   not from when it left (hold.Held._renew_once);
 
+* ``no_join_grace``: a ticket with no entry item is passed at once, not after
+  ``queue_entries.JOIN_GRACE`` (a waiter that told the holder puts its entry 0.25 s later);
+
 and the faults fixed earlier, put back:
 
 * ``heard_hold_trusted`` (fixed by 7f8bc96, the stalled waiter): a hold we only heard of (a
@@ -251,6 +254,14 @@ def queued_plan_from_old_row(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(queue, "before_ticket", lambda seen, pace: False)
 
 
+def no_join_grace(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._storage import queue_entries
+
+    # A ticket with no entry is passed at once: a waiter whose entry is not put yet (it told
+    # the holder, queue.ENTRY_DEFER) is passed by whoever reads the queue without its word.
+    mp.setattr(queue_entries, "JOIN_GRACE", 0.0)
+
+
 MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     f.__name__: f
     for f in (
@@ -272,5 +283,6 @@ MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
         lost_handover_is_a_loss,
         release_before_commit,
         queued_plan_from_old_row,
+        no_join_grace,
     )
 }

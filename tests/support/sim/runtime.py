@@ -460,7 +460,7 @@ class Simulation:
         from django.test import override_settings
 
         from dynasem import _clock
-        from dynasem._engine import processes
+        from dynasem._engine import hold, processes
         from dynasem._observability import telemetry
         from dynasem._storage import dynamodb
         from dynasem._transactions import commit
@@ -479,6 +479,7 @@ class Simulation:
             (commit, "after_transaction", self.after_transaction),
             (commit, "pending_owners", self.pending_owners),
             (telemetry, "ON", False),
+            (hold, "queued_behind", self._heard(hold.queued_behind)),
         ):
             undo.append((target, name, getattr(target, name)))
             setattr(target, name, value)
@@ -496,6 +497,21 @@ class Simulation:
             self._mutated = pytest.MonkeyPatch()
             MUTATIONS[o.mutation](self._mutated)
         return undo
+
+    def _heard(self, queued_behind: Callable[..., bool]) -> Callable[..., bool]:
+        """``hold.queued_behind``, telling the monitor of each waiter whose word a holder
+        took (its entry may come only ``queue.ENTRY_DEFER`` later)."""
+
+        def told(row: Any, waiter: Any) -> bool:
+            from dynasem._storage import records
+
+            heard = queued_behind(row, waiter)
+            if heard:
+                sk = records.entry_sk(row.queue_id, waiter.ticket)
+                self.monitor.told(row.resource, sk, self.current())
+            return heard
+
+        return told
 
     def _uninstall(self, undo: list[tuple[Any, str, Any]]) -> None:
         self.state.restore()
