@@ -140,13 +140,14 @@ def release_terms(row: records.LockItem | None, skew: float) -> dict[str, Any]:
 
 def push_heirs(resource: str, heirs: Heirs, item: records.LockItem, line: Line = NO_LINE) -> None:
     """Push ``item``, the row a hand-over wrote, to each of its ``heirs`` that listens, with
-    the ``line`` after them while it is fresh."""
+    the ``line`` after them and its age. Older than LINE_FRESH it is not handed over from
+    without a read, but its words still stand in for entries not put yet."""
     sent_ms = clock.now_ms()
     age = clock.monotonic() - line.read
-    after = line.waiters if age <= LINE_FRESH else ()
     for token, waiter in heirs:
         if waiter.address:
-            push.push(waiter.address, resource, token, item, sent_ms=sent_ms, line=(after, age))
+            after = (line.waiters, age)
+            push.push(waiter.address, resource, token, item, sent_ms=sent_ms, line=after)
 
 
 def push_first(resource: str, item: records.LockItem, *, readers_only: bool) -> None:

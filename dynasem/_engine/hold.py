@@ -483,6 +483,12 @@ class Held:
 
     def _observe(self, item: records.LockItem | None) -> None:
         if item is not None:
+            known = self._row
+            if known is not None and known.line and not item.line:
+                # A newer row of the queue we heard of: the words still waiting stay ours.
+                same = known.queue_id == item.queue_id
+                line = tuple(w for w in known.line if same and w.ticket > item.queue_out)
+                item = dataclasses.replace(item, line=line, line_read=known.line_read)
             self._row = item
             if item.hold_ms is not None:
                 self._hold_avg = item.hold_ms

@@ -365,6 +365,8 @@ class _Listener:
         """A push for the waiter ``token`` that arrived (or was handed over in this process):
         to the waiter, if it may take it; else given back or dropped."""
         slot = self.slots.get(token)
+        if pushed.line:
+            _line_to_hold(token, resource, pushed)
         if slot is None or slot.resource != resource:
             return
         item = pushed.item
@@ -386,6 +388,19 @@ class _Listener:
         elif not slot.refused(item, pushed.sent_ms, "on arrival"):
             if not slot.deliver(pushed):
                 slot.stray(item)
+
+
+def _line_to_hold(token: str, resource: str, pushed: Push, held: Any = None) -> None:
+    """A hand-over's push that came after its heir took the hold on a look of its own: the
+    line it carries goes to that hold as words (waiters that told the releaser put their
+    entries only later: without it, the hold's release would wait for them)."""
+    if held is None:
+        with _words_lock:
+            held = holds.get(token)
+    if held is not None and held.resource == resource:
+        sent = pushed.arrived - pushed.line_age
+        for waiter in pushed.line:
+            held.heard_of(pushed.item, waiter, sent=sent)
 
 
 def depart(
@@ -720,6 +735,12 @@ def holding(held: Any) -> None:
     for resource, row, waiter, sent in words:
         if held.resource == resource:
             held.heard_of(row, waiter, sent=sent)
+    # A push that came while our own look made us the holder: its line is ours too.
+    listener = _listener
+    slot = listener.slots.get(held.token) if listener is not None else None
+    pushed = slot.push if slot is not None else None
+    if pushed is not None and pushed.line:
+        _line_to_hold(held.token, held.resource, pushed, held)
 
 
 def tell(

@@ -307,9 +307,10 @@ def test_a_hand_over_passes_the_line_on_and_the_next_hand_overs_read_nothing(
     monkeypatch.setattr(Pace, "turn_in", lambda *a, **k: 20.0)
     order = _chain("deploy:line", requests_sent, 3)
     assert order == ["w0", "w1", "w2"]  # first come, first served
-    # The first release read the line (one Query) and pushed it on with its hand-over; w0 and
-    # w1 handed over from it; w2 had nobody after it.
-    assert requests_sent.calls["Query"] == 1
+    # The holder heard each waiter's word (kept across its renewal) and handed over from
+    # that line, which it pushed on with its hand-over: w0 and w1 handed over from it; w2
+    # had nobody after it. Nobody read the queue.
+    assert requests_sent.calls["Query"] == 0
     assert requests_sent.calls["GetItem"] == 0
     assert (lock_rows.get_item("deploy:line") or {}).get("holders") == {}
 
@@ -362,6 +363,43 @@ def test_a_line_passed_on_is_not_trusted_once_it_is_old(lock_table, requests_sen
     assert order == ["w0", "w1", "w2"]
     # Each hand-over read the line itself: the holder's, w0's and w1's.
     assert requests_sent.calls["Query"] == 3
+
+
+@pytest.mark.kind_engine_only("times a chain of hand-overs")
+def test_a_line_too_old_to_hand_over_from_still_stands_in_for_entries_not_put(
+    lock_table, requests_sent, monkeypatch
+):
+    from dynasem._engine import handover
+    from dynasem._storage import queue_entries
+
+    # Every line is too old to hand over from without a read; the waiters told the holder
+    # and put no entries (they would come 3 s later). Each release reads the queue and
+    # takes the words of the line it was pushed, however old, for the missing entries.
+    monkeypatch.setattr(Pace, "turn_in", lambda *a, **k: 20.0)
+    monkeypatch.setattr(handover, "LINE_FRESH", 0.0)
+    monkeypatch.setattr(queue, "ENTRY_DEFER", 3.0)  # < LEASE / 2
+    told = _telling(monkeypatch)
+    holder = semaphore("deploy:old-words").acquire()
+    order: list[str] = []
+    threads = []
+    for i in range(3):
+
+        def run(name: str = f"w{i}") -> None:
+            with semaphore("deploy:old-words", wait=30):
+                order.append(name)
+
+        told.clear()
+        threads.append(threading.Thread(target=run))
+        threads[-1].start()
+        assert told.wait(10)
+    requests_sent.reset()
+    released = time.monotonic()
+    holder.release()
+    for thread in threads:
+        thread.join(10)
+    assert order == ["w0", "w1", "w2"]
+    assert time.monotonic() - released < queue_entries.JOIN_GRACE  # no wait for an entry
+    assert requests_sent.calls["PutItem"] == 0 and requests_sent.calls["Query"] == 3
 
 
 def test_a_lost_push_costs_a_read_not_the_lock(lock_table, monkeypatch):
