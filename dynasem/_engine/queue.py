@@ -566,7 +566,7 @@ def _entry_due(run: Attempt, resource: str, pace: Pace) -> Steps[bool]:
     pace.entry_ms = clock.now_ms() + int(run.lease * 1000)
     expires = dataclasses.replace(waiter, expires_ms=pace.entry_ms)
     yield from put_entry(run, resource, pace, expires)
-    pace.state = None  # not a look that found nothing moved
+    pace.early = max(0, pace.early - 1)  # not a look: the next nap's count stays as it was
     return True
 
 
