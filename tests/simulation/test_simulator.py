@@ -221,8 +221,8 @@ FOUND = [
     (
         "heard_hold_trusted",
         {"faults": "pauses", **SMALL},
-        range(5, 6),
-    ),  # seed 5 (16 of 30 find it; 3 before the gap wait)
+        range(1, 2),
+    ),  # seed 1 (seed 5 until the deferred entries' look pacing, 162edc8; 3 before the gap wait)
     ("release_before_commit", {"mix": "commits", "faults": "light", **SMALL}, range(1, 3)),  # 1
     # And a queued waiter planning its take from a row older than its ticket (an eventually
     # consistent look): it takes the lock past the live waiters ahead (the order check).
@@ -239,8 +239,9 @@ FOUND = [
     ),  # seed 70 (4 before the gap wait; 1 of seeds 1-100 finds it now)
     # A ticket with no entry passed at once (no wait of JOIN_GRACE for its entry): a waiter
     # that told the holder, its entry not put yet (queue.ENTRY_DEFER), is passed by a taker
-    # that read the queue without its word (the order check's words).
-    ("no_join_grace", {"faults": "pauses", **WIDE}, range(3, 4)),  # seed 3 (4 of seeds 1-100)
+    # that read the queue without its word (the order check's words). Seed 27: 2 of 1-100
+    # (seed 3 until the deferred entries' look pacing moved the schedules, 162edc8).
+    ("no_join_grace", {"faults": "pauses", **WIDE}, range(27, 28)),
     # And the lost hand-over answer (60bb716): a host's answers lost for up to 50 s (every
     # attempt of a hand-over applied or refused unanswered), its answers back before the plain
     # release, within dynasem's default 60 s lease.
