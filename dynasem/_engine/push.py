@@ -646,7 +646,13 @@ def push(
     if len(body) + 32 > MAX_DATAGRAM and "q" in message:
         del message["q"], message["qa"]  # the hand-over without the line: the heir reads it
         body = json.dumps(message, separators=(",", ":")).encode()
-    return _send(body, *where)
+    if not _send(body, *where):
+        return False
+    # Let the heir's process run now: the datagram woke its listener thread, which the
+    # kernel tends to queue on this very CPU, behind whatever this thread does next (on a
+    # busy machine ~1 ms before the heir learns it holds, while the lock stands idle).
+    _yield_cpu()
+    return True
 
 
 def handed(resource: str, releaser: str, heir: str, address: str | None) -> None:
@@ -780,6 +786,9 @@ def _where(address: Any) -> tuple[tuple[str, int], bytes] | None:
     target = reachable(address)
     keys = _keys()
     return None if target is None or not keys else (target, keys[0])
+
+
+_yield_cpu = getattr(os, "sched_yield", lambda: time.sleep(0))
 
 
 def _send(body: bytes, target: tuple[str, int], key: bytes) -> bool:

@@ -590,6 +590,28 @@ def test_a_hand_over_push_carries_the_line_and_its_age_unless_it_would_not_fit(
     wakeup.forget(token)
 
 
+def test_a_releaser_gives_its_cpu_to_the_heir_once_the_datagram_is_sent(lock_table, monkeypatch):
+    """The datagram wakes the heir's listener, which the kernel tends to queue behind the
+    releaser on its CPU: the releaser yields at once (only after a datagram went out)."""
+    monkeypatch.setattr(wakeup, "IN_PROCESS", False)
+    yielded: list[int] = []
+    monkeypatch.setattr(wakeup, "_yield_cpu", lambda: yielded.append(len(yielded)))
+    token = "t-yield"
+    target = _listening_slot("deploy:push", token)
+    now = clock.now_ms()
+    message = _hand_over(token, e_ms=now + 10_000, fence=7, sent_ms=now, table_name=lock_table)
+    item = records.lock_item(message["i"])
+    address = f"{wakeup.HOST_ID}@{target[0]}:{target[1]}"
+    assert wakeup.push(address, "deploy:push", token, item, sent_ms=now)
+    assert yielded == [0]
+    pushed = wakeup.wait(token, 5, fence_above=6)
+    wakeup.forget(token)
+    assert pushed is not None and pushed.item.holders[token].fence == 7
+    monkeypatch.setattr(wakeup, "_send", lambda *args: False)  # nothing went out
+    assert not wakeup.push(address, "deploy:push", token, item, sent_ms=now)
+    assert yielded == [0]
+
+
 def test_of_two_pushes_waiting_the_later_state_is_taken_whatever_came_last(lock_table):
     """Two holders release at once and both push the first waiter; the push of the older
     state arrives second. The waiter must see the newer state (fence 9), not the older."""
