@@ -19,6 +19,11 @@ python-dynamodb-lock ``acquire_lock(resource, retry_period=P, retry_timeout=60 s
 over two hosts: network namespaces on one bridge (tests/support/netns.py), DynamoDB at the
 bridge's gateway, hand-overs pushed over UDP between the hosts' addresses.
 
+After the processes' runs, and after the hosts', the floor of a hand-over between processes in
+this run (no lock library): the same workers pass a lock round a ring, each hand-over
+dynasem's hand-over write sent by the bare client after the hold, then a datagram to the next
+worker; its handoff is the next worker's datagram received - the hold's end.
+
 Reported per run:
 
 * acquisitions/s = processes x rounds / wall, wall = first acquire called .. last release
@@ -86,6 +91,7 @@ def worker(cfg: dict[str, Any], idx: int, jobs: Any, barrier: Any, out: Any) -> 
     except BaseException:
         out.put(("error", idx, traceback.format_exc()))
         return
+    ring: dict[str, Any] = {}  # this worker's part in the cross-process floor (ring_part)
 
     while True:
         job = jobs.get()
@@ -93,6 +99,9 @@ def worker(cfg: dict[str, Any], idx: int, jobs: Any, barrier: Any, out: Any) -> 
             break
         try:
             kind, res, rounds, hold = job["kind"], job["resource"], job["rounds"], job["hold"]
+            if kind in ("ring-bind", "ring"):
+                out.put(("done", idx, ring_part(job, idx, barrier, ring)))
+                continue
             counter = peer_counter if kind == "peer" else dyn_counter
             if kind == "peer":
                 retry = timedelta(milliseconds=job["retry_ms"])
@@ -206,6 +215,104 @@ async def async_lanes(
     return contenders
 
 
+def ring_part(job: dict[str, Any], idx: int, barrier: Any, ring: dict[str, Any]) -> Any:
+    """This worker's part in the cross-process floor (:func:`cross_process_floor`).
+
+    ``ring-bind``: a UDP socket of its own (at the host's address on hosts), its address the
+    answer. ``ring``: the lock goes round the workers ``rounds`` times: the worker whose turn
+    it is holds ``hold`` seconds, sends dynasem's hand-over write by the bare client (no lock
+    engine: the write and nothing else) and sends the next worker a datagram; the answer is
+    its stamps (hand-over number, datagram received, hold's end)."""
+    import socket
+
+    from dynasem._storage import dynamodb
+
+    if job["kind"] == "ring-bind":
+        sock = ring["sock"] = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.bind((os.environ.get("DYNASEM_TEST_PUSH", "127.0.0.1"), 0))
+        return sock.getsockname()
+    sock, peers, n = ring["sock"], job["peers"], len(job["peers"])
+    client, table, resource = dynamodb.get_client(), job["table"], job["resource"]
+    sock.settimeout(60)
+    stamps = []
+    barrier.wait()
+    i = idx
+    while i < job["rounds"] * n:
+        if i:
+            data, _ = sock.recvfrom(64)
+            i = int(data)
+        t_recv = time.monotonic()
+        time.sleep(job["hold"])
+        t_end = time.monotonic()
+        send_hand_over(client, table, resource, i, job["fence"])
+        sock.sendto(str(i + 1).encode(), tuple(peers[(i + 1) % n]))
+        stamps.append((i, t_recv, t_end))
+        i += n
+    return stamps
+
+
+def probe_row(client: Any, table_name: str, resource: str) -> int:
+    """A held row with an empty queue, as a row that had waiters has, for
+    :func:`send_hand_over` to hand on from ``t0``; the fence to count from."""
+    from dynasem import _clock as clock
+    from dynasem._storage import lock_writes, records
+    from dynasem._storage.records import Mode
+
+    now, fence = clock.now_ms(), clock.new_fence(0)
+    entry = lock_writes.holder_entry("bench", now + 60_000, fence, now, False)
+    first = lock_writes.take_free(
+        resource, "t0", entry, mode=Mode.EXCLUSIVE, limit=1, stale_ms=now - 1
+    )
+    client.update_item(TableName=table_name, **first)
+    client.update_item(
+        TableName=table_name,
+        Key=records.key(resource, records.LOCK_SK),
+        UpdateExpression="SET qout = :zero",
+        ExpressionAttributeValues={":zero": {"N": "0"}},
+    )
+    return fence
+
+
+def send_hand_over(client: Any, table_name: str, resource: str, i: int, fence: int) -> float:
+    """dynasem's own hand-over write (``lock_writes.hand_over``: the holder entry replaced,
+    fence, lease, queue) from ``t{i}`` to ``t{i + 1}``, sent by the bare client; its latency."""
+    from dynasem import _clock as clock
+    from dynasem._storage import lock_writes
+
+    now = clock.now_ms()
+    entry = lock_writes.holder_entry("bench", now + 60_000, fence + i + 1, now, False)
+    write = lock_writes.hand_over(
+        resource, f"t{i}", [(f"t{i + 1}", i + 1, entry)], hold_ms=10, queue_out=i
+    )
+    start = time.perf_counter()
+    client.update_item(TableName=table_name, ReturnValues="ALL_NEW", **write)
+    return time.perf_counter() - start
+
+
+def cross_process_floor(
+    job_queues: list[Any], out: Any, table_name: str, label: str, args: Any
+) -> dict[str, float]:
+    """What a hand-over between processes costs with no lock library: the workers pass the
+    lock round a ring (see :func:`ring_part`), each hand-over dynasem's write sent by the bare
+    client and a datagram to the next. Its handoff p50 and mean (the next worker's datagram
+    received - the hold's end), as dynasem's rows measure theirs."""
+    from dynasem._storage import dynamodb
+
+    n = len(job_queues)
+    for q in job_queues:
+        q.put({"kind": "ring-bind", "resource": "", "rounds": 0, "hold": 0})
+    peers = common.collect(out, n, "ring sockets " + label, 60)
+    resource = common.new_name("ring")
+    fence = probe_row(dynamodb.get_client(), table_name, resource)
+    job = {"kind": "ring", "resource": resource, "rounds": args.rounds, "hold": args.hold}
+    for q in job_queues:
+        q.put(job | {"peers": peers, "table": table_name, "fence": fence})
+    print(f"running the cross-process floor ({label}) ...", flush=True)
+    stamps = sorted(s for part in common.collect(out, n, "ring " + label, 600) for s in part)
+    gaps = [b[1] - a[2] for a, b in zip(stamps, stamps[1:], strict=False)]
+    return {"p50": common.percentile(gaps, 50), "mean": sum(gaps) / len(gaps)}
+
+
 def with_barrier_broken(barrier: Any) -> None:
     try:
         barrier.abort()
@@ -274,6 +381,9 @@ def on_hosts(cfg: dict[str, Any], endpoint: str, n: int, args: Any) -> list[dict
         on_hosts_cfg = dict(cfg, endpoint=f"http://{network.gateway}:{port}", hosts=hosts)
         with common.worker_pool(host_worker, on_hosts_cfg, n) as (job_queues, out):
             play(runs, job_queues, out, args)
+            runs[0]["floor"] = cross_process_floor(
+                job_queues, out, cfg["dynasem_table"], "2 hosts", args
+            )
     return runs
 
 
@@ -355,37 +465,15 @@ def idle_gap_latency(table_name: str, pause: float, n: int = 200) -> dict[str, f
 
 
 def handover_latency(client: Any, table_name: str, pause: float, n: int) -> list[float]:
-    """Latencies of dynasem's own hand-over write (``lock_writes.hand_over``: the holder
-    entry replaced, fence, lease, queue), sent by the bare client after ``pause`` seconds
-    idle, holder to heir and back, on a row in both indexes: the least a hand-over costs."""
-    from dynasem import _clock as clock
-    from dynasem._storage import lock_writes, records
-    from dynasem._storage.records import Mode
-
-    def entry(now: int, fence: int) -> Any:
-        return lock_writes.holder_entry("bench", now + 60_000, fence, now, False)
-
-    resource, now = "handover-probe", clock.now_ms()
-    fence = clock.new_fence(0)
-    first = lock_writes.take_free(
-        resource, "t0", entry(now, fence), mode=Mode.EXCLUSIVE, limit=1, stale_ms=now - 1
-    )
-    client.update_item(TableName=table_name, **first)
-    client.update_item(  # an empty queue, as a row that had waiters has
-        TableName=table_name,
-        Key=records.key(resource, records.LOCK_SK),
-        UpdateExpression="SET qout = :zero",
-        ExpressionAttributeValues={":zero": {"N": "0"}},
-    )
+    """Latencies of dynasem's own hand-over write (:func:`send_hand_over`), sent by the bare
+    client after ``pause`` seconds idle, holder to heir and back, on a row in both indexes:
+    the least a hand-over costs."""
+    resource = "handover-probe"
+    fence = probe_row(client, table_name, resource)
     took = []
     for i in range(n):
         time.sleep(pause)
-        now = clock.now_ms()
-        heirs = [(f"t{i + 1}", i + 1, entry(now, fence + i + 1))]
-        write = lock_writes.hand_over(resource, f"t{i}", heirs, hold_ms=10, queue_out=i)
-        start = time.perf_counter()
-        client.update_item(TableName=table_name, ReturnValues="ALL_NEW", **write)
-        took.append(time.perf_counter() - start)
+        took.append(send_hand_over(client, table_name, resource, i, fence))
     return took
 
 
@@ -453,6 +541,9 @@ def main(argv: list[str] | None = None) -> int:
         with common.worker_pool(worker, cfg, n) as (job_queues, out):
             play(runs, job_queues, out, args)
             gap = idle_gap_latency(cfg["dynasem_table"], args.hold)
+            runs[0]["floor"] = cross_process_floor(
+                job_queues, out, cfg["dynasem_table"], "processes", args
+            )
         if args.hosts:
             runs += on_hosts(cfg, ddb.endpoint_url, n, args)
 
@@ -503,7 +594,8 @@ def main(argv: list[str] | None = None) -> int:
     # sent after the hold (the diagnostic below, same run) and nothing else.
     ceiling = args.hold / (args.hold + gap["handover"])
     figures = {"ceiling": common.fmt(ceiling), "handover_write": common.ms(gap["handover"])}
-    ratio_lines = []
+    ratio_lines: list[str] = []
+    floor_lines: list[str] = []
     for r in runs:
         if r["kind"] == "peer":
             continue
@@ -534,6 +626,18 @@ def main(argv: list[str] | None = None) -> int:
         )
         targets.check(f"{name}: overlaps", s["overlaps"] == 0, str(s["overlaps"]), "0")
         key = KEYS.get(r["kind"], "default")
+        if "floor" in r:
+            floor = r["floor"]
+            floor_lines.append(
+                f"{name}: handoff p50 {common.ms(s['handoff_p50'])} against the ring's "
+                f"{common.ms(floor['p50'])} ({s['handoff_p50'] / floor['p50']:.2f}x); "
+                f"the ring's utilisation {args.hold / (args.hold + floor['mean']):.2f}, "
+                f"dynasem's {common.fmt(s['util'])}"
+            )
+            figures |= {
+                f"{key}_floor_handoff_p50": common.ms(floor["p50"]),
+                f"{key}_idle_vs_floor": f"{s['handoff_p50'] / floor['p50']:.2f}×",
+            }
         figures |= {
             f"{key}_of_ceiling": f"{of_ceiling:.2f}",
             f"{key}_utilisation": common.fmt(s["util"]),
@@ -561,6 +665,15 @@ def main(argv: list[str] | None = None) -> int:
         f" utilisation): {hold_ms} / ({hold_ms} + {common.ms(gap['handover'])}) = {ceiling:.2f}."
     )
     print(ceiling_line + "\n")
+    floor_text = (
+        f"Between processes (same run, no lock library): the same workers pass a lock round a "
+        f"ring {args.rounds} times, each hand-over the bare client's hand-over write after the "
+        f"hold and a datagram to the next worker, as far as a hand-over between processes "
+        f"can go on this machine (the write sent by a process that slept through the others' "
+        f"turns, the next one woken): " + "; ".join(floor_lines) + "."
+    )
+    if floor_lines:
+        print(floor_text + "\n")
     if not fair:
         print("(dynasem.semaphore has no fair= parameter here: no fair=True row)")
 
@@ -596,7 +709,13 @@ called; *overlaps* = holds whose [acquired, block end] began before an earlier h
                 "Contended: one resource, 8 contenders (`contended.py`)",
                 started,
                 intro,
-                [results, "Ratios: " + "; ".join(ratio_lines) + ".", gap_line, ceiling_line],
+                [
+                    results,
+                    "Ratios: " + "; ".join(ratio_lines) + ".",
+                    gap_line,
+                    ceiling_line,
+                    *([floor_text] if floor_lines else []),
+                ],
                 targets,
             ),
         )
