@@ -222,7 +222,7 @@ def ring_part(job: dict[str, Any], idx: int, barrier: Any, ring: dict[str, Any])
     answer. ``ring``: the lock goes round the workers ``rounds`` times: the worker whose turn
     it is holds ``hold`` seconds, sends dynasem's hand-over write by the bare client (no lock
     engine: the write and nothing else) and sends the next worker a datagram; the answer is
-    its stamps (hand-over number, datagram received, hold's end)."""
+    its stamps (hand-over number, datagram received, hold's end, the write's latency)."""
     import socket
 
     from dynasem._storage import dynamodb
@@ -244,9 +244,9 @@ def ring_part(job: dict[str, Any], idx: int, barrier: Any, ring: dict[str, Any])
         t_recv = time.monotonic()
         time.sleep(job["hold"])
         t_end = time.monotonic()
-        send_hand_over(client, table, resource, i, job["fence"])
+        took = send_hand_over(client, table, resource, i, job["fence"])
         sock.sendto(str(i + 1).encode(), tuple(peers[(i + 1) % n]))
-        stamps.append((i, t_recv, t_end))
+        stamps.append((i, t_recv, t_end, took))
         i += n
     return stamps
 
@@ -295,7 +295,8 @@ def cross_process_floor(
     """What a hand-over between processes costs with no lock library: the workers pass the
     lock round a ring (see :func:`ring_part`), each hand-over dynasem's write sent by the bare
     client and a datagram to the next. Its handoff p50 and mean (the next worker's datagram
-    received - the hold's end), as dynasem's rows measure theirs."""
+    received - the hold's end), as dynasem's rows measure theirs, and the p50 of the write
+    alone as these processes send it."""
     from dynasem._storage import dynamodb
 
     n = len(job_queues)
@@ -310,7 +311,11 @@ def cross_process_floor(
     print(f"running the cross-process floor ({label}) ...", flush=True)
     stamps = sorted(s for part in common.collect(out, n, "ring " + label, 600) for s in part)
     gaps = [b[1] - a[2] for a, b in zip(stamps, stamps[1:], strict=False)]
-    return {"p50": common.percentile(gaps, 50), "mean": sum(gaps) / len(gaps)}
+    return {
+        "p50": common.percentile(gaps, 50),
+        "mean": sum(gaps) / len(gaps),
+        "write": common.percentile([s[3] for s in stamps], 50),
+    }
 
 
 def with_barrier_broken(barrier: Any) -> None:
@@ -632,11 +637,33 @@ def main(argv: list[str] | None = None) -> int:
                 f"{name}: handoff p50 {common.ms(s['handoff_p50'])} against the ring's "
                 f"{common.ms(floor['p50'])} ({s['handoff_p50'] / floor['p50']:.2f}x); "
                 f"the ring's utilisation {args.hold / (args.hold + floor['mean']):.2f}, "
-                f"dynasem's {common.fmt(s['util'])}"
+                f"dynasem's {common.fmt(s['util'])}; the write alone, as these processes "
+                f"send it, {common.ms(floor['write'])} (p50)"
+            )
+            # The same two targets against the write as these processes send it (a process
+            # that slept through the others' turns), not as one warm process does.
+            own_ceiling = args.hold / (args.hold + floor["write"])
+            own_idle = s["handoff_p50"] / floor["write"]
+            targets.check(
+                f"{name}: utilisation / the ceiling of the write as these processes send it "
+                f"({own_ceiling:.2f})",
+                s["util"] / own_ceiling >= 0.90,
+                f"{s['util'] / own_ceiling:.2f} ({common.fmt(s['util'])})",
+                ">= 0.90",
+            )
+            targets.check(
+                f"{name}: idle between holders (handoff p50) / the write as these processes "
+                "send it",
+                own_idle <= 1.5,
+                f"{own_idle:.2f}x ({common.ms(s['handoff_p50'])} vs {common.ms(floor['write'])})",
+                "<= 1.5x",
             )
             figures |= {
                 f"{key}_floor_handoff_p50": common.ms(floor["p50"]),
                 f"{key}_idle_vs_floor": f"{s['handoff_p50'] / floor['p50']:.2f}×",
+                f"{key}_own_write": common.ms(floor["write"]),
+                f"{key}_of_own_ceiling": f"{s['util'] / own_ceiling:.2f}",
+                f"{key}_idle_vs_own_write": f"{own_idle:.2f}×",
             }
         figures |= {
             f"{key}_of_ceiling": f"{of_ceiling:.2f}",
