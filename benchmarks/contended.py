@@ -19,6 +19,10 @@ python-dynamodb-lock ``acquire_lock(resource, retry_period=P, retry_timeout=60 s
 over two hosts: network namespaces on one bridge (tests/support/netns.py), DynamoDB at the
 bridge's gateway, hand-overs pushed over UDP between the hosts' addresses.
 
+The ceiling's warm hand-over write (one process, the bare client, after a pause as long as a
+hold) is sampled before each of dynasem's runs and after them all, and its p50 over the whole
+run is the one used: the machine's speed drifts over minutes.
+
 After the processes' runs, and after the hosts', the floor of a hand-over between processes in
 this run (no lock library): the same workers pass a lock round a ring, each hand-over
 dynasem's hand-over write sent by the bare client after the hold, then a datagram to the next
@@ -50,6 +54,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -330,9 +335,16 @@ def with_barrier_broken(barrier: Any) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def play(runs: list[dict[str, Any]], job_queues: list[Any], out: Any, args: Any) -> None:
+def play(
+    runs: list[dict[str, Any]],
+    job_queues: list[Any],
+    out: Any,
+    args: Any,
+    sample: Callable[[], None] = lambda: None,
+) -> None:
     """An unmeasured warm-up of each kind of run (so the engine's JIT is warm for all), then
-    every run, each worker told its part; a run's figures go to its "stats"."""
+    every run, each worker told its part; a run's figures go to its "stats". ``sample`` runs
+    before each of dynasem's runs (the warm write sampled through the run: WARM_WRITES)."""
     n = len(job_queues)
 
     def job(run: dict[str, Any], resource: str, rounds: int) -> dict[str, Any]:
@@ -353,6 +365,8 @@ def play(runs: list[dict[str, Any]], job_queues: list[Any], out: Any, args: Any)
         print(f"warming up {run['label']} ...", flush=True)
         common.collect(out, n, "warm-up " + run["label"], 600)
     for k, run in enumerate(runs):
+        if run["kind"] != "peer":
+            sample()
         for q in job_queues:
             q.put(job(run, f"contended-{k}-{run['kind']}", args.rounds))
         print(f"running {run['label']} ...", flush=True)
@@ -385,7 +399,13 @@ def on_hosts(cfg: dict[str, Any], endpoint: str, n: int, args: Any) -> list[dict
         ]
         on_hosts_cfg = dict(cfg, endpoint=f"http://{network.gateway}:{port}", hosts=hosts)
         with common.worker_pool(host_worker, on_hosts_cfg, n) as (job_queues, out):
-            play(runs, job_queues, out, args)
+            play(
+                runs,
+                job_queues,
+                out,
+                args,
+                lambda: sample_warm_write(cfg["dynasem_table"], args.hold),
+            )
             runs[0]["floor"] = cross_process_floor(
                 job_queues, out, cfg["dynasem_table"], "2 hosts", args
             )
@@ -461,19 +481,35 @@ def idle_gap_latency(table_name: str, pause: float, n: int = 200) -> dict[str, f
     for i in range(n):
         time.sleep(pause)
         idle.append(one(i))
-    handovers = handover_latency(client, table_name, pause, n)
+    WARM_WRITES.extend(handover_latency(client, table_name, pause, n))
     return {
         "busy": common.percentile(busy, 50),
         "idle": common.percentile(idle, 50),
-        "handover": common.percentile(handovers, 50),
+        "handover": common.percentile(WARM_WRITES, 50),
+        "samples": len(WARM_WRITES),
     }
+
+
+# The warm hand-over write, sampled before each of dynasem's runs and after them all: the
+# machine's speed drifts over a run of minutes, and one sample at one moment swung the
+# ratios to the ceiling by more than dynasem's own changes.
+WARM_WRITES: list[float] = []
+SAMPLE_WRITES = 50
+
+
+def sample_warm_write(table_name: str, pause: float) -> None:
+    """``SAMPLE_WRITES`` warm hand-over writes from this (the parent) process, into
+    WARM_WRITES."""
+    from dynasem._storage import dynamodb
+
+    WARM_WRITES.extend(handover_latency(dynamodb.get_client(), table_name, pause, SAMPLE_WRITES))
 
 
 def handover_latency(client: Any, table_name: str, pause: float, n: int) -> list[float]:
     """Latencies of dynasem's own hand-over write (:func:`send_hand_over`), sent by the bare
     client after ``pause`` seconds idle, holder to heir and back, on a row in both indexes:
-    the least a hand-over costs."""
-    resource = "handover-probe"
+    the least a hand-over costs. A row of its own each time."""
+    resource = common.new_name("handover-probe")
     fence = probe_row(client, table_name, resource)
     took = []
     for i in range(n):
@@ -544,13 +580,23 @@ def main(argv: list[str] | None = None) -> int:
             runs.append({"kind": "peer", "retry_ms": p, "label": f"{common.PEER} (retry {p} ms)"})
 
         with common.worker_pool(worker, cfg, n) as (job_queues, out):
-            play(runs, job_queues, out, args)
+            play(
+                runs,
+                job_queues,
+                out,
+                args,
+                lambda: sample_warm_write(cfg["dynasem_table"], args.hold),
+            )
             gap = idle_gap_latency(cfg["dynasem_table"], args.hold)
             runs[0]["floor"] = cross_process_floor(
                 job_queues, out, cfg["dynasem_table"], "processes", args
             )
         if args.hosts:
             runs += on_hosts(cfg, ddb.endpoint_url, n, args)
+        # The warm write over the whole run: its samples before each of dynasem's runs, the
+        # hosts' included, and the diagnostic's own.
+        gap["handover"] = common.percentile(WARM_WRITES, 50)
+        gap["samples"] = len(WARM_WRITES)
 
     peers = [r for r in runs if r["kind"] == "peer"]
     best = max(peers, key=lambda r: r["stats"]["rate"])
@@ -683,7 +729,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{common.ms(gap['idle'])} sent after a {args.hold * 1000:g} ms pause, as every "
         f"release after a hold is; dynasem's own hand-over write (`lock_writes.hand_over`, a "
         f"row in both indexes), sent by the bare client after that pause, "
-        f"{common.ms(gap['handover'])}: a hand-over can be no shorter than that here."
+        f"{common.ms(gap['handover'])} (p50 of {gap['samples']}, sampled before each of "
+        f"dynasem's runs and after them all): a hand-over can be no shorter than that here."
     )
     print(gap_line + "\n")
     hold_ms = f"{args.hold * 1000:g} ms"
