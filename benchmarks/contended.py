@@ -54,7 +54,6 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -340,11 +339,11 @@ def play(
     job_queues: list[Any],
     out: Any,
     args: Any,
-    sample: Callable[[], None] = lambda: None,
+    table_name: str,
 ) -> None:
     """An unmeasured warm-up of each kind of run (so the engine's JIT is warm for all), then
-    every run, each worker told its part; a run's figures go to its "stats". ``sample`` runs
-    before each of dynasem's runs (the warm write sampled through the run: WARM_WRITES)."""
+    every run, each worker told its part; a run's figures go to its "stats". Before each of
+    dynasem's runs, the warm write is sampled on ``table_name`` (WARM_WRITES)."""
     n = len(job_queues)
 
     def job(run: dict[str, Any], resource: str, rounds: int) -> dict[str, Any]:
@@ -366,7 +365,7 @@ def play(
         common.collect(out, n, "warm-up " + run["label"], 600)
     for k, run in enumerate(runs):
         if run["kind"] != "peer":
-            sample()
+            sample_warm_write(table_name, args.hold)
         for q in job_queues:
             q.put(job(run, f"contended-{k}-{run['kind']}", args.rounds))
         print(f"running {run['label']} ...", flush=True)
@@ -399,13 +398,7 @@ def on_hosts(cfg: dict[str, Any], endpoint: str, n: int, args: Any) -> list[dict
         ]
         on_hosts_cfg = dict(cfg, endpoint=f"http://{network.gateway}:{port}", hosts=hosts)
         with common.worker_pool(host_worker, on_hosts_cfg, n) as (job_queues, out):
-            play(
-                runs,
-                job_queues,
-                out,
-                args,
-                lambda: sample_warm_write(cfg["dynasem_table"], args.hold),
-            )
+            play(runs, job_queues, out, args, cfg["dynasem_table"])
             runs[0]["floor"] = cross_process_floor(
                 job_queues, out, cfg["dynasem_table"], "2 hosts", args
             )
@@ -459,7 +452,8 @@ def analyse(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def idle_gap_latency(table_name: str, pause: float, n: int = 200) -> dict[str, float]:
-    """p50 of one small UpdateItem sent back-to-back, and sent after ``pause`` seconds idle."""
+    """p50 of one small UpdateItem sent back-to-back, and sent after ``pause`` seconds idle;
+    ``n`` more warm hand-over writes go to WARM_WRITES."""
     from dynasem._storage import dynamodb
 
     client = dynamodb.get_client()
@@ -482,12 +476,7 @@ def idle_gap_latency(table_name: str, pause: float, n: int = 200) -> dict[str, f
         time.sleep(pause)
         idle.append(one(i))
     WARM_WRITES.extend(handover_latency(client, table_name, pause, n))
-    return {
-        "busy": common.percentile(busy, 50),
-        "idle": common.percentile(idle, 50),
-        "handover": common.percentile(WARM_WRITES, 50),
-        "samples": len(WARM_WRITES),
-    }
+    return {"busy": common.percentile(busy, 50), "idle": common.percentile(idle, 50)}
 
 
 # The warm hand-over write, sampled before each of dynasem's runs and after them all: the
@@ -516,6 +505,49 @@ def handover_latency(client: Any, table_name: str, pause: float, n: int) -> list
         time.sleep(pause)
         took.append(send_hand_over(client, table_name, resource, i, fence))
     return took
+
+
+def floor_checks(
+    name: str,
+    key: str,
+    s: dict[str, Any],
+    floor: dict[str, float],
+    args: Any,
+    targets: Any,
+    figures: dict[str, str],
+) -> str:
+    """A run's figures against the cross-process floor measured beside it: the two targets
+    against the write as these processes send it (a process that slept through the others'
+    turns, not one warm process), into ``targets`` and ``figures``; the report's line."""
+    own_ceiling = args.hold / (args.hold + floor["write"])
+    own_idle = s["handoff_p50"] / floor["write"]
+    targets.check(
+        f"{name}: utilisation / the ceiling of the write as these processes send it "
+        f"({own_ceiling:.2f})",
+        s["util"] / own_ceiling >= 0.90,
+        f"{s['util'] / own_ceiling:.2f} ({common.fmt(s['util'])})",
+        ">= 0.90",
+    )
+    targets.check(
+        f"{name}: idle between holders (handoff p50) / the write as these processes send it",
+        own_idle <= 1.5,
+        f"{own_idle:.2f}x ({common.ms(s['handoff_p50'])} vs {common.ms(floor['write'])})",
+        "<= 1.5x",
+    )
+    figures |= {
+        f"{key}_floor_handoff_p50": common.ms(floor["p50"]),
+        f"{key}_idle_vs_floor": f"{s['handoff_p50'] / floor['p50']:.2f}×",
+        f"{key}_own_write": common.ms(floor["write"]),
+        f"{key}_of_own_ceiling": f"{s['util'] / own_ceiling:.2f}",
+        f"{key}_idle_vs_own_write": f"{own_idle:.2f}×",
+    }
+    return (
+        f"{name}: handoff p50 {common.ms(s['handoff_p50'])} against the ring's "
+        f"{common.ms(floor['p50'])} ({s['handoff_p50'] / floor['p50']:.2f}x); "
+        f"the ring's utilisation {args.hold / (args.hold + floor['mean']):.2f}, "
+        f"dynasem's {common.fmt(s['util'])}; the write alone, as these processes "
+        f"send it, {common.ms(floor['write'])} (p50)"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -580,13 +612,7 @@ def main(argv: list[str] | None = None) -> int:
             runs.append({"kind": "peer", "retry_ms": p, "label": f"{common.PEER} (retry {p} ms)"})
 
         with common.worker_pool(worker, cfg, n) as (job_queues, out):
-            play(
-                runs,
-                job_queues,
-                out,
-                args,
-                lambda: sample_warm_write(cfg["dynasem_table"], args.hold),
-            )
+            play(runs, job_queues, out, args, cfg["dynasem_table"])
             gap = idle_gap_latency(cfg["dynasem_table"], args.hold)
             runs[0]["floor"] = cross_process_floor(
                 job_queues, out, cfg["dynasem_table"], "processes", args
@@ -678,39 +704,7 @@ def main(argv: list[str] | None = None) -> int:
         targets.check(f"{name}: overlaps", s["overlaps"] == 0, str(s["overlaps"]), "0")
         key = KEYS.get(r["kind"], "default")
         if "floor" in r:
-            floor = r["floor"]
-            floor_lines.append(
-                f"{name}: handoff p50 {common.ms(s['handoff_p50'])} against the ring's "
-                f"{common.ms(floor['p50'])} ({s['handoff_p50'] / floor['p50']:.2f}x); "
-                f"the ring's utilisation {args.hold / (args.hold + floor['mean']):.2f}, "
-                f"dynasem's {common.fmt(s['util'])}; the write alone, as these processes "
-                f"send it, {common.ms(floor['write'])} (p50)"
-            )
-            # The same two targets against the write as these processes send it (a process
-            # that slept through the others' turns), not as one warm process does.
-            own_ceiling = args.hold / (args.hold + floor["write"])
-            own_idle = s["handoff_p50"] / floor["write"]
-            targets.check(
-                f"{name}: utilisation / the ceiling of the write as these processes send it "
-                f"({own_ceiling:.2f})",
-                s["util"] / own_ceiling >= 0.90,
-                f"{s['util'] / own_ceiling:.2f} ({common.fmt(s['util'])})",
-                ">= 0.90",
-            )
-            targets.check(
-                f"{name}: idle between holders (handoff p50) / the write as these processes "
-                "send it",
-                own_idle <= 1.5,
-                f"{own_idle:.2f}x ({common.ms(s['handoff_p50'])} vs {common.ms(floor['write'])})",
-                "<= 1.5x",
-            )
-            figures |= {
-                f"{key}_floor_handoff_p50": common.ms(floor["p50"]),
-                f"{key}_idle_vs_floor": f"{s['handoff_p50'] / floor['p50']:.2f}×",
-                f"{key}_own_write": common.ms(floor["write"]),
-                f"{key}_of_own_ceiling": f"{s['util'] / own_ceiling:.2f}",
-                f"{key}_idle_vs_own_write": f"{own_idle:.2f}×",
-            }
+            floor_lines.append(floor_checks(name, key, s, r["floor"], args, targets, figures))
         figures |= {
             f"{key}_of_ceiling": f"{of_ceiling:.2f}",
             f"{key}_utilisation": common.fmt(s["util"]),
