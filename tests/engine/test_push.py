@@ -590,6 +590,99 @@ def test_a_hand_over_push_carries_the_line_and_its_age_unless_it_would_not_fit(
     wakeup.forget(token)
 
 
+class _HoldHearing:
+    """Stands for a hold of this process that hands over: what it was told of its line."""
+
+    def __init__(self, resource: str, token: str):
+        self.resource, self.token = resource, token
+        self.heard: list[tuple[int, str, float | None]] = []
+
+    def heard_of(self, row: records.LockItem, waiter: records.Waiter, *, sent=None) -> bool:
+        self.heard.append((row.fence, waiter.token, sent))
+        return True
+
+
+def _line_push(token: str, table_name: str) -> tuple[records.LockItem, tuple]:
+    now = clock.now_ms()
+    message = _hand_over(token, e_ms=now + 10_000, fence=7, sent_ms=now, table_name=table_name)
+    line = tuple(records.Waiter(ticket=t, expires_ms=now + 5_000, token=f"w{t}") for t in (3, 4))
+    return records.lock_item(message["i"]), line
+
+
+def _heard_by(hold_: _HoldHearing, n: int) -> list[tuple[int, str, float | None]]:
+    deadline = time.monotonic() + 5
+    while len(hold_.heard) < n:
+        assert time.monotonic() < deadline, f"the hold heard {hold_.heard}"
+        time.sleep(0.01)
+    return hold_.heard
+
+
+@pytest.mark.parametrize("path", ["in-process", "datagram"])
+def test_a_line_pushed_after_its_heir_took_the_hold_itself_goes_to_that_hold(
+    lock_table, path, monkeypatch
+):
+    """The heir took the lock on a look of its own before the hand-over's push came: the
+    line the push carries (waiters whose entries may not be put yet) goes to its hold, so
+    that its release hands on to them instead of waiting for their entries."""
+    monkeypatch.setattr(wakeup, "IN_PROCESS", path == "in-process")
+    token = "t-took-itself"
+    listener = wakeup._get_listener()  # nobody waits as ``token`` here
+    assert listener is not None
+    address = listener.address
+    item, line = _line_push(token, lock_table)
+    holding = _HoldHearing("deploy:push", token)
+    elsewhere = _HoldHearing("deploy:elsewhere", "t-elsewhere")
+    wakeup.holding(holding)
+    wakeup.holding(elsewhere)
+    try:
+        before = time.monotonic()
+        assert wakeup.push(
+            address, "deploy:push", token, item, sent_ms=clock.now_ms(), line=(line, 0.25)
+        )
+        heard = _heard_by(holding, 2)
+        assert [(fence, who) for fence, who, _ in heard] == [(7, "w3"), (7, "w4")]
+        # As of when the line was read: its age before the push was sent.
+        assert all(sent is not None and sent <= time.monotonic() - 0.25 for *_, sent in heard)
+        assert all(sent is not None and sent >= before - 0.25 - 0.1 for *_, sent in heard)
+        # A hold of another resource is told nothing, under any token.
+        assert wakeup.push(
+            address, "deploy:push", "t-elsewhere", item, sent_ms=clock.now_ms(), line=(line, 0)
+        )
+        time.sleep(0.2)
+        assert elsewhere.heard == []
+    finally:
+        wakeup.holds.pop(token, None)
+        wakeup.holds.pop("t-elsewhere", None)
+
+
+@pytest.mark.parametrize("path", ["in-process", "datagram"])
+def test_a_line_pushed_while_the_heirs_own_look_made_it_holder_goes_to_its_hold(
+    lock_table, path, monkeypatch
+):
+    """The push came while the waiter was still waiting, but its own look made it the holder
+    before it took the push: the hold, as it registers, takes the line the push brought."""
+    monkeypatch.setattr(wakeup, "IN_PROCESS", path == "in-process")
+    token = "t-look-won"
+    _listening_slot("deploy:push", token)
+    slot = wakeup._listener.slots[token]
+    address = wakeup._listener.address
+    item, line = _line_push(token, lock_table)
+    try:
+        assert wakeup.push(
+            address, "deploy:push", token, item, sent_ms=clock.now_ms(), line=(line, 0)
+        )
+        deadline = time.monotonic() + 5
+        while slot.push is None:
+            assert time.monotonic() < deadline, "the push never reached the waiter"
+            time.sleep(0.01)
+        holding = _HoldHearing("deploy:push", token)
+        wakeup.holding(holding)
+        assert [(fence, who) for fence, who, _ in holding.heard] == [(7, "w3"), (7, "w4")]
+    finally:
+        wakeup.forget(token)
+        wakeup.holds.pop(token, None)
+
+
 def test_a_releaser_gives_its_cpu_to_the_heir_once_the_datagram_is_sent(lock_table, monkeypatch):
     """The datagram wakes the heir's listener, which the kernel tends to queue behind the
     releaser on its CPU: the releaser yields at once (only after a datagram went out)."""
