@@ -361,7 +361,8 @@ class Acquire:
             if p.load is None or old is None:
                 continue
             if old.slots_used is not None and not old.permits_read:
-                read = functools.partial(permit_items.with_permits, old, consistent=True)
+                stale = self.run.stale_ms(clock.now_ms())
+                read = functools.partial(permit_items.fenced_permits, old, stale)
             else:
                 read = functools.partial(queue_entries.load_entries, old, p.load)
             self.seen[r] = yield from queue.patient_read(read, old, self.pace, self.run.deadline)

@@ -290,6 +290,10 @@ def _plan(
         held = yield Request(functools.partial(permit_items.permits, resource))
         if any(not p.free_at(stale) for p in held):
             raise take.other_limit(resource, seen.limit, limit)
+        # Fenced, no take slowed before its permit write can hold a slot of the old limit.
+        stopped = yield Request(functools.partial(permit_items.fence_out, seen, stale))
+        if stopped is not None and not stopped.free_at(stale):
+            raise take.other_limit(resource, seen.limit, limit)
         return _Plan("reset", 0)
     if seen.hints:
         return _Plan("pop")

@@ -179,14 +179,53 @@ def _slot(how: str, slot: int | None, seen: LockItem, counted: bool, terms: Term
 
 
 def hint(resource: str, slot: int, hold_ms: int | None = None) -> dict[str, Any]:
-    """A released slot, appended to the row's hints (unless MAX_HINTS are there already)."""
-    values: dict[str, Any] = {":slot": [slot], ":max": MAX_HINTS}
+    """A released slot, appended to the row's hints (unless MAX_HINTS are there already),
+    if the row still has that slot: a row reset to another limit since (``hw`` 1 again)
+    must not be hinted a slot of the old one (at or above the new limit, it would be one
+    permit too many; below, it is grown again in its turn)."""
+    values: dict[str, Any] = {":slot": [slot], ":n": slot, ":max": MAX_HINTS}
     update = "SET #hints = list_append(#hints, :slot)"
     if hold_ms is not None:
         update += ", #hold = :hold"  # waiters estimate their turn from it
         values[":hold"] = hold_ms
-    condition = "attribute_exists(#hints) AND size(#hints) < :max"
+    condition = "attribute_exists(#hints) AND size(#hints) < :max AND #hw > :n"
     return update_action(resource, LOCK_SK, update, condition, {}, values)
+
+
+def fence_out(item: LockItem, stale_ms: int) -> Permit | None:
+    """Before the permit row ``item`` (as read: no permit live) takes another limit, or
+    another mode (holders inline again): each slot below its ``hw``, in turn, is fenced at
+    the row's fence as read and loses a holder whose lease is over. A take slowed between
+    its row write (which drew a fence no larger) and its permit write is then refused,
+    instead of holding a permit that the new limit or mode knows nothing of. A fenced permit
+    keeps no TTL: it must outlast any such take (the next take of its slot writes it over).
+
+    Returns the permit that refused (held after all; or fenced past the row as read, which
+    moved on then and refuses the change's own write), or None: every slot is fenced."""
+    values = {":seen": item.fence, ":stale": stale_ms}
+    condition = (
+        "(attribute_not_exists(#k) OR #e < :stale) AND (attribute_not_exists(#f) OR #f <= :seen)"
+    )
+    update = "SET #f = :seen REMOVE #k, #p, #exp"
+    for slot in range(item.slots_used or 0):
+        try:
+            send(update_action(item.resource, permit_sk(slot), update, condition, {}, values))
+        except Refused as refused:
+            return permit_of(refused.item or {"sk": permit_sk(slot)})
+    return None
+
+
+def fenced_permits(item: LockItem, stale_ms: int) -> LockItem:
+    """The permit row ``item``, which another mode is about to take, with its holders read
+    from its permits (consistently); if none is live, its slots fenced out first
+    (:func:`fence_out`), the holder that refused that counted as live."""
+    read = with_permits(item, consistent=True)
+    if any(h.expires_ms >= stale_ms for h in read.holders.values()):
+        return read
+    stopped = fence_out(item, stale_ms)
+    if stopped is not None and not stopped.free_at(stale_ms):
+        return dataclasses.replace(read, holders={stopped.token: stopped.holder})
+    return read
 
 
 def raise_row(resource: str, expires_ms: int) -> dict[str, Any]:

@@ -1,0 +1,153 @@
+"""A permit row taking another limit, or another mode, once no permit is live: never while a
+take or a release that began under the old one is between its two writes."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from dynasem import semaphore
+from dynasem._engine import permit_hold
+from dynasem._storage import lock_rows
+from dynasem._storage import permit_items as slots
+from dynasem.testing import abandon
+from tests.support.helpers import take
+
+pytestmark = pytest.mark.django_db(transaction=False)
+
+
+def live_permits(resource: str = "pool") -> list[Any]:
+    now = int(time.time() * 1000)
+    return [p for p in slots.permits(resource) if p.token and p.holder.expires_ms > now]
+
+
+def _permit_write_held(monkeypatch: pytest.MonkeyPatch, thread: str) -> tuple[Any, Any]:
+    """The permit write (a take's second) of the thread named ``thread`` waits for ``go``:
+    its row write has drawn its fence and slot."""
+    reached, go = threading.Event(), threading.Event()
+    real = slots.send
+
+    def send(action: dict[str, Any], *, old: bool = False) -> Any:
+        taking = action["Key"]["sk"]["S"].startswith("s#") and action[
+            "UpdateExpression"
+        ].startswith("SET #k = :tok")
+        if threading.current_thread().name == thread and taking and not go.is_set():
+            reached.set()
+            assert go.wait(10)
+        return real(action, old=old)
+
+    monkeypatch.setattr(slots, "send", send)
+    return reached, go
+
+
+def _slow_take(holds: list[Any], monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> Any:
+    """A take of ``pool`` on a thread of its own, stopped between its two writes; returns
+    ``(go, thread, got)``."""
+    reached, go = _permit_write_held(monkeypatch, "slow")
+    got: list[Any] = []
+
+    def run() -> None:
+        try:
+            got.append(semaphore("pool", lease=30, **kwargs).acquire())
+        except Exception as exc:  # reported to the test
+            got.append(exc)
+
+    thread = threading.Thread(target=run, name="slow")
+    thread.start()
+    assert reached.wait(10)
+    return go, thread, got
+
+
+def _finish(go: Any, thread: threading.Thread, got: list[Any], holds: list[Any]) -> Any:
+    go.set()
+    thread.join(10)
+    assert got, "the slow take never ended"
+    if not isinstance(got[0], BaseException):
+        holds.append(got[0])
+    return got[0]
+
+
+def test_an_exclusive_take_never_holds_beside_a_permit_taken_between_its_writes(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    take(holds, "pool", limit=20).release()  # a permit row, every permit free
+    go, thread, got = _slow_take(holds, monkeypatch, limit=20)
+    writer = take(holds, "pool", wait=0, lease=30)  # reads the permits: none live yet
+    slow = _finish(go, thread, got, holds)
+    row = lock_rows.get("pool")
+    assert writer.token in row.holders and not writer.lost
+    # The permit take drew its fence before the writer's: its write is refused, and it
+    # takes no permit of a row that is not a permit row any more.
+    assert live_permits() == []
+    assert isinstance(slow, ValueError) and "limit" in str(slow)
+
+
+def test_a_reset_to_a_lower_limit_never_adds_a_permit_taken_between_its_writes(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old = [take(holds, "pool", limit=20, lease=30) for _ in range(13)]
+    for held in reversed(old):
+        held.release()  # hints: 12, 11, ...
+    go, thread, got = _slow_take(holds, monkeypatch, limit=20)  # it popped slot 12
+    new = [take(holds, "pool", limit=9, wait=0, lease=30) for _ in range(9)]
+    _finish(go, thread, got, holds)
+    assert len(live_permits()) == 9
+    assert {p.token for p in live_permits()} == {h.token for h in new}
+
+
+def test_a_slot_freed_under_the_old_limit_is_not_hinted_after_a_reset(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A release paused between freeing its permit (slot 11) and hinting it: the row is
+    reset to limit 9 meanwhile, and the late hint must not give a tenth permit."""
+    old = [take(holds, "pool", limit=20, lease=30) for _ in range(12)]
+    for held in old[:11]:
+        held.release()
+    assert old[11].slots["pool"] == 11
+    reached, go = threading.Event(), threading.Event()
+    real = permit_hold.hint_freed
+
+    def hint_freed(resource: str, slot: int, hold_ms: Any) -> None:
+        if threading.current_thread().name == "slow":
+            reached.set()
+            assert go.wait(10)
+        real(resource, slot, hold_ms)
+
+    monkeypatch.setattr(permit_hold, "hint_freed", hint_freed)
+    thread = threading.Thread(target=old[11].release, name="slow")
+    thread.start()
+    assert reached.wait(10)
+    new = [take(holds, "pool", limit=9, wait=0, lease=30)]  # reset: limit 9
+    go.set()
+    thread.join(10)
+    new += [take(holds, "pool", limit=9, wait=0, lease=30) for _ in range(8)]
+    with pytest.raises(Exception, match="pool"):
+        semaphore("pool", limit=9, wait=0).acquire()
+    assert sorted(h.slots["pool"] for h in new) == list(range(9))
+    assert len(live_permits()) == 9
+
+
+def test_the_reaper_does_not_hint_a_dead_holders_slot_of_the_old_limit(
+    holds: list[Any],
+) -> None:
+    old = [take(holds, "pool", limit=20, lease=30) for _ in range(15)]
+    old.append(take(holds, "pool", limit=20, lease=1))
+    assert old[15].slots["pool"] == 15
+    abandon(old[15])  # slot 15's holder dies
+    for held in old[:15]:
+        held.release()
+    time.sleep(1.6)  # its lease and CLOCK_SKEW are over
+    new = [take(holds, "pool", limit=9, wait=0, lease=30)]  # reset to limit 9
+    call_command("dynasem_reap", stdout=io.StringIO())
+    new += [take(holds, "pool", limit=9, wait=0, lease=30) for _ in range(8)]
+    with pytest.raises(Exception, match="pool"):
+        semaphore("pool", limit=9, wait=0).acquire()
+    assert sorted(h.slots["pool"] for h in new) == list(range(9))
+    assert (
+        "hints" not in lock_rows.get_item("pool") or 15 not in lock_rows.get_item("pool")["hints"]
+    )
