@@ -343,13 +343,14 @@ def break_hold(
     user_id: str | None = None,
     fence: int | None = None,
 ) -> bool:
-    """Break one hold, only if that very token still holds (a hold taken meanwhile survives).
+    """Break one hold, only if that very token still holds (a hold taken meanwhile survives),
+    under ``fence`` if given (for a hold in the row).
     Sends ``lock_released`` (with ``broken=True`` and the holder's ``user_id`` and ``fence``
     where the caller knows them); False if the token no longer held the resource."""
     if token == reader_items.SENTINEL:
         return False  # it stands for the reader items: each is broken by its own token
     try:
-        lock_rows.update(lock_writes.force_release(resource, token))
+        lock_rows.update(lock_writes.force_release(resource, token, fence))
     except dynamodb.Refused as refused:
         old = refused.lock
         if old is None:

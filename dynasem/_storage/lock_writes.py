@@ -358,10 +358,16 @@ def mark_left(resource: str, queue_id: int, ticket: int, now_ms: int) -> dict[st
     return update_action(resource, records.entry_sk(queue_id, ticket), update, "", {}, values)
 
 
-def force_release(resource: str, token: str) -> dict[str, Any]:
-    """An operator breaks one hold (admin, CLI): conditional on that token still holding.
+def force_release(resource: str, token: str, fence: int | None = None) -> dict[str, Any]:
+    """An operator breaks one hold (admin, CLI): conditional on that token still holding,
+    under ``fence`` if given (the hold the operator saw: a waiter's token can be taken over
+    and handed to it again under a later fence, a hold the operator never saw).
 
     Unlike :func:`give_back` it leaves ``lastToken`` alone and records ``brokenToken``: the
     broken holder's own release must not mistake the break for its release."""
     update, condition = "REMOVE #h.#t SET #brokenToken = :tok", "attribute_exists(#h.#t)"
-    return update_action(resource, LOCK_SK, update, condition, {"#t": token}, {":tok": token})
+    values: dict[str, Any] = {":tok": token}
+    if fence is not None:
+        condition += " AND #h.#t.#f = :f"
+        values[":f"] = fence
+    return update_action(resource, LOCK_SK, update, condition, {"#t": token}, values)

@@ -662,6 +662,31 @@ def test_release_token_breaks_only_that_hold(lock_table, holds):
     assert holds_on("rel:pool") == []
 
 
+def test_a_break_spares_the_token_holding_again_under_a_later_fence(lock_table, holds):
+    """The operator saw the hold of fence F; before the break, the same token was handed the
+    lock again under a later fence (a waiter's token taken over and handed to it anew): the
+    break of what was seen leaves that hold alone."""
+    from dynasem._operators.locks import break_hold
+    from dynasem._storage.lock_writes import update_action
+
+    held = take(holds, "rel:again", lease=30)
+    seen = holds_on("rel:again")[0]
+    again = update_action(
+        "rel:again",
+        records.LOCK_SK,
+        "SET #h.#t.#f = :f",
+        "",
+        {"#t": held.token},
+        {":f": held.fence + 1},
+    )
+    lock_rows.update(again)
+    assert not break_hold("rel:again", seen.token, fence=seen.fence)
+    assert held.token in lock_rows.get("rel:again").holders
+    assert break_hold("rel:again", seen.token, fence=seen.fence + 1)
+    assert holds_on("rel:again") == []
+    abandon(held)
+
+
 def test_release_unknown_token_breaks_nothing(lock_table, holds):
     held = take(holds, "rel:tok")
     with pytest.raises(CommandError, match="No hold on 'rel:tok' with token") as nothing:
