@@ -36,7 +36,7 @@ from ..exceptions import SemaphoreUnavailable
 from . import arguments, coalescing, permits, processes, push, queue, readers, take
 from .decorators import Decoration, lock_callable
 from .hold import Held, pending_hold
-from .late_handover import leave_queue
+from .late_handover import give_back_stray, leave_queue
 from .lockspec import Attempt
 from .queue import Blocking
 from .reentry import current_hold, enter, forget_entered, leave, reentered, remember_acquired
@@ -299,12 +299,32 @@ class Acquire:
             # consistent read says so for a read unit; a refused take costs a write unit,
             # and competes with the holder's own writes for the key's partition.
             self.seen[first] = yield Request(functools.partial(lock_rows.get, first))
-        while True:
-            outcome = yield from self.try_take()
-            if isinstance(outcome, Held):
-                return outcome
-            if outcome is not None:
-                yield from self.wait(outcome)
+        try:
+            while True:
+                outcome = yield from self.try_take()
+                if isinstance(outcome, Held):
+                    return outcome
+                if outcome is not None:
+                    yield from self.wait(outcome)
+        except ValueError:
+            # Held with another limit or mode: leave the queue now, rather than stand in
+            # the way of every waiter behind us until our entry's lease runs out.
+            yield from self.leave_refused()
+            raise
+
+    def leave_refused(self) -> Steps[None]:
+        """Leave the queue of a resource we may not take; a hand-over that reached us
+        meanwhile is handed on."""
+        run, pace = self.run, self.pace
+        if pace.ticket is None or len(self.resources) > 1:
+            return
+        kept = yield from leave_queue(run.sem, pace, run.token, lease=run.lease, skew=run.skew)
+        if kept is not None:
+            yield Request(
+                functools.partial(
+                    give_back_stray, run.sem, run.token, kept, lease=run.lease, skew=run.skew
+                )
+            )
 
     # -- take --------------------------------------------------------------------------------
 

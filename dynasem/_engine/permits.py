@@ -23,6 +23,7 @@ from .._storage import dynamodb, lock_rows, lock_writes, permit_items, queue_ent
 from ..exceptions import SemaphoreUnavailable
 from . import handover, permit_hold, processes, queue, take
 from .hold import Held
+from .late_handover import give_back_stray, leave_queue
 from .lockspec import Attempt, LockSpec
 from .queue import MAX_REPLANS, Pace, backoff, busy, too_slow, wait_in_queue
 from .steps import Request, Sleep, Steps, Write
@@ -88,16 +89,21 @@ class _Acquire:
             read = functools.partial(lock_rows.get, resource, consistent=False)
             seen = yield from queue.patient_read(read, None, self.pace, self.run.deadline)
         self.seen = seen or records.LockItem(resource=resource)
-        while True:
-            plan = yield from self.plan()
-            if plan is None:
-                continue
-            if not plan.how:
-                yield from self.wait(plan)
-                continue
-            held = yield from self.take(plan)
-            if held is not None:
-                return held
+        try:
+            while True:
+                plan = yield from self.plan()
+                if plan is None:
+                    continue
+                if not plan.how:
+                    yield from self.wait(plan)
+                    continue
+                held = yield from self.take(plan)
+                if held is not None:
+                    return held
+        except ValueError:
+            # Held with another limit or mode: out of the way of the waiters behind us.
+            yield from self.leave()
+            raise
 
     def plan(self) -> Steps[_Plan | None]:
         """The take to send, or who is in our way; None: the queue ahead was read, plan
@@ -260,18 +266,23 @@ class _Acquire:
         self.replans = 0
 
     def give_up(self, blocked: dict[str, Any], view: records.LockItem) -> Steps[None]:
-        run, pace, resource = self.run, self.pace, self.resource
-        if pace.ticket is not None:
-            ticket, pace.ticket = pace.ticket, None
-            leave = functools.partial(
-                queue_entries.leave_queue, resource, pace.queue_id, ticket, token=run.token
+        ticket = self.pace.ticket
+        yield from self.leave()
+        raise busy(self.run, blocked, {self.resource: view}, ticket)  # our place when we left
+
+    def leave(self) -> Steps[None]:
+        """Leave the queue, if in it. A hand-over in the row that reached us, or reaches us
+        later (an exclusive holder hands over to its next in line, whatever that one's mode:
+        a queue shared with other limits or modes), is given back: we cannot use it."""
+        run = self.run
+        kept = yield from leave_queue(run.sem, self.pace, run.token, lease=run.lease, skew=run.skew)
+        if kept is None and run.token in self.seen.holders:
+            kept = self.seen
+        if kept is not None:
+            give_back = functools.partial(
+                give_back_stray, run.sem, run.token, kept, lease=run.lease, skew=run.skew
             )
-            try:
-                yield Request(leave)
-            except SemaphoreUnavailable:
-                pass  # our entry expires with its lease
-            pace.ticket = ticket  # for the estimate: our place when we left
-        raise busy(run, blocked, {resource: view}, pace.ticket)
+            yield Request(give_back)
 
 
 def _plan(

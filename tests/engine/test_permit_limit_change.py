@@ -1,5 +1,6 @@
-"""A permit row taking another limit, or another mode, once no permit is live: never while a
-take or a release that began under the old one is between its two writes."""
+"""A resource taking another limit, or another mode, once nobody holds it: never while a
+take or a release that began under the old one is between its two writes (permit items);
+and a waiter refused for another limit leaves the queue at once."""
 
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ from django.core.management import call_command
 
 from dynasem import semaphore
 from dynasem._engine import permit_hold
-from dynasem._storage import lock_rows
+from dynasem._engine.queue import Pace
+from dynasem._storage import lock_rows, lock_writes, records
 from dynasem._storage import permit_items as slots
 from dynasem.testing import abandon
-from tests.support.helpers import take
+from tests.support.helpers import queue_of, take, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=False)
 
@@ -151,3 +153,43 @@ def test_the_reaper_does_not_hint_a_dead_holders_slot_of_the_old_limit(
     assert (
         "hints" not in lock_rows.get_item("pool") or 15 not in lock_rows.get_item("pool")["hints"]
     )
+
+
+# (A counting semaphore of a few permits, kept in the row, backs off rather than queue.)
+@pytest.mark.parametrize("limit", [1, 9], ids=["exclusive", "permits"])
+def test_a_waiter_refused_for_another_limit_leaves_the_queue_at_once(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch, limit: int
+) -> None:
+    """Queued behind a holder of its limit, a waiter finds the resource held with another
+    (the holder's hold replaced here by the row's own write): it raises ``ValueError``, and
+    its entry goes with it, instead of standing before the waiters behind it for a lease."""
+    monkeypatch.setattr(Pace, "turn_in", lambda *a, **k: 0.1)  # looks often
+    monkeypatch.setattr("dynasem._engine.queue.ENTRY_DEFER", 0.0)  # its entry put at once
+    holder = take(holds, "mix", limit=limit, lease=30)
+    for _ in range(limit - 1):
+        take(holds, "mix", limit=limit, lease=30)  # every permit held
+    got: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            semaphore("mix", limit=limit, wait=30, lease=30).acquire().release()
+        except BaseException as exc:  # reported to the test
+            got.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_for(lambda: queue_of("mix"), 10, "the waiter queued")
+    # Held now by two holders of limit 3, in the row (what another deploy's code would take).
+    now = int(time.time() * 1000)
+    entry = {"u": "other", "e": now + 30_000, "f": holder.fence + 10, "a": now, "s": False}
+    other = {"aaaa": entry, "bbbb": {**entry, "f": holder.fence + 11}}
+    update = "SET #h = :h, #mode = :mode, #lim = :lim, #fence = :f, #expMs = :e REMOVE #hw, #hints"
+    values = {":h": other, ":mode": records.Mode.COUNTING, ":lim": 3}
+    values |= {":f": holder.fence + 11, ":e": now + 30_000}
+    lock_rows.update(lock_writes.update_action("mix", records.LOCK_SK, update, "", {}, values))
+    for held in holds:
+        abandon(held)  # their holds are gone: nothing of theirs to give back
+    holds.clear()
+    thread.join(15)
+    assert got and isinstance(got[0], ValueError) and "limit=3" in str(got[0])
+    assert queue_of("mix") == {}
