@@ -71,7 +71,9 @@ def test_seeds_pass(seed: int) -> None:
     assert result.stats["acquired"] > 0
 
 
-@pytest.mark.parametrize("mix", ["readers", "counting", "pairs", "all", "renewing", "commits"])
+@pytest.mark.parametrize(
+    "mix", ["readers", "counting", "pairs", "all", "renewing", "commits", "limits"]
+)
 def test_mixes_pass(mix: str) -> None:
     result = run(Options(seed=1, mix=mix, faults="light", **SMALL))
     result.raise_if_violated()
@@ -250,6 +252,13 @@ FOUND = [
         {"faults": "deaf", "lease": 60.0, "processes": 3, "hosts": 3, "steps": 10},
         range(17, 18),
     ),  # seed 17 (6 before the gap wait; 1 before queued waiters read an old row first)
+    # A permit row changing limit or mode from a read of its permits alone (a take between
+    # its two writes then holds beside the new limit or mode), found by review (73004a4).
+    (
+        "limit_change_unfenced",
+        {"mix": "limits", "faults": "pauses", "permits_from": 1, **WIDE},
+        range(2, 3),
+    ),  # seed 2
 ]
 
 
@@ -331,6 +340,14 @@ FOUND_IN_DYNASEM = [
     (4, "pairs", "light"),
     (2, "readers", "pauses"),
     (4, "counting-permits", "crashes"),
+    # One resource taken with limit=3, limit=2 and exclusively (the limits mix, 2026-12-04):
+    # a waiter refused for another limit left its entry standing before the waiters behind
+    # it for a lease; an exclusive holder handed over to a permit semaphore's waiter that
+    # had left (or could not use it), which held it, unused, until its lease ran out: 15 s
+    # idle. Fixed: a refused waiter leaves the queue; a permit waiter that leaves gives a
+    # hand-over back as an exclusive waiter does.
+    (2, "limits-permits", "light"),
+    (20, "limits-permits", "pauses"),
 ]
 
 

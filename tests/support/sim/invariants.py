@@ -2,7 +2,8 @@
 
 * **Exclusion**: never two processes inside blocks of one resource whose holds both are still
   trusted at that instant, each by its own clock (``held.seconds_left() > 0``, not known
-  lost), when one of them is exclusive; never more than ``limit`` trusted counting holders.
+  lost), when one of them is exclusive; never more than ``limit`` trusted counting holders,
+  and never counting holders of two limits at once.
   Trust only shrinks between events, so a check after each event sees every overlap begin.
 * **Fences**: a hold granted on a resource (a token appearing among a lock row's holders, as
   the database applied the write) has a fence above every hold granted before it; an
@@ -289,6 +290,8 @@ class Monitor:
         who = ", ".join(f"{e.proc.name} (fence {e.held.fence})" for e in trusted)
         if exclusive:
             self.fail(f"{resource!r}: an exclusive holder beside others, all trusted: {who}")
+        elif len({e.limit for e in counting}) > 1:
+            self.fail(f"{resource!r}: counting holders of different limits together: {who}")
         elif counting and len(counting) > counting[0].limit:
             self.fail(f"{resource!r}: {len(counting)} counting holders over the limit: {who}")
         elif counting and len(counting) != len(trusted):

@@ -49,7 +49,11 @@ and the faults fixed earlier, put back:
 * ``queued_plan_from_old_row`` (found by the order check, fixed with it): a queued waiter
   plans its take from the row as an eventually consistent look showed it, older than its
   ticket (or not made yet), instead of reading it first: it takes the lock past the
-  waiters ahead of it.
+  waiters ahead of it;
+* ``limit_change_unfenced`` and ``hint_past_hw`` (found by review, fixed by 73004a4): a permit
+  row takes another limit or mode without fencing its slots first, so a take between its row
+  write and its permit write holds a permit the new limit or mode does not count; a slot
+  freed under the old limit is hinted into the reset row (the ``limits`` mix, in permits).
 """
 
 from __future__ import annotations
@@ -262,6 +266,25 @@ def no_join_grace(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(queue_entries, "JOIN_GRACE", 0.0)
 
 
+def limit_change_unfenced(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._storage import permit_items
+
+    # A permit row changes limit or mode from a read of its permits alone (before 73004a4).
+    mp.setattr(permit_items, "fence_out", lambda item, stale_ms: None)
+
+
+def hint_past_hw(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._storage import permit_items
+
+    hint = permit_items.hint
+
+    def unbounded(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        return drop_condition(hint(*args, **kwargs), "#hw > :n")
+
+    # A slot freed under an old limit is hinted into a row reset since (before 73004a4).
+    mp.setattr(permit_items, "hint", unbounded)
+
+
 MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     f.__name__: f
     for f in (
@@ -284,5 +307,7 @@ MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
         release_before_commit,
         queued_plan_from_old_row,
         no_join_grace,
+        limit_change_unfenced,
+        hint_past_hw,
     )
 }

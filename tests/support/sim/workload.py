@@ -11,6 +11,10 @@ Kinds of process (a run's ``mix`` names them, one per process, round robin):
 * ``pair``: ``semaphore(["r", "s"])``, both at once (one transaction), beside ``single``:
   ``semaphore("s")``;
 * ``long``: ``with semaphore("r")`` around work of one to three leases (its heartbeat renews);
+* ``limits``: one resource, ``"c"``, taken with ``limit=3``, with ``limit=2`` and exclusively,
+  by turns: a row (or, with ``--permits-from``, its permit items) changes limit and mode
+  once nobody holds it, and a take of another limit while someone does is refused
+  (``ValueError``, counted as ``other_limit``);
 * ``committer``: ``with semaphore("r")`` inside a database transaction that goes on after the
   block and then commits (one in ten rolls back): dynasem gives the hold back at its end
   (``commit.after_transaction``, simulated: :class:`Transaction`).
@@ -34,6 +38,7 @@ MIXES = {
     "all": ("exclusive", "impatient", "counting", "reader", "writer", "fair", "pair", "single"),
     "renewing": ("long", "exclusive", "impatient"),
     "commits": ("committer", "exclusive", "committer"),
+    "limits": ("counting", "counting2", "exclusive_c"),
 }
 
 
@@ -61,6 +66,10 @@ def lock_of(kind: str, rng: Any) -> Any:
         return semaphore("r", wait=rng.uniform(0.1, 2.0))
     if kind == "counting":
         return semaphore("c", limit=3)
+    if kind == "counting2":
+        return semaphore("c", limit=2)
+    if kind == "exclusive_c":
+        return semaphore("c")
     if kind == "reader":
         return semaphore("rw", shared=True)
     if kind == "writer":
@@ -106,6 +115,10 @@ def run(sim: Any, proc: Any) -> None:
         except SemaphoreUnavailable as exc:
             stats["unavailable"] += 1
             sim.record("unavailable", proc, str(exc)[:80])
+        except ValueError as exc:
+            if "must use the same limit" not in str(exc):
+                raise
+            stats["other_limit"] += 1  # held with another limit or mode: refused, as it should
         finally:
             for resource in sem.resources:
                 monitor.end(proc, resource)
