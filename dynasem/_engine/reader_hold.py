@@ -11,6 +11,7 @@ import random
 import time
 from typing import Any
 
+from .. import _clock as clock
 from .._observability.logs import facts
 from .._storage import dynamodb, lock_rows, reader_items, records
 from ..exceptions import SemaphoreUnavailable
@@ -126,18 +127,35 @@ def undo(resource: str, epoch: int, token: str) -> None:
 
 def break_reader(resource: str, token: str, reader: records.Reader | None = None) -> bool:
     """An operator breaks reader ``token`` (if it still holds); the reaper a dead one, as
-    read (``reader``: its lease end must be unchanged). False: no such reader."""
+    read (``reader``: its lease end must be unchanged). False: no such reader.
+
+    Its item is left a tombstone (:func:`reader_items.break_reader`), not deleted: a reader
+    whose item's write was applied, its answer lost, sends it again, and over a deleted item
+    that write would make a reader again after this count-down (a writer let in beside it)."""
     until = None if reader is None else reader.holder.expires_ms
     if reader is None:
         reader = next((r for r in reader_items.readers(resource) if r.token == token), None)
         if reader is None:
             return False
+    tombstone_until = max(reader.holder.expires_ms, clock.now_ms())
     try:
-        reader_items.drop_reader(resource, token, until)
+        reader_items.send(reader_items.break_reader(resource, token, tombstone_until, until))
     except dynamodb.Refused:
         return False
     count_down(resource, reader.epoch)
     return True
+
+
+def forget_admission(resource: str, epoch: int, token: str) -> None:
+    """Our admission was broken before its item was written (an operator's break between
+    the item's write, whose answer was lost, and its re-send): the break counted it down.
+    Its mark comes off the row (if still ours), so that admitted again it is counted again.
+    Raises :class:`SemaphoreUnavailable` if that write failed (the mark may still be ours:
+    an admission planned from it would not be counted)."""
+    try:
+        lock_rows.update(reader_items.unmark(resource, epoch, token))
+    except dynamodb.Refused:
+        pass  # not ours any more (another admission since, or our own write sent again)
 
 
 WRITTEN_OFF = "its readers were written off, or it was broken by an operator"
@@ -200,7 +218,9 @@ class ReaderHeld(Held):
                 # Not counted down even then: an operator's break, between our first
                 # attempt and its re-send, counts it down itself, and twice would let a
                 # writer in beside a reader (too high only delays one, to the write-off).
-                ok = ok and self._gone_after_work(refused.retried)
+                # A tombstone of ours: broken by an operator (or the reaper), surely.
+                broken = (refused.item or {}).get("bt") == self.token
+                ok = ok and not broken and self._gone_after_work(refused.retried)
                 continue
             except SemaphoreUnavailable as exc:
                 self._log_unreleased(resource, exc)

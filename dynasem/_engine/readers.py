@@ -40,8 +40,11 @@ def admitted(
     """The row admitted us (``row``: as our write left it): our item, trusted until
     ``lease - skew`` after that write left. None: less than ``margin`` of that was left
     once the item was written (its answer, or the admission's, came late): given back, to
-    be admitted again. A renewal could not confirm it: an item written after its epoch was
-    written off would renew as well, and claims nothing."""
+    be admitted again; or the item's write was refused, an operator (or the reaper) having
+    broken it between a send of it that was applied and the next (its answer lost): the
+    break counted us down, and we are admitted again (as a refused take plans again). A
+    renewal could not confirm it: an item written after its epoch was written off would
+    renew as well, and claims nothing."""
     resource, token = row.resource, run.token
     holder = lock_writes.holder_entry(run.user_id, expires_ms, row.fence, now_ms, True, run.proc)
     undo = functools.partial(reader_hold.undo, resource, row.reader_epoch, token)
@@ -51,6 +54,13 @@ def admitted(
         try:
             yield Write(functools.partial(reader_items.send, action), token, [], undo=undo)
             break
+        except dynamodb.Refused:
+            # Broken meanwhile (a tombstone of our fence): no hold. Our mark off the row
+            # first, or the next plan would confirm the admission the break counted down.
+            yield Request(
+                functools.partial(reader_hold.forget_admission, resource, row.reader_epoch, token)
+            )
+            return None
         except SemaphoreUnavailable as exc:
             failures += 1
             if not exc.transient or failures >= ITEM_TRIES:

@@ -12,7 +12,9 @@ is a live shared holder: it waits, as for a reader in the row.
 
 A reader item is ``sk = "r#<token>"`` (:func:`reader_sk`): ``u`` user, ``e`` lease end, ``f``
 fence, ``a`` taken at, ``p`` process, ``ep`` the epoch it was admitted under; ``expires`` for
-TTL only; in no index.
+TTL only; in no index. An operator's break (or the reaper's) leaves it as a tombstone, not
+deleted: ``bt`` the broken token, its fence and epoch, no lease end, a TTL a bucket from the
+break (:func:`break_reader`); no reader, to anyone who reads it (:func:`readers`).
 
 An admission is two writes: the row (``fence + 1``, ``rc + 1`` or a new epoch, the sentinel's
 lease end raised to cover ours; the queue's terms as for any take), then the reader's item,
@@ -257,14 +259,52 @@ def write_off(resource: str, seen: LockItem) -> dict[str, Any]:
 
 
 def put_reader(resource: str, token: str, holder: Holder, epoch: int) -> dict[str, Any]:
-    """The reader's item (its token is its key: a retry writes the same item again)."""
+    """The reader's item (its token is its key: a retry writes the same item again), unless
+    it was broken under this admission's fence or a later one (:func:`break_reader`).
+
+    The admission counted its reader in the row first: an operator's break that lands
+    between this write (applied, its answer lost) and its re-send counts it down again,
+    and the last one takes the sentinel off. Sent again over a deleted item, the write
+    would make a reader nobody counts, whom a writer does not wait for. Refused (the
+    tombstone's fence is ours): broken while admitted; the admission must be made again.
+    A later admission of the same token (a fresh fence, above the tombstone's) writes over
+    it."""
     sets, values = item_sets(holder)
     values[":ep"] = epoch
-    return update_action(resource, reader_sk(token), f"SET {sets}, #ep = :ep", "", {}, values)
+    update = f"SET {sets}, #ep = :ep REMOVE #bt"
+    condition = "attribute_not_exists(#bt) OR #f < :f"
+    return update_action(resource, reader_sk(token), update, condition, {}, values)
 
 
 def renew_reader(resource: str, token: str, expires_ms: int) -> dict[str, Any]:
     return renew_item(resource, reader_sk(token), expires_ms, "attribute_exists(#e)", {})
+
+
+def break_reader(
+    resource: str, token: str, until_ms: int, expires_ms: int | None = None
+) -> dict[str, Any]:
+    """An operator breaks reader ``token`` (the reaper: a dead one, its lease end as read,
+    ``expires_ms``: a reader that renewed meanwhile keeps it). Not a delete: the item
+    becomes a tombstone, its lease end and holder gone, ``bt`` its token, fence and epoch
+    kept, so that a re-send of the reader's own :func:`put_reader` (its first answer lost)
+    is refused and does not make the broken reader again; it goes with TTL a bucket after
+    ``until_ms`` (the later of the reader's lease end and now)."""
+    values: dict[str, Any] = {":tok": token, ":exp": records.ttl_of(until_ms)}
+    condition = "attribute_exists(#e)"
+    if expires_ms is not None:
+        condition = "#e = :e"
+        values[":e"] = expires_ms
+    update = "REMOVE #e, #u, #a, #p SET #bt = :tok, #exp = :exp"
+    return update_action(resource, reader_sk(token), update, condition, {}, values)
+
+
+def unmark(resource: str, epoch: int, token: str) -> dict[str, Any]:
+    """The row's mark of our admission (``rlast``) off, if it is still ours: an admission
+    broken before its item was written (:func:`put_reader` refused) was counted down by the
+    break; admitted again, it must be counted again, not taken for the admission confirmed
+    (:func:`admitted_before`)."""
+    values = {":mark": admission_mark(token, epoch)}
+    return update_action(resource, LOCK_SK, "REMOVE #rla", "#rla = :mark", {}, values)
 
 
 def drop_reader(resource: str, token: str, expires_ms: int | None = None) -> None:
@@ -290,8 +330,10 @@ def drop_reader(resource: str, token: str, expires_ms: int | None = None) -> Non
 
 
 def readers(resource: str, *, consistent: bool = True) -> list[Reader]:
-    """Every reader item of ``resource``, of any epoch, live or not."""
-    return list(members(resource, READER_PREFIX, records.reader_of, consistent=consistent))
+    """Every reader item of ``resource``, of any epoch, live or not; no tombstone (a reader
+    broken: :func:`break_reader`)."""
+    found = members(resource, READER_PREFIX, records.reader_of, consistent=consistent)
+    return [r for r in found if r.broken_token is None]
 
 
 def with_readers(
@@ -310,5 +352,9 @@ def with_readers(
     holders = {} if after_sk else {t: h for t, h in item.holders.items() if t != SENTINEL}
     page = listing_page(consistent, most, after_sk)
     found = members(item.resource, READER_PREFIX, records.reader_of, **page)
-    ours = ((r.token, r.holder, reader_sk(r.token)) for r in found if r.epoch == item.reader_epoch)
+    ours = (
+        (r.token, r.holder, reader_sk(r.token))
+        for r in found
+        if r.epoch == item.reader_epoch and r.broken_token is None
+    )
     return listed(item, holders, ours, most)

@@ -423,11 +423,13 @@ def reader_sk(token: str) -> str:
 @dataclass(frozen=True, slots=True)
 class Reader:
     """One reader item: its token, its hold (the item's own ``u``, ``e``, ``f``, ``a``,
-    ``p``), and the epoch it was admitted under."""
+    ``p``), and the epoch it was admitted under; or a broken reader's tombstone."""
 
     token: str
     holder: Holder
     epoch: int = stored_as("ep", 0)
+    # Set on a tombstone: the token an operator (or the reaper) broke; no reader then.
+    broken_token: str | None = stored_as("bt")
 
 
 def reader_of(item: Mapping[str, Any]) -> Reader:

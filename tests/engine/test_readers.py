@@ -347,6 +347,11 @@ def test_an_operator_breaks_one_item_reader(holds: list[Any]) -> None:
     assert operations.break_hold("doc", victim.token)
     assert victim.token not in reader_items() and other.token in reader_items()
     assert row()["rc"] == 1
+    # Its item stays a tombstone (a re-send of its write, answer lost, is refused by it):
+    # no lease end, no holder, and listed nowhere.
+    tombstone = lock_rows.get_item("doc", records.reader_sk(victim.token))
+    assert tombstone is not None and tombstone["bt"] == victim.token and "e" not in tombstone
+    assert victim.token not in {h.token for h in operations.holds_on("doc")}
     with pytest.raises(LockLost):
         victim.renew()
     assert not operations.break_hold("doc", victim.token)  # gone already
@@ -354,6 +359,22 @@ def test_an_operator_breaks_one_item_reader(holds: list[Any]) -> None:
     assert items.SENTINEL in row()["holders"]
     other.release()
     assert items.SENTINEL not in row()["holders"]  # the count reached 0 with the break
+
+
+def test_a_broken_readers_tombstone_holds_no_write_off_up(holds: list[Any]) -> None:
+    """A reader broken (its item a tombstone of the epoch) beside one that dies: a waiting
+    writer writes the dead one off as if the broken one's item were gone."""
+    readers = [take(holds, "doc", shared=True, lease=3) for _ in range(INLINE)]  # as above
+    broken, dead = (take(holds, "doc", shared=True, lease=1) for _ in range(2))
+    assert operations.break_hold("doc", broken.token)
+    for held in readers:
+        held.release()
+    abandon(dead)
+    start = time.monotonic()
+    writer = take(holds, "doc", wait=10)
+    assert time.monotonic() - start < 6
+    assert reader_items() == {}
+    assert writer.fence > dead.fence
 
 
 def test_the_reaper_frees_dead_item_readers(holds: list[Any]) -> None:

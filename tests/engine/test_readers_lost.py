@@ -1,6 +1,7 @@
 """Reader items under lost answers and throttling (issue 40, point G): an admission whose
-answer was lost counts its reader once; a count-down that is throttled pauses between its
-tries and says so when it gives up."""
+answer was lost counts its reader once; an item's write whose answer was lost, broken by an
+operator before it is sent again, does not make the broken reader again; a count-down that
+is throttled pauses between its tries and says so when it gives up."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from dynasem import semaphore
+from dynasem import SemaphoreBusy, semaphore
 from dynasem._engine import reader_hold as reader_held
+from dynasem._operators import locks
 from dynasem._storage import dynamodb, lock_rows
 from dynasem._storage import reader_items as items
 from tests.engine.test_trust_at_return import LEASE, PAST, LateAnswers, admission, sk_of
@@ -67,6 +69,34 @@ class LoseAnswer:
 
     def __exit__(self, *exc: Any) -> None:
         self.client.meta.events.unregister("needs-retry.dynamodb.UpdateItem", self._hook)
+
+
+class BreakBetweenSends(LoseAnswer):
+    """The first write of a reader item: applied, its answer lost (as :class:`LoseAnswer`),
+    and before botocore sends it again an operator breaks that reader (``dynasem_release``,
+    the admin's break): ``broken`` says whether the break was made."""
+
+    def __init__(self) -> None:
+        super().__init__(lambda body: sk_of(body).startswith("r#"))
+        self.broken: list[bool] = []
+
+    def _hook(self, request_dict: dict[str, Any], response: Any, **kwargs: Any) -> None:
+        import json
+
+        if self.remaining <= 0 or response is None or response[0].status_code != 200:
+            return
+        body = json.loads(request_dict["body"] or b"{}")
+        if self.match(body):
+            resource, token = body["Key"]["pk"]["S"], sk_of(body)[2:]
+
+            def operator() -> None:  # on a thread of its own: another client's request
+                with dynamodb.quick():
+                    self.broken.append(locks.break_hold(resource, token))
+
+            thread = threading.Thread(target=operator)
+            thread.start()
+            thread.join()
+        super()._hook(request_dict, response, **kwargs)
 
 
 def counted(resource: str) -> tuple[int, int]:
@@ -135,6 +165,41 @@ def test_an_admission_answered_too_late_and_given_back_counts_once(holds: list[A
     holds.append(held)
     assert late.fired == 1
     assert counted("doc") == (2, 2)
+    all_leave_and_a_writer_gets_in(holds, "doc")
+
+
+@pytest.mark.parametrize("before", [0, 1], ids=["last-reader", "beside-an-item-reader"])
+def test_a_reader_broken_between_its_items_sends_never_holds_beside_a_writer(
+    holds: list[Any], before: int
+) -> None:
+    """The reader's item written, its answer lost, and broken by an operator before botocore
+    sends it again (the break counts the reader down: the last one, it takes the readers'
+    sentinel off the row; beside another, the row still shows our admission as its last).
+    The write sent again is refused by the break's tombstone: the reader is admitted again,
+    counted, so a writer waits for it. Before, it wrote the item again: the reader held,
+    renewed, and was listed nowhere, and a writer took the lock beside it at once."""
+    others = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE + before)]
+    with BreakBetweenSends() as hook:
+        reader = take(holds, "doc", shared=True, lease=30)
+    assert hook.broken == [True], "the operator's break did not land between the sends"
+    assert counted("doc") == (before + 1, before + 1)
+    for held in others:
+        held.release()
+        holds.remove(held)
+    reader.renew()
+    assert not reader.lost  # the reader holds: no writer beside it
+    try:
+        writer = semaphore("doc", wait=0, lease=30).acquire()
+    except SemaphoreBusy:
+        pass
+    else:
+        holds.append(writer)
+        pytest.fail(
+            f"two holders: reader {reader.token[:8]} (shared, renewing) and writer "
+            f"{writer.token[:8]} (exclusive, fence {writer.fence})"
+        )
+    assert counted("doc") == (1, 1)
+    assert reader.token in {h.token for h in locks.holds_on("doc")}  # operators see it
     all_leave_and_a_writer_gets_in(holds, "doc")
 
 
