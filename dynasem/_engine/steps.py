@@ -194,11 +194,16 @@ async def _drive(steps: Steps[_T], *, blocking: bool) -> _T:
             raise  # the loop's own answer (busy, unavailable): it cleaned up what it had
         except BaseException:  # Ctrl-C, SystemExit, cancelled: not for the loop to decide
             # Interrupted during ``step``, or inside the loop after it (then it is over).
-            steps.close()
-            if step is not None and blocking:
-                _interrupted(step, queued)
-            elif step is not None:
-                await run_io(_interrupted, step, queued)
+            # Leave the queue before the loop is closed: closing it stops our push slot
+            # (core's ``push.forget``), and a hand-over still on its way to us must find it
+            # (``push.depart``) to be handed on at once.
+            try:
+                if step is not None and blocking:
+                    _interrupted(step, queued)
+                elif step is not None:
+                    await run_io(_interrupted, step, queued)
+            finally:
+                steps.close()
             raise
 
 

@@ -112,6 +112,41 @@ def test_a_cancelled_queued_wait_abandons_its_place(
     assert abandoned == ["res"]
 
 
+@pytest.mark.parametrize("how", ["interrupt", "cancel"])
+def test_an_interrupted_queued_wait_leaves_its_place_before_the_loop_is_closed(
+    monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """Closing the loop ends the wait (core then forgets the waiter's push mailbox): it
+    leaves the queue first, so that a hand-over still on its way finds it leaving, to be
+    handed on at once (push.depart), not gone."""
+    order: list[str] = []
+    monkeypatch.setattr(InQueue, "abandon", lambda self: order.append("left"))
+
+    def interrupt() -> None:
+        raise KeyboardInterrupt
+
+    def steps() -> Steps[None]:
+        try:
+            yield InQueue(lambda: None, "tok", "res", write=True)  # joined
+            yield Request(interrupt) if how == "interrupt" else Sleep(10)
+        finally:
+            order.append("closed")
+
+    async def cancelled() -> None:
+        task = asyncio.ensure_future(run_async(steps()))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    if how == "interrupt":
+        with pytest.raises(KeyboardInterrupt):
+            run_sync(steps())
+    else:
+        asyncio.run(cancelled())
+    assert order == ["left", "closed"]
+
+
 def test_an_awaitable_queued_step_is_awaited_on_the_loop_not_sent_in_a_thread() -> None:
     """A wait for a pushed hand-over: blocking code sends it (an Event wait in its thread),
     async code awaits it on the event loop, holding no thread."""
