@@ -431,6 +431,7 @@ def depart(
         for old, gone in list(listener.slots.items()):
             if gone.left and gone.until < now:
                 listener.slots.pop(old, None)
+    made = slot is None  # it did not listen, or stopped (an interrupt that ended its loop)
     if slot is None:
         slot = _Slot(resource or "", token, settings.TABLE_NAME)
     # The slot stays registered, left: whatever the listener thread is doing, a push finds
@@ -440,6 +441,8 @@ def depart(
         slot.give_back = give_back
         slot.until = now + seconds
         pushed, slot.push = slot.push, None
+    if made and listener is not None:
+        listener.slots[token] = slot  # left already: a push that comes is handed back
     if resource is not None:
         heartbeat.later(slot, LATE_LOOK)
     if pushed is not None:

@@ -683,6 +683,33 @@ def test_a_line_pushed_while_the_heirs_own_look_made_it_holder_goes_to_its_hold(
         wakeup.holds.pop(token, None)
 
 
+@pytest.mark.parametrize("path", ["in-process", "datagram"])
+def test_a_push_to_a_waiter_that_left_once_its_wait_was_over_is_given_back(
+    lock_table, path, monkeypatch
+):
+    """A waiter may leave the queue after its wait ended (an interrupt inside its acquire
+    loop: the loop's end forgot its mailbox first): a hand-over pushed to it after it left
+    still reaches its give-back, not the floor."""
+    monkeypatch.setattr(wakeup, "IN_PROCESS", path == "in-process")
+    token = "t-left-after"
+    _listening_slot("deploy:push", token)
+    wakeup.forget(token)  # its wait is over
+    given: list[records.LockItem] = []
+    wakeup.depart(token, given.append, seconds=10, resource="deploy:push")
+    item, _ = _line_push(token, lock_table)
+    try:
+        assert wakeup.push(
+            wakeup._listener.address, "deploy:push", token, item, sent_ms=clock.now_ms()
+        )
+        deadline = time.monotonic() + 5
+        while not given:
+            assert time.monotonic() < deadline, "the push was not given back"
+            time.sleep(0.01)
+        assert [i.holders[token].fence for i in given] == [7]
+    finally:
+        wakeup._listener.slots.pop(token, None)
+
+
 def test_a_releaser_gives_its_cpu_to_the_heir_once_the_datagram_is_sent(lock_table, monkeypatch):
     """The datagram wakes the heir's listener, which the kernel tends to queue behind the
     releaser on its CPU: the releaser yields at once (only after a datagram went out)."""
