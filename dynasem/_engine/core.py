@@ -479,10 +479,12 @@ class Acquire:
             return
         if run.remaining() <= 0:
             if pace.ticket is not None:
+                entry = (pace.queue_id, pace.ticket)
                 kept = yield from leave_queue(
-                    run.sem, pace, run.token, lease=run.lease, skew=run.skew
+                    run.sem, run.token, entry, lease=run.lease, skew=run.skew
                 )
                 if kept is not None:
+                    pace.ticket = None  # out of the line, holding
                     seen[first] = kept
                     return
             if one:

@@ -16,8 +16,7 @@ from ..exceptions import SemaphoreUnavailable
 from . import push
 from .hold import Held
 from .lockspec import LockSpec
-from .queue import Pace
-from .steps import Request, Steps
+from .steps import Request, Steps, run_sync
 
 logger = logging.getLogger("dynasem")
 
@@ -62,26 +61,20 @@ def give_back_stray(
 
 
 def leave_queue(
-    semaphore: LockSpec, pace: Pace, token: str, *, lease: float, skew: float
+    semaphore: LockSpec, token: str, entry: tuple[int, int], *, lease: float, skew: float
 ) -> Steps[records.LockItem | None]:
-    """A queued waiter whose wait ran out leaves the queue. Returns the row if a hand-over
-    reached us meanwhile (ours to keep); else None, and a hand-over still on its way is
-    handed on (:func:`give_back_stray`) when its push comes or, pushed or not, when this
-    process looks at the row once more a little later (:func:`dynasem._engine.push.depart`).
-    ``pace.ticket`` stays our place when we left, for the busy estimate."""
+    """A queued waiter (``entry``: its queue's qbase and its ticket) leaves the queue. Returns
+    the row if a hand-over reached us meanwhile; else None, and a hand-over still on its way
+    is handed on (:func:`give_back_stray`) when its push comes or, pushed or not, when this
+    process looks at the row once more a little later (:func:`dynasem._engine.push.depart`)."""
     resource = semaphore.resources[0]
-    ticket, pace.ticket = pace.ticket, None
-    if ticket is None:
-        return None
     try:
         gone: records.LockItem | None = yield Request(
-            functools.partial(
-                queue_entries.leave_queue, resource, pace.queue_id, ticket, token=token
-            )
+            functools.partial(queue_entries.leave_queue, resource, *entry, token=token)
         )
         if gone is not None and token in gone.holders:
             return gone
-        handed = queue_entries.may_be_handed(gone, pace.queue_id, ticket, token)
+        handed = queue_entries.may_be_handed(gone, *entry, token)
     except SemaphoreUnavailable:
         handed = True  # our entry may be there still (it expires with its lease)
     push.depart(
@@ -90,5 +83,15 @@ def leave_queue(
         seconds=lease + skew,
         resource=resource if handed else None,
     )
-    pace.ticket = ticket
     return None
+
+
+def abandon(
+    semaphore: LockSpec, token: str, entry: tuple[int, int], *, lease: float, skew: float
+) -> None:
+    """A queued waiter interrupted (Ctrl-C, a cancelled task) leaves the queue as one whose
+    wait ran out does (:func:`leave_queue`), but nobody is left to use a hand-over that
+    reached it meanwhile either: that one is handed on too."""
+    kept = run_sync(leave_queue(semaphore, token, entry, lease=lease, skew=skew))
+    if kept is not None:
+        give_back_stray(semaphore, token, kept, lease=lease, skew=skew)

@@ -17,7 +17,7 @@ from .._storage import dynamodb, lock_rows, lock_writes, queue_entries, records
 from .._storage.records import Mode
 from ..exceptions import SemaphoreBusy, SemaphoreUnavailable
 from ..signals import lock_busy
-from . import hold, processes, push
+from . import hold, late_handover, processes, push
 from .lockspec import Attempt, LockSpec
 from .steps import InQueue, Request, Sleep, Steps
 
@@ -589,15 +589,26 @@ def _enqueue(
     run: Attempt, send: Callable[[], _T], resource: str, entry: tuple[int, int] | None
 ) -> Steps[_T | None]:
     """One write of joining the queue, tried again (ENQUEUE_TRIES) while it fails in transit."""
+    leave = _leaving(run, entry)
     for attempt in range(1, ENQUEUE_TRIES + 1):
         try:
-            answer: _T = yield InQueue(send, run.token, resource, write=True, entry=entry)
+            answer: _T = yield InQueue(send, run.token, resource, write=True, leave=leave)
             return answer
         except SemaphoreUnavailable as exc:
             if not exc.transient or attempt == ENQUEUE_TRIES:
                 raise
             yield Sleep(min(backoff(attempt), max(0.001, run.remaining())))
     return None
+
+
+def _leaving(run: Attempt, entry: tuple[int, int] | None) -> Callable[[], None] | None:
+    """What leaves the queue (``entry``: its qbase, our ticket) if our caller is interrupted
+    while we wait in it; None before our ticket is known (then nobody waits for it)."""
+    if entry is None or not entry[1]:
+        return None
+    return functools.partial(
+        late_handover.abandon, run.sem, run.token, entry, lease=run.lease, skew=run.skew
+    )
 
 
 def _nap(run: Attempt, resource: str, seen: records.LockItem | None, pace: Pace) -> float:
@@ -642,7 +653,7 @@ def _wait_for_turn(
     """Sleep toward our turn. ``(True, item)``: the state to plan from, without a look (a
     hand-over pushed to us; a holder in our way on this host ended); ``(False, None)``: the
     nap is over, look again."""
-    entry = (pace.queue_id, pace.ticket or 0)
+    leave = _leaving(run, (pace.queue_id, pace.ticket or 0))
     listening = push.listening(run.token)
     last_fence = seen.fence if seen is not None else 0
     # A holder in our way runs on this host: look in /proc whether it ended every
@@ -658,7 +669,7 @@ def _wait_for_turn(
                 run.token,
                 resource,
                 asend=functools.partial(push.await_push, run.token, part, fence_above=last_fence),
-                entry=entry,
+                leave=leave,
             )
             if pushed is not None:
                 return True, _pushed(run, resource, pace, pushed)

@@ -24,10 +24,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .. import _clock as clock
-from .._storage import dynamodb, lock_rows, lock_writes, queue_entries
-from ..conf import settings
+from .._storage import dynamodb, lock_rows, lock_writes
 from ..exceptions import SemaphoreUnavailable
-from . import push
 
 _T = TypeVar("_T")
 
@@ -105,7 +103,8 @@ class Write:
 @dataclass(frozen=True, slots=True)
 class InQueue:
     """A step of a queued wait: if its caller is cancelled, the queue entry must go (or a
-    releasing holder would hand the lock to a waiter nobody is left to use)."""
+    releasing holder would hand the lock to a waiter nobody is left to use), and a hand-over
+    that reached it, or is still on its way, is handed on to the next waiter."""
 
     send: Callable[[], Any]
     token: str
@@ -114,28 +113,14 @@ class InQueue:
     # The same step for async callers, awaited on the event loop instead of sent in a thread
     # (a wait for a push: a coroutine waits with no thread).
     asend: Callable[[], Awaitable[Any]] | None = None
-    # Our entry (the queue's qbase, our ticket), once its ticket is known.
-    entry: tuple[int, int] | None = None
+    # What leaves the queue if the caller is interrupted (dynasem._engine.late_handover's
+    # abandon); None before our ticket is known: a ticket drawn without an entry is passed by
+    # the next turn.
+    leave: Callable[[], None] | None = None
 
     def abandon(self) -> None:
-        if self.entry is None or not self.entry[1]:
-            return  # no entry yet: a ticket drawn without one is passed by the next turn
-        try:
-            row = queue_entries.leave_queue(self.resource, *self.entry, token=self.token)
-        except SemaphoreUnavailable:
-            return  # the entry expires with its lease
-        if row is not None and self.token in row.holders:
-            withdraw(self.token, [self.resource])  # handed to us meanwhile
-            return
-        # A hand-over on its way to us (its releaser read the queue before we left) is
-        # given back when it comes.
-        token, resource = self.token, self.resource
-        push.depart(
-            token,
-            lambda item: withdraw(token, [resource]),
-            seconds=settings.LEASE + settings.CLOCK_SKEW,
-            resource=resource if queue_entries.may_be_handed(row, *self.entry, token) else None,
-        )
+        if self.leave is not None:
+            self.leave()
 
 
 # What the acquire loop yields; it is sent back a request's result (None after a pause).
