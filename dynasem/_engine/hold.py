@@ -458,15 +458,15 @@ class Held:
         if waiter.ticket <= known.queue_out or any(w.ticket == waiter.ticket for w in known.line):
             return True  # its turn went by, or known
         # Into the line we know, in ticket order, trusted from when the line was read or its
-        # first word came. A word may come before the word of a waiter ahead, or behind
-        # waiters we do not know of: the hand-over checks the line has nobody missing before
-        # its heir, and else reads the queue, where the line stands in for entries its
-        # waiters have not written yet (queue.ENTRY_DEFER).
-        read = known.line_read
-        if not known.line:
-            read = clock.monotonic() if sent is None else sent
-            if waiter.ticket == known.queue_out + 1:
-                self._told = waiter.token if sent is None else None
+        # oldest word was given: a word held up on its way (a datagram, a word passed on)
+        # makes the line no younger than itself. A word may come before the word of a waiter
+        # ahead, or behind waiters we do not know of: the hand-over checks the line has
+        # nobody missing before its heir, and else reads the queue, where the line stands in
+        # for entries its waiters have not written yet (queue.ENTRY_DEFER).
+        given = clock.monotonic() if sent is None else sent
+        read = min(known.line_read, given) if known.line else given
+        if not known.line and waiter.ticket == known.queue_out + 1:
+            self._told = waiter.token if sent is None else None
         line = tuple(sorted((*known.line, waiter), key=lambda w: w.ticket))
         queue_in = max(known.queue_in, waiter.ticket)
         self._row = dataclasses.replace(known, line=line, line_read=read, queue_in=queue_in)

@@ -365,6 +365,50 @@ def test_a_line_passed_on_is_not_trusted_once_it_is_old(lock_table, requests_sen
     assert requests_sent.calls["Query"] == 3
 
 
+def test_a_word_held_up_on_its_way_makes_the_line_it_joins_as_old_as_itself(
+    lock_table, monkeypatch
+):
+    """A line is trusted without a read for LINE_FRESH from its oldest news: a word sent long
+    ago (a datagram held up, a word passed on late) that joins a line a fresh word began
+    leaves it that old, and the release reads the queue rather than hand over from it."""
+    import dataclasses
+
+    from dynasem._engine import handover
+    from dynasem._storage import queue_entries
+
+    held = semaphore("deploy:old-word", user="holder").acquire()
+    row = held._row
+    assert row is not None
+    row = dataclasses.replace(row, queue_id=row.queue_id or 7)
+    held._row = row
+    row = dataclasses.replace(row, queue_in=row.queue_out + 2)
+    now = clock.now_ms()
+    first, second = (
+        records.Waiter(
+            ticket=row.queue_out + n, expires_ms=now + 10_000, user_id=f"w{n}", token=f"t{n}" * 16
+        )
+        for n in (1, 2)
+    )
+    held.heard_of(row, second, sent=clock.monotonic())  # fresh: the line begins now
+    held.heard_of(row, first, sent=clock.monotonic() - 10 * handover.LINE_FRESH)  # held up
+    reads: list[bool] = []
+    load = queue_entries.load_entries
+
+    def counted(*args, **kwargs):
+        reads.append(kwargs.get("consistent", True))
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(queue_entries, "load_entries", counted)
+    try:
+        heirs, *_ = handover.heirs_of(held._row, held.token)
+        assert reads, "handed over from a line older than LINE_FRESH without a read"
+        assert [w.user_id for _, w in heirs] == ["w1"]  # the words stand in for entries
+    finally:
+        monkeypatch.undo()
+        held._row = None
+        held.release()
+
+
 @pytest.mark.kind_engine_only("times a chain of hand-overs")
 def test_a_line_too_old_to_hand_over_from_still_stands_in_for_entries_not_put(
     lock_table, requests_sent, monkeypatch
