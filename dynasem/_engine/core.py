@@ -36,7 +36,7 @@ from ..exceptions import SemaphoreUnavailable
 from . import arguments, coalescing, permits, processes, push, queue, readers, take
 from .decorators import Decoration, lock_callable
 from .hold import Held, pending_hold
-from .late_handover import give_back_stray, leave_queue
+from .late_handover import abandon, leave_queue
 from .lockspec import Attempt
 from .queue import Blocking
 from .reentry import current_hold, enter, forget_entered, leave, reentered, remember_acquired
@@ -318,13 +318,10 @@ class Acquire:
         run, pace = self.run, self.pace
         if pace.ticket is None or len(self.resources) > 1:
             return
-        kept = yield from leave_queue(run.sem, pace, run.token, lease=run.lease, skew=run.skew)
-        if kept is not None:
-            yield Request(
-                functools.partial(
-                    give_back_stray, run.sem, run.token, kept, lease=run.lease, skew=run.skew
-                )
-            )
+        entry, pace.ticket = (pace.queue_id, pace.ticket), None
+        yield Request(
+            functools.partial(abandon, run.sem, run.token, entry, lease=run.lease, skew=run.skew)
+        )
 
     # -- take --------------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from .._storage import dynamodb, lock_rows, lock_writes, permit_items, queue_ent
 from ..exceptions import SemaphoreUnavailable
 from . import handover, permit_hold, processes, queue, take
 from .hold import Held
-from .late_handover import give_back_stray, leave_queue
+from .late_handover import abandon, give_back_stray
 from .lockspec import Attempt, LockSpec
 from .queue import MAX_REPLANS, Pace, backoff, busy, too_slow, wait_in_queue
 from .steps import Request, Sleep, Steps, Write
@@ -274,13 +274,17 @@ class _Acquire:
         """Leave the queue, if in it. A hand-over in the row that reached us, or reaches us
         later (an exclusive holder hands over to its next in line, whatever that one's mode:
         a queue shared with other limits or modes), is given back: we cannot use it."""
-        run = self.run
-        kept = yield from leave_queue(run.sem, self.pace, run.token, lease=run.lease, skew=run.skew)
-        if kept is None and run.token in self.seen.holders:
-            kept = self.seen
-        if kept is not None:
+        run, pace = self.run, self.pace
+        ticket, pace.ticket = pace.ticket, None
+        lease, skew = run.lease, run.skew
+        if ticket is not None:
+            entry = (pace.queue_id, ticket)
+            yield Request(
+                functools.partial(abandon, run.sem, run.token, entry, lease=lease, skew=skew)
+            )
+        elif run.token in self.seen.holders:  # handed to us, which moved the queue past us
             give_back = functools.partial(
-                give_back_stray, run.sem, run.token, kept, lease=run.lease, skew=run.skew
+                give_back_stray, run.sem, run.token, self.seen, lease=lease, skew=skew
             )
             yield Request(give_back)
 
