@@ -29,11 +29,16 @@ def next_in_line(row: records.LockItem, now_ms: int) -> Heirs:
     """Who takes the lock next, first come first served among the live waiters of ``row``'s
     queue entries: the first one if it is exclusive; else every reader at the head of the
     line, up to the first exclusive waiter (and at most :func:`max_admit`): shared holders
-    hold together."""
-    live = [w for w in row.entries or () if w.expires_ms > now_ms]
+    hold together. A run of readers stops at a ticket with no entry (its waiter's entry not
+    put yet, queue.ENTRY_DEFER): admitting the readers after it would pass it."""
+    entries = row.entries or ()
+    tickets = {w.ticket for w in entries}
+    live = [w for w in entries if w.expires_ms > now_ms]
     heirs: Heirs = []
     for waiter in sorted(live, key=lambda w: (w.ticket, w.token)):
         if heirs and not waiter.shared:
+            break
+        if heirs and any(t not in tickets for t in range(heirs[-1][1].ticket + 1, waiter.ticket)):
             break
         heirs.append((waiter.token, waiter))
         if not waiter.shared or len(heirs) >= max_admit():
