@@ -133,10 +133,12 @@ def _after(entries: tuple[records.Waiter, ...] | None, heirs: Heirs, read: float
 def release_terms(row: records.LockItem | None, skew: float) -> dict[str, Any]:
     """The queue's part of an exclusive holder's plain release (no heir to hand it to):
     nobody may be waiting (a refusal says who came); or every waiter seen is dead: pass
-    them. Waiters whose entries have only just run out are left to take it themselves."""
+    them. Waiters whose entries have only just run out are left to take it themselves.
+    Dead is judged by the clock when the entries were read: a releaser stalled since would
+    find entries renewed (or put) meanwhile dead by its clock now, and pass live waiters."""
     if row is None or not row.waiting:
         return {"queue_idle": True}
-    stale = clock.now_ms() - int(skew * 1000)
+    stale = min(clock.now_ms(), row.entries_read_ms or clock.now_ms()) - int(skew * 1000)
     if row.entries is not None and row.entries_to >= row.queue_in:
         if all(w.expires_ms < stale for w in row.entries):
             return {"pass_to": row.queue_in}

@@ -155,7 +155,7 @@ def _read_entries(item: LockItem, upto: int, consistent: bool) -> LockItem:
         if not start or any(w.expires_ms >= now for w in page):
             break
     covered = found[-1].ticket if start else upto
-    return dataclasses.replace(item, entries=tuple(found), entries_to=covered)
+    return dataclasses.replace(item, entries=tuple(found), entries_to=covered, entries_read_ms=now)
 
 
 def _with_known(read: LockItem, known: Iterable[Waiter]) -> LockItem:

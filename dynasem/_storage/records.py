@@ -257,6 +257,7 @@ class LockItem:
     # A read stops at the first live entry; ``entries_to`` is the last ticket it covered.
     entries: tuple[Waiter, ...] | None = None
     entries_to: int = 0
+    entries_read_ms: int = 0  # when the read of ``entries`` was sent (our wall clock; 0: unknown)
     # The line after us, as the releaser that handed us this row read it (its push carries
     # it): entry items read without ConsistentRead at ``line_read`` (our monotonic clock),
     # for our own hand-over to go without a read while they are fresh (handover.heirs_of).

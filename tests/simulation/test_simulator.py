@@ -348,6 +348,10 @@ FOUND_IN_DYNASEM = [
     # hand-over back as an exclusive waiter does.
     (2, "limits-permits", "light"),
     (20, "limits-permits", "pauses"),
+    # A releaser read the queue, stalled 11.6 s, and judged the entries by its clock after
+    # the stall: every one dead, though renewed (or put) since; its release passed them all
+    # (a long sweep, 2026-12-04). Fixed: dead is judged by the clock when they were read.
+    (5018, "commits", "pauses"),
 ]
 
 
