@@ -36,7 +36,7 @@ from ..exceptions import SemaphoreUnavailable
 from . import arguments, coalescing, permits, processes, push, queue, readers, take
 from .decorators import Decoration, lock_callable
 from .hold import Held, pending_hold
-from .late_handover import abandon, leave_queue
+from .late_handover import leave_queue
 from .lockspec import Attempt
 from .queue import Blocking
 from .reentry import current_hold, enter, forget_entered, leave, reentered, remember_acquired
@@ -315,13 +315,11 @@ class Acquire:
     def leave_refused(self) -> Steps[None]:
         """Leave the queue of a resource we may not take; a hand-over that reached us
         meanwhile is handed on."""
-        run, pace = self.run, self.pace
-        if pace.ticket is None or len(self.resources) > 1:
-            return
-        entry, pace.ticket = (pace.queue_id, pace.ticket), None
-        yield Request(
-            functools.partial(abandon, run.sem, run.token, entry, lease=run.lease, skew=run.skew)
-        )
+        pace = self.pace
+        leave = queue.leaving(self.run, (pace.queue_id, pace.ticket or 0))
+        pace.ticket = None
+        if leave is not None:
+            yield Request(leave)
 
     # -- take --------------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ from .._storage import dynamodb, lock_rows, lock_writes, permit_items, queue_ent
 from ..exceptions import SemaphoreUnavailable
 from . import handover, permit_hold, processes, queue, take
 from .hold import Held
-from .late_handover import abandon, give_back_stray
+from .late_handover import give_back_stray
 from .lockspec import Attempt, LockSpec
 from .queue import MAX_REPLANS, Pace, backoff, busy, too_slow, wait_in_queue
 from .steps import Request, Sleep, Steps, Write
@@ -275,16 +275,13 @@ class _Acquire:
         later (an exclusive holder hands over to its next in line, whatever that one's mode:
         a queue shared with other limits or modes), is given back: we cannot use it."""
         run, pace = self.run, self.pace
-        ticket, pace.ticket = pace.ticket, None
-        lease, skew = run.lease, run.skew
-        if ticket is not None:
-            entry = (pace.queue_id, ticket)
-            yield Request(
-                functools.partial(abandon, run.sem, run.token, entry, lease=lease, skew=skew)
-            )
+        leave = queue.leaving(run, (pace.queue_id, pace.ticket or 0))
+        pace.ticket = None
+        if leave is not None:
+            yield Request(leave)
         elif run.token in self.seen.holders:  # handed to us, which moved the queue past us
             give_back = functools.partial(
-                give_back_stray, run.sem, run.token, self.seen, lease=lease, skew=skew
+                give_back_stray, run.sem, run.token, self.seen, lease=run.lease, skew=run.skew
             )
             yield Request(give_back)
 
@@ -302,12 +299,10 @@ def _plan(
             raise take.other_limit(resource, seen.limit, limit)
         return _Plan("create", 0)
     if seen.limit != limit:
-        held = yield Request(functools.partial(permit_items.permits, resource))
-        if any(not p.free_at(stale) for p in held):
-            raise take.other_limit(resource, seen.limit, limit)
-        # Fenced, no take slowed before its permit write can hold a slot of the old limit.
-        stopped = yield Request(functools.partial(permit_items.fence_out, seen, stale))
-        if stopped is not None and not stopped.free_at(stale):
+        # Its permits read, and fenced if none is live: no take slowed before its permit
+        # write can then hold a slot of the old limit.
+        fenced = yield Request(functools.partial(permit_items.fenced_permits, seen, stale))
+        if queue.live_holders(fenced, stale):
             raise take.other_limit(resource, seen.limit, limit)
         return _Plan("reset", 0)
     if seen.hints:

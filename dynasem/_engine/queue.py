@@ -589,7 +589,7 @@ def _enqueue(
     run: Attempt, send: Callable[[], _T], resource: str, entry: tuple[int, int] | None
 ) -> Steps[_T | None]:
     """One write of joining the queue, tried again (ENQUEUE_TRIES) while it fails in transit."""
-    leave = _leaving(run, entry)
+    leave = leaving(run, entry)
     for attempt in range(1, ENQUEUE_TRIES + 1):
         try:
             answer: _T = yield InQueue(send, run.token, resource, write=True, leave=leave)
@@ -601,9 +601,11 @@ def _enqueue(
     return None
 
 
-def _leaving(run: Attempt, entry: tuple[int, int] | None) -> Callable[[], None] | None:
-    """What leaves the queue (``entry``: its qbase, our ticket) if our caller is interrupted
-    while we wait in it; None before our ticket is known (then nobody waits for it)."""
+def leaving(run: Attempt, entry: tuple[int, int] | None) -> Callable[[], None] | None:
+    """What leaves the queue (``entry``: its qbase, our ticket), handing on whatever reached
+    us (``late_handover.abandon``): when our caller is interrupted while we wait in it, or we
+    may not take the resource after all; None before our ticket is known (then nobody waits
+    for it)."""
     if entry is None or not entry[1]:
         return None
     return functools.partial(
@@ -653,7 +655,7 @@ def _wait_for_turn(
     """Sleep toward our turn. ``(True, item)``: the state to plan from, without a look (a
     hand-over pushed to us; a holder in our way on this host ended); ``(False, None)``: the
     nap is over, look again."""
-    leave = _leaving(run, (pace.queue_id, pace.ticket or 0))
+    leave = leaving(run, (pace.queue_id, pace.ticket or 0))
     listening = push.listening(run.token)
     last_fence = seen.fence if seen is not None else 0
     # A holder in our way runs on this host: look in /proc whether it ended every
