@@ -82,6 +82,15 @@ def test_a_cancelled_write_is_waited_for_then_withdrawn(monkeypatch: pytest.Monk
     assert withdrawn == [("tok", ["a", "b"])]
 
 
+async def _cancelled_once_started(steps: Steps[None]) -> None:
+    """Drive ``steps`` as a task, cancel it once it is under way, and see it cancelled."""
+    task = asyncio.ensure_future(run_async(steps))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 @pytest.mark.parametrize(
     "waiting",
     [
@@ -101,14 +110,7 @@ def test_a_cancelled_queued_wait_abandons_its_place(
         yield InQueue(lambda: None, "tok", "res", write=True)  # joined
         yield waiting()  # waiting for our turn
 
-    async def main() -> None:
-        task = asyncio.ensure_future(run_async(steps()))
-        await asyncio.sleep(0.05)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    asyncio.run(main())
+    asyncio.run(_cancelled_once_started(steps()))
     assert abandoned == ["res"]
 
 
@@ -132,18 +134,11 @@ def test_an_interrupted_queued_wait_leaves_its_place_before_the_loop_is_closed(
         finally:
             order.append("closed")
 
-    async def cancelled() -> None:
-        task = asyncio.ensure_future(run_async(steps()))
-        await asyncio.sleep(0.05)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
     if how == "interrupt":
         with pytest.raises(KeyboardInterrupt):
             run_sync(steps())
     else:
-        asyncio.run(cancelled())
+        asyncio.run(_cancelled_once_started(steps()))
     assert order == ["left", "closed"]
 
 
