@@ -26,7 +26,7 @@ from django.test import override_settings
 
 from dynasem.testing import abandon
 from tests.support import netns, xdist_groups
-from tests.support.dynamodb_local import DynamoDBLocal
+from tests.support.dynamodb_local import SUITE_JAVA_OPTIONS, DynamoDBLocal
 from tests.support.helpers import (
     DYNASEM_REQUESTS,
     ENGINE_ENV,
@@ -160,11 +160,15 @@ _record_dynasem_requests()
 SHARED_ENGINE_ENV = "DYNASEM_TEST_SHARED_DYNAMODB_LOCAL"
 
 
+def _dynamodb_local() -> DynamoDBLocal:
+    return DynamoDBLocal(java_options=SUITE_JAVA_OPTIONS)
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     config = session.config
     controller = getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput")
     if controller and engine_name() != "embedded" and not os.environ.get(SHARED_ENGINE_ENV):
-        engine = DynamoDBLocal().start()
+        engine = _dynamodb_local().start()
         config.add_cleanup(engine.stop)
         config.add_cleanup(lambda: os.environ.pop(SHARED_ENGINE_ENV, None))
         os.environ[SHARED_ENGINE_ENV] = engine.endpoint_url
@@ -183,7 +187,7 @@ def dynamodb_local() -> Iterator[str]:
         elif os.environ.get(SHARED_ENGINE_ENV):
             endpoint = os.environ[SHARED_ENGINE_ENV]
         else:
-            endpoint = stack.enter_context(DynamoDBLocal()).endpoint_url
+            endpoint = stack.enter_context(_dynamodb_local()).endpoint_url
         # DynamoDB Local's own endpoint, under the unkind engine too (tests/storage/test_unkind.py).
         os.environ["DYNASEM_TEST_LOCAL_ENDPOINT"] = endpoint
         if engine_name() == "unkind":

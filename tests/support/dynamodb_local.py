@@ -45,6 +45,15 @@ DUMMY_CREDENTIALS = {
 }
 
 
+# The test suite's JVM: C1 only (no C2 compiler threads) and the serial collector. A suite
+# starts a JVM per pytest run (a matrix session, each half of scripts/pytest.sh), mostly to
+# answer for a minute or two, on CI's 2 busy cores: there C2's compiling and G1's threads
+# cost more than the faster code wins back. Measured 2026-12-05, idle machine, 4 workers:
+# the smoke files (283 tests) 36 -> 29 s of CPU, wall 21 -> 18 s; tests/engine + tests/system
+# (560 tests, 2 minutes) 129 -> 119 s of CPU, the same wall.
+SUITE_JAVA_OPTIONS = ("-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC")
+
+
 def _find_jar_dir(prefix: Path) -> Path | None:
     jars = sorted((prefix / "node_modules" / NPM_PACKAGE / "lib").glob("*/DynamoDBLocal.jar"))
     if jars and (jars[-1].parent / "DynamoDBLocal_lib").is_dir():
@@ -101,13 +110,21 @@ def _die_with_parent_hook() -> Callable[[], None] | None:
 class DynamoDBLocal:
     """One in-memory DynamoDB Local JVM, reached at 127.0.0.1; a context manager.
 
-    ``port=None`` picks a free port. The JVM gets its own process group, which ``stop()``
-    kills; ``stop()`` also runs at interpreter exit, and on Linux the JVM is SIGKILLed if the
-    thread that started it dies (so start it from the main thread or a long-lived one).
+    ``port=None`` picks a free port; ``java_options`` go to ``java`` before ``-jar`` (the test
+    suite's are ``SUITE_JAVA_OPTIONS``; benchmarks keep the JVM's defaults). The JVM gets its
+    own process group, which ``stop()`` kills; ``stop()`` also runs at interpreter exit, and
+    on Linux the JVM is SIGKILLed if the thread that started it dies (so start it from the
+    main thread or a long-lived one).
     """
 
-    def __init__(self, port: int | None = None, startup_timeout: float = 60.0) -> None:
+    def __init__(
+        self,
+        port: int | None = None,
+        startup_timeout: float = 60.0,
+        java_options: tuple[str, ...] = (),
+    ) -> None:
         self.port = port
+        self.java_options = java_options
         self.startup_timeout = startup_timeout
         self.process: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
@@ -155,7 +172,7 @@ class DynamoDBLocal:
     def _spawn(self, jar_dir: Path) -> None:
         self._log = tempfile.NamedTemporaryFile(prefix="dynamodb-local-", suffix=".log")
         cmd = [
-            "java", f"-Djava.library.path={jar_dir / 'DynamoDBLocal_lib'}",
+            "java", *self.java_options, f"-Djava.library.path={jar_dir / 'DynamoDBLocal_lib'}",
             "-jar", str(jar_dir / "DynamoDBLocal.jar"),
             "-inMemory", "-sharedDb", "-disableTelemetry", "-port", str(self.port),
         ]  # fmt: skip
