@@ -18,10 +18,7 @@ from tests.support.sim.runtime import Options, Result, format_event, run
 # seconds (virtual time: its outcome does not depend on the machine's load), and beside the
 # suite's timing-bound tests it made one lose a 1.2 s lease (CI on 9e43ec7:
 # test_faults.py::test_heartbeat_survives_transient_failures).
-# Not measured by `make test`'s coverage (pytest-cov's no_cover): under its tracer this file
-# took 58 s, 45 s paused (34 s with no coverage at all; 2026-12-05), and the lines its runs
-# reach are real engines' tests' too (the figure stayed at 92.8 %: docs/development.md).
-pytestmark = [pytest.mark.serial, pytest.mark.no_cover]
+pytestmark = pytest.mark.serial
 
 # Small runs (the simulated DynamoDB answers in a fraction of a millisecond, moto in several).
 SMALL: dict[str, Any] = {"processes": 5, "hosts": 2, "steps": 6}
