@@ -22,6 +22,7 @@ import pytest
 
 from dynasem import semaphore
 from dynasem._engine import push as wakeup
+from dynasem._operators.locks import holds_on
 from dynasem._storage import lock_writes, queue_entries
 from tests.support.helpers import queue_of
 
@@ -193,3 +194,27 @@ def test_a_hand_over_landing_while_an_interrupted_waiter_leaves_is_handed_on(
 
     monkeypatch.setattr(queue_entries, "leave_queue", releasing_first)
     line.check()
+
+
+def test_a_waiter_whose_wait_ran_out_keeps_a_hand_over_that_reached_it(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The hand-over lands just as the waiter, its wait over, leaves the queue: the row it
+    # reads as it leaves names it the holder. It returns holding, as if the look just before
+    # had found it so (not busy, with the lock held by nobody for its whole lease).
+    holder = semaphore("late:kept", lease=30).acquire()
+    leave, released = queue_entries.leave_queue, threading.Event()
+
+    def releasing_first(*args: Any, **kwargs: Any) -> Any:
+        if not released.is_set():
+            released.set()
+            holder.release()  # hands over to the waiter, its entry still there
+        return leave(*args, **kwargs)
+
+    monkeypatch.setattr(queue_entries, "leave_queue", releasing_first)
+    with semaphore("late:kept", wait=0.5, fair=True, user="kept") as held:
+        assert released.is_set()
+        assert held.fence > holder.fence and held.seconds_left() > 0
+        assert [h.token for h in holds_on("late:kept")] == [held.token]
+    assert holds_on("late:kept") == []
+    assert not holder.lost

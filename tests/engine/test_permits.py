@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from dynasem import LockLost, SemaphoreBusy, semaphore
+from dynasem import LockLost, SemaphoreBusy, SemaphoreUnavailable, semaphore
 from dynasem._engine import queue as queueing
 from dynasem._operators import locks as operations
 from dynasem._storage import dynamodb, lock_rows, lock_writes, records
@@ -336,3 +336,53 @@ def test_the_resource_state_reads_permits_a_page_at_a_time(holds: list[Any]) -> 
     pages = holder_pages("pool:p", most=3)
     assert [len(p) for p in pages] == [3, 3, 2]
     assert sorted(t for p in pages for t in p) == sorted(h.token for h in held)
+
+
+def _is_take(action: dict[str, Any]) -> bool:
+    return str(action.get("UpdateExpression", "")).startswith("SET #k = :tok")
+
+
+def test_a_permit_take_whose_answers_are_lost_until_the_wait_ends_is_given_back(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The permit's write lands, and neither its answer nor the answers of its re-sends come
+    back before the caller's wait is over: the caller is told DynamoDB failed, and the permit
+    its write may have taken is given back at once, not held by nobody for a whole lease."""
+    send, takes = slots.send, []
+
+    def unanswered(action: dict[str, Any], **kwargs: Any) -> Any:
+        if not _is_take(action):
+            return send(action, **kwargs)
+        takes.append(action)
+        send(action, **kwargs)  # applied (the first time; a re-send names our token: no-op)
+        raise SemaphoreUnavailable("answer lost", transient=True, ambiguous=True)
+
+    monkeypatch.setattr(slots, "send", unanswered)
+    with pytest.raises(SemaphoreUnavailable, match="answer lost"):
+        semaphore("pool", limit=16, lease=30, wait=0.3).acquire()
+    monkeypatch.undo()
+    assert len(takes) > 1  # re-sent while the wait lasted
+    assert [p.token for p in permit_items("pool") if p.token] == []  # given back
+    row = lock_rows.get_item("pool")
+    assert row is not None and [int(x) for x in row["hints"]] == [0]  # and hinted, as a release
+    again = take(holds, "pool", limit=16, wait=0)
+    assert again.slots["pool"] == 0
+
+
+def test_an_interrupt_after_the_permit_write_gives_the_permit_back(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    send = slots.send
+
+    def interrupted(action: dict[str, Any], **kwargs: Any) -> Any:
+        result = send(action, **kwargs)  # the write lands...
+        if _is_take(action):
+            raise KeyboardInterrupt  # ...and Ctrl-C comes before its answer is used
+        return result
+
+    monkeypatch.setattr(slots, "send", interrupted)
+    with pytest.raises(KeyboardInterrupt), semaphore("pool", limit=16, lease=30):
+        pytest.fail("the block must not run")
+    monkeypatch.undo()
+    assert [p.token for p in permit_items("pool") if p.token] == []
+    assert take(holds, "pool", limit=16, wait=0).slots["pool"] == 0
