@@ -193,3 +193,51 @@ def test_a_waiter_refused_for_another_limit_leaves_the_queue_at_once(
     thread.join(15)
     assert got and isinstance(got[0], ValueError) and "limit=3" in str(got[0])
     assert queue_of("mix") == {}
+
+
+def test_a_permit_taken_after_the_exclusive_takes_read_stops_it_from_fencing_the_slots(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exclusive take reads the permits (none live), and a permit is taken before it
+    fences the slots out: the fencing is refused by that permit, which counts as a holder,
+    so the exclusive take is refused for the limit it is held with, with no write of the row
+    after that read (the row's fence, moved on by the permit's take, would refuse it too)."""
+    take(holds, "pool", limit=20).release()  # a permit row, every permit free
+    read, taken = slots.with_permits, []
+    update, row_writes = lock_rows.update, []
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name == "writer" and taken:
+            row_writes.append(args)  # after its read of the permits
+        return update(*args, **kwargs)
+
+    monkeypatch.setattr(lock_rows, "update", counted)
+
+    def permit_taken_after_read(item: Any, **kwargs: Any) -> Any:
+        seen = read(item, **kwargs)
+        if not taken and threading.current_thread().name == "writer":
+            runner = threading.Thread(
+                target=lambda: taken.append(semaphore("pool", limit=20, lease=30).acquire())
+            )
+            runner.start()
+            runner.join(10)
+            holds.extend(taken)
+        return seen
+
+    monkeypatch.setattr(slots, "with_permits", permit_taken_after_read)
+    got: list[Any] = []
+
+    def writer() -> None:
+        try:
+            got.append(semaphore("pool", wait=0, lease=30).acquire())
+        except Exception as exc:  # reported to the test
+            got.append(exc)
+
+    thread = threading.Thread(target=writer, name="writer")
+    thread.start()
+    thread.join(15)
+    assert taken, "no permit was taken between the read and the fencing"
+    assert isinstance(got[0], ValueError) and "limit=20" in str(got[0]), got
+    assert row_writes == []
+    assert [p.token for p in live_permits()] == [taken[0].token] and not taken[0].lost
+    assert lock_rows.get("pool").holders == {}
