@@ -549,3 +549,39 @@ def test_a_reader_handed_the_lock_is_not_kept_waiting_for_a_read_of_the_line(
     assert len(calls) >= 2  # the reader's hold did look for a reader after the writer
     assert out["R1"][0] - released < 1.0  # its block began without waiting for that read
     assert out["R1"][2] < out["W2"][2]
+
+
+def test_a_waiter_whose_entry_was_reaped_queues_again(lock_table, monkeypatch, waiters_elsewhere):
+    """A queued waiter's entry is gone before it renews it (TTL deleted it while the waiter
+    was stalled): the renewal is refused, and the waiter queues again, with an entry a
+    releasing holder can find (else it hands over to nobody, and the waiter learns of the
+    free lock only at a look)."""
+    monkeypatch.setattr("dynasem._engine.queue.ENTRY_DEFER", 0.0)  # its entry put at once
+    monkeypatch.setattr("dynasem._engine.queue.Pace.turn_in", lambda *a, **k: 0.1)
+    holder = semaphore("reaped", lease=30).acquire()
+    got: list[object] = []
+
+    def waiter() -> None:
+        try:
+            with semaphore("reaped", lease=2, wait=30, fair=True, user="w") as held:
+                got.append(held)
+        except Exception as exc:  # reported to the test
+            got.append(exc)
+
+    thread = threading.Thread(target=waiter)
+    thread.start()
+    wait_for_queue("reaped", 1)
+    (first,) = queue_of("reaped").values()
+    queue_id = lock_rows.get("reaped").queue_id
+    dynamodb.get_client().delete_item(
+        TableName=lock_table, Key=records.key("reaped", records.entry_sk(queue_id, first.ticket))
+    )
+    # Renewed when half its 2 s lease is gone: refused, it draws another ticket and entry.
+    deadline = time.monotonic() + 10
+    while not any(w.ticket > first.ticket for w in queue_of("reaped").values()):
+        assert time.monotonic() < deadline, "the waiter never queued again"
+        time.sleep(0.05)
+    holder.release()
+    thread.join(15)
+    assert len(got) == 1 and not isinstance(got[0], Exception), got
+    assert queue_of("reaped") == {}
