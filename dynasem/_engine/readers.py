@@ -143,7 +143,14 @@ def try_write_off(seen: records.LockItem | None, skew: float) -> records.LockIte
     stale = now - int(skew * 1000)
     found = [r for r in reader_items.readers(resource) if r.epoch == seen.reader_epoch]
     live = [r for r in found if r.holder.expires_ms >= stale and not processes.gone(r.holder.proc)]
-    if live or (clock.monotonic() < due and len(found) != seen.reader_count):
+    if live:
+        # Not all dead: the next look is due when the first of the live ones may be (its
+        # lease end as read, and the skew). Due again at once, a writer behind readers that
+        # hold on would read their items in a loop, past its own wait.
+        first_end = min(r.holder.expires_ms for r in live)
+        _watched[key] = (clock.monotonic() + (first_end - now) / 1000 + skew, math.inf)
+        return seen
+    if clock.monotonic() < due and len(found) != seen.reader_count:
         return seen
     for reader in found:
         try:

@@ -134,6 +134,76 @@ def test_dead_item_readers_are_written_off_by_a_waiting_writer(holds: list[Any])
             held.release()
 
 
+def counted(read: Any, calls: list[Any]) -> Any:
+    """``read``, each call appended to ``calls``."""
+
+    def reading(*args: Any, **kwargs: Any) -> Any:
+        calls.append(args)
+        return read(*args, **kwargs)
+
+    return reading
+
+
+def test_a_writer_behind_item_readers_that_hold_on_reads_them_once_a_lease_and_gives_up(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only item readers, alive and renewing past their lease, are in a writer's way: it
+    looks whether they died when the first may have (once a lease), and gives up when its
+    wait is over (it read their items in a loop, thousands a second, for as long as they
+    held)."""
+    readers = [take(holds, "doc", shared=True, lease=3) for _ in range(INLINE)]
+    items_held = [take(holds, "doc", shared=True, lease=3) for _ in range(2)]
+    for held in readers:
+        held.release()
+    monkeypatch.setattr(items, "readers", counted(items.readers, looks := []))
+    # They leave after 20 s: a writer that missed its wait would get in then (not hang).
+    leaving = threading.Timer(20, lambda: [held.release() for held in items_held])
+    leaving.start()
+    start = time.monotonic()
+    with pytest.raises(SemaphoreBusy):
+        semaphore("doc", wait=8).acquire()
+    assert time.monotonic() - start < 10
+    # A look when the row has sat unchanged for their lease (3 s + 0.5 s skew), then about
+    # one a lease (3 s): 2 or 3 in 8 s, 10 allowed for a loaded machine's late renewals.
+    assert 1 <= len(looks) <= 10, len(looks)
+    assert all(not held.lost for held in items_held)
+    leaving.cancel()
+
+
+def test_a_reader_whose_renewal_lands_before_the_write_off_is_not_written_off(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer reads an item reader's lease as over, and that reader's renewal (sent in time,
+    delivered late) lands before the writer deletes its item: the delete, conditional on the
+    lease end as read, is refused, and the writer waits for the reader as for a live one."""
+    readers = [take(holds, "doc", shared=True, lease=3) for _ in range(INLINE)]  # as above
+    late = take(holds, "doc", shared=True, lease=1)
+    for held in readers:
+        held.release()
+    abandon(late)
+    epoch, drop, renewed = row()["repoch"], items.drop_reader, []
+
+    def renewed_first(resource: str, token: str, expires_ms: Any = None) -> None:
+        if token == late.token and expires_ms is not None and not renewed:
+            until = int(time.time() * 1000) + 30_000
+            items.send(items.renew_reader(resource, token, until))  # the late renewal lands
+            renewed.append(until)
+        drop(resource, token, expires_ms)
+
+    monkeypatch.setattr(items, "drop_reader", renewed_first)
+    monkeypatch.setattr(items, "readers", counted(items.readers, looks := []))
+    start = time.monotonic()
+    with pytest.raises(SemaphoreBusy):
+        semaphore("doc", wait=4).acquire()
+    assert time.monotonic() - start < 6  # its wait, not the reader's new lease
+    # It read the items before the renewal landed and once after: not in a loop.
+    assert len(looks) <= 3, len(looks)
+    assert renewed, "the writer never tried to write the reader off"
+    assert late.token in reader_items() and reader_items()[late.token].holder.expires_ms == renewed[0]
+    stored = row()
+    assert stored["repoch"] == epoch and stored["rc"] == 1 and items.SENTINEL in stored["holders"]
+
+
 def test_a_written_off_reader_cannot_renew(holds: list[Any]) -> None:
     readers = [take(holds, "doc", shared=True, lease=3) for _ in range(INLINE)]  # as above
     readers.append(take(holds, "doc", shared=True, lease=1))
