@@ -38,27 +38,36 @@ class World(Protocol):
 
 
 class Time:
-    """``time``: the current process's wall clock (its host's) and monotonic clock."""
+    """``time``: the current process's wall clock (its host's) and monotonic clock. A real
+    thread (not the run's: one a test before the run left behind, such as the heartbeat of a
+    hold on DynamoDB Local) keeps the real clock."""
 
     def __init__(self, world: World):
         self._w = world
+        self._thread = real_threading.get_ident()  # the run's: every simulated thread
+
+    def _real(self) -> bool:
+        return real_threading.get_ident() != self._thread
 
     def time(self) -> float:
-        return self._w.wall()
+        return real_time.time() if self._real() else self._w.wall()
 
     def time_ns(self) -> int:
-        return int(self._w.wall() * 1e9)
+        return real_time.time_ns() if self._real() else int(self._w.wall() * 1e9)
 
     def monotonic(self) -> float:
-        return self._w.mono()
+        return real_time.monotonic() if self._real() else self._w.mono()
 
     def monotonic_ns(self) -> int:
-        return int(self._w.mono() * 1e9)
+        return real_time.monotonic_ns() if self._real() else int(self._w.mono() * 1e9)
 
     perf_counter = monotonic
 
     def sleep(self, seconds: float) -> None:
-        self._w.sched.sleep(seconds)
+        if self._real():
+            real_time.sleep(seconds)
+        else:
+            self._w.sched.sleep(seconds)
 
 
 # -- random, uuid ----------------------------------------------------------------------------
