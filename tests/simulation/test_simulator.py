@@ -72,7 +72,8 @@ def test_seeds_pass(seed: int) -> None:
 
 
 @pytest.mark.parametrize(
-    "mix", ["readers", "counting", "pairs", "all", "renewing", "commits", "limits"]
+    "mix",
+    ["readers", "counting", "pairs", "all", "renewing", "commits", "limits", "long_readers"],
 )
 def test_mixes_pass(mix: str) -> None:
     result = run(Options(seed=1, mix=mix, faults="light", **SMALL))
@@ -259,6 +260,13 @@ FOUND = [
         {"mix": "limits", "faults": "pauses", "permits_from": 1, **WIDE},
         range(2, 3),
     ),  # seed 2
+    # A writer behind item readers that hold on, looking whether they died again at once
+    # (fixed by aa2aca3): the request-storm check.
+    (
+        "write_off_looks_at_once",
+        {"mix": "long_readers", "faults": "light", **WIDE},
+        range(1, 2),
+    ),  # seed 1
 ]
 
 

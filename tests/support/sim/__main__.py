@@ -63,7 +63,7 @@ def main(argv: list[str]) -> int:
     }
     chosen["trace"] = True
     failed: list[str] = []
-    totals = {"seeds": 0, "events": 0, "acquired": 0, "wall": 0.0}
+    totals = {"seeds": 0, "events": 0, "acquired": 0, "wall": 0.0, "busiest": 0}
     started = time.perf_counter()
     deadline = started + args.minutes * 60 if args.minutes else float("inf")
     # Seed by seed, each over every mix and profile: a run cut short by --minutes has
@@ -80,7 +80,8 @@ def main(argv: list[str]) -> int:
     print(
         f"{totals['seeds']} seeds, {totals['events']} events, {totals['acquired']} acquisitions "
         f"in {time.perf_counter() - started:.1f}s ({totals['acquired'] / wall if wall else 0:.0f}"
-        f" acquisitions per wall second in runs); failed: {failed or 'none'}"
+        f" acquisitions per wall second in runs; at most {totals['busiest']} requests of one"
+        f" thread in a virtual second); failed: {failed or 'none'}"
     )
     return 1 if failed else 0
 
@@ -97,6 +98,7 @@ def run_seed(options: object, args: argparse.Namespace, totals: dict[str, float]
     totals["acquired"] += result.stats["acquired"]
     totals["wall"] += result.wall_seconds
     totals["events"] += result.events
+    totals["busiest"] = max(totals["busiest"], result.busiest)
     if result.ok:
         return True
     for problem in result.violations + result.failures:

@@ -23,6 +23,10 @@
   violation. A waiter that told the holder it queued puts its entry only later
   (``queue.ENTRY_DEFER``): passing its ticket with no entry while it lives and waits, sooner
   than ``JOIN_GRACE / 2`` after its word, is a violation too.
+* **No request storm**: no thread of a process sends more than ``STORM`` requests in one
+  second of virtual time. A loop that asks again at once (a writer that read its readers'
+  items again and again while they renewed) costs on AWS what it costs here, and holds its
+  caller past its wait.
 * **Liveness**, once the fault window is over: a resource is never idle (nobody inside) for
   longer than ``lease + 2 * CLOCK_SKEW + SLACK`` while a live process waits for it; the run
   ends with every live workload done.
@@ -30,6 +34,7 @@
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Any
 
@@ -40,6 +45,9 @@ from dynasem._storage.records import Mode
 
 SLACK = 3.0  # seconds: a waiter's paced look (at most a second) and a few round trips
 SLACK_ORDER = 1.0  # seconds beyond 2 * CLOCK_SKEW that an entry passed over must still have
+# Requests one process may send in a second of virtual time. The CI seeds' busiest second of
+# one process (twentieth session, before the storm check): see RELIABILITY.md.
+STORM = 100
 
 
 class Violation(AssertionError):
@@ -81,11 +89,28 @@ class Monitor:
         self.entry_put: dict[tuple[str, str], float] = {}
         # Waiters whose word a holder took, by (resource, entry sk): their process, and when.
         self.words: dict[tuple[str, str], tuple[Any, float]] = {}
+        # A thread's sends in the last second of virtual time, by the thread.
+        self.sent: dict[Any, collections.deque[float]] = {}
+        self.busiest = 0  # the most requests one thread sent in a second
 
     def fail(self, message: str) -> None:
         said = f"t={self.sim.clock_label()} {message}"
         if said not in self.violations:
             self.violations.append(said)
+
+    def request(self, proc: Any, thread: Any) -> None:
+        """``thread`` of ``proc`` sends a request (each attempt counts): a storm if it sent
+        more than ``STORM`` in a second."""
+        now = self.sim.sched.now
+        sent = self.sent.setdefault(thread, collections.deque())
+        sent.append(now)
+        while sent[0] <= now - 1.0:
+            sent.popleft()
+        self.busiest = max(self.busiest, len(sent))
+        if len(sent) > STORM:
+            who = f"{proc.name} ({getattr(thread, 'name', '?')})"
+            self.fail(f"request storm: {who} sent {len(sent)} requests within 1 s")
+            sent.clear()  # said once per storm second
 
     # -- what the workloads tell -------------------------------------------------------------
 

@@ -55,7 +55,11 @@ and the faults fixed earlier, put back:
   write and its permit write holds a permit the new limit or mode does not count (found:
   the ``limits`` mix, in permits); a slot freed under the old limit is hinted into the reset
   row (not found in 300 seeds: it needs a release stopped between its two writes while the
-  row is reset; ``tests/engine/test_permit_limit_change.py`` stops one there).
+  row is reset; ``tests/engine/test_permit_limit_change.py`` stops one there);
+* ``write_off_looks_at_once`` (found by a test, fixed by aa2aca3): a writer that found item
+  readers alive looks whether they died again at once, not when the first may have: it
+  reads their items in a loop while they hold (found by the request-storm check, the
+  ``long_readers`` mix).
 """
 
 from __future__ import annotations
@@ -287,6 +291,24 @@ def hint_past_hw(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(permit_items, "hint", unbounded)
 
 
+def write_off_looks_at_once(mp: pytest.MonkeyPatch) -> None:
+    import math
+
+    from dynasem._engine import readers
+
+    real = readers.try_write_off
+
+    def try_write_off(seen: Any, skew: float) -> Any:
+        after = real(seen, skew)
+        if seen is not None:
+            key = (seen.resource, seen.reader_epoch, seen.fence, seen.reader_count)
+            if key in readers._watched:
+                readers._watched[key] = (0.0, math.inf)  # due again at once
+        return after
+
+    mp.setattr(readers, "try_write_off", try_write_off)
+
+
 MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     f.__name__: f
     for f in (
@@ -311,5 +333,6 @@ MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
         no_join_grace,
         limit_change_unfenced,
         hint_past_hw,
+        write_off_looks_at_once,
     )
 }

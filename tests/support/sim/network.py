@@ -120,6 +120,7 @@ class Requests:
     ) -> tuple[str, Any]:
         me = self.sched.me()
         self.sent += 1
+        self.sim.monitor.request(proc, me)
         fault = self.sim.request_fault(proc, write=operation in WRITES)
         if fault == "unsent":
             self.sim.record("unsent", proc, operation, params)

@@ -97,6 +97,8 @@ class Result:
     closest: float | None = None
     # The longest a resource stayed idle while live processes waited, after the faults.
     longest_idle: float = 0.0
+    # The most requests one thread sent in a second of virtual time.
+    busiest: int = 0
 
     @property
     def digest(self) -> str:
@@ -122,6 +124,7 @@ class Result:
             f"unavail={s['unavailable']} "
             f"requests={s['requests']} faults=[{shown}] violations={len(self.violations)} "
             f"failures={len(self.failures)}{closest} idle={self.longest_idle:.1f}s "
+            f"busiest={self.busiest}/s "
             f"wall={self.wall_seconds:.2f}s acq/s={rate:.0f} trace={self.digest}"
         )
 
@@ -425,6 +428,7 @@ class Simulation:
             failures=[_failure(thread, exc) for thread, exc in self.sched.failures],
             closest=min((m for m, _ in self.monitor.margins), default=None),
             longest_idle=self.monitor.longest_idle,
+            busiest=self.monitor.busiest,
         )
 
     def _create_table(self) -> None:

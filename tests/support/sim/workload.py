@@ -7,6 +7,9 @@ Kinds of process (a run's ``mix`` names them, one per process, round robin):
 * ``impatient``: the same with ``wait=`` a fraction of a second to two: it gives up;
 * ``counting``: ``with semaphore("c", limit=3)``;
 * ``reader`` / ``writer``: ``semaphore("rw", shared=True)`` / ``semaphore("rw")``;
+* ``long_reader`` / ``impatient_writer``: the same, a reader working one to three leases (past
+  the first few, readers keep items of their own, which they renew), a writer with ``wait=``
+  up to two seconds;
 * ``fair``: ``semaphore("r", fair=True)``;
 * ``pair``: ``semaphore(["r", "s"])``, both at once (one transaction), beside ``single``:
   ``semaphore("s")``;
@@ -33,6 +36,7 @@ MIXES = {
     "exclusive": ("exclusive", "exclusive", "impatient"),
     "counting": ("counting",),
     "readers": ("reader", "reader", "writer"),
+    "long_readers": ("long_reader", "long_reader", "impatient_writer", "long_reader", "writer"),
     "fair": ("fair", "exclusive", "impatient"),
     "pairs": ("pair", "exclusive", "single"),
     "all": ("exclusive", "impatient", "counting", "reader", "writer", "fair", "pair", "single"),
@@ -70,8 +74,10 @@ def lock_of(kind: str, rng: Any) -> Any:
         return semaphore("c", limit=2)
     if kind == "exclusive_c":
         return semaphore("c")
-    if kind == "reader":
+    if kind in ("reader", "long_reader"):
         return semaphore("rw", shared=True)
+    if kind == "impatient_writer":
+        return semaphore("rw", wait=rng.uniform(0.1, 2.0))
     if kind == "writer":
         return semaphore("rw")
     if kind == "fair":
@@ -129,6 +135,6 @@ def run(sim: Any, proc: Any) -> None:
 
 def work(sim: Any, proc: Any, rng: Any) -> float:
     """How long a block works, in virtual seconds."""
-    if proc.kind == "long":
+    if proc.kind in ("long", "long_reader"):
         return float(rng.uniform(1.0, 3.0) * sim.options.lease)
     return float(rng.uniform(0.001, 0.4) if rng.random() < 0.9 else 2.0)
