@@ -65,6 +65,22 @@ def hint_freed(resource: str, slot: int, hold_ms: int | None) -> None:
         handover.push_first(resource, row, readers_only=False)
 
 
+def cover(resource: str, expires_ms: int) -> int:
+    """The permit row of ``resource`` listed (and so never reaped, nor deleted by TTL) up to
+    the bucket of ``expires_ms`` at least: that bucket, or the row's own if it was listed
+    further already; 0 if it is no permit row any more (gone: made anew, it would know
+    nothing of a permit renewed past its listing). Raises SemaphoreUnavailable if the write
+    failed."""
+    try:
+        permit_items.send(permit_items.raise_row(resource, expires_ms))
+        return records.bucket_of(expires_ms)
+    except dynamodb.Refused as refused:
+        row = refused.lock
+        if row is None or row.slots_used is None:
+            return 0
+        return max(row.listed_s or 0, records.bucket_of(row.expires_ms))
+
+
 def undo_many(
     taken: dict[str, int], token: str, undo_one: Callable[[str, int, str], None] = undo
 ) -> None:
@@ -85,30 +101,31 @@ class PermitHeld(Held):
         self.slots = {}
         self._listed: dict[str, int] = {}  # the row's ``expires`` as we last knew it
 
-    def raise_row(self, resource: str, expires_ms: int, listed_s: int | None) -> None:
-        """Keep the row listed (and unreaped) while our permit may be live."""
+    def raise_row(self, resource: str, expires_ms: int, listed_s: int | None) -> bool:
+        """Keep the row listed (and unreaped) while our permit may be live: up to the bucket
+        of ``expires_ms``. False if it is no permit row any more (gone: made anew, it would
+        know nothing of our permit). Raises SemaphoreUnavailable if the write failed."""
         if listed_s is not None:
             self._listed[resource] = max(self._listed.get(resource, 0), listed_s)
         if records.bucket_of(expires_ms) <= self._listed.get(resource, 0):
-            return
-        try:
-            permit_items.send(permit_items.raise_row(resource, expires_ms))
-            self._listed[resource] = records.bucket_of(expires_ms)
-        except dynamodb.Refused as refused:
-            row = refused.lock
-            if row is not None and row.listed_s is not None:
-                self._listed[resource] = row.listed_s
-        except SemaphoreUnavailable:
-            pass  # again at the next renewal
+            return True
+        listed = cover(resource, expires_ms)
+        if listed:
+            self._listed[resource] = listed
+        return bool(listed)
 
     def _renew_to(self, expires: int) -> None:
+        # The row first: a permit renewed past the row's listing could outlive the row
+        # (reaped, or deleted by TTL) and be held beside whoever made it anew. A failure to
+        # raise it is the renewal's (the heartbeat tries again; the lease is not extended).
+        for resource in self.slots:
+            if not self.raise_row(resource, expires, None):
+                self._lost_by_refusal(TAKEN_OVER)
         for resource, slot in self.slots.items():
             try:
                 permit_items.send(permit_items.renew_permit(resource, slot, self.token, expires))
             except dynamodb.Refused:
                 self._lost_by_refusal(TAKEN_OVER)
-        for resource in self.slots:
-            self.raise_row(resource, expires, None)
 
     def _give_back(self) -> bool:
         ok = True

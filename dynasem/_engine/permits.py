@@ -139,10 +139,13 @@ class _Acquire:
         # one, learnt from the old row); a take that makes the row names one from the clock.
         counted = plan.how in ("pop", "grow", "fence")
         holder = run.holder(now, max(clock.new_fence(run.skew), seen.fence + 1), shared=False)
+        if plan.how != "create" and seen.expires_ms < holder.expires_ms:
+            if not (yield from self.cover(holder.expires_ms)):
+                return None
         terms = lock_writes.QueueTerms(
             mine=ticket, queue_in=seen.queue_in, queue_out=seen.queue_out, served=self.served
         )
-        action = _take_slot(run, seen, plan, holder, terms, self.stale, counted)
+        action = _take_slot(run, seen, plan, holder, terms, self.stale, counted, cover=True)
         old = yield from self.send_row(action)
         if old is None:
             return None
@@ -155,7 +158,7 @@ class _Acquire:
         if (yield from self.hold_permit(slot, holder, plan.dead)):
             fences, taken = {resource: holder.fence}, {resource: slot}
             sent = (holder.expires_ms, sent_mono)
-            held = yield from _held(run, fences, taken, sent, self.seen.listed_s)
+            held = yield from _held(run, fences, taken, sent)
             if held is not None:
                 return held
         # Another holds that slot (a hint gone stale), or the permit was given back (its
@@ -239,6 +242,20 @@ class _Acquire:
                 raise
             yield Sleep(min(backoff(self.failures), max(0.05, self.run.remaining())))
         return None
+
+    def cover(self, expires_ms: int) -> Steps[bool]:
+        """Before a take whose permit will run to ``expires_ms``: the row listed up to then
+        (see permit_items.take_slot's ``cover_ms``). False: it failed for a passing reason
+        (after a pause): plan again."""
+        try:  # (no permit row any more: the take's conditions decide)
+            yield Request(functools.partial(permit_hold.cover, self.resource, expires_ms))
+        except SemaphoreUnavailable as exc:
+            self.failures += 1
+            if not exc.transient or self.run.remaining() <= 0:
+                raise
+            yield Sleep(min(backoff(self.failures), max(0.05, self.run.remaining())))
+            return False
+        return True
 
     def tell_next(self, ticket: int | None) -> Steps[None]:
         """Room for the next in line too: tell it now (before our permit's write: its take
@@ -336,9 +353,12 @@ def _take_slot(
     terms: lock_writes.QueueTerms,
     stale: int,
     counted: bool,
+    *,
+    cover: bool = False,
 ) -> dict[str, Any]:
     """The row's write of a take of ``plan`` (``holder``: ours, its fence named unless
-    ``counted`` up from the stored one)."""
+    ``counted`` up from the stored one; ``cover``: the permit's write follows in a write of
+    its own, so the row must be listed past its lease end already)."""
     return permit_items.take_slot(
         row.resource,
         how=plan.how,
@@ -349,6 +369,7 @@ def _take_slot(
         seen=row,
         holder=holder,
         stale_ms=stale,
+        cover_ms=holder.expires_ms if cover and plan.how != "create" else None,
     )
 
 
@@ -365,15 +386,14 @@ def _held(
     fences: dict[str, int],
     taken: dict[str, int],
     sent: tuple[int, float],
-    listed_s: int | None = None,
 ) -> Steps[Held | None]:
     """The hold of the permits ``taken`` (ours, as written by a take sent at ``sent``: its
     lease end and monotonic time), trusted from the take's own send, if at least
     ``run.margin`` of its trust is left (its answer, or a retry's, can come long after it
     was applied: a host cut off from DynamoDB); else from a renewal's, conditional on our
-    token (nobody held the permit meanwhile). None: not confirmed (taken over after our
-    lease ran out, or every renewal answered as late), whatever is still ours given back
-    (:func:`count_late`). ``listed_s``: how far the row is listed, as our take left it."""
+    token (nobody held the permit meanwhile), the row raised first as a renewal does. None:
+    not confirmed (taken over after our lease ran out, or every renewal answered as late),
+    whatever is still ours given back (:func:`count_late`)."""
     expires_ms, sent_mono = sent
     undo = functools.partial(permit_hold.undo_many, taken, run.token)
     for _ in range(CONFIRM_TRIES):
@@ -381,12 +401,15 @@ def _held(
             held = take.hold(run, fences, expires_ms, sent_mono, cls=permit_hold.PermitHeld)
             assert isinstance(held, permit_hold.PermitHeld)
             held.slots = taken
+            listed = records.bucket_of(expires_ms)  # as the take's write required (cover_ms)
             for resource in taken:
-                held.raise_row(resource, expires_ms, listed_s)
+                held.raise_row(resource, expires_ms, listed)
             return held
         sent_mono, expires_ms = clock.monotonic(), clock.now_ms() + int(run.lease * 1000)
         try:
             for resource, slot in taken.items():
+                if not (yield Request(functools.partial(permit_hold.cover, resource, expires_ms))):
+                    raise dynamodb.Refused(None)  # no permit row any more
                 renewal = permit_items.renew_permit(resource, slot, run.token, expires_ms)
                 yield Write(functools.partial(permit_items.send, renewal), run.token, [], undo=undo)
         except (dynamodb.Refused, SemaphoreUnavailable):
@@ -437,6 +460,12 @@ def _plan_many(
             plan.slot = row.hints[0]
         elif plan.how == "grow":
             plan.slot = row.slots_used
+        # The row listed past the lease we are about to take (a second on, for the time
+        # until the transaction leaves): its write requires it (see _takes).
+        cover = clock.now_ms() + int(run.lease * 1000) + 1000
+        if plan.how not in ("", "create") and row.expires_ms < cover:
+            raise_it = functools.partial(permit_hold.cover, r, cover)
+            yield from queue.patient_read(raise_it, 0, pace, run.deadline)
         if plan.how:
             plans[r] = plan
         else:
@@ -465,7 +494,7 @@ def _takes(
         permit = permit_items.take_permit(
             r, taken[r], run.token, holder, stale_ms=stale, dead=plan.dead
         )
-        actions += [_take_slot(run, row, plan, holder, terms, stale, False), permit]
+        actions += [_take_slot(run, row, plan, holder, terms, stale, False, cover=True), permit]
 
     def finish(expires_ms: int, sent_mono: float) -> Steps[Held | None]:
         return (yield from _held(run, fences, taken, (expires_ms, sent_mono)))

@@ -11,8 +11,12 @@ held), ``u`` user, ``e`` lease end, ``f`` fence, ``a`` taken at, ``p`` process; 
 first answer was lost is recognised by them); ``expires`` for TTL only. Permits carry no
 ``userId`` or ``shard``: they are in no index, and moving a permit from one holder to another
 writes no index. The row stands for them in the indexes: its ``expires`` is raised to the
-bucket of every permit's lease end (by the take or renewal that passes it) and its ``expMs``
-to that bucket's end, so the row is listed, and never reaped, while a permit may be live.
+bucket of every permit's lease end and its ``expMs`` to that bucket's end, so the row is
+listed, and never reaped (nor deleted by TTL), while a permit may be live. It is raised
+*before* the permit's lease end passes it: by the take (its row write requires the row to
+cover the permit it writes next, :func:`take_slot`'s ``cover_ms``) and by the renewal (the
+row first): a row deleted between the two writes would be made anew by the next taker,
+which knows nothing of the permit written after.
 
 A take is two writes of one small item each: the row (a fresh fence; a hint popped, or ``hw``
 grown by one; the queue's terms as for any take) and then the permit (free, or its lease over
@@ -101,6 +105,7 @@ def take_slot(
     seen: LockItem | None = None,
     holder: Holder | None = None,
     stale_ms: int = 0,
+    cover_ms: int | None = None,
 ) -> dict[str, Any]:
     """The row's part of a take: a fresh fence (above the stored one) and a slot.
 
@@ -117,7 +122,12 @@ def take_slot(
     ``fence``: ours, above the stored one (the write is refused otherwise); None (a pop,
     grow or fence take whose old row is returned): the stored fence plus one, ours without
     a condition, so that takers of other slots at once do not refuse each other's fences
-    (each fence of a busy row would otherwise refuse every take in flight)."""
+    (each fence of a busy row would otherwise refuse every take in flight).
+
+    ``cover_ms``: a take of a slot whose permit is written next, in a write of its own, with
+    this lease end: only if the row is listed up to it already (``expMs``), so that neither
+    the reaper nor TTL deletes the row between the two writes (a row made anew would know
+    nothing of that permit: see :func:`raise_row`, sent first when it is not)."""
     if fence is None and how not in ("pop", "grow", "fence"):
         raise ValueError(f"a {how!r} take names its fence")
     terms = Terms({":lim": limit})
@@ -126,6 +136,8 @@ def take_slot(
         _create(resource, stale_ms, holder, terms)
     else:
         _slot(how, slot, seen or LockItem(resource=resource), fence is None, terms)
+        if cover_ms is not None:
+            terms.need("#expMs >= :cover", {":cover": cover_ms})
     return terms.action(resource, queue)
 
 
@@ -229,11 +241,13 @@ def fenced_permits(item: LockItem, stale_ms: int) -> LockItem:
 
 
 def raise_row(resource: str, expires_ms: int) -> dict[str, Any]:
-    """The row's ``expires`` up to the bucket of a permit's lease end (only ever up): the row
-    is listed, and not reaped, while the permit may be live."""
+    """The row's ``expires`` up to the bucket of a permit's lease end, and its ``expMs`` to
+    that bucket's end (only ever up: refused when the row is listed that far already, or is
+    no permit row): the row is listed, and not reaped, while the permit may be live."""
     bucket = records.bucket_of(expires_ms)
     values = {":exp": bucket, ":expMs": bucket * 1000}
-    update, condition = "SET #exp = :exp, #expMs = :expMs", "attribute_exists(#hw) AND #exp < :exp"
+    update = "SET #exp = :exp, #expMs = :expMs"
+    condition = "attribute_exists(#hw) AND #exp <= :exp AND #expMs < :expMs"
     return update_action(resource, LOCK_SK, update, condition, {}, values)
 
 

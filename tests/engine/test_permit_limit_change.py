@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from django.core.management import call_command
 
-from dynasem import semaphore
+from dynasem import SemaphoreUnavailable, semaphore
 from dynasem._engine import permit_hold
 from dynasem._engine.queue import Pace
 from dynasem._storage import lock_rows, lock_writes, records
@@ -241,3 +241,73 @@ def test_a_permit_taken_after_the_exclusive_takes_read_stops_it_from_fencing_the
     assert row_writes == []
     assert [p.token for p in live_permits()] == [taken[0].token] and not taken[0].lost
     assert lock_rows.get("pool").holders == {}
+
+
+def _idle_past_its_listing(resource: str = "pool") -> None:
+    """Sleep until the reaper may delete ``resource``'s row: its lease end (a 1 s bucket's,
+    with one_second_buckets), CLOCK_SKEW and a bucket more are over."""
+    row = lock_rows.get(resource)
+    assert row is not None
+    while time.time() * 1000 < row.expires_ms + 500 + 1200:
+        time.sleep(0.1)
+
+
+@pytest.mark.usefixtures("one_second_buckets")
+@pytest.mark.parametrize("other", ["exclusive", "limit 9"])
+def test_a_permit_row_is_not_reaped_between_a_takes_two_writes(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch, other: str
+) -> None:
+    """A permit row, idle past its listing, is taken: between the take's row write and its
+    permit write, the reaper runs. The row must outlive the permit the take is writing (else
+    the next taker makes the row anew, knowing nothing of that permit, and holds beside it:
+    exclusively, or as one of nine under a lower limit)."""
+    old = [take(holds, "pool", limit=20, lease=1) for _ in range(13)]
+    for held in reversed(old):
+        held.release()  # hints 12, 11, ..., 0
+    _idle_past_its_listing()
+    go, thread, got = _slow_take(holds, monkeypatch, limit=20)  # stopped before its permit
+    call_command("dynasem_reap", stdout=io.StringIO())
+    assert lock_rows.get("pool") is not None  # listed past the permit being written
+    permit_hold.rows.clear()  # the next takers are another process: no row remembered
+    new: list[Any] = []
+    try:
+        if other == "exclusive":
+            new.append(take(holds, "pool", wait=0, lease=30))
+        else:
+            new += [take(holds, "pool", limit=9, wait=0, lease=30) for _ in range(9)]
+    except Exception as exc:  # refused: the pending take counts (what the test allows)
+        new.append(exc)
+    slow = _finish(go, thread, got, holds)
+    holding = [h for h in new if not isinstance(h, BaseException) and not h.lost]
+    if not isinstance(slow, BaseException) and not slow.lost:
+        holding.append(slow)
+    live = {p.token for p in live_permits()}
+    row = lock_rows.get("pool")
+    inline = set(row.holders) if row is not None else set()
+    if other == "exclusive":
+        assert len(holding) == 1, (new, slow, live, inline)
+    else:
+        assert len(live) <= 9 and len(holding) <= 9, (new, slow, live)
+
+
+@pytest.mark.usefixtures("one_second_buckets")
+def test_a_permit_is_never_renewed_past_its_rows_listing(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A renewal raises the row's listing first; when it cannot (the write fails), the
+    permit is not renewed either, and its hold runs out within the row's listing: a row the
+    reaper deletes once its listing is over never has a live permit that a taker making it
+    anew would know nothing of."""
+    held = take(holds, "pool", limit=20, lease=2)
+
+    def unreachable(*args: Any, **kwargs: Any) -> Any:
+        raise SemaphoreUnavailable("injected: the row's write failed", transient=True)
+
+    monkeypatch.setattr(slots, "raise_row", unreachable)
+    time.sleep(3)  # renewals every ~0.5 s, past the row's 1 s buckets
+    (permit,) = live_permits() or [None]
+    row = lock_rows.get("pool")
+    assert row is not None
+    if permit is not None:
+        assert permit.holder.expires_ms <= row.expires_ms
+    assert held.seconds_left() <= 0 or held.lost
