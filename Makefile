@@ -67,11 +67,17 @@ test-unkind-ci: venv
 #   make simulate SEEDS=1-200 SIM_MIXES=exclusive SIM_ARGS="--hosts 3"
 SEEDS ?= 1-4
 SIM_MIXES ?= exclusive,counting,readers,fair,pairs,all,renewing,commits,limits,long_readers
-SIM_FAULTS ?= light,heavy,pauses,crashes,partitions,deaf
+SIM_FAULTS ?= light,heavy,pauses,crashes,partitions,deaf,reaped
+# Then the mixes of counting semaphores again with their holders in permit items (as a limit
+# above permit_items.INLINE_MAX keeps them), under the faults that find their bugs.
+SIM_PERMIT_MIXES ?= counting,limits,all
+SIM_PERMIT_FAULTS ?= pauses,crashes,reaped
 SIM_ARGS ?=
 simulate: venv
 	$(PYTHON_VENV) -m tests.support.sim --seeds $(SEEDS) --mix $(SIM_MIXES) --faults $(SIM_FAULTS) \
 		--processes 6 --hosts 3 --steps 10 $(SIM_ARGS)
+	$(PYTHON_VENV) -m tests.support.sim --seeds $(SEEDS) --mix $(SIM_PERMIT_MIXES) \
+		--faults $(SIM_PERMIT_FAULTS) --processes 6 --hosts 3 --steps 10 --permits-from 1 $(SIM_ARGS)
 
 demo: venv
 	bash scripts/demo.sh

@@ -271,10 +271,11 @@ class SimDynamoDB:
 
     # -- TTL and invariants ---------------------------------------------------------------------
 
-    def expire_ttl(self) -> int:
+    def expire_ttl(self, deleted: list[tuple[str, str]] | None = None) -> int:
         """Delete the items whose TTL attribute (epoch seconds) has passed, each only once it
-        is past by a delay of its own (drawn once, up to ``ttl_delay``); how many."""
-        now, deleted = self.now(), 0
+        is past by a delay of its own (drawn once, up to ``ttl_delay``); how many. The keys
+        (hash and range key values) deleted are appended to ``deleted``."""
+        now, count = self.now(), 0
         while self._ttl and self._ttl[0][0] <= now:
             _, _, name, key, expires = heapq.heappop(self._ttl)
             table = self.tables.get(name)
@@ -292,9 +293,11 @@ class SimDynamoDB:
                 heapq.heappush(self._ttl, (due, self._seq, name, key, expires))
                 continue
             self.write(table, key, None)
-            deleted += 1
-        self.counts["deleted by TTL"] += deleted
-        return deleted
+            count += 1
+            if deleted is not None:
+                deleted.append((str(key[0]), str(key[1])))
+        self.counts["deleted by TTL"] += count
+        return count
 
     def peek(self, key: Mapping[str, Any], table: str | None = None) -> dict[str, Any] | None:
         """The item at ``key`` as stored now (wire format, a copy), without a request: no rng

@@ -48,6 +48,21 @@ class Profile:
     push_lost: float = 0.0
     push_twice: float = 0.0
     push_late: float = 0.0
+    # An operator's ``dynasem_reap`` (cron), the whole run long: mean virtual seconds between
+    # two reaps by a process of its own (0: none). And DynamoDB's TTL deleting an expired
+    # item at most ``ttl_within`` seconds after its ``expires`` (0: the database profile's
+    # own delay, up to 48 hours for AWS's, so that hardly any item is deleted in a run),
+    # swept every ``TTL_SWEEP_SOON`` seconds then: a row or item gone between two writes.
+    reap_every: float = 0.0
+    ttl_within: float = 0.0
+    # The expires index's bucket in seconds (0: the library's, 15 minutes, which hardly any
+    # run reaches): a row is listed, and deletable, only once its bucket has passed.
+    bucket: int = 0
+    # Per acquisition, the share of processes that rest a while (``rest_for`` seconds) before
+    # the next: resources left idle, their rows' leases over, so that there is something to
+    # reap while others come back for them.
+    rest_share: float = 0.0
+    rest_for: tuple[float, float] = (10.0, 60.0)
 
     def request_fault(self, rng: random.Random) -> str | None:
         """The fault of one request attempt, or None."""
@@ -101,6 +116,24 @@ PROFILES: dict[str, Profile] = {
         holder_crash=0.01,
         answer_stall=0.01,
         answer_crash=0.005,
+    ),
+    # Cleanup at its most eager: reaps every few seconds and TTL deleting within a few seconds
+    # of expiry, beside pauses (a holder or taker stopped between its writes, past its lease)
+    # and crashes (dead holders' rows, permits and reader items left to the reaper): nothing
+    # a reap or TTL deletes may let a second holder in.
+    "reaped": Profile(
+        crash_every=20.0,
+        stall_every=20.0,
+        long_stall_share=0.5,
+        holder_stall=0.1,
+        holder_crash=0.05,
+        answer_stall=0.05,
+        answer_crash=0.01,
+        reap_every=2.0,
+        ttl_within=30.0,
+        bucket=5,
+        window=200.0,
+        rest_share=0.6,
     ),
     "heavy": Profile(
         crash_every=12.0,

@@ -68,9 +68,9 @@ class MotoDB:
         """A boto3-like client of this database (no network, no faults)."""
         return self._client
 
-    def expire_ttl(self) -> int:
+    def expire_ttl(self, deleted: list[tuple[str, str]] | None = None) -> int:
         """Delete the items whose TTL (``expires``, epoch seconds) is past by ``now()``, as
-        DynamoDB's sweep eventually does; how many."""
+        DynamoDB's sweep eventually does; how many (their keys appended to ``deleted``)."""
         gone = 0
         for item in self.snapshot():
             expires = item.get("expires", {}).get("N")
@@ -78,6 +78,8 @@ class MotoDB:
                 key = {"pk": item["pk"], "sk": item["sk"]}
                 self._client.delete_item(TableName=TABLE, Key=key)
                 gone += 1
+                if deleted is not None:
+                    deleted.append((item["pk"]["S"], item["sk"]["S"]))
         return gone
 
     def snapshot(self) -> list[dict[str, Any]]:

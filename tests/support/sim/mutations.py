@@ -59,7 +59,11 @@ and the faults fixed earlier, put back:
 * ``write_off_looks_at_once`` (found by a test, fixed by aa2aca3): a writer that found item
   readers alive looks whether they died again at once, not when the first may have: it
   reads their items in a loop while they hold (found by the request-storm check, the
-  ``long_readers`` mix).
+  ``long_readers`` mix);
+* ``permit_row_uncovered`` (found by review, fixed by c59bafe): a take's row write leaves the
+  permit row listed as it was, raised to cover the permit only after the permit's write: the
+  reaper (the ``reaped`` faults) deletes the idle row between the two writes, and the next
+  take makes it anew under another limit or mode.
 """
 
 from __future__ import annotations
@@ -309,6 +313,25 @@ def write_off_looks_at_once(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(readers, "try_write_off", try_write_off)
 
 
+def permit_row_uncovered(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._engine import permits
+    from dynasem._storage import permit_items
+
+    take_slot = permit_items.take_slot
+
+    def uncovered(*args: Any, cover_ms: int | None = None, **kwargs: Any) -> dict[str, Any]:
+        return take_slot(*args, **kwargs)
+
+    def cover(self: Any, expires_ms: int) -> Any:
+        return True
+        yield  # a generator of no steps, as the real one's are
+
+    # A take's row write leaves the row listed as it was, raised to cover the permit only
+    # once the permit is written (before c59bafe): the reaper between the two writes.
+    mp.setattr(permit_items, "take_slot", uncovered)
+    mp.setattr(permits._Acquire, "cover", cover)
+
+
 MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     f.__name__: f
     for f in (
@@ -334,5 +357,6 @@ MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
         limit_change_unfenced,
         hint_past_hw,
         write_off_looks_at_once,
+        permit_row_uncovered,
     )
 }

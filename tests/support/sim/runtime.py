@@ -43,6 +43,7 @@ from .scheduler import Scheduler
 
 START = 1_750_000_000.0  # true virtual time at the start of a run (epoch seconds)
 TTL_SWEEP = 30.0  # virtual seconds between two TTL sweeps of the database
+TTL_SWEEP_SOON = 0.5  # the same, when a fault profile has TTL delete soon (``ttl_within``)
 
 
 def _moto(rng: random.Random, now: Callable[[], float], profile: str) -> Any:
@@ -407,6 +408,8 @@ class Simulation:
             mix = workload.MIXES[o.mix]
             for i in range(o.processes):
                 self._start(self.hosts[i % len(self.hosts)], mix[i % len(mix)], o.steps)
+            if self.profile.reap_every:
+                self._start_reaper()
             self.sched.run(START + o.max_time, self._finished, self.monitor.check)
             if not self._finished():
                 left = [p.name for p in self.procs if not (p.done or p.dead)]
@@ -443,16 +446,67 @@ class Simulation:
             )
         finally:
             self.in_db = False
-        if hasattr(self.db, "expire_ttl"):  # DynamoDB's TTL sweep, now and then
-            self.sched.at(TTL_SWEEP, self._expire_ttl)
+        if not hasattr(self.db, "expire_ttl"):
+            return
+        if self.profile.ttl_within:  # TTL deletes soon: a row gone between two writes
+            profile = dataclasses.replace(self.db.profile, ttl_delay=self.profile.ttl_within)
+            self.db.profile = profile
+        self.sched.at(self._ttl_sweep(), self._expire_ttl)  # DynamoDB's TTL sweep, now and then
+
+    def _ttl_sweep(self) -> float:
+        return TTL_SWEEP_SOON if self.profile.ttl_within else TTL_SWEEP
 
     def _expire_ttl(self) -> None:
+        deleted: list[tuple[str, str]] = []
         self.in_db = True
         try:
-            self.stats["ttl_deleted"] += self.db.expire_ttl()
+            self.stats["ttl_deleted"] += self.db.expire_ttl(deleted)
         finally:
             self.in_db = False
-        self.sched.at(TTL_SWEEP, self._expire_ttl)
+        self._tell_deleted(deleted, "ttl")
+        self.sched.at(self._ttl_sweep(), self._expire_ttl)
+
+    def _tell_deleted(self, keys: list[tuple[str, str]], by: str) -> None:
+        """The monitor shown the lock rows and queue entries TTL deleted."""
+        from dynasem._storage import records
+
+        for resource, sk in keys:
+            if sk == records.LOCK_SK:
+                self.stats["ttl_deleted_rows"] += 1
+                self.monitor.row_written(resource, None, by)
+            elif sk.startswith(records.ENTRY_PREFIX):
+                self.monitor.entry_written(resource, sk, None)
+            self.record("ttl_delete", None, f"{resource}/{sk}")
+
+    def _start_reaper(self) -> None:
+        """An operator's cron, on the first host: ``dynasem_reap`` (the command's own
+        :func:`reaper.reap`, its deletes sent one at a time) every ``reap_every`` seconds on
+        average, for as long as the run goes. Not a workload process: the run ends without it,
+        no fault picks it as a victim, and if a crash at an answer stops it, cron starts
+        another."""
+        self._pids += 1
+        seed = f"{self.options.seed}:reaper"
+        proc = Process(self, self.hosts[0], self._pids, seed, kind="reaper", steps=0)
+        proc.done = True
+        proc.globals = self.state.fresh(proc)
+        self.procs.append(proc)
+        self.record("start", proc, "reaper", 0)
+        self.sched.spawn(proc, lambda: self._reap_now_and_then(proc), "main")
+
+    def _reap_now_and_then(self, proc: Process) -> None:
+        from dynasem._operators import reaper
+        from dynasem.exceptions import SemaphoreUnavailable
+
+        while True:
+            self.sched.sleep(proc.workload_rng.expovariate(1 / self.profile.reap_every))
+            try:
+                result = reaper.reap(workers=1)
+            except SemaphoreUnavailable as exc:  # the index's listing failed: the next reap
+                self.record("reap_failed", proc, str(exc)[:80])
+                continue
+            self.stats["reaped_rows"] += result.deleted
+            self.stats["reaped_items"] += result.permits
+            self.record("reap", proc, result.found, result.deleted, result.permits, result.survived)
 
     def _finished(self) -> bool:
         if self.monitor.violations:
@@ -488,6 +542,15 @@ class Simulation:
             undo.append((target, name, getattr(target, name)))
             setattr(target, name, value)
         undo += _quiet_logs(self)
+        from dynasem._operators import reaper
+
+        undo.append((reaper, "ThreadPoolExecutor", reaper.ThreadPoolExecutor))
+        setattr(reaper, "ThreadPoolExecutor", InlineExecutor)  # noqa: B010  # its deletes, one by one
+        if self.profile.bucket:
+            from dynasem._storage import records
+
+            undo.append((records, "BUCKET_S", records.BUCKET_S))
+            records.BUCKET_S = self.profile.bucket
         if o.permits_from:
             from dynasem._storage import permit_items
 
@@ -600,7 +663,10 @@ class Simulation:
 
         def restart() -> None:
             self.restarts -= 1
-            self._start(proc.host, proc.kind, proc.steps)
+            if proc.kind == "reaper":  # cron starts it again
+                self._start_reaper()
+            else:
+                self._start(proc.host, proc.kind, proc.steps)
 
         self.sched.at(self.fault_rng.uniform(low, high), restart)
 
@@ -659,6 +725,30 @@ def _short(value: Any) -> Any:
             return "ok"
         return value[1].response.get("Error", {}).get("Code", "error")
     return value
+
+
+class InlineExecutor:
+    """``ThreadPoolExecutor`` for the reaper's deletes: each run at once, in the reaper's own
+    (simulated) thread, in the order submitted."""
+
+    def __init__(self, **_: Any) -> None:
+        pass
+
+    def __enter__(self) -> InlineExecutor:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        pass
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Any:
+        import concurrent.futures
+
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        try:
+            future.set_result(fn(*args))
+        except BaseException as exc:  # as a pool's thread would keep it for result()
+            future.set_exception(exc)
+        return future
 
 
 def _settings(o: Options) -> dict[str, Any]:

@@ -93,8 +93,12 @@ def run(sim: Any, proc: Any) -> None:
     """A process's main thread: ``proc.steps`` acquisitions (what a crashed predecessor left
     undone included), a pause between them."""
     rng, monitor, stats = proc.workload_rng, sim.monitor, sim.stats
+    profile = sim.profile
     while proc.steps > 0:
-        sim.sched.sleep(rng.uniform(0.0, 0.3))
+        pause = rng.uniform(0.0, 0.3)
+        if profile.rest_share and rng.random() < profile.rest_share:
+            pause += rng.uniform(*profile.rest_for)  # its resource may go idle, its row reaped
+        sim.sched.sleep(pause)
         sem = lock_of(proc.kind, rng)
         for resource in sem.resources:
             monitor.begin(proc, resource)
