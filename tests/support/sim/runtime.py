@@ -497,8 +497,9 @@ class Simulation:
         from dynasem._operators import reaper
         from dynasem.exceptions import SemaphoreUnavailable
 
-        while True:
-            self.sched.sleep(proc.workload_rng.expovariate(1 / self.profile.reap_every))
+        every = self.profile.reap_every
+        while True:  # half of every apart at least: a reap sends 20-30 requests (the storm check)
+            self.sched.sleep(every / 2 + proc.workload_rng.expovariate(2 / every))
             try:
                 result = reaper.reap(workers=1)
             except SemaphoreUnavailable as exc:  # the index's listing failed: the next reap
