@@ -72,12 +72,18 @@ SIM_FAULTS ?= light,heavy,pauses,crashes,partitions,deaf,reaped
 # above permit_items.INLINE_MAX keeps them), under the faults that find their bugs.
 SIM_PERMIT_MIXES ?= counting,limits,all
 SIM_PERMIT_FAULTS ?= pauses,crashes,reaped
+# And with pushes across hosts (each process listening on its host's address, as with PUSH
+# set to a private address): hand-overs trusted by an heir whose clock is another host's.
+SIM_ACROSS_MIXES ?= exclusive,readers,all,renewing,commits,long_readers
+SIM_ACROSS_FAULTS ?= light,pauses,partitions,reaped
 SIM_ARGS ?=
 simulate: venv
 	$(PYTHON_VENV) -m tests.support.sim --seeds $(SEEDS) --mix $(SIM_MIXES) --faults $(SIM_FAULTS) \
 		--processes 6 --hosts 3 --steps 10 $(SIM_ARGS)
 	$(PYTHON_VENV) -m tests.support.sim --seeds $(SEEDS) --mix $(SIM_PERMIT_MIXES) \
 		--faults $(SIM_PERMIT_FAULTS) --processes 6 --hosts 3 --steps 10 --permits-from 1 $(SIM_ARGS)
+	$(PYTHON_VENV) -m tests.support.sim --seeds $(SEEDS) --mix $(SIM_ACROSS_MIXES) \
+		--faults $(SIM_ACROSS_FAULTS) --processes 6 --hosts 3 --steps 10 --push-across $(SIM_ARGS)
 
 demo: venv
 	bash scripts/demo.sh

@@ -206,6 +206,15 @@ FOUND = [
         {"faults": "pauses", "processes": 3, "hosts": 3, "steps": 15, "spread": 1.0},
         range(1, 25),
     ),  # seed 23
+    # The same for a hold only heard of: a hand-over pushed from another host trusted to its
+    # stored lease end (written by the releaser's clock) without the skew. Loopback pushes
+    # never show it (one host, one clock): not found in 60 runs without --push-across.
+    (
+        "heard_lease_without_skew",
+        {"faults": "pauses", "processes": 3, "hosts": 3, "steps": 15, "spread": 1.0}
+        | {"push_across": True},
+        range(2, 3),
+    ),  # seed 2
     # A dead holder taken over a whole lease later than it may be: liveness (the lock idles
     # past lease + 2 x skew while live processes wait), not safety.
     # (Seed 3 until waiters that told the holder put their entries later, 2026-12-04.)

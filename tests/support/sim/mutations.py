@@ -60,6 +60,9 @@ and the faults fixed earlier, put back:
   readers alive looks whether they died again at once, not when the first may have: it
   reads their items in a loop while they hold (found by the request-storm check, the
   ``long_readers`` mix);
+* ``heard_lease_without_skew``: a hold only heard of (a pushed hand-over, a read) is trusted
+  until its stored lease end by our clock, not that less CLOCK_SKEW: the releaser's clock
+  wrote it. Found only with pushes across hosts (``Options.push_across``);
 * ``permit_row_uncovered`` (found by review, fixed by c59bafe): a take's row write leaves the
   permit row listed as it was, raised to cover the permit only after the permit's write: the
   reaper (the ``reaped`` faults) deletes the idle row between the two writes, and the next
@@ -332,6 +335,28 @@ def permit_row_uncovered(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(permits._Acquire, "cover", cover)
 
 
+def heard_lease_without_skew(mp: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    from dynasem._engine import take
+
+    real = take.held_if_trusted
+
+    def held_if_trusted(run: Any, plans: Any, *args: Any, sent_mono: Any, **kwargs: Any) -> Any:
+        if sent_mono is None:  # heard of (a read, a push): trusted to its stored lease end
+            skew_ms = int(run.skew * 1000)
+            plans = {
+                r: dataclasses.replace(p, expires_ms=p.expires_ms + skew_ms)
+                for r, p in plans.items()
+            }
+        return real(run, plans, *args, sent_mono=sent_mono, **kwargs)
+
+    # A hold we only heard of (a hand-over pushed from another host, a read) trusted until
+    # its stored lease end by our clock, the skew between the writer's clock and ours not
+    # allowed for.
+    mp.setattr(take, "held_if_trusted", held_if_trusted)
+
+
 MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     f.__name__: f
     for f in (
@@ -358,5 +383,6 @@ MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
         hint_past_hw,
         write_off_looks_at_once,
         permit_row_uncovered,
+        heard_lease_without_skew,
     )
 }

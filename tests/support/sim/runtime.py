@@ -75,6 +75,11 @@ class Options:
     db: str = "sim"  # tests.support.sim.dynamodb; "moto": moto's in process, 20-50 times slower
     db_profile: str = "aws"
     push: bool = True
+    # Pushes across hosts: each process listens on its host's address (PUSH = the host's
+    # IP), so a releaser on one host pushes the hand-over to an heir on another, whose clock
+    # is another's; else PUSH is loopback (the default), and only a host's own waiters are
+    # pushed (the others look).
+    push_across: bool = False
     max_time: float = 1800.0  # virtual seconds
     mutation: str = ""  # mutations.MUTATIONS: a deliberate protocol bug, for the run
     # Counting semaphores of more permits than this keep their holders in permit items
@@ -547,6 +552,11 @@ class Simulation:
 
         undo.append((reaper, "ThreadPoolExecutor", reaper.ThreadPoolExecutor))
         setattr(reaper, "ThreadPoolExecutor", InlineExecutor)  # noqa: B010  # its deletes, one by one
+        if o.push and o.push_across:
+            from dynasem._engine import push
+
+            undo.append((push, "settings", push.settings))
+            push.settings = HostSettings(self, push.settings)  # type: ignore[assignment]
         if self.profile.bucket:
             from dynasem._storage import records
 
@@ -726,6 +736,19 @@ def _short(value: Any) -> Any:
             return "ok"
         return value[1].response.get("Error", {}).get("Code", "error")
     return value
+
+
+class HostSettings:
+    """dynasem's settings as the push module of the current process reads them: ``PUSH`` is
+    its host's address (``Options.push_across``)."""
+
+    def __init__(self, sim: Simulation, settings: Any):
+        self._sim, self._settings = sim, settings
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "PUSH":
+            return self._sim.current().host.ip
+        return getattr(self._settings, name)
 
 
 class InlineExecutor:
