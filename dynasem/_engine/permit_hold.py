@@ -20,6 +20,9 @@ rows: dict[str, records.LockItem] = {}
 
 
 def remember(item: records.LockItem) -> None:
+    if item.slots_used is None:  # no permit row (any more): nothing to plan a take from
+        rows.pop(item.resource, None)
+        return
     if len(rows) >= MAX_REMEMBERED:
         rows.clear()
     rows[item.resource] = item
@@ -65,18 +68,21 @@ def hint_freed(resource: str, slot: int, hold_ms: int | None) -> None:
         handover.push_first(resource, row, readers_only=False)
 
 
-def cover(resource: str, expires_ms: int) -> int:
+def cover(resource: str, expires_ms: int, slot: int | None = None) -> int:
     """The permit row of ``resource`` listed (and so never reaped, nor deleted by TTL) up to
     the bucket of ``expires_ms`` at least: that bucket, or the row's own if it was listed
     further already; 0 if it is no permit row any more (gone: made anew, it would know
-    nothing of a permit renewed past its listing). Raises SemaphoreUnavailable if the write
-    failed."""
+    nothing of a permit renewed past its listing), or, for the holder of ``slot``, none that
+    counts that slot (made anew with ``hw`` at or below it: see permit_items.raise_row).
+    Raises SemaphoreUnavailable if the write failed."""
     try:
-        permit_items.send(permit_items.raise_row(resource, expires_ms))
+        permit_items.send(permit_items.raise_row(resource, expires_ms, slot))
         return records.bucket_of(expires_ms)
     except dynamodb.Refused as refused:
         row = refused.lock
         if row is None or row.slots_used is None:
+            return 0
+        if slot is not None and row.slots_used <= slot:
             return 0
         return max(row.listed_s or 0, records.bucket_of(row.expires_ms))
 
@@ -109,7 +115,7 @@ class PermitHeld(Held):
             self._listed[resource] = max(self._listed.get(resource, 0), listed_s)
         if records.bucket_of(expires_ms) <= self._listed.get(resource, 0):
             return True
-        listed = cover(resource, expires_ms)
+        listed = cover(resource, expires_ms, self.slots[resource])
         if listed:
             self._listed[resource] = listed
         return bool(listed)

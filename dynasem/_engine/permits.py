@@ -408,8 +408,9 @@ def _held(
         sent_mono, expires_ms = clock.monotonic(), clock.now_ms() + int(run.lease * 1000)
         try:
             for resource, slot in taken.items():
-                if not (yield Request(functools.partial(permit_hold.cover, resource, expires_ms))):
-                    raise dynamodb.Refused(None)  # no permit row any more
+                raise_row = functools.partial(permit_hold.cover, resource, expires_ms, slot)
+                if not (yield Request(raise_row)):
+                    raise dynamodb.Refused(None)  # no permit row that counts our slot
                 renewal = permit_items.renew_permit(resource, slot, run.token, expires_ms)
                 yield Write(functools.partial(permit_items.send, renewal), run.token, [], undo=undo)
         except (dynamodb.Refused, SemaphoreUnavailable):

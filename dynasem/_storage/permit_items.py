@@ -240,14 +240,23 @@ def fenced_permits(item: LockItem, stale_ms: int) -> LockItem:
     return read
 
 
-def raise_row(resource: str, expires_ms: int) -> dict[str, Any]:
+def raise_row(resource: str, expires_ms: int, slot: int | None = None) -> dict[str, Any]:
     """The row's ``expires`` up to the bucket of a permit's lease end, and its ``expMs`` to
     that bucket's end (only ever up: refused when the row is listed that far already, or is
-    no permit row): the row is listed, and not reaped, while the permit may be live."""
+    no permit row): the row is listed, and not reaped, while the permit may be live.
+
+    ``slot``: raised for the holder of that slot (a renewal), refused too unless the row's
+    ``hw`` is above it. A row reaped and made anew while the holder was paused has a ``hw``
+    of its own: one at or below our slot knows nothing of our permit (it counts the slots
+    below its ``hw``, and a change of its limit fences only those), and our renewal must
+    not revive it there."""
     bucket = records.bucket_of(expires_ms)
-    values = {":exp": bucket, ":expMs": bucket * 1000}
+    values: dict[str, Any] = {":exp": bucket, ":expMs": bucket * 1000}
     update = "SET #exp = :exp, #expMs = :expMs"
     condition = "attribute_exists(#hw) AND #exp <= :exp AND #expMs < :expMs"
+    if slot is not None:
+        condition += " AND #hw > :slot"
+        values[":slot"] = slot
     return update_action(resource, LOCK_SK, update, condition, {}, values)
 
 

@@ -28,9 +28,12 @@ def live_permits(resource: str = "pool") -> list[Any]:
     return [p for p in slots.permits(resource) if p.token and p.holder.expires_ms > now]
 
 
-def _permit_write_held(monkeypatch: pytest.MonkeyPatch, thread: str) -> tuple[Any, Any]:
+def _permit_write_held(
+    monkeypatch: pytest.MonkeyPatch, thread: str, *, after: bool = False, wait: float = 10
+) -> tuple[Any, Any]:
     """The permit write (a take's second) of the thread named ``thread`` waits for ``go``:
-    its row write has drawn its fence and slot."""
+    its row write has drawn its fence and slot. ``after``: the permit is written first, and
+    its answer waits."""
     reached, go = threading.Event(), threading.Event()
     real = slots.send
 
@@ -38,10 +41,15 @@ def _permit_write_held(monkeypatch: pytest.MonkeyPatch, thread: str) -> tuple[An
         taking = action["Key"]["sk"]["S"].startswith("s#") and action[
             "UpdateExpression"
         ].startswith("SET #k = :tok")
-        if threading.current_thread().name == thread and taking and not go.is_set():
+        held = threading.current_thread().name == thread and taking and not go.is_set()
+        if held and not after:
             reached.set()
-            assert go.wait(10)
-        return real(action, old=old)
+            assert go.wait(wait)
+        answer = real(action, old=old)
+        if held and after:
+            reached.set()
+            assert go.wait(wait)
+        return answer
 
     monkeypatch.setattr(slots, "send", send)
     return reached, go
@@ -311,3 +319,57 @@ def test_a_permit_is_never_renewed_past_its_rows_listing(
     if permit is not None:
         assert permit.holder.expires_ms <= row.expires_ms
     assert held.seconds_left() <= 0 or held.lost
+
+
+def _hints_0_to_12(holds: list[Any]) -> None:
+    permit_hold.rows.clear()  # (rows an earlier test's process saw, of another table)
+    old = [take(holds, "pool", limit=20, lease=1) for _ in range(13)]
+    for held in reversed(old):
+        held.release()  # hints 12, 11, ..., 0: the next take pops slot 12
+
+
+def _made_anew(holds: list[Any], other: str) -> list[Any]:
+    """``pool``'s row, reaped, made anew by another process: exclusively, or by 9 holders of
+    ``limit=9`` (slots 0-8, ``hw`` 9)."""
+    call_command("dynasem_reap", stdout=io.StringIO())
+    assert lock_rows.get("pool") is None
+    permit_hold.rows.clear()  # the next takers are another process: no row remembered
+    if other == "exclusive":
+        return [take(holds, "pool", wait=0, lease=30)]
+    return [take(holds, "pool", limit=9, wait=0, lease=30) for _ in range(9)]
+
+
+@pytest.mark.usefixtures("one_second_buckets")
+@pytest.mark.parametrize("after", [False, True], ids=["before its permit", "after its permit"])
+@pytest.mark.parametrize("other", ["exclusive", "limit 9"])
+def test_a_take_paused_past_its_lease_confirms_nothing_on_a_row_made_anew(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch, other: str, after: bool
+) -> None:
+    """A take (slot 12 of ``limit=20``) stops between its two writes, or after both, for
+    longer than its lease and the row's listing: the reaper deletes the row, another process
+    makes it anew. The late take's confirming renewal must not revive its permit there: a
+    row with ``hw`` at or below slot 12 counts nothing of it (ten holders of ``limit=9``)."""
+    _hints_0_to_12(holds)
+    reached, go = _permit_write_held(monkeypatch, "slow", after=after, wait=30)
+    got: list[Any] = []
+
+    def run() -> None:
+        try:
+            got.append(semaphore("pool", limit=20, lease=2, wait=10).acquire())
+        except Exception as exc:  # reported to the test
+            got.append(exc)
+
+    thread = threading.Thread(target=run, name="slow")
+    thread.start()
+    assert reached.wait(10)
+    _idle_past_its_listing()
+    new = _made_anew(holds, other)
+    slow = _finish(go, thread, got, holds)
+    holding = [h for h in new if not h.lost]
+    if not isinstance(slow, BaseException) and not slow.lost:
+        holding.append(slow)
+    live = sorted((p.slot, p.token[:6]) for p in live_permits())
+    if other == "exclusive":
+        assert len(holding) == 1, (new, slow, live)
+    else:
+        assert len(live) <= 9 and len(holding) <= 9, (slow, live)

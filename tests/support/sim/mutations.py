@@ -357,6 +357,20 @@ def heard_lease_without_skew(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(take, "held_if_trusted", held_if_trusted)
 
 
+def confirm_on_a_row_made_anew(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._engine import permit_hold
+
+    cover = permit_hold.cover
+
+    def any_permit_row(resource: str, expires_ms: int, slot: int | None = None) -> int:
+        return cover(resource, expires_ms)
+
+    # A late take's confirming renewal (or a renewal) raises any permit row, not only one
+    # whose ``hw`` counts its slot (before the twenty-first session's fix): a row reaped and
+    # made anew under a lower limit while the take was paused gets a permit above its limit.
+    mp.setattr(permit_hold, "cover", any_permit_row)
+
+
 MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     f.__name__: f
     for f in (
@@ -384,5 +398,6 @@ MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
         write_off_looks_at_once,
         permit_row_uncovered,
         heard_lease_without_skew,
+        confirm_on_a_row_made_anew,
     )
 }
