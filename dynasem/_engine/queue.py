@@ -531,7 +531,7 @@ def join_queue(
         shared=run.sem.shared,
         lease_ms=int(run.lease * 1000),
         address=address,
-        proc=processes.identity(),
+        proc=run.proc,  # None for a detached hold (a lead): a hand-over copies it to the row
         token=run.token,
         since_ms=clock.now_ms(),
     )

@@ -20,6 +20,7 @@ import pytest
 
 from dynasem import Lead, leadership, semaphore
 from dynasem._operators.locks import break_hold, holds_on, queue_depth
+from dynasem._storage import lock_rows
 from tests.support.helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -201,6 +202,53 @@ def test_a_killed_leader_takes_its_whole_command_along_before_the_next_starts(
     print(f"{shape}: gone {gone - killed:.3f} s, next start {second.start - killed:.3f} s")
     time.sleep(0.1)
     assert [r.pid for r in runs(log)] == [first.pid, second.pid]  # the first never came back
+
+
+def test_a_lead_handed_over_records_no_process(lock_table: str) -> None:
+    """A lead records no process identity (its takeover is only by its lease, on this host
+    too: its command's pid namespace takes a moment to empty), whether taken by a free take
+    or, as from the second lead on, handed over from the queue of standbys: the hand-over
+    copies the waiter's entry, which must not name the process either."""
+    holder = semaphore("lead:x").acquire()
+    waiter = semaphore("lead:x", fair=True, wait=30)
+    waiter.detached = True  # as dynasem_lead's and leadership()'s lead
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire()))
+    thread.start()
+    wait_for(lambda: queue_depth("lead:x"), 10, "the standby queued")
+    holder.release()  # hands the lead over to it
+    thread.join(10)
+    (lead,) = got
+    try:
+        row = lock_rows.get("lead:x")
+        assert row is not None and lead.token in row.holders
+        assert row.holders[lead.token].proc is None
+    finally:
+        lead.release()
+
+
+def test_a_lead_handed_over_is_taken_over_by_its_lease_when_its_leader_is_killed(
+    leaders: Any, tmp_path: Path
+) -> None:
+    """The second lead (handed over by the first leader's SIGTERM) and its leader killed: a
+    standby on this host takes over only after the lease, never from /proc (before the fix,
+    0.10-0.37 s after the kill: the hand-over recorded the leader's process)."""
+    log = tmp_path / "runs.log"
+    a = leaders()
+    wait_for(lambda: runs(log), 30, "a command started")
+    b, c = leaders(), leaders()
+    wait_for(lambda: queue_depth("leader:beat") >= 2, 10, "both standbys queued")
+    a.proc.terminate()  # gives the lead back: its release hands it to the first in line
+    second = wait_for(lambda: runs(log)[1:], 10, "handed over")[0]
+    leading = supervisor_of(second.pid, [b, c])
+    assert leading is not None, "the second command belongs to a standby"
+    time.sleep(0.5)
+    leading.proc.kill()
+    killed = time.monotonic()
+    gone = death_watch(second.pid, killed + 2)
+    third = wait_for(lambda: runs(log)[2:], LEASE + 0.5 + 3, "the other took over")[0]
+    assert LEASE / 2 <= third.start - killed  # as in the test above: the lease, not /proc
+    assert_one_at_a_time(runs(log), {second.pid: gone})
 
 
 def test_a_stopped_leader_s_command_ends_at_its_trusted_deadline(
