@@ -66,15 +66,15 @@ test-unkind-ci: venv
 # `.venv/bin/python -m tests.support.sim --seeds N --mix M --faults F --trace --shrink`.
 #   make simulate SEEDS=1-200 SIM_MIXES=exclusive SIM_ARGS="--hosts 3"
 SEEDS ?= 1-4
-SIM_MIXES ?= exclusive,counting,readers,fair,pairs,all,renewing,commits,limits,long_readers
+SIM_MIXES ?= exclusive,counting,readers,fair,pairs,all,renewing,commits,limits,long_readers,shared_pairs,counting_pairs
 SIM_FAULTS ?= light,heavy,pauses,crashes,partitions,deaf,reaped
 # Then the mixes of counting semaphores again with their holders in permit items (as a limit
 # above permit_items.INLINE_MAX keeps them), under the faults that find their bugs.
-SIM_PERMIT_MIXES ?= counting,limits,all
+SIM_PERMIT_MIXES ?= counting,limits,all,counting_pairs
 SIM_PERMIT_FAULTS ?= pauses,crashes,reaped
 # And with pushes across hosts (each process listening on its host's address, as with PUSH
 # set to a private address): hand-overs trusted by an heir whose clock is another host's.
-SIM_ACROSS_MIXES ?= exclusive,readers,all,renewing,commits,long_readers
+SIM_ACROSS_MIXES ?= exclusive,readers,all,renewing,commits,long_readers,shared_pairs
 SIM_ACROSS_FAULTS ?= light,pauses,partitions,reaped
 SIM_ARGS ?=
 simulate: venv

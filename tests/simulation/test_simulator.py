@@ -73,7 +73,10 @@ def test_seeds_pass(seed: int) -> None:
 
 @pytest.mark.parametrize(
     "mix",
-    ["readers", "counting", "pairs", "all", "renewing", "commits", "limits", "long_readers"],
+    [
+        *("readers", "counting", "pairs", "all", "renewing", "commits", "limits", "long_readers"),
+        *("shared_pairs", "counting_pairs"),
+    ],
 )
 def test_mixes_pass(mix: str) -> None:
     result = run(Options(seed=1, mix=mix, faults="light", **SMALL))

@@ -13,6 +13,10 @@ Kinds of process (a run's ``mix`` names them, one per process, round robin):
 * ``fair``: ``semaphore("r", fair=True)``;
 * ``pair``: ``semaphore(["r", "s"])``, both at once (one transaction), beside ``single``:
   ``semaphore("s")``;
+* ``shared_pair``: ``semaphore(["rw", "s"], shared=True)``, beside readers and writers of
+  ``"rw"`` and ``single`` writers of ``"s"``;
+* ``counting_pair``: ``semaphore(["c", "d"], limit=3)``, beside ``counting`` on ``"c"`` and
+  ``counting_d``: ``semaphore("d", limit=3)`` (with ``--permits-from``, in permit items);
 * ``long``: ``with semaphore("r")`` around work of one to three leases (its heartbeat renews);
 * ``limits``: one resource, ``"c"``, taken with ``limit=3``, with ``limit=2`` and exclusively,
   by turns: a row (or, with ``--permits-from``, its permit items) changes limit and mode
@@ -39,6 +43,8 @@ MIXES = {
     "long_readers": ("long_reader", "long_reader", "impatient_writer", "long_reader", "writer"),
     "fair": ("fair", "exclusive", "impatient"),
     "pairs": ("pair", "exclusive", "single"),
+    "shared_pairs": ("shared_pair", "writer", "single", "reader", "shared_pair"),
+    "counting_pairs": ("counting_pair", "counting", "counting_d", "counting_pair"),
     "all": ("exclusive", "impatient", "counting", "reader", "writer", "fair", "pair", "single"),
     "renewing": ("long", "exclusive", "impatient"),
     "commits": ("committer", "exclusive", "committer"),
@@ -86,6 +92,12 @@ def lock_of(kind: str, rng: Any) -> Any:
         return semaphore(["r", "s"])
     if kind == "single":
         return semaphore("s")
+    if kind == "shared_pair":
+        return semaphore(["rw", "s"], shared=True)
+    if kind == "counting_pair":
+        return semaphore(["c", "d"], limit=3)
+    if kind == "counting_d":
+        return semaphore("d", limit=3)
     return semaphore("r")
 
 
