@@ -11,7 +11,7 @@ import math
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
@@ -615,6 +615,27 @@ class Held:
                 return ok
         return ok
 
+    def _item_given_back(self, resource: str, send: Callable[[], object]) -> bool:
+        """``send`` the release of one of our items (a reader's, a permit's), sent again
+        after a pause while it fails for a passing cause, as a row's release is (above).
+        False: given up (said so). Raises Refused, ``retried`` set if an attempt before may
+        have been applied."""
+        failures, started, ambiguous = 0, clock.monotonic(), False
+        while True:
+            try:
+                send()
+                return True
+            except dynamodb.Refused as refused:
+                refused.retried = refused.retried or ambiguous
+                raise
+            except SemaphoreUnavailable as exc:
+                ambiguous |= exc.ambiguous
+                throttled = isinstance(exc, LimitExceeded) and exc.limit == "throughput"
+                passing = throttled or isinstance(exc, dynamodb.WriteConflict)
+                failures += 1
+                if not self._paused(passing, failures, started, resource, exc):
+                    return False
+
     def _send_release(self, pending: list[str], terms: dict[str, Any], hold_ms: int | None) -> None:
         # A released row may be reaped once its expMs is CLOCK_SKEW old: never before every
         # in-tolerance clock reads past our fence's time, or a fresh fence made after the
@@ -640,7 +661,7 @@ class Held:
             handover.push_first(self.resource, item, readers_only=False)
 
     def _paused(
-        self, passing: bool, failures: int, started: float, pending: list[str], why: object
+        self, passing: bool, failures: int, started: float, pending: str | list[str], why: object
     ) -> bool:
         """Paused before sending a release again that failed for a passing cause (throttled,
         or another request's transaction on a row); False: given up, and said so (another

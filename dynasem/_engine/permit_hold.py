@@ -4,6 +4,7 @@ listed; an operator's or the reaper's break of a permit; what an interrupted tak
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -138,18 +139,19 @@ class PermitHeld(Held):
         hold_ms = self._hold_ms() if len(self.slots) == 1 else None
         for resource, slot in self.slots.items():
             try:
-                permit_items.send(
-                    permit_items.give_back_permit(resource, slot, self.token, clock.now_ms())
-                )
+                send = functools.partial(self._give_back_permit, resource, slot)
+                if not self._item_given_back(resource, send):
+                    continue
             except dynamodb.Refused as refused:
                 if not self._gave_back(refused):
                     ok = False
                     continue
-            except SemaphoreUnavailable as exc:
-                self._log_unreleased(resource, exc)
-                continue
             hint_freed(resource, slot, hold_ms)
         return ok
+
+    def _give_back_permit(self, resource: str, slot: int) -> None:
+        now = clock.now_ms()  # the time it was freed: sent again, the time it is sent
+        permit_items.send(permit_items.give_back_permit(resource, slot, self.token, now))
 
     def _gave_back(self, refused: dynamodb.Refused) -> bool:
         """Was the permit ours until the release began, though its release was refused?"""

@@ -6,6 +6,7 @@ waiter); an operator's break of a reader; what an interrupted admission undoes."
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import random
 import time
@@ -211,7 +212,9 @@ class ReaderHeld(Held):
         ok = True
         for resource, epoch in self.epochs.items():
             try:
-                reader_items.drop_reader(resource, self.token)
+                drop = functools.partial(reader_items.drop_reader, resource, self.token)
+                if not self._item_given_back(resource, drop):
+                    continue
             except dynamodb.Refused as refused:
                 # Not there: broken or written off (after our deadline: once the work had
                 # ended, see _gone_after_work), unless a retry hides our own delete.
@@ -221,9 +224,6 @@ class ReaderHeld(Held):
                 # A tombstone of ours: broken by an operator (or the reaper), surely.
                 broken = (refused.item or {}).get("bt") == self.token
                 ok = ok and not broken and self._gone_after_work(refused.retried)
-                continue
-            except SemaphoreUnavailable as exc:
-                self._log_unreleased(resource, exc)
                 continue
             count_down(resource, epoch)
         return ok

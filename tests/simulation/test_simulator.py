@@ -302,6 +302,15 @@ FOUND = [
         {"mix": "long_readers", "faults": "light", **WIDE},
         range(1, 2),
     ),  # seed 1
+    # A reader's item whose release met another request's transaction given up at once
+    # (fixed in the twenty-second session): held for its lease, the pair's other resource
+    # idles while the writer behind waits for the write-off (the liveness check).
+    (
+        "item_release_given_up",
+        {"mix": "shared_pairs", "faults": "pauses", "processes": 6, "hosts": 3, "steps": 10},
+        range(16, 17),
+    ),  # seed 16; 2 of 240 runs of seeds 1-40 (shared_pairs, counting_pairs, long_readers
+    # under pauses and heavy), both of shared_pairs
 ]
 
 
@@ -395,6 +404,12 @@ FOUND_IN_DYNASEM = [
     # the stall: every one dead, though renewed (or put) since; its release passed them all
     # (a long sweep, 2026-12-04). Fixed: dead is judged by the clock when they were read.
     (5018, "commits", "pauses"),
+    # Readers of two resources at once (the shared_pairs mix, 2026-12-05): a reader item's
+    # delete met another request's transaction on the item (TransactionConflictException)
+    # and was given up at once; the writer behind waited for the write-off, and the pair's
+    # other resource idled 15 s while two waited. Fixed: sent again, as a row's release is.
+    (16, "shared_pairs", "pauses"),
+    (27, "shared_pairs", "heavy"),
 ]
 
 

@@ -364,3 +364,70 @@ def test_a_release_of_several_resources_cancelled_for_a_conflict_is_sent_again(
     held.release()
     other.join()
     assert holds_on("conf:p") == [] and holds_on("conf:q") == []
+
+
+def transaction_on_item(
+    engine: UnkindDynamoDB, table: str, resource: str, sk: str
+) -> threading.Thread:
+    """Another request's transaction (a ConditionCheck) holding one item of ``resource`` (a
+    reader's, a permit's) on the engine for its ``transaction_hold``."""
+    check = {
+        "TableName": table,
+        "Key": {"pk": {"S": resource}, "sk": {"S": sk}},
+        "ConditionExpression": "attribute_exists(pk)",
+    }
+    other = threading.Thread(
+        target=client(engine.endpoint_url).transact_write_items,
+        kwargs={"TransactItems": [{"ConditionCheck": check}]},
+    )
+    other.start()
+    wait_for_transaction(engine)
+    return other
+
+
+@pytest.mark.unkind("throttle", {"transaction_hold": 3.0})
+def test_a_reader_items_release_that_meets_another_transaction_is_sent_again(
+    on_engine: UnkindDynamoDB, lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the simulator's `shared_pairs` mix (seed 16, `pauses`): a reader item's
+    delete refused with TransactionConflictException was given up at once ("it expires"), as
+    the row's release no longer is: a writer then waited a lease for the write-off."""
+    from dynasem import semaphore
+    from dynasem._operators.locks import holds_on
+    from dynasem._storage import lock_writes, reader_items, records
+
+    monkeypatch.setattr(lock_writes, "READERS_INLINE", 1)
+    monkeypatch.setattr(reader_items, "READERS_INLINE", 1)
+    first = semaphore("conf:rw", shared=True, lease=30).acquire()
+    second = semaphore("conf:rw", shared=True, lease=30).acquire()  # in a reader item
+    sk = records.reader_sk(second.token)
+    other = transaction_on_item(on_engine, lock_table, "conf:rw", sk)  # for 1.5-3 s
+    second.release()
+    other.join()
+    first.release()
+    assert holds_on("conf:rw") == []
+    assert on_engine.stats()["counts"]["transaction conflict (write)"] >= 1
+    with semaphore("conf:rw", wait=0):  # a writer takes it at once: no reader left
+        pass
+
+
+@pytest.mark.unkind("throttle", {"transaction_hold": 3.0})
+def test_a_permit_items_release_that_meets_another_transaction_is_sent_again(
+    on_engine: UnkindDynamoDB, lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for a permit item's release: given up at once, the permit stayed taken for
+    its lease."""
+    from dynasem import semaphore
+    from dynasem._operators.locks import holds_on
+    from dynasem._storage import permit_items, records
+
+    monkeypatch.setattr(permit_items, "INLINE_MAX", 1)
+    held = semaphore("conf:c", limit=2, lease=30).acquire()  # in a permit item
+    (slot,) = held.slots.values()
+    other = transaction_on_item(on_engine, lock_table, "conf:c", records.permit_sk(slot))
+    held.release()
+    other.join()
+    assert [h for h in holds_on("conf:c") if h.token == held.token] == []
+    assert on_engine.stats()["counts"]["transaction conflict (write)"] >= 1
+    with semaphore("conf:c", limit=2, wait=0), semaphore("conf:c", limit=2, wait=0):
+        pass  # both permits free

@@ -66,7 +66,11 @@ and the faults fixed earlier, put back:
 * ``permit_row_uncovered`` (found by review, fixed by c59bafe): a take's row write leaves the
   permit row listed as it was, raised to cover the permit only after the permit's write: the
   reaper (the ``reaped`` faults) deletes the idle row between the two writes, and the next
-  take makes it anew under another limit or mode.
+  take makes it anew under another limit or mode;
+* ``item_release_given_up`` (found by the ``shared_pairs`` mix, fixed in the twenty-second
+  session): a reader's or a permit's item whose release meets another request's transaction
+  (TransactionConflictException) or a throttle is given up at once, not sent again as a
+  row's release is: it holds for its lease, and a writer waits for the write-off.
 """
 
 from __future__ import annotations
@@ -371,6 +375,21 @@ def confirm_on_a_row_made_anew(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(permit_hold, "cover", any_permit_row)
 
 
+def item_release_given_up(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._engine import hold
+    from dynasem.exceptions import SemaphoreUnavailable
+
+    def given_up_at_once(self: Any, resource: str, send: Callable[[], object]) -> bool:
+        try:
+            send()
+            return True
+        except SemaphoreUnavailable as exc:
+            self._log_unreleased(resource, exc)
+            return False
+
+    mp.setattr(hold.Held, "_item_given_back", given_up_at_once)
+
+
 MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     f.__name__: f
     for f in (
@@ -399,5 +418,6 @@ MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
         permit_row_uncovered,
         heard_lease_without_skew,
         confirm_on_a_row_made_anew,
+        item_release_given_up,
     )
 }
