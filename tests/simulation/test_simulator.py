@@ -75,7 +75,7 @@ def test_seeds_pass(seed: int) -> None:
     "mix",
     [
         *("readers", "counting", "pairs", "all", "renewing", "commits", "limits", "long_readers"),
-        *("shared_pairs", "counting_pairs"),
+        *("shared_pairs", "counting_pairs", "mixed_pairs"),
     ],
 )
 def test_mixes_pass(mix: str) -> None:

@@ -17,6 +17,9 @@ Kinds of process (a run's ``mix`` names them, one per process, round robin):
   ``"rw"`` and ``single`` writers of ``"s"``;
 * ``counting_pair``: ``semaphore(["c", "d"], limit=3)``, beside ``counting`` on ``"c"`` and
   ``counting_d``: ``semaphore("d", limit=3)`` (with ``--permits-from``, in permit items);
+* ``cross_pair``: ``semaphore(["c", "s"], limit=3)``: counting on a resource others hold
+  exclusively or shared (refused while they do, ``other_limit``); the ``mixed_pairs`` mix
+  has a pair of every kind;
 * ``long``: ``with semaphore("r")`` around work of one to three leases (its heartbeat renews);
 * ``limits``: one resource, ``"c"``, taken with ``limit=3``, with ``limit=2`` and exclusively,
   by turns: a row (or, with ``--permits-from``, its permit items) changes limit and mode
@@ -45,6 +48,7 @@ MIXES = {
     "pairs": ("pair", "exclusive", "single"),
     "shared_pairs": ("shared_pair", "writer", "single", "reader", "shared_pair"),
     "counting_pairs": ("counting_pair", "counting", "counting_d", "counting_pair"),
+    "mixed_pairs": ("pair", "shared_pair", "counting_pair", "cross_pair", "single", "writer"),
     "all": ("exclusive", "impatient", "counting", "reader", "writer", "fair", "pair", "single"),
     "renewing": ("long", "exclusive", "impatient"),
     "commits": ("committer", "exclusive", "committer"),
@@ -96,6 +100,8 @@ def lock_of(kind: str, rng: Any) -> Any:
         return semaphore(["rw", "s"], shared=True)
     if kind == "counting_pair":
         return semaphore(["c", "d"], limit=3)
+    if kind == "cross_pair":
+        return semaphore(["c", "s"], limit=3)
     if kind == "counting_d":
         return semaphore("d", limit=3)
     return semaphore("r")
