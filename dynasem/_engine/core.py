@@ -467,11 +467,13 @@ class Acquire:
         ours to keep: plan from it), and raise ``SemaphoreBusy``."""
         run, pace, seen, first = self.run, self.pace, self.seen, self.resources[0]
         one = len(self.resources) == 1
-        if one and readers.write_off_due(seen.get(first), blocked[first], run.skew, pace.ticket):
-            # Held up by reader items only, unchanged for a lease: are they all dead?
-            write_off = functools.partial(readers.try_write_off, seen[first], run.skew)
-            seen[first] = yield from queue.patient_read(write_off, seen[first], pace, run.deadline)
-            return
+        for r, blocking in blocked.items():
+            if readers.write_off_due(seen.get(r), blocking, run.skew, pace.ticket):
+                # Held up by reader items only, unchanged for a lease: are they all dead?
+                # (A writer of several resources too: there may be no writer of r alone.)
+                write_off = functools.partial(readers.try_write_off, seen[r], run.skew)
+                seen[r] = yield from queue.patient_read(write_off, seen[r], pace, run.deadline)
+                return
         if run.remaining() <= 0:
             if pace.ticket is not None:
                 entry = (pace.queue_id, pace.ticket)

@@ -134,6 +134,30 @@ def test_dead_item_readers_are_written_off_by_a_waiting_writer(holds: list[Any])
             held.release()
 
 
+def test_dead_item_readers_are_written_off_by_a_writer_of_several_resources(
+    holds: list[Any],
+) -> None:
+    """A writer of several resources at once, held up by dead item readers of one of them,
+    wrote nobody off: only a writer of that resource alone did. With none beside it, it
+    waited for the sentinel, to the end of a 15-minute bucket (the simulator's mixed_pairs
+    mix, seed 22: 15 s idle, past its liveness bound)."""
+    readers = [take(holds, "doc", shared=True, lease=3) for _ in range(INLINE)]
+    readers += [take(holds, "doc", shared=True, lease=1) for _ in range(2)]
+    for held in readers[:INLINE]:
+        held.release()
+    for held in readers[INLINE:]:
+        abandon(held)  # as if its process had stopped
+    epoch = row()["repoch"]
+    start = time.monotonic()
+    writer = take(holds, ["doc", "other"], wait=10)
+    waited = time.monotonic() - start
+    assert 1.4 < waited < 6  # their lease and the skew, as for a writer of "doc" alone
+    stored = row()
+    assert stored["repoch"] == epoch + 1 and stored["rc"] == 0
+    assert reader_items() == {}
+    assert writer.fences["doc"] > max(h.fence for h in readers)
+
+
 def counted(read: Any, calls: list[Any]) -> Any:
     """``read``, each call appended to ``calls``."""
 

@@ -311,6 +311,15 @@ FOUND = [
         range(16, 17),
     ),  # seed 16; 2 of 240 runs of seeds 1-40 (shared_pairs, counting_pairs, long_readers
     # under pauses and heavy), both of shared_pairs
+    # A writer of several resources held up by dead item readers of one waiting for their
+    # sentinel instead of writing them off (fixed in the twenty-second session): the pair
+    # idles past the liveness bound when no writer of that resource alone is left.
+    (
+        "multi_writer_writes_no_reader_off",
+        {"mix": "mixed_pairs", "faults": "crashes", "permits_from": 1}
+        | {"processes": 6, "hosts": 3, "steps": 10},
+        range(22, 23),
+    ),  # seed 22; 3 of seeds 1-40 (22, 26, 30)
 ]
 
 
@@ -410,6 +419,12 @@ FOUND_IN_DYNASEM = [
     # other resource idled 15 s while two waited. Fixed: sent again, as a row's release is.
     (16, "shared_pairs", "pauses"),
     (27, "shared_pairs", "heavy"),
+    # A writer of two resources (mixed_pairs, 2026-12-05) held up by a dead reader's item in
+    # one of them wrote nobody off (only a writer of that resource alone did): with none
+    # left, it waited for the sentinel, 15 s idle and on. Fixed: it writes them off too.
+    (22, "mixed_pairs-permits", "crashes"),
+    (26, "mixed_pairs-permits", "crashes"),
+    (30, "mixed_pairs-permits", "crashes"),
 ]
 
 

@@ -70,7 +70,11 @@ and the faults fixed earlier, put back:
 * ``item_release_given_up`` (found by the ``shared_pairs`` mix, fixed in the twenty-second
   session): a reader's or a permit's item whose release meets another request's transaction
   (TransactionConflictException) or a throttle is given up at once, not sent again as a
-  row's release is: it holds for its lease, and a writer waits for the write-off.
+  row's release is: it holds for its lease, and a writer waits for the write-off;
+* ``multi_writer_writes_no_reader_off`` (found by the ``mixed_pairs`` mix in permit items,
+  fixed in the twenty-second session): a writer of several resources held up by dead item
+  readers of one waits for their sentinel (to a bucket's end) instead of writing them off
+  once they have sat unchanged for their lease, as a writer of that resource alone does.
 """
 
 from __future__ import annotations
@@ -390,6 +394,21 @@ def item_release_given_up(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(hold.Held, "_item_given_back", given_up_at_once)
 
 
+def multi_writer_writes_no_reader_off(mp: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from dynasem._engine import readers
+
+    write_off_due = readers.write_off_due
+
+    def due(*args: Any, **kwargs: Any) -> bool:
+        if sys._getframe(1).f_locals.get("one") is False:  # core.Acquire.wait, several
+            return False
+        return write_off_due(*args, **kwargs)
+
+    mp.setattr(readers, "write_off_due", due)
+
+
 MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     f.__name__: f
     for f in (
@@ -419,5 +438,6 @@ MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
         heard_lease_without_skew,
         confirm_on_a_row_made_anew,
         item_release_given_up,
+        multi_writer_writes_no_reader_off,
     )
 }
