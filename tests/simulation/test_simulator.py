@@ -75,7 +75,7 @@ def test_seeds_pass(seed: int) -> None:
     "mix",
     [
         *("readers", "counting", "pairs", "all", "renewing", "commits", "limits", "long_readers"),
-        *("shared_pairs", "counting_pairs", "mixed_pairs"),
+        *("shared_pairs", "counting_pairs", "mixed_pairs", "long_pairs"),
     ],
 )
 def test_mixes_pass(mix: str) -> None:
@@ -302,15 +302,6 @@ FOUND = [
         {"mix": "long_readers", "faults": "light", **WIDE},
         range(1, 2),
     ),  # seed 1
-    # A reader's item whose release met another request's transaction given up at once
-    # (fixed in the twenty-second session): held for its lease, the pair's other resource
-    # idles while the writer behind waits for the write-off (the liveness check).
-    (
-        "item_release_given_up",
-        {"mix": "shared_pairs", "faults": "pauses", "processes": 6, "hosts": 3, "steps": 10},
-        range(16, 17),
-    ),  # seed 16; 2 of 240 runs of seeds 1-40 (shared_pairs, counting_pairs, long_readers
-    # under pauses and heavy), both of shared_pairs
     # A writer of several resources held up by dead item readers of one waiting for their
     # sentinel instead of writing them off (fixed in the twenty-second session): the pair
     # idles past the liveness bound when no writer of that resource alone is left.
@@ -413,12 +404,6 @@ FOUND_IN_DYNASEM = [
     # the stall: every one dead, though renewed (or put) since; its release passed them all
     # (a long sweep, 2026-12-04). Fixed: dead is judged by the clock when they were read.
     (5018, "commits", "pauses"),
-    # Readers of two resources at once (the shared_pairs mix, 2026-12-05): a reader item's
-    # delete met another request's transaction on the item (TransactionConflictException)
-    # and was given up at once; the writer behind waited for the write-off, and the pair's
-    # other resource idled 15 s while two waited. Fixed: sent again, as a row's release is.
-    (16, "shared_pairs", "pauses"),
-    (27, "shared_pairs", "heavy"),
     # A writer of two resources (mixed_pairs, 2026-12-05) held up by a dead reader's item in
     # one of them wrote nobody off (only a writer of that resource alone did): with none
     # left, it waited for the sentinel, 15 s idle and on. Fixed: it writes them off too.

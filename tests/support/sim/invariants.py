@@ -28,8 +28,9 @@
   items again and again while they renewed) costs on AWS what it costs here, and holds its
   caller past its wait.
 * **Liveness**, once the fault window is over: a resource is never idle (nobody inside) for
-  longer than ``lease + 2 * CLOCK_SKEW + SLACK`` while a live process waits for it; the run
-  ends with every live workload done.
+  longer than ``lease + 2 * CLOCK_SKEW + SLACK`` while a live process waits for it (for it
+  and others at once: while nobody is inside those); the run ends with every live workload
+  done.
 """
 
 from __future__ import annotations
@@ -92,6 +93,7 @@ class Monitor:
         # A thread's sends in the last second of virtual time, by the thread.
         self.sent: dict[Any, collections.deque[float]] = {}
         self.busiest = 0  # the most requests one thread sent in a second
+        self.wanted: dict[Any, Any] = {}  # proc -> the semaphore it waits for (its mode, limit)
 
     def fail(self, message: str) -> None:
         said = f"t={self.sim.clock_label()} {message}"
@@ -114,8 +116,10 @@ class Monitor:
 
     # -- what the workloads tell -------------------------------------------------------------
 
-    def begin(self, proc: Any, resource: str) -> None:
+    def begin(self, proc: Any, resource: str, sem: Any = None) -> None:
         self.waiting.setdefault(resource, set()).add(proc)
+        if sem is not None:
+            self.wanted[proc] = sem
 
     def end(self, proc: Any, resource: str) -> None:
         self.waiting.get(resource, set()).discard(proc)
@@ -322,12 +326,34 @@ class Monitor:
         elif counting and len(counting) != len(trusted):
             self.fail(f"{resource!r}: counting and shared holders together: {who}")
 
+    def _kept_out(self, proc: Any, resource: str) -> bool:
+        """Whether the holders inside ``resource`` keep ``proc``'s semaphore out."""
+        inside = list(self.inside.get(resource, {}).values())
+        sem = self.wanted.get(proc)
+        if not inside or sem is None:
+            return bool(inside)
+        if any(e.mode != sem.mode or e.mode == Mode.EXCLUSIVE for e in inside):
+            return True
+        return sem.mode == Mode.COUNTING and len(inside) >= sem.limit
+
     def _check_idle(self) -> None:
         now = self.sim.sched.now
+        wants: dict[Any, list[str]] = {}
+        for resource, waiting in self.waiting.items():
+            for proc in waiting:
+                wants.setdefault(proc, []).append(resource)
         for resource, waiting in self.waiting.items():
             # A stalled process waits for nothing: it is not running (its stall is a fault
-            # that began in the window).
-            live = [p for p in waiting if not p.dead and p.stalled_until <= now]
+            # that began in the window). One that waits for several resources at once waits
+            # for this one only while nobody is inside the others in a way that keeps it out
+            # (all or none).
+            live = [
+                p
+                for p in waiting
+                if not p.dead
+                and p.stalled_until <= now
+                and not any(self._kept_out(p, r) for r in wants[p] if r != resource)
+            ]
             if not live or self.inside.get(resource):
                 if resource in self.idle_since:
                     since = self.idle_since.pop(resource)

@@ -70,7 +70,9 @@ and the faults fixed earlier, put back:
 * ``item_release_given_up`` (found by the ``shared_pairs`` mix, fixed in the twenty-second
   session): a reader's or a permit's item whose release meets another request's transaction
   (TransactionConflictException) or a throttle is given up at once, not sent again as a
-  row's release is: it holds for its lease, and a writer waits for the write-off;
+  row's release is: it holds for its lease, and a writer waits for the write-off. Not
+  found since the liveness check excuses a waiter of several resources while another of
+  them is held in its way: a release given up holds for a lease, as a crash does;
 * ``multi_writer_writes_no_reader_off`` (found by the ``mixed_pairs`` mix in permit items,
   fixed in the twenty-second session): a writer of several resources held up by dead item
   readers of one waits for their sentinel (to a bucket's end) instead of writing them off

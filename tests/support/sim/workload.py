@@ -21,6 +21,10 @@ Kinds of process (a run's ``mix`` names them, one per process, round robin):
   exclusively or shared (refused while they do, ``other_limit``); the ``mixed_pairs`` mix
   has a pair of every kind;
 * ``long``: ``with semaphore("r")`` around work of one to three leases (its heartbeat renews);
+* ``long_pair``, ``long_shared_pair``, ``long_counting_pair``: the pairs above around work of
+  one to three leases (renewing holds of several resources), and ``impatient_pair``,
+  ``impatient_shared_pair``, ``impatient_counting_pair``: the same with ``wait=`` a fraction
+  of a second to two (giving up an all-or-none acquire); the ``long_pairs`` mix;
 * ``limits``: one resource, ``"c"``, taken with ``limit=3``, with ``limit=2`` and exclusively,
   by turns: a row (or, with ``--permits-from``, its permit items) changes limit and mode
   once nobody holds it, and a take of another limit while someone does is refused
@@ -48,6 +52,10 @@ MIXES = {
     "pairs": ("pair", "exclusive", "single"),
     "shared_pairs": ("shared_pair", "writer", "single", "reader", "shared_pair"),
     "counting_pairs": ("counting_pair", "counting", "counting_d", "counting_pair"),
+    "long_pairs": (
+        *("long_pair", "impatient_shared_pair", "long_counting_pair", "impatient_pair"),
+        *("long_shared_pair", "impatient_counting_pair", "single", "counting"),
+    ),
     "mixed_pairs": ("pair", "shared_pair", "counting_pair", "cross_pair", "single", "writer"),
     "all": ("exclusive", "impatient", "counting", "reader", "writer", "fair", "pair", "single"),
     "renewing": ("long", "exclusive", "impatient"),
@@ -75,7 +83,20 @@ def end_transaction(sim: Any, proc: Any, *, committed: bool) -> None:
         finish(committed)
 
 
+PAIRS = {
+    "pair": (["r", "s"], {}),
+    "shared_pair": (["rw", "s"], {"shared": True}),
+    "counting_pair": (["c", "d"], {"limit": 3}),
+}
+
+
 def lock_of(kind: str, rng: Any) -> Any:
+    base = kind.removeprefix("long_").removeprefix("impatient_")
+    if base in PAIRS and base != kind:
+        resources, options = PAIRS[base]
+        if kind.startswith("impatient_"):
+            options = dict(options, wait=rng.uniform(0.1, 2.0))
+        return semaphore(resources, **options)
     if kind == "impatient":
         return semaphore("r", wait=rng.uniform(0.1, 2.0))
     if kind == "counting":
@@ -119,7 +140,7 @@ def run(sim: Any, proc: Any) -> None:
         sim.sched.sleep(pause)
         sem = lock_of(proc.kind, rng)
         for resource in sem.resources:
-            monitor.begin(proc, resource)
+            monitor.begin(proc, resource, sem)
         if proc.kind == "committer":
             proc.transaction = Transaction()
         held = None
@@ -157,6 +178,6 @@ def run(sim: Any, proc: Any) -> None:
 
 def work(sim: Any, proc: Any, rng: Any) -> float:
     """How long a block works, in virtual seconds."""
-    if proc.kind in ("long", "long_reader"):
+    if proc.kind in ("long", "long_reader") or proc.kind.startswith("long_"):
         return float(rng.uniform(1.0, 3.0) * sim.options.lease)
     return float(rng.uniform(0.001, 0.4) if rng.random() < 0.9 else 2.0)
