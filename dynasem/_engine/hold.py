@@ -141,7 +141,10 @@ class Held:
         return self._pending_commit
 
     def seconds_left(self) -> float:
-        """How long we may still trust the hold without renewing (our clock, skew allowed)."""
+        """How long we may still trust the hold without renewing (our clock, skew allowed);
+        0 once it is known lost (broken, taken over, a newer fence found), deadline or not."""
+        if self._lost is not None:
+            return 0.0
         return max(0.0, self._deadline - clock.monotonic())
 
     def __repr__(self) -> str:

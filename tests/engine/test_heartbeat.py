@@ -278,6 +278,21 @@ def test_broken_hold_is_declared_lost(lock_table: str) -> None:
     other.release()
 
 
+def test_a_hold_known_lost_has_no_seconds_left(lock_table: str) -> None:
+    """Long work is told to watch ``held.seconds_left()`` (docs/how-to/failures.md): once the
+    hold is known lost (broken, taken over) before its deadline, it says 0, as ``lost`` does,
+    not what is left of a lease that is no longer ours."""
+    resource = unique("broken-left")
+    held = semaphore(resource, lease=6, user="alice").acquire()
+    break_holds(resource)
+    other = semaphore(resource, wait=0).acquire()
+    with pytest.raises(LockLost):
+        held.renew()  # refused: what the heartbeat's next renewal finds
+    assert held.lost
+    assert held.seconds_left() == 0
+    other.release()
+
+
 def test_unreachable_endpoint_loses_hold_no_earlier_than_lease_minus_skew(
     lock_table: str,
 ) -> None:
