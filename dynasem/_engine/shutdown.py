@@ -58,6 +58,7 @@ def release_all() -> int:
                 extra=facts(held.resource, token=held.token, fence=held.fence, outcome="left_held"),
             )
             continue
+        held.depth = 1  # re-entered and never left: nobody uses any depth of it now
         give_back_unused(held)
         given += 1
     return given

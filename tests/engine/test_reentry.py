@@ -159,6 +159,25 @@ def test_a_lost_hold_says_so_at_the_inner_exit(lock_table: str) -> None:
                     outer.renew()
 
 
+def test_release_all_gives_back_a_re_entered_hold_of_a_thread_that_ended(lock_table: str) -> None:
+    """A thread that ended holding a hold it re-entered (acquired twice, never released)
+    uses it no more: release_all (atexit) gives it back, not one depth of it."""
+    import dynasem
+
+    got: list[Any] = []
+
+    def work() -> None:
+        sem = semaphore("left", lease=30)
+        got.extend([sem.acquire(), sem.acquire()])
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert got[0] is got[1] and got[0].depth == 2
+    assert dynasem.release_all() == 1
+    assert got[0].released and tokens("left") == set()
+
+
 def test_a_view_under_test_re_enters_the_tests_hold_but_not_one_held_elsewhere(
     lock_table: str, client: Any
 ) -> None:
