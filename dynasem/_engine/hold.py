@@ -8,6 +8,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
 import random
 import threading
 import time
@@ -101,6 +102,7 @@ class Held:
         self._giving_back_mono = math.inf  # when the release began (see _released_by)
         # Who took it: at exit, only holds of threads that ended are given back (shutdown.py).
         self.thread = threading.current_thread()
+        self._pid = os.getpid()  # a forked child's copy is its parent's hold, not the child's
         # Acquisitions of it in all: nested acquires in the same thread or task re-enter it
         # (reentry.py); only the last release gives it back.
         self.depth = 1
@@ -366,6 +368,11 @@ class Held:
         return True
 
     def _release_now(self) -> None:
+        if os.getpid() != self._pid:
+            # A child forked inside the block leaves it (sys.exit, a return): the parent is
+            # still in it, and gives the hold back itself.
+            self._released = True
+            return
         # Begun now, though a renewal in flight may keep the lock for a while; not begun if
         # that wait is interrupted (a signal's exception): then the deadline is the loss.
         before = self._giving_back_mono

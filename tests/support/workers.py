@@ -270,8 +270,9 @@ def hold_and_exit(endpoint: str, table_name: str, resource: str, how: str, out: 
     ``exit``: ``sys.exit(0)``, a normal exit (atexit runs); ``sigterm-handler``: SIGTERM caught
     by a handler of the application's, after which its loop ends with ``sys.exit`` (what a
     gunicorn worker does); ``daemon-thread``: the hold was taken by a daemon thread still inside its
-    block at exit; ``forked-child``: a child forked while we hold exits normally (it must not
-    give back our hold), then we report and release it ourselves."""
+    block at exit; ``forked-child``: a child forked while we hold leaves the block (it releases
+    its copy of the hold) and exits normally (it must not give back our hold), then we report
+    and release it ourselves."""
     import signal
     import sys
     import threading
@@ -302,6 +303,7 @@ def hold_and_exit(endpoint: str, table_name: str, resource: str, how: str, out: 
 
         child = os.fork()
         if child == 0:
+            held.release()  # what leaving a block forked in does (sys.exit, a return)
             atexit._run_exitfuncs()  # what a normal exit runs, then nothing else of the parent's
             os._exit(0)
         os.waitpid(child, 0)

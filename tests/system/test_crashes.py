@@ -287,8 +287,8 @@ def test_a_live_holder_on_this_host_is_never_taken_over(dynamodb_local, lock_tab
 def test_a_process_that_exits_normally_gives_back_what_it_holds(dynamodb_local, lock_table, how):
     """atexit gives back the holds of a process that ends normally (sys.exit, or its own SIGTERM
     handler that exits, as gunicorn's do); a hold a daemon thread is still inside is left (the
-    process is gone a moment later: taken over at once on this host); a forked child's exit
-    never gives back its parent's hold."""
+    process is gone a moment later: taken over at once on this host); a forked child's exit,
+    or its leaving the block it was forked in, never gives back its parent's hold."""
     resource = f"exit:{how}"
     out = SPAWN.Queue()
     proc = SPAWN.Process(
