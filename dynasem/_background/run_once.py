@@ -69,7 +69,10 @@ class Job:
         return self.key
 
     def seconds_left(self) -> float:
-        """How long the claim can be trusted without renewing (our clock, skew allowed)."""
+        """How long the claim can be trusted without renewing (our clock, skew allowed); 0
+        once it is known lost (a renewal refused), deadline or not."""
+        if self._lost is not None:
+            return 0.0
         return max(0.0, self._deadline - clock.monotonic())
 
     def check_deadline(self) -> None:

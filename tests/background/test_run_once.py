@@ -10,8 +10,8 @@ import pytest
 from django.core.management import call_command
 from django.test import override_settings
 
-from dynasem import AlreadyDone, SemaphoreBusy, run_once, semaphore
-from dynasem._storage import job_rows, lock_rows, records
+from dynasem import AlreadyDone, LockLost, SemaphoreBusy, run_once, semaphore
+from dynasem._storage import job_rows, lock_rows, lock_writes, records
 from dynasem.conf import settings
 
 
@@ -175,3 +175,19 @@ def test_a_claim_paused_past_its_lease_never_runs_beside_another(
     else:
         assert ran == [[]]  # confirmed by its own renewal, then run
         assert job_row("file:stalled.txt")["status"] == "DONE"
+
+
+def test_a_claim_known_lost_has_no_seconds_left(lock_table):
+    """A body told to watch ``job.seconds_left()`` stops once a renewal was refused (the
+    claim is another's), though its old lease would still have run for seconds."""
+    with pytest.raises(LockLost), run_once("file:lost.txt", lease=30) as job:
+        assert job.seconds_left() > 20
+        # Another claim's token in the row (as a claim made after ours would leave it).
+        other = lock_writes.update_action(
+            job.key, records.JOB_SK, "SET #token = :other", "", {}, {":other": "someone"}
+        )
+        job_rows.update_job(other)
+        try:
+            job.renew()
+        finally:
+            assert job.seconds_left() == 0
