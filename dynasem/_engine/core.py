@@ -39,7 +39,15 @@ from .hold import Held, pending_hold
 from .late_handover import leave_queue
 from .lockspec import Attempt
 from .queue import Blocking
-from .reentry import current_hold, enter, forget_entered, leave, reentered, remember_acquired
+from .reentry import (
+    current_hold,
+    enter,
+    forget_entered,
+    leave,
+    named,
+    reentered,
+    remember_acquired,
+)
 from .steps import Request, Sleep, Steps, Write, run_async, run_io, run_sync, withdraw
 
 __all__ = ["Held", "Semaphore", "current_hold", "semaphore"]
@@ -161,7 +169,7 @@ class Semaphore:
                 "pass a str (or a list of str) to use it as a context manager"
             )
         if (again := pending_hold(self)) is not None:
-            return again  # ours already, until this transaction ends
+            return named(again, self.resources)  # ours already, until this transaction ends
         if (inner := reentered(self)) is not None:
             return inner  # this thread or task holds it already: a nested acquire
         lease, wait_s, skew = arguments.resolve_timing(

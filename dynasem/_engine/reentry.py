@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+from collections.abc import Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -125,10 +126,16 @@ def reentered(sem: LockSpec) -> Held | None:
             )
         _check_covers(held, sem, overlap[0])
         held.depth += 1
-        if wanted[0] == held.resources[0] and len(wanted) == len(held.resources):
-            return held
-        return Nested(held, list(wanted))
+        return named(held, wanted)
     return None
+
+
+def named(held: Held, wanted: Sequence[str]) -> Held:
+    """``held`` as the hold of ``wanted``, some or all of its resources: itself, or a
+    :class:`Nested` view named by them (its ``resource``, ``fence`` and ``fences``)."""
+    if wanted[0] == held.resources[0] and len(wanted) == len(held.resources):
+        return held
+    return Nested(held, list(wanted))
 
 
 def _check_covers(held: Held, sem: LockSpec, resource: str) -> None:

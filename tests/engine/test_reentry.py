@@ -138,6 +138,29 @@ def test_nested_in_several_resources(lock_table: str) -> None:
     assert tokens("a") == tokens("b") == set()
 
 
+def test_a_hold_waiting_for_its_commit_taken_again_in_part_is_named_by_that_part(
+    lock_table: str,
+) -> None:
+    """A hold of several resources given back inside a transaction, taken again for one of
+    them before the commit: that one's fence, as a nested acquire gets, not the first
+    resource's. Here b's fence is counted on from a stored one an hour ahead of the clock (a
+    clock behind another host's): a's, from the clock, is below b's earlier holders'."""
+    from dynasem._storage import dynamodb
+
+    ahead = int((time.time() + 3600) * 1_000_000)
+    row = {"pk": {"S": "b"}, "sk": {"S": "lock"}, "fence": {"N": str(ahead)}}
+    dynamodb.get_client().put_item(TableName=lock_table, Item=row)
+    with transaction.atomic():
+        with semaphore(["a", "b"]) as both:
+            pass
+        assert both.pending_commit and both.fences["b"] > ahead > both.fences["a"]
+        with semaphore("b") as b:
+            assert b.resource == "b" and b.fence == both.fences["b"]
+            assert b.fences == {"b": both.fences["b"]} and b.token == both.token
+        assert both.pending_commit and tokens("b") == {both.token}
+    assert both.released and tokens("a") == tokens("b") == set()
+
+
 def test_the_outermost_release_decides_with_the_transaction(lock_table: str) -> None:
     with transaction.atomic():
         with semaphore("tx") as outer:
