@@ -121,6 +121,10 @@ class PermitHeld(Held):
             self._listed[resource] = listed
         return bool(listed)
 
+    def _renew_once(self) -> None:
+        if self.slots:  # not set up yet: acquired() starts the heartbeat before it returns
+            super()._renew_once()
+
     def _renew_to(self, expires: int) -> None:
         # The row first: a permit renewed past the row's listing could outlive the row
         # (reaped, or deleted by TTL) and be held beside whoever made it anew. A failure to

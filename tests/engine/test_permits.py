@@ -386,3 +386,39 @@ def test_an_interrupt_after_the_permit_write_gives_the_permit_back(
     monkeypatch.undo()
     assert [p.token for p in permit_items("pool") if p.token] == []
     assert take(holds, "pool", limit=16, wait=0).slots["pool"] == 0
+
+
+def test_a_renewal_before_the_hold_knows_its_permits_extends_no_trust(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``acquired()`` starts the heartbeat before the permit hold is told its slots. The
+    acquiring thread stalled there past the first renewal's due time (1.5 s, its lease 3 s):
+    that renewal, of no permit, must not move the hold's trusted deadline. Nothing renews it
+    after that (as when cut off from DynamoDB): once its stored lease end and CLOCK_SKEW are
+    past, another process takes its permit over, and by then the hold must say it is lost.
+    Before, it trusted its permit for 1.5 s more than its lease: 0.5 s beside the newcomer."""
+    from dynasem._engine import heartbeat
+    from dynasem._engine.permit_hold import PermitHeld
+
+    for _ in range(8):
+        take(holds, "pool", limit=9, lease=60)
+    schedule, stalled = heartbeat.later, []
+
+    def later(task: Any, seconds: float) -> None:
+        if isinstance(getattr(task, "held", None), PermitHeld) and task.held.lease == 3:
+            if not stalled:
+                stalled.append(task)
+                time.sleep(1.5)  # the acquiring thread, stalled inside acquired()
+                task.beat()  # the scheduler's first renewal, due meanwhile
+            return  # no renewal lands after it
+        schedule(task, seconds)
+
+    monkeypatch.setattr(heartbeat, "later", later)
+    mine = take(holds, "pool", limit=9, lease=3)
+    slot = mine.slots["pool"]
+    permit = next(p for p in permit_items("pool") if p.slot == slot)
+    assert stalled and permit.token == mine.token
+    time.sleep(max(0.0, permit.holder.expires_ms / 1000 + 0.5 - time.time()) + 0.05)
+    newcomer = take(holds, "pool", limit=9, lease=60, wait=0)  # may take it over now
+    assert newcomer.slots["pool"] == slot
+    assert mine.lost, f"still trusted for {mine.seconds_left():.2f} s beside the newcomer"
