@@ -316,7 +316,12 @@ class Held:
 
         A nested acquire that re-entered this hold ("Nested acquires" in the how-to guides)
         gives back nothing: only the outermost release does (raising LockLost if lost)."""
-        if self._released or self._pending_commit:
+        if self._released:
+            return
+        if self._pending_commit:
+            # Taken again in its transaction (pending_hold): a block that ends with it lost
+            # raises, so that the transaction rolls back, as its first block's end would.
+            self.raise_if_lost()
             return
         if self.depth > 1:
             self.depth -= 1

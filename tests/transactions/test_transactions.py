@@ -570,6 +570,30 @@ def test_a_transaction_does_not_wait_on_its_own_pending_release(lock_table):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_hold_taken_again_in_its_transaction_and_lost_there_raises_at_that_block_exit(
+    lock_table,
+):
+    """The second block of a hold waiting for its commit (the view that calls a locked
+    helper twice) ends with the hold known lost (an operator broke it, the heartbeat found
+    out): that block's exit raises LockLost, as the first block's would, so the transaction
+    rolls back instead of committing work done after another holder may have begun. Before,
+    the exit returned quietly (the hold was pending already) and the work committed."""
+    with pytest.raises(LockLost), transaction.atomic():
+        with semaphore("tx:again-lost", lease=1.5) as first:
+            pass
+        assert first.pending_commit
+        with semaphore("tx:again-lost") as second:
+            assert second is first
+            User.objects.create(username="again-lost")
+            assert operations.break_hold("tx:again-lost", first.token)
+            deadline = time.monotonic() + 5
+            while not first.lost and time.monotonic() < deadline:
+                time.sleep(0.02)  # the heartbeat finds out at its next renewal
+            assert first.lost
+    assert not User.objects.filter(username="again-lost").exists()
+
+
+@pytest.mark.django_db(transaction=True)
 def test_view_calling_a_locked_helper_twice_under_atomic_requests(lock_table, monkeypatch):
     monkeypatch.setitem(connections.settings["default"], "ATOMIC_REQUESTS", True)
 
