@@ -455,7 +455,9 @@ def test_hosts_whose_clocks_disagree_by_clock_skew_never_hold_at_once(
     assert gap > 0 and fence_b > fence_a
 
     # A (behind) hands the lock to C's waiter, whose hold C then hangs on; B (ahead) takes over.
-    held = a.call("acquire", id="H", resource="skew:hand-over", lease=LEASE)
+    # H's own lease is longer: it must outlast C's queuing and our look at the queue, which
+    # on a saturated CI machine (simulate beside the suite) once took past 1.5 s (ci50).
+    held = a.call("acquire", id="H", resource="skew:hand-over", lease=3 * LEASE)
     waiting = c.send("acquire", id="W", resource="skew:hand-over", lease=LEASE, wait=30)
     queued("skew:hand-over")
     a.call("renew", id="H")
