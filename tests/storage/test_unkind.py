@@ -279,13 +279,14 @@ def wait_for_transaction(engine: UnkindDynamoDB) -> None:
 
 
 def transaction_on_row(
-    engine: UnkindDynamoDB, table: str, resource: str, condition: str
+    engine: UnkindDynamoDB, table: str, resource: str, condition: str, sk: str = "lock"
 ) -> threading.Thread:
-    """Another request's transaction (a ConditionCheck) holding ``resource``'s lock row on the
-    engine for its ``transaction_hold``: started, and holding it when this returns."""
+    """Another request's transaction (a ConditionCheck) holding ``resource``'s lock row (or
+    its item ``sk``: a reader's, a permit's) on the engine for its ``transaction_hold``:
+    started, and holding it when this returns."""
     check = {
         "TableName": table,
-        "Key": {"pk": {"S": resource}, "sk": {"S": "lock"}},
+        "Key": {"pk": {"S": resource}, "sk": {"S": sk}},
         "ConditionExpression": condition,
     }
     other = threading.Thread(
@@ -366,25 +367,6 @@ def test_a_release_of_several_resources_cancelled_for_a_conflict_is_sent_again(
     assert holds_on("conf:p") == [] and holds_on("conf:q") == []
 
 
-def transaction_on_item(
-    engine: UnkindDynamoDB, table: str, resource: str, sk: str
-) -> threading.Thread:
-    """Another request's transaction (a ConditionCheck) holding one item of ``resource`` (a
-    reader's, a permit's) on the engine for its ``transaction_hold``."""
-    check = {
-        "TableName": table,
-        "Key": {"pk": {"S": resource}, "sk": {"S": sk}},
-        "ConditionExpression": "attribute_exists(pk)",
-    }
-    other = threading.Thread(
-        target=client(engine.endpoint_url).transact_write_items,
-        kwargs={"TransactItems": [{"ConditionCheck": check}]},
-    )
-    other.start()
-    wait_for_transaction(engine)
-    return other
-
-
 @pytest.mark.unkind("throttle", {"transaction_hold": 3.0})
 def test_a_reader_items_release_that_meets_another_transaction_is_sent_again(
     on_engine: UnkindDynamoDB, lock_table: str, monkeypatch: pytest.MonkeyPatch
@@ -401,7 +383,8 @@ def test_a_reader_items_release_that_meets_another_transaction_is_sent_again(
     first = semaphore("conf:rw", shared=True, lease=30).acquire()
     second = semaphore("conf:rw", shared=True, lease=30).acquire()  # in a reader item
     sk = records.reader_sk(second.token)
-    other = transaction_on_item(on_engine, lock_table, "conf:rw", sk)  # for 1.5-3 s
+    exists = "attribute_exists(pk)"
+    other = transaction_on_row(on_engine, lock_table, "conf:rw", exists, sk)  # for 1.5-3 s
     second.release()
     other.join()
     first.release()
@@ -424,7 +407,8 @@ def test_a_permit_items_release_that_meets_another_transaction_is_sent_again(
     monkeypatch.setattr(permit_items, "INLINE_MAX", 1)
     held = semaphore("conf:c", limit=2, lease=30).acquire()  # in a permit item
     (slot,) = held.slots.values()
-    other = transaction_on_item(on_engine, lock_table, "conf:c", records.permit_sk(slot))
+    sk = records.permit_sk(slot)
+    other = transaction_on_row(on_engine, lock_table, "conf:c", "attribute_exists(pk)", sk)
     held.release()
     other.join()
     assert [h for h in holds_on("conf:c") if h.token == held.token] == []
