@@ -621,8 +621,7 @@ class Held:
             except SemaphoreUnavailable as exc:
                 self._unanswered |= exc.ambiguous
                 why = exc
-                throttled = isinstance(exc, LimitExceeded) and exc.limit == "throughput"
-                passing = throttled or isinstance(exc, dynamodb.WriteConflict)
+                passing = _passing(exc)
             # Given up, the work is done and the lease will lapse by itself: never fail the
             # caller for a release DynamoDB could not take.
             failures += 1
@@ -645,10 +644,8 @@ class Held:
                 raise
             except SemaphoreUnavailable as exc:
                 ambiguous |= exc.ambiguous
-                throttled = isinstance(exc, LimitExceeded) and exc.limit == "throughput"
-                passing = throttled or isinstance(exc, dynamodb.WriteConflict)
                 failures += 1
-                if not self._paused(passing, failures, started, resource, exc):
+                if not self._paused(_passing(exc), failures, started, resource, exc):
                     return False
 
     def _send_release(self, pending: list[str], terms: dict[str, Any], hold_ms: int | None) -> None:
@@ -817,6 +814,13 @@ def give_back_unused(held: Held) -> None:
     except Exception as exc:
         message = "dynasem: could not give back unused hold on %r: %s"
         logger.warning(message, held.resource, exc, extra=held._facts("give_back_failed", exc))
+
+
+def _passing(exc: SemaphoreUnavailable) -> bool:
+    """Whether a release that failed so is worth sending again after a pause: throttled, or
+    another request's transaction on the item (nothing was applied; both pass)."""
+    throttled = isinstance(exc, LimitExceeded) and exc.limit == "throughput"
+    return throttled or isinstance(exc, dynamodb.WriteConflict)
 
 
 def pending_hold(semaphore: LockSpec) -> Held | None:
