@@ -262,15 +262,21 @@ class Held:
 
     def _renew_once(self) -> None:
         """Extend the lease to a whole one from now (never past max_hold: others may take
-        over CLOCK_SKEW after it, by their clocks), if that extends it at all."""
+        over CLOCK_SKEW after it, by their clocks), if that extends our trust at all.
+
+        A stored end later than that (written by a clock ahead of ours, or before ours
+        stepped back) is confirmed as it is: it is still a whole lease from now."""
         sent_mono = clock.monotonic()
         lease = min(self.lease, self._max_hold_end - sent_mono + self.skew)
         expires = clock.now_ms() + int(lease * 1000)
+        trusted = min(sent_mono + lease - self.skew, self._max_hold_end)
         if expires <= self._expires_ms:
-            return  # nothing left to extend
+            if trusted <= self._deadline:
+                return  # nothing to extend (max_hold: the stored lease lasts past it)
+            expires = self._expires_ms
         self._renew_to(expires)
         self._expires_ms = expires
-        self._deadline = max(self._deadline, sent_mono + lease - self.skew)
+        self._deadline = max(self._deadline, trusted)
 
     def _renew_to(self, expires: int) -> None:
         """Write the lease end ``expires`` to every row of the hold; LockLost if not ours."""

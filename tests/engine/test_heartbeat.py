@@ -20,6 +20,7 @@ import pytest
 from django.test import override_settings
 
 from dynasem import LockLost, SemaphoreBusy, semaphore
+from dynasem import _clock as clock
 from dynasem._engine import heartbeat
 from dynasem._operators import locks as operations
 from dynasem.signals import lock_lost
@@ -620,6 +621,32 @@ def test_max_hold_shorter_than_the_lease_sends_no_renewal(holds, requests_sent):
         with semaphore(unique("max-hold-block"), lease=5, max_hold=0.5) as again:
             time.sleep(1.0)
     assert again.lost
+
+
+@pytest.mark.parametrize("kind", [{}, {"limit": 3}, {"shared": True}], ids=repr)
+def test_a_lease_stored_by_a_clock_ahead_of_ours_is_renewed_not_lost(
+    kind, holds, dynamodb_local, lock_table, monkeypatch
+):
+    # Our wall clock steps back 1.8 s (within CLOCK_SKEW=2) right after the take: for 1.8 s
+    # "now + lease" is below the lease end stored. The trusted deadline (1.5 s after the
+    # take) must still move on with each renewal, the stored end confirmed as it is.
+    resource = unique("clock-stepped-back")
+    lease = 3.5
+    with override_settings(DYNASEM=dynasem_settings(dynamodb_local, lock_table, CLOCK_SKEW=2)):
+        monkeypatch.setattr(clock, "wall_clock", lambda: time.time() + 1.8)
+        held = semaphore(resource, lease=lease, **kind).acquire()
+        holds.append(held)
+        stored = stored_end(resource, held.token)
+        monkeypatch.setattr(clock, "wall_clock", time.time)
+        with watching_lost(held.token) as lost:
+            time.sleep(2.5)  # renewals at ~0.5 s, 1.0 s, 1.5 s: the first two confirm
+            assert lost.at == [] and not held.lost
+            assert held.seconds_left() > 0.5
+            assert tokens_on(resource) == {held.token}
+            time.sleep(1.0)  # renewed past the end stored at the take
+            assert stored_end(resource, held.token) > stored
+        held.release()
+    assert tokens_on(resource) == set()
 
 
 @pytest.mark.parametrize(
