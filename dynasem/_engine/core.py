@@ -35,7 +35,7 @@ from ..conf import settings
 from ..exceptions import SemaphoreUnavailable
 from . import arguments, coalescing, permits, processes, push, queue, readers, take
 from .decorators import Decoration, lock_callable
-from .hold import Held, pending_hold
+from .hold import Held
 from .late_handover import leave_queue
 from .lockspec import Attempt
 from .queue import Blocking
@@ -45,6 +45,7 @@ from .reentry import (
     forget_entered,
     leave,
     named,
+    pending_hold,
     reentered,
     remember_acquired,
 )

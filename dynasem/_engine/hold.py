@@ -827,18 +827,3 @@ def _passing(exc: SemaphoreUnavailable) -> bool:
     another request's transaction on the item (nothing was applied; both pass)."""
     throttled = isinstance(exc, LimitExceeded) and exc.limit == "throughput"
     return throttled or isinstance(exc, dynamodb.WriteConflict)
-
-
-def pending_hold(semaphore: LockSpec) -> Held | None:
-    """A hold this thread gave back inside a transaction that has not ended yet, covering what
-    ``semaphore`` asks for: it belongs to this transaction, so taking it again must not wait
-    on it. The same :class:`Held` is returned; its give-back stays tied to the commit."""
-    for owner in reversed(commit.pending_owners()):
-        if not isinstance(owner, Held) or owner.lost or owner.released:
-            continue
-        had = owner.semaphore
-        same = had.mode == semaphore.mode and had.limit == semaphore.limit
-        covers = had.mode == Mode.EXCLUSIVE or same
-        if covers and set(semaphore.resources) <= set(owner.resources):
-            return owner
-    return None

@@ -12,6 +12,7 @@ from typing import Any
 
 from .._observability.logs import facts
 from .._storage.records import Mode
+from .._transactions import commit
 from ..exceptions import LockLost
 from .hold import Held, give_back_unused
 from .lockspec import LockSpec
@@ -127,6 +128,21 @@ def reentered(sem: LockSpec) -> Held | None:
         _check_covers(held, sem, overlap[0])
         held.depth += 1
         return named(held, wanted)
+    return None
+
+
+def pending_hold(semaphore: LockSpec) -> Held | None:
+    """A hold this thread gave back inside a transaction that has not ended yet, covering what
+    ``semaphore`` asks for: it belongs to this transaction, so taking it again must not wait
+    on it. The same :class:`Held` is returned; its give-back stays tied to the commit."""
+    for owner in reversed(commit.pending_owners()):
+        if not isinstance(owner, Held) or owner.lost or owner.released:
+            continue
+        had = owner.semaphore
+        same = had.mode == semaphore.mode and had.limit == semaphore.limit
+        covers = had.mode == Mode.EXCLUSIVE or same
+        if covers and set(semaphore.resources) <= set(owner.resources):
+            return owner
     return None
 
 
