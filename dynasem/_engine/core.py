@@ -44,7 +44,6 @@ from .reentry import (
     enter,
     forget_entered,
     leave,
-    named,
     pending_hold,
     reentered,
     remember_acquired,
@@ -170,7 +169,7 @@ class Semaphore:
                 "pass a str (or a list of str) to use it as a context manager"
             )
         if (again := pending_hold(self)) is not None:
-            return named(again, self.resources)  # ours already, until this transaction ends
+            return again  # ours already, until this transaction ends
         if (inner := reentered(self)) is not None:
             return inner  # this thread or task holds it already: a nested acquire
         lease, wait_s, skew = arguments.resolve_timing(

@@ -113,37 +113,55 @@ def reentered(sem: LockSpec) -> Held | None:
     for held, owner in reversed(_acquired.get()):
         if owner is not me or held.released or held.pending_commit or held.lost:
             continue
-        overlap = [r for r in wanted if r in held.resources]
-        if not overlap:
-            continue
-        if len(overlap) < len(wanted):
-            missing = [r for r in wanted if r not in held.resources]
-            who = "task" if isinstance(me, asyncio.Task) else "thread"
-            raise ValueError(
-                f"this {who} already holds {overlap!r} (taken with {held.resources!r}) "
-                f"and asks for them again together with {missing!r}: taking those while "
-                "holding the others could wait on ourselves and deadlock with another "
-                "holder taking them in the other order; take them all in the outer semaphore"
-            )
-        _check_covers(held, sem, overlap[0])
-        held.depth += 1
-        return named(held, wanted)
+        if _holds_some(held, sem):
+            held.depth += 1
+            return named(held, wanted)
     return None
 
 
-def pending_hold(semaphore: LockSpec) -> Held | None:
-    """A hold this thread gave back inside a transaction that has not ended yet, covering what
-    ``semaphore`` asks for: it belongs to this transaction, so taking it again must not wait
-    on it. The same :class:`Held` is returned; its give-back stays tied to the commit."""
+def pending_hold(sem: LockSpec) -> Held | None:
+    """A hold this thread gave back inside a transaction that has not ended yet, holding some
+    of what ``sem`` asks for: it belongs to this transaction, so taking it again must not wait
+    on it. The same hold is returned (named by what was asked for); its give-back stays tied
+    to the commit. Raises ValueError as :func:`reentered` does, and also when ``sem``'s work
+    commits in another database's transaction: given back at this one's commit, the hold
+    could end before that work is committed."""
     for owner in reversed(commit.pending_owners()):
         if not isinstance(owner, Held) or owner.lost or owner.released:
             continue
-        had = owner.semaphore
-        same = had.mode == semaphore.mode and had.limit == semaphore.limit
-        covers = had.mode == Mode.EXCLUSIVE or same
-        if covers and set(semaphore.resources) <= set(owner.resources):
-            return owner
+        if _holds_some(owner, sem):
+            ours = commit.open_transaction(sem.using) if sem.on_commit else None
+            if ours not in (None, commit.open_transaction(owner.semaphore.using)):
+                raise ValueError(
+                    f"{owner.resource!r} is held here until the commit of database "
+                    f"{commit.database(owner.semaphore.using)!r}'s transaction; a semaphore "
+                    f"whose work commits in {commit.database(sem.using)!r}'s cannot take it "
+                    "again before then (its work could commit after the give-back): give "
+                    "both the same using="
+                )
+            return named(owner, sem.resources)
     return None
+
+
+def _holds_some(held: Held, sem: LockSpec) -> bool:
+    """Whether ``held`` holds any of what ``sem`` asks for; ValueError if it holds some but
+    not all of it, or not in a mode that covers the request: the acquire would wait on
+    ourselves."""
+    wanted = sem.resources
+    overlap = [r for r in wanted if r in held.resources]
+    if not overlap:
+        return False
+    if len(overlap) < len(wanted):
+        missing = [r for r in wanted if r not in held.resources]
+        who = "task" if isinstance(_owner(), asyncio.Task) else "thread"
+        raise ValueError(
+            f"this {who} already holds {overlap!r} (taken with {held.resources!r}) "
+            f"and asks for them again together with {missing!r}: taking those while "
+            "holding the others could wait on ourselves and deadlock with another "
+            "holder taking them in the other order; take them all in the outer semaphore"
+        )
+    _check_covers(held, sem, overlap[0])
+    return True
 
 
 def named(held: Held, wanted: Sequence[str]) -> Held:

@@ -161,6 +161,29 @@ def test_a_hold_waiting_for_its_commit_taken_again_in_part_is_named_by_that_part
     assert both.released and tokens("a") == tokens("b") == set()
 
 
+def test_a_hold_waiting_for_its_commit_asked_for_more_raises_at_once(
+    lock_table: str, requests_sent: Any
+) -> None:
+    """More resources than it holds, or an exclusive acquire of a shared hold: the acquire
+    would wait on the hold it waits for its commit to give back, as a nested one would."""
+    with transaction.atomic():
+        with semaphore("a") as a:
+            pass
+        with semaphore("s", shared=True) as s:
+            pass
+        assert a.pending_commit and s.pending_commit
+        requests_sent.reset()
+        started = time.monotonic()
+        with pytest.raises(ValueError, match=r"\['a'\].*\['c'\]"):
+            semaphore(["a", "c"], wait=3).acquire()
+        with pytest.raises(ValueError, match="exclusive acquire of 's' inside a shared hold"):
+            semaphore("s", wait=3).acquire()
+        assert time.monotonic() - started < 1 and requests_sent.total == 0
+        with semaphore("s", shared=True) as again:  # what it covers is still its own
+            assert again is s
+    assert a.released and s.released and tokens("c") == set()
+
+
 def test_the_outermost_release_decides_with_the_transaction(lock_table: str) -> None:
     with transaction.atomic():
         with semaphore("tx") as outer:

@@ -258,6 +258,27 @@ def test_default_database_transaction_does_not_hold_a_using_other_hold(lock_tabl
         assert held.released
 
 
+@both_databases
+def test_a_hold_waiting_for_one_databases_commit_is_not_taken_again_for_anothers(lock_table):
+    # Returned as it is, it would be given back at "other"'s commit, which may come before
+    # the default database's: the work done under it there would commit after the release.
+    with transaction.atomic():
+        with transaction.atomic(using="other"):
+            with semaphore("tx:two-dbs", using="other") as held:
+                pass
+            assert held.pending_commit
+            with pytest.raises(ValueError, match="'other'.*'default'.*same using="):
+                with semaphore("tx:two-dbs"):
+                    pass
+            # Work that commits where the hold waits, or at the block's end: it covers it.
+            with semaphore("tx:two-dbs", using="other") as again:
+                assert again is held
+            with semaphore("tx:two-dbs", on_commit=False) as again:
+                assert again is held
+            assert held.pending_commit and is_busy("tx:two-dbs")
+        assert held.released and not is_busy("tx:two-dbs")
+
+
 def test_bad_using_and_on_commit_are_refused_naming_them():
     with pytest.raises(ValueError, match="using='nope'.*DATABASES"):
         semaphore("x", using="nope")
