@@ -8,7 +8,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, NoReturn
 
 from .._observability.logs import facts
 from .._storage.records import Mode
@@ -220,6 +220,9 @@ class Nested(Held):
 
     def release(self) -> None:
         self.outer.release()
+
+    def found_lost(self, reason: str, resource: str | None = None) -> NoReturn:
+        self.outer.found_lost(reason, resource or self.resource)
 
     def __repr__(self) -> str:
         return f"<Held {self.resources!r} fence={self.fence} (nested in {self.outer!r})>"

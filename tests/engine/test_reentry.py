@@ -205,6 +205,18 @@ def test_a_lost_hold_says_so_at_the_inner_exit(lock_table: str) -> None:
                     outer.renew()
 
 
+def test_a_loss_found_through_a_nested_view_is_the_outer_holds(lock_table: str) -> None:
+    """A newer holder's trace found by whoever has the view (a fence in a database) loses
+    the hold itself: the view keeps no state of its own."""
+    with pytest.raises(LockLost):
+        with semaphore(["a", "b"]) as outer:
+            with pytest.raises(LockLost, match="newer fence") as raised:
+                with semaphore("b") as inner:
+                    inner.found_lost("a newer fence was found")
+            assert raised.value.resource == "b"
+            assert outer.lost and inner.lost and outer.seconds_left() == 0
+
+
 def test_release_all_gives_back_a_re_entered_hold_of_a_thread_that_ended(lock_table: str) -> None:
     """A thread that ended holding a hold it re-entered (acquired twice, never released)
     uses it no more: release_all (atexit) gives it back, not one depth of it."""
