@@ -84,6 +84,15 @@ def test_mixes_pass(mix: str) -> None:
     assert result.stats["acquired"] > 0
 
 
+def test_jobs_are_run_failed_and_found_done() -> None:
+    """The ``jobs`` mix: run_once bodies run, fail (and run again), and find keys DONE,
+    under crashes, with the job invariants checked."""
+    result = run(Options(seed=2, mix="jobs", faults="crashes", **WIDE))
+    result.raise_if_violated()
+    s = result.stats
+    assert s["jobs_run"] > 0 and s["jobs_failed"] > 0 and s["jobs_done_already"] > 0
+
+
 def test_same_seed_same_trace() -> None:
     first = run(Options(seed=7, faults="heavy", **SMALL))
     again = run(Options(seed=7, faults="heavy", **SMALL))
@@ -311,13 +320,24 @@ FOUND = [
         | {"processes": 6, "hosts": 3, "steps": 10},
         range(22, 23),
     ),  # seed 22; 3 of seeds 1-40 (22, 26, 30)
+    # run_once (the jobs mix): a late claim run unconfirmed, a finish that ignores whose
+    # claim it ends, a claim that ignores a running job's lease, DONE before the commit.
+    ("job_unconfirmed", {"mix": "jobs", "faults": "pauses", **WIDE}, range(3, 4)),  # 6 of 40
+    ("job_finish_ignores_token", {"mix": "jobs", "faults": "pauses", **WIDE}, range(3, 4)),
+    ("job_claim_ignores_lease", {"mix": "jobs", "faults": "pauses", **WIDE}, range(1, 2)),
+    ("release_before_commit", {"mix": "jobs", "faults": "pauses", **WIDE}, range(1, 2)),
 ]
 
 
 @pytest.mark.parametrize(
     ("mutation", "options", "seeds"),
     FOUND,
-    ids=[m + ("-permits" if o.get("permits_from") else "") for m, o, _ in FOUND],
+    ids=[
+        m
+        + ("-permits" if o.get("permits_from") else "")
+        + ("-jobs" if o.get("mix") == "jobs" else "")
+        for m, o, _ in FOUND
+    ],
 )
 def test_mutation_is_found(mutation: str, options: dict[str, Any], seeds: range) -> None:
     found = first_failure(seeds, mutation=mutation, **options)

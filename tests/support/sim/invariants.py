@@ -23,6 +23,12 @@
   violation. A waiter that told the holder it queued puts its entry only later
   (``queue.ENTRY_DEFER``): passing its ticket with no entry while it lives and waits, sooner
   than ``JOIN_GRACE / 2`` after its word, is a violation too.
+* **Jobs** (``run_once``): never two bodies of one key running whose claims both are still
+  trusted (by each one's clock); a body begins only with its claim stored (RUNNING, its
+  token, its fence), its fence above every earlier claim's of the key, never on a key once
+  DONE, and never while another process's transaction that ran the key's body is open and
+  that claim trusted; DONE is stored only for a body that returned, and whose transaction
+  (if it ran in one) committed.
 * **No request storm**: no thread of a process sends more than ``STORM`` requests in one
   second of virtual time. A loop that asks again at once (a writer that read its readers'
   items again and again while they renewed) costs on AWS what it costs here, and holds its
@@ -94,6 +100,7 @@ class Monitor:
         self.sent: dict[Any, collections.deque[float]] = {}
         self.busiest = 0  # the most requests one thread sent in a second
         self.wanted: dict[Any, Any] = {}  # proc -> the semaphore it waits for (its mode, limit)
+        self.jobs = JobMonitor(self)
 
     def fail(self, message: str) -> None:
         said = f"t={self.sim.clock_label()} {message}"
@@ -174,6 +181,7 @@ class Monitor:
     def transaction_ended(self, proc: Any) -> None:
         for work in self.open_work.values():
             work.pop(proc, None)
+        self.jobs.transaction_ended(proc)
 
     def lost(self, proc: Any, held: Any, exc: Any) -> None:
         """``proc`` was told (LockLost) that ``held`` was lost."""
@@ -302,6 +310,7 @@ class Monitor:
         for resource, inside in self.inside.items():
             if len(inside) > 1:
                 self._check_resource(resource)
+        self.jobs.check()
         if self.sim.sched.now >= self.quiet_from:
             self._check_idle()
 
@@ -367,3 +376,113 @@ class Monitor:
                     + ", ".join(sorted(p.name for p in live))
                 )
                 self.idle_since[resource] = now  # said once per bound
+
+
+@dataclasses.dataclass
+class JobRun:
+    """A run_once body: its process, its job, and how it ended."""
+
+    proc: Any
+    job: Any
+    transaction: Any  # the process's open transaction when the body began (or None)
+    returned: bool | None = None  # None: still running (or its process died in it)
+
+
+class JobMonitor:
+    """The invariants of ``run_once`` (the module docstring's **Jobs**)."""
+
+    def __init__(self, monitor: Monitor):
+        self.monitor = monitor
+        self.inside: dict[str, dict[str, JobRun]] = {}  # key -> token -> its body
+        self.runs: dict[str, JobRun] = {}  # token -> its body, once begun
+        self.claims: dict[str, dict[str, int]] = {}  # key -> token -> fence, as stored
+        self.top_fence: dict[str, int] = {}
+        self.done: dict[str, str] = {}  # key -> the token its DONE was stored for
+        self.rows: dict[str, records.JobRow] = {}  # key -> its row as last written
+
+    def entered(self, proc: Any, job: Any) -> None:
+        """``proc`` begins the body of ``job``."""
+        sim, key = self.monitor.sim, job.key
+        if key in self.done:
+            self.monitor.fail(f"{proc.name} ran job {key!r}, DONE already")
+        row = self.rows.get(key) or records.job_row(None)
+        if (row.status, row.token, row.fence) != (records.RUNNING, job.token, job.fence):
+            self.monitor.fail(
+                f"{proc.name} ran job {key!r} (fence {job.fence}) with its claim not stored: "
+                f"{row.status} by {(row.token or '-')[:8]}, fence {row.fence}"
+            )
+        for other in self.inside.get(key, {}).values():
+            if other.transaction is not None and other.returned and not self._lapsed(other):
+                self.monitor.fail(
+                    f"{proc.name} ran job {key!r} before {other.proc.name}'s transaction, "
+                    "which ran it, ended"
+                )
+        run = JobRun(proc, job, proc.transaction)
+        self.inside.setdefault(key, {})[job.token] = run
+        self.runs[job.token] = run
+        sim.record("job", proc, key, job.fence)
+        self._check(key)
+        sim.entered(proc)
+
+    def left(self, proc: Any, job: Any, *, returned: bool) -> None:
+        """``proc``'s body of ``job`` ended (``returned``, or raised). Inside a transaction it
+        stays "inside" until the transaction ends: its work is not visible before."""
+        run = self.runs[job.token]
+        run.returned = returned
+        if run.transaction is None:
+            self.inside.get(job.key, {}).pop(job.token, None)
+
+    def transaction_ended(self, proc: Any) -> None:
+        for inside in self.inside.values():
+            for token in [t for t, r in inside.items() if r.proc is proc]:
+                del inside[token]
+
+    def written(self, key: str, item: dict[str, Any] | None) -> None:
+        """The job row of ``key`` as a write left it (decoded; None: deleted)."""
+        row = records.job_row(item)
+        self.rows[key] = row
+        for run in self.inside.get(key, {}).values():
+            ours = row.status == records.RUNNING and row.token == run.job.token
+            if run.returned is None and not ours and not self._lapsed(run):
+                self.monitor.fail(
+                    f"job {key!r}: {run.proc.name}'s claim (fence {run.job.fence}) replaced "
+                    f"while its body runs, trusted: now {row.status} by {(row.token or '-')[:8]}"
+                )
+        if item is None:
+            self.claims.pop(key, None)
+            return
+        claims = self.claims.setdefault(key, {})
+        # A new claim (a token may claim again: its first claim was taken over while it
+        # paused before its body began, and the job became FAILED meanwhile).
+        if row.status == records.RUNNING and row.token and claims.get(row.token) != row.fence:
+            top = self.top_fence.get(key, 0)
+            if key in self.done:
+                self.monitor.fail(f"job {key!r} claimed again by {row.token[:8]}, DONE already")
+            if (row.fence or 0) <= top:
+                self.monitor.fail(f"job {key!r} claimed with fence {row.fence}, not above {top}")
+            self.top_fence[key] = max(top, row.fence or 0)
+            claims[row.token] = row.fence or 0
+        if row.status == records.DONE and key not in self.done:
+            token = row.last_token or ""
+            self.done[key] = token
+            run = self.runs.get(token)
+            if run is None or not run.returned:
+                self.monitor.fail(f"job {key!r} stored DONE for a body that did not return")
+            elif run.transaction is not None and run.transaction.committed is not True:
+                self.monitor.fail(f"job {key!r} stored DONE before its transaction committed")
+
+    def _lapsed(self, run: JobRun) -> bool:
+        with self.monitor.sim.clock_of(run.proc):
+            return run.job._lost is not None or run.job.seconds_left() <= 0
+
+    def check(self) -> None:
+        for key, inside in self.inside.items():
+            if len(inside) > 1:
+                self._check(key)
+
+    def _check(self, key: str) -> None:
+        running = [r for r in self.inside.get(key, {}).values() if r.returned is None]
+        trusted = [r for r in running if not self._lapsed(r)]
+        if len(trusted) > 1:
+            who = ", ".join(f"{r.proc.name} (fence {r.job.fence})" for r in trusted)
+            self.monitor.fail(f"job {key!r}: two bodies running, both trusted: {who}")

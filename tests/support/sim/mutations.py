@@ -77,6 +77,16 @@ and the faults fixed earlier, put back:
   fixed in the twenty-second session): a writer of several resources held up by dead item
   readers of one waits for their sentinel (to a bucket's end) instead of writing them off
   once they have sat unchanged for their lease, as a writer of that resource alone does.
+
+and for ``run_once`` (the ``jobs`` mix):
+
+* ``job_unconfirmed``: a claim whose answer came after its lease could run out (a pause) is
+  run without the renewal of our own that confirms nobody claimed the job meanwhile;
+* ``job_finish_ignores_token``: DONE or FAILED is written whoever holds the claim now
+  (job_writes.job_finish's ``#token = :tok`` dropped): a run that outlived its lease ends
+  the claim of the run that took over;
+* ``job_claim_ignores_lease``: a RUNNING job is claimed whatever its lease
+  (job_writes.job_claim's lease clause dropped).
 """
 
 from __future__ import annotations
@@ -411,6 +421,35 @@ def multi_writer_writes_no_reader_off(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(readers, "write_off_due", due)
 
 
+def job_unconfirmed(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._background import run_once
+
+    mp.setattr(run_once.Job, "confirm", run_once.Job._start_heartbeat)
+
+
+def job_finish_ignores_token(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._background import run_once
+    from dynasem._storage import job_writes
+
+    mp.setattr(run_once.job_writes, "job_finish", _dropping(job_writes.job_finish, "#token = :tok"))
+
+
+def job_claim_ignores_lease(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._background import run_once
+    from dynasem._storage import job_writes
+
+    claim = job_writes.job_claim
+
+    def job_claim(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        action = claim(*args, **kwargs)
+        text = action["ConditionExpression"].replace(" AND #expMs < :stale", "")
+        action["ConditionExpression"] = text
+        del action["ExpressionAttributeValues"][":stale"]
+        return action
+
+    mp.setattr(run_once.job_writes, "job_claim", job_claim)
+
+
 MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     f.__name__: f
     for f in (
@@ -441,5 +480,8 @@ MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
         confirm_on_a_row_made_anew,
         item_release_given_up,
         multi_writer_writes_no_reader_off,
+        job_unconfirmed,
+        job_finish_ignores_token,
+        job_claim_ignores_lease,
     )
 }

@@ -123,6 +123,9 @@ class Result:
         )
         shown = ",".join(f"{k}:{s[k]}" for k in fault_names if s.get(k))
         closest = f" closest={self.closest:.3f}s" if self.closest is not None else ""
+        jobs = ("jobs_run", "jobs_failed", "jobs_done_already")
+        if any(s.get(k) for k in jobs):  # ran, failed, found DONE
+            closest += " jobs=" + "/".join(str(s.get(k, 0)) for k in jobs)
         rate = s["acquired"] / self.wall_seconds if self.wall_seconds else 0.0
         return (
             f"seed={self.options.seed} events={self.events} t={self.virtual_seconds:.1f}s "
@@ -358,6 +361,8 @@ class Simulation:
             sk = key["sk"].get("S", "") if key else ""
             if sk.startswith(records.ENTRY_PREFIX):
                 self.monitor.entry_written(key["pk"]["S"], sk, self.entry_now(key["pk"]["S"], sk))
+            if sk == records.JOB_SK:
+                self.monitor.jobs.written(key["pk"]["S"], records.decode(self._item(key, params)))
             if sk != records.LOCK_SK:
                 continue
             item = records.decode(self._item(key, params))
@@ -383,6 +388,10 @@ class Simulation:
             return False
         transaction.at_end.append((finish, owner))
         return True
+
+    def open_transaction(self, using: Any) -> Any:
+        """``commit.open_transaction``: the calling process's open transaction, or None."""
+        return self.current().transaction
 
     def pending_owners(self) -> list[Any]:
         transaction = self.current().transaction
@@ -542,6 +551,7 @@ class Simulation:
             (dynamodb, "process_identity", self.process_identity),
             (commit, "after_transaction", self.after_transaction),
             (commit, "pending_owners", self.pending_owners),
+            (commit, "open_transaction", self.open_transaction),
             (telemetry, "ON", False),
             (hold, "queued_behind", self._heard(hold.queued_behind)),
         ):

@@ -32,6 +32,11 @@ Kinds of process (a run's ``mix`` names them, one per process, round robin):
 * ``committer``: ``with semaphore("r")`` inside a database transaction that goes on after the
   block and then commits (one in ten rolls back): dynasem gives the hold back at its end
   (``commit.after_transaction``, simulated: :class:`Transaction`).
+* ``job``: ``with run_once(key)`` of one of ``JOB_KEYS`` keys, a body that works as a block
+  does (one in five: one to three leases, renewed) and raises one time in four (FAILED: the
+  next run_once of the key runs it again); ``job_committer``: the same inside a transaction
+  (DONE is written after the commit, FAILED on rollback). The ``jobs`` mix runs them beside
+  exclusive holders, and ``JobMonitor`` checks them (``invariants.py``).
 """
 
 from __future__ import annotations
@@ -40,8 +45,8 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from dynasem import semaphore
-from dynasem.exceptions import LockLost, SemaphoreBusy, SemaphoreUnavailable
+from dynasem import run_once, semaphore
+from dynasem.exceptions import AlreadyDone, LockLost, SemaphoreBusy, SemaphoreUnavailable
 
 MIXES = {
     "exclusive": ("exclusive", "exclusive", "impatient"),
@@ -61,7 +66,10 @@ MIXES = {
     "renewing": ("long", "exclusive", "impatient"),
     "commits": ("committer", "exclusive", "committer"),
     "limits": ("counting", "counting2", "exclusive_c"),
+    "jobs": ("job", "job_committer", "job", "exclusive", "job_committer", "job"),
 }
+
+JOB_KEYS = 4  # keys a job mix's processes run (each until one run of it succeeds)
 
 
 @dataclasses.dataclass
@@ -69,6 +77,7 @@ class Transaction:
     """A committer's open database transaction: what dynasem asked to run at its end."""
 
     at_end: list[tuple[Callable[[bool], None], Any]] = dataclasses.field(default_factory=list)
+    committed: bool | None = None  # how it ended (None: open)
 
 
 def end_transaction(sim: Any, proc: Any, *, committed: bool) -> None:
@@ -77,6 +86,7 @@ def end_transaction(sim: Any, proc: Any, *, committed: bool) -> None:
     transaction, proc.transaction = proc.transaction, None
     if transaction is None:
         return
+    transaction.committed = committed
     sim.monitor.transaction_ended(proc)
     sim.record("commit" if committed else "rollback", proc)
     for finish, _ in transaction.at_end:
@@ -138,6 +148,10 @@ def run(sim: Any, proc: Any) -> None:
         if profile.rest_share and rng.random() < profile.rest_share:
             pause += rng.uniform(*profile.rest_for)  # its resource may go idle, its row reaped
         sim.sched.sleep(pause)
+        if proc.kind in ("job", "job_committer"):
+            run_job(sim, proc, rng)
+            proc.steps -= 1
+            continue
         sem = lock_of(proc.kind, rng)
         for resource in sem.resources:
             monitor.begin(proc, resource, sem)
@@ -174,6 +188,47 @@ def run(sim: Any, proc: Any) -> None:
             end_transaction(sim, proc, committed=False)  # an exception leaves atomic
         proc.steps -= 1
     proc.done = True
+
+
+class JobFailed(Exception):
+    """A job's body failing on purpose: the job becomes FAILED, and runs again."""
+
+
+def run_job(sim: Any, proc: Any, rng: Any) -> None:
+    """One ``run_once`` of a job key (see the module docstring)."""
+    stats, jobs = sim.stats, sim.monitor.jobs
+    key = f"job{rng.randrange(JOB_KEYS)}"
+    if proc.kind == "job_committer":
+        proc.transaction = Transaction()
+    try:
+        with run_once(key) as job:
+            jobs.entered(proc, job)
+            long = rng.random() < 0.2
+            sim.sched.sleep(
+                rng.uniform(1.0, 3.0) * sim.options.lease if long else work(sim, proc, rng)
+            )
+            fails = rng.random() < 0.25
+            jobs.left(proc, job, returned=not fails)
+            if fails:
+                raise JobFailed(key)
+        if proc.transaction is not None:
+            sim.sched.sleep(rng.uniform(0.001, 0.3) if rng.random() < 0.9 else 2.0)
+            end_transaction(sim, proc, committed=rng.random() < 0.9)
+        stats["jobs_run"] += 1
+        proc.acquired += 1
+    except JobFailed:
+        stats["jobs_failed"] += 1
+    except AlreadyDone:
+        stats["jobs_done_already"] += 1
+    except SemaphoreBusy:
+        stats["busy"] += 1
+    except LockLost:
+        stats["lock_lost"] += 1
+    except SemaphoreUnavailable as exc:
+        stats["unavailable"] += 1
+        sim.record("unavailable", proc, str(exc)[:80])
+    finally:
+        end_transaction(sim, proc, committed=False)  # an exception leaves atomic
 
 
 def work(sim: Any, proc: Any, rng: Any) -> float:
