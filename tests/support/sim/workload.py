@@ -93,6 +93,14 @@ def end_transaction(sim: Any, proc: Any, *, committed: bool) -> None:
         finish(committed)
 
 
+def commit_later(sim: Any, proc: Any, rng: Any) -> None:
+    """A committer's transaction goes on after its block a while, then commits (one in ten
+    rolls back)."""
+    if proc.transaction is not None:
+        sim.sched.sleep(rng.uniform(0.001, 0.3) if rng.random() < 0.9 else 2.0)
+        end_transaction(sim, proc, committed=rng.random() < 0.9)
+
+
 PAIRS = {
     "pair": (["r", "s"], {}),
     "shared_pair": (["rw", "s"], {"shared": True}),
@@ -165,9 +173,7 @@ def run(sim: Any, proc: Any) -> None:
                 monitor.entered(proc, sem, held)
                 sim.sched.sleep(work(sim, proc, rng))
                 monitor.left(proc, held)
-            if proc.transaction is not None:
-                sim.sched.sleep(rng.uniform(0.001, 0.3) if rng.random() < 0.9 else 2.0)
-                end_transaction(sim, proc, committed=rng.random() < 0.9)
+            commit_later(sim, proc, rng)
             stats["acquired"] += 1
             proc.acquired += 1
         except SemaphoreBusy:
@@ -211,9 +217,7 @@ def run_job(sim: Any, proc: Any, rng: Any) -> None:
             jobs.left(proc, job, returned=not fails)
             if fails:
                 raise JobFailed(key)
-        if proc.transaction is not None:
-            sim.sched.sleep(rng.uniform(0.001, 0.3) if rng.random() < 0.9 else 2.0)
-            end_transaction(sim, proc, committed=rng.random() < 0.9)
+        commit_later(sim, proc, rng)
         stats["jobs_run"] += 1
         proc.acquired += 1
     except JobFailed:
