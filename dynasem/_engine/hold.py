@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import os
-import random
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,9 +24,9 @@ from .._observability.logs import facts
 from .._storage import claims, dynamodb, lock_rows, lock_writes, records
 from .._storage.records import Mode
 from .._transactions import commit, fencing
-from ..exceptions import LimitExceeded, LockLost, SemaphoreUnavailable
+from ..exceptions import LockLost, SemaphoreUnavailable
 from ..signals import lock_acquired, lock_lost, lock_released
-from . import handover, push
+from . import handover, push, resend
 from .heartbeat import Heartbeat
 from .lockspec import LockSpec
 from .steps import run_io
@@ -48,15 +48,6 @@ def _owned(lock: threading.RLock) -> Iterator[None]:
 # A plain release of a hold older than this (seconds) asks for the item back, to push the
 # first of any waiters that queued after we last saw the queue.
 WAKE_AFTER = 0.05
-# A release DynamoDB throttled still after botocore's retries is sent again for up to this
-# many seconds (never past the hold's own deadline), after pauses that double from
-# RELEASE_PAUSE up to a second. Given up, the hold stays in the row until its lease runs out
-# (a minute by default) and every waiter waits that long for a lock nobody uses: worth a few
-# seconds of the releasing caller's time. Throttling passes within a second or so (DynamoDB
-# measures a partition's throughput per second); an outage or a 5xx may not, and a caller
-# leaving its block is not kept waiting on one.
-RELEASE_PATIENCE = 5.0
-RELEASE_PAUSE = 0.05
 TAKEN_OVER = "another holder took it over, or it was broken by an operator"
 _REFUSED = "ConditionalCheckFailed"  # a transaction's reason for a row whose condition failed
 
@@ -627,7 +618,7 @@ class Held:
             except SemaphoreUnavailable as exc:
                 self._unanswered |= exc.ambiguous
                 why = exc
-                passing = _passing(exc)
+                passing = resend.passing(exc)
             # Given up, the work is done and the lease will lapse by itself: never fail the
             # caller for a release DynamoDB could not take.
             failures += 1
@@ -640,19 +631,8 @@ class Held:
         after a pause while it fails for a passing cause, as a row's release is (above).
         False: given up (said so). Raises Refused, ``retried`` set if an attempt before may
         have been applied."""
-        failures, started, ambiguous = 0, clock.monotonic(), False
-        while True:
-            try:
-                send()
-                return True
-            except dynamodb.Refused as refused:
-                refused.retried = refused.retried or ambiguous
-                raise
-            except SemaphoreUnavailable as exc:
-                ambiguous |= exc.ambiguous
-                failures += 1
-                if not self._paused(_passing(exc), failures, started, resource, exc):
-                    return False
+        gave_up = functools.partial(self._log_unreleased, resource)
+        return resend.patiently(send, self._deadline, gave_up)
 
     def _send_release(self, pending: list[str], terms: dict[str, Any], hold_ms: int | None) -> None:
         # A released row may be reaped once its expMs is CLOCK_SKEW old: never before every
@@ -683,13 +663,9 @@ class Held:
     ) -> bool:
         """Paused before sending a release again that failed for a passing cause (throttled,
         or another request's transaction on a row); False: given up, and said so (another
-        failure, or RELEASE_PATIENCE or the hold's deadline reached by then)."""
-        if passing:
-            cap = min(1.0, RELEASE_PAUSE * 2 ** (failures - 1))
-            pause = random.uniform(cap / 2, cap)  # spread: the waiters' are throttled too
-            if clock.monotonic() + pause < min(started + RELEASE_PATIENCE, self._deadline):
-                time.sleep(pause)
-                return True
+        failure, or RELEASE_PATIENCE or the hold's deadline reached by then: resend.paused)."""
+        if resend.paused(passing, failures, started, self._deadline):
+            return True
         self._log_unreleased(pending, why)
         return False
 
@@ -820,10 +796,3 @@ def give_back_unused(held: Held) -> None:
     except Exception as exc:
         message = "dynasem: could not give back unused hold on %r: %s"
         logger.warning(message, held.resource, exc, extra=held._facts("give_back_failed", exc))
-
-
-def _passing(exc: SemaphoreUnavailable) -> bool:
-    """Whether a release that failed so is worth sending again after a pause: throttled, or
-    another request's transaction on the item (nothing was applied; both pass)."""
-    throttled = isinstance(exc, LimitExceeded) and exc.limit == "throughput"
-    return throttled or isinstance(exc, dynamodb.WriteConflict)

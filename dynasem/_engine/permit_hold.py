@@ -11,7 +11,7 @@ from typing import Any
 from .. import _clock as clock
 from .._storage import dynamodb, lock_rows, permit_items, records
 from ..exceptions import SemaphoreUnavailable
-from . import handover
+from . import handover, resend
 from .hold import TAKEN_OVER, Held
 
 # The rows of permit resources as this process last saw them (a first take plans from it
@@ -30,12 +30,15 @@ def remember(item: records.LockItem) -> None:
 
 
 def undo(resource: str, slot: int, token: str) -> None:
-    """Best effort: give back a permit an unanswered (or interrupted) write may have taken."""
-    try:
-        permit_items.send(permit_items.give_back_permit(resource, slot, token, clock.now_ms()))
-    except (dynamodb.Refused, SemaphoreUnavailable):
-        return
-    hint_freed(resource, slot, None)
+    """Best effort: give back a permit an unanswered (or interrupted) write may have taken
+    (sent again while it fails for a passing cause, as a release is)."""
+    if resend.undone(functools.partial(_give_back_permit, resource, slot, token)):
+        hint_freed(resource, slot, None)
+
+
+def _give_back_permit(resource: str, slot: int, token: str) -> None:
+    now = clock.now_ms()  # the time it was freed: sent again, the time it is sent
+    permit_items.send(permit_items.give_back_permit(resource, slot, token, now))
 
 
 def break_permit(resource: str, token: str, permit: records.Permit | None = None) -> bool:
@@ -143,7 +146,7 @@ class PermitHeld(Held):
         hold_ms = self._hold_ms() if len(self.slots) == 1 else None
         for resource, slot in self.slots.items():
             try:
-                send = functools.partial(self._give_back_permit, resource, slot)
+                send = functools.partial(_give_back_permit, resource, slot, self.token)
                 if not self._item_given_back(resource, send):
                     continue
             except dynamodb.Refused as refused:
@@ -152,10 +155,6 @@ class PermitHeld(Held):
                     continue
             hint_freed(resource, slot, hold_ms)
         return ok
-
-    def _give_back_permit(self, resource: str, slot: int) -> None:
-        now = clock.now_ms()  # the time it was freed: sent again, the time it is sent
-        permit_items.send(permit_items.give_back_permit(resource, slot, self.token, now))
 
     def _gave_back(self, refused: dynamodb.Refused) -> bool:
         """Was the permit ours until the release began, though its release was refused?"""

@@ -16,7 +16,7 @@ from .. import _clock as clock
 from .._observability.logs import facts
 from .._storage import dynamodb, lock_rows, reader_items, records
 from ..exceptions import SemaphoreUnavailable
-from . import handover
+from . import handover, resend
 from .hold import Held
 
 logger = logging.getLogger("dynasem")
@@ -118,12 +118,10 @@ def _wake_first(resource: str, row: records.LockItem | None) -> None:
 
 def undo(resource: str, epoch: int, token: str) -> None:
     """Best effort: give back a reader an unanswered (or interrupted) admission may have
-    made (its item deleted, then counted down: only if the delete took it)."""
-    try:
-        reader_items.drop_reader(resource, token)
-    except (dynamodb.Refused, SemaphoreUnavailable):
-        return
-    count_down(resource, epoch, forget=True)  # the same token may be admitted again
+    made (its item deleted, sent again while it fails for a passing cause as a release is;
+    then counted down: only if the delete took it)."""
+    if resend.undone(functools.partial(reader_items.drop_reader, resource, token)):
+        count_down(resource, epoch, forget=True)  # the same token may be admitted again
 
 
 def break_reader(resource: str, token: str, reader: records.Reader | None = None) -> bool:

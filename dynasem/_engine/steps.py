@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .. import _clock as clock
-from .._storage import dynamodb, lock_rows, lock_writes
-from ..exceptions import SemaphoreUnavailable
+from .._storage import lock_rows, lock_writes
+from . import resend
 
 _T = TypeVar("_T")
 
@@ -66,12 +66,15 @@ os.register_at_fork(after_in_child=_after_fork)
 
 
 def withdraw(token: str, resources: list[str]) -> None:
-    """Best effort: release whatever an unanswered write of ours may have taken."""
+    """Best effort: release whatever an unanswered write of ours may have taken (sent again
+    while it fails for a passing cause, as a release is)."""
     for resource in resources:
-        try:
-            lock_rows.update(lock_writes.give_back(resource, token, clock.now_ms(), sole=False))
-        except (dynamodb.Refused, SemaphoreUnavailable):
-            pass
+        resend.undone(functools.partial(_give_back, resource, token))
+
+
+def _give_back(resource: str, token: str) -> None:
+    now = clock.now_ms()  # sent again, the time it is sent
+    lock_rows.update(lock_writes.give_back(resource, token, now, sole=False))
 
 
 @dataclass(frozen=True, slots=True)

@@ -415,3 +415,58 @@ def test_a_permit_items_release_that_meets_another_transaction_is_sent_again(
     assert on_engine.stats()["counts"]["transaction conflict (write)"] >= 1
     with semaphore("conf:c", limit=2, wait=0), semaphore("conf:c", limit=2, wait=0):
         pass  # both permits free
+
+
+@pytest.mark.unkind("throttle", {"transaction_hold": 3.0})
+@pytest.mark.parametrize("kind", ["row", "permit", "reader"])
+def test_the_undo_of_an_interrupted_take_that_meets_another_transaction_is_sent_again(
+    on_engine: UnkindDynamoDB, lock_table: str, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """An acquire interrupted (Ctrl-C) once its take landed undoes it: a give-back of the
+    row, a permit item's or a reader item's. That undo, refused with
+    TransactionConflictException (another request's transaction on the item), was given up
+    at once, and what it took stayed held by nobody for its lease: it is sent again within
+    the releases' patience, as a release is."""
+    from dynasem import semaphore
+    from dynasem._storage import dynamodb, lock_writes, permit_items, reader_items, records
+
+    resource = f"conf:undo-{kind}"
+    options: dict[str, Any] = {"lease": 30}
+    first = None
+    if kind == "permit":
+        monkeypatch.setattr(permit_items, "INLINE_MAX", 1)
+        options["limit"] = 2
+    elif kind == "reader":
+        monkeypatch.setattr(lock_writes, "READERS_INLINE", 1)
+        monkeypatch.setattr(reader_items, "READERS_INLINE", 1)
+        options["shared"] = True
+        first = semaphore(resource, **options).acquire()  # inline: the next one in an item
+    prefix = {"row": "lock", "permit": records.PERMIT_PREFIX, "reader": records.READER_PREFIX}
+    send_request, interrupted = dynamodb.send_request, []
+
+    def interrupted_after_the_take(operation: str, **kwargs: Any) -> dict[str, Any]:
+        answer = send_request(operation, **kwargs)
+        sk = kwargs.get("Key", {}).get("sk", {}).get("S", "")
+        if interrupted or operation != "update_item" or not sk.startswith(prefix[kind]):
+            return answer
+        # The take landed; another request's transaction holds its item (for 1.5-3 s, within
+        # the patience of 5 s) when Ctrl-C comes, before the answer is used.
+        interrupted.append(
+            transaction_on_row(on_engine, lock_table, resource, "attribute_exists(pk)", sk)
+        )
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(dynamodb, "send_request", interrupted_after_the_take)
+    with pytest.raises(KeyboardInterrupt), semaphore(resource, **options):
+        pytest.fail("the block must not run")
+    monkeypatch.setattr(dynamodb, "send_request", send_request)
+    interrupted[0].join()
+    assert on_engine.stats()["counts"]["transaction conflict (write)"] >= 1
+    if first is not None:
+        first.release()
+    options.pop("shared", None)  # a writer: no reader may be left
+    taken = [
+        semaphore(resource, wait=0, **options).acquire() for _ in range(options.get("limit", 1))
+    ]
+    for held in taken:  # taken at once (every permit): nothing was left held for its lease
+        held.release()
