@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from .. import _clock as clock
-from .._storage import lock_rows, lock_writes
+from .._storage import dynamodb, lock_rows, lock_writes
+from ..exceptions import SemaphoreUnavailable
 from . import resend
 
 _T = TypeVar("_T")
@@ -102,6 +103,12 @@ class Write:
     # by ``token`` (a permit: see dynasem._engine.permits).
     undo: Callable[[], None] | None = None
 
+    def give_back(self) -> None:
+        if self.undo is not None:
+            self.undo()
+        else:
+            withdraw(self.token, self.resources)
+
 
 @dataclass(frozen=True, slots=True)
 class InQueue:
@@ -131,18 +138,32 @@ Step = Request | Sleep | Write | InQueue
 Steps = Generator[Step, Any, _T]
 
 
-def _interrupted(step: Step, queued: InQueue | None) -> None:
+def _interrupted(step: Step, queued: InQueue | None, taken: Write | None = None) -> None:
     """The caller is interrupted (Ctrl-C, a cancelled task) during ``step``: leave nothing
     behind. A write may have landed: give back whatever it took, or the hold would sit there
     for a whole lease; an entry in a queue must go, or a releasing holder would hand the lock
-    to a waiter nobody is left to use."""
+    to a waiter nobody is left to use. ``taken``: an earlier write that may have taken
+    something (interrupted at a step after it: a back-off, a read, a wait), given back too,
+    once the queue is left (a hand-over that reached us there is handed on, not dropped).
+    Every give-back is conditional on our token: one of what is no longer ours is refused."""
     if isinstance(step, Write):
-        if step.undo is not None:
-            step.undo()
-        else:
-            withdraw(step.token, step.resources)
+        step.give_back()
     if queued is not None:
         queued.abandon()
+    if taken is not None and taken is not step:
+        taken.give_back()
+
+
+def _may_have_taken(step: Step, error: Exception | None) -> bool:
+    """Whether ``step``, answered with ``error`` (None: applied), is a write that may hold
+    something of ours: applied, or failed in a way that may hide an applied attempt."""
+    if not isinstance(step, Write) or (step.undo is None and not step.resources):
+        return False
+    if isinstance(error, (dynamodb.Refused, dynamodb.Cancelled)):
+        return error.retried  # refused, unless an attempt before it may have been applied
+    if isinstance(error, SemaphoreUnavailable):
+        return error.ambiguous
+    return True
 
 
 def run_sync(steps: Steps[_T]) -> _T:
@@ -168,6 +189,7 @@ async def _drive(steps: Steps[_T], *, blocking: bool) -> _T:
     result: Any = None
     error: BaseException | None = None
     queued: InQueue | None = None  # we may be in a resource's queue
+    taken: Write | None = None  # the last write that may hold something of ours
     step: Step | None = None
     while True:
         try:
@@ -175,6 +197,9 @@ async def _drive(steps: Steps[_T], *, blocking: bool) -> _T:
             if isinstance(step, InQueue):
                 queued = step
             result, error = await _perform(step, blocking=blocking)
+            if _may_have_taken(step, error):
+                assert isinstance(step, Write)
+                taken = step
         except StopIteration as stop:
             value: _T = stop.value  # what the generator returned
             return value
@@ -187,9 +212,9 @@ async def _drive(steps: Steps[_T], *, blocking: bool) -> _T:
             # (``push.depart``) to be handed on at once.
             try:
                 if step is not None and blocking:
-                    _interrupted(step, queued)
+                    _interrupted(step, queued, taken)
                 elif step is not None:
-                    await run_io(_interrupted, step, queued)
+                    await run_io(_interrupted, step, queued, taken)
             finally:
                 steps.close()
             raise

@@ -1089,6 +1089,61 @@ def test_cancelled_async_acquire_leaves_no_hold(lock_table: str) -> None:
     assert holds("res") == []
 
 
+@pytest.mark.parametrize("kind", ["row", "permit"])
+def test_an_async_acquire_cancelled_in_its_back_off_after_a_take_landed_leaves_no_hold(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """The take (the row's write; a permit item's) landed, its answer lost (a 5xx): the
+    acquire backs off before sending it again, and is cancelled in that pause, a step that
+    writes nothing. What the take may hold is given back, as for a cancel during the write
+    itself: before, it stayed held by nobody for its lease (the next acquire found it busy)."""
+    from dynasem._engine import permits, queue
+    from dynasem._storage import permit_items, records
+
+    resource, options = f"res:cancel-back-off-{kind}", {"lease": 30, "wait": 30}
+    landed = threading.Event()
+    if kind == "row":
+        module, name, prefix = lock_rows, "update", "lock"
+        monkeypatch.setattr(queue, "backoff", lambda attempt: 10.0)
+    else:
+        module, name, prefix = permit_items, "send", records.PERMIT_PREFIX
+        monkeypatch.setattr(permit_items, "INLINE_MAX", 1)
+        monkeypatch.setattr(permits, "backoff", lambda attempt: 10.0)
+        options["limit"] = 2
+    send = getattr(module, name)
+
+    def landed_then_lost(action: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        answer = send(action, *args, **kwargs)
+        if landed.is_set() or not action["Key"]["sk"]["S"].startswith(prefix):
+            return answer
+        landed.set()
+        raise SemaphoreUnavailable("500: its answer lost", transient=True, ambiguous=True)
+
+    monkeypatch.setattr(module, name, landed_then_lost)
+
+    async def enter() -> None:
+        async with semaphore(resource, **options):
+            pytest.fail("the block must not run")
+
+    async def main() -> None:
+        task = asyncio.create_task(enter())
+        deadline = time.monotonic() + 10
+        while not landed.is_set():
+            assert time.monotonic() < deadline, "the take never landed"
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)  # backing off (for 10 s) before sending it again
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    monkeypatch.setattr(module, name, send)
+    limit = int(options.get("limit", 1))
+    taken = [semaphore(resource, wait=0, limit=limit).acquire() for _ in range(limit)]
+    for held in taken:  # at once, every permit: nothing left held for its lease
+        held.release()
+
+
 @pytest.mark.parametrize("fair", [False, True], ids=["default", "fair"])
 def test_cancelled_async_waiter_leaves_the_queue(lock_table: str, fair: bool) -> None:
     holder = semaphore("res:q").acquire()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from dynasem._engine.steps import (
     run_async,
     run_sync,
 )
+from dynasem._storage import dynamodb
+from dynasem.exceptions import SemaphoreUnavailable
 
 
 def steps_with_a_failure() -> Steps[list[Any]]:
@@ -140,6 +143,70 @@ def test_an_interrupted_queued_wait_leaves_its_place_before_the_loop_is_closed(
     else:
         asyncio.run(_cancelled_once_started(steps()))
     assert order == ["left", "closed"]
+
+
+def _interrupt() -> None:
+    raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("how", ["interrupt", "cancel"])
+def test_an_interrupt_at_a_later_step_gives_back_what_a_write_took(how: str) -> None:
+    """A take landed (or may have: its answer lost), then the caller is interrupted at a step
+    that writes nothing (a back-off, a read, a wait): what it took is given back, as for an
+    interrupt during the write itself, or it would stay held by nobody for its lease."""
+    undone: list[str] = []
+
+    def steps() -> Steps[None]:
+        yield Write(lambda: None, "tok", [], undo=lambda: undone.append("taken"))
+        try:
+            yield Write(
+                lambda: _raise(ambiguous=True), "tok", [], undo=lambda: undone.append("lost")
+            )
+        except SemaphoreUnavailable:
+            pass
+        try:
+            yield Write(lambda: _raise(refused=True), "tok", [], undo=lambda: undone.append("no"))
+        except dynamodb.Refused:
+            pass  # refused: applied nothing, the one before may have
+        yield Request(_interrupt) if how == "interrupt" else Sleep(10)
+
+    if how == "interrupt":
+        with pytest.raises(KeyboardInterrupt):
+            run_sync(steps())
+    else:
+        asyncio.run(_cancelled_once_started(steps()))
+    assert undone == ["lost"]  # the last write that may have applied: it covers what did
+
+
+def test_a_write_that_applied_nothing_is_not_undone() -> None:
+    undone: list[str] = []
+
+    def steps() -> Steps[None]:
+        for kind in ("refused", "cancelled", "throttled"):
+            try:
+                send = functools.partial(_raise, **{kind: True})
+                yield Write(send, "tok", [], undo=undone.clear)
+            except (dynamodb.Refused, dynamodb.Cancelled, SemaphoreUnavailable):
+                undone.append(kind)
+        yield Request(_interrupt)
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sync(steps())
+    assert undone == ["refused", "cancelled", "throttled"]
+
+
+def _raise(
+    *,
+    ambiguous: bool = False,
+    refused: bool = False,
+    cancelled: bool = False,
+    throttled: bool = False,
+) -> None:
+    if refused:
+        raise dynamodb.Refused(None)
+    if cancelled:
+        raise dynamodb.Cancelled([("TransactionConflict", None)])
+    raise SemaphoreUnavailable("lost", transient=True, ambiguous=ambiguous)
 
 
 def test_an_awaitable_queued_step_is_awaited_on_the_loop_not_sent_in_a_thread() -> None:
