@@ -32,7 +32,7 @@ def remember(item: records.LockItem) -> None:
 def undo(resource: str, slot: int, token: str) -> None:
     """Best effort: give back a permit an unanswered (or interrupted) write may have taken
     (sent again while it fails for a passing cause, as a release is)."""
-    if resend.undone(functools.partial(_give_back_permit, resource, slot, token)):
+    if resend.undone(functools.partial(_give_back_permit, resource, slot, token), resource, token):
         hint_freed(resource, slot, None)
 
 

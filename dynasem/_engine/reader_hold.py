@@ -120,7 +120,7 @@ def undo(resource: str, epoch: int, token: str) -> None:
     """Best effort: give back a reader an unanswered (or interrupted) admission may have
     made (its item deleted, sent again while it fails for a passing cause as a release is;
     then counted down: only if the delete took it)."""
-    if resend.undone(functools.partial(reader_items.drop_reader, resource, token)):
+    if resend.undone(functools.partial(reader_items.drop_reader, resource, token), resource, token):
         count_down(resource, epoch, forget=True)  # the same token may be admitted again
 
 

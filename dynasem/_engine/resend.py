@@ -6,14 +6,18 @@ waits that long for it: worth a few seconds of the caller's time."""
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import time
 from collections.abc import Callable
 
 from .. import _clock as clock
+from .._observability.logs import facts
 from .._storage import dynamodb
 from ..exceptions import LimitExceeded, SemaphoreUnavailable
+
+logger = logging.getLogger("dynasem")
 
 # A give-back DynamoDB throttled still after botocore's retries is sent again for up to this
 # many seconds (never past the hold's own deadline), after pauses that double from
@@ -70,10 +74,19 @@ def patiently(
                 return False
 
 
-def undone(send: Callable[[], object]) -> bool:
-    """Best effort: ``send`` the undo of what an interrupted (or unanswered) take may have
-    written, patiently. False: refused (nothing of ours there), or given up."""
+def undone(send: Callable[[], object], resource: str, token: str) -> bool:
+    """Best effort: ``send`` the undo of what an interrupted (or unanswered) take of
+    ``resource`` may have written, patiently. False: refused (nothing of ours there), or
+    given up (said so: it holds until its lease runs out)."""
+
+    def gave_up(why: SemaphoreUnavailable) -> None:
+        ex = facts(resource, token=token, outcome="give_back_failed", reason=why)
+        message = (
+            "dynasem: could not give back what an interrupted acquire took of %r (%s); it expires"
+        )
+        logger.warning(message, resource, why, extra=ex)
+
     try:
-        return patiently(send)
+        return patiently(send, gave_up=gave_up)
     except dynamodb.Refused:
         return False

@@ -70,7 +70,7 @@ def withdraw(token: str, resources: list[str]) -> None:
     """Best effort: release whatever an unanswered write of ours may have taken (sent again
     while it fails for a passing cause, as a release is)."""
     for resource in resources:
-        resend.undone(functools.partial(_give_back, resource, token))
+        resend.undone(functools.partial(_give_back, resource, token), resource, token)
 
 
 def _give_back(resource: str, token: str) -> None:

@@ -418,17 +418,29 @@ def test_a_permit_items_release_that_meets_another_transaction_is_sent_again(
 
 
 @pytest.mark.unkind("throttle", {"transaction_hold": 3.0})
-@pytest.mark.parametrize("kind", ["row", "permit", "reader"])
+@pytest.mark.parametrize(
+    ("kind", "patience"),
+    [("row", 5.0), ("permit", 5.0), ("reader", 5.0), ("row", 0.1)],
+    ids=["row", "permit", "reader", "row-given-up"],
+)
 def test_the_undo_of_an_interrupted_take_that_meets_another_transaction_is_sent_again(
-    on_engine: UnkindDynamoDB, lock_table: str, monkeypatch: pytest.MonkeyPatch, kind: str
+    on_engine: UnkindDynamoDB,
+    lock_table: str,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    kind: str,
+    patience: float,
 ) -> None:
     """An acquire interrupted (Ctrl-C) once its take landed undoes it: a give-back of the
     row, a permit item's or a reader item's. That undo, refused with
     TransactionConflictException (another request's transaction on the item), was given up
     at once, and what it took stayed held by nobody for its lease: it is sent again within
-    the releases' patience, as a release is."""
-    from dynasem import semaphore
+    the releases' patience, as a release is; given up past it, it says so."""
+    from dynasem import SemaphoreBusy, semaphore
+    from dynasem._engine import resend
     from dynasem._storage import dynamodb, lock_writes, permit_items, reader_items, records
+
+    monkeypatch.setattr(resend, "RELEASE_PATIENCE", patience)
 
     resource = f"conf:undo-{kind}"
     options: dict[str, Any] = {"lease": 30}
@@ -465,6 +477,13 @@ def test_the_undo_of_an_interrupted_take_that_meets_another_transaction_is_sent_
     if first is not None:
         first.release()
     options.pop("shared", None)  # a writer: no reader may be left
+    if patience < 1:
+        assert (
+            f"could not give back what an interrupted acquire took of {resource!r}" in caplog.text
+        )
+        with pytest.raises(SemaphoreBusy):  # held by nobody until its lease runs out
+            semaphore(resource, wait=0, **options).acquire()
+        return
     taken = [
         semaphore(resource, wait=0, **options).acquire() for _ in range(options.get("limit", 1))
     ]
