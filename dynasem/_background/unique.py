@@ -35,7 +35,7 @@ from .. import _clock as clock
 from .._engine import processes
 from .._engine.arguments import resolve_timing
 from .._engine.decorators import KeyMaker, checked_keys
-from .._engine.hold import Held, start_renewing, stop_renewing
+from .._engine.hold import Held, confirm, start_renewing, stop_renewing
 from .._engine.reentry import forget_entered, remember_acquired, remember_entered
 from .._engine.steps import run_sync
 from .._observability.logs import facts
@@ -129,7 +129,7 @@ def adopt(claim: Claim, lease: float | None = None, *, wait: bool = True) -> Hel
     to adopt: adopted already (a message delivered twice), or its queue lease ran out and
     another task took the key. A retry's claim whose run has not ended yet is waited for
     (unless not ``wait``: LockLost)."""
-    from .._engine.core import semaphore
+    from .._engine.core import CONFIRM_SHARE, semaphore
 
     sem = semaphore(claim.resource, lease=lease, on_commit=False)
     lease_s, _, skew = resolve_timing(lease, 0)
@@ -184,6 +184,12 @@ def adopt(claim: Claim, lease: float | None = None, *, wait: bool = True) -> Hel
         expires_ms=expires_ms,
         sent_mono=sent_mono,
     )
+    if held.seconds_left() < (lease_s - skew) * CONFIRM_SHARE:
+        # Its answer came late (a pause, a slow network): the run lease may have run out
+        # meanwhile, and another task taken the key and begun its run. Confirm with a
+        # renewal of our own first, as an acquire does (core.Acquire.confirmed): LockLost,
+        # and the task does not run, if the key is not ours any more.
+        confirm(held)
     start_renewing(held)
     return held
 

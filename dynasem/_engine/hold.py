@@ -713,6 +713,15 @@ def start_renewing(held: Held) -> None:
     held._start_heartbeat()
 
 
+def confirm(held: Held) -> None:
+    """Renew ``held``, a hold taken by other means (a unique task's adopted claim), with a
+    write of our own now, its deadline past or near (the answer that took it came late: a
+    pause, a slow network): trusted a lease from this write's send if it is still ours; else
+    ``LockLost`` (the lease may have run out, and another holder taken over, meanwhile)."""
+    with held._lock:
+        held._renew_once()
+
+
 def stop_renewing(held: Held) -> None:
     """Renew ``held`` no more (what its process dying would do): its lease runs out as it
     stands; nothing is released or written. ``dynasem.testing.abandon``."""

@@ -197,3 +197,41 @@ def test_an_adoption_whose_answer_was_lost_is_ours(
     assert hold.token == held.token
     held.release()
     assert holds_on("reindex:11") == []
+
+
+@pytest.mark.parametrize("taken_meanwhile", [False, True])
+def test_an_adoption_answered_past_its_lease_is_confirmed_before_the_run(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch, taken_meanwhile: bool
+) -> None:
+    """The adoption was applied, but its answer came after the run lease and CLOCK_SKEW were
+    over (a pause): another enqueue may have taken the key meanwhile, and its task be running.
+    The adoption is confirmed with a renewal of its own before the run: trusted a lease from
+    that renewal if the key is still ours, else LockLost (the task does not run). Found by the
+    simulator's unique mix (seed 39, light faults: a worker stalled 15 s at the answer, then
+    ran beside a later claim of its key)."""
+    from dynasem._storage import lock_rows
+
+    taken = claim("reindex:12", "task-1", queue_lease=30)
+    real = lock_rows.update
+
+    def applied_then_late(action: dict[str, object], **kwargs: object) -> object:
+        monkeypatch.setattr(lock_rows, "update", real)
+        answer = real(action, **kwargs)  # applied ...
+        time.sleep(1.6)  # ... its answer read past the run lease (1 s) and CLOCK_SKEW (0.5 s)
+        if taken_meanwhile:
+            claim("reindex:12", "task-2", queue_lease=30)  # a later enqueue took the key
+        return answer
+
+    monkeypatch.setattr(lock_rows, "update", applied_then_late)
+    if taken_meanwhile:
+        with pytest.raises(LockLost):
+            adopt(taken, lease=1)
+        (hold,) = holds_on("reindex:12")
+        assert task_of(hold.user_id) == "task-2"
+        return
+    held = adopt(taken, lease=1)
+    assert held.seconds_left() > 0.2  # trusted from the confirming renewal
+    (hold,) = holds_on("reindex:12")
+    assert hold.token == held.token
+    held.release()
+    assert holds_on("reindex:12") == []
