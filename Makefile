@@ -66,7 +66,7 @@ test-unkind-ci: venv
 # `.venv/bin/python -m tests.support.sim --seeds N --mix M --faults F --trace --shrink`.
 #   make simulate SEEDS=1-200 SIM_MIXES=exclusive SIM_ARGS="--hosts 3"
 SEEDS ?= 1-4
-SIM_MIXES ?= exclusive,counting,readers,fair,pairs,all,renewing,commits,limits,long_readers,shared_pairs,counting_pairs,mixed_pairs,long_pairs,jobs
+SIM_MIXES ?= exclusive,counting,readers,fair,pairs,all,renewing,commits,limits,long_readers,shared_pairs,counting_pairs,mixed_pairs,long_pairs,jobs,unique
 SIM_FAULTS ?= light,heavy,pauses,crashes,partitions,deaf,reaped
 # Then the mixes of counting semaphores again with their holders in permit items (as a limit
 # above permit_items.INLINE_MAX keeps them), under the faults that find their bugs.

@@ -29,6 +29,14 @@
   DONE, and never while another process's transaction that ran the key's body is open and
   that claim trusted; DONE is stored only for a body that returned, and whose transaction
   (if it ran in one) committed.
+* **Unique tasks** (the ``unique`` mix): a run's adopted hold is an exclusive hold of its key,
+  checked as blocks are (**Exclusion**, **Fences**: never two runs of a key at once whose
+  holds are both trusted); besides, a claim (one message, delivered once or twice) runs at
+  most once; a retry never begins while the run that enqueued it is inside and trusted; an
+  enqueue refused (``Taken``) leaves no claim of its own in the row and is not refused by
+  itself; and a key nobody owns (no message of it waiting or being run, no enqueue in
+  flight: its messages lost, its worker dead) is free again, to an enqueue that begins
+  ``QUEUE_LEASE`` leases + ``2 * CLOCK_SKEW + SLACK`` after the last owner went.
 * **No request storm**: no thread of a process sends more than ``STORM`` requests in one
   second of virtual time. A loop that asks again at once (a writer that read its readers'
   items again and again while they renewed) costs on AWS what it costs here, and holds its
@@ -49,6 +57,8 @@ from dynasem._engine.hold import TAKEN_OVER
 from dynasem._storage import reader_items, records
 from dynasem._storage.queue_entries import JOIN_GRACE  # as released (a mutation changes it)
 from dynasem._storage.records import Mode
+
+from .workload import QUEUE_LEASE, UNIQUE_KEYS
 
 SLACK = 3.0  # seconds: a waiter's paced look (at most a second) and a few round trips
 SLACK_ORDER = 1.0  # seconds beyond 2 * CLOCK_SKEW that an entry passed over must still have
@@ -101,6 +111,7 @@ class Monitor:
         self.busiest = 0  # the most requests one thread sent in a second
         self.wanted: dict[Any, Any] = {}  # proc -> the semaphore it waits for (its mode, limit)
         self.jobs = JobMonitor(self)
+        self.unique = UniqueMonitor(self, bound=QUEUE_LEASE * lease + 2 * skew + SLACK)
 
     def fail(self, message: str) -> None:
         said = f"t={self.sim.clock_label()} {message}"
@@ -215,6 +226,7 @@ class Monitor:
         for waiting in self.waiting.values():
             waiting.discard(proc)
         self.transaction_ended(proc)  # a dead process's transaction rolls back
+        self.unique.crashed(proc)
 
     # -- what the database applied -----------------------------------------------------------
 
@@ -224,8 +236,23 @@ class Monitor:
         before = self.holders.get(resource, {})
         # The readers' sentinel stands for reader items (their grants are the items').
         now = {t: h.fence for t, h in row.holders.items() if t != reader_items.SENTINEL}
+        # A unique task's key passes one grant from token to token: a worker's adoption
+        # replaces the claim's entry with its run's under a fresh token, and a run that
+        # enqueued its retry becomes the retry's claim, both with the same fence, in one write
+        # conditional on the entry it replaces (claims.adopt_hold). That is the grant going on
+        # (the claim's holder now works under it), not a new one: it keeps its fence, and a
+        # later grant must still be above it. Only on the unique mix's keys, and only for the
+        # fence of an entry the same write removed: a lock's take that reused a fence stays a
+        # violation. (A run's take-over of its announcer, dead, is a new grant: fence above.)
+        handed = set()
+        if resource in self.unique.keys:
+            handed = {fence for token, fence in before.items() if token not in now}
         for token, fence in sorted(now.items(), key=lambda tf: tf[1]):
             if token in before or self.grants.get((resource, token)) == fence:
+                continue
+            if fence in handed and fence == self.top_fence.get(resource):
+                handed.discard(fence)  # one entry replaced by one
+                self.grants[(resource, token)] = fence
                 continue
             top = self.top_fence.get(resource, 0)
             if fence <= top:
@@ -486,3 +513,122 @@ class JobMonitor:
         if len(trusted) > 1:
             who = ", ".join(f"{r.proc.name} (fence {r.job.fence})" for r in trusted)
             self.monitor.fail(f"job {key!r}: two bodies running, both trusted: {who}")
+
+
+class UniqueMonitor:
+    """The invariants of unique tasks (the module docstring's **Unique tasks**). Their runs'
+    exclusion and fences are the :class:`Monitor`'s own (a run is entered as a block); this
+    keeps who owns each key, which claims ran, and which run enqueued which retry."""
+
+    def __init__(self, monitor: Monitor, *, bound: float):
+        self.monitor = monitor
+        self.bound = bound
+        self.keys = {f"u{n}" for n in range(UNIQUE_KEYS)}
+        # key -> its messages on the broker or being run -> the worker that took it (None:
+        # on the broker); key -> enqueuers whose enqueue of it goes on -> when it began
+        self.owners: dict[str, dict[Any, Any]] = {}
+        self.claiming: dict[str, dict[Any, float]] = {}
+        self.unowned_since: dict[str, float] = {}  # key -> when its last owner went
+        self.ran: dict[str, Any] = {}  # claim token -> the process that ran it
+        self.parents: dict[str, tuple[Any, Any]] = {}  # retry's claim token -> (proc, run hold)
+
+    def _own(self, key: str, what: Any, proc: Any) -> None:
+        self.owners.setdefault(key, {})[what] = proc
+
+    def _disown(self, key: str, what: Any) -> None:
+        owners = self.owners.get(key, {})
+        if what in owners:
+            del owners[what]
+            self._gone(key)
+
+    def _gone(self, key: str) -> None:
+        """An owner of ``key`` went (a message run or not run, an enqueue that may have
+        claimed it ended): the key's lease runs out from now, if no message owns it. (An
+        enqueue still going on may claim it too: a refusal is not judged while one does.)"""
+        if not self.owners.get(key):
+            self.unowned_since[key] = self.monitor.sim.sched.now
+
+    # -- enqueuers ---------------------------------------------------------------------------
+
+    def enqueuing(self, proc: Any, key: str, task_id: str) -> None:
+        """``proc`` begins an enqueue of ``key`` (its claim may stand from now on)."""
+        self.claiming.setdefault(key, {})[proc] = self.monitor.sim.sched.now
+
+    def enqueued(self, proc: Any, key: str) -> None:
+        """``proc``'s enqueue ended, claimed or maybe claimed: its message is on the broker,
+        or lost, or withdrawn, or the claim's answer never came (unavailable)."""
+        if not proc.dead and self.claiming.get(key, {}).pop(proc, None) is not None:
+            self._gone(key)
+
+    def taken(self, proc: Any, key: str, task_id: str, busy: Any) -> None:
+        """``proc``'s enqueue of ``key`` for ``task_id`` was refused (``Taken``): it owned
+        nothing."""
+        sim, monitor = self.monitor.sim, self.monitor
+        began = self.claiming.get(key, {}).pop(proc, sim.sched.now)
+        sim.record("taken", proc, key, busy.task_id or "-")
+        if busy.task_id == task_id:
+            monitor.fail(f"{proc.name}: the enqueue of {key!r} was refused by its own claim")
+        row = monitor.rows.get(key, records.LockItem())
+        ours = [t for t, h in row.holders.items() if h.user_id == f"task:{task_id}"]
+        if ours:
+            monitor.fail(
+                f"{proc.name}: the enqueue of {key!r} was refused, its claim {ours[0][:8]} "
+                "left in the row"
+            )
+        if self.owners.get(key) or self.claiming.get(key):
+            return  # a message of it waits or runs, or another enqueue of it goes on
+        since = self.unowned_since.get(key, 0.0)
+        if began - since > self.bound:
+            monitor.fail(
+                f"liveness: {proc.name}'s enqueue of {key!r} refused {began - since:.1f}s after "
+                f"its last owner went (bound {self.bound:g}s): held by task {busy.task_id}"
+            )
+
+    # -- the broker and workers --------------------------------------------------------------
+
+    def queued(self, message: Any) -> None:
+        """A copy of a message on its way to the broker: it owns its key until run or lost."""
+        self._own(message.claim.resource, ("message", message.copy), None)
+
+    def taking(self, proc: Any, message: Any) -> None:
+        """Worker ``proc`` took ``message``: its key is owned while ``proc`` lives."""
+        self._own(message.claim.resource, ("message", message.copy), proc)
+
+    def finished(self, proc: Any, message: Any) -> None:
+        """``proc`` is done with ``message`` (run, or not run)."""
+        if not proc.dead:
+            self._disown(message.claim.resource, ("message", message.copy))
+
+    def began(self, proc: Any, message: Any, held: Any) -> None:
+        """``proc`` begins the run of ``message`` under ``held``, its adopted claim."""
+        monitor, claim = self.monitor, message.claim
+        first = self.ran.get(claim.token)
+        if first is not None:
+            monitor.fail(
+                f"{proc.name} ran the claim {claim.token[:8]} of {claim.resource!r} "
+                f"(message {message.copy}), run already by {first.name}"
+            )
+        self.ran[claim.token] = proc
+        parent = self.parents.get(claim.token)
+        if parent is None:
+            return
+        parent_proc, parent_held = parent
+        inside = monitor.inside.get(claim.resource, {}).get(parent_held.token)
+        if inside is not None and monitor._trusted(inside):
+            monitor.fail(
+                f"{proc.name} began the retry of {claim.resource!r} (fence {held.fence}) "
+                f"beside the run that enqueued it, {parent_proc.name} (fence "
+                f"{parent_held.fence}), still trusted"
+            )
+
+    def retried(self, proc: Any, carried: Any, claimed: Any, held: Any) -> None:
+        """``proc``'s run (``held``, adopted from ``carried``) enqueued the retry ``claimed``."""
+        self.parents[claimed.token] = (proc, held)
+
+    def crashed(self, proc: Any) -> None:
+        for key, claiming in self.claiming.items():
+            if claiming.pop(proc, None) is not None:
+                self._gone(key)  # its claim may stand, its message never sent
+        for key, owners in self.owners.items():
+            for what in [w for w, p in owners.items() if p is proc]:
+                self._disown(key, what)

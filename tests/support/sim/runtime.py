@@ -126,6 +126,9 @@ class Result:
         jobs = ("jobs_run", "jobs_failed", "jobs_done_already")
         if any(s.get(k) for k in jobs):  # ran, failed, found DONE
             closest += " jobs=" + "/".join(str(s.get(k, 0)) for k in jobs)
+        unique = ("unique_ran", "unique_not_run", "unique_taken", "unique_lost", "unique_retries")
+        if any(s.get(k) for k in unique):  # ran, not run, refused, lost, retries enqueued
+            closest += " unique=" + "/".join(str(s.get(k, 0)) for k in unique)
         rate = s["acquired"] / self.wall_seconds if self.wall_seconds else 0.0
         return (
             f"seed={self.options.seed} events={self.events} t={self.virtual_seconds:.1f}s "

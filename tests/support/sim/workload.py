@@ -37,11 +37,24 @@ Kinds of process (a run's ``mix`` names them, one per process, round robin):
   next run_once of the key runs it again); ``job_committer``: the same inside a transaction
   (DONE is written after the commit, FAILED on rollback). The ``jobs`` mix runs them beside
   exclusive holders, and ``JobMonitor`` checks them (``invariants.py``).
+* ``enqueuer`` / ``worker``: unique tasks through the framework-neutral API of
+  ``dynasem._background.unique`` (what Celery's and django.tasks' unique tasks call). An
+  enqueuer claims one of ``UNIQUE_KEYS`` keys for a new task (``claim_for``: refused with
+  ``Taken`` while a task holds it) and puts a message carrying the claim on the simulated
+  broker (:class:`Broker`, shared by the run's processes): lost one time in ten (a task that
+  never starts: its key frees when the queue lease ends), delivered twice one time in seven
+  (at-least-once: the second copy comes up to 3 s later), refused by the broker one time in
+  twenty (``withdraw``: the key given back). A worker takes messages and runs each (``run``:
+  the claim adopted, the body under the hold, the key given back or handed on); a body
+  enqueues a retry of itself three times in ten (the hand-on: ``claim_for`` from its own
+  run), at most two deep, and works one time in five for one to three leases (renewed).
+  The ``unique`` mix; ``UniqueMonitor`` checks it (``invariants.py``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -67,9 +80,14 @@ MIXES = {
     "commits": ("committer", "exclusive", "committer"),
     "limits": ("counting", "counting2", "exclusive_c"),
     "jobs": ("job", "job_committer", "job", "exclusive", "job_committer", "job"),
+    "unique": ("enqueuer", "worker", "enqueuer", "worker", "enqueuer", "worker"),
 }
 
 JOB_KEYS = 4  # keys a job mix's processes run (each until one run of it succeeds)
+UNIQUE_KEYS = 3  # keys the unique mix's enqueuers claim
+UNIQUE_TASK = "sim.unique"  # the task's name, as a framework would give it
+QUEUE_LEASE = 1.5  # a unique task's queue lease, in leases (its run lease is the lease)
+RETRY_DEPTH = 2  # retries of retries at most
 
 
 @dataclasses.dataclass
@@ -160,6 +178,13 @@ def run(sim: Any, proc: Any) -> None:
             run_job(sim, proc, rng)
             proc.steps -= 1
             continue
+        if proc.kind == "enqueuer":
+            enqueue(sim, proc, rng)
+            proc.steps -= 1
+            continue
+        if proc.kind == "worker":
+            work_messages(sim, proc, rng)
+            break
         sem = lock_of(proc.kind, rng)
         for resource in sem.resources:
             monitor.begin(proc, resource, sem)
@@ -233,6 +258,189 @@ def run_job(sim: Any, proc: Any, rng: Any) -> None:
         sim.record("unavailable", proc, str(exc)[:80])
     finally:
         end_transaction(sim, proc, committed=False)  # an exception leaves atomic
+
+
+@dataclasses.dataclass
+class Message:
+    """A unique task's message on the broker: the claim it carries, which copy of it this
+    is, and how deep in retries its task is."""
+
+    claim: Any  # unique.Claim
+    copy: int
+    depth: int
+
+
+@dataclasses.dataclass
+class Broker:
+    """The simulated broker the unique mix's processes share: messages in the order they
+    arrived (taken from the front), and copies still on their way (a late second delivery)."""
+
+    messages: list[Message] = dataclasses.field(default_factory=list)
+    on_the_way: int = 0
+    copies: int = 0
+
+    def put(self, sim: Any, proc: Any, claim: Any, depth: int) -> None:
+        """``claim``'s message sent by ``proc``: lost, delivered once, or twice."""
+        rng, unique = proc.workload_rng, sim.monitor.unique
+        draw = rng.random()
+        if draw < 0.1:
+            sim.stats["unique_lost"] += 1
+            sim.record("msg_lost", proc, claim.resource, claim.token[:8])
+            return
+        self.copies += 1
+        message = Message(claim, self.copies, depth)
+        unique.queued(message)
+        self.messages.append(message)
+        sim.record("msg", proc, claim.resource, claim.token[:8], message.copy)
+        if draw < 0.1 + 1 / 7:  # at least once: a second copy, a while later
+            self.copies += 1
+            again = Message(claim, self.copies, depth)
+            unique.queued(again)
+            self.on_the_way += 1
+            sim.stats["unique_twice"] += 1
+
+            def arrive() -> None:
+                self.on_the_way -= 1
+                self.messages.append(again)
+
+            sim.sched.at(rng.uniform(0.0, 3.0), arrive)
+
+    def idle(self, sim: Any) -> bool:
+        """Nothing left to deliver, and nothing more will come but the workers' retries (a
+        worker that enqueues one runs on to take it)."""
+        enqueuers = [p for p in sim.procs if p.kind == "enqueuer"]
+        return (
+            not self.messages
+            and not self.on_the_way
+            and not sim.restarts
+            and all(p.done or p.dead for p in enqueuers)
+        )
+
+
+def broker_of(sim: Any) -> Broker:
+    broker: Broker | None = getattr(sim, "broker", None)
+    if broker is None:
+        broker = sim.broker = Broker()
+    return broker
+
+
+def enqueue(sim: Any, proc: Any, rng: Any) -> None:
+    """One enqueue of a unique task (see the module docstring)."""
+    from dynasem._background import unique
+
+    stats, monitor = sim.stats, sim.monitor.unique
+    if rng.random() < 0.2:  # a rest: keys' leases run out, and their claims are looked at
+        sim.sched.sleep(rng.uniform(1.0, 2.5) * sim.options.lease)
+    key = f"u{rng.randrange(UNIQUE_KEYS)}"
+    task_id = f"{proc.name}#{proc.steps}-{rng.randrange(10**6)}"
+    queue_lease = QUEUE_LEASE * sim.options.lease
+    monitor.enqueuing(proc, key, task_id)
+    try:
+        claimed = unique.claim_for(UNIQUE_TASK, key, task_id, queue_lease, None)
+    except unique.Taken as busy:
+        stats["unique_taken"] += 1
+        monitor.taken(proc, key, task_id, busy)
+        return
+    except SemaphoreUnavailable as exc:
+        stats["unavailable"] += 1
+        sim.record("unavailable", proc, str(exc)[:80])
+        monitor.enqueued(proc, key)
+        return
+    assert claimed is not None
+    stats["unique_enqueued"] += 1
+    if rng.random() < 0.05:  # the broker refused it: given back
+        stats["unique_withdrawn"] += 1
+        sim.record("withdraw", proc, key, claimed.token[:8])
+        unique.withdraw(claimed, None)
+    else:
+        broker_of(sim).put(sim, proc, claimed, 0)
+    monitor.enqueued(proc, key)
+
+
+def work_messages(sim: Any, proc: Any, rng: Any) -> None:
+    """A worker: takes the broker's messages and runs each, until nothing more will come."""
+    broker = broker_of(sim)
+    while True:
+        if not broker.messages:
+            if broker.idle(sim):
+                return
+            sim.sched.sleep(rng.uniform(0.05, 0.3))
+            continue
+        message = broker.messages.pop(0)
+        sim.monitor.unique.taking(proc, message)
+        try:
+            run_message(sim, proc, rng, message)
+        finally:
+            sim.monitor.unique.finished(proc, message)
+
+
+def run_message(sim: Any, proc: Any, rng: Any, message: Message) -> None:
+    from dynasem._background import unique
+
+    stats, monitor = sim.stats, sim.monitor
+    sim.sched.sleep(rng.uniform(0.0, 0.3))  # prefetched: a crash now loses it
+    carried = message.claim
+    # The task's options, as a framework's task has them (run lease: the LEASE setting).
+    options = types.SimpleNamespace(run_lease=None, queue_lease=QUEUE_LEASE * sim.options.lease)
+
+    def body() -> bool:
+        adopted, held = unique.current_run(UNIQUE_TASK, carried) or (None, None)
+        assert adopted is carried and held is not None
+        monitor.unique.began(proc, message, held)
+        monitor.entered(proc, held.semaphore, held)
+        try:
+            long = rng.random() < 0.2
+            seconds = rng.uniform(1.0, 3.0) * sim.options.lease if long else work(sim, proc, rng)
+            retry_at = rng.uniform(0.0, seconds) if rng.random() < 0.3 else None
+            if retry_at is not None and message.depth < RETRY_DEPTH:
+                sim.sched.sleep(retry_at)
+                seconds -= retry_at
+                retry(sim, proc, rng, message, held)
+            sim.sched.sleep(seconds)
+        finally:
+            monitor.left(proc, held)
+        return True
+
+    try:
+        ran = unique.run(UNIQUE_TASK, options, carried, body, refused=False)
+    except LockLost:  # the retry's announcement refused: the run's hold was lost
+        stats["lock_lost"] += 1
+        return
+    except SemaphoreUnavailable as exc:
+        stats["unavailable"] += 1
+        sim.record("unavailable", proc, str(exc)[:80])
+        return
+    if ran:
+        stats["acquired"] += 1
+        stats["unique_ran"] += 1
+        proc.acquired += 1
+    else:
+        stats["unique_not_run"] += 1
+
+
+def retry(sim: Any, proc: Any, rng: Any, message: Message, held: Any) -> None:
+    """The run of ``message`` enqueues a retry of itself: the key goes on with it."""
+    from dynasem._background import unique
+
+    carried, stats = message.claim, sim.stats
+    queue_lease = QUEUE_LEASE * sim.options.lease
+    run = unique.current_run(UNIQUE_TASK, carried)
+    claimed = unique.claim_for(UNIQUE_TASK, carried.resource, carried.task_id, queue_lease, run)
+    if claimed is None:  # a second retry of one run: the first has the key
+        stats["unique_second_retry"] += 1
+        return
+    sim.monitor.unique.retried(proc, carried, claimed, held)
+    stats["unique_retries"] += 1
+    if rng.random() < 0.05:
+        stats["unique_withdrawn"] += 1
+        sim.record("withdraw", proc, carried.resource, claimed.token[:8])
+        unique.withdraw(claimed, run)
+        return
+    broker_of(sim).put(sim, proc, claimed, message.depth + 1)
+    if rng.random() < 0.1:  # and once more: nothing goes on with it
+        again = unique.claim_for(UNIQUE_TASK, carried.resource, carried.task_id, queue_lease, run)
+        if again is not None:
+            sim.monitor.fail(f"{proc.name}: a second retry of one run got a claim")
 
 
 def work(sim: Any, proc: Any, rng: Any) -> float:
