@@ -338,6 +338,14 @@ FOUND = [
     ("job_finish_ignores_token", {"mix": "jobs", "faults": "pauses", **WIDE}, range(3, 4)),
     ("job_claim_ignores_lease", {"mix": "jobs", "faults": "pauses", **WIDE}, range(1, 2)),
     ("release_before_commit", {"mix": "jobs", "faults": "pauses", **WIDE}, range(1, 2)),
+    # Unique tasks (the unique mix): an adoption that ignores whether the claim is there (a
+    # second holder of the claim's fence), a retry that takes over from its running run, a
+    # claim renewed past its queue lease (a lost message's key never free), and a late
+    # adoption run unconfirmed (fixed by 7f1feea).
+    ("adopt_ignores_claim", {"mix": "unique", "faults": "light", **WIDE}, range(1, 2)),
+    ("retry_ignores_run_lease", {"mix": "unique", "faults": "light", **WIDE}, range(1, 2)),
+    ("claim_keeps_renewing", {"mix": "unique", "faults": "light", **WIDE}, range(1, 2)),
+    ("adopt_unconfirmed", {"mix": "unique", "faults": "pauses", **WIDE}, range(1, 2)),
 ]
 
 
@@ -348,6 +356,7 @@ FOUND = [
         m
         + ("-permits" if o.get("permits_from") else "")
         + ("-jobs" if o.get("mix") == "jobs" else "")
+        + ("-unique" if o.get("mix") == "unique" else "")
         for m, o, _ in FOUND
     ],
 )

@@ -87,6 +87,21 @@ and for ``run_once`` (the ``jobs`` mix):
   the claim of the run that took over;
 * ``job_claim_ignores_lease``: a RUNNING job is claimed whatever its lease
   (job_writes.job_claim's lease clause dropped).
+
+and for unique tasks (the ``unique`` mix):
+
+* ``adopt_ignores_claim``: an adoption no longer requires the claim's entry to be there
+  (claims.adopt_hold's ``attribute_exists(#h.#c)`` dropped): a message delivered twice, or
+  one whose claim a later enqueue took after its queue lease, adds a second holder;
+* ``retry_ignores_run_lease``: a retry whose run has not ended takes the key over from it
+  at once, whether the run's lease ended or not (unique.adopt's look at the announcing run,
+  and claims.adopt_hold's ``#h.#c.#e < :stale``);
+* ``claim_keeps_renewing``: the claim taken at enqueue is left to the enqueuing process's
+  heartbeat (unique.claim's ``stop_renewing`` dropped): renewed past its queue lease, the key
+  of a lost message is never free while that process lives;
+* ``adopt_unconfirmed`` (found by the ``unique`` mix, fixed by 7f1feea): an
+  adoption whose answer came after its run lease could run out is run without the renewal
+  that confirms the key is still the task's.
 """
 
 from __future__ import annotations
@@ -450,6 +465,50 @@ def job_claim_ignores_lease(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(run_once.job_writes, "job_claim", job_claim)
 
 
+def adopt_ignores_claim(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._storage import claims
+
+    mp.setattr(claims, "adopt_hold", _dropping(claims.adopt_hold, "attribute_exists(#h.#c)"))
+
+
+def retry_ignores_run_lease(mp: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    from dynasem._background import unique
+    from dynasem._storage import claims
+
+    announcer, adopt_hold = unique._announcer, claims.adopt_hold
+
+    def looks_ended(item: Any, next_token: str) -> Any:
+        found = announcer(item, next_token)
+        if found is None:
+            return None
+        token, run = found
+        return token, dataclasses.replace(run, expires_ms=0)  # as if its lease had ended
+
+    def whatever_its_lease(*args: Any, announced: str | None = None, **kwargs: Any) -> Any:
+        action = adopt_hold(*args, announced=announced, **kwargs)
+        return drop_condition(action, "#h.#c.#e < :stale") if announced is not None else action
+
+    # A retry takes over from the run that enqueued it without waiting for the run's lease.
+    mp.setattr(unique, "_announcer", looks_ended)
+    mp.setattr(claims, "adopt_hold", whatever_its_lease)
+
+
+def claim_keeps_renewing(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._background import unique
+
+    # The claim is not let go at enqueue: the enqueuing process's heartbeat renews it.
+    mp.setattr(unique, "stop_renewing", lambda held: None)
+
+
+def adopt_unconfirmed(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._background import unique
+
+    # A late adoption's hold is run as it is, not confirmed first (before the fix).
+    mp.setattr(unique, "confirm", lambda held: None)
+
+
 MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     f.__name__: f
     for f in (
@@ -483,5 +542,9 @@ MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
         job_unconfirmed,
         job_finish_ignores_token,
         job_claim_ignores_lease,
+        adopt_ignores_claim,
+        retry_ignores_run_lease,
+        claim_keeps_renewing,
+        adopt_unconfirmed,
     )
 }
