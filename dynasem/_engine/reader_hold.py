@@ -216,12 +216,25 @@ class ReaderHeld(Held):
             except dynamodb.Refused as refused:
                 # Not there: broken or written off (after our deadline: once the work had
                 # ended, see _gone_after_work), unless a retry hides our own delete.
-                # Not counted down even then: an operator's break, between our first
-                # attempt and its re-send, counts it down itself, and twice would let a
-                # writer in beside a reader (too high only delays one, to the write-off).
                 # A tombstone of ours: broken by an operator (or the reaper), surely.
                 broken = (refused.item or {}).get("bt") == self.token
                 ok = ok and not broken and self._gone_after_work(refused.retried)
+                if refused.retried and refused.item is None and self._break_would_show():
+                    # No item, no tombstone, and an attempt of ours may have been applied:
+                    # our own delete took it (a writer's write-off moves the epoch on, and
+                    # the count-down's condition then refuses it). A break between our
+                    # attempts found no item and counted nothing down; one before the
+                    # first would have left its tombstone, still there: count it down once.
+                    count_down(resource, epoch)
                 continue
             count_down(resource, epoch)
         return ok
+
+    def _break_would_show(self) -> bool:
+        """Whether an operator's (or the reaper's) break of our item would still show, as its
+        tombstone: its TTL is a bucket past the break (on the breaker's clock, in whole
+        seconds), and the item was live when we last wrote it (a renewal or the admission,
+        sent no earlier than the deadline less the lease and the skew), so no break of it
+        can be older than that."""
+        written = self._deadline - self.lease + self.skew
+        return clock.monotonic() < written + records.BUCKET_S - self.skew - 1

@@ -35,14 +35,15 @@ def forget_rows() -> None:
 
 
 class LoseAnswer:
-    """The answer of the first ``times`` UpdateItems that ``match`` (their JSON body) is
-    replaced by a 500 after DynamoDB applied them: botocore sends the same request again, as
-    it does on AWS when an applied write's answer is lost (tests/support/faults.py's lose_response,
-    aimed at one kind of write)."""
+    """The answer of the first ``times`` UpdateItems (or ``operation``s) that ``match`` (their
+    JSON body) is replaced by a 500 after DynamoDB applied them: botocore sends the same
+    request again, as it does on AWS when an applied write's answer is lost
+    (tests/support/faults.py's lose_response, aimed at one kind of write)."""
 
-    def __init__(self, match: Any, times: int = 1):
+    def __init__(self, match: Any, times: int = 1, operation: str = "UpdateItem"):
         self.match, self.remaining, self.fired = match, times, 0
         self.client = dynamodb.get_client()
+        self.event = f"needs-retry.dynamodb.{operation}"
 
     def _hook(self, request_dict: dict[str, Any], response: Any, **kwargs: Any) -> None:
         import json
@@ -64,20 +65,21 @@ class LoseAnswer:
         )
 
     def __enter__(self) -> LoseAnswer:
-        self.client.meta.events.register_first("needs-retry.dynamodb.UpdateItem", self._hook)
+        self.client.meta.events.register_first(self.event, self._hook)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.client.meta.events.unregister("needs-retry.dynamodb.UpdateItem", self._hook)
+        self.client.meta.events.unregister(self.event, self._hook)
 
 
 class BreakBetweenSends(LoseAnswer):
-    """The first write of a reader item: applied, its answer lost (as :class:`LoseAnswer`),
-    and before botocore sends it again an operator breaks that reader (``dynasem_release``,
-    the admin's break): ``broken`` says whether the break was made."""
+    """The first write of a reader item (``operation``: its put; DeleteItem: its release's
+    delete): applied, its answer lost (as :class:`LoseAnswer`), and before botocore sends it
+    again an operator breaks that reader (``dynasem_release``, the admin's break):
+    ``broken`` says whether the break was made."""
 
-    def __init__(self) -> None:
-        super().__init__(lambda body: sk_of(body).startswith("r#"))
+    def __init__(self, operation: str = "UpdateItem") -> None:
+        super().__init__(lambda body: sk_of(body).startswith("r#"), operation=operation)
         self.broken: list[bool] = []
 
     def _hook(self, request_dict: dict[str, Any], response: Any, **kwargs: Any) -> None:
@@ -200,6 +202,47 @@ def test_a_reader_broken_between_its_items_sends_never_holds_beside_a_writer(
         )
     assert counted("doc") == (1, 1)
     assert reader.token in {h.token for h in locks.holds_on("doc")}  # operators see it
+    all_leave_and_a_writer_gets_in(holds, "doc")
+
+
+@pytest.mark.parametrize("before", [0, 1], ids=["last-reader", "beside-an-item-reader"])
+def test_a_release_whose_delete_was_answered_lost_still_counts_its_reader_down(
+    holds: list[Any], before: int
+) -> None:
+    """The reader item's delete applied, its answer lost: botocore's re-send is refused, the
+    item gone. Nothing but our own delete takes an item away while a break of it would still
+    show (its tombstone), so the count-down is ours: the reader is counted down (the last
+    one takes the sentinel off), and a writer gets in once the readers have left. Before, the
+    count stayed one too high, and writers waited for a write-off: the epoch's longest lease
+    and the skew after the row last changed."""
+    readers = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE + 1 + before)]
+    assert counted("doc") == (before + 1, before + 1)
+    with LoseAnswer(lambda body: sk_of(body).startswith("r#"), operation="DeleteItem") as lost:
+        readers[-1].release()
+    holds.remove(readers[-1])
+    assert lost.fired == 1, "the delete's answer was never lost: the test missed its write"
+    assert not readers[-1].lost
+    assert counted("doc") == (before, before)
+    all_leave_and_a_writer_gets_in(holds, "doc")
+
+
+def test_a_reader_broken_between_its_deletes_sends_is_counted_down_once(
+    holds: list[Any],
+) -> None:
+    """The reader item's delete applied, its answer lost, and an operator's break before
+    botocore sends it again: the item is gone, so the break finds no reader and counts
+    nothing down; our re-send's refusal does, once. The reader beside it still holds, counted:
+    a writer waits for it."""
+    readers = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE + 2)]
+    with BreakBetweenSends(operation="DeleteItem") as hook:
+        readers[-1].release()
+    holds.remove(readers[-1])
+    assert hook.broken == [False], "the break found a reader the delete had taken away"
+    assert counted("doc") == (1, 1)
+    with pytest.raises(SemaphoreBusy):
+        semaphore("doc", wait=0, lease=30).acquire()
+    readers[-2].renew()
+    assert not readers[-2].lost
     all_leave_and_a_writer_gets_in(holds, "doc")
 
 
