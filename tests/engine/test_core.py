@@ -32,10 +32,16 @@ from dynasem import (
     _clock as clock,
 )
 from dynasem._operators import locks as operations
-from dynasem._storage import dynamodb, lock_rows
+from dynasem._storage import dynamodb, lock_rows, records
 from dynasem.signals import lock_acquired, lock_busy, lock_lost, lock_released
 from dynasem.testing import abandon
-from tests.support.helpers import RequestCounter, break_holds, dynasem_settings, queue_of
+from tests.support.helpers import (
+    RequestCounter,
+    break_holds,
+    dynasem_settings,
+    enqueue_entry,
+    queue_of,
+)
 
 SKEW = 0.5  # CLOCK_SKEW of the test settings
 SIGNALS = {
@@ -510,6 +516,36 @@ def test_release_after_expiry_and_takeover_raises_and_keeps_new_hold(
     assert len(signal_log.of("lost", first.token)) == 1
     assert signal_log.of("released", first.token) == []
     second.release()
+
+
+@pytest.mark.kind_engine_only(
+    "counts the release's writes: a throttled or lost answer is sent again"
+)
+@pytest.mark.parametrize("known", ["queue-read", "queue-unseen", "lost-known"])
+def test_a_lost_holds_release_with_waiters_queued_stops_at_its_first_refusal(
+    lock_table: str, requests_sent: RequestCounter, known: str
+) -> None:
+    """Broken by an operator while waiters are queued: the release's first write is refused,
+    its old row without our token, and nothing more is sent (a refused write costs a WCU on
+    AWS): a hand-over to the head of the line (the queue read first), else a plain release;
+    none when the loss was known already (a refused renewal)."""
+    first = semaphore("res", lease=30).acquire()
+    for name in ("w1", "w2"):
+        waiter = records.Waiter(0, clock.now_ms() + 60_000, user_id=name, lease_ms=60_000)
+        enqueue_entry("res", name * 16, waiter)
+    if known == "queue-read":
+        time.sleep(0.1)
+        first.renew()  # its answer shows the waiters
+    assert [h.token for h in break_holds("res")] == [first.token]
+    if known == "lost-known":
+        with pytest.raises(LockLost):
+            first.renew()
+    requests_sent.reset()
+    with pytest.raises(LockLost, match="took it over"):
+        first.release()
+    reads = {"queue-read": {"Query": 1}, "queue-unseen": {}, "lost-known": {}}[known]
+    assert dict(requests_sent.calls) == {"UpdateItem": 1, **reads}
+    assert len(queue_of("res")) == 2  # nobody handed anything
 
 
 def test_release_that_finds_another_holder_within_its_lease_raises_lock_lost(
