@@ -341,7 +341,7 @@ FOUND = [
     # Unique tasks (the unique mix): an adoption that ignores whether the claim is there (a
     # second holder of the claim's fence), a retry that takes over from its running run, a
     # claim renewed past its queue lease (a lost message's key never free), and a late
-    # adoption run unconfirmed (fixed by 7f1feea).
+    # adoption run unconfirmed (fixed by f894179).
     ("adopt_ignores_claim", {"mix": "unique", "faults": "light", **WIDE}, range(1, 2)),
     ("retry_ignores_run_lease", {"mix": "unique", "faults": "light", **WIDE}, range(1, 2)),
     ("claim_keeps_renewing", {"mix": "unique", "faults": "light", **WIDE}, range(1, 2)),
@@ -454,7 +454,7 @@ FOUND_IN_DYNASEM = [
     # A worker paused between its adoption's write and its answer, past the run lease: the
     # key's entry ran out and a later enqueue claimed it; the worker then ran the task with
     # the other claim stored (the unique mix's first runs, 2026-12-05: 23 of 280 runs of
-    # seeds 1-40). Fixed by 7f1feea: such an adoption is confirmed by a renewal first.
+    # seeds 1-40). Fixed by f894179: such an adoption is confirmed by a renewal first.
     (39, "unique", "light"),
     (1, "unique", "pauses"),
 ]

@@ -99,7 +99,7 @@ and for unique tasks (the ``unique`` mix):
 * ``claim_keeps_renewing``: the claim taken at enqueue is left to the enqueuing process's
   heartbeat (unique.claim's ``stop_renewing`` dropped): renewed past its queue lease, the key
   of a lost message is never free while that process lives;
-* ``adopt_unconfirmed`` (found by the ``unique`` mix, fixed by 7f1feea): an
+* ``adopt_unconfirmed`` (found by the ``unique`` mix, fixed by f894179): an
   adoption whose answer came after its run lease could run out is run without the renewal
   that confirms the key is still the task's.
 """
