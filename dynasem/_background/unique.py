@@ -129,7 +129,7 @@ def adopt(claim: Claim, lease: float | None = None, *, wait: bool = True) -> Hel
     to adopt: adopted already (a message delivered twice), or its queue lease ran out and
     another task took the key. A retry's claim whose run has not ended yet is waited for
     (unless not ``wait``: LockLost)."""
-    from .._engine.core import CONFIRM_SHARE, semaphore
+    from .._engine.core import semaphore
 
     sem = semaphore(claim.resource, lease=lease, on_commit=False)
     lease_s, _, skew = resolve_timing(lease, 0)
@@ -184,11 +184,18 @@ def adopt(claim: Claim, lease: float | None = None, *, wait: bool = True) -> Hel
         expires_ms=expires_ms,
         sent_mono=sent_mono,
     )
-    if held.seconds_left() < (lease_s - skew) * CONFIRM_SHARE:
-        # Its answer came late (a pause, a slow network): the run lease may have run out
-        # meanwhile, and another task taken the key and begun its run. Confirm with a
-        # renewal of our own first, as an acquire does (core.Acquire.confirmed): LockLost,
-        # and the task does not run, if the key is not ours any more.
+    return _renewed(held)
+
+
+def _renewed(held: Held) -> Held:
+    """The adopted ``held``, renewed by the heartbeat from now on; confirmed first by a
+    renewal of our own if its adoption's answer came late (a pause, a slow network): the run
+    lease may have run out meanwhile, and another task taken the key and begun its run. As
+    an acquire does (core.Acquire.confirmed): LockLost, and the task does not run, if the key
+    is not ours any more."""
+    from .._engine.core import CONFIRM_SHARE
+
+    if held.seconds_left() < (held.lease - held.skew) * CONFIRM_SHARE:
         confirm(held)
     start_renewing(held)
     return held
