@@ -66,11 +66,15 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
-def withdraw(token: str, resources: list[str]) -> None:
+def withdraw(token: str, resources: list[str]) -> bool:
     """Best effort: release whatever an unanswered write of ours may have taken (sent again
-    while it fails for a passing cause, as a release is)."""
+    while it fails for a passing cause, as a release is). True: every one was given back (our
+    token was there, and is gone)."""
+    done = True
     for resource in resources:
-        resend.undone(functools.partial(_give_back, resource, token), resource, token)
+        given = resend.undone(functools.partial(_give_back, resource, token), resource, token)
+        done = given and done
+    return done
 
 
 def _give_back(resource: str, token: str) -> None:
@@ -103,11 +107,19 @@ class Write:
     # by ``token`` (a permit: see dynasem._engine.permits).
     undo: Callable[[], None] | None = None
 
-    def give_back(self) -> None:
+    def give_back(self) -> bool:
+        """Give back what this write may have taken. True: a withdrawal of our token from
+        every row it wrote, applied (nothing of ours is left there)."""
         if self.undo is not None:
             self.undo()
-        else:
-            withdraw(self.token, self.resources)
+            return False
+        return withdraw(self.token, self.resources)
+
+    def covers(self, other: Write) -> bool:
+        """Whether this write's give-back gives back whatever ``other`` may have taken too:
+        both withdraw our token from rows, and ``other``'s rows are among this one's."""
+        same = self.undo is None and other.undo is None and self.token == other.token
+        return same and set(other.resources) <= set(self.resources)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,13 +157,16 @@ def _interrupted(step: Step, queued: InQueue | None, taken: Write | None = None)
     to a waiter nobody is left to use. ``taken``: an earlier write that may have taken
     something (interrupted at a step after it: a back-off, a read, a wait), given back too,
     once the queue is left (a hand-over that reached us there is handed on, not dropped).
-    Every give-back is conditional on our token: one of what is no longer ours is refused."""
-    if isinstance(step, Write):
-        step.give_back()
+    Every give-back is conditional on our token: one of what is no longer ours is refused.
+    ``taken``'s is not sent when ``step``'s withdrew our token from the same rows already:
+    it would be refused for certain (1 WCU for nothing), as the queue was left meanwhile (a
+    hand-over that reached us there was handed on by leaving it)."""
+    given_back = step.give_back() if isinstance(step, Write) else False
     if queued is not None:
         queued.abandon()
     if taken is not None and taken is not step:
-        taken.give_back()
+        if not (given_back and isinstance(step, Write) and step.covers(taken)):
+            taken.give_back()
 
 
 def _may_have_taken(step: Step, error: Exception | None) -> bool:

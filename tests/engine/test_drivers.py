@@ -248,3 +248,29 @@ def test_async_requests_run_in_dynasems_own_threads_with_the_callers_context() -
     name, value = asyncio.run(main())
     assert name.startswith("dynasem-io")
     assert value == "the caller's"
+
+
+@pytest.mark.parametrize("applied", [True, False])
+def test_a_withdrawal_is_not_sent_twice_for_the_same_rows(
+    monkeypatch: pytest.MonkeyPatch, applied: bool
+) -> None:
+    """Interrupted during a write after an earlier one of the same rows took something: the
+    interrupted write's withdrawal of our token, applied, gave back the earlier one's too.
+    Sending it again would be refused for certain (1 WCU for nothing; the simulator's
+    interrupt fault counted one in about 500 interrupts). Not applied (refused: nothing of
+    ours there, or given up), the earlier write's is still sent."""
+    withdrawn: list[tuple[str, tuple[str, ...]]] = []
+
+    def withdraw(token: str, resources: list[str]) -> bool:
+        withdrawn.append((token, tuple(resources)))
+        return applied
+
+    monkeypatch.setattr(drivers, "withdraw", withdraw)
+
+    def steps() -> Steps[None]:
+        yield Write(lambda: None, "tok", ["r"])  # took the row
+        yield Write(_interrupt, "tok", ["r"])  # a later write of it, interrupted
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sync(steps())
+    assert withdrawn == [("tok", ("r",))] * (1 if applied else 2)
