@@ -9,6 +9,7 @@ the same name, and DONE/FAILED rows carry no ``expires``: no TTL, no reaping.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -17,6 +18,7 @@ from typing import Any
 
 from .. import _clock as clock
 from .._engine import arguments as validation
+from .._engine import resend
 from .._engine.heartbeat import Heartbeat
 from .._engine.queue import retry_after
 from .._engine.steps import run_io
@@ -182,9 +184,20 @@ class RunOnce:
 
     def claim(self) -> Job:
         """Claim the job or raise :class:`AlreadyDone` / :class:`SemaphoreBusy`."""
+        token = uuid.uuid4().hex
+        sent: list[bool] = []  # a claim (or its confirming renewal) was sent
+        try:
+            return self._claim(token, sent)
+        except Exception:
+            raise  # its own answer (busy, done, unavailable)
+        except BaseException as interrupt:  # Ctrl-C, SystemExit: nobody will run the body
+            if sent:
+                give_back(self.key, token, interrupt)
+            raise
+
+    def _claim(self, token: str, sent: list[bool]) -> Job:
         lease, _wait, skew = validation.resolve_timing(self.lease, 0)
         user_id = validation.user_id_of(self.user)
-        token = uuid.uuid4().hex
         stored_fence = 0
         for _ in range(MAX_CLAIMS):
             sent_mono = clock.monotonic()
@@ -192,6 +205,7 @@ class RunOnce:
             # A stored fence ahead of our clock: count on from it instead.
             fence = max(clock.new_fence(skew), stored_fence + 1)
             stale = now - int(skew * 1000)
+            sent.append(True)
             try:
                 row = job_rows.update_job(
                     job_writes.job_claim(
@@ -274,12 +288,39 @@ class RunOnce:
                 raise
 
     async def __aenter__(self) -> Job:
-        job = await run_io(self.claim)
+        claiming = asyncio.ensure_future(run_io(self.claim))
+        try:
+            job = await asyncio.shield(claiming)
+        except asyncio.CancelledError as cancelled:
+            # Cancelled (a timeout around it) while the claim goes on in its thread: once it
+            # ends, give back what it claimed, or the job would sit RUNNING, renewed by the
+            # heartbeat, with nobody to run its body or finish it.
+            await asyncio.wait([claiming])
+            if not claiming.cancelled() and claiming.exception() is None:
+                claimed = claiming.result()
+                claimed._stop_heartbeat()
+                await run_io(give_back, self.key, claimed.token, cancelled)
+            raise
         self._jobs.append(job)
         return job
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         await run_io(self.__exit__, exc_type, exc, tb)
+
+
+def give_back(key: str, token: str, interrupt: BaseException) -> None:
+    """Best effort: a claim of ``key`` under ``token`` that may have landed, interrupted
+    before its body ran (Ctrl-C, a cancelled task), ends FAILED at once (the next run_once
+    runs the job), conditional on our claim: without it, the job would sit RUNNING under our
+    lease, every other run_once refused (SemaphoreBusy) until it ran out. Refused if the
+    claim did not land (nothing of ours there); sent again while throttled."""
+    message = f"{type(interrupt).__name__}: interrupted before its body ran"
+
+    def send() -> None:
+        update = job_writes.job_finish(key, token, records.FAILED, message, clock.now_ms())
+        job_rows.update_job(update)
+
+    resend.undone(send, key, token)
 
 
 def run_once(

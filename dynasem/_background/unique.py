@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import _clock as clock
-from .._engine import processes
+from .._engine import processes, steps
 from .._engine.arguments import resolve_timing
 from .._engine.decorators import KeyMaker, checked_keys
 from .._engine.hold import Held, confirm, start_renewing, stop_renewing
@@ -129,11 +129,32 @@ def adopt(claim: Claim, lease: float | None = None, *, wait: bool = True) -> Hel
     to adopt: adopted already (a message delivered twice), or its queue lease ran out and
     another task took the key. A retry's claim whose run has not ended yet is waited for
     (unless not ``wait``: LockLost)."""
+    token = uuid.uuid4().hex
+    sent: list[bool] = []  # an adoption (or its confirming renewal) was sent
+    try:
+        return _adopt(claim, lease, wait, token, sent)
+    except Exception:
+        raise  # its own answer (LockLost, unavailable)
+    except BaseException:  # Ctrl-C, SystemExit: nobody will run the task
+        if sent:
+            # The adoption may have landed: without this, the key would stay held by a run
+            # nobody makes, refusing every enqueue of it until the run lease ran out.
+            _withdraw_run(token, claim.resource)
+        raise
+
+
+def _withdraw_run(token: str, resource: str) -> None:
+    """Best effort: the run hold ``token`` of ``resource``, which an interrupted adoption may
+    have put in the claim's place, given back (conditional on it: refused if it is not there)."""
+    steps.withdraw(token, [resource])
+
+
+def _adopt(claim: Claim, lease: float | None, wait: bool, token: str, sent: list[bool]) -> Held:
     from .._engine.core import semaphore
 
     sem = semaphore(claim.resource, lease=lease, on_commit=False)
     lease_s, _, skew = resolve_timing(lease, 0)
-    token, user_id = uuid.uuid4().hex, USER_PREFIX + claim.task_id
+    user_id = USER_PREFIX + claim.task_id
     claimed, announced, stale_ms, nap = claim.token, None, 0, FIRST_NAP
     fence = claim.fence
     while True:
@@ -145,6 +166,7 @@ def adopt(claim: Claim, lease: float | None = None, *, wait: bool = True) -> Hel
         action = claims.adopt_hold(
             claim.resource, claimed, token, entry, announced=announced, stale_ms=stale_ms
         )
+        sent.append(True)
         try:
             lock_rows.update(action)
             break

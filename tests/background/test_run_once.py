@@ -11,7 +11,7 @@ from django.core.management import call_command
 from django.test import override_settings
 
 from dynasem import AlreadyDone, LockLost, SemaphoreBusy, run_once, semaphore
-from dynasem._storage import job_rows, lock_rows, lock_writes, records
+from dynasem._storage import job_rows, job_writes, lock_rows, lock_writes, records
 from dynasem.conf import settings
 
 
@@ -191,3 +191,70 @@ def test_a_claim_known_lost_has_no_seconds_left(lock_table):
             job.renew()
         finally:
             assert job.seconds_left() == 0
+
+
+def test_an_interrupt_after_the_claim_landed_gives_the_job_back(lock_table, monkeypatch):
+    """Ctrl-C after the claim's write applied, before its answer was used (found by the
+    simulator's interrupt fault: seed 3, ``--mix jobs --faults interrupts``): the body never
+    runs, and the job must not sit RUNNING under the interrupted claim's lease, refusing every
+    other run_once (SemaphoreBusy) until it runs out."""
+    update_job = job_rows.update_job
+
+    def interrupted(*args, **kwargs):
+        update_job(*args, **kwargs)  # the claim lands...
+        raise KeyboardInterrupt  # ...and Ctrl-C comes before its answer is read
+
+    monkeypatch.setattr(job_rows, "update_job", interrupted)
+    with pytest.raises(KeyboardInterrupt), run_once("job:interrupted", lease=60):
+        pytest.fail("the body must not run")
+    monkeypatch.setattr(job_rows, "update_job", update_job)
+    row = job_row("job:interrupted")
+    assert row["status"] == "FAILED" and "expMs" not in row
+    assert row["error"].startswith("KeyboardInterrupt")
+    with run_once("job:interrupted") as job:  # at once, not SemaphoreBusy
+        assert job.attempt == 2
+    assert job_row("job:interrupted")["status"] == "DONE"
+
+
+def test_an_interrupt_before_the_claim_was_sent_writes_nothing(lock_table, monkeypatch):
+    from dynasem import _clock
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt  # as the claim's fence is drawn: nothing sent yet
+
+    sent = []
+    monkeypatch.setattr(_clock, "new_fence", interrupted)
+    monkeypatch.setattr(job_writes, "job_finish", lambda *a, **k: sent.append(a) or {})
+    with pytest.raises(KeyboardInterrupt), run_once("job:unsent"):
+        pytest.fail("the body must not run")
+    assert sent == []  # no give-back sent: nothing was
+
+
+def test_a_cancelled_async_claim_gives_the_job_back(lock_table, monkeypatch):
+    """``asyncio.wait_for`` around ``async with run_once(...)`` times out while the claim is
+    in its thread: the claim goes on there and lands; nobody will run the body, so the job is
+    given back once it has, not left RUNNING under a heartbeat that renews it for good."""
+    update_job = job_rows.update_job
+
+    def slow(*args, **kwargs):
+        time.sleep(0.5)
+        return update_job(*args, **kwargs)
+
+    monkeypatch.setattr(job_rows, "update_job", slow)
+
+    async def enter() -> None:
+        async with run_once("job:cancelled", lease=60):
+            pytest.fail("the body must not run")
+
+    async def main() -> None:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(enter(), 0.1)
+
+    asyncio.run(main())
+    deadline = time.monotonic() + 5  # the claim ends in its thread, then it is given back
+    while (job_row("job:cancelled") or {}).get("status") != "FAILED":
+        assert time.monotonic() < deadline, job_row("job:cancelled")
+        time.sleep(0.05)
+    monkeypatch.setattr(job_rows, "update_job", update_job)
+    with run_once("job:cancelled") as job:
+        assert job.attempt == 2

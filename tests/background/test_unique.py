@@ -235,3 +235,27 @@ def test_an_adoption_answered_past_its_lease_is_confirmed_before_the_run(
     assert hold.token == held.token
     held.release()
     assert holds_on("reindex:12") == []
+
+
+def test_an_adoption_interrupted_after_it_landed_gives_the_key_back(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C as the worker's adoption applied, before its answer was read (found by the
+    simulator's interrupt fault: ``--mix unique --faults interrupts``, 14 of seeds 1-40): the
+    task never runs, and its key must not stay held by the run nobody makes, refusing every
+    enqueue of it until the run lease runs out."""
+    from dynasem._storage import lock_rows
+
+    taken = claim("reindex:int", "task-1", queue_lease=30)
+    update = lock_rows.update
+
+    def interrupted(*args: object, **kwargs: object) -> object:
+        update(*args, **kwargs)  # the adoption lands...
+        raise KeyboardInterrupt  # ...and Ctrl-C comes before its answer is read
+
+    monkeypatch.setattr(lock_rows, "update", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        adopt(taken, lease=60)
+    monkeypatch.setattr(lock_rows, "update", update)
+    assert holds_on("reindex:int") == []
+    claim("reindex:int", "task-2", queue_lease=30)  # free at once
