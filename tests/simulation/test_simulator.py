@@ -346,6 +346,13 @@ FOUND = [
     ("retry_ignores_run_lease", {"mix": "unique", "faults": "light", **WIDE}, range(1, 2)),
     ("claim_keeps_renewing", {"mix": "unique", "faults": "light", **WIDE}, range(1, 2)),
     ("adopt_unconfirmed", {"mix": "unique", "faults": "pauses", **WIDE}, range(1, 2)),
+    # An interrupt (Ctrl-C) whose give-back is broken, found by the interrupt fault only
+    # (tests/simulation/test_interrupts.py: the other profiles never reach that code): the
+    # driver forgets the write it was interrupted in (its answer lost with the interrupt),
+    # and the two found in dynasem put back: a run_once claim, a unique task's adoption.
+    ("interrupt_forgets_write", {"mix": "counting", "faults": "interrupts", **WIDE}, range(2, 3)),
+    ("interrupted_claim_kept", {"mix": "jobs", "faults": "interrupts", **WIDE}, range(3, 4)),
+    ("interrupted_adoption_kept", {"mix": "unique", "faults": "interrupts", **WIDE}, range(3, 4)),
 ]
 
 
@@ -457,6 +464,13 @@ FOUND_IN_DYNASEM = [
     # seeds 1-40). Fixed by f894179: such an adoption is confirmed by a renewal first.
     (39, "unique", "light"),
     (1, "unique", "pauses"),
+    # Ctrl-C after a run_once claim landed, before its answer was read (the interrupt
+    # fault's first runs, 2026-12-05: 4 of seeds 1-10 of jobs), and after a unique task's
+    # adoption landed (3 of 10 of unique): the job sat RUNNING under the dead claim, the key
+    # held by a run nobody made, refusing everyone until the lease ran out. Fixed: both give
+    # back what may have landed, conditional on their token.
+    (3, "jobs", "interrupts"),
+    (3, "unique", "interrupts"),
 ]
 
 

@@ -63,6 +63,9 @@ class Profile:
     # reap while others come back for them.
     rest_share: float = 0.0
     rest_for: tuple[float, float] = (10.0, 60.0)
+    # Per acquisition (a lock's, a run_once's, a unique task's claim or adoption): a
+    # KeyboardInterrupt thrown into it (tests.support.sim.interrupts): the caller's Ctrl-C.
+    interrupt: float = 0.0
 
     def request_fault(self, rng: random.Random) -> str | None:
         """The fault of one request attempt, or None."""
@@ -134,6 +137,23 @@ PROFILES: dict[str, Profile] = {
         bucket=5,
         window=200.0,
         rest_share=0.6,
+    ),
+    # Ctrl-C in acquires, alone (every give-back answered: nothing may be left behind), and
+    # beside the network's faults and stalls (a give-back that fails may leave a hold to its
+    # lease). Any profile takes them with ``--interrupts``.
+    "interrupts": Profile(interrupt=0.3),
+    "interrupts_heavy": Profile(
+        interrupt=0.2,
+        stall_every=20.0,
+        lost=0.02,
+        dropped=0.005,
+        unsent=0.005,
+        throttled=0.03,
+        error_before=0.005,
+        error_after=0.005,
+        push_lost=0.1,
+        push_late=0.1,
+        answer_stall=0.03,
     ),
     "heavy": Profile(
         crash_every=12.0,

@@ -41,6 +41,10 @@
   second of virtual time. A loop that asks again at once (a writer that read its readers'
   items again and again while they renewed) costs on AWS what it costs here, and holds its
   caller past its wait.
+* **Interrupts** (``tests/support/sim/interrupts.py``): an acquisition interrupted (Ctrl-C)
+  never runs its body, and leaves nothing live of its tokens stored when control returns to
+  its caller, unless a give-back request failed, a write sent before the interrupt applied
+  after it, or another's hand-over reached it after it left the queue (gone 5 s later).
 * **Liveness**, once the fault window is over: a resource is never idle (nobody inside) for
   longer than ``lease + 2 * CLOCK_SKEW + SLACK`` while a live process waits for it (for it
   and others at once: while nobody is inside those); the run ends with every live workload
@@ -110,6 +114,7 @@ class Monitor:
         self.sent: dict[Any, collections.deque[float]] = {}
         self.busiest = 0  # the most requests one thread sent in a second
         self.wanted: dict[Any, Any] = {}  # proc -> the semaphore it waits for (its mode, limit)
+        self.granted_by: dict[tuple[str, str], Any] = {}  # (resource, token) -> the writer
         self.jobs = JobMonitor(self)
         self.unique = UniqueMonitor(self, bound=QUEUE_LEASE * lease + 2 * skew + SLACK)
 
@@ -247,6 +252,8 @@ class Monitor:
         handed = set()
         if resource in self.unique.keys:
             handed = {fence for token, fence in before.items() if token not in now}
+        for token in now.keys() - before.keys():
+            self.granted_by[(resource, token)] = writer
         for token, fence in sorted(now.items(), key=lambda tf: tf[1]):
             if token in before or self.grants.get((resource, token)) == fence:
                 continue

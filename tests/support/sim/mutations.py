@@ -509,6 +509,46 @@ def adopt_unconfirmed(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(unique, "confirm", lambda held: None)
 
 
+def interrupt_forgets_taken(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._engine import steps
+
+    # An interrupt at a step after a take landed (a back-off, a read, a wait) gives nothing
+    # back but the step's own write (before 6849654): the take sits to its lease.
+    interrupted = steps._interrupted
+    mp.setattr(steps, "_interrupted", lambda step, queued, taken=None: interrupted(step, queued))
+
+
+def interrupt_forgets_write(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._engine import steps
+
+    # An interrupt during a write no longer gives back what that write may have taken (its
+    # answer lost with the interrupt): only an earlier one that was answered.
+    interrupted = steps._interrupted
+
+    def forgetting(step: Any, queued: Any, taken: Any = None) -> None:
+        if isinstance(step, steps.Write):
+            step = steps.Sleep(0)  # as if interrupted at a step that writes nothing
+        interrupted(step, queued, taken)
+
+    mp.setattr(steps, "_interrupted", forgetting)
+
+
+def interrupted_claim_kept(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._background import run_once
+
+    # A run_once claim interrupted after it landed is not given back (before the fix): the
+    # job sits RUNNING under it, every other run_once refused, until its lease runs out.
+    mp.setattr(run_once, "give_back", lambda key, token, interrupt: None)
+
+
+def interrupted_adoption_kept(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._background import unique
+
+    # An adoption interrupted after it landed is not given back (before the fix): the key
+    # stays held by a run nobody makes until the run lease runs out.
+    mp.setattr(unique, "_withdraw_run", lambda token, resource: None)
+
+
 MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     f.__name__: f
     for f in (
@@ -546,5 +586,9 @@ MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
         retry_ignores_run_lease,
         claim_keeps_renewing,
         adopt_unconfirmed,
+        interrupt_forgets_taken,
+        interrupt_forgets_write,
+        interrupted_claim_kept,
+        interrupted_adoption_kept,
     )
 }

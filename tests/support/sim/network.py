@@ -119,27 +119,37 @@ class Requests:
         self, proc: Any, operation: str, params: dict[str, Any], read_timeout: float
     ) -> tuple[str, Any]:
         me = self.sched.me()
+        tag = self.sim.interrupts.sending(proc, operation in WRITES)  # may raise the interrupt
         self.sent += 1
         self.sim.monitor.request(proc, me)
         fault = self.sim.request_fault(proc, write=operation in WRITES)
         if fault == "unsent":
             self.sim.record("unsent", proc, operation, params)
+            self.sim.interrupts.failed(proc, tag)
             self.sched.sleep(self.latency())
             return "unsent", None
         waiter = Waiter(me)
-        apply = functools.partial(self._apply, proc, waiter, operation, params, fault)
+        apply = functools.partial(self._apply, proc, waiter, operation, params, fault, tag)
         self.sched.at(self.latency(), apply)
         if not self.sched.block(waiter, read_timeout):
+            self.sim.interrupts.failed(proc, tag)
             return "timeout", None
         return waiter.value  # type: ignore[no-any-return]
 
     def _apply(
-        self, proc: Any, waiter: Waiter, operation: str, params: dict[str, Any], fault: str | None
+        self,
+        proc: Any,
+        waiter: Waiter,
+        operation: str,
+        params: dict[str, Any],
+        fault: str | None,
+        tag: str | None = None,
     ) -> None:
         """The request reaches the database (in the hub: atomic), and its answer leaves."""
         result: tuple[str, Any]
         if fault == "dropped":
             self.sim.record("dropped", proc, operation, params)
+            self.sim.interrupts.dropped(proc, tag)
             return  # lost on its way: never applied, never answered
         if fault == "throttled":
             result = ("error", client_error(THROTTLE_CODE, 400, operation))
@@ -150,9 +160,11 @@ class Requests:
             if fault == "error_after":
                 result = ("error", client_error("InternalServerError", 500, operation))
         self.sim.record("apply", proc, operation, params, result, fault)
+        write = operation in WRITES
+        if self.sim.interrupts.applied(proc, waiter, write, result, tag, params):
+            return  # a Ctrl-C as the answer was on its way: never read
         if fault == "lost":
             return  # applied; the answer never comes
-        write = operation in WRITES
         answer = functools.partial(self._answer, proc, waiter, result, write)
         self.sched.at(self.latency(), answer)
 

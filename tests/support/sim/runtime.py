@@ -37,7 +37,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import faults, invariants, network, shims, state, workload
+from . import faults, interrupts, invariants, network, shims, state, workload
 from .process import Host, Process
 from .scheduler import Scheduler
 
@@ -85,6 +85,9 @@ class Options:
     # Counting semaphores of more permits than this keep their holders in permit items
     # (0: the library's own, permit_items.INLINE_MAX): 1 puts the counting mix there.
     permits_from: int = 0
+    # The share of acquisitions interrupted (KeyboardInterrupt) in the fault window, whatever
+    # the profile (0: the profile's own ``interrupt``): tests.support.sim.interrupts.
+    interrupts: float = 0.0
     trace: bool = True
 
 
@@ -129,6 +132,11 @@ class Result:
         unique = ("unique_ran", "unique_not_run", "unique_taken", "unique_lost", "unique_retries")
         if any(s.get(k) for k in unique):  # ran, not run, refused, lost, retries enqueued
             closest += " unique=" + "/".join(str(s.get(k, 0)) for k in unique)
+        if s.get("interrupt"):  # thrown, needed, give-back writes, refused, blind, redundant
+            names = ("interrupt", "interrupt_needed", "interrupt_cleanup_writes")
+            names += ("interrupt_cleanup_refused", "interrupt_blind_refusals")
+            names += ("interrupt_redundant",)
+            closest += " int=" + "/".join(str(s.get(k, 0)) for k in names)
         rate = s["acquired"] / self.wall_seconds if self.wall_seconds else 0.0
         return (
             f"seed={self.options.seed} events={self.events} t={self.virtual_seconds:.1f}s "
@@ -205,6 +213,9 @@ class Simulation:
         self.db: Any = None
         self.requests: network.Requests
         self.datagrams = network.Datagrams(self, self.net_rng, self.profile)
+        self.interrupts = interrupts.Interrupts(self, o.interrupts or self.profile.interrupt)
+        if self.interrupts.rate:  # (no hook otherwise: every other run goes as it went)
+            self.sched.blocking = self.interrupts.blocking
 
     # -- what the shims and seams ask ------------------------------------------------------------
 
@@ -230,6 +241,11 @@ class Simulation:
 
     def spawn(self, target: Any, name: str) -> Any:
         return self.sched.spawn(self.sched.me().proc, target, name)
+
+    def uuid_drawn(self, token: str) -> None:
+        thread = self.sched.current
+        if thread is not None:
+            self.interrupts.drawn(thread.proc, token)
 
     def udp_socket(self) -> network.UdpSocket:
         return network.UdpSocket(self.datagrams, self.sched.me().proc)

@@ -63,6 +63,7 @@ class SimThread:
         self.greenlet = greenlet.greenlet(self._main, parent=sched.hub)
         self.started = self.finished = False
         self.joiners: list[Waiter] = []
+        self.waiter: Waiter | None = None  # what it is blocked on (an interrupt resolves it)
 
     def _main(self) -> None:
         self.started = True
@@ -96,6 +97,8 @@ class Scheduler:
         self._enter = enter  # makes a process's module state current before its thread runs
         self.events = 0
         self.failures: list[tuple[SimThread, BaseException]] = []
+        # Told of every wait a thread begins (the interrupt fault may end it at once).
+        self.blocking: Callable[[Waiter], None] | None = None
 
     # -- events ------------------------------------------------------------------------------
 
@@ -184,7 +187,13 @@ class Scheduler:
         pass (False). Raises the error it was resolved with."""
         if timeout is not None:
             waiter.timer = self.at(timeout, lambda: self._time_out(waiter))
-        self.hub.switch()
+        waiter.thread.waiter = waiter
+        if self.blocking is not None:
+            self.blocking(waiter)
+        try:
+            self.hub.switch()
+        finally:
+            waiter.thread.waiter = None
         if waiter.error is not None:
             raise waiter.error
         return not waiter.timed_out

@@ -94,7 +94,11 @@ class Uuid:
         self._w = world
 
     def uuid4(self) -> real_uuid.UUID:
-        return real_uuid.UUID(int=self._w.rng().getrandbits(128), version=4)
+        drawn = real_uuid.UUID(int=self._w.rng().getrandbits(128), version=4)
+        told = getattr(self._w, "uuid_drawn", None)
+        if told is not None:
+            told(drawn.hex)  # a token (the interrupt fault follows an acquire's)
+        return drawn
 
 
 # -- threading -------------------------------------------------------------------------------

@@ -191,8 +191,10 @@ def run(sim: Any, proc: Any) -> None:
         if proc.kind == "committer":
             proc.transaction = Transaction()
         held = None
+        sim.interrupts.arm(proc, proc.kind)
         try:
             with sem as held:
+                sim.interrupts.began(proc)
                 for resource in sem.resources:
                     monitor.end(proc, resource)
                 monitor.entered(proc, sem, held)
@@ -213,7 +215,13 @@ def run(sim: Any, proc: Any) -> None:
             if "must use the same limit" not in str(exc):
                 raise
             stats["other_limit"] += 1  # held with another limit or mode: refused, as it should
+        except KeyboardInterrupt:  # the caller's Ctrl-C, handled: on with the next step
+            stats["interrupted"] += 1
+            for resource in sem.resources:
+                monitor.end(proc, resource)
+            sim.interrupts.returned(proc)
         finally:
+            sim.interrupts.disarm(proc)
             for resource in sem.resources:
                 monitor.end(proc, resource)
             end_transaction(sim, proc, committed=False)  # an exception leaves atomic
@@ -231,8 +239,10 @@ def run_job(sim: Any, proc: Any, rng: Any) -> None:
     key = f"job{rng.randrange(JOB_KEYS)}"
     if proc.kind == "job_committer":
         proc.transaction = Transaction()
+    sim.interrupts.arm(proc, proc.kind)
     try:
         with run_once(key) as job:
+            sim.interrupts.began(proc)
             jobs.entered(proc, job)
             long = rng.random() < 0.2
             sim.sched.sleep(
@@ -256,7 +266,11 @@ def run_job(sim: Any, proc: Any, rng: Any) -> None:
     except SemaphoreUnavailable as exc:
         stats["unavailable"] += 1
         sim.record("unavailable", proc, str(exc)[:80])
+    except KeyboardInterrupt:
+        stats["interrupted"] += 1
+        sim.interrupts.returned(proc)
     finally:
+        sim.interrupts.disarm(proc)
         end_transaction(sim, proc, committed=False)  # an exception leaves atomic
 
 
@@ -335,8 +349,15 @@ def enqueue(sim: Any, proc: Any, rng: Any) -> None:
     task_id = f"{proc.name}#{proc.steps}-{rng.randrange(10**6)}"
     queue_lease = QUEUE_LEASE * sim.options.lease
     monitor.enqueuing(proc, key, task_id)
+    sim.interrupts.arm(proc, proc.kind)
     try:
         claimed = unique.claim_for(UNIQUE_TASK, key, task_id, queue_lease, None)
+        sim.interrupts.began(proc)
+    except KeyboardInterrupt:
+        stats["interrupted"] += 1
+        sim.interrupts.returned(proc)
+        monitor.enqueued(proc, key)
+        return
     except unique.Taken as busy:
         stats["unique_taken"] += 1
         monitor.taken(proc, key, task_id, busy)
@@ -346,6 +367,8 @@ def enqueue(sim: Any, proc: Any, rng: Any) -> None:
         sim.record("unavailable", proc, str(exc)[:80])
         monitor.enqueued(proc, key)
         return
+    finally:
+        sim.interrupts.disarm(proc)
     assert claimed is not None
     stats["unique_enqueued"] += 1
     if rng.random() < 0.05:  # the broker refused it: given back
@@ -384,6 +407,7 @@ def run_message(sim: Any, proc: Any, rng: Any, message: Message) -> None:
     options = types.SimpleNamespace(run_lease=None, queue_lease=QUEUE_LEASE * sim.options.lease)
 
     def body() -> bool:
+        sim.interrupts.began(proc)
         adopted, held = unique.current_run(UNIQUE_TASK, carried) or (None, None)
         assert adopted is carried and held is not None
         monitor.unique.began(proc, message, held)
@@ -401,6 +425,7 @@ def run_message(sim: Any, proc: Any, rng: Any, message: Message) -> None:
             monitor.left(proc, held)
         return True
 
+    sim.interrupts.arm(proc, "adopt")
     try:
         ran = unique.run(UNIQUE_TASK, options, carried, body, refused=False)
     except LockLost:  # the retry's announcement refused: the run's hold was lost
@@ -410,6 +435,12 @@ def run_message(sim: Any, proc: Any, rng: Any, message: Message) -> None:
         stats["unavailable"] += 1
         sim.record("unavailable", proc, str(exc)[:80])
         return
+    except KeyboardInterrupt:  # the worker's Ctrl-C as it adopted the claim: on to the next
+        stats["interrupted"] += 1
+        sim.interrupts.returned(proc)
+        return
+    finally:
+        sim.interrupts.disarm(proc)
     if ran:
         stats["acquired"] += 1
         stats["unique_ran"] += 1

@@ -1,0 +1,333 @@
+"""Interrupts: a user's Ctrl-C (``KeyboardInterrupt``) thrown into an acquire.
+
+In production a ``KeyboardInterrupt`` can arrive at any bytecode of a blocking acquire; a
+process spends nearly all of an acquire's time blocked (a request's wait, a back-off, a wait
+in the queue, a lock), so that is where the simulator throws it, into the process's main
+thread, in one of three shapes drawn per interrupted acquire:
+
+* ``timed``: at a moment drawn from the start of the acquire (half within its first 30 ms,
+  where its first writes are in flight, half exponential of mean 1.5 s: back-offs and queue
+  waits), at whatever the thread is blocked on then; a request whose wait it ends still
+  reaches DynamoDB and applies (it had left);
+* ``before_send``: as the ``n``-th write of the acquire is about to be sent (never sent);
+* ``after_apply``: as the ``n``-th write is applied, its answer lost with the interrupt (the
+  write landed; the process never learns it did);
+* ``after_answer``: at the first wait after the ``n``-th write's answer was read (the next
+  step: a back-off, a read, a confirming renewal, a wait in the queue), what it took known.
+
+The caller handles the interrupt as a server's request handler does a cancelled request: it
+goes on with its next step (a process that stopped would hide what the interrupt left behind
+from the liveness checks, and a heartbeat that renewed a leftover would never show).
+
+Invariants (on top of the monitor's, which see interrupted acquirers as waiters that stop
+waiting): an interrupted acquire never runs its body; and when the ``KeyboardInterrupt``
+comes out of dynasem, nothing live of the acquire's tokens is left in the database (a lock
+row's holder, a queue entry, a reader item, a permit, a job claim whose lease end is ahead)
+unless it is excused: a give-back request of the process failed (an error or a lost answer:
+it holds until its lease runs out, as documented), a write sent before the interrupt applied
+after it (the sync driver cannot wait for the request it was interrupted in), or another
+process's hand-over made the token a holder (handed on by ``push.depart``; checked again
+``RECHECK`` seconds later, when it must be gone).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from .scheduler import Waiter
+
+SHAPES = ("timed", "before_send", "after_apply", "after_answer")
+RECHECK = 5.0  # seconds after the return: a stray hand-over must be handed on by then
+REFUSED_CODES = frozenset({"ConditionalCheckFailedException", "TransactionCanceledException"})
+
+
+@dataclasses.dataclass
+class Plan:
+    """One armed acquire of a process: how it is interrupted, and what happened."""
+
+    shape: str
+    nth_write: int
+    delay: float
+    started: float
+    tokens: list[str] = dataclasses.field(default_factory=list)
+    writes: int = 0  # write attempts of the acquire so far
+    fired: float | None = None  # when the interrupt was thrown
+    next_wait: bool = False  # ``after_answer``: at the main thread's next wait
+    returned: bool = False
+    in_flight: int = 0  # requests of the acquire sent before the interrupt, not yet applied
+    late: bool = False  # one of them applied after the interrupt
+    faulted: bool = False  # a request of the give-back failed (lost, error, throttled)
+    held_at_fire: bool = False  # something live of its tokens was stored when it fired
+    cleanup_writes: int = 0
+    cleanup_refused: int = 0
+    cleaned: set[str] = dataclasses.field(default_factory=set)  # keys a give-back changed
+    label: str = ""
+
+
+class Interrupts:
+    """The interrupt fault of a run (``Profile.interrupt`` or ``Options.interrupts``: the
+    share of acquires interrupted, in the fault window)."""
+
+    def __init__(self, sim: Any, rate: float):
+        self.sim, self.rate = sim, rate
+        self.plans: dict[Any, Plan] = {}  # proc -> its armed acquire
+
+    # -- the workload's side -------------------------------------------------------------------
+
+    def arm(self, proc: Any, label: str) -> None:
+        """``proc``'s main thread begins an acquire (``label``: which); maybe interrupted."""
+        self.plans.pop(proc, None)
+        sim = self.sim
+        if not self.rate or sim.quiet():
+            return
+        rng = sim.fault_rng
+        if rng.random() >= self.rate:
+            return
+        shape = rng.choice(SHAPES)
+        nth = 1
+        while rng.random() < 0.5 and nth < 6:
+            nth += 1
+        delay = rng.uniform(0.0, 0.03) if rng.random() < 0.5 else rng.expovariate(1 / 1.5)
+        plan = Plan(shape, nth, delay, sim.sched.now, label=label)
+        self.plans[proc] = plan
+        if shape == "timed":
+            sim.sched.at(delay, lambda: self._fire_timed(proc, plan))
+
+    def drawn(self, proc: Any, token: str) -> None:
+        """``proc`` drew ``token`` (a uuid4): if it is in an armed acquire, one of its tokens."""
+        plan = self.plans.get(proc)
+        if plan is not None and not plan.returned and self._main(proc):
+            plan.tokens.append(token)
+
+    def began(self, proc: Any) -> None:
+        """``proc``'s body begins: the acquire is over (an interrupted one must never get here)."""
+        plan = self.plans.pop(proc, None)
+        if plan is not None and plan.fired is not None:
+            self.sim.monitor.fail(
+                f"{proc.name}: an interrupted acquire ({plan.label}, {plan.shape}) ran its body"
+            )
+
+    def disarm(self, proc: Any) -> None:
+        """The acquire ended without an interrupt (busy, unavailable, refused, done)."""
+        plan = self.plans.get(proc)
+        if plan is not None and plan.fired is None:
+            del self.plans[proc]
+
+    def returned(self, proc: Any) -> None:
+        """The ``KeyboardInterrupt`` came out of dynasem to ``proc``'s caller: check what it
+        left behind."""
+        sim, stats = self.sim, self.sim.stats
+        plan = self.plans.pop(proc, None)
+        if plan is None or plan.fired is None:
+            sim.monitor.fail(f"{proc.name}: a KeyboardInterrupt nobody threw")
+            return
+        plan.returned = True
+        stats["interrupt_returned"] += 1
+        stats["interrupt_cleanup_writes"] += plan.cleanup_writes
+        stats["interrupt_cleanup_refused"] += plan.cleanup_refused
+        if plan.held_at_fire:
+            stats["interrupt_needed"] += 1
+        elif plan.cleanup_refused and not plan.in_flight and not plan.late:
+            # Nothing of ours stored when it fired, nothing in flight: every refusal blind.
+            stats["interrupt_blind_refusals"] += plan.cleanup_refused
+        left = self.leftovers(plan.tokens)
+        sim.record(
+            "int_ret", proc, plan.shape, len(left), plan.cleanup_writes, plan.cleanup_refused
+        )
+        self._judge(proc, plan, left, now=True)
+        if left:
+            sim.sched.at(RECHECK, lambda: self._judge(proc, plan, self.leftovers(plan.tokens)))
+
+    def _judge(self, proc: Any, plan: Plan, left: list[str], *, now: bool = False) -> None:
+        sim, stats = self.sim, self.sim.stats
+        if not left:
+            return
+        if plan.faulted or plan.late:
+            stats["interrupt_leftover_excused" if now else "interrupt_leftover_expires"] += 1
+            return
+        if now:  # another's hand-over (push.depart hands it on): looked at again later
+            stray = [s for s in left if s.startswith("row ") and self._handed(s, proc)]
+            if len(stray) == len(left):
+                stats["interrupt_leftover_stray"] += 1
+                return
+        when = "as" if now else f"{RECHECK:g}s after"
+        sim.monitor.fail(
+            f"interrupt: {proc.name}'s interrupted acquire ({plan.label}, {plan.shape}, "
+            f"write {plan.nth_write}) left {', '.join(left)} {when} control returned"
+        )
+
+    def _handed(self, leftover: str, proc: Any) -> bool:
+        _, resource, token = leftover.split(" ", 2)
+        writer = self.sim.monitor.granted_by.get((resource, token))
+        return writer is not None and writer is not proc
+
+    # -- the scheduler's and the network's side ------------------------------------------------
+
+    def _main(self, proc: Any) -> bool:
+        thread = self.sim.sched.current
+        return thread is not None and thread.proc is proc and thread.name == "main"
+
+    def _throw(self, proc: Any, plan: Plan) -> None:
+        plan.fired = self.sim.sched.now
+        plan.held_at_fire = bool(self.leftovers(plan.tokens))
+        self.sim.stats["interrupt"] += 1
+        self.sim.stats[f"interrupt_{plan.shape}"] += 1
+        self.sim.record("interrupt", proc, plan.label, plan.shape, plan.writes)
+
+    def _fire_timed(self, proc: Any, plan: Plan) -> None:
+        if self.plans.get(proc) is not plan or plan.fired is not None or proc.dead:
+            return
+        main = next((t for t in proc.threads if t.name == "main" and not t.finished), None)
+        waiter = main.waiter if main is not None else None
+        if waiter is None or waiter.done:
+            return  # running (cannot be, in the hub) or already woken: no interrupt
+        self._throw(proc, plan)
+        self.sim.sched.resolve(waiter, error=KeyboardInterrupt())
+
+    def blocking(self, waiter: Waiter) -> None:
+        """A thread begins a wait: an ``after_answer`` interrupt ends it at once."""
+        thread = waiter.thread
+        plan = self.plans.get(thread.proc)
+        if plan is None or not plan.next_wait or thread.name != "main":
+            return
+        plan.next_wait = False
+        if plan.fired is None and not plan.returned:
+            self._throw(thread.proc, plan)
+            self.sim.sched.resolve(waiter, error=KeyboardInterrupt())
+
+    def sending(self, proc: Any, write: bool) -> str | None:
+        """A request attempt of ``proc`` is about to be sent: its tag (``"acquire"``: of an
+        armed acquire, ``"cleanup"``: of the give-back after the interrupt), or raises the
+        interrupt (``before_send``)."""
+        plan = self.plans.get(proc)
+        if plan is None or plan.returned or not self._main(proc):
+            return None
+        if plan.fired is not None:
+            return "cleanup"
+        if write:
+            plan.writes += 1
+            if plan.shape == "before_send" and plan.writes == plan.nth_write:
+                self._throw(proc, plan)
+                raise KeyboardInterrupt
+        plan.in_flight += 1
+        return "acquire"
+
+    def applied(
+        self,
+        proc: Any,
+        waiter: Waiter,
+        write: bool,
+        result: tuple[str, Any],
+        tag: str | None,
+        params: dict[str, Any],
+    ) -> bool:
+        """A request of ``proc`` was applied (``result``). True: the interrupt comes now, its
+        answer lost (``after_apply``)."""
+        plan = self.plans.get(proc)
+        if plan is None or tag is None:
+            return False
+        if tag == "cleanup":
+            if write:
+                plan.cleanup_writes += 1
+                keys = _keys(params)
+                if result[0] == "error" and _code(result[1]) in REFUSED_CODES:
+                    plan.cleanup_refused += 1
+                    if keys <= plan.cleaned:  # given back by this cleanup already: certain
+                        self.sim.stats["interrupt_redundant"] += 1
+                        self.sim.record("redundant", proc, *sorted(keys))
+                elif result[0] == "ok":
+                    plan.cleaned |= keys
+            if result[0] == "error" and _code(result[1]) not in REFUSED_CODES:
+                plan.faulted = True
+            return False
+        plan.in_flight -= 1
+        if plan.fired is not None:
+            if write:
+                plan.late = True  # sent before the interrupt, applied after it
+                self.sim.stats["interrupt_late_write"] += 1
+            return False
+        if write and plan.shape == "after_answer" and plan.writes == plan.nth_write:
+            plan.next_wait = not waiter.done  # answered now (unless its wait timed out)
+            return False
+        if write and plan.shape == "after_apply" and plan.writes == plan.nth_write:
+            if waiter.done:
+                return False  # its wait ended already (a read timeout)
+            self._throw(proc, plan)
+            self.sim.sched.resolve(waiter, error=KeyboardInterrupt())
+            return True
+        return False
+
+    def failed(self, proc: Any, tag: str | None) -> None:
+        """A request attempt of ``proc`` failed without an answer (lost, dropped, unsent)."""
+        plan = self.plans.get(proc)
+        if plan is not None and tag == "cleanup":
+            plan.faulted = True
+
+    def dropped(self, proc: Any, tag: str | None) -> None:
+        """A request attempt of ``proc`` was lost on its way (never applied)."""
+        plan = self.plans.get(proc)
+        if plan is not None and tag == "acquire":
+            plan.in_flight -= 1
+
+    # -- the database ----------------------------------------------------------------------------
+
+    def leftovers(self, tokens: list[str]) -> list[str]:
+        """What live of ``tokens`` the database stores now (its lease end ahead of true time)."""
+        if not tokens:
+            return []
+        from dynasem._storage import records
+
+        sim = self.sim
+        wanted = set(tokens)
+        now_ms = int(sim.sched.now * 1000)
+        found: list[str] = []
+        snapshot = getattr(sim.db, "snapshot", None)
+        if snapshot is None:
+            return found
+        from .network import TABLE
+
+        for key, raw in snapshot().get(TABLE, {}).items():
+            resource, sk = json.loads(key)
+            text = repr(raw)
+            if not any(t in text for t in wanted):
+                continue
+            item = records.decode(raw)
+            if sk == records.LOCK_SK:
+                row = records.lock_item(item)
+                for token, holder in row.holders.items():
+                    if token in wanted and holder.expires_ms > now_ms:
+                        found.append(f"row {resource} {token}")
+            elif sk.startswith(records.ENTRY_PREFIX):
+                waiter = records.from_item(records.Waiter, item)
+                if waiter.token in wanted and waiter.expires_ms > now_ms:
+                    found.append(f"entry {resource}/{sk}")
+            elif sk.startswith(records.READER_PREFIX):
+                reader = records.reader_of(item)
+                if reader.token in wanted and not reader.broken_token:
+                    if reader.holder.expires_ms > now_ms:
+                        found.append(f"reader {resource}/{sk}")
+            elif sk.startswith(records.PERMIT_PREFIX):
+                permit = records.permit_of(item)
+                if permit.token in wanted and permit.holder.expires_ms > now_ms:
+                    found.append(f"permit {resource}/{sk}")
+            elif sk == records.JOB_SK:
+                job = records.job_row(item)
+                running = job.status == "RUNNING" and (job.expires_ms or 0) > now_ms
+                if job.token in wanted and running:
+                    found.append(f"job {resource}")
+        return found
+
+
+def _keys(params: dict[str, Any]) -> set[str]:
+    if "TransactItems" in params:
+        keys = [next(iter(a.values())).get("Key") for a in params["TransactItems"]]
+    else:
+        keys = [params.get("Key") or params.get("Item")]
+    return {f"{k['pk']['S']}/{k['sk']['S']}" for k in keys if k}
+
+
+def _code(error: Any) -> str:
+    response = getattr(error, "response", None) or {}
+    return str(response.get("Error", {}).get("Code", ""))
