@@ -117,6 +117,20 @@ class _Acquire:
             return None
         if queue.passed(seen, pace.queue_id, pace.ticket):
             pace.ticket = None
+            if handed_to(self.run.token, seen):
+                # An exclusive holder handed the row to us, its next in line (a queue shared
+                # with other limits or modes), which moved the queue past us: we cannot use
+                # it. Hand it on now, or it would sit held by nobody for its lease while we
+                # (and everyone behind) queued again behind it; then plan from the row anew.
+                run = self.run
+                yield Request(
+                    functools.partial(
+                        give_back_stray, run.sem, run.token, seen, lease=run.lease, skew=run.skew
+                    )
+                )
+                row = functools.partial(lock_rows.get, self.resource, consistent=True)
+                self.seen = (yield Request(row)) or records.LockItem(resource=self.resource)
+                return None
         if not self.served:
             ahead = queue.entries_ahead(seen, pace.ticket, self.stale)
             if ahead is None:
@@ -301,6 +315,12 @@ class _Acquire:
                 give_back_stray, run.sem, run.token, self.seen, lease=run.lease, skew=run.skew
             )
             yield Request(give_back)
+
+
+def handed_to(token: str, seen: records.LockItem) -> bool:
+    """Whether ``seen`` shows the row itself handed to ``token``: an exclusive holder's
+    hand-over to its next in line, a waiter of ours, which no permit take can use."""
+    return token in seen.holders and not seen.permits_read
 
 
 def _plan(

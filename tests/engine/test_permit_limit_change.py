@@ -373,3 +373,55 @@ def test_a_take_paused_past_its_lease_confirms_nothing_on_a_row_made_anew(
         assert len(holding) == 1, (new, slow, live)
     else:
         assert len(live) <= 9 and len(holding) <= 9, (slow, live)
+
+
+def test_a_permit_waiter_handed_the_row_hands_it_on_and_takes_a_permit(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An exclusive holder hands over to its next in line whatever its mode (a queue shared
+    with other limits or modes): a waiter of a permit semaphore (``limit=9``: permit items)
+    handed the row cannot use it. It took its ticket for passed and queued again behind the
+    row it held, unused: every waiter behind, itself too, waited for that hold's lease (found
+    by the simulator's interrupt fault, whose check looks for what a token holds: seed 12 of
+    ``--mix limits --faults interrupts --permits-from 1``, 11 s idle). It hands the row on,
+    and takes its permit."""
+    from dynasem._storage import dynamodb
+    from dynasem.conf import settings
+
+    monkeypatch.setattr(Pace, "turn_in", lambda *a, **k: 0.1)  # looks often
+    monkeypatch.setattr("dynasem._engine.queue.ENTRY_DEFER", 0.0)  # its entry put at once
+    holder = take(holds, "handed", limit=9, lease=30)
+    for _ in range(8):
+        take(holds, "handed", limit=9, lease=30)  # every permit held
+    got: list[Any] = []
+
+    def run() -> None:
+        started = time.monotonic()
+        try:
+            semaphore("handed", limit=9, wait=60, lease=30).acquire().release()
+            got.append(time.monotonic() - started)
+        except BaseException as exc:  # reported to the test
+            got.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_for(lambda: queue_of("handed"), 10, "the waiter queued")
+    ((token, waiter),) = queue_of("handed").items()
+    for held in holds:
+        abandon(held)  # their permits go (below): nothing of theirs to give back
+    holds.clear()
+    for slot in range(9):
+        key = records.key("handed", records.permit_sk(slot))
+        dynamodb.get_client().delete_item(TableName=settings.TABLE_NAME, Key=key)
+    # Then an exclusive holder took the row and handed it over to the waiter, its next in line.
+    now = int(time.time() * 1000)
+    entry = {"u": "w", "e": now + 30_000, "f": holder.fence + 10, "a": now, "s": False}
+    update = (
+        "SET #h = :h, #mode = :mode, #lim = :lim, #fence = :f, #expMs = :e, #qout = :t "
+        "REMOVE #hw, #hints"
+    )
+    values = {":h": {token: entry}, ":mode": records.Mode.EXCLUSIVE, ":lim": 1}
+    values |= {":f": holder.fence + 10, ":e": now + 30_000, ":t": waiter.ticket}
+    lock_rows.update(lock_writes.update_action("handed", records.LOCK_SK, update, "", {}, values))
+    thread.join(20)
+    assert got and isinstance(got[0], float) and got[0] < 25, got

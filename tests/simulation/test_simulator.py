@@ -353,6 +353,13 @@ FOUND = [
     ("interrupt_forgets_write", {"mix": "counting", "faults": "interrupts", **WIDE}, range(2, 3)),
     ("interrupted_claim_kept", {"mix": "jobs", "faults": "interrupts", **WIDE}, range(3, 4)),
     ("interrupted_adoption_kept", {"mix": "unique", "faults": "interrupts", **WIDE}, range(3, 4)),
+    # A permit waiter handed the row by an exclusive holder queues again behind it, the row
+    # held by it, unused, for a lease (found by the interrupt fault's leftover check).
+    (
+        "handed_row_kept",
+        {"mix": "limits", "faults": "interrupts", "permits_from": 1, **WIDE},
+        range(12, 13),
+    ),
 ]
 
 
@@ -471,6 +478,11 @@ FOUND_IN_DYNASEM = [
     # back what may have landed, conditional on their token.
     (3, "jobs", "interrupts"),
     (3, "unique", "interrupts"),
+    # A waiter of limit=2 in permit items, queued on a row that became exclusive meanwhile,
+    # was handed the row by its exclusive holder: it took its ticket for passed and queued
+    # again behind the row it held, unused, for a lease (11 s idle; found by the interrupt
+    # fault's check of what an interrupted token left, 2026-12-05). Fixed: it hands it on.
+    (12, "limits-permits", "interrupts"),
 ]
 
 

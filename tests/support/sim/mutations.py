@@ -549,6 +549,14 @@ def interrupted_adoption_kept(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(unique, "_withdraw_run", lambda token, resource: None)
 
 
+def handed_row_kept(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._engine import permits
+
+    # A permit waiter handed the row by an exclusive holder takes its ticket for passed and
+    # queues again, the row left held by it, unused, until its lease ends (before the fix).
+    mp.setattr(permits, "handed_to", lambda token, seen: False)
+
+
 MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     f.__name__: f
     for f in (
@@ -590,5 +598,6 @@ MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
         interrupt_forgets_write,
         interrupted_claim_kept,
         interrupted_adoption_kept,
+        handed_row_kept,
     )
 }
