@@ -22,7 +22,8 @@ from the liveness checks, and a heartbeat that renewed a leftover would never sh
 Invariants (on top of the monitor's, which see interrupted acquirers as waiters that stop
 waiting): an interrupted acquire never runs its body; and when the ``KeyboardInterrupt``
 comes out of dynasem, nothing live of the acquire's tokens is left in the database (a lock
-row's holder, a queue entry, a reader item, a permit, a job claim whose lease end is ahead)
+row's holder, a queue entry whose turn has not passed, a reader item, a permit, a job claim
+whose lease end is ahead)
 unless it is excused: a give-back request of the process failed (an error or a lost answer:
 it holds until its lease runs out, as documented), a write sent before the interrupt applied
 after it (the sync driver cannot wait for the request it was interrupted in), or another
@@ -62,7 +63,9 @@ class Plan:
     held_at_fire: bool = False  # something live of its tokens was stored when it fired
     cleanup_writes: int = 0
     cleanup_refused: int = 0
-    cleaned: set[str] = dataclasses.field(default_factory=set)  # keys a give-back changed
+    # The give-backs that applied (their keys and expressions): one sent again is refused.
+    cleaned: set[tuple[Any, ...]] = dataclasses.field(default_factory=set)
+    applied: dict[Any, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
     label: str = ""
 
 
@@ -231,14 +234,14 @@ class Interrupts:
         if tag == "cleanup":
             if write:
                 plan.cleanup_writes += 1
-                keys = _keys(params)
+                same = _give_back_of(params)
                 if result[0] == "error" and _code(result[1]) in REFUSED_CODES:
                     plan.cleanup_refused += 1
-                    if keys <= plan.cleaned:  # given back by this cleanup already: certain
+                    if same in plan.cleaned:  # this very give-back applied already: certain
                         self.sim.stats["interrupt_redundant"] += 1
-                        self.sim.record("redundant", proc, *sorted(keys))
+                        self.sim.record("redundant", proc, *same[0])
                 elif result[0] == "ok":
-                    plan.cleaned |= keys
+                    plan.applied[waiter] = same  # seen applied once its answer comes
             if result[0] == "error" and _code(result[1]) not in REFUSED_CODES:
                 plan.faulted = True
             return False
@@ -265,6 +268,26 @@ class Interrupts:
         if plan is not None and tag == "cleanup":
             plan.faulted = True
 
+    def answered(self, proc: Any, waiter: Waiter) -> None:
+        """The answer to a request of ``proc`` reached it (a give-back seen applied: one
+        sent again after it is certain to be refused; one whose answer was lost, botocore
+        sends again itself)."""
+        plan = self.plans.get(proc)
+        if plan is not None and waiter in plan.applied:
+            plan.cleaned.add(plan.applied.pop(waiter))
+
+    @staticmethod
+    def _waits(table: dict[str, Any], resource: str, sk: str, ticket: int) -> bool:
+        """Whether the queue entry at ``sk`` still stands before anyone: of the row's queue,
+        its turn not passed (an entry the turn has passed, or of an older queue, blocks
+        nobody: a waiter that found itself passed joins again, its old entry left to expire)."""
+        from dynasem._storage import records
+
+        row = _row_of(table, resource)
+        if row is None:
+            return False
+        return sk == records.entry_sk(row.queue_id, ticket) and ticket > row.queue_out
+
     def dropped(self, proc: Any, tag: str | None) -> None:
         """A request attempt of ``proc`` was lost on its way (never applied)."""
         plan = self.plans.get(proc)
@@ -288,7 +311,8 @@ class Interrupts:
             return found
         from .network import TABLE
 
-        for key, raw in snapshot().get(TABLE, {}).items():
+        table = snapshot().get(TABLE, {})
+        for key, raw in table.items():
             resource, sk = json.loads(key)
             text = repr(raw)
             if not any(t in text for t in wanted):
@@ -302,7 +326,8 @@ class Interrupts:
             elif sk.startswith(records.ENTRY_PREFIX):
                 waiter = records.from_item(records.Waiter, item)
                 if waiter.token in wanted and waiter.expires_ms > now_ms:
-                    found.append(f"entry {resource}/{sk}")
+                    if self._waits(table, resource, sk, waiter.ticket):
+                        found.append(f"entry {resource}/{sk}")
             elif sk.startswith(records.READER_PREFIX):
                 reader = records.reader_of(item)
                 if reader.token in wanted and not reader.broken_token:
@@ -320,12 +345,23 @@ class Interrupts:
         return found
 
 
-def _keys(params: dict[str, Any]) -> set[str]:
-    if "TransactItems" in params:
-        keys = [next(iter(a.values())).get("Key") for a in params["TransactItems"]]
-    else:
-        keys = [params.get("Key") or params.get("Item")]
-    return {f"{k['pk']['S']}/{k['sk']['S']}" for k in keys if k}
+def _row_of(table: dict[str, Any], resource: str) -> Any:
+    from dynasem._storage import records
+
+    raw = table.get(json.dumps([resource, records.LOCK_SK]))
+    return records.lock_item(records.decode(raw)) if raw is not None else None
+
+
+def _give_back_of(params: dict[str, Any]) -> tuple[Any, ...]:
+    """A write as what it does: its items' keys and its expressions (not its values' times)."""
+    actions = [next(iter(a.values())) for a in params.get("TransactItems", [])] or [params]
+    keys = tuple(sorted(_key(a.get("Key") or a.get("Item") or {}) for a in actions))
+    texts = tuple((a.get("UpdateExpression"), a.get("ConditionExpression")) for a in actions)
+    return keys, texts
+
+
+def _key(key: dict[str, Any]) -> str:
+    return f"{key.get('pk', {}).get('S')}/{key.get('sk', {}).get('S')}"
 
 
 def _code(error: Any) -> str:

@@ -173,6 +173,7 @@ class Requests:
             self.sim.record("cut", proc, "answer")
             return  # applied; its answer dropped on the way back
         if self.sched.resolve(waiter, result) and write:
+            self.sim.interrupts.answered(proc, waiter)
             self.sim.answered(proc)
 
 
