@@ -69,6 +69,10 @@ class Plan:
     label: str = ""
 
 
+# What a request of an armed acquisition carries: of the acquire or of its cleanup, and its plan.
+Tag = tuple[str, Plan] | None
+
+
 class Interrupts:
     """The interrupt fault of a run (``Profile.interrupt`` or ``Options.interrupts``: the
     share of acquires interrupted, in the fault window)."""
@@ -200,22 +204,23 @@ class Interrupts:
             self._throw(thread.proc, plan)
             self.sim.sched.resolve(waiter, error=KeyboardInterrupt())
 
-    def sending(self, proc: Any, write: bool) -> str | None:
+    def sending(self, proc: Any, write: bool) -> Tag:
         """A request attempt of ``proc`` is about to be sent: its tag (``"acquire"``: of an
-        armed acquire, ``"cleanup"``: of the give-back after the interrupt), or raises the
-        interrupt (``before_send``)."""
+        armed acquire, ``"cleanup"``: of the give-back after the interrupt; with the plan,
+        which a request that applies after the interrupt came out still finds), or raises
+        the interrupt (``before_send``)."""
         plan = self.plans.get(proc)
         if plan is None or plan.returned or not self._main(proc):
             return None
         if plan.fired is not None:
-            return "cleanup"
+            return ("cleanup", plan)
         if write:
             plan.writes += 1
             if plan.shape == "before_send" and plan.writes == plan.nth_write:
                 self._throw(proc, plan)
                 raise KeyboardInterrupt
         plan.in_flight += 1
-        return "acquire"
+        return ("acquire", plan)
 
     def applied(
         self,
@@ -223,15 +228,15 @@ class Interrupts:
         waiter: Waiter,
         write: bool,
         result: tuple[str, Any],
-        tag: str | None,
+        tag: Tag,
         params: dict[str, Any],
     ) -> bool:
         """A request of ``proc`` was applied (``result``). True: the interrupt comes now, its
         answer lost (``after_apply``)."""
-        plan = self.plans.get(proc)
-        if plan is None or tag is None:
+        if tag is None:
             return False
-        if tag == "cleanup":
+        kind, plan = tag
+        if kind == "cleanup":
             if write:
                 plan.cleanup_writes += 1
                 same = _give_back_of(params)
@@ -262,11 +267,10 @@ class Interrupts:
             return True
         return False
 
-    def failed(self, proc: Any, tag: str | None) -> None:
+    def failed(self, proc: Any, tag: Tag) -> None:
         """A request attempt of ``proc`` failed without an answer (lost, dropped, unsent)."""
-        plan = self.plans.get(proc)
-        if plan is not None and tag == "cleanup":
-            plan.faulted = True
+        if tag is not None and tag[0] == "cleanup":
+            tag[1].faulted = True
 
     def answered(self, proc: Any, waiter: Waiter) -> None:
         """The answer to a request of ``proc`` reached it (a give-back seen applied: one
@@ -288,11 +292,10 @@ class Interrupts:
             return False
         return sk == records.entry_sk(row.queue_id, ticket) and ticket > row.queue_out
 
-    def dropped(self, proc: Any, tag: str | None) -> None:
+    def dropped(self, proc: Any, tag: Tag) -> None:
         """A request attempt of ``proc`` was lost on its way (never applied)."""
-        plan = self.plans.get(proc)
-        if plan is not None and tag == "acquire":
-            plan.in_flight -= 1
+        if tag is not None and tag[0] == "acquire":
+            tag[1].in_flight -= 1
 
     # -- the database ----------------------------------------------------------------------------
 

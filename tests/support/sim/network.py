@@ -143,7 +143,7 @@ class Requests:
         operation: str,
         params: dict[str, Any],
         fault: str | None,
-        tag: str | None = None,
+        tag: Any = None,
     ) -> None:
         """The request reaches the database (in the hub: atomic), and its answer leaves."""
         result: tuple[str, Any]
