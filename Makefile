@@ -78,8 +78,8 @@ SIM_ACROSS_MIXES ?= exclusive,readers,all,renewing,commits,long_readers,shared_p
 SIM_ACROSS_FAULTS ?= light,pauses,partitions,reaped
 # And a user's Ctrl-C thrown into acquisitions (tests/support/sim/interrupts.py): nothing an
 # interrupted acquisition may have taken is left to its lease. The mixes that work for leases
-# are left out (about 10 s of the 30 s of all of them); `--interrupts 0.2` adds the fault to
-# any profile, `interrupts_heavy` puts it beside the network's faults.
+# are left out (half the time of all sixteen: 13 s for SEEDS=1-4); `--interrupts 0.2`
+# adds the fault to any profile, `interrupts_heavy` puts it beside the network's faults.
 SIM_INTERRUPT_MIXES ?= exclusive,counting,readers,fair,pairs,all,commits,limits,shared_pairs,counting_pairs,mixed_pairs,jobs,unique
 SIM_INTERRUPT_FAULTS ?= interrupts
 SIM_ARGS ?=
