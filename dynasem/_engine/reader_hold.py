@@ -125,10 +125,21 @@ def undo(
     applied (its answer came), and no write of the item was sent before that time
     (monotonic): an item gone by our own delete, its answer lost, is counted down too
     (:func:`deleted_by_us`). None: the admission may not have been applied (a transaction
-    unanswered), and a reader never counted must not be counted down."""
+    unanswered), and a reader never counted must not be counted down.
+
+    Refused by a break's tombstone of our item (an operator, or the reaper, broke it: the
+    break counted us down), our admission's mark comes off the row, or the same token
+    admitted again would be taken for that admission confirmed and not counted: its
+    release would then count out a reader beside it (:func:`forget_admission`)."""
+
+    def refused(exc: dynamodb.Refused) -> bool:
+        if exc.item is not None and exc.item.get("bt") == token:
+            forget_admission(resource, epoch, token)
+            return False
+        return counted is not None and deleted_by_us(exc, counted, skew)
+
     drop = functools.partial(reader_items.drop_reader, resource, token)
-    ours = None if counted is None else functools.partial(deleted_by_us, written=counted, skew=skew)
-    if resend.undone(drop, resource, token, refused=ours):
+    if resend.undone(drop, resource, token, refused=refused):
         count_down(resource, epoch, forget=True)  # the same token may be admitted again
 
 
@@ -171,8 +182,8 @@ def break_reader(resource: str, token: str, reader: records.Reader | None = None
 
 
 def forget_admission(resource: str, epoch: int, token: str) -> None:
-    """Our admission was broken before its item was written (an operator's break between
-    the item's write, whose answer was lost, and its re-send): the break counted it down.
+    """Our admission was broken (an operator's break between the item's write, whose answer
+    was lost, and its re-send; or before its give-back): the break counted it down.
     Its mark comes off the row (if still ours), so that admitted again it is counted again.
     Raises :class:`SemaphoreUnavailable` if that write failed (the mark may still be ours:
     an admission planned from it would not be counted)."""

@@ -206,6 +206,36 @@ def test_an_admission_answered_too_late_and_given_back_counts_once(holds: list[A
     all_leave_and_a_writer_gets_in(holds, "doc")
 
 
+def test_an_admission_answered_too_late_and_broken_before_its_give_back_is_counted_again(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Admitted, its item written, and broken by an operator before that answer came, past
+    the admission's trust (the break counts it down): the give-back is refused by the break's
+    tombstone and counts nothing down, and the same token is admitted again. The row still
+    showed that admission as its last (``rlast``): admitted again, it must be counted, not
+    taken for the admission confirmed. Before, it was not counted, and its release counted
+    the reader beside it out: a writer took the lock beside that reader (found by the
+    simulator's ``breaks`` mix, every reader in items: seed 6 of ``pauses``)."""
+    others = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE + 1)]
+    send, armed, broken = items.send, [True], []
+
+    def broken_while_late(action: dict[str, Any], **kwargs: Any) -> Any:
+        sent = send(action, **kwargs)
+        if armed and action["Key"]["sk"]["S"].startswith("r#"):
+            armed.clear()  # (the break's own write of the item comes through here too)
+            broken.append(locks.break_hold("doc", action["Key"]["sk"]["S"][2:]))
+            time.sleep(PAST)  # the answer comes past the admission's trust
+        return sent
+
+    monkeypatch.setattr(items, "send", broken_while_late)
+    held = semaphore("doc", shared=True, lease=LEASE).acquire()
+    monkeypatch.setattr(items, "send", send)
+    assert broken == [True], "the operator's break did not land before the answer"
+    assert counted("doc") == (2, 2)
+    held.release()
+    one_reader_holds_and_then_a_writer_gets_in(holds, others[-1])
+
+
 def interrupted_once_its_item_landed(
     monkeypatch: pytest.MonkeyPatch, resource: str, first: Callable[[str], object] = print
 ) -> None:
