@@ -160,9 +160,12 @@ def deleted_by_us(refused: dynamodb.Refused, written: float, skew: float) -> boo
     return clock.monotonic() < written + records.BUCKET_S - skew - 1
 
 
-def break_reader(resource: str, token: str, reader: records.Reader | None = None) -> bool:
-    """An operator breaks reader ``token`` (if it still holds); the reaper a dead one, as
-    read (``reader``: its lease end must be unchanged). False: no such reader.
+def break_reader(
+    resource: str, token: str, reader: records.Reader | None = None, fence: int | None = None
+) -> bool:
+    """An operator breaks reader ``token`` (if it still holds; under ``fence``, if given); the
+    reaper a dead one, as read (``reader``: its lease end must be unchanged). False: no such
+    reader.
 
     Its item is left a tombstone (:func:`reader_items.break_reader`), not deleted: a reader
     whose item's write was applied, its answer lost, sends it again, and over a deleted item
@@ -170,11 +173,12 @@ def break_reader(resource: str, token: str, reader: records.Reader | None = None
     until = None if reader is None else reader.holder.expires_ms
     if reader is None:
         reader = next((r for r in reader_items.readers(resource) if r.token == token), None)
-        if reader is None:
+        if reader is None or fence not in (None, reader.holder.fence):
             return False
     tombstone_until = max(reader.holder.expires_ms, clock.now_ms())
+    action = reader_items.break_reader(resource, token, tombstone_until, until, fence)
     try:
-        reader_items.send(reader_items.break_reader(resource, token, tombstone_until, until))
+        reader_items.send(action)
     except dynamodb.Refused:
         return False
     count_down(resource, reader.epoch)
