@@ -37,6 +37,20 @@
   itself; and a key nobody owns (no message of it waiting or being run, no enqueue in
   flight: its messages lost, its worker dead) is free again, to an enqueue that begins
   ``QUEUE_LEASE`` leases + ``2 * CLOCK_SKEW + SLACK`` after the last owner went.
+* **Coalescing** (the ``coalesce`` mix, ``CoalesceMonitor``): every call answered
+  ``Coalesced`` is covered, once the run is over, by a run of its key whose hold was granted
+  after the call arrived and whose body completed, unless the next run that refused it
+  never ran (its runner died, gave up or failed: its callers count on the next caller
+  after, docs/how-to/coalesce.md): a lost update otherwise. A registration never refuses a
+  caller that arrived after its run's hold was granted; one whose runner died or gave up
+  never refuses a caller whose clock (at its write) shows its lease + CLOCK_SKEW over, nor
+  has a stored lease more than a lease past its runner's end (renewed for nobody); none is
+  replaced for its lease alone (no hold since its fence) while its runner, alive and
+  waiting, trusts it; and no runner sends a write certain to be refused (a withdrawal after
+  a renewal told it it was replaced).
+* **Leadership** (``LeadMonitor``): never two leaders acting at once (each acts in steps no
+  longer than its ``lead.seconds_left()``), never two leads ``active`` at once by their own
+  clocks, ``on_lost`` called at most once a term.
 * **No request storm**: no thread of a process sends more than ``STORM`` requests in one
   second of virtual time. A loop that asks again at once (a writer that read its readers'
   items again and again while they renewed) costs on AWS what it costs here, and holds its
@@ -112,6 +126,13 @@ class Monitor:
         self.wanted: dict[Any, Any] = {}  # proc -> the semaphore it waits for (its mode, limit)
         self.jobs = JobMonitor(self)
         self.unique = UniqueMonitor(self, bound=QUEUE_LEASE * lease + 2 * skew + SLACK)
+        self.coalesce = CoalesceMonitor(self, lease=lease, skew=skew)
+        self.leads = LeadMonitor(self)
+        self.grant_time: dict[tuple[str, str], float] = {}  # (resource, token) -> when granted
+
+    def finish(self) -> None:
+        """The run is over, every workload done: what only its end can show."""
+        self.coalesce.finish()
 
     def fail(self, message: str) -> None:
         said = f"t={self.sim.clock_label()} {message}"
@@ -227,6 +248,8 @@ class Monitor:
             waiting.discard(proc)
         self.transaction_ended(proc)  # a dead process's transaction rolls back
         self.unique.crashed(proc)
+        self.coalesce.crashed(proc)
+        self.leads.terms.pop(proc, None)
 
     # -- what the database applied -----------------------------------------------------------
 
@@ -259,6 +282,7 @@ class Monitor:
                 self.fail(f"{resource!r} granted fence {fence} to {token[:8]}, not above {top}")
             self.top_fence[resource] = max(top, fence)
             self.grants[(resource, token)] = fence
+            self.grant_time[(resource, token)] = self.sim.sched.now
         for token in before.keys() - now.keys():
             self.removed_by[(resource, token)] = writer
         self.holders[resource] = now
@@ -338,6 +362,7 @@ class Monitor:
             if len(inside) > 1:
                 self._check_resource(resource)
         self.jobs.check()
+        self.leads.check()
         if self.sim.sched.now >= self.quiet_from:
             self._check_idle()
 
@@ -632,3 +657,325 @@ class UniqueMonitor:
         for key, owners in self.owners.items():
             for what in [w for w, p in owners.items() if p is proc]:
                 self._disown(key, what)
+
+
+@dataclasses.dataclass(eq=False)
+class Call:
+    """One coalesced call (``semaphore(key, coalesce=True)``): when it arrived, what it was
+    answered, and its run, if it ran."""
+
+    proc: Any
+    key: str
+    arrived: float
+    token: str | None = None  # its registration as the next run, if it registered
+    refusal: tuple[str, int] | None = None  # (the registration refusing it, its lease end)
+    sent_wall: float = 0.0  # its clock when it sent its registration
+    refused_by: str | None = None  # answered Coalesced: the registration that covers it
+    outcome: str | None = None  # ran, coalesced, gave_up, failed, lost, died (None: going)
+    ended: float | None = None  # when it gave up, failed or died (its own wall clock)
+    grant: float | None = None  # when its hold was granted (the run began), if it ran
+    done: bool = False  # its body completed
+
+
+@dataclasses.dataclass(eq=False)
+class NextRun:
+    """A registration as the next run: its call, the fence it recorded, the calls it
+    answered Coalesced, and the library's Registration object (trust, what it was told)."""
+
+    call: Call
+    after_fence: int
+    coalesced: list[Call] = dataclasses.field(default_factory=list)
+    registration: Any = None
+    told_replaced: float | None = None  # when a renewal told its runner it was replaced
+    withdrawing: float | None = None  # when its runner began to withdraw it
+
+
+class CoalesceMonitor:
+    """The invariants of coalesced re-runs (the module docstring's **Coalescing**): every
+    call answered ``Coalesced`` is covered by a run that begins after it arrived, unless
+    the next runner that refused it died or gave up; no registration whose run began refuses
+    a caller that arrived after it began; none whose runner died or gave up refuses one past
+    the lease it could have had (a later caller can register); never two next runs both
+    trusting their registrations, one replaced for its lease alone; no write of a runner
+    certain to be refused (it was told it was replaced)."""
+
+    def __init__(self, monitor: Monitor, *, lease: float, skew: float):
+        self.monitor = monitor
+        self.lease, self.skew = lease, skew
+        self.calls: dict[Any, Call] = {}  # proc -> its current (or last) call
+        self.coalesced: list[Call] = []
+        self.runs: dict[str, list[Call]] = {}  # key -> its calls that ran, as they began
+        self.regs: dict[str, NextRun] = {}  # registration token -> it
+        self.stored: dict[str, dict[str, Any] | None] = {}  # key -> its next item as stored
+
+    def registration_class(self, base: Any) -> Any:
+        """``coalescing.Registration`` for the run: tells the monitor of each registration
+        made, of a renewal refused (replaced) and of a withdrawal begun."""
+        monitor = self
+        from dynasem.exceptions import LockLost
+
+        class Registration(base):  # type: ignore[misc,valid-type]
+            library = base
+
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                reg = monitor.regs.get(self.token)
+                if reg is not None:
+                    reg.registration = self
+
+            def renew(self) -> None:
+                try:
+                    super().renew()
+                except LockLost:
+                    reg = monitor.regs.get(self.token)
+                    if reg is not None and reg.told_replaced is None:
+                        reg.told_replaced = monitor.monitor.sim.sched.now
+                    raise
+
+            def withdraw(self) -> None:
+                reg = monitor.regs.get(self.token)
+                if reg is not None:
+                    reg.withdrawing = monitor.monitor.sim.sched.now
+                super().withdraw()
+
+        return Registration
+
+    def registering(self, register_next: Any) -> Any:
+        """``next_runs.register_next`` for the run: the caller's clock as it sends it."""
+        monitor = self
+
+        def registering(resource: str, **kwargs: Any) -> Any:
+            call = monitor.calls.get(monitor.monitor.sim.current())
+            if call is not None:
+                call.sent_wall = monitor.monitor.sim.wall()
+            return register_next(resource, **kwargs)
+
+        return registering
+
+    # -- the workload --------------------------------------------------------------------------
+
+    def arrived(self, proc: Any, key: str) -> None:
+        self.calls[proc] = Call(proc, key, self.monitor.sim.sched.now)
+
+    def entered(self, proc: Any, held: Any) -> None:
+        """``proc``'s call runs: its hold was granted when its token appeared in the row."""
+        call, sim = self.calls[proc], self.monitor.sim
+        call.outcome = "ran"
+        call.grant = self.monitor.grant_time.get((call.key, held.token), sim.sched.now)
+        self.runs.setdefault(call.key, []).append(call)
+        reg = self.regs.get(call.token or "")
+        for other in reg.coalesced if reg is not None else ():
+            self._check_began_after(other, call)
+
+    def left(self, proc: Any) -> None:
+        self.calls[proc].done = True
+
+    def answered(self, proc: Any, outcome: str) -> None:
+        """``proc``'s call ended without a run: ``coalesced``, ``gave_up`` (its wait ran
+        out), ``failed`` (SemaphoreUnavailable) or ``lost``."""
+        call = self.calls[proc]
+        call.outcome = call.outcome or outcome
+        if outcome != "coalesced":
+            call.ended = self._wall(proc)
+            return
+        if call.refusal is None:
+            self.monitor.fail(f"{proc.name} was answered Coalesced for {call.key!r} unrefused")
+            return
+        token, until_ms = call.refusal
+        call.refused_by = token
+        self.coalesced.append(call)
+        reg = self.regs.get(token)
+        if reg is None:
+            self.monitor.fail(f"{proc.name}: {call.key!r} coalesced by {token[:8]}, never seen")
+            return
+        reg.coalesced.append(call)
+        runner = reg.call
+        if runner.grant is not None:
+            self._check_began_after(call, runner)
+        # The registration refused it for a lease end the caller's own clock (less
+        # CLOCK_SKEW) had not reached when it sent the write (the condition). That lease end
+        # must come from a write its runner sent before it went: nobody renews a next run that
+        # died or gave up, so that a caller a lease + CLOCK_SKEW after can replace it.
+        if runner.ended is not None and until_ms / 1000 + self.skew < call.sent_wall:
+            self.monitor.fail(
+                f"{proc.name}'s call of {call.key!r} coalesced by the next run {token[:8]} of "
+                f"{runner.proc.name}, which {runner.outcome}, its lease over by "
+                f"{call.sent_wall - until_ms / 1000:.2f}s by the caller's clock: not replaced"
+            )
+        if runner.ended is not None and until_ms / 1000 > runner.ended + self._lease_bound():
+            self.monitor.fail(
+                f"{proc.name}'s call of {call.key!r} coalesced by the next run {token[:8]} of "
+                f"{runner.proc.name}, which {runner.outcome}: its lease stored "
+                f"{until_ms / 1000 - runner.ended:.2f}s past its end (at most "
+                f"{self._lease_bound():g}s): renewed for nobody"
+            )
+
+    def _lease_bound(self) -> float:
+        """How far past its runner's end (by the runner's clock) a registration's stored
+        lease may reach: its last write, sent before, a lease on; the host's clock may have
+        jumped since, within ``spread * skew`` of true time either way."""
+        return self.lease + 2 * self.monitor.sim.options.spread * self.skew + 0.01
+
+    def _wall(self, proc: Any) -> float:
+        with self.monitor.sim.clock_of(proc):
+            return float(self.monitor.sim.wall())
+
+    def _check_began_after(self, call: Call, runner: Call) -> None:
+        """``call`` was coalesced by ``runner``'s registration: the run must begin after it
+        arrived."""
+        assert runner.grant is not None
+        if runner.grant <= call.arrived:
+            self.monitor.fail(
+                f"{call.proc.name}'s call of {call.key!r} (arrived "
+                f"{self.monitor.sim.clock_label_of(call.arrived)}) coalesced by the next run of "
+                f"{runner.proc.name}, which began {call.arrived - runner.grant:.3f}s before it "
+                "arrived"
+            )
+
+    def crashed(self, proc: Any) -> None:
+        call = self.calls.get(proc)
+        if call is not None and call.outcome is None:
+            call.outcome, call.ended = "died", self._wall(proc)
+
+    # -- the database --------------------------------------------------------------------------
+
+    def written(self, key: str, operation: str, item: dict[str, Any] | None, writer: Any) -> None:
+        """The next item of ``key`` as ``writer``'s applied write left it."""
+        before = self.stored.get(key)
+        self.stored[key] = item
+        if operation != "PutItem" or item is None:
+            return
+        run = records.from_item(records.NextRun, item)
+        call = self.calls.get(writer)
+        if call is None or call.key != key:
+            self.monitor.fail(f"{getattr(writer, 'name', writer)} registered {key!r} uncalled")
+            return
+        call.token = run.token
+        self.regs[run.token] = NextRun(call, run.after_fence)
+        if not self.monitor.holders.get(key):
+            self.monitor.sim.stats["coalesce_registered_free"] += 1
+        if before is not None:
+            self._replaced(key, records.from_item(records.NextRun, before), run)
+
+    def _replaced(self, key: str, old: Any, new: Any) -> None:
+        """``new`` replaced ``old``: for ``old``'s lease alone (no hold taken since its
+        fence), its runner must not trust it still."""
+        reg = self.regs.get(old.token)
+        if reg is None or old.token == new.token or old.after_fence < new.after_fence:
+            return
+        runner, registration = reg.call, reg.registration
+        if runner.outcome is not None or runner.proc.dead or registration is None:
+            return
+        if registration._heartbeat.stopped and reg.told_replaced is None:
+            return  # given up, or its hold taken
+        with self.monitor.sim.clock_of(runner.proc):
+            left = registration.seconds_left()
+        if left > 0:
+            self.monitor.fail(
+                f"{key!r}: {runner.proc.name}'s registration as the next run (fence "
+                f"{old.after_fence}) replaced for its lease while it trusts it {left:.3f}s more"
+            )
+
+    def refused(
+        self, key: str, operation: str, params: dict[str, Any], item: Any, writer: Any
+    ) -> None:
+        """A write of ``key``'s next item by ``writer`` refused; ``item``: the one there."""
+        stats = self.monitor.sim.stats
+        there = records.from_item(records.NextRun, item or {})
+        if operation == "PutItem":
+            call = self.calls.get(writer)
+            if call is not None and there.token != call.token:
+                call.refusal = (there.token, there.until_ms)
+                stats["coalesce_register_refused"] += 1
+            return
+        token = params["ExpressionAttributeValues"][":k"]["S"]
+        refused = "renew" if operation == "UpdateItem" else "withdraw"
+        stats[f"coalesce_{refused}_refused"] += 1
+        reg = self.regs.get(token)
+        if reg is None:
+            return
+        told, sent = reg.told_replaced, reg.withdrawing
+        if operation == "DeleteItem" and told is not None and sent is not None and told <= sent:
+            stats["coalesce_certain_refused"] += 1
+            self.monitor.fail(
+                f"{reg.call.proc.name} withdrew its registration of {key!r}, told it was "
+                f"replaced {sent - told:.3f}s before: a write certain to be refused"
+            )
+
+    # -- at the end ----------------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """Every call answered Coalesced is covered: a run of its key began after it arrived
+        and its body completed; or the next run that refused it never ran (its runner died,
+        gave up or failed: the callers after count on whoever comes next, docs/how-to)."""
+        stats = self.monitor.sim.stats
+        for call in self.coalesced:
+            if any(r.done and r.grant > call.arrived for r in self.runs.get(call.key, ())):
+                stats["coalesce_covered"] += 1
+                continue
+            runner = self.regs[call.refused_by or ""].call
+            if runner.outcome in ("died", "gave_up", "failed") or (
+                runner.outcome == "ran" and not runner.done
+            ):
+                stats["coalesce_uncovered_excused"] += 1
+                continue
+            self.monitor.fail(
+                f"lost update: {call.proc.name}'s call of {call.key!r} (arrived "
+                f"{self.monitor.sim.clock_label_of(call.arrived)}) answered Coalesced by the "
+                f"next run of {runner.proc.name} ({runner.outcome}), and no run began after it"
+            )
+
+
+class LeadMonitor:
+    """The invariants of ``leadership`` (the module docstring's **Leadership**): never two
+    leads active at once, each by its own process's clock (``Lead.active``, read without
+    its side effects); ``on_lost`` called at most once a term, and once for a lead known
+    lost; never for a lead given back, not lost."""
+
+    def __init__(self, monitor: Monitor):
+        self.monitor = monitor
+        self.terms: dict[Any, tuple[Any, list[float]]] = {}  # proc -> (its lead, on_lost's)
+        self.acts: dict[Any, float] = {}  # proc -> until when it acts as the leader
+
+    def acting(self, proc: Any, seconds: float) -> None:
+        """``proc`` acts as the leader for ``seconds`` from now (as long as its lead said it
+        may): never while another does."""
+        now = self.monitor.sim.sched.now
+        for other, until in self.acts.items():
+            if other is not proc and not other.dead and until > now:
+                self.monitor.fail(
+                    f"two leaders act at once: {proc.name} from now, {other.name} for "
+                    f"{until - now:.3f}s more"
+                )
+        self.acts[proc] = now + seconds
+
+    def entered(self, proc: Any, lead: Any, lost: list[float]) -> None:
+        self.terms[proc] = (lead, lost)
+        self.check()
+
+    def left(self, proc: Any) -> None:
+        self.acts.pop(proc, None)
+        term = self.terms.pop(proc, None)
+        if term is None:
+            return
+        lead, lost = term
+        if len(lost) > 1:
+            self.monitor.fail(f"{proc.name}: on_lost called {len(lost)} times in one term")
+        elif lost and not lead._lost.is_set():
+            self.monitor.fail(f"{proc.name}: on_lost called for a lead not lost")
+        elif lead._lost.is_set() and not lost:
+            self.monitor.fail(f"{proc.name}: its lead was lost, and on_lost never called")
+
+    def _active(self, proc: Any, lead: Any) -> bool:
+        if proc.dead or lead._given_back or lead._lost.is_set() or lead.held._lost is not None:
+            return False
+        with self.monitor.sim.clock_of(proc):
+            return bool(lead.held.seconds_left() > 0)
+
+    def check(self) -> None:
+        if len(self.terms) < 2:
+            return
+        active = [(p, lead) for p, (lead, _) in self.terms.items() if self._active(p, lead)]
+        if len(active) > 1:
+            who = ", ".join(f"{p.name} (fence {lead.fence})" for p, lead in active)
+            self.monitor.fail(f"two leaders active at once: {who}")

@@ -265,7 +265,10 @@ class Simulation:
             self._clock_proc = None
 
     def clock_label(self) -> str:
-        return f"{self.sched.now - START:.6f}"
+        return self.clock_label_of(self.sched.now)
+
+    def clock_label_of(self, when: float) -> str:
+        return f"{when - START:.6f}"
 
     def _enter(self, proc: Any) -> None:
         self.state.enter(proc)
@@ -346,6 +349,8 @@ class Simulation:
                 result = ("error", exc)
             if result[0] == "ok":
                 self._written(proc, operation, params)
+            else:
+                self._refused(proc, operation, params, result[1])
         finally:
             self.in_db = False
         return result
@@ -366,10 +371,27 @@ class Simulation:
                 self.monitor.entry_written(key["pk"]["S"], sk, self.entry_now(key["pk"]["S"], sk))
             if sk == records.JOB_SK:
                 self.monitor.jobs.written(key["pk"]["S"], records.decode(self._item(key, params)))
+            if sk == records.NEXT_SK:
+                item = records.decode(self._item({"pk": key["pk"], "sk": key["sk"]}, params))
+                self.monitor.coalesce.written(key["pk"]["S"], operation, item, proc)
             if sk != records.LOCK_SK:
                 continue
             item = records.decode(self._item(key, params))
             self.monitor.row_written(key["pk"]["S"], item, proc)
+
+    def _refused(self, proc: Any, operation: str, params: dict[str, Any], exc: Any) -> None:
+        """Show the monitor a refused write of a next-run registration (coalescing)."""
+        from dynasem._storage import records
+
+        key = params.get("Key") or params.get("Item")
+        if operation not in ("UpdateItem", "PutItem", "DeleteItem") or key is None:
+            return
+        if key["sk"].get("S") != records.NEXT_SK:
+            return
+        if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+            return
+        item = records.decode(self._item({"pk": key["pk"], "sk": key["sk"]}, params))
+        self.monitor.coalesce.refused(key["pk"]["S"], operation, params, item, proc)
 
     def entry_now(self, resource: str, sk: str) -> dict[str, Any] | None:
         """The queue entry item at ``sk`` as the database has it now (decoded; the monitor
@@ -431,6 +453,8 @@ class Simulation:
             if not self._finished():
                 left = [p.name for p in self.procs if not (p.done or p.dead)]
                 self.monitor.fail(f"liveness: not done after {o.max_time:g}s: {left}")
+            elif not self.monitor.violations:
+                self.monitor.finish()
             self._stop_all()
         finally:
             self._uninstall(undo)
@@ -561,6 +585,16 @@ class Simulation:
             undo.append((target, name, getattr(target, name)))
             setattr(target, name, value)
         undo += _quiet_logs(self)
+        from dynasem._engine import coalescing
+
+        undo.append((coalescing, "Registration", coalescing.Registration))
+        undo.append((coalescing.next_runs, "register_next", coalescing.next_runs.register_next))
+        coalescing.next_runs.register_next = self.monitor.coalesce.registering(  # type: ignore[assignment]
+            coalescing.next_runs.register_next
+        )
+        coalescing.Registration = self.monitor.coalesce.registration_class(  # type: ignore[misc]
+            coalescing.Registration
+        )
         from dynasem._operators import reaper
 
         undo.append((reaper, "ThreadPoolExecutor", reaper.ThreadPoolExecutor))

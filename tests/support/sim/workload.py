@@ -49,6 +49,13 @@ Kinds of process (a run's ``mix`` names them, one per process, round robin):
   enqueues a retry of itself three times in ten (the hand-on: ``claim_for`` from its own
   run), at most two deep, and works one time in five for one to three leases (renewed).
   The ``unique`` mix; ``UniqueMonitor`` checks it (``invariants.py``).
+* ``coalescer`` / ``impatient_coalescer``: ``with semaphore(key, coalesce=True)`` of one of
+  ``COALESCE_KEYS`` keys: runs at once, or registers as the next run and waits (the
+  impatient ones ``wait=`` 0.2-3 s: they give up and withdraw), or is
+  answered ``Coalesced``; one run in ten works for one to three leases (the registration
+  renews meanwhile). ``leader``: a term of ``leadership(LEADERSHIP)``, acting in steps no
+  longer than ``lead.seconds_left()`` while ``lead.active``, two terms in ten for one to
+  two leases. The ``coalesce`` mix; ``CoalesceMonitor`` and ``LeadMonitor`` check them.
 """
 
 from __future__ import annotations
@@ -81,10 +88,16 @@ MIXES = {
     "limits": ("counting", "counting2", "exclusive_c"),
     "jobs": ("job", "job_committer", "job", "exclusive", "job_committer", "job"),
     "unique": ("enqueuer", "worker", "enqueuer", "worker", "enqueuer", "worker"),
+    "coalesce": (
+        *("coalescer", "leader", "impatient_coalescer", "coalescer"),
+        *("leader", "impatient_coalescer", "coalescer"),
+    ),
 }
 
 JOB_KEYS = 4  # keys a job mix's processes run (each until one run of it succeeds)
 UNIQUE_KEYS = 3  # keys the unique mix's enqueuers claim
+COALESCE_KEYS = 2  # resources the coalesce mix's processes ask runs of
+LEADERSHIP = "sim"  # the election the coalesce mix's leaders stand in
 UNIQUE_TASK = "sim.unique"  # the task's name, as a framework would give it
 QUEUE_LEASE = 1.5  # a unique task's queue lease, in leases (its run lease is the lease)
 RETRY_DEPTH = 2  # retries of retries at most
@@ -185,6 +198,14 @@ def run(sim: Any, proc: Any) -> None:
         if proc.kind == "worker":
             work_messages(sim, proc, rng)
             break
+        if proc.kind in ("coalescer", "impatient_coalescer"):
+            run_coalesced(sim, proc, rng)
+            proc.steps -= 1
+            continue
+        if proc.kind == "leader":
+            lead(sim, proc, rng)
+            proc.steps -= 1
+            continue
         sem = lock_of(proc.kind, rng)
         for resource in sem.resources:
             monitor.begin(proc, resource, sem)
@@ -441,6 +462,88 @@ def retry(sim: Any, proc: Any, rng: Any, message: Message, held: Any) -> None:
         again = unique.claim_for(UNIQUE_TASK, carried.resource, carried.task_id, queue_lease, run)
         if again is not None:
             sim.monitor.fail(f"{proc.name}: a second retry of one run got a claim")
+
+
+def run_coalesced(sim: Any, proc: Any, rng: Any) -> None:
+    """One coalesced call (see the module docstring)."""
+    from dynasem.exceptions import Coalesced
+
+    stats, monitor = sim.stats, sim.monitor
+    calls = monitor.coalesce
+    key = f"n{rng.randrange(COALESCE_KEYS)}"
+    impatient = proc.kind == "impatient_coalescer"
+    sem = semaphore(key, coalesce=True, wait=rng.uniform(0.2, 3.0) if impatient else None)
+    monitor.begin(proc, key, sem)
+    calls.arrived(proc, key)
+    held = None
+    try:
+        with sem as held:
+            monitor.end(proc, key)
+            calls.entered(proc, held)
+            monitor.entered(proc, sem, held)
+            long = rng.random() < 0.1
+            sim.sched.sleep(
+                rng.uniform(1.0, 3.0) * sim.options.lease if long else work(sim, proc, rng)
+            )
+            monitor.left(proc, held)
+            calls.left(proc)
+        stats["acquired"] += 1
+        stats["coalesce_ran"] += 1
+        proc.acquired += 1
+    except Coalesced:
+        stats["coalesced"] += 1
+        calls.answered(proc, "coalesced")
+    except SemaphoreBusy:
+        stats["busy"] += 1
+        calls.answered(proc, "gave_up")
+    except LockLost as exc:
+        stats["lock_lost"] += 1
+        monitor.lost(proc, held, exc)
+        calls.answered(proc, "lost")
+    except SemaphoreUnavailable as exc:
+        stats["unavailable"] += 1
+        sim.record("unavailable", proc, str(exc)[:80])
+        calls.answered(proc, "failed")
+    finally:
+        monitor.end(proc, key)
+
+
+def lead(sim: Any, proc: Any, rng: Any) -> None:
+    """One term of a leader (see the module docstring)."""
+    from dynasem import leadership
+
+    stats, monitor = sim.stats, sim.monitor
+    election = leadership(LEADERSHIP, on_lost=lambda lead: lost.append(sim.sched.now))
+    lost: list[float] = []
+    resource = election.semaphore.resources[0]
+    monitor.begin(proc, resource, election.semaphore)
+    held = None
+    try:
+        with election as term:
+            held = term.held
+            monitor.end(proc, resource)
+            monitor.leads.entered(proc, term, lost)
+            monitor.entered(proc, held.semaphore, held)
+            seconds = rng.uniform(1.0, 2.0) * sim.options.lease if rng.random() < 0.2 else 1.0
+            while seconds > 0 and term.active:  # a leader acts only while it leads,
+                step = min(seconds, rng.uniform(0.1, 1.0), term.seconds_left())  # in time
+                monitor.leads.acting(proc, step)
+                sim.sched.sleep(step)
+                seconds -= step
+            monitor.left(proc, held)
+        stats["acquired"] += 1
+        stats["lead_terms"] += 1
+        stats["lead_lost"] += bool(lost)
+        proc.acquired += 1
+    except LockLost as exc:
+        stats["lock_lost"] += 1
+        monitor.lost(proc, held, exc)
+    except SemaphoreUnavailable as exc:
+        stats["unavailable"] += 1
+        sim.record("unavailable", proc, str(exc)[:80])
+    finally:
+        monitor.end(proc, resource)
+        monitor.leads.left(proc)
 
 
 def work(sim: Any, proc: Any, rng: Any) -> float:
