@@ -23,6 +23,8 @@ pytestmark = pytest.mark.serial
 # Small runs (the simulated DynamoDB answers in a fraction of a millisecond, moto in several).
 SMALL: dict[str, Any] = {"processes": 5, "hosts": 2, "steps": 6}
 WIDE: dict[str, Any] = {"processes": 6, "hosts": 3, "steps": 10}
+# The breaks mix with its counting pair in permit items and every reader in an item.
+BREAKS: dict[str, Any] = {"permits_from": 1, "readers_from": 0, **WIDE}
 
 
 def test_module_state_is_listed() -> None:
@@ -114,6 +116,17 @@ def test_coalesced_calls_run_are_covered_and_leaders_lead_in_turn() -> None:
     s = result.stats
     assert s["coalesce_ran"] > 0 and s["coalesced"] > 0 and s["coalesce_covered"] > 0
     assert s["lead_terms"] > 0
+
+
+def test_operators_break_rows_permits_and_readers() -> None:
+    """The ``breaks`` mix: an operator's ``dynasem_release`` breaks holds in the row, in
+    permit items and in reader items, and finds some gone since it read them, with the
+    breaks' invariants checked (a broken hold's trust never grows)."""
+    result = run(Options(seed=4, mix="breaks", faults="light", **BREAKS))
+    result.raise_if_violated()
+    s = result.stats
+    assert s["broken_row"] > 0 and s["broken_permit"] > 0 and s["broken_reader"] > 0
+    assert s["break_refused"] > 0 and s["lock_lost"] > 0 and s["acquired"] > 0
 
 
 def test_same_seed_same_trace() -> None:
@@ -368,6 +381,12 @@ FOUND = [
     ("next_renewal_unsent", {"mix": "coalesce", "faults": "light", **WIDE}, range(7, 8)),
     ("withdraw_when_replaced", {"mix": "coalesce", "faults": "pauses", **WIDE}, range(6, 7)),
     ("lead_trusted_until_lost", {"mix": "coalesce", "faults": "pauses", **WIDE}, range(2, 3)),
+    # An operator's break (the breaks mix, every reader in an item): a broken reader's
+    # tombstone, or a broken permit, renewed all the same: the broken holder's trust grows
+    # past the break. Each found by every seed of 1-10 (the first: 1 of 10 with readers
+    # inline first, seed 8).
+    ("renew_reader_past_break", {"mix": "breaks", "faults": "light", **BREAKS}, range(1, 2)),
+    ("renew_permit_past_break", {"mix": "breaks", "faults": "light", **BREAKS}, range(1, 2)),
 ]
 
 
@@ -485,6 +504,13 @@ FOUND_IN_DYNASEM = [
     # mix's first runs, 2026-12-05: seeds 4, 7, 8 of pauses on its first draft; seed 6 of
     # pauses on the mix as kept). Fixed: it sends nothing.
     (6, "coalesce", "pauses"),
+    # A reader admitted, its item written, stalled past its trust; an operator broke its
+    # item meanwhile (counting it down). Its give-back met the break's tombstone and left
+    # the row's mark of its admission: admitted again, it was taken for that admission
+    # confirmed and not counted, and its release counted out the reader beside it: a writer
+    # held beside that reader (the breaks mix, every reader in items: seed 6 of pauses;
+    # 2026-12-05). Fixed: a give-back refused by our tombstone takes the mark off.
+    (6, "breaks-readers", "pauses"),
 ]
 
 
@@ -493,6 +519,8 @@ def test_a_seed_that_found_a_fault_passes(seed: int, mix: str, faults: str) -> N
     options: dict[str, Any] = {"faults": faults, "processes": 6, "hosts": 3, "steps": 10}
     if mix.endswith("-permits"):  # the mix with its counting semaphores in permit items
         mix, options["permits_from"] = mix.removesuffix("-permits"), 1
+    if mix.endswith("-readers"):  # the mix with every reader in a reader item
+        mix, options["readers_from"] = mix.removesuffix("-readers"), 0
     run(Options(seed=seed, mix=mix, **options)).raise_if_violated()
 
 

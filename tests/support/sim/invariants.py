@@ -51,6 +51,14 @@
 * **Leadership** (``LeadMonitor``): never two leaders acting at once (each acts in steps no
   longer than its ``lead.seconds_left()``), never two leads ``active`` at once by their own
   clocks, ``on_lost`` called at most once a term.
+* **Breaks** (the ``breaks`` mix: an operator's ``dynasem_release``): from the write that
+  broke a hold, its block is not counted beside others (its holder trusts it until a renewal
+  is refused, and is not told sooner: only its fence protects its work, which the **Fences**
+  checks of the others' grants still cover), nor checked as entered after it; but its trust
+  never grows: the trusted deadline stays within what a write applied before the break gave
+  (a lease less ``CLOCK_SKEW`` from its send; a hand-over's lease end, written by a clock
+  ahead), so a renewal that the break did not refuse (an item made anew, a condition that
+  misses the token) is a violation.
 * **No request storm**: no thread of a process sends more than ``STORM`` requests in one
   second of virtual time. A loop that asks again at once (a writer that read its readers'
   items again and again while they renewed) costs on AWS what it costs here, and holds its
@@ -124,6 +132,7 @@ class Monitor:
         self.sent: dict[Any, collections.deque[float]] = {}
         self.busiest = 0  # the most requests one thread sent in a second
         self.wanted: dict[Any, Any] = {}  # proc -> the semaphore it waits for (its mode, limit)
+        self.broken: dict[tuple[str, str, int], float] = {}  # (resource, token, fence) -> when
         self.jobs = JobMonitor(self)
         self.unique = UniqueMonitor(self, bound=QUEUE_LEASE * lease + 2 * skew + SLACK)
         self.coalesce = CoalesceMonitor(self, lease=lease, skew=skew)
@@ -171,6 +180,21 @@ class Monitor:
         self.sim.entered(proc)
 
     def _entered(self, proc: Any, sem: Any, held: Any, resource: str, fence: int) -> None:
+        if self._broken_at(resource, held) is None:  # (broken since its grant: see broke)
+            self._check_entry(proc, sem, held, resource, fence)
+        if proc.transaction is not None:
+            self.open_work.setdefault(resource, {})[proc] = held
+        entry = Inside(proc, held, sem.mode, sem.limit, self.sim.sched.now)
+        for other in self.inside.get(resource, {}).values():
+            if self._broken_at(resource, other.held) is not None:
+                continue
+            if Mode.EXCLUSIVE in (sem.mode, other.mode):
+                self._margin(other)
+        self.inside.setdefault(resource, {})[held.token] = entry
+        self.sim.record("enter", proc, resource, fence)
+        self._check_resource(resource)
+
+    def _check_entry(self, proc: Any, sem: Any, held: Any, resource: str, fence: int) -> None:
         if sem.mode == Mode.EXCLUSIVE:
             # Ours in the row as stored, with the fence we were told. (A reader may hold in
             # a reader item, with the row's fence at its admission, while an older entry of
@@ -188,18 +212,11 @@ class Monitor:
                 f"superseded by a later grant (fence {top})"
             )
         self._check_commits(proc, resource)
-        if proc.transaction is not None:
-            self.open_work.setdefault(resource, {})[proc] = held
-        entry = Inside(proc, held, sem.mode, sem.limit, self.sim.sched.now)
-        for other in self.inside.get(resource, {}).values():
-            if Mode.EXCLUSIVE in (sem.mode, other.mode):
-                self._margin(other)
-        self.inside.setdefault(resource, {})[held.token] = entry
-        self.sim.record("enter", proc, resource, fence)
-        self._check_resource(resource)
 
     def _check_commits(self, proc: Any, resource: str) -> None:
         for other, held in self.open_work.get(resource, {}).items():
+            if self._broken_at(resource, held) is not None:
+                continue  # broken by an operator: only its fence protects it
             if other is not proc and not self._lapsed(other, held):
                 self.fail(
                     f"{proc.name} entered {resource!r} before {other.name}'s transaction, which "
@@ -226,6 +243,37 @@ class Monitor:
             self.fail(
                 f"{proc.name} was told its hold (fence {held.fence}) was taken over, yet only "
                 f"its own writes removed it, within its trusted deadline"
+            )
+
+    def broke(self, resource: str, token: str, fence: int, sk: str) -> None:
+        """An operator's write that broke the grant of ``fence`` to ``token`` on
+        ``resource`` (its item ``sk``) applied now. (The same token admitted again after it,
+        under a later fence, holds anew; a permit of the token that a take whose answer was
+        lost wrote, left to lapse, has a fence of its own.)"""
+        if (resource, token, fence) not in self.broken:
+            self.broken[(resource, token, fence)] = self.sim.sched.now
+            self.sim.record("broken", None, resource, token[:8], fence, sk)
+            item = {records.PERMIT_PREFIX: "permit", records.READER_PREFIX: "reader"}
+            self.sim.stats[f"broken_{item.get(sk[:2], 'row')}"] += 1
+
+    def _broken_at(self, resource: str, held: Any) -> float | None:
+        """When ``held``'s grant on ``resource`` was broken (None: it was not)."""
+        return self.broken.get((resource, held.token, held.fences.get(resource)))
+
+    def _check_broken(self, resource: str, entry: Inside, at: float) -> None:
+        """A broken hold's trust never grows past what a write applied before its break
+        gave: a lease less CLOCK_SKEW from its own write's send, or from a hand-over's stored
+        lease end, written by a clock up to 2 * spread * CLOCK_SKEW ahead of the heir's."""
+        if entry.held._lost is not None:
+            return
+        with self.sim.clock_of(entry.proc):
+            ends = self.sim.sched.now + entry.held._deadline - self.sim.mono()
+        clocks = 2 * self.sim.options.spread * self.skew
+        over = ends - (at + entry.held.lease - self.skew + clocks)
+        if over > 1e-6:
+            self.fail(
+                f"{entry.proc.name}'s hold on {resource!r} (fence {entry.held.fence}) is "
+                f"trusted {over:.3f}s past what any renewal sent before its break could give"
             )
 
     def _margin(self, earlier: Inside) -> None:
@@ -359,7 +407,7 @@ class Monitor:
 
     def check(self) -> None:
         for resource, inside in self.inside.items():
-            if len(inside) > 1:
+            if len(inside) > 1 or any(self._broken_at(resource, e.held) for e in inside.values()):
                 self._check_resource(resource)
         self.jobs.check()
         self.leads.check()
@@ -372,7 +420,13 @@ class Monitor:
 
     def _check_resource(self, resource: str) -> None:
         inside = self.inside.get(resource, {})
-        trusted = [e for e in inside.values() if self._trusted(e)]
+        trusted = []
+        for entry in inside.values():
+            broken_at = self._broken_at(resource, entry.held)
+            if broken_at is not None:
+                self._check_broken(resource, entry, broken_at)
+            elif self._trusted(entry):
+                trusted.append(entry)
         if len(trusted) < 2:
             return
         exclusive = [e for e in trusted if e.mode == Mode.EXCLUSIVE]

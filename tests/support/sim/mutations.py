@@ -121,6 +121,14 @@ and for coalesced re-runs and leadership (the ``coalesce`` mix):
   a clock behind can give its own run's fence less than: callers during that run coalesced;
 * ``lead_trusted_until_lost``: a leader trusts its lead (``active``, ``seconds_left``) until
   told it is lost, not to its deadline.
+and for an operator's breaks (the ``breaks`` mix):
+
+* ``renew_reader_past_break``: a reader item's renewal no longer requires its lease end
+  (reader_items.renew_reader's ``attribute_exists(#e)`` dropped): a broken reader's
+  tombstone is renewed, and the reader trusts on;
+* ``renew_permit_past_break``: a permit's renewal no longer requires our token in it
+  (permit_items.renew_permit's ``#k = :tok`` dropped): a broken permit (or the slot's next
+  holder's) is renewed for the holder that was broken.
 """
 
 from __future__ import annotations
@@ -521,6 +529,21 @@ def claim_keeps_renewing(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(unique, "stop_renewing", lambda held: None)
 
 
+def renew_reader_past_break(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._storage import reader_items
+
+    # A reader item's renewal no longer requires its lease end (a break's tombstone has none).
+    renew = _dropping(reader_items.renew_reader, "attribute_exists(#e)")
+    mp.setattr(reader_items, "renew_reader", renew)
+
+
+def renew_permit_past_break(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._storage import permit_items
+
+    # A permit's renewal no longer requires our token in it (a break takes it off).
+    mp.setattr(permit_items, "renew_permit", _dropping(permit_items.renew_permit, "#k = :tok"))
+
+
 def adopt_unconfirmed(mp: pytest.MonkeyPatch) -> None:
     from dynasem._background import unique
 
@@ -674,5 +697,7 @@ MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
         withdraw_when_replaced,
         registered_on_a_clock_fence,
         lead_trusted_until_lost,
+        renew_reader_past_break,
+        renew_permit_past_break,
     )
 }

@@ -85,6 +85,9 @@ class Options:
     # Counting semaphores of more permits than this keep their holders in permit items
     # (0: the library's own, permit_items.INLINE_MAX): 1 puts the counting mix there.
     permits_from: int = 0
+    # Shared resources keep this many readers in their row, the next in reader items (-1:
+    # the library's own, lock_writes.READERS_INLINE): 0 puts every reader there.
+    readers_from: int = -1
     trace: bool = True
 
 
@@ -367,6 +370,15 @@ class Simulation:
             return
         for key in keys:
             sk = key["sk"].get("S", "") if key else ""
+            breaking = getattr(proc, "breaking", None)
+            if breaking is not None and key and key["pk"]["S"] == breaking[0]:
+                # An operator's break applied: its first write (the rest count down, hint,
+                # hand over). An item's break is by token: the grant it broke is the item's
+                # (the same token admitted again since the listing holds under a new fence).
+                item = records.decode(self._item(key, params)) or {}
+                fence = int(item.get("f", breaking[2])) if sk != records.LOCK_SK else breaking[2]
+                self.monitor.broke(breaking[0], breaking[1], fence, sk)
+                proc.breaking = None
             if sk.startswith(records.ENTRY_PREFIX):
                 self.monitor.entry_written(key["pk"]["S"], sk, self.entry_now(key["pk"]["S"], sk))
             if sk == records.JOB_SK:
@@ -614,6 +626,12 @@ class Simulation:
 
             undo.append((permit_items, "INLINE_MAX", permit_items.INLINE_MAX))
             permit_items.INLINE_MAX = o.permits_from
+        if o.readers_from >= 0:
+            from dynasem._storage import lock_writes, reader_items
+
+            undo.append((lock_writes, "READERS_INLINE", lock_writes.READERS_INLINE))
+            undo.append((reader_items, "READERS_INLINE", reader_items.READERS_INLINE))
+            lock_writes.READERS_INLINE = reader_items.READERS_INLINE = o.readers_from
         if o.mutation:
             import pytest
 

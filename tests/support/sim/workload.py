@@ -56,6 +56,15 @@ Kinds of process (a run's ``mix`` names them, one per process, round robin):
   renews meanwhile). ``leader``: a term of ``leadership(LEADERSHIP)``, acting in steps no
   longer than ``lead.seconds_left()`` while ``lead.active``, two terms in ten for one to
   two leases. The ``coalesce`` mix; ``CoalesceMonitor`` and ``LeadMonitor`` check them.
+* ``operator``: an operator's ``manage.py dynasem_release`` every second or so, until the
+  other processes are done (the command's own :func:`locks.holds_on` and
+  :func:`locks.break_hold`): a consistent read of one of ``BROKEN``'s resources, then, up to
+  half a second later (the question asked), a break of one of its holds, picked at random,
+  conditional on its token (refused when it went since the read). The ``breaks`` mix runs
+  one beside three readers of ``"rw"`` (past ``READERS_INLINE``: reader items), its writer,
+  and a renewing counting pair (with ``--permits-from``, permit items): the monitor excuses
+  a broken hold's block beside others (its holder trusts it until a renewal is refused:
+  only its fence protects its work) and checks that its trust never grows after the break.
 """
 
 from __future__ import annotations
@@ -92,6 +101,7 @@ MIXES = {
         *("coalescer", "leader", "impatient_coalescer", "coalescer"),
         *("leader", "impatient_coalescer", "coalescer"),
     ),
+    "breaks": ("long_reader", "reader", "operator", "reader", "writer", "long_counting_pair"),
 }
 
 JOB_KEYS = 4  # keys a job mix's processes run (each until one run of it succeeds)
@@ -101,6 +111,7 @@ LEADERSHIP = "sim"  # the election the coalesce mix's leaders stand in
 UNIQUE_TASK = "sim.unique"  # the task's name, as a framework would give it
 QUEUE_LEASE = 1.5  # a unique task's queue lease, in leases (its run lease is the lease)
 RETRY_DEPTH = 2  # retries of retries at most
+BROKEN = ("rw", "c", "d")  # what the breaks mix's operator breaks holds of
 
 
 @dataclasses.dataclass
@@ -206,6 +217,10 @@ def run(sim: Any, proc: Any) -> None:
             lead(sim, proc, rng)
             proc.steps -= 1
             continue
+        if proc.kind == "operator":
+            while not all(p.done or p.dead for p in sim.procs if p.kind != "operator"):
+                break_one(sim, proc, rng)
+            break
         sem = lock_of(proc.kind, rng)
         for resource in sem.resources:
             monitor.begin(proc, resource, sem)
@@ -240,6 +255,33 @@ def run(sim: Any, proc: Any) -> None:
             end_transaction(sim, proc, committed=False)  # an exception leaves atomic
         proc.steps -= 1
     proc.done = True
+
+
+def break_one(sim: Any, proc: Any, rng: Any) -> None:
+    """An operator's ``dynasem_release RESOURCE --token T`` (the command's own reads and
+    writes): the holders of a resource, one consistent read, then a break of one of them."""
+    from dynasem._operators import locks
+
+    stats = sim.stats
+    sim.sched.sleep(rng.uniform(0.2, 2.0))
+    resource = rng.choice(BROKEN)
+    try:
+        holds = locks.holds_on(resource)
+        if not holds:
+            stats["break_nothing"] += 1
+            return
+        hold = rng.choice(holds)
+        sim.sched.sleep(rng.uniform(0.0, 0.5))  # "Break 1 hold(s)?": the operator reads
+        proc.breaking = (resource, hold.token, hold.fence)  # its first write applied breaks
+        broken = locks.break_hold(resource, hold.token, user_id=hold.user_id, fence=hold.fence)
+    except SemaphoreUnavailable as exc:
+        stats["unavailable"] += 1
+        sim.record("unavailable", proc, str(exc)[:80])
+        return
+    finally:
+        proc.breaking = None
+    stats["broken" if broken else "break_refused"] += 1
+    sim.record("break" if broken else "break_refused", proc, resource, hold.token[:8])
 
 
 class JobFailed(Exception):
