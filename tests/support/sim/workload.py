@@ -198,25 +198,14 @@ def run(sim: Any, proc: Any) -> None:
         if profile.rest_share and rng.random() < profile.rest_share:
             pause += rng.uniform(*profile.rest_for)  # its resource may go idle, its row reaped
         sim.sched.sleep(pause)
-        if proc.kind in ("job", "job_committer"):
-            run_job(sim, proc, rng)
-            proc.steps -= 1
-            continue
-        if proc.kind == "enqueuer":
-            enqueue(sim, proc, rng)
+        step = STEPS.get(proc.kind)
+        if step is not None:
+            step(sim, proc, rng)
             proc.steps -= 1
             continue
         if proc.kind == "worker":
             work_messages(sim, proc, rng)
             break
-        if proc.kind in ("coalescer", "impatient_coalescer"):
-            run_coalesced(sim, proc, rng)
-            proc.steps -= 1
-            continue
-        if proc.kind == "leader":
-            lead(sim, proc, rng)
-            proc.steps -= 1
-            continue
         if proc.kind == "operator":
             while not all(p.done or p.dead for p in sim.procs if p.kind != "operator"):
                 break_one(sim, proc, rng)
@@ -593,3 +582,15 @@ def work(sim: Any, proc: Any, rng: Any) -> float:
     if proc.kind in ("long", "long_reader") or proc.kind.startswith("long_"):
         return float(rng.uniform(1.0, 3.0) * sim.options.lease)
     return float(rng.uniform(0.001, 0.4) if rng.random() < 0.9 else 2.0)
+
+
+# A step of the kinds that do something else than hold a semaphore (run_once, unique tasks,
+# coalesced calls, leadership), by kind: one of ``proc.steps``.
+STEPS: dict[str, Callable[[Any, Any, Any], None]] = {
+    "job": run_job,
+    "job_committer": run_job,
+    "enqueuer": enqueue,
+    "coalescer": run_coalesced,
+    "impatient_coalescer": run_coalesced,
+    "leader": lead,
+}
