@@ -82,6 +82,12 @@ SIM_ACROSS_FAULTS ?= light,pauses,partitions,reaped
 # adds the fault to any profile, `interrupts_heavy` puts it beside the network's faults.
 SIM_INTERRUPT_MIXES ?= exclusive,counting,readers,fair,pairs,all,commits,limits,shared_pairs,counting_pairs,mixed_pairs,jobs,unique
 SIM_INTERRUPT_FAULTS ?= interrupts
+# And coalesced re-runs beside leaders (the coalesce mix, about 0.4 s a seed: twice the other
+# mixes' cost) under the faults that find its mutations.
+SIM_COALESCE_FAULTS ?= pauses,crashes,heavy
+# And an operator's breaks (dynasem_release) beside readers, a writer and a counting pair,
+# every reader in an item and the pair in permit items (the breaks mix, about 1 s a seed).
+SIM_BREAKS_FAULTS ?= pauses,crashes
 SIM_ARGS ?=
 simulate: venv
 	$(PYTHON_VENV) -m tests.support.sim --seeds $(SEEDS) --mix $(SIM_MIXES) --faults $(SIM_FAULTS) \
@@ -92,6 +98,10 @@ simulate: venv
 		--faults $(SIM_ACROSS_FAULTS) --processes 6 --hosts 3 --steps 10 --push-across $(SIM_ARGS)
 	$(PYTHON_VENV) -m tests.support.sim --seeds $(SEEDS) --mix $(SIM_INTERRUPT_MIXES) \
 		--faults $(SIM_INTERRUPT_FAULTS) --processes 6 --hosts 3 --steps 10 $(SIM_ARGS)
+	$(PYTHON_VENV) -m tests.support.sim --seeds $(SEEDS) --mix coalesce \
+		--faults $(SIM_COALESCE_FAULTS) --processes 6 --hosts 3 --steps 10 $(SIM_ARGS)
+	$(PYTHON_VENV) -m tests.support.sim --seeds $(SEEDS) --mix breaks --faults $(SIM_BREAKS_FAULTS) \
+		--processes 6 --hosts 3 --steps 10 --permits-from 1 --readers-from 0 $(SIM_ARGS)
 
 demo: venv
 	bash scripts/demo.sh

@@ -89,6 +89,7 @@ class Registration:
         self.resource, self.token, self.name = resource, token, name
         self.lease, self.skew = lease, skew
         self._deadline = sent + lease - skew
+        self._replaced = False  # a renewal was refused: the item is another's for good
         self._heartbeat = heartbeat.Heartbeat(self)
         self._heartbeat.start()
 
@@ -106,6 +107,7 @@ class Registration:
         if not renewed:
             # Replaced: the fence moved on (someone took the lock meanwhile) or our lease ran
             # out. We still run when our turn comes; the heartbeat stops here.
+            self._replaced = True
             raise LockLost(self.resource, "replaced as the next run")
         self._deadline = sent + self.lease - self.skew
 
@@ -114,6 +116,10 @@ class Registration:
 
     def withdraw(self) -> None:
         self.stop()
+        if self._replaced:
+            # A renewal was refused: the item is another caller's (tokens never come back),
+            # so a delete conditional on ours could only be refused: not sent (1 WCU).
+            return
         try:
             with telemetry.naming(self.name):
                 next_runs.withdraw_next(self.resource, self.token)
@@ -124,15 +130,24 @@ class Registration:
             )
 
 
-def register(sem: Any, busy: SemaphoreBusy) -> Registration:
-    """Register as ``sem``'s next run after ``busy``, or raise :class:`Coalesced`."""
+def register(sem: Any, busy: SemaphoreBusy) -> Registration | None:
+    """Register as ``sem``'s next run after ``busy``, or raise :class:`Coalesced`; None when
+    the lock row is gone (reaped since it was busy): we wait as a plain waiter, unregistered.
+
+    Not registered with a fence from our clock instead: above every fence handed out
+    before, it is also above those a clock behind ours (within CLOCK_SKEW) hands out for a
+    while after, our own run's among them if it is handed over to us from such a host: a
+    caller arriving while we run would read a fence at most ours and be answered Coalesced
+    by a run that had already begun. Unregistered, nobody is coalesced on our account: at
+    worst one run more, never one less."""
     lease, _, skew = resolve_timing(sem.lease, sem.wait)
     resource = sem.resources[0]
     row = lock_rows.get(resource)  # consistent: the fence as it is now that we have arrived
+    if row is None:
+        return None
     token = uuid.uuid4().hex
     sent, now = clock.monotonic(), clock.now_ms()
-    # No row (reaped): a fence from the clock, above every fence handed out before.
-    after_fence = row.fence if row is not None else clock.new_fence(skew)
+    after_fence = row.fence
     times = {"until_ms": now + int(lease * 1000), "stale_ms": now - int(skew * 1000)}
     user_id, holder = user_id_of(sem.user), busy.holder_user_id
     other = next_runs.register_next(
@@ -158,6 +173,8 @@ def acquire(sem: Any, attempt: Callable[[float], _T]) -> _T:
         raise
     except SemaphoreBusy as busy:
         registration = register(sem, busy)
+    if registration is None:
+        return attempt(wait)
     try:
         held = attempt(wait)
     except BaseException:
@@ -183,6 +200,8 @@ async def aacquire(sem: Any, attempt: Callable[[float], Awaitable[_T]]) -> _T:
         except asyncio.CancelledError:
             registering.add_done_callback(_withdraw_when_made)
             raise
+    if registration is None:
+        return await attempt(wait)
     try:
         held = await attempt(wait)
     except BaseException:
@@ -193,9 +212,11 @@ async def aacquire(sem: Any, attempt: Callable[[float], Awaitable[_T]]) -> _T:
     return held
 
 
-def _withdraw_when_made(registering: asyncio.Future[Registration]) -> None:
+def _withdraw_when_made(registering: asyncio.Future[Registration | None]) -> None:
     if registering.cancelled() or registering.exception() is not None:
         return  # not registered (Coalesced, or an error)
     registration = registering.result()
+    if registration is None:
+        return  # the row was gone: nothing registered
     registration.stop()
     io_executor().submit(registration.withdraw)

@@ -41,16 +41,20 @@ def _give_back_permit(resource: str, slot: int, token: str) -> None:
     permit_items.send(permit_items.give_back_permit(resource, slot, token, now))
 
 
-def break_permit(resource: str, token: str, permit: records.Permit | None = None) -> bool:
-    """An operator breaks the permit ``token`` holds (if it still does); its slot is hinted
-    and the first waiter told, as for a release. False: ``token`` holds none. ``permit``: the
-    permit as read, freed only if its lease end is unchanged (the reaper's dead holders)."""
+def break_permit(
+    resource: str, token: str, permit: records.Permit | None = None, fence: int | None = None
+) -> bool:
+    """An operator breaks the permit ``token`` holds (if it still does; under ``fence``, if
+    given); its slot is hinted and the first waiter told, as for a release. False: ``token``
+    holds none. ``permit``: the permit as read, freed only if its lease end is unchanged (the
+    reaper's dead holders)."""
     until = None if permit is None else permit.holder.expires_ms
-    permit = permit or permit_items.slot_of(resource, token)
+    permit = permit or permit_items.slot_of(resource, token, fence)
     if permit is None:
         return False
+    action = permit_items.break_permit(resource, permit.slot, token, until, fence)
     try:
-        permit_items.send(permit_items.break_permit(resource, permit.slot, token, until))
+        permit_items.send(action)
     except dynamodb.Refused:
         return False
     hint_freed(resource, permit.slot, None)

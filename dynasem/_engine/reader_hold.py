@@ -116,17 +116,56 @@ def _wake_first(resource: str, row: records.LockItem | None) -> None:
         handover.push_first(resource, row, readers_only=False)
 
 
-def undo(resource: str, epoch: int, token: str) -> None:
+def undo(
+    resource: str, epoch: int, token: str, *, counted: float | None = None, skew: float = 0.0
+) -> None:
     """Best effort: give back a reader an unanswered (or interrupted) admission may have
     made (its item deleted, sent again while it fails for a passing cause as a release is;
-    then counted down: only if the delete took it)."""
-    if resend.undone(functools.partial(reader_items.drop_reader, resource, token), resource, token):
+    then counted down: only if the delete took it). ``counted``: the admission is known
+    applied (its answer came), and no write of the item was sent before that time
+    (monotonic): an item gone by our own delete, its answer lost, is counted down too
+    (:func:`deleted_by_us`). None: the admission may not have been applied (a transaction
+    unanswered), and a reader never counted must not be counted down.
+
+    Refused by a break's tombstone of our item (an operator, or the reaper, broke it: the
+    break counted us down), our admission's mark comes off the row, or the same token
+    admitted again would be taken for that admission confirmed and not counted: its
+    release would then count out a reader beside it (:func:`forget_admission`)."""
+
+    def refused(exc: dynamodb.Refused) -> bool:
+        if exc.item is not None and exc.item.get("bt") == token:
+            forget_admission(resource, epoch, token)
+            return False
+        return counted is not None and deleted_by_us(exc, counted, skew)
+
+    drop = functools.partial(reader_items.drop_reader, resource, token)
+    if resend.undone(drop, resource, token, refused=refused):
         count_down(resource, epoch, forget=True)  # the same token may be admitted again
 
 
-def break_reader(resource: str, token: str, reader: records.Reader | None = None) -> bool:
-    """An operator breaks reader ``token`` (if it still holds); the reaper a dead one, as
-    read (``reader``: its lease end must be unchanged). False: no such reader.
+def deleted_by_us(refused: dynamodb.Refused, written: float, skew: float) -> bool:
+    """Whether our reader item's delete, refused with the item not there, was taken away by
+    an attempt of ours whose answer was lost, so that the reader is ours to count down.
+
+    An attempt of ours may have been applied (``retried``), no tombstone is there, and a break
+    of the item would still show as one: no break of it is older than ``written`` (monotonic,
+    no later than our last write of the item was sent: a renewal or the admission's), and a
+    tombstone's TTL is a bucket past its break (on the breaker's clock, in whole seconds).
+    Then a break before our first attempt left its tombstone, still there (it counted the
+    reader down, and we do not); one between our attempts found no item and counted nothing
+    down; a writer's write-off moves the epoch on, and the count-down's condition refuses it.
+    Counted down once."""
+    if not refused.retried or refused.item is not None:
+        return False
+    return clock.monotonic() < written + records.BUCKET_S - skew - 1
+
+
+def break_reader(
+    resource: str, token: str, reader: records.Reader | None = None, fence: int | None = None
+) -> bool:
+    """An operator breaks reader ``token`` (if it still holds; under ``fence``, if given); the
+    reaper a dead one, as read (``reader``: its lease end must be unchanged). False: no such
+    reader.
 
     Its item is left a tombstone (:func:`reader_items.break_reader`), not deleted: a reader
     whose item's write was applied, its answer lost, sends it again, and over a deleted item
@@ -134,11 +173,12 @@ def break_reader(resource: str, token: str, reader: records.Reader | None = None
     until = None if reader is None else reader.holder.expires_ms
     if reader is None:
         reader = next((r for r in reader_items.readers(resource) if r.token == token), None)
-        if reader is None:
+        if reader is None or fence not in (None, reader.holder.fence):
             return False
     tombstone_until = max(reader.holder.expires_ms, clock.now_ms())
+    action = reader_items.break_reader(resource, token, tombstone_until, until, fence)
     try:
-        reader_items.send(reader_items.break_reader(resource, token, tombstone_until, until))
+        reader_items.send(action)
     except dynamodb.Refused:
         return False
     count_down(resource, reader.epoch)
@@ -146,8 +186,8 @@ def break_reader(resource: str, token: str, reader: records.Reader | None = None
 
 
 def forget_admission(resource: str, epoch: int, token: str) -> None:
-    """Our admission was broken before its item was written (an operator's break between
-    the item's write, whose answer was lost, and its re-send): the break counted it down.
+    """Our admission was broken (an operator's break between the item's write, whose answer
+    was lost, and its re-send; or before its give-back): the break counted it down.
     Its mark comes off the row (if still ours), so that admitted again it is counted again.
     Raises :class:`SemaphoreUnavailable` if that write failed (the mark may still be ours:
     an admission planned from it would not be counted)."""
@@ -219,22 +259,11 @@ class ReaderHeld(Held):
                 # A tombstone of ours: broken by an operator (or the reaper), surely.
                 broken = (refused.item or {}).get("bt") == self.token
                 ok = ok and not broken and self._gone_after_work(refused.retried)
-                if refused.retried and refused.item is None and self._break_would_show():
-                    # No item, no tombstone, and an attempt of ours may have been applied:
-                    # our own delete took it (a writer's write-off moves the epoch on, and
-                    # the count-down's condition then refuses it). A break between our
-                    # attempts found no item and counted nothing down; one before the
-                    # first would have left its tombstone, still there: count it down once.
+                # Our last write of the item (a renewal or the admission) was sent no
+                # earlier than the deadline less the lease and the skew.
+                written = self._deadline - self.lease + self.skew
+                if deleted_by_us(refused, written, self.skew):
                     count_down(resource, epoch)
                 continue
             count_down(resource, epoch)
         return ok
-
-    def _break_would_show(self) -> bool:
-        """Whether an operator's (or the reaper's) break of our item would still show, as its
-        tombstone: its TTL is a bucket past the break (on the breaker's clock, in whole
-        seconds), and the item was live when we last wrote it (a renewal or the admission,
-        sent no earlier than the deadline less the lease and the skew), so no break of it
-        can be older than that."""
-        written = self._deadline - self.lease + self.skew
-        return clock.monotonic() < written + records.BUCKET_S - self.skew - 1

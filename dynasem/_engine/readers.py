@@ -47,7 +47,9 @@ def admitted(
     renew as well, and claims nothing."""
     resource, token = row.resource, run.token
     holder = lock_writes.holder_entry(run.user_id, expires_ms, row.fence, now_ms, True, run.proc)
-    undo = functools.partial(reader_hold.undo, resource, row.reader_epoch, token)
+    undo = functools.partial(
+        reader_hold.undo, resource, row.reader_epoch, token, counted=sent_mono, skew=run.skew
+    )
     action = reader_items.put_reader(resource, token, holder, row.reader_epoch)
     failures = 0
     while True:
@@ -254,11 +256,16 @@ def _admissions(
         )
         holder = run.holder(now, fences[r], shared=True)
         actions += [admission, reader_items.put_reader(r, run.token, holder, epochs[r])]
+    # Unanswered, the transaction may not have been applied: a reader it may not have
+    # counted is not counted down on a doubt (reader_hold.undo's ``counted``).
     undo = functools.partial(permit_hold.undo_many, epochs, run.token, reader_hold.undo)
 
     def finish(expires_ms: int, sent_mono: float) -> Steps[Held | None]:
         if sent_mono + run.lease - run.skew - clock.monotonic() < run.margin:
-            yield Request(undo)  # paused or answered late, near its trust's end: again
+            # Paused or answered late, near its trust's end: given back (counted, as
+            # applied), and taken again.
+            counted = functools.partial(reader_hold.undo, counted=sent_mono, skew=run.skew)
+            yield Request(functools.partial(permit_hold.undo_many, epochs, run.token, counted))
             permits.count_late(run, run.sem.resources[0])
             return None
         held = take.hold(run, fences, expires_ms, sent_mono, cls=reader_hold.ReaderHeld)

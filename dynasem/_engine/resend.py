@@ -74,10 +74,16 @@ def patiently(
                 return False
 
 
-def undone(send: Callable[[], object], resource: str, token: str) -> bool:
+def undone(
+    send: Callable[[], object],
+    resource: str,
+    token: str,
+    refused: Callable[[dynamodb.Refused], bool] | None = None,
+) -> bool:
     """Best effort: ``send`` the undo of what an interrupted (or unanswered) take of
-    ``resource`` may have written, patiently. False: refused (nothing of ours there), or
-    given up (said so: it holds until its lease runs out)."""
+    ``resource`` may have written, patiently. False: refused (nothing of ours there, unless
+    ``refused`` says an attempt of ours took it: then True), or given up (said so: it holds
+    until its lease runs out)."""
 
     def gave_up(why: SemaphoreUnavailable) -> None:
         ex = facts(resource, token=token, outcome="give_back_failed", reason=why)
@@ -88,5 +94,5 @@ def undone(send: Callable[[], object], resource: str, token: str) -> bool:
 
     try:
         return patiently(send, gave_up=gave_up)
-    except dynamodb.Refused:
-        return False
+    except dynamodb.Refused as exc:
+        return refused is not None and refused(exc)

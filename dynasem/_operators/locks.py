@@ -344,7 +344,8 @@ def break_hold(
     fence: int | None = None,
 ) -> bool:
     """Break one hold, only if that very token still holds (a hold taken meanwhile survives),
-    under ``fence`` if given (for a hold in the row).
+    under ``fence`` if given (in the row, a permit or a reader item: the same token admitted
+    again since the operator's read holds under a new fence, and survives too).
     Sends ``lock_released`` (with ``broken=True`` and the holder's ``user_id`` and ``fence``
     where the caller knows them); False if the token no longer held the resource."""
     if token == reader_items.SENTINEL:
@@ -356,9 +357,9 @@ def break_hold(
         if old is None:
             return False
         if reader_items.has_readers(old):
-            if not reader_hold.break_reader(resource, token):
+            if not reader_hold.break_reader(resource, token, fence=fence):
                 return False
-        elif old.slots_used is None or not permit_hold.break_permit(resource, token):
+        elif old.slots_used is None or not permit_hold.break_permit(resource, token, fence=fence):
             return False
     lock_released.send(
         sender=sender or core.Semaphore,

@@ -382,15 +382,19 @@ def give_back_permit(resource: str, slot: int, token: str, now_ms: int) -> dict[
 
 
 def break_permit(
-    resource: str, slot: int, token: str, expires_ms: int | None = None
+    resource: str, slot: int, token: str, expires_ms: int | None = None, fence: int | None = None
 ) -> dict[str, Any]:
-    """An operator breaks the hold on the permit (the reaper: a dead one, its lease end as
-    read, ``expires_ms``: a holder that renewed meanwhile keeps it)."""
+    """An operator breaks the hold on the permit (under ``fence``, if given; the reaper: a
+    dead one, its lease end as read, ``expires_ms``: a holder that renewed meanwhile keeps
+    it)."""
     values: dict[str, Any] = {":tok": token}
     condition = "#k = :tok"
     if expires_ms is not None:
         condition += " AND #e = :e"
         values[":e"] = expires_ms
+    if fence is not None:
+        condition += " AND #f = :f"
+        values[":f"] = fence
     update = "REMOVE #k, #p SET #bt = :tok"
     return update_action(resource, permit_sk(slot), update, condition, {}, values)
 
@@ -451,6 +455,8 @@ def with_permits(
     return listed(item, {}, held, most, permits_read=True)
 
 
-def slot_of(resource: str, token: str) -> Permit | None:
-    """The permit ``token`` holds, if any (a read of every permit: for operators)."""
-    return next((p for p in permits(resource) if p.token == token), None)
+def slot_of(resource: str, token: str, fence: int | None = None) -> Permit | None:
+    """The permit ``token`` holds (under ``fence``, if given), if any (a read of every
+    permit: for operators)."""
+    found = (p for p in permits(resource) if p.token == token)
+    return next((p for p in found if fence is None or p.holder.fence == fence), None)

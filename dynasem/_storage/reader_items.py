@@ -281,19 +281,27 @@ def renew_reader(resource: str, token: str, expires_ms: int) -> dict[str, Any]:
 
 
 def break_reader(
-    resource: str, token: str, until_ms: int, expires_ms: int | None = None
+    resource: str,
+    token: str,
+    until_ms: int,
+    expires_ms: int | None = None,
+    fence: int | None = None,
 ) -> dict[str, Any]:
     """An operator breaks reader ``token`` (the reaper: a dead one, its lease end as read,
     ``expires_ms``: a reader that renewed meanwhile keeps it). Not a delete: the item
     becomes a tombstone, its lease end and holder gone, ``bt`` its token, fence and epoch
     kept, so that a re-send of the reader's own :func:`put_reader` (its first answer lost)
     is refused and does not make the broken reader again; it goes with TTL a bucket after
-    ``until_ms`` (the later of the reader's lease end and now)."""
+    ``until_ms`` (the later of the reader's lease end and now). ``fence``: only the reader of
+    that admission (an operator's, as listed)."""
     values: dict[str, Any] = {":tok": token, ":exp": records.ttl_of(until_ms)}
     condition = "attribute_exists(#e)"
     if expires_ms is not None:
         condition = "#e = :e"
         values[":e"] = expires_ms
+    if fence is not None:
+        condition += " AND #f = :f"
+        values[":f"] = fence
     update = "REMOVE #e, #u, #a, #p SET #bt = :tok, #exp = :exp"
     return update_action(resource, reader_sk(token), update, condition, {}, values)
 

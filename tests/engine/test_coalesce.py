@@ -344,3 +344,92 @@ def test_a_coalesced_task_is_not_retried_it_is_covered() -> None:
     coalesced = Coalesced("rebuild:1", 2, "alice", "bob")
     assert celery_retry_later(coalesced, None) is None
     assert tasks_retry_later(coalesced) is None
+
+
+def test_a_next_run_told_it_was_replaced_withdraws_without_a_request(
+    lock_table: str, requests_sent: RequestCounter
+) -> None:
+    """A next run whose renewal was refused (another caller replaced it) gives up without
+    sending the withdrawal: conditional on its token, now another's for good, it could only
+    be refused (found by the simulator's coalesce mix, seed 4 of ``pauses``)."""
+    from dynasem._engine.coalescing import Registration
+    from dynasem.exceptions import LockLost
+
+    now = int(time.time() * 1000)
+    mine = {"user_id": "me", "after_fence": 1, "until_ms": now + 60_000, "stale_ms": now}
+    assert next_runs.register_next("rebuild:11", token="mine", **mine) is None
+    registration = Registration("rebuild:11", "mine", 60.0, 0.5, time.monotonic(), None)
+    try:
+        register_by_hand("rebuild:11", after_fence=2, lease_ms=60_000)  # the fence moved on
+        with pytest.raises(LockLost):
+            registration.renew()
+        requests_sent.reset()
+        registration.withdraw()
+        assert requests_sent.calls == {}
+        assert (registered("rebuild:11") or {}).get("k") == "by-hand"
+    finally:
+        registration.stop()
+
+
+def test_a_next_run_that_found_the_row_reaped_coalesces_nobody_during_its_run(
+    lock_table: str, dynamodb_local: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy caller whose fence read finds the row gone (released and reaped between its
+    refused take and its read) used to register with a fence from its own clock: above
+    every fence before, but also above those a host whose clock is behind (within
+    CLOCK_SKEW) hands out for a while after, here its own run's, handed over by such a
+    holder. A caller arriving while that run went then read a fence below the registration's
+    and was answered Coalesced by a run that had already begun: its change covered by no
+    run. Now such a caller waits unregistered, and the caller during its run registers."""
+    from dynasem._engine import coalescing
+
+    offsets: dict[int, float] = {}  # threads' clocks: the next run's 0.9 s ahead, ours behind
+    real = time.time
+    monkeypatch.setattr(
+        "dynasem._clock.wall_clock", lambda: real() + offsets.get(threading.get_ident(), 0.0)
+    )
+    read, reaped, got, remade = (threading.Event() for _ in range(4))
+    get = lock_rows.get
+
+    def get_after_a_reap(resource: str, **kwargs: Any) -> Any:
+        if offsets.get(threading.get_ident()) != 0.9 or reaped.is_set():
+            return get(resource, **kwargs)
+        read.set()  # between the refused take and the fence read: released and reaped
+        reaped.wait(10)
+        row = get(resource, **kwargs)
+        got.set()
+        remade.wait(10)  # and made anew before its wait begins
+        return row
+
+    class Ahead(NextRun):
+        def run(self) -> None:
+            offsets[threading.get_ident()] = 0.9
+            super().run()
+
+    monkeypatch.setattr(coalescing.lock_rows, "get", get_after_a_reap)
+    with override_settings(DYNASEM=dynasem_settings(dynamodb_local, lock_table, CLOCK_SKEW=2.0)):
+        first = semaphore("rebuild:12").acquire()
+        nxt = Ahead("rebuild:12", wait=30)
+        nxt.start()
+        assert read.wait(10)
+        first.release()
+        assert lock_rows.delete_expired("rebuild:12", int(real() * 1000) + 60_000)  # reaped
+        reaped.set()
+        assert got.wait(10)
+        offsets[threading.get_ident()] = -0.9
+        behind = semaphore("rebuild:12").acquire()  # the row made anew by a clock behind
+        remade.set()
+        wait_until(lambda: (get("rebuild:12") or records.LockItem()).queue_in > 0)
+        behind.release()  # handed over to the next run, under a fence from our clock
+        del offsets[threading.get_ident()]
+        wait_until(lambda: nxt.ran_at)
+        try:
+            # Arrived while that run goes: not coalesced by it (it registers, and gives up).
+            with pytest.raises(SemaphoreBusy) as caught:
+                with semaphore("rebuild:12", coalesce=True, wait=0.3):
+                    pass
+            assert not isinstance(caught.value, Coalesced)
+        finally:
+            nxt.go_on.set()
+            nxt.join(10)
+    assert nxt.error is None

@@ -8,12 +8,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from dynasem import SemaphoreBusy, semaphore
 from dynasem._engine import reader_hold as reader_held
+from dynasem._engine import readers
 from dynasem._operators import locks
 from dynasem._storage import dynamodb, lock_rows
 from dynasem._storage import reader_items as items
@@ -40,15 +42,20 @@ class LoseAnswer:
     request again, as it does on AWS when an applied write's answer is lost
     (tests/support/faults.py's lose_response, aimed at one kind of write)."""
 
-    def __init__(self, match: Any, times: int = 1, operation: str = "UpdateItem"):
+    def __init__(
+        self, match: Any, times: int = 1, operation: str = "UpdateItem", refusals: bool = False
+    ):
         self.match, self.remaining, self.fired = match, times, 0
         self.client = dynamodb.get_client()
         self.event = f"needs-retry.dynamodb.{operation}"
+        self.answers = (200, 400) if refusals else (200,)  # a refusal's answer lost too
 
     def _hook(self, request_dict: dict[str, Any], response: Any, **kwargs: Any) -> None:
         import json
 
-        if response is None or response[0].status_code != 200 or self.remaining <= 0:
+        if response is None or response[0].status_code not in self.answers:
+            return
+        if self.remaining <= 0:
             return
         if not self.match(json.loads(request_dict["body"] or b"{}")):
             return
@@ -76,11 +83,14 @@ class BreakBetweenSends(LoseAnswer):
     """The first write of a reader item (``operation``: its put; DeleteItem: its release's
     delete): applied, its answer lost (as :class:`LoseAnswer`), and before botocore sends it
     again an operator breaks that reader (``dynasem_release``, the admin's break):
-    ``broken`` says whether the break was made."""
+    ``broken`` says whether the break was made (or what ``between`` does instead)."""
 
     def __init__(self, operation: str = "UpdateItem") -> None:
         super().__init__(lambda body: sk_of(body).startswith("r#"), operation=operation)
         self.broken: list[bool] = []
+
+    def between(self, resource: str, token: str) -> bool:
+        return locks.break_hold(resource, token)
 
     def _hook(self, request_dict: dict[str, Any], response: Any, **kwargs: Any) -> None:
         import json
@@ -93,12 +103,27 @@ class BreakBetweenSends(LoseAnswer):
 
             def operator() -> None:  # on a thread of its own: another client's request
                 with dynamodb.quick():
-                    self.broken.append(locks.break_hold(resource, token))
+                    self.broken.append(self.between(resource, token))
 
             thread = threading.Thread(target=operator)
             thread.start()
             thread.join()
         super()._hook(request_dict, response, **kwargs)
+
+
+class WriteOffBetweenSends(BreakBetweenSends):
+    """As :class:`BreakBetweenSends`, but a waiting writer writes the epoch's readers off
+    between the sends (every reader counted that has an item was found dead, none was found
+    live), and a reader opens the next epoch (``taken``): ``broken`` says whether the epoch
+    moved on."""
+
+    taken: list[Any] = []
+
+    def between(self, resource: str, token: str) -> bool:
+        seen = lock_rows.get(resource)
+        after = readers.try_write_off(seen, skew=0.5)
+        self.taken = [semaphore(resource, shared=True, lease=30).acquire()]
+        return after is not None and seen is not None and after.reader_epoch > seen.reader_epoch
 
 
 def counted(resource: str) -> tuple[int, int]:
@@ -120,6 +145,17 @@ def all_leave_and_a_writer_gets_in(holds: list[Any], resource: str) -> None:
     assert stored.get("rc", 0) == 0
     assert items.SENTINEL not in stored.get("holders", {})
     take(holds, resource, wait=0)
+
+
+def one_reader_holds_and_then_a_writer_gets_in(holds: list[Any], reader: Any) -> None:
+    """The count is ``reader`` alone (one item reader of the epoch), who holds (renews): a
+    writer waits for it; once every reader leaves, a writer gets in at once."""
+    assert counted("doc") == (1, 1)
+    with pytest.raises(SemaphoreBusy):
+        semaphore("doc", wait=0, lease=30).acquire()
+    reader.renew()
+    assert not reader.lost
+    all_leave_and_a_writer_gets_in(holds, "doc")
 
 
 def test_a_joining_admission_whose_answer_was_lost_counts_once(holds: list[Any]) -> None:
@@ -168,6 +204,152 @@ def test_an_admission_answered_too_late_and_given_back_counts_once(holds: list[A
     assert late.fired == 1
     assert counted("doc") == (2, 2)
     all_leave_and_a_writer_gets_in(holds, "doc")
+
+
+def test_an_admission_answered_too_late_and_broken_before_its_give_back_is_counted_again(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Admitted, its item written, and broken by an operator before that answer came, past
+    the admission's trust (the break counts it down): the give-back is refused by the break's
+    tombstone and counts nothing down, and the same token is admitted again. The row still
+    showed that admission as its last (``rlast``): admitted again, it must be counted, not
+    taken for the admission confirmed. Before, it was not counted, and its release counted
+    the reader beside it out: a writer took the lock beside that reader (found by the
+    simulator's ``breaks`` mix, every reader in items: seed 6 of ``pauses``)."""
+    others = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE + 1)]
+    send, armed, broken = items.send, [True], []
+
+    def broken_while_late(action: dict[str, Any], **kwargs: Any) -> Any:
+        sent = send(action, **kwargs)
+        if armed and action["Key"]["sk"]["S"].startswith("r#"):
+            armed.clear()  # (the break's own write of the item comes through here too)
+            broken.append(locks.break_hold("doc", action["Key"]["sk"]["S"][2:]))
+            time.sleep(PAST)  # the answer comes past the admission's trust
+        return sent
+
+    monkeypatch.setattr(items, "send", broken_while_late)
+    held = semaphore("doc", shared=True, lease=LEASE).acquire()
+    monkeypatch.setattr(items, "send", send)
+    assert broken == [True], "the operator's break did not land before the answer"
+    assert counted("doc") == (2, 2)
+    held.release()
+    one_reader_holds_and_then_a_writer_gets_in(holds, others[-1])
+
+
+def interrupted_once_its_item_landed(
+    monkeypatch: pytest.MonkeyPatch, resource: str, first: Callable[[str], object] = print
+) -> None:
+    """A reader's acquire of ``resource``, interrupted (Ctrl-C) once its item's write landed,
+    before its answer is used; ``first`` (given the reader's token) runs in between."""
+    send, landed = items.send, []
+
+    def interrupted(action: dict[str, Any]) -> Any:
+        sent = send(action)
+        sk = action["Key"]["sk"]["S"]
+        if sk.startswith("r#") and not landed:
+            landed.append(sk)
+            first(sk[2:])
+            raise KeyboardInterrupt
+        return sent
+
+    monkeypatch.setattr(items, "send", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        semaphore(resource, shared=True, lease=LEASE).acquire()
+    monkeypatch.setattr(items, "send", send)
+    assert landed, "the acquire was never interrupted: the test missed its write"
+
+
+@pytest.mark.parametrize("how", ["interrupted", "answered-late"])
+def test_an_admission_given_back_whose_delete_was_answered_lost_counts_its_reader_down(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """Admitted (the row's answer came: counted), and its item given back: the caller
+    interrupted once the item's write landed, or the admission answered past its trust. The
+    item's delete applied, its answer lost, and botocore's re-send refused, the item gone:
+    the count-down is ours, as a release's is. Interrupted, the reader is counted down and a
+    writer gets in once the others leave; answered late, the same token admitted again is
+    counted once. Before, the interrupted reader's count stayed, and writers waited for a
+    write-off: the epoch's longest lease and the skew after the row last changed (3.5 s
+    with a 3 s lease, measured)."""
+    for _ in range(INLINE + 1):
+        take(holds, "doc", shared=True, lease=30)
+    lose = LoseAnswer(lambda body: sk_of(body).startswith("r#"), operation="DeleteItem")
+    if how == "interrupted":
+        with lose as lost:
+            interrupted_once_its_item_landed(monkeypatch, "doc")
+        assert counted("doc") == (1, 1)
+    else:
+        with LateAnswers("UpdateItem", admission, PAST) as late, lose as lost:
+            holds.append(semaphore("doc", shared=True, lease=LEASE).acquire())
+        assert late.fired == 1
+        assert counted("doc") == (2, 2)
+    assert lost.fired == 1, "the give-back's answer was never lost: the test missed its write"
+    all_leave_and_a_writer_gets_in(holds, "doc")
+
+
+def test_a_give_back_refused_by_a_break_before_it_is_not_counted_down_again(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reader broken by an operator once its item landed, before the interrupted acquire
+    gives it back (the break counts it down): the give-back's delete is refused by the break's
+    tombstone (that refusal's answer lost, botocore's re-send refused too), and it counts
+    nothing down. The reader beside it still holds, counted: a writer waits for it."""
+    others = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE + 1)]
+    broken: list[bool] = []
+    lose = LoseAnswer(lambda b: sk_of(b).startswith("r#"), operation="DeleteItem", refusals=True)
+    with lose as lost:
+        interrupted_once_its_item_landed(
+            monkeypatch, "doc", lambda token: broken.append(locks.break_hold("doc", token))
+        )
+    assert broken == [True]
+    assert lost.fired == 1, "the refusal's answer was never lost: the test missed it"
+    one_reader_holds_and_then_a_writer_gets_in(holds, others[-1])
+
+
+@pytest.mark.parametrize(
+    "hook", [BreakBetweenSends, WriteOffBetweenSends], ids=["break", "write-off"]
+)
+def test_a_give_back_between_whose_sends_the_reader_went_is_counted_down_once(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch, hook: type[BreakBetweenSends]
+) -> None:
+    """The give-back's delete applied, its answer lost, and before botocore sends it again an
+    operator breaks the reader (beside another item reader: the item is gone, the break
+    counts nothing down) or a waiting writer writes the epoch off (the only item reader)
+    and another reader opens the next epoch (our count-down's condition refuses it: that
+    reader's count is not ours). Either way the reader is counted down once: the reader
+    left holds, counted, and a writer waits for it."""
+    write_off = hook is WriteOffBetweenSends
+    for _ in range(INLINE + (not write_off)):
+        take(holds, "doc", shared=True, lease=30)
+    with hook(operation="DeleteItem") as between:
+        interrupted_once_its_item_landed(monkeypatch, "doc")
+    holds += getattr(between, "taken", [])
+    assert between.broken == [write_off]
+    one_reader_holds_and_then_a_writer_gets_in(holds, holds[-1])
+
+
+def test_readers_of_several_resources_given_back_whose_deletes_were_answered_lost(
+    holds: list[Any],
+) -> None:
+    """The same for a transaction of several admissions answered past its trust: each item's
+    delete applied and its answer lost; each reader counted down once, and admitted again."""
+    resources = ["doc-x", "doc-y"]
+    for _ in range(INLINE + 1):
+        take(holds, resources, shared=True, lease=30)
+    lose = LoseAnswer(lambda body: sk_of(body).startswith("r#"), 2, operation="DeleteItem")
+    late = LateAnswers("TransactWriteItems", lambda body: True, PAST)
+    with late, lose as lost:
+        held = semaphore(resources, shared=True, lease=LEASE).acquire()
+    holds.append(held)
+    assert late.fired == 1
+    assert lost.fired == 2, "the give-backs' answers were never lost: the test missed them"
+    assert [counted(r) for r in resources] == [(2, 2), (2, 2)]
+    for held in holds:
+        held.release()
+    holds.clear()
+    for resource in resources:
+        assert counted(resource) == (0, 0)
+        take(holds, resource, wait=0)
 
 
 @pytest.mark.parametrize("before", [0, 1], ids=["last-reader", "beside-an-item-reader"])
@@ -238,12 +420,7 @@ def test_a_reader_broken_between_its_deletes_sends_is_counted_down_once(
         readers[-1].release()
     holds.remove(readers[-1])
     assert hook.broken == [False], "the break found a reader the delete had taken away"
-    assert counted("doc") == (1, 1)
-    with pytest.raises(SemaphoreBusy):
-        semaphore("doc", wait=0, lease=30).acquire()
-    readers[-2].renew()
-    assert not readers[-2].lost
-    all_leave_and_a_writer_gets_in(holds, "doc")
+    one_reader_holds_and_then_a_writer_gets_in(holds, readers[-2])
 
 
 def test_a_count_down_throttled_for_a_moment_still_counts(holds: list[Any]) -> None:

@@ -687,6 +687,37 @@ def test_a_break_spares_the_token_holding_again_under_a_later_fence(lock_table, 
     abandon(held)
 
 
+@pytest.mark.parametrize("where", ["permit", "reader"])
+def test_a_break_spares_an_item_holding_again_under_a_later_fence(
+    lock_table, holds, monkeypatch, where
+):
+    """The same in a permit item and in a reader item: their breaks are by token, and were
+    made whatever the fence the operator saw (the simulator's breaks mix: a reader listed,
+    then admitted again with its token under a new fence, was broken by the stale break)."""
+    from dynasem._operators.locks import break_hold
+    from dynasem._storage import lock_writes, permit_items, reader_items
+    from dynasem._storage.lock_writes import update_action
+
+    monkeypatch.setattr(permit_items, "INLINE_MAX", 1)
+    monkeypatch.setattr(lock_writes, "READERS_INLINE", 1)
+    monkeypatch.setattr(reader_items, "READERS_INLINE", 1)
+    if where == "permit":
+        held = take(holds, "rel:items", limit=3, lease=30)
+        sk = records.permit_sk(held.slots["rel:items"])
+    else:
+        take(holds, "rel:items", shared=True, lease=30)  # (the row's own reader)
+        held = take(holds, "rel:items", shared=True, lease=30)
+        sk = records.reader_sk(held.token)
+    (seen,) = [h for h in holds_on("rel:items") if h.token == held.token]
+    assert seen.fence == held.fence
+    lock_rows.update(update_action("rel:items", sk, "SET #f = :f", "", {}, {":f": seen.fence + 1}))
+    assert not break_hold("rel:items", seen.token, fence=seen.fence)
+    assert held.token in {h.token for h in holds_on("rel:items")}
+    assert break_hold("rel:items", seen.token, fence=seen.fence + 1)
+    assert held.token not in {h.token for h in holds_on("rel:items")}
+    abandon(held)
+
+
 def test_release_unknown_token_breaks_nothing(lock_table, holds):
     held = take(holds, "rel:tok")
     with pytest.raises(CommandError, match="No hold on 'rel:tok' with token") as nothing:

@@ -23,6 +23,8 @@ pytestmark = pytest.mark.serial
 # Small runs (the simulated DynamoDB answers in a fraction of a millisecond, moto in several).
 SMALL: dict[str, Any] = {"processes": 5, "hosts": 2, "steps": 6}
 WIDE: dict[str, Any] = {"processes": 6, "hosts": 3, "steps": 10}
+# The breaks mix with its counting pair in permit items and every reader in an item.
+BREAKS: dict[str, Any] = {"permits_from": 1, "readers_from": 0, **WIDE}
 
 
 def test_module_state_is_listed() -> None:
@@ -75,7 +77,7 @@ def test_seeds_pass(seed: int) -> None:
     "mix",
     [
         *("readers", "counting", "pairs", "all", "renewing", "commits", "limits", "long_readers"),
-        *("shared_pairs", "counting_pairs", "mixed_pairs", "long_pairs", "unique"),
+        *("shared_pairs", "counting_pairs", "mixed_pairs", "long_pairs", "unique", "coalesce"),
     ],
 )
 def test_mixes_pass(mix: str) -> None:
@@ -103,6 +105,28 @@ def test_unique_tasks_run_are_refused_retried_lost_and_delivered_twice() -> None
     s = result.stats
     assert s["unique_ran"] > 0 and s["unique_taken"] > 0 and s["unique_retries"] > 0
     assert s["unique_lost"] > 0 and s["unique_twice"] > 0 and s["unique_not_run"] > 0
+
+
+def test_coalesced_calls_run_are_covered_and_leaders_lead_in_turn() -> None:
+    """The ``coalesce`` mix: calls run, register as the next run, are answered Coalesced
+    (each covered by a run that began after it arrived), give up as the next run; leaders
+    lead in turn; under crashes, with the coalescing and leadership invariants checked."""
+    result = run(Options(seed=2, mix="coalesce", faults="crashes", **WIDE))
+    result.raise_if_violated()
+    s = result.stats
+    assert s["coalesce_ran"] > 0 and s["coalesced"] > 0 and s["coalesce_covered"] > 0
+    assert s["lead_terms"] > 0
+
+
+def test_operators_break_rows_permits_and_readers() -> None:
+    """The ``breaks`` mix: an operator's ``dynasem_release`` breaks holds in the row, in
+    permit items and in reader items, and finds some gone since it read them, with the
+    breaks' invariants checked (a broken hold's trust never grows)."""
+    result = run(Options(seed=4, mix="breaks", faults="light", **BREAKS))
+    result.raise_if_violated()
+    s = result.stats
+    assert s["broken_row"] > 0 and s["broken_permit"] > 0 and s["broken_reader"] > 0
+    assert s["break_refused"] > 0 and s["lock_lost"] > 0 and s["acquired"] > 0
 
 
 def test_same_seed_same_trace() -> None:
@@ -360,6 +384,23 @@ FOUND = [
         {"mix": "limits", "faults": "interrupts", "permits_from": 1, **WIDE},
         range(12, 13),
     ),
+    # Coalesced re-runs (the coalesce mix): a registration that ignores a later fence (a
+    # begun run coalesces callers), one never replaced for its lease (a dead runner's), a
+    # runner that gives up and renews on, a heartbeat that trusts without renewing, the
+    # withdrawal certain to be refused (fixed with the mix); and a leader that trusts its
+    # lead until told it is lost.
+    ("register_ignores_fence", {"mix": "coalesce", "faults": "crashes", **WIDE}, range(1, 2)),
+    ("register_ignores_lease", {"mix": "coalesce", "faults": "heavy", **WIDE}, range(4, 5)),
+    ("gave_up_keeps_renewing", {"mix": "coalesce", "faults": "light", **WIDE}, range(2, 3)),
+    ("next_renewal_unsent", {"mix": "coalesce", "faults": "light", **WIDE}, range(7, 8)),
+    ("withdraw_when_replaced", {"mix": "coalesce", "faults": "pauses", **WIDE}, range(6, 7)),
+    ("lead_trusted_until_lost", {"mix": "coalesce", "faults": "pauses", **WIDE}, range(2, 3)),
+    # An operator's break (the breaks mix, every reader in an item): a broken reader's
+    # tombstone, or a broken permit, renewed all the same: the broken holder's trust grows
+    # past the break. Each found by every seed of 1-10 (the first: 1 of 10 with readers
+    # inline first, seed 8).
+    ("renew_reader_past_break", {"mix": "breaks", "faults": "light", **BREAKS}, range(1, 2)),
+    ("renew_permit_past_break", {"mix": "breaks", "faults": "light", **BREAKS}, range(1, 2)),
 ]
 
 
@@ -371,6 +412,7 @@ FOUND = [
         + ("-permits" if o.get("permits_from") else "")
         + ("-jobs" if o.get("mix") == "jobs" else "")
         + ("-unique" if o.get("mix") == "unique" else "")
+        + ("-coalesce" if o.get("mix") == "coalesce" else "")
         for m, o, _ in FOUND
     ],
 )
@@ -483,6 +525,18 @@ FOUND_IN_DYNASEM = [
     # again behind the row it held, unused, for a lease (11 s idle; found by the interrupt
     # fault's check of what an interrupted token left, 2026-12-05). Fixed: it hands it on.
     (12, "limits-permits", "interrupts"),
+    # A next run told by a refused renewal that it was replaced still withdrew when its
+    # wait ran out: a delete conditional on a token that never comes back (the coalesce
+    # mix's first runs, 2026-12-05: seeds 4, 7, 8 of pauses on its first draft; seed 6 of
+    # pauses on the mix as kept). Fixed: it sends nothing.
+    (6, "coalesce", "pauses"),
+    # A reader admitted, its item written, stalled past its trust; an operator broke its
+    # item meanwhile (counting it down). Its give-back met the break's tombstone and left
+    # the row's mark of its admission: admitted again, it was taken for that admission
+    # confirmed and not counted, and its release counted out the reader beside it: a writer
+    # held beside that reader (the breaks mix, every reader in items: seed 6 of pauses;
+    # 2026-12-05). Fixed: a give-back refused by our tombstone takes the mark off.
+    (6, "breaks-readers", "pauses"),
 ]
 
 
@@ -491,6 +545,8 @@ def test_a_seed_that_found_a_fault_passes(seed: int, mix: str, faults: str) -> N
     options: dict[str, Any] = {"faults": faults, "processes": 6, "hosts": 3, "steps": 10}
     if mix.endswith("-permits"):  # the mix with its counting semaphores in permit items
         mix, options["permits_from"] = mix.removesuffix("-permits"), 1
+    if mix.endswith("-readers"):  # the mix with every reader in a reader item
+        mix, options["readers_from"] = mix.removesuffix("-readers"), 0
     run(Options(seed=seed, mix=mix, **options)).raise_if_violated()
 
 

@@ -37,6 +37,28 @@
   itself; and a key nobody owns (no message of it waiting or being run, no enqueue in
   flight: its messages lost, its worker dead) is free again, to an enqueue that begins
   ``QUEUE_LEASE`` leases + ``2 * CLOCK_SKEW + SLACK`` after the last owner went.
+* **Coalescing** (the ``coalesce`` mix, ``CoalesceMonitor``): every call answered
+  ``Coalesced`` is covered, once the run is over, by a run of its key whose hold was granted
+  after the call arrived and whose body completed, unless the next run that refused it
+  never ran (its runner died, gave up or failed: its callers count on the next caller
+  after, docs/how-to/coalesce.md): a lost update otherwise. A registration never refuses a
+  caller that arrived after its run's hold was granted; one whose runner died or gave up
+  never refuses a caller whose clock (at its write) shows its lease + CLOCK_SKEW over, nor
+  has a stored lease more than a lease past its runner's end (renewed for nobody); none is
+  replaced for its lease alone (no hold since its fence) while its runner, alive and
+  waiting, trusts it; and no runner sends a write certain to be refused (a withdrawal after
+  a renewal told it it was replaced).
+* **Leadership** (``LeadMonitor``): never two leaders acting at once (each acts in steps no
+  longer than its ``lead.seconds_left()``), never two leads ``active`` at once by their own
+  clocks, ``on_lost`` called at most once a term.
+* **Breaks** (the ``breaks`` mix: an operator's ``dynasem_release``): from the write that
+  broke a hold, its block is not counted beside others (its holder trusts it until a renewal
+  is refused, and is not told sooner: only its fence protects its work, which the **Fences**
+  checks of the others' grants still cover), nor checked as entered after it; but its trust
+  never grows: the trusted deadline stays within what a write applied before the break gave
+  (a lease less ``CLOCK_SKEW`` from its send; a hand-over's lease end, written by a clock
+  ahead), so a renewal that the break did not refuse (an item made anew, a condition that
+  misses the token) is a violation.
 * **No request storm**: no thread of a process sends more than ``STORM`` requests in one
   second of virtual time. A loop that asks again at once (a writer that read its readers'
   items again and again while they renewed) costs on AWS what it costs here, and holds its
@@ -115,8 +137,16 @@ class Monitor:
         self.busiest = 0  # the most requests one thread sent in a second
         self.wanted: dict[Any, Any] = {}  # proc -> the semaphore it waits for (its mode, limit)
         self.granted_by: dict[tuple[str, str], Any] = {}  # (resource, token) -> the writer
+        self.broken: dict[tuple[str, str, int], float] = {}  # (resource, token, fence) -> when
         self.jobs = JobMonitor(self)
         self.unique = UniqueMonitor(self, bound=QUEUE_LEASE * lease + 2 * skew + SLACK)
+        self.coalesce = CoalesceMonitor(self, lease=lease, skew=skew)
+        self.leads = LeadMonitor(self)
+        self.grant_time: dict[tuple[str, str], float] = {}  # (resource, token) -> when granted
+
+    def finish(self) -> None:
+        """The run is over, every workload done: what only its end can show."""
+        self.coalesce.finish()
 
     def fail(self, message: str) -> None:
         said = f"t={self.sim.clock_label()} {message}"
@@ -155,6 +185,21 @@ class Monitor:
         self.sim.entered(proc)
 
     def _entered(self, proc: Any, sem: Any, held: Any, resource: str, fence: int) -> None:
+        if self._broken_at(resource, held) is None:  # (broken since its grant: see broke)
+            self._check_entry(proc, sem, held, resource, fence)
+        if proc.transaction is not None:
+            self.open_work.setdefault(resource, {})[proc] = held
+        entry = Inside(proc, held, sem.mode, sem.limit, self.sim.sched.now)
+        for other in self.inside.get(resource, {}).values():
+            if self._broken_at(resource, other.held) is not None:
+                continue
+            if Mode.EXCLUSIVE in (sem.mode, other.mode):
+                self._margin(other)
+        self.inside.setdefault(resource, {})[held.token] = entry
+        self.sim.record("enter", proc, resource, fence)
+        self._check_resource(resource)
+
+    def _check_entry(self, proc: Any, sem: Any, held: Any, resource: str, fence: int) -> None:
         if sem.mode == Mode.EXCLUSIVE:
             # Ours in the row as stored, with the fence we were told. (A reader may hold in
             # a reader item, with the row's fence at its admission, while an older entry of
@@ -172,18 +217,11 @@ class Monitor:
                 f"superseded by a later grant (fence {top})"
             )
         self._check_commits(proc, resource)
-        if proc.transaction is not None:
-            self.open_work.setdefault(resource, {})[proc] = held
-        entry = Inside(proc, held, sem.mode, sem.limit, self.sim.sched.now)
-        for other in self.inside.get(resource, {}).values():
-            if Mode.EXCLUSIVE in (sem.mode, other.mode):
-                self._margin(other)
-        self.inside.setdefault(resource, {})[held.token] = entry
-        self.sim.record("enter", proc, resource, fence)
-        self._check_resource(resource)
 
     def _check_commits(self, proc: Any, resource: str) -> None:
         for other, held in self.open_work.get(resource, {}).items():
+            if self._broken_at(resource, held) is not None:
+                continue  # broken by an operator: only its fence protects it
             if other is not proc and not self._lapsed(other, held):
                 self.fail(
                     f"{proc.name} entered {resource!r} before {other.name}'s transaction, which "
@@ -212,6 +250,37 @@ class Monitor:
                 f"its own writes removed it, within its trusted deadline"
             )
 
+    def broke(self, resource: str, token: str, fence: int, sk: str) -> None:
+        """An operator's write that broke the grant of ``fence`` to ``token`` on
+        ``resource`` (its item ``sk``) applied now. (The same token admitted again after it,
+        under a later fence, holds anew; a permit of the token that a take whose answer was
+        lost wrote, left to lapse, has a fence of its own.)"""
+        if (resource, token, fence) not in self.broken:
+            self.broken[(resource, token, fence)] = self.sim.sched.now
+            self.sim.record("broken", None, resource, token[:8], fence, sk)
+            item = {records.PERMIT_PREFIX: "permit", records.READER_PREFIX: "reader"}
+            self.sim.stats[f"broken_{item.get(sk[:2], 'row')}"] += 1
+
+    def _broken_at(self, resource: str, held: Any) -> float | None:
+        """When ``held``'s grant on ``resource`` was broken (None: it was not)."""
+        return self.broken.get((resource, held.token, held.fences.get(resource)))
+
+    def _check_broken(self, resource: str, entry: Inside, at: float) -> None:
+        """A broken hold's trust never grows past what a write applied before its break
+        gave: a lease less CLOCK_SKEW from its own write's send, or from a hand-over's stored
+        lease end, written by a clock up to 2 * spread * CLOCK_SKEW ahead of the heir's."""
+        if entry.held._lost is not None:
+            return
+        with self.sim.clock_of(entry.proc):
+            ends = self.sim.sched.now + entry.held._deadline - self.sim.mono()
+        clocks = 2 * self.sim.options.spread * self.skew
+        over = ends - (at + entry.held.lease - self.skew + clocks)
+        if over > 1e-6:
+            self.fail(
+                f"{entry.proc.name}'s hold on {resource!r} (fence {entry.held.fence}) is "
+                f"trusted {over:.3f}s past what any renewal sent before its break could give"
+            )
+
     def _margin(self, earlier: Inside) -> None:
         """How long ago ``earlier`` (still inside) stopped trusting its hold, as another
         enters: the closest call of the run is the smallest (negative: an overlap)."""
@@ -232,6 +301,8 @@ class Monitor:
             waiting.discard(proc)
         self.transaction_ended(proc)  # a dead process's transaction rolls back
         self.unique.crashed(proc)
+        self.coalesce.crashed(proc)
+        self.leads.terms.pop(proc, None)
 
     # -- what the database applied -----------------------------------------------------------
 
@@ -266,6 +337,7 @@ class Monitor:
                 self.fail(f"{resource!r} granted fence {fence} to {token[:8]}, not above {top}")
             self.top_fence[resource] = max(top, fence)
             self.grants[(resource, token)] = fence
+            self.grant_time[(resource, token)] = self.sim.sched.now
         for token in before.keys() - now.keys():
             self.removed_by[(resource, token)] = writer
         self.holders[resource] = now
@@ -342,9 +414,10 @@ class Monitor:
 
     def check(self) -> None:
         for resource, inside in self.inside.items():
-            if len(inside) > 1:
+            if len(inside) > 1 or any(self._broken_at(resource, e.held) for e in inside.values()):
                 self._check_resource(resource)
         self.jobs.check()
+        self.leads.check()
         if self.sim.sched.now >= self.quiet_from:
             self._check_idle()
 
@@ -354,7 +427,13 @@ class Monitor:
 
     def _check_resource(self, resource: str) -> None:
         inside = self.inside.get(resource, {})
-        trusted = [e for e in inside.values() if self._trusted(e)]
+        trusted = []
+        for entry in inside.values():
+            broken_at = self._broken_at(resource, entry.held)
+            if broken_at is not None:
+                self._check_broken(resource, entry, broken_at)
+            elif self._trusted(entry):
+                trusted.append(entry)
         if len(trusted) < 2:
             return
         exclusive = [e for e in trusted if e.mode == Mode.EXCLUSIVE]
@@ -639,3 +718,325 @@ class UniqueMonitor:
         for key, owners in self.owners.items():
             for what in [w for w, p in owners.items() if p is proc]:
                 self._disown(key, what)
+
+
+@dataclasses.dataclass(eq=False)
+class Call:
+    """One coalesced call (``semaphore(key, coalesce=True)``): when it arrived, what it was
+    answered, and its run, if it ran."""
+
+    proc: Any
+    key: str
+    arrived: float
+    token: str | None = None  # its registration as the next run, if it registered
+    refusal: tuple[str, int] | None = None  # (the registration refusing it, its lease end)
+    sent_wall: float = 0.0  # its clock when it sent its registration
+    refused_by: str | None = None  # answered Coalesced: the registration that covers it
+    outcome: str | None = None  # ran, coalesced, gave_up, failed, lost, died (None: going)
+    ended: float | None = None  # when it gave up, failed or died (its own wall clock)
+    grant: float | None = None  # when its hold was granted (the run began), if it ran
+    done: bool = False  # its body completed
+
+
+@dataclasses.dataclass(eq=False)
+class NextRun:
+    """A registration as the next run: its call, the fence it recorded, the calls it
+    answered Coalesced, and the library's Registration object (trust, what it was told)."""
+
+    call: Call
+    after_fence: int
+    coalesced: list[Call] = dataclasses.field(default_factory=list)
+    registration: Any = None
+    told_replaced: float | None = None  # when a renewal told its runner it was replaced
+    withdrawing: float | None = None  # when its runner began to withdraw it
+
+
+class CoalesceMonitor:
+    """The invariants of coalesced re-runs (the module docstring's **Coalescing**): every
+    call answered ``Coalesced`` is covered by a run that begins after it arrived, unless
+    the next runner that refused it died or gave up; no registration whose run began refuses
+    a caller that arrived after it began; none whose runner died or gave up refuses one past
+    the lease it could have had (a later caller can register); never two next runs both
+    trusting their registrations, one replaced for its lease alone; no write of a runner
+    certain to be refused (it was told it was replaced)."""
+
+    def __init__(self, monitor: Monitor, *, lease: float, skew: float):
+        self.monitor = monitor
+        self.lease, self.skew = lease, skew
+        self.calls: dict[Any, Call] = {}  # proc -> its current (or last) call
+        self.coalesced: list[Call] = []
+        self.runs: dict[str, list[Call]] = {}  # key -> its calls that ran, as they began
+        self.regs: dict[str, NextRun] = {}  # registration token -> it
+        self.stored: dict[str, dict[str, Any] | None] = {}  # key -> its next item as stored
+
+    def registration_class(self, base: Any) -> Any:
+        """``coalescing.Registration`` for the run: tells the monitor of each registration
+        made, of a renewal refused (replaced) and of a withdrawal begun."""
+        monitor = self
+        from dynasem.exceptions import LockLost
+
+        class Registration(base):  # type: ignore[misc,valid-type]
+            library = base
+
+            def __init__(self, *args: Any, **kwargs: Any) -> None:
+                super().__init__(*args, **kwargs)
+                reg = monitor.regs.get(self.token)
+                if reg is not None:
+                    reg.registration = self
+
+            def renew(self) -> None:
+                try:
+                    super().renew()
+                except LockLost:
+                    reg = monitor.regs.get(self.token)
+                    if reg is not None and reg.told_replaced is None:
+                        reg.told_replaced = monitor.monitor.sim.sched.now
+                    raise
+
+            def withdraw(self) -> None:
+                reg = monitor.regs.get(self.token)
+                if reg is not None:
+                    reg.withdrawing = monitor.monitor.sim.sched.now
+                super().withdraw()
+
+        return Registration
+
+    def registering(self, register_next: Any) -> Any:
+        """``next_runs.register_next`` for the run: the caller's clock as it sends it."""
+        monitor = self
+
+        def registering(resource: str, **kwargs: Any) -> Any:
+            call = monitor.calls.get(monitor.monitor.sim.current())
+            if call is not None:
+                call.sent_wall = monitor.monitor.sim.wall()
+            return register_next(resource, **kwargs)
+
+        return registering
+
+    # -- the workload --------------------------------------------------------------------------
+
+    def arrived(self, proc: Any, key: str) -> None:
+        self.calls[proc] = Call(proc, key, self.monitor.sim.sched.now)
+
+    def entered(self, proc: Any, held: Any) -> None:
+        """``proc``'s call runs: its hold was granted when its token appeared in the row."""
+        call, sim = self.calls[proc], self.monitor.sim
+        call.outcome = "ran"
+        call.grant = self.monitor.grant_time.get((call.key, held.token), sim.sched.now)
+        self.runs.setdefault(call.key, []).append(call)
+        reg = self.regs.get(call.token or "")
+        for other in reg.coalesced if reg is not None else ():
+            self._check_began_after(other, call)
+
+    def left(self, proc: Any) -> None:
+        self.calls[proc].done = True
+
+    def answered(self, proc: Any, outcome: str) -> None:
+        """``proc``'s call ended without a run: ``coalesced``, ``gave_up`` (its wait ran
+        out), ``failed`` (SemaphoreUnavailable) or ``lost``."""
+        call = self.calls[proc]
+        call.outcome = call.outcome or outcome
+        if outcome != "coalesced":
+            call.ended = self._wall(proc)
+            return
+        if call.refusal is None:
+            self.monitor.fail(f"{proc.name} was answered Coalesced for {call.key!r} unrefused")
+            return
+        token, until_ms = call.refusal
+        call.refused_by = token
+        self.coalesced.append(call)
+        reg = self.regs.get(token)
+        if reg is None:
+            self.monitor.fail(f"{proc.name}: {call.key!r} coalesced by {token[:8]}, never seen")
+            return
+        reg.coalesced.append(call)
+        runner = reg.call
+        if runner.grant is not None:
+            self._check_began_after(call, runner)
+        # The registration refused it for a lease end the caller's own clock (less
+        # CLOCK_SKEW) had not reached when it sent the write (the condition). That lease end
+        # must come from a write its runner sent before it went: nobody renews a next run that
+        # died or gave up, so that a caller a lease + CLOCK_SKEW after can replace it.
+        if runner.ended is not None and until_ms / 1000 + self.skew < call.sent_wall:
+            self.monitor.fail(
+                f"{proc.name}'s call of {call.key!r} coalesced by the next run {token[:8]} of "
+                f"{runner.proc.name}, which {runner.outcome}, its lease over by "
+                f"{call.sent_wall - until_ms / 1000:.2f}s by the caller's clock: not replaced"
+            )
+        if runner.ended is not None and until_ms / 1000 > runner.ended + self._lease_bound():
+            self.monitor.fail(
+                f"{proc.name}'s call of {call.key!r} coalesced by the next run {token[:8]} of "
+                f"{runner.proc.name}, which {runner.outcome}: its lease stored "
+                f"{until_ms / 1000 - runner.ended:.2f}s past its end (at most "
+                f"{self._lease_bound():g}s): renewed for nobody"
+            )
+
+    def _lease_bound(self) -> float:
+        """How far past its runner's end (by the runner's clock) a registration's stored
+        lease may reach: its last write, sent before, a lease on; the host's clock may have
+        jumped since, within ``spread * skew`` of true time either way."""
+        return self.lease + 2 * self.monitor.sim.options.spread * self.skew + 0.01
+
+    def _wall(self, proc: Any) -> float:
+        with self.monitor.sim.clock_of(proc):
+            return float(self.monitor.sim.wall())
+
+    def _check_began_after(self, call: Call, runner: Call) -> None:
+        """``call`` was coalesced by ``runner``'s registration: the run must begin after it
+        arrived."""
+        assert runner.grant is not None
+        if runner.grant <= call.arrived:
+            self.monitor.fail(
+                f"{call.proc.name}'s call of {call.key!r} (arrived "
+                f"{self.monitor.sim.clock_label_of(call.arrived)}) coalesced by the next run of "
+                f"{runner.proc.name}, which began {call.arrived - runner.grant:.3f}s before it "
+                "arrived"
+            )
+
+    def crashed(self, proc: Any) -> None:
+        call = self.calls.get(proc)
+        if call is not None and call.outcome is None:
+            call.outcome, call.ended = "died", self._wall(proc)
+
+    # -- the database --------------------------------------------------------------------------
+
+    def written(self, key: str, operation: str, item: dict[str, Any] | None, writer: Any) -> None:
+        """The next item of ``key`` as ``writer``'s applied write left it."""
+        before = self.stored.get(key)
+        self.stored[key] = item
+        if operation != "PutItem" or item is None:
+            return
+        run = records.from_item(records.NextRun, item)
+        call = self.calls.get(writer)
+        if call is None or call.key != key:
+            self.monitor.fail(f"{getattr(writer, 'name', writer)} registered {key!r} uncalled")
+            return
+        call.token = run.token
+        self.regs[run.token] = NextRun(call, run.after_fence)
+        if not self.monitor.holders.get(key):
+            self.monitor.sim.stats["coalesce_registered_free"] += 1
+        if before is not None:
+            self._replaced(key, records.from_item(records.NextRun, before), run)
+
+    def _replaced(self, key: str, old: Any, new: Any) -> None:
+        """``new`` replaced ``old``: for ``old``'s lease alone (no hold taken since its
+        fence), its runner must not trust it still."""
+        reg = self.regs.get(old.token)
+        if reg is None or old.token == new.token or old.after_fence < new.after_fence:
+            return
+        runner, registration = reg.call, reg.registration
+        if runner.outcome is not None or runner.proc.dead or registration is None:
+            return
+        if registration._heartbeat.stopped and reg.told_replaced is None:
+            return  # given up, or its hold taken
+        with self.monitor.sim.clock_of(runner.proc):
+            left = registration.seconds_left()
+        if left > 0:
+            self.monitor.fail(
+                f"{key!r}: {runner.proc.name}'s registration as the next run (fence "
+                f"{old.after_fence}) replaced for its lease while it trusts it {left:.3f}s more"
+            )
+
+    def refused(
+        self, key: str, operation: str, params: dict[str, Any], item: Any, writer: Any
+    ) -> None:
+        """A write of ``key``'s next item by ``writer`` refused; ``item``: the one there."""
+        stats = self.monitor.sim.stats
+        there = records.from_item(records.NextRun, item or {})
+        if operation == "PutItem":
+            call = self.calls.get(writer)
+            if call is not None and there.token != call.token:
+                call.refusal = (there.token, there.until_ms)
+                stats["coalesce_register_refused"] += 1
+            return
+        token = params["ExpressionAttributeValues"][":k"]["S"]
+        refused = "renew" if operation == "UpdateItem" else "withdraw"
+        stats[f"coalesce_{refused}_refused"] += 1
+        reg = self.regs.get(token)
+        if reg is None:
+            return
+        told, sent = reg.told_replaced, reg.withdrawing
+        if operation == "DeleteItem" and told is not None and sent is not None and told <= sent:
+            stats["coalesce_certain_refused"] += 1
+            self.monitor.fail(
+                f"{reg.call.proc.name} withdrew its registration of {key!r}, told it was "
+                f"replaced {sent - told:.3f}s before: a write certain to be refused"
+            )
+
+    # -- at the end ----------------------------------------------------------------------------
+
+    def finish(self) -> None:
+        """Every call answered Coalesced is covered: a run of its key began after it arrived
+        and its body completed; or the next run that refused it never ran (its runner died,
+        gave up or failed: the callers after count on whoever comes next, docs/how-to)."""
+        stats = self.monitor.sim.stats
+        for call in self.coalesced:
+            if any(r.done and r.grant > call.arrived for r in self.runs.get(call.key, ())):
+                stats["coalesce_covered"] += 1
+                continue
+            runner = self.regs[call.refused_by or ""].call
+            if runner.outcome in ("died", "gave_up", "failed") or (
+                runner.outcome == "ran" and not runner.done
+            ):
+                stats["coalesce_uncovered_excused"] += 1
+                continue
+            self.monitor.fail(
+                f"lost update: {call.proc.name}'s call of {call.key!r} (arrived "
+                f"{self.monitor.sim.clock_label_of(call.arrived)}) answered Coalesced by the "
+                f"next run of {runner.proc.name} ({runner.outcome}), and no run began after it"
+            )
+
+
+class LeadMonitor:
+    """The invariants of ``leadership`` (the module docstring's **Leadership**): never two
+    leads active at once, each by its own process's clock (``Lead.active``, read without
+    its side effects); ``on_lost`` called at most once a term, and once for a lead known
+    lost; never for a lead given back, not lost."""
+
+    def __init__(self, monitor: Monitor):
+        self.monitor = monitor
+        self.terms: dict[Any, tuple[Any, list[float]]] = {}  # proc -> (its lead, on_lost's)
+        self.acts: dict[Any, float] = {}  # proc -> until when it acts as the leader
+
+    def acting(self, proc: Any, seconds: float) -> None:
+        """``proc`` acts as the leader for ``seconds`` from now (as long as its lead said it
+        may): never while another does."""
+        now = self.monitor.sim.sched.now
+        for other, until in self.acts.items():
+            if other is not proc and not other.dead and until > now:
+                self.monitor.fail(
+                    f"two leaders act at once: {proc.name} from now, {other.name} for "
+                    f"{until - now:.3f}s more"
+                )
+        self.acts[proc] = now + seconds
+
+    def entered(self, proc: Any, lead: Any, lost: list[float]) -> None:
+        self.terms[proc] = (lead, lost)
+        self.check()
+
+    def left(self, proc: Any) -> None:
+        self.acts.pop(proc, None)
+        term = self.terms.pop(proc, None)
+        if term is None:
+            return
+        lead, lost = term
+        if len(lost) > 1:
+            self.monitor.fail(f"{proc.name}: on_lost called {len(lost)} times in one term")
+        elif lost and not lead._lost.is_set():
+            self.monitor.fail(f"{proc.name}: on_lost called for a lead not lost")
+        elif lead._lost.is_set() and not lost:
+            self.monitor.fail(f"{proc.name}: its lead was lost, and on_lost never called")
+
+    def _active(self, proc: Any, lead: Any) -> bool:
+        if proc.dead or lead._given_back or lead._lost.is_set() or lead.held._lost is not None:
+            return False
+        with self.monitor.sim.clock_of(proc):
+            return bool(lead.held.seconds_left() > 0)
+
+    def check(self) -> None:
+        if len(self.terms) < 2:
+            return
+        active = [(p, lead) for p, (lead, _) in self.terms.items() if self._active(p, lead)]
+        if len(active) > 1:
+            who = ", ".join(f"{p.name} (fence {lead.fence})" for p, lead in active)
+            self.monitor.fail(f"two leaders active at once: {who}")

@@ -102,6 +102,33 @@ and for unique tasks (the ``unique`` mix):
 * ``adopt_unconfirmed`` (found by the ``unique`` mix, fixed by f894179): an
   adoption whose answer came after its run lease could run out is run without the renewal
   that confirms the key is still the task's.
+
+and for coalesced re-runs and leadership (the ``coalesce`` mix):
+
+* ``register_ignores_fence``: a registration no longer gives way to a caller that read a
+  later fence (next_runs.register_next's ``#af < :af`` dropped): a next run that has begun
+  answers callers Coalesced;
+* ``register_ignores_lease``: a registration is never replaced for its lease
+  (``#un < :stale`` dropped): a dead next runner's stands until someone takes the lock;
+* ``gave_up_keeps_renewing``: a next run that gives up (or fails) neither withdraws its
+  registration nor stops its heartbeat: renewed for nobody;
+* ``next_renewal_unsent``: the next run's heartbeat moves its trust on without renewing the
+  stored lease: replaced while it trusts its registration;
+* ``withdraw_when_replaced`` (found by the ``coalesce`` mix, fixed with it): a next run told
+  by a refused renewal that it was replaced still withdraws, a write certain to be refused;
+* ``registered_on_a_clock_fence`` (found by review, fixed with the mix): a caller whose fence
+  read finds the row reaped registers under a fence from its clock, which a hand-over from
+  a clock behind can give its own run's fence less than: callers during that run coalesced;
+* ``lead_trusted_until_lost``: a leader trusts its lead (``active``, ``seconds_left``) until
+  told it is lost, not to its deadline.
+and for an operator's breaks (the ``breaks`` mix):
+
+* ``renew_reader_past_break``: a reader item's renewal no longer requires its lease end
+  (reader_items.renew_reader's ``attribute_exists(#e)`` dropped): a broken reader's
+  tombstone is renewed, and the reader trusts on;
+* ``renew_permit_past_break``: a permit's renewal no longer requires our token in it
+  (permit_items.renew_permit's ``#k = :tok`` dropped): a broken permit (or the slot's next
+  holder's) is renewed for the holder that was broken.
 """
 
 from __future__ import annotations
@@ -502,6 +529,21 @@ def claim_keeps_renewing(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(unique, "stop_renewing", lambda held: None)
 
 
+def renew_reader_past_break(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._storage import reader_items
+
+    # A reader item's renewal no longer requires its lease end (a break's tombstone has none).
+    renew = _dropping(reader_items.renew_reader, "attribute_exists(#e)")
+    mp.setattr(reader_items, "renew_reader", renew)
+
+
+def renew_permit_past_break(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._storage import permit_items
+
+    # A permit's renewal no longer requires our token in it (a break takes it off).
+    mp.setattr(permit_items, "renew_permit", _dropping(permit_items.renew_permit, "#k = :tok"))
+
+
 def adopt_unconfirmed(mp: pytest.MonkeyPatch) -> None:
     from dynasem._background import unique
 
@@ -557,6 +599,108 @@ def handed_row_kept(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(permits, "handed_to", lambda token, seen: False)
 
 
+def _registering(mp: pytest.MonkeyPatch, clause: str) -> None:
+    """next_runs.register_next's condition without one of its OR-ed clauses (and its value)."""
+    import types
+
+    from dynasem._storage import dynamodb, next_runs
+
+    def send_to_table(operation: str, values: Any = None, **request: Any) -> Any:
+        if operation == "put_item":
+            parts = request["ConditionExpression"].split(" OR ")
+            assert clause in parts, clause
+            request["ConditionExpression"] = " OR ".join(p for p in parts if p != clause)
+            values = {k: v for k, v in values.items() if k not in clause}
+        return dynamodb.send_to_table(operation, values, **request)
+
+    proxy = types.SimpleNamespace(
+        send_to_table=send_to_table, Refused=dynamodb.Refused, REFUSED_OLD=dynamodb.REFUSED_OLD
+    )
+    mp.setattr(next_runs, "dynamodb", proxy)
+
+
+def register_ignores_fence(mp: pytest.MonkeyPatch) -> None:
+    # A registration no longer gives way to a caller that read a later fence: a next run
+    # that has begun (or been overtaken) still answers callers Coalesced.
+    _registering(mp, "#af < :af")
+
+
+def register_ignores_lease(mp: pytest.MonkeyPatch) -> None:
+    # A registration is never replaced for its lease: a dead next runner's stands.
+    _registering(mp, "#un < :stale")
+
+
+def _registration_class() -> Any:
+    """The library's coalescing.Registration (the simulation wraps it for the monitor)."""
+    from dynasem._engine import coalescing
+
+    return getattr(coalescing.Registration, "library", coalescing.Registration)
+
+
+def gave_up_keeps_renewing(mp: pytest.MonkeyPatch) -> None:
+    # A next run that gives up (its wait ran out) or fails neither withdraws its
+    # registration nor stops renewing it: callers are answered Coalesced by nobody.
+    mp.setattr(_registration_class(), "withdraw", lambda self: None)
+
+
+def next_renewal_unsent(mp: pytest.MonkeyPatch) -> None:
+    # The next run's heartbeat pushes its trust on without renewing the stored lease: its
+    # registration lapses, and is replaced, while it trusts it.
+    from dynasem import _clock as clock
+
+    def renew(self: Any) -> None:
+        self._deadline = clock.monotonic() + self.lease - self.skew
+
+    mp.setattr(_registration_class(), "renew", renew)
+
+
+def withdraw_when_replaced(mp: pytest.MonkeyPatch) -> None:
+    # The withdrawal is sent whatever a renewal said (before the coalesce mix's first runs):
+    # a runner told it was replaced deletes, conditional on a token no longer there.
+    registration = _registration_class()
+    renew = registration.renew
+
+    def renew_and_forget(self: Any) -> None:
+        try:
+            renew(self)
+        finally:
+            self._replaced = False
+
+    mp.setattr(registration, "renew", renew_and_forget)
+
+
+def registered_on_a_clock_fence(mp: pytest.MonkeyPatch) -> None:
+    # A caller whose fence read finds the row reaped registers under a fence from its clock
+    # (before the fix), not waiting unregistered.
+    import dataclasses
+    import types
+
+    from dynasem import _clock as clock
+    from dynasem._engine import coalescing
+    from dynasem._storage import lock_rows, records
+
+    def get(resource: str, **kwargs: Any) -> Any:
+        row = lock_rows.get(resource, **kwargs)
+        if row is not None:
+            return row
+        skew = coalescing.resolve_timing(None, None)[2]
+        return dataclasses.replace(records.LockItem(), fence=clock.new_fence(skew))
+
+    mp.setattr(coalescing, "lock_rows", types.SimpleNamespace(get=get))
+
+
+def lead_trusted_until_lost(mp: pytest.MonkeyPatch) -> None:
+    # A leader trusts its lead until told it is lost, not to its deadline: a leader stalled
+    # past its lease acts on beside the one that took over.
+    from dynasem._background.leadership import Lead
+
+    def active(self: Any) -> bool:
+        return not (self._given_back or self._lost.is_set() or self.held._lost is not None)
+
+    mp.setattr(Lead, "active", property(active))
+    mp.setattr(Lead, "seconds_left", lambda self: self.held.lease if self.active else 0.0)
+
+
 MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
     f.__name__: f
     for f in (
@@ -599,5 +743,14 @@ MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
         interrupted_claim_kept,
         interrupted_adoption_kept,
         handed_row_kept,
+        register_ignores_fence,
+        register_ignores_lease,
+        gave_up_keeps_renewing,
+        next_renewal_unsent,
+        withdraw_when_replaced,
+        registered_on_a_clock_fence,
+        lead_trusted_until_lost,
+        renew_reader_past_break,
+        renew_permit_past_break,
     )
 }

@@ -55,6 +55,7 @@ class Process:
         self.done = False  # its workload ended
         self.acquired = 0
         self.transaction: Any = None  # a committer's open transaction (workload.Transaction)
+        self.breaking: tuple[str, str, int] | None = None  # a break: resource, token, fence
 
     def identity(self) -> str:
         from dynasem._engine import processes

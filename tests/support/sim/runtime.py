@@ -88,6 +88,9 @@ class Options:
     # The share of acquisitions interrupted (KeyboardInterrupt) in the fault window, whatever
     # the profile (0: the profile's own ``interrupt``): tests.support.sim.interrupts.
     interrupts: float = 0.0
+    # Shared resources keep this many readers in their row, the next in reader items (-1:
+    # the library's own, lock_writes.READERS_INLINE): 0 puts every reader there.
+    readers_from: int = -1
     trace: bool = True
 
 
@@ -281,7 +284,10 @@ class Simulation:
             self._clock_proc = None
 
     def clock_label(self) -> str:
-        return f"{self.sched.now - START:.6f}"
+        return self.clock_label_of(self.sched.now)
+
+    def clock_label_of(self, when: float) -> str:
+        return f"{when - START:.6f}"
 
     def _enter(self, proc: Any) -> None:
         self.state.enter(proc)
@@ -362,6 +368,8 @@ class Simulation:
                 result = ("error", exc)
             if result[0] == "ok":
                 self._written(proc, operation, params)
+            else:
+                self._refused(proc, operation, params, result[1])
         finally:
             self.in_db = False
         return result
@@ -378,14 +386,40 @@ class Simulation:
             return
         for key in keys:
             sk = key["sk"].get("S", "") if key else ""
+            breaking = getattr(proc, "breaking", None)
+            if breaking is not None and key and key["pk"]["S"] == breaking[0]:
+                # An operator's break applied: its first write (the rest count down, hint,
+                # hand over). An item's break is by token: the grant it broke is the item's
+                # (the same token admitted again since the listing holds under a new fence).
+                item = records.decode(self._item(key, params)) or {}
+                fence = int(item.get("f", breaking[2])) if sk != records.LOCK_SK else breaking[2]
+                self.monitor.broke(breaking[0], breaking[1], fence, sk)
+                proc.breaking = None
             if sk.startswith(records.ENTRY_PREFIX):
                 self.monitor.entry_written(key["pk"]["S"], sk, self.entry_now(key["pk"]["S"], sk))
             if sk == records.JOB_SK:
                 self.monitor.jobs.written(key["pk"]["S"], records.decode(self._item(key, params)))
+            if sk == records.NEXT_SK:
+                item = records.decode(self._item({"pk": key["pk"], "sk": key["sk"]}, params))
+                self.monitor.coalesce.written(key["pk"]["S"], operation, item, proc)
             if sk != records.LOCK_SK:
                 continue
             item = records.decode(self._item(key, params))
             self.monitor.row_written(key["pk"]["S"], item, proc)
+
+    def _refused(self, proc: Any, operation: str, params: dict[str, Any], exc: Any) -> None:
+        """Show the monitor a refused write of a next-run registration (coalescing)."""
+        from dynasem._storage import records
+
+        key = params.get("Key") or params.get("Item")
+        if operation not in ("UpdateItem", "PutItem", "DeleteItem") or key is None:
+            return
+        if key["sk"].get("S") != records.NEXT_SK:
+            return
+        if exc.response.get("Error", {}).get("Code") != "ConditionalCheckFailedException":
+            return
+        item = records.decode(self._item({"pk": key["pk"], "sk": key["sk"]}, params))
+        self.monitor.coalesce.refused(key["pk"]["S"], operation, params, item, proc)
 
     def entry_now(self, resource: str, sk: str) -> dict[str, Any] | None:
         """The queue entry item at ``sk`` as the database has it now (decoded; the monitor
@@ -447,6 +481,8 @@ class Simulation:
             if not self._finished():
                 left = [p.name for p in self.procs if not (p.done or p.dead)]
                 self.monitor.fail(f"liveness: not done after {o.max_time:g}s: {left}")
+            elif not self.monitor.violations:
+                self.monitor.finish()
             self._stop_all()
         finally:
             self._uninstall(undo)
@@ -577,6 +613,16 @@ class Simulation:
             undo.append((target, name, getattr(target, name)))
             setattr(target, name, value)
         undo += _quiet_logs(self)
+        from dynasem._engine import coalescing
+
+        undo.append((coalescing, "Registration", coalescing.Registration))
+        undo.append((coalescing.next_runs, "register_next", coalescing.next_runs.register_next))
+        coalescing.next_runs.register_next = self.monitor.coalesce.registering(  # type: ignore[assignment]
+            coalescing.next_runs.register_next
+        )
+        coalescing.Registration = self.monitor.coalesce.registration_class(  # type: ignore[misc]
+            coalescing.Registration
+        )
         from dynasem._operators import reaper
 
         undo.append((reaper, "ThreadPoolExecutor", reaper.ThreadPoolExecutor))
@@ -596,6 +642,12 @@ class Simulation:
 
             undo.append((permit_items, "INLINE_MAX", permit_items.INLINE_MAX))
             permit_items.INLINE_MAX = o.permits_from
+        if o.readers_from >= 0:
+            from dynasem._storage import lock_writes, reader_items
+
+            undo.append((lock_writes, "READERS_INLINE", lock_writes.READERS_INLINE))
+            undo.append((reader_items, "READERS_INLINE", reader_items.READERS_INLINE))
+            lock_writes.READERS_INLINE = reader_items.READERS_INLINE = o.readers_from
         if o.mutation:
             import pytest
 

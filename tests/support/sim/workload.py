@@ -49,6 +49,22 @@ Kinds of process (a run's ``mix`` names them, one per process, round robin):
   enqueues a retry of itself three times in ten (the hand-on: ``claim_for`` from its own
   run), at most two deep, and works one time in five for one to three leases (renewed).
   The ``unique`` mix; ``UniqueMonitor`` checks it (``invariants.py``).
+* ``coalescer`` / ``impatient_coalescer``: ``with semaphore(key, coalesce=True)`` of one of
+  ``COALESCE_KEYS`` keys: runs at once, or registers as the next run and waits (the
+  impatient ones ``wait=`` 0.2-3 s: they give up and withdraw), or is
+  answered ``Coalesced``; one run in ten works for one to three leases (the registration
+  renews meanwhile). ``leader``: a term of ``leadership(LEADERSHIP)``, acting in steps no
+  longer than ``lead.seconds_left()`` while ``lead.active``, two terms in ten for one to
+  two leases. The ``coalesce`` mix; ``CoalesceMonitor`` and ``LeadMonitor`` check them.
+* ``operator``: an operator's ``manage.py dynasem_release`` every second or so, until the
+  other processes are done (the command's own :func:`locks.holds_on` and
+  :func:`locks.break_hold`): a consistent read of one of ``BROKEN``'s resources, then, up to
+  half a second later (the question asked), a break of one of its holds, picked at random,
+  conditional on its token (refused when it went since the read). The ``breaks`` mix runs
+  one beside three readers of ``"rw"`` (past ``READERS_INLINE``: reader items), its writer,
+  and a renewing counting pair (with ``--permits-from``, permit items): the monitor excuses
+  a broken hold's block beside others (its holder trusts it until a renewal is refused:
+  only its fence protects its work) and checks that its trust never grows after the break.
 """
 
 from __future__ import annotations
@@ -81,13 +97,21 @@ MIXES = {
     "limits": ("counting", "counting2", "exclusive_c"),
     "jobs": ("job", "job_committer", "job", "exclusive", "job_committer", "job"),
     "unique": ("enqueuer", "worker", "enqueuer", "worker", "enqueuer", "worker"),
+    "coalesce": (
+        *("coalescer", "leader", "impatient_coalescer", "coalescer"),
+        *("leader", "impatient_coalescer", "coalescer"),
+    ),
+    "breaks": ("long_reader", "reader", "operator", "reader", "writer", "long_counting_pair"),
 }
 
 JOB_KEYS = 4  # keys a job mix's processes run (each until one run of it succeeds)
 UNIQUE_KEYS = 3  # keys the unique mix's enqueuers claim
+COALESCE_KEYS = 2  # resources the coalesce mix's processes ask runs of
+LEADERSHIP = "sim"  # the election the coalesce mix's leaders stand in
 UNIQUE_TASK = "sim.unique"  # the task's name, as a framework would give it
 QUEUE_LEASE = 1.5  # a unique task's queue lease, in leases (its run lease is the lease)
 RETRY_DEPTH = 2  # retries of retries at most
+BROKEN = ("rw", "c", "d")  # what the breaks mix's operator breaks holds of
 
 
 @dataclasses.dataclass
@@ -174,16 +198,17 @@ def run(sim: Any, proc: Any) -> None:
         if profile.rest_share and rng.random() < profile.rest_share:
             pause += rng.uniform(*profile.rest_for)  # its resource may go idle, its row reaped
         sim.sched.sleep(pause)
-        if proc.kind in ("job", "job_committer"):
-            run_job(sim, proc, rng)
-            proc.steps -= 1
-            continue
-        if proc.kind == "enqueuer":
-            enqueue(sim, proc, rng)
+        step = STEPS.get(proc.kind)
+        if step is not None:
+            step(sim, proc, rng)
             proc.steps -= 1
             continue
         if proc.kind == "worker":
             work_messages(sim, proc, rng)
+            break
+        if proc.kind == "operator":
+            while not all(p.done or p.dead for p in sim.procs if p.kind != "operator"):
+                break_one(sim, proc, rng)
             break
         sem = lock_of(proc.kind, rng)
         for resource in sem.resources:
@@ -227,6 +252,33 @@ def run(sim: Any, proc: Any) -> None:
             end_transaction(sim, proc, committed=False)  # an exception leaves atomic
         proc.steps -= 1
     proc.done = True
+
+
+def break_one(sim: Any, proc: Any, rng: Any) -> None:
+    """An operator's ``dynasem_release RESOURCE --token T`` (the command's own reads and
+    writes): the holders of a resource, one consistent read, then a break of one of them."""
+    from dynasem._operators import locks
+
+    stats = sim.stats
+    sim.sched.sleep(rng.uniform(0.2, 2.0))
+    resource = rng.choice(BROKEN)
+    try:
+        holds = locks.holds_on(resource)
+        if not holds:
+            stats["break_nothing"] += 1
+            return
+        hold = rng.choice(holds)
+        sim.sched.sleep(rng.uniform(0.0, 0.5))  # "Break 1 hold(s)?": the operator reads
+        proc.breaking = (resource, hold.token, hold.fence)  # its first write applied breaks
+        broken = locks.break_hold(resource, hold.token, user_id=hold.user_id, fence=hold.fence)
+    except SemaphoreUnavailable as exc:
+        stats["unavailable"] += 1
+        sim.record("unavailable", proc, str(exc)[:80])
+        return
+    finally:
+        proc.breaking = None
+    stats["broken" if broken else "break_refused"] += 1
+    sim.record("break" if broken else "break_refused", proc, resource, hold.token[:8])
 
 
 class JobFailed(Exception):
@@ -474,8 +526,102 @@ def retry(sim: Any, proc: Any, rng: Any, message: Message, held: Any) -> None:
             sim.monitor.fail(f"{proc.name}: a second retry of one run got a claim")
 
 
+def run_coalesced(sim: Any, proc: Any, rng: Any) -> None:
+    """One coalesced call (see the module docstring)."""
+    from dynasem.exceptions import Coalesced
+
+    stats, monitor = sim.stats, sim.monitor
+    calls = monitor.coalesce
+    key = f"n{rng.randrange(COALESCE_KEYS)}"
+    impatient = proc.kind == "impatient_coalescer"
+    sem = semaphore(key, coalesce=True, wait=rng.uniform(0.2, 3.0) if impatient else None)
+    monitor.begin(proc, key, sem)
+    calls.arrived(proc, key)
+    held = None
+    try:
+        with sem as held:
+            monitor.end(proc, key)
+            calls.entered(proc, held)
+            monitor.entered(proc, sem, held)
+            long = rng.random() < 0.1
+            sim.sched.sleep(
+                rng.uniform(1.0, 3.0) * sim.options.lease if long else work(sim, proc, rng)
+            )
+            monitor.left(proc, held)
+            calls.left(proc)
+        stats["acquired"] += 1
+        stats["coalesce_ran"] += 1
+        proc.acquired += 1
+    except Coalesced:
+        stats["coalesced"] += 1
+        calls.answered(proc, "coalesced")
+    except SemaphoreBusy:
+        stats["busy"] += 1
+        calls.answered(proc, "gave_up")
+    except LockLost as exc:
+        stats["lock_lost"] += 1
+        monitor.lost(proc, held, exc)
+        calls.answered(proc, "lost")
+    except SemaphoreUnavailable as exc:
+        stats["unavailable"] += 1
+        sim.record("unavailable", proc, str(exc)[:80])
+        calls.answered(proc, "failed")
+    finally:
+        monitor.end(proc, key)
+
+
+def lead(sim: Any, proc: Any, rng: Any) -> None:
+    """One term of a leader (see the module docstring)."""
+    from dynasem import leadership
+
+    stats, monitor = sim.stats, sim.monitor
+    election = leadership(LEADERSHIP, on_lost=lambda lead: lost.append(sim.sched.now))
+    lost: list[float] = []
+    resource = election.semaphore.resources[0]
+    monitor.begin(proc, resource, election.semaphore)
+    held = None
+    try:
+        with election as term:
+            held = term.held
+            monitor.end(proc, resource)
+            monitor.leads.entered(proc, term, lost)
+            monitor.entered(proc, held.semaphore, held)
+            seconds = rng.uniform(1.0, 2.0) * sim.options.lease if rng.random() < 0.2 else 1.0
+            while seconds > 0 and term.active:  # a leader acts only while it leads,
+                step = min(seconds, rng.uniform(0.1, 1.0), term.seconds_left())  # in time
+                monitor.leads.acting(proc, step)
+                sim.sched.sleep(step)
+                seconds -= step
+            monitor.left(proc, held)
+        stats["acquired"] += 1
+        stats["lead_terms"] += 1
+        stats["lead_lost"] += bool(lost)
+        proc.acquired += 1
+    except LockLost as exc:
+        stats["lock_lost"] += 1
+        monitor.lost(proc, held, exc)
+    except SemaphoreUnavailable as exc:
+        stats["unavailable"] += 1
+        sim.record("unavailable", proc, str(exc)[:80])
+    finally:
+        monitor.end(proc, resource)
+        monitor.leads.left(proc)
+
+
 def work(sim: Any, proc: Any, rng: Any) -> float:
     """How long a block works, in virtual seconds."""
     if proc.kind in ("long", "long_reader") or proc.kind.startswith("long_"):
         return float(rng.uniform(1.0, 3.0) * sim.options.lease)
     return float(rng.uniform(0.001, 0.4) if rng.random() < 0.9 else 2.0)
+
+
+# A step of the kinds that do something else than hold a semaphore (run_once, unique tasks,
+# coalesced calls, leadership), by kind: one of ``proc.steps``.
+STEPS: dict[str, Callable[[Any, Any, Any], None]] = {
+    "job": run_job,
+    "job_committer": run_job,
+    "enqueuer": enqueue,
+    "coalescer": run_coalesced,
+    "impatient_coalescer": run_coalesced,
+    "leader": lead,
+}
