@@ -85,17 +85,20 @@ def apt_install(package: str) -> str | None:
     """``apt-get install -y PACKAGE`` (``apt-get update`` once first); None when done, else
     why it could not be done."""
     global _apt_updated
-    apt = which("apt-get")
-    if apt is None:
+    found = which("apt-get")
+    if found is None:
         return f"{package} is missing and there is no apt-get to install it"
     prefix: list[str] = []
     if os.geteuid() != 0:
         if which("sudo") is None:
             return f"{package} is missing; installing it needs root or sudo"
         prefix = ["sudo", "-n"]
-    commands = [[*prefix, apt, "install", "-y", "-qq", package]]
+    # Another test (an xdist worker, a step run beside) may be installing a package too:
+    # wait for dpkg's lock rather than fail on it (and skip what this install was for).
+    apt = [*prefix, found, "-o", "DPkg::Lock::Timeout=600"]
+    commands = [[*apt, "install", "-y", "-qq", package]]
     if not _apt_updated:
-        commands.insert(0, [*prefix, apt, "update", "-qq"])
+        commands.insert(0, [*apt, "update", "-qq"])
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     for command in commands:
         shown = " ".join(command)
