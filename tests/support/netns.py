@@ -95,10 +95,10 @@ def apt_install(package: str) -> str | None:
         prefix = ["sudo", "-n"]
     # Another test (an xdist worker, a step run beside) may be installing a package too:
     # wait for dpkg's lock rather than fail on it (and skip what this install was for).
-    apt = [*prefix, found, "-o", "DPkg::Lock::Timeout=600"]
-    commands = [[*apt, "install", "-y", "-qq", package]]
+    wait = ["-o", "DPkg::Lock::Timeout=600"]
+    commands = [[*prefix, found, "install", "-y", "-qq", package, *wait]]
     if not _apt_updated:
-        commands.insert(0, [*apt, "update", "-qq"])
+        commands.insert(0, [*prefix, found, "update", "-qq", *wait])
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
     for command in commands:
         shown = " ".join(command)
