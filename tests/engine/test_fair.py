@@ -124,7 +124,6 @@ def test_a_killed_waiter_does_not_block_the_line_past_its_lease(dynamodb_local, 
     assert served_at - released <= lease + 0.5 + 1.0 + 1.0
 
 
-@pytest.mark.serial  # its bound on a writer's wait holds without other workers beside it
 def test_writers_do_not_starve_behind_readers(dynamodb_local, lock_table):
     seconds = 6
     # 8 readers and 2 writers, started together.
@@ -154,8 +153,15 @@ def test_writers_do_not_starve_behind_readers(dynamodb_local, lock_table):
         # Readers share. Not on the embedded engine: it serves the ten processes' requests one
         # at a time, and two 30 ms reader holds seldom meet there.
         assert any(b[0] < a[1] for a, b in zip(ordered, ordered[1:], strict=False))
-    # Every writer got in within a bound, although readers never stopped coming.
-    assert max(w[2] for w in writers) < 5.0, max(w[2] for w in writers)
+    # Every writer got in, although readers never stopped coming, after at most two holds of
+    # each other process: one that began before its ticket was taken, one from the line ahead
+    # of it. Counted, not timed (a loaded machine slows every hold alike: CI once saw a fair
+    # wait of 5.2 s on the embedded engine); a writer starved by readers is passed by dozens.
+    others = len(procs) - 1
+    for w in writers:
+        waited_from = w[0] - w[2]
+        passed = [o for o in readers + writers if o is not w and waited_from < o[0] < w[0]]
+        assert len(passed) <= 2 * others, (w, len(passed))
 
 
 @pytest.mark.kind_engine_only(
