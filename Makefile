@@ -66,8 +66,11 @@ test-unkind-ci: venv
 # `.venv/bin/python -m tests.support.sim --seeds N --mix M --faults F --trace --shrink`.
 #   make simulate SEEDS=1-200 SIM_MIXES=exclusive SIM_ARGS="--hosts 3"
 SEEDS ?= 1-4
-SIM_MIXES ?= exclusive,counting,readers,fair,pairs,all,renewing,commits,limits,long_readers,shared_pairs,counting_pairs,mixed_pairs,long_pairs,jobs,unique
+SIM_MIXES ?= exclusive,counting,readers,pairs,all,renewing,commits,limits,long_readers,shared_pairs,counting_pairs,mixed_pairs,long_pairs,jobs,unique
 SIM_FAULTS ?= light,heavy,pauses,crashes,partitions,deaf,reaped
+# Then waiters that cannot be pushed (PUSH off): a fair waiter queues while the others poll.
+# (With pushes every exclusive waiter queues, so the fair mix ran exclusive's very traces.)
+SIM_POLL_MIXES ?= fair
 # Then the mixes of counting semaphores again with their holders in permit items (as a limit
 # above permit_items.INLINE_MAX keeps them), under the faults that find their bugs.
 SIM_PERMIT_MIXES ?= counting,limits,all,counting_pairs
@@ -78,9 +81,10 @@ SIM_ACROSS_MIXES ?= exclusive,readers,all,renewing,commits,long_readers,shared_p
 SIM_ACROSS_FAULTS ?= light,pauses,partitions,reaped
 # And a user's Ctrl-C thrown into acquisitions (tests/support/sim/interrupts.py): nothing an
 # interrupted acquisition may have taken is left to its lease. The mixes that work for leases
-# are left out (half the time of all sixteen: 13 s for SEEDS=1-4); `--interrupts 0.2`
-# adds the fault to any profile, `interrupts_heavy` puts it beside the network's faults.
-SIM_INTERRUPT_MIXES ?= exclusive,counting,readers,fair,pairs,all,commits,limits,shared_pairs,counting_pairs,mixed_pairs,jobs,unique
+# are left out (half the time of all sixteen: 13 s for SEEDS=1-4), and fair (exclusive's
+# traces when pushed); `--interrupts 0.2` adds the fault to any profile, `interrupts_heavy`
+# puts it beside the network's faults.
+SIM_INTERRUPT_MIXES ?= exclusive,counting,readers,pairs,all,commits,limits,shared_pairs,counting_pairs,mixed_pairs,jobs,unique
 SIM_INTERRUPT_FAULTS ?= interrupts
 # And coalesced re-runs beside leaders (the coalesce mix, about 0.4 s a seed: twice the other
 # mixes' cost) under the faults that find its mutations.
@@ -92,6 +96,8 @@ SIM_ARGS ?=
 simulate: venv
 	$(PYTHON_VENV) -m tests.support.sim --seeds $(SEEDS) --mix $(SIM_MIXES) --faults $(SIM_FAULTS) \
 		--processes 6 --hosts 3 --steps 10 $(SIM_ARGS)
+	$(PYTHON_VENV) -m tests.support.sim --seeds $(SEEDS) --mix $(SIM_POLL_MIXES) --faults $(SIM_FAULTS) \
+		--processes 6 --hosts 3 --steps 10 --no-push $(SIM_ARGS)
 	$(PYTHON_VENV) -m tests.support.sim --seeds $(SEEDS) --mix $(SIM_PERMIT_MIXES) \
 		--faults $(SIM_PERMIT_FAULTS) --processes 6 --hosts 3 --steps 10 --permits-from 1 $(SIM_ARGS)
 	$(PYTHON_VENV) -m tests.support.sim --seeds $(SEEDS) --mix $(SIM_ACROSS_MIXES) \

@@ -10,7 +10,8 @@ Kinds of process (a run's ``mix`` names them, one per process, round robin):
 * ``long_reader`` / ``impatient_writer``: the same, a reader working one to three leases (past
   the first few, readers keep items of their own, which they renew), a writer with ``wait=``
   up to two seconds;
-* ``fair``: ``semaphore("r", fair=True)``;
+* ``fair``: ``semaphore("r", fair=True)`` (beside processes that can be pushed, an exclusive
+  waiter queues too: the mix differs from ``exclusive`` only with ``--no-push``);
 * ``pair``: ``semaphore(["r", "s"])``, both at once (one transaction), beside ``single``:
   ``semaphore("s")``;
 * ``shared_pair``: ``semaphore(["rw", "s"], shared=True)``, beside readers and writers of
