@@ -241,19 +241,30 @@ def test_a_row_past_dynamodbs_item_size_is_named_and_nothing_is_written(lock_tab
     monkeypatch.setattr(writes, "READERS_INLINE", 10**6)
     monkeypatch.setattr(reader_items, "READERS_INLINE", 10**6)
 
-    held = []
+    def user(i: int) -> str:
+        return f"{i:04}" + "u" * 1_016
+
+    held = [semaphore("crowd", shared=True, lease=600, user=user(0)).acquire()]
+    # 340 more readers (340 KB) as 340 acquisitions would have left them, written at once:
+    # taken one by one, each reading and writing the growing item, they took 19 s alone.
+    row = lock_rows.get_item("crowd")
+    ((token, entry),) = row["holders"].items()
+    row["holders"] |= {f"{token}-{i}": entry | {"u": user(i)} for i in range(1, 341)}
+    assert len(str(row)) > 340_000, "the entry no longer stores its user as 'u'"
+    dynamodb.get_client().put_item(TableName=lock_table, Item=records.encode(row))
     try:
         with pytest.raises(LimitExceeded) as raised:
-            for i in range(1_000):
-                user = f"{i:04}" + "u" * 1_016
-                held.append(semaphore("crowd", shared=True, lease=600, user=user).acquire())
-        before = len(lock_rows.get_item("crowd")["holders"])
+            for i in range(341, 1_000):
+                user_id = user(i)
+                held.append(semaphore("crowd", shared=True, lease=600, user=user_id).acquire())
+        before = lock_rows.get_item("crowd")["holders"]
         assert raised.value.limit == "item size" and not raised.value.transient
         assert "400 KB" in str(raised.value) and "Nothing was written" in str(raised.value)
-        assert 300 < len(held) == before < 400
+        assert len(held) > 1 and 300 < len(before) < 400
+        assert all(h.token in before for h in held)
         with pytest.raises(LimitExceeded):
             semaphore("crowd", shared=True, lease=600, user="x" * 1_020).acquire()
-        assert len(lock_rows.get_item("crowd")["holders"]) == before
+        assert lock_rows.get_item("crowd")["holders"] == before
     finally:
         for h in held:
             h.release()
