@@ -68,3 +68,35 @@ def test_only_interrupts_find_a_broken_give_back(
     plain = run(Options(seed=seed, mix=mix, faults=other, **WIDE))
     mutated = run(Options(seed=seed, mix=mix, faults=other, mutation=mutation, **WIDE))
     assert mutated.ok and mutated.digest == plain.digest
+
+
+# -- bodies and releases ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mix", "seed", "options"),
+    [
+        ("exclusive", 1, {}),
+        ("pairs", 1, {}),
+        ("readers", 1, {"readers_from": 0}),
+        ("counting", 1, {"permits_from": 1}),
+        ("commits", 1, {}),
+    ],
+)
+def test_interrupted_releases_and_blocks_leave_nothing_kept(
+    mix: str, seed: int, options: dict[str, Any]
+) -> None:
+    """Ctrl-C in blocks and in their releases (``__exit__``'s and explicit ``release()``):
+    each hold given back or left to its lease, renewed by nobody after, lapsed a lease and
+    the skew later, and its hand-overs used or lapsed by then (the monitor's checks)."""
+    result = run(Options(seed=seed, mix=mix, faults="interrupts", trace=False, **WIDE, **options))
+    result.raise_if_violated()
+    stats = result.stats
+    assert stats["interrupt_in_body"] > 0 and stats["interrupt_in_release"] > 0
+    assert stats["interrupt_body_returned"] == stats["interrupt_in_body"]
+    assert stats["interrupt_release_returned"] == stats["interrupt_in_release"]
+    assert stats["interrupted"] == stats["interrupt"]  # none swallowed
+    # Some releases were interrupted after their give-back landed, some before: left.
+    assert stats["interrupt_given_back"] > 0 and stats["interrupt_left_to_lease"] > 0
+    if mix == "exclusive":
+        assert stats["interrupt_handed_over"] > 0  # a release that handed over, interrupted
