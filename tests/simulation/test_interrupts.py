@@ -5,6 +5,7 @@ taken is left to its lease when its process lived and its give-back was answered
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -100,3 +101,20 @@ def test_interrupted_releases_and_blocks_leave_nothing_kept(
     assert stats["interrupt_given_back"] > 0 and stats["interrupt_left_to_lease"] > 0
     if mix == "exclusive":
         assert stats["interrupt_handed_over"] > 0  # a release that handed over, interrupted
+
+
+@pytest.mark.reentry  # dynasem's own rule, as in ``python -m tests.support.sim``
+def test_a_release_interrupted_behind_a_renewal_is_left_to_its_lease() -> None:
+    """Seed 10 of renewing, deaf: a release waiting for a renewal whose answer was lost is
+    interrupted before it began; the hold is left to its lease, neither renewed on nor
+    re-entered. With the hold kept (``interrupted_release_kept``: the library before its
+    fix) the monitor finds it; without interrupts the mutation changes nothing."""
+    options = Options(seed=10, mix="renewing", faults="deaf", interrupts=0.5, **WIDE)
+    result = run(options)
+    result.raise_if_violated()
+    assert result.stats["interrupt_release_not_begun"] > 0
+    found = run(dataclasses.replace(options, mutation="interrupted_release_kept"))
+    assert any("interrupt:" in v for v in found.violations), found.violations
+    quiet = dataclasses.replace(options, interrupts=0.0)
+    mutated = dataclasses.replace(quiet, mutation="interrupted_release_kept")
+    assert run(mutated).digest == run(quiet).digest
