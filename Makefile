@@ -79,8 +79,9 @@ SIM_PERMIT_FAULTS ?= pauses,crashes,reaped
 # set to a private address): hand-overs trusted by an heir whose clock is another host's.
 SIM_ACROSS_MIXES ?= exclusive,readers,all,renewing,commits,long_readers,shared_pairs
 SIM_ACROSS_FAULTS ?= light,pauses,partitions,reaped
-# And a user's Ctrl-C thrown into acquisitions (tests/support/sim/interrupts.py): nothing an
-# interrupted acquisition may have taken is left to its lease. The mixes that work for leases
+# And a user's Ctrl-C thrown into acquisitions, blocks and releases
+# (tests/support/sim/interrupts.py): nothing an interrupted acquisition or block may have
+# taken is left to its lease, nor a release's hold kept past it. The mixes that work for leases
 # are left out (half the time of all sixteen: 13 s for SEEDS=1-4), and fair (exclusive's
 # traces when pushed); `--interrupts 0.2` adds the fault to any profile, `interrupts_heavy`
 # puts it beside the network's faults.

@@ -78,6 +78,8 @@ class Held:
         self._state_lock = threading.Lock()  # guards _lost only: never held across a request
         self._lost: str | None = None
         self._released = False
+        # Its release was interrupted before it began: left to its lease (re-entered no more).
+        self.left_to_lease = False
         self._pending_commit = False  # given back, waiting for the transaction to end
         self._heartbeat: Heartbeat | None = None
         self._taken_mono = clock.monotonic()
@@ -376,13 +378,18 @@ class Held:
             self._released = True
             return
         # Begun now, though a renewal in flight may keep the lock for a while; not begun if
-        # that wait is interrupted (a signal's exception): then the deadline is the loss.
+        # that wait is interrupted (a signal's exception): then the deadline is the loss,
+        # the heartbeat stopped and the hold re-entered no more (a ``with`` block's exit does
+        # not run again: renewed on, or re-entered by the next acquire here, the hold would
+        # be kept for nobody); a release() again still gives it back.
         before = self._giving_back_mono
         self._giving_back_mono = min(before, clock.monotonic())
         try:
             self._lock.acquire()
         except BaseException:
             self._giving_back_mono = before
+            self.left_to_lease = True
+            self._stop_heartbeat()
             raise
         with _owned(self._lock):
             if not self._ended():

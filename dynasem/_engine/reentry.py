@@ -113,6 +113,8 @@ def reentered(sem: LockSpec) -> Held | None:
     for held, owner in reversed(_acquired.get()):
         if owner is not me or held.released or held.pending_commit or held.lost:
             continue
+        if held.left_to_lease:  # its release interrupted: nobody's any more
+            continue
         if _holds_some(held, sem):
             held.depth += 1
             return named(held, wanted)

@@ -426,6 +426,80 @@ def test_renew_behind_a_hung_renewal_raises_lock_lost_by_the_deadline(lock_table
     assert answered[0][1] >= deadline - 0.01
 
 
+class InterruptedWait:
+    """A hold's request lock whose wait, in the calling thread only, is ended by a Ctrl-C
+    (as a signal's exception ends a blocking acquire): a renewal in flight held it."""
+
+    def __init__(self, lock: Any) -> None:
+        self.lock, self.caller = lock, threading.get_ident()
+
+    def acquire(self, *args: Any, **kwargs: Any) -> bool:
+        if threading.get_ident() == self.caller:
+            raise KeyboardInterrupt
+        return bool(self.lock.acquire(*args, **kwargs))
+
+    def release(self) -> None:
+        self.lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.release()
+
+
+@pytest.mark.parametrize("how", ["release", "with"])
+def test_a_release_interrupted_waiting_for_a_renewal_renews_no_more(
+    lock_table: str, requests_sent: RequestCounter, how: str
+) -> None:
+    """Ctrl-C as the release waits for the heartbeat's renewal in flight (the hold's request
+    lock: a renewal hanging on a cut network): the release has not begun, and the hold is
+    left to its lease, but renewed no more: a ``with`` block's exit is not run again, and
+    nobody would give it back (before the fix the heartbeat renewed it on, for nobody, until
+    max_hold). A ``release()`` again still gives it back. Found by the simulator: seed 2 of
+    long_readers, partitions with --interrupts 0.3."""
+    resource = unique("int-release")
+    sem = semaphore(resource, lease=LEASE)
+    if how == "release":
+        held = sem.acquire()
+        wait_for_renewal(held)
+        held._lock = InterruptedWait(held._lock)  # type: ignore[assignment]
+        with pytest.raises(KeyboardInterrupt):
+            held.release()
+    else:
+        with pytest.raises(KeyboardInterrupt), sem as held:
+            wait_for_renewal(held)
+            held._lock = InterruptedWait(held._lock)  # type: ignore[assignment]
+    held._lock = held._lock.lock  # type: ignore[attr-defined]
+    assert heartbeats_of(resource) == []
+    end = stored_end(resource, held.token)
+    requests_sent.watch(resource)
+    requests_sent.reset()
+    time.sleep(2 * INTERVAL + 0.15)  # two renewals would have been due
+    assert requests_sent.naming == 0
+    assert stored_end(resource, held.token) == end
+    held.release()  # given back after all
+    assert tokens_on(resource) == set()
+
+
+@pytest.mark.reentry
+def test_a_hold_whose_release_was_interrupted_is_not_reentered(lock_table: str) -> None:
+    """The same interrupt (its release not begun): the thread's next acquire of the resource
+    must not re-enter that hold, renewed no more, its block then giving back nothing (before
+    the fix it did: depth 2, the hold kept past its end, and with the heartbeat still on,
+    kept for good). It waits for the lease instead. Found by the simulator: seed 10 of
+    renewing, deaf with --interrupts 0.5."""
+    resource = unique("int-reenter")
+    with pytest.raises(KeyboardInterrupt), semaphore(resource, lease=LEASE) as held:
+        held._lock = InterruptedWait(held._lock)  # type: ignore[assignment]
+    held._lock = held._lock.lock  # type: ignore[attr-defined]
+    with semaphore(resource, lease=LEASE, wait=3 * LEASE) as again:
+        # A hold of its own, once the interrupted one's lease ran out.
+        assert again.token != held.token and again.depth == 1
+        assert tokens_on(resource) == {again.token}
+    assert tokens_on(resource) == set()
+
+
 def test_many_holds_share_one_scheduler_thread(lock_table: str) -> None:
     resources = [unique(f"many-{i}") for i in range(12)]
     holds = [semaphore(r, lease=LEASE).acquire() for r in resources]

@@ -5,6 +5,7 @@ taken is left to its lease when its process lived and its give-back was answered
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -68,3 +69,52 @@ def test_only_interrupts_find_a_broken_give_back(
     plain = run(Options(seed=seed, mix=mix, faults=other, **WIDE))
     mutated = run(Options(seed=seed, mix=mix, faults=other, mutation=mutation, **WIDE))
     assert mutated.ok and mutated.digest == plain.digest
+
+
+# -- bodies and releases ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mix", "seed", "options"),
+    [
+        ("exclusive", 1, {}),
+        ("pairs", 1, {}),
+        ("readers", 1, {"readers_from": 0}),
+        ("counting", 1, {"permits_from": 1}),
+        ("commits", 1, {}),
+    ],
+)
+def test_interrupted_releases_and_blocks_leave_nothing_kept(
+    mix: str, seed: int, options: dict[str, Any]
+) -> None:
+    """Ctrl-C in blocks and in their releases (``__exit__``'s and explicit ``release()``):
+    each hold given back or left to its lease, renewed by nobody after, lapsed a lease and
+    the skew later, and its hand-overs used or lapsed by then (the monitor's checks)."""
+    result = run(Options(seed=seed, mix=mix, faults="interrupts", trace=False, **WIDE, **options))
+    result.raise_if_violated()
+    stats = result.stats
+    assert stats["interrupt_in_body"] > 0 and stats["interrupt_in_release"] > 0
+    assert stats["interrupt_body_returned"] == stats["interrupt_in_body"]
+    assert stats["interrupt_release_returned"] == stats["interrupt_in_release"]
+    assert stats["interrupted"] == stats["interrupt"]  # none swallowed
+    # Some releases were interrupted after their give-back landed, some before: left.
+    assert stats["interrupt_given_back"] > 0 and stats["interrupt_left_to_lease"] > 0
+    if mix == "exclusive":
+        assert stats["interrupt_handed_over"] > 0  # a release that handed over, interrupted
+
+
+@pytest.mark.reentry  # dynasem's own rule, as in ``python -m tests.support.sim``
+def test_a_release_interrupted_behind_a_renewal_is_left_to_its_lease() -> None:
+    """Seed 10 of renewing, deaf: a release waiting for a renewal whose answer was lost is
+    interrupted before it began; the hold is left to its lease, neither renewed on nor
+    re-entered. With the hold kept (``interrupted_release_kept``: the library before its
+    fix) the monitor finds it; without interrupts the mutation changes nothing."""
+    options = Options(seed=10, mix="renewing", faults="deaf", interrupts=0.5, **WIDE)
+    result = run(options)
+    result.raise_if_violated()
+    assert result.stats["interrupt_release_not_begun"] > 0
+    found = run(dataclasses.replace(options, mutation="interrupted_release_kept"))
+    assert any("interrupt:" in v for v in found.violations), found.violations
+    quiet = dataclasses.replace(options, interrupts=0.0)
+    mutated = dataclasses.replace(quiet, mutation="interrupted_release_kept")
+    assert run(mutated).digest == run(quiet).digest

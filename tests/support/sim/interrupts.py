@@ -29,17 +29,55 @@ it holds until its lease runs out, as documented), a write sent before the inter
 after it (the sync driver cannot wait for the request it was interrupted in), or another
 process's hand-over made the token a holder (handed on by ``push.depart``; checked again
 ``RECHECK`` seconds later, when it must be gone).
+
+Holds too (the ``run`` workload's blocks; the bodies' and releases' draws come from an rng
+of their own, so an acquire's interrupts fall as they did):
+
+* in the **body** (half the rate): ``timed``, at a moment drawn within the block's work; the
+  block is left by the interrupt, and ``__exit__`` gives the hold back with the exception;
+* in the **release** (the rate): the acquire's shapes, counted in the release's own writes
+  (a hand-over, a plain release, a reader's or a permit's delete and count-down, a
+  transaction of several resources), ``timed`` mostly within its first 30 ms, and
+  ``first_wait``: at its first wait (for the heartbeat's renewal in flight, which holds the
+  hold's lock; else its first request's answer). Half of them are an explicit
+  ``held.release()`` in the block (``__exit__`` then runs with the exception and finds the
+  hold released, or not begun), half ``__exit__``'s own.
+
+What must hold once the interrupt came out (a committer's open transaction rolled back
+first: a hold pending its commit is given back then):
+
+* a body's hold is given back, as an acquire's leftovers are (nothing of its token live,
+  unless a give-back request failed or a write sent before applied after);
+* a release's hold is given back or left to its lease: both fine (stats
+  ``interrupt_given_back``, ``interrupt_left_to_lease``);
+* for either, **no new write** of the process's other threads names its token from then on
+  (a heartbeat's renewal for nobody, or a write refused for certain; an attempt again of a
+  request sent before, or a renewal that was in flight then, which the release waited for,
+  is not new: ``interrupt_given_up_in_flight``);
+* a lease and the skew after the return, nothing of its token is live (a renewal sent
+  before the interrupt wrote a lease end within half the skew of a lease from then): it
+  lapsed, not kept for nobody;
+* and each **hand-over** the process wrote since the release began (a grant of another
+  token in a row) has reached its heir (whose block began with it) or lapsed by then: no
+  waiter waits behind a hand-over nobody will use for longer than a lease (the liveness
+  check does not watch the fault window);
+* and an interrupt thrown never vanishes in dynasem (the block ending normally after it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import random
 from typing import Any
 
 from .scheduler import Waiter
 
 SHAPES = ("timed", "before_send", "after_apply", "after_answer")
+PHASES = ("acquire", "body", "release")
+# A release's: besides, at its first wait (for a renewal in flight, holding the hold's lock;
+# else its first request's answer).
+RELEASE_SHAPES = (*SHAPES, "first_wait")
 RECHECK = 5.0  # seconds after the return: a stray hand-over must be handed on by then
 REFUSED_CODES = frozenset({"ConditionalCheckFailedException", "TransactionCanceledException"})
 
@@ -67,6 +105,12 @@ class Plan:
     cleaned: set[tuple[Any, ...]] = dataclasses.field(default_factory=set)
     applied: dict[Any, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
     label: str = ""
+    phase: str = "acquire"  # PHASES: what it interrupts
+    threads: set[Any] = dataclasses.field(default_factory=set)  # the process's, at the return
+    held: Any = None  # a release's hold
+    # The hand-overs its release wrote (resource, token) -> their lease end, at the return.
+    handed_ends: dict[tuple[str, str], int] = dataclasses.field(default_factory=dict)
+    explicit: bool = False  # a release: ``held.release()`` in the block, not ``__exit__``'s
 
 
 # What a request of an armed acquisition carries: of the acquire or of its cleanup, and its plan.
@@ -79,7 +123,12 @@ class Interrupts:
 
     def __init__(self, sim: Any, rate: float):
         self.sim, self.rate = sim, rate
-        self.plans: dict[Any, Plan] = {}  # proc -> its armed acquire
+        self.plans: dict[Any, Plan] = {}  # proc -> its armed acquire, body or release
+        # Bodies' and releases' draws: an acquire's (the fault rng's) go as they went.
+        self.rng = random.Random(f"{sim.options.seed}:interrupts")
+        # proc -> the holds its interrupted bodies and releases gave up (their plans), while
+        # anything of theirs may be live: no write of the process may name them any more.
+        self.given_up: dict[Any, list[Plan]] = {}
 
     # -- the workload's side -------------------------------------------------------------------
 
@@ -102,6 +151,47 @@ class Interrupts:
         if shape == "timed":
             sim.sched.at(delay, lambda: self._fire_timed(proc, plan))
 
+    def arm_body(self, proc: Any, held: Any, seconds: float) -> None:
+        """``proc``'s block begins, to work ``seconds``: maybe a Ctrl-C in it (timed), which
+        leaves the block: ``__exit__`` gives the hold back with the exception."""
+        sim, rng = self.sim, self.rng
+        if not self.rate or sim.quiet() or rng.random() >= self.rate / 2:
+            return
+        plan = Plan("timed", 0, rng.uniform(0.0, seconds), sim.sched.now, phase="body")
+        plan.tokens.append(held.token)
+        plan.label = f"{proc.kind} body"
+        self.plans[proc] = plan
+        sim.sched.at(plan.delay, lambda: self._fire_timed(proc, plan))
+
+    def arm_release(self, proc: Any, held: Any) -> bool:
+        """``proc``'s block ends: maybe a Ctrl-C in its release (the shapes of an acquire's,
+        counted in the release's writes). True: released explicitly (``held.release()`` in
+        the block; ``__exit__`` then finds it released)."""
+        self.plans.pop(proc, None)  # a body's interrupt that never came
+        sim, rng = self.sim, self.rng
+        if not self.rate or sim.quiet() or rng.random() >= self.rate:
+            return False
+        shape = rng.choice(RELEASE_SHAPES)
+        nth = 1
+        while rng.random() < 0.3 and nth < 4:
+            nth += 1
+        delay = rng.uniform(0.0, 0.03) if rng.random() < 0.75 else rng.expovariate(1 / 0.3)
+        plan = Plan(shape, nth, delay, sim.sched.now, phase="release")
+        plan.explicit = rng.random() < 0.5
+        plan.held = held
+        plan.tokens.append(held.token)
+        plan.label = f"{proc.kind} {'release()' if plan.explicit else '__exit__'}"
+        self.plans[proc] = plan
+        if shape == "timed":
+            sim.sched.at(delay, lambda: self._fire_timed(proc, plan))
+        plan.next_wait = shape == "first_wait"
+        return plan.explicit
+
+    def phase(self, proc: Any) -> str:
+        """What ``proc``'s interrupt, if one was thrown, interrupted."""
+        plan = self.plans.get(proc)
+        return plan.phase if plan is not None else "acquire"
+
     def drawn(self, proc: Any, token: str) -> None:
         """``proc`` drew ``token`` (a uuid4): if it is in an armed acquire, one of its tokens."""
         plan = self.plans.get(proc)
@@ -114,6 +204,15 @@ class Interrupts:
         if plan is not None and plan.fired is not None:
             self.sim.monitor.fail(
                 f"{proc.name}: an interrupted acquire ({plan.label}, {plan.shape}) ran its body"
+            )
+
+    def ended(self, proc: Any) -> None:
+        """``proc``'s block ended, its hold given back, no exception: a body's or release's
+        interrupt must have come out."""
+        plan = self.plans.pop(proc, None)
+        if plan is not None and plan.fired is not None:
+            self.sim.monitor.fail(
+                f"{proc.name}: dynasem swallowed a KeyboardInterrupt ({plan.label}, {plan.shape})"
             )
 
     def disarm(self, proc: Any) -> None:
@@ -134,6 +233,9 @@ class Interrupts:
         stats["interrupt_returned"] += 1
         stats["interrupt_cleanup_writes"] += plan.cleanup_writes
         stats["interrupt_cleanup_refused"] += plan.cleanup_refused
+        if plan.phase != "acquire":
+            self._returned_hold(proc, plan)
+            return
         if plan.held_at_fire:
             stats["interrupt_needed"] += 1
         elif plan.cleanup_refused and not plan.in_flight and not plan.late:
@@ -146,6 +248,93 @@ class Interrupts:
         self._judge(proc, plan, left, now=True)
         if left:
             sim.sched.at(RECHECK, lambda: self._judge(proc, plan, self.leftovers(plan.tokens)))
+
+    def _returned_hold(self, proc: Any, plan: Plan) -> None:
+        """An interrupted body's or release's ``KeyboardInterrupt`` came out: a body's hold
+        was given back by ``__exit__`` (unless a give-back request failed); a release's
+        was, or is left to its lease. Either way: no write for it from now on, nothing of it
+        live once a lease and the skew are over, and no hand-over of the release left
+        unused by then (:meth:`_lapsed`)."""
+        sim, stats = self.sim, self.sim.stats
+        stats[f"interrupt_{plan.phase}_returned"] += 1
+        left = self.leftovers(plan.tokens)
+        handed = [
+            key
+            for key, writer in sim.monitor.granted_by.items()
+            if writer is proc
+            and key[1] not in plan.tokens
+            and sim.monitor.grant_time.get(key, -1.0) >= plan.started
+        ]
+        stats["interrupt_handed_over"] += len(handed)
+        rows = sim.monitor.rows
+        plan.handed_ends = {
+            (r, t): rows[r].holders[t].expires_ms
+            for r, t in handed
+            if r in rows and t in rows[r].holders
+        }
+        sim.record("int_ret", proc, plan.phase, plan.shape, len(left), len(handed))
+        if plan.phase == "release":
+            stats["interrupt_left_to_lease" if left else "interrupt_given_back"] += 1
+            # Its wait for a renewal in flight interrupted: the release never began.
+            stats["interrupt_release_not_begun"] += bool(getattr(plan.held, "left_to_lease", 0))
+        elif left and not (plan.faulted or plan.late):
+            sim.monitor.fail(
+                f"interrupt: {proc.name}'s interrupted block ({plan.label}) left "
+                f"{', '.join(left)} as control returned, its give-back answered"
+            )
+        elif left:
+            stats["interrupt_leftover_excused"] += 1
+        # Its threads now (a renewal in flight, which the release waited for: its writes
+        # are not new ones; a renewal begun from now on is).
+        plan.threads = {t for t in proc.threads if not t.finished}
+        self.given_up.setdefault(proc, []).append(plan)
+        bound = sim.options.lease + sim.options.skew
+        sim.sched.at(bound, lambda: self._lapsed(proc, plan, handed))
+
+    def _lapsed(self, proc: Any, plan: Plan, handed: list[tuple[str, str]]) -> None:
+        """A lease and the skew after ``plan``'s interrupt came out: its hold lapsed, and
+        each hand-over its release wrote reached its heir or lapsed too."""
+        sim = self.sim
+        self.given_up[proc].remove(plan)
+        left = self.leftovers(plan.tokens)
+        if left:
+            sim.monitor.fail(
+                f"interrupt: {proc.name}'s hold ({plan.label}, {plan.shape}) still live "
+                f"a lease and the skew after its interrupt came out: {', '.join(left)}"
+            )
+        now_ms = int(sim.sched.now * 1000)
+        for resource, token in handed:
+            row = sim.monitor.rows.get(resource)
+            holder = row.holders.get(token) if row is not None else None
+            if holder is None or holder.expires_ms <= now_ms:
+                continue
+            if holder.expires_ms != plan.handed_ends.get((resource, token)):
+                sim.stats["interrupt_handover_taken_up"] += 1  # its heir renewed it
+                continue
+            if (resource, token) not in sim.monitor.entered_tokens:
+                sim.monitor.fail(
+                    f"interrupt: the hand-over of {resource!r} to {token[:8]} that "
+                    f"{proc.name}'s interrupted release ({plan.label}) wrote is still live, "
+                    "unused, a lease and the skew after the interrupt came out"
+                )
+
+    def _after_given_up(self, proc: Any, params: Any, attempt: int) -> None:
+        """A write of ``proc``'s other threads (a heartbeat's renewal) while holds it gave
+        up may be live: one that names them renews for nobody or is refused for certain
+        (an attempt again of a request sent before, as botocore retries it, is not new)."""
+        text = json.dumps(params, default=str)
+        for plan in self.given_up[proc]:
+            if not any(t in text for t in plan.tokens):
+                continue
+            if attempt or self.sim.sched.current in plan.threads:
+                self.sim.stats["interrupt_given_up_in_flight"] += 1
+                continue
+            self.sim.monitor.fail(
+                f"interrupt: {proc.name} ({self.sim.sched.current.name}) sent a write for "
+                "its hold after its interrupted "
+                f"{plan.phase} ({plan.label}, {plan.shape}) came out (renewed for nobody, "
+                "or refused for certain)"
+            )
 
     def _judge(self, proc: Any, plan: Plan, left: list[str], *, now: bool = False) -> None:
         sim, stats = self.sim, self.sim.stats
@@ -181,6 +370,7 @@ class Interrupts:
         plan.held_at_fire = bool(self.leftovers(plan.tokens))
         self.sim.stats["interrupt"] += 1
         self.sim.stats[f"interrupt_{plan.shape}"] += 1
+        self.sim.stats[f"interrupt_in_{plan.phase}"] += 1
         self.sim.record("interrupt", proc, plan.label, plan.shape, plan.writes)
 
     def _fire_timed(self, proc: Any, plan: Plan) -> None:
@@ -204,11 +394,13 @@ class Interrupts:
             self._throw(thread.proc, plan)
             self.sim.sched.resolve(waiter, error=KeyboardInterrupt())
 
-    def sending(self, proc: Any, write: bool) -> Tag:
+    def sending(self, proc: Any, write: bool, params: Any = None, attempt: int = 0) -> Tag:
         """A request attempt of ``proc`` is about to be sent: its tag (``"acquire"``: of an
-        armed acquire, ``"cleanup"``: of the give-back after the interrupt; with the plan,
-        which a request that applies after the interrupt came out still finds), or raises
-        the interrupt (``before_send``)."""
+        armed acquire, body or release, ``"cleanup"``: of the give-back after the interrupt;
+        with the plan, which a request that applies after the interrupt came out still
+        finds), or raises the interrupt (``before_send``)."""
+        if write and self.given_up.get(proc) and not self._main(proc):
+            self._after_given_up(proc, params, attempt)
         plan = self.plans.get(proc)
         if plan is None or plan.returned or not self._main(proc):
             return None
@@ -247,9 +439,11 @@ class Interrupts:
                         self.sim.record("redundant", proc, *same[0])
                 elif result[0] == "ok":
                     plan.applied[waiter] = same  # seen applied once its answer comes
-            if result[0] == "error" and _code(result[1]) not in REFUSED_CODES:
-                plan.faulted = True
-            return False
+            if result[0] == "error" and (
+                _code(result[1]) not in REFUSED_CODES or _conflict(result[1])
+            ):
+                plan.faulted = True  # (a transaction's conflict passes: given up past the
+            return False  # deadline, the hold is left to its lease, as a throttle's)
         plan.in_flight -= 1
         if plan.fired is not None:
             if write:
@@ -365,6 +559,13 @@ def _give_back_of(params: dict[str, Any]) -> tuple[Any, ...]:
 
 def _key(key: dict[str, Any]) -> str:
     return f"{key.get('pk', {}).get('S')}/{key.get('sk', {}).get('S')}"
+
+
+def _conflict(error: Any) -> bool:
+    """A transaction cancelled only for another request's transaction on its rows."""
+    response = getattr(error, "response", None) or {}
+    codes = {r.get("Code") for r in response.get("CancellationReasons") or []}
+    return "TransactionConflict" in codes and codes <= {"TransactionConflict", "None", None}
 
 
 def _code(error: Any) -> str:

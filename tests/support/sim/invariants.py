@@ -67,6 +67,10 @@
   never runs its body, and leaves nothing live of its tokens stored when control returns to
   its caller, unless a give-back request failed, a write sent before the interrupt applied
   after it, or another's hand-over reached it after it left the queue (gone 5 s later).
+  Interrupts of a block's body or of its release: the hold is given back (a body's) or left
+  to its lease (a release's), renewed by no new write after control returned, lapsed a
+  lease and the skew later, and a hand-over the release wrote used by its heir or lapsed
+  by then.
 * **Liveness**, once the fault window is over: a resource is never idle (nobody inside) for
   longer than ``lease + 2 * CLOCK_SKEW + SLACK`` while a live process waits for it (for it
   and others at once: while nobody is inside those); the run ends with every live workload
@@ -143,6 +147,7 @@ class Monitor:
         self.coalesce = CoalesceMonitor(self, lease=lease, skew=skew)
         self.leads = LeadMonitor(self)
         self.grant_time: dict[tuple[str, str], float] = {}  # (resource, token) -> when granted
+        self.entered_tokens: set[tuple[str, str]] = set()  # (resource, token) of blocks begun
 
     def finish(self) -> None:
         """The run is over, every workload done: what only its end can show."""
@@ -196,6 +201,7 @@ class Monitor:
             if Mode.EXCLUSIVE in (sem.mode, other.mode):
                 self._margin(other)
         self.inside.setdefault(resource, {})[held.token] = entry
+        self.entered_tokens.add((resource, held.token))
         self.sim.record("enter", proc, resource, fence)
         self._check_resource(resource)
 

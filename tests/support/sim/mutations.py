@@ -575,6 +575,30 @@ def interrupt_forgets_write(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(steps, "_interrupted", forgetting)
 
 
+def interrupted_release_kept(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._engine.hold import Held
+
+    # A release interrupted before it began (its wait for a renewal in flight, holding the
+    # hold's lock) keeps the hold as if never released (before the fix): the heartbeat
+    # renewing it, the thread's next acquire re-entering it; a ``with`` block's exit never
+    # runs again, and the hold is kept for nobody.
+    release_now = Held._release_now
+
+    def kept(self: Held) -> None:
+        beating = self._heartbeat
+        try:
+            release_now(self)
+        except BaseException:
+            if self.left_to_lease:
+                self.left_to_lease = False
+                if beating is not None and self._heartbeat is None and self._lost is None:
+                    self._heartbeat = beating
+                    beating.stopped = False  # still scheduled, or renewing: it beats on
+            raise
+
+    mp.setattr(Held, "_release_now", kept)
+
+
 def interrupted_claim_kept(mp: pytest.MonkeyPatch) -> None:
     from dynasem._background import run_once
 
@@ -740,6 +764,7 @@ MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
         adopt_unconfirmed,
         interrupt_forgets_taken,
         interrupt_forgets_write,
+        interrupted_release_kept,
         interrupted_claim_kept,
         interrupted_adoption_kept,
         handed_row_kept,

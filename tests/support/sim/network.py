@@ -89,7 +89,7 @@ class Requests:
         retries, read_timeout = client_config(quick)
         attempt = 0
         while True:
-            kind, value = self._attempt(proc, operation, params, read_timeout)
+            kind, value = self._attempt(proc, operation, params, read_timeout, attempt)
             if kind == "ok":
                 return value  # type: ignore[no-any-return]
             if attempt < retries and self._retried(kind, value):
@@ -116,10 +116,16 @@ class Requests:
         return value  # type: ignore[no-any-return]
 
     def _attempt(
-        self, proc: Any, operation: str, params: dict[str, Any], read_timeout: float
+        self,
+        proc: Any,
+        operation: str,
+        params: dict[str, Any],
+        read_timeout: float,
+        attempt: int = 0,
     ) -> tuple[str, Any]:
         me = self.sched.me()
-        tag = self.sim.interrupts.sending(proc, operation in WRITES)  # may raise the interrupt
+        interrupts = self.sim.interrupts
+        tag = interrupts.sending(proc, operation in WRITES, params, attempt)  # may raise it
         self.sent += 1
         self.sim.monitor.request(proc, me)
         fault = self.sim.request_fault(proc, write=operation in WRITES)

@@ -140,6 +140,10 @@ class Result:
             names += ("interrupt_cleanup_refused", "interrupt_blind_refusals")
             names += ("interrupt_redundant",)
             closest += " int=" + "/".join(str(s.get(k, 0)) for k in names)
+            # of which in bodies, in releases; releases' holds left to their lease, hand-overs
+            names = ("interrupt_in_body", "interrupt_in_release", "interrupt_left_to_lease")
+            names += ("interrupt_handed_over",)
+            closest += " int_hold=" + "/".join(str(s.get(k, 0)) for k in names)
         rate = s["acquired"] / self.wall_seconds if self.wall_seconds else 0.0
         return (
             f"seed={self.options.seed} events={self.events} t={self.virtual_seconds:.1f}s "

@@ -224,8 +224,10 @@ def run(sim: Any, proc: Any) -> None:
                 for resource in sem.resources:
                     monitor.end(proc, resource)
                 monitor.entered(proc, sem, held)
-                sim.sched.sleep(work(sim, proc, rng))
-                monitor.left(proc, held)
+                work_in_block(sim, proc, held, work(sim, proc, rng))
+                if sim.interrupts.arm_release(proc, held):
+                    held.release()  # explicitly (``__exit__`` then finds it released)
+            sim.interrupts.ended(proc)
             commit_later(sim, proc, rng)
             stats["acquired"] += 1
             proc.acquired += 1
@@ -245,6 +247,8 @@ def run(sim: Any, proc: Any) -> None:
             stats["interrupted"] += 1
             for resource in sem.resources:
                 monitor.end(proc, resource)
+            if sim.interrupts.phase(proc) != "acquire":  # atomic left: pending holds given
+                end_transaction(sim, proc, committed=False)
             sim.interrupts.returned(proc)
         finally:
             sim.interrupts.disarm(proc)
@@ -253,6 +257,18 @@ def run(sim: Any, proc: Any) -> None:
             end_transaction(sim, proc, committed=False)  # an exception leaves atomic
         proc.steps -= 1
     proc.done = True
+
+
+def work_in_block(sim: Any, proc: Any, held: Any, seconds: float) -> None:
+    """A block's work: ``seconds`` of virtual time, maybe cut short by a Ctrl-C (the
+    interrupt fault), which leaves the block."""
+    sim.interrupts.arm_body(proc, held, seconds)
+    try:
+        sim.sched.sleep(seconds)
+    except KeyboardInterrupt:
+        sim.monitor.left(proc, held)
+        raise
+    sim.monitor.left(proc, held)
 
 
 def break_one(sim: Any, proc: Any, rng: Any) -> None:
