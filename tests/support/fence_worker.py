@@ -26,12 +26,18 @@ from tests.support.workers import setup_django
 LEASE = 2.0
 CLOCK_SKEW = 0.2
 ROWS = 20
-SLOW = 0.4  # a slow rebuild's pause halfway, its transaction open
+
+# A slow rebuild pauses halfway, its transaction open, until the test says "go" (once the
+# other holder's statement waits on its row locks, or has ended): a pause of 0.4 s was too
+# little on a loaded machine, 2026-12-05 (A's purge came after B's commit, and took B's rows).
+GO_WITHIN = 30.0
 
 
-def serve(endpoint: str, table_name: str, database_url: str, pipe: Any) -> None:
-    """Run the rebuilds the test sends (None ends) and report each one's steps."""
+def serve(endpoint: str, table_name: str, database_url: str, pipe: Any, name: str) -> None:
+    """Run the rebuilds the test sends (None ends) and report each one's steps. ``name`` is
+    the connection's application_name, by which the test sees its statements wait."""
     os.environ["DYNASEM_TEST_DATABASE_URL"] = database_url
+    os.environ["PGAPPNAME"] = name  # libpq's
     os.environ["DYNASEM_TEST_CLOCK_SKEW"] = str(CLOCK_SKEW)
     setup_django(endpoint, table_name)
     from django.db import connections, transaction
@@ -76,7 +82,8 @@ def serve(endpoint: str, table_name: str, database_url: str, pipe: Any) -> None:
             cursor.executemany(insert, rows[: ROWS // 2])
             if slow:
                 pipe.send(("halfway", None))
-                time.sleep(SLOW)
+                if not pipe.poll(GO_WITHIN) or pipe.recv() != "go":
+                    raise RuntimeError("no go from the test halfway through the rebuild")
             cursor.executemany(insert, rows[ROWS // 2 :])
 
     def rebuild(resource: str, project: int, label: str, how: str, stall: Any, slow: bool):

@@ -63,10 +63,13 @@ def database_url() -> Iterator[str]:
 
 
 class Worker:
-    def __init__(self, endpoint: str, table_name: str, url: str) -> None:
+    def __init__(self, endpoint: str, table_name: str, url: str, name: str) -> None:
         self.pipe, theirs = SPAWN.Pipe()
+        self.url, self.name = url, name
         self.proc = SPAWN.Process(
-            target=fence_worker.serve, args=(endpoint, table_name, url, theirs), daemon=True
+            target=fence_worker.serve,
+            args=(endpoint, table_name, url, theirs, name),
+            daemon=True,
         )
         self.proc.start()
         self.steps: list[tuple[str, Any]] = []
@@ -100,6 +103,22 @@ class Worker:
                     return kind
             self._recv(deadline, "done or lost")
 
+    def ended(self) -> bool:
+        """Whether the rebuild has reported its end (what came so far, without waiting)."""
+        while self.pipe.poll(0):
+            self._recv(time.monotonic(), "a step")
+        return any(kind in ("done", "lost") for kind, _ in self.steps)
+
+    def waits_on_a_lock(self) -> bool:
+        """Whether its statement in PostgreSQL waits on another transaction's lock."""
+        with psycopg.connect(self.url, autocommit=True) as db:
+            found = db.execute(
+                "SELECT 1 FROM pg_stat_activity"
+                " WHERE application_name = %s AND wait_event_type = 'Lock'",
+                [self.name],
+            ).fetchone()
+        return found is not None
+
     def said(self, kind: str) -> list[Any]:
         return [value for k, value in self.steps if k == kind]
 
@@ -131,7 +150,10 @@ class Worker:
 def pairs(lock_table: str, dynamodb_local: str, database_url: str) -> Iterator[list[list[Worker]]]:
     """Two pairs (A, B) of workers: the two kinds of stall run side by side, on projects and
     resources of their own."""
-    workers = [Worker(dynamodb_local, lock_table, database_url) for _ in range(4)]
+    workers = [
+        Worker(dynamodb_local, lock_table, database_url, f"dynasem-fence-worker-{n}")
+        for n in range(4)
+    ]
     try:
         yield [workers[:2], workers[2:]]
     finally:
@@ -195,6 +217,14 @@ def taken_over(resource: str, stale_fence: int, timeout: float = 15) -> None:
     raise AssertionError(f"nobody took {resource!r} over from fence {stale_fence}")
 
 
+def until(condition: Any, what: str, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout} s")
+        time.sleep(0.02)
+
+
 def stall_in_commit(pair: list[Worker], url: str, project: int, how: str) -> dict[str, Any]:
     """(a): A stalls in its COMMIT after its last check; B takes over, its first statement
     waits (on A's row locks) while A is stopped; then A goes on."""
@@ -205,7 +235,7 @@ def stall_in_commit(pair: list[Worker], url: str, project: int, how: str) -> dic
     a.wait_stopped()
     b.start(resource, project, "B", how, None, False)
     taken_over(resource, a.said("acquired")[0])
-    time.sleep(0.3)  # B's first statement has gone to the database meanwhile
+    until(b.waits_on_a_lock, "B's first statement waiting on A's locks")
     a.resume()
     return {"a": a.outcome(), "b": b.outcome(), "rows": rows_of(url, project)}
 
@@ -223,6 +253,9 @@ def stall_before_first_statement(
     b.start(resource, project, "B", how, None, True)
     b.expect("halfway", timeout=15)
     a.resume()
+    # B's transaction stays open until A's statement waits on it (or A has given up).
+    until(lambda: a.waits_on_a_lock() or a.ended(), "A's statement waiting on B's locks")
+    b.pipe.send("go")
     return {"a": a.outcome(), "b": b.outcome(), "rows": rows_of(url, project)}
 
 
