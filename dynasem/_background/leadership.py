@@ -149,11 +149,11 @@ class Leadership:
         return self._entered(Lead(self.name, await self.semaphore.aacquire(), self.on_lost))
 
     async def __aexit__(self, *exc: Any) -> None:
-        from .._engine.steps import run_io
+        from .._engine.steps import run_io_to_end
 
         lead = self._left()
         lead._give_up()  # inactive now, not once the executor gets to the release
-        await run_io(self._give_back, lead)
+        await run_io_to_end(self._give_back, lead)
 
     @staticmethod
     def _give_back(lead: Lead) -> None:

@@ -21,7 +21,7 @@ from .._engine import arguments as validation
 from .._engine import resend
 from .._engine.heartbeat import Heartbeat
 from .._engine.queue import retry_after
-from .._engine.steps import run_io
+from .._engine.steps import ended, run_io, run_io_to_end
 from .._observability.logs import facts
 from .._storage import dynamodb, job_rows, job_writes, records
 from .._transactions import commit as transactions
@@ -295,17 +295,17 @@ class RunOnce:
             # Cancelled (a timeout around it) while the claim goes on in its thread: once it
             # ends, give back what it claimed, or the job would sit RUNNING, renewed by the
             # heartbeat, with nobody to run its body or finish it.
-            await asyncio.wait([claiming])
+            await ended(claiming)
             if not claiming.cancelled() and claiming.exception() is None:
                 claimed = claiming.result()
                 claimed._stop_heartbeat()
-                await run_io(give_back, self.key, claimed.token, cancelled)
+                await run_io_to_end(give_back, self.key, claimed.token, cancelled)
             raise
         self._jobs.append(job)
         return job
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        await run_io(self.__exit__, exc_type, exc, tb)
+        await run_io_to_end(self.__exit__, exc_type, exc, tb)
 
 
 def give_back(key: str, token: str, interrupt: BaseException) -> None:

@@ -40,7 +40,7 @@ from django.tasks import task as django_task  # type: ignore[import-not-found, u
 
 from .._engine.decorators import KeyMaker
 from .._engine.hold import Held
-from .._engine.steps import run_io
+from .._engine.steps import run_io, run_io_to_end
 from . import unique
 from .unique import Claim
 
@@ -109,7 +109,7 @@ class UniqueTask(_Task):
                 self, args, {**kwargs, CLAIM_ARG: claimed.header()}
             )
         except BaseException:
-            await run_io(unique.withdraw, claimed, run)
+            await run_io_to_end(unique.withdraw, claimed, run)
             raise
 
     def _claim(self, args: Any, kwargs: Any) -> tuple[Claim | None, tuple[Claim, Held] | None]:
@@ -147,7 +147,9 @@ class UniqueTask(_Task):
             with unique.running(held, self.module_path, carried):
                 return await Task.acall(self, *args, **kwargs)
         finally:
-            await run_io(unique.finish_run, self.module_path, carried, held, self.queue_lease)
+            await run_io_to_end(
+                unique.finish_run, self.module_path, carried, held, self.queue_lease
+            )
 
 
 def unique_task(

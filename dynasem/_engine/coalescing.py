@@ -39,7 +39,7 @@ from .._storage.records import Mode
 from ..exceptions import Coalesced, LockLost, SemaphoreBusy
 from . import heartbeat
 from .arguments import resolve_timing, user_id_of
-from .steps import io_executor, run_io
+from .steps import io_executor, run_io, run_io_to_end
 
 logger = logging.getLogger("dynasem")
 _T = TypeVar("_T")
@@ -206,7 +206,7 @@ async def aacquire(sem: Any, attempt: Callable[[float], Awaitable[_T]]) -> _T:
         held = await attempt(wait)
     except BaseException:
         registration.stop()  # at once, whatever happens to the request below
-        await run_io(registration.withdraw)
+        await run_io_to_end(registration.withdraw)
         raise
     registration.stop()
     return held

@@ -48,7 +48,7 @@ from .reentry import (
     reentered,
     remember_acquired,
 )
-from .steps import Request, Sleep, Steps, Write, run_async, run_io, run_sync, withdraw
+from .steps import Request, Sleep, Steps, Write, run_async, run_io_to_end, run_sync, withdraw
 
 __all__ = ["Held", "Semaphore", "current_hold", "semaphore"]
 
@@ -243,7 +243,7 @@ class Semaphore:
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         held = forget_entered(self)
-        await run_io(leave, held, exc_type is not None)
+        await run_io_to_end(leave, held, exc_type is not None)
 
     # -- decorator ---------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from ..signals import lock_acquired, lock_lost, lock_released
 from . import handover, push, resend
 from .heartbeat import Heartbeat
 from .lockspec import LockSpec
-from .steps import run_io
+from .steps import run_io, run_io_to_end
 
 logger = logging.getLogger("dynasem")
 
@@ -340,7 +340,7 @@ class Held:
         self._release_now()
 
     async def arelease(self) -> None:
-        await run_io(self.release)
+        await run_io_to_end(self.release)
 
     def _after_transaction(self, committed: bool) -> None:
         try:

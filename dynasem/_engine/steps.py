@@ -53,9 +53,39 @@ def io_executor() -> ThreadPoolExecutor:
 async def run_io(func: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
     """``asyncio.to_thread`` on :func:`io_executor`: ``func`` runs in one of its threads with
     the caller's context (contextvars: Django's connections, the entered holds)."""
+    return await _submit(func, *args, **kwargs)
+
+
+async def run_io_to_end(func: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
+    """:func:`run_io` for what must not be left undone: a release, a give-back, the cleanup
+    of an interrupted acquire, a write in flight. It runs to its end even if the caller is
+    cancelled meanwhile (again: the first cancel is often what began the cleanup), and a
+    cancellation is raised once it has ended. With :func:`run_io`, a cancel while the call
+    waited for a thread of a busy executor dropped it unrun: a released block's hold stayed,
+    renewed by its heartbeat, for nobody, as long as the process lived."""
+    done = _submit(func, *args, **kwargs)
+    if await ended(done):
+        error = None if done.cancelled() else done.exception()
+        raise asyncio.CancelledError() from error
+    return done.result()
+
+
+def _submit(func: Callable[..., _T], /, *args: Any, **kwargs: Any) -> asyncio.Future[_T]:
     loop = asyncio.get_running_loop()
     call = functools.partial(contextvars.copy_context().run, func, *args, **kwargs)
-    return await loop.run_in_executor(io_executor(), call)
+    return loop.run_in_executor(io_executor(), call)
+
+
+async def ended(future: asyncio.Future[Any]) -> bool:
+    """Wait for ``future`` to end, whatever cancels the caller meanwhile (``asyncio.wait``
+    leaves the future be); True if the caller was cancelled: it must raise that then."""
+    cancelled = False
+    while not future.done():
+        try:
+            await asyncio.wait([future])
+        except asyncio.CancelledError:
+            cancelled = True
+    return cancelled
 
 
 def _after_fork() -> None:
@@ -229,7 +259,7 @@ async def _drive(steps: Steps[_T], *, blocking: bool) -> _T:
                 if step is not None and blocking:
                     _interrupted(step, queued, taken)
                 elif step is not None:
-                    await run_io(_interrupted, step, queued, taken)
+                    await run_io_to_end(_interrupted, step, queued, taken)
             finally:
                 steps.close()
             raise
@@ -250,12 +280,9 @@ async def _perform(step: Step, *, blocking: bool) -> tuple[Any, Exception | None
             return step.send(), None
         if isinstance(step, InQueue) and step.asend is not None:
             return await step.asend(), None
-        request = asyncio.ensure_future(run_io(step.send))
-        try:
-            return await asyncio.shield(request), None
-        except asyncio.CancelledError:
-            if isinstance(step, Write) or (isinstance(step, InQueue) and step.write):
-                await asyncio.wait([request])  # it goes on in its thread: let it end
-            raise
+        if isinstance(step, Write) or (isinstance(step, InQueue) and step.write):
+            # Cancelled, it goes on in its thread: the cleanup must know how it ended.
+            return await run_io_to_end(step.send), None
+        return await run_io(step.send), None
     except Exception as exc:  # handed back to the loop, which decides
         return None, exc

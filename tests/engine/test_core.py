@@ -1137,6 +1137,58 @@ def test_cancelled_async_acquire_leaves_no_hold(lock_table: str) -> None:
     assert holds("res") == []
 
 
+@pytest.mark.parametrize("leave", ["async with", "arelease"])
+def test_a_release_cancelled_while_it_waits_for_a_thread_still_gives_back(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch, leave: str
+) -> None:
+    """A cancelled block's release waits for a thread of dynasem's executor (each busy, with
+    requests to a slow endpoint) and is cancelled again there (a timeout around the block, a
+    server shutting down): it still gives the hold back before the task ends. It was dropped
+    unrun: the hold stayed, renewed by its heartbeat, for nobody, while the process lived."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from dynasem._engine import steps
+
+    one_thread = ThreadPoolExecutor(1, thread_name_prefix="dynasem-io")
+    monkeypatch.setattr(steps, "_io", one_thread)
+    busy = threading.Event()
+
+    async def hold(inside: asyncio.Event) -> None:
+        if leave == "async with":
+            async with semaphore("res", lease=2):
+                inside.set()
+                await asyncio.sleep(60)
+        else:
+            held = await semaphore("res", lease=2).aacquire()
+            try:
+                inside.set()
+                await asyncio.sleep(60)
+            finally:
+                await held.arelease()
+
+    async def main() -> None:
+        inside = asyncio.Event()
+        task = asyncio.create_task(hold(inside))
+        await inside.wait()
+        one_thread.submit(busy.wait, 10)  # the executor's thread busy
+        task.cancel()  # the block ends: its release waits for the thread
+        await asyncio.sleep(0.1)
+        task.cancel()  # and is cancelled there
+        await asyncio.sleep(0.1)
+        busy.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert holds("res") == []
+
+    try:
+        asyncio.run(main())
+    finally:
+        busy.set()
+        one_thread.shutdown()
+    time.sleep(2.5)  # a lease: nothing renewed it meanwhile
+    assert holds("res") == []
+
+
 @pytest.mark.parametrize("kind", ["row", "permit"])
 def test_an_async_acquire_cancelled_in_its_back_off_after_a_take_landed_leaves_no_hold(
     lock_table: str, monkeypatch: pytest.MonkeyPatch, kind: str

@@ -85,6 +85,70 @@ def test_a_cancelled_write_is_waited_for_then_withdrawn(monkeypatch: pytest.Monk
     assert withdrawn == [("tok", ["a", "b"])]
 
 
+def test_a_write_cancelled_twice_is_still_waited_for_then_withdrawn(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The second cancel came while the first's cleanup waited for the write: still, what it
+    may have taken is given back only once it ended (sent while it was on its way, the
+    give-back would find nothing, and the write land after it)."""
+    withdrawn: list[bool] = []
+    finished = threading.Event()
+    monkeypatch.setattr(drivers, "withdraw", lambda token, rs: withdrawn.append(finished.is_set()))
+    release = threading.Event()
+
+    def slow_write() -> None:
+        release.wait(5)
+        finished.set()
+
+    def steps() -> Steps[None]:
+        yield Write(slow_write, "tok", ["a"])
+
+    async def main() -> None:
+        task = asyncio.ensure_future(run_async(steps()))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.sleep(0.05)
+        task.cancel()
+        asyncio.get_running_loop().call_later(0.05, release.set)
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert withdrawn == [True]  # once, after the write ended
+
+
+def test_run_io_to_end_runs_a_call_cancelled_in_the_executors_queue() -> None:
+    """A call waiting for a busy executor's thread, its caller cancelled twice: it runs all
+    the same, and the caller's cancellation is raised once it has."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    ran: list[str] = []
+    busy = threading.Event()
+    one_thread = ThreadPoolExecutor(1)
+
+    async def main() -> None:
+        one_thread.submit(busy.wait, 5)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(drivers, "_io", one_thread)
+            task = asyncio.ensure_future(drivers.run_io_to_end(ran.append, "released"))
+            await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.sleep(0.05)
+        assert not task.done() and ran == []
+        busy.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert ran == ["released"]
+
+    try:
+        asyncio.run(main())
+    finally:
+        busy.set()
+        one_thread.shutdown()
+
+
 async def _cancelled_once_started(steps: Steps[None]) -> None:
     """Drive ``steps`` as a task, cancel it once it is under way, and see it cancelled."""
     task = asyncio.ensure_future(run_async(steps))
