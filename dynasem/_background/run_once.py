@@ -21,7 +21,7 @@ from .._engine import arguments as validation
 from .._engine import resend
 from .._engine.heartbeat import Heartbeat
 from .._engine.queue import retry_after
-from .._engine.steps import ended, run_io, run_io_to_end
+from .._engine.steps import ended, run_io_to_end, submit_io
 from .._observability.logs import facts
 from .._storage import dynamodb, job_rows, job_writes, records
 from .._transactions import commit as transactions
@@ -288,13 +288,13 @@ class RunOnce:
                 raise
 
     async def __aenter__(self) -> Job:
-        claiming = asyncio.ensure_future(run_io(self.claim))
+        claiming = submit_io(self.claim)
         try:
             job = await asyncio.shield(claiming)
         except asyncio.CancelledError as cancelled:
-            # Cancelled (a timeout around it) while the claim goes on in its thread: once it
-            # ends, give back what it claimed, or the job would sit RUNNING, renewed by the
-            # heartbeat, with nobody to run its body or finish it.
+            # Cancelled (a timeout around it, the loop ending) while the claim goes on in its
+            # thread: once it ends, give back what it claimed, or the job would sit RUNNING,
+            # renewed by the heartbeat, with nobody to run its body or finish it.
             await ended(claiming)
             if not claiming.cancelled() and claiming.exception() is None:
                 claimed = claiming.result()

@@ -53,7 +53,7 @@ def io_executor() -> ThreadPoolExecutor:
 async def run_io(func: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
     """``asyncio.to_thread`` on :func:`io_executor`: ``func`` runs in one of its threads with
     the caller's context (contextvars: Django's connections, the entered holds)."""
-    return await _submit(func, *args, **kwargs)
+    return await submit_io(func, *args, **kwargs)
 
 
 async def run_io_to_end(func: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
@@ -63,14 +63,18 @@ async def run_io_to_end(func: Callable[..., _T], /, *args: Any, **kwargs: Any) -
     cancellation is raised once it has ended. With :func:`run_io`, a cancel while the call
     waited for a thread of a busy executor dropped it unrun: a released block's hold stayed,
     renewed by its heartbeat, for nobody, as long as the process lived."""
-    done = _submit(func, *args, **kwargs)
+    done = submit_io(func, *args, **kwargs)
     if await ended(done):
         error = None if done.cancelled() else done.exception()
         raise asyncio.CancelledError() from error
     return done.result()
 
 
-def _submit(func: Callable[..., _T], /, *args: Any, **kwargs: Any) -> asyncio.Future[_T]:
+def submit_io(func: Callable[..., _T], /, *args: Any, **kwargs: Any) -> asyncio.Future[_T]:
+    """:func:`run_io`'s call, begun: a future of the running loop, for a caller that must see
+    how the call ended even if it is cancelled meanwhile (see :func:`ended`). No task: when
+    ``asyncio.run`` ends, it cancels the tasks left, and a task of the call, cancelled, would
+    end before the call did, which went on in its thread: what it took was left unseen."""
     loop = asyncio.get_running_loop()
     call = functools.partial(contextvars.copy_context().run, func, *args, **kwargs)
     return loop.run_in_executor(io_executor(), call)

@@ -258,3 +258,31 @@ def test_a_cancelled_async_claim_gives_the_job_back(lock_table, monkeypatch):
     monkeypatch.setattr(job_rows, "update_job", update_job)
     with run_once("job:cancelled") as job:
         assert job.attempt == 2
+
+
+def test_an_async_claim_cut_off_by_the_loop_ending_gives_the_job_back(lock_table, monkeypatch):
+    """``asyncio.run`` returns while a task is still claiming in its thread: it cancels every
+    task left, the claim's own among them. The claim goes on in its thread and lands; it is
+    given back once it has, not left RUNNING under a heartbeat that renews it for good (the
+    claim's task, cancelled, ended before it, and nobody looked at how it ended)."""
+    update_job = job_rows.update_job
+
+    def slow(*args, **kwargs):
+        time.sleep(0.5)
+        return update_job(*args, **kwargs)
+
+    monkeypatch.setattr(job_rows, "update_job", slow)
+
+    async def enter() -> None:
+        async with run_once("job:loop-ended", lease=60):
+            pytest.fail("the body must not run")
+
+    async def main() -> None:
+        asyncio.create_task(enter())
+        await asyncio.sleep(0.1)  # claiming: the loop ends meanwhile
+
+    asyncio.run(main())
+    deadline = time.monotonic() + 5  # the claim ends in its thread, then it is given back
+    while (job_row("job:loop-ended") or {}).get("status") != "FAILED":
+        assert time.monotonic() < deadline, job_row("job:loop-ended")
+        time.sleep(0.05)
