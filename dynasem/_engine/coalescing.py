@@ -39,7 +39,7 @@ from .._storage.records import Mode
 from ..exceptions import Coalesced, LockLost, SemaphoreBusy
 from . import heartbeat
 from .arguments import resolve_timing, user_id_of
-from .steps import io_executor, run_io, run_io_to_end
+from .steps import ended, run_io_to_end, submit_io
 
 logger = logging.getLogger("dynasem")
 _T = TypeVar("_T")
@@ -192,13 +192,17 @@ async def aacquire(sem: Any, attempt: Callable[[float], Awaitable[_T]]) -> _T:
     except Coalesced:
         raise
     except SemaphoreBusy as busy:
-        registering = asyncio.ensure_future(run_io(register, sem, busy))
+        registering = submit_io(register, sem, busy)
         try:
-            # Shielded: cancelled meanwhile (a client gone), the registration made in its
-            # thread must still be withdrawn, not left renewed with nobody to run.
+            # Shielded: cancelled meanwhile (a client gone, the loop ending), the registration
+            # made in its thread must still be withdrawn, not left renewed with nobody to run.
+            # Waited for, not left to a callback: once the loop has ended, none is called.
             registration = await asyncio.shield(registering)
         except asyncio.CancelledError:
-            registering.add_done_callback(_withdraw_when_made)
+            await ended(registering)
+            if (made := _made(registering)) is not None:
+                made.stop()
+                await run_io_to_end(made.withdraw)
             raise
     if registration is None:
         return await attempt(wait)
@@ -212,11 +216,9 @@ async def aacquire(sem: Any, attempt: Callable[[float], Awaitable[_T]]) -> _T:
     return held
 
 
-def _withdraw_when_made(registering: asyncio.Future[Registration | None]) -> None:
+def _made(registering: asyncio.Future[Registration | None]) -> Registration | None:
+    """The registration ``registering`` made, if it made one: not if Coalesced, an error, or
+    the row was gone."""
     if registering.cancelled() or registering.exception() is not None:
-        return  # not registered (Coalesced, or an error)
-    registration = registering.result()
-    if registration is None:
-        return  # the row was gone: nothing registered
-    registration.stop()
-    io_executor().submit(registration.withdraw)
+        return None
+    return registering.result()

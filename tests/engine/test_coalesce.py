@@ -117,6 +117,47 @@ def test_a_next_run_whose_wait_runs_out_withdraws_and_raises_busy(lock_table: st
         assert not isinstance(again.value, Coalesced)
 
 
+@pytest.mark.parametrize("end", ["loop ends", "cancelled"])
+def test_an_async_registration_cut_off_by_the_loop_ending_is_withdrawn(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch, end: str
+) -> None:
+    """``asyncio.run`` returns while a busy async caller registers as the next run: it cancels
+    every task left, the registration's own among them. The registration goes on in its
+    thread and lands; it is withdrawn once it has, not left renewed by its heartbeat, with
+    nobody to run, coalescing every busy caller after it for as long as the process lives
+    (as it is when the caller alone is cancelled)."""
+    register_next, landed = next_runs.register_next, threading.Event()
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.5)
+        try:
+            return register_next(*args, **kwargs)
+        finally:
+            landed.set()
+
+    monkeypatch.setattr(next_runs, "register_next", slow)
+
+    async def next_run() -> None:
+        async with semaphore("rebuild:loop-ended", coalesce=True, wait=30, lease=2):
+            pytest.fail("the block must not run")
+
+    async def main() -> None:
+        task = asyncio.create_task(next_run())
+        await asyncio.sleep(0.3)  # registering: the loop ends meanwhile, or it is cancelled
+        if end == "cancelled":
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            while not landed.is_set():  # the loop runs on meanwhile, as a server's does
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.2)
+
+    with held_elsewhere("rebuild:loop-ended"):
+        asyncio.run(main())
+        assert landed.wait(5)
+        wait_until(lambda: registered("rebuild:loop-ended") is None, timeout=5)
+
+
 def test_a_dead_next_runs_registration_is_replaced_after_its_lease(lock_table: str) -> None:
     """A registration nobody renews (its caller died) stops counting after its lease and
     CLOCK_SKEW (0.5 s here): the first busy caller after that is the next run."""
