@@ -40,7 +40,7 @@ from django.tasks import task as django_task  # type: ignore[import-not-found, u
 
 from .._engine.decorators import KeyMaker
 from .._engine.hold import Held
-from .._engine.steps import run_io, run_io_to_end
+from .._engine.steps import run_io_taking, run_io_to_end
 from . import unique
 from .unique import Claim
 
@@ -101,7 +101,8 @@ class UniqueTask(_Task):
             raise
 
     async def aenqueue(self, *args: Any, **kwargs: Any) -> Any:
-        claimed, run = await run_io(self._claim, args, kwargs)
+        claiming = functools.partial(self._claim, args, kwargs)
+        claimed, run = await run_io_taking(claiming, self._unclaim)
         if claimed is None:
             return None
         try:
@@ -124,6 +125,13 @@ class UniqueTask(_Task):
         except unique.Taken:
             return None, None
 
+    @staticmethod
+    def _unclaim(taken: tuple[Claim | None, tuple[Claim, Held] | None]) -> None:
+        """What :meth:`_claim` took, given back: the enqueue it was for was cancelled."""
+        claimed, run = taken
+        if claimed is not None:
+            unique.withdraw(claimed, run)
+
     def _backend(self) -> Any:
         # Any: BaseTaskBackend.enqueue is annotated with a list of args; Task.enqueue passes
         # its tuple, as we do.
@@ -140,7 +148,8 @@ class UniqueTask(_Task):
         carried = Claim.from_header(kwargs.pop(CLAIM_ARG, None))
         if carried is None or unique.inline_retry(carried) is not None:
             return await Task.acall(self, *args, **kwargs)
-        held = await run_io(unique.start_run, self.module_path, carried, self.run_lease)
+        start = functools.partial(unique.start_run, self.module_path, carried, self.run_lease)
+        held = await run_io_taking(start, functools.partial(self._unstart, carried))
         if held is None:
             return None
         try:
@@ -150,6 +159,12 @@ class UniqueTask(_Task):
             await run_io_to_end(
                 unique.finish_run, self.module_path, carried, held, self.queue_lease
             )
+
+    def _unstart(self, carried: Claim, held: Held | None) -> None:
+        """The run's hold (if it was adopted), given back: the run was cancelled before its
+        task began."""
+        if held is not None:
+            unique.finish_run(self.module_path, carried, held, self.queue_lease)
 
 
 def unique_task(

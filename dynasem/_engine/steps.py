@@ -70,6 +70,19 @@ async def run_io_to_end(func: Callable[..., _T], /, *args: Any, **kwargs: Any) -
     return done.result()
 
 
+async def run_io_taking(take: Callable[[], _T], give_back: Callable[[_T], object]) -> _T:
+    """:func:`run_io` of a call that may take something (a claim, a hold): cancelled meanwhile,
+    it is waited for all the same, and what it took is given back (``give_back`` of what it
+    returned, run to its end) before the cancellation is raised. With :func:`run_io`, the call
+    went on in its thread after the cancel, and what it took was kept for nobody."""
+    taking = submit_io(take)
+    if not await ended(taking):
+        return taking.result()
+    if not taking.cancelled() and taking.exception() is None:
+        await run_io_to_end(give_back, taking.result())
+    raise asyncio.CancelledError()
+
+
 def submit_io(func: Callable[..., _T], /, *args: Any, **kwargs: Any) -> asyncio.Future[_T]:
     """:func:`run_io`'s call, begun: a future of the running loop, for a caller that must see
     how the call ended even if it is cancelled meanwhile (see :func:`ended`). No task: when

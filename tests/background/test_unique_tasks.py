@@ -10,6 +10,7 @@ key within the run lease (2 s) and CLOCK_SKEW (0.5 s)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import importlib.util
 import json
@@ -18,6 +19,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -109,6 +111,51 @@ def test_a_retry_run_at_once_inside_its_run_runs_under_its_key(lock_table: str) 
     assert result.status == "SUCCESSFUL"
     assert result.return_value == "retry"  # the retry ran, inside, when enqueued
     assert live("unique-retry:inline") == []  # and the key went back at the outer end
+
+
+@pytest.mark.parametrize("cut", ["aenqueue", "acall"])
+def test_an_async_claim_or_adoption_cancelled_in_its_thread_gives_the_key_back(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch, cut: str
+) -> None:
+    """An async enqueue cancelled while its claim is on its way, or an async run cancelled
+    while its adoption of the claim is: the write goes on in its thread and lands, and the
+    key is given back once it has. It was kept for nobody: the claim for its queue lease,
+    refusing every enqueue of the key with no task queued; the run's hold for as long as the
+    worker lived, renewed by its heartbeat."""
+    from dynasem._background import unique
+    from tests.support import unique_tasks
+
+    name = "claim_for" if cut == "aenqueue" else "start_run"
+    write, landed = getattr(unique, name), threading.Event()
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.5)
+        try:
+            return write(*args, **kwargs)
+        finally:
+            landed.set()
+
+    dummy = {"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}
+    with override_settings(TASKS=dummy):
+        task = unique_tasks.aplain.using(backend="default")
+        queued = task.enqueue("cut") if cut == "acall" else None
+        monkeypatch.setattr(unique, name, slow)
+
+        async def main() -> None:
+            if queued is None:
+                call = asyncio.create_task(task.aenqueue("cut"))
+            else:
+                call = asyncio.create_task(task.acall(*queued.args, **queued.kwargs))
+            await asyncio.sleep(0.1)  # the write is on its way
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            while not landed.is_set():  # the loop runs on meanwhile, as a worker's does
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.2)
+
+        asyncio.run(main())
+    assert live("unique-async:cut") == []
 
 
 def test_bad_definitions_are_refused_when_declared() -> None:
