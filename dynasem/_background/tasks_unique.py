@@ -27,6 +27,7 @@ every enqueue a second write.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import inspect
@@ -40,7 +41,7 @@ from django.tasks import task as django_task  # type: ignore[import-not-found, u
 
 from .._engine.decorators import KeyMaker
 from .._engine.hold import Held
-from .._engine.steps import run_io_taking, run_io_to_end
+from .._engine.steps import ended, run_io_taking, run_io_to_end
 from . import unique
 from .unique import Claim
 
@@ -105,12 +106,17 @@ class UniqueTask(_Task):
         claimed, run = await run_io_taking(claiming, self._unclaim)
         if claimed is None:
             return None
+        claim = {**kwargs, CLAIM_ARG: claimed.header()}
+        sending = asyncio.ensure_future(self._backend().aenqueue(self, args, claim))
         try:
-            return await self._backend().aenqueue(
-                self, args, {**kwargs, CLAIM_ARG: claimed.header()}
-            )
+            return await asyncio.shield(sending)
         except BaseException:
-            await run_io_to_end(unique.withdraw, claimed, run)
+            # Cancelled, the backend may store the task all the same (sync_to_async's thread
+            # goes on): then its claim stays, or a worker would refuse to run it. Withdrawn
+            # only if the task was not stored (or we cannot know: its enqueue cancelled).
+            await ended(sending)
+            if sending.cancelled() or sending.exception() is not None:
+                await run_io_to_end(unique.withdraw, claimed, run)
             raise
 
     def _claim(self, args: Any, kwargs: Any) -> tuple[Claim | None, tuple[Claim, Held] | None]:

@@ -158,6 +158,47 @@ def test_an_async_claim_or_adoption_cancelled_in_its_thread_gives_the_key_back(
     assert live("unique-async:cut") == []
 
 
+def test_an_async_enqueue_cancelled_while_the_backend_stores_the_task_keeps_its_claim(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An async enqueue cancelled while the backend stores the task (its ``enqueue`` in
+    ``sync_to_async``'s thread, which goes on): the task is stored, so its claim stays, and
+    the task runs. The claim was withdrawn at once: the task stored after it was refused
+    when a worker started it (its key not its own any more), and never ran."""
+    from django.tasks.backends.dummy import DummyBackend
+
+    from tests.support import unique_tasks
+
+    enqueue, stored = DummyBackend.enqueue, threading.Event()
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        time.sleep(0.5)
+        try:
+            return enqueue(*args, **kwargs)
+        finally:
+            stored.set()
+
+    monkeypatch.setattr(DummyBackend, "enqueue", slow)
+    dummy = {"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}
+    with override_settings(TASKS=dummy):
+        task = unique_tasks.aplain.using(backend="default")
+
+        async def main() -> None:
+            call = asyncio.create_task(task.aenqueue("stored"))
+            await asyncio.sleep(0.2)  # the backend is storing it
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            while not stored.is_set():  # the loop runs on meanwhile, as a server's does
+                await asyncio.sleep(0.02)
+            await asyncio.sleep(0.2)
+
+        asyncio.run(main())
+        (queued,) = task.get_backend().results
+        assert task.call(*queued.args, **queued.kwargs) == "stored"
+    assert live("unique-async:stored") == []
+
+
 def test_bad_definitions_are_refused_when_declared() -> None:
     from dynasem.django_tasks import unique_task
     from tests.support.unique_tasks import bare as work
