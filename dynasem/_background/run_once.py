@@ -21,7 +21,7 @@ from .._engine import arguments as validation
 from .._engine import resend
 from .._engine.heartbeat import Heartbeat
 from .._engine.queue import retry_after
-from .._engine.steps import ended, run_io_to_end, submit_io
+from .._engine.steps import run_io_taking, run_io_to_end
 from .._observability.logs import facts
 from .._storage import dynamodb, job_rows, job_writes, records
 from .._transactions import commit as transactions
@@ -288,21 +288,16 @@ class RunOnce:
                 raise
 
     async def __aenter__(self) -> Job:
-        claiming = submit_io(self.claim)
-        try:
-            job = await asyncio.shield(claiming)
-        except asyncio.CancelledError as cancelled:
-            # Cancelled (a timeout around it, the loop ending) while the claim goes on in its
-            # thread: once it ends, give back what it claimed, or the job would sit RUNNING,
-            # renewed by the heartbeat, with nobody to run its body or finish it.
-            await ended(claiming)
-            if not claiming.cancelled() and claiming.exception() is None:
-                claimed = claiming.result()
-                claimed._stop_heartbeat()
-                await run_io_to_end(give_back, self.key, claimed.token, cancelled)
-            raise
+        # Cancelled (a timeout around it, the loop ending) while the claim goes on in its
+        # thread: once it ends, what it claimed is given back, or the job would sit RUNNING,
+        # renewed by the heartbeat, with nobody to run its body or finish it.
+        job = await run_io_taking(self.claim, self._cut_off)
         self._jobs.append(job)
         return job
+
+    def _cut_off(self, claimed: Job) -> None:
+        claimed._stop_heartbeat()
+        give_back(self.key, claimed.token, asyncio.CancelledError())
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         await run_io_to_end(self.__exit__, exc_type, exc, tb)

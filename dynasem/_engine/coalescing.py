@@ -25,7 +25,7 @@ of one resource only: "running" must mean one run.
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
@@ -39,7 +39,7 @@ from .._storage.records import Mode
 from ..exceptions import Coalesced, LockLost, SemaphoreBusy
 from . import heartbeat
 from .arguments import resolve_timing, user_id_of
-from .steps import ended, run_io_to_end, submit_io
+from .steps import run_io_taking, run_io_to_end
 
 logger = logging.getLogger("dynasem")
 _T = TypeVar("_T")
@@ -192,18 +192,9 @@ async def aacquire(sem: Any, attempt: Callable[[float], Awaitable[_T]]) -> _T:
     except Coalesced:
         raise
     except SemaphoreBusy as busy:
-        registering = submit_io(register, sem, busy)
-        try:
-            # Shielded: cancelled meanwhile (a client gone, the loop ending), the registration
-            # made in its thread must still be withdrawn, not left renewed with nobody to run.
-            # Waited for, not left to a callback: once the loop has ended, none is called.
-            registration = await asyncio.shield(registering)
-        except asyncio.CancelledError:
-            await ended(registering)
-            if (made := _made(registering)) is not None:
-                made.stop()
-                await run_io_to_end(made.withdraw)
-            raise
+        # Cancelled meanwhile (a client gone, the loop ending), the registration made in its
+        # thread must still be withdrawn, not left renewed with nobody to run.
+        registration = await run_io_taking(functools.partial(register, sem, busy), _withdrawn)
     if registration is None:
         return await attempt(wait)
     try:
@@ -216,9 +207,9 @@ async def aacquire(sem: Any, attempt: Callable[[float], Awaitable[_T]]) -> _T:
     return held
 
 
-def _made(registering: asyncio.Future[Registration | None]) -> Registration | None:
-    """The registration ``registering`` made, if it made one: not if Coalesced, an error, or
-    the row was gone."""
-    if registering.cancelled() or registering.exception() is not None:
-        return None
-    return registering.result()
+def _withdrawn(made: Registration | None) -> None:
+    """A registration cut off by a cancel, withdrawn (None: the row was gone, nothing was
+    registered)."""
+    if made is not None:
+        made.stop()
+        made.withdraw()
