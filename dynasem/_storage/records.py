@@ -114,7 +114,30 @@ def decode(item: Mapping[str, Any] | None) -> dict[str, Any] | None:
     """A low-level item (``{"S": ...}``) as plain Python (ints, strs, dicts)."""
     if item is None:
         return None
-    return {k: _plain(_deserializer.deserialize(v)) for k, v in item.items()}
+    return {k: _value(v) for k, v in item.items()}
+
+
+def _value(value: Any) -> Any:
+    """One attribute's value as plain Python: what boto3's deserializer and :func:`_plain`
+    give, read directly for the kinds dynasem stores (strings, integers, booleans, maps,
+    lists), without their detour through ``Decimal`` (on every read: its CPU counts); anything
+    else (sets, binary, NULL, a fraction) takes that detour."""
+    for kind, raw in value.items():
+        if len(value) != 1:
+            break
+        if kind == "S" or kind == "BOOL":
+            return raw
+        if (
+            kind == "N"
+            and raw.isascii()
+            and (raw.isdigit() or raw[:1] == "-" and raw[1:].isdigit())
+        ):
+            return int(raw)
+        if kind == "M":
+            return {k: _value(v) for k, v in raw.items()}
+        if kind == "L":
+            return [_value(v) for v in raw]
+    return _plain(_deserializer.deserialize(value))
 
 
 def encode(values: dict[str, Any]) -> dict[str, Any]:

@@ -6,8 +6,11 @@ from __future__ import annotations
 import dataclasses
 import time
 
+import hypothesis
 import pytest
+from boto3.dynamodb.types import TypeDeserializer, TypeSerializer
 from django.test import override_settings
+from hypothesis import strategies as st
 
 from dynasem import SemaphoreBusy, semaphore
 from dynasem import _clock as clock
@@ -177,6 +180,39 @@ def test_job_row_decodes_a_stored_job_and_a_missing_one() -> None:
     assert row.finished_ms is None and row.error is None and row.last_token is None
     empty = records.job_row(None)
     assert empty.status is None and empty.attempt is None and empty.fence is None
+
+
+# Any value DynamoDB may return: what dynasem stores and what it never does (sets, binary,
+# NULL, fractions, exponents, unicode digits in a string), nested.
+_SCALARS = (
+    st.text(max_size=8)
+    | st.integers(min_value=-(10**38) + 1, max_value=10**38 - 1)
+    | st.booleans()
+    | st.none()
+    | st.decimals(allow_nan=False, allow_infinity=False, places=3, min_value=-1000, max_value=1000)
+    | st.binary(max_size=4)
+    | st.frozensets(st.text(min_size=1, max_size=3), min_size=1, max_size=3).map(set)
+    | st.frozensets(st.integers(-9, 99), min_size=1, max_size=3).map(set)
+)
+_VALUES = st.recursive(
+    _SCALARS,
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner, max_size=3)
+    ),
+    max_leaves=12,
+)
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(st.dictionaries(st.text(min_size=1, max_size=4), _VALUES, max_size=4))
+def test_decode_reads_every_value_as_boto3_and_plain_would(values) -> None:
+    """The direct reader of the common kinds gives what boto3's deserializer, then ``_plain``,
+    gave before it: ints for integers (large ones whole), the same for everything else."""
+    item = {k: TypeSerializer().serialize(v) for k, v in values.items()}
+    slow = {k: records._plain(TypeDeserializer().deserialize(v)) for k, v in item.items()}
+    fast = records.decode(item)
+    assert fast == slow
+    assert repr(fast) == repr(slow)  # types too: 1 (int) is not 1.0 (float)
 
 
 def test_a_late_release_never_leaves_expires_before_the_rows_lease_end(lock_table, monkeypatch):
