@@ -65,6 +65,9 @@ class Job:
         """True while DONE/FAILED waits for the transaction around the body to end."""
         return self._pending_commit
 
+    def __repr__(self) -> str:  # what logs name it by (a hold's is alike)
+        return f"<Job {self.key!r} attempt={self.attempt} fence={self.fence} {self.status}>"
+
     # The heartbeat speaks to any hold through these.
     @property
     def resource(self) -> str:

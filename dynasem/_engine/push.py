@@ -191,6 +191,9 @@ class _Slot:
         """What the scheduler's records about the late look name: its resource and token."""
         return self
 
+    def __repr__(self) -> str:  # what the scheduler's logs name it by
+        return f"<late look at {self.resource!r} for {self.token[:8]}>"
+
     def deliver(self, push: Push) -> bool:
         """Hand ``push`` to the waiter; False if it has left (see :func:`depart`). Of two
         pushes not yet taken, the waiter gets the later state of the row (a larger fence, or

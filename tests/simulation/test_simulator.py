@@ -138,6 +138,16 @@ def test_same_seed_same_trace() -> None:
     assert first.stats == again.stats
 
 
+def test_a_failed_renewal_of_a_job_replays_too() -> None:
+    """A run_once job's renewal that fails (its thread killed with the process) is logged
+    naming the job by its key, not by an address that differs from run to run: the trace,
+    which records the log, replays (seed 6 of jobs, heavy, once did not)."""
+    first = run(Options(seed=6, mix="jobs", faults="heavy", **WIDE))
+    again = run(Options(seed=6, mix="jobs", faults="heavy", **WIDE))
+    assert any("renewing <Job " in str(event) for event in first.trace)
+    assert first.digest == again.digest
+
+
 def test_a_seed_replays_in_another_interpreter() -> None:
     """The CLI (another interpreter, its own PYTHONHASHSEED) prints the same trace digest."""
     import os
