@@ -27,8 +27,7 @@ def get_item(db: SimDynamoDB, params: dict[str, Any]) -> dict[str, Any]:
     consistent = bool(params.get("ConsistentRead"))
     if db.over(table, key[0], "r"):
         raise db.throttled()
-    item = table.get(key, None if consistent else db.as_of(db.profile.stale_read))
-    size = 0 if item is None else item_size(item)
+    item, size = table.sized(key, None if consistent else db.as_of(db.profile.stale_read))
     units = max(read_units(size, consistent), 1.0 if consistent else 0.5)
     db.spend(table, key[0], "r", units)
     response: dict[str, Any] = {}
@@ -52,10 +51,11 @@ class Page:
     size: int = 0
     last: Item | None = None  # the key of the last item read, if the page stopped early
 
-    def read(self, item: Item, entry: Item, key: Callable[[], Item]) -> bool:
-        """Read one item (``entry``: as the index has it); False: the page is full."""
+    def read(self, item: Item, entry: Item, size: int, key: Callable[[], Item]) -> bool:
+        """Read one item of ``size`` (``entry``: as the index has it); False: the page is
+        full."""
         self.scanned += 1
-        self.size += item_size(entry)
+        self.size += size if entry is item else item_size(entry)
         condition = None if self.filter is None else self.filter.condition
         if condition is None or condition(entry, self.bound.names, self.bound.values):
             self.count += 1
@@ -202,8 +202,8 @@ def query(db: SimDynamoDB, params: dict[str, Any]) -> dict[str, Any]:
         consistent = False
         when = db.as_of(db.profile.index_lag)
         rows = _index_rows(table, index, condition, forward, start, when)
-    for item, entry, key in rows:
-        if not page.read(item, entry, key):
+    for item, entry, size, key in rows:
+        if not page.read(item, entry, size, key):
             break
     units = read_units(page.size, consistent)
     db.spend(table, condition.hash_value, "r", units)
@@ -224,7 +224,7 @@ def _filter_keys(table: Table, index: IndexDef | None, bound: Bound) -> None:
             )
 
 
-Row = tuple[Item, Item, Callable[[], Item]]
+Row = tuple[Item, Item, int, Callable[[], Item]]  # the item, its entry, the item's size
 
 
 def _table_rows(
@@ -245,9 +245,9 @@ def _table_rows(
         if not condition.test(sort_key) or partition is None:
             continue
         record = partition.records.get(sort_key)
-        item = None if record is None else record.at(when)
+        item, size = (None, 0) if record is None else record.sized_at(when)
         if item is not None:
-            yield item, item, _key_of(table, item)
+            yield item, item, size, _key_of(table, item)
 
 
 def _index_rows(
@@ -269,14 +269,14 @@ def _index_rows(
         order = b"" if record is None else record.order
         position = (ranged, order)
     names = set(table.key_names()) | set(index.keys())
-    for ranged, order, entry, item in entries:
+    for ranged, order, entry, item, size in entries:
         if ranged is not None and not (condition.test(ranged) and _within(ranged, condition)):
             continue
         if position is not None:
             here = (ranged, order)
             if (forward and here <= position) or (not forward and here >= position):
                 continue
-        yield item, entry, _entry_key(entry, names)
+        yield item, entry, size, _entry_key(entry, names)
 
 
 def _key_of(table: Table, item: Item) -> Callable[[], Item]:
@@ -315,8 +315,8 @@ def scan(db: SimDynamoDB, params: dict[str, Any]) -> dict[str, Any]:
             here = (table.partitions[record.key[0]].order, record.key[1])
             if here <= position:
                 continue
-        item = record.at(when)
-        if item is not None and not page.read(item, item, _key_of(table, item)):
+        item, size = record.sized_at(when)
+        if item is not None and not page.read(item, item, size, _key_of(table, item)):
             break
     units = read_units(page.size, consistent)
     return page.response(params, table.name, units, None)
@@ -367,10 +367,10 @@ def _batch_table(
         if db.over(table, key[0], "r"):
             left.append(raw)
             continue
-        item = table.get(key, when)
+        item, size = table.sized(key, when)
         if item is None:
             continue
-        spent = read_units(item_size(item), consistent)
+        spent = read_units(size, consistent)
         db.spend(table, key[0], "r", spent)
         units += spent
         found.append(copy_item(item if paths is None else project(item, paths)))

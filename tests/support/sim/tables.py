@@ -69,21 +69,22 @@ class Record:
     def __init__(self, key: Key) -> None:
         self.key = key
         self.item: Item | None = None
-        self.size = 0
-        self.versions: list[tuple[float, Item | None]] | None = None
+        self.size = 0  # the current image's (item_size)
+        # (written, image, its size), oldest first
+        self.versions: list[tuple[float, Item | None, int]] | None = None
         self.order = _hash(_hash(_bytes_of(key[0])), _hash(_bytes_of(key[1])))
         self.tx_until = -1.0  # a transaction holds it until then (simulated time)
         self.tx_seen = False  # ever written by a transaction
         self.ttl_delay: float | None = None  # TTL's delay for the current image, once drawn
 
-    def at(self, when: float | None) -> Item | None:
-        """The image a read as of ``when`` sees (None: now)."""
+    def sized_at(self, when: float | None) -> tuple[Item | None, int]:
+        """The image a read as of ``when`` sees (None: now), and its size (0: none)."""
         if when is None or self.versions is None:
-            return self.item
-        for written, image in reversed(self.versions):
+            return self.item, self.size
+        for written, image, size in reversed(self.versions):
             if written <= when:
-                return image
-        return None
+                return image, size
+        return None, 0
 
 
 class Partition:
@@ -195,8 +196,13 @@ class Table:
     # -- reading -------------------------------------------------------------------------------
 
     def get(self, key: Key, when: float | None = None) -> Item | None:
+        return self.sized(key, when)[0]
+
+    def sized(self, key: Key, when: float | None = None) -> tuple[Item | None, int]:
+        """The item at ``key`` as of ``when`` (None: now) and its size (0: none): sizes are
+        measured once, as an image is written."""
         record = self.records.get(key)
-        return None if record is None else record.at(when)
+        return (None, 0) if record is None else record.sized_at(when)
 
     def partition_keys(self, hash_value: Plain, low: Any, high: Any) -> list[Any]:
         """The sort keys of one partition between ``low`` and ``high`` (None: open), in order."""
@@ -215,14 +221,14 @@ class Table:
 
     def index_entries(
         self, index: IndexDef, hash_value: Plain, when: float | None
-    ) -> list[tuple[Any, bytes, Item, Item]]:
+    ) -> list[tuple[Any, bytes, Item, Item, int]]:
         """The entries of ``index`` under ``hash_value`` as of ``when``: (range key, order,
-        the entry, the table item), sorted as DynamoDB Local sorts them."""
+        the entry, the table item, its size), sorted as DynamoDB Local sorts them."""
         found = []
         keys = self.members.get(index.name, {}).get(hash_value, set())
         for key in list(keys):
             record = self.records.get(key)
-            image = None if record is None else record.at(when)
+            image, size = (None, 0) if record is None else record.sized_at(when)
             entry = None if image is None else self.entry(index, image)
             if entry is None or plain(entry[index.hash_name]) != hash_value:
                 if record is None or (record.versions is None and entry is None):
@@ -230,7 +236,7 @@ class Table:
                 continue
             assert record is not None and image is not None
             ranged = None if index.range_name is None else plain(entry[index.range_name])
-            found.append((ranged, record.order, entry, image))
+            found.append((ranged, record.order, entry, image, size))
         found.sort(key=lambda e: (e[0], e[1]) if e[0] is not None else (0, e[1]))
         return found
 
@@ -261,15 +267,15 @@ class Table:
                 return Record(key)
             record = self.records[key] = Record(key)
             self._place(record)
-        old = record.item
+        old, old_size = record.item, record.size
         if size is None:
             size = 0 if image is None else item_size(image)
         record.item, record.size = image, size
         record.ttl_delay = None
         if horizon > 0:
             if record.versions is None:
-                record.versions = [] if old is None else [(float("-inf"), old)]
-            record.versions.append((now, image))
+                record.versions = [] if old is None else [(float("-inf"), old, old_size)]
+            record.versions.append((now, image, size))
             _prune(record.versions, now - horizon)
         self._index(record, old, image, horizon > 0)
         if image is None and horizon <= 0:
@@ -350,7 +356,7 @@ class Table:
                         del members[old_hash]
 
 
-def _prune(versions: list[tuple[float, Item | None]], cutoff: float) -> None:
+def _prune(versions: list[tuple[float, Item | None, int]], cutoff: float) -> None:
     """Keep the versions written after ``cutoff`` and the last one before it."""
     drop = 0
     while drop + 1 < len(versions) and versions[drop + 1][0] <= cutoff:

@@ -25,7 +25,7 @@ from .requests import (
 )
 from .tables import Key, Record, Table
 from .updates import apply_update, check_paths
-from .values import MAX_ITEM, Invalid, Item, copy_item, item_size, normal_item
+from .values import MAX_ITEM, Invalid, Item, attribute_size, copy_item, item_size, normal_item
 
 if TYPE_CHECKING:
     from .dynamodb import SimDynamoDB
@@ -127,9 +127,9 @@ def _size_after(plan: Plan, old: Item | None, new: Item) -> int:
     size = plan.record.size
     for name in plan.touched:
         if name in old:
-            size -= item_size({name: old[name]})
+            size -= attribute_size(name, old[name])
         if name in new:
-            size += item_size({name: new[name]})
+            size += attribute_size(name, new[name])
     return size
 
 
