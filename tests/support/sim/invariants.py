@@ -419,8 +419,11 @@ class Monitor:
     # -- after every event -------------------------------------------------------------------
 
     def check(self) -> None:
+        broken = self.broken  # empty in most runs: no hold inside is broken then
         for resource, inside in self.inside.items():
-            if len(inside) > 1 or any(self._broken_at(resource, e.held) for e in inside.values()):
+            if len(inside) > 1 or (
+                broken and any(self._broken_at(resource, e.held) for e in inside.values())
+            ):
                 self._check_resource(resource)
         self.jobs.check()
         self.leads.check()
@@ -466,23 +469,15 @@ class Monitor:
 
     def _check_idle(self) -> None:
         now = self.sim.sched.now
-        wants: dict[Any, list[str]] = {}
+        wants: dict[Any, list[str]] | None = None  # proc -> the resources it waits for
         for resource, waiting in self.waiting.items():
-            for proc in waiting:
-                wants.setdefault(proc, []).append(resource)
-        for resource, waiting in self.waiting.items():
-            # A stalled process waits for nothing: it is not running (its stall is a fault
-            # that began in the window). One that waits for several resources at once waits
-            # for this one only while nobody is inside the others in a way that keeps it out
-            # (all or none).
-            live = [
-                p
-                for p in waiting
-                if not p.dead
-                and p.stalled_until <= now
-                and not any(self._kept_out(p, r) for r in wants[p] if r != resource)
-            ]
-            if not live or self.inside.get(resource):
+            # Nobody waits, or somebody is inside: not idle (no need to look who is live).
+            live: list[Any] = []
+            if waiting and not self.inside.get(resource):
+                if wants is None:
+                    wants = self._wants()
+                live = self._live(resource, waiting, wants, now)
+            if not live:
                 if resource in self.idle_since:
                     since = self.idle_since.pop(resource)
                     self.longest_idle = max(self.longest_idle, now - since)
@@ -495,6 +490,31 @@ class Monitor:
                     + ", ".join(sorted(p.name for p in live))
                 )
                 self.idle_since[resource] = now  # said once per bound
+
+    def _wants(self) -> dict[Any, list[str]]:
+        wants: dict[Any, list[str]] = {}
+        for resource, waiting in self.waiting.items():
+            for proc in waiting:
+                wants.setdefault(proc, []).append(resource)
+        return wants
+
+    def _live(
+        self, resource: str, waiting: set[Any], wants: dict[Any, list[str]], now: float
+    ) -> list[Any]:
+        """The processes waiting for ``resource`` that could take it now. A stalled process
+        waits for nothing: it is not running (its stall is a fault that began in the
+        window). One that waits for several resources at once waits for this one only
+        while nobody is inside the others in a way that keeps it out (all or none)."""
+        return [
+            p
+            for p in waiting
+            if not p.dead
+            and p.stalled_until <= now
+            and (
+                len(wants[p]) == 1  # this resource only
+                or not any(self._kept_out(p, r) for r in wants[p] if r != resource)
+            )
+        ]
 
 
 @dataclasses.dataclass
