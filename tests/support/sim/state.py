@@ -198,6 +198,9 @@ class ModuleState:
         ]
         self.loaded: Any = None
         self._original = [(m, a, getattr(m, a)) for m, a, _ in self.slots]
+        # The modules' own namespaces: a swap reads and writes them directly (what getattr
+        # and setattr on a module come to, without their cost at every switch).
+        self._places = [(vars(m), a) for m, a, _ in self.slots]
 
     def fresh(self, proc: Any) -> list[Any]:
         """A new process's values (made in its own context: locks are the simulation's)."""
@@ -207,13 +210,13 @@ class ModuleState:
         if proc is self.loaded:
             return
         self.save()
-        for (module, attr, _), value in zip(self.slots, proc.globals, strict=True):
-            setattr(module, attr, value)
+        for (namespace, attr), value in zip(self._places, proc.globals, strict=True):
+            namespace[attr] = value
         self.loaded = proc
 
     def save(self) -> None:
         if self.loaded is not None:
-            self.loaded.globals = [getattr(module, attr) for module, attr, _ in self.slots]
+            self.loaded.globals = [namespace[attr] for namespace, attr in self._places]
 
     def restore(self) -> None:
         """Back to the interpreter's own values (the run is over)."""
