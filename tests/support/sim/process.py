@@ -56,12 +56,16 @@ class Process:
         self.acquired = 0
         self.transaction: Any = None  # a committer's open transaction (workload.Transaction)
         self.breaking: tuple[str, str, int] | None = None  # a break: resource, token, fence
+        self._identity: str | None = None
 
     def identity(self) -> str:
-        from dynasem._engine import processes
+        """Made once (from what never changes for a process), as a real process's probe is."""
+        if self._identity is None:
+            from dynasem._engine import processes
 
-        host = processes.host_key(self.host.boot_id, "pid:[sim]", "time:[sim]")
-        return processes.SEP.join([host, str(self.pid), str(self.start_ticks)])
+            host = processes.host_key(self.host.boot_id, "pid:[sim]", "time:[sim]")
+            self._identity = processes.SEP.join([host, str(self.pid), str(self.start_ticks)])
+        return self._identity
 
     def stat(self) -> tuple[str, int]:
         """What ``/proc/<pid>/stat`` shows of it: (state, start time)."""
