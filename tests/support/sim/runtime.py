@@ -583,9 +583,15 @@ class Simulation:
             self.record("reap", proc, result.found, result.deleted, result.permits, result.survived)
 
     def _finished(self) -> bool:
+        """Asked before every event: a loop, not a generator's cost each time."""
         if self.monitor.violations:
             return True
-        return not self.restarts and all(p.done or p.dead for p in self.procs)
+        if self.restarts:
+            return False
+        for p in self.procs:
+            if not (p.done or p.dead):
+                return False
+        return True
 
     def _install(self) -> list[tuple[Any, str, Any]]:
         """Put the seams in place for the run; what to put back."""
