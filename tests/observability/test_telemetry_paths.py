@@ -109,7 +109,12 @@ def test_a_cancelled_async_acquire_records_outcome_cancelled(holds: list[Any], l
         task = asyncio.ensure_future(
             semaphore(res, limit=limit, wait=10, fair=True, metrics_name=name).aacquire()
         )
-        await asyncio.sleep(0.6)  # queued
+        # Cancelled once it queued (its queue's length recorded), not after a fixed sleep:
+        # under load 0.6 s was once too short (CI, ci65: recorded as not queued).
+        deadline = time.monotonic() + 8
+        while not histogram(sdk["reader"], AHEAD, **{NAME: name}):
+            assert time.monotonic() < deadline, f"the acquire never queued on {res}"
+            await asyncio.sleep(0.02)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
