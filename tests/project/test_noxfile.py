@@ -24,6 +24,7 @@ import json, noxfile
 class Recorder:
     def __init__(self, python):
         self.python, self.posargs, self.installed, self.ran = python, [], [], []
+        self.env = {}
     def install(self, *args, **kwargs):
         self.installed += args
     def run(self, *args, **kwargs):
@@ -35,7 +36,7 @@ for python, django in noxfile.PAIRS:
     noxfile.tests(session, django=django)
     pytest_args = [a for run in session.ran if "pytest" in run for a in run]
     sessions.append({"python": python, "django": django, "installed": session.installed,
-                     "tests": pytest_args})
+                     "tests": pytest_args, "env": session.env})
 print(json.dumps(sessions))
 """
 
@@ -119,3 +120,12 @@ def test_no_session_names_a_test_its_module_skips_whole() -> None:
         and (arg.split("::")[0] in modules or "test_example_http" in arg)
     ]
     assert not wrong, wrong
+
+
+def test_every_session_compiles_each_module_once_outside_the_checkout() -> None:
+    """uv installs no bytecode: a session's processes write what they compile to one cache
+    (read by the next process), whatever PYTHONDONTWRITEBYTECODE the machine sets."""
+    for session in matrix():
+        env = session["env"]
+        assert env["PYTHONDONTWRITEBYTECODE"] == "", session["python"]
+        assert Path(env["PYTHONPYCACHEPREFIX"]).is_relative_to(ROOT / ".nox"), env
