@@ -65,21 +65,28 @@ if [ -f "$STAMP" ] && [ "$STAMP" -nt pyproject.toml ]; then
 fi
 
 # uv installs what pip would (the same versions), in seconds where pip takes a minute (ci64:
-# 63 s for this step); it is the dev group's already (nox's backend). pip is the way where
-# uv cannot be had. Bytecode is compiled now, as pip does: where PYTHONDONTWRITEBYTECODE is
-# set (these machines), every process of the suite would compile what it imports (ci65, without:
-# make test 729 -> 873 s).
-if "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "uv>=0.5"; then
+# 63 s for this step); it is the dev group's already (nox's backend). Bytecode is compiled
+# now, as pip does: where PYTHONDONTWRITEBYTECODE is set (these machines), every process of
+# the suite would compile what it imports (ci65, without: make test 729 -> 873 s). pip is the
+# way where uv cannot be had, or cannot install (it reads no pip.conf: an index or wheel
+# folder only pip is told of).
+with_uv() {
+    "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check "uv>=0.5" || return 1
     echo "venv.sh: uv pip install --compile-bytecode -e \".[demo,testing]\" --group dev"
     "$VENV/bin/uv" pip install --compile-bytecode --python "$VENV/bin/python" \
         -e ".[demo,testing]" --group dev
-else
+}
+with_pip() {
     # pip >= 25.1 reads dependency groups (--group).
-    echo "venv.sh: no uv; upgrading pip in $VENV"
+    echo "venv.sh: upgrading pip in $VENV"
     "$VENV/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade "pip>=25.1"
     echo "venv.sh: pip install -e \".[demo,testing]\" --group dev"
     "$VENV/bin/python" -m pip install --disable-pip-version-check --progress-bar off \
         -e ".[demo,testing]" --group dev
+}
+if ! with_uv; then
+    echo "venv.sh: uv could not install the venv; pip does"
+    with_pip
 fi
 
 mysqlclient
