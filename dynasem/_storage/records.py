@@ -122,9 +122,8 @@ def _value(value: Any) -> Any:
     give, read directly for the kinds dynasem stores (strings, integers, booleans, maps,
     lists), without their detour through ``Decimal`` (on every read: its CPU counts); anything
     else (sets, binary, NULL, a fraction) takes that detour."""
-    for kind, raw in value.items():
-        if len(value) != 1:
-            break
+    if len(value) == 1:
+        ((kind, raw),) = value.items()
         if kind == "S" or kind == "BOOL":
             return raw
         if (
