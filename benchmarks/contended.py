@@ -8,7 +8,9 @@ meet at a barrier (after one unmeasured warm-up run of ``--warmup`` acquisitions
 for each library), then each takes the run's resource ``--rounds`` times, sleeping ``--hold``
 seconds while holding it, and logs per acquisition four ``time.monotonic()`` stamps (one clock
 for every process on a Linux host): acquire called, acquire returned, block end (release
-called), release returned.
+called), release returned. Each run prints the handoff p50 of its first and last fifth: a run
+still warming up (DynamoDB Local's JVM, fresh processes) shows a first fifth slower than its
+last.
 
 Runs: dynasem ``semaphore(resource, wait=60)``; dynasem ``semaphore(..., fair=True)`` too if
 that parameter exists; the same ``--processes`` contenders as threads of one process, then as
@@ -373,7 +375,9 @@ def play(
         s = run["stats"]
         print(
             f"  {s['rate']:.1f} acquisitions/s, utilisation {s['util']:.2f}, "
-            f"{s['per_acq']:.2f} requests/acquisition, overlaps {s['overlaps']}",
+            f"{s['per_acq']:.2f} requests/acquisition, overlaps {s['overlaps']}, handoff p50 "
+            f"{common.ms(s['handoff_first_fifth'])} in the first fifth of the run, "
+            f"{common.ms(s['handoff_last_fifth'])} in the last",
             flush=True,
         )
 
@@ -427,6 +431,7 @@ def analyse(results: list[dict[str, Any]]) -> dict[str, Any]:
             overlaps += 1
         max_end = max(max_end, e)
     handoffs = [holds[i + 1][0] - holds[i][1] for i in range(n - 1)]
+    fifth = max(1, len(handoffs) // 5)
     same_proc = [holds[i + 1][2] == holds[i][2] for i in range(n - 1)]
     same = sum(same_proc)
     h_same = [h for h, s in zip(handoffs, same_proc, strict=True) if s]
@@ -440,6 +445,9 @@ def analyse(results: list[dict[str, Any]]) -> dict[str, Any]:
         "overlaps": overlaps,
         "handoff_p50": common.percentile(handoffs, 50),
         "handoff_p99": common.percentile(handoffs, 99),
+        # Steady or still warming up: the handoff p50 of the run's first and last fifth.
+        "handoff_first_fifth": common.percentile(handoffs[:fifth], 50),
+        "handoff_last_fifth": common.percentile(handoffs[-fifth:], 50),
         "same": same / max(1, n - 1),
         "handoff_same_p50": common.percentile(h_same, 50),
         "handoff_other_p50": common.percentile(h_other, 50),
