@@ -401,6 +401,20 @@ def peer_resource(endpoint: str, counter: RequestCounter | None = None) -> Any:
     return resource
 
 
+def require_peer() -> None:
+    """Exit with a clear message (before any engine starts) when python-dynamodb-lock, the
+    peer this benchmark runs beside dynasem, is not installed: ``make venv`` leaves it out
+    (benchmarks only); ``benchmarks/run_all.sh`` installs it."""
+    try:
+        import python_dynamodb_lock  # noqa: F401
+    except ImportError:
+        raise SystemExit(
+            f"{Path(sys.argv[0]).name}: this benchmark runs python-dynamodb-lock beside dynasem, "
+            "and it is not installed: `.venv/bin/python -m pip install python-dynamodb-lock` "
+            "(benchmarks/run_all.sh installs it by itself)"
+        ) from None
+
+
 def create_peer_table(endpoint: str, name: str) -> None:
     from python_dynamodb_lock.python_dynamodb_lock import DynamoDBLockClient
 

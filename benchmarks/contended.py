@@ -581,6 +581,7 @@ def main(argv: list[str] | None = None) -> int:
         help="do not record the result nor update docs/BENCHMARKS.md",
     )
     args = parser.parse_args(argv)
+    common.require_peer()
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     fair = common.has_fair()
 

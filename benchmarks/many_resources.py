@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=float, default=1.5, help="seconds of each warm-up run")
     parser.add_argument("--no-doc", action="store_true", help="do not update docs/BENCHMARKS.md")
     args = parser.parse_args(argv)
+    common.require_peer()
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     n = args.processes
 

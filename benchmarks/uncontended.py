@@ -48,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-doc", action="store_true", help="do not update docs/BENCHMARKS.md")
     args = parser.parse_args(argv)
+    common.require_peer()
     started = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
     with common.engine() as ddb:
