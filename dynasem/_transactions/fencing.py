@@ -125,8 +125,8 @@ def end(sem: object, held: Any, exc_type: Any, exc: Any, tb: Any, undo: Callable
         if exc_type is None:
             try:
                 held.raise_if_lost()
-            except LockLost as lost:
-                block.__exit__(LockLost, lost, lost.__traceback__)
+            except BaseException as lost:  # LockLost, or what a lock_lost receiver raised
+                block.__exit__(type(lost), lost, lost.__traceback__)
                 raise
         block.__exit__(exc_type, exc, tb)
     except BaseException:

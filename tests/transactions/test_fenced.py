@@ -18,6 +18,7 @@ from dynasem import LockLost, run_once, semaphore
 from dynasem import _clock as clock
 from dynasem._transactions.fencing import row_key
 from dynasem.models import Fence
+from dynasem.signals import lock_lost
 from tests.support.helpers import RequestCounter
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -89,6 +90,28 @@ def test_a_hold_past_its_deadline_rolls_back_at_the_end_of_its_block(lock_table:
             User.objects.create(username="late")
             held._deadline = clock.monotonic() - 1  # stalled past its trusted lease
     assert not User.objects.filter(username="late").exists()
+
+
+def test_a_lost_hold_whose_signal_receiver_raises_still_rolls_back_and_closes_its_block(
+    lock_table: str,
+) -> None:
+    """The end of a block that finds its hold lost sends lock_lost; a receiver that raises
+    (Django's send lets it through) must not leave the block's transaction open."""
+
+    def receiver(**kwargs: Any) -> None:
+        raise RuntimeError("a receiver failed")
+
+    lock_lost.connect(receiver, weak=False)
+    try:
+        with pytest.raises(RuntimeError, match="a receiver failed"):
+            with semaphore("tbl:5b", fence_db=True) as held:
+                User.objects.create(username="late-signal")
+                held._deadline = clock.monotonic() - 1  # stalled past its trusted lease
+    finally:
+        lock_lost.disconnect(receiver)
+    assert not connections["default"].in_atomic_block
+    assert not User.objects.filter(username="late-signal").exists()
+    assert held.lost
 
 
 def test_the_block_raising_rolls_back_and_gives_back(lock_table: str) -> None:
