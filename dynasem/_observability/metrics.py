@@ -107,14 +107,13 @@ class Requests:
         ]
 
     def observe_capacity(self, options: Any) -> list[Any]:
-        units: dict[tuple[str, str, str | None], float] = {}
+        units: dict[tuple[str, str | None], float] = {}  # summed over the outcomes
         for (operation, _, lock), (_, used) in self._items():
-            kind = _CAPACITY_KINDS.get(operation)
-            if kind is not None and used:
-                units[operation, kind, lock] = units.get((operation, kind, lock), 0) + used
+            if operation in _CAPACITY_KINDS and used:
+                units[operation, lock] = units.get((operation, lock), 0) + used
         return [
-            _metrics.Observation(used, _attributes(operation, CAPACITY_KIND, kind, lock))
-            for (operation, kind, lock), used in units.items()
+            _metrics.Observation(used, _attributes(op, CAPACITY_KIND, _CAPACITY_KINDS[op], lock))
+            for (op, lock), used in units.items()
         ]
 
 
@@ -139,18 +138,19 @@ def template_name(resource: Any) -> str | None:
 NAME_MAX = 200
 
 
+# A loss's kind, and the words of a reason that say it (the first kind found wins).
+_REASON_KINDS = (
+    ("max_hold", ("max_hold",)),
+    ("lease_expired", ("lease ran out",)),
+    ("fenced_out", ("newer than", "fence")),
+    ("taken_over", ("took it over", "broken")),
+)
+
+
 def reason_kind(reason: str) -> str:
     """A loss's reason as one of a few values (the text itself goes to logs and spans)."""
     text = reason.lower()
-    if "max_hold" in text:
-        return "max_hold"
-    if "lease ran out" in text:
-        return "lease_expired"
-    if "newer than" in text or "fence" in text:
-        return "fenced_out"
-    if "took it over" in text or "broken" in text:
-        return "taken_over"
-    return "other"
+    return next((kind for kind, words in _REASON_KINDS if any(w in text for w in words)), "other")
 
 
 def capacity_units(consumed: Any) -> float:
