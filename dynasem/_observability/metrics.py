@@ -44,8 +44,6 @@ CAPACITY_OPERATIONS = {
     "delete_item": "write",
     "transact_write_items": "write",
 }
-OPERATION_NAMES = {op: "".join(p.title() for p in op.split("_")) for op in CAPACITY_OPERATIONS}
-_CAPACITY_KINDS = {OPERATION_NAMES[op]: kind for op, kind in CAPACITY_OPERATIONS.items()}
 
 
 class Deferred:
@@ -82,7 +80,8 @@ class Deferred:
 
 class Requests:
     """Requests and their capacity units by (operation, outcome, lock name): a dict update
-    under a lock per request, read by two observable counters when a reader collects."""
+    under a lock per request, read by two observable counters when a reader collects. The
+    operation is the client's method (``put_item``), named as DynamoDB does only then."""
 
     def __init__(self, deferred: Deferred) -> None:
         self._deferred = deferred
@@ -109,17 +108,24 @@ class Requests:
     def observe_capacity(self, options: Any) -> list[Any]:
         units: dict[tuple[str, str | None], float] = {}  # summed over the outcomes
         for (operation, _, lock), (_, used) in self._items():
-            if operation in _CAPACITY_KINDS and used:
+            if operation in CAPACITY_OPERATIONS and used:
                 units[operation, lock] = units.get((operation, lock), 0) + used
         return [
-            _metrics.Observation(used, _attributes(op, CAPACITY_KIND, _CAPACITY_KINDS[op], lock))
+            _metrics.Observation(
+                used, _attributes(op, CAPACITY_KIND, CAPACITY_OPERATIONS[op], lock)
+            )
             for (op, lock), used in units.items()
         ]
 
 
 def _attributes(operation: str, what: str, value: str, lock: str | None) -> dict[str, Any]:
     named = {} if lock is None else {NAME: lock}
-    return {SYSTEM: "aws.dynamodb", OPERATION: operation, what: value, **named}
+    return {SYSTEM: "aws.dynamodb", OPERATION: operation_name(operation), what: value, **named}
+
+
+def operation_name(operation: str) -> str:
+    """DynamoDB's name of a client method's operation: ``put_item`` -> ``PutItem``."""
+    return "".join(part.title() for part in operation.split("_"))
 
 
 def template_name(resource: Any) -> str | None:

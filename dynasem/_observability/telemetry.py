@@ -514,8 +514,5 @@ def request(operation: str, outcome: str, response: Mapping[str, Any] | None) ->
 
 
 def _request(operation: str, outcome: str, response: Mapping[str, Any] | None) -> None:
-    name = metrics.OPERATION_NAMES.get(operation) or "".join(
-        p.title() for p in operation.split("_")
-    )
     units = 0.0 if response is None else metrics.capacity_units(response.get("ConsumedCapacity"))
-    (_instruments or _get()).requests.add((name, outcome, _lock_name.get()), units)
+    (_instruments or _get()).requests.add((operation, outcome, _lock_name.get()), units)
