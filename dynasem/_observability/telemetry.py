@@ -491,14 +491,12 @@ def naming(name: str | None) -> Iterator[None]:
     """The requests sent inside carry the lock's ``name`` (see :func:`lock_name`): work done
     for a lock on another thread than its acquire's and release's, which set it themselves
     (a stray hand-over given back, a coalesced run's registration renewed or withdrawn)."""
-    if name is None or not _recording():
-        yield
-        return
-    token = _lock_name.set(name)
+    token = None if name is None or not _recording() else _lock_name.set(name)
     try:
         yield
     finally:
-        _lock_name.reset(token)
+        if token is not None:
+            _lock_name.reset(token)
 
 
 def ask_capacity(operation: str, kwargs: dict[str, Any]) -> None:
