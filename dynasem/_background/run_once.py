@@ -341,6 +341,5 @@ def run_once(
     if user is not None:
         validation.user_id_of(user)
     lease = None if lease is None else validation.check_lease(lease)
-    if not isinstance(on_commit, bool):
-        raise TypeError(f"on_commit must be True or False, not {on_commit!r}")
+    validation.check_flag(on_commit, "on_commit")
     return RunOnce(key, user, lease, on_commit, transactions.check_using(using))
