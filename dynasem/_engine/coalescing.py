@@ -211,5 +211,4 @@ def _withdrawn(made: Registration | None) -> None:
     """A registration cut off by a cancel, withdrawn (None: the row was gone, nothing was
     registered)."""
     if made is not None:
-        made.stop()
-        made.withdraw()
+        made.withdraw()  # its heartbeat stopped first
