@@ -157,28 +157,27 @@ class Command(BaseCommand):
         SIGINT), or if DynamoDB could not be reached (after a pause)."""
         waiting.set()
         try:
-            place = leadership(name, lease=lease)
-            # The lead is the command's, not this process's: the end of this process does
-            # not end the command at once (the kernel takes a moment to kill a namespace),
-            # so nobody may take the lead over before its lease ends, on this host either.
-            place.semaphore.detached = True
-            lead = place.__enter__()
-            # From here a signal only sets ``stopping``: one raised between the lead's taking
-            # and the end of this function would leave it held, by nobody, for a lease.
-            waiting.clear()
+            try:
+                place = leadership(name, lease=lease)
+                # The lead is the command's, not this process's: the end of this process does
+                # not end the command at once (the kernel takes a moment to kill a namespace),
+                # so nobody may take the lead over before its lease ends, on this host either.
+                place.semaphore.detached = True
+                lead = place.__enter__()
+            finally:
+                # From here a signal only sets ``stopping``: one raised between the lead's
+                # taking and the end of this function would leave it held, by nobody, for a
+                # lease.
+                waiting.clear()
             return place, lead
         except KeyboardInterrupt:
             # It may have come just after the lead was taken: give back whatever we hold.
-            waiting.clear()
             release_all()
         except TableMissing as exc:
             raise CommandError(str(exc)) from None
         except SemaphoreUnavailable as exc:
-            waiting.clear()
             self._say(name, f"{exc}; trying again")
             time.sleep(min(5.0, window / 3))
-        finally:
-            waiting.clear()
         return None
 
     def _lead(
