@@ -134,18 +134,15 @@ def _percent(char: str) -> str:
     return "".join(f"%{b:02X}" for b in char.encode())
 
 
-def _escape(value: str, also: frozenset[str]) -> str:
-    if SAFE.issuperset(value):  # digits, slugs: the common case, kept whole at once
-        return value
-    return "".join(c if _kept(c) and c not in also else _percent(c) for c in value)
-
-
 class _EscapingFormatter(string.Formatter):
     def __init__(self, also: frozenset[str]) -> None:
         self.also = also
 
     def format_field(self, value: Any, format_spec: str) -> str:
-        return _escape(super().format_field(value, format_spec), self.also)
+        text: str = super().format_field(value, format_spec)
+        if SAFE.issuperset(text):  # digits, slugs: the common case, kept whole at once
+            return text
+        return "".join(c if _kept(c) and c not in self.also else _percent(c) for c in text)
 
 
 def _unreserved(key: str, lead: str, around: str) -> str:
