@@ -16,13 +16,13 @@ from typing import Any
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.urls import path, reverse
+from django.urls import reverse
 
 from . import _clock as clock
 from ._engine import arguments
 from ._observability.logs import shown_token
 from ._operators import audit, cursors, jobs, locks, usernames
-from ._operators.admin_pages import DynamoDBAdmin, ago, expires_in, link, natural, quick
+from ._operators.admin_pages import DynamoDBAdmin, ago, expires_in, link, natural
 from .exceptions import SemaphoreUnavailable
 from .models import Job, Lock
 
@@ -42,9 +42,7 @@ class LockAdmin(DynamoDBAdmin):
     holds_per_page = locks.HOLDS_PER_PAGE
 
     def get_urls(self) -> list[Any]:
-        info = self.opts.app_label, self.opts.model_name
-        page = self.admin_site.admin_view(quick(self.resource_view))
-        return [path("resource/", page, name="{}_{}_resource".format(*info)), *super().get_urls()]
+        return [self._path("resource/", self.resource_view, "resource"), *super().get_urls()]
 
     def resource_url(self, resource: str) -> str:
         return self._url("resource", resource=resource)

@@ -110,17 +110,17 @@ class DynamoDBAdmin(ModelAdmin):
     action = action_permission = unread_text = unanswered_text = ""
 
     def get_urls(self) -> list[Any]:
-        info = self.opts.app_label, self.opts.model_name
-        wrap = self.admin_site.admin_view
-        confirm_then_post = require_http_methods(["GET", "POST"])(quick(self.action_view))
+        confirm_then_post = require_http_methods(["GET", "POST"])(self.action_view)
         return [
-            path("", wrap(quick(self.changelist_view)), name="{}_{}_changelist".format(*info)),
-            path(
-                f"{self.action}/",
-                wrap(confirm_then_post),
-                name="{}_{}_{}".format(*info, self.action),
-            ),
+            self._path("", self.changelist_view, "changelist"),
+            self._path(f"{self.action}/", confirm_then_post, self.action),
         ]
+
+    def _path(self, route: str, view: Callable[..., HttpResponse], name: str) -> Any:
+        """``view`` (for logged-in staff, on the quick client) at ``route``, named
+        ``<app>_<model>_<name>`` as :meth:`_url` reverses it."""
+        page = self.admin_site.admin_view(quick(view))
+        return path(route, page, name=f"{self.opts.app_label}_{self.opts.model_name}_{name}")
 
     def has_action_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm(f"{self.opts.app_label}.{self.action_permission}")
