@@ -85,10 +85,7 @@ class Command(BaseCommand):
                 schema.enable_ttl(name)
             except SemaphoreUnavailable as exc:
                 facts["ttl"] = False
-                return message + (
-                    f" TTL could not be turned on yet ({exc}); run this again once the table "
-                    "is ACTIVE (or use --wait)."
-                )
+                return message + _not_yet("TTL could not be turned on", exc)
         return message + " TTL is on for 'expires'."
 
     def write_format(self, name: str, facts: dict[str, Any]) -> str:
@@ -98,10 +95,7 @@ class Command(BaseCommand):
         except SemaphoreUnavailable as exc:
             # A table just created is not ACTIVE yet on AWS: nothing can be written to it.
             facts["format"] = None
-            return (
-                f" Its stored format version could not be written yet ({exc}); run this again "
-                "once the table is ACTIVE (or use --wait)."
-            )
+            return _not_yet("Its stored format version could not be written", exc)
         facts["format"] = found
         problem = schema.format_problem(found)
         if problem is not None:
@@ -123,6 +117,11 @@ class Command(BaseCommand):
         if problem is not None:
             raise CommandError(problem)
         return f"Table {name!r} holds stored format version {found}, as this dynasem needs."
+
+
+def _not_yet(what: str, exc: Exception) -> str:
+    """What could not be done yet to a table not ACTIVE yet (one just created, on AWS)."""
+    return f" {what} yet ({exc}); run this again once the table is ACTIVE (or use --wait)."
 
 
 def _our_indexes(name: str, existing: dict[str, Any]) -> None:
