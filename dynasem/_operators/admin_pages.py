@@ -24,7 +24,7 @@ from django.views.decorators.http import require_http_methods
 from .. import _clock as clock
 from .._storage import dynamodb
 from ..exceptions import SemaphoreUnavailable
-from . import cursors, usernames
+from . import cursors, jobs, locks, usernames
 
 if TYPE_CHECKING:  # django-stubs makes ModelAdmin generic; Django's own class is not subscriptable
     ModelAdmin = admin.ModelAdmin[models.Model]
@@ -32,6 +32,8 @@ else:
     ModelAdmin = admin.ModelAdmin
 
 _T = TypeVar("_T")
+# A page of a list (the locks', the run-once jobs').
+Page = locks.LockPage | jobs.JobPage
 
 
 def quick(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
@@ -195,22 +197,18 @@ class DynamoDBAdmin(ModelAdmin):
         return TemplateResponse(request, template, context, status=status)
 
     def _list_context(
-        self,
-        request: HttpRequest,
-        title: str,
-        filters: dict[str, str],
-        cursor: str | None,
-        next_cursor: str | None,
-        **extra: Any,
+        self, request: HttpRequest, title: str, filters: dict[str, str], page: Page, **extra: Any
     ) -> dict[str, Any]:
-        """A list page's context: its search (``filters["q"]``), its other filters, the
-        links to the first and next pages."""
+        """A list page's context: its ``page`` of rows, its search (``filters["q"]``), its
+        other filters, the links to the first page (unless shown) and the next."""
+        next_cursor = page.next_cursor
         return {
             **self._context(request, title),
+            "page": page,
             "query": filters["q"],
             "filters": {k: v for k, v in filters.items() if v and k != "q"},
             "next_url": link(filters, cursor=next_cursor) if next_cursor else None,
-            "first_url": link(filters) if cursor else None,
+            "first_url": link(filters) if request.GET.get("cursor") else None,
             **extra,
         }
 
