@@ -339,7 +339,6 @@ def break_hold(
     resource: str,
     token: str,
     *,
-    sender: Any = None,
     user_id: str | None = None,
     fence: int | None = None,
 ) -> bool:
@@ -362,7 +361,7 @@ def break_hold(
         elif old.slots_used is None or not permit_hold.break_permit(resource, token, fence=fence):
             return False
     lock_released.send(
-        sender=sender or core.Semaphore,
+        sender=core.Semaphore,
         resource=resource,
         user_id=user_id,
         token=token,
