@@ -11,7 +11,7 @@ from typing import Any
 from .._storage import index_queries, records
 from .._storage.records import Mode
 
-# Items a filtered index read evaluates per request (see filtered_limit).
+# Items a filtered index read evaluates per request (see Stream.fetch_once).
 FILTERED_READ = 1000
 
 
@@ -38,8 +38,10 @@ class Stream:
 
     def fetch_once(self, limit: int | None) -> None:
         filtered, start = self.user_id is not None, self.next_start
-        if filtered:
-            limit = filtered_limit(limit)
+        if filtered and limit is not None:
+            # Most of the rows read are filtered out, and DynamoDB applies Limit before the
+            # filter: read on further per request, so a page finds its rows in a few requests.
+            limit = max(limit, FILTERED_READ)
         if self.shard is None:
             read = index_queries.query_user_page(str(self.user_id), self.since, limit, start)
             # The userId index names one holder per row: all of an exclusive row, only the
@@ -71,12 +73,6 @@ class Stream:
             # hand out the same cursor for ever.
             return records.index_position(self.next_start)
         return self.position
-
-
-def filtered_limit(limit: int | None) -> int | None:
-    """The Limit of a read whose rows are mostly filtered out (DynamoDB applies Limit before
-    the filter): read on further per request, so a page finds its rows in a few requests."""
-    return None if limit is None else max(limit, FILTERED_READ)
 
 
 def open_streams(user_id: str | None, since: int, positions: dict[str, Any]) -> list[Stream]:
