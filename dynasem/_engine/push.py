@@ -56,6 +56,11 @@ from . import heartbeat
 logger = logging.getLogger("dynasem")
 
 MAX_DATAGRAM = 60_000  # bytes: a queue too long to push is read instead
+# A synchronous waiter reads the push socket itself while it waits (see _Listener); tests
+# turn it off to have the listener thread deliver. CLAIM_WAIT: how long (s) it waits for the
+# listener thread to step aside before it lets it deliver instead.
+READ_OWN = True
+CLAIM_WAIT = 0.05
 # A waiter of this process is handed its push directly, not by datagram (see push; tests of
 # the datagram path turn it off to send datagrams to themselves).
 IN_PROCESS = True
@@ -176,7 +181,8 @@ class _Slot:
     # from the class bound at import: the simulation (tests/support/sim) replaces it.
     event: threading.Event = dataclasses.field(default_factory=lambda: threading.Event())
     push: Push | None = None
-    # A coroutine awaiting the push: resolves the future it awaits, on its loop.
+    # A coroutine awaiting the push (resolves the future it awaits, on its loop), or a thread
+    # reading the socket for it (nudges it: see _Listener.read_for).
     waker: Callable[[], object] | None = None
     # All of the slot changes together, under it.
     guard: threading.Lock = dataclasses.field(default_factory=lambda: threading.Lock())
@@ -306,7 +312,13 @@ class _Slot:
 
 class _Listener:
     """One UDP socket and one daemon thread per process; waiters register by token (and stay
-    registered a while after they left the queue: see :func:`depart`)."""
+    registered a while after they left the queue: see :func:`depart`).
+
+    A synchronous waiter reads the socket itself while it waits (:meth:`claim`,
+    :meth:`read_for`): its push then wakes the very thread that takes the hold, not the
+    listener thread that would wake it in turn (a thread hop measured at ~0.3 ms on average
+    per hand-over, docs/BENCHMARKS.md). Whoever reads delivers every datagram that comes,
+    to whichever waiter or hold it is for; the listener thread steps aside meanwhile."""
 
     def __init__(self, bind: str):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -316,23 +328,96 @@ class _Listener:
         self.bind = bind
         self.slots: dict[str, _Slot] = {}
         self.pid = os.getpid()
+        # Who reads the socket: the listener thread (``reading`` while it is in recvfrom),
+        # or a waiter that claimed it (``claimed``), never both.
+        self.turn = threading.Condition()
+        self.claimed = False
+        self.reading = False
         self.thread = threading.Thread(target=self._run, name="dynasem-push", daemon=True)
         self.thread.start()
 
     def _run(self) -> None:
         while True:
+            with self.turn:
+                while self.claimed:
+                    self.turn.wait()
+                self.reading = True
             try:
                 data, _ = self.sock.recvfrom(65536)
             except OSError:
                 return  # closed
-            try:
-                self._deliver(data)
-            except Exception:  # a malformed datagram must not end the listener
-                logger.debug(
-                    "dynasem: dropped an unreadable push",
-                    exc_info=True,
-                    extra=facts(outcome="push_dropped", reason="unreadable"),
-                )
+            finally:
+                with self.turn:
+                    self.reading = False
+                    self.turn.notify_all()
+            self._dispatch(data)
+
+    def _dispatch(self, data: bytes) -> None:
+        if not data:
+            return  # a claim's nudge (see claim)
+        try:
+            self._deliver(data)
+        except Exception:  # a malformed datagram must not end the listener
+            logger.debug(
+                "dynasem: dropped an unreadable push",
+                exc_info=True,
+                extra=facts(outcome="push_dropped", reason="unreadable"),
+            )
+
+    def claim(self) -> bool:
+        """Take the socket over from the listener thread for a waiter's thread; False if
+        another waiter has it, or the listener did not step aside within :data:`CLAIM_WAIT`
+        (its nudge was lost): the waiter is woken as before."""
+        with self.turn:
+            if self.claimed:
+                return False
+            self.claimed = True
+            if self.reading:
+                self.nudge()
+                if not self.turn.wait_for(lambda: not self.reading, CLAIM_WAIT):
+                    self.claimed = False
+                    return False
+        return True
+
+    def unclaim(self) -> None:
+        with self.turn:
+            self.claimed = False
+            self.turn.notify_all()
+
+    def nudge(self) -> None:
+        """Wake whoever reads the socket: an empty datagram to itself."""
+        with contextlib.suppress(OSError):
+            self.sock.sendto(b"", self.sock.getsockname())
+
+    def read_for(self, slot: _Slot, seconds: float) -> None:
+        """Read and deliver datagrams (claimed) until ``slot``'s push came, or ``seconds``.
+        A push handed to it by another thread of this process (:func:`push`) nudges it."""
+        me = threading.current_thread()
+
+        def woken() -> None:
+            if threading.current_thread() is not me:
+                self.nudge()
+
+        deadline = clock.monotonic() + seconds
+        with slot.guard:
+            slot.waker = woken
+        try:
+            while not slot.event.is_set():
+                left = deadline - clock.monotonic()
+                if left <= 0:
+                    return
+                self.sock.settimeout(left)
+                try:
+                    data, _ = self.sock.recvfrom(65536)
+                except OSError:  # TimeoutError is one
+                    return
+                self._dispatch(data)
+        finally:
+            with slot.guard:
+                if slot.waker is woken:
+                    slot.waker = None
+            with contextlib.suppress(OSError):
+                self.sock.settimeout(None)  # before the listener reads again
 
     def _deliver(self, data: bytes) -> None:
         arrived = clock.monotonic()
@@ -544,7 +629,15 @@ def wait(token: str, seconds: float, *, fence_above: int = 0) -> Push | None:
     if slot is None:
         threading.Event().wait(seconds)
         return None
-    if not slot.event.wait(seconds):
+    listener = _listener
+    if READ_OWN and listener is not None and listener.claim():
+        try:
+            listener.read_for(slot, seconds)
+        finally:
+            listener.unclaim()
+        if not slot.event.is_set():
+            return None
+    elif not slot.event.wait(seconds):
         return None
     return slot.taken(fence_above)
 

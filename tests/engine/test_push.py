@@ -599,7 +599,9 @@ def _hand_over(token: str, *, e_ms: int, fence: int, sent_ms: int, table_name: s
     return {"r": "deploy:push", "k": token, "i": item, "tb": table_name, "ts": sent_ms}
 
 
-def test_a_fresh_hand_over_push_is_taken_with_its_arrival(lock_table):
+@pytest.mark.parametrize("read_own", [True, False], ids=["waiter-reads", "listener-reads"])
+def test_a_fresh_hand_over_push_is_taken_with_its_arrival(lock_table, monkeypatch, read_own):
+    monkeypatch.setattr(wakeup, "READ_OWN", read_own)
     token = "t-fresh"
     target = _listening_slot("deploy:push", token)
     now = clock.now_ms()
@@ -609,6 +611,89 @@ def test_a_fresh_hand_over_push_is_taken_with_its_arrival(lock_table):
     wakeup.forget(token)
     assert pushed is not None and pushed.item.holders[token].fence == 7
     assert before <= pushed.arrived <= time.monotonic() and pushed.sent_ms == now
+
+
+def _waiting(token: str, seconds: float = 5) -> tuple[threading.Thread, dict]:
+    got: dict = {}
+
+    def run() -> None:
+        got["push"] = wakeup.wait(token, seconds, fence_above=6)
+        got["at"] = time.monotonic()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, got
+
+
+def _until(condition, what: str, timeout: float = 5) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.005)
+
+
+def _push_for(token: str, table_name: str) -> dict:
+    now = clock.now_ms()
+    return _hand_over(token, e_ms=now + 10_000, fence=7, sent_ms=now, table_name=table_name)
+
+
+def test_a_waiting_thread_reads_its_own_push_while_the_listener_steps_aside(lock_table):
+    target = _listening_slot("deploy:push", "t-own")
+    listener = wakeup._listener
+    thread, got = _waiting("t-own")
+    # The listener thread steps aside (out of its recvfrom) for the waiter.
+    _until(lambda: listener.claimed and not listener.reading, "the waiter never read itself")
+    _send(target, _push_for("t-own", lock_table))
+    thread.join(5)
+    wakeup.forget("t-own")
+    assert got["push"] is not None and got["push"].item.holders["t-own"].fence == 7
+    assert not listener.claimed
+    _until(lambda: listener.reading, "the listener never read the socket again")
+
+
+def test_a_thread_reading_the_socket_delivers_the_pushes_of_other_waiters(lock_table):
+    target = _listening_slot("deploy:push", "t-reader")
+    _listening_slot("deploy:push", "t-other")
+    listener = wakeup._listener
+    reader, reader_got = _waiting("t-reader")
+    _until(lambda: listener.claimed and not listener.reading, "the waiter never read itself")
+    other, other_got = _waiting("t-other")  # the socket is taken: it waits on its event
+    _send(target, _push_for("t-other", lock_table))
+    other.join(5)
+    assert other_got["push"] is not None and reader.is_alive()
+    _send(target, _push_for("t-reader", lock_table))
+    reader.join(5)
+    for token in ("t-reader", "t-other"):
+        wakeup.forget(token)
+    assert reader_got["push"] is not None and not listener.claimed
+
+
+def test_a_push_handed_over_in_this_process_wakes_a_thread_reading_the_socket(lock_table):
+    _listening_slot("deploy:push", "t-local")
+    listener = wakeup._listener
+    thread, got = _waiting("t-local", seconds=10)
+    _until(lambda: listener.claimed and not listener.reading, "the waiter never read itself")
+    message = _push_for("t-local", lock_table)
+    pushed = wakeup.Push(records.lock_item(message["i"]), clock.monotonic(), message["ts"])
+    given = time.monotonic()
+    listener.take("t-local", "deploy:push", lock_table, pushed)  # what push() does in-process
+    thread.join(5)
+    wakeup.forget("t-local")
+    assert got["push"] is not None and got["at"] - given < 2  # nudged, not at the wait's end
+
+
+def test_a_listener_that_does_not_step_aside_delivers_the_push_itself(lock_table, monkeypatch):
+    target = _listening_slot("deploy:push", "t-stuck")
+    listener = wakeup._listener
+    _until(lambda: listener.reading, "the listener is not reading the socket")
+    monkeypatch.setattr(listener, "nudge", lambda: None)  # its nudge lost
+    thread, got = _waiting("t-stuck")
+    time.sleep(wakeup.CLAIM_WAIT * 2)
+    assert not listener.claimed  # the waiter gave the socket up to it
+    _send(target, _push_for("t-stuck", lock_table))
+    thread.join(5)
+    wakeup.forget("t-stuck")
+    assert got["push"] is not None
 
 
 @pytest.mark.parametrize("path", ["in-process", "datagram"])

@@ -205,6 +205,10 @@ class UdpSocket:
         self.inbox: collections.deque[tuple[bytes, tuple[str, int]]] = collections.deque()
         self.readers: list[Waiter] = []
         self.closed = False
+        self.timeout: float | None = None
+
+    def settimeout(self, value: float | None) -> None:
+        self.timeout = value
 
     def bind(self, address: tuple[str, int]) -> None:
         self.address = self.net.bind(self, address[0])
@@ -221,7 +225,11 @@ class UdpSocket:
                 raise OSError("closed")
             waiter = Waiter(sched.me())
             self.readers.append(waiter)
-            sched.block(waiter)
+            if not sched.block(waiter, self.timeout):
+                if waiter in self.readers:
+                    self.readers.remove(waiter)
+                if not self.inbox:
+                    raise TimeoutError("timed out")
         data, sender = self.inbox.popleft()
         return data[:size], sender
 

@@ -16,6 +16,7 @@ import threading as real_threading
 import time as real_time
 import types
 import uuid as real_uuid
+from collections.abc import Callable
 from typing import Any, Protocol, TypeAlias
 
 from .scheduler import Scheduler, SimThread, Waiter
@@ -219,6 +220,18 @@ class Condition:
                 lock._restore(saved)
             else:
                 lock.acquire()
+
+    def wait_for(self, predicate: Callable[[], Any], timeout: float | None = None) -> Any:
+        """As ``threading.Condition.wait_for``: wait until ``predicate()``, or ``timeout``."""
+        deadline = None if timeout is None else self._s.now + timeout
+        result = predicate()
+        while not result:
+            left = None if deadline is None else deadline - self._s.now
+            if left is not None and left <= 0:
+                break
+            self.wait(left)
+            result = predicate()
+        return result
 
     def notify(self, n: int = 1) -> None:
         while n and self._waiters:
