@@ -225,11 +225,13 @@ class UdpSocket:
                 raise OSError("closed")
             waiter = Waiter(sched.me())
             self.readers.append(waiter)
-            if not sched.block(waiter, self.timeout):
+            try:
+                answered = sched.block(waiter, self.timeout)
+            finally:  # timed out, or interrupted: no reader any more
                 if waiter in self.readers:
                     self.readers.remove(waiter)
-                if not self.inbox:
-                    raise TimeoutError("timed out")
+            if not answered and not self.inbox:
+                raise TimeoutError("timed out")
         data, sender = self.inbox.popleft()
         return data[:size], sender
 
