@@ -344,6 +344,10 @@ class _Listener:
                 self.reading = True
             try:
                 data, _ = self.sock.recvfrom(65536)
+            except TimeoutError:  # a reader's timeout left on the socket: block again
+                data = b""
+                with contextlib.suppress(OSError):
+                    self.sock.settimeout(None)
             except OSError:
                 return  # closed
             finally:

@@ -696,6 +696,21 @@ def test_a_listener_that_does_not_step_aside_delivers_the_push_itself(lock_table
     assert got["push"] is not None
 
 
+def test_a_timeout_left_on_the_socket_does_not_end_the_listener(lock_table, monkeypatch):
+    monkeypatch.setattr(wakeup, "READ_OWN", False)  # only the listener thread reads
+    target = _listening_slot("deploy:push", "t-timeout")
+    listener = wakeup._listener
+    _until(lambda: listener.reading, "the listener is not reading the socket")
+    listener.sock.settimeout(0.05)  # as a reader's finally could fail to undo
+    listener.nudge()  # its next recvfrom times out
+    time.sleep(0.3)
+    assert listener.thread.is_alive() and listener.sock.gettimeout() is None
+    _send(target, _push_for("t-timeout", lock_table))
+    pushed = wakeup.wait("t-timeout", 5, fence_above=6)
+    wakeup.forget("t-timeout")
+    assert pushed is not None
+
+
 @pytest.mark.parametrize("path", ["in-process", "datagram"])
 def test_a_hand_over_push_carries_the_line_and_its_age_unless_it_would_not_fit(
     lock_table, path, monkeypatch
