@@ -4,6 +4,7 @@ already holds gets that hold again at once (dynasem._engine.reentry)."""
 from __future__ import annotations
 
 import asyncio
+import sys
 import threading
 import time
 from typing import Any
@@ -104,6 +105,32 @@ def test_another_thread_and_a_child_task_are_other_holders(lock_table: str) -> N
                 await asyncio.create_task(child())
 
     asyncio.run(main())
+
+
+def test_an_acquire_under_wait_for_belongs_to_the_caller_from_python_3_12(
+    lock_table: str,
+) -> None:
+    """``asyncio.wait_for`` runs the acquire in the caller's own task from Python 3.12 on (a
+    nested acquire then re-enters its hold); on 3.11 in a task of its own, another holder by
+    the rules above, so the caller's nested acquire is told busy (docs: Nested acquires)."""
+
+    async def main() -> None:
+        held = await asyncio.wait_for(semaphore("w", wait=3).aacquire(), 5)
+        try:
+            if sys.version_info >= (3, 12):
+                async with semaphore("w", wait=0) as again:
+                    assert again is held
+                assert not held.released
+            else:
+                with pytest.raises(SemaphoreBusy):
+                    async with semaphore("w", wait=0):
+                        pass
+        finally:
+            await held.arelease()
+        assert held.released
+
+    asyncio.run(main())
+    assert tokens("w") == set()
 
 
 def test_what_a_nested_acquire_may_ask(lock_table: str) -> None:
