@@ -135,6 +135,12 @@ class Held:
         """True while the hold waits for its transaction to end before it is given back."""
         return self._pending_commit
 
+    @property
+    def here(self) -> bool:
+        """Whether this process took the hold: a child forked inside its block has a copy
+        that is its parent's (re-entry and a transaction's taking it again skip it)."""
+        return os.getpid() == self._pid
+
     def seconds_left(self) -> float:
         """How long we may still trust the hold without renewing (our clock, skew allowed);
         0 once it is known lost (broken, taken over, a newer fence found), deadline or not."""

@@ -111,7 +111,7 @@ def reentered(sem: LockSpec) -> Held | None:
     wanted = sem.resources
     me = _owner()
     for held, owner in reversed(_acquired.get()):
-        if owner is not me or held.released or held.pending_commit or held.lost:
+        if owner is not me or not held.here or held.released or held.pending_commit or held.lost:
             continue
         if held.left_to_lease:  # its release interrupted: nobody's any more
             continue
@@ -129,7 +129,7 @@ def pending_hold(sem: LockSpec) -> Held | None:
     commits in another database's transaction: given back at this one's commit, the hold
     could end before that work is committed."""
     for owner in reversed(commit.pending_owners()):
-        if not isinstance(owner, Held) or owner.lost or owner.released:
+        if not isinstance(owner, Held) or not owner.here or owner.lost or owner.released:
             continue
         if _holds_some(owner, sem):
             ours = commit.open_transaction(sem.using) if sem.on_commit else None

@@ -4,9 +4,12 @@ already holds gets that hold again at once (dynasem._engine.reentry)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import select
 import sys
 import threading
 import time
+import warnings
 from typing import Any
 
 import pytest
@@ -276,3 +279,32 @@ def test_a_view_under_test_re_enters_the_tests_hold_but_not_one_held_elsewhere(
         response = client.get("/rebuild/8/")
         assert response.status_code == 423 and tokens("tbl_issues:8") == {other.token}
     assert tokens("tbl_issues:8") == set()
+
+
+def test_a_forked_child_does_not_reenter_its_parents_hold(lock_table: str) -> None:
+    """A child forked inside a block keeps its parent's context variables and the forking
+    thread's Thread object: it is another process, another holder (found by review)."""
+    with semaphore("k") as held:
+        read, write = os.pipe()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # fork() of a process with threads
+            child = os.fork()
+        if child == 0:  # the child: another process, which must wait (here: be told busy)
+            try:
+                os.close(read)
+                try:
+                    got = semaphore("k", wait=0).acquire()
+                    answer = b"reentered" if got.token == held.token else b"other"
+                except SemaphoreBusy:
+                    answer = b"busy"
+                except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                    answer = repr(exc).encode()[:200]
+                os.write(write, answer)
+            finally:
+                os._exit(0)
+        os.close(write)
+        ready, _, _ = select.select([read], [], [], 30)
+        answer = os.read(read, 256).decode() if ready else "no answer"
+        os.close(read)
+        os.waitpid(child, 0)
+        assert answer == "busy", f"the forked child's acquire of 'k': {answer}"
