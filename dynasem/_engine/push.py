@@ -329,9 +329,9 @@ class _Listener:
         self.slots: dict[str, _Slot] = {}
         self.pid = os.getpid()
         # Who reads the socket: the listener thread (``reading`` while it is in recvfrom),
-        # or a waiter that claimed it (``claimed``), never both.
+        # or the waiting thread that claimed it (``claimed``), never both.
         self.turn = threading.Condition()
-        self.claimed = False
+        self.claimed: threading.Thread | None = None
         self.reading = False
         self.thread = threading.Thread(target=self._run, name="dynasem-push", daemon=True)
         self.thread.start()
@@ -339,7 +339,7 @@ class _Listener:
     def _run(self) -> None:
         while True:
             with self.turn:
-                while self.claimed:
+                while self.claimed is not None:
                     self.turn.wait()
                 self.reading = True
             try:
@@ -369,24 +369,33 @@ class _Listener:
             )
 
     def claim(self) -> bool:
-        """Take the socket over from the listener thread for a waiter's thread; False if
-        another waiter has it, or the listener did not step aside within :data:`CLAIM_WAIT`
-        (its nudge was lost): the waiter is woken as before."""
-        with self.turn:
-            if self.claimed:
-                return False
-            self.claimed = True
-            if self.reading:
-                self.nudge()
-                if not self.turn.wait_for(lambda: not self.reading, CLAIM_WAIT):
-                    self.claimed = False
+        """Take the socket over from the listener thread for this waiting thread; False if
+        another thread has it, or the listener did not step aside within :data:`CLAIM_WAIT`
+        (its nudge was lost): the waiter is woken as before. Interrupted (a signal's
+        exception), it gives the socket back: a claim left behind would keep the listener
+        away from it for good, and every push to this process unread."""
+        me = threading.current_thread()
+        try:
+            with self.turn:
+                if self.claimed not in (None, me):  # ours: left by an interrupted wait
                     return False
+                self.claimed = me
+                if self.reading:
+                    self.nudge()
+                    if not self.turn.wait_for(lambda: not self.reading, CLAIM_WAIT):
+                        self.claimed = None
+                        return False
+        except BaseException:
+            self.unclaim()
+            raise
         return True
 
     def unclaim(self) -> None:
+        """Give the socket back to the listener thread, if this thread has it."""
         with self.turn:
-            self.claimed = False
-            self.turn.notify_all()
+            if self.claimed is threading.current_thread():
+                self.claimed = None
+                self.turn.notify_all()
 
     def nudge(self) -> None:
         """Wake whoever reads the socket: an empty datagram to itself."""
@@ -633,12 +642,16 @@ def wait(token: str, seconds: float, *, fence_above: int = 0) -> Push | None:
     if slot is None:
         threading.Event().wait(seconds)
         return None
-    listener = _listener
-    if READ_OWN and listener is not None and listener.claim():
-        try:
-            listener.read_for(slot, seconds)
+    listener = _listener if READ_OWN else None
+    own = False
+    if listener is not None:
+        try:  # claimed inside: an interrupt anywhere in the claim gives it back
+            own = listener.claim()
+            if own:
+                listener.read_for(slot, seconds)
         finally:
             listener.unclaim()
+    if own:
         if not slot.event.is_set():
             return None
     elif not slot.event.wait(seconds):

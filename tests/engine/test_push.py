@@ -1034,3 +1034,84 @@ def test_pushes_go_only_to_ipv4_literals_that_name_one_host():
         assert wakeup.push_address_problem(host) is not None, host
     assert wakeup.reachable(f"{wakeup.HOST_ID}@127.0.0.1:0") is None
     assert wakeup.push_address_problem("10.0.0.7") is None
+
+
+def test_an_interrupt_while_claiming_the_socket_does_not_keep_the_listener_away(
+    lock_table, monkeypatch
+):
+    """Review: a signal raised in a waiter's claim() (Ctrl-C, a time limit raised from a
+    handler) while it waits for the listener to step aside left ``claimed`` set: the
+    listener thread read one more datagram, then waited for an unclaim that never came, and
+    every later push to this process went unread (waiters slept to their paced look)."""
+    for token in ("t-after-1", "t-after-2"):
+        target = _listening_slot("deploy:push", token)
+    listener = wakeup._listener
+    _interrupted_claim(monkeypatch)
+    stuck = listener.claimed
+    try:
+        got = {}
+        for token in ("t-after-1", "t-after-2"):  # the listener must read both, in turn
+            _send(target, _push_for(token, lock_table))
+            got[token] = wakeup.wait(token, 2, fence_above=6)
+    finally:
+        for token in ("t-after-1", "t-after-2"):
+            wakeup.forget(token)
+        if stuck:
+            listener.unclaim()  # let the tests after this one have their listener back
+    assert got["t-after-1"] is not None and got["t-after-2"] is not None, "a push went unread"
+    assert not stuck
+
+
+def _interrupted_claim(monkeypatch) -> None:
+    """The main thread's wait is interrupted (SIGALRM raising KeyboardInterrupt) while it
+    waits in claim() for the listener thread to step aside (its nudge slow or lost)."""
+    import signal
+
+    _listening_slot("deploy:push", "t-intr")
+    listener = wakeup._listener
+    _until(lambda: listener.reading, "the listener is not reading the socket")
+    with monkeypatch.context() as patch:
+        patch.setattr(listener, "nudge", lambda: None)
+        patch.setattr(wakeup, "CLAIM_WAIT", 2.0)
+
+        def interrupt(signum, frame):
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        try:
+            signal.setitimer(signal.ITIMER_REAL, 0.2)
+            with pytest.raises(KeyboardInterrupt):
+                wakeup.wait("t-intr", 5, fence_above=6)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+    wakeup.forget("t-intr")
+    listener.nudge()  # the listener's pending read ends (as any datagram would end it)
+    time.sleep(0.2)
+
+
+@pytest.mark.kind_engine_only("times a pushed waiter's wake-up against a kind engine")
+def test_after_an_interrupted_claim_a_hand_over_from_another_process_still_wakes_its_heir(
+    lock_table, monkeypatch
+):
+    """Review: end to end, the stuck claim above leaves a lock handed over by datagram (as
+    from another process) idle until its heir's paced look."""
+    listener = wakeup._get_listener()
+    assert listener is not None
+    try:
+        _interrupted_claim(monkeypatch)
+        monkeypatch.setattr(Pace, "turn_in", lambda *a, **k: 20.0)  # paced looks far away
+        monkeypatch.setattr(wakeup, "IN_PROCESS", False)  # the datagram, as between processes
+        holder = semaphore("deploy:prod").acquire()
+        out: dict = {}
+        thread = waiter_thread("deploy:prod", out, wait=30)
+        wait_until_queued("deploy:prod")
+        holder.renew()  # its answer shows the holder the queue: it hands over on release
+        released = time.monotonic()
+        holder.release()
+        thread.join(30)
+    finally:
+        if listener.claimed:
+            listener.unclaim()
+    assert "error" not in out
+    assert out["acquired"] - released < 0.5, "the heir held the lock only at its paced look"
