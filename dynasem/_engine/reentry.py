@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from contextvars import ContextVar
 from typing import Any, NoReturn
 
+from asgiref.sync import SyncToAsync
+
 from .._observability.logs import facts
 from .._storage.records import Mode
 from .._transactions import commit
@@ -86,7 +88,13 @@ def _owner() -> object:
         task = asyncio.current_task()
     except RuntimeError:  # no running event loop here
         task = None
-    return task if task is not None else threading.current_thread()
+    if task is not None:
+        return task
+    # Sync code that asgiref's sync_to_async runs for a task (Django's default,
+    # thread_sensitive: every task's sync calls on one thread) is owned by its call, not by
+    # that thread: a child task's call would otherwise re-enter its parent's hold.
+    call = getattr(SyncToAsync.threadlocal, "task_context", None)
+    return call if call is not None else threading.current_thread()
 
 
 def remember_acquired(held: Held) -> None:

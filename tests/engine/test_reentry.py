@@ -13,6 +13,7 @@ import warnings
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.db import transaction
 
 from dynasem import LockLost, SemaphoreBusy, current_hold, semaphore
@@ -308,3 +309,35 @@ def test_a_forked_child_does_not_reenter_its_parents_hold(lock_table: str) -> No
         os.close(read)
         os.waitpid(child, 0)
         assert answer == "busy", f"the forked child's acquire of 'k': {answer}"
+
+
+def test_a_child_task_through_sync_to_async_is_another_holder(lock_table: str) -> None:
+    """asgiref's sync_to_async (thread_sensitive) runs every task's sync calls on one thread
+    and copies the context back into the calling task: a child task's call must not re-enter
+    its parent's hold by that thread (found by review)."""
+
+    async def main() -> None:
+        # The parent task's hold, taken by sync code (a sync helper, a sync view's code).
+        held = await sync_to_async(semaphore("t").acquire)()
+        try:
+            inside: list[str] = []
+
+            async def child(name: str) -> None:
+                # Another task: it must be told busy (wait=0), not share the parent's hold.
+                mine = await sync_to_async(semaphore("t", wait=0).acquire)()
+                inside.append(name)
+                await asyncio.sleep(0.05)  # its critical section, with the parent's going on
+                await sync_to_async(mine.release)()
+
+            results = await asyncio.gather(
+                asyncio.create_task(child("a")),
+                asyncio.create_task(child("b")),
+                return_exceptions=True,
+            )
+            # Two more holders of an exclusive lock besides the parent: both entered.
+            assert inside == [], f"tasks {inside} entered while the parent task held 't'"
+            assert all(isinstance(r, SemaphoreBusy) for r in results), results
+        finally:
+            await sync_to_async(held.release)()
+
+    asyncio.run(main())
