@@ -81,6 +81,8 @@ class _Acquire:
         # named proved taken (a stale hint). The next take asks nothing of the queue: we
         # keep our place.
         self.served = False
+        # The fence of the row last read again before saying it is held with another limit.
+        self.rechecked: int | None = None
 
     def steps(self) -> Steps[Held]:
         resource = self.resource
@@ -141,7 +143,17 @@ class _Acquire:
                 return None
             if ahead:
                 return _Plan(in_way={w.token: w for w in ahead})
-        return (yield from _plan(self.run.sem, self.resource, seen, self.scan, self.stale))
+        try:
+            return (yield from _plan(self.run.sem, self.resource, seen, self.scan, self.stale))
+        except ValueError:
+            if self.rechecked == seen.fence:
+                raise
+        # Held with another limit or mode, by a row that may be older than the table's (an
+        # eventually consistent read, a row this process remembers): read it as it is first.
+        row = functools.partial(lock_rows.get, self.resource, consistent=True)
+        self.seen = (yield Request(row)) or records.LockItem(resource=self.resource)
+        self.rechecked = self.seen.fence
+        return None
 
     def take(self, plan: _Plan) -> Steps[Held | None]:
         """The row's write (a fence, a slot), then the permit's; None: plan again."""

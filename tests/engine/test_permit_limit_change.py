@@ -425,3 +425,32 @@ def test_a_permit_waiter_handed_the_row_hands_it_on_and_takes_a_permit(
     lock_rows.update(lock_writes.update_action("handed", records.LOCK_SK, update, "", {}, values))
     thread.join(20)
     assert got and isinstance(got[0], float) and got[0] < 25, got
+
+
+def test_a_stale_read_of_the_row_before_a_limit_change_is_no_other_limit(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(Found by review.) The row was a permit row of limit 20 (every permit free), and
+    another caller moved it to limit 30 and holds a permit. A fresh take of limit 30 (ours
+    too) whose first read is eventually consistent sees the row as it was before (limit
+    20): it must plan again from the row as it is, not raise that the resource is held
+    with limit 20."""
+    take(holds, "pool", limit=20).release()
+    before = lock_rows.get("pool", consistent=True)
+    assert before is not None and before.limit == 20
+    permit_hold.rows.clear()
+    other = take(holds, "pool", limit=30, lease=30)  # reset to 30, slot 0 held
+    assert lock_rows.get("pool", consistent=True).limit == 30
+    permit_hold.rows.clear()  # a fresh process: nothing remembered
+
+    real = lock_rows.get
+
+    def get(resource: str, *args: Any, consistent: bool = True, **kwargs: Any) -> Any:
+        if not consistent:
+            return before  # the read lags the reset (eventually consistent)
+        return real(resource, *args, consistent=consistent, **kwargs)
+
+    monkeypatch.setattr(lock_rows, "get", get)
+    mine = semaphore("pool", limit=30, wait=0, lease=30).acquire()
+    holds.append(mine)
+    assert mine.token != other.token
