@@ -481,13 +481,13 @@ def _plan_many(
     plans: dict[str, _Plan] = {}
     blocked: dict[str, Any] = {}
     for r, row in seen.items():
-        in_way: dict[str, Any] = {}
+        ahead: list[records.Waiter] | None = []
         if row.waiting:
             read = functools.partial(queue_entries.load_entries, row)
             row = seen[r] = yield from queue.patient_read(read, row, pace, run.deadline)
-            in_way = {w.token: w for w in queue.entries_ahead(row, None, stale) or ()}
-        plan = _Plan(in_way=in_way)
-        if not in_way:
+            ahead = queue.entries_ahead(row, None, stale)  # None: still throttled, not known
+        plan = _Plan(in_way={w.token: w for w in ahead or ()})
+        if ahead == []:
             plan = yield from _plan(run.sem, r, row, scans[r], stale)
         if plan.how == "pop":
             plan.slot = row.hints[0]

@@ -222,9 +222,10 @@ def _admissible(
         if row.waiting:
             read = functools.partial(queue_entries.load_entries, row)
             row = yield from queue.patient_read(read, row, pace, run.deadline)
-            ahead = {w.token: w for w in queue.entries_ahead(row, None, stale) or ()}
-            if ahead:
-                blocked[r] = ahead
+            ahead = queue.entries_ahead(row, None, stale)
+            if ahead is None or ahead:  # None: still throttled, who waits is not known
+                blocked[r] = {w.token: w for w in ahead or ()}
+                continue
         rows[r] = row
     return rows, blocked
 
