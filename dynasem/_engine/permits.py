@@ -56,7 +56,8 @@ class _Scan:
     """The permits last read: who held them, and when one of them could run out."""
 
     held: list[records.Permit] = dataclasses.field(default_factory=list)
-    until_ms: int = 0  # no read before this (ms) can find more
+    # The first of their lease ends: no read can find more before it is over by the skew.
+    first_end: int = -1
 
 
 def acquire_steps(run: Attempt) -> Steps[Held]:
@@ -358,8 +359,7 @@ def _plan(
         return _Plan("pop")
     if seen.slots_used < limit:
         return _Plan("grow")
-    now = clock.now_ms()
-    if now < scan.until_ms:
+    if stale <= scan.first_end:
         return _Plan(in_way={p.token: p.holder for p in scan.held})
     slot, dead, held = yield Request(
         functools.partial(permit_items.find_free, resource, seen.slots_used, stale, _proven_dead)
@@ -367,8 +367,9 @@ def _plan(
     scan.held = held
     if slot is not None:
         return _Plan("fence", slot, dead=dead)
-    skew_ms = now - stale
-    scan.until_ms = min((p.holder.expires_ms for p in held), default=now) + skew_ms + 1
+    # Against ``stale`` (the lease end a take may pass now), not the clock: a pause since it
+    # was reckoned must not stretch the time the permits read are trusted to stay held.
+    scan.first_end = min((p.holder.expires_ms for p in held), default=clock.now_ms())
     return _Plan(in_way={p.token: p.holder for p in held})
 
 
