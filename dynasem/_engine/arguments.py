@@ -14,7 +14,7 @@ MAX_RESOURCE_BYTES = 1024
 # The resources of leaderships (dynasem.leadership): a view's key template may name one in its
 # own text, never through a formatted field (dynasem._engine.decorators). Here, below both.
 LEADER_PREFIX = "leader:"
-MAX_LEASE = 7 * 24 * 3600.0
+MAX_LEASE = float(records.MAX_LEASE_S)
 # The largest ``limit`` (holders of more than 8 permits are in permit items of their own,
 # one each, so the table bounds a limit, not an item); 10**9 keeps every limit that can be
 # reached, and refuses by name, before any request, what DynamoDB cannot store (numbers of

@@ -8,7 +8,8 @@ whose holder gave them back. A permit is an item under the resource's key, ``sk`
 ``s#<slot>`` (:func:`permit_sk`), holding one hold: ``k`` (its token, present only while it is
 held), ``u`` user, ``e`` lease end, ``f`` fence, ``a`` taken at, ``p`` process; ``lt`` and
 ``bt`` the token that gave it back and that an operator broke last (a retried write whose
-first answer was lost is recognised by them); ``expires`` for TTL only. Permits carry no
+first answer was lost is recognised by them); ``expires`` for TTL only, a week past its
+lease end (:func:`permit_ttl`: its fence outlives any take still to write it). Permits carry no
 ``userId`` or ``shard``: they are in no index, and moving a permit from one holder to another
 writes no index. The row stands for them in the indexes: its ``expires`` is raised to the
 bucket of every permit's lease end and its ``expMs`` to that bucket's end, so the row is
@@ -29,6 +30,7 @@ only when no hint is left and every slot is in use.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -210,7 +212,9 @@ def fence_out(item: LockItem, stale_ms: int) -> Permit | None:
     the row's fence as read and loses a holder whose lease is over. A take slowed between
     its row write (which drew a fence no larger) and its permit write is then refused,
     instead of holding a permit that the new limit or mode knows nothing of. A fenced permit
-    keeps no TTL: it must outlast any such take (the next take of its slot writes it over).
+    keeps no TTL: it must outlast any such take (the next take of its slot writes it over,
+    with a TTL that outlasts them too: :func:`permit_ttl`), even after the row, whose lease
+    end is now the new holder's, is reaped.
 
     Returns the permit that refused (held after all; or fenced past the row as read, which
     moved on then and refuses the change's own write), or None: every slot is fenced."""
@@ -279,11 +283,29 @@ def _ttl(expires_ms: int) -> int:
     return records.epoch_seconds(expires_ms) + records.BUCKET_S
 
 
+def permit_ttl(expires_ms: int) -> int:
+    """A permit's ``expires`` (TTL only): the longest lease and the clock skew after its
+    holder's lease end, and a bucket. Its fence must outlast any take that drew an older
+    one and is still to write it: a take paused between its row write and its permit write
+    finds no fence to refuse it in a permit TTL deleted, and would hold it out of order, or
+    beside whoever took the row since (an exclusive holder of a row reaped and made anew,
+    which knows nothing of permits). Such a take's lease began before this write: it is
+    over by then, and its write, landing later, is trusted by nobody."""
+    linger = records.MAX_LEASE_S + math.ceil(settings.CLOCK_SKEW)
+    return records.epoch_seconds(expires_ms) + records.BUCKET_S + linger
+
+
 def renew_item(
-    resource: str, sk: str, expires_ms: int, condition: str, values: dict[str, Any]
+    resource: str,
+    sk: str,
+    expires_ms: int,
+    condition: str,
+    values: dict[str, Any],
+    ttl: Callable[[int], int] = _ttl,
 ) -> dict[str, Any]:
-    """A holder's item (permit or reader item) renewed to ``expires_ms``, on ``condition``."""
-    values = {**values, ":e": expires_ms, ":exp": _ttl(expires_ms)}
+    """A holder's item (permit or reader item) renewed to ``expires_ms``, on ``condition``
+    (``ttl``: its ``expires`` for that lease end)."""
+    values = {**values, ":e": expires_ms, ":exp": ttl(expires_ms)}
     return update_action(resource, sk, "SET #e = :e, #exp = :exp", condition, {}, values)
 
 
@@ -360,7 +382,7 @@ def take_permit(
     permit after someone who drew a later fence held it meanwhile (the slot was free to that
     one: found by reading the permits, or hinted twice). Refused, it draws a fresh fence."""
     sets, values = item_sets(holder)
-    values.update({":tok": token, ":stale": stale_ms})
+    values.update({":tok": token, ":stale": stale_ms, ":exp": permit_ttl(holder.expires_ms)})
     update = "SET #k = :tok, " + sets + ("" if holder.proc is not None else " REMOVE #p")
     free = "attribute_not_exists(#k) OR #e < :stale"
     if dead is not None:
@@ -371,7 +393,8 @@ def take_permit(
 
 
 def renew_permit(resource: str, slot: int, token: str, expires_ms: int) -> dict[str, Any]:
-    return renew_item(resource, permit_sk(slot), expires_ms, "#k = :tok", {":tok": token})
+    values = {":tok": token}
+    return renew_item(resource, permit_sk(slot), expires_ms, "#k = :tok", values, permit_ttl)
 
 
 def give_back_permit(resource: str, slot: int, token: str, now_ms: int) -> dict[str, Any]:

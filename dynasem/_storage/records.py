@@ -75,6 +75,8 @@ USER_INDEX, EXPIRES_INDEX = "userId-index-v2", "expires-index-v2"
 # The width of an ``expires`` bucket (seconds). Wider: fewer index moves for long holds;
 # narrower: fewer idle rows (released this bucket) read and left out by a live listing.
 BUCKET_S = 900
+# The longest lease a hold may take (seconds): a week.
+MAX_LEASE_S = 7 * 24 * 3600
 # The expires index is partitioned by a shard number derived from the resource: one GSI
 # partition-key value for every row would cap the whole table at one partition's write rate.
 SHARDS = 8

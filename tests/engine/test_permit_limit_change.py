@@ -15,7 +15,7 @@ from django.core.management import call_command
 from dynasem import SemaphoreUnavailable, semaphore
 from dynasem._engine import permit_hold
 from dynasem._engine.queue import Pace
-from dynasem._storage import lock_rows, lock_writes, records
+from dynasem._storage import dynamodb, lock_rows, lock_writes, records
 from dynasem._storage import permit_items as slots
 from dynasem.testing import abandon
 from tests.support.helpers import queue_of, take, wait_for
@@ -55,10 +55,12 @@ def _permit_write_held(
     return reached, go
 
 
-def _slow_take(holds: list[Any], monkeypatch: pytest.MonkeyPatch, **kwargs: Any) -> Any:
-    """A take of ``pool`` on a thread of its own, stopped between its two writes; returns
-    ``(go, thread, got)``."""
-    reached, go = _permit_write_held(monkeypatch, "slow")
+def _slow_take(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch, stopped: float = 10, **kwargs: Any
+) -> Any:
+    """A take of ``pool`` on a thread of its own, stopped between its two writes (for up to
+    ``stopped`` seconds); returns ``(go, thread, got)``."""
+    reached, go = _permit_write_held(monkeypatch, "slow", wait=stopped)
     got: list[Any] = []
 
     def run() -> None:
@@ -454,3 +456,85 @@ def test_a_stale_read_of_the_row_before_a_limit_change_is_no_other_limit(
     mine = semaphore("pool", limit=30, wait=0, lease=30).acquire()
     holds.append(mine)
     assert mine.token != other.token
+
+
+def _deleted_by_ttl(sk: str, before_s: float) -> None:
+    """DynamoDB's TTL deletes ``pool``'s item ``sk`` some time after its ``expires``: here
+    at once after it, if that comes before ``before_s`` (a paused take's lease end)."""
+    item = lock_rows.get_item("pool", sk)
+    assert item is not None and "k" not in item and "expires" in item
+    if item["expires"] >= before_s:
+        return  # it outlives the paused take's lease: no deletion matters to it
+    while time.time() <= item["expires"]:
+        time.sleep(0.2)
+    dynamodb.send_to_table("delete_item", Key=records.key("pool", sk))
+
+
+def _reaped() -> None:
+    """Wait until the reaper may delete ``pool``'s row (its lease end and its listing's
+    bucket over, CLOCK_SKEW and a bucket more), and reap it."""
+    row = lock_rows.get_item("pool")
+    assert row is not None
+    until = max(row["expMs"] / 1000, row["expires"]) + 2.5
+    while time.time() < until:
+        time.sleep(0.1)
+    call_command("dynasem_reap", stdout=io.StringIO())
+    assert lock_rows.get("pool") is None
+
+
+@pytest.mark.usefixtures("one_second_buckets")
+def test_a_permit_deleted_by_ttl_never_takes_a_fence_older_than_one_it_had(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A take paused between its row write (slot 8 popped, fence F) and its permit write;
+    meanwhile another take finds slot 8 free by reading the permits, holds it under a later
+    fence and gives it back. The freed permit must outlive the paused take's lease: deleted
+    by TTL, it would have no fence to refuse that take, and slot 8 would be held under a
+    fence older than one it had."""
+    first = [take(holds, "pool", limit=9, lease=30) for _ in range(9)]
+    assert first[8].slots["pool"] == 8
+    first[8].release()  # hints: [8]
+    lease_end = time.time() + 30
+    go, thread, got = _slow_take(holds, monkeypatch, 60, limit=9)  # popped 8, stopped
+    permit_hold.rows.clear()
+    later = semaphore("pool", limit=9, wait=0, lease=3).acquire()  # slot 8 read free
+    assert later.slots["pool"] == 8
+    later.release()
+    _deleted_by_ttl(records.permit_sk(8), lease_end)
+    slow = _finish(go, thread, got, holds)
+    permit = next(p for p in slots.permits("pool") if p.slot == 8)
+    assert permit.holder.fence >= later.fence, (slow, permit, later.fence)
+
+
+@pytest.mark.usefixtures("one_second_buckets")
+def test_a_take_paused_between_its_writes_never_holds_beside_an_exclusive_holder(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A permit take (lease 30 s) pops slot 2 and is paused before its permit write. Within
+    its lease: an exclusive take fences the permits out and holds (its lease end becomes the
+    row's, below the paused take's); the row, idle, is reaped; another process makes it a
+    permit row anew, holds slot 2 and gives it back; TTL may delete the freed permit; the row
+    is reaped again; an exclusive take holds it. The paused take's permit write must then be
+    refused: a row made anew by an exclusive take knows nothing of permits."""
+    permit_hold.rows.clear()
+    old = [take(holds, "pool", limit=20, lease=3) for _ in range(3)]
+    for held in (old[2], old[0], old[1]):
+        held.release()  # hints [2, 0, 1]
+    lease_end = time.time() + 30
+    go, thread, got = _slow_take(holds, monkeypatch, 60, limit=20, wait=0)  # popped 2
+    permit_hold.rows.clear()
+    take(holds, "pool", wait=0, lease=3).release()  # every permit free: fenced out, held
+    _reaped()
+    permit_hold.rows.clear()  # another process
+    anew = [take(holds, "pool", limit=20, lease=3) for _ in range(3)]
+    assert anew[2].slots["pool"] == 2
+    for held in anew:
+        held.release()
+    _deleted_by_ttl(records.permit_sk(2), lease_end)
+    _reaped()
+    permit_hold.rows.clear()
+    writer = take(holds, "pool", wait=0, lease=30)  # exclusive, a row made anew
+    slow = _finish(go, thread, got, holds)
+    holding = not isinstance(slow, BaseException) and not slow.lost
+    assert not isinstance(slow, AssertionError), "stopped too long"
+    assert not (holding and not writer.lost), (slow, writer, live_permits())
