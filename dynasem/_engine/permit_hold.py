@@ -108,11 +108,11 @@ class PermitHeld(Held):
     """A hold of permits: renewing, releasing and losing them touch the permit items (and
     the row only to hint a freed slot, or to keep it listed)."""
 
-    slots: dict[str, int]
+    slots: dict[str, int]  # by resource, the slot of our permit
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __init__(self, *args: Any, slots: dict[str, int], **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.slots = {}
+        self.slots = slots
         self._listed: dict[str, int] = {}  # the row's ``expires`` as we last knew it
 
     def raise_row(self, resource: str, expires_ms: int, listed_s: int | None) -> bool:
@@ -127,10 +127,6 @@ class PermitHeld(Held):
         if listed:
             self._listed[resource] = listed
         return bool(listed)
-
-    def _renew_once(self) -> None:
-        if self.slots:  # not set up yet: acquired() starts the heartbeat before it returns
-            super()._renew_once()
 
     def _renew_to(self, expires: int) -> None:
         # The row first: a permit renewed past the row's listing could outlive the row

@@ -431,9 +431,10 @@ def _held(
     undo = functools.partial(permit_hold.undo_many, taken, run.token)
     for _ in range(CONFIRM_TRIES):
         if sent_mono + run.lease - run.skew - clock.monotonic() >= run.margin:
-            held = take.hold(run, fences, expires_ms, sent_mono, cls=permit_hold.PermitHeld)
+            held = take.hold(
+                run, fences, expires_ms, sent_mono, cls=permit_hold.PermitHeld, slots=taken
+            )
             assert isinstance(held, permit_hold.PermitHeld)
-            held.slots = taken
             listed = records.bucket_of(expires_ms)  # as the take's write required (cover_ms)
             for resource in taken:
                 held.raise_row(resource, expires_ms, listed)

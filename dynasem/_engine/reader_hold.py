@@ -206,10 +206,10 @@ class ReaderHeld(Held):
     epochs: dict[str, int]
     covers: dict[str, int]  # each row's sentinel lease end as we last knew it (our epoch's)
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __init__(self, *args: Any, epochs: dict[str, int], covers: dict[str, int], **kwargs: Any):
         super().__init__(*args, **kwargs)
-        self.epochs = {}
-        self.covers = {}
+        self.epochs = epochs
+        self.covers = covers
 
     def _covered(self, resource: str, expires_ms: int) -> bool:
         """The row's sentinel up to ``expires_ms`` (it must cover our lease before our item
@@ -232,10 +232,6 @@ class ReaderHeld(Held):
         raise SemaphoreUnavailable(
             f"could not renew {resource!r}: conflicting writes", transient=True
         )
-
-    def _renew_once(self) -> None:
-        if self.epochs:  # not set up yet: acquired() starts the heartbeat before it returns
-            super()._renew_once()
 
     def _renew_to(self, expires: int) -> None:
         try:

@@ -74,13 +74,14 @@ def admitted(
         return None
     reader_hold.remember(row)
     item = dataclasses.replace(row, entries=None)
-    held = take.hold(
-        run, {resource: row.fence}, expires_ms, sent_mono, item=item, cls=reader_hold.ReaderHeld
+    members = {
+        "epochs": {resource: row.reader_epoch},
+        "covers": {resource: row.holders[reader_items.SENTINEL].expires_ms},
+    }
+    fences = {resource: row.fence}
+    return take.hold(
+        run, fences, expires_ms, sent_mono, item=item, cls=reader_hold.ReaderHeld, **members
     )
-    assert isinstance(held, reader_hold.ReaderHeld)
-    held.covers = {resource: row.holders[reader_items.SENTINEL].expires_ms}
-    held.epochs = {resource: row.reader_epoch}
-    return held
 
 
 def write_off_due(
@@ -269,10 +270,8 @@ def _admissions(
             yield Request(functools.partial(permit_hold.undo_many, epochs, run.token, counted))
             permits.count_late(run, run.sem.resources[0])
             return None
-        held = take.hold(run, fences, expires_ms, sent_mono, cls=reader_hold.ReaderHeld)
-        assert isinstance(held, reader_hold.ReaderHeld)
-        held.covers = {r: reader_items.covers_to(expires_ms, row) for r, row in rows.items()}
-        held.epochs = epochs
-        return held
+        covers = {r: reader_items.covers_to(expires_ms, row) for r, row in rows.items()}
+        cls = reader_hold.ReaderHeld
+        return take.hold(run, fences, expires_ms, sent_mono, cls=cls, epochs=epochs, covers=covers)
 
     return actions, undo, finish

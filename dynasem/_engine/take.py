@@ -253,8 +253,11 @@ def hold(
     *,
     item: records.LockItem | None = None,
     cls: type[Held] = Held,
+    **members: Any,
 ) -> Held:
-    """The hold ``run`` took (:func:`dynasem._engine.hold.acquired`)."""
+    """The hold ``run`` took (:func:`dynasem._engine.hold.acquired`); ``members``: what a
+    hold of permits or reader items holds (``slots``, ``epochs``: what it gives back, set
+    before a ``lock_acquired`` receiver can raise)."""
     ours = {"token": run.token, "user_id": run.user_id, "lease": run.lease, "skew": run.skew}
     times = {"expires_ms": expires_ms, "sent_mono": sent_mono}
-    return acquired(run.sem, item=item, cls=cls, fences=fences, **ours, **times)
+    return acquired(run.sem, item=item, cls=cls, fences=fences, **ours, **times, **members)

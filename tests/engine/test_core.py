@@ -1304,6 +1304,33 @@ def test_a_raising_acquired_receiver_gives_the_hold_back(
     assert holds("res:receiver-async") == []
 
 
+@pytest.mark.parametrize("kind", ["permit items", "reader items"])
+def test_a_raising_acquired_receiver_gives_back_a_permit_or_a_reader_item(
+    lock_table: str, kind: str
+) -> None:
+    """What a hold of permits or reader items gives back (its slots, its epochs) is set
+    before the ``lock_acquired`` signal: a receiver that raises leaves no permit and no
+    reader counted, and a writer gets in at once."""
+    from dynasem._engine import reader_hold
+
+    reader_hold.rows.clear()
+    options: dict[str, Any] = {"limit": 9} if kind == "permit items" else {"shared": True}
+    others = [semaphore("res:members", lease=30, **options).acquire() for _ in range(4)]
+    lock_acquired.connect(_raise, weak=False)
+    try:
+        with pytest.raises(ReceiverFailed), semaphore("res:members", lease=30, **options):
+            pytest.fail("the block must not run")
+    finally:
+        lock_acquired.disconnect(_raise)
+    for held in others:
+        held.release()
+    semaphore("res:members", wait=0, lease=30).acquire().release()
+
+
+def _raise(sender: Any, **kwargs: Any) -> None:
+    raise ReceiverFailed("another app's lock_acquired receiver")
+
+
 def test_an_interrupt_after_the_taking_write_gives_the_hold_back(
     lock_table: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
