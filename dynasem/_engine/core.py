@@ -33,7 +33,7 @@ from .._storage.records import Mode
 from .._transactions import commit, fencing
 from ..conf import settings
 from ..exceptions import SemaphoreUnavailable
-from . import arguments, coalescing, permits, processes, push, queue, readers, take
+from . import arguments, coalescing, permits, processes, push, queue, reader_hold, readers, take
 from .decorators import Decoration, lock_callable
 from .hold import Held
 from .late_handover import leave_queue
@@ -402,10 +402,12 @@ class Acquire:
         plan again from what the refusal showed."""
         run, seen, acting = self.run, self.seen, list(actions)
         send: Callable[[], Any] = functools.partial(lock_rows.transact, list(actions.values()))
+        undo = None
         if len(actions) == 1:  # one update (else one transaction: all or none)
             send = functools.partial(lock_rows.update, actions[acting[0]], return_new=True)
+            undo = self.admission_undo(acting[0], plans[acting[0]])
         try:
-            after = yield Write(send, run.token, acting)
+            after = yield Write(send, run.token, acting, undo=undo)
         except dynamodb.Refused as refused:
             seen[acting[0]] = refused.lock or records.LockItem()
         except dynamodb.Cancelled as cancelled:
@@ -417,7 +419,7 @@ class Acquire:
             if not refusals:
                 yield Sleep(random.uniform(0.002, 0.02))
         except SemaphoreUnavailable as exc:
-            yield from self.failed(exc, acting)
+            yield from self.failed(exc, acting, undo)
             return None
         else:
             if len(self.resources) == 1:
@@ -439,18 +441,31 @@ class Acquire:
             return None  # the refusal told us the state: plan again from it at once
         return {r: {} for r in self.resources}
 
-    def failed(self, exc: SemaphoreUnavailable, acting: list[str]) -> Steps[None]:
+    def admission_undo(self, resource: str, plan: take.Plan) -> Callable[[], None] | None:
+        """What gives back an admission to a reader item (``plan``'s) whose write may have
+        been applied: its reader counted down, if the row's mark is still ours (no item was
+        written yet). None: the take is a holder entry, withdrawn by our token."""
+        if not plan.reader:
+            return None
+        token, since, skew = self.run.token, clock.monotonic(), self.run.skew
+        return functools.partial(
+            reader_hold.undo, resource, plan.epoch, token, since=since, skew=skew
+        )
+
+    def failed(
+        self, exc: SemaphoreUnavailable, acting: list[str], undo: Callable[[], None] | None = None
+    ) -> Steps[None]:
         """A write failed in transit. An ambiguous failure (5xx, timeout) may hide an applied
         write: the same write again (same token) is refused by our own hold, which tells us
-        so. Give it a few tries even past the wait budget, then withdraw what may be ours.
-        A throttled or unconnected request was never applied."""
+        so. Give it a few tries even past the wait budget, then withdraw what may be ours
+        (``undo``: an admission's). A throttled or unconnected request was never applied."""
         self.failures += 1
         out_of_time = self.run.remaining() <= 0 and (
             not exc.ambiguous or self.failures > MIN_TRANSIENT_RETRIES
         )
         if not exc.transient or out_of_time:
             if exc.ambiguous:
-                yield Request(functools.partial(withdraw, self.run.token, acting))
+                yield Request(undo or functools.partial(withdraw, self.run.token, acting))
             raise exc
         yield Sleep(min(queue.backoff(self.failures), max(0.05, self.run.remaining())))
 

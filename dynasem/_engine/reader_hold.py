@@ -48,17 +48,21 @@ def remember(item: records.LockItem | None) -> None:
     rows[item.resource] = dataclasses.replace(item, entries=None)
 
 
-def count_down(resource: str, epoch: int, *, forget: bool = False) -> None:
+def count_down(
+    resource: str, epoch: int, *, forget: bool = False, marked: str | None = None
+) -> None:
     """One reader of ``epoch`` gone from the row's count; the last one takes the sentinel
     off and pushes the first waiter. Sent once per attempt, never again after an answer that
     may hide an applied write: a count too high only keeps a writer waiting for the
     write-off, one too low would let it in beside a reader. ``forget``: an admission given
-    back (see :func:`dynasem._storage.reader_items.count_down`)."""
+    back; ``marked``: only if the row's mark is still this token's admission (see
+    :func:`dynasem._storage.reader_items.count_down`)."""
     known = rows.get(resource)
     if known is not None and known.reader_epoch == epoch and known.reader_count <= 1:
         # Most likely the epoch's only reader: leave and close it in one write.
         try:
-            row = lock_rows.update(reader_items.leave_last(resource, epoch), return_new=True)
+            leave = reader_items.leave_last(resource, epoch, marked)
+            row = lock_rows.update(leave, return_new=True)
             remember(row)
             _wake_first(resource, row)
             return
@@ -67,7 +71,7 @@ def count_down(resource: str, epoch: int, *, forget: bool = False) -> None:
         except SemaphoreUnavailable:
             pass
     try:
-        row = _count_once(resource, epoch, forget)
+        row = _count_once(resource, epoch, forget, marked)
     except dynamodb.Refused:
         return  # the epoch was written off: the count is gone with it
     if row is None or row.reader_count > 0:
@@ -83,7 +87,9 @@ def count_down(resource: str, epoch: int, *, forget: bool = False) -> None:
     _wake_first(resource, row)
 
 
-def _count_once(resource: str, epoch: int, forget: bool) -> records.LockItem | None:
+def _count_once(
+    resource: str, epoch: int, forget: bool, marked: str | None = None
+) -> records.LockItem | None:
     """The count-down's write, applied at most once: one attempt at a time (botocore must
     not send it again), tried again only after a failure that was surely not applied
     (throttled: all of a crowd's reader items share the row's partition; unconnected),
@@ -92,7 +98,7 @@ def _count_once(resource: str, epoch: int, forget: bool) -> records.LockItem | N
     for tries in range(1, COUNT_TRIES + 1):
         try:
             with dynamodb.quick():  # one attempt: botocore must not send it twice
-                down = reader_items.count_down(resource, epoch, forget=forget)
+                down = reader_items.count_down(resource, epoch, forget=forget, marked=marked)
                 return lock_rows.update(down, return_new=True)
         except SemaphoreUnavailable as exc:
             if exc.transient and not exc.ambiguous and tries < COUNT_TRIES:
@@ -117,7 +123,13 @@ def _wake_first(resource: str, row: records.LockItem | None) -> None:
 
 
 def undo(
-    resource: str, epoch: int, token: str, *, counted: float | None = None, skew: float = 0.0
+    resource: str,
+    epoch: int,
+    token: str,
+    *,
+    counted: float | None = None,
+    skew: float = 0.0,
+    since: float | None = None,
 ) -> None:
     """Best effort: give back a reader an unanswered (or interrupted) admission may have
     made (its item deleted, sent again while it fails for a passing cause as a release is;
@@ -125,7 +137,12 @@ def undo(
     applied (its answer came), and no write of the item was sent before that time
     (monotonic): an item gone by our own delete, its answer lost, is counted down too
     (:func:`deleted_by_us`). None: the admission may not have been applied (a transaction
-    unanswered), and a reader never counted must not be counted down.
+    unanswered), and a reader never counted must not be counted down. No item at all, and
+    no break of it: its write was never applied (cut short, throttled to the end), and the
+    reader is counted down if the row's mark is still ours (nothing else could count it
+    down; a write of it still on its way makes an item nobody holds, for its TTL): only
+    while a break's tombstone would still show (:func:`deleted_by_us`), of an item written
+    after ``since`` (monotonic: ``counted``, or when the admission was sent).
 
     Refused by a break's tombstone of our item (an operator, or the reaper, broke it: the
     break counted us down), our admission's mark comes off the row, or the same token
@@ -136,7 +153,12 @@ def undo(
         if exc.item is not None and exc.item.get("bt") == token:
             forget_admission(resource, epoch, token)
             return False
-        return counted is not None and deleted_by_us(exc, counted, skew)
+        if counted is not None and deleted_by_us(exc, counted, skew):
+            return True
+        sent = counted if counted is not None else since
+        if exc.item is None and sent is not None and tombstones_show(sent, skew):
+            count_down(resource, epoch, forget=True, marked=token)
+        return False
 
     drop = functools.partial(reader_items.drop_reader, resource, token)
     if resend.undone(drop, resource, token, refused=refused):
@@ -157,6 +179,13 @@ def deleted_by_us(refused: dynamodb.Refused, written: float, skew: float) -> boo
     Counted down once."""
     if not refused.retried or refused.item is not None:
         return False
+    return tombstones_show(written, skew)
+
+
+def tombstones_show(written: float, skew: float) -> bool:
+    """Whether a break's tombstone of an item written after ``written`` (monotonic) would
+    still be there: its TTL is a bucket past its break (on the breaker's clock, in whole
+    seconds)."""
     return clock.monotonic() < written + records.BUCKET_S - skew - 1
 
 

@@ -31,8 +31,10 @@ class Plan:
     queued: bool = False  # we are in the resource's queue
     # The queue's entries up to this ticket must be read first: who is ahead of us?
     load: int | None = None
-    # The action admits us to a reader item (dynasem._engine.readers): the item's write follows.
+    # The action admits us to a reader item (dynasem._engine.readers): the item's write follows;
+    # the epoch it admits us to.
     reader: bool = False
+    epoch: int = 0
 
 
 def plan(
@@ -204,6 +206,7 @@ class _Planning:
             queue=terms,
         )
         done.reader = True
+        done.epoch = reader_items.epoch_of(seen, self.stale_ms, entry.acquired_ms)
         return done
 
 

@@ -217,23 +217,41 @@ def raise_sentinel(resource: str, epoch: int, expires_ms: int, seen: LockItem) -
     return update_action(resource, LOCK_SK, update, condition, {}, values)
 
 
-def count_down(resource: str, epoch: int, *, forget: bool = False) -> dict[str, Any]:
+def count_down(
+    resource: str, epoch: int, *, forget: bool = False, marked: str | None = None
+) -> dict[str, Any]:
     """One reader of the epoch gone (``rc - 1``; send with ``return_new``). ``forget``: an
     admission given back (its reader never held it): the row's mark goes with its count, in
     the same write, so that the same token admitted again is counted again, never taken for
-    the admission given back (:func:`admitted_before`)."""
+    the admission given back (:func:`admitted_before`). ``marked``: only if the row's mark
+    is still this token's admission (:func:`marked_terms`)."""
     update = "ADD #rc :minus" + (" REMOVE #rla" if forget else "")
     condition = "#rep = :E AND attribute_exists(#h.#s)"
-    return update_action(resource, LOCK_SK, update, condition, {}, {":minus": -1, ":E": epoch})
+    values: dict[str, Any] = {":minus": -1, ":E": epoch}
+    condition += marked_terms(epoch, marked, values)
+    return update_action(resource, LOCK_SK, update, condition, {}, values)
 
 
-def leave_last(resource: str, epoch: int) -> dict[str, Any]:
+def leave_last(resource: str, epoch: int, marked: str | None = None) -> dict[str, Any]:
     """The epoch's one reader gone, and the sentinel with it, in one write (send with
     ``return_new``); refused if others were admitted (then :func:`count_down`). A retry of
-    an applied one is refused too: never counted twice."""
+    an applied one is refused too: never counted twice. ``marked``: as for count_down."""
     condition = "#rep = :E AND #rc = :one AND attribute_exists(#h.#s)"
-    values = {":E": epoch, ":zero": 0, ":one": 1}
+    values: dict[str, Any] = {":E": epoch, ":zero": 0, ":one": 1}
+    condition += marked_terms(epoch, marked, values)
     return update_action(resource, LOCK_SK, "SET #rc = :zero REMOVE #h.#s", condition, {}, values)
+
+
+def marked_terms(epoch: int, token: str | None, values: dict[str, Any]) -> str:
+    """The condition that the row's mark (``rlast``) is ``token``'s admission to ``epoch``
+    (none if ``token`` is None): an admission whose item was never written counts its
+    reader down only so, as nothing else shows that it was counted and not counted down
+    since (a break, a write-off or a release needs the item, or moves the epoch on). A
+    later admission moves the mark: then it stays counted, for a writer to write off."""
+    if token is None:
+        return ""
+    values[":mark"] = admission_mark(token, epoch)
+    return " AND #rla = :mark"
 
 
 def close(resource: str, epoch: int) -> dict[str, Any]:

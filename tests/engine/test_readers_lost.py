@@ -19,6 +19,7 @@ from dynasem._engine import readers
 from dynasem._operators import locks
 from dynasem._storage import dynamodb, lock_rows
 from dynasem._storage import reader_items as items
+from dynasem.exceptions import LimitExceeded
 from tests.engine.test_trust_at_return import LEASE, PAST, LateAnswers, admission, sk_of
 from tests.support.faults import Faults
 from tests.support.helpers import take
@@ -480,3 +481,85 @@ def test_a_count_left_too_high_is_written_off_by_a_writer_that_comes_later_at_on
     start = time.monotonic()
     take(holds, "doc", wait=30)
     assert time.monotonic() - start < lease / 2
+
+
+def _interrupt_items(monkeypatch: pytest.MonkeyPatch, done: list[str]) -> None:
+    """Ctrl-C once the row's admission has landed and been answered, before the item's
+    write is sent."""
+    send = items.send
+
+    def interrupt_before_the_item(action: dict[str, Any]) -> Any:
+        sk = action["Key"]["sk"]["S"]
+        if sk.startswith("r#") and not done:
+            done.append(sk)
+            raise KeyboardInterrupt
+        return send(action)
+
+    monkeypatch.setattr(items, "send", interrupt_before_the_item)
+
+
+def _throttle_items(monkeypatch: pytest.MonkeyPatch, done: list[str]) -> None:
+    """Every write of a reader item throttled (never applied): the admission gives up after
+    readers.ITEM_TRIES and raises; its undo finds no item to delete, and counts nothing."""
+    send = items.send
+
+    def throttled(action: dict[str, Any]) -> Any:
+        if action["Key"]["sk"]["S"].startswith("r#") and "#ep" in action["UpdateExpression"]:
+            done.append("throttled")
+            raise LimitExceeded("throttled", "throughput", transient=True)
+        return send(action)
+
+    monkeypatch.setattr(items, "send", throttled)
+
+
+def _interrupt_row(monkeypatch: pytest.MonkeyPatch, done: list[str]) -> None:
+    """Ctrl-C once the row's admission write has landed, before its answer is used."""
+    update = lock_rows.update
+
+    def interrupt_after_the_admission(action: dict[str, Any], **kwargs: Any) -> Any:
+        answer = update(action, **kwargs)
+        expression = action.get("UpdateExpression", "")
+        if action["Key"]["sk"]["S"] == "lock" and "#rc" in expression and not done:
+            done.append("lock")
+            raise KeyboardInterrupt
+        return answer
+
+    monkeypatch.setattr(lock_rows, "update", interrupt_after_the_admission)
+
+
+@pytest.mark.parametrize("where", ["before-item-write", "after-row-write", "item-throttled"])
+def test_an_acquire_cut_short_between_admission_and_item_write_leaves_no_count(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """An admission counted on the row (``rc + 1``) whose item is never written: interrupted
+    before the item's write, or during the row's (its answer not used), or every write of
+    the item throttled. The undo finds no item to delete: the reader must be counted down
+    all the same (the row's mark is still ours), or the count stays one too high with no
+    reader, and a writer waits for a write-off once the real readers leave."""
+    for _ in range(INLINE + 1):
+        take(holds, "doc", shared=True, lease=30)
+    assert counted("doc") == (1, 1)
+    interrupted: list[str] = []
+    with monkeypatch.context() as patch:
+        if where == "before-item-write":
+            _interrupt_items(patch, interrupted)
+        elif where == "after-row-write":
+            _interrupt_row(patch, interrupted)
+        else:
+            _throttle_items(patch, interrupted)
+        with pytest.raises(KeyboardInterrupt if where != "item-throttled" else LimitExceeded):
+            semaphore("doc", shared=True, lease=30).acquire()
+    assert interrupted, "the acquire was never interrupted: the test missed its write"
+    left = counted("doc")
+    # Every real reader leaves: nobody holds "doc" now. A writer must get in at once.
+    for held in holds:
+        held.release()
+    holds.clear()
+    try:
+        take(holds, "doc", wait=0, lease=30)
+    except SemaphoreBusy as busy:
+        pytest.fail(
+            f"no reader holds 'doc', yet a writer is busy ({busy}): the interrupted admission "
+            f"left its count (rc, items of the epoch, before the leave: {left}); the writer "
+            "waits for a write-off, the epoch's lease and the skew after the row last changed"
+        )
