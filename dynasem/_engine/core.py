@@ -35,7 +35,7 @@ from ..conf import settings
 from ..exceptions import SemaphoreUnavailable
 from . import arguments, coalescing, permits, processes, push, queue, reader_hold, readers, take
 from .decorators import Decoration, lock_callable
-from .hold import Held
+from .hold import Held, adelivering, delivering
 from .late_handover import leave_queue
 from .lockspec import Attempt
 from .queue import Blocking
@@ -196,6 +196,9 @@ class Semaphore:
     def acquire(self) -> Held:
         """Take the semaphore, waiting up to ``wait`` seconds, and return the hold (a
         ``Held``). Raises ``SemaphoreBusy`` when it is still busy after that."""
+        return delivering(self._measured)
+
+    def _measured(self) -> Held:
         return telemetry.acquire(self, self._acquire) if telemetry.ON else self._acquire()
 
     def _acquire(self) -> Held:
@@ -210,6 +213,9 @@ class Semaphore:
         """``acquire()`` for async code: requests run in a thread of dynasem's own executor
         (never the event loop's default one); waits, pushed hand-overs included, are awaited
         on the loop and hold no thread."""
+        return await adelivering(self._ameasured)
+
+    async def _ameasured(self) -> Held:
         if telemetry.ON:
             return await telemetry.aacquire(self, self._aacquire)
         return await self._aacquire()
@@ -225,7 +231,7 @@ class Semaphore:
     # -- context managers --------------------------------------------------------------------
 
     def __enter__(self) -> Held:
-        held = enter(self, self.acquire())
+        held = delivering(lambda: enter(self, self.acquire()))
         if self.fence_db:
             fencing.begin(self, held, self.using, undo=lambda: leave(forget_entered(self), True))
         return held
@@ -239,6 +245,9 @@ class Semaphore:
     async def __aenter__(self) -> Held:
         if self.fence_db:
             raise fencing.no_async()
+        return await adelivering(self._aenter)
+
+    async def _aenter(self) -> Held:
         return enter(self, await self.aacquire())
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:

@@ -12,9 +12,10 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
 from datetime import UTC, datetime
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from django.dispatch import Signal
 
@@ -33,6 +34,7 @@ from .steps import run_io, run_io_to_end
 
 logger = logging.getLogger("dynasem")
 
+_T = TypeVar("_T")
 _NOTHING = contextlib.nullcontext()
 
 
@@ -749,6 +751,7 @@ def acquired(
     announce it, start renewing it."""
     held = cls(semaphore, **terms)
     try:
+        undelivered(held)
         held._observe(item)
         if item is not None and semaphore.mode == Mode.SHARED:
             # The first waiter in line a reader too: it can join us now (it then pushes the
@@ -806,9 +809,67 @@ def queued_behind(row: records.LockItem, waiter: records.Waiter) -> bool:
     return push.tell_holder(row.resource, next(iter(row.holders)), row, waiter)
 
 
+# The holds made (or re-entered) by the acquire under way in this context that its caller
+# does not have yet: one list per outermost acquire (:func:`delivering`).
+_undelivered: ContextVar[list[Held] | None] = ContextVar("dynasem_undelivered", default=None)
+
+
+def undelivered(held: Held) -> None:
+    """``held`` was made, or re-entered, for the acquire under way here: given back if an
+    interrupt comes before its caller has it (:func:`delivering`)."""
+    box = _undelivered.get()
+    if box is not None:
+        box.append(held)
+
+
+def delivering(take: Callable[[], _T]) -> _T:
+    """``take()`` (an acquire, or a ``with`` block's entry), the holds it makes given back if
+    an interrupt (Ctrl-C, a signal handler's exception such as a task's time limit) comes
+    anywhere before it returns: between the acquire loop's end and the block's entry, the
+    hold is nobody's, and its heartbeat would renew it as long as the process lives. Inside
+    another one (a block's entry around its acquire), that one guards it. Only the return
+    itself, as in any ``with`` statement of CPython's, is left."""
+    if _undelivered.get() is not None:
+        return take()
+    box: list[Held] = []
+    reset = _undelivered.set(box)
+    try:
+        done = take()
+        box.clear()
+        return done
+    except BaseException:
+        for held in list(box):
+            give_back_unused(held)
+        raise
+    finally:
+        _undelivered.reset(reset)
+
+
+async def adelivering(take: Callable[[], Awaitable[_T]]) -> _T:
+    """:func:`delivering` for async code (a cancelled task too), the holds given back in
+    dynasem's executor."""
+    if _undelivered.get() is not None:
+        return await take()
+    box: list[Held] = []
+    reset = _undelivered.set(box)
+    try:
+        done = await take()
+        box.clear()
+        return done
+    except BaseException:
+        for held in list(box):
+            await run_io_to_end(give_back_unused, held)
+        raise
+    finally:
+        _undelivered.reset(reset)
+
+
 def give_back_unused(held: Held) -> None:
     """Best effort: release a hold its caller never got to use (no waiting for a commit)."""
     held = getattr(held, "outer", held)  # a nested acquire's view: the hold itself
+    box = _undelivered.get()
+    if box is not None and any(h is held for h in box):
+        box.remove(held)  # given back once
     if held.depth > 1:
         held.depth -= 1  # a nested acquire's: the outer one still uses it
         return

@@ -16,7 +16,7 @@ from .._observability.logs import facts
 from .._storage.records import Mode
 from .._transactions import commit
 from ..exceptions import LockLost
-from .hold import Held, give_back_unused
+from .hold import Held, give_back_unused, undelivered
 from .lockspec import LockSpec
 
 logger = logging.getLogger("dynasem")
@@ -125,6 +125,7 @@ def reentered(sem: LockSpec) -> Held | None:
             continue
         if _holds_some(held, sem):
             held.depth += 1
+            undelivered(held)  # an interrupt before the caller has it takes the depth back
             return named(held, wanted)
     return None
 

@@ -1331,6 +1331,52 @@ def _raise(sender: Any, **kwargs: Any) -> None:
     raise ReceiverFailed("another app's lock_acquired receiver")
 
 
+@pytest.mark.reentry
+@pytest.mark.parametrize("how", ["acquire", "with", "async with", "nested"])
+def test_an_interrupt_after_the_acquire_loop_returned_gives_the_hold_back(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """An interrupt (Ctrl-C, a signal handler's exception such as a task's time limit) after
+    the acquire loop has returned the hold and before the caller has it (here: as the hold
+    is remembered for re-entry, in the stretch that hold.acquired's and reentry.enter's own
+    guards leave between them) gives it back: else nobody has it, and its heartbeat renews
+    it as long as the process lives. A nested acquire's depth is taken back: the outer
+    block's exit still gives the hold back (review-4)."""
+    from dynasem._engine import core
+
+    remember = core.remember_acquired
+
+    def then_interrupted(held: Any) -> None:
+        remember(held)
+        raise KeyboardInterrupt  # the signal lands at ``return held``
+
+    resource = f"res:delivered-{how.replace(' ', '-')}"
+    with pytest.raises(KeyboardInterrupt):
+        if how == "acquire":
+            monkeypatch.setattr(core, "remember_acquired", then_interrupted)
+            semaphore(resource, lease=30).acquire()
+        elif how == "with":
+            monkeypatch.setattr(core, "remember_acquired", then_interrupted)
+            with semaphore(resource, lease=30):
+                pytest.fail("the block must not run")
+        elif how == "async with":
+            monkeypatch.setattr(core, "remember_acquired", then_interrupted)
+            asyncio.run(_enter_async(resource))
+        else:
+            with semaphore(resource, lease=30):
+                monkeypatch.setattr(core, "remember_acquired", then_interrupted)
+                with semaphore(resource, lease=30):
+                    pytest.fail("the nested block must not run")
+    monkeypatch.undo()
+    assert holds(resource) == []
+    semaphore(resource, wait=0).acquire().release()
+
+
+async def _enter_async(resource: str) -> None:
+    async with semaphore(resource, lease=30):
+        pytest.fail("the block must not run")
+
+
 def test_an_interrupt_after_the_taking_write_gives_the_hold_back(
     lock_table: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
