@@ -554,14 +554,16 @@ def all_or_none(
     the wait), then one transaction of ``takes``' actions. A conflict with another
     transaction, or a failure in transit (whatever may have been applied withdrawn by the
     undo), and it plans again after a pause; it raises past the wait or on a failure not
-    transient. Once applied, the hold ``takes`` makes of it (none: given back, again)."""
+    transient; past the wait, also after more than MAX_REPLANS refusals (busy: every plan
+    met a change, or one that never holds). Once applied, the hold ``takes`` makes of it
+    (none: given back, again)."""
     resources = run.sem.resources
     if len(resources) * 2 > records.MAX_TRANSACTION:
         raise ValueError(
             f"at most {records.MAX_TRANSACTION // 2} {what} (DynamoDB's transaction limit of "
             f"{records.MAX_TRANSACTION} actions: two each), not {len(resources)}"
         )
-    sleeps = failures = 0
+    sleeps = failures = refusals = 0
     pace = Pace()
     while True:
         seen: dict[str, records.LockItem] = {}
@@ -579,6 +581,9 @@ def all_or_none(
         try:
             yield Write(functools.partial(lock_rows.transact, actions), run.token, [], undo=undo)
         except dynamodb.Cancelled:
+            refusals += 1
+            if run.remaining() <= 0 and refusals > queue.MAX_REPLANS:
+                raise queue.busy(run, {r: {} for r in resources}, seen) from None
             yield Sleep(backoff(1))
             continue
         except SemaphoreUnavailable as exc:

@@ -11,7 +11,15 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import _clock as clock
-from .._storage import dynamodb, lock_rows, lock_writes, queue_entries, reader_items, records
+from .._storage import (
+    dynamodb,
+    lock_rows,
+    lock_writes,
+    permit_items,
+    queue_entries,
+    reader_items,
+    records,
+)
 from ..exceptions import SemaphoreUnavailable
 from . import handover, permit_hold, permits, processes, queue, reader_hold, take
 from .hold import Held
@@ -216,6 +224,14 @@ def _admissible(
     blocked: dict[str, queue.Blocking] = {}
     rows: dict[str, records.LockItem] = {}
     for r, row in seen.items():
+        if row.slots_used is not None and not row.permits_read:
+            # A counting semaphore's permit row: its permits read and, none live, fenced
+            # out, before readers take it, as any other mode does (core's plans alike).
+            fenced = functools.partial(permit_items.fenced_permits, row, stale)
+            row = yield from queue.patient_read(fenced, row, pace, run.deadline)
+            if not row.permits_read:  # still throttled: who holds is not known
+                blocked[r] = {}
+                continue
         live = queue.live_holders(row, stale)
         if live and (row.mode != records.Mode.SHARED or row.slots_used is not None):
             blocked[r] = live

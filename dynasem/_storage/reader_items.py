@@ -180,14 +180,14 @@ def _open(
     epoch, the holders)."""
     sentinel = seen.holders.get(SENTINEL)
     sets, conds, values = terms.sets, terms.conds, terms.values
-    if seen.expires_ms < stale_ms or not seen.holders:
+    if seen.expires_ms < stale_ms or not seen.holders or seen.slots_used is not None:
         # Nobody holds it: the holders' map becomes the sentinel alone (dead entries go).
         sets[1] = "#h = :hmap"
         values[":hmap"] = {SENTINEL: values.pop(":sent")}
         values.update({":zero": 0, ":stale": stale_ms, ":lim": limit, ":uid": user_id})
         conds[-1] = "(attribute_not_exists(#expMs) OR #expMs <= :cover)"
         conds.append("(attribute_not_exists(#h) OR size(#h) = :zero OR #expMs < :stale)")
-        conds.append("attribute_not_exists(#hw)")
+        _no_permits(seen, terms)
         sets += ["#mode = :s", "#lim = :lim", "#shard = :shard", "#uid = if_not_exists(#uid, :uid)"]
         values[":shard"] = records.shard_of(resource)
     else:
@@ -204,6 +204,21 @@ def _open(
     conds.append("(attribute_not_exists(#rep) OR #rep = :E)")
     sets += ["#rep = :E1", "#rc = :first", "#rl = :L"]
     values.update({":E1": epoch, ":first": 1})
+
+
+def _no_permits(seen: LockItem, terms: Terms) -> None:
+    """:func:`_open`'s terms for the row's permits: none (no permit row); or, for a permit
+    row ``seen`` whose permits were read, none of them live, and fenced out
+    (:func:`~dynasem._storage.permit_items.fenced_permits`), the row shared from now on if
+    no take came since (its fence and slots as seen), as any other mode takes it."""
+    if seen.slots_used is None:
+        terms.need("attribute_not_exists(#hw)")
+        return
+    if not seen.permits_read:
+        raise ValueError(f"{seen.resource!r}: a permit row's permits must be read first")
+    values = {":seenHw": seen.slots_used, ":seenFence": seen.fence}
+    terms.need("#hw = :seenHw AND #fence = :seenFence", values)
+    terms.removes += ["#hw", "#hints"]
 
 
 def raise_sentinel(resource: str, epoch: int, expires_ms: int, seen: LockItem) -> dict[str, Any]:

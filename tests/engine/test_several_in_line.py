@@ -1,5 +1,6 @@
 """A take of several resources (no queue of its own) never passes a live waiter in line of
-one of them, even when the read of that line stays throttled: not known is not nobody."""
+one of them, even when the read of that line stays throttled: not known is not nobody; and
+readers of several resources take a permit row nobody holds, within their wait."""
 
 from __future__ import annotations
 
@@ -83,3 +84,43 @@ def test_permits_of_several_resources_never_pass_a_live_waiter_in_line(
             return
     held.release()
     pytest.fail(f"a taker of permits passed the live waiter in line (its ticket {ticket})")
+
+
+@pytest.mark.parametrize("permits", ["free", "held"])
+def test_readers_of_several_resources_take_a_permit_row_nobody_holds(
+    holds: list[Any], permits: str
+) -> None:
+    """Readers of several resources in reader items (one of them has many readers), another
+    of them a counting semaphore's permit row: with no permit live, its permits are fenced
+    out and the readers take it (found by the simulator, seed 7108 of ``mixed_pairs`` with
+    ``--permits-from 1 --readers-from 0``: the admission required a row of no permits and
+    was refused again and again, 40 transactions a second, for ever, its wait ignored).
+    With a permit live, they wait for it, and give up when their wait is over."""
+    import threading
+
+    for _ in range(INLINE + 1):
+        take(holds, "mix:r", shared=True, lease=30)  # the last one in a reader item
+    counted = semaphore("mix:s", limit=9, lease=30).acquire()
+    if permits == "free":
+        counted.release()
+    else:
+        holds.append(counted)
+    got: list[Any] = []
+
+    def acquire() -> None:
+        try:
+            got.append(semaphore(["mix:r", "mix:s"], shared=True, wait=1, lease=30).acquire())
+        except Exception as exc:  # reported below
+            got.append(exc)
+
+    thread = threading.Thread(target=acquire, daemon=True)
+    thread.start()
+    thread.join(20)
+    assert got, "the acquire never ended: its wait (1 s) was ignored"
+    if permits == "held":
+        assert isinstance(got[0], SemaphoreBusy), got
+        return
+    assert not isinstance(got[0], BaseException), got
+    holds.append(got[0])
+    row = lock_rows.get("mix:s")
+    assert row is not None and row.slots_used is None and row.mode == "s"

@@ -576,6 +576,13 @@ FOUND_IN_DYNASEM = [
     # held beside that reader (the breaks mix, every reader in items: seed 6 of pauses;
     # 2026-12-05). Fixed: a give-back refused by our tombstone takes the mark off.
     (6, "breaks-readers", "pauses"),
+    # Readers of two resources, one with reader items, the other a counting semaphore's
+    # permit row nobody held: their admission required a row of no permits, refused for
+    # ever, 40 transactions a second, their wait ignored (a fresh-seed sweep, 2026-12-06,
+    # thirty-first session). Fixed: the permits are read and fenced out first, as for any
+    # other mode, and a take of several resources refused past its wait gives up.
+    (7108, "mixed_pairs-readers-permits", "pauses"),
+    (7108, "mixed_pairs-readers-permits", "crashes"),
 ]
 
 
