@@ -457,8 +457,11 @@ class Acquire:
         if not plan.reader:
             return None
         token, since, skew = self.run.token, clock.monotonic(), self.run.skew
+        # The admission's fence is counted up by the write: unknown here. Any is barred (the
+        # acquire is over: its token is admitted no more).
+        barred = reader_hold.BAR_ANY
         return functools.partial(
-            reader_hold.undo, resource, plan.epoch, token, since=since, skew=skew
+            reader_hold.undo, resource, plan.epoch, token, since=since, skew=skew, fence=barred
         )
 
     def failed(

@@ -130,6 +130,7 @@ def undo(
     counted: float | None = None,
     skew: float = 0.0,
     since: float | None = None,
+    fence: int | None = None,
 ) -> None:
     """Best effort: give back a reader an unanswered (or interrupted) admission may have
     made (its item deleted, sent again while it fails for a passing cause as a release is;
@@ -140,9 +141,10 @@ def undo(
     unanswered), and a reader never counted must not be counted down. No item at all, and
     no break of it: its write was never applied (cut short, throttled to the end), and the
     reader is counted down if the row's mark is still ours (nothing else could count it
-    down; a write of it still on its way makes an item nobody holds, for its TTL): only
-    while a break's tombstone would still show (:func:`deleted_by_us`), of an item written
-    after ``since`` (monotonic: ``counted``, or when the admission was sent).
+    down): only while a break's tombstone would still show (:func:`deleted_by_us`), of an
+    item written after ``since`` (monotonic: ``counted``, or when the admission was sent),
+    and once a tombstone of ours under ``fence`` (the admission's, or above) bars the item's
+    write that may still be on its way (:func:`reader_items.bar_reader`).
 
     Refused by a break's tombstone of our item (an operator, or the reaper, broke it: the
     break counted us down), our admission's mark comes off the row, or the same token
@@ -156,13 +158,30 @@ def undo(
         if counted is not None and deleted_by_us(exc, counted, skew):
             return True
         sent = counted if counted is not None else since
-        if exc.item is None and sent is not None and tombstones_show(sent, skew):
-            count_down(resource, epoch, forget=True, marked=token)
+        if exc.item is None and fence is not None and sent is not None:
+            if tombstones_show(sent, skew):
+                barred = _barred(resource, token, fence)
+                if barred:
+                    count_down(resource, epoch, forget=True, marked=token)
+                elif barred is not None:  # the item landed since: delete it, count it down
+                    undo(resource, epoch, token, counted=counted, skew=skew)
         return False
 
     drop = functools.partial(reader_items.drop_reader, resource, token)
     if resend.undone(drop, resource, token, refused=refused):
         count_down(resource, epoch, forget=True)  # the same token may be admitted again
+
+
+def _barred(resource: str, token: str, fence: int) -> bool | None:
+    """Our tombstone written (True), or refused by our item, which landed (False); None: not
+    known (the write failed), and the reader stays counted, for a writer to write off."""
+    try:
+        reader_items.send(reader_items.bar_reader(resource, token, fence, clock.now_ms()))
+        return True
+    except dynamodb.Refused:
+        return False
+    except SemaphoreUnavailable:
+        return None
 
 
 def deleted_by_us(refused: dynamodb.Refused, written: float, skew: float) -> bool:
@@ -227,6 +246,8 @@ def forget_admission(resource: str, epoch: int, token: str) -> None:
 
 
 WRITTEN_OFF = "its readers were written off, or it was broken by an operator"
+# A tombstone's fence that bars every write of a token's reader item (see undo).
+BAR_ANY = 2**63 - 1
 
 
 class ReaderHeld(Held):

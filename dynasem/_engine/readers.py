@@ -56,7 +56,13 @@ def admitted(
     resource, token = row.resource, run.token
     holder = lock_writes.holder_entry(run.user_id, expires_ms, row.fence, now_ms, True, run.proc)
     undo = functools.partial(
-        reader_hold.undo, resource, row.reader_epoch, token, counted=sent_mono, skew=run.skew
+        reader_hold.undo,
+        resource,
+        row.reader_epoch,
+        token,
+        counted=sent_mono,
+        skew=run.skew,
+        fence=row.fence,
     )
     action = reader_items.put_reader(resource, token, holder, row.reader_epoch)
     failures = 0

@@ -339,6 +339,18 @@ def break_reader(
     return update_action(resource, reader_sk(token), update, condition, {}, values)
 
 
+def bar_reader(resource: str, token: str, fence: int, until_ms: int) -> dict[str, Any]:
+    """Our own tombstone where our reader item is not: the item's write of an admission cut
+    short may still be on its way (its answer lost with an interrupt), and landing after its
+    count was taken back it would be an item nobody counts, whose later delete (our other
+    undo, the reaper's or an operator's break) counts the row down once more, beside a live
+    reader. :func:`put_reader` is refused by a tombstone of its fence or a later one. Refused
+    if the item is there (it landed: delete it instead); TTL a bucket after ``until_ms``."""
+    values: dict[str, Any] = {":tok": token, ":f": fence, ":exp": records.ttl_of(until_ms)}
+    update = "SET #bt = :tok, #f = :f, #exp = :exp"
+    return update_action(resource, reader_sk(token), update, "attribute_not_exists(#e)", {}, values)
+
+
 def unmark(resource: str, epoch: int, token: str) -> dict[str, Any]:
     """The row's mark of our admission (``rlast``) off, if it is still ours: an admission
     broken before its item was written (:func:`put_reader` refused) was counted down by the
