@@ -13,7 +13,9 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import os
 import uuid
+from contextvars import ContextVar
 from typing import Any
 
 from .. import _clock as clock
@@ -33,6 +35,10 @@ logger = logging.getLogger("dynasem")
 MAX_CLAIMS = 25
 # Why a write of ours was refused: the job is not our claim any more.
 RECLAIMED = "another process claimed it, or it was reset by an operator"
+# The jobs this thread or task entered and has not left, innermost last, with the RunOnce
+# that entered each (by identity): one run_once(...) object may be entered by several
+# threads or tasks at once, and each one's block ends its own claim.
+_entered: ContextVar[tuple[tuple[int, Job], ...]] = ContextVar("dynasem_run_once", default=())
 
 
 @dataclasses.dataclass(eq=False, repr=False)
@@ -59,6 +65,9 @@ class Job:
     _released: bool = False
     _pending_commit: bool = False  # finished, waiting for the transaction to end
     _heartbeat: Heartbeat | None = None
+    # The process that claimed it: a child forked inside the body that leaves the block
+    # (sys.exit, a return) finishes nothing; the parent, still in it, does.
+    _pid: int = dataclasses.field(default_factory=os.getpid)
 
     @property
     def pending_commit(self) -> bool:
@@ -155,14 +164,23 @@ class Job:
         return facts(self.key, token=self.token, fence=self.fence, **more)
 
     def _finish(self, error: BaseException | None) -> None:
+        """DONE (``error`` None) or FAILED, conditional on our claim; sent again while it
+        is throttled or meets another request's transaction, as a hold's release is (given
+        up, the job would sit RUNNING for a lease, then run again: after a commit, work done
+        twice). Raises LockLost if the claim is not ours, SemaphoreUnavailable if given up."""
         self._released = True
         self._stop_heartbeat()
         status = records.FAILED if error is not None else records.DONE
         message = None if error is None else f"{type(error).__name__}: {error}"
+
+        def send() -> None:
+            now = clock.now_ms()  # sent again, the time it is sent
+            job_rows.update_job(job_writes.job_finish(self.key, self.token, status, message, now))
+
+        failed: list[SemaphoreUnavailable] = []
         try:
-            job_rows.update_job(
-                job_writes.job_finish(self.key, self.token, status, message, clock.now_ms())
-            )
+            if not resend.patiently(send, gave_up=failed.append):
+                raise failed[0]
         except dynamodb.Refused as refused:
             if refused.job.last_token != self.token:
                 raise LockLost(self.key, RECLAIMED) from None
@@ -183,22 +201,33 @@ class RunOnce:
     lease: float | None
     on_commit: bool
     using: str | None
-    _jobs: list[Job] = dataclasses.field(default_factory=list)  # entered, innermost last
 
-    def claim(self) -> Job:
-        """Claim the job or raise :class:`AlreadyDone` / :class:`SemaphoreBusy`."""
+    def claim(self, *, enter: bool = False) -> Job:
+        """Claim the job or raise :class:`AlreadyDone` / :class:`SemaphoreBusy`. ``enter``:
+        as a block's entry (the job remembered as this thread's or task's, under the same
+        guard: an interrupt before the block begins gives it back)."""
         token = uuid.uuid4().hex
-        sent: list[bool] = []  # a claim (or its confirming renewal) was sent
+        sent: list[Job | None] = []  # a claim was sent (None), the Job made of it
+        before = _entered.get()
         try:
-            return self._claim(token, sent)
-        except Exception:
-            raise  # its own answer (busy, done, unavailable)
-        except BaseException as interrupt:  # Ctrl-C, SystemExit: nobody will run the body
-            if sent:
-                give_back(self.key, token, interrupt)
+            job = self._claim(token, sent)
+            if enter:
+                _entered.set((*before, (id(self), job)))
+            return job
+        except BaseException as failure:
+            made = [job for job in sent if job is not None]
+            # Its own answer (busy, done, unavailable) with nothing of ours there goes as it
+            # is; else (Ctrl-C, SystemExit; a failure after the claim landed, or one that
+            # may hide it) nobody will run the body: the claim is given back, renewed no more.
+            doubt = isinstance(failure, SemaphoreUnavailable) and failure.ambiguous
+            if sent and (made or doubt or not isinstance(failure, Exception)):
+                for job in made:
+                    job._stop_heartbeat()  # renewed for nobody if the give-back fails
+                _entered.set(before)
+                give_back(self.key, token, failure)
             raise
 
-    def _claim(self, token: str, sent: list[bool]) -> Job:
+    def _claim(self, token: str, sent: list[Job | None]) -> Job:
         lease, _wait, skew = validation.resolve_timing(self.lease, 0)
         user_id = validation.user_id_of(self.user)
         stored_fence = 0
@@ -208,7 +237,7 @@ class RunOnce:
             # A stored fence ahead of our clock: count on from it instead.
             fence = max(clock.new_fence(skew), stored_fence + 1)
             stale = now - int(skew * 1000)
-            sent.append(True)
+            sent.append(None)
             try:
                 row = job_rows.update_job(
                     job_writes.job_claim(
@@ -239,6 +268,7 @@ class RunOnce:
             attempt = 1 if row.attempt is None else row.attempt
             deadline = sent_mono + lease - skew
             job = Job(self.key, token, user_id, attempt, row.fence or 0, lease, skew, deadline)
+            sent.append(job)
             with contextlib.suppress(LockLost):  # reclaimed meanwhile: the next claim says by whom
                 if job.seconds_left() > 0:
                     job._start_heartbeat()
@@ -250,12 +280,32 @@ class RunOnce:
         raise SemaphoreUnavailable(f"could not claim job {self.key!r}: the row kept changing")
 
     def __enter__(self) -> Job:
-        job = self.claim()
-        self._jobs.append(job)
-        return job
+        return self.claim(enter=True)
+
+    def _left(self) -> Job:
+        """The innermost job this thread or task entered through this object, forgotten."""
+        stack = _entered.get()
+        for i in range(len(stack) - 1, -1, -1):
+            if stack[i][0] == id(self):
+                _entered.set(stack[:i] + stack[i + 1 :])
+                return stack[i][1]
+        raise RuntimeError("run_once exited without a matching enter")
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        job = self._jobs.pop()
+        self._leave(self._left(), exc)
+
+    def _leave(self, job: Job, exc: BaseException | None) -> None:
+        if job._pid != os.getpid():
+            return  # a child forked in the body leaves it: the parent finishes the job
+        try:
+            self._end(job, exc)
+        except BaseException:
+            # An interrupt before DONE or FAILED was sent (a signal's exception), or a
+            # failure of its own: the job is left to its lease, renewed no more.
+            job._stop_heartbeat()
+            raise
+
+    def _end(self, job: Job, exc: BaseException | None) -> None:
         # Inside transaction.atomic the body's work is not done until it commits: DONE (or
         # FAILED) is written after that, and the lease renewed meanwhile, so nobody else
         # claims the job while its work may still commit. See docs/how-to/run-once.md for the rule.
@@ -295,7 +345,7 @@ class RunOnce:
         # thread: once it ends, what it claimed is given back, or the job would sit RUNNING,
         # renewed by the heartbeat, with nobody to run its body or finish it.
         job = await run_io_taking(self.claim, self._cut_off)
-        self._jobs.append(job)
+        _entered.set((*_entered.get(), (id(self), job)))
         return job
 
     def _cut_off(self, claimed: Job) -> None:
@@ -303,7 +353,7 @@ class RunOnce:
         give_back(self.key, claimed.token, asyncio.CancelledError())
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        await run_io_to_end(self.__exit__, exc_type, exc, tb)
+        await run_io_to_end(self._leave, self._left(), exc)
 
 
 def give_back(key: str, token: str, interrupt: BaseException) -> None:
@@ -313,6 +363,8 @@ def give_back(key: str, token: str, interrupt: BaseException) -> None:
     lease, every other run_once refused (SemaphoreBusy) until it ran out. Refused if the
     claim did not land (nothing of ours there); sent again while throttled."""
     message = f"{type(interrupt).__name__}: interrupted before its body ran"
+    if isinstance(interrupt, Exception):  # a claim whose answer was lost, or not confirmed
+        message = f"{type(interrupt).__name__}: {interrupt} (given back before its body ran)"
 
     def send() -> None:
         update = job_writes.job_finish(key, token, records.FAILED, message, clock.now_ms())

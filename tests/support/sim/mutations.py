@@ -604,7 +604,14 @@ def interrupted_claim_kept(mp: pytest.MonkeyPatch) -> None:
 
     # A run_once claim interrupted after it landed is not given back (before the fix): the
     # job sits RUNNING under it, every other run_once refused, until its lease runs out.
-    mp.setattr(run_once, "give_back", lambda key, token, interrupt: None)
+    # (A claim whose answer was lost for good is given back still: other profiles reach it.)
+    real = run_once.give_back
+
+    def kept(key: str, token: str, interrupt: BaseException) -> None:
+        if isinstance(interrupt, Exception):
+            real(key, token, interrupt)
+
+    mp.setattr(run_once, "give_back", kept)
 
 
 def interrupted_adoption_kept(mp: pytest.MonkeyPatch) -> None:
