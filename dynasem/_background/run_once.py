@@ -325,6 +325,7 @@ class RunOnce:
                         extra=job._facts(outcome="lost"),
                     )
                     return
+            job._pending_commit = True  # first: a transaction that can never commit ends it now
             if transactions.after_transaction(
                 self.using,
                 lambda committed: job._after_transaction(exc, committed, self.using),
@@ -332,8 +333,8 @@ class RunOnce:
                 owner=job,
                 savepoint_ends_it=True,  # the whole body was inside that savepoint
             ):
-                job._pending_commit = True
                 return
+            job._pending_commit = False
         try:
             job._finish(exc)
         except LockLost:

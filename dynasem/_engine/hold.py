@@ -336,15 +336,14 @@ class Held:
                 self._raise_lost()
             return
         sem = self.semaphore
-        if (
-            sem.on_commit
-            and not self.lost
-            and commit.after_transaction(
-                sem.using, self._after_transaction, self.resource, owner=self
-            )
-        ):
+        if sem.on_commit and not self.lost:
+            # Pending first: a transaction that can never commit ends it at once.
             self._pending_commit = True
-            return
+            if commit.after_transaction(
+                sem.using, self._after_transaction, self.resource, owner=self
+            ):
+                return
+            self._pending_commit = False
         self._release_now()
 
     async def arelease(self) -> None:

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import threading
 import weakref
 from collections.abc import Callable
@@ -103,6 +104,9 @@ class _Pending:
     savepoint_ends_it: bool
     done: bool = False
     _sids: set[Any] = dataclasses.field(default_factory=set)
+    # The process that registered it: a child forked meanwhile has a copy of the hook, which
+    # its own close of the inherited connection drops; the parent's transaction decides.
+    _pid: int = dataclasses.field(default_factory=os.getpid)
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
 
     def register(self) -> None:
@@ -143,6 +147,8 @@ class _Pending:
             self.register()
 
     def _end(self, committed: bool) -> None:
+        if os.getpid() != self._pid:
+            return  # a forked child's copy of the hook
         with self._lock:
             if self.done:
                 return
@@ -183,7 +189,14 @@ def after_transaction(
     connection = open_transaction(using)
     if connection is None:
         return False
-    _Pending(connection, finish, name, owner, savepoint_ends_it).register()
+    pending = _Pending(connection, finish, name, owner, savepoint_ends_it)
+    if getattr(connection, "closed_in_transaction", False):
+        # Closed inside the transaction (close_old_connections() in a long task): it can
+        # never commit, and Django drops its hooks only at the next connect, maybe never.
+        # Ended now (True: handled, ``finish`` has run).
+        pending._end(False)
+        return True
+    pending.register()
     return True
 
 
