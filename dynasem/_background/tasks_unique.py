@@ -154,8 +154,19 @@ class UniqueTask(_Task):
         carried = Claim.from_header(kwargs.pop(CLAIM_ARG, None))
         if carried is None or unique.inline_retry(carried) is not None:
             return await Task.acall(self, *args, **kwargs)
-        start = functools.partial(unique.start_run, self.module_path, carried, self.run_lease)
-        held = await run_io_taking(start, functools.partial(self._unstart, carried))
+        start = functools.partial(
+            unique.start_run, self.module_path, carried, self.run_lease, wait=False
+        )
+        nap = unique.FIRST_NAP
+        while True:
+            try:
+                held = await run_io_taking(start, functools.partial(self._unstart, carried))
+                break
+            except unique.RunNotEnded:
+                # The run that enqueued this retry goes on: wait for it here, on the loop (a
+                # cancel is honoured at once), not in a thread of dynasem's executor.
+                await asyncio.sleep(nap)
+                nap = min(nap * 2, unique.LAST_NAP)
         if held is None:
             return None
         try:

@@ -35,18 +35,27 @@ from .. import _clock as clock
 from .._engine import processes, steps
 from .._engine.arguments import resolve_timing
 from .._engine.decorators import KeyMaker, checked_keys
-from .._engine.hold import Held, confirm, start_renewing, stop_renewing
+from .._engine.hold import Held, confirm, delivering, start_renewing, stop_renewing
+from .._engine.queue import too_slow
 from .._engine.reentry import forget_entered, remember_acquired, remember_entered
 from .._engine.steps import run_sync
 from .._observability.logs import facts
 from .._storage import claims, dynamodb, lock_rows, records
-from ..exceptions import LockLost, SemaphoreBusy
+from ..exceptions import LockLost, SemaphoreBusy, SemaphoreUnavailable
 
 logger = logging.getLogger("dynasem")
 
 USER_PREFIX = "task:"
+# Confirming renewals of an adoption answered late, each answered late too, before the run
+# is given up (too slow: this process is paused or starved past the lease).
+CONFIRM_TRIES = 3
 # How often a retry started before its run ended looks again (doubling up to the second).
 FIRST_NAP, LAST_NAP = 0.05, 0.5
+
+
+class RunNotEnded(LockLost):
+    """A retry's claim whose run has not ended yet, adopted with ``wait=False``: an async
+    worker waits for it on its event loop, holding no thread of dynasem's executor."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,13 +122,20 @@ def claim(resource: str, task_id: str, queue_lease: float) -> Claim:
         resource, wait=0, lease=queue_lease, user=USER_PREFIX + task_id, on_commit=False
     )
     sem.detached = True  # not this process's hold: its end must not free the key
+
+    def take() -> Held:
+        held = run_sync(sem._acquire_steps())
+        stop_renewing(held)  # the queue lease is all it gets until a worker adopts it
+        return held
+
     try:
         # In a context of its own: a hold this thread has (a running task of the same key)
         # must not be re-entered, nor a hold remembered for the next enqueue to re-enter.
-        held = contextvars.Context().run(run_sync, sem._acquire_steps())
+        # Delivered as an acquire is: an exception before it returns (a task's soft time
+        # limit, raised by a signal handler) gives the hold back, renewed no more.
+        held = contextvars.Context().run(delivering, take)
     except SemaphoreBusy as busy:
         raise Taken(resource, task_of(busy.holder_user_id)) from None
-    stop_renewing(held)  # the queue lease is all it gets until a worker adopts it
     return Claim(resource, held.token, held.fence, task_id)
 
 
@@ -130,15 +146,22 @@ def adopt(claim: Claim, lease: float | None = None, *, wait: bool = True) -> Hel
     another task took the key. A retry's claim whose run has not ended yet is waited for
     (unless not ``wait``: LockLost)."""
     token = uuid.uuid4().hex
-    sent: list[bool] = []  # an adoption (or its confirming renewal) was sent
+    sent: list[Held | None] = []  # an adoption was sent (None), the hold made of it
     try:
         return _adopt(claim, lease, wait, token, sent)
-    except Exception:
-        raise  # its own answer (LockLost, unavailable)
-    except BaseException:  # Ctrl-C, SystemExit: nobody will run the task
-        if sent:
-            # The adoption may have landed: without this, the key would stay held by a run
-            # nobody makes, refusing every enqueue of it until the run lease ran out.
+    except BaseException as failure:
+        made = [held for held in sent if held is not None]
+        # Its own answer (LockLost: not ours; unavailable, nothing applied) goes as it is.
+        # Else (Ctrl-C, SystemExit, a soft time limit raised by a signal handler; a failure
+        # that may hide an applied adoption, or one after it landed) nobody will run the
+        # task: without a give-back, the key would stay held by a run nobody makes,
+        # refusing every enqueue of it until the run lease ran out (or, renewed, for good).
+        own = isinstance(failure, LockLost) or (
+            isinstance(failure, SemaphoreUnavailable) and not failure.ambiguous and not made
+        )
+        if sent and not own:
+            for held in made:
+                stop_renewing(held)
             _withdraw_run(token, claim.resource)
         raise
 
@@ -149,7 +172,9 @@ def _withdraw_run(token: str, resource: str) -> None:
     steps.withdraw(token, [resource])
 
 
-def _adopt(claim: Claim, lease: float | None, wait: bool, token: str, sent: list[bool]) -> Held:
+def _adopt(
+    claim: Claim, lease: float | None, wait: bool, token: str, sent: list[Held | None]
+) -> Held:
     from .._engine.core import semaphore
 
     sem = semaphore(claim.resource, lease=lease, on_commit=False)
@@ -166,7 +191,7 @@ def _adopt(claim: Claim, lease: float | None, wait: bool, token: str, sent: list
         action = claims.adopt_hold(
             claim.resource, claimed, token, entry, announced=announced, stale_ms=stale_ms
         )
-        sent.append(True)
+        sent.append(None)
         try:
             lock_rows.update(action)
             break
@@ -193,7 +218,7 @@ def _adopt(claim: Claim, lease: float | None, wait: bool, token: str, sent: list
             fence = max(clock.new_fence(skew), (item.fence if item is not None else 0) + 1)
             continue
         if not wait:
-            raise LockLost(claim.resource, "the run that enqueued it has not ended yet")
+            raise RunNotEnded(claim.resource, "the run that enqueued it has not ended yet")
         time.sleep(nap)  # it runs: wait for its end
         nap = min(nap * 2, LAST_NAP)
     held = Held(
@@ -206,6 +231,7 @@ def _adopt(claim: Claim, lease: float | None, wait: bool, token: str, sent: list
         expires_ms=expires_ms,
         sent_mono=sent_mono,
     )
+    sent.append(held)
     return _renewed(held)
 
 
@@ -217,10 +243,15 @@ def _renewed(held: Held) -> Held:
     is not ours any more."""
     from .._engine.core import CONFIRM_SHARE
 
-    if held.seconds_left() < (held.lease - held.skew) * CONFIRM_SHARE:
+    margin = (held.lease - held.skew) * CONFIRM_SHARE
+    for _ in range(CONFIRM_TRIES):
+        if held.seconds_left() >= margin:
+            start_renewing(held)
+            return held
+        # The confirming renewal's answer can come late too (a second pause): trusted only
+        # with as much left as the adoption needs; else confirmed again, or given up.
         confirm(held)
-    start_renewing(held)
-    return held
+    raise too_slow(held.resource, held.lease, held.skew)
 
 
 def _announcer(item: records.LockItem | None, next_token: str) -> tuple[str, records.Holder] | None:
@@ -348,11 +379,16 @@ def withdraw(claimed: Claim, run: tuple[Claim, Held] | None) -> None:
         give_back(claimed)
 
 
-def start_run(task: str, carried: Claim, run_lease: float | None) -> Held | None:
+def start_run(
+    task: str, carried: Claim, run_lease: float | None, *, wait: bool = True
+) -> Held | None:
     """The worker starts ``task``: its claim adopted, or None (logged) if the key is not the
-    task's any more, and the task must not run."""
+    task's any more, and the task must not run. Not ``wait``: :class:`RunNotEnded` while the
+    run that enqueued it goes on."""
     try:
-        return adopt(carried, run_lease)
+        return adopt(carried, run_lease, wait=wait)
+    except RunNotEnded:
+        raise
     except LockLost as lost:
         logger.warning(
             "dynasem: %s (task %s) not run: its key %r is not its own (%s)",

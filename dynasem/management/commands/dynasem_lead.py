@@ -186,7 +186,7 @@ class Command(BaseCommand):
         """Run the command while ``lead`` lasts; its exit status if it exited by itself,
         None if it was stopped (the lead lost or ending, or this process told to stop)."""
         env = {**os.environ, "DYNASEM_LEAD_NAME": name, "DYNASEM_LEAD_FENCE": str(lead.fence)}
-        child = _Command(command, env, self._own_pids)
+        child = _Command(command, env, self._own_pids, _deadline(lead))
         pid = child.process.pid
         termed: float | None = None
         try:
@@ -194,8 +194,8 @@ class Command(BaseCommand):
                 f"dynasem_lead: leading {name!r} (fence {lead.fence}): started pid {pid}"
             )
             while (code := child.poll()) is None:
+                child.trust_until(_deadline(lead))
                 left = lead.seconds_left()
-                child.trust_until(time.monotonic() + left)
                 if termed is None and (stopping.is_set() or left <= grace + KILL_MARGIN):
                     why = "stopping" if stopping.is_set() else "the lead is ending or lost"
                     self._say(name, f"{why}: SIGTERM to pid {pid}")
@@ -217,6 +217,14 @@ class Command(BaseCommand):
             return code
         self._say(name, f"pid {pid} stopped")
         return None
+
+
+def _deadline(lead: Lead) -> float:
+    """The lead's trusted deadline (CLOCK_MONOTONIC), for the command's init: the time read
+    before what is left of the lead, so that a pause between the two shortens it, never
+    stretches it past the lead's own."""
+    now = time.monotonic()
+    return now + lead.seconds_left()
 
 
 def _timing(name: str, lease: float | None, grace: float | None) -> tuple[float, float, float]:
@@ -254,7 +262,11 @@ class _Command:
     (dynasem/_background/command_init.py), or (``own_pids=False``) in a session of its own that dies
     with this process (``PR_SET_PDEATHSIG``)."""
 
-    def __init__(self, command: list[str], env: dict[str, str], own_pids: bool) -> None:
+    def __init__(
+        self, command: list[str], env: dict[str, str], own_pids: bool, deadline: float
+    ) -> None:
+        """``deadline``: the lead's, told to the init before it starts (it must never run
+        the command untold: this process may stop, SIGSTOP, while the keeper starts)."""
         self.own_pids = own_pids
         self._told = 0.0
         self._control = ready_r = -1
@@ -267,6 +279,7 @@ class _Command:
             ready_r, ready_w = os.pipe()
             os.set_blocking(self._control, False)  # a stuck reader must never stall the leader
             fds = (control_r, ready_w)
+            self.trust_until(deadline)  # in the pipe before the init reads it
         leader = str(os.getpid())
         first = [*map(str, fds), leader] if own_pids else ["--die-with", leader]
         try:

@@ -548,7 +548,11 @@ def adopt_unconfirmed(mp: pytest.MonkeyPatch) -> None:
     from dynasem._background import unique
 
     # A late adoption's hold is run as it is, not confirmed first (before the fix).
-    mp.setattr(unique, "confirm", lambda held: None)
+    def renewed(held: Any) -> Any:
+        unique.start_renewing(held)
+        return held
+
+    mp.setattr(unique, "_renewed", renewed)
 
 
 def interrupt_forgets_taken(mp: pytest.MonkeyPatch) -> None:
