@@ -130,7 +130,9 @@ class Registration:
             )
 
 
-def register(sem: Any, busy: SemaphoreBusy) -> Registration | None:
+def register(
+    sem: Any, busy: SemaphoreBusy, made: list[Registration] | None = None
+) -> Registration | None:
     """Register as ``sem``'s next run after ``busy``, or raise :class:`Coalesced`; None when
     the lock row is gone (reaped since it was busy): we wait as a plain waiter, unregistered.
 
@@ -160,25 +162,30 @@ def register(sem: Any, busy: SemaphoreBusy) -> Registration | None:
     ex = facts(resource, token=token, outcome="registered", holder=holder)
     logger.info("dynasem: %r is busy: registered as its next run", resource, extra=ex)
     name = telemetry.lock_name(sem) if telemetry.ON else None
-    return Registration(resource, token, lease, skew, sent, name)
+    registration = Registration(resource, token, lease, skew, sent, name)
+    if made is not None:
+        made.append(registration)  # for the caller's guard, before anything can interrupt
+    return registration
 
 
 def acquire(sem: Any, attempt: Callable[[float], _T]) -> _T:
     """``sem``'s hold: at once if free, else as the next run; :class:`Coalesced` if there is
     one. ``attempt(wait)`` acquires, waiting up to ``wait`` seconds."""
     wait = checked_wait(sem)
+    made: list[Registration] = []  # registered: withdrawn if anything stops us from here
     try:
-        return attempt(0)
-    except Coalesced:
-        raise
-    except SemaphoreBusy as busy:
-        registration = register(sem, busy)
-    if registration is None:
-        return attempt(wait)
-    try:
+        try:
+            return attempt(0)
+        except Coalesced:
+            raise
+        except SemaphoreBusy as busy:
+            registration = register(sem, busy, made)
+        if registration is None:
+            return attempt(wait)
         held = attempt(wait)
     except BaseException:
-        registration.withdraw()
+        for registered in made:  # an interrupt as it registered too (its heartbeat runs)
+            registered.withdraw()
         raise
     registration.stop()  # taken: its fence marks it as started; nothing to delete
     return held
