@@ -96,19 +96,21 @@ def begin(sem: object, held: Any, using: str | None, undo: Callable[[], None]) -
     """A ``fence_db`` block's start: open ``transaction.atomic(using)`` (a savepoint inside
     an open transaction) and write the fence first in it. On failure, ``undo()`` (give the
     hold back) and raise."""
+    before = _opened.get()
     try:
         alias = commit.database(using)  # the routers' choice, asked once for both
         block = transaction.atomic(using=alias)
         block.__enter__()
         try:
             fence_transaction(held, alias)
+            _opened.set((*before, (id(sem), block)))  # inside: an interrupt here closes it
         except BaseException as exc:
+            _opened.set(before)
             block.__exit__(type(exc), exc, exc.__traceback__)
             raise
     except BaseException:
         undo()
         raise
-    _opened.set((*_opened.get(), (id(sem), block)))
 
 
 def end(sem: object, held: Any, exc_type: Any, exc: Any, tb: Any, undo: Callable[[], None]) -> None:
@@ -119,17 +121,21 @@ def end(sem: object, held: Any, exc_type: Any, exc: Any, tb: Any, undo: Callable
     stack = _opened.get()
     # The innermost block this semaphore opened (begin() always pairs with end()).
     i = max(i for i, (opener, _) in enumerate(stack) if opener == id(sem))
-    block = stack[i][1]
-    _opened.set(stack[:i] + stack[i + 1 :])
+    block, exited = stack[i][1], False
     try:
+        _opened.set(stack[:i] + stack[i + 1 :])
         if exc_type is None:
             try:
                 held.raise_if_lost()
             except BaseException as lost:  # LockLost, or what a lock_lost receiver raised
+                exited = True
                 block.__exit__(type(lost), lost, lost.__traceback__)
                 raise
+        exited = True
         block.__exit__(exc_type, exc, tb)
-    except BaseException:
+    except BaseException as failure:
+        if not exited:  # interrupted before the block's exit (a signal): it rolls back
+            block.__exit__(type(failure), failure, failure.__traceback__)
         undo()
         raise
 

@@ -1,0 +1,85 @@
+"""Found by review (thirty-first session), failing before its mend: an interrupt
+(KeyboardInterrupt from a signal handler, raising at any line) in fence_db's bookkeeping
+(dynasem/_transactions/fencing.py begin()/end())."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connections
+
+from dynasem import semaphore
+from dynasem._operators import locks as operations
+from dynasem._operators.locks import holds_on
+from dynasem._transactions import fencing
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class _InterruptedOnSet:
+    """fencing._opened, whose next set() is where a signal's KeyboardInterrupt lands."""
+
+    def __init__(self, real: Any, at_call: int):
+        self.real, self.calls, self.at_call = real, 0, at_call
+
+    def get(self) -> Any:
+        return self.real.get()
+
+    def set(self, value: Any) -> Any:
+        self.calls += 1
+        if self.calls == self.at_call:
+            raise KeyboardInterrupt
+        return self.real.set(value)
+
+
+def test_an_interrupt_as_a_fenced_block_begins_closes_its_transaction_and_gives_back(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """begin(): the atomic block entered and the fence written, an interrupt at the line
+    that records the block (``_opened.set``, outside begin's try) leaves __enter__ without
+    the block being entered: __exit__ never runs, so the transaction is never closed (the
+    connection stays in_atomic_block: this thread's later work lands in a transaction that
+    never commits) and the hold, entered, is never given back (renewed by its heartbeat until
+    the process ends). Every other failure in begin() closes the block and gives back."""
+    monkeypatch.setattr(fencing, "_opened", _InterruptedOnSet(fencing._opened, at_call=1))
+    sem = semaphore("tbl:interrupted-begin", fence_db=True)
+    with pytest.raises(KeyboardInterrupt):
+        with sem:
+            pytest.fail("the block must not run")
+    _check_and_clean_up("tbl:interrupted-begin")
+
+
+def test_an_interrupt_as_a_fenced_block_ends_closes_its_transaction_and_gives_back(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """end(): an interrupt at ``_opened.set`` (before end's try) skips the block's exit and
+    the undo: the transaction is left open and the hold never given back (__exit__'s
+    leave() is not reached either). An interrupt one line later, in block.__exit__, is
+    handled (undo())."""
+    monkeypatch.setattr(fencing, "_opened", _InterruptedOnSet(fencing._opened, at_call=2))
+    sem = semaphore("tbl:interrupted-end", fence_db=True)
+    with pytest.raises(KeyboardInterrupt):
+        with sem:
+            pass
+    _check_and_clean_up("tbl:interrupted-end")
+
+
+def _check_and_clean_up(resource: str) -> None:
+    """Assert the transaction closed and the hold given back; first undo what was left, so
+    that a failure here does not leak into the next test of this worker."""
+    connection = connections["default"]
+    left_open = connection.in_atomic_block
+    if left_open:
+        connection.atomic_blocks.clear()
+        connection.savepoint_ids.clear()
+        connection.in_atomic_block = False
+        connection.needs_rollback = False
+        connection.rollback()
+        connection.set_autocommit(True)
+    held = holds_on(resource)
+    for hold in held:
+        operations.break_hold(resource, hold.token)
+    assert (left_open, len(held)) == (False, 0), (
+        f"transaction left open: {left_open}; holds left: {held}"
+    )
