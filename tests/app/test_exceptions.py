@@ -25,7 +25,7 @@ from dynasem import (
     TableMissing,
 )
 from dynasem._background.run_once import TransactionRolledBack
-from dynasem._background.unique import Taken
+from dynasem._background.unique import RunNotEnded, Taken
 from dynasem._engine.decorators import BadKey, KeyNotPrintable, KeyTooLong
 from dynasem._operators.cursors import BadCursor
 from dynasem._storage.dynamodb import Cancelled, Refused, WriteConflict
@@ -70,6 +70,7 @@ EXAMPLES: list[BaseException] = [
     LockLost("tbl_issues:42", "its lease ran out"),
     Coalesced("tbl_issues:42", 3, "alice", "bob"),
     Taken("unique:reindex:42", "5f0c1e"),
+    RunNotEnded("unique:reindex:42", "the run that enqueued it has not ended yet"),
     SemaphoreUnavailable("DynamoDB timed out", transient=True, ambiguous=True),
     TableMissing("no table: run `manage.py dynasem_createtable`"),
     LimitExceeded("the item would exceed 400 KB", "item size"),
