@@ -97,6 +97,8 @@ class Held:
         self._giving_back_mono = math.inf  # when the release began (see _released_by)
         # Who took it: at exit, only holds of threads that ended are given back (shutdown.py).
         self.thread = threading.current_thread()
+        # The thread in whose transaction it waits for the commit, once given back inside one.
+        self.pending_in: threading.Thread | None = None
         self._pid = os.getpid()  # a forked child's copy is its parent's hold, not the child's
         # Acquisitions of it in all: nested acquires in the same thread or task re-enter it
         # (reentry.py); only the last release gives it back.
@@ -337,7 +339,9 @@ class Held:
             return
         sem = self.semaphore
         if sem.on_commit and not self.lost:
-            # Pending first: a transaction that can never commit ends it at once.
+            # Pending first: a transaction that can never commit ends it at once. Its
+            # transaction is this thread's (release_all leaves it while this thread runs).
+            self.pending_in = threading.current_thread()
             self._pending_commit = True
             if commit.after_transaction(
                 sem.using, self._after_transaction, self.resource, owner=self

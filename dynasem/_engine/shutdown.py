@@ -36,7 +36,9 @@ def release_all() -> int:
     """Give back every hold of this process that nobody can be using any more: taken by the
     calling thread (call it when that thread is done with its holds), or by a thread that has
     ended. Holds of threads that still run are left (they end with their lease, or with the
-    process). A hold waiting for its transaction's commit is given back now. Returns how
+    process). A hold waiting for its transaction's commit is given back now, if that
+    transaction is the calling thread's or an ended thread's; another running thread's
+    transaction may still commit work done under it, and gives it back itself. Returns how
     many were given back.
 
     It runs by itself at a normal exit (``atexit``); call it where a process ends otherwise,
@@ -49,7 +51,8 @@ def release_all() -> int:
         # A hold taken by another thread that still runs (a daemon thread, at exit) may be
         # inside its block, or its transaction, right now: giving it back under it would let
         # another holder in while it works.
-        if held.released or (held.thread is not caller and held.thread.is_alive()):
+        user = held.pending_in if held.pending_commit and held.pending_in else held.thread
+        if held.released or (user is not caller and user.is_alive()):
             continue
         if clock.monotonic() >= stop:
             logger.warning(

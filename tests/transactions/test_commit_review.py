@@ -96,3 +96,46 @@ def test_a_forked_childs_copy_of_the_commit_hook_does_not_end_the_parents_pendin
         assert ran_again == [False], "the job's body ran again before the first run committed"
     assert User.objects.using("file").filter(username="job-fork-work").exists()
     assert job.status == "DONE" and job_status("tx:job-fork") == "DONE"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_release_all_does_not_give_back_a_hold_waiting_for_another_threads_commit(lock_table):
+    """release_all() (and atexit) give back the holds "nobody can be using any more": those
+    taken by the calling thread or by an ended thread, judged by Held.thread, the thread that
+    TOOK the hold. A hold waiting for a commit belongs to the transaction it was released in,
+    which may be another thread's: taken by thread A (which then ends, or calls release_all,
+    "done with its holds"), released by thread B inside B's transaction.atomic (pending
+    commit). release_all() from anywhere then gives it back while B's transaction is still
+    open: another holder begins before B's work under the lock is committed (the case
+    commit.py exists to prevent; at exit, B a daemon thread can still commit after it)."""
+    import dynasem
+
+    taken: list = []
+    taker = threading.Thread(target=lambda: taken.append(semaphore("tx:other-thread").acquire()))
+    taker.start()
+    taker.join()  # thread A took it and ended
+    held = taken[0]
+
+    in_transaction, go_on = threading.Event(), threading.Event()
+
+    def committer() -> None:  # thread B: works under the hold and releases it in its transaction
+        with transaction.atomic():
+            User.objects.create(username="other-thread-work")
+            held.release()
+            in_transaction.set()
+            go_on.wait(10)
+        connections.close_all()
+
+    b = threading.Thread(target=committer)
+    b.start()
+    assert in_transaction.wait(10)
+    try:
+        assert held.pending_commit
+        dynasem.release_all()  # e.g. the main thread at its end, or atexit
+        # B's transaction has not committed: nobody else may take the lock yet.
+        assert not held.released and is_busy("tx:other-thread"), (
+            "given back before its transaction committed"
+        )
+    finally:
+        go_on.set()
+        b.join()
