@@ -32,6 +32,7 @@ from typing import Any
 
 from .._engine.arguments import LEADER_PREFIX, check_resource
 from .._engine.hold import Held
+from .._engine.reentry import pop_entered
 from ..exceptions import LockLost
 from ..signals import lock_lost
 
@@ -132,12 +133,7 @@ class Leadership:
         return lead
 
     def _left(self) -> Lead:
-        stack = _entered.get()
-        for i in range(len(stack) - 1, -1, -1):
-            if stack[i][0] == id(self):
-                _entered.set(stack[:i] + stack[i + 1 :])
-                return stack[i][1]
-        raise RuntimeError("leadership exited without a matching enter")
+        return pop_entered(_entered, self, "leadership")
 
     def __enter__(self) -> Lead:
         return self._entered(Lead(self.name, self.semaphore.acquire(), self.on_lost))

@@ -23,6 +23,7 @@ from .._engine import arguments as validation
 from .._engine import resend
 from .._engine.heartbeat import Heartbeat
 from .._engine.queue import retry_after
+from .._engine.reentry import pop_entered
 from .._engine.steps import run_io_taking, run_io_to_end
 from .._observability.logs import facts
 from .._storage import dynamodb, job_rows, job_writes, records
@@ -284,12 +285,7 @@ class RunOnce:
 
     def _left(self) -> Job:
         """The innermost job this thread or task entered through this object, forgotten."""
-        stack = _entered.get()
-        for i in range(len(stack) - 1, -1, -1):
-            if stack[i][0] == id(self):
-                _entered.set(stack[:i] + stack[i + 1 :])
-                return stack[i][1]
-        raise RuntimeError("run_once exited without a matching enter")
+        return pop_entered(_entered, self, "run_once")
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
         self._leave(self._left(), exc)

@@ -8,7 +8,7 @@ import logging
 import threading
 from collections.abc import Sequence
 from contextvars import ContextVar
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from asgiref.sync import SyncToAsync
 
@@ -52,13 +52,23 @@ def current_hold(resource: str | None = None) -> Held:
     raise LookupError(f"no dynasem hold is entered here{where}")
 
 
+_T = TypeVar("_T")
+
+
+def pop_entered(stack: ContextVar[tuple[tuple[int, _T], ...]], owner: object, what: str) -> _T:
+    """The innermost entry ``owner`` (kept by its identity) pushed on ``stack`` in this thread
+    or task, taken off it: a block's exit finds its own enter even when blocks of the same
+    object nest."""
+    entries = stack.get()
+    for i in range(len(entries) - 1, -1, -1):
+        if entries[i][0] == id(owner):
+            stack.set(entries[:i] + entries[i + 1 :])
+            return entries[i][1]
+    raise RuntimeError(f"{what} exited without a matching enter")
+
+
 def forget_entered(sem: object) -> Held:
-    stack = _entered.get()
-    for i in range(len(stack) - 1, -1, -1):
-        if stack[i][0] == id(sem):
-            _entered.set(stack[:i] + stack[i + 1 :])
-            return stack[i][1]
-    raise RuntimeError("semaphore exited without a matching enter")
+    return pop_entered(_entered, sem, "semaphore")
 
 
 def leave(held: Held, raised: bool) -> None:
