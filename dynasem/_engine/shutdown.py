@@ -23,7 +23,7 @@ import threading
 from .. import _clock as clock
 from .._observability.logs import facts
 from . import heartbeat
-from .hold import Held, give_back_unused
+from .hold import Held, give_back_left, give_back_unused, left_holds
 
 logger = logging.getLogger("dynasem")
 
@@ -64,11 +64,17 @@ def release_all() -> int:
         held.depth = 1  # re-entered and never left: nobody uses any depth of it now
         give_back_unused(held)
         given += 1
+    # Holds whose release an interrupt cut short: their blocks have ended, whichever thread's.
+    for held in left_holds():
+        if clock.monotonic() >= stop:
+            break
+        given += give_back_left(held)
     return given
 
 
 def _at_exit() -> None:
-    if heartbeat.scheduled():  # nothing to do (and no cost) for a process that holds nothing
+    # Nothing to do (and no cost) for a process that holds nothing.
+    if heartbeat.scheduled() or left_holds():
         given = release_all()
         if given:
             logger.info(
