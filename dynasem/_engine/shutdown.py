@@ -38,8 +38,9 @@ def release_all() -> int:
     ended. Holds of threads that still run are left (they end with their lease, or with the
     process). A hold waiting for its transaction's commit is given back now, if that
     transaction is the calling thread's or an ended thread's; another running thread's
-    transaction may still commit work done under it, and gives it back itself. Returns how
-    many were given back.
+    transaction may still commit work done under it, and gives it back itself. A hold whose
+    release an interrupt cut short (left to its lease, its block over) is given back too.
+    Returns how many were given back.
 
     It runs by itself at a normal exit (``atexit``); call it where a process ends otherwise,
     e.g. from Celery's ``worker_process_shutdown`` signal."""
