@@ -119,3 +119,64 @@ def test_a_hold_is_renewed_while_a_lock_acquired_receiver_runs(lock_table: str) 
     finally:
         with contextlib.suppress(LockLost):
             held.release()
+
+
+@pytest.mark.reentry
+@pytest.mark.parametrize("where", ["looking for a transaction", "starting the give-back"])
+def test_a_release_interrupted_before_it_began_is_not_renewed_for_nobody(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """Ctrl-C (or a Celery task's soft time limit: a signal handler's exception) lands in a
+    block's exit before the give-back has begun: while ``release()`` asks Django whether a
+    transaction is open (every release with ``on_commit``, the default, does, outside a
+    transaction too), or at ``_release_now``'s first call. The interrupt stands in here for
+    the signal at that call. The ``with`` block's exit does not run again. Nothing had marked
+    the hold: its heartbeat renews it on, for nobody, as long as the process lives (a worker
+    goes on to its next task), and with the hold marked pending a commit that no transaction
+    will bring, or still plain, the thread's next acquire of the resource waits on it, or
+    re-enters it and gives back only a depth: the lock is kept for good. As for an interrupt
+    in the release's wait for a renewal (tests/engine/test_heartbeat.py), it must be left to
+    its lease at worst: renewed no more, re-entered no more."""
+    from dynasem._engine import hold as hold_module
+    from dynasem._transactions import commit
+
+    resource = unique("int-before")
+    sem = semaphore(resource, lease=LEASE)
+    held = sem.acquire()
+    wait_for_renewal(held)
+    if where == "looking for a transaction":
+        real = commit.open_transaction
+
+        def open_transaction(*args: Any, **kwargs: Any) -> Any:
+            monkeypatch.setattr(commit, "open_transaction", real)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(commit, "open_transaction", open_transaction)
+    else:
+        real_os = hold_module.os
+        calls: list[int] = []
+
+        class Os:
+            def __getattr__(self, name: str) -> Any:
+                return getattr(real_os, name)
+
+            def getpid(self) -> int:
+                if not calls:
+                    calls.append(1)
+                    raise KeyboardInterrupt  # at _release_now's first call
+                return real_os.getpid()
+
+        monkeypatch.setattr(hold_module, "os", Os())
+    with pytest.raises(KeyboardInterrupt):
+        held.release()
+    monkeypatch.undo()
+    try:
+        time.sleep(2 * (LEASE - 0.5) / 3 + 0.15)  # two renewals would have been due
+        assert heartbeats_of(resource) == [], "the hold is renewed on, for nobody"
+        with semaphore(resource, lease=LEASE, wait=3 * LEASE) as again:
+            # A hold of its own, once the interrupted one's lease ran out.
+            assert again.token != held.token and again.depth == 1
+    finally:
+        if not held.released:
+            with contextlib.suppress(LockLost):
+                held.release()
