@@ -337,18 +337,37 @@ class Held:
             if self.lost:
                 self._raise_lost()
             return
-        sem = self.semaphore
-        if sem.on_commit and not self.lost:
-            # Pending first: a transaction that can never commit ends it at once. Its
-            # transaction is this thread's (release_all leaves it while this thread runs).
-            self.pending_in = threading.current_thread()
-            self._pending_commit = True
-            if commit.after_transaction(
-                sem.using, self._after_transaction, self.resource, owner=self
-            ):
-                return
+        try:
+            sem = self.semaphore
+            if sem.on_commit and not self.lost:
+                # Pending first: a transaction that can never commit ends it at once. Its
+                # transaction is this thread's (release_all leaves it while this thread runs).
+                self.pending_in = threading.current_thread()
+                self._pending_commit = True
+                if commit.after_transaction(
+                    sem.using, self._after_transaction, self.resource, owner=self
+                ):
+                    return
+                self._pending_commit = False
+            self._release_now()
+        except BaseException as exc:
+            self._cut_short(exc)
+            raise
+
+    def _cut_short(self, exc: BaseException) -> None:
+        """``release()`` raised ``exc`` (an interrupt: Ctrl-C, a task's time limit; or an
+        error) before the give-back began: its block has ended, and its exit does not run
+        again. Left to its lease (given back at exit), renewed and re-entered no more; unless
+        it is being given back, was lost, or waits for its transaction's end after all."""
+        if isinstance(exc, LockLost) or self._released or self._giving_back_mono < math.inf:
+            return
+        if self._pending_commit:
+            if any(owner is self for owner in commit.pending_owners()):
+                return  # its transaction's end gives it back
             self._pending_commit = False
-        self._release_now()
+        self.left_to_lease = True
+        self._stop_heartbeat()
+        _left.add(self)
 
     async def arelease(self) -> None:
         await run_io_to_end(self.release)
