@@ -337,18 +337,37 @@ class Held:
             if self.lost:
                 self._raise_lost()
             return
-        sem = self.semaphore
-        if sem.on_commit and not self.lost:
-            # Pending first: a transaction that can never commit ends it at once. Its
-            # transaction is this thread's (release_all leaves it while this thread runs).
-            self.pending_in = threading.current_thread()
-            self._pending_commit = True
-            if commit.after_transaction(
-                sem.using, self._after_transaction, self.resource, owner=self
-            ):
-                return
+        try:
+            sem = self.semaphore
+            if sem.on_commit and not self.lost:
+                # Pending first: a transaction that can never commit ends it at once. Its
+                # transaction is this thread's (release_all leaves it while this thread runs).
+                self.pending_in = threading.current_thread()
+                self._pending_commit = True
+                if commit.after_transaction(
+                    sem.using, self._after_transaction, self.resource, owner=self
+                ):
+                    return
+                self._pending_commit = False
+            self._release_now()
+        except BaseException as exc:
+            self._cut_short(exc)
+            raise
+
+    def _cut_short(self, exc: BaseException) -> None:
+        """``release()`` raised ``exc`` (an interrupt: Ctrl-C, a task's time limit; or an
+        error) before the give-back began: its block has ended, and its exit does not run
+        again. Left to its lease (given back at exit), renewed and re-entered no more; unless
+        it is being given back, was lost, or waits for its transaction's end after all."""
+        if isinstance(exc, LockLost) or self._released or self._giving_back_mono < math.inf:
+            return
+        if self._pending_commit:
+            if any(owner is self for owner in commit.pending_owners()):
+                return  # its transaction's end gives it back
             self._pending_commit = False
-        self._release_now()
+        self.left_to_lease = True
+        self._stop_heartbeat()
+        _left.add(self)
 
     async def arelease(self) -> None:
         await run_io_to_end(self.release)
@@ -380,6 +399,7 @@ class Held:
             return False
         self._released = True
         self._stop_heartbeat()
+        _left.discard(self)  # an interrupted release given back after all
         return True
 
     def _release_now(self) -> None:
@@ -401,13 +421,22 @@ class Held:
             self._giving_back_mono = before
             self.left_to_lease = True
             self._stop_heartbeat()
+            _left.add(self)  # given back at exit (shutdown.py), if not released again first
             raise
         with _owned(self._lock):
             if not self._ended():
                 return
             with telemetry.releasing(self) if telemetry.ON else _NOTHING:
                 lost_before = self._lost is not None or self._giving_back_mono >= self._deadline
-                given = self._give_back()
+                try:
+                    given = self._give_back()
+                except BaseException:
+                    # Cut short (Ctrl-C, a task's time limit): its write may have been sent,
+                    # or not. Given back again at exit (shutdown.py), where a refusal of it
+                    # is no proof of a loss.
+                    self._unanswered = True
+                    _left.add(self)
+                    raise
                 if self._lost is None and (lost_before or not given):
                     # Begun past the deadline, the lease ran out first, whoever holds now.
                     self._mark_lost(self._deadline_reason() if lost_before else TAKEN_OVER)
@@ -426,13 +455,22 @@ class Held:
             entry = records.Holder(
                 self.user_id, now_ms + int(queue_lease * 1000), self.fence, now_ms
             )
+            adoption = claims.adopt_hold(self.resource, self.token, token, entry)
+            failed: list[SemaphoreUnavailable] = []
             try:
-                lock_rows.update(claims.adopt_hold(self.resource, self.token, token, entry))
+                # Sent again while throttled, as any give-back (resend.py): the hold has ended
+                # (renewed no more), and a retry waits for it until its lease runs out.
+                sent = resend.patiently(
+                    functools.partial(lock_rows.update, adoption), math.inf, failed.append
+                )
             except dynamodb.Refused as refused:
                 item = refused.lock
                 if item is None or token not in item.holders:  # else: applied, answer lost
                     self._mark_lost("another holder took it over before the run ended")
                     raise LockLost(self.resource, "it was lost before the run ended") from None
+                return
+            if not sent:
+                raise failed[0]
 
     def hand_on(self, item: records.LockItem) -> bool:
         """Give back, to the next waiter if any, a hold a hand-over (``item``) made for a waiter
@@ -725,6 +763,39 @@ class Held:
             hb.stop()
 
 
+# Holds whose release an interrupt cut short, before or during its write, in a process that
+# goes on: left to their lease, but given back at a normal exit (shutdown.release_all).
+_left: set[Held] = set()
+
+
+def left_holds() -> list[Held]:
+    """The holds of this process whose release an interrupt cut short (their blocks ended)."""
+    return [held for held in list(_left) if held.here]
+
+
+def forget_left() -> None:
+    """Forget the holds whose release was cut short (a test's, on its own table)."""
+    _left.clear()
+
+
+def give_back_left(held: Held) -> bool:
+    """Best effort (at exit): give back ``held``, whose release an interrupt cut short, once
+    more; True if it was given back (or had been: the write cut short had landed)."""
+    _left.discard(held)
+    try:
+        with held._lock:  # a renewal in flight: until it is answered
+            held._released = True
+            held._stop_heartbeat()
+            given = held._give_back()
+    except Exception as exc:
+        message = "dynasem: could not give back %r at exit: %s"
+        logger.warning(message, held.resource, exc, extra=held._facts("give_back_failed", exc))
+        return False
+    if given:
+        held._send(lock_released)
+    return given
+
+
 def start_renewing(held: Held) -> None:
     """Renew ``held``, a hold taken by other means (a unique task's adopted claim), from now
     on: the heartbeat keeps it until it is given back. Nothing is announced."""
@@ -760,8 +831,10 @@ def acquired(
             # The first waiter in line a reader too: it can join us now (it then pushes the
             # next one when it has joined).
             _let_next_reader_in(held.resource, item)
-        held._send(lock_acquired, fences=held.fences)
+        # Renewed from now: a receiver of lock_acquired runs before the caller has the hold,
+        # and one that takes longer than the hold's trusted window would hand it over lapsed.
         held._start_heartbeat()
+        held._send(lock_acquired, fences=held.fences)
         if held._hands_over:
             push.holding(held)
     except BaseException:

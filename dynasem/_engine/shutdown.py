@@ -23,7 +23,7 @@ import threading
 from .. import _clock as clock
 from .._observability.logs import facts
 from . import heartbeat
-from .hold import Held, give_back_unused
+from .hold import Held, give_back_left, give_back_unused, left_holds
 
 logger = logging.getLogger("dynasem")
 
@@ -38,8 +38,9 @@ def release_all() -> int:
     ended. Holds of threads that still run are left (they end with their lease, or with the
     process). A hold waiting for its transaction's commit is given back now, if that
     transaction is the calling thread's or an ended thread's; another running thread's
-    transaction may still commit work done under it, and gives it back itself. Returns how
-    many were given back.
+    transaction may still commit work done under it, and gives it back itself. A hold whose
+    release an interrupt cut short (left to its lease, its block over) is given back too.
+    Returns how many were given back.
 
     It runs by itself at a normal exit (``atexit``); call it where a process ends otherwise,
     e.g. from Celery's ``worker_process_shutdown`` signal."""
@@ -64,11 +65,17 @@ def release_all() -> int:
         held.depth = 1  # re-entered and never left: nobody uses any depth of it now
         give_back_unused(held)
         given += 1
+    # Holds whose release an interrupt cut short: their blocks have ended, whichever thread's.
+    for held in left_holds():
+        if clock.monotonic() >= stop:
+            break
+        given += give_back_left(held)
     return given
 
 
 def _at_exit() -> None:
-    if heartbeat.scheduled():  # nothing to do (and no cost) for a process that holds nothing
+    # Nothing to do (and no cost) for a process that holds nothing.
+    if heartbeat.scheduled() or left_holds():
         given = release_all()
         if given:
             logger.info(

@@ -145,11 +145,13 @@ def _table(settings: dict[str, Any]) -> Iterator[str]:
     from django.test import override_settings
 
     from .._engine import heartbeat
+    from .._engine.hold import forget_left
     from .._engine.reentry import forget_acquired
     from .._storage import records, schema
     from ..conf import settings as dynasem_settings
 
     forget_acquired()  # holds of earlier tests are on other tables: never re-entered
+    forget_left()  # nor given back at exit
     endpoint = engine_endpoint()
     name = f"dynasem-test-{uuid.uuid4().hex[:12]}"
     # Where the user chose credentials (a profile), they are left alone.
