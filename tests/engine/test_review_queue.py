@@ -1,0 +1,62 @@
+"""Review of waiting in line (dynasem._engine.queue, core.Acquire.wait): a waiter that gives up
+must leave nothing in the line that a releasing holder hands the lock to."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from dynasem import SemaphoreBusy, SemaphoreUnavailable, semaphore
+from dynasem._storage import lock_rows
+
+LEAVER_LEASE = 30
+
+
+@pytest.mark.parametrize("how", ["throttled_past_deadline", "refused"])
+def test_a_waiter_whose_look_fails_leaves_the_line(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A queued waiter's look at the row fails: throttled still after botocore's retries,
+    its answer coming after the wait's deadline (patient_read then raises), or refused for
+    good. The acquire raises SemaphoreUnavailable, but its place in line (its entry, or the
+    word it told the holder) stays: the holder's release hands the lock to it, and nobody
+    uses that hold for the leaver's whole lease (its process is alive: no takeover)."""
+    resource = f"rq:look:{how}"
+    holder = semaphore(resource, lease=30, user="holder").acquire()
+    get = lock_rows.get
+    out: dict[str, Any] = {}
+    started = time.monotonic()
+
+    def failing_get(resource_: str, *args: Any, **kwargs: Any) -> Any:
+        mine = threading.current_thread().name == "leaver" and kwargs.get("consistent") is False
+        if mine and time.monotonic() > started + 0.5:  # its entry is put (ENTRY_DEFER)
+            if how == "throttled_past_deadline":
+                time.sleep(started + 1.2 - time.monotonic())  # retries, past the 1 s wait
+                raise SemaphoreUnavailable("throttled", transient=True)
+            raise SemaphoreUnavailable("AccessDenied")
+        return get(resource_, *args, **kwargs)
+
+    monkeypatch.setattr(lock_rows, "get", failing_get)
+
+    def leave() -> None:
+        try:
+            semaphore(resource, fair=True, wait=1.0, lease=LEAVER_LEASE, user="leaver").acquire()
+            out["leaver"] = "acquired"
+        except Exception as exc:
+            out["leaver"] = exc
+
+    started = time.monotonic()
+    leaver = threading.Thread(target=leave, name="leaver")
+    leaver.start()
+    leaver.join(10)
+    assert isinstance(out.get("leaver"), SemaphoreUnavailable), out
+    holder.release()
+    # The lock is free: nobody else is in line. A newcomer gets it at once.
+    try:
+        held = semaphore(resource, wait=3, user="next").acquire()
+    except SemaphoreBusy as busy:
+        pytest.fail(f"the lock was handed to the waiter that failed and left: {busy!r}")
+    held.release()
