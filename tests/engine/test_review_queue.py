@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from dynasem import SemaphoreBusy, SemaphoreUnavailable, semaphore
+from dynasem._engine import hold
 from dynasem._storage import lock_rows
+from tests.support.helpers import queue_of
 
 LEAVER_LEASE = 30
 
@@ -59,4 +61,61 @@ def test_a_waiter_whose_look_fails_leaves_the_line(
         held = semaphore(resource, wait=3, user="next").acquire()
     except SemaphoreBusy as busy:
         pytest.fail(f"the lock was handed to the waiter that failed and left: {busy!r}")
+    held.release()
+
+
+def test_ctrl_c_right_after_telling_the_holder_leaves_no_word_behind(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter that told the holder it queued (hold.queued_behind: its entry deferred,
+    queue.ENTRY_DEFER) is interrupted (Ctrl-C, a Celery soft time limit) before its next
+    step: the last step it yielded, the ticket's draw, knows no entry to leave, so nothing
+    leaves the line. The holder's word of it stays in the line it hands on (second in line:
+    not the first-in-line word that ``Held._forget_heir_gone`` drops), and the lock is handed
+    to the waiter that is gone, held for nobody for its whole lease."""
+    resource = "rq:word"
+    holder = semaphore(resource, lease=30, user="holder").acquire()
+    out: dict[str, Any] = {}
+    told = hold.queued_behind
+
+    def queued_behind(row: Any, waiter: Any) -> bool:
+        heard = told(row, waiter)
+        if heard and threading.current_thread().name == "gone":
+            raise KeyboardInterrupt  # right after the word, before the wait's first step
+        return heard
+
+    monkeypatch.setattr(hold, "queued_behind", queued_behind)
+
+    def first() -> None:
+        try:
+            sem = semaphore(resource, fair=True, wait=15, lease=30, user="first")
+            sem.acquire().release()  # handed the lock, it hands it on at once
+            out["first"] = "acquired"
+        except BaseException as exc:
+            out["first"] = exc
+
+    def gone() -> None:
+        try:
+            semaphore(resource, fair=True, wait=15, lease=LEAVER_LEASE, user="gone").acquire()
+            out["gone"] = "acquired"
+        except BaseException as exc:
+            out["gone"] = exc
+
+    one = threading.Thread(target=first, name="first")
+    one.start()
+    deadline = time.monotonic() + 5
+    while "first" not in {w.user_id for w in queue_of(resource).values()}:  # its entry is put
+        assert time.monotonic() < deadline, "the first waiter never queued"
+        time.sleep(0.02)
+    two = threading.Thread(target=gone, name="gone")
+    two.start()
+    two.join(10)
+    assert isinstance(out.get("gone"), KeyboardInterrupt), out
+    holder.release()
+    one.join(20)
+    assert out.get("first") == "acquired", out
+    try:
+        held = semaphore(resource, wait=3, user="next").acquire()
+    except SemaphoreBusy as busy:
+        pytest.fail(f"the lock was handed to the waiter that was interrupted: {busy!r}")
     held.release()
