@@ -8,11 +8,13 @@ import time
 from typing import Any
 
 import pytest
+from django.test import override_settings
 
 from dynasem import SemaphoreBusy, SemaphoreUnavailable, semaphore
 from dynasem._engine import hold
-from dynasem._storage import lock_rows
-from tests.support.helpers import queue_of
+from dynasem._engine import push as wakeup
+from dynasem._storage import lock_rows, queue_entries
+from tests.support.helpers import dynasem_settings, queue_of
 
 LEAVER_LEASE = 30
 
@@ -119,3 +121,47 @@ def test_ctrl_c_right_after_telling_the_holder_leaves_no_word_behind(
     except SemaphoreBusy as busy:
         pytest.fail(f"the lock was handed to the waiter that was interrupted: {busy!r}")
     held.release()
+
+
+def test_a_leaver_whose_drop_is_throttled_is_not_handed_the_lock_later(
+    dynamodb_local: str, lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A waiter whose wait ran out leaves the line: it marks its entry dead (one write), then
+    reads the row. That write throttled still after botocore's retries (the resource's key
+    is hot: a crowd waits on it), its entry stays live for the rest of its lease; only one
+    late look, LATE_LOOK (2 s) on, watches for a hand-over to it. Pushes do not reach it
+    (off here; or a releaser on another host and a loopback PUSH): a release a little later
+    hands the lock to that entry, and it is held for nobody for the leaver's whole lease."""
+    monkeypatch.setattr(wakeup, "LATE_LOOK", 0.5)  # (the same with 2 s: a shorter test)
+    with override_settings(DYNASEM=dynasem_settings(dynamodb_local, lock_table, PUSH=None)):
+        resource = "rq:drop"
+        holder = semaphore(resource, lease=30, user="holder").acquire()
+        drop = queue_entries.drop_entry
+        out: dict[str, Any] = {}
+
+        def throttled_drop(*args: Any) -> None:
+            if threading.current_thread().name == "leaver":
+                raise SemaphoreUnavailable("throttled", transient=True)
+            drop(*args)
+
+        monkeypatch.setattr(queue_entries, "drop_entry", throttled_drop)
+
+        def leave() -> None:
+            try:
+                sem = semaphore(resource, fair=True, wait=1, lease=LEAVER_LEASE, user="leaver")
+                sem.acquire()
+                out["leaver"] = "acquired"
+            except Exception as exc:
+                out["leaver"] = exc
+
+        leaver = threading.Thread(target=leave, name="leaver")
+        leaver.start()
+        leaver.join(10)
+        assert isinstance(out.get("leaver"), SemaphoreBusy), out
+        time.sleep(1.0)  # past its late look
+        holder.release()
+        try:
+            held = semaphore(resource, wait=3, user="next").acquire()
+        except SemaphoreBusy as busy:
+            pytest.fail(f"the lock was handed to the waiter that had left: {busy!r}")
+        held.release()
