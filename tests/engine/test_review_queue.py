@@ -165,3 +165,27 @@ def test_a_leaver_whose_drop_is_throttled_is_not_handed_the_lock_later(
         except SemaphoreBusy as busy:
             pytest.fail(f"the lock was handed to the waiter that had left: {busy!r}")
         held.release()
+
+
+def test_a_free_lock_found_by_a_refused_join_is_not_guessed_busy_again(
+    lock_table: str, requests_sent: Any
+) -> None:
+    """After a process queued for a resource, its next acquires (GUESS_BUSY_FOR, 10 s) join
+    the queue in their first write, refused if the lock is free (then they take it). A take
+    at once is to end that guess ("taken at once: free, this time"), but the refused join
+    counts as an enqueue (``pace.enqueued``), so the guess stays: every acquire of a free
+    lock for the next 10 s pays a refused ticket write (1 WCU) before its take."""
+    resource = "rq:guess"
+    holder = semaphore(resource, lease=30).acquire()
+    waiter = threading.Thread(target=lambda: semaphore(resource, wait=10).acquire().release())
+    waiter.start()
+    deadline = time.monotonic() + 5
+    while lock_rows.get(resource).queue_in == 0:  # type: ignore[union-attr]
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    holder.release()
+    waiter.join(10)
+    semaphore(resource, wait=5).acquire().release()  # the guess: a refused join, the take
+    requests_sent.reset()
+    semaphore(resource, wait=5).acquire().release()  # free again: one take, one release
+    assert requests_sent.calls["UpdateItem"] == 2, requests_sent.calls
