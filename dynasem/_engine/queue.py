@@ -522,6 +522,9 @@ def join_queue(
             leave=functools.partial(_leave_joined, run, joined),
         )
     except dynamodb.Refused as refused:
+        # Not queued (unless an earlier attempt was applied): a take at once now ends the
+        # guess that the resource is busy (core's Acquire.write), as for a take not queued.
+        pace.enqueued = refused.retried
         return refused.lock or records.LockItem()  # free, most likely: plan from it
     if after is None:
         return seen
