@@ -3,6 +3,7 @@ must leave nothing in the line that a releasing holder hands the lock to."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -189,3 +190,44 @@ def test_a_free_lock_found_by_a_refused_join_is_not_guessed_busy_again(
     requests_sent.reset()
     semaphore(resource, wait=5).acquire().release()  # free again: one take, one release
     assert requests_sent.calls["UpdateItem"] == 2, requests_sent.calls
+
+
+def test_a_cancelled_waiters_renewal_in_flight_does_not_revive_its_entry(
+    dynamodb_local: str, lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An async waiter renews its entry (half its lease gone) in a request that a cancel does
+    not wait for (``run_io``: it goes on in its thread). The cleanup marks the entry dead
+    meanwhile, in another thread; the renewal, held up on its way (a throttled attempt and
+    botocore's pause), lands after it: ``renew_waiter``'s condition is only that the entry
+    exists, so it makes the dead entry live again for a whole lease. Any release meanwhile
+    hands the lock to it; unpushed (pushes off here, or a releaser on another host) and
+    later than the one late look, it is held for nobody for the leaver's lease."""
+    monkeypatch.setattr(wakeup, "LATE_LOOK", 0.3)
+    with override_settings(DYNASEM=dynasem_settings(dynamodb_local, lock_table, PUSH=None)):
+        resource = "rq:renew"
+        holder = semaphore(resource, lease=30, user="holder").acquire()
+        update = lock_rows.update
+        renewing = threading.Event()
+
+        def slow_renewal(action: dict[str, Any], **kwargs: Any) -> Any:
+            if action.get("UpdateExpression") == "SET #e = :e, #exp = :exp":
+                renewing.set()
+                time.sleep(0.6)  # a throttled first attempt, botocore's pause
+            return update(action, **kwargs)
+
+        monkeypatch.setattr(lock_rows, "update", slow_renewal)
+
+        async def leave() -> None:
+            sem = semaphore(resource, fair=True, wait=20, lease=4, user="leaver")
+            task = asyncio.ensure_future(sem.aacquire())
+            while not renewing.is_set():
+                await asyncio.sleep(0.01)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+
+        asyncio.run(leave())
+        time.sleep(0.8)  # the renewal has landed, the late look is over
+        live = {w.user_id for w in queue_of(resource).values()}
+        holder.release()
+        assert "leaver" not in live, "the cancelled waiter's entry is live again"
