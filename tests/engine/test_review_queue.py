@@ -4,6 +4,7 @@ must leave nothing in the line that a releasing holder hands the lock to."""
 from __future__ import annotations
 
 import asyncio
+import subprocess
 import threading
 import time
 from typing import Any
@@ -12,10 +13,12 @@ import pytest
 from django.test import override_settings
 
 from dynasem import SemaphoreBusy, SemaphoreUnavailable, semaphore
+from dynasem import _clock as clock
 from dynasem._engine import hold
 from dynasem._engine import push as wakeup
-from dynasem._storage import lock_rows, queue_entries
-from tests.support.helpers import dynasem_settings, queue_of
+from dynasem._storage import lock_rows, queue_entries, records
+from tests.engine.test_processes import identity_of
+from tests.support.helpers import dynasem_settings, enqueue_entry, queue_of
 
 LEAVER_LEASE = 30
 
@@ -231,3 +234,28 @@ def test_a_cancelled_waiters_renewal_in_flight_does_not_revive_its_entry(
         live = {w.user_id for w in queue_of(resource).values()}
         holder.release()
         assert "leaver" not in live, "the cancelled waiter's entry is live again"
+
+
+def test_a_free_lock_is_not_kept_from_its_taker_by_a_dead_waiter_of_this_host(
+    lock_table: str,
+) -> None:
+    """The lock is free, and the first entry in line is a waiter's whose process was killed
+    (SIGKILL, OOM) on this very host: provably dead, as a holder of this host is taken over
+    at once when /proc shows its process ended. A waiter's entry is judged by its lease
+    alone: the taker waits (or is told busy) until the dead waiter's lease (60 s here) and
+    the skew are over, with the lock free all along. (Free with a live entry at the head:
+    the holder's read of the line failed and it released plainly, or it died too.)"""
+    proc = subprocess.Popen(["sleep", "60"])
+    dead = identity_of(proc.pid)
+    proc.kill()
+    proc.wait()
+    resource = "rq:deadwaiter"
+    waiter = records.Waiter(
+        ticket=0, expires_ms=clock.now_ms() + 60_000, user_id="dead", lease_ms=60_000, proc=dead
+    )
+    enqueue_entry(resource, "d" * 32, waiter)
+    try:
+        held = semaphore(resource, wait=2, user="next").acquire()
+    except SemaphoreBusy as busy:
+        pytest.fail(f"a waiter proven dead on this host keeps the free lock: {busy!r}")
+    held.release()
