@@ -96,7 +96,17 @@ def entries_ahead(
     live = [w for w in seen.entries if w.ticket <= upto and w.expires_ms >= stale_ms]
     if not live and seen.entries_to < upto:
         return None
-    return live
+    # Waiters of this host whose process /proc shows ended are gone, as such holders are: a
+    # killed waiter's entry would keep a free lock from everyone behind it for its lease.
+    # Only when the read saw every ticket up to ``upto``: a ticket with no entry may be a
+    # waiter's on its way (JOIN_GRACE waits for those before the first entry live by its
+    # lease, not after it), and a read that stopped at the dead one saw nothing beyond.
+    alive = [w for w in live if not processes.gone(w.proc)]
+    if len(alive) < len(live):
+        read = {w.ticket for w in seen.entries if seen.queue_out < w.ticket <= upto}
+        if seen.entries_to < upto or len(read) < upto - seen.queue_out:
+            return live
+    return alive
 
 
 def ahead_count(seen: records.LockItem | None, ticket: int | None, stale_ms: int) -> int:
