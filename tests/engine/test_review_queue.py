@@ -259,3 +259,15 @@ def test_a_free_lock_is_not_kept_from_its_taker_by_a_dead_waiter_of_this_host(
     except SemaphoreBusy as busy:
         pytest.fail(f"a waiter proven dead on this host keeps the free lock: {busy!r}")
     held.release()
+
+
+def test_busy_behind_a_waiter_names_no_holder(lock_table: str) -> None:
+    """Nobody holds the lock; a live waiter ahead (its turn not taken yet) keeps a newcomer
+    out. ``SemaphoreBusy.holder_user_id`` is "the holder's recorded user", and its message
+    says "held by": both named the waiter, which holds nothing."""
+    resource = "rq:heldby"
+    waiter = records.Waiter(ticket=0, expires_ms=clock.now_ms() + 30_000, user_id="waiting")
+    enqueue_entry(resource, "w" * 32, waiter)
+    with pytest.raises(SemaphoreBusy) as busy:
+        semaphore(resource, wait=0, user="next").acquire()
+    assert busy.value.holder_user_id is None, str(busy.value)
