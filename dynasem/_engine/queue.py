@@ -436,8 +436,9 @@ def busy(
     ``blocked``: who was in our way, by resource; ``seen``: the items last seen (a refused
     write's old item, a read, a push), which the estimate is made from: never a request more."""
     resource = next(iter(blocked))
-    holders = blocked[resource]
-    first = min(holders.values(), key=lambda h: h.expires_ms, default=None)
+    # The holders in the way (waiters ahead of us hold nothing: no holder is named for them).
+    holders = [h for h in blocked[resource].values() if isinstance(h, records.Holder)]
+    first = min(holders, key=lambda h: h.expires_ms, default=None)
     now = clock.now_ms()
     sem = run.sem
     estimates = [
