@@ -294,6 +294,25 @@ class Acquire:
         self.confirm = False  # a hold of ours we saw must be renewed before it is returned
 
     def steps(self) -> Steps[Held]:
+        try:
+            yield from self.first_look()
+            while True:
+                outcome = yield from self.try_take()
+                if isinstance(outcome, Held):
+                    return outcome
+                if outcome is not None:
+                    yield from self.wait(outcome)
+        except (ValueError, SemaphoreUnavailable):
+            # Held with another limit or mode, or DynamoDB failed a request of our wait (a
+            # look throttled past the deadline, a refusal): leave the queue now, rather than
+            # stand in the way of every waiter behind us until our entry's lease runs out (a
+            # releaser would hand the lock to our entry, or our word, and nobody use it).
+            yield from self.leave_refused()
+            raise
+
+    def first_look(self) -> Steps[None]:
+        """Before the first take: join the queue at once, or read the row, when a recent
+        acquire found the resource busy."""
         run, first = self.run, self.resources[0]
         recently = queue.queued_recently.get(first, -math.inf)
         if (
@@ -316,18 +335,6 @@ class Acquire:
             # consistent read says so for a read unit; a refused take costs a write unit,
             # and competes with the holder's own writes for the key's partition.
             self.seen[first] = yield Request(functools.partial(lock_rows.get, first))
-        try:
-            while True:
-                outcome = yield from self.try_take()
-                if isinstance(outcome, Held):
-                    return outcome
-                if outcome is not None:
-                    yield from self.wait(outcome)
-        except ValueError:
-            # Held with another limit or mode: leave the queue now, rather than stand in
-            # the way of every waiter behind us until our entry's lease runs out.
-            yield from self.leave_refused()
-            raise
 
     def leave_refused(self) -> Steps[None]:
         """Leave the queue of a resource we may not take; a hand-over that reached us

@@ -68,6 +68,7 @@ def leave_queue(
     is handed on (:func:`give_back_stray`) when its push comes or, pushed or not, when this
     process looks at the row once more a little later (:func:`dynasem._engine.push.depart`)."""
     resource = semaphore.resources[0]
+    drop = None
     try:
         gone: records.LockItem | None = yield Request(
             functools.partial(queue_entries.leave_queue, resource, *entry, token=token)
@@ -76,12 +77,17 @@ def leave_queue(
             return gone
         handed = queue_entries.may_be_handed(gone, *entry, token)
     except SemaphoreUnavailable:
-        handed = True  # our entry may be there still (it expires with its lease)
+        # Our entry may be live still (throttled, say), for the rest of its lease: any
+        # release meanwhile hands the lock to it. The late look marks it dead (idempotent:
+        # again if the mark did land) and watches for such a hand-over until it is.
+        handed = True
+        drop = functools.partial(queue_entries.drop_entry, resource, *entry)
     push.depart(
         token,
         functools.partial(give_back_stray, semaphore, token, lease=lease, skew=skew),
         seconds=lease + skew,
         resource=resource if handed else None,
+        drop=drop,
     )
     return None
 

@@ -103,8 +103,9 @@ class _Acquire:
                 held = yield from self.take(plan)
                 if held is not None:
                     return held
-        except ValueError:
-            # Held with another limit or mode: out of the way of the waiters behind us.
+        except (ValueError, SemaphoreUnavailable):
+            # Held with another limit or mode, or DynamoDB failed a request of our wait: out
+            # of the way of the waiters behind us.
             yield from self.leave()
             raise
 

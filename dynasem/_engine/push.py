@@ -190,6 +190,9 @@ class _Slot:
     give_back: Callable[[records.LockItem], None] | None = None
     until: float = 0.0
     stopped: bool = False  # given back already: the late look has nothing to do
+    # Marks the waiter's entry dead, when its leave could not (throttled, say): the late look
+    # sends it again until it is applied (a live entry is handed the lock at any release).
+    drop: Callable[[], None] | None = None
     name: str = "dynasem-late-look"
 
     @property
@@ -288,12 +291,34 @@ class _Slot:
             self.stopped = True
         self.give_back(item)
 
-    def beat(self) -> None:
+    def beat(self) -> float | None:
         """The late look: read the departed waiter's row and hand back a hold of its token
         found there. Given back already (a push came), or another table (settings changed
-        since): nothing to read."""
+        since): nothing to read. Its entry not marked dead yet (``drop``): marked first, and
+        looked at again LATE_LOOK later (a releaser may have read the entry live before it
+        went), or, the mark refused still, again while a hand-over to it may land."""
         if self.stopped or settings.TABLE_NAME != self.table:
-            return
+            return None
+        again = None
+        if self.drop is not None:
+            try:
+                self.drop()
+                self.drop = None
+                again = LATE_LOOK
+            except Exception as exc:
+                logger.warning(
+                    "dynasem: could not mark a left waiter's entry for %r dead: %s",
+                    self.resource,
+                    exc,
+                    extra=facts(
+                        self.resource, token=self.token, outcome="leave_failed", reason=exc
+                    ),
+                )
+                again = LATE_LOOK if clock.monotonic() + LATE_LOOK < self.until else None
+        self._look()
+        return None if self.stopped else again
+
+    def _look(self) -> None:
         try:
             row = lock_rows.get(self.resource)
             if row is not None and self.token in row.holders:
@@ -510,6 +535,7 @@ def depart(
     *,
     seconds: float,
     resource: str | None = None,
+    drop: Callable[[], None] | None = None,
 ) -> None:
     """The waiter ``token`` left its queue without the lock. A hand-over to it may still come
     (its releaser read the queue before it left, or read it eventually consistently and
@@ -522,7 +548,8 @@ def depart(
     off; a releaser on another host, which cannot reach a loopback address; a datagram lost),
     so the row is
     read once more :data:`LATE_LOOK` seconds on, and a hold found ours is given back too:
-    by whichever of the two finds it first."""
+    by whichever of the two finds it first. ``drop``: what marks our entry dead, which the
+    leave could not send (the late look sends it, again while it fails)."""
     listener = _listener
     slot = listener.slots.get(token) if listener is not None else None
     if slot is None and resource is None:
@@ -541,6 +568,7 @@ def depart(
         slot.left = True
         slot.give_back = give_back
         slot.until = now + seconds
+        slot.drop = drop
         pushed, slot.push = slot.push, None
     if made and listener is not None:
         listener.slots[token] = slot  # left already: a push that comes is handed back

@@ -96,7 +96,17 @@ def entries_ahead(
     live = [w for w in seen.entries if w.ticket <= upto and w.expires_ms >= stale_ms]
     if not live and seen.entries_to < upto:
         return None
-    return live
+    # Waiters of this host whose process /proc shows ended are gone, as such holders are: a
+    # killed waiter's entry would keep a free lock from everyone behind it for its lease.
+    # Only when the read saw every ticket up to ``upto``: a ticket with no entry may be a
+    # waiter's on its way (JOIN_GRACE waits for those before the first entry live by its
+    # lease, not after it), and a read that stopped at the dead one saw nothing beyond.
+    alive = [w for w in live if not processes.gone(w.proc)]
+    if len(alive) < len(live):
+        read = {w.ticket for w in seen.entries if seen.queue_out < w.ticket <= upto}
+        if seen.entries_to < upto or len(read) < upto - seen.queue_out:
+            return live
+    return alive
 
 
 def ahead_count(seen: records.LockItem | None, ticket: int | None, stale_ms: int) -> int:
@@ -426,8 +436,9 @@ def busy(
     ``blocked``: who was in our way, by resource; ``seen``: the items last seen (a refused
     write's old item, a read, a push), which the estimate is made from: never a request more."""
     resource = next(iter(blocked))
-    holders = blocked[resource]
-    first = min(holders.values(), key=lambda h: h.expires_ms, default=None)
+    # The holders in the way (waiters ahead of us hold nothing: no holder is named for them).
+    holders = [h for h in blocked[resource].values() if isinstance(h, records.Holder)]
+    first = min(holders, key=lambda h: h.expires_ms, default=None)
     now = clock.now_ms()
     sem = run.sem
     estimates = [
@@ -508,17 +519,28 @@ def join_queue(
     pace.unwritten = None
     queue_id = seen.queue_id if seen is not None and seen.queue_id else clock.new_fence(0)
     ticket = lock_writes.take_ticket(resource, queue_id, if_busy_ms=if_busy_ms)
+    # Our place once the draw's answer told it: what an interrupt leaves until our next step
+    # in line says (the word to the holder below comes before it).
+    joined: list[tuple[int, int]] = []
     try:
         # A lost answer leaves a ticket nobody uses: a gap, which the next hand-over
         # passes. Never a refusal by another waiter: ADD commutes.
         after = yield from _enqueue(
-            run, functools.partial(lock_rows.update, ticket, return_new=True), resource, None
+            run,
+            functools.partial(lock_rows.update, ticket, return_new=True),
+            resource,
+            None,
+            leave=functools.partial(_leave_joined, run, joined),
         )
     except dynamodb.Refused as refused:
+        # Not queued (unless an earlier attempt was applied): a take at once now ends the
+        # guess that the resource is busy (core's Acquire.write), as for a take not queued.
+        pace.enqueued = refused.retried
         return refused.lock or records.LockItem()  # free, most likely: plan from it
     if after is None:
         return seen
     pace.queue_id, pace.ticket = after.queue_id, after.queue_in
+    joined.append((after.queue_id, after.queue_in))
     if telemetry.ON:
         telemetry.waiting(ahead=max(0, after.queue_in - after.queue_out - 1))
     pace.queued_mono = clock.monotonic()
@@ -586,10 +608,16 @@ def busy_lately(resource: str) -> bool:
 
 
 def _enqueue(
-    run: Attempt, send: Callable[[], _T], resource: str, entry: tuple[int, int] | None
+    run: Attempt,
+    send: Callable[[], _T],
+    resource: str,
+    entry: tuple[int, int] | None,
+    *,
+    leave: Callable[[], None] | None = None,
 ) -> Steps[_T | None]:
-    """One write of joining the queue, tried again (ENQUEUE_TRIES) while it fails in transit."""
-    leave = leaving(run, entry)
+    """One write of joining the queue, tried again (ENQUEUE_TRIES) while it fails in transit.
+    ``leave``: what leaves the queue if the caller is interrupted (default: ``entry``'s)."""
+    leave = leave or leaving(run, entry)
     for attempt in range(1, ENQUEUE_TRIES + 1):
         try:
             answer: _T = yield InQueue(send, run.token, resource, write=True, leave=leave)
@@ -599,6 +627,16 @@ def _enqueue(
                 raise
             yield Sleep(min(backoff(attempt), max(0.001, run.remaining())))
     return None
+
+
+def _leave_joined(run: Attempt, joined: list[tuple[int, int]]) -> None:
+    """The ticket's draw interrupted, or a step after it before the next step in line: leave
+    the place the draw's answer gave us (``joined``), if it came. Nothing else knows of it
+    then, and the holder may have heard our word already (``hold.queued_behind``): a hand-over
+    to us would be held for nobody for our whole lease."""
+    leave = leaving(run, joined[0]) if joined else None
+    if leave is not None:
+        leave()
 
 
 def leaving(run: Attempt, entry: tuple[int, int] | None) -> Callable[[], None] | None:
