@@ -1,0 +1,84 @@
+"""Review of the operators' side (dynasem_release, the admin's break, dynasem_reap): what an
+operator's action leaves behind when its request is answered late, or lost, or the command
+is interrupted between two of its writes."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import time
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from dynasem import semaphore
+from dynasem._engine import reader_hold as reader_held
+from dynasem._storage import dynamodb, lock_rows, lock_writes, reader_items
+from dynasem.testing import abandon
+from tests.support.faults import Faults
+from tests.support.helpers import take
+
+pytestmark = pytest.mark.kind_engine_only("makes its own lost answers, to the request")
+
+LEASE = 30  # long beside the test: a reader count left behind shows as a writer kept out
+
+
+@pytest.fixture(autouse=True)
+def forget_rows() -> None:
+    reader_held.rows.clear()
+
+
+@pytest.fixture
+def one_reader_inline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The row keeps one reader; the second is in a reader item (as the 3rd is by default)."""
+    monkeypatch.setattr(lock_writes, "READERS_INLINE", 1)
+    monkeypatch.setattr(reader_items, "READERS_INLINE", 1)
+
+
+def run(name: str, *args: str) -> str:
+    out = io.StringIO()
+    call_command(name, *args, stdout=out, stderr=io.StringIO())
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("answer", ["answered", "lost"])
+def test_a_reader_break_whose_answer_was_lost_leaves_no_count_behind(
+    lock_table, holds, one_reader_inline, answer
+):
+    """An operator breaks the reader in an item (dynasem_release --token): the tombstone's
+    UpdateItem is applied, its answer lost (the quick client: one attempt). The break never
+    counts the reader down; run again it finds no reader (the tombstone is none) and breaks
+    nothing. The row keeps the count (and its sentinel) for a reader that is gone: once the
+    other reader leaves, a writer is kept out until a write-off, the readers' lease and the
+    skew after the row last changed (30 s here), though nobody holds the resource."""
+    resource = "review:break-lost"
+    inline = take(holds, resource, shared=True, lease=LEASE)
+    broken = take(holds, resource, shared=True, lease=LEASE)
+    assert reader_items.has_readers(lock_rows.get(resource))  # the second is in an item
+    prefix = broken.token[:8]
+    with Faults(dynamodb.get_client(quick=True)) as quick:
+        lost = quick.lose_response("UpdateItem", 1 if answer == "lost" else 0)  # the tombstone
+        with contextlib.suppress(CommandError):  # (before the mend: DynamoDB did not answer)
+            run("dynasem_release", resource, "--token", prefix, "--yes")
+    assert lost.fired == (answer == "lost")
+    # Whatever it was told, the operator runs the break again: nothing is left to break.
+    with pytest.raises(CommandError, match="No hold"):
+        run("dynasem_release", resource, "--token", prefix, "--yes")
+    abandon(broken)  # its holder learns it was broken at its next renewal; stop it here
+    inline.release()
+    row = lock_rows.get(resource)
+    started = time.monotonic()
+    try:
+        writer = semaphore(resource, lease=LEASE, wait=3).acquire()
+    except Exception as exc:  # SemaphoreBusy
+        writer = None
+        why: Any = exc
+    waited = time.monotonic() - started
+    if writer is not None:
+        writer.release()
+    assert writer is not None, (
+        f"no writer got the free resource within {waited:.1f} s ({why!r}); the row still counts "
+        f"{row.reader_count} reader(s) of epoch {row.reader_epoch} and keeps the sentinel "
+        f"{sorted(row.holders)}"
+    )
