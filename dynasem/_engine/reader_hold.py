@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import logging
 import random
+import secrets
 import time
 from typing import Any
 
@@ -224,13 +225,32 @@ def break_reader(
         if reader is None or fence not in (None, reader.holder.fence):
             return False
     tombstone_until = max(reader.holder.expires_ms, clock.now_ms())
-    action = reader_items.break_reader(resource, token, tombstone_until, until, fence)
+    breaker = secrets.token_hex(8)
+    action = reader_items.break_reader(resource, token, tombstone_until, until, fence, breaker)
     try:
         reader_items.send(action)
-    except dynamodb.Refused:
-        return False
+    except dynamodb.Refused as refused:
+        # botocore's re-send of our own applied break is refused by its tombstone.
+        if not (refused.retried and (refused.item or {}).get("bk") == breaker):
+            return False
+    except SemaphoreUnavailable as exc:
+        # Unanswered (the quick client sends once): applied, the break must count the reader
+        # down, as nothing else will (a tombstone is no reader to a break sent again, nor
+        # to the reaper). Only our own tombstone says so: another's break counts it itself.
+        if not exc.ambiguous or not _broke(resource, token, breaker):
+            raise
     count_down(resource, reader.epoch)
     return True
+
+
+def _broke(resource: str, token: str, breaker: str) -> bool:
+    """Whether the tombstone of ``token``'s item is this break's (one consistent read; False
+    when that read fails too: the count then waits for a write-off, as before)."""
+    try:
+        item = lock_rows.get_item(resource, records.reader_sk(token))
+    except SemaphoreUnavailable:
+        return False
+    return (item or {}).get("bk") == breaker
 
 
 def forget_admission(resource: str, epoch: int, token: str) -> None:
