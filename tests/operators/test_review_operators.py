@@ -82,3 +82,53 @@ def test_a_reader_break_whose_answer_was_lost_leaves_no_count_behind(
         f"{row.reader_count} reader(s) of epoch {row.reader_epoch} and keeps the sentinel "
         f"{sorted(row.holders)}"
     )
+
+
+def test_a_reader_break_interrupted_after_its_tombstone_leaves_no_count_behind(
+    lock_table, holds, one_reader_inline, monkeypatch
+):
+    """Ctrl-C in ``dynasem_release`` between a reader's tombstone (applied and answered) and
+    its count-down: the break, run again, finds no reader and breaks nothing, and the row
+    keeps counting a reader that is gone: a writer is kept out until a write-off (the
+    readers' lease and the skew after the row last changed), though nobody holds."""
+    resource = "review:break-interrupted"
+    inline = take(holds, resource, shared=True, lease=LEASE)
+    broken = take(holds, resource, shared=True, lease=LEASE)
+    interrupts: list[str] = []
+
+    def mark(params: dict[str, Any], context: dict[str, Any], **kwargs: Any) -> None:
+        names = {
+            value
+            for request in [params, *(i.get("Update", {}) for i in params.get("TransactItems", []))]
+            for value in request.get("ExpressionAttributeNames", {}).values()
+        }
+        context["review_tombstone"] = "bt" in names
+
+    def interrupt(http_response: Any, context: dict[str, Any], **kwargs: Any) -> None:
+        if context.get("review_tombstone") and http_response.status_code == 200 and not interrupts:
+            interrupts.append("after the tombstone")
+            raise KeyboardInterrupt  # the operator's Ctrl-C, as the tombstone's answer comes
+
+    events = dynamodb.get_client(quick=True).meta.events
+    events.register("before-parameter-build.dynamodb", mark)
+    events.register("after-call.dynamodb", interrupt)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            run("dynasem_release", resource, "--token", broken.token[:8], "--yes")
+    finally:
+        events.unregister("before-parameter-build.dynamodb", mark)
+        events.unregister("after-call.dynamodb", interrupt)
+    assert interrupts
+    with contextlib.suppress(CommandError):  # run again: "No hold" (the tombstone is none)
+        run("dynasem_release", resource, "--token", broken.token[:8], "--yes")
+    abandon(broken)
+    inline.release()
+    row = lock_rows.get(resource)
+    try:
+        writer = semaphore(resource, lease=LEASE, wait=3).acquire()
+    except Exception as exc:  # SemaphoreBusy
+        pytest.fail(
+            f"no writer got the free resource within 3 s ({exc!r}); the row still counts "
+            f"{row.reader_count} reader(s) and keeps {sorted(row.holders)}"
+        )
+    writer.release()
