@@ -132,3 +132,42 @@ def test_a_reader_break_interrupted_after_its_tombstone_leaves_no_count_behind(
             f"{row.reader_count} reader(s) and keeps {sorted(row.holders)}"
         )
     writer.release()
+
+
+@pytest.mark.parametrize("answer", ["answered", "lost"])
+def test_a_permit_break_whose_answer_was_lost_lets_the_waiter_in(lock_table, holds, answer):
+    """A counting semaphore of permits, every permit held, a waiter in line; an operator
+    breaks one permit (dynasem_release --token) and its answer is lost. The waiter takes
+    the freed permit about as soon as when the break is answered (its slot hinted, the
+    waiter pushed), not at the broken permit's lease end."""
+    import threading
+
+    resource = "review:permit-lost"
+    limit = 9  # more than the row keeps inline: permit items
+    held = [take(holds, resource, limit=limit, lease=LEASE) for _ in range(limit)]
+    assert all(h.slots for h in held)
+    got: list[Any] = []
+
+    def wait() -> None:
+        try:
+            got.append(semaphore(resource, limit=limit, lease=LEASE, wait=8).acquire())
+        except Exception as exc:
+            got.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(1.0)  # queued behind the nine
+    victim = held[0]
+    with Faults(dynamodb.get_client(quick=True)) as quick:
+        lost = quick.lose_response("UpdateItem", 1 if answer == "lost" else 0)
+        with contextlib.suppress(CommandError):
+            run("dynasem_release", resource, "--token", victim.token[:8], "--yes")
+    assert lost.fired == (answer == "lost")
+    abandon(victim)
+    broke = time.monotonic()
+    waiter.join(10)
+    took = time.monotonic() - broke
+    (outcome,) = got
+    if not isinstance(outcome, Exception):
+        holds.append(outcome)
+    assert not isinstance(outcome, Exception) and took < 3, (outcome, took)
