@@ -171,3 +171,29 @@ def test_a_permit_break_whose_answer_was_lost_lets_the_waiter_in(lock_table, hol
     if not isinstance(outcome, Exception):
         holds.append(outcome)
     assert not isinstance(outcome, Exception) and took < 3, (outcome, took)
+
+
+def test_breaking_every_reader_reads_each_reader_item_once_not_once_per_break(
+    lock_table, holds, one_reader_inline
+):
+    """dynasem_release of a shared resource with N readers in items reads their items to list
+    them (N items), then breaks each: a break looked its reader up by reading every reader
+    item of the resource again (a Query of N items per break: N² items, 2,000 readers ~4
+    million items), where the item's key (``r#<token>``) names it."""
+    resource = "review:many-readers"
+    readers = 20
+    for _ in range(readers + 1):  # the first in the row, the others in items
+        take(holds, resource, shared=True, lease=LEASE)
+    read: list[int] = []
+
+    def count(parsed: dict[str, Any], **kwargs: Any) -> None:
+        read.append(parsed.get("Count", 0))
+
+    events = dynamodb.get_client(quick=True).meta.events
+    events.register("after-call.dynamodb.Query", count)
+    try:
+        run("dynasem_release", resource, "--yes")
+    finally:
+        events.unregister("after-call.dynamodb.Query", count)
+    assert lock_rows.get(resource).holders == {}
+    assert sum(read) <= 3 * readers, f"{sum(read)} items read by {len(read)} queries"
