@@ -225,8 +225,13 @@ def break_reader(
     break knows its own tombstone by its word (``bk``)."""
     until = None if reader is None else reader.holder.expires_ms
     if reader is None:
-        reader = next((r for r in reader_items.readers(resource) if r.token == token), None)
-        if reader is None or fence not in (None, reader.holder.fence):
+        # Its item, by its key (not every reader item of the resource: a release of all of
+        # them would read N² items).
+        item = lock_rows.get_item(resource, records.reader_sk(token))
+        reader = None if item is None else records.reader_of(item)
+        if reader is None or reader.broken_token is not None:
+            return False
+        if fence not in (None, reader.holder.fence):
             return False
     tombstone_until = max(reader.holder.expires_ms, clock.now_ms())
     breaker = secrets.token_hex(8)
