@@ -197,3 +197,39 @@ def test_breaking_every_reader_reads_each_reader_item_once_not_once_per_break(
         events.unregister("after-call.dynamodb.Query", count)
     assert lock_rows.get(resource).holders == {}
     assert sum(read) <= 3 * readers, f"{sum(read)} items read by {len(read)} queries"
+
+
+@pytest.mark.django_db
+def test_a_release_cut_short_by_an_unanswered_break_records_the_breaks_it_made(
+    lock_table, holds, django_user_model
+):
+    """dynasem_release of three holders (a counting resource): the first break is made, the
+    second goes unanswered (DynamoDB's answer lost). The command stops there with DynamoDB's
+    error: the hold it did break is in no LogEntry (the admin's history is written after
+    every break is made) and its output does not say it was broken."""
+    from django.contrib.admin.models import LogEntry
+
+    django_user_model.objects.create_user("ops")
+    resource = "review:release-cut"
+    for user in ("a", "b", "c"):
+        take(holds, resource, limit=3, user=user, lease=LEASE)
+    out = io.StringIO()
+    with Faults(dynamodb.get_client(quick=True)) as quick:
+        quick.lose_response("UpdateItem", after=1)  # the second break's answer is lost
+        with pytest.raises(CommandError):
+            call_command(
+                "dynasem_release", resource, "--yes", "--log-as", "ops", stdout=out, stderr=out
+            )
+    left = {h.user_id for h in lock_rows_holds(resource)}
+    broken = {"a", "b", "c"} - left
+    assert len(broken) == 2  # the first, and the second (applied, its answer lost)
+    recorded = [entry.change_message for entry in LogEntry.objects.all()]
+    assert len(recorded) >= 1, (
+        f"broke the holds of {sorted(broken)}, recorded none; the command said: {out.getvalue()!r}"
+    )
+
+
+def lock_rows_holds(resource: str) -> list[Any]:
+    from dynasem._operators.locks import holds_on
+
+    return holds_on(resource)
