@@ -219,10 +219,8 @@ def break_reader(
     Its item is left a tombstone (:func:`reader_items.break_reader`), not deleted: a reader
     whose item's write was applied, its answer lost, sends it again, and over a deleted item
     that write would make a reader again after this count-down (a writer let in beside it).
-    The tombstone and the count-down are one transaction: a break cut short (Ctrl-C, an
-    answer lost) never leaves the one without the other, for nothing else counts a
-    tombstone's reader down (the break run again finds no reader). Its answer lost, the
-    break knows its own tombstone by its word (``bk``)."""
+    The tombstone's answer lost, the break knows its own tombstone by its word (``bk``) and
+    counts the reader down: nothing else would (a break run again finds no reader)."""
     until = None if reader is None else reader.holder.expires_ms
     if reader is None:
         # Its item, by its key (not every reader item of the resource: a release of all of
@@ -236,72 +234,19 @@ def break_reader(
     tombstone_until = max(reader.holder.expires_ms, clock.now_ms())
     breaker = secrets.token_hex(8)
     action = reader_items.break_reader(resource, token, tombstone_until, until, fence, breaker)
-    down = reader_items.count_down(resource, reader.epoch)
-    for tries in range(1, BREAK_TRIES + 1):
-        try:
-            lock_rows.transact([action, down])
-            break
-        except dynamodb.Cancelled as cancelled:
-            (item_code, old), (row_code, _) = cancelled.reasons
-            if item_code == _REFUSED:
-                # No such reader (any more); or botocore's re-send of our own applied break.
-                if cancelled.retried and old is not None and old.stored.get("bk") == breaker:
-                    break
-                return False
-            if row_code == _REFUSED:
-                # Nothing to count: the epoch was written off, or the row is gone.
-                return _tombstone_only(resource, token, action, breaker)
-            if tries == BREAK_TRIES:  # another write of the row at that moment, each time
-                raise SemaphoreUnavailable(
-                    f"could not break a reader of {resource!r}: conflicting writes",
-                    transient=True,
-                ) from None
-            time.sleep(random.uniform(COUNT_PAUSE / 4, COUNT_PAUSE / 2))
-        except SemaphoreUnavailable as exc:
-            # Unanswered (the quick client sends once): applied with its count-down if the
-            # tombstone is ours (another's break counted its reader down itself).
-            if not exc.ambiguous or not _broke(resource, token, breaker):
-                raise
-            break
-    _close_if_last(resource, reader.epoch)
-    return True
-
-
-# Tries of a reader's break, whose transaction a concurrent write of the row cancels.
-BREAK_TRIES = 4
-_REFUSED = "ConditionalCheckFailed"
-
-
-def _tombstone_only(resource: str, token: str, action: dict[str, Any], breaker: str) -> bool:
-    """A break with nothing to count down (the epoch written off, the row gone): the
-    tombstone alone, as the reader's own late write must still meet it."""
     try:
         reader_items.send(action)
     except dynamodb.Refused as refused:
-        return bool(refused.retried and (refused.item or {}).get("bk") == breaker)
+        # botocore's re-send of our own applied break is refused by its tombstone.
+        if not (refused.retried and (refused.item or {}).get("bk") == breaker):
+            return False
     except SemaphoreUnavailable as exc:
+        # Unanswered (the quick client sends once): applied, the break must count the reader
+        # down. Only our own tombstone says so: another's break counts its reader itself.
         if not exc.ambiguous or not _broke(resource, token, breaker):
             raise
+    count_down(resource, reader.epoch)
     return True
-
-
-def _close_if_last(resource: str, epoch: int) -> None:
-    """After a break's count-down: the epoch's sentinel off if no reader is left, and the
-    first waiter pushed, as the last reader's count-down does (one consistent read first).
-    Not done (a failure): the first writer in line writes the epoch off at once, its count
-    being 0."""
-    try:
-        row = lock_rows.get(resource)
-        if row is None or row.reader_epoch != epoch or row.reader_count > 0:
-            remember(row)
-            return
-        row = lock_rows.update(reader_items.close(resource, epoch), return_new=True)
-    except dynamodb.Refused:
-        return  # a reader was admitted since: it closes the epoch
-    except SemaphoreUnavailable:
-        return
-    remember(row)
-    _wake_first(resource, row)
 
 
 def _broke(resource: str, token: str, breaker: str) -> bool:
