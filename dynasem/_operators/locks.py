@@ -7,7 +7,6 @@ import contextlib
 import functools
 import itertools
 import signal
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -345,14 +344,13 @@ def uninterrupted() -> Iterator[None]:
     (a reader's tombstone, then its count-down; a permit's, then its slot's hint) must not
     be cut between them by an operator's Ctrl-C, as nothing else finishes them. Elsewhere
     (a web server's threads) nothing changes: no Ctrl-C comes there."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
+    held: list[tuple[int, FrameType | None]] = []
     try:
         before = signal.getsignal(signal.SIGINT)
-        held: list[tuple[int, FrameType | None]] = []
+        if before is None:  # a handler not set from Python: left alone
+            raise ValueError("no Python handler")
         signal.signal(signal.SIGINT, lambda signum, frame: held.append((signum, frame)))
-    except (ValueError, OSError):  # no signals here (an embedded interpreter)
+    except (ValueError, OSError):  # not the main thread (no Ctrl-C comes here), or no signals
         yield
         return
     try:
