@@ -5,6 +5,7 @@ listed; an operator's or the reaper's break of a permit; what an interrupted tak
 from __future__ import annotations
 
 import functools
+import secrets
 from collections.abc import Callable
 from typing import Any
 
@@ -52,13 +53,31 @@ def break_permit(
     permit = permit or permit_items.slot_of(resource, token, fence)
     if permit is None:
         return False
-    action = permit_items.break_permit(resource, permit.slot, token, until, fence)
+    breaker = secrets.token_hex(8)
+    action = permit_items.break_permit(resource, permit.slot, token, until, fence, breaker)
     try:
         permit_items.send(action)
-    except dynamodb.Refused:
-        return False
+    except dynamodb.Refused as refused:
+        # botocore's re-send of our own applied break is refused by it.
+        if not (refused.retried and (refused.item or {}).get("bk") == breaker):
+            return False
+    except SemaphoreUnavailable as exc:
+        # Unanswered (the quick client sends once): if applied, the slot is free and only
+        # this break would hint it and push the first waiter, asleep until a lease ends.
+        if not exc.ambiguous or not _broke(resource, permit.slot, breaker):
+            raise
     hint_freed(resource, permit.slot, None)
     return True
+
+
+def _broke(resource: str, slot: int, breaker: str) -> bool:
+    """Whether the permit of ``slot`` was freed by this break (one consistent read; False
+    when that read fails too)."""
+    try:
+        item = lock_rows.get_item(resource, records.permit_sk(slot))
+    except SemaphoreUnavailable:
+        return False
+    return (item or {}).get("bk") == breaker
 
 
 def hint_freed(resource: str, slot: int, hold_ms: int | None) -> None:

@@ -9,6 +9,7 @@ import dataclasses
 import functools
 import logging
 import random
+import secrets
 import time
 from typing import Any
 
@@ -217,20 +218,45 @@ def break_reader(
 
     Its item is left a tombstone (:func:`reader_items.break_reader`), not deleted: a reader
     whose item's write was applied, its answer lost, sends it again, and over a deleted item
-    that write would make a reader again after this count-down (a writer let in beside it)."""
+    that write would make a reader again after this count-down (a writer let in beside it).
+    The tombstone's answer lost, the break knows its own tombstone by its word (``bk``) and
+    counts the reader down: nothing else would (a break run again finds no reader)."""
     until = None if reader is None else reader.holder.expires_ms
     if reader is None:
-        reader = next((r for r in reader_items.readers(resource) if r.token == token), None)
-        if reader is None or fence not in (None, reader.holder.fence):
+        # Its item, by its key (not every reader item of the resource: a release of all of
+        # them would read N² items).
+        item = lock_rows.get_item(resource, records.reader_sk(token))
+        reader = None if item is None else records.reader_of(item)
+        if reader is None or reader.broken_token is not None:
+            return False
+        if fence not in (None, reader.holder.fence):
             return False
     tombstone_until = max(reader.holder.expires_ms, clock.now_ms())
-    action = reader_items.break_reader(resource, token, tombstone_until, until, fence)
+    breaker = secrets.token_hex(8)
+    action = reader_items.break_reader(resource, token, tombstone_until, until, fence, breaker)
     try:
         reader_items.send(action)
-    except dynamodb.Refused:
-        return False
+    except dynamodb.Refused as refused:
+        # botocore's re-send of our own applied break is refused by its tombstone.
+        if not (refused.retried and (refused.item or {}).get("bk") == breaker):
+            return False
+    except SemaphoreUnavailable as exc:
+        # Unanswered (the quick client sends once): applied, the break must count the reader
+        # down. Only our own tombstone says so: another's break counts its reader itself.
+        if not exc.ambiguous or not _broke(resource, token, breaker):
+            raise
     count_down(resource, reader.epoch)
     return True
+
+
+def _broke(resource: str, token: str, breaker: str) -> bool:
+    """Whether the tombstone of ``token``'s item is this break's (one consistent read; False
+    when that read fails too: the count then waits for a write-off, as before)."""
+    try:
+        item = lock_rows.get_item(resource, records.reader_sk(token))
+    except SemaphoreUnavailable:
+        return False
+    return (item or {}).get("bk") == breaker
 
 
 def forget_admission(resource: str, epoch: int, token: str) -> None:

@@ -3,11 +3,14 @@ reaper.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
+import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from types import FrameType
 from typing import Any
 
 from .. import _clock as clock
@@ -335,6 +338,31 @@ def queue_depth(resource: str) -> int:
     return len(waiters_on(resource))
 
 
+@contextlib.contextmanager
+def uninterrupted() -> Iterator[None]:
+    """Ctrl-C (SIGINT) held back until the block ends, in the main thread: a break's writes
+    (a reader's tombstone, then its count-down; a permit's, then its slot's hint) must not
+    be cut between them by an operator's Ctrl-C, as nothing else finishes them. Elsewhere
+    (a web server's threads) nothing changes: no Ctrl-C comes there."""
+    held: list[tuple[int, FrameType | None]] = []
+    try:
+        before = signal.getsignal(signal.SIGINT)
+        if before is None:  # a handler not set from Python: left alone
+            raise ValueError("no Python handler")
+        signal.signal(signal.SIGINT, lambda signum, frame: held.append((signum, frame)))
+    except (ValueError, OSError):  # not the main thread (no Ctrl-C comes here), or no signals
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+        if held and callable(before):
+            before(*held[0])
+        elif held and before == signal.SIG_DFL:
+            raise KeyboardInterrupt
+
+
 def break_hold(
     resource: str,
     token: str,
@@ -355,11 +383,14 @@ def break_hold(
         old = refused.lock
         if old is None:
             return False
-        if reader_items.has_readers(old):
-            if not reader_hold.break_reader(resource, token, fence=fence):
+        with uninterrupted():
+            if reader_items.has_readers(old):
+                if not reader_hold.break_reader(resource, token, fence=fence):
+                    return False
+            elif old.slots_used is None or not permit_hold.break_permit(
+                resource, token, fence=fence
+            ):
                 return False
-        elif old.slots_used is None or not permit_hold.break_permit(resource, token, fence=fence):
-            return False
     lock_released.send(
         sender=core.Semaphore,
         resource=resource,

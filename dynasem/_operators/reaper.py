@@ -20,6 +20,7 @@ from .._engine import arguments, permit_hold, reader_hold
 from .._storage import dynamodb, index_queries, lock_rows, permit_items, reader_items, records
 from ..conf import settings
 from ..exceptions import SemaphoreUnavailable
+from .locks import uninterrupted
 
 _T = TypeVar("_T")
 
@@ -231,7 +232,11 @@ def _reap_items(
         if held.token and held.holder.expires_ms < cutoff_ms
     ]
     for item, break_dead in dead:
-        outcome = True if dry_run else _write(_once(break_dead), row.resource, item)
+        if dry_run:
+            outcome: bool | ReapFailure = True
+        else:
+            with uninterrupted():  # a reader's tombstone never without its count-down
+                outcome = _write(_once(break_dead), row.resource, item)
         result.count(outcome, "permits", "permits_kept")
 
 

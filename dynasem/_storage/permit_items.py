@@ -405,11 +405,17 @@ def give_back_permit(resource: str, slot: int, token: str, now_ms: int) -> dict[
 
 
 def break_permit(
-    resource: str, slot: int, token: str, expires_ms: int | None = None, fence: int | None = None
+    resource: str,
+    slot: int,
+    token: str,
+    expires_ms: int | None = None,
+    fence: int | None = None,
+    breaker: str | None = None,
 ) -> dict[str, Any]:
     """An operator breaks the hold on the permit (under ``fence``, if given; the reaper: a
     dead one, its lease end as read, ``expires_ms``: a holder that renewed meanwhile keeps
-    it)."""
+    it). ``breaker``: the break's own word, kept (``bk``): a break whose answer was lost
+    tells by it that the permit is free, to hint its slot."""
     values: dict[str, Any] = {":tok": token}
     condition = "#k = :tok"
     if expires_ms is not None:
@@ -419,6 +425,9 @@ def break_permit(
         condition += " AND #f = :f"
         values[":f"] = fence
     update = "REMOVE #k, #p SET #bt = :tok"
+    if breaker is not None:
+        update += ", #bk = :bk"
+        values[":bk"] = breaker
     return update_action(resource, permit_sk(slot), update, condition, {}, values)
 
 

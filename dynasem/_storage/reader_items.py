@@ -319,6 +319,7 @@ def break_reader(
     until_ms: int,
     expires_ms: int | None = None,
     fence: int | None = None,
+    breaker: str | None = None,
 ) -> dict[str, Any]:
     """An operator breaks reader ``token`` (the reaper: a dead one, its lease end as read,
     ``expires_ms``: a reader that renewed meanwhile keeps it). Not a delete: the item
@@ -326,7 +327,8 @@ def break_reader(
     kept, so that a re-send of the reader's own :func:`put_reader` (its first answer lost)
     is refused and does not make the broken reader again; it goes with TTL a bucket after
     ``until_ms`` (the later of the reader's lease end and now). ``fence``: only the reader of
-    that admission (an operator's, as listed)."""
+    that admission (an operator's, as listed). ``breaker``: this break's own word, kept in
+    the tombstone (``bk``): a break whose answer was lost tells its tombstone by it."""
     values: dict[str, Any] = {":tok": token, ":exp": records.ttl_of(until_ms)}
     condition = "attribute_exists(#e)"
     if expires_ms is not None:
@@ -336,6 +338,9 @@ def break_reader(
         condition += " AND #f = :f"
         values[":f"] = fence
     update = "REMOVE #e, #u, #a, #p SET #bt = :tok, #exp = :exp"
+    if breaker is not None:
+        update += ", #bk = :bk"
+        values[":bk"] = breaker
     return update_action(resource, reader_sk(token), update, condition, {}, values)
 
 

@@ -455,6 +455,9 @@ class Reader:
     epoch: int = stored_as("ep", 0)
     # Set on a tombstone: the token an operator (or the reaper) broke; no reader then.
     broken_token: str | None = stored_as("bt")
+    # Set on a tombstone by a break: a word of that break's own, so that a break whose
+    # answer was lost knows its own tombstone from another's (it counts the reader down).
+    breaker: str | None = stored_as("bk")
 
 
 def reader_of(item: Mapping[str, Any]) -> Reader:

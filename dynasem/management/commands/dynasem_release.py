@@ -8,6 +8,7 @@ from django.core.management.base import CommandError
 from ..._engine import arguments
 from ..._observability.logs import shown_token
 from ..._operators import audit, locks
+from ...exceptions import SemaphoreUnavailable
 from . import _output as out
 
 # The exit status when nothing (or not everything shown) was broken: the hold had gone, or
@@ -62,10 +63,15 @@ class Command(out.OperatorCommand):
         holds = self._named(resource, token, fence, as_json=json)
         question = f"Break {len(holds)} hold(s) on {resource!r}?"
         out.ask(yes, question, "break these holds", "Nothing broken.", NOTHING_BROKEN)
-        broken = [
-            locks.break_hold(resource, h.token, user_id=h.user_id, fence=h.fence) for h in holds
-        ]
-        for h, done in zip(holds, broken, strict=True):
+        broken: list[bool] = []
+        for h in holds:
+            # Each break recorded (and said) as it is made: one that fails after others
+            # were made stops the command, which must not leave them unrecorded.
+            try:
+                done = locks.break_hold(resource, h.token, user_id=h.user_id, fence=h.fence)
+            except SemaphoreUnavailable as exc:
+                raise CommandError(_stopped(resource, holds, broken, h, exc)) from exc
+            broken.append(done)
             if done:
                 audit.broke(who, h, h.user_id, " with manage.py dynasem_release")
             if json:
@@ -114,3 +120,25 @@ class Command(out.OperatorCommand):
                 f"fence={h.fence}  {h.kind}  token={shown_token(h.token)}"
             )
         return holds
+
+
+def _stopped(
+    resource: str,
+    holds: list[locks.HoldInfo],
+    broken: list[bool],
+    failed: locks.HoldInfo,
+    exc: SemaphoreUnavailable,
+) -> str:
+    """What a release stopped by a failed break says: the error, what was broken before it
+    (recorded), whether the failed one may have been applied, and what was not tried."""
+    made = [h for h, done in zip(holds, broken, strict=False) if done]
+    text = f"{exc}. Stopped at the hold of fence {failed.fence} on {resource!r}"
+    if exc.ambiguous:
+        text += " (DynamoDB's answer was lost: it may be broken all the same)"
+    text += f"; broke {len(made)} of {len(holds)} hold(s) before it"
+    if made:
+        text += " (fences " + ", ".join(str(h.fence) for h in made) + ")"
+    untried = len(holds) - len(broken) - 1
+    if untried:
+        text += f"; {untried} not tried"
+    return text + ": run it again to break what is left."
