@@ -470,7 +470,11 @@ class _Listener:
             self._heard(message, arrived)
             return
         line = tuple(records.from_item(records.Waiter, w) for w in message.get("q", ()))
+        # The line's age when it was sent, and its time on the way since (by the wall
+        # clocks, as a word's: see _heard): a late datagram brings an old line.
         age = max(0, message.get("qa", 0)) / 1000
+        if line and isinstance(message["ts"], int):
+            age += max(0.0, (clock.now_ms() - message["ts"]) / 1000)
         item = records.lock_item(message["i"])
         pushed = Push(item, arrived, message["ts"], line, age)
         self.take(message["k"], message["r"], message.get("tb"), pushed)
