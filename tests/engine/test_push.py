@@ -730,7 +730,9 @@ def test_a_hand_over_push_carries_the_line_and_its_age_unless_it_would_not_fit(
         pushed = wakeup.wait(token, 5, fence_above=6)
         assert pushed is not None and pushed.item.holders[token].fence == 7
         assert pushed.line == sent  # without the line, the hand-over still goes
-        assert pushed.line_age == (0.25 if sent else 0.0)
+        # (a datagram's line is older by its time on the way, by the wall clocks)
+        expected = 0.25 if sent else 0.0
+        assert expected <= pushed.line_age < expected + 0.5
     wakeup.forget(token)
 
 
