@@ -193,6 +193,7 @@ class _Slot:
     # Marks the waiter's entry dead, when its leave could not (throttled, say): the late look
     # sends it again until it is applied (a live entry is handed the lock at any release).
     drop: Callable[[], None] | None = None
+    drops_failed: int = 0  # in a row: each look comes twice as late (up to DROP_PAUSE_CAP)
     name: str = "dynasem-late-look"
 
     @property
@@ -296,7 +297,9 @@ class _Slot:
         found there. Given back already (a push came), or another table (settings changed
         since): nothing to read. Its entry not marked dead yet (``drop``): marked first, and
         looked at again LATE_LOOK later (a releaser may have read the entry live before it
-        went), or, the mark refused still, again while a hand-over to it may land."""
+        went), or, the mark failed still, again while a hand-over to it may land: twice as
+        late after each failure (an outage, not throttling, which passes within seconds), up
+        to DROP_PAUSE_CAP."""
         if self.stopped or settings.TABLE_NAME != self.table:
             return None
         again = None
@@ -314,7 +317,9 @@ class _Slot:
                         self.resource, token=self.token, outcome="leave_failed", reason=exc
                     ),
                 )
-                again = LATE_LOOK if clock.monotonic() + LATE_LOOK < self.until else None
+                self.drops_failed += 1
+                pause = min(DROP_PAUSE_CAP, LATE_LOOK * 2.0 ** (self.drops_failed - 1))
+                again = pause if clock.monotonic() + pause < self.until else None
         self._look()
         return None if self.stopped else again
 
@@ -589,6 +594,8 @@ def depart(
 # landing (a releaser paused between its read and its write) idles the lock as before: for
 # the leaver's lease plus the skew.
 LATE_LOOK = 2.0
+# The longest pause between two late looks of a waiter whose entry could not be marked dead.
+DROP_PAUSE_CAP = 60.0
 
 
 def _resolve(future: asyncio.Future[None]) -> None:
