@@ -382,6 +382,9 @@ class Simulation:
         """Show the monitor every lock row ``proc``'s write changed, as it is now."""
         from dynasem._storage import records
 
+        if operation == "Query" and ":lo" in params.get("ExpressionAttributeValues", {}):
+            self.monitor.queue_read(params["ExpressionAttributeValues"][":pk"]["S"], proc)
+            return
         if operation in ("UpdateItem", "PutItem", "DeleteItem"):
             keys = [params.get("Key") or params.get("Item")]
         elif operation == "TransactWriteItems":
