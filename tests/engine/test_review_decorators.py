@@ -70,3 +70,49 @@ def test_a_user_str_with_a_control_character_is_refused_like_a_resource(
         with semaphore("review6-user", user=user):
             pass
     assert holds_on("review6-user") == []
+
+
+def test_a_cancelled_async_view_gives_its_hold_back(lock_table):
+    """A client that disconnects cancels the view's task (ASGI): the hold must be given
+    back, not left to its lease."""
+    started = asyncio.Event()
+
+    @semaphore("acancel:{n}")
+    async def view(request, n):
+        started.set()
+        await asyncio.sleep(30)
+        return HttpResponse("done")
+
+    async def go():
+        task = asyncio.create_task(view(RequestFactory().get("/"), n=1))
+        await asyncio.wait_for(started.wait(), 10)
+        assert len(holds_on("acancel:1")) == 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+    assert holds_on("acancel:1") == []
+
+
+def test_a_view_cancelled_while_it_waits_for_the_lock_leaves_nothing(lock_table):
+    """Cancelled while it waits in line (wait=5) behind another holder: no hold and no
+    waiter left, and the holder's release is not slowed by a dead waiter."""
+
+    @semaphore("await:{n}", wait=5, fair=True)
+    async def view(request, n):
+        return HttpResponse("done")
+
+    async def go():
+        async with semaphore("await:1"):
+            task = asyncio.create_task(view(RequestFactory().get("/"), n=1))
+            await asyncio.sleep(0.5)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        # free now: a fresh take at once
+        async with semaphore("await:1", wait=0):
+            pass
+
+    asyncio.run(go())
+    assert holds_on("await:1") == []
