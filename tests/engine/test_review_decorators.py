@@ -12,7 +12,7 @@ from dynasem import semaphore
 from dynasem._operators.locks import holds_on
 
 
-def test_a_streaming_view_holds_its_lock_while_its_body_streams(lock_table):
+def test_a_streaming_view_holds_its_lock_while_its_body_streams(lock_table, transactional_db):
     """A decorated view that returns a StreamingHttpResponse: the body (the export, the
     report) runs after the view returns, as the server iterates it. The decorator gives the
     lock back when the view returns, so the whole body streams with no lock held and a
@@ -37,7 +37,9 @@ def test_a_streaming_view_holds_its_lock_while_its_body_streams(lock_table):
     assert holds_on("export:1") == []  # given back once the response is closed
 
 
-def test_an_async_streaming_view_holds_its_lock_while_its_body_streams(lock_table):
+def test_an_async_streaming_view_holds_its_lock_while_its_body_streams(
+    lock_table, transactional_db
+):
     seen: list[int] = []
 
     @semaphore("aexport:{n}")
@@ -116,3 +118,17 @@ def test_a_view_cancelled_while_it_waits_for_the_lock_leaves_nothing(lock_table)
 
     asyncio.run(go())
     assert holds_on("await:1") == []
+
+
+def test_a_streaming_response_closed_unread_gives_its_lock_back(lock_table, transactional_db):
+    """A client gone before the body started: the server closes the response; the hold
+    must not be renewed on forever."""
+
+    @semaphore("export-unread:{n}")
+    def view(request, n):
+        return StreamingHttpResponse(iter([b"rows"]))
+
+    response = view(RequestFactory().get("/"), n=1)
+    assert len(holds_on("export-unread:1")) == 1
+    response.close()
+    assert holds_on("export-unread:1") == []
