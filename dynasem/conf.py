@@ -66,9 +66,7 @@ def _table_name(value: str) -> str:
     return value
 
 
-_TABLE_NAME_CHARS = frozenset(
-    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-."
-)
+_TABLE_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
 
 
 def _none_if_empty(value: str | None) -> str | None:
