@@ -3,6 +3,7 @@ table names (one quick GetItem when the checks run, never at import)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -24,7 +25,8 @@ CHECK_IDS: dict[str, str] = {
     "dynasem.E001": "`DYNASEM` is a dict.",
     "dynasem.E002": "`DYNASEM` has no key dynasem does not know (a misspelt key would be "
     "ignored); the hint lists the known keys.",
-    "dynasem.E003": "`TABLE_NAME` is a str of 3 to 255 characters.",
+    "dynasem.E003": "`TABLE_NAME` is a str of 3 to 255 characters, each a letter, a digit, "
+    "`_`, `-` or `.` (what DynamoDB accepts as a table name).",
     "dynasem.E004": "`ENDPOINT_URL` is `None` or an http(s) URL that botocore accepts (checked "
     "without connecting).",
     "dynasem.E005": "`REGION_NAME` is `None` or a str.",
@@ -53,6 +55,10 @@ CHECK_IDS: dict[str, str] = {
     "dynasem.W001": "`LEASE` is at least 3 × `CLOCK_SKEW`; a shorter lease makes holders renew "
     "very often.",
 }
+
+
+# DynamoDB's table names: 3 to 255 of these characters.
+TABLE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{3,255}")
 
 
 def _valid_endpoint(url: object) -> bool:
@@ -111,8 +117,8 @@ def _values(raw: dict[str, Any]) -> list[Any]:
     table_name, endpoint, address = (
         raw.get(key, DEFAULTS[key]) for key in ("TABLE_NAME", "ENDPOINT_URL", "PUSH")
     )
-    if not isinstance(table_name, str) or not 3 <= len(table_name) <= 255:
-        expected = "a str of 3 to 255 characters"
+    if not isinstance(table_name, str) or not TABLE_NAME_RE.fullmatch(table_name):
+        expected = "a str of 3 to 255 characters, each a-z, A-Z, 0-9, '_', '-' or '.'"
         problems.append(_error("TABLE_NAME", expected, table_name, "dynasem.E003"))
     if endpoint is not None and not _valid_endpoint(endpoint):
         expected = "None (AWS) or an http(s) URL"

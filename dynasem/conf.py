@@ -54,6 +54,21 @@ def _forever_if_none(value: float | None) -> float:
     return math.inf if value is None else value
 
 
+def _table_name(value: str) -> str:
+    """A name DynamoDB accepts for a table (3 to 255 of a-z, A-Z, 0-9, ``_``, ``-``, ``.``),
+    refused naming the setting: otherwise the first request fails with DynamoDB's own
+    ValidationException, read as a table without the index dynasem needs."""
+    if not (3 <= len(value) <= 255 and all(c in _TABLE_NAME_CHARS for c in value)):
+        raise ValueError(
+            "DYNASEM['TABLE_NAME'] must be 3 to 255 characters, each a-z, A-Z, 0-9, '_', '-' "
+            f"or '.' (DynamoDB's table names), not {value!r}"
+        )
+    return value
+
+
+_TABLE_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
+
+
 def _none_if_empty(value: str | None) -> str | None:
     return value or None
 
@@ -116,7 +131,7 @@ class Settings:
         value = getattr(django_settings, "DYNASEM", None)
         return value if isinstance(value, dict) else {}
 
-    TABLE_NAME = _Key[str]("dynasem-locks", (str,), "a str")
+    TABLE_NAME = _Key[str]("dynasem-locks", (str,), "a str", _table_name)
     ENDPOINT_URL = _Key[str | None](None, (str, type(None)), "None or a URL str")
     REGION_NAME = _Key[str | None](None, (str, type(None)), "None or a str")
     LEASE = _Key[float](60, (Real,), "a number of seconds")

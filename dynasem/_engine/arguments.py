@@ -170,7 +170,8 @@ def user_id_of(user: Any) -> str:
             raise ValueError("user must be a non-empty str, a Django user or None")
         if utf8_size(user, "user") > MAX_RESOURCE_BYTES:
             raise ValueError(f"user is longer than {MAX_RESOURCE_BYTES} UTF-8 bytes")
-        return user
+        # Shown to operators as written, as a resource is (dynasem_locks, the admin).
+        return check_printable(user, "user")
     authenticated = getattr(user, "is_authenticated", None)
     if authenticated is None:
         raise TypeError(f"user must be a Django user, a str or None, not {type(user).__name__}")

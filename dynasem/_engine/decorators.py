@@ -21,12 +21,15 @@ from typing import Any, Protocol
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.http.response import HttpResponseBase
 from django.utils.functional import LazyObject
 
 from .._observability.logs import facts
 from .._transactions import fencing
 from ..exceptions import Coalesced, Picklable, SemaphoreBusy
 from .arguments import LEADER_PREFIX, MAX_RESOURCE_BYTES, check_printable, utf8_size
+from .reentry import forget_entered, leave
+from .steps import run_io_to_end
 
 logger = logging.getLogger("dynasem")
 
@@ -443,13 +446,14 @@ def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., A
             # decorator's own user= for anything that is not a view.
             user = await request_user(request) if request is not None else sem.user
             async with contextlib.AsyncExitStack() as stack:
+                lock = sem.with_resource(resource, user)
                 try:
-                    await stack.enter_async_context(sem.with_resource(resource, user))
+                    held = await stack.enter_async_context(lock)
                 except SemaphoreBusy as exc:
                     result = when_busy(request, exc, args, kwargs)
                     return await result if inspect.isawaitable(result) else result
                 # Held until the coroutine finishes, not until it is created.
-                return await func(*args, **kwargs)
+                return _answered(stack, request, await func(*args, **kwargs), lock, held)
 
         wrapper: Callable[..., Any] = markcoroutinefunction(async_wrapper)
     else:
@@ -460,11 +464,12 @@ def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., A
                 return bad
             user = getattr(request, "user", None) if request is not None else sem.user
             with contextlib.ExitStack() as stack:
+                lock = sem.with_resource(resource, user)
                 try:
-                    stack.enter_context(sem.with_resource(resource, user))
+                    held = stack.enter_context(lock)
                 except SemaphoreBusy as exc:
                     return when_busy(request, exc, args, kwargs)
-                return func(*args, **kwargs)
+                return _answered(stack, request, func(*args, **kwargs), lock, held)
 
     return functools.wraps(func)(wrapper)
 
@@ -480,3 +485,56 @@ def _resolve(keys: KeyMaker, args: Any, kwargs: Any) -> tuple[Any, Any, HttpResp
         except BadKey as exc:
             return request, resource, bad_key_response(request, exc)
     return request, resource, None
+
+
+def _answered(stack: Any, request: Any, response: Any, lock: Any, held: Any) -> Any:
+    """``response``; a view's streaming response takes the hold with it (the block ``stack``
+    holds it in ends with the stream, not here)."""
+    if _streams(request, response, lock):
+        stack.pop_all()
+        return _held_while_streaming(response, lock, held)
+    return response
+
+
+def _streams(request: Any, response: Any, lock: Any) -> bool:
+    """Whether a view answered with a streaming response (``StreamingHttpResponse``,
+    ``FileResponse``), whose body runs after the view returns, as the server sends it. A
+    fenced semaphore's transaction ends with the view: its hold does too."""
+    return (
+        request is not None
+        and isinstance(response, HttpResponseBase)
+        and response.streaming
+        and not getattr(lock, "fence_db", False)
+    )
+
+
+def _held_while_streaming(response: Any, lock: Any, held: Any) -> Any:
+    """``response``, its lock given back when its body has been sent (or the stream is
+    closed: a client gone, ``response.close()``), not when the view returned: the body of a
+    streaming view is its work. The view's block is left now (its hold is no longer this
+    thread's or task's ``current_hold``); the hold itself is given back by the stream's end."""
+    forget_entered(lock)
+    give_back = functools.partial(leave, held, False)  # Held.release: once, whoever calls
+    chunks = response.streaming_content
+    if response.is_async:
+
+        async def content() -> Any:
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            finally:
+                await run_io_to_end(give_back)
+
+        response.streaming_content = content()
+    else:
+
+        def content() -> Any:
+            try:
+                yield from chunks
+            finally:
+                give_back()
+
+        response.streaming_content = content()
+    # Closed without being iterated (a body never started has no finally to run).
+    response._resource_closers.append(give_back)
+    return response

@@ -110,6 +110,9 @@ def held_elsewhere(*args: Any, **kwargs: Any) -> Iterator[Any]:
     then runs as a nested acquire instead of finding the lock busy. ``as`` gives the Held."""
     from .. import semaphore
 
+    # Another process's hold is in no transaction of this test: given back at the block's
+    # end, not after a commit of the test's transaction (a TestCase's never comes).
+    kwargs.setdefault("on_commit", False)
     held = contextvars.Context().run(semaphore(*args, **kwargs).acquire)
     try:
         yield held
