@@ -1,0 +1,37 @@
+"""Review (shared/exclusive and counting holds): lost answers on a permit's release."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dynasem._storage import dynamodb, lock_rows
+from dynasem._storage import permit_items as slots
+from tests.support.faults import Faults
+from tests.support.helpers import take
+
+pytestmark = pytest.mark.django_db(transaction=False)
+
+
+def test_a_release_whose_hint_answer_is_lost_hints_its_slot_once(holds: list[Any]) -> None:
+    """The release's second write (the slot appended to the row's hints) is applied, its
+    answer lost, and botocore sends it again: the slot must not be hinted twice. A second
+    hint of a slot sends a later take to a permit that is held by then (its row write and
+    its refused permit write for nothing, and a take planned again), and keeps one of the
+    row's MAX_HINTS places for nobody."""
+    first = take(holds, "pool", limit=16, lease=30)
+    take(holds, "pool", limit=16, lease=30)
+    slot = first.slots["pool"]
+    with Faults(dynamodb.get_client()) as faults:
+        # The release's writes: the permit (UpdateItem), then the row's hint (UpdateItem).
+        lost = faults.lose_response("UpdateItem", 1, after=1)
+        first.release()
+    assert lost.fired == 1
+    row = lock_rows.get_item("pool")
+    assert row is not None
+    assert [int(x) for x in row["hints"]] == [slot]
+    # And so the next two takes: the first pops the hint, the second grows a new slot.
+    a = take(holds, "pool", limit=16, lease=30)
+    assert a.slots["pool"] == slot
+    assert slots.slot_of("pool", a.token) is not None
