@@ -196,13 +196,16 @@ def hint(resource: str, slot: int, hold_ms: int | None = None) -> dict[str, Any]
     """A released slot, appended to the row's hints (unless MAX_HINTS are there already),
     if the row still has that slot: a row reset to another limit since (``hw`` 1 again)
     must not be hinted a slot of the old one (at or above the new limit, it would be one
-    permit too many; below, it is grown again in its turn)."""
+    permit too many; below, it is grown again in its turn). Nor a slot hinted already: a
+    re-send by botocore of an applied hint, its answer lost, would hint it twice, and the
+    second hint send a take to the permit held by then (two writes and a plan for nothing)."""
     values: dict[str, Any] = {":slot": [slot], ":n": slot, ":max": MAX_HINTS}
     update = "SET #hints = list_append(#hints, :slot)"
     if hold_ms is not None:
         update += ", #hold = :hold"  # waiters estimate their turn from it
         values[":hold"] = hold_ms
     condition = "attribute_exists(#hints) AND size(#hints) < :max AND #hw > :n"
+    condition += " AND NOT contains(#hints, :n)"
     return update_action(resource, LOCK_SK, update, condition, {}, values)
 
 
