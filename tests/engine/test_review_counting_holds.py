@@ -35,3 +35,31 @@ def test_a_release_whose_hint_answer_is_lost_hints_its_slot_once(holds: list[Any
     a = take(holds, "pool", limit=16, lease=30)
     assert a.slots["pool"] == slot
     assert slots.slot_of("pool", a.token) is not None
+
+
+def _pops_a_hint(body: dict[str, Any]) -> bool:
+    return "#hints[0]" in body.get("UpdateExpression", "")
+
+
+def test_a_take_whose_row_write_answer_is_lost_pops_one_hint(holds: list[Any]) -> None:
+    """A take of a hinted slot: its row write (the first hint popped, the fence counted up)
+    is applied, its answer lost, and botocore sends it again: applied again, it pops the
+    next hint too. The take holds that second slot; the first, free, is hinted no more: no
+    take finds it until every slot is in use and the permits are read (page by page), and
+    the row's fence moved twice."""
+    from tests.engine.test_readers_lost import LoseAnswer
+
+    first, second, third = (take(holds, "pool", limit=16, lease=30) for _ in range(3))
+    freed = [first.slots["pool"], second.slots["pool"]]
+    for held in (first, second):
+        held.release()
+        holds.remove(held)
+    row = lock_rows.get_item("pool")
+    assert row is not None and [int(x) for x in row["hints"]] == freed
+    with LoseAnswer(_pops_a_hint) as lost:
+        again = take(holds, "pool", limit=16, lease=30, wait=0)
+    assert lost.fired == 1, "the row write's answer was never lost: the test missed it"
+    row = lock_rows.get_item("pool")
+    assert row is not None
+    # The take holds one of the hinted slots, and the other is still hinted.
+    assert {again.slots["pool"], *[int(x) for x in row["hints"]]} == set(freed)
