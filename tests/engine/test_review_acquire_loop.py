@@ -1,0 +1,42 @@
+"""Review of the acquire loop (core.Acquire, its drivers): faults found, as failing tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import dynasem
+from dynasem._storage import lock_rows
+from dynasem.exceptions import SemaphoreUnavailable
+
+
+def test_a_take_applied_unanswered_then_a_retry_that_never_connects_leaves_no_hold(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The take is applied, its answer lost (a timeout: ambiguous); the acquire sends it again
+    after a pause, but that send never reaches DynamoDB (no connection: not ambiguous) and the
+    wait is over: the acquire raises. The first write's hold must be withdrawn: before, only
+    the last failure's ``ambiguous`` was looked at, and the row kept our token for its whole
+    lease, held by nobody (every other acquire found it busy)."""
+    resource = "res:review-lost-then-unsent"
+    send = lock_rows.update
+    calls: list[str] = []
+
+    def flaky(action: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        if action["Key"]["sk"]["S"] != "lock" or len(calls) >= 2:
+            return send(action, *args, **kwargs)
+        if not calls:
+            calls.append("applied, answer lost")
+            send(action, *args, **kwargs)
+            raise SemaphoreUnavailable("read timeout", transient=True, ambiguous=True)
+        calls.append("never sent")
+        raise SemaphoreUnavailable("cannot connect", transient=True, ambiguous=False)
+
+    monkeypatch.setattr(lock_rows, "update", flaky)
+    with pytest.raises(SemaphoreUnavailable):
+        dynasem.semaphore(resource, lease=60, wait=0).acquire()
+    assert calls == ["applied, answer lost", "never sent"]
+    row = lock_rows.get(resource)
+    holders = {} if row is None else row.holders
+    assert not holders, f"a hold left behind by the failed acquire: {holders}"
