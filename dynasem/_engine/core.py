@@ -292,6 +292,9 @@ class Acquire:
         self.pace = queue.Pace()
         self.sleeps = self.replans = self.failures = 0
         self.confirm = False  # a hold of ours we saw must be renewed before it is returned
+        # What an unanswered write of ours may have taken (an ambiguous failure), by what
+        # gives it back: given back if the acquire fails, whatever its last failure was.
+        self.unanswered: list[tuple[list[str], Callable[[], None] | None]] = []
 
     def steps(self) -> Steps[Held]:
         try:
@@ -479,12 +482,19 @@ class Acquire:
         so. Give it a few tries even past the wait budget, then withdraw what may be ours
         (``undo``: an admission's). A throttled or unconnected request was never applied."""
         self.failures += 1
+        if exc.ambiguous:
+            self.unanswered.append((acting, undo))
         out_of_time = self.run.remaining() <= 0 and (
             not exc.ambiguous or self.failures > MIN_TRANSIENT_RETRIES
         )
         if not exc.transient or out_of_time:
-            if exc.ambiguous:
-                yield Request(undo or functools.partial(withdraw, self.run.token, acting))
+            # An earlier try may have been applied, this one's failure not ambiguous (never
+            # sent): what it took is given back all the same (conditional on our token).
+            rows = sorted({r for rs, u in self.unanswered if u is None for r in rs})
+            for one in {id(u): u for _, u in self.unanswered if u is not None}.values():
+                yield Request(one)
+            if rows:
+                yield Request(functools.partial(withdraw, self.run.token, rows))
             raise exc
         yield Sleep(min(queue.backoff(self.failures), max(0.05, self.run.remaining())))
 
