@@ -40,3 +40,39 @@ def test_a_take_applied_unanswered_then_a_retry_that_never_connects_leaves_no_ho
     row = lock_rows.get(resource)
     holders = {} if row is None else row.holders
     assert not holders, f"a hold left behind by the failed acquire: {holders}"
+
+
+def test_a_permit_applied_unanswered_then_a_retry_that_never_connects_leaves_no_permit(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for a permit item's write (permits.hold_permit): applied, answer lost; the
+    retry never sent; the wait over. The permit must be given back: every permit free."""
+    from dynasem._storage import permit_items, records
+
+    monkeypatch.setattr(permit_items, "INLINE_MAX", 1)
+    resource, send = "res:review-permit-lost-then-unsent", permit_items.send
+    calls: list[str] = []
+
+    def flaky(action: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        permit = action["Key"]["sk"]["S"].startswith(records.PERMIT_PREFIX)
+        if not permit or len(calls) >= 2:
+            return send(action, *args, **kwargs)
+        if not calls:
+            calls.append("applied, answer lost")
+            send(action, *args, **kwargs)
+            raise SemaphoreUnavailable("read timeout", transient=True, ambiguous=True)
+        calls.append("never sent")
+        raise SemaphoreUnavailable("cannot connect", transient=True, ambiguous=False)
+
+    monkeypatch.setattr(permit_items, "send", flaky)
+    with pytest.raises(SemaphoreUnavailable):
+        dynasem.semaphore(resource, limit=2, lease=60, wait=0).acquire()
+    assert calls == ["applied, answer lost", "never sent"]
+    monkeypatch.setattr(permit_items, "send", send)
+    taken = []
+    try:
+        for _ in range(2):  # every permit free again at once
+            taken.append(dynasem.semaphore(resource, limit=2, lease=60, wait=0).acquire())
+    finally:
+        for held in taken:
+            held.release()
