@@ -76,3 +76,37 @@ def test_a_permit_applied_unanswered_then_a_retry_that_never_connects_leaves_no_
     finally:
         for held in taken:
             held.release()
+
+
+@pytest.mark.parametrize("limit", [1, 3], ids=["exclusive", "counting"])
+def test_a_take_resent_by_botocore_and_refused_by_itself_is_kept_then_given_back(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch, limit: int
+) -> None:
+    """The take is applied, its answer lost; botocore sends the same request again, which is
+    refused by the take it repeats (``Refused.retried``, the row as it is). The hold is found
+    in the refusal and returned; released, nothing of it is left."""
+    from dynasem._storage import dynamodb
+
+    resource, send = f"res:review-resent-{limit}", lock_rows.update
+    resent: list[bool] = []
+
+    def resend_once(action: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        if action["Key"]["sk"]["S"] != "lock" or resent:
+            return send(action, *args, **kwargs)
+        resent.append(True)
+        send(action, *args, **kwargs)  # applied; its answer lost
+        try:
+            return send(action, *args, **kwargs)
+        except dynamodb.Refused as refused:
+            refused.retried = True
+            raise
+
+    monkeypatch.setattr(lock_rows, "update", resend_once)
+    held = dynasem.semaphore(resource, limit=limit, lease=60, wait=0).acquire()
+    assert resent and held.seconds_left() > 30
+    row = lock_rows.get(resource)
+    assert row is not None and list(row.holders) == [held.token]
+    assert held.fence == row.holders[held.token].fence
+    held.release()
+    row = lock_rows.get(resource)
+    assert row is None or not row.holders
