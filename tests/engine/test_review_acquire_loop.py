@@ -110,3 +110,53 @@ def test_a_take_resent_by_botocore_and_refused_by_itself_is_kept_then_given_back
     held.release()
     row = lock_rows.get(resource)
     assert row is None or not row.holders
+
+
+def test_a_take_refused_by_itself_after_many_refusals_is_kept_not_left_behind(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A crowd of takers of one counting row: each of our joins is refused (another take
+    changed the row first), MAX_REPLANS times; the next one is applied, its answer lost, and
+    botocore's re-send is refused by that very join (``Refused.retried``: the row shows our
+    token). Past MAX_REPLANS, write() answered "busy" without looking at what the refusal
+    showed, and at wait=0 the acquire raised SemaphoreBusy: our applied join stayed in the
+    row, held by nobody, for its whole lease (a permit of two lost to every other acquire)."""
+    from dynasem._engine import queue
+    from dynasem._storage import dynamodb
+
+    resource, send = "res:review-refused-by-itself-late", lock_rows.update
+    other = dynasem.semaphore(resource, limit=3, lease=60).acquire()
+    refusals: list[int] = []
+
+    def crowded(action: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        if action["Key"]["sk"]["S"] != "lock" or len(refusals) > queue.MAX_REPLANS:
+            return send(action, *args, **kwargs)
+        refusals.append(1)
+        if len(refusals) <= queue.MAX_REPLANS:  # another taker changed the row first
+            raise dynamodb.Refused(lock_rows.get_item(resource), retried=False)
+        send(action, *args, **kwargs)  # applied; its answer lost
+        try:
+            return send(action, *args, **kwargs)  # botocore's re-send
+        except dynamodb.Refused as refused:
+            refused.retried = True
+            raise
+
+    monkeypatch.setattr(lock_rows, "update", crowded)
+    sem = dynasem.semaphore(resource, limit=3, lease=60, wait=0)
+    try:
+        held = sem.acquire()
+    except dynasem.SemaphoreBusy:
+        held = None
+    monkeypatch.setattr(lock_rows, "update", send)
+    try:
+        row = lock_rows.get(resource)
+        assert row is not None
+        ours = [t for t in row.holders if t != other.token]
+        if held is None:
+            assert not ours, f"busy, but a join of ours is left in the row: {ours}"
+        else:
+            assert ours == [held.token]
+    finally:
+        other.release()
+        if held is not None:
+            held.release()
