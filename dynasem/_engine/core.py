@@ -458,6 +458,18 @@ class Acquire:
         self.replans += 1
         if self.replans <= queue.MAX_REPLANS:
             return None  # the refusal told us the state: plan again from it at once
+        return (yield from self.refused_too_often(acting))
+
+    def refused_too_often(self, acting: list[str]) -> Steps[dict[str, Blocking] | None]:
+        """Past MAX_REPLANS refusals: busy. Unless the rows refused show our token (a write
+        of ours applied, its answer lost, refused by itself on botocore's re-send): ours,
+        planned once more to keep it; still not taken then, withdrawn, never left behind."""
+        token, seen = self.run.token, self.seen
+        mine = [r for r in acting if (row := seen.get(r)) is not None and token in row.holders]
+        if mine and self.replans <= queue.MAX_REPLANS + 2:
+            return None
+        if mine:
+            yield Request(functools.partial(withdraw, token, mine))
         return {r: {} for r in self.resources}
 
     def admission_undo(self, resource: str, plan: take.Plan) -> Callable[[], None] | None:
