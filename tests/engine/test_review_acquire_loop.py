@@ -160,3 +160,49 @@ def test_a_take_refused_by_itself_after_many_refusals_is_kept_not_left_behind(
         other.release()
         if held is not None:
             held.release()
+
+
+@pytest.mark.parametrize("where", ["row", "permit"])
+def test_a_soft_time_limit_as_a_take_lands_leaves_no_hold(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """Celery's SoftTimeLimitExceeded is an ``Exception`` (billiard's), raised by a signal
+    handler at any line: here while the take's answer is read, the write applied. The driver
+    handed it to the loop as the write's error; the loop, which knows only DynamoDB's errors,
+    let it through, and the driver re-raised it as "the loop's own answer: it cleaned up what
+    it had" (``except Exception: raise``): the hold stayed in the row, nobody's, for its whole
+    lease (every acquire found it busy). A KeyboardInterrupt at the same line is cleaned up."""
+    from billiard.exceptions import SoftTimeLimitExceeded
+
+    from dynasem._storage import permit_items, records
+
+    resource = f"res:review-soft-limit-{where}"
+    options: dict[str, Any] = {"lease": 60, "wait": 0}
+    if where == "row":
+        module, name, prefix = lock_rows, "update", "lock"
+    else:
+        monkeypatch.setattr(permit_items, "INLINE_MAX", 1)
+        module, name, prefix = permit_items, "send", records.PERMIT_PREFIX
+        options["limit"] = 2
+    send = getattr(module, name)
+    fired: list[bool] = []
+
+    def landed_then_time_limit(action: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        answer = send(action, *args, **kwargs)
+        if fired or not action["Key"]["sk"]["S"].startswith(prefix):
+            return answer
+        fired.append(True)
+        raise SoftTimeLimitExceeded()
+
+    monkeypatch.setattr(module, name, landed_then_time_limit)
+    with pytest.raises(SoftTimeLimitExceeded):
+        dynasem.semaphore(resource, **options).acquire()
+    monkeypatch.setattr(module, name, send)
+    limit = int(options.get("limit", 1))
+    taken = []
+    try:
+        for _ in range(limit):  # every permit free again at once
+            taken.append(dynasem.semaphore(resource, **options).acquire())
+    finally:
+        for held in taken:
+            held.release()
