@@ -292,6 +292,9 @@ class Acquire:
         self.pace = queue.Pace()
         self.sleeps = self.replans = self.failures = 0
         self.confirm = False  # a hold of ours we saw must be renewed before it is returned
+        # What an unanswered write of ours may have taken (an ambiguous failure), by what
+        # gives it back: given back if the acquire fails, whatever its last failure was.
+        self.unanswered: list[tuple[list[str], Callable[[], None] | None]] = []
 
     def steps(self) -> Steps[Held]:
         try:
@@ -455,6 +458,18 @@ class Acquire:
         self.replans += 1
         if self.replans <= queue.MAX_REPLANS:
             return None  # the refusal told us the state: plan again from it at once
+        return (yield from self.refused_too_often(acting))
+
+    def refused_too_often(self, acting: list[str]) -> Steps[dict[str, Blocking] | None]:
+        """Past MAX_REPLANS refusals: busy. Unless the rows refused show our token (a write
+        of ours applied, its answer lost, refused by itself on botocore's re-send): ours,
+        planned once more to keep it; still not taken then, withdrawn, never left behind."""
+        token, seen = self.run.token, self.seen
+        mine = [r for r in acting if (row := seen.get(r)) is not None and token in row.holders]
+        if mine and self.replans <= queue.MAX_REPLANS + 2:
+            return None
+        if mine:
+            yield Request(functools.partial(withdraw, token, mine))
         return {r: {} for r in self.resources}
 
     def admission_undo(self, resource: str, plan: take.Plan) -> Callable[[], None] | None:
@@ -479,12 +494,19 @@ class Acquire:
         so. Give it a few tries even past the wait budget, then withdraw what may be ours
         (``undo``: an admission's). A throttled or unconnected request was never applied."""
         self.failures += 1
+        if exc.ambiguous:
+            self.unanswered.append((acting, undo))
         out_of_time = self.run.remaining() <= 0 and (
             not exc.ambiguous or self.failures > MIN_TRANSIENT_RETRIES
         )
         if not exc.transient or out_of_time:
-            if exc.ambiguous:
-                yield Request(undo or functools.partial(withdraw, self.run.token, acting))
+            # An earlier try may have been applied, this one's failure not ambiguous (never
+            # sent): what it took is given back all the same (conditional on our token).
+            rows = sorted({r for rs, u in self.unanswered if u is None for r in rs})
+            for one in {id(u): u for _, u in self.unanswered if u is not None}.values():
+                yield Request(one)
+            if rows:
+                yield Request(functools.partial(withdraw, self.run.token, rows))
             raise exc
         yield Sleep(min(queue.backoff(self.failures), max(0.05, self.run.remaining())))
 

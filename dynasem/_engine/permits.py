@@ -231,7 +231,7 @@ class _Acquire:
             resource, slot, token, holder, stale_ms=self.stale, dead=dead
         )
         undo = functools.partial(permit_hold.undo, resource, slot, token)
-        failures = 0
+        failures, maybe_taken = 0, False
         while True:
             try:
                 yield Write(functools.partial(permit_items.send, action), token, [], undo=undo)
@@ -245,8 +245,10 @@ class _Acquire:
                 out_of_time = run.remaining() <= 0 and (
                     not exc.ambiguous or failures > MIN_TRANSIENT_RETRIES
                 )
+                maybe_taken = maybe_taken or exc.ambiguous
                 if not exc.transient or out_of_time:
-                    if exc.ambiguous:
+                    # An earlier try may have been applied even if this one never was sent.
+                    if maybe_taken:
                         yield Request(undo)
                     raise
                 yield Sleep(backoff(failures))

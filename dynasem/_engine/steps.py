@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 
 from .. import _clock as clock
 from .._storage import dynamodb, lock_rows, lock_writes
-from ..exceptions import SemaphoreUnavailable
+from ..exceptions import SemaphoreError, SemaphoreUnavailable
 from . import resend
 
 _T = TypeVar("_T")
@@ -265,9 +265,9 @@ async def _drive(steps: Steps[_T], *, blocking: bool) -> _T:
         except StopIteration as stop:
             value: _T = stop.value  # what the generator returned
             return value
-        except Exception:
+        except _OWN:
             raise  # the loop's own answer (busy, unavailable): it cleaned up what it had
-        except BaseException:  # Ctrl-C, SystemExit, cancelled: not for the loop to decide
+        except BaseException:  # Ctrl-C, SystemExit, cancelled, a soft time limit: not the loop's
             # Interrupted during ``step``, or inside the loop after it (then it is over).
             # Leave the queue before the loop is closed: closing it stops our push slot
             # (core's ``push.forget``), and a hand-over still on its way to us must find it
@@ -280,6 +280,13 @@ async def _drive(steps: Steps[_T], *, blocking: bool) -> _T:
             finally:
                 steps.close()
             raise
+
+
+# What the loop raises as its answer, having cleaned up what it had (busy, unavailable, a
+# bad argument); any other exception out of it (a signal handler's at any line, as Celery's
+# SoftTimeLimitExceeded, an Exception; a request's error the loop does not know, thrown in)
+# is an interrupt, cleaned up as Ctrl-C is: a write of ours that landed is given back.
+_OWN = (SemaphoreError, ValueError, TypeError)
 
 
 async def _perform(step: Step, *, blocking: bool) -> tuple[Any, Exception | None]:
