@@ -921,11 +921,12 @@ def test_createtable_json_says_what_it_did(lock_table):
 
 @pytest.fixture
 def unchecked_names(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Resources taken without the control-character check: rows as an older dynasem, or
-    another writer with table access, could have stored them."""
+    """Resources and users taken without the control-character check: rows as an older
+    dynasem, or another writer with table access, could have stored them."""
     monkeypatch.setattr(
         arguments, "check_resources", lambda r: list(r) if isinstance(r, list) else [r]
     )
+    monkeypatch.setattr(arguments, "check_printable", lambda value, what: value)
 
 
 def test_locks_and_release_show_control_characters_escaped(lock_table, holds, unchecked_names):
