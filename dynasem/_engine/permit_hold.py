@@ -59,25 +59,17 @@ def break_permit(
         permit_items.send(action)
     except dynamodb.Refused as refused:
         # botocore's re-send of our own applied break is refused by it.
-        if not (refused.retried and (refused.item or {}).get("bk") == breaker):
+        if not (refused.retried and records.broken_by(refused.item, breaker)):
             return False
     except SemaphoreUnavailable as exc:
         # Unanswered (the quick client sends once): if applied, the slot is free and only
         # this break would hint it and push the first waiter, asleep until a lease ends.
-        if not exc.ambiguous or not _broke(resource, permit.slot, breaker):
+        if not exc.ambiguous or not lock_rows.broken_by(
+            resource, records.permit_sk(permit.slot), breaker
+        ):
             raise
     hint_freed(resource, permit.slot, None)
     return True
-
-
-def _broke(resource: str, slot: int, breaker: str) -> bool:
-    """Whether the permit of ``slot`` was freed by this break (one consistent read; False
-    when that read fails too)."""
-    try:
-        item = lock_rows.get_item(resource, records.permit_sk(slot))
-    except SemaphoreUnavailable:
-        return False
-    return (item or {}).get("bk") == breaker
 
 
 def hint_freed(resource: str, slot: int, hold_ms: int | None) -> None:

@@ -238,25 +238,17 @@ def break_reader(
         reader_items.send(action)
     except dynamodb.Refused as refused:
         # botocore's re-send of our own applied break is refused by its tombstone.
-        if not (refused.retried and (refused.item or {}).get("bk") == breaker):
+        if not (refused.retried and records.broken_by(refused.item, breaker)):
             return False
     except SemaphoreUnavailable as exc:
         # Unanswered (the quick client sends once): applied, the break must count the reader
         # down. Only our own tombstone says so: another's break counts its reader itself.
-        if not exc.ambiguous or not _broke(resource, token, breaker):
+        if not exc.ambiguous or not lock_rows.broken_by(
+            resource, records.reader_sk(token), breaker
+        ):
             raise
     count_down(resource, reader.epoch)
     return True
-
-
-def _broke(resource: str, token: str, breaker: str) -> bool:
-    """Whether the tombstone of ``token``'s item is this break's (one consistent read; False
-    when that read fails too: the count then waits for a write-off, as before)."""
-    try:
-        item = lock_rows.get_item(resource, records.reader_sk(token))
-    except SemaphoreUnavailable:
-        return False
-    return (item or {}).get("bk") == breaker
 
 
 def forget_admission(resource: str, epoch: int, token: str) -> None:

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..conf import settings
-from . import dynamodb
+from ..exceptions import SemaphoreUnavailable
+from . import dynamodb, records
 from .records import LOCK_SK, LockItem, decode, key, lock_item
 
 
@@ -45,6 +46,17 @@ def get_item(pk: str, sk: str = LOCK_SK, *, consistent: bool = True) -> dict[str
     :func:`~dynasem._storage.job_rows.get_job`)."""
     response = dynamodb.send_to_table("get_item", Key=key(pk, sk), ConsistentRead=consistent)
     return decode(response.get("Item"))
+
+
+def broken_by(pk: str, sk: str, breaker: str) -> bool:
+    """Whether the item at ``sk`` is the tombstone of the break whose word is ``breaker``: a
+    break whose answer was lost tells by it that it was applied (one consistent read; False
+    when that read fails too)."""
+    try:
+        item = get_item(pk, sk)
+    except SemaphoreUnavailable:
+        return False
+    return records.broken_by(item, breaker)
 
 
 def wire(item: LockItem) -> dict[str, Any]:

@@ -460,6 +460,12 @@ class Reader:
     breaker: str | None = stored_as("bk")
 
 
+def broken_by(item: Mapping[str, Any] | None, breaker: str) -> bool:
+    """Whether ``item`` (decoded) is a tombstone written by the break whose word is
+    ``breaker`` (a reader's or a permit's)."""
+    return (item or {}).get("bk") == breaker
+
+
 def reader_of(item: Mapping[str, Any]) -> Reader:
     holder = dataclasses.replace(from_item(Holder, item), shared=True)
     return from_item(Reader, item, token=str(item["sk"])[len(READER_PREFIX) :], holder=holder)
