@@ -448,17 +448,9 @@ class InterruptedWait:
         self.release()
 
 
-@pytest.mark.parametrize("how", ["release", "with"])
-def test_a_release_interrupted_waiting_for_a_renewal_renews_no_more(
-    lock_table: str, requests_sent: RequestCounter, how: str
-) -> None:
-    """Ctrl-C as the release waits for the heartbeat's renewal in flight (the hold's request
-    lock: a renewal hanging on a cut network): the release has not begun, and the hold is
-    left to its lease, but renewed no more: a ``with`` block's exit is not run again, and
-    nobody would give it back (before the fix the heartbeat renewed it on, for nobody, until
-    max_hold). A ``release()`` again still gives it back. Found by the simulator: seed 2 of
-    long_readers, partitions with --interrupts 0.3."""
-    resource = unique("int-release")
+def release_interrupted_behind_a_renewal(resource: str, how: str) -> Any:
+    """A hold of ``resource`` whose release (``release()``, or a ``with`` block's exit: ``how``)
+    Ctrl-C cut short as it waited for the heartbeat's renewal; its request lock put back."""
     sem = semaphore(resource, lease=LEASE)
     if how == "release":
         held = sem.acquire()
@@ -471,6 +463,21 @@ def test_a_release_interrupted_waiting_for_a_renewal_renews_no_more(
             wait_for_renewal(held)
             held._lock = InterruptedWait(held._lock)  # type: ignore[assignment]
     held._lock = held._lock.lock  # type: ignore[attr-defined]
+    return held
+
+
+@pytest.mark.parametrize("how", ["release", "with"])
+def test_a_release_interrupted_waiting_for_a_renewal_renews_no_more(
+    lock_table: str, requests_sent: RequestCounter, how: str
+) -> None:
+    """Ctrl-C as the release waits for the heartbeat's renewal in flight (the hold's request
+    lock: a renewal hanging on a cut network): the release has not begun, and the hold is
+    left to its lease, but renewed no more: a ``with`` block's exit is not run again, and
+    nobody would give it back (before the fix the heartbeat renewed it on, for nobody, until
+    max_hold). A ``release()`` again still gives it back. Found by the simulator: seed 2 of
+    long_readers, partitions with --interrupts 0.3."""
+    resource = unique("int-release")
+    held = release_interrupted_behind_a_renewal(resource, how)
     assert heartbeats_of(resource) == []
     end = stored_end(resource, held.token)
     requests_sent.watch(resource)

@@ -17,8 +17,8 @@ from dynasem._engine import shutdown
 from dynasem.signals import lock_acquired
 from tests.engine.test_heartbeat import (
     LEASE,
-    InterruptedWait,
     heartbeats_of,
+    release_interrupted_behind_a_renewal,
     tokens_on,
     unique,
     wait_for_renewal,
@@ -40,18 +40,7 @@ def test_a_release_interrupted_waiting_for_a_renewal_is_given_back_at_exit(
     its heartbeat stopped, is left in the row for its whole lease (60 s by default) although
     the process could give it back and says it does."""
     resource = unique("int-exit")
-    sem = semaphore(resource, lease=LEASE)
-    if how == "release":
-        held = sem.acquire()
-        wait_for_renewal(held)
-        held._lock = InterruptedWait(held._lock)  # type: ignore[assignment]
-        with pytest.raises(KeyboardInterrupt):
-            held.release()
-    else:
-        with pytest.raises(KeyboardInterrupt), sem as held:
-            wait_for_renewal(held)
-            held._lock = InterruptedWait(held._lock)  # type: ignore[assignment]
-    held._lock = held._lock.lock  # type: ignore[attr-defined]
+    held = release_interrupted_behind_a_renewal(resource, how)
     assert heartbeats_of(resource) == []
     assert tokens_on(resource) == {held.token}
     try:
