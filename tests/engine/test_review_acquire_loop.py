@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -9,6 +10,25 @@ import pytest
 import dynasem
 from dynasem._storage import lock_rows
 from dynasem.exceptions import SemaphoreUnavailable
+
+
+def lost_then_unsent(
+    send: Callable[..., Any], matches: Callable[[dict[str, Any]], bool], calls: list[str]
+) -> Callable[..., Any]:
+    """``send``, but the first write ``matches`` picks is applied with its answer lost (a
+    timeout: ambiguous), and the next one never reaches DynamoDB (not ambiguous)."""
+
+    def flaky(action: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        if not matches(action) or len(calls) >= 2:
+            return send(action, *args, **kwargs)
+        if not calls:
+            calls.append("applied, answer lost")
+            send(action, *args, **kwargs)
+            raise SemaphoreUnavailable("read timeout", transient=True, ambiguous=True)
+        calls.append("never sent")
+        raise SemaphoreUnavailable("cannot connect", transient=True, ambiguous=False)
+
+    return flaky
 
 
 def test_a_take_applied_unanswered_then_a_retry_that_never_connects_leaves_no_hold(
@@ -23,17 +43,10 @@ def test_a_take_applied_unanswered_then_a_retry_that_never_connects_leaves_no_ho
     send = lock_rows.update
     calls: list[str] = []
 
-    def flaky(action: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-        if action["Key"]["sk"]["S"] != "lock" or len(calls) >= 2:
-            return send(action, *args, **kwargs)
-        if not calls:
-            calls.append("applied, answer lost")
-            send(action, *args, **kwargs)
-            raise SemaphoreUnavailable("read timeout", transient=True, ambiguous=True)
-        calls.append("never sent")
-        raise SemaphoreUnavailable("cannot connect", transient=True, ambiguous=False)
+    def row(action: dict[str, Any]) -> bool:
+        return bool(action["Key"]["sk"]["S"] == "lock")
 
-    monkeypatch.setattr(lock_rows, "update", flaky)
+    monkeypatch.setattr(lock_rows, "update", lost_then_unsent(send, row, calls))
     with pytest.raises(SemaphoreUnavailable):
         dynasem.semaphore(resource, lease=60, wait=0).acquire()
     assert calls == ["applied, answer lost", "never sent"]
@@ -53,18 +66,10 @@ def test_a_permit_applied_unanswered_then_a_retry_that_never_connects_leaves_no_
     resource, send = "res:review-permit-lost-then-unsent", permit_items.send
     calls: list[str] = []
 
-    def flaky(action: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
-        permit = action["Key"]["sk"]["S"].startswith(records.PERMIT_PREFIX)
-        if not permit or len(calls) >= 2:
-            return send(action, *args, **kwargs)
-        if not calls:
-            calls.append("applied, answer lost")
-            send(action, *args, **kwargs)
-            raise SemaphoreUnavailable("read timeout", transient=True, ambiguous=True)
-        calls.append("never sent")
-        raise SemaphoreUnavailable("cannot connect", transient=True, ambiguous=False)
+    def permit(action: dict[str, Any]) -> bool:
+        return bool(action["Key"]["sk"]["S"].startswith(records.PERMIT_PREFIX))
 
-    monkeypatch.setattr(permit_items, "send", flaky)
+    monkeypatch.setattr(permit_items, "send", lost_then_unsent(send, permit, calls))
     with pytest.raises(SemaphoreUnavailable):
         dynasem.semaphore(resource, limit=2, lease=60, wait=0).acquire()
     assert calls == ["applied, answer lost", "never sent"]
