@@ -237,3 +237,34 @@ def lock_rows_holds(resource: str) -> list[Any]:
     from dynasem._operators.locks import holds_on
 
     return holds_on(resource)
+
+
+def test_a_break_of_an_exclusive_hold_pushes_the_first_waiter(
+    lock_table: Any, holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator breaks the holder of an exclusive lock that a waiter queues for: the break
+    hands the lock over as a release does (the first waiter is pushed the row at once), not
+    at the waiter's next paced look. A permit's or a reader's break pushes already."""
+    import threading
+
+    from dynasem._engine import push
+    from dynasem._operators.locks import break_hold
+    from tests.support.helpers import queue_of, wait_for
+
+    holder = take(holds, "deploy", lease=LEASE)
+    got: list[Any] = []
+    waiter = threading.Thread(target=lambda: got.append(take(holds, "deploy", wait=20)))
+    waiter.start()
+    queued = wait_for(lambda: queue_of("deploy"), 10, "the waiter's entry")
+    pushed: list[str] = []
+    send = push.push
+
+    def recorded(address: Any, resource: str, token: str, *args: Any, **kwargs: Any) -> bool:
+        pushed.append(token)
+        return send(address, resource, token, *args, **kwargs)
+
+    monkeypatch.setattr(push, "push", recorded)
+    assert break_hold("deploy", holder.token, fence=holder.fence)
+    waiter.join(20)
+    assert got, "the waiter never got the lock"
+    assert pushed == list(queued), "the break told no waiter"
