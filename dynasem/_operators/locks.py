@@ -14,7 +14,7 @@ from types import FrameType
 from typing import Any
 
 from .. import _clock as clock
-from .._engine import arguments, core, permit_hold, reader_hold
+from .._engine import arguments, core, handover, permit_hold, reader_hold
 from .._storage import (
     dynamodb,
     index_queries,
@@ -378,7 +378,7 @@ def break_hold(
     if token == reader_items.SENTINEL:
         return False  # it stands for the reader items: each is broken by its own token
     try:
-        lock_rows.update(lock_writes.force_release(resource, token, fence))
+        row = lock_rows.update(lock_writes.force_release(resource, token, fence), return_new=True)
     except dynamodb.Refused as refused:
         old = refused.lock
         if old is None:
@@ -391,6 +391,10 @@ def break_hold(
                 resource, token, fence=fence
             ):
                 return False
+    else:
+        if row is not None and not row.holders:
+            # Handed over as a release is: the first waiter is pushed the row now.
+            handover.push_first(resource, row, readers_only=False)
     lock_released.send(
         sender=core.Semaphore,
         resource=resource,
