@@ -211,3 +211,44 @@ def test_a_soft_time_limit_as_a_take_lands_leaves_no_hold(
     finally:
         for held in taken:
             held.release()
+
+
+def test_a_hold_of_ours_whose_confirming_renewal_never_connects_is_withdrawn(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The row names our token as a holder (a hand-over that reached us as the wait ended,
+    or a take of ours applied with its answer lost), its lease end too near to trust: the
+    acquire confirms it with a renewal, which never reaches DynamoDB (throttled, no
+    connection: not ambiguous), and the wait is over. The acquire raises, so nobody holds
+    that hold: it must be given back, not left in the row until its lease ends, with every
+    other acquire finding the lock busy meanwhile."""
+    import types
+
+    from dynasem import testing
+    from dynasem._clock import now_ms
+    from dynasem._engine import core
+    from dynasem._storage import lock_writes
+
+    resource, token = "res:review-confirm-unsent", "f" * 32
+    fixed = types.SimpleNamespace(uuid4=lambda: types.SimpleNamespace(hex=token))
+    monkeypatch.setattr(core, "uuid", fixed)  # both acquires under one token
+    first = dynasem.semaphore(resource, lease=60).acquire()
+    testing.abandon(first)
+    # Its lease end near: a hold we only heard of is confirmed before it is returned.
+    near = lock_writes.renew_hold(resource, token, now_ms() + 3000, raise_item=False)
+    lock_rows.update(near)
+    send, calls = lock_rows.update, []
+
+    def unsent(action: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        if action.get("UpdateExpression", "").startswith("SET #h.#t.#e = :e"):
+            calls.append("renewal never sent")
+            raise SemaphoreUnavailable("cannot connect", transient=True, ambiguous=False)
+        return send(action, *args, **kwargs)
+
+    monkeypatch.setattr(lock_rows, "update", unsent)
+    with pytest.raises(SemaphoreUnavailable):
+        dynasem.semaphore(resource, lease=60, wait=0).acquire()
+    assert calls, "the acquire never confirmed the hold: the test missed the path"
+    row = lock_rows.get(resource)
+    holders = {} if row is None else row.holders
+    assert token not in holders, f"a hold left behind by the failed acquire: {holders}"
