@@ -501,8 +501,14 @@ class Acquire:
         )
         if not exc.transient or out_of_time:
             # An earlier try may have been applied, this one's failure not ambiguous (never
-            # sent): what it took is given back all the same (conditional on our token).
-            rows = sorted({r for rs, u in self.unanswered if u is None for r in rs})
+            # sent): what it took is given back all the same (conditional on our token); so
+            # is a hold of ours we saw (handed to us, or a take applied unanswered) that the
+            # failed write was to confirm.
+            token, seen = self.run.token, self.seen
+            rows = sorted(
+                {r for rs, u in self.unanswered if u is None for r in rs}
+                | {r for r in acting if (row := seen.get(r)) is not None and token in row.holders}
+            )
             for one in {id(u): u for _, u in self.unanswered if u is not None}.values():
                 yield Request(one)
             if rows:
