@@ -1,0 +1,91 @@
+"""Review (fencing tokens, end to end): a hold's fence is above every earlier holder's of
+its resource, also when the lock row was deleted and made anew in between."""
+
+from __future__ import annotations
+
+import io
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+
+from dynasem import semaphore
+from dynasem._storage import dynamodb, lock_rows
+
+SKEW = 0.5  # CLOCK_SKEW of the test settings
+
+
+def reap_until_gone(resource: str, timeout: float = 8.0) -> None:
+    deadline = time.monotonic() + timeout
+    while lock_rows.get_item(resource) is not None:
+        assert time.monotonic() < deadline, "the row was never reaped"
+        call_command("dynasem_reap", stdout=io.StringIO())
+        time.sleep(0.2)
+
+
+class PausedBeforeSend:
+    """The first ``operation`` request this thread sends waits, before it leaves, while
+    ``meanwhile()`` runs in another thread: a process stopped (SIGSTOP, a VM paused, a long
+    GC) between building its write and sending it."""
+
+    def __init__(self, operation: str, meanwhile: Callable[[], None]) -> None:
+        self.operation, self.meanwhile = operation, meanwhile
+        self.thread = threading.get_ident()
+        self.fired = False
+        self.client = dynamodb.get_client()
+
+    def _hook(self, **kwargs: Any) -> None:
+        if self.fired or threading.get_ident() != self.thread:
+            return
+        self.fired = True
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self.meanwhile()
+            except BaseException as exc:  # pragma: no cover - shown by the assert below
+                errors.append(exc)
+
+        other = threading.Thread(target=run)
+        other.start()
+        other.join()
+        assert not errors, errors
+
+    def __enter__(self) -> PausedBeforeSend:
+        self.client.meta.events.register_first(f"before-send.dynamodb.{self.operation}", self._hook)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.client.meta.events.unregister(f"before-send.dynamodb.{self.operation}", self._hook)
+
+
+@pytest.mark.usefixtures("one_second_buckets")
+def test_a_take_paused_before_its_send_over_a_reap_gets_a_fence_above_the_earlier_holders(
+    lock_table: str,
+) -> None:
+    """A (lease 30 s) draws its fence, builds its take of a free lock and is paused before
+    the send. Meanwhile B (lease 1 s) takes the lock (a later fence), releases it, and the
+    reaper deletes the idle row. A's take is sent: the row is gone, so the condition
+    ``attribute_not_exists(fence) OR fence < :fence`` passes, and A holds (trusted: its lease
+    is long) under the fence drawn before B's. A fenced store that saw B's fence refuses the
+    legitimate holder A; one that only keeps the fence it last saw goes backwards."""
+    earlier: list[int] = []
+
+    def b_takes_releases_and_the_row_is_reaped() -> None:
+        with semaphore("res", lease=1) as b:
+            earlier.append(b.fence)
+        reap_until_gone("res")
+
+    with PausedBeforeSend("UpdateItem", b_takes_releases_and_the_row_is_reaped) as paused:
+        a = semaphore("res", lease=30).acquire()
+    try:
+        assert paused.fired and earlier
+        assert a.fence > earlier[0], (
+            f"A's fence {a.fence} is not above B's {earlier[0]}: B held before A, the fence "
+            "went back across the reap"
+        )
+    finally:
+        a.release()
