@@ -31,11 +31,31 @@ class PausedBeforeSend:
     ``meanwhile()`` runs in another thread: a process stopped (SIGSTOP, a VM paused, a long
     GC) between building its write and sending it."""
 
-    def __init__(self, operation: str, meanwhile: Callable[[], None]) -> None:
+    def __init__(
+        self, operation: str, meanwhile: Callable[[], None], *, lose_answer: bool = False
+    ) -> None:
         self.operation, self.meanwhile = operation, meanwhile
         self.thread = threading.get_ident()
         self.fired = False
+        # ``lose_answer``: that request is applied, and its answer replaced by a 500.
+        self.lose_answer, self.lost = lose_answer, False
         self.client = dynamodb.get_client()
+
+    def _lose(self, response: Any, **kwargs: Any) -> None:
+        if not self.lose_answer or self.lost or threading.get_ident() != self.thread:
+            return
+        if response is None or response[0] is None or response[0].status_code != 200:
+            return
+        self.lost = True
+        http_response, parsed = response
+        http_response.status_code = 500
+        parsed.clear()
+        parsed.update(
+            {
+                "Error": {"Code": "InternalServerError", "Message": "response lost"},
+                "ResponseMetadata": {"HTTPStatusCode": 500},
+            }
+        )
 
     def _hook(self, **kwargs: Any) -> None:
         if self.fired or threading.get_ident() != self.thread:
@@ -55,23 +75,30 @@ class PausedBeforeSend:
         assert not errors, errors
 
     def __enter__(self) -> PausedBeforeSend:
-        self.client.meta.events.register_first(f"before-send.dynamodb.{self.operation}", self._hook)
+        events = self.client.meta.events
+        events.register_first(f"before-send.dynamodb.{self.operation}", self._hook)
+        events.register_first(f"needs-retry.dynamodb.{self.operation}", self._lose)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        self.client.meta.events.unregister(f"before-send.dynamodb.{self.operation}", self._hook)
+        events = self.client.meta.events
+        events.unregister(f"before-send.dynamodb.{self.operation}", self._hook)
+        events.unregister(f"needs-retry.dynamodb.{self.operation}", self._lose)
 
 
 @pytest.mark.usefixtures("one_second_buckets")
+@pytest.mark.parametrize("answer", ["answered", "lost"])
 def test_a_take_paused_before_its_send_over_a_reap_gets_a_fence_above_the_earlier_holders(
-    lock_table: str,
+    lock_table: str, answer: str
 ) -> None:
     """A (lease 30 s) draws its fence, builds its take of a free lock and is paused before
     the send. Meanwhile B (lease 1 s) takes the lock (a later fence), releases it, and the
     reaper deletes the idle row. A's take is sent: the row is gone, so the condition
     ``attribute_not_exists(fence) OR fence < :fence`` passes, and A holds (trusted: its lease
     is long) under the fence drawn before B's. A fenced store that saw B's fence refuses the
-    legitimate holder A; one that only keeps the fence it last saw goes backwards."""
+    legitimate holder A; one that only keeps the fence it last saw goes backwards. ``lost``:
+    A's take is applied and its answer lost; the re-send finds A's own entry (its old
+    fence) and A holds under it."""
     earlier: list[int] = []
 
     def b_takes_releases_and_the_row_is_reaped() -> None:
@@ -79,10 +106,12 @@ def test_a_take_paused_before_its_send_over_a_reap_gets_a_fence_above_the_earlie
             earlier.append(b.fence)
         reap_until_gone("res")
 
-    with PausedBeforeSend("UpdateItem", b_takes_releases_and_the_row_is_reaped) as paused:
+    lose = answer == "lost"
+    meanwhile = b_takes_releases_and_the_row_is_reaped
+    with PausedBeforeSend("UpdateItem", meanwhile, lose_answer=lose) as paused:
         a = semaphore("res", lease=30).acquire()
     try:
-        assert paused.fired and earlier
+        assert paused.fired and earlier and paused.lost == lose
         assert a.fence > earlier[0], (
             f"A's fence {a.fence} is not above B's {earlier[0]}: B held before A, the fence "
             "went back across the reap"
