@@ -292,6 +292,13 @@ class Acquire:
         self.pace = queue.Pace()
         self.sleeps = self.replans = self.failures = 0
         self.confirm = False  # a hold of ours we saw must be renewed before it is returned
+        # A hold of ours we see must be confirmed under a fresh fence: a take of ours may have
+        # landed more than CLOCK_SKEW after it drew its fence (a pause before the send, an
+        # answer that came late or never), on a row reaped meanwhile and made anew by that
+        # very take (``attribute_not_exists(fence)``): its fence may be below an earlier
+        # holder's. ``drawn``: when the first take of ours whose answer never came drew it.
+        self.refence = False
+        self.drawn: float | None = None
         # What an unanswered write of ours may have taken (an ambiguous failure), by what
         # gives it back: given back if the acquire fails, whatever its last failure was.
         self.unanswered: list[tuple[list[str], Callable[[], None] | None]] = []
@@ -375,9 +382,19 @@ class Acquire:
             return None
         if queue.passed(seen.get(self.resources[0]), pace.queue_id, pace.ticket):
             pace.ticket = None  # our turn went by (or the row is new): join again
+        if self.drawn is not None and sent_mono - self.drawn > run.skew:
+            self.refence = True
         plans = {
             r: take.plan(
-                run.sem, r, seen.get(r), run.token, entry, stale, confirm_below, pace.ticket
+                run.sem,
+                r,
+                seen.get(r),
+                run.token,
+                entry,
+                stale,
+                confirm_below,
+                pace.ticket,
+                refence=self.refence,
             )
             for r in self.resources
         }
@@ -429,6 +446,7 @@ class Acquire:
             after = yield Write(send, run.token, acting, undo=undo)
         except dynamodb.Refused as refused:
             seen[acting[0]] = refused.lock or records.LockItem()
+            self.slow_take(plans, acting, sent_mono, seen[acting[0]])  # botocore re-sent it?
         except dynamodb.Cancelled as cancelled:
             # The items the refusals showed; none refused: another transaction was on
             # these items: step aside briefly.
@@ -438,6 +456,7 @@ class Acquire:
             if not refusals:
                 yield Sleep(random.uniform(0.002, 0.02))
         except SemaphoreUnavailable as exc:
+            self.unanswered_take(exc, plans, acting, sent_mono)
             yield from self.failed(exc, acting, undo)
             return None
         else:
@@ -446,6 +465,8 @@ class Acquire:
                 queue.busy_recently.pop(acting[0], None)
                 if not self.pace.enqueued:  # taken at once: free, this time
                     queue.queued_recently.pop(acting[0], None)
+            if self.slow_take(plans, acting, sent_mono):
+                return (yield from self.confirmed(None, acting))  # plan again from ``after``
             if plans[acting[0]].reader and after is not None:
                 now, expires_ms = entry.acquired_ms, entry.expires_ms
                 admitted = readers.admitted(
@@ -459,6 +480,41 @@ class Acquire:
         if self.replans <= queue.MAX_REPLANS:
             return None  # the refusal told us the state: plan again from it at once
         return (yield from self.refused_too_often(acting))
+
+    def slow_take(
+        self,
+        plans: dict[str, take.Plan],
+        acting: list[str],
+        sent_mono: float,
+        refusal: records.LockItem | None = None,
+    ) -> bool:
+        """Whether the take we sent (not a renewal, nor a reader's admission) landed, for all
+        we know, more than CLOCK_SKEW after its fence was drawn (its answer, or a
+        ``refusal`` showing our token, came that late): then its hold is confirmed under a
+        fresh fence before it is returned (``refence``). A renewal that confirmed one ends
+        it."""
+        if all(plans[r].renewal for r in acting):
+            if self.refence and refusal is None:
+                self.refence, self.drawn = False, None  # confirmed under a fresh fence
+            return False
+        if any(plans[r].reader for r in acting) or clock.monotonic() - sent_mono <= self.run.skew:
+            return False
+        if refusal is not None and self.run.token not in refusal.holders:
+            return False
+        self.refence = True
+        return True
+
+    def unanswered_take(
+        self,
+        exc: SemaphoreUnavailable,
+        plans: dict[str, take.Plan],
+        acting: list[str],
+        sent_mono: float,
+    ) -> None:
+        """A take whose answer never came may have landed: a hold of ours seen after
+        CLOCK_SKEW from its fence's draw is confirmed under a fresh fence (``drawn``)."""
+        if exc.ambiguous and self.drawn is None and not any(plans[r].renewal for r in acting):
+            self.drawn = sent_mono
 
     def refused_too_often(self, acting: list[str]) -> Steps[dict[str, Blocking] | None]:
         """Past MAX_REPLANS refusals: busy. Unless the rows refused show our token (a write
