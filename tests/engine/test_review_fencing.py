@@ -118,3 +118,34 @@ def test_a_take_paused_before_its_send_over_a_reap_gets_a_fence_above_the_earlie
         )
     finally:
         a.release()
+
+
+def test_a_take_answered_late_within_its_bucket_costs_no_second_write(lock_table: str) -> None:
+    """The mend's cost: a take whose answer came more than CLOCK_SKEW after its fence was
+    drawn, but before its draw's ``expires`` bucket ended (nothing could have been reaped
+    meanwhile), is returned as it is: one write, its own fence."""
+    client = dynamodb.get_client()
+    updates: list[str] = []
+    late = [True]
+
+    def count(**kwargs: Any) -> None:
+        updates.append("UpdateItem")
+
+    def answer_late(response: Any, **kwargs: Any) -> None:
+        if late[0] and response is not None and response[0] is not None:
+            late[0] = False
+            time.sleep(SKEW + 0.3)
+
+    client.meta.events.register("before-call.dynamodb.UpdateItem", count)
+    client.meta.events.register("needs-retry.dynamodb.UpdateItem", answer_late)
+    try:
+        a = semaphore("res", lease=30).acquire()
+    finally:
+        client.meta.events.unregister("before-call.dynamodb.UpdateItem", count)
+        client.meta.events.unregister("needs-retry.dynamodb.UpdateItem", answer_late)
+    try:
+        assert not late[0] and len(updates) == 1, updates
+        stored = lock_rows.get("res")
+        assert stored is not None and stored.holders[a.token].fence == a.fence
+    finally:
+        a.release()
