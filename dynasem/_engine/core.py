@@ -292,6 +292,14 @@ class Acquire:
         self.pace = queue.Pace()
         self.sleeps = self.replans = self.failures = 0
         self.confirm = False  # a hold of ours we saw must be renewed before it is returned
+        # A hold of ours we see must be confirmed under a fresh fence: a take of ours may have
+        # landed long after it drew its fence (a pause before the send, an answer that came
+        # late or never), on a row reaped meanwhile and made anew by that very take
+        # (``attribute_not_exists(fence)``): its fence may be below an earlier holder's
+        # (:meth:`may_be_reaped`). ``drawn``: when the first take of ours whose answer never
+        # came drew it (monotonic, wall ms).
+        self.refence = False
+        self.drawn: tuple[float, int] | None = None
         # What an unanswered write of ours may have taken (an ambiguous failure), by what
         # gives it back: given back if the acquire fails, whatever its last failure was.
         self.unanswered: list[tuple[list[str], Callable[[], None] | None]] = []
@@ -375,9 +383,19 @@ class Acquire:
             return None
         if queue.passed(seen.get(self.resources[0]), pace.queue_id, pace.ticket):
             pace.ticket = None  # our turn went by (or the row is new): join again
+        if self.drawn is not None and self.may_be_reaped(*self.drawn):
+            self.refence = True
         plans = {
             r: take.plan(
-                run.sem, r, seen.get(r), run.token, entry, stale, confirm_below, pace.ticket
+                run.sem,
+                r,
+                seen.get(r),
+                run.token,
+                entry,
+                stale,
+                confirm_below,
+                pace.ticket,
+                refence=self.refence,
             )
             for r in self.resources
         }
@@ -429,6 +447,7 @@ class Acquire:
             after = yield Write(send, run.token, acting, undo=undo)
         except dynamodb.Refused as refused:
             seen[acting[0]] = refused.lock or records.LockItem()
+            self.slow_take(plans, acting, entry, sent_mono, seen[acting[0]])  # re-sent, ours?
         except dynamodb.Cancelled as cancelled:
             # The items the refusals showed; none refused: another transaction was on
             # these items: step aside briefly.
@@ -438,6 +457,7 @@ class Acquire:
             if not refusals:
                 yield Sleep(random.uniform(0.002, 0.02))
         except SemaphoreUnavailable as exc:
+            self.unanswered_take(exc, plans, acting, (sent_mono, entry.acquired_ms))
             yield from self.failed(exc, acting, undo)
             return None
         else:
@@ -446,6 +466,8 @@ class Acquire:
                 queue.busy_recently.pop(acting[0], None)
                 if not self.pace.enqueued:  # taken at once: free, this time
                     queue.queued_recently.pop(acting[0], None)
+            if self.slow_take(plans, acting, entry, sent_mono):
+                return (yield from self.confirmed(None, acting))  # plan again from ``after``
             if plans[acting[0]].reader and after is not None:
                 now, expires_ms = entry.acquired_ms, entry.expires_ms
                 admitted = readers.admitted(
@@ -459,6 +481,59 @@ class Acquire:
         if self.replans <= queue.MAX_REPLANS:
             return None  # the refusal told us the state: plan again from it at once
         return (yield from self.refused_too_often(acting))
+
+    def may_be_reaped(self, drawn_mono: float, drawn_ms: int) -> bool:
+        """Whether a row may have been deleted (reaped, or by TTL) since a fence was drawn at
+        ``drawn_mono`` (wall: ``drawn_ms``) and made anew by our take, under that fence, below
+        one drawn after it. Within CLOCK_SKEW of the draw, no: a fence is the draw's wall time
+        plus CLOCK_SKEW, and a row is deleted only once its ``expMs``, never earlier than its
+        last fence's time, is CLOCK_SKEW old. Nor before the end of the draw's ``expires``
+        bucket: a row is reaped (or expires) only once its bucket has passed, and its bucket
+        never ends before its last fence's time, which for a fence above ours is past our
+        draw. So a hold is confirmed under a fresh fence only when its take's answer came
+        after both (once in 15 minutes at most, for a take slower than CLOCK_SKEW)."""
+        skew_ms = int(self.run.skew * 1000)
+        if clock.monotonic() - drawn_mono <= self.run.skew:
+            return False
+        return clock.now_ms() + skew_ms >= records.bucket_of(drawn_ms - skew_ms) * 1000
+
+    def slow_take(
+        self,
+        plans: dict[str, take.Plan],
+        acting: list[str],
+        entry: records.Holder,
+        sent_mono: float,
+        refusal: records.LockItem | None = None,
+    ) -> bool:
+        """Whether the take we sent (``entry``, drawn at ``sent_mono``; not a renewal, nor a
+        reader's admission) may have landed, its answer or a ``refusal`` showing our token
+        late, on a row reaped since its fence was drawn (:meth:`may_be_reaped`): then its hold
+        is confirmed under a fresh fence before it is returned (``refence``). A renewal that
+        confirmed one ends it."""
+        if all(plans[r].renewal for r in acting):
+            if self.refence and refusal is None:
+                self.refence, self.drawn = False, None  # confirmed under a fresh fence
+            return False
+        if any(plans[r].reader for r in acting):
+            return False
+        if refusal is not None and self.run.token not in refusal.holders:
+            return False
+        if not self.may_be_reaped(sent_mono, entry.acquired_ms):
+            return False
+        self.refence = True
+        return True
+
+    def unanswered_take(
+        self,
+        exc: SemaphoreUnavailable,
+        plans: dict[str, take.Plan],
+        acting: list[str],
+        drawn: tuple[float, int],
+    ) -> None:
+        """A take whose answer never came may have landed: a hold of ours seen once a row may
+        have been reaped since its fence was drawn is confirmed under a fresh one."""
+        if exc.ambiguous and self.drawn is None and not any(plans[r].renewal for r in acting):
+            self.drawn = drawn
 
     def refused_too_often(self, acting: list[str]) -> Steps[dict[str, Blocking] | None]:
         """Past MAX_REPLANS refusals: busy. Unless the rows refused show our token (a write

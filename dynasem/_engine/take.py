@@ -35,6 +35,8 @@ class Plan:
     # the epoch it admits us to.
     reader: bool = False
     epoch: int = 0
+    # The action confirms a hold of ours (a renewal), it takes nothing.
+    renewal: bool = False
 
 
 def plan(
@@ -46,10 +48,14 @@ def plan(
     stale_ms: int,
     confirm_below_ms: int,
     ticket: int | None = None,
+    refence: bool = False,
 ) -> Plan:
     """The write to send for ``resource`` from ``seen`` (``entry``: our holder entry, its
-    fence from the clock), or who is in our way, or what must be read first."""
-    return _Planning(sem, resource, seen, token, entry, stale_ms).plan(confirm_below_ms, ticket)
+    fence from the clock), or who is in our way, or what must be read first. ``refence``: a
+    hold of ours found in ``seen`` is confirmed under a fresh fence (its own may have been
+    drawn too long before its take landed: see ``core.Acquire.write``)."""
+    planning = _Planning(sem, resource, seen, token, entry, stale_ms, refence)
+    return planning.plan(confirm_below_ms, ticket)
 
 
 def other_limit(resource: str, stored: int, limit: int) -> ValueError:
@@ -70,6 +76,7 @@ class _Planning:
     token: str
     entry: records.Holder
     stale_ms: int
+    refence: bool = False
 
     def plan(self, confirm_below_ms: int, ticket: int | None) -> Plan:
         sem, resource, token, stale_ms = self.sem, self.resource, self.token, self.stale_ms
@@ -128,7 +135,8 @@ class _Planning:
         refusal shows the entry as it is)."""
         mine, entry = seen.holders[self.token], self.entry
         ours = Plan(fence=mine.fence, expires_ms=mine.expires_ms)
-        if ours.expires_ms < confirm_below_ms:
+        if ours.expires_ms < confirm_below_ms or self.refence:
+            refence = max(entry.fence, seen.fence + 1) if self.refence else None
             ours.action = lock_writes.renew_hold(
                 self.resource,
                 self.token,
@@ -136,8 +144,11 @@ class _Planning:
                 raise_item=seen.expires_ms <= entry.expires_ms,
                 user_id=entry.user_id,
                 fence=mine.fence,
+                refence=refence,
             )
-            ours.expires_ms = entry.expires_ms
+            ours.expires_ms, ours.renewal = entry.expires_ms, True
+            if refence is not None:
+                ours.fence = refence
         return ours
 
     def in_way(

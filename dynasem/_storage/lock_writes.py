@@ -205,10 +205,16 @@ def renew_hold(
     raise_item: bool,
     user_id: str | None = None,
     fence: int | None = None,
+    refence: int | None = None,
 ) -> dict[str, Any]:
     """Push our lease end; conditional on our token still being among the holders (and,
     given ``fence``, on its entry being the one of that fence: a hold we only saw in a read
     that may be stale, which a later hand-over to the same waiter replaced).
+
+    ``refence``: our entry and the row take this fresh fence (conditional on the stored one
+    being below it): a take whose fence was drawn long before it may have landed, on a row
+    reaped meanwhile and made anew by that very take, holds under a fence drawn before an
+    earlier holder's (see :meth:`dynasem._engine.core.Acquire.write`).
 
     ``raise_item`` also pushes the item-level expiry, only ever later (another holder of a
     counting or shared resource may have a later one), and names ``user_id`` in ``userId``:
@@ -222,6 +228,10 @@ def renew_hold(
     if fence is not None:
         condition += " AND #h.#t.#f = :f"
         values[":f"] = fence
+    if refence is not None:
+        update += ", #h.#t.#f = :nf, #fence = :nf"
+        condition += " AND #fence < :nf"
+        values[":nf"] = refence
     if raise_item:
         update += ", #exp = :exp, #expMs = :e"
         condition += " AND #expMs <= :e"
