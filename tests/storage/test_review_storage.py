@@ -6,7 +6,7 @@ import pytest
 
 from dynasem import SemaphoreUnavailable, semaphore
 from dynasem._operators.locks import holds_on
-from dynasem._storage import dynamodb
+from dynasem._storage import dynamodb, lock_rows
 from tests.support.faults import Faults
 
 
@@ -34,3 +34,30 @@ def test_an_applied_take_hidden_behind_unconnected_retries_is_not_left_in_the_ro
     if held is not None:
         held.release()
     assert holds_on("job:unconnected") == []
+
+
+class _User:
+    """A Django user as dynasem sees one: authenticated, with a primary key."""
+
+    is_authenticated = True
+
+    def __init__(self, pk: object):
+        self.pk = pk
+
+
+@pytest.mark.parametrize(
+    "pk",
+    ["ops\x1b[2Kroot", "", "u" * 3000],
+    ids=["control-character", "empty", "3000-bytes"],
+)
+def test_a_django_users_odd_primary_key_is_refused_by_name_before_any_request(lock_table, pk):
+    """A user given as a str is refused before any request when it is empty, longer than
+    1,024 UTF-8 bytes or holds a control character (it is written as ``userId``, an index
+    key, and shown to operators as written). The same text from a Django user's primary key
+    was sent: with a control character it is stored and listed (an ESC that rewrites an
+    operator's terminal line); empty, DynamoDB refuses an index key of "" and dynasem says the
+    table "lacks an index dynasem needs: run dynasem_createtable" (TableMissing); 3,000 bytes,
+    "ValidationException: Size limit exceeded", naming nothing."""
+    with pytest.raises(ValueError, match="user"):
+        semaphore("odd:user", user=_User(pk), wait=0).acquire()
+    assert lock_rows.get_item("odd:user") is None
