@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from dynasem import SemaphoreUnavailable, semaphore
+from dynasem import SemaphoreUnavailable, TableMissing, semaphore
 from dynasem._operators.locks import holds_on
-from dynasem._storage import dynamodb, lock_rows
+from dynasem._storage import dynamodb, lock_rows, lock_writes, records
 from tests.support.faults import Faults
 
 
@@ -58,6 +58,26 @@ def test_a_django_users_odd_primary_key_is_refused_by_name_before_any_request(lo
     operator's terminal line); empty, DynamoDB refuses an index key of "" and dynasem says the
     table "lacks an index dynasem needs: run dynasem_createtable" (TableMissing); 3,000 bytes,
     "ValidationException: Size limit exceeded", naming nothing."""
-    with pytest.raises(ValueError, match="user"):
-        semaphore("odd:user", user=_User(pk), wait=0).acquire()
+    try:
+        held = semaphore("odd:user", user=_User(pk), wait=0).acquire()
+    except (ValueError, SemaphoreUnavailable) as exc:
+        assert isinstance(exc, ValueError) and "user" in str(exc), repr(exc)
+    else:
+        row = lock_rows.get_item("odd:user")
+        held.release()
+        pytest.fail(f"taken and written: {row!r}")
     assert lock_rows.get_item("odd:user") is None
+
+
+def test_a_refused_index_key_value_is_not_read_as_a_missing_index(lock_table):
+    """DynamoDB refuses a write that would give an index key a value it cannot take (an empty
+    string) with a ValidationException whose message mentions "secondary index key". That is
+    a bad value, not a table without dynasem's indexes: TableMissing ("run
+    dynasem_createtable, or recreate the table") sends an operator to the wrong place."""
+    action = lock_writes.update_action(
+        "odd:index", records.LOCK_SK, "SET #uid = :uid", "", {}, {":uid": ""}
+    )
+    with pytest.raises(SemaphoreUnavailable) as err:
+        lock_rows.update(action)
+    assert not isinstance(err.value, TableMissing), err.value
+    assert lock_rows.get_item("odd:index") is None
