@@ -216,7 +216,9 @@ def _unavailable(exc: Exception, resent: bool = False) -> SemaphoreUnavailable:
                 f"DynamoDB table {table!r} does not exist at {where} ({message}): "
                 "run `manage.py dynasem_createtable`"
             )
-        if code == "ValidationException" and "index" in message.lower():
+        # "The table does not have the specified index: NAME"; not any refusal that names an
+        # index (a value an index key cannot take is the request's fault, not the table's).
+        if code == "ValidationException" and "specified index" in message.lower():
             return TableMissing(
                 f"DynamoDB table {table!r} at {where} lacks an index dynasem needs ({message}): "
                 "run `manage.py dynasem_createtable` (or recreate the table)"

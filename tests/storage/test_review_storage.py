@@ -81,3 +81,10 @@ def test_a_refused_index_key_value_is_not_read_as_a_missing_index(lock_table):
         lock_rows.update(action)
     assert not isinstance(err.value, TableMissing), err.value
     assert lock_rows.get_item("odd:index") is None
+
+
+def test_a_query_of_an_index_the_table_lacks_is_still_table_missing(lock_table):
+    """The other side of the test above: a table without dynasem's index is TableMissing."""
+    request = {"IndexName": "no-such-index", "KeyConditionExpression": "#uid = :u"}
+    with pytest.raises(TableMissing, match="lacks an index"):
+        dynamodb.page("query", None, None, values={":u": "x"}, **request)
