@@ -1,0 +1,55 @@
+"""Review of dynasem_createtable (review-1): what it says, and its exit status, when a step
+fails on a table that is there and ACTIVE."""
+
+from __future__ import annotations
+
+import io
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.test import override_settings
+
+from dynasem._storage import dynamodb, lock_rows, records
+from tests.support.faults import Faults
+from tests.support.helpers import dynasem_settings
+
+
+@pytest.fixture
+def active_table(dynamodb_local: str) -> Iterator[str]:
+    """A table made by dynasem_createtable --wait (ACTIVE), set as TABLE_NAME; dropped after."""
+    name = f"c-{uuid.uuid4().hex[:12]}"
+    with override_settings(DYNASEM=dynasem_settings(dynamodb_local, name)):
+        try:
+            call_command("dynasem_createtable", "--wait", stdout=io.StringIO())
+            yield name
+        finally:
+            try:
+                dynamodb.get_client().delete_table(TableName=name)
+            except Exception:
+                pass
+
+
+def test_createtable_that_cannot_write_the_format_version_into_an_active_table_fails(
+    active_table,
+):
+    """The format item is missing (deleted, or never written) from an ACTIVE table, and its
+    PutItem is refused for good (an IAM policy without dynamodb:PutItem: AccessDenied).
+    dynasem_createtable says the version "could not be written yet ... run this again once
+    the table is ACTIVE (or use --wait)" and exits 0: a deploy step goes on, and every
+    process then fails its system check (dynasem.E014) with a table that is ACTIVE already."""
+    dynamodb.get_client().delete_item(
+        TableName=active_table, Key=records.key(records.FORMAT_PK, records.FORMAT_SK)
+    )
+    with Faults(dynamodb.get_client()) as faults:
+        faults.refuse("PutItem", 10, code="AccessDeniedException")
+        out = io.StringIO()
+        try:
+            call_command("dynasem_createtable", "--wait", stdout=out)
+        except CommandError as exc:
+            said = str(exc)
+        else:
+            pytest.fail(f"exit status 0: {out.getvalue()!r}")
+    assert "AccessDenied" in said and "once the table is ACTIVE" not in said
+    assert lock_rows.get_item(records.FORMAT_PK, records.FORMAT_SK) is None
