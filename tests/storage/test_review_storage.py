@@ -88,3 +88,38 @@ def test_a_query_of_an_index_the_table_lacks_is_still_table_missing(lock_table):
     request = {"IndexName": "no-such-index", "KeyConditionExpression": "#uid = :u"}
     with pytest.raises(TableMissing, match="lacks an index"):
         dynamodb.page("query", None, None, values={":u": "x"}, **request)
+
+
+def test_holders_of_a_counting_semaphore_renewing_in_turn_move_no_index_key(lock_table):
+    """Two holders of a counting semaphore (two processes: two users, as ``host:pid`` is by
+    default) renew in turn. Each renewal that raises the row's lease end also names its user
+    in ``userId``, the userId index's key: the key moves at *every* renewal, a delete and a
+    put in the index, 3 write units where docs/explanation/cost.md counts 1 ("its first
+    renewal names its user"). The listings find a counting row's holders through the expires
+    shards anyway (``query_expiring(shared_only=True)``), not through ``userId``."""
+    client = dynamodb.get_client()
+    index_units: list[float] = []
+
+    def ask(params: dict, **kwargs: object) -> None:
+        params["ReturnConsumedCapacity"] = "INDEXES"
+
+    def told(parsed: dict, **kwargs: object) -> None:
+        indexes = parsed.get("ConsumedCapacity", {}).get("GlobalSecondaryIndexes", {})
+        index_units.append(sum(i.get("CapacityUnits", 0.0) for i in indexes.values()))
+
+    a = semaphore("counted:renewals", limit=3, user="alice").acquire()
+    b = semaphore("counted:renewals", limit=3, user="bob").acquire()
+    a.renew()
+    b.renew()  # each hold's first renewal: done
+    client.meta.events.register("provide-client-params.dynamodb.UpdateItem", ask)
+    client.meta.events.register("after-call.dynamodb.UpdateItem", told)
+    try:
+        for held in (a, b, a, b):
+            held.renew()
+    finally:
+        client.meta.events.unregister("provide-client-params.dynamodb.UpdateItem", ask)
+        client.meta.events.unregister("after-call.dynamodb.UpdateItem", told)
+        a.release()
+        b.release()
+    assert len(index_units) == 4
+    assert index_units == [0.0] * 4, f"index write units of each renewal: {index_units}"
