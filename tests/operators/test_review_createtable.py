@@ -53,3 +53,23 @@ def test_createtable_that_cannot_write_the_format_version_into_an_active_table_f
             pytest.fail(f"exit status 0: {out.getvalue()!r}")
     assert "AccessDenied" in said and "once the table is ACTIVE" not in said
     assert lock_rows.get_item(records.FORMAT_PK, records.FORMAT_SK) is None
+
+
+@pytest.mark.parametrize(
+    "version",
+    [{"S": "two"}, {"N": "1.5"}, {"NULL": True}],
+    ids=["text", "fraction", "null"],
+)
+def test_a_format_item_naming_no_whole_version_is_refused_clearly(active_table, version):
+    """A format item whose ``version`` is no whole number (written by hand, or by another
+    tool): the system check and ``--check`` must refuse the table, saying what it holds.
+    Text crashed both with a bare ValueError (``int('two')``), a traceback instead of
+    dynasem.E014; 1.5 was read as version 1 (``int(1.5)``) and the table accepted."""
+    from django.core.checks import run_checks
+
+    item = {**records.key(records.FORMAT_PK, records.FORMAT_SK), "version": version}
+    dynamodb.get_client().put_item(TableName=active_table, Item=item)
+    problems = [m for m in run_checks() if m.id == "dynasem.E014"]
+    assert problems, "the table was accepted"
+    with pytest.raises(CommandError, match="format"):
+        call_command("dynasem_createtable", "--check", stdout=io.StringIO())
