@@ -123,3 +123,26 @@ def test_holders_of_a_counting_semaphore_renewing_in_turn_move_no_index_key(lock
         b.release()
     assert len(index_units) == 4
     assert index_units == [0.0] * 4, f"index write units of each renewal: {index_units}"
+
+
+def test_a_job_claim_applied_then_hidden_behind_unconnected_retries_is_given_back(faults):
+    """As for a take: run_once's claim (a job row's conditional write) is applied, its answer
+    lost, and botocore's retries fail to connect. Read as never sent, the claim was not given
+    back: the job sat RUNNING under nobody's claim for its whole lease, and the next
+    run_once(key) was told it is busy."""
+    from dynasem import SemaphoreBusy, run_once
+
+    faults.lose_response("UpdateItem", 1)
+    unconnected = faults.connection_error("UpdateItem", 3, after=1)
+    with pytest.raises(SemaphoreUnavailable):
+        with run_once("job:claim-unconnected", lease=60):
+            pytest.fail("the body ran")
+    faults.rules.clear()
+    assert unconnected.fired == 3
+    ran = []
+    try:
+        with run_once("job:claim-unconnected", lease=60):
+            ran.append(True)
+    except SemaphoreBusy as busy:
+        pytest.fail(f"the lost claim was left RUNNING: {busy}")
+    assert ran == [True]
