@@ -73,3 +73,25 @@ def test_a_format_item_naming_no_whole_version_is_refused_clearly(active_table, 
     assert problems, "the table was accepted"
     with pytest.raises(CommandError, match="format"):
         call_command("dynasem_createtable", "--check", stdout=io.StringIO())
+
+
+def test_createtable_racing_another_createtable_succeeds(active_table, monkeypatch):
+    """Two deploy steps (containers starting side by side) run dynasem_createtable at once:
+    both describe the table, find none, and send CreateTable; the second is refused with
+    ResourceInUseException ("Table already exists"), and its command failed (exit status 1)
+    where the table it asked for is there, made by dynasem_createtable. The same when one
+    CreateTable's answer is lost and botocore sends it again. "Safe to run again" should
+    hold for runs at the same time too: the loser goes on as "already exists"."""
+    from dynasem._storage import schema
+
+    real = schema.describe_table
+    calls: list[int] = []
+
+    def raced() -> dict | None:
+        calls.append(1)
+        return None if len(calls) == 1 else real()  # the other one created it meanwhile
+
+    monkeypatch.setattr(schema, "describe_table", raced)
+    out = io.StringIO()
+    call_command("dynasem_createtable", "--wait", stdout=out)
+    assert "stored format version 1" in out.getvalue()
