@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 from ..conf import settings
 from ..exceptions import SemaphoreUnavailable, TableMissing
 from . import dynamodb, lock_rows
@@ -22,8 +24,19 @@ def describe_table() -> dict[str, Any] | None:
         return None
 
 
-def create_table(definition: dict[str, Any]) -> dict[str, Any]:
-    return dict(dynamodb.send_request("create_table", **definition)["TableDescription"])
+def create_table(definition: dict[str, Any]) -> dict[str, Any] | None:
+    """The table created, as described; None: a table of that name exists already (another
+    dynasem_createtable made it meanwhile, or our own CreateTable, its answer lost and sent
+    again by botocore)."""
+    try:
+        return dict(dynamodb.send_request("create_table", **definition)["TableDescription"])
+    except SemaphoreUnavailable as exc:
+        cause = exc.__cause__
+        if isinstance(cause, ClientError) and cause.response.get("Error", {}).get("Code") == (
+            "ResourceInUseException"
+        ):
+            return None
+        raise
 
 
 def wait_until_active(name: str) -> None:

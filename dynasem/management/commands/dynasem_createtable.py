@@ -67,12 +67,16 @@ class Command(BaseCommand):
     def ensure_table(self, definition: dict[str, Any], *, wait: bool, facts: dict[str, Any]) -> str:
         name = definition["TableName"]
         existing = schema.describe_table()
+        if existing is None and schema.create_table(definition) is None:
+            # Made meanwhile (another dynasem_createtable at the same time): as if found.
+            existing = schema.describe_table()
+            if existing is None:
+                raise CommandError(f"table {name!r} is being created or deleted: run this again")
         facts["created"] = existing is None
         if existing is not None:
             _our_indexes(name, existing)
             message = f"Table {name!r} already exists ({existing.get('TableStatus')})."
         else:
-            schema.create_table(definition)
             message = f"Created table {name!r} at {dynamodb.endpoint_label()}."
         # ACTIVE: a step that fails now fails for a cause of its own (permissions, an
         # outage), which running this again "once the table is ACTIVE" does not mend.
@@ -87,6 +91,8 @@ class Command(BaseCommand):
             try:
                 schema.enable_ttl(name)
             except SemaphoreUnavailable as exc:
+                if schema.ttl_status(name) in ("ENABLED", "ENABLING"):
+                    return message + " TTL is on for 'expires'."  # turned on meanwhile
                 facts["ttl"] = False
                 if active:
                     raise CommandError(f"{message} TTL could not be turned on: {exc}") from exc
