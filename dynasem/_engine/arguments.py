@@ -177,10 +177,15 @@ def user_id_of(user: Any) -> str:
         raise TypeError(f"user must be a Django user, a str or None, not {type(user).__name__}")
     if not authenticated or getattr(user, "pk", None) is None:
         return dynamodb.process_identity()
-    user_id = str(user.pk)
-    # The pk's text is written (and indexed) as userId: it must have a UTF-8 form too.
-    utf8_size(user_id, "user (its primary key)")
-    return user_id
+    # The pk's text is written (and indexed) as userId, and shown as a str user is: the same
+    # checks (DynamoDB refuses an empty index key, and one past its size limit, naming
+    # neither the user nor the setting).
+    user_id, name = str(user.pk), "user (its primary key)"
+    if not user_id:
+        raise ValueError(f"{name} must be a non-empty str, not {user.pk!r}")
+    if utf8_size(user_id, name) > MAX_RESOURCE_BYTES:
+        raise ValueError(f"{name} is longer than {MAX_RESOURCE_BYTES} UTF-8 bytes")
+    return check_printable(user_id, name)
 
 
 def resolve_timing(lease: float | None, wait: float | None) -> tuple[float, float, float]:

@@ -284,10 +284,15 @@ class Held:
     def _renew_to(self, expires: int) -> None:
         """Write the lease end ``expires`` to every row of the hold; LockLost if not ours."""
         raise_item = dict.fromkeys(self.resources, True)
+        # An exclusive row's one holder is named in userId (its first renewal moves the index
+        # key, once). Not a counting or shared row's: its holders renew in turn, and each
+        # would move the key again (2 index write units a renewal); the listings find such
+        # rows' holders through the expires shards, never through userId.
+        user_id = self.user_id if self.semaphore.mode == Mode.EXCLUSIVE else None
         for _ in range(4):
             actions = [
                 lock_writes.renew_hold(
-                    r, self.token, expires, raise_item=raise_item[r], user_id=self.user_id
+                    r, self.token, expires, raise_item=raise_item[r], user_id=user_id
                 )
                 for r in self.resources
             ]

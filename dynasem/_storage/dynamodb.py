@@ -32,6 +32,12 @@ _client_lock = threading.Lock()
 _models: Any = None  # botocore's loader of service models, shared (see new_session)
 # Set while an operator waits on a page or a command (see quick()).
 _quick: contextvars.ContextVar[bool] = contextvars.ContextVar("dynasem_quick", default=False)
+# The sends of the request being made in this context (see count_send): botocore raises only
+# its last attempt's transport error, which may be a "never sent" one after an earlier
+# attempt that was applied and its answer lost.
+_sends: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "dynasem_sends", default=None
+)
 
 # DynamoDB's answers for a request over a throughput limit (LimitExceeded("throughput")).
 THROTTLED = frozenset(
@@ -102,7 +108,16 @@ def build_client(quick: bool, session: botocore.session.Session | None = None) -
             read_timeout=2 if quick else 10,
         ),
     )
+    # Every attempt (botocore's retries too) creates its request anew: counted, so that a
+    # transport error after a retry is known to follow an attempt that may have been applied.
+    client.meta.events.register("request-created.dynamodb", count_send)
     return cast("DynamoDBClient", client)
+
+
+def count_send(**kwargs: Any) -> None:
+    sends = _sends.get()
+    if sends is not None:
+        sends[0] += 1
 
 
 @contextlib.contextmanager
@@ -191,7 +206,7 @@ class WriteConflict(SemaphoreUnavailable):
     milliseconds; send it again."""
 
 
-def _unavailable(exc: Exception) -> SemaphoreUnavailable:
+def _unavailable(exc: Exception, resent: bool = False) -> SemaphoreUnavailable:
     where, table = endpoint_label(), settings.TABLE_NAME
     if isinstance(exc, ClientError):
         code = exc.response.get("Error", {}).get("Code", "")
@@ -201,7 +216,9 @@ def _unavailable(exc: Exception) -> SemaphoreUnavailable:
                 f"DynamoDB table {table!r} does not exist at {where} ({message}): "
                 "run `manage.py dynasem_createtable`"
             )
-        if code == "ValidationException" and "index" in message.lower():
+        # "The table does not have the specified index: NAME"; not any refusal that names an
+        # index (a value an index key cannot take is the request's fault, not the table's).
+        if code == "ValidationException" and "specified index" in message.lower():
             return TableMissing(
                 f"DynamoDB table {table!r} at {where} lacks an index dynasem needs ({message}): "
                 "run `manage.py dynasem_createtable` (or recreate the table)"
@@ -226,9 +243,12 @@ def _unavailable(exc: Exception) -> SemaphoreUnavailable:
             "(environment, shared config, instance role)"
         )
     transient = isinstance(exc, boto_errors.ConnectionError | boto_errors.ReadTimeoutError)
-    # Never connected: never applied. A timeout or a dropped connection: perhaps applied.
+    # Never connected: never applied. A timeout or a dropped connection: perhaps applied. And
+    # after botocore's retries (``resent``), whatever the last attempt's error: an earlier
+    # attempt may have been applied and its answer lost.
     unsent = isinstance(exc, boto_errors.EndpointConnectionError | boto_errors.ConnectTimeoutError)
-    message, ambiguous = f"cannot reach DynamoDB at {where}: {exc}", transient and not unsent
+    ambiguous = transient and (resent or not unsent)
+    message = f"cannot reach DynamoDB at {where}: {exc}"
     return SemaphoreUnavailable(message, transient=transient, ambiguous=ambiguous)
 
 
@@ -278,14 +298,20 @@ def _retried(exc: ClientError) -> bool:
 QUICK_THROTTLE_PAUSES = (0.05, 0.1, 0.2)
 
 
-def _call(client: Any, operation: str, kwargs: dict[str, Any], *, quick: bool) -> Any:
+def _call(
+    client: Any, operation: str, kwargs: dict[str, Any], *, quick: bool, sends: list[int]
+) -> Any:
+    """``operation`` sent by botocore; ``sends[0]``: how often its last call sent it (a throttled
+    call of the quick client's, sent again here, was never applied: not counted)."""
     for pause in QUICK_THROTTLE_PAUSES if quick else ():
         try:
+            sends[0] = 0
             return getattr(client, operation)(**kwargs)
         except ClientError as exc:
             if exc.response.get("Error", {}).get("Code", "") not in THROTTLED:
                 raise
         time.sleep(pause)
+    sends[0] = 0
     return getattr(client, operation)(**kwargs)
 
 
@@ -297,9 +323,11 @@ def send_request(operation: str, **kwargs: Any) -> dict[str, Any]:
         raise SemaphoreUnavailable(message) from exc
     if telemetry.ON:
         telemetry.ask_capacity(operation, kwargs)
+    sends = [0]
+    counting = _sends.set(sends)
     try:
         # Every operation's response is a dict; which keys it has depends on the operation.
-        response: dict[str, Any] = _call(client, operation, kwargs, quick=_quick.get())
+        response: dict[str, Any] = _call(client, operation, kwargs, quick=_quick.get(), sends=sends)
     except ClientError as exc:
         code = exc.response.get("Error", {}).get("Code", "")
         if telemetry.ON:
@@ -326,9 +354,11 @@ def send_request(operation: str, **kwargs: Any) -> dict[str, Any]:
     except (BotoCoreError, OSError) as exc:
         if telemetry.ON:
             telemetry.request(operation, "error", None)
-        raise _unavailable(exc) from exc
+        raise _unavailable(exc, resent=sends[0] > 1) from exc
     except ValueError as exc:  # an endpoint URL botocore could not take apart
         raise SemaphoreUnavailable(f"bad DynamoDB endpoint {endpoint_label()!r}: {exc}") from exc
+    finally:
+        _sends.reset(counting)
     if telemetry.ON:  # after the request's own error handling: it never turns into one
         telemetry.request(operation, "ok", response)
     return response

@@ -559,9 +559,16 @@ def format_item(version: int = FORMAT_VERSION) -> dict[str, Any]:
     return {**key(FORMAT_PK, FORMAT_SK), **encode({"version": version})}
 
 
-def format_version(item: Mapping[str, Any] | None) -> int | None:
-    """The version a decoded format item names; None: no item."""
-    return None if item is None or item.get("version") is None else int(item["version"])
+def format_version(item: Mapping[str, Any] | None) -> int | str | None:
+    """The version a decoded format item names; None: no item (or no version). A version that
+    is no whole number (written by hand or by another tool: ``"two"``, ``1.5``) is returned
+    as its repr, a version no dynasem has, never read as a number near it."""
+    if item is None or item.get("version") is None:
+        return None
+    version = item["version"]
+    if isinstance(version, int) and not isinstance(version, bool):
+        return version
+    return repr(version)
 
 
 def table_definition(name: str | None = None) -> dict[str, Any]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from botocore.exceptions import ClientError
+
 from ..conf import settings
 from ..exceptions import SemaphoreUnavailable, TableMissing
 from . import dynamodb, lock_rows
@@ -22,8 +24,19 @@ def describe_table() -> dict[str, Any] | None:
         return None
 
 
-def create_table(definition: dict[str, Any]) -> dict[str, Any]:
-    return dict(dynamodb.send_request("create_table", **definition)["TableDescription"])
+def create_table(definition: dict[str, Any]) -> dict[str, Any] | None:
+    """The table created, as described; None: a table of that name exists already (another
+    dynasem_createtable made it meanwhile, or our own CreateTable, its answer lost and sent
+    again by botocore)."""
+    try:
+        return dict(dynamodb.send_request("create_table", **definition)["TableDescription"])
+    except SemaphoreUnavailable as exc:
+        cause = exc.__cause__
+        if isinstance(cause, ClientError) and cause.response.get("Error", {}).get("Code") == (
+            "ResourceInUseException"
+        ):
+            return None
+        raise
 
 
 def wait_until_active(name: str) -> None:
@@ -53,7 +66,7 @@ def delete_table(name: str) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def write_format() -> int:
+def write_format() -> int | str:
     """Write this dynasem's format version into the table, unless it names one already (never
     over another version). Returns the version the table names now."""
     condition = "attribute_not_exists(pk)"
@@ -67,17 +80,24 @@ def write_format() -> int:
     return FORMAT_VERSION
 
 
-def stored_format() -> int | None:
+def stored_format() -> int | str | None:
     """The format version the table names (one consistent GetItem); None: it names none."""
     return format_version(lock_rows.get_item(FORMAT_PK, FORMAT_SK))
 
 
-def format_problem(found: int | None) -> str | None:
+def format_problem(found: int | str | None) -> str | None:
     """What is wrong, for this dynasem, with a table that names format version ``found``
-    (None: none): what the table has, what this dynasem needs, what to do. None: nothing."""
+    (None: none; a str: no whole number, as :func:`~records.format_version` shows it): what
+    the table has, what this dynasem needs, what to do. None: nothing."""
     if found == FORMAT_VERSION:
         return None
     name, needs = settings.TABLE_NAME, f"this dynasem reads and writes version {FORMAT_VERSION}"
+    if isinstance(found, str):
+        return (
+            f"table {name!r} has a {FORMAT_PK!r} item whose version, {found}, is no format "
+            f"version of dynasem's, and {needs}: it was written by something else; set "
+            "TABLE_NAME to a table made by `manage.py dynasem_createtable`"
+        )
     if found is None:
         return (
             f"table {name!r} names no stored format version (it has no {FORMAT_PK!r} item), "

@@ -67,34 +67,51 @@ class Command(BaseCommand):
     def ensure_table(self, definition: dict[str, Any], *, wait: bool, facts: dict[str, Any]) -> str:
         name = definition["TableName"]
         existing = schema.describe_table()
+        if existing is None and schema.create_table(definition) is None:
+            # Made meanwhile (another dynasem_createtable at the same time): as if found.
+            existing = schema.describe_table()
+            if existing is None:
+                raise CommandError(f"table {name!r} is being created or deleted: run this again")
         facts["created"] = existing is None
         if existing is not None:
             _our_indexes(name, existing)
             message = f"Table {name!r} already exists ({existing.get('TableStatus')})."
         else:
-            schema.create_table(definition)
             message = f"Created table {name!r} at {dynamodb.endpoint_label()}."
+        # ACTIVE: a step that fails now fails for a cause of its own (permissions, an
+        # outage), which running this again "once the table is ACTIVE" does not mend.
+        active = existing is not None and existing.get("TableStatus") == "ACTIVE"
         if wait:
             schema.wait_until_active(name)
             message += " It is ACTIVE."
-            facts["active"] = True
-        message += self.write_format(name, facts)
+            facts["active"] = active = True
+        message += self.write_format(name, facts, active=active)
         facts["ttl"] = True
         if schema.ttl_status(name) not in ("ENABLED", "ENABLING"):
             try:
                 schema.enable_ttl(name)
             except SemaphoreUnavailable as exc:
+                if schema.ttl_status(name) in ("ENABLED", "ENABLING"):
+                    return message + " TTL is on for 'expires'."  # turned on meanwhile
                 facts["ttl"] = False
+                if active:
+                    raise CommandError(f"{message} TTL could not be turned on: {exc}") from exc
                 return message + _not_yet("TTL could not be turned on", exc)
         return message + " TTL is on for 'expires'."
 
-    def write_format(self, name: str, facts: dict[str, Any]) -> str:
-        """The table's stored format version written, if it names none yet; what to say."""
+    def write_format(self, name: str, facts: dict[str, Any], *, active: bool = False) -> str:
+        """The table's stored format version written, if it names none yet; what to say.
+        ``active``: the table is ACTIVE (a failure is then no "not yet": CommandError)."""
         try:
             found = schema.write_format()
         except SemaphoreUnavailable as exc:
-            # A table just created is not ACTIVE yet on AWS: nothing can be written to it.
             facts["format"] = None
+            if active:
+                raise CommandError(
+                    f"table {name!r} is ACTIVE, but its stored format version could not be "
+                    f"written: {exc}"
+                ) from exc
+            # A table just created is not ACTIVE yet on AWS: nothing can be written to it.
             return _not_yet("Its stored format version could not be written", exc)
         facts["format"] = found
         problem = schema.format_problem(found)

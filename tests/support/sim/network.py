@@ -126,6 +126,9 @@ class Requests:
         me = self.sched.me()
         interrupts = self.sim.interrupts
         tag = interrupts.sending(proc, operation in WRITES, params, attempt)  # may raise it
+        from dynasem._storage import dynamodb
+
+        dynamodb.count_send()  # as botocore's request-created event counts each attempt
         self.sent += 1
         self.sim.monitor.request(proc, me)
         fault = self.sim.request_fault(proc, write=operation in WRITES)
