@@ -273,7 +273,13 @@ def _limit_of(code: str, message: str, response: Any, retried: bool) -> LimitExc
             f"DynamoDB at {where} throttled requests to table {table!r} still after the "
             f"retries ({code}: {message}): the table's capacity, or one partition key's "
             "(1,000 write units and 3,000 read units a second: one resource's item), is used "
-            "up. Nothing was written by the throttled request.",
+            "up. "
+            + (
+                "Its last attempt wrote nothing; an earlier one (botocore sent it again) may "
+                "have been applied."
+                if retried
+                else "Nothing was written by the throttled request."
+            ),
             "throughput",
             transient=True,
             ambiguous=retried,

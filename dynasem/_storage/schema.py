@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from botocore.exceptions import ClientError
+from botocore.exceptions import ClientError, WaiterError
 
 from ..conf import settings
 from ..exceptions import SemaphoreUnavailable, TableMissing
@@ -40,8 +40,16 @@ def create_table(definition: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def wait_until_active(name: str) -> None:
+    """Wait (5 minutes at most) until table ``name`` is ACTIVE; SemaphoreUnavailable if it
+    never is (deleted meanwhile, DescribeTable refused, still creating)."""
     waiter = get_client().get_waiter("table_exists")
-    waiter.wait(TableName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 300})
+    try:
+        waiter.wait(TableName=name, WaiterConfig={"Delay": 1, "MaxAttempts": 300})
+    except WaiterError as exc:
+        raise SemaphoreUnavailable(
+            f"DynamoDB table {name!r} at {dynamodb.endpoint_label()} did not become ACTIVE: "
+            f"{exc.last_response.get('Error', {}).get('Message') or exc}"
+        ) from exc
 
 
 def ttl_status(name: str) -> str:

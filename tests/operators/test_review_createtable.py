@@ -95,3 +95,17 @@ def test_createtable_racing_another_createtable_succeeds(active_table, monkeypat
     out = io.StringIO()
     call_command("dynasem_createtable", "--wait", stdout=out)
     assert "stored format version 1" in out.getvalue()
+
+
+def test_a_table_that_never_becomes_active_is_a_clear_error(active_table):
+    """``dynasem_createtable --wait``: the table never becomes ACTIVE (DescribeTable refused
+    for good, or the table deleted meanwhile). botocore's waiter raised its WaiterError, a
+    traceback out of the command; it is SemaphoreUnavailable (the command's CommandError)
+    naming the table and the cause."""
+    from dynasem._storage import schema
+    from dynasem.exceptions import SemaphoreUnavailable
+
+    with Faults(dynamodb.get_client()) as faults:
+        faults.refuse("DescribeTable", 1, code="AccessDeniedException")
+        with pytest.raises(SemaphoreUnavailable, match=f"{active_table}.*did not become ACTIVE"):
+            schema.wait_until_active(active_table)
