@@ -1,0 +1,92 @@
+"""Review of holds of several resources at once (review-3): faults found, as failing tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dynasem import semaphore
+from dynasem._engine import reader_hold as reader_held
+from dynasem._storage import lock_rows
+from dynasem.exceptions import SemaphoreUnavailable
+from tests.support.helpers import take
+
+pytestmark = pytest.mark.django_db(transaction=False)
+
+
+@pytest.fixture(autouse=True)
+def forget_rows() -> None:
+    reader_held.rows.clear()
+
+
+def test_readers_of_several_whose_inline_join_was_answered_lost_leave_no_inline_entry(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shared acquire of ``["a", "b"]``, each row with one reader inline already: its
+    first try joins both rows inline, in one transaction, applied with its answer lost (a
+    timeout: ambiguous). Sent again, it is refused (each row now keeps two readers, ours
+    among them), and the refusals show rows whose next reader takes an item: the acquire
+    turns to ``readers.acquire_many`` and is admitted in reader items, while its inline
+    entries, applied by the first try, stay in both rows. Nothing renews them and its
+    release does not take them off: each row is held by our token, for nobody, until its
+    lease runs out, and a writer waits for it after the release."""
+    for r in ("sev:a", "sev:b"):
+        take(holds, r, shared=True, lease=30)  # one reader inline in each, another's
+    send = lock_rows.transact
+    calls: list[str] = []
+
+    def lost(actions: list[dict[str, Any]]) -> None:
+        send(actions)
+        if not calls:
+            calls.append("applied, answer lost")
+            raise SemaphoreUnavailable("read timeout", transient=True, ambiguous=True)
+
+    monkeypatch.setattr(lock_rows, "transact", lost)
+    pair = semaphore(["sev:a", "sev:b"], shared=True, lease=30, wait=2).acquire()
+    monkeypatch.setattr(lock_rows, "transact", send)
+    assert calls == ["applied, answer lost"]
+    pair.release()
+    rows = {r: lock_rows.get(r) for r in ("sev:a", "sev:b")}
+    stuck = {
+        r: row.holders[pair.token].expires_ms
+        for r, row in rows.items()
+        if row and pair.token in row.holders
+    }
+    assert not stuck, f"our inline reader entries left behind after the release: {stuck}"
+
+
+def test_permits_of_several_are_not_kept_out_by_a_stale_hint(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A permit row may hint a slot that is held: a release frees its permit, then hints
+    its slot in a write of its own; a taker that read the permits between the two (no hint
+    left, every slot in use) finds the slot free, takes it (its row write requires the slot
+    not hinted: it is not, yet), and the hint lands after. A take of one resource pops such a
+    hint in its row write, is refused by the permit, and takes another slot. A take of
+    several resources sends the pop and the permit's write in one transaction: refused
+    together, the hint is never popped, and the next try, planned from the row read again,
+    pops the same hint. It never takes a permit while that slot's holder holds it, though
+    15 of 16 are free, and sends a transaction every 10-20 ms until its wait is over."""
+    from dynasem import SemaphoreBusy
+    from dynasem._storage import permit_items
+
+    holder = take(holds, "sev:pool", limit=16, lease=30)  # slot 0
+    assert holder.slots == {"sev:pool": 0}
+    lock_rows.update(permit_items.hint("sev:pool", 0))  # the hint that landed late
+    sent: list[int] = []
+    transact = lock_rows.transact
+
+    def counted(actions: list[dict[str, Any]]) -> None:
+        sent.append(len(actions))
+        transact(actions)
+
+    monkeypatch.setattr(lock_rows, "transact", counted)
+    try:
+        pair = take(holds, ["sev:pool", "sev:other"], limit=16, lease=30, wait=2)
+    except SemaphoreBusy:
+        pytest.fail(
+            f"busy after its wait, with 15 of 16 permits free: {len(sent)} transactions, "
+            "each refused by the stale hint's held permit"
+        )
+    assert pair.slots["sev:pool"] != 0
