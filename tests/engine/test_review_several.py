@@ -90,3 +90,47 @@ def test_permits_of_several_are_not_kept_out_by_a_stale_hint(
             "each refused by the stale hint's held permit"
         )
     assert pair.slots["sev:pool"] != 0
+
+
+def test_a_release_of_several_with_one_hot_row_gives_the_others_back(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hold of ``["a", "b"]`` is given back in one transaction. ``a`` is a hot key,
+    throttled (a transaction is throttled when any of its items is): every send of the
+    release is throttled until RELEASE_PATIENCE, and the release gives up. ``b``, which
+    nobody else writes, could be given back by a write of its own, but is left held by our
+    token for its whole lease while the process goes on: whoever waits for ``b`` alone
+    waits for a lapse, not for a hot key it does not use. The release need not be all or
+    none: each row's give-back is conditional on our token anyway."""
+    from dynasem._engine import resend
+    from dynasem.exceptions import LimitExceeded
+
+    monkeypatch.setattr(resend, "RELEASE_PATIENCE", 1.0)
+    pair = take(holds, ["sev:hot", "sev:calm"], lease=30)
+    throttled = LimitExceeded("throttled (the hot key)", "throughput", transient=True)
+    update, transact = lock_rows.update, lock_rows.transact
+    sends: list[str] = []
+
+    def hot_update(action: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        if action["Key"]["pk"]["S"] == "sev:hot":
+            sends.append("update of the hot row, throttled")
+            raise throttled
+        return update(action, *args, **kwargs)
+
+    def hot_transact(actions: list[dict[str, Any]]) -> None:
+        if any(a["Key"]["pk"]["S"] == "sev:hot" for a in actions):
+            sends.append("transaction, throttled")
+            raise throttled
+        transact(actions)
+
+    monkeypatch.setattr(lock_rows, "update", hot_update)
+    monkeypatch.setattr(lock_rows, "transact", hot_transact)
+    pair.release()
+    monkeypatch.setattr(lock_rows, "update", update)
+    monkeypatch.setattr(lock_rows, "transact", transact)
+    calm = lock_rows.get("sev:calm")
+    holders = {} if calm is None else calm.holders
+    assert pair.token not in holders, (
+        f"the calm row left held by the released hold after {len(sends)} throttled sends "
+        f"({sorted(set(sends))}): until {holders[pair.token].expires_ms}"
+    )
