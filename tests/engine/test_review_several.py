@@ -134,3 +134,26 @@ def test_a_release_of_several_with_one_hot_row_gives_the_others_back(
         f"the calm row left held by the released hold after {len(sends)} throttled sends "
         f"({sorted(set(sends))}): until {holders[pair.token].expires_ms}"
     )
+
+
+def test_readers_of_more_resources_than_items_allow_are_refused_when_made(
+    holds: list[Any],
+) -> None:
+    """A shared semaphore of 51 resources is accepted (up to 100 may be taken at once), and
+    its acquire works while each row keeps its readers inline; once one of its rows keeps
+    two readers, the acquire turns to reader items, two actions a resource, and raises
+    ``ValueError`` ("at most 50"): the same call, on the same arguments, fails or not by
+    what other processes hold. Arguments it can never take at all times should be refused
+    by ``semaphore()`` itself, as any bad argument is."""
+    names = [f"sev:many:{i}" for i in range(51)]
+    try:
+        many = semaphore(names, shared=True, lease=30, wait=0)
+    except ValueError:
+        return  # refused when made, whatever the rows hold
+    many.acquire().release()  # fine: every reader inline
+    take(holds, names[0], shared=True, lease=30)
+    take(holds, names[0], shared=True, lease=30)  # two readers inline: the next takes an item
+    try:
+        many.acquire().release()
+    except ValueError as exc:
+        pytest.fail(f"accepted when made, refused by the state of a row at its acquire: {exc}")
