@@ -99,6 +99,7 @@ class Semaphore:
             [] if callable(resource) else arguments.check_resources(resource)
         )
         self.limit = arguments.check_limit(limit, shared)
+        arguments.check_several(self.resources, self.limit, shared)
         self.shared = shared
         self.user = user
         if user is not None:
