@@ -157,3 +157,23 @@ def test_readers_of_more_resources_than_items_allow_are_refused_when_made(
         many.acquire().release()
     except ValueError as exc:
         pytest.fail(f"accepted when made, refused by the state of a row at its acquire: {exc}")
+
+
+@pytest.mark.parametrize("kind", ["rows", "permits", "readers"])
+def test_a_hold_of_several_lost_on_one_resource_names_that_one(holds: list[Any], kind: str) -> None:
+    """A hold of ``["a", "b"]`` whose ``b`` an operator broke: its next renewal is refused
+    for ``b`` and the hold is lost, rightly. ``LockLost`` (and the warning, and
+    ``lock_lost``) name ``a``, the hold's first resource, "taken over": an operator looking
+    at ``a`` finds it was never touched; the resource that was is named nowhere."""
+    from dynasem.exceptions import LockLost
+    from tests.support.helpers import break_holds
+
+    options = {"rows": {}, "permits": {"limit": 16}, "readers": {"shared": True}}[kind]
+    if kind == "readers":
+        for _ in range(2):  # the next reader of sev:lb takes an item
+            take(holds, "sev:lb", shared=True, lease=30)
+    pair = take(holds, ["sev:la", "sev:lb"], lease=30, **options)
+    assert [h.token for h in break_holds("sev:lb", pair.token)] == [pair.token]
+    with pytest.raises(LockLost) as lost:
+        pair.renew()
+    assert "sev:lb" in str(lost.value), f"the loss names another resource: {lost.value}"
