@@ -174,11 +174,14 @@ class Held:
         release may still wait for a renewal in flight (one that hangs on a network cut)."""
         return self._giving_back_mono < self._deadline
 
-    def _lost_by_refusal(self, reason: str) -> NoReturn:
+    def _lost_by_refusal(self, reason: str, resource: str | None = None) -> NoReturn:
         """A write of ours was refused, the hold not ours: lost for ``reason`` if the refusal
         came while we trusted it. After our deadline, the write may have arrived after it too
         (a partition, a pause), and another holder taken over only then: the lease ran out;
-        unless the release had begun by then (the heartbeat's renewal in flight past it)."""
+        unless the release had begun by then (the heartbeat's renewal in flight past it).
+        ``resource``: the one of several whose write was refused, named in the reason."""
+        if resource is not None and len(self.resources) > 1:
+            reason = f"{reason} ({resource!r})"
         if clock.monotonic() >= self._deadline:
             if self._given_in_time():
                 raise LockLost(self.resource, "it was released")
@@ -302,7 +305,8 @@ class Held:
             except dynamodb.Cancelled as cancelled:
                 reasons = zip(self.resources, cancelled.reasons, strict=False)
                 refusals = [(r, old) for r, (code, old) in reasons if code == _REFUSED]
-            if any(old is None or self.token not in old.holders for _, old in refusals):
+            gone = [r for r, old in refusals if old is None or self.token not in old.holders]
+            if gone:
                 break
             # Ours still; another holder's later lease end stands as the item's expiry.
             raise_item.update(dict.fromkeys((r for r, _ in refusals), False))
@@ -310,7 +314,7 @@ class Held:
             raise SemaphoreUnavailable(
                 f"could not renew {self.resource!r}: conflicting writes", transient=True
             )
-        self._lost_by_refusal(TAKEN_OVER)
+        self._lost_by_refusal(TAKEN_OVER, gone[0])
 
     # -- releasing ---------------------------------------------------------------------------
 
