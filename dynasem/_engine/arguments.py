@@ -7,7 +7,7 @@ import unicodedata
 from numbers import Real
 from typing import Any
 
-from .._storage import dynamodb, records
+from .._storage import dynamodb, permit_items, records
 from ..conf import settings
 
 MAX_RESOURCE_BYTES = 1024
@@ -144,6 +144,21 @@ def check_skew(value: Any, name: str = "DYNASEM['CLOCK_SKEW']") -> float:
     # Leases must be longer than the skew and are at most MAX_LEASE: a larger skew can never
     # work, and would push fences and reap cut-offs past what DynamoDB stores.
     return check_seconds(value, name, allow_zero=True, week=True)
+
+
+def check_several(resources: list[str], limit: int, shared: bool) -> None:
+    """A ValueError for more resources than one transaction can take in items of their own
+    (two actions each): readers of several, any of which may keep its readers in items by
+    the time of an acquire, and permits of several. Refused now, not by the state of a row
+    at some acquire."""
+    items = shared or permit_items.uses_permits(records.Mode.COUNTING, limit)
+    most = records.MAX_TRANSACTION // 2
+    if len(resources) > 1 and items and len(resources) > most:
+        kind = "shared" if shared else f"limit={limit}"
+        raise ValueError(
+            f"resource lists {len(resources)} resources; a {kind} semaphore takes at most "
+            f"{most} at once (each may need two actions of one DynamoDB transaction)"
+        )
 
 
 def check_limit(limit: Any, shared: Any) -> int:

@@ -99,6 +99,7 @@ class Semaphore:
             [] if callable(resource) else arguments.check_resources(resource)
         )
         self.limit = arguments.check_limit(limit, shared)
+        arguments.check_several(self.resources, self.limit, shared)
         self.shared = shared
         self.user = user
         if user is not None:
@@ -371,8 +372,17 @@ class Acquire:
         else:
             confirm_below = now + int((run.skew + run.margin) * 1000)
         if len(self.resources) > 1 and readers.items_for(run.sem, seen, stale):
-            # Readers of several resources, one of them among many readers: items.
-            return (yield from readers.acquire_many(run))
+            # Readers of several resources, one of them among many readers: items. Unless
+            # each row shows us among its readers already (a join of ours applied, its
+            # answer lost: kept, planned below). Else what a join of ours may have left in
+            # the rows goes first: a hold in items would never renew or give it back.
+            mine = [r for r, row in seen.items() if row is not None and run.token in row.holders]
+            if len(mine) < len(self.resources):
+                stray = set(mine) | {r for rs, undo in self.unanswered if undo is None for r in rs}
+                self.unanswered.clear()
+                if stray:
+                    yield Request(functools.partial(withdraw, run.token, sorted(stray)))
+                return (yield from readers.acquire_many(run))
         if pace.ticket is not None and queue.before_ticket(seen.get(self.resources[0]), pace):
             # Queued, and the row known only as it was before our ticket (or not at all): a
             # plan from it would take it past every waiter ahead (an eventually consistent

@@ -25,7 +25,7 @@ from .._observability.logs import facts
 from .._storage import claims, dynamodb, lock_rows, lock_writes, records
 from .._storage.records import Mode
 from .._transactions import commit, fencing
-from ..exceptions import LockLost, SemaphoreUnavailable
+from ..exceptions import LimitExceeded, LockLost, SemaphoreUnavailable
 from ..signals import lock_acquired, lock_lost, lock_released
 from . import handover, push, resend
 from .heartbeat import Heartbeat
@@ -174,11 +174,14 @@ class Held:
         release may still wait for a renewal in flight (one that hangs on a network cut)."""
         return self._giving_back_mono < self._deadline
 
-    def _lost_by_refusal(self, reason: str) -> NoReturn:
+    def _lost_by_refusal(self, reason: str, resource: str | None = None) -> NoReturn:
         """A write of ours was refused, the hold not ours: lost for ``reason`` if the refusal
         came while we trusted it. After our deadline, the write may have arrived after it too
         (a partition, a pause), and another holder taken over only then: the lease ran out;
-        unless the release had begun by then (the heartbeat's renewal in flight past it)."""
+        unless the release had begun by then (the heartbeat's renewal in flight past it).
+        ``resource``: the one of several whose write was refused, named in the reason."""
+        if resource is not None and len(self.resources) > 1:
+            reason = f"{reason} ({resource!r})"
         if clock.monotonic() >= self._deadline:
             if self._given_in_time():
                 raise LockLost(self.resource, "it was released")
@@ -307,7 +310,8 @@ class Held:
             except dynamodb.Cancelled as cancelled:
                 reasons = zip(self.resources, cancelled.reasons, strict=False)
                 refusals = [(r, old) for r, (code, old) in reasons if code == _REFUSED]
-            if any(old is None or self.token not in old.holders for _, old in refusals):
+            gone = [r for r, old in refusals if old is None or self.token not in old.holders]
+            if gone:
                 break
             # Ours still; another holder's later lease end stands as the item's expiry.
             raise_item.update(dict.fromkeys((r for r, _ in refusals), False))
@@ -315,7 +319,7 @@ class Held:
             raise SemaphoreUnavailable(
                 f"could not renew {self.resource!r}: conflicting writes", transient=True
             )
-        self._lost_by_refusal(TAKEN_OVER)
+        self._lost_by_refusal(TAKEN_OVER, gone[0])
 
     # -- releasing ---------------------------------------------------------------------------
 
@@ -680,12 +684,44 @@ class Held:
                 self._unanswered |= exc.ambiguous
                 why = exc
                 passing = resend.passing(exc)
+                if len(pending) > 1 and isinstance(exc, LimitExceeded) and passing:
+                    # Throttled: one of the rows is a hot key (a transaction is throttled
+                    # when any of its items is). Each row on its own, then: the others are
+                    # given back now, not left held for their lease with the hot one.
+                    return self._released_singly(pending, started) and ok
             # Given up, the work is done and the lease will lapse by itself: never fail the
             # caller for a release DynamoDB could not take.
             failures += 1
             if not self._paused(passing, failures, started, pending, why):
                 return ok
         return ok
+
+    def _released_singly(self, pending: list[str], started: float) -> bool:
+        """The release of several rows, each in a write of its own (none needs the others'),
+        each sent again after a pause while it fails for a passing cause, as a release of
+        one is; True if every one was ours until now."""
+        ok = True
+        failures = 0
+        while True:
+            left: list[str] = []
+            why: object = None
+            passing = True
+            for resource in pending:
+                try:
+                    self._send_release([resource], {}, None)
+                except dynamodb.Refused as refused:
+                    retried = refused.retried or self._unanswered
+                    ok = ok and self._released_by(refused.lock, retried)
+                except SemaphoreUnavailable as exc:
+                    self._unanswered |= exc.ambiguous
+                    why, passing = exc, passing and resend.passing(exc)
+                    left.append(resource)
+            pending = left
+            if not pending:
+                return ok
+            failures += 1
+            if not self._paused(passing, failures, started, pending, why):
+                return ok
 
     def _item_given_back(self, resource: str, send: Callable[[], object]) -> bool:
         """``send`` the release of one of our items (a reader's, a permit's), sent again
@@ -717,7 +753,7 @@ class Held:
         look = waiting or clock.monotonic() - self._taken_mono > WAKE_AFTER
         item = lock_rows.update(actions[0], return_new=look)
         if item is not None and not item.holders:
-            handover.push_first(self.resource, item, readers_only=False)
+            handover.push_first(pending[0], item, readers_only=False)
 
     def _paused(
         self, passing: bool, failures: int, started: float, pending: str | list[str], why: object

@@ -145,12 +145,12 @@ class PermitHeld(Held):
         # raise it is the renewal's (the heartbeat tries again; the lease is not extended).
         for resource in self.slots:
             if not self.raise_row(resource, expires, None):
-                self._lost_by_refusal(TAKEN_OVER)
+                self._lost_by_refusal(TAKEN_OVER, resource)
         for resource, slot in self.slots.items():
             try:
                 permit_items.send(permit_items.renew_permit(resource, slot, self.token, expires))
             except dynamodb.Refused:
-                self._lost_by_refusal(TAKEN_OVER)
+                self._lost_by_refusal(TAKEN_OVER, resource)
 
     def _give_back(self) -> bool:
         ok = True

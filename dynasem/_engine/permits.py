@@ -464,7 +464,29 @@ def _acquire_many(run: Attempt) -> Steps[Held]:
     what = f"resources of limit > {permit_items.INLINE_MAX} can be taken at once"
     read = functools.partial(read_row, run)
     plan = functools.partial(_plan_many, run, scans)
-    return (yield from all_or_none(run, what, read, plan, functools.partial(_takes, run)))
+    takes = functools.partial(_takes, run)
+    return (yield from all_or_none(run, what, read, plan, takes, refused=_stale_hints))
+
+
+def _stale_hints(
+    plans: tuple[dict[str, records.LockItem], dict[str, _Plan]], cancelled: dynamodb.Cancelled
+) -> Steps[None]:
+    """A take of several refused: each permit it meant to take at a hint, refused (held),
+    has that hint dropped from its row. Else every try would pop the same hint again, and be
+    refused with it, for as long as that slot's holder holds it, other permits free or not."""
+    seen, slot_plans = plans
+    for i, r in enumerate(seen):
+        reasons = cancelled.reasons[2 * i : 2 * i + 2]
+        plan = slot_plans.get(r)
+        if plan is None or plan.how != "pop" or plan.slot is None or len(reasons) < 2:
+            continue
+        if reasons[1][0] == "ConditionalCheckFailed" and reasons[0][0] != "ConditionalCheckFailed":
+            try:
+                yield Request(
+                    functools.partial(lock_rows.update, permit_items.drop_hint(r, plan.slot))
+                )
+            except (dynamodb.Refused, SemaphoreUnavailable):
+                pass  # popped or changed meanwhile: the next plan reads the row again
 
 
 def read_row(run: Attempt, resource: str, pace: Pace) -> Steps[records.LockItem | None]:
@@ -551,6 +573,7 @@ def all_or_none(
     read: Callable[[str, Pace], Steps[records.LockItem | None]],
     plan: Callable[[dict[str, records.LockItem], int, Pace], Steps[tuple[Any, dict[str, Any]]]],
     takes: Callable[[Any, int, int], tuple[list[dict[str, Any]], Callable[[], None], Finish]],
+    refused: Callable[[Any, dynamodb.Cancelled], Steps[None]] | None = None,
 ) -> Steps[Held]:
     """A take of several resources in items of their own (permits, reader items), all or
     none: ``read`` each row, ``plan`` the takes (or who is in the way: a pause, or busy past
@@ -558,8 +581,9 @@ def all_or_none(
     transaction, or a failure in transit (whatever may have been applied withdrawn by the
     undo), and it plans again after a pause; it raises past the wait or on a failure not
     transient; past the wait, also after more than MAX_REPLANS refusals (busy: every plan
-    met a change, or one that never holds). Once applied, the hold ``takes`` makes of it
-    (none: given back, again)."""
+    met a change, or one that never holds); ``refused`` hears of each refusal (the plans,
+    the transaction's reasons) before the next plan. Once applied, the hold ``takes`` makes
+    of it (none: given back, again)."""
     resources = run.sem.resources
     if len(resources) * 2 > records.MAX_TRANSACTION:
         raise ValueError(
@@ -583,10 +607,12 @@ def all_or_none(
         actions, undo, finish = takes(plans, now, stale)
         try:
             yield Write(functools.partial(lock_rows.transact, actions), run.token, [], undo=undo)
-        except dynamodb.Cancelled:
+        except dynamodb.Cancelled as cancelled:
             refusals += 1
             if run.remaining() <= 0 and refusals > queue.MAX_REPLANS:
                 raise queue.busy(run, {r: {} for r in resources}, seen) from None
+            if refused is not None:
+                yield from refused(plans, cancelled)
             yield Sleep(backoff(1))
             continue
         except SemaphoreUnavailable as exc:

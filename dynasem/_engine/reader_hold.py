@@ -302,13 +302,13 @@ class ReaderHeld(Held):
         )
 
     def _renew_to(self, expires: int) -> None:
-        try:
-            for resource in self.epochs:
+        for resource in self.epochs:
+            try:
                 if expires > self.covers[resource] and not self._covered(resource, expires):
                     raise dynamodb.Refused(None)
                 reader_items.send(reader_items.renew_reader(resource, self.token, expires))
-        except dynamodb.Refused:
-            self._lost_by_refusal(WRITTEN_OFF)
+            except dynamodb.Refused:
+                self._lost_by_refusal(WRITTEN_OFF, resource)
 
     def _give_back(self) -> bool:
         ok = True

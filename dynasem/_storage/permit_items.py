@@ -209,6 +209,15 @@ def hint(resource: str, slot: int, hold_ms: int | None = None) -> dict[str, Any]
     return update_action(resource, LOCK_SK, update, condition, {}, values)
 
 
+def drop_hint(resource: str, slot: int) -> dict[str, Any]:
+    """The row's first hint off, if it is still ``slot``: a hint of a slot that is held (a
+    release hints its slot after freeing its permit; a taker that found the permit free by
+    reading in between holds it by then). A take of one resource pops such a hint in its row
+    write; a take of several, whose pop and permit write are refused together, drops it so."""
+    condition = "attribute_exists(#hw) AND #hints[0] = :slot"
+    return update_action(resource, LOCK_SK, "REMOVE #hints[0]", condition, {}, {":slot": slot})
+
+
 def fence_out(item: LockItem, stale_ms: int) -> Permit | None:
     """Before the permit row ``item`` (as read: no permit live) takes another limit, or
     another mode (holders inline again): each slot below its ``hw``, in turn, is fenced at

@@ -254,7 +254,7 @@ class Monitor:
 
     def lost(self, proc: Any, held: Any, exc: Any) -> None:
         """``proc`` was told (LockLost) that ``held`` was lost."""
-        if held is None or exc.reason != TAKEN_OVER:
+        if held is None or not exc.reason.startswith(TAKEN_OVER):  # (several: which one)
             return
         with self.sim.clock_of(proc):
             if self.sim.mono() >= held._deadline:
