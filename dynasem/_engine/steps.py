@@ -267,19 +267,28 @@ async def _drive(steps: Steps[_T], *, blocking: bool) -> _T:
             return value
         except _OWN:
             raise  # the loop's own answer (busy, unavailable): it cleaned up what it had
-        except BaseException:  # Ctrl-C, SystemExit, cancelled, a soft time limit: not the loop's
+        except BaseException as exc:  # Ctrl-C, SystemExit, cancelled, a soft time limit
             # Interrupted during ``step``, or inside the loop after it (then it is over).
             # Leave the queue before the loop is closed: closing it stops our push slot
             # (core's ``push.forget``), and a hand-over still on its way to us must find it
             # (``push.depart``) to be handed on at once.
             try:
-                if step is not None and blocking:
+                if step is not None and (blocking or closing(exc)):
                     _interrupted(step, queued, taken)
                 elif step is not None:
                     await run_io_to_end(_interrupted, step, queued, taken)
             finally:
                 steps.close()
             raise
+
+
+def closing(exc: BaseException | None) -> bool:
+    """Whether ``exc`` closes the coroutine it is raised in (``coro.close()``): the garbage
+    collector's, when a task was destroyed pending (its loop closed without cancelling it,
+    as ``loop.run_until_complete(main()); loop.close()`` leaves main's background tasks), in
+    whatever thread and context it runs, maybe with no loop running. Such a coroutine can
+    await nothing more: what must not be left undone is done in place, blocking."""
+    return isinstance(exc, GeneratorExit)
 
 
 # What the loop raises as its answer, having cleaned up what it had (busy, unavailable, a
