@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 import time
 import warnings
+from typing import Any
 
 import pytest
 
@@ -88,3 +90,61 @@ def test_a_waiter_whose_task_is_destroyed_with_its_loop_leaves_the_line(lock_tab
     except SemaphoreBusy as exc:
         pytest.fail(f"held for nobody after the loop closed: {exc}")
     held.release()
+
+
+def test_a_reader_cancelled_as_its_admission_lands_leaves_no_count(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An async reader (reader items) cancelled while its admission's row write is in flight:
+    the driver waits for the write's answer (applied: ``rc + 1``, the row's mark ours), and
+    gives it back; the item's write was never sent. The undo counts the reader down only if
+    the row's mark is still its admission's, and a reader admitted meanwhile moved it (any
+    busy shared resource): the count stays, with no reader. Once every real reader has left,
+    a writer waits for a write-off, a lease and the skew after the row last changed, though
+    every process lives. The driver knows the admission landed and the item was never sent:
+    nothing else can have counted it down (a break or a release needs the item; a write-off
+    moves the epoch on, which the count-down's condition checks)."""
+    from dynasem._storage import lock_rows, lock_writes, reader_items
+
+    monkeypatch.setattr(lock_writes, "READERS_INLINE", 1)
+    monkeypatch.setattr(reader_items, "READERS_INLINE", 1)
+    resource = "doc:cancelled"
+    holds = [semaphore(resource, shared=True, lease=30, user=f"r{i}").acquire() for i in range(2)]
+    update = lock_rows.update
+    armed, landed, go = [True], threading.Event(), threading.Event()
+
+    def held_up(action: dict[str, Any], **kwargs: Any) -> Any:
+        answer = update(action, **kwargs)
+        admission = action["Key"]["sk"]["S"] == "lock" and "#rc" in action["UpdateExpression"]
+        if admission and armed:
+            armed.clear()
+            landed.set()
+            go.wait(5)  # its answer held up on the way back
+        return answer
+
+    monkeypatch.setattr(lock_rows, "update", held_up)
+
+    async def main() -> None:
+        sem = semaphore(resource, shared=True, lease=30, user="cancelled")
+        task = asyncio.ensure_future(sem.aacquire())
+        assert await asyncio.to_thread(landed.wait, 5), "the admission was never sent"
+        # Another reader admitted meanwhile: the row's mark is its admission's now.
+        later = semaphore(resource, shared=True, lease=30, user="later")
+        holds.append(await asyncio.to_thread(later.acquire))
+        task.cancel()
+        go.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    row = lock_rows.get(resource)
+    left = (row.reader_count if row else None, len(holds))
+    for held in holds:  # every real reader leaves: nobody holds it now
+        held.release()
+    try:
+        semaphore(resource, wait=0.5, lease=30, user="writer").acquire().release()
+    except SemaphoreBusy as busy:
+        pytest.fail(
+            f"no reader holds it, yet a writer is busy ({busy}): the cancelled admission left "
+            f"its count (rc {left[0]} for {left[1]} readers before they left)"
+        )
