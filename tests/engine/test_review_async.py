@@ -148,3 +148,57 @@ def test_a_reader_cancelled_as_its_admission_lands_leaves_no_count(
             f"no reader holds it, yet a writer is busy ({busy}): the cancelled admission left "
             f"its count (rc {left[0]} for {left[1]} readers before they left)"
         )
+
+
+def test_a_waiter_cancelled_as_its_ticket_is_drawn_leaves_no_gap_in_the_line(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An async waiter cancelled while its ticket's draw is on its way: the driver waits for
+    the draw's answer (applied: the ticket is drawn), but its cleanup leaves the line only
+    from a place the loop had learnt, and the loop never saw that answer. The ticket has no
+    entry, no word and no dead mark: every waiter behind it, and every releaser, takes it for
+    a waiter between its two writes and waits JOIN_GRACE (1 s) before passing it. The
+    driver had the ticket in hand: marking it dead would cost the line nothing."""
+    from dynasem._storage import lock_rows
+
+    resource = "line:cancelled-draw"
+    holder = semaphore(resource, lease=30, user="holder").acquire()
+    update = lock_rows.update
+    armed, landed, go = [True], threading.Event(), threading.Event()
+
+    def held_up(action: dict[str, Any], **kwargs: Any) -> Any:
+        answer = update(action, **kwargs)
+        if armed and "ADD #qin" in action.get("UpdateExpression", ""):
+            armed.clear()
+            landed.set()
+            go.wait(5)  # its answer held up on the way back
+        return answer
+
+    monkeypatch.setattr(lock_rows, "update", held_up)
+
+    async def cancelled_waiter() -> None:
+        sem = semaphore(resource, fair=True, wait=30, lease=30, user="cancelled")
+        task = asyncio.ensure_future(sem.aacquire())
+        assert await asyncio.to_thread(landed.wait, 5), "the ticket was never drawn"
+        task.cancel()
+        go.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancelled_waiter())
+    got: list[float] = []
+
+    def next_waiter() -> None:
+        held = semaphore(resource, fair=True, wait=10, lease=30, user="next").acquire()
+        got.append(time.monotonic())
+        held.release()
+
+    waiter = threading.Thread(target=next_waiter)
+    waiter.start()
+    time.sleep(0.5)  # queued behind the gap, its entry put
+    released = time.monotonic()
+    holder.release()
+    waiter.join(10)
+    assert got, "the next waiter never got the lock"
+    idle = got[0] - released
+    assert idle < 0.5, f"the lock stood idle {idle:.2f}s for the cancelled waiter's ticket"
