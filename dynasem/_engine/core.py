@@ -456,12 +456,16 @@ class Acquire:
         plan again from what the refusal showed."""
         run, seen, acting = self.run, self.seen, list(actions)
         send: Callable[[], Any] = functools.partial(lock_rows.transact, list(actions.values()))
-        undo = None
+        undo = landed = None
         if len(actions) == 1:  # one update (else one transaction: all or none)
             send = functools.partial(lock_rows.update, actions[acting[0]], return_new=True)
             undo = self.admission_undo(acting[0], plans[acting[0]])
+            if plans[acting[0]].reader:
+                # Applied, its item not sent (cancelled meanwhile): the count is ours.
+                epoch = plans[acting[0]].epoch
+                landed = functools.partial(reader_hold.count_down, acting[0], epoch, forget=True)
         try:
-            after = yield Write(send, run.token, acting, undo=undo)
+            after = yield Write(send, run.token, acting, undo=undo, landed=landed)
         except dynamodb.Refused as refused:
             seen[acting[0]] = refused.lock or records.LockItem()
         except dynamodb.Cancelled as cancelled:
