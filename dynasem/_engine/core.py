@@ -19,10 +19,13 @@ Safety rules kept here:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import functools
 import math
 import random
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
@@ -35,7 +38,7 @@ from ..conf import settings
 from ..exceptions import SemaphoreUnavailable
 from . import arguments, coalescing, permits, processes, push, queue, reader_hold, readers, take
 from .decorators import Decoration, lock_callable
-from .hold import Held, adelivering, delivering
+from .hold import Held, adelivering, delivering, give_back_unused
 from .late_handover import leave_queue
 from .lockspec import Attempt
 from .queue import Blocking
@@ -132,6 +135,10 @@ class Semaphore:
         self.detached = False
         # The lock's name in metrics and spans (telemetry.py): never the raw key by default.
         self.metrics_name = None if metrics_name is None else arguments.check_resource(metrics_name)
+        # The holds of its ``async with`` blocks not left yet, by the task that entered each
+        # (weakly): a block whose task is destroyed pending is left with no context of its
+        # task's (see __aexit__).
+        self._in_tasks: list[tuple[weakref.ref[asyncio.Task[Any]], Held]] = []
 
     @property
     def fair(self) -> bool:
@@ -249,11 +256,39 @@ class Semaphore:
         return await adelivering(self._aenter)
 
     async def _aenter(self) -> Held:
-        return enter(self, await self.aacquire())
+        held = enter(self, await self.aacquire())
+        task = asyncio.current_task()
+        if task is not None:
+            self._in_tasks.append((weakref.ref(task), held))
+        return held
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is GeneratorExit and (orphan := self._orphan()) is not None:
+            # Its task was destroyed pending (its loop closed without cancelling it): the
+            # garbage collector closes the coroutine, in another context than the task's
+            # (its entered holds unknown there), maybe with no loop running: nothing can be
+            # awaited. Given back here and now; else renewed for nobody while we live.
+            give_back_unused(orphan)
+            return
         held = forget_entered(self)
+        self._left(held)
         await run_io_to_end(leave, held, exc_type is not None)
+
+    def _orphan(self) -> Held | None:
+        """The hold of a block of ours whose task is gone, taken off the blocks' list."""
+        for entry in list(self._in_tasks):
+            if entry[0]() is None:
+                with contextlib.suppress(ValueError):  # another thread's exit took it
+                    self._in_tasks.remove(entry)
+                    return entry[1]
+        return None
+
+    def _left(self, held: Held) -> None:
+        for entry in list(self._in_tasks):
+            if entry[1] is held:
+                with contextlib.suppress(ValueError):
+                    self._in_tasks.remove(entry)
+                return
 
     # -- decorator ---------------------------------------------------------------------------
 
@@ -449,12 +484,16 @@ class Acquire:
         plan again from what the refusal showed."""
         run, seen, acting = self.run, self.seen, list(actions)
         send: Callable[[], Any] = functools.partial(lock_rows.transact, list(actions.values()))
-        undo = None
+        undo = landed = None
         if len(actions) == 1:  # one update (else one transaction: all or none)
             send = functools.partial(lock_rows.update, actions[acting[0]], return_new=True)
             undo = self.admission_undo(acting[0], plans[acting[0]])
+            if plans[acting[0]].reader:
+                # Applied, its item not sent (cancelled meanwhile): the count is ours.
+                epoch = plans[acting[0]].epoch
+                landed = functools.partial(reader_hold.count_down, acting[0], epoch, forget=True)
         try:
-            after = yield Write(send, run.token, acting, undo=undo)
+            after = yield Write(send, run.token, acting, undo=undo, landed=landed)
         except dynamodb.Refused as refused:
             seen[acting[0]] = refused.lock or records.LockItem()
             self.slow_take(plans, acting, entry, sent_mono, seen[acting[0]])  # re-sent, ours?

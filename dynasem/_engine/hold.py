@@ -30,7 +30,7 @@ from ..signals import lock_acquired, lock_lost, lock_released
 from . import handover, push, resend
 from .heartbeat import Heartbeat
 from .lockspec import LockSpec
-from .steps import run_io, run_io_to_end
+from .steps import closing, run_io, run_io_to_end
 
 logger = logging.getLogger("dynasem")
 
@@ -973,12 +973,18 @@ async def adelivering(take: Callable[[], Awaitable[_T]]) -> _T:
         done = await take()
         box.clear()
         return done
-    except BaseException:
+    except BaseException as exc:
         for held in list(box):
-            await run_io_to_end(give_back_unused, held)
+            if closing(exc):  # nothing can be awaited any more (steps.closing)
+                give_back_unused(held)
+            else:
+                await run_io_to_end(give_back_unused, held)
         raise
     finally:
-        _undelivered.reset(reset)
+        # Closed by the garbage collector, the coroutine runs in another context than its
+        # task's, where the token is not valid (a ValueError would replace GeneratorExit).
+        with contextlib.suppress(ValueError):
+            _undelivered.reset(reset)
 
 
 def give_back_unused(held: Held) -> None:

@@ -603,6 +603,16 @@ def _resolve(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
+def _wake(loop: asyncio.AbstractEventLoop, future: weakref.ref[asyncio.Future[None]]) -> None:
+    """Resolve the future a coroutine awaits a push with, on its loop. Held weakly: the slot
+    (in the listener's table, for good) must not keep alive a task destroyed with its loop
+    (closed without cancelling it), or the garbage collector never closes its coroutine,
+    whose cleanup leaves the line, and a hand-over to it is held for nobody for its lease."""
+    waiting = future()
+    if waiting is not None:
+        loop.call_soon_threadsafe(_resolve, waiting)
+
+
 def _get_listener() -> _Listener | None:
     """This process's listener, opened on first use; None when pushes are off or impossible."""
     global _listener, _failed_bind
@@ -712,7 +722,7 @@ async def await_push(token: str, seconds: float, *, fence_above: int = 0) -> Pus
         if slot.event.is_set():
             future.set_result(None)  # it came already
         else:
-            slot.waker = functools.partial(loop.call_soon_threadsafe, _resolve, future)
+            slot.waker = functools.partial(_wake, loop, weakref.ref(future))
     try:
         await asyncio.wait_for(future, seconds)
     except TimeoutError:

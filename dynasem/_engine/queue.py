@@ -527,7 +527,7 @@ def join_queue(
         # passes. Never a refusal by another waiter: ADD commutes.
         after = yield from _enqueue(
             run,
-            functools.partial(lock_rows.update, ticket, return_new=True),
+            functools.partial(_draw, ticket, joined),
             resource,
             None,
             leave=functools.partial(_leave_joined, run, joined),
@@ -540,7 +540,8 @@ def join_queue(
     if after is None:
         return seen
     pace.queue_id, pace.ticket = after.queue_id, after.queue_in
-    joined.append((after.queue_id, after.queue_in))
+    if not joined:
+        joined.append((after.queue_id, after.queue_in))
     if telemetry.ON:
         telemetry.waiting(ahead=max(0, after.queue_in - after.queue_out - 1))
     pace.queued_mono = clock.monotonic()
@@ -627,6 +628,17 @@ def _enqueue(
                 raise
             yield Sleep(min(backoff(attempt), max(0.001, run.remaining())))
     return None
+
+
+def _draw(ticket: dict[str, Any], joined: list[tuple[int, int]]) -> records.LockItem | None:
+    """The ticket's draw, sent; our place noted in ``joined`` as soon as its answer comes,
+    before the loop sees it: an async caller cancelled meanwhile (the driver waits for the
+    answer, and never hands it to the loop) leaves from there, rather than leave a ticket
+    with no entry that every passer waits JOIN_GRACE for."""
+    after = lock_rows.update(ticket, return_new=True)
+    if after is not None and not joined:
+        joined.append((after.queue_id, after.queue_in))
+    return after
 
 
 def _leave_joined(run: Attempt, joined: list[tuple[int, int]]) -> None:

@@ -153,10 +153,18 @@ class Write:
     # What gives back what this write may have taken, if not a release of ``resources``
     # by ``token`` (a permit: see dynasem._engine.permits).
     undo: Callable[[], None] | None = None
+    # What gives back what it took when it is known applied (its answer came) and nothing
+    # after it was sent: an async caller cancelled while it was on its way (the driver waits
+    # for the answer). None: ``undo`` (or the withdrawal) as for any interrupt.
+    landed: Callable[[], None] | None = None
 
-    def give_back(self) -> bool:
-        """Give back what this write may have taken. True: a withdrawal of our token from
-        every row it wrote, applied (nothing of ours is left there)."""
+    def give_back(self, landed: bool = False) -> bool:
+        """Give back what this write may have taken (``landed``: it was applied, and nothing
+        after it was sent). True: a withdrawal of our token from every row it wrote,
+        applied (nothing of ours is left there)."""
+        if landed and self.landed is not None:
+            self.landed()
+            return False
         if self.undo is not None:
             self.undo()
             return False
@@ -197,7 +205,14 @@ Step = Request | Sleep | Write | InQueue
 Steps = Generator[Step, Any, _T]
 
 
-def _interrupted(step: Step, queued: InQueue | None, taken: Write | None = None) -> None:
+class _Landed(asyncio.CancelledError):
+    """The caller was cancelled while a write was on its way, and the write was applied (its
+    answer came): what it took is given back knowing so (:attr:`Write.landed`)."""
+
+
+def _interrupted(
+    step: Step, queued: InQueue | None, taken: Write | None = None, landed: bool = False
+) -> None:
     """The caller is interrupted (Ctrl-C, a cancelled task) during ``step``: leave nothing
     behind. A write may have landed: give back whatever it took, or the hold would sit there
     for a whole lease; an entry in a queue must go, or a releasing holder would hand the lock
@@ -208,7 +223,7 @@ def _interrupted(step: Step, queued: InQueue | None, taken: Write | None = None)
     ``taken``'s is not sent when ``step``'s withdrew our token from the same rows already:
     it would be refused for certain (1 WCU for nothing), as the queue was left meanwhile (a
     hand-over that reached us there was handed on by leaving it)."""
-    given_back = step.give_back() if isinstance(step, Write) else False
+    given_back = step.give_back(landed) if isinstance(step, Write) else False
     if queued is not None:
         queued.abandon()
     if taken is not None and taken is not step:
@@ -267,19 +282,31 @@ async def _drive(steps: Steps[_T], *, blocking: bool) -> _T:
             return value
         except _OWN:
             raise  # the loop's own answer (busy, unavailable): it cleaned up what it had
-        except BaseException:  # Ctrl-C, SystemExit, cancelled, a soft time limit: not the loop's
+        except BaseException as exc:  # Ctrl-C, SystemExit, cancelled, a soft time limit
             # Interrupted during ``step``, or inside the loop after it (then it is over).
             # Leave the queue before the loop is closed: closing it stops our push slot
             # (core's ``push.forget``), and a hand-over still on its way to us must find it
             # (``push.depart``) to be handed on at once.
             try:
-                if step is not None and blocking:
+                landed = isinstance(exc, _Landed)
+                if step is not None and (blocking or closing(exc)):
                     _interrupted(step, queued, taken)
                 elif step is not None:
-                    await run_io_to_end(_interrupted, step, queued, taken)
+                    await run_io_to_end(_interrupted, step, queued, taken, landed)
             finally:
                 steps.close()
+            if isinstance(exc, _Landed):
+                raise asyncio.CancelledError() from None  # as any cancel (matched by type)
             raise
+
+
+def closing(exc: BaseException | None) -> bool:
+    """Whether ``exc`` closes the coroutine it is raised in (``coro.close()``): the garbage
+    collector's, when a task was destroyed pending (its loop closed without cancelling it,
+    as ``loop.run_until_complete(main()); loop.close()`` leaves main's background tasks), in
+    whatever thread and context it runs, maybe with no loop running. Such a coroutine can
+    await nothing more: what must not be left undone is done in place, blocking."""
+    return isinstance(exc, GeneratorExit)
 
 
 # What the loop raises as its answer, having cleaned up what it had (busy, unavailable, a
@@ -304,8 +331,16 @@ async def _perform(step: Step, *, blocking: bool) -> tuple[Any, Exception | None
             return step.send(), None
         if isinstance(step, InQueue) and step.asend is not None:
             return await step.asend(), None
-        if isinstance(step, Write) or (isinstance(step, InQueue) and step.write):
+        if isinstance(step, Write):
             # Cancelled, it goes on in its thread: the cleanup must know how it ended.
+            done = submit_io(step.send)
+            if await ended(done):
+                error = None if done.cancelled() else done.exception()
+                if error is None and not done.cancelled():
+                    raise _Landed()
+                raise asyncio.CancelledError() from error
+            return done.result(), None
+        if isinstance(step, InQueue) and step.write:
             return await run_io_to_end(step.send), None
         return await run_io(step.send), None
     except Exception as exc:  # handed back to the loop, which decides
