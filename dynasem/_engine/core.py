@@ -483,17 +483,10 @@ class Acquire:
         none). Landed: the hold, if its lease can still be trusted long enough. Refused,
         plan again from what the refusal showed."""
         run, seen, acting = self.run, self.seen, list(actions)
-        send: Callable[[], Any] = functools.partial(lock_rows.transact, list(actions.values()))
-        undo = landed = None
-        if len(actions) == 1:  # one update (else one transaction: all or none)
-            send = functools.partial(lock_rows.update, actions[acting[0]], return_new=True)
-            undo = self.admission_undo(acting[0], plans[acting[0]])
-            if plans[acting[0]].reader:
-                # Applied, its item not sent (cancelled meanwhile): the count is ours.
-                epoch = plans[acting[0]].epoch
-                landed = functools.partial(reader_hold.count_down, acting[0], epoch, forget=True)
+        write = self.take_write(plans, actions)
+        undo = write.undo
         try:
-            after = yield Write(send, run.token, acting, undo=undo, landed=landed)
+            after = yield write
         except dynamodb.Refused as refused:
             seen[acting[0]] = refused.lock or records.LockItem()
             self.slow_take(plans, acting, entry, sent_mono, seen[acting[0]])  # re-sent, ours?
@@ -530,6 +523,22 @@ class Acquire:
         if self.replans <= queue.MAX_REPLANS:
             return None  # the refusal told us the state: plan again from it at once
         return (yield from self.refused_too_often(acting))
+
+    def take_write(self, plans: dict[str, take.Plan], actions: dict[str, dict[str, Any]]) -> Write:
+        """The take's write: an update of one row, or one transaction of several (all or
+        none), with what gives back what it may have taken."""
+        acting = list(actions)
+        if len(actions) > 1:
+            send: Callable[[], Any] = functools.partial(lock_rows.transact, list(actions.values()))
+            return Write(send, self.run.token, acting)
+        resource, plan = acting[0], plans[acting[0]]
+        send = functools.partial(lock_rows.update, actions[resource], return_new=True)
+        landed = None
+        if plan.reader:
+            # Applied, its item not sent (cancelled meanwhile): the count is ours.
+            landed = functools.partial(reader_hold.count_down, resource, plan.epoch, forget=True)
+        undo = self.admission_undo(resource, plan)
+        return Write(send, self.run.token, acting, undo=undo, landed=landed)
 
     def may_be_reaped(self, drawn_mono: float, drawn_ms: int) -> bool:
         """Whether a row may have been deleted (reaped, or by TTL) since a fence was drawn at
