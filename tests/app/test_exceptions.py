@@ -27,6 +27,7 @@ from dynasem import (
 from dynasem._background.run_once import TransactionRolledBack
 from dynasem._background.unique import RunNotEnded, Taken
 from dynasem._engine.decorators import BadKey, KeyNotPrintable, KeyTooLong
+from dynasem._engine.steps import _Landed
 from dynasem._operators.cursors import BadCursor
 from dynasem._storage.dynamodb import Cancelled, Refused, WriteConflict
 from dynasem._storage.records import LockItem
@@ -87,6 +88,7 @@ EXAMPLES: list[BaseException] = [
     WriteConflict("TransactionConflictException: ongoing", transient=True, ambiguous=True),
     UsersBusy("nightly", team="data"),
     UsersError("a user's own"),
+    _Landed(),  # internal: turned into a plain CancelledError before it leaves the driver
 ]
 
 

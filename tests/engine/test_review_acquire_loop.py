@@ -252,3 +252,36 @@ def test_a_hold_of_ours_whose_confirming_renewal_never_connects_is_withdrawn(
     row = lock_rows.get(resource)
     holders = {} if row is None else row.holders
     assert token not in holders, f"a hold left behind by the failed acquire: {holders}"
+
+
+def test_a_take_applied_unanswered_then_a_read_failing_past_the_wait_leaves_no_hold(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The take is applied, its answer lost (ambiguous); the loop plans again, and a read it
+    needs first (who waits ahead, the permits) stays throttled past the wait: the loop
+    raises from the read, not from a write's failure. What the unanswered take may have
+    taken must be given back all the same: the acquire answers, so nobody holds it."""
+    from dynasem._engine import core
+
+    resource = "res:review-lost-then-read-fails"
+    send, calls = lock_rows.update, []
+
+    def row(action: dict[str, Any]) -> bool:
+        return bool(action["Key"]["sk"]["S"] == "lock")
+
+    monkeypatch.setattr(lock_rows, "update", lost_then_unsent(send, row, calls))
+    real, tries = core.Acquire.try_take, []
+
+    def try_take(self: Any) -> Any:
+        tries.append(1)
+        if len(tries) > 1:  # after the lost answer: a read throttled past the wait
+            raise SemaphoreUnavailable("throttled", transient=True)
+        return (yield from real(self))
+
+    monkeypatch.setattr(core.Acquire, "try_take", try_take)
+    with pytest.raises(SemaphoreUnavailable, match="throttled"):
+        dynasem.semaphore(resource, lease=60, wait=0).acquire()
+    assert calls[:1] == ["applied, answer lost"]  # (the give-back may meet "never sent")
+    row_now = lock_rows.get(resource)
+    holders = {} if row_now is None else row_now.holders
+    assert not holders, f"a hold left behind by the failed acquire: {holders}"
