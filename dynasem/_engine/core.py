@@ -339,6 +339,7 @@ class Acquire:
         # What an unanswered write of ours may have taken (an ambiguous failure), by what
         # gives it back: given back if the acquire fails, whatever its last failure was.
         self.unanswered: list[tuple[list[str], Callable[[], None] | None]] = []
+        self.given_back = False  # they were, as the acquire failed (give_back_tried)
 
     def steps(self) -> Steps[Held]:
         try:
@@ -351,9 +352,11 @@ class Acquire:
                     yield from self.wait(outcome)
         except (ValueError, SemaphoreUnavailable):
             # Held with another limit or mode, or DynamoDB failed a request of our wait (a
-            # look throttled past the deadline, a refusal): leave the queue now, rather than
-            # stand in the way of every waiter behind us until our entry's lease runs out (a
-            # releaser would hand the lock to our entry, or our word, and nobody use it).
+            # look throttled past the deadline, a refusal): give back what an unanswered try
+            # may have taken, and leave the queue now, rather than stand in the way of every
+            # waiter behind us until our entry's lease runs out (a releaser would hand the
+            # lock to our entry, or our word, and nobody use it).
+            yield from self.give_back_tried(self.resources)
             yield from self.leave_refused()
             raise
 
@@ -633,21 +636,28 @@ class Acquire:
             not exc.ambiguous or self.failures > MIN_TRANSIENT_RETRIES
         )
         if not exc.transient or out_of_time:
-            # An earlier try may have been applied, this one's failure not ambiguous (never
-            # sent): what it took is given back all the same (conditional on our token); so
-            # is a hold of ours we saw (handed to us, or a take applied unanswered) that the
-            # failed write was to confirm.
-            token, seen = self.run.token, self.seen
-            rows = sorted(
-                {r for rs, u in self.unanswered if u is None for r in rs}
-                | {r for r in acting if (row := seen.get(r)) is not None and token in row.holders}
-            )
-            for one in {id(u): u for _, u in self.unanswered if u is not None}.values():
-                yield Request(one)
-            if rows:
-                yield Request(functools.partial(withdraw, self.run.token, rows))
+            yield from self.give_back_tried(acting)
             raise exc
         yield Sleep(min(queue.backoff(self.failures), max(0.05, self.run.remaining())))
+
+    def give_back_tried(self, acting: list[str]) -> Steps[None]:
+        """The acquire fails: an earlier try may have been applied, its answer lost, whatever
+        the last failure was (a write never sent, a read throttled past the wait): what it
+        took is given back (conditional on our token); so is a hold of ours we saw in the
+        rows ``acting`` (handed to us, or a take applied unanswered) that a failed write was
+        to confirm. Once: the loop's own answer passes by the driver's clean-up as it is."""
+        if self.given_back:
+            return
+        self.given_back = True
+        token, seen = self.run.token, self.seen
+        rows = sorted(
+            {r for rs, u in self.unanswered if u is None for r in rs}
+            | {r for r in acting if (row := seen.get(r)) is not None and token in row.holders}
+        )
+        for one in {id(u): u for _, u in self.unanswered if u is not None}.values():
+            yield Request(one)
+        if rows:
+            yield Request(functools.partial(withdraw, token, rows))
 
     def confirmed(self, held: Held | None, ours: list[str]) -> Steps[Held | None]:
         """``held``; or, None (its lease can no longer be trusted: we were paused, or it took
