@@ -24,6 +24,7 @@ import contextlib
 import functools
 import math
 import random
+import sys
 import uuid
 import weakref
 from collections.abc import Callable, Sequence
@@ -136,9 +137,9 @@ class Semaphore:
         # The lock's name in metrics and spans (telemetry.py): never the raw key by default.
         self.metrics_name = None if metrics_name is None else arguments.check_resource(metrics_name)
         # The holds of its ``async with`` blocks not left yet, by the task that entered each
-        # (weakly): a block whose task is destroyed pending is left with no context of its
-        # task's (see __aexit__).
-        self._in_tasks: list[tuple[weakref.ref[asyncio.Task[Any]], Held]] = []
+        # (weakly) and the block (its frame's id): a block whose task is destroyed pending is
+        # left with no context of its task's (see __aexit__).
+        self._in_tasks: list[tuple[weakref.ref[asyncio.Task[Any]], int, Held]] = []
 
     @property
     def fair(self) -> bool:
@@ -253,17 +254,19 @@ class Semaphore:
     async def __aenter__(self) -> Held:
         if self.fence_db:
             raise fencing.no_async()
-        return await adelivering(self._aenter)
+        block = id(sys._getframe(1))  # the block's frame (``async with`` runs us at once)
+        return await adelivering(functools.partial(self._aenter, block))
 
-    async def _aenter(self) -> Held:
+    async def _aenter(self, block: int) -> Held:
         held = enter(self, await self.aacquire())
         task = asyncio.current_task()
         if task is not None:
-            self._in_tasks.append((weakref.ref(task), held))
+            self._in_tasks.append((weakref.ref(task), block, held))
         return held
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        if exc_type is GeneratorExit and (orphan := self._orphan()) is not None:
+        block = id(sys._getframe(1))
+        if exc_type is GeneratorExit and (orphan := self._orphan(block)) is not None:
             # Its task was destroyed pending (its loop closed without cancelling it): the
             # garbage collector closes the coroutine, in another context than the task's
             # (its entered holds unknown there), maybe with no loop running: nothing can be
@@ -274,18 +277,25 @@ class Semaphore:
         self._left(held)
         await run_io_to_end(leave, held, exc_type is not None)
 
-    def _orphan(self) -> Held | None:
-        """The hold of a block of ours whose task is gone, taken off the blocks' list."""
-        for entry in list(self._in_tasks):
-            if entry[0]() is None:
-                with contextlib.suppress(ValueError):  # another thread's exit took it
-                    self._in_tasks.remove(entry)
-                    return entry[1]
+    def _orphan(self, block: int) -> Held | None:
+        """The hold of ``block`` (its frame's id), taken off the blocks' list, if the task
+        that entered it is gone. Only that block's: another block's task may be gone while
+        its block goes on (an async generator inside it, read on by another task), and a
+        block closed by ``aclose()`` in its own live task leaves its own hold as usual."""
+        for entry in self._in_tasks[::-1]:  # the latest (a frame's id may recur)
+            task, entered, held = entry
+            if entered != block:
+                continue
+            if task() is not None:
+                return None
+            with contextlib.suppress(ValueError):  # another thread's exit took it
+                self._in_tasks.remove(entry)
+                return held
         return None
 
     def _left(self, held: Held) -> None:
         for entry in list(self._in_tasks):
-            if entry[1] is held:
+            if entry[2] is held:
                 with contextlib.suppress(ValueError):
                     self._in_tasks.remove(entry)
                 return

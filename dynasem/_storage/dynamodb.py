@@ -39,6 +39,9 @@ _sends: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
     "dynasem_sends", default=None
 )
 
+# Transport errors of an attempt that never connected: never sent, never applied.
+_UNSENT = (boto_errors.EndpointConnectionError, boto_errors.ConnectTimeoutError)
+
 # DynamoDB's answers for a request over a throughput limit (LimitExceeded("throughput")).
 THROTTLED = frozenset(
     {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}
@@ -111,6 +114,9 @@ def build_client(quick: bool, session: botocore.session.Session | None = None) -
     # Every attempt (botocore's retries too) creates its request anew: counted, so that a
     # transport error after a retry is known to follow an attempt that may have been applied.
     client.meta.events.register("request-created.dynamodb", count_send)
+    # Less each attempt that never connected (refused, or its connection timed out): never
+    # sent, never applied; a request whose every attempt failed so is not ambiguous.
+    client.meta.events.register("needs-retry.dynamodb", _count_unconnected)
     return cast("DynamoDBClient", client)
 
 
@@ -118,6 +124,21 @@ def count_send(**kwargs: Any) -> None:
     sends = _sends.get()
     if sends is not None:
         sends[0] += 1
+        sends[1] = 0
+
+
+def count_unsent() -> None:
+    """The attempt counted last never reached DynamoDB (it could not connect). botocore
+    says so of every attempt but its last (no needs-retry event after that one)."""
+    sends = _sends.get()
+    if sends is not None and not sends[1]:
+        sends[0] -= 1
+        sends[1] = 1
+
+
+def _count_unconnected(caught_exception: Exception | None = None, **kwargs: Any) -> None:
+    if isinstance(caught_exception, _UNSENT):
+        count_unsent()
 
 
 @contextlib.contextmanager
@@ -246,7 +267,7 @@ def _unavailable(exc: Exception, resent: bool = False) -> SemaphoreUnavailable:
     # Never connected: never applied. A timeout or a dropped connection: perhaps applied. And
     # after botocore's retries (``resent``), whatever the last attempt's error: an earlier
     # attempt may have been applied and its answer lost.
-    unsent = isinstance(exc, boto_errors.EndpointConnectionError | boto_errors.ConnectTimeoutError)
+    unsent = isinstance(exc, _UNSENT)
     ambiguous = transient and (resent or not unsent)
     message = f"cannot reach DynamoDB at {where}: {exc}"
     return SemaphoreUnavailable(message, transient=transient, ambiguous=ambiguous)
@@ -329,7 +350,7 @@ def send_request(operation: str, **kwargs: Any) -> dict[str, Any]:
         raise SemaphoreUnavailable(message) from exc
     if telemetry.ON:
         telemetry.ask_capacity(operation, kwargs)
-    sends = [0]
+    sends = [0, 0]  # attempts that may have reached DynamoDB; the last counted out already
     counting = _sends.set(sends)
     try:
         # Every operation's response is a dict; which keys it has depends on the operation.
@@ -360,7 +381,9 @@ def send_request(operation: str, **kwargs: Any) -> dict[str, Any]:
     except (BotoCoreError, OSError) as exc:
         if telemetry.ON:
             telemetry.request(operation, "error", None)
-        raise _unavailable(exc, resent=sends[0] > 1) from exc
+        # ``sends``: the attempts that reached DynamoDB, or may have, and the last one (its
+        # own error, raised, says whether it did) unless it was counted out already.
+        raise _unavailable(exc, resent=sends[0] - (1 - sends[1]) > 0) from exc
     except ValueError as exc:  # an endpoint URL botocore could not take apart
         raise SemaphoreUnavailable(f"bad DynamoDB endpoint {endpoint_label()!r}: {exc}") from exc
     finally:

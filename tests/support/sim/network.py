@@ -133,6 +133,7 @@ class Requests:
         self.sim.monitor.request(proc, me)
         fault = self.sim.request_fault(proc, write=operation in WRITES)
         if fault == "unsent":
+            dynamodb.count_unsent()  # as a needs-retry event of a caught connect error does
             self.sim.record("unsent", proc, operation, params)
             self.sim.interrupts.failed(proc, tag)
             self.sched.sleep(self.latency())
