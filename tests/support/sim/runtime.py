@@ -186,6 +186,9 @@ def import_dynasem() -> None:
         for info in pkgutil.iter_modules(pkg.__path__):
             importlib.import_module(f"dynasem.{package}.{info.name}")
     importlib.import_module("dynasem._clock")
+    # The operators' reaper and breaks run in simulated processes too: imported before the
+    # shims go in, or their ``time`` stays the real one (a reap's resend slept for real).
+    importlib.import_module("dynasem._operators.reaper")
     assert dynasem
 
 
