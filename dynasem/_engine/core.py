@@ -664,10 +664,16 @@ class Acquire:
             {r for rs, u in self.unanswered if u is None for r in rs}
             | {r for r in acting if (row := seen.get(r)) is not None and token in row.holders}
         )
-        for one in {id(u): u for _, u in self.unanswered if u is not None}.values():
-            yield Request(one)
+        undos: list[Callable[[], object]] = [
+            *{id(u): u for _, u in self.unanswered if u is not None}.values()
+        ]
         if rows:
-            yield Request(functools.partial(withdraw, token, rows))
+            undos.append(functools.partial(withdraw, token, rows))
+        for undo in undos:
+            try:  # best effort, each: one that fails must not keep the others from being sent
+                yield Request(undo)
+            except SemaphoreUnavailable:
+                continue
 
     def confirmed(self, held: Held | None, ours: list[str]) -> Steps[Held | None]:
         """``held``; or, None (its lease can no longer be trusted: we were paused, or it took
