@@ -1,0 +1,113 @@
+"""Review (writes landing on a lock row reaped meanwhile): a write without a condition that
+the row exists makes it anew with only its own attributes. A row with no ``expires`` is in
+neither index and has no TTL: neither the reaper nor DynamoDB ever deletes it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from dynasem import SemaphoreBusy, semaphore
+from dynasem._storage import dynamodb, lock_rows
+
+from .test_review_fencing import reap_until_gone
+
+
+class PausedBeforeDraw:
+    """The first ticket draw (``ADD #qin``) this thread sends waits, before it leaves, while
+    ``meanwhile()`` runs in another thread: a waiter paused between its look at the row (busy)
+    and its draw."""
+
+    def __init__(self, meanwhile: Callable[[], None], *, interrupt: bool = False) -> None:
+        self.meanwhile = meanwhile
+        # ``interrupt``: a KeyboardInterrupt (Ctrl-C, a Celery soft time limit) right after
+        # the draw's answer came.
+        self.interrupt, self.interrupted = interrupt, False
+        self.thread = threading.get_ident()
+        self.fired = False
+        self.client = dynamodb.get_client()
+
+    def _hook(self, request: Any, **kwargs: Any) -> None:
+        if self.fired or threading.get_ident() != self.thread:
+            return
+        body = request.body if isinstance(request.body, bytes) else str(request.body).encode()
+        if b"ADD #qin" not in body:
+            return
+        self.fired = True
+        errors: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                self.meanwhile()
+            except BaseException as exc:  # pragma: no cover - shown by the assert below
+                errors.append(exc)
+
+        other = threading.Thread(target=run)
+        other.start()
+        other.join()
+        assert not errors, errors
+
+    def _after(self, **kwargs: Any) -> None:
+        if self.fired and self.interrupt and not self.interrupted:
+            if threading.get_ident() == self.thread:
+                self.interrupted = True
+                raise KeyboardInterrupt
+
+    def __enter__(self) -> PausedBeforeDraw:
+        self.client.meta.events.register_first("before-send.dynamodb.UpdateItem", self._hook)
+        self.client.meta.events.register_first("after-call.dynamodb.UpdateItem", self._after)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.client.meta.events.unregister("before-send.dynamodb.UpdateItem", self._hook)
+        self.client.meta.events.unregister("after-call.dynamodb.UpdateItem", self._after)
+
+
+class Holder:
+    """A holds ``res`` in a thread of its own until :meth:`release`."""
+
+    def __init__(self, resource: str, lease: float) -> None:
+        self.taken, self.go = threading.Event(), threading.Event()
+        self.thread = threading.Thread(target=self._hold, args=(resource, lease))
+        self.thread.start()
+        assert self.taken.wait(10)
+
+    def _hold(self, resource: str, lease: float) -> None:
+        with semaphore(resource, lease=lease):
+            self.taken.set()
+            self.go.wait(20)
+
+    def release(self) -> None:
+        self.go.set()
+        self.thread.join(10)
+
+
+@pytest.mark.usefixtures("one_second_buckets")
+def test_a_ticket_drawn_on_a_reaped_row_leaves_no_row_that_never_expires(lock_table: str) -> None:
+    """A holds ``res``. B tries, finds it busy, and is paused before its ticket draw.
+    Meanwhile A releases and the reaper deletes the idle row. B's draw (``ADD qin 1``, no
+    condition) lands on nothing and makes a row of ``qin``, ``qout`` and ``qbase`` alone: no
+    holders, no ``expMs``, no ``expires``. B is interrupted as the answer comes (Ctrl-C, a
+    soft time limit; or killed): it leaves the queue (its entry marked dead, TTL takes it).
+    The row is left: in neither index (no ``expires``), never listed, never reaped, never
+    taken by TTL, for as long as nobody takes ``res`` again (a resource named after a job, a
+    user, a file: forever). On a row that is there, the same draw leaves a row the reaper
+    deletes once its lease is CLOCK_SKEW old."""
+    a = Holder("res", lease=1)
+
+    def a_releases_and_the_row_is_reaped() -> None:
+        a.release()
+        reap_until_gone("res")
+
+    with PausedBeforeDraw(a_releases_and_the_row_is_reaped, interrupt=True) as paused:
+        with pytest.raises(KeyboardInterrupt):
+            semaphore("res", lease=1, wait=5).acquire()
+    assert paused.fired and paused.interrupted
+    row = lock_rows.get_item("res")
+    assert row is None or ("expires" in row and "expMs" in row), (
+        f"the row left behind has no expires (never reaped, never deleted by TTL): {row}"
+    )
+    reap_until_gone("res")  # once the idle row's lease and bucket are over
