@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from dynasem import SemaphoreBusy, semaphore
+from dynasem import semaphore
 from dynasem._storage import dynamodb, lock_rows
 
 from .test_review_fencing import reap_until_gone
