@@ -111,3 +111,85 @@ def test_a_ticket_drawn_on_a_reaped_row_leaves_no_row_that_never_expires(lock_ta
         f"the row left behind has no expires (never reaped, never deleted by TTL): {row}"
     )
     reap_until_gone("res")  # once the idle row's lease and bucket are over
+
+
+class AfterDraw(PausedBeforeDraw):
+    """As :class:`PausedBeforeDraw`; ``then()`` runs as the draw's answer comes, before the
+    waiter goes on (what anyone reading the row and its line sees at that moment)."""
+
+    def __init__(self, meanwhile: Callable[[], None], then: Callable[[], None]) -> None:
+        super().__init__(meanwhile)
+        self.then, self.done = then, False
+
+    def _after(self, **kwargs: Any) -> None:
+        if self.fired and not self.done and threading.get_ident() == self.thread:
+            self.done = True
+            self.then()
+
+
+@pytest.mark.usefixtures("one_second_buckets")
+def test_a_ticket_drawn_on_a_reaped_row_starts_a_new_queue_not_the_reaped_ones(
+    lock_table: str,
+) -> None:
+    """A holds ``res``; W (lease 30 s) queues behind it (ticket 1 of the queue Q1) and puts
+    its entry. B tries, finds it busy, and is paused before its ticket draw. Meanwhile A
+    hands over to W, W releases, C (lease 1 s) takes and releases it, and the reaper deletes
+    the idle row; W's entry (Q1, 1) stays, its lease live for 30 s (entries go by TTL). B's
+    draw lands on nothing and names the queue after the row B saw
+    (``if_not_exists(qbase, Q1)``): the row made anew is queue Q1 again, counted from 0, and
+    its ticket 1 is W's entry of before the reap, live. Until B puts its own entry over it,
+    a releaser reading the line hands the lock to W, who waits for nothing (``qbase``
+    exists so that "entries left from before a reap of the row are never read as its new
+    queue's": records.py). A waiter of Q1 paused over the reap reads
+    the new counters as its old queue's too (``queue.passed``: same queue, ``qout`` below its
+    ticket: still queued)."""
+    from dynasem._engine import queue
+    from dynasem._storage import queue_entries
+
+    a = Holder("res", lease=1)
+    w_done, w_tokens = threading.Event(), []
+
+    def w_waits_then_releases() -> None:
+        with semaphore("res", lease=30, wait=20) as w:
+            w_tokens.append(w.token)
+        w_done.set()
+
+    w = threading.Thread(target=w_waits_then_releases)
+    w.start()
+    old = None
+    for _ in range(200):  # W's ticket drawn and its entry put (deferred ENTRY_DEFER at most)
+        old = lock_rows.get("res")
+        if old is not None and old.queue_in == 1 and queue_entries.queue_entries(old):
+            break
+        threading.Event().wait(0.02)
+    assert old is not None and queue_entries.queue_entries(old), "W's entry was never put"
+
+    def a_hands_over_w_releases_the_row_is_reaped() -> None:
+        a.release()
+        assert w_done.wait(10)
+        with semaphore("res", lease=1):  # C: the row's lease end (and bucket) is C's
+            pass
+        reap_until_gone("res")
+
+    seen: list[Any] = []
+
+    def look() -> None:
+        row = lock_rows.get("res")
+        seen.append((row, queue_entries.queue_entries(row) if row is not None else []))
+
+    # B's first write a take, not a draw at once (W queued lately in this process, and that
+    # draw's condition, "held or queued", refuses a row that is gone).
+    queue.queued_recently.clear()
+    with AfterDraw(a_hands_over_w_releases_the_row_is_reaped, look) as paused:
+        b = semaphore("res", lease=1, wait=5).acquire()
+    b.release()
+    w.join(10)
+    assert paused.fired and paused.done and w_tokens
+    row, line = seen[0]
+    assert row is not None
+    stale = [x.token for x in line if x.token == w_tokens[0]]
+    assert row.queue_id != old.queue_id and not stale, (
+        f"the row made anew by B's draw is the reaped row's queue {old.queue_id} again "
+        f"(qbase {row.queue_id}, qin {row.queue_in}, qout {row.queue_out}); its line shows "
+        f"W's entry of before the reap: {line}"
+    )
