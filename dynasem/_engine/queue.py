@@ -517,11 +517,8 @@ def join_queue(
     address = push.expect(resource, run.token, lease=run.lease, skew=run.skew, now_ms=clock.now_ms)
     pace.enqueued = True  # from now on, giving up means leaving the queue
     pace.unwritten = None
-    # The queue's name if the row has none (it keeps its own: if_not_exists): a fresh one,
-    # never the one of the row we saw, which may have been reaped since, its entries left
-    # (served, their leases live: TTL only) to be read as the new queue's.
-    queue_id = clock.new_fence(0)
-    idle_ms = clock.now_ms() + int(run.lease * 1000)  # a row the draw makes anew: see there
+    # A fresh queue name and lease end, for a row reaped since we saw it (see take_ticket).
+    queue_id, idle_ms = clock.new_fence(0), clock.now_ms() + int(run.lease * 1000)
     ticket = lock_writes.take_ticket(resource, queue_id, idle_ms=idle_ms, if_busy_ms=if_busy_ms)
     # Our place once the draw's answer told it: what an interrupt leaves until our next step
     # in line says (the word to the holder below comes before it).

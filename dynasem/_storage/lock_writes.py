@@ -339,7 +339,10 @@ def take_ticket(
 ) -> dict[str, Any]:
     """Draw the next ticket of the resource's queue (``ADD qin 1``: never refused by another
     waiter's draw, unlike a ticket chosen by the waiter). ``qbase``: the queue's name if the
-    row has none yet. Its answer (the row, ALL_NEW) holds our ticket, ``qin``.
+    row has none yet: a fresh one (from the clock), never the name of the row as the waiter
+    saw it, which may have been reaped since; the entries of its queue are left (served ones
+    with their leases live: TTL only) and must not be read as the new queue's. Its answer
+    (the row, ALL_NEW) holds our ticket, ``qin``.
 
     ``idle_ms``: the lease end (``expMs``, its ``expires`` bucket, its ``shard``) of a row
     the draw makes anew (reaped, or deleted by TTL, since the waiter saw it busy): without
