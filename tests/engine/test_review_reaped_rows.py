@@ -13,7 +13,7 @@ import pytest
 from dynasem import semaphore
 from dynasem._storage import dynamodb, lock_rows
 
-from .test_review_fencing import reap_until_gone
+from .test_review_fencing import PausedBeforeSend, reap_until_gone
 
 
 class PausedBeforeDraw:
@@ -193,3 +193,36 @@ def test_a_ticket_drawn_on_a_reaped_row_starts_a_new_queue_not_the_reaped_ones(
         f"(qbase {row.queue_id}, qin {row.queue_in}, qout {row.queue_out}); its line shows "
         f"W's entry of before the reap: {line}"
     )
+
+
+@pytest.mark.usefixtures("one_second_buckets")
+def test_a_permit_take_paused_over_a_reap_gets_a_fence_above_the_earlier_holders(
+    lock_table: str,
+) -> None:
+    """A (``limit=20``: permit items, lease 30 s) draws its fence and builds the take that
+    makes the row a permit row (``take_slot(how="create")``: its fence named), and is paused
+    before the send. Meanwhile B takes ``res`` exclusively (a later fence), releases it, and
+    the reaper deletes the idle row. A's create lands on nothing (``attribute_not_exists(
+    fence) OR fence < :fence``), slot 0 has no permit item to refuse it, and A holds (trusted:
+    its lease is long) under the fence drawn before B's. The exclusive take's twin was mended
+    (core.Acquire.may_be_reaped); the permits' acquire has no such check. Severity 3 at
+    most: a counting hold cannot fence a transaction, and only each permit's holders are
+    promised an order ("Permit items" in how-it-works.md); but the same page says a take's
+    fence is larger than every fence drawn before, and that fences increase strictly per
+    resource across a reap."""
+    earlier: list[int] = []
+
+    def b_takes_releases_and_the_row_is_reaped() -> None:
+        with semaphore("res", lease=1) as b:
+            earlier.append(b.fence)
+        reap_until_gone("res")
+
+    with PausedBeforeSend("UpdateItem", b_takes_releases_and_the_row_is_reaped) as paused:
+        a = semaphore("res", limit=20, lease=30).acquire()
+    try:
+        assert paused.fired and earlier
+        assert a.fence > earlier[0], (
+            f"A's permit fence {a.fence} is not above B's {earlier[0]}: B held before A"
+        )
+    finally:
+        a.release()
