@@ -226,3 +226,60 @@ def test_a_permit_take_paused_over_a_reap_gets_a_fence_above_the_earlier_holders
         )
     finally:
         a.release()
+
+
+@pytest.mark.usefixtures("one_second_buckets")
+def test_a_permit_row_made_anew_by_a_late_create_keeps_every_permit_takeable(
+    lock_table: str,
+) -> None:
+    """The consequence of the fence above when the reaped row was a permit row. A
+    (``limit=9``: permit items, lease 30 s) builds its create and is paused before the send.
+    Meanwhile B takes a permit (B's create: slot 0, whose item keeps B's fence F_B after B's
+    release, its TTL a week away) and releases it, and the reaper deletes the idle row. A's
+    create lands: the row's fence is F_A < F_B. A's permit write on slot 0 is refused (F_B),
+    and A takes slot 1. Every later take of the permit row counts its fence from the row's,
+    F_A + n, for as long as n < F_B - F_A (microseconds: thousands to millions): slot 0's
+    item refuses each of them. With 8 permits held, the 9th is free and nobody gets it: the
+    taker finds slot 0 free, takes the row's fence and is refused at the permit, round after
+    round, past its ``wait=3`` (it never raises busy), until a holder releases (here, 8 s
+    later) -- for as long as B's item lives, one permit of nine is lost."""
+    import time
+
+    def b_takes_a_permit_releases_and_the_row_is_reaped() -> None:
+        with semaphore("res", limit=9, lease=1):
+            pass
+        reap_until_gone("res")
+
+    paused = PausedBeforeSend("UpdateItem", b_takes_a_permit_releases_and_the_row_is_reaped)
+    with paused:
+        a = semaphore("res", limit=9, lease=30).acquire()
+    assert paused.fired
+    stop, held, threads = threading.Event(), threading.Semaphore(0), []
+
+    def hold_one() -> None:
+        with semaphore("res", limit=9, lease=30, wait=10):
+            held.release()
+            stop.wait(30)
+
+    ends = threading.Timer(8, stop.set)  # the holders release 8 s from now
+    try:
+        for _ in range(7):  # A and these: 8 of the 9 permits
+            t = threading.Thread(target=hold_one)
+            t.start()
+            threads.append(t)
+            assert held.acquire(timeout=10)
+        ends.start()
+        began = time.monotonic()
+        ninth = semaphore("res", limit=9, lease=30, wait=3).acquire()
+        took = time.monotonic() - began
+        ninth.release()
+        assert took < 3, (
+            f"8 of 9 permits held, the 9th free: its acquire (wait=3) took {took:.1f} s, "
+            "until a holder released"
+        )
+    finally:
+        ends.cancel()
+        stop.set()
+        for t in threads:
+            t.join(10)
+        a.release()
