@@ -84,6 +84,10 @@ class _Acquire:
         self.served = False
         # The fence of the row last read again before saying it is held with another limit.
         self.rechecked: int | None = None
+        # A permit refused us for its fence, above the row's (a row made anew by a take
+        # paused over a reap, under a fence drawn before a later holder's): the next take
+        # names a fence above it instead of counting from the row's (0: none).
+        self.floor = 0
 
     def steps(self) -> Steps[Held]:
         resource = self.resource
@@ -165,8 +169,9 @@ class _Acquire:
         sent_mono, now = clock.monotonic(), clock.now_ms()
         # A take of a slot in a permit row counts the row's fence up (the stored one plus
         # one, learnt from the old row); a take that makes the row names one from the clock.
-        counted = plan.how in ("pop", "grow", "fence")
-        holder = run.holder(now, max(clock.new_fence(run.skew), seen.fence + 1), shared=False)
+        counted = plan.how in ("pop", "grow", "fence") and self.floor <= seen.fence
+        fence = max(clock.new_fence(run.skew), seen.fence + 1, self.floor + 1)
+        holder = run.holder(now, fence, shared=False)
         if plan.how != "create" and seen.expires_ms < holder.expires_ms:
             if not (yield from self.cover(holder.expires_ms)):
                 return None
@@ -236,7 +241,10 @@ class _Acquire:
             try:
                 yield Write(functools.partial(permit_items.send, action), token, [], undo=undo)
                 return True
-            except dynamodb.Refused:
+            except dynamodb.Refused as refused:
+                permit = records.permit_of(refused.item or {"sk": records.permit_sk(slot)})
+                if permit.holder.fence >= holder.fence:
+                    self.floor = max(self.floor, permit.holder.fence)
                 return False
             except SemaphoreUnavailable as exc:
                 # Maybe applied: the same write again is accepted if it was (it names our

@@ -517,8 +517,9 @@ def join_queue(
     address = push.expect(resource, run.token, lease=run.lease, skew=run.skew, now_ms=clock.now_ms)
     pace.enqueued = True  # from now on, giving up means leaving the queue
     pace.unwritten = None
-    queue_id = seen.queue_id if seen is not None and seen.queue_id else clock.new_fence(0)
-    ticket = lock_writes.take_ticket(resource, queue_id, if_busy_ms=if_busy_ms)
+    # A fresh queue name and lease end, for a row reaped since we saw it (see take_ticket).
+    queue_id, idle_ms = clock.new_fence(0), clock.now_ms() + int(run.lease * 1000)
+    ticket = lock_writes.take_ticket(resource, queue_id, idle_ms=idle_ms, if_busy_ms=if_busy_ms)
     # Our place once the draw's answer told it: what an interrupt leaves until our next step
     # in line says (the word to the holder below comes before it).
     joined: list[tuple[int, int]] = []

@@ -334,16 +334,29 @@ def hand_over(
     return update_action(resource, LOCK_SK, update, condition, names, values)
 
 
-def take_ticket(resource: str, queue_id: int, *, if_busy_ms: int | None = None) -> dict[str, Any]:
+def take_ticket(
+    resource: str, queue_id: int, *, idle_ms: int = 0, if_busy_ms: int | None = None
+) -> dict[str, Any]:
     """Draw the next ticket of the resource's queue (``ADD qin 1``: never refused by another
     waiter's draw, unlike a ticket chosen by the waiter). ``qbase``: the queue's name if the
-    row has none yet. Its answer (the row, ALL_NEW) holds our ticket, ``qin``.
+    row has none yet: a fresh one (from the clock), never the name of the row as the waiter
+    saw it, which may have been reaped since; the entries of its queue are left (served ones
+    with their leases live: TTL only) and must not be read as the new queue's. Its answer
+    (the row, ALL_NEW) holds our ticket, ``qin``.
+
+    ``idle_ms``: the lease end (``expMs``, its ``expires`` bucket, its ``shard``) of a row
+    the draw makes anew (reaped, or deleted by TTL, since the waiter saw it busy): without
+    them such a row is in no index and has no TTL, and a waiter interrupted or killed before
+    its take leaves it forever. A row that is there keeps its own (the same values: no index
+    write, no extra unit).
 
     ``if_busy_ms``: only if it is held (a lease ending at or after this) or others wait;
     otherwise the refusal's old row is the state to take it from."""
     update = "ADD #qin :one SET #qout = if_not_exists(#qout, :zero), "
-    update += "#qbase = if_not_exists(#qbase, :base)"
-    values: dict[str, Any] = {":one": 1, ":zero": 0, ":base": queue_id}
+    update += "#qbase = if_not_exists(#qbase, :base), #expMs = if_not_exists(#expMs, :expMs), "
+    update += "#exp = if_not_exists(#exp, :exp), #shard = if_not_exists(#shard, :shard)"
+    values: dict[str, Any] = {":one": 1, ":zero": 0, ":base": queue_id, ":expMs": idle_ms}
+    values |= {":exp": bucket_of(idle_ms), ":shard": records.shard_of(resource)}
     condition = ""
     if if_busy_ms is not None:
         condition = "((size(#h) > :zero AND #expMs >= :busy) OR #qin > #qout)"
