@@ -342,7 +342,7 @@ class Acquire:
         # landed long after it drew its fence (a pause before the send, an answer that came
         # late or never), on a row reaped meanwhile and made anew by that very take
         # (``attribute_not_exists(fence)``): its fence may be below an earlier holder's
-        # (:meth:`may_be_reaped`). ``drawn``: when the first take of ours whose answer never
+        # (:func:`take.may_be_reaped`). ``drawn``: when the first take of ours whose answer never
         # came drew it (monotonic, wall ms).
         self.refence = False
         self.drawn: tuple[float, int] | None = None
@@ -441,7 +441,7 @@ class Acquire:
             return None
         if queue.passed(seen.get(self.resources[0]), pace.queue_id, pace.ticket):
             pace.ticket = None  # our turn went by (or the row is new): join again
-        if self.drawn is not None and self.may_be_reaped(*self.drawn):
+        if self.drawn is not None and take.may_be_reaped(*self.drawn, self.run.skew):
             self.refence = True
         plans = {
             r: take.plan(
@@ -553,21 +553,6 @@ class Acquire:
         undo = self.admission_undo(resource, plan)
         return Write(send, self.run.token, acting, undo=undo, landed=landed)
 
-    def may_be_reaped(self, drawn_mono: float, drawn_ms: int) -> bool:
-        """Whether a row may have been deleted (reaped, or by TTL) since a fence was drawn at
-        ``drawn_mono`` (wall: ``drawn_ms``) and made anew by our take, under that fence, below
-        one drawn after it. Within CLOCK_SKEW of the draw, no: a fence is the draw's wall time
-        plus CLOCK_SKEW, and a row is deleted only once its ``expMs``, never earlier than its
-        last fence's time, is CLOCK_SKEW old. Nor before the end of the draw's ``expires``
-        bucket: a row is reaped (or expires) only once its bucket has passed, and its bucket
-        never ends before its last fence's time, which for a fence above ours is past our
-        draw. So a hold is confirmed under a fresh fence only when its take's answer came
-        after both (once in 15 minutes at most, for a take slower than CLOCK_SKEW)."""
-        skew_ms = int(self.run.skew * 1000)
-        if clock.monotonic() - drawn_mono <= self.run.skew:
-            return False
-        return clock.now_ms() + skew_ms >= records.bucket_of(drawn_ms - skew_ms) * 1000
-
     def slow_take(
         self,
         plans: dict[str, take.Plan],
@@ -578,7 +563,7 @@ class Acquire:
     ) -> bool:
         """Whether the take we sent (``entry``, drawn at ``sent_mono``; not a renewal, nor a
         reader's admission) may have landed, its answer or a ``refusal`` showing our token
-        late, on a row reaped since its fence was drawn (:meth:`may_be_reaped`): then its hold
+        late, on a row reaped since its fence was drawn (:func:`take.may_be_reaped`): then its hold
         is confirmed under a fresh fence before it is returned (``refence``). A renewal that
         confirmed one ends it."""
         if all(plans[r].renewal for r in acting):
@@ -589,7 +574,7 @@ class Acquire:
             return False
         if refusal is not None and self.run.token not in refusal.holders:
             return False
-        if not self.may_be_reaped(sent_mono, entry.acquired_ms):
+        if not take.may_be_reaped(sent_mono, entry.acquired_ms, self.run.skew):
             return False
         self.refence = True
         return True

@@ -58,6 +58,22 @@ def plan(
     return planning.plan(confirm_below_ms, ticket)
 
 
+def may_be_reaped(drawn_mono: float, drawn_ms: int, skew: float) -> bool:
+    """Whether a row may have been deleted (reaped, or by TTL) since a fence was drawn at
+    ``drawn_mono`` (wall: ``drawn_ms``) and made anew by our take, under that fence, below
+    one drawn after it. Within CLOCK_SKEW of the draw, no: a fence is the draw's wall time
+    plus CLOCK_SKEW, and a row is deleted only once its ``expMs``, never earlier than its
+    last fence's time, is CLOCK_SKEW old. Nor before the end of the draw's ``expires``
+    bucket: a row is reaped (or expires) only once its bucket has passed, and its bucket
+    never ends before its last fence's time, which for a fence above ours is past our
+    draw. So a hold is confirmed under a fresh fence only when its take's answer came
+    after both (once in 15 minutes at most, for a take slower than CLOCK_SKEW)."""
+    skew_ms = int(skew * 1000)
+    if clock.monotonic() - drawn_mono <= skew:
+        return False
+    return clock.now_ms() + skew_ms >= records.bucket_of(drawn_ms - skew_ms) * 1000
+
+
 def other_limit(resource: str, stored: int, limit: int) -> ValueError:
     return ValueError(
         f"{resource!r} is held with limit={stored}; every holder of one resource must use "
