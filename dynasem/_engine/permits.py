@@ -182,6 +182,21 @@ class _Acquire:
         old = yield from self.send_row(action)
         if old is None:
             return None
+        if plan.how == "create" and not old and take.may_be_reaped(sent_mono, now, run.skew):
+            # Our create made the row anew, late enough that it may have been reaped since
+            # our fence was drawn (below a later holder's, exclusive or not): a fresh fence
+            # first, above the stored one, before our permit is written under it.
+            holder = dataclasses.replace(holder, fence=clock.new_fence(run.skew))
+            refence = permit_items.take_slot(
+                resource,
+                how="fence",
+                fence=holder.fence,
+                limit=run.sem.limit,
+                queue=lock_writes.QueueTerms(served=True),
+                slot=0,
+            )
+            if (yield from self.send_row(refence)) is None:
+                return None  # slot 0 below hw with no permit: free to the next take
         before = records.lock_item(dict(old or {"pk": resource}))
         if counted:
             holder = dataclasses.replace(holder, fence=before.fence + 1)

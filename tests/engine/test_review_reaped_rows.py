@@ -195,13 +195,6 @@ def test_a_ticket_drawn_on_a_reaped_row_starts_a_new_queue_not_the_reaped_ones(
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known, not mended (severity 3): a permit row's create paused over a reap holds "
-    "under a fence below an earlier exclusive holder's; a counting hold cannot fence a "
-    "transaction, and each slot's holders stay ordered by its item's fence. Proposed: a late "
-    "create (core.Acquire.may_be_reaped) names a fresh fence in one more row write.",
-)
 @pytest.mark.usefixtures("one_second_buckets")
 def test_a_permit_take_paused_over_a_reap_gets_a_fence_above_the_earlier_holders(
     lock_table: str,
