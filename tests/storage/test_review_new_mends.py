@@ -46,3 +46,17 @@ def test_an_acquire_with_dynamodb_unreachable_fails_as_fast_as_before(
     assert took < 1.0, f"{took:.1f}s to say DynamoDB cannot be reached"
     assert not raised.value.ambiguous, f"never connected, yet ambiguous: {raised.value}"
     assert dynamodb  # the module under review
+
+
+def test_a_connection_closed_before_the_answer_is_transient_and_ambiguous() -> None:
+    """Found by ci84 (tests/engine/test_races.py under the unkind engine): botocore's
+    ConnectionClosedError ("Connection was closed before we received a valid response") is
+    an HTTPClientError, not a ConnectionError. It read as neither transient nor ambiguous:
+    an acquire with 120 s to wait raised at once, and a take it may have applied (the
+    request was sent; only its answer was lost) was not given back."""
+    from botocore.exceptions import ConnectionClosedError
+
+    from dynasem._storage import dynamodb
+
+    exc = dynamodb._unavailable(ConnectionClosedError(endpoint_url="http://127.0.0.1:1/"))
+    assert exc.transient and exc.ambiguous, (exc.transient, exc.ambiguous)
