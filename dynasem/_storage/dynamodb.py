@@ -263,7 +263,14 @@ def _unavailable(exc: Exception, resent: bool = False) -> SemaphoreUnavailable:
             f"no AWS credentials for DynamoDB at {where}: boto3's default chain found none "
             "(environment, shared config, instance role)"
         )
-    transient = isinstance(exc, boto_errors.ConnectionError | boto_errors.ReadTimeoutError)
+    # A connection closed before the answer (an HTTPClientError, not a ConnectionError) is
+    # a dropped connection too: worth sending again, and the request may have been applied.
+    transient = isinstance(
+        exc,
+        boto_errors.ConnectionError
+        | boto_errors.ReadTimeoutError
+        | boto_errors.ConnectionClosedError,
+    )
     # Never connected: never applied. A timeout or a dropped connection: perhaps applied. And
     # after botocore's retries (``resent``), whatever the last attempt's error: an earlier
     # attempt may have been applied and its answer lost.
