@@ -14,6 +14,7 @@ from django.core.management import call_command
 
 from dynasem import semaphore
 from dynasem._storage import dynamodb, lock_rows
+from tests.support.helpers import in_another_thread
 
 SKEW = 0.5  # CLOCK_SKEW of the test settings
 
@@ -61,18 +62,7 @@ class PausedBeforeSend:
         if self.fired or threading.get_ident() != self.thread:
             return
         self.fired = True
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                self.meanwhile()
-            except BaseException as exc:  # pragma: no cover - shown by the assert below
-                errors.append(exc)
-
-        other = threading.Thread(target=run)
-        other.start()
-        other.join()
-        assert not errors, errors
+        in_another_thread(self.meanwhile)
 
     def __enter__(self) -> PausedBeforeSend:
         events = self.client.meta.events

@@ -12,6 +12,7 @@ import pytest
 
 from dynasem import semaphore
 from dynasem._storage import dynamodb, lock_rows
+from tests.support.helpers import in_another_thread
 
 from .test_review_fencing import PausedBeforeSend, reap_until_gone
 
@@ -37,18 +38,7 @@ class PausedBeforeDraw:
         if b"ADD #qin" not in body:
             return
         self.fired = True
-        errors: list[BaseException] = []
-
-        def run() -> None:
-            try:
-                self.meanwhile()
-            except BaseException as exc:  # pragma: no cover - shown by the assert below
-                errors.append(exc)
-
-        other = threading.Thread(target=run)
-        other.start()
-        other.join()
-        assert not errors, errors
+        in_another_thread(self.meanwhile)
 
     def _after(self, **kwargs: Any) -> None:
         if self.fired and self.interrupt and not self.interrupted:

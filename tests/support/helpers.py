@@ -207,3 +207,22 @@ def wait_for(check: Any, timeout: float, what: str) -> Any:
             return found
         time.sleep(0.01)
     raise AssertionError(f"{what}: not within {timeout:g}s")
+
+
+def in_another_thread(work: Any) -> None:
+    """Run ``work()`` to its end in another thread (what happens meanwhile, while this one is
+    held at a request); its exception fails the caller."""
+    import threading
+
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:  # pragma: no cover - shown by the assert below
+            errors.append(exc)
+
+    other = threading.Thread(target=run)
+    other.start()
+    other.join()
+    assert not errors, errors
