@@ -25,7 +25,7 @@ from .._observability.logs import facts
 from .._storage import claims, dynamodb, lock_rows, lock_writes, records
 from .._storage.records import Mode
 from .._transactions import commit, fencing
-from ..exceptions import LimitExceeded, LockLost, SemaphoreUnavailable
+from ..exceptions import LockLost, SemaphoreUnavailable
 from ..signals import lock_acquired, lock_lost, lock_released
 from . import handover, push, resend
 from .heartbeat import Heartbeat
@@ -51,7 +51,6 @@ def _owned(lock: threading.RLock) -> Iterator[None]:
 # first of any waiters that queued after we last saw the queue.
 WAKE_AFTER = 0.05
 TAKEN_OVER = "another holder took it over, or it was broken by an operator"
-_REFUSED = "ConditionalCheckFailed"  # a transaction's reason for a row whose condition failed
 
 
 class Held:
@@ -285,41 +284,37 @@ class Held:
         self._deadline = max(self._deadline, trusted)
 
     def _renew_to(self, expires: int) -> None:
-        """Write the lease end ``expires`` to every row of the hold; LockLost if not ours."""
-        raise_item = dict.fromkeys(self.resources, True)
+        """Write the lease end ``expires`` to every row of the hold; LockLost if not ours.
+
+        Each row in a write of its own: each is conditional on our token by itself, and all
+        or none gains nothing (a row not ours loses the hold either way), while a transaction
+        bills two write units a row. The trust comes only once every row has it (the caller
+        raises the deadline after this returns)."""
         # An exclusive row's one holder is named in userId (its first renewal moves the index
         # key, once). Not a counting or shared row's: its holders renew in turn, and each
         # would move the key again (2 index write units a renewal); the listings find such
         # rows' holders through the expires shards, never through userId.
         user_id = self.user_id if self.semaphore.mode == Mode.EXCLUSIVE else None
-        for _ in range(4):
-            actions = [
-                lock_writes.renew_hold(
-                    r, self.token, expires, raise_item=raise_item[r], user_id=user_id
-                )
-                for r in self.resources
-            ]
-            try:
-                if len(actions) == 1:
-                    self._observe(lock_rows.update(actions[0], return_new=True))
-                else:
-                    lock_rows.transact(actions)
-                return
-            except dynamodb.Refused as refused:
-                refusals = [(self.resources[0], refused.lock)]
-            except dynamodb.Cancelled as cancelled:
-                reasons = zip(self.resources, cancelled.reasons, strict=False)
-                refusals = [(r, old) for r, (code, old) in reasons if code == _REFUSED]
-            gone = [r for r, old in refusals if old is None or self.token not in old.holders]
-            if gone:
-                break
-            # Ours still; another holder's later lease end stands as the item's expiry.
-            raise_item.update(dict.fromkeys((r for r, _ in refusals), False))
-        else:
-            raise SemaphoreUnavailable(
-                f"could not renew {self.resource!r}: conflicting writes", transient=True
+        for resource in self.resources:
+            self._renew_row(resource, expires, user_id)
+
+    def _renew_row(self, resource: str, expires: int, user_id: str | None) -> None:
+        raise_item = True
+        while True:
+            action = lock_writes.renew_hold(
+                resource, self.token, expires, raise_item=raise_item, user_id=user_id
             )
-        self._lost_by_refusal(TAKEN_OVER, gone[0])
+            try:
+                item = lock_rows.update(action, return_new=len(self.resources) == 1)
+            except dynamodb.Refused as refused:
+                old = refused.lock
+                if not raise_item or old is None or self.token not in old.holders:
+                    self._lost_by_refusal(TAKEN_OVER, resource)
+                # Ours still; another holder's later lease end stands as the item's expiry.
+                raise_item = False
+                continue
+            self._observe(item)
+            return
 
     # -- releasing ---------------------------------------------------------------------------
 
@@ -643,63 +638,36 @@ class Held:
     def _plain_release(self, terms: dict[str, Any]) -> bool | None:
         """A release to nobody in particular; True if every resource was ours until now.
         None: refused by ``terms`` (waiters came), the hold still ours."""
-        pending = list(self.resources)
-        hold_ms = self._hold_ms() if len(pending) == 1 else None
-        ok = True
-        cancels = failures = 0
         started = clock.monotonic()
-        while cancels < 3:
+        if len(self.resources) > 1:
+            return self._released_singly(list(self.resources), started)
+        resource = self.resources[0]
+        hold_ms = self._hold_ms()
+        failures = 0
+        while True:
             try:
-                self._send_release(pending, terms, hold_ms)
-                return ok
+                self._send_release(resource, terms, hold_ms)
+                return True
             except dynamodb.Refused as refused:
                 old = refused.lock
                 if terms and old is not None and self.token in old.holders:
                     self._observe(old)
                     return None
-                retried = refused.retried or self._unanswered
-                return ok and self._released_by(old, retried)
-            except dynamodb.Cancelled as cancelled:
-                # Nothing was applied: drop the ones not ours any more and send the rest again.
-                # Unless botocore sent it again: then its first attempt may have released them
-                # all, its answer lost, and a row cancelled now for a conflict (another writer
-                # on the row we freed) may be refused next time for our own release.
-                self._unanswered |= cancelled.retried
-                retried = self._unanswered
-                reasons = list(zip(pending, cancelled.reasons, strict=False))
-                not_ours = [old for _, (code, old) in reasons if code == _REFUSED]
-                ok = ok and all(self._released_by(old, retried) for old in not_ours)
-                pending = [r for r, (code, _) in reasons if code != _REFUSED]
-                if not pending:
-                    return ok
-                if not_ours:
-                    cancels += 1
-                    continue
-                # Only another request's transaction was on a row (TransactionConflict):
-                # nothing was applied and it passes within milliseconds; three tries at once
-                # left the hold in the rows for its lease (issue 40).
-                why: object = "conflicts"
-                passing = True
+                return self._released_by(old, refused.retried or self._unanswered)
             except SemaphoreUnavailable as exc:
                 self._unanswered |= exc.ambiguous
-                why = exc
-                passing = resend.passing(exc)
-                if len(pending) > 1 and isinstance(exc, LimitExceeded) and passing:
-                    # Throttled: one of the rows is a hot key (a transaction is throttled
-                    # when any of its items is). Each row on its own, then: the others are
-                    # given back now, not left held for their lease with the hot one.
-                    return self._released_singly(pending, started) and ok
-            # Given up, the work is done and the lease will lapse by itself: never fail the
-            # caller for a release DynamoDB could not take.
-            failures += 1
-            if not self._paused(passing, failures, started, pending, why):
-                return ok
-        return ok
+                # Given up, the work is done and the lease will lapse by itself: never fail
+                # the caller for a release DynamoDB could not take.
+                failures += 1
+                if not self._paused(resend.passing(exc), failures, started, [resource], exc):
+                    return True
 
     def _released_singly(self, pending: list[str], started: float) -> bool:
-        """The release of several rows, each in a write of its own (none needs the others'),
-        each sent again after a pause while it fails for a passing cause, as a release of
-        one is; True if every one was ours until now."""
+        """The release of several rows, each in a write of its own: none needs the others',
+        each is conditional on our token by itself, and a transaction would bill two write
+        units a row (and be throttled whole by one hot row). Each is sent again after a
+        pause while it fails for a passing cause, as a release of one is; True if every one
+        was ours until now."""
         ok = True
         failures = 0
         while True:
@@ -708,7 +676,7 @@ class Held:
             passing = True
             for resource in pending:
                 try:
-                    self._send_release([resource], {}, None)
+                    self._send_release(resource, {}, None)
                 except dynamodb.Refused as refused:
                     retried = refused.retried or self._unanswered
                     ok = ok and self._released_by(refused.lock, retried)
@@ -731,29 +699,23 @@ class Held:
         gave_up = functools.partial(self._log_unreleased, resource)
         return resend.patiently(send, self._deadline, gave_up)
 
-    def _send_release(self, pending: list[str], terms: dict[str, Any], hold_ms: int | None) -> None:
+    def _send_release(self, resource: str, terms: dict[str, Any], hold_ms: int | None) -> None:
         # A released row may be reaped once its expMs is CLOCK_SKEW old: never before every
         # in-tolerance clock reads past our fence's time, or a fresh fence made after the
         # reap could be smaller than ours.
-        now = clock.now_ms()
+        now = max(clock.now_ms(), self.fences[resource] // 1000)
         sole = self.semaphore.mode == Mode.EXCLUSIVE
         terms = dict(terms, sole=sole, hold_ms=hold_ms, lease_end_ms=self._expires_ms)
-        actions = [
-            lock_writes.give_back(r, self.token, max(now, self.fences[r] // 1000), **terms)
-            for r in pending
-        ]
-        if len(actions) > 1:
-            lock_rows.transact(actions)
-            return
+        action = lock_writes.give_back(resource, self.token, now, **terms)
         # Only a hold long enough for waiters to have come unseen asks for the item back (its
         # decoding costs the uncontended path ~10 % of its CPU): if waiters are queued (ones
         # we did not know of when we could have handed over), the first one is pushed the
         # item, so it takes the lock now instead of at its next paced read.
         waiting = self._row is not None and self._row.waiting
         look = waiting or clock.monotonic() - self._taken_mono > WAKE_AFTER
-        item = lock_rows.update(actions[0], return_new=look)
+        item = lock_rows.update(action, return_new=look)
         if item is not None and not item.holders:
-            handover.push_first(pending[0], item, readers_only=False)
+            handover.push_first(resource, item, readers_only=False)
 
     def _paused(
         self, passing: bool, failures: int, started: float, pending: str | list[str], why: object

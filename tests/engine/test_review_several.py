@@ -177,3 +177,48 @@ def test_a_hold_of_several_lost_on_one_resource_names_that_one(holds: list[Any],
     with pytest.raises(LockLost) as lost:
         pair.renew()
     assert "sev:lb" in str(lost.value), f"the loss names another resource: {lost.value}"
+
+
+def test_a_hold_of_several_renews_and_releases_at_one_write_unit_a_row(
+    holds: list[Any],
+) -> None:
+    """Renewing and releasing a hold of several resources need no transaction: each row's
+    write is conditional on our token by itself, and nothing is gained by all or none (a
+    row found not ours loses the hold either way; the others are given back by their own
+    release). A transaction is billed two write units an item (docs/explanation/cost.md),
+    so one made of these writes doubled what a hold of several pays for every renewal of
+    its life and for its release. Billed here: each request's consumed units as DynamoDB
+    Local reports them, doubled for a transaction as AWS bills it."""
+    from dynasem._storage import dynamodb
+
+    pair = take(holds, ["sev:bill-a", "sev:bill-b"], lease=30)
+    pair.renew()  # the first renewal names the user in userId: index writes, once
+    client = dynamodb.get_client()
+    billed: list[tuple[str, float]] = []
+
+    def ask(params: dict[str, Any], **kwargs: Any) -> None:
+        params["ReturnConsumedCapacity"] = "TOTAL"
+
+    def told(parsed: dict[str, Any], model: Any, **kwargs: Any) -> None:
+        consumed = parsed.get("ConsumedCapacity", [])
+        units = sum(
+            c.get("CapacityUnits", 0.0)
+            for c in (consumed if isinstance(consumed, list) else [consumed])
+        )
+        twice = model.name == "TransactWriteItems"
+        billed.append((model.name, units * (2 if twice else 1)))
+
+    events = client.meta.events
+    for op in ("UpdateItem", "TransactWriteItems"):
+        events.register(f"provide-client-params.dynamodb.{op}", ask)
+        events.register(f"after-call.dynamodb.{op}", told)
+    try:
+        pair.renew()
+        pair.release()
+    finally:
+        for op in ("UpdateItem", "TransactWriteItems"):
+            events.unregister(f"provide-client-params.dynamodb.{op}", ask)
+            events.unregister(f"after-call.dynamodb.{op}", told)
+    assert all(lock_rows.get(r).holders == {} for r in ("sev:bill-a", "sev:bill-b"))
+    total = sum(units for _, units in billed)
+    assert total == 4.0, f"write units billed for a renewal and a release of two rows: {billed}"

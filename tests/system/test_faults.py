@@ -115,36 +115,32 @@ def test_an_applied_take_hidden_behind_throttled_retries_is_not_left_in_the_row(
     semaphore("job:hidden", wait=0).acquire().release()
 
 
-def test_a_release_of_two_applied_then_cancelled_in_its_retry_is_no_lost_hold(
+def test_a_release_of_two_applied_then_refused_in_its_retry_is_no_lost_hold(
     lock_table, monkeypatch
 ):
     """Found by the unkind soak (three spurious LockLosts in 300 s, every one a hold of two
-    resources): the release transaction is applied and its answer lost; botocore's retry is
-    cancelled, one row refused (our token gone: our own release) and the other for a
-    conflict (a newcomer writing the row we freed). The conflicted row is sent again alone
-    and refused, its lastToken overwritten by the newcomer who took it and gave it back: still
-    our own release, never "another holder took it over"."""
+    resources, when their release was one transaction): a row's release is applied and its
+    answer lost; botocore's retry is refused, our token gone and the row's lastToken
+    overwritten by a newcomer who took the row we freed and gave it back: still our own
+    release, never "another holder took it over". Each row is given back by a write of its
+    own now; the retried one is pair:b's."""
     held = semaphore(["pair:a", "pair:b"]).acquire()
-    real = lock_rows.transact
+    real = lock_rows.update
+    sent: list[str] = []
 
-    sent: list[int] = []
-
-    def applied_then_cancelled(actions):
-        sent.append(len(actions))
-        for _ in range(20):  # the unkind engine cancels 5 % of transactions on its own
-            with contextlib.suppress(dynamodb.Cancelled):
-                real(actions)  # applied; its answer lost
-                break
+    def applied_then_refused(action, *args, **kwargs):
+        resource = action["Key"]["pk"]["S"]
+        if resource != "pair:b" or sent:
+            return real(action, *args, **kwargs)
+        sent.append(resource)
+        real(action, *args, **kwargs)  # applied; its answer lost
         semaphore("pair:b", wait=5).acquire().release()  # a newcomer on the freed row
-        gone = records.LockItem(last_token="newcomer")
-        raise dynamodb.Cancelled(
-            [("ConditionalCheckFailed", gone), ("TransactionConflict", None)], retried=True
-        )
+        raise dynamodb.Refused(lock_rows.get_item("pair:b"), retried=True)
 
-    monkeypatch.setattr(lock_rows, "transact", applied_then_cancelled)
+    monkeypatch.setattr(lock_rows, "update", applied_then_refused)
     with losses_signalled() as lost:
         held.release()  # raised LockLost("another holder took it over") before
-    assert sent == [2]  # the release was that transaction, then one write of pair:b alone
+    assert sent == ["pair:b"]
     assert lost == []
     assert holds_on("pair:a") == [] and holds_on("pair:b") == []
 
