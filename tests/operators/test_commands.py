@@ -198,6 +198,38 @@ def test_createtable_refuses_a_foreign_table_without_the_indexes(new_table):
     assert not desc.get("GlobalSecondaryIndexes")
 
 
+@pytest.mark.parametrize("wrong", ["index key", "index projection", "table key"])
+@pytest.mark.parametrize("check", [False, True], ids=["create", "check"])
+def test_createtable_refuses_a_table_whose_keys_or_indexes_are_not_dynasems(
+    new_table, wrong, check
+):
+    """A table of dynasem's name and index names, made by hand or by another tool, whose
+    index is keyed on other attributes (or projects less, or whose own key is another): the
+    command said it "already exists" (``--check``: holds the format version dynasem needs),
+    and the application failed later, at its first listing or take, with DynamoDB's own
+    words. It now names what differs, and writes nothing."""
+    definition = records.table_definition(new_table)
+    index = definition["GlobalSecondaryIndexes"][0]
+    if wrong == "index key":
+        index["KeySchema"] = [{"AttributeName": "userId", "KeyType": "HASH"}]
+    elif wrong == "index projection":
+        index["Projection"] = {"ProjectionType": "KEYS_ONLY"}
+    else:
+        definition["KeySchema"] = [{"AttributeName": "sk", "KeyType": "HASH"}]
+        definition["AttributeDefinitions"].remove({"AttributeName": "pk", "AttributeType": "S"})
+    client = dynamodb.get_client()
+    client.create_table(**definition)
+    if check:  # and the format item written as this dynasem does, by hand
+        client.put_item(TableName=new_table, Item=records.format_item())
+    with pytest.raises(CommandError) as raised:
+        run("dynasem_createtable", *(["--check"] if check else []))
+    named = "the table's key" if wrong == "table key" else index["IndexName"]
+    assert named in str(raised.value)
+    assert "not made by dynasem_createtable" in str(raised.value)
+    if not check:
+        assert client.scan(TableName=new_table)["Items"] == []
+
+
 def test_createtable_unreachable_endpoint_is_a_command_error(dynamodb_local):
     with override_settings(DYNASEM=dynasem_settings("http://127.0.0.1:1", "nowhere")):
         with pytest.raises(CommandError, match="127.0.0.1:1"):

@@ -142,11 +142,31 @@ def _not_yet(what: str, exc: Exception) -> str:
 
 
 def _our_indexes(name: str, existing: dict[str, Any]) -> None:
-    """CommandError unless the described table has dynasem's indexes."""
-    have = {g["IndexName"] for g in existing.get("GlobalSecondaryIndexes", [])}
-    missing = {records.USER_INDEX, records.EXPIRES_INDEX} - have
+    """CommandError unless the described table has dynasem's key and indexes (their keys
+    and what they project: a listing reads ``mode`` from the index)."""
+    have = {g["IndexName"]: g for g in existing.get("GlobalSecondaryIndexes", [])}
+    wanted = records.table_definition(name)
+    missing = {g["IndexName"] for g in wanted["GlobalSecondaryIndexes"]} - set(have)
     if missing:
         raise CommandError(
             f"table {name!r} exists but lacks the index(es) {', '.join(sorted(missing))}: "
             "it was not made by dynasem_createtable; delete it or set another TABLE_NAME"
         )
+    differs = [] if existing.get("KeySchema") == wanted["KeySchema"] else ["the table's key"]
+    for index in wanted["GlobalSecondaryIndexes"]:
+        found = have[index["IndexName"]]
+        if found.get("KeySchema") != index["KeySchema"]:
+            differs.append(f"the key of {index['IndexName']}")
+        elif _projected(found) != _projected(index):
+            differs.append(f"what {index['IndexName']} projects")
+    if differs:
+        raise CommandError(
+            f"table {name!r} exists but {' and '.join(differs)} differ from dynasem's "
+            "(`dynasem_createtable --dry-run` prints them): it was not made by "
+            "dynasem_createtable; delete it or set another TABLE_NAME"
+        )
+
+
+def _projected(index: dict[str, Any]) -> tuple[str, frozenset[str]]:
+    projection = index.get("Projection", {})
+    return projection.get("ProjectionType", ""), frozenset(projection.get("NonKeyAttributes", ()))
