@@ -7,7 +7,12 @@ import re
 from typing import Any
 from urllib.parse import urlsplit
 
-from botocore.utils import is_valid_endpoint_url, is_valid_ipv6_endpoint_url
+from botocore.exceptions import InvalidRegionError
+from botocore.utils import (
+    is_valid_endpoint_url,
+    is_valid_ipv6_endpoint_url,
+    validate_region_name,
+)
 from django.core.checks import Error, Info, Warning, register
 
 from ._engine import arguments, processes, push
@@ -29,7 +34,7 @@ CHECK_IDS: dict[str, str] = {
     "`_`, `-` or `.` (what DynamoDB accepts as a table name).",
     "dynasem.E004": "`ENDPOINT_URL` is `None` or an http(s) URL that botocore accepts (checked "
     "without connecting).",
-    "dynasem.E005": "`REGION_NAME` is `None` or a str.",
+    "dynasem.E005": "`REGION_NAME` is `None` or a str botocore accepts as a region name.",
     "dynasem.E006": "`LEASE` is a number of seconds (not a bool), more than 0 and at most 7 days.",
     "dynasem.E007": "`WAIT` is `None` or a number of seconds (not a bool), 0 or more "
     "(`math.inf` waits forever).",
@@ -73,6 +78,15 @@ def _valid_endpoint(url: object) -> bool:
     if not parts.hostname:
         return False
     return bool(is_valid_endpoint_url(url) or is_valid_ipv6_endpoint_url(url))
+
+
+def _valid_region(name: str) -> bool:
+    """What botocore accepts as a region name when it makes a client (no network call)."""
+    try:
+        validate_region_name(name)
+    except InvalidRegionError:
+        return False
+    return True
 
 
 @register(SETTINGS_TAG)
@@ -123,6 +137,10 @@ def _values(raw: dict[str, Any]) -> list[Any]:
     if endpoint is not None and not _valid_endpoint(endpoint):
         expected = "None (AWS) or an http(s) URL"
         problems.append(_error("ENDPOINT_URL", expected, endpoint, "dynasem.E004"))
+    region = raw.get("REGION_NAME")
+    if isinstance(region, str) and not _valid_region(region):
+        expected = "None (boto3's chain) or a region name botocore accepts, such as 'eu-west-1'"
+        problems.append(_error("REGION_NAME", expected, region, "dynasem.E005"))
     problems += _type_error("REGION_NAME", "dynasem.E005", None)
     address_problem = None if address is None else push.push_address_problem(address)
     if address_problem is not None:

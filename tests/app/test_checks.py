@@ -101,6 +101,15 @@ def test_bad_region():
     assert ids(check(REGION_NAME=1)) == ["dynasem.E005"]
 
 
+@pytest.mark.parametrize("bad", ["us east 1", "eu-west-1.", "-eu-west-1", "eu_west_1"])
+def test_a_region_name_botocore_refuses_is_e005(bad):
+    """A str that is no region name (a space, a trailing dot) passed the checks; every
+    request then failed with botocore's InvalidRegionError."""
+    messages = check(REGION_NAME=bad)
+    assert ids(messages) == ["dynasem.E005"]
+    assert repr(bad) in messages[0].msg
+
+
 @pytest.mark.parametrize("bad", ["60", None, True, [60], 0, -1, math.nan, math.inf, 8 * 24 * 3600])
 def test_bad_lease(bad):
     messages = check(LEASE=bad)
