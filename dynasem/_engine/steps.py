@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from .. import _clock as clock
 from .._storage import dynamodb, lock_rows, lock_writes
 from ..exceptions import SemaphoreError, SemaphoreUnavailable
-from . import resend
+from . import handover, resend
 
 _T = TypeVar("_T")
 
@@ -126,7 +126,12 @@ def withdraw(token: str, resources: list[str]) -> bool:
 
 def _give_back(resource: str, token: str) -> None:
     now = clock.now_ms()  # sent again, the time it is sent
-    lock_rows.update(lock_writes.give_back(resource, token, now, sole=False))
+    item = lock_rows.update(
+        lock_writes.give_back(resource, token, now, sole=False), return_new=True
+    )
+    if item is not None and not item.holders:
+        # A waiter may have queued behind the hold it withdraws: pushed, as by a release.
+        handover.push_first(resource, item, readers_only=False)
 
 
 @dataclass(frozen=True, slots=True)

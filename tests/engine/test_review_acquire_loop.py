@@ -292,3 +292,45 @@ def test_a_take_applied_unanswered_then_a_read_failing_past_the_wait_leaves_no_h
     row_now = lock_rows.get(resource)
     holders = {} if row_now is None else row_now.holders
     assert not holders, f"a hold left behind by the failed acquire: {holders}"
+
+
+def test_a_take_withdrawn_after_a_waiter_queued_behind_it_pushes_that_waiter(
+    lock_table: str, holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C as a take lands: the acquire withdraws our token from the row. A waiter that
+    queued behind that token meanwhile (it found the row held) was not told: the withdrawal
+    wrote the row free and pushed nobody, so the waiter took the lock only at its next paced
+    look (0.55 s idle, measured by review), where a release pushes it at once."""
+    import threading
+
+    from dynasem._engine import push
+    from tests.support.helpers import queue_of, take, wait_for
+
+    send = lock_rows.update
+    me = threading.current_thread()
+    got: list[Any] = []
+    queued: dict[str, Any] = {}
+
+    def landed_then_interrupted(action: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        answer = send(action, *args, **kwargs)
+        if threading.current_thread() is not me or queued:
+            return answer
+        waiter = threading.Thread(target=lambda: got.append(take(holds, "gone", wait=20)))
+        waiter.start()
+        queued.update(wait_for(lambda: queue_of("gone"), 10, "the waiter's entry"))
+        raise KeyboardInterrupt
+
+    pushed: list[str] = []
+    push_send = push.push
+
+    def recorded(address: Any, resource: str, token: str, *args: Any, **kwargs: Any) -> bool:
+        pushed.append(token)
+        return push_send(address, resource, token, *args, **kwargs)
+
+    monkeypatch.setattr(lock_rows, "update", landed_then_interrupted)
+    monkeypatch.setattr(push, "push", recorded)
+    with pytest.raises(KeyboardInterrupt):
+        dynasem.semaphore("gone", lease=30).acquire()
+    monkeypatch.setattr(lock_rows, "update", send)
+    wait_for(lambda: got, 20, "the waiter's hold")
+    assert pushed == list(queued), "the withdrawal told no waiter"
