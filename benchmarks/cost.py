@@ -287,7 +287,7 @@ def dynasem_scenarios(meter: Meter, endpoint: str) -> tuple[list[dict[str, Any]]
     with meter.measure() as u:
         pair = semaphore(["c:x", "c:y"], user="alice").acquire()
         pair.release()
-    record("two resources at once: acquire + release (transactions)", u)
+    record("two resources at once: acquire (one transaction) + release (a write a row)", u)
 
     with meter.measure() as u, run_once("c:job", user="alice"):
         pass

@@ -143,7 +143,7 @@ FAULT_KINDS = {  # Rule.kind -> the name printed
 }
 WAITS = (0, 0.25, 1.0, 3.0)  # wait= of an acquire, picked at random
 FAULT_CHANCE = 0.06  # per loop iteration, a new fault rule
-MULTI_CHANCE = 0.2  # per hold, two resources at once (TransactWriteItems)
+MULTI_CHANCE = 0.2  # per hold, two resources at once (taken in one TransactWriteItems)
 SHARED_SHARE = 0.3  # per hold, a reader (--shared-share); two resources: MULTI_CHANCE at most
 LONG_CHANCE = 0.005  # per hold, a hold longer than the lease
 HW_WIDTH = 20  # digits of the high-water fence file
