@@ -77,6 +77,9 @@ class Held:
         self._expires_ms = expires_ms
         self._lock = threading.RLock()  # serialises renew/release requests
         self._state_lock = threading.Lock()  # guards _lost only: never held across a request
+        # Guards each read-and-write of _row (the line words join, in the listener's thread or a
+        # waiter's, while a renewal observes the row): never held across a request.
+        self._row_lock = threading.Lock()
         self._lost: str | None = None
         self._released = False
         # Its release was interrupted before it began: left to its lease (re-entered no more).
@@ -524,11 +527,16 @@ class Held:
             when = clock.monotonic() if sent is None else sent
             push.after_release(self.token, self.resource, row, waiter, when)
             return True
+        with self._row_lock:
+            self._join_line(row, waiter, sent)
+        return True
+
+    def _join_line(self, row: records.LockItem, waiter: records.Waiter, sent: float | None) -> None:
         known = self._row
         if known is None or known.queue_id != row.queue_id or known.queue_out < row.queue_out:
             known = row  # the waiter's row is the newer (known.line: none)
         if waiter.ticket <= known.queue_out or any(w.ticket == waiter.ticket for w in known.line):
-            return True  # its turn went by, or known
+            return  # its turn went by, or known
         # Into the line we know, in ticket order, trusted from when the line was read or its
         # oldest word was given: a word held up on its way (a datagram, a word passed on)
         # makes the line no younger than itself. A word may come before the word of a waiter
@@ -542,18 +550,23 @@ class Held:
         line = tuple(sorted((*known.line, waiter), key=lambda w: w.ticket))
         queue_in = max(known.queue_in, waiter.ticket)
         self._row = dataclasses.replace(known, line=line, line_read=read, queue_in=queue_in)
-        return True
 
     def _forget_heir_gone(self) -> None:
         """The waiter of this process we were told of has stopped waiting (it gave up, or was
         interrupted): the line it told us of is no more (the queue is read instead)."""
-        row, told = self._row, self._told
-        if row is not None and told is not None and not push.listening(told):
+        told = self._told
+        if told is not None and not push.listening(told):
             self._told = None
-            if any(w.token == told for w in row.line):
-                self._row = dataclasses.replace(row, line=())
+            with self._row_lock:
+                row = self._row
+                if row is not None and any(w.token == told for w in row.line):
+                    self._row = dataclasses.replace(row, line=())
 
     def _observe(self, item: records.LockItem | None) -> None:
+        with self._row_lock:
+            self._observe_row(item)
+
+    def _observe_row(self, item: records.LockItem | None) -> None:
         if item is not None:
             known = self._row
             if known is not None and known.line and not item.line:

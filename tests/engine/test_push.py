@@ -409,6 +409,70 @@ def test_a_word_held_up_on_its_way_makes_the_line_it_joins_as_old_as_itself(
         held.release()
 
 
+def test_two_words_heard_at_once_both_join_the_line(lock_table, monkeypatch):
+    """Two waiters' words reach a hold at the same moment, in two threads (the listener's
+    datagram and a waiter of this process telling it itself). Each read the line, added its
+    waiter and wrote the line back: the second write dropped the first one's waiter, and the
+    release, finding a gap before its heir, read the queue (a round trip and a read unit)
+    where it could have handed over at once (found by review). Here the word of ticket 2
+    pauses between its read and its write while the word of ticket 1 is heard."""
+    import dataclasses
+
+    from dynasem._engine import handover
+    from dynasem._storage import queue_entries
+
+    held = semaphore("deploy:two-words", user="holder").acquire()
+    row = dataclasses.replace(held._row, queue_id=held._row.queue_id or 7)
+    held._row = row
+    row = dataclasses.replace(row, queue_in=row.queue_out + 2)
+    now = clock.now_ms()
+    first, second = (
+        records.Waiter(
+            ticket=row.queue_out + n, expires_ms=now + 10_000, user_id=f"w{n}", token=f"t{n}" * 16
+        )
+        for n in (1, 2)
+    )
+    paused, heard_first = threading.Event(), threading.Event()
+
+    class Pausing:
+        def __getattr__(self, name):
+            return getattr(dataclasses, name)
+
+        def replace(self, obj, **changes):
+            if threading.current_thread().name == "second" and not paused.is_set():
+                paused.set()
+                heard_first.wait(1.0)  # a word heard meanwhile (or, kept out, after)
+            return dataclasses.replace(obj, **changes)
+
+    monkeypatch.setattr(hold, "dataclasses", Pausing())
+    late = threading.Thread(target=held.heard_of, args=(row, second), name="second")
+    late.start()
+    assert paused.wait(5)
+    early = threading.Thread(target=held.heard_of, args=(row, first), name="first")
+    early.start()
+    early.join(0.5)
+    heard_first.set()
+    late.join(5)
+    early.join(5)
+    monkeypatch.undo()
+    reads: list[object] = []
+    load = queue_entries.load_entries
+
+    def counted(*args, **kwargs):
+        reads.append(args)
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(queue_entries, "load_entries", counted)
+    try:
+        heirs, *_ = handover.heirs_of(held._row, held.token)
+        assert [w.user_id for _, w in heirs] == ["w1"]
+        assert reads == [], "a word was lost: the line had a gap before its heir"
+    finally:
+        monkeypatch.undo()
+        held._row = None
+        held.release()
+
+
 @pytest.mark.kind_engine_only("times a chain of hand-overs")
 def test_a_line_too_old_to_hand_over_from_still_stands_in_for_entries_not_put(
     lock_table, requests_sent, monkeypatch
