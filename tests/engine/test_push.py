@@ -365,22 +365,14 @@ def test_a_line_passed_on_is_not_trusted_once_it_is_old(lock_table, requests_sen
     assert requests_sent.calls["Query"] == 3
 
 
-def test_a_word_held_up_on_its_way_makes_the_line_it_joins_as_old_as_itself(
-    lock_table, monkeypatch
-):
-    """A line is trusted without a read for LINE_FRESH from its oldest news: a word sent long
-    ago (a datagram held up, a word passed on late) that joins a line a fresh word began
-    leaves it that old, and the release reads the queue rather than hand over from it."""
+def _two_waiters_behind(held):
+    """The row ``held`` took, in a queue of its own, as the tickets of two waiters behind it
+    left it, and those two waiters (``w1`` first), for words told by hand."""
     import dataclasses
 
-    from dynasem._engine import handover
-    from dynasem._storage import queue_entries
-
-    held = semaphore("deploy:old-word", user="holder").acquire()
     row = held._row
     assert row is not None
-    row = dataclasses.replace(row, queue_id=row.queue_id or 7)
-    held._row = row
+    held._row = row = dataclasses.replace(row, queue_id=row.queue_id or 7)
     row = dataclasses.replace(row, queue_in=row.queue_out + 2)
     now = clock.now_ms()
     first, second = (
@@ -389,6 +381,21 @@ def test_a_word_held_up_on_its_way_makes_the_line_it_joins_as_old_as_itself(
         )
         for n in (1, 2)
     )
+    return row, first, second
+
+
+def test_a_word_held_up_on_its_way_makes_the_line_it_joins_as_old_as_itself(
+    lock_table, monkeypatch
+):
+    """A line is trusted without a read for LINE_FRESH from its oldest news: a word sent long
+    ago (a datagram held up, a word passed on late) that joins a line a fresh word began
+    leaves it that old, and the release reads the queue rather than hand over from it."""
+
+    from dynasem._engine import handover
+    from dynasem._storage import queue_entries
+
+    held = semaphore("deploy:old-word", user="holder").acquire()
+    row, first, second = _two_waiters_behind(held)
     held.heard_of(row, second, sent=clock.monotonic())  # fresh: the line begins now
     held.heard_of(row, first, sent=clock.monotonic() - 10 * handover.LINE_FRESH)  # held up
     reads: list[bool] = []
@@ -422,16 +429,7 @@ def test_two_words_heard_at_once_both_join_the_line(lock_table, monkeypatch):
     from dynasem._storage import queue_entries
 
     held = semaphore("deploy:two-words", user="holder").acquire()
-    row = dataclasses.replace(held._row, queue_id=held._row.queue_id or 7)
-    held._row = row
-    row = dataclasses.replace(row, queue_in=row.queue_out + 2)
-    now = clock.now_ms()
-    first, second = (
-        records.Waiter(
-            ticket=row.queue_out + n, expires_ms=now + 10_000, user_id=f"w{n}", token=f"t{n}" * 16
-        )
-        for n in (1, 2)
-    )
+    row, first, second = _two_waiters_behind(held)
     paused, heard_first = threading.Event(), threading.Event()
 
     class Pausing:

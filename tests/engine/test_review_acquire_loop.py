@@ -303,8 +303,7 @@ def test_a_take_withdrawn_after_a_waiter_queued_behind_it_pushes_that_waiter(
     look (0.55 s idle, measured by review), where a release pushes it at once."""
     import threading
 
-    from dynasem._engine import push
-    from tests.support.helpers import queue_of, take, wait_for
+    from tests.support.helpers import pushes_recorded, queue_of, take, wait_for
 
     send = lock_rows.update
     me = threading.current_thread()
@@ -320,15 +319,8 @@ def test_a_take_withdrawn_after_a_waiter_queued_behind_it_pushes_that_waiter(
         queued.update(wait_for(lambda: queue_of("gone"), 10, "the waiter's entry"))
         raise KeyboardInterrupt
 
-    pushed: list[str] = []
-    push_send = push.push
-
-    def recorded(address: Any, resource: str, token: str, *args: Any, **kwargs: Any) -> bool:
-        pushed.append(token)
-        return push_send(address, resource, token, *args, **kwargs)
-
+    pushed = pushes_recorded(monkeypatch)
     monkeypatch.setattr(lock_rows, "update", landed_then_interrupted)
-    monkeypatch.setattr(push, "push", recorded)
     with pytest.raises(KeyboardInterrupt):
         dynasem.semaphore("gone", lease=30).acquire()
     monkeypatch.setattr(lock_rows, "update", send)

@@ -247,23 +247,15 @@ def test_a_break_of_an_exclusive_hold_pushes_the_first_waiter(
     at the waiter's next paced look. A permit's or a reader's break pushes already."""
     import threading
 
-    from dynasem._engine import push
     from dynasem._operators.locks import break_hold
-    from tests.support.helpers import queue_of, wait_for
+    from tests.support.helpers import pushes_recorded, queue_of, wait_for
 
     holder = take(holds, "deploy", lease=LEASE)
     got: list[Any] = []
     waiter = threading.Thread(target=lambda: got.append(take(holds, "deploy", wait=20)))
     waiter.start()
     queued = wait_for(lambda: queue_of("deploy"), 10, "the waiter's entry")
-    pushed: list[str] = []
-    send = push.push
-
-    def recorded(address: Any, resource: str, token: str, *args: Any, **kwargs: Any) -> bool:
-        pushed.append(token)
-        return send(address, resource, token, *args, **kwargs)
-
-    monkeypatch.setattr(push, "push", recorded)
+    pushed = pushes_recorded(monkeypatch)
     assert break_hold("deploy", holder.token, fence=holder.fence)
     waiter.join(20)
     assert got, "the waiter never got the lock"

@@ -226,3 +226,19 @@ def in_another_thread(work: Any) -> None:
     other.start()
     other.join()
     assert not errors, errors
+
+
+def pushes_recorded(monkeypatch: Any) -> list[str]:
+    """The tokens of the waiters this process pushes a row to from now on (the pushes are
+    sent as ever), in the order they were pushed."""
+    from dynasem._engine import push
+
+    pushed: list[str] = []
+    send = push.push
+
+    def recorded(address: Any, resource: str, token: str, *args: Any, **kwargs: Any) -> bool:
+        pushed.append(token)
+        return send(address, resource, token, *args, **kwargs)
+
+    monkeypatch.setattr(push, "push", recorded)
+    return pushed
