@@ -650,37 +650,16 @@ class Held:
 
     def _plain_release(self, terms: dict[str, Any]) -> bool | None:
         """A release to nobody in particular; True if every resource was ours until now.
-        None: refused by ``terms`` (waiters came), the hold still ours."""
-        started = clock.monotonic()
-        if len(self.resources) > 1:
-            return self._released_singly(list(self.resources), started)
-        resource = self.resources[0]
-        hold_ms = self._hold_ms()
-        failures = 0
-        while True:
-            try:
-                self._send_release(resource, terms, hold_ms)
-                return True
-            except dynamodb.Refused as refused:
-                old = refused.lock
-                if terms and old is not None and self.token in old.holders:
-                    self._observe(old)
-                    return None
-                return self._released_by(old, refused.retried or self._unanswered)
-            except SemaphoreUnavailable as exc:
-                self._unanswered |= exc.ambiguous
-                # Given up, the work is done and the lease will lapse by itself: never fail
-                # the caller for a release DynamoDB could not take.
-                failures += 1
-                if not self._paused(resend.passing(exc), failures, started, [resource], exc):
-                    return True
+        None: refused by ``terms`` (waiters came: one resource only), the hold still ours.
 
-    def _released_singly(self, pending: list[str], started: float) -> bool:
-        """The release of several rows, each in a write of its own: none needs the others',
-        each is conditional on our token by itself, and a transaction would bill two write
-        units a row (and be throttled whole by one hot row). Each is sent again after a
-        pause while it fails for a passing cause, as a release of one is; True if every one
-        was ours until now."""
+        Each row in a write of its own: none needs the others', each is conditional on our
+        token by itself, and a transaction would bill two write units a row (and be throttled
+        whole by one hot row). Each is sent again after a pause while it fails for a passing
+        cause; given up, the work is done and the lease will lapse by itself: never fail the
+        caller for a release DynamoDB could not take."""
+        pending = list(self.resources)
+        hold_ms = self._hold_ms() if len(pending) == 1 else None
+        started = clock.monotonic()
         ok = True
         failures = 0
         while True:
@@ -689,10 +668,13 @@ class Held:
             passing = True
             for resource in pending:
                 try:
-                    self._send_release(resource, {}, None)
+                    self._send_release(resource, terms, hold_ms)
                 except dynamodb.Refused as refused:
-                    retried = refused.retried or self._unanswered
-                    ok = ok and self._released_by(refused.lock, retried)
+                    old = refused.lock
+                    if terms and old is not None and self.token in old.holders:
+                        self._observe(old)
+                        return None
+                    ok = ok and self._released_by(old, refused.retried or self._unanswered)
                 except SemaphoreUnavailable as exc:
                     self._unanswered |= exc.ambiguous
                     why, passing = exc, passing and resend.passing(exc)
