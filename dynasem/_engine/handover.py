@@ -157,6 +157,13 @@ def push_heirs(resource: str, heirs: Heirs, item: records.LockItem, line: Line =
             push.push(waiter.address, resource, token, item, sent_ms=sent_ms, line=after)
 
 
+def push_if_free(resource: str, item: records.LockItem | None) -> None:
+    """A write left ``item`` (its answer) held by nobody: the first waiter in line is pushed
+    it, as a release hands over, instead of finding it free at its next paced look."""
+    if item is not None and not item.holders:
+        push_first(resource, item, readers_only=False)
+
+
 def push_first(resource: str, item: records.LockItem, *, readers_only: bool) -> None:
     """Push ``item`` to the first live waiter in line (only if a reader: ``readers_only``),
     reading the queue's first entries if the row says waiters came."""

@@ -708,9 +708,7 @@ class Held:
         # item, so it takes the lock now instead of at its next paced read.
         waiting = self._row is not None and self._row.waiting
         look = waiting or clock.monotonic() - self._taken_mono > WAKE_AFTER
-        item = lock_rows.update(action, return_new=look)
-        if item is not None and not item.holders:
-            handover.push_first(resource, item, readers_only=False)
+        handover.push_if_free(resource, lock_rows.update(action, return_new=look))
 
     def _paused(
         self, passing: bool, failures: int, started: float, pending: str | list[str], why: object

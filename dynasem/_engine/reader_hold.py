@@ -65,7 +65,7 @@ def count_down(
             leave = reader_items.leave_last(resource, epoch, marked)
             row = lock_rows.update(leave, return_new=True)
             remember(row)
-            _wake_first(resource, row)
+            handover.push_if_free(resource, row)  # the last reader gone
             return
         except dynamodb.Refused as refused:
             remember(refused.lock)  # others came: count down
@@ -85,7 +85,7 @@ def count_down(
     except SemaphoreUnavailable:
         return  # the sentinel lapses, or a waiting writer writes the epoch off
     remember(row)
-    _wake_first(resource, row)
+    handover.push_if_free(resource, row)  # the last reader gone
 
 
 def _count_once(
@@ -115,12 +115,6 @@ def _count_once(
             )
             return None
     return None
-
-
-def _wake_first(resource: str, row: records.LockItem | None) -> None:
-    """The last reader gone: tell the first waiter, if nobody holds any more."""
-    if row is not None and not row.holders and row.waiting:
-        handover.push_first(resource, row, readers_only=False)
 
 
 def undo(

@@ -126,12 +126,9 @@ def withdraw(token: str, resources: list[str]) -> bool:
 
 def _give_back(resource: str, token: str) -> None:
     now = clock.now_ms()  # sent again, the time it is sent
-    item = lock_rows.update(
-        lock_writes.give_back(resource, token, now, sole=False), return_new=True
-    )
-    if item is not None and not item.holders:
-        # A waiter may have queued behind the hold it withdraws: pushed, as by a release.
-        handover.push_first(resource, item, readers_only=False)
+    # A waiter may have queued behind the hold it withdraws: pushed, as by a release.
+    action = lock_writes.give_back(resource, token, now, sole=False)
+    handover.push_if_free(resource, lock_rows.update(action, return_new=True))
 
 
 @dataclass(frozen=True, slots=True)

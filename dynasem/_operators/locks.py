@@ -392,9 +392,7 @@ def break_hold(
             ):
                 return False
     else:
-        if row is not None and not row.holders:
-            # Handed over as a release is: the first waiter is pushed the row now.
-            handover.push_first(resource, row, readers_only=False)
+        handover.push_if_free(resource, row)  # handed over as a release is
     lock_released.send(
         sender=core.Semaphore,
         resource=resource,
