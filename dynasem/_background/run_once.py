@@ -112,6 +112,10 @@ class Job:
             self._stop_heartbeat()
             raise
         self._lost = None
+        # A heartbeat that found the deadline passed has ended by itself without being
+        # ``stopped``: a new one, or nothing renews the job while its transaction goes on.
+        self._stop_heartbeat()
+        self._heartbeat = None
         self._start_heartbeat()
 
     def _start_heartbeat(self) -> None:
