@@ -118,3 +118,36 @@ def test_without_a_pid_namespace_a_stopped_leader_s_command_outlives_its_lead(
         "with --no-pid-namespace the command still ran 0.5 s past the lead's trusted deadline "
         "while dynasem_lead was stopped"
     )
+
+
+@pytest.mark.reentry
+@pytest.mark.xfail(strict=True, reason="not mended: become_claim ignores a withdrawn retry")
+def test_a_retry_revoked_while_its_run_goes_on_does_not_keep_the_key_for_nobody(
+    lock_table: str,
+) -> None:
+    """Celery's ``task_revoked`` (``celery_unique._revoked``) gives a discarded task's key back
+    with ``unique.give_back`` -> ``adopt(claim, wait=False)``. A retry shares its run's task id,
+    so revoking that id while the run goes on discards the retry at its receipt (Celery checks
+    revocation when a message arrives, ETA or not), often before its run has ended: the
+    adoption answers ``RunNotEnded`` (a ``LockLost``), which ``give_back`` swallows, and
+    nothing else is done. The run then ends (``end_run`` -> ``Held.become_claim``, conditional
+    only on the run's own entry) and its hold becomes the claim of a retry that will never
+    run: every enqueue of the key is refused (``Taken``, naming the revoked task) for the whole
+    ``queue_lease`` (600 s by default). The guide says "A revoked task gives it back in the
+    worker that discards it". Held for nobody, bounded by queue_lease; not mended (the
+    give-back would have to withdraw the announcement, and become_claim be conditional on it
+    and release otherwise): fails as it stands, marked xfail(strict)."""
+    from dynasem._background import unique
+
+    key = "rv35:revoked-retry"
+    first = unique.claim(key, "task-1", queue_lease=30)
+    run = unique.adopt(first, lease=5)
+    retry = unique.hand_on(run, first)  # self.retry(): the retry's message is sent
+    assert retry is not None
+    unique.give_back(retry)  # the retry's message discarded as revoked, its run not ended
+    unique.end_run(run, queue_lease=30)  # the run returns (Celery's Retry) and ends
+    try:
+        again = unique.claim(key, "task-2", queue_lease=30)
+    except unique.Taken as taken:
+        pytest.fail(f"the key is held for the revoked retry (task {taken.task_id}) for 30 s")
+    unique.give_back(again)
