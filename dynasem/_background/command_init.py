@@ -20,9 +20,12 @@ library only). Two processes:
   on the control pipe after every renewal, is about to pass (``dynasem_lead`` stopped, not
   killed: SIGSTOP, a frozen VM).
 
-``python -I command_init.py --die-with LEADER_PID -- command ...`` (``dynasem_lead
---no-pid-namespace``) only makes the command die with ``dynasem_lead`` (``PR_SET_PDEATHSIG``,
-which survives the exec) and execs it.
+``python -I command_init.py --watch CONTROL_FD LEADER_PID -- command ...`` (``dynasem_lead
+--no-pid-namespace``): the **watcher**, the first process of the command's session, starts the
+command in its process group (the command dies with the watcher: ``PR_SET_PDEATHSIG``), ignores
+the SIGTERM ``dynasem_lead`` sends that group, and SIGKILLs the whole group, itself included,
+when ``dynasem_lead`` is gone or the lead's deadline is about to pass, as the init does; it
+exits with the command's status. What the command starts in another session escapes it.
 
 ``python -I command_init.py --probe`` only says whether this machine lets us make a pid
 namespace (exit 0), or why not (exit 1, the reason on stderr).
@@ -153,7 +156,8 @@ def init(control: int, command: list[str]) -> int:
             sys.stderr.write(f"dynasem_lead: cannot run {command[0]!r}: {exc}\n")
             os._exit(127)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)
-    return _watch(control, child)
+    status = _watch(control, child)
+    return FAILED if status is None else status  # our exit ends the namespace
 
 
 def _forward(signum: int, frame: Any) -> None:
@@ -161,9 +165,33 @@ def _forward(signum: int, frame: Any) -> None:
         os.kill(-1, signum)  # from pid 1: every other process of the namespace
 
 
-def _watch(control: int, child: int) -> int:
+def watcher(control: int, leader: int, command: list[str]) -> int:
+    if os.getppid() != leader:
+        return FAILED  # dynasem_lead died before we started: start nothing
+    signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
+    me = os.getpid()
+    child = os.fork()
+    if child == 0:
+        os.close(control)
+        _die_with_parent(me)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)  # exec keeps the mask
+        try:
+            os.execvp(command[0], command)
+        except OSError as exc:
+            sys.stderr.write(f"dynasem_lead: cannot run {command[0]!r}: {exc}\n")
+            os._exit(127)
+    for sig in (signal.SIGTERM, signal.SIGINT):  # the group's SIGTERM is the command's
+        signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)
+    status = _watch(control, child)
+    if status is None:
+        os.killpg(0, signal.SIGKILL)  # the command's whole group, this process included
+    return FAILED if status is None else status
+
+
+def _watch(control: int, child: int) -> int | None:
     """Reap until the command exits (its status), or until dynasem_lead is gone or its lead's
-    deadline is about to pass (FAILED): our exit ends the namespace either way."""
+    deadline is about to pass (None: the caller ends the command)."""
     deadline = float("inf")
     pending = b""
     while True:
@@ -172,12 +200,12 @@ def _watch(control: int, child: int) -> int:
             return status
         left = deadline - WATCHDOG_MARGIN - time.monotonic()
         if left <= 0:
-            return FAILED
+            return None
         ready, _, _ = select.select([control], [], [], min(0.05, left))
         if ready:
             data = os.read(control, 4096)
             if not data:
-                return FAILED  # dynasem_lead is gone: nobody renews the lead
+                return None  # dynasem_lead is gone: nobody renews the lead
             *lines, pending = (pending + data).split(b"\n")
             for line in lines:
                 deadline = float(line)
@@ -200,9 +228,8 @@ def _reap(child: int) -> int | None:
 def main(argv: list[str]) -> int:
     if argv == ["--probe"]:
         return probe()
-    if argv[0] == "--die-with":
-        _die_with_parent(int(argv[1]))
-        os.execvp(argv[3], argv[3:])
+    if argv[0] == "--watch":
+        return watcher(int(argv[1]), int(argv[2]), argv[4:])
     control, ready, leader, dashes, *command = argv
     if dashes != "--" or not command:
         sys.stderr.write("usage: command_init.py CONTROL_FD READY_FD LEADER_PID -- cmd ...\n")

@@ -279,11 +279,12 @@ def test_a_stopped_leader_s_command_ends_at_its_trusted_deadline(
 def test_without_a_pid_namespace_the_command_still_dies_with_its_leader(
     leaders: Any, tmp_path: Path
 ) -> None:
-    # --no-pid-namespace (a machine that refuses one): PR_SET_PDEATHSIG on the command only.
+    # --no-pid-namespace (a machine that refuses one): the command behind a watcher that ends
+    # its process group when dynasem_lead is gone (the end of the control pipe).
     log = tmp_path / "runs.log"
     leader = leaders(LEAD_OPTIONS="--no-pid-namespace")
     first = wait_for(lambda: runs(log), 30, "the command started")[0]
-    assert parent_of(first.pid) == leader.proc.pid  # no keeper, no namespace
+    assert parent_of(parent_of(first.pid)) == leader.proc.pid  # a watcher, no namespace
     leader.proc.kill()
     death_watch(first.pid, time.monotonic() + 2)
 

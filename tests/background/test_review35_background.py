@@ -82,22 +82,17 @@ class _FrozenLead:
         return max(0.0, self.deadline - time.monotonic())
 
 
-@pytest.mark.xfail(
-    strict=True, reason="not mended: --no-pid-namespace has no watchdog of the lead's deadline"
-)
-def test_without_a_pid_namespace_a_stopped_leader_s_command_outlives_its_lead(
+def test_without_a_pid_namespace_a_stopped_leader_s_command_ends_at_its_deadline(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """``--no-pid-namespace`` (a machine that refuses a pid namespace): nothing but
-    dynasem_lead's own loop watches the lead's trusted deadline (``command_init.py
-    --die-with`` sets PR_SET_PDEATHSIG and execs the command; ``trust_until`` writes to no
+    dynasem_lead's own loop watched the lead's trusted deadline (``command_init.py
+    --die-with`` set PR_SET_PDEATHSIG and exec'd the command; ``trust_until`` wrote to no
     pipe). dynasem_lead stopped (SIGSTOP, a debugger; here: its loop not running, from the
-    command's start until 0.5 s past the lead's deadline) leaves the command itself running
-    after the lead could be taken over: another host's command starts beside it. The how-to
-    guide says "When it is paused, its command is killed at its trusted deadline", and of
-    ``--no-pid-namespace`` only that what the command starts in another session may outlive
-    a *killed* dynasem_lead. Not mended (it needs a watchdog process beside the command, or
-    the guide to say so): fails as it stands, marked xfail(strict)."""
+    command's start until 0.5 s past the lead's deadline) left the command itself running
+    after the lead could be taken over: another host's command starts beside it. Mended: the
+    command runs behind a watcher (``command_init.py --watch``) that SIGKILLs its process
+    group 0.1 s before the deadline it was last told, as the pid namespace's init does."""
     from dynasem.management.commands import dynasem_lead
 
     lead = _FrozenLead(deadline=time.monotonic() + 1.0)

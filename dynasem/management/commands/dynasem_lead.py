@@ -259,8 +259,9 @@ def _check_pid_namespaces() -> None:
 
 class _Command:
     """The command, started in a pid namespace of its own behind a keeper process
-    (dynasem/_background/command_init.py), or (``own_pids=False``) in a session of its own that dies
-    with this process (``PR_SET_PDEATHSIG``)."""
+    (dynasem/_background/command_init.py), or (``own_pids=False``) in a session of its own
+    behind a watcher that ends its process group when this process is gone or stopped past
+    the lead's deadline."""
 
     def __init__(
         self, command: list[str], env: dict[str, str], own_pids: bool, deadline: float
@@ -269,19 +270,19 @@ class _Command:
         the command untold: this process may stop, SIGSTOP, while the keeper starts)."""
         self.own_pids = own_pids
         self._told = 0.0
-        self._control = ready_r = -1
-        fds: tuple[int, ...] = ()
+        ready_r = -1
+        # The control pipe: the keeper's init (or the watcher) reads the lead's trusted
+        # deadline from it, and its end (this process gone) ends the command. The ready pipe
+        # says the keeper listens to our signals.
+        control_r, self._control = os.pipe()
+        os.set_blocking(self._control, False)  # a stuck reader must never stall the leader
+        fds: tuple[int, ...] = (control_r,)
         if own_pids:
-            # The control pipe: the keeper's init reads the lead's trusted deadline from it,
-            # and its end (this process gone) ends the namespace. The ready pipe says the
-            # keeper listens to our signals.
-            control_r, self._control = os.pipe()
             ready_r, ready_w = os.pipe()
-            os.set_blocking(self._control, False)  # a stuck reader must never stall the leader
             fds = (control_r, ready_w)
-            self.trust_until(deadline)  # in the pipe before the init reads it
+        self.trust_until(deadline)  # in the pipe before the init reads it
         leader = str(os.getpid())
-        first = [*map(str, fds), leader] if own_pids else ["--die-with", leader]
+        first = [*map(str, fds), leader] if own_pids else ["--watch", str(control_r), leader]
         try:
             self.process = subprocess.Popen(
                 [sys.executable, "-I", COMMAND_INIT, *first, "--", *command],
@@ -332,12 +333,12 @@ class _Command:
                 except subprocess.TimeoutExpired:
                     # Never seen: the keeper dies, and its init with it (PR_SET_PDEATHSIG).
                     self.process.kill()
-            if self._control >= 0:
-                os.close(self._control)
-                self._control = -1
         else:
-            self._signal_group(signal.SIGKILL)
+            self._signal_group(signal.SIGKILL)  # the watcher, the command, its group
         self.process.wait()  # at once if reaped already
+        if self._control >= 0:
+            os.close(self._control)
+            self._control = -1
 
     def _signal_group(self, sig: int) -> None:
         with contextlib.suppress(ProcessLookupError):
