@@ -329,9 +329,17 @@ def end_run(held: Held, queue_lease: float) -> None:
 
 def give_back(taken: Claim) -> None:
     """Free a claimed key now (its task was not enqueued, or was revoked); quietly, since its
-    queue lease ends it anyway."""
+    queue lease ends it anyway. A retry's claim whose run goes on is withdrawn from the run's
+    entry: the run gives the key back at its end instead of keeping it for the retry."""
     try:
-        adopt(taken, wait=False).release()
+        for _ in range(3):
+            try:
+                adopt(taken, wait=False).release()
+                return
+            except RunNotEnded:
+                if _unannounce(taken):
+                    return
+            # The run ended meanwhile: its hold is the retry's claim now, adopted next.
     except LockLost:
         pass
     except Exception:
@@ -341,6 +349,19 @@ def give_back(taken: Claim) -> None:
             exc_info=True,
             extra=taken.facts("give_back_failed"),
         )
+
+
+def _unannounce(taken: Claim) -> bool:
+    """The retry ``taken`` withdrawn from the entry of the run that announced it; False if
+    that run holds no more (it ended: its hold became the retry's claim)."""
+    announcer = _announcer(lock_rows.get(taken.resource, consistent=True), taken.token)
+    if announcer is None:
+        return False
+    try:
+        lock_rows.update(claims.withdraw_next(taken.resource, announcer[0], taken.token))
+    except dynamodb.Refused:
+        return False
+    return True
 
 
 # What a framework's unique task does at enqueue and around its run (Celery's UniqueTask,

@@ -462,7 +462,7 @@ class Held:
             entry = records.Holder(
                 self.user_id, now_ms + int(queue_lease * 1000), self.fence, now_ms
             )
-            adoption = claims.adopt_hold(self.resource, self.token, token, entry)
+            adoption = claims.adopt_hold(self.resource, self.token, token, entry, as_announced=True)
             failed: list[SemaphoreUnavailable] = []
             try:
                 # Sent again while throttled, as any give-back (resend.py): the hold has ended
@@ -471,11 +471,14 @@ class Held:
                     functools.partial(lock_rows.update, adoption), math.inf, failed.append
                 )
             except dynamodb.Refused as refused:
-                item = refused.lock
-                if item is None or token not in item.holders:  # else: applied, answer lost
-                    self._mark_lost("another holder took it over before the run ended")
-                    raise LockLost(self.resource, "it was lost before the run ended") from None
-                return
+                holders = refused.lock.holders if refused.lock is not None else {}
+                if token in holders:  # applied, its answer lost
+                    return
+                # Still ours, its retry withdrawn (revoked before it ran): given back.
+                if self.token in holders and self._give_back():
+                    return
+                self._mark_lost("another holder took it over before the run ended")
+                raise LockLost(self.resource, "it was lost before the run ended") from None
             if not sent:
                 raise failed[0]
 

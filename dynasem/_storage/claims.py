@@ -24,16 +24,21 @@ def adopt_hold(
     *,
     announced: str | None = None,
     stale_ms: int = 0,
+    as_announced: bool = False,
 ) -> dict[str, Any]:
     """``token`` (with ``entry``) replaces the holder ``claimed``, conditional on it being
     there; its lease end becomes the row's (an exclusive row: the only holder's; the queue
     lease's may be later than a run lease). ``announced``: only if ``claimed`` announced it as
     its next and its lease ended before ``stale_ms`` (a run that died after enqueueing its
     retry: the retry, whose claim ``announced`` is, takes over, with the larger fence of its
-    ``entry``)."""
+    ``entry``). ``as_announced``: only if ``claimed`` announced ``token`` as its next still (a
+    run's hold becoming its retry's claim: a retry withdrawn meanwhile is not claimed)."""
     values = {":entry": holder_value(entry), **lease_values(entry)}
     update = "REMOVE #h.#c SET #h.#t = :entry, #expMs = :expMs, #exp = :exp, #uid = :uid"
     condition = "attribute_exists(#h.#c)"
+    if as_announced:
+        condition += " AND #h.#c.#n = :tok"
+        values[":tok"] = token
     if announced is not None:
         # A take-over: the run may only be stalled, so its successor gets a larger fence, as
         # any take-over does (the entry carries it).
@@ -47,4 +52,11 @@ def adopt_hold(
 def announce_next(resource: str, token: str, next_token: str) -> dict[str, Any]:
     """The run ``token`` enqueued its retry, whose message carries ``next_token``."""
     update, condition = "SET #h.#t.#n = :n", "attribute_exists(#h.#t)"
+    return update_action(resource, LOCK_SK, update, condition, {"#t": token}, {":n": next_token})
+
+
+def withdraw_next(resource: str, token: str, next_token: str) -> dict[str, Any]:
+    """The run ``token``'s retry ``next_token`` is withdrawn (revoked before it ran): the run
+    gives its hold back at its end instead of making it that retry's claim."""
+    update, condition = "REMOVE #h.#t.#n", "#h.#t.#n = :n"
     return update_action(resource, LOCK_SK, update, condition, {"#t": token}, {":n": next_token})

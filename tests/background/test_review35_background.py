@@ -116,7 +116,6 @@ def test_without_a_pid_namespace_a_stopped_leader_s_command_ends_at_its_deadline
 
 
 @pytest.mark.reentry
-@pytest.mark.xfail(strict=True, reason="not mended: become_claim ignores a withdrawn retry")
 def test_a_retry_revoked_while_its_run_goes_on_does_not_keep_the_key_for_nobody(
     lock_table: str,
 ) -> None:
@@ -129,9 +128,9 @@ def test_a_retry_revoked_while_its_run_goes_on_does_not_keep_the_key_for_nobody(
     only on the run's own entry) and its hold becomes the claim of a retry that will never
     run: every enqueue of the key is refused (``Taken``, naming the revoked task) for the whole
     ``queue_lease`` (600 s by default). The guide says "A revoked task gives it back in the
-    worker that discards it". Held for nobody, bounded by queue_lease; not mended (the
-    give-back would have to withdraw the announcement, and become_claim be conditional on it
-    and release otherwise): fails as it stands, marked xfail(strict)."""
+    worker that discards it". Held for nobody, bounded by queue_lease. Mended: the give-back
+    withdraws the announcement from the run's entry, and the run's hold becomes the retry's
+    claim only while it is announced still (else the run gives it back)."""
     from dynasem._background import unique
 
     key = "rv35:revoked-retry"
