@@ -77,6 +77,10 @@ class _FrozenLead:
 
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
+        self.held = self
+
+    def renew(self) -> None:
+        pass  # sent, never answered before dynasem_lead stops
 
     def seconds_left(self) -> float:
         return max(0.0, self.deadline - time.monotonic())
@@ -145,3 +149,65 @@ def test_a_retry_revoked_while_its_run_goes_on_does_not_keep_the_key_for_nobody(
     except unique.Taken as taken:
         pytest.fail(f"the key is held for the revoked retry (task {taken.task_id}) for 30 s")
     unique.give_back(again)
+
+
+class _LateLead:
+    """A lead found by a look rather than a push: a little trust left, a whole window once
+    renewed (``held.renew()``)."""
+
+    fence = 9
+
+    def __init__(self, left: float, window: float) -> None:
+        self.deadline = time.monotonic() + left
+        self.window = window
+        self.held = self
+        self.renewals = 0
+
+    def renew(self) -> None:
+        self.renewals += 1
+        self.deadline = time.monotonic() + self.window
+
+    def seconds_left(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+
+class _ExitsAfterThreePolls:
+    """The command: exits by itself on the fourth poll; records a SIGTERM sent to it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.polls, self.termed = 0, False
+        self.process = type("P", (), {"pid": 4343})()
+        _ExitsAfterThreePolls.last = self
+
+    def poll(self) -> int | None:
+        self.polls += 1
+        return 0 if self.polls > 3 else None
+
+    def trust_until(self, deadline: float) -> None:
+        pass
+
+    def terminate(self) -> None:
+        self.termed = True
+
+    def kill(self) -> None:
+        pass
+
+
+def test_a_lead_that_comes_with_little_trust_is_renewed_before_its_command_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An acquire returns a hold with as little as a third of its window left (a hand-over
+    found by a look rather than a push: ``take.held_if_trusted``'s margin), and the default
+    ``--grace`` is a third of the window: ``Command._lead`` stopped the command it had just
+    started (``left <= grace + KILL_MARGIN``) without renewing first, gave the lead back and
+    competed again. Now a lead with less than twice that is renewed before the command
+    starts. Failed before the mend (the command was sent SIGTERM at its first look)."""
+    from dynasem.management.commands import dynasem_lead
+
+    monkeypatch.setattr(dynasem_lead, "_Command", _ExitsAfterThreePolls)
+    command = dynasem_lead.Command(stdout=io.StringIO(), stderr=io.StringIO())
+    command._own_pids = True
+    lead = _LateLead(left=1.0, window=3.0)
+    status = command._lead("beat", lead, ["true"], 0.9, threading.Event())  # type: ignore[arg-type]
+    assert (status, _ExitsAfterThreePolls.last.termed) == (0, False)
+    assert lead.renewals == 1

@@ -47,7 +47,7 @@ import dynasem
 from ..._background.leadership import Lead, Leadership, leadership, resource_of
 from ..._engine.arguments import check_lease, resolve_timing
 from ..._engine.shutdown import release_all
-from ...exceptions import SemaphoreUnavailable, TableMissing
+from ...exceptions import LockLost, SemaphoreUnavailable, TableMissing
 
 # How often the leader looks at its command and its lead (seconds).
 POLL = 0.05
@@ -185,6 +185,12 @@ class Command(BaseCommand):
     ) -> int | None:
         """Run the command while ``lead`` lasts; its exit status if it exited by itself,
         None if it was stopped (the lead lost or ending, or this process told to stop)."""
+        if lead.seconds_left() <= 2 * (grace + KILL_MARGIN):
+            # A lead found by a look rather than a push may come with a third of its window,
+            # no more than the default grace: renewed first, or the command would be stopped
+            # as soon as it started. Failed, the loop below stops it in time.
+            with contextlib.suppress(LockLost, SemaphoreUnavailable):
+                lead.held.renew()
         env = {**os.environ, "DYNASEM_LEAD_NAME": name, "DYNASEM_LEAD_FENCE": str(lead.fence)}
         child = _Command(command, env, self._own_pids, _deadline(lead))
         pid = child.process.pid
