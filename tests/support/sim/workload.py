@@ -71,6 +71,7 @@ Kinds of process (a run's ``mix`` names them, one per process, round robin):
 from __future__ import annotations
 
 import dataclasses
+import random
 import types
 from collections.abc import Callable
 from typing import Any
@@ -461,9 +462,28 @@ def work_messages(sim: Any, proc: Any, rng: Any) -> None:
         message = broker.messages.pop(0)
         sim.monitor.unique.taking(proc, message)
         try:
-            run_message(sim, proc, rng, message)
+            if _revoked(sim, message):
+                revoke(sim, proc, message)
+            else:
+                run_message(sim, proc, rng, message)
         finally:
             sim.monitor.unique.finished(proc, message)
+
+
+def _revoked(sim: Any, message: Message) -> bool:
+    """One message in twenty is revoked (drawn from the run's seed and the copy, so that
+    the workload's other draws stay as they were)."""
+    return random.Random(f"{sim.options.seed}:revoke:{message.copy}").random() < 0.05
+
+
+def revoke(sim: Any, proc: Any, message: Message) -> None:
+    """The worker discards a revoked task's message and gives its key back (Celery's
+    ``task_revoked``): a retry's claim whose run goes on is withdrawn from that run."""
+    from dynasem._background import unique
+
+    sim.stats["unique_revoked"] += 1
+    sim.record("revoked", proc, message.claim.resource, message.claim.token[:8])
+    unique.give_back(message.claim)  # quietly: a failure leaves it to the queue lease
 
 
 def run_message(sim: Any, proc: Any, rng: Any, message: Message) -> None:
