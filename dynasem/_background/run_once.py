@@ -233,6 +233,8 @@ class RunOnce:
             raise
 
     def _claim(self, token: str, sent: list[Job | None]) -> Job:
+        from .._engine.core import CONFIRM_SHARE  # core imports nothing of this module
+
         lease, _wait, skew = validation.resolve_timing(self.lease, 0)
         user_id = validation.user_id_of(self.user)
         stored_fence = 0
@@ -275,11 +277,13 @@ class RunOnce:
             job = Job(self.key, token, user_id, attempt, row.fence or 0, lease, skew, deadline)
             sent.append(job)
             with contextlib.suppress(LockLost):  # reclaimed meanwhile: the next claim says by whom
-                if job.seconds_left() > 0:
+                if job.seconds_left() >= (lease - skew) * CONFIRM_SHARE:
                     job._start_heartbeat()
                 else:
-                    # Claimed, but paused (or slow) past the lease before the body could start:
-                    # someone may have reclaimed it. Confirm with a renewal of our own first.
+                    # Claimed, but paused (or slow) past most of the lease before the body could
+                    # start: someone may have reclaimed it, or the heartbeat could not renew it
+                    # in time (as an acquire: core.CONFIRM_SHARE). Confirm with a renewal of our
+                    # own first.
                     job.confirm()
                 return job
         raise SemaphoreUnavailable(f"could not claim job {self.key!r}: the row kept changing")
