@@ -168,6 +168,13 @@ def take_join(
         conds.append("#expMs = :seenExp" if replace else "#expMs <= :expMs")
         if replace:
             values[":seenExp"] = seen.expires_ms
+    else:
+        # Left as it is, the item-level expiry must still cover our lease: it can have gone
+        # down since ``seen`` (its last holder gave back, and one of a shorter lease took the
+        # row free), and a row whose expMs is CLOCK_SKEW old is taken free over every holder
+        # in it (take_free), ours too. Refused, the next plan raises it (LEASE above).
+        conds.append("#expMs >= :ourExp")
+        values[":ourExp"] = entry.expires_ms
     values |= {f":xe{i}": seen.holders[gone].expires_ms for i, gone in enumerate(evict)}
     conds += [f"#h.#x{i}.#e = :xe{i}" for i in range(len(evict))]
     q_sets, q_conds = queue_clauses(queue, values)

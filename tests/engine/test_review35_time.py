@@ -3,6 +3,7 @@ compared. Each test fails on the code it was written against."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -10,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from dynasem import run_once
+from dynasem import LockLost, SemaphoreBusy, run_once, semaphore
 from dynasem._engine.core import CONFIRM_SHARE
-from dynasem._storage import dynamodb
+from dynasem._storage import dynamodb, lock_rows
+from dynasem.testing import abandon
 
 pytestmark = pytest.mark.django_db(transaction=False)
 
@@ -80,3 +82,89 @@ def test_a_run_once_claim_answered_late_is_confirmed_before_its_body(lock_table:
     assert late_claim.fired == 1, "the claim's late answer never came: the test missed it"
     assert left >= MARGIN, f"the body began with {left:.3f}s of trust, less than {MARGIN:.3f}s"
     assert not lost_in_body, "the claim was lost under its running body, nothing refused"
+
+
+# -- a join that leaves the row's lease end below its own --------------------------------------
+
+
+class MeanwhileAfterRefusal:
+    """The first refused UpdateItem that ``match`` (its JSON body) waits, before its refusal
+    reaches dynasem, while ``meanwhile()`` runs in another thread: the round trip between a
+    refused take's answer and the next write, in which others write the row."""
+
+    def __init__(self, match: Any, meanwhile: Any) -> None:
+        self.match, self.meanwhile, self.fired = match, meanwhile, False
+        self.client = dynamodb.get_client()
+
+    def _hook(self, request_dict: dict[str, Any], response: Any, **kwargs: Any) -> None:
+        if self.fired or response is None or response[0].status_code != 400:
+            return
+        if not self.match(json.loads(request_dict["body"] or b"{}")):
+            return
+        self.fired = True
+        worker = threading.Thread(target=self.meanwhile)
+        worker.start()
+        worker.join(30)
+
+    def __enter__(self) -> MeanwhileAfterRefusal:
+        self.client.meta.events.register("needs-retry.dynamodb.UpdateItem", self._hook)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.client.meta.events.unregister("needs-retry.dynamodb.UpdateItem", self._hook)
+
+
+def by(user: str, body: dict[str, Any]) -> bool:
+    return f'"{user}"' in json.dumps(body.get("ExpressionAttributeValues", {}))
+
+
+def test_a_join_planned_from_a_row_with_a_later_lease_end_keeps_the_row_covering_it(
+    lock_table: str,
+) -> None:
+    """A counting join whose lease ends before the row's ``expMs`` as seen leaves ``expMs``
+    alone (lock_writes.take_join: "only ever pushed later"), on no condition of it. But the
+    row's ``expMs`` can go down meanwhile: its long-lease holder (60 s) gave back, and a
+    short-lease holder (1 s) took the row free, writing its own lease end. The join, planned
+    from the refusal that showed the old holder (its fence drawn after that take: a fresh
+    one, as every plan draws), lands on a row whose ``expMs`` is the 1 s holder's, below its
+    own lease end. Once that is CLOCK_SKEW old, ``take_free`` (whose condition is the row's
+    ``expMs``, and which ``plan`` sends whenever the row's ``expMs`` is stale) replaces the
+    holders' map while the joiner trusts its hold for half a minute: limit=2, three trusted
+    holders."""
+    resource = "r35:join"
+    first = semaphore(resource, limit=2, lease=60, user="long").acquire()
+    short: list[Any] = []
+
+    def long_gives_back_short_takes() -> None:
+        first.release()
+        short.append(semaphore(resource, limit=2, lease=1, user="short").acquire())
+        abandon(short[0])  # its process dies: its entry lapses in 1 s
+
+    def joiner_refused(body: dict[str, Any]) -> bool:
+        return by("joiner", body)
+
+    with MeanwhileAfterRefusal(joiner_refused, long_gives_back_short_takes) as meanwhile:
+        joiner = semaphore(resource, limit=2, lease=30, user="joiner").acquire()
+    assert meanwhile.fired and short, "the race was not staged"
+    row = lock_rows.get(resource)
+    assert row is not None and joiner.token in row.holders
+    time.sleep(1.0 + SKEW + 0.3)  # the short holder's lease and the skew are over
+    assert joiner.seconds_left() > 20 and not joiner.lost
+    others = [semaphore(resource, limit=2, lease=30, user=f"other{i}", wait=0) for i in (1, 2)]
+    taken = []
+    try:
+        for sem in others:
+            try:
+                taken.append(sem.acquire())
+            except SemaphoreBusy:  # what limit=2 must answer with the joiner and one other
+                pass
+        row = lock_rows.get(resource)
+        trusted = [h for h in [joiner, *taken] if not h.lost and h.seconds_left() > 0]
+        assert len(trusted) <= 2, (
+            f"limit=2, {len(trusted)} holds trusted at once; the row holds "
+            f"{sorted(h.user_id for h in row.holders.values()) if row else None}"
+        )
+    finally:
+        for held in [joiner, *taken]:
+            with contextlib.suppress(LockLost):
+                held.release()
