@@ -27,7 +27,10 @@ HELP: dict[str, str] = {
     "REGION_NAME": f"`None` = boto3's chain, then `{FALLBACK_REGION}`",
     "LEASE": "seconds a holder keeps a lock without renewing it",
     "WAIT": "seconds `acquire` keeps trying before it gives up (`None` = forever)",
-    "CLOCK_SKEW": "seconds by which host clocks may disagree; expiry decisions allow for it",
+    "CLOCK_SKEW": (
+        "seconds by which host clocks may disagree; expiry decisions allow for it (at least "
+        "2 ms: stored times are whole milliseconds)"
+    ),
     "FAIR": "`True` = waiters queue first come, first served (a semaphore's `fair=` overrides "
     "it; an acquire of several resources never queues)",
     "PUSH": "IPv4 address (a literal naming this host) a waiting process listens on (UDP, a "

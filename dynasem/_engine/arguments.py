@@ -203,13 +203,24 @@ def user_id_of(user: Any) -> str:
     return check_printable(user_id, name)
 
 
+# Stored times are whole milliseconds, truncated (a lease end up to 2 ms early, counting the
+# wall clock's own truncation): a skew below this could not absorb it, and a taker on the same
+# clock could take a lock within the last 2 ms its holder trusts (CLOCK_SKEW = 0 is allowed).
+MIN_SKEW = 0.002
+
+
+def skew_setting() -> float:
+    """``DYNASEM['CLOCK_SKEW']`` (seconds, checked), at least :data:`MIN_SKEW`."""
+    return max(check_skew(settings.CLOCK_SKEW), MIN_SKEW)
+
+
 def resolve_timing(lease: float | None, wait: float | None) -> tuple[float, float, float]:
     """Lease, wait and skew in seconds: explicit arguments, else the live settings.
 
     Called before an acquisition's first request: it also refuses a setting of a wrong type
     under any key (a TypeError naming it), used by this acquisition or not."""
     settings.check_types()
-    skew = check_skew(settings.CLOCK_SKEW)
+    skew = skew_setting()
     lease_s = check_lease(settings.LEASE, "DYNASEM['LEASE']") if lease is None else lease
     wait_s = check_wait(settings.WAIT, "DYNASEM['WAIT']") if wait is None else wait
     if lease_s <= skew:

@@ -18,7 +18,6 @@ from typing import Any, TypeVar
 from .. import _clock as clock
 from .._engine import arguments, permit_hold, reader_hold
 from .._storage import dynamodb, index_queries, lock_rows, permit_items, reader_items, records
-from ..conf import settings
 from ..exceptions import SemaphoreUnavailable
 from .locks import uninterrupted
 
@@ -141,7 +140,7 @@ def reap(
     dry run: each row it would delete, its row read consistently). A delete or break that
     fails is in ``failed``, and the reap goes on; a failed listing of the expires index
     raises (SemaphoreUnavailable)."""
-    cutoff_ms = clock.now_ms() - int(arguments.check_skew(settings.CLOCK_SKEW) * 1000)
+    cutoff_ms = clock.now_ms() - int(arguments.skew_setting() * 1000)
     before_s = cutoff_ms // 1000
     result = ReapResult()
     shards = range(records.SHARDS)

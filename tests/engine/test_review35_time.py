@@ -168,3 +168,53 @@ def test_a_join_planned_from_a_row_with_a_later_lease_end_keeps_the_row_covering
         for held in [joiner, *taken]:
             with contextlib.suppress(LockLost):
                 held.release()
+
+
+# -- a lease in milliseconds, truncated ---------------------------------------------------------
+
+
+class FakeClocks:
+    """Both clocks of this process, set by the test (seconds): a pause moves both."""
+
+    def __init__(self, wall: float, mono: float) -> None:
+        self.wall, self.mono = wall, mono
+
+    def advance(self, seconds: float) -> None:
+        self.wall += seconds
+        self.mono += seconds
+
+
+@pytest.mark.parametrize("lease", [2.01, 4.06, 2.0], ids=["2.01", "4.06", "2.0-whole-ms"])
+def test_a_lease_stored_in_ms_is_never_shorter_than_the_one_trusted(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch, lease: float
+) -> None:
+    """The stored lease end is ``now_ms + int(lease * 1000)``: 2.01 * 1000 is 2009.99...
+    in floating point, stored as 2009 ms, while the holder trusts ``lease - CLOCK_SKEW``
+    = 2.010 s from the send. CLOCK_SKEW = 0 is allowed (checks: allow_zero), and with one
+    host's one clock the taker's ``expMs < now_ms`` then holds while the holder still
+    trusts its hold: under a millisecond of two holders, from rounding alone."""
+    from django.conf import settings as django_settings
+    from django.test import override_settings
+
+    import dynasem._clock
+
+    clocks = FakeClocks(wall=1_000_000.0009, mono=500.0)
+    monkeypatch.setattr(dynasem._clock, "wall_clock", lambda: clocks.wall)
+    monkeypatch.setattr(dynasem._clock, "monotonic", lambda: clocks.mono)
+    with override_settings(DYNASEM={**django_settings.DYNASEM, "CLOCK_SKEW": 0}):
+        first = semaphore("r35:round", lease=lease, user="first").acquire()
+        clocks.advance(lease - 0.0005)  # half a millisecond of its trust left
+        try:
+            second = semaphore("r35:round", lease=lease, user="second", wait=0).acquire()
+        except SemaphoreBusy:
+            second = None
+        try:
+            assert second is None or first.lost, (
+                f"taken over with {first.seconds_left() * 1000:.2f} ms of the first hold's "
+                "trust left"
+            )
+        finally:
+            for held in (first, second):
+                if held is not None:
+                    with contextlib.suppress(LockLost):
+                        held.release()
