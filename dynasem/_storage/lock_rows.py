@@ -65,18 +65,21 @@ def wire(item: LockItem) -> dict[str, Any]:
 
 
 def delete_expired(resource: str, cutoff_ms: int, *, resent: bool = False) -> bool:
-    """Delete a lock row only if its lease still ended before ``cutoff_ms``; False if it
-    survived (or was gone before: deleted by TTL or another reaper).
+    """Delete a lock row only if its lease still ended before ``cutoff_ms`` and its
+    ``expires`` bucket did too (as the reaper's listing asks; an index entry may lag its row,
+    and a take late past CLOCK_SKEW is re-fenced only once its bucket has passed:
+    take.may_be_reaped); False if it survived (or was gone before: deleted by TTL or another
+    reaper).
 
     ``resent``: an earlier send of this delete went unanswered (a timeout, a 5xx) and may have
     been applied. A refusal then, or after botocore's own re-send (``Refused.retried``), with
     the row gone is our earlier delete's doing: True, not a row that changed since listed.
     The row as it was comes back with the refusal (``ALL_OLD``), at no extra read unit."""
     try:
-        request = {"Key": key(resource, LOCK_SK), "ConditionExpression": "#expMs < :cut"}
-        dynamodb.send_to_table(
-            "delete_item", {":cut": cutoff_ms}, **request, **dynamodb.REFUSED_OLD
-        )
+        condition = "#expMs < :cut AND #exp < :before"
+        request = {"Key": key(resource, LOCK_SK), "ConditionExpression": condition}
+        values = {":cut": cutoff_ms, ":before": cutoff_ms // 1000}
+        dynamodb.send_to_table("delete_item", values, **request, **dynamodb.REFUSED_OLD)
     except dynamodb.Refused as refused:
         return (resent or refused.retried) and refused.item is None
     return True

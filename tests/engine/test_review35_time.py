@@ -218,3 +218,45 @@ def test_a_lease_stored_in_ms_is_never_shorter_than_the_one_trusted(
                 if held is not None:
                     with contextlib.suppress(LockLost):
                         held.release()
+
+
+# -- a reap whose index entry lags: the bucket may_be_reaped counts on has not passed ----------
+
+
+def test_a_take_paused_over_a_reap_of_a_lagging_index_entry_gets_a_fence_above_the_earlier(
+    lock_table: str,
+) -> None:
+    """``take.may_be_reaped`` confirms a late take under a fresh fence only once its draw's
+    ``expires`` bucket has ended, "a row is reaped only once its bucket has passed". That is
+    the reaper's *listing* (``#exp < :b`` on the expires index, which is eventually
+    consistent); its delete's condition is ``#expMs < :cut`` alone (lock_rows.delete_expired).
+    A row idle in a past bucket is taken and given back by B (its ``exp`` moves to the
+    current bucket); the index still lists it under the past one; the reaper deletes it
+    (expMs CLOCK_SKEW old). A, whose take drew its fence before B's and was paused before
+    its send, lands on the empty key mid-bucket: no confirmation, and A holds under a fence
+    below B's, who held before it. Here the lagging index is stood in for by the reaper's
+    own delete of the row it would list. Mended: the delete's condition asks for the row's
+    own bucket to have passed too (``#exp < :before``), as the listing does."""
+    from tests.engine.test_review_fencing import PausedBeforeSend
+
+    earlier: list[int] = []
+
+    def b_takes_releases_and_a_lagging_reap_deletes() -> None:
+        with semaphore("r35:reap", lease=1) as b:
+            earlier.append(b.fence)
+        time.sleep(2 * SKEW + 0.2)  # its expMs (release time, at least its fence's) is old
+        cutoff = int(time.time() * 1000) - int(SKEW * 1000)
+        # A reap of it, as a lagging index entry under a passed bucket would ask for it:
+        # refused, its own bucket has not passed (it did land before the mend).
+        assert not lock_rows.delete_expired("r35:reap", cutoff), "deleted mid-bucket"
+
+    with PausedBeforeSend("UpdateItem", b_takes_releases_and_a_lagging_reap_deletes) as paused:
+        a = semaphore("r35:reap", lease=30).acquire()
+    try:
+        assert paused.fired and earlier
+        assert a.fence > earlier[0], (
+            f"A's fence {a.fence} is not above B's {earlier[0]}: B held before A, the fence "
+            "went back across the reap"
+        )
+    finally:
+        a.release()

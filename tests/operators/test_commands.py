@@ -449,7 +449,8 @@ def test_delete_expired_spares_a_row_whose_lease_was_extended(lock_table, holds)
     assert lock_rows.delete_expired("cond:1", cutoff) is False
     assert [h.token for h in holds_on("cond:1")] == [held.token]
     ends = row("cond:1")["expMs"]
-    assert lock_rows.delete_expired("cond:1", ends + 1) is True
+    assert lock_rows.delete_expired("cond:1", ends + 1) is False  # its bucket not passed
+    assert lock_rows.delete_expired("cond:1", records.bucket_of(ends) * 1000 + 1000) is True
     assert row("cond:1") is None
 
 

@@ -279,7 +279,7 @@ def test_a_retried_reaper_delete_of_a_row_gone_counts_as_deleted(lock_table, hol
     is refused, the row gone. That is the first one's doing, not a row changed since listed."""
     main, _ = faults
     dead_hold(holds, "lost:2")
-    cutoff = lock_rows.get_item("lost:2")["expMs"] + 1
+    cutoff = lock_rows.get_item("lost:2")["expires"] * 1000 + 1000  # lease and bucket over
     rule = main.lose_response("DeleteItem")
     assert lock_rows.delete_expired("lost:2", cutoff) is True
     assert rule.fired == 1 and lock_rows.get_item("lost:2") is None
