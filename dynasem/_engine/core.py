@@ -136,10 +136,11 @@ class Semaphore:
         self.detached = False
         # The lock's name in metrics and spans (telemetry.py): never the raw key by default.
         self.metrics_name = None if metrics_name is None else arguments.check_resource(metrics_name)
-        # The holds of its ``async with`` blocks not left yet, by the task that entered each
-        # (weakly) and the block (its frame's id): a block whose task is destroyed pending is
-        # left with no context of its task's (see __aexit__).
-        self._in_tasks: list[tuple[weakref.ref[asyncio.Task[Any]], int, Held]] = []
+        # The holds of its blocks not left yet, by the task that entered each (weakly; None:
+        # a ``with`` block) and the block (its frame's id): a block left in another context
+        # than its enter's (a generator's, resumed elsewhere; an ``async with`` whose task
+        # was destroyed pending) finds its hold by its frame (see _forget, __aexit__).
+        self._in_tasks: list[tuple[weakref.ref[asyncio.Task[Any]] | None, int, Held]] = []
 
     @property
     def fair(self) -> bool:
@@ -240,13 +241,14 @@ class Semaphore:
     # -- context managers --------------------------------------------------------------------
 
     def __enter__(self) -> Held:
-        held = delivering(lambda: enter(self, self.acquire()))
+        block = id(sys._getframe(1))  # the block's frame
+        held = delivering(lambda: self._entered(block, None, enter(self, self.acquire())))
         if self.fence_db:
-            fencing.begin(self, held, self.using, undo=lambda: leave(forget_entered(self), True))
+            fencing.begin(self, held, self.using, undo=lambda: leave(self._forget(block), True))
         return held
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        held = forget_entered(self)
+        held = self._forget(id(sys._getframe(1)))
         if self.fence_db:
             fencing.end(self, held, exc_type, exc, tb, undo=lambda: leave(held, True))
         leave(held, exc_type is not None)
@@ -260,8 +262,28 @@ class Semaphore:
     async def _aenter(self, block: int) -> Held:
         held = enter(self, await self.aacquire())
         task = asyncio.current_task()
-        if task is not None:
-            self._in_tasks.append((weakref.ref(task), block, held))
+        return self._entered(block, None if task is None else weakref.ref(task), held)
+
+    def _entered(self, block: int, task: weakref.ref[asyncio.Task[Any]] | None, held: Held) -> Held:
+        """``held``, entered as the block of the frame ``block`` (by ``task``, if async)."""
+        self._in_tasks.append((task, block, held))
+        return held
+
+    def _forget(self, block: int) -> Held:
+        """The hold of the block being left (``block``: its frame's id), off the stacks: the
+        innermost enter of this semaphore in this thread or task; else the one entered at
+        ``block``, whose exit runs in another context than its enter did (a generator
+        suspended inside the block and resumed by another thread, an async generator closed
+        or read on by another task). Not found, that block's hold would be kept (renewed)
+        for nobody while the process lives."""
+        try:
+            held = forget_entered(self)
+        except RuntimeError:
+            found = [e[2] for e in self._in_tasks if e[1] == block]
+            if not found:
+                raise
+            held = found[-1]  # the latest (a frame's id may recur)
+        self._left(held, block)
         return held
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -273,8 +295,7 @@ class Semaphore:
             # awaited. Given back here and now; else renewed for nobody while we live.
             give_back_unused(orphan)
             return
-        held = forget_entered(self)
-        self._left(held)
+        held = self._forget(block)
         await run_io_to_end(leave, held, exc_type is not None)
 
     def _orphan(self, block: int) -> Held | None:
@@ -286,19 +307,21 @@ class Semaphore:
             task, entered, held = entry
             if entered != block:
                 continue
-            if task() is not None:
+            if task is None or task() is not None:
                 return None
             with contextlib.suppress(ValueError):  # another thread's exit took it
                 self._in_tasks.remove(entry)
                 return held
         return None
 
-    def _left(self, held: Held) -> None:
-        for entry in list(self._in_tasks):
-            if entry[2] is held:
-                with contextlib.suppress(ValueError):
-                    self._in_tasks.remove(entry)
-                return
+    def _left(self, held: Held, block: int) -> None:
+        entries = list(self._in_tasks)
+        # Its own block's entry (a re-entered hold may have several), else the first of it.
+        mine = [e for e in entries if e[2] is held and e[1] == block]
+        for entry in mine or [e for e in entries if e[2] is held][:1]:
+            with contextlib.suppress(ValueError):
+                self._in_tasks.remove(entry)
+            return
 
     # -- decorator ---------------------------------------------------------------------------
 

@@ -337,6 +337,8 @@ class Held:
         if self._pending_commit:
             # Taken again in its transaction (pending_hold): a block that ends with it lost
             # raises, so that the transaction rolls back, as its first block's end would.
+            if self.depth > 1:
+                self.depth -= 1
             self.raise_if_lost()
             return
         if self.depth > 1:
@@ -380,6 +382,12 @@ class Held:
         await run_io_to_end(self.release)
 
     def _after_transaction(self, committed: bool) -> None:
+        if self.depth > 1 and not self._released:
+            # Taken again in the transaction (pending_hold) and not released by its end (an
+            # ``acquire()`` kept past it): its holder still works under it and gives it back.
+            self.depth -= 1
+            self._pending_commit = False
+            return
         try:
             self._release_now()
         except LockLost as exc:

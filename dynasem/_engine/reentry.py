@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import threading
 from collections.abc import Sequence
 from contextvars import ContextVar
+from types import FrameType
 from typing import Any, NoReturn, TypeVar
 
 from asgiref.sync import SyncToAsync
@@ -103,8 +105,24 @@ def _owner() -> object:
     # Sync code that asgiref's sync_to_async runs for a task (Django's default,
     # thread_sensitive: every task's sync calls on one thread) is owned by its call, not by
     # that thread: a child task's call would otherwise re-enter its parent's hold.
-    call = getattr(SyncToAsync.threadlocal, "task_context", None)
+    call = _sync_call()
     return call if call is not None else threading.current_thread()
+
+
+def _sync_call() -> object | None:
+    """The sync_to_async call this code runs in (its ``task_context``), the innermost one on
+    this thread's stack; None outside any. Not asgiref's thread-local ``task_context``: a call
+    leaves it set when it ends, and a thread that ran one (through ``async_to_sync``, on its
+    own thread) would be taken for that finished call ever after, and wait on its own holds."""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code is _THREAD_HANDLER:
+            return frame.f_locals.get("task_context")
+        frame = frame.f_back
+    return None
+
+
+_THREAD_HANDLER = SyncToAsync.thread_handler.__code__
 
 
 def remember_acquired(held: Held) -> None:
@@ -143,10 +161,11 @@ def reentered(sem: LockSpec) -> Held | None:
 def pending_hold(sem: LockSpec) -> Held | None:
     """A hold this thread gave back inside a transaction that has not ended yet, holding some
     of what ``sem`` asks for: it belongs to this transaction, so taking it again must not wait
-    on it. The same hold is returned (named by what was asked for); its give-back stays tied
-    to the commit. Raises ValueError as :func:`reentered` does, and also when ``sem``'s work
-    commits in another database's transaction: given back at this one's commit, the hold
-    could end before that work is committed."""
+    on it. The same hold is returned (named by what was asked for), its depth counted; its
+    give-back stays tied to the commit, unless it is still held then (``acquire()`` kept past
+    it): then its release gives it back. Raises ValueError as :func:`reentered` does, and also
+    when ``sem``'s work commits in another database's transaction: given back at this one's
+    commit, the hold could end before that work is committed."""
     for owner in reversed(commit.pending_owners()):
         if not isinstance(owner, Held) or not owner.here or owner.lost or owner.released:
             continue
@@ -160,6 +179,10 @@ def pending_hold(sem: LockSpec) -> Held | None:
                     "again before then (its work could commit after the give-back): give "
                     "both the same using="
                 )
+            # Counted as a nested acquire is: taken by ``acquire()`` (or an ExitStack) and
+            # kept past the commit, the hold is given back by its release, not by the commit.
+            owner.depth += 1
+            undelivered(owner)  # an interrupt before the caller has it takes the depth back
             return named(owner, sem.resources)
     return None
 

@@ -1,0 +1,142 @@
+"""Review 35 (re-entry, decorators, the public surface): faults found by reading the code,
+each shown through public behaviour or the stored rows."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from django.db import transaction
+
+from dynasem import SemaphoreBusy, release_all, semaphore
+from dynasem._operators.locks import holds_on
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.reentry]
+
+
+def tokens(resource: str) -> set[str]:
+    return {h.token for h in holds_on(resource) if h.expires.timestamp() > time.time()}
+
+
+def test_a_thread_that_ran_async_code_inside_its_block_still_re_enters_its_hold(
+    lock_table: str,
+) -> None:
+    """asgiref's sync_to_async leaves its call's ``task_context`` in the thread's local when
+    the call ends. A sync thread that runs ``async_to_sync(...)`` inside its block, whose
+    coroutine calls sync code (``sync_to_async``, Django's async ORM) — run on this very
+    thread — is then taken for that finished call: its nested acquire waits on itself."""
+
+    async def touch_the_orm() -> None:
+        await sync_to_async(lambda: None)()  # runs on this thread (thread_sensitive)
+
+    with semaphore("r35-a", wait=0) as outer:
+        async_to_sync(touch_the_orm)()
+        try:
+            with semaphore("r35-a", wait=0) as inner:  # wait=0: busy on itself, not a hang
+                assert inner is outer
+        except SemaphoreBusy:
+            pytest.fail("a nested acquire in the same thread waited on its own hold")
+    assert tokens("r35-a") == set()
+
+
+def test_a_generators_block_left_in_another_thread_gives_its_hold_back(
+    lock_table: str,
+) -> None:
+    """A generator suspended inside a ``with semaphore(...)`` block and resumed (to its
+    end) by another thread: the block's exit runs where its enter is not on the context's
+    stack. The hold must still be given back, not kept (renewed) for nobody."""
+
+    def work() -> Any:
+        with semaphore("r35-g", wait=0):
+            yield "inside"
+        yield "after"
+
+    it = work()
+    assert next(it) == "inside"
+    assert len(tokens("r35-g")) == 1
+    errors: list[BaseException] = []
+
+    def resume() -> None:
+        try:
+            assert next(it) == "after"
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    t = threading.Thread(target=resume)
+    t.start()
+    t.join()
+    try:
+        assert errors == [], f"leaving the block raised {errors!r}"
+        assert tokens("r35-g") == set(), "the block was left, its hold is still held"
+    finally:
+        release_all()  # what a failure left held (its thread ended), not for the next test
+
+
+def test_an_async_generators_block_closed_by_another_task_gives_its_hold_back(
+    lock_table: str,
+) -> None:
+    """An async generator started in one task (``create_task(anext(agen))``, as stream
+    mergers do) and closed by another while the first task object is still referenced: the
+    ``async with`` block's exit must give its hold back."""
+
+    async def work() -> Any:
+        async with semaphore("r35-ag", wait=0):
+            yield "inside"
+            yield "more"
+
+    async def main() -> list[BaseException]:
+        agen = work()
+        first = asyncio.create_task(agen.__anext__())
+        assert await first == "inside"
+        assert len(await sync_to_async(tokens)("r35-ag")) == 1
+        errors: list[BaseException] = []
+        try:
+            await agen.aclose()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+        assert first.done()  # still referenced: the entering task object lives
+        return errors
+
+    errors = asyncio.run(main())
+    try:
+        assert errors == [], f"closing the generator raised {errors!r}"
+        assert tokens("r35-ag") == set(), "the block was left, its hold is still held"
+    finally:
+        release_all()  # what a failure left held (taken in this thread), not for the next test
+
+
+def test_a_hold_taken_again_in_its_transaction_outlives_the_commit_only_if_still_held(
+    lock_table: str,
+) -> None:
+    """A block left inside ``atomic`` waits for the commit; ``acquire()`` of the same
+    resource in that transaction gets that hold again (``pending_hold``). The caller keeps
+    it past the commit (it was not released): the commit must not give it back under it."""
+    with transaction.atomic():
+        with semaphore("r35-t", wait=0):
+            pass
+        again = semaphore("r35-t", wait=0).acquire()
+    # Committed; ``again`` was never released: the lock must still be ours.
+    try:
+        assert not again.released
+        assert tokens("r35-t") == {again.token}, "given back at the commit while still held"
+        other: list[BaseException | str] = []
+
+        def intruder() -> None:
+            try:
+                h = semaphore("r35-t", wait=0).acquire()
+                other.append("acquired")
+                h.release()
+            except SemaphoreBusy as exc:
+                other.append(exc)
+
+        t = threading.Thread(target=intruder)
+        t.start()
+        t.join()
+        assert isinstance(other[0], SemaphoreBusy), "another thread got the lock: two holders"
+    finally:
+        again.release()
+    assert tokens("r35-t") == set()
