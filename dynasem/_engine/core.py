@@ -52,7 +52,7 @@ from .reentry import (
     reentered,
     remember_acquired,
 )
-from .steps import Request, Sleep, Steps, Write, run_async, run_io_to_end, run_sync, withdraw
+from .steps import Request, Sleep, Steps, Write, release_to_end, run_async, run_sync, withdraw
 
 __all__ = ["Held", "Semaphore", "current_hold", "semaphore"]
 
@@ -296,7 +296,7 @@ class Semaphore:
             give_back_unused(orphan)
             return
         held = self._forget(block)
-        await run_io_to_end(leave, held, exc_type is not None)
+        await release_to_end(leave, held, exc_type is not None)
 
     def _orphan(self, block: int) -> Held | None:
         """The hold of ``block`` (its frame's id), taken off the blocks' list, if the task

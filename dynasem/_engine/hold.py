@@ -30,7 +30,7 @@ from ..signals import lock_acquired, lock_lost, lock_released
 from . import handover, push, resend
 from .heartbeat import Heartbeat
 from .lockspec import LockSpec
-from .steps import closing, run_io, run_io_to_end
+from .steps import closing, release_to_end, run_io, run_io_to_end
 
 logger = logging.getLogger("dynasem")
 
@@ -379,7 +379,7 @@ class Held:
         _left.add(self)
 
     async def arelease(self) -> None:
-        await run_io_to_end(self.release)
+        await release_to_end(self.release)
 
     def _after_transaction(self, committed: bool) -> None:
         if self.depth > 1 and not self._released:

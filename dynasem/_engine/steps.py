@@ -23,6 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from asgiref.sync import AsyncToSync
+
 from .. import _clock as clock
 from .._storage import dynamodb, lock_rows, lock_writes
 from ..exceptions import SemaphoreError, SemaphoreUnavailable
@@ -64,6 +66,28 @@ async def run_io_to_end(func: Callable[..., _T], /, *args: Any, **kwargs: Any) -
     waited for a thread of a busy executor dropped it unrun: a released block's hold stayed,
     renewed by its heartbeat, for nobody, as long as the process lived."""
     done = submit_io(func, *args, **kwargs)
+    if await ended(done):
+        error = None if done.cancelled() else done.exception()
+        raise asyncio.CancelledError() from error
+    return done.result()
+
+
+async def release_to_end(func: Callable[..., _T], /, *args: Any) -> _T:
+    """:func:`run_io_to_end` for a release: on the sync thread this coroutine runs for, if it
+    runs for one (``async_to_sync``: a sync view under ``ATOMIC_REQUESTS`` calling async
+    code). Its sync work (``sync_to_async``, Django's async ORM) runs on that thread, inside
+    that thread's transaction: there, a release waits for that transaction's commit, as a
+    ``with`` block's does; in a thread of :func:`io_executor`, in no transaction, it gave the
+    hold back before the work it protects was committed."""
+    caller = getattr(AsyncToSync.executors, "current", None)
+    if caller is None or getattr(caller, "_broken", False):
+        return await run_io_to_end(func, *args)
+    loop = asyncio.get_running_loop()
+    call = functools.partial(contextvars.copy_context().run, func, *args)
+    try:
+        done = loop.run_in_executor(caller, call)
+    except RuntimeError:  # that thread's executor quit meanwhile
+        return await run_io_to_end(func, *args)
     if await ended(done):
         error = None if done.cancelled() else done.exception()
         raise asyncio.CancelledError() from error

@@ -140,3 +140,54 @@ def test_a_hold_taken_again_in_its_transaction_outlives_the_commit_only_if_still
     finally:
         again.release()
     assert tokens("r35-t") == set()
+
+
+def test_an_async_block_run_by_async_to_sync_inside_atomic_is_held_until_the_commit(
+    lock_table: str,
+) -> None:
+    """``async_to_sync`` inside ``transaction.atomic`` (a sync view under ATOMIC_REQUESTS
+    calling async code): the coroutine's sync work (``sync_to_async``, Django's async ORM)
+    runs on the outer thread, inside its transaction. Its ``async with`` block's hold must
+    then wait for that commit, as a ``with`` block's does; it is given back at the block's
+    exit, before the work it protects is committed (the docs say async code cannot be
+    inside ``atomic``; through async_to_sync its work is)."""
+    in_atomic: list[bool] = []
+
+    async def work() -> None:
+        async with semaphore("r35-ax", wait=0):
+            # Django's async ORM does this: the write lands in the outer transaction.
+            in_atomic.append(
+                await sync_to_async(lambda: transaction.get_connection().in_atomic_block)()
+            )
+
+    with transaction.atomic():
+        async_to_sync(work)()
+        assert in_atomic == [True]  # the block's work is in this transaction
+        held_before_commit = tokens("r35-ax")
+    assert tokens("r35-ax") == set()
+    assert held_before_commit != set(), "given back before the commit of the work it protects"
+
+
+def test_an_async_release_run_by_async_to_sync_inside_atomic_follows_that_transaction(
+    lock_table: str,
+) -> None:
+    """``arelease()`` likewise: kept until the outer transaction commits, given back at once
+    when it rolls back."""
+
+    async def take_and_give_back() -> str:
+        held = await semaphore("r35-ar", wait=0).aacquire()
+        await held.arelease()
+        return held.token
+
+    with transaction.atomic():
+        token = async_to_sync(take_and_give_back)()
+        assert tokens("r35-ar") == {token}, "given back before the commit"
+    assert tokens("r35-ar") == set()
+
+    class Rollback(Exception):
+        pass
+
+    with pytest.raises(Rollback), transaction.atomic():
+        async_to_sync(take_and_give_back)()
+        raise Rollback
+    assert tokens("r35-ar") == set()
