@@ -514,7 +514,18 @@ def _held_while_streaming(response: Any, lock: Any, held: Any) -> Any:
     streaming view is its work. The view's block is left now (its hold is no longer this
     thread's or task's ``current_hold``); the hold itself is given back by the stream's end."""
     forget_entered(lock)
-    give_back = functools.partial(leave, held, False)  # Held.release: once, whoever calls
+    # Once, whoever calls first (the stream's end, then close(), each call it): a re-entered
+    # hold (the caller's block holds it too) counts this block's depth once; a second release
+    # would give back the caller's share while its block runs.
+    ours = [held]
+
+    def give_back() -> None:
+        try:
+            mine = ours.pop()  # one caller only, across threads
+        except IndexError:
+            return  # given back already
+        leave(mine, False)
+
     chunks = response.streaming_content
     if response.is_async:
 
