@@ -217,3 +217,26 @@ def test_a_streaming_view_that_re_entered_its_callers_hold_gives_back_only_its_s
         assert not outer.released, "the caller's hold was given back inside its block"
         assert tokens("r35-s:1") == {outer.token}
     assert tokens("r35-s:1") == set()
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+@pytest.mark.xfail(
+    strict=True,
+    reason="review 35, not mended: reentered() does not check the nested acquire's "
+    "transaction against the outer hold's (pending_hold does, with a ValueError)",
+)
+def test_a_nested_acquire_whose_work_commits_in_another_database_keeps_the_hold_till_then(
+    lock_table: str,
+) -> None:
+    """The outer block follows ``other``'s transaction (``using="other"``); a nested block of
+    the same resource (a helper, ``using`` left to the default) works inside the default
+    database's ``atomic``. The outer block's exit, still inside that atomic, gives the hold
+    back at once (``other`` is in no transaction): the nested block's work is not committed
+    yet. A hold waiting for its commit refuses such a nested acquire (pending_hold's
+    ValueError: "give both the same using="); a re-entered one does not."""
+    with transaction.atomic():  # the default database
+        with semaphore("r35-u", using="other", wait=0):
+            with semaphore("r35-u", wait=0):  # its work is the default database's
+                pass
+        held_before_commit = tokens("r35-u")
+    assert held_before_commit != set(), "given back before the nested block's work committed"
