@@ -105,7 +105,9 @@ def _owner() -> object:
     # Sync code that asgiref's sync_to_async runs for a task (Django's default,
     # thread_sensitive: every task's sync calls on one thread) is owned by its call, not by
     # that thread: a child task's call would otherwise re-enter its parent's hold.
-    call = _sync_call()
+    # (A thread that never ran such a call has no task_context: no stack to walk.)
+    ran_one = getattr(SyncToAsync.threadlocal, "task_context", None) is not None
+    call = _sync_call() if ran_one else None
     return call if call is not None else threading.current_thread()
 
 
