@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -32,7 +33,7 @@ from typing import Any
 
 from .._engine.arguments import LEADER_PREFIX, check_resource
 from .._engine.hold import Held
-from .._engine.reentry import pop_entered
+from .._engine.reentry import block_closed, block_opened
 from ..exceptions import LockLost
 from ..signals import lock_lost
 
@@ -128,26 +129,29 @@ class Leadership:
     semaphore: Any  # the leadership's Semaphore (core imports nothing of this module)
     on_lost: Callable[[Lead], Any] | None
 
-    def _entered(self, lead: Lead) -> Lead:
+    def _entered(self, block: int, lead: Lead) -> Lead:
         _entered.set((*_entered.get(), (id(self), lead)))
-        return lead
+        return block_opened(self, block, lead)
 
-    def _left(self) -> Lead:
-        return pop_entered(_entered, self, "leadership")
+    def _left(self, block: int) -> Lead:
+        return block_closed(_entered, self, block, "leadership")
 
     def __enter__(self) -> Lead:
-        return self._entered(Lead(self.name, self.semaphore.acquire(), self.on_lost))
+        block = id(sys._getframe(1))
+        return self._entered(block, Lead(self.name, self.semaphore.acquire(), self.on_lost))
 
     def __exit__(self, *exc: Any) -> None:
-        self._give_back(self._left())
+        self._give_back(self._left(id(sys._getframe(1))))
 
     async def __aenter__(self) -> Lead:
-        return self._entered(Lead(self.name, await self.semaphore.aacquire(), self.on_lost))
+        block = id(sys._getframe(1))
+        lead = Lead(self.name, await self.semaphore.aacquire(), self.on_lost)
+        return self._entered(block, lead)
 
     async def __aexit__(self, *exc: Any) -> None:
         from .._engine.steps import run_io_to_end
 
-        lead = self._left()
+        lead = self._left(id(sys._getframe(1)))
         lead._give_up()  # inactive now, not once the executor gets to the release
         await run_io_to_end(self._give_back, lead)
 

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import sys
 import uuid
 from contextvars import ContextVar
 from typing import Any
@@ -23,7 +24,7 @@ from .._engine import arguments as validation
 from .._engine import resend
 from .._engine.heartbeat import Heartbeat
 from .._engine.queue import retry_after
-from .._engine.reentry import pop_entered
+from .._engine.reentry import block_closed, block_opened
 from .._engine.steps import run_io_taking, run_io_to_end
 from .._observability.logs import facts
 from .._storage import dynamodb, job_rows, job_writes, records
@@ -289,14 +290,15 @@ class RunOnce:
         raise SemaphoreUnavailable(f"could not claim job {self.key!r}: the row kept changing")
 
     def __enter__(self) -> Job:
-        return self.claim(enter=True)
+        return block_opened(self, id(sys._getframe(1)), self.claim(enter=True))
 
-    def _left(self) -> Job:
-        """The innermost job this thread or task entered through this object, forgotten."""
-        return pop_entered(_entered, self, "run_once")
+    def _left(self, block: int) -> Job:
+        """The innermost job this thread or task entered through this object, forgotten (or
+        the one the block of frame ``block`` entered, left in another context)."""
+        return block_closed(_entered, self, block, "run_once")
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        self._leave(self._left(), exc)
+        self._leave(self._left(id(sys._getframe(1))), exc)
 
     def _leave(self, job: Job, exc: BaseException | None) -> None:
         if job._pid != os.getpid():
@@ -349,16 +351,17 @@ class RunOnce:
         # Cancelled (a timeout around it, the loop ending) while the claim goes on in its
         # thread: once it ends, what it claimed is given back, or the job would sit RUNNING,
         # renewed by the heartbeat, with nobody to run its body or finish it.
+        block = id(sys._getframe(1))  # the block's frame (``async with`` runs us at once)
         job = await run_io_taking(self.claim, self._cut_off)
         _entered.set((*_entered.get(), (id(self), job)))
-        return job
+        return block_opened(self, block, job)
 
     def _cut_off(self, claimed: Job) -> None:
         claimed._stop_heartbeat()
         give_back(self.key, claimed.token, asyncio.CancelledError())
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        await run_io_to_end(self._leave, self._left(), exc)
+        await run_io_to_end(self._leave, self._left(id(sys._getframe(1))), exc)
 
 
 def give_back(key: str, token: str, interrupt: BaseException) -> None:

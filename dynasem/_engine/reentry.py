@@ -69,6 +69,42 @@ def pop_entered(stack: ContextVar[tuple[tuple[int, _T], ...]], owner: object, wh
     raise RuntimeError(f"{what} exited without a matching enter")
 
 
+# The blocks entered and not left yet, by (the entered object's id, the block's frame id),
+# whatever the context: a block left in another context than its enter's (a generator
+# suspended inside it and resumed by another thread) finds its own entry there.
+_open_blocks: dict[tuple[int, int], list[Any]] = {}
+
+
+def block_opened(owner: object, block: int, value: _T) -> _T:
+    """``value`` entered by ``owner``'s block whose frame is ``block`` (pushed on a context's
+    stack too); :func:`block_closed` takes it back."""
+    _open_blocks.setdefault((id(owner), block), []).append(value)
+    return value
+
+
+def block_closed(
+    stack: ContextVar[tuple[tuple[int, _T], ...]], owner: object, block: int, what: str
+) -> _T:
+    """What :func:`pop_entered` finds; if this context has no entry of ``owner`` (its block's
+    exit runs elsewhere than its enter did), the one its block (frame ``block``) entered.
+    Raised, that block's hold or job would be kept, renewed, for nobody."""
+    key = (id(owner), block)
+    opened = _open_blocks.get(key, [])
+    try:
+        value = pop_entered(stack, owner, what)
+    except RuntimeError:
+        if not opened:
+            raise
+        value = opened[-1]
+    for i in range(len(opened) - 1, -1, -1):
+        if opened[i] is value:
+            del opened[i]
+            break
+    if not opened:
+        _open_blocks.pop(key, None)
+    return value
+
+
 def forget_entered(sem: object) -> Held:
     return pop_entered(_entered, sem, "semaphore")
 

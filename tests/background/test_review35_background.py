@@ -211,3 +211,58 @@ def test_a_lead_that_comes_with_little_trust_is_renewed_before_its_command_start
     status = command._lead("beat", lead, ["true"], 0.9, threading.Event())  # type: ignore[arg-type]
     assert (status, _ExitsAfterThreePolls.last.termed) == (0, False)
     assert lead.renewals == 1
+
+
+def _resumed_in_another_thread(it: Any) -> list[BaseException]:
+    """``it`` (suspended inside its block, entered in a context of its own) run to its end by
+    another thread; what that raised."""
+    errors: list[BaseException] = []
+
+    def resume() -> None:
+        try:
+            for _ in it:
+                pass
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller
+            errors.append(exc)
+
+    thread = threading.Thread(target=resume)
+    thread.start()
+    thread.join()
+    return errors
+
+
+def test_a_run_once_block_left_in_another_thread_finishes_its_job(lock_table: str) -> None:
+    """A generator suspended inside ``with run_once(key)`` and resumed by another thread: the
+    block's exit runs where its enter is not on the context's stack. It raised
+    ``RuntimeError('run_once exited without a matching enter')`` and left the job RUNNING,
+    renewed by the heartbeat for nobody while the process lived (every later run_once
+    refused). Failed before the mend; now the job ends DONE."""
+    import contextvars
+
+    def work() -> Any:
+        with run_once("rv35:job-in-generator", lease=5):
+            yield "inside"
+
+    it = work()
+    assert contextvars.copy_context().run(next, it) == "inside"
+    errors = _resumed_in_another_thread(it)
+    assert errors == [], f"leaving the block raised {errors!r}"
+    assert _job_row("rv35:job-in-generator").get("status") == "DONE"
+
+
+def test_a_leadership_block_left_in_another_thread_gives_the_lead_back(lock_table: str) -> None:
+    """The same for ``with leadership(name)``: its exit found no entry, raised, and the lead
+    stayed held, renewed for nobody. Failed before the mend; now it is given back."""
+    import contextvars
+
+    from dynasem import leadership
+
+    def work() -> Any:
+        with leadership("rv35-gen", lease=5):
+            yield "inside"
+
+    it = work()
+    assert contextvars.copy_context().run(next, it) == "inside"
+    errors = _resumed_in_another_thread(it)
+    assert errors == [], f"leaving the block raised {errors!r}"
+    assert lock_rows.get("leader:rv35-gen") is None or not lock_rows.get("leader:rv35-gen").holders
