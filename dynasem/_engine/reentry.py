@@ -192,8 +192,30 @@ def reentered(sem: LockSpec) -> Held | None:
         if _holds_some(held, sem):
             held.depth += 1
             undelivered(held)  # an interrupt before the caller has it takes the depth back
+            _kept_for_commit(held, sem)
             return named(held, wanted)
     return None
+
+
+def _kept_for_commit(held: Held, sem: LockSpec) -> None:
+    """A nested acquire whose work commits in a transaction that ``held``'s own give-back does
+    not wait for (another database's, or any if the outer block has ``on_commit=False``):
+    the hold is kept one level deeper until that transaction ends too. Else the outer
+    block's exit could give it back before the nested block's work commits."""
+    ours = commit.open_transaction(sem.using) if sem.on_commit else None
+    outer = held.semaphore
+    if ours is None or (outer.on_commit and commit.open_transaction(outer.using) is ours):
+        return
+    held.depth += 1
+
+    def ended(committed: bool) -> None:
+        try:
+            held.release()  # that level (the outermost, if the outer block has ended)
+        except LockLost:
+            pass  # lost meanwhile: signalled and logged when it was found
+
+    if not commit.after_transaction(sem.using, ended, held.resource):
+        held.depth -= 1
 
 
 def pending_hold(sem: LockSpec) -> Held | None:

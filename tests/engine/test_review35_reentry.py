@@ -220,11 +220,6 @@ def test_a_streaming_view_that_re_entered_its_callers_hold_gives_back_only_its_s
 
 
 @pytest.mark.django_db(transaction=True, databases=["default", "other"])
-@pytest.mark.xfail(
-    strict=True,
-    reason="review 35, not mended: reentered() does not check the nested acquire's "
-    "transaction against the outer hold's (pending_hold does, with a ValueError)",
-)
 def test_a_nested_acquire_whose_work_commits_in_another_database_keeps_the_hold_till_then(
     lock_table: str,
 ) -> None:
@@ -233,10 +228,31 @@ def test_a_nested_acquire_whose_work_commits_in_another_database_keeps_the_hold_
     database's ``atomic``. The outer block's exit, still inside that atomic, gives the hold
     back at once (``other`` is in no transaction): the nested block's work is not committed
     yet. A hold waiting for its commit refuses such a nested acquire (pending_hold's
-    ValueError: "give both the same using="); a re-entered one does not."""
+    ValueError: "give both the same using="); a re-entered one did not. Mended: the
+    re-entered hold is kept one level deeper until the nested block's transaction ends."""
     with transaction.atomic():  # the default database
         with semaphore("r35-u", using="other", wait=0):
             with semaphore("r35-u", wait=0):  # its work is the default database's
                 pass
         held_before_commit = tokens("r35-u")
     assert held_before_commit != set(), "given back before the nested block's work committed"
+    assert tokens("r35-u") == set(), "kept after that commit"
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_a_nested_acquire_in_an_atomic_opened_inside_the_outer_block_is_no_refusal(
+    lock_table: str,
+) -> None:
+    """The same nesting with the default database's ``atomic`` opened inside the outer
+    block: the nested work commits before the outer block ends, which then gives the hold
+    back at its exit. A rollback of the nested block's transaction ends its level at once."""
+    with semaphore("r35-v", using="other", wait=0):
+        with transaction.atomic():
+            with semaphore("r35-v", wait=0):
+                pass
+            assert tokens("r35-v") != set()
+        with pytest.raises(RuntimeError), transaction.atomic():
+            with semaphore("r35-v", wait=0):
+                raise RuntimeError("rolled back")
+        assert tokens("r35-v") != set()
+    assert tokens("r35-v") == set(), "kept after the outer block's exit"
