@@ -276,13 +276,20 @@ class Semaphore:
         suspended inside the block and resumed by another thread, an async generator closed
         or read on by another task). Not found, that block's hold would be kept (renewed)
         for nobody while the process lives."""
-        try:
-            held = forget_entered(self)
-        except RuntimeError:
-            found = [e[2] for e in self._in_tasks if e[1] == block]
-            if not found:
-                raise
-            held = found[-1]  # the latest (a frame's id may recur)
+        while True:
+            try:
+                held = forget_entered(self)
+            except RuntimeError:
+                found = [e[2] for e in self._in_tasks if e[1] == block]
+                if not found:
+                    raise
+                held = found[-1]  # the latest (a frame's id may recur)
+                break
+            if any(e[2] is held for e in self._in_tasks):
+                break
+            # Stale: a block of this context left in another one (found there by its frame)
+            # keeps its entry here; taken for this block's, it was given back again (nothing)
+            # and this block's hold kept, renewed for nobody.
         self._left(held, block)
         return held
 

@@ -89,20 +89,41 @@ def block_closed(
     exit runs elsewhere than its enter did), the one its block (frame ``block``) entered.
     Raised, that block's hold or job would be kept, renewed, for nobody."""
     key = (id(owner), block)
-    opened = _open_blocks.get(key, [])
-    try:
-        value = pop_entered(stack, owner, what)
-    except RuntimeError:
-        if not opened:
-            raise
-        value = opened[-1]
+    while True:
+        try:
+            value = pop_entered(stack, owner, what)
+        except RuntimeError:
+            if not _open_blocks.get(key):
+                raise
+            value = _open_blocks[key][-1]
+            break
+        if _recorded(owner, value, key) is not None:
+            break
+        # Stale: a block of this context left in another one (found there by its frame)
+        # keeps its entry here; taken for this block's, this block's would be kept, renewed
+        # for nobody.
+    # Recorded under its enter's frame, which may not be its exit's (``ExitStack``, a
+    # wrapper's ``__enter__``/``__exit__``, ``place.__enter__()`` in dynasem_lead): else
+    # left behind, with what it holds, for the life of the process.
+    where = _recorded(owner, value, key)
+    opened = _open_blocks.get(where, []) if where is not None else []
     for i in range(len(opened) - 1, -1, -1):
         if opened[i] is value:
             del opened[i]
             break
-    if not opened:
-        _open_blocks.pop(key, None)
+    if where is not None and not opened:
+        _open_blocks.pop(where, None)
     return value
+
+
+def _recorded(owner: object, value: object, key: tuple[int, int]) -> tuple[int, int] | None:
+    """Where ``value``, entered by ``owner``, is recorded as open: under ``key`` (its
+    exit's frame) first, else under any frame; None if its block was left already."""
+    others = [k for k in list(_open_blocks) if k[0] == id(owner) and k != key]
+    for where in (key, *others):
+        if any(v is value for v in _open_blocks.get(where, ())):
+            return where
+    return None
 
 
 def forget_entered(sem: object) -> Held:
