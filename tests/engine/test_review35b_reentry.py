@@ -66,8 +66,10 @@ def test_a_generators_block_left_inside_another_block_of_the_same_semaphore(
     """A counting semaphore object shared by the code (limit=2): a generator entered its
     block in one context, and is finished inside this context's own block of the same
     object. The generator's exit pops the innermost entry of the semaphore here: this
-    block's hold, given back while this block still works (three at once on a limit of 2
-    once another comes), while the generator's hold is kept, renewed for nobody."""
+    block's hold, given back while this block still works (its permit free for another
+    while it works), while the generator's permit is kept, renewed for nobody while the
+    process lives (for a shared one: every writer waits on it); this block's exit then
+    raises RuntimeError."""
     lock = semaphore("r35b-count", limit=2, wait=0)
 
     def work() -> Any:
