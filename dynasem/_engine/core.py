@@ -52,7 +52,17 @@ from .reentry import (
     reentered,
     remember_acquired,
 )
-from .steps import Request, Sleep, Steps, Write, release_to_end, run_async, run_sync, withdraw
+from .steps import (
+    Request,
+    Sleep,
+    Steps,
+    Write,
+    caller_in_transaction,
+    release_to_end,
+    run_async,
+    run_sync,
+    withdraw,
+)
 
 __all__ = ["Held", "Semaphore", "current_hold", "semaphore"]
 
@@ -231,10 +241,12 @@ class Semaphore:
         return await self._aacquire()
 
     async def _aacquire(self) -> Held:
+        follows = self.on_commit and await caller_in_transaction(self.using)
         if self.coalesce:
             held = await coalescing.aacquire(self, lambda w: run_async(self._acquire_steps(w)))
         else:
             held = await run_async(self._acquire_steps())
+        held.follows_caller = held.follows_caller or follows  # re-entered: the outer's too
         remember_acquired(held)
         return held
 
@@ -303,7 +315,7 @@ class Semaphore:
             give_back_unused(orphan)
             return
         held = self._forget(block)
-        await release_to_end(leave, held, exc_type is not None)
+        await release_to_end(leave, held, exc_type is not None, on_caller=held.follows_caller)
 
     def _orphan(self, block: int) -> Held | None:
         """The hold of ``block`` (its frame's id), taken off the blocks' list, if the task

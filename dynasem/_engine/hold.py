@@ -84,6 +84,9 @@ class Held:
         self._released = False
         # Its release was interrupted before it began: left to its lease (re-entered no more).
         self.left_to_lease = False
+        # Taken by async code run for a sync thread inside a transaction (async_to_sync):
+        # an async release runs on that thread, after its commit (steps.release_to_end).
+        self.follows_caller = False
         self._pending_commit = False  # given back, waiting for the transaction to end
         self._heartbeat: Heartbeat | None = None
         self._taken_mono = clock.monotonic()
@@ -379,7 +382,7 @@ class Held:
         _left.add(self)
 
     async def arelease(self) -> None:
-        await release_to_end(self.release)
+        await release_to_end(self.release, on_caller=self.follows_caller)
 
     def _after_transaction(self, committed: bool) -> None:
         if self.depth > 1 and not self._released:

@@ -27,6 +27,7 @@ from asgiref.sync import AsyncToSync
 
 from .. import _clock as clock
 from .._storage import dynamodb, lock_rows, lock_writes
+from .._transactions import commit
 from ..exceptions import SemaphoreError, SemaphoreUnavailable
 from . import handover, resend
 
@@ -72,15 +73,39 @@ async def run_io_to_end(func: Callable[..., _T], /, *args: Any, **kwargs: Any) -
     return done.result()
 
 
-async def release_to_end(func: Callable[..., _T], /, *args: Any) -> _T:
-    """:func:`run_io_to_end` for a release: on the sync thread this coroutine runs for, if it
-    runs for one (``async_to_sync``: a sync view under ``ATOMIC_REQUESTS`` calling async
-    code). Its sync work (``sync_to_async``, Django's async ORM) runs on that thread, inside
-    that thread's transaction: there, a release waits for that transaction's commit, as a
-    ``with`` block's does; in a thread of :func:`io_executor`, in no transaction, it gave the
-    hold back before the work it protects was committed."""
+def _sync_caller() -> Any:
+    """The executor of the sync thread this coroutine runs for (``async_to_sync``: a sync
+    view calling async code), if it runs for one and it still takes work; else None."""
     caller = getattr(AsyncToSync.executors, "current", None)
-    if caller is None or getattr(caller, "_broken", False):
+    return None if caller is None or getattr(caller, "_broken", False) else caller
+
+
+async def caller_in_transaction(using: str | None) -> bool:
+    """Whether the sync thread this coroutine runs for is inside a transaction of ``using``:
+    its ``sync_to_async`` work (Django's async ORM) runs on that thread, and commits with
+    that transaction, so a hold taken now is given back after that commit, on that thread
+    (:func:`release_to_end`). Asked before the acquire: after it, the question could wait
+    behind a call of that thread that waits for the hold itself."""
+    caller = _sync_caller()
+    if caller is None:
+        return False
+    loop = asyncio.get_running_loop()
+    try:
+        asked = loop.run_in_executor(caller, functools.partial(commit.open_transaction, using))
+    except RuntimeError:  # that thread's executor quit meanwhile
+        return False
+    return (await asked) is not None
+
+
+async def release_to_end(func: Callable[..., _T], /, *args: Any, on_caller: bool) -> _T:
+    """:func:`run_io_to_end` for a release; ``on_caller`` (a hold taken while the sync
+    thread this coroutine runs for was in a transaction: :func:`caller_in_transaction`): on
+    that thread, where the release waits for that transaction's commit, as a ``with``
+    block's does (in a thread of :func:`io_executor`, in no transaction, it gave the hold back
+    before the work it protects was committed). Else in dynasem's executor: that thread may
+    be busy with a call that waits for this very hold."""
+    caller = _sync_caller() if on_caller else None
+    if caller is None:
         return await run_io_to_end(func, *args)
     loop = asyncio.get_running_loop()
     call = functools.partial(contextvars.copy_context().run, func, *args)

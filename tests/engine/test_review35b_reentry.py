@@ -92,11 +92,6 @@ def test_a_generators_block_left_inside_another_block_of_the_same_semaphore(
         release_all()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review 35b, not mended: release_to_end (679ada4) queues every async release under "
-    "async_to_sync on the sync thread, transaction or not",
-)
 def test_an_async_blocks_release_waits_not_for_its_sync_thread_busy_with_another_call(
     lock_table: str,
 ) -> None:
@@ -106,7 +101,9 @@ def test_an_async_blocks_release_waits_not_for_its_sync_thread_busy_with_another
     them waits for the very lock the block held, the release waits for that call: the hold
     is kept, renewed for nobody, and the call waits on it until its ``wait`` runs out
     (``SemaphoreBusy``; with ``wait=None``, forever). Before 679ada4 the release ran in
-    dynasem's executor and the call got the lock at once."""
+    dynasem's executor and the call got the lock at once. Mended: only a hold taken while
+    that thread was in a transaction is given back there (``caller_in_transaction``, asked
+    before the acquire)."""
     got: list[float] = []
 
     async def holder() -> None:
