@@ -176,13 +176,18 @@ def _would_reap(
     the delete's condition would take (``found`` is called with each); the others changed
     since the index listed them. One read unit per row, less than the delete it stands for:
     an index lagging behind its rows must not make a dry run list a live lock."""
+    before_s = cutoff_ms // 1000
+    read = functools.partial(index_queries.get_many, consistent=True, as_listed=False)
+
+    def reaped(row: records.LockItem) -> bool:
+        # As delete_expired's condition reads it: the row's own expires, not its entry's (an
+        # index lagging behind the row lists it under an older bucket).
+        listed_s = row.listed_s
+        return 0 < row.expires_ms < cutoff_ms and listed_s is not None and listed_s < before_s
+
     while batch := list(itertools.islice(listed, index_queries.MAX_BATCH_GET)):
         result.found += len(batch)
-        expired = {
-            row.resource
-            for row in _read(functools.partial(index_queries.get_many, batch, consistent=True))
-            if 0 < row.expires_ms < cutoff_ms  # as delete_expired's condition reads it
-        }
+        expired = {row.resource for row in _read(functools.partial(read, batch)) if reaped(row)}
         for entry in batch:
             if entry.resource not in expired:
                 result.survived += 1

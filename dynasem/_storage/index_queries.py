@@ -54,12 +54,15 @@ def query_user_page(
 MAX_BATCH_GET = 100
 
 
-def get_many(entries: list[IndexEntry], *, consistent: bool = False) -> list[LockItem]:
+def get_many(
+    entries: list[IndexEntry], *, consistent: bool = False, as_listed: bool = True
+) -> list[LockItem]:
     """The lock rows of index entries, read from the base table (eventually consistent, as
     the index itself is, unless ``consistent``: twice the read units, for a decision or a
     report of what a write would do), in the entries' order; a row gone meanwhile is left
     out. Each row sorts where its entry did (``listed_s``), which is where a page cursor goes
-    on from."""
+    on from; not ``as_listed``: each keeps its own stored ``expires`` (what a condition on
+    the row reads, where an index entry may lag it)."""
     found: dict[str, LockItem] = {}
     table = settings.TABLE_NAME
     wanted = list(dict.fromkeys(e.resource for e in entries))
@@ -82,4 +85,6 @@ def get_many(entries: list[IndexEntry], *, consistent: bool = False) -> list[Loc
             )
     # Each row sorts where its entry did.
     listed = [(found[e.resource], e.listed_s) for e in entries if e.resource in found]
+    if not as_listed:
+        return [row for row, _ in listed]
     return [dataclasses.replace(row, listed_s=listed_s) for row, listed_s in listed]

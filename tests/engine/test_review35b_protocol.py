@@ -1,0 +1,52 @@
+"""Review 35b (today's mends: take_join's expMs, the skew's floor, the reaper's bucket, run_once,
+unique tasks, dynasem_lead's watcher). Each test fails on the code it was written against."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from dynasem import semaphore
+from dynasem._operators import reaper
+from dynasem._storage import index_queries, lock_rows, records
+
+pytestmark = pytest.mark.django_db(transaction=False)
+
+SKEW = 0.5  # tests/conftest.py's CLOCK_SKEW
+
+
+# -- the reaper's dry run and its delete ---------------------------------------------------------
+
+
+def test_a_dry_run_reaps_only_what_the_delete_would(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """c617ba6 made the delete also ask ``#exp < :before`` (the row's own bucket passed), for
+    a row an index lagging behind it still lists under an old bucket. ``_would_reap`` still
+    reads only ``expMs`` ("as delete_expired's condition reads it"), and ``get_many`` gives
+    each row the index entry's bucket, not its own: the dry run lists as reaped a row that
+    the reap itself keeps (the very row the mend keeps)."""
+    resource = "r35b:reap"
+    semaphore(resource, lease=2).acquire().release()  # idle from now; its bucket is ahead
+    row = lock_rows.get(resource)
+    assert row is not None and row.listed_s is not None
+    time.sleep(2 * SKEW + 0.3)  # its expMs (our fence's time: now + SKEW) is CLOCK_SKEW old
+    lagging = records.IndexEntry(resource, row.listed_s - records.BUCKET_S, records.Mode.EXCLUSIVE)
+    shard = records.shard_of(resource)
+    original = index_queries.query_expiring
+
+    def listed(s: int, **kwargs: Any) -> Any:
+        if kwargs.get("before") is not None:  # the rows' listing: the lagging entry alone
+            return ([lagging] if s == shard else []), None
+        return original(s, **kwargs)
+
+    monkeypatch.setattr(index_queries, "query_expiring", listed)
+    would: list[str] = []
+    dry = reaper.reap(dry_run=True, found=lambda entry: would.append(entry.resource))
+    real = reaper.reap()
+    assert real.deleted == 0 and lock_rows.get(resource) is not None, "the delete took it"
+    assert dry.found - dry.survived == real.deleted and not would, (
+        f"the dry run would reap {would}, the reap deleted {real.deleted}"
+    )
