@@ -170,7 +170,8 @@ def _timings(raw: dict[str, Any]) -> list[Any]:
             problems.append(Error(str(exc), hint=HINT, id=check_id))
     if problems:
         return problems
-    lease, skew = float(settings.LEASE), float(settings.CLOCK_SKEW)
+    # The skew every acquire uses (arguments.skew_setting: at least MIN_SKEW).
+    lease, skew = float(settings.LEASE), max(float(settings.CLOCK_SKEW), arguments.MIN_SKEW)
     if lease <= skew:
         return [
             Error(

@@ -50,3 +50,27 @@ def test_a_dry_run_reaps_only_what_the_delete_would(
     assert dry.found - dry.survived == real.deleted and not would, (
         f"the dry run would reap {would}, the reap deleted {real.deleted}"
     )
+
+
+# -- the skew's floor (2a6d4ce) and the system checks ----------------------------------------------
+
+
+def test_the_checks_refuse_a_lease_every_acquire_refuses() -> None:
+    """Every acquire now counts CLOCK_SKEW as at least 2 ms (``arguments.skew_setting``) and
+    refuses a lease no longer than that (resolve_timing: ValueError); ``checks._timings``
+    still compares LEASE with the raw CLOCK_SKEW, so CLOCK_SKEW = 0 with LEASE = 0.002 passes
+    the system checks (E009 says nothing) and fails every acquire at run time."""
+    from django.test import override_settings
+
+    from dynasem._engine import arguments
+    from dynasem.checks import check_settings
+
+    valid = {
+        "TABLE_NAME": "locks",
+        "ENDPOINT_URL": "http://127.0.0.1:1",
+        "REGION_NAME": "eu-west-1",
+    }
+    with override_settings(DYNASEM={**valid, "LEASE": 0.002, "WAIT": 0, "CLOCK_SKEW": 0}):
+        with pytest.raises(ValueError, match="longer than"):
+            arguments.resolve_timing(None, None)
+        assert "dynasem.E009" in [m.id for m in check_settings()], "the checks let it pass"
