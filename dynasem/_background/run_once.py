@@ -23,7 +23,7 @@ from .. import _clock as clock
 from .._engine import arguments as validation
 from .._engine import resend
 from .._engine.heartbeat import Heartbeat
-from .._engine.queue import retry_after
+from .._engine.queue import retry_after, too_slow
 from .._engine.reentry import block_closed, block_opened
 from .._engine.steps import run_io_taking, run_io_to_end
 from .._observability.logs import facts
@@ -35,6 +35,8 @@ logger = logging.getLogger("dynasem")
 
 # Claims sent again at once when a refusal showed a state we had not seen (as core does).
 MAX_CLAIMS = 25
+# Confirmations of a claim answered late before its body begins (unique.CONFIRM_TRIES).
+CONFIRM_TRIES = 3
 # Why a write of ours was refused: the job is not our claim any more.
 RECLAIMED = "another process claimed it, or it was reset by an operator"
 # The jobs this thread or task entered and has not left, innermost last, with the RunOnce
@@ -278,15 +280,17 @@ class RunOnce:
             job = Job(self.key, token, user_id, attempt, row.fence or 0, lease, skew, deadline)
             sent.append(job)
             with contextlib.suppress(LockLost):  # reclaimed meanwhile: the next claim says by whom
-                if job.seconds_left() >= (lease - skew) * CONFIRM_SHARE:
-                    job._start_heartbeat()
-                else:
-                    # Claimed, but paused (or slow) past most of the lease before the body could
-                    # start: someone may have reclaimed it, or the heartbeat could not renew it
-                    # in time (as an acquire: core.CONFIRM_SHARE). Confirm with a renewal of our
-                    # own first.
+                # Claimed, but paused (or slow) past most of the lease before the body could
+                # start: someone may have reclaimed it, or the heartbeat could not renew it in
+                # time (as an acquire: core.CONFIRM_SHARE). Confirmed with a renewal of our own
+                # first, whose answer can come late too: checked again, as an acquire's and a
+                # unique task's adoption's (unique._renewed), confirmed again, or given up.
+                for _ in range(CONFIRM_TRIES):
+                    if job.seconds_left() >= (lease - skew) * CONFIRM_SHARE:
+                        job._start_heartbeat()
+                        return job
                     job.confirm()
-                return job
+                raise too_slow(self.key, lease, skew)
         raise SemaphoreUnavailable(f"could not claim job {self.key!r}: the row kept changing")
 
     def __enter__(self) -> Job:

@@ -74,3 +74,34 @@ def test_the_checks_refuse_a_lease_every_acquire_refuses() -> None:
         with pytest.raises(ValueError, match="longer than"):
             arguments.resolve_timing(None, None)
         assert "dynasem.E009" in [m.id for m in check_settings()], "the checks let it pass"
+
+
+# -- run_once: a confirmation answered late too (df8350d) ------------------------------------------
+
+
+def test_a_run_once_claim_confirmed_late_is_not_trusted_with_less_than_its_margin(
+    lock_table: str,
+) -> None:
+    """df8350d confirms a claim answered with under a third of its trust left, once: the
+    confirming renewal's answer can come late too (the same network, a second pause), and the
+    body then begins with what is left of it, unchecked. An acquire (core.Acquire.confirmed)
+    and a unique task's adoption (unique._renewed) check the trust again after each
+    confirmation, confirm again or give up (too_slow). Here the claim and its confirmation
+    each answer NEARLY a trusted window late: the body began with about 0.3 s of trust."""
+    from dynasem import run_once
+
+    from .test_review35_time import LEASE, MARGIN, NEARLY, LateJobAnswers, job_claim, job_renewal
+
+    with LateJobAnswers(job_claim, NEARLY) as late_claim:
+        with LateJobAnswers(job_renewal, NEARLY) as late_confirm:
+            try:
+                with run_once("file:late2.txt", lease=LEASE) as job:
+                    left = job.seconds_left()
+            except Exception as refused:  # given up as too slow: the body never began
+                left, why = float("inf"), refused
+            else:
+                why = None
+    assert late_claim.fired == 1 and late_confirm.fired == 1, "the late answers were missed"
+    assert left >= MARGIN, (
+        f"the body began with {left:.3f}s of trust, less than {MARGIN:.3f}s ({why})"
+    )

@@ -81,7 +81,8 @@ and the faults fixed earlier, put back:
 and for ``run_once`` (the ``jobs`` mix):
 
 * ``job_unconfirmed``: a claim whose answer came after its lease could run out (a pause) is
-  run without the renewal of our own that confirms nobody claimed the job meanwhile;
+  trusted a whole lease again without the renewal of our own that confirms nobody claimed
+  the job meanwhile;
 * ``job_finish_ignores_token``: DONE or FAILED is written whoever holds the claim now
   (job_writes.job_finish's ``#token = :tok`` dropped): a run that outlived its lease ends
   the claim of the run that took over;
@@ -464,9 +465,17 @@ def multi_writer_writes_no_reader_off(mp: pytest.MonkeyPatch) -> None:
 
 
 def job_unconfirmed(mp: pytest.MonkeyPatch) -> None:
+    from dynasem import _clock as clock
     from dynasem._background import run_once
 
-    mp.setattr(run_once.Job, "confirm", run_once.Job._start_heartbeat)
+    def trusted_unconfirmed(job: Any) -> None:
+        # Trusted a whole lease from now, as if a renewal of ours had just been sent: no
+        # write, so nothing confirms that nobody claimed the job meanwhile.
+        job._deadline = clock.monotonic() + job.lease - job.skew
+        job._lost = None
+        job._start_heartbeat()
+
+    mp.setattr(run_once.Job, "confirm", trusted_unconfirmed)
 
 
 def job_finish_ignores_token(mp: pytest.MonkeyPatch) -> None:
