@@ -105,3 +105,48 @@ def test_a_run_once_claim_confirmed_late_is_not_trusted_with_less_than_its_margi
     assert left >= MARGIN, (
         f"the body began with {left:.3f}s of trust, less than {MARGIN:.3f}s ({why})"
     )
+
+
+# -- dynasem_lead: a lead that could not be renewed before its command (3586f85) -------------------
+
+
+def test_dynasem_lead_starts_no_command_for_a_lead_known_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """3586f85 renews a lead that comes with little trust before its command starts, and
+    swallows LockLost ("Failed, the loop below stops it in time"): the command is started all
+    the same, under a lead known lost (``seconds_left()`` 0, its deadline now), while another
+    host may hold it and run its own. The command runs until the loop's first look (SIGTERM
+    and SIGKILL at once) or the watcher's read of a deadline already past: whatever it does
+    in its first moments is done twice at once. It must not start."""
+    import threading
+
+    from dynasem.exceptions import LockLost
+    from dynasem.management.commands import dynasem_lead
+
+    class LostHeld:
+        def renew(self) -> None:
+            raise LockLost("lead:r35b", "taken over")
+
+    class LostLead:
+        fence = 7
+        held = LostHeld()
+
+        def seconds_left(self) -> float:
+            return 0.0
+
+    started: list[list[str]] = []
+
+    class Recorded:
+        def __init__(self, command: list[str], *args: Any) -> None:
+            started.append(command)
+            raise RuntimeError("the command was started")
+
+    monkeypatch.setattr(dynasem_lead, "_Command", Recorded)
+    cmd = dynasem_lead.Command()
+    cmd._own_pids = False
+    try:
+        status = cmd._lead("r35b", LostLead(), ["true"], 1.0, threading.Event())  # type: ignore[arg-type]
+    except RuntimeError:
+        status = "started"
+    assert not started, f"the command {started[0]} was started under a lost lead ({status})"

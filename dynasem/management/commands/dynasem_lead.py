@@ -188,9 +188,15 @@ class Command(BaseCommand):
         if lead.seconds_left() <= 2 * (grace + KILL_MARGIN):
             # A lead found by a look rather than a push may come with a third of its window,
             # no more than the default grace: renewed first, or the command would be stopped
-            # as soon as it started. Failed, the loop below stops it in time.
+            # as soon as it started.
             with contextlib.suppress(LockLost, SemaphoreUnavailable):
                 lead.held.renew()
+        if lead.seconds_left() <= KILL_MARGIN:
+            # Lost (taken over: another host may run its command now), or so nearly over
+            # that the loop below would SIGKILL the command at its first look, after it had
+            # begun. Start nothing; the lead is given back, and competed for again.
+            self._say(name, "the lead is ending or lost before its command could start")
+            return None
         env = {**os.environ, "DYNASEM_LEAD_NAME": name, "DYNASEM_LEAD_FENCE": str(lead.fence)}
         child = _Command(command, env, self._own_pids, _deadline(lead))
         pid = child.process.pid
