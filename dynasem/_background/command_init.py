@@ -25,7 +25,7 @@ library only). Two processes:
 command in its process group (the command dies with the watcher: ``PR_SET_PDEATHSIG``), ignores
 the SIGTERM ``dynasem_lead`` sends that group, and SIGKILLs the whole group, itself included,
 when ``dynasem_lead`` is gone or the lead's deadline is about to pass, as the init does; it
-exits with the command's status. What the command starts in another session escapes it.
+exits with the command's status, once it has SIGKILLed what the command left in its group. What the command starts in another session escapes it.
 
 ``python -I command_init.py --probe`` only says whether this machine lets us make a pid
 namespace (exit 0), or why not (exit 1, the reason on stderr).
@@ -186,7 +186,41 @@ def watcher(control: int, leader: int, command: list[str]) -> int:
     status = _watch(control, child)
     if status is None:
         os.killpg(0, signal.SIGKILL)  # the command's whole group, this process included
+    # The command exited: what it left in its group ends with it, as a namespace's processes
+    # end with its init (dynasem_lead, which kills the group at its next look, may be stopped
+    # meanwhile, and nothing would watch the lead's deadline for them).
+    _end_others()
     return FAILED if status is None else status
+
+
+def _end_others() -> None:
+    """SIGKILL every other process of our process group (not us: we exit with the command's
+    status), until none is left (one may fork while we read)."""
+    me = os.getpid()
+    for _ in range(100):
+        others = [pid for pid in _group_of(me) if pid != me]
+        if not others:
+            return
+        for pid in others:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.01)
+
+
+def _group_of(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``, from /proc."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        if fields[0] != b"Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
+            found.append(int(name))
+    return found
 
 
 def _watch(control: int, child: int) -> int | None:

@@ -150,3 +150,51 @@ def test_dynasem_lead_starts_no_command_for_a_lead_known_lost(
     except RuntimeError:
         status = "started"
     assert not started, f"the command {started[0]} was started under a lost lead ({status})"
+
+
+# -- dynasem_lead --no-pid-namespace: the watcher (875fb28) --------------------------------------
+
+
+def _group_members(pgid: int) -> list[int]:
+    import os
+
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z" and int(fields[2]) == pgid:  # state, ppid, pgrp
+            found.append(int(name))
+    return found
+
+
+def test_the_watcher_leaves_nothing_of_the_group_past_the_lead_s_deadline(tmp_path: Any) -> None:
+    """With a pid namespace, the command's exit ends its init, and the kernel kills whatever
+    is left in the namespace. Behind the watcher, the command's exit ends the watcher (with
+    the command's status), and what the command left in its group (``cmd &``) lives on,
+    watched by nobody but dynasem_lead's loop: a dynasem_lead stopped (SIGSTOP, the case the
+    watcher exists for) between the command's exit and its next look (50 ms) leaves it
+    running past the lead's trusted deadline, beside the command another host starts."""
+    import os
+    import signal
+    import time as clock
+
+    from dynasem.management.commands.dynasem_lead import _Command
+
+    deadline = clock.monotonic() + 1.0
+    child = _Command(["sh", "-c", "sleep 30 & exit 0"], dict(os.environ), False, deadline)
+    pgid = child.process.pid
+    try:
+        child.process.wait(10)  # the command exited; dynasem_lead stops now, and looks no more
+        clock.sleep(max(0.0, deadline - clock.monotonic()) + 0.5)
+        left = _group_members(pgid)
+        assert not left, f"past the lead's deadline, the group still runs {left}"
+    finally:
+        for pid in _group_members(pgid):
+            os.kill(pid, signal.SIGKILL)
+        child.kill()
