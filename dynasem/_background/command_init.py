@@ -25,7 +25,8 @@ library only). Two processes:
 command in its process group (the command dies with the watcher: ``PR_SET_PDEATHSIG``), ignores
 the SIGTERM ``dynasem_lead`` sends that group, and SIGKILLs the whole group, itself included,
 when ``dynasem_lead`` is gone or the lead's deadline is about to pass, as the init does; it
-exits with the command's status, once it has SIGKILLed what the command left in its group. What the command starts in another session escapes it.
+exits with the command's status, once it has SIGKILLed what the command left in its group.
+What the command starts in another session escapes it.
 
 ``python -I command_init.py --probe`` only says whether this machine lets us make a pid
 namespace (exit 0), or why not (exit 1, the reason on stderr).
@@ -113,6 +114,9 @@ def _status(wait_status: int) -> int:
 
 
 _HANDLED = {signal.SIGTERM, signal.SIGINT, signal.SIGUSR1}
+# Ignored by Python from its start; an ignored signal stays ignored across exec: the command
+# gets them back as any command started from a shell has them (subprocess's restore_signals).
+_PYTHON_IGNORES = (signal.SIGPIPE, signal.SIGXFSZ)
 
 
 def keeper(control: int, ready: int, leader: int, command: list[str]) -> int:
@@ -146,7 +150,7 @@ def init(control: int, command: list[str]) -> int:
     child = os.fork()
     if child == 0:
         os.close(control)
-        for sig in _HANDLED:
+        for sig in (*_HANDLED, *_PYTHON_IGNORES):
             signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)  # exec keeps the mask
         os.setsid()  # a session of its own: no terminal's signals
@@ -174,6 +178,8 @@ def watcher(control: int, leader: int, command: list[str]) -> int:
     if child == 0:
         os.close(control)
         _die_with_parent(me)
+        for sig in _PYTHON_IGNORES:
+            signal.signal(sig, signal.SIG_DFL)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)  # exec keeps the mask
         try:
             os.execvp(command[0], command)

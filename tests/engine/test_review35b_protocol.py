@@ -198,3 +198,26 @@ def test_the_watcher_leaves_nothing_of_the_group_past_the_lead_s_deadline(tmp_pa
         for pid in _group_members(pgid):
             os.kill(pid, signal.SIGKILL)
         child.kill()
+
+
+def test_the_command_runs_with_the_signals_python_ignores_restored(tmp_path: Any) -> None:
+    """The watcher (and the namespace's init) is a Python process, which ignores SIGPIPE and
+    SIGXFSZ from its start; an ignored signal stays ignored across exec, so the command ran
+    with both ignored (``yes | head -1`` in it writes errors instead of ending quietly; a
+    shell cannot even trap them again). subprocess.Popen restores them (restore_signals), but
+    for command_init itself, which ignores them again."""
+    import os
+    import time as clock
+
+    from dynasem.management.commands.dynasem_lead import _Command
+
+    out = tmp_path / "sigign"
+    script = f"grep SigIgn /proc/$$/status > {out}"
+    child = _Command(["sh", "-c", script], dict(os.environ), False, clock.monotonic() + 5)
+    try:
+        child.process.wait(10)
+    finally:
+        child.kill()
+    ignored = int(out.read_text().split()[1], 16)
+    for number, name in ((13, "SIGPIPE"), (25, "SIGXFSZ")):
+        assert not ignored & (1 << (number - 1)), f"the command runs with {name} ignored"
