@@ -203,7 +203,18 @@ def reentered(sem: LockSpec) -> Held | None:
     once more (its depth counted: only the outermost release gives it back); None when it
     holds none of ``sem``'s resources. A request it can only partly meet raises ValueError at
     once, before any request is sent: waiting would wait on ourselves."""
-    wanted = sem.resources
+    held = held_here(sem)
+    if held is None:
+        return None
+    held.depth += 1
+    undelivered(held)  # an interrupt before the caller has it takes the depth back
+    _kept_for_commit(held, sem)
+    return named(held, sem.resources)
+
+
+def held_here(sem: LockSpec) -> Held | None:
+    """The hold of this thread or task that :func:`reentered` would take again for ``sem``
+    (nothing counted); the same ValueError for a request it can only partly meet."""
     me = _owner()
     for held, owner in reversed(_acquired.get()):
         if owner is not me or not held.here or held.released or held.pending_commit or held.lost:
@@ -211,10 +222,7 @@ def reentered(sem: LockSpec) -> Held | None:
         if held.left_to_lease:  # its release interrupted: nobody's any more
             continue
         if _holds_some(held, sem):
-            held.depth += 1
-            undelivered(held)  # an interrupt before the caller has it takes the depth back
-            _kept_for_commit(held, sem)
-            return named(held, wanted)
+            return held
     return None
 
 
