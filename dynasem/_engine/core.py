@@ -47,6 +47,7 @@ from .reentry import (
     current_hold,
     enter,
     forget_entered,
+    held_here,
     leave,
     pending_hold,
     reentered,
@@ -241,7 +242,11 @@ class Semaphore:
         return await self._aacquire()
 
     async def _aacquire(self) -> Held:
-        follows = self.on_commit and await caller_in_transaction(self.using)
+        # Asked only of a first acquire: a nested one follows its outer hold, and asking could
+        # wait behind a sync call that waits for that very hold.
+        follows = (
+            self.on_commit and held_here(self) is None and await caller_in_transaction(self.using)
+        )
         if self.coalesce:
             held = await coalescing.aacquire(self, lambda w: run_async(self._acquire_steps(w)))
         else:

@@ -219,3 +219,42 @@ def test_a_fenced_generators_block_left_in_another_context_gives_its_hold_back(
     assert held == set(), f"the block was left, its hold is still held ({errors!r})"
     assert errors == [], f"leaving the block raised {errors!r}"
     assert not in_atomic
+
+
+def test_a_nested_async_acquire_asks_nothing_of_a_sync_thread_busy_waiting_on_its_hold(
+    lock_table: str,
+) -> None:
+    """Under ``async_to_sync``, a first async acquire asks the sync thread whether it is in a
+    transaction (``caller_in_transaction``, before it takes anything). A nested one asked
+    too: while that thread ran a ``sync_to_async`` call waiting for the very hold the task
+    had, the nested acquire waited behind the call, and the call on the hold until its
+    ``wait`` ran out. A nested acquire follows its outer hold and asks nothing now (failed
+    before: the call got ``SemaphoreBusy`` after 3 s)."""
+    got: list[float] = []
+
+    async def holder() -> None:
+        async with semaphore("r35c-nested", wait=0):
+            await asyncio.sleep(0.2)  # the sync call waits on this hold meanwhile
+            async with semaphore("r35c-nested", wait=0):  # nested: re-enters
+                pass
+
+    def worker() -> None:
+        start = time.monotonic()
+        with semaphore("r35c-nested", wait=3):
+            got.append(time.monotonic() - start)
+
+    async def main() -> None:
+        task = asyncio.create_task(holder())
+        await asyncio.sleep(0.1)
+        try:
+            await sync_to_async(worker)()
+        finally:
+            await task
+
+    try:
+        async_to_sync(main)()
+    except SemaphoreBusy:
+        pytest.fail("the nested acquire waited for the sync call waiting on its hold")
+    finally:
+        release_all()
+    assert got and got[0] < 2
