@@ -213,6 +213,21 @@ def test_a_lead_that_comes_with_little_trust_is_renewed_before_its_command_start
     assert lead.renewals == 1
 
 
+def _left_in_another_thread(block: Any) -> None:
+    """A generator suspended inside ``with block:`` (entered in a context of its own) and run
+    to its end by another thread: leaving the block must raise nothing."""
+    import contextvars
+
+    def work() -> Any:
+        with block:
+            yield "inside"
+
+    it = work()
+    assert contextvars.copy_context().run(next, it) == "inside"
+    errors = _resumed_in_another_thread(it)
+    assert errors == [], f"leaving the block raised {errors!r}"
+
+
 def _resumed_in_another_thread(it: Any) -> list[BaseException]:
     """``it`` (suspended inside its block, entered in a context of its own) run to its end by
     another thread; what that raised."""
@@ -237,32 +252,14 @@ def test_a_run_once_block_left_in_another_thread_finishes_its_job(lock_table: st
     ``RuntimeError('run_once exited without a matching enter')`` and left the job RUNNING,
     renewed by the heartbeat for nobody while the process lived (every later run_once
     refused). Failed before the mend; now the job ends DONE."""
-    import contextvars
-
-    def work() -> Any:
-        with run_once("rv35:job-in-generator", lease=5):
-            yield "inside"
-
-    it = work()
-    assert contextvars.copy_context().run(next, it) == "inside"
-    errors = _resumed_in_another_thread(it)
-    assert errors == [], f"leaving the block raised {errors!r}"
+    _left_in_another_thread(run_once("rv35:job-in-generator", lease=5))
     assert _job_row("rv35:job-in-generator").get("status") == "DONE"
 
 
 def test_a_leadership_block_left_in_another_thread_gives_the_lead_back(lock_table: str) -> None:
     """The same for ``with leadership(name)``: its exit found no entry, raised, and the lead
     stayed held, renewed for nobody. Failed before the mend; now it is given back."""
-    import contextvars
-
     from dynasem import leadership
 
-    def work() -> Any:
-        with leadership("rv35-gen", lease=5):
-            yield "inside"
-
-    it = work()
-    assert contextvars.copy_context().run(next, it) == "inside"
-    errors = _resumed_in_another_thread(it)
-    assert errors == [], f"leaving the block raised {errors!r}"
+    _left_in_another_thread(leadership("rv35-gen", lease=5))
     assert lock_rows.get("leader:rv35-gen") is None or not lock_rows.get("leader:rv35-gen").holders

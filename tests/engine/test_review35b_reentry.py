@@ -104,32 +104,14 @@ def test_an_async_blocks_release_waits_not_for_its_sync_thread_busy_with_another
     dynasem's executor and the call got the lock at once. Mended: only a hold taken while
     that thread was in a transaction is given back there (``caller_in_transaction``, asked
     before the acquire)."""
-    got: list[float] = []
 
     async def holder() -> None:
         async with semaphore("r35b-busy", wait=0):
             await asyncio.sleep(0.3)
 
-    def worker() -> None:  # Django's async ORM, or any sync_to_async call: on this thread
-        start = time.monotonic()
-        with semaphore("r35b-busy", wait=3):
-            got.append(time.monotonic() - start)
-
-    async def main() -> None:
-        task = asyncio.create_task(holder())
-        await asyncio.sleep(0.1)
-        try:
-            await sync_to_async(worker)()
-        finally:
-            await task
-
-    try:
-        async_to_sync(main)()
-    except SemaphoreBusy:
-        pytest.fail("the block's release waited for the sync call waiting on its hold")
-    finally:
-        release_all()
-    assert got and got[0] < 2
+    _sync_call_waits_on(
+        "r35b-busy", holder, "the block's release waited for the sync call waiting on its hold"
+    )
 
 
 def test_a_run_once_block_entered_through_an_exit_stack_leaves_no_record(
@@ -230,7 +212,6 @@ def test_a_nested_async_acquire_asks_nothing_of_a_sync_thread_busy_waiting_on_it
     had, the nested acquire waited behind the call, and the call on the hold until its
     ``wait`` ran out. A nested acquire follows its outer hold and asks nothing now (failed
     before: the call got ``SemaphoreBusy`` after 3 s)."""
-    got: list[float] = []
 
     async def holder() -> None:
         async with semaphore("r35c-nested", wait=0):
@@ -238,9 +219,20 @@ def test_a_nested_async_acquire_asks_nothing_of_a_sync_thread_busy_waiting_on_it
             async with semaphore("r35c-nested", wait=0):  # nested: re-enters
                 pass
 
-    def worker() -> None:
+    _sync_call_waits_on(
+        "r35c-nested", holder, "the nested acquire waited for the sync call waiting on its hold"
+    )
+
+
+def _sync_call_waits_on(resource: str, holder: Any, failure: str) -> None:
+    """Under ``async_to_sync``: ``holder()`` (a task holding ``resource``) runs while a
+    ``sync_to_async`` call on the sync thread waits up to 3 s for ``resource``; fails with
+    ``failure`` if that call is refused, and unless it got the lock within 2 s."""
+    got: list[float] = []
+
+    def worker() -> None:  # Django's async ORM, or any sync_to_async call: on this thread
         start = time.monotonic()
-        with semaphore("r35c-nested", wait=3):
+        with semaphore(resource, wait=3):
             got.append(time.monotonic() - start)
 
     async def main() -> None:
@@ -254,7 +246,7 @@ def test_a_nested_async_acquire_asks_nothing_of_a_sync_thread_busy_waiting_on_it
     try:
         async_to_sync(main)()
     except SemaphoreBusy:
-        pytest.fail("the nested acquire waited for the sync call waiting on its hold")
+        pytest.fail(failure)
     finally:
         release_all()
     assert got and got[0] < 2
