@@ -62,6 +62,7 @@ from .steps import (
     release_to_end,
     run_async,
     run_sync,
+    sync_caller,
     withdraw,
 )
 
@@ -242,10 +243,13 @@ class Semaphore:
         return await self._aacquire()
 
     async def _aacquire(self) -> Held:
-        # Asked only of a first acquire: a nested one follows its outer hold, and asking could
-        # wait behind a sync call that waits for that very hold.
+        # Asked only under async_to_sync, and only of a first acquire: a nested one follows
+        # its outer hold, and asking could wait behind a sync call waiting for that very hold.
         follows = (
-            self.on_commit and held_here(self) is None and await caller_in_transaction(self.using)
+            self.on_commit
+            and sync_caller() is not None
+            and held_here(self) is None
+            and await caller_in_transaction(self.using)
         )
         if self.coalesce:
             held = await coalescing.aacquire(self, lambda w: run_async(self._acquire_steps(w)))

@@ -73,7 +73,7 @@ async def run_io_to_end(func: Callable[..., _T], /, *args: Any, **kwargs: Any) -
     return done.result()
 
 
-def _sync_caller() -> Any:
+def sync_caller() -> Any:
     """The executor of the sync thread this coroutine runs for (``async_to_sync``: a sync
     view calling async code), if it runs for one and it still takes work; else None."""
     caller = getattr(AsyncToSync.executors, "current", None)
@@ -86,7 +86,7 @@ async def caller_in_transaction(using: str | None) -> bool:
     that transaction, so a hold taken now is given back after that commit, on that thread
     (:func:`release_to_end`). Asked before the acquire: after it, the question could wait
     behind a call of that thread that waits for the hold itself."""
-    caller = _sync_caller()
+    caller = sync_caller()
     if caller is None:
         return False
     loop = asyncio.get_running_loop()
@@ -104,7 +104,7 @@ async def release_to_end(func: Callable[..., _T], /, *args: Any, on_caller: bool
     block's does (in a thread of :func:`io_executor`, in no transaction, it gave the hold back
     before the work it protects was committed). Else in dynasem's executor: that thread may
     be busy with a call that waits for this very hold."""
-    caller = _sync_caller() if on_caller else None
+    caller = sync_caller() if on_caller else None
     if caller is None:
         return await run_io_to_end(func, *args)
     loop = asyncio.get_running_loop()
