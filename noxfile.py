@@ -46,6 +46,7 @@ NEWEST = PAIRS[-1]  # what `make test` runs, in .venv
 # (tests/project/test_noxfile.py checks that every test gated on Django 6.0 runs on each).
 TASKS = [
     "tests/background/test_unique_tasks.py",
+    "tests/background/test_review36_limits.py",
     "tests/system/test_example_http.py::test_background_rebuilds_enqueue_once_while_one_is_queued_or_running",
 ]
 

@@ -73,6 +73,9 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
         self, args: Any, kwargs: Any, task_id: str | None, **options: Any
     ) -> tuple[Any, bool]:
         """The result to return and whether the task was enqueued (run, in eager mode)."""
+        # Refused here, before the key is claimed: by the worker's adoption, the key would be
+        # held for nobody for the queue lease (see unique.check_leases).
+        unique.check_leases(self.name, self.queue_lease, self.run_lease)
         headers = dict(options.pop("headers", None) or {})
         carried = Claim.from_header(headers.pop(HEADER, None))
         # A retry of this task, sent from its own run: the key goes on with it.

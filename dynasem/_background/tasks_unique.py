@@ -83,8 +83,9 @@ class UniqueTask(_Task):
                         f"{self.name}: unique_key {self.unique_key!r} names {head!r}, which is "
                         f"not a parameter of {self.name}{inspect.signature(self.func)}"
                     )
-        if not self.queue_lease > 0:
-            raise ValueError(f"{self.name}: queue_lease must be positive, not {self.queue_lease!r}")
+        # Refused now, not by the worker's adoption once the key is claimed (see check_leases);
+        # CLOCK_SKEW, a setting that may change, is asked at each enqueue.
+        unique.check_leases(self.name, self.queue_lease, self.run_lease, against_skew=False)
 
     def unique_resource(self, args: Any, kwargs: Any) -> str:
         if self.takes_context:
@@ -123,6 +124,7 @@ class UniqueTask(_Task):
         """The claim the task's arguments carry (None: not to be enqueued), and the run of
         this task going on here with its key, if any (enqueued from it: the key goes on)."""
         kwargs.pop(CLAIM_ARG, None)  # a result's kwargs enqueued again: not that claim
+        unique.check_leases(self.name, self.queue_lease, self.run_lease)
         resource = self.unique_resource(args, kwargs)
         run = unique.current_run(self.module_path, resource)
         task_id = uuid.uuid4().hex

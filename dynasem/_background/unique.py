@@ -33,7 +33,7 @@ from typing import Any
 
 from .. import _clock as clock
 from .._engine import processes, steps
-from .._engine.arguments import resolve_timing
+from .._engine.arguments import check_lease, resolve_timing, skew_setting
 from .._engine.decorators import KeyMaker, checked_keys
 from .._engine.hold import Held, confirm, delivering, start_renewing, stop_renewing
 from .._engine.queue import too_slow
@@ -366,6 +366,25 @@ def _unannounce(taken: Claim) -> bool:
 
 # What a framework's unique task does at enqueue and around its run (Celery's UniqueTask,
 # django.tasks' UniqueTask), the same for both.
+
+
+def check_leases(task: str, queue_lease: Any, run_lease: Any, *, against_skew: bool = True) -> None:
+    """A TypeError or ValueError naming ``task`` and the lease, unless ``queue_lease`` and
+    ``run_lease`` (None: the LEASE setting) are leases a hold can take, and (``against_skew``)
+    longer than ``CLOCK_SKEW``. Asked when a task is declared and before its key is claimed:
+    a lease refused only by the worker's adoption left the key claimed for nobody for the
+    queue lease, every enqueue of it refused meanwhile."""
+    leases = {"queue_lease": queue_lease, "run_lease": run_lease}
+    for name, lease in leases.items():
+        if lease is None and name == "run_lease":
+            continue
+        seconds = check_lease(lease, f"{task}: {name}")
+        skew = skew_setting() if against_skew else 0.0
+        if seconds <= skew:
+            raise ValueError(
+                f"{task}: {name} ({seconds:g}s) must be longer than DYNASEM['CLOCK_SKEW'] "
+                f"({skew:g}s): a holder trusts its lease only until lease - CLOCK_SKEW"
+            )
 
 
 def claim_for(
