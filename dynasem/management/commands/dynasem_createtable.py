@@ -153,6 +153,17 @@ def _our_indexes(name: str, existing: dict[str, Any]) -> None:
             "it was not made by dynasem_createtable; delete it or set another TABLE_NAME"
         )
     differs = [] if existing.get("KeySchema") == wanted["KeySchema"] else ["the table's key"]
+    # A key attribute of another type (expires as S, a hand-made table's) takes the format
+    # item, which has no index key, but refuses every lock row's write (a ValidationException).
+    kinds = {
+        a["AttributeName"]: a["AttributeType"] for a in existing.get("AttributeDefinitions", [])
+    }
+    differs += [
+        f"the type of {a['AttributeName']!r} ({kinds.get(a['AttributeName'])}, not "
+        f"{a['AttributeType']})"
+        for a in wanted["AttributeDefinitions"]
+        if kinds.get(a["AttributeName"]) != a["AttributeType"]
+    ]
     for index in wanted["GlobalSecondaryIndexes"]:
         found = have[index["IndexName"]]
         if found.get("KeySchema") != index["KeySchema"]:
