@@ -31,7 +31,13 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
-from .._engine.arguments import LEADER_PREFIX, check_resource
+from .._engine.arguments import (
+    LEADER_PREFIX,
+    MAX_RESOURCE_BYTES,
+    check_printable,
+    check_resource,
+    utf8_size,
+)
 from .._engine.hold import Held
 from .._engine.reentry import block_closed, block_opened
 from ..exceptions import LockLost
@@ -45,10 +51,20 @@ _entered: ContextVar[tuple[tuple[int, Lead], ...]] = ContextVar("dynasem_leads",
 
 
 def resource_of(name: str) -> str:
-    """The resource a leadership named ``name`` holds."""
-    if not isinstance(name, str) or not name:
+    """The resource a leadership named ``name`` holds; a TypeError or ValueError naming the
+    name (not the resource it makes) if it cannot name one."""
+    if not isinstance(name, str):
+        raise TypeError(f"a leadership's name must be a str, not {type(name).__name__}: {name!r}")
+    if not name:
         raise ValueError(f"a leadership's name must be a non-empty str, not {name!r}")
-    return check_resource(LEADER_PREFIX + name)
+    most = MAX_RESOURCE_BYTES - len(LEADER_PREFIX)
+    size = utf8_size(name, "a leadership's name")
+    if size > most:
+        raise ValueError(
+            f"a leadership's name is {size} UTF-8 bytes; at most {most} are allowed (its "
+            f"resource is {LEADER_PREFIX!r} + name): {name[:40]!r}..."
+        )
+    return check_resource(LEADER_PREFIX + check_printable(name, "a leadership's name"))
 
 
 class Lead:

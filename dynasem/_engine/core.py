@@ -147,7 +147,9 @@ class Semaphore:
         # Taken for another process (dynasem._background.unique): no identity of ours is recorded.
         self.detached = False
         # The lock's name in metrics and spans (telemetry.py): never the raw key by default.
-        self.metrics_name = None if metrics_name is None else arguments.check_resource(metrics_name)
+        self.metrics_name = (
+            None if metrics_name is None else arguments.check_resource(metrics_name, "metrics_name")
+        )
         # The holds of its blocks not left yet, by the task that entered each (weakly; None:
         # a ``with`` block) and the block (its frame's id): a block left in another context
         # than its enter's (a generator's, resumed elsewhere; an ``async with`` whose task

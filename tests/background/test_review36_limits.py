@@ -94,3 +94,25 @@ def test_a_celery_unique_task_with_a_bad_run_lease_claims_nothing(lock_table: st
     with pytest.raises(ValueError, match="r36.work: run_lease must be at most"):
         celery_work.delay("a")
     assert live("r36-celery:a") == []
+
+
+@pytest.mark.parametrize(
+    ("name", "error", "said"),
+    [
+        (5, TypeError, "a leadership's name must be a str, not int"),
+        ("a" * 1020, ValueError, "a leadership's name is 1020 UTF-8 bytes; at most 1017"),
+        ("beat\x1b[2K", ValueError, "a leadership's name 'beat.*contains the control"),
+        ("beat\udcff", ValueError, "a leadership's name is not valid UTF-8"),
+    ],
+    ids=["int", "too-long", "control", "surrogate"],
+)
+def test_a_bad_leadership_name_is_refused_naming_the_name(
+    name: Any, error: type[Exception], said: str
+) -> None:
+    """Before: "resource is 1027 UTF-8 bytes; at most 1024" for a name of 1,020 (the limit
+    counted the prefix ``leader:`` the caller never wrote), "resource 'leader:...'" for the
+    others, and a ValueError for a name that is no str."""
+    from dynasem import leadership
+
+    with pytest.raises(error, match=said):
+        leadership(name)

@@ -230,7 +230,7 @@ def test_a_control_character_is_refused_by_every_entry_point_before_any_request(
         (lambda: semaphore(["ok", bad]), r"resource\[1\]"),
         (lambda: semaphore(bad, fence_db=True), "resource"),
         (lambda: run_once(bad), "key"),
-        (lambda: leadership("beat\x00"), "resource"),
+        (lambda: leadership("beat\x00"), "a leadership's name"),
     ]:
         with pytest.raises(ValueError, match=rf"^{name} .*control character"):
             with make():
