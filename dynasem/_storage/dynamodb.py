@@ -46,6 +46,8 @@ _UNSENT = (boto_errors.EndpointConnectionError, boto_errors.ConnectTimeoutError)
 THROTTLED = frozenset(
     {"ProvisionedThroughputExceededException", "ThrottlingException", "RequestLimitExceeded"}
 )
+# The same, as a cancelled transaction's reasons (a provisioned table's; an on-demand one's).
+THROTTLED_REASONS = frozenset({"ProvisionedThroughputExceeded", "ThrottlingError"})
 # TransactionConflictException: a single write on an item that a transaction is writing
 # (nothing was applied).
 TRANSIENT_CODES = {"InternalServerError", "ServiceUnavailable", "LimitExceededException"}
@@ -296,7 +298,7 @@ def _limit_of(code: str, message: str, response: Any, retried: bool) -> LimitExc
             "first two and the holders of more than 8 permits have items of their own.)",
             "item size",
         )
-    if code in THROTTLED or any(r.get("Code") == "ThrottlingError" for r in reasons):
+    if code in THROTTLED or any(r.get("Code") in THROTTLED_REASONS for r in reasons):
         return LimitExceeded(
             f"DynamoDB at {where} throttled requests to table {table!r} still after the "
             f"retries ({code}: {message}): the table's capacity, or one partition key's "

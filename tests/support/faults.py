@@ -6,6 +6,8 @@
 * ``server_error(op, n, status=500)``: answer n requests with a 500/503 (never sent);
 * ``connection_error(op, n)`` / ``read_timeout(op, n)``: raise the transport error (never sent);
 * ``refuse(op, n, code=...)``: a 400 such as UnrecognizedClientException (never sent);
+* ``cancel(op, n, reasons)``: a TransactionCanceledException with these cancellation reason
+  codes (never sent);
 * ``lose_response(op, n)``: the ambiguous case — the request IS sent and applied by the engine,
   then its response is replaced by a 500, before botocore decides whether to retry.
 
@@ -53,8 +55,10 @@ class _Raw:
         yield self._body
 
 
-def _error_response(status: int, code: str, message: str) -> AWSResponse:
-    body = json.dumps({"__type": f"com.amazonaws.dynamodb.v20120810#{code}", "message": message})
+def _error_response(status: int, code: str, message: str, **extra: Any) -> AWSResponse:
+    body = json.dumps(
+        {"__type": f"com.amazonaws.dynamodb.v20120810#{code}", "message": message, **extra}
+    )
     return AWSResponse(
         url="http://fault.invalid/",
         status_code=status,
@@ -105,6 +109,13 @@ class Faults:
         rule.code = code  # type: ignore[attr-defined]
         return rule
 
+    def cancel(self, operation: str, n: int = 1, *, reasons: list[str]) -> Rule:
+        """A transaction cancelled for these reason codes ("None": an action that was not
+        the cause), as DynamoDB answers one (never sent)."""
+        rule = self._add("cancel", operation, n, status=400)
+        rule.reasons = reasons  # type: ignore[attr-defined]
+        return rule
+
     def lose_response(self, operation: str, n: int = 1, *, after: int = 0) -> Rule:
         return self._add("lose", operation, n, after=after)
 
@@ -133,6 +144,18 @@ class Faults:
                 return _error_response(rule.status, "InternalServerError", "injected 5xx")
             if rule.kind == "refuse":
                 return _error_response(400, rule.code, "injected refusal")  # type: ignore[attr-defined]
+            if rule.kind == "cancel":
+                codes = rule.reasons  # type: ignore[attr-defined]
+                return _error_response(
+                    400,
+                    "TransactionCanceledException",
+                    "Transaction cancelled, please refer cancellation reasons for specific "
+                    f"reasons [{', '.join(codes)}]",
+                    CancellationReasons=[
+                        {"Code": c} if c == "None" else {"Code": c, "Message": f"injected {c}"}
+                        for c in codes
+                    ],
+                )
             if rule.kind == "connection":
                 raise EndpointConnectionError(endpoint_url=request.url)
             if rule.kind == "timeout":
