@@ -10,6 +10,7 @@ is claimed (against ``CLOCK_SKEW`` too, a setting)."""
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 import django
@@ -116,3 +117,32 @@ def test_a_bad_leadership_name_is_refused_naming_the_name(
 
     with pytest.raises(error, match=said):
         leadership(name)
+
+
+@pytest.mark.parametrize(
+    ("task_id", "error", "said"),
+    [
+        ("x" * 1030, ValueError, "a unique task's id is 1030 UTF-8 bytes; at most 1019"),
+        ("a\x1bb", ValueError, "a unique task's id 'a.*contains the control character"),
+        (uuid.UUID(int=7), TypeError, "a unique task's id must be a str, not UUID"),
+    ],
+    ids=["too-long", "control", "uuid"],
+)
+def test_a_bad_celery_task_id_is_refused_naming_the_task_id(
+    lock_table: str, task_id: Any, error: type[Exception], said: str
+) -> None:
+    """``apply_async(task_id=...)`` is recorded as the holder ``task:<id>``: before, a bad id
+    was refused as "user is longer than 1024 UTF-8 bytes" or "user 'task:a...'" (no user was
+    given), and a UUID (which Celery itself sends) with "can only concatenate str"."""
+    celery = pytest.importorskip("celery", reason="celery is in the test dependency group")
+    from dynasem.celery import UniqueTask
+
+    app = celery.Celery("dynasem-review36-ids", broker="memory://")
+
+    @app.task(base=UniqueTask, name="r36.ids", unique_key="r36-ids:{key}")
+    def celery_work(key: str) -> str:
+        return key
+
+    with pytest.raises(error, match=said):
+        celery_work.apply_async(("a",), task_id=task_id)
+    assert live("r36-ids:a") == []
