@@ -75,12 +75,18 @@ def _proc_hides_pids() -> bool:
     return False
 
 
-@functools.cache  # once per process (again in a forked child)
 def _probe() -> str | None:
-    """This process's identity, if it can be sure of its own view of ``/proc``."""
+    """This process's identity, if it can be sure of its own view of ``/proc``: probed once
+    per pid. A child forked by C code that runs no at-fork hook of Python's (a uWSGI worker,
+    unless ``py-call-osafterfork``) keeps its parent's cache, and would otherwise record its
+    parent's pid and start time: taken over while it holds, once the parent ends."""
+    return _probe_of(os.getpid())
+
+
+@functools.cache
+def _probe_of(pid: int) -> str | None:
     if not sys.platform.startswith("linux"):
         return None
-    pid = os.getpid()
     try:
         # /proc must be our own pid namespace's. /proc/self names us in the namespace /proc
         # was mounted for: another number than getpid() says it is not ours (then
@@ -170,7 +176,7 @@ def _parse(recorded: str | None) -> tuple[int, int] | None:
 
 def local(recorded: str | None) -> bool:
     """Was ``recorded`` written by a process whose end this one could prove (same host, same
-    namespaces)? Costs no system call."""
+    namespaces)? Costs one system call (``getpid``)."""
     return _parse(recorded) is not None
 
 
@@ -188,8 +194,8 @@ def _no_thread_left(pid: int) -> bool:
 def gone(recorded: str | None) -> bool:
     """True only when ``recorded`` names a process of this host that has surely ended.
 
-    One read of ``/proc/<pid>/stat`` (a zombie: also a listing of its threads); no system call
-    at all for an identity recorded elsewhere or not at all."""
+    One read of ``/proc/<pid>/stat`` (a zombie: also a listing of its threads); for an identity
+    recorded elsewhere, only ``getpid``; none for one recorded nowhere."""
     parsed = _parse(recorded)
     if parsed is None:
         return False
@@ -209,8 +215,9 @@ def gone(recorded: str | None) -> bool:
 
 
 def _forget_after_fork() -> None:
-    # A forked child is another process: its own pid and start time.
-    _probe.cache_clear()
+    # A forked child is another process: its own pid and start time (and the parent's entry
+    # is of no use to it).
+    _probe_of.cache_clear()
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)

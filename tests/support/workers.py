@@ -397,3 +397,43 @@ def give_up_waiting(
         except BaseException as exc:  # reported to the test, which says what it was
             out.put((repr(exc), time.monotonic()))
         time.sleep(linger)
+
+
+def hold_in_a_child_forked_without_hooks(
+    endpoint: str, table_name: str, resource: str, lease: float, warm: bool
+) -> None:
+    """A uWSGI master and one of its workers. This process (the master) used dynasem before
+    it forks: its identity probed, and with ``warm`` a hold taken and given back (its
+    heartbeat's thread started). Then C code forks a child and runs none of Python's at-fork
+    hooks, as uWSGI does unless ``py-call-osafterfork``. The child takes ``resource`` and
+    holds it for a minute; the master prints the child's pid and token, then exits at once
+    (the child lives on, as a uWSGI worker does when its master is killed)."""
+    setup_django(endpoint, table_name)
+    import ctypes
+    import json
+    import traceback
+
+    from dynasem import semaphore
+    from dynasem._engine import processes
+
+    processes.identity()
+    if warm:
+        with semaphore(f"{resource}:warm", lease=lease):
+            pass
+    read, write = os.pipe()
+    pid = ctypes.PyDLL(None).fork()  # PyDLL: the GIL kept across the call, as in a C server
+    if pid == 0:
+        try:
+            os.close(read)
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, 1)  # the test reads the master's output to its end
+            held = semaphore(resource, lease=lease, wait=10, user="child").acquire()
+            os.write(write, json.dumps({"pid": os.getpid(), "token": held.token}).encode())
+            time.sleep(60)
+        except BaseException:
+            traceback.print_exc()  # the master then prints nothing: the test shows this
+        finally:
+            os._exit(0)
+    os.close(write)
+    print(os.read(read, 4096).decode(), flush=True)
+    os._exit(0)

@@ -104,6 +104,8 @@ REPLACED: dict[Key, str] = {
 
 # Shared by every simulated process, and why that is what real processes would see too.
 SHARED: dict[Key, str] = {
+    ("dynasem._engine.processes", "_probe_of"): "never called: _probe, its only caller, is "
+    "replaced by the runtime",
     ("dynasem._storage.records", "_codecs"): "codecs per record class, derived from code",
     ("dynasem._storage.records", "_serializer"): "boto3's TypeSerializer: no state",
     ("dynasem._storage.records", "_deserializer"): "boto3's TypeDeserializer: no state",
