@@ -85,7 +85,7 @@ class Heartbeat:
     def stop(self) -> None:
         if not self.stopped:
             self.stopped = True
-            _current.dropped()
+            _ours().dropped()
 
     def _renew(self) -> BaseException | None:
         """One renewal, given at most until the deadline; its error, or None."""
@@ -151,6 +151,7 @@ class _Scheduler:
         self._dropped = 0  # stopped heartbeats possibly still in the heap
         self._wakes_at = 0.0  # when the thread looks at the heap next, on its own
         self._adds = 0
+        self.pid = os.getpid()  # the process whose thread (and holds) these are
 
     def dropped(self) -> None:
         """A heartbeat stopped: rebuild the heap once stopped entries are most of it, so
@@ -240,11 +241,20 @@ def _forget_after_fork() -> None:
 os.register_at_fork(after_in_child=_forget_after_fork)
 
 
+def _ours() -> _Scheduler:
+    """This process's scheduler. A child forked by C code that runs none of Python's at-fork
+    hooks (a uWSGI worker, unless ``py-call-osafterfork``) still has its parent's, whose
+    thread did not come along: a hold of the child's would never be renewed."""
+    if _current.pid != os.getpid():
+        _forget_after_fork()
+    return _current
+
+
 def later(task: Task, seconds: float) -> None:
     """Run ``task`` in ``seconds`` (then again after each pause its ``beat`` returns)."""
-    _current.add(task, seconds)
+    _ours().add(task, seconds)
 
 
 def scheduled() -> list[Heartbeat]:
     """Every heartbeat of this process that is still running."""
-    return _current.scheduled()
+    return _ours().scheduled()

@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -84,3 +85,19 @@ def test_a_child_forked_without_at_fork_hooks_records_its_own_process(forked_hol
     with pytest.raises(SemaphoreBusy):
         semaphore("uwsgi:1", wait=0).acquire()
     os.kill(child.pid, 0)  # still running
+
+
+@linux_only
+def test_a_child_forked_without_at_fork_hooks_renews_its_holds(forked_holder) -> None:
+    """Its master had held a lock, so its heartbeat's scheduler had a thread; the child kept
+    that scheduler (replaced only by an at-fork hook), whose thread did not come along: the
+    child's hold was never renewed, and taken over at its lease's end while the child still
+    held it (no renewal failed, so no lock_lost either). Mend: a scheduler made in another
+    process is replaced before use (heartbeat.later, heartbeat.scheduled)."""
+    lease, skew = 1.5, 0.5
+    child = forked_holder("uwsgi:2", lease=lease, warm=True)
+    time.sleep(lease + skew + 1.0)  # its lease has run out unless it was renewed
+    with pytest.raises(SemaphoreBusy):
+        semaphore("uwsgi:2", wait=0).acquire()
+    row = lock_rows.get("uwsgi:2")
+    assert row is not None and list(row.holders) == [child.token]
