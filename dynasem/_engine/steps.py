@@ -41,12 +41,17 @@ IO_THREADS = 32
 
 _io: ThreadPoolExecutor | None = None
 _io_lock = threading.Lock()
+_io_pid = os.getpid()  # the process _io (and _io_lock) are of
 
 
 def io_executor() -> ThreadPoolExecutor:
     """The executor dynasem's blocking requests run in for async callers (``dynasem-io``
-    threads), made on first use; a forked child makes its own."""
+    threads), made on first use; a forked child makes its own. So does a child forked by C
+    code that runs none of Python's at-fork hooks (a uWSGI worker): its parent's executor
+    counts idle threads that did not come along, and would never run a request."""
     global _io
+    if _io_pid != os.getpid():
+        _after_fork()
     with _io_lock:
         if _io is None:
             _io = ThreadPoolExecutor(IO_THREADS, thread_name_prefix="dynasem-io")
@@ -155,8 +160,10 @@ async def ended(future: asyncio.Future[Any]) -> bool:
 
 
 def _after_fork() -> None:
-    global _io
+    global _io, _io_lock, _io_pid
     _io = None  # the parent's threads did not come along
+    _io_lock = threading.Lock()  # a thread of the parent may have held it
+    _io_pid = os.getpid()
 
 
 os.register_at_fork(after_in_child=_after_fork)

@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # boto3-stubs[dynamodb], a development dependency only
 # thread-safe), dropped when the settings change or the process forks.
 _clients: dict[bool, DynamoDBClient] = {}
 _client_lock = threading.Lock()
+_client_pid = os.getpid()  # the process _clients (and _client_lock) are of
 _models: Any = None  # botocore's loader of service models, shared (see new_session)
 # Set while an operator waits on a page or a command (see quick()).
 _quick: contextvars.ContextVar[bool] = contextvars.ContextVar("dynasem_quick", default=False)
@@ -68,7 +69,13 @@ def get_client(*, quick: bool = False) -> DynamoDBClient:
 
     ``quick``: the client of pages and commands an operator waits on (see :func:`quick`):
     one attempt, 1 s to connect, 2 s to answer. The locks' own requests (renewals above all)
-    keep theirs: three attempts, 3 s and 10 s."""
+    keep theirs: three attempts, 3 s and 10 s.
+
+    A child forked by C code that runs none of Python's at-fork hooks (a uWSGI worker, unless
+    ``py-call-osafterfork``) builds its own too: its parent's pooled connections are every
+    such child's, and one could read another's answer."""
+    if _client_pid != os.getpid():
+        _after_fork()
     with _client_lock:
         if quick not in _clients:
             _clients[quick] = build_client(quick)
@@ -171,9 +178,10 @@ def reset_client() -> None:
 def _after_fork() -> None:
     # A forked child must not share the parent's connection pool, nor wait on a lock that a
     # thread of the parent held when it forked.
-    global _client_lock
+    global _client_lock, _client_pid
     _client_lock = threading.Lock()
     _clients.clear()
+    _client_pid = os.getpid()
 
 
 if hasattr(os, "register_at_fork"):

@@ -31,6 +31,7 @@ linux_only = pytest.mark.skipif(
 class Child(NamedTuple):
     pid: int
     token: str
+    own_client: bool
 
 
 @pytest.fixture
@@ -39,7 +40,7 @@ def forked_holder(dynamodb_local: str, lock_table: str) -> Iterator[object]:
     (tests/support/workers.py); the master has exited when this returns the child."""
     children: list[int] = []
 
-    def start(resource: str, *, lease: float, warm: bool) -> Child:
+    def start(resource: str, *, lease: float, warm: str = "") -> Child:
         code = (
             "from tests.support.workers import hold_in_a_child_forked_without_hooks as run\n"
             f"run({dynamodb_local!r}, {lock_table!r}, {resource!r}, {lease!r}, {warm!r})\n"
@@ -57,7 +58,7 @@ def forked_holder(dynamodb_local: str, lock_table: str) -> Iterator[object]:
         assert master.wait(60) == 0 and line.strip(), "the child did not hold (its stderr)"
         said = json.loads(line)
         children.append(said["pid"])
-        return Child(said["pid"], said["token"])
+        return Child(said["pid"], said["token"], said["own_client"])
 
     yield start
     for pid in children:
@@ -76,7 +77,7 @@ def test_a_child_forked_without_at_fork_hooks_records_its_own_process(forked_hol
     (functools.cache, cleared only by an at-fork hook), so once the master was gone a waiter
     of this host took the live child's hold over: two holders. Mend: the probe is cached per
     pid (processes._probe_of)."""
-    child = forked_holder("uwsgi:1", lease=60, warm=False)
+    child = forked_holder("uwsgi:1", lease=60)
     row = lock_rows.get("uwsgi:1")
     assert row is not None and list(row.holders) == [child.token]
     recorded = row.holders[child.token].proc
@@ -95,9 +96,27 @@ def test_a_child_forked_without_at_fork_hooks_renews_its_holds(forked_holder) ->
     held it (no renewal failed, so no lock_lost either). Mend: a scheduler made in another
     process is replaced before use (heartbeat.later, heartbeat.scheduled)."""
     lease, skew = 1.5, 0.5
-    child = forked_holder("uwsgi:2", lease=lease, warm=True)
+    child = forked_holder("uwsgi:2", lease=lease, warm="sync")
     time.sleep(lease + skew + 1.0)  # its lease has run out unless it was renewed
     with pytest.raises(SemaphoreBusy):
         semaphore("uwsgi:2", wait=0).acquire()
     row = lock_rows.get("uwsgi:2")
+    assert row is not None and list(row.holders) == [child.token]
+
+
+@linux_only
+@pytest.mark.parametrize("warm", ["sync", "async"])
+def test_a_child_forked_without_at_fork_hooks_has_its_own_client_and_threads(
+    forked_holder, warm: str
+) -> None:
+    """Its master had sent requests: the child kept the master's DynamoDB client (reset only
+    by an at-fork hook), whose pooled connections every such child of the master shares, so
+    one child can read another's answer (a take it did not win, "applied"). With ``async``,
+    the master's executor too, whose idle threads did not come along: the child's first
+    request was never run, and its acquire waited forever (the child ended, the master
+    printed nothing). Mend: a client, or an executor, made in another process is replaced
+    before use (dynamodb.get_client, steps.io_executor)."""
+    child = forked_holder(f"uwsgi:3{warm}", lease=60, warm=warm)
+    assert child.own_client
+    row = lock_rows.get(f"uwsgi:3{warm}")
     assert row is not None and list(row.holders) == [child.token]

@@ -400,36 +400,61 @@ def give_up_waiting(
 
 
 def hold_in_a_child_forked_without_hooks(
-    endpoint: str, table_name: str, resource: str, lease: float, warm: bool
+    endpoint: str, table_name: str, resource: str, lease: float, warm: str
 ) -> None:
     """A uWSGI master and one of its workers. This process (the master) used dynasem before
-    it forks: its identity probed, and with ``warm`` a hold taken and given back (its
-    heartbeat's thread started). Then C code forks a child and runs none of Python's at-fork
-    hooks, as uWSGI does unless ``py-call-osafterfork``. The child takes ``resource`` and
-    holds it for a minute; the master prints the child's pid and token, then exits at once
-    (the child lives on, as a uWSGI worker does when its master is killed)."""
+    it forks: its identity probed, and with ``warm`` ("sync" or "async") a hold taken and
+    given back that way (its heartbeat's thread started, its client made; "async": its
+    executor's threads too). Then C code forks a child and runs none of Python's at-fork
+    hooks, as uWSGI does unless ``py-call-osafterfork``. The child takes ``resource`` (as
+    ``warm`` says; at once otherwise) and holds it for 20 s; the master prints the child's
+    pid and token, and whether the child's client was the master's, then exits at once (the
+    child lives on, as a uWSGI worker does when its master is killed). A child that cannot
+    take it within 15 s is ended (the master prints nothing)."""
     setup_django(endpoint, table_name)
+    import asyncio
     import ctypes
     import json
+    import signal
     import traceback
 
     from dynasem import semaphore
     from dynasem._engine import processes
+    from dynasem._storage import dynamodb
+
+    async def take_async() -> Any:
+        return await semaphore(resource, lease=lease, wait=10, user="child").aacquire()
+
+    async def warm_async() -> None:
+        async with semaphore(f"{resource}:warm", lease=lease):
+            pass
 
     processes.identity()
-    if warm:
+    if warm == "async":
+        asyncio.run(warm_async())
+        time.sleep(0.2)  # its threads are idle by the time a master forks its workers
+    elif warm:
         with semaphore(f"{resource}:warm", lease=lease):
             pass
+    if warm:
+        dynamodb.get_client().dynasem_test_master = True  # type: ignore[attr-defined]
     read, write = os.pipe()
     pid = ctypes.PyDLL(None).fork()  # PyDLL: the GIL kept across the call, as in a C server
     if pid == 0:
         try:
             os.close(read)
+            signal.alarm(15)  # a stuck child ends, and the master prints nothing
             devnull = os.open(os.devnull, os.O_WRONLY)
             os.dup2(devnull, 1)  # the test reads the master's output to its end
-            held = semaphore(resource, lease=lease, wait=10, user="child").acquire()
-            os.write(write, json.dumps({"pid": os.getpid(), "token": held.token}).encode())
-            time.sleep(60)
+            if warm == "async":
+                held = asyncio.run(take_async())
+            else:
+                held = semaphore(resource, lease=lease, wait=10, user="child").acquire()
+            signal.alarm(20)
+            ours = not getattr(dynamodb.get_client(), "dynasem_test_master", False)
+            said = {"pid": os.getpid(), "token": held.token, "own_client": ours}
+            os.write(write, json.dumps(said).encode())
+            time.sleep(20)
         except BaseException:
             traceback.print_exc()  # the master then prints nothing: the test shows this
         finally:

@@ -18,6 +18,7 @@ import contextvars
 import importlib
 import logging
 import math
+import os
 import pkgutil
 import re
 import types
@@ -75,6 +76,8 @@ PER_PROCESS: dict[Key, Callable[[Any], Any]] = {
     ("dynasem._engine.processes", "_told"): lambda proc: None,
     ("dynasem._engine.steps", "_io"): lambda proc: None,
     ("dynasem._engine.steps", "_io_lock"): _lock,
+    ("dynasem._engine.steps", "_io_pid"): lambda proc: os.getpid(),
+    ("dynasem._storage.dynamodb", "_client_pid"): lambda proc: os.getpid(),
     ("dynasem._storage.dynamodb", "_clients"): _empty,
     ("dynasem._storage.queue_entries", "_missing"): _empty,
     ("dynasem._storage.dynamodb", "_client_lock"): _lock,
