@@ -17,8 +17,10 @@ from typing import NamedTuple
 import pytest
 
 from dynasem import SemaphoreBusy, semaphore
+from dynasem import _clock as clock
 from dynasem._engine import processes
-from dynasem._storage import lock_rows
+from dynasem._storage import lock_rows, lock_writes, records
+from tests.support.helpers import enqueue_entry
 
 WT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -120,3 +122,53 @@ def test_a_child_forked_without_at_fork_hooks_has_its_own_client_and_threads(
     assert child.own_client
     row = lock_rows.get(f"uwsgi:3{warm}")
     assert row is not None and list(row.holders) == [child.token]
+
+
+# -- a dead holder of this host, and a waiter of another host first in line -----------------
+
+
+@pytest.fixture
+def dead() -> str:
+    """The identity of a process of this host that has ended and been reaped."""
+    proc = subprocess.Popen(["sleep", "60"])
+    with open(f"/proc/{proc.pid}/stat") as f:
+        start = f.read().rpartition(")")[2].split()[19]
+    mine = processes.identity()
+    assert mine is not None
+    recorded = processes.SEP.join([mine.split(processes.SEP)[0], str(proc.pid), start])
+    proc.kill()
+    proc.wait()
+    return recorded
+
+
+@linux_only
+@pytest.mark.xfail(
+    strict=True,
+    reason="left: a waiter that proves the holder in its way dead but has a live waiter "
+    "ahead of it (another host's, another container's) waits, and so does that waiter, "
+    "until the dead holder's lease ends. Mend: such a waiter hands the lock to the first "
+    "live waiter ahead in one write, as a release would (handover.heirs_of, "
+    "lock_writes.hand_over, conditional on the dead holder's entry unchanged and on qout "
+    "as read), and pushes it; then waits on for its own turn.",
+)
+def test_a_dead_holder_ahead_of_another_hosts_waiter_is_handed_on(
+    lock_table: str, dead: str
+) -> None:
+    """A holder of this host was killed with most of a minute's lease left. The first in
+    line is a waiter of another host (it cannot prove the holder dead: it waits for the
+    lease); a waiter of this host, second in line, can prove it, but may not take the lock
+    past the first. The lock stays idle for the lease: nobody hands it on."""
+    now = clock.now_ms()
+    entry = lock_writes.holder_entry("killed", now + 60_000, clock.new_fence(0.5), now, False, dead)
+    lock_rows.update(
+        lock_writes.take_free("r:1", "killed", entry, mode="x", limit=1, stale_ms=now - 500)
+    )
+    elsewhere = records.Waiter(
+        clock.new_fence(0), now + 60_000, user_id="elsewhere", lease_ms=60_000, proc=None
+    )
+    enqueue_entry("r:1", "elsewhere", elsewhere)
+    assert processes.gone(dead)
+    with pytest.raises(SemaphoreBusy):
+        semaphore("r:1", fair=True, wait=1.5).acquire()  # behind the first in line: right
+    row = lock_rows.get("r:1")
+    assert row is not None and list(row.holders) == ["elsewhere"]  # handed on to it
