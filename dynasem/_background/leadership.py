@@ -28,7 +28,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from contextvars import ContextVar
 from typing import Any
 
 from .._engine.arguments import (
@@ -39,15 +38,11 @@ from .._engine.arguments import (
     utf8_size,
 )
 from .._engine.hold import Held
-from .._engine.reentry import block_closed, block_opened
+from .._engine.reentry import Block, left, opened
 from ..exceptions import LockLost
 from ..signals import lock_lost
 
 __all__ = ["Lead", "Leadership", "leadership", "resource_of"]
-
-
-# The leads this thread or task entered and has not left: (the Leadership's identity, lead).
-_entered: ContextVar[tuple[tuple[int, Lead], ...]] = ContextVar("dynasem_leads", default=())
 
 
 def resource_of(name: str) -> str:
@@ -145,29 +140,21 @@ class Leadership:
     semaphore: Any  # the leadership's Semaphore (core imports nothing of this module)
     on_lost: Callable[[Lead], Any] | None
 
-    def _entered(self, block: int, lead: Lead) -> Lead:
-        _entered.set((*_entered.get(), (id(self), lead)))
-        return block_opened(self, block, lead)
-
-    def _left(self, block: int) -> Lead:
-        return block_closed(_entered, self, block, "leadership")
-
     def __enter__(self) -> Lead:
-        block = id(sys._getframe(1))
-        return self._entered(block, Lead(self.name, self.semaphore.acquire(), self.on_lost))
+        block = Block(self, sys._getframe(1))
+        return opened(block, Lead(self.name, self.semaphore.acquire(), self.on_lost))
 
     def __exit__(self, *exc: Any) -> None:
-        self._give_back(self._left(id(sys._getframe(1))))
+        self._give_back(left(self, sys._getframe(1), "leadership").value)
 
     async def __aenter__(self) -> Lead:
-        block = id(sys._getframe(1))
-        lead = Lead(self.name, await self.semaphore.aacquire(), self.on_lost)
-        return self._entered(block, lead)
+        block = Block(self, sys._getframe(1))
+        return opened(block, Lead(self.name, await self.semaphore.aacquire(), self.on_lost))
 
     async def __aexit__(self, *exc: Any) -> None:
         from .._engine.steps import run_io_to_end
 
-        lead = self._left(id(sys._getframe(1)))
+        lead = left(self, sys._getframe(1), "leadership").value
         lead._give_up()  # inactive now, not once the executor gets to the release
         await run_io_to_end(self._give_back, lead)
 

@@ -16,7 +16,6 @@ import logging
 import os
 import sys
 import uuid
-from contextvars import ContextVar
 from typing import Any
 
 from .. import _clock as clock
@@ -24,7 +23,7 @@ from .._engine import arguments as validation
 from .._engine import resend
 from .._engine.heartbeat import Heartbeat
 from .._engine.queue import retry_after, too_slow
-from .._engine.reentry import block_closed, block_opened
+from .._engine.reentry import Block, close, left, opened
 from .._engine.steps import run_io_taking, run_io_to_end
 from .._observability.logs import facts
 from .._storage import dynamodb, job_rows, job_writes, records
@@ -39,10 +38,6 @@ MAX_CLAIMS = 25
 CONFIRM_TRIES = 3
 # Why a write of ours was refused: the job is not our claim any more.
 RECLAIMED = "another process claimed it, or it was reset by an operator"
-# The jobs this thread or task entered and has not left, innermost last, with the RunOnce
-# that entered each (by identity): one run_once(...) object may be entered by several
-# threads or tasks at once, and each one's block ends its own claim.
-_entered: ContextVar[tuple[tuple[int, Job], ...]] = ContextVar("dynasem_run_once", default=())
 
 
 @dataclasses.dataclass(eq=False, repr=False)
@@ -210,18 +205,15 @@ class RunOnce:
     on_commit: bool
     using: str | None
 
-    def claim(self, *, enter: bool = False) -> Job:
-        """Claim the job or raise :class:`AlreadyDone` / :class:`SemaphoreBusy`. ``enter``:
-        as a block's entry (the job remembered as this thread's or task's, under the same
-        guard: an interrupt before the block begins gives it back)."""
+    def claim(self, block: Block | None = None) -> Job:
+        """Claim the job or raise :class:`AlreadyDone` / :class:`SemaphoreBusy`. ``block``:
+        as that block's entry (the job its record's, under the same guard: an interrupt
+        before the block begins gives it back)."""
         token = uuid.uuid4().hex
         sent: list[Job | None] = []  # a claim was sent (None), the Job made of it
-        before = _entered.get()
         try:
             job = self._claim(token, sent)
-            if enter:
-                _entered.set((*before, (id(self), job)))
-            return job
+            return job if block is None else opened(block, job)
         except BaseException as failure:
             made = [job for job in sent if job is not None]
             # Its own answer (busy, done, unavailable) with nothing of ours there goes as it
@@ -231,7 +223,8 @@ class RunOnce:
             if sent and (made or doubt or not isinstance(failure, Exception)):
                 for job in made:
                     job._stop_heartbeat()  # renewed for nobody if the give-back fails
-                _entered.set(before)
+                if block is not None:
+                    close(block)
                 give_back(self.key, token, failure)
             raise
 
@@ -294,15 +287,10 @@ class RunOnce:
         raise SemaphoreUnavailable(f"could not claim job {self.key!r}: the row kept changing")
 
     def __enter__(self) -> Job:
-        return block_opened(self, id(sys._getframe(1)), self.claim(enter=True))
-
-    def _left(self, block: int) -> Job:
-        """The innermost job this thread or task entered through this object, forgotten (or
-        the one the block of frame ``block`` entered, left in another context)."""
-        return block_closed(_entered, self, block, "run_once")
+        return self.claim(Block(self, sys._getframe(1)))
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        self._leave(self._left(id(sys._getframe(1))), exc)
+        self._leave(left(self, sys._getframe(1), "run_once").value, exc)
 
     def _leave(self, job: Job, exc: BaseException | None) -> None:
         if job._pid != os.getpid():
@@ -355,17 +343,15 @@ class RunOnce:
         # Cancelled (a timeout around it, the loop ending) while the claim goes on in its
         # thread: once it ends, what it claimed is given back, or the job would sit RUNNING,
         # renewed by the heartbeat, with nobody to run its body or finish it.
-        block = id(sys._getframe(1))  # the block's frame (``async with`` runs us at once)
-        job = await run_io_taking(self.claim, self._cut_off)
-        _entered.set((*_entered.get(), (id(self), job)))
-        return block_opened(self, block, job)
+        block = Block(self, sys._getframe(1))  # the block's frame (``async with`` runs us at once)
+        return opened(block, await run_io_taking(self.claim, self._cut_off))
 
     def _cut_off(self, claimed: Job) -> None:
         claimed._stop_heartbeat()
         give_back(self.key, claimed.token, asyncio.CancelledError())
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        await run_io_to_end(self._leave, self._left(id(sys._getframe(1))), exc)
+        await run_io_to_end(self._leave, left(self, sys._getframe(1), "run_once").value, exc)
 
 
 def give_back(key: str, token: str, interrupt: BaseException) -> None:

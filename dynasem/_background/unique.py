@@ -44,7 +44,7 @@ from .._engine.arguments import (
 from .._engine.decorators import KeyMaker, checked_keys
 from .._engine.hold import Held, confirm, delivering, start_renewing, stop_renewing
 from .._engine.queue import too_slow
-from .._engine.reentry import forget_entered, remember_acquired, remember_entered
+from .._engine.reentry import Block, close, opened, remember_acquired
 from .._engine.steps import run_sync
 from .._observability.logs import facts
 from .._storage import claims, dynamodb, lock_rows, records
@@ -296,14 +296,15 @@ def running(held: Held, task: str = "", carried: Claim | None = None) -> Iterato
     """The run of ``task`` (adopted from ``carried``): its hold is this thread's or
     coroutine's, as a ``with semaphore()`` block's is (``current_hold()``; a ``semaphore()``
     of its key inside re-enters it), and the task's to hand on (:func:`current_run`)."""
-    remember_entered(held, held)
+    block = Block(held, None)
+    opened(block, held)
     remember_acquired(held)
     runs = _runs.set((*_runs.get(), (task, carried, held)))
     try:
         yield held
     finally:
         _runs.reset(runs)
-        forget_entered(held)
+        close(block)
 
 
 def inline_retry(carried: Claim) -> Held | None:

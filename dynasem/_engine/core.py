@@ -20,7 +20,6 @@ Safety rules kept here:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import math
 import random
@@ -44,11 +43,13 @@ from .late_handover import leave_queue
 from .lockspec import Attempt
 from .queue import Blocking
 from .reentry import (
+    Block,
+    close,
     current_hold,
-    enter,
-    forget_entered,
     held_here,
     leave,
+    left,
+    opened,
     pending_hold,
     reentered,
     remember_acquired,
@@ -150,11 +151,6 @@ class Semaphore:
         self.metrics_name = (
             None if metrics_name is None else arguments.check_resource(metrics_name, "metrics_name")
         )
-        # The holds of its blocks not left yet, by the task that entered each (weakly; None:
-        # a ``with`` block) and the block (its frame's id): a block left in another context
-        # than its enter's (a generator's, resumed elsewhere; an ``async with`` whose task
-        # was destroyed pending) finds its hold by its frame (see _forget, __aexit__).
-        self._in_tasks: list[tuple[weakref.ref[asyncio.Task[Any]] | None, int, Held]] = []
 
     @property
     def fair(self) -> bool:
@@ -264,94 +260,41 @@ class Semaphore:
     # -- context managers --------------------------------------------------------------------
 
     def __enter__(self) -> Held:
-        block = id(sys._getframe(1))  # the block's frame
-        held = delivering(lambda: self._entered(block, None, enter(self, self.acquire())))
+        block = Block(self, sys._getframe(1))  # the block's frame
+        held = delivering(lambda: opened(block, self.acquire()))
         if self.fence_db:
-            fencing.begin(self, held, self.using, undo=lambda: leave(self._forget(block), True))
+            fencing.begin(block, self.using, undo=lambda: leave(close(block).value, True))
         return held
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        held = self._forget(id(sys._getframe(1)))
+        block = left(self, sys._getframe(1), "semaphore")
         if self.fence_db:
-            fencing.end(self, held, exc_type, exc, tb, undo=lambda: leave(held, True))
-        leave(held, exc_type is not None)
+            fencing.end(block, exc_type, exc, tb, undo=lambda: leave(block.value, True))
+        leave(block.value, exc_type is not None)
 
     async def __aenter__(self) -> Held:
         if self.fence_db:
             raise fencing.no_async()
-        block = id(sys._getframe(1))  # the block's frame (``async with`` runs us at once)
-        return await adelivering(functools.partial(self._aenter, block))
-
-    async def _aenter(self, block: int) -> Held:
-        held = enter(self, await self.aacquire())
         task = asyncio.current_task()
-        return self._entered(block, None if task is None else weakref.ref(task), held)
+        # The block's frame (``async with`` runs us at once), and its task, weakly.
+        block = Block(self, sys._getframe(1), None if task is None else weakref.ref(task))
+        return await adelivering(lambda: self._aenter(block))
 
-    def _entered(self, block: int, task: weakref.ref[asyncio.Task[Any]] | None, held: Held) -> Held:
-        """``held``, entered as the block of the frame ``block`` (by ``task``, if async)."""
-        self._in_tasks.append((task, block, held))
-        return held
-
-    def _forget(self, block: int) -> Held:
-        """The hold of the block being left (``block``: its frame's id), off the stacks: the
-        innermost enter of this semaphore in this thread or task; else the one entered at
-        ``block``, whose exit runs in another context than its enter did (a generator
-        suspended inside the block and resumed by another thread, an async generator closed
-        or read on by another task). Not found, that block's hold would be kept (renewed)
-        for nobody while the process lives."""
-        while True:
-            try:
-                held = forget_entered(self)
-            except RuntimeError:
-                found = [e[2] for e in self._in_tasks if e[1] == block]
-                if not found:
-                    raise
-                held = found[-1]  # the latest (a frame's id may recur)
-                break
-            if any(e[2] is held for e in self._in_tasks):
-                break
-            # Stale: a block of this context left in another one (found there by its frame)
-            # keeps its entry here; taken for this block's, it was given back again (nothing)
-            # and this block's hold kept, renewed for nobody.
-        self._left(held, block)
-        return held
+    async def _aenter(self, block: Block) -> Held:
+        return opened(block, await self.aacquire())
 
     async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        block = id(sys._getframe(1))
-        if exc_type is GeneratorExit and (orphan := self._orphan(block)) is not None:
+        block = left(self, sys._getframe(1), "semaphore")
+        held = block.value
+        if exc_type is GeneratorExit and block.task is not None and block.task() is None:
             # Its task was destroyed pending (its loop closed without cancelling it): the
-            # garbage collector closes the coroutine, in another context than the task's
-            # (its entered holds unknown there), maybe with no loop running: nothing can be
-            # awaited. Given back here and now; else renewed for nobody while we live.
-            give_back_unused(orphan)
+            # garbage collector closes the coroutine, in another context than the task's,
+            # maybe with no loop running: nothing can be awaited. Given back here and now;
+            # else renewed for nobody while we live. (A block closed by ``aclose()`` in its
+            # own live task leaves its hold as usual.)
+            give_back_unused(held)
             return
-        held = self._forget(block)
         await release_to_end(leave, held, exc_type is not None, on_caller=held.follows_caller)
-
-    def _orphan(self, block: int) -> Held | None:
-        """The hold of ``block`` (its frame's id), taken off the blocks' list, if the task
-        that entered it is gone. Only that block's: another block's task may be gone while
-        its block goes on (an async generator inside it, read on by another task), and a
-        block closed by ``aclose()`` in its own live task leaves its own hold as usual."""
-        for entry in self._in_tasks[::-1]:  # the latest (a frame's id may recur)
-            task, entered, held = entry
-            if entered != block:
-                continue
-            if task is None or task() is not None:
-                return None
-            with contextlib.suppress(ValueError):  # another thread's exit took it
-                self._in_tasks.remove(entry)
-                return held
-        return None
-
-    def _left(self, held: Held, block: int) -> None:
-        entries = list(self._in_tasks)
-        # Its own block's entry (a re-entered hold may have several), else the first of it.
-        mine = [e for e in entries if e[2] is held and e[1] == block]
-        for entry in mine or [e for e in entries if e[2] is held][:1]:
-            with contextlib.suppress(ValueError):
-                self._in_tasks.remove(entry)
-            return
 
     # -- decorator ---------------------------------------------------------------------------
 

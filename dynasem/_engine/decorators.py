@@ -28,7 +28,7 @@ from .._observability.logs import facts
 from .._transactions import fencing
 from ..exceptions import Coalesced, Picklable, SemaphoreBusy
 from .arguments import LEADER_PREFIX, MAX_RESOURCE_BYTES, check_printable, utf8_size
-from .reentry import forget_entered, leave
+from .reentry import leave, left
 from .steps import run_io_to_end
 
 logger = logging.getLogger("dynasem")
@@ -513,7 +513,7 @@ def _held_while_streaming(response: Any, lock: Any, held: Any) -> Any:
     closed: a client gone, ``response.close()``), not when the view returned: the body of a
     streaming view is its work. The view's block is left now (its hold is no longer this
     thread's or task's ``current_hold``); the hold itself is given back by the stream's end."""
-    forget_entered(lock)
+    left(lock, None, "semaphore")
     # Once, whoever calls first (the stream's end, then close(), each call it): a re-entered
     # hold (the caller's block holds it too) counts this block's depth once; a second release
     # would give back the caller's share while its block runs.

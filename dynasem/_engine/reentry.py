@@ -1,12 +1,16 @@
-"""The holds this thread or task entered with ``with``/``async with`` (or a decorated call)
-and has not left: the stack :func:`current_hold` reads, and entering and leaving it."""
+"""The blocks entered with ``with``/``async with`` (of a semaphore, a decorated call,
+run_once, leadership) and not left: which block an exit leaves, the holds
+:func:`current_hold` reads; and re-entry, a nested acquire of a hold this thread or task has."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import logging
 import sys
 import threading
+import weakref
 from collections.abc import Sequence
 from contextvars import ContextVar
 from types import FrameType
@@ -18,28 +22,82 @@ from .._observability.logs import facts
 from .._storage.records import Mode
 from .._transactions import commit
 from ..exceptions import LockLost
-from .hold import Held, give_back_unused, undelivered
+from .hold import Held, undelivered
 from .lockspec import LockSpec
 
 logger = logging.getLogger("dynasem")
 
-# The holds entered through ``with``/``async with``, per thread and per task.
-_entered: ContextVar[tuple[tuple[int, Held], ...]] = ContextVar("dynasem_entered", default=())
+
+@dataclasses.dataclass(eq=False, slots=True)
+class Block:
+    """A block entered and not left yet (``with``/``async with`` of a semaphore, run_once or
+    leadership; a unique task's run): the object entered (``owner``), the frame that entered
+    it (None: found by its context only), the task that did (weakly; None: not async), what
+    it entered (``value``: a Held, a Job, a Lead) and a ``fence_db`` block's ``atomic``."""
+
+    owner: object
+    frame: FrameType | None
+    task: weakref.ref[asyncio.Task[Any]] | None = None
+    value: Any = None
+    atomic: Any = None
+    open: bool = False
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (id(self.owner), id(self.frame))
 
 
-def remember_entered(sem: object, held: Held) -> None:
-    _entered.set(_entered.get() + ((id(sem), held),))
+# The blocks this thread or task entered, innermost last (those left since, elsewhere, skipped).
+_entered: ContextVar[tuple[Block, ...]] = ContextVar("dynasem_entered", default=())
+# Every context's open blocks, by (the entered object's id, the entering frame's id; each
+# block keeps its frame, whose id no other frame has meanwhile): a block left in another
+# context than its enter's (a generator resumed by another thread, an async generator closed
+# by another task) or inside another block of the same object finds its own record.
+_open_blocks: dict[tuple[int, int], list[Block]] = {}
+
+_T = TypeVar("_T")
 
 
-def enter(sem: object, held: Held) -> Held:
-    """``held`` entered as ``sem``'s block (``with``/``async with``); ``sem`` is kept by
-    its identity only."""
+def opened(block: Block, value: _T) -> _T:
+    """``value`` entered by ``block``: this thread's or task's innermost, found by its frame
+    from any context until :func:`left`."""
+    block.value, block.open = value, True
     try:
-        remember_entered(sem, held)
-    except BaseException:  # an interrupt before the block: nobody will use the hold
-        give_back_unused(held)
+        _entered.set((*_open_here(), block))
+        if block.frame is not None:
+            _open_blocks.setdefault(block.key, []).append(block)
+    except BaseException:  # an interrupt (a signal's exception): not entered after all
+        close(block)
         raise
-    return held
+    return value
+
+
+def left(owner: object, frame: FrameType | None, what: str) -> Block:
+    """The block of ``owner`` being left at ``frame``, closed: the one entered at that frame
+    (its own, wherever it was entered); else, its enter's frame not its exit's (an
+    ``ExitStack``, a wrapper's ``__enter__``/``__exit__``), this thread's or task's innermost
+    open block of ``owner``. Not found, what it entered would be kept (renewed) for nobody."""
+    mine = _open_blocks.get((id(owner), id(frame))) or [b for b in _open_here() if b.owner is owner]
+    if not mine:
+        raise RuntimeError(f"{what} exited without a matching enter")
+    return close(mine[-1])
+
+
+def close(block: Block) -> Block:
+    """``block`` left: off this context's blocks and the record of open ones (its frame let
+    go: another context's blocks may keep it until they are next read)."""
+    key, block.open, block.frame = block.key, False, None
+    _entered.set(_open_here())
+    blocks = _open_blocks.get(key, [])
+    with contextlib.suppress(ValueError):  # never recorded (an interrupt), or closed already
+        blocks.remove(block)
+    if not blocks:
+        _open_blocks.pop(key, None)
+    return block
+
+
+def _open_here() -> tuple[Block, ...]:
+    return tuple(b for b in _entered.get() if b.open)
 
 
 def current_hold(resource: str | None = None) -> Held:
@@ -47,87 +105,12 @@ def current_hold(resource: str | None = None) -> Held:
     call) and has not left; the innermost one on ``resource`` if given. A decorated view or
     function reaches its own hold this way: ``current_hold().fence``.
     Raises ``LookupError`` when there is none."""
-    for _sem_id, held in reversed(_entered.get()):
-        if resource is None or resource in held.resources:
+    for block in reversed(_open_here()):
+        held = block.value
+        if isinstance(held, Held) and (resource is None or resource in held.resources):
             return held
     where = f" on {resource!r}" if resource is not None else ""
     raise LookupError(f"no dynasem hold is entered here{where}")
-
-
-_T = TypeVar("_T")
-
-
-def pop_entered(stack: ContextVar[tuple[tuple[int, _T], ...]], owner: object, what: str) -> _T:
-    """The innermost entry ``owner`` (kept by its identity) pushed on ``stack`` in this thread
-    or task, taken off it: a block's exit finds its own enter even when blocks of the same
-    object nest."""
-    entries = stack.get()
-    for i in range(len(entries) - 1, -1, -1):
-        if entries[i][0] == id(owner):
-            stack.set(entries[:i] + entries[i + 1 :])
-            return entries[i][1]
-    raise RuntimeError(f"{what} exited without a matching enter")
-
-
-# The blocks entered and not left yet, by (the entered object's id, the block's frame id),
-# whatever the context: a block left in another context than its enter's (a generator
-# suspended inside it and resumed by another thread) finds its own entry there.
-_open_blocks: dict[tuple[int, int], list[Any]] = {}
-
-
-def block_opened(owner: object, block: int, value: _T) -> _T:
-    """``value`` entered by ``owner``'s block whose frame is ``block`` (pushed on a context's
-    stack too); :func:`block_closed` takes it back."""
-    _open_blocks.setdefault((id(owner), block), []).append(value)
-    return value
-
-
-def block_closed(
-    stack: ContextVar[tuple[tuple[int, _T], ...]], owner: object, block: int, what: str
-) -> _T:
-    """What :func:`pop_entered` finds; if this context has no entry of ``owner`` (its block's
-    exit runs elsewhere than its enter did), the one its block (frame ``block``) entered.
-    Raised, that block's hold or job would be kept, renewed, for nobody."""
-    key = (id(owner), block)
-    while True:
-        try:
-            value = pop_entered(stack, owner, what)
-        except RuntimeError:
-            if not _open_blocks.get(key):
-                raise
-            value = _open_blocks[key][-1]
-            break
-        if _recorded(owner, value, key) is not None:
-            break
-        # Stale: a block of this context left in another one (found there by its frame)
-        # keeps its entry here; taken for this block's, this block's would be kept, renewed
-        # for nobody.
-    # Recorded under its enter's frame, which may not be its exit's (``ExitStack``, a
-    # wrapper's ``__enter__``/``__exit__``, ``place.__enter__()`` in dynasem_lead): else
-    # left behind, with what it holds, for the life of the process.
-    where = _recorded(owner, value, key)
-    opened = _open_blocks.get(where, []) if where is not None else []
-    for i in range(len(opened) - 1, -1, -1):
-        if opened[i] is value:
-            del opened[i]
-            break
-    if where is not None and not opened:
-        _open_blocks.pop(where, None)
-    return value
-
-
-def _recorded(owner: object, value: object, key: tuple[int, int]) -> tuple[int, int] | None:
-    """Where ``value``, entered by ``owner``, is recorded as open: under ``key`` (its
-    exit's frame) first, else under any frame; None if its block was left already."""
-    others = [k for k in list(_open_blocks) if k[0] == id(owner) and k != key]
-    for where in (key, *others):
-        if any(v is value for v in _open_blocks.get(where, ())):
-            return where
-    return None
-
-
-def forget_entered(sem: object) -> Held:
-    return pop_entered(_entered, sem, "semaphore")
 
 
 def leave(held: Held, raised: bool) -> None:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from contextvars import ContextVar
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, transaction
@@ -40,10 +39,6 @@ from . import commit
 __all__ = ["begin", "check_fenceable", "end", "fence_transaction", "no_async", "row_key"]
 
 TABLE = "dynasem_fence"
-
-# The transactions that fence_db blocks opened in this thread or task and have not closed:
-# (the semaphore's identity, its atomic block), innermost last.
-_opened: ContextVar[tuple[tuple[int, Any], ...]] = ContextVar("dynasem_fenced", default=())
 
 
 def row_key(resource: str) -> str:
@@ -92,20 +87,19 @@ def fence_transaction(held: Any, using: str | None = None) -> None:
             hold.found_lost(reason, resource)
 
 
-def begin(sem: object, held: Any, using: str | None, undo: Callable[[], None]) -> None:
-    """A ``fence_db`` block's start: open ``transaction.atomic(using)`` (a savepoint inside
-    an open transaction) and write the fence first in it. On failure, ``undo()`` (give the
-    hold back) and raise."""
-    before = _opened.get()
+def begin(opened: Any, using: str | None, undo: Callable[[], None]) -> None:
+    """A ``fence_db`` block's start (``opened``: its record, reentry.Block, whose hold is
+    its ``value``): open ``transaction.atomic(using)`` (a savepoint inside an open
+    transaction), write the fence first in it, and keep it as the block's ``atomic``. On
+    failure, ``undo()`` (give the hold back) and raise."""
     try:
         alias = commit.database(using)  # the routers' choice, asked once for both
         block = transaction.atomic(using=alias)
         block.__enter__()
         try:
-            fence_transaction(held, alias)
-            _opened.set((*before, (id(sem), block)))  # inside: an interrupt here closes it
+            fence_transaction(opened.value, alias)
+            opened.atomic = block  # inside: an interrupt here closes it
         except BaseException as exc:
-            _opened.set(before)
             block.__exit__(type(exc), exc, exc.__traceback__)
             raise
     except BaseException:
@@ -113,20 +107,17 @@ def begin(sem: object, held: Any, using: str | None, undo: Callable[[], None]) -
         raise
 
 
-def end(sem: object, held: Any, exc_type: Any, exc: Any, tb: Any, undo: Callable[[], None]) -> None:
-    """A ``fence_db`` block's end: its transaction commits (a savepoint is released), unless
+def end(opened: Any, exc_type: Any, exc: Any, tb: Any, undo: Callable[[], None]) -> None:
+    """A ``fence_db`` block's end (``opened``: the record :func:`begin` had, found by the
+    block, wherever it is left): its transaction commits (a savepoint is released), unless
     the block raised or the hold can no longer be trusted (then it rolls back and LockLost
     is raised). The hold is given back after this, once the outermost transaction ends. If
     this raises, ``undo()`` (give the hold back, the block having failed) ran first."""
-    stack = _opened.get()
-    # The innermost block this semaphore opened (begin() always pairs with end()).
-    i = max(i for i, (opener, _) in enumerate(stack) if opener == id(sem))
-    block, exited = stack[i][1], False
+    block, exited = opened.atomic, False
     try:
-        _opened.set(stack[:i] + stack[i + 1 :])
         if exc_type is None:
             try:
-                held.raise_if_lost()
+                opened.value.raise_if_lost()
             except BaseException as lost:  # LockLost, or what a lock_lost receiver raised
                 exited = True
                 block.__exit__(type(lost), lost, lost.__traceback__)

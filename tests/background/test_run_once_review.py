@@ -315,10 +315,10 @@ def test_an_interrupt_after_the_claim_returned_and_before_the_block_gives_the_jo
     job is RUNNING for nobody, renewed as long as the process lives (the window e9bce8c
     closed for a semaphore's entry: ``hold.delivering``)."""
 
-    from dynasem._background import run_once as module
+    from dynasem._engine import reentry as module
 
     class Interrupting:
-        """The ContextVar of entered jobs, whose first set is interrupted once done."""
+        """The ContextVar of entered blocks, whose first set is interrupted once done."""
 
         def __init__(self, real: Any):
             self.real, self.fired = real, False

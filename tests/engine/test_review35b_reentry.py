@@ -54,12 +54,6 @@ def test_a_second_generator_left_where_an_earlier_one_was_entered_gives_its_hold
         release_all()  # what a failure left held (taken in this thread)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review 35b, not mended: Semaphore._forget takes this context's innermost entry of "
-    "the object before the block's own record (needed for ExitStack, whose enter and exit "
-    "frames differ)",
-)
 def test_a_generators_block_left_inside_another_block_of_the_same_semaphore(
     lock_table: str,
 ) -> None:
@@ -69,7 +63,8 @@ def test_a_generators_block_left_inside_another_block_of_the_same_semaphore(
     block's hold, given back while this block still works (its permit free for another
     while it works), while the generator's permit is kept, renewed for nobody while the
     process lives (for a shared one: every writer waits on it); this block's exit then
-    raises RuntimeError."""
+    raised RuntimeError. Mended: an exit takes the record its own block's frame made first
+    (``reentry.left``), this context's innermost entry only when there is none."""
     lock = semaphore("r35b-count", limit=2, wait=0)
 
     def work() -> Any:
@@ -122,7 +117,8 @@ def test_a_run_once_block_entered_through_an_exit_stack_leaves_no_record(
     that leaves it. Entered and left from different frames (``ExitStack.enter_context``,
     a wrapper's ``__enter__``/``__exit__``, ``dynasem_lead``'s ``place.__enter__()`` and
     ``place.__exit__``), the record stays for ever, with its Job: ``_open_blocks`` grows
-    by one such block each time, for the life of the process."""
+    by one such block each time, for the life of the process. (Since: ``reentry.opened`` and
+    ``left``, for every block.)"""
     job = run_once("r35b-job", lease=5)
     with contextlib.ExitStack() as stack:
         stack.enter_context(job)
@@ -164,11 +160,6 @@ def test_a_second_leadership_block_left_where_an_earlier_one_was_entered_gives_t
         release_all()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review 35b, not mended: fencing.end finds its atomic block in this context's "
-    "_opened only (max() of nothing: ValueError) before the hold is given back",
-)
 def test_a_fenced_generators_block_left_in_another_context_gives_its_hold_back(
     lock_table: str,
 ) -> None:
@@ -176,7 +167,8 @@ def test_a_fenced_generators_block_left_in_another_context_gives_its_hold_back(
     ``fence_db=True`` block's exit then asks ``fencing.end`` for its atomic block in this
     context's ``_opened``, finds none and raises ValueError before ``leave``: the hold is
     kept, renewed for nobody, and the atomic block it opened is never closed. (The same
-    thread here: a connection is a thread's, so only another context is possible.)"""
+    thread here: a connection is a thread's, so only another context is possible.) Mended:
+    the atomic block is kept in the block's own record (``reentry.Block.atomic``)."""
     from django.db import connection
 
     def work() -> Any:

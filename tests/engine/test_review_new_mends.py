@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import dynasem
+from dynasem._engine import reentry
 from dynasem._storage import lock_rows
 
 
@@ -44,7 +45,9 @@ def test_an_async_generator_closed_in_its_live_task_gives_back_its_own_hold(
         await asyncio.sleep(0)  # the wake-up that held the first task, run
         await asyncio.sleep(0)
         gc.collect()  # the first task is gone; its generator lives, in its block
-        assert [ref() for ref, *_ in sem._in_tasks] == [None], "the test missed the path"
+        blocks = [b for bs in reentry._open_blocks.values() for b in bs if b.owner is sem]
+        dead = [b.task is not None and b.task() for b in blocks]
+        assert dead == [None], "the test missed the path"
         second = block("second")
         await second.__anext__()
         await second.aclose()  # its own task, alive: its block is left

@@ -10,39 +10,33 @@ import pytest
 from django.db import connections
 
 from dynasem import semaphore
+from dynasem._engine import core, reentry
 from dynasem._operators import locks as operations
 from dynasem._operators.locks import holds_on
-from dynasem._transactions import fencing
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-class _InterruptedOnSet:
-    """fencing._opened, whose next set() is where a signal's KeyboardInterrupt lands."""
+class _InterruptedOnAtomic(reentry.Block):
+    """A block's record, where a signal's KeyboardInterrupt lands as its atomic block is kept."""
 
-    def __init__(self, real: Any, at_call: int):
-        self.real, self.calls, self.at_call = real, 0, at_call
-
-    def get(self) -> Any:
-        return self.real.get()
-
-    def set(self, value: Any) -> Any:
-        self.calls += 1
-        if self.calls == self.at_call:
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "atomic" and value is not None:
             raise KeyboardInterrupt
-        return self.real.set(value)
+        super().__setattr__(name, value)
 
 
 def test_an_interrupt_as_a_fenced_block_begins_closes_its_transaction_and_gives_back(
     lock_table: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """begin(): the atomic block entered and the fence written, an interrupt at the line
-    that records the block (``_opened.set``, outside begin's try) leaves __enter__ without
+    that records the block (``_opened.set``, outside begin's try; now the block's record's
+    ``atomic``, inside it) left __enter__ without
     the block being entered: __exit__ never runs, so the transaction is never closed (the
     connection stays in_atomic_block: this thread's later work lands in a transaction that
     never commits) and the hold, entered, is never given back (renewed by its heartbeat until
     the process ends). Every other failure in begin() closes the block and gives back."""
-    monkeypatch.setattr(fencing, "_opened", _InterruptedOnSet(fencing._opened, at_call=1))
+    monkeypatch.setattr(core, "Block", _InterruptedOnAtomic)
     sem = semaphore("tbl:interrupted-begin", fence_db=True)
     with pytest.raises(KeyboardInterrupt):
         with sem:
@@ -53,15 +47,19 @@ def test_an_interrupt_as_a_fenced_block_begins_closes_its_transaction_and_gives_
 def test_an_interrupt_as_a_fenced_block_ends_closes_its_transaction_and_gives_back(
     lock_table: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """end(): an interrupt at ``_opened.set`` (before end's try) skips the block's exit and
-    the undo: the transaction is left open and the hold never given back (__exit__'s
-    leave() is not reached either). An interrupt one line later, in block.__exit__, is
-    handled (undo())."""
-    monkeypatch.setattr(fencing, "_opened", _InterruptedOnSet(fencing._opened, at_call=2))
+    """end(): an interrupt at ``_opened.set`` (before end's try) skipped the block's exit
+    and the undo: the transaction was left open and the hold never given back (__exit__'s
+    leave() is not reached either). end() has no such line now (its atomic block is its
+    record's): an interrupt at its first step, as the hold is checked, is handled
+    (undo())."""
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
     sem = semaphore("tbl:interrupted-end", fence_db=True)
     with pytest.raises(KeyboardInterrupt):
-        with sem:
-            pass
+        with sem as held:
+            monkeypatch.setattr(held, "raise_if_lost", interrupted)
     _check_and_clean_up("tbl:interrupted-end")
 
 

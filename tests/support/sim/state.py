@@ -62,7 +62,7 @@ PER_PROCESS: dict[Key, Callable[[Any], Any]] = {
     ("dynasem._engine.readers", "_watched"): _empty,
     ("dynasem._engine.readers", "_since"): _empty,
     ("dynasem._engine.heartbeat", "_current"): _heartbeat_scheduler,
-    # Blocks entered and not left yet (run_once, leadership), found by their frames.
+    # Blocks entered and not left yet (semaphore, run_once, leadership), found by their frames.
     ("dynasem._engine.reentry", "_open_blocks"): _empty,
     # Holds whose release an interrupt cut short, given back at the process's exit.
     ("dynasem._engine.hold", "_left"): lambda proc: set(),
