@@ -6,13 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import threading
 import time
 from typing import Any
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 
-from dynasem import SemaphoreBusy, release_all, run_once, semaphore
+from dynasem import SemaphoreBusy, current_hold, release_all, run_once, semaphore
 from dynasem._engine import reentry
 from dynasem._operators.locks import holds_on
 
@@ -242,3 +243,58 @@ def _sync_call_waits_on(resource: str, holder: Any, failure: str) -> None:
     finally:
         release_all()
     assert got and got[0] < 2
+
+
+def test_a_generators_block_left_inside_an_exit_stacks_re_entered_block(lock_table: str) -> None:
+    """The first fault, with the block it is left in entered through an ``ExitStack`` (its
+    enter's frame is not its exit's) and re-entering this thread's hold: the generator's
+    exit gives back its own hold, the ExitStack's exit finds its own block by this context,
+    and the outer hold stays until its block ends. (Before 077faf5 the generator's exit gave
+    back this thread's hold.)"""
+    lock = semaphore("r36-stack", limit=2, wait=0)
+
+    def work() -> Any:
+        with lock:
+            yield "inside"
+        yield "after"
+
+    it = work()
+    assert contextvars.copy_context().run(next, it) == "inside"
+    try:
+        with lock as outer:
+            with contextlib.ExitStack() as stack:
+                assert stack.enter_context(lock) is outer  # re-entered
+                assert next(it) == "after"  # the generator's block is left here
+                assert tokens("r36-stack") == {outer.token}
+            assert not outer.released and tokens("r36-stack") == {outer.token}
+        assert tokens("r36-stack") == set()
+        assert [k for k in reentry._open_blocks if k[0] == id(lock)] == []
+    finally:
+        release_all()
+
+
+def test_no_current_hold_once_its_generators_block_was_left_in_another_thread(
+    lock_table: str,
+) -> None:
+    """A generator's block entered here and left by another thread: its hold is given back
+    there, and ``current_hold()`` here must not name it any more (it did before 077faf5:
+    this thread's entry of the block stayed, a hold given back taken for ours)."""
+    lock = semaphore("r36-current", wait=0)
+
+    def work() -> Any:
+        with lock:
+            yield "inside"
+        yield "after"
+
+    it = work()
+    assert next(it) == "inside"
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(next(it)))
+    thread.start()
+    thread.join()
+    try:
+        assert out == ["after"] and tokens("r36-current") == set()
+        with pytest.raises(LookupError):
+            current_hold()
+    finally:
+        release_all()
