@@ -22,7 +22,9 @@ callback notices the drop (CPython frees it at once), and:
 Our callback runs first among the transaction's commit hooks (it is moved to the front of
 Django's list): a hook of another app that raises after the commit makes Django skip the
 hooks after it, and that must neither keep a hold (while the caller handles that exception)
-nor leave a committed run_once job un-DONE.
+nor leave a committed run_once job un-DONE. Not in a ``TestCase``, whose transaction never
+commits: there ``captureOnCommitCallbacks(execute=True)`` runs the hooks added since it began,
+found by their place in Django's list, and one moved to the front would be missed.
 
 Django's ``TestCase`` (and pytest-django's ``db``) wraps each test in atomic blocks that never
 commit; those do not count as a transaction here, so a test sees what production does.
@@ -84,6 +86,15 @@ def _in_transaction(connection: Any) -> bool:
     return any(not getattr(block, "_from_testcase", False) for block in connection.atomic_blocks)
 
 
+def _under_testcase(connection: Any) -> bool:
+    """Whether this transaction is inside a TestCase's blocks, which never commit: its hooks
+    run only through ``captureOnCommitCallbacks(execute=True)``, which runs those added since
+    it began, found by their place in the list. Moved to the front, ours would be missed
+    (kept till the test ends) and a hook from before the capture run in its stead."""
+    blocks = connection.atomic_blocks
+    return bool(blocks) and getattr(blocks[0], "_from_testcase", False) is True
+
+
 def open_transaction(using: str | None) -> Any:
     """The connection of ``using`` (if None: ``database(None)``, the routers' choice) when
     this thread is inside a transaction of it that will commit or roll back; None otherwise
@@ -121,10 +132,11 @@ class _Pending:
         weakref.finalize(callback, self._dropped).atexit = False
         self._sids = set(self.connection.savepoint_ids)
         self.connection.on_commit(callback, robust=True)
-        # Run first among the commit hooks: move ours, just appended (we are inside atomic,
-        # so on_commit queued it), to the front.
-        hooks = self.connection.run_on_commit
-        hooks.insert(0, hooks.pop())
+        if not _under_testcase(self.connection):
+            # Run first among the commit hooks: move ours, just appended (we are inside
+            # atomic, so on_commit queued it), to the front.
+            hooks = self.connection.run_on_commit
+            hooks.insert(0, hooks.pop())
         waiting = _pending.setdefault(self.connection, [])
         if self not in waiting:  # registered again after a savepoint rollback
             waiting.append(self)
