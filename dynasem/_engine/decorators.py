@@ -412,17 +412,35 @@ def _refuse(func: Any) -> None:
             f"semaphore(...) cannot decorate the class {func.__qualname__}: decorate a method "
             "(for a class-based view: @method_decorator(semaphore(...), name='post'))"
         )
-    if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+    called = _called(func)
+    if inspect.isgeneratorfunction(called) or inspect.isasyncgenfunction(called):
         raise TypeError(
-            f"semaphore(...) cannot decorate the generator function {func.__qualname__}: the "
+            f"semaphore(...) cannot decorate the generator function {called.__qualname__}: the "
             "lock would be given back at its first yield; use `with semaphore(...)` inside it"
         )
+
+
+def _called(func: Any) -> Any:
+    """What runs when ``func`` is called: itself, or for an instance of a class with a
+    ``__call__`` (a handler object), that method, which asgiref's and inspect's tests of
+    coroutine and generator functions do not look at."""
+    if inspect.isroutine(func) or isinstance(func, functools.partial):
+        return func
+    return type(func).__call__
+
+
+def _is_async(func: Any) -> bool:
+    """Whether calling ``func`` makes a coroutine (an instance whose ``__call__`` is a
+    coroutine function too: locked as a sync call, its coroutine would run after the lock
+    was given back)."""
+    return iscoroutinefunction(func) or iscoroutinefunction(_called(func))
 
 
 def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., Any]:
     """``func`` taking ``sem`` (with the call's resource) around every call."""
     _refuse(func)
-    if iscoroutinefunction(func) and getattr(sem, "fence_db", False):
+    is_async = _is_async(func)
+    if is_async and getattr(sem, "fence_db", False):
         raise fencing.no_async()
     keys = KeyMaker(sem.decoration.resource, func)
     on_busy = sem.decoration.on_busy
@@ -436,7 +454,7 @@ def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., A
             raise exc
         return on_busy(exc, *args, **kwargs)
 
-    if iscoroutinefunction(func):
+    if is_async:
 
         async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
             request, resource, bad = _resolve(keys, args, kwargs)
