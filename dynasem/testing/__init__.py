@@ -127,12 +127,17 @@ def abandon(held: Any) -> None:
     when a holder dies mid-work:
 
     ```python
-    held = semaphore("tbl_issues:42", lease=2).acquire()
-    abandon(held)                      # its process "dies" holding the lock
-    time.sleep(2.5)
-    with semaphore("tbl_issues:42", wait=0) as taken:
-        assert taken.fence > held.fence
+    with fresh_table(CLOCK_SKEW=0.5):  # or @pytest.mark.dynasem(CLOCK_SKEW=0.5)
+        held = semaphore("tbl_issues:42", lease=2).acquire()
+        abandon(held)                  # its process "dies" holding the lock
+        time.sleep(2 + 0.5 + 0.5)      # its lease, then CLOCK_SKEW, then a margin
+        with semaphore("tbl_issues:42", wait=0) as taken:
+            assert taken.fence > held.fence
     ```
+
+    Another process takes a dead holder's lock over once its lease and ``CLOCK_SKEW`` (5 s
+    by default, and a lease must be longer) have passed: a short skew keeps such a test
+    short.
 
     The hold object itself still works (``release()`` gives the lock back while its lease
     lasts); only the background renewal stops."""
