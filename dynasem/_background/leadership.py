@@ -37,10 +37,9 @@ from .._engine.arguments import (
     check_resource,
     utf8_size,
 )
-from .._engine.hold import Held
+from .._engine.hold import Held, when_lost
 from .._engine.reentry import Block, left, opened
 from ..exceptions import LockLost
-from ..signals import lock_lost
 
 __all__ = ["Lead", "Leadership", "leadership", "resource_of"]
 
@@ -74,7 +73,9 @@ class Lead:
         self._once = threading.Lock()
         # Set before the hold is given back: from then on another may lead at any moment.
         self._given_back = False
-        lock_lost.connect(self._heard_lost, weak=False, dispatch_uid=f"dynasem-lead-{id(self)}")
+        # Told by the hold itself, not through lock_lost: a project's receiver that raises
+        # would keep the signal from reaching us.
+        when_lost(held, self._heard_lost)
         if held.lost:  # lost before we listened
             self._lost_now()
 
@@ -108,8 +109,8 @@ class Lead:
             self._lost.wait(step)
         return True
 
-    def _heard_lost(self, sender: Any, token: str, **kwargs: Any) -> None:
-        if token == self.held.token:
+    def _heard_lost(self) -> None:
+        if not self._given_back:  # lost as its block gives it back: no loss to report
             self._lost_now()
 
     def _lost_now(self) -> None:
@@ -117,15 +118,13 @@ class Lead:
             if self._lost.is_set():
                 return
             self._lost.set()
-        lock_lost.disconnect(dispatch_uid=f"dynasem-lead-{id(self)}")
         if self._on_lost is not None:
             self._on_lost(self)
 
     def _give_up(self) -> None:
-        """Inactive from now on, and deaf to lock_lost: the block is giving the lead back,
+        """Inactive from now on, and deaf to a loss: the block is giving the lead back,
         which is no loss to report."""
         self._given_back = True
-        lock_lost.disconnect(dispatch_uid=f"dynasem-lead-{id(self)}")
 
     def __repr__(self) -> str:
         state = "given back" if self._given_back else "active" if self.active else "lost"

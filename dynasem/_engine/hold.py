@@ -81,6 +81,9 @@ class Held:
         # waiter's, while a renewal observes the row): never held across a request.
         self._row_lock = threading.Lock()
         self._lost: str | None = None
+        # Told of the loss before lock_lost is sent: dynasem's own listeners (a lead), which
+        # must not depend on a project's receivers connected before them, any of which may raise.
+        self._lost_watchers: list[Callable[[], None]] = []
         self._released = False
         # Its release was interrupted before it began: left to its lease (re-entered no more).
         self.left_to_lease = False
@@ -209,9 +212,13 @@ class Held:
         logger.warning("dynasem: lost the hold on %r: %s", self.resource, reason, extra=ex)
         if telemetry.ON:
             telemetry.lost(self, reason)
-        # pending_commit: its block had ended, its transaction had not: the transaction's work
-        # may still commit after another holder took over.
-        self._send(lock_lost, reason=reason, pending_commit=self._pending_commit)
+        try:
+            for watcher in list(self._lost_watchers):
+                watcher()
+        finally:
+            # pending_commit: its block had ended, its transaction had not: the transaction's
+            # work may still commit after another holder took over.
+            self._send(lock_lost, reason=reason, pending_commit=self._pending_commit)
 
     def _facts(self, outcome: str, reason: object = None) -> dict[str, Any]:
         """``extra`` for a log record about this hold."""
@@ -819,6 +826,14 @@ def confirm(held: Held) -> None:
     ``LockLost`` (the lease may have run out, and another holder taken over, meanwhile)."""
     with held._lock:
         held._renew_once()
+
+
+def when_lost(held: Held, told: Callable[[], None]) -> None:
+    """Call ``told()`` once ``held`` is found lost, before ``lock_lost`` is sent (Django's
+    ``send`` stops at the first receiver that raises: a project's, connected at start-up,
+    would keep a receiver of dynasem's own from hearing it). ``told`` may come from the
+    heartbeat's thread."""
+    held._lost_watchers.append(told)
 
 
 def stop_renewing(held: Held) -> None:
