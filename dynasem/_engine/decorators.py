@@ -15,7 +15,9 @@ import functools
 import inspect
 import logging
 import string
+import threading
 import unicodedata
+import weakref
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -26,7 +28,7 @@ from django.utils.functional import LazyObject
 
 from .._observability.logs import facts
 from .._transactions import fencing
-from ..exceptions import Coalesced, Picklable, SemaphoreBusy
+from ..exceptions import Coalesced, LockLost, Picklable, SemaphoreBusy
 from .arguments import LEADER_PREFIX, MAX_RESOURCE_BYTES, check_printable, utf8_size
 from .reentry import leave, left
 from .steps import run_io_to_end
@@ -566,4 +568,18 @@ def _held_while_streaming(response: Any, lock: Any, held: Any) -> Any:
         response.streaming_content = content()
     # Closed without being iterated (a body never started has no finally to run).
     response._resource_closers.append(give_back)
+    # Neither iterated nor closed: replaced by another response and dropped (Django's
+    # ConditionalGetMiddleware answers a revalidation with a new 304 and leaves this one
+    # unclosed). Else renewed for nobody while the process lives. Given back in a thread of
+    # its own: the collector may run this anywhere, holding anything.
+    weakref.finalize(response, _given_back_when_dropped, ours, give_back).atexit = False
     return response
+
+
+def _given_back_when_dropped(ours: list[Any], give_back: Callable[[], None]) -> None:
+    def quietly() -> None:
+        with contextlib.suppress(LockLost):  # lost meanwhile: logged and signalled then
+            give_back()
+
+    if ours:  # not given back by the body's end or close()
+        threading.Thread(target=quietly, name="dynasem-dropped-stream", daemon=True).start()
