@@ -37,7 +37,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -210,6 +210,20 @@ def after_transaction(
         return True
     pending.register()
     return True
+
+
+def give_backs() -> list[_Pending]:
+    """The give-backs still waiting for a transaction's end, of every thread: what
+    :func:`end_now` ends (``dynasem.testing``, as a test's table ends)."""
+    return [p for waiting in list(_pending.values()) for p in list(waiting) if not p.done]
+
+
+def end_now(entries: Iterable[_Pending]) -> None:
+    """End ``entries`` now, as if their transactions had rolled back (``finish(False)``): a
+    test's table ends before Django's ``TestCase`` rolls the test's transaction back, and a
+    give-back that rollback set off would go to whatever ``DYNASEM`` names by then."""
+    for entry in entries:
+        entry._end(False)
 
 
 def pending_owners() -> list[Any]:

@@ -156,6 +156,7 @@ def _table(settings: dict[str, Any]) -> Iterator[str]:
     from .._engine.hold import forget_left
     from .._engine.reentry import forget_acquired
     from .._storage import records, schema
+    from .._transactions import commit
     from ..conf import settings as dynasem_settings
 
     forget_acquired()  # holds of earlier tests are on other tables: never re-entered
@@ -173,9 +174,14 @@ def _table(settings: dict[str, Any]) -> Iterator[str]:
             schema.wait_until_active(name)
             schema.write_format()
             renewing = set(heartbeat.scheduled())
+            waiting = set(commit.give_backs())
             try:
                 yield name
             finally:
+                # A give-back waiting for the test's transaction, which a TestCase rolls back
+                # after this table's end: ended now, on this table (set off by that rollback,
+                # it would go to the project's own DYNASEM, maybe AWS).
+                commit.end_now(p for p in commit.give_backs() if p not in waiting)
                 # A hold left behind goes with its table: renewed on, it would write to whatever
                 # table DYNASEM names next (another test's) and warn there of a lost hold.
                 for beat in set(heartbeat.scheduled()) - renewing:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dynasem import semaphore
+from dynasem import run_once, semaphore
 from dynasem.testing import abandon, fresh_table
 
 
@@ -30,3 +30,43 @@ def test_abandons_example_runs_under_the_default_settings():
     names = {"semaphore": semaphore, "abandon": abandon, "time": time, "fresh_table": fresh_table}
     with fresh_table(CLOCK_SKEW=5):  # dynasem's default, which a user's settings keep
         exec(compile(code, "abandon's example", "exec"), names)
+
+
+@pytest.mark.parametrize("block", [semaphore, run_once], ids=["hold", "run_once"])
+def test_a_give_back_left_for_a_testcases_rollback_goes_to_its_own_table(
+    transactional_db, monkeypatch, block
+):
+    """A hold given back inside the test's own ``atomic`` waits for a commit a ``TestCase``
+    never makes; Django rolls the test's transaction back after the test's clean-ups, and
+    ``fresh_table()``'s is one: its table deleted and ``DYNASEM`` restored first, the
+    give-back the rollback set off went to the project's own settings, maybe to AWS with
+    the developer's credentials (the guide: "requests only ever go to the engine on
+    127.0.0.1"), and was logged as failed."""
+    from django.conf import settings as django_settings
+    from django.db import transaction
+
+    from dynasem._storage import dynamodb
+
+    sent: list[tuple[str, str | None]] = []
+    send = dynamodb.send_request
+
+    def spy(operation: str, **request: object) -> object:
+        sent.append((operation, django_settings.DYNASEM.get("ENDPOINT_URL")))
+        return send(operation, **request)
+
+    monkeypatch.setattr(dynamodb, "send_request", spy)
+    testcase = transaction.atomic()
+    testcase._from_testcase = True  # what Django's TestCase marks its own blocks with
+    testcase.__enter__()
+    try:
+        with fresh_table() as table:
+            endpoint = django_settings.DYNASEM["ENDPOINT_URL"]
+            with transaction.atomic():  # the test's own (ATOMIC_REQUESTS, a service's)
+                with block("rollback-later"):
+                    pass
+        # TestCase: the test and its clean-ups (fresh_table()'s) end, then the rollback
+    finally:
+        transaction.set_rollback(True)
+        testcase.__exit__(None, None, None)
+    elsewhere = [(operation, where) for operation, where in sent if where != endpoint]
+    assert elsewhere == [], f"sent past {table}'s end, to the project's DYNASEM: {elsewhere}"
