@@ -42,3 +42,46 @@ def test_a_raising_lock_lost_receiver_does_not_keep_on_lost_from_a_lead(
         (hold,) = holds_on("leader:review36-jobs")
         break_hold("leader:review36-jobs", hold.token)  # the next renewal is refused
         assert told.wait(10), "on_lost was not called after the lead was broken"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="lock_acquired (hold.acquired) and lock_busy (queue.busy) are sent with Signal.send "
+    "inside the acquire loop, which an async acquire drives on the event loop's thread: a "
+    "receiver that uses the ORM raises SynchronousOnlyOperation there (lock_released, sent "
+    "from dynasem's executor, works). Mend: the loop yields a signal step (core.Acquire.write "
+    "and permits, where take.hold is called; queue.busy's callers) that run_sync sends and "
+    "run_async awaits as Signal.asend (sync_to_async(send) on Django 4.2), as Django's own "
+    "async senders do; it needs core.py, not this helper's to edit.",
+)
+@pytest.mark.parametrize("signal", ["lock_acquired", "lock_busy"])
+def test_a_receiver_using_the_orm_works_for_an_async_acquire(
+    lock_table: str, transactional_db: None, signal: str
+) -> None:
+    """An audit receiver (``AuditEntry.objects.create(...)``), as a Django project writes
+    one, works for ``with semaphore(...)`` and for a sync view; for ``async with`` and an
+    async view it raised ``SynchronousOnlyOperation``: the acquire failed (500, not the
+    view's answer), or the busy answer became a 500 instead of 423."""
+    import asyncio
+
+    from django.contrib.auth.models import User
+
+    from dynasem import SemaphoreBusy, semaphore
+    from dynasem import signals as dynasem_signals
+
+    def audit(sender: Any, **kwargs: Any) -> None:
+        User.objects.filter(username=kwargs["user_id"]).exists()  # any ORM call
+
+    getattr(dynasem_signals, signal).connect(audit, weak=False, dispatch_uid="review36-audit")
+
+    async def go() -> None:
+        async with semaphore("audited"):
+            if signal == "lock_busy":
+                with pytest.raises(SemaphoreBusy):  # not SynchronousOnlyOperation
+                    async with semaphore("audited", wait=0):
+                        pass
+
+    try:
+        asyncio.run(go())
+    finally:
+        getattr(dynasem_signals, signal).disconnect(dispatch_uid="review36-audit")
