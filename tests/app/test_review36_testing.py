@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+import dynasem.testing
 from dynasem import run_once, semaphore
 from dynasem.testing import abandon, fresh_table, held_elsewhere
 
@@ -82,3 +83,19 @@ def test_a_hold_held_elsewhere_and_abandoned_ends_its_block_quietly(lock_table):
         time.sleep(1 + 0.5 + 0.3)  # its lease, CLOCK_SKEW (the suite's 0.5 s), a margin
         with semaphore("review36-dead", wait=0) as taken:  # the code under test
             assert taken.fence > other.fence
+
+
+@pytest.mark.parametrize("page", ["docs/how-to/testing.md", "docs/tutorial.md"])
+def test_the_guides_test_modules_import_what_they_use(page, pytestconfig):
+    """The guides' pytest examples are a user's test module, not run by the docs' tests
+    (they need the user's project): each must at least define its tests as written. The
+    testing guide's used ``@pytest.mark.dynasem`` without importing pytest (NameError)."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / page).read_text()
+    marker = '<!-- skip: next "a test module of your own suite'
+    block = re.search(r"```python\n(.*?)```", text[text.index(marker) :], re.DOTALL)
+    assert block, f"no test module example in {page}"
+    module = block.group(1).split("# test_rebuild.py", 1)[1]
+    dynasem.testing.pytest_configure(pytestconfig)  # what the user's conftest.py loads
+    exec(compile(module, f"{page}'s test_rebuild.py", "exec"), {"__name__": "test_rebuild"})
