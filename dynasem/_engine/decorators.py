@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.http.response import HttpResponseBase
+from django.template.response import SimpleTemplateResponse
 from django.utils.functional import LazyObject
 
 from .._observability.logs import facts
@@ -508,35 +509,35 @@ def _resolve(keys: KeyMaker, args: Any, kwargs: Any) -> tuple[Any, Any, HttpResp
 
 
 def _answered(stack: Any, request: Any, response: Any, lock: Any, held: Any) -> Any:
-    """``response``; a view's streaming response takes the hold with it (the block ``stack``
-    holds it in ends with the stream, not here)."""
-    if _streams(request, response, lock):
+    """``response``; a view's response whose work runs after the view returns takes the hold
+    with it (the block ``stack`` holds it in ends with that work, not here): a streaming
+    body, run as the server sends it; a template response, rendered by Django's handler
+    (class-based views' lazy querysets are read then). A fenced semaphore's transaction ends
+    with the view: its hold does too."""
+    if request is None or getattr(lock, "fence_db", False):
+        return response
+    if isinstance(response, HttpResponseBase) and response.streaming:
         stack.pop_all()
         return _held_while_streaming(response, lock, held)
+    if isinstance(response, SimpleTemplateResponse) and not response.is_rendered:
+        stack.pop_all()
+        give_back = _carried(response, lock, held)
+        # Called by render() once the content is made (None: the response stays as it is).
+        response.add_post_render_callback(lambda rendered: give_back())
+        return response
     return response
 
 
-def _streams(request: Any, response: Any, lock: Any) -> bool:
-    """Whether a view answered with a streaming response (``StreamingHttpResponse``,
-    ``FileResponse``), whose body runs after the view returns, as the server sends it. A
-    fenced semaphore's transaction ends with the view: its hold does too."""
-    return (
-        request is not None
-        and isinstance(response, HttpResponseBase)
-        and response.streaming
-        and not getattr(lock, "fence_db", False)
-    )
-
-
-def _held_while_streaming(response: Any, lock: Any, held: Any) -> Any:
-    """``response``, its lock given back when its body has been sent (or the stream is
-    closed: a client gone, ``response.close()``), not when the view returned: the body of a
-    streaming view is its work. The view's block is left now (its hold is no longer this
-    thread's or task's ``current_hold``); the hold itself is given back by the stream's end."""
+def _carried(response: Any, lock: Any, held: Any) -> Callable[[], None]:
+    """What gives back ``held``, carried by ``response`` past the view: once, whoever calls
+    first. The view's block is left now (its hold is no longer this thread's or task's
+    ``current_hold``). Also given back when the response is dropped unfinished (below).
+    Nothing of it is kept on the response: a rendered template response is pickled by
+    Django's cache middleware."""
     left(lock, None, "semaphore")
-    # Once, whoever calls first (the stream's end, then close(), each call it): a re-entered
-    # hold (the caller's block holds it too) counts this block's depth once; a second release
-    # would give back the caller's share while its block runs.
+    # Once (the stream's end, then close(), each call it): a re-entered hold (the caller's
+    # block holds it too) counts this block's depth once; a second release would give back
+    # the caller's share while its block runs.
     ours = [held]
 
     def give_back() -> None:
@@ -546,6 +547,22 @@ def _held_while_streaming(response: Any, lock: Any, held: Any) -> Any:
             return  # given back already
         leave(mine, False)
 
+    # Neither finished nor closed: replaced by another response and dropped (Django's
+    # ConditionalGetMiddleware answers a revalidation with a new 304 and leaves this one
+    # unclosed; a template that raises leaves it unrendered). Else renewed for nobody while
+    # the process lives. Given back in a thread of its own: the collector may run this
+    # anywhere, holding anything.
+    weakref.finalize(response, _given_back_when_dropped, ours, give_back).atexit = False
+    return give_back
+
+
+def _held_while_streaming(response: Any, lock: Any, held: Any) -> Any:
+    """``response``, its lock given back when its body has been sent (or the stream is
+    closed, or the response dropped), not when the view returned: the body of a streaming
+    view is its work."""
+    give_back = _carried(response, lock, held)
+    # Closed without being iterated (a body never started has no finally to run).
+    response._resource_closers.append(give_back)
     chunks = response.streaming_content
     if response.is_async:
 
@@ -566,13 +583,6 @@ def _held_while_streaming(response: Any, lock: Any, held: Any) -> Any:
                 give_back()
 
         response.streaming_content = content()
-    # Closed without being iterated (a body never started has no finally to run).
-    response._resource_closers.append(give_back)
-    # Neither iterated nor closed: replaced by another response and dropped (Django's
-    # ConditionalGetMiddleware answers a revalidation with a new 304 and leaves this one
-    # unclosed). Else renewed for nobody while the process lives. Given back in a thread of
-    # its own: the collector may run this anywhere, holding anything.
-    weakref.finalize(response, _given_back_when_dropped, ours, give_back).atexit = False
     return response
 
 

@@ -69,3 +69,83 @@ def test_a_streaming_response_replaced_by_a_304_gives_its_lock_back(lock_table, 
     response.close()  # what the server sends, it closes
     gc.collect()
     wait_for(lambda: holds_on("export-cached:1") == [], 5, "the replaced response's lock is held")
+
+
+def test_a_template_response_is_rendered_under_its_views_lock(lock_table, transactional_db):
+    """Class-based views (``ListView``, ``DetailView``, ``TemplateView``) answer with a
+    ``TemplateResponse``, rendered by Django's handler after the view returned: a lazy
+    queryset in its context is read then. A reader's view (``shared=True``, so as not to
+    read a project while its purge-and-rebuild runs) gave its hold back before the read:
+    the rows were read with no lock held, while a writer could be rebuilding them."""
+    from django.template import engines
+    from django.template.response import SimpleTemplateResponse
+    from django.test import RequestFactory
+
+    seen: list[int] = []
+
+    class Rows:  # a lazy queryset: read when the template shows it
+        def __str__(self) -> str:
+            seen.append(len(holds_on("issues:1")))
+            return "rows"
+
+    @semaphore("issues:{project_id}", shared=True)
+    def issue_list(request, project_id):
+        template = engines["django"].from_string("{{ rows }}")
+        return SimpleTemplateResponse(template, {"rows": Rows()})
+
+    response = issue_list(RequestFactory().get("/"), project_id=1)
+    response.render()  # what Django's handler does after the view (and its middleware)
+    assert response.content == b"rows"
+    assert seen == [1], f"holders of issues:1 while its rows were read: {seen}"
+    assert holds_on("issues:1") == []
+
+
+def test_a_template_response_whose_rendering_raises_gives_its_lock_back(
+    lock_table, transactional_db
+):
+    """Carried past the view, the hold must still end when the rendering fails (Django's
+    handler answers 500 and drops the unrendered response)."""
+    import gc
+
+    from django.template import engines
+    from django.template.response import SimpleTemplateResponse
+    from django.test import RequestFactory
+
+    from tests.support.helpers import wait_for
+
+    class Broken:
+        def __str__(self) -> str:
+            raise RuntimeError("a template error")
+
+    @semaphore("issues-broken:{project_id}", shared=True)
+    def issue_list(request, project_id):
+        template = engines["django"].from_string("{{ rows }}")
+        return SimpleTemplateResponse(template, {"rows": Broken()})
+
+    response = issue_list(RequestFactory().get("/"), project_id=1)
+    with pytest.raises(RuntimeError):
+        response.render()
+    del response
+    gc.collect()
+    wait_for(lambda: holds_on("issues-broken:1") == [], 5, "the unrendered response's lock")
+
+
+def test_a_template_response_carried_past_its_view_still_pickles_once_rendered(
+    lock_table, transactional_db
+):
+    """Django's cache middleware pickles a rendered template response (a post-render
+    callback of its own, after ours): what carries the hold must not go with it."""
+    import pickle
+
+    from django.template import engines
+    from django.template.response import SimpleTemplateResponse
+    from django.test import RequestFactory
+
+    @semaphore("issues-cached:{project_id}", shared=True)
+    def issue_list(request, project_id):
+        return SimpleTemplateResponse(engines["django"].from_string("rows"), {})
+
+    response = issue_list(RequestFactory().get("/"), project_id=1)
+    response.render()
+    assert pickle.loads(pickle.dumps(response)).content == b"rows"
+    assert holds_on("issues-cached:1") == []
