@@ -809,7 +809,11 @@ def give_back_left(held: Held) -> bool:
         logger.warning(message, held.resource, exc, extra=held._facts("give_back_failed", exc))
         return False
     if given:
-        held._send(lock_released)
+        try:
+            held._send(lock_released)
+        except Exception as exc:  # a receiver's: the holds after this one are still to go
+            message = "dynasem: a lock_released receiver raised at exit for %r: %r"
+            logger.warning(message, held.resource, exc, extra=held._facts("receiver_failed", exc))
     return given
 
 

@@ -85,3 +85,43 @@ def test_a_receiver_using_the_orm_works_for_an_async_acquire(
         asyncio.run(go())
     finally:
         getattr(dynasem_signals, signal).disconnect(dispatch_uid="review36-audit")
+
+
+def test_a_raising_lock_released_receiver_leaves_no_hold_at_exit(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Holds whose release Ctrl-C cut short are given back at exit (``release_all``), each
+    then sending ``lock_released``. A receiver that raised for the first stopped the rest:
+    every later such hold stayed in its row for its lease, and the exit hook raised."""
+    from dynasem import semaphore
+    from dynasem._engine import shutdown
+    from dynasem._operators.locks import holds_on
+    from dynasem._storage import lock_rows
+    from dynasem.signals import lock_released
+
+    holds = [semaphore(f"exit-{n}", lease=30).acquire() for n in range(2)]
+    real_update = lock_rows.update
+    interrupted: set[str] = set()
+
+    def update(action: dict[str, Any], **kwargs: Any) -> Any:
+        key = str(action.get("Key"))
+        if action["UpdateExpression"].startswith("REMOVE #h.#t") and key not in interrupted:
+            interrupted.add(key)
+            raise KeyboardInterrupt  # Ctrl-C before the give-back is sent
+        return real_update(action, **kwargs)
+
+    monkeypatch.setattr(lock_rows, "update", update)
+    for held in holds:
+        with pytest.raises(KeyboardInterrupt):
+            held.release()
+    assert all(holds_on(h.resource) for h in holds)
+
+    def alert(sender: Any, **kwargs: Any) -> None:
+        raise ConnectionError("the alerting webhook is down")
+
+    lock_released.connect(alert, weak=False, dispatch_uid="review36-released")
+    try:
+        shutdown.release_all()
+    finally:
+        lock_released.disconnect(dispatch_uid="review36-released")
+    assert [h.resource for h in holds if holds_on(h.resource)] == []
