@@ -846,6 +846,15 @@ def stop_renewing(held: Held) -> None:
     held._stop_heartbeat()
 
 
+def abandon(held: Held) -> None:
+    """Leave ``held`` as its process dying would (``dynasem.testing.abandon``): renewed no
+    more, re-entered by no block of the thread that took it (a dead process's lock is busy
+    for everyone), nothing released or written; ``release()`` still gives it back."""
+    held = getattr(held, "outer", held)  # a nested acquire's view: the hold itself
+    held._stop_heartbeat()
+    held.left_to_lease = True
+
+
 def acquired(
     semaphore: LockSpec, *, item: records.LockItem | None, cls: type[Held] = Held, **terms: Any
 ) -> Held:

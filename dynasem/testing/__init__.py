@@ -143,10 +143,11 @@ def abandon(held: Any) -> None:
     short.
 
     The hold object itself still works (``release()`` gives the lock back while its lease
-    lasts); only the background renewal stops."""
-    from .._engine.hold import stop_renewing
+    lasts); only the background renewal stops, and the thread that took it no longer
+    re-enters it (a nested acquire there finds the lock busy, as any other process does)."""
+    from .._engine.hold import abandon as left_by_its_process
 
-    stop_renewing(held)
+    left_by_its_process(held)
 
 
 @contextlib.contextmanager

@@ -99,3 +99,21 @@ def test_the_guides_test_modules_import_what_they_use(page, pytestconfig):
     module = block.group(1).split("# test_rebuild.py", 1)[1]
     dynasem.testing.pytest_configure(pytestconfig)  # what the user's conftest.py loads
     exec(compile(module, f"{page}'s test_rebuild.py", "exec"), {"__name__": "test_rebuild"})
+
+
+@pytest.mark.reentry  # as in a user's project
+def test_an_abandoned_hold_is_not_re_entered_by_the_thread_that_took_it(lock_table):
+    """``abandon`` leaves a hold as its process dying would: that process's lock, busy for
+    everyone until its lease runs out. The thread that took it re-entered it instead (a
+    nested acquire of its own hold), so the test's next acquire ran at once where every
+    other process, and production's code after a crash, finds the lock busy."""
+    from dynasem import SemaphoreBusy
+
+    held = semaphore("review36-abandoned", lease=30).acquire()
+    abandon(held)  # its process "dies" holding the lock
+    try:
+        with pytest.raises(SemaphoreBusy):
+            with semaphore("review36-abandoned", wait=0):
+                pass
+    finally:
+        held.release()
