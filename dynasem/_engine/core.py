@@ -35,10 +35,10 @@ from .._storage import dynamodb, lock_rows, permit_items, queue_entries, records
 from .._storage.records import Mode
 from .._transactions import commit, fencing
 from ..conf import settings
-from ..exceptions import SemaphoreUnavailable
+from ..exceptions import SemaphoreBusy, SemaphoreUnavailable
 from . import arguments, coalescing, permits, processes, push, queue, reader_hold, readers, take
 from .decorators import Decoration, lock_callable
-from .hold import Held, adelivering, delivering, give_back_unused
+from .hold import Held, adelivering, announced, delivering, give_back_unused
 from .late_handover import leave_queue
 from .lockspec import Attempt
 from .queue import Blocking
@@ -208,10 +208,16 @@ class Semaphore:
         try:
             if permits.applies(self):
                 # A counting semaphore of many permits: its holders are in items of their own.
-                return (yield from permits.acquire_steps(run))
-            return (yield from Acquire(run).steps())
+                held = yield from permits.acquire_steps(run)
+            else:
+                held = yield from Acquire(run).steps()
+        except SemaphoreBusy as exc:
+            yield queue.busy_announced(run, exc)  # lock_busy, before the caller has it
+            raise
         finally:
             push.forget(run.token)  # a push that comes now is for a wait that is over
+        yield announced(held)  # lock_acquired, before the caller has the hold
+        return held
 
     def acquire(self) -> Held:
         """Take the semaphore, waiting up to ``wait`` seconds, and return the hold (a

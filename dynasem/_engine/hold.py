@@ -30,7 +30,7 @@ from ..signals import lock_acquired, lock_lost, lock_released
 from . import handover, push, resend
 from .heartbeat import Heartbeat
 from .lockspec import LockSpec
-from .steps import closing, release_to_end, run_io, run_io_to_end
+from .steps import Announce, announce, closing, release_to_end, run_io, run_io_to_end
 
 logger = logging.getLogger("dynasem")
 
@@ -243,7 +243,16 @@ class Held:
         raise LockLost(resource or self.resource, reason)
 
     def _send(self, signal: Signal, **more: Any) -> None:
-        signal.send(
+        self._announce(signal, **more).send()
+
+    def _announce(
+        self, signal: Signal, undo: Callable[[], None] | None = None, **more: Any
+    ) -> Announce:
+        """``signal`` about this hold (``more``: its own arguments), as a step of the acquire
+        loop (``undo``: what gives the hold back if it fails)."""
+        return announce(
+            signal,
+            undo=undo,
             sender=self.semaphore.signal_sender,
             resource=self.resource,
             user_id=self.user_id,
@@ -860,7 +869,7 @@ def acquired(
 ) -> Held:
     """A hold just taken (``terms``: :class:`Held`'s): learn the queue from ``item`` (the
     resource as last seen, one resource only), let the next reader join a shared hold,
-    announce it, start renewing it."""
+    start renewing it. The acquire loop then announces it (:func:`announced`)."""
     held = cls(semaphore, **terms)
     try:
         undelivered(held)
@@ -872,15 +881,23 @@ def acquired(
         # Renewed from now: a receiver of lock_acquired runs before the caller has the hold,
         # and one that takes longer than the hold's trusted window would hand it over lapsed.
         held._start_heartbeat()
-        held._send(lock_acquired, fences=held.fences)
         if held._hands_over:
             push.holding(held)
     except BaseException:
-        # A receiver raised (or an interrupt came) before the caller got the hold: nobody
-        # will use it, so give it back now rather than leave it held for a whole lease.
+        # An interrupt came before the caller got the hold: nobody will use it, so give it
+        # back now rather than leave it held for a whole lease.
         give_back_unused(held)
         raise
     return held
+
+
+def announced(held: Held) -> Announce:
+    """``lock_acquired`` for ``held``, a hold just taken, as the acquire loop's last step:
+    sent before its caller has the hold (as Django's own async code sends a signal, for an
+    async acquire). A receiver that raises, or an interrupt meanwhile, gives the hold back
+    (its caller never has it) and ends the acquire with that exception."""
+    undo = functools.partial(give_back_unused, held)
+    return held._announce(lock_acquired, undo, fences=held.fences)
 
 
 def _let_next_reader_in(resource: str, item: records.LockItem) -> None:

@@ -19,7 +19,7 @@ from ..exceptions import SemaphoreBusy, SemaphoreUnavailable
 from ..signals import lock_busy
 from . import hold, late_handover, processes, push
 from .lockspec import Attempt, LockSpec
-from .steps import InQueue, Request, Sleep, Steps
+from .steps import Announce, InQueue, Request, Sleep, Steps, announce
 
 _T = TypeVar("_T")
 
@@ -431,7 +431,7 @@ def busy(
     ticket: int | None = None,
 ) -> SemaphoreBusy:
     """The wait is over and the lock still busy (for ``run``, queued with ``ticket`` if
-    given): the error to raise, after ``lock_busy``.
+    given): the error to raise, after ``lock_busy`` (:func:`busy_announced`).
 
     ``blocked``: who was in our way, by resource; ``seen``: the items last seen (a refused
     write's old item, a read, a push), which the estimate is made from: never a request more."""
@@ -449,10 +449,17 @@ def busy(
     wait = max(e.seconds for e in estimates)
     retry = retry_after(wait, seconds_until_free(blocked, run.skew))
     holder_user_id = first.user_id if first else None
-    exc = SemaphoreBusy(resource, retry, holder_user_id, estimates[0].position, wait)
-    lock_busy.send(
-        sender=sem.signal_sender,
-        resource=resource,
+    return SemaphoreBusy(resource, retry, holder_user_id, estimates[0].position, wait)
+
+
+def busy_announced(run: Attempt, exc: SemaphoreBusy) -> Announce:
+    """``lock_busy`` for ``exc`` (:func:`busy`'s, which ``run`` gives up with), as the
+    acquire loop's last step before it raises that: sent as Django's own async code sends a
+    signal, for an async acquire. A receiver's exception is raised instead."""
+    return announce(
+        lock_busy,
+        sender=run.sem.signal_sender,
+        resource=exc.resource,
         user_id=run.user_id,
         token=run.token,
         fence=None,
@@ -461,7 +468,6 @@ def busy(
         queue_position=exc.queue_position,
         estimated_wait=exc.estimated_wait,
     )
-    return exc
 
 
 def back_off(

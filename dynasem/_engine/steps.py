@@ -1,8 +1,9 @@
 """The drivers of the acquire loop. The loop is a generator of steps (:class:`Request`,
-:class:`Sleep`, :class:`Write`, :class:`InQueue`), so one loop serves blocking code
-(:func:`run_sync`) and asyncio (:func:`run_async`: requests in a thread of dynasem's own
-executor, pauses as ``asyncio.sleep``, a wait for a pushed hand-over awaited on the event
-loop, cleanup when the caller is cancelled).
+:class:`Sleep`, :class:`Write`, :class:`InQueue`, :class:`Announce`), so one loop serves
+blocking code (:func:`run_sync`) and asyncio (:func:`run_async`: requests in a thread of
+dynasem's own executor, pauses as ``asyncio.sleep``, a wait for a pushed hand-over awaited on
+the event loop, a signal sent as Django's own async code sends one, cleanup when the caller
+is cancelled).
 
 A waiting coroutine holds no thread: only a request in flight does, and in
 :func:`io_executor`, never in the loop's default executor. That one is the application's
@@ -23,7 +24,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from asgiref.sync import AsyncToSync
+from asgiref.sync import AsyncToSync, sync_to_async
+from django.dispatch import Signal
 
 from .. import _clock as clock
 from .._storage import dynamodb, lock_rows, lock_writes
@@ -258,8 +260,43 @@ class InQueue:
             self.leave()
 
 
+@dataclass(frozen=True, slots=True)
+class Announce:
+    """Send ``signal`` about the acquire's end, before its caller has it (a new hold's
+    ``lock_acquired``, a busy acquire's ``lock_busy``). A receiver's exception (or an interrupt
+    while it runs) ends the acquire with it, once ``undo`` (if any: the hold announced) has
+    given back what the acquire took. Blocking, ``signal.send``; under asyncio as Django's
+    own async code sends one (:meth:`asend`): on the event loop's thread, a sync receiver
+    that used the ORM raised ``SynchronousOnlyOperation``."""
+
+    signal: Signal
+    arguments: dict[str, Any]  # sender= and the signal's keyword arguments
+    undo: Callable[[], None] | None = None
+
+    def send(self) -> None:
+        self.signal.send(**self.arguments)
+
+    async def asend(self) -> None:
+        """``Signal.asend`` (Django 5.0+): sync receivers in ``sync_to_async``
+        (thread-sensitive: the request's thread, or the sync thread this coroutine runs for
+        under ``async_to_sync``), async ones awaited on the loop. Django 4.2 has no
+        ``asend``: ``send`` in ``sync_to_async``, as its own async code does."""
+        asend = getattr(self.signal, "asend", None)
+        if asend is not None:
+            await asend(**self.arguments)
+        else:
+            await sync_to_async(self.send)()
+
+
+def announce(
+    signal: Signal, /, *, undo: Callable[[], None] | None = None, **arguments: Any
+) -> Announce:
+    """The step that sends ``signal`` with ``arguments`` (``sender=`` among them)."""
+    return Announce(signal, arguments, undo)
+
+
 # What the acquire loop yields; it is sent back a request's result (None after a pause).
-Step = Request | Sleep | Write | InQueue
+Step = Request | Sleep | Write | InQueue | Announce
 Steps = Generator[Step, Any, _T]
 
 
@@ -280,7 +317,12 @@ def _interrupted(
     Every give-back is conditional on our token: one of what is no longer ours is refused.
     ``taken``'s is not sent when ``step``'s withdrew our token from the same rows already:
     it would be refused for certain (1 WCU for nothing), as the queue was left meanwhile (a
-    hand-over that reached us there was handed on by leaving it)."""
+    hand-over that reached us there was handed on by leaving it). During an
+    :class:`Announce` of a hold, the loop is over: what it took is that hold, given back."""
+    if isinstance(step, Announce):
+        if step.undo is not None:
+            step.undo()
+        return
     given_back = step.give_back(landed) if isinstance(step, Write) else False
     if queued is not None:
         queued.abandon()
@@ -338,18 +380,21 @@ async def _drive(steps: Steps[_T], *, blocking: bool) -> _T:
         except StopIteration as stop:
             value: _T = stop.value  # what the generator returned
             return value
-        except _OWN:
-            raise  # the loop's own answer (busy, unavailable): it cleaned up what it had
         except BaseException as exc:  # Ctrl-C, SystemExit, cancelled, a soft time limit
-            # Interrupted during ``step``, or inside the loop after it (then it is over).
-            # Leave the queue before the loop is closed: closing it stops our push slot
-            # (core's ``push.forget``), and a hand-over still on its way to us must find it
-            # (``push.depart``) to be handed on at once.
+            if isinstance(exc, _OWN) and not isinstance(step, Announce):
+                raise  # the loop's own answer (busy, unavailable): it cleaned up what it had
+            # Interrupted during ``step``, or inside the loop after it (then it is over); or
+            # a receiver of an announced hold raised. Leave the queue before the loop is
+            # closed: closing it stops our push slot (core's ``push.forget``), and a
+            # hand-over still on its way to us must find it (``push.depart``) to be handed
+            # on at once.
             try:
                 landed = isinstance(exc, _Landed)
-                if step is not None and (blocking or closing(exc)):
+                if step is None or (isinstance(step, Announce) and step.undo is None):
+                    pass  # nothing taken; or busy announced: the loop gave back what it had
+                elif blocking or closing(exc):
                     _interrupted(step, queued, taken)
-                elif step is not None:
+                else:
                     await run_io_to_end(_interrupted, step, queued, taken, landed)
             finally:
                 steps.close()
@@ -377,7 +422,11 @@ _OWN = (SemaphoreError, ValueError, TypeError)
 async def _perform(step: Step, *, blocking: bool) -> tuple[Any, Exception | None]:
     """One step: its result, or the error the loop decides on. Blocking, in place; under
     asyncio, a pause or a wait for a push on the event loop, a request in
-    :func:`io_executor`."""
+    :func:`io_executor`; a signal as Django's own async code sends one. A receiver's
+    exception is not the loop's to decide on: it ends the acquire (:func:`_drive`)."""
+    if isinstance(step, Announce):
+        await _announce(step, blocking=blocking)
+        return None, None
     if isinstance(step, Sleep):
         if step.seconds and blocking:
             time.sleep(step.seconds)
@@ -403,3 +452,10 @@ async def _perform(step: Step, *, blocking: bool) -> tuple[Any, Exception | None
         return await run_io(step.send), None
     except Exception as exc:  # handed back to the loop, which decides
         return None, exc
+
+
+async def _announce(step: Announce, *, blocking: bool) -> None:
+    if blocking:
+        step.send()
+    else:
+        await step.asend()

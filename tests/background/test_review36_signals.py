@@ -44,16 +44,6 @@ def test_a_raising_lock_lost_receiver_does_not_keep_on_lost_from_a_lead(
         assert told.wait(10), "on_lost was not called after the lead was broken"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="lock_acquired (hold.acquired) and lock_busy (queue.busy) are sent with Signal.send "
-    "inside the acquire loop, which an async acquire drives on the event loop's thread: a "
-    "receiver that uses the ORM raises SynchronousOnlyOperation there (lock_released, sent "
-    "from dynasem's executor, works). Mend: the loop yields a signal step (core.Acquire.write "
-    "and permits, where take.hold is called; queue.busy's callers) that run_sync sends and "
-    "run_async awaits as Signal.asend (sync_to_async(send) on Django 4.2), as Django's own "
-    "async senders do; it needs core.py, not this helper's to edit.",
-)
 @pytest.mark.parametrize("signal", ["lock_acquired", "lock_busy"])
 def test_a_receiver_using_the_orm_works_for_an_async_acquire(
     lock_table: str, transactional_db: None, signal: str
@@ -85,6 +75,188 @@ def test_a_receiver_using_the_orm_works_for_an_async_acquire(
         asyncio.run(go())
     finally:
         getattr(dynasem_signals, signal).disconnect(dispatch_uid="review36-audit")
+
+
+@pytest.fixture
+def receiver() -> Iterator[Any]:
+    """Connect a receiver to a signal by name for the test (``receiver(name, func)``)."""
+    from dynasem import signals as dynasem_signals
+
+    connected: list[str] = []
+
+    def connect(name: str, func: Any) -> None:
+        getattr(dynasem_signals, name).connect(func, weak=False, dispatch_uid="review36-recv")
+        connected.append(name)
+
+    yield connect
+    for name in connected:
+        getattr(dynasem_signals, name).disconnect(dispatch_uid="review36-recv")
+
+
+async def _taken_then_busy(resource: str, signal: str) -> None:
+    """Take ``resource``; for ``lock_busy``, try it again, not waiting, inside."""
+    from dynasem import SemaphoreBusy, semaphore
+
+    async with semaphore(resource):
+        if signal == "lock_busy":
+            with pytest.raises(SemaphoreBusy):
+                async with semaphore(resource, wait=0):
+                    pass
+
+
+@pytest.mark.parametrize("signal", ["lock_acquired", "lock_busy"])
+def test_an_async_receiver_is_awaited_on_the_loop_for_an_async_acquire(
+    lock_table: str, receiver: Any, signal: str
+) -> None:
+    """As ``Signal.asend`` does: an async receiver is awaited on the acquire's own loop, its
+    keyword arguments those of the sync send."""
+    import asyncio
+
+    seen: list[tuple[Any, dict[str, Any]]] = []
+
+    async def audit(sender: Any, **kwargs: Any) -> None:
+        seen.append((asyncio.get_running_loop(), kwargs))
+
+    receiver(signal, audit)
+
+    async def go() -> Any:
+        await _taken_then_busy("async-receiver", signal)
+        return asyncio.get_running_loop()
+
+    loop = asyncio.run(go())
+    assert [s[0] for s in seen] == [loop]
+    assert seen[0][1]["resource"] == "async-receiver"
+    assert ("fences" in seen[0][1]) == (signal == "lock_acquired")
+    assert ("retry_after" in seen[0][1]) == (signal == "lock_busy")
+
+
+@pytest.mark.parametrize("error", [RuntimeError, ValueError])
+def test_a_raising_receiver_of_an_async_acquire_gives_the_hold_back(
+    lock_table: str, receiver: Any, error: type[Exception]
+) -> None:
+    """``lock_acquired``'s documented rule for an async acquire too: a receiver that raises
+    (sync, run in ``sync_to_async``; a ``ValueError`` too, which the acquire loop otherwise
+    takes for its own answer) makes the acquire give the hold back and raise it."""
+    import asyncio
+
+    from dynasem import semaphore
+    from dynasem._operators.locks import holds_on
+
+    def refuse(sender: Any, **kwargs: Any) -> None:
+        raise error("the audit database is down")
+
+    receiver("lock_acquired", refuse)
+
+    async def go() -> None:
+        async with semaphore("refused-async", lease=30):
+            pytest.fail("the block must not run")
+
+    with pytest.raises(error):
+        asyncio.run(go())
+    assert holds_on("refused-async") == []
+    with pytest.raises(error):
+        semaphore("refused-sync", lease=30).acquire()
+    assert holds_on("refused-sync") == []
+
+
+def test_a_cancel_while_lock_acquired_is_awaited_gives_the_hold_back(
+    lock_table: str, receiver: Any
+) -> None:
+    """A task cancelled while a ``lock_acquired`` receiver is awaited (the hold taken, its
+    caller not having it yet): the hold is given back, not renewed for nobody."""
+    import asyncio
+
+    from dynasem import semaphore
+    from dynasem._operators.locks import holds_on
+
+    called: list[asyncio.Event] = []
+
+    async def slow(sender: Any, **kwargs: Any) -> None:
+        called[0].set()
+        await asyncio.sleep(60)
+
+    receiver("lock_acquired", slow)
+
+    async def go() -> None:
+        called.append(asyncio.Event())
+        task = asyncio.ensure_future(semaphore("cancelled-in-receiver", lease=30).aacquire())
+        await called[0].wait()
+        assert holds_on("cancelled-in-receiver") != []
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+    assert holds_on("cancelled-in-receiver") == []
+
+
+@pytest.mark.parametrize("signal", ["lock_acquired", "lock_busy"])
+def test_a_sync_receiver_of_an_async_acquire_under_async_to_sync_runs_on_the_caller(
+    lock_table: str, transactional_db: None, receiver: Any, signal: str
+) -> None:
+    """A sync view calling async code (``async_to_sync``): the thread-sensitive
+    ``sync_to_async`` the signal is sent with runs the receiver on that view's thread, busy
+    waiting for it, as asgiref runs such work: no deadlock, and the ORM works there."""
+    from asgiref.sync import async_to_sync
+    from django.contrib.auth.models import User
+
+    ran_on: list[threading.Thread] = []
+
+    def audit(sender: Any, **kwargs: Any) -> None:
+        User.objects.filter(username=kwargs["user_id"]).exists()
+        ran_on.append(threading.current_thread())
+
+    receiver(signal, audit)
+    view_threads: list[threading.Thread] = []
+
+    def view() -> None:
+        view_threads.append(threading.current_thread())
+        async_to_sync(_taken_then_busy)("under-async-to-sync", signal)
+
+    caller = threading.Thread(target=view)
+    caller.start()
+    caller.join(30)
+    assert not caller.is_alive(), "the view's thread never ended"
+    assert ran_on == view_threads
+
+
+def test_a_receiver_using_the_orm_works_for_an_async_acquire_on_django_4_2(
+    lock_table: str, transactional_db: None, receiver: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Django 4.2 has no ``Signal.asend``: the signal is sent in ``sync_to_async``."""
+    import asyncio
+
+    from django.contrib.auth.models import User
+    from django.dispatch import Signal
+
+    monkeypatch.delattr(Signal, "asend")
+    seen: list[str] = []
+
+    def audit(sender: Any, **kwargs: Any) -> None:
+        seen.append(str(User.objects.filter(username=kwargs["user_id"]).exists()))
+
+    receiver("lock_acquired", audit)
+    asyncio.run(_taken_then_busy("django-4.2", "lock_acquired"))
+    assert seen == ["False"]
+
+
+def test_a_receiver_using_the_orm_works_for_an_async_release(
+    lock_table: str, transactional_db: None, receiver: Any
+) -> None:
+    """``lock_released`` of an ``async with`` block is sent where its release runs, in a
+    thread of dynasem's executor: not the event loop's thread."""
+    import asyncio
+
+    from django.contrib.auth.models import User
+
+    seen: list[str] = []
+
+    def audit(sender: Any, **kwargs: Any) -> None:
+        seen.append(str(User.objects.filter(username=kwargs["user_id"]).exists()))
+
+    receiver("lock_released", audit)
+    asyncio.run(_taken_then_busy("released-async", "lock_acquired"))
+    assert seen == ["False"]
 
 
 def test_a_raising_lock_released_receiver_leaves_no_hold_at_exit(

@@ -303,6 +303,7 @@ def test_busy_tells_the_estimate_and_the_queue_position(frozen: int) -> None:
             semaphore("r"), "me", "bob", None, lease=10.0, skew=0.5, margin=0.0, deadline=0.0
         )
         exc = queueing.busy(run, {"r": queueing.live_holders(item, frozen)}, {"r": item})
+        queueing.busy_announced(run, exc).send()  # the acquire loop's last step
     finally:
         lock_busy.disconnect(receiver)
     assert (exc.resource, exc.holder_user_id, exc.retry_after) == ("r", "alice", 1)

@@ -131,49 +131,78 @@ def test_a_check_ids_letter_is_its_level():
 # -- signals -----------------------------------------------------------------------------------
 
 
+# Not a signal's arguments: who sends it, and what gives back a hold whose announcement failed.
+_NOT_ARGUMENTS = {"sender", "undo"}
+
+
 def _held_send_keywords() -> set[str]:
-    """The keyword arguments ``Held._send(signal, **more)`` sends every signal of a hold with
-    (its one ``signal.send(``), besides ``more``."""
+    """The keyword arguments ``Held._send(signal, **more)`` and ``Held._announce(signal,
+    **more)`` send every signal of a hold with (the one ``announce(`` of ``_announce``, the
+    acquire loop's step), besides ``more``."""
     tree = ast.parse((PACKAGE / "_engine" / "hold.py").read_text(encoding="utf-8"))
-    (method,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_send"]
+    (method,) = [
+        n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == "_announce"
+    ]
     (call,) = [
         n
         for n in ast.walk(method)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "send"
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "announce"
     ]
-    return {str(k.arg) for k in call.keywords if k.arg not in (None, "sender")}
+    return {str(k.arg) for k in call.keywords if k.arg not in (None, *_NOT_ARGUMENTS)}
+
+
+def _signal_named(node: ast.Call) -> str | None:
+    """The signal ``node`` sends by name as its first argument (``announce(lock_busy, ...)``,
+    ``held._send(lock_released, ...)``), if any."""
+    first = node.args[0] if node.args else None
+    if isinstance(first, ast.Name) and first.id in signals.SIGNALS:
+        return first.id
+    return None
+
+
+def _sent(node: ast.Call) -> str | None:
+    """The signal ``node`` sends itself (``lock_busy.send(...)``, ``send_robust``), or
+    announces (``announce(lock_busy, ...)``), if any."""
+    func = node.func
+    if isinstance(func, ast.Name) and func.id == "announce":
+        return _signal_named(node)
+    if (
+        isinstance(func, ast.Attribute)
+        and func.attr in ("send", "send_robust")
+        and isinstance(func.value, ast.Name)
+        and func.value.id in signals.SIGNALS
+    ):
+        return func.value.id
+    return None
 
 
 def _sends() -> dict[str, set[str]]:
-    """For each signal, the keyword arguments of every ``.send(`` of it in dynasem, and of
-    every ``Held._send(signal, ...)``."""
+    """For each signal, the keyword arguments of every ``.send(`` of it in dynasem, of every
+    ``announce(signal, ...)`` (a step of the acquire loop, sent by its driver), and of every
+    ``Held._send(signal, ...)`` and ``Held._announce(signal, ...)``."""
     sent: dict[str, set[str]] = {}
     held_keywords = _held_send_keywords()
     for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-            if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)):
+            if not isinstance(node, ast.Call):
                 continue
             keywords = {k.arg for k in node.keywords}
-            if (
-                node.func.attr in ("send", "send_robust")
-                and isinstance(node.func.value, ast.Name)
-                and node.func.value.id in signals.SIGNALS
-            ):
+            func = node.func
+            if named := _sent(node):
                 assert None not in keywords, f"{path}: a **kwargs send cannot be checked"
                 assert "sender" in keywords, f"{path}: a send without sender="
-                name = node.func.value.id
+                name = named
             elif (
-                node.func.attr == "_send"
-                and node.args
-                and isinstance(node.args[0], ast.Name)
-                and node.args[0].id in signals.SIGNALS
+                isinstance(func, ast.Attribute)
+                and func.attr in ("_send", "_announce")
+                and (named := _signal_named(node))
             ):
                 assert None not in keywords, f"{path}: a **kwargs send cannot be checked"
                 keywords |= held_keywords
-                name = node.args[0].id
+                name = named
             else:
                 continue
-            sent.setdefault(name, set()).update(str(k) for k in keywords - {"sender"})
+            sent.setdefault(name, set()).update(str(k) for k in keywords - _NOT_ARGUMENTS)
     return sent
 
 
