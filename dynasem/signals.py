@@ -66,7 +66,9 @@ SIGNALS: dict[str, tuple[str, dict[str, str]]] = {
         "Sent when a hold is found not to be ours any more: a renewal or release was refused "
         "(another holder took it over, or an operator broke it), its lease ran out before it "
         "could be renewed, or `max_hold` passed. Sent once per hold, possibly from the "
-        "heartbeat's thread.",
+        "heartbeat's thread; found lost by async code on its event loop's thread (`held.lost` "
+        "read past the deadline), from a thread of dynasem's executor, a receiver's exception "
+        "logged.",
         {
             **_HOLD,
             "reason": "why, in words (the `reason` of the `LockLost` raised)",

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from contextvars import ContextVar
+from contextvars import ContextVar, copy_context
 from datetime import UTC, datetime
 from typing import Any, NoReturn, TypeVar
 
@@ -30,7 +30,16 @@ from ..signals import lock_acquired, lock_lost, lock_released
 from . import handover, push, resend
 from .heartbeat import Heartbeat
 from .lockspec import LockSpec
-from .steps import Announce, announce, closing, release_to_end, run_io, run_io_to_end
+from .steps import (
+    Announce,
+    announce,
+    closing,
+    io_executor,
+    on_event_loop,
+    release_to_end,
+    run_io,
+    run_io_to_end,
+)
 
 logger = logging.getLogger("dynasem")
 
@@ -216,9 +225,29 @@ class Held:
             for watcher in list(self._lost_watchers):
                 watcher()
         finally:
-            # pending_commit: its block had ended, its transaction had not: the transaction's
-            # work may still commit after another holder took over.
-            self._send(lock_lost, reason=reason, pending_commit=self._pending_commit)
+            told = functools.partial(self._tell_lost, reason, self._pending_commit)
+            if on_event_loop():
+                # Found by async code on its event loop's thread (``held.lost`` read past the
+                # deadline): sent from a thread of dynasem's executor, as an async release's
+                # lock_released is; there a sync receiver could not use the ORM (it raised
+                # out of ``held.lost``), nor Django's ``send`` run an async one.
+                io_executor().submit(copy_context().run, self._told_quietly, told)
+            else:
+                told()
+
+    def _tell_lost(self, reason: str, pending_commit: bool) -> None:
+        # pending_commit: its block had ended, its transaction had not: the transaction's
+        # work may still commit after another holder took over.
+        self._send(lock_lost, reason=reason, pending_commit=pending_commit)
+
+    def _told_quietly(self, told: Callable[[], None]) -> None:
+        """``told()``, in a thread of its own: a receiver's exception is logged (nobody is
+        there to raise it to)."""
+        try:
+            told()
+        except Exception as exc:
+            message = "dynasem: a lock_lost receiver raised for %r: %r"
+            logger.warning(message, self.resource, exc, extra=self._facts("receiver_failed", exc))
 
     def _facts(self, outcome: str, reason: object = None) -> dict[str, Any]:
         """``extra`` for a log record about this hold."""

@@ -80,6 +80,16 @@ async def run_io_to_end(func: Callable[..., _T], /, *args: Any, **kwargs: Any) -
     return done.result()
 
 
+def on_event_loop() -> bool:
+    """Whether this thread runs an event loop (async code called us): a sync signal receiver
+    run here could not use the ORM, and Django's ``send`` could not run an async one."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
 def sync_caller() -> Any:
     """The executor of the sync thread this coroutine runs for (``async_to_sync``: a sync
     view calling async code), if it runs for one and it still takes work; else None."""

@@ -297,3 +297,46 @@ def test_a_raising_lock_released_receiver_leaves_no_hold_at_exit(
     finally:
         lock_released.disconnect(dispatch_uid="review36-released")
     assert [h.resource for h in holds if holds_on(h.resource)] == []
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_receiver_using_the_orm_works_when_async_code_finds_its_hold_lost(
+    lock_table: str, transactional_db: None, receiver: Any, kind: str
+) -> None:
+    """Async code that asks ``held.lost`` (or ``raise_if_lost()``) past the hold's deadline,
+    before the heartbeat saw it, finds the loss itself, on the event loop's thread: a sync
+    ``lock_lost`` receiver that used the ORM raised ``SynchronousOnlyOperation`` out of
+    ``held.lost``, and an async one a ``RuntimeError`` (Django's ``send`` cannot run it
+    there); the block saw an error instead of ``True``."""
+    import asyncio
+
+    from django.contrib.auth.models import User
+
+    from dynasem import _clock as clock
+    from dynasem import semaphore
+    from dynasem._engine.hold import stop_renewing
+
+    told = threading.Event()
+    seen: list[str] = []
+
+    def audit(sender: Any, **kwargs: Any) -> None:
+        seen.append(str(User.objects.filter(username=kwargs["user_id"]).exists()))
+        told.set()
+
+    async def aaudit(sender: Any, **kwargs: Any) -> None:
+        seen.append(str(await User.objects.filter(username=kwargs["user_id"]).aexists()))
+        told.set()
+
+    receiver("lock_lost", audit if kind == "sync" else aaudit)
+
+    async def go() -> bool:
+        held = await semaphore("lost-async", lease=30).aacquire()
+        stop_renewing(held)
+        held._deadline = clock.monotonic() - 1  # paused past its trusted lease
+        lost = held.lost
+        await asyncio.sleep(0)
+        return lost
+
+    assert asyncio.run(go())
+    assert told.wait(10), "lock_lost was not sent"
+    assert seen == ["False"]
