@@ -74,13 +74,33 @@ def opened(block: Block, value: _T) -> _T:
 
 def left(owner: object, frame: FrameType | None, what: str) -> Block:
     """The block of ``owner`` being left at ``frame``, closed: the one entered at that frame
-    (its own, wherever it was entered); else, its enter's frame not its exit's (an
-    ``ExitStack``, a wrapper's ``__enter__``/``__exit__``), this thread's or task's innermost
-    open block of ``owner``. Not found, what it entered would be kept (renewed) for nobody."""
-    mine = _open_blocks.get((id(owner), id(frame))) or [b for b in _open_here() if b.owner is owner]
+    (its own, wherever it was entered); else one entered through a helper called from the
+    frame that now calls ``frame`` (an ``ExitStack``'s ``enter_context`` and ``__exit__``,
+    a wrapper's ``__enter__`` and ``__exit__``: found so in a generator resumed elsewhere,
+    too); else this thread's or task's innermost open block of ``owner``. Not found, what it
+    entered would be kept (renewed) for nobody."""
+    mine = _recorded(owner, frame) or [b for b in _open_here() if b.owner is owner]
     if not mine:
         raise RuntimeError(f"{what} exited without a matching enter")
     return close(mine[-1])
+
+
+def _recorded(owner: object, frame: FrameType | None) -> list[Block]:
+    """``owner``'s open blocks entered at ``frame``; else those entered by a frame that has
+    returned to the one calling ``frame`` (a suspended generator's frame has no caller)."""
+    if frame is None:
+        return []
+    mine = _open_blocks.get((id(owner), id(frame)))
+    caller = frame.f_back
+    if mine or caller is None:
+        return list(mine or ())
+    # Read whole at once (other threads open and close blocks meanwhile).
+    everyone = [b for blocks in list(_open_blocks.values()) for b in list(blocks)]
+    return [b for b in everyone if b.owner is owner and _caller(b) is caller]
+
+
+def _caller(block: Block) -> FrameType | None:
+    return None if block.frame is None else block.frame.f_back
 
 
 def close(block: Block) -> Block:

@@ -1,0 +1,91 @@
+"""Review 36e (the round's own mends of re-entry records and held responses, read again):
+holes shown through public behaviour or the stored rows."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import time
+from typing import Any
+
+import pytest
+
+from dynasem import release_all, semaphore
+from dynasem._engine import reentry
+from dynasem._operators.locks import holds_on
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.reentry]
+
+
+def tokens(resource: str) -> set[str]:
+    return {h.token for h in holds_on(resource) if h.expires.timestamp() > time.time()}
+
+
+def test_an_exit_stacks_block_in_a_generator_left_inside_another_block_of_its_semaphore(
+    lock_table: str,
+) -> None:
+    """A generator enters a counting semaphore (limit=2) through an ``ExitStack`` in one
+    context and is finished inside another context's own block of the same object. Its
+    exit's frame (``ExitStack.__exit__``) is not its enter's (``enter_context``): no record
+    by frame, so the exit took this context's innermost block: this block's hold given back
+    while it works, the generator's kept, renewed for nobody. Mended: a block entered and
+    left through helpers called by one frame (the generator's) is found by that frame."""
+    lock = semaphore("r36e-stack-gen", limit=2, wait=0)
+
+    def work() -> Any:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(lock)
+            yield "inside"
+        yield "after"
+
+    it = work()
+    assert contextvars.copy_context().run(next, it) == "inside"
+    seen: dict[str, Any] = {}
+    try:
+        with contextlib.suppress(RuntimeError), lock as mine:
+            assert next(it) == "after"  # the generator's block is left here
+            seen["mine released"] = mine.released
+            seen["tokens"] = tokens("r36e-stack-gen")
+            seen["mine"] = mine.token
+        assert seen["mine released"] is False, "the generator's exit gave back this block's hold"
+        assert seen["tokens"] == {seen["mine"]}, "the generator's hold is kept, for nobody"
+        assert tokens("r36e-stack-gen") == set()
+        assert [k for k in reentry._open_blocks if k[0] == id(lock)] == []
+    finally:
+        release_all()
+
+
+def test_an_async_exit_stacks_block_in_an_async_generator_closed_by_another_task(
+    lock_table: str,
+) -> None:
+    """The same with ``async with``: an async generator entered the semaphore through an
+    ``AsyncExitStack`` in one task, and another task, inside its own block of the same
+    object, reads it to its end."""
+    lock = semaphore("r36e-astack-gen", limit=2, wait=0)
+
+    async def work() -> Any:
+        async with contextlib.AsyncExitStack() as stack:
+            await stack.enter_async_context(lock)
+            yield "inside"
+        yield "after"
+
+    async def main() -> dict[str, Any]:
+        it = work()
+        assert await asyncio.create_task(it.__anext__()) == "inside"  # entered in a task
+        seen: dict[str, Any] = {}
+        with contextlib.suppress(RuntimeError):
+            async with lock as mine:
+                assert await it.__anext__() == "after"  # left in this one
+                seen["mine released"] = mine.released
+                seen["tokens"] = tokens("r36e-astack-gen")
+                seen["mine"] = mine.token
+        return seen
+
+    try:
+        seen = asyncio.run(main())
+        assert seen["mine released"] is False, "the generator's exit gave back this block's hold"
+        assert seen["tokens"] == {seen["mine"]}, "the generator's hold is kept, for nobody"
+        assert tokens("r36e-astack-gen") == set()
+    finally:
+        release_all()
