@@ -38,7 +38,14 @@ from ..conf import settings
 from ..exceptions import SemaphoreBusy, SemaphoreUnavailable
 from . import arguments, coalescing, permits, processes, push, queue, reader_hold, readers, take
 from .decorators import Decoration, lock_callable
-from .hold import Held, adelivering, announced, delivering, give_back_unused
+from .hold import (
+    Held,
+    adelivering,
+    announced,
+    delivering,
+    exit_cut_short,
+    give_back_unused,
+)
 from .late_handover import leave_queue
 from .lockspec import Attempt
 from .queue import Blocking
@@ -274,9 +281,15 @@ class Semaphore:
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         block = left(self, sys._getframe(1), "semaphore")
-        if self.fence_db:
-            fencing.end(block, exc_type, exc, tb, undo=lambda: leave(block.value, True))
-        leave(block.value, exc_type is not None)
+        held = block.value
+        depth = getattr(held, "outer", held).depth  # plain attributes: no signal lands here
+        try:
+            if self.fence_db:
+                fencing.end(block, exc_type, exc, tb, undo=lambda: leave(held, True))
+            leave(held, exc_type is not None)
+        except BaseException as failure:
+            exit_cut_short(held, depth, failure)
+            raise
 
     async def __aenter__(self) -> Held:
         if self.fence_db:

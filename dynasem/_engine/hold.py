@@ -878,6 +878,22 @@ def when_lost(held: Held, told: Callable[[], None]) -> None:
     held._lost_watchers.append(told)
 
 
+def exit_cut_short(held: Held, depth: int, exc: BaseException) -> None:
+    """A block's exit raised ``exc`` (an interrupt: a signal's exception) with ``held``'s
+    release not begun (at ``leave``'s or ``release``'s first line, ahead of its guard):
+    ``depth`` is what the hold counted as the block was left. The block's exit does not run
+    again: a nested block gives back its depth (else the outer block's exit would give back
+    nothing, for good); an outermost one leaves the hold as an interrupted release does
+    (:meth:`Held._cut_short`: left to its lease, renewed and re-entered no more)."""
+    held = getattr(held, "outer", held)  # a nested acquire's view: the hold itself
+    if isinstance(exc, LockLost) or held._released or held.depth != depth:
+        return  # the release ran, or began and saw to it
+    if depth > 1:
+        held.depth -= 1
+    else:
+        held._cut_short(exc)
+
+
 def stop_renewing(held: Held) -> None:
     """Renew ``held`` no more (what its process dying would do): its lease runs out as it
     stands; nothing is released or written. ``dynasem.testing.abandon``."""

@@ -89,3 +89,44 @@ def test_an_async_exit_stacks_block_in_an_async_generator_closed_by_another_task
         assert tokens("r36e-astack-gen") == set()
     finally:
         release_all()
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_a_block_exit_interrupted_before_its_release_began_is_not_kept_for_nobody(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch, nested: bool
+) -> None:
+    """Ctrl-C (or a Celery task's soft time limit: a signal handler's exception) lands in a
+    ``with`` block's exit after its block was left (``reentry.left``) and before the release
+    began: at ``leave``'s first line, or ``release``'s, ahead of its guard (the interrupt
+    stands in here for the signal at that call). The exit does not run again. The hold was
+    renewed on, for nobody, while the process lived (a worker goes on to its next task); a
+    nested block's depth stayed counted, so the outer block's exit gave back nothing and
+    the lock was kept for good. Mended: an exit whose release never began leaves the hold
+    as an interrupted release does (left to its lease, renewed and re-entered no more; given
+    back at exit), or, nested, gives back its depth."""
+    from dynasem._engine import core
+    from tests.engine.test_heartbeat import LEASE, heartbeats_of, wait_for_renewal
+
+    resource = f"r36e-exit-cut-{nested}"
+    sem = semaphore(resource, lease=LEASE)
+    real = core.leave
+
+    def leave(held: Any, raised: bool) -> None:
+        monkeypatch.setattr(core, "leave", real)
+        raise KeyboardInterrupt  # the signal, before the release's first step
+
+    try:
+        with contextlib.ExitStack() as outer:
+            if nested:
+                held = outer.enter_context(sem)
+            with pytest.raises(KeyboardInterrupt), sem as inner:
+                if not nested:
+                    held = inner
+                wait_for_renewal(held)
+                monkeypatch.setattr(core, "leave", leave)
+        time.sleep(2 * (LEASE - 0.5) / 3 + 0.15)  # two renewals would have been due
+        assert heartbeats_of(resource) == [], "the hold is renewed on, for nobody"
+        with semaphore(resource, lease=LEASE, wait=3 * LEASE) as again:
+            assert again.token != held.token
+    finally:
+        release_all()
