@@ -37,7 +37,7 @@ from .._engine.arguments import (
     check_resource,
     utf8_size,
 )
-from .._engine.hold import Held, when_lost
+from .._engine.hold import Held, exit_cut_short, when_lost
 from .._engine.reentry import Block, left, opened
 from ..exceptions import LockLost
 
@@ -144,7 +144,14 @@ class Leadership:
         return opened(block, Lead(self.name, self.semaphore.acquire(), self.on_lost))
 
     def __exit__(self, *exc: Any) -> None:
-        self._give_back(left(self, sys._getframe(1), "leadership").value)
+        lead = left(self, sys._getframe(1), "leadership").value
+        held = lead.held
+        depth = getattr(held, "outer", held).depth  # plain attributes: no signal lands here
+        try:
+            self._give_back(lead)
+        except BaseException as failure:  # an interrupt before the release began: not kept
+            exit_cut_short(held, depth, failure)
+            raise
 
     async def __aenter__(self) -> Lead:
         block = Block(self, sys._getframe(1))

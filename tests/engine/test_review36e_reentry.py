@@ -130,3 +130,28 @@ def test_a_block_exit_interrupted_before_its_release_began_is_not_kept_for_nobod
             assert again.token != held.token
     finally:
         release_all()
+
+
+def test_a_leadership_exit_interrupted_before_its_give_back_began_is_not_kept_for_nobody(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for a leadership block: interrupted at ``_give_back``'s first line, its lead
+    was renewed on for nobody, and no other process could lead while this one lived."""
+    from dynasem import leadership
+    from dynasem._background.leadership import Leadership
+    from tests.engine.test_heartbeat import LEASE, heartbeats_of, wait_for_renewal
+
+    real = Leadership._give_back
+
+    def give_back(lead: Any) -> None:
+        monkeypatch.setattr(Leadership, "_give_back", real)
+        raise KeyboardInterrupt  # the signal, before the give-back's first step
+
+    try:
+        with pytest.raises(KeyboardInterrupt), leadership("r36e-lead", lease=LEASE) as lead:
+            wait_for_renewal(lead.held)
+            monkeypatch.setattr(Leadership, "_give_back", staticmethod(give_back))
+        time.sleep(2 * (LEASE - 0.5) / 3 + 0.15)  # two renewals would have been due
+        assert heartbeats_of(lead.held.resource) == [], "the lead is renewed on, for nobody"
+    finally:
+        release_all()
