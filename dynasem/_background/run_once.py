@@ -290,7 +290,14 @@ class RunOnce:
         return self.claim(Block(self, sys._getframe(1)))
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        self._leave(left(self, sys._getframe(1), "run_once").value, exc)
+        job = left(self, sys._getframe(1), "run_once").value
+        try:
+            self._leave(job, exc)
+        except BaseException:
+            # An interrupt before DONE or FAILED was sent (a signal's exception, at _leave's
+            # first line too), or a failure of its own: left to its lease, renewed no more.
+            job._stop_heartbeat()
+            raise
 
     def _leave(self, job: Job, exc: BaseException | None) -> None:
         if job._pid != os.getpid():

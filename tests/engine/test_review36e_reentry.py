@@ -155,3 +155,28 @@ def test_a_leadership_exit_interrupted_before_its_give_back_began_is_not_kept_fo
         assert heartbeats_of(lead.held.resource) == [], "the lead is renewed on, for nobody"
     finally:
         release_all()
+
+
+def test_a_run_once_exit_interrupted_before_its_end_began_is_not_kept_for_nobody(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same for a ``run_once`` block: interrupted at ``_leave``'s first line (ahead of
+    its own guard), the job sat RUNNING, renewed on for nobody while the process lived:
+    never finished, never run again."""
+    from dynasem import run_once
+    from dynasem._background.run_once import RunOnce
+    from tests.engine.test_heartbeat import LEASE, heartbeats_of
+
+    real = RunOnce._leave
+
+    def leave(self: Any, job: Any, exc: Any) -> None:
+        monkeypatch.setattr(RunOnce, "_leave", real)
+        raise KeyboardInterrupt  # the signal, before the end's first step
+
+    try:
+        with pytest.raises(KeyboardInterrupt), run_once("r36e-job", lease=LEASE) as job:
+            monkeypatch.setattr(RunOnce, "_leave", leave)
+        time.sleep(2 * (LEASE - 0.5) / 3 + 0.15)  # two renewals would have been due
+        assert heartbeats_of(job.resource) == [], "the job is renewed on, for nobody"
+    finally:
+        release_all()
