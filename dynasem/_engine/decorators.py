@@ -31,7 +31,7 @@ from .._observability.logs import facts
 from .._transactions import fencing
 from ..exceptions import Coalesced, LockLost, Picklable, SemaphoreBusy
 from .arguments import LEADER_PREFIX, MAX_RESOURCE_BYTES, check_printable, utf8_size
-from .reentry import leave, left
+from .reentry import leave, left, lent
 from .steps import run_io_to_end
 
 logger = logging.getLogger("dynasem")
@@ -524,8 +524,28 @@ def _answered(stack: Any, request: Any, response: Any, lock: Any, held: Any) -> 
         give_back = _carried(response, lock, held)
         # Called by render() once the content is made (None: the response stays as it is).
         response.add_post_render_callback(lambda rendered: give_back())
+        response.render = _rendered_holding(response, held)  # type: ignore[method-assign]
         return response
     return response
+
+
+def _rendered_holding(response: Any, held: Any) -> Callable[[], Any]:
+    """A template response's ``render``, run as the view's holder of ``held`` (Django's
+    ASGI handler renders in another ``sync_to_async`` call than the view's). Weakly: the
+    response must not keep itself alive, or its drop is seen by the collector only. An
+    outer decorator's wraps an inner one's."""
+    inner = vars(response).get("render")
+    ref = weakref.ref(response)
+
+    def render() -> Any:
+        answer = ref()
+        if answer is None:  # gone: nothing to render
+            return None
+        vars(answer).pop("render", None)  # once; never pickled with the response
+        with lent(held):
+            return inner() if inner is not None else answer.render()
+
+    return render
 
 
 def _carried(response: Any, lock: Any, held: Any) -> Callable[[], None]:

@@ -11,7 +11,7 @@ import logging
 import sys
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
 from types import FrameType
 from typing import Any, NoReturn, TypeVar
@@ -193,6 +193,20 @@ def remember_acquired(held: Held) -> None:
         return  # re-entered: known already
     kept = tuple((h, o) for h, o in _acquired.get() if not h.released and h is not held)
     _acquired.set((*kept, (held, _owner())))
+
+
+@contextlib.contextmanager
+def lent(held: Held) -> Iterator[None]:
+    """``held`` this thread's or task's too while the ``with`` runs (re-entered by its
+    nested acquires): the work of the block that took it, run by another holder (a view's
+    template response, rendered by another ``sync_to_async`` call than the view's, under
+    ASGI). Without it, code the template runs that takes the view's lock waits on it."""
+    entry = (getattr(held, "outer", held), _owner())
+    _acquired.set((*_acquired.get(), entry))
+    try:
+        yield
+    finally:
+        _acquired.set(tuple(e for e in _acquired.get() if e is not entry))
 
 
 def forget_acquired() -> None:

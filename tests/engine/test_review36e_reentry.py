@@ -180,3 +180,70 @@ def test_a_run_once_exit_interrupted_before_its_end_began_is_not_kept_for_nobody
         assert heartbeats_of(job.resource) == [], "the job is renewed on, for nobody"
     finally:
         release_all()
+
+
+@pytest.mark.parametrize("kind", ["sync", "async", "stacked"])
+def test_a_template_response_rendered_under_asgi_reenters_its_views_hold(
+    lock_table: str, kind: str
+) -> None:
+    """Under ASGI Django runs a sync view in one ``sync_to_async`` call and renders its
+    ``TemplateResponse`` in another (an async view's, too): another holder than the view for
+    re-entry. Since the hold goes with the response until it is rendered (5e73a58), code the
+    template runs that takes the view's lock again (a model method guarded by the same
+    ``semaphore``) waited on the view's own hold until its ``wait`` ran out (SemaphoreBusy,
+    a 500), where under WSGI (one thread) it re-enters it, and before 5e73a58 found it
+    free. (``stacked``: the lock the template takes is the inner of two decorators'.)"""
+    from asgiref.sync import sync_to_async
+    from django.template import engines
+    from django.template.response import SimpleTemplateResponse
+    from django.test import RequestFactory
+
+    from dynasem import SemaphoreBusy
+
+    resource = f"r36e-render-{kind}:1"
+    seen: list[str] = []
+
+    class Rows:  # what the template shows: guarded by the view's lock too
+        def __str__(self) -> str:
+            try:
+                with semaphore(resource, wait=0.5):
+                    seen.append("taken")
+            except SemaphoreBusy:
+                seen.append("busy")
+            return "rows"
+
+    def answer() -> SimpleTemplateResponse:
+        return SimpleTemplateResponse(engines["django"].from_string("{{ rows }}"), {"rows": Rows()})
+
+    if kind == "sync":
+
+        @semaphore("r36e-render-sync:{n}")
+        def view(request: Any, n: int) -> Any:
+            return answer()
+
+        asgi_view: Any = sync_to_async(view)
+    elif kind == "stacked":
+
+        @semaphore("r36e-render-outer:{n}")
+        @semaphore("r36e-render-stacked:{n}")
+        def stacked(request: Any, n: int) -> Any:
+            return answer()
+
+        asgi_view = sync_to_async(stacked)
+    else:
+
+        @semaphore("r36e-render-async:{n}")
+        async def asgi_view(request: Any, n: int) -> Any:
+            return answer()
+
+    async def handler() -> Any:  # what Django's ASGI handler does with a view's answer
+        response = await asgi_view(RequestFactory().get("/"), n=1)
+        return await sync_to_async(response.render)()
+
+    try:
+        response = asyncio.run(handler())
+        assert response.content == b"rows"
+        assert seen == ["taken"], "the template's acquire waited on the view's own hold"
+        assert tokens(resource) == set()
+    finally:
+        release_all()
