@@ -31,6 +31,7 @@ from .._observability.logs import facts
 from .._transactions import fencing
 from ..exceptions import Coalesced, LockLost, Picklable, SemaphoreBusy
 from .arguments import LEADER_PREFIX, MAX_RESOURCE_BYTES, check_printable, utf8_size
+from .hold import exit_cut_short
 from .reentry import leave, left, lent
 from .steps import run_io_to_end
 
@@ -561,11 +562,19 @@ def _carried(response: Any, lock: Any, held: Any) -> Callable[[], None]:
     ours = [held]
 
     def give_back() -> None:
+        depth = getattr(held, "outer", held).depth  # plain attributes: no signal lands here
         try:
-            mine = ours.pop()  # one caller only, across threads
+            ours.pop()  # one caller only, across threads
         except IndexError:
             return  # given back already
-        leave(mine, False)
+        except BaseException as failure:  # an interrupt as it returned: ours, not begun
+            exit_cut_short(held, depth, failure)
+            raise
+        try:
+            leave(held, False)
+        except BaseException as failure:  # an interrupt at its first line: as a block's exit
+            exit_cut_short(held, depth, failure)
+            raise
 
     # Neither finished nor closed: replaced by another response and dropped (Django's
     # ConditionalGetMiddleware answers a revalidation with a new 304 and leaves this one

@@ -247,3 +247,62 @@ def test_a_template_response_rendered_under_asgi_reenters_its_views_hold(
         assert tokens(resource) == set()
     finally:
         release_all()
+
+
+@pytest.mark.parametrize("how", ["body", "close", "render"])
+def test_a_responses_give_back_interrupted_before_its_release_began_is_not_kept_for_nobody(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch, how: str
+) -> None:
+    """A view's response carries its hold past the view (a streaming body, a template
+    response rendered by Django's handler): its give-back (the body's ``finally``,
+    ``close()``, the post-render callback) took the hold off its once-only list, then left
+    it. Ctrl-C (or a signal handler's exception) landing at ``leave``'s first line (the
+    interrupt stands in here for the signal at that call) left the hold renewed by its
+    heartbeat for nobody while the process lived, the drop-finalizer finding the list empty.
+    Mended as a block's exit is: a give-back whose release never began leaves the hold to
+    its lease, renewed and re-entered no more."""
+    from django.http import StreamingHttpResponse
+    from django.template import engines
+    from django.template.response import SimpleTemplateResponse
+    from django.test import RequestFactory
+
+    from dynasem import current_hold
+    from dynasem._engine import decorators
+    from tests.engine.test_heartbeat import LEASE, heartbeats_of, wait_for_renewal
+
+    resource = f"r36e-give-back-cut-{how}"
+    seen: list[Any] = []
+
+    @semaphore(resource, lease=LEASE)
+    def view(request: Any) -> Any:
+        seen.append(current_hold())
+        if how == "render":
+            template = engines["django"].from_string("rows")
+            return SimpleTemplateResponse(template, {})
+        return StreamingHttpResponse(iter([b"rows"]))
+
+    real = decorators.leave
+
+    def leave(held: Any, raised: bool) -> None:
+        monkeypatch.setattr(decorators, "leave", real)
+        raise KeyboardInterrupt  # the signal, before the release's first step
+
+    try:
+        response = view(RequestFactory().get("/"))
+        (held,) = seen
+        wait_for_renewal(held)
+        monkeypatch.setattr(decorators, "leave", leave)
+        with pytest.raises(KeyboardInterrupt):
+            if how == "body":
+                assert b"".join(response.streaming_content) == b"rows"
+            elif how == "close":
+                response.close()
+            else:
+                response.render()
+        time.sleep(2 * (LEASE - 0.5) / 3 + 0.15)  # two renewals would have been due
+        assert heartbeats_of(resource) == [], "the hold is renewed on, for nobody"
+        with semaphore(resource, lease=LEASE, wait=3 * LEASE) as again:
+            assert again.token != held.token
+        del response
+    finally:
+        release_all()
