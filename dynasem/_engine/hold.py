@@ -93,6 +93,9 @@ class Held:
         # Told of the loss before lock_lost is sent: dynasem's own listeners (a lead), which
         # must not depend on a project's receivers connected before them, any of which may raise.
         self._lost_watchers: list[Callable[[], None]] = []
+        # Its fence_db blocks' records (reentry.Block) whose transaction is open, innermost
+        # last (fencing.begin, end, cut_short).
+        self.fenced: list[Any] = []
         self._released = False
         # Its release was interrupted before it began: left to its lease (re-entered no more).
         self.left_to_lease = False
@@ -884,14 +887,16 @@ def exit_cut_short(held: Held, depth: int, exc: BaseException) -> None:
     ``depth`` is what the hold counted as the block was left. The block's exit does not run
     again: a nested block gives back its depth (else the outer block's exit would give back
     nothing, for good); an outermost one leaves the hold as an interrupted release does
-    (:meth:`Held._cut_short`: left to its lease, renewed and re-entered no more)."""
+    (:meth:`Held._cut_short`: left to its lease, renewed and re-entered no more). A
+    ``fence_db`` block's transaction that its end never closed rolls back."""
     held = getattr(held, "outer", held)  # a nested acquire's view: the hold itself
-    if isinstance(exc, LockLost) or held._released or held.depth != depth:
-        return  # the release ran, or began and saw to it
-    if depth > 1:
-        held.depth -= 1
-    else:
-        held._cut_short(exc)
+    if not (isinstance(exc, LockLost) or held._released or held.depth != depth):
+        # Its release neither ran nor began (it would have seen to it).
+        if depth > 1:
+            held.depth -= 1
+        else:
+            held._cut_short(exc)
+    fencing.cut_short(held, exc)  # a fence_db block's transaction its end() never closed
 
 
 def stop_renewing(held: Held) -> None:

@@ -36,7 +36,15 @@ from .._storage.records import Mode
 from ..exceptions import LockLost
 from . import commit
 
-__all__ = ["begin", "check_fenceable", "end", "fence_transaction", "no_async", "row_key"]
+__all__ = [
+    "begin",
+    "check_fenceable",
+    "cut_short",
+    "end",
+    "fence_transaction",
+    "no_async",
+    "row_key",
+]
 
 TABLE = "dynasem_fence"
 
@@ -99,7 +107,11 @@ def begin(opened: Any, using: str | None, undo: Callable[[], None]) -> None:
         try:
             fence_transaction(opened.value, alias)
             opened.atomic = block  # inside: an interrupt here closes it
+            hold = getattr(opened.value, "outer", opened.value)
+            # What an exit interrupted before end() began finds (cut_short); those ended, gone.
+            hold.fenced = [*(b for b in hold.fenced if b.atomic is not None), opened]
         except BaseException as exc:
+            opened.atomic = None  # closed here: no exit's cut_short closes it again
             block.__exit__(type(exc), exc, exc.__traceback__)
             raise
     except BaseException:
@@ -113,8 +125,12 @@ def end(opened: Any, exc_type: Any, exc: Any, tb: Any, undo: Callable[[], None])
     the block raised or the hold can no longer be trusted (then it rolls back and LockLost
     is raised). The hold is given back after this, once the outermost transaction ends. If
     this raises, ``undo()`` (give the hold back, the block having failed) ran first."""
-    block, exited = opened.atomic, False
+    # Taken (plain attributes: no signal lands here): from here on this closes it, not an
+    # interrupted exit's cut_short.
+    block, opened.atomic, exited = opened.atomic, None, False
     try:
+        hold = getattr(opened.value, "outer", opened.value)
+        hold.fenced = [b for b in hold.fenced if b is not opened]  # keeps it alive no more
         if exc_type is None:
             try:
                 opened.value.raise_if_lost()
@@ -129,6 +145,19 @@ def end(opened: Any, exc_type: Any, exc: Any, tb: Any, undo: Callable[[], None])
             block.__exit__(type(failure), failure, failure.__traceback__)
         undo()
         raise
+
+
+def cut_short(hold: Any, exc: BaseException) -> None:
+    """A block's exit of ``hold`` raised ``exc`` (an interrupt: a signal's exception): if it
+    was a ``fence_db`` block's and :func:`end` never began (the signal landed as the exit
+    called it), its transaction, open still, rolls back: the block's exit does not run
+    again, and the connection would stay in it (this thread's later work in a transaction
+    that never commits, the fence row locked against the next holder)."""
+    for opened in reversed(hold.fenced):
+        if opened.atomic is not None and not opened.open:  # left by its exit, not ended
+            block, opened.atomic = opened.atomic, None
+            block.__exit__(type(exc), exc, exc.__traceback__)
+            return
 
 
 def no_async() -> TypeError:

@@ -81,3 +81,48 @@ def _check_and_clean_up(resource: str) -> None:
     assert (left_open, len(held)) == (False, 0), (
         f"transaction left open: {left_open}; holds left: {held}"
     )
+
+
+@pytest.mark.reentry
+@pytest.mark.parametrize("nested", [False, True])
+def test_an_interrupt_as_a_fenced_blocks_end_begins_closes_its_transaction(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch, nested: bool
+) -> None:
+    """end() at its first line: Ctrl-C (or a signal handler's exception) handled as the
+    block's exit calls it, before its try (the interrupt stands in here for the signal at
+    that call). The block was left, its exit does not run again: its transaction was left
+    open (the connection in_atomic_block, its fence row locked: this thread's later work
+    lands in a transaction that never commits, the next holder's fenced transaction waits
+    on the row) while the exit left the hold to its lease. Mended: the transaction rolls
+    back, its work lands nowhere; the hold is given back or left to its lease, never
+    renewed for nobody."""
+    from dynasem import release_all
+    from dynasem._transactions import fencing
+    from tests.engine.test_heartbeat import heartbeats_of
+
+    resource = f"tbl:interrupted-end-begins-{nested}"
+    sem = semaphore(resource, fence_db=True)
+    real = fencing.end
+
+    def end(*args: Any, **kwargs: Any) -> None:
+        monkeypatch.setattr(fencing, "end", real)
+        raise KeyboardInterrupt  # the signal, at end()'s first line
+
+    def block() -> None:
+        with pytest.raises(KeyboardInterrupt), sem:
+            monkeypatch.setattr(fencing, "end", end)
+
+    connection = connections["default"]
+    try:
+        if nested:
+            with sem:
+                block()
+                assert connection.atomic_blocks[-1:] == [connection.atomic_blocks[0]], (
+                    "the inner transaction is open"
+                )
+        else:
+            block()
+        assert heartbeats_of(resource) == [], "the hold is renewed on, for nobody"
+    finally:
+        release_all()
+        _check_and_clean_up(resource)
