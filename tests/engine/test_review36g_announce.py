@@ -1,0 +1,157 @@
+"""Review (thirty-sixth session, g): lock_acquired and lock_busy sent as a step of the acquire
+loop (``steps.Announce``), across the kinds of semaphore that drive it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dynasem import SemaphoreBusy, release_all, semaphore
+from dynasem import signals as dynasem_signals
+from dynasem._operators.locks import holds_on
+
+
+class Interrupt(BaseException):
+    """A signal handler's exception (Ctrl-C, a task's soft time limit)."""
+
+
+@pytest.fixture
+def receiver() -> Iterator[Any]:
+    connected: list[str] = []
+
+    def connect(name: str, func: Any) -> None:
+        getattr(dynasem_signals, name).connect(func, weak=False, dispatch_uid="review36g-recv")
+        connected.append(name)
+
+    yield connect
+    for name in connected:
+        getattr(dynasem_signals, name).disconnect(dispatch_uid="review36g-recv")
+
+
+KINDS: dict[str, dict[str, Any]] = {
+    "exclusive": {},
+    "several": {"resources": ["b", "a"]},
+    "permits": {"limit": 3},
+    "shared": {"shared": True},
+    "coalesce": {"coalesce": True, "wait": 5},
+}
+
+
+def _sem(kind: str, name: str, **more: Any) -> Any:
+    options = dict(KINDS[kind])
+    resources = [f"{name}-{r}" for r in options.pop("resources", ["x"])]
+    options.update(more)
+    return semaphore(resources if len(resources) > 1 else resources[0], lease=30, **options)
+
+
+def _free(sem: Any) -> bool:
+    return all(holds_on(r) == [] for r in sem.resources)
+
+
+# A coalesced acquire takes a receiver's SemaphoreBusy (a receiver that takes another lock,
+# not waiting) for its own first attempt's: it registers as the next run and takes the lock
+# again, and the receiver runs twice. As before this session (the signal was sent inside the
+# loop then too). Mend: mark a receiver's exception as the announce's (steps._drive) and let
+# coalescing.acquire/aacquire re-raise such a one rather than register.
+_RECEIVERS_BUSY = pytest.mark.xfail(
+    strict=True, reason="coalescing takes a lock_acquired receiver's SemaphoreBusy for its own"
+)
+
+
+@pytest.mark.parametrize("driver", ["sync", "async"])
+@pytest.mark.parametrize(
+    ("kind", "error"),
+    [
+        pytest.param(kind, error, marks=_RECEIVERS_BUSY)
+        if (kind, error) == ("coalesce", SemaphoreBusy)
+        else (kind, error)
+        for kind in KINDS
+        for error in (RuntimeError, ValueError, SemaphoreBusy, Interrupt)
+    ],
+)
+def test_a_raising_lock_acquired_receiver_leaves_nothing_held(
+    lock_table: str, receiver: Any, kind: str, error: type[BaseException], driver: str
+) -> None:
+    """Every kind of semaphore drives the same loop: a lock_acquired receiver that raises
+    (the loop's own kinds of answer too) gives the hold back, once, and ends the acquire."""
+    sent: list[str] = []
+
+    def refuse(sender: Any, **kwargs: Any) -> None:
+        sent.append(kwargs["token"])
+        if error is SemaphoreBusy:
+            raise SemaphoreBusy(kwargs["resource"], 1, None, None, 0.0)
+        raise error("the audit database is down")
+
+    receiver("lock_acquired", refuse)
+    released: list[str] = []
+    receiver("lock_released", lambda sender, **kw: released.append(kw["token"]))
+    sem = _sem(kind, f"r36g-{kind}-{error.__name__}-{driver}")
+    try:
+        with pytest.raises(error):
+            if driver == "sync":
+                sem.acquire()
+            else:
+                asyncio.run(sem.aacquire())
+        assert len(sent) == 1
+        assert _free(sem), "the hold stayed, for nobody"
+        assert released.count(sent[0]) <= 1
+    finally:
+        release_all()
+
+
+@pytest.mark.parametrize("driver", ["sync", "async", "cancel"])
+@pytest.mark.parametrize("error", [RuntimeError, ValueError, Interrupt])
+@pytest.mark.parametrize("kind", ["exclusive", "several", "permits"])
+def test_a_raising_lock_busy_receiver_leaves_no_waiter_behind(
+    lock_table: str, receiver: Any, kind: str, error: type[BaseException], driver: str
+) -> None:
+    """A busy acquire that waited in the queue, whose lock_busy receiver raises (or whose task
+    is cancelled while it is awaited): its queue entry is gone, nothing is held for it, and
+    the holder's release leaves the lock free for the next."""
+    from tests.support.helpers import queue_of
+
+    name = f"r36g-busy-{kind}-{error.__name__}-{driver}"
+    holders = [_sem(kind, name).acquire() for _ in range(3 if kind == "permits" else 1)]
+    sent: list[str] = []
+
+    async def slow(sender: Any, **kwargs: Any) -> None:
+        sent.append(kwargs["token"])
+        await asyncio.sleep(60)
+
+    def refuse(sender: Any, **kwargs: Any) -> None:
+        sent.append(kwargs["token"])
+        raise error("the audit database is down")
+
+    receiver("lock_busy", slow if driver == "cancel" else refuse)
+    sem = _sem(kind, name, wait=1.5)
+
+    async def cancelled() -> None:
+        task = asyncio.ensure_future(sem.aacquire())
+        while not sent:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        await task
+
+    try:
+        expected = asyncio.CancelledError if driver == "cancel" else error
+        with pytest.raises(expected):
+            if driver == "sync":
+                sem.acquire()
+            elif driver == "async":
+                asyncio.run(sem.aacquire())
+            else:
+                asyncio.run(cancelled())
+        assert len(sent) == 1
+        assert all(queue_of(r) == {} for r in sem.resources), "a waiter nobody is left for"
+        mine = [h for r in sem.resources for h in holds_on(r) if h.token == sent[0]]
+        assert mine == []
+        for held in holders:
+            held.release()
+        with _sem(kind, name, wait=0):
+            pass
+    finally:
+        release_all()
+
