@@ -290,11 +290,13 @@ class Announce:
         """``Signal.asend`` (Django 5.0+): sync receivers in ``sync_to_async``
         (thread-sensitive: the request's thread, or the sync thread this coroutine runs for
         under ``async_to_sync``), async ones awaited on the loop. Django 4.2 has no
-        ``asend``: ``send`` in ``sync_to_async``, as its own async code does."""
+        ``asend``: ``send`` in ``sync_to_async``, as its own async code does, only if
+        anyone listens (as ``asend`` does): else every async acquire would hop to the sync
+        thread, and one run by ``asyncio.run`` on that very thread would wait for itself."""
         asend = getattr(self.signal, "asend", None)
         if asend is not None:
             await asend(**self.arguments)
-        else:
+        elif self.signal.has_listeners(self.arguments.get("sender")):
             await sync_to_async(self.send)()
 
 

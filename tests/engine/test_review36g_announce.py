@@ -155,3 +155,43 @@ def test_a_raising_lock_busy_receiver_leaves_no_waiter_behind(
     finally:
         release_all()
 
+
+def test_an_async_acquire_on_django_4_2_with_no_receiver_needs_no_sync_thread(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Django 4.2 has no ``Signal.asend``: lock_acquired was sent with
+    ``sync_to_async(signal.send)`` even when nobody listens, a hop to the request's sync
+    thread for every async acquire. A sync view under ASGI that runs async code with
+    ``asyncio.run`` (its coroutine inherits the request's thread-sensitive context) waited
+    there for itself: the hop was queued to the very thread that waits in ``asyncio.run``,
+    a deadlock, for good, with no receiver connected at all. On Django 5.0+ ``asend`` sends
+    nothing without a receiver; the 4.2 path now does the same."""
+    import threading
+
+    from asgiref.sync import SyncToAsync, ThreadSensitiveContext, sync_to_async
+    from django.dispatch import Signal
+
+    monkeypatch.delattr(Signal, "asend")
+    assert not dynasem_signals.lock_acquired.has_listeners()
+    done: list[str] = []
+
+    async def work() -> None:
+        async with semaphore("r36g-django-4.2", lease=30) as held:
+            done.append(held.token)
+
+    def view() -> None:
+        asyncio.run(work())  # the view's own loop, on the request's sync thread
+
+    async def request() -> None:
+        async with ThreadSensitiveContext():
+            await sync_to_async(view)()
+
+    handler = threading.Thread(target=asyncio.run, args=(request(),), daemon=True)
+    handler.start()
+    handler.join(15)
+    stuck = handler.is_alive()
+    if stuck:  # free the deadlocked thread-sensitive thread's executor for later tests
+        SyncToAsync.context_to_thread_executor.clear()
+    assert not stuck, "the async acquire waited for the thread it runs on"
+    assert len(done) == 1
+    release_all()
