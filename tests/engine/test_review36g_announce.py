@@ -195,3 +195,34 @@ def test_an_async_acquire_on_django_4_2_with_no_receiver_needs_no_sync_thread(
     assert not stuck, "the async acquire waited for the thread it runs on"
     assert len(done) == 1
     release_all()
+
+
+@pytest.mark.reentry
+@pytest.mark.parametrize("driver", ["sync", "async"])
+def test_a_nested_acquire_sends_no_lock_acquired(
+    lock_table: str, receiver: Any, driver: str
+) -> None:
+    """A nested acquire re-enters its outer hold: no hold is taken, none announced."""
+    sent: list[str] = []
+    receiver("lock_acquired", lambda sender, **kw: sent.append(kw["token"]))
+
+    def sem() -> Any:
+        return semaphore("r36g-nested", lease=30)
+
+    async def nested() -> None:
+        async with sem() as outer:
+            async with sem() as inner:
+                assert inner.token == outer.token
+
+    try:
+        if driver == "sync":
+            with sem() as outer:
+                with sem() as inner:
+                    assert inner.token == outer.token
+        else:
+            asyncio.run(nested())
+        assert len(sent) == 1
+        assert holds_on("r36g-nested") == []
+    finally:
+        release_all()
+
