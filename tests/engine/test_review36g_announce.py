@@ -226,3 +226,51 @@ def test_a_nested_acquire_sends_no_lock_acquired(
     finally:
         release_all()
 
+
+def test_a_carried_give_back_interrupted_before_its_release_began_is_not_kept_for_nobody(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A view's template response carries its hold until rendered; its give-back (called
+    by render's post-render callback, a streaming body's end, close()) takes the hold out
+    of ``ours`` first, then leaves. Ctrl-C or a worker's time limit landing at ``leave``'s
+    first line (ahead of the release's own guard) left the hold renewed by its heartbeat for
+    nobody while the process lived: neither a later call nor the response's drop gives it
+    back (``ours`` is empty). As a ``with`` block's exit (f7f88f7): left to its lease."""
+    import time
+
+    from django.template import engines
+    from django.template.response import SimpleTemplateResponse
+    from django.test import RequestFactory
+
+    from dynasem._engine import decorators
+    from tests.engine.test_heartbeat import LEASE, heartbeats_of, wait_for_renewal
+
+    resource = "r36g-carried:1"
+    held: list[Any] = []
+
+    @semaphore("r36g-carried:{n}", lease=LEASE)
+    def view(request: Any, n: int) -> Any:
+        from dynasem import current_hold
+
+        held.append(current_hold())
+        return SimpleTemplateResponse(engines["django"].from_string("ok"), {})
+
+    real = decorators.leave
+
+    def leave(hold: Any, raised: bool) -> None:
+        monkeypatch.setattr(decorators, "leave", real)
+        raise KeyboardInterrupt  # the signal, before the release's first step
+
+    try:
+        response = view(RequestFactory().get("/"), n=1)
+        wait_for_renewal(held[0])
+        monkeypatch.setattr(decorators, "leave", leave)
+        with pytest.raises(KeyboardInterrupt):
+            response.render()
+        del response
+        time.sleep(2 * (LEASE - 0.5) / 3 + 0.15)  # two renewals would have been due
+        assert heartbeats_of(resource) == [], "the hold is renewed on, for nobody"
+        with semaphore(resource, lease=LEASE, wait=3 * LEASE) as again:
+            assert again.token != held[0].token
+    finally:
+        release_all()
