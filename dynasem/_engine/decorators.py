@@ -525,16 +525,19 @@ def _answered(stack: Any, request: Any, response: Any, lock: Any, held: Any) -> 
         give_back = _carried(response, lock, held)
         # Called by render() once the content is made (None: the response stays as it is).
         response.add_post_render_callback(lambda rendered: give_back())
-        response.render = _rendered_holding(response, held)  # type: ignore[method-assign]
+        render = _rendered_holding(response, held, give_back)
+        response.render = render  # type: ignore[method-assign]
         return response
     return response
 
 
-def _rendered_holding(response: Any, held: Any) -> Callable[[], Any]:
+def _rendered_holding(response: Any, held: Any, give_back: Callable[[], None]) -> Callable[[], Any]:
     """A template response's ``render``, run as the view's holder of ``held`` (Django's
     ASGI handler renders in another ``sync_to_async`` call than the view's). Weakly: the
     response must not keep itself alive, or its drop is seen by the collector only. An
-    outer decorator's wraps an inner one's."""
+    outer decorator's wraps an inner one's. A render that raises gives the hold back
+    (``give_back``): the view's work is over, and the response, kept by the exception's
+    traceback in a reference cycle (asgiref's), may be dropped by the collector only."""
     inner = vars(response).get("render")
     ref = weakref.ref(response)
 
@@ -543,8 +546,13 @@ def _rendered_holding(response: Any, held: Any) -> Callable[[], Any]:
         if answer is None:  # gone: nothing to render
             return None
         vars(answer).pop("render", None)  # once; never pickled with the response
-        with lent(held):
-            return inner() if inner is not None else answer.render()
+        try:
+            with lent(held):
+                return inner() if inner is not None else answer.render()
+        except BaseException:
+            with contextlib.suppress(LockLost):  # lost meanwhile: logged and signalled then
+                give_back()
+            raise
 
     return render
 

@@ -274,3 +274,57 @@ def test_a_carried_give_back_interrupted_before_its_release_began_is_not_kept_fo
             assert again.token != held[0].token
     finally:
         release_all()
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_a_template_response_whose_render_raises_gives_its_hold_back_at_once(
+    lock_table: str, kind: str
+) -> None:
+    """A view's template response carries its hold until rendered; a render that raises
+    (a template error: a 500) never calls the post-render callback, and the hold waited for
+    the response's drop. Under ASGI (the render in ``sync_to_async``) the exception's
+    traceback keeps the response in a reference cycle: the hold stayed, renewed for nobody,
+    until the garbage collector ran (for objects that lived into its oldest generation, a
+    long while in a quiet process). Mended: a render that raises gives the hold back."""
+    import gc
+    import time
+
+    from asgiref.sync import sync_to_async
+    from django.template import engines
+    from django.template.response import SimpleTemplateResponse
+    from django.test import RequestFactory
+
+    class Rows:
+        def __str__(self) -> str:
+            raise RuntimeError("the template failed")
+
+    @semaphore("r36g-raise-{n}", lease=30)
+    def view(request: Any, n: int) -> Any:
+        template = engines["django"].from_string("{{ rows }}")
+        return SimpleTemplateResponse(template, {"rows": Rows()})
+
+    async def asgi() -> None:  # what Django's ASGI handler does with a view's answer
+        response = await sync_to_async(view)(RequestFactory().get("/"), n=kind)
+        with pytest.raises(RuntimeError):
+            await sync_to_async(response.render)()
+
+    def wsgi() -> None:
+        response = view(RequestFactory().get("/"), n=kind)
+        with pytest.raises(RuntimeError):
+            response.render()
+
+    resource = f"r36g-raise-{kind}"
+    gc.collect()
+    gc.disable()  # the collector runs when it will: not within the second below
+    try:
+        if kind == "asgi":
+            asyncio.run(asgi())
+        else:
+            wsgi()
+        deadline = time.monotonic() + 1
+        while holds_on(resource) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert holds_on(resource) == [], "kept until the garbage collector runs"
+    finally:
+        gc.enable()
+        release_all()
