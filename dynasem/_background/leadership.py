@@ -30,13 +30,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .._engine.arguments import (
-    LEADER_PREFIX,
-    MAX_RESOURCE_BYTES,
-    check_printable,
-    check_resource,
-    utf8_size,
-)
+from .._engine.arguments import LEADER_PREFIX, check_resource
 from .._engine.hold import Held, exit_cut_short, when_lost
 from .._engine.reentry import Block, left, opened
 from ..exceptions import LockLost
@@ -47,18 +41,7 @@ __all__ = ["Lead", "Leadership", "leadership", "resource_of"]
 def resource_of(name: str) -> str:
     """The resource a leadership named ``name`` holds; a TypeError or ValueError naming the
     name (not the resource it makes) if it cannot name one."""
-    if not isinstance(name, str):
-        raise TypeError(f"a leadership's name must be a str, not {type(name).__name__}: {name!r}")
-    if not name:
-        raise ValueError(f"a leadership's name must be a non-empty str, not {name!r}")
-    most = MAX_RESOURCE_BYTES - len(LEADER_PREFIX)
-    size = utf8_size(name, "a leadership's name")
-    if size > most:
-        raise ValueError(
-            f"a leadership's name is {size} UTF-8 bytes; at most {most} are allowed (its "
-            f"resource is {LEADER_PREFIX!r} + name): {name[:40]!r}..."
-        )
-    return check_resource(LEADER_PREFIX + check_printable(name, "a leadership's name"))
+    return check_resource(name, "a leadership's name", LEADER_PREFIX)
 
 
 class Lead:

@@ -33,14 +33,7 @@ from typing import Any
 
 from .. import _clock as clock
 from .._engine import processes, steps
-from .._engine.arguments import (
-    MAX_RESOURCE_BYTES,
-    check_lease,
-    check_printable,
-    resolve_timing,
-    skew_setting,
-    utf8_size,
-)
+from .._engine.arguments import check_lease, check_resource, resolve_timing, skew_setting
 from .._engine.decorators import KeyMaker, checked_keys
 from .._engine.hold import Held, confirm, delivering, start_renewing, stop_renewing
 from .._engine.queue import too_slow
@@ -113,20 +106,7 @@ def user_of(task_id: Any) -> str:
     """The holder a claim of the task ``task_id`` records (``task:<id>``); a TypeError or
     ValueError naming the task id (not the ``user`` it makes) if it cannot be one: no str,
     empty, past the size of a holder's id, or with a control character."""
-    if not isinstance(task_id, str):
-        raise TypeError(
-            f"a unique task's id must be a str, not {type(task_id).__name__}: {task_id!r}"
-        )
-    if not task_id:
-        raise ValueError("a unique task's id must be a non-empty str")
-    most = MAX_RESOURCE_BYTES - len(USER_PREFIX)
-    size = utf8_size(task_id, "a unique task's id")
-    if size > most:
-        raise ValueError(
-            f"a unique task's id is {size} UTF-8 bytes; at most {most} are allowed (its holder "
-            f"is recorded as {USER_PREFIX!r} + id): {task_id[:40]!r}..."
-        )
-    return USER_PREFIX + check_printable(task_id, "a unique task's id")
+    return check_resource(task_id, "a unique task's id", USER_PREFIX)
 
 
 def key_for(name: str, keys: KeyMaker, args: Any, kwargs: Any) -> str:

@@ -67,18 +67,20 @@ def check_printable(text: str, name: str) -> str:
     return text
 
 
-def check_resource(resource: Any, name: str = "resource") -> str:
+def check_resource(resource: Any, name: str = "resource", prefix: str = "") -> str:
+    """``prefix + resource``, or a TypeError or ValueError naming ``name`` (what the caller
+    wrote, not the key dynasem makes of it with ``prefix``) if it cannot be one."""
     if not isinstance(resource, str):
         raise TypeError(f"{name} must be a str, not {type(resource).__name__}: {resource!r}")
     if not resource:
         raise ValueError(f"{name} must be a non-empty str")
-    size = utf8_size(resource, name)
-    if size > MAX_RESOURCE_BYTES:
+    size, most = utf8_size(resource, name), MAX_RESOURCE_BYTES - len(prefix)
+    if size > most:
+        made = f" (recorded as {prefix!r} + it)" if prefix else ""
         raise ValueError(
-            f"{name} is {size} UTF-8 bytes; at most {MAX_RESOURCE_BYTES} are allowed: "
-            f"{resource[:40]!r}..."
+            f"{name} is {size} UTF-8 bytes; at most {most} are allowed{made}: {resource[:40]!r}..."
         )
-    return check_printable(resource, name)
+    return prefix + check_printable(resource, name)
 
 
 def check_resources(resource: Any) -> list[str]:
