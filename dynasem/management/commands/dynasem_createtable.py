@@ -29,8 +29,9 @@ class Command(BaseCommand):
         parser.add_argument(
             "--check",
             action="store_true",
-            help="change nothing: exit non-zero unless the table exists, has dynasem's indexes "
-            "and names the stored format version this dynasem reads and writes",
+            help="change nothing: exit non-zero unless the table exists in one region (no "
+            "global table), has dynasem's indexes and names the stored format version this "
+            "dynasem reads and writes",
         )
         parser.add_argument(
             "--json", action="store_true", help="print one JSON object: what was done"
@@ -75,6 +76,7 @@ class Command(BaseCommand):
         facts["created"] = existing is None
         if existing is not None:
             _our_indexes(name, existing)
+            _one_region(name, existing)
             message = f"Table {name!r} already exists ({existing.get('TableStatus')})."
         else:
             message = f"Created table {name!r} at {dynamodb.endpoint_label()}."
@@ -129,6 +131,7 @@ class Command(BaseCommand):
                 "`manage.py dynasem_createtable` to create it"
             )
         _our_indexes(name, existing)
+        _one_region(name, existing)
         found = facts["format"] = schema.stored_format()
         problem = schema.format_problem(found)
         if problem is not None:
@@ -176,6 +179,30 @@ def _our_indexes(name: str, existing: dict[str, Any]) -> None:
             "(`dynasem_createtable --dry-run` prints them): it was not made by "
             "dynasem_createtable; delete it or set another TABLE_NAME"
         )
+
+
+def _one_region(name: str, existing: dict[str, Any]) -> None:
+    """CommandError if the described table is a global table (replicas in other regions):
+    each region decides a conditional write on its own copy, and with eventual consistency
+    (the default) replicates it later, the last writer winning, so a host writing through
+    another region can take a lock held through this one."""
+    regions = sorted(r.get("RegionName", "?") for r in existing.get("Replicas", []))
+    if not regions:
+        return
+    if existing.get("MultiRegionConsistency") == "STRONG":
+        why = (
+            "multi-Region strong consistency has no transactions, which holds of several "
+            "resources need"
+        )
+    else:
+        why = (
+            "DynamoDB replicates a write to the other regions asynchronously and the last "
+            "writer wins, so hosts writing through two regions can both take one lock"
+        )
+    raise CommandError(
+        f"table {name!r} is a global table (replicas in {', '.join(regions)}): {why}. dynasem "
+        "needs a table in one region: remove the replicas, or set another TABLE_NAME"
+    )
 
 
 def _projected(index: dict[str, Any]) -> tuple[str, frozenset[str]]:

@@ -1,0 +1,58 @@
+"""Review of what operators touch (seventh review): the commands' words and exit status, and
+the tables they pass, when what they act on is not what they expect."""
+
+from __future__ import annotations
+
+import io
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.test import override_settings
+
+from dynasem._storage import dynamodb, records, schema
+from tests.support.helpers import dynasem_settings
+
+
+@pytest.fixture
+def active_table(dynamodb_local: str) -> Iterator[str]:
+    """A table made by dynasem_createtable --wait (ACTIVE), set as TABLE_NAME; dropped after."""
+    name = f"c-{uuid.uuid4().hex[:12]}"
+    with override_settings(DYNASEM=dynasem_settings(dynamodb_local, name)):
+        try:
+            call_command("dynasem_createtable", "--wait", stdout=io.StringIO())
+            yield name
+        finally:
+            try:
+                dynamodb.get_client().delete_table(TableName=name)
+            except Exception:
+                pass
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["check", "createtable"])
+def test_a_global_table_is_refused(active_table, monkeypatch, check):
+    """The table was made a global table (a replica added in another region, as a DR plan
+    does; DynamoDB Local has none, so DescribeTable's answer is given one here). Its default
+    consistency is eventual: DynamoDB replicates a write to the other regions asynchronously,
+    each region checks a condition against its own copy, and the last writer wins. A host whose
+    REGION_NAME (or boto3 chain, or ENDPOINT_URL) names the other region takes a lock another
+    host holds through the first: two holders, and their fences may cross. Before:
+    ``dynasem_createtable --check`` said the table "holds stored format version 1, as this
+    dynasem needs" and ``dynasem_createtable`` that it "already exists", both exit status 0."""
+    described = schema.describe_table
+
+    def with_a_replica() -> dict[str, Any] | None:
+        table = described()
+        assert table is not None
+        replicas = [{"RegionName": "eu-west-1", "ReplicaStatus": "ACTIVE"}]
+        return {**table, "Replicas": replicas, "GlobalTableVersion": "2019.11.21"}
+
+    monkeypatch.setattr(schema, "describe_table", with_a_replica)
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="global table") as refused:
+        call_command("dynasem_createtable", *(["--check"] if check else []), stdout=out)
+    assert "eu-west-1" in str(refused.value), str(refused.value)
+    assert out.getvalue() == ""
+    assert records.FORMAT_VERSION  # the table itself is dynasem's: only its replicas are refused
