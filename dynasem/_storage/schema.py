@@ -52,12 +52,14 @@ def wait_until_active(name: str) -> None:
         ) from exc
 
 
-def ttl_status(name: str) -> str:
+def ttl_status(name: str) -> tuple[str, str | None]:
+    """The table's TTL status and the attribute it is on (a table has one, or none)."""
     try:
         response = dynamodb.send_request("describe_time_to_live", TableName=name)
     except SemaphoreUnavailable:
-        return "UNKNOWN"
-    return str(response["TimeToLiveDescription"].get("TimeToLiveStatus", "DISABLED"))
+        return "UNKNOWN", None
+    ttl = response["TimeToLiveDescription"]
+    return str(ttl.get("TimeToLiveStatus", "DISABLED")), ttl.get("AttributeName")
 
 
 def enable_ttl(name: str) -> None:

@@ -56,3 +56,37 @@ def test_a_global_table_is_refused(active_table, monkeypatch, check):
     assert "eu-west-1" in str(refused.value), str(refused.value)
     assert out.getvalue() == ""
     assert records.FORMAT_VERSION  # the table itself is dynasem's: only its replicas are refused
+
+
+@pytest.fixture
+def foreign_ttl_table(dynamodb_local: str) -> Iterator[str]:
+    """A table with dynasem's key and indexes whose TTL is on another attribute (``ttl``, as
+    a hand-made table's often is), set as TABLE_NAME; dropped afterwards."""
+    name = f"c-{uuid.uuid4().hex[:12]}"
+    with override_settings(DYNASEM=dynasem_settings(dynamodb_local, name)):
+        client = dynamodb.get_client()
+        client.create_table(**records.table_definition(name))
+        client.get_waiter("table_exists").wait(TableName=name)
+        ttl = {"Enabled": True, "AttributeName": "ttl"}
+        client.update_time_to_live(TableName=name, TimeToLiveSpecification=ttl)
+        try:
+            yield name
+        finally:
+            try:
+                client.delete_table(TableName=name)
+            except Exception:
+                pass
+
+
+@pytest.mark.parametrize("check", [True, False], ids=["check", "createtable"])
+def test_a_table_whose_ttl_is_on_another_attribute_is_refused(foreign_ttl_table, check):
+    """A table can have one TTL attribute. Before: on a table whose TTL was on ``ttl``,
+    dynasem_createtable said "TTL is on for 'expires'" (it asked only whether TTL was on)
+    and exited 0; nothing dynasem writes would ever expire (idle rows the reaper does not
+    reach, queue entries, permit items, tombstones), and ``--check`` passed it too."""
+    out = io.StringIO()
+    with pytest.raises(CommandError, match="TTL on 'ttl', not 'expires'"):
+        call_command("dynasem_createtable", *(["--check"] if check else []), stdout=out)
+    assert "TTL is on for 'expires'" not in out.getvalue()
+    ttl = dynamodb.get_client().describe_time_to_live(TableName=foreign_ttl_table)
+    assert ttl["TimeToLiveDescription"]["AttributeName"] == "ttl"

@@ -10,6 +10,9 @@ from ..._storage import dynamodb, records, schema
 from ...exceptions import SemaphoreUnavailable
 from ._output import refused
 
+# What DescribeTimeToLive says of a TTL that is on (or being turned on).
+TTL_ON = ("ENABLED", "ENABLING")
+
 
 class Command(BaseCommand):
     help = (
@@ -77,6 +80,7 @@ class Command(BaseCommand):
         if existing is not None:
             _our_indexes(name, existing)
             _one_region(name, existing)
+            _ttl_on_expires(name)
             message = f"Table {name!r} already exists ({existing.get('TableStatus')})."
         else:
             message = f"Created table {name!r} at {dynamodb.endpoint_label()}."
@@ -89,11 +93,11 @@ class Command(BaseCommand):
             facts["active"] = active = True
         message += self.write_format(name, facts, active=active)
         facts["ttl"] = True
-        if schema.ttl_status(name) not in ("ENABLED", "ENABLING"):
+        if schema.ttl_status(name)[0] not in TTL_ON:
             try:
                 schema.enable_ttl(name)
             except SemaphoreUnavailable as exc:
-                if schema.ttl_status(name) in ("ENABLED", "ENABLING"):
+                if schema.ttl_status(name)[0] in TTL_ON:
                     return message + " TTL is on for 'expires'."  # turned on meanwhile
                 facts["ttl"] = False
                 if active:
@@ -132,6 +136,7 @@ class Command(BaseCommand):
             )
         _our_indexes(name, existing)
         _one_region(name, existing)
+        _ttl_on_expires(name)
         found = facts["format"] = schema.stored_format()
         problem = schema.format_problem(found)
         if problem is not None:
@@ -178,6 +183,19 @@ def _our_indexes(name: str, existing: dict[str, Any]) -> None:
             f"table {name!r} exists but {' and '.join(differs)} differ from dynasem's "
             "(`dynasem_createtable --dry-run` prints them): it was not made by "
             "dynasem_createtable; delete it or set another TABLE_NAME"
+        )
+
+
+def _ttl_on_expires(name: str) -> None:
+    """CommandError if the table's TTL is on another attribute than ``expires`` (a table has
+    one, turned on by hand): dynasem's idle rows, queue entries and tombstones would never
+    expire, and turning it on for ``expires`` is refused meanwhile."""
+    status, attribute = schema.ttl_status(name)
+    if status in TTL_ON and attribute != "expires":
+        raise CommandError(
+            f"table {name!r} has TTL on {attribute!r}, not 'expires' (DynamoDB allows one TTL "
+            "attribute per table): turn it off and run `manage.py dynasem_createtable` to turn "
+            "it on for 'expires', or set another TABLE_NAME"
         )
 
 
