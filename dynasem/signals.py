@@ -33,8 +33,9 @@ SIGNALS: dict[str, tuple[str, dict[str, str]]] = {
     "lock_released": (
         "Sent when a hold has been given back: at the end of its block or by `release()` "
         "(inside `transaction.atomic`, once the transaction has ended). Also when an operator "
-        "broke a hold (`dynasem_release`, the admin). Not sent for a hold found lost: that "
-        "sends `lock_lost`.",
+        "broke a hold (`dynasem_release`, the admin): a receiver's exception is then logged, "
+        "not raised, as the break is made. Not sent for a hold found lost: that sends "
+        "`lock_lost`.",
         {
             **_HOLD,
             "user_id": _HOLD["user_id"] + " (`None` if an operator broke a hold of an unknown "

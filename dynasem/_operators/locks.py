@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import logging
 import signal
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from .._storage import (
 from .._storage.records import Mode
 from ..signals import lock_released
 from . import cursors, listing
+
+logger = logging.getLogger("dynasem")
 
 
 def aware(ms: int) -> datetime:
@@ -393,7 +396,10 @@ def break_hold(
                 return False
     else:
         handover.push_if_free(resource, row)  # handed over as a release is
-    lock_released.send(
+    # The break is made: a receiver that raises (its own database down) must not make the
+    # caller take it for not made (dynasem_release stopped before recording it, and before
+    # the holds after it; the admin's page a 500).
+    answers = lock_released.send_robust(
         sender=core.Semaphore,
         resource=resource,
         user_id=user_id,
@@ -401,6 +407,10 @@ def break_hold(
         fence=fence,
         broken=True,
     )
+    for receiver, answer in answers:
+        if isinstance(answer, Exception):
+            message = "dynasem: a lock_released receiver %r raised for a break on %r: %r"
+            logger.warning(message, receiver, resource, answer)
     return True
 
 

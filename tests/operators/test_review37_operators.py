@@ -13,7 +13,7 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from dynasem._storage import dynamodb, records, schema
-from tests.support.helpers import dynasem_settings
+from tests.support.helpers import dynasem_settings, take
 
 
 @pytest.fixture
@@ -90,3 +90,39 @@ def test_a_table_whose_ttl_is_on_another_attribute_is_refused(foreign_ttl_table,
     assert "TTL is on for 'expires'" not in out.getvalue()
     ttl = dynamodb.get_client().describe_time_to_live(TableName=foreign_ttl_table)
     assert ttl["TimeToLiveDescription"]["AttributeName"] == "ttl"
+
+
+@pytest.mark.django_db
+def test_a_raising_lock_released_receiver_does_not_stop_a_release_or_its_record(
+    lock_table, holds, django_user_model
+):
+    """A project's ``lock_released`` receiver raises (it writes to a database that is down,
+    or reads a keyword the break does not pass). Before: ``dynasem_release`` of two holders
+    broke the first, and the receiver's exception, raised from the break, ended the command
+    with a traceback: the break it had made was in no LogEntry and not said, and the second
+    hold was not tried. An operator's break is made when its write is: a receiver's failure
+    is logged."""
+    from django.contrib.admin.models import LogEntry
+
+    from dynasem._operators.locks import holds_on
+    from dynasem.signals import lock_released
+
+    django_user_model.objects.create_user("ops")
+    resource = "review37:receiver"
+    for user in ("a", "b"):
+        take(holds, resource, limit=2, user=user, lease=60)
+
+    def receiver(**kwargs: Any) -> None:
+        raise RuntimeError("the receiver's database is down")
+
+    lock_released.connect(receiver, dispatch_uid="review37")
+    try:
+        out = io.StringIO()
+        call_command(
+            "dynasem_release", resource, "--yes", "--log-as", "ops", stdout=out, stderr=out
+        )
+    finally:
+        lock_released.disconnect(dispatch_uid="review37")
+    assert holds_on(resource) == []
+    assert LogEntry.objects.count() == 2
+    assert "Broke 2 hold(s)" in out.getvalue()
