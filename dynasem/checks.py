@@ -54,6 +54,11 @@ CHECK_IDS: dict[str, str] = {
     "credentials, no answer). A table of another version, or naming none, is refused: the "
     "message says what the table has, what this dynasem needs, and what to do. "
     "`manage.py dynasem_createtable --check` asks the same and exits non-zero.",
+    "dynasem.E015": "This host's wall clock is within `CLOCK_SKEW` of DynamoDB's, by the `Date` "
+    "of the answer to E014's GetItem (whole seconds: only an offset surely past `CLOCK_SKEW` "
+    "is reported; silent when the table cannot be asked). A host further off ends every lease "
+    "early or late by the other hosts' clocks: it takes over holds still trusted elsewhere, "
+    "and fences drawn on either side cross.",
     "dynasem.I001": "Same-host takeover of dead holders is off (`SAME_HOST_TAKEOVER = False`, or "
     "left at `None` on AWS Lambda or in a runtime restored from a snapshot): holders of this "
     "host are taken over when their lease ends, as on another host. Says which rule is in force.",
@@ -213,18 +218,34 @@ def _takeover_rule() -> list[Any]:
 @register(TABLE_TAG)
 def check_table_format(app_configs: Any = None, **kwargs: Any) -> list[Any]:
     """A table of another stored format (or naming none) is refused: its rows are not what
-    this dynasem reads. No request on the lock path: the check runs at start-up only."""
+    this dynasem reads; so is a host whose clock is further than CLOCK_SKEW from DynamoDB's
+    (by the same answer). No request on the lock path: the check runs at start-up only."""
     from ._storage import schema
 
     if any(isinstance(p, Error) for p in check_settings(app_configs)):
         return []  # the settings' own errors first
-    if (problem := schema.format_check()) is None:
-        return []
-    return [
-        Error(
-            f"dynasem's {problem}.",
-            hint="See 'Stored format and upgrades' in dynasem's docs "
-            "(docs/explanation/stored-format.md).",
-            id="dynasem.E014",
+    problem, offset = schema.format_check()
+    errors: list[Any] = []
+    if problem is not None:
+        errors.append(
+            Error(
+                f"dynasem's {problem}.",
+                hint="See 'Stored format and upgrades' in dynasem's docs "
+                "(docs/explanation/stored-format.md).",
+                id="dynasem.E014",
+            )
         )
-    ]
+    skew = arguments.skew_setting()
+    if offset is not None and abs(offset) > skew:
+        side = "ahead of" if offset > 0 else "behind"
+        errors.append(
+            Error(
+                f"This host's clock is at least {abs(offset):.1f} s {side} DynamoDB's, more "
+                f"than DYNASEM['CLOCK_SKEW'] ({skew:g} s): its leases end early or late by "
+                "the other hosts' clocks, and a lock can have two holders.",
+                hint="Keep the host's clock synchronised (chrony, NTP; on AWS the Amazon Time "
+                "Sync Service); raise CLOCK_SKEW only to what your hosts really allow.",
+                id="dynasem.E015",
+            )
+        )
+    return errors

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import email.utils
 from typing import Any
 
 from botocore.exceptions import ClientError, WaiterError
 
+from .. import _clock as clock
 from ..conf import settings
 from ..exceptions import SemaphoreUnavailable, TableMissing
 from . import dynamodb, lock_rows
@@ -121,11 +123,12 @@ def format_problem(found: int | str | None) -> str | None:
     )
 
 
-def format_check() -> str | None:
+def format_check() -> tuple[str | None, float | None]:
     """What is wrong with the table's stored format version, asked with one GetItem of the
     quick client (no retries, short timeouts) and no wait on a metadata service, or None when
     it is right or the table cannot be asked about (another check or the first request says
-    why)."""
+    why); and how far this host's wall clock is from DynamoDB's, by that answer's ``Date``
+    (:func:`clock_offset`; None when it cannot tell)."""
     try:
         core = dynamodb.new_session()
         # Where credentials come from an instance role, look for them briefly: checks run on
@@ -133,9 +136,26 @@ def format_check() -> str | None:
         core.set_config_variable("metadata_service_timeout", 0.3)
         core.set_config_variable("metadata_service_num_attempts", 1)
         client = dynamodb.build_client(True, core)
-        item = client.get_item(
+        sent = clock.wall_clock()
+        response = client.get_item(
             TableName=settings.TABLE_NAME, Key=key(FORMAT_PK, FORMAT_SK), ConsistentRead=True
-        ).get("Item")
+        )
+        answered = clock.wall_clock()
     except Exception:  # unreachable, no credentials, no table, a bad setting: not ours to say
+        return None, None
+    problem = format_problem(format_version(decode(response.get("Item"))))
+    return problem, clock_offset(response, sent, answered)
+
+
+def clock_offset(response: Any, sent: float, answered: float) -> float | None:
+    """How far, at least, this host's wall clock was ahead of DynamoDB's (seconds; behind:
+    negative; 0 where they may agree) while a request sent at ``sent`` was answered at
+    ``answered`` (both this host's), from the answer's ``Date`` header: DynamoDB's time, cut to
+    the second, somewhere between the two. None without one."""
+    headers = response.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+    try:
+        server = email.utils.parsedate_to_datetime(headers["date"]).timestamp()
+    except (KeyError, TypeError, ValueError, IndexError):
         return None
-    return format_problem(format_version(decode(item)))
+    ahead, behind = sent - (server + 1), server - answered
+    return ahead if ahead > 0 else -behind if behind > 0 else 0.0

@@ -126,3 +126,28 @@ def test_a_raising_lock_released_receiver_does_not_stop_a_release_or_its_record(
     assert holds_on(resource) == []
     assert LogEntry.objects.count() == 2
     assert "Broke 2 hold(s)" in out.getvalue()
+
+
+@pytest.mark.parametrize("ahead", [60, -60, 0])
+def test_a_host_clock_off_dynamodbs_by_more_than_the_skew_is_a_check_error(
+    lock_table, monkeypatch, ahead
+):
+    """This host's wall clock runs a minute ahead of (or behind) DynamoDB's: NTP stopped, a
+    VM restored from a snapshot. Every lease it writes ends a minute late (or early) by the
+    other hosts' clocks, far past ``CLOCK_SKEW`` (5 s): a host behind takes over holds that
+    are still trusted elsewhere, and fences drawn on either side cross. Before: every system
+    check passed (E014's GetItem answered with DynamoDB's ``Date``, which nobody read), and
+    nothing said so until two holders met."""
+    import time
+
+    from django.core.checks import run_checks
+
+    from dynasem import _clock as clock
+
+    monkeypatch.setattr(clock, "wall_clock", lambda: time.time() + ahead)
+    found = [m for m in run_checks() if m.id == "dynasem.E015"]
+    if ahead == 0:
+        assert found == []
+        return
+    assert found, "a host a minute off DynamoDB's clock passed the checks"
+    assert ("ahead of" if ahead > 0 else "behind") in found[0].msg, found[0].msg
