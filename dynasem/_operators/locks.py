@@ -27,6 +27,7 @@ from .._storage import (
     records,
 )
 from .._storage.records import Mode
+from ..exceptions import SemaphoreUnavailable
 from ..signals import lock_released
 from . import cursors, listing
 
@@ -382,6 +383,10 @@ def break_hold(
         return False  # it stands for the reader items: each is broken by its own token
     try:
         row = lock_rows.update(lock_writes.force_release(resource, token, fence), return_new=True)
+    except SemaphoreUnavailable as exc:
+        # Unanswered (the operators' client sends once): applied, it is made, and only this
+        # break would push the first waiter (asleep until the broken lease's end).
+        handover.push_if_free(resource, _broken_unanswered(resource, token, exc))
     except dynamodb.Refused as refused:
         old = refused.lock
         if old is None:
@@ -412,6 +417,25 @@ def break_hold(
             message = "dynasem: a lock_released receiver %r raised for a break on %r: %r"
             logger.warning(message, receiver, resource, answer)
     return True
+
+
+def _broken_unanswered(
+    resource: str, token: str, unanswered: SemaphoreUnavailable
+) -> records.LockItem:
+    """The row after a break of ``token`` in it that went ``unanswered``, read consistently,
+    if it shows the break applied: the token gone, named as broken (``brokenToken``), not as
+    given back (``lastToken``). Else ``unanswered`` is raised again."""
+    if not unanswered.ambiguous:
+        raise unanswered
+    try:
+        row = lock_rows.get(resource)
+    except SemaphoreUnavailable:
+        raise unanswered from None
+    if row is None or token in row.holders or row.broken_token != token:
+        raise unanswered
+    if row.last_token == token:
+        raise unanswered
+    return row
 
 
 def matching(holds: list[HoldInfo], token: str | None, fence: int | str | None) -> list[HoldInfo]:

@@ -151,3 +151,59 @@ def test_a_host_clock_off_dynamodbs_by_more_than_the_skew_is_a_check_error(
         return
     assert found, "a host a minute off DynamoDB's clock passed the checks"
     assert ("ahead of" if ahead > 0 else "behind") in found[0].msg, found[0].msg
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("answer", ["answered", "lost"])
+def test_an_exclusive_break_whose_answer_was_lost_is_made_recorded_and_handed_on(
+    lock_table, holds, django_user_model, answer
+):
+    """An operator breaks a stuck exclusive holder that a waiter queues behind; the break's
+    UpdateItem is applied, its answer lost (the operators' client sends once). Before:
+    ``dynasem_release`` stopped with "it may be broken all the same ... run it again", and
+    run again said "No hold ... nothing broken" (exit status 3); the break was in no
+    LogEntry, and nobody pushed the waiter, which slept until its own look, at the broken
+    holder's lease end (30 s here). A reader's and a permit's break already tell their own
+    applied break by its tombstone; an exclusive one is told by the row: its token gone,
+    named as broken (``brokenToken``), and not as given back (``lastToken``)."""
+    import threading
+    import time
+
+    from django.contrib.admin.models import LogEntry
+
+    from dynasem import semaphore
+    from dynasem.testing import abandon
+    from tests.support.faults import Faults
+    from tests.support.helpers import queue_of, wait_for
+
+    django_user_model.objects.create_user("ops")
+    resource = "review37:exclusive-lost"
+    victim = take(holds, resource, lease=30)
+    got: list[Any] = []
+
+    def wait() -> None:
+        try:
+            got.append(semaphore(resource, lease=30, wait=8).acquire())
+        except Exception as exc:
+            got.append(exc)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    wait_for(lambda: queue_of(resource), 5, "the waiter's entry")
+    out = io.StringIO()
+    with Faults(dynamodb.get_client(quick=True)) as quick:
+        lost = quick.lose_response("UpdateItem", 1 if answer == "lost" else 0)
+        call_command(
+            "dynasem_release", resource, "--yes", "--log-as", "ops", stdout=out, stderr=out
+        )
+    assert lost.fired == (answer == "lost")
+    abandon(victim)
+    broke = time.monotonic()
+    waiter.join(10)
+    took = time.monotonic() - broke
+    (outcome,) = got
+    if not isinstance(outcome, Exception):
+        holds.append(outcome)
+    assert "Broke 1 hold(s)" in out.getvalue()
+    assert LogEntry.objects.count() == 1
+    assert not isinstance(outcome, Exception) and took < 3, (outcome, took)
