@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import _clock as clock
-from .._engine import processes, steps
+from .._engine import processes, resend, steps
 from .._engine.arguments import check_lease, check_resource, resolve_timing, skew_setting
 from .._engine.decorators import KeyMaker, checked_keys
 from .._engine.hold import Held, confirm, delivering, start_renewing, stop_renewing
@@ -198,7 +198,7 @@ def _adopt(
         )
         sent.append(None)
         try:
-            lock_rows.update(action)
+            _send_adoption(action)
             break
         except dynamodb.Refused as refused:
             item = refused.lock
@@ -238,6 +238,24 @@ def _adopt(
     )
     sent.append(held)
     return _renewed(held)
+
+
+def _send_adoption(action: dict[str, Any]) -> None:
+    """The adoption write, sent again (the same write: its entry, its lease end) after a
+    pause while it fails for a passing cause (throttled, another request's transaction, a
+    5xx or a dropped connection), for up to ``resend.RELEASE_PATIENCE``: given up at once, the
+    task would not run and its claim stay held for nobody for the queue lease, every enqueue
+    of the key refused. An earlier attempt applied, its answer lost, refuses the next one:
+    the refusal shows our token (the caller's loop). Its trust runs from the first send."""
+    failures, started = 0, clock.monotonic()
+    while True:
+        try:
+            lock_rows.update(action)
+            return
+        except SemaphoreUnavailable as exc:
+            failures += 1
+            if not resend.paused(exc.transient, failures, started):
+                raise
 
 
 def _renewed(held: Held) -> Held:
