@@ -36,8 +36,8 @@ from .._observability import telemetry
 from .._observability.logs import facts
 from .._storage import lock_rows, next_runs
 from .._storage.records import Mode
-from ..exceptions import Coalesced, LockLost, SemaphoreBusy
-from . import heartbeat
+from ..exceptions import Coalesced, LockLost, SemaphoreBusy, SemaphoreUnavailable
+from . import heartbeat, resend
 from .arguments import resolve_timing, user_id_of
 from .steps import run_io_taking, run_io_to_end
 
@@ -152,9 +152,18 @@ def register(
     after_fence = row.fence
     times = {"until_ms": now + int(lease * 1000), "stale_ms": now - int(skew * 1000)}
     user_id, holder = user_id_of(sem.user), busy.holder_user_id
-    other = next_runs.register_next(
-        resource, token=token, user_id=user_id, after_fence=after_fence, **times
-    )
+    try:
+        other = next_runs.register_next(
+            resource, token=token, user_id=user_id, after_fence=after_fence, **times
+        )
+    except BaseException as failure:
+        # Maybe applied, its answer lost (every attempt unanswered, or an interrupt): a
+        # registration left live for its lease, with nobody to run it, would answer every
+        # busy caller meanwhile Coalesced, and none would run after them.
+        if not isinstance(failure, SemaphoreUnavailable) or failure.ambiguous:
+            withdraw = functools.partial(next_runs.withdraw_next, resource, token)
+            resend.undone(withdraw, resource, token)
+        raise
     if other is not None:
         said = "dynasem: %r is busy and its next run is registered: coalesced"
         logger.info(said, resource, extra=facts(resource, outcome="coalesced", holder=holder))
