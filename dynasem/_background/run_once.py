@@ -168,9 +168,12 @@ class Job:
 
     def _finish(self, error: BaseException | None) -> None:
         """DONE (``error`` None) or FAILED, conditional on our claim; sent again while it
-        is throttled or meets another request's transaction, as a hold's release is (given
-        up, the job would sit RUNNING for a lease, then run again: after a commit, work done
-        twice). Raises LockLost if the claim is not ours, SemaphoreUnavailable if given up."""
+        is throttled or meets another request's transaction, as a hold's release is, and
+        while it fails for any transient cause (a 5xx, a dropped connection; a release is
+        not: it costs a lease of idleness, where this costs the job's work done twice):
+        given up, the job would sit RUNNING for a lease, then run again, after a commit too.
+        An attempt applied unanswered refuses the next (``lastToken`` ours). Raises LockLost
+        if the claim is not ours, SemaphoreUnavailable if given up."""
         self._released = True
         self._stop_heartbeat()
         status = records.FAILED if error is not None else records.DONE
@@ -182,7 +185,7 @@ class Job:
 
         failed: list[SemaphoreUnavailable] = []
         try:
-            if not resend.patiently(send, gave_up=failed.append):
+            if not resend.patiently(send, gave_up=failed.append, transient=True):
                 raise failed[0]
         except dynamodb.Refused as refused:
             if refused.job.last_token != self.token:

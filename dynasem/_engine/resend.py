@@ -53,10 +53,13 @@ def patiently(
     send: Callable[[], object],
     until: float = math.inf,
     gave_up: Callable[[SemaphoreUnavailable], None] | None = None,
+    *,
+    transient: bool = False,
 ) -> bool:
     """``send`` a give-back of one item, sent again after a pause while it fails for a
-    passing cause. False: given up (``gave_up`` told why). Raises Refused, ``retried`` set
-    if an attempt before may have been applied."""
+    passing cause (``transient``: for any transient one, a 5xx or a dropped connection too,
+    where giving up costs more than the caller's wait). False: given up (``gave_up`` told
+    why). Raises Refused, ``retried`` set if an attempt before may have been applied."""
     failures, started, ambiguous = 0, clock.monotonic(), False
     while True:
         try:
@@ -68,7 +71,8 @@ def patiently(
         except SemaphoreUnavailable as exc:
             ambiguous |= exc.ambiguous
             failures += 1
-            if not paused(passing(exc), failures, started, until):
+            worth = passing(exc) or (transient and exc.transient)
+            if not paused(worth, failures, started, until):
                 if gave_up is not None:
                     gave_up(exc)
                 return False

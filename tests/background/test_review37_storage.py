@@ -3,6 +3,8 @@ before its mend."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from dynasem import Coalesced, SemaphoreBusy, SemaphoreUnavailable, semaphore
@@ -57,3 +59,32 @@ def test_a_registration_whose_answer_is_lost_for_good_coalesces_nobody(lock_tabl
                 pass
         assert not isinstance(busy.value, Coalesced)
     assert lock_rows.get_item(resource, records.NEXT_SK) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_done_answered_with_5xx_through_the_retries_after_the_commit_is_sent_again(
+    lock_table: str,
+) -> None:
+    """The transaction commits; DONE, its first commit hook, is answered with a 500 through
+    every attempt botocore makes (a partition's leader failing over: DynamoDB's 5xx are
+    transient). A throttle is sent again since the thirty-first session; a 5xx was given up at
+    once (not a "passing" cause): the job stayed RUNNING, its heartbeat stopped, and once its
+    lease was over it was claimed and run a second time, though its work was committed."""
+    from django.contrib.auth.models import User
+    from django.db import transaction
+
+    from dynasem import AlreadyDone, run_once
+    from tests.background.test_run_once_review import ThrottleFinishes, job_row
+
+    key = "rv37:done-5xx-after-commit"
+    with ThrottleFinishes(ONE_REQUEST, status=500) as failed:
+        with transaction.atomic():
+            with run_once(key, lease=1) as job:
+                User.objects.create(username="rv37-committed-work")
+    assert failed.fired == ONE_REQUEST
+    assert User.objects.filter(username="rv37-committed-work").exists()  # committed
+    ran_again = []
+    time.sleep(1.7)  # the lease (1 s) and CLOCK_SKEW are over
+    with pytest.raises(AlreadyDone), run_once(key) as again:
+        ran_again.append(again.attempt)  # a committed job, run a second time
+    assert (job_row(key).get("status"), job.status, ran_again) == ("DONE", "DONE", [])
