@@ -242,7 +242,7 @@ def _adopt(
 
 def _send_adoption(action: dict[str, Any]) -> None:
     """The adoption write, sent again (the same write: its entry, its lease end) after a
-    pause while it fails for a passing cause (throttled, another request's transaction, a
+    pause while it fails for a transient cause (throttled, another request's transaction, a
     5xx or a dropped connection), for up to ``resend.RELEASE_PATIENCE``: given up at once, the
     task would not run and its claim stay held for nobody for the queue lease, every enqueue
     of the key refused. An earlier attempt applied, its answer lost, refuses the next one:
