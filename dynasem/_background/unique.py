@@ -246,7 +246,10 @@ def _send_adoption(action: dict[str, Any]) -> None:
     5xx or a dropped connection), for up to ``resend.RELEASE_PATIENCE``: given up at once, the
     task would not run and its claim stay held for nobody for the queue lease, every enqueue
     of the key refused. An earlier attempt applied, its answer lost, refuses the next one:
-    the refusal shows our token (the caller's loop). Its trust runs from the first send."""
+    the refusal shows our token (the caller's loop). Its trust runs from the first send.
+    Also a run's announcement of its retry (:func:`hand_on`), which names our token: given up
+    at once, the retry's enqueue failed, and Celery's ``retry()`` drops a task whose retry
+    cannot be sent (``Reject(requeue=False)``)."""
     failures, started = 0, clock.monotonic()
     while True:
         try:
@@ -335,7 +338,7 @@ def hand_on(held: Held, carried: Claim) -> Claim | None:
         return None
     next_token = uuid.uuid4().hex
     try:
-        lock_rows.update(claims.announce_next(carried.resource, held.token, next_token))
+        _send_adoption(claims.announce_next(carried.resource, held.token, next_token))
     except dynamodb.Refused:
         raise LockLost(carried.resource, "the run's hold was lost before its retry") from None
     held.handed_on = next_token

@@ -88,3 +88,27 @@ def test_a_done_answered_with_5xx_through_the_retries_after_the_commit_is_sent_a
     with pytest.raises(AlreadyDone), run_once(key) as again:
         ran_again.append(again.attempt)  # a committed job, run a second time
     assert (job_row(key).get("status"), job.status, ran_again) == ("DONE", "DONE", [])
+
+
+def test_a_retry_announced_while_throttled_through_the_retries_is_sent_again(
+    lock_table: str,
+) -> None:
+    """A unique task's run enqueues its retry (Celery's ``self.retry()``): the run announces
+    the retry's token in its entry first. That write, throttled still after botocore's
+    retries (the key's partition busy for a second), was not sent again: the enqueue raised
+    SemaphoreUnavailable, which Celery's ``retry()`` turns into ``Reject(requeue=False)``:
+    the retry was dropped, the task's work never done. The announcement names our token
+    (applied twice, it is the same), so it is sent again while it fails for a transient
+    cause, as the adoption is."""
+    from dynasem._background.unique import hand_on
+
+    taken = claim("reindex:review37-announce", "task-1", queue_lease=30)
+    run = adopt(taken, lease=5)
+    try:
+        with Faults(dynamodb.get_client()) as faults:
+            throttled = faults.throttle("UpdateItem", ONE_REQUEST)
+            retry = hand_on(run, taken)
+        assert throttled.fired == ONE_REQUEST
+        assert retry is not None and run.handed_on == retry.token
+    finally:
+        run.release()
