@@ -134,7 +134,9 @@ def register(
     sem: Any, busy: SemaphoreBusy, made: list[Registration] | None = None
 ) -> Registration | None:
     """Register as ``sem``'s next run after ``busy``, or raise :class:`Coalesced`; None when
-    the lock row is gone (reaped since it was busy): we wait as a plain waiter, unregistered.
+    the lock row is gone (reaped since it was busy), or the registration failed for a
+    transient cause (withdrawn if it may have been applied): we wait as a plain waiter,
+    unregistered.
 
     Not registered with a fence from our clock instead: above every fence handed out
     before, it is also above those a clock behind ours (within CLOCK_SKEW) hands out for a
@@ -163,6 +165,8 @@ def register(
         if not isinstance(failure, SemaphoreUnavailable) or failure.ambiguous:
             withdraw = functools.partial(next_runs.withdraw_next, resource, token)
             resend.undone(withdraw, resource, token)
+        if isinstance(failure, SemaphoreUnavailable) and failure.transient:
+            return None  # throttled, or unanswered: we wait unregistered (one run more)
         raise
     if other is not None:
         said = "dynasem: %r is busy and its next run is registered: coalesced"

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from dynasem import Coalesced, SemaphoreBusy, SemaphoreUnavailable, semaphore
+from dynasem import Coalesced, SemaphoreBusy, semaphore
 from dynasem._background.unique import adopt, claim, task_of
 from dynasem._operators.locks import holds_on
 from dynasem._storage import dynamodb, lock_rows, records
@@ -39,19 +39,21 @@ def test_an_adoption_throttled_through_the_retries_is_sent_again(lock_table: str
 
 def test_a_registration_whose_answer_is_lost_for_good_coalesces_nobody(lock_table: str) -> None:
     """A busy caller of a coalescing semaphore registers as the next run: applied, its answer
-    lost (a 500), and every re-send of botocore's answered with a 500 too. The caller fails
-    (SemaphoreUnavailable) and will never run, but its registration stayed, live for its
-    lease: every later busy caller was answered Coalesced ("a next run that starts after you
-    covers your work"), and none ran after the running one. Their work was dropped. The
-    registration that may have landed is now withdrawn before the failure is raised."""
+    lost (a 500), and every re-send of botocore's answered with a 500 too. The caller failed
+    (SemaphoreUnavailable) and never ran, but its registration stayed, live for its lease:
+    every later busy caller was answered Coalesced ("a next run that starts after you covers
+    your work"), and none ran after the running one. Their work was dropped. The
+    registration that may have landed is now withdrawn, and the caller waits unregistered
+    (here its wait runs out while the lock is held: busy)."""
     resource = "rebuild:review37-lost"
     with held_elsewhere(resource):
         with Faults(dynamodb.get_client()) as faults:
             faults.lose_response("PutItem", 1)
             faults.server_error("PutItem", ONE_REQUEST - 1, after=1)
-            with pytest.raises(SemaphoreUnavailable):
-                with semaphore(resource, coalesce=True, wait=5, lease=5):
+            with pytest.raises(SemaphoreBusy) as first:
+                with semaphore(resource, coalesce=True, wait=0.5, lease=5):
                     pass
+        assert not isinstance(first.value, Coalesced)
         # A later busy caller is not told that a next run covers it: it is that run (and
         # its wait runs out while the lock is held: busy, its registration withdrawn).
         with pytest.raises(SemaphoreBusy) as busy:
