@@ -39,7 +39,7 @@ from .._storage.records import Mode
 from ..exceptions import Coalesced, LockLost, SemaphoreBusy, SemaphoreUnavailable
 from . import heartbeat, resend
 from .arguments import resolve_timing, user_id_of
-from .steps import run_io_taking, run_io_to_end
+from .steps import from_receiver, run_io_taking, run_io_to_end
 
 logger = logging.getLogger("dynasem")
 _T = TypeVar("_T")
@@ -189,9 +189,9 @@ def acquire(sem: Any, attempt: Callable[[float], _T]) -> _T:
     try:
         try:
             return attempt(0)
-        except Coalesced:
-            raise
         except SemaphoreBusy as busy:
+            if isinstance(busy, Coalesced) or from_receiver(busy):
+                raise  # a receiver's (lock_acquired, lock_busy): not our lock's answer
             registration = register(sem, busy, made)
         if registration is None:
             return attempt(wait)
@@ -209,9 +209,9 @@ async def aacquire(sem: Any, attempt: Callable[[float], Awaitable[_T]]) -> _T:
     wait = checked_wait(sem)
     try:
         return await attempt(0)
-    except Coalesced:
-        raise
     except SemaphoreBusy as busy:
+        if isinstance(busy, Coalesced) or from_receiver(busy):
+            raise  # a receiver's (lock_acquired, lock_busy): not our lock's answer
         # Cancelled meanwhile (a client gone, the loop ending), the registration made in its
         # thread must still be withdrawn, not left renewed with nobody to run.
         registration = await run_io_taking(functools.partial(register, sem, busy), _withdrawn)

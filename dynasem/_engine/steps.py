@@ -467,7 +467,24 @@ async def _perform(step: Step, *, blocking: bool) -> tuple[Any, Exception | None
 
 
 async def _announce(step: Announce, *, blocking: bool) -> None:
-    if blocking:
-        step.send()
-    else:
-        await step.asend()
+    try:
+        if blocking:
+            step.send()
+        else:
+            await step.asend()
+    except Exception as exc:
+        # A receiver's: marked, so that a caller of the loop that reads its answers (a
+        # coalesced acquire's SemaphoreBusy) does not take it for the loop's own.
+        setattr(exc, _RECEIVERS, True)
+        raise
+
+
+# The attribute that marks an exception raised by a signal's receiver (see from_receiver).
+_RECEIVERS = "_dynasem_from_receiver"
+
+
+def from_receiver(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised by a receiver of an acquire's ``lock_acquired`` or
+    ``lock_busy`` (an :class:`Announce`), not by the acquire loop: a ``SemaphoreBusy`` of a
+    receiver that took another lock says nothing of this acquire's lock."""
+    return getattr(exc, _RECEIVERS, False) is True

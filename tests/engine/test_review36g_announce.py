@@ -51,23 +51,11 @@ def _free(sem: Any) -> bool:
     return all(holds_on(r) == [] for r in sem.resources)
 
 
-# A coalesced acquire takes a receiver's SemaphoreBusy (a receiver that takes another lock,
-# not waiting) for its own first attempt's: it registers as the next run and takes the lock
-# again, and the receiver runs twice. As before this session (the signal was sent inside the
-# loop then too). Mend: mark a receiver's exception as the announce's (steps._drive) and let
-# coalescing.acquire/aacquire re-raise such a one rather than register.
-_RECEIVERS_BUSY = pytest.mark.xfail(
-    strict=True, reason="coalescing takes a lock_acquired receiver's SemaphoreBusy for its own"
-)
-
-
 @pytest.mark.parametrize("driver", ["sync", "async"])
 @pytest.mark.parametrize(
     ("kind", "error"),
     [
-        pytest.param(kind, error, marks=_RECEIVERS_BUSY)
-        if (kind, error) == ("coalesce", SemaphoreBusy)
-        else (kind, error)
+        (kind, error)
         for kind in KINDS
         for error in (RuntimeError, ValueError, SemaphoreBusy, Interrupt)
     ],
@@ -76,7 +64,10 @@ def test_a_raising_lock_acquired_receiver_leaves_nothing_held(
     lock_table: str, receiver: Any, kind: str, error: type[BaseException], driver: str
 ) -> None:
     """Every kind of semaphore drives the same loop: a lock_acquired receiver that raises
-    (the loop's own kinds of answer too) gives the hold back, once, and ends the acquire."""
+    (the loop's own kinds of answer too) gives the hold back, once, and ends the acquire.
+    A coalesced acquire took a receiver's SemaphoreBusy (a receiver that tried another lock)
+    for its own first attempt's: it registered as the next run, took the lock again and ran
+    the receiver twice. A receiver's exception is now marked as such, and re-raised."""
     sent: list[str] = []
 
     def refuse(sender: Any, **kwargs: Any) -> None:
