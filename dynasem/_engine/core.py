@@ -36,7 +36,18 @@ from .._storage.records import Mode
 from .._transactions import commit, fencing
 from ..conf import settings
 from ..exceptions import SemaphoreBusy, SemaphoreUnavailable
-from . import arguments, coalescing, permits, processes, push, queue, reader_hold, readers, take
+from . import (
+    arguments,
+    coalescing,
+    handover,
+    permits,
+    processes,
+    push,
+    queue,
+    reader_hold,
+    readers,
+    take,
+)
 from .decorators import Decoration, lock_callable
 from .hold import (
     Held,
@@ -478,12 +489,39 @@ class Acquire:
             return None
         blocked = {r: p.busy for r, p in plans.items() if p.busy is not None}
         if blocked:
-            return blocked
+            handed = yield from self.hand_on(plans)
+            return None if handed else blocked  # handed on: plan again from what it wrote
         actions = {r: p.action for r, p in plans.items() if p.action is not None}
         if not actions:
             held = take.held_if_trusted(run, plans, seen, sent_mono=None, push_cap=push_cap)
             return (yield from self.confirmed(held, self.resources))
         return (yield from self.write(plans, actions, entry, sent_mono))
+
+    def hand_on(self, plans: dict[str, take.Plan]) -> Steps[bool]:
+        """Busy: hand each lock whose holder we proved dead to the first waiters ahead of us
+        (a plan's ``hand_on``), and push them the row as written; we wait on for our own
+        turn. True: sent (the rows as written, or as they refused it: plan again); False:
+        none to send (or past MAX_REPLANS refusals), or failed in transit (maybe applied: it
+        takes nothing of ours): wait as busy."""
+        handing = {r: p for r, p in plans.items() if p.hand_on is not None}
+        if not handing or self.replans > queue.MAX_REPLANS:
+            return False
+        for resource, plan in handing.items():
+            assert plan.hand_on is not None
+            send = functools.partial(lock_rows.update, plan.hand_on, return_new=True)
+            try:
+                after = yield Request(send)
+            except dynamodb.Refused as refused:
+                self.seen[resource] = refused.lock or records.LockItem()
+                self.replans += 1
+                continue
+            except SemaphoreUnavailable:
+                return False
+            self.seen[resource] = after
+            if after is not None:
+                heirs = plan.heirs
+                yield Request(functools.partial(handover.push_heirs, resource, heirs, after))
+        return True
 
     def read_ahead(self, plans: dict[str, take.Plan]) -> Steps[None]:
         """Who waits ahead of us (or holds the permits)? One read, then plan again.

@@ -9,7 +9,7 @@ from typing import Any, NamedTuple
 from .. import _clock as clock
 from .._storage import lock_writes, queue_entries, records
 from ..exceptions import SemaphoreUnavailable
-from . import push
+from . import processes, push
 
 # The most readers one hand-over admits together: each adds an entry to the row (and to the
 # push that carries it), and no more than the row keeps inline (lock_writes.READERS_INLINE:
@@ -44,6 +44,39 @@ def next_in_line(row: records.LockItem, now_ms: int) -> Heirs:
         if not waiter.shared or len(heirs) >= max_admit():
             break
     return heirs
+
+
+def heirs_ahead(ahead: list[records.Waiter], now_ms: int) -> Heirs:
+    """The heirs of a lock whose holders are all gone, among the waiters ``ahead`` of a
+    waiter that proved them dead (the live entries it read up to its own ticket,
+    ``queue.entries_ahead``), as :func:`next_in_line` makes them; none unless the first of
+    them is the first heir, and none of them is a process of this host proven ended (a
+    read that stopped at such an entry shows it live)."""
+    if not ahead:
+        return []
+    heirs = next_in_line(dataclasses.replace(records.LockItem(), entries=tuple(ahead)), now_ms)
+    first = min(w.ticket for w in ahead)
+    if not heirs or heirs[0][1].ticket != first:
+        return []
+    if any(processes.gone(waiter.proc) for _, waiter in heirs):
+        return []
+    return heirs
+
+
+def heir_entries(
+    heirs: Heirs, fence: int, now_ms: int, lease_ms: int
+) -> list[tuple[str, int, records.Holder]]:
+    """The holder entries a hand-over writes for ``heirs`` (token, ticket, entry): each with
+    its waiter's lease (``lease_ms`` for one that did not record its own) from ``now_ms``,
+    and a fence of its own from ``fence`` up."""
+    entries = []
+    for i, (token, waiter) in enumerate(heirs):
+        lease = waiter.lease_ms if waiter.lease_ms is not None else lease_ms
+        entry = lock_writes.holder_entry(
+            waiter.user_id, now_ms + lease, fence + i, now_ms, waiter.shared, waiter.proc
+        )
+        entries.append((token, waiter.ticket, entry))
+    return entries
 
 
 # How long the line a hand-over passes on to its heir (push) names the next waiters well enough

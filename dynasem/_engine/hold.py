@@ -691,14 +691,7 @@ class Held:
     ) -> records.LockItem | None:
         """The hand-over write: ``heirs`` hold from now, with fences from ``fence`` up, if the
         queue is still at ``queue_out``; the row it wrote."""
-        now = clock.now_ms()
-        entries = []
-        for i, (token, waiter) in enumerate(heirs):
-            lease_ms = waiter.lease_ms if waiter.lease_ms is not None else int(self.lease * 1000)
-            entry = lock_writes.holder_entry(
-                waiter.user_id, now + lease_ms, fence + i, now, waiter.shared, waiter.proc
-            )
-            entries.append((token, waiter.ticket, entry))
+        entries = handover.heir_entries(heirs, fence, clock.now_ms(), int(self.lease * 1000))
         mode = Mode.SHARED if heirs[0][1].shared else None
         terms: dict[str, Any] = {"hold_ms": self._hold_ms(), "mode": mode, "queue_out": queue_out}
         started_ns = time.time_ns()

@@ -13,7 +13,7 @@ from .. import _clock as clock
 from .._observability import telemetry
 from .._storage import lock_writes, reader_items, records
 from .._storage.records import Mode
-from . import queue
+from . import handover, queue
 from .hold import Held, acquired
 from .lockspec import Attempt, LockSpec
 from .queue import live_holders
@@ -37,6 +37,10 @@ class Plan:
     epoch: int = 0
     # The action confirms a hold of ours (a renewal), it takes nothing.
     renewal: bool = False
+    # Busy behind live waiters, the holders all gone (proven dead on this host): the write
+    # that hands the lock on to the first of them (``heirs``), as their release would have.
+    hand_on: dict[str, Any] | None = None
+    heirs: handover.Heirs = dataclasses.field(default_factory=list)
 
 
 def plan(
@@ -127,7 +131,9 @@ class _Planning:
         if ahead is None and seen is not None:
             return Plan(load=queue.upto_of(seen, ticket), queued=queued)
         if ahead:
-            return Plan(busy=live or {w.token: w for w in ahead}, queued=queued)
+            waiting = Plan(busy=live or {w.token: w for w in ahead}, queued=queued)
+            self.hand_on(waiting, ahead, gone=held_now and not live)
+            return waiting
         terms = lock_writes.QueueTerms(
             mine=ticket,
             queue_in=seen.queue_in if seen is not None else 0,
@@ -183,6 +189,28 @@ class _Planning:
         if live and seen.limit != sem.limit:
             raise other_limit(self.resource, seen.limit, sem.limit)
         return live, bool(live) and not room(live)
+
+    def hand_on(self, waiting: Plan, ahead: list[records.Waiter], *, gone: bool) -> None:
+        """Live waiters are ``ahead`` of us, and (``gone``) the holder seen, whose lease is
+        not over, is proven dead (its process ended, on this host): ``waiting`` (busy behind
+        them) with the write that hands the lock to the first of them, as its release would
+        have. A waiter of another host cannot prove the holder dead: it would wait for the
+        lease. Exclusive rows only, as only an exclusive hold hands over."""
+        seen = self.seen
+        if not gone or seen is None or seen.mode != Mode.EXCLUSIVE or len(seen.holders) != 1:
+            return
+        now = clock.now_ms()
+        heirs = handover.heirs_ahead(ahead, now)
+        if not heirs:
+            return
+        own_lease_ms = self.entry.expires_ms - self.entry.acquired_ms  # for an heir with none
+        entries = handover.heir_entries(heirs, self.entry.fence, now, own_lease_ms)
+        dead = {token: holder.expires_ms for token, holder in seen.holders.items()}
+        mode = Mode.SHARED if heirs[0][1].shared else None
+        waiting.hand_on = lock_writes.hand_on(
+            self.resource, dead, entries, mode=mode, queue_out=seen.queue_out
+        )
+        waiting.heirs = heirs
 
     def take(
         self, live: dict[str, records.Holder], held_now: bool, terms: lock_writes.QueueTerms

@@ -320,25 +320,67 @@ def hand_over(
     Conditional on our token and on the stored fence being below every heir's (the heirs'
     fences differ: the row keeps the largest). The row's lease end and ``userId`` are the
     heir's whose lease ends last."""
+    names, values, sets = _heirs_terms(heirs, mode, queue_out)
+    names["#t"] = token
+    values |= {":tok": token, ":hold": hold_ms}
+    sets += ["#lastToken = :tok", "#hold = :hold"]
+    condition = "attribute_exists(#h.#t) AND #qout = :sqout AND #fence < :low"
+    update = "REMOVE #h.#t SET " + ", ".join(sets)
+    return update_action(resource, LOCK_SK, update, condition, names, values)
+
+
+def hand_on(
+    resource: str,
+    gone: dict[str, int],
+    heirs: Sequence[tuple[str, int, Holder]],
+    *,
+    mode: Mode | None = None,
+    queue_out: int,
+) -> dict[str, Any]:
+    """A waiter's write that hands an exclusive lock whose holders are all ``gone`` (their
+    token and lease end as seen: each one's process proven ended on the waiter's host, or
+    its lease over) to the first waiters ahead of it, as their release would have
+    (:func:`hand_over`): a waiter of another host ahead cannot prove them dead, and would
+    wait for their lease. Conditional on the holders being exactly these, each with the
+    lease end seen (one that renewed, gave back, or was joined or taken over refuses it), on
+    the row's mode, on ``qout`` as seen and on the stored fence being below every heir's.
+    ``lastToken`` and the queue's hold time are left as they are: nobody released."""
+    names, values, sets = _heirs_terms(heirs, mode, queue_out)
+    names |= {f"#x{i}": token for i, token in enumerate(gone)}
+    values |= {f":xe{i}": expires_ms for i, expires_ms in enumerate(gone.values())}
+    values |= {":size": len(gone), ":seenMode": Mode.EXCLUSIVE}
+    conds = ["attribute_exists(#h)", "size(#h) = :size", "#mode = :seenMode"]
+    conds += [f"#h.#x{i}.#e = :xe{i}" for i in range(len(gone))]
+    conds += ["#qout = :sqout", "#fence < :low"]
+    removed = ", ".join(f"#h.#x{i}" for i in range(len(gone)))
+    update = f"REMOVE {removed} SET " + ", ".join(sets)
+    return update_action(resource, LOCK_SK, update, " AND ".join(conds), names, values)
+
+
+def _heirs_terms(
+    heirs: Sequence[tuple[str, int, Holder]], mode: Mode | None, queue_out: int
+) -> tuple[dict[str, str], dict[str, Any], list[str]]:
+    """The names, values and SET clauses that make ``heirs`` the holders (a hand-over's):
+    each from now with its entry, ``qout`` moved to the last one's ticket (``:sqout``: as
+    seen, for the condition), the largest fence (``:low``: the smallest, for the condition),
+    the lease end and user of the heir whose lease ends last, and ``mode`` if given."""
     if not heirs:
         raise ValueError("a hand-over needs an heir")
     # The heirs: #n0, #n1..., each holding from now with its entry (:entry0, :entry1...).
-    names = {"#t": token} | {f"#n{i}": heir for i, (heir, _, _) in enumerate(heirs)}
+    names = {f"#n{i}": heir for i, (heir, _, _) in enumerate(heirs)}
     entries = [entry for _, _, entry in heirs]
     values = lease_values(max(entries, key=lambda entry: entry.expires_ms))
     values |= {":fence": max(e.fence for e in entries), ":low": min(e.fence for e in entries)}
-    values |= {":tok": token, ":hold": hold_ms, ":sqout": queue_out}
+    values[":sqout"] = queue_out
     values[":nqout"] = max(ticket for _, ticket, _ in heirs)
     values |= {f":entry{i}": holder_value(entry) for i, entry in enumerate(entries)}
     sets = [f"#h.#n{i} = :entry{i}" for i in range(len(heirs))]
-    sets += ["#qout = :nqout", "#fence = :fence", LEASE, "#lastToken = :tok", "#hold = :hold"]
+    sets += ["#qout = :nqout", "#fence = :fence", LEASE]
     if mode is not None:
         # Both indexes project the mode: a change costs a write in each, so only when it changes.
         sets.append("#mode = :mode")
         values[":mode"] = mode
-    condition = "attribute_exists(#h.#t) AND #qout = :sqout AND #fence < :low"
-    update = "REMOVE #h.#t SET " + ", ".join(sets)
-    return update_action(resource, LOCK_SK, update, condition, names, values)
+    return names, values, sets
 
 
 def take_ticket(

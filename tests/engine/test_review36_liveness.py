@@ -5,6 +5,7 @@ Each test failed before the mend its docstring names, for the reason it states."
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -142,22 +143,17 @@ def dead() -> str:
 
 
 @linux_only
-@pytest.mark.xfail(
-    strict=True,
-    reason="left: a waiter that proves the holder in its way dead but has a live waiter "
-    "ahead of it (another host's, another container's) waits, and so does that waiter, "
-    "until the dead holder's lease ends. Mend: such a waiter hands the lock to the first "
-    "live waiter ahead in one write, as a release would (handover.heirs_of, "
-    "lock_writes.hand_over, conditional on the dead holder's entry unchanged and on qout "
-    "as read), and pushes it; then waits on for its own turn.",
-)
+@pytest.mark.parametrize("driver", ["sync", "async"])
 def test_a_dead_holder_ahead_of_another_hosts_waiter_is_handed_on(
-    lock_table: str, dead: str
+    lock_table: str, dead: str, driver: str
 ) -> None:
     """A holder of this host was killed with most of a minute's lease left. The first in
     line is a waiter of another host (it cannot prove the holder dead: it waits for the
     lease); a waiter of this host, second in line, can prove it, but may not take the lock
-    past the first. The lock stays idle for the lease: nobody hands it on."""
+    past the first. The lock stayed idle for the lease: nobody handed it on. Mended: such a
+    waiter hands the lock to the first live waiter ahead in one write, as a release would
+    (conditional on the dead holder's entry unchanged and on ``qout`` as read), pushes it,
+    and waits on for its own turn."""
     now = clock.now_ms()
     entry = lock_writes.holder_entry("killed", now + 60_000, clock.new_fence(0.5), now, False, dead)
     lock_rows.update(
@@ -168,7 +164,51 @@ def test_a_dead_holder_ahead_of_another_hosts_waiter_is_handed_on(
     )
     enqueue_entry("r:1", "elsewhere", elsewhere)
     assert processes.gone(dead)
-    with pytest.raises(SemaphoreBusy):
-        semaphore("r:1", fair=True, wait=1.5).acquire()  # behind the first in line: right
+    waiter = semaphore("r:1", fair=True, wait=1.5)
+    with pytest.raises(SemaphoreBusy):  # behind the first in line: right
+        waiter.acquire() if driver == "sync" else asyncio.run(waiter.aacquire())
     row = lock_rows.get("r:1")
     assert row is not None and list(row.holders) == ["elsewhere"]  # handed on to it
+
+
+@linux_only
+def test_a_hand_on_is_refused_once_the_dead_holders_entry_is_gone(
+    lock_table: str, dead: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hand-on of the test above, its write held back until the dead holder's entry
+    was replaced by another's (its lease ended meanwhile and a newcomer took the row): the
+    write is refused, and the first waiter is not made a holder beside the newcomer. The
+    size of the holders map alone would not have told."""
+    now = clock.now_ms()
+    entry = lock_writes.holder_entry("killed", now + 60_000, clock.new_fence(0.5), now, False, dead)
+    lock_rows.update(
+        lock_writes.take_free("r:2", "killed", entry, mode="x", limit=1, stale_ms=now - 500)
+    )
+    elsewhere = records.Waiter(
+        clock.new_fence(0), now + 60_000, user_id="elsewhere", lease_ms=60_000, proc=None
+    )
+    enqueue_entry("r:2", "elsewhere", elsewhere)
+    newcomer = lock_writes.holder_entry("newcomer", now + 60_000, clock.new_fence(0.5), now, False)
+    replace = lock_writes.update_action(
+        "r:2",
+        records.LOCK_SK,
+        "REMOVE #h.#k SET #h.#n = :entry",
+        "",
+        {"#k": "killed", "#n": "newcomer"},
+        {":entry": records.holder_value(newcomer)},
+    )
+    built = lock_writes.hand_on
+    sent: list[str] = []
+
+    def hand_on(*args: object, **kwargs: object) -> dict[str, object]:
+        if not sent:
+            lock_rows.update(replace)  # between the waiter's read and its write
+            sent.append("replaced")
+        return built(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(lock_writes, "hand_on", hand_on)
+    with pytest.raises(SemaphoreBusy):
+        semaphore("r:2", fair=True, wait=1.5).acquire()
+    assert sent == ["replaced"]
+    row = lock_rows.get("r:2")
+    assert row is not None and list(row.holders) == ["newcomer"], "two holders"

@@ -135,6 +135,8 @@ class Result:
         unique = ("unique_ran", "unique_not_run", "unique_taken", "unique_lost", "unique_retries")
         if any(s.get(k) for k in unique):  # ran, not run, refused, lost, retries enqueued
             closest += " unique=" + "/".join(str(s.get(k, 0)) for k in unique)
+        if s.get("handed_on"):  # dead holders' locks handed on by a waiter behind
+            closest += f" handed_on={s['handed_on']}"
         if s.get("interrupt"):  # thrown, needed, give-back writes, refused, blind, redundant
             names = ("interrupt", "interrupt_needed", "interrupt_cleanup_writes")
             names += ("interrupt_cleanup_refused", "interrupt_blind_refusals")
@@ -162,6 +164,11 @@ class Result:
             raise invariants.Violation(
                 f"seed {self.options.seed} ({self.options}):\n{problems}\nlast events:\n{tail}"
             )
+
+
+# What only the condition of lock_writes.hand_on has: a gone holder's lease end as seen, and
+# the heirs' fences above the stored one.
+_HAND_ON = "#h.#x0.#e = :xe0 AND #qout = :sqout AND #fence < :low"
 
 
 def format_event(event: tuple[Any, ...]) -> str:
@@ -414,6 +421,10 @@ class Simulation:
                 self.monitor.coalesce.written(key["pk"]["S"], operation, item, proc)
             if sk != records.LOCK_SK:
                 continue
+            if _HAND_ON in params.get("ConditionExpression", ""):
+                # A waiter handed a dead holder's lock on to the first waiter ahead of it.
+                self.stats["handed_on"] += 1
+                self.record("hand_on", proc, key["pk"]["S"])
             item = records.decode(self._item(key, params))
             self.monitor.row_written(key["pk"]["S"], item, proc)
 
