@@ -77,6 +77,7 @@ from .steps import (
     Sleep,
     Steps,
     Write,
+    announced_after,
     caller_in_transaction,
     release_to_end,
     run_async,
@@ -324,7 +325,8 @@ class Semaphore:
             # own live task leaves its hold as usual.)
             give_back_unused(held)
             return
-        await release_to_end(leave, held, exc_type is not None, on_caller=held.follows_caller)
+        raised = exc_type is not None
+        await announced_after(release_to_end(leave, held, raised, on_caller=held.follows_caller))
 
     # -- decorator ---------------------------------------------------------------------------
 

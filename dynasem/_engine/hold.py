@@ -33,12 +33,14 @@ from .lockspec import LockSpec
 from .steps import (
     Announce,
     announce,
+    announced_after,
     closing,
     io_executor,
     on_event_loop,
     release_to_end,
     run_io,
     run_io_to_end,
+    send_or_keep,
 )
 
 logger = logging.getLogger("dynasem")
@@ -231,9 +233,9 @@ class Held:
             told = functools.partial(self._tell_lost, reason, self._pending_commit)
             if on_event_loop():
                 # Found by async code on its event loop's thread (``held.lost`` read past the
-                # deadline): sent from a thread of dynasem's executor, as an async release's
-                # lock_released is; there a sync receiver could not use the ORM (it raised
-                # out of ``held.lost``), nor Django's ``send`` run an async one.
+                # deadline): sent from a thread of dynasem's executor; there a sync receiver
+                # could not use the ORM (it raised out of ``held.lost``), nor Django's
+                # ``send`` run an async one.
                 io_executor().submit(copy_context().run, self._told_quietly, told)
             else:
                 told()
@@ -430,7 +432,7 @@ class Held:
         _left.add(self)
 
     async def arelease(self) -> None:
-        await release_to_end(self.release, on_caller=self.follows_caller)
+        await announced_after(release_to_end(self.release, on_caller=self.follows_caller))
 
     def _after_transaction(self, committed: bool) -> None:
         if self.depth > 1 and not self._released:
@@ -508,7 +510,7 @@ class Held:
                     self._mark_lost(self._deadline_reason() if lost_before else TAKEN_OVER)
             if self._lost is not None:
                 self._raise_lost()
-        self._send(lock_released)
+        send_or_keep(self._announce(lock_released))  # an async caller's: sent by it
 
     def become_claim(self, token: str, queue_lease: float) -> None:
         """A unique task's run that enqueued its retry ends: instead of being given back, the
@@ -1035,13 +1037,19 @@ async def adelivering(take: Callable[[], Awaitable[_T]]) -> _T:
             if closing(exc):  # nothing can be awaited any more (steps.closing)
                 give_back_unused(held)
             else:
-                await run_io_to_end(give_back_unused, held)
+                given = run_io_to_end(give_back_unused, held)
+                await announced_after(given, functools.partial(_receiver_failed, held))
         raise
     finally:
         # Closed by the garbage collector, the coroutine runs in another context than its
         # task's, where the token is not valid (a ValueError would replace GeneratorExit).
         with contextlib.suppress(ValueError):
             _undelivered.reset(reset)
+
+
+def _receiver_failed(held: Held, exc: Exception) -> None:
+    message = "dynasem: a lock_released receiver raised for unused hold on %r: %r"
+    logger.warning(message, held.resource, exc, extra=held._facts("receiver_failed", exc))
 
 
 def give_back_unused(held: Held) -> None:

@@ -307,6 +307,65 @@ def announce(
     return Announce(signal, arguments, undo)
 
 
+class _Later:
+    """The announces a release made while an async caller ran it in a thread
+    (:func:`announced_after`), kept for that caller to send once it has ended. Closed then: a
+    release run later (a transaction's commit) sends its own."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: list[Announce] | None = []
+
+    def keep(self, step: Announce) -> bool:
+        with self._lock:
+            if self._kept is None:
+                return False
+            self._kept.append(step)
+            return True
+
+    def close(self) -> list[Announce]:
+        with self._lock:
+            kept, self._kept = self._kept or [], None
+            return kept
+
+
+_later: contextvars.ContextVar[_Later | None] = contextvars.ContextVar(
+    "dynasem_announced_later", default=None
+)
+
+
+def send_or_keep(step: Announce) -> None:
+    """Send ``step`` (a release's ``lock_released``) now; in a release an async caller runs in
+    a thread, once that release has ended, by that caller (:func:`announced_after`)."""
+    later = _later.get()
+    if later is None or not later.keep(step):
+        step.send()
+
+
+async def announced_after(
+    call: Awaitable[_T], failed: Callable[[Exception], None] | None = None
+) -> _T:
+    """Await ``call`` (a release run in a thread: :func:`release_to_end`), then send what it
+    announced there as Django's async code sends a signal (:meth:`Announce.asend`), as an
+    acquire's are. Sent in a thread of :func:`io_executor`, a sync receiver's ORM query
+    opened a connection there that Django never closes (one per thread, for good), and an
+    async receiver was not awaited. ``failed``: what a receiver's exception is given to
+    instead of being raised (a block that raised: its own exception goes on)."""
+    later = _Later()
+    reset = _later.set(later)
+    try:
+        return await call
+    finally:
+        _later.reset(reset)
+        for step in later.close():
+            try:
+                await step.asend()
+            except Exception as exc:
+                if failed is None:
+                    raise
+                failed(exc)
+
+
 # What the acquire loop yields; it is sent back a request's result (None after a pause).
 Step = Request | Sleep | Write | InQueue | Announce
 Steps = Generator[Step, Any, _T]
