@@ -34,7 +34,9 @@ SIGNALS: dict[str, tuple[str, dict[str, str]]] = {
         "Sent when a hold has been given back: at the end of its block or by `release()` "
         "(inside `transaction.atomic`, once the transaction has ended). Also when an operator "
         "broke a hold (`dynasem_release`, the admin): a receiver's exception is then logged, "
-        "not raised, as the break is made. Not sent for a hold found lost: that sends "
+        "not raised, as the break is made; so it is at the end of a block (or a decorated "
+        "call) that raised, whose own exception goes on. Not sent for a hold found lost: that "
+        "sends "
         "`lock_lost`.",
         {
             **_HOLD,

@@ -64,6 +64,7 @@ from .reentry import (
     Block,
     close,
     current_hold,
+    exit_failed,
     held_here,
     leave,
     left,
@@ -326,7 +327,8 @@ class Semaphore:
             give_back_unused(held)
             return
         raised = exc_type is not None
-        await announced_after(release_to_end(leave, held, raised, on_caller=held.follows_caller))
+        released = release_to_end(leave, held, raised, on_caller=held.follows_caller)
+        await announced_after(released, functools.partial(exit_failed, held) if raised else None)
 
     # -- decorator ---------------------------------------------------------------------------
 

@@ -144,6 +144,18 @@ def leave(held: Held, raised: bool) -> None:
         logger.warning(
             "dynasem: hold on %r was lost while its block raised", held.resource, extra=ex
         )
+    except Exception as exc:
+        if not raised:
+            raise
+        exit_failed(held, exc)
+
+
+def exit_failed(held: Held, exc: Exception) -> None:
+    """The exit of a block that raised raised too (a lock_released receiver): logged, and
+    the block's own exception goes on. Raised, it took the place of the user's."""
+    ex = facts(held.resource, token=held.token, fence=held.fence, outcome="exit_failed")
+    message = "dynasem: the exit of a block on %r that raised raised too: %r"
+    logger.warning(message, held.resource, exc, extra=ex, exc_info=exc)
 
 
 # -- re-entry ----------------------------------------------------------------------------------

@@ -1,7 +1,10 @@
-"""Review (thirty-seventh session, e): lock_released at an async release."""
+"""Review (thirty-seventh session, e): lock_released at an async release, and at the exit of a
+block that raised."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
@@ -12,6 +15,7 @@ from django.db import connections
 
 from dynasem import release_all, semaphore
 from dynasem import signals as dynasem_signals
+from dynasem._operators.locks import holds_on
 
 
 @pytest.fixture
@@ -61,3 +65,50 @@ def test_an_async_release_sends_lock_released_where_django_closes_the_connection
         assert (thread, db) == (here, connections["default"]), (
             f"sent in {thread}, its connection left open: {db.connection is not None}"
         )
+
+
+class Mine(Exception):
+    """The block's own error."""
+
+
+def _raise_in_receiver(sender: Any, **kwargs: Any) -> None:
+    raise RuntimeError("the audit database is down")
+
+
+@pytest.mark.parametrize("form", ["with", "async with", "decorator", "async decorator"])
+def test_the_blocks_own_exception_surfaces_past_a_raising_lock_released_receiver(
+    lock_table: str, receiver: Any, caplog: pytest.LogCaptureFixture, form: str
+) -> None:
+    """A block that raised ends with its own exception, the lock given back: a
+    lock_released receiver's exception at its exit is logged, not raised in its stead."""
+    receiver("lock_released", _raise_in_receiver)
+    name = f"r37e-exit-{form.replace(' ', '-')}"
+    sem = semaphore(name, lease=30)
+
+    def work() -> None:
+        raise Mine("the block's own")
+
+    async def awork() -> None:
+        raise Mine("the block's own")
+
+    def block() -> None:
+        with sem:
+            work()
+
+    async def ablock() -> None:
+        async with sem:
+            await awork()
+
+    run = {
+        "with": block,
+        "async with": lambda: asyncio.run(ablock()),
+        "decorator": sem(work),
+        "async decorator": lambda: asyncio.run(sem(awork)()),
+    }[form]
+    try:
+        with caplog.at_level(logging.WARNING, logger="dynasem"), pytest.raises(Mine):
+            run()
+        assert holds_on(name) == []
+        assert any("audit database" in r.getMessage() for r in caplog.records)
+    finally:
+        release_all()
