@@ -83,6 +83,23 @@ _SALT = b"dynasem.hand-over-push"
 _lock = threading.Lock()
 _listener: _Listener | None = None
 _failed_bind: str | None = None  # the address we could not listen on (not tried again)
+_pid = os.getpid()  # the process _lock and _words_lock are of
+
+
+def _here() -> None:
+    """Replace what this process's parent left in a child forked by C code that runs none
+    of Python's at-fork hooks (a uWSGI worker, unless ``py-call-osafterfork``): its module
+    locks, which a thread of the parent may have held as it forked (that thread did not come
+    along: the child's first wait, its listener opened, or first hold, registered for words,
+    waited on it for ever), and its listener."""
+    if _pid != os.getpid():
+        _after_fork()
+
+
+def _words() -> threading.Lock:
+    """``_words_lock``, this process's (:func:`_here`)."""
+    _here()
+    return _words_lock
 
 
 def _host_id() -> str:
@@ -530,7 +547,7 @@ def _line_to_hold(token: str, resource: str, pushed: Push, held: Any = None) -> 
     line it carries goes to that hold as words (waiters that told the releaser put their
     entries only later: without it, the hold's release would wait for them)."""
     if held is None:
-        with _words_lock:
+        with _words():
             held = holds.get(token)
     if held is not None and held.resource == resource:
         sent = pushed.arrived - pushed.line_age
@@ -617,6 +634,7 @@ def _get_listener() -> _Listener | None:
     """This process's listener, opened on first use; None when pushes are off or impossible."""
     global _listener, _failed_bind
     bind = settings.PUSH
+    _here()
     with _lock:
         if _listener is not None and _listener.pid == os.getpid() and _listener.bind == bind:
             return _listener  # ours (not a forked parent's), on this address
@@ -823,7 +841,7 @@ def push(
 def handed(resource: str, releaser: str, heir: str, address: str | None) -> None:
     """The hold ``releaser`` of ours handed ``resource`` to ``heir`` (listening at
     ``address``): words for either go to ``heir`` from now on."""
-    with _words_lock:
+    with _words():
         if len(passed_on) >= MAX_WORDS or len(handed_to) >= MAX_WORDS:
             passed_on.clear()
             handed_to.clear()
@@ -840,7 +858,7 @@ def after_release(
 ) -> None:
     """A word for our hold ``token`` that has ended: for its heir, now or as soon as the
     hand-over is done (:func:`handed`); dropped if it was given back to nobody."""
-    with _words_lock:
+    with _words():
         heir = passed_on.get(token)
         if heir is None:
             if len(_late) >= MAX_WORDS:
@@ -853,7 +871,7 @@ def after_release(
 def words_after(token: str) -> list[records.Waiter]:
     """The waiters whose words came for our hold ``token`` after it began to end, not yet
     passed on (:func:`after_release`): its hand-over may still be choosing its heirs."""
-    with _words_lock:
+    with _words():
         return [waiter for _, _, waiter, _ in _late.get(token, ())]
 
 
@@ -877,7 +895,7 @@ def tell_holder(
     local = IN_PROCESS if local is None else local
     when = clock.monotonic() if sent is None else sent
     for _ in range(WORD_HOPS):
-        with _words_lock:
+        with _words():
             held = holds.get(holder) if local else None
             heir = passed_on.get(holder)
             to, address = handed_to.get(resource, ("", ""))
@@ -900,7 +918,7 @@ def tell_holder(
 def holding(held: Any) -> None:
     """Register ``held`` (a ``hold.Held`` that hands over) and let it hear the words that came
     before it was one."""
-    with _words_lock:
+    with _words():
         holds[held.token] = held
         words = _early.pop(held.token, ())
     for resource, row, waiter, sent in words:
@@ -969,11 +987,13 @@ def _send(body: bytes, target: tuple[str, int], key: bytes) -> bool:
 
 def _after_fork() -> None:
     # The parent's late looks stay behind with its scheduler (see heartbeat).
-    global _listener, _failed_bind, _lock
+    global _listener, _failed_bind, _lock, _words_lock, _pid
     if _listener is not None:
         _listener.sock.close()  # the child's copy only; the thread reading it stayed behind
     _listener, _failed_bind = None, None
-    _lock = threading.Lock()  # another thread of the parent may have held it
+    # Another thread of the parent may have held them.
+    _lock, _words_lock = threading.Lock(), threading.Lock()
+    _pid = os.getpid()
 
 
 os.register_at_fork(after_in_child=_after_fork)

@@ -462,3 +462,52 @@ def hold_in_a_child_forked_without_hooks(
     os.close(write)
     print(os.read(read, 4096).decode(), flush=True)
     os._exit(0)
+
+
+def hand_over_in_a_child_forked_without_hooks(
+    endpoint: str, table_name: str, resource: str, held: str
+) -> None:
+    """A uWSGI master forks a worker (C code, none of Python's at-fork hooks run) while a
+    thread of the master is inside ``dynasem._engine.push``'s module lock ``held`` (this
+    process takes it: the thread that would give it back did not come along). The worker
+    holds ``resource``, a thread of its own waits for it, and the hold is handed over to
+    that waiter: the master prints "ok" if the waiter got it, "stuck" if the worker did not
+    get that far within 15 s."""
+    setup_django(endpoint, table_name)
+    import ctypes
+    import threading
+
+    from dynasem import semaphore
+    from dynasem._engine import push
+
+    def hand_over(done: list[bool]) -> None:
+        first = semaphore(resource, lease=10).acquire()
+        got: list[bool] = []
+
+        def wait() -> None:
+            with semaphore(resource, lease=10, wait=8):
+                got.append(True)
+
+        waiter = threading.Thread(target=wait, daemon=True)
+        waiter.start()
+        time.sleep(0.5)  # queued behind the hold
+        first.release()
+        waiter.join(9)
+        done.extend(got)
+
+    getattr(push, held).acquire()
+    read, write = os.pipe()
+    pid = ctypes.PyDLL(None).fork()  # PyDLL: the GIL kept across the call, as in a C server
+    if pid == 0:
+        try:
+            os.close(read)
+            done: list[bool] = []
+            worker = threading.Thread(target=hand_over, args=(done,), daemon=True)
+            worker.start()
+            worker.join(15)
+            os.write(write, b"ok" if done == [True] else b"stuck")
+        finally:
+            os._exit(0)
+    os.close(write)
+    print(os.read(read, 4096).decode(), flush=True)
+    os._exit(0)

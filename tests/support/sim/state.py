@@ -77,6 +77,7 @@ PER_PROCESS: dict[Key, Callable[[Any], Any]] = {
     ("dynasem._engine.steps", "_io"): lambda proc: None,
     ("dynasem._engine.steps", "_io_lock"): _lock,
     ("dynasem._engine.steps", "_io_pid"): lambda proc: os.getpid(),
+    ("dynasem._engine.push", "_pid"): lambda proc: os.getpid(),
     ("dynasem._storage.dynamodb", "_client_pid"): lambda proc: os.getpid(),
     ("dynasem._storage.dynamodb", "_clients"): _empty,
     ("dynasem._storage.queue_entries", "_missing"): _empty,
