@@ -71,6 +71,22 @@ def unique_retried(self: Any, key: str) -> int:
     return retries
 
 
+# Retries itself at once (test_review37e_celery_retry.py), its block going on for a second
+# after the retry was enqueued (a ``finally``'s cleanup, still under the lock): the retry comes
+# before the lock is given back. Every setting at its default (wait=0).
+@shared_task(bind=True)
+@semaphore("retry:{key}")
+def retried_at_once(self: Any, key: str, n: int) -> int:
+    retries, start = self.request.retries, time.time()
+    try:
+        if retries == 0:
+            raise self.retry(countdown=0)
+        return retries
+    finally:
+        time.sleep(1.0)
+        record(event="retry-run", key=key, n=n, retries=retries, start=start, end=time.time())
+
+
 @receiver(lock_busy)
 def refused(sender: Any, resource: str, retry_after: int, **kwargs: Any) -> None:
     request = current_task.request if current_task else None
