@@ -494,20 +494,23 @@ class Held:
         with _owned(self._lock):
             if not self._ended():
                 return
-            with telemetry.releasing(self) if telemetry.ON else _NOTHING:
-                lost_before = self._lost is not None or self._giving_back_mono >= self._deadline
-                try:
+            given: bool | None = None
+            try:
+                with telemetry.releasing(self) if telemetry.ON else _NOTHING:
+                    lost_before = self._lost is not None or self._giving_back_mono >= self._deadline
                     given = self._give_back()
-                except BaseException:
-                    # Cut short (Ctrl-C, a task's time limit): its write may have been sent,
-                    # or not. Given back again at exit (shutdown.py), where a refusal of it
-                    # is no proof of a loss.
+                    if self._lost is None and (lost_before or not given):
+                        # Begun past the deadline, the lease ran out first, whoever holds now.
+                        self._mark_lost(self._deadline_reason() if lost_before else TAKEN_OVER)
+            except BaseException:
+                if given is None:
+                    # Cut short (Ctrl-C, a task's time limit) in the give-back, whose write
+                    # may have been sent or not, or before it, as its telemetry span started.
+                    # Given back again at exit (shutdown.py), where a refusal of it is no
+                    # proof of a loss.
                     self._unanswered = True
                     _left.add(self)
-                    raise
-                if self._lost is None and (lost_before or not given):
-                    # Begun past the deadline, the lease ran out first, whoever holds now.
-                    self._mark_lost(self._deadline_reason() if lost_before else TAKEN_OVER)
+                raise
             if self._lost is not None:
                 self._raise_lost()
         send_or_keep(self._announce(lock_released))  # an async caller's: sent by it
