@@ -300,14 +300,20 @@ class _Acquiring(_Spanned):
         again = held is not None and (
             held.telemetry_context is not None or getattr(held, "depth", 1) > 1
         )
-        if not again:
-            base[metrics.OUTCOME] = outcome
-            base[metrics.QUEUED] = self.queued
-            inst = _instruments or _get()
-            inst.deferred.record(inst.acquire, elapsed, base, span)  # under the span: exemplars
-        self.exit()
-        if span is metrics.NO_SPAN:
-            return
+        try:
+            if not again:
+                base[metrics.OUTCOME] = outcome
+                base[metrics.QUEUED] = self.queued
+                inst = _instruments or _get()
+                inst.deferred.record(inst.acquire, elapsed, base, span)  # under it: exemplars
+        finally:
+            # Whatever the SDK raised: the span is current no more, the name set no more
+            # (else the thread's later spans and requests would go on under them), and ended.
+            self.exit()
+            if span is not metrics.NO_SPAN:
+                self._end(span, held, error, outcome, again)
+
+    def _end(self, span: Any, held: Any, error: Any, outcome: str, again: bool) -> None:
         if span.is_recording():
             span.set_attributes({metrics.OUTCOME: outcome, metrics.QUEUED: self.queued})
             if held is not None:
@@ -434,11 +440,16 @@ class releasing(_HoldSpan):  # noqa: N801 - used as a function: ``with releasing
         held, base, span = self.held, self.base, self.span
         outcome = "lost" if held._lost else "handed_over" if held._handover else "released"
         hold_s = max(0.0, monotonic() - held._taken_mono)
-        inst = _instruments or _get()
-        inst.deferred.record(inst.hold, hold_s, {**base, metrics.OUTCOME: outcome}, span)
-        self.exit()
-        if span is metrics.NO_SPAN:
-            return
+        try:
+            inst = _instruments or _get()
+            inst.deferred.record(inst.hold, hold_s, {**base, metrics.OUTCOME: outcome}, span)
+        finally:  # whatever the SDK raised: as an acquire's (_Acquiring.done)
+            self.exit()
+            if span is not metrics.NO_SPAN:
+                self._end(span, hold_s, outcome)
+
+    def _end(self, span: Any, hold_s: float, outcome: str) -> None:
+        held, base = self.held, self.base
         span.set_attributes({metrics.OUTCOME: outcome, "dynasem.lock.held": hold_s})
         if held._handover is not None:
             start, end, heirs, fence = held._handover
@@ -478,9 +489,11 @@ class renewing(_HoldSpan):  # noqa: N801 - used as a function: ``with renewing(h
             "renewed" if error is None else "lost" if isinstance(error, LockLost) else "failed"
         )
         self.exit()
-        _get().renewals.add(1, {**self.base, metrics.OUTCOME: outcome})
-        self.span.set_attribute(metrics.OUTCOME, outcome)
-        self.span.end()
+        try:
+            _get().renewals.add(1, {**self.base, metrics.OUTCOME: outcome})
+        finally:  # ended whatever the SDK raised
+            self.span.set_attribute(metrics.OUTCOME, outcome)
+            self.span.end()
 
 
 # -- requests --------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ DynamoDB Local."""
 
 from __future__ import annotations
 
+import contextvars
 import uuid
 from typing import Any
 
@@ -13,10 +14,18 @@ import pytest
 from dynasem import semaphore
 from dynasem._engine import hold as holds_module
 from dynasem._observability import telemetry
+from dynasem._observability.metrics import NAME
 from dynasem._operators import locks as operations
 from tests.observability.test_telemetry import (
+    named,
     otel,  # noqa: F401 - the fixture, for every test here
+    spans,
 )
+
+try:
+    from opentelemetry import trace
+except ImportError:  # the matrix runs some pairs without it (the fixture skips)
+    trace = None  # type: ignore[assignment]
 
 pytestmark = pytest.mark.usefixtures("otel")
 
@@ -60,3 +69,44 @@ def test_an_interrupt_as_the_release_span_starts_leaves_the_hold_to_be_given_bac
         holds_module.forget_left()
         for found in operations.holds_on(res):
             operations.break_hold(res, found.token)
+
+
+def _broken(*args: Any, **kwargs: Any) -> None:
+    raise RuntimeError("a view's exemplar reservoir on fire")
+
+
+def test_a_record_that_raises_leaves_no_dynasem_span_current_and_ends_its_spans(
+    otel: Any,  # noqa: F811 - the fixture
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The SDK raising as the acquire's or the release's duration is recorded (the lock goes
+    on: logged once) must not leave that span attached as the thread's current context, nor
+    the lock's name set for the thread's later requests, nor the span unended."""
+    monkeypatch.setattr(telemetry._get().deferred, "record", _broken)
+    monkeypatch.setattr(telemetry, "_complained", True)  # logged once per process, earlier
+    name = named()
+
+    def scenario() -> tuple[bool, str | None]:
+        with semaphore(resource(), metrics_name=name):
+            pass
+        return trace.get_current_span().get_span_context().is_valid, telemetry._lock_name.get()
+
+    span_current, lock_name = contextvars.copy_context().run(scenario)
+    assert not span_current, "a dynasem span is left current in the caller's context"
+    assert lock_name is None, "the lock's name is left set for the caller's later requests"
+    for kind in ("dynasem.acquire", "dynasem.release"):
+        assert [s for s in spans(otel, kind) if s.attributes[NAME] == name], f"{kind} not ended"
+
+
+def test_a_renewal_counter_that_raises_still_ends_the_renewal_span(
+    otel: Any,  # noqa: F811 - the fixture
+    monkeypatch: pytest.MonkeyPatch,
+    holds: list[Any],
+) -> None:
+    name = named()
+    held = semaphore(resource(), metrics_name=name).acquire()
+    holds.append(held)
+    monkeypatch.setattr(telemetry._get().renewals, "add", _broken)
+    monkeypatch.setattr(telemetry, "_complained", True)
+    held.renew()
+    assert [s for s in spans(otel, "dynasem.renew") if s.attributes[NAME] == name]
