@@ -143,19 +143,24 @@ _tracing = False
 def _tracer() -> Any:
     """The tracer, or None while no TracerProvider is set: the API's spans would be no-ops,
     so none is made at all (a span costs an acquire tens of calls)."""
-    global _tracing
+    global _tracing, _PROVIDER_FROM_ENVIRONMENT
     if not _tracing:
         # The API's own global, read first: get_tracer_provider() looks the environment up
         # on every call while none is set, which an acquire felt.
         if getattr(_trace, "_TRACER_PROVIDER", True) is None and not _PROVIDER_FROM_ENVIRONMENT:
             return None
-        provider = _trace.get_tracer_provider()
+        provider = _safely(_trace.get_tracer_provider)
+        if provider is None:  # the environment names one that cannot load: asked no more
+            _PROVIDER_FROM_ENVIRONMENT = False
+            return None
         if isinstance(provider, _trace.ProxyTracerProvider | _trace.NoOpTracerProvider):
             return None
         _tracing = True  # set once: OpenTelemetry refuses to replace a provider
     return _get().tracer
 
 
+# A provider named by the environment is loaded by the API's first ask, which raises (on every
+# ask) if it cannot load: an SDK left out, a typo. Telemetry is then off, and the lock works.
 _PROVIDER_FROM_ENVIRONMENT = "OTEL_PYTHON_TRACER_PROVIDER" in os.environ
 
 _metered = False
@@ -165,11 +170,14 @@ def _metering() -> bool:
     """Whether a MeterProvider is set. Before one is, the API's instruments record nowhere:
     a request's answer is not counted and no request asks DynamoDB for its capacity units
     (a bigger answer to parse; DynamoDB Local answered each ~0.5 ms later for it)."""
-    global _metered
+    global _metered, _METER_FROM_ENV
     if not _metered:
         if getattr(_metrics_global, "_METER_PROVIDER", True) is None and not _METER_FROM_ENV:
             return False
-        provider = _metrics.get_meter_provider()
+        provider = _safely(_metrics.get_meter_provider)
+        if provider is None:  # as a tracer provider's (_tracer)
+            _METER_FROM_ENV = False
+            return False
         if isinstance(provider, _metrics.NoOpMeterProvider) or provider is getattr(
             _metrics_global, "_PROXY_METER_PROVIDER", None
         ):

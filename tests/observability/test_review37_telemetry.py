@@ -6,6 +6,10 @@ DynamoDB Local."""
 from __future__ import annotations
 
 import contextvars
+import os
+import subprocess
+import sys
+import textwrap
 import uuid
 from typing import Any
 
@@ -17,10 +21,13 @@ from dynasem._observability import telemetry
 from dynasem._observability.metrics import NAME
 from dynasem._operators import locks as operations
 from tests.observability.test_telemetry import (
+    ROOT,
+    _endpoint,
     named,
     otel,  # noqa: F401 - the fixture, for every test here
     spans,
 )
+from tests.support.helpers import dynasem_settings
 
 try:
     from opentelemetry import trace
@@ -110,3 +117,33 @@ def test_a_renewal_counter_that_raises_still_ends_the_renewal_span(
     monkeypatch.setattr(telemetry, "_complained", True)
     held.renew()
     assert [s for s in spans(otel, "dynasem.renew") if s.attributes[NAME] == name]
+
+
+@pytest.mark.parametrize("variable", ["OTEL_PYTHON_METER_PROVIDER", "OTEL_PYTHON_TRACER_PROVIDER"])
+def test_a_provider_named_in_the_environment_that_cannot_load_never_fails_the_lock(
+    lock_table: str, variable: str
+) -> None:
+    """``OTEL_PYTHON_*_PROVIDER`` naming a provider that is not installed (the SDK left out
+    of an image, a typo): the API raises as it loads it, on every call. The guide promises
+    that a failure inside telemetry never fails a lock; the lock works, untraced."""
+    code = textwrap.dedent(
+        f"""
+        import django
+        from django.conf import settings
+        settings.configure(INSTALLED_APPS=["dynasem"], DYNASEM={dynasem_settings(*_endpoint())!r})
+        django.setup()
+        from dynasem import semaphore
+        from dynasem._observability import telemetry
+        assert telemetry.ON
+        for _ in range(2):
+            with semaphore("tel37:env:{uuid.uuid4().hex}") as held:
+                assert held.fence > 0
+        print("ok")
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT), variable: "no_such_provider"}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "ok"

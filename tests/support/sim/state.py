@@ -118,6 +118,8 @@ SHARED: dict[Key, str] = {
     ("dynasem._observability.telemetry", "_instruments_lock"): "telemetry is off",
     ("dynasem._observability.telemetry", "_tracing"): "telemetry is off",
     ("dynasem._observability.telemetry", "_metered"): "telemetry is off",
+    ("dynasem._observability.telemetry", "_METER_FROM_ENV"): "telemetry is off",
+    ("dynasem._observability.telemetry", "_PROVIDER_FROM_ENVIRONMENT"): "telemetry is off",
     ("dynasem._observability.telemetry", "_settings"): "the same settings everywhere",
     ("dynasem._background.command_init", "_libc"): "a handle on libc: no state of ours",
     ("dynasem._storage.dynamodb", "_models"): "botocore's parsed service models: its data "
