@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import _clock as clock
 from .._engine import arguments, core, handover, permit_hold, reader_hold
+from .._observability.logs import facts
 from .._storage import (
     dynamodb,
     index_queries,
@@ -415,7 +416,8 @@ def break_hold(
     for receiver, answer in answers:
         if isinstance(answer, Exception):
             message = "dynasem: a lock_released receiver %r raised for a break on %r: %r"
-            logger.warning(message, receiver, resource, answer)
+            ex = facts(resource, token=token, fence=fence, outcome="receiver_failed", reason=answer)
+            logger.warning(message, receiver, resource, answer, extra=ex)
     return True
 
 
