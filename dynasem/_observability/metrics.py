@@ -71,6 +71,12 @@ class Deferred:
         if full:
             self.flush()
 
+    def forked(self) -> None:
+        """In a forked child: a new lock (a thread of the parent may have held its copy, for
+        good), and none of the parent's records (the parent hands them over itself)."""
+        self._lock = threading.Lock()
+        self._items = []
+
     def flush(self) -> None:
         with self._lock:
             items, self._items = self._items, []
@@ -93,6 +99,10 @@ class Requests:
             found = self._totals.setdefault(key, [0, 0.0])
             found[0] += 1
             found[1] += units
+
+    def forked(self) -> None:
+        """In a forked child: a new lock (a thread of the parent may have held its copy)."""
+        self._lock = threading.Lock()
 
     def _items(self) -> list[tuple[tuple[str, str, str | None], list[float]]]:
         with self._lock:

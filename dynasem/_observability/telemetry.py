@@ -137,6 +137,18 @@ def _get() -> _Instruments:
     return _instruments
 
 
+def _after_fork() -> None:
+    # A forked child must not wait, at its first request, on a lock that another thread of
+    # the parent held as it forked (counting a request: a dict update under it).
+    global _instruments_lock
+    _instruments_lock = threading.Lock()
+    if _instruments is not None:
+        _instruments.requests.forked()
+        _instruments.deferred.forked()
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
 _tracing = False
 
 

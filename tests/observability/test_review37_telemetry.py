@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import contextvars
 import os
+import select
+import signal
 import subprocess
 import sys
 import textwrap
 import uuid
+import warnings
 from typing import Any
 
 import pytest
@@ -147,3 +150,42 @@ def test_a_provider_named_in_the_environment_that_cannot_load_never_fails_the_lo
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("lock", ["requests", "deferred"])
+def test_a_child_forked_while_a_thread_counted_a_request_can_still_lock(
+    otel: Any,  # noqa: F811 - the fixture
+    monkeypatch: pytest.MonkeyPatch,
+    lock: str,
+) -> None:
+    """Another thread of the parent was counting a request (or batching a duration record)
+    as the process forked (multiprocessing, a pre-forking server's master): the child's copy
+    of that lock stays held for good, and its first request after an applied write (here,
+    its acquire's) waited on it forever, the lock taken in DynamoDB for nobody."""
+    if lock == "deferred":
+        monkeypatch.setattr(telemetry, "_tracer", lambda: None)  # records go to the batch
+    held_lock = getattr(telemetry._get(), lock)._lock
+    read, write = os.pipe()
+    with held_lock:  # the parent's thread, mid-update at the fork
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # fork() of a process with threads
+            child = os.fork()
+        if child == 0:
+            try:
+                os.close(read)
+                try:
+                    with semaphore(resource()) as held:
+                        answer = b"ok" if held.fence > 0 else b"no fence"
+                except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                    answer = repr(exc).encode()[:200]
+                os.write(write, answer)
+            finally:
+                os._exit(0)
+    os.close(write)
+    ready, _, _ = select.select([read], [], [], 20)
+    answer = os.read(read, 256).decode() if ready else "no answer: the child hangs"
+    os.close(read)
+    if not ready:
+        os.kill(child, signal.SIGKILL)
+    os.waitpid(child, 0)
+    assert answer == "ok", answer
