@@ -29,7 +29,7 @@ from django.core.signals import setting_changed
 
 from .._clock import monotonic
 from ..conf import settings
-from ..exceptions import LockLost, SemaphoreBusy, SemaphoreUnavailable
+from ..exceptions import Coalesced, LockLost, SemaphoreBusy, SemaphoreUnavailable
 from . import metrics
 from .logs import facts
 
@@ -351,6 +351,8 @@ _current = contextvars.ContextVar[_Acquiring | None]("dynasem_telemetry_acquire"
 
 
 def _outcome_of(exc: BaseException) -> str:
+    if isinstance(exc, Coalesced):  # covered by the next run (a view answers 202): no 423
+        return "coalesced"
     if isinstance(exc, SemaphoreBusy):
         return "busy"
     if isinstance(exc, SemaphoreUnavailable):

@@ -18,18 +18,21 @@ from typing import Any
 
 import pytest
 
-from dynasem import semaphore
+from dynasem import Coalesced, semaphore
 from dynasem._engine import hold as holds_module
 from dynasem._observability import telemetry
-from dynasem._observability.metrics import NAME
+from dynasem._observability.metrics import NAME, OUTCOME
 from dynasem._operators import locks as operations
+from tests.engine.test_coalesce import registered, wait_until
 from tests.observability.test_telemetry import (
     ROOT,
     _endpoint,
+    histogram,
     named,
     otel,  # noqa: F401 - the fixture, for every test here
     spans,
 )
+from tests.observability.test_telemetry_paths import ACQUIRE, in_thread
 from tests.support.helpers import dynasem_settings
 
 try:
@@ -189,3 +192,24 @@ def test_a_child_forked_while_a_thread_counted_a_request_can_still_lock(
         os.kill(child, signal.SIGKILL)
     os.waitpid(child, 0)
     assert answer == "ok", answer
+
+
+def test_a_coalesced_call_is_not_counted_as_a_busy_answer(
+    otel: Any,  # noqa: F811 - the fixture
+    holds: list[Any],
+) -> None:
+    """A call covered by the next run registered (``Coalesced``: a view answers 202) is no
+    busy answer: the guide's "423s" query, outcome busy, must not count it."""
+    name, res = named(), resource()
+    holds.append(semaphore(res).acquire())
+    thread, out = in_thread(lambda: semaphore(res, coalesce=True, wait=10).acquire())
+    wait_until(lambda: registered(res))
+    with pytest.raises(Coalesced):
+        semaphore(res, coalesce=True, wait=10, metrics_name=name).acquire()
+    holds.pop().release()
+    thread.join(10)
+    out["held"].release()
+    found = {
+        p.attributes[OUTCOME]: p.count for p in histogram(otel["reader"], ACQUIRE, **{NAME: name})
+    }
+    assert found == {"coalesced": 1}
