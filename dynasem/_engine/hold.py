@@ -131,6 +131,10 @@ class Held:
         self.telemetry_context: Any = None  # the acquire's span (telemetry.py links to it)
         self._handover: tuple[int, int, int, int] | None = None  # when, to how many, fence
         self._told: str | None = None  # the waiter of this process that told us it is next
+        # The hand-over write sent last (its heirs, their first fence, the line after them):
+        # one that was applied though its answer was lost is pushed from the refusal that
+        # shows it (_wake_next).
+        self._handing: tuple[handover.Heirs, int, handover.Line] | None = None
 
     # -- what users read ---------------------------------------------------------------------
 
@@ -669,12 +673,13 @@ class Held:
                 return None
             # Every heir a fence of its own, above every earlier one (ours, the stored one).
             fence = max(clock.new_fence(self.skew), fence + 1)
+            self._handing = (heirs, fence, line)
             try:
                 item = self._send_hand_over(heirs, queue_out, fence)
             except dynamodb.Refused as refused:
                 old = refused.lock
                 if old is None or self.token not in old.holders:
-                    return self._released_by(old, refused.retried or self._unanswered)
+                    return self._released_by(old, refused.retried or self._unanswered, True)
                 # An heir left (or the stored fence was ahead): again with the line as it is.
                 self._observe(old)
                 fence = max(fence, old.fence)
@@ -734,7 +739,7 @@ class Held:
                     if terms and old is not None and self.token in old.holders:
                         self._observe(old)
                         return None
-                    ok = ok and self._released_by(old, refused.retried or self._unanswered)
+                    ok = self._released_by(old, refused.retried or self._unanswered, True) and ok
                 except SemaphoreUnavailable as exc:
                     self._unanswered |= exc.ambiguous
                     why, passing = exc, passing and resend.passing(exc)
@@ -785,14 +790,36 @@ class Held:
         ex = facts(resources, token=self.token, outcome="release_failed", reason=why)
         logger.warning("dynasem: could not release %r (%s); it expires", resources, why, extra=ex)
 
-    def _released_by(self, old: records.LockItem | None, retried: bool) -> bool:
+    def _released_by(self, old: records.LockItem | None, retried: bool, wake: bool = False) -> bool:
         """Was the hold ours until the release began, though a release write was refused
         (just now) with our token gone? (A release begun after the deadline is lost all the
-        same: ``_release_now``.)"""
+        same: ``_release_now``.) ``wake``: if a write of this release did it, whoever comes
+        next is pushed the row as the refusal shows it (:meth:`_wake_next`)."""
         old = old or records.LockItem()
         if self.token in old.holders or old.broken_token == self.token:
             return False
-        return old.last_token == self.token or self._gone_after_work(retried)
+        if old.last_token == self.token:
+            if wake:
+                self._wake_next(old)
+            return True
+        return self._gone_after_work(retried)
+
+    def _wake_next(self, old: records.LockItem) -> None:
+        """A release write of ours was applied, its answer lost, and a write sent again was
+        refused with ``old``, the row as ours left it: push it as its answer would have been
+        (a hand-over's heirs, still holding under the fences it gave them; else the first
+        waiter of a lock left free), or the lock stands idle until the next one's paced look."""
+        resource = old.resource or self.resource
+        handing = self._handing
+        if handing is not None:
+            heirs, fence, line = handing
+            mine = [old.holders.get(token) for token, _ in heirs]
+            if all(h is not None and h.fence == fence + i for i, h in enumerate(mine)):
+                handover.push_heirs(resource, heirs, old, line)
+                if len(heirs) == 1 and not heirs[0][1].shared:
+                    push.handed(resource, self.token, heirs[0][0], heirs[0][1].address)
+                return
+        handover.push_if_free(resource, old)
 
     def _gone_after_work(self, retried: bool) -> bool:
         """A release write, refused just now, found the hold gone, no operator's break seen:

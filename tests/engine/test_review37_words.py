@@ -1,0 +1,81 @@
+"""A seventh review: the hand-over's words between processes and hosts, and what a waiter
+trusts of them (push, handover, late_handover, resend, the wake-up side of queue).
+
+Each test failed before the mend its docstring names, for the reason it states."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dynasem import semaphore
+from dynasem._engine.queue import Pace
+from dynasem._storage import dynamodb, lock_rows
+from tests.support.faults import Faults
+from tests.support.helpers import queue_of, wait_for
+
+
+@pytest.fixture
+def faults(lock_table: str) -> Iterator[Faults]:
+    with Faults(dynamodb.get_client()) as f:
+        yield f
+
+
+def _waiter(resource: str, out: dict[str, Any], **kwargs: Any) -> threading.Thread:
+    """A thread that takes ``resource`` and gives it back at once; ``out["acquired"]``: when
+    it held (monotonic)."""
+
+    def run() -> None:
+        try:
+            with semaphore(resource, **kwargs):
+                out["acquired"] = time.monotonic()
+        except Exception as exc:  # reported to the test
+            out["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+@pytest.mark.kind_engine_only("loses one write's answer after the engine applied it")
+@pytest.mark.parametrize(
+    ("shared", "retries_throttled"),
+    [(False, False), (False, True), (True, False)],
+    ids=["hand-over", "hand-over-unanswered", "plain-release"],
+)
+def test_a_release_applied_whose_answer_was_lost_still_wakes_the_next_waiter(
+    faults: Faults, monkeypatch: pytest.MonkeyPatch, shared: bool, retries_throttled: bool
+) -> None:
+    """The release's write is applied, its answer lost; botocore sends it again, which is
+    refused: our token is gone (our own write, ``_released_by`` says). Before the mend the
+    release ended there: the heir an exclusive holder had just handed the lock to (or, after
+    a reader's plain release, the writer first in line for the lock it left free) was pushed
+    nothing, and the lock stood idle, held by
+    a live waiter that did not know it, until that waiter's next paced look (here 20 s;
+    up to about a second by default). The same when botocore's retries of the hand-over are
+    throttled (``hand-over-unanswered``): the plain release that follows is refused. The
+    refusal carries the row as our write left it: the release now pushes it, as it pushes the
+    answer it did not get."""
+    monkeypatch.setattr(Pace, "turn_in", lambda *a, **k: 20.0)  # only a push wakes the waiter
+    resource = "review37:lost-release-answer"
+    holder = semaphore(resource, user="holder", lease=30, shared=shared).acquire()
+    out: dict[str, Any] = {}
+    thread = _waiter(resource, out, user="heir", wait=30, lease=30)
+    wait_for(lambda: queue_of(resource), 10, "the waiter never put its entry")
+    holder.renew()  # its answer shows the holder the queue: it hands over, or pushes
+    lose = faults.lose_response("UpdateItem", 1)
+    if retries_throttled:
+        faults.throttle("UpdateItem", 3, after=1)
+    holder.release()
+    assert lose.fired == 1
+    thread.join(5)
+    woken = "acquired" in out
+    thread.join(30)  # its own look finds the hold at last: let it end either way
+    assert "error" not in out, out
+    assert woken, "the waiter handed the lock was not told: it sat idle until its look"
+    row = lock_rows.get(resource)
+    assert row is not None and not row.holders
