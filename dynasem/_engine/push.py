@@ -296,11 +296,24 @@ class _Slot:
 
     def stray(self, item: records.LockItem) -> None:
         """A hand-over ``item`` for a waiter that left: if it made it a holder, give it back
-        (on a thread of its own: the listener never waits on a request)."""
+        (on a thread of its own: the listener never waits on a request). Best effort: this
+        runs inside the releaser's push when the waiter is of its own process, and a thread
+        that cannot start (a pids limit) must not fail that release; the late look (when the
+        row said a hand-over may land) or the lease hands it on then."""
         if clock.monotonic() <= self.until and self.token in item.holders:
-            threading.Thread(
-                target=self.hand_back, args=(item,), name="dynasem-stray", daemon=True
-            ).start()
+            try:
+                threading.Thread(
+                    target=self.hand_back, args=(item,), name="dynasem-stray", daemon=True
+                ).start()
+            except RuntimeError as exc:  # "can't start new thread"
+                logger.warning(
+                    "dynasem: could not give back %r, handed to a waiter that had left: %s",
+                    self.resource,
+                    exc,
+                    extra=facts(
+                        self.resource, token=self.token, outcome="give_back_failed", reason=exc
+                    ),
+                )
 
     def hand_back(self, item: records.LockItem) -> None:
         with self.guard:

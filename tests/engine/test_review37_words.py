@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from dynasem import semaphore
+from dynasem import SemaphoreBusy, semaphore
+from dynasem._engine import hold
 from dynasem._engine.queue import Pace
-from dynasem._storage import dynamodb, lock_rows
+from dynasem._storage import dynamodb, lock_rows, queue_entries
 from tests.support.faults import Faults
 from tests.support.helpers import queue_of, wait_for
 
@@ -79,3 +80,40 @@ def test_a_release_applied_whose_answer_was_lost_still_wakes_the_next_waiter(
     assert woken, "the waiter handed the lock was not told: it sat idle until its look"
     row = lock_rows.get(resource)
     assert row is not None and not row.holders
+
+
+def test_a_hand_over_to_a_waiter_of_ours_that_left_never_raises_into_the_release(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The release read the line while a waiter of its own process was still in it; the
+    waiter left before the hand-over landed (its wait over). The push reaches it in this very
+    process (``push.push`` hands it over directly), and its give-back starts a thread of its
+    own (``_Slot.stray``). A process that cannot start one more thread (a container's pids
+    limit: the heartbeat's scheduler allows for it) made ``Thread.start`` raise inside the
+    releaser's push, and so out of ``release()`` (a ``with`` block's exit), though the
+    release was done: a push is best effort and must never fail its sender. The late look
+    (whose thread the scheduler starts, or tries again) hands the lock on instead."""
+    resource = "review37:stray-thread"
+    holder = semaphore(resource, user="holder", lease=30).acquire()
+    out: dict[str, Any] = {}
+    monkeypatch.setattr(hold, "queued_behind", lambda row, waiter: False)  # an entry, no word
+    thread = _waiter(resource, out, user="leaver", wait=1.0, lease=30)
+    wait_for(lambda: queue_of(resource), 10, "the waiter never put its entry")
+    # The release's read of the line, taken while the waiter was still in it.
+    row = lock_rows.get(resource)
+    assert row is not None
+    holder._row = queue_entries.load_entries(row)
+    thread.join(10)
+    assert isinstance(out.get("error"), SemaphoreBusy), out
+    start = threading.Thread.start
+
+    def no_more_threads(self: threading.Thread) -> None:
+        if self.name == "dynasem-stray":
+            raise RuntimeError("can't start new thread")
+        start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", no_more_threads)
+    holder.release()  # hands the lock to the leaver, as its read showed it: must not raise
+    assert holder.released and not holder.lost
+    # Handed on by the leaver's late look (2 s after it left): free again, or to a newcomer.
+    semaphore(resource, user="next", wait=10).acquire().release()
