@@ -910,6 +910,8 @@ def tell_holder(
     for _ in range(WORD_HOPS):
         with _words():
             held = holds.get(holder) if local else None
+            if held is not None and not held.here:
+                held = None  # a forked child's copy of its parent's hold: not ours to tell
             heir = passed_on.get(holder)
             to, address = handed_to.get(resource, ("", ""))
             waking = listening(holder) or (to == holder and is_ours(address))

@@ -5,15 +5,19 @@ Each test failed before the mend its docstring names, for the reason it states."
 
 from __future__ import annotations
 
+import os
+import select
+import signal
 import threading
 import time
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from dynasem import SemaphoreBusy, semaphore
-from dynasem._engine import hold
+from dynasem._engine import hold, push
 from dynasem._engine.queue import Pace
 from dynasem._storage import dynamodb, lock_rows, queue_entries
 from tests.support.faults import Faults
@@ -117,3 +121,69 @@ def test_a_hand_over_to_a_waiter_of_ours_that_left_never_raises_into_the_release
     assert holder.released and not holder.lost
     # Handed on by the leaver's late look (2 s after it left): free again, or to a newcomer.
     semaphore(resource, user="next", wait=10).acquire().release()
+
+
+def _in_a_child_forked_holding(lock: Any, work: Any) -> str:
+    """Fork (Python's at-fork hooks run) while ``lock`` is held, as by another thread of this
+    process at that moment; ``work()`` in the child, which answers what it returned, or its
+    exception, or nothing if it hung (an alarm ends it)."""
+    read, write = os.pipe()
+    with lock:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # fork() of a process with threads
+            child = os.fork()
+        if child == 0:  # the child, its copy of the lock held by no thread of its own
+            try:
+                os.close(read)
+                signal.alarm(20)
+                try:
+                    answer = str(work()).encode()
+                except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                    answer = type(exc).__name__.encode()
+                os.write(write, answer)
+            finally:
+                os._exit(0)
+    os.close(write)
+    ready, _, _ = select.select([read], [], [], 30)
+    answer = (os.read(read, 256).decode() if ready else "") or "hung"
+    os.close(read)
+    os.waitpid(child, 0)
+    return answer
+
+
+def test_a_child_forked_while_a_word_was_being_passed_on_can_take_a_lock(lock_table: str) -> None:
+    """``os.fork()`` while another thread of the parent held the module's lock of words
+    (``push._words_lock``: the listener thread hearing a word, a releaser passing words on
+    to its heir, a hold registering). The at-fork hook replaced the listener's lock, not
+    that one: the child's copy stayed locked for good, and the child's first exclusive
+    acquire (``hold.acquired`` registers the hold for words: ``push.holding``) hung forever,
+    its lock taken and renewed for nobody."""
+
+    def take() -> str:
+        semaphore("review37:fork-words", user="child", wait=5).acquire().release()
+        return "acquired"
+
+    assert _in_a_child_forked_holding(push._words_lock, take) == "acquired"
+
+
+def test_a_child_forked_inside_a_block_queues_behind_its_parent_without_telling_it(
+    lock_table: str,
+) -> None:
+    """A child forked inside a block (a worker pool started by the job the lock guards)
+    queues for the same lock, behind its parent's hold. Its word for the holder went to the
+    child's copy of the parent's hold (``push.holds`` came along with the fork): useless to
+    the parent, and deadly when a thread of the parent held that hold's line lock at the
+    fork (a renewal's answer being observed, a word heard): the child's acquire hung
+    forever in ``Held.heard_of``. A copy of another process's hold hears no word now."""
+    resource = "review37:fork-line"
+    with semaphore(resource, user="parent", lease=30) as held:
+
+        def wait_behind() -> str:
+            try:
+                semaphore(resource, user="child", wait=1, lease=30).acquire().release()
+            except SemaphoreBusy:
+                return "busy"
+            return "acquired"
+
+        answer = _in_a_child_forked_holding(held._row_lock, wait_behind)
+    assert answer == "busy", f"the child's acquire behind its parent: {answer}"
