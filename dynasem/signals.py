@@ -50,7 +50,8 @@ SIGNALS: dict[str, tuple[str, dict[str, str]]] = {
         "Sent when an acquire gives up, the lock still busy when its wait ran out: just before "
         "`SemaphoreBusy` is raised (which a decorated view answers with 423). With "
         "`coalesce=True`, sent when the first attempt, which does not wait, finds the lock "
-        "busy: the call may still get it as the next run.",
+        "busy: the call may still get it as the next run (once per call: not again if that "
+        "wait runs out too).",
         {
             "resource": "the resource that was busy (with several, the first in the way)",
             "user_id": "the user recorded for the acquire that gave up",

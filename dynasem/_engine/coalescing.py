@@ -181,21 +181,23 @@ def register(
     return registration
 
 
-def acquire(sem: Any, attempt: Callable[[float], _T]) -> _T:
+def acquire(sem: Any, attempt: Callable[[float, bool], _T]) -> _T:
     """``sem``'s hold: at once if free, else as the next run; :class:`Coalesced` if there is
-    one. ``attempt(wait)`` acquires, waiting up to ``wait`` seconds."""
+    one. ``attempt(wait, first)`` acquires, waiting up to ``wait`` seconds; only the
+    ``first`` sends ``lock_busy`` if it gives up (one per call: the early one, which says
+    the call may still run as the next; the later give-up raises without it)."""
     wait = checked_wait(sem)
     made: list[Registration] = []  # registered: withdrawn if anything stops us from here
     try:
         try:
-            return attempt(0)
+            return attempt(0, True)
         except SemaphoreBusy as busy:
             if isinstance(busy, Coalesced) or from_receiver(busy):
                 raise  # a receiver's (lock_acquired, lock_busy): not our lock's answer
             registration = register(sem, busy, made)
         if registration is None:
-            return attempt(wait)
-        held = attempt(wait)
+            return attempt(wait, False)
+        held = attempt(wait, False)
     except BaseException:
         for registered in made:  # an interrupt as it registered too (its heartbeat runs)
             registered.withdraw()
@@ -204,11 +206,11 @@ def acquire(sem: Any, attempt: Callable[[float], _T]) -> _T:
     return held
 
 
-async def aacquire(sem: Any, attempt: Callable[[float], Awaitable[_T]]) -> _T:
+async def aacquire(sem: Any, attempt: Callable[[float, bool], Awaitable[_T]]) -> _T:
     """:func:`acquire` for async code: the registration's requests in dynasem's executor."""
     wait = checked_wait(sem)
     try:
-        return await attempt(0)
+        return await attempt(0, True)
     except SemaphoreBusy as busy:
         if isinstance(busy, Coalesced) or from_receiver(busy):
             raise  # a receiver's (lock_acquired, lock_busy): not our lock's answer
@@ -216,9 +218,9 @@ async def aacquire(sem: Any, attempt: Callable[[float], Awaitable[_T]]) -> _T:
         # thread must still be withdrawn, not left renewed with nobody to run.
         registration = await run_io_taking(functools.partial(register, sem, busy), _withdrawn)
     if registration is None:
-        return await attempt(wait)
+        return await attempt(wait, False)
     try:
-        held = await attempt(wait)
+        held = await attempt(wait, False)
     except BaseException:
         registration.stop()  # at once, whatever happens to the request below
         await run_io_to_end(registration.withdraw)

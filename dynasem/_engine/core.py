@@ -200,9 +200,11 @@ class Semaphore:
 
     # -- acquiring ---------------------------------------------------------------------------
 
-    def _acquire_steps(self, wait: float | None = None) -> Steps[Held]:
+    def _acquire_steps(self, wait: float | None = None, busy_signal: bool = True) -> Steps[Held]:
         """The acquire loop as a generator of steps (a request to send, a pause: see
-        :mod:`dynasem._engine.steps`), so one loop serves the sync and the async driver."""
+        :mod:`dynasem._engine.steps`), so one loop serves the sync and the async driver.
+        ``busy_signal=False``: a give-up raises ``SemaphoreBusy`` without ``lock_busy`` (a
+        coalesced call's wait as the next run: its first attempt sent it)."""
         if self.decoration.is_callable:
             raise TypeError(
                 "a callable resource only works when the semaphore decorates a callable; "
@@ -232,7 +234,8 @@ class Semaphore:
             else:
                 held = yield from Acquire(run).steps()
         except SemaphoreBusy as exc:
-            yield queue.busy_announced(run, exc)  # lock_busy, before the caller has it
+            if busy_signal:
+                yield queue.busy_announced(run, exc)  # lock_busy, before the caller has it
             raise
         finally:
             push.forget(run.token)  # a push that comes now is for a wait that is over
@@ -249,7 +252,9 @@ class Semaphore:
 
     def _acquire(self) -> Held:
         if self.coalesce:
-            held = coalescing.acquire(self, lambda wait: run_sync(self._acquire_steps(wait)))
+            held = coalescing.acquire(
+                self, lambda w, first: run_sync(self._acquire_steps(w, first))
+            )
         else:
             held = run_sync(self._acquire_steps())
         remember_acquired(held)
@@ -276,7 +281,9 @@ class Semaphore:
             and await caller_in_transaction(self.using)
         )
         if self.coalesce:
-            held = await coalescing.aacquire(self, lambda w: run_async(self._acquire_steps(w)))
+            held = await coalescing.aacquire(
+                self, lambda w, first: run_async(self._acquire_steps(w, first))
+            )
         else:
             held = await run_async(self._acquire_steps())
         held.follows_caller = held.follows_caller or follows  # re-entered: the outer's too
