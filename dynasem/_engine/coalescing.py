@@ -134,9 +134,9 @@ def register(
     sem: Any, busy: SemaphoreBusy, made: list[Registration] | None = None
 ) -> Registration | None:
     """Register as ``sem``'s next run after ``busy``, or raise :class:`Coalesced`; None when
-    the lock row is gone (reaped since it was busy), or the registration failed for a
-    transient cause (withdrawn if it may have been applied): we wait as a plain waiter,
-    unregistered.
+    the lock row is gone (reaped since it was busy), or its read or the registration failed
+    for a transient cause (withdrawn if it may have been applied): we wait as a plain
+    waiter, unregistered.
 
     Not registered with a fence from our clock instead: above every fence handed out
     before, it is also above those a clock behind ours (within CLOCK_SKEW) hands out for a
@@ -146,7 +146,12 @@ def register(
     worst one run more, never one less."""
     lease, _, skew = resolve_timing(sem.lease, sem.wait)
     resource = sem.resources[0]
-    row = lock_rows.get(resource)  # consistent: the fence as it is now that we have arrived
+    try:
+        row = lock_rows.get(resource)  # consistent: the fence as it is now that we have arrived
+    except SemaphoreUnavailable as failure:
+        if failure.transient:
+            return None  # throttled, or unanswered: we wait unregistered, as below
+        raise
     if row is None:
         return None
     token = uuid.uuid4().hex

@@ -63,6 +63,24 @@ def test_a_registration_whose_answer_is_lost_for_good_coalesces_nobody(lock_tabl
     assert lock_rows.get_item(resource, records.NEXT_SK) is None
 
 
+def test_a_registration_whose_read_is_throttled_waits_unregistered(lock_table: str) -> None:
+    """A busy caller's registration first reads the row (consistently: the fence as it is
+    now); that read throttled through botocore's retries failed the caller at once
+    (SemaphoreUnavailable), though the same cause on the registration's write has it wait in
+    line unregistered (one run more at worst), and the acquire loop never fails a caller for
+    a throttled read while its wait lasts."""
+    resource = "rebuild:review37-read-throttled"
+    with held_elsewhere(resource):
+        with Faults(dynamodb.get_client()) as faults:
+            throttled = faults.throttle("GetItem", ONE_REQUEST)
+            with pytest.raises(SemaphoreBusy) as busy:
+                with semaphore(resource, coalesce=True, wait=0.5, lease=5):
+                    pass
+        assert throttled.fired == ONE_REQUEST
+        assert not isinstance(busy.value, Coalesced)
+    assert lock_rows.get_item(resource, records.NEXT_SK) is None
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_done_answered_with_5xx_through_the_retries_after_the_commit_is_sent_again(
     lock_table: str,
