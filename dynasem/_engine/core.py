@@ -525,10 +525,15 @@ class Acquire:
             except dynamodb.Refused as refused:
                 self.seen[resource] = refused.lock or records.LockItem()
                 self.replans += 1
-                continue
+                # Applied, its answer lost: botocore's re-send was refused by the row it
+                # wrote. The heirs hold: tell them, or they learn it at their next look.
+                after = refused.lock if refused.retried else None
+                if after is None or any(t not in after.holders for t, _ in plan.heirs):
+                    continue
             except SemaphoreUnavailable:
                 return False
-            self.seen[resource] = after
+            else:
+                self.seen[resource] = after
             if after is not None:
                 heirs = plan.heirs
                 yield Request(functools.partial(handover.push_heirs, resource, heirs, after))
