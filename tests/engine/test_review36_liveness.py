@@ -98,7 +98,7 @@ def test_a_child_forked_without_at_fork_hooks_renews_its_holds(forked_holder) ->
     child's hold was never renewed, and taken over at its lease's end while the child still
     held it (no renewal failed, so no lock_lost either). Mend: a scheduler made in another
     process is replaced before use (heartbeat.later, heartbeat.scheduled)."""
-    lease, skew = 1.5, 0.5
+    lease, skew = 3.0, 0.5  # a lease long enough for a renewal on a loaded machine
     child = forked_holder("uwsgi:2", lease=lease, warm="sync")
     time.sleep(lease + skew + 1.0)  # its lease has run out unless it was renewed
     with pytest.raises(SemaphoreBusy):
