@@ -141,11 +141,12 @@ class Leadership:
         return opened(block, Lead(self.name, await self.semaphore.aacquire(), self.on_lost))
 
     async def __aexit__(self, *exc: Any) -> None:
-        from .._engine.steps import run_io_to_end
+        from .._engine.steps import announced_after, run_io_to_end
 
         lead = left(self, sys._getframe(1), "leadership").value
         lead._give_up()  # inactive now, not once the executor gets to the release
-        await run_io_to_end(self._give_back, lead)
+        # lock_released sent here, as an async block's is (steps.announced_after).
+        await announced_after(run_io_to_end(self._give_back, lead))
 
     @staticmethod
     def _give_back(lead: Lead) -> None:

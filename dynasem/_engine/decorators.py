@@ -33,7 +33,7 @@ from ..exceptions import Coalesced, LockLost, Picklable, SemaphoreBusy
 from .arguments import LEADER_PREFIX, MAX_RESOURCE_BYTES, check_printable, utf8_size
 from .hold import exit_cut_short
 from .reentry import leave, left, lent
-from .steps import run_io_to_end
+from .steps import announced_after, run_io_to_end
 
 logger = logging.getLogger("dynasem")
 
@@ -608,7 +608,8 @@ def _held_while_streaming(response: Any, lock: Any, held: Any) -> Any:
                 async for chunk in chunks:
                     yield chunk
             finally:
-                await run_io_to_end(give_back)
+                # lock_released sent here, as an async block's is (steps.announced_after).
+                await announced_after(run_io_to_end(give_back))
 
         response.streaming_content = content()
     else:

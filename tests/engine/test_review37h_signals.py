@@ -1,0 +1,102 @@
+"""Review (thirty-seventh session, h): a second round on lock_released at an async release,
+and at the exit of a block that raised."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.db import connections
+from django.http import StreamingHttpResponse
+from django.test import RequestFactory
+
+from dynasem import leadership, release_all, semaphore
+from dynasem import signals as dynasem_signals
+
+
+@pytest.fixture
+def receiver() -> Iterator[Any]:
+    connected: list[str] = []
+
+    def connect(name: str, func: Any) -> None:
+        getattr(dynasem_signals, name).connect(func, weak=False, dispatch_uid="review37h-recv")
+        connected.append(name)
+
+    yield connect
+    for name in connected:
+        getattr(dynasem_signals, name).disconnect(dispatch_uid="review37h-recv")
+
+
+def _querying(seen: list[tuple[str, Any]]) -> Any:
+    def query(sender: Any, **kwargs: Any) -> None:
+        db = connections["default"]
+        with db.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        seen.append((threading.current_thread().name, db))
+
+    return query
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_async_leads_release_sends_lock_released_where_django_closes_the_connection(
+    lock_table: str, receiver: Any
+) -> None:
+    """``async with leadership(...)``'s end sends lock_released as an async block's does
+    (``asend``: the sync thread this coroutine runs for). Sent in a thread of dynasem's
+    executor, a receiver's ORM query opened a connection there that Django never closes."""
+    seen: list[tuple[str, Any]] = []
+    receiver("lock_released", _querying(seen))
+
+    async def work() -> None:
+        async with leadership("r37h-lead", lease=30):
+            pass
+
+    try:
+        async_to_sync(work)()
+    finally:
+        release_all()
+    here = threading.current_thread().name
+    assert len(seen) == 1
+    thread, db = seen[0]
+    assert (thread, db) == (here, connections["default"]), (
+        f"sent in {thread}, its connection left open: {db.connection is not None}"
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_async_streaming_views_release_sends_lock_released_where_django_closes_it(
+    lock_table: str, receiver: Any
+) -> None:
+    """An async view's streamed body ends: its hold is given back, and lock_released sent
+    as an async block's is (``asend``), not in a thread of dynasem's executor, where a
+    receiver's ORM query opened a connection that Django never closes."""
+    seen: list[tuple[str, Any]] = []
+    receiver("lock_released", _querying(seen))
+
+    @semaphore("r37h-stream:{n}", lease=30)
+    async def view(request: Any, n: int) -> StreamingHttpResponse:
+        async def body() -> Any:
+            yield b"rows"
+
+        return StreamingHttpResponse(body())
+
+    async def work() -> None:
+        response = await view(RequestFactory().get("/"), n=1)
+        try:
+            assert b"".join([chunk async for chunk in response.streaming_content]) == b"rows"
+        finally:
+            response.close()
+
+    try:
+        async_to_sync(work)()
+    finally:
+        release_all()
+    here = threading.current_thread().name
+    assert len(seen) == 1
+    thread, db = seen[0]
+    assert (thread, db) == (here, connections["default"]), (
+        f"sent in {thread}, its connection left open: {db.connection is not None}"
+    )
