@@ -41,7 +41,7 @@ from django.tasks import task as django_task  # type: ignore[import-not-found, u
 
 from .._engine.decorators import KeyMaker
 from .._engine.hold import Held
-from .._engine.steps import ended, run_io_taking, run_io_to_end
+from .._engine.steps import announced_after, ended, run_io_taking, run_io_to_end
 from . import unique
 from .unique import Claim
 
@@ -175,9 +175,12 @@ class UniqueTask(_Task):
             with unique.running(held, self.module_path, carried):
                 return await Task.acall(self, *args, **kwargs)
         finally:
-            await run_io_to_end(
+            # lock_released sent here, as an async block's is (steps.announced_after).
+            finish = run_io_to_end(
                 unique.finish_run, self.module_path, carried, held, self.queue_lease
             )
+            failed = functools.partial(unique.finish_failed, self.module_path, carried)
+            await announced_after(finish, failed)
 
     def _unstart(self, carried: Claim, held: Held | None) -> None:
         """The run's hold (if it was adopted), given back: the run was cancelled before its

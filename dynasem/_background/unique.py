@@ -495,10 +495,16 @@ def finish_run(task: str, carried: Claim, held: Held, queue_lease: float) -> Non
     try:
         end_run(held, queue_lease)
     except Exception as exc:
-        logger.warning(
-            "dynasem: %s could not give back %r: %s",
-            task,
-            carried.resource,
-            exc,
-            extra=carried.facts("give_back_failed", exc, task),
-        )
+        finish_failed(task, carried, exc)
+
+
+def finish_failed(task: str, carried: Claim, exc: Exception) -> None:
+    """:func:`finish_run`'s failure (its give-back's, or a lock_released receiver's that an
+    async run sends after it): logged, the task's own outcome stands."""
+    logger.warning(
+        "dynasem: %s could not give back %r: %s",
+        task,
+        carried.resource,
+        exc,
+        extra=carried.facts("give_back_failed", exc, task),
+    )

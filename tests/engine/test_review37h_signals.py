@@ -3,15 +3,17 @@ and at the exit of a block that raised."""
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+import django
 import pytest
 from asgiref.sync import async_to_sync
 from django.db import connections
 from django.http import StreamingHttpResponse
-from django.test import RequestFactory
+from django.test import RequestFactory, override_settings
 
 from dynasem import leadership, release_all, semaphore
 from dynasem import signals as dynasem_signals
@@ -100,3 +102,53 @@ def test_an_async_streaming_views_release_sends_lock_released_where_django_close
     assert (thread, db) == (here, connections["default"]), (
         f"sent in {thread}, its connection left open: {db.connection is not None}"
     )
+
+
+@pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks is Django's from 6.0")
+@pytest.mark.django_db(transaction=True)
+def test_an_async_unique_tasks_run_sends_lock_released_where_django_closes_it(
+    lock_table: str, receiver: Any
+) -> None:
+    """An async unique task's run ends (``acall``): its key is given back, and lock_released
+    sent as an async block's is (``asend``), not in a thread of dynasem's executor, where a
+    receiver's ORM query opened a connection that Django never closes."""
+    from tests.support import unique_tasks
+
+    seen: list[tuple[str, Any]] = []
+    receiver("lock_released", _querying(seen))
+    dummy = {"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}
+    with override_settings(TASKS=dummy):
+        task = unique_tasks.aplain.using(backend="default")
+        queued = task.enqueue("r37h")
+        try:
+            assert async_to_sync(task.acall)(*queued.args, **queued.kwargs) == "r37h"
+        finally:
+            release_all()
+    here = threading.current_thread().name
+    assert len(seen) == 1
+    thread, db = seen[0]
+    assert (thread, db) == (here, connections["default"]), (
+        f"sent in {thread}, its connection left open: {db.connection is not None}"
+    )
+
+
+@pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks is Django's from 6.0")
+def test_an_async_unique_tasks_run_stands_past_a_raising_lock_released_receiver(
+    lock_table: str, receiver: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """As a sync run's: the receiver's exception is logged, the task's own outcome stands."""
+    from tests.support import unique_tasks
+
+    def fail(sender: Any, **kwargs: Any) -> None:
+        raise RuntimeError("the audit database is down")
+
+    receiver("lock_released", fail)
+    dummy = {"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}
+    with override_settings(TASKS=dummy), caplog.at_level(logging.WARNING, logger="dynasem"):
+        task = unique_tasks.aplain.using(backend="default")
+        queued = task.enqueue("r37h-raises")
+        try:
+            assert async_to_sync(task.acall)(*queued.args, **queued.kwargs) == "r37h-raises"
+        finally:
+            release_all()
+    assert any("audit database" in r.getMessage() for r in caplog.records)
