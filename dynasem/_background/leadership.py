@@ -21,8 +21,8 @@ runs a command only while this process leads (``dynasem.management.commands.dyna
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
+import functools
 import math
 import sys
 import threading
@@ -32,7 +32,7 @@ from typing import Any
 
 from .._engine.arguments import LEADER_PREFIX, check_resource
 from .._engine.hold import Held, exit_cut_short, when_lost
-from .._engine.reentry import Block, left, opened
+from .._engine.reentry import Block, exit_failed, left, opened
 from ..exceptions import LockLost
 
 __all__ = ["Lead", "Leadership", "leadership", "resource_of"]
@@ -131,7 +131,7 @@ class Leadership:
         held = lead.held
         depth = getattr(held, "outer", held).depth  # plain attributes: no signal lands here
         try:
-            self._give_back(lead)
+            self._give_back(lead, exc[0] is not None)
         except BaseException as failure:  # an interrupt before the release began: not kept
             exit_cut_short(held, depth, failure)
             raise
@@ -146,14 +146,21 @@ class Leadership:
         lead = left(self, sys._getframe(1), "leadership").value
         lead._give_up()  # inactive now, not once the executor gets to the release
         # lock_released sent here, as an async block's is (steps.announced_after).
-        await announced_after(run_io_to_end(self._give_back, lead))
+        raised = exc[0] is not None
+        given = run_io_to_end(self._give_back, lead, raised)
+        await announced_after(given, functools.partial(exit_failed, lead.held) if raised else None)
 
     @staticmethod
-    def _give_back(lead: Lead) -> None:
+    def _give_back(lead: Lead, raised: bool) -> None:
         lead._give_up()
-        # Lost while leading: on_lost was told; losing a lead is no error here.
-        with contextlib.suppress(LockLost):
+        try:
             lead.held.release()
+        except LockLost:
+            pass  # lost while leading: on_lost was told; losing a lead is no error here
+        except Exception as exc:
+            if not raised:
+                raise
+            exit_failed(lead.held, exc)  # the block's own exception goes on (as leave's)
 
 
 def leadership(

@@ -3,6 +3,7 @@ and at the exit of a block that raised."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from django.test import RequestFactory, override_settings
 
 from dynasem import leadership, release_all, semaphore
 from dynasem import signals as dynasem_signals
+from dynasem._operators.locks import holds_on
 
 
 @pytest.fixture
@@ -152,3 +154,38 @@ def test_an_async_unique_tasks_run_stands_past_a_raising_lock_released_receiver(
         finally:
             release_all()
     assert any("audit database" in r.getMessage() for r in caplog.records)
+
+
+class Mine(Exception):
+    """The block's own error."""
+
+
+def _raise_in_receiver(sender: Any, **kwargs: Any) -> None:
+    raise RuntimeError("the audit database is down")
+
+
+@pytest.mark.parametrize("form", ["with", "async with"])
+def test_a_leads_own_exception_surfaces_past_a_raising_lock_released_receiver(
+    lock_table: str, receiver: Any, caplog: pytest.LogCaptureFixture, form: str
+) -> None:
+    """A leadership block that raised ends with its own exception, the lead given back, as
+    a semaphore's block does: a lock_released receiver's exception at its end is logged,
+    not raised in its stead."""
+    receiver("lock_released", _raise_in_receiver)
+    name = f"r37h-lead-exit-{form.replace(' ', '-')}"
+
+    def block() -> None:
+        with leadership(name, lease=30):
+            raise Mine("the block's own")
+
+    async def ablock() -> None:
+        async with leadership(name, lease=30):
+            raise Mine("the block's own")
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="dynasem"), pytest.raises(Mine):
+            block() if form == "with" else asyncio.run(ablock())
+        assert holds_on(f"leader:{name}") == []
+        assert any("audit database" in r.getMessage() for r in caplog.records)
+    finally:
+        release_all()
