@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import logging
 import os
 import threading
 import time
@@ -28,12 +29,15 @@ from asgiref.sync import AsyncToSync, sync_to_async
 from django.dispatch import Signal
 
 from .. import _clock as clock
+from .._observability.logs import facts
 from .._storage import dynamodb, lock_rows, lock_writes
 from .._transactions import commit
 from ..exceptions import SemaphoreError, SemaphoreUnavailable
 from . import handover, resend
 
 _T = TypeVar("_T")
+
+logger = logging.getLogger("dynasem")
 
 # The threads of io_executor(): as many as the DynamoDB client's connection pool
 # (``max_pool_connections`` in table/client.py), so a request never waits there for a
@@ -350,20 +354,36 @@ async def announced_after(
     acquire's are. Sent in a thread of :func:`io_executor`, a sync receiver's ORM query
     opened a connection there that Django never closes (one per thread, for good), and an
     async receiver was not awaited. ``failed``: what a receiver's exception is given to
-    instead of being raised (a block that raised: its own exception goes on)."""
+    instead of being raised (a block that raised: its own exception goes on). A release that
+    ended with an exception (a cancel while it ran in its thread) raises that one, a
+    receiver's logged: raised in its stead, it swallowed the cancel, as no sync release can."""
     later = _Later()
     reset = _later.set(later)
+    ended_well = False
     try:
-        return await call
+        done = await call
+        ended_well = True
+        return done
     finally:
         _later.reset(reset)
         for step in later.close():
             try:
                 await step.asend()
             except Exception as exc:
-                if failed is None:
+                if failed is not None:
+                    failed(exc)
+                elif ended_well:
                     raise
-                failed(exc)
+                else:
+                    _receiver_failed(step, exc)
+
+
+def _receiver_failed(step: Announce, exc: Exception) -> None:
+    args = step.arguments
+    resource, token, fence = args.get("resource"), args.get("token"), args.get("fence")
+    ex = facts(resource, token=token, fence=fence, outcome="receiver_failed")
+    message = "dynasem: a lock_released receiver raised for %r as its release was cut short: %r"
+    logger.warning(message, resource, exc, extra=ex, exc_info=exc)
 
 
 # What the acquire loop yields; it is sent back a request's result (None after a pause).

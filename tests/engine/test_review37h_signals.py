@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -186,6 +187,56 @@ def test_a_leads_own_exception_surfaces_past_a_raising_lock_released_receiver(
         with caplog.at_level(logging.WARNING, logger="dynasem"), pytest.raises(Mine):
             block() if form == "with" else asyncio.run(ablock())
         assert holds_on(f"leader:{name}") == []
+        assert any("audit database" in r.getMessage() for r in caplog.records)
+    finally:
+        release_all()
+
+
+@pytest.mark.parametrize("leave", ["async with", "arelease"])
+def test_a_release_cancelled_on_its_way_stays_cancelled_past_a_raising_receiver(
+    lock_table: str,
+    receiver: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    leave: str,
+) -> None:
+    """A task cancelled while its release runs in its thread (a timeout around it, a server
+    shutting down) ends cancelled once the hold is given back, as before lock_released was
+    sent after that thread: a raising receiver's exception, raised then, took the place of
+    the cancellation (``asyncio.timeout`` and task groups saw no cancel; the task was not)."""
+    from dynasem._engine.hold import Held
+
+    receiver("lock_released", _raise_in_receiver)
+    give_back, releasing = Held._give_back, threading.Event()
+
+    def slow(self: Held) -> bool:
+        releasing.set()
+        time.sleep(0.3)
+        return give_back(self)
+
+    monkeypatch.setattr(Held, "_give_back", slow)
+    name = f"r37h-cancel-{leave.replace(' ', '-')}"
+
+    async def hold() -> None:
+        if leave == "async with":
+            async with semaphore(name, lease=30):
+                pass
+        else:
+            held = await semaphore(name, lease=30).aacquire()
+            await held.arelease()
+
+    async def main() -> None:
+        task = asyncio.create_task(hold())
+        while not releasing.is_set():
+            await asyncio.sleep(0.01)
+        task.cancel()  # the release is in its thread
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="dynasem"):
+            asyncio.run(main())
+        assert holds_on(name) == []
         assert any("audit database" in r.getMessage() for r in caplog.records)
     finally:
         release_all()
