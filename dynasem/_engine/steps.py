@@ -378,11 +378,14 @@ async def announced_after(
                     _receiver_failed(step, exc)
 
 
-def _receiver_failed(step: Announce, exc: Exception) -> None:
-    args = step.arguments
+def _receiver_failed(step: Step, exc: Exception) -> None:
+    """A lock_released receiver raised as a release, or an acquire's clean-up, ended with
+    an exception of its own (a cancel, a lock_acquired receiver's): logged, that one goes on.
+    ``step``: the release's announce, or the acquire's step that was interrupted."""
+    args = step.arguments if isinstance(step, Announce) else {}
     resource, token, fence = args.get("resource"), args.get("token"), args.get("fence")
     ex = facts(resource, token=token, fence=fence, outcome="receiver_failed")
-    message = "dynasem: a lock_released receiver raised for %r as its release was cut short: %r"
+    message = "dynasem: a lock_released receiver raised for %r as its release ended otherwise: %r"
     logger.warning(message, resource, exc, extra=ex, exc_info=exc)
 
 
@@ -486,7 +489,10 @@ async def _drive(steps: Steps[_T], *, blocking: bool) -> _T:
                 elif blocking or closing(exc):
                     _interrupted(step, queued, taken)
                 else:
-                    await run_io_to_end(_interrupted, step, queued, taken, landed)
+                    # A hold announced, given back: lock_released sent here, as an async
+                    # release's is; a receiver's exception logged, the acquire's goes on.
+                    cleanup = run_io_to_end(_interrupted, step, queued, taken, landed)
+                    await announced_after(cleanup, functools.partial(_receiver_failed, step))
             finally:
                 steps.close()
             if isinstance(exc, _Landed):

@@ -240,3 +240,32 @@ def test_a_release_cancelled_on_its_way_stays_cancelled_past_a_raising_receiver(
         assert any("audit database" in r.getMessage() for r in caplog.records)
     finally:
         release_all()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_hold_given_back_as_its_lock_acquired_receiver_raised_sends_lock_released_here(
+    lock_table: str, receiver: Any
+) -> None:
+    """An async acquire whose lock_acquired receiver raised gives the hold back, and sends
+    lock_released as an async release does (``asend``), not in a thread of dynasem's
+    executor, where a receiver's ORM query opened a connection Django never closes."""
+    seen: list[tuple[str, Any]] = []
+    dynasem_signals.lock_acquired.connect(_raise_in_receiver, dispatch_uid="review37h-acq")
+    receiver("lock_released", _querying(seen))
+
+    async def work() -> None:
+        with pytest.raises(RuntimeError, match="audit database"):
+            await semaphore("r37h-acquired", lease=30).aacquire()
+
+    try:
+        async_to_sync(work)()
+    finally:
+        dynasem_signals.lock_acquired.disconnect(dispatch_uid="review37h-acq")
+        release_all()
+    assert holds_on("r37h-acquired") == []
+    here = threading.current_thread().name
+    assert len(seen) == 1
+    thread, db = seen[0]
+    assert (thread, db) == (here, connections["default"]), (
+        f"sent in {thread}, its connection left open: {db.connection is not None}"
+    )
