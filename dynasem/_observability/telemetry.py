@@ -126,10 +126,15 @@ class _Instruments:
 
 _instruments: _Instruments | None = None
 _instruments_lock = threading.Lock()
+_pid = os.getpid()  # the process _instruments_lock and the instruments' locks are of
 
 
 def _get() -> _Instruments:
     global _instruments
+    if _pid != os.getpid():
+        # A child forked by C code that runs none of Python's at-fork hooks (a uWSGI worker,
+        # unless ``py-call-osafterfork``): as if the hook had run (see _after_fork).
+        _after_fork()
     if _instruments is None:
         with _instruments_lock:  # one set only: the SDK keeps the first observable counters
             if _instruments is None:
@@ -140,8 +145,8 @@ def _get() -> _Instruments:
 def _after_fork() -> None:
     # A forked child must not wait, at its first request, on a lock that another thread of
     # the parent held as it forked (counting a request: a dict update under it).
-    global _instruments_lock
-    _instruments_lock = threading.Lock()
+    global _instruments_lock, _pid
+    _instruments_lock, _pid = threading.Lock(), os.getpid()
     if _instruments is not None:
         _instruments.requests.forked()
         _instruments.deferred.forked()
@@ -209,9 +214,10 @@ def _recording() -> bool:
 
 # The two settings, read once and again after a change (every hook asks: a settings read is
 # four calls, most of what an uncontended cycle spent on telemetry besides the SDK's share).
-# The hooks of every acquire, release and request read ``_settings or _config()`` and
-# ``_instruments or _get()``: a call each less, which that path measurably feels
-# (benchmarks/telemetry.py).
+# The hooks of every acquire, release and request read ``_settings or _config()``: a call
+# less, which that path measurably feels (benchmarks/telemetry.py). The instruments are read
+# with ``_get()`` all the same: it makes their locks anew in a child forked without at-fork
+# hooks, where a lock a thread of the parent held would be held for good.
 _settings: tuple[bool, bool] | None = None
 
 
@@ -324,7 +330,7 @@ class _Acquiring(_Spanned):
             if not again:
                 base[metrics.OUTCOME] = outcome
                 base[metrics.QUEUED] = self.queued
-                inst = _instruments or _get()
+                inst = _get()
                 inst.deferred.record(inst.acquire, elapsed, base, span)  # under it: exemplars
         finally:
             # Whatever the SDK raised: the span is current no more, the name set no more
@@ -463,7 +469,7 @@ class releasing(_HoldSpan):  # noqa: N801 - used as a function: ``with releasing
         outcome = "lost" if held._lost else "handed_over" if held._handover else "released"
         hold_s = max(0.0, monotonic() - held._taken_mono)
         try:
-            inst = _instruments or _get()
+            inst = _get()
             inst.deferred.record(inst.hold, hold_s, {**base, metrics.OUTCOME: outcome}, span)
         finally:  # whatever the SDK raised: as an acquire's (_Acquiring.done)
             self.exit()
@@ -548,4 +554,4 @@ def request(operation: str, outcome: str, response: Mapping[str, Any] | None) ->
 
 def _request(operation: str, outcome: str, response: Mapping[str, Any] | None) -> None:
     units = 0.0 if response is None else metrics.capacity_units(response.get("ConsumedCapacity"))
-    (_instruments or _get()).requests.add((operation, outcome, _lock_name.get()), units)
+    _get().requests.add((operation, outcome, _lock_name.get()), units)

@@ -116,6 +116,7 @@ SHARED: dict[Key, str] = {
     ("dynasem._engine.decorators", "_parsed"): "parsed key templates, derived from code",
     ("dynasem._observability.telemetry", "_instruments"): "telemetry is off in a simulation",
     ("dynasem._observability.telemetry", "_instruments_lock"): "telemetry is off",
+    ("dynasem._observability.telemetry", "_pid"): "telemetry is off",
     ("dynasem._observability.telemetry", "_tracing"): "telemetry is off",
     ("dynasem._observability.telemetry", "_metered"): "telemetry is off",
     ("dynasem._observability.telemetry", "_METER_FROM_ENV"): "telemetry is off",
