@@ -9,6 +9,7 @@ is one dict lookup (an acquire reads about sixteen). Nothing is copied at import
 from __future__ import annotations
 
 import math
+import os
 import threading
 from collections.abc import Callable
 from numbers import Real
@@ -108,7 +109,7 @@ class _Key(Generic[_V]):
             kind = type(value).__name__
             raise TypeError(f"DYNASEM[{self.key!r}] must be {self.expected}, not {kind}: {value!r}")
         checked = self.then(value)
-        with instance._lock:  # kept only if no change came while it was read
+        with instance.lock():  # kept only if no change came while it was read
             if instance._version == version:
                 instance._kept[self.key] = checked
         return checked
@@ -122,10 +123,19 @@ class Settings:
         self._kept: dict[str, Any] = {}  # key -> its checked value, until DYNASEM changes
         self._version = 0
         self._lock = threading.Lock()
+        self._pid = os.getpid()  # the process _lock is of
+
+    def lock(self) -> threading.Lock:
+        """The lock of what is kept, this process's: made anew in a forked child (with or
+        without Python's at-fork hooks), where the copy a thread of the parent held as it
+        forked stayed held for good, and the child's first read of a key waited on it."""
+        if self._pid != os.getpid():
+            self._lock, self._pid = threading.Lock(), os.getpid()
+        return self._lock
 
     def forget(self) -> None:
         """``DYNASEM`` changed: read every key again."""
-        with self._lock:
+        with self.lock():
             self._version += 1
             self._kept = {}
 

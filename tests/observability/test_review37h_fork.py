@@ -1,5 +1,5 @@
 """Review (thirty-seventh session, h): a child forked while a thread of its parent was inside
-a module lock of telemetry, without Python's at-fork hooks."""
+a module lock of telemetry, or of the settings, with or without Python's at-fork hooks."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import pytest
 
 from dynasem import semaphore
 from dynasem._observability import telemetry
+from dynasem.conf import settings
 from tests.observability.test_telemetry import otel  # noqa: F401 - the fixture
 
 
@@ -80,3 +81,17 @@ def test_a_child_forked_without_hooks_while_a_thread_counted_a_request_can_still
     else:
         held_lock = getattr(telemetry._get(), lock)._lock
     assert _holds_in_a_child(held_lock, hooks=False) == "ok"
+
+
+@pytest.mark.parametrize(
+    "hooks", [True, pytest.param(False, marks=needs_libc_fork)], ids=["fork", "no hooks"]
+)
+def test_a_child_forked_while_a_thread_read_a_setting_can_still_lock(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch, hooks: bool
+) -> None:
+    """A thread of the parent was keeping a setting it had read for the first time (under
+    the settings' lock) as the process forked (multiprocessing, a pre-forking master): the
+    child's copy of that lock stayed held for good, and its first read of a setting not yet
+    kept (here, in its first acquire) waited on it for ever."""
+    monkeypatch.setattr(settings, "_kept", {})  # nothing read yet
+    assert _holds_in_a_child(settings._lock, hooks) == "ok"
