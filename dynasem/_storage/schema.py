@@ -136,11 +136,15 @@ def format_check() -> tuple[str | None, float | None]:
         core.set_config_variable("metadata_service_timeout", 0.3)
         core.set_config_variable("metadata_service_num_attempts", 1)
         client = dynamodb.build_client(True, core)
-        sent = clock.wall_clock()
+        began = clock.monotonic()
         response = client.get_item(
             TableName=settings.TABLE_NAME, Key=key(FORMAT_PK, FORMAT_SK), ConsistentRead=True
         )
+        # The wall clock as it is now (what leases go by from now on), the request's span
+        # by the monotonic one: a clock stepped right while it was on its way (NTP) is
+        # right, not as far off as it was at the send.
         answered = clock.wall_clock()
+        sent = answered - (clock.monotonic() - began)
     except Exception:  # unreachable, no credentials, no table, a bad setting: not ours to say
         return None, None
     problem = format_problem(format_version(decode(response.get("Item"))))
