@@ -21,6 +21,7 @@ runs a command only while this process leads (``dynasem.management.commands.dyna
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -131,10 +132,12 @@ class Leadership:
         held = lead.held
         depth = getattr(held, "outer", held).depth  # plain attributes: no signal lands here
         try:
-            self._give_back(lead, exc[0] is not None)
+            self._give_back(lead)
         except BaseException as failure:  # an interrupt before the release began: not kept
             exit_cut_short(held, depth, failure)
-            raise
+            if exc[0] is None or not isinstance(failure, Exception):
+                raise
+            exit_failed(held, failure)  # the block's own exception goes on, as a semaphore's
 
     async def __aenter__(self) -> Lead:
         block = Block(self, sys._getframe(1))
@@ -147,20 +150,20 @@ class Leadership:
         lead._give_up()  # inactive now, not once the executor gets to the release
         # lock_released sent here, as an async block's is (steps.announced_after).
         raised = exc[0] is not None
-        given = run_io_to_end(self._give_back, lead, raised)
-        await announced_after(given, functools.partial(exit_failed, lead.held) if raised else None)
-
-    @staticmethod
-    def _give_back(lead: Lead, raised: bool) -> None:
-        lead._give_up()
+        failed = functools.partial(exit_failed, lead.held) if raised else None
         try:
-            lead.held.release()
-        except LockLost:
-            pass  # lost while leading: on_lost was told; losing a lead is no error here
-        except Exception as exc:
+            await announced_after(run_io_to_end(self._give_back, lead), failed)
+        except Exception as failure:
             if not raised:
                 raise
-            exit_failed(lead.held, exc)  # the block's own exception goes on (as leave's)
+            exit_failed(lead.held, failure)  # the block's own exception goes on
+
+    @staticmethod
+    def _give_back(lead: Lead) -> None:
+        lead._give_up()
+        # Lost while leading: on_lost was told; losing a lead is no error here.
+        with contextlib.suppress(LockLost):
+            lead.held.release()
 
 
 def leadership(
