@@ -64,6 +64,10 @@ CHECK_IDS: dict[str, str] = {
     "host are taken over when their lease ends, as on another host. Says which rule is in force.",
     "dynasem.W001": "`LEASE` is at least 3 × `CLOCK_SKEW`; a shorter lease makes holders renew "
     "very often.",
+    "dynasem.W002": "`dynasem.E015`'s test, against an engine other than AWS's (`ENDPOINT_URL` "
+    "set: DynamoDB Local, a proxy): the engine's clock is no trusted reference there (a "
+    "container's clock drifts after a laptop sleeps), so a host further from it than "
+    "`CLOCK_SKEW` is a Warning, not an Error.",
 }
 
 
@@ -237,15 +241,24 @@ def check_table_format(app_configs: Any = None, **kwargs: Any) -> list[Any]:
         )
     skew = arguments.skew_setting()
     if offset is not None and abs(offset) > skew:
-        side = "ahead of" if offset > 0 else "behind"
-        errors.append(
-            Error(
-                f"This host's clock is at least {abs(offset):.1f} s {side} DynamoDB's, more "
-                f"than DYNASEM['CLOCK_SKEW'] ({skew:g} s): its leases end early or late by "
-                "the other hosts' clocks, and a lock can have two holders.",
-                hint="Keep the host's clock synchronised (chrony, NTP; on AWS the Amazon Time "
-                "Sync Service); raise CLOCK_SKEW only to what your hosts really allow.",
-                id="dynasem.E015",
-            )
-        )
+        errors.append(_clock_off(offset, skew))
     return errors
+
+
+def _clock_off(offset: float, skew: float) -> Any:
+    """E015: this host's clock is ``offset`` s from AWS's DynamoDB (ahead: positive), more
+    than the skew allowed. Against another engine (W002) its clock is no trusted reference:
+    a Warning, so that a drifting container never stops ``migrate`` for nothing."""
+    side = "ahead of" if offset > 0 else "behind"
+    aws = settings.ENDPOINT_URL is None
+    return (Error if aws else Warning)(
+        f"This host's clock is at least {abs(offset):.1f} s {side} DynamoDB's, more than "
+        f"DYNASEM['CLOCK_SKEW'] ({skew:g} s): its leases end early or late by the other "
+        "hosts' clocks, and a lock can have two holders"
+        + (
+            "." if aws else f" (unless the engine's own clock, at {settings.ENDPOINT_URL}, is off)."
+        ),
+        hint="Keep the host's clock synchronised (chrony, NTP; on AWS the Amazon Time Sync "
+        "Service); raise CLOCK_SKEW only to what your hosts really allow.",
+        id="dynasem.E015" if aws else "dynasem.W002",
+    )

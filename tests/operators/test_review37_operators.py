@@ -145,12 +145,36 @@ def test_a_host_clock_off_dynamodbs_by_more_than_the_skew_is_a_check_error(
     from dynasem import _clock as clock
 
     monkeypatch.setattr(clock, "wall_clock", lambda: time.time() + ahead)
-    found = [m for m in run_checks() if m.id == "dynasem.E015"]
+    found = [m for m in run_checks() if m.id in ("dynasem.E015", "dynasem.W002")]
     if ahead == 0:
         assert found == []
         return
     assert found, "a host a minute off DynamoDB's clock passed the checks"
     assert ("ahead of" if ahead > 0 else "behind") in found[0].msg, found[0].msg
+    # DynamoDB Local's clock is no trusted reference: a Warning (W002), not AWS's Error.
+    assert [m.id for m in found] == ["dynasem.W002"] and not found[0].is_serious()
+
+
+def test_a_host_clock_off_aws_dynamodbs_is_an_error_another_engines_a_warning(monkeypatch):
+    """Against AWS (``ENDPOINT_URL = None``) a host a minute off DynamoDB's clock is an Error
+    (E015: it stops ``migrate``); against another engine (DynamoDB Local in a container whose
+    clock drifts after a laptop sleeps) the engine's clock may be the one off: a Warning
+    (W002), so that it never stops a project for nothing."""
+    from django.core.checks import Error, Warning
+
+    from dynasem import checks
+    from dynasem._storage import schema
+    from dynasem.conf import settings
+
+    monkeypatch.setattr(schema, "format_check", lambda: (None, 60.0))  # AWS: never asked here
+    monkeypatch.setattr(checks, "check_settings", lambda app_configs=None: [])
+    for endpoint, kind, check_id in [
+        (None, Error, "dynasem.E015"),
+        ("http://127.0.0.1:8000", Warning, "dynasem.W002"),
+    ]:
+        monkeypatch.setattr(type(settings), "ENDPOINT_URL", endpoint, raising=False)
+        found = checks.check_table_format()
+        assert [(type(m), m.id) for m in found] == [(kind, check_id)], found
 
 
 @pytest.mark.django_db
