@@ -68,24 +68,44 @@ def count_down(
             handover.push_if_free(resource, row)  # the last reader gone
             return
         except dynamodb.Refused as refused:
-            remember(refused.lock)  # others came: count down
+            remember(refused.lock)
+            if not _still_open(refused.lock, epoch):
+                # Our own write (its answer lost, botocore's re-send refused), or a write-off:
+                # no count left to take down. Pushed as its answer would have been.
+                handover.push_if_free(resource, refused.lock)
+                return
+            # others came: count down
         except SemaphoreUnavailable:
             pass
     try:
         row = _count_once(resource, epoch, forget, marked)
-    except dynamodb.Refused:
-        return  # the epoch was written off: the count is gone with it
+    except dynamodb.Refused as refused:
+        # The epoch was written off (the count is gone with it), or closed by our own
+        # leave_last, applied though unanswered: pushed as its answer would have been.
+        remember(refused.lock)
+        handover.push_if_free(resource, refused.lock)
+        return
     if row is None or row.reader_count > 0:
         return
     remember(row)
     try:
         row = lock_rows.update(reader_items.close(resource, epoch), return_new=True)
-    except dynamodb.Refused:
-        return  # a reader was admitted since: it closes the epoch
+    except dynamodb.Refused as refused:
+        # A reader admitted since closes the epoch; or our own close, its answer lost and
+        # botocore's re-send refused, left the row free: pushed as its answer would have been.
+        remember(refused.lock)
+        handover.push_if_free(resource, refused.lock)
+        return
     except SemaphoreUnavailable:
         return  # the sentinel lapses, or a waiting writer writes the epoch off
     remember(row)
     handover.push_if_free(resource, row)  # the last reader gone
+
+
+def _still_open(row: records.LockItem | None, epoch: int) -> bool:
+    """Whether ``row`` (a refusal's) still has ``epoch``'s sentinel: a count to take down.
+    Once off, it never comes back to that epoch (an admission opens the next one)."""
+    return row is not None and reader_items.has_readers(row) and row.reader_epoch == epoch
 
 
 def _count_once(

@@ -16,13 +16,14 @@ import pytest
 from dynasem import SemaphoreBusy, semaphore
 from dynasem._engine import reader_hold as reader_held
 from dynasem._engine import readers
+from dynasem._engine.queue import Pace
 from dynasem._operators import locks
 from dynasem._storage import dynamodb, lock_rows
 from dynasem._storage import reader_items as items
 from dynasem.exceptions import LimitExceeded
 from tests.engine.test_trust_at_return import LEASE, PAST, LateAnswers, admission, sk_of
 from tests.support.faults import Faults
-from tests.support.helpers import take
+from tests.support.helpers import queue_of, take, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=False)
 
@@ -563,3 +564,54 @@ def test_an_acquire_cut_short_between_admission_and_item_write_leaves_no_count(
             f"left its count (rc, items of the epoch, before the leave: {left}); the writer "
             "waits for a write-off, the epoch's lease and the skew after the row last changed"
         )
+
+
+def _closes(update: str) -> Callable[[dict[str, Any]], bool]:
+    """A match for :class:`LoseAnswer`: the row's write that takes the sentinel off, as
+    ``update`` (leave_last's or close's) spells it."""
+    return lambda body: sk_of(body) == "lock" and body.get("UpdateExpression") == update
+
+
+@pytest.mark.kind_engine_only("loses one write's answer after the engine applied it")
+@pytest.mark.parametrize(
+    ("update", "known", "unanswered"),
+    [
+        ("SET #rc = :zero REMOVE #h.#s", True, False),
+        ("SET #rc = :zero REMOVE #h.#s", True, True),
+        ("REMOVE #h.#s", False, False),
+    ],
+    ids=["leave-last", "leave-last-unanswered", "close"],
+)
+def test_the_last_item_reader_whose_closing_answer_was_lost_still_wakes_the_writer(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch, update: str, known: bool, unanswered: bool
+) -> None:
+    """The last item reader's write that takes the sentinel off (leave_last, the row known
+    to have one reader; else close, after the count-down) is applied, its answer lost, and
+    botocore's re-send refused: the row as our write left it, held by nobody. Before the
+    mend the count-down ended there, pushing nobody: the writer first in line waited for its
+    own paced look (here 20 s; up to about a second by default) for a lock left free. The
+    refusal's row is pushed now, as the answer would have been (handover.push_if_free: only
+    a row held by nobody). The same when botocore's re-sends of leave_last are throttled to
+    the end (``leave-last-unanswered``): the count-down that follows is refused with the row
+    our write left."""
+    monkeypatch.setattr(Pace, "turn_in", lambda *a, **k: 20.0)  # only a push wakes the writer
+    readers = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE + 1)]
+    for held in readers[:INLINE]:
+        held.release()
+    got: list[Any] = []
+    writer = threading.Thread(target=lambda: got.append(semaphore("doc", wait=30).acquire()))
+    writer.start()
+    wait_for(lambda: queue_of("doc"), 10, "the writer never put its entry")
+    if not known:
+        reader_held.rows.clear()  # count down first, then close
+    with LoseAnswer(_closes(update)) as lost, Faults(dynamodb.get_client()) as faults:
+        throttled = faults.throttle("UpdateItem", 3 if unanswered else 0, after=1)
+        readers[-1].release()  # every re-send throttled (unanswered): botocore gives up
+    holds.clear()
+    assert lost.fired == 1, "the closing write's answer was never lost: the test missed it"
+    assert throttled.fired == (3 if unanswered else 0)
+    writer.join(5)
+    woken = bool(got)
+    writer.join(30)  # its own look finds the lock free at last: let it end either way
+    holds.extend(got)
+    assert woken, "the writer was not pushed the lock left free: it sat idle until its look"
