@@ -8,12 +8,36 @@ that has it) and ``run_once`` jobs send none of them.
 
 from __future__ import annotations
 
+import os
+import threading
+
 from django.dispatch import Signal
 
-lock_acquired = Signal()
-lock_released = Signal()
-lock_busy = Signal()
-lock_lost = Signal()
+
+class _Signal(Signal):
+    """Django's ``Signal``, its lock (taken by every send that has receivers, to read them)
+    this process's: made anew in a forked child, with or without Python's at-fork hooks
+    (Django makes none). The copy a thread of the parent held as it forked stayed held for
+    good, and the child's first hold waited on it for ever as it was announced."""
+
+    _lock: threading.Lock
+    _lock_pid: int  # the process _lock is of
+
+    @property
+    def lock(self) -> threading.Lock:
+        if self._lock_pid != os.getpid():
+            self._lock, self._lock_pid = threading.Lock(), os.getpid()
+        return self._lock
+
+    @lock.setter
+    def lock(self, made: threading.Lock) -> None:  # Signal.__init__'s
+        self._lock, self._lock_pid = made, os.getpid()
+
+
+lock_acquired = _Signal()
+lock_released = _Signal()
+lock_busy = _Signal()
+lock_lost = _Signal()
 
 _HOLD = {
     "resource": "the resource (with several taken together, the first)",
