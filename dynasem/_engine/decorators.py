@@ -32,7 +32,7 @@ from .._transactions import fencing
 from ..exceptions import Coalesced, LockLost, Picklable, SemaphoreBusy
 from .arguments import LEADER_PREFIX, MAX_RESOURCE_BYTES, check_printable, utf8_size
 from .hold import exit_cut_short
-from .reentry import leave, left, lent
+from .reentry import exit_failed, leave, left, lent
 from .steps import announced_after, run_io_to_end
 
 logger = logging.getLogger("dynasem")
@@ -557,7 +557,7 @@ def _rendered_holding(response: Any, held: Any, give_back: Callable[[], None]) -
     return render
 
 
-def _carried(response: Any, lock: Any, held: Any) -> Callable[[], None]:
+def _carried(response: Any, lock: Any, held: Any) -> Callable[..., None]:
     """What gives back ``held``, carried by ``response`` past the view: once, whoever calls
     first. The view's block is left now (its hold is no longer this thread's or task's
     ``current_hold``). Also given back when the response is dropped unfinished (below).
@@ -569,7 +569,9 @@ def _carried(response: Any, lock: Any, held: Any) -> Callable[[], None]:
     # the caller's share while its block runs.
     ours = [held]
 
-    def give_back() -> None:
+    def give_back(raised: bool = False) -> None:
+        """``raised``: the work ended with an exception of its own (a streamed body's), which
+        goes on past a raising lock_released receiver (logged), as a block's does."""
         depth = getattr(held, "outer", held).depth  # plain attributes: no signal lands here
         try:
             ours.pop()  # one caller only, across threads
@@ -579,7 +581,7 @@ def _carried(response: Any, lock: Any, held: Any) -> Callable[[], None]:
             exit_cut_short(held, depth, failure)
             raise
         try:
-            leave(held, False)
+            leave(held, raised)
         except BaseException as failure:  # an interrupt at its first line: as a block's exit
             exit_cut_short(held, depth, failure)
             raise
@@ -604,21 +606,26 @@ def _held_while_streaming(response: Any, lock: Any, held: Any) -> Any:
     if response.is_async:
 
         async def content() -> Any:
+            raised = True  # till the body ends: its exception, a cancel, aclose()
             try:
                 async for chunk in chunks:
                     yield chunk
+                raised = False
             finally:
                 # lock_released sent here, as an async block's is (steps.announced_after).
-                await announced_after(run_io_to_end(give_back))
+                failed = functools.partial(exit_failed, held) if raised else None
+                await announced_after(run_io_to_end(give_back, raised), failed)
 
         response.streaming_content = content()
     else:
 
         def content() -> Any:
+            raised = True  # till the body ends: its exception, close()
             try:
                 yield from chunks
+                raised = False
             finally:
-                give_back()
+                give_back(raised)
 
         response.streaming_content = content()
     return response

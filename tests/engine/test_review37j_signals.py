@@ -1,0 +1,124 @@
+"""Review (thirty-seventh session, j): a third round on lock_released at the end of a view's
+streamed body."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.http import StreamingHttpResponse
+from django.test import RequestFactory
+
+from dynasem import release_all, semaphore
+from dynasem import signals as dynasem_signals
+from dynasem._operators.locks import holds_on
+
+
+class Mine(Exception):
+    """The body's own error."""
+
+
+@pytest.fixture
+def raising_receiver() -> Iterator[None]:
+    def fail(sender: Any, **kwargs: Any) -> None:
+        raise RuntimeError("the audit database is down")
+
+    dynasem_signals.lock_released.connect(fail, weak=False, dispatch_uid="review37j-recv")
+    yield
+    dynasem_signals.lock_released.disconnect(dispatch_uid="review37j-recv")
+
+
+def _streaming_view(name: str, is_async: bool, body: Any) -> Any:
+    if is_async:
+
+        @semaphore(name, lease=30)
+        async def aview(request: Any) -> StreamingHttpResponse:
+            return StreamingHttpResponse(body())
+
+        return aview
+
+    @semaphore(name, lease=30)
+    def view(request: Any) -> StreamingHttpResponse:
+        return StreamingHttpResponse(body())
+
+    return view
+
+
+@pytest.mark.parametrize("is_async", [False, True], ids=["sync", "async"])
+def test_a_streamed_body_that_raised_ends_with_its_own_exception_past_a_raising_receiver(
+    lock_table: str, raising_receiver: None, caplog: pytest.LogCaptureFixture, is_async: bool
+) -> None:
+    """A view's streamed body that raised ends with its own exception, its hold given back, as
+    a block's or a decorated call's does (cd0ce2f): a lock_released receiver's exception at
+    its end took its place (the server logged the receiver's error, not the body's)."""
+    name = f"r37j-stream-raised-{is_async}"
+
+    def body() -> Iterator[bytes]:
+        yield b"rows"
+        raise Mine("the body's own")
+
+    async def abody() -> Any:
+        yield b"rows"
+        raise Mine("the body's own")
+
+    view = _streaming_view(name, is_async, abody if is_async else body)
+
+    async def astream() -> None:
+        response = await view(RequestFactory().get("/"))
+        async for _chunk in response.streaming_content:
+            pass
+
+    def stream() -> None:
+        response = view(RequestFactory().get("/"))
+        for _chunk in response.streaming_content:
+            pass
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="dynasem"), pytest.raises(Mine):
+            asyncio.run(astream()) if is_async else stream()
+        assert holds_on(name) == []
+        assert any("audit database" in r.getMessage() for r in caplog.records)
+    finally:
+        release_all()
+
+
+def test_an_async_streamed_body_cancelled_stays_cancelled_past_a_raising_receiver(
+    lock_table: str, raising_receiver: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The task streaming an async view's body is cancelled (Django's ASGI handler cancels it
+    when the client goes away; a timeout): the body's end gives the hold back and the task
+    ends cancelled. A raising lock_released receiver's exception took the cancel's place: the
+    handler, awaiting the task it cancelled, got a RuntimeError instead."""
+    name = "r37j-stream-cancelled"
+    streaming = asyncio.Event()
+
+    async def body() -> Any:
+        yield b"rows"
+        streaming.set()
+        await asyncio.sleep(30)
+        yield b"more"
+
+    view = _streaming_view(name, True, body)
+
+    async def stream() -> None:
+        response = await view(RequestFactory().get("/"))
+        async for _chunk in response.streaming_content:
+            pass
+
+    async def main() -> None:
+        task = asyncio.create_task(stream())
+        await streaming.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="dynasem"):
+            asyncio.run(main())
+        assert holds_on(name) == []
+        assert any("audit database" in r.getMessage() for r in caplog.records)
+    finally:
+        release_all()
