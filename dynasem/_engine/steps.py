@@ -149,7 +149,9 @@ async def run_io_taking(take: Callable[[], _T], give_back: Callable[[_T], object
     if not await ended(taking):
         return taking.result()
     if not taking.cancelled() and taking.exception() is None:
-        await run_io_to_end(give_back, taking.result())
+        # A hold given back: lock_released sent here, as an async release's is; a
+        # receiver's exception logged, the cancel goes on.
+        await announced_after(run_io_to_end(give_back, taking.result()), ending=True)
     raise asyncio.CancelledError()
 
 
@@ -347,7 +349,7 @@ def send_or_keep(step: Announce) -> None:
 
 
 async def announced_after(
-    call: Awaitable[_T], failed: Callable[[Exception], None] | None = None
+    call: Awaitable[_T], failed: Callable[[Exception], None] | None = None, *, ending: bool = False
 ) -> _T:
     """Await ``call`` (a release run in a thread: :func:`release_to_end`), then send what it
     announced there as Django's async code sends a signal (:meth:`Announce.asend`), as an
@@ -356,7 +358,8 @@ async def announced_after(
     async receiver was not awaited. ``failed``: what a receiver's exception is given to
     instead of being raised (a block that raised: its own exception goes on). A release that
     ended with an exception (a cancel while it ran in its thread) raises that one, a
-    receiver's logged: raised in its stead, it swallowed the cancel, as no sync release can."""
+    receiver's logged: raised in its stead, it swallowed the cancel, as no sync release can.
+    So does ``ending``: the caller ends with an exception of its own (a cancel it took)."""
     later = _Later()
     reset = _later.set(later)
     ended_well = False
@@ -372,7 +375,7 @@ async def announced_after(
             except Exception as exc:
                 if failed is not None:
                     failed(exc)
-                elif ended_well:
+                elif ended_well and not ending:
                     raise
                 else:
                     _receiver_failed(step, exc)

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
+import django
 import pytest
+from asgiref.sync import async_to_sync
+from django.db import connections
 from django.http import StreamingHttpResponse
-from django.test import RequestFactory
+from django.test import RequestFactory, override_settings
 
 from dynasem import release_all, semaphore
 from dynasem import signals as dynasem_signals
@@ -122,3 +127,60 @@ def test_an_async_streamed_body_cancelled_stays_cancelled_past_a_raising_receive
         assert any("audit database" in r.getMessage() for r in caplog.records)
     finally:
         release_all()
+
+
+@pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks is Django's from 6.0")
+@pytest.mark.django_db(transaction=True)
+def test_an_async_unique_run_cancelled_as_it_started_sends_lock_released_where_django_closes_it(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An async unique task's run cancelled while its start (the claim's adoption) ran in its
+    thread: the adopted hold is given back (``run_io_taking``), and lock_released sent as an
+    async release's is (``asend``), as ae69506 made the run's own end send it: sent in a
+    thread of dynasem's executor, a receiver's ORM query opened a connection there that
+    Django never closes (one per thread, for good)."""
+    from dynasem._background import unique
+    from tests.support import unique_tasks
+
+    seen: list[tuple[str, Any]] = []
+
+    def query(sender: Any, **kwargs: Any) -> None:
+        db = connections["default"]
+        with db.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        seen.append((threading.current_thread().name, db))
+
+    start_run, starting = unique.start_run, threading.Event()
+
+    def slow(*args: Any, **kwargs: Any) -> Any:
+        starting.set()
+        time.sleep(0.3)
+        return start_run(*args, **kwargs)
+
+    monkeypatch.setattr(unique, "start_run", slow)
+    dummy = {"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}
+    dynasem_signals.lock_released.connect(query, weak=False, dispatch_uid="review37j-query")
+    try:
+        with override_settings(TASKS=dummy):
+            task = unique_tasks.aplain.using(backend="default")
+            queued = task.enqueue("r37j-cancelled")
+
+            async def work() -> None:
+                run = asyncio.ensure_future(task.acall(*queued.args, **queued.kwargs))
+                while not starting.is_set():
+                    await asyncio.sleep(0.01)
+                run.cancel()  # the adoption is in its thread
+                with pytest.raises(asyncio.CancelledError):
+                    await run
+
+            async_to_sync(work)()
+    finally:
+        dynasem_signals.lock_released.disconnect(dispatch_uid="review37j-query")
+        release_all()
+    assert holds_on("unique-async:r37j-cancelled") == []
+    here = threading.current_thread().name
+    assert len(seen) == 1
+    thread, db = seen[0]
+    assert (thread, db) == (here, connections["default"]), (
+        f"sent in {thread}, its connection left open: {db.connection is not None}"
+    )
