@@ -48,6 +48,9 @@ TASKS = [
     "tests/background/test_unique_tasks.py",
     "tests/background/test_review36_limits.py",
     "tests/system/test_example_http.py::test_background_rebuilds_enqueue_once_while_one_is_queued_or_running",
+    "tests/engine/test_review37h_signals.py::test_an_async_unique_tasks_run_sends_lock_released_where_django_closes_it",
+    "tests/engine/test_review37h_signals.py::test_an_async_unique_tasks_run_stands_past_a_raising_lock_released_receiver",
+    "tests/engine/test_review37j_signals.py::test_an_async_unique_run_cancelled_as_it_started_sends_lock_released_where_django_closes_it",
 ]
 
 DJANGO_FACING = [
