@@ -165,6 +165,9 @@ def exit_failed(held: Held, exc: Exception) -> None:
 # that hold again instead of waiting for it (re-entry). Another thread or task, a child task
 # included, is another holder: it waits like anyone.
 _acquired: ContextVar[tuple[tuple[Held, object], ...]] = ContextVar("dynasem_acquired", default=())
+# True in the context where ``dynasem.testing.held_elsewhere`` acquires, as another process
+# would: it takes nothing again that this thread's open transaction still holds.
+as_another_process: ContextVar[bool] = ContextVar("dynasem_as_another_process", default=False)
 
 
 def _owner() -> object:
@@ -284,6 +287,8 @@ def pending_hold(sem: LockSpec) -> Held | None:
     it): then its release gives it back. Raises ValueError as :func:`reentered` does, and also
     when ``sem``'s work commits in another database's transaction: given back at this one's
     commit, the hold could end before that work is committed."""
+    if as_another_process.get():
+        return None
     for owner in reversed(commit.pending_owners()):
         if not isinstance(owner, Held) or not owner.here or owner.lost or owner.released:
             continue

@@ -107,15 +107,24 @@ def held_elsewhere(*args: Any, **kwargs: Any) -> Iterator[Any]:
 
     Taken in a context of its own: a hold taken in the test's own thread would be re-entered
     by the code under test (Django's test client runs the view in the test's thread), which
-    then runs as a nested acquire instead of finding the lock busy. ``as`` gives the Held.
+    then runs as a nested acquire instead of finding the lock busy (so is a hold this thread
+    gave back in a transaction not committed yet: busy for it). ``as`` gives the Held.
     A hold no longer ours at the block's end (``abandon``-ed and taken over, broken) ends it
     quietly: that process's loss is not the test's failure."""
     from .. import LockLost, semaphore
+    from .._engine import reentry
 
     # Another process's hold is in no transaction of this test: given back at the block's
     # end, not after a commit of the test's transaction (a TestCase's never comes).
     kwargs.setdefault("on_commit", False)
-    held = contextvars.Context().run(semaphore(*args, **kwargs).acquire)
+
+    def acquire() -> Any:
+        # Nor does it take again a hold this thread gave back inside a transaction that has
+        # not committed (a request under ATOMIC_REQUESTS in a TestCase): that lock is busy.
+        reentry.as_another_process.set(True)
+        return semaphore(*args, **kwargs).acquire()
+
+    held = contextvars.Context().run(acquire)
     try:
         yield held
     finally:
