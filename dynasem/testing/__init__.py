@@ -210,7 +210,8 @@ class fresh_table:  # noqa: N801 - used like a function: with fresh_table(), @fr
     ``settings`` overriding any ``DYNASEM`` key, e.g. ``LEASE=5``); deleted afterwards.
 
     A context manager (``as`` gives the table's name), and a decorator of test functions,
-    test methods and ``unittest``/Django ``TestCase`` classes (a fresh table per test). A hold
+    test methods and ``unittest``/Django ``TestCase`` classes (a fresh table per test, and
+    one for ``setUpClass`` and ``setUpTestData``, whose holds the tests do not see). A hold
     left unreleased goes with its table: it is renewed no more once the table is deleted."""
 
     def __init__(self, **settings: Any) -> None:
@@ -241,14 +242,7 @@ class fresh_table:  # noqa: N801 - used like a function: with fresh_table(), @fr
                     f"@fresh_table() decorates test functions, methods and TestCase classes, "
                     f"not the class {obj.__qualname__}"
                 )
-            set_up = obj.setUp
-
-            def setUp(self: unittest.TestCase) -> None:  # noqa: N802 - unittest's name
-                self.enterContext(fresh_table(**settings))  # deleted after tearDown
-                set_up(self)
-
-            obj.setUp = setUp  # type: ignore[method-assign]
-            return obj
+            return _fresh_tables_for(obj, settings)  # type: ignore[return-value]
         if inspect.iscoroutinefunction(obj):
 
             @functools.wraps(obj)
@@ -264,6 +258,29 @@ class fresh_table:  # noqa: N801 - used like a function: with fresh_table(), @fr
                 return obj(*args, **kwargs)
 
         return inner  # type: ignore[return-value]
+
+
+def _fresh_tables_for(cls: type[unittest.TestCase], settings: dict[str, Any]) -> type:
+    """``cls`` with a fresh table for each test, and one of the class's own for
+    ``setUpClass`` and ``tearDownClass`` (a ``TestCase``'s ``setUpTestData`` runs there):
+    without it, a lock taken there went to the project's own ``DYNASEM``, maybe to AWS."""
+    set_up = cls.setUp
+    set_up_class = cls.__dict__.get("setUpClass")  # a classmethod, or inherited: None
+
+    def setUp(self: unittest.TestCase) -> None:  # noqa: N802 - unittest's name
+        self.enterContext(fresh_table(**settings))  # deleted after tearDown
+        set_up(self)
+
+    def setUpClass(klass: type[unittest.TestCase]) -> None:  # noqa: N802 - unittest's name
+        klass.enterClassContext(fresh_table(**settings))  # deleted after tearDownClass
+        if set_up_class is not None:
+            set_up_class.__get__(None, klass)()
+        else:
+            super(cls, klass).setUpClass()  # type: ignore[misc]
+
+    cls.setUp = setUp  # type: ignore[method-assign]
+    cls.setUpClass = classmethod(setUpClass)  # type: ignore[assignment,method-assign]
+    return cls
 
 
 # -- pytest plugin: pytest_plugins = ["dynasem.testing"] ----------------------------------------

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import unittest
+
 import pytest
 from django.db import transaction
+from django.test import TestCase
 
 from dynasem import SemaphoreBusy, semaphore
 from dynasem._operators.locks import holds_on
-from dynasem.testing import held_elsewhere
+from dynasem._storage import dynamodb
+from dynasem.conf import settings as dynasem_settings
+from dynasem.testing import fresh_table, held_elsewhere
 
 
 def test_held_elsewhere_finds_busy_a_lock_the_tests_transaction_still_holds(
@@ -28,3 +33,42 @@ def test_held_elsewhere_finds_busy_a_lock_the_tests_transaction_still_holds(
         assert [h.token for h in holds_on("k-pending")] == [ours.token]
         assert ours.pending_commit, "still ours until the commit"
     assert holds_on("k-pending") == []
+
+
+def test_a_decorated_testcases_set_up_test_data_takes_its_locks_on_a_test_table(
+    monkeypatch, transactional_db
+):
+    """``@fresh_table()`` on a ``TestCase`` pointed ``DYNASEM`` at a table in each test's
+    ``setUp`` only; ``setUpTestData`` (and any ``setUpClass``) runs before, so a lock taken
+    there (test data made through a service that locks) went to the project's own
+    ``DYNASEM``: AWS, with the developer's credentials, where the guide promises requests
+    only ever go to the engine on 127.0.0.1. Django's own ``@override_settings`` on a class
+    covers ``setUpTestData``."""
+    tables: list[str] = []
+    send = dynamodb.send_request
+
+    def spy(operation: str, **request: object) -> object:
+        tables.append(dynasem_settings.TABLE_NAME)
+        return send(operation, **request)
+
+    monkeypatch.setattr(dynamodb, "send_request", spy)
+
+    @fresh_table()
+    class Seeded(TestCase):
+        @classmethod
+        def setUpTestData(cls) -> None:
+            with semaphore("k-seeded"):
+                pass
+
+        def test_seeded(self) -> None:
+            with semaphore("k-seeded", wait=0):
+                pass
+
+    class SeededToo(Seeded):  # inherited: one table for its class, one per test
+        pass
+
+    load = unittest.defaultTestLoader.loadTestsFromTestCase
+    result = unittest.TestSuite([load(Seeded), load(SeededToo)]).run(unittest.TestResult())
+    assert result.wasSuccessful(), "\n".join(e for _, e in result.errors + result.failures)
+    assert tables and all(name.startswith("dynasem-test-") for name in tables), tables
+    assert dynasem_settings.TABLE_NAME not in tables  # the project's own, restored after
