@@ -38,6 +38,7 @@ import os
 import threading
 import unittest
 import uuid
+import warnings
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -197,12 +198,28 @@ def _table(settings: dict[str, Any]) -> Iterator[str]:
                 commit.end_now(p for p in commit.give_backs() if p not in waiting)
                 # A hold left behind goes with its table: renewed on, it would write to whatever
                 # table DYNASEM names next (another test's) and warn there of a lost hold.
-                for beat in set(heartbeat.scheduled()) - renewing:
+                left = set(heartbeat.scheduled()) - renewing
+                for beat in left:
                     beat.stop()
                 schema.delete_table(name)
+                _report_left(sorted(beat.held.resource for beat in left))
     finally:
         for key in env_set:
             os.environ.pop(key, None)
+
+
+def _report_left(resources: list[str]) -> None:
+    """Warn of holds taken during a test and never given back (nor abandoned): ended with
+    the test's table, but outside a test each stays held, renewed, while its process runs."""
+    for resource in resources:
+        warnings.warn(
+            f"dynasem: {resource!r} was taken during this test and never given back: it "
+            "ended with the test's table, but outside a test it stays held (renewed) for as "
+            "long as its process runs. Give it back (a with block, release()), or abandon() "
+            "it where the test leaves it held on purpose",
+            UserWarning,
+            stacklevel=4,  # _table's exit, then fresh_table's: the test's own code
+        )
 
 
 class fresh_table:  # noqa: N801 - used like a function: with fresh_table(), @fresh_table()
@@ -212,7 +229,8 @@ class fresh_table:  # noqa: N801 - used like a function: with fresh_table(), @fr
     A context manager (``as`` gives the table's name), and a decorator of test functions,
     test methods and ``unittest``/Django ``TestCase`` classes (a fresh table per test, and
     one for ``setUpClass`` and ``setUpTestData``, whose holds the tests do not see). A hold
-    left unreleased goes with its table: it is renewed no more once the table is deleted."""
+    left unreleased goes with its table: it is renewed no more once the table is deleted,
+    and a ``UserWarning`` names it (``abandon()`` one left on purpose)."""
 
     def __init__(self, **settings: Any) -> None:
         from ..conf import DEFAULTS

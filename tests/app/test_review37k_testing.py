@@ -12,7 +12,7 @@ from dynasem import SemaphoreBusy, semaphore
 from dynasem._operators.locks import holds_on
 from dynasem._storage import dynamodb
 from dynasem.conf import settings as dynasem_settings
-from dynasem.testing import fresh_table, held_elsewhere
+from dynasem.testing import abandon, fresh_table, held_elsewhere
 
 
 def test_held_elsewhere_finds_busy_a_lock_the_tests_transaction_still_holds(
@@ -72,3 +72,20 @@ def test_a_decorated_testcases_set_up_test_data_takes_its_locks_on_a_test_table(
     assert result.wasSuccessful(), "\n".join(e for _, e in result.errors + result.failures)
     assert tables and all(name.startswith("dynasem-test-") for name in tables), tables
     assert dynasem_settings.TABLE_NAME not in tables  # the project's own, restored after
+
+
+def test_a_lock_the_test_never_gave_back_is_reported_at_its_end(recwarn):
+    """The user's code takes a lock and forgets to give it back on some path: outside a test
+    the hold is renewed by its heartbeat for as long as the process runs, and every other
+    caller finds the resource busy. In a test the table went, the hold with it, and nothing
+    was said: the test passed. Holds given back, abandoned, or held elsewhere are not
+    reported."""
+    with fresh_table():
+        with semaphore("k-given-back"):
+            pass
+        abandon(semaphore("k-abandoned").acquire())
+        with held_elsewhere("k-elsewhere"):
+            pass
+        semaphore("k-leaked").acquire()  # the user's bug: never released
+    left = [str(w.message) for w in recwarn if issubclass(w.category, UserWarning)]
+    assert len(left) == 1 and "'k-leaked'" in left[0] and "never given back" in left[0], left
