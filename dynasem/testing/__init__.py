@@ -312,7 +312,9 @@ if pytest is not None:
 
     def pytest_configure(config: Any) -> None:
         config.addinivalue_line(
-            "markers", "dynasem(**settings): DYNASEM keys for the dynasem_table fixture"
+            "markers",
+            "dynasem(**settings): a fresh lock table for the test (dynasem_table), with "
+            "these DYNASEM keys",
         )
 
     @pytest.fixture(scope="session")
@@ -326,5 +328,18 @@ if pytest is not None:
         """A fresh lock table for this test, with ``settings.DYNASEM`` pointed at it (plus
         the keys of a ``@pytest.mark.dynasem(...)`` marker); yields the table's name."""
         marker = request.node.get_closest_marker("dynasem")
+        if marker is not None and marker.args:
+            raise TypeError(
+                f"@pytest.mark.dynasem takes DYNASEM keys by name, e.g. "
+                f"@pytest.mark.dynasem(LEASE=5), not {marker.args!r}"
+            )
         with fresh_table(**(marker.kwargs if marker else {})) as name:
             yield name
+
+    @pytest.fixture(autouse=True)
+    def _dynasem_marked(request: Any) -> None:
+        """A test marked ``@pytest.mark.dynasem(...)`` gets its table without asking for
+        ``dynasem_table`` (as ``django_db`` gives database access): ignored, the marker left
+        the test's locks on the project's own ``DYNASEM``, maybe AWS."""
+        if request.node.get_closest_marker("dynasem") is not None:
+            request.getfixturevalue("dynasem_table")

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import os
 import unittest
+from pathlib import Path
 
 import pytest
 from django.db import transaction
@@ -13,6 +15,7 @@ from dynasem._operators.locks import holds_on
 from dynasem._storage import dynamodb
 from dynasem.conf import settings as dynasem_settings
 from dynasem.testing import abandon, fresh_table, held_elsewhere
+from tests.app.test_testing import user_env, write_project
 
 
 def test_held_elsewhere_finds_busy_a_lock_the_tests_transaction_still_holds(
@@ -89,3 +92,53 @@ def test_a_lock_the_test_never_gave_back_is_reported_at_its_end(recwarn):
         semaphore("k-leaked").acquire()  # the user's bug: never released
     left = [str(w.message) for w in recwarn if issubclass(w.category, UserWarning)]
     assert len(left) == 1 and "'k-leaked'" in left[0] and "never given back" in left[0], left
+
+
+MARKED_SUITE = """
+import pytest
+from django.conf import settings
+
+from dynasem import semaphore
+
+pytest_plugins = ["dynasem.testing"]
+
+
+@pytest.mark.dynasem(WAIT=0)
+def test_marked_without_asking_for_the_fixture():
+    assert settings.DYNASEM["TABLE_NAME"].startswith("dynasem-test-")
+    assert settings.DYNASEM["WAIT"] == 0
+    with semaphore("marked"):
+        pass
+
+
+def test_unmarked_gets_no_table():
+    assert "TABLE_NAME" not in settings.DYNASEM
+
+
+@pytest.mark.dynasem({"LEASE": 5})
+def test_keys_not_by_name(dynasem_table):
+    pass
+"""
+
+
+def test_a_test_marked_dynasem_gets_its_table_without_asking_for_the_fixture(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+):
+    """``@pytest.mark.dynasem(WAIT=0)`` on a test that does not also ask for
+    ``dynasem_table`` was ignored: no table, and the test's locks went to the project's own
+    ``DYNASEM`` (its production table on AWS, with the developer's credentials). pytest-django
+    users know ``@pytest.mark.django_db`` as enough by itself. Keys given positionally (a
+    dict) were dropped without a word."""
+    write_project(pytester.path, MARKED_SUITE, "test_marked.py")
+    env = user_env(pytester.path)
+    # This tree's dynasem, not the one the environment has installed.
+    env["PYTHONPATH"] += os.pathsep + str(Path(__file__).resolve().parents[2])
+    for key in [k for k in os.environ if k not in env]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    result = pytester.runpytest_subprocess(
+        "--ds=user_settings", "-p", "no:cacheprovider", "-p", "pytest_django", timeout=180
+    )
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(["*takes DYNASEM keys by name*"])
