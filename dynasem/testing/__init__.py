@@ -218,7 +218,7 @@ def _report_left(resources: list[str]) -> None:
             "long as its process runs. Give it back (a with block, release()), or abandon() "
             "it where the test leaves it held on purpose",
             UserWarning,
-            stacklevel=4,  # _table's exit, then fresh_table's: the test's own code
+            stacklevel=5,  # past _table, contextlib and fresh_table.__exit__: the with block
         )
 
 
