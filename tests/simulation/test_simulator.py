@@ -296,12 +296,37 @@ FOUND = [
     # ahead of it: since, a crashed holder is nearly always proven dead by a waiter of its
     # host, its successor among them, and the crashes profile finds it in none of 1-200.)
     ("takeover_waits_a_lease", {"faults": "heavy", **SMALL}, range(12, 13)),  # 12 (1 of 30)
+    # The same under crashes alone, each process on a host of its own and a crashed one's
+    # successor started on the next host (``restart_elsewhere``): a holder crashed where
+    # nobody else runs is proven dead by nobody, and waits for its lease end. Seed 9, 1 of
+    # 1-10; none of 1-10 with successors on their own host (the successor proves it dead).
+    (
+        "takeover_waits_a_lease",
+        {"faults": "crashes", "processes": 3, "hosts": 3, "restart_elsewhere": True},
+        range(9, 10),
+    ),
     # A take no longer needs its fence above the stored one: a taker whose clock is behind
     # (hosts up to twice CLOCK_SKEW apart) and whose read was stale grants a smaller fence.
     # (Seed 21 until a gap in the line was waited for, 2026-12-04: the schedules moved; seed
     # 1 until waiters that told the holder put their entries later; 19 until waiting threads
     # read their own pushes.)
     ("take_ignores_fence", {"faults": "pauses", "spread": 1.0, **SMALL}, range(7, 8)),  # 7
+    # A waiter's hand-on of a dead holder's lock to the live waiters ahead of it (dd7e9b3):
+    # handed on over a holder it did not prove dead (two holders); with the heirs' fences at
+    # the dead holder's (the fence order); without both the dead holder's entry and qout as
+    # seen (the waiter hands on again from a stale look that still shows the dead holder,
+    # to the heir that holds, under a later fence: the heir enters with a fence the row no
+    # longer stores). Seed 1 finds each (every one of 1-10 the first two; the third 5 of 1-9
+    # of crashes, exclusive or fair, and seed 9 of heavy). Not found: the hand-on without
+    # the dead holder's entry as seen, or without qout as seen, alone (none of 160 runs
+    # each: exclusive and fair, crashes and heavy, seeds 1-40): each refuses what the other
+    # would (every write that removes or replaces the holder of a row with waiters moves
+    # qout or leaves no holder, a break; only such writes move qout); nor without the
+    # heirs' fences above the stored one (none of 1-30 of crashes): the heirs' fence is
+    # drawn above the row seen, and the fence moves only with the holder.
+    ("hand_on_unproven", {"mix": "exclusive", "faults": "crashes", **WIDE}, range(1, 2)),
+    ("hand_on_fence_not_above", {"mix": "exclusive", "faults": "crashes", **WIDE}, range(1, 2)),
+    ("hand_on_ignores_row", {"mix": "exclusive", "faults": "crashes", **WIDE}, range(1, 2)),
     # Counting holds: a first try that ignores the limit, a join that ignores the count it saw.
     ("room_ignores_limit", {"mix": "counting", "faults": "light", **SMALL}, range(1, 3)),  # 1
     ("join_ignores_count", {"mix": "counting", "faults": "light", **SMALL}, range(1, 5)),  # 3
@@ -467,6 +492,7 @@ FOUND = [
         + ("-jobs" if o.get("mix") == "jobs" else "")
         + ("-unique" if o.get("mix") == "unique" else "")
         + ("-coalesce" if o.get("mix") == "coalesce" else "")
+        + ("-elsewhere" if o.get("restart_elsewhere") else "")
         for m, o, _ in FOUND
     ],
 )

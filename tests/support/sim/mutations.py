@@ -13,7 +13,9 @@ proves nothing about the real code. Each is a change a reviewer could miss:
 * ``renewal_ignores_refusal``: a refused renewal (the hold is another's) is taken as done;
 * ``renew_without_token``: a renewal's condition no longer names our token;
 * ``takeover_waits_a_lease``: a dead holder is taken over a whole lease later than it may
-  be (liveness, not safety: the lock idles while waiters wait);
+  be (liveness, not safety: the lock idles while waiters wait). Since a waiter of a dead
+  holder's host hands its lock on, crashes seldom leave one to its lease end unless a
+  crashed process's successor starts on another host (``Options.restart_elsewhere``);
 * ``room_ignores_limit``: a counting hold's first try joins whatever the holder count
   (lock_writes.take_room's ``size(#h) < :lim`` dropped);
 * ``join_ignores_count``: a join no longer requires the holder count it saw
@@ -25,6 +27,18 @@ proves nothing about the real code. Each is a change a reviewer could miss:
   the heirs' fences above the stored one (``#fence < :low``). Neither is found: while the
   hand-over's token clause holds, its writer is the exclusive holder, and nobody else moves
   the queue's ``qout`` or the fence meanwhile. Both clauses are defence in depth;
+* ``hand_on_ignores_entry``, ``hand_on_ignores_queue``, ``hand_on_ignores_fence``: a waiter's
+  hand-on of a holder it proved dead to the waiters ahead of it (lock_writes.hand_on) no
+  longer requires the dead holder's entry as seen (``#h.#x0.#e = :xe0``), ``qout`` as seen
+  (``#qout = :sqout``), or the heirs' fences above the stored one (``#fence < :low``). None
+  is found alone: the entry and ``qout`` clauses each refuse what the other would (a write
+  that removes or replaces the holder of a row with waiters moves ``qout``, or leaves no
+  holder; nothing else moves it), and the heirs' fence is drawn above the row seen, whose
+  fence moves only with its holder. ``hand_on_ignores_row``, both the entry and ``qout``
+  dropped, is found (a hand-on again from a stale look, to the heir that holds, under
+  another fence); so is ``hand_on_fence_not_above``, the fence clause dropped and the
+  heirs' fences drawn at the stored one. ``hand_on_unproven``: a waiter hands on a holder
+  it did not prove dead (its lease running, its process alive or of another host);
 * ``release_without_token``: a release no longer requires our token among the holders
   (lock_writes.give_back's ``attribute_exists(#h.#t)`` dropped);
 * ``renewal_trusted_from_answer``: a renewal's lease is trusted from when its answer came,
@@ -265,6 +279,76 @@ def handover_ignores_queue(mp: pytest.MonkeyPatch) -> None:
 
 def handover_ignores_fence(mp: pytest.MonkeyPatch) -> None:
     _drop(mp, "hand_over", HEIR_FENCE)
+
+
+def hand_on_ignores_entry(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._storage import lock_writes
+
+    hand_on = lock_writes.hand_on
+
+    def mutated(resource: str, gone: dict[str, int], *args: Any, **kwargs: Any) -> Any:
+        action = hand_on(resource, gone, *args, **kwargs)
+        for i in range(len(gone)):  # each gone holder's entry, as seen
+            drop_condition(action, f"#h.#x{i}.#e = :xe{i}")
+        return action
+
+    mp.setattr(lock_writes, "hand_on", mutated)
+
+
+def hand_on_ignores_row(mp: pytest.MonkeyPatch) -> None:
+    hand_on_ignores_entry(mp)
+    hand_on_ignores_queue(mp)
+
+
+def hand_on_ignores_queue(mp: pytest.MonkeyPatch) -> None:
+    _drop(mp, "hand_on", QUEUE)
+
+
+def hand_on_ignores_fence(mp: pytest.MonkeyPatch) -> None:
+    _drop(mp, "hand_on", HEIR_FENCE)
+
+
+def hand_on_fence_not_above(mp: pytest.MonkeyPatch) -> None:
+    import dataclasses
+
+    from dynasem._engine import take
+
+    hand_on = take._Planning.hand_on
+
+    def at_the_stored_fence(self: Any, waiting: Any, ahead: Any, *, gone: bool) -> None:
+        entry = self.entry
+        if self.seen is not None:  # the heirs' fences from the dead holder's, not above it
+            self.entry = dataclasses.replace(entry, fence=self.seen.fence)
+        try:
+            hand_on(self, waiting, ahead, gone=gone)
+        finally:
+            self.entry = entry
+
+    mp.setattr(take._Planning, "hand_on", at_the_stored_fence)
+    _drop(mp, "hand_on", HEIR_FENCE)
+
+
+def hand_on_unproven(mp: pytest.MonkeyPatch) -> None:
+    from dynasem._engine import queue, take
+    from dynasem._storage.records import Mode
+
+    plan = take._Planning.plan
+
+    def unproven(self: Any, confirm_below_ms: int, ticket: int | None) -> Any:
+        planned = plan(self, confirm_below_ms, ticket)
+        seen = self.seen
+        if planned.busy is None or planned.hand_on is not None or seen is None:
+            return planned
+        if seen.mode != Mode.EXCLUSIVE or len(seen.holders) != 1 or self.token in seen.holders:
+            return planned
+        ahead = queue.entries_ahead(seen, ticket, self.stale_ms)
+        if ahead is None:  # who waits ahead, read as the hand-on of a proven holder reads it
+            return take.Plan(load=queue.upto_of(seen, ticket), queued=planned.queued)
+        if ahead:  # the holder in our way taken for dead, unproven
+            self.hand_on(planned, ahead, gone=True)
+        return planned
+
+    mp.setattr(take._Planning, "plan", unproven)
 
 
 def release_without_token(mp: pytest.MonkeyPatch) -> None:
@@ -764,6 +848,12 @@ MUTATIONS: dict[str, Callable[[pytest.MonkeyPatch], None]] = {
         handover_ignores_queue,
         handover_ignores_fence,
         release_without_token,
+        hand_on_ignores_entry,
+        hand_on_ignores_queue,
+        hand_on_ignores_fence,
+        hand_on_ignores_row,
+        hand_on_fence_not_above,
+        hand_on_unproven,
         renewal_trusted_from_answer,
         heard_hold_trusted,
         lost_handover_is_a_loss,
