@@ -117,7 +117,10 @@ class UniqueTask(_Task):
             # only if the task was not stored (or we cannot know: its enqueue cancelled).
             await ended(sending)
             if sending.cancelled() or sending.exception() is not None:
-                await run_io_to_end(unique.withdraw, claimed, run)
+                # A claim given back: lock_released sent here, as an async release's is;
+                # a receiver's exception logged, the enqueue's own goes on.
+                withdrawn = run_io_to_end(unique.withdraw, claimed, run)
+                await announced_after(withdrawn, ending=True)
             raise
 
     def _claim(self, args: Any, kwargs: Any) -> tuple[Claim | None, tuple[Claim, Held] | None]:

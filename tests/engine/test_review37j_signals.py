@@ -184,3 +184,52 @@ def test_an_async_unique_run_cancelled_as_it_started_sends_lock_released_where_d
     assert (thread, db) == (here, connections["default"]), (
         f"sent in {thread}, its connection left open: {db.connection is not None}"
     )
+
+
+@pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks is Django's from 6.0")
+@pytest.mark.django_db(transaction=True)
+def test_an_async_enqueue_the_backend_refused_sends_lock_released_where_django_closes_it(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An async unique enqueue whose backend failed to store the task withdraws its claim
+    (``unique.withdraw``: the claim adopted and given back), and lock_released is sent as an
+    async release's is (``asend``), as 73a9536 made a cancelled start's give-back send it: sent
+    in a thread of dynasem's executor, a receiver's ORM query opened a connection there that
+    Django never closes (one per thread, for good)."""
+    from django.tasks.backends.dummy import DummyBackend
+
+    from tests.support import unique_tasks
+
+    seen: list[tuple[str, Any]] = []
+
+    def query(sender: Any, **kwargs: Any) -> None:
+        db = connections["default"]
+        with db.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        seen.append((threading.current_thread().name, db))
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise Mine("the broker is down")
+
+    monkeypatch.setattr(DummyBackend, "enqueue", refused)
+    dummy = {"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}
+    dynasem_signals.lock_released.connect(query, weak=False, dispatch_uid="review37j-query")
+    try:
+        with override_settings(TASKS=dummy):
+            task = unique_tasks.aplain.using(backend="default")
+
+            async def work() -> None:
+                with pytest.raises(Mine):
+                    await task.aenqueue("r37j-refused")
+
+            async_to_sync(work)()
+    finally:
+        dynasem_signals.lock_released.disconnect(dispatch_uid="review37j-query")
+        release_all()
+    assert holds_on("unique-async:r37j-refused") == []
+    here = threading.current_thread().name
+    assert len(seen) == 1
+    thread, db = seen[0]
+    assert (thread, db) == (here, connections["default"]), (
+        f"sent in {thread}, its connection left open: {db.connection is not None}"
+    )
