@@ -531,7 +531,9 @@ def _answered(stack: Any, request: Any, response: Any, lock: Any, held: Any) -> 
     return response
 
 
-def _rendered_holding(response: Any, held: Any, give_back: Callable[[], None]) -> Callable[[], Any]:
+def _rendered_holding(
+    response: Any, held: Any, give_back: Callable[[bool], None]
+) -> Callable[[], Any]:
     """A template response's ``render``, run as the view's holder of ``held`` (Django's
     ASGI handler renders in another ``sync_to_async`` call than the view's). Weakly: the
     response must not keep itself alive, or its drop is seen by the collector only. An
@@ -550,8 +552,9 @@ def _rendered_holding(response: Any, held: Any, give_back: Callable[[], None]) -
             with lent(held):
                 return inner() if inner is not None else answer.render()
         except BaseException:
-            with contextlib.suppress(LockLost):  # lost meanwhile: logged and signalled then
-                give_back()
+            # The render's own exception goes on past a raising lock_released receiver
+            # (logged), as a streamed body's does; a loss is logged and signalled then.
+            give_back(True)
             raise
 
     return render

@@ -233,3 +233,51 @@ def test_an_async_enqueue_the_backend_refused_sends_lock_released_where_django_c
     assert (thread, db) == (here, connections["default"]), (
         f"sent in {thread}, its connection left open: {db.connection is not None}"
     )
+
+
+@pytest.mark.parametrize("kind", ["wsgi", "asgi"])
+def test_a_template_response_whose_render_raised_ends_with_its_own_past_a_raising_receiver(
+    lock_table: str, raising_receiver: None, caplog: pytest.LogCaptureFixture, kind: str
+) -> None:
+    """A view's template response whose render raised (a template error: a 500) gives its
+    hold back (``_rendered_holding``) and ends with the render's own exception, the
+    receiver's logged, as a streamed body's end does (5d3b7a6): its give-back left the block
+    as if it had ended well, and a lock_released receiver's exception took the render's
+    place (the server logged the receiver's error, not the template's). Under ASGI (an async
+    view; Django's handler renders in ``sync_to_async``) likewise."""
+    from asgiref.sync import sync_to_async
+    from django.template import engines
+    from django.template.response import SimpleTemplateResponse
+
+    class Rows:
+        def __str__(self) -> str:
+            raise Mine("the template's own")
+
+    def answer() -> SimpleTemplateResponse:
+        return SimpleTemplateResponse(engines["django"].from_string("{{ rows }}"), {"rows": Rows()})
+
+    name = f"r37j-render-raised-{kind}"
+
+    @semaphore(name, lease=30)
+    def view(request: Any) -> SimpleTemplateResponse:
+        return answer()
+
+    @semaphore(name, lease=30)
+    async def aview(request: Any) -> SimpleTemplateResponse:
+        return answer()
+
+    async def asgi() -> None:  # what Django's ASGI handler does with a view's answer
+        response = await aview(RequestFactory().get("/"))
+        await sync_to_async(response.render)()
+
+    def wsgi() -> None:
+        response = view(RequestFactory().get("/"))  # kept: render() holds it weakly
+        response.render()
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="dynasem"), pytest.raises(Mine):
+            asyncio.run(asgi()) if kind == "asgi" else wsgi()
+        assert holds_on(name) == []
+        assert any("audit database" in r.getMessage() for r in caplog.records)
+    finally:
+        release_all()
