@@ -51,6 +51,7 @@ TASKS = [
     "tests/engine/test_review37h_signals.py::test_an_async_unique_tasks_run_sends_lock_released_where_django_closes_it",
     "tests/engine/test_review37h_signals.py::test_an_async_unique_tasks_run_stands_past_a_raising_lock_released_receiver",
     "tests/engine/test_review37j_signals.py::test_an_async_unique_run_cancelled_as_it_started_sends_lock_released_where_django_closes_it",
+    "tests/engine/test_review37j_signals.py::test_an_async_enqueue_the_backend_refused_sends_lock_released_where_django_closes_it",
 ]
 
 DJANGO_FACING = [
