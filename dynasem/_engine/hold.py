@@ -4,6 +4,7 @@ lost. Read top-down: what users read, renewing, releasing (hand-over, then plain
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -1063,18 +1064,34 @@ async def adelivering(take: Callable[[], Awaitable[_T]]) -> _T:
         box.clear()
         return done
     except BaseException as exc:
-        for held in list(box):
-            if closing(exc):  # nothing can be awaited any more (steps.closing)
+        if closing(exc):  # nothing can be awaited any more (steps.closing)
+            for held in list(box):
                 give_back_unused(held)
-            else:
-                given = run_io_to_end(give_back_unused, held)
-                await announced_after(given, functools.partial(_receiver_failed, held))
+            raise
+        again = await _agive_back_unused(box)
+        if again is not None:
+            raise again from exc  # a cancel that came meanwhile goes on, as it did
         raise
     finally:
         # Closed by the garbage collector, the coroutine runs in another context than its
         # task's, where the token is not valid (a ValueError would replace GeneratorExit).
         with contextlib.suppress(ValueError):
             _undelivered.reset(reset)
+
+
+async def _agive_back_unused(box: list[Held]) -> asyncio.CancelledError | None:
+    """Every hold in ``box`` given back in dynasem's executor, and the cancel that came
+    meanwhile, if any: each give-back runs to its end (``run_io_to_end``), and a second cancel
+    in one of them stopped the loop, the later holds renewed by their heartbeat for nobody as
+    long as the process lived."""
+    again: asyncio.CancelledError | None = None
+    for held in list(box):
+        try:
+            given = run_io_to_end(give_back_unused, held)
+            await announced_after(given, functools.partial(_receiver_failed, held))
+        except asyncio.CancelledError as cancel:
+            again = again or cancel
+    return again
 
 
 def _receiver_failed(held: Held, exc: Exception) -> None:
