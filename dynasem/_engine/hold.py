@@ -500,13 +500,12 @@ class Held:
             if not self._ended():
                 return
             given: bool | None = None
+            lost_before = False
             try:
                 with telemetry.releasing(self) if telemetry.ON else _NOTHING:
                     lost_before = self._lost is not None or self._giving_back_mono >= self._deadline
                     given = self._give_back()
-                    if self._lost is None and (lost_before or not given):
-                        # Begun past the deadline, the lease ran out first, whoever holds now.
-                        self._mark_lost(self._deadline_reason() if lost_before else TAKEN_OVER)
+                    self._lost_if_refused(given, lost_before)
             except BaseException:
                 if given is None:
                     # Cut short (Ctrl-C, a task's time limit) in the give-back, whose write
@@ -515,10 +514,31 @@ class Held:
                     # proof of a loss.
                     self._unanswered = True
                     _left.add(self)
+                else:
+                    self._answered_despite(given, lost_before)
                 raise
             if self._lost is not None:
                 self._raise_lost()
         send_or_keep(self._announce(lock_released))  # an async caller's: sent by it
+
+    def _lost_if_refused(self, given: bool, lost_before: bool) -> None:
+        if self._lost is None and (lost_before or not given):
+            # Begun past the deadline, the lease ran out first, whoever holds now.
+            self._mark_lost(self._deadline_reason() if lost_before else TAKEN_OVER)
+
+    def _answered_despite(self, given: bool, lost_before: bool) -> None:
+        """The give-back was answered (``given``), and an interrupt came after it (a signal's
+        exception at the next line, a span processor's ``on_end`` as its span ended): the
+        loss still marked and lock_lost sent, or lock_released sent, before the interrupt
+        goes on (a receiver's exception logged, not raised in its stead). Either was
+        dropped: ``held.lost`` said False, and a receiver's ledger kept the lock held."""
+        try:
+            self._lost_if_refused(given, lost_before)
+            if self._lost is None:
+                send_or_keep(self._announce(lock_released))  # an async caller's: sent by it
+        except Exception as exc:
+            message = "dynasem: a receiver raised for %r as its release was interrupted: %r"
+            logger.warning(message, self.resource, exc, extra=self._facts("receiver_failed", exc))
 
     def become_claim(self, token: str, queue_lease: float) -> None:
         """A unique task's run that enqueued its retry ends: instead of being given back, the
