@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 from .._observability.logs import facts
 from ..exceptions import LockLost, SemaphoreUnavailable
+from .steps import close_connections
 
 logger = logging.getLogger("dynasem")
 
@@ -96,6 +97,8 @@ class Heartbeat:
                 self.held.renew()
             except BaseException as exc:  # handed to the heartbeat
                 errors.append(exc)
+            finally:
+                close_connections()  # a lock_lost receiver's, sent here
 
         worker = threading.Thread(target=attempt, name=f"{self.name}:renew", daemon=True)
         worker.start()
@@ -218,6 +221,8 @@ class _Scheduler:
             pause = task.beat()
         except BaseException as exc:  # a schedule must not end silently with a live hold
             _failed("dynasem: renewing %r failed: %r", task, exc)
+        finally:
+            close_connections()  # a lock_lost receiver's, sent here at the deadline
         if pause is not None and not task.stopped:
             self.add(task, pause)  # back in the heap before it leaves _beating
         else:

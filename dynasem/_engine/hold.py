@@ -35,6 +35,7 @@ from .steps import (
     Announce,
     announce,
     announced_after,
+    close_connections,
     closing,
     io_executor,
     on_event_loop,
@@ -258,6 +259,8 @@ class Held:
         except Exception as exc:
             message = "dynasem: a lock_lost receiver raised for %r: %r"
             logger.warning(message, self.resource, exc, extra=self._facts("receiver_failed", exc))
+        finally:
+            close_connections()  # a receiver's, in a thread of dynasem's executor
 
     def _facts(self, outcome: str, reason: object = None) -> dict[str, Any]:
         """``extra`` for a log record about this hold."""

@@ -7,12 +7,15 @@ import asyncio
 import inspect
 import sys
 import threading
+import time
 import uuid
 from types import FrameType
 from typing import Any
 
 import pytest
+from django.db import connections
 
+from dynasem import _clock as clock
 from dynasem import semaphore
 from dynasem._engine import heartbeat
 from dynasem._engine import hold as holds_module
@@ -121,3 +124,80 @@ def test_an_interrupt_between_a_refused_give_back_and_its_loss_still_sends_lock_
         thief.release()
     assert held.lost
     assert heard == [name]
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "file"])
+def test_a_lock_lost_receivers_connection_in_a_heartbeat_thread_is_closed(
+    lock_table: str,
+) -> None:
+    """The heartbeat finds the hold lost (its renewal refused: another holder took over)
+    and sends lock_lost in its renewal's thread, one started for that renewal. A receiver's
+    ORM query opened a connection there that Django never closes: each loss left one open
+    (on PostgreSQL a server session) until the garbage collector found the thread's
+    connection handler, so a DynamoDB outage that loses every hold of a process at once
+    opened as many at once. dynasem closes the connections of its own thread once sent."""
+    name = _resource("hb-conn")
+    held = semaphore(name, lease=3).acquire()
+    seen: list[tuple[str, Any]] = []
+    done = threading.Event()
+
+    def query(sender: Any, **kwargs: Any) -> None:
+        db = connections["file"]
+        with db.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        seen.append((threading.current_thread().name, db))
+        done.set()
+
+    lock_lost.connect(query, weak=False, dispatch_uid="review37o-hb-conn")
+    try:
+        operations_break(name, held.token)
+        thief = semaphore(name, lease=30).acquire()
+        assert done.wait(10), "the heartbeat never found the loss"
+        thief.release()
+        time.sleep(0.2)  # the renewal's thread ends
+    finally:
+        lock_lost.disconnect(dispatch_uid="review37o-hb-conn")
+    [(thread, db)] = seen
+    assert thread.startswith("dynasem-heartbeat"), thread
+    assert db.connection is None, f"its connection left open in {thread}"
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "file"])
+def test_a_lock_lost_receivers_connection_in_dynasems_executor_is_closed(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Async code reads ``held.lost`` past the deadline on its event loop's thread: lock_lost
+    is sent in a thread of dynasem's executor, one that lives as long as the process. A
+    receiver's ORM query opened a connection there that nobody closed: open for good, and
+    stale past a database restart (Django reconnects only where a request begins or ends),
+    so that receiver failed there from then on."""
+    name = _resource("ex-conn")
+    held = semaphore(name, lease=30).acquire()
+    holds_module.stop_renewing(held)
+    seen: list[tuple[str, Any]] = []
+    done = threading.Event()
+
+    def query(sender: Any, **kwargs: Any) -> None:
+        db = connections["file"]
+        with db.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        seen.append((threading.current_thread().name, db))
+        done.set()
+
+    async def look() -> bool:
+        return held.lost
+
+    lock_lost.connect(query, weak=False, dispatch_uid="review37o-ex-conn")
+    real = clock.monotonic
+    monkeypatch.setattr(clock, "monotonic", lambda: real() + 60)
+    try:
+        assert asyncio.run(look())
+        assert done.wait(10), "lock_lost was never sent"
+        time.sleep(0.2)  # the receiver's send ends
+    finally:
+        monkeypatch.undo()
+        lock_lost.disconnect(dispatch_uid="review37o-ex-conn")
+        operations_break(name, held.token)
+    [(thread, db)] = seen
+    assert thread != threading.current_thread().name, thread
+    assert db.connection is None, f"its connection left open in {thread}"
