@@ -591,6 +591,30 @@ def test_locks_waiters_lists_the_line_first_come_first(lock_table, holds):
         run("dynasem_locks", "--waiters", "")
 
 
+@pytest.mark.parametrize(
+    ("flags", "named"),
+    [
+        (("--user", "alice"), "--user"),
+        (("--resource-prefix", "line:"), "--resource-prefix"),
+        (("--all",), "--all"),
+    ],
+)
+def test_locks_waiters_refuses_the_filters_of_a_list_of_holds(lock_table, holds, flags, named):
+    # --waiters lists one queue: a filter of holds beside it was silently ignored, the
+    # operator reading an unfiltered line as the filtered one they asked for.
+    take(holds, "line:2", user="alice")
+    enqueue_entry("line:2", "tok-bob", records.Waiter(0, clock.now_ms() + 30_000, user_id="bob"))
+    with pytest.raises(CommandError, match=f"--waiters 'line:2' and {named} do not go together"):
+        run("dynasem_locks", "--waiters", "line:2", *flags)
+
+
+def test_locks_an_empty_user_is_refused_not_every_hold(lock_table, holds):
+    take(holds, "line:3", user="alice")
+    for args in (("--user", ""), ("line:3", "--user", ""), ("--waiters", "line:3", "--user", "")):
+        with pytest.raises(CommandError, match="--user: empty"):
+            run("dynasem_locks", *args)
+
+
 # ---------------------------------------------------------------------------------------------
 # dynasem_release
 # ---------------------------------------------------------------------------------------------

@@ -3,6 +3,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.core.management.base import CommandError
+
 from ... import _clock as clock
 from ..._observability.logs import shown_token
 from ..._operators import locks, usernames
@@ -47,14 +49,17 @@ class Command(OperatorCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        if options["user"] == "":
+            raise CommandError("--user: empty: give a username or a stored user id")
         if options["waiters"] is not None and options["resource"] is None:
+            _waiters_only(options)
             self._waiters(options["waiters"], as_json=options["json"])
             return
         if options["resource"] is not None:
             holds = self._one(options["resource"], options)
         else:
             holds = locks.active_holds(
-                user_id=usernames.user_id_for(options["user"]) if options["user"] else None,
+                user_id=None if options["user"] is None else usernames.user_id_for(options["user"]),
                 prefix=options["resource_prefix"],
                 include_expired=options["all"],
             )
@@ -114,6 +119,15 @@ class Command(OperatorCommand):
                 f"{row['entry_expires'][:19].replace('T', ' '):20} "
                 f"{'yes' if row['push'] else 'no':5} {row['token']}"
             )
+
+
+def _waiters_only(options: dict[str, Any]) -> None:
+    """Refuse the filters of a list of holds beside ``--waiters``, which lists one queue."""
+    named = f"--waiters {options['waiters']!r}"
+    instead = "--waiters lists every live waiter of that one resource"
+    one_only(options, ("user", "resource_prefix"), named, instead)
+    if options["all"]:
+        raise CommandError(f"{named} and --all do not go together: {instead}")
 
 
 def _waiter(w: records.Waiter) -> dict[str, Any]:
