@@ -42,8 +42,8 @@ CHECK_IDS: dict[str, str] = {
     "7 days.",
     "dynasem.E009": "`LEASE` is longer than `CLOCK_SKEW`: a holder trusts its lease only until "
     "`LEASE - CLOCK_SKEW` has passed.",
-    "dynasem.E010": "`PUSH` is `None` or an IPv4 literal to listen on: not a name, not "
-    "`0.0.0.0`, no broadcast or multicast address.",
+    "dynasem.E010": '`PUSH` is `None` or `""` (no pushes) or an IPv4 literal to listen on: '
+    "not a name, not `0.0.0.0`, no broadcast or multicast address.",
     "dynasem.E011": '`FAIR` is `True` or `False` (a str such as `"false"` from an environment '
     "variable would read as true).",
     "dynasem.E012": "`TELEMETRY` and `TELEMETRY_RESOURCE_NAMES` are `True` or `False`.",
@@ -151,9 +151,10 @@ def _values(raw: dict[str, Any]) -> list[Any]:
         expected = "None (boto3's chain) or a region name botocore accepts, such as 'eu-west-1'"
         problems.append(_error("REGION_NAME", expected, region, "dynasem.E005"))
     problems += _type_error("REGION_NAME", "dynasem.E005", None)
-    address_problem = None if address is None else push.push_address_problem(address)
+    # "" is off, as None is: the runtime reads it so (conf.settings.PUSH).
+    address_problem = None if address in (None, "") else push.push_address_problem(address)
     if address_problem is not None:
-        expected = "None (no hand-over pushes) or this host's IPv4 address to listen on, "
+        expected = "None or '' (no hand-over pushes) or this host's IPv4 address to listen on, "
         expected += f"such as '127.0.0.1', not {address!r}: {address_problem}"
         problems.append(Error(f"DYNASEM['PUSH'] must be {expected}.", hint=HINT, id="dynasem.E010"))
     problems += _type_error("FAIR", "dynasem.E011", _FAIR_HINT)

@@ -35,7 +35,7 @@ HELP: dict[str, str] = {
     "FAIR": "`True` = waiters queue first come, first served (a semaphore's `fair=` overrides "
     "it; an acquire of several resources never queues)",
     "PUSH": "IPv4 address (a literal naming this host) a waiting process listens on (UDP, a "
-    "free port) for hand-over pushes; `None` = no pushes",
+    'free port) for hand-over pushes; `None` or `""` = no pushes',
     "SAME_HOST_TAKEOVER": "take a holder of this host over as soon as `/proc` proves its process "
     "ended, before its lease ends (`None` = yes, except on AWS Lambda and where a runtime "
     "restored from a snapshot is detected; `False` = never: machines cloned from one memory "

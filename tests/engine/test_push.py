@@ -605,6 +605,16 @@ def test_a_bad_push_setting_is_a_check_error(dynamodb_local, lock_table, value):
     assert errors and repr(value) in errors[0].msg
 
 
+@pytest.mark.parametrize("value", [None, ""])
+def test_an_empty_push_setting_is_off_for_the_check_too(dynamodb_local, lock_table, value):
+    # The runtime reads "" as None (no pushes: DYNASEM["PUSH"] = os.environ.get("X", "")); the
+    # check refused it as no IPv4 literal, so a project passed one and failed the other.
+    with override_settings(DYNASEM=dynasem_settings(dynamodb_local, lock_table, PUSH=value)):
+        assert [e for e in run_checks() if e.id == "dynasem.E010"] == []
+        assert wakeup.settings.PUSH is None
+        assert wakeup.expect("x", "t", lease=10, skew=0.5, now_ms=clock.now_ms) is None
+
+
 def test_a_resource_queued_for_lately_is_joined_in_the_first_write(lock_table, requests_sent):
     first = semaphore("deploy:uat").acquire()
     go = threading.Event()
