@@ -130,6 +130,7 @@ def reap(
     workers: int = 16,
     progress: Callable[[ReapResult], None] | None = None,
     found: Callable[[records.IndexEntry], None] | None = None,
+    result: ReapResult | None = None,
 ) -> ReapResult:
     """Delete rows whose lease ended more than CLOCK_SKEW ago and whose 15-minute expires
     bucket has passed (records.BUCKET_S: the index lists a row by its bucket, so that renewals
@@ -139,10 +140,11 @@ def reap(
     delete, never a live hold), in parallel. ``found`` is called with each row found (in a
     dry run: each row it would delete, its row read consistently). A delete or break that
     fails is in ``failed``, and the reap goes on; a failed listing of the expires index
-    raises (SemaphoreUnavailable)."""
+    raises (SemaphoreUnavailable), once the deletes of the rows it listed before are made and
+    counted in ``result`` (pass one to read them then)."""
     cutoff_ms = clock.now_ms() - int(arguments.skew_setting() * 1000)
     before_s = cutoff_ms // 1000
-    result = ReapResult()
+    result = ReapResult() if result is None else result
     shards = range(records.SHARDS)
     candidates = (row for shard in shards for row in _expiring(shard, before=before_s))
     if dry_run:
@@ -151,17 +153,19 @@ def reap(
         return result
     with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dynasem-reap") as pool:
         futures = []
-        for row in candidates:
-            result.found += 1
-            if found is not None:
-                found(row)
-            # In the caller's context (its telemetry span, its settings overrides).
-            run = contextvars.copy_context().run
-            futures.append(pool.submit(run, _delete_row, row.resource, cutoff_ms))
-        for i, future in enumerate(futures, 1):
-            result.count(future.result(), "deleted", "survived")
-            if progress is not None and (i % 500 == 0 or i == len(futures)):
-                progress(result)
+        try:
+            for row in candidates:
+                result.found += 1
+                if found is not None:
+                    found(row)
+                # In the caller's context (its telemetry span, its settings overrides).
+                run = contextvars.copy_context().run
+                futures.append(pool.submit(run, _delete_row, row.resource, cutoff_ms))
+        finally:  # a listing that failed partway: the deletes already sent counted first
+            for i, future in enumerate(futures, 1):
+                result.count(future.result(), "deleted", "survived")
+                if progress is not None and (i % 500 == 0 or i == len(futures)):
+                    progress(result)
     _reap_permits(cutoff_ms, result, dry_run=False)
     return result
 

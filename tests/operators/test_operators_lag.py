@@ -347,6 +347,34 @@ def test_reap_goes_on_past_a_row_it_could_not_delete_and_says_which(
     assert (totals["deleted"], totals["failed"]) == (0, 1)
 
 
+def test_a_reap_whose_listing_failed_partway_says_what_it_deleted_before(
+    lock_table, holds, later, monkeypatch
+):
+    """The expires index is listed shard after shard: one listing refused after rows of an
+    earlier shard were deleted ends the reap (exit status 1), and says both."""
+    from dynasem.exceptions import SemaphoreUnavailable
+
+    for i in range(6):
+        dead_hold(holds, f"partway:{i}")
+    later(LATER)
+    original, listed = index_queries.query_expiring, []
+
+    def query(shard: int, **kwargs: Any) -> Any:
+        if any(rows for rows, _ in listed):
+            raise SemaphoreUnavailable("AccessDenied on the expires index")
+        listed.append(original(shard, **kwargs))
+        return listed[-1]
+
+    monkeypatch.setattr(index_queries, "query_expiring", query)
+    out, failed = run_failing("dynasem_reap", "--workers", "1")
+    deleted = len(listed[-1][0])
+    assert 0 < deleted < 6
+    assert sum(lock_rows.get_item(f"partway:{i}") is None for i in range(6)) == deleted
+    assert failed.returncode == 1
+    assert "AccessDenied on the expires index" in str(failed)
+    assert f"{deleted} expired row" in str(failed) and f"Deleted {deleted} expired rows." in out
+
+
 # ---------------------------------------------------------------------------------------------
 # dynasem_locks
 # ---------------------------------------------------------------------------------------------

@@ -9,11 +9,12 @@ from django.core.management.base import CommandError
 
 from ..._operators import reaper as reaping
 from ..._storage import records
+from ...exceptions import SemaphoreUnavailable
 from ._output import OperatorCommand, printable
 
 # The exit status when a delete or break failed (DynamoDB unreachable, throttled still after
 # the tries, an answer lost): the reap went on with the rest and names the failed on stderr.
-# 1: the expires index could not be listed at all.
+# 1: the expires index could not be listed to its end (the error says what was deleted before).
 SOME_FAILED = 3
 # Failures named in the error message; --json has a line for each.
 NAMED = 5
@@ -64,20 +65,33 @@ class Command(OperatorCommand):
                 ended = datetime.fromtimestamp(row.listed_s, tz=UTC).strftime("%Y-%m-%d %H:%M")
                 self.stdout.write(f"  {printable(row.resource)}  (lease ended by {ended} UTC)")
 
-        result = reaping.reap(dry_run=dry_run, workers=workers, progress=progress, found=found)
+        result = reaping.ReapResult()
+        try:
+            reaping.reap(
+                dry_run=dry_run, workers=workers, progress=progress, found=found, result=result
+            )
+        except SemaphoreUnavailable as exc:
+            listing: SemaphoreUnavailable | None = exc
+        else:
+            listing = None
         if as_json:
-            for failure in result.failed:
-                self.stdout.write(json.dumps(dataclasses.asdict(failure)))
-            totals = {"dry_run": dry_run, "found": result.found, "deleted": result.deleted}
-            totals["permits_freed"] = result.permits
-            # "kept" is the name scripts read before "changed_since_listed" said why.
-            changed = {"changed_since_listed": result.survived, "kept": result.survived}
-            failed = {"permits_kept": result.permits_kept, "failed": len(result.failed)}
-            self.stdout.write(json.dumps({**totals, **changed, **failed}))
+            self._json(result, dry_run=dry_run)
         else:
             self._report(result, dry_run=dry_run, verbosity=verbosity)
+        if listing is not None:
+            raise CommandError(_listing_text(listing, result, dry_run=dry_run)) from listing
         if result.failed:
             raise CommandError(_failed_text(result.failed), returncode=SOME_FAILED)
+
+    def _json(self, result: reaping.ReapResult, *, dry_run: bool) -> None:
+        for failure in result.failed:
+            self.stdout.write(json.dumps(dataclasses.asdict(failure)))
+        totals = {"dry_run": dry_run, "found": result.found, "deleted": result.deleted}
+        totals["permits_freed"] = result.permits
+        # "kept" is the name scripts read before "changed_since_listed" said why.
+        changed = {"changed_since_listed": result.survived, "kept": result.survived}
+        failed = {"permits_kept": result.permits_kept, "failed": len(result.failed)}
+        self.stdout.write(json.dumps({**totals, **changed, **failed}))
 
     def _report(self, result: reaping.ReapResult, *, dry_run: bool, verbosity: int) -> None:
         kept = result.survived
@@ -113,6 +127,16 @@ def _changed(rows: int) -> str:
     if rows == 1:
         return "1 row changed since the index listed it"
     return f"{rows} rows changed since the index listed them"
+
+
+def _listing_text(error: SemaphoreUnavailable, result: reaping.ReapResult, *, dry_run: bool) -> str:
+    """A listing of the expires index that failed, and what the reap did before it."""
+    done = "nothing deleted (--dry-run)" if dry_run else f"{result.deleted} expired rows deleted"
+    failed = f"; {_failed_text(result.failed)}" if result.failed else ""
+    return (
+        f"the expires index could not be listed to its end: {error}. Before that: {done}, "
+        f"the rows not listed yet left for the next reap{failed}"
+    )
 
 
 def _failed_text(failed: list[reaping.ReapFailure]) -> str:
