@@ -399,6 +399,42 @@ def test_a_stop_that_comes_with_the_lead_starts_no_command(
     assert holds_on("leader:beat") == []
 
 
+def test_a_give_back_that_fails_after_the_command_exited_keeps_the_command_s_status(
+    lock_table: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # DynamoDB refuses the give-back (throttled still after the tries): the lead is left to
+    # its lease, said on stderr, and the process exits with its command's status as ever,
+    # not 1 with a traceback (a process manager would read a failure of the command).
+    import io
+
+    from django.core.management import call_command
+
+    from dynasem._engine import hold
+    from dynasem.exceptions import SemaphoreUnavailable
+
+    def refused(self: Any) -> None:
+        raise SemaphoreUnavailable("ThrottlingException on the release", transient=True)
+
+    monkeypatch.setattr(hold.Held, "_release_now", refused)
+    script = tmp_path / "exit3.sh"
+    script.write_text("exit 3\n")
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    said = io.StringIO()
+    try:
+        with pytest.raises(SystemExit) as exited:
+            call_command(
+                "dynasem_lead", "beat", "sh", str(script), no_pid_namespace=True, stderr=said
+            )
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+    assert exited.value.code == 3
+    assert "the command exited (3)" in said.getvalue()
+    assert "ThrottlingException on the release" in said.getvalue()
+    assert "left to its lease" in said.getvalue()
+    (left,) = holds_on("leader:beat")  # given back by nobody: its lease ends it
+
+
 def test_sigterm_while_waiting_for_the_lead_exits(leaders: Any, tmp_path: Path) -> None:
     log = tmp_path / "runs.log"
     leaders()

@@ -22,7 +22,8 @@ first process dies with this one, what it started may live on. The command gets
 ``DYNASEM_LEAD_NAME`` and ``DYNASEM_LEAD_FENCE`` in its environment.
 
 If the command exits by itself, the lead is given back and this process exits with the
-command's status (a process manager restarts it); anything the command left running is
+command's status (a process manager restarts it; a give-back DynamoDB refuses is said on stderr,
+the lead left to its lease); anything the command left running is
 killed with the namespace. SIGTERM or SIGINT to this process stops the command the same way
 (SIGTERM to every process of it, SIGKILL after ``--grace``), gives the lead back and exits.
 """
@@ -141,11 +142,19 @@ class Command(BaseCommand):
                     None if stopping.is_set() else self._lead(name, lead, command, grace, stopping)
                 )
             finally:
-                place.__exit__(None, None, None)
+                self._give_back(name, place)
             if status is not None:
                 self._say(name, f"the command exited ({status})")
                 sys.exit(status)
         self._say(name, "stopped")
+
+    def _give_back(self, name: str, place: Leadership) -> None:
+        """Give the lead back; one DynamoDB refused is left to its lease (renewed no more), said
+        as a warning: the command's status, or competing again, goes on."""
+        try:
+            place.__exit__(None, None, None)
+        except SemaphoreUnavailable as exc:
+            self._say(name, f"giving the lead back failed ({exc}): it is left to its lease")
 
     def _say(self, name: str, text: str) -> None:
         self.stderr.write(f"dynasem_lead: {name!r}: {text}")
