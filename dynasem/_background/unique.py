@@ -369,7 +369,11 @@ def give_back(taken: Claim) -> None:
             # The run ended meanwhile: its hold is the retry's claim now, adopted next.
     except LockLost:
         pass
-    except Exception:
+    except Exception as exc:
+        if steps.from_receiver(exc):  # given back: only a lock_released receiver raised
+            message = "dynasem: a lock_released receiver raised giving back %r: %r"
+            logger.warning(message, taken.resource, exc, extra=taken.facts("receiver_failed", exc))
+            return
         logger.warning(
             "dynasem: could not give back %r",
             taken.resource,

@@ -37,6 +37,7 @@ from .steps import (
     announced_after,
     close_connections,
     closing,
+    from_receiver,
     io_executor,
     on_event_loop,
     release_to_end,
@@ -465,6 +466,11 @@ class Held:
                 message = "dynasem: the hold on %r was lost (%s) before its transaction rolled back"
             ex = self._facts(outcome, exc.reason)
             logger.log(level, message, self.resource, exc.reason, extra=ex)
+        except Exception as exc:
+            if not from_receiver(exc):
+                raise  # the give-back's own failure: commit.py logs it
+            message = "dynasem: a lock_released receiver raised after the transaction for %r: %r"
+            logger.warning(message, self.resource, exc, extra=self._facts("receiver_failed", exc))
         finally:
             self._pending_commit = False
 

@@ -363,7 +363,13 @@ def send_or_keep(step: Announce) -> None:
     a thread, once that release has ended, by that caller (:func:`announced_after`)."""
     later = _later.get()
     if later is None or not later.keep(step):
-        step.send()
+        try:
+            step.send()
+        except Exception as exc:
+            # A receiver's, the release made: marked, so that a caller that logs it (a
+            # commit's give-back, a unique claim's) does not take it for the release's.
+            setattr(exc, _RECEIVERS, True)
+            raise
 
 
 async def announced_after(
@@ -592,5 +598,6 @@ _RECEIVERS = "_dynasem_from_receiver"
 def from_receiver(exc: BaseException) -> bool:
     """Whether ``exc`` was raised by a receiver of an acquire's ``lock_acquired`` or
     ``lock_busy`` (an :class:`Announce`), not by the acquire loop: a ``SemaphoreBusy`` of a
-    receiver that took another lock says nothing of this acquire's lock."""
+    receiver that took another lock says nothing of this acquire's lock; or by a receiver of
+    a release's ``lock_released`` (:func:`send_or_keep`), the hold given back."""
     return getattr(exc, _RECEIVERS, False) is True

@@ -281,3 +281,58 @@ def test_a_template_response_whose_render_raised_ends_with_its_own_past_a_raisin
         assert any("audit database" in r.getMessage() for r in caplog.records)
     finally:
         release_all()
+
+
+def _dynasem_logged(caplog: pytest.LogCaptureFixture) -> list[tuple[int, str, str]]:
+    return [
+        (r.levelno, getattr(r, "dynasem_outcome", ""), r.getMessage())
+        for r in caplog.records
+        if r.name == "dynasem"
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_receiver_raising_after_a_commit_s_give_back_is_logged_as_the_receiver_s(
+    lock_table: str, raising_receiver: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A hold given back once its transaction committed, whose lock_released receiver raised:
+    it was logged at ERROR as "giving back ... failed" (outcome give_back_failed), sending an
+    operator after a hold that was given back."""
+    from django.db import transaction
+
+    with caplog.at_level(logging.WARNING, logger="dynasem"):
+        with transaction.atomic(), semaphore("r37n:commit"):
+            pass
+    assert holds_on("r37n:commit") == []
+    ((level, outcome, message),) = _dynasem_logged(caplog)
+    assert (level, outcome) == (logging.WARNING, "receiver_failed")
+    assert "lock_released receiver" in message and "the audit database is down" in message
+
+
+@pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks is Django's from 6.0")
+@pytest.mark.django_db(transaction=True)
+def test_a_receiver_raising_as_a_sync_enqueue_withdraws_is_logged_as_the_receiver_s(
+    lock_table: str,
+    raising_receiver: None,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sync unique enqueue the backend refused gives its claim back (unique.give_back); a
+    lock_released receiver that raised then was logged as "could not give back" (outcome
+    give_back_failed), the claim given back all the same."""
+    from django.tasks.backends.dummy import DummyBackend
+
+    from tests.support import unique_tasks
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise Mine("the broker is down")
+
+    monkeypatch.setattr(DummyBackend, "enqueue", refused)
+    dummy = {"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}
+    with override_settings(TASKS=dummy), caplog.at_level(logging.WARNING, logger="dynasem"):
+        with pytest.raises(Mine):
+            unique_tasks.plain.using(backend="default").enqueue("r37n-refused")
+    assert holds_on("unique-plain:r37n-refused") == []
+    ((level, outcome, message),) = _dynasem_logged(caplog)
+    assert (level, outcome) == (logging.WARNING, "receiver_failed")
+    assert "lock_released receiver" in message and "the audit database is down" in message
