@@ -25,9 +25,10 @@ import threading
 import time
 from typing import Any, Protocol
 
+from django.db import connections
+
 from .._observability.logs import facts
 from ..exceptions import LockLost, SemaphoreUnavailable
-from .steps import close_connections
 
 logger = logging.getLogger("dynasem")
 
@@ -263,3 +264,20 @@ def later(task: Task, seconds: float) -> None:
 def scheduled() -> list[Heartbeat]:
     """Every heartbeat of this process that is still running."""
     return _ours().scheduled()
+
+
+def close_connections() -> None:
+    """Close what database connections this thread opened: a thread of dynasem's own (a
+    renewal's, one of :func:`io_executor`'s), where a signal receiver's ORM query opened one
+    that Django never closes (it does at a request's end). Left open, it stayed so until the
+    garbage collector found it (a thread per renewal: a server session for each lost hold),
+    or for good in a thread that lives on, and stale past a database restart. An error as it
+    closes is logged: the thread's work goes on."""
+    try:
+        connections.close_all()
+    except Exception as exc:
+        logger.warning(
+            "dynasem: could not close a database connection: %r",
+            exc,
+            extra=facts(outcome="close_failed", reason=exc),
+        )

@@ -29,13 +29,12 @@ from .._transactions import commit, fencing
 from ..exceptions import LockLost, SemaphoreUnavailable
 from ..signals import lock_acquired, lock_lost, lock_released
 from . import handover, push, resend
-from .heartbeat import Heartbeat
+from .heartbeat import Heartbeat, close_connections
 from .lockspec import LockSpec
 from .steps import (
     Announce,
     announce,
     announced_after,
-    close_connections,
     closing,
     from_receiver,
     io_executor,

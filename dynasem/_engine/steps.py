@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from asgiref.sync import AsyncToSync, sync_to_async
-from django.db import connections
 from django.dispatch import Signal
 
 from .. import _clock as clock
@@ -93,23 +92,6 @@ def on_event_loop() -> bool:
     except RuntimeError:
         return False
     return True
-
-
-def close_connections() -> None:
-    """Close what database connections this thread opened: a thread of dynasem's own (a
-    renewal's, one of :func:`io_executor`'s), where a signal receiver's ORM query opened one
-    that Django never closes (it does at a request's end). Left open, it stayed so until the
-    garbage collector found it (a thread per renewal: a server session for each lost hold),
-    or for good in a thread that lives on, and stale past a database restart. An error as it
-    closes is logged: the thread's work goes on."""
-    try:
-        connections.close_all()
-    except Exception as exc:
-        logger.warning(
-            "dynasem: could not close a database connection: %r",
-            exc,
-            extra=facts(outcome="close_failed", reason=exc),
-        )
 
 
 def sync_caller() -> Any:
