@@ -436,8 +436,9 @@ def test_retry_after_estimates_when_the_holder_will_be_done(lock_table):
     with semaphore("lease:1", lease=100):
         retry_after = assert_locked(view(RequestFactory().get("/"), n=1))
     # Holds of 0.3 s: done within a second, although the lease has 100 s left (Retry-After
-    # was its end + CLOCK_SKEW, 101 s).
-    assert retry_after == 1
+    # was its end + CLOCK_SKEW, 101 s). A loaded machine (CI's embedded engine beside another
+    # suite) stretches the holds' measured length past a second: a few seconds, never the lease.
+    assert 1 <= retry_after <= 5
 
 
 def test_busy_response_helper():
