@@ -20,6 +20,7 @@ from django.test import RequestFactory, override_settings
 from dynasem import leadership, release_all, semaphore
 from dynasem import signals as dynasem_signals
 from dynasem._operators.locks import holds_on
+from tests.support.helpers import assert_sent_here
 
 
 @pytest.fixture
@@ -63,12 +64,7 @@ def test_an_async_leads_release_sends_lock_released_where_django_closes_the_conn
         async_to_sync(work)()
     finally:
         release_all()
-    here = threading.current_thread().name
-    assert len(seen) == 1
-    thread, db = seen[0]
-    assert (thread, db) == (here, connections["default"]), (
-        f"sent in {thread}, its connection left open: {db.connection is not None}"
-    )
+    assert_sent_here(seen)
 
 
 @pytest.mark.django_db(transaction=True)
@@ -99,12 +95,7 @@ def test_an_async_streaming_views_release_sends_lock_released_where_django_close
         async_to_sync(work)()
     finally:
         release_all()
-    here = threading.current_thread().name
-    assert len(seen) == 1
-    thread, db = seen[0]
-    assert (thread, db) == (here, connections["default"]), (
-        f"sent in {thread}, its connection left open: {db.connection is not None}"
-    )
+    assert_sent_here(seen)
 
 
 @pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks is Django's from 6.0")
@@ -127,12 +118,7 @@ def test_an_async_unique_tasks_run_sends_lock_released_where_django_closes_it(
             assert async_to_sync(task.acall)(*queued.args, **queued.kwargs) == "r37h"
         finally:
             release_all()
-    here = threading.current_thread().name
-    assert len(seen) == 1
-    thread, db = seen[0]
-    assert (thread, db) == (here, connections["default"]), (
-        f"sent in {thread}, its connection left open: {db.connection is not None}"
-    )
+    assert_sent_here(seen)
 
 
 @pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks is Django's from 6.0")
@@ -263,9 +249,4 @@ def test_a_hold_given_back_as_its_lock_acquired_receiver_raised_sends_lock_relea
         dynasem_signals.lock_acquired.disconnect(dispatch_uid="review37h-acq")
         release_all()
     assert holds_on("r37h-acquired") == []
-    here = threading.current_thread().name
-    assert len(seen) == 1
-    thread, db = seen[0]
-    assert (thread, db) == (here, connections["default"]), (
-        f"sent in {thread}, its connection left open: {db.connection is not None}"
-    )
+    assert_sent_here(seen)

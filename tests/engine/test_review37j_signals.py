@@ -20,6 +20,7 @@ from django.test import RequestFactory, override_settings
 from dynasem import release_all, semaphore
 from dynasem import signals as dynasem_signals
 from dynasem._operators.locks import holds_on
+from tests.support.helpers import assert_sent_here
 
 
 class Mine(Exception):
@@ -178,12 +179,7 @@ def test_an_async_unique_run_cancelled_as_it_started_sends_lock_released_where_d
         dynasem_signals.lock_released.disconnect(dispatch_uid="review37j-query")
         release_all()
     assert holds_on("unique-async:r37j-cancelled") == []
-    here = threading.current_thread().name
-    assert len(seen) == 1
-    thread, db = seen[0]
-    assert (thread, db) == (here, connections["default"]), (
-        f"sent in {thread}, its connection left open: {db.connection is not None}"
-    )
+    assert_sent_here(seen)
 
 
 @pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks is Django's from 6.0")
@@ -227,12 +223,7 @@ def test_an_async_enqueue_the_backend_refused_sends_lock_released_where_django_c
         dynasem_signals.lock_released.disconnect(dispatch_uid="review37j-query")
         release_all()
     assert holds_on("unique-async:r37j-refused") == []
-    here = threading.current_thread().name
-    assert len(seen) == 1
-    thread, db = seen[0]
-    assert (thread, db) == (here, connections["default"]), (
-        f"sent in {thread}, its connection left open: {db.connection is not None}"
-    )
+    assert_sent_here(seen)
 
 
 @pytest.mark.parametrize("kind", ["wsgi", "asgi"])

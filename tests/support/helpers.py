@@ -242,3 +242,17 @@ def pushes_recorded(monkeypatch: Any) -> list[str]:
 
     monkeypatch.setattr(push, "push", recorded)
     return pushed
+
+
+def assert_sent_here(seen: list[tuple[str, Any]]) -> None:
+    """One signal was heard, by a receiver that ran an ORM query (``seen``: its thread's name
+    and connection), in this thread with its own connection, which Django closes: not in a
+    thread of dynasem's, where the connection stays open."""
+    from django.db import connections
+
+    here = threading.current_thread().name
+    assert len(seen) == 1
+    thread, db = seen[0]
+    assert (thread, db) == (here, connections["default"]), (
+        f"sent in {thread}, its connection left open: {db.connection is not None}"
+    )
