@@ -37,7 +37,7 @@ from .._engine.arguments import check_lease, check_resource, resolve_timing, ske
 from .._engine.decorators import KeyMaker, checked_keys
 from .._engine.hold import Held, confirm, delivering, start_renewing, stop_renewing
 from .._engine.queue import too_slow
-from .._engine.reentry import Block, close, opened, remember_acquired
+from .._engine.reentry import Block, as_another_process, close, opened, remember_acquired
 from .._engine.steps import run_sync
 from .._observability.logs import facts
 from .._storage import claims, dynamodb, lock_rows, records
@@ -129,6 +129,9 @@ def claim(resource: str, task_id: str, queue_lease: float) -> Claim:
     sem.detached = True  # not this process's hold: its end must not free the key
 
     def take() -> Held:
+        # Nor a hold this thread gave back inside a transaction not ended yet (held until
+        # its commit, renewed): the key is busy for a task's claim, as for another process.
+        as_another_process.set(True)
         held = run_sync(sem._acquire_steps())
         stop_renewing(held)  # the queue lease is all it gets until a worker adopts it
         return held
