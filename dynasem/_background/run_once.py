@@ -24,7 +24,7 @@ from .._engine import resend
 from .._engine.heartbeat import Heartbeat
 from .._engine.queue import retry_after, too_slow
 from .._engine.reentry import Block, close, left, opened
-from .._engine.steps import run_io_taking, run_io_to_end
+from .._engine.steps import caller_in_transaction, release_to_end, run_io_taking, sync_caller
 from .._observability.logs import facts
 from .._storage import dynamodb, job_rows, job_writes, records
 from .._transactions import commit as transactions
@@ -64,6 +64,9 @@ class Job:
     _released: bool = False
     _pending_commit: bool = False  # finished, waiting for the transaction to end
     _heartbeat: Heartbeat | None = None
+    # Entered by async code that a sync thread in a transaction runs (async_to_sync): its
+    # end runs on that thread, DONE after that transaction's commit (steps.release_to_end).
+    _follows_caller: bool = False
     # The process that claimed it: a child forked inside the body that leaves the block
     # (sys.exit, a return) finishes nothing; the parent, still in it, does.
     _pid: int = dataclasses.field(default_factory=os.getpid)
@@ -354,14 +357,23 @@ class RunOnce:
         # thread: once it ends, what it claimed is given back, or the job would sit RUNNING,
         # renewed by the heartbeat, with nobody to run its body or finish it.
         block = Block(self, sys._getframe(1))  # the block's frame (``async with`` runs us at once)
-        return opened(block, await run_io_taking(self.claim, self._cut_off))
+        # A sync view in a transaction calling this through async_to_sync: the body's ORM work
+        # (sync_to_async) commits with that transaction, so DONE must wait for its commit, as
+        # a ``with`` block's does. Asked before the claim, as an async acquire asks.
+        follows = (
+            self.on_commit and sync_caller() is not None and await caller_in_transaction(self.using)
+        )
+        job = await run_io_taking(self.claim, self._cut_off)
+        job._follows_caller = follows
+        return opened(block, job)
 
     def _cut_off(self, claimed: Job) -> None:
         claimed._stop_heartbeat()
         give_back(self.key, claimed.token, asyncio.CancelledError())
 
     async def __aexit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
-        await run_io_to_end(self._leave, left(self, sys._getframe(1), "run_once").value, exc)
+        job = left(self, sys._getframe(1), "run_once").value
+        await release_to_end(self._leave, job, exc, on_caller=job._follows_caller)
 
 
 def give_back(key: str, token: str, interrupt: BaseException) -> None:

@@ -4,13 +4,17 @@ before its mend."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
+from asgiref.sync import async_to_sync, sync_to_async
 from django.contrib.auth.models import User
 from django.db import transaction
 
-from dynasem import semaphore
+from dynasem import run_once, semaphore
 from dynasem._background.unique import Taken, claim
 from dynasem._operators.locks import holds_on
+from dynasem._storage import lock_rows, records
 
 # dynasem's own re-entry rule (tests/conftest.py's no_reentry is off here).
 pytestmark = pytest.mark.reentry
@@ -39,3 +43,41 @@ def test_a_claim_in_a_transaction_does_not_take_the_hold_waiting_for_its_commit(
         (hold,) = holds_on(key)
         assert hold.token == held.token
     assert holds_on(key) == []
+
+
+def _job_row(key: str) -> dict[str, Any]:
+    return lock_rows.get_item(key, records.JOB_SK) or {}
+
+
+class Rollback(Exception):
+    pass
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_async_run_once_run_by_async_to_sync_inside_atomic_is_done_after_the_commit(
+    lock_table: str,
+) -> None:
+    """``async with run_once(key)`` in code a sync view calls through ``async_to_sync`` inside
+    ``transaction.atomic`` (ATOMIC_REQUESTS): the body's ORM work (``sync_to_async``) runs on
+    the view's thread, in its transaction. The API: "The same holds for run_once's DONE":
+    written after the commit, FAILED on a rollback. An ``async with semaphore()`` block
+    follows that transaction (``steps.release_to_end``); ``RunOnce.__aexit__`` ran its end in
+    dynasem's executor, in no transaction: DONE at once, and on the rollback the job stayed
+    DONE with its work undone, never run again."""
+    key = "rv38d:async-job"
+
+    async def job_body() -> None:
+        async with run_once(key):
+            await sync_to_async(User.objects.create)(username="rv38d-async-job")
+
+    with pytest.raises(Rollback), transaction.atomic():
+        async_to_sync(job_body)()
+        assert _job_row(key).get("status") == records.RUNNING, "DONE before the commit"
+        raise Rollback
+    assert not User.objects.filter(username="rv38d-async-job").exists()
+    assert _job_row(key).get("status") == records.FAILED
+
+    with transaction.atomic():
+        async_to_sync(job_body)()
+        assert _job_row(key).get("status") == records.RUNNING, "DONE before the commit"
+    assert _job_row(key).get("status") == records.DONE
