@@ -90,7 +90,11 @@ class Registration:
         self.lease, self.skew = lease, skew
         self._deadline = sent + lease - skew
         self._replaced = False  # a renewal was refused: the item is another's for good
-        self._heartbeat = heartbeat.Heartbeat(self)
+        self._heartbeat: heartbeat.Heartbeat | None = None  # renewed once started
+
+    def start(self) -> None:
+        """Renewed by the heartbeat from now on (once the caller's guard has it)."""
+        self._heartbeat = heartbeat.Heartbeat(self)  # first: stop() finds it from here on
         self._heartbeat.start()
 
     def seconds_left(self) -> float:
@@ -112,7 +116,8 @@ class Registration:
         self._deadline = sent + self.lease - self.skew
 
     def stop(self) -> None:
-        self._heartbeat.stop()
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
 
     def withdraw(self) -> None:
         self.stop()
@@ -159,11 +164,21 @@ def register(
     after_fence = row.fence
     times = {"until_ms": now + int(lease * 1000), "stale_ms": now - int(skew * 1000)}
     user_id, holder = user_id_of(sem.user), busy.holder_user_id
+    name = telemetry.lock_name(sem) if telemetry.ON else None
+    registration = None
     try:
         other = next_runs.register_next(
             resource, token=token, user_id=user_id, after_fence=after_fence, **times
         )
+        if other is None:
+            # In the caller's guard before its heartbeat starts: an interrupt from here on
+            # withdraws it, never leaves it renewed for nobody.
+            registration = Registration(resource, token, lease, skew, sent, name)
+            if made is not None:
+                made.append(registration)
     except BaseException as failure:
+        if made is not None and registration in made:
+            made.remove(registration)  # withdrawn here, not twice
         # Maybe applied, its answer lost (every attempt unanswered, or an interrupt): a
         # registration left live for its lease, with nobody to run it, would answer every
         # busy caller meanwhile Coalesced, and none would run after them.
@@ -173,16 +188,13 @@ def register(
         if isinstance(failure, SemaphoreUnavailable) and failure.transient:
             return None  # throttled, or unanswered: we wait unregistered (one run more)
         raise
-    if other is not None:
+    if registration is None:
         said = "dynasem: %r is busy and its next run is registered: coalesced"
         logger.info(said, resource, extra=facts(resource, outcome="coalesced", holder=holder))
         raise Coalesced(resource, busy.retry_after, holder, other)
+    registration.start()
     ex = facts(resource, token=token, outcome="registered", holder=holder)
     logger.info("dynasem: %r is busy: registered as its next run", resource, extra=ex)
-    name = telemetry.lock_name(sem) if telemetry.ON else None
-    registration = Registration(resource, token, lease, skew, sent, name)
-    if made is not None:
-        made.append(registration)  # for the caller's guard, before anything can interrupt
     return registration
 
 

@@ -11,10 +11,13 @@ from asgiref.sync import async_to_sync, sync_to_async
 from django.contrib.auth.models import User
 from django.db import transaction
 
-from dynasem import run_once, semaphore
+from dynasem import Coalesced, SemaphoreBusy, run_once, semaphore
 from dynasem._background.unique import Taken, claim
+from dynasem._engine import heartbeat
+from dynasem._engine.coalescing import Registration
 from dynasem._operators.locks import holds_on
 from dynasem._storage import lock_rows, records
+from dynasem.testing import held_elsewhere
 
 # dynasem's own re-entry rule (tests/conftest.py's no_reentry is off here).
 pytestmark = pytest.mark.reentry
@@ -81,3 +84,37 @@ def test_an_async_run_once_run_by_async_to_sync_inside_atomic_is_done_after_the_
         async_to_sync(job_body)()
         assert _job_row(key).get("status") == records.RUNNING, "DONE before the commit"
     assert _job_row(key).get("status") == records.DONE
+
+
+def test_a_next_run_interrupted_as_its_heartbeat_starts_is_withdrawn(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hole in the mend of ``tests/engine/test_coalesce_interrupted.py``: ``register()``
+    hands the registration to ``acquire()``'s guard (``made.append``) only after
+    ``Registration.__init__`` has started its heartbeat. A KeyboardInterrupt (a signal
+    handler's, or a task's soft time limit) landing in between left it renewed for as long
+    as the process lives, with nobody to run: every busy caller is answered Coalesced and
+    its work never runs. Modelled as raised right after the heartbeat was started."""
+    start = heartbeat.Heartbeat.start
+
+    def interrupted(self: heartbeat.Heartbeat) -> None:
+        start(self)
+        if isinstance(self.held, Registration):
+            raise KeyboardInterrupt  # a signal's exception, the bytecode after the call
+
+    resource = "rv38d:rebuild-interrupted"
+    with held_elsewhere(resource):
+        monkeypatch.setattr(heartbeat.Heartbeat, "start", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            with semaphore(resource, coalesce=True, wait=30, lease=2):
+                pytest.fail("the block must not run")
+        monkeypatch.setattr(heartbeat.Heartbeat, "start", start)
+        orphans = [hb for hb in heartbeat.scheduled() if isinstance(hb.held, Registration)]
+        for hb in orphans:  # not left renewing into the next tests of this worker
+            hb.stop()
+        assert orphans == [], "a registration renewed for nobody"
+        # The next busy caller is the next run (its short wait runs out), not coalesced.
+        with pytest.raises(SemaphoreBusy) as caught:
+            with semaphore(resource, coalesce=True, wait=0.3):
+                pass
+        assert not isinstance(caught.value, Coalesced)
