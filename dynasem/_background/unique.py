@@ -147,16 +147,26 @@ def claim(resource: str, task_id: str, queue_lease: float) -> Claim:
     return Claim(resource, held.token, held.fence, task_id)
 
 
-def adopt(claim: Claim, lease: float | None = None, *, wait: bool = True) -> Held:
+def adopt(
+    claim: Claim,
+    lease: float | None = None,
+    *,
+    wait: bool = True,
+    made: list[Held] | None = None,
+) -> Held:
     """The worker's side: make the claimed hold this process's for the run (``lease``, the
     setting if None), renewed by the heartbeat. :class:`LockLost` if the claim is not there
     to adopt: adopted already (a message delivered twice), or its queue lease ran out and
     another task took the key. A retry's claim whose run has not ended yet is waited for
-    (unless not ``wait``: LockLost)."""
+    (unless not ``wait``: LockLost). ``made``: the caller's guard, which ends the run
+    whatever comes once the hold is in it (an interrupt as this returns)."""
     token = uuid.uuid4().hex
     sent: list[Held | None] = []  # an adoption was sent (None), the hold made of it
     try:
-        return _adopt(claim, lease, wait, token, sent)
+        held = _adopt(claim, lease, wait, token, sent)
+        if made is not None:
+            made.append(held)
+        return held
     except BaseException as failure:
         made = [held for held in sent if held is not None]
         # Its own answer (LockLost: not ours; unavailable, nothing applied) goes as it is.
@@ -454,13 +464,18 @@ def withdraw(claimed: Claim, run: tuple[Claim, Held] | None) -> None:
 
 
 def start_run(
-    task: str, carried: Claim, run_lease: float | None, *, wait: bool = True
+    task: str,
+    carried: Claim,
+    run_lease: float | None,
+    *,
+    wait: bool = True,
+    made: list[Held] | None = None,
 ) -> Held | None:
     """The worker starts ``task``: its claim adopted, or None (logged) if the key is not the
     task's any more, and the task must not run. Not ``wait``: :class:`RunNotEnded` while the
-    run that enqueued it goes on."""
+    run that enqueued it goes on. ``made``: as :func:`adopt`'s."""
     try:
-        return adopt(carried, run_lease, wait=wait)
+        return adopt(carried, run_lease, wait=wait, made=made)
     except RunNotEnded:
         raise
     except LockLost as lost:
@@ -486,14 +501,19 @@ def run(
     ``call()`` as it is."""
     if carried is None or inline_retry(carried) is not None:
         return call()
-    held = start_run(task, carried, options.run_lease)
-    if held is None:
-        return refused
+    # The adopted hold in our guard before start_run returns: an interrupt (a task's soft
+    # time limit, raised by a signal handler) before the run begins ends it too, never
+    # leaves it renewed for nobody, the key refused to every enqueue.
+    started: list[Held] = []
     try:
+        held = start_run(task, carried, options.run_lease, made=started)
+        if held is None:
+            return refused
         with running(held, task, carried):
             return call()
     finally:
-        finish_run(task, carried, held, options.queue_lease)
+        for adopted in started:
+            finish_run(task, carried, adopted, options.queue_lease)
 
 
 def finish_run(task: str, carried: Claim, held: Held, queue_lease: float) -> None:

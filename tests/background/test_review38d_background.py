@@ -4,6 +4,7 @@ before its mend."""
 
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import pytest
@@ -12,6 +13,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 from dynasem import Coalesced, SemaphoreBusy, run_once, semaphore
+from dynasem._background import unique
 from dynasem._background.unique import Taken, claim
 from dynasem._engine import heartbeat
 from dynasem._engine.coalescing import Registration
@@ -118,3 +120,34 @@ def test_a_next_run_interrupted_as_its_heartbeat_starts_is_withdrawn(
             with semaphore(resource, coalesce=True, wait=0.3):
                 pass
         assert not isinstance(caught.value, Coalesced)
+
+
+def test_a_unique_run_interrupted_as_its_adoption_returns_gives_its_key_back(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``unique.run``: ``held = start_run(...)`` comes before the ``try`` whose ``finally``
+    ends the run. A KeyboardInterrupt (a signal handler's; Celery's soft time limit,
+    ``SoftTimeLimitExceeded``, raised the same way) landing after the adoption returned and
+    before that ``try`` left the adopted hold renewed by its heartbeat as long as the worker
+    lived, with no run: the key claimed for nobody, every enqueue of it refused. Modelled
+    as raised right after ``start_run`` returned (as the coalesced run's in
+    ``tests/engine/test_coalesce_interrupted.py``)."""
+    real = unique.start_run
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        real(*args, **kwargs)
+        raise KeyboardInterrupt  # a signal's exception, the bytecode after the call
+
+    resource = "rv38d:unique-interrupted"
+    carried = claim(resource, "task-1", queue_lease=30)
+    options = types.SimpleNamespace(run_lease=5, queue_lease=30)
+    monkeypatch.setattr(unique, "start_run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        unique.run("rv38d.task", options, carried, lambda: pytest.fail("must not run"))
+    monkeypatch.setattr(unique, "start_run", real)
+    left = holds_on(resource)
+    for beat in heartbeat.scheduled():  # not left renewing into the next tests of this worker
+        if getattr(beat.held, "resource", None) == resource:
+            beat.stop()
+    assert left == [], "the key is held by a run nobody makes"
+    claim(resource, "task-2", queue_lease=30)  # free for the next enqueue
