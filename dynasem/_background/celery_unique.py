@@ -92,26 +92,35 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
             return self.AsyncResult(busy.task_id or task_id), False
         if claimed is None:  # a second retry from one run: the first has the key
             return self.AsyncResult(task_id), False
-        if run is None and self.app.conf.task_always_eager:
-            # Celery's eager mode (``task_always_eager``): run here and now as a worker would,
-            # the claim adopted for the run (not run if its queue lease ran out and another
-            # task took the key). The hold is entered around Celery's ``apply()``, not in
-            # ``__call__``: an eager retry runs inside ``apply()`` after the first run has
-            # returned, and must find the key still held, as the docs promise.
-            apply = functools.partial(
-                super().apply_async, args, kwargs, task_id=task_id, headers=headers, **options
-            )
-            refused = self.AsyncResult(task_id)
-            result = unique.run(self.name, self, claimed, apply, refused=refused)
-            return result, result is not refused
-        headers[HEADER] = claimed.header()
+        # From here anything that stops us (an interrupt as the header is made, too) gives
+        # the claim back: else the key is held for a task never sent, for the queue lease.
         try:
+            if run is None and self.app.conf.task_always_eager:
+                return self._run_eagerly(claimed, args, kwargs, task_id, headers, options)
+            headers[HEADER] = claimed.header()
             return super().apply_async(
                 args, kwargs, task_id=task_id, headers=headers, **options
             ), True
         except BaseException:
-            unique.withdraw(claimed, run)  # not enqueued
+            # Not enqueued. Eager: a run that began gave the key back itself (this is then
+            # refused: the claim is gone).
+            unique.withdraw(claimed, run)
             raise
+
+    def _run_eagerly(
+        self, claimed: Claim, args: Any, kwargs: Any, task_id: str, headers: Any, options: Any
+    ) -> tuple[Any, bool]:
+        """Celery's eager mode (``task_always_eager``): run here and now as a worker would,
+        the claim adopted for the run (not run if its queue lease ran out and another task
+        took the key). The hold is entered around Celery's ``apply()``, not in ``__call__``:
+        an eager retry runs inside ``apply()`` after the first run has returned, and must
+        find the key still held, as the docs promise."""
+        apply = functools.partial(
+            super().apply_async, args, kwargs, task_id=task_id, headers=headers, **options
+        )
+        refused = self.AsyncResult(task_id)
+        result = unique.run(self.name, self, claimed, apply, refused=refused)
+        return result, result is not refused
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         # No claim: called directly, sent without apply_async (send_task), or run eagerly

@@ -14,7 +14,7 @@ from django.db import transaction
 
 from dynasem import Coalesced, SemaphoreBusy, run_once, semaphore
 from dynasem._background import unique
-from dynasem._background.unique import Taken, claim
+from dynasem._background.unique import Claim, Taken, claim
 from dynasem._engine import heartbeat
 from dynasem._engine.coalescing import Registration
 from dynasem._operators.locks import holds_on
@@ -151,3 +151,31 @@ def test_a_unique_run_interrupted_as_its_adoption_returns_gives_its_key_back(
             beat.stop()
     assert left == [], "the key is held by a run nobody makes"
     claim(resource, "task-2", queue_lease=30)  # free for the next enqueue
+
+
+def test_a_celery_enqueue_interrupted_after_its_claim_gives_the_key_back(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``UniqueTask._send``: the claim taken, its header was made (``claimed.header()``:
+    ``dataclasses.asdict``, a few calls) before the ``try`` that withdraws the claim when
+    the message cannot be sent. A KeyboardInterrupt there (a signal handler's: a web
+    worker's timeout, Ctrl-C) left the key claimed by a task never enqueued, every enqueue
+    of it refused for the queue lease (600 s by default). Modelled as raised as the header
+    is made."""
+    celery = pytest.importorskip("celery")
+    from dynasem.celery import UniqueTask
+
+    app = celery.Celery("rv38d-unique", broker="memory://")
+
+    @app.task(base=UniqueTask, name="rv38d.reindex", unique_key="rv38d:reindex:{n}")
+    def reindex(n: int) -> None:
+        pass
+
+    def interrupted(self: Claim) -> Any:
+        raise KeyboardInterrupt  # a signal's exception as the header is made
+
+    monkeypatch.setattr(Claim, "header", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        reindex.delay(1)
+    monkeypatch.undo()
+    assert holds_on("rv38d:reindex:1") == [], "claimed by a task that was never enqueued"
