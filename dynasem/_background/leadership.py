@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._engine.arguments import LEADER_PREFIX, check_resource
-from .._engine.hold import Held, exit_cut_short, when_lost
+from .._engine.hold import Held, delivering, exit_cut_short, when_lost
 from .._engine.reentry import Block, exit_failed, left, opened
 from ..exceptions import LockLost
 
@@ -125,7 +125,11 @@ class Leadership:
 
     def __enter__(self) -> Lead:
         block = Block(self, sys._getframe(1))
-        return opened(block, Lead(self.name, self.semaphore.acquire(), self.on_lost))
+        # Guarded whole, as a semaphore block's entry: an interrupt as the Lead is made or
+        # entered gives the hold back, never leaves it renewed for nobody.
+        return delivering(
+            lambda: opened(block, Lead(self.name, self.semaphore.acquire(), self.on_lost))
+        )
 
     def __exit__(self, *exc: Any) -> None:
         lead = left(self, sys._getframe(1), "leadership").value

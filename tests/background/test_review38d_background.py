@@ -179,3 +179,32 @@ def test_a_celery_enqueue_interrupted_after_its_claim_gives_the_key_back(
         reindex.delay(1)
     monkeypatch.undo()
     assert holds_on("rv38d:reindex:1") == [], "claimed by a task that was never enqueued"
+
+
+def test_a_lead_interrupted_as_its_block_is_entered_is_given_back(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Leadership.__enter__``: ``semaphore.acquire()`` guards the hold only until it
+    returns (``hold.delivering``); the ``Lead`` was then made (its events, its lock, its
+    ``when_lost`` watcher) and the block entered outside any guard. A KeyboardInterrupt (a
+    signal handler's) landing there left the lead renewed by its heartbeat as long as the
+    process lived, with no block to give it back: a leadership never given up, every other
+    contender waiting for ever (``wait=math.inf``). A ``semaphore()`` block's entry is
+    guarded whole (``delivering(lambda: opened(block, self.acquire()))``). Modelled as
+    raised as the lead listens for its loss."""
+    from dynasem import leadership
+    from dynasem._background import leadership as leadership_module
+
+    def interrupted(held: Any, told: Any) -> None:
+        raise KeyboardInterrupt  # a signal's exception, in Lead.__init__
+
+    monkeypatch.setattr(leadership_module, "when_lost", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        with leadership("rv38d-beat", lease=5):
+            pytest.fail("the block must not run")
+    monkeypatch.undo()
+    left = holds_on("leader:rv38d-beat")
+    for beat in heartbeat.scheduled():  # not left renewing into the next tests of this worker
+        if getattr(beat.held, "resource", None) == "leader:rv38d-beat":
+            beat.stop()
+    assert left == [], "a lead renewed for nobody"
