@@ -11,7 +11,7 @@ import logging
 import sys
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextvars import ContextVar
 from types import FrameType
 from typing import Any, NoReturn, TypeVar
@@ -20,7 +20,7 @@ from asgiref.sync import SyncToAsync
 
 from .._observability.logs import facts
 from .._storage.records import Mode
-from .._transactions import commit
+from .._transactions import commit, fencing
 from ..exceptions import LockLost
 from .hold import Held, undelivered
 from .lockspec import LockSpec
@@ -241,7 +241,7 @@ def reentered(sem: LockSpec) -> Held | None:
     held.depth += 1
     undelivered(held)  # an interrupt before the caller has it takes the depth back
     _kept_for_commit(held, sem)
-    return named(held, sem.resources)
+    return named(held, sem)
 
 
 def held_here(sem: LockSpec) -> Held | None:
@@ -306,7 +306,7 @@ def pending_hold(sem: LockSpec) -> Held | None:
             # kept past the commit, the hold is given back by its release, not by the commit.
             owner.depth += 1
             undelivered(owner)  # an interrupt before the caller has it takes the depth back
-            return named(owner, sem.resources)
+            return named(owner, sem)
     return None
 
 
@@ -331,12 +331,15 @@ def _holds_some(held: Held, sem: LockSpec) -> bool:
     return True
 
 
-def named(held: Held, wanted: Sequence[str]) -> Held:
-    """``held`` as the hold of ``wanted``, some or all of its resources: itself, or a
-    :class:`Nested` view named by them (its ``resource``, ``fence`` and ``fences``)."""
-    if wanted[0] == held.resources[0] and len(wanted) == len(held.resources):
+def named(held: Held, sem: LockSpec) -> Held:
+    """``held`` as the hold ``sem`` asked for, some or all of its resources: itself, or a
+    :class:`Nested` view named by them (its ``resource``, ``fence`` and ``fences``) whose
+    ``fence_transaction()`` fences ``sem``'s database, as its ``fence_db`` block does."""
+    wanted = sem.resources
+    same = wanted[0] == held.resources[0] and len(wanted) == len(held.resources)
+    if same and sem.using == held.semaphore.using:
         return held
-    return Nested(held, list(wanted))
+    return Nested(held, list(wanted), sem.using)
 
 
 def _check_covers(held: Held, sem: LockSpec, resource: str) -> None:
@@ -359,18 +362,25 @@ def _check_covers(held: Held, sem: LockSpec, resource: str) -> None:
 
 
 class Nested(Held):
-    """What a nested acquire of some of a hold's resources gets: the same hold (its token,
-    lease, renewals; released by the outermost release only), named by the resources it asked
-    for (``resource``, ``fence`` and ``fences`` are theirs).
+    """What a nested acquire of some of a hold's resources (or of all, for another database)
+    gets: the same hold (its token, lease, renewals; released by the outermost release only),
+    named by the resources it asked for (``resource``, ``fence`` and ``fences`` are theirs).
 
-    It has no state of its own but ``outer`` and ``resources``: every other attribute is the
+    It has no state of its own but ``outer``, ``resources`` and ``using`` (the nested
+    semaphore's, which its ``fence_transaction()`` fences): every other attribute is the
     outer hold's (``__getattr__``), so :class:`Held`'s read-only members (``lost``,
     ``released``, ``pending_commit``, ``expires``, ``seconds_left``, ``fence``) read the outer
     hold's state as they are; what changes state goes to the outer hold itself."""
 
-    def __init__(self, outer: Held, resources: list[str]):  # noqa: D107 - no Held.__init__
+    def __init__(  # noqa: D107 - no Held.__init__
+        self, outer: Held, resources: list[str], using: str | None
+    ):
         self.outer = outer
         self.resources = resources
+        self.using = using  # the nested semaphore's: where fence_transaction() writes
+
+    def fence_transaction(self, using: str | None = None) -> None:
+        fencing.fence_transaction(self, using if using is not None else self.using)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.outer, name)

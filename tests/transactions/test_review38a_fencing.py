@@ -1,0 +1,77 @@
+"""The eighth review's findings on fenced transactions (dynasem/_transactions/fencing.py) and
+the give-back after the commit, on SQLite in one process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth.models import User
+from django.db import transaction
+
+from dynasem import LockLost, semaphore
+from dynasem._transactions.fencing import row_key
+from dynasem.models import Fence
+
+routed = pytest.mark.django_db(transaction=True, databases=["default", "other"])
+
+
+def stored_in(alias: str, resource: str) -> int | None:
+    row = Fence.objects.using(alias).filter(digest=row_key(resource)).first()
+    return None if row is None else row.fence
+
+
+def newer_fence_in_other(resource: str, held: Any) -> None:
+    """A newer holder's committed fenced transaction in the database "other"."""
+    Fence.objects.using("other").create(
+        digest=row_key(resource), resource=resource, fence=held.fence + 1
+    )
+
+
+@routed
+@pytest.mark.reentry
+def test_a_nested_holds_fence_transaction_fences_the_nested_semaphores_database(
+    lock_table: str,
+) -> None:
+    """``held.fence_transaction()`` fences "the semaphore's ``using``": for a nested acquire
+    re-entering an outer hold, the semaphore the caller wrote (``using="other"``), as its
+    ``fence_db=True`` block does. It fenced the outer semaphore's database instead (open too:
+    ATOMIC_REQUESTS): the work in "other" went unfenced, a stale holder's commit unrefused."""
+    resource = "tbl:nested-using"
+    with pytest.raises(LockLost, match="'other' holds fence .* newer than this hold's"):
+        with transaction.atomic():  # the request's transaction on default
+            with semaphore(resource) as outer:
+                newer_fence_in_other(resource, outer)
+                with (
+                    semaphore(resource, using="other") as inner,
+                    transaction.atomic(using="other"),
+                ):
+                    inner.fence_transaction()
+                    User.objects.using("other").create(username="stale")
+    assert not User.objects.using("other").filter(username="stale").exists()
+    assert stored_in("default", resource) is None
+    assert stored_in("other", resource) == outer.fence + 1
+
+
+@routed
+def test_a_hold_taken_again_in_its_transaction_fences_the_new_semaphores_database(
+    lock_table: str,
+) -> None:
+    """The same through a hold given back in its transaction and taken again there (a view
+    calling two locked helpers under ATOMIC_REQUESTS), the second for work in "other"."""
+    resource = "tbl:pending-using"
+    with pytest.raises(LockLost, match="'other' holds fence .* newer than this hold's"):
+        with transaction.atomic():
+            with semaphore(resource) as first:
+                pass
+            assert first.pending_commit
+            newer_fence_in_other(resource, first)
+            with (
+                semaphore(resource, using="other") as again,
+                transaction.atomic(using="other"),
+            ):
+                again.fence_transaction()
+                User.objects.using("other").create(username="stale")
+    assert not User.objects.using("other").filter(username="stale").exists()
+    assert stored_in("default", resource) is None
+    assert first.released
