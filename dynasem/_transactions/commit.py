@@ -16,8 +16,9 @@ callback notices the drop (CPython frees it at once), and:
 * a savepoint rolled back inside a transaction that goes on: the work done under the lock
   before the savepoint may still commit, so a hold waits for that transaction instead (a
   run_once job's whole body was inside that savepoint: its work is gone, it is FAILED now);
-* dropped while every savepoint it was registered under is still open: the connection was
-  closed inside the transaction, which can never commit now: give back now.
+* dropped inside a transaction by anything but a savepoint's rollback (a savepoint it was
+  registered under may have been released before): the connection was closed inside the
+  transaction, which can never commit now: give back now.
 
 Our callback runs first among the transaction's commit hooks (it is moved to the front of
 Django's list): a hook of another app that raises after the commit makes Django skip the
@@ -33,15 +34,19 @@ commit; those do not count as a transaction here, so a test sees what production
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import logging
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable, Iterable
+from types import FrameType
 from typing import Any
 
 from django.conf import settings as django_settings
 from django.db import connections, router
+from django.db.backends.base.base import BaseDatabaseWrapper
 
 from .._observability.logs import facts
 
@@ -114,7 +119,6 @@ class _Pending:
     owner: Any  # what gives back (a Held, a Job): found again by pending_owners()
     savepoint_ends_it: bool
     done: bool = False
-    _sids: set[Any] = dataclasses.field(default_factory=set)
     # The process that registered it: a child forked meanwhile has a copy of the hook, which
     # its own close of the inherited connection drops; the parent's transaction decides.
     _pid: int = dataclasses.field(default_factory=os.getpid)
@@ -130,7 +134,6 @@ class _Pending:
         # (rollback), it is freed and the finalizer tells us. atexit=False: a process that
         # exits with an open transaction lets the lease lapse, no requests at shutdown.
         weakref.finalize(callback, self._dropped).atexit = False
-        self._sids = set(self.connection.savepoint_ids)
         self.connection.on_commit(callback, robust=True)
         if not _under_testcase(self.connection):
             # Run first among the commit hooks: move ours, just appended (we are inside
@@ -147,9 +150,10 @@ class _Pending:
                 return  # ran on commit, then freed
         if (
             not _in_transaction(self.connection)
-            # None of the savepoints we were registered under ended, yet we were dropped:
-            # the connection was closed inside the transaction, which can never commit.
-            or self._sids <= set(self.connection.savepoint_ids)
+            # Dropped by no savepoint's rollback: the connection was closed inside the
+            # transaction, which can never commit. (Not told by the savepoints we were
+            # registered under: one may have been released before the close.)
+            or not _in_savepoint_rollback()
             or self.savepoint_ends_it
         ):
             self._end(False)
@@ -179,6 +183,22 @@ class _Pending:
                     self.name, token=token, outcome="give_back_failed", committed=committed
                 ),
             )
+
+
+# Django's savepoint rollback, which drops the commit hooks registered under that savepoint.
+_SAVEPOINT_ROLLBACK = inspect.unwrap(BaseDatabaseWrapper.savepoint_rollback).__code__
+
+
+def _in_savepoint_rollback() -> bool:
+    """Whether this runs inside Django's savepoint rollback (a commit hook it drops is freed
+    there, at once): a hook dropped elsewhere inside a transaction was dropped by a close of
+    its connection (``close()`` empties the list before it marks ``closed_in_transaction``)."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is _SAVEPOINT_ROLLBACK:
+            return True
+        frame = frame.f_back
+    return False
 
 
 # The give-backs waiting on each connection (a connection belongs to one thread or task).

@@ -1,5 +1,5 @@
 """The eighth review's findings on fenced transactions (dynasem/_transactions/fencing.py) and
-the give-back after the commit, on SQLite in one process."""
+the give-back after the commit (dynasem/_transactions/commit.py), on SQLite in one process."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
-from django.db import transaction
+from django.db import connections, transaction
 
 from dynasem import LockLost, semaphore
+from dynasem._operators.locks import holds_on
 from dynasem._transactions.fencing import row_key
 from dynasem.models import Fence
+from tests.transactions.test_transactions import is_busy
 
 routed = pytest.mark.django_db(transaction=True, databases=["default", "other"])
 
@@ -75,3 +77,28 @@ def test_a_hold_taken_again_in_its_transaction_fences_the_new_semaphores_databas
     assert not User.objects.using("other").filter(username="stale").exists()
     assert stored_in("default", resource) is None
     assert first.released
+
+
+@pytest.mark.parametrize("savepoint", [True, False])
+@pytest.mark.django_db(transaction=True, databases=["default", "file"])
+def test_a_connection_closed_after_an_inner_block_ended_gives_back_at_once(
+    lock_table: str, savepoint: bool
+) -> None:
+    """The how-to: ``connection.close()`` inside ``atomic`` dooms the transaction, "the hold
+    is given back at once". Given back inside an inner ``atomic`` block that then ended (a
+    savepoint released, or a block without one), the close dropped the give-back while a
+    savepoint it was registered under was no longer open: taken for a savepoint's rollback,
+    it was registered again on the closed connection, whose list Django empties only at its
+    next connect. The transaction over, the hold stayed pending, renewed for nobody, as long
+    as this thread did not touch that database again."""
+    resource = f"tx:closed-after-inner:{savepoint}"
+    connection = connections["file"]
+    with transaction.atomic(using="file"):
+        with transaction.atomic(using="file", savepoint=savepoint):
+            with semaphore(resource, using="file") as held:
+                User.objects.using("file").create(username="closed-after-inner")
+        assert held.pending_commit
+        connection.close()  # close_old_connections() in a long task, say
+        assert held.released and not held.pending_commit, "kept while its transaction is doomed"
+    assert not connection.in_atomic_block
+    assert holds_on(resource) == [] and not is_busy(resource)
