@@ -72,7 +72,8 @@ def fence_transaction(held: Any, using: str | None = None) -> None:
     check_fenceable(held.semaphore.mode, held.resources)
     alias = commit.database(using)
     connection = connections[alias]
-    if not connection.in_atomic_block:
+    # A TestCase's own blocks (they never commit) are no transaction here, as in production.
+    if commit.open_transaction(alias) is None:
         raise TransactionManagementError(
             "fence_transaction() must run inside transaction.atomic("
             f"using={alias!r}): outside a transaction nothing keeps the fence row locked "

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 from django.contrib.auth.models import User
 from django.db import connections, transaction
+from django.db.transaction import TransactionManagementError
 
 from dynasem import LockLost, semaphore
 from dynasem._operators.locks import holds_on
@@ -102,3 +103,20 @@ def test_a_connection_closed_after_an_inner_block_ended_gives_back_at_once(
         assert held.released and not held.pending_commit, "kept while its transaction is doomed"
     assert not connection.in_atomic_block
     assert holds_on(resource) == [] and not is_busy(resource)
+
+
+def test_fence_transaction_outside_atomic_is_refused_in_a_testcase_as_in_production(
+    lock_table: str, db: Any
+) -> None:
+    """A ``TestCase``'s own blocks never commit and count as no transaction (commit.py: "a
+    test sees what production does"); ``fence_transaction()`` looked at ``in_atomic_block``
+    alone, so a call its author forgot to put inside ``transaction.atomic`` wrote the fence
+    into the test's transaction and passed, where production refuses it."""
+    held = semaphore("tbl:testcase-outside").acquire()
+    try:
+        with pytest.raises(TransactionManagementError, match="must run inside transaction"):
+            held.fence_transaction()
+        with transaction.atomic():
+            held.fence_transaction()  # inside the user's own block: as in production
+    finally:
+        held.release()
