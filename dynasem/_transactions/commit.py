@@ -16,9 +16,9 @@ callback notices the drop (CPython frees it at once), and:
 * a savepoint rolled back inside a transaction that goes on: the work done under the lock
   before the savepoint may still commit, so a hold waits for that transaction instead (a
   run_once job's whole body was inside that savepoint: its work is gone, it is FAILED now);
-* dropped inside a transaction by anything but a savepoint's rollback (a savepoint it was
-  registered under may have been released before): the connection was closed inside the
-  transaction, which can never commit now: give back now.
+* dropped by a close of the connection inside the transaction (Django's ``close()`` running,
+  or every savepoint it was registered under still open; not one of them ended, which may
+  have been released before the close): the transaction can never commit now: give back now.
 
 Our callback runs first among the transaction's commit hooks (it is moved to the front of
 Django's list): a hook of another app that raises after the commit makes Django skip the
@@ -119,6 +119,7 @@ class _Pending:
     owner: Any  # what gives back (a Held, a Job): found again by pending_owners()
     savepoint_ends_it: bool
     done: bool = False
+    _sids: set[Any] = dataclasses.field(default_factory=set)
     # The process that registered it: a child forked meanwhile has a copy of the hook, which
     # its own close of the inherited connection drops; the parent's transaction decides.
     _pid: int = dataclasses.field(default_factory=os.getpid)
@@ -134,6 +135,7 @@ class _Pending:
         # (rollback), it is freed and the finalizer tells us. atexit=False: a process that
         # exits with an open transaction lets the lease lapse, no requests at shutdown.
         weakref.finalize(callback, self._dropped).atexit = False
+        self._sids = set(self.connection.savepoint_ids)
         self.connection.on_commit(callback, robust=True)
         if not _under_testcase(self.connection):
             # Run first among the commit hooks: move ours, just appended (we are inside
@@ -150,10 +152,11 @@ class _Pending:
                 return  # ran on commit, then freed
         if (
             not _in_transaction(self.connection)
-            # Dropped by no savepoint's rollback: the connection was closed inside the
-            # transaction, which can never commit. (Not told by the savepoints we were
-            # registered under: one may have been released before the close.)
-            or not _in_savepoint_rollback()
+            # The connection closed inside the transaction, which can never commit: told by
+            # Django's close() running (a savepoint we were registered under may have been
+            # released before it), or by none of those savepoints having ended.
+            or _closing(self.connection)
+            or self._sids <= set(self.connection.savepoint_ids)
             or self.savepoint_ends_it
         ):
             self._end(False)
@@ -185,17 +188,19 @@ class _Pending:
             )
 
 
-# Django's savepoint rollback, which drops the commit hooks registered under that savepoint.
-_SAVEPOINT_ROLLBACK = inspect.unwrap(BaseDatabaseWrapper.savepoint_rollback).__code__
+# Django's close of a connection, which drops its commit hooks first.
+_CLOSE = inspect.unwrap(BaseDatabaseWrapper.close).__code__
 
 
-def _in_savepoint_rollback() -> bool:
-    """Whether this runs inside Django's savepoint rollback (a commit hook it drops is freed
-    there, at once): a hook dropped elsewhere inside a transaction was dropped by a close of
-    its connection (``close()`` empties the list before it marks ``closed_in_transaction``)."""
+def _closing(connection: Any) -> bool:
+    """Whether ``connection`` was closed inside its transaction, or is being closed: a hook it
+    drops is freed inside Django's ``close()``, at once, before that marks
+    ``closed_in_transaction``; off CPython, maybe later, at a garbage collection."""
+    if getattr(connection, "closed_in_transaction", False):
+        return True
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
-        if frame.f_code is _SAVEPOINT_ROLLBACK:
+        if frame.f_code is _CLOSE:
             return True
         frame = frame.f_back
     return False
