@@ -73,13 +73,24 @@ def break_permit(
 
 
 def hint_freed(resource: str, slot: int, hold_ms: int | None) -> None:
-    """A slot given back: hint it in the row, and push the first waiter if any wait."""
+    """A slot given back: hint it in the row, and push the first waiter if any wait.
+
+    Sent again while it fails for a passing cause, as the give-back itself is (a hint is
+    never applied twice: its condition): unhinted, the slot is found only by a read of the
+    permits, which a waiter that read them all held makes only once the first of their
+    leases is over; it would wait that long beside a free permit."""
+    written: list[records.LockItem | None] = []
+    action = permit_items.hint(resource, slot, hold_ms)
+
+    def send() -> None:
+        written.append(lock_rows.update(action, return_new=True))
+
     try:
-        row = lock_rows.update(permit_items.hint(resource, slot, hold_ms), return_new=True)
+        if not resend.patiently(send, transient=True):
+            return  # the slot is found by reading the permits, once a lease is over
     except dynamodb.Refused as refused:
-        row = refused.lock  # hints full (the slot is found by reading), or the row is gone
-    except SemaphoreUnavailable:
-        return  # the slot is found by reading the permits
+        written.append(refused.lock)  # hints full (the slot is found by reading), row gone
+    row = written[-1]
     if row is None:
         return
     remember(row)

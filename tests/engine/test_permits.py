@@ -440,9 +440,8 @@ def test_a_permit_given_back_whose_answers_were_lost_still_wakes_the_waiter(
     """The permit's give-back and its slot's hint each applied, its answer lost, and
     botocore's re-send refused: the give-back's refusal shows our own release (_gave_back),
     the hint's the row it left, pushed to the waiter first in line (hint_freed), as the
-    answer would have been. (Throttled to the end instead of refused, nothing shows the row,
-    and the waiter finds it at its own paced look: by decision no read is added on a hot
-    partition for a push, which is only a hint.)"""
+    answer would have been. (A hint throttled is sent again, as a give-back is:
+    tests/engine/test_review38c_counting.py.)"""
     monkeypatch.setattr(Pace, "turn_in", lambda *a, **k: 20.0)  # only a push wakes the waiter
     held = [take(holds, "pool", limit=9, lease=30) for _ in range(9)]
     got: list[Any] = []
