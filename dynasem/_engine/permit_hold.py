@@ -32,8 +32,16 @@ def remember(item: records.LockItem) -> None:
 
 def undo(resource: str, slot: int, token: str) -> None:
     """Best effort: give back a permit an unanswered (or interrupted) write may have taken
-    (sent again while it fails for a passing cause, as a release is)."""
-    if resend.undone(functools.partial(_give_back_permit, resource, slot, token), resource, token):
+    (sent again while it fails for a passing cause, as a release is). Refused by our own
+    give-back (its answer lost, botocore's re-send refused: the permit free, ``lt`` our token),
+    the slot is hinted too, as a release's is (:meth:`PermitHeld._gave_back`)."""
+
+    def ours(refused: dynamodb.Refused) -> bool:
+        permit = records.permit_of(refused.item) if refused.item else None
+        return permit is not None and not permit.token and permit.last_token == token
+
+    give_back = functools.partial(_give_back_permit, resource, slot, token)
+    if resend.undone(give_back, resource, token, refused=ours):
         hint_freed(resource, slot, None)
 
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from dynasem._storage import dynamodb
+from dynasem import semaphore
+from dynasem._storage import dynamodb, lock_rows, permit_items
 from tests.support.faults import _error_response
 from tests.support.helpers import queue_of, take, wait_for
 
@@ -75,3 +76,40 @@ def test_a_permit_whose_hint_was_throttled_still_reaches_the_waiter_in_line(
     holds.extend(got)
     assert got, f"the waiter never found the free permit: {failed!r}"
     assert time.monotonic() - started < 5
+
+
+def _gives_a_permit_back(body: dict[str, Any]) -> bool:
+    return "SET #lt = :tok" in body.get("UpdateExpression", "")
+
+
+@pytest.mark.kind_engine_only("loses one write's answer after the engine applied it")
+def test_an_interrupted_takes_permit_given_back_with_its_answer_lost_is_hinted(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C after a take's permit write: the undo gives the permit back, applied, its answer
+    lost, and botocore's re-send is refused (the permit is free, our token gone). The
+    refusal shows our own give-back (``lt``: our token), as a release's does: the slot is
+    hinted (and the first waiter pushed). Before, it was taken for nothing of ours: the slot
+    was free, unhinted, and a waiter in line that had read the permits held waited for the
+    first of their leases to end (see the test above)."""
+    from tests.engine.test_readers_lost import LoseAnswer
+
+    send = permit_items.send
+
+    def interrupted(action: dict[str, Any], **kwargs: Any) -> Any:
+        result = send(action, **kwargs)  # the write lands...
+        if str(action.get("UpdateExpression", "")).startswith("SET #k = :tok"):
+            raise KeyboardInterrupt  # ...and Ctrl-C comes before its answer is used
+        return result
+
+    take(holds, "pool", limit=16, lease=30)
+    monkeypatch.setattr(permit_items, "send", interrupted)
+    with LoseAnswer(_gives_a_permit_back) as lost:
+        with pytest.raises(KeyboardInterrupt), semaphore("pool", limit=16, lease=30):
+            pytest.fail("the block must not run")
+    monkeypatch.undo()
+    assert lost.fired == 1, "the give-back's answer was never lost: the test missed its write"
+    assert [p.slot for p in permit_items.permits("pool") if p.token] == [0]
+    row = lock_rows.get_item("pool")
+    assert row is not None
+    assert [int(x) for x in row["hints"]] == [1]
