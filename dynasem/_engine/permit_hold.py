@@ -83,10 +83,10 @@ def break_permit(
 def hint_freed(resource: str, slot: int, hold_ms: int | None) -> None:
     """A slot given back: hint it in the row, and push the first waiter if any wait.
 
-    Sent again while it fails for a passing cause, as the give-back itself is (a hint is
-    never applied twice: its condition): unhinted, the slot is found only by a read of the
-    permits, which a waiter that read them all held makes only once the first of their
-    leases is over; it would wait that long beside a free permit."""
+    Sent again while it fails for a passing cause (throttled: the row's partition is the
+    crowd's), as the give-back itself is (a hint is never applied twice): unhinted, the slot
+    is found only by a read of the permits, which a waiter that read them all held makes only
+    once the first of their leases is over; it would wait that long beside a free permit."""
     written: list[records.LockItem | None] = []
     action = permit_items.hint(resource, slot, hold_ms)
 
@@ -94,7 +94,7 @@ def hint_freed(resource: str, slot: int, hold_ms: int | None) -> None:
         written.append(lock_rows.update(action, return_new=True))
 
     try:
-        if not resend.patiently(send, transient=True):
+        if not resend.patiently(send):
             return  # the slot is found by reading the permits, once a lease is over
     except dynamodb.Refused as refused:
         written.append(refused.lock)  # hints full (the slot is found by reading), row gone
