@@ -188,10 +188,12 @@ def undo(
 
 
 def _barred(resource: str, token: str, fence: int) -> bool | None:
-    """Our tombstone written (True), or refused by our item, which landed (False); None: not
-    known (the write failed), and the reader stays counted, for a writer to write off."""
+    """Our tombstone written (True), or refused by our item, which landed (False; or landed
+    and was broken: the break counted it down); None: not known (the write failed), and the
+    reader stays counted, for a writer to write off."""
+    word = secrets.token_hex(8)
     try:
-        reader_items.send(reader_items.bar_reader(resource, token, fence, clock.now_ms()))
+        reader_items.send(reader_items.bar_reader(resource, token, fence, clock.now_ms(), word))
         return True
     except dynamodb.Refused:
         return False

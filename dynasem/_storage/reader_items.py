@@ -344,16 +344,21 @@ def break_reader(
     return update_action(resource, reader_sk(token), update, condition, {}, values)
 
 
-def bar_reader(resource: str, token: str, fence: int, until_ms: int) -> dict[str, Any]:
+def bar_reader(resource: str, token: str, fence: int, until_ms: int, word: str) -> dict[str, Any]:
     """Our own tombstone where our reader item is not: the item's write of an admission cut
     short may still be on its way (its answer lost with an interrupt), and landing after its
     count was taken back it would be an item nobody counts, whose later delete (our other
     undo, the reaper's or an operator's break) counts the row down once more, beside a live
     reader. :func:`put_reader` is refused by a tombstone of its fence or a later one. Refused
-    if the item is there (it landed: delete it instead); TTL a bucket after ``until_ms``."""
+    if the item is there (it landed: delete it instead), or a break's tombstone (it landed
+    and was broken, and the break counted the reader down: written over, the bar would count
+    it down again); ``word``: this bar's own (``bk``), so that botocore's re-send of it is
+    not refused by it. TTL a bucket after ``until_ms``."""
     values: dict[str, Any] = {":tok": token, ":f": fence, ":exp": records.ttl_of(until_ms)}
-    update = "SET #bt = :tok, #f = :f, #exp = :exp"
-    return update_action(resource, reader_sk(token), update, "attribute_not_exists(#e)", {}, values)
+    values[":bk"] = word
+    update = "SET #bt = :tok, #f = :f, #exp = :exp, #bk = :bk"
+    condition = "attribute_not_exists(#e) AND (attribute_not_exists(#bt) OR #bk = :bk)"
+    return update_action(resource, reader_sk(token), update, condition, {}, values)
 
 
 def unmark(resource: str, epoch: int, token: str) -> dict[str, Any]:

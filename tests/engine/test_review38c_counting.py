@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from dynasem import semaphore
+from dynasem import SemaphoreBusy, semaphore
 from dynasem._storage import dynamodb, lock_rows, permit_items
 from tests.support.faults import _error_response
-from tests.support.helpers import queue_of, take, wait_for
+from tests.support.helpers import in_another_thread, queue_of, take, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=False)
 
@@ -113,3 +113,64 @@ def test_an_interrupted_takes_permit_given_back_with_its_answer_lost_is_hinted(
     row = lock_rows.get_item("pool")
     assert row is not None
     assert [int(x) for x in row["hints"]] == [1]
+
+
+def test_an_admission_cut_short_and_broken_before_its_bar_is_counted_down_once(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while a reader's item write is on its way (the admission counted it): the undo
+    finds no item to delete, so it bars the item's write with a tombstone of its own and
+    counts the reader down. Between its delete and its bar the write lands, and an operator
+    breaks that reader (a tombstone; the break counts it down). The bar must not take the
+    break's tombstone for an empty place: it wrote over it and counted the reader down a
+    second time, the count of the reader beside it: the sentinel came off, and a writer took
+    the lock while that reader held (renewing). Now the bar is refused by the break's
+    tombstone, whose count-down stands, and the admission's mark comes off the row."""
+    from dynasem._engine import reader_hold
+    from dynasem._storage import reader_items
+    from tests.engine.test_readers_lost import INLINE, counted
+
+    reader_hold.rows.clear()
+    inline = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE)]
+    other = take(holds, "doc", shared=True, lease=30)  # in an item
+    assert counted("doc") == (1, 1)
+    send, barred = reader_items.send, reader_hold._barred
+    put: list[dict[str, Any]] = []
+    broken: list[bool] = []
+
+    def cut_short(action: dict[str, Any], **kwargs: Any) -> Any:
+        sk = action.get("Key", {}).get("sk", {}).get("S", "")
+        if not put and sk.startswith("r#") and "REMOVE #bt" in action["UpdateExpression"]:
+            put.append(action)  # on its way: it lands later
+            raise KeyboardInterrupt
+        return send(action, **kwargs)
+
+    def landed_and_broken(resource: str, token: str, fence: int) -> bool | None:
+        if not broken:
+            send(put[0])  # the item's write lands after the undo's delete was refused...
+            broken.append(reader_hold.break_reader(resource, token))  # ...and is broken
+        return barred(resource, token, fence)
+
+    monkeypatch.setattr(reader_items, "send", cut_short)
+    monkeypatch.setattr(reader_hold, "_barred", landed_and_broken)
+    with pytest.raises(KeyboardInterrupt):
+        semaphore("doc", shared=True, lease=30).acquire()
+    monkeypatch.undo()
+    assert broken == [True], "the operator's break did not land before the bar"
+    for held in inline:  # the readers in the row leave: only the one in an item holds
+        held.release()
+        holds.remove(held)
+    other.renew()
+    assert not other.lost  # the reader beside it holds: no writer may
+    writers: list[Any] = []
+
+    def writer() -> None:  # another thread: this one holds readers
+        try:
+            writers.append(semaphore("doc", wait=0, lease=30).acquire())
+        except SemaphoreBusy:
+            pass
+
+    in_another_thread(writer)
+    holds.extend(writers)
+    assert not writers, f"two holders: reader {other.token[:8]} and a writer"
+    assert counted("doc") == (1, 1)
