@@ -26,6 +26,7 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 from django.http.response import HttpResponseBase
 from django.template.response import SimpleTemplateResponse
 from django.utils.functional import LazyObject
+from django.views import View
 
 from .._observability.logs import facts
 from .._transactions import fencing
@@ -435,9 +436,36 @@ def _called(func: Any) -> Any:
 
 def _is_async(func: Any) -> bool:
     """Whether calling ``func`` makes a coroutine (an instance whose ``__call__`` is a
-    coroutine function too: locked as a sync call, its coroutine would run after the lock
-    was given back)."""
-    return iscoroutinefunction(func) or iscoroutinefunction(_called(func))
+    coroutine function too, an async class-based view's ``dispatch``: locked as a sync call,
+    its coroutine would run after the lock was given back)."""
+    return (
+        iscoroutinefunction(func)
+        or iscoroutinefunction(_called(func))
+        or _async_views_sync_handler(func)
+    )
+
+
+# The sync methods of Django's View that answer an async view with a coroutine.
+_ASYNC_ANSWERING = frozenset({"dispatch", "options", "http_method_not_allowed"})
+
+
+def _async_views_sync_handler(func: Any) -> bool:
+    """Whether ``func`` is ``dispatch`` (or ``options``, ``http_method_not_allowed``) of an
+    async class-based view, as ``method_decorator`` hands it (a ``partial`` of the bound
+    method, maybe inside other decorators' wrappers): a sync method that returns the
+    handler's coroutine, which Django awaits."""
+    seen: set[int] = set()
+    while func is not None and id(func) not in seen:
+        seen.add(id(func))
+        if isinstance(func, functools.partial):
+            func = func.func
+            continue
+        view = getattr(func, "__self__", None)
+        if isinstance(view, View):
+            named = getattr(func, "__name__", None) in _ASYNC_ANSWERING
+            return named and bool(type(view).view_is_async)
+        func = getattr(func, "__wrapped__", None)
+    return False
 
 
 def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., Any]:
