@@ -34,7 +34,7 @@ from ..exceptions import Coalesced, LockLost, Picklable, SemaphoreBusy
 from .arguments import LEADER_PREFIX, MAX_RESOURCE_BYTES, check_printable, utf8_size
 from .hold import exit_cut_short
 from .reentry import exit_failed, leave, left, lent
-from .steps import announced_after, run_io_to_end
+from .steps import announced_after, from_receiver, run_io_to_end
 
 logger = logging.getLogger("dynasem")
 
@@ -475,16 +475,7 @@ def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., A
     if is_async and getattr(sem, "fence_db", False):
         raise fencing.no_async()
     keys = KeyMaker(sem.decoration.resource, func)
-    on_busy = sem.decoration.on_busy
-
-    def when_busy(request: Any, exc: SemaphoreBusy, args: Any, kwargs: Any) -> Any:
-        """What a busy call answers: a view, ``on_busy(request, exc)`` or 423; anything else,
-        ``on_busy(exc, *args, **kwargs)``, or the exception raised."""
-        if request is not None:
-            return (on_busy or busy_response)(request, exc)
-        if on_busy is None:
-            raise exc
-        return on_busy(exc, *args, **kwargs)
+    when_busy = functools.partial(_when_busy, sem.decoration.on_busy)
 
     if is_async:
 
@@ -522,6 +513,21 @@ def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., A
                 return _answered(stack, request, func(*args, **kwargs), lock, held)
 
     return functools.wraps(func)(wrapper)
+
+
+def _when_busy(
+    on_busy: Callable[..., Any] | None, request: Any, exc: SemaphoreBusy, args: Any, kwargs: Any
+) -> Any:
+    """What a busy call answers: a view, ``on_busy(request, exc)`` or 423; anything else,
+    ``on_busy(exc, *args, **kwargs)``, or the exception raised. A signal receiver's
+    ``SemaphoreBusy`` (another lock's, as the hold was given back) is raised as it is."""
+    if from_receiver(exc):
+        raise exc
+    if request is not None:
+        return (on_busy or busy_response)(request, exc)
+    if on_busy is None:
+        raise exc
+    return on_busy(exc, *args, **kwargs)
 
 
 def _resolve(keys: KeyMaker, args: Any, kwargs: Any) -> tuple[Any, Any, HttpResponse | None]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from django.http import HttpResponse
@@ -10,8 +12,9 @@ from django.test import RequestFactory
 from django.utils.decorators import method_decorator
 from django.views import View
 
-from dynasem import semaphore
+from dynasem import SemaphoreBusy, semaphore
 from dynasem._operators.locks import holds_on
+from dynasem.signals import lock_acquired
 
 
 @pytest.mark.parametrize("method", ["get", "options"])
@@ -57,3 +60,63 @@ def test_an_async_class_based_views_dispatch_holds_its_lock_while_its_handler_ru
 
 def _request(method: str):
     return getattr(RequestFactory(), method)("/")
+
+
+@pytest.fixture
+def acquired_receiver() -> Iterator[Callable[[Callable[..., Any]], None]]:
+    def connect(func: Callable[..., Any]) -> None:
+        lock_acquired.connect(func, weak=False, dispatch_uid="review38e-acquired")
+
+    yield connect
+    lock_acquired.disconnect(dispatch_uid="review38e-acquired")
+
+
+@pytest.mark.parametrize("kind", ["view", "async view", "function"])
+def test_a_lock_acquired_receivers_busy_lock_is_not_the_decorated_calls_busy_answer(
+    lock_table, acquired_receiver, kind
+):
+    """A ``lock_acquired`` receiver that takes another lock of its own (an audit trail's,
+    ``wait=0``) and finds it busy raises that lock's ``SemaphoreBusy``: the hold is given
+    back and the acquire ends with the receiver's exception. The decorator took it for its
+    own acquire's busy answer: the view answered 423 naming the receiver's lock (its
+    holder, its Retry-After), and a function's ``on_busy`` was called with it, although the
+    decorated call's own resource was free. As a ``with`` block does (and as a
+    ``SemaphoreBusy`` raised inside the body does), it propagates."""
+
+    def audit(sender: Any, **kwargs: Any) -> None:
+        if kwargs["resource"].startswith("r38e-busy:"):
+            raise SemaphoreBusy("audit-trail", 3, "someone", None, 0.0)
+
+    acquired_receiver(audit)
+    ran: list[object] = []
+    answered: list[object] = []
+
+    if kind == "function":
+
+        @semaphore("r38e-busy:{n}", on_busy=lambda exc, n: answered.append(exc))
+        def call(n):
+            ran.append(n)
+
+        call_it: Callable[[], Any] = lambda: call(1)  # noqa: E731
+    elif kind == "view":
+
+        @semaphore("r38e-busy:{n}")
+        def view(request, n):
+            ran.append(n)
+            return HttpResponse("ok")
+
+        call_it = lambda: view(RequestFactory().get("/"), n=1)  # noqa: E731
+    else:
+
+        @semaphore("r38e-busy:{n}")
+        async def aview(request, n):
+            ran.append(n)
+            return HttpResponse("ok")
+
+        call_it = lambda: asyncio.run(aview(RequestFactory().get("/"), n=1))  # noqa: E731
+
+    with pytest.raises(SemaphoreBusy) as raised:
+        answered.append(call_it())
+    assert raised.value.resource == "audit-trail"
+    assert ran == [] and answered == []
+    assert holds_on("r38e-busy:1") == []
