@@ -510,9 +510,24 @@ def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., A
                     held = stack.enter_context(lock)
                 except SemaphoreBusy as exc:
                     return when_busy(request, exc, args, kwargs)
-                return _answered(stack, request, func(*args, **kwargs), lock, held)
+                done = _synchronous(func(*args, **kwargs), keys.name)
+                return _answered(stack, request, done, lock, held)
 
     return functools.wraps(func)(wrapper)
+
+
+def _synchronous(result: Any, name: str) -> Any:
+    """``result`` of a call locked as a sync one; a coroutine (an ``async def`` under a sync
+    decorator that hides it) is closed unstarted and refused: its work would run once the
+    lock was given back."""
+    if inspect.iscoroutine(result):
+        result.close()
+        raise TypeError(
+            f"{name}() returned a coroutine from a call locked as a sync one: its work would run "
+            "after the lock was given back; put @semaphore(...) directly on the async def (or "
+            "mark the sync wrapper with asgiref.sync.markcoroutinefunction)"
+        )
+    return result
 
 
 def _when_busy(

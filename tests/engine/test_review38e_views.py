@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -120,3 +121,38 @@ def test_a_lock_acquired_receivers_busy_lock_is_not_the_decorated_calls_busy_ans
     assert raised.value.resource == "audit-trail"
     assert ran == [] and answered == []
     assert holds_on("r38e-busy:1") == []
+
+
+def _logged(func: Callable[..., Any]) -> Callable[..., Any]:
+    """A plain sync decorator, as many are: it hides that ``func`` is async."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+def test_an_async_function_under_a_sync_decorator_is_refused_not_run_unlocked(lock_table):
+    """``@semaphore`` over a sync decorator that wraps an ``async def`` (it hides that the
+    call makes a coroutine): locked as a sync call, the lock was given back as the coroutine
+    was made, and its body ran later with no lock, beside another caller's. Refused as a
+    generator function is, before its body begins."""
+    inside: list[int] = []
+
+    @semaphore("r38e-hidden:{n}")
+    @_logged
+    async def rebuild(n):
+        inside.append(len(holds_on(f"r38e-hidden:{n}")))
+
+    async def call() -> None:
+        await rebuild(1)
+
+    try:
+        asyncio.run(call())
+        refused = ""
+    except TypeError as exc:
+        refused = str(exc)
+    assert inside == [], f"the body ran, holders of its lock then: {inside}"
+    assert "coroutine" in refused
+    assert holds_on("r38e-hidden:1") == []
