@@ -1044,9 +1044,38 @@ def queued_behind(row: records.LockItem, waiter: records.Waiter) -> bool:
     return push.tell_holder(row.resource, next(iter(row.holders)), row, waiter)
 
 
+class _Box(list["Held"]):
+    """The holds an outermost acquire has made (or re-entered) that its caller does not have
+    yet, and who makes it (``owner``: the asyncio task, else the thread)."""
+
+    __slots__ = ("owner",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.owner = _maker()
+
+
+def _maker() -> object:
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running event loop here
+        task = None
+    return task if task is not None else threading.current_thread()
+
+
+def _guarded() -> bool:
+    """Whether an acquire under way in this task or thread guards what is taken now: a
+    block's entry around its acquire. A context copied into another task or thread (a task
+    a lock_acquired receiver starts, a receiver Django runs in a task of its own or through
+    sync_to_async) has that acquire's box too: a hold taken there is not that acquire's, and
+    its failure must not give it back while the other task or thread holds it."""
+    box = _undelivered.get()
+    return box is not None and box.owner is _maker()
+
+
 # The holds made (or re-entered) by the acquire under way in this context that its caller
-# does not have yet: one list per outermost acquire (:func:`delivering`).
-_undelivered: ContextVar[list[Held] | None] = ContextVar("dynasem_undelivered", default=None)
+# does not have yet: one box per outermost acquire (:func:`delivering`).
+_undelivered: ContextVar[_Box | None] = ContextVar("dynasem_undelivered", default=None)
 
 
 def undelivered(held: Held) -> None:
@@ -1064,9 +1093,9 @@ def delivering(take: Callable[[], _T]) -> _T:
     hold is nobody's, and its heartbeat would renew it as long as the process lives. Inside
     another one (a block's entry around its acquire), that one guards it. Only the return
     itself, as in any ``with`` statement of CPython's, is left."""
-    if _undelivered.get() is not None:
+    if _guarded():
         return take()
-    box: list[Held] = []
+    box = _Box()
     reset = _undelivered.set(box)
     try:
         done = take()
@@ -1083,9 +1112,9 @@ def delivering(take: Callable[[], _T]) -> _T:
 async def adelivering(take: Callable[[], Awaitable[_T]]) -> _T:
     """:func:`delivering` for async code (a cancelled task too), the holds given back in
     dynasem's executor."""
-    if _undelivered.get() is not None:
+    if _guarded():
         return await take()
-    box: list[Held] = []
+    box = _Box()
     reset = _undelivered.set(box)
     try:
         done = await take()

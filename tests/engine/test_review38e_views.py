@@ -156,3 +156,46 @@ def test_an_async_function_under_a_sync_decorator_is_refused_not_run_unlocked(lo
     assert inside == [], f"the body ran, holders of its lock then: {inside}"
     assert "coroutine" in refused
     assert holds_on("r38e-hidden:1") == []
+
+
+def test_a_hold_taken_in_a_task_a_lock_acquired_receiver_starts_is_that_tasks(lock_table):
+    """An async ``lock_acquired`` receiver starts a task (an audit trail's) that takes a lock
+    of its own, then raises: the acquire fails and gives back what it took. The task's
+    context, copied from the acquire's, had the acquire's box of holds not yet delivered,
+    so the task's acquire counted itself nested in it, put its hold there, and the failing
+    acquire gave that hold back while the task was inside its block: its lock free for
+    anyone while it ran. (On Django 5.0 and 5.1, ``Signal.asend`` runs async receivers with
+    ``asyncio.gather``: a sibling receiver's block needs no task of its own to be hit.)"""
+    seen: list[int] = []
+    background: list[tuple[asyncio.Task[None], asyncio.Event]] = []
+
+    async def audit_receiver(sender: Any, **kwargs: Any) -> None:
+        if kwargs["resource"] != "r38e-main":
+            return
+        inside, done = asyncio.Event(), asyncio.Event()
+
+        async def audit() -> None:
+            async with semaphore("r38e-audit"):
+                inside.set()
+                await done.wait()
+                seen.append(len(holds_on("r38e-audit")))
+
+        background.append((asyncio.create_task(audit()), done))
+        await inside.wait()
+        raise RuntimeError("the audit database is down")
+
+    lock_acquired.connect(audit_receiver, weak=False, dispatch_uid="review38e-audit")
+    try:
+
+        async def main() -> None:
+            with pytest.raises(RuntimeError):
+                await semaphore("r38e-main").aacquire()
+            task, done = background[0]
+            done.set()
+            await task
+
+        asyncio.run(main())
+    finally:
+        lock_acquired.disconnect(dispatch_uid="review38e-audit")
+    assert seen == [1], f"holders of the audit task's lock while it was inside: {seen}"
+    assert holds_on("r38e-main") == [] and holds_on("r38e-audit") == []
