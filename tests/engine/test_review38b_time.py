@@ -1,0 +1,72 @@
+"""Review 38b: a hold's life in time (the clock its trusted deadline is read on).
+
+A holder trusts its hold until ``lease - CLOCK_SKEW`` after the send of its last write, by its
+own monotonic clock; every other host takes it over once the stored lease end is
+``CLOCK_SKEW`` old by its wall clock. The two agree only if the holder's clock counts every
+second the wall clocks count.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from dynasem import _clock as clock
+from dynasem import semaphore
+from dynasem.testing import abandon
+from tests.engine.test_heartbeat import tokens_on, unique
+
+pytestmark = pytest.mark.django_db(transaction=False)
+
+
+def host_suspended(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """The clocks as Linux shows them after the host slept ``seconds`` (a laptop's lid, an
+    EC2 instance hibernated, a VM suspended to disk): the wall clock and CLOCK_BOOTTIME count
+    the sleep, CLOCK_MONOTONIC (``time.monotonic``) does not."""
+    real_wall, real_gettime = time.time, time.clock_gettime
+
+    def gettime(clk: int) -> float:
+        return real_gettime(clk) + (seconds if clk == time.CLOCK_BOOTTIME else 0.0)
+
+    monkeypatch.setattr(clock, "wall_clock", lambda: real_wall() + seconds)
+    monkeypatch.setattr(time, "clock_gettime", gettime)
+
+
+def taken_elsewhere(resource: str) -> Any:
+    """Another holder's acquire (its own thread: not a nested acquire of ours), at once."""
+    got: list[Any] = []
+    worker = threading.Thread(target=lambda: got.append(semaphore(resource, wait=0).acquire()))
+    worker.start()
+    worker.join(30)
+    assert got, "the other acquire did not take the lock"
+    return got[0]
+
+
+@pytest.mark.skipif(not hasattr(time, "CLOCK_BOOTTIME"), reason="Linux's clocks")
+def test_a_hold_is_not_trusted_through_a_suspend_that_outlasted_its_lease(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host holding a 30 s lease sleeps two minutes. Every other host's wall clock went
+    on: the lease ran out and another holder took the lock. The sleeper's deadline was read
+    on CLOCK_MONOTONIC, which stops while the host sleeps: on waking it still trusted its
+    hold for most of its lease (``held.lost`` False, ``seconds_left()`` about 28 s), its
+    block going on beside the new holder's until its heartbeat's next renewal was refused
+    (up to a third of the lease later). Two trusted holders."""
+    resource = unique("suspend")
+    held = semaphore(resource, lease=30).acquire()
+    other = None
+    try:
+        host_suspended(monkeypatch, 120.0)
+        other = taken_elsewhere(resource)
+        assert tokens_on(resource) == {other.token}
+        assert not other.lost
+        assert held.seconds_left() == 0, "the sleeper still trusts a lease that ran out"
+        assert held.lost
+    finally:
+        monkeypatch.undo()
+        abandon(held)
+        if other is not None:
+            abandon(other)
