@@ -316,6 +316,9 @@ class Held:
             self._check_ours()
             with telemetry.renewing(self) if telemetry.ON else _NOTHING:
                 self._renew_once()
+            # Trusted from its send: answered past our deadline, it extended nothing we may
+            # trust (the stored end is a lease from the send: another may take over now).
+            self.raise_if_lost()
         finally:
             self._lock.release()
 

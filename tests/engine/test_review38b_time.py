@@ -14,8 +14,10 @@ from typing import Any
 
 import pytest
 
+from dynasem import LockLost, semaphore
 from dynasem import _clock as clock
-from dynasem import semaphore
+from dynasem._engine.hold import stop_renewing
+from dynasem._storage import lock_rows
 from dynasem.testing import abandon
 from tests.engine.test_heartbeat import tokens_on, unique
 
@@ -70,3 +72,31 @@ def test_a_hold_is_not_trusted_through_a_suspend_that_outlasted_its_lease(
         abandon(held)
         if other is not None:
             abandon(other)
+
+
+def test_a_renewal_answered_past_the_trusted_deadline_raises_lock_lost(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``held.renew()`` whose request took longer than what was left of the hold's trust (a
+    slow network, botocore's retries): the renewal is trusted from its send, so the hold's
+    deadline stays behind us, and another host may take it over any moment (the stored end
+    is a lease from the send). ``renew()`` returned as if it had extended the lease, the
+    caller going on with its work (API: ``renew()`` raises ``LockLost`` once the lease ran
+    out)."""
+    resource = unique("late-renewal")
+    held = semaphore(resource, lease=1.5).acquire()  # trusted 1.0 s (CLOCK_SKEW 0.5)
+    stop_renewing(held)  # the caller's own renewal only
+    real_update = lock_rows.update
+
+    def slow_update(action: dict[str, Any], **kwargs: Any) -> Any:
+        time.sleep(held.seconds_left() + 0.3)  # on its way past the deadline
+        return real_update(action, **kwargs)
+
+    try:
+        monkeypatch.setattr(lock_rows, "update", slow_update)
+        with pytest.raises(LockLost):
+            held.renew()
+        assert held.lost and held.seconds_left() == 0
+    finally:
+        monkeypatch.undo()
+        held.release() if not held.lost else abandon(held)
