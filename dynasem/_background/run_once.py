@@ -102,6 +102,20 @@ class Job:
         if self._lost is not None or self._released:
             raise LockLost(self.key, self._lost or "it has finished")
         self._write_renewal()
+        self._trusted_still()
+
+    def confirm_in_time(self) -> None:
+        """:meth:`confirm`, and ``LockLost`` if its answer came past the trust it gave."""
+        self.confirm()
+        self._trusted_still()
+
+    def _trusted_still(self) -> None:
+        # A renewal is trusted from its send: answered past our deadline, it extended nothing
+        # we may trust (the stored end is a lease from the send: another may claim it now).
+        self.check_deadline()
+        if self._lost is not None:
+            self._stop_heartbeat()
+            raise LockLost(self.key, self._lost)
 
     def confirm(self) -> None:
         """Renew with a write of our own even past our deadline (a stall in the body): if the
@@ -326,7 +340,7 @@ class RunOnce:
                 # Stalled past the lease in the body. Still the claimant? Our own write says;
                 # if not, raise here, so the transaction rolls the stale run's work back.
                 try:
-                    job.confirm()
+                    job.confirm_in_time()
                 except LockLost:
                     if exc is None:
                         raise
