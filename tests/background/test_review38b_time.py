@@ -79,7 +79,7 @@ def test_a_job_renewal_answered_past_its_trust_raises_lock_lost(
 
         def answered_late(action: dict[str, Any], **kwargs: Any) -> Any:
             answer = real_update(action, **kwargs)
-            time.sleep(job.seconds_left() + 0.2)
+            time.sleep(1.2)  # past the trust it gives (1.0 s from its send)
             return answer
 
         monkeypatch.setattr(job_rows, "update_job", answered_late)

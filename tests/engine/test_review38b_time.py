@@ -89,7 +89,7 @@ def test_a_renewal_answered_past_the_trusted_deadline_raises_lock_lost(
     real_update = lock_rows.update
 
     def slow_update(action: dict[str, Any], **kwargs: Any) -> Any:
-        time.sleep(held.seconds_left() + 0.3)  # on its way past the deadline
+        time.sleep(1.2)  # on its way past the trust it gives (1.0 s from its send)
         return real_update(action, **kwargs)
 
     try:
