@@ -102,7 +102,11 @@ class Heartbeat:
                 close_connections()  # a lock_lost receiver's, sent here
 
         worker = threading.Thread(target=attempt, name=f"{self.name}:renew", daemon=True)
-        worker.start()
+        try:
+            worker.start()
+        except RuntimeError as exc:  # "can't start new thread" (a container's pids limit)
+            # A renewal that failed: retried until the deadline, which then declares the loss.
+            return SemaphoreUnavailable(f"cannot start the renewal's thread: {exc}")
         worker.join(self.held.seconds_left() + 0.01)
         if worker.is_alive():
             return SemaphoreUnavailable("renewal still unanswered at the lease deadline")

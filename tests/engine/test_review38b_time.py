@@ -19,7 +19,7 @@ from dynasem import _clock as clock
 from dynasem._engine.hold import stop_renewing
 from dynasem._storage import lock_rows
 from dynasem.testing import abandon
-from tests.engine.test_heartbeat import tokens_on, unique
+from tests.engine.test_heartbeat import tokens_on, unique, watching_lost
 
 pytestmark = pytest.mark.django_db(transaction=False)
 
@@ -100,3 +100,32 @@ def test_a_renewal_answered_past_the_trusted_deadline_raises_lock_lost(
     finally:
         monkeypatch.undo()
         held.release() if not held.lost else abandon(held)
+
+
+def test_a_hold_whose_renewals_cannot_start_a_thread_is_declared_lost_at_its_deadline(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process at its pids limit (a container's ``pids.max``: threads count) cannot start
+    the thread a renewal's request runs in. ``Heartbeat.beat`` let that RuntimeError out,
+    and the scheduler tried again every 50 ms (an ERROR logged each time) for as long as the
+    hold was not given back: past its deadline too, never declaring the loss. ``lock_lost``
+    was never sent (nor a leadership's ``on_lost`` called), so whoever stops its work on it
+    went on beside the next holder; a failed renewal is retried until the deadline, then the
+    hold is lost, as a throttled one is."""
+    resource = unique("no-thread")
+    start = threading.Thread.start
+
+    def renewals_cannot_start(thread: threading.Thread) -> None:
+        if thread.name == f"dynasem-heartbeat:{resource}:renew":
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    held = semaphore(resource, lease=1.5).acquire()  # trusted 1.0 s (CLOCK_SKEW 0.5)
+    try:
+        with watching_lost(held.token) as lost:
+            monkeypatch.setattr(threading.Thread, "start", renewals_cannot_start)
+            assert lost.wait(timeout=3), "lock_lost was never sent"
+        assert held._heartbeat is None or held._heartbeat.stopped
+    finally:
+        monkeypatch.undo()
+        abandon(held)
