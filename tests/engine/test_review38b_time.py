@@ -8,6 +8,11 @@ second the wall clocks count.
 
 from __future__ import annotations
 
+import contextlib
+import json
+import multiprocessing
+import os
+import signal
 import threading
 import time
 from typing import Any
@@ -20,6 +25,7 @@ from dynasem._engine.hold import stop_renewing
 from dynasem._storage import lock_rows
 from dynasem.testing import abandon
 from tests.engine.test_heartbeat import tokens_on, unique, watching_lost
+from tests.support import workers
 
 pytestmark = pytest.mark.django_db(transaction=False)
 
@@ -129,3 +135,58 @@ def test_a_hold_whose_renewals_cannot_start_a_thread_is_declared_lost_at_its_dea
     finally:
         monkeypatch.undo()
         abandon(held)
+
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a forked child's copy of a hold is trusted as its parent's: a decision to make "
+    "(see the docstring) before a mend",
+)
+def test_a_hold_copied_into_a_forked_child_is_not_trusted_once_its_holder_is_taken_over(
+    dynamodb_local: str, lock_table: str, tmp_path: Any
+) -> None:
+    """A process holds (30 s lease) and forks a worker inside its block, which keeps a copy
+    of the hold (``held.here`` False). The holder is killed (the OOM killer, SIGKILL); the
+    worker lives on. A waiter of this host proves the holder's process ended and takes the
+    lock at once, long before the lease the copy was taken under ends: the copy still says
+    ``lost`` False and ``seconds_left()`` about 28 s. Without the same-host take-over the
+    copy would be sound (nobody takes over before the stored lease end, which is at least
+    the copy's deadline plus CLOCK_SKEW); with it, the child can never know when its
+    parent is proven dead. Mend proposed: a copy in another process than the one recorded
+    in the row is not trusted (``seconds_left()`` 0, ``lost`` True, ``renew()`` refused),
+    where a same-host waiter could take it over (an identity was recorded), or documented
+    as such; ``fence_db`` work stays safe either way (the fence row orders it)."""
+    resource = unique("forked-copy")
+    report = str(tmp_path / "child.json")
+    out = SPAWN.Queue()
+    holder = SPAWN.Process(
+        target=workers.hold_and_fork_a_worker,
+        args=(dynamodb_local, lock_table, resource, 30.0, report, out),
+    )
+    holder.start()
+    child = 0
+    try:
+        kind, dead_fence, child = out.get(timeout=60)
+        assert kind == "held"
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.join(10)
+        with semaphore(resource, wait=5) as other:  # proven dead: taken at once
+            assert other.fence > dead_fence
+            for _ in range(100):
+                if os.path.exists(report):
+                    break
+                time.sleep(0.05)
+            with open(report) as f:
+                lost, left = json.load(f)
+        assert lost or left == 0, (
+            f"the forked child trusted its copy for {left:.1f} s more while another held"
+        )
+    finally:
+        holder.kill()
+        holder.join(10)
+        if child:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signal.SIGKILL)

@@ -511,3 +511,34 @@ def hand_over_in_a_child_forked_without_hooks(
     os.close(write)
     print(os.read(read, 4096).decode(), flush=True)
     os._exit(0)
+
+
+def hold_and_fork_a_worker(
+    endpoint: str, table_name: str, resource: str, lease: float, report: str, out: Any
+) -> None:
+    """Take ``resource`` and fork a child inside the block (``multiprocessing`` with fork, a
+    pool of workers, ``os.fork``) that keeps the hold's copy. Say ("held", fence, child pid),
+    then work "forever" (the test SIGKILLs us). The child, once we are gone, waits 1.5 s (a
+    waiter of this host takes the lock meanwhile) and writes to the file ``report`` what
+    its copy says: ``[lost, seconds_left]``."""
+    setup_django(endpoint, table_name)
+    import json
+
+    from dynasem import semaphore
+
+    held = semaphore(resource, lease=lease, user="forker").acquire()
+    parent = os.getpid()
+    child = os.fork()
+    if child == 0:
+        try:
+            deadline = time.monotonic() + 30
+            while os.getppid() == parent and time.monotonic() < deadline:
+                time.sleep(0.05)
+            time.sleep(1.5)
+            with open(report + ".tmp", "w") as f:
+                json.dump([held.lost, held.seconds_left()], f)
+            os.rename(report + ".tmp", report)
+        finally:
+            os._exit(0)
+    out.put(("held", held.fence, child))
+    time.sleep(600)
