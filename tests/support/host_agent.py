@@ -40,6 +40,14 @@ REPO = Path(__file__).resolve().parents[2]
 # ---------------------------------------------------------------------------------------------
 
 
+def _deadline(held: Any) -> float:
+    """``held``'s trusted deadline on the clock of every ``mono`` here (CLOCK_MONOTONIC):
+    dynasem reads CLOCK_BOOTTIME, ahead of it by every second the host ever slept."""
+    from dynasem import _clock as clock
+
+    return held._deadline - clock.monotonic() + time.monotonic()
+
+
 class Server:
     def __init__(self, out: IO[str]) -> None:
         self.out = out
@@ -215,7 +223,7 @@ class Server:
             "asked": asked,
             "start": start,
             "wall": wall,
-            "deadline": held._deadline,
+            "deadline": _deadline(held),
             "expires_ms": held._expires_ms,
             "calls": dict(Counter(self.calls) - before),
             "pushed": queueing.pushed_recently.get(resource) != pushed_before,
@@ -249,19 +257,19 @@ class Server:
                     "first_lost": first_lost,
                     "renew_raised": raised,
                     "renew_answered": time.monotonic(),
-                    "deadline": held._deadline,
+                    "deadline": _deadline(held),
                     "expires_ms": held._expires_ms,
                     "signalled": self.signalled.get(held.token),
                 }
             )
 
         threading.Thread(target=watch, daemon=True).start()
-        return {"deadline": held._deadline}
+        return {"deadline": _deadline(held)}
 
     def op_renew(self, id: str) -> dict[str, Any]:
         held = self.held[id]
         held.renew()
-        return {"deadline": held._deadline, "expires_ms": held._expires_ms}
+        return {"deadline": _deadline(held), "expires_ms": held._expires_ms}
 
     def op_abandon(self, id: str) -> dict[str, Any]:
         """Stop renewing the hold and never release it: a holder that died or hangs."""
@@ -269,13 +277,13 @@ class Server:
 
         held = self.held[id]
         abandon(held)
-        return {"deadline": held._deadline, "expires_ms": held._expires_ms}
+        return {"deadline": _deadline(held), "expires_ms": held._expires_ms}
 
     def op_state(self, id: str) -> dict[str, Any]:
         held = self.held[id]
         return {
             "lost": held.lost,
-            "deadline": held._deadline,
+            "deadline": _deadline(held),
             "mono": time.monotonic(),
             "signalled": self.signalled.get(held.token),
         }
