@@ -218,7 +218,11 @@ class _Scheduler:
                 ).start()
             except BaseException as exc:  # e.g. "can't start new thread": never end the loop
                 _failed("dynasem: cannot start a renewal of %r: %r", task, exc)
-                self.add(task, RETRY_MIN)
+                if _lost_unstarted(task):
+                    with self._cond:
+                        self._beating.discard(task)
+                else:
+                    self.add(task, RETRY_MIN)
 
     def _beat(self, task: Task) -> None:
         pause: float | None = RETRY_MIN
@@ -233,6 +237,22 @@ class _Scheduler:
         else:
             with self._cond:
                 self._beating.discard(task)
+
+
+def _lost_unstarted(task: Task) -> bool:
+    """A hold's renewal that cannot start its thread (a pids limit) past the hold's deadline:
+    its loss is declared here, in the scheduler's thread, or nothing would (``lock_lost``, a
+    leadership's ``on_lost``). True: the heartbeat is over."""
+    held = task.held
+    if not isinstance(task, Heartbeat) or held.seconds_left() > 0:
+        return False
+    try:
+        held.check_deadline()
+    except Exception as exc:  # a lock_lost receiver's: the loss is marked all the same
+        _failed("dynasem: telling the loss of %r failed: %r", task, exc)
+    finally:
+        close_connections()  # a lock_lost receiver's, sent here
+    return True
 
 
 def _failed(message: str, task: Task, exc: BaseException) -> None:

@@ -190,3 +190,28 @@ def test_a_hold_copied_into_a_forked_child_is_not_trusted_once_its_holder_is_tak
         if child:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)
+
+
+def test_a_hold_whose_heartbeat_cannot_start_its_thread_is_declared_lost_at_its_deadline(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same pids limit one step earlier: the scheduler cannot start the thread a due
+    renewal runs in. It logged an ERROR and tried again every 50 ms, past the hold's
+    deadline too, and the loss was never declared: ``lock_lost`` never sent, a
+    leadership's ``on_lost`` never called."""
+    resource = unique("no-beat")
+    start = threading.Thread.start
+
+    def beats_cannot_start(thread: threading.Thread) -> None:
+        if thread.name == f"dynasem-heartbeat:{resource}":
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    held = semaphore(resource, lease=1.5).acquire()  # trusted 1.0 s (CLOCK_SKEW 0.5)
+    try:
+        with watching_lost(held.token) as lost:
+            monkeypatch.setattr(threading.Thread, "start", beats_cannot_start)
+            assert lost.wait(timeout=3), "lock_lost was never sent"
+    finally:
+        monkeypatch.undo()
+        abandon(held)
