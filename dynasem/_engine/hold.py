@@ -64,6 +64,13 @@ def _owned(lock: threading.RLock) -> Iterator[None]:
 # first of any waiters that queued after we last saw the queue.
 WAKE_AFTER = 0.05
 TAKEN_OVER = "another holder took it over, or it was broken by an operator"
+# A child forked inside a block has a copy of the hold, never trusted: if the holder's own
+# process dies, a waiter of its host proves it dead and takes the lock at once, long before
+# the lease the copy knows of ends, and nothing tells the child when that happens.
+FORKED = (
+    "this process is a child forked inside the block: the hold is its parent's, which may "
+    "die and be taken over by a waiter of its host at any moment"
+)
 
 
 class Held:
@@ -154,9 +161,10 @@ class Held:
 
     @property
     def lost(self) -> bool:
-        """True once the hold is known not to be ours any more (or its lease ran out)."""
+        """True once the hold is known not to be ours any more (or its lease ran out); always
+        in a child forked inside the block (see :data:`FORKED`)."""
         self.check_deadline()
-        return self._lost is not None
+        return self._lost is not None or not self.here
 
     @property
     def released(self) -> bool:
@@ -175,8 +183,9 @@ class Held:
 
     def seconds_left(self) -> float:
         """How long we may still trust the hold without renewing (our clock, skew allowed);
-        0 once it is known lost (broken, taken over, a newer fence found), deadline or not."""
-        if self._lost is not None:
+        0 once it is known lost (broken, taken over, a newer fence found), deadline or not,
+        and in a child forked inside the block (see :data:`FORKED`)."""
+        if self._lost is not None or not self.here:
             return 0.0
         return max(0.0, self._deadline - clock.monotonic())
 
@@ -269,7 +278,7 @@ class Held:
         )
 
     def _raise_lost(self) -> NoReturn:
-        raise LockLost(self.resource, self._lost or "unknown")
+        raise LockLost(self.resource, self._lost or (FORKED if not self.here else "unknown"))
 
     def raise_if_lost(self) -> None:
         """Raise ``LockLost`` (with the reason it was lost) if the hold is known lost, or its
@@ -326,6 +335,8 @@ class Held:
         await run_io(self.renew)
 
     def _check_ours(self) -> None:
+        if not self.here:
+            raise LockLost(self.resource, FORKED)
         self.check_deadline()
         if self._released or self._given_in_time():  # released, or being released
             raise LockLost(self.resource, "it was released")

@@ -140,11 +140,6 @@ def test_a_hold_whose_renewals_cannot_start_a_thread_is_declared_lost_at_its_dea
 SPAWN = multiprocessing.get_context("spawn")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a forked child's copy of a hold is trusted as its parent's: a decision to make "
-    "(see the docstring) before a mend",
-)
 def test_a_hold_copied_into_a_forked_child_is_not_trusted_once_its_holder_is_taken_over(
     dynamodb_local: str, lock_table: str, tmp_path: Any
 ) -> None:
