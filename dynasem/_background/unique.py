@@ -35,7 +35,14 @@ from .. import _clock as clock
 from .._engine import processes, resend, steps
 from .._engine.arguments import check_lease, check_resource, resolve_timing, skew_setting
 from .._engine.decorators import KeyMaker, checked_keys
-from .._engine.hold import Held, confirm, delivering, start_renewing, stop_renewing
+from .._engine.hold import (
+    Held,
+    confirm,
+    delivering,
+    give_back_unused,
+    start_renewing,
+    stop_renewing,
+)
 from .._engine.queue import too_slow
 from .._engine.reentry import Block, as_another_process, close, opened, remember_acquired
 from .._engine.steps import run_sync
@@ -374,7 +381,7 @@ def give_back(taken: Claim) -> None:
     try:
         for _ in range(3):
             try:
-                adopt(taken, wait=False).release()
+                _adopt_and_release(taken)
                 return
             except RunNotEnded:
                 if _unannounce(taken):
@@ -393,6 +400,23 @@ def give_back(taken: Claim) -> None:
             exc_info=True,
             extra=taken.facts("give_back_failed"),
         )
+
+
+def _adopt_and_release(taken: Claim) -> None:
+    """The claim ``taken`` adopted and given back at once. The adopted hold is in our guard
+    before ``adopt`` returns: an interrupt (a signal handler's: a web worker's timeout, a
+    soft time limit) as it returns, or before its release began, gives it back too, never
+    leaves it renewed by its heartbeat for nobody, every enqueue of the key refused."""
+    adopted: list[Held] = []
+    try:
+        adopt(taken, wait=False, made=adopted)
+        for held in adopted:
+            held.release()
+    except BaseException:
+        for held in adopted:
+            if not held.released:  # a release that began has given it back, or says why not
+                give_back_unused(held)
+        raise
 
 
 def _unannounce(taken: Claim) -> bool:
