@@ -52,6 +52,7 @@ TASKS = [
     "tests/engine/test_review37h_signals.py::test_an_async_unique_tasks_run_stands_past_a_raising_lock_released_receiver",
     "tests/engine/test_review37j_signals.py::test_an_async_unique_run_cancelled_as_it_started_sends_lock_released_where_django_closes_it",
     "tests/engine/test_review37j_signals.py::test_an_async_enqueue_the_backend_refused_sends_lock_released_where_django_closes_it",
+    "tests/background/test_review38g_background.py::test_a_tasks_enqueue_interrupted_as_its_claim_returns_gives_the_key_back",
 ]
 
 DJANGO_FACING = [

@@ -84,17 +84,21 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
             run = unique.current_run(self.name, carried)
         task_id = task_id or str(uuid.uuid4())
         resource = run[0].resource if run is not None else self.unique_resource(args, kwargs)
+        # Anything that stops us once the claim is made (an interrupt as it returns, or as
+        # the header is made) gives it back: else the key is held for a task never sent,
+        # for the queue lease. The claim is in ``made`` before claim_for returns.
+        made: list[Claim] = []
         try:
-            claimed = unique.claim_for(self.name, resource, task_id, self.queue_lease, run)
-        except Taken as busy:
-            # The holder's handle; a key held by something else than a task (a semaphore()
-            # block) has none: the handle of a task id that never runs says "not run".
-            return self.AsyncResult(busy.task_id or task_id), False
-        if claimed is None:  # a second retry from one run: the first has the key
-            return self.AsyncResult(task_id), False
-        # From here anything that stops us (an interrupt as the header is made, too) gives
-        # the claim back: else the key is held for a task never sent, for the queue lease.
-        try:
+            try:
+                claimed = unique.claim_for(
+                    self.name, resource, task_id, self.queue_lease, run, made
+                )
+            except Taken as busy:
+                # The holder's handle; a key held by something else than a task (a semaphore()
+                # block) has none: the handle of a task id that never runs says "not run".
+                return self.AsyncResult(busy.task_id or task_id), False
+            if claimed is None:  # a second retry from one run: the first has the key
+                return self.AsyncResult(task_id), False
             if run is None and self.app.conf.task_always_eager:
                 return self._run_eagerly(claimed, args, kwargs, task_id, headers, options)
             headers[HEADER] = claimed.header()
@@ -104,7 +108,7 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
         except BaseException:
             # Not enqueued. Eager: a run that began gave the key back itself (this is then
             # refused: the claim is gone).
-            unique.withdraw(claimed, run)
+            unique.withdraw_made(made, run)
             raise
 
     def _run_eagerly(

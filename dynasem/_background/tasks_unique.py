@@ -93,13 +93,17 @@ class UniqueTask(_Task):
         return unique.key_for(self.name, KeyMaker(self.unique_key, self.func), args, kwargs)
 
     def enqueue(self, *args: Any, **kwargs: Any) -> Any:
-        claimed, run = self._claim(args, kwargs)
-        if claimed is None:
-            return None
+        # The claim in our guard before _claim returns: an interrupt as it returns (a
+        # signal handler's: a web worker's timeout) withdraws it too, never leaves the key
+        # held for a task never enqueued, for the queue lease.
+        made: list[Claim] = []
         try:
+            claimed, _ = self._claim(args, kwargs, made)
+            if claimed is None:
+                return None
             return self._backend().enqueue(self, args, {**kwargs, CLAIM_ARG: claimed.header()})
         except BaseException:
-            unique.withdraw(claimed, run)  # not enqueued
+            unique.withdraw_made(made)  # not enqueued
             raise
 
     async def aenqueue(self, *args: Any, **kwargs: Any) -> Any:
@@ -123,16 +127,22 @@ class UniqueTask(_Task):
                 await announced_after(withdrawn, ending=True)
             raise
 
-    def _claim(self, args: Any, kwargs: Any) -> tuple[Claim | None, tuple[Claim, Held] | None]:
+    def _claim(
+        self, args: Any, kwargs: Any, made: list[Claim] | None = None
+    ) -> tuple[Claim | None, tuple[Claim, Held] | None]:
         """The claim the task's arguments carry (None: not to be enqueued), and the run of
-        this task going on here with its key, if any (enqueued from it: the key goes on)."""
+        this task going on here with its key, if any (enqueued from it: the key goes on).
+        ``made``: as :func:`unique.claim_for`'s."""
         kwargs.pop(CLAIM_ARG, None)  # a result's kwargs enqueued again: not that claim
         unique.check_leases(self.name, self.queue_lease, self.run_lease)
         resource = self.unique_resource(args, kwargs)
         run = unique.current_run(self.module_path, resource)
         task_id = uuid.uuid4().hex
         try:
-            return unique.claim_for(self.module_path, resource, task_id, self.queue_lease, run), run
+            claimed = unique.claim_for(
+                self.module_path, resource, task_id, self.queue_lease, run, made
+            )
+            return claimed, run
         except unique.Taken:
             return None, None
 

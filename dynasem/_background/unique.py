@@ -127,31 +127,36 @@ def key_for(name: str, keys: KeyMaker, args: Any, kwargs: Any) -> str:
     return str(checked_keys(resource))
 
 
-def claim(resource: str, task_id: str, queue_lease: float) -> Claim:
+def claim(
+    resource: str, task_id: str, queue_lease: float, made: list[Claim] | None = None
+) -> Claim:
     """Take ``resource`` for the task ``task_id`` for ``queue_lease`` seconds (one attempt,
-    no heartbeat); :class:`Taken` if a task holds it already."""
+    no heartbeat); :class:`Taken` if a task holds it already. ``made``: the caller's guard,
+    which has the claim before this returns (an interrupt as it returns withdraws it)."""
     from .._engine.core import semaphore  # core imports nothing of this module
 
     sem = semaphore(resource, wait=0, lease=queue_lease, user=user_of(task_id), on_commit=False)
     sem.detached = True  # not this process's hold: its end must not free the key
 
-    def take() -> Held:
+    def take() -> Claim:
         # Nor a hold this thread gave back inside a transaction not ended yet (held until
         # its commit, renewed): the key is busy for a task's claim, as for another process.
         as_another_process.set(True)
         held = run_sync(sem._acquire_steps())
         stop_renewing(held)  # the queue lease is all it gets until a worker adopts it
-        return held
+        taken = Claim(resource, held.token, held.fence, task_id)
+        if made is not None:
+            made.append(taken)  # in the caller's guard while ours still covers it
+        return taken
 
     try:
         # In a context of its own: a hold this thread has (a running task of the same key)
         # must not be re-entered, nor a hold remembered for the next enqueue to re-enter.
         # Delivered as an acquire is: an exception before it returns (a task's soft time
         # limit, raised by a signal handler) gives the hold back, renewed no more.
-        held = contextvars.Context().run(delivering, take)
+        return contextvars.Context().run(delivering, take)
     except SemaphoreBusy as busy:
         raise Taken(resource, task_of(busy.holder_user_id)) from None
-    return Claim(resource, held.token, held.fence, task_id)
 
 
 def adopt(
@@ -350,10 +355,11 @@ def current_run(task: str, key: str | Claim) -> tuple[Claim, Held] | None:
     return None
 
 
-def hand_on(held: Held, carried: Claim) -> Claim | None:
+def hand_on(held: Held, carried: Claim, made: list[Claim] | None = None) -> Claim | None:
     """The run ``held`` (adopted from ``carried``) enqueues its retry: announce the retry's
     token and return its claim, which the run's hold becomes when the run ends. None if the
-    run has enqueued a retry already (one retry goes on with the key)."""
+    run has enqueued a retry already (one retry goes on with the key). ``made``: as
+    :func:`claim`'s."""
     if held.handed_on is not None:
         return None
     next_token = uuid.uuid4().hex
@@ -362,7 +368,10 @@ def hand_on(held: Held, carried: Claim) -> Claim | None:
     except dynamodb.Refused:
         raise LockLost(carried.resource, "the run's hold was lost before its retry") from None
     held.handed_on = next_token
-    return Claim(carried.resource, next_token, held.fence, carried.task_id)
+    taken = Claim(carried.resource, next_token, held.fence, carried.task_id)
+    if made is not None:
+        made.append(taken)
+    return taken
 
 
 def end_run(held: Held, queue_lease: float) -> None:
@@ -456,15 +465,22 @@ def check_leases(task: str, queue_lease: Any, run_lease: Any, *, against_skew: b
 
 
 def claim_for(
-    task: str, resource: str, task_id: str, queue_lease: float, run: tuple[Claim, Held] | None
+    task: str,
+    resource: str,
+    task_id: str,
+    queue_lease: float,
+    run: tuple[Claim, Held] | None,
+    made: list[Claim] | None = None,
 ) -> Claim | None:
     """The claim the message of ``task`` carries: a retry's, sent from its own ``run``, goes
     on with that run's key (None for a second retry of one run: the first has the key);
-    another takes ``resource`` for ``task_id``. :class:`Taken` (logged) if a task holds it."""
+    another takes ``resource`` for ``task_id``. :class:`Taken` (logged) if a task holds it.
+    ``made``: the enqueue's guard, which has the claim before this returns: an interrupt
+    as it returns (a signal handler's) withdraws it too (:func:`withdraw_made`)."""
     if run is not None:
-        return hand_on(run[1], run[0])
+        return hand_on(run[1], run[0], made)
     try:
-        return claim(resource, task_id, queue_lease)
+        return claim(resource, task_id, queue_lease, made)
     except Taken as busy:
         holder = f"task {busy.task_id}" if busy.task_id else "a hold that is not a task's"
         logger.info(
@@ -485,6 +501,17 @@ def withdraw(claimed: Claim, run: tuple[Claim, Held] | None) -> None:
         run[1].handed_on = None
     else:
         give_back(claimed)
+
+
+def withdraw_made(made: list[Claim], run: tuple[Claim, Held] | None = None) -> None:
+    """The claims an enqueue made (``claim_for``'s ``made``), withdrawn as :func:`withdraw`
+    does: its message was not sent. A retry's from ``run``, or (None) from the run going on
+    here that hands its key on to it (an enqueue interrupted before it knew its run)."""
+    for claimed in made:
+        if run is None:
+            runs = [(adopted, held) for _, adopted, held in _runs.get() if adopted is not None]
+            run = next(((a, h) for a, h in runs if h.handed_on == claimed.token), None)
+        withdraw(claimed, run)
 
 
 def start_run(

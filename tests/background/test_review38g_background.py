@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import django
 import pytest
 
 from dynasem._background import unique
@@ -50,3 +51,60 @@ def test_a_give_back_interrupted_as_its_adoption_returns_frees_the_key(
     _stop_renewing(resource)
     assert left == [], "the key is held by an adoption nobody gives back"
     claim(resource, "task-2", queue_lease=30)  # free for the next enqueue
+
+
+def _interrupted_as_it_returns(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """``unique.<name>`` raises a KeyboardInterrupt right after it returned: a signal's
+    exception at the bytecode after the call."""
+    real = getattr(unique, name)
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        real(*args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(unique, name, interrupted)
+
+
+def test_a_celery_enqueue_interrupted_as_its_claim_returns_gives_the_key_back(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``UniqueTask._send``: d4b493c put everything after the claim inside the ``try`` that
+    withdraws it, but the claim itself (``unique.claim_for``, a call) returns before that
+    ``try``. A KeyboardInterrupt (a signal handler's: a web worker's timeout, Ctrl-C) landing
+    as it returns left the key claimed by a task never enqueued, every enqueue of it refused
+    for the queue lease (600 s by default). Modelled as raised right after ``claim_for``
+    returned. Failed before its mend: the key still claimed."""
+    celery = pytest.importorskip("celery")
+    from dynasem.celery import UniqueTask
+
+    app = celery.Celery("rv38g-unique", broker="memory://")
+
+    @app.task(base=UniqueTask, name="rv38g.reindex", unique_key="rv38g:reindex:{n}")
+    def reindex(n: int) -> None:
+        pass
+
+    _interrupted_as_it_returns(monkeypatch, "claim_for")
+    with pytest.raises(KeyboardInterrupt):
+        reindex.delay(1)
+    monkeypatch.undo()
+    assert holds_on("rv38g:reindex:1") == [], "claimed by a task that was never enqueued"
+
+
+@pytest.mark.skipif(django.VERSION < (6, 0), reason="django.tasks is Django's from 6.0")
+def test_a_tasks_enqueue_interrupted_as_its_claim_returns_gives_the_key_back(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dynasem.django_tasks``' ``UniqueTask.enqueue``: the claim (``_claim`` ->
+    ``unique.claim_for``) was made before the ``try`` that withdraws it when the backend
+    cannot store the task. A KeyboardInterrupt (a signal handler's: a web worker's timeout)
+    landing as it returned left the key claimed by a task never enqueued, every enqueue of
+    it refused for the queue lease. Modelled as raised right after ``claim_for`` returned.
+    Failed before its mend: the key still claimed."""
+    from tests.support import unique_tasks
+
+    _interrupted_as_it_returns(monkeypatch, "claim_for")
+    with pytest.raises(KeyboardInterrupt):
+        unique_tasks.plain.enqueue("rv38g")
+    monkeypatch.undo()
+    assert holds_on("unique-plain:rv38g") == [], "claimed by a task that was never enqueued"
+    assert unique_tasks.plain.enqueue("rv38g").status == "SUCCESSFUL"  # free for the next
