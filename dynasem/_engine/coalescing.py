@@ -215,11 +215,14 @@ def acquire(sem: Any, attempt: Callable[[float, bool], _T]) -> _T:
         if registration is None:
             return attempt(wait, False)
         held = attempt(wait, False)
+        # Taken: its fence marks it as started; nothing to delete. Inside the guard: an
+        # interrupt as the turn came (the hold given back by the block's entry guard) must
+        # not leave the registration renewed by its heartbeat for a run that never ran.
+        registration.stop()
     except BaseException:
         for registered in made:  # an interrupt as it registered too (its heartbeat runs)
             registered.withdraw()
         raise
-    registration.stop()  # taken: its fence marks it as started; nothing to delete
     return held
 
 

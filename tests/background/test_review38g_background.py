@@ -4,15 +4,19 @@ whether it failed before its mend."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import django
 import pytest
 
+from dynasem import semaphore
 from dynasem._background import unique
 from dynasem._background.unique import claim
 from dynasem._engine import heartbeat
+from dynasem._engine.coalescing import Registration
 from dynasem._operators.locks import holds_on
+from dynasem.testing import held_elsewhere
 
 # dynasem's own re-entry rule (tests/conftest.py's no_reentry is off here).
 pytestmark = pytest.mark.reentry
@@ -108,3 +112,50 @@ def test_a_tasks_enqueue_interrupted_as_its_claim_returns_gives_the_key_back(
     monkeypatch.undo()
     assert holds_on("unique-plain:rv38g") == [], "claimed by a task that was never enqueued"
     assert unique_tasks.plain.enqueue("rv38g").status == "SUCCESSFUL"  # free for the next
+
+
+def test_a_next_run_interrupted_as_its_turn_comes_withdraws_its_registration(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``coalescing.acquire``: 0c9aedb guards the registration from its write to the end of
+    the wait for the next run's turn, but ``registration.stop()`` came after that ``try``.
+    A KeyboardInterrupt (a signal handler's) landing as the turn came (the hold handed to
+    us, given back by the block's entry guard) and before that call left the registration
+    renewed by its heartbeat as long as the process lived, for a run that never ran: a
+    renewal write every third of the lease, for nothing, until another caller replaced it.
+    Modelled as raised as ``stop()`` begins (once). Failed before its mend: its heartbeat
+    still scheduled."""
+    resource = "rv38g:next-run-turn"
+    started, go = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with held_elsewhere(resource):
+            started.set()
+            go.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    started.wait(10)
+    real, calls = Registration.stop, []
+
+    def interrupted(self: Registration) -> None:
+        calls.append(self)
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # a signal's exception, as the turn came
+        real(self)
+
+    monkeypatch.setattr(Registration, "stop", interrupted)
+    threading.Timer(0.5, go.set).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with semaphore(resource, coalesce=True, wait=10, lease=2):
+                pytest.fail("the block must not run")
+    finally:
+        go.set()
+        thread.join(10)
+    monkeypatch.undo()
+    orphans = [hb for hb in heartbeat.scheduled() if isinstance(hb.held, Registration)]
+    for hb in orphans:  # not left renewing into the next tests of this worker
+        hb.stop()
+    assert orphans == [], "a registration renewed for a run that never ran"
+    assert holds_on(resource) == []
