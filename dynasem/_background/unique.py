@@ -322,14 +322,17 @@ def running(held: Held, task: str = "", carried: Claim | None = None) -> Iterato
     """The run of ``task`` (adopted from ``carried``): its hold is this thread's or
     coroutine's, as a ``with semaphore()`` block's is (``current_hold()``; a ``semaphore()``
     of its key inside re-enters it), and the task's to hand on (:func:`current_run`)."""
-    block = Block(held, None)
-    opened(block, held)
-    remember_acquired(held)
-    runs = _runs.set((*_runs.get(), (task, carried, held)))
+    block, runs = Block(held, None), None
+    # Opened inside the try: an interrupt as it is entered (a soft time limit) closes it,
+    # never leaves it open in the worker's context, where its next tasks run.
     try:
+        opened(block, held)
+        remember_acquired(held)
+        runs = _runs.set((*_runs.get(), (task, carried, held)))
         yield held
     finally:
-        _runs.reset(runs)
+        if runs is not None:
+            _runs.reset(runs)
         close(block)
 
 

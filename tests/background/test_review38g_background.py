@@ -5,6 +5,7 @@ whether it failed before its mend."""
 from __future__ import annotations
 
 import threading
+import types
 from typing import Any
 
 import django
@@ -159,3 +160,34 @@ def test_a_next_run_interrupted_as_its_turn_comes_withdraws_its_registration(
         hb.stop()
     assert orphans == [], "a registration renewed for a run that never ran"
     assert holds_on(resource) == []
+
+
+def test_a_unique_run_interrupted_as_it_enters_leaves_no_block_open_here(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``unique.running``: the run's block was opened (``opened``), then the hold remembered
+    and the run recorded, before the ``try`` whose ``finally`` closes it. A KeyboardInterrupt
+    (a signal handler's: Celery's soft time limit) landing in between ended the run (fdace27
+    gives its key back) but left its block open in this thread's context: a worker runs its
+    next tasks in that thread and context, where ``current_hold()`` outside any block gave
+    the released hold, its fence a stale run's, instead of LookupError. Modelled as raised
+    as the hold is remembered. Failed before its mend: ``current_hold()`` answered."""
+    from dynasem import current_hold
+
+    real, calls = unique.remember_acquired, []
+
+    def interrupted(held: Any) -> None:
+        calls.append(held)
+        raise KeyboardInterrupt  # a signal's exception, as the hold is remembered
+
+    resource = "rv38g:running-interrupted"
+    carried = claim(resource, "task-1", queue_lease=30)
+    options = types.SimpleNamespace(run_lease=5, queue_lease=30)
+    monkeypatch.setattr(unique, "remember_acquired", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        unique.run("rv38g.task", options, carried, lambda: pytest.fail("must not run"))
+    monkeypatch.setattr(unique, "remember_acquired", real)
+    _stop_renewing(resource)
+    assert calls and calls[0].released and holds_on(resource) == []
+    with pytest.raises(LookupError):
+        current_hold()  # no block of a run that ended is this thread's
