@@ -217,11 +217,13 @@ class KeyNotPrintable(BadKey):
 
 
 def checked_keys(resource: Any) -> Any:
-    """A call's resource(s), refused as :class:`BadKey` past the size a key may have or with
-    a control character in it."""
+    """A call's resource(s), refused as :class:`BadKey` when empty, past the size a key may
+    have or with a control character in it."""
     for key in resource if isinstance(resource, list | tuple) else [resource]:
         if not isinstance(key, str):
             continue
+        if not key:  # a URL value of "" for a template of that value alone
+            raise BadKey("the lock key made from this request's arguments is empty")
         # utf8_size: a lone surrogate is a ValueError naming the resource, not a codec error.
         if utf8_size(key, "resource") > MAX_RESOURCE_BYTES:
             raise KeyTooLong(key, MAX_RESOURCE_BYTES)
@@ -232,8 +234,8 @@ def checked_keys(resource: Any) -> Any:
 
 
 def bad_key_response(request: Any, exc: BadKey) -> HttpResponse:
-    """HTTP 400: the URL's values make a lock key that cannot be a resource (longer than
-    DynamoDB's 1,024-byte limit, or holding a control character)."""
+    """HTTP 400: the URL's values make a lock key that cannot be a resource (empty, longer
+    than DynamoDB's 1,024-byte limit, or holding a control character)."""
     return HttpResponseBadRequest(
         f"Bad Request: {exc}.\n", content_type="text/plain; charset=utf-8"
     )
