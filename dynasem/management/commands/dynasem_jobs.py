@@ -2,12 +2,13 @@ from __future__ import annotations
 
 import functools
 import json
+from datetime import datetime
 from typing import Any
 
 from django.core.management.base import CommandError
 
 from ..._engine import arguments
-from ..._operators import audit, jobs
+from ..._operators import audit, jobs, usernames
 from ...models import Job
 from . import _output as out
 
@@ -81,16 +82,23 @@ class Command(out.OperatorCommand):
         return found
 
     def _table(self, found: list[jobs.JobInfo]) -> None:
+        """The columns the help names: key, status, user (by username where it is a Django
+        user's primary key, as dynasem_locks shows holders), attempt, started, finished and
+        the last error's first line."""
         keys = [out.printable(j.key) for j in found]
-        wide = max(30, *(out.width(k) for k in keys))
+        names = usernames.usernames(j.user_id for j in found)
+        users = [out.printable(names.get(j.user_id, j.user_id)) for j in found]
+        wide, who = max(30, *(out.width(k) for k in keys)), max(16, *(out.width(u) for u in users))
         self.stdout.write(
-            f"{out.pad('KEY', wide)} {'STATUS':8} {'ATTEMPT':>7} {'STARTED (UTC)':19}  LAST ERROR"
+            f"{out.pad('KEY', wide)} {'STATUS':8} {out.pad('USER', who)} {'ATTEMPT':>7} "
+            f"{'STARTED (UTC)':19}  {'FINISHED (UTC)':19}  LAST ERROR"
         )
-        for job, key in zip(found, keys, strict=True):
-            started = job.started.strftime("%Y-%m-%d %H:%M:%S") if job.started else "-"
+        for job, key, user in zip(found, keys, users, strict=True):
+            started, finished = _shown(job.started), _shown(job.finished)
             error = out.printable(job.error.splitlines()[0][:60]) if job.error else ""
             self.stdout.write(
-                f"{out.pad(key, wide)} {job.status:8} {job.attempt:>7} {started:19}  {error}"
+                f"{out.pad(key, wide)} {job.status:8} {out.pad(user, who)} {job.attempt:>7} "
+                f"{started:19}  {finished:19}  {error}"
             )
 
     def _reset(self, key: str, options: dict[str, Any]) -> None:
@@ -121,3 +129,7 @@ class Command(out.OperatorCommand):
             self.stderr.write(f"Not recorded in the admin's history: {unrecorded}.")
         if not options["json"]:
             self.stdout.write(text)
+
+
+def _shown(moment: datetime | None) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S") if moment else "-"
