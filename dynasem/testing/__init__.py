@@ -11,7 +11,7 @@ pytest (with pytest-django)::
 
     def test_rebuild(dynasem_table, client): ...          # a fresh table per test
 
-    @pytest.mark.dynasem(LEASE=5)                           # DYNASEM keys for this test
+    @pytest.mark.dynasem(LEASE=5, CLOCK_SKEW=1)             # DYNASEM keys for this test
     def test_short_lease(dynasem_table): ...
 
 Django's test runner (``manage.py test``)::
@@ -21,7 +21,7 @@ Django's test runner (``manage.py test``)::
     @fresh_table()                        # a fresh table for every test of the class
     class RebuildTests(TestCase): ...
 
-    with fresh_table(LEASE=5) as table_name: ...            # or around any code
+    with fresh_table(WAIT=1) as table_name: ...             # or around any code
 
 ``DYNASEM_TESTING_ENDPOINT_URL`` (say, DynamoDB Local's ``http://127.0.0.1:8000``) replaces
 the embedded engine. Importable without pytest; the engine needs the ``testing`` extra
@@ -224,7 +224,7 @@ def _report_left(resources: list[str]) -> None:
 
 class fresh_table:  # noqa: N801 - used like a function: with fresh_table(), @fresh_table()
     """A new, empty lock table on the test engine, with ``DYNASEM`` pointed at it (and
-    ``settings`` overriding any ``DYNASEM`` key, e.g. ``LEASE=5``); deleted afterwards.
+    ``settings`` overriding any ``DYNASEM`` key, e.g. ``WAIT=1``); deleted afterwards.
 
     A context manager (``as`` gives the table's name), and a decorator of test functions,
     test methods and ``unittest``/Django ``TestCase`` classes (a fresh table per test, and
@@ -331,7 +331,7 @@ if pytest is not None:
         if marker is not None and marker.args:
             raise TypeError(
                 f"@pytest.mark.dynasem takes DYNASEM keys by name, e.g. "
-                f"@pytest.mark.dynasem(LEASE=5), not {marker.args!r}"
+                f"@pytest.mark.dynasem(WAIT=1), not {marker.args!r}"
             )
         with fresh_table(**(marker.kwargs if marker else {})) as name:
             yield name
