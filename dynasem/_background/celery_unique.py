@@ -59,7 +59,8 @@ class UniqueTask(Task):  # type: ignore[misc]  # Celery has no type hints
                 f"{self.name}: a UniqueTask needs unique_key=, e.g. "
                 '@shared_task(base=UniqueTask, unique_key="reindex:{project_id}")'
             )
-        keys = type(self)._keys = self._keys or KeyMaker(self.unique_key, self.run)
+        keys = self._keys or KeyMaker(self.unique_key, self.run, f"{self.name}: unique_key")
+        type(self)._keys = keys
         return unique.key_for(self.name, keys, args, kwargs)
 
     def apply_async(

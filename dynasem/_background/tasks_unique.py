@@ -70,7 +70,8 @@ class UniqueTask(_Task):
                 f"{self.name}: a unique task needs unique_key=, e.g. "
                 '@unique_task(unique_key="reindex:{project_id}")'
             )
-        KeyMaker(self.unique_key, self.func)  # a bad template is refused here, not at enqueue
+        # A bad template is refused here, not at enqueue.
+        KeyMaker(self.unique_key, self.func, f"{self.name}: unique_key")
         # Its fields must name the function's parameters (unless it takes ``**``).
         params = inspect.signature(self.func).parameters
         if isinstance(self.unique_key, str) and all(

@@ -338,10 +338,21 @@ def _signatures(func: Callable[..., Any]) -> list[inspect.Signature]:
 class KeyMaker:
     """Builds the resource(s) of one call from the decorator's template(s) or callable."""
 
-    def __init__(self, template: Any, func: Callable[..., Any]) -> None:
+    def __init__(self, template: Any, func: Callable[..., Any], name: str = "resource") -> None:
         if isinstance(template, str | list | tuple):
             for each in [template] if isinstance(template, str) else template:
+                # A unique task's unique_key comes here unchecked (semaphore() checked its own).
+                if not isinstance(each, str):
+                    kind = type(each).__name__
+                    raise TypeError(f"{name} must be a str template, not {kind}: {each!r}")
+                if not each:
+                    raise ValueError(f"{name} must be a non-empty str template")
                 _parsed(each)  # refuses a template whose keys could collide
+        elif not callable(template):
+            raise TypeError(
+                f"{name} must be a str template, a list of them or a callable, not "
+                f"{type(template).__name__}: {template!r}"
+            )
         self.template = template
         self.name = getattr(func, "__qualname__", None) or repr(func)
         self.signatures = _signatures(func)
