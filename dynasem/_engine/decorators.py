@@ -272,8 +272,9 @@ def busy_response(request: Any, exc: SemaphoreBusy) -> HttpResponse:
     A coalescing semaphore's ``Coalesced`` gets ``coalesced_response`` instead."""
     if isinstance(exc, Coalesced):
         return coalesced_response(request, exc)
+    unit = "second" if exc.retry_after == 1 else "seconds"
     response = HttpResponse(
-        f"Locked: this resource is busy. Retry after {exc.retry_after} seconds.\n",
+        f"Locked: this resource is busy. Retry after {exc.retry_after} {unit}.\n",
         status=423,
         content_type="text/plain; charset=utf-8",
     )

@@ -34,3 +34,13 @@ def test_a_url_value_that_makes_an_empty_key_is_a_400_and_sends_nothing(lock_tab
         assert response.status_code == 400
         assert "empty" in response.content.decode()
     assert requests_sent.total == 0
+
+
+def test_the_423_body_counts_its_seconds_in_words_that_agree():
+    from dynasem import SemaphoreBusy, busy_response
+
+    request = RequestFactory().post("/rebuild/42/")
+    one = busy_response(request, SemaphoreBusy("tbl_issues:42", 1)).content.decode()
+    many = busy_response(request, SemaphoreBusy("tbl_issues:42", 7)).content.decode()
+    assert "Retry after 1 second." in one
+    assert "Retry after 7 seconds." in many
