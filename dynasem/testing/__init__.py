@@ -155,8 +155,14 @@ def abandon(held: Any) -> None:
     The hold object itself still works (``release()`` gives the lock back while its lease
     lasts); only the background renewal stops, and the thread that took it no longer
     re-enters it (a nested acquire there finds the lock busy, as any other process does)."""
+    from .._engine.hold import Held
     from .._engine.hold import abandon as left_by_its_process
 
+    if not isinstance(getattr(held, "outer", held), Held):  # outer: a nested acquire's view
+        raise TypeError(
+            "abandon() takes a hold (what acquire() returns, or a with block's `as`), not "
+            f"{type(held).__name__}: {held!r}"
+        )
     left_by_its_process(held)
 
 
