@@ -141,8 +141,14 @@ class Settings:
 
     @property
     def raw(self) -> dict[str, Any]:
-        value = getattr(django_settings, "DYNASEM", None)
-        return value if isinstance(value, dict) else {}
+        """The dict as set ({} when there is none); a ``DYNASEM`` that is no dict is a
+        TypeError, as a key of a wrong type is: read as no settings, it would send every
+        request to AWS's default table (dynasem.E001 reports it where the checks run)."""
+        value = getattr(django_settings, "DYNASEM", {})
+        if not isinstance(value, dict):
+            kind = type(value).__name__
+            raise TypeError(f"DYNASEM must be a dict of dynasem's settings, not {kind}: {value!r}")
+        return value
 
     TABLE_NAME = _Key[str]("dynasem-locks", (str,), "a str", _table_name)
     ENDPOINT_URL = _Key[str | None](None, (str, type(None)), "None or a URL str")

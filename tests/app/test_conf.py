@@ -124,10 +124,11 @@ def test_unknown_keys():
         assert conf.settings.unknown_keys() == ["TABEL_NAME", "aws_access_key_id"]
 
 
-def test_a_non_dict_setting_reads_as_defaults():
+def test_a_non_dict_setting_is_refused_when_read():
+    # Read as defaults once: every request then went to AWS's default table (review 38f).
     with override_settings(DYNASEM="not a dict"):
-        assert conf.settings.TABLE_NAME == "dynasem-locks"
-        assert conf.settings.LEASE == 60
+        with pytest.raises(TypeError, match=r"^DYNASEM must be a dict .*not str: 'not a dict'"):
+            conf.settings.TABLE_NAME  # noqa: B018 - the property raises
 
 
 def test_the_semaphore_uses_the_live_table_name(lock_table, dynamodb_local):
