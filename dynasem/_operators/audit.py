@@ -38,9 +38,12 @@ def broke(user_pk: Any, hold: locks.HoldInfo, holder: str, by: str = "") -> str:
 
 def operator(username: str | None) -> tuple[Any, str]:
     """Who a command's change is recorded as: the Django user ``username`` (a LookupError if
-    there is none), else the one named as this OS login if any. Returns (pk or None, why not)."""
+    there is none, or it is empty), else the one named as this OS login if any. Returns (pk
+    or None, why not)."""
     import getpass
 
+    if username == "":  # --log-as "$OPERATOR" with the variable unset: not "no --log-as"
+        raise LookupError("--log-as: empty: give a Django username, or leave --log-as out")
     if username:
         found = usernames.pk_named(username)
         if found is None:

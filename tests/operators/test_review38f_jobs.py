@@ -37,3 +37,23 @@ def _jobs() -> list:
     from dynasem._operators import jobs
 
     return jobs.job_page(size=500).jobs
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("command", ["dynasem_release", "dynasem_jobs"])
+def test_an_empty_log_as_is_refused_before_anything_changes(lock_table, command):
+    """``--log-as "$OPERATOR"`` with the variable unset: refused as an empty ``--user`` is,
+    not read as no --log-as (the OS login's user, else the change unrecorded)."""
+    from django.core.management import CommandError
+
+    from dynasem._operators.locks import holds_on
+    from dynasem.testing import held_elsewhere
+
+    with run_once("import:9"):
+        pass
+    with held_elsewhere("tbl_issues:9", user="alice"):
+        args = ["tbl_issues:9"] if command == "dynasem_release" else ["--reset", "import:9"]
+        with pytest.raises(CommandError, match="--log-as: empty"):
+            run(command, *args, "--yes", "--log-as", "")
+        assert [h.user_id for h in holds_on("tbl_issues:9")] == ["alice"]
+    assert _jobs()[0].status == "DONE"
