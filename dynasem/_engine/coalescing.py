@@ -51,8 +51,9 @@ def check_coalescing(mode: Mode, resources: Any, wait: float | None) -> None:
     """A ValueError unless semaphores like this can coalesce (at construction, and at each
     acquire before its first request: see :func:`checked_wait`)."""
     if mode != Mode.EXCLUSIVE:
+        kind = mode.name.lower()  # not the stored letter: "not a s one"
         raise ValueError(
-            f"coalesce=True needs an exclusive semaphore (limit=1, shared=False), not a {mode} "
+            f"coalesce=True needs an exclusive semaphore (limit=1, shared=False), not a {kind} "
             "one: a next run comes after the one run going"
         )
     if isinstance(resources, list | tuple) and len(resources) > 1:

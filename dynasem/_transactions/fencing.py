@@ -58,8 +58,9 @@ def row_key(resource: str) -> str:
 def check_fenceable(mode: Mode, resources: Any) -> None:
     """A ValueError unless holds of this mode can fence a transaction."""
     if mode != Mode.EXCLUSIVE:
+        kind = mode.name.lower()  # not the stored letter: "not a s one"
         raise ValueError(
-            f"fence_db needs an exclusive semaphore (limit=1, shared=False), not a {mode} one: "
+            f"fence_db needs an exclusive semaphore (limit=1, shared=False), not a {kind} one: "
             f"holders of {resources!r} hold together, each with its own fence, and the "
             "database would refuse all but the newest of them"
         )
