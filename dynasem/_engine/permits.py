@@ -372,14 +372,14 @@ def _plan(
         live = queue.live_holders(seen, stale)
         if live and seen.expires_ms >= stale:
             # Held in the row: an exclusive, shared or few-permit hold (another limit).
-            raise take.other_limit(resource, seen.limit, limit)
+            raise take.other_limit(resource, seen, sem.mode, limit)
         return _Plan("create", 0)
     if seen.limit != limit:
         # Its permits read, and fenced if none is live: no take slowed before its permit
         # write can then hold a slot of the old limit.
         fenced = yield Request(functools.partial(permit_items.fenced_permits, seen, stale))
         if queue.live_holders(fenced, stale):
-            raise take.other_limit(resource, seen.limit, limit)
+            raise take.other_limit(resource, seen, sem.mode, limit)
         return _Plan("reset", 0)
     if seen.hints:
         return _Plan("pop")

@@ -78,10 +78,17 @@ def may_be_reaped(drawn_mono: float, drawn_ms: int, skew: float) -> bool:
     return clock.now_ms() + skew_ms >= records.bucket_of(drawn_ms - skew_ms) * 1000
 
 
-def other_limit(resource: str, stored: int, limit: int) -> ValueError:
+def other_limit(resource: str, seen: records.LockItem, mode: Mode, limit: int) -> ValueError:
+    """The ValueError of a take whose limit (or kind) is not the holders' of ``seen``: each
+    side named as it was asked for (a shared hold stores limit 1, which its holders never
+    named)."""
+    held = {Mode.SHARED: "shared", Mode.EXCLUSIVE: "exclusive (limit=1)"}.get(
+        seen.mode, f"with limit={seen.limit}"
+    )
+    asked = "shared=True" if mode == Mode.SHARED else f"limit={limit}"
     return ValueError(
-        f"{resource!r} is held with limit={stored}; every holder of one resource must use "
-        f"the same limit, not limit={limit}"
+        f"{resource!r} is held {held}; every holder of one resource must use the same limit "
+        f"(or all be shared), not {asked}"
     )
 
 
@@ -107,7 +114,7 @@ class _Planning:
             if not seen.permits_read:
                 return Plan(load=0, queued=queued)
             if live_holders(seen, stale_ms):
-                raise other_limit(resource, seen.limit, sem.limit)
+                raise other_limit(resource, seen, sem.mode, sem.limit)
             seen = self.seen = dataclasses.replace(seen, holders={})  # every permit free or dead
         holders = seen.holders if seen is not None else {}
         if seen is not None and token in holders:
@@ -187,7 +194,7 @@ class _Planning:
         if live and not room(live):
             live = queue.not_proven_dead(live)  # in our way: a look in /proc (same host)
         if live and seen.limit != sem.limit:
-            raise other_limit(self.resource, seen.limit, sem.limit)
+            raise other_limit(self.resource, seen, sem.mode, sem.limit)
         return live, bool(live) and not room(live)
 
     def hand_on(self, waiting: Plan, ahead: list[records.Waiter], *, gone: bool) -> None:
