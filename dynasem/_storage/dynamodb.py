@@ -237,6 +237,16 @@ class WriteConflict(SemaphoreUnavailable):
     milliseconds; send it again."""
 
 
+# What DynamoDB says of a request whose key does not fit the table's key schema: a table
+# dynasem did not make (AWS: "The provided key element does not match the schema"; DynamoDB
+# Local: "The number of conditions on the keys is invalid"). dynasem's own keys always fit
+# its tables: pk and sk, two non-empty strings.
+FOREIGN_KEY = (
+    "key element does not match the schema",
+    "number of conditions on the keys is invalid",
+)
+
+
 def _unavailable(exc: Exception, resent: bool = False) -> SemaphoreUnavailable:
     where, table = endpoint_label(), settings.TABLE_NAME
     if isinstance(exc, ClientError):
@@ -253,6 +263,12 @@ def _unavailable(exc: Exception, resent: bool = False) -> SemaphoreUnavailable:
             return TableMissing(
                 f"DynamoDB table {table!r} at {where} lacks an index dynasem needs ({message}): "
                 "run `manage.py dynasem_createtable` (or recreate the table)"
+            )
+        if code == "ValidationException" and any(w in message.lower() for w in FOREIGN_KEY):
+            return TableMissing(
+                f"DynamoDB table {table!r} at {where} is not a dynasem table: its key is not "
+                f"dynasem's (pk, sk) ({message}): set TABLE_NAME to a table made by "
+                "`manage.py dynasem_createtable` (its --check says what a table lacks)"
             )
         limit = _limit_of(code, message, exc.response, _retried(exc))
         if limit is not None:
