@@ -245,6 +245,10 @@ FOREIGN_KEY = (
     "key element does not match the schema",
     "number of conditions on the keys is invalid",
 )
+FOREIGN_KEY_SAID = (
+    "its key is not dynasem's (pk, sk): set TABLE_NAME to a table made by `manage.py "
+    "dynasem_createtable` (its --check says what a table lacks)"
+)
 
 
 def _unavailable(exc: Exception, resent: bool = False) -> SemaphoreUnavailable:
@@ -266,9 +270,8 @@ def _unavailable(exc: Exception, resent: bool = False) -> SemaphoreUnavailable:
             )
         if code == "ValidationException" and any(w in message.lower() for w in FOREIGN_KEY):
             return TableMissing(
-                f"DynamoDB table {table!r} at {where} is not a dynasem table: its key is not "
-                f"dynasem's (pk, sk) ({message}): set TABLE_NAME to a table made by "
-                "`manage.py dynasem_createtable` (its --check says what a table lacks)"
+                f"DynamoDB table {table!r} at {where} is not a dynasem table ({message}): "
+                + FOREIGN_KEY_SAID
             )
         limit = _limit_of(code, message, exc.response, _retried(exc))
         if limit is not None:

@@ -145,6 +145,14 @@ def format_check() -> tuple[str | None, float | None]:
         # right, not as far off as it was at the send.
         answered = clock.wall_clock()
         sent = answered - (clock.monotonic() - began)
+    except ClientError as exc:
+        # A refusal of the format item's key: a table dynasem did not make, which no request
+        # of dynasem's fits. Any other refusal is for another check or the first request.
+        message = exc.response.get("Error", {}).get("Message", "")
+        if any(words in message.lower() for words in dynamodb.FOREIGN_KEY):
+            name = settings.TABLE_NAME
+            return f"table {name!r} is not a dynasem table: {dynamodb.FOREIGN_KEY_SAID}", None
+        return None, None
     except Exception:  # unreachable, no credentials, no table, a bad setting: not ours to say
         return None, None
     problem = format_problem(format_version(decode(response.get("Item"))))

@@ -42,3 +42,13 @@ def test_a_table_whose_key_is_not_dynasems_is_named_so(foreign_table: str) -> No
         said = str(refused.value)
         assert foreign_table in said and "key is not dynasem's" in said, said
         assert "dynasem_createtable" in said, said
+
+
+def test_the_format_check_names_a_table_whose_key_is_not_dynasems(foreign_table: str) -> None:
+    """dynasem.E014 asked the table for its format item, was refused for the key, and stayed
+    silent as if the table could not be asked: ``manage.py check`` passed."""
+    from dynasem.checks import check_table_format
+
+    (error,) = check_table_format()
+    assert error.id == "dynasem.E014"
+    assert foreign_table in error.msg and "key is not dynasem's" in error.msg, error.msg
