@@ -66,6 +66,7 @@ from .reentry import (
     current_hold,
     exit_failed,
     held_here,
+    kept_for_commit,
     leave,
     left,
     opened,
@@ -80,6 +81,7 @@ from .steps import (
     Write,
     announced_after,
     caller_in_transaction,
+    on_caller,
     release_to_end,
     run_async,
     run_sync,
@@ -274,12 +276,9 @@ class Semaphore:
     async def _aacquire(self) -> Held:
         # Asked only under async_to_sync, and only of a first acquire: a nested one follows
         # its outer hold, and asking could wait behind a sync call waiting for that very hold.
-        follows = (
-            self.on_commit
-            and sync_caller() is not None
-            and held_here(self) is None
-            and await caller_in_transaction(self.using)
-        )
+        caller = self.on_commit and sync_caller() is not None
+        outer = held_here(self) if caller else None
+        follows = caller and outer is None and await caller_in_transaction(self.using)
         if self.coalesce:
             held = await coalescing.aacquire(
                 self, lambda w, first: run_async(self._acquire_steps(w, first))
@@ -287,8 +286,20 @@ class Semaphore:
         else:
             held = await run_async(self._acquire_steps())
         held.follows_caller = held.follows_caller or follows  # re-entered: the outer's too
+        if outer is not None and not self._followed_by(outer):
+            # Its work may commit in a transaction of the caller's that the outer hold's
+            # give-back does not wait for: kept till that ends, as a sync nested acquire is.
+            # Asked though it may wait behind a sync call waiting for this hold (till that
+            # call's wait ends): given back before its work commits is worse.
+            await on_caller(functools.partial(kept_for_commit, outer, self))
         remember_acquired(held)
         return held
+
+    def _followed_by(self, outer: Held) -> bool:
+        """Whether ``outer``'s give-back waits for the transaction of this semaphore's
+        database that the caller may be in (the same database, asked at its acquire)."""
+        had = outer.semaphore
+        return had.on_commit and commit.database(had.using) == commit.database(self.using)
 
     # -- context managers --------------------------------------------------------------------
 

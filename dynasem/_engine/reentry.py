@@ -240,7 +240,7 @@ def reentered(sem: LockSpec) -> Held | None:
         return None
     held.depth += 1
     undelivered(held)  # an interrupt before the caller has it takes the depth back
-    _kept_for_commit(held, sem)
+    kept_for_commit(held, sem)
     return named(held, sem)
 
 
@@ -258,11 +258,12 @@ def held_here(sem: LockSpec) -> Held | None:
     return None
 
 
-def _kept_for_commit(held: Held, sem: LockSpec) -> None:
+def kept_for_commit(held: Held, sem: LockSpec) -> None:
     """A nested acquire whose work commits in a transaction that ``held``'s own give-back does
     not wait for (another database's, or any if the outer block has ``on_commit=False``):
     the hold is kept one level deeper until that transaction ends too. Else the outer
-    block's exit could give it back before the nested block's work commits."""
+    block's exit could give it back before the nested block's work commits. Asked of this
+    thread's transactions: an async acquire asks it on its sync caller's thread too."""
     ours = commit.open_transaction(sem.using) if sem.on_commit else None
     outer = held.semaphore
     if ours is None or (outer.on_commit and commit.open_transaction(outer.using) is ours):

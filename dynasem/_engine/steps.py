@@ -118,6 +118,20 @@ async def caller_in_transaction(using: str | None) -> bool:
     return (await asked) is not None
 
 
+async def on_caller(func: Callable[[], object]) -> None:
+    """Run ``func`` on the sync thread this coroutine runs for (``async_to_sync``), in its
+    transactions; nothing if there is none (or its executor quit)."""
+    caller = sync_caller()
+    if caller is None:
+        return
+    loop = asyncio.get_running_loop()
+    try:
+        done = loop.run_in_executor(caller, contextvars.copy_context().run, func)
+    except RuntimeError:  # that thread's executor quit meanwhile
+        return
+    await done
+
+
 async def release_to_end(func: Callable[..., _T], /, *args: Any, on_caller: bool) -> _T:
     """:func:`run_io_to_end` for a release; ``on_caller`` (a hold taken while the sync
     thread this coroutine runs for was in a transaction: :func:`caller_in_transaction`): on

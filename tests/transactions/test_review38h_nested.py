@@ -1,0 +1,44 @@
+"""Second-round review (s38, helper h) of the eighth review's mends of fencing and the
+give-back after the commit: each test failed before its mend (or is a strict xfail)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from django.contrib.auth.models import User
+from django.db import transaction
+
+from dynasem import semaphore
+from dynasem._operators.locks import holds_on
+
+# dynasem's own re-entry rule (tests/conftest.py's no_reentry is off here).
+pytestmark = pytest.mark.reentry
+
+
+@pytest.mark.parametrize(
+    "outer", [{"using": "other"}, {"on_commit": False}], ids=["other-using", "no-on-commit"]
+)
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_an_async_nested_acquire_under_async_to_sync_keeps_the_hold_till_the_callers_commit(
+    lock_table: str, outer: dict[str, Any]
+) -> None:
+    """A sync thread inside ``atomic`` (ATOMIC_REQUESTS) runs async code (``async_to_sync``)
+    whose nested ``async with semaphore(key)`` re-enters a hold of another ``using=`` (or
+    one with ``on_commit=False``): the nested block's ORM work (``sync_to_async``) commits
+    with that thread's transaction, which the outer hold's give-back does not wait for. In
+    sync code the nested acquire keeps the hold till that commit (reentry.kept_for_commit);
+    async, it asked its own thread, in no transaction: given back at the outer block's exit,
+    and another holder could work before this work was committed."""
+    resource = f"rv38h:async-nested:{sorted(outer)[0]}"
+
+    async def body() -> None:
+        async with semaphore(resource, **outer):
+            async with semaphore(resource):
+                await sync_to_async(User.objects.create)(username="rv38h-async-nested")
+
+    with transaction.atomic():
+        async_to_sync(body)()
+        assert holds_on(resource) != [], "given back before its work was committed"
+    assert holds_on(resource) == []
