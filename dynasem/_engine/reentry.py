@@ -340,7 +340,7 @@ def named(held: Held, sem: LockSpec) -> Held:
     same = wanted[0] == held.resources[0] and len(wanted) == len(held.resources)
     if same and sem.using == held.semaphore.using:
         return held
-    return Nested(held, list(wanted), sem.using)
+    return Nested(held, list(wanted), sem)
 
 
 def _check_covers(held: Held, sem: LockSpec, resource: str) -> None:
@@ -367,18 +367,17 @@ class Nested(Held):
     gets: the same hold (its token, lease, renewals; released by the outermost release only),
     named by the resources it asked for (``resource``, ``fence`` and ``fences`` are theirs).
 
-    It has no state of its own but ``outer``, ``resources`` and ``using`` (the nested
-    semaphore's, which its ``fence_transaction()`` fences): every other attribute is the
+    It has no state of its own but ``outer``, ``resources``, ``asked`` (the nested semaphore)
+    and ``using`` (its, which ``fence_transaction()`` fences): every other attribute is the
     outer hold's (``__getattr__``), so :class:`Held`'s read-only members (``lost``,
     ``released``, ``pending_commit``, ``expires``, ``seconds_left``, ``fence``) read the outer
     hold's state as they are; what changes state goes to the outer hold itself."""
 
-    def __init__(  # noqa: D107 - no Held.__init__
-        self, outer: Held, resources: list[str], using: str | None
-    ):
+    def __init__(self, outer: Held, resources: list[str], asked: LockSpec):  # noqa: D107
         self.outer = outer
         self.resources = resources
-        self.using = using  # the nested semaphore's: where fence_transaction() writes
+        self.asked = asked  # the nested semaphore
+        self.using = asked.using  # where fence_transaction() writes
 
     def fence_transaction(self, using: str | None = None) -> None:
         fencing.fence_transaction(self, using if using is not None else self.using)
@@ -397,6 +396,9 @@ class Nested(Held):
         self.outer.renew()
 
     def release(self) -> None:
+        # Its work may be in a transaction of its own database begun since its acquire (an
+        # ``acquire()`` released in it): the hold outlives that transaction too.
+        kept_for_commit(self.outer, self.asked)
         self.outer.release()
 
     def found_lost(self, reason: str, resource: str | None = None) -> NoReturn:

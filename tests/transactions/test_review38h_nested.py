@@ -42,3 +42,43 @@ def test_an_async_nested_acquire_under_async_to_sync_keeps_the_hold_till_the_cal
         async_to_sync(body)()
         assert holds_on(resource) != [], "given back before its work was committed"
     assert holds_on(resource) == []
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_a_nested_acquire_of_another_using_released_last_in_its_transaction_waits_for_it(
+    lock_table: str,
+) -> None:
+    """``acquire()`` of a held resource with another ``using=`` (its own transaction not open
+    yet), the outer hold released first, then its work in that database's transaction and its
+    release there: the hold's last release, in a transaction of the database it named. It was
+    the outer hold's release (its semaphore's database, in no transaction there): given back
+    at once, before that work was committed."""
+    resource = "rv38h:released-last"
+    outer = semaphore(resource).acquire()
+    inner = semaphore(resource, using="other").acquire()
+    outer.release()
+    with transaction.atomic(using="other"):
+        User.objects.using("other").create(username="rv38h-released-last")
+        inner.release()
+        assert holds_on(resource) != [], "given back before its work was committed"
+    assert holds_on(resource) == []
+
+
+@pytest.mark.django_db(transaction=True, databases=["default", "other"])
+def test_a_hold_taken_again_for_another_using_and_kept_past_the_commit_waits_for_its_own(
+    lock_table: str,
+) -> None:
+    """The same through a hold given back inside a transaction and taken again there for
+    another ``using=`` by ``acquire()``, kept past that commit: its release, inside the other
+    database's transaction, gave it back at once."""
+    resource = "rv38h:taken-again"
+    with transaction.atomic():
+        with semaphore(resource):
+            pass
+        again = semaphore(resource, using="other").acquire()
+    assert holds_on(resource) != []  # kept past the commit: its holder still works under it
+    with transaction.atomic(using="other"):
+        User.objects.using("other").create(username="rv38h-taken-again")
+        again.release()
+        assert holds_on(resource) != [], "given back before its work was committed"
+    assert holds_on(resource) == []
