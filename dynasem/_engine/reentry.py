@@ -336,9 +336,10 @@ def named(held: Held, sem: LockSpec) -> Held:
     """``held`` as the hold ``sem`` asked for, some or all of its resources: itself, or a
     :class:`Nested` view named by them (its ``resource``, ``fence`` and ``fences``) whose
     ``fence_transaction()`` fences ``sem``'s database, as its ``fence_db`` block does."""
-    wanted = sem.resources
+    wanted, had = sem.resources, held.semaphore
     same = wanted[0] == held.resources[0] and len(wanted) == len(held.resources)
-    if same and sem.using == held.semaphore.using:
+    # Another database or on_commit: its release keeps the hold for its own transaction.
+    if same and sem.using == had.using and sem.on_commit == had.on_commit:
         return held
     return Nested(held, list(wanted), sem)
 
@@ -363,9 +364,10 @@ def _check_covers(held: Held, sem: LockSpec, resource: str) -> None:
 
 
 class Nested(Held):
-    """What a nested acquire of some of a hold's resources (or of all, for another database)
-    gets: the same hold (its token, lease, renewals; released by the outermost release only),
-    named by the resources it asked for (``resource``, ``fence`` and ``fences`` are theirs).
+    """What a nested acquire of some of a hold's resources (or of all, for another database
+    or ``on_commit``) gets: the same hold (its token, lease, renewals; released by the
+    outermost release only), named by the resources it asked for (``resource``, ``fence``
+    and ``fences`` are theirs).
 
     It has no state of its own but ``outer``, ``resources``, ``asked`` (the nested semaphore)
     and ``using`` (its, which ``fence_transaction()`` fences): every other attribute is the

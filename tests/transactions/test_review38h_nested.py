@@ -82,3 +82,21 @@ def test_a_hold_taken_again_for_another_using_and_kept_past_the_commit_waits_for
         again.release()
         assert holds_on(resource) != [], "given back before its work was committed"
     assert holds_on(resource) == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_nested_acquire_on_commit_released_last_inside_a_transaction_waits_for_it(
+    lock_table: str,
+) -> None:
+    """The same for a hold taken with ``on_commit=False`` and re-entered by a semaphore that
+    follows the commit (the default), the outer released first: the last release, inside
+    ``atomic``, was the outer hold's, which does not wait: given back before the commit."""
+    resource = "rv38h:on-commit-last"
+    outer = semaphore(resource, on_commit=False).acquire()
+    inner = semaphore(resource).acquire()
+    outer.release()
+    with transaction.atomic():
+        User.objects.create(username="rv38h-on-commit-last")
+        inner.release()
+        assert holds_on(resource) != [], "given back before its work was committed"
+    assert holds_on(resource) == []
