@@ -104,11 +104,14 @@ def add_change_arguments(parser: Any, change: str) -> None:
 
 def ask(yes: bool, question: str, to: str, not_done: str, returncode: int) -> None:
     """Unless ``yes``, ask ``question`` on the terminal (to do ``to``); a CommandError
-    (``not_done``, exit status ``returncode``) unless the answer is yes."""
+    (``not_done``, exit status ``returncode``) unless the answer is yes. With no terminal to
+    ask on, nothing is done either: the same exit status, not 1."""
     if yes:
         return
     if not sys.stdin or not sys.stdin.isatty():
-        raise CommandError(f"not a terminal: pass --yes (or --noinput) to {to}")
+        raise CommandError(
+            f"not a terminal: pass --yes (or --noinput) to {to}. {not_done}", returncode=returncode
+        )
     if input(f"{question} [y/N] ").strip().lower() not in ("y", "yes"):
         raise CommandError(not_done, returncode=returncode)
 

@@ -1,0 +1,45 @@
+"""Review 38l: what the operator commands and the admin's break page say and exit with."""
+
+from __future__ import annotations
+
+import io
+import sys
+from typing import Any
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from dynasem import AlreadyDone, run_once
+from dynasem._operators.locks import holds_on
+from tests.support.helpers import take
+
+
+def run(name: str, *args: str, **options: Any) -> str:
+    out = io.StringIO()
+    call_command(name, *args, stdout=out, **options)
+    return out.getvalue()
+
+
+def test_release_without_yes_on_no_terminal_exits_3_as_nothing_broken(
+    lock_table, holds, monkeypatch
+):
+    """The help says: exit status 3 when nothing was broken. Not asked (no terminal), nothing
+    is: a script's `dynasem_release R || [ $? = 3 ]` read status 1 as a failure."""
+    held = take(holds, "rel38l:ask")
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
+    with pytest.raises(CommandError, match="--yes") as raised:
+        run("dynasem_release", "rel38l:ask")
+    assert raised.value.returncode == 3
+    assert [h.token for h in holds_on("rel38l:ask")] == [held.token]
+    held.release()
+
+
+def test_jobs_reset_without_yes_on_no_terminal_exits_3_as_nothing_reset(lock_table, monkeypatch):
+    with run_once("job38l:ask"):
+        pass
+    monkeypatch.setattr(sys, "stdin", io.StringIO("y\n"))
+    with pytest.raises(CommandError, match="--yes") as raised:
+        run("dynasem_jobs", "--reset", "job38l:ask")
+    assert raised.value.returncode == 3
+    with pytest.raises(AlreadyDone), run_once("job38l:ask"):  # still DONE: not reset
+        pass
