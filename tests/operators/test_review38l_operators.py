@@ -43,3 +43,9 @@ def test_jobs_reset_without_yes_on_no_terminal_exits_3_as_nothing_reset(lock_tab
     assert raised.value.returncode == 3
     with pytest.raises(AlreadyDone), run_once("job38l:ask"):  # still DONE: not reset
         pass
+
+
+def test_createtable_wait_on_an_active_table_says_active_once(lock_table):
+    out = run("dynasem_createtable", "--wait")
+    assert f"Table {lock_table!r} already exists (ACTIVE)." in out
+    assert "It is ACTIVE." not in out

@@ -89,7 +89,8 @@ class Command(BaseCommand):
         active = existing is not None and existing.get("TableStatus") == "ACTIVE"
         if wait:
             schema.wait_until_active(name)
-            message += " It is ACTIVE."
+            if not active:  # a table found ACTIVE says so once, in its "already exists"
+                message += " It is ACTIVE."
             facts["active"] = active = True
         message += self.write_format(name, facts, active=active)
         facts["ttl"] = True
