@@ -49,3 +49,11 @@ def test_createtable_wait_on_an_active_table_says_active_once(lock_table):
     out = run("dynasem_createtable", "--wait")
     assert f"Table {lock_table!r} already exists (ACTIVE)." in out
     assert "It is ACTIVE." not in out
+
+
+def test_createtable_dry_run_with_check_is_refused_not_half_done(lock_table):
+    """Each changes nothing; together one of them was dropped unsaid (--check ran, the
+    definition the operator asked for was not printed): refused as other pairs are."""
+    for args in (("--dry-run", "--check"), ("--check", "--dry-run", "--json")):
+        with pytest.raises(CommandError, match="--dry-run and --check"):
+            run("dynasem_createtable", *args)

@@ -43,11 +43,16 @@ class Command(BaseCommand):
     def handle(
         self, *args: Any, wait: bool, dry_run: bool, check: bool = False, **options: Any
     ) -> None:
+        if dry_run and check:  # each changes nothing; together, one went unsaid
+            raise CommandError(
+                "--dry-run and --check do not go together: --dry-run prints the table "
+                "dynasem_createtable would make, --check says whether the existing one will do"
+            )
         definition = records.table_definition()
         name = definition["TableName"]
         as_json = options.get("json", False)
         facts: dict[str, Any] = {"table": name, "endpoint": dynamodb.endpoint_label()}
-        if dry_run and not check:
+        if dry_run:
             if as_json:
                 self.stdout.write(json.dumps({**facts, "dry_run": True, "definition": definition}))
                 return
