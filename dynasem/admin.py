@@ -239,11 +239,15 @@ class LockAdmin(DynamoDBAdmin):
         # so a whole token, a hold's secret, is in no URL, access log or page. The break itself
         # is conditional on the whole token, read from the table.
         resource, token, fence = (source.get(name, "") for name in ("resource", "token", "fence"))
-        if resource and (token or fence):
-            state = locks.resource_state(resource)
-            named = locks.matching(state.holds, token, fence)
-            if len(named) == 1:
-                return named[0], state.waiters
+        if not (resource and (token or fence)):  # a link cut short: no hold was ever named
+            return (
+                "This link names no hold (it needs a resource and the hold's fence or token): "
+                "nothing broken."
+            )
+        state = locks.resource_state(resource)
+        named = locks.matching(state.holds, token, fence)
+        if len(named) == 1:
+            return named[0], state.waiters
         return self._changed_text(resource, fence)
 
     def act(self, request: HttpRequest, target: Any, source: Any) -> tuple[int, str]:

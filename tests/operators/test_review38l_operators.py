@@ -8,10 +8,13 @@ from typing import Any
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.urls import reverse
 
 from dynasem import AlreadyDone, run_once
 from dynasem._operators.locks import holds_on
 from tests.support.helpers import take
+
+RELEASE = "admin:dynasem_lock_release"
 
 
 def run(name: str, *args: str, **options: Any) -> str:
@@ -57,3 +60,17 @@ def test_createtable_dry_run_with_check_is_refused_not_half_done(lock_table):
     for args in (("--dry-run", "--check"), ("--check", "--dry-run", "--json")):
         with pytest.raises(CommandError, match="--dry-run and --check"):
             run("dynasem_createtable", *args)
+
+
+@pytest.mark.parametrize(
+    "query", [{}, {"resource": ""}, {"resource": "", "fence": "5"}, {"resource": "r38l:1"}]
+)
+def test_a_break_link_naming_no_hold_says_so_not_changed_since_listed(
+    lock_table, admin_user, client, query
+):
+    """A link cut short (no resource, or no fence nor token) names no hold: 'changed since
+    listed' sent the operator looking for a hold that was never named."""
+    client.force_login(admin_user)
+    body = client.get(reverse(RELEASE), query, follow=True).content.decode()
+    assert "changed since listed" not in body
+    assert "names no hold" in body and "nothing broken" in body
