@@ -179,12 +179,28 @@ def resource_key(template: str, /, *args: Any, **kwargs: Any) -> str:
     bytes), so no two sets of values share a key and no value makes a key of a template
     with other punctuation (``tbl_issues:{id}`` never makes ``tbl_issues:1:export``), nor
     reaches dynasem's own ``leader:`` resources. Code outside the decorated call names the
-    same lock with it: ``resource_key("deploy:{slug}", slug="web")`` is ``"deploy:web"``."""
+    same lock with it: ``resource_key("deploy:{slug}", slug="web")`` is ``"deploy:web"``. A
+    field the values lack is a ValueError, as it is for the decorator."""
     if not isinstance(template, str):
         raise TypeError(f"template must be a str, not {type(template).__name__}")
     also, lead, around = _parsed(template)
-    key = _EscapingFormatter(also).format(template, *args, **kwargs)
+    try:
+        key = _EscapingFormatter(also).format(template, *args, **kwargs)
+    except (KeyError, IndexError, AttributeError) as exc:
+        raise FieldMissing(template, exc) from None
     return _unreserved(key, lead, around)
+
+
+class FieldMissing(ValueError):
+    """A template names a value (a field, a position, an attribute) its values lack: a
+    ValueError, as the decorator's call that lacks it is, not str.format's KeyError."""
+
+    def __init__(self, template: str, exc: Exception):
+        self.field = str(exc)
+        super().__init__(
+            f"resource template {template!r} names a value not given "
+            f"({type(exc).__name__}: {self.field})"
+        )
 
 
 class BadKey(Picklable, ValueError):
@@ -393,9 +409,9 @@ class KeyMaker:
         for each in template if isinstance(template, list | tuple) else [template]:
             try:
                 keys.append(resource_key(each, *positional, **named))
-            except (KeyError, IndexError, AttributeError) as exc:
+            except FieldMissing as exc:
                 raise ValueError(
-                    f"resource template {each!r} names {exc} but the "
+                    f"resource template {each!r} names {exc.field} but the "
                     f"{'view' if view else 'call'} {self.name}() got args={positional!r} "
                     f"and arguments {sorted(named)!r}"
                 ) from None
