@@ -124,7 +124,10 @@ def current_hold(resource: str | None = None) -> Held:
     """The innermost hold this thread or task entered (``with``/``async with``, or a decorated
     call) and has not left; the innermost one on ``resource`` if given. A decorated view or
     function reaches its own hold this way: ``current_hold().fence``.
-    Raises ``LookupError`` when there is none."""
+    Raises ``LookupError`` when there is none, ``TypeError`` for a ``resource`` that is no str
+    (no hold's, which read as "none entered" inside the very block)."""
+    if resource is not None and not isinstance(resource, str):
+        raise TypeError(f"resource must be a str, not {type(resource).__name__}: {resource!r}")
     for block in reversed(_open_here()):
         held = block.value
         if isinstance(held, Held) and (resource is None or resource in held.resources):

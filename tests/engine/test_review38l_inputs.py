@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from dynasem import resource_key
+from dynasem import current_hold, resource_key, semaphore
 
 
 @pytest.mark.parametrize(
@@ -18,3 +18,12 @@ def test_resource_key_missing_a_field_is_a_value_error_naming_it(template, args,
     with pytest.raises(ValueError, match="resource template .* names") as raised:
         resource_key(template, *args, **kwargs)
     assert template in str(raised.value)
+
+
+@pytest.mark.parametrize("resource", [5, b"deploy:web", ["deploy:web"]])
+def test_current_hold_of_a_resource_that_is_no_str_is_a_type_error(lock_table, resource):
+    """``current_hold(5)`` (a pk passed for its resource) raised LookupError, "no dynasem hold
+    is entered here on 5": read as "not locked" by code that catches it, inside a block that
+    holds the very lock."""
+    with semaphore("deploy:web"), pytest.raises(TypeError, match="resource must be a str"):
+        current_hold(resource)
