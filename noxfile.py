@@ -48,6 +48,7 @@ TASKS = [
     "tests/background/test_unique_tasks.py",
     "tests/background/test_review36_limits.py",
     "tests/background/test_review38f_unique_key.py",
+    "tests/background/test_review38l_unique_key.py",
     "tests/system/test_example_http.py::test_background_rebuilds_enqueue_once_while_one_is_queued_or_running",
     "tests/engine/test_review37h_signals.py::test_an_async_unique_tasks_run_sends_lock_released_where_django_closes_it",
     "tests/engine/test_review37h_signals.py::test_an_async_unique_tasks_run_stands_past_a_raising_lock_released_receiver",

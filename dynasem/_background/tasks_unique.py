@@ -70,7 +70,13 @@ class UniqueTask(_Task):
                 f"{self.name}: a unique task needs unique_key=, e.g. "
                 '@unique_task(unique_key="reindex:{project_id}")'
             )
-        # A bad template is refused here, not at enqueue.
+        # A bad template is refused here, not at enqueue; so are several (a decorator's
+        # resources): a task has one key, and each enqueue would be refused for it.
+        if isinstance(self.unique_key, list | tuple):
+            raise TypeError(
+                f"{self.name}: unique_key must be one str template or a callable (a task has "
+                f"one key), not {type(self.unique_key).__name__}: {self.unique_key!r}"
+            )
         KeyMaker(self.unique_key, self.func, f"{self.name}: unique_key")
         # Its fields must name the function's parameters (unless it takes ``**``).
         params = inspect.signature(self.func).parameters
