@@ -124,7 +124,7 @@ def key_for(name: str, keys: KeyMaker, args: Any, kwargs: Any) -> str:
     resource = keys(tuple(args or ()), dict(kwargs or {}), False)
     if not isinstance(resource, str):
         raise TypeError(f"{name}: unique_key must make one key, not {resource!r}")
-    return str(checked_keys(resource))
+    return str(checked_keys(resource, f"{name}'s arguments by its unique_key"))
 
 
 def claim(

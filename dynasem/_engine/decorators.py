@@ -203,6 +203,10 @@ class FieldMissing(ValueError):
         )
 
 
+# What a view's key is made of, as a BadKey names it.
+REQUEST = "this request's arguments"
+
+
 class BadKey(Picklable, ValueError):
     """The key a call's arguments make cannot be a resource: for a view, the request's fault
     (a URL value), answered 400, not 500."""
@@ -212,11 +216,11 @@ class KeyTooLong(BadKey):
     """The key a view's arguments make is longer than a resource may be: the request's fault
     (a URL value of hundreds of escaped characters), answered 400, not 500."""
 
-    def __init__(self, key: str, limit: int):
+    def __init__(self, key: str, limit: int, made_of: str = REQUEST):
         self.size, self.limit = len(key.encode("utf-8")), limit
         super().__init__(
-            f"the lock key made from this request's arguments is {self.size} UTF-8 bytes; at "
-            f"most {limit} are allowed"
+            f"the lock key made from {made_of} is {self.size} UTF-8 bytes; at most {limit} are "
+            "allowed"
         )
 
 
@@ -224,28 +228,29 @@ class KeyNotPrintable(BadKey):
     """The key a callable made of a view's arguments holds a control character (a template's
     values are escaped; a callable's key is used as returned): answered 400, not 500."""
 
-    def __init__(self, char: str, index: int):
+    def __init__(self, char: str, index: int, made_of: str = REQUEST):
         self.char, self.index = char, index
         super().__init__(
-            f"the lock key made from this request's arguments contains the control character "
-            f"{char!r} at index {index}"
+            f"the lock key made from {made_of} contains the control character {char!r} at "
+            f"index {index}"
         )
 
 
-def checked_keys(resource: Any) -> Any:
+def checked_keys(resource: Any, made_of: str = REQUEST) -> Any:
     """A call's resource(s), refused as :class:`BadKey` when empty, past the size a key may
-    have or with a control character in it."""
+    have or with a control character in it (``made_of``: what the key was made of, as the
+    error names it: a view's request, a task's enqueue)."""
     for key in resource if isinstance(resource, list | tuple) else [resource]:
         if not isinstance(key, str):
             continue
         if not key:  # a URL value of "" for a template of that value alone
-            raise BadKey("the lock key made from this request's arguments is empty")
+            raise BadKey(f"the lock key made from {made_of} is empty")
         # utf8_size: a lone surrogate is a ValueError naming the resource, not a codec error.
         if utf8_size(key, "resource") > MAX_RESOURCE_BYTES:
-            raise KeyTooLong(key, MAX_RESOURCE_BYTES)
+            raise KeyTooLong(key, MAX_RESOURCE_BYTES, made_of)
         for index, char in enumerate(key):
             if unicodedata.category(char) == "Cc":
-                raise KeyNotPrintable(char, index)
+                raise KeyNotPrintable(char, index, made_of)
     return resource
 
 

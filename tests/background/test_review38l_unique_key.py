@@ -22,3 +22,22 @@ def test_a_unique_key_of_several_templates_is_refused_when_declared(unique_key: 
 
     with pytest.raises(TypeError, match="unique_key must be one str template or a callable"):
         unique_task(unique_key=unique_key)(work)
+
+
+@pytest.mark.parametrize("name", ["", "x" * 1100, "a\x1bb"], ids=["empty", "long", "control"])
+def test_a_task_key_that_cannot_be_a_resource_names_the_tasks_arguments_not_a_request(
+    name: str,
+) -> None:
+    """An enqueue has no request: its error named "this request's arguments", which sent a
+    reader of a worker's log looking for a view."""
+    from dynasem._background import unique
+    from dynasem._engine.decorators import BadKey, KeyMaker
+
+    def callable_key(name: str) -> str:
+        return name  # a callable's key is used as returned: its control characters too
+
+    template = callable_key if name == "a\x1bb" else "{name}"
+    with pytest.raises(BadKey) as raised:
+        unique.key_for("app.reindex", KeyMaker(template, callable_key), (), {"name": name})
+    assert "request" not in str(raised.value)
+    assert "app.reindex" in str(raised.value) and "unique_key" in str(raised.value)
