@@ -191,7 +191,7 @@ def resource_key(template: str, /, *args: Any, **kwargs: Any) -> str:
     return _unreserved(key, lead, around)
 
 
-class FieldMissing(ValueError):
+class FieldMissing(Picklable, ValueError):
     """A template names a value (a field, a position, an attribute) its values lack: a
     ValueError, as the decorator's call that lacks it is, not str.format's KeyError."""
 

@@ -26,7 +26,7 @@ from dynasem import (
 )
 from dynasem._background.run_once import TransactionRolledBack
 from dynasem._background.unique import RunNotEnded, Taken
-from dynasem._engine.decorators import BadKey, KeyNotPrintable, KeyTooLong
+from dynasem._engine.decorators import BadKey, FieldMissing, KeyNotPrintable, KeyTooLong
 from dynasem._engine.steps import _Landed
 from dynasem._operators.cursors import BadCursor
 from dynasem._storage.dynamodb import Cancelled, Refused, WriteConflict
@@ -81,6 +81,7 @@ EXAMPLES: list[BaseException] = [
     KeyTooLong("k" * 1100, 1024),
     KeyNotPrintable("\x1b", 12),
     BadKey("the lock key made from this request's arguments cannot be a resource"),
+    FieldMissing("deploy:{slug}", KeyError("slug")),
     BadCursor("not a page cursor: 'x'"),
     TransactionRolledBack("the transaction rolled back"),
     Refused({"pk": "r", "holders": {}}, retried=True),
