@@ -152,8 +152,10 @@ def undo(
     then counted down: only if the delete took it). ``counted``: the admission is known
     applied (its answer came), and no write of the item was sent before that time
     (monotonic): an item gone by our own delete, its answer lost, is counted down too
-    (:func:`deleted_by_us`). None: the admission may not have been applied (a transaction
-    unanswered), and a reader never counted must not be counted down. No item at all, and
+    (:func:`deleted_by_us`), once barred as below (that item may never have landed: a
+    timed-out write of it may still land, and land again after our delete). None: the
+    admission may not have been applied (a transaction unanswered), and a reader never
+    counted must not be counted down. No item at all, and
     no break of it: its write was never applied (cut short, throttled to the end), and the
     reader is counted down if the row's mark is still ours (nothing else could count it
     down): only while a break's tombstone would still show (:func:`deleted_by_us`), of an
@@ -170,17 +172,20 @@ def undo(
         if exc.item is not None and exc.item.get("bt") == token:
             forget_admission(resource, epoch, token)
             return False
-        if counted is not None and deleted_by_us(exc, counted, skew):
-            return True
+        # Our own delete, its answer lost; or the item's write never landed yet (a timed-out
+        # try may still land, as may botocore's re-send of one after our delete): barred too.
+        ours = counted is not None and deleted_by_us(exc, counted, skew)
         sent = counted if counted is not None else since
-        if exc.item is None and fence is not None and sent is not None:
-            if tombstones_show(sent, skew):
-                barred = _barred(resource, token, fence)
-                if barred:
-                    count_down(resource, epoch, forget=True, marked=token)
-                elif barred is not None:  # the item landed since: delete it, count it down
-                    undo(resource, epoch, token, counted=counted, skew=skew)
-        return False
+        if exc.item is not None or fence is None or sent is None:
+            return ours
+        if not tombstones_show(sent, skew):
+            return False
+        barred = _barred(resource, token, fence)
+        if barred is False:  # the item landed since: delete it, count it down
+            undo(resource, epoch, token, counted=counted, skew=skew)
+        elif barred and not ours:
+            count_down(resource, epoch, forget=True, marked=token)
+        return bool(barred) and ours
 
     drop = functools.partial(reader_items.drop_reader, resource, token)
     if resend.undone(drop, resource, token, refused=refused):

@@ -1,0 +1,75 @@
+"""Second-round review of the session's counting mends (readers: the bar of an interrupted
+admission's item write)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dynasem import SemaphoreBusy, SemaphoreUnavailable, semaphore
+from dynasem._storage import dynamodb
+from tests.support.faults import Faults
+from tests.support.helpers import in_another_thread, take
+
+pytestmark = pytest.mark.django_db(transaction=False)
+
+
+def test_an_item_write_timed_out_whose_delete_was_sent_twice_is_barred_too(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader's item write times out at every try (the admission counted it): the undo's
+    delete of the item is answered with a 500 (never applied: there was no item) and
+    botocore's re-send is refused, no item there. Taken for our own delete whose answer was
+    lost, the reader was counted down at once, unbarred; the first try then landed: a reader
+    nobody counts, whose operator's break counted the row down once more, the count of the
+    reader beside it: the sentinel came off and a writer took the lock while that reader
+    held. Now the undo bars the item's write before it counts the reader down."""
+    from dynasem._engine import reader_hold
+    from dynasem._storage import reader_items
+    from tests.engine.test_readers_lost import INLINE, counted
+
+    reader_hold.rows.clear()
+    inline = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE)]
+    other = take(holds, "doc", shared=True, lease=30)  # in an item
+    assert counted("doc") == (1, 1)
+    send = reader_items.send
+    put: list[dict[str, Any]] = []
+
+    def cut_short(action: dict[str, Any], **kwargs: Any) -> Any:
+        sk = action.get("Key", {}).get("sk", {}).get("S", "")
+        if sk.startswith("r#") and "REMOVE #bt" in action["UpdateExpression"]:
+            put.append(action)  # timed out, each try: the first one lands later
+            raise SemaphoreUnavailable("read timeout", transient=True, ambiguous=True)
+        return send(action, **kwargs)
+
+    monkeypatch.setattr(reader_items, "send", cut_short)
+    reader = semaphore("doc", shared=True, lease=30)
+    with Faults(dynamodb.get_client()) as faults, pytest.raises(SemaphoreUnavailable):
+        faults.server_error("DeleteItem", 1)  # never applied; botocore sends it again
+        reader.acquire()
+    monkeypatch.undo()
+    assert faults.fired == 1, "the undo's delete was not sent twice"
+    token = put[0]["Key"]["sk"]["S"][2:]
+    try:
+        send(put[0])  # the item's first write lands after the undo
+    except dynamodb.Refused:
+        pass  # barred
+    reader_hold.break_reader("doc", token)  # an operator breaks the reader listed, if any
+    for held in inline:  # the readers in the row leave: only the one in an item holds
+        held.release()
+        holds.remove(held)
+    other.renew()
+    assert not other.lost  # the reader beside it holds: no writer may
+    writers: list[Any] = []
+
+    def writer() -> None:  # another thread: this one holds readers
+        try:
+            writers.append(semaphore("doc", wait=0, lease=30).acquire())
+        except SemaphoreBusy:
+            pass
+
+    in_another_thread(writer)
+    holds.extend(writers)
+    assert not writers, f"two holders: reader {other.token[:8]} and a writer"
+    assert counted("doc") == (1, 1)
