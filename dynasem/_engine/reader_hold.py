@@ -149,19 +149,20 @@ def undo(
 ) -> None:
     """Best effort: give back a reader an unanswered (or interrupted) admission may have
     made (its item deleted, sent again while it fails for a passing cause as a release is;
-    then counted down: only if the delete took it). ``counted``: the admission is known
-    applied (its answer came), and no write of the item was sent before that time
-    (monotonic): an item gone by our own delete, its answer lost, is counted down too
-    (:func:`deleted_by_us`), once barred as below (that item may never have landed: a
-    timed-out write of it may still land, and land again after our delete). None: the
-    admission may not have been applied (a transaction unanswered), and a reader never
-    counted must not be counted down. No item at all, and
-    no break of it: its write was never applied (cut short, throttled to the end), and the
-    reader is counted down if the row's mark is still ours (nothing else could count it
-    down): only while a break's tombstone would still show (:func:`deleted_by_us`), of an
-    item written after ``since`` (monotonic: ``counted``, or when the admission was sent),
-    and once a tombstone of ours under ``fence`` (the admission's, or above) bars the item's
-    write that may still be on its way (:func:`reader_items.bar_reader`).
+    then counted down: only if the delete took it). Under ``fence``, the item is left our
+    tombstone, not deleted: a try of its write still on its way would land over a delete.
+    ``counted``: the admission is known applied (its answer came), and no write of the item
+    was sent before that time (monotonic): an item gone by our own delete, its answer lost,
+    is counted down too (:func:`deleted_by_us`), once barred as below (that item may never
+    have landed: a timed-out write of it may still land, and land again after our delete).
+    None: the admission may not have been applied (a transaction unanswered), and a reader
+    never counted must not be counted down. No item at all, and no break of it: its write
+    was never applied (cut short, throttled to the end), and the reader is counted down if
+    the row's mark is still ours (nothing else could count it down): only while a break's
+    tombstone would still show (:func:`deleted_by_us`), of an item written after ``since``
+    (monotonic: ``counted``, or when the admission was sent), and once a tombstone of ours
+    under ``fence`` (the admission's, or above) bars the item's write that may still be on
+    its way (:func:`reader_items.bar_reader`).
 
     Refused by a break's tombstone of our item (an operator, or the reaper, broke it: the
     break counted us down), our admission's mark comes off the row, or the same token
@@ -181,13 +182,15 @@ def undo(
         if not tombstones_show(sent, skew):
             return False
         barred = _barred(resource, token, fence)
-        if barred is False:  # the item landed since: delete it, count it down
-            undo(resource, epoch, token, counted=counted, skew=skew)
+        if barred is False:  # the item landed since: take it, count it down
+            undo(resource, epoch, token, counted=counted, skew=skew, fence=fence)
         elif barred and not ours:
             count_down(resource, epoch, forget=True, marked=token)
         return bool(barred) and ours
 
     drop = functools.partial(reader_items.drop_reader, resource, token)
+    if fence is not None:  # an earlier try of the item's write may land after it
+        drop = functools.partial(_retire, resource, token, fence, secrets.token_hex(8))
     if resend.undone(drop, resource, token, refused=refused):
         count_down(resource, epoch, forget=True)  # the same token may be admitted again
 
@@ -204,6 +207,11 @@ def _barred(resource: str, token: str, fence: int) -> bool | None:
         return False
     except SemaphoreUnavailable:
         return None
+
+
+def _retire(resource: str, token: str, fence: int, word: str) -> None:
+    """Our reader item left our tombstone under ``fence`` (:func:`reader_items.retire_reader`)."""
+    reader_items.send(reader_items.retire_reader(resource, token, fence, clock.now_ms(), word))
 
 
 def deleted_by_us(refused: dynamodb.Refused, written: float, skew: float) -> bool:

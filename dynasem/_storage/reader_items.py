@@ -361,6 +361,21 @@ def bar_reader(resource: str, token: str, fence: int, until_ms: int, word: str) 
     return update_action(resource, reader_sk(token), update, condition, {}, values)
 
 
+def retire_reader(
+    resource: str, token: str, fence: int, until_ms: int, word: str
+) -> dict[str, Any]:
+    """Our reader item, if it is there, left our own tombstone under ``fence`` (as
+    :func:`bar_reader` writes where it is not), not deleted: the undo of an admission whose
+    item's write timed out, a try of it still on its way after a later one landed, which
+    over a deleted item would make a reader nobody counts. ``word``: this write's own
+    (``bk``), so that botocore's re-send of it passes. TTL a bucket after ``until_ms``."""
+    values: dict[str, Any] = {":tok": token, ":f": fence, ":exp": records.ttl_of(until_ms)}
+    values[":bk"] = word
+    update = "REMOVE #e, #u, #a, #p SET #bt = :tok, #f = :f, #exp = :exp, #bk = :bk"
+    condition = "attribute_exists(#e) OR (#bt = :tok AND #bk = :bk)"
+    return update_action(resource, reader_sk(token), update, condition, {}, values)
+
+
 def unmark(resource: str, epoch: int, token: str) -> dict[str, Any]:
     """The row's mark of our admission (``rlast``) off, if it is still ours: an admission
     broken before its item was written (:func:`put_reader` refused) was counted down by the

@@ -81,14 +81,21 @@ class LoseAnswer:
         self.client.meta.events.unregister(self.event, self._hook)
 
 
+def undone(body: dict[str, Any]) -> bool:
+    """Whether ``body`` is an interrupted admission's undo of its reader item: our own
+    tombstone where the item is (reader_items.retire_reader), not a delete."""
+    return sk_of(body).startswith("r#") and "SET #bt = :tok, #f = :f" in body["UpdateExpression"]
+
+
 class BreakBetweenSends(LoseAnswer):
     """The first write of a reader item (``operation``: its put; DeleteItem: its release's
-    delete): applied, its answer lost (as :class:`LoseAnswer`), and before botocore sends it
-    again an operator breaks that reader (``dynasem_release``, the admin's break):
-    ``broken`` says whether the break was made (or what ``between`` does instead)."""
+    delete; ``match``: of those, the ones it is, say :func:`undone`): applied, its answer
+    lost (as :class:`LoseAnswer`), and before botocore sends it again an operator breaks
+    that reader (``dynasem_release``, the admin's break): ``broken`` says whether the break
+    was made (or what ``between`` does instead)."""
 
-    def __init__(self, operation: str = "UpdateItem") -> None:
-        super().__init__(lambda body: sk_of(body).startswith("r#"), operation=operation)
+    def __init__(self, operation: str = "UpdateItem", match: Any = None) -> None:
+        super().__init__(match or (lambda body: sk_of(body).startswith("r#")), operation=operation)
         self.broken: list[bool] = []
 
     def between(self, resource: str, token: str) -> bool:
@@ -275,7 +282,7 @@ def test_an_admission_given_back_whose_delete_was_answered_lost_counts_its_reade
     with a 3 s lease, measured)."""
     for _ in range(INLINE + 1):
         take(holds, "doc", shared=True, lease=30)
-    lose = LoseAnswer(lambda body: sk_of(body).startswith("r#"), operation="DeleteItem")
+    lose = LoseAnswer(undone)
     if how == "interrupted":
         with lose as lost:
             interrupted_once_its_item_landed(monkeypatch, "doc")
@@ -298,7 +305,7 @@ def test_a_give_back_refused_by_a_break_before_it_is_not_counted_down_again(
     nothing down. The reader beside it still holds, counted: a writer waits for it."""
     others = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE + 1)]
     broken: list[bool] = []
-    lose = LoseAnswer(lambda b: sk_of(b).startswith("r#"), operation="DeleteItem", refusals=True)
+    lose = LoseAnswer(undone, refusals=True)
     with lose as lost:
         interrupted_once_its_item_landed(
             monkeypatch, "doc", lambda token: broken.append(locks.break_hold("doc", token))
@@ -323,7 +330,7 @@ def test_a_give_back_between_whose_sends_the_reader_went_is_counted_down_once(
     write_off = hook is WriteOffBetweenSends
     for _ in range(INLINE + (not write_off)):
         take(holds, "doc", shared=True, lease=30)
-    with hook(operation="DeleteItem") as between:
+    with hook(match=undone) as between:
         interrupted_once_its_item_landed(monkeypatch, "doc")
     holds += getattr(between, "taken", [])
     assert between.broken == [write_off]
