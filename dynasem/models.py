@@ -48,6 +48,12 @@ class Fence(models.Model):
     digest = models.CharField(max_length=64, primary_key=True)
     resource = models.TextField()
     fence = models.BigIntegerField()
+    # How many fenced writes the row has had (an equal fence, the same hold's next transaction,
+    # changes it too): on MySQL/MariaDB under REPEATABLE READ, a transaction whose snapshot
+    # shows another count than the locked row read before a commit that landed since, and is
+    # refused. NULL: a row written before migration 0004 (or by code older than it, which does
+    # not name the column: no default needed while a deploy rolls).
+    writes = models.BigIntegerField(null=True)
 
     class Meta:
         db_table = "dynasem_fence"

@@ -15,9 +15,17 @@ holder of a resource, so:
 * a stale transaction that started first keeps the row locked: the newer holder's first
   statement waits until it has committed or rolled back, then goes on over its committed data.
 
-Two holders' transactions on one resource never interleave in the database. The same hold may
-write its fence again (a nested block, a second transaction of one hold): an equal fence is
-its own.
+Two holders' transactions on one resource never interleave in the database. On MySQL and
+MariaDB under REPEATABLE READ that is not enough: a transaction's reads keep the snapshot of its
+first plain read, which the fence's wait does not renew, so one that read before its fence would
+read data from before the commit it waited for, and its writes would overwrite that work. There
+every row is locked unchanged first, then read plainly (the snapshot: taken now if none was) and
+written only if it shows the row as the lock found it, fence and count of writes (``writes``,
+which every fenced write changes); else :class:`~dynasem.exceptions.LockLost` (the transaction
+rolls back, the hold is still ours).
+
+The same hold may write its fence again (a nested block, a second transaction of one hold): an
+equal fence is its own.
 
 Exclusive holds only: holders of a counting or shared semaphore hold together, each with its
 own fence, and must not refuse one another.
@@ -69,7 +77,8 @@ def check_fenceable(mode: Mode, resources: Any) -> None:
 def fence_transaction(held: Any, using: str | None = None) -> None:
     """Write ``held``'s fences to the database ``using`` (if None: where the routers send the
     Fence model's writes) inside its open transaction; raise :class:`LockLost` (and mark the
-    hold lost) if a newer holder's fence is there already."""
+    hold lost) if a newer holder's fence is there already, or (the hold still ours) if, on
+    MySQL under REPEATABLE READ, this transaction's snapshot is older than a fenced commit."""
     check_fenceable(held.semaphore.mode, held.resources)
     alias = commit.database(using)
     connection = connections[alias]
@@ -86,9 +95,14 @@ def fence_transaction(held: Any, using: str | None = None) -> None:
     # Past our trusted deadline a newer holder may have begun: no work of ours may start.
     hold.raise_if_lost()
     # One order for every holder: two holders of overlapping sets lock the rows alike.
-    for resource in sorted(held.fences):
+    resources = sorted(held.fences)
+    write = _write_over_snapshot if _keeps_snapshot(connection) else None
+    if write is not None:  # every earlier holder's transaction over before our snapshot begins
+        for resource in resources:
+            _write(connection, alias, resource, held.fences[resource], _lock_row)
+    for resource in resources:
         fence = held.fences[resource]
-        if not _write(connection, alias, resource, fence):
+        if not _write(connection, alias, resource, fence, write):
             stored = _stored(connection, resource)
             reason = (
                 f"the database {alias!r} holds fence {stored} for it, newer than this "
@@ -170,12 +184,17 @@ def no_async() -> TypeError:
     )
 
 
-def _write(connection: Any, alias: str, resource: str, fence: int) -> bool:
-    """The conditional upsert: True if the row now holds ``fence`` (locked until our
-    transaction ends), False if it holds a larger one. A deadlock the database broke by
-    rolling our transaction back raises LockLost: the caller's work is gone, not the hold."""
+Step = Callable[[Any, str, str, int], bool]
+
+
+def _write(
+    connection: Any, alias: str, resource: str, fence: int, step: Step | None = None
+) -> bool:
+    """``step`` (by default the conditional upsert: True if the row now holds ``fence``, locked
+    until our transaction ends, False if it holds a larger one). A deadlock the database broke
+    by rolling our transaction back raises LockLost: the caller's work is gone, not the hold."""
     try:
-        return _upsert(connection, alias, resource, fence)
+        return (step or _upsert)(connection, alias, resource, fence)
     except DatabaseError as exc:
         # MySQL's and MariaDB's ER_LOCK_DEADLOCK: InnoDB rolled the whole transaction back.
         if connection.vendor == "mysql" and exc.args and exc.args[0] == _MYSQL_DEADLOCK:
@@ -198,12 +217,12 @@ _MYSQL_DEADLOCK = 1213
 
 def _upsert(connection: Any, alias: str, resource: str, fence: int) -> bool:
     key, table = row_key(resource), connection.ops.quote_name(TABLE)
-    insert = f"INSERT INTO {table} (digest, resource, fence) VALUES (%s, %s, %s)"
+    insert = f"INSERT INTO {table} (digest, resource, fence, writes) VALUES (%s, %s, %s, 1)"
     with connection.cursor() as cursor:
         if connection.vendor in ("postgresql", "sqlite"):
             cursor.execute(
-                f"{insert} ON CONFLICT (digest) DO UPDATE SET fence = excluded.fence "
-                f"WHERE {table}.fence <= excluded.fence",
+                f"{insert} ON CONFLICT (digest) DO UPDATE SET fence = excluded.fence, "
+                f"writes = COALESCE({table}.writes, 0) + 1 WHERE {table}.fence <= excluded.fence",
                 [key, resource, fence],
             )
             return bool(cursor.rowcount == 1)
@@ -218,13 +237,19 @@ def _upsert(connection: Any, alias: str, resource: str, fence: int) -> bool:
             # (the newest committed value, not the transaction's snapshot) says whether our
             # fence is the one stored: the affected-rows count cannot, as Django's FOUND_ROWS
             # flag counts an insert and an unchanged row alike.
+            # (``writes`` first: MySQL's assignments see those before them.)
             cursor.execute(
-                f"{insert} ON DUPLICATE KEY UPDATE fence = IF(fence <= %s, %s, fence)",
-                [key, resource, fence, fence, fence],
+                f"{insert} ON DUPLICATE KEY UPDATE "
+                "writes = IF(fence <= %s, COALESCE(writes, 0) + 1, writes), "
+                "fence = IF(fence <= %s, %s, fence)",
+                [key, resource, fence, fence, fence, fence],
             )
             return _fence_of(cursor, table, key, " FOR UPDATE") == fence
         # Elsewhere (Oracle, third-party backends): update the row; create it if there is none.
-        update = f"UPDATE {table} SET fence = %s WHERE digest = %s AND fence <= %s"
+        update = (
+            f"UPDATE {table} SET fence = %s, writes = COALESCE(writes, 0) + 1 "
+            "WHERE digest = %s AND fence <= %s"
+        )
         cursor.execute(update, [fence, key, fence])
         if cursor.rowcount == 1:
             return True
@@ -237,6 +262,71 @@ def _upsert(connection: Any, alias: str, resource: str, fence: int) -> bool:
             return bool(cursor.rowcount == 1)
 
 
+def _keeps_snapshot(connection: Any) -> bool:
+    """Whether this connection's transactions read a snapshot that a lock does not renew:
+    MySQL's and MariaDB's REPEATABLE READ (InnoDB's reads keep the one of the transaction's
+    first plain read; SERIALIZABLE makes them locking reads, READ COMMITTED takes one per
+    statement). Asked of the server once per connection: a project's OPTIONS may leave the
+    level to the server's own default (REPEATABLE READ) or set it in ``init_command``."""
+    if connection.vendor != "mysql":
+        return False  # PostgreSQL's REPEATABLE READ refuses the fence's write itself
+    raw = connection.connection
+    known = getattr(connection, "_dynasem_keeps_snapshot", None)
+    if known is None or known[0] is not raw:
+        mariadb = getattr(connection, "mysql_is_mariadb", False)
+        variable = "tx_isolation" if mariadb else "transaction_isolation"
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT @@SESSION.{variable}")
+            known = (raw, str(cursor.fetchone()[0]).upper() == "REPEATABLE-READ")
+        connection._dynasem_keeps_snapshot = known
+    return bool(known[1])
+
+
+def _lock_row(connection: Any, alias: str, resource: str, fence: int) -> bool:
+    """MySQL under REPEATABLE READ, before anything is read of the row: lock it unchanged
+    (made, with ``fence`` and no write counted, if there is none), as the upsert locks it (no
+    gap lock). Once every row is locked, every earlier holder's transaction has ended: a
+    snapshot this transaction takes from here on has their commits."""
+    key, table = row_key(resource), connection.ops.quote_name(TABLE)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (digest, resource, fence, writes) VALUES (%s, %s, %s, 0) "
+            "ON DUPLICATE KEY UPDATE fence = fence",  # unchanged: our snapshot does not see it
+            [key, resource, fence],
+        )
+    return True
+
+
+def _write_over_snapshot(connection: Any, alias: str, resource: str, fence: int) -> bool:
+    """MySQL under REPEATABLE READ, the row locked (:func:`_lock_row`): the upsert, if the
+    row this transaction's snapshot shows (a plain read) is the newest (the UPDATE's); else,
+    unless a larger fence is stored, LockLost: a holder's commit landed after this
+    transaction's first read, whose snapshot all its reads keep (its writes would overwrite
+    that holder's work). The hold stays ours; the transaction rolls back."""
+    key, table = row_key(resource), connection.ops.quote_name(TABLE)
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT fence, writes FROM {table} WHERE digest = %s", [key])
+        seen = cursor.fetchone()  # None: made after our snapshot (ours would show)
+        if seen is not None:
+            cursor.execute(
+                f"UPDATE {table} SET writes = COALESCE(writes, 0) + 1, fence = %s "
+                "WHERE digest = %s AND fence <= %s AND fence = %s AND writes <=> %s",
+                [fence, key, fence, *seen],
+            )
+            if cursor.rowcount == 1:
+                return True
+        stored = _fence_of(cursor, table, key, " FOR UPDATE")
+    if stored is not None and stored > fence:
+        return False
+    raise LockLost(
+        resource,
+        f"the database {alias!r} committed a fenced transaction on it after this "
+        "transaction's first read, and under REPEATABLE READ all its reads keep that read's "
+        "snapshot: what it read is stale, so this transaction rolls back; the hold is still "
+        "yours, run the work again in a new transaction with the fence first in it",
+    )
+
+
 def _fence_of(cursor: Any, table: str, key: str, lock: str = "") -> int | None:
     """The fence stored in the row ``key`` (None: no row); ``lock``: a locking read's tail."""
     cursor.execute(f"SELECT fence FROM {table} WHERE digest = %s{lock}", [key])
@@ -245,5 +335,6 @@ def _fence_of(cursor: Any, table: str, key: str, lock: str = "") -> int | None:
 
 
 def _stored(connection: Any, resource: str) -> int | None:
+    lock = " FOR UPDATE" if connection.vendor == "mysql" else ""  # not a stale snapshot's
     with connection.cursor() as cursor:
-        return _fence_of(cursor, connection.ops.quote_name(TABLE), row_key(resource))
+        return _fence_of(cursor, connection.ops.quote_name(TABLE), row_key(resource), lock)
