@@ -39,6 +39,7 @@ from .steps import (
     from_receiver,
     io_executor,
     on_event_loop,
+    receiving,
     release_to_end,
     run_io,
     run_io_to_end,
@@ -1060,13 +1061,15 @@ def queued_behind(row: records.LockItem, waiter: records.Waiter) -> bool:
 
 class _Box(list["Held"]):
     """The holds an outermost acquire has made (or re-entered) that its caller does not have
-    yet, and who makes it (``owner``: the asyncio task, else the thread)."""
+    yet, who makes it (``owner``: the asyncio task, else the thread), and how deep in
+    receivers of dynasem's signals (``level``: :func:`steps.receiving`)."""
 
-    __slots__ = ("owner",)
+    __slots__ = ("level", "owner")
 
     def __init__(self) -> None:
         super().__init__()
         self.owner = _maker()
+        self.level = receiving()
 
 
 def _maker() -> object:
@@ -1082,9 +1085,12 @@ def _guarded() -> bool:
     block's entry around its acquire. A context copied into another task or thread (a task
     a lock_acquired receiver starts, a receiver Django runs in a task of its own or through
     sync_to_async) has that acquire's box too: a hold taken there is not that acquire's, and
-    its failure must not give it back while the other task or thread holds it."""
+    its failure must not give it back while the other task or thread holds it. Nor does
+    one that a receiver of its signal (``lock_acquired``, run in its thread) makes: its hold
+    is the receiver's (a block the receiver entered and left, re-entering a lock an outer
+    block holds, gave its level back; counted again, the outer block's hold was released)."""
     box = _undelivered.get()
-    return box is not None and box.owner is _maker()
+    return box is not None and box.owner is _maker() and box.level == receiving()
 
 
 # The holds made (or re-entered) by the acquire under way in this context that its caller

@@ -14,6 +14,7 @@ seconds between holders while the application's own calls queued behind them."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import functools
 import logging
@@ -304,7 +305,11 @@ class Announce:
     undo: Callable[[], None] | None = None
 
     def send(self) -> None:
-        self.signal.send(**self.arguments)
+        reset = _receiving.set(_receiving.get() + 1)
+        try:
+            self.signal.send(**self.arguments)
+        finally:
+            _receiving.reset(reset)
 
     async def asend(self) -> None:
         """``Signal.asend`` (Django 5.0+): sync receivers in ``sync_to_async``
@@ -314,10 +319,28 @@ class Announce:
         anyone listens (as ``asend`` does): else every async acquire would hop to the sync
         thread, and one run by ``asyncio.run`` on that very thread would wait for itself."""
         asend = getattr(self.signal, "asend", None)
-        if asend is not None:
-            await asend(**self.arguments)
-        elif self.signal.has_listeners(self.arguments.get("sender")):
-            await sync_to_async(self.send)()
+        reset = _receiving.set(_receiving.get() + 1)
+        try:
+            if asend is not None:
+                await asend(**self.arguments)
+            elif self.signal.has_listeners(self.arguments.get("sender")):
+                await sync_to_async(self.send)()
+        finally:
+            # Closed by the garbage collector, in another context than its task's.
+            with contextlib.suppress(ValueError):
+                _receiving.reset(reset)
+
+
+# How deep in the receivers of signals dynasem sends (an Announce's) this code runs: a sync
+# receiver runs in the acquiring (or releasing) thread, in its context.
+_receiving: contextvars.ContextVar[int] = contextvars.ContextVar("dynasem_receiving", default=0)
+
+
+def receiving() -> int:
+    """How deep in receivers of dynasem's signals this code runs (0: in none). An acquire a
+    receiver makes is its own, delivered to it: never one of the holds the acquire (or
+    release) that sent the signal gives back if it fails (:func:`hold.delivering`)."""
+    return _receiving.get()
 
 
 def announce(

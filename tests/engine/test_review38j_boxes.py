@@ -1,0 +1,49 @@
+"""Review 38 (helper j): second round on the decorator's and the acquire's box mends."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pytest
+
+from dynasem import SemaphoreBusy, semaphore
+from dynasem._operators.locks import holds_on
+from dynasem.signals import lock_acquired, lock_busy
+from dynasem.testing import held_elsewhere
+
+
+@pytest.mark.reentry
+@pytest.mark.parametrize("signal", ["lock_acquired", "lock_busy"])
+def test_a_receivers_block_reentering_a_held_lock_keeps_it_when_the_acquire_fails(
+    lock_table, signal
+):
+    """A sync receiver of ``lock_acquired`` or ``lock_busy`` runs in the acquiring thread,
+    before the acquire returns: a block it entered and left (an audit trail's, under a lock
+    this thread's outer block holds: re-entered) was put in that acquire's box of holds not
+    yet delivered, although the receiver had it and gave its level back. When the acquire
+    then failed (busy; or a receiver raised), it gave back what its box held: the outer
+    block's own hold, released while that block still ran, free for anyone."""
+
+    def audit(sender: Any, **kwargs: Any) -> None:
+        if kwargs["resource"] != "r38j-main":
+            return
+        with semaphore("r38j-outer"):  # re-entered: this thread's outer block holds it
+            pass
+        if signal == "lock_acquired":
+            raise RuntimeError("the audit database is down")
+
+    busy = signal == "lock_busy"
+    receivers = lock_busy if busy else lock_acquired
+    receivers.connect(audit, weak=False, dispatch_uid="review38j-audit")
+    try:
+        with held_elsewhere("r38j-main") if busy else contextlib.nullcontext():
+            with semaphore("r38j-outer"):
+                with pytest.raises(SemaphoreBusy if busy else RuntimeError):
+                    with semaphore("r38j-main", wait=0):
+                        pass
+                inside = len(holds_on("r38j-outer"))
+    finally:
+        receivers.disconnect(dispatch_uid="review38j-audit")
+    assert inside == 1, f"holders of r38j-outer while its block ran: {inside}"
+    assert holds_on("r38j-outer") == [] and holds_on("r38j-main") == []
