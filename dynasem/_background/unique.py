@@ -156,6 +156,8 @@ def claim(
         # limit, raised by a signal handler) gives the hold back, renewed no more.
         return contextvars.Context().run(delivering, take)
     except SemaphoreBusy as busy:
+        if steps.from_receiver(busy):
+            raise  # a signal receiver's (another lock's, the hold given back): not the key's
         raise Taken(resource, task_of(busy.holder_user_id)) from None
 
 
