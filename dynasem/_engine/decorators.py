@@ -545,16 +545,18 @@ def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., A
                     held = stack.enter_context(lock)
                 except SemaphoreBusy as exc:
                     return when_busy(request, exc, args, kwargs)
-                done = _synchronous(func(*args, **kwargs), keys.name)
+                done = _synchronous(func(*args, **kwargs), func, keys.name)
                 return _answered(stack, request, done, lock, held)
 
     return functools.wraps(func)(wrapper)
 
 
-def _synchronous(result: Any, name: str) -> Any:
-    """``result`` of a call locked as a sync one; a coroutine (an ``async def`` under a sync
-    decorator that hides it) is closed unstarted and refused: its work would run once the
-    lock was given back."""
+def _synchronous(result: Any, func: Any, name: str) -> Any:
+    """``result`` of a call of ``func`` locked as a sync one; a coroutine (an ``async def``
+    under a sync decorator that hides it) is closed unstarted and refused: its work would run
+    once the lock was given back. So is the generator of a generator function (or an async
+    one) hidden so, as the generator function itself is (a generator another generator
+    function of the call made is the call's answer)."""
     if inspect.iscoroutine(result):
         result.close()
         raise TypeError(
@@ -562,7 +564,30 @@ def _synchronous(result: Any, name: str) -> Any:
             "after the lock was given back; put @semaphore(...) directly on the async def (or "
             "mark the sync wrapper with asgiref.sync.markcoroutinefunction)"
         )
+    code = getattr(result, "gi_code", None) or getattr(result, "ag_code", None)
+    if code is not None and code is _hidden_generators_code(func):
+        if inspect.isgenerator(result):
+            result.close()
+        raise TypeError(
+            f"{name}() is a generator function under a decorator that hides it: the lock would "
+            "be given back before its body began; use `with semaphore(...)` inside it"
+        )
     return result
+
+
+def _hidden_generators_code(func: Any) -> Any:
+    """The code of the generator function (or async one) that ``func`` wraps (its
+    ``__wrapped__`` chain, ``partial``s), if any."""
+    seen: set[int] = set()
+    while func is not None and id(func) not in seen:
+        seen.add(id(func))
+        if isinstance(func, functools.partial):
+            func = func.func
+            continue
+        if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
+            return getattr(func, "__code__", None)
+        func = getattr(func, "__wrapped__", None)
+    return None
 
 
 def _when_busy(
