@@ -1061,15 +1061,18 @@ def queued_behind(row: records.LockItem, waiter: records.Waiter) -> bool:
 
 class _Box(list["Held"]):
     """The holds an outermost acquire has made (or re-entered) that its caller does not have
-    yet, who makes it (``owner``: the asyncio task, else the thread), and how deep in
-    receivers of dynasem's signals (``level``: :func:`steps.receiving`)."""
+    yet, who makes it (``owner``: the asyncio task, else the thread), how deep in receivers
+    of dynasem's signals (``level``: :func:`steps.receiving`), and the box that was open in
+    this context when it was made (``outer``)."""
 
-    __slots__ = ("level", "owner")
+    __slots__ = ("closed", "level", "outer", "owner")
 
-    def __init__(self) -> None:
+    def __init__(self, outer: _Box | None) -> None:
         super().__init__()
         self.owner = _maker()
         self.level = receiving()
+        self.outer = outer
+        self.closed = False  # its acquire is over: skipped by whoever still links to it
 
 
 def _maker() -> object:
@@ -1080,28 +1083,63 @@ def _maker() -> object:
     return task if task is not None else threading.current_thread()
 
 
+def _boxes() -> Iterator[_Box]:
+    """The boxes open in this context, the innermost first."""
+    box = _undelivered.get()
+    while box is not None:
+        if not box.closed:
+            yield box
+        box = box.outer
+
+
+def _own_box() -> _Box | None:
+    """The innermost box this task or thread made. A context copied into another task or
+    thread has the boxes of the acquires under way where it was copied; one shared by
+    several tasks (Django's ``Signal.asend`` runs async receivers as tasks of one copied
+    context) has each one's: a hold goes into its own maker's box, never another's."""
+    me = _maker()
+    return next((box for box in _boxes() if box.owner is me), None)
+
+
 def _guarded() -> bool:
     """Whether an acquire under way in this task or thread guards what is taken now: a
-    block's entry around its acquire. A context copied into another task or thread (a task
-    a lock_acquired receiver starts, a receiver Django runs in a task of its own or through
-    sync_to_async) has that acquire's box too: a hold taken there is not that acquire's, and
-    its failure must not give it back while the other task or thread holds it. Nor does
-    one that a receiver of its signal (``lock_acquired``, run in its thread) makes: its hold
-    is the receiver's (a block the receiver entered and left, re-entering a lock an outer
-    block holds, gave its level back; counted again, the outer block's hold was released)."""
-    box = _undelivered.get()
-    return box is not None and box.owner is _maker() and box.level == receiving()
+    block's entry around its acquire. A hold taken in another task or thread (a task a
+    lock_acquired receiver starts, a receiver Django runs in a task of its own or through
+    sync_to_async) is not that acquire's: its failure must not give it back while the other
+    task or thread holds it. Nor is one that a receiver of its signal (``lock_acquired``,
+    run in its thread) takes: its hold is the receiver's (a block the receiver entered and
+    left, re-entering a lock an outer block holds, gave its level back; counted again, the
+    outer block's hold was released)."""
+    box = _own_box()
+    return box is not None and box.level == receiving()
 
 
-# The holds made (or re-entered) by the acquire under way in this context that its caller
-# does not have yet: one box per outermost acquire (:func:`delivering`).
+def _open_box() -> _Box:
+    box = _Box(_undelivered.get())
+    _undelivered.set(box)
+    return box
+
+
+def _close_box(box: _Box) -> None:
+    """``box``'s acquire is over. Not reset to what was there before it by a token: in a
+    context that tasks share, another's box may have been opened over it since (reset, it
+    went out with ours, and that acquire's holds went into no box)."""
+    box.closed = True
+    if _undelivered.get() is box:
+        outer = box.outer
+        while outer is not None and outer.closed:
+            outer = outer.outer
+        _undelivered.set(outer)
+
+
+# The boxes of the acquires under way in this context, the innermost one (:func:`delivering`).
 _undelivered: ContextVar[_Box | None] = ContextVar("dynasem_undelivered", default=None)
 
 
 def undelivered(held: Held) -> None:
     """``held`` was made, or re-entered, for the acquire under way here: given back if an
     interrupt comes before its caller has it (:func:`delivering`)."""
-    box = _undelivered.get()
+    box = _own_box()
     if box is not None:
         box.append(held)
 
@@ -1115,8 +1153,7 @@ def delivering(take: Callable[[], _T]) -> _T:
     itself, as in any ``with`` statement of CPython's, is left."""
     if _guarded():
         return take()
-    box = _Box()
-    reset = _undelivered.set(box)
+    box = _open_box()
     try:
         done = take()
         box.clear()
@@ -1126,7 +1163,7 @@ def delivering(take: Callable[[], _T]) -> _T:
             give_back_unused(held)
         raise
     finally:
-        _undelivered.reset(reset)
+        _close_box(box)
 
 
 async def adelivering(take: Callable[[], Awaitable[_T]]) -> _T:
@@ -1134,8 +1171,7 @@ async def adelivering(take: Callable[[], Awaitable[_T]]) -> _T:
     dynasem's executor."""
     if _guarded():
         return await take()
-    box = _Box()
-    reset = _undelivered.set(box)
+    box = _open_box()
     try:
         done = await take()
         box.clear()
@@ -1150,10 +1186,9 @@ async def adelivering(take: Callable[[], Awaitable[_T]]) -> _T:
             raise again from exc  # a cancel that came meanwhile goes on, as it did
         raise
     finally:
-        # Closed by the garbage collector, the coroutine runs in another context than its
-        # task's, where the token is not valid (a ValueError would replace GeneratorExit).
-        with contextlib.suppress(ValueError):
-            _undelivered.reset(reset)
+        # Closed by the garbage collector, in another context than its task's: marked
+        # closed only (that context's box is another).
+        _close_box(box)
 
 
 async def _agive_back_unused(box: list[Held]) -> asyncio.CancelledError | None:
@@ -1179,9 +1214,10 @@ def _receiver_failed(held: Held, exc: Exception) -> None:
 def give_back_unused(held: Held) -> None:
     """Best effort: release a hold its caller never got to use (no waiting for a commit)."""
     held = getattr(held, "outer", held)  # a nested acquire's view: the hold itself
-    box = _undelivered.get()
-    if box is not None and any(h is held for h in box):
-        box.remove(held)  # given back once
+    for box in _boxes():
+        if any(h is held for h in box):
+            box.remove(held)  # given back once
+            break
     if held.depth > 1:
         held.depth -= 1  # a nested acquire's: the outer one still uses it
         return
