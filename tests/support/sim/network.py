@@ -74,6 +74,7 @@ class Requests:
         self.sim, self.db, self.rng, self.profile = sim, db, rng, profile
         self.sched: Scheduler = sim.sched
         self.sent = 0
+        self.tokens = 0  # ClientRequestTokens drawn (no rng draw: every other run unchanged)
 
     def latency(self) -> float:
         """One way, seconds: a few ms mostly, a tail to a few hundred ms."""
@@ -86,6 +87,12 @@ class Requests:
     def call(self, proc: Any, method: str, quick: bool, **params: Any) -> dict[str, Any]:
         """A client call of a simulated thread: its response, or botocore's error."""
         operation = pascal(method)
+        if operation == "TransactWriteItems" and "ClientRequestToken" not in params:
+            # botocore's before-parameter-build hook (handlers.generate_idempotent_uuid; the
+            # member is an idempotencyToken in its service model) fills it in once per call:
+            # its own re-sends carry the same one, and DynamoDB replays an applied one.
+            self.tokens += 1
+            params = {**params, "ClientRequestToken": f"sim-{self.tokens:032x}"}
         retries, read_timeout = client_config(quick)
         attempt = 0
         while True:

@@ -247,7 +247,10 @@ def transact_write_items(db: SimDynamoDB, params: dict[str, Any]) -> dict[str, A
     reasons = [_reason(action, plan) for action, plan in zip(actions, plans, strict=True)]
     if any(r["Code"] != "None" for r in reasons):
         _cancel(reasons)
-    return _commit(db, plans, params)
+    response = _commit(db, plans, params)
+    if token is not None:  # the token is the applied request's: a cancelled one is not kept
+        db.tokens[str(token)] = (_signature(params), db.now())
+    return response
 
 
 def _plan_action(db: SimDynamoDB, action: Mapping[str, Any]) -> Plan:
@@ -342,17 +345,19 @@ def _commit(db: SimDynamoDB, plans: list[Plan], params: Mapping[str, Any]) -> di
 
 def _replayed(db: SimDynamoDB, params: Mapping[str, Any], token: str) -> bool:
     """ClientRequestToken: the same request again within 10 minutes succeeds without being
-    applied again; another request with that token is refused."""
-    signature = json.dumps(params.get("TransactItems"), sort_keys=True, default=str)
-    now = db.now()
+    applied again; another request with that token is refused. Only an applied request's token
+    is kept (:func:`transact_write_items`): one cancelled is evaluated afresh when re-sent."""
     seen = db.tokens.get(token)
-    if seen is not None and seen[1] > now - 600:
-        if seen[0] != signature:
+    if seen is not None and seen[1] > db.now() - 600:
+        if seen[0] != _signature(params):
             raise DynamoError(
                 "IdempotentParameterMismatchException",
                 "Request parameters do not match those of the request with the same idempotency "
                 "token",
             )
         return True
-    db.tokens[token] = (signature, now)
     return False
+
+
+def _signature(params: Mapping[str, Any]) -> str:
+    return json.dumps(params.get("TransactItems"), sort_keys=True, default=str)
