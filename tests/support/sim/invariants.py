@@ -77,7 +77,9 @@
 * **Liveness**, once the fault window is over: a resource is never idle (nobody inside) for
   longer than ``lease + 2 * CLOCK_SKEW + SLACK`` while a live process waits for it (for it
   and others at once: while nobody is inside those); the run ends with every live workload
-  done.
+  done. A write sent in the window, applied, whose answer never came is a fault of the
+  window until its caller's read timeout ends (up to 10 s after it): the idle clocks of
+  its resources (and of those their waiters want at once) start again then.
 """
 
 from __future__ import annotations
@@ -180,6 +182,22 @@ class Monitor:
             who = f"{proc.name} ({getattr(thread, 'name', '?')})"
             self.fail(f"request storm: {who} sent {len(sent)} requests within 1 s")
             sent.clear()  # said once per storm second
+
+    def timed_out(self, sent: float, resources: set[str]) -> None:
+        """A write to ``resources`` sent at ``sent`` applied, its answer lost, and its caller's
+        read timeout ended now: sent in the fault window, it was one of the window's faults
+        until now, past the window's end (what it wrote, unconfirmed, held others up while
+        its caller waited). The idle clocks of those resources, and of the others their
+        waiters wait for at once, start again now, as at the window's end."""
+        now = self.sim.sched.now
+        if not sent < self.quiet_from <= now:
+            return
+        wants = self._wants()
+        touched = set(resources)
+        for proc in {p for r in resources for p in self.waiting.get(r, ())}:
+            touched.update(wants.get(proc, ()))
+        for resource in touched & set(self.idle_since):
+            self.idle_since[resource] = max(self.idle_since[resource], now)
 
     # -- what the workloads tell -------------------------------------------------------------
 

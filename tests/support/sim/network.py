@@ -59,6 +59,16 @@ def client_config(quick: bool) -> tuple[int, float]:
     return after_first, float(config.read_timeout)
 
 
+def written(params: dict[str, Any]) -> set[str]:
+    """The resources (partition keys) a write request names."""
+    if "TransactItems" in params:
+        bodies = [next(iter(action.values())) for action in params["TransactItems"]]
+    else:
+        bodies = [params]
+    keys = [body.get("Key") or body.get("Item") or {} for body in bodies]
+    return {key["pk"]["S"] for key in keys if "pk" in key}
+
+
 def client_error(code: str, status: int, operation: str) -> ClientError:
     response: Any = {
         "Error": {"Code": code, "Message": f"simulated {code}"},
@@ -75,6 +85,7 @@ class Requests:
         self.sched: Scheduler = sim.sched
         self.sent = 0
         self.tokens = 0  # ClientRequestTokens drawn (no rng draw: every other run unchanged)
+        self.landed: set[Waiter] = set()  # writes applied, their callers still waiting
 
     def latency(self) -> float:
         """One way, seconds: a few ms mostly, a tail to a few hundred ms."""
@@ -147,8 +158,14 @@ class Requests:
             return "unsent", None
         waiter = Waiter(me)
         apply = functools.partial(self._apply, proc, waiter, operation, params, fault, tag)
+        sent = self.sched.now
         self.sched.at(self.latency(), apply)
-        if not self.sched.block(waiter, read_timeout):
+        answered = self.sched.block(waiter, read_timeout)
+        if waiter in self.landed:
+            self.landed.discard(waiter)
+            if not answered:  # applied, its answer lost: the caller knew nothing till now
+                self.sim.monitor.timed_out(sent, written(params))
+        if not answered:
             self.sim.interrupts.failed(proc, tag)
             return "timeout", None
         return waiter.value  # type: ignore[no-any-return]
@@ -174,6 +191,8 @@ class Requests:
             result = ("error", client_error("InternalServerError", 500, operation))
         else:
             result = self.sim.apply(proc, operation, params)
+            if operation in WRITES and result[0] == "ok" and not waiter.timed_out:
+                self.landed.add(waiter)
             if fault == "error_after":
                 result = ("error", client_error("InternalServerError", 500, operation))
         self.sim.record("apply", proc, operation, params, result, fault)
