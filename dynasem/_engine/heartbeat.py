@@ -22,11 +22,11 @@ import logging
 import math
 import os
 import threading
-import time
 from typing import Any, Protocol
 
 from django.db import connections
 
+from .. import _clock as clock
 from .._observability.logs import facts
 from ..exceptions import LockLost, SemaphoreUnavailable
 
@@ -174,7 +174,7 @@ class _Scheduler:
     def add(self, task: Task, pause: float) -> None:
         with self._cond:
             self._beating.discard(task)
-            due = time.monotonic() + pause
+            due = clock.monotonic() + pause
             heapq.heappush(self._heap, (due, next(self._seq), task))
             self._adds += 1
             if self._thread is None:
@@ -199,7 +199,11 @@ class _Scheduler:
                 # Stopped tasks leave the heap as soon as they reach its top.
                 while self._heap and self._heap[0][2].stopped:
                     heapq.heappop(self._heap)
-                now = time.monotonic()
+                # On the clock of the holds' deadlines (CLOCK_BOOTTIME), which counts a
+                # suspended host's sleep: on waking, a renewal due meanwhile (and the loss
+                # it finds) comes at the next look, not a whole pause later. The wait itself
+                # stops while the host sleeps; LOOK_EVERY bounds it.
+                now = clock.monotonic()
                 if self._heap:
                     self._wakes_at = min(self._heap[0][0], now + LOOK_EVERY)
                 elif self._adds != seen:  # tasks came lately: more may, look again soon
