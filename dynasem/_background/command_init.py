@@ -55,6 +55,15 @@ FAILED = 125  # the keeper or the init could not set up: dynasem_lead reports st
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+def _now() -> float:
+    """The clock of the deadlines dynasem_lead tells (``dynasem._clock.monotonic``, which
+    this script, the standard library only, cannot import): CLOCK_BOOTTIME, which counts a
+    suspended host's sleep as the other hosts' wall clocks do."""
+    if hasattr(time, "CLOCK_BOOTTIME"):
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+    return time.monotonic()
+
+
 def _fail(what: str, number: int | None = None) -> None:
     number = ctypes.get_errno() if number is None else number
     sys.stderr.write(f"dynasem_lead: {what}: {os.strerror(number)} (errno {number})\n")
@@ -238,7 +247,7 @@ def _watch(control: int, child: int) -> int | None:
         status = _reap(child)
         if status is not None:
             return status
-        left = deadline - WATCHDOG_MARGIN - time.monotonic()
+        left = deadline - WATCHDOG_MARGIN - _now()
         if left <= 0:
             return None
         ready, _, _ = select.select([control], [], [], min(0.05, left))

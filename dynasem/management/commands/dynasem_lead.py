@@ -45,6 +45,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 import dynasem
 
+from ... import _clock as clock
 from ..._background.leadership import Lead, Leadership, leadership, resource_of
 from ..._engine.arguments import check_lease, resolve_timing
 from ..._engine.shutdown import release_all
@@ -241,10 +242,11 @@ class Command(BaseCommand):
 
 
 def _deadline(lead: Lead) -> float:
-    """The lead's trusted deadline (CLOCK_MONOTONIC), for the command's init: the time read
-    before what is left of the lead, so that a pause between the two shortens it, never
-    stretches it past the lead's own."""
-    now = time.monotonic()
+    """The lead's trusted deadline on its own clock (``_clock.monotonic``: CLOCK_BOOTTIME,
+    which counts a suspended host's sleep), for the command's init: the time read before what
+    is left of the lead, so that a pause between the two shortens it, never stretches it past
+    the lead's own."""
+    now = clock.monotonic()
     return now + lead.seconds_left()
 
 
@@ -325,7 +327,7 @@ class _Command:
         return None if code is None else code if code >= 0 else 128 - code
 
     def trust_until(self, deadline: float) -> None:
-        """Tell the namespace's init the lead's trusted deadline (CLOCK_MONOTONIC): it ends
+        """Tell the namespace's init the lead's trusted deadline (CLOCK_BOOTTIME): it ends
         the namespace by itself just before, should this process stop acting (SIGSTOP)."""
         if self._control < 0 or abs(deadline - self._told) < 0.01:
             return
