@@ -7,6 +7,7 @@ from here at call time, never a copy of its own.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 
@@ -19,8 +20,23 @@ def _since_boot() -> float:
     return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
+def _since_start() -> float:
+    """macOS's ``clock_gettime(CLOCK_MONOTONIC)``, which counts the time the Mac slept (its
+    ``time.monotonic``, ``mach_absolute_time``, stops then, as Linux's CLOCK_MONOTONIC does)."""
+    return time.clock_gettime(time.CLOCK_MONOTONIC)
+
+
+def _sleep_counting() -> Callable[[], float]:
+    """The monotonic clock that counts a suspended host's sleep where we know one."""
+    if hasattr(time, "CLOCK_BOOTTIME"):  # Linux
+        return _since_boot
+    if sys.platform == "darwin":
+        return _since_start
+    return time.monotonic
+
+
 wall_clock: Callable[[], float] = time.time
-monotonic: Callable[[], float] = _since_boot if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic
+monotonic: Callable[[], float] = _sleep_counting()
 
 
 def now_ms() -> int:

@@ -3,10 +3,13 @@ waited on)."""
 
 from __future__ import annotations
 
+import importlib
+import sys
 import time
 
 import pytest
 
+from dynasem import _clock as clock
 from dynasem import semaphore
 from dynasem.testing import abandon
 from tests.engine.test_heartbeat import unique, watching_lost
@@ -38,3 +41,27 @@ def test_a_suspend_past_the_lease_is_declared_lost_at_once_on_waking(
         abandon(held)
         if other is not None:
             abandon(other)
+
+
+def test_on_macos_the_trusted_clock_counts_a_sleep(monkeypatch: pytest.MonkeyPatch) -> None:
+    """macOS has no CLOCK_BOOTTIME, and ``_clock`` fell back to ``time.monotonic``, which
+    there is ``mach_absolute_time``: it stops while the Mac sleeps (a closed lid), as Linux's
+    CLOCK_MONOTONIC does, so a sleeping holder woke trusting a hold another host took over.
+    macOS's ``clock_gettime(CLOCK_MONOTONIC)`` counts the sleep (its man page; the clock that
+    does not is CLOCK_UPTIME_RAW)."""
+    slept = 120.0
+    real_gettime, real_monotonic = time.clock_gettime, time.monotonic
+
+    def gettime(clk: int) -> float:  # macOS's CLOCK_MONOTONIC: the sleep counted
+        return real_gettime(clk) + (slept if clk == time.CLOCK_MONOTONIC else 0.0)
+
+    before = real_monotonic()
+    try:
+        monkeypatch.setattr(sys, "platform", "darwin")
+        monkeypatch.delattr(time, "CLOCK_BOOTTIME", raising=False)
+        monkeypatch.setattr(time, "clock_gettime", gettime)
+        importlib.reload(clock)
+        assert clock.monotonic() - before >= slept, "the trusted clock did not count the sleep"
+    finally:
+        monkeypatch.undo()
+        importlib.reload(clock)
