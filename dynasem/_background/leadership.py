@@ -70,8 +70,13 @@ class Lead:
 
     @property
     def active(self) -> bool:
-        """The lead is ours and its trusted deadline is ahead (False once given back)."""
+        """The lead is ours and its trusted deadline is ahead (False once given back, and in
+        a child forked inside the block)."""
         if self._given_back:
+            return False
+        if not self.held.here:
+            # A child forked inside the block: its copy is never trusted (hold.FORKED), but
+            # the lead is its parent's and not lost: on_lost is no business of the child's.
             return False
         if self._lost.is_set() or self.held.lost:
             self._lost_now()

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import select
 import threading
 import time
+import warnings
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from dynasem import Lead, leadership
 from dynasem._background import command_init
 from dynasem.management.commands import dynasem_lead
 from tests.engine.test_review38b_time import host_suspended
@@ -42,3 +45,34 @@ def test_the_init_ends_a_lead_s_command_on_waking_from_a_suspend_past_the_lease(
         os.close(write)  # dynasem_lead gone: the watch ends
         watcher.join(5)
         os.close(read)
+
+
+def test_a_child_forked_by_the_leader_is_inactive_without_calling_on_lost(lock_table: str) -> None:
+    """A leader forks a worker (multiprocessing's fork, a raw ``os.fork()``), which asks
+    ``lead.active`` before its work. The child never trusts its copy of the hold (``lost``
+    True there), and ``active`` took that for a loss: it called ``on_lost`` in the child,
+    whose handler (an alert, a "no leader" row, a shutdown of the leader's services) reported
+    a loss while the parent still led. The lead is not lost; the child only cannot trust it."""
+    calls: list[str] = []
+
+    def on_lost(lead: Lead) -> None:
+        calls.append("on_lost")
+
+    with leadership("rv38k-forked", lease=30, on_lost=on_lost) as lead:
+        read, write = os.pipe()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # fork() of a process with threads
+            child = os.fork()
+        if child == 0:  # the child: reports what it saw, never leaves the block
+            try:
+                os.close(read)
+                os.write(write, repr((lead.active, calls)).encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        ready, _, _ = select.select([read], [], [], 30)
+        answer = os.read(read, 256).decode() if ready else "no answer"
+        os.close(read)
+        os.waitpid(child, 0)
+        assert lead.active and not calls
+    assert answer == repr((False, [])), f"the child's (lead.active, on_lost calls): {answer}"
