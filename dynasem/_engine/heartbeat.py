@@ -107,7 +107,10 @@ class Heartbeat:
         except RuntimeError as exc:  # "can't start new thread" (a container's pids limit)
             # A renewal that failed: retried until the deadline, which then declares the loss.
             return SemaphoreUnavailable(f"cannot start the renewal's thread: {exc}")
-        worker.join(self.held.seconds_left() + 0.01)
+        # In slices, each reckoned again: a join's timeout runs on CLOCK_MONOTONIC, which
+        # stops while the host sleeps, the deadline's clock (CLOCK_BOOTTIME) does not.
+        while worker.is_alive() and (left := self.held.seconds_left()) > 0:
+            worker.join(min(left + 0.01, LOOK_EVERY))
         if worker.is_alive():
             return SemaphoreUnavailable("renewal still unanswered at the lease deadline")
         return errors[0] if errors else None

@@ -5,15 +5,21 @@ from __future__ import annotations
 
 import importlib
 import sys
+import threading
 import time
+from typing import Any
 
 import pytest
 
 from dynasem import _clock as clock
 from dynasem import semaphore
+from dynasem._engine.heartbeat import Heartbeat
+from dynasem._engine.hold import stop_renewing
+from dynasem._storage import lock_rows
 from dynasem.testing import abandon
 from tests.engine.test_heartbeat import unique, watching_lost
 from tests.engine.test_review38b_time import host_suspended, taken_elsewhere
+from tests.support.helpers import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=False)
 
@@ -65,3 +71,46 @@ def test_on_macos_the_trusted_clock_counts_a_sleep(monkeypatch: pytest.MonkeyPat
     finally:
         monkeypatch.undo()
         importlib.reload(clock)
+
+
+def waiting_in_join(thread: threading.Thread) -> bool:
+    """``thread`` waits in a ``join()`` (its timeout already reckoned)."""
+    frame = sys._current_frames().get(thread.ident or 0)
+    return frame is not None and frame.f_code.co_name in ("join", "_wait_for_tstate_lock")
+
+
+@pytest.mark.skipif(not hasattr(time, "CLOCK_BOOTTIME"), reason="Linux's clocks")
+def test_a_renewal_hanging_through_a_suspend_is_declared_lost_on_waking(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A renewal's request hangs (a dead endpoint): the heartbeat waits for it until the
+    hold's deadline, ``join(seconds_left())``. That wait is counted on CLOCK_MONOTONIC: the
+    host suspended meanwhile woke past the lease, but the join went on for what was left of
+    the lease before the sleep, and ``lock_lost`` came that much late (up to a whole lease)
+    while another host held the lock."""
+    resource = unique("suspend-renewal")
+    held = semaphore(resource, lease=30).acquire()
+    stop_renewing(held)  # its heartbeat is the one below, in its renewal now
+    hanging, answered = threading.Event(), threading.Event()
+    real_update = lock_rows.update
+
+    def hangs(action: dict[str, Any], **kwargs: Any) -> Any:
+        hanging.set()
+        answered.wait(30)
+        return real_update(action, **kwargs)
+
+    beat = threading.Thread(target=Heartbeat(held).beat, daemon=True)
+    try:
+        with watching_lost(held.token) as lost:
+            monkeypatch.setattr(lock_rows, "update", hangs)
+            beat.start()
+            assert hanging.wait(10)
+            wait_for(lambda: waiting_in_join(beat), 10, "the heartbeat waits for its renewal")
+            monkeypatch.setattr(lock_rows, "update", real_update)
+            host_suspended(monkeypatch, 120.0)  # another host may take the lock over now
+            assert lost.wait(timeout=3), "lock_lost waited for the lease left before the sleep"
+    finally:
+        answered.set()
+        beat.join(10)
+        monkeypatch.undo()
+        abandon(held)
