@@ -29,7 +29,7 @@ from .._transactions import commit, fencing
 from ..exceptions import LockLost, SemaphoreUnavailable
 from ..signals import lock_acquired, lock_lost, lock_released
 from . import handover, push, resend
-from .heartbeat import Heartbeat, close_connections
+from .heartbeat import LOOK_EVERY, Heartbeat, close_connections
 from .lockspec import LockSpec
 from .steps import (
     Announce,
@@ -320,7 +320,9 @@ class Held:
         # A renewal of the heartbeat's may hang on an unreachable endpoint, holding the lock,
         # for as long as botocore's timeouts allow: wait for it only while the hold can be
         # trusted. Past the deadline the hold is lost, whatever that renewal answers later.
-        while not self._lock.acquire(timeout=self.seconds_left()):
+        # In slices: a lock's timeout runs on CLOCK_MONOTONIC, which stops while the host
+        # sleeps, the deadline's clock does not.
+        while not self._lock.acquire(timeout=min(self.seconds_left(), LOOK_EVERY)):
             self._check_ours()
         try:
             self._check_ours()

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from dynasem import LockLost, semaphore
 from dynasem import _clock as clock
-from dynasem import semaphore
 from dynasem._engine.heartbeat import Heartbeat
 from dynasem._engine.hold import stop_renewing
 from dynasem._storage import lock_rows
@@ -73,10 +73,11 @@ def test_on_macos_the_trusted_clock_counts_a_sleep(monkeypatch: pytest.MonkeyPat
         importlib.reload(clock)
 
 
-def waiting_in_join(thread: threading.Thread) -> bool:
-    """``thread`` waits in a ``join()`` (its timeout already reckoned)."""
+def waiting_in(function: str, thread: threading.Thread) -> bool:
+    """``thread``'s innermost Python frame is ``function`` (blocked in a C call there, its
+    timeout already reckoned)."""
     frame = sys._current_frames().get(thread.ident or 0)
-    return frame is not None and frame.f_code.co_name in ("join", "_wait_for_tstate_lock")
+    return frame is not None and frame.f_code.co_name == function
 
 
 @pytest.mark.skipif(not hasattr(time, "CLOCK_BOOTTIME"), reason="Linux's clocks")
@@ -105,12 +106,60 @@ def test_a_renewal_hanging_through_a_suspend_is_declared_lost_on_waking(
             monkeypatch.setattr(lock_rows, "update", hangs)
             beat.start()
             assert hanging.wait(10)
-            wait_for(lambda: waiting_in_join(beat), 10, "the heartbeat waits for its renewal")
+            wait_for(lambda: waiting_in("join", beat), 10, "the heartbeat waits for its renewal")
             monkeypatch.setattr(lock_rows, "update", real_update)
             host_suspended(monkeypatch, 120.0)  # another host may take the lock over now
             assert lost.wait(timeout=3), "lock_lost waited for the lease left before the sleep"
     finally:
         answered.set()
         beat.join(10)
+        monkeypatch.undo()
+        abandon(held)
+
+
+@pytest.mark.skipif(not hasattr(time, "CLOCK_BOOTTIME"), reason="Linux's clocks")
+def test_a_renew_waiting_behind_a_hanging_renewal_through_a_suspend_raises_on_waking(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``held.renew()`` waits for the heartbeat's renewal in flight (a dead endpoint) only
+    while the hold can be trusted: ``_lock.acquire(timeout=seconds_left())``, a timeout on
+    CLOCK_MONOTONIC. The host suspended meanwhile woke past its lease, the heartbeat
+    declared the loss, and the caller's ``renew()`` still waited for what was left of the
+    lease before the sleep before raising ``LockLost`` (the API: it raises once the lease ran
+    out)."""
+    resource = unique("suspend-renew")
+    held = semaphore(resource, lease=30).acquire()
+    stop_renewing(held)
+    hanging, answered = threading.Event(), threading.Event()
+    real_update = lock_rows.update
+
+    def hangs(action: dict[str, Any], **kwargs: Any) -> Any:
+        hanging.set()
+        answered.wait(30)
+        return real_update(action, **kwargs)
+
+    raised: list[BaseException] = []
+
+    def renew() -> None:
+        try:
+            held.renew()
+        except BaseException as exc:  # noqa: BLE001 - looked at below
+            raised.append(exc)
+
+    beat = threading.Thread(target=Heartbeat(held).beat, daemon=True)
+    caller = threading.Thread(target=renew, daemon=True)
+    try:
+        monkeypatch.setattr(lock_rows, "update", hangs)
+        beat.start()
+        assert hanging.wait(10)
+        caller.start()
+        wait_for(lambda: waiting_in("renew", caller), 10, "renew() waits for the lock")
+        host_suspended(monkeypatch, 120.0)
+        caller.join(3)
+        assert [type(e) for e in raised] == [LockLost], "renew() waited on past the lease"
+    finally:
+        answered.set()
+        beat.join(10)
+        caller.join(10)
         monkeypatch.undo()
         abandon(held)
