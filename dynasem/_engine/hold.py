@@ -1086,12 +1086,23 @@ def _maker() -> object:
 
 
 def _boxes() -> Iterator[_Box]:
-    """The boxes open in this context, the innermost first."""
-    box = _undelivered.get()
+    """The boxes open in this context, the innermost first. The closed ones passed on the way
+    are unlinked: in a context that tasks share, a box opened while another task's was open
+    links to it, and that one, closed since but not the innermost then, stayed linked. Each
+    acquire's box linked to every earlier one for the life of the tasks, closed ones kept
+    their tasks, and every acquire walked them all."""
+    box = _open_from(_undelivered.get())
     while box is not None:
-        if not box.closed:
-            yield box
+        yield box
+        box.outer = _open_from(box.outer)
         box = box.outer
+
+
+def _open_from(box: _Box | None) -> _Box | None:
+    """``box``, or the first box open outside it."""
+    while box is not None and box.closed:
+        box = box.outer
+    return box
 
 
 def _own_box() -> _Box | None:
@@ -1117,7 +1128,7 @@ def _guarded() -> bool:
 
 
 def _open_box() -> _Box:
-    box = _Box(_undelivered.get())
+    box = _Box(_open_from(_undelivered.get()))
     _undelivered.set(box)
     return box
 
@@ -1127,11 +1138,9 @@ def _close_box(box: _Box) -> None:
     context that tasks share, another's box may have been opened over it since (reset, it
     went out with ours, and that acquire's holds went into no box)."""
     box.closed = True
+    box.owner = None  # a box still linked keeps no task (nor thread) that ended
     if _undelivered.get() is box:
-        outer = box.outer
-        while outer is not None and outer.closed:
-            outer = outer.outer
-        _undelivered.set(outer)
+        _undelivered.set(_open_from(box.outer))
 
 
 # The boxes of the acquires under way in this context, the innermost one (:func:`delivering`).
