@@ -302,11 +302,24 @@ class ReaderHeld(Held):
 
     epochs: dict[str, int]
     covers: dict[str, int]  # each row's sentinel lease end as we last knew it (our epoch's)
+    # Resources whose item's write timed out before one landed: an earlier try may land
+    # after our release, and over a deleted item it would make a reader nobody counts
+    # (its break would count the row down again, beside a live reader): the release
+    # leaves our tombstone under our fence instead (:func:`_retire`).
+    late: set[str]
 
-    def __init__(self, *args: Any, epochs: dict[str, int], covers: dict[str, int], **kwargs: Any):
+    def __init__(
+        self,
+        *args: Any,
+        epochs: dict[str, int],
+        covers: dict[str, int],
+        late: set[str] | None = None,
+        **kwargs: Any,
+    ):
         super().__init__(*args, **kwargs)
         self.epochs = epochs
         self.covers = covers
+        self.late = late or set()
 
     def _covered(self, resource: str, expires_ms: int) -> bool:
         """The row's sentinel up to ``expires_ms`` (it must cover our lease before our item
@@ -344,6 +357,9 @@ class ReaderHeld(Held):
         for resource, epoch in self.epochs.items():
             try:
                 drop = functools.partial(reader_items.drop_reader, resource, self.token)
+                if resource in self.late:
+                    word, fence = secrets.token_hex(8), self.fences[resource]
+                    drop = functools.partial(_retire, resource, self.token, fence, word)
                 if not self._item_given_back(resource, drop):
                     continue
             except dynamodb.Refused as refused:

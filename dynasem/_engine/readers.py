@@ -65,7 +65,7 @@ def admitted(
         fence=row.fence,
     )
     action = reader_items.put_reader(resource, token, holder, row.reader_epoch)
-    failures = 0
+    failures, late = 0, False
     while True:
         try:
             yield Write(functools.partial(reader_items.send, action), token, [], undo=undo)
@@ -78,7 +78,7 @@ def admitted(
             )
             return None
         except SemaphoreUnavailable as exc:
-            failures += 1
+            failures, late = failures + 1, late or exc.ambiguous
             if not exc.transient or failures >= ITEM_TRIES:
                 yield Request(undo)
                 raise
@@ -91,6 +91,8 @@ def admitted(
     members = {
         "epochs": {resource: row.reader_epoch},
         "covers": {resource: row.holders[reader_items.SENTINEL].expires_ms},
+        # A try of the item's write may still be on its way: the release bars it.
+        "late": {resource} if late else set(),
     }
     fences = {resource: row.fence}
     return take.hold(
