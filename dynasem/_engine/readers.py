@@ -65,10 +65,12 @@ def admitted(
         fence=row.fence,
     )
     action = reader_items.put_reader(resource, token, holder, row.reader_epoch)
-    failures, late = 0, False
+    failures, late, resent = 0, False, list[bool]()
     while True:
         try:
-            yield Write(functools.partial(reader_items.send, action), token, [], undo=undo)
+            send = functools.partial(reader_items.send, action, resent=resent)
+            yield Write(send, token, [], undo=undo)
+            late = late or any(resent)  # botocore sent it again: a try may still land
             break
         except dynamodb.Refused:
             # Broken meanwhile (a tombstone of our fence): no hold. Our mark off the row

@@ -321,9 +321,13 @@ def renew_item(
     return update_action(resource, sk, "SET #e = :e, #exp = :exp", condition, {}, values)
 
 
-def send(action: dict[str, Any], *, old: bool = False) -> dict[str, Any] | None:
+def send(
+    action: dict[str, Any], *, old: bool = False, resent: list[bool] | None = None
+) -> dict[str, Any] | None:
     """Send one conditional write of a member item (or of the row, by these modules); the
-    old item if ``old``. Raises :class:`Refused` (its ``item``: the item as it was)."""
+    old item if ``old``. Raises :class:`Refused` (its ``item``: the item as it was).
+    ``resent``: told (appended) whether botocore sent it more than once before its answer
+    came (an earlier try, timed out, may still land)."""
     response = dynamodb.send_request(
         "update_item",
         TableName=settings.TABLE_NAME,
@@ -331,6 +335,8 @@ def send(action: dict[str, Any], *, old: bool = False) -> dict[str, Any] | None:
         ReturnValuesOnConditionCheckFailure="ALL_OLD",
         **action,
     )
+    if resent is not None:
+        resent.append(response.get("ResponseMetadata", {}).get("RetryAttempts", 0) > 0)
     return records.decode(response.get("Attributes")) or {} if old else None
 
 

@@ -252,8 +252,8 @@ def interrupted_once_its_item_landed(
     before its answer is used; ``first`` (given the reader's token) runs in between."""
     send, landed = items.send, []
 
-    def interrupted(action: dict[str, Any]) -> Any:
-        sent = send(action)
+    def interrupted(action: dict[str, Any], **kwargs: Any) -> Any:
+        sent = send(action, **kwargs)
         sk = action["Key"]["sk"]["S"]
         if sk.startswith("r#") and not landed:
             landed.append(sk)
@@ -496,12 +496,12 @@ def _interrupt_items(monkeypatch: pytest.MonkeyPatch, done: list[str]) -> None:
     write is sent."""
     send = items.send
 
-    def interrupt_before_the_item(action: dict[str, Any]) -> Any:
+    def interrupt_before_the_item(action: dict[str, Any], **kwargs: Any) -> Any:
         sk = action["Key"]["sk"]["S"]
         if sk.startswith("r#") and not done:
             done.append(sk)
             raise KeyboardInterrupt
-        return send(action)
+        return send(action, **kwargs)
 
     monkeypatch.setattr(items, "send", interrupt_before_the_item)
 
@@ -511,11 +511,11 @@ def _throttle_items(monkeypatch: pytest.MonkeyPatch, done: list[str]) -> None:
     readers.ITEM_TRIES and raises; its undo finds no item to delete, and counts nothing."""
     send = items.send
 
-    def throttled(action: dict[str, Any]) -> Any:
+    def throttled(action: dict[str, Any], **kwargs: Any) -> Any:
         if action["Key"]["sk"]["S"].startswith("r#") and "#ep" in action["UpdateExpression"]:
             done.append("throttled")
             raise LimitExceeded("throttled", "throughput", transient=True)
-        return send(action)
+        return send(action, **kwargs)
 
     monkeypatch.setattr(items, "send", throttled)
 

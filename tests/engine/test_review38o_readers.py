@@ -9,6 +9,7 @@ import pytest
 
 from dynasem import SemaphoreBusy, SemaphoreUnavailable, semaphore
 from dynasem._storage import dynamodb
+from tests.support.faults import _error_response
 from tests.support.helpers import in_another_thread, take
 
 pytestmark = pytest.mark.django_db(transaction=False)
@@ -54,8 +55,11 @@ def test_an_item_write_whose_first_try_lands_after_the_release_is_barred(
     for held in inline:  # the readers in the row leave: only the one in an item holds
         held.release()
         holds.remove(held)
-    other.renew()
-    assert not other.lost  # the reader beside it holds: no writer may
+    no_writer_beside(holds, other)
+
+
+def no_writer_beside(holds: list[Any], other: Any) -> None:
+    """Only ``other`` reads (the row's readers leave): no writer gets in beside it."""
     writers: list[Any] = []
 
     def writer() -> None:  # another thread: this one holds readers
@@ -64,6 +68,53 @@ def test_an_item_write_whose_first_try_lands_after_the_release_is_barred(
         except SemaphoreBusy:
             pass
 
+    other.renew()
+    assert not other.lost
     in_another_thread(writer)
     holds.extend(writers)
     assert not writers, f"two holders: reader {other.token[:8]} and a writer"
+
+
+def test_an_item_write_resent_by_botocore_whose_first_try_lands_after_the_release_is_barred(
+    holds: list[Any],
+) -> None:
+    """As above, but the item's write timed out inside botocore, which sent it again at
+    once (that one landed, and answered): our code saw one answer, no failure. The first
+    try lands after the release's delete: a reader nobody counts, whose break counts the
+    row down again, the count of the reader beside it."""
+    import json
+
+    from dynasem._engine import reader_hold
+    from tests.engine.test_readers_lost import INLINE, counted
+
+    reader_hold.rows.clear()
+    inline = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE)]
+    other = take(holds, "doc", shared=True, lease=30)  # in an item
+    client = dynamodb.get_client()
+    first: list[dict[str, Any]] = []
+
+    def timed_out_once(request: Any, **kwargs: Any) -> Any:
+        body = request.body if isinstance(request.body, bytes) else str(request.body).encode()
+        if first or b"REMOVE #bt" not in body:
+            return None
+        first.append(json.loads(body))  # still on its way: botocore sends it again
+        return _error_response(500, "InternalServerError", "timed out (test)")
+
+    event = "before-send.dynamodb.UpdateItem"
+    client.meta.events.register_first(event, timed_out_once)
+    try:
+        reader = semaphore("doc", shared=True, lease=30).acquire()
+    finally:
+        client.meta.events.unregister(event, timed_out_once)
+    assert first and counted("doc") == (2, 2)
+    reader.release()
+    assert counted("doc") == (1, 1)
+    try:
+        client.update_item(**first[0])  # the first try lands after the release
+    except client.exceptions.ConditionalCheckFailedException:
+        pass  # barred
+    reader_hold.break_reader("doc", reader.token)  # an operator breaks the reader, if listed
+    for held in inline:
+        held.release()
+        holds.remove(held)
+    no_writer_beside(holds, other)
