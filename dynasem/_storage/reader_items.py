@@ -301,11 +301,14 @@ def put_reader(resource: str, token: str, holder: Holder, epoch: int) -> dict[st
     would make a reader nobody counts, whom a writer does not wait for. Refused (the
     tombstone's fence is ours): broken while admitted; the admission must be made again.
     A later admission of the same token (a fresh fence, above the tombstone's) writes over
-    it."""
+    it; never the other way round: a try of an earlier admission's write still on its way
+    (timed out; that admission given back) is refused by the later one's item, which it
+    would leave claiming the earlier epoch, a reader that a writer's write-off of the live
+    epoch does not find, beside whom the writer takes the lock."""
     sets, values = item_sets(holder)
     values[":ep"] = epoch
     update = f"SET {sets}, #ep = :ep REMOVE #bt"
-    condition = "attribute_not_exists(#bt) OR #f < :f"
+    condition = "attribute_not_exists(#f) OR #f < :f OR (#f = :f AND attribute_not_exists(#bt))"
     return update_action(resource, reader_sk(token), update, condition, {}, values)
 
 

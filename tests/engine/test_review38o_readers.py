@@ -118,3 +118,50 @@ def test_an_item_write_resent_by_botocore_whose_first_try_lands_after_the_releas
         held.release()
         holds.remove(held)
     no_writer_beside(holds, other)
+
+
+def test_an_earlier_admissions_item_write_landing_over_the_same_tokens_next_item_is_refused(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader's item write times out (that try still on its way); the next try lands, its
+    answer late (the process paused): the admission is given back, its item our tombstone,
+    its count down (the epoch closes), and the same token admitted again, in the next
+    epoch, whose item is written over the tombstone. The first try lands then, over that
+    item: its epoch, the old one. A writer finds no reader of the live epoch, writes it off
+    and takes the lock, while that reader holds (and renews)."""
+    from dynasem import _clock as clock
+    from dynasem._engine import reader_hold, readers
+    from dynasem._storage import lock_rows, reader_items
+    from tests.engine.test_readers_lost import INLINE
+
+    reader_hold.rows.clear()
+    inline = [take(holds, "doc", shared=True, lease=300) for _ in range(INLINE)]
+    send, monotonic, paused = reader_items.send, clock.monotonic, [0.0]
+    put: list[dict[str, Any]] = []
+
+    def late(action: dict[str, Any], **kwargs: Any) -> Any:
+        sk = action.get("Key", {}).get("sk", {}).get("S", "")
+        if sk.startswith("r#") and "REMOVE #bt" in action["UpdateExpression"] and len(put) < 2:
+            put.append(action)
+            if len(put) == 1:  # the first try: still on its way
+                raise SemaphoreUnavailable("read timeout", transient=True, ambiguous=True)
+            paused[0] = 30.0  # the next lands, its answer late: the process paused
+        return send(action, **kwargs)
+
+    monkeypatch.setattr(reader_items, "send", late)
+    monkeypatch.setattr(clock, "monotonic", lambda: monotonic() + paused[0])
+    reader = semaphore("doc", shared=True, lease=30, wait=30).acquire()
+    holds.append(reader)
+    monkeypatch.setattr(reader_items, "send", send)
+    assert len(put) == 2
+    epoch = reader.epochs["doc"]
+    assert put[0]["ExpressionAttributeValues"][":ep"] != {"N": str(epoch)}
+    try:
+        send(put[0])  # the first admission's first try lands now
+    except dynamodb.Refused:
+        pass  # refused: the item of a later admission is there
+    for held in inline:  # the readers in the row leave: only the one in an item holds
+        held.release()
+        holds.remove(held)
+    readers.try_write_off(lock_rows.get("doc"), skew=0.5)  # a writer, its wait over
+    no_writer_beside(holds, reader)
