@@ -9,7 +9,7 @@ it, which every step of the acquire loop reads.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from .. import _clock as clock
@@ -74,6 +74,10 @@ class Attempt:
     margin: float
     deadline: float
     late: int = 0  # takes given back: their answers came too late to trust
+    # Resources where a try of one of our reader items' writes timed out (or botocore sent
+    # it again): it may still land, after an admission given back and made again too; the
+    # hold's release leaves our tombstone there, not a delete (ReaderHeld.late).
+    stray: set[str] = field(default_factory=set)
 
     def remaining(self) -> float:
         """Seconds left of the wait."""

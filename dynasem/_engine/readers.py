@@ -65,14 +65,17 @@ def admitted(
         fence=row.fence,
     )
     action = reader_items.put_reader(resource, token, holder, row.reader_epoch)
-    failures, late, resent = 0, False, list[bool]()
+    failures, resent = 0, list[bool]()
     while True:
         try:
             send = functools.partial(reader_items.send, action, resent=resent)
             yield Write(send, token, [], undo=undo)
-            late = late or any(resent)  # botocore sent it again: a try may still land
+            if any(resent):  # botocore sent it again: a try may still land
+                run.stray.add(resource)
             break
-        except dynamodb.Refused:
+        except dynamodb.Refused as refused:
+            if refused.retried:  # an earlier try may still land
+                run.stray.add(resource)
             # Broken meanwhile (a tombstone of our fence): no hold. Our mark off the row
             # first, or the next plan would confirm the admission the break counted down.
             yield Request(
@@ -80,7 +83,9 @@ def admitted(
             )
             return None
         except SemaphoreUnavailable as exc:
-            failures, late = failures + 1, late or exc.ambiguous
+            failures += 1
+            if exc.ambiguous:  # a try may still land, whatever comes of this admission
+                run.stray.add(resource)
             if not exc.transient or failures >= ITEM_TRIES:
                 yield Request(undo)
                 raise
@@ -93,8 +98,8 @@ def admitted(
     members = {
         "epochs": {resource: row.reader_epoch},
         "covers": {resource: row.holders[reader_items.SENTINEL].expires_ms},
-        # A try of the item's write may still be on its way: the release bars it.
-        "late": {resource} if late else set(),
+        # A try of an item's write of ours may still be on its way: the release bars it.
+        "late": run.stray & {resource},
     }
     fences = {resource: row.fence}
     return take.hold(

@@ -165,3 +165,47 @@ def test_an_earlier_admissions_item_write_landing_over_the_same_tokens_next_item
         holds.remove(held)
     readers.try_write_off(lock_rows.get("doc"), skew=0.5)  # a writer, its wait over
     no_writer_beside(holds, reader)
+
+
+def test_an_earlier_admissions_item_write_landing_after_the_same_tokens_release_is_barred(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, beside another reader in an item (the epoch stays open): the same token
+    admitted again joins it, and releases (its own item's write was answered at once). The
+    earlier admission's first try lands after that release's delete: a reader nobody
+    counts, whose break counts the row down again, the count of the reader beside it."""
+    from dynasem import _clock as clock
+    from dynasem._engine import reader_hold
+    from dynasem._storage import reader_items
+    from tests.engine.test_readers_lost import INLINE, counted
+
+    reader_hold.rows.clear()
+    inline = [take(holds, "doc", shared=True, lease=300) for _ in range(INLINE)]
+    other = take(holds, "doc", shared=True, lease=300)  # in an item
+    send, monotonic, paused = reader_items.send, clock.monotonic, [0.0]
+    put: list[dict[str, Any]] = []
+
+    def late(action: dict[str, Any], **kwargs: Any) -> Any:
+        sk = action.get("Key", {}).get("sk", {}).get("S", "")
+        if sk.startswith("r#") and "REMOVE #bt" in action["UpdateExpression"] and len(put) < 2:
+            put.append(action)
+            if len(put) == 1:  # the first try: still on its way
+                raise SemaphoreUnavailable("read timeout", transient=True, ambiguous=True)
+            paused[0] = 30.0  # the next lands, its answer late: the process paused
+        return send(action, **kwargs)
+
+    monkeypatch.setattr(reader_items, "send", late)
+    monkeypatch.setattr(clock, "monotonic", lambda: monotonic() + paused[0])
+    reader = semaphore("doc", shared=True, lease=30, wait=30).acquire()
+    monkeypatch.setattr(reader_items, "send", send)
+    assert len(put) == 2 and counted("doc") == (2, 2)
+    reader.release()
+    try:
+        send(put[0])  # the first admission's first try lands now
+    except dynamodb.Refused:
+        pass  # barred
+    reader_hold.break_reader("doc", reader.token)  # an operator breaks the reader, if listed
+    for held in inline:
+        held.release()
+        holds.remove(held)
+    no_writer_beside(holds, other)
