@@ -170,18 +170,19 @@ def undo(
     release would then count out a reader beside it (:func:`forget_admission`)."""
 
     def refused(exc: dynamodb.Refused) -> bool:
-        if exc.item is not None and exc.item.get("bt") == token:
+        earlier = _earlier(exc.item, fence)
+        if exc.item is not None and exc.item.get("bt") == token and not earlier:
             forget_admission(resource, epoch, token)
             return False
         # Our own delete, its answer lost; or the item's write never landed yet (a timed-out
         # try may still land, as may botocore's re-send of one after our delete): barred too.
         ours = counted is not None and deleted_by_us(exc, counted, skew)
         sent = counted if counted is not None else since
-        if exc.item is not None or fence is None or sent is None:
+        if (exc.item is not None and not earlier) or fence is None or sent is None:
             return ours
         if not tombstones_show(sent, skew):
             return False
-        barred = _barred(resource, token, fence)
+        barred = _barred(resource, token, fence, fence if earlier else None)
         if barred is False:  # the item landed since: take it, count it down
             undo(resource, epoch, token, counted=counted, skew=skew, fence=fence)
         elif barred and not ours:
@@ -195,13 +196,24 @@ def undo(
         count_down(resource, epoch, forget=True)  # the same token may be admitted again
 
 
-def _barred(resource: str, token: str, fence: int) -> bool | None:
+def _earlier(item: dict[str, Any] | None, fence: int | None) -> bool:
+    """Whether ``item`` is the tombstone of an earlier admission of our token (given back,
+    or broken), below ``fence``, ours (not :data:`BAR_ANY`, which stands for a fence not
+    known): not a break of this admission, which counted nothing of it down."""
+    if item is None or "bt" not in item or fence is None or fence == BAR_ANY:
+        return False
+    return int(item.get("f", fence)) < fence
+
+
+def _barred(resource: str, token: str, fence: int, over: int | None = None) -> bool | None:
     """Our tombstone written (True), or refused by our item, which landed (False; or landed
     and was broken: the break counted it down); None: not known (the write failed), and the
-    reader stays counted, for a writer to write off."""
+    reader stays counted, for a writer to write off. ``over``: see
+    :func:`reader_items.bar_reader`."""
     word = secrets.token_hex(8)
+    now = clock.now_ms()
     try:
-        reader_items.send(reader_items.bar_reader(resource, token, fence, clock.now_ms(), word))
+        reader_items.send(reader_items.bar_reader(resource, token, fence, now, word, over))
         return True
     except dynamodb.Refused:
         return False

@@ -347,7 +347,9 @@ def break_reader(
     return update_action(resource, reader_sk(token), update, condition, {}, values)
 
 
-def bar_reader(resource: str, token: str, fence: int, until_ms: int, word: str) -> dict[str, Any]:
+def bar_reader(
+    resource: str, token: str, fence: int, until_ms: int, word: str, over: int | None = None
+) -> dict[str, Any]:
     """Our own tombstone where our reader item is not: the item's write of an admission cut
     short may still be on its way (its answer lost with an interrupt), and landing after its
     count was taken back it would be an item nobody counts, whose later delete (our other
@@ -356,11 +358,17 @@ def bar_reader(resource: str, token: str, fence: int, until_ms: int, word: str) 
     if the item is there (it landed: delete it instead), or a break's tombstone (it landed
     and was broken, and the break counted the reader down: written over, the bar would count
     it down again); ``word``: this bar's own (``bk``), so that botocore's re-send of it is
-    not refused by it. TTL a bucket after ``until_ms``."""
+    not refused by it. ``over``: a tombstone of a fence below it is written over (an earlier
+    admission's of the same token, given back: not a break of this one). TTL a bucket after
+    ``until_ms``."""
     values: dict[str, Any] = {":tok": token, ":f": fence, ":exp": records.ttl_of(until_ms)}
     values[":bk"] = word
     update = "SET #bt = :tok, #f = :f, #exp = :exp, #bk = :bk"
-    condition = "attribute_not_exists(#e) AND (attribute_not_exists(#bt) OR #bk = :bk)"
+    passes = "attribute_not_exists(#bt) OR #bk = :bk"
+    if over is not None:
+        passes += " OR #f < :over"
+        values[":over"] = over
+    condition = f"attribute_not_exists(#e) AND ({passes})"
     return update_action(resource, reader_sk(token), update, condition, {}, values)
 
 

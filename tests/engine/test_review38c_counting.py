@@ -145,11 +145,13 @@ def test_an_admission_cut_short_and_broken_before_its_bar_is_counted_down_once(
             raise KeyboardInterrupt
         return send(action, **kwargs)
 
-    def landed_and_broken(resource: str, token: str, fence: int) -> bool | None:
+    def landed_and_broken(
+        resource: str, token: str, fence: int, over: int | None = None
+    ) -> bool | None:
         if not broken:
             send(put[0])  # the item's write lands after the undo's delete was refused...
             broken.append(reader_hold.break_reader(resource, token))  # ...and is broken
-        return barred(resource, token, fence)
+        return barred(resource, token, fence, over)
 
     monkeypatch.setattr(reader_items, "send", cut_short)
     monkeypatch.setattr(reader_hold, "_barred", landed_and_broken)

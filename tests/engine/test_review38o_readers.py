@@ -209,3 +209,42 @@ def test_an_earlier_admissions_item_write_landing_after_the_same_tokens_release_
         held.release()
         holds.remove(held)
     no_writer_beside(holds, other)
+
+
+def test_an_admission_whose_item_never_landed_is_counted_down_over_an_earlier_tombstone(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An admission answered late is given back (its item our tombstone) and the same token
+    admitted again, whose item's write times out at every try, none landed. Its undo finds
+    the earlier admission's tombstone of ours, not a break of this one: the reader is
+    counted down (the tombstone barring the write under this admission's fence). Before,
+    it was taken for a break, and the count stayed one too high: writers waited for a
+    write-off though nobody read."""
+    from dynasem import _clock as clock
+    from dynasem._engine import reader_hold
+    from dynasem._storage import reader_items
+    from tests.engine.test_readers_lost import INLINE, counted
+
+    reader_hold.rows.clear()
+    for _ in range(INLINE):
+        take(holds, "doc", shared=True, lease=300)
+    take(holds, "doc", shared=True, lease=300)  # in an item: the epoch stays open
+    send, monotonic, paused = reader_items.send, clock.monotonic, [0.0]
+    put: list[dict[str, Any]] = []
+
+    def late_then_lost(action: dict[str, Any], **kwargs: Any) -> Any:
+        sk = action.get("Key", {}).get("sk", {}).get("S", "")
+        if sk.startswith("r#") and "REMOVE #bt" in action["UpdateExpression"]:
+            put.append(action)
+            if len(put) > 1:  # the next admission's: none lands
+                raise SemaphoreUnavailable("read timeout", transient=True, ambiguous=True)
+            paused[0] = 30.0  # the first lands, its answer late: the process paused
+        return send(action, **kwargs)
+
+    monkeypatch.setattr(reader_items, "send", late_then_lost)
+    monkeypatch.setattr(clock, "monotonic", lambda: monotonic() + paused[0])
+    with pytest.raises(SemaphoreUnavailable):
+        semaphore("doc", shared=True, lease=30, wait=30).acquire()
+    monkeypatch.setattr(reader_items, "send", send)
+    assert len(put) == 1 + 4
+    assert counted("doc") == (1, 1)  # the reader beside it, alone
