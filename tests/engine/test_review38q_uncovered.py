@@ -1,0 +1,78 @@
+"""Review 38q: the lock engine's paths the suite never ran (a reader item's renewal past its
+row's sentinel, ...), reached and their outcome asserted."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from dynasem import LockLost
+from dynasem import _clock as clock
+from dynasem._storage import lock_rows
+from dynasem._storage import reader_items as items
+from tests.support.helpers import take
+
+pytestmark = pytest.mark.django_db(transaction=False)
+
+INLINE = max(1, items.READERS_INLINE)
+
+
+def sentinel_end(resource: str = "doc") -> int:
+    stored = lock_rows.get_item(resource)
+    assert stored is not None
+    return int(stored["holders"][items.SENTINEL]["e"])
+
+
+def item_end(token: str, resource: str = "doc") -> int:
+    return {r.token: r for r in items.readers(resource)}[token].holder.expires_ms
+
+
+def frozen_wall(monkeypatch: pytest.MonkeyPatch, ahead: float) -> None:
+    """This process's wall clock stopped ``ahead`` seconds from now (a bucket's end passed)."""
+    at = time.time() + ahead
+    monkeypatch.setattr(clock, "wall_clock", lambda: at)
+
+
+def test_a_reader_items_renewal_past_the_sentinel_raises_it_first(
+    holds: list[Any], one_second_buckets: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    readers = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE + 1)]
+    mine = readers[-1]
+    before = sentinel_end()
+    frozen_wall(monkeypatch, 2)  # past the sentinel's one-second bucket
+    mine.renew()
+    assert not mine.lost
+    renewed = item_end(mine.token)
+    assert renewed > before
+    assert sentinel_end() >= renewed  # raised before the item claimed the later end
+
+
+def test_a_reader_items_renewal_finds_the_sentinel_raised_by_another_reader(
+    holds: list[Any], one_second_buckets: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    readers = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE + 2)]
+    first, second = readers[-2:]
+    frozen_wall(monkeypatch, 2)
+    first.renew()  # raises the sentinel to the bucket both renewals end in
+    raised = sentinel_end()
+    second.renew()  # its own raise refused: already covered
+    assert not second.lost
+    assert sentinel_end() == raised >= item_end(second.token)
+
+
+def test_a_written_off_reader_items_renewal_past_the_sentinel_is_lost(
+    holds: list[Any], one_second_buckets: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    readers = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE + 1)]
+    mine = readers[-1]
+    # A writer wrote the epoch off (its reader's item left, as a writer that read it dead
+    # would not yet have deleted it): the sentinel is gone, the row's epoch moved on.
+    seen = lock_rows.get("doc")
+    assert seen is not None
+    lock_rows.update(items.write_off("doc", seen))
+    frozen_wall(monkeypatch, 2)
+    with pytest.raises(LockLost):
+        mine.renew()
+    assert mine.lost
