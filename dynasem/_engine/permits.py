@@ -484,11 +484,10 @@ def _acquire_many(run: Attempt) -> Steps[Held]:
     """Several permit resources, all or none: read their rows, then one transaction of a row
     write and a permit write for each. No queue (as for any multi-resource take)."""
     scans = {r: _Scan() for r in run.sem.resources}
-    what = f"resources of limit > {permit_items.INLINE_MAX} can be taken at once"
     read = functools.partial(read_row, run)
     plan = functools.partial(_plan_many, run, scans)
     takes = functools.partial(_takes, run)
-    return (yield from all_or_none(run, what, read, plan, takes, refused=_stale_hints))
+    return (yield from all_or_none(run, read, plan, takes, refused=_stale_hints))
 
 
 def _stale_hints(
@@ -592,7 +591,6 @@ Finish = Callable[[int, float], Steps[Held | None]]
 
 def all_or_none(
     run: Attempt,
-    what: str,
     read: Callable[[str, Pace], Steps[records.LockItem | None]],
     plan: Callable[[dict[str, records.LockItem], int, Pace], Steps[tuple[Any, dict[str, Any]]]],
     takes: Callable[[Any, int, int], tuple[list[dict[str, Any]], Callable[[], None], Finish]],
@@ -607,12 +605,7 @@ def all_or_none(
     met a change, or one that never holds); ``refused`` hears of each refusal (the plans,
     the transaction's reasons) before the next plan. Once applied, the hold ``takes`` makes
     of it (none: given back, again)."""
-    resources = run.sem.resources
-    if len(resources) * 2 > records.MAX_TRANSACTION:
-        raise ValueError(
-            f"at most {records.MAX_TRANSACTION // 2} {what} (DynamoDB's transaction limit of "
-            f"{records.MAX_TRANSACTION} actions: two each), not {len(resources)}"
-        )
+    resources = run.sem.resources  # at most half a transaction's actions (check_several)
     sleeps = failures = refusals = 0
     pace = Pace()
     while True:

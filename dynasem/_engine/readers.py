@@ -224,11 +224,10 @@ def acquire_many(run: Attempt) -> Steps[Held]:
     Trusted from the transaction's send: with less than ``margin`` of that left at its
     answer, given back and taken again (``permits.MAX_LATE`` times past the wait: too
     slow)."""
-    what = "resources can be read at once among many readers"
     read = functools.partial(permits.read_row, run)
     admissible = functools.partial(_admissible, run)
     admissions = functools.partial(_admissions, run)
-    return (yield from permits.all_or_none(run, what, read, admissible, admissions))
+    return (yield from permits.all_or_none(run, read, admissible, admissions))
 
 
 def _admissible(
