@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 
-from dynasem import LockLost
+from dynasem import LockLost, SemaphoreUnavailable
 from dynasem import _clock as clock
-from dynasem._storage import lock_rows
+from dynasem._engine import permit_hold
+from dynasem._storage import lock_rows, permit_items
 from dynasem._storage import reader_items as items
 from tests.support.helpers import take
 
@@ -76,3 +77,27 @@ def test_a_written_off_reader_items_renewal_past_the_sentinel_is_lost(
     with pytest.raises(LockLost):
         mine.renew()
     assert mine.lost
+
+
+def test_a_permit_take_whose_row_listing_failed_plans_again_and_takes(
+    holds: list[Any], one_second_buckets: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A take of a permit past the row's listing raises the listing first; that write failed
+    for a passing cause: the take pauses and plans again (never writes a permit the row does
+    not cover), and takes."""
+    take(holds, "pool", limit=9, lease=30)
+    frozen_wall(monkeypatch, 2)  # the next permit's lease runs past the row's listing
+    real, failed = permit_hold.cover, []
+
+    def fails_once(resource: str, expires_ms: int, slot: int | None = None) -> int:
+        if not failed:
+            failed.append(expires_ms)
+            raise SemaphoreUnavailable("throttled (test)", transient=True)
+        return real(resource, expires_ms, slot)
+
+    monkeypatch.setattr(permit_hold, "cover", fails_once)
+    second = take(holds, "pool", limit=9, lease=30, wait=5)
+    assert failed
+    (permit,) = [p for p in permit_items.permits("pool") if p.token == second.token]
+    stored = lock_rows.get("pool")
+    assert stored is not None and stored.expires_ms >= permit.holder.expires_ms
