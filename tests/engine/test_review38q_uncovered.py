@@ -11,7 +11,7 @@ import pytest
 from dynasem import LockLost, SemaphoreUnavailable
 from dynasem import _clock as clock
 from dynasem._engine import permit_hold
-from dynasem._storage import lock_rows, permit_items
+from dynasem._storage import dynamodb, lock_rows, permit_items, records
 from dynasem._storage import reader_items as items
 from tests.support.helpers import take
 
@@ -101,3 +101,17 @@ def test_a_permit_take_whose_row_listing_failed_plans_again_and_takes(
     (permit,) = [p for p in permit_items.permits("pool") if p.token == second.token]
     stored = lock_rows.get("pool")
     assert stored is not None and stored.expires_ms >= permit.holder.expires_ms
+
+
+def test_a_permit_renewed_past_its_rows_listing_once_the_row_is_gone_is_lost(
+    holds: list[Any], one_second_buckets: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A permit's renewal past the row's listing raises the listing first; the row is gone
+    (reaped while the holder was paused, or deleted by TTL): made anew it would know nothing
+    of this permit, so the renewal is refused and the hold lost, never extended."""
+    held = take(holds, "pool", limit=9, lease=30)
+    dynamodb.send_to_table("delete_item", Key=lock_rows.key("pool", records.LOCK_SK))
+    frozen_wall(monkeypatch, 2)
+    with pytest.raises(LockLost):
+        held.renew()
+    assert held.lost
