@@ -115,3 +115,28 @@ def test_a_permit_renewed_past_its_rows_listing_once_the_row_is_gone_is_lost(
     with pytest.raises(LockLost):
         held.renew()
     assert held.lost
+
+
+def test_a_permit_take_answered_too_late_to_trust_is_confirmed_by_a_renewal(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A permit take whose answer comes with less than the margin of its trust left (the
+    process paused a lease after the permit's write was sent): confirmed by a renewal of
+    the permit, conditional on our token, and trusted from that renewal's send."""
+    take(holds, "pool", limit=9, lease=30)
+    real_send, real_mono, offset = permit_items.send, clock.monotonic, [0.0]
+
+    def paused_after_the_permit(action: dict[str, Any], **kwargs: Any) -> Any:
+        answer = real_send(action, **kwargs)
+        if action["Key"]["sk"]["S"].startswith(records.PERMIT_PREFIX) and not offset[0]:
+            offset[0] = 30.0  # its whole lease passed before the answer came
+        return answer
+
+    monkeypatch.setattr(clock, "monotonic", lambda: real_mono() + offset[0])
+    monkeypatch.setattr(permit_items, "send", paused_after_the_permit)
+    late = take(holds, "pool", limit=9, lease=30, wait=5)
+    assert offset[0] and not late.lost
+    assert late.seconds_left() > 20  # trusted from the renewal's send, not the take's
+    (permit,) = [p for p in permit_items.permits("pool") if p.token == late.token]
+    assert permit.holder.expires_ms >= clock.now_ms() + 25_000
+    late.renew()  # still ours
