@@ -140,3 +140,31 @@ def test_a_permit_take_answered_too_late_to_trust_is_confirmed_by_a_renewal(
     (permit,) = [p for p in permit_items.permits("pool") if p.token == late.token]
     assert permit.holder.expires_ms >= clock.now_ms() + 25_000
     late.renew()  # still ours
+
+
+def test_a_reader_items_renewal_whose_sentinel_raise_keeps_meeting_others_fails_for_now(
+    holds: list[Any], one_second_buckets: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each raise of the sentinel refused by another's write that left it below our lease:
+    after three, the renewal fails for a passing cause (the heartbeat tries again); the hold
+    is not lost, the item is not renewed past the sentinel, and the next renewal takes."""
+    readers = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE + 1)]
+    mine = readers[-1]
+    before = item_end(mine.token)
+    real_send, refusals = items.send, []
+
+    def others_first(action: dict[str, Any], **kwargs: Any) -> Any:
+        raising = "#h.#s.e < :cover" in action.get("ConditionExpression", "")
+        if raising and len(refusals) < 3:
+            refusals.append(action)
+            raise dynamodb.Refused(lock_rows.get_item("doc"))  # as another's write left it
+        return real_send(action, **kwargs)
+
+    monkeypatch.setattr(items, "send", others_first)
+    frozen_wall(monkeypatch, 2)
+    with pytest.raises(SemaphoreUnavailable) as caught:
+        mine.renew()
+    assert caught.value.transient and len(refusals) == 3
+    assert not mine.lost and item_end(mine.token) == before
+    mine.renew()
+    assert sentinel_end() >= item_end(mine.token) > before
