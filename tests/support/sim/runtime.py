@@ -32,6 +32,7 @@ import json
 import logging
 import pkgutil
 import random
+import threading as real_threading
 import time as real_time
 import traceback
 from collections.abc import Callable, Iterator
@@ -252,6 +253,18 @@ class Simulation:
 
     def wall(self) -> float:
         return self.sched.now + self.current().host.offset
+
+    @staticmethod
+    def _for_the_run(simulated: Callable[[], float], real: Callable[[], float]) -> Any:
+        """``simulated`` for the run's threads; ``real`` for a thread a test before the run
+        left behind (the heartbeat scheduler of a hold on DynamoDB Local reads dynasem's
+        clock too), as the ``time`` shim does."""
+        the_run = real_threading.get_ident()
+
+        def read() -> float:
+            return simulated() if real_threading.get_ident() == the_run else real()
+
+        return read
 
     def mono(self) -> float:
         return self.sched.now + self.current().mono_base
@@ -631,8 +644,8 @@ class Simulation:
         self._settings.enable()
         undo = shims.install(self) + shims.guard_real_time(self)
         for target, name, value in (
-            (_clock, "wall_clock", self.wall),
-            (_clock, "monotonic", self.mono),
+            (_clock, "wall_clock", self._for_the_run(self.wall, _clock.wall_clock)),
+            (_clock, "monotonic", self._for_the_run(self.mono, _clock.monotonic)),
             (processes, "_probe", self.probe),
             (processes, "_stat", self.proc_stat),
             (dynamodb, "get_client", self.get_client),

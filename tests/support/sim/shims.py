@@ -64,6 +64,14 @@ class Time:
 
     perf_counter = monotonic
 
+    # dynasem._clock's own monotonic clock (CLOCK_BOOTTIME, counting a suspend), which the run
+    # replaces for its threads: a real thread reads it here.
+    CLOCK_BOOTTIME = getattr(real_time, "CLOCK_BOOTTIME", None)
+    CLOCK_MONOTONIC = real_time.CLOCK_MONOTONIC
+
+    def clock_gettime(self, clock: int) -> float:
+        return real_time.clock_gettime(clock) if self._real() else self._w.mono()
+
     def sleep(self, seconds: float) -> None:
         if self._real():
             real_time.sleep(seconds)
