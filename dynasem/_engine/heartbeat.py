@@ -180,7 +180,7 @@ class _Scheduler:
             due = clock.monotonic() + pause
             heapq.heappush(self._heap, (due, next(self._seq), task))
             self._adds += 1
-            if self._thread is None:
+            if self._thread is None or not self._thread.is_alive():  # (ended by a fault)
                 self._thread = threading.Thread(
                     target=self._run, name="dynasem-heartbeat", daemon=True
                 )

@@ -737,3 +737,35 @@ def test_a_lease_stored_by_a_clock_ahead_of_ours_is_renewed_not_lost(
 def test_bad_max_hold_is_refused_naming_it(bad, error):
     with pytest.raises(error, match="max_hold"):
         semaphore("x", max_hold=bad)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_scheduler_whose_thread_died_starts_another_for_the_next_task(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The scheduler's thread ended by an exception of its own loop (a clock read that raised,
+    a MemoryError): before, every later task waited on a thread that was gone, and no hold of
+    the process was renewed again, each lost at its deadline."""
+    scheduler = heartbeat._Scheduler()
+    scheduler.add(Beat("start"), 0.0)
+    thread = scheduler._thread
+    assert thread is not None
+    real = heartbeat.clock.monotonic
+
+    def raises_in_the_scheduler() -> float:
+        if threading.current_thread() is thread:
+            raise RuntimeError("a clock read that failed")
+        return real()
+
+    monkeypatch.setattr(heartbeat.clock, "monotonic", raises_in_the_scheduler)
+    with scheduler._cond:
+        scheduler._cond.notify()
+    thread.join(heartbeat.LOOK_EVERY + 2)
+    assert not thread.is_alive()
+    monkeypatch.setattr(heartbeat.clock, "monotonic", real)
+    task = Beat("after")
+    scheduler.add(task, 0.0)
+    deadline = time.monotonic() + 3
+    while not task.ran and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert task.ran
