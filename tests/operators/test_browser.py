@@ -388,6 +388,17 @@ def test_the_admin_pages_fit_a_laptop_screen_on_this_django(
         expect(page).to_have_title("Break this hold? | Django site admin")
         _check_layout(page, with_list=False)
         _shoot(page, tmp_path, "admin-break")
+        # A break link cut short (no resource, no hold named): back at the list, which says
+        # so in Django's message bar, light and dark, and nothing broken.
+        page.goto(page.url.split("?")[0])
+        expect(page.locator(".messagelist")).to_contain_text("This link names no hold")
+        _check_layout(page, with_list=True)
+        _shoot(page, tmp_path, "admin-break-no-hold")
+        page.emulate_media(color_scheme="dark")
+        _check_layout(page, with_list=True)
+        _shoot(page, tmp_path, "admin-break-no-hold-dark")
+        page.emulate_media(color_scheme="light")
+        assert [h.token for h in holds_on(names[1])] == [taken[1].token]
 
         page.goto(f"{live_server.url}/admin/dynasem/job/")
         expect(page.locator("#result_list tbody tr")).to_have_count(2)
