@@ -23,7 +23,7 @@ from dynasem._storage import reader_items as items
 from dynasem.exceptions import LimitExceeded
 from tests.engine.test_trust_at_return import LEASE, PAST, LateAnswers, admission, sk_of
 from tests.support.faults import Faults
-from tests.support.helpers import queue_of, take, wait_for
+from tests.support.helpers import in_another_thread, queue_of, take, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=False)
 
@@ -165,6 +165,23 @@ def one_reader_holds_and_then_a_writer_gets_in(holds: list[Any], reader: Any) ->
     reader.renew()
     assert not reader.lost
     all_leave_and_a_writer_gets_in(holds, "doc")
+
+
+def no_writer_beside(holds: list[Any], other: Any) -> None:
+    """Only ``other`` reads (the row's readers leave): no writer gets in beside it."""
+    writers: list[Any] = []
+
+    def writer() -> None:  # another thread: this one holds readers
+        try:
+            writers.append(semaphore("doc", wait=0, lease=30).acquire())
+        except SemaphoreBusy:
+            pass
+
+    other.renew()
+    assert not other.lost
+    in_another_thread(writer)
+    holds.extend(writers)
+    assert not writers, f"two holders: reader {other.token[:8]} and a writer"
 
 
 def test_a_joining_admission_whose_answer_was_lost_counts_once(holds: list[Any]) -> None:

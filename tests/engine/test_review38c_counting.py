@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
-from dynasem import SemaphoreBusy, semaphore
+from dynasem import semaphore
 from dynasem._storage import dynamodb, lock_rows, permit_items
+from tests.engine.test_readers_lost import no_writer_beside
 from tests.support.faults import _error_response
-from tests.support.helpers import in_another_thread, queue_of, take, wait_for
+from tests.support.helpers import queue_of, take, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=False)
 
@@ -162,17 +163,5 @@ def test_an_admission_cut_short_and_broken_before_its_bar_is_counted_down_once(
     for held in inline:  # the readers in the row leave: only the one in an item holds
         held.release()
         holds.remove(held)
-    other.renew()
-    assert not other.lost  # the reader beside it holds: no writer may
-    writers: list[Any] = []
-
-    def writer() -> None:  # another thread: this one holds readers
-        try:
-            writers.append(semaphore("doc", wait=0, lease=30).acquire())
-        except SemaphoreBusy:
-            pass
-
-    in_another_thread(writer)
-    holds.extend(writers)
-    assert not writers, f"two holders: reader {other.token[:8]} and a writer"
+    no_writer_beside(holds, other)  # the reader beside it holds: no writer may
     assert counted("doc") == (1, 1)

@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
-from dynasem import SemaphoreBusy, SemaphoreUnavailable, semaphore
+from dynasem import SemaphoreUnavailable, semaphore
 from dynasem._storage import dynamodb
+from tests.engine.test_readers_lost import no_writer_beside
 from tests.support.faults import _error_response
-from tests.support.helpers import in_another_thread, take
+from tests.support.helpers import take
 
 pytestmark = pytest.mark.django_db(transaction=False)
 
@@ -81,19 +82,7 @@ def test_an_item_write_timed_out_whose_delete_was_sent_twice_is_barred_too(
     for held in inline:  # the readers in the row leave: only the one in an item holds
         held.release()
         holds.remove(held)
-    other.renew()
-    assert not other.lost  # the reader beside it holds: no writer may
-    writers: list[Any] = []
-
-    def writer() -> None:  # another thread: this one holds readers
-        try:
-            writers.append(semaphore("doc", wait=0, lease=30).acquire())
-        except SemaphoreBusy:
-            pass
-
-    in_another_thread(writer)
-    holds.extend(writers)
-    assert not writers, f"two holders: reader {other.token[:8]} and a writer"
+    no_writer_beside(holds, other)  # the reader beside it holds: no writer may
     assert counted("doc") == (1, 1)
 
 
@@ -139,16 +128,4 @@ def test_an_item_write_timed_out_that_lands_after_the_undos_delete_is_barred(
     for held in inline:  # the readers in the row leave: only the one in an item holds
         held.release()
         holds.remove(held)
-    other.renew()
-    assert not other.lost  # the reader beside it holds: no writer may
-    writers: list[Any] = []
-
-    def writer() -> None:  # another thread: this one holds readers
-        try:
-            writers.append(semaphore("doc", wait=0, lease=30).acquire())
-        except SemaphoreBusy:
-            pass
-
-    in_another_thread(writer)
-    holds.extend(writers)
-    assert not writers, f"two holders: reader {other.token[:8]} and a writer"
+    no_writer_beside(holds, other)  # the reader beside it holds: no writer may

@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
-from dynasem import SemaphoreBusy, SemaphoreUnavailable, semaphore
+from dynasem import SemaphoreUnavailable, semaphore
 from dynasem._storage import dynamodb
+from tests.engine.test_readers_lost import no_writer_beside
 from tests.support.faults import _error_response
-from tests.support.helpers import in_another_thread, take
+from tests.support.helpers import take
 
 pytestmark = pytest.mark.django_db(transaction=False)
 
@@ -56,23 +57,6 @@ def test_an_item_write_whose_first_try_lands_after_the_release_is_barred(
         held.release()
         holds.remove(held)
     no_writer_beside(holds, other)
-
-
-def no_writer_beside(holds: list[Any], other: Any) -> None:
-    """Only ``other`` reads (the row's readers leave): no writer gets in beside it."""
-    writers: list[Any] = []
-
-    def writer() -> None:  # another thread: this one holds readers
-        try:
-            writers.append(semaphore("doc", wait=0, lease=30).acquire())
-        except SemaphoreBusy:
-            pass
-
-    other.renew()
-    assert not other.lost
-    in_another_thread(writer)
-    holds.extend(writers)
-    assert not writers, f"two holders: reader {other.token[:8]} and a writer"
 
 
 def test_an_item_write_resent_by_botocore_whose_first_try_lands_after_the_release_is_barred(
