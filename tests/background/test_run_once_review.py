@@ -132,7 +132,7 @@ def test_a_claim_applied_whose_answers_are_all_lost_is_given_back(lock_table):
     runs out. An interrupted claim is given back for exactly this reason
     (test_run_once.py::test_an_interrupt_after_the_claim_landed_gives_the_job_back)."""
     key = "rv:claim-unanswered"
-    with Faults(dynamodb.get_client()) as faults:
+    with Faults(dynamodb.get_client(), this_thread=True) as faults:
         lost = faults.lose_response("UpdateItem", 1)
         errors = faults.server_error("UpdateItem", ONE_REQUEST - 1, after=1)
         with pytest.raises(SemaphoreUnavailable) as raised, run_once(key, lease=30):

@@ -12,11 +12,16 @@
   then its response is replaced by a 500, before botocore decides whether to retry.
 
 Each rule counts how often it fired (``.fired``). Use as a context manager to unhook.
+Only requests naming the table configured when ``Faults`` was made are failed: the client is
+shared by the worker, and a heartbeat an earlier test left running renews on that test's
+table. ``Faults(client, this_thread=True)`` fails only the requests sent by the thread that
+made it (not this test's own heartbeats either).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,9 +73,13 @@ def _error_response(status: int, code: str, message: str, **extra: Any) -> AWSRe
 
 
 class Faults:
-    def __init__(self, client: Any):
+    def __init__(self, client: Any, *, this_thread: bool = False):
         self.client = client
         self.rules: list[Rule] = []
+        self.thread = threading.get_ident() if this_thread else None
+        from dynasem.conf import settings
+
+        self.table = f'"{settings.TABLE_NAME}"'.encode()
         events = client.meta.events
         events.register_first("before-send.dynamodb", self._before_send)
         events.register_first("needs-retry.dynamodb", self._needs_retry)
@@ -131,7 +140,16 @@ class Faults:
             target = target.decode()
         return target.rsplit(".", 1)[-1]
 
+    def _ours(self, body: Any) -> bool:
+        if self.thread is not None and self.thread != threading.get_ident():
+            return False
+        if isinstance(body, str):
+            body = body.encode()
+        return not isinstance(body, bytes) or self.table in body
+
     def _before_send(self, request: Any, **kwargs: Any) -> Any:
+        if not self._ours(request.body):
+            return None
         operation = self._operation(request)
         for rule in self.rules:
             if rule.kind == "lose" or not rule.take(operation):
@@ -163,7 +181,7 @@ class Faults:
         return None
 
     def _needs_retry(self, response: Any, operation: Any, **kwargs: Any) -> None:
-        if response is None:
+        if response is None or not self._ours(kwargs.get("request_dict", {}).get("body")):
             return
         http_response, parsed = response
         if http_response is None or http_response.status_code != 200:
