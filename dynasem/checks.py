@@ -3,7 +3,6 @@ table names (one quick GetItem when the checks run, never at import)."""
 
 from __future__ import annotations
 
-import re
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -16,7 +15,7 @@ from botocore.utils import (
 from django.core.checks import Error, Info, Warning, register
 
 from ._engine import arguments, processes, push
-from .conf import DEFAULTS, settings
+from .conf import DEFAULTS, TABLE_NAME_RE, settings
 
 HINT = "See Settings in dynasem's reference (docs/reference/settings.md)."
 # The checks' tags: `manage.py check --tag dynasem_settings` runs the settings' alone, as
@@ -69,10 +68,6 @@ CHECK_IDS: dict[str, str] = {
     "container's clock drifts after a laptop sleeps), so a host further from it than "
     "`CLOCK_SKEW` is a Warning, not an Error.",
 }
-
-
-# DynamoDB's table names: 3 to 255 of these characters.
-TABLE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{3,255}")
 
 
 def _valid_endpoint(url: object) -> bool:

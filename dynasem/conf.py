@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import threading
 from collections.abc import Callable
 from numbers import Real
@@ -19,6 +20,8 @@ from django.conf import settings as django_settings
 from django.core.signals import setting_changed
 
 FALLBACK_REGION = "us-east-1"
+# DynamoDB's table names: 3 to 255 of these characters.
+TABLE_NAME_RE = re.compile(r"[A-Za-z0-9_.-]{3,255}")
 
 # What each key means: the settings reference (docs/reference/settings.md) is generated from
 # DEFAULTS (below) and this, and tests/project/test_docs_reference.py keeps their keys the same.
