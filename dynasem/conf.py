@@ -65,15 +65,12 @@ def _table_name(value: str) -> str:
     """A name DynamoDB accepts for a table (3 to 255 of a-z, A-Z, 0-9, ``_``, ``-``, ``.``),
     refused naming the setting: otherwise the first request fails with DynamoDB's own
     ValidationException, read as a table without the index dynasem needs."""
-    if not (3 <= len(value) <= 255 and all(c in _TABLE_NAME_CHARS for c in value)):
+    if not TABLE_NAME_RE.fullmatch(value):
         raise ValueError(
             "DYNASEM['TABLE_NAME'] must be 3 to 255 characters, each a-z, A-Z, 0-9, '_', '-' "
             f"or '.' (DynamoDB's table names), not {value!r}"
         )
     return value
-
-
-_TABLE_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-.")
 
 
 def _none_if_empty(value: str | None) -> str | None:
