@@ -117,10 +117,11 @@ def ask(yes: bool, question: str, to: str, not_done: str, returncode: int) -> No
 
 
 def one_only(options: dict[str, Any], flags: Sequence[str], named: str, instead: str) -> None:
-    """Refuse the filters ``flags`` beside one named thing (``named``: "KEY 'x'"), which is read
-    consistently, not listed (``instead``: how to list)."""
+    """Refuse the filters ``flags`` (given: neither None nor a switch left off) beside one named
+    thing (``named``: "KEY 'x'"), which is read consistently, not listed (``instead``: how to
+    list)."""
     for flag in flags:
-        if options[flag] is not None:
+        if options[flag] not in (None, False):
             raise CommandError(
                 f"{named} and --{flag.replace('_', '-')} do not go together: {instead}"
             )

@@ -52,7 +52,10 @@ class Command(OperatorCommand):
         if options["user"] == "":
             raise CommandError("--user: empty: give a username or a stored user id")
         if options["waiters"] is not None and options["resource"] is None:
-            _waiters_only(options)
+            # The filters of a list of holds are refused beside it: it lists one queue.
+            named = f"--waiters {options['waiters']!r}"
+            instead = "--waiters lists every live waiter of that one resource"
+            one_only(options, ("user", "resource_prefix", "all"), named, instead)
             self._waiters(options["waiters"], as_json=options["json"])
             return
         if options["resource"] is not None:
@@ -119,15 +122,6 @@ class Command(OperatorCommand):
                 f"{row['entry_expires'][:19].replace('T', ' '):20} "
                 f"{'yes' if row['push'] else 'no':5} {row['token']}"
             )
-
-
-def _waiters_only(options: dict[str, Any]) -> None:
-    """Refuse the filters of a list of holds beside ``--waiters``, which lists one queue."""
-    named = f"--waiters {options['waiters']!r}"
-    instead = "--waiters lists every live waiter of that one resource"
-    one_only(options, ("user", "resource_prefix"), named, instead)
-    if options["all"]:
-        raise CommandError(f"{named} and --all do not go together: {instead}")
 
 
 def _waiter(w: records.Waiter) -> dict[str, Any]:
