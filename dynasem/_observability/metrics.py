@@ -35,14 +35,8 @@ WAITERS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096, 16384)
 
 # The requests whose answers report capacity units when asked; reads are billed as RCU.
 CAPACITY_OPERATIONS = {
-    "get_item": "read",
-    "query": "read",
-    "scan": "read",
-    "batch_get_item": "read",
-    "put_item": "write",
-    "update_item": "write",
-    "delete_item": "write",
-    "transact_write_items": "write",
+    **dict.fromkeys(("get_item", "query", "scan", "batch_get_item"), "read"),
+    **dict.fromkeys(("put_item", "update_item", "delete_item", "transact_write_items"), "write"),
 }
 
 
