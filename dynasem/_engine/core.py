@@ -629,7 +629,9 @@ class Acquire:
         landed = None
         if plan.reader:
             # Applied, its item not sent (cancelled meanwhile): the count is ours.
-            landed = functools.partial(reader_hold.count_down, resource, plan.epoch, forget=True)
+            landed = functools.partial(
+                reader_hold.count_down, resource, plan.epoch, forget=self.run.token
+            )
         undo = self.admission_undo(resource, plan)
         return Write(send, self.run.token, acting, undo=undo, landed=landed)
 

@@ -50,13 +50,13 @@ def remember(item: records.LockItem | None) -> None:
 
 
 def count_down(
-    resource: str, epoch: int, *, forget: bool = False, marked: str | None = None
+    resource: str, epoch: int, *, forget: str | None = None, marked: str | None = None
 ) -> None:
     """One reader of ``epoch`` gone from the row's count; the last one takes the sentinel
     off and pushes the first waiter. Sent once per attempt, never again after an answer that
     may hide an applied write: a count too high only keeps a writer waiting for the
-    write-off, one too low would let it in beside a reader. ``forget``: an admission given
-    back; ``marked``: only if the row's mark is still this token's admission (see
+    write-off, one too low would let it in beside a reader. ``forget``: the token of an
+    admission given back; ``marked``: only if the row's mark is still this token's admission (see
     :func:`dynasem._storage.reader_items.count_down`)."""
     known = rows.get(resource)
     if known is not None and known.reader_epoch == epoch and known.reader_count <= 1:
@@ -109,7 +109,7 @@ def _still_open(row: records.LockItem | None, epoch: int) -> bool:
 
 
 def _count_once(
-    resource: str, epoch: int, forget: bool, marked: str | None = None
+    resource: str, epoch: int, forget: str | None, marked: str | None = None
 ) -> records.LockItem | None:
     """The count-down's write, applied at most once: one attempt at a time (botocore must
     not send it again), tried again only after a failure that was surely not applied
@@ -121,6 +121,12 @@ def _count_once(
             with dynamodb.quick():  # one attempt: botocore must not send it twice
                 down = reader_items.count_down(resource, epoch, forget=forget, marked=marked)
                 return lock_rows.update(down, return_new=True)
+        except dynamodb.Refused as refused:
+            if not _mark_moved(refused, epoch, forget, marked):
+                raise
+            # Not applied (one attempt, refused): the mark is a later admission's, whose
+            # re-send (its answer lost) must still find it. Our count goes without it.
+            return _count_once(resource, epoch, None)
         except SemaphoreUnavailable as exc:
             if exc.transient and not exc.ambiguous and tries < COUNT_TRIES:
                 # Spread: a crowd's readers leave together, on one partition.
@@ -135,6 +141,19 @@ def _count_once(
             )
             return None
     return None
+
+
+def _mark_moved(
+    refused: dynamodb.Refused, epoch: int, forget: str | None, marked: str | None
+) -> bool:
+    """Whether a count-down that ``forget``s our admission's mark (and needs nothing else of
+    it) was refused for that alone, surely not applied: the epoch is still open, and the row's
+    mark is another admission's (or none)."""
+    if forget is None or marked is not None or refused.retried:
+        return False
+    row = refused.lock
+    mark = reader_items.admission_mark(forget, epoch)
+    return _still_open(row, epoch) and row is not None and row.last_reader != mark
 
 
 def undo(
@@ -186,14 +205,14 @@ def undo(
         if barred is False:  # the item landed since: take it, count it down
             undo(resource, epoch, token, counted=counted, skew=skew, fence=fence)
         elif barred and not ours:
-            count_down(resource, epoch, forget=True, marked=token)
+            count_down(resource, epoch, forget=token, marked=token)
         return bool(barred) and ours
 
     drop = functools.partial(reader_items.drop_reader, resource, token)
     if fence is not None:  # an earlier try of the item's write may land after it
         drop = functools.partial(_retire, resource, token, fence, secrets.token_hex(8))
     if resend.undone(drop, resource, token, refused=refused):
-        count_down(resource, epoch, forget=True)  # the same token may be admitted again
+        count_down(resource, epoch, forget=token)  # the same token may be admitted again
 
 
 def _earlier(item: dict[str, Any] | None, fence: int | None) -> bool:

@@ -233,17 +233,20 @@ def raise_sentinel(resource: str, epoch: int, expires_ms: int, seen: LockItem) -
 
 
 def count_down(
-    resource: str, epoch: int, *, forget: bool = False, marked: str | None = None
+    resource: str, epoch: int, *, forget: str | None = None, marked: str | None = None
 ) -> dict[str, Any]:
-    """One reader of the epoch gone (``rc - 1``; send with ``return_new``). ``forget``: an
-    admission given back (its reader never held it): the row's mark goes with its count, in
-    the same write, so that the same token admitted again is counted again, never taken for
-    the admission given back (:func:`admitted_before`). ``marked``: only if the row's mark
-    is still this token's admission (:func:`marked_terms`)."""
+    """One reader of the epoch gone (``rc - 1``; send with ``return_new``). ``forget``: the
+    token of an admission given back (its reader never held it): the row's mark goes with
+    its count, in the same write, so that the same token admitted again is counted again,
+    never taken for the admission given back (:func:`admitted_before`); only if the mark is
+    still that admission's (:func:`marked_terms`): a later admission's mark stays, for
+    botocore's re-send of it (its answer lost) to find, or it would count its reader twice.
+    Refused for that, it is sent again without ``forget``. ``marked``: only if the row's
+    mark is still this token's admission."""
     update = "ADD #rc :minus" + (" REMOVE #rla" if forget else "")
     condition = "#rep = :E AND attribute_exists(#h.#s)"
     values: dict[str, Any] = {":minus": -1, ":E": epoch}
-    condition += marked_terms(epoch, marked, values)
+    condition += marked_terms(epoch, marked or forget, values)
     return update_action(resource, LOCK_SK, update, condition, {}, values)
 
 
