@@ -13,7 +13,13 @@ class DynasemConfig(AppConfig):
     def ready(self) -> None:
         from django.core.signals import setting_changed
 
-        from . import checks  # noqa: F401  (registers the system checks)
+        from . import celery, checks  # noqa: F401  (checks registers the system checks)
+        from ._engine import decorators
+
+        # A Celery task's retry waits out the holds of the run it was sent from (no Celery
+        # is imported for it: dynasem.celery imports it once a task runs).
+        if celery.succeeded_holds not in decorators.succession:
+            decorators.succession.append(celery.succeeded_holds)
 
         setting_changed.connect(_drop_client, dispatch_uid="dynasem-drop-client")
 

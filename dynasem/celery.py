@@ -16,10 +16,12 @@ Celery is imported only when a task is refused, never by importing this module
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import TYPE_CHECKING, Any
 
 from ._background.retrying import MAX_JITTER, retry_delay
+from ._engine import reentry
 from .exceptions import Coalesced, SemaphoreBusy
 
 if TYPE_CHECKING:  # imported when asked for (__getattr__): it imports Celery
@@ -33,6 +35,10 @@ __all__ = ["RetryLater", "UniqueTask", "retry_later"]
 # keys: tests/background/test_celery_broker.py). Ten turns, the jitter window doubling each time,
 # are about 7 minutes of patience for holds of a second, half an hour for holds of a minute.
 MAX_RETRIES = 10
+# The header of a task's message sent from its own run (a retry: ``raise self.retry()``, the
+# running task's id): the tokens of the holds that run had open then. Celery sends the retry
+# before the run's block gives them back; the retry's decorated acquire waits them out.
+AFTER_HEADER = "dynasem_after"
 
 
 class RetryLater:
@@ -92,6 +98,44 @@ def running_task(args: tuple[Any, ...]) -> Any:
     if args and isinstance(args[0], Task):
         return args[0]
     return get_current_task()
+
+
+def succeeded_holds(args: tuple[Any, ...]) -> frozenset[str]:
+    """The holds a decorated call in a running Celery task succeeds (the decorator asks,
+    :data:`dynasem._engine.decorators.succession`): those of the run its message, a retry,
+    was sent from. Makes sure the retries this process sends carry theirs."""
+    if (task := running_task(args)) is None:
+        return frozenset()
+    _hand_on_retries()
+    request = task.request
+    tokens = getattr(request, AFTER_HEADER, None)
+    if tokens is None:
+        tokens = (getattr(request, "headers", None) or {}).get(AFTER_HEADER)
+    if not isinstance(tokens, list | tuple):
+        return frozenset()
+    return frozenset(t for t in tokens if isinstance(t, str))
+
+
+@functools.cache
+def _hand_on_retries() -> None:
+    """Connect :func:`_hand_on` (once), in a process that runs tasks."""
+    from celery.signals import before_task_publish  # type: ignore[import-untyped]
+
+    before_task_publish.connect(_hand_on, weak=False, dispatch_uid="dynasem-hand-on")
+
+
+def _hand_on(headers: Any = None, **kwargs: Any) -> None:
+    """A task's message sent from its own run (its retry: the running task's id) names the
+    holds that run has open (their block is not over: the retry is sent from inside it)."""
+    from celery._state import get_current_task
+
+    task = get_current_task()
+    if task is None or not isinstance(headers, dict) or headers.get("id") != task.request.id:
+        return
+    if tokens := reentry.open_tokens():
+        headers[AFTER_HEADER] = tokens
+    else:  # a header the run's own message carried (Celery sends its headers on)
+        headers.pop(AFTER_HEADER, None)
 
 
 def __getattr__(name: str) -> Any:

@@ -169,6 +169,8 @@ class Semaphore:
         self.coalesce = coalesce
         # Taken for another process (dynasem._background.unique): no identity of ours is recorded.
         self.detached = False
+        # The holds a decorated call's acquire succeeds (with_resource): waited out, not refused.
+        self.after: frozenset[str] = frozenset()
         # The lock's name in metrics and spans (telemetry.py): never the raw key by default.
         self.metrics_name = (
             None if metrics_name is None else arguments.check_resource(metrics_name, "metrics_name")
@@ -228,6 +230,7 @@ class Semaphore:
             skew=skew,
             margin=(lease - skew) * CONFIRM_SHARE,
             deadline=clock.monotonic() + wait_s,
+            after=self.after,
         )
         try:
             if permits.applies(self):
@@ -357,10 +360,14 @@ class Semaphore:
         says otherwise."""
         return lock_callable(self, func)
 
-    def with_resource(self, resource: Any, user: Any) -> Semaphore:
+    def with_resource(
+        self, resource: Any, user: Any, after: frozenset[str] = frozenset()
+    ) -> Semaphore:
         """A copy for one call of a decorated callable, on that call's resource(s) and
-        holder (the decorator uses it)."""
+        holder (the decorator uses it), waiting out the holds ``after`` names (a task's retry:
+        the holds of the run it was sent from)."""
         copy = Semaphore(resource, user=user, **self._options)
+        copy.after = after
         # Named like the decorator (its template), not by this call's key; not checked as a
         # resource is: a derived name must never refuse a call.
         if telemetry.ON:
@@ -770,6 +777,8 @@ class Acquire:
                 write_off = functools.partial(readers.try_write_off, seen[r], run.skew)
                 seen[r] = yield from queue.patient_read(write_off, seen[r], pace, run.deadline)
                 return
+        if run.after:
+            queue.wait_out(run, blocked)
         if run.remaining() <= 0:
             if pace.ticket is not None:
                 entry = (pace.queue_id, pace.ticket)

@@ -81,8 +81,21 @@ class Decoratable(Protocol):
     decoration: Decoration  # the key template (or callable) and ``on_busy``
     user: Any  # the holder recorded for a call that is not a view's
 
-    def with_resource(self, resource: Any, user: Any) -> CallLock:
-        """The lock for one call: the same semaphore on ``resource``, held by ``user``."""
+    def with_resource(self, resource: Any, user: Any, after: frozenset[str]) -> CallLock:
+        """The lock for one call: the same semaphore on ``resource``, held by ``user``,
+        waiting out the holds ``after`` names."""
+
+
+# What tells a decorated call the holds it succeeds: functions of the call's positional
+# arguments that give their tokens (``dynasem.celery``'s, added at ready(): a task's retry, sent
+# from its run inside that run's block, succeeds that block's holds). The call's acquire waits
+# such a hold out, up to when it could be taken over, rather than be refused by it.
+succession: list[Callable[[tuple[Any, ...]], frozenset[str]]] = []
+
+
+def _succeeded(args: tuple[Any, ...]) -> frozenset[str]:
+    """The tokens of the holds this call succeeds (none, outside a task's retry)."""
+    return frozenset().union(*(find(args) for find in succession))
 
 
 def _kept(char: str) -> bool:
@@ -522,7 +535,7 @@ def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., A
             # decorator's own user= for anything that is not a view.
             user = await request_user(request) if request is not None else sem.user
             async with contextlib.AsyncExitStack() as stack:
-                lock = sem.with_resource(resource, user)
+                lock = sem.with_resource(resource, user, _succeeded(args))
                 try:
                     held = await stack.enter_async_context(lock)
                 except SemaphoreBusy as exc:
@@ -540,7 +553,7 @@ def lock_callable(sem: Decoratable, func: Callable[..., Any]) -> Callable[..., A
                 return bad
             user = getattr(request, "user", None) if request is not None else sem.user
             with contextlib.ExitStack() as stack:
-                lock = sem.with_resource(resource, user)
+                lock = sem.with_resource(resource, user, _succeeded(args))
                 try:
                     held = stack.enter_context(lock)
                 except SemaphoreBusy as exc:

@@ -78,6 +78,16 @@ class Attempt:
     # it again): it may still land, after an admission given back and made again too; the
     # hold's release leaves our tombstone there, not a delete (ReaderHeld.late).
     stray: set[str] = field(default_factory=set)
+    # The holds this acquire succeeds (their tokens): those of the run a task's retry was sent
+    # from, still in their block when it was sent. One of them in the way is waited out, up
+    # to when it could be taken over (queue.wait_out), not refused at the wait's end.
+    after: frozenset[str] = frozenset()
+    # The end of the wait as asked (``deadline`` may be moved past it while one of ``after``
+    # is in the way, and back).
+    asked: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.asked = self.deadline
 
     def remaining(self) -> float:
         """Seconds left of the wait."""

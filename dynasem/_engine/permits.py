@@ -328,6 +328,8 @@ class _Acquire:
         self.served = False
         view = dataclasses.replace(self.seen, holders={p.token: p.holder for p in self.scan.held})
         blocked = {self.resource: plan.in_way or view.holders}
+        if run.after:  # a task's retry: its run's permit is waited out (queue.wait_out)
+            queue.wait_out(run, {self.resource: view.holders})
         if run.remaining() <= 0:
             yield from self.give_up(blocked, view)
         queued = pace.ticket is not None

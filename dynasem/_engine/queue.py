@@ -55,6 +55,9 @@ turn_seconds: dict[str, float] = {}
 # that dies, or did not hear the word, or waiters reading the queue. Well within JOIN_GRACE,
 # which a consistent read of the queue waits for a missing entry before it passes the ticket.
 ENTRY_DEFER = 0.25
+# How long past a hold's take-over time a retry's acquire that waits it out (wait_out) keeps
+# waiting: the look that finds it free comes a little after that time.
+WAIT_OUT_GRACE = 2.0
 # Tries of a write that joins a queue while it fails in transit (a backoff between them).
 ENQUEUE_TRIES = 8
 MAX_REMEMBERED = 4096
@@ -322,6 +325,27 @@ class Pace:
         fallback = step * (ahead + 1) * (4 if pushed and ahead else 1)
         self.until_free = step
         return max(0.001, min(fallback * 2.0 ** min(self.early, 8), 1.0))
+
+
+def wait_out(run: Attempt, blocked: Mapping[str, Blocking]) -> None:
+    """Wait on while a hold ``run`` succeeds (``run.after``: a task's retry, sent by its run
+    before that run's block gave its holds back) is in the way, rather than be refused by it:
+    the wait ends no sooner than when it could be taken over (its lease end as last seen,
+    plus the skew, plus ``WAIT_OUT_GRACE`` for the look that finds it so); a hold renewed
+    since moves that on. Once none of them is in the way, the wait ends as it was asked to.
+    Never a hold of anyone's: the lock is taken as every waiter takes it, handed over at the
+    release or taken over when it could be."""
+    ends = [
+        holder.expires_ms
+        for holders in blocked.values()
+        for token, holder in holders.items()
+        if token in run.after and isinstance(holder, records.Holder)
+    ]
+    if not ends:
+        run.deadline = run.asked
+        return
+    until = (max(ends) - clock.now_ms()) / 1000 + run.skew + WAIT_OUT_GRACE
+    run.deadline = max(run.asked, clock.monotonic() + until)
 
 
 def should_queue(sem: LockSpec, seen: records.LockItem | None) -> bool:

@@ -136,6 +136,14 @@ def current_hold(resource: str | None = None) -> Held:
     raise LookupError(f"no dynasem hold is entered here{where}")
 
 
+def open_tokens() -> list[str]:
+    """The tokens of the holds this thread or task entered (``with``/``async with``, or a
+    decorated call) and has not given back, outermost first: what a task's retry sent from
+    here succeeds."""
+    helds = (block.value for block in _open_here() if isinstance(block.value, Held))
+    return list(dict.fromkeys(held.token for held in helds if not held.released))
+
+
 def leave(held: Held, raised: bool) -> None:
     try:
         held.release()

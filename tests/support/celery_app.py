@@ -71,20 +71,29 @@ def unique_retried(self: Any, key: str) -> int:
     return retries
 
 
-# Retries itself at once (test_review37e_celery_retry.py), its block going on for a second
+# Retries itself at once (test_review37e_celery_retry.py), its block going on for ``seconds``
 # after the retry was enqueued (a ``finally``'s cleanup, still under the lock): the retry comes
 # before the lock is given back. Every setting at its default (wait=0).
 @shared_task(bind=True)
 @semaphore("retry:{key}")
-def retried_at_once(self: Any, key: str, n: int) -> int:
+def retried_at_once(self: Any, key: str, n: int, seconds: float = 1.0) -> int:
     retries, start = self.request.retries, time.time()
     try:
         if retries == 0:
             raise self.retry(countdown=0)
         return retries
     finally:
-        time.sleep(1.0)
-        record(event="retry-run", key=key, n=n, retries=retries, start=start, end=time.time())
+        time.sleep(seconds)
+        fence = current_hold().fence
+        record(
+            event="retry-run",
+            key=key,
+            n=n,
+            retries=retries,
+            start=start,
+            end=time.time(),
+            fence=fence,
+        )
 
 
 @receiver(lock_busy)

@@ -114,6 +114,8 @@ SHARED: dict[Key, str] = {
     ("dynasem._storage.records", "_serializer"): "boto3's TypeSerializer: no state",
     ("dynasem._storage.records", "_deserializer"): "boto3's TypeDeserializer: no state",
     ("dynasem._engine.decorators", "_parsed"): "parsed key templates, derived from code",
+    ("dynasem._engine.decorators", "succession"): "what names a task's retry's holds to wait "
+    "out, added at ready(): the same code in every process",
     ("dynasem._observability.telemetry", "_instruments"): "telemetry is off in a simulation",
     ("dynasem._observability.telemetry", "_instruments_lock"): "telemetry is off",
     ("dynasem._observability.telemetry", "_pid"): "telemetry is off",
