@@ -22,6 +22,7 @@ import logging
 import math
 import os
 import threading
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from django.db import connections
@@ -71,10 +72,11 @@ class Task(Protocol):
 
 class Heartbeat:
     """The renewal schedule of one hold (a :class:`~dynasem._engine.core.Held` or a run_once
-    job)."""
+    job), renewed by ``renew`` (``held.renew`` if None)."""
 
-    def __init__(self, held: Any):
+    def __init__(self, held: Any, renew: Callable[[], None] | None = None):
         self.held = held
+        self._renew_held = held.renew if renew is None else renew
         self.name = f"dynasem-heartbeat:{held.resource[:40]}"
         self.interval: float = max(0.05, (held.lease - held.skew) / 3)
         self.stopped = False
@@ -95,7 +97,7 @@ class Heartbeat:
 
         def attempt() -> None:
             try:
-                self.held.renew()
+                self._renew_held()
             except BaseException as exc:  # handed to the heartbeat
                 errors.append(exc)
             finally:

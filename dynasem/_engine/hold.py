@@ -102,6 +102,8 @@ class Held:
         # waiter's, while a renewal observes the row): never held across a request.
         self._row_lock = threading.Lock()
         self._lost: str | None = None
+        self._row_refused = False  # a write of ours was refused: the row is not ours
+        self._given_back_lost = False  # given back by renew() as it found the hold lost
         # Told of the loss before lock_lost is sent: dynasem's own listeners (a lead), which
         # must not depend on a project's receivers connected before them, any of which may raise.
         self._lost_watchers: list[Callable[[], None]] = []
@@ -218,6 +220,7 @@ class Held:
         (a partition, a pause), and another holder taken over only then: the lease ran out;
         unless the release had begun by then (the heartbeat's renewal in flight past it).
         ``resource``: the one of several whose write was refused, named in the reason."""
+        self._row_refused = True
         if resource is not None and len(self.resources) > 1:
             reason = f"{reason} ({resource!r})"
         if clock.monotonic() >= self._deadline:
@@ -316,7 +319,18 @@ class Held:
     # -- renewing ----------------------------------------------------------------------------
 
     def renew(self) -> None:
-        """Extend the lease now (the heartbeat does this by itself while the hold lives)."""
+        """Extend the lease now (the heartbeat does this by itself while the hold lives).
+        ``LockLost`` if the hold is lost; its row, which may still name us (a renewal answered
+        past its trust wrote a whole lease from its send), is given back first."""
+        self._renew(give_back=True)
+
+    def _renew_in_background(self) -> None:
+        """The heartbeat's renewal: a loss it finds is told (``lock_lost``), and the row left
+        to the block's end. The block runs on until it learns of the loss (a lead's command
+        is being stopped): given back now, the next holder would work beside it."""
+        self._renew(give_back=False)
+
+    def _renew(self, *, give_back: bool) -> None:
         # A renewal of the heartbeat's may hang on an unreachable endpoint, holding the lock,
         # for as long as botocore's timeouts allow: wait for it only while the hold can be
         # trusted. Past the deadline the hold is lost, whatever that renewal answers later.
@@ -331,8 +345,27 @@ class Held:
             # Trusted from its send: answered past our deadline, it extended nothing we may
             # trust (the stored end is a lease from the send: another may take over now).
             self.raise_if_lost()
+        except LockLost:
+            if give_back:
+                self._give_back_lost()
+            raise
         finally:
             self._lock.release()
+
+    def _give_back_lost(self) -> None:
+        """``renew()`` found the hold lost, and tells its caller, who then has nothing left to
+        release: the row, ours still unless a write of ours was refused, is given back now
+        (under ``_lock``: no renewal or hand-over of ours meanwhile), conditional on our token
+        as a release is, so that nobody waits out its stored end for nobody. Best effort: a
+        failure leaves it to its lease, as before. Not a hold waiting for its transaction's
+        end, which gives it back (its work is not committed yet)."""
+        if self._row_refused or self._pending_commit or not self.here or not self._ended():
+            return
+        self._given_back_lost = True
+        try:
+            self._give_back()
+        except Exception as exc:
+            self._log_unreleased(self.resources, exc)
 
     async def arenew(self) -> None:
         await run_io(self.renew)
@@ -411,6 +444,8 @@ class Held:
         A nested acquire that re-entered this hold ("Nested acquires" in the how-to guides)
         gives back nothing: only the outermost release does (raising LockLost if lost)."""
         if self._released:
+            if self._given_back_lost:  # by renew(), as it raised
+                self._raise_lost()
             return
         if self._pending_commit:
             # Taken again in its transaction (pending_hold): a block that ends with it lost
@@ -883,7 +918,7 @@ class Held:
     # -- heartbeat ---------------------------------------------------------------------------
 
     def _start_heartbeat(self) -> None:
-        self._heartbeat = Heartbeat(self)
+        self._heartbeat = Heartbeat(self, renew=self._renew_in_background)
         self._heartbeat.start()
 
     def _stop_heartbeat(self) -> None:

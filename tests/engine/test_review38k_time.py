@@ -153,7 +153,7 @@ def test_a_renew_waiting_behind_a_hanging_renewal_through_a_suspend_raises_on_wa
         beat.start()
         assert hanging.wait(10)
         caller.start()
-        wait_for(lambda: waiting_in("renew", caller), 10, "renew() waits for the lock")
+        wait_for(lambda: waiting_in("_renew", caller), 10, "renew() waits for the lock")
         host_suspended(monkeypatch, 120.0)
         caller.join(3)
         assert [type(e) for e in raised] == [LockLost], "renew() waited on past the lease"
