@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import math
 import os
 import sys
 import uuid
@@ -187,10 +188,11 @@ class Job:
         """DONE (``error`` None) or FAILED, conditional on our claim; sent again while it
         is throttled or meets another request's transaction, as a hold's release is, and
         while it fails for any transient cause (a 5xx, a dropped connection; a release is
-        not: it costs a lease of idleness, where this costs the job's work done twice):
-        given up, the job would sit RUNNING for a lease, then run again, after a commit too.
-        An attempt applied unanswered refuses the next (``lastToken`` ours). Raises LockLost
-        if the claim is not ours, SemaphoreUnavailable if given up."""
+        not: it costs a lease of idleness, where this costs the job's work done twice), DONE
+        until the claim's trusted end: given up, the job sits RUNNING for the rest of its
+        lease, then runs again, after a commit too. An attempt applied unanswered refuses the
+        next (``lastToken`` ours). Raises LockLost if the claim is not ours,
+        SemaphoreUnavailable (saying the job will run again) if given up."""
         self._released = True
         self._stop_heartbeat()
         status = records.FAILED if error is not None else records.DONE
@@ -201,13 +203,30 @@ class Job:
             job_rows.update_job(job_writes.job_finish(self.key, self.token, status, message, now))
 
         failed: list[SemaphoreUnavailable] = []
+        # DONE: sent again until the claim's trusted end (RELEASE_PATIENCE at least: a body
+        # that stalled past it is confirmed by this write), as the job is ours until then;
+        # given up, it runs again once its lease ends. FAILED: it runs again either way.
+        now = clock.monotonic()
+        until = max(self._deadline, now + resend.RELEASE_PATIENCE) if error is None else math.inf
+        patience = math.inf if error is None else resend.RELEASE_PATIENCE
         try:
-            if not resend.patiently(send, gave_up=failed.append, transient=True):
-                raise failed[0]
+            if not resend.patiently(send, until, failed.append, transient=True, patience=patience):
+                raise self._not_finished(status, failed[0])
         except dynamodb.Refused as refused:
             if refused.job.last_token != self.token:
                 raise LockLost(self.key, RECLAIMED) from None
         self.status = status
+
+    def _not_finished(self, status: str, why: SemaphoreUnavailable) -> SemaphoreUnavailable:
+        """What the caller is told when ``status`` could not be written (``why``): the job
+        stays RUNNING until its lease ends, and then runs again (its work done: DONE)."""
+        done = "its body returned, but " if status == records.DONE else ""
+        return SemaphoreUnavailable(
+            f"job {self.key!r}: {done}{status} could not be written ({why}); it stays RUNNING "
+            "until its lease ends, then can run again",
+            transient=why.transient,
+            ambiguous=why.ambiguous,
+        )
 
 
 class TransactionRolledBack(Exception):

@@ -35,15 +35,21 @@ def passing(exc: SemaphoreUnavailable) -> bool:
     return throttled or isinstance(exc, dynamodb.WriteConflict)
 
 
-def paused(passing: bool, failures: int, started: float, until: float = math.inf) -> bool:
+def paused(
+    passing: bool,
+    failures: int,
+    started: float,
+    until: float = math.inf,
+    patience: float = RELEASE_PATIENCE,
+) -> bool:
     """Paused before sending again a give-back that failed (for the ``failures``-th time) for
-    a passing cause; False: not worth it (another cause, or RELEASE_PATIENCE after
+    a passing cause; False: not worth it (another cause, or ``patience`` seconds after
     ``started``, or ``until``, the hold's deadline, reached by then)."""
     if not passing:
         return False
     cap = min(1.0, RELEASE_PAUSE * 2 ** (failures - 1))
     pause = random.uniform(cap / 2, cap)  # spread: the waiters' are throttled too
-    if clock.monotonic() + pause >= min(started + RELEASE_PATIENCE, until):
+    if clock.monotonic() + pause >= min(started + patience, until):
         return False
     time.sleep(pause)
     return True
@@ -55,11 +61,13 @@ def patiently(
     gave_up: Callable[[SemaphoreUnavailable], None] | None = None,
     *,
     transient: bool = False,
+    patience: float = RELEASE_PATIENCE,
 ) -> bool:
     """``send`` a give-back of one item, sent again after a pause while it fails for a
     passing cause (``transient``: for any transient one, a 5xx or a dropped connection too,
-    where giving up costs more than the caller's wait). False: given up (``gave_up`` told
-    why). Raises Refused, ``retried`` set if an attempt before may have been applied."""
+    where giving up costs more than the caller's wait), for up to ``patience`` seconds and
+    never past ``until``. False: given up (``gave_up`` told why). Raises Refused,
+    ``retried`` set if an attempt before may have been applied."""
     failures, started, ambiguous = 0, clock.monotonic(), False
     while True:
         try:
@@ -72,7 +80,7 @@ def patiently(
             ambiguous |= exc.ambiguous
             failures += 1
             worth = passing(exc) or (transient and exc.transient)
-            if not paused(worth, failures, started, until):
+            if not paused(worth, failures, started, until, patience):
                 if gave_up is not None:
                     gave_up(exc)
                 return False
