@@ -218,6 +218,7 @@ class Semaphore:
             return again  # ours already, until this transaction ends
         if (inner := reentered(self)) is not None:
             return inner  # this thread or task holds it already: a nested acquire
+        fencing.check_not_fenced(self.resources)  # else it could wait on who waits on us
         lease, wait_s, skew = arguments.resolve_timing(
             self.lease, self.wait if wait is None else wait
         )

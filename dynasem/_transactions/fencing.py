@@ -47,6 +47,7 @@ from . import commit
 __all__ = [
     "begin",
     "check_fenceable",
+    "check_not_fenced",
     "cut_short",
     "end",
     "fence_transaction",
@@ -109,6 +110,57 @@ def fence_transaction(held: Any, using: str | None = None) -> None:
                 f"hold's {fence}: another holder took it over; this transaction rolls back"
             )
             hold.found_lost(reason, resource)
+    _remember_fenced(connection, alias, hold, resources)
+
+
+# The attribute of a connection (Django's: one per thread) naming what its open transaction
+# fenced: (the atomic block that opened it, {resource: the hold that fenced it}), dropped as
+# the transaction ends (the block is not enough: ``@atomic`` enters one block every call).
+_FENCED = "dynasem_fenced"
+
+
+def _outermost(connection: Any) -> Any:
+    """The atomic block that opened ``connection``'s transaction (not a TestCase's)."""
+    blocks = connection.atomic_blocks
+    return next((b for b in blocks if not getattr(b, "_from_testcase", False)), None)
+
+
+def _remember_fenced(connection: Any, alias: str, hold: Any, resources: list[str]) -> None:
+    outermost = _outermost(connection)
+    kept = getattr(connection, _FENCED, None)
+    if kept is None or kept[0] is not outermost:
+        kept = (outermost, {})
+        setattr(connection, _FENCED, kept)
+        # A transaction that cannot end (closed in it) ends it at once: nothing is kept.
+        commit.after_transaction(alias, lambda _committed: _forget_fenced(connection), TABLE)
+    kept[1].update(dict.fromkeys(resources, hold))
+
+
+def _forget_fenced(connection: Any) -> None:
+    connection.__dict__.pop(_FENCED, None)
+
+
+def check_not_fenced(resources: list[str]) -> None:
+    """A ValueError if this thread's open transaction (of any database) fenced one of
+    ``resources`` under a hold it has given back (``on_commit=False``, or after another
+    database's commit) or lost: the fence row stays locked until that transaction ends, so
+    the next holder's fence waits for it, and taking the resource again before then would
+    wait on that holder while it waits on us, until ``wait`` ran out."""
+    for connection in connections.all(initialized_only=True):
+        kept = getattr(connection, _FENCED, None)
+        if kept is None or kept[0] is not _outermost(connection):
+            continue
+        for resource in resources:
+            hold = kept[1].get(resource)
+            if hold is not None and (hold.released or hold.lost):
+                raise ValueError(
+                    f"{resource!r} was fenced in database {connection.alias!r}'s open "
+                    "transaction by a hold given back (or lost) since: its fence row stays "
+                    "locked until the transaction ends, and the next holder's fence waits for "
+                    "that, so taking it again now would wait on a holder that waits on us. "
+                    "Take it once for the whole transaction, or with on_commit=True (kept "
+                    "until the commit, taken again at once), or again after the transaction"
+                )
 
 
 def begin(opened: Any, using: str | None, undo: Callable[[], None]) -> None:
