@@ -14,7 +14,7 @@ import pytest
 
 from dynasem import LockLost, current_hold, semaphore
 from dynasem._engine.hold import stop_renewing
-from dynasem._storage import lock_rows
+from dynasem._storage import lock_rows, permit_items, reader_items
 from dynasem.testing import abandon
 from tests.engine.test_heartbeat import tokens_on, unique, wait_for_renewal
 from tests.support.helpers import break_holds
@@ -60,6 +60,38 @@ def test_a_renewal_answered_past_its_trust_gives_the_row_back(
     finally:
         monkeypatch.undo()
         abandon(held)
+
+
+@pytest.mark.parametrize("kind", [{"limit": 9}, {"shared": True}], ids=["permit", "reader_item"])
+def test_a_late_renewal_of_a_hold_in_an_item_gives_the_item_back(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch, kind: dict[str, Any]
+) -> None:
+    """The same for a hold kept in an item of its own: a permit (a counting semaphore of more
+    than 8), a reader behind the row's first two."""
+    resource = unique("late-renewal-item")
+    others = [semaphore(resource, **kind).acquire() for _ in range(2 if "shared" in kind else 0)]
+    held = semaphore(resource, lease=1.5, **kind).acquire()
+    stop_renewing(held)
+    try:
+        slowed_writes(monkeypatch, 1.2)
+        for module in (permit_items, reader_items):
+            real_send = module.send
+            monkeypatch.setattr(
+                module,
+                "send",
+                lambda *a, _send=real_send, **k: (time.sleep(1.2), _send(*a, **k))[1],
+            )
+        with pytest.raises(LockLost):
+            held.renew()
+        monkeypatch.undo()
+        assert held.token not in tokens_on(resource)
+        with pytest.raises(LockLost):
+            held.release()
+    finally:
+        monkeypatch.undo()
+        abandon(held)
+        for other in others:
+            other.release()
 
 
 def test_the_heartbeats_late_renewal_leaves_the_row_to_the_block(
