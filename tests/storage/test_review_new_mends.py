@@ -43,7 +43,9 @@ def test_an_acquire_with_dynamodb_unreachable_fails_as_fast_as_before(
         with pytest.raises(SemaphoreUnavailable) as raised:
             dynasem.semaphore("res:review-unreachable", lease=10, wait=0).acquire()
         took = time.monotonic() - started
-    assert took < 1.0, f"{took:.1f}s to say DynamoDB cannot be reached"
+    # Well under the seconds of re-sends past the wait and a patient give-back (the fault),
+    # with room for a loaded machine (1.3 s seen with CI beside six other test runs).
+    assert took < 3.0, f"{took:.1f}s to say DynamoDB cannot be reached"
     assert not raised.value.ambiguous, f"never connected, yet ambiguous: {raised.value}"
     assert dynamodb  # the module under review
 
