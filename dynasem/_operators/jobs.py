@@ -9,6 +9,7 @@ from typing import Any
 from .. import _clock as clock
 from .._engine import arguments
 from .._storage import dynamodb, job_rows, job_writes, records
+from ..exceptions import SemaphoreUnavailable
 from . import cursors
 from .locks import PAGE_ROUNDS, aware
 
@@ -144,14 +145,32 @@ def job_info(key: str) -> JobInfo | None:
 def reset_job(key: str, status: str, finished_ms: int | None) -> bool:
     """Make a FAILED or DONE key new again, so the next ``run_once(key)`` runs it; only if it
     still ended as the operator saw (``status`` at ``finished_ms``): a run that ended since is
-    not reset unseen. Keeps the fence and the attempt count. False if the row had changed."""
+    not reset unseen. Keeps the fence and the attempt count. False if the row had changed.
+    A reset applied whose answer was lost is known by its ``resetMs``: True."""
     if status not in RESETTABLE:
         raise ValueError(f"only a DONE or FAILED job can be reset, not {status!r}")
-    action = job_writes.job_reset(
-        arguments.check_resource(key, "key"), status, finished_ms, clock.now_ms()
-    )
+    key, now_ms = arguments.check_resource(key, "key"), clock.now_ms()
     try:
-        job_rows.update_job(action)
-    except dynamodb.Refused:
-        return False
+        job_rows.update_job(job_writes.job_reset(key, status, finished_ms, now_ms))
+    except dynamodb.Refused as refused:
+        # botocore's re-send of our own reset, applied, its answer lost: refused by it.
+        return refused.retried and refused.job.reset_ms == now_ms
+    except SemaphoreUnavailable as unanswered:
+        if not _reset_landed(key, now_ms, unanswered):
+            raise
     return True
+
+
+def _reset_landed(key: str, now_ms: int, unanswered: SemaphoreUnavailable) -> bool:
+    """Whether a reset that went ``unanswered`` was applied all the same (the quick client
+    sends once): the row, read consistently, carries its ``resetMs``. (Another reset of the
+    same outcome in the same millisecond would read as ours: the reset asked for, made.)
+    Reported as failed, it would be missing from the admin's history, and the operator,
+    running it again, could reset unseen a run that failed since."""
+    if not unanswered.ambiguous:
+        return False
+    try:
+        row = job_rows.get_job(key)
+    except SemaphoreUnavailable:
+        return False
+    return row is not None and row.reset_ms == now_ms
