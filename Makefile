@@ -96,8 +96,9 @@ SIM_LONG_INTERRUPT_MIXES ?= renewing,long_readers,long_pairs
 # mixes' cost) under the faults that find its mutations.
 SIM_COALESCE_FAULTS ?= pauses,crashes,heavy
 # And an operator's breaks (dynasem_release) beside readers, a writer and a counting pair,
-# every reader in an item and the pair in permit items (the breaks mix, about 1 s a seed).
-SIM_BREAKS_FAULTS ?= pauses,crashes
+# every reader in an item and the pair in permit items (the breaks mix, about 1 s a seed);
+# under heavy too, whose lost answers (a break's, a renewal's, a take's) pauses and crashes lack.
+SIM_BREAKS_FAULTS ?= pauses,crashes,heavy
 SIM_ARGS ?=
 simulate: venv
 	$(PYTHON_VENV) -m tests.support.sim --seeds $(SEEDS) --mix $(SIM_MIXES) --faults $(SIM_FAULTS) \
