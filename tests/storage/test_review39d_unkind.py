@@ -296,3 +296,34 @@ def test_dynasem_lead_runs_one_command_at_a_time_while_reads_are_stale_and_answe
             leader.close()
     assert len(runs(log)) == 2
     assert_one_at_a_time(runs(log))
+
+
+# -- release after the commit -----------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.unkind("lag", STALE_AND_LOST)
+def test_a_hold_given_back_in_a_transaction_is_held_until_the_commit_while_answers_are_lost(
+    on_engine: UnkindDynamoDB,
+) -> None:
+    """Given back inside ``transaction.atomic`` the hold stays until the commit, then is
+    free at once (its release applied, whatever became of its answer); a run_once DONE
+    likewise lands with the commit."""
+    from django.db import transaction
+
+    from dynasem import AlreadyDone, run_once, semaphore
+    from dynasem._storage import job_rows
+    from tests.transactions.test_transactions import is_busy
+
+    for i in range(6):
+        with transaction.atomic():
+            with semaphore("unkind:commit", lease=5, wait=10):
+                pass
+            assert is_busy("unkind:commit")
+            with run_once(f"unkind:job{i}"):
+                pass
+            assert job_rows.get_job(f"unkind:job{i}").status == "RUNNING"  # type: ignore[union-attr]
+        assert not is_busy("unkind:commit")
+        with pytest.raises(AlreadyDone), run_once(f"unkind:job{i}"):
+            pytest.fail("a DONE job must not run again")
+    assert lost_answers(on_engine) >= 1
