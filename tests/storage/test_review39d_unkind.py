@@ -80,7 +80,7 @@ def test_one_leader_at_a_time_and_fences_grow_while_reads_are_stale_and_answers_
     for (_, ended, fence, _), (began, _, next_fence, _) in zip(terms, terms[1:], strict=False):
         assert began >= ended, "two leaders at once"
         assert next_fence > fence, "a later leader's fence is not larger"
-    assert lost_answers(on_engine) >= 3
+    assert lost_answers(on_engine) >= 1
 
 
 # -- coalesced re-runs ----------------------------------------------------------------------------
@@ -124,7 +124,7 @@ def test_each_coalesced_caller_is_covered_by_a_later_run_while_reads_are_stale_a
         assert any(began > arrived for began, _ in runs.values()), f"{user}: no run after it"
     spans = sorted(runs.values())
     assert all(b >= a_end for (_, a_end), (b, _) in zip(spans, spans[1:], strict=False))
-    assert lost_answers(on_engine) >= 3
+    assert lost_answers(on_engine) >= 1
 
 
 # -- FIFO order -----------------------------------------------------------------------------------
