@@ -66,3 +66,26 @@ def test_a_reset_refused_because_the_job_ran_again_is_still_not_made(lock_table:
     failed_job("reset:again")  # ran and failed again since the operator read it
     assert not jobs.reset_job(job.key, job.status, job.finished_ms)
     assert jobs.job_info(job.key).attempt == 2  # type: ignore[union-attr]
+
+
+@pytest.mark.django_db
+def test_the_admins_reset_applied_whose_answer_was_lost_says_reset_and_is_recorded(
+    lock_table: str, admin_user: Any, client: Any
+) -> None:
+    """The same from the admin's reset page: before, it said DynamoDB did not answer (look
+    whether the job is new), and the reset, made, was missing from the admin's history."""
+    from django.contrib.admin.models import LogEntry
+    from django.urls import reverse
+
+    job = failed_job("reset:admin")
+    client.force_login(admin_user)
+    form = {"key": job.key, "status": job.status, "finished": str(job.finished_ms)}
+    with Faults(dynamodb.get_client(quick=True)) as quick:
+        lost = quick.lose_response("UpdateItem")
+        response = client.post(reverse("admin:dynasem_job_reset"), form)
+    assert lost.fired == 1 and response.status_code == 302
+    messages = [str(m) for m in client.get(response["Location"]).context["messages"]]
+    assert messages == ["Reset 'reset:admin' (was FAILED): it will run again."]
+    assert jobs.job_info(job.key).status == "NEW"  # type: ignore[union-attr]
+    (entry,) = LogEntry.objects.all()
+    assert (entry.object_id, entry.user) == ("reset:admin", admin_user)
