@@ -1,12 +1,14 @@
 """Guarantees that had run on no unkind behaviour that could break them, now run on the unkind
 engine (tests/support/unkind.py) with the behaviour that could: one leader at a time and
-growing fences while reads are stale and write answers are lost; every coalesced caller
-covered by a run that starts after it arrived, under the same; FIFO order of fair waiters
-while a share of requests and a hot partition key are throttled; an operator's listing and
-break while the index lags, and a reap that finds in a lagging index a row taken again."""
+growing fences (in code and through ``dynasem_lead``), every coalesced caller covered by a
+run that starts after it arrived, a hold given back in a transaction held until the commit,
+one claim and one adoption of a unique task's key, while reads are stale and write answers
+are lost; FIFO order of fair waiters while a share of requests and a hot partition key are
+throttled; an operator's listing, break and reap while the index lags."""
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import Any
@@ -332,4 +334,40 @@ def test_a_hold_given_back_in_a_transaction_is_held_until_the_commit_while_answe
         assert not is_busy("unkind:commit")
         with pytest.raises(AlreadyDone), run_once(f"unkind:job{i}"):
             pytest.fail("a DONE job must not run again")
+    assert lost_answers(on_engine) >= 1
+
+
+# -- unique tasks ---------------------------------------------------------------------------------
+
+
+@pytest.mark.unkind("lag", STALE_AND_LOST)
+def test_one_claim_of_a_unique_tasks_key_and_one_adoption_while_answers_are_lost(
+    on_engine: UnkindDynamoDB,
+) -> None:
+    """Four enqueues of one key at once: one claims it (the others are told which task
+    holds it), its worker adopts the claim once (a message delivered twice does not run
+    again), and the key is free after the run."""
+    from dynasem import LockLost
+    from dynasem._background.unique import Claim, Taken, adopt, claim
+    from dynasem._operators.locks import holds_on
+
+    def enqueue(key: str, claims: list[Claim], taken: list[str | None], i: int) -> None:
+        try:
+            claims.append(claim(key, f"{key}-task{i}", queue_lease=30))
+        except Taken as busy:
+            taken.append(busy.task_id)
+
+    for n in range(4):
+        key = f"unkind:unique{n}"
+        claims: list[Claim] = []
+        taken: list[str | None] = []
+        assert run_threads(functools.partial(enqueue, key, claims, taken), 4) == []
+        assert len(claims) == 1 and len(taken) == 3, (claims, taken)
+        assert set(taken) <= {claims[0].task_id}
+        run = adopt(claims[0], lease=5)
+        with pytest.raises(LockLost):
+            adopt(claims[0], lease=5, wait=False)  # delivered twice
+        assert [h.token for h in holds_on(key)] == [run.token]
+        run.release()
+        assert holds_on(key) == []
     assert lost_answers(on_engine) >= 1
