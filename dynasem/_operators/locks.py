@@ -392,14 +392,18 @@ def break_hold(
         old = refused.lock
         if old is None:
             return False
-        with uninterrupted():
-            if reader_items.has_readers(old):
-                if not reader_hold.break_reader(resource, token, fence=fence):
+        if refused.retried and _broken_in(old, token):
+            # botocore's re-send of our own break, applied, its answer lost: refused by it.
+            handover.push_if_free(resource, old)
+        else:
+            with uninterrupted():
+                if reader_items.has_readers(old):
+                    if not reader_hold.break_reader(resource, token, fence=fence):
+                        return False
+                elif old.slots_used is None or not permit_hold.break_permit(
+                    resource, token, fence=fence
+                ):
                     return False
-            elif old.slots_used is None or not permit_hold.break_permit(
-                resource, token, fence=fence
-            ):
-                return False
     else:
         handover.push_if_free(resource, row)  # handed over as a release is
     # The break is made: a receiver that raises (its own database down) must not make the
@@ -433,11 +437,15 @@ def _broken_unanswered(
         row = lock_rows.get(resource)
     except SemaphoreUnavailable:
         raise unanswered from None
-    if row is None or token in row.holders or row.broken_token != token:
-        raise unanswered
-    if row.last_token == token:
+    if row is None or not _broken_in(row, token):
         raise unanswered
     return row
+
+
+def _broken_in(row: records.LockItem, token: str) -> bool:
+    """``row`` shows a break of ``token`` in it applied: the token gone, named as broken
+    (``brokenToken``), not as given back (``lastToken``)."""
+    return token not in row.holders and row.broken_token == token and row.last_token != token
 
 
 def matching(holds: list[HoldInfo], token: str | None, fence: int | str | None) -> list[HoldInfo]:
