@@ -394,7 +394,11 @@ class _Listener:
         self.claimed: threading.Thread | None = None
         self.reading = False
         self.thread = threading.Thread(target=self._run, name="dynasem-push", daemon=True)
-        self.thread.start()
+        try:
+            self.thread.start()
+        except RuntimeError:  # "can't start new thread" (a container's pids limit)
+            self.sock.close()
+            raise
 
     def _run(self) -> None:
         while True:
@@ -656,8 +660,11 @@ def _get_listener() -> _Listener | None:
             return None
         try:
             _listener = _Listener(bind)
-        except OSError as exc:
-            _failed_bind = bind
+        except (OSError, RuntimeError) as exc:
+            # A bind that failed is not tried again; a thread that could not start (a pids
+            # limit) may start at a later wait. Meanwhile waiters read, as without pushes.
+            if isinstance(exc, OSError):
+                _failed_bind = bind
             logger.warning(
                 "dynasem: cannot listen for hand-over pushes on %s: %s",
                 bind,

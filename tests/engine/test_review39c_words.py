@@ -1,0 +1,64 @@
+"""A ninth review: the words between processes and hosts (UDP pushes, wake-ups, hand-overs
+passed on), and what they cost a process.
+
+Each test failed before the mend its docstring names, for the reason it states."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from dynasem import semaphore
+from dynasem._engine import push
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="counts /proc/self/fd")
+def test_a_listener_thread_that_cannot_start_leaves_waiters_reading(lock_table, monkeypatch):
+    """At a container's pids limit the push listener's thread cannot start. Before the mend
+    ``push._get_listener`` caught only ``OSError`` (a bind that failed): the thread's
+    ``RuntimeError`` ("can't start new thread") went up through ``push.expect`` and every
+    acquire that found its lock busy raised it to its caller, instead of waiting in line and
+    reading, as a process without pushes does; and each try left its bound socket open until
+    the garbage collector found it. Now the socket is closed and the waiter reads; a later
+    wait tries to listen again (the limit may have passed), unlike a bind that failed."""
+    monkeypatch.setattr(push, "_listener", None)
+    monkeypatch.setattr(push, "_failed_bind", None)
+    real_start = threading.Thread.start
+
+    def start(self: threading.Thread) -> None:
+        if self.name == "dynasem-push":
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    resource = "review39c:no-listener-thread"
+    holder = semaphore(resource, lease=10).acquire()
+    before = _open_fds()
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            with semaphore(resource, wait=10, lease=10):
+                out["acquired"] = time.monotonic()
+        except Exception as exc:  # reported to the test
+            out["error"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(0.5)
+    assert _open_fds() == before  # no socket left open by the listener that could not run
+    holder.release()
+    thread.join(10)
+    assert "error" not in out and "acquired" in out
+    assert push._listener is None and push._failed_bind is None
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    assert push.available()  # the limit passed: it listens now
+    push._listener.sock.close()  # its thread ends; the test's own listener comes back
