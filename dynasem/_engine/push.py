@@ -211,6 +211,7 @@ class _Slot:
     # sends it again until it is applied (a live entry is handed the lock at any release).
     drop: Callable[[], None] | None = None
     drops_failed: int = 0  # in a row: each look comes twice as late (up to DROP_PAUSE_CAP)
+    looks_failed: int = 0  # reads of the row that failed, in a row: the same
     name: str = "dynasem-late-look"
 
     @property
@@ -329,7 +330,9 @@ class _Slot:
         looked at again LATE_LOOK later (a releaser may have read the entry live before it
         went), or, the mark failed still, again while a hand-over to it may land: twice as
         late after each failure (an outage, not throttling, which passes within seconds), up
-        to DROP_PAUSE_CAP."""
+        to DROP_PAUSE_CAP. A look whose read failed (throttled: a key with a line is hot) is
+        sent again on the same terms: a hold handed to us that it missed would sit with nobody
+        for our lease."""
         if self.stopped or settings.TABLE_NAME != self.table:
             return None
         again = None
@@ -348,26 +351,38 @@ class _Slot:
                     ),
                 )
                 self.drops_failed += 1
-                pause = min(DROP_PAUSE_CAP, LATE_LOOK * 2.0 ** (self.drops_failed - 1))
-                again = pause if clock.monotonic() + pause < self.until else None
-        self._look()
+                again = self._pause(self.drops_failed)
+        if self._look():
+            self.looks_failed = 0
+        else:
+            self.looks_failed += 1
+            again = self._pause(self.looks_failed) if again is None else again
         return None if self.stopped else again
 
-    def _look(self) -> None:
+    def _pause(self, failures: int) -> float | None:
+        """The pause before the next late look after ``failures`` in a row; None once a
+        hand-over to us can no longer stand then (``until``)."""
+        pause = min(DROP_PAUSE_CAP, LATE_LOOK * 2.0 ** (failures - 1))
+        return pause if clock.monotonic() + pause < self.until else None
+
+    def _look(self) -> bool:
+        """Read the row, and hand back a hold of ours found there; False if the read failed."""
         try:
             row = lock_rows.get(self.resource)
-            if row is not None and self.token in row.holders:
-                self.hand_back(row)
         except Exception as exc:  # logged here: the scheduler's records speak of renewals
             logger.warning(
                 "dynasem: could not look whether %r was handed to a waiter that had left: %s; "
-                "if it was, it is free again when its lease runs out",
+                "it is looked at again while a hand-over to it may stand",
                 self.resource,
                 exc,
                 extra=facts(
                     self.resource, token=self.token, outcome="late_look_failed", reason=exc
                 ),
             )
+            return False
+        if row is not None and self.token in row.holders:
+            self.hand_back(row)
+        return True
 
 
 class _Listener:
