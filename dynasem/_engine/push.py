@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import functools
 import hashlib
 import hmac
@@ -83,6 +84,8 @@ _SALT = b"dynasem.hand-over-push"
 _lock = threading.Lock()
 _listener: _Listener | None = None
 _failed_bind: str | None = None  # the address we could not listen on (not tried again)
+# Why a socket cannot be had for a moment (open-files limits, kernel memory): tried again.
+_SHORT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 _pid = os.getpid()  # the process _lock and _words_lock are of
 
 
@@ -397,7 +400,11 @@ class _Listener:
 
     def __init__(self, bind: str):
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind((bind, 0))
+        try:
+            self.sock.bind((bind, 0))
+        except OSError:
+            self.sock.close()
+            raise
         host, port = self.sock.getsockname()
         self.address = f"{HOST_ID}@{host}:{port}"
         self.bind = bind
@@ -676,9 +683,10 @@ def _get_listener() -> _Listener | None:
         try:
             _listener = _Listener(bind)
         except (OSError, RuntimeError) as exc:
-            # A bind that failed is not tried again; a thread that could not start (a pids
-            # limit) may start at a later wait. Meanwhile waiters read, as without pushes.
-            if isinstance(exc, OSError):
+            # A bind that failed is not tried again; a socket or a thread this process could
+            # not have for a moment (its open-files or pids limit) is, at a later wait.
+            # Meanwhile waiters read, as without pushes.
+            if isinstance(exc, OSError) and exc.errno not in _SHORT_OF:
                 _failed_bind = bind
             logger.warning(
                 "dynasem: cannot listen for hand-over pushes on %s: %s",

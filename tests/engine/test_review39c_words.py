@@ -5,9 +5,12 @@ Each test failed before the mend its docstring names, for the reason it states."
 
 from __future__ import annotations
 
+import errno
 import os
+import socket
 import threading
 import time
+import types
 from typing import Any
 
 import pytest
@@ -61,4 +64,31 @@ def test_a_listener_thread_that_cannot_start_leaves_waiters_reading(lock_table, 
     assert push._listener is None and push._failed_bind is None
     monkeypatch.setattr(threading.Thread, "start", real_start)
     assert push.available()  # the limit passed: it listens now
+    push._listener.sock.close()  # its thread ends; the test's own listener comes back
+
+
+@pytest.mark.parametrize("errno_", [errno.EMFILE, errno.ENFILE, errno.ENOBUFS])
+def test_a_process_out_of_sockets_for_a_moment_listens_again_later(lock_table, monkeypatch, errno_):
+    """A process at its open-files limit for a moment (a burst of connections: "Too many
+    open files") cannot open the push socket at a wait. Before the mend that was remembered
+    as an address it cannot listen on (``_failed_bind``), as a bind to an address not of
+    this host is: pushes stayed off in that process until it restarted, and every later
+    hand-over to its waiters cost them their paced reads. A socket that could not be opened
+    is tried again at the next wait; a bind that failed still is not."""
+    monkeypatch.setattr(push, "_listener", None)
+    monkeypatch.setattr(push, "_failed_bind", None)
+    failing = [True]
+
+    def socket_(*args: Any, **kwargs: Any) -> socket.socket:
+        if failing[0]:
+            raise OSError(errno_, os.strerror(errno_))
+        return socket.socket(*args, **kwargs)
+
+    # Only push's sockets: the socket module as push sees it, but for its constructor.
+    module = types.SimpleNamespace(**{**vars(socket), "socket": socket_})
+    monkeypatch.setattr(push, "socket", module)
+    assert not push.available()
+    failing[0] = False
+    assert push.available()  # the burst passed: it listens
+    assert push._listener is not None and push._listener.thread.is_alive()
     push._listener.sock.close()  # its thread ends; the test's own listener comes back
