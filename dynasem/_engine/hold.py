@@ -1067,9 +1067,17 @@ def _let_next_reader_in(resource: str, item: records.LockItem) -> None:
     if item.entries is not None:  # nothing to read: a datagram at most
         handover.push_first(resource, item, readers_only=True)
         return
-    threading.Thread(
-        target=_push_first_quietly, args=(resource, item), name="dynasem-let-in", daemon=True
-    ).start()
+    try:
+        threading.Thread(
+            target=_push_first_quietly, args=(resource, item), name="dynasem-let-in", daemon=True
+        ).start()
+    except RuntimeError as exc:  # "can't start new thread" (a pids limit): a push is a hint
+        logger.debug(
+            "dynasem: could not let the next reader in on %r: %s",
+            resource,
+            exc,
+            extra=facts(resource, outcome="let_in_failed", reason=exc),
+        )
 
 
 def _push_first_quietly(resource: str, item: records.LockItem) -> None:

@@ -17,6 +17,7 @@ import pytest
 
 from dynasem import semaphore
 from dynasem._engine import push
+from tests.support.helpers import queue_of, wait_for
 
 
 def _open_fds() -> int:
@@ -92,3 +93,45 @@ def test_a_process_out_of_sockets_for_a_moment_listens_again_later(lock_table, m
     assert push.available()  # the burst passed: it listens
     assert push._listener is not None and push._listener.thread.is_alive()
     push._listener.sock.close()  # its thread ends; the test's own listener comes back
+
+
+def test_a_reader_that_cannot_start_the_next_readers_wake_up_still_holds(lock_table, monkeypatch):
+    """Readers handed a shared lock together let the next reader in line join them: the
+    first of them pushes it the row, from a thread of its own when the line must be read
+    first. At a container's pids limit that thread cannot start. Before the mend its
+    ``RuntimeError`` ended ``hold.acquired``, which gave the hold back and raised it to the
+    reader's caller: readers whose turn had come failed for a push that is only a hint. Now
+    the push is skipped (the next reader reads the row at its own next look) and the
+    readers hold."""
+    real_start = threading.Thread.start
+    refused: list[str] = []
+
+    def start(self: threading.Thread) -> None:
+        if self.name == "dynasem-let-in":
+            refused.append(self.name)
+            raise RuntimeError("can't start new thread")
+        real_start(self)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    resource = "review39c:readers-let-in"
+    writer = semaphore(resource, lease=30).acquire()
+    out: dict[str, Any] = {}
+    threads = []
+    for i in range(3):
+
+        def run(name: str = f"r{i}") -> None:
+            try:
+                with semaphore(resource, shared=True, fair=True, wait=20, lease=30):
+                    out[name] = "held"
+            except Exception as exc:  # reported to the test
+                out[name] = exc
+
+        threads.append(threading.Thread(target=run))
+        threads[-1].start()
+        wait_for(lambda n=i + 1: len(queue_of(resource)) >= n, 10, "a reader never queued")
+    writer.renew()  # its answer shows the writer the queue: it hands over on release
+    writer.release()
+    for thread in threads:
+        thread.join(30)
+    assert refused, "no reader let the next one in from a thread"
+    assert out == {"r0": "held", "r1": "held", "r2": "held"}
