@@ -84,8 +84,11 @@ _SALT = b"dynasem.hand-over-push"
 _lock = threading.Lock()
 _listener: _Listener | None = None
 _failed_bind: str | None = None  # the address we could not listen on (not tried again)
-# Why a socket cannot be had for a moment (open-files limits, kernel memory): tried again.
+# Why a socket cannot be had for a moment (open-files limits, kernel memory): tried again,
+# as a thread that could not start (a pids limit) is, LISTEN_RETRY (s) later (monotonic).
 _SHORT_OF = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
+LISTEN_RETRY = 5.0
+_short_until = -float("inf")
 _pid = os.getpid()  # the process _lock and _words_lock are of
 
 
@@ -671,7 +674,7 @@ def _wake(loop: asyncio.AbstractEventLoop, future: weakref.ref[asyncio.Future[No
 
 def _get_listener() -> _Listener | None:
     """This process's listener, opened on first use; None when pushes are off or impossible."""
-    global _listener, _failed_bind
+    global _listener, _failed_bind, _short_until
     bind = settings.PUSH
     _here()
     with _lock:
@@ -680,6 +683,8 @@ def _get_listener() -> _Listener | None:
         # Off; or it failed; or the system check dynasem.E010 says why; or nothing to sign with.
         if not bind or _failed_bind == bind or push_address_problem(bind) or not _keys():
             return None
+        if clock.monotonic() < _short_until:
+            return None  # short of sockets or threads a moment ago
         try:
             _listener = _Listener(bind)
         except (OSError, RuntimeError) as exc:
@@ -688,6 +693,8 @@ def _get_listener() -> _Listener | None:
             # Meanwhile waiters read, as without pushes.
             if isinstance(exc, OSError) and exc.errno not in _SHORT_OF:
                 _failed_bind = bind
+            else:
+                _short_until = clock.monotonic() + LISTEN_RETRY
             logger.warning(
                 "dynasem: cannot listen for hand-over pushes on %s: %s",
                 bind,
@@ -1032,10 +1039,10 @@ def _send(body: bytes, target: tuple[str, int], key: bytes) -> bool:
 
 def _after_fork() -> None:
     # The parent's late looks stay behind with its scheduler (see heartbeat).
-    global _listener, _failed_bind, _lock, _words_lock, _pid
+    global _listener, _failed_bind, _short_until, _lock, _words_lock, _pid
     if _listener is not None:
         _listener.sock.close()  # the child's copy only; the thread reading it stayed behind
-    _listener, _failed_bind = None, None
+    _listener, _failed_bind, _short_until = None, None, -float("inf")
     # Another thread of the parent may have held them.
     _lock, _words_lock = threading.Lock(), threading.Lock()
     _pid = os.getpid()

@@ -6,6 +6,7 @@ Each test failed before the mend its docstring names, for the reason it states."
 from __future__ import annotations
 
 import errno
+import math
 import os
 import socket
 import threading
@@ -32,13 +33,17 @@ def test_a_listener_thread_that_cannot_start_leaves_waiters_reading(lock_table, 
     acquire that found its lock busy raised it to its caller, instead of waiting in line and
     reading, as a process without pushes does; and each try left its bound socket open until
     the garbage collector found it. Now the socket is closed and the waiter reads; a later
-    wait tries to listen again (the limit may have passed), unlike a bind that failed."""
+    wait tries to listen again (the limit may have passed: LISTEN_RETRY later), unlike a bind
+    that failed."""
     monkeypatch.setattr(push, "_listener", None)
     monkeypatch.setattr(push, "_failed_bind", None)
+    monkeypatch.setattr(push, "_short_until", -math.inf)
     real_start = threading.Thread.start
+    tries: list[str] = []
 
     def start(self: threading.Thread) -> None:
         if self.name == "dynasem-push":
+            tries.append(self.name)
             raise RuntimeError("can't start new thread")
         real_start(self)
 
@@ -63,7 +68,9 @@ def test_a_listener_thread_that_cannot_start_leaves_waiters_reading(lock_table, 
     thread.join(10)
     assert "error" not in out and "acquired" in out
     assert push._listener is None and push._failed_bind is None
+    assert len(tries) == 1  # not a socket and a warning at every step: LISTEN_RETRY later
     monkeypatch.setattr(threading.Thread, "start", real_start)
+    monkeypatch.setattr(push, "_short_until", -math.inf)  # LISTEN_RETRY went by
     assert push.available()  # the limit passed: it listens now
     push._listener.sock.close()  # its thread ends; the test's own listener comes back
 
@@ -75,12 +82,15 @@ def test_a_process_out_of_sockets_for_a_moment_listens_again_later(lock_table, m
     as an address it cannot listen on (``_failed_bind``), as a bind to an address not of
     this host is: pushes stayed off in that process until it restarted, and every later
     hand-over to its waiters cost them their paced reads. A socket that could not be opened
-    is tried again at the next wait; a bind that failed still is not."""
+    is tried again at a later wait (LISTEN_RETRY on); a bind that failed still is not."""
     monkeypatch.setattr(push, "_listener", None)
     monkeypatch.setattr(push, "_failed_bind", None)
+    monkeypatch.setattr(push, "_short_until", -math.inf)
     failing = [True]
+    tries: list[int] = []
 
     def socket_(*args: Any, **kwargs: Any) -> socket.socket:
+        tries.append(errno_)
         if failing[0]:
             raise OSError(errno_, os.strerror(errno_))
         return socket.socket(*args, **kwargs)
@@ -88,8 +98,10 @@ def test_a_process_out_of_sockets_for_a_moment_listens_again_later(lock_table, m
     # Only push's sockets: the socket module as push sees it, but for its constructor.
     module = types.SimpleNamespace(**{**vars(socket), "socket": socket_})
     monkeypatch.setattr(push, "socket", module)
-    assert not push.available()
+    assert not push.available() and not push.available()
+    assert len(tries) == 1  # tried again LISTEN_RETRY later, not at every step
     failing[0] = False
+    monkeypatch.setattr(push, "_short_until", -math.inf)  # LISTEN_RETRY went by
     assert push.available()  # the burst passed: it listens
     assert push._listener is not None and push._listener.thread.is_alive()
     push._listener.sock.close()  # its thread ends; the test's own listener comes back

@@ -68,6 +68,7 @@ PER_PROCESS: dict[Key, Callable[[Any], Any]] = {
     ("dynasem._engine.hold", "_left"): lambda proc: set(),
     ("dynasem._engine.push", "_listener"): lambda proc: None,
     ("dynasem._engine.push", "_failed_bind"): lambda proc: None,
+    ("dynasem._engine.push", "_short_until"): lambda proc: -math.inf,
     ("dynasem._engine.push", "_lock"): _lock,
     ("dynasem._engine.push", "_mac_failures"): lambda proc: 0,
     ("dynasem._engine.push", "_mac_warned_at"): lambda proc: -math.inf,
