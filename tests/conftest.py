@@ -16,13 +16,10 @@ from __future__ import annotations
 import contextlib
 import importlib
 import os
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from django.core.management import call_command
-from django.test import override_settings
 
 from dynasem.testing import abandon
 from tests.support import netns, xdist_groups
@@ -36,9 +33,9 @@ from tests.support.helpers import (
     READERS_ENV,
     REQUESTS_FILE,
     RequestCounter,
-    dynasem_settings,
     engine_name,
     settle_engine,
+    table_of_a_test,
 )
 
 # test_testing.py runs users' test suites in a subprocess through pytester.
@@ -219,35 +216,10 @@ def _listings_settle(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
 
 @pytest.fixture
 def lock_table(dynamodb_local: str) -> Iterator[str]:
-    """A new, empty lock table made by ``dynasem_createtable``; its name is returned."""
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    from dynasem._engine.hold import forget_left
-
-    forget_left()  # holds whose release an earlier test cut short: on its table, not this one
-    with override_settings(DYNASEM=dynasem_settings(dynamodb_local, name)):
-        call_command("dynasem_createtable", "--wait", verbosity=0, stdout=open(os.devnull, "w"))
-        # DynamoDB Local really deletes expired rows by TTL, from a background sweep at moments
-        # of its own: tests that expire holds on purpose must not race it. (The createtable
-        # tests check TTL on tables of their own.)
-        from dynasem._storage import dynamodb, schema
-
-        dynamodb.get_client().update_time_to_live(
-            TableName=name,
-            TimeToLiveSpecification={"Enabled": False, "AttributeName": "expires"},
-        )
-        os.environ["DYNASEM_TEST_TABLE"] = name
-        try:
-            yield name
-        finally:
-            from dynasem._storage import (
-                dynamodb,
-                schema,
-            )
-
-            try:
-                schema.delete_table(name)
-            except Exception:
-                pass
+    """A new, empty lock table made by ``dynasem_createtable``; its name is returned. What the
+    test left renewed goes with it (see ``tests.support.helpers.table_of_a_test``)."""
+    with table_of_a_test(dynamodb_local) as name:
+        yield name
 
 
 @pytest.fixture

@@ -12,21 +12,22 @@
   then its response is replaced by a 500, before botocore decides whether to retry.
 
 Each rule counts how often it fired (``.fired``). Use as a context manager to unhook.
-Only requests naming the table configured when ``Faults`` was made are failed: the client is
-shared by the worker, and a heartbeat an earlier test left running renews on that test's
-table. ``Faults(client, this_thread=True)`` fails only the requests sent by the thread that
-made it (not this test's own heartbeats either).
+Only requests naming the table configured when ``Faults`` was made are failed (the client is
+shared by the worker: see ``tests.support.helpers.OwnRequests``).
+``Faults(client, this_thread=True)`` fails only the requests sent by the thread that made it
+(not this test's own heartbeats either).
 """
 
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from botocore.awsrequest import AWSResponse
 from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
+
+from tests.support.helpers import OwnRequests
 
 
 @dataclass
@@ -76,10 +77,7 @@ class Faults:
     def __init__(self, client: Any, *, this_thread: bool = False):
         self.client = client
         self.rules: list[Rule] = []
-        self.thread = threading.get_ident() if this_thread else None
-        from dynasem.conf import settings
-
-        self.table = f'"{settings.TABLE_NAME}"'.encode()
+        self._ours = OwnRequests(this_thread=this_thread)
         events = client.meta.events
         events.register_first("before-send.dynamodb", self._before_send)
         events.register_first("needs-retry.dynamodb", self._needs_retry)
@@ -139,13 +137,6 @@ class Faults:
         if isinstance(target, bytes):
             target = target.decode()
         return target.rsplit(".", 1)[-1]
-
-    def _ours(self, body: Any) -> bool:
-        if self.thread is not None and self.thread != threading.get_ident():
-            return False
-        if isinstance(body, str):
-            body = body.encode()
-        return not isinstance(body, bytes) or self.table in body
 
     def _before_send(self, request: Any, **kwargs: Any) -> Any:
         if not self._ours(request.body):

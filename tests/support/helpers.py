@@ -4,9 +4,13 @@ fixtures and hooks that use them)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+import uuid
+import warnings
 from collections import Counter
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -102,17 +106,133 @@ def dynasem_settings(endpoint: str, table_name: str, **extra: Any) -> dict[str, 
     }
 
 
+class OwnRequests:
+    """Tells a test's own requests, as botocore's event hooks on the worker's shared client
+    see them, from another test's: those naming the table configured when it was made (and,
+    with ``this_thread``, sent by the thread that made it: not the test's own heartbeats).
+
+    A hook is called with a request's body (``before-send``; ``needs-retry``'s
+    ``request_dict``) or its parameters (``before-call``). A request naming no table at all
+    (``ListTables``) counts as the test's. Requests name the table DYNASEM names as they are
+    built: a hold an earlier test left renewed would write to this test's table, so
+    ``lock_table`` stops those at its end (:func:`stop_renewals`); this guards against what
+    was on its way then, and against a test's own threads where ``this_thread`` is asked."""
+
+    def __init__(self, *, this_thread: bool = False) -> None:
+        from dynasem.conf import settings
+
+        self.table: str = settings.TABLE_NAME
+        self.thread = threading.get_ident() if this_thread else None
+
+    def __call__(self, sent: Any) -> bool:
+        if self.thread is not None and self.thread != threading.get_ident():
+            return False
+        if isinstance(sent, dict) and "body" in sent:  # botocore's request_dict
+            sent = sent["body"]
+        if isinstance(sent, str):
+            sent = sent.encode()
+        if isinstance(sent, bytes):
+            return f'"{self.table}"'.encode() in sent or not any(k in sent for k in _NAMING)
+        if isinstance(sent, dict):  # a request's parameters
+            return repr(self.table) in repr(sent) or not any(k in sent for k in _NAMED)
+        return True
+
+
+# What names tables in a request (its parameters; their JSON in its body).
+_NAMED = ("TableName", "TransactItems", "RequestItems")
+_NAMING = tuple(f'"{key}"'.encode() for key in _NAMED)
+
+
+def renewing() -> set[Any]:
+    """The heartbeats of this process still renewing (their holds' or jobs')."""
+    from dynasem._engine import heartbeat
+
+    return set(heartbeat.scheduled())
+
+
+def stop_renewals(before: set[Any], timeout: float = 5.0) -> list[str]:
+    """Stop the heartbeats started since ``before`` (:func:`renewing` at a test's start) and
+    still renewing at its end, as ``dynasem.testing.abandon`` does, and wait (at most
+    ``timeout``) for a renewal of theirs in flight; their resources are returned. Renewed on,
+    each would write to whatever table DYNASEM names next: another test's, whose fault rules
+    and request counts would see it."""
+    import time
+
+    from dynasem._engine import heartbeat
+
+    left = renewing() - before
+    for beat in left:
+        beat.stop()
+    scheduler = heartbeat._ours()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with scheduler._cond:
+            if not any(beat in scheduler._beating for beat in left):
+                break
+        time.sleep(0.01)
+    return sorted(beat.held.resource for beat in left)
+
+
+@contextlib.contextmanager
+def table_of_a_test(endpoint: str, **settings: Any) -> Iterator[str]:
+    """A new, empty lock table made by ``dynasem_createtable``, with DYNASEM (``settings``
+    added) pointed at it, deleted at the end (the ``lock_table`` fixture's). Heartbeats started
+    meanwhile and still renewing at its end are stopped first, with a warning naming their
+    resources (:func:`stop_renewals`)."""
+    from django.core.management import call_command
+    from django.test import override_settings
+
+    from dynasem._engine.hold import forget_left
+    from dynasem._storage import dynamodb, schema
+
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    forget_left()  # holds whose release an earlier test cut short: on its table, not this one
+    with override_settings(DYNASEM=dynasem_settings(endpoint, name, **settings)):
+        call_command("dynasem_createtable", "--wait", verbosity=0, stdout=open(os.devnull, "w"))
+        # DynamoDB Local really deletes expired rows by TTL, from a background sweep at moments
+        # of its own: tests that expire holds on purpose must not race it. (The createtable
+        # tests check TTL on tables of their own.)
+        dynamodb.get_client().update_time_to_live(
+            TableName=name,
+            TimeToLiveSpecification={"Enabled": False, "AttributeName": "expires"},
+        )
+        os.environ["DYNASEM_TEST_TABLE"] = name
+        before = renewing()
+        try:
+            yield name
+        finally:
+            _warn_left_renewed(stop_renewals(before))
+            try:
+                schema.delete_table(name)
+            except Exception:
+                pass
+
+
+def _warn_left_renewed(resources: list[str]) -> None:
+    if resources:
+        warnings.warn(
+            f"dynasem tests: still renewed at the test's end (stopped): {resources}; give them "
+            "back, or abandon() those the test leaves held on purpose",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
 class RequestCounter:
     """Counts the DynamoDB requests actually sent, by operation, through botocore's events
-    (``calls``: every thread's; :meth:`of_this_thread`: the caller's only)."""
+    (``calls``: every thread's; :meth:`of_this_thread`: the caller's only). ``own``: count
+    only the requests it tells are the test's (:class:`OwnRequests`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, own: OwnRequests | None = None) -> None:
+        self.own = own
         self.calls: Counter[str] = Counter()
         self._by_thread: Counter[tuple[int, str]] = Counter()
         self._watched: str | None = None
         self.naming = 0  # requests whose parameters name the watched text (see watch)
 
     def __call__(self, model: Any, **kwargs: Any) -> None:
+        if self.own is not None and not self.own(kwargs.get("params")):
+            return
         self.calls[model.name] += 1
         self._by_thread[(threading.get_ident(), model.name)] += 1
         if self._watched is not None and self._watched in repr(kwargs.get("params")):
