@@ -36,6 +36,7 @@ from dynasem._storage import dynamodb, lock_rows, records
 from dynasem.signals import lock_acquired, lock_busy, lock_lost, lock_released
 from dynasem.testing import abandon
 from tests.support.helpers import (
+    OwnRequests,
     RequestCounter,
     break_holds,
     dynasem_settings,
@@ -831,7 +832,7 @@ def test_fences_increase_across_reap_after_release_with_clocks_within_skew(
 def no_table_requests() -> Iterator[RequestCounter]:
     """Counts the requests of the test settings' client; no table is made, as the arguments
     checked here must be refused before any request (one would be counted, then fail)."""
-    counter = RequestCounter()
+    counter = RequestCounter(OwnRequests(this_thread=True))  # not another test's thread's
     client = dynamodb.get_client()
     client.meta.events.register("before-call.dynamodb", counter)
     yield counter
@@ -943,7 +944,7 @@ def test_lease_setting_not_longer_than_clock_skew_refused(
 ) -> None:
     settings = dynasem_settings(dynamodb_local, lock_table, LEASE=3, CLOCK_SKEW=5)
     with override_settings(DYNASEM=settings):
-        counter = RequestCounter()
+        counter = RequestCounter(OwnRequests(this_thread=True))
         dynamodb.get_client().meta.events.register("before-call.dynamodb", counter)
         with pytest.raises(ValueError, match="CLOCK_SKEW"):
             semaphore("res").acquire()

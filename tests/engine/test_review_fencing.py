@@ -14,7 +14,7 @@ from django.core.management import call_command
 
 from dynasem import semaphore
 from dynasem._storage import dynamodb, lock_rows
-from tests.support.helpers import in_another_thread
+from tests.support.helpers import OwnRequests, in_another_thread
 
 SKEW = 0.5  # CLOCK_SKEW of the test settings
 
@@ -118,10 +118,15 @@ def test_a_take_answered_late_within_its_bucket_costs_no_second_write(lock_table
     updates: list[str] = []
     late = [True]
 
-    def count(**kwargs: Any) -> None:
-        updates.append("UpdateItem")
+    own = OwnRequests(this_thread=True)  # not another test's thread's
 
-    def answer_late(response: Any, **kwargs: Any) -> None:
+    def count(params: Any, **kwargs: Any) -> None:
+        if own(params):
+            updates.append("UpdateItem")
+
+    def answer_late(response: Any, request_dict: Any, **kwargs: Any) -> None:
+        if not own(request_dict):
+            return
         if late[0] and response is not None and response[0] is not None:
             late[0] = False
             time.sleep(SKEW + 0.3)

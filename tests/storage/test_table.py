@@ -17,6 +17,7 @@ from dynasem import _clock as clock
 from dynasem._storage import dynamodb, lock_rows, lock_writes, records
 from dynasem.conf import settings
 from dynasem.testing import abandon
+from tests.support.helpers import OwnRequests
 
 
 def test_uncontended_cycle_is_one_write_to_acquire_and_one_to_release(requests_sent):
@@ -100,10 +101,14 @@ def test_stored_row_carries_user_and_expires_for_the_indexes(lock_table):
 
 def _lose_responses(client, operation: str, count: int) -> dict[str, int]:
     """Let DynamoDB apply the next ``count`` requests of ``operation`` but replace each response
-    by a 500 before botocore decides about retrying (as a dropped connection would)."""
+    by a 500 before botocore decides about retrying (as a dropped connection would): this
+    thread's only (another test's thread must not use them up)."""
     state = {"lost": 0}
+    own = OwnRequests(this_thread=True)
 
     def lose(response, operation, **kwargs):
+        if not own(kwargs.get("request_dict")):
+            return
         if operation.name == OP and state["lost"] < count and response is not None:
             http_response, parsed = response
             if http_response is not None and http_response.status_code == 200:
