@@ -358,8 +358,12 @@ class Held:
         (under ``_lock``: no renewal or hand-over of ours meanwhile), conditional on our token
         as a release is, so that nobody waits out its stored end for nobody. Best effort: a
         failure leaves it to its lease, as before. Not a hold waiting for its transaction's
-        end, which gives it back (its work is not committed yet)."""
-        if self._row_refused or self._pending_commit or not self.here or not self._ended():
+        end, which gives it back (its work is not committed yet), nor one whose release has
+        begun (in another thread, waiting for this lock): that release gives it back, says
+        it was released (``lock_released``) or raises the loss to the block's end."""
+        if self._row_refused or self._pending_commit or not self.here:
+            return
+        if self._giving_back_mono < math.inf or not self._ended():
             return
         self._given_back_lost = True
         try:
@@ -558,6 +562,8 @@ class Held:
             raise
         with _owned(self._lock):
             if not self._ended():
+                if self._given_back_lost:  # by renew(), as it raised, before we began
+                    self._raise_lost()
                 return
             given: bool | None = None
             lost_before = False
