@@ -104,6 +104,9 @@ class Held:
         self._lost: str | None = None
         self._row_refused = False  # a write of ours was refused: the row is not ours
         self._given_back_lost = False  # given back by renew() as it found the hold lost
+        # A renew() found the hold lost as it waited for a renewal in flight: that renewal,
+        # finding it lost too, gives the row back.
+        self._give_back_asked = False
         # Told of the loss before lock_lost is sent: dynasem's own listeners (a lead), which
         # must not depend on a project's receivers connected before them, any of which may raise.
         self._lost_watchers: list[Callable[[], None]] = []
@@ -337,7 +340,12 @@ class Held:
         # In slices: a lock's timeout runs on CLOCK_MONOTONIC, which stops while the host
         # sleeps, the deadline's clock does not.
         while not self._lock.acquire(timeout=min(self.seconds_left(), LOOK_EVERY)):
-            self._check_ours()
+            try:
+                self._check_ours()
+            except LockLost:
+                # The row is given back by the renewal we waited for (it holds the lock).
+                self._give_back_asked |= give_back
+                raise
         try:
             self._check_ours()
             with telemetry.renewing(self) if telemetry.ON else _NOTHING:
@@ -346,7 +354,7 @@ class Held:
             # trust (the stored end is a lease from the send: another may take over now).
             self.raise_if_lost()
         except LockLost:
-            if give_back:
+            if give_back or self._give_back_asked:
                 self._give_back_lost()
             raise
         finally:

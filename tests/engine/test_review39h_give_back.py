@@ -162,3 +162,43 @@ def test_a_renew_beside_a_release_in_time_leaves_the_give_back_to_it(
         lock_released.disconnect(heard)
         monkeypatch.undo()
         abandon(held)
+
+
+def test_a_renew_told_of_the_loss_behind_the_heartbeats_late_renewal_gives_the_row_back(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``renew()`` that raises ``LockLost`` because the deadline passed gives the row back
+    (failures.md), so that a caller of ``acquire()`` told of the loss leaves nothing named for
+    a lease. Called while the heartbeat's renewal was in flight, it raised from its wait for
+    the hold's lock, before the try that gives back; the heartbeat's renewal, answered past
+    its trust, left the row to the block's end: the row named nobody's hold for a whole lease
+    from that renewal's send."""
+    resource = unique("renew-behind-heartbeat")
+    held = semaphore(resource, lease=1.5).acquire()
+    stop_renewing(held)
+    sent = threading.Event()
+    beat_raised: list[BaseException] = []
+
+    def beat() -> None:  # the heartbeat's renewal
+        try:
+            held._renew_in_background()
+        except LockLost as exc:
+            beat_raised.append(exc)
+
+    try:
+        slowed_renewals(monkeypatch, 1.3, sent)  # answered past the deadline (1.0 s)
+        heartbeat = threading.Thread(target=beat, name="dynasem-heartbeat")
+        heartbeat.start()
+        assert sent.wait(5)
+        time.sleep(1.1)  # past the deadline, the heartbeat's renewal in flight
+        with pytest.raises(LockLost):
+            held.renew()
+        heartbeat.join(5)
+        monkeypatch.undo()
+        assert [type(e) for e in beat_raised] == [LockLost]
+        assert tokens_on(resource) == set(), "the lost hold's row still names it"
+        with pytest.raises(LockLost):
+            held.release()
+    finally:
+        monkeypatch.undo()
+        abandon(held)
