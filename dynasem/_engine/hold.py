@@ -362,15 +362,18 @@ class Held:
 
     def _give_back_lost(self) -> None:
         """``renew()`` found the hold lost, and tells its caller, who then has nothing left to
-        release: the row, ours still unless a write of ours was refused, is given back now
+        release: the row, ours still unless a write of ours was refused (the rows of several
+        still ours, whichever one refused it: renewed just before), is given back now
         (under ``_lock``: no renewal or hand-over of ours meanwhile), conditional on our token
         as a release is, so that nobody waits out its stored end for nobody. Best effort: a
         failure leaves it to its lease, as before. Not a hold waiting for its transaction's
         end, which gives it back (its work is not committed yet), nor one whose release has
         begun (in another thread, waiting for this lock): that release gives it back, says
         it was released (``lock_released``) or raises the loss to the block's end."""
-        if self._row_refused or self._pending_commit or not self.here:
+        if self._pending_commit or not self.here:
             return
+        if self._row_refused and len(self.resources) == 1:
+            return  # not ours: the others of several may be (each released on our token)
         if self._giving_back_mono < math.inf or not self._ended():
             return
         self._given_back_lost = True

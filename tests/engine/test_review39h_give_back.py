@@ -19,6 +19,7 @@ from dynasem._storage import lock_rows
 from dynasem.signals import lock_released
 from dynasem.testing import abandon
 from tests.engine.test_heartbeat import tokens_on, unique
+from tests.support.helpers import break_holds
 
 pytestmark = pytest.mark.django_db(transaction=False)
 
@@ -202,3 +203,27 @@ def test_a_renew_told_of_the_loss_behind_the_heartbeats_late_renewal_gives_the_r
     finally:
         monkeypatch.undo()
         abandon(held)
+
+
+def test_a_renewal_refused_on_one_row_gives_back_the_rows_still_ours(lock_table: str) -> None:
+    """A hold of two resources; an operator breaks its hold on the second. ``renew()``
+    renews the first row (a whole lease from now), is refused on the second and raises
+    ``LockLost``; a caller of ``acquire()`` told of the loss has nothing left to release
+    (6b22957), yet the give-back was skipped for the whole hold once one write was refused:
+    the first row named nobody's hold for the lease just renewed. The second, taken by
+    another since, stays that holder's."""
+    first, second = unique("ours-still"), unique("broken")
+    held = semaphore([first, second], lease=1.5).acquire()
+    stop_renewing(held)
+    break_holds(second, held.token)
+    taker = semaphore(second, wait=0).acquire()
+    try:
+        with pytest.raises(LockLost):
+            held.renew()
+        assert tokens_on(second) == {taker.token}, "the new holder's row was given back"
+        assert tokens_on(first) == set(), "the row still ours was left to its lease"
+        other = semaphore(first, wait=0).acquire()  # at once, not a lease later
+        other.release()
+    finally:
+        abandon(held)
+        taker.release()
