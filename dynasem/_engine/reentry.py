@@ -62,8 +62,6 @@ def opened(block: Block, value: _T) -> _T:
     """``value`` entered by ``block``: this thread's or task's innermost, found by its frame
     from any context until :func:`left`."""
     block.value, block.open = value, True
-    if block.task is None and (task := _running_task()) is not None:
-        block.task = weakref.ref(task)  # a sync block entered in a coroutine: its task's
     try:
         _entered.set((*_open_here(), block))
         if block.frame is not None:
@@ -125,16 +123,12 @@ def _open_here() -> tuple[Block, ...]:
 def current_hold(resource: str | None = None) -> Held:
     """The innermost hold this thread or task entered (``with``/``async with``, or a decorated
     call) and has not left; the innermost one on ``resource`` if given. A decorated view or
-    function reaches its own hold this way: ``current_hold().fence``. Not a parent task's
-    (a task created in its block copies its context): the child is another holder.
+    function reaches its own hold this way: ``current_hold().fence``.
     Raises ``LookupError`` when there is none, ``TypeError`` for a ``resource`` that is no str
     (no hold's, which read as "none entered" inside the very block)."""
     if resource is not None and not isinstance(resource, str):
         raise TypeError(f"resource must be a str, not {type(resource).__name__}: {resource!r}")
-    me = _running_task()
     for block in reversed(_open_here()):
-        if me is not None and block.task is not None and block.task() is not me:
-            continue  # another task's block, its context copied into this task
         held = block.value
         if isinstance(held, Held) and (resource is None or resource in held.resources):
             return held
@@ -187,15 +181,11 @@ _acquired: ContextVar[tuple[tuple[Held, object], ...]] = ContextVar("dynasem_acq
 as_another_process: ContextVar[bool] = ContextVar("dynasem_as_another_process", default=False)
 
 
-def _running_task() -> asyncio.Task[Any] | None:
-    try:
-        return asyncio.current_task()
-    except RuntimeError:  # no running event loop here
-        return None
-
-
 def _owner() -> object:
-    task = _running_task()
+    try:
+        task = asyncio.current_task()
+    except RuntimeError:  # no running event loop here
+        task = None
     if task is not None:
         return task
     # Sync code that asgiref's sync_to_async runs for a task (Django's default,

@@ -6,13 +6,12 @@ Leases here are 1.5 s with CLOCK_SKEW 0.5 s (the test settings): a holder trusts
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
 import pytest
 
-from dynasem import LockLost, current_hold, semaphore
+from dynasem import LockLost, semaphore
 from dynasem._engine.hold import stop_renewing
 from dynasem._storage import lock_rows, permit_items, reader_items
 from dynasem.testing import abandon
@@ -135,28 +134,3 @@ def test_a_renewal_refused_gives_back_nobody_elses_hold(lock_table: str) -> None
     finally:
         abandon(held)
         other.release()
-
-
-def test_a_child_task_does_not_take_its_parents_hold_for_its_own(lock_table: str) -> None:
-    """A task created inside an ``async with`` block copies the block's context, so
-    ``current_hold()`` in it returned the parent's hold: the child is another holder (a
-    nested acquire of its own waits like anyone's), and its ``release()`` of what it was
-    given would end the parent's hold while the parent's block still works under it. It
-    raises ``LookupError`` there, as in any task that entered no block; the parent, after
-    the child, still finds its own."""
-    resource = unique("child-task")
-
-    async def child() -> Any:
-        try:
-            return current_hold()
-        except LookupError:
-            return None
-
-    async def main() -> tuple[Any, Any, Any]:
-        async with semaphore(resource, wait=0) as held:
-            seen = await asyncio.create_task(child())
-            return held, seen, current_hold()
-
-    held, seen, mine = asyncio.run(main())
-    assert seen is None, "the child task found its parent's hold as its own"
-    assert mine is held
