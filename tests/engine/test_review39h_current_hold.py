@@ -1,19 +1,12 @@
 """Review 39h: ``current_hold()`` in code that runs in another task on the holder's behalf,
-awaited inside its block (aa7efa8 made a block's hold invisible to any task but the one
-that entered it).
+awaited inside its block.
 
 ``asyncio.gather`` and a ``TaskGroup`` wrap each coroutine in a task of its own (so does
 ``asyncio.wait_for`` on Python 3.11), and ``async_to_sync`` called by sync code that
 ``sync_to_async`` runs for the holder runs its coroutine in a new task too: each is the
 block's own work, awaited before the block ends, and ``current_hold().fence`` there is what
-the block's writes need. They worked before aa7efa8 and now raise ``LookupError``, while
-the sync code in between (``sync_to_async``) still finds the hold.
-
-The mend I would make: ``current_hold()`` reads the blocks of its context again (the task
-filter dropped), since a block's hold is visible only while the block is open and its
-children are the block's own work; re-entry (a nested acquire) keeps its own rule, by
-owner. Left as strict xfails: it undoes a design choice made deliberately an hour ago, for
-the maintainers to weigh.
+the block's writes need. A filter by task (aa7efa8, reverted) made each raise
+``LookupError``: a block's hold is visible while the block is open, to the work it awaits.
 """
 
 from __future__ import annotations
@@ -27,15 +20,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 from dynasem import current_hold, semaphore
 from tests.engine.test_heartbeat import unique
 
-pytestmark = [
-    pytest.mark.django_db(transaction=False),
-    pytest.mark.xfail(
-        strict=True,
-        reason="aa7efa8: current_hold() skips blocks entered by another task, even one that "
-        "awaits this task inside its block (gather, TaskGroup, async_to_sync under "
-        "sync_to_async)",
-    ),
-]
+pytestmark = pytest.mark.django_db(transaction=False)
 
 
 async def seen_hold() -> Any:
