@@ -40,15 +40,18 @@ def paused(
     failures: int,
     started: float,
     until: float = math.inf,
-    patience: float = RELEASE_PATIENCE,
+    patience: float | None = None,
 ) -> bool:
     """Paused before sending again a give-back that failed (for the ``failures``-th time) for
     a passing cause; False: not worth it (another cause, or ``patience`` seconds after
-    ``started``, or ``until``, the hold's deadline, reached by then)."""
+    ``started`` (None: RELEASE_PATIENCE as it is at the call), or ``until``, the hold's
+    deadline, reached by then)."""
     if not passing:
         return False
     cap = min(1.0, RELEASE_PAUSE * 2 ** (failures - 1))
     pause = random.uniform(cap / 2, cap)  # spread: the waiters' are throttled too
+    if patience is None:
+        patience = RELEASE_PATIENCE
     if clock.monotonic() + pause >= min(started + patience, until):
         return False
     time.sleep(pause)
@@ -61,7 +64,7 @@ def patiently(
     gave_up: Callable[[SemaphoreUnavailable], None] | None = None,
     *,
     transient: bool = False,
-    patience: float = RELEASE_PATIENCE,
+    patience: float | None = None,
 ) -> bool:
     """``send`` a give-back of one item, sent again after a pause while it fails for a
     passing cause (``transient``: for any transient one, a 5xx or a dropped connection too,
