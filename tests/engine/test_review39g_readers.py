@@ -1,0 +1,125 @@
+"""Paths of readers held in items that no test ran (review 39, helper g): ``admitted()``'s
+refusal after botocore sent the item's write again (``refused.retried``), and the undo of
+an admission whose fence is not known (``reader_hold.BAR_ANY``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from dynasem import semaphore
+from dynasem._engine import reader_hold
+from dynasem._storage import dynamodb
+from tests.engine.test_readers_lost import INLINE, BreakBetweenSends, counted, no_writer_beside
+from tests.support.faults import _error_response
+from tests.support.helpers import take
+
+pytestmark = pytest.mark.django_db(transaction=False)
+
+
+@pytest.fixture(autouse=True)
+def forget_rows() -> None:
+    reader_hold.rows.clear()
+
+
+class InFlight:
+    """The first try of a reader item's write (``UpdateItem ... REMOVE #bt``) still on its
+    way (answered 500 before it was sent, its body kept: :meth:`land` sends it later);
+    botocore sends the same write again."""
+
+    def __init__(self) -> None:
+        self.client = dynamodb.get_client()
+        self.first: list[dict[str, Any]] = []
+
+    def _hook(self, request: Any, **kwargs: Any) -> Any:
+        body = request.body if isinstance(request.body, bytes) else str(request.body).encode()
+        if self.first or b"REMOVE #bt" not in body:
+            return None
+        self.first.append(json.loads(body))
+        return _error_response(500, "InternalServerError", "timed out (test)")
+
+    def __enter__(self) -> InFlight:
+        self.client.meta.events.register_first("before-send.dynamodb.UpdateItem", self._hook)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.client.meta.events.unregister("before-send.dynamodb.UpdateItem", self._hook)
+
+    def land(self) -> bool:
+        """The first try lands now; whether it was applied."""
+        try:
+            self.client.update_item(**self.first[0])
+        except self.client.exceptions.ConditionalCheckFailedException:
+            return False
+        return True
+
+
+def test_a_try_still_on_its_way_when_botocores_resend_was_refused_is_barred(
+    holds: list[Any],
+) -> None:
+    """A reader's item write: its first try on its way (timed out), the second applied with
+    its answer lost, an operator's break between it and the third, which is refused by the
+    break's tombstone (``refused.retried``). The admission is made again (a higher fence,
+    over the tombstone), held and released. The first try lands after the release: over a
+    deleted item it would make a reader nobody counts, whose break counts the row down
+    once more, the count of the reader beside it: a writer gets in. The refusal marks the
+    resource (``run.stray``): the release leaves our tombstone, which refuses that try."""
+    inline = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE)]
+    other = take(holds, "doc", shared=True, lease=30)  # in an item
+    with InFlight() as flight, BreakBetweenSends() as hook:
+        reader = semaphore("doc", shared=True, lease=30).acquire()
+    assert flight.first and hook.broken == [True], "the break did not land between the sends"
+    assert "doc" in reader.late
+    assert counted("doc") == (2, 2)
+    reader.release()
+    assert counted("doc") == (1, 1)
+    assert not flight.land(), "the first try landed after the release: a reader nobody counts"
+    reader_hold.break_reader("doc", reader.token)  # an operator breaks the reader, if listed
+    for held in inline:  # the readers in the row leave: only the one in an item holds
+        held.release()
+        holds.remove(held)
+    no_writer_beside(holds, other)
+
+
+def test_an_unanswered_admissions_undo_takes_a_breaks_tombstone_for_a_break(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader's admission, every try's answer lost (applied: counted, the row's mark
+    ours); the next plan confirms it, its item's write applied with its answer lost, an
+    operator's break between that and botocore's re-send (the break counts the reader
+    down; the mark stays), the re-send refused; taking our mark off the row then fails (a
+    throttle), and so does the acquire. Its give-back runs the first admission's undo,
+    whose fence is not known (``BAR_ANY``): it finds the break's tombstone of our token,
+    an earlier fence than any, and must take it for a break of this admission (the break
+    counted it down: the mark off, nothing more). Taken for an earlier admission's, the
+    undo bars the item over it and counts the reader down again by the mark still ours: the
+    count of the reader beside it, and a writer gets in."""
+    from dynasem._storage import lock_rows
+    from dynasem.exceptions import SemaphoreUnavailable
+    from tests.engine.test_readers_lost import LoseAnswer
+    from tests.engine.test_trust_at_return import admission
+
+    inline = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE)]
+    other = take(holds, "doc", shared=True, lease=30)  # in an item
+    forget, failed = reader_hold.forget_admission, []
+
+    def throttled_once(*args: Any) -> None:
+        if not failed:
+            failed.append(args)
+            raise SemaphoreUnavailable("throttled (test)", transient=True)
+        forget(*args)
+
+    monkeypatch.setattr(reader_hold, "forget_admission", throttled_once)
+    with LoseAnswer(admission, times=4, refusals=True) as lost, BreakBetweenSends() as hook:
+        with pytest.raises(SemaphoreUnavailable, match="test"):
+            semaphore("doc", shared=True, lease=30, wait=5).acquire()
+    assert lost.fired == 4 and hook.broken == [True] and failed
+    row = lock_rows.get("doc")
+    assert row is not None and row.last_reader is None, "our admission's mark left on the row"
+    assert counted("doc") == (1, 1)
+    for held in inline:  # the readers in the row leave: only the one in an item holds
+        held.release()
+        holds.remove(held)
+    no_writer_beside(holds, other)
