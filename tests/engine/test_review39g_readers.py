@@ -14,7 +14,7 @@ from dynasem._engine import reader_hold
 from dynasem._storage import dynamodb
 from tests.engine.test_readers_lost import INLINE, BreakBetweenSends, counted, no_writer_beside
 from tests.support.faults import _error_response
-from tests.support.helpers import take
+from tests.support.helpers import in_another_thread, take
 
 pytestmark = pytest.mark.django_db(transaction=False)
 
@@ -118,6 +118,104 @@ def test_an_unanswered_admissions_undo_takes_a_breaks_tombstone_for_a_break(
     assert lost.fired == 4 and hook.broken == [True] and failed
     row = lock_rows.get("doc")
     assert row is not None and row.last_reader is None, "our admission's mark left on the row"
+    assert counted("doc") == (1, 1)
+    for held in inline:  # the readers in the row leave: only the one in an item holds
+        held.release()
+        holds.remove(held)
+    no_writer_beside(holds, other)
+
+
+def test_a_write_off_refused_by_a_reader_admitted_meanwhile_leaves_the_writer_waiting(
+    holds: list[Any], lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A writer held up only by a reader in an item, dead (its lease over), reads the
+    items, deletes the dead one's, and writes the epoch off; a reader admitted between the
+    delete and that write makes it refused (the fence moved). The writer plans again from
+    the row the refusal showed and finds that reader: busy, not an error of the engine's
+    (``dynamodb.Refused`` out of its acquire), and the new reader holds on."""
+    from dynasem import SemaphoreBusy
+    from dynasem import _clock as clock
+    from dynasem._storage import reader_items
+    from dynasem.testing import abandon
+
+    inline = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE)]
+    dead = take(holds, "doc", shared=True, lease=30)  # in an item
+    abandon(dead)  # its process died: its lease ran out (no write-off's wait for its end)
+    dynamodb.get_client().update_item(
+        TableName=lock_table,
+        Key={"pk": {"S": "doc"}, "sk": {"S": f"r#{dead.token}"}},
+        UpdateExpression="SET e = :e",
+        ExpressionAttributeValues={":e": {"N": str(clock.now_ms() - 60_000)}},
+    )
+    for held in inline:  # only the reader in an item is left
+        held.release()
+        holds.remove(held)
+    assert counted("doc") == (1, 1)
+    drop, admitted = reader_items.drop_reader, []
+
+    def then_admitted(resource: str, token: str, expires_ms: int | None = None) -> None:
+        drop(resource, token, expires_ms)
+        if not admitted:  # another process's reader, admitted before the write-off lands
+            in_another_thread(
+                lambda: admitted.append(semaphore("doc", shared=True, lease=30).acquire())
+            )
+            holds.extend(admitted)
+
+    monkeypatch.setattr(reader_items, "drop_reader", then_admitted)
+    with pytest.raises(SemaphoreBusy):
+        semaphore("doc", wait=0, lease=30).acquire()
+    monkeypatch.undo()
+    assert admitted, "the write-off never deleted the dead reader's item"
+    admitted[0].renew()
+    assert not admitted[0].lost
+    no_writer_beside(holds, admitted[0])
+
+
+def test_an_admission_given_back_after_its_breaks_tombstone_may_have_expired_counts_nothing(
+    holds: list[Any], lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A reader's item write applied, its answer lost, and every later try of it failing in
+    transit; meanwhile an operator broke that reader (counted it down; the row's mark stays
+    ours) and its tombstone went by TTL, a bucket later (this process paused as long). The
+    admission's undo then finds no item: whether a break took it is no longer shown, so it
+    counts nothing down (``tombstones_show``). Counted down by its mark, the reader goes
+    twice: the count of the reader beside it, and a writer gets in."""
+    import threading
+
+    from dynasem import _clock as clock
+    from dynasem._operators import locks
+    from dynasem._storage import reader_items, records
+    from dynasem.exceptions import SemaphoreUnavailable
+
+    inline = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE)]
+    other = take(holds, "doc", shared=True, lease=30)  # in an item
+    send, monotonic, paused = reader_items.send, clock.monotonic, [0.0]
+    here, tries = threading.get_ident(), []
+
+    def lost(action: dict[str, Any], **kwargs: Any) -> Any:
+        sk = action.get("Key", {}).get("sk", {}).get("S", "")
+        if not (sk.startswith("r#") and "REMOVE #bt" in action["UpdateExpression"]):
+            return send(action, **kwargs)
+        tries.append(action)
+        if len(tries) == 1:  # applied, its answer lost; broken, its tombstone gone by TTL
+            send(action, **kwargs)
+            token = sk[2:]
+            in_another_thread(lambda: tries.append(locks.break_hold("doc", token)))
+            key = {"pk": {"S": "doc"}, "sk": {"S": sk}}
+            dynamodb.get_client().delete_item(TableName=lock_table, Key=key)
+            paused[0] = records.BUCKET_S + 60.0
+        raise SemaphoreUnavailable("read timeout (test)", transient=True, ambiguous=True)
+
+    monkeypatch.setattr(reader_items, "send", lost)
+
+    def paused_here() -> float:  # this thread's pause alone: the heartbeats keep their time
+        return monotonic() + (paused[0] if threading.get_ident() == here else 0.0)
+
+    monkeypatch.setattr(clock, "monotonic", paused_here)
+    with pytest.raises(SemaphoreUnavailable, match="test"):
+        semaphore("doc", shared=True, lease=30).acquire()
+    monkeypatch.undo()
+    assert tries[1] is True, "the operator's break did not land"
     assert counted("doc") == (1, 1)
     for held in inline:  # the readers in the row leave: only the one in an item holds
         held.release()
