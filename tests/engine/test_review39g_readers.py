@@ -221,3 +221,56 @@ def test_an_admission_given_back_after_its_breaks_tombstone_may_have_expired_cou
         held.release()
         holds.remove(held)
     no_writer_beside(holds, other)
+
+
+def test_a_release_whose_item_delete_was_given_up_leaves_its_reader_counted(
+    holds: list[Any],
+) -> None:
+    """A reader's release, its item's delete throttled past the release's patience: the
+    item is still there, so the reader stays counted (a writer waits to write it off).
+    Counted down without its item gone, the reader goes twice once that item is broken or
+    reaped: the count of the reader beside it, and a writer gets in."""
+    from tests.support.faults import Faults
+
+    inline = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE)]
+    other = take(holds, "doc", shared=True, lease=30)  # in an item
+    reader = semaphore("doc", shared=True, lease=30).acquire()
+    assert counted("doc") == (2, 2)
+    with Faults(dynamodb.get_client()) as faults:
+        faults.throttle("DeleteItem", 10_000)
+        try:
+            reader.release()
+        except Exception:  # noqa: BLE001 - whatever it says, the item was not given back
+            pass
+        assert faults.fired
+    assert counted("doc") == (2, 2), "counted down, its item still there"
+    assert reader_hold.break_reader("doc", reader.token)  # an operator breaks it, as listed
+    for held in inline:  # the readers in the row leave: only the one in an item holds
+        held.release()
+        holds.remove(held)
+    no_writer_beside(holds, other)
+
+
+def test_a_last_readers_close_that_fails_leaves_the_release_done_and_a_writer_gets_in(
+    holds: list[Any],
+) -> None:
+    """The last reader in an item counts the row down to 0 (this process did not know it
+    was the last: no one-write leave), then its write taking the sentinel off fails
+    (throttled past botocore's retries). Its release is done all the same (its item gone,
+    its count down); a writer finds a sentinel over no reader and writes it off at once."""
+    from tests.support.faults import Faults
+
+    inline = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE)]
+    first = take(holds, "doc", shared=True, lease=30)  # in an item
+    last = semaphore("doc", shared=True, lease=30).acquire()  # in an item
+    for held in [*inline, first]:
+        held.release()
+        holds.remove(held)
+    assert counted("doc") == (1, 1)
+    reader_hold.rows.clear()  # the row not known here: counted down, then closed
+    with Faults(dynamodb.get_client()) as faults:
+        faults.throttle("UpdateItem", 4)  # the close (the count-down goes by the quick client)
+        last.release()
+        assert faults.fired == 4
+    assert counted("doc") == (0, 0)
+    semaphore("doc", lease=30, wait=2).acquire().release()
