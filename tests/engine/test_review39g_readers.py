@@ -274,3 +274,72 @@ def test_a_last_readers_close_that_fails_leaves_the_release_done_and_a_writer_ge
         assert faults.fired == 4
     assert counted("doc") == (0, 0)
     semaphore("doc", lease=30, wait=2).acquire().release()
+
+
+def _break(body: dict[str, Any]) -> bool:
+    """An operator's break of a reader item (not our own undo's tombstone: that sets a fence)."""
+    from tests.engine.test_trust_at_return import sk_of
+
+    return sk_of(body).startswith("r#") and "#bt = :tok, #exp" in body["UpdateExpression"]
+
+
+@pytest.mark.parametrize("quick", [True, False], ids=["quick client", "locks' client"])
+def test_a_readers_break_applied_with_its_answer_lost_counts_it_down(
+    holds: list[Any], quick: bool
+) -> None:
+    """An operator's break of a reader in an item, applied, its answer lost. On the quick
+    client (every operator's page and command: one attempt) the break reads its own
+    tombstone (its word) and counts the reader down; on the locks' client botocore sends it
+    again, refused by that tombstone, which it knows the same way. Either way the reader is
+    counted down once: not counted down, a writer would wait for a write-off of nobody."""
+    import contextlib
+
+    from dynasem import LockLost
+    from dynasem._operators import locks
+    from tests.engine.test_readers_lost import LoseAnswer
+
+    for _ in range(INLINE + 1):  # the last one in an item
+        take(holds, "doc", shared=True, lease=30)
+    broken = take(holds, "doc", shared=True, lease=30)  # in an item
+    assert counted("doc") == (2, 2)
+    with LoseAnswer(_break) as lost:
+        client = dynamodb.quick() if quick else contextlib.nullcontext()
+        if quick:
+            lost.client.meta.events.unregister(lost.event, lost._hook)
+            lost.client = dynamodb.get_client(quick=True)
+            lost.client.meta.events.register_first(lost.event, lost._hook)
+        with client:
+            assert locks.break_hold("doc", broken.token)
+    assert lost.fired == 1
+    assert counted("doc") == (1, 1)
+    with pytest.raises(LockLost):
+        broken.renew()
+
+
+def test_the_rows_a_process_remembers_and_watches_are_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A process remembers at most MAX_REMEMBERED rows with reader items, and watches at
+    most MAX_WATCHED rows of readers for a write-off (then it starts again)."""
+    from dynasem._engine import readers
+    from dynasem._storage import reader_items, records
+
+    monkeypatch.setattr(reader_hold, "MAX_REMEMBERED", 3)
+    monkeypatch.setattr(reader_hold, "rows", {})
+    monkeypatch.setattr(readers, "MAX_WATCHED", 3)
+    monkeypatch.setattr(readers, "_watched", {})
+    monkeypatch.setattr(readers, "_since", {})
+    sentinel = records.Holder(reader_items.READERS_USER, 1, 0, shared=True)
+    for n in range(7):
+        row = records.LockItem(
+            resource=f"doc:{n}",
+            holders={reader_items.SENTINEL: sentinel},
+            mode=records.Mode.SHARED,
+            fence=1,
+            reader_count=readers.FEW + 1,  # no early look: nothing read
+        )
+        reader_hold.remember(row)
+        readers.write_off_due(row, {reader_items.SENTINEL: sentinel}, skew=0.5)
+        assert len(reader_hold.rows) <= 3 and len(readers._watched) <= 3
+        assert len(readers._since) <= 3
+    assert "doc:6" in reader_hold.rows

@@ -1,0 +1,83 @@
+"""Paths of permits held in items that no test ran (review 39, helper g): an operator's break
+whose answer was lost, a freed slot's hint given up, the bound on rows remembered."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+import pytest
+
+from dynasem import LockLost, semaphore
+from dynasem._engine import permit_hold
+from dynasem._operators import locks
+from dynasem._storage import dynamodb, lock_rows
+from tests.engine.test_readers_lost import LoseAnswer
+from tests.engine.test_trust_at_return import sk_of
+from tests.support.faults import Faults
+from tests.support.helpers import take
+
+pytestmark = pytest.mark.django_db(transaction=False)
+
+
+def _break(body: dict[str, Any]) -> bool:
+    """An operator's break of a permit (not a give-back: that sets ``lt``)."""
+    return sk_of(body).startswith("s#") and "SET #bt = :tok" in body["UpdateExpression"]
+
+
+def _hints(resource: str) -> tuple[int, ...]:
+    row = lock_rows.get(resource)
+    assert row is not None
+    return row.hints
+
+
+@pytest.mark.parametrize("quick", [True, False], ids=["quick client", "locks' client"])
+def test_a_permits_break_applied_with_its_answer_lost_hints_its_slot(
+    holds: list[Any], quick: bool
+) -> None:
+    """An operator's break of a permit, applied, its answer lost. On the quick client (every
+    operator's page and command: one attempt) the break reads its own tombstone (its word);
+    on the locks' client botocore sends it again, refused by it, known the same way. Either
+    way the break is done: the slot is hinted (and the first waiter pushed), not left for a
+    read of the permits once a lease is over."""
+    take(holds, "pool", limit=9, lease=30)
+    broken = take(holds, "pool", limit=9, lease=30)
+    slot = broken.slots["pool"]
+    assert slot not in _hints("pool")
+    with LoseAnswer(_break) as lost:
+        client = dynamodb.quick() if quick else contextlib.nullcontext()
+        if quick:
+            lost.client.meta.events.unregister(lost.event, lost._hook)
+            lost.client = dynamodb.get_client(quick=True)
+            lost.client.meta.events.register_first(lost.event, lost._hook)
+        with client:
+            assert locks.break_hold("pool", broken.token)
+    assert lost.fired == 1
+    assert slot in _hints("pool")
+    with pytest.raises(LockLost):
+        broken.renew()
+
+
+def test_a_release_whose_hint_was_given_up_is_done(holds: list[Any]) -> None:
+    """A permit given back, its slot's hint throttled past the release's patience: the
+    release is done all the same (the slot is found by a read of the permits)."""
+    held = semaphore("pool", limit=9, lease=30).acquire()
+    with Faults(dynamodb.get_client()) as faults:
+        faults.throttle("UpdateItem", 10_000, after=1)  # the give-back passes, the hint fails
+        held.release()
+        assert faults.fired
+    assert held.slots["pool"] not in _hints("pool")
+    assert not [p for p in locks.holds_on("pool")]
+    semaphore("pool", limit=9, lease=30, wait=0).acquire().release()
+
+
+def test_the_permit_rows_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process remembers at most MAX_REMEMBERED permit rows (then it starts again)."""
+    from dynasem._storage import records
+
+    monkeypatch.setattr(permit_hold, "MAX_REMEMBERED", 3)
+    monkeypatch.setattr(permit_hold, "rows", {})
+    for n in range(7):
+        permit_hold.remember(records.LockItem(resource=f"pool:{n}", slots_used=1))
+        assert len(permit_hold.rows) <= 3
+    assert "pool:6" in permit_hold.rows
