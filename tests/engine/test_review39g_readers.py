@@ -343,3 +343,63 @@ def test_the_rows_a_process_remembers_and_watches_are_bounded(
         assert len(reader_hold.rows) <= 3 and len(readers._watched) <= 3
         assert len(readers._since) <= 3
     assert "doc:6" in reader_hold.rows
+
+
+def test_an_epoch_opened_over_a_lapsed_sentinel_is_refused_by_its_late_raise(
+    holds: list[Any], lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Readers inline and one in an item, whose epoch's sentinel looks lapsed (its lease end
+    passed by the skew) to a new reader, who plans to open the next epoch. A renewal of the
+    reader in the item raises that sentinel before the new reader's write lands (a renewal
+    sent in time, answered late). Opened anyway, the next epoch would drop the count of that
+    reader, who still trusts its hold: once the new reader and the inline ones leave, a
+    writer takes the lock beside it. The opening is conditional on the sentinel as seen
+    (``reader_items._open``): refused, the new reader joins the live epoch."""
+    import contextlib
+
+    from dynasem import SemaphoreBusy
+    from dynasem import _clock as clock
+    from dynasem._storage import lock_rows, reader_items
+
+    inline = [take(holds, "doc", shared=True, lease=30) for _ in range(INLINE)]
+    renewing = take(holds, "doc", shared=True, lease=30)  # in an item
+    epoch = renewing.epochs["doc"]
+    dynamodb.get_client().update_item(  # the sentinel as it looks once lapsed
+        TableName=lock_table,
+        Key={"pk": {"S": "doc"}, "sk": {"S": "lock"}},
+        UpdateExpression="SET holders.readers.e = :e",
+        ExpressionAttributeValues={":e": {"N": str(clock.now_ms() - 60_000)}},
+    )
+    reader_hold.rows.clear()  # the new reader plans from the row as it is
+    update, raised = lock_rows.update, []
+
+    def raised_first(action: dict[str, Any], **kwargs: Any) -> Any:
+        opening = "#rc = :first" in action.get("UpdateExpression", "")
+        if opening and not raised:  # the renewal's raise lands first
+            seen = lock_rows.get("doc")
+            assert seen is not None
+            expires = clock.now_ms() + 30_000
+            reader_items.send(reader_items.raise_sentinel("doc", epoch, expires, seen))
+            raised.append(expires)
+        return update(action, **kwargs)
+
+    monkeypatch.setattr(lock_rows, "update", raised_first)
+    reader = semaphore("doc", shared=True, lease=30).acquire()
+    monkeypatch.undo()
+    holds.append(reader)
+    assert raised, "the new reader never planned to open the next epoch"
+    assert reader.epochs["doc"] == epoch
+    assert counted("doc") == (2, 2)
+    for held in [*inline, reader]:  # only the renewing reader is left
+        held.release()
+        holds.remove(held)
+    assert renewing.seconds_left() > 0  # it trusts its hold, renewed or not
+    writers: list[Any] = []
+
+    def writer() -> None:  # another thread: this one holds a reader
+        with contextlib.suppress(SemaphoreBusy):
+            writers.append(semaphore("doc", wait=0, lease=30).acquire())
+
+    in_another_thread(writer)
+    holds.extend(writers)
+    assert not writers, f"two holders: reader {renewing.token[:8]} and a writer"
