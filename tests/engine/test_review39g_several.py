@@ -16,6 +16,7 @@ import pytest
 from dynasem import SemaphoreError, semaphore
 from dynasem._engine import reader_hold as reader_held
 from dynasem._storage import dynamodb, lock_rows, permit_items, reader_items
+from tests.engine.test_readers_lost import INLINE
 from tests.support.faults import Faults, Rule
 from tests.support.helpers import take
 
@@ -141,3 +142,43 @@ def test_several_resources_whose_transaction_was_applied_unanswered_then_failed_
         ours = {h.token for h in holds if h.resource == resource}
         left = sorted(_holders(resource))
         assert left == sorted(ours), f"{resource}: a holder left by the failed acquire"
+
+
+def test_readers_of_several_wait_while_a_permit_rows_permits_cannot_be_read(
+    holds: list[Any],
+) -> None:
+    """Readers of several resources in reader items, one of them a counting semaphore's
+    permit row (no permit live): its permits must be read, and fenced out, before readers
+    take it. The first read of them throttled (past botocore's retries), who holds is not
+    known: the acquire waits and reads them again, then takes it; it never plans an
+    admission to a row whose permits were not read (refused by the admission itself, a
+    ``ValueError`` that would fail the acquire)."""
+    for _ in range(INLINE + 1):
+        take(holds, "mix:r", shared=True, lease=30)  # the last one in a reader item
+    semaphore("mix:s", limit=9, lease=30).acquire().release()  # a permit row, no permit live
+    with Faults(dynamodb.get_client()) as faults:
+        faults.throttle("Query", 4)  # one read, every attempt botocore makes
+        held = semaphore(["mix:r", "mix:s"], shared=True, wait=5, lease=30).acquire()
+        assert faults.fired == 4
+    holds.append(held)
+    row = lock_rows.get("mix:s")
+    assert row is not None and row.slots_used is None and held.token in _holders("mix:s")
+
+
+def test_permits_of_several_refused_again_and_again_are_busy_once_their_wait_is_over(
+    lock_table: str,
+) -> None:
+    """A take of permits of several resources whose transaction is refused at every try
+    (another taker always first): past its wait and MAX_REPLANS refusals, busy, not a loop
+    of refusals for as long as they come."""
+    from dynasem import SemaphoreBusy
+    from dynasem._engine import queue
+
+    semaphore(["pool:a", "pool:b"], limit=9).acquire().release()  # the permit rows exist
+    reasons = ["ConditionalCheckFailed"] * 4
+    tries = 4 * queue.MAX_REPLANS
+    with Faults(dynamodb.get_client()) as faults:
+        faults.cancel("TransactWriteItems", tries, reasons=reasons)
+        with pytest.raises(SemaphoreBusy):
+            semaphore(["pool:a", "pool:b"], limit=9, wait=0.2, lease=30).acquire()
+        assert queue.MAX_REPLANS < faults.fired < tries
