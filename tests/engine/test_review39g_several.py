@@ -182,3 +182,20 @@ def test_permits_of_several_refused_again_and_again_are_busy_once_their_wait_is_
         with pytest.raises(SemaphoreBusy):
             semaphore(["pool:a", "pool:b"], limit=9, wait=0.2, lease=30).acquire()
         assert queue.MAX_REPLANS < faults.fired < tries
+
+
+def test_readers_of_several_open_items_on_a_row_of_fewer_inline_readers(
+    holds: list[Any],
+) -> None:
+    """Readers of several resources take reader items in each when any of their rows would
+    give its next reader one: here ``sev:a`` keeps as many readers inline as a row does,
+    ``sev:b`` fewer. The epoch opened on ``sev:b`` is not conditional on its row keeping as
+    many inline (that condition is for a row that did: its readers may have left): the
+    reader is admitted to both, each counted once."""
+    for _ in range(reader_items.READERS_INLINE):
+        take(holds, PAIR[0], shared=True, lease=30)
+    take(holds, PAIR[1], shared=True, lease=30)  # one reader inline: fewer
+    held = semaphore(PAIR, shared=True, lease=30, wait=1).acquire()
+    holds.append(held)
+    assert set(held.epochs) == set(PAIR)
+    assert {r: _ours(r, held.token) for r in PAIR} == {r: 1 for r in PAIR}
