@@ -62,7 +62,7 @@ def break_permit(
     if permit is None:
         return False
     breaker = secrets.token_hex(8)
-    action = permit_items.break_permit(resource, permit.slot, token, until, fence, breaker)
+    action = permit_items.break_permit(resource, permit.slot, token, breaker, until, fence)
     try:
         permit_items.send(action)
     except dynamodb.Refused as refused:

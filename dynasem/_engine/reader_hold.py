@@ -293,7 +293,7 @@ def break_reader(
             return False
     tombstone_until = max(reader.holder.expires_ms, clock.now_ms())
     breaker = secrets.token_hex(8)
-    action = reader_items.break_reader(resource, token, tombstone_until, until, fence, breaker)
+    action = reader_items.break_reader(resource, token, tombstone_until, breaker, until, fence)
     try:
         reader_items.send(action)
     except dynamodb.Refused as refused:

@@ -426,9 +426,9 @@ def break_permit(
     resource: str,
     slot: int,
     token: str,
+    breaker: str,
     expires_ms: int | None = None,
     fence: int | None = None,
-    breaker: str | None = None,
 ) -> dict[str, Any]:
     """An operator breaks the hold on the permit (under ``fence``, if given; the reaper: a
     dead one, its lease end as read, ``expires_ms``: a holder that renewed meanwhile keeps
@@ -442,10 +442,8 @@ def break_permit(
     if fence is not None:
         condition += " AND #f = :f"
         values[":f"] = fence
-    update = "REMOVE #k, #p SET #bt = :tok"
-    if breaker is not None:
-        update += ", #bk = :bk"
-        values[":bk"] = breaker
+    values[":bk"] = breaker
+    update = "REMOVE #k, #p SET #bt = :tok, #bk = :bk"
     return update_action(resource, permit_sk(slot), update, condition, {}, values)
 
 

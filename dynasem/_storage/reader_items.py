@@ -323,9 +323,9 @@ def break_reader(
     resource: str,
     token: str,
     until_ms: int,
+    breaker: str,
     expires_ms: int | None = None,
     fence: int | None = None,
-    breaker: str | None = None,
 ) -> dict[str, Any]:
     """An operator breaks reader ``token`` (the reaper: a dead one, its lease end as read,
     ``expires_ms``: a reader that renewed meanwhile keeps it). Not a delete: the item
@@ -343,10 +343,8 @@ def break_reader(
     if fence is not None:
         condition += " AND #f = :f"
         values[":f"] = fence
-    update = "REMOVE #e, #u, #a, #p SET #bt = :tok, #exp = :exp"
-    if breaker is not None:
-        update += ", #bk = :bk"
-        values[":bk"] = breaker
+    values[":bk"] = breaker
+    update = "REMOVE #e, #u, #a, #p SET #bt = :tok, #exp = :exp, #bk = :bk"
     return update_action(resource, reader_sk(token), update, condition, {}, values)
 
 
