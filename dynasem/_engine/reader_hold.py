@@ -116,7 +116,9 @@ def _count_once(
     (throttled: all of a crowd's reader items share the row's partition; unconnected),
     after a pause of about COUNT_PAUSE. None: given up (logged: writers wait to write the
     reader off, a lease and the skew after the row last changed). Raises Refused."""
-    for tries in range(1, COUNT_TRIES + 1):
+    tries = 0
+    while True:  # every pass returns or raises, save a failure surely not applied
+        tries += 1
         try:
             with dynamodb.quick():  # one attempt: botocore must not send it twice
                 down = reader_items.count_down(resource, epoch, forget=forget, marked=marked)
@@ -140,7 +142,6 @@ def _count_once(
                 extra=facts(resource, outcome="count_failed", reason=exc),
             )
             return None
-    return None
 
 
 def _mark_moved(
