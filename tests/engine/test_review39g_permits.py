@@ -81,3 +81,32 @@ def test_the_permit_rows_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch)
         permit_hold.remember(records.LockItem(resource=f"pool:{n}", slots_used=1))
         assert len(permit_hold.rows) <= 3
     assert "pool:6" in permit_hold.rows
+
+
+def test_a_stale_hint_dropped_by_another_first_is_left_to_the_next_plan(
+    holds: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A take of permits of several resources pops a hint of a slot that is held (a hint
+    that landed late), and is refused by that slot's permit; it drops the hint, but another
+    taker dropped it first: that refusal is no failure of the acquire, which plans again
+    from the row as it is and takes another slot."""
+    from dynasem._storage import permit_items
+
+    holder = take(holds, "sev:pool", limit=16, lease=30)  # slot 0
+    assert holder.slots == {"sev:pool": 0}
+    lock_rows.update(permit_items.hint("sev:pool", 0))  # the hint that landed late
+    transact, dropped = lock_rows.transact, []
+
+    def another_drops_it_first(actions: list[dict[str, Any]]) -> None:
+        try:
+            transact(actions)
+        except dynamodb.Cancelled:
+            if not dropped:  # another taker's refused pop dropped it meanwhile
+                lock_rows.update(permit_items.drop_hint("sev:pool", 0))
+                dropped.append(True)
+            raise
+
+    monkeypatch.setattr(lock_rows, "transact", another_drops_it_first)
+    pair = take(holds, ["sev:pool", "sev:other"], limit=16, lease=30, wait=2)
+    assert dropped, "the take never popped the stale hint"
+    assert pair.slots["sev:pool"] != 0
