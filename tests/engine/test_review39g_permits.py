@@ -110,3 +110,17 @@ def test_a_stale_hint_dropped_by_another_first_is_left_to_the_next_plan(
     pair = take(holds, ["sev:pool", "sev:other"], limit=16, lease=30, wait=2)
     assert dropped, "the take never popped the stale hint"
     assert pair.slots["sev:pool"] != 0
+
+
+def test_a_permit_take_planned_from_a_row_changed_since_plans_again(holds: list[Any]) -> None:
+    """A permit take plans its row write from the row as this process last saw it (a hint
+    to pop); another process popped that hint meanwhile: the row write is refused, and the
+    take plans again from the row the refusal showed (a slot more), not a failure."""
+    from dynasem._storage import permit_items
+
+    take(holds, "pool", limit=9, lease=30)  # slot 0
+    semaphore("pool", limit=9, lease=30).acquire().release()  # slot 1, hinted
+    assert _hints("pool") == (1,)
+    lock_rows.update(permit_items.drop_hint("pool", 1))  # popped by another process
+    held = take(holds, "pool", limit=9, lease=30, wait=0)
+    assert held.slots["pool"] == 2
