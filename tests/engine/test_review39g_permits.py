@@ -124,3 +124,19 @@ def test_a_permit_take_planned_from_a_row_changed_since_plans_again(holds: list[
     lock_rows.update(permit_items.drop_hint("pool", 1))  # popped by another process
     held = take(holds, "pool", limit=9, lease=30, wait=0)
     assert held.slots["pool"] == 2
+
+
+def test_permits_of_several_taken_for_longer_than_their_rows_are_listed(
+    holds: list[Any],
+) -> None:
+    """A take of permits of several resources whose lease runs past the end of their rows'
+    listing (the ``expires`` bucket a shorter hold left): each row is listed further first,
+    as its transaction requires (a permit is never live on a row that may be reaped), and
+    the take is not refused for it again and again until its wait is over."""
+    pair = ["pool:a", "pool:b"]
+    semaphore(pair, limit=9, lease=30).acquire().release()  # the rows, listed for 30 s
+    held = take(holds, pair, limit=9, lease=1_000, wait=2)  # past any bucket of 30 s
+    lease_end = int(held.expires.timestamp() * 1000)
+    for resource in pair:
+        row = lock_rows.get(resource)
+        assert row is not None and row.expires_ms >= lease_end, f"{resource}: listed short"
