@@ -114,21 +114,29 @@ def fence_transaction(held: Any, using: str | None = None) -> None:
 
 
 # The attribute of a connection (Django's: one per thread) naming what its open transaction
-# fenced: (the atomic block that opened it, {resource: the hold that fenced it}), dropped as
-# the transaction ends (the block is not enough: ``@atomic`` enters one block every call).
+# fenced: (the atomic block that opened it and its savepoint, {resource: the hold that fenced
+# it}), dropped as the transaction ends (the block is not enough: ``@atomic`` enters one block
+# every call; in a TestCase, its transaction never ends: its savepoint tells them apart).
 _FENCED = "dynasem_fenced"
 
 
-def _outermost(connection: Any) -> Any:
-    """The atomic block that opened ``connection``'s transaction (not a TestCase's)."""
-    blocks = connection.atomic_blocks
-    return next((b for b in blocks if not getattr(b, "_from_testcase", False)), None)
+def _outermost(connection: Any) -> tuple[Any, str | None]:
+    """The atomic block that opened ``connection``'s transaction (not a TestCase's), and the
+    savepoint it made as it was entered (None: none, as outside a TestCase's blocks). In a
+    TestCase, whose commit hooks never run, that savepoint (a new one at every entry) tells
+    apart the calls of one ``@atomic`` block object."""
+    blocks, sids = connection.atomic_blocks, connection.savepoint_ids
+    for i, block in enumerate(blocks):
+        if not getattr(block, "_from_testcase", False):
+            at = len(sids) - (len(blocks) - i)  # the last block made the last entry
+            return block, (sids[at] if at >= 0 else None)
+    return None, None
 
 
 def _remember_fenced(connection: Any, alias: str, hold: Any, resources: list[str]) -> None:
     outermost = _outermost(connection)
     kept = getattr(connection, _FENCED, None)
-    if kept is None or kept[0] is not outermost:
+    if kept is None or kept[0] != outermost:
         kept = (outermost, {})
         setattr(connection, _FENCED, kept)
         # A transaction that cannot end (closed in it) ends it at once: nothing is kept.
@@ -148,7 +156,7 @@ def check_not_fenced(resources: list[str]) -> None:
     wait on that holder while it waits on us, until ``wait`` ran out."""
     for connection in connections.all(initialized_only=True):
         kept = getattr(connection, _FENCED, None)
-        if kept is None or kept[0] is not _outermost(connection):
+        if kept is None or kept[0] != _outermost(connection):
             continue
         for resource in resources:
             hold = kept[1].get(resource)
