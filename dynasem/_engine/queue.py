@@ -334,13 +334,20 @@ def wait_out(run: Attempt, blocked: Mapping[str, Blocking]) -> None:
     plus the skew, plus ``WAIT_OUT_GRACE`` for the look that finds it so); a hold renewed
     since moves that on. Once none of them is in the way, the wait ends as it was asked to.
     Never a hold of anyone's: the lock is taken as every waiter takes it, handed over at the
-    release or taken over when it could be."""
-    ends = [
-        holder.expires_ms
-        for holders in blocked.values()
-        for token, holder in holders.items()
-        if token in run.after and isinstance(holder, records.Holder)
-    ]
+    release or taken over when it could be. A resource in the way (of several) with none of
+    them among its holders refuses as it refuses any call: waiting out the others first would
+    keep the caller only to be refused then."""
+    ends: list[int] = []
+    for holders in blocked.values():
+        ours = [
+            holder.expires_ms
+            for token, holder in holders.items()
+            if token in run.after and isinstance(holder, records.Holder)
+        ]
+        if not ours:
+            ends = []
+            break
+        ends += ours
     if not ends:
         run.deadline = run.asked
         return
