@@ -62,6 +62,7 @@ from .lockspec import Attempt
 from .queue import Blocking
 from .reentry import (
     Block,
+    as_another_process,
     close,
     current_hold,
     exit_failed,
@@ -218,7 +219,8 @@ class Semaphore:
             return again  # ours already, until this transaction ends
         if (inner := reentered(self)) is not None:
             return inner  # this thread or task holds it already: a nested acquire
-        fencing.check_not_fenced(self.resources)  # else it could wait on who waits on us
+        if not as_another_process.get():  # (held_elsewhere, a unique task's claim: not ours)
+            fencing.check_not_fenced(self.resources)  # else it could wait on who waits on us
         lease, wait_s, skew = arguments.resolve_timing(
             self.lease, self.wait if wait is None else wait
         )

@@ -9,6 +9,7 @@ import pytest
 from django.db import transaction
 
 from dynasem import semaphore
+from dynasem.testing import held_elsewhere
 from tests.engine.test_heartbeat import unique
 
 
@@ -39,3 +40,17 @@ def test_in_a_testcase_one_transaction_still_refuses_it_again(lock_table: str, d
             pass
         with transaction.atomic(), pytest.raises(ValueError, match="fenced"):
             semaphore(resource, on_commit=False, wait=0).acquire()
+
+
+def test_held_elsewhere_takes_a_resource_fenced_and_given_back_as_another_process_would(
+    lock_table: str, db: Any
+) -> None:
+    """``held_elsewhere`` acquires as another process would (its own connection, never this
+    transaction's fence row): taking what this transaction fenced and gave back is no
+    deadlock there, and it got a ValueError meant for this transaction's own acquires."""
+    resource = unique("fenced-elsewhere")
+    with transaction.atomic():
+        with semaphore(resource, on_commit=False, fence_db=True) as ours:
+            pass
+        with held_elsewhere(resource) as other:
+            assert other.fence > ours.fence
