@@ -131,6 +131,7 @@ class Held:
         # _hand_over; only a hold of one resource hands over), or a release sent again after
         # an ambiguous failure. A refusal of the release that follows is then no proof of a loss.
         self._unanswered = False
+        self.unreleased = False  # a release of ours gave up (said so): it expires
         self._giving_back_mono = math.inf  # when the release began (see _released_by)
         # Who took it: at exit, only holds of threads that ended are given back (shutdown.py).
         self.thread = threading.current_thread()
@@ -885,6 +886,7 @@ class Held:
         return False
 
     def _log_unreleased(self, resources: str | list[str], why: object) -> None:
+        self.unreleased = True
         ex = facts(resources, token=self.token, outcome="release_failed", reason=why)
         logger.warning("dynasem: could not release %r (%s); it expires", resources, why, extra=ex)
 

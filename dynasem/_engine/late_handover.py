@@ -23,14 +23,15 @@ logger = logging.getLogger("dynasem")
 
 def give_back_stray(
     semaphore: LockSpec, token: str, item: records.LockItem, *, lease: float, skew: float
-) -> None:
+) -> bool:
     """A hand-over ``item`` made ``token`` a holder after its waiter had left the queue (see
     :func:`dynasem._engine.push.depart`): nobody will use that hold, so hand it on to the next
-    waiter now (or release it) rather than leave the lock idle for a whole lease."""
+    waiter now (or release it) rather than leave the lock idle for a whole lease. False if
+    that failed (the late look then tries again)."""
     resource = semaphore.resources[0]
     holder = item.holders.get(token)
     if holder is None:
-        return
+        return True
     held = Held(
         semaphore,
         token=token,
@@ -58,6 +59,8 @@ def give_back_stray(
                 resource, token=token, fence=holder.fence, outcome="give_back_failed", reason=exc
             ),
         )
+        return False
+    return not held.unreleased  # its release gave up (logged): still ours, maybe
 
 
 def leave_queue(

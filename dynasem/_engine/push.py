@@ -210,7 +210,7 @@ class _Slot:
     # All of the slot changes together, under it.
     guard: threading.Lock = dataclasses.field(default_factory=lambda: threading.Lock())
     left: bool = False  # its waiter left the queue (see depart)
-    give_back: Callable[[records.LockItem], None] | None = None
+    give_back: Callable[[records.LockItem], object] | None = None
     until: float = 0.0
     stopped: bool = False  # given back already: the late look has nothing to do
     # Marks the waiter's entry dead, when its leave could not (throttled, say): the late look
@@ -322,12 +322,18 @@ class _Slot:
                     ),
                 )
 
-    def hand_back(self, item: records.LockItem) -> None:
+    def hand_back(self, item: records.LockItem) -> bool:
+        """Give back the hold ``item`` shows ours, once; False if that failed (throttled past
+        the release's patience, say): the late look, if it is still to come, tries again."""
         with self.guard:
             if self.stopped or self.give_back is None:
-                return
+                return True
             self.stopped = True
-        self.give_back(item)
+        if self.give_back(item) is not False:
+            return True
+        with self.guard:
+            self.stopped = False
+        return False
 
     def beat(self) -> float | None:
         """The late look: read the departed waiter's row and hand back a hold of its token
@@ -336,9 +342,9 @@ class _Slot:
         looked at again LATE_LOOK later (a releaser may have read the entry live before it
         went), or, the mark failed still, again while a hand-over to it may land: twice as
         late after each failure (an outage, not throttling, which passes within seconds), up
-        to DROP_PAUSE_CAP. A look whose read failed (throttled: a key with a line is hot) is
-        sent again on the same terms: a hold handed to us that it missed would sit with nobody
-        for our lease."""
+        to DROP_PAUSE_CAP. A look whose read failed (throttled: a key with a line is hot), or
+        whose give-back of a hold it found failed, is sent again on the same terms: a hold
+        handed to us that it missed would sit with nobody for our lease."""
         if self.stopped or settings.TABLE_NAME != self.table:
             return None
         again = None
@@ -372,7 +378,8 @@ class _Slot:
         return pause if clock.monotonic() + pause < self.until else None
 
     def _look(self) -> bool:
-        """Read the row, and hand back a hold of ours found there; False if the read failed."""
+        """Read the row, and hand back a hold of ours found there; False if the read, or the
+        give-back, failed."""
         try:
             row = lock_rows.get(self.resource)
         except Exception as exc:  # logged here: the scheduler's records speak of renewals
@@ -387,7 +394,7 @@ class _Slot:
             )
             return False
         if row is not None and self.token in row.holders:
-            self.hand_back(row)
+            return self.hand_back(row)
         return True
 
 
@@ -599,7 +606,7 @@ def _line_to_hold(token: str, resource: str, pushed: Push, held: Any = None) -> 
 
 def depart(
     token: str,
-    give_back: Callable[[records.LockItem], None],
+    give_back: Callable[[records.LockItem], object],
     *,
     seconds: float,
     resource: str | None = None,
