@@ -801,22 +801,26 @@ def _look(
     row (:func:`patient_read`: a throttled read is no news) before the wait's end."""
     lease = run.lease
     ticket = pace.ticket
-    due = pace.entry_ms - clock.now_ms() < lease * 500 and pace.unwritten is None
-    if ticket is not None and due:  # (an entry not put yet is put, not renewed: _entry_due)
+    address = _listening_late(run, resource, pace)
+    due = pace.entry_ms - clock.now_ms() < lease * 500 or address is not None
+    if ticket is not None and due and pace.unwritten is None:  # (else put: _entry_due)
         renew_to = clock.now_ms() + int(lease * 1000)
         try:
             yield Request(
                 lambda: lock_rows.update(
-                    lock_writes.renew_waiter(resource, pace.queue_id, ticket, renew_to)
+                    lock_writes.renew_waiter(resource, pace.queue_id, ticket, renew_to, address)
                 )
             )
-            pace.entry_ms = renew_to
+            pace.entry_ms, address = renew_to, None
         except dynamodb.Refused:
             pace.ticket = None  # our entry is gone (reaped by TTL after a long stall): join again
         except SemaphoreUnavailable as exc:
             if not exc.transient:
                 raise
             # Idempotent: sent again at the next look (our entry outlives a few of them).
+        finally:
+            if address is not None:  # not recorded: no push comes (and our naps say so)
+                push.forget(run.token)
     sent = clock.monotonic()
     # Eventually consistent (half the units): a look only tells when to write, and every
     # write is conditional on the row as it is; an older row is read as such (upto_of).
@@ -826,6 +830,18 @@ def _look(
     if not pace.failed_looks:
         pace.answered(clock.monotonic() - sent)
     return item
+
+
+def _listening_late(run: Attempt, resource: str, pace: Pace) -> str | None:
+    """The push address of a waiter that queued while its process could not listen (short of
+    sockets or threads for a moment: ``push.LISTEN_RETRY``) and can now: its entry records it
+    at this look (a renewal: one write), or the waiter read the row at the fallback pace for
+    the rest of its wait, each hand-over to it idle until its next read. None: nothing to do."""
+    if pace.ticket is None or pace.unwritten is not None or push.listening(run.token):
+        return None
+    if not push.available():
+        return None  # pushes off, or still short
+    return push.expect(resource, run.token, lease=run.lease, skew=run.skew, now_ms=clock.now_ms)
 
 
 def patient_read(send: Callable[[], _T], last_seen: _T, pace: Pace, deadline: float) -> Steps[_T]:

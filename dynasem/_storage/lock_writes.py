@@ -413,13 +413,18 @@ def take_ticket(
     return update_action(resource, LOCK_SK, update, condition, {}, values)
 
 
-def renew_waiter(resource: str, queue_id: int, ticket: int, expires_ms: int) -> dict[str, Any]:
+def renew_waiter(
+    resource: str, queue_id: int, ticket: int, expires_ms: int, address: str | None = None
+) -> dict[str, Any]:
     """Push a queue entry's lease end (and its TTL); conditional on the entry being there,
     and not marked dead (:func:`mark_left`): a renewal still on its way when its waiter left
     (an async caller cancelled: the request goes on in its thread; a throttled attempt sent
-    again) would make the entry live again for a whole lease, and be handed the lock."""
-    values = {":e": expires_ms, ":exp": records.ttl_of(expires_ms), ":gone": 0}
+    again) would make the entry live again for a whole lease, and be handed the lock.
+    ``address``: where hand-overs are pushed from now on (its waiter listens only now)."""
+    values: dict[str, Any] = {":e": expires_ms, ":exp": records.ttl_of(expires_ms), ":gone": 0}
     update, condition = "SET #e = :e, #exp = :exp", "attribute_exists(#e) AND #e > :gone"
+    if address is not None:
+        update, values[":n"] = f"{update}, #n = :n", address
     sk = records.entry_sk(queue_id, ticket)
     return update_action(resource, sk, update, condition, {}, values)
 
