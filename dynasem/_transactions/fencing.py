@@ -120,21 +120,27 @@ def fence_transaction(held: Any, using: str | None = None) -> None:
 _FENCED = "dynasem_fenced"
 
 
-def _outermost(connection: Any) -> tuple[Any, str | None]:
+def _outermost(connection: Any) -> tuple[Any, str | None] | None:
     """The atomic block that opened ``connection``'s transaction (not a TestCase's), and the
     savepoint it made as it was entered (None: none, as outside a TestCase's blocks). In a
     TestCase, whose commit hooks never run, that savepoint (a new one at every entry) tells
-    apart the calls of one ``@atomic`` block object."""
+    apart the calls of one ``@atomic`` block object. None: a block inside a TestCase's that
+    made no savepoint (``savepoint=False``), whose entries nothing tells apart: nothing is
+    remembered of it (a later entry of the block would be refused for an earlier one's)."""
     blocks, sids = connection.atomic_blocks, connection.savepoint_ids
     for i, block in enumerate(blocks):
         if not getattr(block, "_from_testcase", False):
             at = len(sids) - (len(blocks) - i)  # the last block made the last entry
-            return block, (sids[at] if at >= 0 else None)
+            if at < 0:
+                return block, None
+            return None if sids[at] is None else (block, sids[at])
     return None, None
 
 
 def _remember_fenced(connection: Any, alias: str, hold: Any, resources: list[str]) -> None:
     outermost = _outermost(connection)
+    if outermost is None:
+        return
     kept = getattr(connection, _FENCED, None)
     if kept is None or kept[0] != outermost:
         kept = (outermost, {})
