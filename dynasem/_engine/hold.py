@@ -624,6 +624,8 @@ class Held:
         heartbeat: :mod:`dynasem._background.unique`). ``LockLost`` if it was lost first."""
         with self._lock:
             if not self._ended():
+                if self._given_back_lost:  # by renew(), as it raised: as release() says
+                    self._raise_lost()
                 return
             now_ms = clock.now_ms()
             entry = records.Holder(
