@@ -354,8 +354,10 @@ class Held:
             # Trusted from its send: answered past our deadline, it extended nothing we may
             # trust (the stored end is a lease from the send: another may take over now).
             self.raise_if_lost()
-        except LockLost:
-            if give_back or self._give_back_asked:
+        except Exception as exc:
+            # Asked by a renew() told of the loss as it waited for us, whatever our end: a
+            # failure (its answer lost) may have been applied, a whole lease from its send.
+            if self._give_back_asked or (give_back and isinstance(exc, LockLost)):
                 self._give_back_lost()
             raise
         finally:
