@@ -97,7 +97,8 @@ class Held:
         self.lease, self.skew = lease, skew
         self._expires_ms = expires_ms
         self._lock = threading.RLock()  # serialises renew/release requests
-        self._state_lock = threading.Lock()  # guards _lost only: never held across a request
+        # Guards _lost and _renewers_waiting only: never held across a request.
+        self._state_lock = threading.Lock()
         # Guards each read-and-write of _row (the line words join, in the listener's thread or a
         # waiter's, while a renewal observes the row): never held across a request.
         self._row_lock = threading.Lock()
@@ -107,6 +108,9 @@ class Held:
         # A renew() found the hold lost as it waited for a renewal in flight: that renewal,
         # finding it lost too, gives the row back.
         self._give_back_asked = False
+        # renew() callers waiting for the renewal in flight now (under _state_lock): each is
+        # told of a loss that renewal finds (whenever it looks), so it gives the row back too.
+        self._renewers_waiting = 0
         # Told of the loss before lock_lost is sent: dynasem's own listeners (a lead), which
         # must not depend on a project's receivers connected before them, any of which may raise.
         self._lost_watchers: list[Callable[[], None]] = []
@@ -339,14 +343,23 @@ class Held:
         # for as long as botocore's timeouts allow: wait for it only while the hold can be
         # trusted. Past the deadline the hold is lost, whatever that renewal answers later.
         # In slices: a lock's timeout runs on CLOCK_MONOTONIC, which stops while the host
-        # sleeps, the deadline's clock does not.
-        while not self._lock.acquire(timeout=min(self.seconds_left(), LOOK_EVERY)):
-            try:
-                self._check_ours()
-            except LockLost:
-                # The row is given back by the renewal we waited for (it holds the lock).
-                self._give_back_asked |= give_back
-                raise
+        # sleeps, the deadline's clock does not. A renew() waiting is counted (under
+        # _state_lock): told of a loss the renewal in flight finds, it has it give the row back.
+        if give_back:
+            with self._state_lock:
+                self._renewers_waiting += 1
+        try:
+            while not self._lock.acquire(timeout=min(self.seconds_left(), LOOK_EVERY)):
+                try:
+                    self._check_ours()
+                except LockLost:
+                    # The row is given back by the renewal we waited for (it holds the lock).
+                    self._give_back_asked |= give_back
+                    raise
+        finally:
+            if give_back:
+                with self._state_lock:
+                    self._renewers_waiting -= 1
         try:
             self._check_ours()
             with telemetry.renewing(self) if telemetry.ON else _NOTHING:
@@ -355,9 +368,12 @@ class Held:
             # trust (the stored end is a lease from the send: another may take over now).
             self.raise_if_lost()
         except Exception as exc:
-            # Asked by a renew() told of the loss as it waited for us, whatever our end: a
-            # failure (its answer lost) may have been applied, a whole lease from its send.
-            if self._give_back_asked or (give_back and isinstance(exc, LockLost)):
+            # Asked by a renew() told of the loss as it waited for us (or waiting still, and
+            # told once it looks), whatever our end: a failure (its answer lost) may have
+            # been applied, a whole lease from its send.
+            with self._state_lock:
+                asked = self._give_back_asked or (self._renewers_waiting and self._lost is not None)
+            if asked or (give_back and isinstance(exc, LockLost)):
                 self._give_back_lost()
             raise
         finally:
