@@ -617,6 +617,8 @@ def all_or_none(
         stale = run.stale_ms(clock.now_ms())
         plans, blocked = yield from plan(seen, stale, pace)
         if blocked:
+            if run.after:  # a task's retry: its run's holds are waited out (queue.wait_out)
+                queue.wait_out(run, blocked)
             sleeps += 1
             yield from queue.back_off(run, blocked, seen, sleeps)
             continue
