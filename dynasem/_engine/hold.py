@@ -97,8 +97,7 @@ class Held:
         self.lease, self.skew = lease, skew
         self._expires_ms = expires_ms
         self._lock = threading.RLock()  # serialises renew/release requests
-        # Guards _lost and _renewers_waiting only: never held across a request.
-        self._state_lock = threading.Lock()
+        self._state_lock = threading.Lock()  # guards _lost, _renewers_waiting: never across I/O
         # Guards each read-and-write of _row (the line words join, in the listener's thread or a
         # waiter's, while a renewal observes the row): never held across a request.
         self._row_lock = threading.Lock()
@@ -108,9 +107,7 @@ class Held:
         # A renew() found the hold lost as it waited for a renewal in flight: that renewal,
         # finding it lost too, gives the row back.
         self._give_back_asked = False
-        # renew() callers waiting for the renewal in flight now (under _state_lock): each is
-        # told of a loss that renewal finds (whenever it looks), so it gives the row back too.
-        self._renewers_waiting = 0
+        self._renewers_waiting = 0  # renew() callers waiting for a renewal in flight (_renew)
         # Told of the loss before lock_lost is sent: dynasem's own listeners (a lead), which
         # must not depend on a project's receivers connected before them, any of which may raise.
         self._lost_watchers: list[Callable[[], None]] = []
