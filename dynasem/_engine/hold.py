@@ -79,6 +79,14 @@ class Held:
     ``resource`` (``resources`` if several), ``fence`` (``fences``; larger than every earlier
     holder's), ``token``, ``user_id``, ``expires`` (UTC); ``arenew``, ``arelease`` for async."""
 
+    # A loss's give-back by renew() (_give_back_lost), each set on the instance when it happens:
+    _row_refused = False  # a write of ours was refused: the row is not ours
+    _given_back_lost = False  # given back by renew() as it found the hold lost
+    # A renew() found the hold lost as it waited for a renewal in flight: that renewal,
+    # finding it lost too, gives the row back.
+    _give_back_asked = False
+    _renewers_waiting = 0  # renew() callers waiting for a renewal in flight (_renew)
+
     def __init__(
         self,
         semaphore: LockSpec,
@@ -102,12 +110,6 @@ class Held:
         # waiter's, while a renewal observes the row): never held across a request.
         self._row_lock = threading.Lock()
         self._lost: str | None = None
-        self._row_refused = False  # a write of ours was refused: the row is not ours
-        self._given_back_lost = False  # given back by renew() as it found the hold lost
-        # A renew() found the hold lost as it waited for a renewal in flight: that renewal,
-        # finding it lost too, gives the row back.
-        self._give_back_asked = False
-        self._renewers_waiting = 0  # renew() callers waiting for a renewal in flight (_renew)
         # Told of the loss before lock_lost is sent: dynasem's own listeners (a lead), which
         # must not depend on a project's receivers connected before them, any of which may raise.
         self._lost_watchers: list[Callable[[], None]] = []
