@@ -18,7 +18,7 @@ import string
 import threading
 import unicodedata
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
@@ -591,16 +591,24 @@ def _synchronous(result: Any, func: Any, name: str) -> Any:
 def _hidden_generators_code(func: Any) -> Any:
     """The code of the generator function (or async one) that ``func`` wraps (its
     ``__wrapped__`` chain, ``partial``s), if any."""
+    for layer in _layers(func):
+        if inspect.isgeneratorfunction(layer) or inspect.isasyncgenfunction(layer):
+            return getattr(layer, "__code__", None)
+    return None
+
+
+def _layers(func: Any) -> Iterator[Any]:
+    """``func`` and what it wraps, outermost first: its ``__wrapped__`` chain, through
+    ``partial``s (the function of each, not the partial itself), each once (a chain that
+    comes round again ends there)."""
     seen: set[int] = set()
     while func is not None and id(func) not in seen:
         seen.add(id(func))
         if isinstance(func, functools.partial):
             func = func.func
             continue
-        if inspect.isgeneratorfunction(func) or inspect.isasyncgenfunction(func):
-            return getattr(func, "__code__", None)
+        yield func
         func = getattr(func, "__wrapped__", None)
-    return None
 
 
 def _when_busy(
