@@ -11,7 +11,6 @@ from typing import Any
 
 from .. import _clock as clock
 from .._storage import dynamodb, lock_rows, permit_items, records
-from ..exceptions import SemaphoreUnavailable
 from . import handover, resend
 from .hold import TAKEN_OVER, Held
 
@@ -63,19 +62,10 @@ def break_permit(
         return False
     breaker = secrets.token_hex(8)
     action = permit_items.break_permit(resource, permit.slot, token, breaker, until, fence)
-    try:
-        permit_items.send(action)
-    except dynamodb.Refused as refused:
-        # botocore's re-send of our own applied break is refused by it.
-        if not (refused.retried and records.broken_by(refused.item, breaker)):
-            return False
-    except SemaphoreUnavailable as exc:
-        # Unanswered (the quick client sends once): if applied, the slot is free and only
-        # this break would hint it and push the first waiter, asleep until a lease ends.
-        if not exc.ambiguous or not lock_rows.broken_by(
-            resource, records.permit_sk(permit.slot), breaker
-        ):
-            raise
+    if not permit_items.send_break(action, resource, records.permit_sk(permit.slot), breaker):
+        return False
+    # Applied (its answer lost too): the slot is free and only this break would hint it and
+    # push the first waiter, asleep until a lease ends.
     hint_freed(resource, permit.slot, None)
     return True
 

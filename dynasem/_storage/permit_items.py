@@ -35,7 +35,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from ..conf import settings
-from . import dynamodb, records
+from ..exceptions import SemaphoreUnavailable
+from . import dynamodb, lock_rows, records
 from .dynamodb import Refused as Refused
 from .lock_writes import LEASE, QueueTerms, queue_clauses, update_action
 from .records import LOCK_SK, PERMIT_PREFIX, Holder, LockItem, Mode, Permit, permit_of, permit_sk
@@ -338,6 +339,22 @@ def send(
     if resent is not None:
         resent.append(response.get("ResponseMetadata", {}).get("RetryAttempts", 0) > 0)
     return records.decode(response.get("Attributes")) or {} if old else None
+
+
+def send_break(action: dict[str, Any], resource: str, sk: str, breaker: str) -> bool:
+    """Send an operator's break of the member item ``sk`` (``action``: its write, which
+    leaves the break's own word ``breaker`` on it): whether it was applied. Refused, it was
+    not (the holder gone), unless the refusal is of botocore's re-send of our own applied
+    break; unanswered (the quick client sends once), it was if the item is our tombstone
+    (one consistent read); else :class:`SemaphoreUnavailable` is raised."""
+    try:
+        send(action)
+    except dynamodb.Refused as refused:
+        return refused.retried and records.broken_by(refused.item, breaker)
+    except SemaphoreUnavailable as exc:
+        if not exc.ambiguous or not lock_rows.broken_by(resource, sk, breaker):
+            raise
+    return True
 
 
 def members(
