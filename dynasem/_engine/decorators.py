@@ -502,17 +502,11 @@ def _async_views_sync_handler(func: Any) -> bool:
     async class-based view, as ``method_decorator`` hands it (a ``partial`` of the bound
     method, maybe inside other decorators' wrappers): a sync method that returns the
     handler's coroutine, which Django awaits."""
-    seen: set[int] = set()
-    while func is not None and id(func) not in seen:
-        seen.add(id(func))
-        if isinstance(func, functools.partial):
-            func = func.func
-            continue
-        view = getattr(func, "__self__", None)
+    for layer in _layers(func):
+        view = getattr(layer, "__self__", None)
         if isinstance(view, View):
-            named = getattr(func, "__name__", None) in _ASYNC_ANSWERING
+            named = getattr(layer, "__name__", None) in _ASYNC_ANSWERING
             return named and bool(type(view).view_is_async)
-        func = getattr(func, "__wrapped__", None)
     return False
 
 
