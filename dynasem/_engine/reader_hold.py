@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import _clock as clock
 from .._observability.logs import facts
-from .._storage import dynamodb, lock_rows, reader_items, records
+from .._storage import dynamodb, lock_rows, permit_items, reader_items, records
 from ..exceptions import SemaphoreUnavailable
 from . import handover, resend
 from .hold import Held
@@ -295,19 +295,10 @@ def break_reader(
     tombstone_until = max(reader.holder.expires_ms, clock.now_ms())
     breaker = secrets.token_hex(8)
     action = reader_items.break_reader(resource, token, tombstone_until, breaker, until, fence)
-    try:
-        reader_items.send(action)
-    except dynamodb.Refused as refused:
-        # botocore's re-send of our own applied break is refused by its tombstone.
-        if not (refused.retried and records.broken_by(refused.item, breaker)):
-            return False
-    except SemaphoreUnavailable as exc:
-        # Unanswered (the quick client sends once): applied, the break must count the reader
-        # down. Only our own tombstone says so: another's break counts its reader itself.
-        if not exc.ambiguous or not lock_rows.broken_by(
-            resource, records.reader_sk(token), breaker
-        ):
-            raise
+    if not permit_items.send_break(action, resource, records.reader_sk(token), breaker):
+        return False
+    # Applied (its answer lost too: only our own tombstone says so, another's break counts
+    # its reader itself), the break must count the reader down.
     count_down(resource, reader.epoch)
     return True
 
