@@ -290,11 +290,16 @@ class _Acquire:
                 self.replans = 0
                 yield Sleep(backoff(2))
         except SemaphoreUnavailable as exc:
-            self.failures += 1
-            if not exc.transient or self.run.remaining() <= 0:
-                raise
-            yield Sleep(min(backoff(self.failures), max(0.05, self.run.remaining())))
+            yield from self.failed(exc)
         return None
+
+    def failed(self, exc: SemaphoreUnavailable) -> Steps[None]:
+        """A request of the take failed (``exc``): raised again unless for a passing cause
+        with time left; else a pause (longer with each failure, within what is left)."""
+        self.failures += 1
+        if not exc.transient or self.run.remaining() <= 0:
+            raise exc
+        yield Sleep(min(backoff(self.failures), max(0.05, self.run.remaining())))
 
     def cover(self, expires_ms: int) -> Steps[bool]:
         """Before a take whose permit will run to ``expires_ms``: the row listed up to then
