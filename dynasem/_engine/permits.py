@@ -308,10 +308,7 @@ class _Acquire:
         try:  # (no permit row any more: the take's conditions decide)
             yield Request(functools.partial(permit_hold.cover, self.resource, expires_ms))
         except SemaphoreUnavailable as exc:
-            self.failures += 1
-            if not exc.transient or self.run.remaining() <= 0:
-                raise
-            yield Sleep(min(backoff(self.failures), max(0.05, self.run.remaining())))
+            yield from self.failed(exc)
             return False
         return True
 
