@@ -872,20 +872,14 @@ def push(
     where = _where(address)
     if where is None:
         return False
-    message = {
-        "r": resource,
-        "k": token,
-        "i": lock_rows.wire(item),
-        "tb": settings.TABLE_NAME,
-        "ts": sent_ms,
-    }
+    message = _message(resource, item, sent_ms, k=token)
     if line[0]:
         message["q"] = [records.to_item(waiter) for waiter in line[0]]
         message["qa"] = int(line[1] * 1000)
-    body = json.dumps(message, separators=(",", ":")).encode()
+    body = _encoded(message)
     if len(body) + 32 > MAX_DATAGRAM and "q" in message:
         del message["q"], message["qa"]  # the hand-over without the line: the heir reads it
-        body = json.dumps(message, separators=(",", ":")).encode()
+        body = _encoded(message)
     if not _send(body, *where):
         return False
     # Let the heir's process run now: the datagram woke its listener thread, which the
@@ -1020,6 +1014,22 @@ def tell(
         "ts": clock.now_ms() - int(max(0.0, clock.monotonic() - sent) * 1000),
     }
     return _send(json.dumps(message, separators=(",", ":")).encode(), *where)
+
+
+def _message(resource: str, row: records.LockItem, sent_ms: int, **fields: Any) -> dict[str, Any]:
+    """A datagram's message about ``resource``: ``fields``, with the ``row`` it carries, our
+    table's name and ``sent_ms`` (our wall clock), which every receiver checks."""
+    return {
+        "r": resource,
+        **fields,
+        "i": lock_rows.wire(row),
+        "tb": settings.TABLE_NAME,
+        "ts": sent_ms,
+    }
+
+
+def _encoded(message: dict[str, Any]) -> bytes:
+    return json.dumps(message, separators=(",", ":")).encode()
 
 
 def _where(address: Any) -> tuple[tuple[str, int], bytes] | None:
