@@ -1004,16 +1004,9 @@ def tell(
     where = _where(address)
     if where is None:
         return False
-    message = {
-        "r": resource,
-        "h": holder,
-        "i": lock_rows.wire(row),
-        "w": records.to_item(waiter),
-        "hp": hops,
-        "tb": settings.TABLE_NAME,
-        "ts": clock.now_ms() - int(max(0.0, clock.monotonic() - sent) * 1000),
-    }
-    return _send(json.dumps(message, separators=(",", ":")).encode(), *where)
+    sent_ms = clock.now_ms() - int(max(0.0, clock.monotonic() - sent) * 1000)
+    message = _message(resource, row, sent_ms, h=holder, w=records.to_item(waiter), hp=hops)
+    return _send(_encoded(message), *where)
 
 
 def _message(resource: str, row: records.LockItem, sent_ms: int, **fields: Any) -> dict[str, Any]:
