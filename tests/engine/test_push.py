@@ -21,6 +21,7 @@ from dynasem._engine import hold, queue
 from dynasem._engine import push as wakeup
 from dynasem._engine.hold import WAKE_AFTER
 from dynasem._engine.queue import Pace
+from dynasem._observability.logs import shown_token
 from dynasem._storage import lock_rows, records
 from tests.support.helpers import dynasem_settings, queue_of
 
@@ -1189,3 +1190,43 @@ def test_after_an_interrupted_claim_a_hand_over_from_another_process_still_wakes
             listener.unclaim()
     assert "error" not in out
     assert out["acquired"] - released < 0.5, "the heir held the lock only at its paced look"
+
+
+def test_a_departed_waiters_failures_are_logged_with_their_facts(monkeypatch, caplog):
+    """What a departed waiter's slot could not do is logged, each as a warning naming the
+    resource and the error, with its facts, where it failed: a thread to give a stray
+    hand-over back that could not start; its entry's dead mark, and its late look's read,
+    that failed."""
+    slot = wakeup._Slot("deploy:gone", "t-gone-0123456789", wakeup.settings.TABLE_NAME)
+    slot.left, slot.until = True, clock.monotonic() + 60
+
+    def no_thread(self):
+        raise RuntimeError("can't start new thread")
+
+    def unmarked():
+        raise OSError("mark refused")
+
+    def unread(*args, **kwargs):
+        raise OSError("read refused")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    monkeypatch.setattr(lock_rows, "get", unread)
+    slot.drop = unmarked
+    item = records.LockItem(resource="deploy:gone", holders={slot.token: records.Holder("u", 0, 1)})
+    with caplog.at_level(logging.WARNING, logger="dynasem"):
+        slot.stray(item)
+        assert slot.beat() is not None  # looked at again: the failures are passing
+    found = [
+        (r.funcName, r.dynasem_outcome, r.dynasem_resource, r.dynasem_reason, r.dynasem_token)
+        for r in caplog.records
+    ]
+    token = shown_token(slot.token)
+    assert found == [
+        ("stray", "give_back_failed", "deploy:gone", "can't start new thread", token),
+        ("beat", "leave_failed", "deploy:gone", "mark refused", token),
+        ("_look", "late_look_failed", "deploy:gone", "read refused", token),
+    ]
+    errors = ("can't start new thread", "mark refused", "read refused")
+    for record, error in zip(caplog.records, errors, strict=True):
+        assert record.levelno == logging.WARNING
+        assert "'deploy:gone'" in record.getMessage() and error in record.getMessage()
