@@ -313,14 +313,14 @@ class _Slot:
                     target=self.hand_back, args=(item,), name="dynasem-stray", daemon=True
                 ).start()
             except RuntimeError as exc:  # "can't start new thread"
-                logger.warning(
-                    "dynasem: could not give back %r, handed to a waiter that had left: %s",
-                    self.resource,
-                    exc,
-                    extra=facts(
-                        self.resource, token=self.token, outcome="give_back_failed", reason=exc
-                    ),
-                )
+                message = "dynasem: could not give back %r, handed to a waiter that had left: %s"
+                self._failed(message, "give_back_failed", exc)
+
+    def _failed(self, message: str, outcome: str, exc: Exception) -> None:
+        """Log a failure (``exc``) of what this departed waiter's hand-overs need, as
+        ``outcome``: ``message`` names the resource, then the error."""
+        extra = facts(self.resource, token=self.token, outcome=outcome, reason=exc)
+        logger.warning(message, self.resource, exc, extra=extra, stacklevel=2)  # where it failed
 
     def hand_back(self, item: records.LockItem) -> bool:
         """Give back the hold ``item`` shows ours, once; False if that failed (throttled past
