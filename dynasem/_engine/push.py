@@ -354,14 +354,8 @@ class _Slot:
                 self.drop = None
                 again = LATE_LOOK
             except Exception as exc:
-                logger.warning(
-                    "dynasem: could not mark a left waiter's entry for %r dead: %s",
-                    self.resource,
-                    exc,
-                    extra=facts(
-                        self.resource, token=self.token, outcome="leave_failed", reason=exc
-                    ),
-                )
+                message = "dynasem: could not mark a left waiter's entry for %r dead: %s"
+                self._failed(message, "leave_failed", exc)
                 self.drops_failed += 1
                 again = self._pause(self.drops_failed)
         if self._look():
@@ -383,15 +377,11 @@ class _Slot:
         try:
             row = lock_rows.get(self.resource)
         except Exception as exc:  # logged here: the scheduler's records speak of renewals
-            logger.warning(
+            message = (
                 "dynasem: could not look whether %r was handed to a waiter that had left: %s; "
-                "it is looked at again while a hand-over to it may stand",
-                self.resource,
-                exc,
-                extra=facts(
-                    self.resource, token=self.token, outcome="late_look_failed", reason=exc
-                ),
+                "it is looked at again while a hand-over to it may stand"
             )
+            self._failed(message, "late_look_failed", exc)
             return False
         if row is not None and self.token in row.holders:
             return self.hand_back(row)
