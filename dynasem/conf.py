@@ -140,6 +140,12 @@ class Settings:
             self._kept = {}
 
     @property
+    def version(self) -> int:
+        """How many times ``DYNASEM`` has changed: what is derived from the settings (and
+        checked) may be kept while this stays the same."""
+        return self._version
+
+    @property
     def raw(self) -> dict[str, Any]:
         """The dict as set ({} when there is none); a ``DYNASEM`` that is no dict is a
         TypeError, as a key of a wrong type is: read as no settings, it would send every
