@@ -254,6 +254,11 @@ def end_now(entries: Iterable[_Pending]) -> None:
 def pending_owners() -> list[Any]:
     """The owners of the give-backs waiting on this thread's open transactions, of every
     database (newest last); empty outside a transaction. Never connects."""
+    if not _pending:
+        # No give-back ever waited on a connection still open (of any thread): none waits on
+        # this thread's, whose list every acquire would read (about 5 % of the lock's own CPU
+        # in an uncontended cycle, with three databases).
+        return []
     owners: list[Any] = []
     for connection in connections.all(initialized_only=True):
         if connection in _pending and _in_transaction(connection):
