@@ -305,6 +305,8 @@ class Announce:
     undo: Callable[[], None] | None = None
 
     def send(self) -> None:
+        if not self.signal.receivers:
+            return  # nobody listens (Signal.send's own first test): nothing runs, nor counts
         reset = _receiving.set(_receiving.get() + 1)
         try:
             self.signal.send(**self.arguments)
@@ -318,6 +320,8 @@ class Announce:
         ``asend``: ``send`` in ``sync_to_async``, as its own async code does, only if
         anyone listens (as ``asend`` does): else every async acquire would hop to the sync
         thread, and one run by ``asyncio.run`` on that very thread would wait for itself."""
+        if not self.signal.receivers:
+            return  # as send()
         asend = getattr(self.signal, "asend", None)
         reset = _receiving.set(_receiving.get() + 1)
         try:
