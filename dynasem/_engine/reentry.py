@@ -182,10 +182,8 @@ as_another_process: ContextVar[bool] = ContextVar("dynasem_as_another_process", 
 
 
 def _owner() -> object:
-    try:
-        task = asyncio.current_task()
-    except RuntimeError:  # no running event loop here
-        task = None
+    # No running loop: no task (as in hold._maker, not by current_task()'s raise).
+    task = None if asyncio._get_running_loop() is None else asyncio.current_task()
     if task is not None:
         return task
     # Sync code that asgiref's sync_to_async runs for a task (Django's default,
