@@ -247,7 +247,8 @@ class Semaphore:
             raise
         finally:
             push.forget(run.token)  # a push that comes now is for a wait that is over
-        yield announced(held)  # lock_acquired, before the caller has the hold
+        if (acquired := announced(held)) is not None:
+            yield acquired  # lock_acquired, before the caller has the hold
         return held
 
     def acquire(self) -> Held:

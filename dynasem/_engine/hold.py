@@ -614,7 +614,8 @@ class Held:
                 raise
             if self._lost is not None:
                 self._raise_lost()
-        send_or_keep(self._announce(lock_released))  # an async caller's: sent by it
+        if lock_released.receivers:  # else nobody to tell (Signal.send's own first test)
+            send_or_keep(self._announce(lock_released))  # an async caller's: sent by it
 
     def _lost_if_refused(self, given: bool, lost_before: bool) -> None:
         if self._lost is None and (lost_before or not given):
@@ -1085,11 +1086,15 @@ def acquired(
     return held
 
 
-def announced(held: Held) -> Announce:
+def announced(held: Held) -> Announce | None:
     """``lock_acquired`` for ``held``, a hold just taken, as the acquire loop's last step:
     sent before its caller has the hold (as Django's own async code sends a signal, for an
     async acquire). A receiver that raises, or an interrupt meanwhile, gives the hold back
-    (its caller never has it) and ends the acquire with that exception."""
+    (its caller never has it) and ends the acquire with that exception. None when no
+    receiver is connected (Signal.send's own first test): no step (an interrupt after the
+    loop's end is the acquire's ``delivering``'s, which gives the hold back as well)."""
+    if not lock_acquired.receivers:
+        return None
     undo = functools.partial(give_back_unused, held)
     return held._announce(lock_acquired, undo, fences=held.fences)
 
