@@ -26,8 +26,12 @@ from typing import Any
 
 import django
 import pytest
+from django.test import override_settings
 
+from dynasem._operators.locks import holds_on
+from dynasem._storage import lock_rows, records
 from tests.support.example_server import REPO, Client, example_env, example_project
+from tests.support.helpers import dynasem_settings, wait_for
 from tests.support.servers import ServerUnavailable, postgresql, stop
 
 psycopg = pytest.importorskip("psycopg", reason="psycopg is not installed (test dependencies)")
@@ -124,23 +128,36 @@ def children_of(pid: int) -> list[int]:
     return found
 
 
+def _lock_of(endpoint: str, table: str, resource: str = "tbl_issues:2") -> tuple[bool, bool]:
+    """Whether ``resource`` is held, and whether a next run is registered, both live now,
+    as the example project's lock table says."""
+    now_ms = time.time() * 1000
+    with override_settings(DYNASEM=dynasem_settings(endpoint, table)):
+        held = any(hold.expires_ms > now_ms for hold in holds_on(resource))
+        item = lock_rows.get_item(resource, records.NEXT_SK)
+    return held, item is not None and records.from_item(records.NextRun, item).until_ms > now_ms
+
+
 @pytest.mark.serial  # a kill timed against the run lease under gunicorn: run alone
 def test_a_next_run_killed_while_waiting_is_replaced_through_http(
     dynamodb_local: str, database: str
 ) -> None:
     """Two servers on one database and lock table (two hosts), leases of 2 s: a rebuild runs
-    on the first (4 s), the next run registers on the second, whose workers are then
+    on the first (6 s), the next run registers on the second, whose workers are then
     SIGKILLed. Busy requests are answered 202 until the dead next run's lease (and
     CLOCK_SKEW) is over; then one becomes the next run itself and rebuilds after the running
     one, and the project ends whole with its rows."""
     import os
     import signal
 
+    table = f"example-{uuid.uuid4().hex[:8]}"
     env = example_env(
         database,
         dynamodb_local,
-        f"example-{uuid.uuid4().hex[:8]}",
-        DEMO_REBUILD_SECONDS=4.0,
+        table,
+        # Long enough for the next run to register, and the first busy caller after the kill
+        # to come, while it goes: 4 s were not, 1 run of 3 on two loaded cores.
+        DEMO_REBUILD_SECONDS=6.0,
         DEMO_ISSUES_PER_PROJECT=ROWS,
         DYNASEM_LEASE=2,
         DYNASEM_CLOCK_SKEW=0.5,
@@ -151,6 +168,7 @@ def test_a_next_run_killed_while_waiting_is_replaced_through_http(
         answers: dict[str, tuple[float, int, bytes]] = {}
 
         clients = {"running": Client(one.port), "doomed": Client(other.port)}
+        clients["late"] = Client(one.port)  # the busy callers after the kill
         for client in clients.values():
             client.login()
 
@@ -164,16 +182,17 @@ def test_a_next_run_killed_while_waiting_is_replaced_through_http(
 
         running = threading.Thread(target=post, args=("running",))
         running.start()
-        time.sleep(1.5)  # it holds the lock and rebuilds
+        # Waited for as they happen in the lock table, not for fixed times (1.5 s, then 1 s:
+        # on two loaded cores a request can take longer to get there).
+        wait_for(lambda: _lock_of(dynamodb_local, table)[0], 60, "the first rebuild holds")
         doomed = threading.Thread(target=post, args=("doomed",))
         doomed.start()
-        time.sleep(1.0)  # registered as the next run, waiting
+        wait_for(lambda: _lock_of(dynamodb_local, table)[1], 60, "the next run registered")
         for worker in children_of(other.pid):
             os.kill(worker, signal.SIGKILL)  # the next run's server dies
         killed = time.time()
         late: list[tuple[float, int, bytes]] = []
-        client = Client(one.port)
-        client.login()
+        client = clients["late"]
         while True:  # busy callers: coalesced until the dead one's lease is over
             sent = time.time()
             status, body = client.post_rebuild("rebuild-coalesced", 2)
