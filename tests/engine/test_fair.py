@@ -267,10 +267,12 @@ def test_readers_handed_the_lock_by_a_writer_hold_it_together(dynamodb_local, lo
         threads: dict = {}
         line = [("R1", True, 0.5), ("R2", True, 0.5), ("R3", True, 0.5)]
         line += [("W1", False, 0.3), ("R4", True, 0.3)]
-        # The readers hold until all three do: one kept out while the others hold breaks the
-        # barrier (after 15 s), and the overlap below fails. (Holds of 1.5 s left R3's
-        # admission to the machine's load: it came after R2 had left, CI, 2026-12-02.)
-        together = threading.Barrier(3)
+        # The readers hold until all three do, and until this thread has read the row: one
+        # kept out while the others hold breaks the barrier (after 15 s), and the overlap
+        # below fails. (Holds of 1.5 s left R3's admission to the machine's load: it came
+        # after R2 had left, CI, 2026-12-02; and a read of the row slowed past the readers'
+        # 0.5 s found them gone.)
+        together = threading.Barrier(4)
         for i, (name, shared, seconds) in enumerate(line):
             barrier = together if name in ("R1", "R2", "R3") else None
             _hold_in_turn(resource, name, shared, seconds, out, threads, barrier)
@@ -278,6 +280,8 @@ def test_readers_handed_the_lock_by_a_writer_hold_it_together(dynamodb_local, lo
         writer.renew()  # the writer learns its queue (any write returns it)
         writer.release()
         row = lock_rows.get_item(resource) or {}
+        with contextlib.suppress(threading.BrokenBarrierError):
+            together.wait(timeout=15)  # read: the readers may go on
         # The release write itself made the readers at the head of the line holders (as many
         # as a row keeps inline); those let the next one in (R3, soon a reader item: its
         # sentinel may be in the row already when we read it, as a push admits it quickly).
@@ -313,8 +317,12 @@ def test_readers_beyond_one_hand_over_join_those_it_admitted(lock_table, monkeyp
     writer = semaphore(resource).acquire()
     out: dict = {}
     threads: dict = {}
+    # The readers hold until all three do (15 s at most), then 0.5 s: R3, let in by those
+    # admitted, joins them while they hold, or the overlap below fails. (Holds of 1.5 s each
+    # left R3's admission to the machine's load, as in the test above.)
+    together = threading.Barrier(3)
     for i, name in enumerate(("R1", "R2", "R3")):
-        _hold_in_turn(resource, name, True, 1.5, out, threads)
+        _hold_in_turn(resource, name, True, 0.5, out, threads, together)
         wait_for_queue(resource, i + 1)
     writer.renew()
     handed: list = []
