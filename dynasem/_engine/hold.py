@@ -1163,10 +1163,15 @@ class _Box(list["Held"]):
         self.closed = False  # its acquire is over: skipped by whoever still links to it
 
 
+def running_task() -> asyncio.Task[Any] | None:
+    """The task running here, None outside one: asyncio's own look at the running loop (in
+    its __all__, for libraries) returns None where current_task() would raise, and a raise
+    per call cost the sync path several a cycle."""
+    return None if asyncio._get_running_loop() is None else asyncio.current_task()
+
+
 def _maker() -> object:
-    # asyncio's own look at the running loop (in its __all__, for libraries), which returns
-    # None where current_task() raises: a raise per call cost the sync path 4 a cycle.
-    task = None if asyncio._get_running_loop() is None else asyncio.current_task()
+    task = running_task()
     return task if task is not None else threading.current_thread()
 
 

@@ -22,7 +22,7 @@ from .._observability.logs import facts
 from .._storage.records import Mode
 from .._transactions import commit, fencing
 from ..exceptions import LockLost
-from .hold import Held, undelivered
+from .hold import Held, running_task, undelivered
 from .lockspec import LockSpec
 
 logger = logging.getLogger("dynasem")
@@ -182,8 +182,7 @@ as_another_process: ContextVar[bool] = ContextVar("dynasem_as_another_process", 
 
 
 def _owner() -> object:
-    # No running loop: no task (as in hold._maker, not by current_task()'s raise).
-    task = None if asyncio._get_running_loop() is None else asyncio.current_task()
+    task = running_task()
     if task is not None:
         return task
     # Sync code that asgiref's sync_to_async runs for a task (Django's default,
