@@ -13,7 +13,7 @@ from django.contrib.auth.models import User
 from django.db import transaction
 
 import dynasem._clock as clock
-from dynasem import SemaphoreBusy, run_once
+from dynasem import SemaphoreBusy, SemaphoreUnavailable, run_once
 from dynasem._engine import heartbeat
 from dynasem._storage import lock_rows, records
 from tests.support.helpers import wait_for
@@ -211,6 +211,35 @@ def test_a_lead_that_comes_with_little_trust_is_renewed_before_its_command_start
     status = command._lead("beat", lead, ["true"], 0.9, threading.Event())  # type: ignore[arg-type]
     assert (status, _ExitsAfterThreePolls.last.termed) == (0, False)
     assert lead.renewals == 1
+
+
+class _UnrenewedLateLead(_LateLead):
+    """A late lead whose renewal DynamoDB does not answer (a lost answer, an outage)."""
+
+    def renew(self) -> None:
+        self.renewals += 1
+        raise SemaphoreUnavailable("the renewal's answer was lost")
+
+
+def test_a_late_lead_whose_renewal_fails_starts_no_command(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same late lead, its renewal unanswered: more than ``KILL_MARGIN`` was left, so
+    ``Command._lead`` started the command and sent it SIGTERM at its first look (the lead
+    ending), then competed again and ran it a second time (issue 43's CI: three runs of two
+    leaders). Now a lead that the loop would stop at once starts nothing. Failed before the
+    mend (the command was started, then stopped)."""
+    from dynasem.management.commands import dynasem_lead
+
+    monkeypatch.setattr(dynasem_lead, "_Command", _ExitsAfterThreePolls)
+    _ExitsAfterThreePolls.last = None
+    said = io.StringIO()
+    command = dynasem_lead.Command(stdout=io.StringIO(), stderr=said)
+    command._own_pids = True
+    lead = _UnrenewedLateLead(left=1.0, window=3.0)
+    status = command._lead("beat", lead, ["true"], 0.9, threading.Event())  # type: ignore[arg-type]
+    assert (status, _ExitsAfterThreePolls.last, lead.renewals) == (None, None, 1)
+    assert "before its command could start" in said.getvalue()
 
 
 def _left_in_another_thread(block: Any) -> None:

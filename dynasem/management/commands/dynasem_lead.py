@@ -201,10 +201,11 @@ class Command(BaseCommand):
             # as soon as it started.
             with contextlib.suppress(LockLost, SemaphoreUnavailable):
                 lead.held.renew()
-        if lead.seconds_left() <= KILL_MARGIN:
+        if lead.seconds_left() <= grace + KILL_MARGIN + POLL:
             # Lost (taken over: another host may run its command now), or so nearly over
-            # that the loop below would SIGKILL the command at its first look, after it had
-            # begun. Start nothing; the lead is given back, and competed for again.
+            # (its renewal failed) that the loop below would stop the command at its first
+            # look, after it had begun. Start nothing; the lead is given back, and competed
+            # for again.
             self._say(name, "the lead is ending or lost before its command could start")
             return None
         env = {**os.environ, "DYNASEM_LEAD_NAME": name, "DYNASEM_LEAD_FENCE": str(lead.fence)}
