@@ -219,20 +219,29 @@ def _recording() -> bool:
 # with ``_get()`` all the same: it makes their locks anew in a child forked without at-fork
 # hooks, where a lock a thread of the parent held would be held for good.
 _settings: tuple[bool, bool] | None = None
+_changes = 0  # how many times DYNASEM changed: a read overtaken by a change is not kept
 
 
 def _config() -> tuple[bool, bool]:
     """Read the two settings and keep them: called as ``_settings or _config()``, so only
-    while none are kept."""
+    while none are kept. Kept only if ``DYNASEM`` did not change while they were read (a
+    heartbeat's request reading them as a test's override ended kept the override's for
+    every test after it)."""
     global _settings
-    found = _settings = (settings.TELEMETRY, settings.TELEMETRY_RESOURCE_NAMES)
-    return found  # not _settings: a change may have dropped it meanwhile
+    seen = _changes  # before the read: the value changes before setting_changed is sent
+    found = (settings.TELEMETRY, settings.TELEMETRY_RESOURCE_NAMES)
+    with settings.lock():
+        if seen == _changes:
+            _settings = found
+    return found
 
 
 def _forget_settings(setting: str, **kwargs: Any) -> None:
-    global _settings
+    global _settings, _changes
     if setting == "DYNASEM":
-        _settings = None
+        with settings.lock():
+            _changes += 1
+            _settings = None
 
 
 setting_changed.connect(_forget_settings, dispatch_uid="dynasem-telemetry-settings")

@@ -295,6 +295,29 @@ def test_no_extra_request_is_sent_with_telemetry_on(otel: Any, requests_sent: An
     assert sum(counts[0].values()) >= 4
 
 
+def test_settings_read_as_they_change_are_read_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request's hook reads ``TELEMETRY`` from another thread (a heartbeat's renewal) just
+    as an override ends: it read the override's value, the change then dropped what was
+    kept, and the read was kept after it, for every test after (ci102: a coalesced run's
+    requests counted nowhere). Failed before the mend (``(False, False)`` was kept)."""
+
+    class Changing:
+        """Settings that change (setting_changed sent) as ``TELEMETRY`` is read."""
+
+        lock = staticmethod(telemetry.settings.lock)
+        TELEMETRY_RESOURCE_NAMES = False
+
+        @property
+        def TELEMETRY(self) -> bool:  # noqa: N802 - the setting's name
+            telemetry._forget_settings("DYNASEM")
+            return False  # the value read before the change
+
+    monkeypatch.setattr(telemetry, "settings", Changing())
+    monkeypatch.setattr(telemetry, "_settings", None)
+    assert telemetry._config() == (False, False)  # what was read is answered,
+    assert telemetry._settings is None  # not kept: the next hook reads the settings again
+
+
 def _endpoint() -> tuple[str, str]:
     from django.conf import settings
 
