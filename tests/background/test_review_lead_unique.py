@@ -329,8 +329,9 @@ def test_an_async_retry_waiting_for_its_run_neither_ignores_a_cancel_nor_holds_a
             call.cancel()  # its worker shuts down, say
             began = time.monotonic()
             try:
-                await asyncio.wait_for(semaphore("elsewhere").aacquire(), 8.0)
+                other = await asyncio.wait_for(semaphore("elsewhere").aacquire(), 8.0)
                 outcome["other acquire"] = time.monotonic() - began
+                await other.arelease()
             except TimeoutError:
                 outcome["other acquire"] = math.inf
             with contextlib.suppress(asyncio.CancelledError):
