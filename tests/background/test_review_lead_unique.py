@@ -71,11 +71,11 @@ def test_the_deadline_told_to_the_command_s_init_is_never_past_the_lead_s(
     """``Command._lead`` tells the namespace's init ``time.monotonic() + left``, with ``left``
     read a line earlier (``lead.seconds_left()``). A pause between the two lines (SIGSTOP, a
     frozen VM, a GC: the brief's "pauses of any length between any two lines") adds its whole
-    length to the deadline the init trusts: read 2.0 s left at t0, stopped 1.5 s, the init is
-    told t0 + 3.5 although the lead's trusted deadline is t0 + 2.0. The init keeps the last
+    length to the deadline the init trusts: read 2.0 s left at t0, stopped 1.2 s, the init is
+    told t0 + 3.2 although the lead's trusted deadline is t0 + 2.0. The init keeps the last
     deadline it was told (command_init._watch), so if dynasem_lead is stopped again before its
     next look (50 ms later), which is the very case the init's watchdog exists for, the
-    command lives on until t0 + 3.4: past the lead's trusted deadline, by the length of the
+    command lives on until t0 + 3.1: past the lead's trusted deadline, by the length of the
     first pause, while another host takes the lead over at lease + CLOCK_SKEW after the last
     renewal and starts its own command. Two commands at once. (The told deadline should be
     the lead's own: ``held._deadline``, or ``monotonic`` read before ``seconds_left``.)"""
@@ -85,7 +85,8 @@ def test_the_deadline_told_to_the_command_s_init_is_never_past_the_lead_s(
     command = dynasem_lead.Command(stdout=io.StringIO(), stderr=io.StringIO())
     command._own_pids = True
     start = time.monotonic()
-    lead = _FrozenLead(deadline=start + 2.0, pause=1.5)
+    # 0.8 s left after the pause: enough to start the command (more than grace + KILL_MARGIN).
+    lead = _FrozenLead(deadline=start + 2.0, pause=1.2)
     stopping = threading.Event()
     command._lead("beat", lead, ["true"], 0.3, stopping)  # type: ignore[arg-type]
     told = _Child.last.told
