@@ -125,6 +125,7 @@ SHARED: dict[Key, str] = {
     ("dynasem._observability.telemetry", "_METER_FROM_ENV"): "telemetry is off",
     ("dynasem._observability.telemetry", "_PROVIDER_FROM_ENVIRONMENT"): "telemetry is off",
     ("dynasem._observability.telemetry", "_settings"): "the same settings everywhere",
+    ("dynasem._observability.telemetry", "_changes"): "the same settings everywhere",
     ("dynasem._transactions.fencing", "_fenced_connections"): "a hint: a superset of the "
     "connections with a kept fence, whose own attribute is read",
     ("dynasem._engine.arguments", "_derived"): "the timing derived from the settings, the "
