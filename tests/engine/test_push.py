@@ -372,7 +372,10 @@ def test_contenders_taking_turns_tell_the_holder_and_nobody_reads_the_queue_agai
 
         def run(name: str = f"w{i}") -> None:
             for _ in range(5):
-                with semaphore("deploy:ring", wait=30, user=name) as held:
+                # A long lease: the line carries each waiter's entry end as read or told; an
+                # entry seen ended (10 s after it was written, on a machine slow enough) is
+                # read again, rightly, and counted below.
+                with semaphore("deploy:ring", wait=30, lease=60, user=name) as held:
                     order.append(name)
                     # Held until the one released before us, if it has turns left, queued
                     # again and told us (a datagram's word can come after a short hold's
