@@ -156,6 +156,9 @@ def init(control: int, command: list[str]) -> int:
     signal.signal(signal.SIGTERM, _forward)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    told = _told(control)
+    if told is None:
+        return FAILED  # the lead's deadline passed, or dynasem_lead is gone: start nothing
     child = os.fork()
     if child == 0:
         os.close(control)
@@ -169,7 +172,7 @@ def init(control: int, command: list[str]) -> int:
             sys.stderr.write(f"dynasem_lead: cannot run {command[0]!r}: {exc}\n")
             os._exit(127)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)
-    status = _watch(control, child)
+    status = _watch(control, child, *told)
     return FAILED if status is None else status  # our exit ends the namespace
 
 
@@ -182,6 +185,9 @@ def watcher(control: int, leader: int, command: list[str]) -> int:
     if os.getppid() != leader:
         return FAILED  # dynasem_lead died before we started: start nothing
     signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
+    told = _told(control)
+    if told is None:
+        return FAILED  # the lead's deadline passed, or dynasem_lead is gone: start nothing
     me = os.getpid()
     child = os.fork()
     if child == 0:
@@ -198,7 +204,7 @@ def watcher(control: int, leader: int, command: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):  # the group's SIGTERM is the command's
         signal.signal(sig, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)
-    status = _watch(control, child)
+    status = _watch(control, child, *told)
     if status is None:
         os.killpg(0, signal.SIGKILL)  # the command's whole group, this process included
     # The command exited: what it left in its group ends with it, as a namespace's processes
@@ -238,11 +244,29 @@ def _group_of(pgid: int) -> list[int]:
     return found
 
 
-def _watch(control: int, child: int) -> int | None:
+def _told(control: int) -> tuple[float, bytes] | None:
+    """The lead's trusted deadline dynasem_lead wrote on the control pipe before it started us
+    (and what follows its line); None if it is about to pass or dynasem_lead is gone. Read
+    before the command starts: dynasem_lead stopped (SIGSTOP) between its last look and our
+    start, or we slow to start, must not start the command after the lead's deadline."""
+    deadline, pending = None, b""
+    while deadline is None:
+        data = os.read(control, 4096)  # written before we were started: there at once
+        if not data:
+            return None
+        *lines, pending = (pending + data).split(b"\n")
+        for line in lines:
+            deadline = float(line)
+    if deadline - WATCHDOG_MARGIN - _now() <= 0:
+        return None
+    return deadline, pending
+
+
+def _watch(
+    control: int, child: int, deadline: float = float("inf"), pending: bytes = b""
+) -> int | None:
     """Reap until the command exits (its status), or until dynasem_lead is gone or its lead's
     deadline is about to pass (None: the caller ends the command)."""
-    deadline = float("inf")
-    pending = b""
     while True:
         status = _reap(child)
         if status is not None:
