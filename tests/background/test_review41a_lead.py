@@ -3,13 +3,35 @@ in its docstring what it shows and whether it failed before a mend."""
 
 from __future__ import annotations
 
+import io
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from dynasem._background import command_init
+
+
+class _Lead:
+    """A lead with ``left`` seconds of trust and nothing that renews it (dynasem_lead stopped,
+    or DynamoDB unreachable)."""
+
+    fence = 11
+
+    def __init__(self, left: float) -> None:
+        self.deadline = time.monotonic() + left
+        self.held = self
+
+    def renew(self) -> None:
+        pass  # sent, never answered
+
+    def seconds_left(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
 
 
 def test_the_init_starts_no_command_once_the_deadline_it_was_told_has_passed(
@@ -52,3 +74,50 @@ def test_the_init_starts_no_command_once_the_deadline_it_was_told_has_passed(
         "already past"
     )
     assert init.returncode == command_init.FAILED
+
+
+def test_a_stop_that_comes_during_the_renewal_before_the_command_starts_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``handle`` starts nothing when SIGTERM came with the lead (``stopping`` checked before
+    ``_lead``), but ``_lead`` then renews a lead that came with little trust: a DynamoDB round
+    trip, retried for seconds in an outage. SIGTERM then (a process manager stopping the
+    service) started the command all the same, and the loop sent it SIGTERM at its first
+    look: a command begun after this process was told to stop. Failed before the mend (the
+    command was started, then stopped); now nothing starts."""
+    from dynasem.management.commands import dynasem_lead
+
+    started: list[Any] = []
+
+    class Child:
+        def __init__(self, *args: Any) -> None:
+            started.append(self)
+            self.process = type("P", (), {"pid": 4141})()
+            self.termed = False
+
+        def poll(self) -> int | None:
+            return 143 if self.termed else None
+
+        def trust_until(self, deadline: float) -> None:
+            pass
+
+        def terminate(self) -> None:
+            self.termed = True
+
+        def kill(self) -> None:
+            pass
+
+    stopping = threading.Event()
+
+    class StoppedAsRenewed(_Lead):
+        def renew(self) -> None:
+            stopping.set()  # SIGTERM while the renewal is on its way
+            self.deadline = time.monotonic() + 3.0
+
+    monkeypatch.setattr(dynasem_lead, "_Command", Child)
+    command = dynasem_lead.Command(stdout=io.StringIO(), stderr=io.StringIO())
+    command._own_pids = True
+    lead = StoppedAsRenewed(left=1.0)
+    status = command._lead("beat", lead, ["true"], 0.9, stopping)  # type: ignore[arg-type]
+    assert status is None
+    assert not started, "the command was started after this process was told to stop"

@@ -201,6 +201,8 @@ class Command(BaseCommand):
             # as soon as it started.
             with contextlib.suppress(LockLost, SemaphoreUnavailable):
                 lead.held.renew()
+        if stopping.is_set():
+            return None  # told to stop while the renewal was on its way: start nothing
         if lead.seconds_left() <= grace + KILL_MARGIN + POLL:
             # Lost (taken over: another host may run its command now), or so nearly over
             # (its renewal failed) that the loop below would stop the command at its first
