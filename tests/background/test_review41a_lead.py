@@ -121,3 +121,48 @@ def test_a_stop_that_comes_during_the_renewal_before_the_command_starts_nothing(
     status = command._lead("beat", lead, ["true"], 0.9, stopping)  # type: ignore[arg-type]
     assert status is None
     assert not started, "the command was started after this process was told to stop"
+
+
+def test_a_command_the_init_s_watchdog_ended_is_not_reported_as_its_own_exit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """dynasem_lead stopped (SIGSTOP, a frozen VM) past its lead's trusted deadline: the init
+    ends the namespace by itself and exits FAILED (125), the watcher (--no-pid-namespace)
+    SIGKILLs its group (137). Resumed, ``_lead`` found the command ended without having
+    stopped it (``termed`` None) and returned that status as the command's own: dynasem_lead
+    said "the command exited (125)" and exited 125 instead of competing again, as it does
+    whenever the lead's end stopped the command (a process manager without a restart policy
+    leaves this host without a candidate for good). Failed before the mend (``_lead`` returned
+    125); now an end found after the lead ran out is a stop."""
+    from dynasem.management.commands import dynasem_lead
+
+    lead = _Lead(left=1.0)
+
+    class EndedByTheWatchdog:
+        def __init__(self, *args: Any) -> None:
+            self.process = type("P", (), {"pid": 4242})()
+            self.polls = 0
+
+        def poll(self) -> int | None:
+            self.polls += 1
+            if self.polls == 1:
+                return None
+            # dynasem_lead was stopped here, past the lead's deadline; the init's watchdog
+            # ended the namespace meanwhile.
+            time.sleep(max(0.0, lead.deadline + 0.2 - time.monotonic()))
+            return command_init.FAILED
+
+        def trust_until(self, deadline: float) -> None:
+            pass
+
+        def terminate(self) -> None:
+            pass
+
+        def kill(self) -> None:
+            pass
+
+    monkeypatch.setattr(dynasem_lead, "_Command", EndedByTheWatchdog)
+    command = dynasem_lead.Command(stdout=io.StringIO(), stderr=io.StringIO())
+    command._own_pids = True
+    status = command._lead("beat", lead, ["true"], 0.3, threading.Event())  # type: ignore[arg-type]
+    assert status is None, f"the watchdog's end was reported as the command's exit ({status})"

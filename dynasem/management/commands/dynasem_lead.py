@@ -234,12 +234,16 @@ class Command(BaseCommand):
                         child.kill()
                     break
                 time.sleep(POLL)
+            left = lead.seconds_left()  # as the end was seen (a pause after it changes nothing)
         finally:
             # Whatever ended it (or if supervising failed), nothing of the command may outlive
             # the lead: what ignored SIGTERM, what it started.
             child.kill()
-        if termed is None:
+        if termed is None and left > grace + KILL_MARGIN:
             return code
+        # Ended with the lead ending: by the init's watchdog (this process stopped past the
+        # deadline: FAILED, or 137 behind the watcher), or as the loop would have stopped it.
+        # Not the command's own exit: competed for again, as after a stop.
         self._say(name, f"pid {pid} stopped")
         return None
 
