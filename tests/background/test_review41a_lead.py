@@ -166,3 +166,31 @@ def test_a_command_the_init_s_watchdog_ended_is_not_reported_as_its_own_exit(
     command._own_pids = True
     status = command._lead("beat", lead, ["true"], 0.3, threading.Event())  # type: ignore[arg-type]
     assert status is None, f"the watchdog's end was reported as the command's exit ({status})"
+
+
+@pytest.mark.parametrize("own_pids", [True, False], ids=["pid namespace", "watcher"])
+def test_a_command_that_cannot_be_run_exits_127_and_says_why(
+    own_pids: bool, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """The command's exec failing (no such program, no permission): the init's child, or the
+    watcher's, says so on stderr and exits 127, the shell's status for it, which the init
+    (or the watcher) and then dynasem_lead pass on as the command's status. Untested until
+    now (a coverage test: it passed before this review)."""
+    from dynasem.management.commands import dynasem_lead
+
+    if (
+        own_pids
+        and subprocess.run(
+            [sys.executable, "-I", dynasem_lead.COMMAND_INIT, "--probe"], capture_output=True
+        ).returncode
+    ):
+        pytest.skip("no pid namespace on this machine")
+    missing = "/nonexistent/rv41a-no-such-program"
+    deadline = command_init._now() + 10.0
+    child = dynasem_lead._Command([missing, "x"], dict(os.environ), own_pids, deadline)
+    try:
+        child.process.wait(10)
+        assert child.poll() == 127
+    finally:
+        child.kill()
+    assert f"dynasem_lead: cannot run {missing!r}" in capfd.readouterr().err
