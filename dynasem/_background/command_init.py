@@ -12,13 +12,14 @@ library only). Two processes:
   misdirect that), and exits with its status once it has been reaped — after every process of
   the namespace has ended; it writes one byte on READY_FD once it listens to those signals;
 * the **init**, pid 1 of that namespace, dies with the keeper (``PR_SET_PDEATHSIG``), starts
-  the command, reaps whatever is re-parented to it, forwards SIGTERM to every process of the
-  namespace, and exits — which makes the kernel SIGKILL every process left in the namespace,
-  daemons and ``setsid()`` ones included, before the init can be reaped — when the command
-  exits, when ``dynasem_lead`` is gone (the control pipe is closed: no process holds its
-  writing end any more), or when the lead's trusted deadline, which ``dynasem_lead`` writes
-  on the control pipe after every renewal, is about to pass (``dynasem_lead`` stopped, not
-  killed: SIGSTOP, a frozen VM).
+  the command (nothing if the lead's deadline on the control pipe is past), reaps whatever
+  is re-parented to it, forwards SIGTERM to every process of the namespace, and exits —
+  which makes the kernel SIGKILL every process left in the namespace, daemons and
+  ``setsid()`` ones included, before the init can be reaped — when the command exits, when
+  ``dynasem_lead`` is gone (the control pipe is closed: no process holds its writing end any
+  more), or when the lead's trusted deadline, which ``dynasem_lead`` writes on the control
+  pipe after every renewal, is about to pass (``dynasem_lead`` stopped, not killed: SIGSTOP,
+  a frozen VM).
 
 ``python -I command_init.py --watch CONTROL_FD LEADER_PID -- command ...`` (``dynasem_lead
 --no-pid-namespace``): the **watcher**, the first process of the command's session, starts the

@@ -23,9 +23,11 @@ first process dies with this one, what it started may live on. The command gets
 
 If the command exits by itself, the lead is given back and this process exits with the
 command's status (a process manager restarts it; a give-back DynamoDB refuses is said on stderr,
-the lead left to its lease); anything the command left running is
-killed with the namespace. SIGTERM or SIGINT to this process stops the command the same way
-(SIGTERM to every process of it, SIGKILL after ``--grace``), gives the lead back and exits.
+the lead left to its lease; an end seen once the lead is ending, by the init's watchdog or
+as the loop stops it, is a stop: this process competes again); anything the command left
+running is killed with the namespace. SIGTERM or SIGINT to this process stops the command
+the same way (SIGTERM to every process of it, SIGKILL after ``--grace``), gives the lead back
+and exits.
 """
 
 from __future__ import annotations
