@@ -276,15 +276,19 @@ def _send_adoption(action: dict[str, Any]) -> None:
     the refusal shows our token (the caller's loop). Its trust runs from the first send.
     Also a run's announcement of its retry (:func:`hand_on`), which names our token: given up
     at once, the retry's enqueue failed, and Celery's ``retry()`` drops a task whose retry
-    cannot be sent (``Reject(requeue=False)``)."""
-    failures, started = 0, clock.monotonic()
+    cannot be sent (``Reject(requeue=False)``). Given up, the error raised is ``ambiguous``
+    if any attempt was: the last one may never have connected, after an earlier one landed
+    (the adoption then withdrawn by :func:`adopt`'s guard, not left holding for nobody)."""
+    failures, started, ambiguous = 0, clock.monotonic(), False
     while True:
         try:
             lock_rows.update(action)
             return
         except SemaphoreUnavailable as exc:
             failures += 1
+            ambiguous |= exc.ambiguous
             if not resend.paused(exc.transient, failures, started):
+                exc.ambiguous = ambiguous
                 raise
 
 

@@ -1,0 +1,76 @@
+"""Review 41c: lost answers and ambiguous outcomes on the writes that are not a plain take or
+renewal. Each write here is applied and its answer lost (a read timeout: ambiguous), and the
+sends after it never connect (a network down: not ambiguous, for they never reached DynamoDB);
+each test says in its docstring what failed before its mend."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from botocore.exceptions import EndpointConnectionError, ReadTimeoutError
+
+from dynasem import SemaphoreUnavailable, run_once
+from dynasem._background import unique
+from dynasem._engine import resend
+from dynasem._operators.locks import holds_on
+from dynasem._storage import dynamodb, job_rows, lock_rows, records
+
+
+def landed_unanswered() -> SemaphoreUnavailable:
+    """What send_request raises for a write whose answer timed out (it may have landed)."""
+    return dynamodb._unavailable(ReadTimeoutError(endpoint_url="http://dynamodb.invalid"))
+
+
+def never_connected() -> SemaphoreUnavailable:
+    """What send_request raises for a write that could not connect (it never landed)."""
+    return dynamodb._unavailable(EndpointConnectionError(endpoint_url="http://dynamodb.invalid"))
+
+
+def first_lands_then_network_down(
+    real: Callable[..., Any], mark: str, sent: list[str]
+) -> Callable[..., Any]:
+    """``real`` (a write's send) for writes whose UpdateExpression holds ``mark``: the first
+    is applied and its answer lost, every later one never connects; others pass."""
+
+    def send(action: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        if mark not in action.get("UpdateExpression", ""):
+            return real(action, *args, **kwargs)
+        sent.append(mark)
+        if len(sent) > 1:
+            raise never_connected()
+        real(action, *args, **kwargs)  # applied
+        raise landed_unanswered()
+
+    return send
+
+
+def test_an_adoption_that_landed_before_the_network_went_down_is_withdrawn(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A worker adopts a unique task's claim (``unique.adopt``); the adoption lands and its
+    answer is lost, and every send after it (``_send_adoption`` sends again while a
+    transient cause lasts) never connects. Its last error, "never connected", said nothing
+    was applied: the adoption's guard took it for its own clean answer and withdrew nothing,
+    and the key stayed held by a run nobody makes (no heartbeat, no task) for the run lease,
+    every enqueue of it refused (``Taken``, naming a task that never ran). Failed before its
+    mend: the row still held the adoption, and the error said it was not ambiguous."""
+    # As send_request says them: a read timeout may have landed, a connection never made
+    # did not (both worth sending again).
+    assert landed_unanswered().ambiguous and landed_unanswered().transient
+    assert not never_connected().ambiguous and never_connected().transient
+    resource = "rv41c:adopt-landed"
+    carried = unique.claim(resource, "task-1", queue_lease=30)
+    sent: list[str] = []
+    landing = first_lands_then_network_down(lock_rows.update, "REMOVE #h.#c SET #h.#t", sent)
+    monkeypatch.setattr(lock_rows, "update", landing)
+    monkeypatch.setattr(resend, "RELEASE_PATIENCE", 0.3)
+    with pytest.raises(SemaphoreUnavailable) as failed:
+        unique.adopt(carried, lease=30)
+    monkeypatch.undo()
+    assert len(sent) > 1  # sent again, and given up
+    left = holds_on(resource)
+    assert [h.token for h in left] == [], "the adopted key is held for a run nobody makes"
+    assert failed.value.ambiguous, "an adoption that may have landed is said not to have"
+    unique.give_back(unique.claim(resource, "task-2", queue_lease=30))  # free again
