@@ -221,8 +221,12 @@ class Job:
         """What the caller is told when ``status`` could not be written (``why``): the job
         stays RUNNING until its lease ends, and then runs again (its work done: DONE)."""
         done = "its body returned, but " if status == records.DONE else ""
+        # An attempt that got no answer may have landed: the job may be DONE (FAILED) after
+        # all, never to run again (AlreadyDone), where "then can run again" would be untrue.
+        written = "may not have been written" if why.ambiguous else "could not be written"
+        maybe = "unless an attempt landed unanswered, " if why.ambiguous else ""
         return SemaphoreUnavailable(
-            f"job {self.key!r}: {done}{status} could not be written ({why}); it stays RUNNING "
+            f"job {self.key!r}: {done}{status} {written} ({why}); {maybe}it stays RUNNING "
             "until its lease ends, then can run again",
             transient=why.transient,
             ambiguous=why.ambiguous,

@@ -69,8 +69,10 @@ def patiently(
     """``send`` a give-back of one item, sent again after a pause while it fails for a
     passing cause (``transient``: for any transient one, a 5xx or a dropped connection too,
     where giving up costs more than the caller's wait), for up to ``patience`` seconds and
-    never past ``until``. False: given up (``gave_up`` told why). Raises Refused,
-    ``retried`` set if an attempt before may have been applied."""
+    never past ``until``. False: given up (``gave_up`` told why: the last failure,
+    ``ambiguous`` if any attempt's was, as an earlier one may have landed before a last one
+    that never connected). Raises Refused, ``retried`` set if an attempt before may have
+    been applied."""
     failures, started, ambiguous = 0, clock.monotonic(), False
     while True:
         try:
@@ -84,6 +86,7 @@ def patiently(
             failures += 1
             worth = passing(exc) or (transient and exc.transient)
             if not paused(worth, failures, started, until, patience):
+                exc.ambiguous = ambiguous
                 if gave_up is not None:
                     gave_up(exc)
                 return False

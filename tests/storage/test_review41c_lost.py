@@ -74,3 +74,26 @@ def test_an_adoption_that_landed_before_the_network_went_down_is_withdrawn(
     assert [h.token for h in left] == [], "the adopted key is held for a run nobody makes"
     assert failed.value.ambiguous, "an adoption that may have landed is said not to have"
     unique.give_back(unique.claim(resource, "task-2", queue_lease=30))  # free again
+
+
+def test_done_that_landed_before_the_network_went_down_is_not_said_to_run_again(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run_once body returns; its DONE lands and the answer is lost, and every send after
+    it never connects, until the claim's trusted end. The block raised ``SemaphoreUnavailable``
+    saying DONE "could not be written" and the job "then can run again", not ``ambiguous``:
+    the job was DONE, and never runs again (``AlreadyDone``). Failed before its mend: the
+    error was not ambiguous and said the job would run again unconditionally."""
+    key = "rv41c:done-landed"
+    sent: list[str] = []
+    landing = first_lands_then_network_down(job_rows.update_job, "#status = :st", sent)
+    monkeypatch.setattr(job_rows, "update_job", landing)
+    monkeypatch.setattr(resend, "RELEASE_PATIENCE", 0.3)
+    with pytest.raises(SemaphoreUnavailable) as failed, run_once(key, lease=2):
+        pass
+    monkeypatch.undo()
+    assert len(sent) > 1
+    row = lock_rows.get_item(key, records.JOB_SK) or {}
+    assert row.get("status") == "DONE"
+    assert failed.value.ambiguous, "DONE that may have landed is said not to have"
+    assert "may not have been written" in str(failed.value)
