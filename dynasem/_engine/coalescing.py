@@ -126,14 +126,19 @@ class Registration:
             # A renewal was refused: the item is another caller's (tokens never come back),
             # so a delete conditional on ours could only be refused: not sent (1 WCU).
             return
+        # Sent again while it fails for a passing cause (throttled: the row's partition is
+        # the busy lock's), as a give-back is: left, it would answer every busy caller
+        # Coalesced for the rest of its lease, for a run that never comes.
+        send = functools.partial(next_runs.withdraw_next, self.resource, self.token)
         try:
             with telemetry.naming(self.name):
-                next_runs.withdraw_next(self.resource, self.token)
-        except Exception:  # its lease ends it anyway
-            ex = facts(self.resource, token=self.token, outcome="withdraw_failed")
-            logger.warning(
-                "dynasem: could not withdraw the next run of %r", self.resource, extra=ex
-            )
+                resend.patiently(send, gave_up=self._not_withdrawn)
+        except Exception as exc:  # its lease ends it anyway
+            self._not_withdrawn(exc)
+
+    def _not_withdrawn(self, why: Exception) -> None:
+        ex = facts(self.resource, token=self.token, outcome="withdraw_failed", reason=why)
+        logger.warning("dynasem: could not withdraw the next run of %r", self.resource, extra=ex)
 
 
 def register(

@@ -97,3 +97,32 @@ def test_done_that_landed_before_the_network_went_down_is_not_said_to_run_again(
     assert row.get("status") == "DONE"
     assert failed.value.ambiguous, "DONE that may have landed is said not to have"
     assert "may not have been written" in str(failed.value)
+
+
+def test_a_next_run_that_gives_up_withdraws_its_registration_through_a_throttle(
+    lock_table: str,
+) -> None:
+    """A coalescing caller registered as the next run gives up (its wait ran out) and
+    withdraws its registration; the delete is throttled through botocore's retries (the
+    row's partition is the busy lock's). It was sent once: the registration stayed for the
+    rest of its lease, and every busy caller meanwhile was answered ``Coalesced``, covered
+    by a run that never comes. Failed before its mend: the next caller was coalesced."""
+    from dynasem import Coalesced, SemaphoreBusy, semaphore
+    from tests.support.faults import Faults
+
+    resource = "rv41c:next-withdrawn"
+    holder = semaphore(resource, wait=0).acquire()
+    try:
+        with Faults(dynamodb.get_client(), this_thread=True) as faults:
+            # One botocore burst and a little more: only a withdrawal sent again gets through.
+            throttled = faults.throttle("DeleteItem", 6)
+            with pytest.raises(SemaphoreBusy) as gave_up:
+                semaphore(resource, coalesce=True, wait=0.3).acquire()
+            assert not isinstance(gave_up.value, Coalesced)
+        assert throttled.fired == 6
+        assert lock_rows.get_item(resource, records.NEXT_SK) is None, "the registration stayed"
+        with pytest.raises(SemaphoreBusy) as next_caller:
+            semaphore(resource, coalesce=True, wait=0.2).acquire()
+        assert not isinstance(next_caller.value, Coalesced), "coalesced on a run never to come"
+    finally:
+        holder.release()
