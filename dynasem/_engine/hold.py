@@ -661,6 +661,11 @@ class Held:
                 holders = refused.lock.holders if refused.lock is not None else {}
                 if token in holders:  # applied, its answer lost
                     return
+                # Applied, its answer lost, and the retry's run adopted the claim before the
+                # re-send came: our fence, under another token (a claim and its adoptions keep
+                # the fence of the hold they came from; every other take draws a larger one).
+                if any(h.fence == self.fence for t, h in holders.items() if t != self.token):
+                    return
                 # Still ours, its retry withdrawn (revoked before it ran): given back.
                 if self.token in holders and self._give_back():
                     return

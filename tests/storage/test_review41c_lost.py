@@ -126,3 +126,55 @@ def test_a_next_run_that_gives_up_withdraws_its_registration_through_a_throttle(
         assert not isinstance(next_caller.value, Coalesced), "coalesced on a run never to come"
     finally:
         holder.release()
+
+
+def test_a_run_handed_on_whose_answer_is_lost_as_its_retry_starts_is_no_lost_hold(
+    lock_table: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A unique task's run enqueued its retry and ends: its hold becomes the retry's claim
+    (``Held.become_claim``). That write lands and its answer is lost; the retry, started
+    early and waiting for the run's end, adopts its claim at once; botocore's re-send is
+    refused, the row showing neither the run's token nor the claim's, but the retry's run,
+    under the run's own fence. ``end_run`` raised ``LockLost`` ("another holder took it
+    over before the run ended") and sent ``lock_lost``: the run had handed its key on as
+    asked. Failed before its mend: LockLost, and a lock_lost signal."""
+    from dynasem import LockLost
+    from dynasem.signals import lock_lost
+
+    resource = "rv41c:handed-on-lost-answer"
+    first = unique.claim(resource, "task-1", queue_lease=30)
+    run = unique.adopt(first, lease=30)
+    retry = unique.hand_on(run, first)
+    assert retry is not None
+    real = lock_rows.update
+    adopted: list[Any] = []
+
+    def landed_then_adopted(action: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
+        handing = "#h.#c.#n = :tok" in action.get("ConditionExpression", "")
+        if not handing or adopted:
+            return real(action, *args, **kwargs)
+        real(action, *args, **kwargs)  # applied; its answer lost
+        adopted.append(unique.adopt(retry, lease=30))  # the retry, waiting, adopts it
+        raise dynamodb.Refused(lock_rows.get_item(resource), retried=True)
+
+    losses: list[object] = []
+
+    def said_lost(sender: object, **kwargs: object) -> None:
+        losses.append(kwargs.get("reason"))
+
+    monkeypatch.setattr(lock_rows, "update", landed_then_adopted)
+    lock_lost.connect(said_lost, weak=False)
+    try:
+        try:
+            unique.end_run(run, queue_lease=30)
+        except LockLost as exc:
+            pytest.fail(f"a run that handed its key on is said to have lost it: {exc.reason}")
+        finally:
+            monkeypatch.undo()
+        assert losses == []
+        assert not run.lost
+        assert [h.token for h in holds_on(resource)] == [adopted[0].token]
+    finally:
+        lock_lost.disconnect(said_lost)
+        for held in adopted:
+            held.release()
