@@ -444,7 +444,12 @@ def _unannounce(taken: Claim) -> bool:
     if announcer is None:
         return False
     try:
-        lock_rows.update(claims.withdraw_next(taken.resource, announcer[0], taken.token))
+        # Sent again while it fails for a transient cause, as the adoption before it is:
+        # left announced (a throttle of the run's busy row), the run's hold becomes the
+        # claim of a retry that was revoked, every enqueue of the key refused for the queue
+        # lease. Our own write applied, its answer lost, refuses the next: False, and the
+        # adoption that follows finds the claim gone.
+        _send_adoption(claims.withdraw_next(taken.resource, announcer[0], taken.token))
     except dynamodb.Refused:
         return False
     return True

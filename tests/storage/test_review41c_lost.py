@@ -178,3 +178,31 @@ def test_a_run_handed_on_whose_answer_is_lost_as_its_retry_starts_is_no_lost_hol
         lock_lost.disconnect(said_lost)
         for held in adopted:
             held.release()
+
+
+def test_a_revoked_retrys_withdrawal_is_sent_again_through_a_throttle(lock_table: str) -> None:
+    """A unique task's run enqueued its retry; the retry is revoked before it runs
+    (``unique.give_back``), and its announcement is withdrawn from the run's entry, so that
+    the run gives its key back at its end. That write was sent once: throttled through
+    botocore's retries (the run's row is a busy one), the announcement stayed, the run's
+    end made its hold the claim of the revoked retry, and every enqueue of the key was
+    refused (``Taken``) for the queue lease. Failed before its mend: Taken."""
+    from tests.support.faults import Faults
+
+    resource = "rv41c:revoked-retry-throttled"
+    first = unique.claim(resource, "task-1", queue_lease=30)
+    run = unique.adopt(first, lease=30)
+    retry = unique.hand_on(run, first)
+    assert retry is not None
+    with Faults(dynamodb.get_client(), this_thread=True) as faults:
+        # The give-back's adoption passes (refused: the run goes on); the withdrawal after
+        # it is throttled for one botocore burst and a little more.
+        throttled = faults.throttle("UpdateItem", 6, after=1)
+        unique.give_back(retry)
+    assert throttled.fired == 6
+    unique.end_run(run, queue_lease=30)
+    try:
+        again = unique.claim(resource, "task-2", queue_lease=30)
+    except unique.Taken as taken:
+        pytest.fail(f"the key is held for the revoked retry (task {taken.task_id})")
+    unique.give_back(again)
