@@ -134,10 +134,14 @@ class Settings:
         return self._lock
 
     def forget(self) -> None:
-        """``DYNASEM`` changed: read every key again."""
+        """``DYNASEM`` changed: read every key again. What was kept goes before the version
+        moves on: a reader that sees the new version (``arguments._kept``, which reads it
+        unlocked) must find nothing of the old settings kept. In the other order, a thread
+        that read it in between read the old keys still kept and kept them (the lease, wait
+        and skew an acquire derives) under the new version, for every acquire after."""
         with self.lock():
-            self._version += 1
             self._kept = {}
+            self._version += 1
 
     @property
     def version(self) -> int:
