@@ -1040,9 +1040,15 @@ def _send(body: bytes, target: tuple[str, int], key: bytes) -> bool:
 def _after_fork() -> None:
     # The parent's late looks stay behind with its scheduler (see heartbeat).
     global _listener, _failed_bind, _short_until, _lock, _words_lock, _pid
-    if _listener is not None:
+    if _pid == os.getpid():
+        # Done already: two threads of a child forked without hooks both found _pid another
+        # process's (_here), and the one that came second closed the listener the first had
+        # opened since, with a waiter's slot in it: pushes to it were lost, the waiter read.
+        return
+    if _listener is not None and _listener.pid != os.getpid():
         _listener.sock.close()  # the child's copy only; the thread reading it stayed behind
-    _listener, _failed_bind, _short_until = None, None, -float("inf")
+        _listener = None
+    _failed_bind, _short_until = None, -float("inf")
     # Another thread of the parent may have held them.
     _lock, _words_lock = threading.Lock(), threading.Lock()
     _pid = os.getpid()
