@@ -5,15 +5,23 @@ Each test failed before the mend its docstring names, for the reason it states."
 
 from __future__ import annotations
 
+import os
+import select
 import threading
+import uuid
+import warnings
 from typing import Any
 
 import pytest
 from django.conf import settings as django_settings
 from django.test import override_settings
 
-from dynasem._engine import arguments, push
+from dynasem import _clock as clock
+from dynasem import semaphore
+from dynasem._engine import arguments, push, readers
+from dynasem._storage import reader_items, records
 from dynasem.conf import Settings, settings
+from dynasem.signals import lock_lost
 
 
 class _ReadMidChange:
@@ -103,3 +111,79 @@ def test_two_threads_of_a_child_forked_without_hooks_keep_the_listener_one_opene
     finally:
         for made in {id(x): x for x in (listener, push._listener) if x is not None}.values():
             made.sock.close()
+
+
+# -- shown here, mended by the owners of their modules (strict: each passes once mended) -----
+
+
+@pytest.mark.xfail(strict=True, reason="hold.py: check_deadline marks a forked copy lost")
+def test_a_child_forked_inside_a_block_tells_no_loss_of_its_parents_hold(lock_table: str) -> None:
+    """A child forked inside a block (multiprocessing's fork, a raw ``os.fork()``) read
+    ``held.lost`` once its copy's deadline had passed (nothing renews a copy): True, as it
+    must be there (``hold.FORKED``), but ``check_deadline`` marked the copy lost first, with
+    no look at whose hold it is: the child logged "lost the hold", counted a loss, called the
+    hold's loss watchers (a lead's ``on_lost``) and sent ``lock_lost``, while its parent
+    held on. (``Lead.active`` asks ``here`` first since review 38k; ``held.lost`` does not.)"""
+    heard: list[str] = []
+
+    def receiver(**kwargs: Any) -> None:
+        heard.append(kwargs["reason"])
+
+    lock_lost.connect(receiver, dispatch_uid="r41b-forked-lost")
+    try:
+        with semaphore(f"r41b-forked-{uuid.uuid4().hex[:8]}", lease=30) as held:
+            read, write = os.pipe()
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # fork() of a process with threads
+                child = os.fork()
+            if child == 0:
+                try:
+                    os.close(read)
+                    later = clock.monotonic() + 3600  # the copy's deadline long past
+                    clock.monotonic = lambda: later
+                    os.write(write, repr((held.lost, heard)).encode()[:200])
+                finally:
+                    os._exit(0)
+            os.close(write)
+            ready, _, _ = select.select([read], [], [], 30)
+            answer = os.read(read, 256).decode() if ready else "no answer"
+            os.close(read)
+            os.waitpid(child, 0)
+            assert not held.lost and not heard
+    finally:
+        lock_lost.disconnect(dispatch_uid="r41b-forked-lost")
+    assert answer == repr((True, [])), f"the child's (held.lost, lock_lost reasons): {answer}"
+
+
+@pytest.mark.xfail(strict=True, reason="readers.py: _watched is kept across tables")
+def test_readers_watched_on_one_table_are_watched_anew_on_another(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A writer held up by a row of readers falls due to write them off once it has seen the
+    row unchanged for their lease (``readers._watched``, by resource, epoch, fence and
+    count: not by table). After ``TABLE_NAME`` changed (each test's own table, in a project's
+    tests as in ours), the same row on the new table (the same resource, and the same
+    numbers: a fresh table counts them alike) was due at its first look, a lease early: a
+    reader counted there whose item was still on its way (``put_reader`` is not conditional
+    on the epoch) was written off, and took its item beside the writer."""
+    now = [1000.0]
+    monkeypatch.setattr(clock, "monotonic", lambda: now[0])
+    monkeypatch.setattr(readers, "_watched", {})
+    monkeypatch.setattr(readers, "_since", {})
+    sentinel = records.Holder(expires_ms=1, fence=3, shared=True)
+    seen = records.LockItem(
+        resource="r41b-readers",
+        holders={reader_items.SENTINEL: sentinel},
+        fence=3,
+        mode=records.Mode.SHARED,
+        reader_count=readers.FEW + 4,  # no early look: only the lease's
+        reader_epoch=1,
+        reader_lease_ms=30_000,
+    )
+    blocking = {reader_items.SENTINEL: sentinel}
+    assert not readers.write_off_due(seen, blocking, 0.5)  # the first look: watched from now
+    now[0] += 31.0
+    assert readers.write_off_due(seen, blocking, 0.5)  # unchanged for a lease and the skew
+    other = {**django_settings.DYNASEM, "TABLE_NAME": f"{settings.TABLE_NAME}-other"}
+    with override_settings(DYNASEM=other):
+        assert not readers.write_off_due(seen, blocking, 0.5)  # another table's row
