@@ -212,6 +212,10 @@ class Held:
     # -- losing it ---------------------------------------------------------------------------
 
     def check_deadline(self) -> None:
+        if not self.here:
+            # A copy in a child forked inside the block: never renewed there, its deadline
+            # passes while the parent still holds; the child tells no loss of the parent's.
+            return
         if self._lost is None and not self._released and clock.monotonic() >= self._deadline:
             if not self._given_in_time():
                 self._mark_lost(self._deadline_reason())
