@@ -20,6 +20,7 @@ from .._storage import (
     reader_items,
     records,
 )
+from ..conf import settings
 from ..exceptions import SemaphoreUnavailable
 from . import handover, permit_hold, permits, processes, queue, reader_hold, take
 from .hold import Held
@@ -33,13 +34,19 @@ MAX_WATCHED = 1024
 # A row of at most this many readers counted is looked at once as soon as it holds a writer
 # up (its readers may all be proven dead on this host); a larger one only after a lease.
 FEW = 16
-# (resource, epoch, fence, rc) -> when a look is due (the row unchanged for a lease), and
-# the early look (FEW), monotonic seconds.
-_watched: dict[tuple[str, int, int, int], tuple[float, float]] = {}
+# (table, resource, epoch, fence, rc) -> when a look is due (the row unchanged for a lease),
+# and the early look (FEW), monotonic seconds. The table too: the same row on another table
+# (a test's own, after TABLE_NAME changed) is another row, not one seen unchanged since.
+_watched: dict[tuple[str, str, int, int, int], tuple[float, float]] = {}
 # When (monotonic) a look first found a row of readers at its (epoch, fence): every join moves
 # the fence, a count-down does not; the write-off's wait runs from here through count-downs
 # (a reader leaving extends no hold; simulation seed 2009: a wait restarted by each one).
-_since: dict[tuple[str, int, int], float] = {}
+_since: dict[tuple[str, str, int, int], float] = {}
+
+
+def _key(seen: records.LockItem) -> tuple[str, str, int, int, int]:
+    """What :data:`_watched` knows ``seen`` by: its table, resource, epoch, fence and count."""
+    return (settings.TABLE_NAME, seen.resource, seen.reader_epoch, seen.fence, seen.reader_count)
 
 
 def admitted(
@@ -123,14 +130,14 @@ def write_off_due(
     if seen is None or reader_items.SENTINEL not in blocking or seen.guessed:
         return False
     first = not seen.waiting if ticket is None else seen.queue_out >= ticket - 1
-    key = (seen.resource, seen.reader_epoch, seen.fence, seen.reader_count)
+    key = _key(seen)
     mono = clock.monotonic()
     if key not in _watched:
         if len(_watched) >= MAX_WATCHED:
             _watched.clear()
             _since.clear()
         early = mono if seen.reader_count <= FEW and first else math.inf
-        since = _since.setdefault(key[:3], mono)
+        since = _since.setdefault(key[:4], mono)
         # Every admission stamps the sentinel with its time: none came since (on the
         # admitter's clock, within CLOCK_SKEW of ours), however late our first look was (a
         # writer whose requests failed for a while; simulation seed 387).
@@ -149,7 +156,7 @@ def write_off_at(seen: records.LockItem | None) -> float | None:
     looks again then, not at a renewal of its entry later."""
     if seen is None:
         return None
-    watched = _watched.get((seen.resource, seen.reader_epoch, seen.fence, seen.reader_count))
+    watched = _watched.get(_key(seen))
     return watched[0] if watched is not None and watched[0] > clock.monotonic() else None
 
 
@@ -162,7 +169,7 @@ def try_write_off(seen: records.LockItem | None, skew: float) -> records.LockIte
     if seen is None:
         return None
     resource = seen.resource
-    key = (resource, seen.reader_epoch, seen.fence, seen.reader_count)
+    key = _key(seen)
     due, _ = _watched.get(key, (0.0, math.inf))
     _watched[key] = (due, math.inf)  # the early look is had
     now = clock.now_ms()
@@ -184,7 +191,7 @@ def try_write_off(seen: records.LockItem | None, skew: float) -> records.LockIte
         except dynamodb.Refused:
             return lock_rows.get(resource)  # it renewed: alive after all
     _watched.pop(key, None)
-    _since.pop(key[:3], None)
+    _since.pop(key[:4], None)
     try:
         after = lock_rows.update(reader_items.write_off(resource, seen), return_new=True)
     except dynamodb.Refused as refused:

@@ -116,7 +116,6 @@ def test_two_threads_of_a_child_forked_without_hooks_keep_the_listener_one_opene
 # -- shown here, mended by the owners of their modules (strict: each passes once mended) -----
 
 
-@pytest.mark.xfail(strict=True, reason="hold.py: check_deadline marks a forked copy lost")
 def test_a_child_forked_inside_a_block_tells_no_loss_of_its_parents_hold(lock_table: str) -> None:
     """A child forked inside a block (multiprocessing's fork, a raw ``os.fork()``) read
     ``held.lost`` once its copy's deadline had passed (nothing renews a copy): True, as it
@@ -155,7 +154,6 @@ def test_a_child_forked_inside_a_block_tells_no_loss_of_its_parents_hold(lock_ta
     assert answer == repr((True, [])), f"the child's (held.lost, lock_lost reasons): {answer}"
 
 
-@pytest.mark.xfail(strict=True, reason="readers.py: _watched is kept across tables")
 def test_readers_watched_on_one_table_are_watched_anew_on_another(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

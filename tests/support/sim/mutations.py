@@ -455,7 +455,7 @@ def write_off_looks_at_once(mp: pytest.MonkeyPatch) -> None:
     def try_write_off(seen: Any, skew: float) -> Any:
         after = real(seen, skew)
         if seen is not None:
-            key = (seen.resource, seen.reader_epoch, seen.fence, seen.reader_count)
+            key = readers._key(seen)
             if key in readers._watched:
                 readers._watched[key] = (0.0, math.inf)  # due again at once
         return after
