@@ -19,6 +19,12 @@ from dynasem._observability import telemetry
 from dynasem.conf import settings
 from tests.observability.test_telemetry import otel  # noqa: F401 - the fixture
 
+# Alone (serial): a fork without Python's at-fork hooks copies every lock any thread holds
+# at that moment; in a worker of the parallel run, another test's leftover thread inside
+# logging's or botocore's lock (the likely cause, not shown) hung the child once (ci106),
+# which is not what these tests ask.
+pytestmark = pytest.mark.serial
+
 
 def _fork(hooks: bool) -> int:
     if hooks:
